@@ -1,0 +1,187 @@
+"""Configuration: frozen dataclasses validated with exceptions, one loader for YAML plus overrides.
+
+A config file mirrors the dataclass tree:
+
+    model: tiny-random
+    cache: {page_size: 16, memory_fraction: 0.85}
+    scheduler: {max_num_seqs: 64, max_num_batched_tokens: 512}
+    server: {port: 8000}
+
+CLI overrides use dotted keys (`--set cache.page_size=32`); values are parsed as YAML scalars.
+Unknown keys are an error naming the key. This module imports nothing from jax.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import yaml
+
+ATTENTION_BACKENDS = ("auto", "reference", "pallas_gpu", "pallas_tpu")
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+def _require(condition: bool, name: str, message: str) -> None:
+  if not condition:
+    raise ValueError(f"{name}: {message}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+  """Paged KV cache. The pool is sized by num_pages if given, else memory_bytes, else
+  memory_fraction of the device memory left after the weights."""
+  page_size: int = 16
+  num_pages: int | None = None
+  memory_bytes: int | None = None
+  memory_fraction: float = 0.85
+
+  def __post_init__(self) -> None:
+    _require(isinstance(self.page_size, int) and self.page_size > 0
+             and self.page_size & (self.page_size - 1) == 0,
+             "cache.page_size", f"must be a positive power of two, got {self.page_size!r}")
+    _require(self.num_pages is None or (isinstance(self.num_pages, int) and self.num_pages >= 2),
+             "cache.num_pages", f"must be an integer >= 2 (page 0 is reserved), got {self.num_pages!r}")
+    _require(self.memory_bytes is None or (isinstance(self.memory_bytes, int) and self.memory_bytes > 0),
+             "cache.memory_bytes", f"must be a positive integer, got {self.memory_bytes!r}")
+    _require(0.0 < float(self.memory_fraction) <= 1.0, "cache.memory_fraction",
+             f"must be in (0, 1], got {self.memory_fraction!r}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+  """Continuous batching limits. Bucket lists default to powers of two up to the limits."""
+  max_num_seqs: int = 64
+  max_num_batched_tokens: int = 512
+  enable_chunked_prefill: bool = True
+  seq_buckets: tuple[int, ...] | None = None
+  token_buckets: tuple[int, ...] | None = None
+
+  def __post_init__(self) -> None:
+    _require(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1,
+             "scheduler.max_num_seqs", f"must be an integer >= 1, got {self.max_num_seqs!r}")
+    _require(isinstance(self.max_num_batched_tokens, int)
+             and self.max_num_batched_tokens >= self.max_num_seqs,
+             "scheduler.max_num_batched_tokens",
+             f"must be an integer >= max_num_seqs ({self.max_num_seqs}), "
+             f"got {self.max_num_batched_tokens!r}")
+    for name in ("seq_buckets", "token_buckets"):
+      value = getattr(self, name)
+      if value is not None:
+        value = tuple(value)
+        object.__setattr__(self, name, value)
+        _require(len(value) > 0 and all(isinstance(v, int) and v > 0 for v in value)
+                 and list(value) == sorted(set(value)), f"scheduler.{name}",
+                 f"must be a strictly increasing list of positive integers, got {value!r}")
+    if self.seq_buckets is not None:
+      _require(self.seq_buckets[-1] >= self.max_num_seqs, "scheduler.seq_buckets",
+               f"largest bucket must be >= max_num_seqs ({self.max_num_seqs})")
+    if self.token_buckets is not None:
+      _require(self.token_buckets[-1] >= self.max_num_batched_tokens, "scheduler.token_buckets",
+               f"largest bucket must be >= max_num_batched_tokens ({self.max_num_batched_tokens})")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+  host: str = "127.0.0.1"
+  port: int = 8000
+  api_key: str | None = None
+  served_model_name: str | None = None
+  max_waiting_requests: int = 1024
+  max_body_bytes: int = 4 * 1024 * 1024
+  drain_timeout_s: float = 30.0
+
+  def __post_init__(self) -> None:
+    _require(isinstance(self.port, int) and 0 <= self.port < 65536, "server.port",
+             f"must be in [0, 65535], got {self.port!r}")
+    _require(isinstance(self.max_waiting_requests, int) and self.max_waiting_requests >= 1,
+             "server.max_waiting_requests", f"must be >= 1, got {self.max_waiting_requests!r}")
+    _require(isinstance(self.max_body_bytes, int) and self.max_body_bytes >= 1024,
+             "server.max_body_bytes", f"must be >= 1024, got {self.max_body_bytes!r}")
+    _require(float(self.drain_timeout_s) >= 0, "server.drain_timeout_s", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+  """Everything the engine needs. model is a built-in name (tiny-random) or a checkpoint path."""
+  model: str = "tiny-random"
+  dtype: str = "auto"
+  max_model_len: int | None = None
+  attention_backend: str = "auto"
+  seed: int = 0
+  tensor_parallel_size: int = 1
+  cache: CacheConfig = field(default_factory=CacheConfig)
+  scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+  server: ServerConfig = field(default_factory=ServerConfig)
+
+  def __post_init__(self) -> None:
+    _require(isinstance(self.model, str) and self.model != "", "model", "must be a non-empty string")
+    _require(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+    _require(self.attention_backend in ATTENTION_BACKENDS, "attention_backend",
+             f"must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+    _require(self.max_model_len is None or (isinstance(self.max_model_len, int)
+                                            and self.max_model_len >= 1),
+             "max_model_len", f"must be a positive integer, got {self.max_model_len!r}")
+    _require(isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
+             "tensor_parallel_size", f"must be >= 1, got {self.tensor_parallel_size!r}")
+
+  def replace(self, **changes) -> "EngineConfig":
+    return dataclasses.replace(self, **changes)
+
+
+def config_from_dict(data: Mapping, cls: type = EngineConfig, prefix: str = ""):
+  """Builds a (nested) config dataclass from a mapping; unknown keys raise ValueError."""
+  if not isinstance(data, Mapping):
+    raise ValueError(f"{prefix or 'config'}: must be a mapping, got {type(data).__name__}")
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  kwargs = {}
+  for key, value in data.items():
+    name = f"{prefix}{key}"
+    if key not in fields:
+      raise ValueError(f"{name}: unknown config key (known: {', '.join(sorted(fields))})")
+    sub_cls = _NESTED.get((cls, key))
+    kwargs[key] = config_from_dict(value, sub_cls, f"{name}.") if sub_cls else value
+  try:
+    return cls(**kwargs)
+  except TypeError as err:
+    raise ValueError(f"{prefix or 'config'}: {err}") from err
+
+
+_NESTED = {(EngineConfig, "cache"): CacheConfig, (EngineConfig, "scheduler"): SchedulerConfig,
+           (EngineConfig, "server"): ServerConfig}
+
+
+def config_to_dict(config) -> dict:
+  return dataclasses.asdict(config)
+
+
+def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
+  """Applies `a.b=value` overrides (value parsed as YAML) to a nested dict, returning a copy."""
+  result = yaml.safe_load(yaml.safe_dump(data)) if data else {}
+  for item in overrides:
+    if "=" not in item:
+      raise ValueError(f"override {item!r}: expected KEY=VALUE")
+    key, raw = item.split("=", 1)
+    parts = key.strip().split(".")
+    node = result
+    for part in parts[:-1]:
+      node = node.setdefault(part, {})
+      if not isinstance(node, dict):
+        raise ValueError(f"override {item!r}: {part} is not a section")
+    node[parts[-1]] = yaml.safe_load(raw)
+  return result
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> EngineConfig:
+  """Loads a YAML config file (or defaults) and applies dotted overrides."""
+  data: dict = {}
+  if path is not None:
+    path = Path(path)
+    if not path.is_file():
+      raise ValueError(f"config: file not found: {path}")
+    loaded = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(loaded, dict):
+      raise ValueError(f"config: {path} must hold a mapping at the top level")
+    data = loaded
+  return config_from_dict(apply_overrides(data, overrides))

@@ -1,0 +1,61 @@
+"""A request's life on the host: its tokens, pages and status. Pure Python, no jax."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from jaxserve.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+  WAITING = "waiting"
+  RUNNING = "running"
+  FINISHED_STOPPED = "stop"
+  FINISHED_LENGTH = "length"
+  FINISHED_ABORTED = "abort"
+  FINISHED_ERROR = "error"
+
+  @property
+  def finished(self) -> bool:
+    return self not in (RequestStatus.WAITING, RequestStatus.RUNNING)
+
+
+@dataclass(eq=False)
+class Request:
+  """One sequence being generated.
+
+  num_computed_tokens counts tokens whose K/V are in the cache (or scheduled to be written by the
+  step in flight). After a preemption it drops to 0 and the prompt plus the tokens generated so
+  far are recomputed.
+  """
+  request_id: str
+  prompt_token_ids: list[int]
+  sampling_params: SamplingParams
+  seed: int
+  arrival_time: float = 0.0
+  eos_token_ids: tuple[int, ...] = ()
+  output_token_ids: list[int] = field(default_factory=list)
+  status: RequestStatus = RequestStatus.WAITING
+  page_ids: list[int] = field(default_factory=list)
+  num_computed_tokens: int = 0
+  num_preemptions: int = 0
+
+  @property
+  def num_prompt_tokens(self) -> int:
+    return len(self.prompt_token_ids)
+
+  @property
+  def num_tokens(self) -> int:
+    return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+  @property
+  def all_token_ids(self) -> list[int]:
+    return self.prompt_token_ids + self.output_token_ids
+
+  @property
+  def max_total_tokens(self) -> int:
+    return self.num_prompt_tokens + self.sampling_params.max_tokens
+
+  @property
+  def finished(self) -> bool:
+    return self.status.finished
