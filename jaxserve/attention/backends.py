@@ -1,0 +1,74 @@
+"""The one attention interface the model calls, and how a backend is chosen.
+
+A backend writes the step's new K/V into their pages (in place under donation) and then attends
+over the paged cache. "reference" is pure jnp (the CPU path); "pallas_gpu" and "pallas_tpu" are
+the Pallas kernels. "auto" picks by the default JAX backend.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import jax
+
+from jaxserve.attention.metadata import AttentionMetadata
+from pallas_kernels.ragged_paged_attention.reference import (
+    ragged_paged_attention_reference, write_kv_reference)
+
+AttendFn = Callable[..., jax.Array]
+WriteFn = Callable[..., tuple[jax.Array, jax.Array]]
+
+
+@dataclass(frozen=True)
+class AttentionBackend:
+  """A named pair of (write_kv, attend) functions with the reference's signatures."""
+  name: str
+  attend: AttendFn
+  write_kv: WriteFn
+
+  def __call__(
+      self,
+      q: jax.Array,             # [T, num_q_heads, head_dim]
+      new_k: jax.Array,         # [T, num_kv_heads, head_dim]
+      new_v: jax.Array,         # [T, num_kv_heads, head_dim]
+      k_pages: jax.Array,       # [num_kv_heads, num_pages, page_size, head_dim]
+      v_pages: jax.Array,       # [num_kv_heads, num_pages, page_size, head_dim]
+      slot_mapping: jax.Array,  # int32[T]
+      metadata: AttentionMetadata,
+      *,
+      sm_scale: float,
+      sliding_window: int | None = None,
+      soft_cap: float | None = None,
+  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Writes new K/V, then attends. Returns (out [T, num_q_heads, head_dim], k_pages, v_pages)."""
+    k_pages, v_pages = self.write_kv(k_pages, v_pages, new_k, new_v, slot_mapping)
+    out = self.attend(q, k_pages, v_pages, metadata.block_tables, metadata.seq_lens,
+                      metadata.query_start_loc, metadata.num_seqs, sm_scale=sm_scale,
+                      sliding_window=sliding_window, soft_cap=soft_cap)
+    return out, k_pages, v_pages
+
+
+REFERENCE = AttentionBackend("reference", ragged_paged_attention_reference, write_kv_reference)
+
+
+def _pallas_gpu() -> AttentionBackend:
+  from pallas_kernels.ragged_paged_attention import gpu
+  return AttentionBackend("pallas_gpu", gpu.ragged_paged_attention, gpu.write_kv)
+
+
+def _pallas_tpu() -> AttentionBackend:
+  from pallas_kernels.ragged_paged_attention import tpu
+  return AttentionBackend("pallas_tpu", tpu.ragged_paged_attention, tpu.write_kv)
+
+
+_FACTORIES = {"reference": lambda: REFERENCE, "pallas_gpu": _pallas_gpu, "pallas_tpu": _pallas_tpu}
+
+
+def get_attention_backend(name: str = "auto", platform: str | None = None) -> AttentionBackend:
+  """Returns the backend called `name`; "auto" picks the kernel for `platform` (default: JAX's)."""
+  if name == "auto":
+    platform = platform or jax.default_backend()
+    name = {"gpu": "pallas_gpu", "cuda": "pallas_gpu", "tpu": "pallas_tpu"}.get(platform, "reference")
+  if name not in _FACTORIES:
+    raise ValueError(f"attention_backend: unknown backend {name!r} (known: {', '.join(_FACTORIES)})")
+  return _FACTORIES[name]()

@@ -1,0 +1,25 @@
+"""Attention metadata of one ragged step: an explicit pytree argument, never module state."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionMetadata:
+  """Where each sequence's queries and cached K/V are. S sequence slots, padded.
+
+  Semantics (positions, padding, sliding window) are those of
+  pallas_kernels/ragged_paged_attention/reference.py.
+  """
+  block_tables: jax.Array      # int32[S, pages_per_seq]
+  seq_lens: jax.Array          # int32[S]: tokens in the cache after this step; 0 for padding
+  query_start_loc: jax.Array   # int32[S + 1]: cumulative query tokens; padding repeats the total
+  num_seqs: jax.Array          # int32[1]: live sequences; slots past it are padding
+
+
+jax.tree_util.register_dataclass(
+    AttentionMetadata,
+    data_fields=[f.name for f in dataclasses.fields(AttentionMetadata)],
+    meta_fields=[])
