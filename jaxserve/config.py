@@ -55,6 +55,7 @@ class SchedulerConfig:
   max_num_seqs: int = 64
   max_num_batched_tokens: int = 512
   enable_chunked_prefill: bool = True
+  enable_prefix_caching: bool = True
   seq_buckets: tuple[int, ...] | None = None
   token_buckets: tuple[int, ...] | None = None
 
