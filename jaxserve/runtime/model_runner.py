@@ -1,0 +1,153 @@
+"""The jitted step and the runner that feeds it.
+
+step(params, kv_pages, step_inputs) -> (kv_pages, StepOutput) is one compiled function per
+bucket: the model writes this step's K/V into the donated pages in place, attends through the
+configured backend, and samples on device. The runner pads each scheduled batch to its bucket,
+runs the step and brings the results to the host in one transfer. warmup() compiles every bucket
+up front; after it, no batch the scheduler can produce triggers a compilation.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from jaxserve.attention.metadata import AttentionMetadata
+from jaxserve.engine.request import Request
+from jaxserve.engine.scheduled_batch import ScheduledBatch
+from jaxserve.runtime.buckets import Bucket, BucketSet
+from jaxserve.runtime.kv_cache import KVPages
+from jaxserve.runtime.sampler import SampleOutput, prompt_logprobs, sample
+from jaxserve.runtime.step_inputs import (NUM_BANNED_IDS, SamplingInputs, StepInputs, StepShape,
+                                          build_step_inputs)
+from jaxserve.sampling_params import MAX_LOGPROBS
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepOutput:
+  sample: SampleOutput
+  prompt_logprobs: jax.Array       # f32[T]: logprob of the next prompt token at each position
+  prompt_top_ids: jax.Array        # i32[T, MAX_LOGPROBS]
+  prompt_top_logprobs: jax.Array   # f32[T, MAX_LOGPROBS]
+
+
+jax.tree_util.register_dataclass(
+    StepOutput, data_fields=["sample", "prompt_logprobs", "prompt_top_ids", "prompt_top_logprobs"],
+    meta_fields=[])
+
+
+@dataclass(frozen=True)
+class HostStepOutput:
+  """A step's results on the host; the optional parts are None when no request asked for them."""
+  token_ids: np.ndarray                    # i32[S]
+  logprobs: np.ndarray                     # f32[S]
+  top_ids: np.ndarray | None               # i32[S, N]
+  top_logprobs: np.ndarray | None          # f32[S, N]
+  prompt_logprobs: np.ndarray | None       # f32[T]
+  prompt_top_ids: np.ndarray | None        # i32[T, N]
+  prompt_top_logprobs: np.ndarray | None   # f32[T, N]
+
+
+def make_step_fn(model):
+  """Builds step(params, kv_pages, inputs) for a LlamaForCausalLM-like flax module."""
+  compute_logits = type(model).compute_logits
+
+  def step(params, kv_pages: KVPages, inputs: StepInputs) -> tuple[KVPages, StepOutput]:
+    variables = {"params": params}
+    hidden, kv_pages = model.apply(variables, inputs.token_ids, inputs.positions, kv_pages,
+                                   inputs.slot_mapping, inputs.metadata)       # [T, D]
+    logits = model.apply(variables, hidden[inputs.logits_indices], method=compute_logits)
+    sampled = sample(logits, inputs.sampling)                                   # [S] ...
+
+    def with_prompt(h):
+      return prompt_logprobs(model.apply(variables, h, method=compute_logits),
+                             inputs.prompt_target_ids)
+
+    def without_prompt(h):
+      t = h.shape[0]
+      return (jnp.zeros((t,), jnp.float32), jnp.zeros((t, MAX_LOGPROBS), jnp.int32),
+              jnp.zeros((t, MAX_LOGPROBS), jnp.float32))
+
+    prompt = jax.lax.cond(inputs.sampling.want_prompt_logprobs, with_prompt, without_prompt,
+                          hidden)
+    return kv_pages, StepOutput(sampled, *prompt)
+
+  return step
+
+
+class ModelRunner:
+  """Owns the KV pages on device and runs the compiled step for scheduled batches."""
+
+  def __init__(self, model, params, kv_pages: KVPages, buckets: BucketSet, shape: StepShape):
+    self.params = params
+    self.kv_pages = kv_pages
+    self.buckets = buckets
+    self.shape = shape
+    self._step = jax.jit(make_step_fn(model), donate_argnums=(1,))
+    self._empty_history: dict[int, jax.Array] = {}
+
+  def empty_history(self, num_slots: int) -> jax.Array:
+    if num_slots not in self._empty_history:
+      self._empty_history[num_slots] = jnp.full((num_slots, self.shape.history_len), -1,
+                                                jnp.int32)
+    return self._empty_history[num_slots]
+
+  def prepare(self, batch: ScheduledBatch, requests: Mapping[str, Request]) -> StepInputs:
+    bucket = self.buckets.pick(batch.num_seqs, batch.num_tokens)
+    return build_step_inputs(batch, requests, bucket, self.shape, self.empty_history)
+
+  def execute(self, inputs: StepInputs) -> HostStepOutput:
+    self.kv_pages, out = self._step(self.params, self.kv_pages, inputs)
+    want_top = bool(inputs.sampling.want_top_logprobs)
+    want_prompt = bool(inputs.sampling.want_prompt_logprobs)
+    fetch = [out.sample.token_ids, out.sample.logprobs]
+    if want_top:
+      fetch += [out.sample.top_ids, out.sample.top_logprobs]
+    if want_prompt:
+      fetch += [out.prompt_logprobs, out.prompt_top_ids, out.prompt_top_logprobs]
+    host = iter(jax.device_get(fetch))
+    token_ids, logprobs = next(host), next(host)
+    top = (next(host), next(host)) if want_top else (None, None)
+    prompt = (next(host), next(host), next(host)) if want_prompt else (None, None, None)
+    return HostStepOutput(token_ids, logprobs, *top, *prompt)
+
+  def dummy_inputs(self, bucket: Bucket) -> StepInputs:
+    """All-padding inputs of a bucket's shape (used to compile it)."""
+    s, t = bucket.num_seqs, bucket.num_tokens
+    zeros_s = np.zeros(s, np.int32)
+    metadata = AttentionMetadata(
+        block_tables=np.zeros((s, self.shape.pages_per_seq), np.int32), seq_lens=zeros_s,
+        query_start_loc=np.zeros(s + 1, np.int32), num_seqs=np.zeros(1, np.int32))
+    history = self.empty_history(s)
+    sampling = SamplingInputs(
+        temperature=np.zeros(s, np.float32), top_k=zeros_s, top_p=np.ones(s, np.float32),
+        min_p=np.zeros(s, np.float32), seeds=np.zeros(s, np.uint32), sample_index=zeros_s,
+        repetition_penalty=np.ones(s, np.float32), presence_penalty=np.zeros(s, np.float32),
+        frequency_penalty=np.zeros(s, np.float32), prompt_history=history,
+        output_history=history, banned_ids=np.full((s, NUM_BANNED_IDS), -1, np.int32),
+        any_random=np.array(False), any_penalty=np.array(False),
+        want_top_logprobs=np.array(False), want_prompt_logprobs=np.array(False))
+    return StepInputs(token_ids=np.zeros(t, np.int32), positions=np.zeros(t, np.int32),
+                      slot_mapping=np.zeros(t, np.int32),
+                      prompt_target_ids=np.full(t, -1, np.int32), logits_indices=zeros_s,
+                      metadata=metadata, sampling=sampling)
+
+  def warmup(self, show_progress: bool = True) -> float:
+    """Compiles every bucket; returns the seconds it took."""
+    buckets = self.buckets.all()
+    logger.info("warmup: compiling %d buckets (%s)", len(buckets), self.buckets.describe())
+    start = time.perf_counter()
+    for bucket in tqdm(buckets, desc="compiling buckets", unit="bucket",
+                       disable=not show_progress):
+      self.execute(self.dummy_inputs(bucket))
+    seconds = time.perf_counter() - start
+    logger.info("warmup: %d buckets compiled in %.1f s", len(buckets), seconds)
+    return seconds

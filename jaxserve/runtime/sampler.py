@@ -1,0 +1,104 @@
+"""On-device sampling for one step: penalties, min_tokens masking, greedy / temperature / top-k /
+top-p / min-p sampling with per-request keys, and logprobs.
+
+Everything has a fixed shape. Costly parts (penalties, sorting for random sampling, top-N
+logprobs) sit behind lax.cond on batch-wide flags, so a greedy batch pays only for an argmax.
+A request's key is fold_in(key(seed), tokens generated so far): the same seed gives the same
+tokens whatever the batch mates. Logprobs are those of the model's raw distribution.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+from jaxserve.runtime.step_inputs import SamplingInputs
+from jaxserve.sampling_params import MAX_LOGPROBS
+
+NEG_INF = -jnp.inf
+
+
+@dataclass(frozen=True)
+class SampleOutput:
+  token_ids: jax.Array       # i32[S]
+  logprobs: jax.Array        # f32[S]: logprob of the sampled token
+  top_ids: jax.Array         # i32[S, MAX_LOGPROBS]
+  top_logprobs: jax.Array    # f32[S, MAX_LOGPROBS]
+
+
+jax.tree_util.register_dataclass(
+    SampleOutput, data_fields=["token_ids", "logprobs", "top_ids", "top_logprobs"],
+    meta_fields=[])
+
+
+def _token_counts(history: jax.Array, vocab_size: int) -> jax.Array:
+  """history i32[S, H] (-1 padded) -> f32[S, V] occurrence counts."""
+  rows = jnp.broadcast_to(jnp.arange(history.shape[0])[:, None], history.shape)
+  ids = jnp.where(history < 0, vocab_size, history)  # out of range -> dropped
+  return jnp.zeros((history.shape[0], vocab_size), jnp.float32).at[rows, ids].add(
+      1.0, mode="drop")
+
+
+def apply_penalties(logits: jax.Array, s: SamplingInputs) -> jax.Array:
+  """Repetition penalty over prompt + output (as HF); presence/frequency over output (as OpenAI)."""
+  vocab_size = logits.shape[-1]
+  output_counts = _token_counts(s.output_history, vocab_size)           # [S, V]
+  seen = (output_counts + _token_counts(s.prompt_history, vocab_size)) > 0
+  rep = s.repetition_penalty[:, None]
+  logits = jnp.where(seen, jnp.where(logits > 0, logits / rep, logits * rep), logits)
+  logits = logits - s.frequency_penalty[:, None] * output_counts
+  return logits - s.presence_penalty[:, None] * (output_counts > 0)
+
+
+def _filter_top_k_top_p_min_p(scaled: jax.Array, s: SamplingInputs) -> jax.Array:
+  vocab_size = scaled.shape[-1]
+  sorted_desc = -jnp.sort(-scaled, axis=-1)                             # [S, V]
+  k = jnp.where(s.top_k > 0, jnp.minimum(s.top_k, vocab_size), vocab_size)
+  kth = jnp.take_along_axis(sorted_desc, (k - 1)[:, None], axis=-1)     # [S, 1]
+  probs = jax.nn.softmax(sorted_desc, axis=-1)
+  cumulative = jnp.cumsum(probs, axis=-1)
+  # keep a sorted token when the mass before it is < top_p (the first token always stays)
+  keep = (cumulative - probs) < s.top_p[:, None]
+  num_keep = jnp.maximum(jnp.sum(keep, axis=-1), 1)
+  top_p_min = jnp.take_along_axis(sorted_desc, (num_keep - 1)[:, None], axis=-1)
+  min_p_logit = sorted_desc[:, :1] + jnp.log(jnp.maximum(s.min_p[:, None], 1e-38))
+  threshold = jnp.maximum(jnp.maximum(kth, top_p_min),
+                          jnp.where(s.min_p[:, None] > 0, min_p_logit, NEG_INF))
+  return jnp.where(scaled >= threshold, scaled, NEG_INF)
+
+
+def _random_sample(logits: jax.Array, s: SamplingInputs) -> jax.Array:
+  temperature = jnp.where(s.temperature > 0, s.temperature, 1.0)[:, None]
+  filtered = _filter_top_k_top_p_min_p(logits / temperature, s)
+  keys = jax.vmap(lambda seed, i: jax.random.fold_in(jax.random.key(seed), i))(
+      s.seeds, s.sample_index)
+  gumbel = jax.vmap(lambda key: jax.random.gumbel(key, (logits.shape[-1],), jnp.float32))(keys)
+  return jnp.argmax(filtered + gumbel, axis=-1).astype(jnp.int32)
+
+
+def sample(logits: jax.Array, s: SamplingInputs) -> SampleOutput:
+  """logits f32[S, V] (one row per sequence slot) -> sampled ids and logprobs."""
+  raw_logprobs = jax.nn.log_softmax(logits, axis=-1)                    # [S, V]
+  logits = jax.lax.cond(s.any_penalty, apply_penalties, lambda x, _: x, logits, s)
+  rows = jnp.arange(logits.shape[0])[:, None]
+  banned = jnp.where(s.banned_ids < 0, logits.shape[-1], s.banned_ids)
+  logits = logits.at[rows, banned].set(NEG_INF, mode="drop")
+  greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  sampled = jax.lax.cond(s.any_random, _random_sample, lambda x, _: greedy, logits, s)
+  token_ids = jnp.where(s.temperature > 0, sampled, greedy)
+  token_logprobs = jnp.take_along_axis(raw_logprobs, token_ids[:, None], axis=-1)[:, 0]
+  top_logprobs, top_ids = jax.lax.cond(
+      s.want_top_logprobs, lambda x: jax.lax.top_k(x, MAX_LOGPROBS),
+      lambda x: (jnp.zeros((x.shape[0], MAX_LOGPROBS), x.dtype),
+                 jnp.zeros((x.shape[0], MAX_LOGPROBS), jnp.int32)), raw_logprobs)
+  return SampleOutput(token_ids, token_logprobs, top_ids.astype(jnp.int32), top_logprobs)
+
+
+def prompt_logprobs(logits: jax.Array, target_ids: jax.Array
+                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """logits f32[T, V], target_ids i32[T] -> (target logprob [T], top ids [T, N], top lp [T, N])."""
+  logprobs = jax.nn.log_softmax(logits, axis=-1)
+  target = jnp.take_along_axis(logprobs, jnp.maximum(target_ids, 0)[:, None], axis=-1)[:, 0]
+  top_lp, top_ids = jax.lax.top_k(logprobs, MAX_LOGPROBS)
+  return target, top_ids.astype(jnp.int32), top_lp
