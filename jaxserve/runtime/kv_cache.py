@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from jaxserve.config import CacheConfig
 
-CPU_DEFAULT_BYTES = 1 << 30
+CPU_DEFAULT_BYTES = 256 << 20
 KVPages = tuple[tuple[jax.Array, jax.Array], ...]
 
 

@@ -1,0 +1,188 @@
+"""The engine loop: admit requests, schedule a step, run it on device, turn results into outputs.
+
+Single-threaded by design: the HTTP server drives it from one engine thread and the offline API
+calls step() in a loop. Bad input raises ValueError in add_request and never reaches the device,
+so other requests keep running.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from jaxserve.engine.page_allocator import PageAllocator
+from jaxserve.engine.request import Request, RequestStatus
+from jaxserve.engine.request_state import RequestState
+from jaxserve.engine.scheduled_batch import ScheduledBatch
+from jaxserve.engine.scheduler import Scheduler
+from jaxserve.outputs import RequestOutput, TokenLogprob
+from jaxserve.runtime.compile_ledger import CompileLedger
+from jaxserve.runtime.model_runner import HostStepOutput, ModelRunner
+from jaxserve.sampling_params import SamplingParams
+from jaxserve.tokenizer.detokenizer import IncrementalDetokenizer
+from jaxserve.tokenizer.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+  num_running: int
+  num_waiting: int
+  num_used_pages: int
+  num_total_pages: int
+  num_preemptions: int
+  num_compilations: int
+
+
+class LLMEngine:
+  """Continuous-batching engine over one model. Build it with jaxserve.engine.factory."""
+
+  def __init__(self, *, tokenizer: Tokenizer, runner: ModelRunner, scheduler: Scheduler,
+               allocator: PageAllocator, max_model_len: int, vocab_size: int,
+               eos_token_ids: tuple[int, ...], ledger: CompileLedger, seed: int = 0,
+               model_name: str = "", warmup_seconds: float = 0.0):
+    self.tokenizer = tokenizer
+    self.runner = runner
+    self.scheduler = scheduler
+    self.allocator = allocator
+    self.max_model_len = max_model_len
+    self.vocab_size = vocab_size
+    self.eos_token_ids = eos_token_ids
+    self.ledger = ledger
+    self.model_name = model_name
+    self.warmup_seconds = warmup_seconds
+    self._rng = np.random.default_rng(seed)
+    self._ids = itertools.count()
+    self._requests: dict[str, Request] = {}
+    self._states: dict[str, RequestState] = {}
+    self._pending: list[RequestState] = []
+
+  # -- admission ---------------------------------------------------------------------------
+  def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+    """Tokenizes a text prompt or checks a token-id prompt; ValueError names `prompt`."""
+    if isinstance(prompt, str):
+      if not prompt:
+        raise ValueError("prompt: must not be empty")
+      return self.tokenizer.encode(prompt)
+    ids = list(prompt)
+    if not ids:
+      raise ValueError("prompt: must not be empty")
+    for token_id in ids:
+      if isinstance(token_id, bool) or not isinstance(token_id, (int, np.integer)) or not (
+          0 <= token_id < self.vocab_size):
+        raise ValueError(f"prompt: token id {token_id!r} is out of range [0, {self.vocab_size})")
+    return [int(t) for t in ids]
+
+  def add_request(self, prompt: str | list[int], params: SamplingParams,
+                  request_id: str | None = None, arrival_time: float | None = None) -> str:
+    """Queues a request and returns its id. n > 1 is expanded by the callers (LLM, server)."""
+    if not isinstance(params, SamplingParams):
+      raise ValueError("sampling_params: must be a SamplingParams")
+    request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+    if request_id in self._requests:
+      raise ValueError(f"request_id: {request_id!r} is already in use")
+    prompt_ids = self.encode_prompt(prompt)
+    total = len(prompt_ids) + params.max_tokens
+    if total > self.max_model_len:
+      raise ValueError(f"prompt: {len(prompt_ids)} prompt tokens + max_tokens {params.max_tokens} "
+                       f"= {total} exceeds max_model_len {self.max_model_len}")
+    seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63 - 1))
+    request = Request(request_id=request_id, prompt_token_ids=prompt_ids, sampling_params=params,
+                      seed=seed, arrival_time=arrival_time or time.monotonic(),
+                      eos_token_ids=self.eos_token_ids)
+    self.scheduler.add_request(request)
+    detokenizer = IncrementalDetokenizer(
+        self.tokenizer, prompt_ids, skip_special_tokens=params.skip_special_tokens,
+        stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output)
+    self._requests[request_id] = request
+    self._states[request_id] = RequestState(request, detokenizer, self.max_model_len)
+    return request_id
+
+  def abort_request(self, request_id: str) -> bool:
+    """Stops a request wherever it is; its pages return to the pool at once."""
+    state = self._states.get(request_id)
+    if state is None or not self.scheduler.abort_request(request_id):
+      return False
+    self._finish(state, RequestStatus.FINISHED_ABORTED, notify_scheduler=False)
+    self._pending.append(state)
+    return True
+
+  # -- the loop ----------------------------------------------------------------------------
+  def has_unfinished_requests(self) -> bool:
+    return self.scheduler.has_unfinished_requests() or bool(self._pending)
+
+  def step(self) -> list[RequestOutput]:
+    """Runs one scheduled step; returns outputs for requests that progressed or finished."""
+    touched, self._pending = self._pending, []
+    batch = self.scheduler.schedule()
+    if not batch.is_empty:
+      inputs = self.runner.prepare(batch, self._requests)
+      host = self.runner.execute(inputs)
+      touched += self._process(batch, host)
+    outputs = [state.make_output() for state in touched]
+    for state in touched:
+      if state.request.finished:
+        self._requests.pop(state.request.request_id, None)
+        self._states.pop(state.request.request_id, None)
+    return outputs
+
+  def _process(self, batch: ScheduledBatch, host: HostStepOutput) -> list[RequestState]:
+    touched, cursor, now = [], 0, time.monotonic()
+    for i, seq in enumerate(batch.seqs):
+      state = self._states[seq.request_id]
+      state.first_scheduled_time = state.first_scheduled_time or now
+      if host.prompt_logprobs is not None and state.prompt_logprobs is not None:
+        for j in range(seq.num_tokens):
+          self._record_prompt_logprob(state, host, seq.start_position + j, cursor + j)
+      cursor += seq.num_tokens
+      if not seq.sample:
+        continue
+      token_id = int(host.token_ids[i])
+      status = state.append_token(token_id, self._sampled_logprob(state, host, i, token_id))
+      if status is not None:
+        self._finish(state, status)
+      touched.append(state)
+    return touched
+
+  def _sampled_logprob(self, state: RequestState, host: HostStepOutput, row: int,
+                       token_id: int) -> TokenLogprob | None:
+    num_top = state.request.sampling_params.logprobs
+    if num_top is None:
+      return None
+    top = ()
+    if num_top > 0 and host.top_ids is not None:
+      top = tuple((int(t), float(lp)) for t, lp in
+                  zip(host.top_ids[row, :num_top], host.top_logprobs[row, :num_top]))
+    return TokenLogprob(token_id, float(host.logprobs[row]), top)
+
+  def _record_prompt_logprob(self, state: RequestState, host: HostStepOutput, position: int,
+                             token_index: int) -> None:
+    prompt = state.request.prompt_token_ids
+    if position + 1 >= len(prompt) or state.prompt_logprobs[position + 1] is not None:
+      return
+    num_top = state.request.sampling_params.prompt_logprobs
+    top = tuple((int(t), float(lp)) for t, lp in
+                zip(host.prompt_top_ids[token_index, :num_top],
+                    host.prompt_top_logprobs[token_index, :num_top]))
+    state.record_prompt_logprob(
+        position, TokenLogprob(prompt[position + 1], float(host.prompt_logprobs[token_index]), top))
+
+  def _finish(self, state: RequestState, status: RequestStatus,
+              notify_scheduler: bool = True) -> None:
+    if notify_scheduler:
+      self.scheduler.finish_request(state.request.request_id, status)
+    state.request.status = status
+    state.finished_time = time.monotonic()
+
+  # -- introspection -----------------------------------------------------------------------
+  def stats(self) -> EngineStats:
+    return EngineStats(
+        num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
+        num_used_pages=self.allocator.num_used_pages,
+        num_total_pages=self.allocator.num_usable_pages,
+        num_preemptions=self.scheduler.num_preemptions_total,
+        num_compilations=self.ledger.num_compilations)

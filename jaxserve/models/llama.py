@@ -1,0 +1,167 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) over the paged KV cache, in Flax linen.
+
+The model consumes one ragged step: the tokens of every scheduled sequence concatenated into
+`token_ids[T]` with their absolute `positions[T]`. Each layer projects q/k/v, applies RoPE and
+hands q plus the new k/v to the attention backend, which scatters k/v into that layer's pages at
+`slot_mapping` and attends over the paged cache described by `AttentionMetadata`. Layers are a
+Python loop (no scan), so under jit with donated pages every layer's scatter is an in-place update
+of its own buffers. The model holds no sharding rules and no state besides `params`.
+
+Numerics follow Hugging Face: matmuls in the param dtype; RMSNorm statistics in float32 with the
+weight applied after casting back; attention softmax in float32 (inside the backend); logits in
+float32. Family switches: q/k/v bias (Qwen2), per-head q/k RMSNorm before RoPE (Qwen3), sliding
+window (Mistral), tied embeddings.
+
+Params (the flax `params` collection), with H hidden, D head_dim, Q/KV head counts, I intermediate:
+  embed_tokens/embedding [V, H]
+  layers_{i}/input_layernorm/scale [H]          layers_{i}/post_attention_layernorm/scale [H]
+  layers_{i}/self_attn/{q,k,v}_proj/kernel [H, Q*D | KV*D | KV*D]   (+ bias, when attention_bias)
+  layers_{i}/self_attn/o_proj/kernel [Q*D, H]
+  layers_{i}/self_attn/{q,k}_norm/scale [D]     (when qk_norm)
+  layers_{i}/mlp/{gate,up}_proj/kernel [H, I]   layers_{i}/mlp/down_proj/kernel [I, H]
+  norm/scale [H]
+  lm_head/kernel [H, V]                         (absent when tie_word_embeddings)
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from jaxserve.attention import AttentionBackend, AttentionMetadata
+from jaxserve.models.model_config import ModelConfig
+from jaxserve.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
+
+KVPages = tuple[tuple[jax.Array, jax.Array], ...]
+
+
+class RMSNorm(nn.Module):
+  """RMSNorm over the last axis; statistics in float32, weight applied in the input dtype."""
+  eps: float
+  dtype: jnp.dtype
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.dtype)
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return scale * x32.astype(x.dtype)
+
+
+class Attention(nn.Module):
+  config: ModelConfig
+  attention: AttentionBackend
+
+  @nn.compact
+  def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, k_pages: jax.Array,
+               v_pages: jax.Array, slot_mapping: jax.Array, metadata: AttentionMetadata):
+    cfg = self.config
+    dtype = jnp.dtype(cfg.dtype)
+    num_tokens = x.shape[0]
+
+    def proj(name: str, num_heads: int) -> jax.Array:
+      y = nn.Dense(num_heads * cfg.head_dim, use_bias=cfg.attention_bias, dtype=dtype,
+                   param_dtype=dtype, name=name)(x)
+      return y.reshape(num_tokens, num_heads, cfg.head_dim)                # [T, heads, D]
+
+    q = proj("q_proj", cfg.num_q_heads)
+    k = proj("k_proj", cfg.num_kv_heads)
+    v = proj("v_proj", cfg.num_kv_heads)
+    if cfg.qk_norm:
+      q = RMSNorm(cfg.rms_norm_eps, dtype, name="q_norm")(q)
+      k = RMSNorm(cfg.rms_norm_eps, dtype, name="k_norm")(k)
+    q = apply_rope(q, cos, sin)
+    k = apply_rope(k, cos, sin)
+    out, k_pages, v_pages = self.attention(
+        q, k, v, k_pages, v_pages, slot_mapping, metadata,
+        sm_scale=cfg.head_dim ** -0.5, sliding_window=cfg.sliding_window)  # out [T, Q, D]
+    out = out.reshape(num_tokens, cfg.num_q_heads * cfg.head_dim).astype(dtype)
+    out = nn.Dense(cfg.hidden_size, use_bias=False, dtype=dtype, param_dtype=dtype,
+                   name="o_proj")(out)                                     # [T, H]
+    return out, k_pages, v_pages
+
+
+class MLP(nn.Module):
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    cfg = self.config
+    dtype = jnp.dtype(cfg.dtype)
+    dense = lambda features, name: nn.Dense(features, use_bias=False, dtype=dtype,
+                                            param_dtype=dtype, name=name)
+    gate = dense(cfg.intermediate_size, "gate_proj")(x)                    # [T, I]
+    up = dense(cfg.intermediate_size, "up_proj")(x)                        # [T, I]
+    return dense(cfg.hidden_size, "down_proj")(nn.silu(gate) * up)         # [T, H]
+
+
+class DecoderLayer(nn.Module):
+  config: ModelConfig
+  attention: AttentionBackend
+
+  @nn.compact
+  def __call__(self, x, cos, sin, k_pages, v_pages, slot_mapping, metadata):
+    cfg = self.config
+    dtype = jnp.dtype(cfg.dtype)
+    h = RMSNorm(cfg.rms_norm_eps, dtype, name="input_layernorm")(x)
+    h, k_pages, v_pages = Attention(cfg, self.attention, name="self_attn")(
+        h, cos, sin, k_pages, v_pages, slot_mapping, metadata)
+    x = x + h
+    h = RMSNorm(cfg.rms_norm_eps, dtype, name="post_attention_layernorm")(x)
+    x = x + MLP(cfg, name="mlp")(h)
+    return x, k_pages, v_pages
+
+
+class LMHead(nn.Module):
+  """Untied output projection; logits accumulate and stay in float32."""
+  vocab_size: int
+  dtype: jnp.dtype
+
+  @nn.compact
+  def __call__(self, hidden: jax.Array) -> jax.Array:
+    kernel = self.param("kernel", nn.initializers.lecun_normal(),
+                        (hidden.shape[-1], self.vocab_size), self.dtype)
+    return jnp.dot(hidden, kernel, preferred_element_type=jnp.float32)
+
+
+class LlamaForCausalLM(nn.Module):
+  """Decoder over one ragged batch. `__call__` returns the final-norm hidden states and the new
+  KV pages; `compute_logits` maps selected hidden states to float32 logits."""
+  config: ModelConfig
+  attention: AttentionBackend
+
+  def setup(self) -> None:
+    cfg = self.config
+    dtype = jnp.dtype(cfg.dtype)
+    self.embed_tokens = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, param_dtype=dtype,
+                                 embedding_init=nn.initializers.normal(0.02))
+    self.layers = [DecoderLayer(cfg, self.attention) for _ in range(cfg.num_layers)]  # layers_{i}
+    self.norm = RMSNorm(cfg.rms_norm_eps, dtype)
+    if not cfg.tie_word_embeddings:
+      self.lm_head = LMHead(cfg.vocab_size, dtype)
+
+  def __call__(
+      self,
+      token_ids: jax.Array,      # int32[T]
+      positions: jax.Array,      # int32[T]
+      kv_pages: KVPages,         # per layer (k_pages, v_pages), each [KV, num_pages, page_size, D]
+      slot_mapping: jax.Array,   # int32[T]
+      metadata: AttentionMetadata,
+  ) -> tuple[jax.Array, KVPages]:
+    cfg = self.config
+    if len(kv_pages) != cfg.num_layers:
+      raise ValueError(f"kv_pages: expected {cfg.num_layers} layers, got {len(kv_pages)}")
+    x = self.embed_tokens(token_ids)                                       # [T, H]
+    cos, sin = rope_cos_sin(positions, inverse_frequencies(cfg), x.dtype)  # [T, D] each
+    new_pages = []
+    for layer, (k_pages, v_pages) in zip(self.layers, kv_pages):
+      x, k_pages, v_pages = layer(x, cos, sin, k_pages, v_pages, slot_mapping, metadata)
+      new_pages.append((k_pages, v_pages))
+    return self.norm(x), tuple(new_pages)
+
+  def compute_logits(self, hidden: jax.Array) -> jax.Array:
+    """hidden [N, H] (after the final norm) -> float32[N, vocab_size]."""
+    if self.config.tie_word_embeddings:
+      embedding = self.embed_tokens.embedding                              # [V, H]
+      return jnp.dot(hidden, embedding.T, preferred_element_type=jnp.float32)
+    return self.lm_head(hidden)

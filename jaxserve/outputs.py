@@ -1,0 +1,43 @@
+"""What the engine reports about a request after each step (host side, plain data)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+  """A token's logprob plus the top-N alternatives at that position (id -> logprob)."""
+  token_id: int
+  logprob: float
+  top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+  arrival_time: float
+  first_scheduled_time: float | None
+  first_token_time: float | None
+  last_token_time: float | None
+  finished_time: float | None
+  num_preemptions: int
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+  """One request's state after a step. new_* hold this step's delta (for streaming), the rest is
+  cumulative. prompt_logprobs[0] is None (the first token has no context)."""
+  request_id: str
+  prompt_token_ids: tuple[int, ...]
+  token_ids: tuple[int, ...]
+  text: str
+  new_token_ids: tuple[int, ...]
+  new_text: str
+  finished: bool
+  finish_reason: str | None = None        # "stop" | "length" | "abort" | "error"
+  stop_reason: str | int | None = None    # the stop string or stop token id that matched
+  logprobs: tuple[TokenLogprob, ...] | None = None
+  new_logprobs: tuple[TokenLogprob, ...] | None = None
+  prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+  metrics: RequestMetrics | None = None
+  error: str | None = None
+  extra: dict = field(default_factory=dict)
