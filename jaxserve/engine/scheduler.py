@@ -1,0 +1,288 @@
+"""Iteration-level continuous batching (as in vLLM v1). Pure Python, no jax.
+
+Each `schedule()` call plans one model step under a token budget (max_num_batched_tokens) and a
+sequence limit (max_num_seqs), and returns a `ScheduledBatch`:
+
+1. Running requests, in admission order. A decoding request gets 1 token; one still in (chunked)
+   prefill gets min(remaining known tokens, budget left). Each gets pages for every position it
+   will write. If the pool cannot supply them, the most recently admitted running request is
+   preempted (recompute mode: its pages are freed, num_computed_tokens drops to 0 and it goes to
+   the front of the waiting queue) and the allocation is retried; when the request being
+   scheduled is itself the most recent, it is the one preempted and no further running request
+   is scheduled this step.
+2. If nothing was preempted, waiting requests are admitted first come, first served while the
+   budget, max_num_seqs (a limit on running requests) and the pool allow. A request's known
+   tokens are request.all_token_ids: the prompt, plus the tokens generated before a preemption.
+   Without chunked prefill they must fit the step whole (a resumed request longer than a whole
+   step is admitted alone into an otherwise empty step and then continues in chunks). Admission
+   keeps one free page for each scheduled sequence whose next token starts a new page, so
+   admitting a request does not force a preemption on the very next step.
+
+With prefix caching an admitted request first takes the cached full pages of its known tokens,
+never covering the last one (a token must be computed for logits to exist), and none at all
+when it asks for prompt_logprobs (those need the prompt's logits). Full pages are registered in
+the cache as they are computed (at the next `schedule()`, once the step has run) and when a
+request finishes normally.
+
+Progress: add_request refuses requests the pool could never hold alone, so the oldest running
+request always gets its pages (it is never the preemption victim while others run, and alone
+it fits) and at least one token of budget; every step advances it, so no livelock.
+
+`schedule()` assumes the step it returns runs before the next call: it advances each scheduled
+request's num_computed_tokens. A sequence samples when it reaches all its known tokens; the
+engine then appends the sampled token to request.output_token_ids, or finishes the request.
+Batch order: decodes (one-token queries that sample) first, then prefill chunks, each group in
+scheduling order.
+"""
+from __future__ import annotations
+
+import collections
+
+from jaxserve.config import SchedulerConfig
+from jaxserve.engine.page_allocator import PageAllocator
+from jaxserve.engine.request import Request, RequestStatus
+from jaxserve.engine.scheduled_batch import ScheduledBatch, ScheduledSeq
+
+_Planned = tuple[Request, int, int]  # (request, start position, tokens scheduled)
+
+
+class Scheduler:
+  """Owns the waiting and running queues; see the module docstring."""
+
+  def __init__(self, config: SchedulerConfig, allocator: PageAllocator,
+               max_model_len: int) -> None:
+    if not isinstance(max_model_len, int) or max_model_len < 1:
+      raise ValueError(f"max_model_len: must be a positive integer, got {max_model_len!r}")
+    if config.enable_prefix_caching and not allocator.enable_prefix_caching:
+      raise ValueError("scheduler.enable_prefix_caching: set, but the page allocator was built "
+                       "without prefix caching")
+    self.config = config
+    self.allocator = allocator
+    self.max_model_len = max_model_len
+    self.page_size = allocator.page_size
+    self._prefix_caching = config.enable_prefix_caching
+    self._waiting: collections.deque[Request] = collections.deque()
+    self._running: list[Request] = []
+    self._requests: dict[str, Request] = {}
+    self._num_registered_pages: dict[str, int] = {}
+    self._num_preemptions_total = 0
+
+  @property
+  def num_running(self) -> int:
+    return len(self._running)
+
+  @property
+  def num_waiting(self) -> int:
+    return len(self._waiting)
+
+  @property
+  def num_preemptions_total(self) -> int:
+    return self._num_preemptions_total
+
+  @property
+  def kv_cache_usage(self) -> float:
+    """Fraction of usable pages held by sequences (evictable cached pages count as free)."""
+    return self.allocator.num_used_pages / self.allocator.num_usable_pages
+
+  def has_unfinished_requests(self) -> bool:
+    return bool(self._waiting or self._running)
+
+  def get_request(self, request_id: str) -> Request | None:
+    """The waiting or running request with this id; None once finished or if unknown."""
+    return self._requests.get(request_id)
+
+  def add_request(self, request: Request) -> None:
+    self._validate(request)
+    request.status = RequestStatus.WAITING
+    self._requests[request.request_id] = request
+    self._waiting.append(request)
+
+  def finish_request(self, request_id: str, status: RequestStatus) -> None:
+    """Removes a waiting or running request and frees its pages.
+
+    Full pages are registered in the prefix cache first, except for FINISHED_ERROR and
+    FINISHED_ABORTED, whose last step may not have produced valid K/V.
+    """
+    if not status.finished:
+      raise ValueError(f"status: {status} is not a finished status")
+    request = self._requests.get(request_id)
+    if request is None:
+      raise ValueError(f"request_id: unknown or finished request {request_id!r}")
+    self._remove(request, status)
+
+  def abort_request(self, request_id: str) -> bool:
+    """Aborts a waiting or running request; False if the id is unknown or already finished."""
+    request = self._requests.get(request_id)
+    if request is None:
+      return False
+    self._remove(request, RequestStatus.FINISHED_ABORTED)
+    return True
+
+  def schedule(self) -> ScheduledBatch:
+    if self._prefix_caching:
+      for request in self._running:
+        self._register_pages(request)
+    planned: list[_Planned] = []
+    preempted_ids: list[str] = []
+    budget = self._schedule_running(planned, preempted_ids)
+    if not preempted_ids:
+      self._admit_waiting(planned, budget)
+    return self._build_batch(planned, preempted_ids)
+
+  def _validate(self, request: Request) -> None:
+    request_id, num_prompt = request.request_id, request.num_prompt_tokens
+    if request_id in self._requests:
+      raise ValueError(f"request_id: {request_id!r} is already waiting or running")
+    if num_prompt == 0:
+      raise ValueError(f"prompt: request {request_id!r} has no tokens")
+    total = request.max_total_tokens
+    if total > self.max_model_len:
+      raise ValueError(f"max_tokens: prompt + max_tokens ({num_prompt} + "
+                       f"{request.sampling_params.max_tokens} = {total}) exceeds max_model_len "
+                       f"({self.max_model_len})")
+    num_pages = -(-total // self.page_size)
+    if num_pages > self.allocator.num_usable_pages:
+      raise ValueError(f"max_tokens: prompt + max_tokens ({total} tokens) needs {num_pages} "
+                       f"KV cache pages but the pool has {self.allocator.num_usable_pages}")
+    budget = self.config.max_num_batched_tokens
+    if not self.config.enable_chunked_prefill and num_prompt > budget:
+      raise ValueError(f"prompt: {num_prompt} tokens exceed scheduler.max_num_batched_tokens "
+                       f"({budget}) with chunked prefill disabled")
+
+  def _schedule_running(self, planned: list[_Planned], preempted_ids: list[str]) -> int:
+    budget = self.config.max_num_batched_tokens
+    index = 0
+    while index < len(self._running) and budget > 0 and len(planned) < self.config.max_num_seqs:
+      request = self._running[index]
+      start = request.num_computed_tokens
+      num_new = min(request.num_tokens - start, budget)
+      if num_new > 0:
+        if not self._allocate_or_preempt(request, num_new, preempted_ids):
+          break
+        planned.append((request, start, num_new))
+        budget -= num_new
+      index += 1
+    return budget
+
+  def _allocate_or_preempt(self, request: Request, num_new: int,
+                           preempted_ids: list[str]) -> bool:
+    num_needed = self._num_new_pages(request, num_new)
+    while not self.allocator.can_allocate(num_needed):
+      victim = self._running[-1]
+      self._preempt(victim)
+      preempted_ids.append(victim.request_id)
+      if victim is request:
+        return False
+    request.page_ids.extend(self.allocator.allocate(num_needed))
+    return True
+
+  def _preempt(self, request: Request) -> None:
+    self._running.remove(request)
+    self._release_pages(request)
+    request.num_computed_tokens = 0
+    request.num_preemptions += 1
+    request.status = RequestStatus.WAITING
+    self._waiting.appendleft(request)
+    self._num_preemptions_total += 1
+
+  def _admit_waiting(self, planned: list[_Planned], budget: int) -> None:
+    reserve = sum(self._needs_page_next_step(r, start + n) for r, start, n in planned)
+    while (self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs
+           and len(planned) < self.config.max_num_seqs):
+      request = self._waiting[0]
+      num_new = self._try_admit(request, budget, reserve)
+      if num_new == 0:
+        break
+      self._waiting.popleft()
+      request.status = RequestStatus.RUNNING
+      self._running.append(request)
+      start = request.num_computed_tokens
+      planned.append((request, start, num_new))
+      budget -= num_new
+      reserve += self._needs_page_next_step(request, start + num_new)
+
+  def _try_admit(self, request: Request, budget: int, reserve: int) -> int:
+    """Takes cached pages and allocates the first chunk; 0 (and nothing held) if it can't."""
+    self._take_cached_prefix(request)
+    num_new = self._admission_chunk(request.num_tokens - request.num_computed_tokens, budget)
+    if num_new > 0:
+      num_needed = self._num_new_pages(request, num_new)
+      if self.allocator.can_allocate(num_needed + reserve):
+        request.page_ids.extend(self.allocator.allocate(num_needed))
+        return num_new
+    self._release_pages(request)
+    request.num_computed_tokens = 0
+    return 0
+
+  def _take_cached_prefix(self, request: Request) -> None:
+    if not self._prefix_caching or request.sampling_params.prompt_logprobs is not None:
+      return
+    page_ids = self.allocator.find_cached_prefix(request.all_token_ids[:-1])
+    request.page_ids = page_ids
+    request.num_computed_tokens = len(page_ids) * self.page_size
+    self._num_registered_pages[request.request_id] = len(page_ids)
+
+  def _admission_chunk(self, num_remaining: int, budget: int) -> int:
+    if self.config.enable_chunked_prefill or num_remaining <= budget:
+      return min(num_remaining, budget)
+    step_budget = self.config.max_num_batched_tokens
+    if num_remaining > step_budget and budget == step_budget:
+      return budget  # a resumed request longer than any step: recompute it in chunks
+    return 0
+
+  def _needs_page_next_step(self, request: Request, seq_len: int) -> bool:
+    """Whether the token sampled at seq_len will be fed next step and start a new page."""
+    samples = seq_len == request.num_tokens
+    continues = request.num_tokens + 1 < request.max_total_tokens
+    return samples and continues and seq_len == len(request.page_ids) * self.page_size
+
+  def _num_new_pages(self, request: Request, num_new: int) -> int:
+    num_total = -(-(request.num_computed_tokens + num_new) // self.page_size)
+    return max(0, num_total - len(request.page_ids))
+
+  def _register_pages(self, request: Request) -> None:
+    num_full = request.num_computed_tokens // self.page_size
+    if num_full <= self._num_registered_pages.get(request.request_id, 0):
+      return
+    self.allocator.register_full_pages(request.all_token_ids[:num_full * self.page_size],
+                                       request.page_ids[:num_full])
+    self._num_registered_pages[request.request_id] = num_full
+
+  def _release_pages(self, request: Request) -> None:
+    self.allocator.free(reversed(request.page_ids))
+    request.page_ids = []
+    self._num_registered_pages.pop(request.request_id, None)
+
+  def _remove(self, request: Request, status: RequestStatus) -> None:
+    if request.status is RequestStatus.RUNNING:
+      self._running.remove(request)
+      if self._prefix_caching and status in (RequestStatus.FINISHED_STOPPED,
+                                             RequestStatus.FINISHED_LENGTH):
+        self._register_pages(request)
+    else:
+      self._waiting.remove(request)
+    self._release_pages(request)
+    request.status = status
+    del self._requests[request.request_id]
+
+  def _build_batch(self, planned: list[_Planned], preempted_ids: list[str]) -> ScheduledBatch:
+    decodes: list[ScheduledSeq] = []
+    prefills: list[ScheduledSeq] = []
+    for request, start, num_new in planned:
+      end = start + num_new
+      request.num_computed_tokens = end
+      seq = ScheduledSeq(request_id=request.request_id,
+                         token_ids=_token_slice(request, start, end), start_position=start,
+                         page_ids=tuple(request.page_ids), sample=end == request.num_tokens)
+      (decodes if num_new == 1 and seq.sample else prefills).append(seq)
+    return ScheduledBatch(seqs=tuple(decodes + prefills),
+                          preempted_request_ids=tuple(preempted_ids))
+
+
+def _token_slice(request: Request, start: int, end: int) -> tuple[int, ...]:
+  """request.all_token_ids[start:end] without copying the whole sequence."""
+  num_prompt = request.num_prompt_tokens
+  if start >= num_prompt:
+    return tuple(request.output_token_ids[start - num_prompt:end - num_prompt])
+  return (tuple(request.prompt_token_ids[start:end])
+          + tuple(request.output_token_ids[:max(0, end - num_prompt)]))
