@@ -41,3 +41,23 @@ class RequestOutput:
   metrics: RequestMetrics | None = None
   error: str | None = None
   extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Completion:
+  """One of the n completions of a prompt (offline API)."""
+  index: int
+  text: str
+  token_ids: tuple[int, ...]
+  finish_reason: str | None
+  stop_reason: str | int | None = None
+  logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+  """A prompt and its completions, as LLM.generate returns them."""
+  prompt: str | None
+  prompt_token_ids: tuple[int, ...]
+  outputs: tuple[Completion, ...]
+  prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None

@@ -62,6 +62,9 @@ class LLMEngine:
     self._pending: list[RequestState] = []
 
   # -- admission ---------------------------------------------------------------------------
+  def next_request_number(self) -> int:
+    return next(self._ids)
+
   def encode_prompt(self, prompt: str | list[int]) -> list[int]:
     """Tokenizes a text prompt or checks a token-id prompt; ValueError names `prompt`."""
     if isinstance(prompt, str):

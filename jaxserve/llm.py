@@ -1,0 +1,107 @@
+"""The offline API: LLM(model=...).generate(prompts, SamplingParams(...)).
+
+Prompts are validated up front (a bad one raises ValueError before anything runs), then all are
+queued and the engine loops until every request finishes, with a progress bar.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from tqdm.auto import tqdm
+
+from jaxserve.config import EngineConfig
+from jaxserve.engine.factory import build_engine
+from jaxserve.engine.llm_engine import LLMEngine
+from jaxserve.outputs import Completion, GenerationResult, RequestOutput
+from jaxserve.sampling_params import SamplingParams
+
+Prompt = str | Sequence[int]
+
+
+class LLM:
+  """Offline generation. `model` is "tiny-random" or a Hugging Face checkpoint directory; other
+  keyword arguments are EngineConfig fields (e.g. max_model_len=1024, cache=CacheConfig(...))."""
+
+  def __init__(self, model: str = "tiny-random", *, config: EngineConfig | None = None,
+               show_progress: bool = True, **engine_fields):
+    base = config or EngineConfig()
+    self.config = dataclasses.replace(base, model=model, **engine_fields)
+    self.engine: LLMEngine = build_engine(self.config, show_progress=show_progress)
+    self.tokenizer = self.engine.tokenizer
+
+  def generate(self, prompts: Prompt | Sequence[Prompt],
+               sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+               use_tqdm: bool = True) -> list[GenerationResult]:
+    prompt_list = _as_prompt_list(prompts)
+    params_list = _as_params_list(sampling_params, len(prompt_list))
+    encoded = [self.engine.encode_prompt(p if isinstance(p, str) else list(p))
+               for p in prompt_list]
+    request_ids: list[list[str]] = []
+    try:
+      for i, (ids, params) in enumerate(zip(encoded, params_list)):
+        request_ids.append([self._add(ids, params, i, k) for k in range(params.n)])
+    except ValueError:
+      for ids_of_prompt in request_ids:
+        for rid in ids_of_prompt:
+          self.engine.abort_request(rid)
+      self._drain()
+      raise
+    finished = self._run(sum(len(r) for r in request_ids), use_tqdm)
+    return [self._result(prompt_list[i], encoded[i], [finished[r] for r in rids])
+            for i, rids in enumerate(request_ids)]
+
+  def _add(self, prompt_ids: list[int], params: SamplingParams, prompt_index: int,
+           sample_index: int) -> str:
+    if params.n > 1 and params.seed is not None:
+      params = params.replace(seed=params.seed + sample_index)
+    rid = f"offline-{id(self)}-{prompt_index}-{sample_index}-{self.engine.next_request_number()}"
+    return self.engine.add_request(prompt_ids, params, request_id=rid)
+
+  def _run(self, num_requests: int, use_tqdm: bool) -> dict[str, RequestOutput]:
+    finished: dict[str, RequestOutput] = {}
+    with tqdm(total=num_requests, desc="generating", unit="req", disable=not use_tqdm) as bar:
+      while self.engine.has_unfinished_requests():
+        for output in self.engine.step():
+          if output.finished:
+            finished[output.request_id] = output
+            bar.update(1)
+    return finished
+
+  def _drain(self) -> None:
+    while self.engine.has_unfinished_requests():
+      self.engine.step()
+
+  @staticmethod
+  def _result(prompt: Prompt, prompt_ids: list[int],
+              outputs: list[RequestOutput]) -> GenerationResult:
+    completions = tuple(
+        Completion(index=k, text=o.text, token_ids=o.token_ids, finish_reason=o.finish_reason,
+                   stop_reason=o.stop_reason, logprobs=o.logprobs)
+        for k, o in enumerate(outputs))
+    return GenerationResult(prompt=prompt if isinstance(prompt, str) else None,
+                            prompt_token_ids=tuple(prompt_ids), outputs=completions,
+                            prompt_logprobs=outputs[0].prompt_logprobs)
+
+
+def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+  if isinstance(prompts, str):
+    return [prompts]
+  prompts = list(prompts)
+  if prompts and all(isinstance(t, int) for t in prompts):
+    return [prompts]  # a single token-id prompt
+  if not prompts:
+    raise ValueError("prompts: must not be empty")
+  return prompts
+
+
+def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None,
+                    count: int) -> list[SamplingParams]:
+  if params is None:
+    return [SamplingParams()] * count
+  if isinstance(params, SamplingParams):
+    return [params] * count
+  params = list(params)
+  if len(params) != count:
+    raise ValueError(f"sampling_params: got {len(params)} for {count} prompts")
+  return params
