@@ -89,7 +89,7 @@ def sample(logits: jax.Array, s: SamplingInputs) -> SampleOutput:
   token_ids = jnp.where(s.temperature > 0, sampled, greedy)
   token_logprobs = jnp.take_along_axis(raw_logprobs, token_ids[:, None], axis=-1)[:, 0]
   top_logprobs, top_ids = jax.lax.cond(
-      s.want_top_logprobs, lambda x: jax.lax.top_k(x, MAX_LOGPROBS),
+      s.want_top_logprobs, lambda x: tuple(jax.lax.top_k(x, MAX_LOGPROBS)),
       lambda x: (jnp.zeros((x.shape[0], MAX_LOGPROBS), x.dtype),
                  jnp.zeros((x.shape[0], MAX_LOGPROBS), jnp.int32)), raw_logprobs)
   return SampleOutput(token_ids, token_logprobs, top_ids.astype(jnp.int32), top_logprobs)
