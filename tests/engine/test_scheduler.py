@@ -1,0 +1,271 @@
+"""Scheduler: hand-worked scenarios with exact expected batches.
+
+The simulated engine samples token 500 + (number of known tokens) for each sampling sequence and
+finishes a request once it has max_tokens outputs. Page ids follow the allocator's order: free
+pages are handed out lowest first at start, freed pages are appended to the free list (a
+sequence's pages tail first), and evictable cached pages are used only when no plain page is left.
+"""
+from __future__ import annotations
+
+import pytest
+
+from jaxserve.config import SchedulerConfig
+from jaxserve.engine.page_allocator import PageAllocator
+from jaxserve.engine.request import Request, RequestStatus
+from jaxserve.engine.scheduled_batch import ScheduledBatch, ScheduledSeq
+from jaxserve.engine.scheduler import Scheduler
+from jaxserve.sampling_params import SamplingParams
+
+
+def make_scheduler(num_pages: int, page_size: int, max_num_seqs: int = 4,
+                   max_num_batched_tokens: int = 16, chunked: bool = True,
+                   prefix_caching: bool = False, max_model_len: int = 256) -> Scheduler:
+  config = SchedulerConfig(max_num_seqs=max_num_seqs,
+                           max_num_batched_tokens=max_num_batched_tokens,
+                           enable_chunked_prefill=chunked, enable_prefix_caching=prefix_caching)
+  return Scheduler(config, PageAllocator(num_pages, page_size, prefix_caching), max_model_len)
+
+
+def make_request(request_id: str, prompt, max_tokens: int,
+                 prompt_logprobs: int | None = None) -> Request:
+  params = SamplingParams(max_tokens=max_tokens, prompt_logprobs=prompt_logprobs)
+  return Request(request_id, list(prompt), params, seed=0)
+
+
+def step(scheduler: Scheduler) -> ScheduledBatch:
+  batch = scheduler.schedule()
+  for seq in batch.seqs:
+    if seq.sample:
+      request = scheduler.get_request(seq.request_id)
+      request.output_token_ids.append(500 + request.num_tokens)
+      if len(request.output_token_ids) >= request.sampling_params.max_tokens:
+        scheduler.finish_request(seq.request_id, RequestStatus.FINISHED_LENGTH)
+  return batch
+
+
+def seq(request_id: str, token_ids, start: int, page_ids, sample: bool) -> ScheduledSeq:
+  return ScheduledSeq(request_id, tuple(token_ids), start, tuple(page_ids), sample)
+
+
+def test_prefill_then_decode_until_max_tokens():
+  scheduler = make_scheduler(num_pages=8, page_size=4)
+  request = make_request("a", range(10, 16), max_tokens=3)
+  scheduler.add_request(request)
+  assert step(scheduler).seqs == (seq("a", range(10, 16), 0, (1, 2), True),)
+  assert request.status is RequestStatus.RUNNING and request.output_token_ids == [506]
+  assert step(scheduler).seqs == (seq("a", [506], 6, (1, 2), True),)
+  assert step(scheduler).seqs == (seq("a", [507], 7, (1, 2), True),)
+  assert request.output_token_ids == [506, 507, 508]
+  assert request.status is RequestStatus.FINISHED_LENGTH and request.page_ids == []
+  assert scheduler.get_request("a") is None and not scheduler.has_unfinished_requests()
+  assert scheduler.allocator.num_used_pages == 0
+  assert step(scheduler).is_empty
+
+
+def test_decodes_come_before_prefill_chunks():
+  scheduler = make_scheduler(num_pages=16, page_size=4, max_num_seqs=2, max_num_batched_tokens=8)
+  scheduler.add_request(make_request("x", range(12), max_tokens=2))
+  scheduler.add_request(make_request("y", [50], max_tokens=2))
+  assert step(scheduler).seqs == (seq("x", range(8), 0, (1, 2), False),)
+  assert scheduler.num_waiting == 1
+  # y's one-token prompt is a single-token query that samples: it goes before x's chunk.
+  assert step(scheduler).seqs == (seq("y", [50], 0, (4,), True),
+                                  seq("x", range(8, 12), 8, (1, 2, 3), True))
+  assert step(scheduler).seqs == (seq("x", [512], 12, (1, 2, 3, 5), True),
+                                  seq("y", [501], 1, (4,), True))
+  assert not scheduler.has_unfinished_requests()
+
+
+def test_chunked_prefill_splits_long_prompt():
+  scheduler = make_scheduler(num_pages=16, page_size=4, max_num_seqs=2, max_num_batched_tokens=8)
+  scheduler.add_request(make_request("a", range(20), max_tokens=2))
+  assert step(scheduler).seqs == (seq("a", range(8), 0, (1, 2), False),)
+  assert step(scheduler).seqs == (seq("a", range(8, 16), 8, (1, 2, 3, 4), False),)
+  assert step(scheduler).seqs == (seq("a", range(16, 20), 16, (1, 2, 3, 4, 5), True),)
+  assert step(scheduler).seqs == (seq("a", [520], 20, (1, 2, 3, 4, 5, 6), True),)
+  assert not scheduler.has_unfinished_requests()
+
+
+def test_without_chunked_prefill_prompts_fit_whole():
+  scheduler = make_scheduler(num_pages=16, page_size=4, max_num_seqs=2, max_num_batched_tokens=8,
+                             chunked=False)
+  scheduler.add_request(make_request("a", range(6), max_tokens=2))
+  scheduler.add_request(make_request("b", range(10, 15), max_tokens=2))
+  assert step(scheduler).seqs == (seq("a", range(6), 0, (1, 2), True),)
+  assert scheduler.num_waiting == 1
+  assert step(scheduler).seqs == (seq("a", [506], 6, (1, 2), True),
+                                  seq("b", range(10, 15), 0, (3, 4), True))
+  with pytest.raises(ValueError, match="prompt: 9 tokens exceed scheduler.max_num_batched_tokens"):
+    scheduler.add_request(make_request("c", range(9), max_tokens=1))
+
+
+def test_preempts_most_recent_request_and_resumes_with_prompt_plus_output():
+  scheduler = make_scheduler(num_pages=5, page_size=2, max_num_seqs=2)
+  a, b = make_request("a", [1, 2, 3], max_tokens=4), make_request("b", [4, 5, 6], max_tokens=4)
+  scheduler.add_request(a)
+  scheduler.add_request(b)
+  assert step(scheduler).seqs == (seq("a", [1, 2, 3], 0, (1, 2), True),
+                                  seq("b", [4, 5, 6], 0, (3, 4), True))
+  assert step(scheduler).seqs == (seq("a", [503], 3, (1, 2), True),
+                                  seq("b", [503], 3, (3, 4), True))
+  batch = step(scheduler)  # a needs a third page: b, the most recent, is preempted
+  assert batch == ScheduledBatch((seq("a", [504], 4, (1, 2, 4), True),), ("b",))
+  assert b.status is RequestStatus.WAITING and b.page_ids == [] and b.num_computed_tokens == 0
+  assert b.num_preemptions == 1 and scheduler.num_preemptions_total == 1
+  assert b.output_token_ids == [503, 504]
+  # b needs 3 pages to recompute, 1 is free: a runs alone and finishes.
+  assert step(scheduler).seqs == (seq("a", [505], 5, (1, 2, 4), True),)
+  assert a.status is RequestStatus.FINISHED_LENGTH
+  assert step(scheduler).seqs == (seq("b", [4, 5, 6, 503, 504], 0, (3, 4, 2), True),)
+  assert step(scheduler).seqs == (seq("b", [505], 5, (3, 4, 2), True),)
+  assert b.output_token_ids == [503, 504, 505, 506]
+  assert not scheduler.has_unfinished_requests() and scheduler.allocator.num_used_pages == 0
+
+
+def test_request_that_is_most_recent_preempts_itself():
+  scheduler = make_scheduler(num_pages=4, page_size=2, max_num_seqs=2)
+  a, b = make_request("a", [1, 2, 3], max_tokens=2), make_request("b", [7, 8], max_tokens=2)
+  scheduler.add_request(a)
+  scheduler.add_request(b)
+  assert step(scheduler).seqs == (seq("a", [1, 2, 3], 0, (1, 2), True),
+                                  seq("b", [7, 8], 0, (3,), True))
+  batch = step(scheduler)
+  assert batch == ScheduledBatch((seq("a", [503], 3, (1, 2), True),), ("b",))
+  assert a.status is RequestStatus.FINISHED_LENGTH
+  assert step(scheduler).seqs == (seq("b", [7, 8, 502], 0, (3, 2), True),)
+  assert not scheduler.has_unfinished_requests()
+
+
+def test_admission_keeps_a_page_for_decodes_crossing_a_page_boundary():
+  scheduler = make_scheduler(num_pages=5, page_size=2, max_num_seqs=2)
+  scheduler.add_request(make_request("a", [1, 2, 3, 4], max_tokens=3))
+  scheduler.add_request(make_request("b", [5, 6, 7], max_tokens=2))
+  # b would fit now (2 free pages), but a's next token needs one of them.
+  assert step(scheduler).seqs == (seq("a", [1, 2, 3, 4], 0, (1, 2), True),)
+  assert step(scheduler).seqs == (seq("a", [504], 4, (1, 2, 3), True),)
+  assert step(scheduler).seqs == (seq("a", [505], 5, (1, 2, 3), True),)
+  assert step(scheduler).seqs == (seq("b", [5, 6, 7], 0, (4, 3), True),)
+  assert scheduler.num_preemptions_total == 0
+
+
+def test_resumed_request_longer_than_a_step_without_chunked_prefill():
+  scheduler = make_scheduler(num_pages=5, page_size=2, max_num_seqs=2, max_num_batched_tokens=2,
+                             chunked=False)
+  a, b = make_request("a", [1, 2], max_tokens=4), make_request("b", [3], max_tokens=5)
+  scheduler.add_request(a)
+  scheduler.add_request(b)
+  assert step(scheduler).seqs == (seq("a", [1, 2], 0, (1,), True),)
+  assert step(scheduler).seqs == (seq("a", [502], 2, (1, 2), True), seq("b", [3], 0, (3,), True))
+  assert step(scheduler).seqs == (seq("a", [503], 3, (1, 2), True),
+                                  seq("b", [501], 1, (3,), True))
+  batch = step(scheduler)
+  assert batch == ScheduledBatch((seq("a", [504], 4, (1, 2, 4), True),), ("b",))
+  assert a.status is RequestStatus.FINISHED_LENGTH
+  # b now knows 3 tokens, more than a step holds: it is recomputed in chunks.
+  assert step(scheduler).seqs == (seq("b", [3, 501], 0, (3,), False),)
+  assert step(scheduler).seqs == (seq("b", [502], 2, (3, 4), True),)
+  assert b.output_token_ids == [501, 502, 503]
+
+
+def test_prefix_cache_hit_after_finish_skips_computation():
+  scheduler = make_scheduler(num_pages=16, page_size=4, prefix_caching=True)
+  scheduler.add_request(make_request("a", range(10), max_tokens=1))
+  assert step(scheduler).seqs == (seq("a", range(10), 0, (1, 2, 3), True),)
+  assert scheduler.allocator.num_used_pages == 0 and scheduler.allocator.num_cached_pages == 2
+  b = make_request("b", list(range(10)) + [77, 78], max_tokens=2)
+  scheduler.add_request(b)
+  assert step(scheduler).seqs == (seq("b", [8, 9, 77, 78], 8, (1, 2, 4), True),)
+  assert [scheduler.allocator.refcount(p) for p in (1, 2, 4)] == [1, 1, 1]
+
+
+def test_prefix_cache_shared_with_running_request():
+  scheduler = make_scheduler(num_pages=16, page_size=4, max_num_seqs=2, prefix_caching=True)
+  a = make_request("a", range(9), max_tokens=4)
+  scheduler.add_request(a)
+  assert step(scheduler).seqs == (seq("a", range(9), 0, (1, 2, 3), True),)
+  b = make_request("b", list(range(9)) + [60], max_tokens=4)
+  scheduler.add_request(b)
+  assert step(scheduler).seqs == (seq("a", [509], 9, (1, 2, 3), True),
+                                  seq("b", [8, 60], 8, (1, 2, 4), True))
+  assert [scheduler.allocator.refcount(p) for p in (1, 2, 3, 4)] == [2, 2, 1, 1]
+  assert scheduler.abort_request("a")
+  assert [scheduler.allocator.refcount(p) for p in (1, 2, 3, 4)] == [1, 1, 0, 1]
+  scheduler.allocator.check_invariants(owners=[b.page_ids])
+
+
+def test_prefix_cache_never_covers_last_token():
+  scheduler = make_scheduler(num_pages=16, page_size=4, prefix_caching=True)
+  scheduler.add_request(make_request("a", range(8), max_tokens=1))
+  assert step(scheduler).seqs == (seq("a", range(8), 0, (1, 2), True),)
+  scheduler.add_request(make_request("b", range(8), max_tokens=1))
+  assert step(scheduler).seqs == (seq("b", range(4, 8), 4, (1, 3), True),)
+
+
+def test_prefix_cache_skipped_for_prompt_logprobs():
+  scheduler = make_scheduler(num_pages=16, page_size=4, prefix_caching=True)
+  scheduler.add_request(make_request("a", range(9), max_tokens=1))
+  assert step(scheduler).seqs == (seq("a", range(9), 0, (1, 2, 3), True),)
+  scheduler.add_request(make_request("c", range(9), max_tokens=1, prompt_logprobs=1))
+  assert step(scheduler).seqs == (seq("c", range(9), 0, (4, 5, 6), True),)
+
+
+def test_add_request_refusals_name_the_field():
+  scheduler = make_scheduler(num_pages=5, page_size=4, max_model_len=20)
+  with pytest.raises(ValueError, match="^prompt: "):
+    scheduler.add_request(make_request("a", [], max_tokens=1))
+  with pytest.raises(ValueError, match=r"max_tokens: prompt \+ max_tokens \(10 \+ 11 = 21\) "
+                                       r"exceeds max_model_len \(20\)"):
+    scheduler.add_request(make_request("a", range(10), max_tokens=11))
+  with pytest.raises(ValueError, match=r"max_tokens: .*needs 5 KV cache pages .* has 4"):
+    scheduler.add_request(make_request("a", range(10), max_tokens=7))
+  scheduler.add_request(make_request("a", range(10), max_tokens=6))
+  with pytest.raises(ValueError, match="request_id"):
+    scheduler.add_request(make_request("a", range(3), max_tokens=1))
+  assert scheduler.num_waiting == 1
+
+
+def test_constructor_refusals():
+  config = SchedulerConfig(enable_prefix_caching=True)
+  with pytest.raises(ValueError, match="enable_prefix_caching"):
+    Scheduler(config, PageAllocator(8, 4), max_model_len=16)
+  with pytest.raises(ValueError, match="max_model_len"):
+    Scheduler(SchedulerConfig(enable_prefix_caching=False), PageAllocator(8, 4), max_model_len=0)
+
+
+def test_abort_while_waiting_and_running_frees_pages():
+  scheduler = make_scheduler(num_pages=8, page_size=4, max_num_seqs=1)
+  a, b = make_request("a", range(5), max_tokens=4), make_request("b", range(5), max_tokens=4)
+  scheduler.add_request(a)
+  scheduler.add_request(b)
+  step(scheduler)
+  assert scheduler.num_running == 1 and scheduler.num_waiting == 1
+  assert scheduler.allocator.num_used_pages == 2
+  assert scheduler.abort_request("b")
+  assert b.status is RequestStatus.FINISHED_ABORTED and scheduler.num_waiting == 0
+  assert scheduler.abort_request("a")
+  assert a.status is RequestStatus.FINISHED_ABORTED and a.page_ids == []
+  assert scheduler.allocator.num_used_pages == 0 and not scheduler.has_unfinished_requests()
+  assert not scheduler.abort_request("a") and not scheduler.abort_request("nope")
+  assert step(scheduler).is_empty
+
+
+def test_finish_request_refusals():
+  scheduler = make_scheduler(num_pages=8, page_size=4)
+  scheduler.add_request(make_request("a", range(5), max_tokens=4))
+  with pytest.raises(ValueError, match="status"):
+    scheduler.finish_request("a", RequestStatus.RUNNING)
+  with pytest.raises(ValueError, match="request_id"):
+    scheduler.finish_request("nope", RequestStatus.FINISHED_STOPPED)
+  scheduler.finish_request("a", RequestStatus.FINISHED_STOPPED)
+  assert not scheduler.has_unfinished_requests()
+
+
+def test_max_num_seqs_limits_running_requests():
+  scheduler = make_scheduler(num_pages=16, page_size=4, max_num_seqs=2)
+  for name in "abc":
+    scheduler.add_request(make_request(name, range(3), max_tokens=2))
+  assert [s.request_id for s in step(scheduler).seqs] == ["a", "b"]
+  assert scheduler.num_running == 2 and scheduler.num_waiting == 1
+  assert [s.request_id for s in step(scheduler).seqs] == ["a", "b"]
+  assert [s.request_id for s in step(scheduler).seqs] == ["c"]
+  assert scheduler.kv_cache_usage == pytest.approx(1 / 15)
