@@ -157,7 +157,10 @@ class LlamaForCausalLM(nn.Module):
     for layer, (k_pages, v_pages) in zip(self.layers, kv_pages):
       x, k_pages, v_pages = layer(x, cos, sin, k_pages, v_pages, slot_mapping, metadata)
       new_pages.append((k_pages, v_pages))
-    return self.norm(x), tuple(new_pages)
+    hidden = self.norm(x)
+    if self.is_initializing():
+      self.compute_logits(hidden[:1])  # so that `init` creates lm_head too
+    return hidden, tuple(new_pages)
 
   def compute_logits(self, hidden: jax.Array) -> jax.Array:
     """hidden [N, H] (after the final norm) -> float32[N, vocab_size]."""

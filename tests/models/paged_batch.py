@@ -1,0 +1,66 @@
+"""Builds one ragged step's model inputs by hand, independent of the engine's step builder.
+
+Semantics are those of pallas_kernels/ragged_paged_attention/reference.py: sequences' tokens are
+concatenated (decodes first by convention), `seq_lens` counts cached tokens after the step, padding
+tokens write into the null page 0 and padding sequence slots have seq_len 0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxserve.attention import AttentionMetadata
+
+
+@dataclass(frozen=True)
+class Chunk:
+  """`token_ids` of one sequence whose first token sits at position `start` (tokens cached before)."""
+  token_ids: list[int]
+  start: int
+  pages: list[int]  # the sequence's block table
+
+
+@dataclass(frozen=True)
+class StepArrays:
+  token_ids: jnp.ndarray     # int32[T]
+  positions: jnp.ndarray     # int32[T]
+  slot_mapping: jnp.ndarray  # int32[T]
+  metadata: AttentionMetadata
+  offsets: list[int]         # where each chunk's tokens start in the step
+
+
+def build_step(chunks: list[Chunk], *, page_size: int, num_tokens: int, num_seq_slots: int,
+               pages_per_seq: int) -> StepArrays:
+  token_ids = np.zeros(num_tokens, np.int32)
+  positions = np.zeros(num_tokens, np.int32)
+  slots = np.zeros(num_tokens, np.int32)  # padding -> null page 0
+  block_tables = np.zeros((num_seq_slots, pages_per_seq), np.int32)
+  seq_lens = np.zeros(num_seq_slots, np.int32)
+  query_start_loc = np.zeros(num_seq_slots + 1, np.int32)
+  offsets, cursor = [], 0
+  for i, chunk in enumerate(chunks):
+    n = len(chunk.token_ids)
+    pos = np.arange(chunk.start, chunk.start + n)
+    page_table = np.asarray(chunk.pages, np.int32)
+    token_ids[cursor:cursor + n] = chunk.token_ids
+    positions[cursor:cursor + n] = pos
+    slots[cursor:cursor + n] = page_table[pos // page_size] * page_size + pos % page_size
+    block_tables[i, :len(chunk.pages)] = page_table
+    seq_lens[i] = chunk.start + n
+    offsets.append(cursor)
+    cursor += n
+    query_start_loc[i + 1] = cursor
+  query_start_loc[len(chunks) + 1:] = cursor
+  assert cursor <= num_tokens
+  metadata = AttentionMetadata(jnp.asarray(block_tables), jnp.asarray(seq_lens),
+                               jnp.asarray(query_start_loc), jnp.asarray([len(chunks)], jnp.int32))
+  return StepArrays(jnp.asarray(token_ids), jnp.asarray(positions), jnp.asarray(slots), metadata,
+                    offsets)
+
+
+def empty_kv_pages(num_layers: int, num_kv_heads: int, num_pages: int, page_size: int,
+                   head_dim: int, dtype=jnp.float32):
+  zeros = jnp.zeros((num_kv_heads, num_pages, page_size, head_dim), dtype)
+  return tuple((zeros, zeros) for _ in range(num_layers))
