@@ -1,0 +1,292 @@
+"""Ragged paged attention for GPUs: one Pallas (Triton) kernel for mixed prefill + decode batches.
+
+Grid: (cdiv(T, block_q) + S, num_kv_heads). Program (b, h) owns `block_q` consecutive query
+tokens of one sequence and all q heads that share kv head h: its rows are the
+block_q * padded_group (token, q head) pairs, so each K/V page of a sequence is read once per kv
+head and query block, and decode rows of a GQA group fill one tensor-core tile together.
+Sequence i's query blocks are numbered from query_start_loc[i] // block_q + i (an upper bound of
+the blocks before it, as in vLLM's unified Triton attention); a program binary-searches
+query_start_loc for its sequence and exits early when its block lies past the sequence's queries
+(or the sequence slot is padding). It then walks the sequence's KV in tiles of `block_kv` tokens:
+each token's page id comes from the block table, K/V rows are gathered straight from the pages
+(no contiguous copy), and an online softmax (flash attention, float32 running max / sum /
+accumulator) folds the tile in. Causality inside a prefill chunk, the sliding window and the
+logit soft-cap are applied to each tile's logits; tiles entirely outside the window or past the
+last query are never loaded. Padding tokens produce zeros: the output buffer starts as zeros
+(aliased into the kernel) and only live rows are stored.
+
+Why Triton rather than Mosaic GPU: the Triton lowering runs on Ampere and Hopper, takes
+per-element pointer gathers (the per-token page lookup), masked loads and data-dependent loop
+bounds directly, and has the same API (`jax.experimental.pallas.triton`) in JAX 0.10 and 0.11.
+A Mosaic GPU version would be Hopper-only and would need: page-granular TMA copies
+(`copy_gmem_to_smem` of `k_pages.at[page_id]`, one per page, issued from a block-table scalar
+read), an explicit multi-buffered pipeline with barriers for a data-dependent trip count,
+warpgroup-sized (64-row) WGMMA tiles with the GQA group packed to 64 rows, and register-level
+softmax layouts; worth it for long prefill, not for the decode-bound case this kernel targets.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels.ragged_paged_attention.gpu_write import triton_compiler_params, write_kv
+from pallas_kernels.ragged_paged_attention.reference import MASK_VALUE
+from pallas_kernels.ragged_paged_attention.validate import (SUPPORTED_HEAD_DIMS,
+                                                            validate_attention_inputs)
+
+__all__ = ["ragged_paged_attention", "write_kv", "Tiling", "choose_tiling"]
+
+SUPPORTED_PAGE_SIZES = (16, 32, 64)
+MIN_DOT_ROWS = 16  # tl.dot needs M, N, K >= 16
+MAX_ROWS = 128
+LOG2_E = math.log2(math.e)
+
+
+@dataclass(frozen=True)
+class Tiling:
+  """Static tile sizes: block_q query tokens x padded_group q heads rows, block_kv KV tokens."""
+  block_q: int
+  block_kv: int
+  group: int
+  padded_group: int
+  num_warps: int
+  num_stages: int
+
+  @property
+  def rows(self) -> int:
+    return self.block_q * self.padded_group
+
+
+def _is_power_of_two(value: int) -> bool:
+  return value >= 1 and not value & (value - 1)
+
+
+def choose_tiling(num_tokens: int, num_seq_slots: int, num_q_heads: int, num_kv_heads: int,
+                  head_dim: int, *, block_q: int | None = None, block_kv: int | None = None,
+                  num_warps: int | None = None, num_stages: int | None = None) -> Tiling:
+  """Defaults: 16 rows per tile for decode-only shapes (T <= S), 64 otherwise; block_kv 64 tokens
+  (32 for head_dim 256); 4 warps; 3 pipeline stages (2 for head_dim 256)."""
+  group = num_q_heads // num_kv_heads
+  padded_group = pl.next_power_of_2(group)
+  if block_q is None:
+    target_rows = MIN_DOT_ROWS if num_tokens <= num_seq_slots else 64
+    block_q = max(1, target_rows // padded_group)
+  if block_kv is None:
+    block_kv = 32 if head_dim > 128 else 64
+  tiling = Tiling(block_q=block_q, block_kv=block_kv, group=group, padded_group=padded_group,
+                  num_warps=4 if num_warps is None else num_warps,
+                  num_stages=(2 if head_dim > 128 else 3) if num_stages is None else num_stages)
+  _validate_tiling(tiling)
+  return tiling
+
+
+def _validate_tiling(tiling: Tiling) -> None:
+  if not _is_power_of_two(tiling.block_q):
+    raise ValueError(f"ragged_paged_attention: block_q: must be a power of two, got "
+                     f"{tiling.block_q}")
+  if not MIN_DOT_ROWS <= tiling.rows <= max(MAX_ROWS, tiling.padded_group):
+    raise ValueError(f"ragged_paged_attention: block_q: block_q * padded q heads per kv head = "
+                     f"{tiling.block_q} * {tiling.padded_group} must lie in "
+                     f"[{MIN_DOT_ROWS}, {MAX_ROWS}]")
+  if not _is_power_of_two(tiling.block_kv) or tiling.block_kv < MIN_DOT_ROWS:
+    raise ValueError(f"ragged_paged_attention: block_kv: must be a power of two >= "
+                     f"{MIN_DOT_ROWS}, got {tiling.block_kv}")
+  if tiling.num_warps < 1 or tiling.num_stages < 1:
+    raise ValueError(f"ragged_paged_attention: num_warps/num_stages must be >= 1, got "
+                     f"{tiling.num_warps}/{tiling.num_stages}")
+
+
+def _find_sequence(query_start_loc_ref, num_seqs, q_block_id, block_q: int, num_steps: int):
+  """Largest live sequence i with query_start_loc[i] // block_q + i <= q_block_id (0 if none)."""
+  def step(_, bounds):
+    lo, hi = bounds
+    mid = (lo + hi + 1) // 2
+    first_block = query_start_loc_ref[mid] // block_q + mid
+    fits = first_block <= q_block_id
+    return jnp.where(fits, mid, lo), jnp.where(fits, hi, mid - 1)
+  lo, _ = lax.fori_loop(0, num_steps, step, (jnp.int32(0), num_seqs - 1))
+  return lo
+
+
+def _attention_kernel(query_start_loc_ref, seq_lens_ref, num_seqs_ref, block_tables_ref, q_ref,
+                      k_ref, v_ref, _out_in_ref, out_ref, *, tiling: Tiling, sm_scale: float,
+                      sliding_window: int | None, soft_cap: float | None, num_search_steps: int):
+  q_block_id = pl.program_id(0)
+  num_seqs = num_seqs_ref[0]
+  seq = _find_sequence(query_start_loc_ref, num_seqs, q_block_id, tiling.block_q,
+                       num_search_steps)
+  q_start = query_start_loc_ref[seq]
+  q_len = query_start_loc_ref[seq + 1] - q_start
+  first_q = (q_block_id - (q_start // tiling.block_q + seq)) * tiling.block_q
+
+  @pl.when((seq < num_seqs) & (first_q < q_len))
+  def _():
+    _attend_query_block(block_tables_ref, q_ref, k_ref, v_ref, out_ref, seq=seq, q_start=q_start,
+                        q_len=q_len, first_q=first_q, seq_len=seq_lens_ref[seq], tiling=tiling,
+                        sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
+
+
+def _attend_query_block(block_tables_ref, q_ref, k_ref, v_ref, out_ref, *, seq, q_start, q_len,
+                        first_q, seq_len, tiling: Tiling, sm_scale: float,
+                        sliding_window: int | None, soft_cap: float | None):
+  num_tokens = q_ref.shape[0]
+  head_dim = q_ref.shape[-1]
+  rows = jnp.arange(tiling.rows, dtype=jnp.int32)                      # [M]
+  row_q = first_q + rows // tiling.padded_group                        # [M] query index in seq
+  row_heads = rows % tiling.padded_group                               # [M]
+  row_valid = (row_q < q_len) & (row_heads < tiling.group)             # [M]
+  row_tokens = jnp.where(row_valid, q_start + row_q, num_tokens)       # [M], OOB when invalid
+  row_pos = seq_len - q_len + row_q                                    # [M] cache position
+  dims = jnp.arange(head_dim, dtype=jnp.int32)[None, :]                # [1, D]
+  row_mask = jnp.broadcast_to(row_valid[:, None], (tiling.rows, head_dim))
+  q = plgpu.load(q_ref.at[row_tokens[:, None], row_heads[:, None], dims], mask=row_mask,
+                 other=0)                                              # [M, D]
+
+  last_q = jnp.minimum(first_q + tiling.block_q, q_len) - 1
+  kv_stop = seq_len - q_len + last_q + 1
+  kv_begin = 0
+  if sliding_window is not None:
+    kv_begin = jnp.maximum(seq_len - q_len + first_q - sliding_window + 1, 0)
+  tile_begin = kv_begin // tiling.block_kv
+  tile_end = pl.cdiv(kv_stop, tiling.block_kv)
+
+  tile_fn = functools.partial(
+      _attend_kv_tile, block_tables_ref, k_ref, v_ref, q, row_pos, seq=seq, seq_len=seq_len,
+      tiling=tiling, sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
+  acc = jnp.zeros((tiling.rows, head_dim), jnp.float32)                # [M, D]
+  row_max = jnp.full((tiling.rows,), MASK_VALUE, jnp.float32)          # [M]
+  row_sum = jnp.zeros((tiling.rows,), jnp.float32)                     # [M]
+  acc, _, row_sum = lax.fori_loop(tile_begin, tile_end, tile_fn, (acc, row_max, row_sum))
+
+  out = acc / jnp.where(row_valid, row_sum, 1.0)[:, None]              # [M, D]
+  plgpu.store(out_ref.at[row_tokens[:, None], row_heads[:, None], dims],
+              out.astype(out_ref.dtype), mask=row_mask)
+
+
+def _attend_kv_tile(block_tables_ref, k_ref, v_ref, q, row_pos, tile, carry, *, seq, seq_len,
+                    tiling: Tiling, sm_scale: float, sliding_window: int | None,
+                    soft_cap: float | None):
+  acc, row_max, row_sum = carry
+  _, page_size, head_dim = k_ref.shape
+  pages_per_seq = block_tables_ref.shape[1]
+  kv_pos = tile * tiling.block_kv + jnp.arange(tiling.block_kv, dtype=jnp.int32)  # [BK]
+  kv_valid = kv_pos < seq_len                                                      # [BK]
+  page_slots = kv_pos // page_size                                                 # [BK]
+  page_ids = plgpu.load(block_tables_ref.at[seq, page_slots],
+                        mask=kv_valid & (page_slots < pages_per_seq), other=0)     # [BK]
+  offsets = kv_pos % page_size                                                     # [BK]
+  dims = jnp.arange(head_dim, dtype=jnp.int32)[None, :]                            # [1, D]
+  kv_mask = jnp.broadcast_to(kv_valid[:, None], (tiling.block_kv, head_dim))
+  kv_index = (page_ids[:, None], offsets[:, None], dims)
+  k = plgpu.load(k_ref.at[kv_index], mask=kv_mask, other=0)                        # [BK, D]
+  v = plgpu.load(v_ref.at[kv_index], mask=kv_mask, other=0)                        # [BK, D]
+
+  precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+  logits = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
+                           preferred_element_type=jnp.float32) * sm_scale          # [M, BK]
+  if soft_cap is not None:
+    logits = soft_cap * jnp.tanh(logits / soft_cap)
+  visible = kv_pos[None, :] <= row_pos[:, None]                                    # [M, BK]
+  if sliding_window is not None:
+    visible &= kv_pos[None, :] > row_pos[:, None] - sliding_window
+  logits = jnp.where(visible, logits, MASK_VALUE)
+
+  new_max = jnp.maximum(row_max, jnp.max(logits, axis=1))                          # [M]
+  correction = jnp.exp2((row_max - new_max) * LOG2_E)                              # [M]
+  probs = jnp.exp2((logits - new_max[:, None]) * LOG2_E)                           # [M, BK]
+  row_sum = row_sum * correction + jnp.sum(probs, axis=1)
+  pv = lax.dot_general(probs.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=precision,
+                       preferred_element_type=jnp.float32)                         # [M, D]
+  return acc * correction[:, None] + pv, new_max, row_sum
+
+
+@functools.partial(jax.jit, static_argnames=("tiling", "sm_scale", "sliding_window", "soft_cap",
+                                             "interpret"))
+def _ragged_paged_attention(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
+                            num_seqs, *, tiling: Tiling, sm_scale: float,
+                            sliding_window: int | None, soft_cap: float | None, interpret: bool):
+  num_tokens, num_q_heads, head_dim = q.shape
+  num_kv_heads, num_pages, page_size, _ = k_pages.shape
+  num_seq_slots = block_tables.shape[0]
+  grouped_shape = (num_tokens, num_kv_heads, tiling.padded_group, head_dim)
+  q_grouped = q.reshape(num_tokens, num_kv_heads, tiling.group, head_dim)
+  if tiling.padded_group != tiling.group:
+    q_grouped = jnp.pad(q_grouped, ((0, 0), (0, 0), (0, tiling.padded_group - tiling.group),
+                                    (0, 0)))
+  rows_spec = pl.BlockSpec((num_tokens, None, tiling.padded_group, head_dim),
+                           lambda b, h: (0, h, 0, 0))
+  pages_spec = pl.BlockSpec((None, num_pages, page_size, head_dim), lambda b, h: (h, 0, 0, 0))
+  kernel = functools.partial(
+      _attention_kernel, tiling=tiling, sm_scale=sm_scale, sliding_window=sliding_window,
+      soft_cap=soft_cap, num_search_steps=max(num_seq_slots, 1).bit_length() + 1)
+  out = pl.pallas_call(
+      kernel,
+      grid=(pl.cdiv(num_tokens, tiling.block_q) + num_seq_slots, num_kv_heads),
+      in_specs=[pl.no_block_spec] * 4 + [rows_spec, pages_spec, pages_spec, rows_spec],
+      out_specs=rows_spec,
+      out_shape=jax.ShapeDtypeStruct(grouped_shape, q.dtype),
+      input_output_aliases={7: 0},
+      compiler_params=triton_compiler_params(tiling.num_warps, tiling.num_stages),
+      interpret=interpret,
+      name="ragged_paged_attention",
+  )(query_start_loc, seq_lens, num_seqs, block_tables, q_grouped, k_pages, v_pages,
+    jnp.zeros(grouped_shape, q.dtype))
+  return out[:, :, :tiling.group].reshape(q.shape)
+
+
+def ragged_paged_attention(
+    q: jax.Array,                # [T, num_q_heads, head_dim]
+    k_pages: jax.Array,          # [num_kv_heads, num_pages, page_size, head_dim]
+    v_pages: jax.Array,          # [num_kv_heads, num_pages, page_size, head_dim]
+    block_tables: jax.Array,     # int32[S, pages_per_seq]
+    seq_lens: jax.Array,         # int32[S]
+    query_start_loc: jax.Array,  # int32[S + 1]
+    num_seqs: jax.Array,         # int32[1]
+    *,
+    sm_scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    block_q: int | None = None,
+    block_kv: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    interpret: bool = False,
+) -> jax.Array:                  # [T, num_q_heads, head_dim], q.dtype
+  """Attention of a ragged batch of query tokens over a paged KV cache (GPU, Pallas Triton).
+
+  Same semantics as `ragged_paged_attention_reference` (see reference.py): q [T, num_q_heads,
+  head_dim]; k_pages/v_pages [num_kv_heads, num_pages, page_size, head_dim] with head_dim in
+  (64, 128, 256) and page_size in (16, 32, 64); block_tables int32[S, pages_per_seq];
+  seq_lens int32[S] (cache length after this step's write); query_start_loc int32[S + 1];
+  num_seqs int32[1]. Returns [T, num_q_heads, head_dim] in q.dtype; padding tokens get zeros.
+
+  Tile keywords (None picks `choose_tiling`'s defaults): block_q query tokens per program
+  (power of two; block_q * next_pow2(num_q_heads // num_kv_heads) rows must lie in [16, 128]),
+  block_kv KV tokens per loop step (power of two >= 16), num_warps, num_stages.
+  `interpret=True` runs the same kernel in the Pallas interpreter (works on CPU).
+  Raises ValueError on bad shapes, dtypes, head_dim, page_size or block sizes.
+  """
+  validate_attention_inputs(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
+                            num_seqs, sliding_window=sliding_window, soft_cap=soft_cap,
+                            head_dims=SUPPORTED_HEAD_DIMS)
+  page_size = k_pages.shape[2]
+  if page_size not in SUPPORTED_PAGE_SIZES:
+    raise ValueError(f"ragged_paged_attention: k_pages: page_size {page_size} not supported "
+                     f"(supported: {SUPPORTED_PAGE_SIZES})")
+  num_tokens, num_q_heads, head_dim = q.shape
+  tiling = choose_tiling(num_tokens, block_tables.shape[0], num_q_heads, k_pages.shape[0],
+                         head_dim, block_q=block_q, block_kv=block_kv, num_warps=num_warps,
+                         num_stages=num_stages)
+  if num_tokens == 0:
+    return jnp.zeros_like(q)
+  return _ragged_paged_attention(
+      q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, num_seqs, tiling=tiling,
+      sm_scale=float(sm_scale), sliding_window=sliding_window,
+      soft_cap=None if soft_cap is None else float(soft_cap), interpret=interpret)
