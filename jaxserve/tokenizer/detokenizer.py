@@ -9,9 +9,10 @@ releases it as is when generation ends.
 
 Stop strings: newly decoded text joins a held-back tail and only that region is searched, so the
 work per step is O(new text + longest stop). The tail is the longest suffix that could still begin a
-stop string (at most max(len(stop)) - 1 characters). On a match the earliest occurrence wins (on a
-tie, the first stop string listed), the text is cut before it (or after it with
-include_stop_str_in_output) and nothing more is ever released.
+stop string (at most max(len(stop)) - 1 characters). The stop string that completes first wins, as if
+text arrived one character at a time (same end: the one starting earlier; then the first listed), so
+the result does not depend on how text splits into tokens. The text is cut before it (or after it
+with include_stop_str_in_output) and nothing more is ever released.
 """
 from __future__ import annotations
 
@@ -105,12 +106,16 @@ class IncrementalDetokenizer:
     return DetokenizerDelta(text, stop_string)
 
   def _find_stop(self, region: str) -> tuple[int, str] | None:
-    best: tuple[int, str] | None = None
+    """The first stop string to complete: the earliest end, then the earliest start, then list order."""
+    best: tuple[int, int, str] | None = None
     for stop_string in self._stop:
       start = region.find(stop_string)
-      if start >= 0 and (best is None or start < best[0]):
-        best = (start, stop_string)
-    return best
+      if start < 0:
+        continue
+      key = (start + len(stop_string), start, stop_string)
+      if best is None or key[:2] < best[:2]:
+        best = key
+    return None if best is None else (best[1], best[2])
 
   def _num_chars_to_hold(self, region: str) -> int:
     """Length of the longest suffix of `region` that is a proper prefix of some stop string."""

@@ -8,10 +8,11 @@ A checkpoint directory holds
 * generation_config.json: `eos_token_id` (an int or a list), which adds stop tokens such as
   Llama-3's <|eot_id|>.
 
-Special tokens follow transformers 5: when tokenizer_config.json says `add_bos_token` or `add_eos_token`
-explicitly, the post-processor is rebuilt to add exactly those; otherwise tokenizer.json's post-processor
-decides (Llama-3 adds <|begin_of_text|> there). Decoding is lossless: `clean_up_tokenization_spaces`
-is not applied, so streamed text and a one-shot decode agree.
+tokenizer.json's post-processor adds bos (Llama-3 adds <|begin_of_text|> there); when tokenizer_config.json
+says `add_bos_token: true` and the post-processor adds none, a bos step is appended to it, as
+transformers' `add_bos_token=True` does (`add_eos_token` is not honoured: prompts never end in eos).
+Decoding is lossless: `clean_up_tokenization_spaces` is not applied, so streamed text and a one-shot
+decode agree.
 """
 from __future__ import annotations
 
@@ -216,19 +217,20 @@ def _add_missing_tokens(backend: tokenizers.Tokenizer, config: Mapping[str, obje
       backend.add_special_tokens([AddedToken(token, special=True, normalized=False)])
 
 
-def _apply_bos_eos_flags(backend: tokenizers.Tokenizer, config: Mapping[str, object],
-                         special_tokens: SpecialTokens) -> None:
-  """With explicit add_bos_token / add_eos_token, the post-processor adds exactly those tokens."""
-  if "add_bos_token" not in config and "add_eos_token" not in config and backend.post_processor is not None:
+def _ensure_bos(backend: tokenizers.Tokenizer, config: Mapping[str, object],
+                special_tokens: SpecialTokens) -> None:
+  """Appends a bos step to the post-processor if add_bos_token is set and it adds no bos yet."""
+  bos = special_tokens.bos_token
+  if config.get("add_bos_token") is not True or bos is None:
     return
-  bos, eos = special_tokens.bos_token, special_tokens.eos_token
-  add_bos = bool(config.get("add_bos_token", False)) and bos is not None
-  add_eos = bool(config.get("add_eos_token", False)) and eos is not None
-  single = f"{bos + ':0 ' if add_bos else ''}$A:0{' ' + eos + ':0' if add_eos else ''}"
-  pair = f"{single}{' ' + bos + ':1' if add_bos else ''} $B:1{' ' + eos + ':1' if add_eos else ''}"
-  used = [token for token, add in ((bos, add_bos), (eos, add_eos)) if add]
-  backend.post_processor = processors.TemplateProcessing(
-      single=single, pair=pair, special_tokens=[(t, backend.token_to_id(t)) for t in used])
+  bos_id = backend.token_to_id(bos)
+  probe_ids = backend.encode("a", add_special_tokens=True).ids
+  if probe_ids and probe_ids[0] == bos_id:
+    return
+  add_bos = processors.TemplateProcessing(single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+                                          special_tokens=[(bos, bos_id)])
+  existing = backend.post_processor
+  backend.post_processor = add_bos if existing is None else processors.Sequence([existing, add_bos])
 
 
 def _generation_eos_ids(directory: str) -> list[int]:
@@ -254,7 +256,7 @@ def load_tokenizer_dir(directory: str) -> Tokenizer:
   special_tokens = SpecialTokens(**{name: _token_content(config, name, config_path)
                                     for name in ("bos_token", "eos_token", "unk_token", "pad_token")})
   _add_missing_tokens(backend, config, special_tokens)
-  _apply_bos_eos_flags(backend, config, special_tokens)
+  _ensure_bos(backend, config, special_tokens)
   return Tokenizer(backend, special_tokens=special_tokens,
                    extra_eos_token_ids=_generation_eos_ids(directory),
                    chat_templates=_chat_templates(directory, config))
