@@ -112,6 +112,7 @@ class EngineConfig:
   attention_backend: str = "auto"
   seed: int = 0
   tensor_parallel_size: int = 1
+  compilation_cache_dir: str | None = None
   cache: CacheConfig = field(default_factory=CacheConfig)
   scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
   server: ServerConfig = field(default_factory=ServerConfig)

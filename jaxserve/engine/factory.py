@@ -54,6 +54,10 @@ def kv_cache_spec(config: EngineConfig, model_config: ModelConfig, max_model_len
 
 def build_engine(config: EngineConfig, *, show_progress: bool = True) -> LLMEngine:
   """Loads the model and tokenizer, sizes and allocates the KV pool, and compiles every bucket."""
+  if config.compilation_cache_dir:
+    jax.config.update("jax_compilation_cache_dir", config.compilation_cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    logger.info("XLA compilation cache: %s", config.compilation_cache_dir)
   ledger = CompileLedger().start()
   loaded = load_model(config.model, config.dtype)
   model_config = loaded.config

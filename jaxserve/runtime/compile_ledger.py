@@ -1,8 +1,9 @@
-"""Counts XLA compilations through jax.monitoring's backend-compile event.
+"""Counts XLA compilations through jax.monitoring events.
 
-The ledger is an object, not module state: it registers a listener on start() and removes it on
-close(). Every backend compile in the process is counted (the step, and any stray eager op), which
-is what "no compilation after warmup" must mean.
+The ledger is an object, not module state: it registers listeners on start() and removes them on
+close(). Every executable the process builds is counted: a backend compile, or a load from the
+persistent compilation cache (which stands in for one). Both count for the step and for any stray
+eager op, which is what "no compilation after warmup" must mean.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import threading
 import jax
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
 class CompileLedger:
@@ -26,15 +28,22 @@ class CompileLedger:
         self._count += 1
         self._seconds += duration_secs
 
+  def _event_listener(self, event: str, **_kwargs) -> None:
+    if event == CACHE_HIT_EVENT:
+      with self._lock:
+        self._count += 1
+
   def start(self) -> "CompileLedger":
     if not self._active:
       jax.monitoring.register_event_duration_secs_listener(self._listener)
+      jax.monitoring.register_event_listener(self._event_listener)
       self._active = True
     return self
 
   def close(self) -> None:
     if self._active:
       jax.monitoring.unregister_event_duration_listener(self._listener)
+      jax.monitoring.unregister_event_listener(self._event_listener)
       self._active = False
 
   @property

@@ -1,0 +1,38 @@
+"""Small engine configurations and a run-to-completion loop shared by the integration tests."""
+from __future__ import annotations
+
+from jaxserve.config import CacheConfig, EngineConfig, SchedulerConfig
+from jaxserve.engine.factory import build_engine
+from jaxserve.engine.llm_engine import LLMEngine
+from jaxserve.outputs import RequestOutput
+
+
+def small_config(model: str = "tiny-random", *, num_pages: int = 256, page_size: int = 16,
+                 max_num_seqs: int = 8, max_tokens_per_step: int = 64,
+                 seq_buckets=(2, 8), token_buckets=(8, 16, 32, 64), max_model_len: int = 512,
+                 prefix_caching: bool = True, chunked_prefill: bool = True,
+                 **fields) -> EngineConfig:
+  return EngineConfig(
+      model=model, max_model_len=max_model_len,
+      cache=CacheConfig(page_size=page_size, num_pages=num_pages),
+      scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,
+                                max_num_batched_tokens=max_tokens_per_step,
+                                enable_chunked_prefill=chunked_prefill,
+                                enable_prefix_caching=prefix_caching,
+                                seq_buckets=tuple(seq_buckets), token_buckets=tuple(token_buckets)),
+      **fields)
+
+
+def small_engine(model: str = "tiny-random", **kwargs) -> LLMEngine:
+  return build_engine(small_config(model, **kwargs), show_progress=False)
+
+
+def run_to_completion(engine: LLMEngine, max_steps: int = 100_000) -> dict[str, RequestOutput]:
+  finished: dict[str, RequestOutput] = {}
+  for _ in range(max_steps):
+    if not engine.has_unfinished_requests():
+      return finished
+    for output in engine.step():
+      if output.finished:
+        finished[output.request_id] = output
+  raise AssertionError(f"engine did not finish within {max_steps} steps")
