@@ -180,7 +180,8 @@ def _hf_rope(d: Mapping) -> tuple[float, RopeScaling | None]:
       low_freq_factor=float(params.get("low_freq_factor", 1.0)),
       high_freq_factor=float(params.get("high_freq_factor", 4.0)),
       original_max_position_embeddings=params.get(
-          "original_max_position_embeddings", d.get("max_position_embeddings")))
+          "original_max_position_embeddings", d.get("max_position_embeddings"))
+      if rope_type == "llama3" else None)
   return rope_theta, scaling
 
 
