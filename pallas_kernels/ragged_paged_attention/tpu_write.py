@@ -1,13 +1,18 @@
 """Paged KV write for TPU in Pallas Mosaic: this step's new K/V scattered into their page slots.
 
 The pages stay in HBM (memory_space=ANY) and are aliased input -> output, so under jit with donated
-pages the cache is updated in place and only the new rows move. new_k / new_v ([T, KVH, head_dim],
-cast to the cache dtype) also stay in HBM; slot_mapping is scalar-prefetched into SMEM. The grid walks
-blocks of `num_tokens_per_block` tokens; for each token one strided DMA copies its [KVH, head_dim]
-row of new_k into k_pages[:, page, offset, :] (and likewise for V), all DMAs of a block are started
-before any is waited on. Slots outside [0, num_pages * page_size) are skipped, as the reference's
-mode="drop" scatter does. Tokens sharing a slot (padding tokens all aim at the null page 0) land in
-an unspecified order, as in the reference.
+pages the cache is updated in place and only the touched rows move. slot_mapping is scalar-prefetched
+into SMEM; the grid walks blocks of `num_tokens_per_block` tokens. Two paths, by cache dtype:
+* 32-bit (float32): one strided DMA per token copies its [KVH, head_dim] row of new_k (in HBM) into
+  k_pages[:, page, offset, :] (likewise V); all DMAs of a block are in flight together.
+* 16-bit (bfloat16): HBM tiles pack row pairs, so a single row at an arbitrary offset cannot be a DMA
+  target. The 16-row tile-aligned chunk holding the slot is read into VMEM, the new row (from a VMEM
+  block of new_k) is merged with a select, and the chunk is written back once the next token targets
+  another chunk: a prefill run costs one read and one write per 16 tokens, a decode token one each.
+  Requires page_size % 16 == 0.
+Slots outside [0, num_pages * page_size) are skipped, as the reference's mode="drop" scatter does.
+Tokens sharing a slot (padding tokens all aim at the null page 0) land in an unspecified order, as in
+the reference.
 """
 from __future__ import annotations
 
@@ -24,8 +29,16 @@ from pallas_kernels.ragged_paged_attention.validate import validate_write_inputs
 DEFAULT_TOKENS_PER_BLOCK = 64
 
 
-def _write_kernel(slot_ref, new_k_hbm, new_v_hbm, k_in, v_in, k_hbm, v_hbm, sems, *,
-                  tokens_per_block, num_tokens):
+def _slot_location(slot, num_slots, page_size):
+  """(valid, page_id, offset) of a flat slot; invalid slots map to (False, 0, 0)."""
+  valid = (slot >= 0) & (slot < num_slots)
+  slot = jnp.where(valid, slot, 0)
+  return valid, lax.div(slot, page_size), lax.rem(slot, page_size)
+
+
+def _row_dma_kernel(slot_ref, new_k_hbm, new_v_hbm, k_in, v_in, k_hbm, v_hbm, sems, *,
+                    tokens_per_block, num_tokens):
+  """32-bit caches: one [KVH, head_dim] row DMA per token, HBM -> HBM, all in flight at once."""
   del k_in, v_in  # aliased with k_hbm / v_hbm
   _, num_pages, page_size, _ = k_hbm.shape
   first = pl.program_id(0) * tokens_per_block
@@ -33,10 +46,7 @@ def _write_kernel(slot_ref, new_k_hbm, new_v_hbm, k_in, v_in, k_hbm, v_hbm, sems
 
   def copies(i):
     token = first + i
-    slot = slot_ref[token]
-    valid = (slot >= 0) & (slot < num_pages * page_size)
-    slot = jnp.where(valid, slot, 0)
-    page_id, offset = lax.div(slot, page_size), lax.rem(slot, page_size)
+    valid, page_id, offset = _slot_location(slot_ref[token], num_pages * page_size, page_size)
     k_copy = pltpu.make_async_copy(new_k_hbm.at[token], k_hbm.at[:, page_id, offset], sems.at[0])
     v_copy = pltpu.make_async_copy(new_v_hbm.at[token], v_hbm.at[:, page_id, offset], sems.at[1])
     return valid, k_copy, v_copy
@@ -63,6 +73,60 @@ def _write_kernel(slot_ref, new_k_hbm, new_v_hbm, k_in, v_in, k_hbm, v_hbm, sems
   lax.fori_loop(0, count, wait, 0)
 
 
+def _chunk_rmw_kernel(slot_ref, new_k_ref, new_v_ref, k_in, v_in, k_hbm, v_hbm, k_buf, v_buf,
+                      sems, *, tokens_per_block, num_tokens):
+  """Packed (16-bit) caches: rows cannot be DMAed alone, so the tile-aligned chunk holding a slot
+  is read into VMEM, the row is merged in, and the chunk is written back when the next token
+  targets another chunk (consecutive prefill tokens share one read and one write)."""
+  del k_in, v_in  # aliased with k_hbm / v_hbm
+  _, num_pages, page_size, _ = k_hbm.shape
+  chunk_rows = k_buf.shape[1]
+  first = pl.program_id(0) * tokens_per_block
+  count = jnp.minimum(tokens_per_block, num_tokens - first)
+
+  def chunk_copies(chunk_id):  # HBM views of chunk `chunk_id` (flat slot // chunk_rows)
+    page_id = lax.div(chunk_id * chunk_rows, page_size)
+    start = pl.multiple_of(lax.rem(chunk_id * chunk_rows, page_size), chunk_rows)
+    rows = pl.ds(start, chunk_rows)
+    return ((k_hbm.at[:, page_id, rows], k_buf, sems.at[0]),
+            (v_hbm.at[:, page_id, rows], v_buf, sems.at[1]))
+
+  def transfer(chunk_id, to_vmem):
+    copies = [pltpu.make_async_copy(*((buf, hbm, sem) if not to_vmem else (hbm, buf, sem)))
+              for hbm, buf, sem in chunk_copies(chunk_id)]
+    for copy in copies:
+      copy.start()
+    for copy in copies:
+      copy.wait()
+
+  def body(i, open_chunk):
+    valid, page_id, offset = _slot_location(slot_ref[first + i], num_pages * page_size, page_size)
+    chunk_id = lax.div(page_id * page_size + offset, chunk_rows)
+
+    @pl.when(valid & (chunk_id != open_chunk))
+    def _():
+      @pl.when(open_chunk >= 0)
+      def _():
+        transfer(open_chunk, to_vmem=False)
+      transfer(chunk_id, to_vmem=True)
+
+    @pl.when(valid)
+    def _():
+      row = lax.broadcasted_iota(jnp.int32, k_buf.shape, 1)            # [KVH, chunk_rows, D]
+      hit = row == lax.rem(offset, chunk_rows)
+      for new_ref, buf in ((new_k_ref, k_buf), (new_v_ref, v_buf)):
+        new_row = new_ref[i].astype(jnp.float32)[:, None, :]             # [KVH, 1, D]
+        merged = jnp.where(hit, new_row, buf[...].astype(jnp.float32))
+        buf[...] = merged.astype(buf.dtype)
+    return jnp.where(valid, chunk_id, open_chunk)
+
+  open_chunk = lax.fori_loop(0, count, body, jnp.int32(-1))
+
+  @pl.when(open_chunk >= 0)
+  def _():
+    transfer(open_chunk, to_vmem=False)
+
+
 @functools.partial(jax.jit, static_argnames=("num_tokens_per_block", "interpret"))
 def write_kv(
     k_pages: jax.Array,       # [num_kv_heads, num_pages, page_size, head_dim]
@@ -85,21 +149,32 @@ def write_kv(
   num_tokens = new_k.shape[0]
   if num_tokens == 0:
     return k_pages, v_pages
+  num_kv_heads, _, page_size, head_dim = k_pages.shape
+  dtype = k_pages.dtype
   any_spec = pl.BlockSpec(memory_space=pl.ANY)
-  kernel = functools.partial(_write_kernel, tokens_per_block=num_tokens_per_block,
-                             num_tokens=num_tokens)
+  semaphores = pltpu.SemaphoreType.DMA((2,))
+  if jnp.dtype(dtype).itemsize == 4:
+    kernel, new_spec, scratch = _row_dma_kernel, any_spec, [semaphores]
+  else:
+    chunk_rows = 8 * 4 // jnp.dtype(dtype).itemsize
+    if page_size % chunk_rows:
+      raise ValueError(f"write_kv: k_pages: page_size {page_size} is not a multiple of the "
+                       f"{chunk_rows}-row tile of {dtype}")
+    kernel = _chunk_rmw_kernel
+    new_spec = pl.BlockSpec((num_tokens_per_block, num_kv_heads, head_dim), lambda b, *_: (b, 0, 0))
+    scratch = [pltpu.VMEM((num_kv_heads, chunk_rows, head_dim), dtype)] * 2 + [semaphores]
   return pl.pallas_call(
-      kernel,
+      functools.partial(kernel, tokens_per_block=num_tokens_per_block, num_tokens=num_tokens),
       grid_spec=pltpu.PrefetchScalarGridSpec(
           num_scalar_prefetch=1,
           grid=(pl.cdiv(num_tokens, num_tokens_per_block),),
-          in_specs=[any_spec] * 4,
+          in_specs=[new_spec, new_spec, any_spec, any_spec],
           out_specs=[any_spec] * 2,
-          scratch_shapes=[pltpu.SemaphoreType.DMA((2,))]),
-      out_shape=[jax.ShapeDtypeStruct(k_pages.shape, k_pages.dtype),
-                 jax.ShapeDtypeStruct(v_pages.shape, v_pages.dtype)],
+          scratch_shapes=scratch),
+      out_shape=[jax.ShapeDtypeStruct(k_pages.shape, dtype),
+                 jax.ShapeDtypeStruct(v_pages.shape, dtype)],
       input_output_aliases={3: 0, 4: 1},
       compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)),
       interpret=pltpu.InterpretParams() if interpret else False,
       name="write_kv",
-  )(slot_mapping, new_k.astype(k_pages.dtype), new_v.astype(v_pages.dtype), k_pages, v_pages)
+  )(slot_mapping, new_k.astype(dtype), new_v.astype(dtype), k_pages, v_pages)
