@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from hf_checkpoints import FAMILIES, VOCAB_SIZE, load_hf_model
 from jaxserve.attention import get_attention_backend
 from jaxserve.models import LlamaForCausalLM
 from jaxserve.models.weights import load_hf_config, load_hf_params
-from paged_batch import Chunk, build_step, empty_kv_pages
+from tests.models.hf_checkpoints import FAMILIES, VOCAB_SIZE, load_hf_model
+from tests.models.paged_batch import Chunk, build_step, empty_kv_pages
 
 PAGE_SIZE, NUM_PAGES, PAGES_PER_SEQ = 4, 12, 4
 NUM_TOKENS, NUM_SEQ_SLOTS = 32, 3
@@ -88,3 +88,28 @@ def test_logprobs_are_not_uniform(family):
   """The parity above is only meaningful if the reference distribution is far from flat."""
   for want in family.hf_logprobs:
     assert np.exp(want).max(axis=-1).mean() > 5.0 / VOCAB_SIZE
+
+
+def test_bfloat16_model_tracks_float32_reference(hf_checkpoint):
+  """bf16 params and activations: within bf16 rounding of HF's float32 forward on the same
+  (bf16-valued) weights; a wrong cast or dtype promotion shows up as O(1) errors."""
+  directory = hf_checkpoint("qwen3", dtype="bfloat16")
+  config = load_hf_config(directory)
+  assert config.dtype == "bfloat16"
+  params = load_hf_params(directory, config)
+  model = LlamaForCausalLM(config, get_attention_backend("reference"))
+  prompt = np.random.default_rng(2).integers(0, VOCAB_SIZE, LEN_A).tolist()
+  arrays = build_step([Chunk(prompt, 0, [3, 1, 5, 2])], page_size=PAGE_SIZE, num_tokens=16,
+                      num_seq_slots=2, pages_per_seq=PAGES_PER_SEQ)
+  kv = empty_kv_pages(config.num_layers, config.num_kv_heads, 6, PAGE_SIZE, config.head_dim,
+                      jax.numpy.bfloat16)
+  hidden, kv = model.apply({"params": params}, arrays.token_ids, arrays.positions, kv,
+                           arrays.slot_mapping, arrays.metadata)
+  assert hidden.dtype == jax.numpy.bfloat16 and kv[0][0].dtype == jax.numpy.bfloat16
+  logits = model.apply({"params": params}, hidden, method=LlamaForCausalLM.compute_logits)
+  assert logits.dtype == jax.numpy.float32
+  got = np.asarray(jax.nn.log_softmax(logits, axis=-1))[:len(prompt)]
+  with torch.no_grad():
+    want = torch.log_softmax(load_hf_model(directory)(torch.tensor([prompt])).logits[0], -1).numpy()
+  assert np.abs(got - want).max() < 0.15  # observed ~0.04
+  assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9

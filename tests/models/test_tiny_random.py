@@ -10,7 +10,7 @@ from jaxserve.attention import get_attention_backend
 from jaxserve.models import LlamaForCausalLM, load_model
 from jaxserve.models.tiny_random import TINY_RANDOM_NAME, tiny_random_config, tiny_random_params
 from jaxserve.models.weights import param_shapes
-from paged_batch import Chunk, build_step, empty_kv_pages
+from tests.models.paged_batch import Chunk, build_step, empty_kv_pages
 
 PAGE_SIZE, NUM_TOKENS, PAGES_PER_SEQ = 8, 16, 4
 

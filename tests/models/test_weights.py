@@ -16,7 +16,7 @@ from jaxserve.attention import get_attention_backend
 from jaxserve.models import LlamaForCausalLM
 from jaxserve.models.weights import (INDEX_FILE, SINGLE_FILE, load_hf_config, load_hf_params,
                                      param_shapes)
-from paged_batch import build_step, Chunk, empty_kv_pages
+from tests.models.paged_batch import build_step, Chunk, empty_kv_pages
 
 
 def _abstract(tree):
