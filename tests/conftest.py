@@ -12,3 +12,23 @@ _CACHE_DIR = os.environ.get(
 jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+import pytest  # noqa: E402
+
+from tests.models.hf_checkpoints import build_hf_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoint(tmp_path_factory):
+  """hf_checkpoint(family, *, dtype="float32", sharded=False) -> a cached checkpoint directory."""
+  cache = {}
+
+  def get(family: str, *, dtype: str = "float32", sharded: bool = False):
+    key = (family, dtype, sharded)
+    if key not in cache:
+      out_dir = tmp_path_factory.mktemp(f"hf_{family}_{dtype}{'_sharded' if sharded else ''}")
+      cache[key] = build_hf_checkpoint(family, out_dir, dtype=dtype, sharded=sharded)
+    return cache[key]
+
+  return get
