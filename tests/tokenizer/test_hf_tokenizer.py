@@ -9,7 +9,7 @@ import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import tokenizer_checkpoints as ckpt
+from tests.tokenizer import tokenizer_checkpoints as ckpt
 from jaxserve.tokenizer import load_tokenizer
 
 TEXTS = ["Hello world", " the quick  brown fox\n\njumps", "日本語のテキスト 🤖🚀", "naïve café — “x”",
