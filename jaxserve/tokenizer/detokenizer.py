@@ -12,7 +12,8 @@ work per step is O(new text + longest stop). The tail is the longest suffix that
 stop string (at most max(len(stop)) - 1 characters). The stop string that completes first wins, as if
 text arrived one character at a time (same end: the one starting earlier; then the first listed), so
 the result does not depend on how text splits into tokens. The text is cut before it (or after it
-with include_stop_str_in_output) and nothing more is ever released.
+with include_stop_str_in_output) and nothing more is ever released. A stop string that completes
+before the `min_tokens`-th output token is ordinary text.
 """
 from __future__ import annotations
 
@@ -37,13 +38,15 @@ class IncrementalDetokenizer:
 
   def __init__(self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int], *,
                skip_special_tokens: bool = True, stop: Sequence[str] = (),
-               include_stop_str_in_output: bool = False) -> None:
+               include_stop_str_in_output: bool = False, min_tokens: int = 0) -> None:
     if any(not isinstance(s, str) or not s for s in stop):
       raise ValueError(f"stop: stop strings must be non-empty strings, got {stop!r}")
     self._tokenizer = tokenizer
     self._skip_special_tokens = skip_special_tokens
     self._stop = tuple(stop)
     self._include_stop = include_stop_str_in_output
+    self._min_tokens = min_tokens
+    self._num_output_tokens = 0
     context = list(prompt_token_ids[-NUM_PROMPT_CONTEXT_TOKENS:])
     self._token_ids = context
     self._prefix_offset = 0
@@ -66,6 +69,7 @@ class IncrementalDetokenizer:
     if self._stop_string is not None:
       return DetokenizerDelta("", self._stop_string)
     self._token_ids.extend(token_ids)
+    self._num_output_tokens += len(token_ids)
     return self._release(self._decode_new_text(final=False), final=False)
 
   def flush(self) -> str:
@@ -89,7 +93,7 @@ class IncrementalDetokenizer:
 
   def _release(self, new_text: str, final: bool) -> DetokenizerDelta:
     region = self._held + new_text
-    match = self._find_stop(region)
+    match = self._find_stop(region) if self._num_output_tokens >= self._min_tokens else None
     if match is not None:
       start, stop_string = match
       end = start + len(stop_string) if self._include_stop else start

@@ -176,3 +176,14 @@ def test_output_is_text_up_to_first_stop(text, stops, include, sizes):
 def test_empty_stop_string_rejected():
   with pytest.raises(ValueError, match="stop"):
     IncrementalDetokenizer(BYTES, [], stop=("",))
+
+
+def test_stop_strings_before_min_tokens_are_text():
+  ids = BYTES.encode("ab STOP cd STOP ef", add_special_tokens=False)
+  detokenizer = IncrementalDetokenizer(BYTES, [], stop=("STOP",), min_tokens=8)
+  deltas = _stream(detokenizer, [[i] for i in ids])
+  assert "".join(d.text for d in deltas) == "ab STOP cd " and deltas[-1].stop_string == "STOP"
+  # A stop string that completes exactly at the min_tokens-th token counts.
+  detokenizer = IncrementalDetokenizer(BYTES, [], stop=("STOP",), min_tokens=7)
+  deltas = _stream(detokenizer, [[i] for i in ids])
+  assert "".join(d.text for d in deltas) == "ab " and deltas[-1].stop_string == "STOP"
