@@ -1,0 +1,381 @@
+"""Benchmarks the GPU ragged paged-attention kernel against the HBM copy ceiling, the XLA
+gather-then-attend reference and JAX's bundled Pallas GPU paged_attention.
+
+Every kernel's output is first checked against the reference on fresh random inputs. Timing runs
+a jitted loop of `--inner` calls (each call reads a different set of pages, so data never sits in
+L2) `--reps` times and takes the median per call. Effective bandwidth counts the K and V bytes the
+batch actually attends: sum(seq_lens) * num_kv_heads * head_dim * 2 * itemsize.
+
+  python scripts/bench_kernels.py                 # on a GPU; writes out/bench_kernels.json
+  python scripts/bench_kernels.py --smoke         # tiny sizes, interpret mode, any backend
+  python scripts/bench_kernels.py --tiles 64:4:3,128:4:3,32:4:2   # block_kv:num_warps:num_stages
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import statistics
+import sys
+import time
+import traceback
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention
+from pallas_kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
+
+L2_ROTATION_BYTES = 256 * 2**20  # rotate page sets until this many KV bytes are touched
+REFERENCE_MEMORY_FRACTION = 0.35
+
+
+@dataclass(frozen=True)
+class Shape:
+  num_q_heads: int = 32
+  num_kv_heads: int = 8
+  head_dim: int = 128
+  page_size: int = 16
+  dtype: str = "bfloat16"
+
+
+@dataclass
+class Batch:
+  """A ragged batch with `num_rotations` disjoint page sets over one KV pool."""
+  name: str
+  q: jax.Array
+  k_pages: jax.Array
+  v_pages: jax.Array
+  block_tables: list[jax.Array]
+  seq_lens: jax.Array
+  query_start_loc: jax.Array
+  num_seqs: jax.Array
+  is_decode: bool
+
+  def args(self, rotation: int = 0) -> tuple[jax.Array, ...]:
+    return (self.q, self.k_pages, self.v_pages, self.block_tables[rotation], self.seq_lens,
+            self.query_start_loc, self.num_seqs)
+
+  @property
+  def kv_bytes(self) -> int:
+    num_kv_heads, _, _, head_dim = self.k_pages.shape
+    return int(np.sum(np.asarray(self.seq_lens))) * num_kv_heads * head_dim * 2 * \
+        self.k_pages.dtype.itemsize
+
+
+@dataclass
+class CaseResult:
+  name: str
+  kind: str
+  batch: int
+  context: int
+  num_tokens: int
+  kv_bytes: int = 0
+  max_abs_error: dict[str, float] = field(default_factory=dict)
+  time_us: dict[str, float] = field(default_factory=dict)
+  kv_gbps: dict[str, float] = field(default_factory=dict)
+  pct_of_copy: dict[str, float] = field(default_factory=dict)
+  speedup_vs_bundled: float | None = None
+  speedup_vs_xla: float | None = None
+  notes: list[str] = field(default_factory=list)
+  error: str | None = None
+
+
+def make_batch(name: str, shape: Shape, q_lens: list[int], seq_lens: list[int], *, seed: int,
+               num_rotations: int) -> Batch:
+  """Random q and pages on device; each rotation gets its own shuffled, disjoint pages."""
+  rng = np.random.default_rng(seed)
+  pages_per_seq = max(-(-s // shape.page_size) for s in seq_lens)
+  pages_per_rotation = len(seq_lens) * pages_per_seq
+  num_pages = 1 + pages_per_rotation * num_rotations
+  page_ids = rng.permutation(np.arange(1, num_pages, dtype=np.int32))
+  tables = [jnp.asarray(page_ids[r * pages_per_rotation:(r + 1) * pages_per_rotation]
+                        .reshape(len(seq_lens), pages_per_seq)) for r in range(num_rotations)]
+  dtype = jnp.dtype(shape.dtype)
+  key_q, key_k, key_v = jax.random.split(jax.random.key(seed), 3)
+  kv_shape = (shape.num_kv_heads, num_pages, shape.page_size, shape.head_dim)
+  return Batch(
+      name=name,
+      q=jax.random.normal(key_q, (sum(q_lens), shape.num_q_heads, shape.head_dim), dtype),
+      k_pages=jax.random.normal(key_k, kv_shape, dtype),
+      v_pages=jax.random.normal(key_v, kv_shape, dtype),
+      block_tables=tables,
+      seq_lens=jnp.asarray(seq_lens, jnp.int32),
+      query_start_loc=jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]), jnp.int32),
+      num_seqs=jnp.asarray([len(q_lens)], jnp.int32),
+      is_decode=all(q_len == 1 for q_len in q_lens))
+
+
+def sub_batch_args(batch: Batch, num_seqs: int) -> tuple[jax.Array, ...]:
+  """Arguments of the first `num_seqs` sequences (for a memory-bounded reference check)."""
+  qsl = np.asarray(batch.query_start_loc)
+  num_tokens = int(qsl[num_seqs])
+  return (batch.q[:num_tokens], batch.k_pages, batch.v_pages, batch.block_tables[0][:num_seqs],
+          batch.seq_lens[:num_seqs], batch.query_start_loc[:num_seqs + 1],
+          jnp.asarray([num_seqs], jnp.int32))
+
+
+def reference_bytes(num_tokens: int, batch: Batch) -> int:
+  num_kv_heads, _, page_size, head_dim = batch.k_pages.shape
+  max_len = batch.block_tables[0].shape[1] * page_size
+  return 2 * num_kv_heads * num_tokens * max_len * head_dim * (batch.k_pages.dtype.itemsize + 4)
+
+
+def time_per_call(fn, batch: Batch, *, inner: int, reps: int) -> float:
+  """Median seconds per call of fn(*batch.args(r)) over a jitted loop rotating page sets."""
+  tables = jnp.stack(batch.block_tables)                        # [R, S, pages_per_seq]
+  num_rotations = len(batch.block_tables)
+
+  @jax.jit
+  def loop(q, k_pages, v_pages, tables, seq_lens, query_start_loc, num_seqs):
+    def body(i, total):
+      out = fn(q, k_pages, v_pages, tables[i % num_rotations], seq_lens, query_start_loc,
+               num_seqs)
+      return total + jnp.sum(out.astype(jnp.float32))
+    return jax.lax.fori_loop(0, inner, body, jnp.float32(0))
+
+  args = (batch.q, batch.k_pages, batch.v_pages, tables, batch.seq_lens, batch.query_start_loc,
+          batch.num_seqs)
+  loop(*args).block_until_ready()
+  samples = []
+  for _ in range(reps):
+    start = time.perf_counter()
+    loop(*args).block_until_ready()
+    samples.append((time.perf_counter() - start) / inner)
+  return statistics.median(samples)
+
+
+def copy_bandwidth(num_bytes: int, *, inner: int, reps: int) -> float:
+  """Bytes/s (read + written) of a large device-to-device elementwise copy."""
+  x = jax.random.normal(jax.random.key(0), (num_bytes // 2,), jnp.bfloat16)
+
+  @jax.jit
+  def loop(x):
+    return jax.lax.fori_loop(0, inner, lambda i, y: y + jnp.bfloat16(1), x)
+
+  loop(x).block_until_ready()
+  samples = []
+  for _ in range(reps):
+    start = time.perf_counter()
+    loop(x).block_until_ready()
+    samples.append((time.perf_counter() - start) / inner)
+  return 2 * x.size * x.dtype.itemsize / statistics.median(samples)
+
+
+def bundled_paged_attention(shape: Shape, sm_scale: float, k_splits: int,
+                            pages_per_compute_block: int, interpret: bool):
+  """JAX's bundled Pallas GPU paged_attention (decode only) in the ragged signature."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention
+
+  def attend(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, num_seqs):
+    del query_start_loc, num_seqs  # one query token per sequence
+    q_scaled = (q.astype(jnp.float32) * sm_scale).astype(q.dtype)  # it applies no scale
+    return paged_attention(q_scaled, k_pages, v_pages, block_tables, seq_lens,
+                           k_splits=k_splits, pages_per_compute_block=pages_per_compute_block,
+                           interpret=interpret)
+  return attend
+
+
+def max_abs_error(actual: jax.Array, expected: jax.Array) -> float:
+  return float(jnp.max(jnp.abs(actual.astype(jnp.float32) - expected.astype(jnp.float32))))
+
+
+def run_case(name: str, batch: Batch, *, shape: Shape, context: int, opts, copy_bps: float | None,
+             memory_budget: int | None) -> CaseResult:
+  result = CaseResult(name=name, kind="decode" if batch.is_decode else "mixed",
+                      batch=int(batch.num_seqs[0]), context=context,
+                      num_tokens=int(batch.q.shape[0]), kv_bytes=batch.kv_bytes)
+  sm_scale = shape.head_dim ** -0.5
+  interpret = opts.smoke
+  fns = {}
+  for tile in opts.tiles:
+    label = "ours" if tile is None else "ours[%d:%d:%d]" % tile
+    tile_kw = {} if tile is None else dict(block_kv=tile[0], num_warps=tile[1],
+                                           num_stages=tile[2])
+    fns[label] = functools.partial(ragged_paged_attention, sm_scale=sm_scale,
+                                   interpret=interpret, **tile_kw)
+  if batch.is_decode:
+    pages_per_seq = batch.block_tables[0].shape[1]
+    for k_splits, ppcb in opts.bundled_configs:
+      if pages_per_seq % k_splits or (pages_per_seq // k_splits) % min(
+          ppcb, pages_per_seq // k_splits):
+        result.notes.append(f"bundled {k_splits}x{ppcb}: pages_per_seq {pages_per_seq} "
+                            f"not divisible")
+        continue
+      label = "bundled" if len(opts.bundled_configs) == 1 else f"bundled[{k_splits}x{ppcb}]"
+      fns[label] = bundled_paged_attention(shape, sm_scale, k_splits, ppcb, interpret)
+
+  num_check = min(int(batch.num_seqs[0]), opts.check_seqs)
+  check_args = sub_batch_args(batch, num_check)
+  expected = jax.jit(functools.partial(ragged_paged_attention_reference, sm_scale=sm_scale))(
+      *check_args)
+  for label, fn in list(fns.items()):
+    try:
+      result.max_abs_error[label] = max_abs_error(fn(*check_args), expected)
+    except Exception as exc:  # keep the table when one kernel fails
+      result.notes.append(f"{label} failed: {type(exc).__name__}: {exc}"[:500])
+      del fns[label]
+  ref_bytes = reference_bytes(batch.q.shape[0], batch)
+  if memory_budget is None or ref_bytes <= memory_budget:
+    fns["xla"] = functools.partial(ragged_paged_attention_reference, sm_scale=sm_scale)
+  else:
+    result.notes.append(f"xla reference not timed: needs ~{ref_bytes / 2**30:.1f} GiB")
+
+  if opts.smoke:  # exercise the timing path once; interpret-mode timings mean nothing
+    fns = {label: fn for label, fn in fns.items() if label == "ours" and batch.is_decode}
+  for label, fn in fns.items():
+    try:
+      seconds = time_per_call(fn, batch, inner=opts.inner, reps=opts.reps)
+    except Exception as exc:
+      result.notes.append(f"{label} timing failed: {type(exc).__name__}: {exc}"[:500])
+      continue
+    result.time_us[label] = seconds * 1e6
+    result.kv_gbps[label] = batch.kv_bytes / seconds / 1e9
+    if copy_bps:
+      result.pct_of_copy[label] = 100.0 * batch.kv_bytes / seconds / copy_bps
+  ours = min((t for k, t in result.time_us.items() if k.startswith("ours")), default=None)
+  bundled = min((t for k, t in result.time_us.items() if k.startswith("bundled")), default=None)
+  if ours and bundled:
+    result.speedup_vs_bundled = bundled / ours
+  if ours and "xla" in result.time_us:
+    result.speedup_vs_xla = result.time_us["xla"] / ours
+  return result
+
+
+def parse_tiles(text: str) -> list[tuple[int, int, int] | None]:
+  """'default,64:4:3' -> [None, (64, 4, 3)]: block_kv:num_warps:num_stages."""
+  tiles = []
+  for item in text.split(","):
+    tiles.append(None if item == "default" else tuple(int(v) for v in item.split(":")))
+  return tiles
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--smoke", action="store_true",
+                      help="tiny sizes in interpret mode (any backend); timings meaningless")
+  parser.add_argument("--out", default="out/bench_kernels.json")
+  parser.add_argument("--batches", default="8,64,256")
+  parser.add_argument("--contexts", default="512,2048,8192")
+  parser.add_argument("--no-mixed", action="store_true", help="skip the prefill+decode batch")
+  parser.add_argument("--tiles", default="default",
+                      help="our tilings: 'default' or block_kv:num_warps:num_stages, comma list")
+  parser.add_argument("--bundled-configs", default="16x8",
+                      help="bundled op k_splits x pages_per_compute_block, comma list")
+  parser.add_argument("--inner", type=int, default=20, help="calls per timed jitted loop")
+  parser.add_argument("--reps", type=int, default=7, help="timed loops (median taken)")
+  parser.add_argument("--check-seqs", type=int, default=16,
+                      help="sequences checked against the reference per case")
+  parser.add_argument("--copy-bytes", type=int, default=2 * 2**30)
+  opts = parser.parse_args(argv)
+  opts.tiles = parse_tiles(opts.tiles)
+  opts.bundled_configs = [tuple(int(v) for v in c.split("x"))
+                          for c in opts.bundled_configs.split(",")]
+  if opts.smoke:
+    opts.batches, opts.contexts, opts.inner, opts.reps = "2", "32", 1, 1
+    opts.copy_bytes, opts.bundled_configs = 2**20, [(1, 2)]
+  return opts
+
+
+def memory_limit() -> int | None:
+  stats = jax.devices()[0].memory_stats() or {}
+  return stats.get("bytes_limit")
+
+
+def case_specs(opts, shape: Shape) -> list[tuple[str, int, list[int], list[int]]]:
+  """(name, context, q_lens, seq_lens) of every case."""
+  specs = []
+  for batch in (int(b) for b in opts.batches.split(",")):
+    for context in (int(c) for c in opts.contexts.split(",")):
+      specs.append((f"decode_b{batch}_ctx{context}", context, [1] * batch, [context] * batch))
+  if not opts.no_mixed:
+    if opts.smoke:
+      chunk, context, num_decode, num_prefill = 8, 32, 2, 1
+    else:
+      chunk, context, num_decode, num_prefill = 256, 2048, 62, 2
+    specs.append((f"mixed_{num_prefill}x{chunk}prefill_{num_decode}decode_ctx{context}", context,
+                  [chunk] * num_prefill + [1] * num_decode, [context] * (num_prefill + num_decode)))
+  return specs
+
+
+def print_table(results: list[CaseResult], copy_bps: float | None) -> None:
+  if copy_bps:
+    print(f"\nHBM copy ceiling: {copy_bps / 1e9:.0f} GB/s (read + write)")
+  header = f"{'case':44s} {'kernel':18s} {'us':>10s} {'KV GB/s':>9s} {'%copy':>6s} {'max err':>9s}"
+  print(header)
+  print("-" * len(header))
+  for r in results:
+    if r.error:
+      print(f"{r.name:44s} ERROR {r.error[:120]}")
+      continue
+    for label in sorted(set(r.time_us) | set(r.max_abs_error)):
+      print(f"{r.name:44s} {label:18s} {r.time_us.get(label, float('nan')):10.1f} "
+            f"{r.kv_gbps.get(label, float('nan')):9.1f} {r.pct_of_copy.get(label, float('nan')):6.1f} "
+            f"{r.max_abs_error.get(label, float('nan')):9.2e}")
+    ratios = []
+    if r.speedup_vs_bundled:
+      ratios.append(f"vs bundled {r.speedup_vs_bundled:.2f}x")
+    if r.speedup_vs_xla:
+      ratios.append(f"vs xla {r.speedup_vs_xla:.2f}x")
+    if ratios:
+      print(f"{'':44s} ours speedup: {', '.join(ratios)}")
+    for note in r.notes:
+      print(f"{'':44s} note: {note}")
+
+
+def main(argv: list[str] | None = None) -> int:
+  opts = parse_args(argv)
+  shape = Shape(num_q_heads=8, num_kv_heads=2, head_dim=64) if opts.smoke else Shape()
+  device = jax.devices()[0]
+  print(f"device: {device.device_kind} ({jax.default_backend()}), jax {jax.__version__}, "
+        f"shape {shape}")
+  limit = memory_limit()
+  copy_bps = None
+  try:
+    copy_bps = copy_bandwidth(opts.copy_bytes, inner=opts.inner, reps=opts.reps)
+  except Exception:
+    traceback.print_exc()
+  results = []
+  kv_bytes_per_token = shape.num_kv_heads * shape.head_dim * 2 * jnp.dtype(shape.dtype).itemsize
+  for name, context, q_lens, seq_lens in case_specs(opts, shape):
+    result = CaseResult(name=name, kind="", batch=len(q_lens), context=context,
+                        num_tokens=sum(q_lens))
+    try:
+      case_bytes = sum(seq_lens) * kv_bytes_per_token
+      num_rotations = max(1, min(8, math.ceil(L2_ROTATION_BYTES / case_bytes)))
+      if limit is not None and case_bytes * num_rotations > limit // 2:
+        result.error = f"skipped: KV pool {case_bytes / 2**30:.1f} GiB does not fit"
+      else:
+        batch = make_batch(name, shape, q_lens, seq_lens, seed=len(results),
+                           num_rotations=num_rotations)
+        budget = None if limit is None else int(limit * REFERENCE_MEMORY_FRACTION)
+        result = run_case(name, batch, shape=shape, context=context, opts=opts,
+                          copy_bps=copy_bps, memory_budget=budget)
+        del batch
+    except Exception as exc:
+      traceback.print_exc()
+      result.error = f"{type(exc).__name__}: {exc}"[:1000]
+    results.append(result)
+    print_table([result], None)
+    sys.stdout.flush()
+  print_table(results, copy_bps)
+  out = Path(opts.out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.write_text(json.dumps({
+      "device": device.device_kind, "backend": jax.default_backend(), "jax": jax.__version__,
+      "smoke": opts.smoke, "shape": asdict(shape),
+      "copy_gbps": None if copy_bps is None else copy_bps / 1e9,
+      "cases": [asdict(r) for r in results]}, indent=2))
+  print(f"wrote {out}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,72 @@
+"""The GPU kernels lower for CUDA on a machine without a GPU.
+
+Lowering runs the whole Pallas -> Triton IR translation of the kernel bodies (shapes, gathers,
+masks, loops), so a construct the Triton backend cannot express fails here rather than on the
+GPU. JAX >= 0.11 asks for the target GPU through an abstract mesh device.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention, write_kv
+from pallas_kernels.ragged_paged_attention.testing import (attention_args, make_random_case,
+                                                           write_args)
+
+TRITON_CALL_TARGET = "__gpu$xla.gpu.triton"
+
+
+def _target_gpu():
+  """Context naming an H100 as the lowering target where JAX supports abstract devices."""
+  device_cls = getattr(jax.sharding, "AbstractDevice", None)
+  if device_cls is None or not hasattr(jax.sharding, "use_abstract_mesh"):
+    return contextlib.nullcontext()
+  device = device_cls(device_kind="NVIDIA H100", num_cores=132, platform="gpu")
+  mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+  return jax.sharding.use_abstract_mesh(mesh)
+
+
+def _lower_for_cuda(fn, *args, **jit_kwargs) -> str:
+  with _target_gpu():
+    lowered = jax.jit(fn, **jit_kwargs).trace(*args).lower(lowering_platforms=("cuda",))
+  return lowered.as_text()
+
+
+def _custom_call_targets(text: str) -> set[str]:
+  return set(re.findall(r"custom_call @([^(\s]+)\(", text))
+
+
+def _case(dtype, head_dim: int, page_size: int, num_q_heads: int, num_kv_heads: int):
+  return make_random_case(np.random.default_rng(0), num_seqs=4, q_lens=[1, 7, 1],
+                          kv_lens=[40, 7, 100], num_q_heads=num_q_heads,
+                          num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size,
+                          dtype=dtype, num_tokens=12)
+
+
+@pytest.mark.parametrize("dtype,head_dim,page_size,num_q_heads,num_kv_heads,options", [
+    (jnp.bfloat16, 128, 16, 32, 8, {}),
+    (jnp.float32, 64, 32, 4, 4, {"sliding_window": 8, "soft_cap": 20.0}),
+    (jnp.bfloat16, 256, 64, 12, 1, {"block_kv": 16}),
+])
+def test_attention_lowers_to_triton(dtype, head_dim, page_size, num_q_heads, num_kv_heads,
+                                    options):
+  case = _case(dtype, head_dim, page_size, num_q_heads, num_kv_heads)
+  fn = functools.partial(ragged_paged_attention, sm_scale=head_dim ** -0.5, **options)
+  text = _lower_for_cuda(fn, *attention_args(case))
+  assert TRITON_CALL_TARGET in _custom_call_targets(text)
+  assert 'name = "ragged_paged_attention"' in text
+
+
+def test_write_kv_lowers_to_triton_in_place():
+  case = _case(jnp.bfloat16, 128, 16, 8, 2)
+  text = _lower_for_cuda(write_kv, *write_args(case), donate_argnums=(0, 1))
+  assert TRITON_CALL_TARGET in _custom_call_targets(text)
+  # The pages alias the kernel outputs, and the donated jit arguments alias the jit outputs.
+  assert "output_operand_aliases" in text
+  assert text.count("tf.aliasing_output") == 2
