@@ -50,17 +50,18 @@ def _generate(args: argparse.Namespace) -> int:
                           top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                           stop=tuple(args.stop or ()), ignore_eos=args.ignore_eos)
   prompts = args.prompt or ["Hello, my name is"]
-  if args.chat:
-    prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}])
-               for p in prompts]
+  if args.chat:  # rendered templates carry their own special tokens
+    prompts = [llm.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in prompts]
   for result in llm.generate(prompts, params):
     for completion in result.outputs:
       if args.json:
-        print(json.dumps({"prompt": result.prompt, "text": completion.text,
+        print(json.dumps({"prompt": result.prompt or llm.tokenizer.decode(result.prompt_token_ids),
+                          "text": completion.text,
                           "token_ids": list(completion.token_ids),
                           "finish_reason": completion.finish_reason}))
       else:
-        print(f"--- prompt: {result.prompt!r}\n{completion.text}\n"
+        prompt = result.prompt or llm.tokenizer.decode(result.prompt_token_ids, False)
+        print(f"--- prompt: {prompt!r}\n{completion.text}\n"
               f"[{len(completion.token_ids)} tokens, finish_reason={completion.finish_reason}]")
   return 0
 

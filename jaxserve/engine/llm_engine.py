@@ -28,6 +28,14 @@ from jaxserve.tokenizer.tokenizer import Tokenizer
 logger = logging.getLogger(__name__)
 
 
+@dataclass
+class StepTimings:
+  """Cumulative wall time of the engine loop, split into host work and the device step."""
+  num_steps: int = 0
+  host_seconds: float = 0.0     # scheduling, building step inputs, processing outputs
+  device_seconds: float = 0.0   # the jitted step plus the device-to-host transfer
+
+
 @dataclass(frozen=True)
 class EngineStats:
   num_running: int
@@ -60,6 +68,7 @@ class LLMEngine:
     self._requests: dict[str, Request] = {}
     self._states: dict[str, RequestState] = {}
     self._pending: list[RequestState] = []
+    self.timings = StepTimings()
 
   # -- admission ---------------------------------------------------------------------------
   def next_request_number(self) -> int:
@@ -100,7 +109,8 @@ class LLMEngine:
     self.scheduler.add_request(request)
     detokenizer = IncrementalDetokenizer(
         self.tokenizer, prompt_ids, skip_special_tokens=params.skip_special_tokens,
-        stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output)
+        stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output,
+        min_tokens=params.min_tokens)
     self._requests[request_id] = request
     self._states[request_id] = RequestState(request, detokenizer, self.max_model_len)
     return request_id
@@ -120,17 +130,24 @@ class LLMEngine:
 
   def step(self) -> list[RequestOutput]:
     """Runs one scheduled step; returns outputs for requests that progressed or finished."""
+    start = time.perf_counter()
     touched, self._pending = self._pending, []
     batch = self.scheduler.schedule()
+    device_seconds = 0.0
     if not batch.is_empty:
       inputs = self.runner.prepare(batch, self._requests)
+      device_start = time.perf_counter()
       host = self.runner.execute(inputs)
+      device_seconds = time.perf_counter() - device_start
       touched += self._process(batch, host)
+      self.timings.num_steps += 1
     outputs = [state.make_output() for state in touched]
     for state in touched:
       if state.request.finished:
         self._requests.pop(state.request.request_id, None)
         self._states.pop(state.request.request_id, None)
+    self.timings.device_seconds += device_seconds
+    self.timings.host_seconds += time.perf_counter() - start - device_seconds
     return outputs
 
   def _process(self, batch: ScheduledBatch, host: HostStepOutput) -> list[RequestState]:

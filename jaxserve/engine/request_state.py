@@ -57,7 +57,7 @@ class RequestState:
       return self._finish_text(RequestStatus.FINISHED_STOPPED, token_id)
     delta = self.detokenizer.add_tokens([token_id])
     self._new_text.append(delta.text)
-    if delta.stop_string is not None and past_min:
+    if delta.stop_string is not None:
       self.stop_reason = delta.stop_string
       return RequestStatus.FINISHED_STOPPED
     if num_output >= params.max_tokens or request.num_tokens >= self.max_model_len:
