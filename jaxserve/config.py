@@ -105,14 +105,15 @@ class ServerConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-  """Everything the engine needs. model is a built-in name (tiny-random) or a checkpoint path."""
+  """Everything the engine needs. model is a built-in name (tiny-random) or a checkpoint path.
+  compilation_cache_dir keeps compiled buckets across restarts (null disables it)."""
   model: str = "tiny-random"
   dtype: str = "auto"
   max_model_len: int | None = None
   attention_backend: str = "auto"
   seed: int = 0
   tensor_parallel_size: int = 1
-  compilation_cache_dir: str | None = None
+  compilation_cache_dir: str | None = "~/.cache/jaxserve/xla"
   cache: CacheConfig = field(default_factory=CacheConfig)
   scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
   server: ServerConfig = field(default_factory=ServerConfig)

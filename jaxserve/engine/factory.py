@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 
 import jax
 import numpy as np
@@ -52,12 +53,19 @@ def kv_cache_spec(config: EngineConfig, model_config: ModelConfig, max_model_len
                      page_size, num_pages, model_config.dtype)
 
 
+def _enable_compilation_cache(directory: str | None) -> None:
+  """Points JAX's persistent compilation cache at `directory` unless the process chose one."""
+  if not directory or jax.config.jax_compilation_cache_dir:
+    return
+  directory = os.path.expanduser(directory)
+  jax.config.update("jax_compilation_cache_dir", directory)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  logger.info("XLA compilation cache: %s", directory)
+
+
 def build_engine(config: EngineConfig, *, show_progress: bool = True) -> LLMEngine:
   """Loads the model and tokenizer, sizes and allocates the KV pool, and compiles every bucket."""
-  if config.compilation_cache_dir:
-    jax.config.update("jax_compilation_cache_dir", config.compilation_cache_dir)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    logger.info("XLA compilation cache: %s", config.compilation_cache_dir)
+  _enable_compilation_cache(config.compilation_cache_dir)
   ledger = CompileLedger().start()
   loaded = load_model(config.model, config.dtype)
   model_config = loaded.config
