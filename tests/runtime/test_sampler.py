@@ -1,0 +1,126 @@
+"""The on-device sampler against Hugging Face's logits processors and the OpenAI penalty formula."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from transformers.generation import logits_process as hf
+
+from jaxserve.runtime.sampler import apply_penalties, sample, _filter_top_k_top_p_min_p
+from jaxserve.runtime.step_inputs import NUM_BANNED_IDS, SamplingInputs
+
+VOCAB = 64
+
+
+def make_inputs(num_rows: int, history_len: int = 8, **overrides) -> SamplingInputs:
+  fields = dict(
+      temperature=np.zeros(num_rows, np.float32), top_k=np.zeros(num_rows, np.int32),
+      top_p=np.ones(num_rows, np.float32), min_p=np.zeros(num_rows, np.float32),
+      seeds=np.arange(num_rows, dtype=np.uint32), sample_index=np.zeros(num_rows, np.int32),
+      repetition_penalty=np.ones(num_rows, np.float32),
+      presence_penalty=np.zeros(num_rows, np.float32),
+      frequency_penalty=np.zeros(num_rows, np.float32),
+      prompt_history=np.full((num_rows, history_len), -1, np.int32),
+      output_history=np.full((num_rows, history_len), -1, np.int32),
+      banned_ids=np.full((num_rows, NUM_BANNED_IDS), -1, np.int32),
+      any_random=np.array(False), any_penalty=np.array(False),
+      want_top_logprobs=np.array(False), want_prompt_logprobs=np.array(False))
+  fields.update(overrides)
+  return SamplingInputs(**fields)
+
+
+def random_logits(num_rows: int, seed: int = 0) -> np.ndarray:
+  return np.random.default_rng(seed).normal(0, 3, size=(num_rows, VOCAB)).astype(np.float32)
+
+
+def test_greedy_picks_argmax_and_reports_its_logprob():
+  logits = random_logits(4)
+  out = jax.jit(sample)(jnp.asarray(logits), make_inputs(4))
+  np.testing.assert_array_equal(out.token_ids, logits.argmax(-1))
+  expected = torch.log_softmax(torch.tensor(logits), -1).numpy()[np.arange(4), logits.argmax(-1)]
+  np.testing.assert_allclose(out.logprobs, expected, atol=1e-5)
+
+
+def test_top_logprobs_are_the_largest_raw_logprobs():
+  logits = random_logits(3, seed=1)
+  out = jax.jit(sample)(jnp.asarray(logits), make_inputs(3, want_top_logprobs=np.array(True)))
+  reference = torch.log_softmax(torch.tensor(logits), -1).topk(20)
+  np.testing.assert_array_equal(out.top_ids, reference.indices.numpy())
+  np.testing.assert_allclose(out.top_logprobs, reference.values.numpy(), atol=1e-5)
+
+
+def test_penalties_match_hf_repetition_and_openai_presence_frequency():
+  rng = np.random.default_rng(2)
+  logits = random_logits(3, seed=2)
+  prompt = np.full((3, 8), -1, np.int32)
+  output = np.full((3, 8), -1, np.int32)
+  prompt[:, :5] = rng.integers(0, VOCAB, size=(3, 5))
+  output[:, :6] = rng.integers(0, VOCAB, size=(3, 6))
+  rep = np.array([1.0, 1.3, 0.8], np.float32)
+  presence = np.array([0.5, 0.0, -0.4], np.float32)
+  frequency = np.array([0.0, 0.7, 0.3], np.float32)
+  inputs = make_inputs(3, prompt_history=prompt, output_history=output, repetition_penalty=rep,
+                       presence_penalty=presence, frequency_penalty=frequency)
+  ours = np.asarray(jax.jit(apply_penalties)(jnp.asarray(logits), inputs))
+  for row in range(3):
+    seen = np.concatenate([prompt[row, :5], output[row, :6]])
+    expected = hf.RepetitionPenaltyLogitsProcessor(float(rep[row]))(
+        torch.tensor(seen[None]).long(), torch.tensor(logits[row:row + 1])).numpy()[0]
+    counts = np.bincount(output[row, :6], minlength=VOCAB)  # OpenAI: mu - c*f - (c>0)*p
+    expected = expected - counts * frequency[row] - (counts > 0) * presence[row]
+    np.testing.assert_allclose(ours[row], expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("top_k, top_p, min_p", [(5, 1.0, 0.0), (0, 0.7, 0.0), (0, 1.0, 0.2),
+                                                 (10, 0.5, 0.0), (8, 0.9, 0.1), (1, 1.0, 0.0)])
+def test_filters_keep_the_same_tokens_as_hf_warpers(top_k, top_p, min_p):
+  logits = random_logits(4, seed=3) / 2
+  inputs = make_inputs(4, top_k=np.full(4, top_k, np.int32), top_p=np.full(4, top_p, np.float32),
+                       min_p=np.full(4, min_p, np.float32))
+  ours = np.isfinite(np.asarray(_filter_top_k_top_p_min_p(jnp.asarray(logits), inputs)))
+  scores = torch.tensor(logits)
+  if top_k > 0:
+    scores = hf.TopKLogitsWarper(top_k)(None, scores)
+  if top_p < 1.0:
+    scores = hf.TopPLogitsWarper(top_p)(None, scores)
+  if min_p > 0:
+    scores = hf.MinPLogitsWarper(min_p)(None, scores)
+  np.testing.assert_array_equal(ours, torch.isfinite(scores).numpy())
+
+
+def test_random_sampling_follows_the_tempered_distribution():
+  logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05] + [1e-9] * (VOCAB - 4)], np.float32))
+  num_draws = 4000
+  rows = np.repeat(logits, num_draws, axis=0)
+  inputs = make_inputs(num_draws, temperature=np.full(num_draws, 1.0, np.float32),
+                       seeds=np.arange(num_draws, dtype=np.uint32), any_random=np.array(True))
+  ids = np.asarray(jax.jit(sample)(jnp.asarray(rows), inputs).token_ids)
+  freq = np.bincount(ids, minlength=VOCAB)[:4] / num_draws
+  np.testing.assert_allclose(freq, [0.5, 0.3, 0.15, 0.05], atol=0.03)
+
+
+def test_same_seed_and_step_give_the_same_token_in_any_row():
+  logits = np.tile(random_logits(1, seed=4) / 4, (6, 1))
+  seeds = np.array([7, 1, 2, 7, 3, 7], np.uint32)
+  steps = np.array([0, 0, 0, 0, 0, 1], np.int32)
+  inputs = make_inputs(6, temperature=np.ones(6, np.float32), seeds=seeds, sample_index=steps,
+                       any_random=np.array(True))
+  ids = np.asarray(jax.jit(sample)(jnp.asarray(logits), inputs).token_ids)
+  assert ids[0] == ids[3]
+  shuffled = make_inputs(6, temperature=np.ones(6, np.float32), seeds=seeds[::-1].copy(),
+                         sample_index=steps[::-1].copy(), any_random=np.array(True))
+  ids_shuffled = np.asarray(jax.jit(sample)(jnp.asarray(logits), shuffled).token_ids)
+  np.testing.assert_array_equal(ids_shuffled[::-1], ids)
+
+
+def test_banned_ids_are_never_sampled_and_greedy_rows_ignore_temperature_of_others():
+  logits = random_logits(2, seed=5)
+  best = logits.argmax(-1)
+  banned = np.full((2, NUM_BANNED_IDS), -1, np.int32)
+  banned[0, 0] = best[0]
+  inputs = make_inputs(2, banned_ids=banned, temperature=np.array([0.0, 0.0], np.float32))
+  ids = np.asarray(jax.jit(sample)(jnp.asarray(logits), inputs).token_ids)
+  assert ids[0] != best[0] and ids[0] == np.argsort(logits[0])[-2]
+  assert ids[1] == best[1]
