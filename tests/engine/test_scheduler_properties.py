@@ -1,0 +1,194 @@
+"""Scheduler + PageAllocator under random add / step / finish / abort sequences (hypothesis).
+
+A simulated engine runs each step: it writes every fed token's "K/V" (the token prefix it
+depends on) into a dictionary keyed by (page, offset), then reads back every scheduled
+sequence's whole context through its block table. Prefix sharing, preemption or page reuse that
+served a sequence the wrong K/V would show up as a mismatch. Pools are tiny to force preemption.
+"""
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, Phase, event, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from jaxserve.config import SchedulerConfig
+from jaxserve.engine.page_allocator import PageAllocator
+from jaxserve.engine.request import Request, RequestStatus
+from jaxserve.engine.scheduled_batch import ScheduledBatch
+from jaxserve.engine.scheduler import Scheduler
+from jaxserve.sampling_params import SamplingParams
+
+
+def _ceil_div(a: int, b: int) -> int:
+  return -(-a // b)
+
+
+def _next_token(request: Request) -> int:
+  """Deterministic in the prefix, so requests with equal prompts generate equal tokens."""
+  tokens = request.all_token_ids
+  return (tokens[-1] + len(tokens)) % 3
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+
+  @initialize(page_size=st.sampled_from([1, 2, 4]), num_pages=st.integers(2, 16),
+              max_num_seqs=st.integers(1, 4), extra_budget=st.integers(0, 10),
+              chunked=st.booleans(), prefix_caching=st.booleans(),
+              max_model_len=st.integers(2, 48))
+  def setup(self, page_size, num_pages, max_num_seqs, extra_budget, chunked, prefix_caching,
+            max_model_len):
+    self.config = SchedulerConfig(max_num_seqs=max_num_seqs,
+                                  max_num_batched_tokens=max_num_seqs + extra_budget,
+                                  enable_chunked_prefill=chunked,
+                                  enable_prefix_caching=prefix_caching)
+    self.allocator = PageAllocator(num_pages, page_size, prefix_caching)
+    self.scheduler = Scheduler(self.config, self.allocator, max_model_len)
+    self.page_size = page_size
+    self.max_model_len = max_model_len
+    self.requests: dict[str, Request] = {}
+    self.kv: dict[tuple[int, int], tuple[int, ...]] = {}
+    self.num_added = 0
+
+  @rule(shared=st.integers(0, 6), tail=st.lists(st.integers(0, 2), max_size=6),
+        max_tokens=st.integers(1, 6), prompt_logprobs=st.sampled_from([None, None, 0]))
+  def add(self, shared, tail, max_tokens, prompt_logprobs):
+    prompt = [7] * shared + tail
+    request_id = f"r{self.num_added}"
+    self.num_added += 1
+    params = SamplingParams(max_tokens=max_tokens, prompt_logprobs=prompt_logprobs)
+    request = Request(request_id, prompt, params, seed=0)
+    total = len(prompt) + max_tokens
+    accepted = (len(prompt) > 0 and total <= self.max_model_len
+                and _ceil_div(total, self.page_size) <= self.allocator.num_usable_pages
+                and (self.config.enable_chunked_prefill
+                     or len(prompt) <= self.config.max_num_batched_tokens))
+    if not accepted:
+      with pytest.raises(ValueError):
+        self.scheduler.add_request(request)
+      return
+    self.scheduler.add_request(request)
+    self.requests[request_id] = request
+    if len(self.requests) >= 3:
+      event("3+ requests accepted")
+
+  @rule()
+  def step(self):
+    waiting_ids = {r.request_id for r in self._with_status(RequestStatus.WAITING)}
+    batch = self.scheduler.schedule()
+    self._check_batch(batch)
+    self._record_events(batch, waiting_ids)
+    self._simulate_kv(batch)
+    for seq in batch.seqs:
+      if seq.sample:
+        request = self.requests[seq.request_id]
+        request.output_token_ids.append(_next_token(request))
+        if len(request.output_token_ids) >= request.sampling_params.max_tokens:
+          self.scheduler.finish_request(seq.request_id, RequestStatus.FINISHED_LENGTH)
+
+  @rule(index=st.integers(0, 1000))
+  def finish_stopped(self, index):
+    running = self._with_status(RequestStatus.RUNNING)
+    if running:
+      request = running[index % len(running)]
+      self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
+      assert request.status is RequestStatus.FINISHED_STOPPED
+
+  @rule(index=st.integers(0, 1000))
+  def abort(self, index):
+    ids = list(self.requests) + ["unknown"]
+    request_id = ids[index % len(ids)]
+    request = self.requests.get(request_id)
+    was_unfinished = request is not None and not request.finished
+    assert self.scheduler.abort_request(request_id) == was_unfinished
+    if was_unfinished:
+      assert request.status is RequestStatus.FINISHED_ABORTED and request.page_ids == []
+
+  @invariant()
+  def pages_are_accounted_for(self):
+    running = self._with_status(RequestStatus.RUNNING)
+    waiting = self._with_status(RequestStatus.WAITING)
+    self.allocator.check_invariants(owners=[r.page_ids for r in running])
+    owned = {p for r in running for p in r.page_ids}
+    assert self.allocator.num_used_pages == len(owned) <= self.allocator.num_usable_pages
+    assert self.allocator.num_used_pages + self.allocator.num_free_pages == \
+        self.allocator.num_usable_pages
+    assert self.scheduler.num_running == len(running) <= self.config.max_num_seqs
+    assert self.scheduler.num_waiting == len(waiting)
+    for request in running:
+      assert len(request.page_ids) == _ceil_div(request.num_computed_tokens, self.page_size)
+    for request in waiting:
+      assert request.page_ids == [] and request.num_computed_tokens == 0
+    if not self.scheduler.has_unfinished_requests():
+      assert self.allocator.num_used_pages == 0
+
+  def teardown(self):
+    if not hasattr(self, "scheduler"):
+      return
+    unfinished = [r for r in self.requests.values() if not r.finished]
+    # Every step advances the oldest running request, which is never preempted.
+    max_steps = sum(r.max_total_tokens for r in unfinished) + 1
+    for _ in range(max_steps):
+      if not self.scheduler.has_unfinished_requests():
+        break
+      self.step()
+      self.pages_are_accounted_for()
+    assert not self.scheduler.has_unfinished_requests(), "scheduler made no progress"
+    assert all(r.finished for r in self.requests.values())
+    assert self.allocator.num_used_pages == 0
+
+  def _with_status(self, status: RequestStatus) -> list[Request]:
+    return [r for r in self.requests.values() if r.status is status]
+
+  def _check_batch(self, batch: ScheduledBatch) -> None:
+    assert batch.num_tokens <= self.config.max_num_batched_tokens
+    assert batch.num_seqs <= self.config.max_num_seqs
+    ids = [s.request_id for s in batch.seqs]
+    assert len(set(ids)) == len(ids)
+    is_decode = [s.num_tokens == 1 and s.sample for s in batch.seqs]
+    assert is_decode == sorted(is_decode, reverse=True), "decodes must come first"
+    for request_id in batch.preempted_request_ids:
+      request = self.requests[request_id]
+      assert request_id not in ids and request.status is RequestStatus.WAITING
+      assert request.page_ids == [] and request.num_computed_tokens == 0
+    if batch.preempted_request_ids:
+      assert self.scheduler.num_preemptions_total > 0
+    for seq in batch.seqs:
+      request = self.requests[seq.request_id]
+      assert request.status is RequestStatus.RUNNING and seq.num_tokens >= 1
+      assert list(seq.token_ids) == request.all_token_ids[seq.start_position:seq.seq_len]
+      assert request.num_computed_tokens == seq.seq_len
+      assert seq.sample == (seq.seq_len == request.num_tokens)
+      assert seq.page_ids == tuple(request.page_ids) and 0 not in seq.page_ids
+      assert len(seq.page_ids) == _ceil_div(seq.seq_len, self.page_size)
+      if not self.config.enable_chunked_prefill and not seq.sample:
+        assert request.num_tokens > self.config.max_num_batched_tokens
+
+  def _record_events(self, batch: ScheduledBatch, waiting_ids: set[str]) -> None:
+    if batch.preempted_request_ids:
+      event("preemption")
+    for seq in batch.seqs:
+      if seq.request_id in waiting_ids and seq.start_position > 0:
+        event("prefix cache hit")
+      if seq.request_id in waiting_ids and self.requests[seq.request_id].num_preemptions:
+        event("resumed after preemption")
+
+  def _simulate_kv(self, batch: ScheduledBatch) -> None:
+    page_size = self.page_size
+    for seq in batch.seqs:
+      tokens = self.requests[seq.request_id].all_token_ids
+      for position in range(seq.start_position, seq.seq_len):
+        page_id = seq.page_ids[position // page_size]
+        assert self.allocator.refcount(page_id) == 1, "wrote into a shared page"
+        self.kv[(page_id, position % page_size)] = tuple(tokens[:position + 1])
+    for seq in batch.seqs:
+      tokens = self.requests[seq.request_id].all_token_ids
+      for position in range(seq.seq_len):
+        slot = (seq.page_ids[position // page_size], position % page_size)
+        assert self.kv.get(slot) == tuple(tokens[:position + 1]), f"wrong K/V at {position}"
+
+
+SchedulerMachine.TestCase.settings = settings(
+    max_examples=600, stateful_step_count=50, deadline=None, database=None,
+    phases=[p for p in Phase if p is not Phase.explain],
+    suppress_health_check=[HealthCheck.too_slow])
+TestScheduler = SchedulerMachine.TestCase
