@@ -196,9 +196,9 @@ def run_case(name: str, batch: Batch, *, shape: Shape, context: int, opts, copy_
   interpret = opts.smoke
   fns = {}
   for tile in opts.tiles:
-    label = "ours" if tile is None else "ours[%d:%d:%d]" % tile
-    tile_kw = {} if tile is None else dict(block_kv=tile[0], num_warps=tile[1],
-                                           num_stages=tile[2])
+    label = "ours" if tile is None else "ours[" + ":".join(map(str, tile)) + "]"
+    tile_kw = {} if tile is None else dict(zip(
+        ("block_kv", "num_warps", "num_stages", "num_kv_splits"), tile))
     fns[label] = functools.partial(ragged_paged_attention, sm_scale=sm_scale,
                                    interpret=interpret, **tile_kw)
   if batch.is_decode:
@@ -249,8 +249,9 @@ def run_case(name: str, batch: Batch, *, shape: Shape, context: int, opts, copy_
   return result
 
 
-def parse_tiles(text: str) -> list[tuple[int, int, int] | None]:
-  """'default,64:4:3' -> [None, (64, 4, 3)]: block_kv:num_warps:num_stages."""
+def parse_tiles(text: str) -> list[tuple[int, ...] | None]:
+  """'default,64:4:3,64:4:3:4' -> [None, (64, 4, 3), (64, 4, 3, 4)]:
+  block_kv:num_warps:num_stages[:num_kv_splits]."""
   tiles = []
   for item in text.split(","):
     tiles.append(None if item == "default" else tuple(int(v) for v in item.split(":")))
@@ -266,7 +267,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument("--contexts", default="512,2048,8192")
   parser.add_argument("--no-mixed", action="store_true", help="skip the prefill+decode batch")
   parser.add_argument("--tiles", default="default",
-                      help="our tilings: 'default' or block_kv:num_warps:num_stages, comma list")
+                      help="our tilings: 'default' or block_kv:num_warps:num_stages[:num_kv_splits],"
+                           " comma list")
   parser.add_argument("--bundled-configs", default="16x8",
                       help="bundled op k_splits x pages_per_compute_block, comma list")
   parser.add_argument("--inner", type=int, default=20, help="calls per timed jitted loop")

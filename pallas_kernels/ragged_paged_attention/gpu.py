@@ -47,6 +47,8 @@ SUPPORTED_PAGE_SIZES = (16, 32, 64)
 MIN_DOT_ROWS = 16  # tl.dot needs M, N, K >= 16
 MAX_ROWS = 128
 LOG2_E = math.log2(math.e)
+MAX_KV_SPLITS = 16
+DEFAULT_NUM_CORES = 132  # streaming multiprocessors of an H100 SXM
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class Tiling:
   padded_group: int
   num_warps: int
   num_stages: int
+  num_kv_splits: int = 1
 
   @property
   def rows(self) -> int:
@@ -69,10 +72,13 @@ def _is_power_of_two(value: int) -> bool:
 
 
 def choose_tiling(num_tokens: int, num_seq_slots: int, num_q_heads: int, num_kv_heads: int,
-                  head_dim: int, *, block_q: int | None = None, block_kv: int | None = None,
-                  num_warps: int | None = None, num_stages: int | None = None) -> Tiling:
+                  head_dim: int, *, max_kv_len: int, num_cores: int = DEFAULT_NUM_CORES,
+                  block_q: int | None = None, block_kv: int | None = None,
+                  num_warps: int | None = None, num_stages: int | None = None,
+                  num_kv_splits: int | None = None) -> Tiling:
   """Defaults: 16 rows per tile for decode-only shapes (T <= S), 64 otherwise; block_kv 64 tokens
-  (32 for head_dim 256); 4 warps; 3 pipeline stages (2 for head_dim 256)."""
+  (32 for head_dim 256); 4 warps; 3 pipeline stages (2 for head_dim 256); KV split in up to 16
+  parts (flash decoding) only for decode-only shapes with fewer than 2 programs per core."""
   group = num_q_heads // num_kv_heads
   padded_group = pl.next_power_of_2(group)
   if block_q is None:
@@ -80,9 +86,16 @@ def choose_tiling(num_tokens: int, num_seq_slots: int, num_q_heads: int, num_kv_
     block_q = max(1, target_rows // padded_group)
   if block_kv is None:
     block_kv = 32 if head_dim > 128 else 64
+  if num_kv_splits is None:
+    num_kv_splits = 1
+    num_programs = num_seq_slots * num_kv_heads
+    if num_tokens <= num_seq_slots and num_programs < 2 * num_cores:
+      num_kv_splits = max(1, min(MAX_KV_SPLITS, pl.cdiv(2 * num_cores, num_programs),
+                                 pl.cdiv(max_kv_len, block_kv) // 4))
   tiling = Tiling(block_q=block_q, block_kv=block_kv, group=group, padded_group=padded_group,
                   num_warps=4 if num_warps is None else num_warps,
-                  num_stages=(2 if head_dim > 128 else 3) if num_stages is None else num_stages)
+                  num_stages=(2 if head_dim > 128 else 3) if num_stages is None else num_stages,
+                  num_kv_splits=num_kv_splits)
   _validate_tiling(tiling)
   return tiling
 
@@ -98,6 +111,9 @@ def _validate_tiling(tiling: Tiling) -> None:
   if not _is_power_of_two(tiling.block_kv) or tiling.block_kv < MIN_DOT_ROWS:
     raise ValueError(f"ragged_paged_attention: block_kv: must be a power of two >= "
                      f"{MIN_DOT_ROWS}, got {tiling.block_kv}")
+  if tiling.num_kv_splits < 1:
+    raise ValueError(f"ragged_paged_attention: num_kv_splits: must be >= 1, got "
+                     f"{tiling.num_kv_splits}")
   if tiling.num_warps < 1 or tiling.num_stages < 1:
     raise ValueError(f"ragged_paged_attention: num_warps/num_stages must be >= 1, got "
                      f"{tiling.num_warps}/{tiling.num_stages}")
@@ -116,9 +132,11 @@ def _find_sequence(query_start_loc_ref, num_seqs, q_block_id, block_q: int, num_
 
 
 def _attention_kernel(query_start_loc_ref, seq_lens_ref, num_seqs_ref, block_tables_ref, q_ref,
-                      k_ref, v_ref, _out_in_ref, out_ref, *, tiling: Tiling, sm_scale: float,
+                      k_ref, v_ref, *out_refs, tiling: Tiling, sm_scale: float,
                       sliding_window: int | None, soft_cap: float | None, num_search_steps: int):
+  """out_refs: (zeros_in, out) [T, Gp, D] or, split, (acc [T, Gp, D], max [T, Gp], sum [T, Gp])."""
   q_block_id = pl.program_id(0)
+  kv_split = pl.program_id(2)  # read here: program_id inside pl.when does not interpret
   num_seqs = num_seqs_ref[0]
   seq = _find_sequence(query_start_loc_ref, num_seqs, q_block_id, tiling.block_q,
                        num_search_steps)
@@ -128,13 +146,14 @@ def _attention_kernel(query_start_loc_ref, seq_lens_ref, num_seqs_ref, block_tab
 
   @pl.when((seq < num_seqs) & (first_q < q_len))
   def _():
-    _attend_query_block(block_tables_ref, q_ref, k_ref, v_ref, out_ref, seq=seq, q_start=q_start,
-                        q_len=q_len, first_q=first_q, seq_len=seq_lens_ref[seq], tiling=tiling,
+    _attend_query_block(block_tables_ref, q_ref, k_ref, v_ref, out_refs, seq=seq, q_start=q_start,
+                        q_len=q_len, first_q=first_q, seq_len=seq_lens_ref[seq],
+                        kv_split=kv_split, tiling=tiling,
                         sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
 
 
-def _attend_query_block(block_tables_ref, q_ref, k_ref, v_ref, out_ref, *, seq, q_start, q_len,
-                        first_q, seq_len, tiling: Tiling, sm_scale: float,
+def _attend_query_block(block_tables_ref, q_ref, k_ref, v_ref, out_refs, *, seq, q_start, q_len,
+                        first_q, seq_len, kv_split, tiling: Tiling, sm_scale: float,
                         sliding_window: int | None, soft_cap: float | None):
   num_tokens = q_ref.shape[0]
   head_dim = q_ref.shape[-1]
@@ -156,6 +175,10 @@ def _attend_query_block(block_tables_ref, q_ref, k_ref, v_ref, out_ref, *, seq, 
     kv_begin = jnp.maximum(seq_len - q_len + first_q - sliding_window + 1, 0)
   tile_begin = kv_begin // tiling.block_kv
   tile_end = pl.cdiv(kv_stop, tiling.block_kv)
+  if tiling.num_kv_splits > 1:
+    tiles_per_split = pl.cdiv(tile_end - tile_begin, tiling.num_kv_splits)
+    tile_begin = tile_begin + kv_split * tiles_per_split
+    tile_end = jnp.minimum(tile_end, tile_begin + tiles_per_split)
 
   tile_fn = functools.partial(
       _attend_kv_tile, block_tables_ref, k_ref, v_ref, q, row_pos, seq=seq, seq_len=seq_len,
@@ -163,11 +186,18 @@ def _attend_query_block(block_tables_ref, q_ref, k_ref, v_ref, out_ref, *, seq, 
   acc = jnp.zeros((tiling.rows, head_dim), jnp.float32)                # [M, D]
   row_max = jnp.full((tiling.rows,), MASK_VALUE, jnp.float32)          # [M]
   row_sum = jnp.zeros((tiling.rows,), jnp.float32)                     # [M]
-  acc, _, row_sum = lax.fori_loop(tile_begin, tile_end, tile_fn, (acc, row_max, row_sum))
+  acc, row_max, row_sum = lax.fori_loop(tile_begin, tile_end, tile_fn, (acc, row_max, row_sum))
 
-  out = acc / jnp.where(row_valid, row_sum, 1.0)[:, None]              # [M, D]
-  plgpu.store(out_ref.at[row_tokens[:, None], row_heads[:, None], dims],
-              out.astype(out_ref.dtype), mask=row_mask)
+  row_index = (row_tokens[:, None], row_heads[:, None], dims)
+  if tiling.num_kv_splits == 1:
+    _, out_ref = out_refs
+    out = acc / jnp.where(row_valid, row_sum, 1.0)[:, None]            # [M, D]
+    plgpu.store(out_ref.at[row_index], out.astype(out_ref.dtype), mask=row_mask)
+    return
+  acc_ref, max_ref, sum_ref = out_refs
+  plgpu.store(acc_ref.at[row_index], acc, mask=row_mask)
+  plgpu.store(max_ref.at[row_tokens, row_heads], row_max, mask=row_valid)
+  plgpu.store(sum_ref.at[row_tokens, row_heads], row_sum, mask=row_valid)
 
 
 def _attend_kv_tile(block_tables_ref, k_ref, v_ref, q, row_pos, tile, carry, *, seq, seq_len,
@@ -207,6 +237,17 @@ def _attend_kv_tile(block_tables_ref, k_ref, v_ref, q, row_pos, tile, carry, *, 
   return acc * correction[:, None] + pv, new_max, row_sum
 
 
+def _combine_splits(acc, row_max, row_sum, query_start_loc, num_seqs):
+  """Merges per-split partial softmax states: acc [P, T, KVH, G, D], row_max/row_sum [P, T, KVH, G]."""
+  global_max = jnp.max(row_max, axis=0)                                   # [T, KVH, G]
+  weights = jnp.exp(row_max - global_max[None])                           # [P, T, KVH, G]
+  numerator = jnp.sum(acc * weights[..., None], axis=0)                   # [T, KVH, G, D]
+  denominator = jnp.sum(row_sum * weights, axis=0)                        # [T, KVH, G]
+  out = numerator / jnp.where(denominator > 0, denominator, 1.0)[..., None]
+  live = jnp.arange(acc.shape[1]) < query_start_loc[num_seqs[0]]          # [T]
+  return jnp.where(live[:, None, None, None], out, 0.0)
+
+
 @functools.partial(jax.jit, static_argnames=("tiling", "sm_scale", "sliding_window", "soft_cap",
                                              "interpret"))
 def _ragged_paged_attention(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
@@ -215,30 +256,55 @@ def _ragged_paged_attention(q, k_pages, v_pages, block_tables, seq_lens, query_s
   num_tokens, num_q_heads, head_dim = q.shape
   num_kv_heads, num_pages, page_size, _ = k_pages.shape
   num_seq_slots = block_tables.shape[0]
-  grouped_shape = (num_tokens, num_kv_heads, tiling.padded_group, head_dim)
-  q_grouped = q.reshape(num_tokens, num_kv_heads, tiling.group, head_dim)
-  if tiling.padded_group != tiling.group:
-    q_grouped = jnp.pad(q_grouped, ((0, 0), (0, 0), (0, tiling.padded_group - tiling.group),
-                                    (0, 0)))
-  rows_spec = pl.BlockSpec((num_tokens, None, tiling.padded_group, head_dim),
-                           lambda b, h: (0, h, 0, 0))
-  pages_spec = pl.BlockSpec((None, num_pages, page_size, head_dim), lambda b, h: (h, 0, 0, 0))
+  num_splits = tiling.num_kv_splits
+  group, padded_group = tiling.group, tiling.padded_group
+  grouped_shape = (num_tokens, num_kv_heads, padded_group, head_dim)
+  q_grouped = q.reshape(num_tokens, num_kv_heads, group, head_dim)
+  if padded_group != group:
+    q_grouped = jnp.pad(q_grouped, ((0, 0), (0, 0), (0, padded_group - group), (0, 0)))
+  rows_spec = pl.BlockSpec((num_tokens, None, padded_group, head_dim),
+                           lambda b, h, s: (0, h, 0, 0))
+  pages_spec = pl.BlockSpec((None, num_pages, page_size, head_dim), lambda b, h, s: (h, 0, 0, 0))
   kernel = functools.partial(
       _attention_kernel, tiling=tiling, sm_scale=sm_scale, sliding_window=sliding_window,
       soft_cap=soft_cap, num_search_steps=max(num_seq_slots, 1).bit_length() + 1)
-  out = pl.pallas_call(
+  inputs = [query_start_loc, seq_lens, num_seqs, block_tables, q_grouped, k_pages, v_pages]
+  in_specs = [pl.no_block_spec] * 4 + [rows_spec, pages_spec, pages_spec]
+  if num_splits == 1:
+    out_specs = rows_spec
+    out_shape = jax.ShapeDtypeStruct(grouped_shape, q.dtype)
+    inputs.append(jnp.zeros(grouped_shape, q.dtype))  # padding tokens keep these zeros
+    in_specs.append(rows_spec)
+    aliases = {len(inputs) - 1: 0}
+  else:
+    out_specs = [pl.BlockSpec((None, num_tokens, None, padded_group, head_dim),
+                              lambda b, h, s: (s, 0, h, 0, 0))] + 2 * [
+                     pl.BlockSpec((None, num_tokens, None, padded_group),
+                                  lambda b, h, s: (s, 0, h, 0))]
+    out_shape = [jax.ShapeDtypeStruct((num_splits, *grouped_shape), jnp.float32)] + 2 * [
+        jax.ShapeDtypeStruct((num_splits, *grouped_shape[:-1]), jnp.float32)]
+    aliases = {}
+  outs = pl.pallas_call(
       kernel,
-      grid=(pl.cdiv(num_tokens, tiling.block_q) + num_seq_slots, num_kv_heads),
-      in_specs=[pl.no_block_spec] * 4 + [rows_spec, pages_spec, pages_spec, rows_spec],
-      out_specs=rows_spec,
-      out_shape=jax.ShapeDtypeStruct(grouped_shape, q.dtype),
-      input_output_aliases={7: 0},
+      grid=(pl.cdiv(num_tokens, tiling.block_q) + num_seq_slots, num_kv_heads, num_splits),
+      in_specs=in_specs,
+      out_specs=out_specs,
+      out_shape=out_shape,
+      input_output_aliases=aliases,
       compiler_params=triton_compiler_params(tiling.num_warps, tiling.num_stages),
       interpret=interpret,
       name="ragged_paged_attention",
-  )(query_start_loc, seq_lens, num_seqs, block_tables, q_grouped, k_pages, v_pages,
-    jnp.zeros(grouped_shape, q.dtype))
-  return out[:, :, :tiling.group].reshape(q.shape)
+  )(*inputs)
+  if num_splits == 1:
+    return outs[:, :, :group].reshape(q.shape)
+  acc, row_max, row_sum = (x[:, :, :, :group] for x in outs)
+  out = _combine_splits(acc, row_max, row_sum, query_start_loc, num_seqs)
+  return out.astype(q.dtype).reshape(q.shape)
+
+
+def _num_cores() -> int:
+  device = jax.devices()[0]
+  return getattr(device, "core_count", None) or DEFAULT_NUM_CORES
 
 
 def ragged_paged_attention(
@@ -257,6 +323,7 @@ def ragged_paged_attention(
     block_kv: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    num_kv_splits: int | None = None,
     interpret: bool = False,
 ) -> jax.Array:                  # [T, num_q_heads, head_dim], q.dtype
   """Attention of a ragged batch of query tokens over a paged KV cache (GPU, Pallas Triton).
@@ -269,7 +336,9 @@ def ragged_paged_attention(
 
   Tile keywords (None picks `choose_tiling`'s defaults): block_q query tokens per program
   (power of two; block_q * next_pow2(num_q_heads // num_kv_heads) rows must lie in [16, 128]),
-  block_kv KV tokens per loop step (power of two >= 16), num_warps, num_stages.
+  block_kv KV tokens per loop step (power of two >= 16), num_warps, num_stages, and
+  num_kv_splits: each (query block, kv head) splits its KV tiles over this many programs whose
+  partial softmax states are merged afterwards (flash decoding; for small decode batches).
   `interpret=True` runs the same kernel in the Pallas interpreter (works on CPU).
   Raises ValueError on bad shapes, dtypes, head_dim, page_size or block sizes.
   """
@@ -282,8 +351,9 @@ def ragged_paged_attention(
                      f"(supported: {SUPPORTED_PAGE_SIZES})")
   num_tokens, num_q_heads, head_dim = q.shape
   tiling = choose_tiling(num_tokens, block_tables.shape[0], num_q_heads, k_pages.shape[0],
-                         head_dim, block_q=block_q, block_kv=block_kv, num_warps=num_warps,
-                         num_stages=num_stages)
+                         head_dim, max_kv_len=block_tables.shape[1] * page_size,
+                         num_cores=_num_cores(), block_q=block_q, block_kv=block_kv,
+                         num_warps=num_warps, num_stages=num_stages, num_kv_splits=num_kv_splits)
   if num_tokens == 0:
     return jnp.zeros_like(q)
   return _ragged_paged_attention(

@@ -98,6 +98,10 @@ SWEEP = [
     (8, 8, 128, 16, "bfloat16", [40, 0, 1], [47, 1, 2], None, None,
      {"block_q": 32, "block_kv": 32}),
     (32, 2, 64, 16, "float32", [2, 1, 1, 1], [18, 1, 16, 17], None, None, {}),
+    (8, 2, 128, 16, "float32", [1, 1, 0, 1], [100, 1, 3, 33], None, None,
+     {"num_kv_splits": 3, "block_kv": 16}),
+    (4, 1, 64, 32, "bfloat16", [1, 4, 1], [90, 70, 2], 30, 8.0,
+     {"num_kv_splits": 4, "block_kv": 16}),
 ]
 
 
@@ -174,6 +178,7 @@ def _valid_case(**overrides):
     ({}, {"block_q": 2}, "block_q"),      # 2 tokens x 2 heads = 4 rows < 16
     ({}, {"block_q": 128}, "block_q"),    # 256 rows > 128
     ({}, {"sliding_window": 0}, "sliding_window"),
+    ({}, {"num_kv_splits": 0}, "num_kv_splits"),
 ])
 def test_attention_rejects_bad_inputs(overrides, kwargs, match):
   case = _valid_case(**overrides)

@@ -53,6 +53,7 @@ def _case(dtype, head_dim: int, page_size: int, num_q_heads: int, num_kv_heads: 
     (jnp.bfloat16, 128, 16, 32, 8, {}),
     (jnp.float32, 64, 32, 4, 4, {"sliding_window": 8, "soft_cap": 20.0}),
     (jnp.bfloat16, 256, 64, 12, 1, {"block_kv": 16}),
+    (jnp.bfloat16, 128, 16, 32, 8, {"num_kv_splits": 4}),
 ])
 def test_attention_lowers_to_triton(dtype, head_dim, page_size, num_q_heads, num_kv_heads,
                                     options):
