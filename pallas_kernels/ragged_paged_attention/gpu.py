@@ -15,6 +15,16 @@ logit soft-cap are applied to each tile's logits; tiles entirely outside the win
 last query are never loaded. Padding tokens produce zeros: the output buffer starts as zeros
 (aliased into the kernel) and only live rows are stored.
 
+Split KV (flash decoding): with num_kv_splits = P > 1 the grid gains a third axis and program
+(b, h, p) folds only the p-th of P equal runs of the block's KV tiles, storing its unnormalized
+float32 accumulator, running max and running sum; a small XLA epilogue merges the P partial
+states. The default turns it on only for decode-only shapes (T <= S) with fewer than two
+programs per streaming multiprocessor, e.g. batch 8 x 8 kv heads on an H100.
+
+Defaults (`choose_tiling`): block_q = 16 // next_pow2(group) tokens for decode-only shapes
+(T <= S) and 64 // next_pow2(group) otherwise (at least 1); block_kv = 64 tokens (32 for
+head_dim 256), 4 warps, 3 pipeline stages (2 for head_dim 256).
+
 Why Triton rather than Mosaic GPU: the Triton lowering runs on Ampere and Hopper, takes
 per-element pointer gathers (the per-token page lookup), masked loads and data-dependent loop
 bounds directly, and has the same API (`jax.experimental.pallas.triton`) in JAX 0.10 and 0.11.
