@@ -135,6 +135,8 @@ class Scheduler:
       raise ValueError(f"request_id: {request_id!r} is already waiting or running")
     if num_prompt == 0:
       raise ValueError(f"prompt: request {request_id!r} has no tokens")
+    if request.page_ids or request.num_computed_tokens:
+      raise ValueError(f"page_ids: request {request_id!r} already holds pages or computed tokens")
     total = request.max_total_tokens
     if total > self.max_model_len:
       raise ValueError(f"max_tokens: prompt + max_tokens ({num_prompt} + "

@@ -221,6 +221,10 @@ def test_add_request_refusals_name_the_field():
   scheduler.add_request(make_request("a", range(10), max_tokens=6))
   with pytest.raises(ValueError, match="request_id"):
     scheduler.add_request(make_request("a", range(3), max_tokens=1))
+  holding = make_request("b", range(3), max_tokens=1)
+  holding.page_ids = [1]
+  with pytest.raises(ValueError, match="page_ids"):
+    scheduler.add_request(holding)
   assert scheduler.num_waiting == 1
 
 
