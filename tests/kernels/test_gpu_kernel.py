@@ -1,4 +1,4 @@
-"""The GPU ragged paged-attention and KV-write kernels, run in Pallas interpret mode on CPU.
+"""The GPU ragged paged-attention and KV-write kernels: interpret mode on CPU, compiled on a GPU.
 
 Hand-computed cases pin the semantics; a seeded sweep compares against the pure-jnp reference
 over head dims, GQA ratios, page sizes, dtypes, window / soft-cap and ragged lengths (0, 1, a
@@ -26,6 +26,7 @@ from pallas_kernels.ragged_paged_attention.testing import (attention_args, make_
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HEAD_DIM = 64
+INTERPRET = jax.default_backend() != "gpu"  # on a GPU the same tests run the compiled kernels
 
 
 def _single_seq_inputs(keys: np.ndarray, values: np.ndarray, queries: np.ndarray,
@@ -53,7 +54,7 @@ def test_decode_token_over_two_positions_by_hand():
   keys = np.stack([_unit(0, 0.0), _unit(0, math.log(3.0))])
   values = np.stack([_unit(1, 4.0), _unit(1, 8.0)])
   args = _single_seq_inputs(keys, values, _unit(0)[None])
-  out = ragged_paged_attention(*args, sm_scale=1.0, interpret=True)
+  out = ragged_paged_attention(*args, sm_scale=1.0, interpret=INTERPRET)
   np.testing.assert_allclose(np.asarray(out[0, 0]), _unit(1, 7.0), atol=1e-5)
 
 
@@ -62,7 +63,7 @@ def test_sliding_window_by_hand():
   keys = np.zeros((3, HEAD_DIM), np.float32)
   values = np.stack([_unit(3, 1000.0), _unit(3, 10.0), _unit(3, 20.0)])
   args = _single_seq_inputs(keys, values, _unit(0)[None])
-  out = ragged_paged_attention(*args, sm_scale=1.0, sliding_window=2, interpret=True)
+  out = ragged_paged_attention(*args, sm_scale=1.0, sliding_window=2, interpret=INTERPRET)
   np.testing.assert_allclose(np.asarray(out[0, 0]), _unit(3, 15.0), atol=1e-4)
 
 
@@ -71,7 +72,7 @@ def test_soft_cap_by_hand():
   keys = np.stack([_unit(0, 10.0), _unit(0, 0.0)])
   values = np.stack([_unit(1, 1.0), _unit(1, 0.0)])
   args = _single_seq_inputs(keys, values, _unit(0)[None])
-  out = ragged_paged_attention(*args, sm_scale=1.0, soft_cap=2.0, interpret=True)
+  out = ragged_paged_attention(*args, sm_scale=1.0, soft_cap=2.0, interpret=INTERPRET)
   capped = math.exp(2.0 * math.tanh(5.0))
   np.testing.assert_allclose(np.asarray(out[0, 0]), _unit(1, capped / (capped + 1.0)), atol=1e-5)
 
@@ -81,7 +82,7 @@ def test_prefill_is_causal_by_hand():
   keys = np.zeros((2, HEAD_DIM), np.float32)
   values = np.stack([_unit(5, 2.0), _unit(5, 6.0)])
   args = _single_seq_inputs(keys, values, np.stack([_unit(0), _unit(0)]))
-  out = ragged_paged_attention(*args, sm_scale=1.0, interpret=True)
+  out = ragged_paged_attention(*args, sm_scale=1.0, interpret=INTERPRET)
   np.testing.assert_allclose(np.asarray(out[:, 0]), np.stack([_unit(5, 2.0), _unit(5, 4.0)]),
                              atol=1e-5)
 
@@ -115,9 +116,10 @@ def test_matches_reference(case_id: int):
                           page_size=page_size, dtype=jnp.dtype(dtype),
                           num_tokens=sum(q_lens) + 3)
   kwargs = dict(sm_scale=head_dim ** -0.5, sliding_window=window, soft_cap=soft_cap)
-  expected = jax.jit(functools.partial(ragged_paged_attention_reference, **kwargs))(
-      *attention_args(case))
-  actual = ragged_paged_attention(*attention_args(case), **kwargs, **blocks, interpret=True)
+  with jax.default_matmul_precision("highest"):  # no TF32 in the float32 reference on GPUs
+    expected = jax.jit(functools.partial(ragged_paged_attention_reference, **kwargs))(
+        *attention_args(case))
+  actual = ragged_paged_attention(*attention_args(case), **kwargs, **blocks, interpret=INTERPRET)
   assert actual.shape == expected.shape and actual.dtype == expected.dtype
   expected = np.asarray(expected, np.float32)
   actual = np.asarray(actual, np.float32)
@@ -135,9 +137,10 @@ def test_padding_sequence_slots_with_queries_are_ignored():
                           num_kv_heads=2, head_dim=64, page_size=16, num_tokens=8)
   case["query_start_loc"] = jnp.asarray([0, 2, 3, 6, 8], jnp.int32)
   case["seq_lens"] = jnp.asarray([9, 20, 5, 7], jnp.int32)
-  expected = jax.jit(functools.partial(ragged_paged_attention_reference, sm_scale=0.125))(
-      *attention_args(case))
-  actual = ragged_paged_attention(*attention_args(case), sm_scale=0.125, interpret=True)
+  with jax.default_matmul_precision("highest"):
+    expected = jax.jit(functools.partial(ragged_paged_attention_reference, sm_scale=0.125))(
+        *attention_args(case))
+  actual = ragged_paged_attention(*attention_args(case), sm_scale=0.125, interpret=INTERPRET)
   np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), atol=1e-5, rtol=1e-5)
   np.testing.assert_array_equal(np.asarray(actual[3:]), 0.0)
 
@@ -153,7 +156,7 @@ def test_write_kv_matches_reference(head_dim: int, page_size: int, dtype: str):
   slots[-1] = case["k_pages"].shape[1] * page_size + 3  # out of range: dropped
   case["slot_mapping"] = jnp.asarray(slots)
   expected = jax.jit(write_kv_reference)(*write_args(case))
-  actual = write_kv(*write_args(case), interpret=True)
+  actual = write_kv(*write_args(case), interpret=INTERPRET)
   for got, want, before in zip(actual, expected, (case["k_pages"], case["v_pages"])):
     # Page 0 receives the padding tokens in an unspecified order; every other page must match.
     np.testing.assert_array_equal(np.asarray(got[:, 1:]), np.asarray(want[:, 1:]))
@@ -183,7 +186,7 @@ def _valid_case(**overrides):
 def test_attention_rejects_bad_inputs(overrides, kwargs, match):
   case = _valid_case(**overrides)
   with pytest.raises(ValueError, match=match):
-    ragged_paged_attention(*attention_args(case), sm_scale=0.1, interpret=True, **kwargs)
+    ragged_paged_attention(*attention_args(case), sm_scale=0.1, interpret=INTERPRET, **kwargs)
 
 
 def test_attention_rejects_bad_shapes():
@@ -200,9 +203,9 @@ def test_write_kv_rejects_bad_inputs():
   case = _valid_case()
   with pytest.raises(ValueError, match="new_k"):
     write_kv(case["k_pages"], case["v_pages"], case["new_k"][:, :1], case["new_v"],
-             case["slot_mapping"], interpret=True)
+             case["slot_mapping"], interpret=INTERPRET)
   with pytest.raises(ValueError, match="block_tokens"):
-    write_kv(*write_args(case), block_tokens=12, interpret=True)
+    write_kv(*write_args(case), block_tokens=12, interpret=INTERPRET)
 
 
 def _load_bench_script():
