@@ -1,0 +1,160 @@
+"""`jaxserve kv-plan`: what a KV-cache memory budget holds, paged versus contiguous.
+
+Paged: the pool has budget // page_bytes pages (page 0 is the null page, never handed out) and a
+sequence of L tokens holds ceil(L / page_size) pages, so the waste is under one page per sequence.
+Contiguous: every sequence reserves max_model_len tokens up front, as a non-paged server must, so
+the number of concurrent sequences is budget // (max_model_len * bytes_per_token) whatever their
+real length. The planned page count is checked against factory.kv_cache_spec (what the engine
+would allocate for the same config) and, with --check, against a real engine's allocator.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from jaxserve.config import EngineConfig
+from jaxserve.engine.factory import kv_cache_spec, resolve_max_model_len
+from jaxserve.models.model_config import ModelConfig
+from jaxserve.runtime.kv_cache import CPU_DEFAULT_BYTES, device_memory_budget, page_bytes
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class KVPlan:
+  model: str
+  dtype: str
+  page_size: int
+  max_model_len: int
+  avg_seq_len: int
+  budget_bytes: int
+  bytes_per_token: int
+  bytes_per_page: int
+  num_pages: int               # null page included
+  paged_token_capacity: int    # usable pages * page_size
+  pages_per_seq: int
+  paged_max_seqs: int
+  contiguous_max_seqs: int
+  contiguous_token_capacity: int  # reserved tokens
+  contiguous_used_tokens: int     # of which hold real tokens at avg_seq_len
+  max_num_seqs: int               # the scheduler's cap on running sequences
+
+  @property
+  def paged_vs_contiguous(self) -> float:
+    return self.paged_max_seqs / max(self.contiguous_max_seqs, 1)
+
+
+def model_config_for(config: EngineConfig) -> ModelConfig:
+  """The model's architecture without loading weights."""
+  from jaxserve.models.registry import load_model
+  from jaxserve.models.tiny_random import TINY_RANDOM_NAME, tiny_random_config
+  from jaxserve.models.weights import load_hf_config
+
+  if config.model == TINY_RANDOM_NAME:
+    model_config = tiny_random_config()
+    return model_config if config.dtype == "auto" else model_config.replace(dtype=config.dtype)
+  if not Path(config.model).is_dir():
+    load_model(config.model, config.dtype)  # raises the registry's error for an unknown model
+  return load_hf_config(Path(config.model), config.dtype)
+
+
+def weight_bytes(model_config: ModelConfig) -> int:
+  from jaxserve.models.weights import hf_tensor_specs
+  itemsize = 4 if model_config.dtype == "float32" else 2
+  return sum(math.prod(spec.shape) for spec in hf_tensor_specs(model_config)) * itemsize
+
+
+def plan(model_config: ModelConfig, *, page_size: int, max_model_len: int, budget_bytes: int,
+         avg_seq_len: int, max_num_seqs: int, model: str = "") -> KVPlan:
+  if avg_seq_len < 1 or avg_seq_len > max_model_len:
+    raise ValueError(f"avg_seq_len: must be in [1, max_model_len={max_model_len}], got {avg_seq_len}")
+  per_page = page_bytes(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim,
+                        page_size, model_config.dtype)
+  per_token = per_page // page_size
+  num_pages = budget_bytes // per_page
+  if num_pages < 2:
+    raise ValueError(f"memory_gb: {budget_bytes} bytes hold {num_pages} pages of {per_page} bytes")
+  pages_per_seq = math.ceil(avg_seq_len / page_size)
+  contiguous_seqs = budget_bytes // (max_model_len * per_token)
+  return KVPlan(
+      model=model, dtype=model_config.dtype, page_size=page_size, max_model_len=max_model_len,
+      avg_seq_len=avg_seq_len, budget_bytes=budget_bytes, bytes_per_token=per_token,
+      bytes_per_page=per_page, num_pages=num_pages,
+      paged_token_capacity=(num_pages - 1) * page_size, pages_per_seq=pages_per_seq,
+      paged_max_seqs=(num_pages - 1) // pages_per_seq, contiguous_max_seqs=contiguous_seqs,
+      contiguous_token_capacity=contiguous_seqs * max_model_len,
+      contiguous_used_tokens=contiguous_seqs * avg_seq_len, max_num_seqs=max_num_seqs)
+
+
+def budget_for(config: EngineConfig, model_config: ModelConfig, memory_gb: float | None) -> int:
+  """The KV budget in bytes: --memory-gb, else what the engine config asks for."""
+  if memory_gb is not None:
+    if memory_gb <= 0:
+      raise ValueError(f"memory_gb: must be > 0, got {memory_gb}")
+    return int(memory_gb * GIB)
+  cache = config.cache
+  if cache.num_pages is not None:
+    return cache.num_pages * page_bytes(model_config.num_layers, model_config.num_kv_heads,
+                                        model_config.head_dim, cache.page_size, model_config.dtype)
+  if cache.memory_bytes is not None:
+    return cache.memory_bytes
+  free = device_memory_budget()
+  free = CPU_DEFAULT_BYTES if free is None else free - weight_bytes(model_config)
+  return int(free * cache.memory_fraction)
+
+
+def engine_num_pages(config: EngineConfig) -> int:
+  """Builds the engine on the current device; the page count its allocator got."""
+  from jaxserve.engine.factory import build_engine
+  return build_engine(config, show_progress=False).allocator.num_pages
+
+
+def main(args) -> int:
+  from jaxserve.cli import engine_config_from_args
+
+  config = engine_config_from_args(args)
+  model_config = model_config_for(config)
+  max_model_len = resolve_max_model_len(config, model_config)
+  budget = budget_for(config, model_config, args.memory_gb)
+  result = plan(model_config, page_size=config.cache.page_size, max_model_len=max_model_len,
+                budget_bytes=budget, avg_seq_len=args.avg_seq_len,
+                max_num_seqs=config.scheduler.max_num_seqs, model=config.model)
+  budget_config = config.replace(cache=dataclasses.replace(config.cache, memory_bytes=budget,
+                                                           num_pages=None))
+  spec_pages = kv_cache_spec(budget_config, model_config, max_model_len, None).num_pages
+  report = {**dataclasses.asdict(result), "paged_vs_contiguous": result.paged_vs_contiguous,
+            "spec_num_pages": spec_pages, "engine_num_pages": None}
+  if args.check:
+    report["engine_num_pages"] = engine_num_pages(budget_config)
+  print(format_plan(report))
+  out = Path(args.out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.write_text(json.dumps(report, indent=2))
+  print(f"wrote {out}")
+  matches = spec_pages == result.num_pages and report["engine_num_pages"] in (None, result.num_pages)
+  return 0 if matches else 1
+
+
+def format_plan(report: dict) -> str:
+  rows = [
+      ("model", f"{report['model']} ({report['dtype']})"),
+      ("KV budget", f"{report['budget_bytes'] / GIB:.3f} GiB"),
+      ("bytes per token / page", f"{report['bytes_per_token']} / {report['bytes_per_page']} "
+       f"(page_size {report['page_size']})"),
+      ("pages (planned / kv_cache_spec / engine)",
+       f"{report['num_pages']} / {report['spec_num_pages']} / {report['engine_num_pages'] or '-'}"),
+      ("token capacity, paged", report["paged_token_capacity"]),
+      (f"sequences of {report['avg_seq_len']} tokens, paged",
+       f"{report['paged_max_seqs']} ({report['pages_per_seq']} pages each)"),
+      (f"sequences, contiguous max_model_len={report['max_model_len']}",
+       report["contiguous_max_seqs"]),
+      ("contiguous tokens reserved / used",
+       f"{report['contiguous_token_capacity']} / {report['contiguous_used_tokens']}"),
+      ("paged / contiguous sequences", f"{report['paged_vs_contiguous']:.2f}x"),
+      ("scheduler max_num_seqs", report["max_num_seqs"]),
+  ]
+  width = max(len(name) for name, _ in rows)
+  return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)

@@ -1,0 +1,82 @@
+"""PNG plots for the benchmark and eval reports (matplotlib on the Agg backend, no display).
+
+Inputs are the JSON-ready dicts the tools write, so a plot can be redrawn from a saved result.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def _cdf(ax, values_ms: Sequence[float], label: str) -> None:
+  values = np.sort(np.asarray(values_ms, dtype=np.float64))
+  if values.size == 0:
+    ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+  else:
+    ax.step(values, np.arange(1, values.size + 1) / values.size, where="post")
+  ax.set_xlabel(f"{label} (ms)")
+  ax.set_ylabel("fraction of samples")
+  ax.grid(True, alpha=0.3)
+
+
+def latency_cdfs(requests: Sequence[Mapping], path: Path, title: str = "") -> Path:
+  """Empirical CDFs of TTFT, TPOT, ITL and E2E latency over the successful requests."""
+  done = [r for r in requests if r["success"]]
+  ttft = [1e3 * r["ttft"] for r in done]
+  e2e = [1e3 * r["e2e"] for r in done]
+  tpot = [1e3 * (r["e2e"] - r["ttft"]) / (r["output_tokens"] - 1)
+          for r in done if r["output_tokens"] > 1]
+  itl = [1e3 * gap for r in done for gap in r["itls"]]
+  fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+  for ax, values, label in zip(axes.flat, (ttft, tpot, itl, e2e), ("TTFT", "TPOT", "ITL", "E2E")):
+    _cdf(ax, values, label)
+    ax.set_title(label)
+  fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return Path(path)
+
+
+def sweep_curve(runs: Sequence[Mapping], path: Path, title: str = "") -> Path:
+  """Output token throughput against median / p99 TTFT and TPOT, one point per request rate."""
+  throughput = [run["metrics"]["output_throughput"] for run in runs]
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+  for ax, key, label in zip(axes, ("ttft", "tpot"), ("TTFT", "TPOT")):
+    for stat, style in (("median_ms", "o-"), ("p99", "s--")):
+      values = [run["metrics"][key][stat] if stat == "median_ms"
+                else run["metrics"][key]["percentiles_ms"]["p99"] for run in runs]
+      ax.plot(throughput, values, style, label=f"{'median' if stat == 'median_ms' else 'p99'}")
+      for x, y, run in zip(throughput, values, runs):
+        ax.annotate(f"{run['request_rate']}", (x, y), textcoords="offset points", xytext=(4, 4),
+                    fontsize=8)
+    ax.set_xlabel("output throughput (tok/s)")
+    ax.set_ylabel(f"{label} (ms)")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+  fig.suptitle(f"{title} (points labelled with request rate)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return Path(path)
+
+
+def metric_bars(scores: Mapping[str, float], path: Path, title: str = "", ylabel: str = "") -> Path:
+  """One bar per named score (e.g. accuracy per task)."""
+  names = list(scores)
+  fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(names) + 2), 4))
+  ax.bar(names, [scores[n] for n in names])
+  ax.set_ylabel(ylabel)
+  ax.set_title(title)
+  ax.tick_params(axis="x", rotation=30)
+  ax.grid(True, axis="y", alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return Path(path)
