@@ -25,7 +25,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
   group.add_argument("--dtype", choices=["auto", "float32", "bfloat16"])
   group.add_argument("--max-model-len", type=int)
   group.add_argument("--attention-backend",
-                     choices=["auto", "reference", "pallas_gpu", "pallas_tpu"])
+                     choices=["auto", "reference", "xla", "pallas_gpu", "pallas_tpu"])
   group.add_argument("--log-level", default="INFO",
                      choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 

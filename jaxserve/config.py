@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 
 import yaml
 
-ATTENTION_BACKENDS = ("auto", "reference", "pallas_gpu", "pallas_tpu")
+ATTENTION_BACKENDS = ("auto", "reference", "xla", "pallas_gpu", "pallas_tpu")
 DTYPES = ("auto", "float32", "bfloat16")
 
 

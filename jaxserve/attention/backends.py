@@ -1,8 +1,9 @@
 """The one attention interface the model calls, and how a backend is chosen.
 
 A backend writes the step's new K/V into their pages (in place under donation) and then attends
-over the paged cache. "reference" is pure jnp (the CPU path); "pallas_gpu" and "pallas_tpu" are
-the Pallas kernels. "auto" picks by the default JAX backend.
+over the paged cache. "reference" is the dense pure-jnp ground truth, "xla" the blocked XLA path
+used on CPU, "pallas_gpu" and "pallas_tpu" the Pallas kernels. "auto" picks by JAX's default
+backend.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Callable
 import jax
 
 from jaxserve.attention.metadata import AttentionMetadata
+from jaxserve.attention.xla_paged_attention import ragged_paged_attention_xla
 from pallas_kernels.ragged_paged_attention.reference import (
     ragged_paged_attention_reference, write_kv_reference)
 
@@ -49,6 +51,7 @@ class AttentionBackend:
 
 
 REFERENCE = AttentionBackend("reference", ragged_paged_attention_reference, write_kv_reference)
+XLA = AttentionBackend("xla", ragged_paged_attention_xla, write_kv_reference)
 
 
 def _pallas_gpu() -> AttentionBackend:
@@ -61,14 +64,14 @@ def _pallas_tpu() -> AttentionBackend:
   return AttentionBackend("pallas_tpu", tpu.ragged_paged_attention, tpu.write_kv)
 
 
-_FACTORIES = {"reference": lambda: REFERENCE, "pallas_gpu": _pallas_gpu, "pallas_tpu": _pallas_tpu}
+_FACTORIES = {"reference": lambda: REFERENCE, "xla": lambda: XLA, "pallas_gpu": _pallas_gpu, "pallas_tpu": _pallas_tpu}
 
 
 def get_attention_backend(name: str = "auto", platform: str | None = None) -> AttentionBackend:
   """Returns the backend called `name`; "auto" picks the kernel for `platform` (default: JAX's)."""
   if name == "auto":
     platform = platform or jax.default_backend()
-    name = {"gpu": "pallas_gpu", "cuda": "pallas_gpu", "tpu": "pallas_tpu"}.get(platform, "reference")
+    name = {"gpu": "pallas_gpu", "cuda": "pallas_gpu", "tpu": "pallas_tpu"}.get(platform, "xla")
   if name not in _FACTORIES:
     raise ValueError(f"attention_backend: unknown backend {name!r} (known: {', '.join(_FACTORIES)})")
   return _FACTORIES[name]()
