@@ -1,0 +1,145 @@
+"""The Starlette app: OpenAI routes, utility routes, the guard middleware, error handlers.
+
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST /tokenize,
+POST /detokenize, GET /health (200 ready, 503 while draining or once the engine thread died),
+GET /metrics (Prometheus text). Every error, including unknown routes, has OpenAI's body shape;
+bad input is never a 5xx.
+"""
+from __future__ import annotations
+
+import logging
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from jaxserve.config import ServerConfig
+from jaxserve.server.async_engine import AsyncEngine, EngineDeadError
+from jaxserve.server.chat import create_chat_completion
+from jaxserve.server.completions import create_completion
+from jaxserve.server.errors import ApiError, bad_request, internal, unavailable
+from jaxserve.server.generation import ClientDisconnected
+from jaxserve.server.metrics import CONTENT_TYPE, ServerMetrics
+from jaxserve.server.middleware import GuardMiddleware
+from jaxserve.server.protocol import parse_messages
+from jaxserve.server.state import ServingState, read_json
+from jaxserve.tokenizer.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+def build_app(engine: AsyncEngine, tokenizer: Tokenizer, config: ServerConfig, *,
+              model_name: str, max_model_len: int, vocab_size: int) -> Starlette:
+  """The app over a started AsyncEngine; several apps may share one engine."""
+  state = ServingState(engine=engine, tokenizer=tokenizer, config=config,
+                       model_name=config.served_model_name or model_name,
+                       max_model_len=max_model_len, vocab_size=vocab_size,
+                       metrics=ServerMetrics(engine))
+  routes = [
+      Route("/v1/completions", create_completion, methods=["POST"]),
+      Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
+      Route("/v1/models", list_models, methods=["GET"]),
+      Route("/tokenize", tokenize, methods=["POST"]),
+      Route("/detokenize", detokenize, methods=["POST"]),
+      Route("/health", health, methods=["GET"]),
+      Route("/metrics", metrics, methods=["GET"]),
+  ]
+  handlers = {ApiError: _api_error, HTTPException: _http_error, EngineDeadError: _engine_dead,
+              ClientDisconnected: _client_gone, Exception: _unexpected}
+  app = Starlette(routes=routes, middleware=[Middleware(GuardMiddleware, state=state)],
+                  exception_handlers=handlers)
+  app.state.serving = state
+  return app
+
+
+def serving_state(app: Starlette) -> ServingState:
+  return app.state.serving
+
+
+async def list_models(request: Request) -> Response:
+  state: ServingState = request.app.state.serving
+  model = {"id": state.model_name, "object": "model", "created": state.created,
+           "owned_by": "jaxserve", "max_model_len": state.max_model_len}
+  return JSONResponse({"object": "list", "data": [model]})
+
+
+async def tokenize(request: Request) -> Response:
+  """{prompt} or {messages} -> {tokens, count, max_model_len}."""
+  state: ServingState = request.app.state.serving
+  body = await read_json(request)
+  state.check_model(body)
+  try:
+    if "messages" in body:
+      messages = list(parse_messages(body["messages"]))
+      add_generation_prompt = body.get("add_generation_prompt", True) is not False
+      tokens = await state.run_blocking(state.tokenizer.encode_chat, messages,
+                                        add_generation_prompt)
+    elif isinstance(body.get("prompt"), str):
+      add_special_tokens = body.get("add_special_tokens", True) is not False
+      tokens = await state.run_blocking(state.tokenizer.encode, body["prompt"],
+                                        add_special_tokens)
+    else:
+      raise ValueError("prompt: give a string `prompt` or a `messages` list")
+  except ValueError as err:
+    raise bad_request(err, {"chat_template": "messages"}) from err
+  return JSONResponse({"tokens": tokens, "count": len(tokens),
+                       "max_model_len": state.max_model_len})
+
+
+async def detokenize(request: Request) -> Response:
+  """{tokens} -> {prompt}."""
+  state: ServingState = request.app.state.serving
+  body = await read_json(request)
+  state.check_model(body)
+  tokens = body.get("tokens")
+  try:
+    if not isinstance(tokens, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+      raise ValueError("tokens: must be a list of token ids")
+    state.check_token_ids(tokens, "tokens")
+  except ValueError as err:
+    raise bad_request(err) from err
+  text = await state.run_blocking(state.tokenizer.decode, tokens)
+  return JSONResponse({"prompt": text})
+
+
+async def health(request: Request) -> Response:
+  state: ServingState = request.app.state.serving
+  if state.ready:
+    return JSONResponse({"status": "ok"})
+  reason = "draining" if state.draining.is_set() else "engine stopped"
+  return JSONResponse({"status": reason}, status_code=503)
+
+
+async def metrics(request: Request) -> Response:
+  state: ServingState = request.app.state.serving
+  return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+
+async def _api_error(request: Request, err: ApiError) -> Response:
+  return err.response()
+
+
+async def _http_error(request: Request, err: HTTPException) -> Response:
+  if err.status_code == 404:
+    return ApiError(404, f"no route {request.url.path}", code="not_found").response()
+  if err.status_code == 405:
+    return ApiError(405, f"{request.method} is not allowed on {request.url.path}",
+                    code="method_not_allowed").response()
+  return ApiError(err.status_code, str(err.detail)).response()
+
+
+async def _engine_dead(request: Request, err: EngineDeadError) -> Response:
+  return unavailable(str(err)).response()
+
+
+async def _client_gone(request: Request, err: ClientDisconnected) -> Response:
+  return Response(status_code=499)
+
+
+async def _unexpected(request: Request, err: Exception) -> Response:
+  logger.exception("unexpected error on %s", request.url.path, exc_info=err)
+  return internal(f"internal error: {type(err).__name__}").response()

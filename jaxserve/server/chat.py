@@ -1,0 +1,129 @@
+"""POST /v1/chat/completions: the chat template, streaming or not, with logprobs.
+
+The prompt is rendered with the tokenizer's chat template and encoded without adding special
+tokens (the template writes bos). Without max_tokens / max_completion_tokens a reply may use
+the rest of the context: max_model_len - prompt tokens.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from jaxserve.outputs import RequestOutput
+from jaxserve.sampling_params import SamplingParams
+from jaxserve.server.async_engine import EngineDeadError, OutputStream
+from jaxserve.server.errors import bad_request, internal
+from jaxserve.server.generation import (DONE_EVENT, EngineStreamResponse, collect,
+                                        expand_requests, sse_event)
+from jaxserve.server.logprobs import chat_logprobs
+from jaxserve.server.protocol import ChatRequest, parse_chat_request
+from jaxserve.server.state import ServingState, read_json
+
+# Engine and template errors name "prompt" / "chat_template"; the request's field is messages.
+_RENAME = {"prompt": "messages", "chat_template": "messages"}
+
+
+async def create_chat_completion(request: Request) -> Response:
+  state: ServingState = request.app.state.serving
+  body = await read_json(request)
+  state.check_model(body)
+  try:
+    parsed = parse_chat_request(body, state.max_model_len)
+  except ValueError as err:
+    raise bad_request(err) from err
+  async with state.admit(parsed.params.n):
+    try:
+      prompt_ids = await state.run_blocking(_encode_chat, state, parsed)
+      params = _final_params(parsed, len(prompt_ids), state.max_model_len)
+      response_id = f"chatcmpl-{uuid.uuid4().hex}"
+      specs = expand_requests(response_id, [prompt_ids], params)
+      stream = await state.engine.add(specs)
+    except ValueError as err:
+      raise bad_request(err, _RENAME) from err
+  view = ChatView(state, parsed, response_id, len(prompt_ids), [s.request_id for s in specs])
+  if parsed.stream:
+    return EngineStreamResponse(view.events(stream), stream)
+  finals = await collect(stream, request.receive, state.metrics.observer())
+  return JSONResponse(view.response(finals))
+
+
+def _encode_chat(state: ServingState, parsed: ChatRequest) -> list[int]:
+  return state.tokenizer.encode_chat(list(parsed.messages), parsed.add_generation_prompt)
+
+
+def _final_params(parsed: ChatRequest, num_prompt_tokens: int,
+                  max_model_len: int) -> SamplingParams:
+  if parsed.max_tokens is not None:
+    return parsed.params
+  room = max_model_len - num_prompt_tokens
+  if room < 1:
+    raise ValueError(f"messages: the prompt has {num_prompt_tokens} tokens, which leaves no room "
+                     f"for a reply within max_model_len {max_model_len}")
+  return parsed.params.replace(max_tokens=room)
+
+
+class ChatView:
+  """Turns engine outputs into OpenAI chat completion bodies and chunks."""
+
+  def __init__(self, state: ServingState, parsed: ChatRequest, response_id: str,
+               num_prompt_tokens: int, request_ids: list[str]):
+    self.state, self.parsed, self.response_id = state, parsed, response_id
+    self.num_prompt_tokens = num_prompt_tokens
+    self.created = int(time.time())
+    self.index = {rid: i for i, rid in enumerate(request_ids)}
+
+  def _envelope(self, choices: list[dict], obj: str) -> dict:
+    return {"id": self.response_id, "object": obj, "created": self.created,
+            "model": self.state.model_name, "choices": choices}
+
+  def usage(self, completion_tokens: int) -> dict:
+    return {"prompt_tokens": self.num_prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": self.num_prompt_tokens + completion_tokens}
+
+  def _logprobs(self, entries) -> dict | None:
+    if not self.parsed.logprobs:
+      return None
+    return chat_logprobs(self.state.tokenizer, entries or ())
+
+  def response(self, finals: dict[str, RequestOutput]) -> dict:
+    ordered = sorted(finals.items(), key=lambda item: self.index[item[0]])
+    choices = [{"index": self.index[rid],
+                "message": {"role": "assistant", "content": out.text},
+                "logprobs": self._logprobs(out.logprobs),
+                "finish_reason": out.finish_reason} for rid, out in ordered]
+    body = self._envelope(choices, "chat.completion")
+    body["usage"] = self.usage(sum(len(out.token_ids) for _, out in ordered))
+    return body
+
+  def _chunk(self, index: int, delta: dict, finish_reason: str | None = None,
+             logprobs: dict | None = None) -> str:
+    choice = {"index": index, "delta": delta, "logprobs": logprobs,
+              "finish_reason": finish_reason}
+    return sse_event(self._envelope([choice], "chat.completion.chunk"))
+
+  async def events(self, stream: OutputStream) -> AsyncIterator[str]:
+    observe = self.state.metrics.observer()
+    num_generated = 0
+    try:
+      for index in range(len(self.index)):
+        yield self._chunk(index, {"role": "assistant", "content": ""})
+      while not stream.finished:
+        output = await stream.get()
+        observe(output)
+        index = self.index[output.request_id]
+        if output.new_text or (self.parsed.logprobs and output.new_logprobs):
+          yield self._chunk(index, {"content": output.new_text},
+                            logprobs=self._logprobs(output.new_logprobs))
+        if output.finished:
+          num_generated += len(output.token_ids)
+          yield self._chunk(index, {}, output.finish_reason)
+      if self.parsed.include_usage:
+        yield sse_event({**self._envelope([], "chat.completion.chunk"),
+                         "usage": self.usage(num_generated)})
+    except EngineDeadError as err:
+      yield internal(str(err)).sse_event()
+    yield DONE_EVENT

@@ -1,0 +1,93 @@
+"""`jaxserve serve`: build and warm up the engine, then serve the OpenAI-compatible API.
+
+The engine is built (model, buckets, KV pages, warmup; the factory logs each) before uvicorn
+opens its socket, so once the server accepts connections /health is 200.
+
+SIGTERM or SIGINT drains: the drain flag makes new requests (and /health) 503, uvicorn stops
+accepting connections and waits up to server.drain_timeout_s for running responses to finish
+(then cancels them, which aborts their requests), the engine thread stops and the process exits
+with status 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import threading
+import time
+
+import uvicorn
+
+from jaxserve.cli import add_engine_args, engine_config_from_args
+
+logger = logging.getLogger(__name__)
+
+
+def register(subparsers) -> None:
+  parser = subparsers.add_parser(
+      "serve", help="serve the OpenAI-compatible HTTP API",
+      description="Serve /v1/completions, /v1/chat/completions, /v1/models, /tokenize, "
+      "/detokenize, /health and /metrics. Without --model it serves tiny-random.")
+  add_engine_args(parser)
+  group = parser.add_argument_group("server")
+  group.add_argument("--host", help="address to bind (default 127.0.0.1)")
+  group.add_argument("--port", type=int, help="port to bind (default 8000)")
+  group.add_argument("--api-key", help="require `Authorization: Bearer KEY` (except on /health "
+                     "and /metrics)")
+  group.add_argument("--served-model-name", help="the model name clients send (default: --model)")
+  parser.set_defaults(func=serve)
+
+
+class DrainingServer(uvicorn.Server):
+  """uvicorn's server that also raises the app's drain flag when a stop signal arrives."""
+
+  def __init__(self, config: uvicorn.Config, draining: threading.Event):
+    super().__init__(config)
+    self.draining = draining
+
+  def handle_exit(self, sig, frame) -> None:
+    if not self.draining.is_set():
+      logger.info("signal %d: draining (new requests get 503)", sig)
+    self.draining.set()
+    super().handle_exit(sig, frame)
+
+
+def serve(args: argparse.Namespace) -> int:
+  from jaxserve.engine.factory import build_engine
+  from jaxserve.server.app import build_app, serving_state
+  from jaxserve.server.async_engine import AsyncEngine
+
+  for flag in ("host", "port", "api_key", "served_model_name"):
+    value = getattr(args, flag)
+    if value is not None:
+      args.overrides.append(f"server.{flag}={json.dumps(value)}")
+  config = engine_config_from_args(args)
+  server_config = config.server
+  start = time.monotonic()
+  engine = build_engine(config)
+  async_engine = AsyncEngine(engine).start()
+  app = build_app(async_engine, engine.tokenizer, server_config, model_name=config.model,
+                  max_model_len=engine.max_model_len, vocab_size=engine.vocab_size)
+  state = serving_state(app)
+  logger.info("ready in %.1fs (warmup %.1fs): serving %r on http://%s:%d%s", time.monotonic() - start,
+              engine.warmup_seconds, state.model_name, server_config.host, server_config.port,
+              " (API key required)" if server_config.api_key else "")
+  uvicorn_config = uvicorn.Config(app, host=server_config.host, port=server_config.port,
+                                  lifespan="off", log_level=args.log_level.lower(),
+                                  timeout_graceful_shutdown=server_config.drain_timeout_s)
+  server = DrainingServer(uvicorn_config, state.draining)
+  previous = {sig: signal.signal(sig, _already_handled) for sig in (signal.SIGTERM, signal.SIGINT)}
+  try:
+    server.run()
+  finally:
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
+    async_engine.stop()
+    state.executor.shutdown(wait=False)
+  logger.info("stopped")
+  return 0
+
+
+def _already_handled(sig, frame) -> None:
+  """uvicorn re-raises the stop signal after its graceful shutdown; the drain has happened."""

@@ -1,0 +1,148 @@
+"""POST /v1/completions: text completion, streaming or not, with echo and logprobs.
+
+Prompt scoring as lm-evaluation-harness's local-completions backend does it: `echo: true,
+logprobs: N, max_tokens: 0` returns the prompt's tokens and logprobs (the first null). The
+engine has no zero-token request, so it runs with prompt logprobs and max_tokens 1 and the
+generated token is dropped (finish_reason "length", completion_tokens 0).
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from jaxserve.outputs import RequestOutput
+from jaxserve.server.async_engine import EngineDeadError, OutputStream
+from jaxserve.server.errors import bad_request, internal
+from jaxserve.server.generation import (DONE_EVENT, EngineStreamResponse, collect,
+                                        expand_requests, sse_event)
+from jaxserve.server.logprobs import CompletionLogprobs, completion_logprobs
+from jaxserve.server.protocol import CompletionRequest, Prompt, parse_completion_request
+from jaxserve.server.state import ServingState, read_json
+
+
+@dataclass(frozen=True)
+class TokenizedPrompt:
+  text: str
+  token_ids: list[int]
+
+
+async def create_completion(request: Request) -> Response:
+  state: ServingState = request.app.state.serving
+  body = await read_json(request)
+  state.check_model(body)
+  try:
+    parsed = parse_completion_request(body)
+  except ValueError as err:
+    raise bad_request(err) from err
+  async with state.admit(len(parsed.prompts) * parsed.params.n):
+    try:
+      prompts = await state.run_blocking(_tokenize, state, parsed.prompts)
+      response_id = f"cmpl-{uuid.uuid4().hex}"
+      specs = expand_requests(response_id, [p.token_ids for p in prompts], parsed.params)
+      stream = await state.engine.add(specs)
+    except ValueError as err:
+      raise bad_request(err) from err
+  view = CompletionView(state, parsed, response_id, prompts, [s.request_id for s in specs])
+  if parsed.stream:
+    return EngineStreamResponse(view.events(stream), stream)
+  finals = await collect(stream, request.receive, state.metrics.observer())
+  return JSONResponse(view.response(finals))
+
+
+def _tokenize(state: ServingState, prompts: tuple[Prompt, ...]) -> list[TokenizedPrompt]:
+  result = []
+  for i, prompt in enumerate(prompts):
+    name = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+    if isinstance(prompt, str):
+      result.append(TokenizedPrompt(prompt, state.encode(prompt)))
+    else:
+      state.check_token_ids(prompt, name)
+      result.append(TokenizedPrompt(state.tokenizer.decode(prompt), list(prompt)))
+  return result
+
+
+class CompletionView:
+  """Turns engine outputs into OpenAI completion bodies and chunks."""
+
+  def __init__(self, state: ServingState, parsed: CompletionRequest, response_id: str,
+               prompts: list[TokenizedPrompt], request_ids: list[str]):
+    self.state, self.parsed, self.response_id = state, parsed, response_id
+    self.prompts = prompts
+    self.created = int(time.time())
+    self.index = {rid: i for i, rid in enumerate(request_ids)}
+    self._started: set[int] = set()
+    self._text_length: dict[int, int] = {}
+
+  def _prompt_of(self, index: int) -> TokenizedPrompt:
+    return self.prompts[index // self.parsed.params.n]
+
+  def _envelope(self, choices: list[dict]) -> dict:
+    return {"id": self.response_id, "object": "text_completion", "created": self.created,
+            "model": self.state.model_name, "choices": choices}
+
+  def usage(self, completion_tokens: int) -> dict:
+    prompt_tokens = sum(len(p.token_ids) for p in self.prompts)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+  def _num_generated(self, output: RequestOutput) -> int:
+    return 0 if self.parsed.score_only else len(output.token_ids)
+
+  # -- one delta (streaming) or everything (final) ---------------------------------------
+  def _choice(self, index: int, output: RequestOutput, *, delta: bool) -> dict | None:
+    parsed, prompt = self.parsed, self._prompt_of(index)
+    text, logprobs = "", CompletionLogprobs()
+    if parsed.echo and index not in self._started:
+      text = prompt.text
+      if parsed.logprobs is not None and output.prompt_logprobs is not None:
+        logprobs = completion_logprobs(self.state.tokenizer, prompt.token_ids,
+                                       output.prompt_logprobs, 0)
+    self._started.add(index)
+    if not parsed.score_only:
+      new_text = output.new_text if delta else output.text
+      entries = (output.new_logprobs if delta else output.logprobs) or ()
+      if parsed.logprobs is not None:
+        offset = self._text_length.get(index, 0) + len(text)
+        more = completion_logprobs(self.state.tokenizer, [e.token_id for e in entries], entries,
+                                   offset)
+        for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+          getattr(logprobs, name).extend(getattr(more, name))
+      text += new_text
+    self._text_length[index] = self._text_length.get(index, 0) + len(text)
+    finish_reason = ("length" if parsed.score_only else output.finish_reason) \
+        if output.finished else None
+    if delta and not text and finish_reason is None and not logprobs.tokens:
+      return None
+    return {"index": index, "text": text,
+            "logprobs": logprobs.to_json() if parsed.logprobs is not None else None,
+            "finish_reason": finish_reason}
+
+  def response(self, finals: dict[str, RequestOutput]) -> dict:
+    ordered = sorted(finals.items(), key=lambda item: self.index[item[0]])
+    choices = [self._choice(self.index[rid], out, delta=False) for rid, out in ordered]
+    body = self._envelope(choices)
+    body["usage"] = self.usage(sum(self._num_generated(out) for _, out in ordered))
+    return body
+
+  async def events(self, stream: OutputStream) -> AsyncIterator[str]:
+    observe = self.state.metrics.observer()
+    num_generated = 0
+    try:
+      while not stream.finished:
+        output = await stream.get()
+        observe(output)
+        choice = self._choice(self.index[output.request_id], output, delta=True)
+        if output.finished:
+          num_generated += self._num_generated(output)
+        if choice is not None:
+          yield sse_event(self._envelope([choice]))
+      if self.parsed.include_usage:
+        yield sse_event({**self._envelope([]), "usage": self.usage(num_generated)})
+    except EngineDeadError as err:
+      yield internal(str(err)).sse_event()
+    yield DONE_EVENT

@@ -1,0 +1,91 @@
+"""One HTTP call's engine requests: expansion into choices, SSE streaming and collecting.
+
+Prompts x n become engine requests whose position is the OpenAI choice index (prompt-major, as
+OpenAI numbers batch choices). With a seed, child k of a prompt uses seed + k.
+
+Disconnects: a streaming response runs the SSE writer beside a listener for `http.disconnect`
+(Starlette's StreamingResponse on ASGI spec 2.3); whatever ends the response, its requests are
+aborted afterwards. A non-streaming call waits for its outputs and for `http.disconnect` on the
+receive channel at once, and aborts when the client goes first. Either way the abort reaches the
+engine thread before its next step.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import AsyncIterator, Callable
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from jaxserve.outputs import RequestOutput
+from jaxserve.sampling_params import SamplingParams
+from jaxserve.server.async_engine import OutputStream, RequestSpec, now
+
+DONE_EVENT = "data: [DONE]\n\n"
+
+
+class ClientDisconnected(Exception):
+  """The client went away before the response was ready."""
+
+
+def sse_event(data: dict) -> str:
+  return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def expand_requests(response_id: str, prompt_ids: list[list[int]],
+                    params: SamplingParams) -> list[RequestSpec]:
+  """One spec per choice; spec i is choice i."""
+  arrival = now()
+  specs = []
+  for prompt_tokens in prompt_ids:
+    for k in range(params.n):
+      child = params.replace(n=1, seed=None if params.seed is None else params.seed + k)
+      specs.append(RequestSpec(f"{response_id}-{len(specs)}", tuple(prompt_tokens), child,
+                               arrival))
+  return specs
+
+
+class EngineStreamResponse(StreamingResponse):
+  """An SSE response that aborts its engine requests when it ends, however it ends."""
+
+  def __init__(self, events: AsyncIterator[str], stream: OutputStream):
+    super().__init__(events, media_type="text/event-stream",
+                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    self._stream = stream
+
+  async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    try:
+      await super().__call__(scope, receive, send)
+    finally:
+      self._stream.abort()
+
+
+async def collect(stream: OutputStream, receive: Receive,
+                  observe: Callable[[RequestOutput], None]) -> dict[str, RequestOutput]:
+  """Every request's final output; raises ClientDisconnected (after aborting) if the client
+  leaves first, EngineDeadError if the engine dies."""
+  async def consume() -> dict[str, RequestOutput]:
+    finals = {}
+    while not stream.finished:
+      output = await stream.get()
+      observe(output)
+      if output.finished:
+        finals[output.request_id] = output
+    return finals
+
+  async def watch() -> None:
+    while (await receive())["type"] != "http.disconnect":
+      pass
+
+  consumer = asyncio.ensure_future(consume())
+  watcher = asyncio.ensure_future(watch())
+  try:
+    await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if consumer.done():
+      return consumer.result()
+    raise ClientDisconnected()
+  finally:
+    consumer.cancel()
+    watcher.cancel()
+    stream.abort()

@@ -1,0 +1,96 @@
+"""Prometheus metrics on a per-app CollectorRegistry (no global registry, so several apps and
+tests can live in one process).
+
+Engine gauges (running/waiting requests, KV pages used/total) and counters (preemptions, XLA
+compilations) are read at scrape time from the AsyncEngine's stats snapshot by a custom
+collector. Request latencies and token counts are observed by the handlers as outputs arrive:
+time to first token, inter-token latency and end-to-end latency come from RequestOutput.metrics
+(engine clock), so they include time spent waiting in the queue.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from jaxserve.outputs import RequestOutput
+from jaxserve.server.async_engine import AsyncEngine
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                    30.0, 60.0, 120.0)
+
+
+class EngineStatsCollector(Collector):
+  def __init__(self, engine: AsyncEngine):
+    self._engine = engine
+
+  def collect(self) -> Iterator[Metric]:
+    stats = self._engine.stats
+    for name, doc, value in (
+        ("jaxserve_num_requests_running", "Requests in the running batch.", stats.num_running),
+        ("jaxserve_num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting),
+        ("jaxserve_kv_pages_used", "KV cache pages held by requests.", stats.num_used_pages),
+        ("jaxserve_kv_pages_total", "Usable KV cache pages.", stats.num_total_pages)):
+      yield GaugeMetricFamily(name, doc, value=value)
+    yield CounterMetricFamily("jaxserve_preemptions", "Requests preempted to free KV pages.",
+                              value=stats.num_preemptions)
+    yield CounterMetricFamily("jaxserve_xla_compilations", "XLA compilations since start-up.",
+                              value=stats.num_compilations)
+
+
+class ServerMetrics:
+  """The app's collectors; each HTTP call feeds its outputs to an observer()."""
+
+  def __init__(self, engine: AsyncEngine):
+    self.registry = CollectorRegistry(auto_describe=True)
+    self.registry.register(EngineStatsCollector(engine))
+    kwargs = {"registry": self.registry}
+    self.time_to_first_token = Histogram(
+        "jaxserve_time_to_first_token_seconds", "From arrival to the first generated token.",
+        buckets=_LATENCY_BUCKETS, **kwargs)
+    self.inter_token_latency = Histogram(
+        "jaxserve_inter_token_latency_seconds", "Between consecutive generated tokens.",
+        buckets=_LATENCY_BUCKETS, **kwargs)
+    self.e2e_latency = Histogram(
+        "jaxserve_e2e_request_latency_seconds", "From arrival to the request's end.",
+        buckets=_LATENCY_BUCKETS, **kwargs)
+    self.prompt_tokens = Counter("jaxserve_prompt_tokens", "Prompt tokens of finished requests.",
+                                 **kwargs)
+    self.generation_tokens = Counter("jaxserve_generation_tokens", "Generated tokens.", **kwargs)
+    self.requests_finished = Counter("jaxserve_requests_finished", "Finished requests.",
+                                     ["finish_reason"], **kwargs)
+
+  def render(self) -> bytes:
+    return generate_latest(self.registry)
+
+  def observer(self) -> OutputObserver:
+    return OutputObserver(self)
+
+
+class OutputObserver:
+  """Observes the outputs of one HTTP call's requests (it remembers each one's last token time)."""
+
+  def __init__(self, metrics: ServerMetrics):
+    self._metrics = metrics
+    self._last_token_time: dict[str, float] = {}
+
+  def __call__(self, output: RequestOutput) -> None:
+    last_token_time = self._last_token_time.get(output.request_id)
+    timing, m = output.metrics, self._metrics
+    if output.new_token_ids and timing is not None and timing.last_token_time is not None:
+      if last_token_time is None and timing.first_token_time is not None:
+        m.time_to_first_token.observe(timing.first_token_time - timing.arrival_time)
+      elif last_token_time is not None:
+        per_token = (timing.last_token_time - last_token_time) / len(output.new_token_ids)
+        for _ in output.new_token_ids:
+          m.inter_token_latency.observe(per_token)
+      self._last_token_time[output.request_id] = timing.last_token_time
+      m.generation_tokens.inc(len(output.new_token_ids))
+    if output.finished:
+      m.prompt_tokens.inc(len(output.prompt_token_ids))
+      m.requests_finished.labels(output.finish_reason or "unknown").inc()
+      if timing is not None and timing.finished_time is not None:
+        m.e2e_latency.observe(timing.finished_time - timing.arrival_time)

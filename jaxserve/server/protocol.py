@@ -1,0 +1,207 @@
+"""OpenAI request bodies -> typed requests with validated SamplingParams.
+
+Every check raises ValueError("field: message") with the body's field name, which the handlers
+turn into a 400 whose `param` is that field. Unknown fields are ignored, as OpenAI-compatible
+servers do; `null` means "the default". vLLM's extensions (top_k, min_p, repetition_penalty,
+min_tokens, ignore_eos, stop_token_ids, ...) are accepted on both endpoints.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from jaxserve.sampling_params import MAX_LOGPROBS, SamplingParams
+
+Prompt = str | tuple[int, ...]
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+
+# Body fields passed to SamplingParams as they are (SamplingParams validates the values).
+_SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty",
+                    "presence_penalty", "frequency_penalty", "min_tokens")
+_BOOL_FIELDS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+  """POST /v1/completions. max_tokens 0 (scoring) runs one token with prompt logprobs and drops
+  it: `score_only` is then True and params.max_tokens is 1."""
+  prompts: tuple[Prompt, ...]
+  params: SamplingParams
+  stream: bool
+  include_usage: bool
+  echo: bool
+  logprobs: int | None
+  score_only: bool
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+  """POST /v1/chat/completions. params.max_tokens is provisional when max_tokens is None: the
+  default (max_model_len - prompt tokens) is known only after the prompt is tokenized."""
+  messages: tuple[dict, ...]
+  params: SamplingParams
+  max_tokens: int | None
+  stream: bool
+  include_usage: bool
+  logprobs: bool
+  top_logprobs: int | None
+  add_generation_prompt: bool
+
+
+def parse_completion_request(body: Mapping) -> CompletionRequest:
+  prompts = parse_prompts(body.get("prompt"))
+  max_tokens = _optional_int(body, "max_tokens", minimum=0)
+  max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens
+  echo = _bool(body, "echo", False)
+  logprobs = _optional_int(body, "logprobs", minimum=0, maximum=MAX_LOGPROBS)
+  prompt_logprobs = logprobs if echo and logprobs is not None else None
+  score_only = max_tokens == 0
+  params = sampling_params(body, max_tokens=max(max_tokens, 1), logprobs=logprobs,
+                           prompt_logprobs=prompt_logprobs)
+  stream, include_usage = _stream_flags(body)
+  return CompletionRequest(prompts, params, stream, include_usage, echo, logprobs, score_only)
+
+
+def parse_chat_request(body: Mapping, max_model_len: int) -> ChatRequest:
+  messages = parse_messages(body.get("messages"))
+  max_tokens = _optional_int(body, "max_completion_tokens", minimum=1)
+  if max_tokens is None:
+    max_tokens = _optional_int(body, "max_tokens", minimum=1)
+  logprobs = _bool(body, "logprobs", False)
+  top_logprobs = _optional_int(body, "top_logprobs", minimum=0, maximum=MAX_LOGPROBS)
+  if top_logprobs is not None and not logprobs:
+    raise ValueError("top_logprobs: requires logprobs to be true")
+  params = sampling_params(body, max_tokens=max_tokens or max_model_len,
+                           logprobs=(top_logprobs or 0) if logprobs else None,
+                           prompt_logprobs=None)
+  stream, include_usage = _stream_flags(body)
+  return ChatRequest(messages, params, max_tokens, stream, include_usage, logprobs, top_logprobs,
+                     _bool(body, "add_generation_prompt", True))
+
+
+def sampling_params(body: Mapping, *, max_tokens: int, logprobs: int | None,
+                    prompt_logprobs: int | None) -> SamplingParams:
+  kwargs: dict = {name: body[name] for name in _SAMPLING_FIELDS if body.get(name) is not None}
+  for name in _BOOL_FIELDS:
+    if body.get(name) is not None:
+      kwargs[name] = _bool(body, name, False)
+  for name in ("n", "top_k", "seed", "min_tokens"):
+    if name in kwargs:
+      kwargs[name] = _int_value(name, kwargs[name])
+  kwargs["stop"] = parse_stop(body.get("stop"))
+  kwargs["stop_token_ids"] = _int_list(body, "stop_token_ids")
+  return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                        **kwargs)
+
+
+def parse_prompts(value: object) -> tuple[Prompt, ...]:
+  """A string, a list of strings, a list of token ids, or a list of token-id lists."""
+  if isinstance(value, str):
+    return (_text_prompt(value, "prompt"),)
+  if not isinstance(value, list) or not value:
+    raise ValueError("prompt: must be a non-empty string, list of strings, list of token ids "
+                     "or list of token-id lists")
+  if all(_is_int(t) for t in value):
+    return (tuple(value),)
+  prompts: list[Prompt] = []
+  for i, item in enumerate(value):
+    if isinstance(item, str):
+      prompts.append(_text_prompt(item, f"prompt[{i}]"))
+    elif isinstance(item, list) and item and all(_is_int(t) for t in item):
+      prompts.append(tuple(item))
+    else:
+      raise ValueError(f"prompt[{i}]: must be a non-empty string or a non-empty list of token ids")
+  return tuple(prompts)
+
+
+def parse_messages(value: object) -> tuple[dict, ...]:
+  """Chat messages as {role, content: str}; text content parts are joined."""
+  if not isinstance(value, list) or not value:
+    raise ValueError("messages: must be a non-empty list of {role, content} objects")
+  messages = []
+  for i, message in enumerate(value):
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+      raise ValueError(f"messages[{i}]: must be an object with a string `role`")
+    messages.append({"role": message["role"], "content": _content(message.get("content"), i)})
+  return tuple(messages)
+
+
+def parse_stop(value: object) -> tuple[str, ...]:
+  if value is None:
+    return ()
+  if isinstance(value, str):
+    value = [value]
+  if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
+    raise ValueError("stop: must be a non-empty string or a list of non-empty strings")
+  return tuple(value)
+
+
+def _content(value: object, index: int) -> str:
+  if value is None:
+    return ""
+  if isinstance(value, str):
+    return value
+  if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                     and isinstance(p.get("text"), str) for p in value):
+    return "".join(p["text"] for p in value)
+  raise ValueError(f"messages[{index}].content: must be a string or a list of text parts")
+
+
+def _stream_flags(body: Mapping) -> tuple[bool, bool]:
+  stream = _bool(body, "stream", False)
+  options = body.get("stream_options")
+  if options is None:
+    return stream, False
+  if not isinstance(options, dict):
+    raise ValueError("stream_options: must be an object")
+  if not stream:
+    raise ValueError("stream_options: only allowed when stream is true")
+  return stream, _bool(options, "include_usage", False, name="stream_options.include_usage")
+
+
+def _text_prompt(text: str, name: str) -> str:
+  if not text:
+    raise ValueError(f"{name}: must not be empty")
+  return text
+
+
+def _bool(body: Mapping, key: str, default: bool, name: str | None = None) -> bool:
+  value = body.get(key)
+  if value is None:
+    return default
+  if not isinstance(value, bool):
+    raise ValueError(f"{name or key}: must be a boolean, got {value!r}")
+  return value
+
+
+def _is_int(value: object) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_value(name: str, value: object) -> int:
+  if isinstance(value, float) and value.is_integer():
+    value = int(value)
+  if not _is_int(value):
+    raise ValueError(f"{name}: must be an integer, got {value!r}")
+  return value
+
+
+def _optional_int(body: Mapping, name: str, *, minimum: int,
+                  maximum: int | None = None) -> int | None:
+  value = body.get(name)
+  if value is None:
+    return None
+  value = _int_value(name, value)
+  if value < minimum or (maximum is not None and value > maximum):
+    upper = "" if maximum is None else f", <= {maximum}"
+    raise ValueError(f"{name}: must be an integer >= {minimum}{upper}, got {value!r}")
+  return value
+
+
+def _int_list(body: Mapping, name: str) -> tuple[int, ...]:
+  value = body.get(name)
+  if value is None:
+    return ()
+  if not isinstance(value, list) or not all(_is_int(t) and t >= 0 for t in value):
+    raise ValueError(f"{name}: must be a list of non-negative integers")
+  return tuple(value)

@@ -1,0 +1,88 @@
+"""What every handler shares: the engine, tokenizer, server settings, metrics and the drain flag.
+
+Admission order for a generation request: parse and validate the body (400), check the model
+(404), refuse while draining or after the engine died (503), reserve room in the waiting queue
+(429), and only then tokenize, in a thread pool so the event loop never blocks on it.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable, Mapping, TypeVar
+
+from starlette.requests import Request
+
+from jaxserve.config import ServerConfig
+from jaxserve.server.async_engine import AsyncEngine
+from jaxserve.server.errors import ApiError, not_found, queue_full, unavailable
+from jaxserve.server.metrics import ServerMetrics
+from jaxserve.tokenizer.tokenizer import Tokenizer
+
+T = TypeVar("T")
+
+
+@dataclass
+class ServingState:
+  engine: AsyncEngine
+  tokenizer: Tokenizer
+  config: ServerConfig
+  model_name: str
+  max_model_len: int
+  vocab_size: int
+  metrics: ServerMetrics
+  created: int = field(default_factory=lambda: int(time.time()))
+  draining: threading.Event = field(default_factory=threading.Event)
+  executor: ThreadPoolExecutor = field(
+      default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="jaxserve-tokenize"))
+
+  @property
+  def ready(self) -> bool:
+    return self.engine.alive and not self.draining.is_set()
+
+  def check_model(self, body: Mapping) -> None:
+    model = body.get("model")
+    if model is not None and model != self.model_name:
+      raise not_found(f"The model `{model}` does not exist; this server serves "
+                      f"`{self.model_name}`.", param="model", code="model_not_found")
+
+  @contextlib.asynccontextmanager
+  async def admit(self, num_requests: int) -> AsyncIterator[None]:
+    """Holds `num_requests` places in the waiting queue until the engine has them."""
+    if self.draining.is_set():
+      raise unavailable("the server is shutting down")
+    if not self.engine.alive:
+      raise unavailable("the engine has stopped")
+    if not self.engine.reserve(num_requests, self.config.max_waiting_requests):
+      raise queue_full(self.config.max_waiting_requests)
+    try:
+      yield
+    finally:
+      self.engine.release(num_requests)
+
+  async def run_blocking(self, fn: Callable[..., T], *args) -> T:
+    return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+  def encode(self, text: str) -> list[int]:
+    return self.tokenizer.encode(text)
+
+  def check_token_ids(self, ids: tuple[int, ...] | list[int], name: str) -> None:
+    for token_id in ids:
+      if not 0 <= token_id < self.vocab_size:
+        raise ValueError(f"{name}: token id {token_id} is out of range [0, {self.vocab_size})")
+
+
+async def read_json(request: Request) -> dict:
+  """The body as a JSON object, or a 400."""
+  raw = await request.body()
+  try:
+    body = json.loads(raw)
+  except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    raise ApiError(400, f"the body is not valid JSON: {err}") from err
+  if not isinstance(body, dict):
+    raise ApiError(400, f"the body must be a JSON object, got {type(body).__name__}")
+  return body
