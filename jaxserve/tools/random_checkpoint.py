@@ -1,0 +1,86 @@
+"""Random-weight bfloat16 Llama checkpoints with real model shapes, for throughput benchmarks.
+
+`build_random_llama(name, out_dir)` writes config.json, sharded model*.safetensors with an index,
+and the byte-level tokenizer. No torch module is built: each tensor named by `hf_tensor_specs` is
+drawn directly in bfloat16 on the fastest device (CUDA when available), copied to the host and
+written shard by shard, so an 8B checkpoint takes seconds of compute and one shard of host memory.
+Weights are N(0, 0.02) (transformers' initializer_range) with RMSNorm scales of one.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from jaxserve.models.model_config import ModelConfig, RopeScaling
+from jaxserve.models.weights import hf_tensor_specs
+from jaxserve.tools.export_hf import hf_llama_config, write_byte_tokenizer
+
+SHARD_BYTES = 4 << 30
+_LLAMA3_VOCAB = 128256
+SHAPES = {
+    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_layers=16, num_q_heads=32,
+                         num_kv_heads=8, head_dim=64, tie_word_embeddings=True, rope_factor=32.0),
+    "llama-3.1-8b": dict(hidden_size=4096, intermediate_size=14336, num_layers=32, num_q_heads=32,
+                         num_kv_heads=8, head_dim=128, tie_word_embeddings=False, rope_factor=8.0),
+}
+
+
+def random_llama_config(name: str) -> ModelConfig:
+  if name not in SHAPES:
+    raise ValueError(f"random_model: unknown {name!r} (known: {', '.join(SHAPES)})")
+  shape = dict(SHAPES[name])
+  factor = shape.pop("rope_factor")
+  return ModelConfig(
+      architecture="llama", vocab_size=_LLAMA3_VOCAB, rms_norm_eps=1e-5, rope_theta=500000.0,
+      rope_scaling=RopeScaling("llama3", factor, 1.0, 4.0, 8192), max_position_embeddings=131072,
+      bos_token_id=256, eos_token_ids=(257,), dtype="bfloat16", **shape)  # byte tokenizer ids
+
+
+def build_random_llama(name: str, out_dir: str | Path, seed: int = 0) -> Path:
+  """Writes a random-weight bfloat16 checkpoint of `name`'s shape into out_dir; returns it."""
+  import torch
+  from safetensors.torch import save_file
+
+  out_dir = Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  config = random_llama_config(name)
+  device = "cuda" if torch.cuda.is_available() else "cpu"
+  generator = torch.Generator(device=device).manual_seed(seed)
+  specs = hf_tensor_specs(config)
+  weight_map, shard, shard_bytes, shard_files = {}, {}, 0, []
+
+  def flush() -> None:
+    nonlocal shard, shard_bytes
+    if shard:
+      file = f"model-{len(shard_files) + 1:05d}.safetensors"
+      save_file(shard, str(out_dir / file), metadata={"format": "pt"})
+      shard_files.append(file)
+      weight_map.update({tensor_name: file for tensor_name in shard})
+      shard, shard_bytes = {}, 0
+
+  for spec in specs:
+    if spec.path[-1] == "scale":
+      tensor = torch.ones(spec.hf_shape, dtype=torch.bfloat16)
+    else:
+      tensor = torch.empty(spec.hf_shape, dtype=torch.bfloat16, device=device)
+      tensor.normal_(0.0, 0.02, generator=generator)
+      tensor = tensor.cpu()
+    shard[spec.hf_name] = tensor
+    shard_bytes += tensor.numel() * 2
+    if shard_bytes >= SHARD_BYTES:
+      flush()
+  flush()
+  total = sum(2 * _numel(spec.hf_shape) for spec in specs)
+  (out_dir / "model.safetensors.index.json").write_text(json.dumps(
+      {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+  hf_config = hf_llama_config(config, architectures=["LlamaForCausalLM"], dtype="bfloat16")
+  hf_config.save_pretrained(out_dir)
+  write_byte_tokenizer(out_dir)
+  return out_dir
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+  count = 1
+  for dim in shape:
+    count *= dim
+  return count
