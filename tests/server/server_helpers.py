@@ -70,3 +70,31 @@ def start_server(async_engine: AsyncEngine, engine: LLMEngine, **server_fields) 
                   model_name=engine.model_name, max_model_len=engine.max_model_len,
                   vocab_size=engine.vocab_size)
   return RunningServer(app)
+
+
+def scrape_metrics(base_url: str) -> dict[str, float]:
+  """/metrics as {sample name: value} (unlabelled samples; labelled ones keyed name{k=v})."""
+  import httpx
+  from prometheus_client.parser import text_string_to_metric_families
+
+  response = httpx.get(f"{base_url}/metrics", timeout=10)
+  response.raise_for_status()
+  values = {}
+  for family in text_string_to_metric_families(response.text):
+    for sample in family.samples:
+      labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+      values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+  return values
+
+
+def wait_for_idle(base_url: str, timeout: float = 10.0) -> dict[str, float]:
+  """Polls /metrics until nothing runs, waits or holds KV pages; returns the last scrape."""
+  deadline = time.monotonic() + timeout
+  while True:
+    values = scrape_metrics(base_url)
+    idle = (values["jaxserve_num_requests_running"] == 0
+            and values["jaxserve_num_requests_waiting"] == 0
+            and values["jaxserve_kv_pages_used"] == 0)
+    if idle or time.monotonic() > deadline:
+      return values
+    time.sleep(0.05)
