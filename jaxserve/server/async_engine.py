@@ -70,11 +70,13 @@ class OutputStream:
       self._unfinished.discard(item.request_id)
     return item
 
-  def abort(self) -> None:
-    """Aborts the group's unfinished requests (idempotent; a no-op once all finished)."""
-    if self._unfinished:
+  def abort(self) -> int:
+    """Aborts the group's unfinished requests and returns how many (0 once all finished)."""
+    count = len(self._unfinished)
+    if count:
       self._engine.abort(sorted(self._unfinished))
       self._unfinished.clear()
+    return count
 
   def _put(self, item: RequestOutput | BaseException) -> None:
     self._queue.put_nowait(item)

@@ -46,8 +46,8 @@ async def create_chat_completion(request: Request) -> Response:
       raise bad_request(err, _RENAME) from err
   view = ChatView(state, parsed, response_id, len(prompt_ids), [s.request_id for s in specs])
   if parsed.stream:
-    return EngineStreamResponse(view.events(stream), stream)
-  finals = await collect(stream, request.receive, state.metrics.observer())
+    return EngineStreamResponse(view.events(stream), stream, state.metrics)
+  finals = await collect(stream, request.receive, state.metrics)
   return JSONResponse(view.response(finals))
 
 

@@ -49,8 +49,8 @@ async def create_completion(request: Request) -> Response:
       raise bad_request(err) from err
   view = CompletionView(state, parsed, response_id, prompts, [s.request_id for s in specs])
   if parsed.stream:
-    return EngineStreamResponse(view.events(stream), stream)
-  finals = await collect(stream, request.receive, state.metrics.observer())
+    return EngineStreamResponse(view.events(stream), stream, state.metrics)
+  finals = await collect(stream, request.receive, state.metrics)
   return JSONResponse(view.response(finals))
 
 

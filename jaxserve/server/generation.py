@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -21,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.server.async_engine import OutputStream, RequestSpec, now
+from jaxserve.server.metrics import ServerMetrics
 
 DONE_EVENT = "data: [DONE]\n\n"
 
@@ -49,22 +50,25 @@ def expand_requests(response_id: str, prompt_ids: list[list[int]],
 class EngineStreamResponse(StreamingResponse):
   """An SSE response that aborts its engine requests when it ends, however it ends."""
 
-  def __init__(self, events: AsyncIterator[str], stream: OutputStream):
+  def __init__(self, events: AsyncIterator[str], stream: OutputStream, metrics: ServerMetrics):
     super().__init__(events, media_type="text/event-stream",
                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     self._stream = stream
+    self._metrics = metrics
 
   async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
     try:
       await super().__call__(scope, receive, send)
     finally:
-      self._stream.abort()
+      self._metrics.requests_aborted.inc(self._stream.abort())
 
 
 async def collect(stream: OutputStream, receive: Receive,
-                  observe: Callable[[RequestOutput], None]) -> dict[str, RequestOutput]:
+                  metrics: ServerMetrics) -> dict[str, RequestOutput]:
   """Every request's final output; raises ClientDisconnected (after aborting) if the client
   leaves first, EngineDeadError if the engine dies."""
+  observe = metrics.observer()
+
   async def consume() -> dict[str, RequestOutput]:
     finals = {}
     while not stream.finished:
@@ -88,4 +92,4 @@ async def collect(stream: OutputStream, receive: Receive,
   finally:
     consumer.cancel()
     watcher.cancel()
-    stream.abort()
+    metrics.requests_aborted.inc(stream.abort())

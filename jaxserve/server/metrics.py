@@ -62,6 +62,8 @@ class ServerMetrics:
     self.generation_tokens = Counter("jaxserve_generation_tokens", "Generated tokens.", **kwargs)
     self.requests_finished = Counter("jaxserve_requests_finished", "Finished requests.",
                                      ["finish_reason"], **kwargs)
+    self.requests_aborted = Counter(
+        "jaxserve_requests_aborted", "Requests aborted because their client went away.", **kwargs)
 
   def render(self) -> bytes:
     return generate_latest(self.registry)
