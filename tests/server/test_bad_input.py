@@ -184,3 +184,17 @@ def test_queue_full_gets_429(served, strict_server):
     stop.set()
     for thread in threads:
       thread.join(30)
+
+
+def test_draining_refuses_new_requests_but_keeps_probes(served):
+  draining = served.server.state.draining
+  draining.set()
+  try:
+    health = httpx.get(f"{served.url}/health")
+    assert health.status_code == 503 and health.json()["status"] == "draining"
+    response = _post(served.url, COMPLETIONS, {"model": MODEL, "prompt": "hi", "max_tokens": 1})
+    _assert_error(response, 503, code="service_unavailable", error_type="service_unavailable")
+    assert httpx.get(f"{served.url}/metrics").status_code == 200
+  finally:
+    draining.clear()
+  assert httpx.get(f"{served.url}/health").status_code == 200

@@ -1,0 +1,95 @@
+"""SIGTERM drains a real `jaxserve serve` process: the running stream finishes, new requests are
+refused (503 or connection refused), and the process exits 0."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import httpx
+import yaml
+
+from tests.server.server_helpers import MAX_MODEL_LEN, free_port
+
+MAX_TOKENS = 150
+
+
+def _write_config(path: str) -> None:
+  cache_dir = os.environ.get("JAXSERVE_TEST_XLA_CACHE",
+                             os.path.join(tempfile.gettempdir(), "jaxserve-test-xla-cache"))
+  config = {"model": "tiny-random", "max_model_len": MAX_MODEL_LEN,
+            "compilation_cache_dir": cache_dir,
+            "cache": {"page_size": 16, "num_pages": 256},
+            "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 64,
+                          "seq_buckets": [16], "token_buckets": [64]},
+            "server": {"drain_timeout_s": 30}}
+  with open(path, "w") as f:
+    yaml.safe_dump(config, f)
+
+
+def _wait_until_healthy(url: str, process: subprocess.Popen, timeout: float = 150) -> None:
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    assert process.poll() is None, "the server exited during start-up"
+    try:
+      if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+        return
+    except httpx.TransportError:
+      pass
+    time.sleep(0.2)
+  raise AssertionError("the server did not become healthy")
+
+
+def test_sigterm_drains_running_stream_and_exits_zero(tmp_path):
+  config_path = str(tmp_path / "server.yaml")
+  _write_config(config_path)
+  port = free_port()
+  url = f"http://127.0.0.1:{port}"
+  process = subprocess.Popen(
+      [sys.executable, "-m", "jaxserve.cli", "serve", "--config", config_path, "--port", str(port),
+       "--log-level", "WARNING"],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  try:
+    _wait_until_healthy(url, process)
+    events: list[str] = []
+    first = threading.Event()
+
+    def stream() -> None:
+      body = {"prompt": "drain me", "max_tokens": MAX_TOKENS, "temperature": 0,
+              "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+      with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+          if line:
+            events.append(line)
+            first.set()
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    assert first.wait(30)
+    process.send_signal(signal.SIGTERM)
+    num_events_at_signal = len(events)
+    time.sleep(0.05)
+    try:
+      refused = httpx.post(f"{url}/v1/completions", json={"prompt": "late", "max_tokens": 2},
+                           timeout=10)
+      assert refused.status_code == 503
+      assert refused.json()["error"]["code"] == "service_unavailable"
+    except httpx.TransportError:
+      pass  # the listening socket is already closed: connection refused
+    thread.join(60)
+    output, _ = process.communicate(timeout=60)
+  finally:
+    if process.poll() is None:
+      process.kill()
+  assert process.returncode == 0, output
+  assert events[-1] == "data: [DONE]"
+  assert len(events) > num_events_at_signal + 10  # the stream kept going after SIGTERM
+  chunks = [json.loads(e[6:]) for e in events[:-1]]
+  assert all("error" not in c for c in chunks)
+  assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+  assert chunks[-1]["usage"]["completion_tokens"] == MAX_TOKENS
