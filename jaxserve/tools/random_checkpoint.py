@@ -9,6 +9,7 @@ Weights are N(0, 0.02) (transformers' initializer_range) with RMSNorm scales of 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from jaxserve.models.model_config import ModelConfig, RopeScaling
@@ -38,16 +39,22 @@ def random_llama_config(name: str) -> ModelConfig:
 
 def build_random_llama(name: str, out_dir: str | Path, seed: int = 0) -> Path:
   """Writes a random-weight bfloat16 checkpoint of `name`'s shape into out_dir; returns it."""
+  return build_random_checkpoint(random_llama_config(name), out_dir, seed)
+
+
+def build_random_checkpoint(config: ModelConfig, out_dir: str | Path, seed: int = 0) -> Path:
+  """Writes a random-weight checkpoint of a llama `config` (its dtype) into out_dir."""
   import torch
   from safetensors.torch import save_file
 
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  config = random_llama_config(name)
+  dtype = getattr(torch, config.dtype)
   device = "cuda" if torch.cuda.is_available() else "cpu"
   generator = torch.Generator(device=device).manual_seed(seed)
   specs = hf_tensor_specs(config)
   weight_map, shard, shard_bytes, shard_files = {}, {}, 0, []
+  tensor_bytes = torch.empty((), dtype=dtype).element_size()
 
   def flush() -> None:
     nonlocal shard, shard_bytes
@@ -60,27 +67,21 @@ def build_random_llama(name: str, out_dir: str | Path, seed: int = 0) -> Path:
 
   for spec in specs:
     if spec.path[-1] == "scale":
-      tensor = torch.ones(spec.hf_shape, dtype=torch.bfloat16)
+      tensor = torch.ones(spec.hf_shape, dtype=dtype)
     else:
-      tensor = torch.empty(spec.hf_shape, dtype=torch.bfloat16, device=device)
+      tensor = torch.empty(spec.hf_shape, dtype=dtype, device=device)
       tensor.normal_(0.0, 0.02, generator=generator)
       tensor = tensor.cpu()
     shard[spec.hf_name] = tensor
-    shard_bytes += tensor.numel() * 2
+    shard_bytes += tensor.numel() * tensor.element_size()
     if shard_bytes >= SHARD_BYTES:
       flush()
   flush()
-  total = sum(2 * _numel(spec.hf_shape) for spec in specs)
+  total = sum(tensor_bytes * math.prod(spec.hf_shape) for spec in specs)
   (out_dir / "model.safetensors.index.json").write_text(json.dumps(
       {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
-  hf_config = hf_llama_config(config, architectures=["LlamaForCausalLM"], dtype="bfloat16")
+  hf_config = hf_llama_config(config, architectures=["LlamaForCausalLM"], dtype=config.dtype)
   hf_config.save_pretrained(out_dir)
   write_byte_tokenizer(out_dir)
   return out_dir
 
-
-def _numel(shape: tuple[int, ...]) -> int:
-  count = 1
-  for dim in shape:
-    count *= dim
-  return count
