@@ -1,0 +1,56 @@
+"""The examples of docs/SERVER.md run as written against the server (localhost:8000 replaced by
+the test server's address)."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+from pathlib import Path
+
+import httpx
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "SERVER.md"
+DOC_URL = "http://localhost:8000"
+CURL = re.compile(r"curl (?:-N )?http://localhost:8000(\S+) .*-d '(.*)'$")
+
+
+def _blocks(language: str) -> list[str]:
+  return re.findall(rf"```{language}\n(.*?)```", DOC.read_text(), flags=re.S)
+
+
+def _curl_commands() -> list[tuple[str, dict]]:
+  commands = []
+  for block in _blocks("bash"):
+    for command in block.replace("\\\n", " ").splitlines():
+      match = CURL.search(command.strip())
+      if match:
+        commands.append((match.group(1), json.loads(match.group(2))))
+  return commands
+
+
+def test_curl_examples(served):
+  commands = _curl_commands()
+  assert len(commands) == 5
+  for path, body in commands:
+    response = httpx.post(f"{served.url}{path}", json=body, timeout=30)
+    assert response.status_code == 200, (path, response.text)
+    if body.get("stream"):
+      lines = [line for line in response.text.splitlines() if line]
+      assert lines[-1] == "data: [DONE]"
+      assert 1 <= json.loads(lines[-2][6:])["usage"]["completion_tokens"] <= body["max_tokens"]
+    elif body.get("echo"):
+      logprobs = response.json()["choices"][0]["logprobs"]
+      assert logprobs["token_logprobs"][0] is None
+      assert all(v <= 0 for v in logprobs["token_logprobs"][1:])
+      assert response.json()["choices"][0]["text"] == body["prompt"]
+
+
+def test_openai_client_example(served):
+  (source,) = _blocks("python")
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    exec(compile(source.replace(DOC_URL, served.url), str(DOC), "exec"), {})
+  lines = out.getvalue().splitlines()
+  scored = next(line for line in lines if line.startswith("[None, "))
+  assert len(eval(scored)) > 1
