@@ -88,8 +88,6 @@ def _add_eval(subparsers) -> None:
                       help="comma-separated JSONL files, or 'builtin' for the shipped tasks")
   parser.add_argument("--limit", type=int, help="at most this many examples per task file")
   parser.add_argument("--parity-hf", action="store_true")
-  parser.add_argument("--parity-max-tokens", type=int, default=16,
-                      help="tokens generated per example in the parity check")
   parser.add_argument("--plot", action="store_true", help="also write a PNG bar chart")
   parser.add_argument("--out-dir", default="out/eval")
   parser.set_defaults(func=_run("eval_harness"))
