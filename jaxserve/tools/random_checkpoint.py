@@ -77,6 +77,8 @@ def build_random_checkpoint(config: ModelConfig, out_dir: str | Path, seed: int 
     if shard_bytes >= SHARD_BYTES:
       flush()
   flush()
+  if device == "cuda":
+    torch.cuda.empty_cache()  # the engine that loads this checkpoint wants the GPU to itself
   total = sum(tensor_bytes * math.prod(spec.hf_shape) for spec in specs)
   (out_dir / "model.safetensors.index.json").write_text(json.dumps(
       {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
