@@ -12,7 +12,7 @@ import logging
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -48,7 +48,8 @@ def build_app(engine: AsyncEngine, tokenizer: Tokenizer, config: ServerConfig, *
       Route("/metrics", metrics, methods=["GET"]),
   ]
   handlers = {ApiError: _api_error, HTTPException: _http_error, EngineDeadError: _engine_dead,
-              ClientDisconnected: _client_gone, Exception: _unexpected}
+              ClientDisconnected: _client_gone, ClientDisconnect: _client_gone,
+              Exception: _unexpected}
   app = Starlette(routes=routes, middleware=[Middleware(GuardMiddleware, state=state)],
                   exception_handlers=handlers)
   app.state.serving = state
@@ -136,7 +137,7 @@ async def _engine_dead(request: Request, err: EngineDeadError) -> Response:
   return unavailable(str(err)).response()
 
 
-async def _client_gone(request: Request, err: ClientDisconnected) -> Response:
+async def _client_gone(request: Request, err: Exception) -> Response:
   return Response(status_code=499)
 
 

@@ -52,7 +52,7 @@ class GuardMiddleware:
                        receive: Receive) -> tuple[ApiError | None, bytes | None]:
     limit = self.state.config.max_body_bytes
     length = headers.get(b"content-length")
-    if length is not None and (not length.isdigit() or int(length) > limit):
+    if length is not None and length.isdigit() and int(length) > limit:
       return body_too_large(limit), None
     chunks, size = [], 0
     while True:

@@ -198,3 +198,19 @@ def test_draining_refuses_new_requests_but_keeps_probes(served):
   finally:
     draining.clear()
   assert httpx.get(f"{served.url}/health").status_code == 200
+
+
+def test_a_stopped_engine_turns_health_and_generation_to_503(served):
+  """An app over an engine thread that is not running: probes say so, requests get 503."""
+  from jaxserve.server.async_engine import AsyncEngine
+  from tests.server.server_helpers import start_server
+
+  stopped = AsyncEngine(served.engine)  # never started, like a thread that has died
+  server = start_server(stopped, served.engine)
+  try:
+    health = httpx.get(f"{server.url}/health")
+    assert health.status_code == 503 and health.json()["status"] == "engine stopped"
+    response = _post(server.url, COMPLETIONS, {"model": MODEL, "prompt": "hi"})
+    _assert_error(response, 503, code="service_unavailable", error_type="service_unavailable")
+  finally:
+    server.stop()
