@@ -83,19 +83,23 @@ def _is_power_of_two(value: int) -> bool:
 
 def choose_tiling(num_tokens: int, num_seq_slots: int, num_q_heads: int, num_kv_heads: int,
                   head_dim: int, *, max_kv_len: int, num_cores: int = DEFAULT_NUM_CORES,
+                  large_smem: bool = True,
                   block_q: int | None = None, block_kv: int | None = None,
                   num_warps: int | None = None, num_stages: int | None = None,
                   num_kv_splits: int | None = None) -> Tiling:
-  """Defaults: 16 rows per tile for decode-only shapes (T <= S), 64 otherwise; block_kv 64 tokens
-  (32 for head_dim 256); 4 warps; 3 pipeline stages (2 for head_dim 256); KV split in up to 16
-  parts (flash decoding) only for decode-only shapes with fewer than 2 programs per core."""
+  """Defaults: 16 rows per tile for decode-only shapes (T <= S), 64 otherwise; block_kv 128
+  tokens for decode-only shapes on GPUs with Hopper-sized shared memory (large_smem; measured
+  best on an H100, docs/PERFORMANCE.md), else 64 (32 for head_dim 256); 4 warps; 3 pipeline
+  stages (2 for head_dim 256); KV split in up to 16 parts (flash decoding) only for decode-only
+  shapes with fewer than 2 programs per core."""
   group = num_q_heads // num_kv_heads
   padded_group = pl.next_power_of_2(group)
   if block_q is None:
     target_rows = MIN_DOT_ROWS if num_tokens <= num_seq_slots else 64
     block_q = max(1, target_rows // padded_group)
   if block_kv is None:
-    block_kv = 32 if head_dim > 128 else 64
+    decode_only = num_tokens <= num_seq_slots
+    block_kv = 32 if head_dim > 128 else (128 if decode_only and large_smem else 64)
   if num_kv_splits is None:
     num_kv_splits = 1
     num_programs = num_seq_slots * num_kv_heads
@@ -312,6 +316,15 @@ def _ragged_paged_attention(q, k_pages, v_pages, block_tables, seq_lens, query_s
   return out.astype(q.dtype).reshape(q.shape)
 
 
+def _has_large_smem() -> bool:
+  """Hopper and newer (compute capability >= 9) hold 3 stages of 128-token K and V tiles."""
+  capability = getattr(jax.devices()[0], "compute_capability", None)
+  try:
+    return capability is not None and float(capability) >= 9.0
+  except ValueError:
+    return False
+
+
 def _num_cores() -> int:
   device = jax.devices()[0]
   return getattr(device, "core_count", None) or DEFAULT_NUM_CORES
@@ -362,7 +375,8 @@ def ragged_paged_attention(
   num_tokens, num_q_heads, head_dim = q.shape
   tiling = choose_tiling(num_tokens, block_tables.shape[0], num_q_heads, k_pages.shape[0],
                          head_dim, max_kv_len=block_tables.shape[1] * page_size,
-                         num_cores=_num_cores(), block_q=block_q, block_kv=block_kv,
+                         num_cores=_num_cores(), large_smem=_has_large_smem(),
+                         block_q=block_q, block_kv=block_kv,
                          num_warps=num_warps, num_stages=num_stages, num_kv_splits=num_kv_splits)
   if num_tokens == 0:
     return jnp.zeros_like(q)
