@@ -1,4 +1,4 @@
-"""The examples of docs/SERVER.md run as written against the server (localhost:8000 replaced by
+"""The server examples of README.md run as written against the server (localhost:8000 replaced by
 the test server's address)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "SERVER.md"
+DOC = Path(__file__).resolve().parents[2] / "README.md"
 DOC_URL = "http://localhost:8000"
 CURL = re.compile(r"curl (?:-N )?http://localhost:8000(\S+) .*-d '(.*)'$")
 
@@ -47,7 +47,7 @@ def test_curl_examples(served):
 
 
 def test_openai_client_example(served):
-  (source,) = _blocks("python")
+  (source,) = [block for block in _blocks("python") if "OpenAI(" in block]
   out = io.StringIO()
   with contextlib.redirect_stdout(out):
     exec(compile(source.replace(DOC_URL, served.url), str(DOC), "exec"), {})
