@@ -56,7 +56,7 @@ class LLM:
     if params.n > 1 and params.seed is not None:
       params = params.replace(seed=params.seed + sample_index)
     rid = f"offline-{id(self)}-{prompt_index}-{sample_index}-{self.engine.next_request_number()}"
-    return self.engine.add_request(prompt_ids, params, request_id=rid)
+    return self.engine.add_request(prompt_ids, params, request_id=rid, stream=False)
 
   def _run(self, num_requests: int, use_tqdm: bool) -> dict[str, RequestOutput]:
     finished: dict[str, RequestOutput] = {}

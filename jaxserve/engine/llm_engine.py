@@ -90,8 +90,10 @@ class LLMEngine:
     return [int(t) for t in ids]
 
   def add_request(self, prompt: str | list[int], params: SamplingParams,
-                  request_id: str | None = None, arrival_time: float | None = None) -> str:
-    """Queues a request and returns its id. n > 1 is expanded by the callers (LLM, server)."""
+                  request_id: str | None = None, arrival_time: float | None = None,
+                  stream: bool = True) -> str:
+    """Queues a request and returns its id. n > 1 is expanded by the callers (LLM, server).
+    With stream=False, step() reports the request only once it has finished."""
     if not isinstance(params, SamplingParams):
       raise ValueError("sampling_params: must be a SamplingParams")
     request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
@@ -112,7 +114,7 @@ class LLMEngine:
         stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output,
         min_tokens=params.min_tokens)
     self._requests[request_id] = request
-    self._states[request_id] = RequestState(request, detokenizer, self.max_model_len)
+    self._states[request_id] = RequestState(request, detokenizer, self.max_model_len, stream)
     return request_id
 
   def abort_request(self, request_id: str) -> bool:
@@ -141,7 +143,7 @@ class LLMEngine:
       device_seconds = time.perf_counter() - device_start
       touched += self._process(batch, host)
       self.timings.num_steps += 1
-    outputs = [state.make_output() for state in touched]
+    outputs = [state.make_output() for state in touched if state.wants_output]
     for state in touched:
       if state.request.finished:
         self._requests.pop(state.request.request_id, None)

@@ -17,6 +17,7 @@ class RequestState:
   request: Request
   detokenizer: IncrementalDetokenizer
   max_model_len: int
+  stream: bool = True   # False: only the final output is wanted (offline API)
   logprobs: list[TokenLogprob] = field(default_factory=list)
   prompt_logprobs: list[TokenLogprob | None] | None = None
   first_scheduled_time: float | None = None
@@ -32,6 +33,8 @@ class RequestState:
   def __post_init__(self) -> None:
     if self.request.sampling_params.prompt_logprobs is not None:
       self.prompt_logprobs = [None] * self.request.num_prompt_tokens
+    # Without streaming and stop strings nobody needs text before the end: detokenize once then.
+    self._deferred_text = not self.stream and not self.request.sampling_params.stop
 
   def record_prompt_logprob(self, position: int, entry: TokenLogprob) -> None:
     """Logprob of prompt token position + 1 given tokens 0..position."""
@@ -55,19 +58,29 @@ class RequestState:
       return self._finish_text(RequestStatus.FINISHED_STOPPED, None)
     if past_min and token_id in params.stop_token_ids:
       return self._finish_text(RequestStatus.FINISHED_STOPPED, token_id)
-    delta = self.detokenizer.add_tokens([token_id])
-    self._new_text.append(delta.text)
-    if delta.stop_string is not None:
-      self.stop_reason = delta.stop_string
-      return RequestStatus.FINISHED_STOPPED
+    if not self._deferred_text:
+      delta = self.detokenizer.add_tokens([token_id])
+      self._new_text.append(delta.text)
+      if delta.stop_string is not None:
+        self.stop_reason = delta.stop_string
+        return RequestStatus.FINISHED_STOPPED
     if num_output >= params.max_tokens or request.num_tokens >= self.max_model_len:
       return self._finish_text(RequestStatus.FINISHED_LENGTH, None)
     return None
 
   def _finish_text(self, status: RequestStatus, stop_reason: str | int | None) -> RequestStatus:
+    """Ends the text; a stop token (eos or stop_token_ids) is not part of it."""
     self.stop_reason = stop_reason
+    if self._deferred_text:
+      output = self.request.output_token_ids
+      text_ids = output if status is RequestStatus.FINISHED_LENGTH else output[:-1]
+      self._new_text.append(self.detokenizer.add_tokens(text_ids).text)
     self._new_text.append(self.detokenizer.flush())
     return status
+
+  @property
+  def wants_output(self) -> bool:
+    return self.stream or self.request.status.finished
 
   def make_output(self) -> RequestOutput:
     """The cumulative state plus the delta since the last call (which it then clears)."""

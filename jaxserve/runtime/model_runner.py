@@ -3,7 +3,8 @@
 step(params, kv_pages, step_inputs) -> (kv_pages, StepOutput) is one compiled function per
 bucket: the model writes this step's K/V into the donated pages in place, attends through the
 configured backend, and samples on device. The runner pads each scheduled batch to its bucket,
-runs the step and brings the results to the host in one transfer. warmup() compiles every bucket
+sends the step inputs packed into two buffers (runtime/packing.py), runs the step and brings the
+results to the host in one transfer. warmup() compiles every bucket
 up front; after it, no batch the scheduler can produce triggers a compilation.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from jaxserve.engine.request import Request
 from jaxserve.engine.scheduled_batch import ScheduledBatch
 from jaxserve.runtime.buckets import Bucket, BucketSet
 from jaxserve.runtime.kv_cache import KVPages
+from jaxserve.runtime.packing import PackedStepInputs, pack, unpack
 from jaxserve.runtime.sampler import SampleOutput, prompt_logprobs, sample
 from jaxserve.runtime.step_inputs import (NUM_BANNED_IDS, SamplingInputs, StepInputs, StepShape,
                                           build_step_inputs)
@@ -80,7 +82,10 @@ def make_step_fn(model):
                           hidden)
     return kv_pages, StepOutput(sampled, *prompt)
 
-  return step
+  def packed_step(params, kv_pages: KVPages, packed: PackedStepInputs):
+    return step(params, kv_pages, unpack(packed))
+
+  return packed_step
 
 
 class ModelRunner:
@@ -105,7 +110,7 @@ class ModelRunner:
     return build_step_inputs(batch, requests, bucket, self.shape, self.empty_history)
 
   def execute(self, inputs: StepInputs) -> HostStepOutput:
-    self.kv_pages, out = self._step(self.params, self.kv_pages, inputs)
+    self.kv_pages, out = self._step(self.params, self.kv_pages, pack(inputs))
     want_top = bool(inputs.sampling.want_top_logprobs)
     want_prompt = bool(inputs.sampling.want_prompt_logprobs)
     fetch = [out.sample.token_ids, out.sample.logprobs]

@@ -7,6 +7,7 @@ bucket. Padding tokens write into the null page 0 and padding sequences have no 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -76,41 +77,56 @@ def build_step_inputs(batch: ScheduledBatch, requests: Mapping[str, Request], bu
                       shape: StepShape,
                       empty_history: Callable[[int], np.ndarray] | None = None) -> StepInputs:
   """Pads `batch` to `bucket`. empty_history(S) supplies the [S, H] all -1 history used when no
-  request penalizes (the runner passes a cached device array, so nothing is transferred)."""
+  request penalizes (the runner passes a cached device array, so nothing is transferred).
+  Vectorized over sequences: the per-sequence Python work is gathering their lists."""
   num_slots, num_token_slots = bucket.num_seqs, bucket.num_tokens
-  token_ids = np.zeros(num_token_slots, np.int32)
-  positions = np.zeros(num_token_slots, np.int32)
-  slot_mapping = np.zeros(num_token_slots, np.int32)
-  prompt_targets = np.full(num_token_slots, -1, np.int32)
+  seqs = batch.seqs
+  num_seqs = len(seqs)
+  q_lens = np.fromiter((len(s.token_ids) for s in seqs), np.int32, num_seqs)
+  starts = np.fromiter((s.start_position for s in seqs), np.int32, num_seqs)
+  num_live = int(q_lens.sum())
+  query_start_loc = np.full(num_slots + 1, num_live, np.int32)
+  query_start_loc[0] = 0
+  np.cumsum(q_lens, out=query_start_loc[1:num_seqs + 1])
+  seq_of_token = np.repeat(np.arange(num_seqs, dtype=np.int32), q_lens)          # [live T]
+  live_positions = (np.arange(num_live, dtype=np.int32) - query_start_loc[seq_of_token]
+                    + starts[seq_of_token])
+
+  page_counts = np.fromiter((len(s.page_ids) for s in seqs), np.int32, num_seqs)
+  flat_pages = np.fromiter(itertools.chain.from_iterable(s.page_ids for s in seqs), np.int32,
+                           int(page_counts.sum()))
+  page_rows = np.repeat(np.arange(num_seqs), page_counts)
+  page_cols = np.arange(flat_pages.size) - np.repeat(np.cumsum(page_counts) - page_counts,
+                                                     page_counts)
   block_tables = np.zeros((num_slots, shape.pages_per_seq), np.int32)
+  block_tables[page_rows, page_cols] = flat_pages
+
+  token_ids = np.zeros(num_token_slots, np.int32)
+  token_ids[:num_live] = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in seqs),
+                                     np.int32, num_live)
+  positions = np.zeros(num_token_slots, np.int32)
+  positions[:num_live] = live_positions
+  slot_mapping = np.zeros(num_token_slots, np.int32)
+  page_of_token = block_tables[seq_of_token, live_positions // shape.page_size]
+  slot_mapping[:num_live] = page_of_token * shape.page_size + live_positions % shape.page_size
   seq_lens = np.zeros(num_slots, np.int32)
-  query_start_loc = np.zeros(num_slots + 1, np.int32)
+  seq_lens[:num_seqs] = starts + q_lens
   logits_indices = np.zeros(num_slots, np.int32)
-  cursor = 0
-  for i, seq in enumerate(batch.seqs):
-    n = seq.num_tokens
-    span = slice(cursor, cursor + n)
-    token_ids[span] = seq.token_ids
-    pos = np.arange(seq.start_position, seq.seq_len, dtype=np.int32)
-    positions[span] = pos
-    pages = np.asarray(seq.page_ids, np.int32)
-    slot_mapping[span] = pages[pos // shape.page_size] * shape.page_size + pos % shape.page_size
-    block_tables[i, :len(pages)] = pages
-    seq_lens[i] = seq.seq_len
-    logits_indices[i] = cursor + n - 1
-    request = requests[seq.request_id]
+  logits_indices[:num_seqs] = query_start_loc[1:num_seqs + 1] - 1
+
+  batch_requests = [requests[s.request_id] for s in seqs]
+  prompt_targets = np.full(num_token_slots, -1, np.int32)
+  for i, request in enumerate(batch_requests):
     if request.sampling_params.prompt_logprobs is not None:
-      _fill_prompt_targets(prompt_targets[span], pos, request)
-    cursor += n
-    query_start_loc[i + 1] = cursor
-  query_start_loc[len(batch.seqs) + 1:] = cursor
+      span = slice(query_start_loc[i], query_start_loc[i + 1])
+      _fill_prompt_targets(prompt_targets[span], positions[span], request)
   metadata = AttentionMetadata(block_tables=block_tables, seq_lens=seq_lens,
                                query_start_loc=query_start_loc,
-                               num_seqs=np.array([len(batch.seqs)], np.int32))
+                               num_seqs=np.array([num_seqs], np.int32))
   return StepInputs(token_ids=token_ids, positions=positions, slot_mapping=slot_mapping,
                     prompt_target_ids=prompt_targets, logits_indices=logits_indices,
                     metadata=metadata,
-                    sampling=_sampling_inputs(batch, requests, num_slots, shape, empty_history))
+                    sampling=_sampling_inputs(batch_requests, num_slots, shape, empty_history))
 
 
 def _fill_prompt_targets(out: np.ndarray, positions: np.ndarray, request: Request) -> None:
@@ -120,32 +136,40 @@ def _fill_prompt_targets(out: np.ndarray, positions: np.ndarray, request: Reques
       out[j] = prompt[p + 1]
 
 
-def _sampling_inputs(batch: ScheduledBatch, requests: Mapping[str, Request], num_slots: int,
-                     shape: StepShape, empty_history) -> SamplingInputs:
-  temperature = np.zeros(num_slots, np.float32)
+def _sampling_row(request: Request) -> tuple:
+  """The per-request sampling scalars, cached on the request (they never change)."""
+  row = getattr(request, "_sampling_row", None)
+  if row is None:
+    p = request.sampling_params
+    row = (p.temperature, p.top_p, p.min_p, p.repetition_penalty, p.presence_penalty,
+           p.frequency_penalty, p.top_k, (request.seed ^ (request.seed >> 32)) & 0xFFFFFFFF)
+    request._sampling_row = row
+  return row
+
+
+def _sampling_inputs(batch_requests: list[Request], num_slots: int, shape: StepShape,
+                     empty_history) -> SamplingInputs:
+  num_seqs = len(batch_requests)
+  rows = [_sampling_row(r) for r in batch_requests]
+  floats = np.zeros((num_slots, 6), np.float32)
+  floats[:, 1] = 1.0  # top_p
+  floats[:, 3] = 1.0  # repetition_penalty
+  if rows:
+    floats[:num_seqs] = [row[:6] for row in rows]
   top_k = np.zeros(num_slots, np.int32)
-  top_p = np.ones(num_slots, np.float32)
-  min_p = np.zeros(num_slots, np.float32)
   seeds = np.zeros(num_slots, np.uint32)
   sample_index = np.zeros(num_slots, np.int32)
-  rep = np.ones(num_slots, np.float32)
-  presence = np.zeros(num_slots, np.float32)
-  frequency = np.zeros(num_slots, np.float32)
+  top_k[:num_seqs] = [row[6] for row in rows]
+  seeds[:num_seqs] = [row[7] for row in rows]
+  sample_index[:num_seqs] = [len(r.output_token_ids) for r in batch_requests]
   banned = np.full((num_slots, NUM_BANNED_IDS), -1, np.int32)
   penalized = []
   want_top = want_prompt = False
-  for i, seq in enumerate(batch.seqs):
-    request = requests[seq.request_id]
+  for i, request in enumerate(batch_requests):
     params = request.sampling_params
-    temperature[i], top_k[i], top_p[i], min_p[i] = (params.temperature, params.top_k,
-                                                    params.top_p, params.min_p)
-    seeds[i] = (request.seed ^ (request.seed >> 32)) & 0xFFFFFFFF
-    sample_index[i] = len(request.output_token_ids)
-    rep[i], presence[i], frequency[i] = (params.repetition_penalty, params.presence_penalty,
-                                         params.frequency_penalty)
-    if len(request.output_token_ids) < params.min_tokens:
-      ids = (() if params.ignore_eos else request.eos_token_ids) + params.stop_token_ids
-      ids = ids[:NUM_BANNED_IDS]
+    if params.min_tokens and len(request.output_token_ids) < params.min_tokens:
+      ids = ((() if params.ignore_eos else request.eos_token_ids)
+             + params.stop_token_ids)[:NUM_BANNED_IDS]
       banned[i, :len(ids)] = ids
     if params.uses_penalties:
       penalized.append((i, request))
@@ -159,10 +183,16 @@ def _sampling_inputs(batch: ScheduledBatch, requests: Mapping[str, Request], num
   for i, request in penalized:
     prompt_history[i, :request.num_prompt_tokens] = request.prompt_token_ids
     output_history[i, :len(request.output_token_ids)] = request.output_token_ids
+  if penalized and empty_history is not None:  # same kind of leaf as the cached one
+    prompt_history, output_history = jax.device_put((prompt_history, output_history))
+  temperature = np.ascontiguousarray(floats[:, 0])
   return SamplingInputs(
-      temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seeds=seeds,
-      sample_index=sample_index, repetition_penalty=rep, presence_penalty=presence,
-      frequency_penalty=frequency, prompt_history=prompt_history, output_history=output_history,
-      banned_ids=banned, any_random=np.array(bool((temperature[:batch.num_seqs] > 0).any())),
+      temperature=temperature, top_k=top_k, top_p=np.ascontiguousarray(floats[:, 1]),
+      min_p=np.ascontiguousarray(floats[:, 2]), seeds=seeds, sample_index=sample_index,
+      repetition_penalty=np.ascontiguousarray(floats[:, 3]),
+      presence_penalty=np.ascontiguousarray(floats[:, 4]),
+      frequency_penalty=np.ascontiguousarray(floats[:, 5]),
+      prompt_history=prompt_history, output_history=output_history, banned_ids=banned,
+      any_random=np.array(bool((temperature[:num_seqs] > 0).any())),
       any_penalty=np.array(bool(penalized)), want_top_logprobs=np.array(want_top),
       want_prompt_logprobs=np.array(want_prompt))
