@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> dict:
       "device_ms_per_step": 1e3 * timings.device_seconds / max(timings.num_steps, 1),
       "compilations_after_warmup": engine.ledger.num_compilations - compiled_before,
       "warmup_s": engine.warmup_seconds,
+      "per_bucket": {f"{s}x{t}": {"steps": n, "device_ms_per_step": 1e3 * sec / n}
+                     for (s, t), (n, sec) in sorted(timings.per_bucket.items())},
   }
 
 
@@ -79,6 +81,8 @@ def main(argv=None) -> int:
           ("host ms/step", f'{result["host_ms_per_step"]:.2f}'),
           ("device ms/step", f'{result["device_ms_per_step"]:.2f}'),
           ("compilations after warmup", result["compilations_after_warmup"])]
+  rows += [(f"bucket {name}", f'{b["steps"]} steps, {b["device_ms_per_step"]:.2f} device ms/step')
+           for name, b in result["per_bucket"].items()]
   width = max(len(k) for k, _ in rows)
   for key, value in rows:
     print(f"{key:<{width}}  {value}")

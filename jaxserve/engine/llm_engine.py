@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -34,6 +34,14 @@ class StepTimings:
   num_steps: int = 0
   host_seconds: float = 0.0     # scheduling, building step inputs, processing outputs
   device_seconds: float = 0.0   # the jitted step plus the device-to-host transfer
+  per_bucket: dict = field(default_factory=dict)  # (num_seqs, num_tokens) -> [steps, seconds]
+
+  def record(self, bucket: tuple[int, int], device_seconds: float) -> None:
+    self.num_steps += 1
+    self.device_seconds += device_seconds
+    entry = self.per_bucket.setdefault(bucket, [0, 0.0])
+    entry[0] += 1
+    entry[1] += device_seconds
 
 
 @dataclass(frozen=True)
@@ -141,14 +149,13 @@ class LLMEngine:
       device_start = time.perf_counter()
       host = self.runner.execute(inputs)
       device_seconds = time.perf_counter() - device_start
+      self.timings.record((inputs.bucket.num_seqs, inputs.bucket.num_tokens), device_seconds)
       touched += self._process(batch, host)
-      self.timings.num_steps += 1
     outputs = [state.make_output() for state in touched if state.wants_output]
     for state in touched:
       if state.request.finished:
         self._requests.pop(state.request.request_id, None)
         self._states.pop(state.request.request_id, None)
-    self.timings.device_seconds += device_seconds
     self.timings.host_seconds += time.perf_counter() - start - device_seconds
     return outputs
 
