@@ -70,8 +70,17 @@ def make_step_fn(model):
     sampled = sample(logits, inputs.sampling)                                   # [S] ...
 
     def with_prompt(h):
-      return prompt_logprobs(model.apply(variables, h, method=compute_logits),
-                             inputs.prompt_target_ids)
+      # in chunks of tokens, so the [chunk, vocab] logits stay small whatever the bucket
+      t = h.shape[0]
+      chunk = next(c for c in (256, 128, 64, 32, 16, 8, 4, 2, 1) if t % c == 0)
+
+      def one_chunk(args):
+        h_chunk, targets = args
+        return prompt_logprobs(model.apply(variables, h_chunk, method=compute_logits), targets)
+
+      out = jax.lax.map(one_chunk, (h.reshape(t // chunk, chunk, -1),
+                                    inputs.prompt_target_ids.reshape(t // chunk, chunk)))
+      return tuple(x.reshape(t, *x.shape[2:]) for x in out)
 
     def without_prompt(h):
       t = h.shape[0]
@@ -123,6 +132,12 @@ class ModelRunner:
     top = (next(host), next(host)) if want_top else (None, None)
     prompt = (next(host), next(host), next(host)) if want_prompt else (None, None, None)
     return HostStepOutput(token_ids, logprobs, *top, *prompt)
+
+  def temp_bytes(self, bucket: Bucket) -> int | None:
+    """Device scratch memory the compiled step of `bucket` needs, if the backend reports it."""
+    lowered = self._step.lower(self.params, self.kv_pages, pack(self.dummy_inputs(bucket)))
+    analysis = lowered.compile().memory_analysis()
+    return None if analysis is None else int(analysis.temp_size_in_bytes)
 
   def dummy_inputs(self, bucket: Bucket) -> StepInputs:
     """All-padding inputs of a bucket's shape (used to compile it)."""
