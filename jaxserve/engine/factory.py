@@ -1,12 +1,18 @@
 """Builds an LLMEngine from an EngineConfig: model, tokenizer, KV pool, scheduler, runner, warmup.
 
 Everything the server logs at start-up (model, buckets, KV pages, warmup time) is decided here.
+With tensor_parallel_size > 1, or on a multi-host job, the device side is laid out over a mesh
+(jaxserve/parallel/): params loaded into their shards, KV pages sharded by kv head, attention
+shard_mapped, and the step jitted with explicit shardings. On a multi-host job process 0 builds the
+engine and the other processes build only the runner (`build_runner`) and follow its steps.
 """
 from __future__ import annotations
 
 import logging
 import math
 import os
+from dataclasses import dataclass
+from typing import Callable
 
 import jax
 import numpy as np
@@ -18,12 +24,13 @@ from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.models.llama import LlamaForCausalLM
 from jaxserve.models.model_config import ModelConfig
-from jaxserve.models.registry import load_model
-from jaxserve.runtime.buckets import BucketSet
+from jaxserve.models.registry import LoadedModel, load_model
+from jaxserve.runtime.buckets import Bucket, BucketSet
 from jaxserve.runtime.compile_ledger import CompileLedger
 from jaxserve.runtime.kv_cache import (KVCacheSpec, allocate_kv_pages, device_memory_budget,
                                        page_bytes, plan_num_pages)
 from jaxserve.runtime.model_runner import ModelRunner
+from jaxserve.parallel.sharded_runner import StepSink
 from jaxserve.runtime.step_inputs import StepShape
 from jaxserve.tokenizer.tokenizer import load_tokenizer
 
@@ -41,10 +48,11 @@ def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> in
 
 
 def kv_cache_spec(config: EngineConfig, model_config: ModelConfig, max_model_len: int,
-                  free_bytes: int | None) -> KVCacheSpec:
+                  free_bytes: int | None, num_shards: int = 1) -> KVCacheSpec:
+  """The pool's spec; free_bytes is one device's, which holds 1/num_shards of every page."""
   page_size = config.cache.page_size
   per_page = page_bytes(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim,
-                        page_size, model_config.dtype)
+                        page_size, model_config.dtype) // num_shards
   num_pages = plan_num_pages(config.cache, per_page, free_bytes)
   if free_bytes is None and config.cache.num_pages is None and config.cache.memory_bytes is None:
     enough = config.scheduler.max_num_seqs * math.ceil(max_model_len / page_size) + 1
@@ -53,7 +61,7 @@ def kv_cache_spec(config: EngineConfig, model_config: ModelConfig, max_model_len
                      page_size, num_pages, model_config.dtype)
 
 
-def _enable_compilation_cache(directory: str | None) -> None:
+def enable_compilation_cache(directory: str | None) -> None:
   """Points JAX's persistent compilation cache at `directory` unless the process chose one."""
   if not directory or jax.config.jax_compilation_cache_dir:
     return
@@ -63,36 +71,109 @@ def _enable_compilation_cache(directory: str | None) -> None:
   logger.info("XLA compilation cache: %s", directory)
 
 
-def build_engine(config: EngineConfig, *, show_progress: bool = True) -> LLMEngine:
-  """Loads the model and tokenizer, sizes and allocates the KV pool, and compiles every bucket."""
-  _enable_compilation_cache(config.compilation_cache_dir)
-  ledger = CompileLedger().start()
-  loaded = load_model(config.model, config.dtype)
+@dataclass(frozen=True)
+class BuiltRunner:
+  """The device side of an engine: what build_runner made."""
+  model_config: ModelConfig
+  runner: ModelRunner
+  spec: KVCacheSpec
+  max_model_len: int
+
+
+def _is_sharded(config: EngineConfig) -> bool:
+  return config.tensor_parallel_size > 1 or jax.process_count() > 1
+
+
+def build_runner(config: EngineConfig, *,
+                 agree_num_pages: Callable[[int], int] | None = None,
+                 publisher: StepSink | None = None) -> BuiltRunner:
+  """Loads the model, sizes and allocates the KV pool and builds the (unwarmed) runner.
+
+  agree_num_pages(local) -> num_pages lets the hosts of a multi-host job settle on one pool size;
+  publisher.publish(inputs) runs before each step (process 0 sends the step to the other hosts)."""
+  if _is_sharded(config):
+    from jaxserve.parallel.mesh import build_mesh
+    from jaxserve.parallel.partition_rules import kv_pages_sharding
+    from jaxserve.parallel.sharded_attention import shard_attention_backend
+    from jaxserve.parallel.sharded_loading import load_model_sharded
+    from jaxserve.parallel.sharded_runner import ShardedModelRunner
+    mesh = build_mesh(config.tensor_parallel_size)
+    loaded = load_model_sharded(config.model, config.dtype, mesh)
+    backend = shard_attention_backend(get_attention_backend(config.attention_backend), mesh)
+    kv_sharding, num_shards = kv_pages_sharding(mesh), config.tensor_parallel_size
+  else:
+    loaded = load_model(config.model, config.dtype)
+    loaded = LoadedModel(loaded.config, jax.device_put(loaded.params), loaded.source)
+    backend = get_attention_backend(config.attention_backend)
+    kv_sharding, num_shards = None, 1
   model_config = loaded.config
-  tokenizer = load_tokenizer(config.model)
   max_model_len = resolve_max_model_len(config, model_config)
-  backend = get_attention_backend(config.attention_backend)
-  params = jax.device_put(loaded.params)
-  num_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
+  num_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(loaded.params))
   logger.info("model %s: %s, %.1fM params, %s, attention backend %s", config.model,
               model_config.architecture, num_params / 1e6, model_config.dtype, backend.name)
 
-  spec = kv_cache_spec(config, model_config, max_model_len, device_memory_budget())
-  kv_pages = allocate_kv_pages(spec)
-  allocator = PageAllocator(spec.num_pages, spec.page_size, config.scheduler.enable_prefix_caching)
-  logger.info("KV cache: %d pages of %d tokens (%d usable tokens, %.1f MiB), max_model_len %d",
-              spec.num_pages, spec.page_size, (spec.num_pages - 1) * spec.page_size,
-              spec.total_bytes / 2**20, max_model_len)
-
-  scheduler = Scheduler(config.scheduler, allocator, max_model_len)
   buckets = BucketSet.from_config(config.scheduler)
-  shape = StepShape(spec.page_size, math.ceil(max_model_len / spec.page_size), max_model_len)
   model = LlamaForCausalLM(model_config, backend)
-  runner = ModelRunner(model, params, kv_pages, buckets, shape)
-  logger.info("buckets: %s", buckets.describe())
+  free_bytes = device_memory_budget()
+  if free_bytes is not None and kv_sharding is None and config.cache.num_pages is None \
+      and config.cache.memory_bytes is None:
+    free_bytes -= _step_scratch_bytes(config, model_config, model, loaded.params, buckets,
+                                      max_model_len)
+  spec = kv_cache_spec(config, model_config, max_model_len, free_bytes, num_shards)
+  if agree_num_pages is not None:
+    spec = KVCacheSpec(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.page_size,
+                       agree_num_pages(spec.num_pages), spec.dtype)
+  kv_pages = allocate_kv_pages(spec, kv_sharding)
+  logger.info("KV cache: %d pages of %d tokens (%d usable tokens, %.1f MiB%s), max_model_len %d",
+              spec.num_pages, spec.page_size, (spec.num_pages - 1) * spec.page_size,
+              spec.total_bytes / 2**20, f" over {num_shards} shards" if num_shards > 1 else "",
+              max_model_len)
+  shape = StepShape(spec.page_size, math.ceil(max_model_len / spec.page_size), max_model_len)
+  if kv_sharding is None:
+    runner = ModelRunner(model, loaded.params, kv_pages, buckets, shape)
+  else:
+    runner = ShardedModelRunner(model, loaded.params, kv_pages, buckets, shape, mesh, publisher)
+  return BuiltRunner(model_config, runner, spec, max_model_len)
+
+
+def _step_scratch_bytes(config: EngineConfig, model_config: ModelConfig, model, params,
+                        buckets: BucketSet, max_model_len: int) -> int:
+  """Device scratch the largest bucket's step needs (compiled once against a 2-page pool), plus
+  a quarter for fragmentation: the KV pool is sized from what is left."""
+  page_size = config.cache.page_size
+  probe_spec = KVCacheSpec(model_config.num_layers, model_config.num_kv_heads,
+                           model_config.head_dim, page_size, 2, model_config.dtype)
+  shape = StepShape(page_size, math.ceil(max_model_len / page_size), max_model_len)
+  probe = ModelRunner(model, params, allocate_kv_pages(probe_spec), buckets, shape)
+  largest = Bucket(buckets.seq_buckets[-1], buckets.token_buckets[-1])
+  scratch = probe.temp_bytes(largest) or 0
+  logger.info("step scratch memory: %.2f GiB for bucket %s (reserved before sizing the KV pool)",
+              scratch / 2**30, largest)
+  return int(scratch * 1.25)
+
+
+def build_engine(config: EngineConfig, *, show_progress: bool = True) -> LLMEngine:
+  """Loads the model and tokenizer, sizes and allocates the KV pool, and compiles every bucket.
+  On a multi-host job this runs on process 0 and sends every step (warmup too) to the others."""
+  enable_compilation_cache(config.compilation_cache_dir)
+  ledger = CompileLedger().start()
+  publisher = None
+  if jax.process_count() > 1:
+    from jaxserve.parallel.multihost import StepPublisher, is_worker
+    if is_worker():
+      raise ValueError(f"distributed: process {jax.process_index()} is a worker; only process 0 "
+                       "builds the engine (workers run jaxserve.parallel.worker.run_worker)")
+    publisher = StepPublisher()
+  built = build_runner(config, agree_num_pages=publisher and publisher.agree_num_pages,
+                       publisher=publisher)
+  model_config, runner, spec = built.model_config, built.runner, built.spec
+  tokenizer = load_tokenizer(config.model)
+  allocator = PageAllocator(spec.num_pages, spec.page_size, config.scheduler.enable_prefix_caching)
+  scheduler = Scheduler(config.scheduler, allocator, built.max_model_len)
+  logger.info("buckets: %s", runner.buckets.describe())
   warmup_seconds = runner.warmup(show_progress=show_progress)
   eos = tuple(dict.fromkeys(tuple(model_config.eos_token_ids) + tuple(tokenizer.eos_token_ids)))
   return LLMEngine(tokenizer=tokenizer, runner=runner, scheduler=scheduler, allocator=allocator,
-                   max_model_len=max_model_len, vocab_size=model_config.vocab_size,
+                   max_model_len=built.max_model_len, vocab_size=model_config.vocab_size,
                    eos_token_ids=eos, ledger=ledger, seed=config.seed, model_name=config.model,
                    warmup_seconds=warmup_seconds)

@@ -7,6 +7,11 @@ SIGTERM or SIGINT drains: the drain flag makes new requests (and /health) 503, u
 accepting connections and waits up to server.drain_timeout_s for running responses to finish
 (then cancels them, which aborts their requests), the engine thread stops and the process exits
 with status 0.
+
+Multi-host: every host runs `jaxserve serve` with the same settings plus its --process-id (or
+--distributed alone on a Cloud TPU VM, where JAX finds the slice's hosts). All of them join the
+jax.distributed job first; process 0 then builds the engine and serves HTTP, the others run the
+worker loop (jaxserve/parallel/worker.py) and exit 0 after process 0 stops.
 """
 from __future__ import annotations
 
@@ -36,6 +41,14 @@ def register(subparsers) -> None:
   group.add_argument("--api-key", help="require `Authorization: Bearer KEY` (except on /health "
                      "and /metrics)")
   group.add_argument("--served-model-name", help="the model name clients send (default: --model)")
+  group = parser.add_argument_group("parallel")
+  group.add_argument("--tensor-parallel-size", type=int,
+                     help="shard the model over this many devices (all devices of all hosts)")
+  group.add_argument("--distributed", action="store_true",
+                     help="join a multi-host jax.distributed job (auto-detected on Cloud TPU VMs)")
+  group.add_argument("--coordinator-address", help="HOST:PORT of process 0's coordinator")
+  group.add_argument("--num-processes", type=int, help="number of hosts in the job")
+  group.add_argument("--process-id", type=int, help="this host's index, 0 serves HTTP")
   parser.set_defaults(func=serve)
 
 
@@ -55,6 +68,8 @@ class DrainingServer(uvicorn.Server):
 
 def serve(args: argparse.Namespace) -> int:
   from jaxserve.engine.factory import build_engine
+  from jaxserve.parallel.multihost import initialize_distributed, is_worker
+  from jaxserve.parallel.sharded_runner import ShardedModelRunner
   from jaxserve.server.app import build_app, serving_state
   from jaxserve.server.async_engine import AsyncEngine
 
@@ -62,7 +77,12 @@ def serve(args: argparse.Namespace) -> int:
     value = getattr(args, flag)
     if value is not None:
       args.overrides.append(f"server.{flag}={json.dumps(value)}")
+  _parallel_overrides(args)
   config = engine_config_from_args(args)
+  initialize_distributed(config.distributed)
+  if is_worker():
+    from jaxserve.parallel.worker import run_worker
+    return run_worker(config)
   server_config = config.server
   start = time.monotonic()
   engine = build_engine(config)
@@ -85,8 +105,21 @@ def serve(args: argparse.Namespace) -> int:
       signal.signal(sig, handler)
     async_engine.stop()
     state.executor.shutdown(wait=False)
+    if isinstance(engine.runner, ShardedModelRunner):
+      engine.runner.close()
   logger.info("stopped")
   return 0
+
+
+def _parallel_overrides(args: argparse.Namespace) -> None:
+  if args.tensor_parallel_size is not None:
+    args.overrides.append(f"tensor_parallel_size={args.tensor_parallel_size}")
+  if args.distributed:
+    args.overrides.append("distributed.enabled=true")
+  for flag in ("coordinator_address", "num_processes", "process_id"):
+    value = getattr(args, flag)
+    if value is not None:
+      args.overrides.append(f"distributed.{flag}={json.dumps(value)}")
 
 
 def _already_handled(sig, frame) -> None:

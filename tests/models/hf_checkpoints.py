@@ -17,6 +17,8 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 FAMILIES = ("llama", "llama3", "llama_tied", "mistral", "qwen2", "qwen3")
+# 8 kv heads, so tensor parallelism up to 8 shards whole heads (tests/parallel).
+TP_FAMILIES = ("llama_kv8", "qwen2_kv8")
 VOCAB_SIZE = 512
 TOKENIZER_VOCAB_SIZE = 400
 SPECIAL_TOKENS = ("<s>", "</s>", "<|im_start|>", "<|im_end|>")
@@ -37,6 +39,13 @@ _COMMON = dict(vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=256, nu
 
 
 def _hf_config(family: str) -> transformers.PretrainedConfig:
+  if family == "llama_kv8":
+    return transformers.LlamaConfig(**{**_COMMON, "head_dim": 16}, num_attention_heads=16,
+                                    num_key_value_heads=8, tie_word_embeddings=False,
+                                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+  if family == "qwen2_kv8":
+    return transformers.Qwen2Config(**{**_COMMON, "head_dim": 16}, num_attention_heads=8,
+                                    num_key_value_heads=8, rope_theta=1e6, tie_word_embeddings=True)
   if family in ("llama", "llama3", "llama_tied"):
     rope = ({"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
@@ -52,7 +61,7 @@ def _hf_config(family: str) -> transformers.PretrainedConfig:
   if family == "qwen3":
     return transformers.Qwen3Config(**_COMMON, num_attention_heads=4, num_key_value_heads=2,
                                     rope_theta=1e6, tie_word_embeddings=False)
-  raise ValueError(f"family: unknown {family!r} (known: {', '.join(FAMILIES)})")
+  raise ValueError(f"family: unknown {family!r} (known: {', '.join(FAMILIES + TP_FAMILIES)})")
 
 
 _MODEL_CLASSES = {"llama": transformers.LlamaForCausalLM, "mistral": transformers.MistralForCausalLM,

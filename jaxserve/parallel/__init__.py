@@ -1,0 +1,1 @@
+"""Scale-out: the device mesh, the partition rules, per-shard attention and multi-host serving."""

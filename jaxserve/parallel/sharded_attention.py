@@ -1,0 +1,45 @@
+"""Attention that runs per shard: the backend's kernels wrapped in shard_map over the kv heads.
+
+The matmuls around attention are left to XLA's SPMD partitioner, but a Pallas kernel cannot be
+partitioned by XLA, so `shard_attention_backend` returns an AttentionBackend whose write_kv and
+attend are shard_mapped over MODEL_AXIS: each device sees its own kv heads' pages
+[num_kv_heads/tp, num_pages, page_size, D], its q heads [T, num_q_heads/tp, D] (the query groups of
+those kv heads, since both projections are column-sharded by head) and the replicated metadata.
+No collective runs inside; o_proj's row-sharded matmul reduces the heads afterwards. The model
+receives this backend from the factory and stays free of sharding.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+from jax.sharding import Mesh, PartitionSpec as P
+
+from jaxserve.attention.backends import AttentionBackend
+from jaxserve.parallel.mesh import MODEL_AXIS
+from jaxserve.parallel.partition_rules import KV_PAGES_SPEC
+
+HEADS_SPEC = P(None, MODEL_AXIS, None)  # [T, heads, D]
+REPLICATED = P()
+
+
+def shard_attention_backend(backend: AttentionBackend, mesh: Mesh) -> AttentionBackend:
+  """`backend` with its kernels applied shard by shard over the mesh's kv-head axis."""
+
+  def write_kv(k_pages, v_pages, new_k, new_v, slot_mapping):
+    local = jax.shard_map(
+        backend.write_kv, mesh=mesh,
+        in_specs=(KV_PAGES_SPEC, KV_PAGES_SPEC, HEADS_SPEC, HEADS_SPEC, REPLICATED),
+        out_specs=(KV_PAGES_SPEC, KV_PAGES_SPEC), check_vma=False)
+    return local(k_pages, v_pages, new_k, new_v, slot_mapping)
+
+  def attend(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, num_seqs, **kwargs):
+    local = jax.shard_map(
+        functools.partial(backend.attend, **kwargs), mesh=mesh,
+        in_specs=(HEADS_SPEC, KV_PAGES_SPEC, KV_PAGES_SPEC) + (REPLICATED,) * 4,
+        out_specs=HEADS_SPEC, check_vma=False)
+    return local(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, num_seqs)
+
+  size = mesh.shape[MODEL_AXIS]
+  return AttentionBackend(f"{backend.name} (shard_map over {size} kv-head shards)", attend,
+                          write_kv)

@@ -1,0 +1,57 @@
+"""Loads a model's params straight into their shards.
+
+Safetensors checkpoints go through load_hf_params with a `put` that builds each global array from
+its shards (jax.make_array_from_callback): every device receives only its slice, and on several
+hosts each process fills only its own devices. Orbax checkpoints are restored with the target
+shardings in the abstract tree. The built-in tiny-random model is generated on the host and then
+laid out the same way.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from jaxserve.models.checkpoint import restore_params
+from jaxserve.models.registry import PARAMS_SUBDIR, LoadedModel, load_model
+from jaxserve.models.tiny_random import TINY_RANDOM_NAME
+from jaxserve.models.weights import (CONFIG_FILE, ParamPath, load_hf_config, load_hf_params,
+                                     param_shapes)
+from jaxserve.parallel.mesh import MODEL_AXIS, check_tensor_parallel
+from jaxserve.parallel.partition_rules import param_shardings, param_spec
+
+
+def load_model_sharded(model: str, dtype: str, mesh: Mesh) -> LoadedModel:
+  """load_model(model, dtype), with every param laid out by the partition rules over `mesh`."""
+  if model == TINY_RANDOM_NAME:
+    loaded = load_model(model, dtype)
+    check_tensor_parallel(loaded.config, mesh.shape[MODEL_AXIS])
+    shardings = param_shardings(loaded.params, mesh)
+    params = jax.tree.map(lambda x, s: _shard_host_array(np.asarray(x), s), loaded.params,
+                          shardings)
+    return LoadedModel(loaded.config, params, loaded.source)
+  path = Path(model).expanduser()
+  if not path.is_dir() or not (path / CONFIG_FILE).is_file():
+    raise ValueError(f"model: {model!r} is neither {TINY_RANDOM_NAME!r} nor a directory "
+                     f"holding {CONFIG_FILE}")
+  config = load_hf_config(path, dtype)
+  check_tensor_parallel(config, mesh.shape[MODEL_AXIS])
+  orbax_dir = path / PARAMS_SUBDIR
+  if orbax_dir.is_dir():
+    shapes = param_shapes(config)
+    like = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
+                        param_shardings(shapes, mesh))
+    return LoadedModel(config, restore_params(orbax_dir, like), f"orbax:{orbax_dir}")
+  size = mesh.shape[MODEL_AXIS]
+
+  def put(param_path: ParamPath, array: np.ndarray) -> jax.Array:
+    spec = param_spec(param_path, array.shape, size)
+    return _shard_host_array(array, jax.sharding.NamedSharding(mesh, spec))
+
+  return LoadedModel(config, load_hf_params(path, config, put=put), f"safetensors:{path}")
+
+
+def _shard_host_array(array: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
+  return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])

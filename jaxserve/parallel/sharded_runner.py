@@ -1,0 +1,73 @@
+"""The model runner of a sharded engine: the same step, jitted with explicit shardings.
+
+in_shardings are the params' own shardings (from the partition rules), the KV pages' kv-head
+sharding and replicated step inputs; out_shardings give the new pages the very sharding they came
+in with, so the donated buffers are updated in place, and replicate the sampled outputs so every
+host can read them. On a multi-host job process 0's runner publishes each step's inputs to the
+other hosts right before running it (`publisher`), which also covers warmup; close() releases
+them once serving ends.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from jaxserve.runtime.buckets import BucketSet
+from jaxserve.runtime.kv_cache import KVPages
+from jaxserve.runtime.model_runner import HostStepOutput, ModelRunner, make_step_fn
+from jaxserve.runtime.step_inputs import StepInputs, StepShape
+from jaxserve.parallel.partition_rules import replicated
+
+
+
+def constant_array(shape: tuple[int, ...], dtype: np.dtype, value: int,
+                   sharding: jax.sharding.Sharding) -> jax.Array:
+  """A filled array laid out by `sharding`, each process filling its own devices (unlike
+  device_put onto a multi-host sharding, no cross-host exchange happens)."""
+  return jax.make_array_from_callback(shape, sharding,
+                                      lambda index: np.full(shape, value, dtype)[index])
+
+
+class StepSink(Protocol):
+  """Where process 0 sends each step before running it (multihost.StepPublisher)."""
+
+  def publish(self, inputs: StepInputs) -> None: ...
+
+  def stop(self) -> None: ...
+
+
+class ShardedModelRunner(ModelRunner):
+  """ModelRunner over a mesh; `publisher.publish(inputs)` runs before every step when given."""
+
+  def __init__(self, model, params: dict, kv_pages: KVPages, buckets: BucketSet,
+               shape: StepShape, mesh: Mesh, publisher: StepSink | None = None):
+    super().__init__(model, params, kv_pages, buckets, shape)
+    self.mesh = mesh
+    self.replicated = replicated(mesh)
+    self.publisher = publisher
+    param_shardings = jax.tree.map(lambda x: x.sharding, params)
+    kv_shardings = jax.tree.map(lambda x: x.sharding, kv_pages)
+    self._step = jax.jit(make_step_fn(model), donate_argnums=(1,),
+                         in_shardings=(param_shardings, kv_shardings, self.replicated),
+                         out_shardings=(kv_shardings, self.replicated))
+
+  def empty_history(self, num_slots: int) -> jax.Array:
+    """The all -1 penalty history, replicated over the mesh (cached per slot count)."""
+    if num_slots not in self._empty_history:
+      self._empty_history[num_slots] = constant_array(
+          (num_slots, self.shape.history_len), np.dtype(np.int32), -1, self.replicated)
+    return self._empty_history[num_slots]
+
+  def execute(self, inputs: StepInputs) -> HostStepOutput:
+    if self.publisher is not None:
+      self.publisher.publish(inputs)
+    return super().execute(inputs)
+
+  def close(self) -> None:
+    """Ends the other hosts' step loops (no-op on one host)."""
+    if self.publisher is not None:
+      self.publisher.stop()
+      self.publisher = None
