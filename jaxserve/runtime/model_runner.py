@@ -101,6 +101,7 @@ class ModelRunner:
   """Owns the KV pages on device and runs the compiled step for scheduled batches."""
 
   def __init__(self, model, params, kv_pages: KVPages, buckets: BucketSet, shape: StepShape):
+    self.model = model
     self.params = params
     self.kv_pages = kv_pages
     self.buckets = buckets
