@@ -1,27 +1,29 @@
 """Ragged paged attention for TPU in Pallas Mosaic (mixed decode and prefill batches).
 
-Grid and work split. Queries are regrouped in the wrapper as q_t[num_kv_heads, T * G, head_dim]
-(G = num_q_heads // num_kv_heads, row r of a token block is token r // G, query head r % G), so the
-G query heads sharing a KV head form one matrix and every K/V page is fetched once per KV head.
-The grid is (num_kv_heads, num_q_blocks); a grid step owns `num_queries_per_block` consecutive
-tokens of one KV head, which may belong to several sequences (decodes are one token each). It walks
-a flat list of work items (sequence, kv block) - the sequences overlapping its tokens, and for each
-only the kv blocks that some of its tokens can see (causal and sliding-window bounds skip the rest).
+Grid and work split. The wrapper regroups queries as q_t[num_kv_heads, T * G, head_dim]
+(G = num_q_heads // num_kv_heads; row r of a token block is token r // G, query head r % G), so the
+G query heads sharing a KV head form one matrix and each K/V page is fetched once per KV head.
+The grid is (num_kv_heads, num_q_blocks); a step owns `num_queries_per_block` consecutive tokens of
+one KV head, which may belong to several sequences (a decode is one token). It walks a flat list of
+work items (sequence, kv block): the sequences overlapping its tokens and, for each, only the kv
+blocks some of its tokens can see (causal and sliding-window bounds skip the rest). Masks need no
+integer division: row r sees kv position p iff r >= (p - ctx_len + q_start - blk_start) * G.
 
-Memory. K/V pages stay in HBM (memory_space=ANY). An item's pages are copied page by page
-HBM -> VMEM with async DMAs into one of two VMEM slots; while an item is computed the next item's
-pages (same or next sequence) are already in flight (double buffering). Pages past the sequence or
-before the window are not copied; their stale VMEM rows are masked out of the scores and zeroed in V.
-The online softmax state (m, l in [rows, 128] lane-broadcast form, acc in [rows, head_dim]) is float32
-VMEM scratch; rows of other sequences see an all-masked block, which leaves their state unchanged.
-Every grid step starts and waits all of its own DMAs, so both grid axes are "parallel".
+Memory. K/V pages stay in HBM (memory_space=ANY) and are copied page by page HBM -> VMEM by async
+DMAs into one of two VMEM slots; while an item is computed, the next item's pages (same or next
+sequence) are in flight (double buffering). Pages past the sequence or before the window are not
+copied; their stale VMEM rows are masked out of the scores and zeroed in V. The online softmax
+state (m, l lane-broadcast to [rows, 128]; acc [rows, head_dim]) is float32 VMEM scratch; rows of
+other sequences see an all-masked block, which leaves their state exactly unchanged. A step starts
+and waits all of its own DMAs, so both grid axes are "parallel" (megacore splits them).
 
-Layout requirements (Mosaic tiling): head_dim in (64, 128, 256) (last dim: a multiple of 128 or the
-full array dim); page_size a multiple of the sublane tile (8 rows for float32, 16 for bfloat16);
-num_kv_pages_per_block * page_size a multiple of 128 (scores are lane-dense); num_queries_per_block
-* G a multiple of the sublane tile. Block tables, seq_lens, query_start_loc and num_seqs live in SMEM
-via scalar prefetch (block tables flattened to 1-D). Matmuls accumulate in float32 (HIGHEST
-precision for float32 inputs); bfloat16 probabilities are cast to bfloat16 before P @ V.
+Layout requirements (Mosaic tiling): head_dim in (64, 128, 256); page_size in (16, 32, 64) (a
+multiple of the 8-row float32 / 16-row bfloat16 sublane tile); num_kv_pages_per_block * page_size
+a multiple of 128 (lane-dense scores); num_queries_per_block * G a multiple of the sublane tile.
+block_tables (flattened), seq_lens, query_start_loc and num_seqs are scalar-prefetched into SMEM,
+so S * pages_per_seq must fit SMEM. Matmuls accumulate in float32 (HIGHEST precision for float32);
+probabilities are cast to the V dtype before P @ V. Cost note: a decode token is its own item and
+still runs the [num_queries_per_block * G, kv_block] matmul of its block, masked to its G rows.
 """
 from __future__ import annotations
 
@@ -60,7 +62,7 @@ def _lanes(x: jax.Array, width: int) -> jax.Array:
 class _SeqBlock:
   """Scalar bounds of sequence `seq_id` restricted to the token block [blk_start, blk_end)."""
 
-  def __init__(self, refs, seq_id, blk_start, blk_end, *, group, kv_block, sliding_window):
+  def __init__(self, refs, seq_id, blk_start, blk_end, *, kv_block, sliding_window):
     seq_lens_ref, query_start_ref = refs
     sid = jnp.minimum(seq_id, seq_lens_ref.shape[0] - 1)
     self.q_start = query_start_ref[sid]
@@ -76,7 +78,6 @@ class _SeqBlock:
     has_rows = self.row_lo < self.row_hi
     self.blk_hi = jnp.where(has_rows & (self.kv_hi > 0),
                             lax.div(self.kv_hi + kv_block - 1, kv_block), self.blk_lo)
-    self.group = group
 
 
 def _kernel(block_tables_ref, seq_lens_ref, query_start_ref, num_seqs_ref, first_seq_ref,
@@ -91,8 +92,7 @@ def _kernel(block_tables_ref, seq_lens_ref, query_start_ref, num_seqs_ref, first
   blk_end = blk_start + tokens_per_block
   num_seqs = jnp.minimum(num_seqs_ref[0], seq_lens_ref.shape[0])
   seq_block = functools.partial(_SeqBlock, (seq_lens_ref, query_start_ref), blk_start=blk_start,
-                                blk_end=blk_end, group=group, kv_block=kv_block,
-                                sliding_window=sliding_window)
+                                blk_end=blk_end, kv_block=kv_block, sliding_window=sliding_window)
 
   def live(seq_id):
     return (seq_id < num_seqs) & (query_start_ref[jnp.minimum(seq_id, num_seqs)] < blk_end)
@@ -221,10 +221,10 @@ def _check_block_sizes(q, k_pages, num_queries_per_block, num_kv_pages_per_block
                      f"of the {tile}-row sublane tile of {k_pages.dtype}")
   if num_kv_pages_per_block < 1 or (num_kv_pages_per_block * page_size) % NUM_LANES:
     raise ValueError(f"ragged_paged_attention: num_kv_pages_per_block: {num_kv_pages_per_block} "
-                     f"pages of {page_size} tokens is not a positive multiple of {NUM_LANES} tokens")
+                     f"pages of {page_size} tokens are not a positive multiple of {NUM_LANES}")
   if num_queries_per_block < 1 or (num_queries_per_block * group) % tile:
     raise ValueError(f"ragged_paged_attention: num_queries_per_block: {num_queries_per_block} "
-                     f"tokens x {group} heads per kv head is not a positive multiple of {tile} rows")
+                     f"tokens x {group} heads per kv head: not a positive multiple of {tile}")
 
 
 @functools.partial(jax.jit, static_argnames=(

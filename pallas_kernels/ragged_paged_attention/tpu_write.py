@@ -1,18 +1,18 @@
 """Paged KV write for TPU in Pallas Mosaic: this step's new K/V scattered into their page slots.
 
-The pages stay in HBM (memory_space=ANY) and are aliased input -> output, so under jit with donated
-pages the cache is updated in place and only the touched rows move. slot_mapping is scalar-prefetched
-into SMEM; the grid walks blocks of `num_tokens_per_block` tokens. Two paths, by cache dtype:
-* 32-bit (float32): one strided DMA per token copies its [KVH, head_dim] row of new_k (in HBM) into
-  k_pages[:, page, offset, :] (likewise V); all DMAs of a block are in flight together.
-* 16-bit (bfloat16): HBM tiles pack row pairs, so a single row at an arbitrary offset cannot be a DMA
-  target. The 16-row tile-aligned chunk holding the slot is read into VMEM, the new row (from a VMEM
-  block of new_k) is merged with a select, and the chunk is written back once the next token targets
-  another chunk: a prefill run costs one read and one write per 16 tokens, a decode token one each.
-  Requires page_size % 16 == 0.
+The pages stay in HBM (memory_space=ANY) and are aliased input -> output, so under jit with
+donated pages the cache is updated in place and only the touched rows move. slot_mapping is
+scalar-prefetched into SMEM; the grid walks blocks of `num_tokens_per_block` tokens. By cache dtype:
+* 32-bit (float32): one strided DMA per token copies its [KVH, head_dim] row of new_k (in HBM)
+  into k_pages[:, page, offset, :] (likewise V); all DMAs of a block are in flight together.
+* 16-bit (bfloat16): HBM tiles pack row pairs, so a lone row at an arbitrary offset cannot be a
+  DMA target. The 16-row tile-aligned chunk holding the slot is read into VMEM, the new row (from a
+  VMEM block of new_k) is merged with a select, and the chunk is written back once the next token
+  targets another chunk: a prefill run costs one read and one write per 16 tokens, a decode token
+  one each. Requires page_size % 16 == 0.
 Slots outside [0, num_pages * page_size) are skipped, as the reference's mode="drop" scatter does.
-Tokens sharing a slot (padding tokens all aim at the null page 0) land in an unspecified order, as in
-the reference.
+Tokens sharing a slot (padding tokens all aim at the null page 0) land in an unspecified order, as
+in the reference.
 """
 from __future__ import annotations
 

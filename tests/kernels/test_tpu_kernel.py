@@ -1,17 +1,20 @@
 """The TPU ragged paged-attention and KV-write kernels, run in Pallas TPU interpret mode on CPU.
 
 Interpret mode fills uninitialized VMEM with NaN, so stale or unfetched K/V buffer rows would show.
-Hand-computed cases pin the semantics; a fixed sample of the (head_dim, GQA ratio, page size, dtype,
-window, soft-cap) sweep compares against the pure-jnp reference on scattered pages with ragged lengths
-0, 1, a full page, one past a page, decodes mixed with prefill chunks, and a chunk that straddles
-two query blocks. Every configuration keeps the same array shapes for all its cases, so each kernel
-variant is compiled once (interpret-mode compiles dominate the runtime).
+Kernel results are blocked on before anything else is dispatched: interpret mode runs JAX ops in
+host callbacks, which can deadlock against concurrent eager dispatch on a 2-core CPU client.
+Hand-computed cases pin the semantics; a fixed sample of the (head_dim, GQA ratio, page size,
+dtype, window, soft-cap) sweep compares against the pure-jnp reference on scattered pages with
+ragged lengths 0, 1, a full page, one past a page, decodes mixed with prefill chunks, and a chunk
+that straddles two query blocks. Every configuration keeps the same array shapes for all its
+cases, so each kernel variant is compiled once (interpret-mode compiles dominate the runtime).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -48,18 +51,18 @@ class Config:
     return NUM_SEQ_SLOTS * self.pages_per_seq + 2
 
   def attend(self, *args):
-    return ragged_paged_attention(
+    return jax.block_until_ready(ragged_paged_attention(
         *args, sm_scale=SM_SCALE, sliding_window=self.sliding_window, soft_cap=self.soft_cap,
         num_queries_per_block=QUERIES_PER_BLOCK, num_kv_pages_per_block=128 // self.page_size,
-        interpret=True)
+        interpret=True))
 
   def reference(self, *args):
-    return ragged_paged_attention_reference(*args, sm_scale=SM_SCALE,
-                                            sliding_window=self.sliding_window,
-                                            soft_cap=self.soft_cap)
+    return jax.block_until_ready(ragged_paged_attention_reference(
+        *args, sm_scale=SM_SCALE, sliding_window=self.sliding_window, soft_cap=self.soft_cap))
 
 
-# Every head_dim, GQA ratio (1, 2, 4, 8, MQA with 6 heads), page size and dtype appears at least once.
+# Every head_dim, GQA ratio (1, 2, 4, 8, MQA with 6 heads), page size and dtype appears at least
+# once.
 SWEEP = (
     Config(64, 2, 2, 16, jnp.float32),
     Config(128, 2, 4, 32, jnp.bfloat16, sliding_window=20),
@@ -154,9 +157,9 @@ def test_decode_over_two_positions_by_hand():
     f"d{c.head_dim}-kv{c.num_kv_heads}-q{c.num_q_heads}-p{c.page_size}-"
     f"{jnp.dtype(c.dtype).name}-w{c.sliding_window}-cap{c.soft_cap}"))
 def test_matches_reference(config):
+  random_seed = config.head_dim + config.num_q_heads + config.page_size
   for seed, (q_lens, kv_lens) in enumerate([_edge_lengths(config.page_size),
-                                            _random_lengths(seed=config.head_dim + config.num_q_heads
-                                                                + config.page_size)]):
+                                            _random_lengths(random_seed)]):
     args = attention_args(_case(config, q_lens, kv_lens, seed=seed))
     _assert_close(config.attend(*args), config.reference(*args), config.dtype)
 
@@ -169,7 +172,7 @@ def test_write_kv_matches_reference(dtype):
   slots = np.asarray(case["slot_mapping"]).copy()
   slots[-1] = config.num_pages * config.page_size + 5   # out of range: dropped
   case["slot_mapping"] = jnp.asarray(slots)
-  got = write_kv(*write_args(case), num_tokens_per_block=8, interpret=True)
+  got = jax.block_until_ready(write_kv(*write_args(case), num_tokens_per_block=8, interpret=True))
   expected = write_kv_reference(*write_args(case))
   for got_pages, expected_pages in zip(got, expected):
     np.testing.assert_array_equal(np.asarray(got_pages, np.float32),
