@@ -29,7 +29,8 @@ for arg in args:
 """
 
 
-def _run(tmp_path: Path, *args: str, fail_on: str | None = None) -> tuple[subprocess.CompletedProcess, list]:
+def _run(tmp_path: Path, *args: str,
+         fail_on: str | None = None) -> tuple[subprocess.CompletedProcess, list]:
   bin_dir = tmp_path / "bin"
   bin_dir.mkdir(exist_ok=True)
   gcloud = bin_dir / "gcloud"

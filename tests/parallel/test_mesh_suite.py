@@ -18,7 +18,8 @@ TIMEOUT_S = 600
 @pytest.mark.skipif(jax.device_count() >= 8, reason="the mesh tests run in this process")
 def test_mesh_tests_pass_on_8_cpu_devices(tmp_path):
   env = dict(os.environ)
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+  flag = "--xla_force_host_platform_device_count=8"
+  env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}".strip()
   env["JAX_PLATFORMS"] = "cpu"
   report = tmp_path / "mesh.xml"
   result = subprocess.run(

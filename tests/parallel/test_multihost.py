@@ -37,7 +37,8 @@ max_model_len: 128
 attention_backend: xla
 compilation_cache_dir: {CACHE_DIR}
 cache: {{page_size: 16, num_pages: 64}}
-scheduler: {{max_num_seqs: 4, max_num_batched_tokens: 32, seq_buckets: [4], token_buckets: [16, 32]}}
+scheduler: {{max_num_seqs: 4, max_num_batched_tokens: 32, seq_buckets: [4],
+            token_buckets: [16, 32]}}
 """
 
 
@@ -67,7 +68,8 @@ def _wait_healthy(url: str, processes: list[subprocess.Popen]) -> None:
   while time.monotonic() < deadline:
     for p in processes:
       if p.poll() is not None:
-        raise AssertionError(f"a serve process exited with {p.returncode}:\n{p.stdout.read()[-4000:]}")
+        output = p.stdout.read()[-4000:]
+        raise AssertionError(f"a serve process exited with {p.returncode}:\n{output}")
     try:
       with urllib.request.urlopen(url, timeout=2) as response:
         if response.status == 200:
