@@ -40,11 +40,11 @@ _COMMON = dict(vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=256, nu
 
 def _hf_config(family: str) -> transformers.PretrainedConfig:
   if family == "llama_kv8":
-    return transformers.LlamaConfig(**{**_COMMON, "head_dim": 16}, num_attention_heads=16,
+    return transformers.LlamaConfig(**_COMMON, num_attention_heads=16,
                                     num_key_value_heads=8, tie_word_embeddings=False,
                                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
   if family == "qwen2_kv8":
-    return transformers.Qwen2Config(**{**_COMMON, "head_dim": 16}, num_attention_heads=8,
+    return transformers.Qwen2Config(**_COMMON, num_attention_heads=8,
                                     num_key_value_heads=8, rope_theta=1e6, tie_word_embeddings=True)
   if family in ("llama", "llama3", "llama_tied"):
     rope = ({"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,

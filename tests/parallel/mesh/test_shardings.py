@@ -10,8 +10,8 @@ from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion
 
 TP = 8
-# Flax kernels are [in, out]. llama_kv8: H=128, 16 q heads and 8 kv heads of D=16, I=256, V=512.
-H, Q_DIM, KV_DIM, INTER, VOCAB, D = 128, 256, 128, 256, 512, 16
+# Flax kernels are [in, out]. llama_kv8: H=128, 16 q heads and 8 kv heads of D=64, I=256, V=512.
+H, Q_DIM, KV_DIM, INTER, VOCAB, D = 128, 1024, 512, 256, 512, 64
 EXPECTED = {
     ("embed_tokens", "embedding"): (P("model", None), (VOCAB // TP, H)),
     ("self_attn", "q_proj", "kernel"): (P(None, "model"), (H, Q_DIM // TP)),

@@ -1,0 +1,25 @@
+"""On 2+ GPUs: with the Pallas GPU kernel running per shard under shard_map, tensor parallelism
+over 2 GPUs gives the unsharded engine's greedy tokens (and transformers'). Skipped elsewhere."""
+from __future__ import annotations
+
+import jax
+import pytest
+
+from tests.models.hf_checkpoints import TP_FAMILIES, load_hf_model
+from tests.parallel.mesh.conftest import tp_engine
+from tests.parallel.mesh.test_tp_parity import _hf_greedy, _prompts, _run
+
+pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu" or jax.device_count() < 2,
+                                reason="needs 2 GPUs")
+
+
+@pytest.mark.parametrize("family", TP_FAMILIES)
+def test_pallas_gpu_tensor_parallel_matches_unsharded(family, hf_checkpoint):
+  checkpoint = hf_checkpoint(family)
+  prompts = _prompts(seed=TP_FAMILIES.index(family))
+  with jax.default_matmul_precision("highest"):
+    results = {tp: _run(tp_engine(checkpoint, tp, attention_backend="pallas_gpu"), prompts)
+               for tp in (1, 2)}
+  assert results[2][0] == results[1][0]
+  hf_model = load_hf_model(checkpoint)
+  assert results[1][0] == [_hf_greedy(hf_model, p) for p in prompts]
