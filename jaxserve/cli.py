@@ -45,10 +45,10 @@ def _generate(args: argparse.Namespace) -> int:
   from jaxserve.sampling_params import SamplingParams
 
   config = engine_config_from_args(args)
-  llm = LLM(config.model, config=config)
   params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                           top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                           stop=tuple(args.stop or ()), ignore_eos=args.ignore_eos)
+  llm = LLM(config.model, config=config)
   prompts = args.prompt or ["Hello, my name is"]
   if args.chat:  # rendered templates carry their own special tokens
     prompts = [llm.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in prompts]

@@ -76,6 +76,9 @@ class RequestState:
       text_ids = output if status is RequestStatus.FINISHED_LENGTH else output[:-1]
       self._new_text.append(self.detokenizer.add_tokens(text_ids).text)
     self._new_text.append(self.detokenizer.flush())
+    if self.detokenizer.stop_string is not None:  # completed only by the text flushed at the end
+      self.stop_reason = self.detokenizer.stop_string
+      return RequestStatus.FINISHED_STOPPED
     return status
 
   @property

@@ -84,7 +84,7 @@ def _random_sample(logits: jax.Array, s: SamplingInputs) -> jax.Array:
 
 def sample(logits: jax.Array, s: SamplingInputs) -> SampleOutput:
   """logits f32[S, V] (one row per sequence slot) -> sampled ids and logprobs."""
-  raw_logprobs = jax.nn.log_softmax(logits, axis=-1)                    # [S, V]
+  raw_logits = logits
   logits = jax.lax.cond(s.any_penalty, apply_penalties, lambda x, _: x, logits, s)
   rows = jnp.arange(logits.shape[0])[:, None]
   banned = jnp.where(s.banned_ids < 0, logits.shape[-1], s.banned_ids)
@@ -92,11 +92,15 @@ def sample(logits: jax.Array, s: SamplingInputs) -> SampleOutput:
   greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
   sampled = jax.lax.cond(s.any_random, _random_sample, lambda x, _: greedy, logits, s)
   token_ids = jnp.where(s.temperature > 0, sampled, greedy)
-  token_logprobs = jnp.take_along_axis(raw_logprobs, token_ids[:, None], axis=-1)[:, 0]
+  # logprob of the sampled token under the raw distribution, without a [S, V] log_softmax
+  log_normalizer = jax.nn.logsumexp(raw_logits, axis=-1)                  # [S]
+  token_logprobs = (jnp.take_along_axis(raw_logits, token_ids[:, None], axis=-1)[:, 0]
+                    - log_normalizer)
   top_logprobs, top_ids = jax.lax.cond(
-      s.want_top_logprobs, lambda x: tuple(jax.lax.top_k(x, MAX_LOGPROBS)),
+      s.want_top_logprobs,
+      lambda x: tuple(jax.lax.top_k(jax.nn.log_softmax(x, axis=-1), MAX_LOGPROBS)),
       lambda x: (jnp.zeros((x.shape[0], MAX_LOGPROBS), x.dtype),
-                 jnp.zeros((x.shape[0], MAX_LOGPROBS), jnp.int32)), raw_logprobs)
+                 jnp.zeros((x.shape[0], MAX_LOGPROBS), jnp.int32)), raw_logits)
   return SampleOutput(token_ids, token_logprobs, top_ids.astype(jnp.int32), top_logprobs)
 
 

@@ -1,0 +1,135 @@
+"""Tensor-parallel serving on several GPUs: greedy tokens with tp=N against tp=1, decode step time
+at a fixed batch, and the all-reduce time per step measured on its own.
+
+    NCCL_NVLS_ENABLE=0 python scripts/bench_tp.py --model /tmp/llama8b --tp 1,2 --batch 128
+
+The model is any checkpoint directory (e.g. a Llama-3.1-8B-shaped random bfloat16 one built with
+jaxserve.tools.random_checkpoint). Prints a table and writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jaxserve.config import CacheConfig, EngineConfig, SchedulerConfig
+from jaxserve.engine.factory import build_engine
+from jaxserve.sampling_params import SamplingParams
+
+
+def engine_config(model: str, tp: int, batch: int, context: int, decode_steps: int,
+                  page_size: int = 16) -> EngineConfig:
+  max_len = context + decode_steps + 320  # room for the parity prompts (up to 275 tokens)
+  num_pages = batch * (max_len // page_size + 2) + 64
+  return EngineConfig(
+      model=model, dtype="bfloat16", max_model_len=max_len, tensor_parallel_size=tp,
+      cache=CacheConfig(page_size=page_size, num_pages=num_pages),
+      scheduler=SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=2048,
+                                enable_prefix_caching=False,
+                                seq_buckets=tuple(sorted({min(8, batch), batch})),
+                                token_buckets=(batch, 2048) if batch < 2048 else (batch,)))
+
+
+def greedy_tokens(engine, prompts: list[list[int]], num_new: int) -> list[tuple[int, ...]]:
+  params = SamplingParams(temperature=0.0, max_tokens=num_new, ignore_eos=True)
+  for i, prompt in enumerate(prompts):
+    engine.add_request(prompt, params, request_id=f"parity-{i}")
+  done = {}
+  while engine.has_unfinished_requests():
+    for out in engine.step():
+      if out.finished:
+        done[out.request_id] = out.token_ids
+  return [done[f"parity-{i}"] for i in range(len(prompts))]
+
+
+def decode_ms_per_step(engine, batch: int, context: int, decode_steps: int, vocab: int) -> float:
+  rng = np.random.default_rng(1)
+  params = SamplingParams(temperature=0.0, max_tokens=decode_steps + 1, ignore_eos=True)
+  for i in range(batch):
+    engine.add_request(rng.integers(0, vocab, context).tolist(), params, request_id=f"dec-{i}")
+  bucket = (batch, batch)
+  before = None
+  while engine.has_unfinished_requests():
+    engine.step()
+    requests = engine._requests
+    if before is None and requests and all(r.output_token_ids for r in requests.values()):
+      before = list(engine.timings.per_bucket.get(bucket, [0, 0.0]))
+  steps, seconds = engine.timings.per_bucket[bucket]
+  steps, seconds = steps - before[0], seconds - before[1]
+  return 1e3 * seconds / steps
+
+
+def all_reduce_ms(tp: int, batch: int, hidden: int, num_layers: int, reps: int = 20) -> float:
+  """Two all-reduces of [batch, hidden] bfloat16 per layer (after attention and after the MLP)."""
+  mesh = Mesh(np.array(jax.devices()[:tp]), ("model",))
+  x = jax.device_put(jnp.ones((tp * batch, hidden), jnp.bfloat16),
+                     NamedSharding(mesh, P("model")))
+  reduce = jax.shard_map(lambda a: jax.lax.psum(a, "model"), mesh=mesh, in_specs=P("model"),
+                         out_specs=P("model"))
+
+  @jax.jit
+  def loop(x):
+    return jax.lax.fori_loop(0, 2 * num_layers, lambda i, y: reduce(y) * 0.5, x)
+
+  loop(x).block_until_ready()
+  samples = []
+  for _ in range(reps):
+    start = time.perf_counter()
+    loop(x).block_until_ready()
+    samples.append(time.perf_counter() - start)
+  return 1e3 * statistics.median(samples)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--model", required=True)
+  parser.add_argument("--tp", default="1,2")
+  parser.add_argument("--batch", type=int, default=128)
+  parser.add_argument("--context", type=int, default=512)
+  parser.add_argument("--decode-steps", type=int, default=32)
+  parser.add_argument("--parity-tokens", type=int, default=32)
+  parser.add_argument("--out", default="out/bench_tp.json")
+  args = parser.parse_args()
+  rows, reference = [], None
+  prompts = [np.random.default_rng(i).integers(0, 250, 16 + 37 * i).tolist() for i in range(8)]
+  for tp in [int(v) for v in args.tp.split(",")]:
+    engine = build_engine(engine_config(args.model, tp, args.batch, args.context,
+                                        args.decode_steps), show_progress=False)
+    tokens = greedy_tokens(engine, prompts, args.parity_tokens)
+    reference = tokens if reference is None else reference
+    model_config = engine.runner.model.config
+    row = {"tp": tp, "device": jax.devices()[0].device_kind, "jax": jax.__version__,
+           "tokens_equal_tp1": tokens == reference,
+           "num_compilations": engine.ledger.num_compilations,
+           "decode_ms_per_step": decode_ms_per_step(engine, args.batch, args.context,
+                                                    args.decode_steps,
+                                                    min(1000, model_config.vocab_size)),
+           "all_reduce_ms_per_step": (all_reduce_ms(tp, args.batch, model_config.hidden_size,
+                                                    model_config.num_layers)
+                                      if tp > 1 else 0.0),
+           }
+    rows.append(row)
+    del engine
+    gc.collect()
+  out = Path(args.out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.write_text(json.dumps({"batch": args.batch, "context": args.context, "rows": rows},
+                            indent=2))
+  print(f"batch {args.batch}, context {args.context}")
+  print(f"{'tp':>3} {'decode ms/step':>15} {'all-reduce ms/step':>19} {'tokens == tp1':>14}")
+  for row in rows:
+    print(f"{row['tp']:>3} {row['decode_ms_per_step']:>15.2f} "
+          f"{row['all_reduce_ms_per_step']:>19.2f} {str(row['tokens_equal_tp1']):>14}")
+  print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+  main()

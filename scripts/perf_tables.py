@@ -1,0 +1,73 @@
+"""Renders benchmark JSON files (scripts/bench_kernels.py, jaxserve bench throughput,
+scripts/bench_offline.py) as the Markdown tables of docs/PERFORMANCE.md.
+
+    python scripts/perf_tables.py docs/results/bench_kernels_h100.json
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def kernels(data: dict, label: str = "ours") -> str:
+  lines = [f"Device: {data['device']}, JAX {data['jax']}, copy ceiling "
+           f"{data['copy_gbps']:.0f} GB/s (read + write).", "",
+           "| case | ours µs | ours KV GB/s | % of copy | bundled µs | XLA gather µs | "
+           "ours / bundled | ours / XLA | max abs err (ours) |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  for case in data["cases"]:
+    t = case["time_us"]
+    ours = t.get(label)
+    if ours is None:
+      continue
+    bundled, xla = t.get("bundled"), t.get("xla")
+    fmt = lambda v: "—" if v is None else f"{v:.1f}"
+    ratio = lambda v: "—" if v is None else f"{v / ours:.2f}x"
+    lines.append(f"| {case['name']} | {ours:.1f} | {case['kv_gbps'][label]:.0f} | "
+                 f"{case['pct_of_copy'][label]:.0f}% | {fmt(bundled)} | {fmt(xla)} | "
+                 f"{ratio(bundled)} | {ratio(xla)} | {case['max_abs_error'][label]:.1e} |")
+  return "\n".join(lines)
+
+
+def throughput(data: dict) -> str:
+  ours, hf = data["jaxserve"], data.get("transformers")
+  lines = ["| engine | device | elapsed s | output tok/s | total tok/s |", "|---|---|---:|---:|---:|",
+           f"| jaxserve | {ours['device']} | {ours['elapsed_s']:.2f} | "
+           f"{ours['output_tokens_per_s']:.0f} | {ours['total_tokens_per_s']:.0f} |"]
+  if hf:
+    lines.append(f"| transformers {hf['transformers']} generate (batch {hf['batch_size']}) | "
+                 f"{hf['device']} | {hf['elapsed_s']:.2f} | {hf['output_tokens_per_s']:.0f} | "
+                 f"{hf['total_tokens_per_s']:.0f} |")
+    lines += ["", f"jaxserve / transformers output throughput: "
+              f"**{data['speedup_vs_transformers']:.2f}x**"]
+  return "\n".join(lines)
+
+
+def offline(data: dict) -> str:
+  lines = ["| metric | value |", "|---|---:|"]
+  for key in ("output_tokens_per_s", "total_tokens_per_s", "steps_per_s", "host_ms_per_step",
+              "device_ms_per_step", "compilations_after_warmup"):
+    value = data[key]
+    lines.append(f"| {key} | {value:.2f} |" if isinstance(value, float) else f"| {key} | {value} |")
+  for name, bucket in data.get("per_bucket", {}).items():
+    lines.append(f"| bucket {name}: steps / device ms per step | {bucket['steps']} / "
+                 f"{bucket['device_ms_per_step']:.2f} |")
+  return "\n".join(lines)
+
+
+def main(paths: list[str]) -> int:
+  for path in paths:
+    data = json.load(open(path))
+    print(f"<!-- {path} -->")
+    if "cases" in data:
+      print(kernels(data))
+    elif "jaxserve" in data:
+      print(throughput(data))
+    else:
+      print(offline(data))
+    print()
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
