@@ -22,8 +22,9 @@ states. The default turns it on only for decode-only shapes (T <= S) with fewer 
 programs per streaming multiprocessor, e.g. batch 8 x 8 kv heads on an H100.
 
 Defaults (`choose_tiling`): block_q = 16 // next_pow2(group) tokens for decode-only shapes
-(T <= S) and 64 // next_pow2(group) otherwise (at least 1); block_kv = 64 tokens (32 for
-head_dim 256), 4 warps, 3 pipeline stages (2 for head_dim 256).
+(T <= S) and 64 // next_pow2(group) otherwise (at least 1); block_kv = 128 tokens for
+decode-only shapes on Hopper, else 64 (32 for head_dim 256), 4 warps, 3 pipeline stages (2 for
+head_dim 256). See gpu_tiling.py.
 
 Why Triton rather than Mosaic GPU: the Triton lowering runs on Ampere and Hopper, takes
 per-element pointer gathers (the per-token page lookup), masked loads and data-dependent loop
