@@ -26,11 +26,11 @@ from jaxserve.sampling_params import SamplingParams
 
 
 def engine_config(model: str, tp: int, batch: int, context: int, decode_steps: int,
-                  page_size: int = 16) -> EngineConfig:
+                  page_size: int = 16, dtype: str = "bfloat16") -> EngineConfig:
   max_len = context + decode_steps + 320  # room for the parity prompts (up to 275 tokens)
   num_pages = batch * (max_len // page_size + 2) + 64
   return EngineConfig(
-      model=model, dtype="bfloat16", max_model_len=max_len, tensor_parallel_size=tp,
+      model=model, dtype=dtype, max_model_len=max_len, tensor_parallel_size=tp,
       cache=CacheConfig(page_size=page_size, num_pages=num_pages),
       scheduler=SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=2048,
                                 enable_prefix_caching=False,
@@ -38,16 +38,23 @@ def engine_config(model: str, tp: int, batch: int, context: int, decode_steps: i
                                 token_buckets=(batch, 2048) if batch < 2048 else (batch,)))
 
 
-def greedy_tokens(engine, prompts: list[list[int]], num_new: int) -> list[tuple[int, ...]]:
+def greedy_tokens(engine, prompts: list[list[int]], num_new: int
+                  ) -> tuple[list[tuple[int, ...]], np.ndarray]:
+  """Greedy tokens of each prompt, and the prompt logprobs of all prompts concatenated."""
   params = SamplingParams(temperature=0.0, max_tokens=num_new, ignore_eos=True)
+  scoring = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
   for i, prompt in enumerate(prompts):
     engine.add_request(prompt, params, request_id=f"parity-{i}")
+    engine.add_request(prompt, scoring, request_id=f"score-{i}")
   done = {}
   while engine.has_unfinished_requests():
     for out in engine.step():
       if out.finished:
-        done[out.request_id] = out.token_ids
-  return [done[f"parity-{i}"] for i in range(len(prompts))]
+        done[out.request_id] = out
+  tokens = [done[f"parity-{i}"].token_ids for i in range(len(prompts))]
+  logprobs = np.concatenate([[e.logprob for e in done[f"score-{i}"].prompt_logprobs[1:]]
+                             for i in range(len(prompts))])
+  return tokens, logprobs
 
 
 def decode_ms_per_step(engine, batch: int, context: int, decode_steps: int, vocab: int) -> float:
@@ -96,22 +103,29 @@ def main() -> None:
   parser.add_argument("--context", type=int, default=512)
   parser.add_argument("--decode-steps", type=int, default=32)
   parser.add_argument("--parity-tokens", type=int, default=32)
+  parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+  parser.add_argument("--skip-decode", action="store_true", help="parity only, no timings")
   parser.add_argument("--out", default="out/bench_tp.json")
   args = parser.parse_args()
-  rows, reference = [], None
+  rows, reference, reference_logprobs = [], None, None
   prompts = [np.random.default_rng(i).integers(0, 250, 16 + 37 * i).tolist() for i in range(8)]
   for tp in [int(v) for v in args.tp.split(",")]:
     engine = build_engine(engine_config(args.model, tp, args.batch, args.context,
-                                        args.decode_steps), show_progress=False)
-    tokens = greedy_tokens(engine, prompts, args.parity_tokens)
-    reference = tokens if reference is None else reference
+                                        args.decode_steps, dtype=args.dtype), show_progress=False)
+    tokens, logprobs = greedy_tokens(engine, prompts, args.parity_tokens)
+    if reference is None:
+      reference, reference_logprobs = tokens, logprobs
+    first_diffs = [next((j for j, (a, b) in enumerate(zip(t, r)) if a != b), None)
+                   for t, r in zip(tokens, reference)]
     model_config = engine.runner.model.config
     row = {"tp": tp, "device": jax.devices()[0].device_kind, "jax": jax.__version__,
-           "tokens_equal_tp1": tokens == reference,
+           "dtype": args.dtype, "tokens_equal_tp1": tokens == reference,
+           "first_differing_token": first_diffs,
+           "max_prompt_logprob_diff_vs_tp1": float(np.abs(logprobs - reference_logprobs).max()),
            "num_compilations": engine.ledger.num_compilations,
-           "decode_ms_per_step": decode_ms_per_step(engine, args.batch, args.context,
-                                                    args.decode_steps,
-                                                    min(1000, model_config.vocab_size)),
+           "decode_ms_per_step": (None if args.skip_decode else decode_ms_per_step(
+               engine, args.batch, args.context, args.decode_steps,
+               min(1000, model_config.vocab_size))),
            "all_reduce_ms_per_step": (all_reduce_ms(tp, args.batch, model_config.hidden_size,
                                                     model_config.num_layers)
                                       if tp > 1 else 0.0),
@@ -124,10 +138,14 @@ def main() -> None:
   out.write_text(json.dumps({"batch": args.batch, "context": args.context, "rows": rows},
                             indent=2))
   print(f"batch {args.batch}, context {args.context}")
-  print(f"{'tp':>3} {'decode ms/step':>15} {'all-reduce ms/step':>19} {'tokens == tp1':>14}")
+  print(f"{'tp':>3} {'dtype':>9} {'decode ms/step':>15} {'all-reduce ms/step':>19} "
+        f"{'tokens == tp1':>14} {'max logprob diff':>17}")
   for row in rows:
-    print(f"{row['tp']:>3} {row['decode_ms_per_step']:>15.2f} "
-          f"{row['all_reduce_ms_per_step']:>19.2f} {str(row['tokens_equal_tp1']):>14}")
+    decode = row["decode_ms_per_step"]
+    print(f"{row['tp']:>3} {row['dtype']:>9} {'-' if decode is None else f'{decode:.2f}':>15} "
+          f"{row['all_reduce_ms_per_step']:>19.2f} {str(row['tokens_equal_tp1']):>14} "
+          f"{row['max_prompt_logprob_diff_vs_tp1']:>17.2e}")
+    print(f"    first differing token per prompt: {row['first_differing_token']}")
   print(f"wrote {out}")
 
 
