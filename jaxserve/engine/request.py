@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field
 
 from jaxserve.sampling_params import SamplingParams
@@ -59,3 +60,11 @@ class Request:
   @property
   def finished(self) -> bool:
     return self.status.finished
+
+  @functools.cached_property
+  def sampling_row(self) -> tuple:
+    """The per-request sampling scalars the step inputs need every step (they never change):
+    temperature, top_p, min_p, repetition, presence and frequency penalties, top_k, 32-bit seed."""
+    p = self.sampling_params
+    return (p.temperature, p.top_p, p.min_p, p.repetition_penalty, p.presence_penalty,
+            p.frequency_penalty, p.top_k, (self.seed ^ (self.seed >> 32)) & 0xFFFFFFFF)

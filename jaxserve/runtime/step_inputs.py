@@ -136,21 +136,10 @@ def _fill_prompt_targets(out: np.ndarray, positions: np.ndarray, request: Reques
       out[j] = prompt[p + 1]
 
 
-def _sampling_row(request: Request) -> tuple:
-  """The per-request sampling scalars, cached on the request (they never change)."""
-  row = getattr(request, "_sampling_row", None)
-  if row is None:
-    p = request.sampling_params
-    row = (p.temperature, p.top_p, p.min_p, p.repetition_penalty, p.presence_penalty,
-           p.frequency_penalty, p.top_k, (request.seed ^ (request.seed >> 32)) & 0xFFFFFFFF)
-    request._sampling_row = row
-  return row
-
-
 def _sampling_inputs(batch_requests: list[Request], num_slots: int, shape: StepShape,
                      empty_history) -> SamplingInputs:
   num_seqs = len(batch_requests)
-  rows = [_sampling_row(r) for r in batch_requests]
+  rows = [r.sampling_row for r in batch_requests]
   floats = np.zeros((num_slots, 6), np.float32)
   floats[:, 1] = 1.0  # top_p
   floats[:, 3] = 1.0  # repetition_penalty
