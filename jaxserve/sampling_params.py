@@ -6,7 +6,7 @@ server report bad input the same way.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 MAX_LOGPROBS = 20
 

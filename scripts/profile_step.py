@@ -10,7 +10,6 @@ import statistics
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxserve.cli import add_engine_args, engine_config_from_args
@@ -60,7 +59,6 @@ def main() -> None:
   runner = engine.runner
   batch = engine.scheduler.schedule()
   inputs = runner.prepare(batch, engine._requests)
-  packed = pack(inputs)
   model = runner.model
   compute_logits = type(model).compute_logits
   variables = {"params": runner.params}

@@ -7,7 +7,6 @@ Leaves that are already device arrays (the cached empty penalty history) pass th
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import jax

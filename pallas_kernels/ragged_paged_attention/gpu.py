@@ -47,8 +47,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels.ragged_paged_attention.gpu_tiling import (Tiling, choose_tiling,
-                                                               has_large_smem, num_cores,
-                                                               validate_tiling)
+                                                               has_large_smem, num_cores)
 from pallas_kernels.ragged_paged_attention.gpu_write import triton_compiler_params, write_kv
 from pallas_kernels.ragged_paged_attention.reference import MASK_VALUE
 from pallas_kernels.ragged_paged_attention.validate import (SUPPORTED_HEAD_DIMS,

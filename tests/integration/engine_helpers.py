@@ -5,6 +5,7 @@ from jaxserve.config import CacheConfig, EngineConfig, SchedulerConfig
 from jaxserve.engine.factory import build_engine
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.outputs import RequestOutput
+from jaxserve.sampling_params import SamplingParams
 
 
 def small_config(model: str = "tiny-random", *, num_pages: int = 256, page_size: int = 16,
@@ -36,3 +37,29 @@ def run_to_completion(engine: LLMEngine, max_steps: int = 100_000) -> dict[str, 
       if output.finished:
         finished[output.request_id] = output
   raise AssertionError(f"engine did not finish within {max_steps} steps")
+
+
+def generate_and_score(engine: LLMEngine, prompts: list[list[int]], num_new: int
+                       ) -> tuple[list[list[int]], list[list[float]]]:
+  """Greedy tokens of every prompt and the prompt's logprobs (positions 1..), in one batch."""
+  greedy = SamplingParams(temperature=0.0, max_tokens=num_new, ignore_eos=True)
+  scoring = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+  for i, prompt in enumerate(prompts):
+    engine.add_request(prompt, greedy, request_id=f"gen-{i}")
+    engine.add_request(prompt, scoring, request_id=f"score-{i}")
+  finished = run_to_completion(engine)
+  tokens = [list(finished[f"gen-{i}"].token_ids) for i in range(len(prompts))]
+  logprobs = [[e.logprob for e in finished[f"score-{i}"].prompt_logprobs[1:]]
+              for i in range(len(prompts))]
+  return tokens, logprobs
+
+
+def hf_greedy(model, prompt: list[int], num_new: int) -> list[int]:
+  """Greedy decoding with a transformers model by full forward passes (no cache API)."""
+  import torch
+
+  ids = list(prompt)
+  with torch.no_grad():
+    for _ in range(num_new):
+      ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+  return ids[len(prompt):]

@@ -6,8 +6,8 @@ import jax
 import pytest
 
 from jaxserve.sampling_params import SamplingParams
-from tests.integration.engine_helpers import run_to_completion, small_engine
-from tests.integration.test_hf_parity import NUM_NEW_TOKENS, _hf_greedy, _prompts
+from tests.integration.engine_helpers import hf_greedy, run_to_completion, small_engine
+from tests.integration.test_hf_parity import NUM_NEW_TOKENS, _prompts
 from tests.models.hf_checkpoints import FAMILIES, load_hf_model
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
@@ -32,4 +32,4 @@ def test_pallas_gpu_engine_matches_xla_path_and_transformers(family, hf_checkpoi
     xla = _greedy_tokens(checkpoint, "xla", prompts)
   assert pallas == xla
   hf_model = load_hf_model(checkpoint)
-  assert [list(t) for t in pallas] == [_hf_greedy(hf_model, p, NUM_NEW_TOKENS) for p in prompts]
+  assert [list(t) for t in pallas] == [hf_greedy(hf_model, p, NUM_NEW_TOKENS) for p in prompts]

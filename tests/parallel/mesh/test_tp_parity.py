@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from jaxserve.engine.factory import build_engine
-from jaxserve.sampling_params import SamplingParams
-from tests.integration.engine_helpers import run_to_completion, small_config
+from tests.integration.engine_helpers import generate_and_score, hf_greedy, small_config
 from tests.models.hf_checkpoints import TOKENIZER_VOCAB_SIZE, TP_FAMILIES, load_hf_model
 
 NUM_NEW_TOKENS = 12
@@ -21,35 +19,15 @@ def _prompts(seed: int) -> list[list[int]]:
   return [rng.integers(4, TOKENIZER_VOCAB_SIZE, size=n).tolist() for n in PROMPT_LENGTHS]
 
 
-@torch.no_grad()
-def _hf_greedy(model, prompt: list[int]) -> list[int]:
-  ids = list(prompt)
-  for _ in range(NUM_NEW_TOKENS):
-    ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-  return ids[len(prompt):]
-
-
-def _run(engine, prompts):
-  greedy = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True)
-  scoring = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
-  for i, prompt in enumerate(prompts):
-    engine.add_request(prompt, greedy, request_id=f"gen-{i}")
-    engine.add_request(prompt, scoring, request_id=f"score-{i}")
-  finished = run_to_completion(engine)
-  tokens = [list(finished[f"gen-{i}"].token_ids) for i in range(len(prompts))]
-  logprobs = [[e.logprob for e in finished[f"score-{i}"].prompt_logprobs[1:]]
-              for i in range(len(prompts))]
-  return tokens, logprobs
-
-
 @pytest.mark.parametrize("family", TP_FAMILIES)
 def test_greedy_tokens_identical_for_every_tensor_parallel_size(family, hf_checkpoint, engine_for):
   checkpoint = hf_checkpoint(family)
   prompts = _prompts(seed=TP_FAMILIES.index(family))
-  results = {tp: _run(engine_for(checkpoint, tp), prompts) for tp in TP_SIZES}
+  results = {tp: generate_and_score(engine_for(checkpoint, tp), prompts, NUM_NEW_TOKENS)
+             for tp in TP_SIZES}
   unsharded_tokens, unsharded_logprobs = results[1]
   hf_model = load_hf_model(checkpoint)
-  assert unsharded_tokens == [_hf_greedy(hf_model, p) for p in prompts]
+  assert unsharded_tokens == [hf_greedy(hf_model, p, NUM_NEW_TOKENS) for p in prompts]
   for tp in TP_SIZES[1:]:
     tokens, logprobs = results[tp]
     assert tokens == unsharded_tokens, f"tensor_parallel_size={tp}"
