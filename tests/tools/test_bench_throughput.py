@@ -12,7 +12,6 @@ import transformers
 from jaxserve.cli import main as jaxserve_main
 from jaxserve.models.model_config import ModelConfig, RopeScaling
 from jaxserve.models.registry import load_model
-
 from jaxserve.models.weights import hf_tensor_specs, load_hf_config
 from jaxserve.tools.export_hf import export_tiny_random_hf
 from jaxserve.tools.random_checkpoint import build_random_checkpoint, random_llama_config
