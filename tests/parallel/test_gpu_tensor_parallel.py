@@ -7,7 +7,8 @@ import pytest
 
 from tests.models.hf_checkpoints import TP_FAMILIES, load_hf_model
 from tests.parallel.mesh.conftest import tp_engine
-from tests.parallel.mesh.test_tp_parity import _hf_greedy, _prompts, _run
+from tests.integration.engine_helpers import generate_and_score, hf_greedy
+from tests.parallel.mesh.test_tp_parity import NUM_NEW_TOKENS, _prompts
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu" or jax.device_count() < 2,
                                 reason="needs 2 GPUs")
@@ -18,8 +19,9 @@ def test_pallas_gpu_tensor_parallel_matches_unsharded(family, hf_checkpoint):
   checkpoint = hf_checkpoint(family)
   prompts = _prompts(seed=TP_FAMILIES.index(family))
   with jax.default_matmul_precision("highest"):
-    results = {tp: _run(tp_engine(checkpoint, tp, attention_backend="pallas_gpu"), prompts)
+    results = {tp: generate_and_score(tp_engine(checkpoint, tp, attention_backend="pallas_gpu"),
+                                      prompts, NUM_NEW_TOKENS)
                for tp in (1, 2)}
   assert results[2][0] == results[1][0]
   hf_model = load_hf_model(checkpoint)
-  assert results[1][0] == [_hf_greedy(hf_model, p) for p in prompts]
+  assert results[1][0] == [hf_greedy(hf_model, p, NUM_NEW_TOKENS) for p in prompts]
