@@ -83,12 +83,34 @@ def _add_generate(subparsers) -> None:
   parser.set_defaults(func=_generate)
 
 
+def _convert(args: argparse.Namespace) -> int:
+  from jaxserve.models.registry import convert_checkpoint
+
+  out = convert_checkpoint(args.model, args.dtype)
+  print(f"wrote {out}; `--model {args.model}` now restores these params instead of reconverting "
+        "the safetensors")
+  return 0
+
+
+def _add_convert(subparsers) -> None:
+  parser = subparsers.add_parser(
+      "convert", help="convert a Hugging Face checkpoint once for fast restarts",
+      description="Converts a checkpoint's safetensors to jaxserve's params and saves them with "
+      "orbax in <checkpoint>/jaxserve_params/, which later loads restore directly.")
+  parser.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
+  parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+  parser.add_argument("--log-level", default="INFO",
+                      choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+  parser.set_defaults(func=_convert)
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="jaxserve", description="LLM serving on JAX/XLA with a paged KV cache and "
       "continuous batching. Every command works with the built-in tiny-random model.")
   subparsers = parser.add_subparsers(dest="command", required=True)
   _add_generate(subparsers)
+  _add_convert(subparsers)
   for register in _optional_commands():
     register(subparsers)
   return parser

@@ -1,11 +1,14 @@
 """Orbax round trips of params, and the registry's fast-restart layout."""
 from __future__ import annotations
 
+import shutil
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxserve.cli import main as cli_main
 from jaxserve.models.checkpoint import restore_params, save_params
 from jaxserve.models.registry import PARAMS_SUBDIR, convert_checkpoint, load_model
 from jaxserve.models.tiny_random import tiny_random_config, tiny_random_params
@@ -51,3 +54,16 @@ def test_registry_restores_converted_checkpoint(hf_checkpoint, tmp_path):
   from_orbax = load_model(str(directory))
   assert from_orbax.source.startswith("orbax:") and from_orbax.config == from_safetensors.config
   jax.tree.map(np.testing.assert_array_equal, from_orbax.params, from_safetensors.params)
+
+
+def test_convert_command_makes_later_loads_restore_from_orbax(hf_checkpoint, tmp_path, capsys):
+  directory = tmp_path / "ckpt"
+  shutil.copytree(hf_checkpoint("qwen3"), directory)
+  before = load_model(str(directory))
+  assert before.source.startswith("safetensors:")
+  assert cli_main(["convert", "--model", str(directory)]) == 0
+  assert "jaxserve_params" in capsys.readouterr().out
+  after = load_model(str(directory))
+  assert after.source.startswith("orbax:")
+  for a, b in zip(jax.tree_util.tree_leaves(before.params), jax.tree_util.tree_leaves(after.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
