@@ -169,6 +169,8 @@ class Scheduler:
   def _allocate_or_preempt(self, request: Request, num_new: int,
                            preempted_ids: list[str]) -> bool:
     num_needed = self._num_new_pages(request, num_new)
+    if num_needed == 0:  # most decode steps stay inside the last page
+      return True
     while not self.allocator.can_allocate(num_needed):
       victim = self._running[-1]
       self._preempt(victim)
@@ -188,6 +190,8 @@ class Scheduler:
     self._num_preemptions_total += 1
 
   def _admit_waiting(self, planned: list[_Planned], budget: int) -> None:
+    if not self._waiting:
+      return
     reserve = sum(self._needs_page_next_step(r, start + n) for r, start, n in planned)
     while (self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs
            and len(planned) < self.config.max_num_seqs):
