@@ -38,10 +38,10 @@ from __future__ import annotations
 
 import collections
 
-from jaxserve.config import SchedulerConfig
-from jaxserve.engine.page_allocator import PageAllocator
-from jaxserve.engine.request import Request, RequestStatus
-from jaxserve.engine.scheduled_batch import ScheduledBatch, ScheduledSeq
+from ..config import SchedulerConfig  # relative imports: this side never touches jax
+from .page_allocator import PageAllocator
+from .request import Request, RequestStatus
+from .scheduled_batch import ScheduledBatch, ScheduledSeq
 
 _Planned = tuple[Request, int, int]  # (request, start position, tokens scheduled)
 
