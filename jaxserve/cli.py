@@ -107,7 +107,7 @@ def _add_convert(subparsers) -> None:
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="jaxserve", description="LLM serving on JAX/XLA with a paged KV cache and "
-      "continuous batching. Every command works with the built-in tiny-random model.")
+      "continuous batching. Without --model, commands use the built-in tiny-random model.")
   subparsers = parser.add_subparsers(dest="command", required=True)
   _add_generate(subparsers)
   _add_convert(subparsers)
