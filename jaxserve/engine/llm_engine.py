@@ -161,6 +161,7 @@ class LLMEngine:
 
   def _process(self, batch: ScheduledBatch, host: HostStepOutput) -> list[RequestState]:
     touched, cursor, now = [], 0, time.monotonic()
+    sampled_ids = host.token_ids.tolist()
     for i, seq in enumerate(batch.seqs):
       state = self._states[seq.request_id]
       state.first_scheduled_time = state.first_scheduled_time or now
@@ -170,7 +171,7 @@ class LLMEngine:
       cursor += seq.num_tokens
       if not seq.sample:
         continue
-      token_id = int(host.token_ids[i])
+      token_id = sampled_ids[i]
       status = state.append_token(token_id, self._sampled_logprob(state, host, i, token_id))
       if status is not None:
         self._finish(state, status)

@@ -19,15 +19,13 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxserve.attention.metadata import AttentionMetadata
 from jaxserve.engine.request import Request
 from jaxserve.engine.scheduled_batch import ScheduledBatch
 from jaxserve.runtime.buckets import Bucket, BucketSet
 from jaxserve.runtime.kv_cache import KVPages
 from jaxserve.runtime.packing import PackedStepInputs, pack, unpack
 from jaxserve.runtime.sampler import SampleOutput, prompt_logprobs, sample
-from jaxserve.runtime.step_inputs import (NUM_BANNED_IDS, SamplingInputs, StepInputs, StepShape,
-                                          build_step_inputs)
+from jaxserve.runtime.step_inputs import StepInputs, StepShape, build_step_inputs
 from jaxserve.sampling_params import MAX_LOGPROBS
 
 logger = logging.getLogger(__name__)
@@ -141,25 +139,8 @@ class ModelRunner:
     return None if analysis is None else int(analysis.temp_size_in_bytes)
 
   def dummy_inputs(self, bucket: Bucket) -> StepInputs:
-    """All-padding inputs of a bucket's shape (used to compile it)."""
-    s, t = bucket.num_seqs, bucket.num_tokens
-    zeros_s = np.zeros(s, np.int32)
-    metadata = AttentionMetadata(
-        block_tables=np.zeros((s, self.shape.pages_per_seq), np.int32), seq_lens=zeros_s,
-        query_start_loc=np.zeros(s + 1, np.int32), num_seqs=np.zeros(1, np.int32))
-    history = self.empty_history(s)
-    sampling = SamplingInputs(
-        temperature=np.zeros(s, np.float32), top_k=zeros_s, top_p=np.ones(s, np.float32),
-        min_p=np.zeros(s, np.float32), seeds=np.zeros(s, np.uint32), sample_index=zeros_s,
-        repetition_penalty=np.ones(s, np.float32), presence_penalty=np.zeros(s, np.float32),
-        frequency_penalty=np.zeros(s, np.float32), prompt_history=history,
-        output_history=history, banned_ids=np.full((s, NUM_BANNED_IDS), -1, np.int32),
-        any_random=np.array(False), any_penalty=np.array(False),
-        want_top_logprobs=np.array(False), want_prompt_logprobs=np.array(False))
-    return StepInputs(token_ids=np.zeros(t, np.int32), positions=np.zeros(t, np.int32),
-                      slot_mapping=np.zeros(t, np.int32),
-                      prompt_target_ids=np.full(t, -1, np.int32), logits_indices=zeros_s,
-                      metadata=metadata, sampling=sampling)
+    """All-padding inputs of a bucket's shape (used to compile it): an empty batch, padded."""
+    return build_step_inputs(ScheduledBatch(()), {}, bucket, self.shape, self.empty_history)
 
   def warmup(self, show_progress: bool = True) -> float:
     """Compiles every bucket; returns the seconds it took."""
