@@ -27,7 +27,9 @@ class Request:
 
   num_computed_tokens counts tokens whose K/V are in the cache (or scheduled to be written by the
   step in flight). After a preemption it drops to 0 and the prompt plus the tokens generated so
-  far are recomputed.
+  far are recomputed. num_output_placeholders counts tokens sampled by a step whose result the
+  host has not seen yet (at most one: the engine runs one step ahead with async scheduling); the
+  next step feeds such a token straight from the device.
   """
   request_id: str
   prompt_token_ids: list[int]
@@ -40,6 +42,7 @@ class Request:
   page_ids: list[int] = field(default_factory=list)
   num_computed_tokens: int = 0
   num_preemptions: int = 0
+  num_output_placeholders: int = 0
 
   @property
   def num_prompt_tokens(self) -> int:
@@ -48,6 +51,24 @@ class Request:
   @property
   def num_tokens(self) -> int:
     return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+  @property
+  def num_tokens_with_placeholders(self) -> int:
+    """Known tokens plus those sampled on the device but not yet seen by the host."""
+    return self.num_tokens + self.num_output_placeholders
+
+  @property
+  def num_generated(self) -> int:
+    """Tokens sampled so far, including one still in flight."""
+    return len(self.output_token_ids) + self.num_output_placeholders
+
+  def append_sampled(self, token_id: int) -> None:
+    """Replaces the oldest output placeholder by the token the device sampled for it."""
+    if self.num_output_placeholders < 1:
+      raise ValueError(f"request {self.request_id!r}: a sampled token arrived with no "
+                       f"placeholder for it")
+    self.num_output_placeholders -= 1
+    self.output_token_ids.append(token_id)
 
   @property
   def all_token_ids(self) -> list[int]:

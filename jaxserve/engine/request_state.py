@@ -47,7 +47,7 @@ class RequestState:
     self.first_token_time = self.first_token_time or now
     self.last_token_time = now
     request, params = self.request, self.request.sampling_params
-    request.output_token_ids.append(token_id)
+    request.append_sampled(token_id)
     self._new_token_ids.append(token_id)
     if logprob is not None:
       self.logprobs.append(logprob)

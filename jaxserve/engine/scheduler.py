@@ -30,9 +30,15 @@ it fits) and at least one token of budget; every step advances it, so no liveloc
 
 `schedule()` assumes the step it returns runs before the next call: it advances each scheduled
 request's num_computed_tokens. A sequence samples when it reaches all its known tokens; the
-engine then appends the sampled token to request.output_token_ids, or finishes the request.
-Batch order: decodes (one-token queries that sample) first, then prefill chunks, each group in
-scheduling order.
+scheduler then counts one output placeholder for it, and the engine, once it has the step's
+result, replaces the placeholder by the sampled token (request.output_token_ids) or finishes the
+request. With async scheduling the engine calls `schedule()` for step N+1 while step N still
+runs: a decoding request whose token from step N is a placeholder is scheduled to feed it
+(PLACEHOLDER_TOKEN_ID in the batch; the device takes the real id from step N's output), and one
+whose placeholder is its last token (max_tokens reached) is not scheduled again. A request that
+turns out to have stopped at step N has then computed one token for nothing; the engine
+discards it. Batch order: decodes (one-token queries that sample) first, then prefill chunks,
+each group in scheduling order.
 """
 from __future__ import annotations
 
@@ -44,6 +50,7 @@ from .request import Request, RequestStatus
 from .scheduled_batch import ScheduledBatch, ScheduledSeq
 
 _Planned = tuple[Request, int, int]  # (request, start position, tokens scheduled)
+PLACEHOLDER_TOKEN_ID = -1  # a token sampled by the step in flight, fed from the device
 
 
 class Scheduler:
@@ -135,7 +142,7 @@ class Scheduler:
       raise ValueError(f"request_id: {request_id!r} is already waiting or running")
     if num_prompt == 0:
       raise ValueError(f"prompt: request {request_id!r} has no tokens")
-    if request.page_ids or request.num_computed_tokens:
+    if request.page_ids or request.num_computed_tokens or request.num_output_placeholders:
       raise ValueError(f"page_ids: request {request_id!r} already holds pages or computed tokens")
     total = request.max_total_tokens
     if total > self.max_model_len:
@@ -157,7 +164,8 @@ class Scheduler:
     while index < len(self._running) and budget > 0 and len(planned) < self.config.max_num_seqs:
       request = self._running[index]
       start = request.num_computed_tokens
-      num_new = min(request.num_tokens - start, budget)
+      num_known = request.num_tokens_with_placeholders
+      num_new = min(num_known - start, budget) if num_known < request.max_total_tokens else 0
       if num_new > 0:
         if not self._allocate_or_preempt(request, num_new, preempted_ids):
           break
@@ -196,6 +204,8 @@ class Scheduler:
     while (self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs
            and len(planned) < self.config.max_num_seqs):
       request = self._waiting[0]
+      if request.num_output_placeholders:  # preempted with a token in flight: wait for it
+        break
       num_new = self._try_admit(request, budget, reserve)
       if num_new == 0:
         break
@@ -238,8 +248,9 @@ class Scheduler:
 
   def _needs_page_next_step(self, request: Request, seq_len: int) -> bool:
     """Whether the token sampled at seq_len will be fed next step and start a new page."""
-    samples = seq_len == request.num_tokens
-    continues = request.num_tokens + 1 < request.max_total_tokens
+    num_known = request.num_tokens_with_placeholders
+    samples = seq_len == num_known
+    continues = num_known + 1 < request.max_total_tokens
     return samples and continues and seq_len == len(request.page_ids) * self.page_size
 
   def _num_new_pages(self, request: Request, num_new: int) -> int:
@@ -247,7 +258,7 @@ class Scheduler:
     return max(0, num_total - len(request.page_ids))
 
   def _register_pages(self, request: Request) -> None:
-    num_full = request.num_computed_tokens // self.page_size
+    num_full = min(request.num_computed_tokens, request.num_tokens) // self.page_size
     if num_full <= self._num_registered_pages.get(request.request_id, 0):
       return
     self.allocator.register_full_pages(request.all_token_ids[:num_full * self.page_size],
@@ -277,17 +288,23 @@ class Scheduler:
     for request, start, num_new in planned:
       end = start + num_new
       request.num_computed_tokens = end
+      sample = end == request.num_tokens_with_placeholders
       seq = ScheduledSeq(request_id=request.request_id,
                          token_ids=_token_slice(request, start, end), start_position=start,
-                         page_ids=tuple(request.page_ids), sample=end == request.num_tokens)
+                         page_ids=tuple(request.page_ids), sample=sample)
+      request.num_output_placeholders += sample
       (decodes if num_new == 1 and seq.sample else prefills).append(seq)
     return ScheduledBatch(seqs=tuple(decodes + prefills),
                           preempted_request_ids=tuple(preempted_ids))
 
 
 def _token_slice(request: Request, start: int, end: int) -> tuple[int, ...]:
-  """request.all_token_ids[start:end] without copying the whole sequence."""
+  """request.all_token_ids[start:end] without copying the whole sequence; positions past the
+  known tokens (a token still in flight) hold PLACEHOLDER_TOKEN_ID."""
   num_prompt = request.num_prompt_tokens
+  num_missing = max(0, end - max(start, request.num_tokens))
+  if num_missing:
+    return _token_slice(request, start, end - num_missing) + (PLACEHOLDER_TOKEN_ID,) * num_missing
   if start >= num_prompt:
     return tuple(request.output_token_ids[start - num_prompt:end - num_prompt])
   return (tuple(request.prompt_token_ids[start:end])

@@ -37,7 +37,7 @@ def step(scheduler: Scheduler) -> ScheduledBatch:
   for seq in batch.seqs:
     if seq.sample:
       request = scheduler.get_request(seq.request_id)
-      request.output_token_ids.append(500 + request.num_tokens)
+      request.append_sampled(500 + request.num_tokens)
       if len(request.output_token_ids) >= request.sampling_params.max_tokens:
         scheduler.finish_request(seq.request_id, RequestStatus.FINISHED_LENGTH)
   return batch

@@ -4,6 +4,9 @@ A simulated engine runs each step: it writes every fed token's "K/V" (the token 
 depends on) into a dictionary keyed by (page, offset), then reads back every scheduled
 sequence's whole context through its block table. Prefix sharing, preemption or page reuse that
 served a sequence the wrong K/V would show up as a mismatch. Pools are tiny to force preemption.
+In async mode the engine is simulated one step behind, as with async scheduling: the tokens a
+step samples reach the requests only after the next step has been scheduled, so that step feeds
+placeholders (the simulated device knows their values).
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from jaxserve.config import SchedulerConfig
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request, RequestStatus
 from jaxserve.engine.scheduled_batch import ScheduledBatch
-from jaxserve.engine.scheduler import Scheduler
+from jaxserve.engine.scheduler import PLACEHOLDER_TOKEN_ID, Scheduler
 from jaxserve.sampling_params import SamplingParams
 
 
@@ -23,9 +26,8 @@ def _ceil_div(a: int, b: int) -> int:
   return -(-a // b)
 
 
-def _next_token(request: Request) -> int:
+def _next_token(tokens: list[int]) -> int:
   """Deterministic in the prefix, so requests with equal prompts generate equal tokens."""
-  tokens = request.all_token_ids
   return (tokens[-1] + len(tokens)) % 3
 
 
@@ -34,9 +36,9 @@ class SchedulerMachine(RuleBasedStateMachine):
   @initialize(page_size=st.sampled_from([1, 2, 4]), num_pages=st.integers(2, 16),
               max_num_seqs=st.integers(1, 4), extra_budget=st.integers(0, 10),
               chunked=st.booleans(), prefix_caching=st.booleans(),
-              max_model_len=st.integers(2, 48))
+              max_model_len=st.integers(2, 48), async_mode=st.booleans())
   def setup(self, page_size, num_pages, max_num_seqs, extra_budget, chunked, prefix_caching,
-            max_model_len):
+            max_model_len, async_mode):
     self.config = SchedulerConfig(max_num_seqs=max_num_seqs,
                                   max_num_batched_tokens=max_num_seqs + extra_budget,
                                   enable_chunked_prefill=chunked,
@@ -48,6 +50,8 @@ class SchedulerMachine(RuleBasedStateMachine):
     self.requests: dict[str, Request] = {}
     self.kv: dict[tuple[int, int], tuple[int, ...]] = {}
     self.num_added = 0
+    self.async_mode = async_mode
+    self.in_flight: dict[str, int] = {}  # request id -> token sampled but not yet delivered
 
   @rule(shared=st.integers(0, 6), tail=st.lists(st.integers(0, 2), max_size=6),
         max_tokens=st.integers(1, 6), prompt_logprobs=st.sampled_from([None, None, 0]))
@@ -78,12 +82,27 @@ class SchedulerMachine(RuleBasedStateMachine):
     self._check_batch(batch)
     self._record_events(batch, waiting_ids)
     self._simulate_kv(batch)
-    for seq in batch.seqs:
-      if seq.sample:
-        request = self.requests[seq.request_id]
-        request.output_token_ids.append(_next_token(request))
-        if len(request.output_token_ids) >= request.sampling_params.max_tokens:
-          self.scheduler.finish_request(seq.request_id, RequestStatus.FINISHED_LENGTH)
+    sampled = {seq.request_id: _next_token(self._device_tokens(self.requests[seq.request_id]))
+               for seq in batch.seqs if seq.sample}
+    if self.async_mode:
+      self._deliver(self.in_flight)
+      self.in_flight = sampled
+    else:
+      self._deliver(sampled)
+
+  def _device_tokens(self, request: Request) -> list[int]:
+    """What the device has: the known tokens plus one sampled by the step in flight."""
+    pending = self.in_flight.get(request.request_id)
+    return request.all_token_ids + ([] if pending is None else [pending])
+
+  def _deliver(self, sampled: dict[str, int]) -> None:
+    for request_id, token_id in sampled.items():
+      request = self.requests[request_id]
+      if request.finished:  # aborted or stopped while its step ran: the token is dropped
+        continue
+      request.append_sampled(token_id)
+      if len(request.output_token_ids) >= request.sampling_params.max_tokens:
+        self.scheduler.finish_request(request_id, RequestStatus.FINISHED_LENGTH)
 
   @rule(index=st.integers(0, 1000))
   def finish_stopped(self, index):
@@ -126,9 +145,9 @@ class SchedulerMachine(RuleBasedStateMachine):
       return
     unfinished = [r for r in self.requests.values() if not r.finished]
     # Every step advances the oldest running request, which is never preempted.
-    max_steps = sum(r.max_total_tokens for r in unfinished) + 1
+    max_steps = sum(r.max_total_tokens for r in unfinished) + 2
     for _ in range(max_steps):
-      if not self.scheduler.has_unfinished_requests():
+      if not self.scheduler.has_unfinished_requests() and not self.in_flight:
         break
       self.step()
       self.pages_are_accounted_for()
@@ -155,9 +174,15 @@ class SchedulerMachine(RuleBasedStateMachine):
     for seq in batch.seqs:
       request = self.requests[seq.request_id]
       assert request.status is RequestStatus.RUNNING and seq.num_tokens >= 1
-      assert list(seq.token_ids) == request.all_token_ids[seq.start_position:seq.seq_len]
+      known = request.all_token_ids[seq.start_position:seq.seq_len]
+      num_placeholders = seq.num_tokens - len(known)
+      assert list(seq.token_ids) == known + [PLACEHOLDER_TOKEN_ID] * num_placeholders
+      assert num_placeholders <= (request.request_id in self.in_flight)
       assert request.num_computed_tokens == seq.seq_len
-      assert seq.sample == (seq.seq_len == request.num_tokens)
+      assert request.num_output_placeholders == (
+          seq.sample + (request.request_id in self.in_flight))
+      assert seq.sample == (seq.seq_len == request.num_tokens_with_placeholders - seq.sample)
+      assert request.num_tokens_with_placeholders <= request.max_total_tokens
       assert seq.page_ids == tuple(request.page_ids) and 0 not in seq.page_ids
       assert len(seq.page_ids) == _ceil_div(seq.seq_len, self.page_size)
       if not self.config.enable_chunked_prefill and not seq.sample:
@@ -166,6 +191,10 @@ class SchedulerMachine(RuleBasedStateMachine):
   def _record_events(self, batch: ScheduledBatch, waiting_ids: set[str]) -> None:
     if batch.preempted_request_ids:
       event("preemption")
+    if any(self.requests[r].num_output_placeholders for r in batch.preempted_request_ids):
+      event("preempted with a token in flight")
+    if any(t == PLACEHOLDER_TOKEN_ID for seq in batch.seqs for t in seq.token_ids):
+      event("fed a token in flight")
     for seq in batch.seqs:
       if seq.request_id in waiting_ids and seq.start_position > 0:
         event("prefix cache hit")
@@ -175,13 +204,13 @@ class SchedulerMachine(RuleBasedStateMachine):
   def _simulate_kv(self, batch: ScheduledBatch) -> None:
     page_size = self.page_size
     for seq in batch.seqs:
-      tokens = self.requests[seq.request_id].all_token_ids
+      tokens = self._device_tokens(self.requests[seq.request_id])
       for position in range(seq.start_position, seq.seq_len):
         page_id = seq.page_ids[position // page_size]
         assert self.allocator.refcount(page_id) == 1, "wrote into a shared page"
         self.kv[(page_id, position % page_size)] = tuple(tokens[:position + 1])
     for seq in batch.seqs:
-      tokens = self.requests[seq.request_id].all_token_ids
+      tokens = self._device_tokens(self.requests[seq.request_id])
       for position in range(seq.seq_len):
         slot = (seq.page_ids[position // page_size], position % page_size)
         assert self.kv.get(slot) == tuple(tokens[:position + 1]), f"wrong K/V at {position}"
