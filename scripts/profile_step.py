@@ -1,11 +1,16 @@
 """Where a decode step's device time goes: the whole jitted step against its parts (model
-forward, logits, sampler), timed on the same inputs for one bucket.
+forward, logits, sampler), timed on the same inputs for one bucket. With --trace-top N it also
+profiles ~10 executions of the whole jitted step and prints the N kernels (CPU: XLA ops) that take
+most device time (jaxserve/tools/device_trace.py). The results print as JSON at the end and go to
+--out when given.
 
-    python scripts/profile_step.py --model /path/to/ckpt --num-seqs 256 --context 576
+    python scripts/profile_step.py --model /path/to/ckpt --num-seqs 256 --context 576 --trace-top 25
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import statistics
 import time
 
@@ -17,6 +22,8 @@ from jaxserve.engine.factory import build_engine
 from jaxserve.runtime.packing import pack
 from jaxserve.runtime.sampler import sample
 from jaxserve.sampling_params import SamplingParams
+from jaxserve.tools.device_trace import (capture_trace, kernel_table_json, print_kernel_table,
+                                         summarize_trace, total_device_us)
 
 
 def timed(fn, *args, reps: int = 20) -> float:
@@ -47,6 +54,13 @@ def main() -> None:
   add_engine_args(parser)
   parser.add_argument("--num-seqs", type=int, default=256)
   parser.add_argument("--context", type=int, default=576)
+  parser.add_argument("--trace-top", type=int, default=0, metavar="N",
+                      help="also profile the whole step and print its N most expensive kernels")
+  parser.add_argument("--trace-dir", help="where the profile goes (default: a temporary dir)")
+  parser.add_argument("--trace-reps", type=int, default=10)
+  parser.add_argument("--trace-by-family", action="store_true",
+                      help="add up kernels that differ only in XLA's numeric suffix")
+  parser.add_argument("--out", help="write the JSON results here")
   args = parser.parse_args()
   engine = build_engine(engine_config_from_args(args), show_progress=False)
   rng = np.random.default_rng(0)
@@ -91,6 +105,37 @@ def main() -> None:
   print(f"KV pool {kv_bytes / 2**30:.1f} GiB")
   for name, ms in rows:
     print(f"{name:44s} {ms:8.2f} ms")
+  result = {"bucket": dataclasses.asdict(inputs.bucket), "num_seqs": batch.num_seqs,
+            "num_tokens": batch.num_tokens, "kv_pool_bytes": kv_bytes,
+            "parts_ms": {name: ms for name, ms in rows}, "backend": jax.default_backend()}
+  if args.trace_top > 0:
+    result["trace"] = trace_step(runner, inputs, args.trace_top, args.trace_dir, args.trace_reps,
+                                 args.trace_by_family)
+  text = json.dumps(result, indent=2)
+  print(text)
+  if args.out:
+    with open(args.out, "w") as f:
+      f.write(text + "\n")
+
+
+def trace_step(runner, inputs, top: int, trace_dir: str | None, reps: int,
+               by_family: bool) -> dict:
+  """Profiles `reps` executions of the runner's jitted step on these inputs (pages donated and
+  threaded through, as in serving) and prints the top kernels by device time."""
+  packed = jax.device_put(pack(inputs))
+
+  def one_step():
+    runner.kv_pages, out = runner._step(runner.params, runner.kv_pages, packed)
+    return out
+
+  logdir = capture_trace(one_step, trace_dir, reps=reps)
+  kernels = summarize_trace(logdir, by_family=by_family)
+  total_us = total_device_us(kernels)
+  print(f"\ndevice time of the whole step, {reps} executions traced ({logdir}):")
+  print_kernel_table(kernels, top=top, reps=reps)
+  return {"logdir": str(logdir), "reps": reps, "device_us_per_step": total_us / reps,
+          "by_family": by_family,
+          "num_kernels": len(kernels), "kernels": kernel_table_json(kernels, top)}
 
 
 if __name__ == "__main__":
