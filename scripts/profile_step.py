@@ -63,6 +63,7 @@ def main() -> None:
   parser.add_argument("--out", help="write the JSON results here")
   args = parser.parse_args()
   engine = build_engine(engine_config_from_args(args), show_progress=False)
+  engine.async_scheduling = False  # no step in flight when the batch below is taken
   rng = np.random.default_rng(0)
   params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
   for i in range(args.num_seqs):

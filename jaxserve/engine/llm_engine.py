@@ -3,6 +3,14 @@
 Single-threaded by design: the HTTP server drives it from one engine thread and the offline API
 calls step() in a loop. Bad input raises ValueError in add_request and never reaches the device,
 so other requests keep running.
+
+Async scheduling (scheduler.async_scheduling, on by default): step() schedules and dispatches
+step N+1 before it waits for step N's results, so scheduling, building the inputs and processing
+outputs run while the device computes. Step N+1's decode tokens are step N's samples, fed on
+device (runtime/model_runner.py); each call to step() returns the outputs of the step before.
+A request that stopped at step N has computed one more token in step N+1, which is dropped.
+Penalties need every generated id on the host, so a step whose batch holds a penalized request
+waiting for its in-flight token first completes the step in flight (synchronously).
 """
 from __future__ import annotations
 
@@ -20,7 +28,8 @@ from jaxserve.engine.scheduled_batch import ScheduledBatch
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.outputs import RequestOutput, TokenLogprob
 from jaxserve.runtime.compile_ledger import CompileLedger
-from jaxserve.runtime.model_runner import HostStepOutput, ModelRunner
+from jaxserve.runtime.model_runner import HostStepOutput, ModelRunner, StepHandle
+from jaxserve.runtime.step_inputs import PreviousSamples
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.tokenizer.detokenizer import IncrementalDetokenizer
 from jaxserve.tokenizer.tokenizer import Tokenizer
@@ -30,10 +39,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class StepTimings:
-  """Cumulative wall time of the engine loop, split into host work and the device step."""
+  """Cumulative wall time of the engine loop: host work, time blocked on the device, and each
+  step's device time. A step's device time is measured from its dispatch, or from the end of
+  the step before it when that was later, to the moment its results were on the host; with
+  async scheduling that is exact while the device is the bottleneck and an upper bound when
+  the host is."""
   num_steps: int = 0
   host_seconds: float = 0.0     # scheduling, building step inputs, processing outputs
-  device_seconds: float = 0.0   # the jitted step plus the device-to-host transfer
+  wait_seconds: float = 0.0     # blocked waiting for a step's results
+  device_seconds: float = 0.0   # sum of the steps' device times
   per_bucket: dict = field(default_factory=dict)  # (num_seqs, num_tokens) -> [steps, seconds]
 
   def record(self, bucket: tuple[int, int], device_seconds: float) -> None:
@@ -42,6 +56,24 @@ class StepTimings:
     entry = self.per_bucket.setdefault(bucket, [0, 0.0])
     entry[0] += 1
     entry[1] += device_seconds
+
+
+@dataclass(frozen=True)
+class _StepInFlight:
+  """A dispatched step: what it was fed and where its results will come from."""
+  batch: ScheduledBatch
+  requests: tuple[Request, ...]      # batch.seqs' requests, to recognise finished ones
+  handle: StepHandle
+  bucket: tuple[int, int]
+  dispatch_time: float
+
+  def previous_samples(self) -> PreviousSamples:
+    rows = {seq.request_id: i for i, seq in enumerate(self.batch.seqs) if seq.sample}
+    return PreviousSamples(self.handle.output.sampled_ids_padded, rows)
+
+  def feeds_penalized_request(self) -> bool:
+    return any(seq.sample and request.sampling_params.uses_penalties
+               for seq, request in zip(self.batch.seqs, self.requests))
 
 
 @dataclass(frozen=True)
@@ -76,6 +108,9 @@ class LLMEngine:
     self._requests: dict[str, Request] = {}
     self._states: dict[str, RequestState] = {}
     self._pending: list[RequestState] = []
+    self._in_flight: _StepInFlight | None = None
+    self._last_done_time = 0.0
+    self.async_scheduling = scheduler.config.async_scheduling and runner.supports_async
     self.timings = StepTimings()
 
   # -- admission ---------------------------------------------------------------------------
@@ -136,34 +171,60 @@ class LLMEngine:
 
   # -- the loop ----------------------------------------------------------------------------
   def has_unfinished_requests(self) -> bool:
-    return self.scheduler.has_unfinished_requests() or bool(self._pending)
+    return (self.scheduler.has_unfinished_requests() or bool(self._pending)
+            or self._in_flight is not None)
 
   def step(self) -> list[RequestOutput]:
-    """Runs one scheduled step; returns outputs for requests that progressed or finished."""
+    """Schedules and dispatches one step; returns outputs for requests that progressed or
+    finished in the step completed by this call (the previous one with async scheduling)."""
     start = time.perf_counter()
+    wait_before = self.timings.wait_seconds
     touched, self._pending = self._pending, []
+    previous, self._in_flight = self._in_flight, None
+    if previous is not None and previous.feeds_penalized_request():
+      touched += self._complete(previous)
+      previous = None
     batch = self.scheduler.schedule()
-    device_seconds = 0.0
     if not batch.is_empty:
-      inputs = self.runner.prepare(batch, self._requests)
-      device_start = time.perf_counter()
-      host = self.runner.execute(inputs)
-      device_seconds = time.perf_counter() - device_start
-      self.timings.record((inputs.bucket.num_seqs, inputs.bucket.num_tokens), device_seconds)
-      touched += self._process(batch, host)
+      inputs = self.runner.prepare(batch, self._requests,
+                                   previous.previous_samples() if previous else None)
+      current = _StepInFlight(batch, tuple(self._requests[s.request_id] for s in batch.seqs),
+                              self.runner.dispatch(inputs),
+                              (inputs.bucket.num_seqs, inputs.bucket.num_tokens),
+                              time.perf_counter())
+      if self.async_scheduling:
+        self._in_flight = current
+      else:
+        touched += self._complete(current)
+    if previous is not None:
+      touched += self._complete(previous)
     outputs = [state.make_output() for state in touched if state.wants_output]
     for state in touched:
       if state.request.finished:
         self._requests.pop(state.request.request_id, None)
         self._states.pop(state.request.request_id, None)
-    self.timings.host_seconds += time.perf_counter() - start - device_seconds
+    waited = self.timings.wait_seconds - wait_before
+    self.timings.host_seconds += time.perf_counter() - start - waited
     return outputs
 
-  def _process(self, batch: ScheduledBatch, host: HostStepOutput) -> list[RequestState]:
+  def _complete(self, step: _StepInFlight) -> list[RequestState]:
+    """Waits for a dispatched step and applies its results."""
+    wait_start = time.perf_counter()
+    host = self.runner.fetch(step.handle)
+    done = time.perf_counter()
+    self.timings.wait_seconds += done - wait_start
+    self.timings.record(step.bucket, done - max(step.dispatch_time, self._last_done_time))
+    self._last_done_time = done
+    return self._process(step, host)
+
+  def _process(self, step: _StepInFlight, host: HostStepOutput) -> list[RequestState]:
     touched, cursor, now = [], 0, time.monotonic()
     sampled_ids = host.token_ids.tolist()
-    for i, seq in enumerate(batch.seqs):
-      state = self._states[seq.request_id]
+    for i, (seq, request) in enumerate(zip(step.batch.seqs, step.requests)):
+      state = self._states.get(seq.request_id)
+      if request.finished or state is None or state.request is not request:
+        cursor += seq.num_tokens  # stopped or aborted while this step ran: results dropped
+        continue
       state.first_scheduled_time = state.first_scheduled_time or now
       if host.prompt_logprobs is not None and state.prompt_logprobs is not None:
         for j in range(seq.num_tokens):

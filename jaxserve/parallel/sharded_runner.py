@@ -54,12 +54,18 @@ class ShardedModelRunner(ModelRunner):
                          in_shardings=(param_shardings, kv_shardings, self.replicated),
                          out_shardings=(kv_shardings, self.replicated))
 
-  def empty_history(self, num_slots: int) -> jax.Array:
-    """The all -1 penalty history, replicated over the mesh (cached per slot count)."""
-    if num_slots not in self._empty_history:
-      self._empty_history[num_slots] = constant_array(
-          (num_slots, self.shape.history_len), np.dtype(np.int32), -1, self.replicated)
-    return self._empty_history[num_slots]
+  @property
+  def supports_async(self) -> bool:
+    """The other hosts of a multi-host job replay each step from its published inputs, which
+    cannot carry the previous step's device output: they run steps synchronously."""
+    return self.publisher is None
+
+  def device_constant(self, shape: tuple[int, ...], dtype: np.dtype, value: int) -> jax.Array:
+    """A cached filled array replicated over the mesh (the penalty history, no samples)."""
+    key = (shape, np.dtype(dtype).str, value)
+    if key not in self._constants:
+      self._constants[key] = constant_array(shape, np.dtype(dtype), value, self.replicated)
+    return self._constants[key]
 
   def execute(self, inputs: StepInputs) -> HostStepOutput:
     if self.publisher is not None:

@@ -3,6 +3,10 @@
 build_step_inputs() pads a ScheduledBatch to its bucket (S sequence slots, T token slots) and
 returns numpy arrays only; the jitted step never sees a Python list or a shape that is not a
 bucket. Padding tokens write into the null page 0 and padding sequences have no queries.
+
+A decode token the previous step sampled but the host has not read yet (async scheduling: the
+scheduler's PLACEHOLDER_TOKEN_ID) is fed on device: prev_token_rows names the row of the
+previous step's sampled ids (`PreviousSamples`, a device array) that the step substitutes.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import numpy as np
 from jaxserve.attention.metadata import AttentionMetadata
 from jaxserve.engine.request import Request
 from jaxserve.engine.scheduled_batch import ScheduledBatch
+from jaxserve.engine.scheduler import PLACEHOLDER_TOKEN_ID
 from jaxserve.runtime.buckets import Bucket
 
 NUM_BANNED_IDS = 8  # eos + stop_token_ids masked while min_tokens is not reached
@@ -49,10 +54,19 @@ class SamplingInputs:
   want_prompt_logprobs: np.ndarray  # bool[]: some row asked for prompt logprobs
 
 
+@dataclass(frozen=True)
+class PreviousSamples:
+  """The sampled ids of the step before, still on the device, and whose they are."""
+  sampled_ids: jax.Array          # i32[max_seq_slots] (padded; the runner's zeros when none)
+  rows: Mapping[str, int]         # request id -> row in sampled_ids
+
+
 @_register
 @dataclass(frozen=True)
 class StepInputs:
-  token_ids: np.ndarray           # i32[T]
+  token_ids: np.ndarray           # i32[T]; a token fed from prev_sampled_ids holds 0
+  prev_token_rows: np.ndarray     # i32[T]: row of prev_sampled_ids to feed, -1 = token_ids
+  prev_sampled_ids: jax.Array     # i32[max_seq_slots], device: the previous step's samples
   positions: np.ndarray           # i32[T]
   slot_mapping: np.ndarray        # i32[T]: page_id * page_size + offset; padding -> page 0
   prompt_target_ids: np.ndarray   # i32[T]: next prompt token per position, -1 where none
@@ -74,11 +88,12 @@ class StepShape:
 
 
 def build_step_inputs(batch: ScheduledBatch, requests: Mapping[str, Request], bucket: Bucket,
-                      shape: StepShape,
+                      shape: StepShape, previous: PreviousSamples,
                       empty_history: Callable[[int], np.ndarray] | None = None) -> StepInputs:
   """Pads `batch` to `bucket`. empty_history(S) supplies the [S, H] all -1 history used when no
   request penalizes (the runner passes a cached device array, so nothing is transferred).
-  Vectorized over sequences: the per-sequence Python work is gathering their lists."""
+  Placeholder tokens are taken from `previous`. Vectorized over sequences: the per-sequence
+  Python work is gathering their lists."""
   num_slots, num_token_slots = bucket.num_seqs, bucket.num_tokens
   seqs = batch.seqs
   num_seqs = len(seqs)
@@ -104,6 +119,8 @@ def build_step_inputs(batch: ScheduledBatch, requests: Mapping[str, Request], bu
   token_ids = np.zeros(num_token_slots, np.int32)
   token_ids[:num_live] = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in seqs),
                                      np.int32, num_live)
+  prev_token_rows = _previous_rows(token_ids[:num_live], seq_of_token, seqs, previous,
+                                   num_token_slots)
   positions = np.zeros(num_token_slots, np.int32)
   positions[:num_live] = live_positions
   slot_mapping = np.zeros(num_token_slots, np.int32)
@@ -123,10 +140,27 @@ def build_step_inputs(batch: ScheduledBatch, requests: Mapping[str, Request], bu
   metadata = AttentionMetadata(block_tables=block_tables, seq_lens=seq_lens,
                                query_start_loc=query_start_loc,
                                num_seqs=np.array([num_seqs], np.int32))
-  return StepInputs(token_ids=token_ids, positions=positions, slot_mapping=slot_mapping,
+  return StepInputs(token_ids=token_ids, prev_token_rows=prev_token_rows,
+                    prev_sampled_ids=previous.sampled_ids, positions=positions,
+                    slot_mapping=slot_mapping,
                     prompt_target_ids=prompt_targets, logits_indices=logits_indices,
                     metadata=metadata,
                     sampling=_sampling_inputs(batch_requests, num_slots, shape, empty_history))
+
+
+def _previous_rows(live_token_ids: np.ndarray, seq_of_token: np.ndarray, seqs, previous,
+                   num_token_slots: int) -> np.ndarray:
+  """-1 everywhere but at placeholder tokens, which get their row in previous.sampled_ids (and
+  are zeroed in live_token_ids, in place)."""
+  rows = np.full(num_token_slots, -1, np.int32)
+  for slot in np.flatnonzero(live_token_ids == PLACEHOLDER_TOKEN_ID):
+    request_id = seqs[seq_of_token[slot]].request_id
+    if request_id not in previous.rows:
+      raise ValueError(f"step inputs: request {request_id!r} feeds a token in flight but did "
+                       f"not sample in the previous step")
+    rows[slot] = previous.rows[request_id]
+    live_token_ids[slot] = 0
+  return rows
 
 
 def _fill_prompt_targets(out: np.ndarray, positions: np.ndarray, request: Request) -> None:
@@ -150,13 +184,13 @@ def _sampling_inputs(batch_requests: list[Request], num_slots: int, shape: StepS
   sample_index = np.zeros(num_slots, np.int32)
   top_k[:num_seqs] = [row[6] for row in rows]
   seeds[:num_seqs] = [row[7] for row in rows]
-  sample_index[:num_seqs] = [len(r.output_token_ids) for r in batch_requests]
+  sample_index[:num_seqs] = [r.num_generated for r in batch_requests]
   banned = np.full((num_slots, NUM_BANNED_IDS), -1, np.int32)
   penalized = []
   want_top = want_prompt = False
   for i, request in enumerate(batch_requests):
     params = request.sampling_params
-    if params.min_tokens and len(request.output_token_ids) < params.min_tokens:
+    if params.min_tokens and request.num_generated < params.min_tokens:
       ids = ((() if params.ignore_eos else request.eos_token_ids)
              + params.stop_token_ids)[:NUM_BANNED_IDS]
       banned[i, :len(ids)] = ids
