@@ -58,8 +58,11 @@ class SchedulerConfig:
   enable_prefix_caching: bool = True
   seq_buckets: tuple[int, ...] | None = None
   token_buckets: tuple[int, ...] | None = None
+  async_scheduling: bool = True
 
   def __post_init__(self) -> None:
+    _require(isinstance(self.async_scheduling, bool), "scheduler.async_scheduling",
+             f"must be true or false, got {self.async_scheduling!r}")
     _require(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1,
              "scheduler.max_num_seqs", f"must be an integer >= 1, got {self.max_num_seqs!r}")
     _require(isinstance(self.max_num_batched_tokens, int)
