@@ -146,13 +146,15 @@ class EngineConfig:
   """Everything the engine needs. model is a built-in name (tiny-random) or a checkpoint path.
   compilation_cache_dir keeps compiled buckets across restarts (null disables it).
   tensor_parallel_size shards the model over that many devices (all devices of all hosts when
-  distributed); the kv head count must be a multiple of it."""
+  distributed); the kv head count must be a multiple of it. tp_invariant_reductions makes the
+  bfloat16 forward bitwise independent of tensor_parallel_size in {1, 2} (models/llama.py)."""
   model: str = "tiny-random"
   dtype: str = "auto"
   max_model_len: int | None = None
   attention_backend: str = "auto"
   seed: int = 0
   tensor_parallel_size: int = 1
+  tp_invariant_reductions: bool = False
   compilation_cache_dir: str | None = "~/.cache/jaxserve/xla"
   cache: CacheConfig = field(default_factory=CacheConfig)
   scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -169,6 +171,8 @@ class EngineConfig:
              "max_model_len", f"must be a positive integer, got {self.max_model_len!r}")
     _require(isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
              "tensor_parallel_size", f"must be >= 1, got {self.tensor_parallel_size!r}")
+    _require(isinstance(self.tp_invariant_reductions, bool), "tp_invariant_reductions",
+             f"must be true or false, got {self.tp_invariant_reductions!r}")
 
   def replace(self, **changes) -> "EngineConfig":
     return dataclasses.replace(self, **changes)

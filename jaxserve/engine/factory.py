@@ -81,7 +81,10 @@ class BuiltRunner:
 
 
 def _is_sharded(config: EngineConfig) -> bool:
-  return config.tensor_parallel_size > 1 or jax.process_count() > 1
+  """tp_invariant_reductions runs the sharded path even at tp = 1 (a one-device mesh), so every
+  tensor_parallel_size compiles the same step with the same options (sharded_runner)."""
+  return (config.tensor_parallel_size > 1 or jax.process_count() > 1
+          or config.tp_invariant_reductions)
 
 
 def build_runner(config: EngineConfig, *,
@@ -98,12 +101,15 @@ def build_runner(config: EngineConfig, *,
     from jaxserve.parallel.sharded_loading import load_model_sharded
     from jaxserve.parallel.sharded_runner import ShardedModelRunner
     mesh = build_mesh(config.tensor_parallel_size)
-    loaded = load_model_sharded(config.model, config.dtype, mesh)
+    loaded = load_model_sharded(config.model, config.dtype, mesh,
+                                tp_invariant_reductions=config.tp_invariant_reductions)
     backend = shard_attention_backend(get_attention_backend(config.attention_backend), mesh)
     kv_sharding, num_shards = kv_pages_sharding(mesh), config.tensor_parallel_size
   else:
     loaded = load_model(config.model, config.dtype)
-    loaded = LoadedModel(loaded.config, jax.device_put(loaded.params), loaded.source)
+    loaded = LoadedModel(loaded.config.replace(
+        tp_invariant_reductions=config.tp_invariant_reductions),
+        jax.device_put(loaded.params), loaded.source)
     backend = get_attention_backend(config.attention_backend)
     kv_sharding, num_shards = None, 1
   model_config = loaded.config

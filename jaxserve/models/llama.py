@@ -12,6 +12,20 @@ weight applied after casting back; attention softmax in float32 (inside the back
 float32. Family switches: q/k/v bias (Qwen2), per-head q/k RMSNorm before RoPE (Qwen3), sliding
 window (Mistral), tied embeddings.
 
+`tp_invariant_reductions` fixes the summation order of the two projections that contract over
+heads or the intermediate dimension (o_proj, down_proj): the contraction runs as REDUCTION_GROUPS
+contiguous groups of the input features, each group's partial product kept in float32, and the
+partials summed once and rounded once to the param dtype. The result does not depend on whether
+the groups are computed on one device or split over two (tensor parallelism adds the two float32
+partials in an all-reduce, and a + b == b + a), so bfloat16 logits are bitwise those of the
+unsharded model at tp = 2, given two more conditions met outside the model: the vocabulary-sized
+weights are replicated (parallel/partition_rules.py) and the step is compiled without excess
+precision (parallel/sharded_runner.py). Column-parallel projections are left alone: their
+columns do not depend on the sharding as long as the GEMM kernel does not change with N
+(true on XLA:CPU except around small weights; not true of every shape on GPU, see
+scripts/gemm_invariance.py). At larger tp each group is split again and its partials are summed
+by the all-reduce in the collective's own order: close, not bitwise.
+
 Params (the flax `params` collection), with H hidden, D head_dim, Q/KV head counts, I intermediate:
   embed_tokens/embedding [V, H]
   layers_{i}/input_layernorm/scale [H]          layers_{i}/post_attention_layernorm/scale [H]
@@ -33,6 +47,7 @@ from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
 
 KVPages = tuple[tuple[jax.Array, jax.Array], ...]
+REDUCTION_GROUPS = 2
 
 
 class RMSNorm(nn.Module):
@@ -46,6 +61,37 @@ class RMSNorm(nn.Module):
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
     return scale * x32.astype(x.dtype)
+
+
+class GroupedReductionDense(nn.Module):
+  """A bias-free Dense (kernel [in, out], as nn.Dense) whose contraction over `in` runs as
+  `num_groups` contiguous groups with float32 partials, summed in float32 and rounded once."""
+  features: int
+  dtype: jnp.dtype
+  num_groups: int
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    in_features = x.shape[-1]
+    if in_features % self.num_groups != 0:
+      raise ValueError(f"{self.name}: {in_features} input features are not divisible into "
+                       f"{self.num_groups} reduction groups")
+    kernel = self.param("kernel", nn.initializers.lecun_normal(), (in_features, self.features),
+                        self.dtype)
+    group_size = in_features // self.num_groups
+    x = x.astype(self.dtype).reshape(*x.shape[:-1], self.num_groups, group_size)  # [..., G, K/G]
+    kernel = kernel.reshape(self.num_groups, group_size, self.features)          # [G, K/G, N]
+    partials = jnp.einsum("...gk,gkn->g...n", x, kernel,
+                          preferred_element_type=jnp.float32)                    # [G, ..., N]
+    return jnp.sum(partials, axis=0).astype(self.dtype)                          # [..., N]
+
+
+def output_dense(config: ModelConfig, features: int, name: str) -> nn.Module:
+  """The projection of o_proj / down_proj: grouped when config.tp_invariant_reductions."""
+  dtype = jnp.dtype(config.dtype)
+  if config.tp_invariant_reductions:
+    return GroupedReductionDense(features, dtype, REDUCTION_GROUPS, name=name)
+  return nn.Dense(features, use_bias=False, dtype=dtype, param_dtype=dtype, name=name)
 
 
 class Attention(nn.Module):
@@ -76,8 +122,7 @@ class Attention(nn.Module):
         q, k, v, k_pages, v_pages, slot_mapping, metadata,
         sm_scale=cfg.head_dim ** -0.5, sliding_window=cfg.sliding_window)  # out [T, Q, D]
     out = out.reshape(num_tokens, cfg.num_q_heads * cfg.head_dim).astype(dtype)
-    out = nn.Dense(cfg.hidden_size, use_bias=False, dtype=dtype, param_dtype=dtype,
-                   name="o_proj")(out)                                     # [T, H]
+    out = output_dense(cfg, cfg.hidden_size, "o_proj")(out)               # [T, H]
     return out, k_pages, v_pages
 
 
@@ -92,7 +137,7 @@ class MLP(nn.Module):
                                             param_dtype=dtype, name=name)
     gate = dense(cfg.intermediate_size, "gate_proj")(x)                    # [T, I]
     up = dense(cfg.intermediate_size, "up_proj")(x)                        # [T, I]
-    return dense(cfg.hidden_size, "down_proj")(nn.silu(gate) * up)         # [T, H]
+    return output_dense(cfg, cfg.hidden_size, "down_proj")(nn.silu(gate) * up)  # [T, H]
 
 
 class DecoderLayer(nn.Module):

@@ -83,6 +83,7 @@ class ModelConfig:
   bos_token_id: int | None = None
   eos_token_ids: tuple[int, ...] = ()
   dtype: str = "float32"
+  tp_invariant_reductions: bool = False  # o_proj/down_proj in fixed float32 groups (llama.py)
 
   def __post_init__(self) -> None:
     _require(self.architecture in ARCHITECTURES, "architecture",
@@ -99,6 +100,8 @@ class ModelConfig:
     _require(self.sliding_window is None or _positive_int(self.sliding_window), "sliding_window",
              f"must be a positive integer or None, got {self.sliding_window!r}")
     _require(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+    _require(isinstance(self.tp_invariant_reductions, bool), "tp_invariant_reductions",
+             f"must be true or false, got {self.tp_invariant_reductions!r}")
     eos = tuple(self.eos_token_ids)
     object.__setattr__(self, "eos_token_ids", eos)
     for token_id in eos + (() if self.bos_token_id is None else (self.bos_token_id,)):

@@ -15,6 +15,10 @@ path (joined with "/") and give a PartitionSpec for its array (flax kernels are 
 
 A dimension the rule shards but the mesh size does not divide (an odd vocabulary, say) is
 replicated instead, so every model loads; heads must divide (mesh.check_tensor_parallel).
+With `shard_vocab=False` (models with tp_invariant_reductions) the two vocabulary-sized weights
+are replicated: every device computes the whole logits as the unsharded model does, so the
+vocabulary reductions after them (log-softmax, argmax) run in the unsharded order, without
+collectives, at the price of one more copy of those weights per device.
 KV pages [num_kv_heads, num_pages, page_size, head_dim] are sharded on the kv-head axis, matching
 the k/v projections, so a device's attention reads only its own pages. Step inputs and step
 outputs are replicated.
@@ -40,12 +44,16 @@ PARAM_RULES: tuple[tuple[str, P], ...] = (
     (r"^lm_head/kernel$", P(None, MODEL_AXIS)),
     (r"(layernorm|norm)/scale$", P()),
 )
+VOCAB_PARAMS = r"^(embed_tokens/embedding|lm_head/kernel)$"
 KV_PAGES_SPEC = P(MODEL_AXIS, None, None, None)  # [num_kv_heads, num_pages, page_size, head_dim]
 
 
-def param_spec(path: ParamPath, shape: tuple[int, ...], mesh_size: int) -> P:
+def param_spec(path: ParamPath, shape: tuple[int, ...], mesh_size: int,
+               shard_vocab: bool = True) -> P:
   """The PartitionSpec of the param at `path`; ValueError if no rule matches it."""
   name = "/".join(path)
+  if not shard_vocab and re.search(VOCAB_PARAMS, name):
+    return P()
   for pattern, spec in PARAM_RULES:
     if re.search(pattern, name):
       return _divisible(spec, shape, mesh_size)
@@ -60,13 +68,13 @@ def _divisible(spec: P, shape: tuple[int, ...], mesh_size: int) -> P:
   return P(*axes)
 
 
-def param_shardings(abstract_params: dict, mesh: Mesh) -> dict:
+def param_shardings(abstract_params: dict, mesh: Mesh, shard_vocab: bool = True) -> dict:
   """A NamedSharding for every leaf of a params tree (arrays or ShapeDtypeStructs)."""
   size = mesh.shape[MODEL_AXIS]
 
   def leaf(key_path, x) -> NamedSharding:
     path = tuple(str(getattr(k, "key", k)) for k in key_path)
-    return NamedSharding(mesh, param_spec(path, tuple(x.shape), size))
+    return NamedSharding(mesh, param_spec(path, tuple(x.shape), size, shard_vocab))
 
   return jax.tree_util.tree_map_with_path(leaf, abstract_params)
 

@@ -4,7 +4,8 @@ Safetensors checkpoints go through load_hf_params with a `put` that builds each 
 its shards (jax.make_array_from_callback): every device receives only its slice, and on several
 hosts each process fills only its own devices. Orbax checkpoints are restored with the target
 shardings in the abstract tree. The built-in tiny-random model is generated on the host and then
-laid out the same way.
+laid out the same way. `tp_invariant_reductions` is set on the loaded ModelConfig and keeps the
+vocabulary-sized weights replicated (partition_rules).
 """
 from __future__ import annotations
 
@@ -23,31 +24,34 @@ from jaxserve.parallel.mesh import MODEL_AXIS, check_tensor_parallel
 from jaxserve.parallel.partition_rules import param_shardings, param_spec
 
 
-def load_model_sharded(model: str, dtype: str, mesh: Mesh) -> LoadedModel:
+def load_model_sharded(model: str, dtype: str, mesh: Mesh, *,
+                       tp_invariant_reductions: bool = False) -> LoadedModel:
   """load_model(model, dtype), with every param laid out by the partition rules over `mesh`."""
+  shard_vocab = not tp_invariant_reductions
   if model == TINY_RANDOM_NAME:
     loaded = load_model(model, dtype)
-    check_tensor_parallel(loaded.config, mesh.shape[MODEL_AXIS])
-    shardings = param_shardings(loaded.params, mesh)
+    config = loaded.config.replace(tp_invariant_reductions=tp_invariant_reductions)
+    check_tensor_parallel(config, mesh.shape[MODEL_AXIS])
+    shardings = param_shardings(loaded.params, mesh, shard_vocab)
     params = jax.tree.map(lambda x, s: _shard_host_array(np.asarray(x), s), loaded.params,
                           shardings)
-    return LoadedModel(loaded.config, params, loaded.source)
+    return LoadedModel(config, params, loaded.source)
   path = Path(model).expanduser()
   if not path.is_dir() or not (path / CONFIG_FILE).is_file():
     raise ValueError(f"model: {model!r} is neither {TINY_RANDOM_NAME!r} nor a directory "
                      f"holding {CONFIG_FILE}")
-  config = load_hf_config(path, dtype)
+  config = load_hf_config(path, dtype).replace(tp_invariant_reductions=tp_invariant_reductions)
   check_tensor_parallel(config, mesh.shape[MODEL_AXIS])
   orbax_dir = path / PARAMS_SUBDIR
   if orbax_dir.is_dir():
     shapes = param_shapes(config)
     like = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
-                        param_shardings(shapes, mesh))
+                        param_shardings(shapes, mesh, shard_vocab))
     return LoadedModel(config, restore_params(orbax_dir, like), f"orbax:{orbax_dir}")
   size = mesh.shape[MODEL_AXIS]
 
   def put(param_path: ParamPath, array: np.ndarray) -> jax.Array:
-    spec = param_spec(param_path, array.shape, size)
+    spec = param_spec(param_path, array.shape, size, shard_vocab)
     return _shard_host_array(array, jax.sharding.NamedSharding(mesh, spec))
 
   return LoadedModel(config, load_hf_params(path, config, put=put), f"safetensors:{path}")

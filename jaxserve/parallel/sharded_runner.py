@@ -6,6 +6,11 @@ in with, so the donated buffers are updated in place, and replicate the sampled 
 host can read them. On a multi-host job process 0's runner publishes each step's inputs to the
 other hosts right before running it (`publisher`), which also covers warmup; close() releases
 them once serving ends.
+
+A model with tp_invariant_reductions is compiled with XLA's excess precision off: otherwise XLA
+may skip a bfloat16 rounding between two ops wherever it fuses them, and the sharded program
+(collectives, shard_map boundaries) fuses differently from the unsharded one. The factory runs
+such a model through this runner at every tensor_parallel_size, tp = 1 included.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from jaxserve.runtime.model_runner import HostStepOutput, ModelRunner, make_step
 from jaxserve.runtime.step_inputs import StepInputs, StepShape
 from jaxserve.parallel.partition_rules import replicated
 
+INVARIANT_COMPILER_OPTIONS = {"xla_allow_excess_precision": False}
 
 
 def constant_array(shape: tuple[int, ...], dtype: np.dtype, value: int,
@@ -52,7 +58,9 @@ class ShardedModelRunner(ModelRunner):
     kv_shardings = jax.tree.map(lambda x: x.sharding, kv_pages)
     self._step = jax.jit(make_step_fn(model), donate_argnums=(1,),
                          in_shardings=(param_shardings, kv_shardings, self.replicated),
-                         out_shardings=(kv_shardings, self.replicated))
+                         out_shardings=(kv_shardings, self.replicated),
+                         compiler_options=(INVARIANT_COMPILER_OPTIONS
+                                           if model.config.tp_invariant_reductions else None))
 
   @property
   def supports_async(self) -> bool:

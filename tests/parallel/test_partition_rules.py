@@ -40,6 +40,13 @@ def test_a_dimension_the_mesh_does_not_divide_is_replicated():
   assert param_spec(("lm_head", "kernel"), (64, 32001), 8) == P(None, None)
 
 
+def test_vocab_weights_are_replicated_when_not_sharding_the_vocabulary():
+  assert param_spec(("embed_tokens", "embedding"), (512, 64), 4, shard_vocab=False) == P()
+  assert param_spec(("lm_head", "kernel"), (64, 512), 4, shard_vocab=False) == P()
+  assert param_spec(("layers_0", "mlp", "down_proj", "kernel"), (32, 8), 4,
+                    shard_vocab=False) == P("model", None)
+
+
 def test_unknown_param_and_indivisible_heads_are_refused():
   with pytest.raises(ValueError, match="no partition rule matches 'layers_0/mystery/kernel'"):
     param_spec(("layers_0", "mystery", "kernel"), (4, 4), 2)

@@ -22,12 +22,13 @@ def pytest_collection_modifyitems(config, items):
       item.add_marker(skip)
 
 
-def tp_engine(checkpoint, tensor_parallel_size: int, attention_backend: str = "xla") -> LLMEngine:
+def tp_engine(checkpoint, tensor_parallel_size: int, attention_backend: str = "xla",
+              **fields) -> LLMEngine:
   """One engine shape for every test here, so buckets compile once per tensor_parallel_size."""
   return small_engine(str(checkpoint), tensor_parallel_size=tensor_parallel_size,
                       max_model_len=128, max_num_seqs=8, max_tokens_per_step=32,
                       seq_buckets=(8,), token_buckets=(16, 32), num_pages=64,
-                      prefix_caching=False, attention_backend=attention_backend)
+                      prefix_caching=False, attention_backend=attention_backend, **fields)
 
 
 @pytest.fixture(scope="session")
