@@ -4,7 +4,8 @@ at a fixed batch, and the all-reduce time per step measured on its own.
     NCCL_NVLS_ENABLE=0 python scripts/bench_tp.py --model /tmp/llama8b --tp 1,2 --batch 128
 
 The model is any checkpoint directory (e.g. a Llama-3.1-8B-shaped random bfloat16 one built with
-jaxserve.tools.random_checkpoint). Prints a table and writes JSON.
+jaxserve.tools.random_checkpoint). --tp-invariant turns on EngineConfig.tp_invariant_reductions
+(bitwise-equal bfloat16 forwards at tp = 1 and 2). Prints a table and writes JSON.
 """
 from __future__ import annotations
 
@@ -26,11 +27,13 @@ from jaxserve.sampling_params import SamplingParams
 
 
 def engine_config(model: str, tp: int, batch: int, context: int, decode_steps: int,
-                  page_size: int = 16, dtype: str = "bfloat16") -> EngineConfig:
+                  page_size: int = 16, dtype: str = "bfloat16",
+                  tp_invariant: bool = False) -> EngineConfig:
   max_len = context + decode_steps + 320  # room for the parity prompts (up to 275 tokens)
   num_pages = batch * (max_len // page_size + 2) + 64
   return EngineConfig(
       model=model, dtype=dtype, max_model_len=max_len, tensor_parallel_size=tp,
+      tp_invariant_reductions=tp_invariant,
       cache=CacheConfig(page_size=page_size, num_pages=num_pages),
       scheduler=SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=2048,
                                 enable_prefix_caching=False,
@@ -104,6 +107,8 @@ def main() -> None:
   parser.add_argument("--decode-steps", type=int, default=32)
   parser.add_argument("--parity-tokens", type=int, default=32)
   parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+  parser.add_argument("--tp-invariant", action="store_true",
+                      help="EngineConfig.tp_invariant_reductions (fixed-order bf16 reductions)")
   parser.add_argument("--skip-decode", action="store_true", help="parity only, no timings")
   parser.add_argument("--out", default="out/bench_tp.json")
   args = parser.parse_args()
@@ -111,7 +116,8 @@ def main() -> None:
   prompts = [np.random.default_rng(i).integers(0, 250, 16 + 37 * i).tolist() for i in range(8)]
   for tp in [int(v) for v in args.tp.split(",")]:
     engine = build_engine(engine_config(args.model, tp, args.batch, args.context,
-                                        args.decode_steps, dtype=args.dtype), show_progress=False)
+                                        args.decode_steps, dtype=args.dtype,
+                                        tp_invariant=args.tp_invariant), show_progress=False)
     tokens, logprobs = greedy_tokens(engine, prompts, args.parity_tokens)
     if reference is None:
       reference, reference_logprobs = tokens, logprobs
@@ -119,7 +125,9 @@ def main() -> None:
                    for t, r in zip(tokens, reference)]
     model_config = engine.runner.model.config
     row = {"tp": tp, "device": jax.devices()[0].device_kind, "jax": jax.__version__,
-           "dtype": args.dtype, "tokens_equal_tp1": tokens == reference,
+           "dtype": args.dtype, "tp_invariant_reductions": args.tp_invariant,
+           "tokens_equal_tp1": tokens == reference,
+           "prompt_logprobs_bitwise_tp1": bool(np.array_equal(logprobs, reference_logprobs)),
            "first_differing_token": first_diffs,
            "max_prompt_logprob_diff_vs_tp1": float(np.abs(logprobs - reference_logprobs).max()),
            "num_compilations": engine.ledger.num_compilations,
