@@ -30,6 +30,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument("--input-len", type=int, default=128)
   parser.add_argument("--output-len", type=int, default=64)
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--no-stream", action="store_true",
+                      help="report each request once finished (as LLM.generate does) instead of "
+                           "streaming every step's tokens")
   parser.add_argument("--out", default="out/bench_offline.json")
   return parser.parse_args(argv)
 
@@ -42,7 +45,7 @@ def run(args: argparse.Namespace) -> dict:
   params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
   for i in range(args.num_prompts):
     engine.add_request(rng.integers(0, vocab, size=args.input_len).tolist(), params,
-                       request_id=f"bench-{i}")
+                       request_id=f"bench-{i}", stream=not args.no_stream)
   compiled_before = engine.ledger.num_compilations
   start = time.perf_counter()
   num_output = 0
@@ -61,6 +64,10 @@ def run(args: argparse.Namespace) -> dict:
       "steps": timings.num_steps, "steps_per_s": timings.num_steps / elapsed,
       "host_ms_per_step": 1e3 * timings.host_seconds / max(timings.num_steps, 1),
       "device_ms_per_step": 1e3 * timings.device_seconds / max(timings.num_steps, 1),
+      "wait_ms_per_step": 1e3 * timings.wait_seconds / max(timings.num_steps, 1),
+      "host_phase_ms_per_step": {name: 1e3 * sec / max(timings.num_steps, 1)
+                                 for name, sec in timings.host_phases.items()},
+      "async_scheduling": engine.async_scheduling, "streamed": not args.no_stream,
       "compilations_after_warmup": engine.ledger.num_compilations - compiled_before,
       "warmup_s": engine.warmup_seconds,
       "per_bucket": {f"{s}x{t}": {"steps": n, "device_ms_per_step": 1e3 * sec / n}
@@ -80,6 +87,10 @@ def main(argv=None) -> int:
           ("steps/s", f'{result["steps_per_s"]:.2f}'),
           ("host ms/step", f'{result["host_ms_per_step"]:.2f}'),
           ("device ms/step", f'{result["device_ms_per_step"]:.2f}'),
+          ("waiting for device ms/step", f'{result["wait_ms_per_step"]:.2f}'),
+          ("host phases ms/step", ", ".join(f"{k} {v:.2f}" for k, v in
+                                            result["host_phase_ms_per_step"].items())),
+          ("async scheduling / streamed", f'{result["async_scheduling"]} / {result["streamed"]}'),
           ("compilations after warmup", result["compilations_after_warmup"])]
   rows += [(f"bucket {name}", f'{b["steps"]} steps, {b["device_ms_per_step"]:.2f} device ms/step')
            for name, b in result["per_bucket"].items()]

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device session on a GPU machine: kernel tests on the real GPU, the kernel benchmark,
-# the engine parity tests with the Pallas kernel, and the offline benchmark. Logs go to $OUT.
+# the engine parity tests with the Pallas kernel, and the offline benchmark, plus the steps
+# below. JSON results go to $OUT, logs to $LOGS (the device tool returns few files).
 set -uo pipefail
-OUT=${OUT:-out}; mkdir -p "$OUT"
+OUT=${OUT:-out}; LOGS=${LOGS:-/tmp/gpu_logs}; mkdir -p "$OUT" "$LOGS"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
@@ -13,13 +14,34 @@ export PYTHONUNBUFFERED=1 JAXSERVE_TEST_XLA_CACHE=/tmp/xla-cache
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$OUT/gpu.txt"
 step() { local name=$1; shift; echo "=== $name"; local t0=$SECONDS
-  "$@" > "$OUT/$name.log" 2>&1; local rc=$?
-  echo "=== $name rc=$rc ($((SECONDS - t0)) s)"; tail -n "${TAIL:-15}" "$OUT/$name.log"; }
+  "$@" > "$LOGS/$name.log" 2>&1; local rc=$?
+  echo "=== $name rc=$rc ($((SECONDS - t0)) s)"; grep -v "it/s]\|s/it]\|^ \|^[{}]" "$LOGS/$name.log" | tail -n "${TAIL:-15}"; }
 for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
   case $s in
     kernels) step kernels python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gpu_kernel.py ;;
     bench_kernels) TAIL=40 step bench_kernels python3 scripts/bench_kernels.py --out "$OUT/bench_kernels.json" ;;
     engine) step engine python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu_engine.py ;;
+    model1b) [ -f /tmp/llama1b/config.json ] || step model1b python3 -c \
+        "from jaxserve.tools.random_checkpoint import build_random_llama as b; b('llama-3.2-1b', '/tmp/llama1b')" ;;
+    sync1b|async1b|async1b_512)  # the throughput workload, with and without async scheduling
+      engine=(--set scheduler.max_num_seqs=256 --set scheduler.max_num_batched_tokens=4096
+              --set "scheduler.seq_buckets=[64,256]" --set "scheduler.token_buckets=[256,1024,4096]")
+      [ $s = sync1b ] && engine+=(--set scheduler.async_scheduling=false)
+      [ $s = async1b_512 ] && engine=(--set scheduler.max_num_seqs=512
+          --set scheduler.max_num_batched_tokens=8192 --set "scheduler.seq_buckets=[64,512]"
+          --set "scheduler.token_buckets=[512,2048,8192]")
+      TAIL=22 step $s python3 scripts/bench_offline.py --model /tmp/llama1b --num-prompts 512 \
+        --input-len 512 --output-len 128 --max-model-len 640 --log-level WARNING "${engine[@]}" \
+        --out "$OUT/$s.json" ;;
+    profile1b) TAIL=40 step profile1b python3 scripts/profile_step.py --model /tmp/llama1b \
+        --num-seqs 256 --context 576 --max-model-len 640 --trace-top 30 --trace-by-family --trace-reps 3 \
+        --set scheduler.max_num_seqs=256 --set "scheduler.seq_buckets=[256]" \
+        --set "scheduler.token_buckets=[256,4096]" --set scheduler.max_num_batched_tokens=4096 \
+        --out "$OUT/profile1b.json" ;;
+    gemm) TAIL=30 step gemm python3 scripts/gemm_invariance.py --out "$OUT/gemm_invariance.json" ;;
+    tiles_short) TAIL=30 step tiles_short python3 scripts/bench_kernels.py --batches 64,256 \
+        --contexts 512 --no-mixed --tiles "${TILES:-default,32:4:4:1,64:4:3:2,128:4:3:2,64:4:4:2,32:4:4:2,32:4:3:4,16:4:4:1}" \
+        --out "$OUT/tiles_short.json" ;;
     bench_offline) step bench_offline python3 scripts/bench_offline.py --num-prompts 256 \
         --input-len 128 --output-len 128 --set scheduler.max_num_seqs=256 \
         --set scheduler.max_num_batched_tokens=2048 --out "$OUT/bench_offline.json" ;;

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import statistics
 import time
@@ -20,13 +21,14 @@ import numpy as np
 from jaxserve.cli import add_engine_args, engine_config_from_args
 from jaxserve.engine.factory import build_engine
 from jaxserve.runtime.packing import pack
-from jaxserve.runtime.sampler import sample
+from jaxserve.runtime.sampler import SamplerMode, sample
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.tools.device_trace import (capture_trace, kernel_table_json, print_kernel_table,
                                          summarize_trace, total_device_us)
 
 
-def timed(fn, *args, reps: int = 20) -> float:
+def timed(fn, *args, reps: int = 20, **kwargs) -> float:
+  fn = functools.partial(fn, **kwargs)
   jax.block_until_ready(fn(*args))
   samples = []
   for _ in range(reps):
@@ -93,15 +95,19 @@ def main() -> None:
                                                       runner, device_inputs)),
       ("logits (lm_head)", timed(jax.jit(lambda h: model.apply(variables, h,
                                                                method=compute_logits)), last)),
-      ("sampler", timed(jax.jit(sample), logits, device_inputs.sampling)),
+      ("sampler", timed(jax.jit(sample, static_argnames="mode"), logits, device_inputs.sampling,
+                        mode=SamplerMode.of(inputs.sampling))),
       ("pack + transfer", timed(lambda: jax.device_put(pack(inputs)))),
   ]
-  samples = []
+  samples, dispatch = [], []
   for _ in range(20):
     start = time.perf_counter()
-    runner.execute(inputs)
+    handle = runner.dispatch(inputs)
+    dispatch.append(time.perf_counter() - start)
+    runner.fetch(handle)
     samples.append(time.perf_counter() - start)
   rows[0] = (rows[0][0], 1e3 * statistics.median(samples))
+  rows.append(("host time to dispatch the step (not blocked)", 1e3 * statistics.median(dispatch)))
   kv_bytes = sum(k.nbytes + v.nbytes for k, v in runner.kv_pages)
   print(f"KV pool {kv_bytes / 2**30:.1f} GiB")
   for name, ms in rows:
@@ -123,11 +129,8 @@ def trace_step(runner, inputs, top: int, trace_dir: str | None, reps: int,
                by_family: bool) -> dict:
   """Profiles `reps` executions of the runner's jitted step on these inputs (pages donated and
   threaded through, as in serving) and prints the top kernels by device time."""
-  packed = jax.device_put(pack(inputs))
-
   def one_step():
-    runner.kv_pages, out = runner._step(runner.params, runner.kv_pages, packed)
-    return out
+    return runner.dispatch(inputs).fetch_list()
 
   logdir = capture_trace(one_step, trace_dir, reps=reps)
   kernels = summarize_trace(logdir, by_family=by_family)

@@ -49,6 +49,13 @@ class StepTimings:
   wait_seconds: float = 0.0     # blocked waiting for a step's results
   device_seconds: float = 0.0   # sum of the steps' device times
   per_bucket: dict = field(default_factory=dict)  # (num_seqs, num_tokens) -> [steps, seconds]
+  host_phases: dict = field(default_factory=dict)  # schedule / prepare / dispatch / process -> s
+
+  def add_phase(self, name: str, since: float) -> float:
+    """Adds the time since `since` to host phase `name`; returns now."""
+    now = time.perf_counter()
+    self.host_phases[name] = self.host_phases.get(name, 0.0) + now - since
+    return now
 
   def record(self, bucket: tuple[int, int], device_seconds: float) -> None:
     self.num_steps += 1
@@ -69,7 +76,7 @@ class _StepInFlight:
 
   def previous_samples(self) -> PreviousSamples:
     rows = {seq.request_id: i for i, seq in enumerate(self.batch.seqs) if seq.sample}
-    return PreviousSamples(self.handle.output.sampled_ids_padded, rows)
+    return PreviousSamples(self.handle.sampled_ids_padded, rows)
 
   def feeds_penalized_request(self) -> bool:
     return any(seq.sample and request.sampling_params.uses_penalties
@@ -184,25 +191,31 @@ class LLMEngine:
     if previous is not None and previous.feeds_penalized_request():
       touched += self._complete(previous)
       previous = None
+    timings = self.timings
+    mark = time.perf_counter()
     batch = self.scheduler.schedule()
+    mark = timings.add_phase("schedule", mark)
     if not batch.is_empty:
       inputs = self.runner.prepare(batch, self._requests,
                                    previous.previous_samples() if previous else None)
+      mark = timings.add_phase("prepare", mark)
+      handle = self.runner.dispatch(inputs)
+      mark = timings.add_phase("dispatch", mark)
       current = _StepInFlight(batch, tuple(self._requests[s.request_id] for s in batch.seqs),
-                              self.runner.dispatch(inputs),
-                              (inputs.bucket.num_seqs, inputs.bucket.num_tokens),
-                              time.perf_counter())
+                              handle, (inputs.bucket.num_seqs, inputs.bucket.num_tokens), mark)
       if self.async_scheduling:
         self._in_flight = current
       else:
         touched += self._complete(current)
     if previous is not None:
       touched += self._complete(previous)
+    mark = time.perf_counter()
     outputs = [state.make_output() for state in touched if state.wants_output]
     for state in touched:
       if state.request.finished:
         self._requests.pop(state.request.request_id, None)
         self._states.pop(state.request.request_id, None)
+    timings.add_phase("outputs", mark)
     waited = self.timings.wait_seconds - wait_before
     self.timings.host_seconds += time.perf_counter() - start - waited
     return outputs
@@ -215,7 +228,9 @@ class LLMEngine:
     self.timings.wait_seconds += done - wait_start
     self.timings.record(step.bucket, done - max(step.dispatch_time, self._last_done_time))
     self._last_done_time = done
-    return self._process(step, host)
+    touched = self._process(step, host)
+    self.timings.add_phase("process", done)
+    return touched
 
   def _process(self, step: _StepInFlight, host: HostStepOutput) -> list[RequestState]:
     touched, cursor, now = [], 0, time.monotonic()

@@ -83,5 +83,16 @@ def kv_pages_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, KV_PAGES_SPEC)
 
 
+def logits_sharding(params: dict, mesh: Mesh) -> NamedSharding:
+  """The logits' layout [S, V]: vocab-sharded when the output projection is (lm_head kernel
+  [H, V], or the tied embedding [V, H]), else replicated."""
+  if "lm_head" in params:
+    vocab_axis = params["lm_head"]["kernel"].sharding.spec[1:2]
+  else:
+    vocab_axis = params["embed_tokens"]["embedding"].sharding.spec[:1]
+  axis = vocab_axis[0] if vocab_axis else None
+  return NamedSharding(mesh, P(None, axis))
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())

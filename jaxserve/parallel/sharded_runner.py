@@ -1,9 +1,10 @@
-"""The model runner of a sharded engine: the same step, jitted with explicit shardings.
+"""The model runner of a sharded engine: the same step functions, jitted with explicit shardings.
 
 in_shardings are the params' own shardings (from the partition rules), the KV pages' kv-head
 sharding and replicated step inputs; out_shardings give the new pages the very sharding they came
-in with, so the donated buffers are updated in place, and replicate the sampled outputs so every
-host can read them. On a multi-host job process 0's runner publishes each step's inputs to the
+in with, so the donated buffers are updated in place, keep the logits sharded as the output
+projection leaves them (the sampler's reductions over the vocabulary gather what they need), and
+replicate the sampled outputs so every host can read them. On a multi-host job process 0's runner publishes each step's inputs to the
 other hosts right before running it (`publisher`), which also covers warmup; close() releases
 them once serving ends.
 
@@ -22,9 +23,10 @@ from jax.sharding import Mesh
 
 from jaxserve.runtime.buckets import BucketSet
 from jaxserve.runtime.kv_cache import KVPages
-from jaxserve.runtime.model_runner import HostStepOutput, ModelRunner, make_step_fn
+from jaxserve.runtime.model_runner import ModelRunner, StepHandle
+from jaxserve.runtime.step_fns import make_forward_fn, make_prompt_logprobs_fn, sample_step
 from jaxserve.runtime.step_inputs import StepInputs, StepShape
-from jaxserve.parallel.partition_rules import replicated
+from jaxserve.parallel.partition_rules import logits_sharding, replicated
 
 INVARIANT_COMPILER_OPTIONS = {"xla_allow_excess_precision": False}
 
@@ -56,11 +58,18 @@ class ShardedModelRunner(ModelRunner):
     self.publisher = publisher
     param_shardings = jax.tree.map(lambda x: x.sharding, params)
     kv_shardings = jax.tree.map(lambda x: x.sharding, kv_pages)
-    self._step = jax.jit(make_step_fn(model), donate_argnums=(1,),
-                         in_shardings=(param_shardings, kv_shardings, self.replicated),
-                         out_shardings=(kv_shardings, self.replicated),
-                         compiler_options=(INVARIANT_COMPILER_OPTIONS
-                                           if model.config.tp_invariant_reductions else None))
+    logits = logits_sharding(params, mesh)
+    options = INVARIANT_COMPILER_OPTIONS if model.config.tp_invariant_reductions else None
+    rep = self.replicated
+    self._forward = jax.jit(make_forward_fn(model), donate_argnums=(1,),
+                            in_shardings=(param_shardings, kv_shardings, rep),
+                            out_shardings=(kv_shardings, logits, rep), compiler_options=options)
+    self._sample = jax.jit(sample_step, static_argnums=(3,),
+                           in_shardings=(logits, rep, rep), out_shardings=rep,
+                           compiler_options=options)
+    self._prompt = jax.jit(make_prompt_logprobs_fn(model),
+                           in_shardings=(param_shardings, rep, rep), out_shardings=rep,
+                           compiler_options=options)
 
   @property
   def supports_async(self) -> bool:
@@ -75,10 +84,10 @@ class ShardedModelRunner(ModelRunner):
       self._constants[key] = constant_array(shape, np.dtype(dtype), value, self.replicated)
     return self._constants[key]
 
-  def execute(self, inputs: StepInputs) -> HostStepOutput:
+  def dispatch(self, inputs: StepInputs) -> StepHandle:
     if self.publisher is not None:
       self.publisher.publish(inputs)
-    return super().execute(inputs)
+    return super().dispatch(inputs)
 
   def close(self) -> None:
     """Ends the other hosts' step loops (no-op on one host)."""

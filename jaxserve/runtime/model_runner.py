@@ -1,20 +1,21 @@
-"""The jitted step and the runner that feeds it.
+"""The model runner: owns the params and KV pages on device and runs scheduled steps.
 
-step(params, kv_pages, step_inputs) -> (kv_pages, StepOutput) is one compiled function per
-bucket. The model writes this step's K/V into the donated pages in place, attends through the
-configured backend, and samples on device. The runner pads each scheduled batch to its bucket,
-sends the step inputs packed into two buffers (runtime/packing.py), runs the step and brings the
-results to the host in one transfer. warmup() compiles every bucket
-up front; after it, no batch the scheduler can produce triggers a compilation.
+Each step is the jitted functions of runtime/step_fns.py: forward (the model; KV pages donated
+and updated in place), the sampler compiled for the batch's SamplerMode, and prompt logprobs
+when a request asks. The runner pads each scheduled batch to its bucket, sends the step inputs
+packed into a few buffers (runtime/packing.py) and brings the results to the host in one
+transfer. warmup() compiles every bucket, every sampler mode of every sequence bucket and the
+prompt-logprob function of every token bucket up front; after it, no batch the scheduler can
+produce triggers a compilation.
 
 dispatch() only enqueues a step and starts the copy of its results to the host; fetch() waits
 for them. Between the two the host can schedule and dispatch the next step, whose decode tokens
-come from this step's sampled ids on device (StepOutput.sampled_ids_padded, a fixed
-[max_seq_slots] array so every bucket takes the same shape). That is async scheduling: the
-engine's host work overlaps the device step.
+come from this step's sampled ids on device (a fixed [max_seq_slots] array, so every bucket
+takes the same shape). That is async scheduling: the engine's host work overlaps the device.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -29,27 +30,13 @@ from jaxserve.engine.request import Request
 from jaxserve.engine.scheduled_batch import ScheduledBatch
 from jaxserve.runtime.buckets import Bucket, BucketSet
 from jaxserve.runtime.kv_cache import KVPages
-from jaxserve.runtime.packing import PackedStepInputs, pack, unpack
-from jaxserve.runtime.sampler import SampleOutput, prompt_logprobs, sample
+from jaxserve.runtime.packing import PackedStepInputs, pack
+from jaxserve.runtime.sampler import SampleOutput, SamplerMode
+from jaxserve.runtime.step_fns import make_forward_fn, make_prompt_logprobs_fn, sample_step
 from jaxserve.runtime.step_inputs import (PreviousSamples, StepInputs, StepShape,
                                           build_step_inputs)
-from jaxserve.sampling_params import MAX_LOGPROBS
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StepOutput:
-  sample: SampleOutput
-  sampled_ids_padded: jax.Array    # i32[max_seq_slots]: sample.token_ids, zero padded
-  prompt_logprobs: jax.Array       # f32[T]: logprob of the next prompt token at each position
-  prompt_top_ids: jax.Array        # i32[T, MAX_LOGPROBS]
-  prompt_top_logprobs: jax.Array   # f32[T, MAX_LOGPROBS]
-
-
-jax.tree_util.register_dataclass(
-    StepOutput, data_fields=["sample", "sampled_ids_padded", "prompt_logprobs", "prompt_top_ids",
-                             "prompt_top_logprobs"], meta_fields=[])
 
 
 @dataclass(frozen=True)
@@ -67,61 +54,16 @@ class HostStepOutput:
 @dataclass(frozen=True)
 class StepHandle:
   """A dispatched step: its outputs on device (results may still be computing)."""
-  output: StepOutput
+  sample: SampleOutput
+  sampled_ids_padded: jax.Array                 # i32[max_seq_slots]
+  prompt: tuple[jax.Array, ...] | None          # (logprob [T], top ids, top logprobs) or None
   want_top: bool
-  want_prompt: bool
 
   def fetch_list(self) -> list[jax.Array]:
-    out = self.output
-    arrays = [out.sample.token_ids, out.sample.logprobs]
+    arrays = [self.sample.token_ids, self.sample.logprobs]
     if self.want_top:
-      arrays += [out.sample.top_ids, out.sample.top_logprobs]
-    if self.want_prompt:
-      arrays += [out.prompt_logprobs, out.prompt_top_ids, out.prompt_top_logprobs]
-    return arrays
-
-
-def make_step_fn(model):
-  """Builds step(params, kv_pages, inputs) for a LlamaForCausalLM-like flax module."""
-  compute_logits = type(model).compute_logits
-
-  def step(params, kv_pages: KVPages, inputs: StepInputs) -> tuple[KVPages, StepOutput]:
-    variables = {"params": params}
-    fed = inputs.prev_sampled_ids[jnp.maximum(inputs.prev_token_rows, 0)]     # [T]
-    token_ids = jnp.where(inputs.prev_token_rows >= 0, fed, inputs.token_ids)  # [T]
-    hidden, kv_pages = model.apply(variables, token_ids, inputs.positions, kv_pages,
-                                   inputs.slot_mapping, inputs.metadata)       # [T, D]
-    logits = model.apply(variables, hidden[inputs.logits_indices], method=compute_logits)
-    sampled = sample(logits, inputs.sampling)                                   # [S] ...
-    padded_ids = jnp.zeros_like(inputs.prev_sampled_ids).at[:sampled.token_ids.shape[0]].set(
-        sampled.token_ids)                                                      # [max_seq_slots]
-
-    def with_prompt(h):
-      # in chunks of tokens, so the [chunk, vocab] logits stay small whatever the bucket
-      t = h.shape[0]
-      chunk = next(c for c in (256, 128, 64, 32, 16, 8, 4, 2, 1) if t % c == 0)
-
-      def one_chunk(args):
-        h_chunk, targets = args
-        return prompt_logprobs(model.apply(variables, h_chunk, method=compute_logits), targets)
-
-      out = jax.lax.map(one_chunk, (h.reshape(t // chunk, chunk, -1),
-                                    inputs.prompt_target_ids.reshape(t // chunk, chunk)))
-      return tuple(x.reshape(t, *x.shape[2:]) for x in out)
-
-    def without_prompt(h):
-      t = h.shape[0]
-      return (jnp.zeros((t,), jnp.float32), jnp.zeros((t, MAX_LOGPROBS), jnp.int32),
-              jnp.zeros((t, MAX_LOGPROBS), jnp.float32))
-
-    prompt = jax.lax.cond(inputs.sampling.want_prompt_logprobs, with_prompt, without_prompt,
-                          hidden)
-    return kv_pages, StepOutput(sampled, padded_ids, *prompt)
-
-  def packed_step(params, kv_pages: KVPages, packed: PackedStepInputs):
-    return step(params, kv_pages, unpack(packed))
-
-  return packed_step
+      arrays += [self.sample.top_ids, self.sample.top_logprobs]
+    return arrays + list(self.prompt or ())
 
 
 class ModelRunner:
@@ -133,7 +75,9 @@ class ModelRunner:
     self.kv_pages = kv_pages
     self.buckets = buckets
     self.shape = shape
-    self._step = jax.jit(make_step_fn(model), donate_argnums=(1,))
+    self._forward = jax.jit(make_forward_fn(model), donate_argnums=(1,))
+    self._sample = jax.jit(sample_step, static_argnums=(3,))
+    self._prompt = jax.jit(make_prompt_logprobs_fn(model))
     self._constants: dict[tuple, jax.Array] = {}
 
   @property
@@ -163,9 +107,14 @@ class ModelRunner:
 
   def dispatch(self, inputs: StepInputs) -> StepHandle:
     """Enqueues the step and the copy of its results to the host; returns without waiting."""
-    self.kv_pages, out = self._step(self.params, self.kv_pages, pack(inputs))
-    handle = StepHandle(out, bool(inputs.sampling.want_top_logprobs),
-                        bool(inputs.sampling.want_prompt_logprobs))
+    model_inputs = pack(dataclasses.replace(inputs, sampling=None))
+    self.kv_pages, logits, hidden = self._forward(self.params, self.kv_pages, model_inputs)
+    mode = SamplerMode.of(inputs.sampling)
+    sampled, padded = self._sample(logits, pack(inputs.sampling), inputs.prev_sampled_ids, mode)
+    prompt = None
+    if bool(inputs.sampling.want_prompt_logprobs):
+      prompt = self._prompt(self.params, hidden, inputs.prompt_target_ids)
+    handle = StepHandle(sampled, padded, prompt, mode.top_logprobs)
     for array in handle.fetch_list():
       array.copy_to_host_async()
     return handle
@@ -175,31 +124,62 @@ class ModelRunner:
     host = iter(jax.device_get(handle.fetch_list()))
     token_ids, logprobs = next(host), next(host)
     top = (next(host), next(host)) if handle.want_top else (None, None)
-    prompt = (next(host), next(host), next(host)) if handle.want_prompt else (None, None, None)
+    prompt = (next(host), next(host), next(host)) if handle.prompt else (None, None, None)
     return HostStepOutput(token_ids, logprobs, *top, *prompt)
 
   def execute(self, inputs: StepInputs) -> HostStepOutput:
     return self.fetch(self.dispatch(inputs))
 
   def temp_bytes(self, bucket: Bucket) -> int | None:
-    """Device scratch memory the compiled step of `bucket` needs, if the backend reports it."""
-    lowered = self._step.lower(self.params, self.kv_pages, pack(self.dummy_inputs(bucket)))
-    analysis = lowered.compile().memory_analysis()
-    return None if analysis is None else int(analysis.temp_size_in_bytes)
+    """Device scratch memory a step of `bucket` needs (forward plus the sampler with every
+    part on), if the backend reports it."""
+    inputs = self.dummy_inputs(bucket)
+    forward = self._forward.lower(
+        self.params, self.kv_pages, pack(dataclasses.replace(inputs, sampling=None)))
+    logits = jax.ShapeDtypeStruct((bucket.num_seqs, self.model.config.vocab_size), jnp.float32)
+    sampler = self._sample.lower(logits, pack(inputs.sampling), inputs.prev_sampled_ids,
+                                 SamplerMode(True, True, True))
+    sizes = [lowered.compile().memory_analysis() for lowered in (forward, sampler)]
+    if any(size is None for size in sizes):
+      return None
+    return sum(int(size.temp_size_in_bytes) for size in sizes)
 
-  def dummy_inputs(self, bucket: Bucket) -> StepInputs:
-    """All-padding inputs of a bucket's shape (used to compile it): an empty batch, padded."""
-    return build_step_inputs(ScheduledBatch(()), {}, bucket, self.shape,
-                             self.no_previous_samples(), self.empty_history)
+  def dummy_inputs(self, bucket: Bucket, mode: SamplerMode = SamplerMode(),
+                   prompt_logprobs: bool = False) -> StepInputs:
+    """All-padding inputs of a bucket's shape (used to compile it): an empty batch, padded,
+    with the given sampler mode and prompt-logprob flag."""
+    inputs = build_step_inputs(ScheduledBatch(()), {}, bucket, self.shape,
+                               self.no_previous_samples(), self.empty_history)
+    sampling = dataclasses.replace(
+        inputs.sampling, any_random=np.array(mode.random), any_penalty=np.array(mode.penalties),
+        want_top_logprobs=np.array(mode.top_logprobs),
+        want_prompt_logprobs=np.array(prompt_logprobs))
+    return dataclasses.replace(inputs, sampling=sampling)
+
+  def warmup_variants(self) -> list[tuple[Bucket, SamplerMode, bool]]:
+    """(bucket, sampler mode, prompt logprobs) runs that compile everything a step can need:
+    every bucket's forward, every sampler mode per sequence bucket, prompt logprobs per token
+    bucket."""
+    buckets = self.buckets.all()
+    variants = [(bucket, SamplerMode(), False) for bucket in buckets]
+    for num_seqs in self.buckets.seq_buckets:
+      bucket = min((b for b in buckets if b.num_seqs == num_seqs), key=lambda b: b.num_tokens)
+      variants += [(bucket, mode, False) for mode in SamplerMode.all() if mode != SamplerMode()]
+    for num_tokens in self.buckets.token_buckets:
+      bucket = min((b for b in buckets if b.num_tokens == num_tokens), key=lambda b: b.num_seqs)
+      variants.append((bucket, SamplerMode(), True))
+    return variants
 
   def warmup(self, show_progress: bool = True) -> float:
-    """Compiles every bucket; returns the seconds it took."""
-    buckets = self.buckets.all()
-    logger.info("warmup: compiling %d buckets (%s)", len(buckets), self.buckets.describe())
+    """Compiles every bucket and sampler variant; returns the seconds it took."""
+    variants = self.warmup_variants()
+    logger.info("warmup: compiling %d buckets (%s), %d sampler modes per sequence bucket and "
+                "prompt logprobs per token bucket: %d programs", len(self.buckets.all()),
+                self.buckets.describe(), len(SamplerMode.all()), len(variants))
     start = time.perf_counter()
-    for bucket in tqdm(buckets, desc="compiling buckets", unit="bucket",
-                       disable=not show_progress):
-      self.execute(self.dummy_inputs(bucket))
+    for bucket, mode, prompt in tqdm(variants, desc="compiling", unit="program",
+                                     disable=not show_progress):
+      self.execute(self.dummy_inputs(bucket, mode, prompt))
     seconds = time.perf_counter() - start
-    logger.info("warmup: %d buckets compiled in %.1f s", len(buckets), seconds)
+    logger.info("warmup: compiled in %.1f s", seconds)
     return seconds

@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-_INT_KINDS = ("int32", "uint32", "bool")
 
 
 @dataclass(frozen=True)
@@ -42,29 +41,31 @@ jax.tree_util.register_dataclass(PackedStepInputs, data_fields=["ints", "floats"
                                  meta_fields=["layout"])
 
 
+_KINDS = {np.dtype(np.int32): ("int", "int32"), np.dtype(np.uint32): ("int", "uint32"),
+          np.dtype(np.bool_): ("int", "bool"), np.dtype(np.float32): ("float", "float32")}
+
+
 def pack(tree) -> PackedStepInputs:
   leaves, treedef = jax.tree_util.tree_flatten(tree)
   specs, ints, floats, device_leaves = [], [], [], []
-  int_offset = float_offset = 0
+  offsets = {"int": 0, "float": 0}
   for leaf in leaves:
     if isinstance(leaf, jax.Array):
       specs.append(LeafSpec("device", str(leaf.dtype), tuple(leaf.shape), len(device_leaves)))
       device_leaves.append(leaf)
       continue
     leaf = np.asarray(leaf)
-    dtype = str(leaf.dtype)
-    if dtype in _INT_KINDS:
-      flat = leaf.reshape(-1)
-      flat = flat.view(np.int32) if dtype == "uint32" else flat.astype(np.int32, copy=False)
-      specs.append(LeafSpec("int", dtype, leaf.shape, int_offset))
-      ints.append(flat)
-      int_offset += flat.size
-    elif dtype == "float32":
-      specs.append(LeafSpec("float", dtype, leaf.shape, float_offset))
-      floats.append(leaf.reshape(-1))
-      float_offset += leaf.size
-    else:
-      raise ValueError(f"step inputs: unsupported leaf dtype {dtype}")
+    if leaf.dtype not in _KINDS:
+      raise ValueError(f"step inputs: unsupported leaf dtype {leaf.dtype}")
+    kind, dtype = _KINDS[leaf.dtype]
+    flat = leaf.reshape(-1)
+    if dtype == "uint32":
+      flat = flat.view(np.int32)
+    elif dtype == "bool":
+      flat = flat.astype(np.int32)
+    specs.append(LeafSpec(kind, dtype, leaf.shape, offsets[kind]))
+    (ints if kind == "int" else floats).append(flat)
+    offsets[kind] += flat.size
   return PackedStepInputs(
       PackedLayout(treedef, tuple(specs)),
       np.concatenate(ints) if ints else np.zeros(0, np.int32),

@@ -2,16 +2,21 @@
 top-p / min-p sampling with per-request keys, and logprobs.
 
 Everything has a fixed shape. Costly parts (penalties, sorting for random sampling, top-N
-logprobs) sit behind lax.cond on batch-wide flags, so a greedy batch pays only for an argmax.
+logprobs) are switched by a static SamplerMode, one compiled sampler per mode and sequence
+bucket, so a greedy batch pays only for an argmax. The mode is static rather than a lax.cond on
+device flags because a GPU conditional copies its predicate to the host and blocks the
+dispatching thread until the device reaches it, which would serialize the host with the step.
 A request's key is fold_in(key(seed), tokens generated so far): the same seed gives the same
 tokens whatever the batch mates. Logprobs are those of the model's raw distribution.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxserve.runtime.step_inputs import SamplingInputs
 from jaxserve.sampling_params import MAX_LOGPROBS
@@ -30,6 +35,24 @@ class SampleOutput:
 jax.tree_util.register_dataclass(
     SampleOutput, data_fields=["token_ids", "logprobs", "top_ids", "top_logprobs"],
     meta_fields=[])
+
+
+@dataclass(frozen=True)
+class SamplerMode:
+  """Which costly parts a batch needs (static: each mode compiles once per sequence bucket)."""
+  random: bool = False        # some row samples (temperature > 0): sort for top-k/top-p/min-p
+  penalties: bool = False     # some row uses repetition/presence/frequency penalties
+  top_logprobs: bool = False  # some row asked for top-N logprobs
+
+  @classmethod
+  def of(cls, s: SamplingInputs) -> "SamplerMode":
+    """The mode of host-side sampling inputs (their batch-wide flags)."""
+    return cls(bool(np.asarray(s.any_random)), bool(np.asarray(s.any_penalty)),
+               bool(np.asarray(s.want_top_logprobs)))
+
+  @classmethod
+  def all(cls) -> list["SamplerMode"]:
+    return [cls(*flags) for flags in itertools.product((False, True), repeat=3)]
 
 
 def _token_counts(history: jax.Array, vocab_size: int) -> jax.Array:
@@ -82,25 +105,27 @@ def _random_sample(logits: jax.Array, s: SamplingInputs) -> jax.Array:
   return jnp.argmax(filtered + gumbel, axis=-1).astype(jnp.int32)
 
 
-def sample(logits: jax.Array, s: SamplingInputs) -> SampleOutput:
-  """logits f32[S, V] (one row per sequence slot) -> sampled ids and logprobs."""
+def sample(logits: jax.Array, s: SamplingInputs, mode: SamplerMode) -> SampleOutput:
+  """logits f32[S, V] (one row per sequence slot) -> sampled ids and logprobs. `mode` must
+  cover the batch (SamplerMode.of(s)); a part it leaves out is not computed."""
   raw_logits = logits
-  logits = jax.lax.cond(s.any_penalty, apply_penalties, lambda x, _: x, logits, s)
+  if mode.penalties:
+    logits = apply_penalties(logits, s)
   rows = jnp.arange(logits.shape[0])[:, None]
   banned = jnp.where(s.banned_ids < 0, logits.shape[-1], s.banned_ids)
   logits = logits.at[rows, banned].set(NEG_INF, mode="drop")
-  greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-  sampled = jax.lax.cond(s.any_random, _random_sample, lambda x, _: greedy, logits, s)
-  token_ids = jnp.where(s.temperature > 0, sampled, greedy)
+  token_ids = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  if mode.random:
+    token_ids = jnp.where(s.temperature > 0, _random_sample(logits, s), token_ids)
   # logprob of the sampled token under the raw distribution, without a [S, V] log_softmax
   log_normalizer = jax.nn.logsumexp(raw_logits, axis=-1)                  # [S]
   token_logprobs = (jnp.take_along_axis(raw_logits, token_ids[:, None], axis=-1)[:, 0]
                     - log_normalizer)
-  top_logprobs, top_ids = jax.lax.cond(
-      s.want_top_logprobs,
-      lambda x: tuple(jax.lax.top_k(jax.nn.log_softmax(x, axis=-1), MAX_LOGPROBS)),
-      lambda x: (jnp.zeros((x.shape[0], MAX_LOGPROBS), x.dtype),
-                 jnp.zeros((x.shape[0], MAX_LOGPROBS), jnp.int32)), raw_logits)
+  num_rows = logits.shape[0]
+  top_logprobs = jnp.zeros((num_rows, MAX_LOGPROBS), jnp.float32)
+  top_ids = jnp.zeros((num_rows, MAX_LOGPROBS), jnp.int32)
+  if mode.top_logprobs:
+    top_logprobs, top_ids = jax.lax.top_k(raw_logits - log_normalizer[:, None], MAX_LOGPROBS)
   return SampleOutput(token_ids, token_logprobs, top_ids.astype(jnp.int32), top_logprobs)
 
 

@@ -77,4 +77,5 @@ def test_step_inputs_round_trip_through_the_codec():
     theirs = np.asarray(theirs)
     assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
     np.testing.assert_array_equal(ours, theirs)
-  assert constants == [((4, 64), np.dtype(np.int32), -1)] * 2  # the two penalty histories
+  # no previous samples (the largest seq bucket's zeros), then the two penalty histories
+  assert constants == [((4,), np.dtype(np.int32), 0)] + [((4, 64), np.dtype(np.int32), -1)] * 2

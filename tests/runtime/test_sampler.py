@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers.generation import logits_process as hf
 
-from jaxserve.runtime.sampler import apply_penalties, sample, _filter_top_k_top_p_min_p
+from jaxserve.runtime.sampler import SamplerMode, apply_penalties, sample, _filter_top_k_top_p_min_p
 from jaxserve.runtime.step_inputs import NUM_BANNED_IDS, SamplingInputs
 
 VOCAB = 64
@@ -31,13 +31,19 @@ def make_inputs(num_rows: int, history_len: int = 8, **overrides) -> SamplingInp
   return SamplingInputs(**fields)
 
 
+def run_sample(logits, inputs: SamplingInputs):
+  """The sampler compiled for the inputs' own mode, as the model runner runs it."""
+  return jax.jit(sample, static_argnames="mode")(jnp.asarray(logits), inputs,
+                                                 mode=SamplerMode.of(inputs))
+
+
 def random_logits(num_rows: int, seed: int = 0) -> np.ndarray:
   return np.random.default_rng(seed).normal(0, 3, size=(num_rows, VOCAB)).astype(np.float32)
 
 
 def test_greedy_picks_argmax_and_reports_its_logprob():
   logits = random_logits(4)
-  out = jax.jit(sample)(jnp.asarray(logits), make_inputs(4))
+  out = run_sample(logits, make_inputs(4))
   np.testing.assert_array_equal(out.token_ids, logits.argmax(-1))
   expected = torch.log_softmax(torch.tensor(logits), -1).numpy()[np.arange(4), logits.argmax(-1)]
   np.testing.assert_allclose(out.logprobs, expected, atol=1e-5)
@@ -45,7 +51,7 @@ def test_greedy_picks_argmax_and_reports_its_logprob():
 
 def test_top_logprobs_are_the_largest_raw_logprobs():
   logits = random_logits(3, seed=1)
-  out = jax.jit(sample)(jnp.asarray(logits), make_inputs(3, want_top_logprobs=np.array(True)))
+  out = run_sample(logits, make_inputs(3, want_top_logprobs=np.array(True)))
   reference = torch.log_softmax(torch.tensor(logits), -1).topk(20)
   np.testing.assert_array_equal(out.top_ids, reference.indices.numpy())
   np.testing.assert_allclose(out.top_logprobs, reference.values.numpy(), atol=1e-5)
@@ -96,7 +102,7 @@ def test_random_sampling_follows_the_tempered_distribution():
   rows = np.repeat(logits, num_draws, axis=0)
   inputs = make_inputs(num_draws, temperature=np.full(num_draws, 1.0, np.float32),
                        seeds=np.arange(num_draws, dtype=np.uint32), any_random=np.array(True))
-  ids = np.asarray(jax.jit(sample)(jnp.asarray(rows), inputs).token_ids)
+  ids = np.asarray(run_sample(rows, inputs).token_ids)
   freq = np.bincount(ids, minlength=VOCAB)[:4] / num_draws
   np.testing.assert_allclose(freq, [0.5, 0.3, 0.15, 0.05], atol=0.03)
 
@@ -107,11 +113,11 @@ def test_same_seed_and_step_give_the_same_token_in_any_row():
   steps = np.array([0, 0, 0, 0, 0, 1], np.int32)
   inputs = make_inputs(6, temperature=np.ones(6, np.float32), seeds=seeds, sample_index=steps,
                        any_random=np.array(True))
-  ids = np.asarray(jax.jit(sample)(jnp.asarray(logits), inputs).token_ids)
+  ids = np.asarray(run_sample(logits, inputs).token_ids)
   assert ids[0] == ids[3]
   shuffled = make_inputs(6, temperature=np.ones(6, np.float32), seeds=seeds[::-1].copy(),
                          sample_index=steps[::-1].copy(), any_random=np.array(True))
-  ids_shuffled = np.asarray(jax.jit(sample)(jnp.asarray(logits), shuffled).token_ids)
+  ids_shuffled = np.asarray(run_sample(logits, shuffled).token_ids)
   np.testing.assert_array_equal(ids_shuffled[::-1], ids)
 
 
@@ -121,6 +127,19 @@ def test_banned_ids_are_never_sampled_and_greedy_rows_ignore_temperature_of_othe
   banned = np.full((2, NUM_BANNED_IDS), -1, np.int32)
   banned[0, 0] = best[0]
   inputs = make_inputs(2, banned_ids=banned, temperature=np.array([0.0, 0.0], np.float32))
-  ids = np.asarray(jax.jit(sample)(jnp.asarray(logits), inputs).token_ids)
+  ids = np.asarray(run_sample(logits, inputs).token_ids)
   assert ids[0] != best[0] and ids[0] == np.argsort(logits[0])[-2]
   assert ids[1] == best[1]
+
+
+def test_a_mode_with_more_parts_gives_the_same_tokens():
+  """Turning on penalties (all neutral), random sampling (all rows greedy) and top logprobs
+  changes nothing about the tokens: the cheap modes are exact special cases."""
+  logits = random_logits(5, seed=6)
+  inputs = make_inputs(5)
+  cheap = jax.jit(sample, static_argnames="mode")(jnp.asarray(logits), inputs, mode=SamplerMode())
+  full = jax.jit(sample, static_argnames="mode")(jnp.asarray(logits), inputs,
+                                                 mode=SamplerMode(True, True, True))
+  np.testing.assert_array_equal(cheap.token_ids, full.token_ids)
+  np.testing.assert_allclose(cheap.logprobs, full.logprobs, atol=1e-6)
+  assert len(SamplerMode.all()) == 8
