@@ -32,9 +32,14 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
           --set "scheduler.token_buckets=[512,2048,8192]")
       TAIL=22 step $s python3 scripts/bench_offline.py --model /tmp/llama1b --num-prompts 512 \
         --input-len 512 --output-len 128 --max-model-len 640 --log-level WARNING "${engine[@]}" \
-        --out "$OUT/$s.json" ;;
+        --no-stream --out "$OUT/$s.json" ;;
+    throughput1b) TAIL=12 step throughput1b python3 -m jaxserve.cli bench throughput \
+        --model /tmp/llama1b --hf-baseline --hf-batch-size 128 --num-prompts 512 --input-len 512 \
+        --output-len 128 --max-model-len 640 --log-level WARNING --set scheduler.max_num_seqs=256 \
+        --set scheduler.max_num_batched_tokens=4096 --set "scheduler.seq_buckets=[64,256]" \
+        --set "scheduler.token_buckets=[256,1024,4096]" --out "$OUT/bench_throughput_1b.json" ;;
     profile1b) TAIL=40 step profile1b python3 scripts/profile_step.py --model /tmp/llama1b \
-        --num-seqs 256 --context 576 --max-model-len 640 --trace-top 30 --trace-by-family --trace-reps 3 \
+        --num-seqs 256 --context 576 --max-model-len 640 --trace-top ${TRACE_TOP:-0} --trace-by-family --trace-reps 3 \
         --set scheduler.max_num_seqs=256 --set "scheduler.seq_buckets=[256]" \
         --set "scheduler.token_buckets=[256,4096]" --set scheduler.max_num_batched_tokens=4096 \
         --out "$OUT/profile1b.json" ;;

@@ -2,6 +2,7 @@
 scripts/bench_offline.py) as the Markdown tables of docs/PERFORMANCE.md.
 
     python scripts/perf_tables.py docs/results/bench_kernels_h100.json
+    python scripts/perf_tables.py --side-by-side sync.json async.json   # offline runs as columns
 """
 from __future__ import annotations
 
@@ -44,18 +45,38 @@ def throughput(data: dict) -> str:
 
 
 def offline(data: dict) -> str:
-  lines = ["| metric | value |", "|---|---:|"]
-  for key in ("output_tokens_per_s", "total_tokens_per_s", "steps_per_s", "host_ms_per_step",
-              "device_ms_per_step", "compilations_after_warmup"):
-    value = data[key]
-    lines.append(f"| {key} | {value:.2f} |" if isinstance(value, float) else f"| {key} | {value} |")
-  for name, bucket in data.get("per_bucket", {}).items():
-    lines.append(f"| bucket {name}: steps / device ms per step | {bucket['steps']} / "
-                 f"{bucket['device_ms_per_step']:.2f} |")
+  return offline_side_by_side([data])
+
+
+def offline_side_by_side(runs: list[dict]) -> str:
+  """scripts/bench_offline.py results as one column per run."""
+  heads = [("async" if r.get("async_scheduling") else "sync") + " scheduling"
+           if "async_scheduling" in r else "value" for r in runs]
+  lines = ["| metric | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(runs)]
+  keys = ("output_tokens_per_s", "total_tokens_per_s", "steps_per_s", "host_ms_per_step",
+          "wait_ms_per_step", "device_ms_per_step", "compilations_after_warmup")
+  fmt = lambda v: "—" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v))
+  for key in keys:
+    if any(key in r for r in runs):
+      lines.append(f"| {key} | " + " | ".join(fmt(r.get(key)) for r in runs) + " |")
+  phases = [name for r in runs for name in r.get("host_phase_ms_per_step", {})]
+  for name in dict.fromkeys(phases):
+    lines.append(f"| host {name} ms per step | " + " | ".join(
+        fmt(r.get("host_phase_ms_per_step", {}).get(name)) for r in runs) + " |")
+  buckets = [name for r in runs for name in r.get("per_bucket", {})]
+  for name in dict.fromkeys(buckets):
+    cells = [r.get("per_bucket", {}).get(name) for r in runs]
+    lines.append(f"| bucket {name}: steps / device ms per step | " + " | ".join(
+        "—" if c is None else f"{c['steps']} / {c['device_ms_per_step']:.2f}" for c in cells)
+        + " |")
   return "\n".join(lines)
 
 
 def main(paths: list[str]) -> int:
+  if paths and paths[0] == "--side-by-side":  # several bench_offline.py results, one table
+    print("<!-- " + " ".join(paths[1:]) + " -->")
+    print(offline_side_by_side([json.load(open(p)) for p in paths[1:]]))
+    return 0
   for path in paths:
     data = json.load(open(path))
     print(f"<!-- {path} -->")
