@@ -18,7 +18,10 @@ class RequestStatus(enum.Enum):
 
   @property
   def finished(self) -> bool:
-    return self not in (RequestStatus.WAITING, RequestStatus.RUNNING)
+    return self not in _UNFINISHED
+
+
+_UNFINISHED = frozenset((RequestStatus.WAITING, RequestStatus.RUNNING))
 
 
 @dataclass(eq=False)
@@ -55,7 +58,7 @@ class Request:
   @property
   def num_tokens_with_placeholders(self) -> int:
     """Known tokens plus those sampled on the device but not yet seen by the host."""
-    return self.num_tokens + self.num_output_placeholders
+    return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_output_placeholders
 
   @property
   def num_generated(self) -> int:
@@ -74,9 +77,9 @@ class Request:
   def all_token_ids(self) -> list[int]:
     return self.prompt_token_ids + self.output_token_ids
 
-  @property
+  @functools.cached_property
   def max_total_tokens(self) -> int:
-    return self.num_prompt_tokens + self.sampling_params.max_tokens
+    return len(self.prompt_token_ids) + self.sampling_params.max_tokens
 
   @property
   def finished(self) -> bool:
@@ -89,3 +92,11 @@ class Request:
     p = self.sampling_params
     return (p.temperature, p.top_p, p.min_p, p.repetition_penalty, p.presence_penalty,
             p.frequency_penalty, p.top_k, (self.seed ^ (self.seed >> 32)) & 0xFFFFFFFF)
+
+  @functools.cached_property
+  def plain_sampling(self) -> bool:
+    """Whether sampling_row is all the step inputs need: no min_tokens, penalties, logprobs
+    or prompt logprobs."""
+    p = self.sampling_params
+    return not (p.min_tokens or p.uses_penalties or p.logprobs is not None
+                or p.prompt_logprobs is not None)

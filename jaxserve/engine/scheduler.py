@@ -127,8 +127,7 @@ class Scheduler:
 
   def schedule(self) -> ScheduledBatch:
     if self._prefix_caching:
-      for request in self._running:
-        self._register_pages(request)
+      self._register_computed_pages()
     planned: list[_Planned] = []
     preempted_ids: list[str] = []
     budget = self._schedule_running(planned, preempted_ids)
@@ -159,15 +158,17 @@ class Scheduler:
                        f"({budget}) with chunked prefill disabled")
 
   def _schedule_running(self, planned: list[_Planned], preempted_ids: list[str]) -> int:
-    budget = self.config.max_num_batched_tokens
+    budget, max_num_seqs, page_size = (self.config.max_num_batched_tokens,
+                                       self.config.max_num_seqs, self.page_size)
     index = 0
-    while index < len(self._running) and budget > 0 and len(planned) < self.config.max_num_seqs:
+    while index < len(self._running) and budget > 0 and len(planned) < max_num_seqs:
       request = self._running[index]
       start = request.num_computed_tokens
       num_known = request.num_tokens_with_placeholders
       num_new = min(num_known - start, budget) if num_known < request.max_total_tokens else 0
       if num_new > 0:
-        if not self._allocate_or_preempt(request, num_new, preempted_ids):
+        fits = start + num_new <= len(request.page_ids) * page_size  # most decode steps
+        if not fits and not self._allocate_or_preempt(request, num_new, preempted_ids):
           break
         planned.append((request, start, num_new))
         budget -= num_new
@@ -257,6 +258,15 @@ class Scheduler:
     num_total = -(-(request.num_computed_tokens + num_new) // self.page_size)
     return max(0, num_total - len(request.page_ids))
 
+  def _register_computed_pages(self) -> None:
+    """Registers the full pages the last step computed. A running request can have a newly
+    filled page only once its computed tokens reach the end of the page after its registered
+    ones; the others cost one comparison."""
+    registered, page_size = self._num_registered_pages, self.page_size
+    for request in self._running:
+      if request.num_computed_tokens >= (registered.get(request.request_id, 0) + 1) * page_size:
+        self._register_pages(request)
+
   def _register_pages(self, request: Request) -> None:
     num_full = min(request.num_computed_tokens, request.num_tokens) // self.page_size
     if num_full <= self._num_registered_pages.get(request.request_id, 0):
@@ -301,6 +311,8 @@ class Scheduler:
 def _token_slice(request: Request, start: int, end: int) -> tuple[int, ...]:
   """request.all_token_ids[start:end] without copying the whole sequence; positions past the
   known tokens (a token still in flight) hold PLACEHOLDER_TOKEN_ID."""
+  if end - start == 1:
+    return (_token_at(request, start),)
   num_prompt = request.num_prompt_tokens
   num_missing = max(0, end - max(start, request.num_tokens))
   if num_missing:
@@ -309,3 +321,13 @@ def _token_slice(request: Request, start: int, end: int) -> tuple[int, ...]:
     return tuple(request.output_token_ids[start - num_prompt:end - num_prompt])
   return (tuple(request.prompt_token_ids[start:end])
           + tuple(request.output_token_ids[:max(0, end - num_prompt)]))
+
+
+def _token_at(request: Request, position: int) -> int:
+  """request.all_token_ids[position], or PLACEHOLDER_TOKEN_ID for a token still in flight."""
+  num_prompt = len(request.prompt_token_ids)
+  if position < num_prompt:
+    return request.prompt_token_ids[position]
+  index = position - num_prompt
+  output = request.output_token_ids
+  return output[index] if index < len(output) else PLACEHOLDER_TOKEN_ID
