@@ -92,7 +92,8 @@ class PageAllocator:
     """
     page_ids = list(page_ids)
     for page_id, count in collections.Counter(page_ids).items():
-      self._check_page_id(page_id)
+      if not (isinstance(page_id, int) and NULL_PAGE < page_id < self.num_pages):
+        self._check_page_id(page_id)
       if self._refcounts[page_id] < count:
         raise ValueError(f"page_ids: page {page_id} freed {count} time(s) but holds "
                          f"{self._refcounts[page_id]} reference(s)")
@@ -138,9 +139,9 @@ class PageAllocator:
     parent = _ROOT_HASH
     for index in range(num_full):
       page_id = page_ids[index]
-      if self.refcount(page_id) == 0:
+      page_hash = self._page_hash.get(page_id)  # only usable page ids have hashes
+      if (self._refcounts[page_id] if page_hash is not None else self.refcount(page_id)) == 0:
         raise ValueError(f"page_ids: page {page_id} is free and cannot be registered")
-      page_hash = self._page_hash.get(page_id)
       if page_hash is None:
         page_hash = hash_page(parent, self._page_tokens(token_ids, index))
         self._page_hash[page_id] = page_hash

@@ -42,7 +42,7 @@ class ScheduledBatch:
 
   @property
   def num_tokens(self) -> int:
-    return sum(s.num_tokens for s in self.seqs)
+    return sum([len(s.token_ids) for s in self.seqs])
 
   @property
   def is_empty(self) -> bool:

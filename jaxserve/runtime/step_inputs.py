@@ -133,7 +133,7 @@ def build_step_inputs(batch: ScheduledBatch, requests: Mapping[str, Request], bu
 
   batch_requests = [requests[s.request_id] for s in seqs]
   prompt_targets = np.full(num_token_slots, -1, np.int32)
-  for i, request in enumerate(batch_requests):
+  for i, request in _special_rows(batch_requests):
     if request.sampling_params.prompt_logprobs is not None:
       span = slice(query_start_loc[i], query_start_loc[i + 1])
       _fill_prompt_targets(prompt_targets[span], positions[span], request)
@@ -153,13 +153,14 @@ def _previous_rows(live_token_ids: np.ndarray, seq_of_token: np.ndarray, seqs, p
   """-1 everywhere but at placeholder tokens, which get their row in previous.sampled_ids (and
   are zeroed in live_token_ids, in place)."""
   rows = np.full(num_token_slots, -1, np.int32)
-  for slot in np.flatnonzero(live_token_ids == PLACEHOLDER_TOKEN_ID):
-    request_id = seqs[seq_of_token[slot]].request_id
-    if request_id not in previous.rows:
-      raise ValueError(f"step inputs: request {request_id!r} feeds a token in flight but did "
-                       f"not sample in the previous step")
-    rows[slot] = previous.rows[request_id]
-    live_token_ids[slot] = 0
+  slots = np.flatnonzero(live_token_ids == PLACEHOLDER_TOKEN_ID)
+  request_ids = [seqs[i].request_id for i in seq_of_token[slots].tolist()]
+  missing = [r for r in request_ids if r not in previous.rows]
+  if missing:
+    raise ValueError(f"step inputs: request {missing[0]!r} feeds a token in flight but did "
+                     f"not sample in the previous step")
+  rows[slots] = [previous.rows[r] for r in request_ids]
+  live_token_ids[slots] = 0
   return rows
 
 
@@ -170,25 +171,30 @@ def _fill_prompt_targets(out: np.ndarray, positions: np.ndarray, request: Reques
       out[j] = prompt[p + 1]
 
 
+def _special_rows(batch_requests: list[Request]) -> list[tuple[int, Request]]:
+  """(row, request) of the requests whose sampling needs more than their sampling_row."""
+  return [(i, r) for i, r in enumerate(batch_requests) if not r.plain_sampling]
+
+
 def _sampling_inputs(batch_requests: list[Request], num_slots: int, shape: StepShape,
                      empty_history) -> SamplingInputs:
   num_seqs = len(batch_requests)
-  rows = [r.sampling_row for r in batch_requests]
+  # float64 holds every sampling_row entry exactly (top_k and the 32-bit seed included)
+  table = np.array([r.sampling_row for r in batch_requests], np.float64).reshape(num_seqs, 8)
   floats = np.zeros((num_slots, 6), np.float32)
   floats[:, 1] = 1.0  # top_p
   floats[:, 3] = 1.0  # repetition_penalty
-  if rows:
-    floats[:num_seqs] = [row[:6] for row in rows]
+  floats[:num_seqs] = table[:, :6]
   top_k = np.zeros(num_slots, np.int32)
   seeds = np.zeros(num_slots, np.uint32)
   sample_index = np.zeros(num_slots, np.int32)
-  top_k[:num_seqs] = [row[6] for row in rows]
-  seeds[:num_seqs] = [row[7] for row in rows]
+  top_k[:num_seqs] = table[:, 6]
+  seeds[:num_seqs] = table[:, 7]
   sample_index[:num_seqs] = [r.num_generated for r in batch_requests]
   banned = np.full((num_slots, NUM_BANNED_IDS), -1, np.int32)
   penalized = []
   want_top = want_prompt = False
-  for i, request in enumerate(batch_requests):
+  for i, request in _special_rows(batch_requests):
     params = request.sampling_params
     if params.min_tokens and request.num_generated < params.min_tokens:
       ids = ((() if params.ignore_eos else request.eos_token_ids)
