@@ -235,16 +235,19 @@ class LLMEngine:
   def _process(self, step: _StepInFlight, host: HostStepOutput) -> list[RequestState]:
     touched, cursor, now = [], 0, time.monotonic()
     sampled_ids = host.token_ids.tolist()
+    has_prompt_logprobs = host.prompt_logprobs is not None
     for i, (seq, request) in enumerate(zip(step.batch.seqs, step.requests)):
+      num_tokens = len(seq.token_ids)
       state = self._states.get(seq.request_id)
       if request.finished or state is None or state.request is not request:
-        cursor += seq.num_tokens  # stopped or aborted while this step ran: results dropped
+        cursor += num_tokens  # stopped or aborted while this step ran: results dropped
         continue
-      state.first_scheduled_time = state.first_scheduled_time or now
-      if host.prompt_logprobs is not None and state.prompt_logprobs is not None:
-        for j in range(seq.num_tokens):
+      if state.first_scheduled_time is None:
+        state.first_scheduled_time = now
+      if has_prompt_logprobs and state.prompt_logprobs is not None:
+        for j in range(num_tokens):
           self._record_prompt_logprob(state, host, seq.start_position + j, cursor + j)
-      cursor += seq.num_tokens
+      cursor += num_tokens
       if not seq.sample:
         continue
       token_id = sampled_ids[i]
