@@ -77,12 +77,9 @@ class ShardedModelRunner(ModelRunner):
     cannot carry the previous step's device output: they run steps synchronously."""
     return self.publisher is None
 
-  def device_constant(self, shape: tuple[int, ...], dtype: np.dtype, value: int) -> jax.Array:
-    """A cached filled array replicated over the mesh (the penalty history, no samples)."""
-    key = (shape, np.dtype(dtype).str, value)
-    if key not in self._constants:
-      self._constants[key] = constant_array(shape, np.dtype(dtype), value, self.replicated)
-    return self._constants[key]
+  def filled_array(self, shape: tuple[int, ...], dtype: np.dtype, value: int) -> jax.Array:
+    """Replicated over the mesh, each process filling its own devices."""
+    return constant_array(shape, dtype, value, self.replicated)
 
   def dispatch(self, inputs: StepInputs) -> StepHandle:
     if self.publisher is not None:

@@ -89,8 +89,11 @@ class ModelRunner:
     """A cached filled device array (laid out as the step's inputs are)."""
     key = (shape, np.dtype(dtype).str, value)
     if key not in self._constants:
-      self._constants[key] = jnp.full(shape, value, dtype)
+      self._constants[key] = self.filled_array(shape, np.dtype(dtype), value)
     return self._constants[key]
+
+  def filled_array(self, shape: tuple[int, ...], dtype: np.dtype, value: int) -> jax.Array:
+    return jnp.full(shape, value, dtype)
 
   def empty_history(self, num_slots: int) -> jax.Array:
     return self.device_constant((num_slots, self.shape.history_len), np.int32, -1)
