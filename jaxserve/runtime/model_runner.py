@@ -30,7 +30,7 @@ from jaxserve.engine.request import Request
 from jaxserve.engine.scheduled_batch import ScheduledBatch
 from jaxserve.runtime.buckets import Bucket, BucketSet
 from jaxserve.runtime.kv_cache import KVPages
-from jaxserve.runtime.packing import PackedStepInputs, pack
+from jaxserve.runtime.packing import pack
 from jaxserve.runtime.sampler import SampleOutput, SamplerMode
 from jaxserve.runtime.step_fns import make_forward_fn, make_prompt_logprobs_fn, sample_step
 from jaxserve.runtime.step_inputs import (PreviousSamples, StepInputs, StepShape,
