@@ -51,7 +51,8 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-  """Continuous batching limits. Bucket lists default to powers of two up to the limits."""
+  """Continuous batching limits. Bucket lists default to powers of two up to the limits.
+  async_scheduling schedules and dispatches step N+1 while step N runs (engine/llm_engine.py)."""
   max_num_seqs: int = 64
   max_num_batched_tokens: int = 512
   enable_chunked_prefill: bool = True
