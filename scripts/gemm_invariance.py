@@ -8,7 +8,7 @@ For bf16 x [M, K] and w [K, N] at Llama-3.1-8B projection shapes, on the default
             --f32-columns the same with float32 output: does the column-parallel half (what one
             of two devices computes) equal the unsharded result's columns?
   row       the row-parallel contraction as 2 K-groups with float32 partials, summed and rounded
-            once (models/llama.py GroupedReductionDense): the unsharded formulation (one batched
+            once (models/invariant_dense.py row_group_partials): the unsharded formulation (one batched
             einsum over both groups) against the tp=2 one (each group's dot alone, as each device
             runs it, then a + b). Also the plain bf16 row split (round each half, add in bf16)
             against the unsharded bf16 dot, the numerics without tp_invariant_reductions.

@@ -7,6 +7,7 @@ backend.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -65,6 +66,16 @@ def _pallas_tpu() -> AttentionBackend:
 
 
 _FACTORIES = {"reference": lambda: REFERENCE, "xla": lambda: XLA, "pallas_gpu": _pallas_gpu, "pallas_tpu": _pallas_tpu}
+
+
+def head_count_invariant(backend: AttentionBackend) -> AttentionBackend:
+  """`backend` with a reduction order that does not depend on the number of heads per device:
+  the GPU kernel otherwise picks its KV split count from (sequence slots x kv heads), which
+  halves under tensor parallelism (tp_invariant_reductions). The other backends already are."""
+  if backend.name != "pallas_gpu":
+    return backend
+  return AttentionBackend(f"{backend.name} (1 KV split)",
+                          functools.partial(backend.attend, num_kv_splits=1), backend.write_kv)
 
 
 def get_attention_backend(name: str = "auto", platform: str | None = None) -> AttentionBackend:

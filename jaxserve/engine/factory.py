@@ -17,11 +17,12 @@ from typing import Callable
 import jax
 import numpy as np
 
-from jaxserve.attention.backends import get_attention_backend
+from jaxserve.attention.backends import get_attention_backend, head_count_invariant
 from jaxserve.config import EngineConfig
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.scheduler import Scheduler
+from jaxserve.models.invariant_dense import REDUCTION_GROUPS
 from jaxserve.models.llama import LlamaForCausalLM
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.registry import LoadedModel, load_model
@@ -94,6 +95,7 @@ def build_runner(config: EngineConfig, *,
 
   agree_num_pages(local) -> num_pages lets the hosts of a multi-host job settle on one pool size;
   publisher.publish(inputs) runs before each step (process 0 sends the step to the other hosts)."""
+  dense = None
   if _is_sharded(config):
     from jaxserve.parallel.mesh import build_mesh
     from jaxserve.parallel.partition_rules import kv_pages_sharding
@@ -103,7 +105,12 @@ def build_runner(config: EngineConfig, *,
     mesh = build_mesh(config.tensor_parallel_size)
     loaded = load_model_sharded(config.model, config.dtype, mesh,
                                 tp_invariant_reductions=config.tp_invariant_reductions)
-    backend = shard_attention_backend(get_attention_backend(config.attention_backend), mesh)
+    from jaxserve.parallel.sharded_dense import shard_dense_backend
+    backend = get_attention_backend(config.attention_backend)
+    if config.tp_invariant_reductions:
+      backend = head_count_invariant(backend)
+      dense = shard_dense_backend(mesh, REDUCTION_GROUPS)
+    backend = shard_attention_backend(backend, mesh)
     kv_sharding, num_shards = kv_pages_sharding(mesh), config.tensor_parallel_size
   else:
     loaded = load_model(config.model, config.dtype)
@@ -119,7 +126,7 @@ def build_runner(config: EngineConfig, *,
               model_config.architecture, num_params / 1e6, model_config.dtype, backend.name)
 
   buckets = BucketSet.from_config(config.scheduler)
-  model = LlamaForCausalLM(model_config, backend)
+  model = LlamaForCausalLM(model_config, backend, dense)
   free_bytes = device_memory_budget()
   if free_bytes is not None and kv_sharding is None and config.cache.num_pages is None \
       and config.cache.memory_bytes is None:

@@ -12,19 +12,16 @@ weight applied after casting back; attention softmax in float32 (inside the back
 float32. Family switches: q/k/v bias (Qwen2), per-head q/k RMSNorm before RoPE (Qwen3), sliding
 window (Mistral), tied embeddings.
 
-`tp_invariant_reductions` fixes the summation order of the two projections that contract over
-heads or the intermediate dimension (o_proj, down_proj): the contraction runs as REDUCTION_GROUPS
-contiguous groups of the input features, each group's partial product kept in float32, and the
-partials summed once and rounded once to the param dtype. The result does not depend on whether
-the groups are computed on one device or split over two (tensor parallelism adds the two float32
-partials in an all-reduce, and a + b == b + a), so bfloat16 logits are bitwise those of the
-unsharded model at tp = 2, given two more conditions met outside the model: the vocabulary-sized
-weights are replicated (parallel/partition_rules.py) and the step is compiled without excess
-precision (parallel/sharded_runner.py). Column-parallel projections are left alone: their
-columns do not depend on the sharding as long as the GEMM kernel does not change with N
-(true on XLA:CPU except around small weights; not true of every shape on GPU, see
-scripts/gemm_invariance.py). At larger tp each group is split again and its partials are summed
-by the all-reduce in the collective's own order: close, not bitwise.
+`tp_invariant_reductions` makes the bfloat16 forward bitwise independent of the tensor-parallel
+degree: every projection goes through a DenseBackend (models/invariant_dense.py) that computes it
+as REDUCTION_GROUPS column groups (q/k/v, gate/up) or row groups with float32 partials summed once
+(o_proj, down_proj), the very GEMMs each device runs at tp = REDUCTION_GROUPS. The unsharded model
+uses `grouped_dense_backend`; the sharded engine injects parallel/sharded_dense.py's, as it
+injects a sharded attention backend. Two more conditions are met outside the model: the
+vocabulary-sized weights are replicated (parallel/partition_rules.py) and the step is compiled
+without excess precision or shape-dependent GEMM autotuning (parallel/sharded_runner.py). At tp
+larger than REDUCTION_GROUPS each group is split again and its partials are summed by the
+all-reduce in the collective's own order: close, not bitwise.
 
 Params (the flax `params` collection), with H hidden, D head_dim, Q/KV head counts, I intermediate:
   embed_tokens/embedding [V, H]
@@ -43,11 +40,12 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from jaxserve.attention import AttentionBackend, AttentionMetadata
+from jaxserve.models.invariant_dense import (REDUCTION_GROUPS, DenseBackend, InvariantDense,
+                                             grouped_dense_backend)
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
 
 KVPages = tuple[tuple[jax.Array, jax.Array], ...]
-REDUCTION_GROUPS = 2
 
 
 class RMSNorm(nn.Module):
@@ -63,40 +61,21 @@ class RMSNorm(nn.Module):
     return scale * x32.astype(x.dtype)
 
 
-class GroupedReductionDense(nn.Module):
-  """A bias-free Dense (kernel [in, out], as nn.Dense) whose contraction over `in` runs as
-  `num_groups` contiguous groups with float32 partials, summed in float32 and rounded once."""
-  features: int
-  dtype: jnp.dtype
-  num_groups: int
-
-  @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    in_features = x.shape[-1]
-    if in_features % self.num_groups != 0:
-      raise ValueError(f"{self.name}: {in_features} input features are not divisible into "
-                       f"{self.num_groups} reduction groups")
-    kernel = self.param("kernel", nn.initializers.lecun_normal(), (in_features, self.features),
-                        self.dtype)
-    group_size = in_features // self.num_groups
-    x = x.astype(self.dtype).reshape(*x.shape[:-1], self.num_groups, group_size)  # [..., G, K/G]
-    kernel = kernel.reshape(self.num_groups, group_size, self.features)          # [G, K/G, N]
-    partials = jnp.einsum("...gk,gkn->g...n", x, kernel,
-                          preferred_element_type=jnp.float32)                    # [G, ..., N]
-    return jnp.sum(partials, axis=0).astype(self.dtype)                          # [..., N]
-
-
-def output_dense(config: ModelConfig, features: int, name: str) -> nn.Module:
-  """The projection of o_proj / down_proj: grouped when config.tp_invariant_reductions."""
+def projection(config: ModelConfig, dense: DenseBackend | None, features: int, kind: str,
+               name: str, use_bias: bool = False) -> nn.Module:
+  """A Dense, or with config.tp_invariant_reductions an InvariantDense of `kind` ("column":
+  q/k/v, gate/up; "row": o_proj, down_proj) computed by `dense` (default: grouped, unsharded)."""
   dtype = jnp.dtype(config.dtype)
   if config.tp_invariant_reductions:
-    return GroupedReductionDense(features, dtype, REDUCTION_GROUPS, name=name)
-  return nn.Dense(features, use_bias=False, dtype=dtype, param_dtype=dtype, name=name)
+    backend = dense if dense is not None else grouped_dense_backend(REDUCTION_GROUPS)
+    return InvariantDense(features, dtype, kind, backend, use_bias, name=name)
+  return nn.Dense(features, use_bias=use_bias, dtype=dtype, param_dtype=dtype, name=name)
 
 
 class Attention(nn.Module):
   config: ModelConfig
   attention: AttentionBackend
+  dense: DenseBackend | None = None
 
   @nn.compact
   def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, k_pages: jax.Array,
@@ -106,8 +85,8 @@ class Attention(nn.Module):
     num_tokens = x.shape[0]
 
     def proj(name: str, num_heads: int) -> jax.Array:
-      y = nn.Dense(num_heads * cfg.head_dim, use_bias=cfg.attention_bias, dtype=dtype,
-                   param_dtype=dtype, name=name)(x)
+      y = projection(cfg, self.dense, num_heads * cfg.head_dim, "column", name,
+                     use_bias=cfg.attention_bias)(x)
       return y.reshape(num_tokens, num_heads, cfg.head_dim)                # [T, heads, D]
 
     q = proj("q_proj", cfg.num_q_heads)
@@ -122,38 +101,38 @@ class Attention(nn.Module):
         q, k, v, k_pages, v_pages, slot_mapping, metadata,
         sm_scale=cfg.head_dim ** -0.5, sliding_window=cfg.sliding_window)  # out [T, Q, D]
     out = out.reshape(num_tokens, cfg.num_q_heads * cfg.head_dim).astype(dtype)
-    out = output_dense(cfg, cfg.hidden_size, "o_proj")(out)               # [T, H]
+    out = projection(cfg, self.dense, cfg.hidden_size, "row", "o_proj")(out)  # [T, H]
     return out, k_pages, v_pages
 
 
 class MLP(nn.Module):
   config: ModelConfig
+  dense: DenseBackend | None = None
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     cfg = self.config
-    dtype = jnp.dtype(cfg.dtype)
-    dense = lambda features, name: nn.Dense(features, use_bias=False, dtype=dtype,
-                                            param_dtype=dtype, name=name)
-    gate = dense(cfg.intermediate_size, "gate_proj")(x)                    # [T, I]
-    up = dense(cfg.intermediate_size, "up_proj")(x)                        # [T, I]
-    return output_dense(cfg, cfg.hidden_size, "down_proj")(nn.silu(gate) * up)  # [T, H]
+    gate = projection(cfg, self.dense, cfg.intermediate_size, "column", "gate_proj")(x)  # [T, I]
+    up = projection(cfg, self.dense, cfg.intermediate_size, "column", "up_proj")(x)      # [T, I]
+    down = projection(cfg, self.dense, cfg.hidden_size, "row", "down_proj")
+    return down(nn.silu(gate) * up)                                        # [T, H]
 
 
 class DecoderLayer(nn.Module):
   config: ModelConfig
   attention: AttentionBackend
+  dense: DenseBackend | None = None
 
   @nn.compact
   def __call__(self, x, cos, sin, k_pages, v_pages, slot_mapping, metadata):
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
     h = RMSNorm(cfg.rms_norm_eps, dtype, name="input_layernorm")(x)
-    h, k_pages, v_pages = Attention(cfg, self.attention, name="self_attn")(
+    h, k_pages, v_pages = Attention(cfg, self.attention, self.dense, name="self_attn")(
         h, cos, sin, k_pages, v_pages, slot_mapping, metadata)
     x = x + h
     h = RMSNorm(cfg.rms_norm_eps, dtype, name="post_attention_layernorm")(x)
-    x = x + MLP(cfg, name="mlp")(h)
+    x = x + MLP(cfg, self.dense, name="mlp")(h)
     return x, k_pages, v_pages
 
 
@@ -171,16 +150,19 @@ class LMHead(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
   """Decoder over one ragged batch. `__call__` returns the final-norm hidden states and the new
-  KV pages; `compute_logits` maps selected hidden states to float32 logits."""
+  KV pages; `compute_logits` maps selected hidden states to float32 logits. `dense` computes the
+  projections of a tp_invariant_reductions model (None: grouped on one device)."""
   config: ModelConfig
   attention: AttentionBackend
+  dense: DenseBackend | None = None
 
   def setup(self) -> None:
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
     self.embed_tokens = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, param_dtype=dtype,
                                  embedding_init=nn.initializers.normal(0.02))
-    self.layers = [DecoderLayer(cfg, self.attention) for _ in range(cfg.num_layers)]  # layers_{i}
+    self.layers = [DecoderLayer(cfg, self.attention, self.dense)  # layers_{i}
+                   for _ in range(cfg.num_layers)]
     self.norm = RMSNorm(cfg.rms_norm_eps, dtype)
     if not cfg.tie_word_embeddings:
       self.lm_head = LMHead(cfg.vocab_size, dtype)

@@ -10,8 +10,10 @@ them once serving ends.
 
 A model with tp_invariant_reductions is compiled with XLA's excess precision off: otherwise XLA
 may skip a bfloat16 rounding between two ops wherever it fuses them, and the sharded program
-(collectives, shard_map boundaries) fuses differently from the unsharded one. The factory runs
-such a model through this runner at every tensor_parallel_size, tp = 1 included.
+(collectives, shard_map boundaries) fuses differently from the unsharded one. On GPUs its GEMMs
+also run on cuBLAS with the library's own algorithm choice (no Triton GEMM fusions, no timing-based
+autotuning), so a GEMM of a given shape runs the same algorithm in every compilation. The factory
+runs such a model through this runner at every tensor_parallel_size, tp = 1 included.
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ from jaxserve.runtime.step_fns import make_forward_fn, make_prompt_logprobs_fn, 
 from jaxserve.runtime.step_inputs import StepInputs, StepShape
 from jaxserve.parallel.partition_rules import logits_sharding, replicated
 
-INVARIANT_COMPILER_OPTIONS = {"xla_allow_excess_precision": False}
+INVARIANT_COMPILER_OPTIONS = {"xla_allow_excess_precision": False,
+                              "xla_gpu_enable_triton_gemm": False, "xla_gpu_autotune_level": 0}
 
 
 def constant_array(shape: tuple[int, ...], dtype: np.dtype, value: int,

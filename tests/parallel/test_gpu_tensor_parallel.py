@@ -1,13 +1,16 @@
 """On 2+ GPUs: with the Pallas GPU kernel running per shard under shard_map, tensor parallelism
-over 2 GPUs gives the unsharded engine's greedy tokens (and transformers'). Skipped elsewhere."""
+over 2 GPUs gives the unsharded engine's greedy tokens (and transformers'); in bfloat16 with
+tp_invariant_reductions, bitwise its prompt logprobs too. Skipped elsewhere."""
 from __future__ import annotations
 
 import jax
+import numpy as np
 import pytest
 
 from tests.models.hf_checkpoints import TP_FAMILIES, load_hf_model
 from tests.parallel.mesh.conftest import tp_engine
 from tests.integration.engine_helpers import generate_and_score, hf_greedy
+from tests.parallel.mesh.test_tp_invariance import _generate, checkpoint  # noqa: F401 (fixture)
 from tests.parallel.mesh.test_tp_parity import NUM_NEW_TOKENS, _prompts
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu" or jax.device_count() < 2,
@@ -25,3 +28,10 @@ def test_pallas_gpu_tensor_parallel_matches_unsharded(family, hf_checkpoint):
   assert results[2][0] == results[1][0]
   hf_model = load_hf_model(checkpoint)
   assert results[1][0] == [hf_greedy(hf_model, p, NUM_NEW_TOKENS) for p in prompts]
+
+
+def test_pallas_gpu_bfloat16_tp2_is_bitwise_tp1_with_invariant_reductions(checkpoint):
+  tokens_1, logprobs_1 = _generate(checkpoint, 1, invariant=True, attention_backend="pallas_gpu")
+  tokens_2, logprobs_2 = _generate(checkpoint, 2, invariant=True, attention_backend="pallas_gpu")
+  assert tokens_2 == tokens_1
+  np.testing.assert_array_equal(logprobs_2.view(np.int32), logprobs_1.view(np.int32))

@@ -2,9 +2,10 @@
 exactly the greedy tokens of the unsharded engine; without the switch it does not (two bfloat16
 partial sums added in the all-reduce round differently from the unsharded dot).
 
-The checkpoint is a 256-wide Llama: XLA:CPU's GEMM switches kernels when a weight shrinks from
-64K to 32K elements (as 128-wide k/v projections do when halved), which changes the columns of a
-column-parallel projection; every weight here, whole or halved, stays on one side of that."""
+Two random Llamas: a 256-wide one with 8 kv heads, and a 512-wide one with 2 kv heads whose k/v
+projections [512, 128] shrink from 64K to 32K elements per device, where XLA:CPU's GEMM switches
+kernels: the unsharded invariant model computes them as two column groups, so it runs the
+per-device kernel too."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,16 +19,19 @@ from tests.parallel.mesh.conftest import tp_engine
 
 NUM_NEW_TOKENS = 16
 PROMPT_LENGTHS = (5, 19, 40)
+SHAPES = {"hidden256_kv8": (256, 8), "hidden512_kv2": (512, 2)}  # (hidden, kv heads of 64)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-  """llama_kv8's tokenizer with a wider random Llama (hidden 256, 8 heads of 64, 8 kv heads)."""
-  out_dir = build_hf_checkpoint("llama_kv8", tmp_path_factory.mktemp("llama_wide"))
+@pytest.fixture(scope="module", params=sorted(SHAPES))
+def checkpoint(request, tmp_path_factory):
+  """llama_kv8's tokenizer with a wider random Llama (8 heads of 64, 2 layers)."""
+  hidden, num_kv_heads = SHAPES[request.param]
+  out_dir = build_hf_checkpoint("llama_kv8", tmp_path_factory.mktemp(request.param))
   base = transformers.AutoConfig.from_pretrained(out_dir)
   config = transformers.LlamaConfig(
-      vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-      num_attention_heads=8, num_key_value_heads=8, head_dim=64, max_position_embeddings=256,
+      vocab_size=VOCAB_SIZE, hidden_size=hidden, intermediate_size=2 * hidden,
+      num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=num_kv_heads, head_dim=64,
+      max_position_embeddings=256,
       rms_norm_eps=1e-5, bos_token_id=base.bos_token_id, eos_token_id=base.eos_token_id)
   torch.manual_seed(0)
   model = transformers.LlamaForCausalLM(config)
@@ -43,10 +47,12 @@ def checkpoint(tmp_path_factory):
   return out_dir
 
 
-def _generate(checkpoint, tp: int, invariant: bool) -> tuple[list[list[int]], np.ndarray]:
+def _generate(checkpoint, tp: int, invariant: bool, attention_backend: str = "xla"
+              ) -> tuple[list[list[int]], np.ndarray]:
   rng = np.random.default_rng(7)
   prompts = [rng.integers(4, TOKENIZER_VOCAB_SIZE, size=n).tolist() for n in PROMPT_LENGTHS]
-  engine = tp_engine(checkpoint, tp, dtype="bfloat16", tp_invariant_reductions=invariant)
+  engine = tp_engine(checkpoint, tp, attention_backend, dtype="bfloat16",
+                     tp_invariant_reductions=invariant)
   assert engine.runner.model.config.tp_invariant_reductions is invariant
   tokens, logprobs = generate_and_score(engine, prompts, NUM_NEW_TOKENS)
   return tokens, np.concatenate(logprobs).astype(np.float32)
