@@ -43,6 +43,13 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
         --set scheduler.max_num_seqs=256 --set "scheduler.seq_buckets=[256]" \
         --set "scheduler.token_buckets=[256,4096]" --set scheduler.max_num_batched_tokens=4096 \
         --out "$OUT/profile1b.json" ;;
+    model8b) [ -f /tmp/llama8b/config.json ] || step model8b python3 -c \
+        "from jaxserve.tools.random_checkpoint import build_random_llama as b; b('llama-3.1-8b', '/tmp/llama8b')" ;;
+    tp_tests) step tp_tests python3 -m pytest -q -p no:cacheprovider tests/parallel/test_gpu_tensor_parallel.py ;;
+    tp_invariant|tp_default)  # 2 GPUs: parity and decode step time, tp=1 against tp=2
+      flags=(); [ $s = tp_invariant ] && flags=(--tp-invariant)
+      TAIL=12 step $s env NCCL_NVLS_ENABLE=0 python3 scripts/bench_tp.py --model /tmp/llama8b \
+        --tp 1,2 --batch 128 --context 512 --decode-steps 32 "${flags[@]}" --out "$OUT/$s.json" ;;
     gemm) TAIL=30 step gemm python3 scripts/gemm_invariance.py --out "$OUT/gemm_invariance.json" ;;
     tiles_short) TAIL=30 step tiles_short python3 scripts/bench_kernels.py --batches 64,256 \
         --contexts 512 --no-mixed --tiles "${TILES:-default,32:4:4:1,64:4:3:2,128:4:3:2,64:4:4:2,32:4:4:2,32:4:3:4,16:4:4:1}" \
