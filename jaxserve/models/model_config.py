@@ -83,7 +83,7 @@ class ModelConfig:
   bos_token_id: int | None = None
   eos_token_ids: tuple[int, ...] = ()
   dtype: str = "float32"
-  tp_invariant_reductions: bool = False  # o_proj/down_proj in fixed float32 groups (llama.py)
+  tp_invariant_reductions: bool = False  # projections as tp=2 GEMMs (invariant_dense.py)
 
   def __post_init__(self) -> None:
     _require(self.architecture in ARCHITECTURES, "architecture",
