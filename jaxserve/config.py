@@ -148,8 +148,8 @@ class EngineConfig:
   compilation_cache_dir keeps compiled buckets across restarts (null disables it).
   tensor_parallel_size shards the model over that many devices (all devices of all hosts when
   distributed); the kv head count must be a multiple of it. tp_invariant_reductions makes the
-  bfloat16 forward bitwise independent of tensor_parallel_size in {1, 2} (models/invariant_dense.py;
-  a parity mode, slower at tp = 1).
+  bfloat16 forward bitwise independent of tensor_parallel_size in {1, 2}
+  (models/invariant_dense.py; a parity mode, slower at tp = 1)."""
   model: str = "tiny-random"
   dtype: str = "auto"
   max_model_len: int | None = None
