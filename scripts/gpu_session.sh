@@ -38,6 +38,12 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
         --output-len 128 --max-model-len 640 --log-level WARNING --set scheduler.max_num_seqs=256 \
         --set scheduler.max_num_batched_tokens=4096 --set "scheduler.seq_buckets=[64,256]" \
         --set "scheduler.token_buckets=[256,1024,4096]" --out "$OUT/bench_throughput_1b.json" ;;
+    throughput1b_512*)  # all 512 prompts in one batch; throughput1b_512_2 etc. repeat it
+      TAIL=12 step $s python3 -m jaxserve.cli bench throughput \
+        --model /tmp/llama1b --hf-baseline --hf-batch-size 128 --num-prompts 512 --input-len 512 \
+        --output-len 128 --max-model-len 640 --log-level WARNING --set scheduler.max_num_seqs=512 \
+        --set scheduler.max_num_batched_tokens=8192 --set "scheduler.seq_buckets=[64,512]" \
+        --set "scheduler.token_buckets=[512,2048,8192]" --out "$OUT/$s.json" ;;
     profile1b) TAIL=40 step profile1b python3 scripts/profile_step.py --model /tmp/llama1b \
         --num-seqs 256 --context 576 --max-model-len 640 --trace-top ${TRACE_TOP:-0} --trace-by-family --trace-reps 3 \
         --set scheduler.max_num_seqs=256 --set "scheduler.seq_buckets=[256]" \
