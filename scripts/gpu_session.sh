@@ -30,6 +30,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
       [ $s = async1b_512 ] && engine=(--set scheduler.max_num_seqs=512
           --set scheduler.max_num_batched_tokens=8192 --set "scheduler.seq_buckets=[64,512]"
           --set "scheduler.token_buckets=[512,2048,8192]")
+      [ -n "${PROFILE_HOST:-}" ] && engine+=(--profile-host "$OUT/$s.prof.txt")
       TAIL=22 step $s python3 scripts/bench_offline.py --model /tmp/llama1b --num-prompts 512 \
         --input-len 512 --output-len 128 --max-model-len 640 --log-level WARNING "${engine[@]}" \
         --no-stream --out "$OUT/$s.json" ;;
