@@ -75,12 +75,13 @@ class _StepInFlight:
   dispatch_time: float
 
   def previous_samples(self) -> PreviousSamples:
-    rows = {seq.request_id: i for i, seq in enumerate(self.batch.seqs) if seq.sample}
+    rows = {request_id: i for i, (request_id, sample) in
+            enumerate(zip(self.batch.request_ids, self.batch.sample)) if sample}
     return PreviousSamples(self.handle.sampled_ids_padded, rows)
 
   def feeds_penalized_request(self) -> bool:
-    return any(seq.sample and request.sampling_params.uses_penalties
-               for seq, request in zip(self.batch.seqs, self.requests))
+    return any(sample and request.sampling_params.uses_penalties
+               for sample, request in zip(self.batch.sample, self.requests))
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,7 @@ class LLMEngine:
       mark = timings.add_phase("prepare", mark)
       handle = self.runner.dispatch(inputs)
       mark = timings.add_phase("dispatch", mark)
-      current = _StepInFlight(batch, tuple(self._requests[s.request_id] for s in batch.seqs),
+      current = _StepInFlight(batch, tuple(map(self._requests.__getitem__, batch.request_ids)),
                               handle, (inputs.bucket.num_seqs, inputs.bucket.num_tokens), mark)
       if self.async_scheduling:
         self._in_flight = current
@@ -238,9 +239,10 @@ class LLMEngine:
     touched, cursor, now = [], 0, time.monotonic()
     sampled_ids = host.token_ids.tolist()
     has_prompt_logprobs = host.prompt_logprobs is not None
-    for i, (seq, request) in enumerate(zip(step.batch.seqs, step.requests)):
-      num_tokens = len(seq.token_ids)
-      state = self._states.get(seq.request_id)
+    batch, states = step.batch, self._states
+    for i, (request_id, request, num_tokens, sample) in enumerate(
+        zip(batch.request_ids, step.requests, batch.query_lens, batch.sample)):
+      state = states.get(request_id)
       if request.finished or state is None or state.request is not request:
         cursor += num_tokens  # stopped or aborted while this step ran: results dropped
         continue
@@ -248,9 +250,9 @@ class LLMEngine:
         state.first_scheduled_time = now
       if has_prompt_logprobs and state.prompt_logprobs is not None:
         for j in range(num_tokens):
-          self._record_prompt_logprob(state, host, seq.start_position + j, cursor + j)
+          self._record_prompt_logprob(state, host, batch.start_positions[i] + j, cursor + j)
       cursor += num_tokens
-      if not seq.sample:
+      if not sample:
         continue
       token_id = sampled_ids[i]
       status = state.append_token(token_id, self._sampled_logprob(state, host, i, token_id))

@@ -1,7 +1,16 @@
-"""What the scheduler hands to the device side for one step. Pure Python, no jax."""
+"""What the scheduler hands to the device side for one step. Pure Python, no jax.
+
+A batch is stored column-wise (one flat tuple per field, sequences in batch order): building the
+step inputs turns each column into one array, and the scheduler fills the columns without
+creating an object per sequence. `ScheduledBatch.seqs` is the per-sequence view (`ScheduledSeq`),
+built on first use; a batch can also be built from such a view.
+"""
 from __future__ import annotations
 
+import functools
+import itertools
 from dataclasses import dataclass
+from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -30,20 +39,74 @@ class ScheduledSeq:
     return self.start_position + len(self.token_ids)
 
 
-@dataclass(frozen=True)
 class ScheduledBatch:
-  """A step's sequences (decodes first, then prefill chunks) and what the scheduler did."""
-  seqs: tuple[ScheduledSeq, ...]
-  preempted_request_ids: tuple[str, ...] = ()
+  """A step's sequences (decodes first, then prefill chunks) and what the scheduler did.
+
+  Columns, one entry per sequence unless flat: request_ids, start_positions, query_lens (tokens
+  fed), sample, page_counts (block table lengths); token_ids and page_ids are every sequence's
+  tokens and block table, concatenated. Immutable; equal when the sequences and preemptions are.
+  """
+  __slots__ = ("request_ids", "start_positions", "query_lens", "sample", "page_counts",
+               "token_ids", "page_ids", "preempted_request_ids", "__dict__")
+
+  def __init__(self, seqs: Sequence[ScheduledSeq] = (),
+               preempted_request_ids: tuple[str, ...] = ()) -> None:
+    self._set_columns(
+        tuple(s.request_id for s in seqs), tuple(s.start_position for s in seqs),
+        tuple(len(s.token_ids) for s in seqs), tuple(s.sample for s in seqs),
+        tuple(len(s.page_ids) for s in seqs),
+        tuple(itertools.chain.from_iterable(s.token_ids for s in seqs)),
+        tuple(itertools.chain.from_iterable(s.page_ids for s in seqs)),
+        tuple(preempted_request_ids))
+
+  @classmethod
+  def from_columns(cls, request_ids: Sequence[str], start_positions: Sequence[int],
+                   query_lens: Sequence[int], sample: Sequence[bool], page_counts: Sequence[int],
+                   token_ids: Sequence[int], page_ids: Sequence[int],
+                   preempted_request_ids: Sequence[str] = ()) -> ScheduledBatch:
+    batch = cls.__new__(cls)
+    batch._set_columns(tuple(request_ids), tuple(start_positions), tuple(query_lens),
+                       tuple(sample), tuple(page_counts), tuple(token_ids), tuple(page_ids),
+                       tuple(preempted_request_ids))
+    return batch
+
+  def _set_columns(self, *columns: tuple) -> None:
+    for name, column in zip(ScheduledBatch.__slots__, columns):
+      object.__setattr__(self, name, column)
+
+  def __setattr__(self, name: str, value) -> None:
+    raise AttributeError(f"ScheduledBatch is immutable (cannot set {name!r})")
+
+  @functools.cached_property
+  def seqs(self) -> tuple[ScheduledSeq, ...]:
+    token_ends = itertools.accumulate(self.query_lens)
+    page_ends = itertools.accumulate(self.page_counts)
+    seqs, token_start, page_start = [], 0, 0
+    for i, (token_end, page_end) in enumerate(zip(token_ends, page_ends)):
+      seqs.append(ScheduledSeq(self.request_ids[i], self.token_ids[token_start:token_end],
+                               self.start_positions[i], self.page_ids[page_start:page_end],
+                               self.sample[i]))
+      token_start, page_start = token_end, page_end
+    return tuple(seqs)
 
   @property
   def num_seqs(self) -> int:
-    return len(self.seqs)
+    return len(self.request_ids)
 
   @property
   def num_tokens(self) -> int:
-    return sum([len(s.token_ids) for s in self.seqs])
+    return len(self.token_ids)
 
   @property
   def is_empty(self) -> bool:
-    return not self.seqs
+    return not self.request_ids
+
+  def __eq__(self, other: object) -> bool:
+    if not isinstance(other, ScheduledBatch):
+      return NotImplemented
+    return (self.seqs, self.preempted_request_ids) == (other.seqs, other.preempted_request_ids)
+
+  __hash__ = None
+
+  def __repr__(self) -> str:
+    return f"ScheduledBatch(seqs={self.seqs!r}, preempted_request_ids={self.preempted_request_ids!r})"

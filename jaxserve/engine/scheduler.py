@@ -47,7 +47,7 @@ import collections
 from ..config import SchedulerConfig  # relative imports: this side never touches jax
 from .page_allocator import PageAllocator
 from .request import Request, RequestStatus
-from .scheduled_batch import ScheduledBatch, ScheduledSeq
+from .scheduled_batch import ScheduledBatch
 
 _Planned = tuple[Request, int, int]  # (request, start position, tokens scheduled)
 PLACEHOLDER_TOKEN_ID = -1  # a token sampled by the step in flight, fed from the device
@@ -293,19 +293,58 @@ class Scheduler:
     del self._requests[request.request_id]
 
   def _build_batch(self, planned: list[_Planned], preempted_ids: list[str]) -> ScheduledBatch:
-    decodes: list[ScheduledSeq] = []
-    prefills: list[ScheduledSeq] = []
+    decodes: list[tuple[Request, int]] = []
+    prefills: list[tuple[Request, int, int, bool]] = []
     for request, start, num_new in planned:
       end = start + num_new
       request.num_computed_tokens = end
       sample = end == request.num_tokens_with_placeholders
-      seq = ScheduledSeq(request_id=request.request_id,
-                         token_ids=_token_slice(request, start, end), start_position=start,
-                         page_ids=tuple(request.page_ids), sample=sample)
       request.num_output_placeholders += sample
-      (decodes if num_new == 1 and seq.sample else prefills).append(seq)
-    return ScheduledBatch(seqs=tuple(decodes + prefills),
-                          preempted_request_ids=tuple(preempted_ids))
+      if num_new == 1 and sample:
+        decodes.append((request, start))
+      else:
+        prefills.append((request, start, num_new, sample))
+    columns = _BatchColumns()
+    for request, start in decodes:
+      columns.add_decode(request, start)
+    for request, start, num_new, sample in prefills:
+      columns.add_prefill(request, start, num_new, sample)
+    return columns.build(preempted_ids)
+
+
+class _BatchColumns:
+  """The columns of a ScheduledBatch, filled one sequence at a time (after its request's
+  num_computed_tokens and placeholders were advanced)."""
+
+  def __init__(self) -> None:
+    self.request_ids: list[str] = []
+    self.starts: list[int] = []
+    self.query_lens: list[int] = []
+    self.sample: list[bool] = []
+    self.page_counts: list[int] = []
+    self.token_ids: list[int] = []
+    self.page_ids: list[int] = []
+
+  def add_decode(self, request: Request, start: int) -> None:
+    self._add(request, start, 1, True)
+    self.token_ids.append(_token_at(request, start))
+
+  def add_prefill(self, request: Request, start: int, num_new: int, sample: bool) -> None:
+    self._add(request, start, num_new, sample)
+    self.token_ids.extend(_token_slice(request, start, start + num_new))
+
+  def _add(self, request: Request, start: int, num_new: int, sample: bool) -> None:
+    self.request_ids.append(request.request_id)
+    self.starts.append(start)
+    self.query_lens.append(num_new)
+    self.sample.append(sample)
+    self.page_counts.append(len(request.page_ids))
+    self.page_ids.extend(request.page_ids)
+
+  def build(self, preempted_ids: list[str]) -> ScheduledBatch:
+    return ScheduledBatch.from_columns(self.request_ids, self.starts, self.query_lens,
+                                       self.sample, self.page_counts, self.token_ids,
+                                       self.page_ids, preempted_ids)
 
 
 def _token_slice(request: Request, start: int, end: int) -> tuple[int, ...]:

@@ -11,7 +11,6 @@ previous step's sampled ids (`PreviousSamples`, a device array) that the step su
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -92,14 +91,13 @@ def build_step_inputs(batch: ScheduledBatch, requests: Mapping[str, Request], bu
                       empty_history: Callable[[int], np.ndarray] | None = None) -> StepInputs:
   """Pads `batch` to `bucket`. empty_history(S) supplies the [S, H] all -1 history used when no
   request penalizes (the runner passes a cached device array, so nothing is transferred).
-  Placeholder tokens are taken from `previous`. Vectorized over sequences: the per-sequence
-  Python work is gathering their lists."""
+  Placeholder tokens are taken from `previous`. Vectorized over sequences: each of the batch's
+  columns becomes one array; the per-sequence Python work is gathering request fields."""
   num_slots, num_token_slots = bucket.num_seqs, bucket.num_tokens
-  seqs = batch.seqs
-  num_seqs = len(seqs)
-  q_lens = np.fromiter((len(s.token_ids) for s in seqs), np.int32, num_seqs)
-  starts = np.fromiter((s.start_position for s in seqs), np.int32, num_seqs)
-  num_live = int(q_lens.sum())
+  num_seqs = batch.num_seqs
+  q_lens = np.array(batch.query_lens, np.int32).reshape(num_seqs)
+  starts = np.array(batch.start_positions, np.int32).reshape(num_seqs)
+  num_live = batch.num_tokens
   query_start_loc = np.full(num_slots + 1, num_live, np.int32)
   query_start_loc[0] = 0
   np.cumsum(q_lens, out=query_start_loc[1:num_seqs + 1])
@@ -107,9 +105,8 @@ def build_step_inputs(batch: ScheduledBatch, requests: Mapping[str, Request], bu
   live_positions = (np.arange(num_live, dtype=np.int32) - query_start_loc[seq_of_token]
                     + starts[seq_of_token])
 
-  page_counts = np.fromiter((len(s.page_ids) for s in seqs), np.int32, num_seqs)
-  flat_pages = np.fromiter(itertools.chain.from_iterable(s.page_ids for s in seqs), np.int32,
-                           int(page_counts.sum()))
+  page_counts = np.array(batch.page_counts, np.int32).reshape(num_seqs)
+  flat_pages = np.array(batch.page_ids, np.int32).reshape(-1)
   page_rows = np.repeat(np.arange(num_seqs), page_counts)
   page_cols = np.arange(flat_pages.size) - np.repeat(np.cumsum(page_counts) - page_counts,
                                                      page_counts)
@@ -117,9 +114,8 @@ def build_step_inputs(batch: ScheduledBatch, requests: Mapping[str, Request], bu
   block_tables[page_rows, page_cols] = flat_pages
 
   token_ids = np.zeros(num_token_slots, np.int32)
-  token_ids[:num_live] = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in seqs),
-                                     np.int32, num_live)
-  prev_token_rows = _previous_rows(token_ids[:num_live], seq_of_token, seqs, previous,
+  token_ids[:num_live] = batch.token_ids
+  prev_token_rows = _previous_rows(token_ids[:num_live], seq_of_token, batch.request_ids, previous,
                                    num_token_slots)
   positions = np.zeros(num_token_slots, np.int32)
   positions[:num_live] = live_positions
@@ -131,7 +127,7 @@ def build_step_inputs(batch: ScheduledBatch, requests: Mapping[str, Request], bu
   logits_indices = np.zeros(num_slots, np.int32)
   logits_indices[:num_seqs] = query_start_loc[1:num_seqs + 1] - 1
 
-  batch_requests = [requests[s.request_id] for s in seqs]
+  batch_requests = [requests[r] for r in batch.request_ids]
   prompt_targets = np.full(num_token_slots, -1, np.int32)
   for i, request in _special_rows(batch_requests):
     if request.sampling_params.prompt_logprobs is not None:
@@ -148,18 +144,19 @@ def build_step_inputs(batch: ScheduledBatch, requests: Mapping[str, Request], bu
                     sampling=_sampling_inputs(batch_requests, num_slots, shape, empty_history))
 
 
-def _previous_rows(live_token_ids: np.ndarray, seq_of_token: np.ndarray, seqs, previous,
+def _previous_rows(live_token_ids: np.ndarray, seq_of_token: np.ndarray,
+                   request_ids: tuple[str, ...], previous: PreviousSamples,
                    num_token_slots: int) -> np.ndarray:
   """-1 everywhere but at placeholder tokens, which get their row in previous.sampled_ids (and
   are zeroed in live_token_ids, in place)."""
   rows = np.full(num_token_slots, -1, np.int32)
   slots = np.flatnonzero(live_token_ids == PLACEHOLDER_TOKEN_ID)
-  request_ids = [seqs[i].request_id for i in seq_of_token[slots].tolist()]
-  missing = [r for r in request_ids if r not in previous.rows]
+  slot_request_ids = [request_ids[i] for i in seq_of_token[slots].tolist()]
+  missing = [r for r in slot_request_ids if r not in previous.rows]
   if missing:
     raise ValueError(f"step inputs: request {missing[0]!r} feeds a token in flight but did "
                      f"not sample in the previous step")
-  rows[slots] = [previous.rows[r] for r in request_ids]
+  rows[slots] = [previous.rows[r] for r in slot_request_ids]
   live_token_ids[slots] = 0
   return rows
 
