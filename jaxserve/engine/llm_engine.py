@@ -75,8 +75,8 @@ class _StepInFlight:
   dispatch_time: float
 
   def previous_samples(self) -> PreviousSamples:
-    rows = {request_id: i for i, (request_id, sample) in
-            enumerate(zip(self.batch.request_ids, self.batch.sample)) if sample}
+    rows = dict(itertools.compress(zip(self.batch.request_ids, itertools.count()),
+                                   self.batch.sample))
     return PreviousSamples(self.handle.sampled_ids_padded, rows)
 
   def feeds_penalized_request(self) -> bool:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 import functools
+from array import array
 from dataclasses import dataclass, field
 
 from jaxserve.sampling_params import SamplingParams
@@ -92,6 +93,12 @@ class Request:
     p = self.sampling_params
     return (p.temperature, p.top_p, p.min_p, p.repetition_penalty, p.presence_penalty,
             p.frequency_penalty, p.top_k, (self.seed ^ (self.seed >> 32)) & 0xFFFFFFFF)
+
+  @functools.cached_property
+  def sampling_row_bytes(self) -> bytes:
+    """sampling_row as 8 native float64 values (each entry is exact in float64): step inputs
+    join the rows of a batch into one buffer instead of converting each tuple."""
+    return array("d", self.sampling_row).tobytes()
 
   @functools.cached_property
   def plain_sampling(self) -> bool:

@@ -151,12 +151,12 @@ def _previous_rows(live_token_ids: np.ndarray, seq_of_token: np.ndarray,
   are zeroed in live_token_ids, in place)."""
   rows = np.full(num_token_slots, -1, np.int32)
   slots = np.flatnonzero(live_token_ids == PLACEHOLDER_TOKEN_ID)
-  slot_request_ids = [request_ids[i] for i in seq_of_token[slots].tolist()]
-  missing = [r for r in slot_request_ids if r not in previous.rows]
-  if missing:
-    raise ValueError(f"step inputs: request {missing[0]!r} feeds a token in flight but did "
-                     f"not sample in the previous step")
-  rows[slots] = [previous.rows[r] for r in slot_request_ids]
+  slot_request_ids = map(request_ids.__getitem__, seq_of_token[slots].tolist())
+  try:
+    rows[slots] = list(map(previous.rows.__getitem__, slot_request_ids))
+  except KeyError as error:
+    raise ValueError(f"step inputs: request {error.args[0]!r} feeds a token in flight but did "
+                     f"not sample in the previous step") from None
   live_token_ids[slots] = 0
   return rows
 
@@ -176,8 +176,8 @@ def _special_rows(batch_requests: list[Request]) -> list[tuple[int, Request]]:
 def _sampling_inputs(batch_requests: list[Request], num_slots: int, shape: StepShape,
                      empty_history) -> SamplingInputs:
   num_seqs = len(batch_requests)
-  # float64 holds every sampling_row entry exactly (top_k and the 32-bit seed included)
-  table = np.array([r.sampling_row for r in batch_requests], np.float64).reshape(num_seqs, 8)
+  table = np.frombuffer(b"".join([r.sampling_row_bytes for r in batch_requests]),
+                        np.float64).reshape(num_seqs, 8)   # [S, 8] of sampling_row
   floats = np.zeros((num_slots, 6), np.float32)
   floats[:, 1] = 1.0  # top_p
   floats[:, 3] = 1.0  # repetition_penalty
