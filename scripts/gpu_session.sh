@@ -57,6 +57,14 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
       flags=(); [ $s = tp_invariant ] && flags=(--tp-invariant)
       TAIL=12 step $s env NCCL_NVLS_ENABLE=0 python3 scripts/bench_tp.py --model /tmp/llama8b \
         --tp 1,2 --batch 128 --context 512 --decode-steps 32 "${flags[@]}" --out "$OUT/$s.json" ;;
+    profile512|profile512_prefill)  # the 512-sequence throughput config: decode or prefill step
+      phase=decode; [ $s = profile512_prefill ] && phase=prefill
+      TAIL=40 step $s python3 scripts/profile_step.py --model /tmp/llama1b --phase $phase \
+        --num-seqs 512 --context $([ $phase = decode ] && echo 576 || echo 512) --max-model-len 640 \
+        --trace-top ${TRACE_TOP:-25} --trace-by-family --trace-reps 3 \
+        --set scheduler.max_num_seqs=512 --set "scheduler.seq_buckets=[64,512]" \
+        --set "scheduler.token_buckets=[512,2048,8192]" --set scheduler.max_num_batched_tokens=8192 \
+        --out "$OUT/$s.json" ;;
     gemm) TAIL=30 step gemm python3 scripts/gemm_invariance.py --out "$OUT/gemm_invariance.json" ;;
     tiles_short) TAIL=30 step tiles_short python3 scripts/bench_kernels.py --batches 64,256 \
         --contexts 512 --no-mixed --tiles "${TILES:-default,32:4:4:1,64:4:3:2,128:4:3:2,64:4:4:2,32:4:4:2,32:4:3:4,16:4:4:1}" \

@@ -1,5 +1,6 @@
-"""Where a decode step's device time goes: the whole jitted step against its parts (model
-forward, logits, sampler), timed on the same inputs for one bucket. With --trace-top N it also
+"""Where a step's device time goes: the whole jitted step against its parts (model forward,
+logits, sampler), timed on the same inputs for one bucket: a decode step of --num-seqs sequences
+at --context tokens, or with --phase prefill the first prefill step of those prompts. With --trace-top N it also
 profiles ~10 executions of the whole jitted step and prints the N kernels (CPU: XLA ops) that take
 most device time (jaxserve/tools/device_trace.py). The results print as JSON at the end and go to
 --out when given.
@@ -56,6 +57,7 @@ def main() -> None:
   add_engine_args(parser)
   parser.add_argument("--num-seqs", type=int, default=256)
   parser.add_argument("--context", type=int, default=576)
+  parser.add_argument("--phase", choices=("decode", "prefill"), default="decode")
   parser.add_argument("--trace-top", type=int, default=0, metavar="N",
                       help="also profile the whole step and print its N most expensive kernels")
   parser.add_argument("--trace-dir", help="where the profile goes (default: a temporary dir)")
@@ -70,31 +72,36 @@ def main() -> None:
   params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
   for i in range(args.num_seqs):
     engine.add_request(rng.integers(0, min(engine.vocab_size, 1000), args.context).tolist(), params, request_id=f"p{i}")
-  while engine.scheduler.num_waiting or any(  # run prefill until everyone decodes
-      len(engine._requests[r].output_token_ids) == 0 for r in engine._requests):
+  while args.phase == "decode" and (engine.scheduler.num_waiting or any(  # prefill everyone
+      len(engine._requests[r].output_token_ids) == 0 for r in engine._requests)):
     engine.step()
   runner = engine.runner
   batch = engine.scheduler.schedule()
   inputs = runner.prepare(batch, engine._requests)
   model = runner.model
   compute_logits = type(model).compute_logits
-  variables = {"params": runner.params}
+  params = runner.params  # an argument, never a closure: captured weights become constants
   print(f"bucket {inputs.bucket}, {batch.num_seqs} seqs, {batch.num_tokens} tokens")
 
-  def forward(kv, inp):
-    return model.apply(variables, inp.token_ids, inp.positions, kv, inp.slot_mapping,
-                       inp.metadata)
+  @functools.partial(jax.jit, donate_argnums=1)
+  def forward(params, kv, inp):
+    hidden, kv = model.apply({"params": params}, inp.token_ids, inp.positions, kv,
+                             inp.slot_mapping, inp.metadata)
+    return hidden, kv
+
+  @jax.jit
+  def logits_fn(params, h):
+    return model.apply({"params": params}, h, method=compute_logits)
 
   device_inputs = jax.device_put(inputs)
-  hidden, runner.kv_pages = jax.jit(forward, donate_argnums=0)(runner.kv_pages, device_inputs)
+  hidden, runner.kv_pages = forward(params, runner.kv_pages, device_inputs)
   last = hidden[device_inputs.logits_indices]
-  logits = jax.jit(lambda h: model.apply(variables, h, method=compute_logits))(last)
+  logits = logits_fn(params, last)
   rows = [
       ("whole step (packed inputs, donated pages)", None),
-      ("model forward (donated pages)", timed_forward(jax.jit(forward, donate_argnums=0),
+      ("model forward (donated pages)", timed_forward(functools.partial(forward, params),
                                                       runner, device_inputs)),
-      ("logits (lm_head)", timed(jax.jit(lambda h: model.apply(variables, h,
-                                                               method=compute_logits)), last)),
+      ("logits (lm_head)", timed(logits_fn, params, last)),
       ("sampler", timed(jax.jit(sample, static_argnames="mode"), logits, device_inputs.sampling,
                         mode=SamplerMode.of(inputs.sampling))),
       ("pack + transfer", timed(lambda: jax.device_put(pack(inputs)))),
