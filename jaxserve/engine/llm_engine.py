@@ -213,9 +213,12 @@ class LLMEngine:
     if previous is not None:
       touched += self._complete(previous)
     mark = time.perf_counter()
-    outputs = [state.make_output() for state in touched if state.wants_output]
+    outputs = []
     for state in touched:
-      if state.request.finished:
+      finished = state.request.status.finished
+      if finished or state.stream:  # state.wants_output
+        outputs.append(state.make_output())
+      if finished:
         self._requests.pop(state.request.request_id, None)
         self._states.pop(state.request.request_id, None)
     timings.add_phase("outputs", mark)
@@ -243,7 +246,7 @@ class LLMEngine:
     for i, (request_id, request, num_tokens, sample) in enumerate(
         zip(batch.request_ids, step.requests, batch.query_lens, batch.sample)):
       state = states.get(request_id)
-      if request.finished or state is None or state.request is not request:
+      if request.status.finished or state is None or state.request is not request:
         cursor += num_tokens  # stopped or aborted while this step ran: results dropped
         continue
       if state.first_scheduled_time is None:
@@ -255,7 +258,8 @@ class LLMEngine:
       if not sample:
         continue
       token_id = sampled_ids[i]
-      status = state.append_token(token_id, self._sampled_logprob(state, host, i, token_id))
+      logprob = self._sampled_logprob(state, host, i, token_id) if state.wants_logprobs else None
+      status = state.append_token(token_id, logprob)
       if status is not None:
         self._finish(state, status)
       touched.append(state)

@@ -19,10 +19,10 @@ class RequestStatus(enum.Enum):
 
   @property
   def finished(self) -> bool:
-    return self not in _UNFINISHED
+    return self is not _WAITING and self is not _RUNNING  # identity: no enum hashing
 
 
-_UNFINISHED = frozenset((RequestStatus.WAITING, RequestStatus.RUNNING))
+_WAITING, _RUNNING = RequestStatus.WAITING, RequestStatus.RUNNING
 
 
 @dataclass(eq=False)

@@ -35,6 +35,11 @@ class RequestState:
       self.prompt_logprobs = [None] * self.request.num_prompt_tokens
     # Without streaming and stop strings nobody needs text before the end: detokenize once then.
     self._deferred_text = not self.stream and not self.request.sampling_params.stop
+    params = self.request.sampling_params
+    # every token that can stop the request (eos unless ignored, stop_token_ids): one lookup
+    self._stop_token_ids = (frozenset(() if params.ignore_eos else self.request.eos_token_ids)
+                            | frozenset(params.stop_token_ids))
+    self.wants_logprobs = params.logprobs is not None
 
   def record_prompt_logprob(self, position: int, entry: TokenLogprob) -> None:
     """Logprob of prompt token position + 1 given tokens 0..position."""
@@ -53,10 +58,9 @@ class RequestState:
       self.logprobs.append(logprob)
       self._new_logprobs.append(logprob)
     num_output = len(request.output_token_ids)
-    past_min = num_output >= params.min_tokens
-    if past_min and not params.ignore_eos and token_id in request.eos_token_ids:
-      return self._finish_text(RequestStatus.FINISHED_STOPPED, None)
-    if past_min and token_id in params.stop_token_ids:
+    if token_id in self._stop_token_ids and num_output >= params.min_tokens:
+      if not params.ignore_eos and token_id in request.eos_token_ids:
+        return self._finish_text(RequestStatus.FINISHED_STOPPED, None)
       return self._finish_text(RequestStatus.FINISHED_STOPPED, token_id)
     if not self._deferred_text:
       delta = self.detokenizer.add_tokens([token_id])
