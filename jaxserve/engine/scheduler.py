@@ -305,8 +305,7 @@ class Scheduler:
       else:
         prefills.append((request, start, num_new, sample))
     columns = _BatchColumns()
-    for request, start in decodes:
-      columns.add_decode(request, start)
+    columns.add_decodes(decodes)
     for request, start, num_new, sample in prefills:
       columns.add_prefill(request, start, num_new, sample)
     return columns.build(preempted_ids)
@@ -325,9 +324,18 @@ class _BatchColumns:
     self.token_ids: list[int] = []
     self.page_ids: list[int] = []
 
-  def add_decode(self, request: Request, start: int) -> None:
-    self._add(request, start, 1, True)
-    self.token_ids.append(_token_at(request, start))
+  def add_decodes(self, decodes: list[tuple[Request, int]]) -> None:
+    """One-token sampling sequences: the per-sequence appends of _add, inlined."""
+    self.query_lens.extend([1] * len(decodes))
+    self.sample.extend([True] * len(decodes))
+    request_ids, starts, page_counts = self.request_ids, self.starts, self.page_counts
+    token_ids, page_ids = self.token_ids, self.page_ids
+    for request, start in decodes:
+      request_ids.append(request.request_id)
+      starts.append(start)
+      page_counts.append(len(request.page_ids))
+      page_ids.extend(request.page_ids)
+      token_ids.append(_token_at(request, start))
 
   def add_prefill(self, request: Request, start: int, num_new: int, sample: bool) -> None:
     self._add(request, start, num_new, sample)
