@@ -2,8 +2,12 @@
 gather-then-attend reference and JAX's bundled Pallas GPU paged_attention.
 
 Every kernel's output is first checked against the reference on fresh random inputs. Timing runs
-a jitted loop of `--inner` calls (each call reads a different set of pages, so data never sits in
-L2) `--reps` times and takes the median per call. Effective bandwidth counts the K and V bytes the
+one jitted program of `--inner` calls back to back (each call reads a different set of pages, so
+data never sits in L2) `--reps` times and takes the median per call. The calls are unrolled and
+chained only through optimization barriers, so the program holds nothing but the calls
+themselves, as a model step does; `--harness loop` instead runs them in a fori_loop whose body
+also slices the page table and reduces the output (a few small kernels per call, which weigh on
+calls of a few tens of microseconds). Effective bandwidth counts the K and V bytes the
 batch actually attends: sum(seq_lens) * num_kv_heads * head_dim * 2 * itemsize.
 
   python scripts/bench_kernels.py                 # on a GPU; writes out/bench_kernels.json
@@ -127,8 +131,11 @@ def reference_bytes(num_tokens: int, batch: Batch) -> int:
   return 2 * num_kv_heads * num_tokens * max_len * head_dim * (batch.k_pages.dtype.itemsize + 4)
 
 
-def time_per_call(fn, batch: Batch, *, inner: int, reps: int) -> float:
-  """Median seconds per call of fn(*batch.args(r)) over a jitted loop rotating page sets."""
+def time_per_call(fn, batch: Batch, *, inner: int, reps: int, harness: str = "unrolled"
+                  ) -> float:
+  """Median seconds per call of fn(*batch.args(r)) over a jitted program rotating page sets."""
+  if harness == "unrolled":
+    return _time_unrolled(fn, batch, inner=inner, reps=reps)
   tables = jnp.stack(batch.block_tables)                        # [R, S, pages_per_seq]
   num_rotations = len(batch.block_tables)
 
@@ -147,6 +154,29 @@ def time_per_call(fn, batch: Batch, *, inner: int, reps: int) -> float:
   for _ in range(reps):
     start = time.perf_counter()
     loop(*args).block_until_ready()
+    samples.append((time.perf_counter() - start) / inner)
+  return statistics.median(samples)
+
+
+def _time_unrolled(fn, batch: Batch, *, inner: int, reps: int) -> float:
+  """`inner` calls in one jitted program, each fed the previous output through an optimization
+  barrier (no extra kernel; keeps XLA from merging calls on the same page set)."""
+  @jax.jit
+  def program(q, k_pages, v_pages, tables, seq_lens, query_start_loc, num_seqs):
+    out = None
+    for i in range(inner):
+      q_i = q if out is None else jax.lax.optimization_barrier((q, out))[0]
+      out = fn(q_i, k_pages, v_pages, tables[i % len(tables)], seq_lens, query_start_loc,
+               num_seqs)
+    return out
+
+  args = (batch.q, batch.k_pages, batch.v_pages, tuple(batch.block_tables), batch.seq_lens,
+          batch.query_start_loc, batch.num_seqs)
+  program(*args).block_until_ready()
+  samples = []
+  for _ in range(reps):
+    start = time.perf_counter()
+    program(*args).block_until_ready()
     samples.append((time.perf_counter() - start) / inner)
   return statistics.median(samples)
 
@@ -243,7 +273,8 @@ def run_case(name: str, batch: Batch, *, shape: Shape, context: int, opts, copy_
     fns = {label: fn for label, fn in fns.items() if label == "ours" and batch.is_decode}
   for label, fn in fns.items():
     try:
-      seconds = time_per_call(fn, batch, inner=opts.inner, reps=opts.reps)
+      seconds = time_per_call(fn, batch, inner=opts.inner, reps=opts.reps,
+                              harness=opts.harness)
     except Exception as exc:
       result.notes.append(f"{label} timing failed: {type(exc).__name__}: {exc}"[:500])
       continue
@@ -282,7 +313,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                            " comma list")
   parser.add_argument("--bundled-configs", default="16x8",
                       help="bundled op k_splits x pages_per_compute_block, comma list")
-  parser.add_argument("--inner", type=int, default=20, help="calls per timed jitted loop")
+  parser.add_argument("--inner", type=int, default=12, help="calls per timed jitted program")
+  parser.add_argument("--harness", choices=("unrolled", "loop"), default="unrolled",
+                      help="calls unrolled back to back (default) or in a fori_loop")
   parser.add_argument("--reps", type=int, default=7, help="timed loops (median taken)")
   parser.add_argument("--check-seqs", type=int, default=16,
                       help="sequences checked against the reference per case")

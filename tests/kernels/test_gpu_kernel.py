@@ -228,3 +228,19 @@ def test_bench_script_smoke(tmp_path: Path):
     assert case["max_abs_error"]["ours"] < 2e-2, case
   assert case["kind"] == "mixed"
   assert report["cases"][0]["max_abs_error"]["bundled"] < 2e-2
+
+
+@pytest.mark.parametrize("harness", ["unrolled", "loop"])
+def test_bench_harness_runs_every_call(harness):
+  """Both timing programs run `inner` calls; the unrolled one keeps all of them (the barrier
+  chain stops XLA from merging the calls that share a page set)."""
+  bench = _load_bench_script()
+  batch = bench.make_batch("b", bench.Shape(), [1] * 4, [40] * 4, seed=0, num_rotations=2)
+  calls = []
+
+  def fn(q, *args):
+    calls.append(1)  # traced once per call site in the program
+    return ragged_paged_attention_reference(q, *args, sm_scale=0.1)
+
+  assert bench.time_per_call(fn, batch, inner=5, reps=1, harness=harness) > 0
+  assert len(calls) == (5 if harness == "unrolled" else 1)
