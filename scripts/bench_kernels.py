@@ -3,8 +3,8 @@ gather-then-attend reference and JAX's bundled Pallas GPU paged_attention.
 
 Every kernel's output is first checked against the reference on fresh random inputs. Timing runs
 one jitted program of `--inner` calls back to back (each call reads a different set of pages, so
-data never sits in L2) `--reps` times and takes the median per call. The calls are unrolled and
-chained only through optimization barriers, so the program holds nothing but the calls
+data never sits in L2) `--reps` times and takes the median per call. The calls are unrolled, each
+on its own query array and each output returned, so the program holds nothing but the calls
 themselves, as a model step does; `--harness loop` instead runs them in a fori_loop whose body
 also slices the page table and reduces the output (a few small kernels per call, which weigh on
 calls of a few tens of microseconds). Effective bandwidth counts the K and V bytes the
@@ -158,25 +158,29 @@ def time_per_call(fn, batch: Batch, *, inner: int, reps: int, harness: str = "un
   return statistics.median(samples)
 
 
-def _time_unrolled(fn, batch: Batch, *, inner: int, reps: int) -> float:
-  """`inner` calls in one jitted program, each fed the previous output through an optimization
-  barrier (no extra kernel; keeps XLA from merging calls on the same page set)."""
-  @jax.jit
-  def program(q, k_pages, v_pages, tables, seq_lens, query_start_loc, num_seqs):
-    out = None
-    for i in range(inner):
-      q_i = q if out is None else jax.lax.optimization_barrier((q, out))[0]
-      out = fn(q_i, k_pages, v_pages, tables[i % len(tables)], seq_lens, query_start_loc,
-               num_seqs)
-    return out
+def unrolled_program(fn, batch: Batch, inner: int):
+  """(program, args): one jitted program of `inner` independent calls, call i on its own copy
+  of q (so XLA cannot merge calls that share a page set) and page set i % R; every call's
+  output is a program output (so none is dropped). No other op runs in the program."""
+  keys = jax.random.split(jax.random.key(inner), inner)
+  queries = tuple(jax.random.normal(k, batch.q.shape, batch.q.dtype) for k in keys)
 
-  args = (batch.q, batch.k_pages, batch.v_pages, tuple(batch.block_tables), batch.seq_lens,
-          batch.query_start_loc, batch.num_seqs)
-  program(*args).block_until_ready()
+  @jax.jit
+  def program(queries, k_pages, v_pages, tables, seq_lens, query_start_loc, num_seqs):
+    return tuple(fn(q, k_pages, v_pages, tables[i % len(tables)], seq_lens, query_start_loc,
+                    num_seqs) for i, q in enumerate(queries))
+
+  return program, (queries, batch.k_pages, batch.v_pages, tuple(batch.block_tables),
+                   batch.seq_lens, batch.query_start_loc, batch.num_seqs)
+
+
+def _time_unrolled(fn, batch: Batch, *, inner: int, reps: int) -> float:
+  program, args = unrolled_program(fn, batch, inner)
+  jax.block_until_ready(program(*args))
   samples = []
   for _ in range(reps):
     start = time.perf_counter()
-    program(*args).block_until_ready()
+    jax.block_until_ready(program(*args))
     samples.append((time.perf_counter() - start) / inner)
   return statistics.median(samples)
 

@@ -231,16 +231,25 @@ def test_bench_script_smoke(tmp_path: Path):
 
 
 @pytest.mark.parametrize("harness", ["unrolled", "loop"])
-def test_bench_harness_runs_every_call(harness):
-  """Both timing programs run `inner` calls; the unrolled one keeps all of them (the barrier
-  chain stops XLA from merging the calls that share a page set)."""
+def test_bench_harness_times(harness):
   bench = _load_bench_script()
   batch = bench.make_batch("b", bench.Shape(), [1] * 4, [40] * 4, seed=0, num_rotations=2)
-  calls = []
+  fn = functools.partial(ragged_paged_attention_reference, sm_scale=0.1)
+  assert bench.time_per_call(fn, batch, inner=3, reps=1, harness=harness) > 0
 
-  def fn(q, *args):
-    calls.append(1)  # traced once per call site in the program
-    return ragged_paged_attention_reference(q, *args, sm_scale=0.1)
 
-  assert bench.time_per_call(fn, batch, inner=5, reps=1, harness=harness) > 0
-  assert len(calls) == (5 if harness == "unrolled" else 1)
+def test_unrolled_bench_program_runs_every_call():
+  """Each of the `inner` calls returns its own output, computed on its own query and page set
+  (so XLA can neither drop nor merge calls)."""
+  bench = _load_bench_script()
+  batch = bench.make_batch("b", bench.Shape(), [1] * 4, [40] * 4, seed=0, num_rotations=2)
+  fn = functools.partial(ragged_paged_attention_reference, sm_scale=0.1)
+  program, args = bench.unrolled_program(fn, batch, 5)
+  outputs = program(*args)
+  queries = args[0]
+  assert len(outputs) == 5 and len({float(jnp.sum(q)) for q in queries}) == 5
+  for i, out in enumerate(outputs):
+    expected = fn(queries[i], batch.k_pages, batch.v_pages, batch.block_tables[i % 2],
+                  batch.seq_lens, batch.query_start_loc, batch.num_seqs)
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(expected, np.float32),
+                               atol=1e-2)
