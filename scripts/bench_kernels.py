@@ -2,12 +2,11 @@
 gather-then-attend reference and JAX's bundled Pallas GPU paged_attention.
 
 Every kernel's output is first checked against the reference on fresh random inputs. Timing runs
-one jitted program of `--inner` calls back to back (each call reads a different set of pages, so
-data never sits in L2) `--reps` times and takes the median per call. The calls are unrolled, each
-on its own query array and each output returned, so the program holds nothing but the calls
-themselves, as a model step does; `--harness loop` instead runs them in a fori_loop whose body
-also slices the page table and reduces the output (a few small kernels per call, which weigh on
-calls of a few tens of microseconds). Effective bandwidth counts the K and V bytes the
+a jitted loop of `--inner` calls (each call reads a different set of pages, so data never sits in
+L2) `--reps` times and takes the median per call. The loop body also slices the page table and
+reduces the output (a few small kernels per call); `--harness unrolled` instead times one
+program of `--inner` independent calls and nothing else, each with its own query array and its
+own ordering of the pages. Effective bandwidth counts the K and V bytes the
 batch actually attends: sum(seq_lens) * num_kv_heads * head_dim * 2 * itemsize.
 
   python scripts/bench_kernels.py                 # on a GPU; writes out/bench_kernels.json
@@ -131,7 +130,7 @@ def reference_bytes(num_tokens: int, batch: Batch) -> int:
   return 2 * num_kv_heads * num_tokens * max_len * head_dim * (batch.k_pages.dtype.itemsize + 4)
 
 
-def time_per_call(fn, batch: Batch, *, inner: int, reps: int, harness: str = "unrolled"
+def time_per_call(fn, batch: Batch, *, inner: int, reps: int, harness: str = "loop"
                   ) -> float:
   """Median seconds per call of fn(*batch.args(r)) over a jitted program rotating page sets."""
   if harness == "unrolled":
@@ -159,19 +158,28 @@ def time_per_call(fn, batch: Batch, *, inner: int, reps: int, harness: str = "un
 
 
 def unrolled_program(fn, batch: Batch, inner: int):
-  """(program, args): one jitted program of `inner` independent calls, call i on its own copy
-  of q (so XLA cannot merge calls that share a page set) and page set i % R; every call's
-  output is a program output (so none is dropped). No other op runs in the program."""
+  """(program, args): one jitted program of `inner` independent calls. Call i gets its own
+  query array and its own block table: the pages of rotation i % R in a fresh order, so no
+  two calls share a gather XLA could compute once (the XLA reference gathers pages before
+  attending) and consecutive calls still read disjoint pages. Every call's output is a program
+  output, so none is dropped. No other op runs in the program."""
   keys = jax.random.split(jax.random.key(inner), inner)
   queries = tuple(jax.random.normal(k, batch.q.shape, batch.q.dtype) for k in keys)
+  rng = np.random.default_rng(inner)
+  tables = []
+  for i in range(inner):
+    table = np.asarray(batch.block_tables[i % len(batch.block_tables)])
+    if i >= len(batch.block_tables):
+      table = rng.permutation(table.reshape(-1)).reshape(table.shape)
+    tables.append(jnp.asarray(table))
 
   @jax.jit
   def program(queries, k_pages, v_pages, tables, seq_lens, query_start_loc, num_seqs):
-    return tuple(fn(q, k_pages, v_pages, tables[i % len(tables)], seq_lens, query_start_loc,
-                    num_seqs) for i, q in enumerate(queries))
+    return tuple(fn(q, k_pages, v_pages, table, seq_lens, query_start_loc, num_seqs)
+                 for q, table in zip(queries, tables))
 
-  return program, (queries, batch.k_pages, batch.v_pages, tuple(batch.block_tables),
-                   batch.seq_lens, batch.query_start_loc, batch.num_seqs)
+  return program, (queries, batch.k_pages, batch.v_pages, tuple(tables), batch.seq_lens,
+                   batch.query_start_loc, batch.num_seqs)
 
 
 def _time_unrolled(fn, batch: Batch, *, inner: int, reps: int) -> float:
@@ -317,9 +325,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                            " comma list")
   parser.add_argument("--bundled-configs", default="16x8",
                       help="bundled op k_splits x pages_per_compute_block, comma list")
-  parser.add_argument("--inner", type=int, default=12, help="calls per timed jitted program")
-  parser.add_argument("--harness", choices=("unrolled", "loop"), default="unrolled",
-                      help="calls unrolled back to back (default) or in a fori_loop")
+  parser.add_argument("--inner", type=int, default=20, help="calls per timed jitted program")
+  parser.add_argument("--harness", choices=("loop", "unrolled"), default="loop",
+                      help="calls in a fori_loop (default) or unrolled, nothing else timed")
   parser.add_argument("--reps", type=int, default=7, help="timed loops (median taken)")
   parser.add_argument("--check-seqs", type=int, default=16,
                       help="sequences checked against the reference per case")

@@ -239,17 +239,22 @@ def test_bench_harness_times(harness):
 
 
 def test_unrolled_bench_program_runs_every_call():
-  """Each of the `inner` calls returns its own output, computed on its own query and page set
-  (so XLA can neither drop nor merge calls)."""
+  """Each of the `inner` calls returns its own output, computed on its own query and its own
+  block table (so XLA can neither drop calls nor share work between them); a table holds the
+  pages of one rotation."""
   bench = _load_bench_script()
   batch = bench.make_batch("b", bench.Shape(), [1] * 4, [40] * 4, seed=0, num_rotations=2)
   fn = functools.partial(ragged_paged_attention_reference, sm_scale=0.1)
   program, args = bench.unrolled_program(fn, batch, 5)
   outputs = program(*args)
-  queries = args[0]
+  queries, tables = args[0], args[3]
   assert len(outputs) == 5 and len({float(jnp.sum(q)) for q in queries}) == 5
+  assert len({np.asarray(t).tobytes() for t in tables}) == 5
+  for i, table in enumerate(tables):
+    rotation = np.asarray(batch.block_tables[i % 2])
+    assert sorted(np.asarray(table).ravel()) == sorted(rotation.ravel())
   for i, out in enumerate(outputs):
-    expected = fn(queries[i], batch.k_pages, batch.v_pages, batch.block_tables[i % 2],
+    expected = fn(queries[i], batch.k_pages, batch.v_pages, tables[i],
                   batch.seq_lens, batch.query_start_loc, batch.num_seqs)
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(expected, np.float32),
                                atol=1e-2)
