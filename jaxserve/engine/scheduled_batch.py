@@ -109,4 +109,5 @@ class ScheduledBatch:
   __hash__ = None
 
   def __repr__(self) -> str:
-    return f"ScheduledBatch(seqs={self.seqs!r}, preempted_request_ids={self.preempted_request_ids!r})"
+    return (f"ScheduledBatch(seqs={self.seqs!r}, "
+            f"preempted_request_ids={self.preempted_request_ids!r})")
