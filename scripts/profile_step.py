@@ -1,9 +1,9 @@
 """Where a step's device time goes: the whole jitted step against its parts (model forward,
 logits, sampler), timed on the same inputs for one bucket: a decode step of --num-seqs sequences
 at --context tokens, or with --phase prefill the first prefill step of those prompts. With
---trace-top N it also profiles ~10 executions of the whole jitted step and prints the N kernels (CPU: XLA ops) that take
-most device time (jaxserve/tools/device_trace.py). The results print as JSON at the end and go to
---out when given.
+--trace-top N it also profiles ~10 executions of the whole jitted step and prints the N kernels
+(CPU: XLA ops) that take most device time (jaxserve/tools/device_trace.py). The results print as
+JSON at the end and go to --out when given.
 
     python scripts/profile_step.py --model /path/to/ckpt --num-seqs 256 --context 576 --trace-top 25
 """
