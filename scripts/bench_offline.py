@@ -96,9 +96,16 @@ def run(args: argparse.Namespace) -> dict:
       "async_scheduling": engine.async_scheduling, "streamed": not args.no_stream,
       "compilations_after_warmup": engine.ledger.num_compilations - compiled_before,
       "warmup_s": engine.warmup_seconds,
-      "per_bucket": {f"{s}x{t}": {"steps": n, "device_ms_per_step": 1e3 * sec / n}
+      "per_bucket": {f"{s}x{t}": {"steps": n, "device_ms_per_step": 1e3 * sec / n,
+                                  "host_ms_per_step": _host_ms(timings, (s, t))}
                      for (s, t), (n, sec) in sorted(timings.per_bucket.items())},
   }
+
+
+def _host_ms(timings, bucket: tuple[int, int]) -> float | None:
+  """Host ms per step() call that dispatched `bucket`."""
+  steps, seconds = timings.host_per_bucket.get(bucket, (0, 0.0))
+  return 1e3 * seconds / steps if steps else None
 
 
 def main(argv=None) -> int:
@@ -118,7 +125,8 @@ def main(argv=None) -> int:
                                             result["host_phase_ms_per_step"].items())),
           ("async scheduling / streamed", f'{result["async_scheduling"]} / {result["streamed"]}'),
           ("compilations after warmup", result["compilations_after_warmup"])]
-  rows += [(f"bucket {name}", f'{b["steps"]} steps, {b["device_ms_per_step"]:.2f} device ms/step')
+  rows += [(f"bucket {name}", f'{b["steps"]} steps, {b["device_ms_per_step"]:.2f} device ms/step'
+             + ("" if b["host_ms_per_step"] is None else f', {b["host_ms_per_step"]:.2f} host'))
            for name, b in result["per_bucket"].items()]
   width = max(len(k) for k, _ in rows)
   for key, value in rows:

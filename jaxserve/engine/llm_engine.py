@@ -50,6 +50,8 @@ class StepTimings:
   device_seconds: float = 0.0   # sum of the steps' device times
   per_bucket: dict = field(default_factory=dict)  # (num_seqs, num_tokens) -> [steps, seconds]
   host_phases: dict = field(default_factory=dict)  # schedule / prepare / dispatch / process -> s
+  host_per_bucket: dict = field(default_factory=dict)  # bucket -> [steps, host s of the step()
+                                                       # calls that dispatched that bucket]
 
   def add_phase(self, name: str, since: float) -> float:
     """Adds the time since `since` to host phase `name`; returns now."""
@@ -223,7 +225,12 @@ class LLMEngine:
         self._states.pop(state.request.request_id, None)
     timings.add_phase("outputs", mark)
     waited = self.timings.wait_seconds - wait_before
-    self.timings.host_seconds += time.perf_counter() - start - waited
+    host_seconds = time.perf_counter() - start - waited
+    timings.host_seconds += host_seconds
+    if not batch.is_empty:
+      entry = timings.host_per_bucket.setdefault(current.bucket, [0, 0.0])
+      entry[0] += 1
+      entry[1] += host_seconds
     return outputs
 
   def _complete(self, step: _StepInFlight) -> list[RequestState]:
