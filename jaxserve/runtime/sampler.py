@@ -11,6 +11,7 @@ tokens whatever the batch mates. Logprobs are those of the model's raw distribut
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -105,15 +106,24 @@ def _random_sample(logits: jax.Array, s: SamplingInputs) -> jax.Array:
   return jnp.argmax(filtered + gumbel, axis=-1).astype(jnp.int32)
 
 
+def mask_banned(logits: jax.Array, banned_ids: jax.Array) -> jax.Array:
+  """logits f32[S, V] with each row's banned_ids i32[S, B] (-1 padded) at -inf. Written as B
+  compares against the vocabulary index, which XLA fuses into the consumer (the greedy argmax
+  reads the logits once); a scatter into `logits` would first copy the whole [S, V] array,
+  whose unmasked values the logprobs still need."""
+  vocab_ids = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1)       # [S, V]
+  banned = functools.reduce(jnp.logical_or, [vocab_ids == banned_ids[:, j:j + 1]
+                                             for j in range(banned_ids.shape[1])])
+  return jnp.where(banned, NEG_INF, logits)
+
+
 def sample(logits: jax.Array, s: SamplingInputs, mode: SamplerMode) -> SampleOutput:
   """logits f32[S, V] (one row per sequence slot) -> sampled ids and logprobs. `mode` must
   cover the batch (SamplerMode.of(s)); a part it leaves out is not computed."""
   raw_logits = logits
   if mode.penalties:
     logits = apply_penalties(logits, s)
-  rows = jnp.arange(logits.shape[0])[:, None]
-  banned = jnp.where(s.banned_ids < 0, logits.shape[-1], s.banned_ids)
-  logits = logits.at[rows, banned].set(NEG_INF, mode="drop")
+  logits = mask_banned(logits, s.banned_ids)
   token_ids = jnp.argmax(logits, axis=-1).astype(jnp.int32)
   if mode.random:
     token_ids = jnp.where(s.temperature > 0, _random_sample(logits, s), token_ids)

@@ -1,6 +1,8 @@
 """The on-device sampler against Hugging Face's logits processors and the OpenAI penalty formula."""
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +10,8 @@ import pytest
 import torch
 from transformers.generation import logits_process as hf
 
-from jaxserve.runtime.sampler import SamplerMode, apply_penalties, sample, _filter_top_k_top_p_min_p
+from jaxserve.runtime.sampler import (SamplerMode, _filter_top_k_top_p_min_p, apply_penalties,
+                                      mask_banned, sample)
 from jaxserve.runtime.step_inputs import NUM_BANNED_IDS, SamplingInputs
 
 VOCAB = 64
@@ -143,3 +146,25 @@ def test_a_mode_with_more_parts_gives_the_same_tokens():
   np.testing.assert_array_equal(cheap.token_ids, full.token_ids)
   np.testing.assert_allclose(cheap.logprobs, full.logprobs, atol=1e-6)
   assert len(SamplerMode.all()) == 8
+
+
+def test_mask_banned_hand_computed():
+  logits = jnp.asarray([[0.5, 1.0, 2.0, 3.0], [4.0, 3.0, 2.0, 1.0]], jnp.float32)
+  banned = np.full((2, NUM_BANNED_IDS), -1, np.int32)
+  banned[0, :2] = [3, 1]
+  banned[1, 0] = 0
+  masked = np.asarray(mask_banned(logits, jnp.asarray(banned)))
+  inf = -np.inf
+  np.testing.assert_array_equal(masked, [[0.5, inf, 2.0, inf], [inf, 3.0, 2.0, 1.0]])
+
+
+def test_banned_ids_are_never_sampled_in_random_rows():
+  logits = random_logits(4, seed=3)
+  banned = np.full((4, NUM_BANNED_IDS), -1, np.int32)
+  banned[:, :3] = np.argsort(-logits, axis=-1)[:, :3]  # the three likeliest tokens of each row
+  inputs = make_inputs(4, banned_ids=banned, temperature=np.full(4, 0.7, np.float32),
+                       sample_index=np.arange(4, dtype=np.int32), any_random=np.array(True))
+  for step in range(8):
+    inputs = dataclasses.replace(inputs, seeds=np.arange(4, dtype=np.uint32) + 10 * step)
+    token_ids = np.asarray(run_sample(logits, inputs).token_ids)
+    assert not any(t in row for t, row in zip(token_ids, banned[:, :3]))
