@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxserve.tools.device_trace import capture_trace, summarize_trace, total_device_us
 from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention
 from pallas_kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
 
@@ -81,6 +82,7 @@ class CaseResult:
   kv_bytes: int = 0
   max_abs_error: dict[str, float] = field(default_factory=dict)
   time_us: dict[str, float] = field(default_factory=dict)
+  device_us: dict[str, float] = field(default_factory=dict)  # --device-time: kernels only
   kv_gbps: dict[str, float] = field(default_factory=dict)
   pct_of_copy: dict[str, float] = field(default_factory=dict)
   speedup_vs_bundled: float | None = None
@@ -193,6 +195,15 @@ def _time_unrolled(fn, batch: Batch, *, inner: int, reps: int) -> float:
   return statistics.median(samples)
 
 
+def device_us_per_call(fn, batch: Batch, *, inner: int, reps: int = 2) -> float:
+  """Device time per call, from a profiler trace of the unrolled program (its kernels only,
+  launch gaps excluded): what the kernels themselves take, whatever the harness adds."""
+  program, args = unrolled_program(fn, batch, inner)
+  jax.block_until_ready(program(*args))
+  logdir = capture_trace(lambda: program(*args), reps=reps)
+  return total_device_us(summarize_trace(logdir)) / (reps * inner)
+
+
 def copy_bandwidth(num_bytes: int, *, inner: int, reps: int) -> float:
   """Bytes/s (read + written) of a large device-to-device copy: the better of an in-place
   update loop and an out-of-place elementwise copy into a fresh buffer."""
@@ -294,6 +305,11 @@ def run_case(name: str, batch: Batch, *, shape: Shape, context: int, opts, copy_
     result.kv_gbps[label] = batch.kv_bytes / seconds / 1e9
     if copy_bps:
       result.pct_of_copy[label] = 100.0 * batch.kv_bytes / seconds / copy_bps
+    if opts.device_time:
+      try:
+        result.device_us[label] = device_us_per_call(fn, batch, inner=opts.inner)
+      except Exception as exc:
+        result.notes.append(f"{label} trace failed: {type(exc).__name__}: {exc}"[:500])
   ours = min((t for k, t in result.time_us.items() if k.startswith("ours")), default=None)
   bundled = min((t for k, t in result.time_us.items() if k.startswith("bundled")), default=None)
   if ours and bundled:
@@ -328,6 +344,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument("--inner", type=int, default=20, help="calls per timed jitted program")
   parser.add_argument("--harness", choices=("loop", "unrolled"), default="loop",
                       help="calls in a fori_loop (default) or unrolled, nothing else timed")
+  parser.add_argument("--device-time", action="store_true",
+                      help="also trace each timed program and report its kernels' device time "
+                           "per call (the 'dev us' column)")
   parser.add_argument("--reps", type=int, default=7, help="timed loops (median taken)")
   parser.add_argument("--check-seqs", type=int, default=16,
                       help="sequences checked against the reference per case")
@@ -363,10 +382,18 @@ def case_specs(opts, shape: Shape) -> list[tuple[str, int, list[int], list[int]]
   return specs
 
 
+def _device_pct(result: CaseResult, label: str, copy_bps: float | None) -> float:
+  device_us = result.device_us.get(label)
+  if not device_us or not copy_bps:
+    return float("nan")
+  return 100.0 * result.kv_bytes / (device_us * 1e-6) / copy_bps
+
+
 def print_table(results: list[CaseResult], copy_bps: float | None) -> None:
   if copy_bps:
     print(f"\nHBM copy ceiling: {copy_bps / 1e9:.0f} GB/s (read + write)")
-  header = f"{'case':44s} {'kernel':18s} {'us':>10s} {'KV GB/s':>9s} {'%copy':>6s} {'max err':>9s}"
+  header = (f"{'case':44s} {'kernel':18s} {'us':>10s} {'KV GB/s':>9s} {'%copy':>6s} "
+            f"{'max err':>9s} {'dev us':>8s} {'dev %copy':>9s}")
   print(header)
   print("-" * len(header))
   for r in results:
@@ -376,7 +403,8 @@ def print_table(results: list[CaseResult], copy_bps: float | None) -> None:
     for label in sorted(set(r.time_us) | set(r.max_abs_error)):
       print(f"{r.name:44s} {label:18s} {r.time_us.get(label, float('nan')):10.1f} "
             f"{r.kv_gbps.get(label, float('nan')):9.1f} {r.pct_of_copy.get(label, float('nan')):6.1f} "
-            f"{r.max_abs_error.get(label, float('nan')):9.2e}")
+            f"{r.max_abs_error.get(label, float('nan')):9.2e} "
+            f"{r.device_us.get(label, float('nan')):8.1f} {_device_pct(r, label, copy_bps):9.1f}")
     ratios = []
     if r.speedup_vs_bundled:
       ratios.append(f"vs bundled {r.speedup_vs_bundled:.2f}x")

@@ -258,3 +258,13 @@ def test_unrolled_bench_program_runs_every_call():
                   batch.seq_lens, batch.query_start_loc, batch.num_seqs)
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(expected, np.float32),
                                atol=1e-2)
+
+
+def test_bench_device_time_column(tmp_path: Path):
+  """--device-time traces the timed program and reports its kernels' time per call."""
+  out_path = tmp_path / "bench.json"
+  assert _load_bench_script().main(["--smoke", "--no-mixed", "--device-time",
+                                    "--out", str(out_path)]) == 0
+  case = json.loads(out_path.read_text())["cases"][0]
+  assert case["device_us"]["ours"] > 0, case
+  assert not any("trace failed" in note for note in case["notes"]), case
