@@ -34,10 +34,10 @@ scheduler then counts one output placeholder for it, and the engine, once it has
 result, replaces the placeholder by the sampled token (request.output_token_ids) or finishes the
 request. With async scheduling the engine calls `schedule()` for step N+1 while step N still
 runs: a decoding request whose token from step N is a placeholder is scheduled to feed it
-(PLACEHOLDER_TOKEN_ID in the batch; the device takes the real id from step N's output), and one
-whose placeholder is its last token (max_tokens reached) is not scheduled again. A request that
-turns out to have stopped at step N has then computed one token for nothing; the engine
-discards it. Batch order: decodes (one-token queries that sample) first, then prefill chunks,
+(PLACEHOLDER_TOKEN_ID in the batch, batch_builder.py; the device takes the real id from step N's
+output), and one whose placeholder is its last token (max_tokens reached) is not scheduled
+again. A request that turns out to have stopped at step N has then computed one token for
+nothing; the engine discards it. Batch order: decodes (one-token queries that sample) first, then prefill chunks,
 each group in scheduling order.
 """
 from __future__ import annotations
@@ -45,12 +45,12 @@ from __future__ import annotations
 import collections
 
 from ..config import SchedulerConfig  # relative imports: this side never touches jax
+from .batch_builder import BatchBuilder
 from .page_allocator import PageAllocator
 from .request import Request, RequestStatus
 from .scheduled_batch import ScheduledBatch
 
 _Planned = tuple[Request, int, int]  # (request, start position, tokens scheduled)
-PLACEHOLDER_TOKEN_ID = -1  # a token sampled by the step in flight, fed from the device
 
 
 class Scheduler:
@@ -304,77 +304,8 @@ class Scheduler:
         decodes.append((request, start))
       else:
         prefills.append((request, start, num_new, sample))
-    columns = _BatchColumns()
+    columns = BatchBuilder()
     columns.add_decodes(decodes)
     for request, start, num_new, sample in prefills:
       columns.add_prefill(request, start, num_new, sample)
     return columns.build(preempted_ids)
-
-
-class _BatchColumns:
-  """The columns of a ScheduledBatch, filled one sequence at a time (after its request's
-  num_computed_tokens and placeholders were advanced)."""
-
-  def __init__(self) -> None:
-    self.request_ids: list[str] = []
-    self.starts: list[int] = []
-    self.query_lens: list[int] = []
-    self.sample: list[bool] = []
-    self.page_counts: list[int] = []
-    self.token_ids: list[int] = []
-    self.page_ids: list[int] = []
-
-  def add_decodes(self, decodes: list[tuple[Request, int]]) -> None:
-    """One-token sampling sequences: the per-sequence appends of _add, inlined."""
-    self.query_lens.extend([1] * len(decodes))
-    self.sample.extend([True] * len(decodes))
-    request_ids, starts, page_counts = self.request_ids, self.starts, self.page_counts
-    token_ids, page_ids = self.token_ids, self.page_ids
-    for request, start in decodes:
-      request_ids.append(request.request_id)
-      starts.append(start)
-      page_counts.append(len(request.page_ids))
-      page_ids.extend(request.page_ids)
-      token_ids.append(_token_at(request, start))
-
-  def add_prefill(self, request: Request, start: int, num_new: int, sample: bool) -> None:
-    self._add(request, start, num_new, sample)
-    self.token_ids.extend(_token_slice(request, start, start + num_new))
-
-  def _add(self, request: Request, start: int, num_new: int, sample: bool) -> None:
-    self.request_ids.append(request.request_id)
-    self.starts.append(start)
-    self.query_lens.append(num_new)
-    self.sample.append(sample)
-    self.page_counts.append(len(request.page_ids))
-    self.page_ids.extend(request.page_ids)
-
-  def build(self, preempted_ids: list[str]) -> ScheduledBatch:
-    return ScheduledBatch.from_columns(self.request_ids, self.starts, self.query_lens,
-                                       self.sample, self.page_counts, self.token_ids,
-                                       self.page_ids, preempted_ids)
-
-
-def _token_slice(request: Request, start: int, end: int) -> tuple[int, ...]:
-  """request.all_token_ids[start:end] without copying the whole sequence; positions past the
-  known tokens (a token still in flight) hold PLACEHOLDER_TOKEN_ID."""
-  if end - start == 1:
-    return (_token_at(request, start),)
-  num_prompt = request.num_prompt_tokens
-  num_missing = max(0, end - max(start, request.num_tokens))
-  if num_missing:
-    return _token_slice(request, start, end - num_missing) + (PLACEHOLDER_TOKEN_ID,) * num_missing
-  if start >= num_prompt:
-    return tuple(request.output_token_ids[start - num_prompt:end - num_prompt])
-  return (tuple(request.prompt_token_ids[start:end])
-          + tuple(request.output_token_ids[:max(0, end - num_prompt)]))
-
-
-def _token_at(request: Request, position: int) -> int:
-  """request.all_token_ids[position], or PLACEHOLDER_TOKEN_ID for a token still in flight."""
-  num_prompt = len(request.prompt_token_ids)
-  if position < num_prompt:
-    return request.prompt_token_ids[position]
-  index = position - num_prompt
-  output = request.output_token_ids
-  return output[index] if index < len(output) else PLACEHOLDER_TOKEN_ID
