@@ -52,7 +52,9 @@ class CacheConfig:
 @dataclass(frozen=True)
 class SchedulerConfig:
   """Continuous batching limits. Bucket lists default to powers of two up to the limits.
-  async_scheduling schedules and dispatches step N+1 while step N runs (engine/llm_engine.py)."""
+  async_scheduling schedules and dispatches step N+1 while step N runs (engine/llm_engine.py).
+  num_scheduler_steps > 1 runs decode-only steps as bursts of that many decode steps in one
+  dispatch when every running request allows it (engine/scheduler.py, runtime/step_fns.py)."""
   max_num_seqs: int = 64
   max_num_batched_tokens: int = 512
   enable_chunked_prefill: bool = True
@@ -60,10 +62,14 @@ class SchedulerConfig:
   seq_buckets: tuple[int, ...] | None = None
   token_buckets: tuple[int, ...] | None = None
   async_scheduling: bool = True
+  num_scheduler_steps: int = 1
 
   def __post_init__(self) -> None:
     _require(isinstance(self.async_scheduling, bool), "scheduler.async_scheduling",
              f"must be true or false, got {self.async_scheduling!r}")
+    _require(isinstance(self.num_scheduler_steps, int) and 1 <= self.num_scheduler_steps <= 64,
+             "scheduler.num_scheduler_steps",
+             f"must be an integer in [1, 64], got {self.num_scheduler_steps!r}")
     _require(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1,
              "scheduler.max_num_seqs", f"must be an integer >= 1, got {self.max_num_seqs!r}")
     _require(isinstance(self.max_num_batched_tokens, int)
@@ -175,6 +181,9 @@ class EngineConfig:
              "tensor_parallel_size", f"must be >= 1, got {self.tensor_parallel_size!r}")
     _require(isinstance(self.tp_invariant_reductions, bool), "tp_invariant_reductions",
              f"must be true or false, got {self.tp_invariant_reductions!r}")
+    _require(not (self.distributed.active and self.scheduler.num_scheduler_steps > 1),
+             "scheduler.num_scheduler_steps", "decode bursts do not run on multi-host jobs (the "
+             "other hosts replay single steps); set it to 1")
 
   def replace(self, **changes) -> "EngineConfig":
     return dataclasses.replace(self, **changes)

@@ -23,13 +23,14 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
     engine) step engine python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu_engine.py ;;
     model1b) [ -f /tmp/llama1b/config.json ] || step model1b python3 -c \
         "from jaxserve.tools.random_checkpoint import build_random_llama as b; b('llama-3.2-1b', '/tmp/llama1b')" ;;
-    sync1b|async1b|async1b_512|async1b_512_cublas)  # the throughput workload (sync / async)
+    sync1b|async1b|async1b_512|async1b_512_cublas|async1b_512_burst4)  # the throughput workload
       engine=(--set scheduler.max_num_seqs=256 --set scheduler.max_num_batched_tokens=4096
               --set "scheduler.seq_buckets=[64,256]" --set "scheduler.token_buckets=[256,1024,4096]")
       [ $s = sync1b ] && engine+=(--set scheduler.async_scheduling=false)
       [ ${s#async1b_512} != $s ] && engine=(--set scheduler.max_num_seqs=512
           --set scheduler.max_num_batched_tokens=8192 --set "scheduler.seq_buckets=[64,512]"
           --set "scheduler.token_buckets=[512,2048,8192]")
+      [ $s = async1b_512_burst4 ] && engine+=(--set scheduler.num_scheduler_steps=4)
       [ -n "${PROFILE_HOST:-}" ] && engine+=(--profile-host "$OUT/$s.prof.txt")
       xla_flags=${XLA_FLAGS:-}  # _cublas: every GEMM on cuBLAS instead of XLA's Triton GEMMs
       [ $s = async1b_512_cublas ] && xla_flags="$xla_flags --xla_gpu_enable_triton_gemm=false"

@@ -49,10 +49,10 @@ class BatchBuilder:
     self.page_counts.append(len(request.page_ids))
     self.page_ids.extend(request.page_ids)
 
-  def build(self, preempted_ids: list[str]) -> ScheduledBatch:
+  def build(self, preempted_ids: list[str], num_steps: int = 1) -> ScheduledBatch:
     return ScheduledBatch.from_columns(self.request_ids, self.starts, self.query_lens,
                                        self.sample, self.page_counts, self.token_ids,
-                                       self.page_ids, preempted_ids)
+                                       self.page_ids, preempted_ids, num_steps)
 
 
 def _token_slice(request: Request, start: int, end: int) -> tuple[int, ...]:

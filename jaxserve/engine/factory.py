@@ -146,6 +146,7 @@ def build_runner(config: EngineConfig, *,
     runner = ModelRunner(model, loaded.params, kv_pages, buckets, shape)
   else:
     runner = ShardedModelRunner(model, loaded.params, kv_pages, buckets, shape, mesh, publisher)
+  runner.set_burst_steps(config.scheduler.num_scheduler_steps)
   return BuiltRunner(model_config, runner, spec, max_model_len)
 
 

@@ -204,7 +204,7 @@ class LLMEngine:
       inputs = self.runner.prepare(batch, self._requests,
                                    previous.previous_samples() if previous else None)
       mark = timings.add_phase("prepare", mark)
-      handle = self.runner.dispatch(inputs)
+      handle = self.runner.dispatch(inputs, batch.num_steps)
       mark = timings.add_phase("dispatch", mark)
       current = _StepInFlight(batch, tuple(map(self._requests.__getitem__, batch.request_ids)),
                               handle, (inputs.bucket.num_seqs, inputs.bucket.num_tokens), mark)
@@ -246,6 +246,8 @@ class LLMEngine:
     return touched
 
   def _process(self, step: _StepInFlight, host: HostStepOutput) -> list[RequestState]:
+    if step.batch.num_steps > 1:
+      return self._process_burst(step, host)
     touched, cursor, now = [], 0, time.monotonic()
     sampled_ids = host.token_ids.tolist()
     has_prompt_logprobs = host.prompt_logprobs is not None
@@ -269,6 +271,26 @@ class LLMEngine:
       status = state.append_token(token_id, logprob)
       if status is not None:
         self._finish(state, status)
+      touched.append(state)
+    return touched
+
+  def _process_burst(self, step: _StepInFlight, host: HostStepOutput) -> list[RequestState]:
+    """A burst's [num_steps, S] samples, step by step; a request that finishes drops the
+    tokens sampled after its last one."""
+    touched, now, states = [], time.monotonic(), self._states
+    sampled_ids, logprobs = host.token_ids.T.tolist(), host.logprobs.T.tolist()  # [S, steps]
+    for i, (request_id, request) in enumerate(zip(step.batch.request_ids, step.requests)):
+      state = states.get(request_id)
+      if request.status.finished or state is None or state.request is not request:
+        continue
+      if state.first_scheduled_time is None:
+        state.first_scheduled_time = now
+      for token_id, logprob in zip(sampled_ids[i], logprobs[i]):
+        status = state.append_token(
+            token_id, TokenLogprob(token_id, logprob, ()) if state.wants_logprobs else None)
+        if status is not None:
+          self._finish(state, status)
+          break
       touched.append(state)
     return touched
 

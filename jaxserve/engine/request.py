@@ -32,8 +32,8 @@ class Request:
   num_computed_tokens counts tokens whose K/V are in the cache (or scheduled to be written by the
   step in flight). After a preemption it drops to 0 and the prompt plus the tokens generated so
   far are recomputed. num_output_placeholders counts tokens sampled by a step whose result the
-  host has not seen yet (at most one: the engine runs one step ahead with async scheduling); the
-  next step feeds such a token straight from the device.
+  host has not seen yet (the engine runs one step ahead with async scheduling, and a decode
+  burst samples several); the next step feeds the last of them straight from the device.
   """
   request_id: str
   prompt_token_ids: list[int]
@@ -107,3 +107,11 @@ class Request:
     p = self.sampling_params
     return not (p.min_tokens or p.uses_penalties or p.logprobs is not None
                 or p.prompt_logprobs is not None)
+
+  def can_burst(self) -> bool:
+    """Whether several decode steps may run in one dispatch for this request: its sampling
+    needs nothing that changes within a burst (penalty history, min_tokens bans) or that a burst
+    does not return (top-N logprobs)."""
+    p = self.sampling_params
+    return not (p.uses_penalties or (p.logprobs or 0) > 0
+                or self.num_generated < p.min_tokens)

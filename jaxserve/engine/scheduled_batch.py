@@ -44,33 +44,36 @@ class ScheduledBatch:
 
   Columns, one entry per sequence unless flat: request_ids, start_positions, query_lens (tokens
   fed), sample, page_counts (block table lengths); token_ids and page_ids are every sequence's
-  tokens and block table, concatenated. Immutable; equal when the sequences and preemptions are.
+  tokens and block table, concatenated. num_steps > 1 marks a decode burst: every sequence feeds
+  one token and the device runs num_steps decode steps, each feeding the token the one before
+  sampled. Immutable; equal when the sequences, preemptions and step counts are.
   """
   __slots__ = ("request_ids", "start_positions", "query_lens", "sample", "page_counts",
-               "token_ids", "page_ids", "preempted_request_ids", "__dict__")
+               "token_ids", "page_ids", "preempted_request_ids", "num_steps", "__dict__")
 
   def __init__(self, seqs: Sequence[ScheduledSeq] = (),
-               preempted_request_ids: tuple[str, ...] = ()) -> None:
+               preempted_request_ids: tuple[str, ...] = (), num_steps: int = 1) -> None:
     self._set_columns(
         tuple(s.request_id for s in seqs), tuple(s.start_position for s in seqs),
         tuple(len(s.token_ids) for s in seqs), tuple(s.sample for s in seqs),
         tuple(len(s.page_ids) for s in seqs),
         tuple(itertools.chain.from_iterable(s.token_ids for s in seqs)),
         tuple(itertools.chain.from_iterable(s.page_ids for s in seqs)),
-        tuple(preempted_request_ids))
+        tuple(preempted_request_ids), num_steps)
 
   @classmethod
   def from_columns(cls, request_ids: Sequence[str], start_positions: Sequence[int],
                    query_lens: Sequence[int], sample: Sequence[bool], page_counts: Sequence[int],
                    token_ids: Sequence[int], page_ids: Sequence[int],
-                   preempted_request_ids: Sequence[str] = ()) -> ScheduledBatch:
+                   preempted_request_ids: Sequence[str] = (), num_steps: int = 1
+                   ) -> ScheduledBatch:
     batch = cls.__new__(cls)
     batch._set_columns(tuple(request_ids), tuple(start_positions), tuple(query_lens),
                        tuple(sample), tuple(page_counts), tuple(token_ids), tuple(page_ids),
-                       tuple(preempted_request_ids))
+                       tuple(preempted_request_ids), num_steps)
     return batch
 
-  def _set_columns(self, *columns: tuple) -> None:
+  def _set_columns(self, *columns) -> None:
     for name, column in zip(ScheduledBatch.__slots__, columns):
       object.__setattr__(self, name, column)
 
@@ -104,10 +107,11 @@ class ScheduledBatch:
   def __eq__(self, other: object) -> bool:
     if not isinstance(other, ScheduledBatch):
       return NotImplemented
-    return (self.seqs, self.preempted_request_ids) == (other.seqs, other.preempted_request_ids)
+    return ((self.seqs, self.preempted_request_ids, self.num_steps)
+            == (other.seqs, other.preempted_request_ids, other.num_steps))
 
   __hash__ = None
 
   def __repr__(self) -> str:
     return (f"ScheduledBatch(seqs={self.seqs!r}, "
-            f"preempted_request_ids={self.preempted_request_ids!r})")
+            f"preempted_request_ids={self.preempted_request_ids!r}, num_steps={self.num_steps})")

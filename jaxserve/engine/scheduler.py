@@ -18,6 +18,15 @@ sequence limit (max_num_seqs), and returns a `ScheduledBatch`:
    keeps one free page for each scheduled sequence whose next token starts a new page, so
    admitting a request does not force a preemption on the very next step.
 
+Decode bursts (num_scheduler_steps = K > 1): when no request waits and every running request
+that still samples is decoding one token with sampling a burst can run (Request.can_burst: no
+penalties, top-N logprobs or pending min_tokens), the step is a burst instead: each of them
+feeds its one token and the device runs K decode steps, each feeding the token the step before
+sampled. Their pages cover all K positions, num_computed_tokens advances by K and K output
+placeholders are counted; samples past max_tokens or after a stop are dropped by the engine. A
+burst never preempts: if its pages do not fit, or a request cannot burst, or positions would
+pass max_model_len, a normal step runs instead.
+
 With prefix caching an admitted request first takes the cached full pages of its known tokens,
 never covering the last one (a token must be computed for logits to exist), and none at all
 when it asks for prompt_logprobs (those need the prompt's logits). Full pages are registered in
@@ -128,6 +137,10 @@ class Scheduler:
   def schedule(self) -> ScheduledBatch:
     if self._prefix_caching:
       self._register_computed_pages()
+    if self.config.num_scheduler_steps > 1 and not self._waiting:
+      burst = self._schedule_burst(self.config.num_scheduler_steps)
+      if burst is not None:
+        return burst
     planned: list[_Planned] = []
     preempted_ids: list[str] = []
     budget = self._schedule_running(planned, preempted_ids)
@@ -174,6 +187,35 @@ class Scheduler:
         budget -= num_new
       index += 1
     return budget
+
+  def _schedule_burst(self, num_steps: int) -> ScheduledBatch | None:
+    """Every running request that still samples decodes num_steps tokens in one dispatch; None
+    (a normal step follows) unless each of them feeds exactly one token, may burst
+    (Request.can_burst), keeps the burst's positions within max_model_len, and the pages for
+    those positions can be allocated without preempting anyone. Tokens sampled past max_tokens
+    are dropped by the engine, as those after a stop are."""
+    bursting = [r for r in self._running if r.num_tokens_with_placeholders < r.max_total_tokens]
+    if not bursting or len(bursting) > min(self.config.max_num_seqs,
+                                           self.config.max_num_batched_tokens):
+      return None
+    for request in bursting:
+      start = request.num_computed_tokens
+      if (request.num_tokens_with_placeholders - start != 1
+          or start + num_steps > self.max_model_len or not request.can_burst()):
+        return None
+    num_needed = [self._num_new_pages(request, num_steps) for request in bursting]
+    if not self.allocator.can_allocate(sum(num_needed)):
+      return None
+    decodes = []
+    for request, num_pages in zip(bursting, num_needed):
+      if num_pages:
+        request.page_ids.extend(self.allocator.allocate(num_pages))
+      decodes.append((request, request.num_computed_tokens))
+      request.num_computed_tokens += num_steps
+      request.num_output_placeholders += num_steps
+    builder = BatchBuilder()
+    builder.add_decodes(decodes)
+    return builder.build([], num_steps)
 
   def _allocate_or_preempt(self, request: Request, num_new: int,
                            preempted_ids: list[str]) -> bool:

@@ -73,6 +73,20 @@ class ShardedModelRunner(ModelRunner):
     self._prompt = jax.jit(make_prompt_logprobs_fn(model),
                            in_shardings=(param_shardings, rep, rep), out_shardings=rep,
                            compiler_options=options)
+    self._burst_shardings = (param_shardings, kv_shardings, options)
+
+  def set_burst_steps(self, num_steps: int) -> None:
+    if num_steps > 1 and self.publisher is not None:
+      raise ValueError("scheduler.num_scheduler_steps: decode bursts do not run on multi-host "
+                       "jobs (the other hosts replay single steps); set it to 1")
+    super().set_burst_steps(num_steps)
+
+  def jit_burst(self, burst_fn):
+    params, kv_pages, options = self._burst_shardings
+    rep = self.replicated
+    return jax.jit(burst_fn, donate_argnums=(1,), static_argnums=(4,),
+                   in_shardings=(params, kv_pages, rep, rep),
+                   out_shardings=(kv_pages, rep, rep, rep), compiler_options=options)
 
   @property
   def supports_async(self) -> bool:
@@ -84,10 +98,10 @@ class ShardedModelRunner(ModelRunner):
     """Replicated over the mesh, each process filling its own devices."""
     return constant_array(shape, dtype, value, self.replicated)
 
-  def dispatch(self, inputs: StepInputs) -> StepHandle:
+  def dispatch(self, inputs: StepInputs, num_steps: int = 1) -> StepHandle:
     if self.publisher is not None:
       self.publisher.publish(inputs)
-    return super().dispatch(inputs)
+    return super().dispatch(inputs, num_steps)
 
   def close(self) -> None:
     """Ends the other hosts' step loops (no-op on one host)."""

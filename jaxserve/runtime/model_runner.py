@@ -8,6 +8,11 @@ transfer. warmup() compiles every bucket, every sampler mode of every sequence b
 prompt-logprob function of every token bucket up front; after it, no batch the scheduler can
 produce triggers a compilation.
 
+With num_scheduler_steps > 1 (set_burst_steps), a decode-only batch marked as a burst runs
+step_fns' burst function instead of the forward and the sampler: num_steps decode steps in one
+dispatch; its results carry a leading [num_steps] axis. Warmup compiles it for every bucket a
+decode-only batch can take, in the two sampler modes a burst allows (greedy, random).
+
 dispatch() only enqueues a step and starts the copy of its results to the host; fetch() waits
 for them. Between the two the host can schedule and dispatch the next step, whose decode tokens
 come from this step's sampled ids on device (a fixed [max_seq_slots] array, so every bucket
@@ -32,7 +37,8 @@ from jaxserve.runtime.buckets import Bucket, BucketSet
 from jaxserve.runtime.kv_cache import KVPages
 from jaxserve.runtime.packing import pack
 from jaxserve.runtime.sampler import SampleOutput, SamplerMode
-from jaxserve.runtime.step_fns import make_forward_fn, make_prompt_logprobs_fn, sample_step
+from jaxserve.runtime.step_fns import (make_burst_fn, make_forward_fn, make_prompt_logprobs_fn,
+                                       sample_step)
 from jaxserve.runtime.step_inputs import (PreviousSamples, StepInputs, StepShape,
                                           build_step_inputs)
 
@@ -41,9 +47,10 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class HostStepOutput:
-  """A step's results on the host; the optional parts are None when no request asked for them."""
-  token_ids: np.ndarray                    # i32[S]
-  logprobs: np.ndarray                     # f32[S]
+  """A step's results on the host; the optional parts are None when no request asked for them.
+  A burst's token_ids and logprobs are [num_steps, S]."""
+  token_ids: np.ndarray                    # i32[S] ([num_steps, S] for a burst)
+  logprobs: np.ndarray                     # f32[S] ([num_steps, S] for a burst)
   top_ids: np.ndarray | None               # i32[S, N]
   top_logprobs: np.ndarray | None          # f32[S, N]
   prompt_logprobs: np.ndarray | None       # f32[T]
@@ -79,6 +86,18 @@ class ModelRunner:
     self._sample = jax.jit(sample_step, static_argnums=(3,))
     self._prompt = jax.jit(make_prompt_logprobs_fn(model))
     self._constants: dict[tuple, jax.Array] = {}
+    self.burst_steps = 1
+    self._burst = None
+
+  def set_burst_steps(self, num_steps: int) -> None:
+    """Enables decode bursts of num_steps steps (scheduler.num_scheduler_steps); call before
+    warmup."""
+    self.burst_steps = num_steps
+    self._burst = None if num_steps == 1 else self.jit_burst(
+        make_burst_fn(self.model, num_steps, self.shape.page_size))
+
+  def jit_burst(self, burst_fn):
+    return jax.jit(burst_fn, donate_argnums=(1,), static_argnums=(4,))
 
   @property
   def supports_async(self) -> bool:
@@ -108,8 +127,11 @@ class ModelRunner:
     return build_step_inputs(batch, requests, bucket, self.shape,
                              previous or self.no_previous_samples(), self.empty_history)
 
-  def dispatch(self, inputs: StepInputs) -> StepHandle:
-    """Enqueues the step and the copy of its results to the host; returns without waiting."""
+  def dispatch(self, inputs: StepInputs, num_steps: int = 1) -> StepHandle:
+    """Enqueues the step (a burst of num_steps decode steps when > 1) and the copy of its
+    results to the host; returns without waiting."""
+    if num_steps > 1:
+      return self._dispatch_burst(inputs, num_steps)
     model_inputs = pack(dataclasses.replace(inputs, sampling=None))
     self.kv_pages, logits, hidden = self._forward(self.params, self.kv_pages, model_inputs)
     mode = SamplerMode.of(inputs.sampling)
@@ -118,6 +140,22 @@ class ModelRunner:
     if bool(inputs.sampling.want_prompt_logprobs):
       prompt = self._prompt(self.params, hidden, inputs.prompt_target_ids)
     handle = StepHandle(sampled, padded, prompt, mode.top_logprobs)
+    for array in handle.fetch_list():
+      array.copy_to_host_async()
+    return handle
+
+  def _dispatch_burst(self, inputs: StepInputs, num_steps: int) -> StepHandle:
+    if num_steps != self.burst_steps:
+      raise ValueError(f"step: a burst of {num_steps} steps, but the runner was set up for "
+                       f"{self.burst_steps} (scheduler.num_scheduler_steps)")
+    mode = SamplerMode.of(inputs.sampling)
+    if mode.penalties or mode.top_logprobs:
+      raise ValueError(f"step: a decode burst cannot run sampler mode {mode}")
+    self.kv_pages, ids, logprobs, padded = self._burst(
+        self.params, self.kv_pages, pack(dataclasses.replace(inputs, sampling=None)),
+        pack(inputs.sampling), mode)
+    none = jnp.zeros((0,), jnp.int32)
+    handle = StepHandle(SampleOutput(ids, logprobs, none, none), padded, None, False)
     for array in handle.fetch_list():
       array.copy_to_host_async()
     return handle
@@ -173,6 +211,10 @@ class ModelRunner:
       variants.append((bucket, SamplerMode(), True))
     return variants
 
+  def burst_buckets(self) -> list[Bucket]:
+    """Every bucket a decode-only batch (as many tokens as sequences) can take."""
+    return sorted({self.buckets.pick(n, n) for n in self.buckets.seq_buckets})
+
   def warmup(self, show_progress: bool = True) -> float:
     """Compiles every bucket and sampler variant; returns the seconds it took."""
     variants = self.warmup_variants()
@@ -180,9 +222,19 @@ class ModelRunner:
                 "prompt logprobs per token bucket: %d programs", len(self.buckets.all()),
                 self.buckets.describe(), len(SamplerMode.all()), len(variants))
     start = time.perf_counter()
-    for bucket, mode, prompt in tqdm(variants, desc="compiling", unit="program",
-                                     disable=not show_progress):
-      self.execute(self.dummy_inputs(bucket, mode, prompt))
+    bursts = [] if self.burst_steps == 1 else [
+        (bucket, mode) for bucket in self.burst_buckets()
+        for mode in (SamplerMode(), SamplerMode(random=True))]
+    if bursts:
+      logger.info("warmup: %d decode-burst programs of %d steps", len(bursts), self.burst_steps)
+    with tqdm(total=len(variants) + len(bursts), desc="compiling", unit="program",
+              disable=not show_progress) as progress:
+      for bucket, mode, prompt in variants:
+        self.execute(self.dummy_inputs(bucket, mode, prompt))
+        progress.update()
+      for bucket, mode in bursts:
+        self.fetch(self.dispatch(self.dummy_inputs(bucket, mode), self.burst_steps))
+        progress.update()
     seconds = time.perf_counter() - start
     logger.info("warmup: compiled in %.1f s", seconds)
     return seconds

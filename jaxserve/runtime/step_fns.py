@@ -15,11 +15,20 @@ would block the dispatching host thread until the device reached it):
       Every position's next-prompt-token logprob, only dispatched when a request asks. One
       compilation per tokens bucket.
 
+  burst(params, kv_pages, model_inputs, sampling_inputs, mode) -> (kv_pages, ids, logprobs,
+      padded ids)
+      A decode burst (scheduler.num_scheduler_steps > 1): num_steps decode steps in one
+      dispatch, each one token per sequence, feeding the token the step before sampled, its
+      positions, KV slots and sequence lengths advanced on device. Returns the sampled ids and
+      their logprobs [num_steps, S]. One compilation per (bucket, mode) for the decode buckets.
+
 The model inputs are StepInputs without their sampling part, packed into two buffers
 (runtime/packing.py); the sampling inputs are packed on their own, so the sampler's compiled
 shape depends on the sequence count alone.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -77,3 +86,48 @@ def make_prompt_logprobs_fn(model):
     return tuple(x.reshape(num_tokens, *x.shape[2:]) for x in out)
 
   return prompt_fn
+
+
+def make_burst_fn(model, num_steps: int, page_size: int):
+  """burst(params, kv_pages, packed model inputs, packed sampling inputs, mode) for a batch in
+  which sequence i feeds token i only (a decode-only batch; logits_indices[i] == i)."""
+  compute_logits = type(model).compute_logits
+
+  def burst(params, kv_pages: KVPages, packed: PackedStepInputs,
+            packed_sampling: PackedStepInputs, mode: SamplerMode):
+    inputs, sampling = unpack(packed), unpack(packed_sampling)
+    variables = {"params": params}
+    metadata = inputs.metadata
+    num_tokens, num_slots = inputs.token_ids.shape[0], metadata.seq_lens.shape[0]
+    live_tokens = jnp.arange(num_tokens) < metadata.num_seqs[0]                # [T]
+    live_seqs = jnp.arange(num_slots) < metadata.num_seqs[0]                   # [S]
+    token_rows = jnp.minimum(jnp.arange(num_tokens), num_slots - 1)            # [T]
+    fed = inputs.prev_sampled_ids[jnp.maximum(inputs.prev_token_rows, 0)]
+    token_ids = jnp.where(inputs.prev_token_rows >= 0, fed, inputs.token_ids)  # [T]
+    first_index = sampling.sample_index - (num_steps - 1)  # the scheduler counted all samples
+
+    def one_step(k, carry):
+      kv_pages, token_ids, all_ids, all_logprobs = carry
+      positions = jnp.where(live_tokens, inputs.positions + k, inputs.positions)    # [T]
+      pages = metadata.block_tables[token_rows, positions // page_size]             # [T]
+      slots = jnp.where(live_tokens, pages * page_size + positions % page_size,
+                        inputs.slot_mapping)                                         # [T]
+      step_metadata = dataclasses.replace(
+          metadata, seq_lens=jnp.where(live_seqs, metadata.seq_lens + k, metadata.seq_lens))
+      hidden, kv_pages = model.apply(variables, token_ids, positions, kv_pages, slots,
+                                     step_metadata)                                  # [T, H]
+      logits = model.apply(variables, hidden[inputs.logits_indices],
+                           method=compute_logits)                                    # f32[S, V]
+      sampled = sample(logits, dataclasses.replace(sampling, sample_index=first_index + k), mode)
+      width = min(num_tokens, num_slots)
+      token_ids = jnp.zeros_like(token_ids).at[:width].set(sampled.token_ids[:width])
+      return (kv_pages, token_ids, all_ids.at[k].set(sampled.token_ids),
+              all_logprobs.at[k].set(sampled.logprobs))
+
+    carry = (kv_pages, token_ids, jnp.zeros((num_steps, num_slots), jnp.int32),
+             jnp.zeros((num_steps, num_slots), jnp.float32))
+    kv_pages, _, all_ids, all_logprobs = jax.lax.fori_loop(0, num_steps, one_step, carry)
+    padded = jnp.zeros_like(inputs.prev_sampled_ids).at[:num_slots].set(all_ids[-1])
+    return kv_pages, all_ids, all_logprobs, padded
+
+  return burst

@@ -12,7 +12,8 @@ def small_config(model: str = "tiny-random", *, num_pages: int = 256, page_size:
                  max_num_seqs: int = 8, max_tokens_per_step: int = 64,
                  seq_buckets=(2, 8), token_buckets=(8, 16, 32, 64), max_model_len: int = 512,
                  prefix_caching: bool = True, chunked_prefill: bool = True,
-                 async_scheduling: bool = True, **fields) -> EngineConfig:
+                 async_scheduling: bool = True, num_scheduler_steps: int = 1,
+                 **fields) -> EngineConfig:
   return EngineConfig(
       model=model, max_model_len=max_model_len,
       cache=CacheConfig(page_size=page_size, num_pages=num_pages),
@@ -21,7 +22,8 @@ def small_config(model: str = "tiny-random", *, num_pages: int = 256, page_size:
                                 enable_chunked_prefill=chunked_prefill,
                                 enable_prefix_caching=prefix_caching,
                                 seq_buckets=tuple(seq_buckets), token_buckets=tuple(token_buckets),
-                                async_scheduling=async_scheduling),
+                                async_scheduling=async_scheduling,
+                                num_scheduler_steps=num_scheduler_steps),
       **fields)
 
 

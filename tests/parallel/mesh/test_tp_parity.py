@@ -8,6 +8,7 @@ import pytest
 from jaxserve.engine.factory import build_engine
 from tests.integration.engine_helpers import generate_and_score, hf_greedy, small_config
 from tests.models.hf_checkpoints import TOKENIZER_VOCAB_SIZE, TP_FAMILIES, load_hf_model
+from tests.parallel.mesh.conftest import tp_engine
 
 NUM_NEW_TOKENS = 12
 PROMPT_LENGTHS = (3, 17, 41)
@@ -39,3 +40,19 @@ def test_tensor_parallel_size_must_divide_kv_heads(hf_checkpoint):
   checkpoint = hf_checkpoint("llama")  # 2 kv heads
   with pytest.raises(ValueError, match="tensor_parallel_size: 4 does not divide the model's 2 kv"):
     build_engine(small_config(str(checkpoint), tensor_parallel_size=4), show_progress=False)
+
+
+def test_decode_bursts_at_tp2_match_single_steps(hf_checkpoint, engine_for):
+  """The sharded runner's burst program (scheduler.num_scheduler_steps) gives the greedy tokens
+  of single steps at tp = 2."""
+  checkpoint = hf_checkpoint("llama_kv8")
+  prompts = _prompts(seed=11)
+  tokens, _ = generate_and_score(engine_for(checkpoint, 2), prompts, NUM_NEW_TOKENS)
+  bursting = tp_engine(checkpoint, 2, num_scheduler_steps=4)
+  dispatched = []
+  dispatch = bursting.runner.dispatch
+  bursting.runner.dispatch = lambda inputs, num_steps=1: (dispatched.append(num_steps),
+                                                          dispatch(inputs, num_steps))[1]
+  burst_tokens, _ = generate_and_score(bursting, prompts, NUM_NEW_TOKENS)
+  assert 4 in dispatched
+  assert burst_tokens == tokens
