@@ -154,8 +154,8 @@ class ModelRunner:
     self.kv_pages, ids, logprobs, padded = self._burst(
         self.params, self.kv_pages, pack(dataclasses.replace(inputs, sampling=None)),
         pack(inputs.sampling), mode)
-    none = jnp.zeros((0,), jnp.int32)
-    handle = StepHandle(SampleOutput(ids, logprobs, none, none), padded, None, False)
+    no_top = self.device_constant((0,), np.int32, 0)  # a burst returns no top-N logprobs
+    handle = StepHandle(SampleOutput(ids, logprobs, no_top, no_top), padded, None, False)
     for array in handle.fetch_list():
       array.copy_to_host_async()
     return handle
