@@ -6,7 +6,9 @@ sequence's whole context through its block table. Prefix sharing, preemption or 
 served a sequence the wrong K/V would show up as a mismatch. Pools are tiny to force preemption.
 In async mode the engine is simulated one step behind, as with async scheduling: the tokens a
 step samples reach the requests only after the next step has been scheduled, so that step feeds
-placeholders (the simulated device knows their values).
+placeholders (the simulated device knows their values). With num_scheduler_steps > 1 a burst
+runs several decode steps, each feeding the token the one before sampled, and the engine drops
+the samples past max_tokens.
 """
 from __future__ import annotations
 
@@ -37,13 +39,15 @@ class SchedulerMachine(RuleBasedStateMachine):
   @initialize(page_size=st.sampled_from([1, 2, 4]), num_pages=st.integers(2, 16),
               max_num_seqs=st.integers(1, 4), extra_budget=st.integers(0, 10),
               chunked=st.booleans(), prefix_caching=st.booleans(),
-              max_model_len=st.integers(2, 48), async_mode=st.booleans())
+              max_model_len=st.integers(2, 48), async_mode=st.booleans(),
+              burst_steps=st.sampled_from([1, 1, 2, 3]))
   def setup(self, page_size, num_pages, max_num_seqs, extra_budget, chunked, prefix_caching,
-            max_model_len, async_mode):
+            max_model_len, async_mode, burst_steps):
     self.config = SchedulerConfig(max_num_seqs=max_num_seqs,
                                   max_num_batched_tokens=max_num_seqs + extra_budget,
                                   enable_chunked_prefill=chunked,
-                                  enable_prefix_caching=prefix_caching)
+                                  enable_prefix_caching=prefix_caching,
+                                  num_scheduler_steps=burst_steps)
     self.allocator = PageAllocator(num_pages, page_size, prefix_caching)
     self.scheduler = Scheduler(self.config, self.allocator, max_model_len)
     self.page_size = page_size
@@ -52,7 +56,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     self.kv: dict[tuple[int, int], tuple[int, ...]] = {}
     self.num_added = 0
     self.async_mode = async_mode
-    self.in_flight: dict[str, int] = {}  # request id -> token sampled but not yet delivered
+    self.in_flight: dict[str, list[int]] = {}  # request id -> sampled, not yet delivered
 
   @rule(shared=st.integers(0, 6), tail=st.lists(st.integers(0, 2), max_size=6),
         max_tokens=st.integers(1, 6), prompt_logprobs=st.sampled_from([None, None, 0]))
@@ -82,9 +86,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     batch = self.scheduler.schedule()
     self._check_batch(batch)
     self._record_events(batch, waiting_ids)
-    self._simulate_kv(batch)
-    sampled = {seq.request_id: _next_token(self._device_tokens(self.requests[seq.request_id]))
-               for seq in batch.seqs if seq.sample}
+    sampled = self._simulate_kv(batch)
+    if batch.num_steps > 1:
+      event("decode burst")
     if self.async_mode:
       self._deliver(self.in_flight)
       self.in_flight = sampled
@@ -92,18 +96,18 @@ class SchedulerMachine(RuleBasedStateMachine):
       self._deliver(sampled)
 
   def _device_tokens(self, request: Request) -> list[int]:
-    """What the device has: the known tokens plus one sampled by the step in flight."""
-    pending = self.in_flight.get(request.request_id)
-    return request.all_token_ids + ([] if pending is None else [pending])
+    """What the device has: the known tokens plus those sampled by the step in flight."""
+    return request.all_token_ids + self.in_flight.get(request.request_id, [])
 
-  def _deliver(self, sampled: dict[str, int]) -> None:
-    for request_id, token_id in sampled.items():
+  def _deliver(self, sampled: dict[str, list[int]]) -> None:
+    for request_id, token_ids in sampled.items():
       request = self.requests[request_id]
-      if request.finished:  # aborted or stopped while its step ran: the token is dropped
-        continue
-      request.append_sampled(token_id)
-      if len(request.output_token_ids) >= request.sampling_params.max_tokens:
-        self.scheduler.finish_request(request_id, RequestStatus.FINISHED_LENGTH)
+      for token_id in token_ids:
+        if request.finished:  # aborted, stopped or at max_tokens: later samples are dropped
+          break
+        request.append_sampled(token_id)
+        if len(request.output_token_ids) >= request.sampling_params.max_tokens:
+          self.scheduler.finish_request(request_id, RequestStatus.FINISHED_LENGTH)
 
   @rule(index=st.integers(0, 1000))
   def finish_stopped(self, index):
@@ -172,20 +176,29 @@ class SchedulerMachine(RuleBasedStateMachine):
       assert request.page_ids == [] and request.num_computed_tokens == 0
     if batch.preempted_request_ids:
       assert self.scheduler.num_preemptions_total > 0
+    num_steps = batch.num_steps
+    if num_steps > 1:
+      assert all(s.num_tokens == 1 and s.sample for s in batch.seqs)
+      assert not batch.preempted_request_ids
     for seq in batch.seqs:
       request = self.requests[seq.request_id]
       assert request.status is RequestStatus.RUNNING and seq.num_tokens >= 1
       known = request.all_token_ids[seq.start_position:seq.seq_len]
       num_placeholders = seq.num_tokens - len(known)
       assert list(seq.token_ids) == known + [PLACEHOLDER_TOKEN_ID] * num_placeholders
-      assert num_placeholders <= (request.request_id in self.in_flight)
-      assert request.num_computed_tokens == seq.seq_len
-      assert request.num_output_placeholders == (
-          seq.sample + (request.request_id in self.in_flight))
-      assert seq.sample == (seq.seq_len == request.num_tokens_with_placeholders - seq.sample)
-      assert request.num_tokens_with_placeholders <= request.max_total_tokens
+      pending = len(self.in_flight.get(request.request_id, []))
+      assert num_placeholders <= min(pending, 1)
+      computed_end = seq.start_position + (num_steps if num_steps > 1 else seq.num_tokens)
+      num_sampled = num_steps if num_steps > 1 else seq.sample
+      assert request.num_computed_tokens == computed_end <= self.max_model_len
+      assert request.num_output_placeholders == num_sampled + pending
+      if num_steps > 1:  # fed the last known token; all the burst's samples are placeholders
+        assert seq.seq_len == request.num_tokens_with_placeholders - num_steps
+      else:
+        assert seq.sample == (seq.seq_len == request.num_tokens_with_placeholders - seq.sample)
+      assert request.num_tokens_with_placeholders <= request.max_total_tokens + num_steps - 1
       assert seq.page_ids == tuple(request.page_ids) and 0 not in seq.page_ids
-      assert len(seq.page_ids) == _ceil_div(seq.seq_len, self.page_size)
+      assert len(seq.page_ids) == _ceil_div(computed_end, self.page_size)
       if not self.config.enable_chunked_prefill and not seq.sample:
         assert request.num_tokens > self.config.max_num_batched_tokens
 
@@ -202,19 +215,27 @@ class SchedulerMachine(RuleBasedStateMachine):
       if seq.request_id in waiting_ids and self.requests[seq.request_id].num_preemptions:
         event("resumed after preemption")
 
-  def _simulate_kv(self, batch: ScheduledBatch) -> None:
-    page_size = self.page_size
+  def _simulate_kv(self, batch: ScheduledBatch) -> dict[str, list[int]]:
+    """Writes every position the step computes (a burst: one per decode step, each step's
+    sample fed to the next), reads every context back; returns each sequence's samples."""
+    page_size, sampled = self.page_size, {}
     for seq in batch.seqs:
       tokens = self._device_tokens(self.requests[seq.request_id])
-      for position in range(seq.start_position, seq.seq_len):
+      assert len(tokens) >= seq.seq_len
+      end = seq.start_position + batch.num_steps if batch.num_steps > 1 else seq.seq_len
+      for position in range(seq.start_position, end):
         page_id = seq.page_ids[position // page_size]
         assert self.allocator.refcount(page_id) == 1, "wrote into a shared page"
         self.kv[(page_id, position % page_size)] = tuple(tokens[:position + 1])
-    for seq in batch.seqs:
-      tokens = self._device_tokens(self.requests[seq.request_id])
-      for position in range(seq.seq_len):
+        if batch.num_steps > 1 or position == end - 1:
+          if position + 1 == len(tokens) and seq.sample:
+            tokens.append(_next_token(tokens))
+      for position in range(end):
         slot = (seq.page_ids[position // page_size], position % page_size)
         assert self.kv.get(slot) == tuple(tokens[:position + 1]), f"wrong K/V at {position}"
+      if seq.sample:
+        sampled[seq.request_id] = tokens[seq.seq_len:end + 1]
+    return sampled
 
 
 SchedulerMachine.TestCase.settings = settings(
