@@ -100,12 +100,12 @@ def build_runner(config: EngineConfig, *,
     from jaxserve.parallel.mesh import build_mesh
     from jaxserve.parallel.partition_rules import kv_pages_sharding
     from jaxserve.parallel.sharded_attention import shard_attention_backend
+    from jaxserve.parallel.sharded_dense import shard_dense_backend
     from jaxserve.parallel.sharded_loading import load_model_sharded
     from jaxserve.parallel.sharded_runner import ShardedModelRunner
     mesh = build_mesh(config.tensor_parallel_size)
     loaded = load_model_sharded(config.model, config.dtype, mesh,
                                 tp_invariant_reductions=config.tp_invariant_reductions)
-    from jaxserve.parallel.sharded_dense import shard_dense_backend
     backend = get_attention_backend(config.attention_backend)
     if config.tp_invariant_reductions:
       backend = head_count_invariant(backend)
