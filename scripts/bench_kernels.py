@@ -19,9 +19,7 @@ import argparse
 import functools
 import json
 import math
-import statistics
 import sys
-import time
 import traceback
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -31,45 +29,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.tools.device_trace import capture_trace, summarize_trace, total_device_us
+from jaxserve.tools.kernel_timing import (Batch, Shape, copy_bandwidth, device_us_per_call,
+                                          make_batch, time_per_call)
 from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention
 from pallas_kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
 
 L2_ROTATION_BYTES = 256 * 2**20  # rotate page sets until this many KV bytes are touched
 REFERENCE_MEMORY_FRACTION = 0.35
-
-
-@dataclass(frozen=True)
-class Shape:
-  num_q_heads: int = 32
-  num_kv_heads: int = 8
-  head_dim: int = 128
-  page_size: int = 16
-  dtype: str = "bfloat16"
-
-
-@dataclass
-class Batch:
-  """A ragged batch with `num_rotations` disjoint page sets over one KV pool."""
-  name: str
-  q: jax.Array
-  k_pages: jax.Array
-  v_pages: jax.Array
-  block_tables: list[jax.Array]
-  seq_lens: jax.Array
-  query_start_loc: jax.Array
-  num_seqs: jax.Array
-  is_decode: bool
-
-  def args(self, rotation: int = 0) -> tuple[jax.Array, ...]:
-    return (self.q, self.k_pages, self.v_pages, self.block_tables[rotation], self.seq_lens,
-            self.query_start_loc, self.num_seqs)
-
-  @property
-  def kv_bytes(self) -> int:
-    num_kv_heads, _, _, head_dim = self.k_pages.shape
-    return int(np.sum(np.asarray(self.seq_lens))) * num_kv_heads * head_dim * 2 * \
-        self.k_pages.dtype.itemsize
 
 
 @dataclass
@@ -91,31 +57,6 @@ class CaseResult:
   error: str | None = None
 
 
-def make_batch(name: str, shape: Shape, q_lens: list[int], seq_lens: list[int], *, seed: int,
-               num_rotations: int) -> Batch:
-  """Random q and pages on device; each rotation gets its own shuffled, disjoint pages."""
-  rng = np.random.default_rng(seed)
-  pages_per_seq = max(-(-s // shape.page_size) for s in seq_lens)
-  pages_per_rotation = len(seq_lens) * pages_per_seq
-  num_pages = 1 + pages_per_rotation * num_rotations
-  page_ids = rng.permutation(np.arange(1, num_pages, dtype=np.int32))
-  tables = [jnp.asarray(page_ids[r * pages_per_rotation:(r + 1) * pages_per_rotation]
-                        .reshape(len(seq_lens), pages_per_seq)) for r in range(num_rotations)]
-  dtype = jnp.dtype(shape.dtype)
-  key_q, key_k, key_v = jax.random.split(jax.random.key(seed), 3)
-  kv_shape = (shape.num_kv_heads, num_pages, shape.page_size, shape.head_dim)
-  return Batch(
-      name=name,
-      q=jax.random.normal(key_q, (sum(q_lens), shape.num_q_heads, shape.head_dim), dtype),
-      k_pages=jax.random.normal(key_k, kv_shape, dtype),
-      v_pages=jax.random.normal(key_v, kv_shape, dtype),
-      block_tables=tables,
-      seq_lens=jnp.asarray(seq_lens, jnp.int32),
-      query_start_loc=jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]), jnp.int32),
-      num_seqs=jnp.asarray([len(q_lens)], jnp.int32),
-      is_decode=all(q_len == 1 for q_len in q_lens))
-
-
 def sub_batch_args(batch: Batch, num_seqs: int) -> tuple[jax.Array, ...]:
   """Arguments of the first `num_seqs` sequences: a memory-bounded reference for the rows of
   those sequences in the full batch's output (sequences attend independently)."""
@@ -130,104 +71,6 @@ def reference_bytes(num_tokens: int, batch: Batch) -> int:
   num_kv_heads, _, page_size, head_dim = batch.k_pages.shape
   max_len = batch.block_tables[0].shape[1] * page_size
   return 2 * num_kv_heads * num_tokens * max_len * head_dim * (batch.k_pages.dtype.itemsize + 4)
-
-
-def time_per_call(fn, batch: Batch, *, inner: int, reps: int, harness: str = "loop"
-                  ) -> float:
-  """Median seconds per call of fn(*batch.args(r)) over a jitted program rotating page sets."""
-  if harness == "unrolled":
-    return _time_unrolled(fn, batch, inner=inner, reps=reps)
-  tables = jnp.stack(batch.block_tables)                        # [R, S, pages_per_seq]
-  num_rotations = len(batch.block_tables)
-
-  @jax.jit
-  def loop(q, k_pages, v_pages, tables, seq_lens, query_start_loc, num_seqs):
-    def body(i, total):
-      out = fn(q, k_pages, v_pages, tables[i % num_rotations], seq_lens, query_start_loc,
-               num_seqs)
-      return total + jnp.sum(out.astype(jnp.float32))
-    return jax.lax.fori_loop(0, inner, body, jnp.float32(0))
-
-  args = (batch.q, batch.k_pages, batch.v_pages, tables, batch.seq_lens, batch.query_start_loc,
-          batch.num_seqs)
-  loop(*args).block_until_ready()
-  samples = []
-  for _ in range(reps):
-    start = time.perf_counter()
-    loop(*args).block_until_ready()
-    samples.append((time.perf_counter() - start) / inner)
-  return statistics.median(samples)
-
-
-def unrolled_program(fn, batch: Batch, inner: int):
-  """(program, args): one jitted program of `inner` independent calls. Call i gets its own
-  query array and its own block table: the pages of rotation i % R in a fresh order, so no
-  two calls share a gather XLA could compute once (the XLA reference gathers pages before
-  attending) and consecutive calls still read disjoint pages. Every call's output is a program
-  output, so none is dropped. No other op runs in the program."""
-  keys = jax.random.split(jax.random.key(inner), inner)
-  queries = tuple(jax.random.normal(k, batch.q.shape, batch.q.dtype) for k in keys)
-  rng = np.random.default_rng(inner)
-  tables = []
-  for i in range(inner):
-    table = np.asarray(batch.block_tables[i % len(batch.block_tables)])
-    if i >= len(batch.block_tables):
-      table = rng.permutation(table.reshape(-1)).reshape(table.shape)
-    tables.append(jnp.asarray(table))
-
-  @jax.jit
-  def program(queries, k_pages, v_pages, tables, seq_lens, query_start_loc, num_seqs):
-    return tuple(fn(q, k_pages, v_pages, table, seq_lens, query_start_loc, num_seqs)
-                 for q, table in zip(queries, tables))
-
-  return program, (queries, batch.k_pages, batch.v_pages, tuple(tables), batch.seq_lens,
-                   batch.query_start_loc, batch.num_seqs)
-
-
-def _time_unrolled(fn, batch: Batch, *, inner: int, reps: int) -> float:
-  program, args = unrolled_program(fn, batch, inner)
-  jax.block_until_ready(program(*args))
-  samples = []
-  for _ in range(reps):
-    start = time.perf_counter()
-    jax.block_until_ready(program(*args))
-    samples.append((time.perf_counter() - start) / inner)
-  return statistics.median(samples)
-
-
-def device_us_per_call(fn, batch: Batch, *, inner: int, reps: int = 2) -> float:
-  """Device time per call, from a profiler trace of the unrolled program (its kernels only,
-  launch gaps excluded): what the kernels themselves take, whatever the harness adds."""
-  program, args = unrolled_program(fn, batch, inner)
-  jax.block_until_ready(program(*args))
-  logdir = capture_trace(lambda: program(*args), reps=reps)
-  return total_device_us(summarize_trace(logdir)) / (reps * inner)
-
-
-def copy_bandwidth(num_bytes: int, *, inner: int, reps: int) -> float:
-  """Bytes/s (read + written) of a large device-to-device copy: the better of an in-place
-  update loop and an out-of-place elementwise copy into a fresh buffer."""
-  x = jax.random.normal(jax.random.key(0), (num_bytes // 2,), jnp.bfloat16)
-
-  @jax.jit
-  def loop(x):
-    return jax.lax.fori_loop(0, inner, lambda i, y: y + jnp.bfloat16(1), x)
-
-  copy = jax.jit(lambda x: x + jnp.bfloat16(1))
-  loop(x).block_until_ready()
-  copy(x).block_until_ready()
-  in_place, out_of_place = [], []
-  for _ in range(reps):
-    start = time.perf_counter()
-    loop(x).block_until_ready()
-    in_place.append((time.perf_counter() - start) / inner)
-    start = time.perf_counter()
-    for _ in range(inner):
-      y = copy(x)
-    y.block_until_ready()
-    out_of_place.append((time.perf_counter() - start) / inner)
-  best = min(statistics.median(in_place), statistics.median(out_of_place))
-  return 2 * x.size * x.dtype.itemsize / best
 
 
 def bundled_paged_attention(shape: Shape, sm_scale: float, k_splits: int,

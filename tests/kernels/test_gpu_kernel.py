@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxserve.tools import kernel_timing
 from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention, write_kv
 from pallas_kernels.ragged_paged_attention.reference import (ragged_paged_attention_reference,
                                                              write_kv_reference)
@@ -232,20 +233,20 @@ def test_bench_script_smoke(tmp_path: Path):
 
 @pytest.mark.parametrize("harness", ["unrolled", "loop"])
 def test_bench_harness_times(harness):
-  bench = _load_bench_script()
-  batch = bench.make_batch("b", bench.Shape(), [1] * 4, [40] * 4, seed=0, num_rotations=2)
+  batch = kernel_timing.make_batch("b", kernel_timing.Shape(), [1] * 4, [40] * 4, seed=0,
+                                   num_rotations=2)
   fn = functools.partial(ragged_paged_attention_reference, sm_scale=0.1)
-  assert bench.time_per_call(fn, batch, inner=3, reps=1, harness=harness) > 0
+  assert kernel_timing.time_per_call(fn, batch, inner=3, reps=1, harness=harness) > 0
 
 
 def test_unrolled_bench_program_runs_every_call():
   """Each of the `inner` calls returns its own output, computed on its own query and its own
   block table (so XLA can neither drop calls nor share work between them); a table holds the
   pages of one rotation."""
-  bench = _load_bench_script()
-  batch = bench.make_batch("b", bench.Shape(), [1] * 4, [40] * 4, seed=0, num_rotations=2)
+  batch = kernel_timing.make_batch("b", kernel_timing.Shape(), [1] * 4, [40] * 4, seed=0,
+                                   num_rotations=2)
   fn = functools.partial(ragged_paged_attention_reference, sm_scale=0.1)
-  program, args = bench.unrolled_program(fn, batch, 5)
+  program, args = kernel_timing.unrolled_program(fn, batch, 5)
   outputs = program(*args)
   queries, tables = args[0], args[3]
   assert len(outputs) == 5 and len({float(jnp.sum(q)) for q in queries}) == 5
