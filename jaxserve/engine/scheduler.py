@@ -18,8 +18,9 @@ sequence limit (max_num_seqs), and returns a `ScheduledBatch`:
    keeps one free page for each scheduled sequence whose next token starts a new page, so
    admitting a request does not force a preemption on the very next step.
 
-Decode bursts (num_scheduler_steps = K > 1): when no request waits and every running request
-that still samples is decoding one token with sampling a burst can run (Request.can_burst: no
+Decode bursts (num_scheduler_steps = K > 1): when no request waits for admission (or none could
+be admitted: max_num_seqs are running) and every running request that still samples is
+decoding one token with sampling a burst can run (Request.can_burst: no
 penalties, top-N logprobs or pending min_tokens), the step is a burst instead: each of them
 feeds its one token and the device runs K decode steps, each feeding the token the step before
 sampled. Their pages cover all K positions, num_computed_tokens advances by K and K output
@@ -137,7 +138,8 @@ class Scheduler:
   def schedule(self) -> ScheduledBatch:
     if self._prefix_caching:
       self._register_computed_pages()
-    if self.config.num_scheduler_steps > 1 and not self._waiting:
+    if self.config.num_scheduler_steps > 1 and (
+        not self._waiting or len(self._running) >= self.config.max_num_seqs):
       burst = self._schedule_burst(self.config.num_scheduler_steps)
       if burst is not None:
         return burst

@@ -64,6 +64,21 @@ def test_a_waiting_request_gets_a_normal_step():
   assert batch.num_steps == 1 and batch.request_ids == ("a", "b")
 
 
+def test_requests_waiting_for_a_full_batch_do_not_stop_bursts():
+  config = SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=16, enable_prefix_caching=False,
+                           num_scheduler_steps=BURST)
+  scheduler = Scheduler(config, PageAllocator(16, 4, False), 64)
+  a = add(scheduler, "a", range(10, 16), max_tokens=20)
+  b = add(scheduler, "b", range(20, 23), max_tokens=20)
+  add(scheduler, "c", range(30, 33), max_tokens=20)  # waits: max_num_seqs are running
+  assert scheduler.schedule().request_ids == ("a", "b")
+  deliver(scheduler, a, 1)
+  deliver(scheduler, b, 1)
+  burst = scheduler.schedule()
+  assert burst.num_steps == BURST and burst.request_ids == ("a", "b")
+  assert scheduler.num_waiting == 1
+
+
 def test_one_request_that_cannot_burst_keeps_everyone_on_single_steps():
   for params in (dict(repetition_penalty=1.2), dict(logprobs=2), dict(min_tokens=5)):
     scheduler = make_scheduler()
