@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from jaxserve.sampling_params import SamplingParams
-from tests.integration.engine_helpers import run_to_completion, small_engine
+from tests.integration.engine_helpers import (record_steps_per_dispatch, run_to_completion,
+                                               small_engine)
 
 BURST = 4
 
@@ -46,14 +47,7 @@ def _run(num_scheduler_steps: int, async_scheduling: bool):
   engine = small_engine(num_pages=96, max_num_seqs=8, async_scheduling=async_scheduling,
                         num_scheduler_steps=num_scheduler_steps)
   compiled = engine.ledger.num_compilations
-  steps_per_dispatch = []
-  dispatch = engine.runner.dispatch
-
-  def recording_dispatch(inputs, num_steps=1):
-    steps_per_dispatch.append(num_steps)
-    return dispatch(inputs, num_steps)
-
-  engine.runner.dispatch = recording_dispatch
+  steps_per_dispatch = record_steps_per_dispatch(engine)
   workload = _workload(engine.vocab_size)
   for request_id, prompt, params in workload[:8]:
     engine.add_request(prompt, params, request_id=request_id)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from jaxserve.engine.factory import build_engine
-from tests.integration.engine_helpers import generate_and_score, hf_greedy, small_config
+from tests.integration.engine_helpers import (generate_and_score, hf_greedy,
+                                               record_steps_per_dispatch, small_config)
 from tests.models.hf_checkpoints import TOKENIZER_VOCAB_SIZE, TP_FAMILIES, load_hf_model
 from tests.parallel.mesh.conftest import tp_engine
 
@@ -49,10 +50,7 @@ def test_decode_bursts_at_tp2_match_single_steps(hf_checkpoint, engine_for):
   prompts = _prompts(seed=11)
   tokens, _ = generate_and_score(engine_for(checkpoint, 2), prompts, NUM_NEW_TOKENS)
   bursting = tp_engine(checkpoint, 2, num_scheduler_steps=4)
-  dispatched = []
-  dispatch = bursting.runner.dispatch
-  bursting.runner.dispatch = lambda inputs, num_steps=1: (dispatched.append(num_steps),
-                                                          dispatch(inputs, num_steps))[1]
+  dispatched = record_steps_per_dispatch(bursting)
   burst_tokens, _ = generate_and_score(bursting, prompts, NUM_NEW_TOKENS)
   assert 4 in dispatched
   assert burst_tokens == tokens
