@@ -19,9 +19,9 @@ sequence limit (max_num_seqs), and returns a `ScheduledBatch`:
    admitting a request does not force a preemption on the very next step.
 
 Decode bursts (num_scheduler_steps = K > 1): when no request waits for admission (or none could
-be admitted: max_num_seqs are running) and every running request that still samples is
-decoding one token with sampling a burst can run (Request.can_burst: no
-penalties, top-N logprobs or pending min_tokens), the step is a burst instead: each of them
+be admitted: max_num_seqs are running) and every running request that still samples decodes
+one token with sampling a burst can run (Request.can_burst: no penalties, top-N logprobs or
+pending min_tokens), the step is a burst instead: each of them
 feeds its one token and the device runs K decode steps, each feeding the token the step before
 sampled. Their pages cover all K positions, num_computed_tokens advances by K and K output
 placeholders are counted; samples past max_tokens or after a stop are dropped by the engine. A
@@ -47,8 +47,8 @@ runs: a decoding request whose token from step N is a placeholder is scheduled t
 (PLACEHOLDER_TOKEN_ID in the batch, batch_builder.py; the device takes the real id from step N's
 output), and one whose placeholder is its last token (max_tokens reached) is not scheduled
 again. A request that turns out to have stopped at step N has then computed one token for
-nothing; the engine discards it. Batch order: decodes (one-token queries that sample) first, then prefill chunks,
-each group in scheduling order.
+nothing; the engine discards it. Batch order: decodes (one-token queries that sample) first, then
+prefill chunks, each group in scheduling order.
 """
 from __future__ import annotations
 

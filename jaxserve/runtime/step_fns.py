@@ -40,6 +40,12 @@ from jaxserve.runtime.sampler import SampleOutput, SamplerMode, prompt_logprobs,
 PROMPT_CHUNKS = (256, 128, 64, 32, 16, 8, 4, 2, 1)
 
 
+def fed_token_ids(inputs) -> jax.Array:
+  """The step's token ids [T], those in flight taken from the previous step's samples."""
+  fed = inputs.prev_sampled_ids[jnp.maximum(inputs.prev_token_rows, 0)]     # [T]
+  return jnp.where(inputs.prev_token_rows >= 0, fed, inputs.token_ids)
+
+
 def make_forward_fn(model):
   """forward(params, kv_pages, packed model inputs) for a LlamaForCausalLM-like flax module."""
   compute_logits = type(model).compute_logits
@@ -47,8 +53,7 @@ def make_forward_fn(model):
   def forward(params, kv_pages: KVPages, packed: PackedStepInputs):
     inputs = unpack(packed)
     variables = {"params": params}
-    fed = inputs.prev_sampled_ids[jnp.maximum(inputs.prev_token_rows, 0)]     # [T]
-    token_ids = jnp.where(inputs.prev_token_rows >= 0, fed, inputs.token_ids)  # [T]
+    token_ids = fed_token_ids(inputs)                                          # [T]
     hidden, kv_pages = model.apply(variables, token_ids, inputs.positions, kv_pages,
                                    inputs.slot_mapping, inputs.metadata)       # [T, H]
     logits = model.apply(variables, hidden[inputs.logits_indices],
@@ -102,8 +107,7 @@ def make_burst_fn(model, num_steps: int, page_size: int):
     live_tokens = jnp.arange(num_tokens) < metadata.num_seqs[0]                # [T]
     live_seqs = jnp.arange(num_slots) < metadata.num_seqs[0]                   # [S]
     token_rows = jnp.minimum(jnp.arange(num_tokens), num_slots - 1)            # [T]
-    fed = inputs.prev_sampled_ids[jnp.maximum(inputs.prev_token_rows, 0)]
-    token_ids = jnp.where(inputs.prev_token_rows >= 0, fed, inputs.token_ids)  # [T]
+    token_ids = fed_token_ids(inputs)                                          # [T]
     first_index = sampling.sample_index - (num_steps - 1)  # the scheduler counted all samples
 
     def one_step(k, carry):
