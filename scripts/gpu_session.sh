@@ -68,6 +68,8 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
         --set scheduler.max_num_seqs=512 --set "scheduler.seq_buckets=[64,512]" \
         --set "scheduler.token_buckets=[512,2048,8192]" --set scheduler.max_num_batched_tokens=8192 \
         --out "$OUT/$s.json" ;;
+    kernels_dev) TAIL=30 step kernels_dev python3 scripts/bench_kernels.py --batches 64,256 \
+        --contexts 512,2048 --no-mixed --harness unrolled --device-time --out "$OUT/kernels_dev.json" ;;
     gemm) TAIL=30 step gemm python3 scripts/gemm_invariance.py --out "$OUT/gemm_invariance.json" ;;
     tiles_short) TAIL=30 step tiles_short python3 scripts/bench_kernels.py --batches 64,256 \
         --contexts 512 --no-mixed --tiles "${TILES:-default,32:4:4:1,64:4:3:2,128:4:3:2,64:4:4:2,32:4:4:2,32:4:3:4,16:4:4:1}" \
