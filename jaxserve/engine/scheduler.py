@@ -23,10 +23,10 @@ be admitted: max_num_seqs are running) and every running request that still samp
 one token with sampling a burst can run (Request.can_burst: no penalties, top-N logprobs or
 pending min_tokens), the step is a burst instead: each of them
 feeds its one token and the device runs K decode steps, each feeding the token the step before
-sampled. Their pages cover all K positions, num_computed_tokens advances by K and K output
-placeholders are counted; samples past max_tokens or after a stop are dropped by the engine. A
-burst never preempts: if its pages do not fit, or a request cannot burst, or positions would
-pass max_model_len, a normal step runs instead.
+sampled. Their pages cover the positions they still need (all K, or up to max_tokens),
+num_computed_tokens advances by K and K output placeholders are counted; samples past max_tokens
+or after a stop are dropped by the engine. A burst never preempts: if its pages do not fit, or a
+request cannot burst, a normal step runs instead.
 
 With prefix caching an admitted request first takes the cached full pages of its known tokens,
 never covering the last one (a token must be computed for logits to exist), and none at all
@@ -193,19 +193,21 @@ class Scheduler:
   def _schedule_burst(self, num_steps: int) -> ScheduledBatch | None:
     """Every running request that still samples decodes num_steps tokens in one dispatch; None
     (a normal step follows) unless each of them feeds exactly one token, may burst
-    (Request.can_burst), keeps the burst's positions within max_model_len, and the pages for
-    those positions can be allocated without preempting anyone. Tokens sampled past max_tokens
-    are dropped by the engine, as those after a stop are."""
+    (Request.can_burst), and the pages for the positions it still needs can be allocated
+    without preempting anyone. A request with fewer than num_steps samples left gets pages only
+    for those: the device sends its later steps' K/V to the null page (or, past the block
+    table, nowhere) and the engine drops what they sample, as it drops samples after a stop."""
     bursting = [r for r in self._running if r.num_tokens_with_placeholders < r.max_total_tokens]
     if not bursting or len(bursting) > min(self.config.max_num_seqs,
                                            self.config.max_num_batched_tokens):
       return None
     for request in bursting:
-      start = request.num_computed_tokens
-      if (request.num_tokens_with_placeholders - start != 1
-          or start + num_steps > self.max_model_len or not request.can_burst()):
+      if (request.num_tokens_with_placeholders - request.num_computed_tokens != 1
+          or not request.can_burst()):
         return None
-    num_needed = [self._num_new_pages(request, num_steps) for request in bursting]
+    num_needed = [self._num_new_pages(request, min(num_steps, request.max_total_tokens
+                                                   - request.num_tokens_with_placeholders))
+                  for request in bursting]
     if not self.allocator.can_allocate(sum(num_needed)):
       return None
     decodes = []
@@ -312,7 +314,9 @@ class Scheduler:
         self._register_pages(request)
 
   def _register_pages(self, request: Request) -> None:
-    num_full = min(request.num_computed_tokens, request.num_tokens) // self.page_size
+    num_written = min(request.num_computed_tokens, request.num_tokens,
+                      len(request.page_ids) * self.page_size)  # a burst may run past its pages
+    num_full = num_written // self.page_size
     if num_full <= self._num_registered_pages.get(request.request_id, 0):
       return
     self.allocator.register_full_pages(request.all_token_ids[:num_full * self.page_size],

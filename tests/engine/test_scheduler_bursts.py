@@ -101,12 +101,19 @@ def test_no_burst_when_its_pages_do_not_fit():
   assert batch.num_steps == 1 and batch.page_counts == (3, 1)
 
 
-def test_no_burst_past_max_model_len():
+def test_a_burst_near_max_model_len_allocates_only_the_positions_still_needed():
   scheduler = make_scheduler(max_model_len=12)
-  a = add(scheduler, "a", range(10, 19), max_tokens=3)  # a burst would write positions 9..12
+  a = add(scheduler, "a", range(10, 19), max_tokens=3)  # 9 + 3 = 12 tokens: pages 1, 2, 3
+  b = add(scheduler, "b", range(20, 23), max_tokens=8)  # page 4
   scheduler.schedule()
   deliver(scheduler, a, 1)
-  assert scheduler.schedule().num_steps == 1
+  deliver(scheduler, b, 1)
+  num_free = scheduler.allocator.num_free_pages
+  burst = scheduler.schedule()
+  # a still samples 2 tokens (feeding positions 9, 10, both in page 3); its steps 3 and 4 feed
+  # positions 11 and 12, which the device sends to its page's spare slot and nowhere
+  assert burst.num_steps == BURST and burst.request_ids == ("a", "b")
+  assert burst.page_counts == (3, 2) and scheduler.allocator.num_free_pages == num_free - 1
 
 
 def test_samples_past_max_tokens_are_allowed_and_finished_requests_are_left_out():

@@ -139,7 +139,8 @@ class SchedulerMachine(RuleBasedStateMachine):
     assert self.scheduler.num_running == len(running) <= self.config.max_num_seqs
     assert self.scheduler.num_waiting == len(waiting)
     for request in running:
-      assert len(request.page_ids) == _ceil_div(request.num_computed_tokens, self.page_size)
+      paged_end = min(request.num_computed_tokens, request.max_total_tokens - 1)
+      assert len(request.page_ids) == _ceil_div(paged_end, self.page_size)
     for request in waiting:
       assert request.page_ids == [] and request.num_computed_tokens == 0
     if not self.scheduler.has_unfinished_requests():
@@ -190,7 +191,11 @@ class SchedulerMachine(RuleBasedStateMachine):
       assert num_placeholders <= min(pending, 1)
       computed_end = seq.start_position + (num_steps if num_steps > 1 else seq.num_tokens)
       num_sampled = num_steps if num_steps > 1 else seq.sample
-      assert request.num_computed_tokens == computed_end <= self.max_model_len
+      # a burst's pages cover the positions still needed: up to the last one that samples
+      paged_end = (min(computed_end, request.max_total_tokens - 1) if num_steps > 1
+                   else computed_end)
+      assert request.num_computed_tokens == computed_end
+      assert paged_end <= self.max_model_len
       assert request.num_output_placeholders == num_sampled + pending
       if num_steps > 1:  # fed the last known token; all the burst's samples are placeholders
         assert seq.seq_len == request.num_tokens_with_placeholders - num_steps
@@ -198,7 +203,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert seq.sample == (seq.seq_len == request.num_tokens_with_placeholders - seq.sample)
       assert request.num_tokens_with_placeholders <= request.max_total_tokens + num_steps - 1
       assert seq.page_ids == tuple(request.page_ids) and 0 not in seq.page_ids
-      assert len(seq.page_ids) == _ceil_div(computed_end, self.page_size)
+      assert len(seq.page_ids) == _ceil_div(paged_end, self.page_size)
       if not self.config.enable_chunked_prefill and not seq.sample:
         assert request.num_tokens > self.config.max_num_batched_tokens
 
@@ -217,20 +222,25 @@ class SchedulerMachine(RuleBasedStateMachine):
 
   def _simulate_kv(self, batch: ScheduledBatch) -> dict[str, list[int]]:
     """Writes every position the step computes (a burst: one per decode step, each step's
-    sample fed to the next), reads every context back; returns each sequence's samples."""
+    sample fed to the next), reads every context back; returns each sequence's samples. A burst
+    step past the sequence's pages writes nowhere (the device's null page)."""
     page_size, sampled = self.page_size, {}
     for seq in batch.seqs:
       tokens = self._device_tokens(self.requests[seq.request_id])
       assert len(tokens) >= seq.seq_len
       end = seq.start_position + batch.num_steps if batch.num_steps > 1 else seq.seq_len
+      paged_end = min(end, len(seq.page_ids) * page_size)
+      assert batch.num_steps > 1 or paged_end == end
       for position in range(seq.start_position, end):
+        if position >= paged_end:
+          continue
         page_id = seq.page_ids[position // page_size]
         assert self.allocator.refcount(page_id) == 1, "wrote into a shared page"
         self.kv[(page_id, position % page_size)] = tuple(tokens[:position + 1])
         if batch.num_steps > 1 or position == end - 1:
           if position + 1 == len(tokens) and seq.sample:
             tokens.append(_next_token(tokens))
-      for position in range(end):
+      for position in range(paged_end):
         slot = (seq.page_ids[position // page_size], position % page_size)
         assert self.kv.get(slot) == tuple(tokens[:position + 1]), f"wrong K/V at {position}"
       if seq.sample:

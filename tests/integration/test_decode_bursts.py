@@ -7,7 +7,9 @@ The workload has what a burst must get right: max_tokens that are not a multiple
 (the last steps fall back to single steps), stop strings and stop ids and eos met inside a
 burst (the tokens after them are dropped), seeded random sampling (each step of a burst folds
 its own sample index into the key), min_tokens (no burst before it is reached), sampled-token
-logprobs, a penalized request (no bursts while it runs) and requests that arrive mid-run.
+logprobs, a penalized request (no bursts while it runs), requests that arrive mid-run, and
+requests that end at max_model_len (the block table's last position) or just before it, whose
+last bursts run past their pages.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from tests.integration.engine_helpers import (record_steps_per_dispatch, run_to_
                                                small_engine)
 
 BURST = 4
+MAX_MODEL_LEN = 80  # 5 pages of 16: the block table holds exactly max_model_len positions
 
 
 def _workload(vocab_size: int) -> list[tuple[str, list[int], SamplingParams]]:
@@ -40,12 +43,16 @@ def _workload(vocab_size: int) -> list[tuple[str, list[int], SamplingParams]]:
   penalized = SamplingParams(temperature=0.0, max_tokens=6, repetition_penalty=1.3,
                              ignore_eos=True)
   workload.append(("penalized", rng.integers(0, vocab_size, size=12).tolist(), penalized))
+  for request_id, prompt_len, max_tokens in (("edge", 51, 29), ("near-edge", 50, 27)):
+    prompt = rng.integers(0, vocab_size, size=prompt_len).tolist()  # 51 + 29 = MAX_MODEL_LEN
+    workload.insert(2, (request_id, prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                                                           ignore_eos=True)))
   return workload
 
 
 def _run(num_scheduler_steps: int, async_scheduling: bool):
   engine = small_engine(num_pages=96, max_num_seqs=8, async_scheduling=async_scheduling,
-                        num_scheduler_steps=num_scheduler_steps)
+                        num_scheduler_steps=num_scheduler_steps, max_model_len=MAX_MODEL_LEN)
   compiled = engine.ledger.num_compilations
   steps_per_dispatch = record_steps_per_dispatch(engine)
   workload = _workload(engine.vocab_size)
