@@ -6,7 +6,9 @@ a jitted loop of `--inner` calls (each call reads a different set of pages, so d
 L2) `--reps` times and takes the median per call. The loop body also slices the page table and
 reduces the output (a few small kernels per call); `--harness unrolled` instead times one
 program of `--inner` independent calls and nothing else, each with its own query array and its
-own ordering of the pages. Effective bandwidth counts the K and V bytes the
+own ordering of the pages, and `--harness marginal` the difference between such programs of
+n and 3n calls divided by 2n: what one more call back to back costs, without the program's
+fixed dispatch and synchronization (which a model step pays once for all its layers). Effective bandwidth counts the K and V bytes the
 batch actually attends: sum(seq_lens) * num_kv_heads * head_dim * 2 * itemsize.
 
   python scripts/bench_kernels.py                 # on a GPU; writes out/bench_kernels.json
@@ -185,8 +187,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument("--bundled-configs", default="16x8",
                       help="bundled op k_splits x pages_per_compute_block, comma list")
   parser.add_argument("--inner", type=int, default=20, help="calls per timed jitted program")
-  parser.add_argument("--harness", choices=("loop", "unrolled"), default="loop",
-                      help="calls in a fori_loop (default) or unrolled, nothing else timed")
+  parser.add_argument("--harness", choices=("loop", "unrolled", "marginal"), default="loop",
+                      help="calls in a fori_loop (default), unrolled with nothing else timed, "
+                           "or marginal: (time of 3n unrolled calls - time of n) / 2n")
   parser.add_argument("--device-time", action="store_true",
                       help="also trace each timed program and report its kernels' device time "
                            "per call (the 'dev us' column)")

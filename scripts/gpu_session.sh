@@ -27,7 +27,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
       engine=(--set scheduler.max_num_seqs=256 --set scheduler.max_num_batched_tokens=4096
               --set "scheduler.seq_buckets=[64,256]" --set "scheduler.token_buckets=[256,1024,4096]")
       [ $s = sync1b ] && engine+=(--set scheduler.async_scheduling=false)
-      [ ${s#async1b_512} != $s ] && engine=(--set scheduler.max_num_seqs=512
+      [ "${s#async1b_512}" != "$s" ] && engine=(--set scheduler.max_num_seqs=512
           --set scheduler.max_num_batched_tokens=8192 --set "scheduler.seq_buckets=[64,512]"
           --set "scheduler.token_buckets=[512,2048,8192]")
       [ $s = async1b_512_burst4 ] && engine+=(--set scheduler.num_scheduler_steps=4)
@@ -37,6 +37,26 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
       XLA_FLAGS=$xla_flags TAIL=22 step $s python3 scripts/bench_offline.py --model /tmp/llama1b --num-prompts 512 \
         --input-len 512 --output-len 128 --max-model-len 640 --log-level WARNING "${engine[@]}" \
         --no-stream --out "$OUT/$s.json" ;;
+    o512+*|tp512+*)  # 512 sequences per batch, options joined by '+': t<max_num_batched_tokens>,
+      # b<num_scheduler_steps>, sb (seq buckets 64,128,256,512); o512: bench_offline.py,
+      # tp512: jaxserve bench throughput with the transformers baseline. E.g. tp512+t32768+b4+sb
+      tokens=8192; seqs="[64,512]"; engine=(--set scheduler.max_num_seqs=512)
+      IFS=+ read -ra opts <<< "${s#*+}"
+      for o in "${opts[@]}"; do case $o in
+        t*) tokens=${o#t} ;; b*) engine+=(--set scheduler.num_scheduler_steps=${o#b}) ;;
+        sb) seqs="[64,128,256,512]" ;; esac; done
+      engine+=(--set scheduler.max_num_batched_tokens=$tokens --set "scheduler.seq_buckets=$seqs"
+               --set "scheduler.token_buckets=[512,2048,$tokens]")
+      common=(--model /tmp/llama1b --num-prompts 512 --input-len 512 --output-len 128
+              --max-model-len 640 --log-level WARNING "${engine[@]}")
+      name=${s//+/_}
+      if [ "${s%%+*}" = o512 ]; then
+        TAIL=22 step $name python3 scripts/bench_offline.py "${common[@]}" --no-stream \
+          --out "$OUT/$name.json"
+      else
+        TAIL=12 step $name python3 -m jaxserve.cli bench throughput "${common[@]}" --hf-baseline \
+          --hf-batch-size 128 --out "$OUT/$name.json"
+      fi ;;
     throughput1b) TAIL=12 step throughput1b python3 -m jaxserve.cli bench throughput \
         --model /tmp/llama1b --hf-baseline --hf-batch-size 128 --num-prompts 512 --input-len 512 \
         --output-len 128 --max-model-len 640 --log-level WARNING --set scheduler.max_num_seqs=256 \
@@ -70,6 +90,8 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
         --out "$OUT/$s.json" ;;
     kernels_dev) TAIL=30 step kernels_dev python3 scripts/bench_kernels.py --batches 64,256 \
         --contexts 512,2048 --no-mixed --harness unrolled --device-time --out "$OUT/kernels_dev.json" ;;
+    bench_kernels_marginal) TAIL=45 step bench_kernels_marginal python3 scripts/bench_kernels.py \
+        --harness marginal --inner 10 --device-time --out "$OUT/bench_kernels_marginal.json" ;;
     gemm) TAIL=30 step gemm python3 scripts/gemm_invariance.py --out "$OUT/gemm_invariance.json" ;;
     tiles_short) TAIL=30 step tiles_short python3 scripts/bench_kernels.py --batches 64,256 \
         --contexts 512 --no-mixed --tiles "${TILES:-default,32:4:4:1,64:4:3:2,128:4:3:2,64:4:4:2,32:4:4:2,32:4:3:4,16:4:4:1}" \

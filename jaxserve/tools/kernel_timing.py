@@ -5,7 +5,9 @@ consecutive calls read pages that are not in L2. `time_per_call` times a jitted 
 (`harness="loop"`: a fori_loop whose body also slices the page table and reduces the output) or
 one program of independent calls and nothing else (`harness="unrolled"`: each call its own query
 array and its own ordering of the pages, every output returned, so XLA can neither drop calls
-nor share work between them); `device_us_per_call` traces that unrolled program and returns the
+nor share work between them), or the difference between two such programs of n and 3n calls
+(`harness="marginal"`: what one more call costs, without the program's fixed dispatch and
+synchronization); `device_us_per_call` traces that unrolled program and returns the
 kernels' own device time per call; `copy_bandwidth` measures the HBM copy ceiling. Used by
 scripts/bench_kernels.py.
 """
@@ -85,6 +87,8 @@ def time_per_call(fn, batch: Batch, *, inner: int, reps: int, harness: str = "lo
   """Median seconds per call of fn(*batch.args(r)) over a jitted program rotating page sets."""
   if harness == "unrolled":
     return _time_unrolled(fn, batch, inner=inner, reps=reps)
+  if harness == "marginal":
+    return _time_marginal(fn, batch, inner=inner, reps=reps)
   tables = jnp.stack(batch.block_tables)                        # [R, S, pages_per_seq]
   num_rotations = len(batch.block_tables)
 
@@ -132,15 +136,30 @@ def unrolled_program(fn, batch: Batch, inner: int):
                    batch.query_start_loc, batch.num_seqs)
 
 
-def _time_unrolled(fn, batch: Batch, *, inner: int, reps: int) -> float:
+def _program_seconds(fn, batch: Batch, *, inner: int, reps: int) -> float:
+  """Median seconds of one unrolled program of `inner` calls, dispatch and sync included."""
   program, args = unrolled_program(fn, batch, inner)
   jax.block_until_ready(program(*args))
   samples = []
   for _ in range(reps):
     start = time.perf_counter()
     jax.block_until_ready(program(*args))
-    samples.append((time.perf_counter() - start) / inner)
+    samples.append(time.perf_counter() - start)
   return statistics.median(samples)
+
+
+def _time_unrolled(fn, batch: Batch, *, inner: int, reps: int) -> float:
+  return _program_seconds(fn, batch, inner=inner, reps=reps) / inner
+
+
+def _time_marginal(fn, batch: Batch, *, inner: int, reps: int) -> float:
+  """Seconds each extra call adds to an unrolled program: (t(3n) - t(n)) / 2n. What a call
+  costs back to back with other kernels (its kernels and the gaps between them), without the
+  program's fixed dispatch, launch and synchronization time, which an engine step pays once
+  for all its layers."""
+  short = _program_seconds(fn, batch, inner=inner, reps=reps)
+  long = _program_seconds(fn, batch, inner=3 * inner, reps=reps)
+  return max(long - short, 0.0) / (2 * inner)
 
 
 def device_us_per_call(fn, batch: Batch, *, inner: int, reps: int = 2) -> float:

@@ -231,12 +231,13 @@ def test_bench_script_smoke(tmp_path: Path):
   assert report["cases"][0]["max_abs_error"]["bundled"] < 2e-2
 
 
-@pytest.mark.parametrize("harness", ["unrolled", "loop"])
+@pytest.mark.parametrize("harness", ["unrolled", "loop", "marginal"])
 def test_bench_harness_times(harness):
   batch = kernel_timing.make_batch("b", kernel_timing.Shape(), [1] * 4, [40] * 4, seed=0,
                                    num_rotations=2)
   fn = functools.partial(ragged_paged_attention_reference, sm_scale=0.1)
-  assert kernel_timing.time_per_call(fn, batch, inner=3, reps=1, harness=harness) > 0
+  seconds = kernel_timing.time_per_call(fn, batch, inner=3, reps=3, harness=harness)
+  assert 0 < seconds < 1 if harness != "marginal" else 0 <= seconds < 1  # a difference of medians
 
 
 def test_unrolled_bench_program_runs_every_call():
