@@ -38,25 +38,29 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
         --input-len 512 --output-len 128 --max-model-len 640 --log-level WARNING "${engine[@]}" \
         --no-stream --out "$OUT/$s.json" ;;
     o512+*|tp512+*)  # 512 sequences per batch, options joined by '+': t<max_num_batched_tokens>,
-      # b<num_scheduler_steps>, sb (seq buckets 64,128,256,512); o512: bench_offline.py,
-      # tp512: jaxserve bench throughput with the transformers baseline. E.g. tp512+t32768+b4+sb
-      tokens=8192; seqs="[64,512]"; engine=(--set scheduler.max_num_seqs=512)
+      # b<num_scheduler_steps>, sb (seq buckets 64,128,256,512), cublas (no Triton GEMMs);
+      # o512: bench_offline.py, tp512: jaxserve bench throughput with the transformers baseline.
+      # E.g. tp512+b4, o512+t16384+b4+sb+cublas
+      tokens=8192; seqs="[64,512]"; xla=""; engine=(--set scheduler.max_num_seqs=512)
       IFS=+ read -ra opts <<< "${s#*+}"
       for o in "${opts[@]}"; do case $o in
         t*) tokens=${o#t} ;; b*) engine+=(--set scheduler.num_scheduler_steps=${o#b}) ;;
-        sb) seqs="[64,128,256,512]" ;; esac; done
+        sb) seqs="[64,128,256,512]" ;; cublas) xla="--xla_gpu_enable_triton_gemm=false" ;;
+        esac; done
       engine+=(--set scheduler.max_num_batched_tokens=$tokens --set "scheduler.seq_buckets=$seqs"
                --set "scheduler.token_buckets=[512,2048,$tokens]")
       common=(--model /tmp/llama1b --num-prompts 512 --input-len 512 --output-len 128
               --max-model-len 640 --log-level WARNING "${engine[@]}")
       name=${s//+/_}
+      export XLA_FLAGS="${XLA_FLAGS:-} $xla"
       if [ "${s%%+*}" = o512 ]; then
         TAIL=22 step $name python3 scripts/bench_offline.py "${common[@]}" --no-stream \
           --out "$OUT/$name.json"
       else
-        TAIL=12 step $name python3 -m jaxserve.cli bench throughput "${common[@]}" --hf-baseline \
-          --hf-batch-size 128 --out "$OUT/$name.json"
-      fi ;;
+        TAIL=12 step $name python3 -m jaxserve.cli bench throughput "${common[@]}" \
+          --hf-baseline --hf-batch-size 128 --out "$OUT/$name.json"
+      fi
+      XLA_FLAGS=${XLA_FLAGS% $xla} ;;
     throughput1b) TAIL=12 step throughput1b python3 -m jaxserve.cli bench throughput \
         --model /tmp/llama1b --hf-baseline --hf-batch-size 128 --num-prompts 512 --input-len 512 \
         --output-len 128 --max-model-len 640 --log-level WARNING --set scheduler.max_num_seqs=256 \
