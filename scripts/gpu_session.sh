@@ -52,7 +52,8 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
       common=(--model /tmp/llama1b --num-prompts 512 --input-len 512 --output-len 128
               --max-model-len 640 --log-level WARNING "${engine[@]}")
       name=${s//+/_}
-      export XLA_FLAGS="${XLA_FLAGS:-} $xla"
+      saved_xla_flags=${XLA_FLAGS-}
+      [ -n "$xla" ] && export XLA_FLAGS="${XLA_FLAGS:-} $xla"
       if [ "${s%%+*}" = o512 ]; then
         TAIL=22 step $name python3 scripts/bench_offline.py "${common[@]}" --no-stream \
           --out "$OUT/$name.json"
@@ -60,7 +61,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
         TAIL=12 step $name python3 -m jaxserve.cli bench throughput "${common[@]}" \
           --hf-baseline --hf-batch-size 128 --out "$OUT/$name.json"
       fi
-      XLA_FLAGS=${XLA_FLAGS% $xla} ;;
+      if [ -n "$saved_xla_flags" ]; then XLA_FLAGS=$saved_xla_flags; else unset XLA_FLAGS; fi ;;
     throughput1b) TAIL=12 step throughput1b python3 -m jaxserve.cli bench throughput \
         --model /tmp/llama1b --hf-baseline --hf-batch-size 128 --num-prompts 512 --input-len 512 \
         --output-len 128 --max-model-len 640 --log-level WARNING --set scheduler.max_num_seqs=256 \
@@ -94,6 +95,9 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
         --out "$OUT/$s.json" ;;
     kernels_dev) TAIL=30 step kernels_dev python3 scripts/bench_kernels.py --batches 64,256 \
         --contexts 512,2048 --no-mixed --harness unrolled --device-time --out "$OUT/kernels_dev.json" ;;
+    kernels_short) TAIL=30 step kernels_short python3 scripts/bench_kernels.py --batches 64,256 \
+        --contexts 512,2048 --no-mixed --harness marginal --inner 10 --device-time \
+        --out "$OUT/kernels_short.json" ;;
     bench_kernels_marginal) TAIL=45 step bench_kernels_marginal python3 scripts/bench_kernels.py \
         --harness marginal --inner 10 --device-time --out "$OUT/bench_kernels_marginal.json" ;;
     gemm) TAIL=30 step gemm python3 scripts/gemm_invariance.py --out "$OUT/gemm_invariance.json" ;;

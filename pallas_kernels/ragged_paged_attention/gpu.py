@@ -12,8 +12,9 @@ each token's page id comes from the block table, K/V rows are gathered straight 
 (no contiguous copy), and an online softmax (flash attention, float32 running max / sum /
 accumulator) folds the tile in. Causality inside a prefill chunk, the sliding window and the
 logit soft-cap are applied to each tile's logits; tiles entirely outside the window or past the
-last query are never loaded. Padding tokens produce zeros: the output buffer starts as zeros
-(aliased into the kernel) and only live rows are stored.
+last query are never loaded. Padding tokens produce zeros: the programs numbered past the last
+live sequence's blocks (there are always enough) each zero one block of padding rows, so the
+output needs no separate zero-fill.
 
 Split KV (flash decoding): with num_kv_splits = P > 1 the grid gains a third axis and program
 (b, h, p) folds only the p-th of P equal runs of the block's KV tiles, storing its unnormalized
@@ -74,10 +75,19 @@ def _find_sequence(query_start_loc_ref, num_seqs, q_block_id, block_q: int, num_
 def _attention_kernel(query_start_loc_ref, seq_lens_ref, num_seqs_ref, block_tables_ref, q_ref,
                       k_ref, v_ref, *out_refs, tiling: Tiling, sm_scale: float,
                       sliding_window: int | None, soft_cap: float | None, num_search_steps: int):
-  """out_refs: (zeros_in, out) [T, Gp, D] or, split, (acc [T, Gp, D], max [T, Gp], sum [T, Gp])."""
+  """out_refs: (out [T, Gp, D],) or, split, (acc [T, Gp, D], max [T, Gp], sum [T, Gp])."""
   q_block_id = pl.program_id(0)
   kv_split = pl.program_id(2)  # read here: program_id inside pl.when does not interpret
   num_seqs = num_seqs_ref[0]
+  if tiling.num_kv_splits == 1:  # split outputs are merged (and padding zeroed) afterwards
+    num_live = query_start_loc_ref[num_seqs]
+    first_padding_block = num_live // tiling.block_q + num_seqs  # past every live sequence's
+
+    @pl.when(q_block_id >= first_padding_block)
+    def _():
+      _zero_padding_block(out_refs[0], num_live,
+                          num_live // tiling.block_q + q_block_id - first_padding_block, tiling)
+
   seq = _find_sequence(query_start_loc_ref, num_seqs, q_block_id, tiling.block_q,
                        num_search_steps)
   q_start = query_start_loc_ref[seq]
@@ -90,6 +100,20 @@ def _attention_kernel(query_start_loc_ref, seq_lens_ref, num_seqs_ref, block_tab
                         q_len=q_len, first_q=first_q, seq_len=seq_lens_ref[seq],
                         kv_split=kv_split, tiling=tiling,
                         sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
+
+
+def _zero_padding_block(out_ref, num_live, token_block, tiling: Tiling):
+  """Zeros the rows of padding tokens (index >= num_live) in query block token_block. There are
+  at least as many programs past the live sequences' blocks as token blocks from num_live on."""
+  num_tokens, _, head_dim = out_ref.shape
+  rows = jnp.arange(tiling.rows, dtype=jnp.int32)                      # [M]
+  row_tokens = token_block * tiling.block_q + rows // tiling.padded_group  # [M]
+  row_valid = (row_tokens >= num_live) & (row_tokens < num_tokens)     # [M]
+  row_tokens = jnp.where(row_valid, row_tokens, num_tokens)            # [M], OOB when invalid
+  dims = jnp.arange(head_dim, dtype=jnp.int32)[None, :]                # [1, D]
+  index = (row_tokens[:, None], (rows % tiling.padded_group)[:, None], dims)
+  mask = jnp.broadcast_to(row_valid[:, None], (tiling.rows, head_dim))
+  plgpu.store(out_ref.at[index], jnp.zeros((tiling.rows, head_dim), out_ref.dtype), mask=mask)
 
 
 def _attend_query_block(block_tables_ref, q_ref, k_ref, v_ref, out_refs, *, seq, q_start, q_len,
@@ -130,7 +154,7 @@ def _attend_query_block(block_tables_ref, q_ref, k_ref, v_ref, out_refs, *, seq,
 
   row_index = (row_tokens[:, None], row_heads[:, None], dims)
   if tiling.num_kv_splits == 1:
-    _, out_ref = out_refs
+    (out_ref,) = out_refs
     out = acc / jnp.where(row_valid, row_sum, 1.0)[:, None]            # [M, D]
     plgpu.store(out_ref.at[row_index], out.astype(out_ref.dtype), mask=row_mask)
     return
@@ -213,9 +237,6 @@ def _ragged_paged_attention(q, k_pages, v_pages, block_tables, seq_lens, query_s
   if num_splits == 1:
     out_specs = rows_spec
     out_shape = jax.ShapeDtypeStruct(grouped_shape, q.dtype)
-    inputs.append(jnp.zeros(grouped_shape, q.dtype))  # padding tokens keep these zeros
-    in_specs.append(rows_spec)
-    aliases = {len(inputs) - 1: 0}
   else:
     out_specs = [pl.BlockSpec((None, num_tokens, None, padded_group, head_dim),
                               lambda b, h, s: (s, 0, h, 0, 0))] + 2 * [
@@ -223,14 +244,12 @@ def _ragged_paged_attention(q, k_pages, v_pages, block_tables, seq_lens, query_s
                                   lambda b, h, s: (s, 0, h, 0))]
     out_shape = [jax.ShapeDtypeStruct((num_splits, *grouped_shape), jnp.float32)] + 2 * [
         jax.ShapeDtypeStruct((num_splits, *grouped_shape[:-1]), jnp.float32)]
-    aliases = {}
   outs = pl.pallas_call(
       kernel,
       grid=(pl.cdiv(num_tokens, tiling.block_q) + num_seq_slots, num_kv_heads, num_splits),
       in_specs=in_specs,
       out_specs=out_specs,
       out_shape=out_shape,
-      input_output_aliases=aliases,
       compiler_params=triton_compiler_params(tiling.num_warps, tiling.num_stages),
       interpret=interpret,
       name="ragged_paged_attention",
