@@ -21,6 +21,7 @@ import yaml
 
 ATTENTION_BACKENDS = ("auto", "reference", "xla", "pallas_gpu", "pallas_tpu")
 DTYPES = ("auto", "float32", "bfloat16")
+GPU_GEMMS = ("cublas", "xla")
 
 
 def _require(condition: bool, name: str, message: str) -> None:
@@ -155,7 +156,9 @@ class EngineConfig:
   tensor_parallel_size shards the model over that many devices (all devices of all hosts when
   distributed); the kv head count must be a multiple of it. tp_invariant_reductions makes the
   bfloat16 forward bitwise independent of tensor_parallel_size in {1, 2}
-  (models/invariant_dense.py; a parity mode, slower at tp = 1)."""
+  (models/invariant_dense.py; a parity mode, slower at tp = 1). gpu_gemm on GPUs: "cublas"
+  compiles every GEMM of the step to cuBLAS (XLA's Triton GEMM fusions off; faster for the
+  bfloat16 Llama steps measured in docs/PERFORMANCE.md), "xla" leaves the choice to XLA."""
   model: str = "tiny-random"
   dtype: str = "auto"
   max_model_len: int | None = None
@@ -164,6 +167,7 @@ class EngineConfig:
   tensor_parallel_size: int = 1
   tp_invariant_reductions: bool = False
   compilation_cache_dir: str | None = "~/.cache/jaxserve/xla"
+  gpu_gemm: str = "cublas"
   cache: CacheConfig = field(default_factory=CacheConfig)
   scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
   server: ServerConfig = field(default_factory=ServerConfig)
@@ -179,6 +183,8 @@ class EngineConfig:
              "max_model_len", f"must be a positive integer, got {self.max_model_len!r}")
     _require(isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
              "tensor_parallel_size", f"must be >= 1, got {self.tensor_parallel_size!r}")
+    _require(self.gpu_gemm in GPU_GEMMS, "gpu_gemm",
+             f"must be one of {GPU_GEMMS}, got {self.gpu_gemm!r}")
     _require(isinstance(self.tp_invariant_reductions, bool), "tp_invariant_reductions",
              f"must be true or false, got {self.tp_invariant_reductions!r}")
     _require(not (self.distributed.active and self.scheduler.num_scheduler_steps > 1),

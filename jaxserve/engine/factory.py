@@ -142,12 +142,21 @@ def build_runner(config: EngineConfig, *,
               spec.total_bytes / 2**20, f" over {num_shards} shards" if num_shards > 1 else "",
               max_model_len)
   shape = StepShape(spec.page_size, math.ceil(max_model_len / spec.page_size), max_model_len)
+  options = step_compiler_options(config)
   if kv_sharding is None:
-    runner = ModelRunner(model, loaded.params, kv_pages, buckets, shape)
+    runner = ModelRunner(model, loaded.params, kv_pages, buckets, shape, options)
   else:
-    runner = ShardedModelRunner(model, loaded.params, kv_pages, buckets, shape, mesh, publisher)
+    runner = ShardedModelRunner(model, loaded.params, kv_pages, buckets, shape, mesh, publisher,
+                                options)
   runner.set_burst_steps(config.scheduler.num_scheduler_steps)
   return BuiltRunner(model_config, runner, spec, max_model_len)
+
+
+def step_compiler_options(config: EngineConfig) -> dict[str, object] | None:
+  """XLA options of the step programs: on GPUs with gpu_gemm "cublas", no Triton GEMM fusions."""
+  if jax.default_backend() == "gpu" and config.gpu_gemm == "cublas":
+    return {"xla_gpu_enable_triton_gemm": False}
+  return None
 
 
 def _step_scratch_bytes(config: EngineConfig, model_config: ModelConfig, model, params,
@@ -158,7 +167,8 @@ def _step_scratch_bytes(config: EngineConfig, model_config: ModelConfig, model, 
   probe_spec = KVCacheSpec(model_config.num_layers, model_config.num_kv_heads,
                            model_config.head_dim, page_size, 2, model_config.dtype)
   shape = StepShape(page_size, math.ceil(max_model_len / page_size), max_model_len)
-  probe = ModelRunner(model, params, allocate_kv_pages(probe_spec), buckets, shape)
+  probe = ModelRunner(model, params, allocate_kv_pages(probe_spec), buckets, shape,
+                      step_compiler_options(config))
   largest = Bucket(buckets.seq_buckets[-1], buckets.token_buckets[-1])
   scratch = probe.temp_bytes(largest) or 0
   logger.info("step scratch memory: %.2f GiB for bucket %s (reserved before sizing the KV pool)",

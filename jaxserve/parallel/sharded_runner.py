@@ -54,15 +54,18 @@ class ShardedModelRunner(ModelRunner):
   """ModelRunner over a mesh; `publisher.publish(inputs)` runs before every step when given."""
 
   def __init__(self, model, params: dict, kv_pages: KVPages, buckets: BucketSet,
-               shape: StepShape, mesh: Mesh, publisher: StepSink | None = None):
-    super().__init__(model, params, kv_pages, buckets, shape)
+               shape: StepShape, mesh: Mesh, publisher: StepSink | None = None,
+               compiler_options: dict[str, object] | None = None):
+    super().__init__(model, params, kv_pages, buckets, shape, compiler_options)
     self.mesh = mesh
     self.replicated = replicated(mesh)
     self.publisher = publisher
     param_shardings = jax.tree.map(lambda x: x.sharding, params)
     kv_shardings = jax.tree.map(lambda x: x.sharding, kv_pages)
     logits = logits_sharding(params, mesh)
-    options = INVARIANT_COMPILER_OPTIONS if model.config.tp_invariant_reductions else None
+    options = compiler_options
+    if model.config.tp_invariant_reductions:
+      options = {**(compiler_options or {}), **INVARIANT_COMPILER_OPTIONS}
     rep = self.replicated
     self._forward = jax.jit(make_forward_fn(model), donate_argnums=(1,),
                             in_shardings=(param_shardings, kv_shardings, rep),

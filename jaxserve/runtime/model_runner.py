@@ -76,15 +76,18 @@ class StepHandle:
 class ModelRunner:
   """Owns the KV pages on device and runs the compiled step for scheduled batches."""
 
-  def __init__(self, model, params, kv_pages: KVPages, buckets: BucketSet, shape: StepShape):
+  def __init__(self, model, params, kv_pages: KVPages, buckets: BucketSet, shape: StepShape,
+               compiler_options: dict[str, object] | None = None):
     self.model = model
     self.params = params
     self.kv_pages = kv_pages
     self.buckets = buckets
     self.shape = shape
-    self._forward = jax.jit(make_forward_fn(model), donate_argnums=(1,))
-    self._sample = jax.jit(sample_step, static_argnums=(3,))
-    self._prompt = jax.jit(make_prompt_logprobs_fn(model))
+    self.compiler_options = compiler_options  # XLA options of every step program
+    options = compiler_options
+    self._forward = jax.jit(make_forward_fn(model), donate_argnums=(1,), compiler_options=options)
+    self._sample = jax.jit(sample_step, static_argnums=(3,), compiler_options=options)
+    self._prompt = jax.jit(make_prompt_logprobs_fn(model), compiler_options=options)
     self._constants: dict[tuple, jax.Array] = {}
     self.burst_steps = 1
     self._burst = None
@@ -97,7 +100,8 @@ class ModelRunner:
         make_burst_fn(self.model, num_steps, self.shape.page_size))
 
   def jit_burst(self, burst_fn):
-    return jax.jit(burst_fn, donate_argnums=(1,), static_argnums=(4,))
+    return jax.jit(burst_fn, donate_argnums=(1,), static_argnums=(4,),
+                   compiler_options=self.compiler_options)
 
   @property
   def supports_async(self) -> bool:

@@ -74,6 +74,7 @@ def test_unknown_model_name_or_path_names_the_field(model):
     (dict(dtype="float64"), "dtype"),
     (dict(attention_backend="cuda-magic"), "attention_backend"),
     (dict(max_model_len=0), "max_model_len"),
+    (dict(gpu_gemm="triton"), "gpu_gemm"),
 ])
 def test_bad_engine_config_names_the_field(overrides, field):
   with pytest.raises(ValueError, match=rf"^{field}:"):
