@@ -1,13 +1,13 @@
 """Ragged paged attention for GPUs: one Pallas (Triton) kernel for mixed prefill + decode batches.
 
-Grid: (cdiv(T, block_q) + S, num_kv_heads). Program (b, h) owns `block_q` consecutive query
-tokens of one sequence and all q heads that share kv head h: its rows are the
-block_q * padded_group (token, q head) pairs, so each K/V page of a sequence is read once per kv
-head and query block, and decode rows of a GQA group fill one tensor-core tile together.
-Sequence i's query blocks are numbered from query_start_loc[i] // block_q + i (an upper bound of
-the blocks before it, as in vLLM's unified Triton attention); a program binary-searches
-query_start_loc for its sequence and exits early when its block lies past the sequence's queries
-(or the sequence slot is padding). It then walks the sequence's KV in tiles of `block_kv` tokens:
+Grid: (G, num_kv_heads) with G = cdiv(T + S * (block_q - 1), block_q) + 1 (`num_programs`).
+Program (b, h) owns `block_q` consecutive query tokens of one sequence and all q heads that share
+kv head h: its rows are the block_q * padded_group (token, q head) pairs, so each K/V page of a
+sequence is read once per kv head and query block, and decode rows of a GQA group fill one
+tensor-core tile together. The live sequences' query blocks are numbered one after the other;
+`program_map` (a few XLA ops per step, shared by every layer) gives each program its sequence and
+block, so a program reads two scalars instead of searching for its sequence, and no program
+idles on a gap in the numbering. A program walks its sequence's KV in tiles of `block_kv` tokens:
 each token's page id comes from the block table, K/V rows are gathered straight from the pages
 (no contiguous copy), and an online softmax (flash attention, float32 running max / sum /
 accumulator) folds the tile in. Causality inside a prefill chunk, the sliding window and the
@@ -60,51 +60,62 @@ SUPPORTED_PAGE_SIZES = (16, 32, 64)
 LOG2_E = math.log2(math.e)
 
 
-def _find_sequence(query_start_loc_ref, num_seqs, q_block_id, block_q: int, num_steps: int):
-  """Largest live sequence i with query_start_loc[i] // block_q + i <= q_block_id (0 if none)."""
-  def step(_, bounds):
-    lo, hi = bounds
-    mid = (lo + hi + 1) // 2
-    first_block = query_start_loc_ref[mid] // block_q + mid
-    fits = first_block <= q_block_id
-    return jnp.where(fits, mid, lo), jnp.where(fits, hi, mid - 1)
-  lo, _ = lax.fori_loop(0, num_steps, step, (jnp.int32(0), num_seqs - 1))
-  return lo
+def num_programs(num_tokens: int, num_seq_slots: int, block_q: int) -> int:
+  """Programs along grid axis 0: enough for every live sequence's query blocks (at most
+  (T + S * (block_q - 1)) / block_q) plus one program per block of padding tokens."""
+  return pl.cdiv(num_tokens + num_seq_slots * (block_q - 1), block_q) + 1
 
 
-def _attention_kernel(query_start_loc_ref, seq_lens_ref, num_seqs_ref, block_tables_ref, q_ref,
-                      k_ref, v_ref, *out_refs, tiling: Tiling, sm_scale: float,
-                      sliding_window: int | None, soft_cap: float | None, num_search_steps: int):
+def program_map(query_start_loc, num_seqs, num_programs: int, block_q: int):
+  """(program_seqs, program_blocks), each int32[num_programs]: program b < L (L = the live
+  sequences' query blocks, numbered sequence by sequence) attends query block
+  program_blocks[b] of sequence program_seqs[b]; program b >= L gets sequence -1 and zeros
+  token block program_blocks[b] (from num_live // block_q on, past the live tokens). Computed
+  by XLA once per step (every layer's call shares it)."""
+  num_slots = query_start_loc.shape[0] - 1
+  live = jnp.arange(num_slots) < num_seqs[0]                                   # [S]
+  q_lens = query_start_loc[1:] - query_start_loc[:-1]                          # [S]
+  blocks = jnp.where(live, (q_lens + block_q - 1) // block_q, 0)               # [S]
+  ends = jnp.cumsum(blocks).astype(jnp.int32)                                  # [S]
+  programs = jnp.arange(num_programs, dtype=jnp.int32)                         # [G]
+  seqs = jnp.sum(ends[None, :] <= programs[:, None], axis=1, dtype=jnp.int32)  # [G]
+  num_live_blocks = ends[-1]
+  clamped = jnp.minimum(seqs, num_slots - 1)
+  seq_blocks = programs - (ends - blocks)[clamped]                             # [G]
+  padding_blocks = query_start_loc[num_seqs[0]] // block_q + programs - num_live_blocks
+  is_live = programs < num_live_blocks
+  return (jnp.where(is_live, clamped, -1).astype(jnp.int32),
+          jnp.where(is_live, seq_blocks, padding_blocks).astype(jnp.int32))
+
+
+def _attention_kernel(program_seqs_ref, program_blocks_ref, query_start_loc_ref, seq_lens_ref,
+                      num_seqs_ref, block_tables_ref, q_ref, k_ref, v_ref, *out_refs,
+                      tiling: Tiling, sm_scale: float, sliding_window: int | None,
+                      soft_cap: float | None):
   """out_refs: (out [T, Gp, D],) or, split, (acc [T, Gp, D], max [T, Gp], sum [T, Gp])."""
-  q_block_id = pl.program_id(0)
+  program = pl.program_id(0)
   kv_split = pl.program_id(2)  # read here: program_id inside pl.when does not interpret
-  num_seqs = num_seqs_ref[0]
+  seq = program_seqs_ref[program]
+  block = program_blocks_ref[program]
   if tiling.num_kv_splits == 1:  # split outputs are merged (and padding zeroed) afterwards
-    num_live = query_start_loc_ref[num_seqs]
-    first_padding_block = num_live // tiling.block_q + num_seqs  # past every live sequence's
-
-    @pl.when(q_block_id >= first_padding_block)
+    @pl.when(seq < 0)
     def _():
-      _zero_padding_block(out_refs[0], num_live,
-                          num_live // tiling.block_q + q_block_id - first_padding_block, tiling)
+      _zero_padding_block(out_refs[0], query_start_loc_ref[num_seqs_ref[0]], block, tiling)
 
-  seq = _find_sequence(query_start_loc_ref, num_seqs, q_block_id, tiling.block_q,
-                       num_search_steps)
-  q_start = query_start_loc_ref[seq]
-  q_len = query_start_loc_ref[seq + 1] - q_start
-  first_q = (q_block_id - (q_start // tiling.block_q + seq)) * tiling.block_q
+  live_seq = jnp.maximum(seq, 0)
+  q_start = query_start_loc_ref[live_seq]
 
-  @pl.when((seq < num_seqs) & (first_q < q_len))
+  @pl.when(seq >= 0)
   def _():
-    _attend_query_block(block_tables_ref, q_ref, k_ref, v_ref, out_refs, seq=seq, q_start=q_start,
-                        q_len=q_len, first_q=first_q, seq_len=seq_lens_ref[seq],
+    _attend_query_block(block_tables_ref, q_ref, k_ref, v_ref, out_refs, seq=live_seq,
+                        q_start=q_start, q_len=query_start_loc_ref[live_seq + 1] - q_start,
+                        first_q=block * tiling.block_q, seq_len=seq_lens_ref[live_seq],
                         kv_split=kv_split, tiling=tiling,
                         sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
 
 
 def _zero_padding_block(out_ref, num_live, token_block, tiling: Tiling):
-  """Zeros the rows of padding tokens (index >= num_live) in query block token_block. There are
-  at least as many programs past the live sequences' blocks as token blocks from num_live on."""
+  """Zeros the rows of padding tokens (index >= num_live) in query block token_block."""
   num_tokens, _, head_dim = out_ref.shape
   rows = jnp.arange(tiling.rows, dtype=jnp.int32)                      # [M]
   row_tokens = token_block * tiling.block_q + rows // tiling.padded_group  # [M]
@@ -231,9 +242,13 @@ def _ragged_paged_attention(q, k_pages, v_pages, block_tables, seq_lens, query_s
   pages_spec = pl.BlockSpec((None, num_pages, page_size, head_dim), lambda b, h, s: (h, 0, 0, 0))
   kernel = functools.partial(
       _attention_kernel, tiling=tiling, sm_scale=sm_scale, sliding_window=sliding_window,
-      soft_cap=soft_cap, num_search_steps=max(num_seq_slots, 1).bit_length() + 1)
-  inputs = [query_start_loc, seq_lens, num_seqs, block_tables, q_grouped, k_pages, v_pages]
-  in_specs = [pl.no_block_spec] * 4 + [rows_spec, pages_spec, pages_spec]
+      soft_cap=soft_cap)
+  grid_programs = num_programs(num_tokens, num_seq_slots, tiling.block_q)
+  program_seqs, program_blocks = program_map(query_start_loc, num_seqs, grid_programs,
+                                             tiling.block_q)
+  inputs = [program_seqs, program_blocks, query_start_loc, seq_lens, num_seqs, block_tables,
+            q_grouped, k_pages, v_pages]
+  in_specs = [pl.no_block_spec] * 6 + [rows_spec, pages_spec, pages_spec]
   if num_splits == 1:
     out_specs = rows_spec
     out_shape = jax.ShapeDtypeStruct(grouped_shape, q.dtype)
@@ -246,7 +261,7 @@ def _ragged_paged_attention(q, k_pages, v_pages, block_tables, seq_lens, query_s
         jax.ShapeDtypeStruct((num_splits, *grouped_shape[:-1]), jnp.float32)]
   outs = pl.pallas_call(
       kernel,
-      grid=(pl.cdiv(num_tokens, tiling.block_q) + num_seq_slots, num_kv_heads, num_splits),
+      grid=(grid_programs, num_kv_heads, num_splits),
       in_specs=in_specs,
       out_specs=out_specs,
       out_shape=out_shape,
