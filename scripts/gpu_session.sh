@@ -102,7 +102,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
         --harness marginal --inner 10 --device-time --out "$OUT/bench_kernels_marginal.json" ;;
     gemm) TAIL=30 step gemm python3 scripts/gemm_invariance.py --out "$OUT/gemm_invariance.json" ;;
     tiles_short) TAIL=30 step tiles_short python3 scripts/bench_kernels.py --batches 64,256 \
-        --contexts 512 --no-mixed --tiles "${TILES:-default,32:4:4:1,64:4:3:2,128:4:3:2,64:4:4:2,32:4:4:2,32:4:3:4,16:4:4:1}" \
+        --contexts 512 --no-mixed --harness marginal --inner 10 --device-time --tiles "${TILES:-default,32:4:4:1,64:4:3:2,128:4:3:2,64:4:4:2,32:4:4:2,32:4:3:4,16:4:4:1}" \
         --out "$OUT/tiles_short.json" ;;
     bench_offline) step bench_offline python3 scripts/bench_offline.py --num-prompts 256 \
         --input-len 128 --output-len 128 --set scheduler.max_num_seqs=256 \
