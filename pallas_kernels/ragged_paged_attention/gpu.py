@@ -5,9 +5,9 @@ Program (b, h) owns `block_q` consecutive query tokens of one sequence and all q
 kv head h: its rows are the block_q * padded_group (token, q head) pairs, so each K/V page of a
 sequence is read once per kv head and query block, and decode rows of a GQA group fill one
 tensor-core tile together. The live sequences' query blocks are numbered one after the other;
-`program_map` (a few XLA ops per step, shared by every layer) gives each program its sequence and
-block, so a program reads two scalars instead of searching for its sequence, and no program
-idles on a gap in the numbering. A program walks its sequence's KV in tiles of `block_kv` tokens:
+`program_map` (a few small XLA ops, the same for every layer of a step) gives each program its
+sequence and block, so a program reads two scalars instead of searching for its sequence, and
+no program idles on a gap in the numbering. A program walks its sequence's KV in tiles of `block_kv` tokens:
 each token's page id comes from the block table, K/V rows are gathered straight from the pages
 (no contiguous copy), and an online softmax (flash attention, float32 running max / sum /
 accumulator) folds the tile in. Causality inside a prefill chunk, the sliding window and the
@@ -70,8 +70,7 @@ def program_map(query_start_loc, num_seqs, num_programs: int, block_q: int):
   """(program_seqs, program_blocks), each int32[num_programs]: program b < L (L = the live
   sequences' query blocks, numbered sequence by sequence) attends query block
   program_blocks[b] of sequence program_seqs[b]; program b >= L gets sequence -1 and zeros
-  token block program_blocks[b] (from num_live // block_q on, past the live tokens). Computed
-  by XLA once per step (every layer's call shares it)."""
+  token block program_blocks[b] (from num_live // block_q on, past the live tokens)."""
   num_slots = query_start_loc.shape[0] - 1
   live = jnp.arange(num_slots) < num_seqs[0]                                   # [S]
   q_lens = query_start_loc[1:] - query_start_loc[:-1]                          # [S]
