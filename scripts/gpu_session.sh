@@ -38,14 +38,17 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
         --input-len 512 --output-len 128 --max-model-len 640 --log-level WARNING "${engine[@]}" \
         --no-stream --out "$OUT/$s.json" ;;
     o512+*|tp512+*)  # 512 sequences per batch, options joined by '+': t<max_num_batched_tokens>,
-      # b<num_scheduler_steps>, sb (seq buckets 64,128,256,512), cublas (no Triton GEMMs);
+      # b<num_scheduler_steps>, sb (seq buckets 64,128,256,512), xla (gpu_gemm=xla: XLA may
+      # pick Triton GEMMs), nomerge (XLA does not merge GEMMs sharing an input, which
+      # concatenates their weights every step);
       # o512: bench_offline.py, tp512: jaxserve bench throughput with the transformers baseline.
-      # E.g. tp512+b4, o512+t16384+b4+sb+cublas
+      # E.g. tp512+b4, o512+t16384+b4+sb+xla
       tokens=8192; seqs="[64,512]"; xla=""; engine=(--set scheduler.max_num_seqs=512)
       IFS=+ read -ra opts <<< "${s#*+}"
       for o in "${opts[@]}"; do case $o in
         t*) tokens=${o#t} ;; b*) engine+=(--set scheduler.num_scheduler_steps=${o#b}) ;;
-        sb) seqs="[64,128,256,512]" ;; cublas) xla="--xla_gpu_enable_triton_gemm=false" ;;
+        sb) seqs="[64,128,256,512]" ;; xla) engine+=(--set gpu_gemm=xla) ;;
+        nomerge) xla="--xla_disable_hlo_passes=dot_merger" ;;
         esac; done
       engine+=(--set scheduler.max_num_batched_tokens=$tokens --set "scheduler.seq_buckets=$seqs"
                --set "scheduler.token_buckets=[512,2048,$tokens]")
