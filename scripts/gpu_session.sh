@@ -92,7 +92,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
       phase=decode; [ $s = profile512_prefill ] && phase=prefill
       TAIL=40 step $s python3 scripts/profile_step.py --model /tmp/llama1b --phase $phase \
         --num-seqs 512 --context $([ $phase = decode ] && echo 576 || echo 512) --max-model-len 640 \
-        --trace-top ${TRACE_TOP:-25} --trace-by-family --trace-reps 3 \
+        --trace-top ${TRACE_TOP:-25} --trace-by-family --trace-ops --trace-reps 3 \
         --set scheduler.max_num_seqs=512 --set "scheduler.seq_buckets=[64,512]" \
         --set "scheduler.token_buckets=[512,2048,8192]" --set scheduler.max_num_batched_tokens=8192 \
         --out "$OUT/$s.json" ;;

@@ -2,8 +2,9 @@
 logits, sampler), timed on the same inputs for one bucket: a decode step of --num-seqs sequences
 at --context tokens, or with --phase prefill the first prefill step of those prompts. With
 --trace-top N it also profiles ~10 executions of the whole jitted step and prints the N kernels
-(CPU: XLA ops) that take most device time (jaxserve/tools/device_trace.py). The results print as
-JSON at the end and go to --out when given.
+(CPU: XLA ops) that take most device time (jaxserve/tools/device_trace.py); --trace-ops adds
+the top XLA instructions with their shapes and JAX op paths (jaxserve/tools/hlo_ops.py). The
+results print as JSON at the end and go to --out when given.
 
     python scripts/profile_step.py --model /path/to/ckpt --num-seqs 256 --context 576 --trace-top 25
 """
@@ -26,6 +27,7 @@ from jaxserve.runtime.sampler import SamplerMode, sample
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.tools.device_trace import (capture_trace, kernel_table_json, print_kernel_table,
                                          summarize_trace, total_device_us)
+from jaxserve.tools.hlo_ops import describe, instructions
 
 
 def timed(fn, *args, reps: int = 20, **kwargs) -> float:
@@ -64,6 +66,9 @@ def main() -> None:
   parser.add_argument("--trace-reps", type=int, default=10)
   parser.add_argument("--trace-by-family", action="store_true",
                       help="add up kernels that differ only in XLA's numeric suffix")
+  parser.add_argument("--trace-ops", action="store_true",
+                      help="also list the top XLA instructions of the traced step with their "
+                           "shape and the JAX op they come from (e.g. .../q_proj/dot_general)")
   parser.add_argument("--out", help="write the JSON results here")
   args = parser.parse_args()
   engine = build_engine(engine_config_from_args(args), show_progress=False)
@@ -135,6 +140,9 @@ def main() -> None:
   if args.trace_top > 0:
     result["trace"] = trace_step(runner, inputs, args.trace_top, args.trace_dir, args.trace_reps,
                                  args.trace_by_family)
+    if args.trace_ops:
+      result["trace_ops"] = trace_ops(runner, inputs, result["trace"]["logdir"], args.trace_top,
+                                      args.trace_reps)
   text = json.dumps(result, indent=2)
   print(text)
   if args.out:
@@ -157,6 +165,23 @@ def trace_step(runner, inputs, top: int, trace_dir: str | None, reps: int,
   return {"logdir": str(logdir), "reps": reps, "device_us_per_step": total_us / reps,
           "by_family": by_family,
           "num_kernels": len(kernels), "kernels": kernel_table_json(kernels, top)}
+
+
+def trace_ops(runner, inputs, logdir: str, top: int, reps: int) -> list[dict]:
+  """The traced step's device time per XLA instruction, each described from the compiled
+  programs' HLO (opcode, result shape, JAX op path)."""
+  table = instructions(program.compile().as_text() for program in runner.lower_step(inputs))
+  rows = summarize_trace(logdir, by_op=True)
+  print(f"\ntop XLA instructions of the step ({reps} executions):")
+  print(f"{'instruction':32s} {'us/exec':>9s} {'share':>6s}  what")
+  out = []
+  for row in rows[:top]:
+    hlo = describe(row.name, table)
+    what = hlo.summary() if hlo else "(not in the step's HLO: a library kernel or another program)"
+    print(f"{row.name[:32]:32s} {row.total_us / reps:9.1f} {row.share:6.1%}  {what[:110]}")
+    out.append({"name": row.name, "us_per_step": row.total_us / reps, "share": row.share,
+                "count": row.count, "hlo": None if hlo is None else dataclasses.asdict(hlo)})
+  return out
 
 
 if __name__ == "__main__":

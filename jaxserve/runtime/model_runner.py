@@ -178,16 +178,22 @@ class ModelRunner:
   def temp_bytes(self, bucket: Bucket) -> int | None:
     """Device scratch memory a step of `bucket` needs (forward plus the sampler with every
     part on), if the backend reports it."""
-    inputs = self.dummy_inputs(bucket)
-    forward = self._forward.lower(
-        self.params, self.kv_pages, pack(dataclasses.replace(inputs, sampling=None)))
-    logits = jax.ShapeDtypeStruct((bucket.num_seqs, self.model.config.vocab_size), jnp.float32)
-    sampler = self._sample.lower(logits, pack(inputs.sampling), inputs.prev_sampled_ids,
-                                 SamplerMode(True, True, True))
-    sizes = [lowered.compile().memory_analysis() for lowered in (forward, sampler)]
+    lowered = self.lower_step(self.dummy_inputs(bucket), SamplerMode(True, True, True))
+    sizes = [program.compile().memory_analysis() for program in lowered]
     if any(size is None for size in sizes):
       return None
     return sum(int(size.temp_size_in_bytes) for size in sizes)
+
+  def lower_step(self, inputs: StepInputs, mode: SamplerMode | None = None) -> list:
+    """The lowered programs of a single step on these inputs: the forward, then the sampler (in
+    `mode`, default the inputs' own)."""
+    forward = self._forward.lower(
+        self.params, self.kv_pages, pack(dataclasses.replace(inputs, sampling=None)))
+    num_slots = inputs.metadata.seq_lens.shape[0]
+    logits = jax.ShapeDtypeStruct((num_slots, self.model.config.vocab_size), jnp.float32)
+    sampler = self._sample.lower(logits, pack(inputs.sampling), inputs.prev_sampled_ids,
+                                 mode or SamplerMode.of(inputs.sampling))
+    return [forward, sampler]
 
   def dummy_inputs(self, bucket: Bucket, mode: SamplerMode = SamplerMode(),
                    prompt_logprobs: bool = False) -> StepInputs:

@@ -146,10 +146,13 @@ def device_lines(layout: TraceLayout) -> set[tuple[int, int]]:
   return lines
 
 
-def accelerator_kernel_events(layout: TraceLayout,
-                              events: Iterable[TraceEvent]) -> list[tuple[str, float]]:
+def accelerator_kernel_events(layout: TraceLayout, events: Iterable[TraceEvent],
+                              by_op: bool = False) -> list[tuple[str, float]]:
+  """(name, duration) of the device lines' events; with by_op, named after the XLA instruction
+  that launched them (the `hlo_op` arg, when the event has one) instead of the kernel."""
   lines = device_lines(layout)
-  return [(e.name, e.dur_us) for e in events if (e.pid, e.tid) in lines and e.dur_us > 0]
+  return [(str(e.args.get("hlo_op") or e.name) if by_op else e.name, e.dur_us)
+          for e in events if (e.pid, e.tid) in lines and e.dur_us > 0]
 
 
 # --- CPU -------------------------------------------------------------------------------------
@@ -205,13 +208,15 @@ def aggregate(samples: list[tuple[str, float]]) -> list[KernelTime]:
   return sorted(rows, key=lambda r: r.total_us, reverse=True)
 
 
-def summarize_trace(logdir: str | Path, by_family: bool = False) -> list[KernelTime]:
+def summarize_trace(logdir: str | Path, by_family: bool = False,
+                    by_op: bool = False) -> list[KernelTime]:
   """Device time per kernel (GPU/TPU) or XLA op (CPU) name, largest first; with by_family,
-  per name without its numeric suffix (see kernel_family)."""
+  per name without its numeric suffix (see kernel_family); with by_op, GPU kernels are named
+  after the XLA instruction that launched them where the trace says (CPU events already are)."""
   path = find_trace_file(logdir)
   layout, events = load_trace(path)
   if has_accelerator(layout):
-    samples = accelerator_kernel_events(layout, events)
+    samples = accelerator_kernel_events(layout, events, by_op)
     where = "device processes " + ", ".join(sorted(
         n for n in layout.process_names.values() if DEVICE_PROCESS.match(n)))
   else:

@@ -117,6 +117,9 @@ def test_gpu_trace_counts_stream_kernels_only(tmp_path):
   assert rows["MemcpyD2H"].share == pytest.approx(40.0 / 100.0)
   families = {r.name: r for r in summarize_trace(tmp_path, by_family=True)}
   assert (families["gemm_fusion_dot"].count, families["gemm_fusion_dot"].total_us) == (3, 60.0)
+  by_op = {r.name: r for r in summarize_trace(tmp_path, by_op=True)}  # the launching instruction
+  assert set(by_op) == {"gemm_fusion_dot.1", "MemcpyD2H"}
+  assert (by_op["gemm_fusion_dot.1"].count, by_op["gemm_fusion_dot.1"].total_us) == (3, 60.0)
 
 
 def test_gpu_trace_without_kernels_raises(tmp_path):
