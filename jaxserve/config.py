@@ -158,7 +158,9 @@ class EngineConfig:
   bfloat16 forward bitwise independent of tensor_parallel_size in {1, 2}
   (models/invariant_dense.py; a parity mode, slower at tp = 1). gpu_gemm on GPUs: "cublas"
   compiles every GEMM of the step to cuBLAS (XLA's Triton GEMM fusions off; faster for the
-  bfloat16 Llama steps measured in docs/PERFORMANCE.md), "xla" leaves the choice to XLA."""
+  bfloat16 Llama steps measured in docs/PERFORMANCE.md), "xla" leaves the choice to XLA.
+  fuse_projections merges each layer's q/k/v and gate/up weights after loading, one GEMM each
+  (models/fused_projections.py; unsharded models only: ignored when the model is sharded)."""
   model: str = "tiny-random"
   dtype: str = "auto"
   max_model_len: int | None = None
@@ -168,6 +170,7 @@ class EngineConfig:
   tp_invariant_reductions: bool = False
   compilation_cache_dir: str | None = "~/.cache/jaxserve/xla"
   gpu_gemm: str = "cublas"
+  fuse_projections: bool = True
   cache: CacheConfig = field(default_factory=CacheConfig)
   scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
   server: ServerConfig = field(default_factory=ServerConfig)
@@ -187,6 +190,8 @@ class EngineConfig:
              f"must be one of {GPU_GEMMS}, got {self.gpu_gemm!r}")
     _require(isinstance(self.tp_invariant_reductions, bool), "tp_invariant_reductions",
              f"must be true or false, got {self.tp_invariant_reductions!r}")
+    _require(isinstance(self.fuse_projections, bool), "fuse_projections",
+             f"must be true or false, got {self.fuse_projections!r}")
     _require(not (self.distributed.active and self.scheduler.num_scheduler_steps > 1),
              "scheduler.num_scheduler_steps", "decode bursts do not run on multi-host jobs (the "
              "other hosts replay single steps); set it to 1")

@@ -22,6 +22,7 @@ from jaxserve.config import EngineConfig
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.scheduler import Scheduler
+from jaxserve.models.fused_projections import fuse_params
 from jaxserve.models.invariant_dense import REDUCTION_GROUPS
 from jaxserve.models.llama import LlamaForCausalLM
 from jaxserve.models.model_config import ModelConfig
@@ -114,9 +115,13 @@ def build_runner(config: EngineConfig, *,
     kv_sharding, num_shards = kv_pages_sharding(mesh), config.tensor_parallel_size
   else:
     loaded = load_model(config.model, config.dtype)
-    loaded = LoadedModel(loaded.config.replace(
-        tp_invariant_reductions=config.tp_invariant_reductions),
-        jax.device_put(loaded.params), loaded.source)
+    model_config = loaded.config.replace(tp_invariant_reductions=config.tp_invariant_reductions,
+                                         fused_projections=config.fuse_projections)
+    params, source = jax.device_put(loaded.params), loaded.source
+    del loaded  # fuse_params frees each layer's separate kernels once nothing else holds them
+    if config.fuse_projections:
+      params = fuse_params(params)
+    loaded = LoadedModel(model_config, params, source)
     backend = get_attention_backend(config.attention_backend)
     kv_sharding, num_shards = None, 1
   model_config = loaded.config

@@ -32,6 +32,9 @@ Params (the flax `params` collection), with H hidden, D head_dim, Q/KV head coun
   layers_{i}/mlp/{gate,up}_proj/kernel [H, I]   layers_{i}/mlp/down_proj/kernel [I, H]
   norm/scale [H]
   lm_head/kernel [H, V]                         (absent when tie_word_embeddings)
+With `fused_projections` (one device; models/fused_projections.py) q/k/v are one
+layers_{i}/self_attn/qkv_proj/kernel [H, (Q + 2*KV)*D] and gate/up one
+layers_{i}/mlp/gate_up_proj/kernel [H, 2*I], each split after its GEMM.
 """
 from __future__ import annotations
 
@@ -89,9 +92,13 @@ class Attention(nn.Module):
                      use_bias=cfg.attention_bias)(x)
       return y.reshape(num_tokens, num_heads, cfg.head_dim)                # [T, heads, D]
 
-    q = proj("q_proj", cfg.num_q_heads)
-    k = proj("k_proj", cfg.num_kv_heads)
-    v = proj("v_proj", cfg.num_kv_heads)
+    if cfg.fused_projections:  # one GEMM, split: heads [Q | K | V]
+      qkv = proj("qkv_proj", cfg.num_q_heads + 2 * cfg.num_kv_heads)      # [T, Q + 2K, D]
+      q, k, v = jnp.split(qkv, [cfg.num_q_heads, cfg.num_q_heads + cfg.num_kv_heads], axis=1)
+    else:
+      q = proj("q_proj", cfg.num_q_heads)
+      k = proj("k_proj", cfg.num_kv_heads)
+      v = proj("v_proj", cfg.num_kv_heads)
     if cfg.qk_norm:
       q = RMSNorm(cfg.rms_norm_eps, dtype, name="q_norm")(q)
       k = RMSNorm(cfg.rms_norm_eps, dtype, name="k_norm")(k)
@@ -112,8 +119,13 @@ class MLP(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     cfg = self.config
-    gate = projection(cfg, self.dense, cfg.intermediate_size, "column", "gate_proj")(x)  # [T, I]
-    up = projection(cfg, self.dense, cfg.intermediate_size, "column", "up_proj")(x)      # [T, I]
+    if cfg.fused_projections:
+      gate_up = projection(cfg, self.dense, 2 * cfg.intermediate_size, "column",
+                           "gate_up_proj")(x)                               # [T, 2I]
+      gate, up = jnp.split(gate_up, 2, axis=1)                               # [T, I] each
+    else:
+      gate = projection(cfg, self.dense, cfg.intermediate_size, "column", "gate_proj")(x)
+      up = projection(cfg, self.dense, cfg.intermediate_size, "column", "up_proj")(x)
     down = projection(cfg, self.dense, cfg.hidden_size, "row", "down_proj")
     return down(nn.silu(gate) * up)                                        # [T, H]
 

@@ -84,6 +84,7 @@ class ModelConfig:
   eos_token_ids: tuple[int, ...] = ()
   dtype: str = "float32"
   tp_invariant_reductions: bool = False  # projections as tp=2 GEMMs (invariant_dense.py)
+  fused_projections: bool = False  # qkv_proj / gate_up_proj params (fused_projections.py)
 
   def __post_init__(self) -> None:
     _require(self.architecture in ARCHITECTURES, "architecture",
@@ -102,6 +103,8 @@ class ModelConfig:
     _require(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
     _require(isinstance(self.tp_invariant_reductions, bool), "tp_invariant_reductions",
              f"must be true or false, got {self.tp_invariant_reductions!r}")
+    _require(not (self.fused_projections and self.tp_invariant_reductions), "fused_projections",
+             "cannot be combined with tp_invariant_reductions (which keeps per-device GEMMs)")
     eos = tuple(self.eos_token_ids)
     object.__setattr__(self, "eos_token_ids", eos)
     for token_id in eos + (() if self.bos_token_id is None else (self.bos_token_id,)):

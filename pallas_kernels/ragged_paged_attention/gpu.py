@@ -7,14 +7,14 @@ sequence is read once per kv head and query block, and decode rows of a GQA grou
 tensor-core tile together. The live sequences' query blocks are numbered one after the other;
 `program_map` (a few small XLA ops, the same for every layer of a step) gives each program its
 sequence and block, so a program reads two scalars instead of searching for its sequence, and
-no program idles on a gap in the numbering. A program walks its sequence's KV in tiles of `block_kv` tokens:
-each token's page id comes from the block table, K/V rows are gathered straight from the pages
-(no contiguous copy), and an online softmax (flash attention, float32 running max / sum /
-accumulator) folds the tile in. Causality inside a prefill chunk, the sliding window and the
-logit soft-cap are applied to each tile's logits; tiles entirely outside the window or past the
-last query are never loaded. Padding tokens produce zeros: the programs numbered past the last
-live sequence's blocks (there are always enough) each zero one block of padding rows, so the
-output needs no separate zero-fill.
+no program idles on a gap in the numbering. A program walks its sequence's KV in tiles of
+`block_kv` tokens: each token's page id comes from the block table, K/V rows are gathered
+straight from the pages (no contiguous copy), and an online softmax (flash attention, float32
+running max / sum / accumulator) folds the tile in. Causality inside a prefill chunk, the
+sliding window and the logit soft-cap are applied to each tile's logits; tiles entirely outside
+the window or past the last query are never loaded. Padding tokens produce zeros: the programs
+numbered past the live sequences' blocks (there are always enough) each zero one block of
+padding rows, so the output needs no separate zero-fill.
 
 Split KV (flash decoding): with num_kv_splits = P > 1 the grid gains a third axis and program
 (b, h, p) folds only the p-th of P equal runs of the block's KV tiles, storing its unnormalized

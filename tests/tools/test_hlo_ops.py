@@ -38,10 +38,9 @@ def test_every_traced_op_is_described(tmp_path):
 
 
 def test_gpu_kernel_spelling_and_tuples():
-  text = """
-  %fusion.3 = bf16[512,3072]{1,0} fusion(%p.1, %p.2), kind=kCustom, metadata={op_name="jit(step)/q_proj/dot_general"}
-  ROOT %tuple.9 = (f32[8]{0}, s32[8]{0}) tuple(%a, %b)
-"""
+  text = ('  %fusion.3 = bf16[512,3072]{1,0} fusion(%p.1, %p.2), kind=kCustom, '
+          'metadata={op_name="jit(step)/q_proj/dot_general"}\n'
+          '  ROOT %tuple.9 = (f32[8]{0}, s32[8]{0}) tuple(%a, %b)\n')
   table = instructions(text)
   assert describe("fusion_3", table) == HloInstruction(
       "fusion.3", "fusion", "bf16[512,3072]", "jit(step)/q_proj/dot_general")

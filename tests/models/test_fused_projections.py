@@ -1,0 +1,70 @@
+"""Merged q/k/v and gate/up projections (models/fused_projections.py): the merged tree holds the
+same weights side by side, and an engine with them generates what one without them does."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jaxserve.config import EngineConfig
+from jaxserve.models.fused_projections import fuse_params
+from jaxserve.models.tiny_random import tiny_random_config
+from jaxserve.sampling_params import SamplingParams
+from tests.integration.engine_helpers import run_to_completion, small_engine
+
+
+def _layer(rng, hidden: int, q: int, kv: int, inter: int, bias: bool) -> dict:
+  def dense(out):
+    leaves = {"kernel": rng.standard_normal((hidden, out)).astype(np.float32)}
+    if bias:
+      leaves["bias"] = rng.standard_normal(out).astype(np.float32)
+    return leaves
+  return {"input_layernorm": {"scale": np.ones(hidden, np.float32)},
+          "self_attn": {"q_proj": dense(q), "k_proj": dense(kv), "v_proj": dense(kv),
+                        "o_proj": {"kernel": np.ones((q, hidden), np.float32)}},
+          "mlp": {"gate_proj": {"kernel": rng.standard_normal((hidden, inter)).astype(np.float32)},
+                  "up_proj": {"kernel": rng.standard_normal((hidden, inter)).astype(np.float32)},
+                  "down_proj": {"kernel": np.ones((inter, hidden), np.float32)}}}
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_merged_kernels_hold_the_separate_ones_side_by_side(bias):
+  rng = np.random.default_rng(0)
+  layer = _layer(rng, hidden=4, q=6, kv=2, inter=5, bias=bias)
+  params = {"embed_tokens": {"embedding": np.zeros((3, 4))}, "layers_0": layer}
+  fused = fuse_params(params)
+  attn, mlp = fused["layers_0"]["self_attn"], fused["layers_0"]["mlp"]
+  assert set(attn) == {"qkv_proj", "o_proj"} and set(mlp) == {"gate_up_proj", "down_proj"}
+  for leaf in ("kernel", "bias") if bias else ("kernel",):
+    np.testing.assert_array_equal(
+        attn["qkv_proj"][leaf], np.concatenate([layer["self_attn"][n][leaf]
+                                                for n in ("q_proj", "k_proj", "v_proj")], -1))
+  gate_up = mlp["gate_up_proj"]["kernel"]
+  assert attn["qkv_proj"]["kernel"].shape == (4, 10) and gate_up.shape == (4, 10)
+  np.testing.assert_array_equal(gate_up[:, :5], layer["mlp"]["gate_proj"]["kernel"])
+  np.testing.assert_array_equal(gate_up[:, 5:], layer["mlp"]["up_proj"]["kernel"])
+  assert fused["embed_tokens"] is params["embed_tokens"]
+
+
+def test_fused_and_separate_engines_generate_the_same():
+  outputs = {}
+  for fuse in (False, True):
+    engine = small_engine(fuse_projections=fuse)
+    assert engine.runner.model.config.fused_projections is fuse
+    rng = np.random.default_rng(1)
+    for i in range(4):
+      prompt = rng.integers(0, engine.vocab_size, size=int(rng.integers(5, 30))).tolist()
+      engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=12, logprobs=0,
+                                                ignore_eos=True), request_id=f"r{i}")
+    outputs[fuse] = run_to_completion(engine)
+  for request_id, separate in outputs[False].items():
+    fused = outputs[True][request_id]
+    assert fused.token_ids == separate.token_ids
+    np.testing.assert_allclose([e.logprob for e in fused.logprobs],
+                               [e.logprob for e in separate.logprobs], atol=1e-5)
+
+
+def test_fusion_is_refused_with_tp_invariant_reductions():
+  with pytest.raises(ValueError, match="^fused_projections:"):
+    tiny_random_config().replace(fused_projections=True, tp_invariant_reductions=True)
+  with pytest.raises(ValueError, match="^fuse_projections:"):
+    EngineConfig(fuse_projections="yes")
