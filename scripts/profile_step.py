@@ -76,7 +76,8 @@ def main() -> None:
   rng = np.random.default_rng(0)
   params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
   for i in range(args.num_seqs):
-    engine.add_request(rng.integers(0, min(engine.vocab_size, 1000), args.context).tolist(), params, request_id=f"p{i}")
+    prompt = rng.integers(0, min(engine.vocab_size, 1000), args.context).tolist()
+    engine.add_request(prompt, params, request_id=f"p{i}")
   while args.phase == "decode" and (engine.scheduler.num_waiting or any(  # prefill everyone
       len(engine._requests[r].output_token_ids) == 0 for r in engine._requests)):
     engine.step()
