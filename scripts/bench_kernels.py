@@ -53,6 +53,7 @@ class CaseResult:
   device_us: dict[str, float] = field(default_factory=dict)  # --device-time: kernels only
   kv_gbps: dict[str, float] = field(default_factory=dict)
   pct_of_copy: dict[str, float] = field(default_factory=dict)
+  tflops: dict[str, float] = field(default_factory=dict)  # attention FLOPs / time (prefill)
   speedup_vs_bundled: float | None = None
   speedup_vs_xla: float | None = None
   notes: list[str] = field(default_factory=list)
@@ -91,6 +92,16 @@ def bundled_paged_attention(shape: Shape, sm_scale: float, k_splits: int,
   return attend
 
 
+def attention_flops(batch: Batch) -> int:
+  """2 matmuls x 2 FLOPs per (query, visible key) pair, per q head and head dim (causal)."""
+  qsl = np.asarray(batch.query_start_loc)
+  q_lens = np.diff(qsl)[:int(batch.num_seqs[0])].astype(np.int64)
+  seq_lens = np.asarray(batch.seq_lens)[:q_lens.size].astype(np.int64)
+  pairs = q_lens * (seq_lens - q_lens) + q_lens * (q_lens + 1) // 2
+  num_q_heads, head_dim = batch.q.shape[1:]
+  return int(4 * num_q_heads * head_dim * pairs.sum())
+
+
 def max_abs_error(actual: jax.Array, expected: jax.Array) -> float:
   return float(jnp.max(jnp.abs(actual.astype(jnp.float32) - expected.astype(jnp.float32))))
 
@@ -106,7 +117,7 @@ def run_case(name: str, batch: Batch, *, shape: Shape, context: int, opts, copy_
   for tile in opts.tiles:
     label = "ours" if tile is None else "ours[" + ":".join(map(str, tile)) + "]"
     tile_kw = {} if tile is None else dict(zip(
-        ("block_kv", "num_warps", "num_stages", "num_kv_splits"), tile))
+        ("block_kv", "num_warps", "num_stages", "num_kv_splits", "block_q"), tile))
     fns[label] = functools.partial(ragged_paged_attention, sm_scale=sm_scale,
                                    interpret=interpret, **tile_kw)
   if batch.is_decode:
@@ -148,6 +159,7 @@ def run_case(name: str, batch: Batch, *, shape: Shape, context: int, opts, copy_
       continue
     result.time_us[label] = seconds * 1e6
     result.kv_gbps[label] = batch.kv_bytes / seconds / 1e9
+    result.tflops[label] = attention_flops(batch) / seconds / 1e12
     if copy_bps:
       result.pct_of_copy[label] = 100.0 * batch.kv_bytes / seconds / copy_bps
     if opts.device_time:
@@ -166,7 +178,7 @@ def run_case(name: str, batch: Batch, *, shape: Shape, context: int, opts, copy_
 
 def parse_tiles(text: str) -> list[tuple[int, ...] | None]:
   """'default,64:4:3,64:4:3:4' -> [None, (64, 4, 3), (64, 4, 3, 4)]:
-  block_kv:num_warps:num_stages[:num_kv_splits]."""
+  block_kv:num_warps:num_stages[:num_kv_splits[:block_q]]."""
   tiles = []
   for item in text.split(","):
     tiles.append(None if item == "default" else tuple(int(v) for v in item.split(":")))
@@ -182,8 +194,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument("--contexts", default="512,2048,8192")
   parser.add_argument("--no-mixed", action="store_true", help="skip the prefill+decode batch")
   parser.add_argument("--tiles", default="default",
-                      help="our tilings: 'default' or block_kv:num_warps:num_stages[:num_kv_splits],"
-                           " comma list")
+                      help="our tilings: 'default' or "
+                           "block_kv:num_warps:num_stages[:num_kv_splits[:block_q]], comma list")
+  parser.add_argument("--head-dim", type=int, default=128,
+                      help="head_dim (32 q heads, 8 kv heads; 64 is Llama-3.2-1B's)")
+  parser.add_argument("--prefill", default="",
+                      help="prefill cases NUMxLEN (NUM prompts of LEN tokens from an empty "
+                           "cache), comma list, e.g. 16x512: the engine's prefill step")
   parser.add_argument("--bundled-configs", default="16x8",
                       help="bundled op k_splits x pages_per_compute_block, comma list")
   parser.add_argument("--inner", type=int, default=20, help="calls per timed jitted program")
@@ -225,6 +242,9 @@ def case_specs(opts, shape: Shape) -> list[tuple[str, int, list[int], list[int]]
       chunk, context, num_decode, num_prefill = 256, 2048, 62, 2
     specs.append((f"mixed_{num_prefill}x{chunk}prefill_{num_decode}decode_ctx{context}", context,
                   [chunk] * num_prefill + [1] * num_decode, [context] * (num_prefill + num_decode)))
+  for item in filter(None, opts.prefill.split(",")):
+    num, length = (int(v) for v in item.split("x"))
+    specs.append((f"prefill_{num}x{length}", length, [length] * num, [length] * num))
   return specs
 
 
@@ -258,13 +278,17 @@ def print_table(results: list[CaseResult], copy_bps: float | None) -> None:
       ratios.append(f"vs xla {r.speedup_vs_xla:.2f}x")
     if ratios:
       print(f"{'':44s} ours speedup: {', '.join(ratios)}")
+    if not r.kind == "decode" and r.tflops:
+      print(f"{'':44s} attention TFLOP/s: " + ", ".join(
+          f"{label} {value:.1f}" for label, value in sorted(r.tflops.items())))
     for note in r.notes:
       print(f"{'':44s} note: {note}")
 
 
 def main(argv: list[str] | None = None) -> int:
   opts = parse_args(argv)
-  shape = Shape(num_q_heads=8, num_kv_heads=2, head_dim=64) if opts.smoke else Shape()
+  shape = (Shape(num_q_heads=8, num_kv_heads=2, head_dim=64) if opts.smoke
+           else Shape(head_dim=opts.head_dim))
   device = jax.devices()[0]
   print(f"device: {device.device_kind} ({jax.default_backend()}), jax {jax.__version__}, "
         f"shape {shape}")

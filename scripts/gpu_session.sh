@@ -101,6 +101,12 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
     kernels_short) TAIL=30 step kernels_short python3 scripts/bench_kernels.py --batches 64,256 \
         --contexts 512,2048 --no-mixed --harness marginal --inner 10 --device-time \
         --out "$OUT/kernels_short.json" ;;
+    tiles_1b)  # the 1B throughput workload's attention shapes: 512-sequence decode at context
+      # 576 and a 16 x 512 prefill, head_dim 64; tiles block_kv:warps:stages[:splits[:block_q]]
+      TAIL=45 step tiles_1b python3 scripts/bench_kernels.py --head-dim 64 --batches 512 \
+        --contexts 576 --no-mixed --prefill 16x512 --harness marginal --inner 10 --device-time \
+        --tiles "${TILES:-default,64:4:3,128:4:3,64:8:3,32:4:4,64:4:3:1:32,128:8:3:1:32,64:8:2:1:32}" \
+        --out "$OUT/tiles_1b.json" ;;
     bench_kernels_marginal) TAIL=45 step bench_kernels_marginal python3 scripts/bench_kernels.py \
         --harness marginal --inner 10 --device-time --out "$OUT/bench_kernels_marginal.json" ;;
     gemm) TAIL=30 step gemm python3 scripts/gemm_invariance.py --out "$OUT/gemm_invariance.json" ;;

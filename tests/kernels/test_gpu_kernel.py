@@ -231,6 +231,26 @@ def test_bench_script_smoke(tmp_path: Path):
   assert report["cases"][0]["max_abs_error"]["bundled"] < 2e-2
 
 
+def test_bench_script_prefill_case(tmp_path: Path):
+  out_path = tmp_path / "bench.json"
+  assert _load_bench_script().main(["--smoke", "--no-mixed", "--prefill", "2x24",
+                                    "--out", str(out_path)]) == 0
+  cases = {case["name"]: case for case in json.loads(out_path.read_text())["cases"]}
+  assert set(cases) == {"decode_b2_ctx32", "prefill_2x24"}
+  prefill = cases["prefill_2x24"]
+  assert prefill["error"] is None and prefill["num_tokens"] == 48, prefill
+  assert prefill["max_abs_error"]["ours"] < 2e-2
+
+
+def test_attention_flops_by_hand():
+  # one prompt of 3 tokens from an empty cache (6 causal pairs) and one decode token over 5
+  # (5 pairs): 4 FLOPs x 2 q heads x 8 dims per pair
+  batch = kernel_timing.make_batch("b", kernel_timing.Shape(num_q_heads=2, num_kv_heads=1,
+                                                            head_dim=8), [3, 1], [3, 5],
+                                   seed=0, num_rotations=1)
+  assert _load_bench_script().attention_flops(batch) == 4 * 2 * 8 * (6 + 5)
+
+
 @pytest.mark.parametrize("harness", ["unrolled", "loop", "marginal"])
 def test_bench_harness_times(harness):
   batch = kernel_timing.make_batch("b", kernel_timing.Shape(), [1] * 4, [40] * 4, seed=0,
