@@ -116,7 +116,9 @@ def unrolled_program(fn, batch: Batch, inner: int):
   query array and its own block table: the pages of rotation i % R in a fresh order, so no
   two calls share a gather XLA could compute once (the XLA reference gathers pages before
   attending) and consecutive calls still read disjoint pages. Every call's output is a program
-  output, so none is dropped. No other op runs in the program."""
+  output, so none is dropped, and an optimization barrier orders the calls (XLA may neither run
+  two at once nor hold two calls' intermediates: an XLA reference's gathers stay one at a time).
+  No other op runs in the program."""
   keys = jax.random.split(jax.random.key(inner), inner)
   queries = tuple(jax.random.normal(k, batch.q.shape, batch.q.dtype) for k in keys)
   rng = np.random.default_rng(inner)
@@ -129,8 +131,12 @@ def unrolled_program(fn, batch: Batch, inner: int):
 
   @jax.jit
   def program(queries, k_pages, v_pages, tables, seq_lens, query_start_loc, num_seqs):
-    return tuple(fn(q, k_pages, v_pages, table, seq_lens, query_start_loc, num_seqs)
-                 for q, table in zip(queries, tables))
+    outputs = []
+    for q, table in zip(queries, tables):
+      if outputs:  # call i starts after call i - 1 (no overlap, one call's memory at a time)
+        _, q = jax.lax.optimization_barrier((outputs[-1], q))
+      outputs.append(fn(q, k_pages, v_pages, table, seq_lens, query_start_loc, num_seqs))
+    return tuple(outputs)
 
   return program, (queries, batch.k_pages, batch.v_pages, tuple(tables), batch.seq_lens,
                    batch.query_start_loc, batch.num_seqs)
