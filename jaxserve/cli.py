@@ -19,7 +19,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
   group = parser.add_argument_group("engine")
   group.add_argument("--model", help="built-in model name (tiny-random) or a Hugging Face "
                      "checkpoint directory (default: tiny-random)")
-  group.add_argument("--config", help="YAML config file (see configs/)")
+  group.add_argument("--config", help="YAML config file (see configs/; keys in docs/CONFIG.md)")
   group.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override a config key, e.g. --set cache.page_size=32 (repeatable)")
   group.add_argument("--dtype", choices=["auto", "float32", "bfloat16"])
@@ -104,6 +104,24 @@ def _add_convert(subparsers) -> None:
   parser.set_defaults(func=_convert)
 
 
+def _config(args: argparse.Namespace) -> int:
+  import yaml
+
+  from jaxserve.config import config_to_dict
+  print(yaml.safe_dump(config_to_dict(engine_config_from_args(args)), sort_keys=False), end="")
+  return 0
+
+
+def _add_config(subparsers) -> None:
+  parser = subparsers.add_parser(
+      "config", help="print the resolved engine configuration as YAML",
+      description="Prints the engine configuration the other commands would run with: the "
+      "defaults, then --config, then the --set overrides and shortcuts, validated. Every key is "
+      "described in docs/CONFIG.md.")
+  add_engine_args(parser)
+  parser.set_defaults(func=_config)
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="jaxserve", description="LLM serving on JAX/XLA with a paged KV cache and "
@@ -111,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
   subparsers = parser.add_subparsers(dest="command", required=True)
   _add_generate(subparsers)
   _add_convert(subparsers)
+  _add_config(subparsers)
   for register in _optional_commands():
     register(subparsers)
   return parser
