@@ -40,7 +40,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
     o512+*|tp512+*)  # 512 sequences per batch, options joined by '+': t<max_num_batched_tokens>,
       # b<num_scheduler_steps>, sb (seq buckets 64,128,256,512), xla (gpu_gemm=xla: XLA may
       # pick Triton GEMMs), nomerge (XLA does not merge GEMMs sharing an input, which
-      # concatenates their weights every step);
+      # concatenates their weights every step), nofuse (fuse_projections=false);
       # o512: bench_offline.py, tp512: jaxserve bench throughput with the transformers baseline.
       # E.g. tp512+b4, o512+t16384+b4+sb+xla
       tokens=8192; seqs="[64,512]"; xla=""; engine=(--set scheduler.max_num_seqs=512)
@@ -49,6 +49,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
         t*) tokens=${o#t} ;; b*) engine+=(--set scheduler.num_scheduler_steps=${o#b}) ;;
         sb) seqs="[64,128,256,512]" ;; xla) engine+=(--set gpu_gemm=xla) ;;
         nomerge) xla="--xla_disable_hlo_passes=dot_merger" ;;
+        nofuse) engine+=(--set fuse_projections=false) ;;
         esac; done
       engine+=(--set scheduler.max_num_batched_tokens=$tokens --set "scheduler.seq_buckets=$seqs"
                --set "scheduler.token_buckets=[512,2048,$tokens]")
