@@ -5,9 +5,9 @@ Program (b, h) owns `block_q` consecutive query tokens of one sequence and all q
 kv head h: its rows are the block_q * padded_group (token, q head) pairs, so each K/V page of a
 sequence is read once per kv head and query block, and decode rows of a GQA group fill one
 tensor-core tile together. The live sequences' query blocks are numbered one after the other;
-`program_map` (a few small XLA ops, the same for every layer of a step) gives each program its
-sequence and block, so a program reads two scalars instead of searching for its sequence, and
-no program idles on a gap in the numbering. A program walks its sequence's KV in tiles of
+`program_map` (gpu_program_map.py: a few small XLA ops, the same for every layer) gives each
+program its sequence and block, so a program reads two scalars instead of searching for its
+sequence, and no program idles on a gap in the numbering. A program walks its sequence's KV in tiles of
 `block_kv` tokens: each token's page id comes from the block table, K/V rows are gathered
 straight from the pages (no contiguous copy), and an online softmax (flash attention, float32
 running max / sum / accumulator) folds the tile in. Causality inside a prefill chunk, the
@@ -47,6 +47,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels.ragged_paged_attention.gpu_program_map import num_programs, program_map
 from pallas_kernels.ragged_paged_attention.gpu_tiling import (Tiling, choose_tiling,
                                                                has_large_smem, num_cores)
 from pallas_kernels.ragged_paged_attention.gpu_write import triton_compiler_params, write_kv
@@ -58,33 +59,6 @@ __all__ = ["ragged_paged_attention", "write_kv", "Tiling", "choose_tiling"]
 
 SUPPORTED_PAGE_SIZES = (16, 32, 64)
 LOG2_E = math.log2(math.e)
-
-
-def num_programs(num_tokens: int, num_seq_slots: int, block_q: int) -> int:
-  """Programs along grid axis 0: enough for every live sequence's query blocks (at most
-  (T + S * (block_q - 1)) / block_q) plus one program per block of padding tokens."""
-  return pl.cdiv(num_tokens + num_seq_slots * (block_q - 1), block_q) + 1
-
-
-def program_map(query_start_loc, num_seqs, num_programs: int, block_q: int):
-  """(program_seqs, program_blocks), each int32[num_programs]: program b < L (L = the live
-  sequences' query blocks, numbered sequence by sequence) attends query block
-  program_blocks[b] of sequence program_seqs[b]; program b >= L gets sequence -1 and zeros
-  token block program_blocks[b] (from num_live // block_q on, past the live tokens)."""
-  num_slots = query_start_loc.shape[0] - 1
-  live = jnp.arange(num_slots) < num_seqs[0]                                   # [S]
-  q_lens = query_start_loc[1:] - query_start_loc[:-1]                          # [S]
-  blocks = jnp.where(live, (q_lens + block_q - 1) // block_q, 0)               # [S]
-  ends = jnp.cumsum(blocks).astype(jnp.int32)                                  # [S]
-  programs = jnp.arange(num_programs, dtype=jnp.int32)                         # [G]
-  seqs = jnp.sum(ends[None, :] <= programs[:, None], axis=1, dtype=jnp.int32)  # [G]
-  num_live_blocks = ends[-1]
-  clamped = jnp.minimum(seqs, num_slots - 1)
-  seq_blocks = programs - (ends - blocks)[clamped]                             # [G]
-  padding_blocks = query_start_loc[num_seqs[0]] // block_q + programs - num_live_blocks
-  is_live = programs < num_live_blocks
-  return (jnp.where(is_live, clamped, -1).astype(jnp.int32),
-          jnp.where(is_live, seq_blocks, padding_blocks).astype(jnp.int32))
 
 
 def _attention_kernel(program_seqs_ref, program_blocks_ref, query_start_loc_ref, seq_lens_ref,
