@@ -8,8 +8,10 @@ reduces the output (a few small kernels per call); `--harness unrolled` instead 
 program of `--inner` independent calls and nothing else, each with its own query array and its
 own ordering of the pages, and `--harness marginal` the difference between such programs of
 n and 3n calls divided by 2n: what one more call back to back costs, without the program's
-fixed dispatch and synchronization (which a model step pays once for all its layers). Effective bandwidth counts the K and V bytes the
-batch actually attends: sum(seq_lens) * num_kv_heads * head_dim * 2 * itemsize.
+fixed dispatch and synchronization (which a model step pays once for all its layers).
+Effective bandwidth counts the K and V bytes the batch actually attends:
+sum(seq_lens) * num_kv_heads * head_dim * 2 * itemsize. `--prefill NUMxLEN` adds prompt
+batches, reported in attention TFLOP/s as well.
 
   python scripts/bench_kernels.py                 # on a GPU; writes out/bench_kernels.json
   python scripts/bench_kernels.py --smoke         # tiny sizes, interpret mode, any backend
