@@ -117,10 +117,10 @@ def build_runner(config: EngineConfig, *,
     loaded = load_model(config.model, config.dtype)
     model_config = loaded.config.replace(tp_invariant_reductions=config.tp_invariant_reductions,
                                          fused_projections=config.fuse_projections)
-    params, source = jax.device_put(loaded.params), loaded.source
-    del loaded  # fuse_params frees each layer's separate kernels once nothing else holds them
+    params, source = dict(jax.device_put(loaded.params)), loaded.source
+    del loaded  # `params` alone holds the weights: fusing frees each layer's separate kernels
     if config.fuse_projections:
-      params = fuse_params(params)
+      fuse_params(params)
     loaded = LoadedModel(model_config, params, source)
     backend = get_attention_backend(config.attention_backend)
     kv_sharding, num_shards = None, 1

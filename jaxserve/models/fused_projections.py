@@ -11,8 +11,6 @@ a merged kernel would not hold matching q, k and v columns.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import jax.numpy as jnp
 
 QKV = ("q_proj", "k_proj", "v_proj")
@@ -26,17 +24,14 @@ def _merge(module: dict, names: tuple[str, ...], merged: str) -> None:
                     for leaf in parts[0]}
 
 
-def fuse_params(params: Mapping) -> dict:
-  """The params tree with every layer's q/k/v and gate/up merged. Callers hand the tree over
-  (keep no other reference to it): each layer's separate kernels are then freed as soon as that
-  layer is merged, so fusing needs one layer's worth of extra memory, not a second model."""
-  fused = dict(params)
-  del params
-  for name in list(fused):
-    if not name.startswith("layers_"):
-      continue
-    layer = {key: dict(value) for key, value in fused[name].items()}
+def fuse_params(params: dict) -> dict:
+  """Merges every layer's q/k/v and gate/up, in place, and returns `params`. Each layer dict is
+  replaced once merged, so when the caller holds the tree only through `params` the separate
+  kernels of a layer are freed before the next layer is merged: fusing needs one layer's worth
+  of extra device memory, not a second model."""
+  for name in [name for name in params if name.startswith("layers_")]:
+    layer = {key: dict(value) for key, value in params[name].items()}
     _merge(layer["self_attn"], QKV, "qkv_proj")
     _merge(layer["mlp"], GATE_UP, "gate_up_proj")
-    fused[name] = layer
-  return fused
+    params[name] = layer
+  return params
