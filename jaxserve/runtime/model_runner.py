@@ -21,6 +21,7 @@ takes the same shape). That is async scheduling: the engine's host work overlaps
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from jaxserve.engine.request import Request
 from jaxserve.engine.scheduled_batch import ScheduledBatch
 from jaxserve.runtime.buckets import Bucket, BucketSet
 from jaxserve.runtime.kv_cache import KVPages
-from jaxserve.runtime.packing import pack
+from jaxserve.runtime.packing import PackedStepInputs, pack
 from jaxserve.runtime.sampler import SampleOutput, SamplerMode
 from jaxserve.runtime.step_fns import (make_burst_fn, make_forward_fn, make_prompt_logprobs_fn,
                                        sample_step)
@@ -43,6 +44,11 @@ from jaxserve.runtime.step_inputs import (PreviousSamples, StepInputs, StepShape
                                           build_step_inputs)
 
 logger = logging.getLogger(__name__)
+
+
+def _packed_model_inputs(inputs: StepInputs) -> PackedStepInputs:
+  """The forward's part of the step inputs (all but the sampling inputs), packed."""
+  return pack(dataclasses.replace(inputs, sampling=None))
 
 
 @dataclass(frozen=True)
@@ -84,10 +90,10 @@ class ModelRunner:
     self.buckets = buckets
     self.shape = shape
     self.compiler_options = compiler_options  # XLA options of every step program
-    options = compiler_options
-    self._forward = jax.jit(make_forward_fn(model), donate_argnums=(1,), compiler_options=options)
-    self._sample = jax.jit(sample_step, static_argnums=(3,), compiler_options=options)
-    self._prompt = jax.jit(make_prompt_logprobs_fn(model), compiler_options=options)
+    jit = functools.partial(jax.jit, compiler_options=compiler_options)
+    self._forward = jit(make_forward_fn(model), donate_argnums=(1,))
+    self._sample = jit(sample_step, static_argnums=(3,))
+    self._prompt = jit(make_prompt_logprobs_fn(model))
     self._constants: dict[tuple, jax.Array] = {}
     self.burst_steps = 1
     self._burst = None
@@ -136,7 +142,7 @@ class ModelRunner:
     results to the host; returns without waiting."""
     if num_steps > 1:
       return self._dispatch_burst(inputs, num_steps)
-    model_inputs = pack(dataclasses.replace(inputs, sampling=None))
+    model_inputs = _packed_model_inputs(inputs)
     self.kv_pages, logits, hidden = self._forward(self.params, self.kv_pages, model_inputs)
     mode = SamplerMode.of(inputs.sampling)
     sampled, padded = self._sample(logits, pack(inputs.sampling), inputs.prev_sampled_ids, mode)
@@ -156,7 +162,7 @@ class ModelRunner:
     if mode.penalties or mode.top_logprobs:
       raise ValueError(f"step: a decode burst cannot run sampler mode {mode}")
     self.kv_pages, ids, logprobs, padded = self._burst(
-        self.params, self.kv_pages, pack(dataclasses.replace(inputs, sampling=None)),
+        self.params, self.kv_pages, _packed_model_inputs(inputs),
         pack(inputs.sampling), mode)
     no_top = self.device_constant((0,), np.int32, 0)  # a burst returns no top-N logprobs
     handle = StepHandle(SampleOutput(ids, logprobs, no_top, no_top), padded, None, False)
@@ -188,7 +194,7 @@ class ModelRunner:
     """The lowered programs of a single step on these inputs: the forward, then the sampler (in
     `mode`, default the inputs' own)."""
     forward = self._forward.lower(
-        self.params, self.kv_pages, pack(dataclasses.replace(inputs, sampling=None)))
+        self.params, self.kv_pages, _packed_model_inputs(inputs))
     num_slots = inputs.metadata.seq_lens.shape[0]
     logits = jax.ShapeDtypeStruct((num_slots, self.model.config.vocab_size), jnp.float32)
     sampler = self._sample.lower(logits, pack(inputs.sampling), inputs.prev_sampled_ids,
