@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxserve.tools.kernel_timing import (Batch, Shape, copy_bandwidth, device_us_per_call,
-                                          make_batch, time_per_call)
+                                          make_batch, read_bandwidth, time_per_call)
 from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention
 from pallas_kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
 
@@ -295,9 +295,10 @@ def main(argv: list[str] | None = None) -> int:
   print(f"device: {device.device_kind} ({jax.default_backend()}), jax {jax.__version__}, "
         f"shape {shape}")
   limit = memory_limit()
-  copy_bps = None
+  copy_bps = read_bps = None
   try:
     copy_bps = copy_bandwidth(opts.copy_bytes, inner=opts.inner, reps=opts.reps)
+    read_bps = read_bandwidth(opts.copy_bytes, inner=opts.inner, reps=opts.reps)
   except Exception:
     traceback.print_exc()
   results = []
@@ -324,12 +325,16 @@ def main(argv: list[str] | None = None) -> int:
     print_table([result], None)
     sys.stdout.flush()
   print_table(results, copy_bps)
+  if read_bps:
+    print(f"HBM read ceiling: {read_bps / 1e9:.0f} GB/s (a reduction that only reads; "
+          f"{100 * read_bps / copy_bps:.1f}% of the copy ceiling)")
   out = Path(opts.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps({
       "device": device.device_kind, "backend": jax.default_backend(), "jax": jax.__version__,
       "smoke": opts.smoke, "shape": asdict(shape),
       "copy_gbps": None if copy_bps is None else copy_bps / 1e9,
+      "read_gbps": None if read_bps is None else read_bps / 1e9,
       "cases": [asdict(r) for r in results]}, indent=2))
   print(f"wrote {out}")
   return 0

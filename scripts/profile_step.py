@@ -3,7 +3,8 @@ logits, sampler), timed on the same inputs for one bucket: a decode step of --nu
 at --context tokens, or with --phase prefill the first prefill step of those prompts. With
 --trace-top N it also profiles ~10 executions of the whole jitted step and prints the N kernels
 (CPU: XLA ops) that take most device time (jaxserve/tools/device_trace.py); --trace-ops adds
-the top XLA instructions with their shapes and JAX op paths (jaxserve/tools/hlo_ops.py). The
+the top XLA instructions with their shapes and JAX op paths (jaxserve/tools/hlo_ops.py), with
+GPU command buffers off so each kernel is traced under its own instruction. The
 results print as JSON at the end and go to --out when given.
 
     python scripts/profile_step.py --model /path/to/ckpt --num-seqs 256 --context 576 --trace-top 25
@@ -14,6 +15,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import os
 import statistics
 import time
 
@@ -71,6 +73,11 @@ def main() -> None:
                            "shape and the JAX op they come from (e.g. .../q_proj/dot_general)")
   parser.add_argument("--out", help="write the JSON results here")
   args = parser.parse_args()
+  if args.trace_ops:
+    # A GPU command buffer (CUDA graph) runs many instructions as one traced event; without
+    # them every kernel is traced under its own instruction (the step runs a little slower).
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_gpu_enable_command_buffer=").strip()
   engine = build_engine(engine_config_from_args(args), show_progress=False)
   engine.async_scheduling = False  # no step in flight when the batch below is taken
   rng = np.random.default_rng(0)

@@ -223,6 +223,7 @@ def test_bench_script_smoke(tmp_path: Path):
   assert _load_bench_script().main(["--smoke", "--out", str(out_path)]) == 0
   report = json.loads(out_path.read_text())
   assert report["smoke"] and len(report["cases"]) == 2, report
+  assert report["copy_gbps"] > 0 and report["read_gbps"] > 0, report
   for case in report["cases"]:
     assert case["error"] is None, case
     assert not any("failed" in note for note in case["notes"]), case

@@ -11,7 +11,7 @@ import torch
 from transformers.generation import logits_process as hf
 
 from jaxserve.runtime.sampler import (SamplerMode, _filter_top_k_top_p_min_p, apply_penalties,
-                                      mask_banned, sample)
+                                      argmax_and_logsumexp, mask_banned, sample)
 from jaxserve.runtime.step_inputs import NUM_BANNED_IDS, SamplingInputs
 
 VOCAB = 64
@@ -168,3 +168,28 @@ def test_banned_ids_are_never_sampled_in_random_rows():
     inputs = dataclasses.replace(inputs, seeds=np.arange(4, dtype=np.uint32) + 10 * step)
     token_ids = np.asarray(run_sample(logits, inputs).token_ids)
     assert not any(t in row for t, row in zip(token_ids, banned[:, :3]))
+
+
+def test_argmax_and_logsumexp_hand_computed():
+  with np.errstate(divide="ignore"):                                  # row 1: log(0) = -inf
+    raw = np.log(np.array([[1.0, 3.0, 3.0, 1.0, 2.0],
+                           [4.0, 4.0, 0.0, 0.0, 0.0]], np.float32))
+  scores = raw.copy()
+  scores[0, 1] = -np.inf                                              # the first max is masked
+  ids, log_normalizer = jax.jit(argmax_and_logsumexp)(raw, scores)
+  np.testing.assert_array_equal(ids, [2, 0])        # row 1: a tie goes to the first index
+  np.testing.assert_allclose(log_normalizer, np.log([10.0, 8.0]), rtol=1e-6)
+
+
+def test_argmax_and_logsumexp_matches_jnp_over_ties_masks_and_empty_rows():
+  rng = np.random.default_rng(7)
+  for vocab in (1, 2, 63, 1000, 4099):
+    raw = rng.normal(0, 4, size=(9, vocab)).astype(np.float32)
+    raw = np.round(raw)                                             # many exact ties
+    raw[1] = -np.inf                                                # nothing can be sampled
+    raw[2, rng.random(vocab) < 0.5] = -np.inf
+    scores = raw - rng.integers(0, 2, size=raw.shape).astype(np.float32)
+    scores[3, rng.random(vocab) < 0.9] = -np.inf
+    ids, log_normalizer = jax.jit(argmax_and_logsumexp)(raw, scores)
+    np.testing.assert_array_equal(ids, jnp.argmax(scores, axis=-1))
+    np.testing.assert_allclose(log_normalizer, jax.nn.logsumexp(raw, axis=-1), rtol=1e-6, atol=1e-5)
