@@ -40,7 +40,8 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
     o512+*|tp512+*)  # 512 sequences per batch, options joined by '+': t<max_num_batched_tokens>,
       # b<num_scheduler_steps>, sb (seq buckets 64,128,256,512), xla (gpu_gemm=xla: XLA may
       # pick Triton GEMMs), nomerge (XLA does not merge GEMMs sharing an input, which
-      # concatenates their weights every step), nofuse (fuse_projections=false);
+      # concatenates their weights every step), nofuse (fuse_projections=false), lt (XLA calls
+      # cuBLASLt instead of cuBLAS);
       # o512: bench_offline.py, tp512: jaxserve bench throughput with the transformers baseline.
       # E.g. tp512+b4, o512+t16384+b4+sb+xla
       tokens=8192; seqs="[64,512]"; xla=""; engine=(--set scheduler.max_num_seqs=512)
@@ -48,7 +49,8 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
       for o in "${opts[@]}"; do case $o in
         t*) tokens=${o#t} ;; b*) engine+=(--set scheduler.num_scheduler_steps=${o#b}) ;;
         sb) seqs="[64,128,256,512]" ;; xla) engine+=(--set gpu_gemm=xla) ;;
-        nomerge) xla="--xla_disable_hlo_passes=dot_merger" ;;
+        nomerge) xla="$xla --xla_disable_hlo_passes=dot_merger" ;;
+        lt) xla="$xla --xla_gpu_enable_cublaslt=true" ;;
         nofuse) engine+=(--set fuse_projections=false) ;;
         esac; done
       engine+=(--set scheduler.max_num_batched_tokens=$tokens --set "scheduler.seq_buckets=$seqs"
@@ -110,6 +112,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
         --out "$OUT/tiles_1b.json" ;;
     bench_kernels_marginal) TAIL=45 step bench_kernels_marginal python3 scripts/bench_kernels.py \
         --harness marginal --inner 10 --device-time --out "$OUT/bench_kernels_marginal.json" ;;
+    sampler) TAIL=14 step sampler python3 scripts/bench_sampler.py --out "$OUT/bench_sampler.json" ;;
     gemm) TAIL=30 step gemm python3 scripts/gemm_invariance.py --out "$OUT/gemm_invariance.json" ;;
     tiles_short) TAIL=30 step tiles_short python3 scripts/bench_kernels.py --batches 64,256 \
         --contexts 512 --no-mixed --harness marginal --inner 10 --device-time --tiles "${TILES:-default,32:4:4:1,64:4:3:2,128:4:3:2,64:4:4:2,32:4:4:2,32:4:3:4,16:4:4:1}" \

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_kernels.greedy_sample.gpu import greedy_sample
 from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention, write_kv
 from pallas_kernels.ragged_paged_attention.testing import (attention_args, make_random_case,
                                                            write_args)
@@ -71,3 +72,13 @@ def test_write_kv_lowers_to_triton_in_place():
   # The pages alias the kernel outputs, and the donated jit arguments alias the jit outputs.
   assert "output_operand_aliases" in text
   assert text.count("tf.aliasing_output") == 2
+
+
+@pytest.mark.parametrize("vocab_size,block_vocab", [(128256, 4096), (1000, 256)])
+def test_greedy_sample_lowers_to_triton(vocab_size, block_vocab):
+  logits = jnp.zeros((8, vocab_size), jnp.float32)
+  banned_ids = jnp.full((8, 8), -1, jnp.int32)
+  text = _lower_for_cuda(functools.partial(greedy_sample, block_vocab=block_vocab), logits,
+                         banned_ids)
+  assert TRITON_CALL_TARGET in _custom_call_targets(text)
+  assert 'name = "greedy_sample"' in text

@@ -1,0 +1,1 @@
+"""Greedy sampling reduction: each row's argmax (with banned ids masked) and log-normalizer."""
