@@ -21,7 +21,8 @@ import yaml
 
 ATTENTION_BACKENDS = ("auto", "reference", "xla", "pallas_gpu", "pallas_tpu")
 DTYPES = ("auto", "float32", "bfloat16")
-GPU_GEMMS = ("cublas", "xla")
+GPU_GEMMS = ("cublaslt", "cublas", "xla")
+SAMPLER_BACKENDS = ("auto", "xla", "pallas_gpu")
 
 
 def _require(condition: bool, name: str, message: str) -> None:
@@ -156,9 +157,13 @@ class EngineConfig:
   tensor_parallel_size shards the model over that many devices (all devices of all hosts when
   distributed); the kv head count must be a multiple of it. tp_invariant_reductions makes the
   bfloat16 forward bitwise independent of tensor_parallel_size in {1, 2}
-  (models/invariant_dense.py; a parity mode, slower at tp = 1). gpu_gemm on GPUs: "cublas"
-  compiles every GEMM of the step to cuBLAS (XLA's Triton GEMM fusions off; faster for the
-  bfloat16 Llama steps measured in docs/PERFORMANCE.md), "xla" leaves the choice to XLA.
+  (models/invariant_dense.py; a parity mode, slower at tp = 1). gpu_gemm on GPUs: "cublaslt"
+  compiles every GEMM of the step to cuBLASLt and "cublas" to cuBLAS (XLA's Triton GEMM fusions
+  off in both; faster for the bfloat16 Llama steps measured in docs/PERFORMANCE.md), "xla"
+  leaves the choice to XLA. sampler_backend: how the sampler takes the greedy pick and the
+  log-normalizer; "auto" is the Pallas GPU kernel (pallas_kernels/greedy_sample) for unsharded
+  models on GPUs and XLA's reductions elsewhere; "pallas_gpu" off a GPU runs the kernel in
+  Pallas interpret mode (tests).
   fuse_projections merges each layer's q/k/v and gate/up weights after loading, one GEMM each
   (models/fused_projections.py; unsharded models only: ignored when the model is sharded)."""
   model: str = "tiny-random"
@@ -169,7 +174,8 @@ class EngineConfig:
   tensor_parallel_size: int = 1
   tp_invariant_reductions: bool = False
   compilation_cache_dir: str | None = "~/.cache/jaxserve/xla"
-  gpu_gemm: str = "cublas"
+  gpu_gemm: str = "cublaslt"
+  sampler_backend: str = "auto"
   fuse_projections: bool = True
   cache: CacheConfig = field(default_factory=CacheConfig)
   scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -188,6 +194,11 @@ class EngineConfig:
              "tensor_parallel_size", f"must be >= 1, got {self.tensor_parallel_size!r}")
     _require(self.gpu_gemm in GPU_GEMMS, "gpu_gemm",
              f"must be one of {GPU_GEMMS}, got {self.gpu_gemm!r}")
+    _require(self.sampler_backend in SAMPLER_BACKENDS, "sampler_backend",
+             f"must be one of {SAMPLER_BACKENDS}, got {self.sampler_backend!r}")
+    _require(not (self.sampler_backend == "pallas_gpu" and self.tensor_parallel_size > 1),
+             "sampler_backend", "pallas_gpu runs on unsharded models only "
+             "(tensor_parallel_size 1); use auto or xla")
     _require(isinstance(self.tp_invariant_reductions, bool), "tp_invariant_reductions",
              f"must be true or false, got {self.tp_invariant_reductions!r}")
     _require(isinstance(self.fuse_projections, bool), "fuse_projections",

@@ -38,9 +38,12 @@ def variants(opts) -> dict:
   out = {"xla_separate": xla_separate, "xla_one_pass": xla_one_pass}
   if jax.default_backend() == "gpu":
     for tile in opts.tiles.split(","):
-      block_vocab, num_warps = map(int, tile.split(":"))
-      out[f"pallas[{tile}]"] = functools.partial(greedy_sample, block_vocab=block_vocab,
-                                                 num_warps=num_warps)
+      if tile == "default":
+        out["pallas"] = greedy_sample
+        continue
+      names = ("block_vocab", "num_warps", "num_stages", "num_splits")
+      kwargs = dict(zip(names, map(int, tile.split(":"))))
+      out[f"pallas[{tile}]"] = functools.partial(greedy_sample, **kwargs)
   return out
 
 
@@ -63,8 +66,10 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--rows", type=int, default=512)
   parser.add_argument("--vocab", type=int, default=128256)
-  parser.add_argument("--tiles", default="1024:4,2048:4,4096:4,4096:8,8192:8,16384:16",
-                      help="Pallas block_vocab:num_warps pairs")
+  parser.add_argument("--tiles", default="default,4096:4:2,4096:4:3,2048:4:3,4096:4:1:4,"
+                      "4096:4:2:4,2048:4:2:8,8192:8:2:2,1024:4:3:8",
+                      help="Pallas tiles block_vocab:num_warps[:num_stages[:num_splits]], or "
+                           "'default'")
   parser.add_argument("--inner", type=int, default=20)
   parser.add_argument("--reps", type=int, default=5)
   parser.add_argument("--out", default="bench_sampler.json")

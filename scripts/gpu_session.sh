@@ -18,7 +18,8 @@ step() { local name=$1; shift; echo "=== $name"; local t0=$SECONDS
   echo "=== $name rc=$rc ($((SECONDS - t0)) s)"; grep -v "it/s]\|s/it]\|^ \|^[{}]" "$LOGS/$name.log" | tail -n "${TAIL:-15}"; }
 for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
   case $s in
-    kernels) step kernels python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gpu_kernel.py ;;
+    kernels) step kernels python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gpu_kernel.py \
+        tests/kernels/test_greedy_sample.py ;;
     bench_kernels) TAIL=40 step bench_kernels python3 scripts/bench_kernels.py --out "$OUT/bench_kernels.json" ;;
     engine) step engine python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu_engine.py ;;
     model1b) [ -f /tmp/llama1b/config.json ] || step model1b python3 -c \
@@ -41,7 +42,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
       # b<num_scheduler_steps>, sb (seq buckets 64,128,256,512), xla (gpu_gemm=xla: XLA may
       # pick Triton GEMMs), nomerge (XLA does not merge GEMMs sharing an input, which
       # concatenates their weights every step), nofuse (fuse_projections=false), lt (XLA calls
-      # cuBLASLt instead of cuBLAS);
+      # cuBLASLt instead of cuBLAS), cb (gpu_gemm=cublas), xs (sampler_backend=xla);
       # o512: bench_offline.py, tp512: jaxserve bench throughput with the transformers baseline.
       # E.g. tp512+b4, o512+t16384+b4+sb+xla
       tokens=8192; seqs="[64,512]"; xla=""; engine=(--set scheduler.max_num_seqs=512)
@@ -52,6 +53,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
         nomerge) xla="$xla --xla_disable_hlo_passes=dot_merger" ;;
         lt) xla="$xla --xla_gpu_enable_cublaslt=true" ;;
         nofuse) engine+=(--set fuse_projections=false) ;;
+        cb) engine+=(--set gpu_gemm=cublas) ;; xs) engine+=(--set sampler_backend=xla) ;;
         esac; done
       engine+=(--set scheduler.max_num_batched_tokens=$tokens --set "scheduler.seq_buckets=$seqs"
                --set "scheduler.token_buckets=[512,2048,$tokens]")

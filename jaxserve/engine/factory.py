@@ -8,6 +8,7 @@ engine and the other processes build only the runner (`build_runner`) and follow
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -32,6 +33,7 @@ from jaxserve.runtime.compile_ledger import CompileLedger
 from jaxserve.runtime.kv_cache import (KVCacheSpec, allocate_kv_pages, device_memory_budget,
                                        page_bytes, plan_num_pages)
 from jaxserve.runtime.model_runner import ModelRunner
+from jaxserve.runtime.sampler import GreedyFn, xla_greedy
 from jaxserve.parallel.sharded_runner import StepSink
 from jaxserve.runtime.step_inputs import StepShape
 from jaxserve.tokenizer.tokenizer import load_tokenizer
@@ -149,7 +151,10 @@ def build_runner(config: EngineConfig, *,
   shape = StepShape(spec.page_size, math.ceil(max_model_len / spec.page_size), max_model_len)
   options = step_compiler_options(config)
   if kv_sharding is None:
-    runner = ModelRunner(model, loaded.params, kv_pages, buckets, shape, options)
+    sampler = sampler_backend(config, sharded=False)
+    logger.info("sampler backend %s, step XLA options %s", sampler, options)
+    runner = ModelRunner(model, loaded.params, kv_pages, buckets, shape, options,
+                         greedy_sampler(sampler))
   else:
     runner = ShardedModelRunner(model, loaded.params, kv_pages, buckets, shape, mesh, publisher,
                                 options)
@@ -158,10 +163,31 @@ def build_runner(config: EngineConfig, *,
 
 
 def step_compiler_options(config: EngineConfig) -> dict[str, object] | None:
-  """XLA options of the step programs: on GPUs with gpu_gemm "cublas", no Triton GEMM fusions."""
-  if jax.default_backend() == "gpu" and config.gpu_gemm == "cublas":
-    return {"xla_gpu_enable_triton_gemm": False}
-  return None
+  """XLA options of the step programs: on GPUs with gpu_gemm "cublas" or "cublaslt", no Triton
+  GEMM fusions, and with "cublaslt" GEMMs called through cuBLASLt."""
+  if jax.default_backend() != "gpu" or config.gpu_gemm == "xla":
+    return None
+  options: dict[str, object] = {"xla_gpu_enable_triton_gemm": False}
+  if config.gpu_gemm == "cublaslt":
+    options["xla_gpu_enable_cublaslt"] = True
+  return options
+
+
+def sampler_backend(config: EngineConfig, sharded: bool) -> str:
+  """EngineConfig.sampler_backend with "auto" resolved: the Pallas kernel for unsharded models
+  on GPUs, XLA elsewhere."""
+  if config.sampler_backend != "auto":
+    return config.sampler_backend
+  return "pallas_gpu" if jax.default_backend() == "gpu" and not sharded else "xla"
+
+
+def greedy_sampler(backend: str) -> GreedyFn:
+  """The sampler's greedy pick and log-normalizer for a resolved sampler backend (the Pallas
+  kernel runs in interpret mode off a GPU)."""
+  if backend == "xla":
+    return xla_greedy
+  from pallas_kernels.greedy_sample.gpu import greedy_sample
+  return functools.partial(greedy_sample, interpret=jax.default_backend() != "gpu")
 
 
 def _step_scratch_bytes(config: EngineConfig, model_config: ModelConfig, model, params,

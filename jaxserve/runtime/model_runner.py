@@ -37,7 +37,7 @@ from jaxserve.engine.scheduled_batch import ScheduledBatch
 from jaxserve.runtime.buckets import Bucket, BucketSet
 from jaxserve.runtime.kv_cache import KVPages
 from jaxserve.runtime.packing import PackedStepInputs, pack
-from jaxserve.runtime.sampler import SampleOutput, SamplerMode
+from jaxserve.runtime.sampler import GreedyFn, SampleOutput, SamplerMode, xla_greedy
 from jaxserve.runtime.step_fns import (make_burst_fn, make_forward_fn, make_prompt_logprobs_fn,
                                        sample_step)
 from jaxserve.runtime.step_inputs import (PreviousSamples, StepInputs, StepShape,
@@ -83,16 +83,18 @@ class ModelRunner:
   """Owns the KV pages on device and runs the compiled step for scheduled batches."""
 
   def __init__(self, model, params, kv_pages: KVPages, buckets: BucketSet, shape: StepShape,
-               compiler_options: dict[str, object] | None = None):
+               compiler_options: dict[str, object] | None = None,
+               greedy: GreedyFn = xla_greedy):
     self.model = model
     self.params = params
     self.kv_pages = kv_pages
     self.buckets = buckets
     self.shape = shape
     self.compiler_options = compiler_options  # XLA options of every step program
+    self.greedy = greedy  # the sampler's greedy pick and log-normalizer
     jit = functools.partial(jax.jit, compiler_options=compiler_options)
     self._forward = jit(make_forward_fn(model), donate_argnums=(1,))
-    self._sample = jit(sample_step, static_argnums=(3,))
+    self._sample = jit(functools.partial(sample_step, greedy=greedy), static_argnums=(3,))
     self._prompt = jit(make_prompt_logprobs_fn(model))
     self._constants: dict[tuple, jax.Array] = {}
     self.burst_steps = 1
@@ -103,7 +105,7 @@ class ModelRunner:
     warmup."""
     self.burst_steps = num_steps
     self._burst = None if num_steps == 1 else self.jit_burst(
-        make_burst_fn(self.model, num_steps, self.shape.page_size))
+        make_burst_fn(self.model, num_steps, self.shape.page_size, self.greedy))
 
   def jit_burst(self, burst_fn):
     return jax.jit(burst_fn, donate_argnums=(1,), static_argnums=(4,),

@@ -9,15 +9,17 @@ dispatching thread until the device reaches it, which would serialize the host w
 A request's key is fold_in(key(seed), tokens generated so far): the same seed gives the same
 tokens whatever the batch mates. Logprobs are those of the model's raw distribution.
 
-The greedy pick and the log-normalizer come from one variadic reduction over the [S, V] logits
-(argmax_and_logsumexp): a 512-row batch over a 128k vocabulary is 263 MB of float32 logits, and
-separate argmax, max and sum-of-exp reductions would read it three times every decode step.
+The greedy pick and the log-normalizer come from a GreedyFn: XLA's argmax and logsumexp
+(xla_greedy), or on GPUs the Pallas kernel of pallas_kernels/greedy_sample, which reads the
+logits once (a 512-row batch over a 128k vocabulary is 263 MB of float32 logits every decode
+step; XLA reads them three times). The engine picks it (EngineConfig.sampler_backend).
 """
 from __future__ import annotations
 
 import functools
 import itertools
 from dataclasses import dataclass
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -121,53 +123,32 @@ def mask_banned(logits: jax.Array, banned_ids: jax.Array) -> jax.Array:
   return jnp.where(banned, NEG_INF, logits)
 
 
-REDUCE_CHUNK = 1024  # vocabulary entries each first-level partial reduces
+GreedyFn = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
 
-def _combine(a, b):
-  """Merges two partials (max, sum of exp(x - max), best score, its vocabulary id)."""
-  max_a, sum_a, score_a, id_a = a
-  max_b, sum_b, score_b, id_b = b
-  new_max = jnp.maximum(max_a, max_b)
-  rescale = lambda m, total: jnp.where(m == NEG_INF, 0.0, total * jnp.exp(m - new_max))
-  b_wins = (score_b > score_a) | ((score_b == score_a) & (id_b < id_a))
-  return (new_max, rescale(max_a, sum_a) + rescale(max_b, sum_b),
-          jnp.where(b_wins, score_b, score_a), jnp.where(b_wins, id_b, id_a))
+def xla_greedy(logits: jax.Array, banned_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """logits f32[S, V], banned_ids i32[S, B] -> (argmax with the banned ids masked i32[S],
+  logsumexp of the unmasked logits f32[S]): XLA's reductions (a GreedyFn)."""
+  token_ids = jnp.argmax(mask_banned(logits, banned_ids), axis=-1).astype(jnp.int32)
+  return token_ids, jax.nn.logsumexp(logits, axis=-1)
 
 
-def argmax_and_logsumexp(raw_logits: jax.Array, scores: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """raw_logits f32[S, V], scores f32[S, V] (the logits after penalties and masks, computed
-  elementwise so XLA fuses them into the reduction) -> (argmax of scores i32[S], first index on
-  ties as jnp.argmax; logsumexp of raw_logits f32[S]) in one pass over the vocabulary. The
-  normalizer is carried as (running max, sum of exp(x - running max)), the online softmax's
-  pair, reduced in two levels (chunks of REDUCE_CHUNK, then the chunks) so a sequential
-  reduction sums at most a thousand terms. A row of -inf scores gives index 0; NaN scores never
-  win (jnp.argmax would pick them)."""
-  num_rows, vocab_size = scores.shape
-  chunk = min(vocab_size, REDUCE_CHUNK)
-  num_chunks = -(-vocab_size // chunk)
-  pad = ((0, 0), (0, num_chunks * chunk - vocab_size))
-  raw = jnp.pad(raw_logits.astype(jnp.float32), pad, constant_values=NEG_INF)
-  score = jnp.pad(scores.astype(jnp.float32), pad, constant_values=NEG_INF)
-  vocab_ids = jax.lax.broadcasted_iota(jnp.int32, raw.shape, 1)           # [S, Vp]
-  ones = jnp.where(raw == NEG_INF, 0.0, 1.0)                              # exp(x - x)
-  init = (jnp.float32(NEG_INF), jnp.float32(0.0), jnp.float32(NEG_INF), jnp.int32(vocab_size))
-  parts = [x.reshape(num_rows, num_chunks, chunk) for x in (raw, ones, score, vocab_ids)]
-  partials = jax.lax.reduce(tuple(parts), init, _combine, dimensions=(2,))  # 4 x [S, chunks]
-  row_max, row_sum, _, token_ids = jax.lax.reduce(partials, init, _combine, dimensions=(1,))
-  return jnp.where(token_ids < vocab_size, token_ids, 0), row_max + jnp.log(row_sum)
-
-
-def sample(logits: jax.Array, s: SamplingInputs, mode: SamplerMode) -> SampleOutput:
+def sample(logits: jax.Array, s: SamplingInputs, mode: SamplerMode,
+           greedy: GreedyFn = xla_greedy) -> SampleOutput:
   """logits f32[S, V] (one row per sequence slot) -> sampled ids and logprobs. `mode` must
-  cover the batch (SamplerMode.of(s)); a part it leaves out is not computed."""
+  cover the batch (SamplerMode.of(s)); a part it leaves out is not computed. `greedy` gives the
+  greedy pick and the log-normalizer of batches without penalties (the Pallas GPU kernel
+  pallas_kernels/greedy_sample reads the logits once)."""
   raw_logits = logits
   if mode.penalties:
     logits = apply_penalties(logits, s)
-  logits = mask_banned(logits, s.banned_ids)
-  token_ids, log_normalizer = argmax_and_logsumexp(raw_logits, logits)     # [S], [S]
+    token_ids = jnp.argmax(mask_banned(logits, s.banned_ids), axis=-1).astype(jnp.int32)
+    log_normalizer = jax.nn.logsumexp(raw_logits, axis=-1)                  # [S]
+  else:
+    token_ids, log_normalizer = greedy(raw_logits, s.banned_ids)           # [S], [S]
   if mode.random:
-    token_ids = jnp.where(s.temperature > 0, _random_sample(logits, s), token_ids)
+    masked = mask_banned(logits, s.banned_ids)
+    token_ids = jnp.where(s.temperature > 0, _random_sample(masked, s), token_ids)
   # logprob of the sampled token under the raw distribution, without a [S, V] log_softmax
   token_logprobs = (jnp.take_along_axis(raw_logits, token_ids[:, None], axis=-1)[:, 0]
                     - log_normalizer)

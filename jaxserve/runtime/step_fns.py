@@ -35,7 +35,8 @@ import jax.numpy as jnp
 
 from jaxserve.runtime.kv_cache import KVPages
 from jaxserve.runtime.packing import PackedStepInputs, unpack
-from jaxserve.runtime.sampler import SampleOutput, SamplerMode, prompt_logprobs, sample
+from jaxserve.runtime.sampler import (GreedyFn, SampleOutput, SamplerMode, prompt_logprobs,
+                                      sample, xla_greedy)
 
 PROMPT_CHUNKS = (256, 128, 64, 32, 16, 8, 4, 2, 1)
 
@@ -64,9 +65,10 @@ def make_forward_fn(model):
 
 
 def sample_step(logits: jax.Array, packed_sampling: PackedStepInputs, prev_sampled_ids: jax.Array,
-                mode: SamplerMode) -> tuple[SampleOutput, jax.Array]:
+                mode: SamplerMode, greedy: GreedyFn = xla_greedy
+                ) -> tuple[SampleOutput, jax.Array]:
   """logits f32[S, V] -> (SampleOutput, sampled ids zero padded like prev_sampled_ids)."""
-  sampled = sample(logits, unpack(packed_sampling), mode)
+  sampled = sample(logits, unpack(packed_sampling), mode, greedy)
   padded = jnp.zeros_like(prev_sampled_ids).at[:sampled.token_ids.shape[0]].set(
       sampled.token_ids)                                                     # [max_seq_slots]
   return sampled, padded
@@ -93,7 +95,7 @@ def make_prompt_logprobs_fn(model):
   return prompt_fn
 
 
-def make_burst_fn(model, num_steps: int, page_size: int):
+def make_burst_fn(model, num_steps: int, page_size: int, greedy: GreedyFn = xla_greedy):
   """burst(params, kv_pages, packed model inputs, packed sampling inputs, mode) for a batch in
   which sequence i feeds token i only (a decode-only batch; logits_indices[i] == i)."""
   compute_logits = type(model).compute_logits
@@ -129,7 +131,8 @@ def make_burst_fn(model, num_steps: int, page_size: int):
                                      step_metadata)                                  # [T, H]
       logits = model.apply(variables, hidden[inputs.logits_indices],
                            method=compute_logits)                                    # f32[S, V]
-      sampled = sample(logits, dataclasses.replace(sampling, sample_index=first_index + k), mode)
+      sampled = sample(logits, dataclasses.replace(sampling, sample_index=first_index + k), mode,
+                       greedy)
       width = min(num_tokens, num_slots)
       token_ids = jnp.zeros_like(token_ids).at[:width].set(sampled.token_ids[:width])
       return (kv_pages, token_ids, all_ids.at[k].set(sampled.token_ids),

@@ -8,8 +8,9 @@ combiner, two exps included, for every element. Here program r walks row r in bl
 `block_vocab` entries: per block one max, one masked max for the argmax, and one exp per
 element against the running max (the online softmax's rescaling happens once per block).
 
-Grid: (S,). Program r: running (max, sum of exp(x - max), best score, best id) over row r's
-blocks; banned ids (at most B per row) are compared against the block's vocabulary ids, so the
+Grid: (S, P). Program (r, p): running (max, sum of exp(x - max), best score, best id) over the
+p-th of P consecutive runs of row r's blocks (P = num_splits; more programs in flight for
+few rows); a small XLA epilogue merges the P partial states. Banned ids (at most B per row) are compared against the block's vocabulary ids, so the
 masked scores are never stored. Ties go to the first index, as jnp.argmax; a row whose scores
 are all -inf gives index 0. NaN logits are not treated specially (jnp.argmax would pick them).
 """
@@ -27,16 +28,19 @@ from pallas_kernels.ragged_paged_attention.gpu_write import triton_compiler_para
 NEG_INF = float("-inf")
 
 
-def _greedy_kernel(logits_ref, banned_ref, ids_ref, lse_ref, *, vocab_size: int,
-                   block_vocab: int, num_banned: int):
-  row = pl.program_id(0)
+def _greedy_kernel(logits_ref, banned_ref, max_ref, sum_ref, best_ref, id_ref, *,
+                   vocab_size: int, block_vocab: int, blocks_per_split: int, num_banned: int):
+  row, split = pl.program_id(0), pl.program_id(1)
   banned = [banned_ref[row, j] for j in range(num_banned)]
   lanes = jnp.arange(block_vocab, dtype=jnp.int32)                                # [BV]
+  first_block = split * blocks_per_split
+  num_blocks = jnp.clip(pl.cdiv(vocab_size, block_vocab) - first_block, 0, blocks_per_split)
 
-  def fold_block(block, carry):
+  def fold_block(i, carry):
     row_max, row_sum, best_score, best_id = carry
-    vocab_ids = block * block_vocab + lanes                                       # [BV]
-    x = plgpu.load(logits_ref.at[row, pl.ds(block * block_vocab, block_vocab)],
+    start = (first_block + i) * block_vocab
+    vocab_ids = start + lanes                                                     # [BV]
+    x = plgpu.load(logits_ref.at[row, pl.ds(start, block_vocab)],
                    mask=vocab_ids < vocab_size, other=NEG_INF).astype(jnp.float32)  # [BV]
     new_max = jnp.maximum(row_max, jnp.max(x))
     safe_max = jnp.where(new_max == NEG_INF, 0.0, new_max)
@@ -51,28 +55,45 @@ def _greedy_kernel(logits_ref, banned_ref, ids_ref, lse_ref, *, vocab_size: int,
             jnp.where(better, block_id, best_id))
 
   init = (jnp.float32(NEG_INF), jnp.float32(0.0), jnp.float32(NEG_INF), jnp.int32(vocab_size))
-  row_max, row_sum, _, best_id = jax.lax.fori_loop(
-      0, pl.cdiv(vocab_size, block_vocab), fold_block, init)
-  ids_ref[row] = jnp.where(best_id < vocab_size, best_id, 0)
-  lse_ref[row] = row_max + jnp.log(row_sum)
+  row_max, row_sum, best_score, best_id = jax.lax.fori_loop(0, num_blocks, fold_block, init)
+  max_ref[row, split] = row_max
+  sum_ref[row, split] = row_sum
+  best_ref[row, split] = best_score
+  id_ref[row, split] = best_id
 
 
-@functools.partial(jax.jit, static_argnames=("block_vocab", "num_warps", "interpret"))
-def _greedy_sample(logits, banned_ids, *, block_vocab: int, num_warps: int, interpret: bool):
+def _merge_splits(row_max, row_sum, best_score, best_id, vocab_size: int):
+  """[S, P] partial states of consecutive vocabulary ranges -> (ids [S], logsumexp [S])."""
+  total_max = jnp.max(row_max, axis=1, keepdims=True)                            # [S, 1]
+  safe_max = jnp.where(total_max == NEG_INF, 0.0, total_max)
+  total_sum = jnp.sum(row_sum * jnp.exp(row_max - safe_max), axis=1)             # [S]
+  best = jnp.max(best_score, axis=1, keepdims=True)                              # [S, 1]
+  ids = jnp.min(jnp.where(best_score == best, best_id, vocab_size), axis=1)      # [S]
+  return jnp.where(ids < vocab_size, ids, 0), total_max[:, 0] + jnp.log(total_sum)
+
+
+@functools.partial(jax.jit, static_argnames=("block_vocab", "num_splits", "num_warps",
+                                             "num_stages", "interpret"))
+def _greedy_sample(logits, banned_ids, *, block_vocab: int, num_splits: int, num_warps: int,
+                   num_stages: int, interpret: bool):
   num_rows, vocab_size = logits.shape
+  num_splits = min(num_splits, pl.cdiv(vocab_size, block_vocab))
+  blocks_per_split = pl.cdiv(pl.cdiv(vocab_size, block_vocab), num_splits)
   kernel = functools.partial(_greedy_kernel, vocab_size=vocab_size, block_vocab=block_vocab,
-                             num_banned=banned_ids.shape[1])
-  return pl.pallas_call(
+                             blocks_per_split=blocks_per_split, num_banned=banned_ids.shape[1])
+  partial_shape = (num_rows, num_splits)
+  partials = pl.pallas_call(
       kernel,
-      grid=(num_rows,),
+      grid=(num_rows, num_splits),
       in_specs=[pl.no_block_spec, pl.no_block_spec],
-      out_specs=[pl.no_block_spec, pl.no_block_spec],
-      out_shape=[jax.ShapeDtypeStruct((num_rows,), jnp.int32),
-                 jax.ShapeDtypeStruct((num_rows,), jnp.float32)],
-      compiler_params=triton_compiler_params(num_warps, 1),
+      out_specs=[pl.no_block_spec] * 4,
+      out_shape=[jax.ShapeDtypeStruct(partial_shape, jnp.float32)] * 3
+      + [jax.ShapeDtypeStruct(partial_shape, jnp.int32)],
+      compiler_params=triton_compiler_params(num_warps, num_stages),
       interpret=interpret,
       name="greedy_sample",
   )(logits, banned_ids)
+  return _merge_splits(*partials, vocab_size)
 
 
 def greedy_sample(
@@ -80,12 +101,16 @@ def greedy_sample(
     banned_ids: jax.Array,  # int32[S, B], -1 padded
     *,
     block_vocab: int = 4096,
-    num_warps: int = 8,
+    num_splits: int = 1,
+    num_warps: int = 4,
+    num_stages: int = 1,
     interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
   """Returns (token_ids int32[S]: argmax of each row with its banned ids at -inf, first index on
   ties; log_normalizer f32[S]: logsumexp of the unmasked row). block_vocab is the number of
-  vocabulary entries a program folds per loop step (a power of two >= 16)."""
+  vocabulary entries a program folds per loop step (a power of two >= 16); num_splits the number
+  of programs that share a row (consecutive vocabulary ranges, merged by a small XLA epilogue);
+  num_warps and num_stages Triton's."""
   if logits.ndim != 2 or logits.shape[0] < 1 or logits.shape[1] < 1:
     raise ValueError(f"greedy_sample: logits: expected [S, V] with S, V >= 1, got "
                      f"{logits.shape}")
@@ -99,7 +124,9 @@ def greedy_sample(
   if block_vocab < 16 or block_vocab & (block_vocab - 1):
     raise ValueError(f"greedy_sample: block_vocab: must be a power of two >= 16, got "
                      f"{block_vocab}")
-  if num_warps < 1:
-    raise ValueError(f"greedy_sample: num_warps: must be >= 1, got {num_warps}")
-  return _greedy_sample(logits, banned_ids, block_vocab=block_vocab, num_warps=num_warps,
-                        interpret=interpret)
+  for name, value in (("num_splits", num_splits), ("num_warps", num_warps),
+                      ("num_stages", num_stages)):
+    if value < 1:
+      raise ValueError(f"greedy_sample: {name}: must be >= 1, got {value}")
+  return _greedy_sample(logits, banned_ids, block_vocab=block_vocab, num_splits=num_splits,
+                        num_warps=num_warps, num_stages=num_stages, interpret=interpret)

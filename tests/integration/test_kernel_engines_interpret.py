@@ -3,7 +3,8 @@ Pallas interpret mode, the TPU kernel in TPU interpret mode), generates exactly 
 tokens of the XLA attention path, with logprobs within float32 noise. The workload has what the
 engine hands a kernel in serving: ragged prefill chunks next to decodes, padding tokens and
 sequence slots, prefix-cache hits, a prompt longer than a step (chunked), and decode bursts that
-run to max_model_len, the block table's last position."""
+run to max_model_len, the block table's last position. The same holds for the GPU greedy
+sampling kernel in place of XLA's argmax and logsumexp."""
 from __future__ import annotations
 
 import functools
@@ -27,9 +28,10 @@ def _interpreted(module_name: str) -> backends.AttentionBackend:
       functools.partial(module.write_kv, interpret=True))
 
 
-def _generate(backend_name: str) -> dict:
+def _generate(backend_name: str, sampler_backend: str = "xla") -> dict:
   engine = small_engine(attention_backend=backend_name, seq_buckets=(8,), token_buckets=(8, 64),
-                        num_scheduler_steps=4, max_model_len=MAX_MODEL_LEN, num_pages=64)
+                        num_scheduler_steps=4, max_model_len=MAX_MODEL_LEN, num_pages=64,
+                        sampler_backend=sampler_backend)
   rng = np.random.default_rng(0)
   shared = rng.integers(0, engine.vocab_size, 32).tolist()  # two full pages to share
   prompts = [rng.integers(0, engine.vocab_size, 51).tolist(),            # ends at max_model_len
@@ -59,3 +61,13 @@ def test_kernel_engine_matches_the_xla_path(kernel, xla_outputs, monkeypatch):
   for request_id, (tokens, logprobs) in xla_outputs.items():
     assert outputs[request_id][0] == tokens, request_id
     np.testing.assert_allclose(outputs[request_id][1], logprobs, atol=1e-4)
+
+
+def test_greedy_sample_kernel_engine_matches_the_xla_sampler(xla_outputs):
+  """The sampler's greedy pick and logprobs from the GPU kernel (Pallas interpret mode), in
+  single steps and in decode bursts."""
+  outputs = _generate("xla", sampler_backend="pallas_gpu")
+  assert outputs.keys() == xla_outputs.keys()
+  for request_id, (tokens, logprobs) in xla_outputs.items():
+    assert outputs[request_id][0] == tokens, request_id
+    np.testing.assert_allclose(outputs[request_id][1], logprobs, atol=1e-5)

@@ -74,11 +74,12 @@ def test_write_kv_lowers_to_triton_in_place():
   assert text.count("tf.aliasing_output") == 2
 
 
-@pytest.mark.parametrize("vocab_size,block_vocab", [(128256, 4096), (1000, 256)])
-def test_greedy_sample_lowers_to_triton(vocab_size, block_vocab):
+@pytest.mark.parametrize("vocab_size,block_vocab,num_splits", [(128256, 4096, 4), (1000, 256, 1)])
+def test_greedy_sample_lowers_to_triton(vocab_size, block_vocab, num_splits):
   logits = jnp.zeros((8, vocab_size), jnp.float32)
   banned_ids = jnp.full((8, 8), -1, jnp.int32)
-  text = _lower_for_cuda(functools.partial(greedy_sample, block_vocab=block_vocab), logits,
+  text = _lower_for_cuda(functools.partial(greedy_sample, block_vocab=block_vocab,
+                                           num_splits=num_splits, num_stages=2), logits,
                          banned_ids)
   assert TRITON_CALL_TARGET in _custom_call_targets(text)
   assert 'name = "greedy_sample"' in text

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -11,8 +12,9 @@ import torch
 from transformers.generation import logits_process as hf
 
 from jaxserve.runtime.sampler import (SamplerMode, _filter_top_k_top_p_min_p, apply_penalties,
-                                      argmax_and_logsumexp, mask_banned, sample)
+                                      mask_banned, sample)
 from jaxserve.runtime.step_inputs import NUM_BANNED_IDS, SamplingInputs
+from pallas_kernels.greedy_sample.gpu import greedy_sample
 
 VOCAB = 64
 
@@ -170,26 +172,22 @@ def test_banned_ids_are_never_sampled_in_random_rows():
     assert not any(t in row for t, row in zip(token_ids, banned[:, :3]))
 
 
-def test_argmax_and_logsumexp_hand_computed():
-  with np.errstate(divide="ignore"):                                  # row 1: log(0) = -inf
-    raw = np.log(np.array([[1.0, 3.0, 3.0, 1.0, 2.0],
-                           [4.0, 4.0, 0.0, 0.0, 0.0]], np.float32))
-  scores = raw.copy()
-  scores[0, 1] = -np.inf                                              # the first max is masked
-  ids, log_normalizer = jax.jit(argmax_and_logsumexp)(raw, scores)
-  np.testing.assert_array_equal(ids, [2, 0])        # row 1: a tie goes to the first index
-  np.testing.assert_allclose(log_normalizer, np.log([10.0, 8.0]), rtol=1e-6)
 
-
-def test_argmax_and_logsumexp_matches_jnp_over_ties_masks_and_empty_rows():
-  rng = np.random.default_rng(7)
-  for vocab in (1, 2, 63, 1000, 4099):
-    raw = rng.normal(0, 4, size=(9, vocab)).astype(np.float32)
-    raw = np.round(raw)                                             # many exact ties
-    raw[1] = -np.inf                                                # nothing can be sampled
-    raw[2, rng.random(vocab) < 0.5] = -np.inf
-    scores = raw - rng.integers(0, 2, size=raw.shape).astype(np.float32)
-    scores[3, rng.random(vocab) < 0.9] = -np.inf
-    ids, log_normalizer = jax.jit(argmax_and_logsumexp)(raw, scores)
-    np.testing.assert_array_equal(ids, jnp.argmax(scores, axis=-1))
-    np.testing.assert_allclose(log_normalizer, jax.nn.logsumexp(raw, axis=-1), rtol=1e-6, atol=1e-5)
+@pytest.mark.parametrize("overrides", [
+    {}, {"want_top_logprobs": np.array(True)},
+    {"temperature": np.array([0.0, 0.7, 0.0, 1.3], np.float32), "any_random": np.array(True)}])
+def test_the_pallas_greedy_kernel_gives_the_xla_samples(overrides):
+  """The sampler with the GPU greedy kernel (Pallas interpret mode) against XLA's reductions,
+  banned ids included."""
+  logits = np.round(random_logits(4, seed=5))                   # ties between the largest
+  banned = np.full((4, NUM_BANNED_IDS), -1, np.int32)
+  banned[0, :2] = np.argsort(-logits[0])[:2]
+  inputs = make_inputs(4, banned_ids=banned, **overrides)
+  kernel = functools.partial(greedy_sample, block_vocab=16, num_splits=2, interpret=True)
+  fn = jax.jit(sample, static_argnames=("mode", "greedy"))
+  with_kernel = fn(jnp.asarray(logits), inputs, mode=SamplerMode.of(inputs), greedy=kernel)
+  with_xla = fn(jnp.asarray(logits), inputs, mode=SamplerMode.of(inputs))
+  np.testing.assert_array_equal(with_kernel.token_ids, with_xla.token_ids)
+  assert with_kernel.token_ids[0] not in banned[0]
+  np.testing.assert_allclose(with_kernel.logprobs, with_xla.logprobs, rtol=1e-6)
+  np.testing.assert_allclose(with_kernel.top_logprobs, with_xla.top_logprobs, rtol=1e-6)

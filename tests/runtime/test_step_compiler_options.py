@@ -1,14 +1,37 @@
-"""The step's XLA options follow EngineConfig.gpu_gemm on GPUs and are empty elsewhere."""
+"""The step's XLA options follow EngineConfig.gpu_gemm on GPUs and are empty elsewhere; the
+sampler backend follows EngineConfig.sampler_backend."""
 from __future__ import annotations
 
 import jax
+import pytest
 
 from jaxserve.config import EngineConfig
-from jaxserve.engine.factory import step_compiler_options
+from jaxserve.engine.factory import greedy_sampler, sampler_backend, step_compiler_options
+from jaxserve.runtime.sampler import xla_greedy
 
 
 def test_gpu_gemm_options():
   on_gpu = jax.default_backend() == "gpu"
-  expected = {"xla_gpu_enable_triton_gemm": False} if on_gpu else None
-  assert step_compiler_options(EngineConfig()) == expected
+  no_triton = {"xla_gpu_enable_triton_gemm": False}
+  expected_lt = {**no_triton, "xla_gpu_enable_cublaslt": True} if on_gpu else None
+  assert step_compiler_options(EngineConfig()) == expected_lt
+  assert step_compiler_options(EngineConfig(gpu_gemm="cublas")) == (no_triton if on_gpu else None)
   assert step_compiler_options(EngineConfig(gpu_gemm="xla")) is None
+
+
+def test_sampler_backend_resolution():
+  on_gpu = jax.default_backend() == "gpu"
+  assert sampler_backend(EngineConfig(), sharded=False) == ("pallas_gpu" if on_gpu else "xla")
+  assert sampler_backend(EngineConfig(), sharded=True) == "xla"
+  assert sampler_backend(EngineConfig(sampler_backend="pallas_gpu"), sharded=False) == "pallas_gpu"
+  assert greedy_sampler("xla") is xla_greedy
+  assert greedy_sampler("pallas_gpu").keywords == {"interpret": not on_gpu}
+
+
+@pytest.mark.parametrize("changes,field", [({"sampler_backend": "triton"}, "sampler_backend"),
+                                           ({"sampler_backend": "pallas_gpu",
+                                             "tensor_parallel_size": 2}, "sampler_backend"),
+                                           ({"gpu_gemm": "cutlass"}, "gpu_gemm")])
+def test_bad_values_name_the_field(changes, field):
+  with pytest.raises(ValueError, match=field):
+    EngineConfig(**changes)
