@@ -1,6 +1,6 @@
-"""The greedy sampling reduction over one decode step's logits: XLA's separate reductions, the
-one-pass variadic reduction (runtime/sampler.py) and the Pallas GPU kernel
-(pallas_kernels/greedy_sample), each checked against the reference and timed by its kernels'
+"""The greedy sampling reduction over one decode step's logits: XLA's argmax and logsumexp
+(runtime/sampler.py xla_greedy) and the Pallas GPU kernel (pallas_kernels/greedy_sample) over
+a sweep of its tiles, each checked against the reference and timed by its kernels'
 device time (profiler trace) and by wall time per call.
 
     python scripts/bench_sampler.py --rows 512 --vocab 128256 --out sampler.json
@@ -19,23 +19,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.runtime.sampler import argmax_and_logsumexp, mask_banned
+from jaxserve.runtime.sampler import xla_greedy
 from jaxserve.tools.device_trace import capture_trace, summarize_trace, total_device_us
 from pallas_kernels.greedy_sample.gpu import greedy_sample
 from pallas_kernels.greedy_sample.reference import greedy_sample_reference
 
 
-def xla_separate(logits, banned_ids):
-  return (jnp.argmax(mask_banned(logits, banned_ids), axis=-1).astype(jnp.int32),
-          jax.nn.logsumexp(logits, axis=-1))
-
-
-def xla_one_pass(logits, banned_ids):
-  return argmax_and_logsumexp(logits, mask_banned(logits, banned_ids))
-
-
 def variants(opts) -> dict:
-  out = {"xla_separate": xla_separate, "xla_one_pass": xla_one_pass}
+  out = {"xla": xla_greedy}
   if jax.default_backend() == "gpu":
     for tile in opts.tiles.split(","):
       if tile == "default":

@@ -91,3 +91,20 @@ def test_integer_logits_and_banned_ids_of_another_dtype_raise():
     greedy_sample(jnp.zeros((2, 4), jnp.int32), jnp.zeros((2, 1), jnp.int32))
   with pytest.raises(ValueError, match="banned_ids"):
     greedy_sample(jnp.zeros((2, 4), jnp.float32), jnp.zeros((2, 1), jnp.int16))
+
+
+def test_bench_sampler_script_smoke(tmp_path):
+  import importlib.util
+  import json
+  import sys
+  from pathlib import Path
+  path = Path(__file__).resolve().parents[2] / "scripts" / "bench_sampler.py"
+  spec = importlib.util.spec_from_file_location("bench_sampler", path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module
+  spec.loader.exec_module(module)
+  out = tmp_path / "sampler.json"
+  assert module.main(["--rows", "4", "--vocab", "300", "--tiles", "default,64:4:2:2",
+                      "--inner", "2", "--reps", "1", "--out", str(out)]) == 0
+  results = json.loads(out.read_text())["results"]
+  assert results and all(r["ids_match"] and r["max_lse_error"] < 1e-4 for r in results), results
