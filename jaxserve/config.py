@@ -21,7 +21,7 @@ import yaml
 
 ATTENTION_BACKENDS = ("auto", "reference", "xla", "pallas_gpu", "pallas_tpu")
 DTYPES = ("auto", "float32", "bfloat16")
-GPU_GEMMS = ("cublaslt", "cublas", "xla")
+GPU_GEMMS = ("cublas", "cublaslt", "xla")
 SAMPLER_BACKENDS = ("auto", "xla", "pallas_gpu")
 
 
@@ -157,10 +157,10 @@ class EngineConfig:
   tensor_parallel_size shards the model over that many devices (all devices of all hosts when
   distributed); the kv head count must be a multiple of it. tp_invariant_reductions makes the
   bfloat16 forward bitwise independent of tensor_parallel_size in {1, 2}
-  (models/invariant_dense.py; a parity mode, slower at tp = 1). gpu_gemm on GPUs: "cublaslt"
-  compiles every GEMM of the step to cuBLASLt and "cublas" to cuBLAS (XLA's Triton GEMM fusions
-  off in both; faster for the bfloat16 Llama steps measured in docs/PERFORMANCE.md), "xla"
-  leaves the choice to XLA. sampler_backend: how the sampler takes the greedy pick and the
+  (models/invariant_dense.py; a parity mode, slower at tp = 1). gpu_gemm on GPUs: "cublas"
+  compiles every GEMM of the step to cuBLAS and "cublaslt" to cuBLASLt (XLA's Triton GEMM fusions
+  off in both; faster for the bfloat16 Llama steps measured in docs/PERFORMANCE.md, and no
+  different from each other there), "xla" leaves the choice to XLA. sampler_backend: how the sampler takes the greedy pick and the
   log-normalizer; "auto" is the Pallas GPU kernel (pallas_kernels/greedy_sample) for unsharded
   models on GPUs and XLA's reductions elsewhere; "pallas_gpu" off a GPU runs the kernel in
   Pallas interpret mode (tests).
@@ -174,7 +174,7 @@ class EngineConfig:
   tensor_parallel_size: int = 1
   tp_invariant_reductions: bool = False
   compilation_cache_dir: str | None = "~/.cache/jaxserve/xla"
-  gpu_gemm: str = "cublaslt"
+  gpu_gemm: str = "cublas"
   sampler_backend: str = "auto"
   fuse_projections: bool = True
   cache: CacheConfig = field(default_factory=CacheConfig)

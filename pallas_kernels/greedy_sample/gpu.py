@@ -100,17 +100,18 @@ def greedy_sample(
     logits: jax.Array,      # f32[S, V] (or bf16)
     banned_ids: jax.Array,  # int32[S, B], -1 padded
     *,
-    block_vocab: int = 4096,
-    num_splits: int = 1,
+    block_vocab: int = 2048,
+    num_splits: int = 8,
     num_warps: int = 4,
-    num_stages: int = 1,
+    num_stages: int = 2,
     interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
   """Returns (token_ids int32[S]: argmax of each row with its banned ids at -inf, first index on
   ties; log_normalizer f32[S]: logsumexp of the unmasked row). block_vocab is the number of
   vocabulary entries a program folds per loop step (a power of two >= 16); num_splits the number
   of programs that share a row (consecutive vocabulary ranges, merged by a small XLA epilogue);
-  num_warps and num_stages Triton's."""
+  num_warps and num_stages Triton's. The defaults measured best for 512 rows of a 128k
+  vocabulary on an H100 (scripts/bench_sampler.py, docs/PERFORMANCE.md)."""
   if logits.ndim != 2 or logits.shape[0] < 1 or logits.shape[1] < 1:
     raise ValueError(f"greedy_sample: logits: expected [S, V] with S, V >= 1, got "
                      f"{logits.shape}")

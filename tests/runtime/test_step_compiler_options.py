@@ -14,8 +14,8 @@ def test_gpu_gemm_options():
   on_gpu = jax.default_backend() == "gpu"
   no_triton = {"xla_gpu_enable_triton_gemm": False}
   expected_lt = {**no_triton, "xla_gpu_enable_cublaslt": True} if on_gpu else None
-  assert step_compiler_options(EngineConfig()) == expected_lt
-  assert step_compiler_options(EngineConfig(gpu_gemm="cublas")) == (no_triton if on_gpu else None)
+  assert step_compiler_options(EngineConfig()) == (no_triton if on_gpu else None)
+  assert step_compiler_options(EngineConfig(gpu_gemm="cublaslt")) == expected_lt
   assert step_compiler_options(EngineConfig(gpu_gemm="xla")) is None
 
 
