@@ -136,8 +136,8 @@ class LLMEngine:
     ids = list(prompt)
     if not ids:
       raise ValueError("prompt: must not be empty")
-    if all(type(t) is int for t in ids) and 0 <= min(ids) and max(ids) < self.vocab_size:
-      return ids  # the common case, checked without a Python loop body per token
+    if set(map(type, ids)) == {int} and 0 <= min(ids) and max(ids) < self.vocab_size:
+      return ids  # the common case, checked in C loops (no Python code per token)
     for token_id in ids:
       if isinstance(token_id, bool) or not isinstance(token_id, (int, np.integer)) or not (
           0 <= token_id < self.vocab_size):
