@@ -56,7 +56,10 @@ class SchedulerConfig:
   """Continuous batching limits. Bucket lists default to powers of two up to the limits.
   async_scheduling schedules and dispatches step N+1 while step N runs (engine/llm_engine.py).
   num_scheduler_steps > 1 runs decode-only steps as bursts of that many decode steps in one
-  dispatch when every running request allows it (engine/scheduler.py, runtime/step_fns.py)."""
+  dispatch when every running request allows it (engine/scheduler.py, runtime/step_fns.py).
+  prefill_first: a step that can prefill (admit a waiting request or continue a chunked prompt)
+  runs prefills only, and decoding requests wait for a step without prefill work (throughput
+  over inter-token latency, as vLLM's non-chunked scheduler; engine/scheduler.py)."""
   max_num_seqs: int = 64
   max_num_batched_tokens: int = 512
   enable_chunked_prefill: bool = True
@@ -65,8 +68,11 @@ class SchedulerConfig:
   token_buckets: tuple[int, ...] | None = None
   async_scheduling: bool = True
   num_scheduler_steps: int = 1
+  prefill_first: bool = False
 
   def __post_init__(self) -> None:
+    _require(isinstance(self.prefill_first, bool), "scheduler.prefill_first",
+             f"must be true or false, got {self.prefill_first!r}")
     _require(isinstance(self.async_scheduling, bool), "scheduler.async_scheduling",
              f"must be true or false, got {self.async_scheduling!r}")
     _require(isinstance(self.num_scheduler_steps, int) and 1 <= self.num_scheduler_steps <= 64,

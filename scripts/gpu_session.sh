@@ -42,7 +42,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
       # b<num_scheduler_steps>, sb (seq buckets 64,128,256,512), xla (gpu_gemm=xla: XLA may
       # pick Triton GEMMs), nomerge (XLA does not merge GEMMs sharing an input, which
       # concatenates their weights every step), nofuse (fuse_projections=false), lt (XLA calls
-      # cuBLASLt instead of cuBLAS), cb (gpu_gemm=cublas), xs (sampler_backend=xla);
+      # cuBLASLt instead of cuBLAS), cb (gpu_gemm=cublas), xs (sampler_backend=xla), pf (scheduler.prefill_first);
       # o512: bench_offline.py, tp512: jaxserve bench throughput with the transformers baseline.
       # E.g. tp512+b4, o512+t16384+b4+sb+xla
       tokens=8192; seqs="[64,512]"; xla=""; engine=(--set scheduler.max_num_seqs=512)
@@ -54,6 +54,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
         lt) xla="$xla --xla_gpu_enable_cublaslt=true" ;;
         nofuse) engine+=(--set fuse_projections=false) ;;
         cb) engine+=(--set gpu_gemm=cublas) ;; xs) engine+=(--set sampler_backend=xla) ;;
+        pf) engine+=(--set scheduler.prefill_first=true) ;;
         esac; done
       engine+=(--set scheduler.max_num_batched_tokens=$tokens --set "scheduler.seq_buckets=$seqs"
                --set "scheduler.token_buckets=[512,2048,$tokens]")

@@ -18,6 +18,13 @@ sequence limit (max_num_seqs), and returns a `ScheduledBatch`:
    keeps one free page for each scheduled sequence whose next token starts a new page, so
    admitting a request does not force a preemption on the very next step.
 
+Prefill first (config.prefill_first): step 1 skips decoding requests and preempts no one (a
+prefill chunk whose pages are not free waits), and if that plans any work (prefill chunks or
+admissions), the step is prefill only; otherwise a normal step runs. Normal steps keep the
+progress argument below; a prefill-only step computes at least one token of finite prefill work. Decodes then wait while prompts can be admitted (bounded by max_num_seqs and the
+pool), which spends fewer steps for a batch of prompts: the decode rows of a mixed step cost
+their attention and sampling, and do not shorten the decoding that follows the last prompt.
+
 Decode bursts (num_scheduler_steps = K > 1): when no request waits for admission (or none could
 be admitted: max_num_seqs are running) and every running request that still samples decodes
 one token with sampling a burst can run (Request.can_burst: no penalties, top-N logprobs or
@@ -143,11 +150,21 @@ class Scheduler:
       burst = self._schedule_burst(self.config.num_scheduler_steps)
       if burst is not None:
         return burst
+    if self.config.prefill_first:
+      batch = self._plan(prefills_only=True)
+      if batch is not None:
+        return batch
+    return self._plan(prefills_only=False)
+
+  def _plan(self, prefills_only: bool) -> ScheduledBatch | None:
+    """Step 1 and 2 of the module docstring; None if prefills_only and nothing was planned."""
     planned: list[_Planned] = []
     preempted_ids: list[str] = []
-    budget = self._schedule_running(planned, preempted_ids)
+    budget = self._schedule_running(planned, preempted_ids, prefills_only)
     if not preempted_ids:
       self._admit_waiting(planned, budget)
+    if prefills_only and not planned:
+      return None
     return self._build_batch(planned, preempted_ids)
 
   def _validate(self, request: Request) -> None:
@@ -172,7 +189,8 @@ class Scheduler:
       raise ValueError(f"prompt: {num_prompt} tokens exceed scheduler.max_num_batched_tokens "
                        f"({budget}) with chunked prefill disabled")
 
-  def _schedule_running(self, planned: list[_Planned], preempted_ids: list[str]) -> int:
+  def _schedule_running(self, planned: list[_Planned], preempted_ids: list[str],
+                        prefills_only: bool = False) -> int:
     budget, max_num_seqs, page_size = (self.config.max_num_batched_tokens,
                                        self.config.max_num_seqs, self.page_size)
     index = 0
@@ -181,9 +199,16 @@ class Scheduler:
       start = request.num_computed_tokens
       num_known = request.num_tokens_with_placeholders
       num_new = min(num_known - start, budget) if num_known < request.max_total_tokens else 0
-      if num_new > 0:
+      decoding = start == num_known - 1 and start >= request.num_prompt_tokens
+      if num_new > 0 and not (prefills_only and decoding):
         fits = start + num_new <= len(request.page_ids) * page_size  # most decode steps
-        if not fits and not self._allocate_or_preempt(request, num_new, preempted_ids):
+        if not fits and prefills_only:  # a prefill-only step never preempts
+          num_needed = self._num_new_pages(request, num_new)
+          if not self.allocator.can_allocate(num_needed):
+            index += 1
+            continue
+          request.page_ids.extend(self.allocator.allocate(num_needed))
+        elif not fits and not self._allocate_or_preempt(request, num_new, preempted_ids):
           break
         planned.append((request, start, num_new))
         budget -= num_new

@@ -19,10 +19,12 @@ from jaxserve.sampling_params import SamplingParams
 
 def make_scheduler(num_pages: int, page_size: int, max_num_seqs: int = 4,
                    max_num_batched_tokens: int = 16, chunked: bool = True,
-                   prefix_caching: bool = False, max_model_len: int = 256) -> Scheduler:
+                   prefix_caching: bool = False, max_model_len: int = 256,
+                   prefill_first: bool = False) -> Scheduler:
   config = SchedulerConfig(max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens,
-                           enable_chunked_prefill=chunked, enable_prefix_caching=prefix_caching)
+                           enable_chunked_prefill=chunked, enable_prefix_caching=prefix_caching,
+                           prefill_first=prefill_first)
   return Scheduler(config, PageAllocator(num_pages, page_size, prefix_caching), max_model_len)
 
 
@@ -273,3 +275,32 @@ def test_max_num_seqs_limits_running_requests():
   assert [s.request_id for s in step(scheduler).seqs] == ["a", "b"]
   assert [s.request_id for s in step(scheduler).seqs] == ["c"]
   assert scheduler.kv_cache_usage == pytest.approx(1 / 15)
+
+
+def test_prefill_first_runs_prefill_steps_while_prompts_can_be_admitted():
+  scheduler = make_scheduler(num_pages=32, page_size=4, max_num_seqs=3, max_num_batched_tokens=8,
+                             prefill_first=True)
+  scheduler.add_request(make_request("a", range(6), max_tokens=3))
+  assert step(scheduler).seqs == (seq("a", range(6), 0, (1, 2), True),)
+  scheduler.add_request(make_request("b", range(20, 30), max_tokens=2))
+  scheduler.add_request(make_request("c", range(40, 43), max_tokens=2))
+  # a decodes, but b can be admitted: b's first chunk alone (c does not fit the budget left)
+  assert step(scheduler).seqs == (seq("b", range(20, 28), 0, (3, 4), False),)
+  # b's last chunk and c's prompt; a still waits
+  assert step(scheduler).seqs == (seq("b", range(28, 30), 8, (3, 4, 5), True),
+                                  seq("c", range(40, 43), 0, (6,), True))
+  # nothing left to prefill: everyone decodes
+  assert step(scheduler).seqs == (seq("a", [506], 6, (1, 2), True),
+                                  seq("b", [510], 10, (3, 4, 5), True),
+                                  seq("c", [503], 3, (6,), True))
+
+
+def test_prefill_first_decodes_once_max_num_seqs_are_running():
+  scheduler = make_scheduler(num_pages=32, page_size=4, max_num_seqs=1, max_num_batched_tokens=8,
+                             prefill_first=True)
+  scheduler.add_request(make_request("a", range(4), max_tokens=2))
+  scheduler.add_request(make_request("b", range(10, 14), max_tokens=1))
+  assert step(scheduler).seqs == (seq("a", range(4), 0, (1,), True),)
+  assert step(scheduler).seqs == (seq("a", [504], 4, (1, 2), True),)   # b cannot be admitted
+  assert step(scheduler).seqs == (seq("b", range(10, 14), 0, (3,), True),)
+  assert not scheduler.has_unfinished_requests() and scheduler.allocator.num_used_pages == 0

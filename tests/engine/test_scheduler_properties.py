@@ -40,14 +40,15 @@ class SchedulerMachine(RuleBasedStateMachine):
               max_num_seqs=st.integers(1, 4), extra_budget=st.integers(0, 10),
               chunked=st.booleans(), prefix_caching=st.booleans(),
               max_model_len=st.integers(2, 48), async_mode=st.booleans(),
-              burst_steps=st.sampled_from([1, 1, 2, 3]))
+              burst_steps=st.sampled_from([1, 1, 2, 3]), prefill_first=st.booleans())
   def setup(self, page_size, num_pages, max_num_seqs, extra_budget, chunked, prefix_caching,
-            max_model_len, async_mode, burst_steps):
+            max_model_len, async_mode, burst_steps, prefill_first):
     self.config = SchedulerConfig(max_num_seqs=max_num_seqs,
                                   max_num_batched_tokens=max_num_seqs + extra_budget,
                                   enable_chunked_prefill=chunked,
                                   enable_prefix_caching=prefix_caching,
-                                  num_scheduler_steps=burst_steps)
+                                  num_scheduler_steps=burst_steps,
+                                  prefill_first=prefill_first)
     self.allocator = PageAllocator(num_pages, page_size, prefix_caching)
     self.scheduler = Scheduler(self.config, self.allocator, max_model_len)
     self.page_size = page_size

@@ -13,7 +13,7 @@ def small_config(model: str = "tiny-random", *, num_pages: int = 256, page_size:
                  seq_buckets=(2, 8), token_buckets=(8, 16, 32, 64), max_model_len: int = 512,
                  prefix_caching: bool = True, chunked_prefill: bool = True,
                  async_scheduling: bool = True, num_scheduler_steps: int = 1,
-                 **fields) -> EngineConfig:
+                 prefill_first: bool = False, **fields) -> EngineConfig:
   return EngineConfig(
       model=model, max_model_len=max_model_len,
       cache=CacheConfig(page_size=page_size, num_pages=num_pages),
@@ -23,7 +23,8 @@ def small_config(model: str = "tiny-random", *, num_pages: int = 256, page_size:
                                 enable_prefix_caching=prefix_caching,
                                 seq_buckets=tuple(seq_buckets), token_buckets=tuple(token_buckets),
                                 async_scheduling=async_scheduling,
-                                num_scheduler_steps=num_scheduler_steps),
+                                num_scheduler_steps=num_scheduler_steps,
+                                prefill_first=prefill_first),
       **fields)
 
 
