@@ -38,16 +38,25 @@ class LLM:
     encoded = [self.engine.encode_prompt(p if isinstance(p, str) else list(p))
                for p in prompt_list]
     request_ids: list[list[str]] = []
+    finished: dict[str, RequestOutput] = {}
+    first_step_tokens = self.config.scheduler.max_num_batched_tokens
+    queued_tokens, started = 0, False
     try:
       for i, (ids, params) in enumerate(zip(encoded, params_list)):
         request_ids.append([self._add(ids, params, i, k) for k in range(params.n)])
+        queued_tokens += len(ids) * params.n
+        if not started and queued_tokens >= first_step_tokens and self.engine.async_scheduling:
+          # The first step's prompts are queued (admission is first come, first served within
+          # its token budget): dispatch it and queue the rest while the device runs it.
+          started = True
+          self._collect(self.engine.step(), finished)
     except ValueError:
       for ids_of_prompt in request_ids:
         for rid in ids_of_prompt:
           self.engine.abort_request(rid)
       self._drain()
       raise
-    finished = self._run(sum(len(r) for r in request_ids), use_tqdm)
+    self._run(sum(len(r) for r in request_ids), use_tqdm, finished)
     return [self._result(prompt_list[i], encoded[i], [finished[r] for r in rids])
             for i, rids in enumerate(request_ids)]
 
@@ -58,15 +67,18 @@ class LLM:
     rid = f"offline-{id(self)}-{prompt_index}-{sample_index}-{self.engine.next_request_number()}"
     return self.engine.add_request(prompt_ids, params, request_id=rid, stream=False)
 
-  def _run(self, num_requests: int, use_tqdm: bool) -> dict[str, RequestOutput]:
-    finished: dict[str, RequestOutput] = {}
-    with tqdm(total=num_requests, desc="generating", unit="req", disable=not use_tqdm) as bar:
+  def _run(self, num_requests: int, use_tqdm: bool, finished: dict[str, RequestOutput]) -> None:
+    """Steps until every request has finished, adding each finished output to `finished`."""
+    with tqdm(total=num_requests, initial=len(finished), desc="generating", unit="req",
+              disable=not use_tqdm) as bar:
       while self.engine.has_unfinished_requests():
-        for output in self.engine.step():
-          if output.finished:
-            finished[output.request_id] = output
-            bar.update(1)
-    return finished
+        bar.update(self._collect(self.engine.step(), finished))
+
+  @staticmethod
+  def _collect(outputs: list[RequestOutput], finished: dict[str, RequestOutput]) -> int:
+    done = [output for output in outputs if output.finished]
+    finished.update((output.request_id, output) for output in done)
+    return len(done)
 
   def _drain(self) -> None:
     while self.engine.has_unfinished_requests():
