@@ -28,7 +28,8 @@ their attention and sampling, and do not shorten the decoding that follows the l
 Decode bursts (num_scheduler_steps = K > 1): when no request waits for admission (or none could
 be admitted: max_num_seqs are running) and every running request that still samples decodes
 one token with sampling a burst can run (Request.can_burst: no penalties, top-N logprobs or
-pending min_tokens), the step is a burst instead: each of them
+pending min_tokens), the step is a burst instead, unless every one of them has fewer than K
+samples left (single steps then finish them without computing steps nobody needs): each of them
 feeds its one token and the device runs K decode steps, each feeding the token the step before
 sampled. Their pages cover the positions they still need (all K, or up to max_tokens),
 num_computed_tokens advances by K and K output placeholders are counted; samples past max_tokens
@@ -218,14 +219,16 @@ class Scheduler:
   def _schedule_burst(self, num_steps: int) -> ScheduledBatch | None:
     """Every running request that still samples decodes num_steps tokens in one dispatch; None
     (a normal step follows) unless each of them feeds exactly one token, may burst
-    (Request.can_burst), and the pages for the positions it still needs can be allocated
-    without preempting anyone. A request with fewer than num_steps samples left gets pages only
+    (Request.can_burst), the pages for the positions it still needs can be allocated without
+    preempting anyone, and at least one of them still samples num_steps tokens or more. A request with fewer than num_steps samples left gets pages only
     for those: the device sends its later steps' K/V to the null page (or, past the block
     table, nowhere) and the engine drops what they sample, as it drops samples after a stop."""
     bursting = [r for r in self._running if r.num_tokens_with_placeholders < r.max_total_tokens]
     if not bursting or len(bursting) > min(self.config.max_num_seqs,
                                            self.config.max_num_batched_tokens):
       return None
+    if max(r.max_total_tokens - r.num_tokens_with_placeholders for r in bursting) < num_steps:
+      return None  # every request ends within the burst: single steps compute no extra step
     for request in bursting:
       if (request.num_tokens_with_placeholders - request.num_computed_tokens != 1
           or not request.can_burst()):

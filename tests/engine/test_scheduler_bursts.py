@@ -129,6 +129,17 @@ def test_samples_past_max_tokens_are_allowed_and_finished_requests_are_left_out(
   assert follow.num_steps == BURST and follow.request_ids == ("b",)
 
 
+def test_when_every_request_ends_within_a_burst_single_steps_finish_them():
+  scheduler = make_scheduler()
+  a = add(scheduler, "a", range(10, 16), max_tokens=4)   # 3 more samples after the prefill
+  b = add(scheduler, "b", range(20, 23), max_tokens=3)   # 2 more
+  scheduler.schedule()
+  deliver(scheduler, a, 1)
+  deliver(scheduler, b, 1)
+  step = scheduler.schedule()
+  assert step.num_steps == 1 and step.request_ids == ("a", "b")
+
+
 def test_num_scheduler_steps_is_validated():
   with pytest.raises(ValueError, match=r"num_scheduler_steps: must be an integer in \[1, 64\]"):
     SchedulerConfig(num_scheduler_steps=0)
