@@ -166,10 +166,10 @@ class EngineConfig:
   (models/invariant_dense.py; a parity mode, slower at tp = 1). gpu_gemm on GPUs: "cublas"
   compiles every GEMM of the step to cuBLAS and "cublaslt" to cuBLASLt (XLA's Triton GEMM fusions
   off in both; faster for the bfloat16 Llama steps measured in docs/PERFORMANCE.md, and no
-  different from each other there), "xla" leaves the choice to XLA. sampler_backend: how the sampler takes the greedy pick and the
-  log-normalizer; "auto" is the Pallas GPU kernel (pallas_kernels/greedy_sample) for unsharded
-  models on GPUs and XLA's reductions elsewhere; "pallas_gpu" off a GPU runs the kernel in
-  Pallas interpret mode (tests).
+  different from each other there), "xla" leaves the choice to XLA. sampler_backend: where the
+  sampler takes the greedy pick and the log-normalizer from; "auto" is the Pallas GPU kernel
+  (pallas_kernels/greedy_sample) for unsharded models on GPUs and XLA's reductions elsewhere;
+  "pallas_gpu" off a GPU runs the kernel in Pallas interpret mode (tests).
   fuse_projections merges each layer's q/k/v and gate/up weights after loading, one GEMM each
   (models/fused_projections.py; unsharded models only: ignored when the model is sharded)."""
   model: str = "tiny-random"

@@ -21,9 +21,10 @@ sequence limit (max_num_seqs), and returns a `ScheduledBatch`:
 Prefill first (config.prefill_first): step 1 skips decoding requests and preempts no one (a
 prefill chunk whose pages are not free waits), and if that plans any work (prefill chunks or
 admissions), the step is prefill only; otherwise a normal step runs. Normal steps keep the
-progress argument below; a prefill-only step computes at least one token of finite prefill work. Decodes then wait while prompts can be admitted (bounded by max_num_seqs and the
-pool), which spends fewer steps for a batch of prompts: the decode rows of a mixed step cost
-their attention and sampling, and do not shorten the decoding that follows the last prompt.
+progress argument below; a prefill-only step computes at least one token of finite prefill
+work. Decodes then wait while prompts can be admitted (bounded by max_num_seqs and the pool),
+which spends fewer steps on a batch of prompts: the decode rows of a mixed step cost their
+attention and sampling, and do not shorten the decoding that follows the last prompt.
 
 Decode bursts (num_scheduler_steps = K > 1): when no request waits for admission (or none could
 be admitted: max_num_seqs are running) and every running request that still samples decodes
@@ -220,9 +221,10 @@ class Scheduler:
     """Every running request that still samples decodes num_steps tokens in one dispatch; None
     (a normal step follows) unless each of them feeds exactly one token, may burst
     (Request.can_burst), the pages for the positions it still needs can be allocated without
-    preempting anyone, and at least one of them still samples num_steps tokens or more. A request with fewer than num_steps samples left gets pages only
-    for those: the device sends its later steps' K/V to the null page (or, past the block
-    table, nowhere) and the engine drops what they sample, as it drops samples after a stop."""
+    preempting anyone, and at least one of them still samples num_steps tokens or more. A
+    request with fewer than num_steps samples left gets pages only for those: the device sends
+    its later steps' K/V to the null page (or, past the block table, nowhere) and the engine
+    drops what they sample, as it drops samples after a stop."""
     bursting = [r for r in self._running if r.num_tokens_with_placeholders < r.max_total_tokens]
     if not bursting or len(bursting) > min(self.config.max_num_seqs,
                                            self.config.max_num_batched_tokens):
