@@ -1,17 +1,17 @@
 """Greedy sampling reduction for GPUs: one Pallas (Triton) kernel reads each row of the float32
 logits once and returns its argmax (banned ids masked) and its log-normalizer.
 
-A decode step of 512 sequences over a 128k vocabulary has 263 MB of float32 logits. XLA computes
-jnp.argmax and jax.nn.logsumexp as separate reductions (three reads of the logits), and a
+A decode step of 512 sequences over a 128k vocabulary has 263 MB of float32 logits. XLA
+computes jnp.argmax and jax.nn.logsumexp as separate reductions (three reads of the logits); a
 variadic reduction that carries all four partials (max, sum, best score, its id) runs its
 combiner, two exps included, for every element. Here program r walks row r in blocks of
 `block_vocab` entries: per block one max, one masked max for the argmax, and one exp per
 element against the running max (the online softmax's rescaling happens once per block).
 
 Grid: (S, P). Program (r, p): running (max, sum of exp(x - max), best score, best id) over the
-p-th of P consecutive runs of row r's blocks (P = num_splits; more programs in flight for
-few rows); a small XLA epilogue merges the P partial states. Banned ids (at most B per row) are compared against the block's vocabulary ids, so the
-masked scores are never stored. Ties go to the first index, as jnp.argmax; a row whose scores
+p-th of P consecutive runs of row r's blocks (P = num_splits: more loads in flight per row); a
+small XLA epilogue merges the P partial states. Banned ids (at most B per row) are compared
+against the block's vocabulary ids, so the masked scores are never stored. Ties go to the first index, as jnp.argmax; a row whose scores
 are all -inf gives index 0. NaN logits are not treated specially (jnp.argmax would pick them).
 """
 from __future__ import annotations
