@@ -10,9 +10,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -21,6 +19,7 @@ import numpy as np
 
 from jaxserve.runtime.sampler import xla_greedy
 from jaxserve.tools.device_trace import capture_trace, summarize_trace, total_device_us
+from jaxserve.tools.kernel_timing import seconds_per_call
 from pallas_kernels.greedy_sample.gpu import greedy_sample
 from pallas_kernels.greedy_sample.reference import greedy_sample_reference
 
@@ -41,16 +40,9 @@ def variants(opts) -> dict:
 def time_variant(fn, logits, banned_ids, *, inner: int, reps: int) -> tuple[float, float]:
   """(wall us per call over `inner` back-to-back calls, kernels' device us per call)."""
   jitted = jax.jit(fn)
-  jax.block_until_ready(jitted(logits, banned_ids))
-  walls = []
-  for _ in range(reps):
-    start = time.perf_counter()
-    for _ in range(inner):
-      out = jitted(logits, banned_ids)
-    jax.block_until_ready(out)
-    walls.append((time.perf_counter() - start) / inner * 1e6)
+  wall_us = 1e6 * seconds_per_call(jitted, logits, banned_ids, inner=inner, reps=reps)
   logdir = capture_trace(lambda: jitted(logits, banned_ids), reps=inner)
-  return statistics.median(walls), total_device_us(summarize_trace(logdir)) / inner
+  return wall_us, total_device_us(summarize_trace(logdir)) / inner
 
 
 def main(argv=None) -> int:

@@ -177,20 +177,26 @@ def device_us_per_call(fn, batch: Batch, *, inner: int, reps: int = 2) -> float:
   return total_device_us(summarize_trace(logdir)) / (reps * inner)
 
 
+def seconds_per_call(fn, *args, inner: int, reps: int) -> float:
+  """Median over `reps` of the wall seconds per call of `inner` back-to-back calls fn(*args)
+  (one compile-and-run first)."""
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(reps):
+    start = time.perf_counter()
+    for _ in range(inner):
+      out = fn(*args)
+    jax.block_until_ready(out)
+    times.append((time.perf_counter() - start) / inner)
+  return statistics.median(times)
+
+
 def read_bandwidth(num_bytes: int, *, inner: int, reps: int) -> float:
   """Bytes/s read by a large reduction (a row-wise max of a bf16 array): the ceiling of a kernel
   that only reads, such as decode attention over the KV cache."""
   x = jax.random.normal(jax.random.key(1), (num_bytes // 2 // 4096, 4096), jnp.bfloat16)
   reduce = jax.jit(lambda x: jnp.max(x, axis=1))
-  reduce(x).block_until_ready()
-  times = []
-  for _ in range(reps):
-    start = time.perf_counter()
-    for _ in range(inner):
-      y = reduce(x)
-    y.block_until_ready()
-    times.append((time.perf_counter() - start) / inner)
-  return x.size * x.dtype.itemsize / statistics.median(times)
+  return x.size * x.dtype.itemsize / seconds_per_call(reduce, x, inner=inner, reps=reps)
 
 
 def copy_bandwidth(num_bytes: int, *, inner: int, reps: int) -> float:
