@@ -7,10 +7,8 @@ full page, one past a page, mixed decode + prefill) on scattered pages.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import jax
@@ -24,8 +22,8 @@ from pallas_kernels.ragged_paged_attention.reference import (ragged_paged_attent
                                                              write_kv_reference)
 from pallas_kernels.ragged_paged_attention.testing import (attention_args, make_random_case,
                                                            write_args)
+from tests.scripts_loader import load_script
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 HEAD_DIM = 64
 INTERPRET = jax.default_backend() != "gpu"  # on a GPU the same tests run the compiled kernels
 
@@ -210,12 +208,7 @@ def test_write_kv_rejects_bad_inputs():
 
 
 def _load_bench_script():
-  spec = importlib.util.spec_from_file_location("bench_kernels",
-                                                REPO_ROOT / "scripts" / "bench_kernels.py")
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module  # dataclasses look their module up here
-  spec.loader.exec_module(module)
-  return module
+  return load_script("bench_kernels")
 
 
 def test_bench_script_smoke(tmp_path: Path):

@@ -2,6 +2,8 @@
 interpret mode elsewhere."""
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 
 from pallas_kernels.greedy_sample.gpu import greedy_sample
 from pallas_kernels.greedy_sample.reference import greedy_sample_reference
+from tests.scripts_loader import load_script
 
 INTERPRET = jax.default_backend() != "gpu"
 
@@ -94,15 +97,7 @@ def test_integer_logits_and_banned_ids_of_another_dtype_raise():
 
 
 def test_bench_sampler_script_smoke(tmp_path):
-  import importlib.util
-  import json
-  import sys
-  from pathlib import Path
-  path = Path(__file__).resolve().parents[2] / "scripts" / "bench_sampler.py"
-  spec = importlib.util.spec_from_file_location("bench_sampler", path)
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module
-  spec.loader.exec_module(module)
+  module = load_script("bench_sampler")
   out = tmp_path / "sampler.json"
   assert module.main(["--rows", "4", "--vocab", "300", "--tiles", "default,64:4:2:2",
                       "--inner", "2", "--reps", "1", "--out", str(out)]) == 0
