@@ -56,7 +56,7 @@ class SchedulerConfig:
   """Continuous batching limits. Bucket lists default to powers of two up to the limits.
   async_scheduling schedules and dispatches step N+1 while step N runs (engine/llm_engine.py).
   num_scheduler_steps > 1 runs decode-only steps as bursts of that many decode steps in one
-  dispatch when every running request allows it (engine/scheduler.py, runtime/step_fns.py).
+  dispatch when every running request allows it (engine/scheduler.py, device/step_fns.py).
   prefill_first: a step that can prefill (admit a waiting request or continue a chunked prompt)
   runs prefills only, and decoding requests wait for a step without prefill work (throughput
   over inter-token latency, as vLLM's non-chunked scheduler; engine/scheduler.py)."""
@@ -168,7 +168,7 @@ class EngineConfig:
   off in both; faster for the bfloat16 Llama steps measured in docs/PERFORMANCE.md, and no
   different from each other there), "xla" leaves the choice to XLA. sampler_backend: where the
   sampler takes the greedy pick and the log-normalizer from; "auto" is the Pallas GPU kernel
-  (pallas_kernels/greedy_sample) for unsharded models on GPUs and XLA's reductions elsewhere;
+  (jaxserve/kernels/greedy_sample) for unsharded models on GPUs and XLA's reductions elsewhere;
   "pallas_gpu" off a GPU runs the kernel in Pallas interpret mode (tests).
   fuse_projections merges each layer's q/k/v and gate/up weights after loading, one GEMM each
   (models/fused_projections.py; unsharded models only: ignored when the model is sharded)."""

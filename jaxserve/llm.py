@@ -11,7 +11,7 @@ from typing import Sequence
 from tqdm.auto import tqdm
 
 from jaxserve.config import EngineConfig
-from jaxserve.engine.factory import build_engine
+from jaxserve.assembly import build_engine
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.outputs import Completion, GenerationResult, RequestOutput
 from jaxserve.sampling_params import SamplingParams

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from jaxserve.cli import add_engine_args, engine_config_from_args
-from jaxserve.engine.factory import build_engine
+from jaxserve.assembly import build_engine
 from jaxserve.sampling_params import SamplingParams
 
 

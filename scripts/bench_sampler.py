@@ -1,5 +1,5 @@
 """The greedy sampling reduction over one decode step's logits: XLA's argmax and logsumexp
-(runtime/sampler.py xla_greedy) and the Pallas GPU kernel (pallas_kernels/greedy_sample) over
+(device/sampler.py xla_greedy) and the Pallas GPU kernel (jaxserve/kernels/greedy_sample) over
 a sweep of its tiles, each checked against the reference and timed by its kernels'
 device time (profiler trace) and by wall time per call.
 
@@ -17,11 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.runtime.sampler import xla_greedy
+from jaxserve.device.sampler import xla_greedy
 from jaxserve.tools.device_trace import capture_trace, summarize_trace, total_device_us
 from jaxserve.tools.kernel_timing import seconds_per_call
-from pallas_kernels.greedy_sample.gpu import greedy_sample
-from pallas_kernels.greedy_sample.reference import greedy_sample_reference
+from jaxserve.kernels.greedy_sample.gpu import greedy_sample
+from jaxserve.kernels.greedy_sample.reference import greedy_sample_reference
 
 
 def variants(opts) -> dict:

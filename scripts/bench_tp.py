@@ -22,7 +22,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxserve.config import CacheConfig, EngineConfig, SchedulerConfig
-from jaxserve.engine.factory import build_engine
+from jaxserve.assembly import build_engine
 from jaxserve.sampling_params import SamplingParams
 
 

@@ -23,9 +23,9 @@ import jax
 import numpy as np
 
 from jaxserve.cli import add_engine_args, engine_config_from_args
-from jaxserve.engine.factory import build_engine
-from jaxserve.runtime.packing import pack
-from jaxserve.runtime.sampler import SamplerMode, sample
+from jaxserve.assembly import build_engine
+from jaxserve.device.packing import pack
+from jaxserve.device.sampler import SamplerMode, sample
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.tools.device_trace import (capture_trace, kernel_table_json, print_kernel_table,
                                          summarize_trace, total_device_us)

@@ -6,7 +6,7 @@ sampled id. Pure Python, no jax.
 from __future__ import annotations
 
 from .request import Request
-from .scheduled_batch import ScheduledBatch
+from ..messages.scheduled_batch import ScheduledBatch
 
 PLACEHOLDER_TOKEN_ID = -1  # a token sampled by the step in flight, fed from the device
 

@@ -7,7 +7,7 @@ so other requests keep running.
 Async scheduling (scheduler.async_scheduling, on by default): step() schedules and dispatches
 step N+1 before it waits for step N's results, so scheduling, building the inputs and processing
 outputs run while the device computes. Step N+1's decode tokens are step N's samples, fed on
-device (runtime/model_runner.py); each call to step() returns the outputs of the step before.
+device (device/model_runner.py); each call to step() returns the outputs of the step before.
 A request that stopped at step N has computed one more token in step N+1, which is dropped.
 Penalties need every generated id on the host, so a step whose batch holds a penalized request
 waiting for its in-flight token first completes the step in flight (synchronously).
@@ -24,12 +24,12 @@ import numpy as np
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request, RequestStatus
 from jaxserve.engine.request_state import RequestState
-from jaxserve.engine.scheduled_batch import ScheduledBatch
+from jaxserve.messages.scheduled_batch import ScheduledBatch
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.outputs import RequestOutput, TokenLogprob
-from jaxserve.runtime.compile_ledger import CompileLedger
-from jaxserve.runtime.model_runner import HostStepOutput, ModelRunner, StepHandle
-from jaxserve.runtime.step_inputs import PreviousSamples
+from jaxserve.device.compile_ledger import CompileLedger
+from jaxserve.device.model_runner import HostStepOutput, ModelRunner, StepHandle
+from jaxserve.device.step_inputs import PreviousSamples
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.tokenizer.detokenizer import IncrementalDetokenizer
 from jaxserve.tokenizer.tokenizer import Tokenizer
@@ -97,7 +97,7 @@ class EngineStats:
 
 
 class LLMEngine:
-  """Continuous-batching engine over one model. Build it with jaxserve.engine.factory."""
+  """Continuous-batching engine over one model. Build it with jaxserve.assembly."""
 
   def __init__(self, *, tokenizer: Tokenizer, runner: ModelRunner, scheduler: Scheduler,
                allocator: PageAllocator, max_model_len: int, vocab_size: int,

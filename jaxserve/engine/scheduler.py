@@ -67,7 +67,7 @@ from ..config import SchedulerConfig  # relative imports: this side never touche
 from .batch_builder import BatchBuilder
 from .page_allocator import PageAllocator
 from .request import Request, RequestStatus
-from .scheduled_batch import ScheduledBatch
+from ..messages.scheduled_batch import ScheduledBatch
 
 _Planned = tuple[Request, int, int]  # (request, start position, tokens scheduled)
 

@@ -30,7 +30,7 @@ import numpy as np
 from jaxserve.config import DistributedConfig
 from jaxserve.parallel.sharded_runner import constant_array
 from jaxserve.parallel.step_codec import ConstantFn, StepEncoder, decode_step_inputs
-from jaxserve.runtime.step_inputs import StepInputs
+from jaxserve.device.step_inputs import StepInputs
 
 logger = logging.getLogger(__name__)
 

@@ -23,11 +23,11 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from jaxserve.runtime.buckets import BucketSet
-from jaxserve.runtime.kv_cache import KVPages
-from jaxserve.runtime.model_runner import ModelRunner, StepHandle
-from jaxserve.runtime.step_fns import make_forward_fn, make_prompt_logprobs_fn, sample_step
-from jaxserve.runtime.step_inputs import StepInputs, StepShape
+from jaxserve.device.buckets import BucketSet
+from jaxserve.device.kv_cache import KVPages
+from jaxserve.device.model_runner import ModelRunner, StepHandle
+from jaxserve.device.step_fns import make_forward_fn, make_prompt_logprobs_fn, sample_step
+from jaxserve.device.step_inputs import StepInputs, StepShape
 from jaxserve.parallel.partition_rules import logits_sharding, replicated
 
 INVARIANT_COMPILER_OPTIONS = {"xla_allow_excess_precision": False,

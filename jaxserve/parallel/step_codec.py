@@ -13,7 +13,7 @@ import jax
 import msgpack
 import numpy as np
 
-from jaxserve.runtime.step_inputs import StepInputs
+from jaxserve.device.step_inputs import StepInputs
 
 ConstantFn = Callable[[tuple[int, ...], np.dtype, int], jax.Array]
 

@@ -11,7 +11,7 @@ with status 0.
 Multi-host: every host runs `jaxserve serve` with the same settings plus its --process-id (or
 --distributed alone on a Cloud TPU VM, where JAX finds the slice's hosts). All of them join the
 jax.distributed job first; process 0 then builds the engine and serves HTTP, the others run the
-worker loop (jaxserve/parallel/worker.py) and exit 0 after process 0 stops.
+worker loop (jaxserve/follower.py) and exit 0 after process 0 stops.
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(args: argparse.Namespace) -> int:
-  from jaxserve.engine.factory import build_engine
+  from jaxserve.assembly import build_engine
   from jaxserve.parallel.multihost import initialize_distributed, is_worker
   from jaxserve.parallel.sharded_runner import ShardedModelRunner
   from jaxserve.server.app import build_app, serving_state
@@ -81,7 +81,7 @@ def serve(args: argparse.Namespace) -> int:
   config = engine_config_from_args(args)
   initialize_distributed(config.distributed)
   if is_worker():
-    from jaxserve.parallel.worker import run_worker
+    from jaxserve.follower import run_worker
     return run_worker(config)
   server_config = config.server
   start = time.monotonic()

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jaxserve.config import EngineConfig
-from jaxserve.engine.factory import kv_cache_spec, resolve_max_model_len
+from jaxserve.assembly import kv_cache_spec, resolve_max_model_len
 from jaxserve.models.model_config import ModelConfig
-from jaxserve.runtime.kv_cache import CPU_DEFAULT_BYTES, device_memory_budget, page_bytes
+from jaxserve.device.kv_cache import CPU_DEFAULT_BYTES, device_memory_budget, page_bytes
 
 GIB = 2**30
 
@@ -108,7 +108,7 @@ def budget_for(config: EngineConfig, model_config: ModelConfig, memory_gb: float
 
 def engine_num_pages(config: EngineConfig) -> int:
   """Builds the engine on the current device; the page count its allocator got."""
-  from jaxserve.engine.factory import build_engine
+  from jaxserve.assembly import build_engine
   return build_engine(config, show_progress=False).allocator.num_pages
 
 

@@ -12,7 +12,7 @@ import pytest
 from jaxserve.config import SchedulerConfig
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request, RequestStatus
-from jaxserve.engine.scheduled_batch import ScheduledBatch, ScheduledSeq
+from jaxserve.messages.scheduled_batch import ScheduledBatch, ScheduledSeq
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.sampling_params import SamplingParams
 

@@ -8,7 +8,7 @@ import pytest
 from jaxserve.config import DistributedConfig, EngineConfig, SchedulerConfig
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request
-from jaxserve.engine.scheduled_batch import ScheduledSeq
+from jaxserve.messages.scheduled_batch import ScheduledSeq
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.sampling_params import SamplingParams
 

@@ -20,7 +20,7 @@ from jaxserve.config import SchedulerConfig
 from jaxserve.engine.batch_builder import PLACEHOLDER_TOKEN_ID
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request, RequestStatus
-from jaxserve.engine.scheduled_batch import ScheduledBatch
+from jaxserve.messages.scheduled_batch import ScheduledBatch
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.sampling_params import SamplingParams
 

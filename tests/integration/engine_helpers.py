@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from jaxserve.config import CacheConfig, EngineConfig, SchedulerConfig
-from jaxserve.engine.factory import build_engine
+from jaxserve.assembly import build_engine
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from jaxserve.config import EngineConfig
-from jaxserve.engine.factory import build_engine
+from jaxserve.assembly import build_engine
 from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion, small_engine
 

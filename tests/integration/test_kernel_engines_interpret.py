@@ -20,7 +20,7 @@ MAX_MODEL_LEN = 80  # 5 pages of 16
 
 
 def _interpreted(module_name: str) -> backends.AttentionBackend:
-  module = __import__(f"pallas_kernels.ragged_paged_attention.{module_name}",
+  module = __import__(f"jaxserve.kernels.ragged_paged_attention.{module_name}",
                       fromlist=["ragged_paged_attention"])
   return backends.AttentionBackend(
       f"pallas_{module_name} (interpret)",

@@ -10,10 +10,10 @@ import re
 import jax
 import pytest
 
-from jaxserve.engine.factory import build_runner
-from jaxserve.runtime.buckets import Bucket
-from jaxserve.runtime.packing import pack
-from jaxserve.runtime.sampler import SamplerMode
+from jaxserve.assembly import build_runner
+from jaxserve.device.buckets import Bucket
+from jaxserve.device.packing import pack
+from jaxserve.device.sampler import SamplerMode
 from tests.integration.engine_helpers import small_config
 from tests.kernels.test_gpu_lowering import TRITON_CALL_TARGET, _target_gpu
 from tests.kernels.test_tpu_lowering import MOSAIC_CUSTOM_CALL

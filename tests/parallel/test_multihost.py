@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from jaxserve.config import load_config
-from jaxserve.engine.factory import build_engine
+from jaxserve.assembly import build_engine
 from jaxserve.parallel.multihost import JOIN_FAILED_EXIT_CODE
 from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion

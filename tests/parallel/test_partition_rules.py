@@ -13,8 +13,8 @@ from jaxserve.models.weights import hf_tensor_specs
 from jaxserve.parallel.mesh import check_tensor_parallel
 from jaxserve.parallel.partition_rules import param_spec
 from jaxserve.parallel.step_codec import StepEncoder, decode_step_inputs
-from jaxserve.engine.factory import build_runner
-from jaxserve.runtime.buckets import Bucket
+from jaxserve.assembly import build_runner
+from jaxserve.device.buckets import Bucket
 from tests.integration.engine_helpers import small_config
 
 

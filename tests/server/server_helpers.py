@@ -8,7 +8,7 @@ import time
 import uvicorn
 
 from jaxserve.config import ServerConfig
-from jaxserve.engine.factory import build_engine
+from jaxserve.assembly import build_engine
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.server.app import build_app, serving_state
 from jaxserve.server.async_engine import AsyncEngine

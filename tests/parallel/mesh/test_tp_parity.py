@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxserve.engine.factory import build_engine
+from jaxserve.assembly import build_engine
 from tests.integration.engine_helpers import (generate_and_score, hf_greedy,
                                                record_steps_per_dispatch, small_config)
 from tests.models.hf_checkpoints import TOKENIZER_VOCAB_SIZE, TP_FAMILIES, load_hf_model

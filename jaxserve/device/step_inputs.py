@@ -19,9 +19,9 @@ import numpy as np
 
 from jaxserve.attention.metadata import AttentionMetadata
 from jaxserve.engine.request import Request
-from jaxserve.engine.scheduled_batch import ScheduledBatch
+from jaxserve.messages.scheduled_batch import ScheduledBatch
 from jaxserve.engine.batch_builder import PLACEHOLDER_TOKEN_ID
-from jaxserve.runtime.buckets import Bucket
+from jaxserve.device.buckets import Bucket
 
 NUM_BANNED_IDS = 8  # eos + stop_token_ids masked while min_tokens is not reached
 

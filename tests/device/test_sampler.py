@@ -11,10 +11,10 @@ import pytest
 import torch
 from transformers.generation import logits_process as hf
 
-from jaxserve.runtime.sampler import (SamplerMode, _filter_top_k_top_p_min_p, apply_penalties,
+from jaxserve.device.sampler import (SamplerMode, _filter_top_k_top_p_min_p, apply_penalties,
                                       mask_banned, sample)
-from jaxserve.runtime.step_inputs import NUM_BANNED_IDS, SamplingInputs
-from pallas_kernels.greedy_sample.gpu import greedy_sample
+from jaxserve.device.step_inputs import NUM_BANNED_IDS, SamplingInputs
+from jaxserve.kernels.greedy_sample.gpu import greedy_sample
 
 VOCAB = 64
 

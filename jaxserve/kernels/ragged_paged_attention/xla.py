@@ -4,15 +4,15 @@ The dense reference gathers every token's whole block table (num_tokens * max_mo
 rows). This version walks the block tables a few pages at a time with an online softmax and
 stops at the longest live sequence, so a step costs what its contexts hold, not what
 max_model_len allows. Semantics are exactly those of
-pallas_kernels/ragged_paged_attention/reference.py, against which it is tested.
+jaxserve/kernels/ragged_paged_attention/reference.py, against which it is tested.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.ragged_paged_attention.reference import token_positions
-from pallas_kernels.ragged_paged_attention.validate import validate_attention_inputs
+from jaxserve.kernels.ragged_paged_attention.reference import token_positions
+from jaxserve.kernels.ragged_paged_attention.validate import validate_attention_inputs
 
 DEFAULT_PAGES_PER_BLOCK = 8
 

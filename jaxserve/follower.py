@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from jaxserve.config import EngineConfig
-from jaxserve.engine.factory import build_runner, enable_compilation_cache
+from jaxserve.assembly import build_runner, enable_compilation_cache
 from jaxserve.parallel.multihost import StepSubscriber, replicated_constant
 from jaxserve.parallel.sharded_runner import ShardedModelRunner
 

@@ -8,7 +8,7 @@ would block the dispatching host thread until the device reached it):
       place, attends through the configured backend, and computes the float32 logits of each
       sequence's last token. One compilation per (sequences, tokens) bucket.
   sample(logits, sampling_inputs, prev_sampled_ids, mode) -> (SampleOutput, padded ids)
-      Penalties, masking and sampling (runtime/sampler.py); `mode` is static. The sampled ids
+      Penalties, masking and sampling (device/sampler.py); `mode` is static. The sampled ids
       are also returned zero padded to [max_seq_slots], the fixed shape in which the next step
       takes them as decode tokens (async scheduling). One compilation per (sequences, mode).
   prompt_logprobs(params, hidden, target_ids) -> (logprob, top ids, top logprobs)
@@ -23,7 +23,7 @@ would block the dispatching host thread until the device reached it):
       their logprobs [num_steps, S]. One compilation per (bucket, mode) for the decode buckets.
 
 The model inputs are StepInputs without their sampling part, packed into two buffers
-(runtime/packing.py); the sampling inputs are packed on their own, so the sampler's compiled
+(device/packing.py); the sampling inputs are packed on their own, so the sampler's compiled
 shape depends on the sequence count alone.
 """
 from __future__ import annotations
@@ -33,9 +33,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxserve.runtime.kv_cache import KVPages
-from jaxserve.runtime.packing import PackedStepInputs, unpack
-from jaxserve.runtime.sampler import (GreedyFn, SampleOutput, SamplerMode, prompt_logprobs,
+from jaxserve.device.kv_cache import KVPages
+from jaxserve.device.packing import PackedStepInputs, unpack
+from jaxserve.device.sampler import (GreedyFn, SampleOutput, SamplerMode, prompt_logprobs,
                                       sample, xla_greedy)
 
 PROMPT_CHUNKS = (256, 128, 64, 32, 16, 8, 4, 2, 1)

@@ -1,9 +1,9 @@
 """The model runner: owns the params and KV pages on device and runs scheduled steps.
 
-Each step is the jitted functions of runtime/step_fns.py: forward (the model; KV pages donated
+Each step is the jitted functions of device/step_fns.py: forward (the model; KV pages donated
 and updated in place), the sampler compiled for the batch's SamplerMode, and prompt logprobs
 when a request asks. The runner pads each scheduled batch to its bucket, sends the step inputs
-packed into a few buffers (runtime/packing.py) and brings the results to the host in one
+packed into a few buffers (device/packing.py) and brings the results to the host in one
 transfer. warmup() compiles every bucket, every sampler mode of every sequence bucket and the
 prompt-logprob function of every token bucket up front; after it, no batch the scheduler can
 produce triggers a compilation.
@@ -33,14 +33,14 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxserve.engine.request import Request
-from jaxserve.engine.scheduled_batch import ScheduledBatch
-from jaxserve.runtime.buckets import Bucket, BucketSet
-from jaxserve.runtime.kv_cache import KVPages
-from jaxserve.runtime.packing import PackedStepInputs, pack
-from jaxserve.runtime.sampler import GreedyFn, SampleOutput, SamplerMode, xla_greedy
-from jaxserve.runtime.step_fns import (make_burst_fn, make_forward_fn, make_prompt_logprobs_fn,
+from jaxserve.messages.scheduled_batch import ScheduledBatch
+from jaxserve.device.buckets import Bucket, BucketSet
+from jaxserve.device.kv_cache import KVPages
+from jaxserve.device.packing import PackedStepInputs, pack
+from jaxserve.device.sampler import GreedyFn, SampleOutput, SamplerMode, xla_greedy
+from jaxserve.device.step_fns import (make_burst_fn, make_forward_fn, make_prompt_logprobs_fn,
                                        sample_step)
-from jaxserve.runtime.step_inputs import (PreviousSamples, StepInputs, StepShape,
+from jaxserve.device.step_inputs import (PreviousSamples, StepInputs, StepShape,
                                           build_step_inputs)
 
 logger = logging.getLogger(__name__)

@@ -28,14 +28,14 @@ from jaxserve.models.invariant_dense import REDUCTION_GROUPS
 from jaxserve.models.llama import LlamaForCausalLM
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.registry import LoadedModel, load_model
-from jaxserve.runtime.buckets import Bucket, BucketSet
-from jaxserve.runtime.compile_ledger import CompileLedger
-from jaxserve.runtime.kv_cache import (KVCacheSpec, allocate_kv_pages, device_memory_budget,
+from jaxserve.device.buckets import Bucket, BucketSet
+from jaxserve.device.compile_ledger import CompileLedger
+from jaxserve.device.kv_cache import (KVCacheSpec, allocate_kv_pages, device_memory_budget,
                                        page_bytes, plan_num_pages)
-from jaxserve.runtime.model_runner import ModelRunner
-from jaxserve.runtime.sampler import GreedyFn, xla_greedy
+from jaxserve.device.model_runner import ModelRunner
+from jaxserve.device.sampler import GreedyFn, xla_greedy
 from jaxserve.parallel.sharded_runner import StepSink
-from jaxserve.runtime.step_inputs import StepShape
+from jaxserve.device.step_inputs import StepShape
 from jaxserve.tokenizer.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ def greedy_sampler(backend: str) -> GreedyFn:
   kernel runs in interpret mode off a GPU)."""
   if backend == "xla":
     return xla_greedy
-  from pallas_kernels.greedy_sample.gpu import greedy_sample
+  from jaxserve.kernels.greedy_sample.gpu import greedy_sample
   return functools.partial(greedy_sample, interpret=jax.default_backend() != "gpu")
 
 
@@ -217,7 +217,7 @@ def build_engine(config: EngineConfig, *, show_progress: bool = True) -> LLMEngi
     from jaxserve.parallel.multihost import StepPublisher, is_worker
     if is_worker():
       raise ValueError(f"distributed: process {jax.process_index()} is a worker; only process 0 "
-                       "builds the engine (workers run jaxserve.parallel.worker.run_worker)")
+                       "builds the engine (workers run jaxserve.follower.run_worker)")
     publisher = StepPublisher()
   built = build_runner(config, agree_num_pages=publisher and publisher.agree_num_pages,
                        publisher=publisher)

@@ -10,7 +10,7 @@ A request's key is fold_in(key(seed), tokens generated so far): the same seed gi
 tokens whatever the batch mates. Logprobs are those of the model's raw distribution.
 
 The greedy pick and the log-normalizer come from a GreedyFn: XLA's argmax and logsumexp
-(xla_greedy), or on GPUs the Pallas kernel of pallas_kernels/greedy_sample, which reads the
+(xla_greedy), or on GPUs the Pallas kernel of jaxserve/kernels/greedy_sample, which reads the
 logits once (a 512-row batch over a 128k vocabulary is 263 MB of float32 logits every decode
 step; XLA reads them three times). The engine picks it (EngineConfig.sampler_backend).
 """
@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.runtime.step_inputs import SamplingInputs
+from jaxserve.device.step_inputs import SamplingInputs
 from jaxserve.sampling_params import MAX_LOGPROBS
 
 NEG_INF = -jnp.inf
@@ -138,7 +138,7 @@ def sample(logits: jax.Array, s: SamplingInputs, mode: SamplerMode,
   """logits f32[S, V] (one row per sequence slot) -> sampled ids and logprobs. `mode` must
   cover the batch (SamplerMode.of(s)); a part it leaves out is not computed. `greedy` gives the
   greedy pick and the log-normalizer of batches without penalties (the Pallas GPU kernel
-  pallas_kernels/greedy_sample reads the logits once)."""
+  jaxserve/kernels/greedy_sample reads the logits once)."""
   raw_logits = logits
   if mode.penalties:
     logits = apply_penalties(logits, s)

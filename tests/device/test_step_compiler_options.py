@@ -6,8 +6,8 @@ import jax
 import pytest
 
 from jaxserve.config import EngineConfig
-from jaxserve.engine.factory import greedy_sampler, sampler_backend, step_compiler_options
-from jaxserve.runtime.sampler import xla_greedy
+from jaxserve.assembly import greedy_sampler, sampler_backend, step_compiler_options
+from jaxserve.device.sampler import xla_greedy
 
 
 def test_gpu_gemm_options():
