@@ -1,14 +1,20 @@
-"""Builds an LLMEngine from an EngineConfig: model, tokenizer, KV pool, scheduler, runner, warmup.
+"""The composition root: builds an LLMEngine from an EngineConfig, and the device side alone for
+the other hosts of a multi-host job (jaxserve/follower.py). The only module that knows every
+package: models, attention, kernels, parallel, device, engine and tokenizer meet here, and
+nowhere else.
 
-Everything the server logs at start-up (model, buckets, KV pages, warmup time) is decided here.
-With tensor_parallel_size > 1, or on a multi-host job, the device side is laid out over a mesh
-(jaxserve/parallel/): params loaded into their shards, KV pages sharded by kv head, attention
-shard_mapped, and the step jitted with explicit shardings. On a multi-host job process 0 builds the
-engine and the other processes build only the runner (`build_runner`) and follow its steps.
+Everything the server logs at start-up (model, buckets, KV pages, warmup time) is decided here:
+1. load the model (load_placement): on one device, or laid out over a mesh when
+   tensor_parallel_size > 1, on a multi-host job, or with tp_invariant_reductions (which runs
+   the sharded path even at tp = 1, so every tensor_parallel_size compiles the same step with
+   the same options). Either way the result is one Placement: params on device, the attention
+   and dense backends, and the KV pages' sharding;
+2. size and allocate the KV pool, build the step programs (device/step_programs.py) with the
+   placement's shardings, and the ModelRunner (build_device -> DeviceBundle);
+3. on process 0 only: tokenizer, page allocator, scheduler, warmup, LLMEngine (build_engine).
 """
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
@@ -18,51 +24,26 @@ from typing import Callable
 import jax
 import numpy as np
 
-from jaxserve.attention.backends import get_attention_backend, head_count_invariant
 from jaxserve.config import EngineConfig
-from jaxserve.engine.llm_engine import LLMEngine
-from jaxserve.engine.page_allocator import PageAllocator
-from jaxserve.engine.scheduler import Scheduler
-from jaxserve.models.fused_projections import fuse_params
-from jaxserve.models.invariant_dense import REDUCTION_GROUPS
-from jaxserve.models.llama import LlamaForCausalLM
-from jaxserve.models.model_config import ModelConfig
-from jaxserve.models.registry import LoadedModel, load_model
 from jaxserve.device.buckets import Bucket, BucketSet
 from jaxserve.device.compile_ledger import CompileLedger
 from jaxserve.device.kv_cache import (KVCacheSpec, allocate_kv_pages, device_memory_budget,
-                                       page_bytes, plan_num_pages)
-from jaxserve.device.model_runner import ModelRunner
-from jaxserve.device.sampler import GreedyFn, xla_greedy
-from jaxserve.parallel.sharded_runner import StepSink
+                                      kv_cache_spec, resolve_max_model_len)
+from jaxserve.device.lowering import temp_bytes
+from jaxserve.device.model_runner import ModelRunner, StepSink
 from jaxserve.device.step_inputs import StepShape
-from jaxserve.tokenizer.tokenizer import load_tokenizer
+from jaxserve.device.step_options import greedy_sampler, sampler_backend, step_compiler_options
+from jaxserve.device.step_programs import StepShardings, build_step_programs
+from jaxserve.device.warmup import warmup
+from jaxserve.engine.llm_engine import LLMEngine
+from jaxserve.engine.page_allocator import PageAllocator
+from jaxserve.engine.scheduler import Scheduler
+from jaxserve.models.model_config import ModelConfig
+from jaxserve.models.registry import load_model_tokenizer
+from jaxserve.parallel.multihost import StepPublisher, is_worker
+from jaxserve.parallel.placement import Placement, load_placement
 
 logger = logging.getLogger(__name__)
-
-
-def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> int:
-  limit = model_config.max_position_embeddings
-  if config.max_model_len is None:
-    return limit
-  if config.max_model_len > limit:
-    raise ValueError(f"max_model_len: {config.max_model_len} exceeds the model's "
-                     f"max_position_embeddings {limit}")
-  return config.max_model_len
-
-
-def kv_cache_spec(config: EngineConfig, model_config: ModelConfig, max_model_len: int,
-                  free_bytes: int | None, num_shards: int = 1) -> KVCacheSpec:
-  """The pool's spec; free_bytes is one device's, which holds 1/num_shards of every page."""
-  page_size = config.cache.page_size
-  per_page = page_bytes(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim,
-                        page_size, model_config.dtype) // num_shards
-  num_pages = plan_num_pages(config.cache, per_page, free_bytes)
-  if free_bytes is None and config.cache.num_pages is None and config.cache.memory_bytes is None:
-    enough = config.scheduler.max_num_seqs * math.ceil(max_model_len / page_size) + 1
-    num_pages = min(num_pages, enough)
-  return KVCacheSpec(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim,
-                     page_size, num_pages, model_config.dtype)
 
 
 def enable_compilation_cache(directory: str | None) -> None:
@@ -76,132 +57,71 @@ def enable_compilation_cache(directory: str | None) -> None:
 
 
 @dataclass(frozen=True)
-class BuiltRunner:
-  """The device side of an engine: what build_runner made."""
+class DeviceBundle:
+  """The device side of an engine: what build_device made (sharded or not)."""
   model_config: ModelConfig
   runner: ModelRunner
   spec: KVCacheSpec
   max_model_len: int
 
 
-def _is_sharded(config: EngineConfig) -> bool:
-  """tp_invariant_reductions runs the sharded path even at tp = 1 (a one-device mesh), so every
-  tensor_parallel_size compiles the same step with the same options (sharded_runner)."""
-  return (config.tensor_parallel_size > 1 or jax.process_count() > 1
-          or config.tp_invariant_reductions)
-
-
-def build_runner(config: EngineConfig, *,
+def build_device(config: EngineConfig, *,
                  agree_num_pages: Callable[[int], int] | None = None,
-                 publisher: StepSink | None = None) -> BuiltRunner:
+                 publisher: StepSink | None = None) -> DeviceBundle:
   """Loads the model, sizes and allocates the KV pool and builds the (unwarmed) runner.
 
   agree_num_pages(local) -> num_pages lets the hosts of a multi-host job settle on one pool size;
   publisher.publish(inputs) runs before each step (process 0 sends the step to the other hosts)."""
-  dense = None
-  if _is_sharded(config):
-    from jaxserve.parallel.mesh import build_mesh
-    from jaxserve.parallel.partition_rules import kv_pages_sharding
-    from jaxserve.parallel.sharded_attention import shard_attention_backend
-    from jaxserve.parallel.sharded_dense import shard_dense_backend
-    from jaxserve.parallel.sharded_loading import load_model_sharded
-    from jaxserve.parallel.sharded_runner import ShardedModelRunner
-    mesh = build_mesh(config.tensor_parallel_size)
-    loaded = load_model_sharded(config.model, config.dtype, mesh,
-                                tp_invariant_reductions=config.tp_invariant_reductions)
-    backend = get_attention_backend(config.attention_backend)
-    if config.tp_invariant_reductions:
-      backend = head_count_invariant(backend)
-      dense = shard_dense_backend(mesh, REDUCTION_GROUPS)
-    backend = shard_attention_backend(backend, mesh)
-    kv_sharding, num_shards = kv_pages_sharding(mesh), config.tensor_parallel_size
-  else:
-    loaded = load_model(config.model, config.dtype)
-    model_config = loaded.config.replace(tp_invariant_reductions=config.tp_invariant_reductions,
-                                         fused_projections=config.fuse_projections)
-    params, source = dict(jax.device_put(loaded.params)), loaded.source
-    del loaded  # `params` alone holds the weights: fusing frees each layer's separate kernels
-    if config.fuse_projections:
-      fuse_params(params)
-    loaded = LoadedModel(model_config, params, source)
-    backend = get_attention_backend(config.attention_backend)
-    kv_sharding, num_shards = None, 1
-  model_config = loaded.config
+  placement = load_placement(config)
+  model_config, params = placement.model.config, placement.model.params
   max_model_len = resolve_max_model_len(config, model_config)
-  num_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(loaded.params))
+  num_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
   logger.info("model %s: %s, %.1fM params, %s, attention backend %s", config.model,
-              model_config.architecture, num_params / 1e6, model_config.dtype, backend.name)
-
+              model_config.architecture, num_params / 1e6, model_config.dtype,
+              placement.attention.name)
   buckets = BucketSet.from_config(config.scheduler)
-  model = LlamaForCausalLM(model_config, backend, dense)
+  model = placement.module()
+  page_size = config.cache.page_size
+  shape = StepShape(page_size, math.ceil(max_model_len / page_size), max_model_len)
   free_bytes = device_memory_budget()
-  if free_bytes is not None and kv_sharding is None and config.cache.num_pages is None \
+  if free_bytes is not None and placement.mesh is None and config.cache.num_pages is None \
       and config.cache.memory_bytes is None:
-    free_bytes -= _step_scratch_bytes(config, model_config, model, loaded.params, buckets,
-                                      max_model_len)
-  spec = kv_cache_spec(config, model_config, max_model_len, free_bytes, num_shards)
+    free_bytes -= _step_scratch_bytes(config, placement, buckets, shape)
+  spec = kv_cache_spec(config, model_config, max_model_len, free_bytes, placement.num_shards)
   if agree_num_pages is not None:
     spec = KVCacheSpec(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.page_size,
                        agree_num_pages(spec.num_pages), spec.dtype)
-  kv_pages = allocate_kv_pages(spec, kv_sharding)
+  kv_pages = allocate_kv_pages(spec, placement.kv_sharding)
   logger.info("KV cache: %d pages of %d tokens (%d usable tokens, %.1f MiB%s), max_model_len %d",
               spec.num_pages, spec.page_size, (spec.num_pages - 1) * spec.page_size,
-              spec.total_bytes / 2**20, f" over {num_shards} shards" if num_shards > 1 else "",
+              spec.total_bytes / 2**20,
+              f" over {placement.num_shards} shards" if placement.num_shards > 1 else "",
               max_model_len)
-  shape = StepShape(spec.page_size, math.ceil(max_model_len / spec.page_size), max_model_len)
   options = step_compiler_options(config)
-  if kv_sharding is None:
-    sampler = sampler_backend(config, sharded=False)
+  sampler = sampler_backend(config, sharded=placement.mesh is not None)
+  if placement.mesh is None:
     logger.info("sampler backend %s, step XLA options %s", sampler, options)
-    runner = ModelRunner(model, loaded.params, kv_pages, buckets, shape, options,
-                         greedy_sampler(sampler))
-  else:
-    runner = ShardedModelRunner(model, loaded.params, kv_pages, buckets, shape, mesh, publisher,
-                                options)
-  runner.set_burst_steps(config.scheduler.num_scheduler_steps)
-  return BuiltRunner(model_config, runner, spec, max_model_len)
+  shardings = placement.step_shardings(kv_pages)
+  programs = build_step_programs(
+      model, shardings, burst_steps=config.scheduler.num_scheduler_steps, page_size=page_size,
+      greedy=greedy_sampler(sampler if shardings is None else "xla"), compiler_options=options)
+  runner = ModelRunner(model, params, kv_pages, buckets, shape, programs, publisher)
+  return DeviceBundle(model_config, runner, spec, max_model_len)
 
 
-def step_compiler_options(config: EngineConfig) -> dict[str, object] | None:
-  """XLA options of the step programs: on GPUs with gpu_gemm "cublas" or "cublaslt", no Triton
-  GEMM fusions, and with "cublaslt" GEMMs called through cuBLASLt."""
-  if jax.default_backend() != "gpu" or config.gpu_gemm == "xla":
-    return None
-  options: dict[str, object] = {"xla_gpu_enable_triton_gemm": False}
-  if config.gpu_gemm == "cublaslt":
-    options["xla_gpu_enable_cublaslt"] = True
-  return options
-
-
-def sampler_backend(config: EngineConfig, sharded: bool) -> str:
-  """EngineConfig.sampler_backend with "auto" resolved: the Pallas kernel for unsharded models
-  on GPUs, XLA elsewhere."""
-  if config.sampler_backend != "auto":
-    return config.sampler_backend
-  return "pallas_gpu" if jax.default_backend() == "gpu" and not sharded else "xla"
-
-
-def greedy_sampler(backend: str) -> GreedyFn:
-  """The sampler's greedy pick and log-normalizer for a resolved sampler backend (the Pallas
-  kernel runs in interpret mode off a GPU)."""
-  if backend == "xla":
-    return xla_greedy
-  from jaxserve.kernels.greedy_sample.gpu import greedy_sample
-  return functools.partial(greedy_sample, interpret=jax.default_backend() != "gpu")
-
-
-def _step_scratch_bytes(config: EngineConfig, model_config: ModelConfig, model, params,
-                        buckets: BucketSet, max_model_len: int) -> int:
+def _step_scratch_bytes(config: EngineConfig, placement: Placement, buckets: BucketSet,
+                        shape: StepShape) -> int:
   """Device scratch the largest bucket's step needs (compiled once against a 2-page pool), plus
   a quarter for fragmentation: the KV pool is sized from what is left."""
-  page_size = config.cache.page_size
+  model_config = placement.model.config
   probe_spec = KVCacheSpec(model_config.num_layers, model_config.num_kv_heads,
-                           model_config.head_dim, page_size, 2, model_config.dtype)
-  shape = StepShape(page_size, math.ceil(max_model_len / page_size), max_model_len)
-  probe = ModelRunner(model, params, allocate_kv_pages(probe_spec), buckets, shape,
-                      step_compiler_options(config))
+                           model_config.head_dim, shape.page_size, 2, model_config.dtype)
+  model = placement.module()
+  programs = build_step_programs(model, compiler_options=step_compiler_options(config))
+  probe = ModelRunner(model, placement.model.params, allocate_kv_pages(probe_spec), buckets,
+                      shape, programs)
   largest = Bucket(buckets.seq_buckets[-1], buckets.token_buckets[-1])
-  scratch = probe.temp_bytes(largest) or 0
+  scratch = temp_bytes(probe, largest) or 0
   logger.info("step scratch memory: %.2f GiB for bucket %s (reserved before sizing the KV pool)",
               scratch / 2**30, largest)
   return int(scratch * 1.25)
@@ -214,21 +134,20 @@ def build_engine(config: EngineConfig, *, show_progress: bool = True) -> LLMEngi
   ledger = CompileLedger().start()
   publisher = None
   if jax.process_count() > 1:
-    from jaxserve.parallel.multihost import StepPublisher, is_worker
     if is_worker():
       raise ValueError(f"distributed: process {jax.process_index()} is a worker; only process 0 "
-                       "builds the engine (workers run jaxserve.follower.run_worker)")
+                       "builds the engine (workers run jaxserve.follower.run_follower)")
     publisher = StepPublisher()
-  built = build_runner(config, agree_num_pages=publisher and publisher.agree_num_pages,
-                       publisher=publisher)
-  model_config, runner, spec = built.model_config, built.runner, built.spec
-  tokenizer = load_tokenizer(config.model)
+  device = build_device(config, agree_num_pages=publisher and publisher.agree_num_pages,
+                        publisher=publisher)
+  model_config, runner, spec = device.model_config, device.runner, device.spec
+  tokenizer = load_model_tokenizer(config.model)
   allocator = PageAllocator(spec.num_pages, spec.page_size, config.scheduler.enable_prefix_caching)
-  scheduler = Scheduler(config.scheduler, allocator, built.max_model_len)
+  scheduler = Scheduler(config.scheduler, allocator, device.max_model_len)
   logger.info("buckets: %s", runner.buckets.describe())
-  warmup_seconds = runner.warmup(show_progress=show_progress)
+  warmup_seconds = warmup(runner, show_progress=show_progress)
   eos = tuple(dict.fromkeys(tuple(model_config.eos_token_ids) + tuple(tokenizer.eos_token_ids)))
   return LLMEngine(tokenizer=tokenizer, runner=runner, scheduler=scheduler, allocator=allocator,
-                   max_model_len=built.max_model_len, vocab_size=model_config.vocab_size,
+                   max_model_len=device.max_model_len, vocab_size=model_config.vocab_size,
                    eos_token_ids=eos, ledger=ledger, seed=config.seed, model_name=config.model,
                    warmup_seconds=warmup_seconds)

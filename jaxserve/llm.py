@@ -43,7 +43,8 @@ class LLM:
     queued_tokens, started = 0, False
     try:
       for i, (ids, params) in enumerate(zip(encoded, params_list)):
-        request_ids.append([self._add(ids, params, i, k) for k in range(params.n)])
+        request_ids.append([self._add(ids, child, i, k)
+                            for k, child in enumerate(params.expand_n())])
         queued_tokens += len(ids) * params.n
         if not started and queued_tokens >= first_step_tokens and self.engine.async_scheduling:
           # The first step's prompts are queued (admission is first come, first served within
@@ -62,8 +63,6 @@ class LLM:
 
   def _add(self, prompt_ids: list[int], params: SamplingParams, prompt_index: int,
            sample_index: int) -> str:
-    if params.n > 1 and params.seed is not None:
-      params = params.replace(seed=params.seed + sample_index)
     rid = f"offline-{id(self)}-{prompt_index}-{sample_index}-{self.engine.next_request_number()}"
     return self.engine.add_request(prompt_ids, params, request_id=rid, stream=False)
 

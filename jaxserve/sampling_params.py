@@ -89,6 +89,13 @@ class SamplingParams:
     return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0)
 
+  def expand_n(self) -> tuple["SamplingParams", ...]:
+    """The n one-sample requests these params stand for (the one rule, used by the server and
+    LLM): child k has n=1 and, with a seed, seed + k, so a fixed seed gives n different,
+    reproducible samples."""
+    return tuple(self.replace(n=1, seed=None if self.seed is None else self.seed + k)
+                 for k in range(self.n))
+
   def replace(self, **changes) -> "SamplingParams":
     return dataclasses.replace(self, **changes)
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from jaxserve.cli import add_engine_args, engine_config_from_args
 from jaxserve.assembly import build_engine
+from jaxserve.device.lowering import lower_step
 from jaxserve.device.packing import pack
 from jaxserve.device.sampler import SamplerMode, sample
 from jaxserve.sampling_params import SamplingParams
@@ -90,7 +91,7 @@ def main() -> None:
     engine.step()
   runner = engine.runner
   batch = engine.scheduler.schedule()
-  inputs = runner.prepare(batch, engine._requests)
+  inputs = runner.prepare(batch)
   model = runner.model
   compute_logits = type(model).compute_logits
   params = runner.params  # an argument, never a closure: captured weights become constants
@@ -178,7 +179,7 @@ def trace_step(runner, inputs, top: int, trace_dir: str | None, reps: int,
 def trace_ops(runner, inputs, logdir: str, top: int, reps: int) -> list[dict]:
   """The traced step's device time per XLA instruction, each described from the compiled
   programs' HLO (opcode, result shape, JAX op path)."""
-  table = instructions(program.compile().as_text() for program in runner.lower_step(inputs))
+  table = instructions(program.compile().as_text() for program in lower_step(runner, inputs))
   rows = summarize_trace(logdir, by_op=True)
   print(f"\ntop XLA instructions of the step ({reps} executions):")
   print(f"{'instruction':32s} {'us/exec':>9s} {'share':>6s}  what")

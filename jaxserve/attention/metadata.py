@@ -1,9 +1,14 @@
-"""Attention metadata of one ragged step: an explicit pytree argument, never module state."""
+"""The attention contract's data: the paged KV cache (KVPages) and the metadata of one ragged
+step (an explicit pytree argument, never module state). Shared by the model (models/llama.py),
+the KV pool (device/kv_cache.py) and every kernel variant."""
 from __future__ import annotations
 
 import dataclasses
 
 import jax
+
+KVPages = tuple[tuple[jax.Array, jax.Array], ...]  # per layer (k_pages, v_pages), each
+                                                   # [num_kv_heads, num_pages, page_size, head_dim]
 
 
 @dataclasses.dataclass(frozen=True)

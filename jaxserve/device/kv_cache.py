@@ -13,10 +13,11 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from jaxserve.config import CacheConfig
+from jaxserve.attention.metadata import KVPages
+from jaxserve.config import CacheConfig, EngineConfig
+from jaxserve.models.model_config import ModelConfig
 
 CPU_DEFAULT_BYTES = 256 << 20
-KVPages = tuple[tuple[jax.Array, jax.Array], ...]
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,30 @@ def plan_num_pages(config: CacheConfig, bytes_per_page: int, free_bytes: int | N
     raise ValueError(f"cache: a budget of {budget} bytes holds {num_pages} pages of "
                      f"{bytes_per_page} bytes; need at least 2")
   return int(num_pages)
+
+
+def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> int:
+  limit = model_config.max_position_embeddings
+  if config.max_model_len is None:
+    return limit
+  if config.max_model_len > limit:
+    raise ValueError(f"max_model_len: {config.max_model_len} exceeds the model's "
+                     f"max_position_embeddings {limit}")
+  return config.max_model_len
+
+
+def kv_cache_spec(config: EngineConfig, model_config: ModelConfig, max_model_len: int,
+                  free_bytes: int | None, num_shards: int = 1) -> KVCacheSpec:
+  """The pool's spec; free_bytes is one device's, which holds 1/num_shards of every page."""
+  page_size = config.cache.page_size
+  per_page = page_bytes(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim,
+                        page_size, model_config.dtype) // num_shards
+  num_pages = plan_num_pages(config.cache, per_page, free_bytes)
+  if free_bytes is None and config.cache.num_pages is None and config.cache.memory_bytes is None:
+    enough = config.scheduler.max_num_seqs * math.ceil(max_model_len / page_size) + 1
+    num_pages = min(num_pages, enough)
+  return KVCacheSpec(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim,
+                     page_size, num_pages, model_config.dtype)
 
 
 def pages_for_tokens(num_tokens: int, page_size: int) -> int:

@@ -1,7 +1,8 @@
-"""The one place a scheduled batch becomes fixed-shape step inputs.
+"""The one place a scheduled batch becomes fixed-shape step inputs (host numpy, device side).
 
 build_step_inputs() pads a ScheduledBatch to its bucket (S sequence slots, T token slots) and
-returns numpy arrays only; the jitted step never sees a Python list or a shape that is not a
+returns numpy arrays only, from the batch's columns alone (no Request: the batch is the whole
+host-to-device message); the jitted step never sees a Python list or a shape that is not a
 bucket. Padding tokens write into the null page 0 and padding sequences have no queries.
 
 A decode token the previous step sampled but the host has not read yet (async scheduling: the
@@ -18,9 +19,8 @@ import jax
 import numpy as np
 
 from jaxserve.attention.metadata import AttentionMetadata
-from jaxserve.engine.request import Request
-from jaxserve.messages.scheduled_batch import ScheduledBatch
-from jaxserve.engine.batch_builder import PLACEHOLDER_TOKEN_ID
+from jaxserve.messages.scheduled_batch import (PLACEHOLDER_TOKEN_ID, SAMPLING_ROW_WIDTH,
+                                               BatchSampling, ScheduledBatch)
 from jaxserve.device.buckets import Bucket
 
 NUM_BANNED_IDS = 8  # eos + stop_token_ids masked while min_tokens is not reached
@@ -86,53 +86,52 @@ class StepShape:
   history_len: int  # max_model_len: width of the penalty history when penalties are on
 
 
-def build_step_inputs(batch: ScheduledBatch, requests: Mapping[str, Request], bucket: Bucket,
-                      shape: StepShape, previous: PreviousSamples,
+def build_step_inputs(batch: ScheduledBatch, bucket: Bucket, shape: StepShape,
+                      previous: PreviousSamples,
                       empty_history: Callable[[int], np.ndarray] | None = None) -> StepInputs:
   """Pads `batch` to `bucket`. empty_history(S) supplies the [S, H] all -1 history used when no
   request penalizes (the runner passes a cached device array, so nothing is transferred).
   Placeholder tokens are taken from `previous`. Vectorized over sequences: each of the batch's
-  columns becomes one array; the per-sequence Python work is gathering request fields."""
+  columns becomes one array; only the sparse sampling extras are visited one by one."""
   num_slots, num_token_slots = bucket.num_seqs, bucket.num_tokens
   num_seqs = batch.num_seqs
-  q_lens = np.array(batch.query_lens, np.int32).reshape(num_seqs)
-  starts = np.array(batch.start_positions, np.int32).reshape(num_seqs)
+  q_lens = np.array(batch.query_lens, np.int32).reshape(num_seqs)                # [S live]
+  starts = np.array(batch.start_positions, np.int32).reshape(num_seqs)           # [S live]
   num_live = batch.num_tokens
-  query_start_loc = np.full(num_slots + 1, num_live, np.int32)
+  query_start_loc = np.full(num_slots + 1, num_live, np.int32)                    # [S + 1]
   query_start_loc[0] = 0
   np.cumsum(q_lens, out=query_start_loc[1:num_seqs + 1])
   seq_of_token = np.repeat(np.arange(num_seqs, dtype=np.int32), q_lens)          # [live T]
   live_positions = (np.arange(num_live, dtype=np.int32) - query_start_loc[seq_of_token]
-                    + starts[seq_of_token])
+                    + starts[seq_of_token])                                      # [live T]
 
   page_counts = np.array(batch.page_counts, np.int32).reshape(num_seqs)
   flat_pages = np.array(batch.page_ids, np.int32).reshape(-1)
   page_rows = np.repeat(np.arange(num_seqs), page_counts)
   page_cols = np.arange(flat_pages.size) - np.repeat(np.cumsum(page_counts) - page_counts,
                                                      page_counts)
-  block_tables = np.zeros((num_slots, shape.pages_per_seq), np.int32)
+  block_tables = np.zeros((num_slots, shape.pages_per_seq), np.int32)        # [S, pages_per_seq]
   block_tables[page_rows, page_cols] = flat_pages
 
-  token_ids = np.zeros(num_token_slots, np.int32)
+  token_ids = np.zeros(num_token_slots, np.int32)                                # [T]
   token_ids[:num_live] = batch.token_ids
   prev_token_rows = _previous_rows(token_ids[:num_live], seq_of_token, batch.request_ids, previous,
                                    num_token_slots)
-  positions = np.zeros(num_token_slots, np.int32)
+  positions = np.zeros(num_token_slots, np.int32)                                # [T]
   positions[:num_live] = live_positions
-  slot_mapping = np.zeros(num_token_slots, np.int32)
+  slot_mapping = np.zeros(num_token_slots, np.int32)                             # [T]
   page_of_token = block_tables[seq_of_token, live_positions // shape.page_size]
   slot_mapping[:num_live] = page_of_token * shape.page_size + live_positions % shape.page_size
-  seq_lens = np.zeros(num_slots, np.int32)
+  seq_lens = np.zeros(num_slots, np.int32)                                       # [S]
   seq_lens[:num_seqs] = starts + q_lens
-  logits_indices = np.zeros(num_slots, np.int32)
+  logits_indices = np.zeros(num_slots, np.int32)                                 # [S]
   logits_indices[:num_seqs] = query_start_loc[1:num_seqs + 1] - 1
 
-  batch_requests = [requests[r] for r in batch.request_ids]
-  prompt_targets = np.full(num_token_slots, -1, np.int32)
-  for i, request in _special_rows(batch_requests):
-    if request.sampling_params.prompt_logprobs is not None:
-      span = slice(query_start_loc[i], query_start_loc[i + 1])
-      _fill_prompt_targets(prompt_targets[span], positions[span], request)
+  prompt_targets = np.full(num_token_slots, -1, np.int32)                        # [T]
+  for extras in batch.sampling.extras:
+    if extras.prompt_targets is not None:
+      prompt_targets[query_start_loc[extras.row]:query_start_loc[extras.row + 1]] = (
+          extras.prompt_targets)
   metadata = AttentionMetadata(block_tables=block_tables, seq_lens=seq_lens,
                                query_start_loc=query_start_loc,
                                num_seqs=np.array([num_seqs], np.int32))
@@ -141,7 +140,8 @@ def build_step_inputs(batch: ScheduledBatch, requests: Mapping[str, Request], bu
                     slot_mapping=slot_mapping,
                     prompt_target_ids=prompt_targets, logits_indices=logits_indices,
                     metadata=metadata,
-                    sampling=_sampling_inputs(batch_requests, num_slots, shape, empty_history))
+                    sampling=_sampling_inputs(batch.sampling, num_seqs, num_slots, shape,
+                                              empty_history))
 
 
 def _previous_rows(live_token_ids: np.ndarray, seq_of_token: np.ndarray,
@@ -149,7 +149,7 @@ def _previous_rows(live_token_ids: np.ndarray, seq_of_token: np.ndarray,
                    num_token_slots: int) -> np.ndarray:
   """-1 everywhere but at placeholder tokens, which get their row in previous.sampled_ids (and
   are zeroed in live_token_ids, in place)."""
-  rows = np.full(num_token_slots, -1, np.int32)
+  rows = np.full(num_token_slots, -1, np.int32)                                  # [T]
   slots = np.flatnonzero(live_token_ids == PLACEHOLDER_TOKEN_ID)
   slot_request_ids = map(request_ids.__getitem__, seq_of_token[slots].tolist())
   try:
@@ -161,54 +161,36 @@ def _previous_rows(live_token_ids: np.ndarray, seq_of_token: np.ndarray,
   return rows
 
 
-def _fill_prompt_targets(out: np.ndarray, positions: np.ndarray, request: Request) -> None:
-  prompt = request.prompt_token_ids
-  for j, p in enumerate(positions):
-    if p + 1 < len(prompt):
-      out[j] = prompt[p + 1]
-
-
-def _special_rows(batch_requests: list[Request]) -> list[tuple[int, Request]]:
-  """(row, request) of the requests whose sampling needs more than their sampling_row."""
-  return [(i, r) for i, r in enumerate(batch_requests) if not r.plain_sampling]
-
-
-def _sampling_inputs(batch_requests: list[Request], num_slots: int, shape: StepShape,
+def _sampling_inputs(sampling: BatchSampling, num_seqs: int, num_slots: int, shape: StepShape,
                      empty_history) -> SamplingInputs:
-  num_seqs = len(batch_requests)
-  table = np.frombuffer(b"".join([r.sampling_row_bytes for r in batch_requests]),
-                        np.float64).reshape(num_seqs, 8)   # [S, 8] of sampling_row
-  floats = np.zeros((num_slots, 6), np.float32)
+  table = np.frombuffer(sampling.rows, np.float64).reshape(
+      num_seqs, SAMPLING_ROW_WIDTH)                                       # [S live, 8]
+  floats = np.zeros((num_slots, 6), np.float32)                          # [S, 6]
   floats[:, 1] = 1.0  # top_p
   floats[:, 3] = 1.0  # repetition_penalty
   floats[:num_seqs] = table[:, :6]
-  top_k = np.zeros(num_slots, np.int32)
-  seeds = np.zeros(num_slots, np.uint32)
-  sample_index = np.zeros(num_slots, np.int32)
+  top_k = np.zeros(num_slots, np.int32)                                  # [S]
+  seeds = np.zeros(num_slots, np.uint32)                                 # [S]
+  sample_index = np.zeros(num_slots, np.int32)                           # [S]
   top_k[:num_seqs] = table[:, 6]
   seeds[:num_seqs] = table[:, 7]
-  sample_index[:num_seqs] = [r.num_generated for r in batch_requests]
-  banned = np.full((num_slots, NUM_BANNED_IDS), -1, np.int32)
-  penalized = []
+  sample_index[:num_seqs] = sampling.sample_index
+  banned = np.full((num_slots, NUM_BANNED_IDS), -1, np.int32)           # [S, NUM_BANNED_IDS]
+  penalized = [e for e in sampling.extras if e.penalty_prompt_ids is not None]
   want_top = want_prompt = False
-  for i, request in _special_rows(batch_requests):
-    params = request.sampling_params
-    if params.min_tokens and request.num_generated < params.min_tokens:
-      ids = ((() if params.ignore_eos else request.eos_token_ids)
-             + params.stop_token_ids)[:NUM_BANNED_IDS]
-      banned[i, :len(ids)] = ids
-    if params.uses_penalties:
-      penalized.append((i, request))
-    want_top |= params.logprobs is not None and params.logprobs > 0
-    want_prompt |= params.prompt_logprobs is not None
+  for extras in sampling.extras:
+    ids = extras.banned_ids[:NUM_BANNED_IDS]
+    banned[extras.row, :len(ids)] = ids
+    want_top |= extras.top_logprobs
+    want_prompt |= extras.prompt_targets is not None
   if penalized or empty_history is None:
-    prompt_history = np.full((num_slots, shape.history_len), -1, np.int32)
-    output_history = np.full((num_slots, shape.history_len), -1, np.int32)
+    prompt_history = np.full((num_slots, shape.history_len), -1, np.int32)   # [S, H]
+    output_history = np.full((num_slots, shape.history_len), -1, np.int32)   # [S, H]
   else:
     prompt_history = output_history = empty_history(num_slots)
-  for i, request in penalized:
-    prompt_history[i, :request.num_prompt_tokens] = request.prompt_token_ids
-    output_history[i, :len(request.output_token_ids)] = request.output_token_ids
+  for extras in penalized:
+    prompt_history[extras.row, :len(extras.penalty_prompt_ids)] = extras.penalty_prompt_ids
+    output_history[extras.row, :len(extras.penalty_output_ids)] = extras.penalty_output_ids
   if penalized and empty_history is not None:  # same kind of leaf as the cached one
     prompt_history, output_history = jax.device_put((prompt_history, output_history))
   temperature = np.ascontiguousarray(floats[:, 0])

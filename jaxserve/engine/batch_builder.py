@@ -1,14 +1,21 @@
-"""Builds the scheduler's ScheduledBatch column by column, and reads a request's tokens at the
-positions a step feeds: a token sampled by the step still in flight (async scheduling) is not on
-the host yet and reads as PLACEHOLDER_TOKEN_ID, which the device replaces with that step's
-sampled id. Pure Python, no jax.
+"""Builds the scheduler's ScheduledBatch column by column: every column the step needs, so the
+device side never reads a Request. Pure Python, no jax.
+
+A request's tokens at the positions a step feeds: a token sampled by the step still in flight
+(async scheduling) is not on the host yet and reads as PLACEHOLDER_TOKEN_ID, which the device
+replaces with that step's sampled id. Its sampling columns: the request's fixed sampling row, the
+tokens it has generated so far, and, for the few requests whose sampling needs more
+(Request.plain_sampling is False), a SamplingExtras: ids banned while min_tokens is not reached,
+the penalty history, whether it wants top-N logprobs, and the next prompt token of every fed
+position when it asks for prompt logprobs.
 """
 from __future__ import annotations
 
 from .request import Request
-from ..messages.scheduled_batch import ScheduledBatch
+from ..messages.scheduled_batch import (PLACEHOLDER_TOKEN_ID, BatchSampling, SamplingExtras,
+                                        ScheduledBatch)
 
-PLACEHOLDER_TOKEN_ID = -1  # a token sampled by the step in flight, fed from the device
+__all__ = ["BatchBuilder", "PLACEHOLDER_TOKEN_ID"]
 
 
 class BatchBuilder:
@@ -23,6 +30,9 @@ class BatchBuilder:
     self.page_counts: list[int] = []
     self.token_ids: list[int] = []
     self.page_ids: list[int] = []
+    self.sampling_rows: list[bytes] = []
+    self.sample_index: list[int] = []
+    self.extras: list[SamplingExtras] = []
 
   def add_decodes(self, decodes: list[tuple[Request, int]]) -> None:
     """One-token sampling sequences: the per-sequence appends of _add, inlined."""
@@ -30,29 +40,53 @@ class BatchBuilder:
     self.sample.extend([True] * len(decodes))
     request_ids, starts, page_counts = self.request_ids, self.starts, self.page_counts
     token_ids, page_ids = self.token_ids, self.page_ids
+    rows, sample_index = self.sampling_rows, self.sample_index
     for request, start in decodes:
+      if not request.plain_sampling:
+        self._add_extras(request, start, 1)
       request_ids.append(request.request_id)
       starts.append(start)
       page_counts.append(len(request.page_ids))
       page_ids.extend(request.page_ids)
       token_ids.append(_token_at(request, start))
+      rows.append(request.sampling_row_bytes)
+      sample_index.append(request.num_generated)
 
   def add_prefill(self, request: Request, start: int, num_new: int, sample: bool) -> None:
-    self._add(request, start, num_new, sample)
-    self.token_ids.extend(_token_slice(request, start, start + num_new))
-
-  def _add(self, request: Request, start: int, num_new: int, sample: bool) -> None:
+    if not request.plain_sampling:
+      self._add_extras(request, start, num_new)
     self.request_ids.append(request.request_id)
     self.starts.append(start)
     self.query_lens.append(num_new)
     self.sample.append(sample)
     self.page_counts.append(len(request.page_ids))
     self.page_ids.extend(request.page_ids)
+    self.token_ids.extend(_token_slice(request, start, start + num_new))
+    self.sampling_rows.append(request.sampling_row_bytes)
+    self.sample_index.append(request.num_generated)
+
+  def _add_extras(self, request: Request, start: int, num_new: int) -> None:
+    """The SamplingExtras of the sequence about to be added (row = sequences so far)."""
+    params = request.sampling_params
+    banned: tuple[int, ...] = ()
+    if params.min_tokens and request.num_generated < params.min_tokens:
+      banned = (() if params.ignore_eos else request.eos_token_ids) + params.stop_token_ids
+    prompt_ids = output_ids = targets = None
+    if params.uses_penalties:
+      prompt_ids, output_ids = tuple(request.prompt_token_ids), tuple(request.output_token_ids)
+    if params.prompt_logprobs is not None:
+      targets = tuple(request.prompt_token_ids[start + 1:start + 1 + num_new])
+      targets += (-1,) * (num_new - len(targets))
+    self.extras.append(SamplingExtras(
+        len(self.request_ids), banned, prompt_ids, output_ids,
+        params.logprobs is not None and params.logprobs > 0, targets))
 
   def build(self, preempted_ids: list[str], num_steps: int = 1) -> ScheduledBatch:
+    sampling = BatchSampling(b"".join(self.sampling_rows), tuple(self.sample_index),
+                             tuple(self.extras))
     return ScheduledBatch.from_columns(self.request_ids, self.starts, self.query_lens,
                                        self.sample, self.page_counts, self.token_ids,
-                                       self.page_ids, preempted_ids, num_steps)
+                                       self.page_ids, preempted_ids, num_steps, sampling)
 
 
 def _token_slice(request: Request, start: int, end: int) -> tuple[int, ...]:

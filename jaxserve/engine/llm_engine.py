@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from jaxserve.engine.admission import check_length, check_token_ids
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request, RequestStatus
 from jaxserve.engine.request_state import RequestState
@@ -28,8 +29,8 @@ from jaxserve.messages.scheduled_batch import ScheduledBatch
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.outputs import RequestOutput, TokenLogprob
 from jaxserve.device.compile_ledger import CompileLedger
-from jaxserve.device.model_runner import HostStepOutput, ModelRunner, StepHandle
-from jaxserve.device.step_inputs import PreviousSamples
+from jaxserve.device.model_runner import ModelRunner, StepHandle
+from jaxserve.messages.step_output import StepOutput
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.tokenizer.detokenizer import IncrementalDetokenizer
 from jaxserve.tokenizer.tokenizer import Tokenizer
@@ -75,11 +76,6 @@ class _StepInFlight:
   handle: StepHandle
   bucket: tuple[int, int]
   dispatch_time: float
-
-  def previous_samples(self) -> PreviousSamples:
-    rows = dict(itertools.compress(zip(self.batch.request_ids, itertools.count()),
-                                   self.batch.sample))
-    return PreviousSamples(self.handle.sampled_ids_padded, rows)
 
   def feeds_penalized_request(self) -> bool:
     return any(sample and request.sampling_params.uses_penalties
@@ -136,18 +132,14 @@ class LLMEngine:
     ids = list(prompt)
     if not ids:
       raise ValueError("prompt: must not be empty")
-    if set(map(type, ids)) == {int} and 0 <= min(ids) and max(ids) < self.vocab_size:
-      return ids  # the common case, checked in C loops (no Python code per token)
-    for token_id in ids:
-      if isinstance(token_id, bool) or not isinstance(token_id, (int, np.integer)) or not (
-          0 <= token_id < self.vocab_size):
-        raise ValueError(f"prompt: token id {token_id!r} is out of range [0, {self.vocab_size})")
-    return [int(t) for t in ids]
+    return check_token_ids(ids, self.vocab_size)
 
   def add_request(self, prompt: str | list[int], params: SamplingParams,
                   request_id: str | None = None, arrival_time: float | None = None,
                   stream: bool = True) -> str:
-    """Queues a request and returns its id. n > 1 is expanded by the callers (LLM, server).
+    """Validates and queues a request and returns its id: the one admission point of every
+    request (engine/admission.py holds the rules). n > 1 is expanded by the callers (LLM,
+    server) with sampling_params.expand_n.
     With stream=False, step() reports the request only once it has finished."""
     if not isinstance(params, SamplingParams):
       raise ValueError("sampling_params: must be a SamplingParams")
@@ -155,10 +147,7 @@ class LLMEngine:
     if request_id in self._requests:
       raise ValueError(f"request_id: {request_id!r} is already in use")
     prompt_ids = self.encode_prompt(prompt)
-    total = len(prompt_ids) + params.max_tokens
-    if total > self.max_model_len:
-      raise ValueError(f"prompt: {len(prompt_ids)} prompt tokens + max_tokens {params.max_tokens} "
-                       f"= {total} exceeds max_model_len {self.max_model_len}")
+    check_length(len(prompt_ids), params.max_tokens, self.max_model_len)
     seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63 - 1))
     request = Request(request_id=request_id, prompt_token_ids=prompt_ids, sampling_params=params,
                       seed=seed, arrival_time=arrival_time or time.monotonic(),
@@ -201,10 +190,9 @@ class LLMEngine:
     batch = self.scheduler.schedule()
     mark = timings.add_phase("schedule", mark)
     if not batch.is_empty:
-      inputs = self.runner.prepare(batch, self._requests,
-                                   previous.previous_samples() if previous else None)
+      inputs = self.runner.prepare(batch, previous.handle if previous else None)
       mark = timings.add_phase("prepare", mark)
-      handle = self.runner.dispatch(inputs, batch.num_steps)
+      handle = self.runner.dispatch(inputs, batch)
       mark = timings.add_phase("dispatch", mark)
       current = _StepInFlight(batch, tuple(map(self._requests.__getitem__, batch.request_ids)),
                               handle, (inputs.bucket.num_seqs, inputs.bucket.num_tokens), mark)
@@ -245,7 +233,7 @@ class LLMEngine:
     self.timings.add_phase("process", done)
     return touched
 
-  def _process(self, step: _StepInFlight, host: HostStepOutput) -> list[RequestState]:
+  def _process(self, step: _StepInFlight, host: StepOutput) -> list[RequestState]:
     if step.batch.num_steps > 1:
       return self._process_burst(step, host)
     touched, cursor, now = [], 0, time.monotonic()
@@ -274,7 +262,7 @@ class LLMEngine:
       touched.append(state)
     return touched
 
-  def _process_burst(self, step: _StepInFlight, host: HostStepOutput) -> list[RequestState]:
+  def _process_burst(self, step: _StepInFlight, host: StepOutput) -> list[RequestState]:
     """A burst's [num_steps, S] samples, step by step; a request that finishes drops the
     tokens sampled after its last one."""
     touched, now, states = [], time.monotonic(), self._states
@@ -294,7 +282,7 @@ class LLMEngine:
       touched.append(state)
     return touched
 
-  def _sampled_logprob(self, state: RequestState, host: HostStepOutput, row: int,
+  def _sampled_logprob(self, state: RequestState, host: StepOutput, row: int,
                        token_id: int) -> TokenLogprob | None:
     num_top = state.request.sampling_params.logprobs
     if num_top is None:
@@ -305,7 +293,7 @@ class LLMEngine:
                   zip(host.top_ids[row, :num_top], host.top_logprobs[row, :num_top]))
     return TokenLogprob(token_id, float(host.logprobs[row]), top)
 
-  def _record_prompt_logprob(self, state: RequestState, host: HostStepOutput, position: int,
+  def _record_prompt_logprob(self, state: RequestState, host: StepOutput, position: int,
                              token_index: int) -> None:
     prompt = state.request.prompt_token_ids
     if position + 1 >= len(prompt) or state.prompt_logprobs[position + 1] is not None:

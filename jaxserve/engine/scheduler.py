@@ -64,6 +64,7 @@ from __future__ import annotations
 import collections
 
 from ..config import SchedulerConfig  # relative imports: this side never touches jax
+from .admission import check_length
 from .batch_builder import BatchBuilder
 from .page_allocator import PageAllocator
 from .request import Request, RequestStatus
@@ -177,11 +178,8 @@ class Scheduler:
       raise ValueError(f"prompt: request {request_id!r} has no tokens")
     if request.page_ids or request.num_computed_tokens or request.num_output_placeholders:
       raise ValueError(f"page_ids: request {request_id!r} already holds pages or computed tokens")
+    check_length(num_prompt, request.sampling_params.max_tokens, self.max_model_len)
     total = request.max_total_tokens
-    if total > self.max_model_len:
-      raise ValueError(f"max_tokens: prompt + max_tokens ({num_prompt} + "
-                       f"{request.sampling_params.max_tokens} = {total}) exceeds max_model_len "
-                       f"({self.max_model_len})")
     num_pages = -(-total // self.page_size)
     if num_pages > self.allocator.num_usable_pages:
       raise ValueError(f"max_tokens: prompt + max_tokens ({total} tokens) needs {num_pages} "

@@ -1,16 +1,59 @@
-"""What the scheduler hands to the device side for one step. Pure Python, no jax.
+"""The one message from the host side to the device side: everything a step needs. Pure
+Python, no jax.
+
+The scheduler's batch builder (engine/batch_builder.py) fills it; the device side
+(device/step_inputs.py) pads it to a bucket and never sees a Request. It is plain data (tuples of
+ints, bytes, frozen dataclasses), so it can cross a process boundary as it is.
 
 A batch is stored column-wise (one flat tuple per field, sequences in batch order): building the
 step inputs turns each column into one array, and the scheduler fills the columns without
 creating an object per sequence. `ScheduledBatch.seqs` is the per-sequence view (`ScheduledSeq`),
-built on first use; a batch can also be built from such a view.
+built on first use; a batch can also be built from such a view. The sampling columns
+(`BatchSampling`) hold one fixed row per sequence plus sparse extras for the few sequences whose
+sampling needs more (banned ids, penalty history, prompt-logprob targets, top-N logprobs).
 """
 from __future__ import annotations
 
 import functools
 import itertools
+from array import array
 from dataclasses import dataclass
 from typing import Sequence
+
+
+SAMPLING_ROW_WIDTH = 8  # float64 values per sequence in BatchSampling.rows
+PLACEHOLDER_TOKEN_ID = -1  # a token sampled by the step in flight, fed from the device
+GREEDY_ROW = array("d", (0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0)).tobytes()
+
+
+@dataclass(frozen=True)
+class SamplingExtras:
+  """What one sequence's sampling needs beyond its row (absent for plain sampling)."""
+  row: int                                    # the sequence's index in the batch
+  banned_ids: tuple[int, ...] = ()            # masked while min_tokens is not reached
+  penalty_prompt_ids: tuple[int, ...] | None = None  # penalty history; None: no penalties
+  penalty_output_ids: tuple[int, ...] | None = None
+  top_logprobs: bool = False                  # the request asked for top-N logprobs
+  prompt_targets: tuple[int, ...] | None = None  # per fed token: next prompt id, -1 where none
+
+
+@dataclass(frozen=True)
+class BatchSampling:
+  """The sampling columns of a batch.
+
+  rows: SAMPLING_ROW_WIDTH native float64 values per sequence (temperature, top_p, min_p,
+  repetition, presence and frequency penalties, top_k, 32-bit seed), joined; sample_index: tokens
+  each sequence has generated so far (folded into its random key); extras: the sequences that need
+  more, by row.
+  """
+  rows: bytes
+  sample_index: tuple[int, ...]
+  extras: tuple[SamplingExtras, ...] = ()
+
+  @classmethod
+  def greedy(cls, num_seqs: int) -> BatchSampling:
+    """Greedy, penalty-free sampling for num_seqs sequences (a batch built from seqs alone)."""
+    return cls(GREEDY_ROW * num_seqs, (0,) * num_seqs)
 
 
 @dataclass(frozen=True)
@@ -46,31 +89,35 @@ class ScheduledBatch:
   fed), sample, page_counts (block table lengths); token_ids and page_ids are every sequence's
   tokens and block table, concatenated. num_steps > 1 marks a decode burst: every sequence feeds
   one token and the device runs num_steps decode steps, each feeding the token the one before
-  sampled. Immutable; equal when the sequences, preemptions and step counts are.
+  sampled. Immutable; equal when the sequences, preemptions and step counts are (the scheduler's view;
+  sampling columns are not compared).
   """
   __slots__ = ("request_ids", "start_positions", "query_lens", "sample", "page_counts",
-               "token_ids", "page_ids", "preempted_request_ids", "num_steps", "__dict__")
+               "token_ids", "page_ids", "preempted_request_ids", "num_steps", "sampling",
+               "__dict__")
 
   def __init__(self, seqs: Sequence[ScheduledSeq] = (),
-               preempted_request_ids: tuple[str, ...] = (), num_steps: int = 1) -> None:
+               preempted_request_ids: tuple[str, ...] = (), num_steps: int = 1,
+               sampling: BatchSampling | None = None) -> None:
     self._set_columns(
         tuple(s.request_id for s in seqs), tuple(s.start_position for s in seqs),
         tuple(len(s.token_ids) for s in seqs), tuple(s.sample for s in seqs),
         tuple(len(s.page_ids) for s in seqs),
         tuple(itertools.chain.from_iterable(s.token_ids for s in seqs)),
         tuple(itertools.chain.from_iterable(s.page_ids for s in seqs)),
-        tuple(preempted_request_ids), num_steps)
+        tuple(preempted_request_ids), num_steps, sampling or BatchSampling.greedy(len(seqs)))
 
   @classmethod
   def from_columns(cls, request_ids: Sequence[str], start_positions: Sequence[int],
                    query_lens: Sequence[int], sample: Sequence[bool], page_counts: Sequence[int],
                    token_ids: Sequence[int], page_ids: Sequence[int],
-                   preempted_request_ids: Sequence[str] = (), num_steps: int = 1
-                   ) -> ScheduledBatch:
+                   preempted_request_ids: Sequence[str] = (), num_steps: int = 1,
+                   sampling: BatchSampling | None = None) -> ScheduledBatch:
     batch = cls.__new__(cls)
     batch._set_columns(tuple(request_ids), tuple(start_positions), tuple(query_lens),
                        tuple(sample), tuple(page_counts), tuple(token_ids), tuple(page_ids),
-                       tuple(preempted_request_ids), num_steps)
+                       tuple(preempted_request_ids), num_steps,
+                       sampling or BatchSampling.greedy(len(request_ids)))
     return batch
 
   def _set_columns(self, *columns) -> None:

@@ -19,7 +19,7 @@ as REDUCTION_GROUPS column groups (q/k/v, gate/up) or row groups with float32 pa
 uses `grouped_dense_backend`; the sharded engine injects parallel/sharded_dense.py's, as it
 injects a sharded attention backend. Two more conditions are met outside the model: the
 vocabulary-sized weights are replicated (parallel/partition_rules.py) and the step is compiled
-without excess precision or shape-dependent GEMM autotuning (parallel/sharded_runner.py). At tp
+without excess precision or shape-dependent GEMM autotuning (device/step_programs.py). At tp
 larger than REDUCTION_GROUPS each group is split again and its partials are summed by the
 all-reduce in the collective's own order: close, not bitwise.
 
@@ -43,12 +43,11 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from jaxserve.attention import AttentionBackend, AttentionMetadata
+from jaxserve.attention.metadata import KVPages
 from jaxserve.models.invariant_dense import (REDUCTION_GROUPS, DenseBackend, InvariantDense,
                                              grouped_dense_backend)
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
-
-KVPages = tuple[tuple[jax.Array, jax.Array], ...]
 
 
 class RMSNorm(nn.Module):

@@ -1,18 +1,22 @@
-"""Resolves a model name to (config, params): the built-in `tiny-random` or a checkpoint directory.
+"""Resolves a model name to its config, params and tokenizer: a built-in model
+(models/builtin.py) or a checkpoint directory.
 
 A checkpoint directory holds a Hugging Face `config.json` plus safetensors weights. It may also
 hold `jaxserve_params/`, an orbax checkpoint of the converted params written by `convert_checkpoint`;
-when present it is restored instead of reconverting the safetensors (a fast restart).
+when present it is restored instead of reconverting the safetensors (a fast restart). Sharded
+loading (parallel/sharded_loading.py) resolves names through checkpoint_dir and is_builtin too.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from jaxserve.models.builtin import (BUILTIN_MODELS, builtin_config, builtin_params,
+                                     builtin_tokenizer, is_builtin)
 from jaxserve.models.checkpoint import restore_params, save_params
 from jaxserve.models.model_config import DTYPES, ModelConfig
-from jaxserve.models.tiny_random import TINY_RANDOM_NAME, tiny_random_config, tiny_random_params
 from jaxserve.models.weights import CONFIG_FILE, load_hf_config, load_hf_params, param_shapes
+from jaxserve.tokenizer.tokenizer import Tokenizer, load_tokenizer
 
 PARAMS_SUBDIR = "jaxserve_params"
 
@@ -21,28 +25,43 @@ PARAMS_SUBDIR = "jaxserve_params"
 class LoadedModel:
   config: ModelConfig
   params: dict
-  source: str  # "tiny-random", "safetensors:<dir>" or "orbax:<dir>"
+  source: str  # a built-in name, "safetensors:<dir>" or "orbax:<dir>"
+
+
+def check_dtype(dtype: str) -> None:
+  if dtype != "auto" and dtype not in DTYPES:
+    raise ValueError(f"dtype: must be 'auto' or one of {DTYPES}, got {dtype!r}")
+
+
+def checkpoint_dir(model: str) -> Path:
+  """The checkpoint directory `model` names; ValueError if it is neither built in nor one."""
+  path = Path(model).expanduser()
+  if not path.is_dir() or not (path / CONFIG_FILE).is_file():
+    raise ValueError(f"model: {model!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)})"
+                     f" nor a directory holding {CONFIG_FILE}")
+  return path
 
 
 def load_model(model: str, dtype: str = "auto") -> LoadedModel:
-  """Loads `model` ("tiny-random" or a checkpoint directory) in `dtype` ("auto" keeps the
+  """Loads `model` (a built-in name or a checkpoint directory) in `dtype` ("auto" keeps the
   checkpoint's; float16 checkpoints become bfloat16)."""
-  if dtype != "auto" and dtype not in DTYPES:
-    raise ValueError(f"dtype: must be 'auto' or one of {DTYPES}, got {dtype!r}")
-  if model == TINY_RANDOM_NAME:
-    config = tiny_random_config()
-    if dtype != "auto":
-      config = config.replace(dtype=dtype)
-    return LoadedModel(config, tiny_random_params(config), TINY_RANDOM_NAME)
-  path = Path(model).expanduser()
-  if not path.is_dir() or not (path / CONFIG_FILE).is_file():
-    raise ValueError(f"model: {model!r} is neither {TINY_RANDOM_NAME!r} nor a directory "
-                     f"holding {CONFIG_FILE}")
+  check_dtype(dtype)
+  if is_builtin(model):
+    config = builtin_config(model, dtype)
+    return LoadedModel(config, builtin_params(model, config), model)
+  path = checkpoint_dir(model)
   config = load_hf_config(path, dtype)
   orbax_dir = path / PARAMS_SUBDIR
   if orbax_dir.is_dir():
     return LoadedModel(config, restore_params(orbax_dir, param_shapes(config)), f"orbax:{orbax_dir}")
   return LoadedModel(config, load_hf_params(path, config), f"safetensors:{path}")
+
+
+def load_model_tokenizer(model: str) -> Tokenizer:
+  """The tokenizer of `model`: a built-in model's own, or the checkpoint directory's."""
+  if is_builtin(model):
+    return builtin_tokenizer(model)
+  return load_tokenizer(model)
 
 
 def convert_checkpoint(checkpoint_dir: str | Path, dtype: str = "auto") -> Path:

@@ -28,7 +28,7 @@ import msgpack
 import numpy as np
 
 from jaxserve.config import DistributedConfig
-from jaxserve.parallel.sharded_runner import constant_array
+from jaxserve.device.step_programs import constant_array
 from jaxserve.parallel.step_codec import ConstantFn, StepEncoder, decode_step_inputs
 from jaxserve.device.step_inputs import StepInputs
 

@@ -3,23 +3,20 @@
 Safetensors checkpoints go through load_hf_params with a `put` that builds each global array from
 its shards (jax.make_array_from_callback): every device receives only its slice, and on several
 hosts each process fills only its own devices. Orbax checkpoints are restored with the target
-shardings in the abstract tree. The built-in tiny-random model is generated on the host and then
+shardings in the abstract tree. A built-in model (models/builtin.py) is generated on the host and then
 laid out the same way. `tp_invariant_reductions` is set on the loaded ModelConfig and keeps the
 vocabulary-sized weights replicated (partition_rules).
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from jaxserve.models.builtin import is_builtin
 from jaxserve.models.checkpoint import restore_params
-from jaxserve.models.registry import PARAMS_SUBDIR, LoadedModel, load_model
-from jaxserve.models.tiny_random import TINY_RANDOM_NAME
-from jaxserve.models.weights import (CONFIG_FILE, ParamPath, load_hf_config, load_hf_params,
-                                     param_shapes)
+from jaxserve.models.registry import PARAMS_SUBDIR, LoadedModel, checkpoint_dir, load_model
+from jaxserve.models.weights import ParamPath, load_hf_config, load_hf_params, param_shapes
 from jaxserve.parallel.mesh import MODEL_AXIS, check_tensor_parallel
 from jaxserve.parallel.partition_rules import param_shardings, param_spec
 
@@ -28,7 +25,7 @@ def load_model_sharded(model: str, dtype: str, mesh: Mesh, *,
                        tp_invariant_reductions: bool = False) -> LoadedModel:
   """load_model(model, dtype), with every param laid out by the partition rules over `mesh`."""
   shard_vocab = not tp_invariant_reductions
-  if model == TINY_RANDOM_NAME:
+  if is_builtin(model):
     loaded = load_model(model, dtype)
     config = loaded.config.replace(tp_invariant_reductions=tp_invariant_reductions)
     check_tensor_parallel(config, mesh.shape[MODEL_AXIS])
@@ -36,10 +33,7 @@ def load_model_sharded(model: str, dtype: str, mesh: Mesh, *,
     params = jax.tree.map(lambda x, s: _shard_host_array(np.asarray(x), s), loaded.params,
                           shardings)
     return LoadedModel(config, params, loaded.source)
-  path = Path(model).expanduser()
-  if not path.is_dir() or not (path / CONFIG_FILE).is_file():
-    raise ValueError(f"model: {model!r} is neither {TINY_RANDOM_NAME!r} nor a directory "
-                     f"holding {CONFIG_FILE}")
+  path = checkpoint_dir(model)
   config = load_hf_config(path, dtype).replace(tp_invariant_reductions=tp_invariant_reductions)
   check_tensor_parallel(config, mesh.shape[MODEL_AXIS])
   orbax_dir = path / PARAMS_SUBDIR

@@ -69,7 +69,6 @@ class DrainingServer(uvicorn.Server):
 def serve(args: argparse.Namespace) -> int:
   from jaxserve.assembly import build_engine
   from jaxserve.parallel.multihost import initialize_distributed, is_worker
-  from jaxserve.parallel.sharded_runner import ShardedModelRunner
   from jaxserve.server.app import build_app, serving_state
   from jaxserve.server.async_engine import AsyncEngine
 
@@ -81,8 +80,8 @@ def serve(args: argparse.Namespace) -> int:
   config = engine_config_from_args(args)
   initialize_distributed(config.distributed)
   if is_worker():
-    from jaxserve.follower import run_worker
-    return run_worker(config)
+    from jaxserve.follower import run_follower
+    return run_follower(config)
   server_config = config.server
   start = time.monotonic()
   engine = build_engine(config)
@@ -105,8 +104,7 @@ def serve(args: argparse.Namespace) -> int:
       signal.signal(sig, handler)
     async_engine.stop()
     state.executor.shutdown(wait=False)
-    if isinstance(engine.runner, ShardedModelRunner):
-      engine.runner.close()
+    engine.runner.close()
   logger.info("stopped")
   return 0
 

@@ -1,7 +1,7 @@
 """One HTTP call's engine requests: expansion into choices, SSE streaming and collecting.
 
 Prompts x n become engine requests whose position is the OpenAI choice index (prompt-major, as
-OpenAI numbers batch choices). With a seed, child k of a prompt uses seed + k.
+OpenAI numbers batch choices), each prompt's n children from SamplingParams.expand_n.
 
 Disconnects: a streaming response runs the SSE writer beside a listener for `http.disconnect`
 (Starlette's StreamingResponse on ASGI spec 2.3); whatever ends the response, its requests are
@@ -39,9 +39,9 @@ def expand_requests(response_id: str, prompt_ids: list[list[int]],
   """One spec per choice; spec i is choice i."""
   arrival = now()
   specs = []
+  children = params.expand_n()
   for prompt_tokens in prompt_ids:
-    for k in range(params.n):
-      child = params.replace(n=1, seed=None if params.seed is None else params.seed + k)
+    for child in children:
       specs.append(RequestSpec(f"{response_id}-{len(specs)}", tuple(prompt_tokens), child,
                                arrival))
   return specs

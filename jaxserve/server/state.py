@@ -18,6 +18,7 @@ from typing import AsyncIterator, Callable, Mapping, TypeVar
 from starlette.requests import Request
 
 from jaxserve.config import ServerConfig
+from jaxserve.engine.admission import check_token_ids
 from jaxserve.server.async_engine import AsyncEngine
 from jaxserve.server.errors import ApiError, not_found, queue_full, unavailable
 from jaxserve.server.metrics import ServerMetrics
@@ -71,9 +72,8 @@ class ServingState:
     return self.tokenizer.encode(text)
 
   def check_token_ids(self, ids: tuple[int, ...] | list[int], name: str) -> None:
-    for token_id in ids:
-      if not 0 <= token_id < self.vocab_size:
-        raise ValueError(f"{name}: token id {token_id} is out of range [0, {self.vocab_size})")
+    """The engine's admission rule, applied before a token-id prompt is detokenized."""
+    check_token_ids(ids, self.vocab_size, name)
 
 
 async def read_json(request: Request) -> dict:

@@ -27,7 +27,6 @@ from tokenizers import AddedToken, processors
 
 from jaxserve.tokenizer.chat_template import compile_chat_template, render_chat_template
 
-TINY_RANDOM = "tiny-random"
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -262,11 +261,9 @@ def load_tokenizer_dir(directory: str) -> Tokenizer:
                    chat_templates=_chat_templates(directory, config))
 
 
-def load_tokenizer(model: str) -> Tokenizer:
-  """The tokenizer of `model`: the built-in "tiny-random" or a checkpoint directory."""
-  if model == TINY_RANDOM:
-    from jaxserve.tokenizer.byte_tokenizer import byte_level_tokenizer  # it builds on this module
-    return byte_level_tokenizer()
-  if not os.path.isdir(model):
-    raise ValueError(f"model: {model!r} is neither {TINY_RANDOM!r} nor a checkpoint directory")
-  return load_tokenizer_dir(model)
+def load_tokenizer(directory: str) -> Tokenizer:
+  """The tokenizer of a checkpoint directory (a built-in model's comes from
+  models/registry.load_model_tokenizer)."""
+  if not os.path.isdir(directory):
+    raise ValueError(f"model: {directory!r} is not a checkpoint directory")
+  return load_tokenizer_dir(directory)

@@ -210,9 +210,9 @@ def load_workload(args) -> tuple[list[SampleRequest], str]:
 def _try_tokenizer(name: str | None):
   if not name:
     return None
-  from jaxserve.tokenizer import load_tokenizer
+  from jaxserve.models.registry import load_model_tokenizer
   try:
-    return load_tokenizer(name)
+    return load_model_tokenizer(name)
   except (ValueError, OSError):
     return None
 

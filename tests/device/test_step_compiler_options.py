@@ -6,7 +6,7 @@ import jax
 import pytest
 
 from jaxserve.config import EngineConfig
-from jaxserve.assembly import greedy_sampler, sampler_backend, step_compiler_options
+from jaxserve.device.step_options import greedy_sampler, sampler_backend, step_compiler_options
 from jaxserve.device.sampler import xla_greedy
 
 

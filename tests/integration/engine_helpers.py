@@ -70,14 +70,14 @@ def hf_greedy(model, prompt: list[int], num_new: int) -> list[int]:
 
 
 def record_steps_per_dispatch(engine: LLMEngine) -> list[int]:
-  """Wraps engine.runner.dispatch; the returned list grows by each dispatch's num_steps (1 for a
+  """Wraps engine.runner.dispatch; the returned list grows by each dispatch's batch.num_steps (1 for a
   single step, num_scheduler_steps for a decode burst)."""
   steps: list[int] = []
   dispatch = engine.runner.dispatch
 
-  def recording_dispatch(inputs, num_steps=1):
-    steps.append(num_steps)
-    return dispatch(inputs, num_steps)
+  def recording_dispatch(inputs, batch):
+    steps.append(batch.num_steps)
+    return dispatch(inputs, batch)
 
   engine.runner.dispatch = recording_dispatch
   return steps

@@ -10,8 +10,9 @@ import re
 import jax
 import pytest
 
-from jaxserve.assembly import build_runner
+from jaxserve.assembly import build_device
 from jaxserve.device.buckets import Bucket
+from jaxserve.device.lowering import dummy_inputs
 from jaxserve.device.packing import pack
 from jaxserve.device.sampler import SamplerMode
 from tests.integration.engine_helpers import small_config
@@ -24,12 +25,12 @@ from tests.kernels.test_tpu_lowering import MOSAIC_CUSTOM_CALL
 def test_burst_lowers_with_the_pallas_kernels(platform, backend, target):
   config = small_config(attention_backend=backend, num_scheduler_steps=4, seq_buckets=(8,),
                         token_buckets=(8, 64))
-  runner = build_runner(config).runner
-  inputs = runner.dummy_inputs(Bucket(8, 8), SamplerMode(random=True))
+  runner = build_device(config).runner
+  inputs = dummy_inputs(runner, Bucket(8, 8), SamplerMode(random=True))
   args = (runner.params, runner.kv_pages, pack(dataclasses.replace(inputs, sampling=None)),
           pack(inputs.sampling), SamplerMode(random=True))
   with _target_gpu() if platform == "cuda" else contextlib.nullcontext():
-    text = runner._burst.trace(*args).lower(lowering_platforms=(platform,)).as_text()
+    text = runner.programs.burst.trace(*args).lower(lowering_platforms=(platform,)).as_text()
   assert re.search(r"stablehlo\.while", text)
   # the KV write and the attention kernel (each a function every layer calls)
   assert len(re.findall(rf"custom_call @{re.escape(target)}\(", text)) >= 2

@@ -13,7 +13,8 @@ from jaxserve.models.weights import hf_tensor_specs
 from jaxserve.parallel.mesh import check_tensor_parallel
 from jaxserve.parallel.partition_rules import param_spec
 from jaxserve.parallel.step_codec import StepEncoder, decode_step_inputs
-from jaxserve.assembly import build_runner
+from jaxserve.assembly import build_device
+from jaxserve.device.lowering import dummy_inputs
 from jaxserve.device.buckets import Bucket
 from tests.integration.engine_helpers import small_config
 
@@ -57,10 +58,10 @@ def test_unknown_param_and_indivisible_heads_are_refused():
 
 
 def test_step_inputs_round_trip_through_the_codec():
-  runner = build_runner(small_config(max_model_len=64, num_pages=8, max_num_seqs=4,
+  runner = build_device(small_config(max_model_len=64, num_pages=8, max_num_seqs=4,
                                      max_tokens_per_step=16, seq_buckets=(4,),
                                      token_buckets=(16,))).runner
-  inputs = runner.dummy_inputs(Bucket(4, 16))
+  inputs = dummy_inputs(runner, Bucket(4, 16))
   rng = np.random.default_rng(0)
   inputs = jax.tree.map(lambda x: x if isinstance(x, jax.Array) else
                         (rng.integers(0, 100, x.shape).astype(x.dtype) if x.dtype != bool

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from jaxserve.tokenizer import byte_level_tokenizer, load_tokenizer
+from jaxserve.models.registry import load_model_tokenizer as load_tokenizer
+from jaxserve.tokenizer import byte_level_tokenizer
 from jaxserve.tokenizer.byte_tokenizer import SPECIAL_TOKENS
 
 TOKENIZER = byte_level_tokenizer()

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from jaxserve.cli import main as jaxserve_main
-from jaxserve.tokenizer import load_tokenizer
+from jaxserve.models.registry import load_model_tokenizer as load_tokenizer
 from jaxserve.tools.eval_tasks import builtin_task_paths, load_task_file
 from tests.tools.png_checks import assert_valid_png
 from tests.tools.tool_helpers import SMALL_ENGINE_ARGS

@@ -1,0 +1,68 @@
+"""Step inputs made of padding, and the step's programs lowered on them: what compiling a bucket
+ahead of serving (device/warmup.py), sizing the step's scratch memory (jaxserve/assembly.py) and
+profiling (scripts/profile_step.py) need.
+
+dummy_inputs(runner, bucket) is an empty batch padded to the bucket, so it has exactly the
+shapes and dtypes a real step of that bucket has. lower_step lowers the forward and the sampler on
+them; `abstract(tree)` turns any inputs into jax.ShapeDtypeStruct leaves (shardings kept) for
+lowering without arrays, e.g. for a device topology this machine does not have.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxserve.device.buckets import Bucket
+from jaxserve.device.model_runner import ModelRunner, packed_model_inputs
+from jaxserve.device.packing import pack
+from jaxserve.device.sampler import SamplerMode
+from jaxserve.device.step_inputs import StepInputs, build_step_inputs
+from jaxserve.messages.scheduled_batch import ScheduledBatch
+
+
+def dummy_inputs(runner: ModelRunner, bucket: Bucket, mode: SamplerMode = SamplerMode(),
+                 prompt_logprobs: bool = False) -> StepInputs:
+  """All-padding inputs of a bucket's shape (used to compile it): an empty batch, padded,
+  with the given sampler mode and prompt-logprob flag."""
+  inputs = build_step_inputs(ScheduledBatch(), bucket, runner.shape,
+                             runner.no_previous_samples(), runner.empty_history)
+  sampling = dataclasses.replace(
+      inputs.sampling, any_random=np.array(mode.random), any_penalty=np.array(mode.penalties),
+      want_top_logprobs=np.array(mode.top_logprobs),
+      want_prompt_logprobs=np.array(prompt_logprobs))
+  return dataclasses.replace(inputs, sampling=sampling)
+
+
+def abstract(tree):
+  """`tree` with every array leaf replaced by a jax.ShapeDtypeStruct (its sharding kept when
+  it has one): arguments for lowering without allocating or transferring anything."""
+  def leaf(x):
+    sharding = getattr(x, "sharding", None) if isinstance(x, jax.Array) else None
+    return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
+  return jax.tree.map(leaf, tree)
+
+
+def lower_step(runner: ModelRunner, inputs: StepInputs,
+               mode: SamplerMode | None = None) -> list[jax.stages.Lowered]:
+  """The lowered programs of a single step on these inputs: the forward, then the sampler (in
+  `mode`, default the inputs' own)."""
+  programs = runner.programs
+  forward = programs.forward.lower(runner.params, runner.kv_pages, packed_model_inputs(inputs))
+  num_slots = inputs.metadata.seq_lens.shape[0]
+  logits = jax.ShapeDtypeStruct((num_slots, runner.model.config.vocab_size), jnp.float32)
+  sampler = programs.sample.lower(logits, pack(inputs.sampling), inputs.prev_sampled_ids,
+                                  mode or SamplerMode.of(inputs.sampling))
+  return [forward, sampler]
+
+
+def temp_bytes(runner: ModelRunner, bucket: Bucket) -> int | None:
+  """Device scratch memory a step of `bucket` needs (forward plus the sampler with every part
+  on), if the backend reports it."""
+  lowered = lower_step(runner, dummy_inputs(runner, bucket), SamplerMode(True, True, True))
+  sizes = [program.compile().memory_analysis() for program in lowered]
+  if any(size is None for size in sizes):
+    return None
+  return sum(int(size.temp_size_in_bytes) for size in sizes)

@@ -1,0 +1,39 @@
+"""How the step programs compile on this machine, from EngineConfig: XLA options (gpu_gemm) and
+the sampler's greedy pick (sampler_backend). jaxserve/assembly.py hands both to
+build_step_programs."""
+from __future__ import annotations
+
+import functools
+
+import jax
+
+from jaxserve.config import EngineConfig
+from jaxserve.device.sampler import GreedyFn, xla_greedy
+from jaxserve.kernels.greedy_sample.gpu import greedy_sample
+
+
+def step_compiler_options(config: EngineConfig) -> dict[str, object] | None:
+  """XLA options of the step programs: on GPUs with gpu_gemm "cublas" or "cublaslt", no Triton
+  GEMM fusions, and with "cublaslt" GEMMs called through cuBLASLt."""
+  if jax.default_backend() != "gpu" or config.gpu_gemm == "xla":
+    return None
+  options: dict[str, object] = {"xla_gpu_enable_triton_gemm": False}
+  if config.gpu_gemm == "cublaslt":
+    options["xla_gpu_enable_cublaslt"] = True
+  return options
+
+
+def sampler_backend(config: EngineConfig, sharded: bool) -> str:
+  """EngineConfig.sampler_backend with "auto" resolved: the Pallas kernel for unsharded models
+  on GPUs, XLA elsewhere."""
+  if config.sampler_backend != "auto":
+    return config.sampler_backend
+  return "pallas_gpu" if jax.default_backend() == "gpu" and not sharded else "xla"
+
+
+def greedy_sampler(backend: str) -> GreedyFn:
+  """The sampler's greedy pick and log-normalizer for a resolved sampler backend (the Pallas
+  kernel runs in interpret mode off a GPU)."""
+  if backend == "xla":
+    return xla_greedy
+  return functools.partial(greedy_sample, interpret=jax.default_backend() != "gpu")

@@ -1,0 +1,32 @@
+"""What a request must satisfy to be admitted: the one definition of each admission rule.
+Pure Python, no jax.
+
+LLMEngine.add_request applies them to every request (the offline API and the server both go
+through it); the server calls check_token_ids early only to refuse a token-id prompt before
+detokenizing it, and the scheduler calls check_length to keep its own invariant (no request
+outgrows the context) without restating the rule.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Sequence
+
+
+def check_token_ids(ids: Sequence[int], vocab_size: int, name: str = "prompt") -> list[int]:
+  """ids as a list of ints, each in [0, vocab_size); ValueError naming `name` otherwise."""
+  ids = list(ids)
+  if set(map(type, ids)) == {int} and 0 <= min(ids) and max(ids) < vocab_size:
+    return ids  # the common case, checked in C loops (no Python code per token)
+  for token_id in ids:
+    if isinstance(token_id, bool) or not isinstance(token_id, numbers.Integral) or not (
+        0 <= token_id < vocab_size):
+      raise ValueError(f"{name}: token id {token_id!r} is out of range [0, {vocab_size})")
+  return [int(t) for t in ids]
+
+
+def check_length(num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+  """The prompt plus max_tokens must fit max_model_len."""
+  total = num_prompt_tokens + max_tokens
+  if total > max_model_len:
+    raise ValueError(f"prompt: {num_prompt_tokens} prompt tokens + max_tokens {max_tokens} "
+                     f"= {total} exceeds max_model_len {max_model_len}")

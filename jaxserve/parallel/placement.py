@@ -1,0 +1,92 @@
+"""Where the model lives: on one device, or laid out over a mesh. load_placement(config) loads the
+model either way and returns the same Placement, so the composition root (jaxserve/assembly.py)
+has one path from there on.
+
+One device: the params are put on the default device and, with fuse_projections, q/k/v and
+gate/up are merged (models/fused_projections.py); the attention backend is the configured one.
+
+A mesh (tensor_parallel_size > 1, a multi-host job, or tp_invariant_reductions, which runs this
+path even at tp = 1 so every tensor_parallel_size compiles the same step with the same options):
+params are loaded straight into their shards (sharded_loading.py), attention is shard_mapped over
+kv heads (sharded_attention.py), KV pages are sharded by kv head, and with tp_invariant_reductions
+the projections go through the sharded grouped GEMMs (sharded_dense.py). Sharded models keep HF's
+separate projections.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+from jax.sharding import Mesh
+
+from jaxserve.attention.backends import (AttentionBackend, get_attention_backend,
+                                         head_count_invariant)
+from jaxserve.attention.metadata import KVPages
+from jaxserve.config import EngineConfig
+from jaxserve.device.step_programs import StepShardings
+from jaxserve.models.fused_projections import fuse_params
+from jaxserve.models.invariant_dense import REDUCTION_GROUPS, DenseBackend
+from jaxserve.models.llama import LlamaForCausalLM
+from jaxserve.models.registry import LoadedModel, load_model
+from jaxserve.parallel.mesh import build_mesh
+from jaxserve.parallel.partition_rules import kv_pages_sharding, logits_sharding, replicated
+from jaxserve.parallel.sharded_attention import shard_attention_backend
+from jaxserve.parallel.sharded_dense import shard_dense_backend
+from jaxserve.parallel.sharded_loading import load_model_sharded
+
+
+@dataclass(frozen=True)
+class Placement:
+  """A loaded model on its devices: config and params, the backends its module runs with, and
+  the mesh (None on one device) with the KV pages' sharding."""
+  model: LoadedModel
+  attention: AttentionBackend
+  dense: DenseBackend | None
+  mesh: Mesh | None
+  kv_sharding: jax.sharding.Sharding | None
+  num_shards: int  # devices each KV page is split over
+
+  def module(self) -> LlamaForCausalLM:
+    return LlamaForCausalLM(self.model.config, self.attention, self.dense)
+
+  def step_shardings(self, kv_pages: KVPages) -> StepShardings | None:
+    """The step programs' shardings (None on one device: default placement)."""
+    if self.mesh is None:
+      return None
+    params = self.model.params
+    return StepShardings(jax.tree.map(lambda x: x.sharding, params),
+                         jax.tree.map(lambda x: x.sharding, kv_pages),
+                         logits_sharding(params, self.mesh), replicated(self.mesh))
+
+
+def is_sharded(config: EngineConfig) -> bool:
+  return (config.tensor_parallel_size > 1 or jax.process_count() > 1
+          or config.tp_invariant_reductions)
+
+
+def load_placement(config: EngineConfig) -> Placement:
+  return _on_mesh(config) if is_sharded(config) else _on_one_device(config)
+
+
+def _on_one_device(config: EngineConfig) -> Placement:
+  loaded = load_model(config.model, config.dtype)
+  model_config = loaded.config.replace(tp_invariant_reductions=config.tp_invariant_reductions,
+                                       fused_projections=config.fuse_projections)
+  params, source = dict(jax.device_put(loaded.params)), loaded.source
+  del loaded  # `params` alone holds the weights: fusing frees each layer's separate kernels
+  if config.fuse_projections:
+    fuse_params(params)
+  return Placement(LoadedModel(model_config, params, source),
+                   get_attention_backend(config.attention_backend), None, None, None, 1)
+
+
+def _on_mesh(config: EngineConfig) -> Placement:
+  mesh = build_mesh(config.tensor_parallel_size)
+  loaded = load_model_sharded(config.model, config.dtype, mesh,
+                              tp_invariant_reductions=config.tp_invariant_reductions)
+  backend, dense = get_attention_backend(config.attention_backend), None
+  if config.tp_invariant_reductions:
+    backend = head_count_invariant(backend)
+    dense = shard_dense_backend(mesh, REDUCTION_GROUPS)
+  return Placement(loaded, shard_attention_backend(backend, mesh), dense, mesh,
+                   kv_pages_sharding(mesh), config.tensor_parallel_size)
