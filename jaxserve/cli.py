@@ -1,7 +1,10 @@
 """The `jaxserve` command: generate, serve, bench and eval on one engine configuration.
 
 Engine settings come from one place: --config FILE (YAML) plus --set KEY=VALUE overrides, with
-the common ones (--model, --dtype, ...) as shortcuts for the same overrides.
+the common ones (--model, --dtype, ...) as shortcuts for the same overrides (jaxserve/cli_args.py).
+Subcommands defined next to the code they drive are imported explicitly: `serve`
+(jaxserve/server/cli.py) and the benchmarks, eval and kv-plan (jaxserve/tools/cli.py); each of
+those imports its heavy module only when it runs.
 """
 from __future__ import annotations
 
@@ -10,34 +13,9 @@ import json
 import logging
 import sys
 
-from jaxserve.config import EngineConfig, load_config
-
-COMMANDS = {}
-
-
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-  group = parser.add_argument_group("engine")
-  group.add_argument("--model", help="built-in model name (tiny-random) or a Hugging Face "
-                     "checkpoint directory (default: tiny-random)")
-  group.add_argument("--config", help="YAML config file (see configs/; keys in docs/CONFIG.md)")
-  group.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a config key, e.g. --set cache.page_size=32 (repeatable)")
-  group.add_argument("--dtype", choices=["auto", "float32", "bfloat16"])
-  group.add_argument("--max-model-len", type=int)
-  group.add_argument("--attention-backend",
-                     choices=["auto", "reference", "xla", "pallas_gpu", "pallas_tpu"])
-  group.add_argument("--log-level", default="INFO",
-                     choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-
-
-def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-  overrides = list(args.overrides)
-  for flag, key in (("model", "model"), ("dtype", "dtype"), ("max_model_len", "max_model_len"),
-                    ("attention_backend", "attention_backend")):
-    value = getattr(args, flag, None)
-    if value is not None:
-      overrides.append(f"{key}={json.dumps(value) if isinstance(value, str) else value}")
-  return load_config(args.config, overrides)
+from jaxserve.cli_args import add_engine_args, engine_config_from_args
+from jaxserve.server import cli as server_cli
+from jaxserve.tools import cli as tools_cli
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -130,23 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
   _add_generate(subparsers)
   _add_convert(subparsers)
   _add_config(subparsers)
-  for register in _optional_commands():
-    register(subparsers)
+  server_cli.register(subparsers)  # serve
+  tools_cli.register(subparsers)   # bench serve, bench throughput, eval, kv-plan
   return parser
-
-
-def _optional_commands():
-  """Subcommands defined next to the code they drive (server, benchmarks, eval)."""
-  registrars = []
-  for module_name in ("jaxserve.server.cli", "jaxserve.tools.cli"):
-    try:
-      module = __import__(module_name, fromlist=["register"])
-    except ModuleNotFoundError as err:
-      if err.name and err.name.startswith("jaxserve"):
-        continue
-      raise
-    registrars.append(module.register)
-  return registrars
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxserve.cli import add_engine_args, engine_config_from_args
+from jaxserve.cli_args import add_engine_args, engine_config_from_args
 from jaxserve.assembly import build_engine
 from jaxserve.sampling_params import SamplingParams
 

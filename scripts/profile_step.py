@@ -22,7 +22,7 @@ import time
 import jax
 import numpy as np
 
-from jaxserve.cli import add_engine_args, engine_config_from_args
+from jaxserve.cli_args import add_engine_args, engine_config_from_args
 from jaxserve.assembly import build_engine
 from jaxserve.device.lowering import lower_step
 from jaxserve.device.packing import pack

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from jaxserve.config import ServerConfig
+from jaxserve.engine.admission import check_token_ids
 from jaxserve.server.async_engine import AsyncEngine, EngineDeadError
 from jaxserve.server.chat import create_chat_completion
 from jaxserve.server.completions import create_completion
@@ -100,7 +101,7 @@ async def detokenize(request: Request) -> Response:
     if not isinstance(tokens, list) or not all(
         isinstance(t, int) and not isinstance(t, bool) for t in tokens):
       raise ValueError("tokens: must be a list of token ids")
-    state.check_token_ids(tokens, "tokens")
+    check_token_ids(tokens, state.vocab_size, "tokens")
   except ValueError as err:
     raise bad_request(err) from err
   text = await state.run_blocking(state.tokenizer.decode, tokens)

@@ -24,7 +24,7 @@ import time
 
 import uvicorn
 
-from jaxserve.cli import add_engine_args, engine_config_from_args
+from jaxserve.cli_args import add_engine_args, engine_config_from_args
 
 logger = logging.getLogger(__name__)
 

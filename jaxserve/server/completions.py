@@ -15,6 +15,7 @@ from typing import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from jaxserve.engine.admission import check_token_ids
 from jaxserve.outputs import RequestOutput
 from jaxserve.server.async_engine import EngineDeadError, OutputStream
 from jaxserve.server.errors import bad_request, internal
@@ -61,7 +62,7 @@ def _tokenize(state: ServingState, prompts: tuple[Prompt, ...]) -> list[Tokenize
     if isinstance(prompt, str):
       result.append(TokenizedPrompt(prompt, state.encode(prompt)))
     else:
-      state.check_token_ids(prompt, name)
+      check_token_ids(prompt, state.vocab_size, name)  # before detokenizing it
       result.append(TokenizedPrompt(state.tokenizer.decode(prompt), list(prompt)))
   return result
 

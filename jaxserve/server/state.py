@@ -18,7 +18,6 @@ from typing import AsyncIterator, Callable, Mapping, TypeVar
 from starlette.requests import Request
 
 from jaxserve.config import ServerConfig
-from jaxserve.engine.admission import check_token_ids
 from jaxserve.server.async_engine import AsyncEngine
 from jaxserve.server.errors import ApiError, not_found, queue_full, unavailable
 from jaxserve.server.metrics import ServerMetrics
@@ -70,10 +69,6 @@ class ServingState:
 
   def encode(self, text: str) -> list[int]:
     return self.tokenizer.encode(text)
-
-  def check_token_ids(self, ids: tuple[int, ...] | list[int], name: str) -> None:
-    """The engine's admission rule, applied before a token-id prompt is detokenized."""
-    check_token_ids(ids, self.vocab_size, name)
 
 
 async def read_json(request: Request) -> dict:

@@ -83,7 +83,7 @@ def _prepare_model(config: EngineConfig, args, tmp: Path) -> tuple[EngineConfig,
 
 
 def main(args) -> int:
-  from jaxserve.cli import engine_config_from_args
+  from jaxserve.cli_args import engine_config_from_args
   from jaxserve.tools.kv_plan import model_config_for
 
   config = engine_config_from_args(args)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from jaxserve.cli import add_engine_args
+from jaxserve.cli_args import add_engine_args
 
 
 def register(subparsers) -> None:
@@ -53,7 +53,7 @@ def _add_bench_serve(subparsers) -> None:
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--sweep-rates", help="comma-separated rates, e.g. 1,2,4,inf")
   parser.add_argument("--out-dir", default="out/bench_serve")
-  parser.set_defaults(func=_run("bench_serve"))
+  parser.set_defaults(func=_bench_serve)
 
 
 def _add_bench_throughput(subparsers) -> None:
@@ -75,7 +75,7 @@ def _add_bench_throughput(subparsers) -> None:
                       help="build a random-weight bfloat16 checkpoint of this shape and use it")
   parser.add_argument("--random-model-dir", help="where to write it (default: a temp dir)")
   parser.add_argument("--out", default="out/bench_throughput.json")
-  parser.set_defaults(func=_run("bench_throughput"))
+  parser.set_defaults(func=_bench_throughput)
 
 
 def _add_eval(subparsers) -> None:
@@ -90,7 +90,7 @@ def _add_eval(subparsers) -> None:
   parser.add_argument("--parity-hf", action="store_true")
   parser.add_argument("--plot", action="store_true", help="also write a PNG bar chart")
   parser.add_argument("--out-dir", default="out/eval")
-  parser.set_defaults(func=_run("eval_harness"))
+  parser.set_defaults(func=_eval)
 
 
 def _add_kv_plan(subparsers) -> None:
@@ -105,11 +105,25 @@ def _add_kv_plan(subparsers) -> None:
   parser.add_argument("--check", action="store_true",
                       help="build the real engine on this device and compare its page count")
   parser.add_argument("--out", default="out/kv_plan.json")
-  parser.set_defaults(func=_run("kv_plan"))
+  parser.set_defaults(func=_kv_plan)
 
 
-def _run(module_name: str):
-  def run(args: argparse.Namespace) -> int:
-    module = __import__(f"jaxserve.tools.{module_name}", fromlist=["main"])
-    return module.main(args)
-  return run
+# Each command imports its module when it runs (torch, matplotlib, httpx stay optional).
+def _bench_serve(args: argparse.Namespace) -> int:
+  from jaxserve.tools import bench_serve
+  return bench_serve.main(args)
+
+
+def _bench_throughput(args: argparse.Namespace) -> int:
+  from jaxserve.tools import bench_throughput
+  return bench_throughput.main(args)
+
+
+def _eval(args: argparse.Namespace) -> int:
+  from jaxserve.tools import eval_harness
+  return eval_harness.main(args)
+
+
+def _kv_plan(args: argparse.Namespace) -> int:
+  from jaxserve.tools import kv_plan
+  return kv_plan.main(args)

@@ -184,7 +184,7 @@ def write_report(report: dict, out_dir: Path, plot: bool = False) -> list[Path]:
 
 
 def main(args) -> int:
-  from jaxserve.cli import engine_config_from_args
+  from jaxserve.cli_args import engine_config_from_args
   from jaxserve.llm import LLM
 
   config = engine_config_from_args(args)

@@ -17,6 +17,9 @@ from pathlib import Path
 
 from jaxserve.config import EngineConfig
 from jaxserve.device.kv_cache import kv_cache_spec, resolve_max_model_len
+from jaxserve.models.builtin import builtin_config, is_builtin
+from jaxserve.models.registry import load_model
+from jaxserve.models.weights import load_hf_config
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.device.kv_cache import CPU_DEFAULT_BYTES, device_memory_budget, page_bytes
 
@@ -49,13 +52,8 @@ class KVPlan:
 
 def model_config_for(config: EngineConfig) -> ModelConfig:
   """The model's architecture without loading weights."""
-  from jaxserve.models.registry import load_model
-  from jaxserve.models.tiny_random import TINY_RANDOM_NAME, tiny_random_config
-  from jaxserve.models.weights import load_hf_config
-
-  if config.model == TINY_RANDOM_NAME:
-    model_config = tiny_random_config()
-    return model_config if config.dtype == "auto" else model_config.replace(dtype=config.dtype)
+  if is_builtin(config.model):
+    return builtin_config(config.model, config.dtype)
   if not Path(config.model).is_dir():
     load_model(config.model, config.dtype)  # raises the registry's error for an unknown model
   return load_hf_config(Path(config.model), config.dtype)
@@ -113,7 +111,7 @@ def engine_num_pages(config: EngineConfig) -> int:
 
 
 def main(args) -> int:
-  from jaxserve.cli import engine_config_from_args
+  from jaxserve.cli_args import engine_config_from_args
 
   config = engine_config_from_args(args)
   model_config = model_config_for(config)

@@ -1,0 +1,229 @@
+"""The architecture's rules, checked on the source with `ast` (nothing is imported, so this runs in
+a fraction of a second and fails on the first edge that breaks a rule):
+
+* the device side (device/, kernels/, attention/, models/, parallel/) imports nothing from the
+  host side (engine/, server/, tools/, llm.py, cli.py) nor from the composition root
+  (assembly.py, follower.py);
+* what crosses the seam (messages/) imports no jax and nothing else of jaxserve;
+* the host side's scheduler, page allocator, requests, batch builder and admission rules import
+  no jax, directly or through any jaxserve module they import;
+* no import cycle among jaxserve modules;
+* imports are explicit (no __import__);
+* each policy has one definition (KVPages, the token-id and length admission rules, the n > 1
+  expansion, the built-in model table).
+
+Imports are read everywhere in a module, function bodies included: a function-local import is
+an edge like any other.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "jaxserve"
+
+HOST = ("jaxserve.engine", "jaxserve.server", "jaxserve.tools", "jaxserve.llm", "jaxserve.cli")
+ROOTS = ("jaxserve.assembly", "jaxserve.follower")
+DEVICE = ("jaxserve.device", "jaxserve.kernels", "jaxserve.attention", "jaxserve.models",
+          "jaxserve.parallel")
+PURE_HOST = ("jaxserve.engine.scheduler", "jaxserve.engine.page_allocator",
+             "jaxserve.engine.request", "jaxserve.engine.batch_builder",
+             "jaxserve.engine.admission", "jaxserve.messages.scheduled_batch")
+JAX = ("jax", "jaxlib", "flax")
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+  parts = list(path.relative_to(root).with_suffix("").parts)
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_modules(package: Path = PACKAGE) -> dict[str, Path]:
+  return {module_name(p, package.parent): p for p in sorted(package.rglob("*.py"))}
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+  """Every module `name` imports (absolute names; `from a import b` names a.b when that is a
+  module)."""
+  is_package = path.name == "__init__.py"
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    if isinstance(node, ast.Import):
+      found.update(alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom):
+      if node.level:
+        base = name.split(".")
+        base = base[:len(base) - node.level + (1 if is_package else 0)]
+        target = ".".join(base + ([node.module] if node.module else []))
+      else:
+        target = node.module
+      found.add(target)
+      found.update(f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in known)
+  return found
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+  modules = package_modules(package)
+  known = set(modules)
+  return {name: imports_of(name, path, known) for name, path in modules.items()}
+
+
+def _within(name: str, prefixes: tuple[str, ...]) -> bool:
+  return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def forbidden_edges(graph: dict[str, set[str]], sources: tuple[str, ...],
+                    targets: tuple[str, ...]) -> list[tuple[str, str]]:
+  return sorted((m, t) for m, ts in graph.items() if _within(m, sources)
+                for t in ts if _within(t, targets))
+
+
+def jax_reach(graph: dict[str, set[str]], start: str) -> list[list[str]]:
+  """Import chains from `start` to jax/flax through jaxserve modules."""
+  chains, seen, stack = [], {start}, [[start]]
+  while stack:
+    chain = stack.pop()
+    for target in graph.get(chain[-1], ()):
+      if _within(target, JAX):
+        chains.append(chain + [target])
+      elif target in graph and target not in seen:
+        seen.add(target)
+        stack.append(chain + [target])
+  return chains
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+  """The strongly connected components of more than one module (or a self-import)."""
+  index, low, on_stack, stack, result, counter = {}, {}, set(), [], [], [0]
+
+  def visit(v: str) -> None:
+    index[v] = low[v] = counter[0]
+    counter[0] += 1
+    stack.append(v)
+    on_stack.add(v)
+    for w in graph[v]:
+      if w not in graph:
+        continue
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on_stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      component = []
+      while True:
+        w = stack.pop()
+        on_stack.discard(w)
+        component.append(w)
+        if w == v:
+          break
+      if len(component) > 1 or v in graph[v]:
+        result.append(sorted(component))
+
+  for v in sorted(graph):
+    if v not in index:
+      visit(v)
+  return result
+
+
+def definitions(name: str) -> list[str]:
+  """Modules that define `name` (a def, class or assignment anywhere, methods included)."""
+  found = []
+  for module, path in package_modules().items():
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
+        found.append(module)
+      targets = (node.targets if isinstance(node, ast.Assign)
+                 else [node.target] if isinstance(node, ast.AnnAssign) else [])
+      if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+        found.append(module)
+  return found
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+  return import_graph()
+
+
+def test_device_side_imports_nothing_from_the_host_side(graph):
+  assert forbidden_edges(graph, DEVICE, HOST + ROOTS) == []
+
+
+def test_the_seam_is_plain_data(graph):
+  edges = forbidden_edges(graph, ("jaxserve.messages",), ("jaxserve",) + JAX)
+  assert [(m, t) for m, t in edges if not _within(t, ("jaxserve.messages",))] == []
+
+
+@pytest.mark.parametrize("module", PURE_HOST)
+def test_host_side_core_imports_no_jax(graph, module):
+  assert module in graph
+  assert jax_reach(graph, module) == []
+
+
+def test_no_import_cycle(graph):
+  assert cycles(graph) == []
+
+
+@pytest.mark.parametrize("name,where", [
+    ("KVPages", ["jaxserve.attention.metadata"]),
+    ("check_token_ids", ["jaxserve.engine.admission"]),
+    ("check_length", ["jaxserve.engine.admission"]),
+    ("expand_n", ["jaxserve.sampling_params"]),
+    ("BUILTIN_MODELS", ["jaxserve.models.builtin"]),
+    ("build_step_programs", ["jaxserve.device.step_programs"]),
+    ("ModelRunner", ["jaxserve.device.model_runner"]),
+    ("ScheduledBatch", ["jaxserve.messages.scheduled_batch"]),
+    ("StepOutput", ["jaxserve.messages.step_output"]),
+])
+def test_one_definition_per_policy(name, where):
+  assert definitions(name) == where
+
+
+def test_one_seed_plus_k():
+  """The n > 1 rule (child k samples with seed + k) is written once."""
+  def adds_to_seed(node: ast.AST) -> bool:
+    return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add)
+            and any(isinstance(side, ast.Attribute) and side.attr == "seed"
+                    for side in (node.left, node.right)))
+  found = [module for module, path in package_modules().items()
+           for node in ast.walk(ast.parse(path.read_text())) if adds_to_seed(node)]
+  assert found == ["jaxserve.sampling_params"]
+
+
+def test_imports_are_explicit():
+  """No __import__ or importlib.import_module: a module that fails to import must fail loudly
+  (the CLI once dropped a subcommand whose import failed) and every edge is in the graph."""
+  dynamic = [module for module, path in package_modules().items()
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Call) and (
+                 (isinstance(node.func, ast.Name) and node.func.id == "__import__")
+                 or (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module"))]
+  assert dynamic == []
+
+
+def test_no_subclass_of_the_runner():
+  subclasses = [(module, node.name) for module, path in package_modules().items()
+                for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.ClassDef)
+                and any(isinstance(b, ast.Name) and b.id == "ModelRunner" for b in node.bases)]
+  assert subclasses == []
+
+
+def test_the_rules_catch_what_they_are_for(tmp_path):
+  """The checks above fail on a package that breaks them (so they cannot pass vacuously)."""
+  package = tmp_path / "jaxserve"
+  for sub in ("engine", "device"):
+    (package / sub).mkdir(parents=True)
+    (package / sub / "__init__.py").write_text("")
+  (package / "__init__.py").write_text("")
+  (package / "engine" / "request.py").write_text("from jaxserve.device import runner\n")
+  (package / "device" / "runner.py").write_text(
+      "import jax\nfrom jaxserve.engine.request import Request\n")
+  graph = import_graph(package)
+  assert forbidden_edges(graph, DEVICE, HOST) == [("jaxserve.device.runner",
+                                                   "jaxserve.engine.request")]
+  assert cycles(graph) == [["jaxserve.device.runner", "jaxserve.engine.request"]]
+  assert jax_reach(graph, "jaxserve.engine.request") == [
+      ["jaxserve.engine.request", "jaxserve.device.runner", "jax"]]
