@@ -127,6 +127,12 @@ class ScheduledBatch:
   def __setattr__(self, name: str, value) -> None:
     raise AttributeError(f"ScheduledBatch is immutable (cannot set {name!r})")
 
+  def __reduce__(self):
+    """Pickles as its columns (the message crosses process boundaries as plain data)."""
+    return (ScheduledBatch.from_columns, (
+        self.request_ids, self.start_positions, self.query_lens, self.sample, self.page_counts,
+        self.token_ids, self.page_ids, self.preempted_request_ids, self.num_steps, self.sampling))
+
   @functools.cached_property
   def seqs(self) -> tuple[ScheduledSeq, ...]:
     token_ends = itertools.accumulate(self.query_lens)

@@ -1,0 +1,89 @@
+"""build_step_programs is usable ahead of time: every step program lowers from abstract
+arguments alone (jax.ShapeDtypeStruct, shardings attached on a mesh), with no params, KV pages or
+runner allocated, which is how the programs are compiled for a topology this machine does not
+have."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxserve.attention import get_attention_backend
+from jaxserve.device.buckets import Bucket
+from jaxserve.device.kv_cache import KVCacheSpec
+from jaxserve.device.lowering import abstract
+from jaxserve.device.model_runner import packed_model_inputs
+from jaxserve.device.packing import pack
+from jaxserve.device.sampler import SamplerMode
+from jaxserve.device.step_inputs import PreviousSamples, StepShape, build_step_inputs
+from jaxserve.device.step_programs import StepShardings, build_step_programs
+from jaxserve.messages.scheduled_batch import ScheduledBatch
+from jaxserve.models.llama import LlamaForCausalLM
+from jaxserve.models.tiny_random import tiny_random_config
+from jaxserve.models.weights import param_shapes
+from jaxserve.parallel.mesh import build_mesh
+from jaxserve.parallel.partition_rules import (kv_pages_sharding, logits_sharding,
+                                               param_shardings, replicated)
+from jaxserve.parallel.sharded_attention import shard_attention_backend
+
+PAGE_SIZE, NUM_PAGES, BUCKET = 4, 8, Bucket(4, 16)
+
+
+def _abstract_step(mesh):
+  """(model, shardings, params, kv pages, step inputs), all abstract."""
+  config = tiny_random_config()
+  backend = get_attention_backend("xla")
+  spec = KVCacheSpec(config.num_layers, config.num_kv_heads, config.head_dim, PAGE_SIZE,
+                     NUM_PAGES, config.dtype)
+  shapes = param_shapes(config)
+  if mesh is None:
+    model, shardings, kv_sharding = LlamaForCausalLM(config, backend), None, None
+    params = shapes
+  else:
+    model = LlamaForCausalLM(config, shard_attention_backend(backend, mesh))
+    params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          shapes, param_shardings(shapes, mesh))
+    kv_sharding = kv_pages_sharding(mesh)
+  page = jax.ShapeDtypeStruct(spec.page_shape, jnp.dtype(spec.dtype), sharding=kv_sharding)
+  kv_pages = tuple((page, page) for _ in range(spec.num_layers))
+  if mesh is not None:
+    shardings = StepShardings(jax.tree.map(lambda x: x.sharding, params),
+                              tuple((kv_sharding, kv_sharding) for _ in kv_pages),
+                              logits_sharding(params, mesh), replicated(mesh))
+  shape = StepShape(PAGE_SIZE, NUM_PAGES, PAGE_SIZE * NUM_PAGES)
+  previous = PreviousSamples(np.zeros(BUCKET.num_seqs, np.int32), {})
+  inputs = build_step_inputs(ScheduledBatch(), BUCKET, shape, previous)
+  return model, shardings, params, kv_pages, inputs
+
+
+@pytest.mark.parametrize("on_mesh", [False, True], ids=["one-device", "mesh"])
+def test_every_step_program_lowers_from_abstract_arguments(on_mesh):
+  mesh = build_mesh(1) if on_mesh else None
+  model, shardings, params, kv_pages, inputs = _abstract_step(mesh)
+  programs = build_step_programs(model, shardings, burst_steps=2, page_size=PAGE_SIZE)
+  packed = abstract(packed_model_inputs(inputs))
+  sampling = abstract(pack(inputs.sampling))
+  prev = abstract(inputs.prev_sampled_ids)
+  logits = jax.ShapeDtypeStruct((BUCKET.num_seqs, model.config.vocab_size), jnp.float32)
+  hidden = jax.ShapeDtypeStruct((BUCKET.num_tokens, model.config.hidden_size),
+                                jnp.dtype(model.config.dtype))
+  lowered = [
+      programs.forward.lower(params, kv_pages, packed),
+      programs.sample.lower(logits, sampling, prev, SamplerMode(random=True)),
+      programs.prompt_logprobs.lower(params, hidden, abstract(inputs.prompt_target_ids)),
+      programs.burst.lower(params, kv_pages, packed, sampling, SamplerMode()),
+  ]
+  for program in lowered:
+    assert "func.func public @main" in program.as_text()
+  compiled = lowered[0].compile()  # and they compile here, with no array allocated
+  assert compiled is not None
+
+
+def test_bursts_need_the_page_size():
+  model = LlamaForCausalLM(tiny_random_config(), get_attention_backend("xla"))
+  with pytest.raises(ValueError, match="page_size"):
+    build_step_programs(model, burst_steps=4)
+  with pytest.raises(ValueError, match="burst_steps"):
+    build_step_programs(model, burst_steps=0)
+  assert build_step_programs(model).burst is None
