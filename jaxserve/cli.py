@@ -3,7 +3,8 @@
 Engine settings come from one place: --config FILE (YAML) plus --set KEY=VALUE overrides, with
 the common ones (--model, --dtype, ...) as shortcuts for the same overrides (jaxserve/cli_args.py).
 Subcommands defined next to the code they drive are imported explicitly: `serve`
-(jaxserve/server/cli.py) and the benchmarks, eval and kv-plan (jaxserve/tools/cli.py); each of
+(jaxserve/server/cli.py), the benchmarks (jaxserve/bench/cli.py), eval and kv-plan
+(jaxserve/tools/cli.py); each of
 those imports its heavy module only when it runs.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import sys
 
 from jaxserve.cli_args import add_engine_args, engine_config_from_args
+from jaxserve.bench import cli as bench_cli
 from jaxserve.server import cli as server_cli
 from jaxserve.tools import cli as tools_cli
 
@@ -109,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
   _add_convert(subparsers)
   _add_config(subparsers)
   server_cli.register(subparsers)  # serve
-  tools_cli.register(subparsers)   # bench serve, bench throughput, eval, kv-plan
+  bench_cli.register(subparsers)   # bench serve, bench throughput
+  tools_cli.register(subparsers)   # eval, kv-plan
   return parser
 
 

@@ -1,4 +1,4 @@
-"""The engine flags every `jaxserve` command (and the scripts/) share: --config FILE, --set
+"""The engine flags every `jaxserve` command (and the benchmarks) share: --config FILE, --set
 KEY=VALUE overrides, and shortcuts (--model, --dtype, ...) for the same overrides."""
 from __future__ import annotations
 

@@ -20,10 +20,10 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
   case $s in
     kernels) step kernels python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gpu_kernel.py \
         tests/kernels/test_greedy_sample.py ;;
-    bench_kernels) TAIL=40 step bench_kernels python3 scripts/bench_kernels.py --out "$OUT/bench_kernels.json" ;;
+    bench_kernels) TAIL=40 step bench_kernels python3 -m jaxserve.bench.bench_kernels --out "$OUT/bench_kernels.json" ;;
     engine) step engine python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu_engine.py ;;
     model1b) [ -f /tmp/llama1b/config.json ] || step model1b python3 -c \
-        "from jaxserve.tools.random_checkpoint import build_random_llama as b; b('llama-3.2-1b', '/tmp/llama1b')" ;;
+        "from jaxserve.bench.random_checkpoint import build_random_llama as b; b('llama-3.2-1b', '/tmp/llama1b')" ;;
     sync1b|async1b|async1b_512|async1b_512_cublas|async1b_512_burst4)  # the throughput workload
       engine=(--set scheduler.max_num_seqs=256 --set scheduler.max_num_batched_tokens=4096
               --set "scheduler.seq_buckets=[64,256]" --set "scheduler.token_buckets=[256,1024,4096]")
@@ -35,7 +35,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
       [ -n "${PROFILE_HOST:-}" ] && engine+=(--profile-host "$OUT/$s.prof.txt")
       xla_flags=${XLA_FLAGS:-}  # _cublas: every GEMM on cuBLAS instead of XLA's Triton GEMMs
       [ $s = async1b_512_cublas ] && xla_flags="$xla_flags --xla_gpu_enable_triton_gemm=false"
-      XLA_FLAGS=$xla_flags TAIL=22 step $s python3 scripts/bench_offline.py --model /tmp/llama1b --num-prompts 512 \
+      XLA_FLAGS=$xla_flags TAIL=22 step $s python3 -m jaxserve.bench.bench_offline --model /tmp/llama1b --num-prompts 512 \
         --input-len 512 --output-len 128 --max-model-len 640 --log-level WARNING "${engine[@]}" \
         --no-stream --out "$OUT/$s.json" ;;
     o512+*|tp512+*)  # 512 sequences per batch, options joined by '+': t<max_num_batched_tokens>,
@@ -64,7 +64,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
       saved_xla_flags=${XLA_FLAGS-}
       [ -n "$xla" ] && export XLA_FLAGS="${XLA_FLAGS:-} $xla"
       if [ "${s%%+*}" = o512 ]; then
-        TAIL=22 step $name python3 scripts/bench_offline.py "${common[@]}" --no-stream \
+        TAIL=22 step $name python3 -m jaxserve.bench.bench_offline "${common[@]}" --no-stream \
           --out "$OUT/$name.json"
       else
         TAIL=12 step $name python3 -m jaxserve.cli bench throughput "${common[@]}" \
@@ -82,45 +82,45 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
         --output-len 128 --max-model-len 640 --log-level WARNING --set scheduler.max_num_seqs=512 \
         --set scheduler.max_num_batched_tokens=8192 --set "scheduler.seq_buckets=[64,512]" \
         --set "scheduler.token_buckets=[512,2048,8192]" --out "$OUT/$s.json" ;;
-    profile1b) TAIL=40 step profile1b python3 scripts/profile_step.py --model /tmp/llama1b \
+    profile1b) TAIL=40 step profile1b python3 -m jaxserve.bench.profile_step --model /tmp/llama1b \
         --num-seqs 256 --context 576 --max-model-len 640 --trace-top ${TRACE_TOP:-0} --trace-by-family --trace-reps 3 \
         --set scheduler.max_num_seqs=256 --set "scheduler.seq_buckets=[256]" \
         --set "scheduler.token_buckets=[256,4096]" --set scheduler.max_num_batched_tokens=4096 \
         --out "$OUT/profile1b.json" ;;
     model8b) [ -f /tmp/llama8b/config.json ] || step model8b python3 -c \
-        "from jaxserve.tools.random_checkpoint import build_random_llama as b; b('llama-3.1-8b', '/tmp/llama8b')" ;;
+        "from jaxserve.bench.random_checkpoint import build_random_llama as b; b('llama-3.1-8b', '/tmp/llama8b')" ;;
     tp_tests) step tp_tests python3 -m pytest -q -p no:cacheprovider tests/parallel/test_gpu_tensor_parallel.py ;;
     tp_invariant|tp_default)  # 2 GPUs: parity and decode step time, tp=1 against tp=2
       flags=(); [ $s = tp_invariant ] && flags=(--tp-invariant)
-      TAIL=12 step $s env NCCL_NVLS_ENABLE=0 python3 scripts/bench_tp.py --model /tmp/llama8b \
+      TAIL=12 step $s env NCCL_NVLS_ENABLE=0 python3 -m jaxserve.bench.bench_tp --model /tmp/llama8b \
         --tp 1,2 --batch 128 --context 512 --decode-steps 32 "${flags[@]}" --out "$OUT/$s.json" ;;
     profile512|profile512_prefill)  # the 512-sequence throughput config: decode or prefill step
       phase=decode; [ $s = profile512_prefill ] && phase=prefill
-      TAIL=40 step $s python3 scripts/profile_step.py --model /tmp/llama1b --phase $phase \
+      TAIL=40 step $s python3 -m jaxserve.bench.profile_step --model /tmp/llama1b --phase $phase \
         --num-seqs 512 --context $([ $phase = decode ] && echo 576 || echo 512) --max-model-len 640 \
         --trace-top ${TRACE_TOP:-25} --trace-by-family --trace-ops --trace-reps 3 \
         --set scheduler.max_num_seqs=512 --set "scheduler.seq_buckets=[64,512]" \
         --set "scheduler.token_buckets=[512,2048,8192]" --set scheduler.max_num_batched_tokens=8192 \
         --out "$OUT/$s.json" ;;
-    kernels_dev) TAIL=30 step kernels_dev python3 scripts/bench_kernels.py --batches 64,256 \
+    kernels_dev) TAIL=30 step kernels_dev python3 -m jaxserve.bench.bench_kernels --batches 64,256 \
         --contexts 512,2048 --no-mixed --harness unrolled --device-time --out "$OUT/kernels_dev.json" ;;
-    kernels_short) TAIL=30 step kernels_short python3 scripts/bench_kernels.py --batches 64,256 \
+    kernels_short) TAIL=30 step kernels_short python3 -m jaxserve.bench.bench_kernels --batches 64,256 \
         --contexts 512,2048 --no-mixed --harness marginal --inner 10 --device-time \
         --out "$OUT/kernels_short.json" ;;
     tiles_1b)  # the 1B throughput workload's attention shapes: 512-sequence decode at context
       # 576 and a 16 x 512 prefill, head_dim 64; tiles block_kv:warps:stages[:splits[:block_q]]
-      TAIL=45 step tiles_1b python3 scripts/bench_kernels.py --head-dim 64 --batches 512 \
+      TAIL=45 step tiles_1b python3 -m jaxserve.bench.bench_kernels --head-dim 64 --batches 512 \
         --contexts 576 --no-mixed --prefill 16x512 --harness marginal --inner 10 --device-time \
         --tiles "${TILES:-default,64:4:3,128:4:3,64:8:3,32:4:4,64:4:3:1:32,128:8:3:1:32,64:8:2:1:32}" \
         --out "$OUT/tiles_1b.json" ;;
-    bench_kernels_marginal) TAIL=45 step bench_kernels_marginal python3 scripts/bench_kernels.py \
+    bench_kernels_marginal) TAIL=45 step bench_kernels_marginal python3 -m jaxserve.bench.bench_kernels \
         --harness marginal --inner 10 --device-time --out "$OUT/bench_kernels_marginal.json" ;;
-    sampler) TAIL=14 step sampler python3 scripts/bench_sampler.py --out "$OUT/bench_sampler.json" ;;
-    gemm) TAIL=30 step gemm python3 scripts/gemm_invariance.py --out "$OUT/gemm_invariance.json" ;;
-    tiles_short) TAIL=30 step tiles_short python3 scripts/bench_kernels.py --batches 64,256 \
+    sampler) TAIL=14 step sampler python3 -m jaxserve.bench.bench_sampler --out "$OUT/bench_sampler.json" ;;
+    gemm) TAIL=30 step gemm python3 -m jaxserve.bench.gemm_invariance --out "$OUT/gemm_invariance.json" ;;
+    tiles_short) TAIL=30 step tiles_short python3 -m jaxserve.bench.bench_kernels --batches 64,256 \
         --contexts 512 --no-mixed --harness marginal --inner 10 --device-time --tiles "${TILES:-default,32:4:4:1,64:4:3:2,128:4:3:2,64:4:4:2,32:4:4:2,32:4:3:4,16:4:4:1}" \
         --out "$OUT/tiles_short.json" ;;
-    bench_offline) step bench_offline python3 scripts/bench_offline.py --num-prompts 256 \
+    bench_offline) step bench_offline python3 -m jaxserve.bench.bench_offline --num-prompts 256 \
         --input-len 128 --output-len 128 --set scheduler.max_num_seqs=256 \
         --set scheduler.max_num_batched_tokens=2048 --out "$OUT/bench_offline.json" ;;
   esac

@@ -2,7 +2,7 @@
 a fraction of a second and fails on the first edge that breaks a rule):
 
 * the device side (device/, kernels/, attention/, models/, parallel/) imports nothing from the
-  host side (engine/, server/, tools/, llm.py, cli.py) nor from the composition root
+  host side (engine/, server/, tools/, bench/, llm.py, cli.py) nor from the composition root
   (assembly.py, follower.py);
 * what crosses the seam (messages/) imports no jax and nothing else of jaxserve;
 * the host side's scheduler, page allocator, requests, batch builder and admission rules import
@@ -25,7 +25,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "jaxserve"
 
-HOST = ("jaxserve.engine", "jaxserve.server", "jaxserve.tools", "jaxserve.llm", "jaxserve.cli")
+HOST = ("jaxserve.engine", "jaxserve.server", "jaxserve.tools", "jaxserve.bench", "jaxserve.llm",
+        "jaxserve.cli")
 ROOTS = ("jaxserve.assembly", "jaxserve.follower")
 DEVICE = ("jaxserve.device", "jaxserve.kernels", "jaxserve.attention", "jaxserve.models",
           "jaxserve.parallel")

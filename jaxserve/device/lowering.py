@@ -1,6 +1,6 @@
 """Step inputs made of padding, and the step's programs lowered on them: what compiling a bucket
 ahead of serving (device/warmup.py), sizing the step's scratch memory (jaxserve/assembly.py) and
-profiling (scripts/profile_step.py) need.
+profiling (jaxserve/bench/profile_step.py) need.
 
 dummy_inputs(runner, bucket) is an empty batch padded to the bucket, so it has exactly the
 shapes and dtypes a real step of that bucket has. lower_step lowers the forward and the sampler on

@@ -16,13 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxserve.tools import kernel_timing
+from jaxserve.bench import kernel_timing
 from jaxserve.kernels.ragged_paged_attention.gpu import ragged_paged_attention, write_kv
 from jaxserve.kernels.ragged_paged_attention.reference import (ragged_paged_attention_reference,
                                                              write_kv_reference)
 from jaxserve.kernels.ragged_paged_attention.testing import (attention_args, make_random_case,
                                                            write_args)
-from tests.scripts_loader import load_script
+from jaxserve.bench import bench_kernels
 
 HEAD_DIM = 64
 INTERPRET = jax.default_backend() != "gpu"  # on a GPU the same tests run the compiled kernels
@@ -208,7 +208,7 @@ def test_write_kv_rejects_bad_inputs():
 
 
 def _load_bench_script():
-  return load_script("bench_kernels")
+  return bench_kernels
 
 
 def test_bench_script_smoke(tmp_path: Path):

@@ -11,7 +11,7 @@ import pytest
 
 from jaxserve.kernels.greedy_sample.gpu import greedy_sample
 from jaxserve.kernels.greedy_sample.reference import greedy_sample_reference
-from tests.scripts_loader import load_script
+from jaxserve.bench import bench_sampler
 
 INTERPRET = jax.default_backend() != "gpu"
 
@@ -97,7 +97,7 @@ def test_integer_logits_and_banned_ids_of_another_dtype_raise():
 
 
 def test_bench_sampler_script_smoke(tmp_path):
-  module = load_script("bench_sampler")
+  module = bench_sampler
   out = tmp_path / "sampler.json"
   assert module.main(["--rows", "4", "--vocab", "300", "--tiles", "default,64:4:2:2",
                       "--inner", "2", "--reps", "1", "--out", str(out)]) == 0

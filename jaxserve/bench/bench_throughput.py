@@ -67,7 +67,7 @@ def run_jaxserve(config: EngineConfig, prompts: list[list[int]], output_len: int
 def _prepare_model(config: EngineConfig, args, tmp: Path) -> tuple[EngineConfig, str | None]:
   """The engine config to run and the transformers checkpoint for the baseline (if any)."""
   if args.random_model:
-    from jaxserve.tools.random_checkpoint import build_random_llama
+    from jaxserve.bench.random_checkpoint import build_random_llama
     out_dir = Path(args.random_model_dir) if args.random_model_dir else tmp / args.random_model
     print(f"building random-weight {args.random_model} checkpoint in {out_dir}")
     config = config.replace(model=str(build_random_llama(args.random_model, out_dir, args.seed)))
@@ -94,7 +94,7 @@ def main(args) -> int:
               "num_prompts": args.num_prompts, "input_len": args.input_len,
               "output_len": args.output_len, "python": platform.python_version()}
     if hf_dir is not None:
-      from jaxserve.tools.hf_baseline import run_in_subprocess
+      from jaxserve.bench.hf_baseline import run_in_subprocess
       dtype = model_config_for(config).dtype
       result["transformers"] = run_in_subprocess(hf_dir, prompts, args.output_len,
                                                  args.hf_batch_size, args.hf_device, dtype)

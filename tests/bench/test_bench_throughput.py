@@ -14,7 +14,7 @@ from jaxserve.models.model_config import ModelConfig, RopeScaling
 from jaxserve.models.registry import load_model
 from jaxserve.models.weights import hf_tensor_specs, load_hf_config
 from jaxserve.tools.export_hf import export_tiny_random_hf
-from jaxserve.tools.random_checkpoint import build_random_checkpoint, random_llama_config
+from jaxserve.bench.random_checkpoint import build_random_checkpoint, random_llama_config
 from tests.tools.tool_helpers import SMALL_ENGINE_ARGS
 
 NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN = 8, 24, 8

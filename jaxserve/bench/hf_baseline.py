@@ -72,7 +72,7 @@ def run_in_subprocess(model_dir: str, prompts: Sequence[Sequence[int]], output_l
     job.write_text(json.dumps({"model_dir": model_dir, "prompts": [list(p) for p in prompts],
                                "output_len": output_len, "batch_size": batch_size,
                                "device": device, "dtype": dtype}))
-    subprocess.run([sys.executable, "-m", "jaxserve.tools.hf_baseline", str(job), str(result)],
+    subprocess.run([sys.executable, "-m", "jaxserve.bench.hf_baseline", str(job), str(result)],
                    check=True)
     return json.loads(result.read_text())
 

@@ -9,8 +9,8 @@ import pytest
 
 from jaxserve.cli import main as jaxserve_main
 from jaxserve.server.async_engine import AsyncEngine
-from jaxserve.tools.arrivals import arrival_gaps, send_offsets
-from jaxserve.tools.datasets import load_sharegpt, random_requests
+from jaxserve.bench.arrivals import arrival_gaps, send_offsets
+from jaxserve.bench.datasets import load_sharegpt, random_requests
 from tests.server.server_helpers import build_server_engine, start_server
 from tests.tools.png_checks import assert_valid_png
 

@@ -1,4 +1,4 @@
-"""scripts/profile_step.py end to end on the built-in model (CPU): the step's parts are timed,
+"""jaxserve/bench/profile_step.py end to end on the built-in model (CPU): the step's parts are timed,
 the trace is summarized, and --trace-ops describes the top instructions from the step's own
 compiled HLO."""
 from __future__ import annotations
@@ -8,12 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "profile_step.py"
 
 
 def test_profile_step_with_trace_ops(tmp_path: Path):
   out = tmp_path / "profile.json"
-  subprocess.run([sys.executable, str(SCRIPT), "--num-seqs", "4", "--context", "16",
+  subprocess.run([sys.executable, "-m", "jaxserve.bench.profile_step", "--num-seqs", "4", "--context", "16",
                   "--max-model-len", "128", "--trace-top", "5", "--trace-ops", "--trace-reps", "2",
                   "--log-level", "WARNING", "--out", str(out)], check=True, capture_output=True,
                  timeout=600)

@@ -1,7 +1,7 @@
 """Offline engine throughput on one machine: output tokens/s, steps/s and host milliseconds per step.
 
-    python scripts/bench_offline.py                       # built-in tiny-random model
-    python scripts/bench_offline.py --model /path/to/ckpt --num-prompts 256 --input-len 512
+    python -m jaxserve.bench.bench_offline                       # built-in tiny-random model
+    python -m jaxserve.bench.bench_offline --model /path/to/ckpt --num-prompts 256 --input-len 512
 
 Random token prompts with fixed lengths (ignore_eos), all submitted at once; warmup (compiling
 every bucket) is excluded from the timed region. Prints a table and writes JSON.

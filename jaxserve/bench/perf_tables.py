@@ -1,8 +1,8 @@
-"""Renders benchmark JSON files (scripts/bench_kernels.py, jaxserve bench throughput,
-scripts/bench_offline.py) as the Markdown tables of docs/PERFORMANCE.md.
+"""Renders benchmark JSON files (jaxserve/bench/bench_kernels.py, jaxserve bench throughput,
+jaxserve/bench/bench_offline.py) as the Markdown tables of docs/PERFORMANCE.md.
 
-    python scripts/perf_tables.py docs/results/bench_kernels_h100.json
-    python scripts/perf_tables.py --side-by-side sync.json async.json   # offline runs as columns
+    python -m jaxserve.bench.perf_tables docs/results/bench_kernels_h100.json
+    python -m jaxserve.bench.perf_tables --side-by-side sync.json async.json   # offline runs as columns
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def offline(data: dict) -> str:
 
 
 def offline_side_by_side(runs: list[dict]) -> str:
-  """scripts/bench_offline.py results as one column per run."""
+  """jaxserve/bench/bench_offline.py results as one column per run."""
   heads = [("async" if r.get("async_scheduling") else "sync") + " scheduling"
            if "async_scheduling" in r else "value" for r in runs]
   lines = ["| metric | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(runs)]

@@ -19,9 +19,9 @@ from typing import Sequence
 
 import httpx
 
-from jaxserve.tools.arrivals import arrival_gaps
-from jaxserve.tools.datasets import SampleRequest
-from jaxserve.tools.latency_stats import RequestRecord, format_table, summarize
+from jaxserve.bench.arrivals import arrival_gaps
+from jaxserve.bench.datasets import SampleRequest
+from jaxserve.bench.latency_stats import RequestRecord, format_table, summarize
 
 COMPLETIONS_PATH = "/v1/completions"
 
@@ -186,7 +186,7 @@ def write_results(out_dir: Path, result: dict) -> list[Path]:
 
 def load_workload(args) -> tuple[list[SampleRequest], str]:
   """The requests `args` describe, and how their lengths were counted."""
-  from jaxserve.tools import datasets
+  from jaxserve.bench import datasets
 
   tokenizer = _try_tokenizer(args.tokenizer or args.model)
   if args.dataset == "sharegpt":

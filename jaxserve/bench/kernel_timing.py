@@ -9,7 +9,7 @@ nor share work between them), or the difference between two such programs of n a
 (`harness="marginal"`: what one more call costs, without the program's fixed dispatch and
 synchronization); `device_us_per_call` traces that unrolled program and returns the
 kernels' own device time per call; `copy_bandwidth` measures the HBM copy ceiling. Used by
-scripts/bench_kernels.py.
+jaxserve/bench/bench_kernels.py.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.tools.device_trace import capture_trace, summarize_trace, total_device_us
+from jaxserve.bench.device_trace import capture_trace, summarize_trace, total_device_us
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """Tensor-parallel serving on several GPUs: greedy tokens with tp=N against tp=1, decode step time
 at a fixed batch, and the all-reduce time per step measured on its own.
 
-    NCCL_NVLS_ENABLE=0 python scripts/bench_tp.py --model /tmp/llama8b --tp 1,2 --batch 128
+    NCCL_NVLS_ENABLE=0 python -m jaxserve.bench.bench_tp --model /tmp/llama8b --tp 1,2 --batch 128
 
 The model is any checkpoint directory (e.g. a Llama-3.1-8B-shaped random bfloat16 one built with
-jaxserve.tools.random_checkpoint). --tp-invariant turns on EngineConfig.tp_invariant_reductions
+jaxserve.bench.random_checkpoint). --tp-invariant turns on EngineConfig.tp_invariant_reductions
 (bitwise-equal bfloat16 forwards at tp = 1 and 2). Prints a table and writes JSON.
 """
 from __future__ import annotations
