@@ -33,7 +33,7 @@ from jaxserve.device.lowering import temp_bytes
 from jaxserve.device.model_runner import ModelRunner, StepSink
 from jaxserve.device.step_inputs import StepShape
 from jaxserve.device.step_options import greedy_sampler, sampler_backend, step_compiler_options
-from jaxserve.device.step_programs import StepShardings, build_step_programs
+from jaxserve.device.step_programs import build_step_programs
 from jaxserve.device.warmup import warmup
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.engine.page_allocator import PageAllocator

@@ -1,1 +1,2 @@
-"""Host side: requests, page allocation, scheduling and the engine loop (no jax in the first three)."""
+"""Host side: admission rules, requests, page allocation, scheduling, the batch builder (no jax in
+any of these) and the engine loop. Talks to the device side through messages/ only."""

@@ -1,2 +1,3 @@
-"""Pallas kernels used by jaxserve. Each kernel ships a validated wrapper, a pure-jnp reference,
-an interpret path and tests."""
+"""Kernels, each contract's variants side by side: ragged_paged_attention/ (the pure-jnp
+reference, the blocked XLA version, Pallas for GPU and TPU) and greedy_sample/ (reference, GPU).
+Each kernel ships a validated wrapper, an interpret path and tests against its reference."""

@@ -1,1 +1,2 @@
-"""Scale-out: the device mesh, the partition rules, per-shard attention and multi-host serving."""
+"""Scale-out: the device mesh, the partition rules, placement (one device or a mesh), per-shard
+attention and GEMMs, and multi-host step transport."""
