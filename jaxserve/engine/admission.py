@@ -12,6 +12,10 @@ import numbers
 from typing import Sequence
 
 
+class ContextLengthError(ValueError):
+  """The prompt plus max_tokens do not fit max_model_len (OpenAI's context_length_exceeded)."""
+
+
 def check_token_ids(ids: Sequence[int], vocab_size: int, name: str = "prompt") -> list[int]:
   """ids as a list of ints, each in [0, vocab_size); ValueError naming `name` otherwise."""
   ids = list(ids)
@@ -28,5 +32,5 @@ def check_length(num_prompt_tokens: int, max_tokens: int, max_model_len: int) ->
   """The prompt plus max_tokens must fit max_model_len."""
   total = num_prompt_tokens + max_tokens
   if total > max_model_len:
-    raise ValueError(f"prompt: {num_prompt_tokens} prompt tokens + max_tokens {max_tokens} "
-                     f"= {total} exceeds max_model_len {max_model_len}")
+    raise ContextLengthError(f"prompt: {num_prompt_tokens} prompt tokens + max_tokens "
+                             f"{max_tokens} = {total} exceeds max_model_len {max_model_len}")

@@ -10,6 +10,8 @@ import re
 
 from starlette.responses import JSONResponse
 
+from jaxserve.engine.admission import ContextLengthError
+
 _FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w.\[\]]*): ")
 
 
@@ -47,7 +49,7 @@ def bad_request(err: ValueError, rename: dict[str, str] | None = None) -> ApiErr
   param = field_of(err)
   if param is not None and rename:
     param = rename.get(param, param)
-  code = "context_length_exceeded" if "exceeds max_model_len" in str(err) else None
+  code = "context_length_exceeded" if isinstance(err, ContextLengthError) else None
   return ApiError(400, str(err), param=param, code=code)
 
 
