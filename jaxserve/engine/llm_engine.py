@@ -7,7 +7,7 @@ so other requests keep running.
 Async scheduling (scheduler.async_scheduling, on by default): step() schedules and dispatches
 step N+1 before it waits for step N's results, so scheduling, building the inputs and processing
 outputs run while the device computes. Step N+1's decode tokens are step N's samples, fed on
-device (device/model_runner.py); each call to step() returns the outputs of the step before.
+device (device/model_runner.py, behind engine/device_port.StepRunner); each call to step() returns the outputs of the step before.
 A request that stopped at step N has computed one more token in step N+1, which is dropped.
 Penalties need every generated id on the host, so a step whose batch holds a penalized request
 waiting for its in-flight token first completes the step in flight (synchronously).
@@ -22,15 +22,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from jaxserve.engine.admission import check_length, check_token_ids
+from jaxserve.engine.device_port import CompileCounter, StepRunner
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request, RequestStatus
 from jaxserve.engine.request_state import RequestState
-from jaxserve.messages.scheduled_batch import ScheduledBatch
 from jaxserve.engine.scheduler import Scheduler
-from jaxserve.outputs import RequestOutput, TokenLogprob
-from jaxserve.device.compile_ledger import CompileLedger
-from jaxserve.device.model_runner import ModelRunner, StepHandle
+from jaxserve.messages.scheduled_batch import ScheduledBatch
 from jaxserve.messages.step_output import StepOutput
+from jaxserve.outputs import RequestOutput, TokenLogprob
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.tokenizer.detokenizer import IncrementalDetokenizer
 from jaxserve.tokenizer.tokenizer import Tokenizer
@@ -73,7 +72,7 @@ class _StepInFlight:
   """A dispatched step: what it was fed and where its results will come from."""
   batch: ScheduledBatch
   requests: tuple[Request, ...]      # batch.seqs' requests, to recognise finished ones
-  handle: StepHandle
+  handle: object                     # the runner's handle of the dispatched step
   bucket: tuple[int, int]
   dispatch_time: float
 
@@ -95,9 +94,9 @@ class EngineStats:
 class LLMEngine:
   """Continuous-batching engine over one model. Build it with jaxserve.assembly."""
 
-  def __init__(self, *, tokenizer: Tokenizer, runner: ModelRunner, scheduler: Scheduler,
+  def __init__(self, *, tokenizer: Tokenizer, runner: StepRunner, scheduler: Scheduler,
                allocator: PageAllocator, max_model_len: int, vocab_size: int,
-               eos_token_ids: tuple[int, ...], ledger: CompileLedger, seed: int = 0,
+               eos_token_ids: tuple[int, ...], ledger: CompileCounter, seed: int = 0,
                model_name: str = "", warmup_seconds: float = 0.0):
     self.tokenizer = tokenizer
     self.runner = runner
