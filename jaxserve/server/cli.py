@@ -1,7 +1,7 @@
 """`jaxserve serve`: build and warm up the engine, then serve the OpenAI-compatible API.
 
-The engine is built (model, buckets, KV pages, warmup; the factory logs each) before uvicorn
-opens its socket, so once the server accepts connections /health is 200.
+The engine is built (model, buckets, KV pages, warmup; jaxserve/assembly.py logs each) before
+uvicorn opens its socket, so once the server accepts connections /health is 200.
 
 SIGTERM or SIGINT drains: the drain flag makes new requests (and /health) 503, uvicorn stops
 accepting connections and waits up to server.drain_timeout_s for running responses to finish
