@@ -8,7 +8,7 @@ rollback, and compiles lazily, so a schema costs about a millisecond. xgrammar, 
 requires torch, transformers and triton, which a JAX runtime should not carry.
 
 Compilation = building an `LLMatcher` for the spec (llguidance checks the grammar against the
-tokenizer there). A spec that does not compile raises `StructuredOutputError` naming its field,
+tokenizer there) and computing its first mask (which catches a grammar that matches nothing). A spec that does not compile raises `StructuredOutputError` naming its field,
 before the request reaches the scheduler, so no KV page is ever allocated for it. The compiled
 matcher is a template: each sequence gets `deep_copy()` of it (microseconds).
 
@@ -116,6 +116,17 @@ class GrammarCompiler:
     if is_error:
       raise StructuredOutputError(spec.param, f"invalid {spec.kind.value}: {messages[0]}")
     matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
+    if not matcher.is_error():
+      matcher.compute_bitmask()  # the first mask: a grammar that matches nothing fails here
     if matcher.is_error():
-      raise StructuredOutputError(spec.param, f"invalid {spec.kind.value}: {matcher.get_error()}")
+      raise StructuredOutputError(spec.param,
+                                  f"invalid {spec.kind.value}: {_short_error(matcher.get_error())}")
     return matcher
+
+
+def _short_error(message: str) -> str:
+  """llguidance's error without the parser-state dump it appends (for the client's 400 body)."""
+  head = message.split("<state>", 1)[0].strip()
+  if head in ("NoExtension", "NoExtensionBias"):
+    return "it matches no output (no token can start it)"
+  return head

@@ -18,7 +18,7 @@ accepts.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import llguidance
@@ -42,15 +42,33 @@ class TokenizerInfo:
 
 @dataclass(frozen=True)
 class _TokenTable:
-  """The duck-typed "gtokenizer" llguidance.TokenizerWrapper reads (fallback path)."""
+  """The duck-typed "gtokenizer" llguidance.TokenizerWrapper reads (fallback path).
+
+  Calling it tokenizes greedily (longest known piece first) over the non-special token bytes:
+  llguidance calls it on grammar text (e.g. bytes a grammar forces next) and needs tokens that
+  spell exactly those bytes; the tokenizer's own encode would not (a SentencePiece normalizer
+  prepends a space).
+  """
   eos_token_id: int
   bos_token_id: int | None
   tokens: tuple[bytes, ...]
   special_token_ids: tuple[int, ...]
-  tokenizer: Tokenizer
+  by_bytes: Mapping[bytes, int]
+  max_piece_len: int
 
-  def __call__(self, text: str) -> list[int]:
-    return self.tokenizer.encode(text, add_special_tokens=False)
+  def __call__(self, text: bytes | str) -> list[int]:
+    data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+    ids, i = [], 0
+    while i < len(data):
+      for length in range(min(self.max_piece_len, len(data) - i), 0, -1):
+        token_id = self.by_bytes.get(data[i:i + length])
+        if token_id is not None:
+          ids.append(token_id)
+          i += length
+          break
+      else:
+        i += 1  # a byte no token spells cannot be generated either
+    return ids
 
 
 def build_llg_tokenizer(tokenizer: Tokenizer,
@@ -83,8 +101,13 @@ def _token_table(tokenizer: Tokenizer, backend_size: int) -> _TokenTable:
   special = set(tokenizer.all_special_ids)
   anchor = _anchor_id(tokenizer, special)
   tokens = tuple(_token_bytes(tokenizer, i, special, anchor) for i in range(backend_size))
+  by_bytes: dict[bytes, int] = {}
+  for token_id, piece in enumerate(tokens):
+    if piece and token_id not in special:
+      by_bytes.setdefault(piece, token_id)
   return _TokenTable(eos_token_id=tokenizer.eos_token_ids[0], bos_token_id=tokenizer.bos_token_id,
-                     tokens=tokens, special_token_ids=tuple(sorted(special)), tokenizer=tokenizer)
+                     tokens=tokens, special_token_ids=tuple(sorted(special)), by_bytes=by_bytes,
+                     max_piece_len=max(map(len, by_bytes), default=1))
 
 
 def _anchor_id(tokenizer: Tokenizer, special: set[int]) -> int:

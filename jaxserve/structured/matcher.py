@@ -46,6 +46,7 @@ class SequenceMatcher:
     self._matcher = matcher
     self._info = info
     self._num_tokens = 0
+    self._unrecorded_eos = 0  # eos consumed after the grammar stopped: llguidance keeps no record
 
   @property
   def llg_matcher(self) -> llguidance.LLMatcher:
@@ -79,18 +80,28 @@ class SequenceMatcher:
   def consume(self, token_ids: Sequence[int]) -> bool:
     """Advances over sampled tokens; False (and DEAD_END) if the grammar rejects one."""
     for token_id in token_ids:
+      stopped = self._matcher.is_stopped()
       if not self._matcher.consume_token(int(token_id)):
         return False
-      self._num_tokens += 1
+      self._count_consumed(stopped)
     return True
 
   def rollback(self, num_tokens: int) -> None:
     """Undoes the last `num_tokens` consumed tokens."""
     if not 0 <= num_tokens <= self._num_tokens:
       raise ValueError(f"num_tokens: can roll back 0..{self._num_tokens} tokens, got {num_tokens}")
-    if num_tokens and not self._matcher.rollback(num_tokens):
-      raise RuntimeError(f"llguidance refused a rollback of {num_tokens}: {self._matcher.get_error()}")
+    unrecorded = min(num_tokens, self._unrecorded_eos)
+    recorded = num_tokens - unrecorded
+    if recorded and not self._matcher.rollback(recorded):
+      raise RuntimeError(f"llguidance refused a rollback of {recorded}: {self._matcher.get_error()}")
+    self._unrecorded_eos -= unrecorded
     self._num_tokens -= num_tokens
+
+  def _count_consumed(self, was_stopped: bool) -> None:
+    """Books one consumed token; once stopped, only eos is accepted and llguidance records none."""
+    self._num_tokens += 1
+    if was_stopped:
+      self._unrecorded_eos += 1
 
 
 @dataclass(frozen=True)
@@ -131,10 +142,11 @@ class BitmaskFiller:
 
   def consume(self, tokens: Sequence[tuple[SequenceMatcher, int]]) -> list[bool]:
     """Each matcher consumes one token, in parallel; False where the grammar rejected it."""
+    stopped = [m.llg_matcher.is_stopped() for m, _ in tokens]
     results = self._executor.consume_token_par([(m.llg_matcher, int(t)) for m, t in tokens])
-    for (matcher, _), ok in zip(tokens, results):
+    for (matcher, _), was_stopped, ok in zip(tokens, stopped, results):
       if ok:
-        matcher._num_tokens += 1  # noqa: SLF001 - the filler advances the matcher it wraps
+        matcher._count_consumed(was_stopped)  # noqa: SLF001 - the filler advances what it wraps
     return list(results)
 
   def _prepare(self, out: np.ndarray | None, num_rows: int) -> np.ndarray:
