@@ -38,7 +38,7 @@ def _check_shapes(logits: jax.Array, bitmask: jax.Array) -> None:
 def allowed_tokens(bitmask: jax.Array, vocab_size: int) -> jax.Array:
   """bool[S, V]: the bits of `bitmask` (int32[S, ceil(V / 32)]) as one flag per token."""
   shifts = jnp.arange(BITS_PER_WORD, dtype=jnp.int32)
-  bits = jax.lax.shift_right_logical(bitmask[:, :, None], shifts) & 1  # [S, W, 32]
+  bits = (bitmask[:, :, None] >> shifts) & 1  # [S, W, 32]; & 1 undoes the arithmetic shift's sign fill
   return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].astype(jnp.bool_)
 
 
