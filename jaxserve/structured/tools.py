@@ -26,7 +26,8 @@ from jaxserve.structured.spec import JsonValue, StructuredOutputError, Structure
 TOOLS = "tools"
 TOOL_CHOICE = "tool_choice"
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_EMPTY_PARAMETERS = {"type": "object", "properties": {}}
+# OpenAI: "omitting parameters defines a function with an empty parameter list"
+_EMPTY_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 def new_tool_call_id() -> str:
