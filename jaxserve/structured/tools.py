@@ -46,6 +46,13 @@ class ToolFunction:
   def parameters(self) -> dict[str, JsonValue]:
     return json.loads(self.parameters_json)
 
+  def to_openai(self) -> dict[str, JsonValue]:
+    """The tool as OpenAI writes it (what chat templates receive as `tools`)."""
+    function: dict[str, JsonValue] = {"name": self.name, "parameters": self.parameters()}
+    if self.description is not None:
+      function["description"] = self.description
+    return {"type": "function", "function": function}
+
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -138,7 +145,11 @@ def tool_call_schema(tools: Sequence[ToolFunction], choice: ToolChoice,
                      parallel_tool_calls: bool = True) -> dict[str, JsonValue] | None:
   """The JSON schema that forces the calls `choice` asks for; None for "none" and "auto"."""
   if choice.mode is ToolChoiceMode.NAMED:
-    return _call_schema(next(t for t in tools if t.name == choice.function_name))
+    named = [t for t in tools if t.name == choice.function_name]
+    if not named:
+      raise StructuredOutputError(f"{TOOL_CHOICE}.function.name",
+                                  f"{choice.function_name!r} is not one of the tools")
+    return _call_schema(named[0])
   if choice.mode is not ToolChoiceMode.REQUIRED:
     return None
   schema: dict[str, JsonValue] = {"type": "array", "minItems": 1,

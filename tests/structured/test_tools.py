@@ -40,6 +40,7 @@ def test_parse_tools_and_choice():
   assert parse_tool_choice("required", tools).mode is ToolChoiceMode.REQUIRED
   named = parse_tool_choice({"type": "function", "function": {"name": "search"}}, tools)
   assert named == ToolChoice(ToolChoiceMode.NAMED, "search")
+  assert tools[0].to_openai() == WEATHER
   assert tool_choice_constraint(tools, parse_tool_choice("auto", tools)) is None
   assert tool_choice_constraint(tools, parse_tool_choice("none", tools)) is None
 
