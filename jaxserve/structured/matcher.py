@@ -15,7 +15,9 @@ States (`GrammarState`):
 
 Rollback undoes consumed tokens (async scheduling that discards a speculative step, preemption
 that drops generated tokens); it is refused (ValueError, matcher untouched) past the tokens
-consumed since the start, because llguidance turns that into a permanent error.
+consumed since the start, because llguidance turns that into a permanent error, and in DEAD_END,
+which no rollback leaves: rebuild the matcher instead (GrammarCompiler.compile, then consume the
+tokens to keep).
 """
 from __future__ import annotations
 
@@ -90,6 +92,8 @@ class SequenceMatcher:
     """Undoes the last `num_tokens` consumed tokens."""
     if not 0 <= num_tokens <= self._num_tokens:
       raise ValueError(f"num_tokens: can roll back 0..{self._num_tokens} tokens, got {num_tokens}")
+    if self._matcher.is_error():
+      raise ValueError("num_tokens: a matcher at a dead end cannot roll back; rebuild it")
     unrecorded = min(num_tokens, self._unrecorded_eos)
     recorded = num_tokens - unrecorded
     if recorded and not self._matcher.rollback(recorded):

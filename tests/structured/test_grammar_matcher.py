@@ -115,6 +115,10 @@ def test_dead_end_is_reported_and_masks_only_eos():
   assert report.dead_end_rows == (2,)
   assert allowed_ids(report.bitmask[2], 512).tolist() == [BYTE_EOS]
   assert allowed_ids(report.bitmask[0], 512).tolist() == list(range(ord("0"), ord("9") + 1))
+  with pytest.raises(ValueError, match="dead end"):
+    matcher.rollback(1)
+  rebuilt = SequenceMatcher(setup.compiler.compile(StructuredOutputSpec.regex("[0-9]+")), setup.info)
+  assert rebuilt.consume([ord("7")]) and rebuilt.state is GrammarState.ACTIVE
 
 
 def test_rollback_restores_earlier_masks():
