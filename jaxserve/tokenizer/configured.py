@@ -7,7 +7,8 @@ import os
 
 from jaxserve.config import EngineConfig
 from jaxserve.tokenizer.chat_template import compile_chat_template
-from jaxserve.tokenizer.tokenizer import DEFAULT_TEMPLATE_NAME, Tokenizer, load_tokenizer
+from jaxserve.tokenizer.tokenizer import (DEFAULT_TEMPLATE_NAME, TINY_RANDOM, Tokenizer,
+                                          load_tokenizer)
 
 
 def chat_template_source(value: str) -> str:
@@ -36,6 +37,10 @@ def with_chat_template(tokenizer: Tokenizer, source: str) -> Tokenizer:
 
 
 def load_configured_tokenizer(config: EngineConfig) -> Tokenizer:
+  if config.tokenizer is not None and config.tokenizer != TINY_RANDOM \
+      and not os.path.isdir(config.tokenizer):
+    raise ValueError(f"tokenizer: {config.tokenizer!r} is neither {TINY_RANDOM!r} nor a "
+                     "tokenizer directory")
   tokenizer = load_tokenizer(config.tokenizer or config.model)
   if config.chat_template is not None:
     tokenizer = with_chat_template(tokenizer, chat_template_source(config.chat_template))
