@@ -8,7 +8,8 @@ never after a benchmark has run.
 """
 from __future__ import annotations
 
-import importlib
+import importlib.util
+import sys
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -25,15 +26,17 @@ class Requirement:
   reason: str  # what the command uses it for, e.g. "plots"
 
 
+def installed(module: str) -> bool:
+  """Whether `module` can be imported, found without importing it (no import-time side effects;
+  a None entry in sys.modules, which makes `import` fail, counts as missing)."""
+  if module in sys.modules:
+    return sys.modules[module] is not None
+  return importlib.util.find_spec(module) is not None
+
+
 def missing(requirements: Sequence[Requirement]) -> list[Requirement]:
-  """The requirements whose module cannot be imported."""
-  absent = []
-  for requirement in requirements:
-    try:
-      importlib.import_module(requirement.module)
-    except ImportError:
-      absent.append(requirement)
-  return absent
+  """The requirements whose module is not installed."""
+  return [r for r in requirements if not installed(r.module)]
 
 
 def require(command: str, requirements: Sequence[Requirement]) -> None:

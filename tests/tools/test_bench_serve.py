@@ -179,3 +179,20 @@ def test_missing_bench_extra_is_one_line_before_the_run(module, tmp_path):
                   f"({'HTTP client' if module == 'httpx' else 'plots'}), which is not installed: "
                   "pip install 'jaxserve[bench]'")
   assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("module,argv,reason", [
+    ("matplotlib", ["eval", "--plot", "--out-dir", "results"], "plots"),
+    ("torch", ["bench", "throughput", "--hf-baseline", "--out", "t.json"],
+     "the transformers baseline"),
+])
+def test_other_commands_check_their_extra_first(module, argv, reason, tmp_path):
+  code = (f"import sys; sys.modules[{module!r}] = None; from jaxserve.cli import main; "
+          f"sys.exit(main({argv!r}))")
+  run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path)
+  assert run.returncode == 1
+  (line,) = run.stderr.strip().splitlines()
+  assert line.endswith(f"needs {module} ({reason}), which is not installed: "
+                       "pip install 'jaxserve[bench]'")
+  assert list(tmp_path.iterdir()) == []
