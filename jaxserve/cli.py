@@ -18,9 +18,6 @@ from jaxserve.engine_args import ENGINE_ARGS, add_engine_arg_flags, engine_overr
 from jaxserve.log_setup import configure_logging
 from jaxserve.optional_deps import MissingDependencyError
 
-COMMANDS = {}
-
-
 def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
   """The engine flags; `skip` leaves out engine arguments the command uses otherwise (seed)."""
   group = parser.add_argument_group("engine")
@@ -160,8 +157,9 @@ def main(argv: list[str] | None = None) -> int:
   parser = build_parser()
   argv = sys.argv[1:] if argv is None else list(argv)
   args, unknown = parser.parse_known_args(argv)
-  if unknown:
-    command_parser(parser, argv).error(unknown_flags_message(command_parser(parser, argv), unknown))
+  if unknown:  # argparse's own message, with the closest known flag for each misspelt one
+    command = command_parser(parser, argv)
+    command.error(unknown_flags_message(command, unknown))
   configure_logging(getattr(args, "log_level", "INFO"))
   try:
     return args.func(args)
