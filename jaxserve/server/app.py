@@ -1,8 +1,8 @@
 """The Starlette app: OpenAI routes, utility routes, the guard middleware, error handlers.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST /tokenize,
-POST /detokenize, GET /tokenizer_info (server/tokenizer_info.py), GET /health (200 ready, 503 while draining or once the engine thread died),
-GET /metrics (Prometheus text). Every error, including unknown routes, has OpenAI's body shape;
+POST /detokenize, GET /tokenizer_info (server/tokenizer_info.py), GET /health (200 ready, 503
+while draining or once the engine thread died), GET /metrics (Prometheus text). Every error, including unknown routes, has OpenAI's body shape;
 bad input is never a 5xx.
 """
 from __future__ import annotations
