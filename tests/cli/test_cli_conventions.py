@@ -137,3 +137,12 @@ def test_generate_logs_only_actionable_lines(tmp_path):
   assert "Unable to initialize backend" not in run.stderr
   assert "step XLA options" not in run.stderr
   assert "greedy picks and logprobs: XLA reductions (sampler_backend=xla)" in run.stderr
+
+
+def test_commands_write_files_only_when_asked(tmp_path, monkeypatch, capsys):
+  monkeypatch.chdir(tmp_path)
+  assert main(["kv-plan", "--memory-gb", "0.01", "--avg-seq-len", "64"]) == 0
+  assert "paged / contiguous sequences" in capsys.readouterr().out
+  assert list(tmp_path.iterdir()) == []
+  assert main(["kv-plan", "--memory-gb", "0.01", "--out", "plan.json"]) == 0
+  assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]

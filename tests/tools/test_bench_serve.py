@@ -12,6 +12,7 @@ import pytest
 from jaxserve.cli import main as jaxserve_main
 from jaxserve.server.async_engine import AsyncEngine
 from jaxserve.tools.arrivals import arrival_gaps, send_offsets
+from jaxserve.tools.bench_serve import workload_label
 from jaxserve.tools.datasets import load_sharegpt, random_requests
 from tests.server.server_helpers import build_server_engine, start_server
 from tests.tools.png_checks import assert_valid_png
@@ -127,6 +128,8 @@ def test_chat_endpoint_with_vllm_flags(server_url, tmp_path, capsys):
     assert row in table
   result = json.loads((tmp_path / "bench_serve.json").read_text())
   assert result["endpoint"] == "/v1/chat/completions" and result["length_source"] == "words"
+  assert workload_label(result) == ("tiny-random /v1/chat/completions: 6 random prompts, "
+                                    "in 12 / out 6 tokens")  # the plots' title
   (run,) = result["runs"]
   metrics = run["metrics"]
   assert metrics["completed"] == 6
