@@ -1,43 +1,44 @@
 """The `jaxserve` command: generate, serve, bench and eval on one engine configuration.
 
 Engine settings come from one place: --config FILE (YAML) plus --set KEY=VALUE overrides, with
-the common ones (--model, --dtype, ...) as shortcuts for the same overrides.
+the common ones (--model, --max-num-seqs, --gpu-memory-utilization, ...; jaxserve/engine_args.py)
+as flags for the same overrides. Every --help shows defaults; a misspelt flag gets a "did you
+mean" (jaxserve/cli_help.py).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 
+from jaxserve import __version__
+from jaxserve.cli_help import command_parser, unknown_flags_message, use_defaults_help
 from jaxserve.config import EngineConfig, load_config
+from jaxserve.engine_args import ENGINE_ARGS, add_engine_arg_flags, engine_overrides
+from jaxserve.log_setup import configure_logging
+from jaxserve.optional_deps import MissingDependencyError
 
-COMMANDS = {}
-
-
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
+def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+  """The engine flags; `skip` leaves out engine arguments the command uses otherwise (seed)."""
   group = parser.add_argument_group("engine")
-  group.add_argument("--model", help="built-in model name (tiny-random) or a Hugging Face "
-                     "checkpoint directory (default: tiny-random)")
   group.add_argument("--config", help="YAML config file (see configs/; keys in docs/CONFIG.md)")
   group.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a config key, e.g. --set cache.page_size=32 (repeatable)")
-  group.add_argument("--dtype", choices=["auto", "float32", "bfloat16"])
-  group.add_argument("--max-model-len", type=int)
-  group.add_argument("--attention-backend",
-                     choices=["auto", "reference", "xla", "pallas_gpu", "pallas_tpu"])
+                     help="override a config key, e.g. --set cache.page_size=32 (repeatable; "
+                     "default: none)")
+  add_engine_arg_flags(group, skip)
   group.add_argument("--log-level", default="INFO",
                      choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-  overrides = list(args.overrides)
-  for flag, key in (("model", "model"), ("dtype", "dtype"), ("max_model_len", "max_model_len"),
-                    ("attention_backend", "attention_backend")):
-    value = getattr(args, flag, None)
-    if value is not None:
-      overrides.append(f"{key}={json.dumps(value) if isinstance(value, str) else value}")
-  return load_config(args.config, overrides)
+  """Defaults, then --config, then --set, then the engine flags (and a positional MODEL)."""
+  positional = getattr(args, "model_tag", None)
+  if positional is not None:
+    if getattr(args, "model", None) not in (None, positional):
+      raise ValueError(f"model: given twice, {positional!r} and --model {args.model!r}")
+    args.model = positional
+  values = {arg.name: getattr(args, arg.name, None) for arg in ENGINE_ARGS}
+  return load_config(args.config, list(args.overrides) + engine_overrides(values))
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -69,14 +70,15 @@ def _generate(args: argparse.Namespace) -> int:
 def _add_generate(subparsers) -> None:
   parser = subparsers.add_parser("generate", help="generate text offline for one or more prompts",
                                  description="Generate completions offline (no server).")
-  add_engine_args(parser)
-  parser.add_argument("--prompt", action="append", help="prompt text (repeatable)")
+  add_engine_args(parser, skip=("seed",))
+  parser.add_argument("--prompt", action="append", help="prompt text (repeatable; default: "
+                      "\"Hello, my name is\")")
   parser.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
   parser.add_argument("--max-tokens", type=int, default=32)
   parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
   parser.add_argument("--top-p", type=float, default=1.0)
   parser.add_argument("--top-k", type=int, default=0)
-  parser.add_argument("--seed", type=int)
+  parser.add_argument("--seed", type=int, help="sampling seed of the requests")
   parser.add_argument("--stop", action="append", help="stop string (repeatable)")
   parser.add_argument("--ignore-eos", action="store_true")
   parser.add_argument("--json", action="store_true", help="print one JSON object per completion")
@@ -126,12 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="jaxserve", description="LLM serving on JAX/XLA with a paged KV cache and "
       "continuous batching. Without --model, commands use the built-in tiny-random model.")
+  parser.add_argument("--version", action="version", version=f"jaxserve {__version__}")
   subparsers = parser.add_subparsers(dest="command", required=True)
   _add_generate(subparsers)
   _add_convert(subparsers)
   _add_config(subparsers)
   for register in _optional_commands():
     register(subparsers)
+  use_defaults_help(parser)
   return parser
 
 
@@ -151,11 +155,17 @@ def _optional_commands():
 
 def main(argv: list[str] | None = None) -> int:
   parser = build_parser()
-  args = parser.parse_args(argv)
-  logging.basicConfig(level=getattr(args, "log_level", "INFO"),
-                      format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  argv = sys.argv[1:] if argv is None else list(argv)
+  args, unknown = parser.parse_known_args(argv)
+  if unknown:  # argparse's own message, with the closest known flag for each misspelt one
+    command = command_parser(parser, argv)
+    command.error(unknown_flags_message(command, unknown))
+  configure_logging(getattr(args, "log_level", "INFO"))
   try:
     return args.func(args)
+  except MissingDependencyError as err:
+    print(err, file=sys.stderr)
+    return 1
   except ValueError as err:
     print(f"jaxserve {args.command}: error: {err}", file=sys.stderr)
     return 2

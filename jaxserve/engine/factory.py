@@ -36,7 +36,7 @@ from jaxserve.runtime.model_runner import ModelRunner
 from jaxserve.runtime.sampler import GreedyFn, xla_greedy
 from jaxserve.parallel.sharded_runner import StepSink
 from jaxserve.runtime.step_inputs import StepShape
-from jaxserve.tokenizer.tokenizer import load_tokenizer
+from jaxserve.tokenizer.configured import load_configured_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ def build_runner(config: EngineConfig, *,
   options = step_compiler_options(config)
   if kv_sharding is None:
     sampler = sampler_backend(config, sharded=False)
-    logger.info("sampler backend %s, step XLA options %s", sampler, options)
+    logger.info("%s", describe_step_choices(sampler, options))
     runner = ModelRunner(model, loaded.params, kv_pages, buckets, shape, options,
                          greedy_sampler(sampler))
   else:
@@ -171,6 +171,16 @@ def step_compiler_options(config: EngineConfig) -> dict[str, object] | None:
   if config.gpu_gemm == "cublaslt":
     options["xla_gpu_enable_cublaslt"] = True
   return options
+
+
+def describe_step_choices(sampler: str, options: dict[str, object] | None) -> str:
+  """What the sampler and GEMM settings mean for this run, with the config key to change each."""
+  where = ("the Pallas GPU kernel" if sampler == "pallas_gpu" else "XLA reductions")
+  text = f"greedy picks and logprobs: {where} (sampler_backend={sampler})"
+  if options:
+    gemms = "cuBLASLt" if options.get("xla_gpu_enable_cublaslt") else "cuBLAS"
+    text += f"; GEMMs: {gemms}, XLA's Triton GEMM fusions off (gpu_gemm)"
+  return text
 
 
 def sampler_backend(config: EngineConfig, sharded: bool) -> str:
@@ -210,6 +220,7 @@ def _step_scratch_bytes(config: EngineConfig, model_config: ModelConfig, model, 
 def build_engine(config: EngineConfig, *, show_progress: bool = True) -> LLMEngine:
   """Loads the model and tokenizer, sizes and allocates the KV pool, and compiles every bucket.
   On a multi-host job this runs on process 0 and sends every step (warmup too) to the others."""
+  tokenizer = load_configured_tokenizer(config)  # a bad tokenizer / template fails before loading
   enable_compilation_cache(config.compilation_cache_dir)
   ledger = CompileLedger().start()
   publisher = None
@@ -222,7 +233,6 @@ def build_engine(config: EngineConfig, *, show_progress: bool = True) -> LLMEngi
   built = build_runner(config, agree_num_pages=publisher and publisher.agree_num_pages,
                        publisher=publisher)
   model_config, runner, spec = built.model_config, built.runner, built.spec
-  tokenizer = load_tokenizer(config.model)
   allocator = PageAllocator(spec.num_pages, spec.page_size, config.scheduler.enable_prefix_caching)
   scheduler = Scheduler(config.scheduler, allocator, built.max_model_len)
   logger.info("buckets: %s", runner.buckets.describe())

@@ -65,6 +65,8 @@ class OutputStream:
     item = await self._queue.get()
     if isinstance(item, BaseException):
       self._unfinished.clear()
+      if isinstance(item, EngineDeadError):
+        raise item
       raise EngineDeadError(f"the engine stopped: {item}")
     if item.finished:
       self._unfinished.discard(item.request_id)
@@ -94,13 +96,18 @@ class _Abort:
   request_ids: list[str]
 
 
+@dataclass
+class _EndStreams:
+  error: EngineDeadError
+
+
 class AsyncEngine:
   """Runs an LLMEngine on its own thread and serves any number of asyncio event loops."""
 
   def __init__(self, engine: LLMEngine):
     self._engine = engine
     self._cond = threading.Condition()
-    self._inbox: collections.deque[_Add | _Abort] = collections.deque()
+    self._inbox: collections.deque[_Add | _Abort | _EndStreams] = collections.deque()
     self._streams: dict[str, OutputStream] = {}
     self._stats = engine.stats()
     self._num_reserved = 0
@@ -159,7 +166,12 @@ class AsyncEngine:
   def abort(self, request_ids: list[str]) -> None:
     self._submit(_Abort(list(request_ids)))
 
-  def _submit(self, command: _Add | _Abort) -> None:
+  def end_streams(self, error: EngineDeadError) -> None:
+    """Aborts every running request and ends its stream with `error` (the engine keeps
+    running); the drain timeout uses it (server/drain.py)."""
+    self._submit(_EndStreams(error))
+
+  def _submit(self, command: _Add | _Abort | _EndStreams) -> None:
     with self._cond:
       if self._error is not None or self._stopping:
         raise EngineDeadError("the engine is not running")
@@ -183,7 +195,7 @@ class AsyncEngine:
       return
     self._abort_all()
 
-  def _wait_for_work(self) -> list[_Add | _Abort] | None:
+  def _wait_for_work(self) -> list[_Add | _Abort | _EndStreams] | None:
     with self._cond:
       while (not self._inbox and not self._stopping
              and not self._engine.has_unfinished_requests()):
@@ -194,7 +206,17 @@ class AsyncEngine:
       self._inbox.clear()
       return commands
 
-  def _apply(self, command: _Add | _Abort) -> None:
+  def _apply(self, command: _Add | _Abort | _EndStreams) -> None:
+    if isinstance(command, _EndStreams):
+      streams = set(self._streams.values())
+      for request_id in list(self._streams):
+        self._engine.abort_request(request_id)
+      self._streams.clear()
+      for stream in streams:
+        _call_soon(stream.loop, stream._put, command.error)
+      if streams:
+        logger.warning("ended %d running response(s): %s", len(streams), command.error)
+      return
     if isinstance(command, _Abort):
       for request_id in command.request_ids:
         self._engine.abort_request(request_id)

@@ -16,7 +16,8 @@ from starlette.responses import JSONResponse, Response
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.server.async_engine import EngineDeadError, OutputStream
-from jaxserve.server.errors import bad_request, internal
+from jaxserve.server.drain import stream_error
+from jaxserve.server.errors import bad_request
 from jaxserve.server.generation import (DONE_EVENT, EngineStreamResponse, collect,
                                         expand_requests, sse_event)
 from jaxserve.server.logprobs import chat_logprobs
@@ -124,6 +125,6 @@ class ChatView:
       if self.parsed.include_usage:
         yield sse_event({**self._envelope([], "chat.completion.chunk"),
                          "usage": self.usage(num_generated)})
-    except EngineDeadError as err:
-      yield internal(str(err)).sse_event()
+    except EngineDeadError as err:  # the engine died, or the drain timeout ended the stream
+      yield stream_error(err).sse_event()
     yield DONE_EVENT

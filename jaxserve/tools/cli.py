@@ -2,13 +2,25 @@
 
 `jaxserve.cli` calls `register(subparsers)`; each command imports its module only when it runs,
 so `jaxserve --help` stays fast and torch / matplotlib are needed only by the commands using them.
+Before it imports its module, a command checks the optional packages it will use
+(jaxserve/optional_deps.py): a missing one is a one-line error naming the extra.
+
+Files are written only when asked (`--save-result` / `--result-dir`, `--out`, `--out-dir`);
+nothing lands in ./out/ by default.
 """
 from __future__ import annotations
 
 import argparse
 import math
+from typing import Callable
 
 from jaxserve.cli import add_engine_args
+from jaxserve.optional_deps import Requirement, require
+
+HTTPX = Requirement("httpx", "HTTP client")
+MATPLOTLIB = Requirement("matplotlib", "plots")
+TORCH = Requirement("torch", "the transformers baseline")
+TRANSFORMERS = Requirement("transformers", "the transformers baseline")
 
 
 def register(subparsers) -> None:
@@ -36,24 +48,42 @@ def _add_bench_serve(subparsers) -> None:
   parser.add_argument("--tokenizer", help="tokenizer for lengths and token-id prompts "
                       "(tiny-random or a checkpoint dir; default: --model if loadable)")
   parser.add_argument("--api-key")
-  parser.add_argument("--dataset", choices=["random", "sharegpt"], default="random")
+  parser.add_argument("--endpoint", default="/v1/completions",
+                      choices=["/v1/completions", "/v1/chat/completions"],
+                      help="the route to load; chat sends each prompt as one user message")
+  parser.add_argument("--dataset-name", "--dataset", dest="dataset", choices=["random", "sharegpt"],
+                      default="random")
   parser.add_argument("--dataset-path", help="ShareGPT JSON file")
   parser.add_argument("--num-prompts", type=int, default=100)
   parser.add_argument("--random-input-len", type=int, default=128)
   parser.add_argument("--random-output-len", type=int, default=64)
   parser.add_argument("--random-range-ratio", type=float, default=0.0)
-  parser.add_argument("--random-prompt-type", choices=["ids", "text"], default="ids",
-                      help="token-id prompts (needs a tokenizer) or random words")
+  parser.add_argument("--random-prompt-type", choices=["ids", "text"],
+                      help="token-id prompts (needs a tokenizer) or random words (default: ids for "
+                      "/v1/completions, text for chat)")
   parser.add_argument("--request-rate", type=_float_or_inf, default=math.inf,
-                      help="requests per second (default inf: all at once)")
+                      help="requests per second (inf: all at once)")
   parser.add_argument("--burstiness", type=float, default=1.0,
                       help="gamma shape of the arrival gaps (1 = Poisson)")
   parser.add_argument("--max-concurrency", type=int)
   parser.add_argument("--ignore-eos", action="store_true")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--sweep-rates", help="comma-separated rates, e.g. 1,2,4,inf")
-  parser.add_argument("--out-dir", default="out/bench_serve")
-  parser.set_defaults(func=_run("bench_serve"))
+  parser.add_argument("--percentile-metrics", default="ttft,tpot,itl",
+                      help="comma-separated metrics whose percentiles are printed, of ttft, tpot, "
+                      "itl, e2el")
+  parser.add_argument("--metric-percentiles", default="99",
+                      help="comma-separated percentiles to print and save, e.g. 25,50,99")
+  parser.add_argument("--goodput", nargs="+", metavar="METRIC:MS",
+                      help="service-level objectives, e.g. ttft:500 tpot:50 (ms; of ttft, tpot, "
+                      "e2el): also report the rate of requests meeting all of them")
+  parser.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+  parser.add_argument("--save-result", action="store_true",
+                      help="write bench_serve.json and latency plots into --result-dir")
+  parser.add_argument("--result-dir", "--out-dir", dest="result_dir",
+                      help="where --save-result writes (giving it implies --save-result; "
+                      "default: the current directory)")
+  parser.set_defaults(func=_run("bench_serve", lambda args: [HTTPX, MATPLOTLIB]))
 
 
 def _add_bench_throughput(subparsers) -> None:
@@ -61,7 +91,7 @@ def _add_bench_throughput(subparsers) -> None:
       "throughput", help="offline throughput through LLM.generate (optionally vs transformers)",
       description="Random token prompts, greedy, ignore_eos, all submitted at once; with "
       "--hf-baseline the same workload through transformers generate in static batches.")
-  add_engine_args(parser)
+  add_engine_args(parser, skip=("seed",))
   parser.add_argument("--num-prompts", type=int, default=256)
   parser.add_argument("--input-len", type=int, default=512)
   parser.add_argument("--output-len", type=int, default=128)
@@ -74,8 +104,10 @@ def _add_bench_throughput(subparsers) -> None:
   parser.add_argument("--random-model", choices=["llama-3.2-1b", "llama-3.1-8b"],
                       help="build a random-weight bfloat16 checkpoint of this shape and use it")
   parser.add_argument("--random-model-dir", help="where to write it (default: a temp dir)")
-  parser.add_argument("--out", default="out/bench_throughput.json")
-  parser.set_defaults(func=_run("bench_throughput"))
+  parser.add_argument("--out", "--output-json", dest="out",
+                      help="write the result JSON to this file (default: print only)")
+  parser.set_defaults(func=_run("bench_throughput",
+                                lambda args: [TORCH, TRANSFORMERS] if args.hf_baseline else []))
 
 
 def _add_eval(subparsers) -> None:
@@ -89,8 +121,10 @@ def _add_eval(subparsers) -> None:
   parser.add_argument("--limit", type=int, help="at most this many examples per task file")
   parser.add_argument("--parity-hf", action="store_true")
   parser.add_argument("--plot", action="store_true", help="also write a PNG bar chart")
-  parser.add_argument("--out-dir", default="out/eval")
-  parser.set_defaults(func=_run("eval_harness"))
+  parser.add_argument("--out-dir", help="write eval.json, eval.md (and eval.png) here (default: "
+                      "print only)")
+  parser.set_defaults(func=_run("eval_harness", lambda args: (
+      [TORCH, TRANSFORMERS] if args.parity_hf else []) + ([MATPLOTLIB] if args.plot else [])))
 
 
 def _add_kv_plan(subparsers) -> None:
@@ -104,12 +138,14 @@ def _add_kv_plan(subparsers) -> None:
   parser.add_argument("--avg-seq-len", type=int, default=512)
   parser.add_argument("--check", action="store_true",
                       help="build the real engine on this device and compare its page count")
-  parser.add_argument("--out", default="out/kv_plan.json")
-  parser.set_defaults(func=_run("kv_plan"))
+  parser.add_argument("--out", help="write the plan as JSON to this file (default: print only)")
+  parser.set_defaults(func=_run("kv_plan", lambda args: []))
 
 
-def _run(module_name: str):
+def _run(module_name: str, needs: Callable[[argparse.Namespace], list[Requirement]]):
   def run(args: argparse.Namespace) -> int:
+    require(f"jaxserve {args.command}{' ' + args.bench_command if args.command == 'bench' else ''}",
+            needs(args))
     module = __import__(f"jaxserve.tools.{module_name}", fromlist=["main"])
     return module.main(args)
   return run
