@@ -103,16 +103,26 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class ServerConfig:
+  """The HTTP server. max_waiting_requests counts HTTP requests admitted and not yet started,
+  whatever their n (server/admission.py); max_n caps a request's n (larger is a 400);
+  stream_interval: a streamed choice gets a chunk every that many engine steps that produced
+  its tokens (its first and last always at once; server/stream_interval.py)."""
   host: str = "127.0.0.1"
   port: int = 8000
   api_key: str | None = None
   served_model_name: str | None = None
   max_waiting_requests: int = 1024
+  max_n: int = 128
+  stream_interval: int = 1
   max_body_bytes: int = 4 * 1024 * 1024
   drain_timeout_s: float = 30.0
   stats_interval_s: float = 10.0
 
   def __post_init__(self) -> None:
+    for name in ("max_n", "stream_interval"):
+      value = getattr(self, name)
+      _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+               f"server.{name}", f"must be an integer >= 1, got {value!r}")
     _require(isinstance(self.stats_interval_s, (int, float)) and self.stats_interval_s >= 0,
              "server.stats_interval_s", f"must be a number >= 0 (0 disables the stats line), "
              f"got {self.stats_interval_s!r}")

@@ -12,7 +12,10 @@
   if one request is refused, the ones already added are aborted.
 * Commands are applied before each step, so an abort takes effect within one engine step.
 * After applying commands and after each step the thread publishes an EngineStats snapshot that
-  /metrics and the 429 admission check read without touching the engine.
+  /metrics reads without touching the engine.
+* Admission (server/admission.py): `waiting` counts the HTTP requests admitted and not started;
+  a group's place goes back when each of its requests has delivered an output (or the group was
+  aborted or failed).
 * If the engine raises, the thread fails every open stream with EngineDeadError and exits;
   `alive` turns False (and /health 503).
 """
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from jaxserve.engine.llm_engine import EngineStats, LLMEngine
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
+from jaxserve.server.admission import Place, WaitingRequests
 
 logger = logging.getLogger(__name__)
 
@@ -49,12 +53,14 @@ class OutputStream:
   """The outputs of a group of engine requests, in step order, delivered on one event loop."""
 
   def __init__(self, engine: AsyncEngine, request_ids: list[str],
-               loop: asyncio.AbstractEventLoop):
+               loop: asyncio.AbstractEventLoop, place: Place | None = None):
     self.request_ids = tuple(request_ids)
     self.loop = loop
     self._engine = engine
     self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
     self._unfinished = set(request_ids)
+    self._place = place
+    self._not_started = set(request_ids) if place is not None else set()
 
   @property
   def finished(self) -> bool:
@@ -74,6 +80,7 @@ class OutputStream:
 
   def abort(self) -> int:
     """Aborts the group's unfinished requests and returns how many (0 once all finished)."""
+    self._release_place()
     count = len(self._unfinished)
     if count:
       self._engine.abort(sorted(self._unfinished))
@@ -81,7 +88,19 @@ class OutputStream:
     return count
 
   def _put(self, item: RequestOutput | BaseException) -> None:
+    if self._place is not None:
+      if isinstance(item, BaseException):
+        self._release_place()
+      else:
+        self._not_started.discard(item.request_id)
+        if not self._not_started:
+          self._release_place()
     self._queue.put_nowait(item)
+
+  def _release_place(self) -> None:
+    if self._place is not None:
+      self._place.release()
+      self._place = None
 
 
 @dataclass
@@ -110,7 +129,7 @@ class AsyncEngine:
     self._inbox: collections.deque[_Add | _Abort | _EndStreams] = collections.deque()
     self._streams: dict[str, OutputStream] = {}
     self._stats = engine.stats()
-    self._num_reserved = 0
+    self.waiting = WaitingRequests()
     self._stopping = False
     self._error: BaseException | None = None
     self._thread = threading.Thread(target=self._run, name="jaxserve-engine", daemon=True)
@@ -136,24 +155,12 @@ class AsyncEngine:
     """The snapshot published after the engine thread's last iteration."""
     return self._stats
 
-  # -- admission (event loop side) -------------------------------------------------------
-  def reserve(self, count: int, limit: int) -> bool:
-    """Counts `count` requests as waiting unless that would pass `limit`; see release()."""
-    with self._cond:
-      if self._stats.num_waiting + self._num_reserved + count > limit:
-        return False
-      self._num_reserved += count
-      return True
-
-  def release(self, count: int) -> None:
-    """Ends a reservation (after add() returned, when the engine itself counts them)."""
-    with self._cond:
-      self._num_reserved -= count
-
-  async def add(self, specs: list[RequestSpec]) -> OutputStream:
-    """Queues the group on the engine; raises ValueError (naming the field) if it refuses one."""
+  # -- event loop side ---------------------------------------------------------------------
+  async def add(self, specs: list[RequestSpec], place: Place | None = None) -> OutputStream:
+    """Queues the group on the engine; raises ValueError (naming the field) if it refuses one.
+    The stream gives `place` back once every request of the group has started."""
     loop = asyncio.get_running_loop()
-    stream = OutputStream(self, [s.request_id for s in specs], loop)
+    stream = OutputStream(self, [s.request_id for s in specs], loop, place)
     future = loop.create_future()
     self._submit(_Add(specs, stream, future))
     try:

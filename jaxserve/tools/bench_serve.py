@@ -63,11 +63,16 @@ def completion_payload(config: ServeBenchConfig, request: SampleRequest) -> dict
 
 
 def _content(choice: dict) -> str | None:
-  """The text a completion or chat chunk's choice carries; None for a chat chunk with neither
-  content nor a finish reason (the opening role chunk), which is not a token."""
+  """The text a completion or chat chunk's choice carries ("" for a token whose text is held
+  back); None for a chat chunk that is not a token: the opening role chunk, or one with
+  neither content nor a finish reason."""
   if "delta" in choice:
-    content = choice["delta"].get("content")
-    return content or ("" if choice.get("finish_reason") else None)
+    delta = choice["delta"]
+    if choice.get("finish_reason"):
+      return delta.get("content") or ""
+    if "role" in delta or delta.get("content") is None:
+      return None
+    return delta["content"]
   return choice.get("text", "")
 
 
