@@ -43,6 +43,8 @@ CASES = [
     (COMPLETIONS, {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty", None),
     (COMPLETIONS, {"prompt": "hi", "logprobs": 21}, 400, "logprobs", None),
     (COMPLETIONS, {"prompt": "hi", "n": 0}, 400, "n", None),
+    (COMPLETIONS, {"prompt": "hi", "n": 10**9}, 400, "n", None),  # above server.max_n (128)
+    (CHAT, {"messages": USER, "n": 129}, 400, "n", None),
     (COMPLETIONS, {"prompt": "hi", "seed": -1}, 400, "seed", None),
     (COMPLETIONS, {"prompt": "hi", "stop": 5}, 400, "stop", None),
     (COMPLETIONS, {"prompt": "hi", "stop": [""]}, 400, "stop", None),
