@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from jaxserve.config import load_config
 from tests.server.server_helpers import start_server, wait_for_idle
 
 LIMIT = 64
@@ -62,7 +63,7 @@ def test_a_burst_above_the_limit_gets_429_and_gives_every_place_back(served, sma
   assert set(statuses) == {200, 429}
   assert statuses.count(200) >= LIMIT
   assert served.async_engine.waiting.count == 0
-  wait_for_idle(small_queue.url)
+  assert wait_for_idle(small_queue.url)["jaxserve_num_http_requests_waiting"] == 0
 
 
 def test_n_above_max_n_is_400_naming_n(served, small_queue):
@@ -80,3 +81,10 @@ def test_n_above_max_n_is_400_naming_n(served, small_queue):
     full = client.completions.create(model="tiny-random", prompt="hi", max_tokens=2, n=4)
     assert sorted(c.index for c in full.choices) == [0, 1, 2, 3]
   assert served.async_engine.waiting.count == 0
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, "many"])
+def test_max_n_is_validated(value):
+  with pytest.raises(ValueError, match=r"^server\.max_n: must be an integer >= 1"):
+    load_config(overrides=[f"server.max_n={value}"])
+  assert load_config(overrides=["server.max_n=8"]).server.max_n == 8

@@ -12,6 +12,7 @@ from collections import defaultdict
 import httpx
 import pytest
 
+from jaxserve.config import load_config
 from jaxserve.engine.factory import build_engine
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.server.async_engine import AsyncEngine
@@ -198,3 +199,10 @@ def test_a_decode_burst_is_one_chunk_with_its_tokens(bursting):
   for chunk, step in zip(chunks, steps):
     assert chunk["logprobs"]["tokens"] == engine.tokenizer.convert_ids_to_tokens(step)
   assert chunks[-1]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("value", [0, -2, 2.5, False, "x"])
+def test_stream_interval_is_validated(value):
+  with pytest.raises(ValueError, match=r"^server\.stream_interval: must be an integer >= 1"):
+    load_config(overrides=[f"server.stream_interval={value}"])
+  assert load_config().server.stream_interval == 1
