@@ -32,14 +32,15 @@ from jaxserve.device.kv_cache import (KVCacheSpec, allocate_kv_pages, device_mem
 from jaxserve.device.lowering import temp_bytes
 from jaxserve.device.model_runner import ModelRunner, StepSink
 from jaxserve.device.step_inputs import StepShape
-from jaxserve.device.step_options import greedy_sampler, sampler_backend, step_compiler_options
+from jaxserve.device.step_options import (describe_step_choices, greedy_sampler, sampler_backend,
+                                          step_compiler_options)
 from jaxserve.device.step_programs import build_step_programs
 from jaxserve.device.warmup import warmup
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.models.model_config import ModelConfig
-from jaxserve.models.registry import load_model_tokenizer
+from jaxserve.models.registry import load_configured_tokenizer
 from jaxserve.parallel.multihost import StepPublisher, is_worker
 from jaxserve.parallel.placement import Placement, load_placement
 
@@ -100,7 +101,7 @@ def build_device(config: EngineConfig, *,
   options = step_compiler_options(config)
   sampler = sampler_backend(config, sharded=placement.mesh is not None)
   if placement.mesh is None:
-    logger.info("sampler backend %s, step XLA options %s", sampler, options)
+    logger.info("%s", describe_step_choices(sampler, options))
   shardings = placement.step_shardings(kv_pages)
   programs = build_step_programs(
       model, shardings, burst_steps=config.scheduler.num_scheduler_steps, page_size=page_size,
@@ -130,6 +131,7 @@ def _step_scratch_bytes(config: EngineConfig, placement: Placement, buckets: Buc
 def build_engine(config: EngineConfig, *, show_progress: bool = True) -> LLMEngine:
   """Loads the model and tokenizer, sizes and allocates the KV pool, and compiles every bucket.
   On a multi-host job this runs on process 0 and sends every step (warmup too) to the others."""
+  tokenizer = load_configured_tokenizer(config)  # a bad tokenizer / template fails before loading
   enable_compilation_cache(config.compilation_cache_dir)
   ledger = CompileLedger().start()
   publisher = None
@@ -141,7 +143,6 @@ def build_engine(config: EngineConfig, *, show_progress: bool = True) -> LLMEngi
   device = build_device(config, agree_num_pages=publisher and publisher.agree_num_pages,
                         publisher=publisher)
   model_config, runner, spec = device.model_config, device.runner, device.spec
-  tokenizer = load_model_tokenizer(config.model)
   allocator = PageAllocator(spec.num_pages, spec.page_size, config.scheduler.enable_prefix_caching)
   scheduler = Scheduler(config.scheduler, allocator, device.max_model_len)
   logger.info("buckets: %s", runner.buckets.describe())

@@ -1,21 +1,25 @@
 """The `jaxserve` command: generate, serve, bench and eval on one engine configuration.
 
 Engine settings come from one place: --config FILE (YAML) plus --set KEY=VALUE overrides, with
-the common ones (--model, --dtype, ...) as shortcuts for the same overrides (jaxserve/cli_args.py).
-Subcommands defined next to the code they drive are imported explicitly: `serve`
-(jaxserve/server/cli.py), the benchmarks (jaxserve/bench/cli.py), eval and kv-plan
-(jaxserve/tools/cli.py); each of
-those imports its heavy module only when it runs.
+the common ones (--model, --max-num-seqs, --gpu-memory-utilization, ...; jaxserve/engine_args.py)
+as flags for the same overrides (jaxserve/cli_args.py adds them to a parser). Every --help shows
+defaults; a misspelt flag gets a "did you mean" (jaxserve/cli_help.py). Subcommands defined next
+to the code they drive are imported explicitly: `serve` (jaxserve/server/cli.py), the benchmarks
+(jaxserve/bench/cli.py), eval and kv-plan (jaxserve/tools/cli.py); each of those imports its
+heavy module only when it runs.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 
-from jaxserve.cli_args import add_engine_args, engine_config_from_args
+from jaxserve import __version__
 from jaxserve.bench import cli as bench_cli
+from jaxserve.cli_args import add_engine_args, engine_config_from_args
+from jaxserve.cli_help import command_parser, unknown_flags_message, use_defaults_help
+from jaxserve.log_setup import configure_logging
+from jaxserve.optional_deps import MissingDependencyError
 from jaxserve.server import cli as server_cli
 from jaxserve.tools import cli as tools_cli
 
@@ -49,14 +53,15 @@ def _generate(args: argparse.Namespace) -> int:
 def _add_generate(subparsers) -> None:
   parser = subparsers.add_parser("generate", help="generate text offline for one or more prompts",
                                  description="Generate completions offline (no server).")
-  add_engine_args(parser)
-  parser.add_argument("--prompt", action="append", help="prompt text (repeatable)")
+  add_engine_args(parser, skip=("seed",))
+  parser.add_argument("--prompt", action="append", help="prompt text (repeatable; default: "
+                      "\"Hello, my name is\")")
   parser.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
   parser.add_argument("--max-tokens", type=int, default=32)
   parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
   parser.add_argument("--top-p", type=float, default=1.0)
   parser.add_argument("--top-k", type=int, default=0)
-  parser.add_argument("--seed", type=int)
+  parser.add_argument("--seed", type=int, help="sampling seed of the requests")
   parser.add_argument("--stop", action="append", help="stop string (repeatable)")
   parser.add_argument("--ignore-eos", action="store_true")
   parser.add_argument("--json", action="store_true", help="print one JSON object per completion")
@@ -106,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="jaxserve", description="LLM serving on JAX/XLA with a paged KV cache and "
       "continuous batching. Without --model, commands use the built-in tiny-random model.")
+  parser.add_argument("--version", action="version", version=f"jaxserve {__version__}")
   subparsers = parser.add_subparsers(dest="command", required=True)
   _add_generate(subparsers)
   _add_convert(subparsers)
@@ -113,16 +119,23 @@ def build_parser() -> argparse.ArgumentParser:
   server_cli.register(subparsers)  # serve
   bench_cli.register(subparsers)   # bench serve, bench throughput
   tools_cli.register(subparsers)   # eval, kv-plan
+  use_defaults_help(parser)
   return parser
 
 
 def main(argv: list[str] | None = None) -> int:
   parser = build_parser()
-  args = parser.parse_args(argv)
-  logging.basicConfig(level=getattr(args, "log_level", "INFO"),
-                      format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  argv = sys.argv[1:] if argv is None else list(argv)
+  args, unknown = parser.parse_known_args(argv)
+  if unknown:  # argparse's own message, with the closest known flag for each misspelt one
+    command = command_parser(parser, argv)
+    command.error(unknown_flags_message(command, unknown))
+  configure_logging(getattr(args, "log_level", "INFO"))
   try:
     return args.func(args)
+  except MissingDependencyError as err:
+    print(err, file=sys.stderr)
+    return 1
   except ValueError as err:
     print(f"jaxserve {args.command}: error: {err}", file=sys.stderr)
     return 2

@@ -1,33 +1,32 @@
 """The engine flags every `jaxserve` command (and the benchmarks) share: --config FILE, --set
-KEY=VALUE overrides, and shortcuts (--model, --dtype, ...) for the same overrides."""
+KEY=VALUE overrides, and the engine arguments (jaxserve/engine_args.py) as flags for the same
+overrides."""
 from __future__ import annotations
 
 import argparse
-import json
 
 from jaxserve.config import EngineConfig, load_config
+from jaxserve.engine_args import ENGINE_ARGS, add_engine_arg_flags, engine_overrides
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
+def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+  """The engine flags; `skip` leaves out engine arguments the command uses otherwise (seed)."""
   group = parser.add_argument_group("engine")
-  group.add_argument("--model", help="built-in model name (tiny-random) or a Hugging Face "
-                     "checkpoint directory (default: tiny-random)")
   group.add_argument("--config", help="YAML config file (see configs/; keys in docs/CONFIG.md)")
   group.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a config key, e.g. --set cache.page_size=32 (repeatable)")
-  group.add_argument("--dtype", choices=["auto", "float32", "bfloat16"])
-  group.add_argument("--max-model-len", type=int)
-  group.add_argument("--attention-backend",
-                     choices=["auto", "reference", "xla", "pallas_gpu", "pallas_tpu"])
+                     help="override a config key, e.g. --set cache.page_size=32 (repeatable; "
+                     "default: none)")
+  add_engine_arg_flags(group, skip)
   group.add_argument("--log-level", default="INFO",
                      choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-  overrides = list(args.overrides)
-  for flag, key in (("model", "model"), ("dtype", "dtype"), ("max_model_len", "max_model_len"),
-                    ("attention_backend", "attention_backend")):
-    value = getattr(args, flag, None)
-    if value is not None:
-      overrides.append(f"{key}={json.dumps(value) if isinstance(value, str) else value}")
-  return load_config(args.config, overrides)
+  """Defaults, then --config, then --set, then the engine flags (and a positional MODEL)."""
+  positional = getattr(args, "model_tag", None)
+  if positional is not None:
+    if getattr(args, "model", None) not in (None, positional):
+      raise ValueError(f"model: given twice, {positional!r} and --model {args.model!r}")
+    args.model = positional
+  values = {arg.name: getattr(args, arg.name, None) for arg in ENGINE_ARGS}
+  return load_config(args.config, list(args.overrides) + engine_overrides(values))

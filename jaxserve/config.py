@@ -103,15 +103,29 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class ServerConfig:
+  """The HTTP server. max_waiting_requests counts HTTP requests admitted and not yet started,
+  whatever their n (server/admission.py); max_n caps a request's n (larger is a 400);
+  stream_interval: a streamed choice gets a chunk every that many engine steps that produced
+  its tokens (its first and last always at once; server/stream_interval.py)."""
   host: str = "127.0.0.1"
   port: int = 8000
   api_key: str | None = None
   served_model_name: str | None = None
   max_waiting_requests: int = 1024
+  max_n: int = 128
+  stream_interval: int = 1
   max_body_bytes: int = 4 * 1024 * 1024
   drain_timeout_s: float = 30.0
+  stats_interval_s: float = 10.0
 
   def __post_init__(self) -> None:
+    for name in ("max_n", "stream_interval"):
+      value = getattr(self, name)
+      _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+               f"server.{name}", f"must be an integer >= 1, got {value!r}")
+    _require(isinstance(self.stats_interval_s, (int, float)) and self.stats_interval_s >= 0,
+             "server.stats_interval_s", f"must be a number >= 0 (0 disables the stats line), "
+             f"got {self.stats_interval_s!r}")
     _require(isinstance(self.port, int) and 0 <= self.port < 65536, "server.port",
              f"must be in [0, 65535], got {self.port!r}")
     _require(isinstance(self.max_waiting_requests, int) and self.max_waiting_requests >= 1,
@@ -171,8 +185,12 @@ class EngineConfig:
   (jaxserve/kernels/greedy_sample) for unsharded models on GPUs and XLA's reductions elsewhere;
   "pallas_gpu" off a GPU runs the kernel in Pallas interpret mode (tests).
   fuse_projections merges each layer's q/k/v and gate/up weights after loading, one GEMM each
-  (models/fused_projections.py; unsharded models only: ignored when the model is sharded)."""
+  (models/fused_projections.py; unsharded models only: ignored when the model is sharded).
+  tokenizer: a tokenizer directory other than the model's; chat_template: a template file (or the
+  template text itself) replacing the tokenizer's (models/registry.load_configured_tokenizer)."""
   model: str = "tiny-random"
+  tokenizer: str | None = None
+  chat_template: str | None = None
   dtype: str = "auto"
   max_model_len: int | None = None
   attention_backend: str = "auto"
@@ -190,6 +208,10 @@ class EngineConfig:
 
   def __post_init__(self) -> None:
     _require(isinstance(self.model, str) and self.model != "", "model", "must be a non-empty string")
+    for name in ("tokenizer", "chat_template"):
+      value = getattr(self, name)
+      _require(value is None or (isinstance(value, str) and value.strip() != ""), name,
+               f"must be a non-empty string or null, got {value!r}")
     _require(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
     _require(self.attention_backend in ATTENTION_BACKENDS, "attention_backend",
              f"must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")

@@ -1,6 +1,8 @@
-"""The offline API: LLM(model=...).generate(prompts, SamplingParams(...)).
+"""The offline API: LLM(model=...).generate(prompts, SamplingParams(...)), .chat(messages, ...).
 
-Prompts are validated up front (a bad one raises ValueError before anything runs), then all are
+Keyword arguments are vLLM's engine arguments (gpu_memory_utilization, max_num_seqs, ...; the
+table in jaxserve/engine_args.py, shared with the CLI flags) or EngineConfig fields. Prompts are
+validated up front (a bad one raises ValueError before anything runs), then all are
 queued and the engine loops until every request finishes, with a progress bar.
 """
 from __future__ import annotations
@@ -12,23 +14,39 @@ from tqdm.auto import tqdm
 
 from jaxserve.config import EngineConfig
 from jaxserve.assembly import build_engine
+from jaxserve.engine_args import BY_NAME, config_with_engine_args
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.outputs import Completion, GenerationResult, RequestOutput
 from jaxserve.sampling_params import SamplingParams
+from jaxserve.tokenizer.tokenizer import Tokenizer
 
 Prompt = str | Sequence[int]
+Message = dict[str, str]
 
 
 class LLM:
   """Offline generation. `model` is "tiny-random" or a Hugging Face checkpoint directory; other
-  keyword arguments are EngineConfig fields (e.g. max_model_len=1024, cache=CacheConfig(...))."""
+  keyword arguments are engine arguments (gpu_memory_utilization=0.5, max_model_len=1024,
+  tensor_parallel_size=2, ...: jaxserve/engine_args.py) or EngineConfig fields
+  (cache=CacheConfig(...)); an unknown one is a ValueError naming it."""
 
   def __init__(self, model: str = "tiny-random", *, config: EngineConfig | None = None,
-               show_progress: bool = True, **engine_fields):
-    base = config or EngineConfig()
-    self.config = dataclasses.replace(base, model=model, **engine_fields)
+               show_progress: bool = True, **kwargs: object):
+    self.config = engine_config_for(model, config or EngineConfig(), kwargs)
     self.engine: LLMEngine = build_engine(self.config, show_progress=show_progress)
     self.tokenizer = self.engine.tokenizer
+
+  def get_tokenizer(self) -> Tokenizer:
+    return self.tokenizer
+
+  def chat(self, messages: Sequence[Message] | Sequence[Sequence[Message]],
+           sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+           use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[GenerationResult]:
+    """Generates a reply to one conversation (a list of {"role", "content"} messages) or to each
+    of a list of them, through the chat template (which writes bos itself, as the chat route)."""
+    conversations = _as_conversations(messages)
+    prompts = [self.tokenizer.encode_chat(list(c), add_generation_prompt) for c in conversations]
+    return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
   def generate(self, prompts: Prompt | Sequence[Prompt],
                sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -93,6 +111,32 @@ class LLM:
     return GenerationResult(prompt=prompt if isinstance(prompt, str) else None,
                             prompt_token_ids=tuple(prompt_ids), outputs=completions,
                             prompt_logprobs=outputs[0].prompt_logprobs)
+
+
+def engine_config_for(model: str, base: EngineConfig,
+                      kwargs: dict[str, object]) -> EngineConfig:
+  """`base` with model, the EngineConfig fields and then the engine arguments of `kwargs`."""
+  fields = {f.name for f in dataclasses.fields(EngineConfig)}
+  unknown = [name for name in kwargs if name not in fields and name not in BY_NAME]
+  if unknown:
+    raise ValueError(f"{unknown[0]}: not an engine argument ({', '.join(BY_NAME)}) nor an "
+                     "EngineConfig field")
+  engine_args = {k: v for k, v in kwargs.items() if k in BY_NAME}
+  config_fields = {k: v for k, v in kwargs.items() if k not in BY_NAME}
+  config = dataclasses.replace(base, model=model, **config_fields)
+  return config_with_engine_args(config, engine_args)
+
+
+def _as_conversations(messages) -> list[Sequence[Message]]:
+  messages = list(messages)
+  if not messages:
+    raise ValueError("messages: must not be empty")
+  if all(isinstance(m, dict) for m in messages):
+    return [messages]
+  if all(isinstance(c, (list, tuple)) and c and all(isinstance(m, dict) for m in c)
+         for c in messages):
+    return messages
+  raise ValueError("messages: give a list of {role, content} messages or a list of such lists")
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

@@ -2,7 +2,7 @@
 a fraction of a second and fails on the first edge that breaks a rule):
 
 * the device side (device/, kernels/, attention/, models/, parallel/) imports nothing from the
-  host side (engine/, server/, tools/, bench/, llm.py, cli.py) nor from the composition root
+  host side (engine/, server/, structured/, tools/, bench/, llm.py, cli.py) nor from the composition root
   (assembly.py, follower.py);
 * what crosses the seam (messages/) imports no jax and nothing else of jaxserve;
 * the host side (every module of engine/: scheduler, page allocator, requests, batch builder,
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "jaxserve"
 
 HOST = ("jaxserve.engine", "jaxserve.server", "jaxserve.tools", "jaxserve.bench", "jaxserve.llm",
-        "jaxserve.cli")
+        "jaxserve.cli", "jaxserve.structured")
 ROOTS = ("jaxserve.assembly", "jaxserve.follower")
 DEVICE = ("jaxserve.device", "jaxserve.kernels", "jaxserve.attention", "jaxserve.models",
           "jaxserve.parallel")

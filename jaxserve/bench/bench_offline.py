@@ -28,7 +28,7 @@ from jaxserve.sampling_params import SamplingParams
 
 def parse_args(argv=None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  add_engine_args(parser)
+  add_engine_args(parser, skip=("seed",))  # --seed here seeds the prompts
   parser.add_argument("--num-prompts", type=int, default=64)
   parser.add_argument("--input-len", type=int, default=128)
   parser.add_argument("--output-len", type=int, default=64)

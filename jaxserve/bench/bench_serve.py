@@ -1,29 +1,38 @@
-"""`jaxserve bench serve`: an asyncio load generator for an OpenAI-compatible /v1/completions server.
+"""`jaxserve bench serve`: an asyncio load generator for an OpenAI-compatible server.
 
-Requests are sent at gamma/Poisson arrival times (see arrivals.py), optionally capped at
+It loads /v1/completions (prompts as text or token ids) or, with `--endpoint
+/v1/chat/completions`, the chat route (each prompt one user message). Requests are sent at gamma/Poisson arrival times (see arrivals.py), optionally capped at
 `max_concurrency` in flight, each streaming its completion over SSE through one shared
 httpx.AsyncClient. Every request asks for `stream_options.include_usage`, so output token counts
 come from the server's usage; when a server reports none, the number of chunks carrying choices is
 used instead. Timing follows vLLM's benchmark_serving (see latency_stats.py). A sweep runs the same
-workload at several rates and plots throughput against latency.
+workload at several rates and plots throughput against latency. Flags follow vLLM's
+benchmark_serving (--dataset-name, --endpoint, --percentile-metrics, --metric-percentiles,
+--goodput, --save-result / --result-dir); results are written only with --save-result.
+The server is checked (GET /v1/models) before anything runs: one line if it cannot be reached.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-import httpx
+import httpx  # the async streaming HTTP client (the `bench` extra; checked by tools/cli.py)
+from tqdm.auto import tqdm
 
 from jaxserve.bench.arrivals import arrival_gaps
 from jaxserve.bench.datasets import SampleRequest
-from jaxserve.bench.latency_stats import RequestRecord, format_table, summarize
+from jaxserve.bench.goodput import meets_slos, parse_goodput
+from jaxserve.bench.latency_stats import (RequestRecord, format_table, parse_percentile_metrics,
+                                          parse_percentiles, summarize)
 
 COMPLETIONS_PATH = "/v1/completions"
+CHAT_PATH = "/v1/chat/completions"
 
 
 @dataclass(frozen=True)
@@ -37,13 +46,34 @@ class ServeBenchConfig:
   seed: int = 0
   api_key: str | None = None
   timeout_s: float = 600.0
+  endpoint: str = COMPLETIONS_PATH
+  show_progress: bool = False
 
 
 def completion_payload(config: ServeBenchConfig, request: SampleRequest) -> dict:
+  common = {"model": config.model, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": config.ignore_eos}
+  if config.endpoint == CHAT_PATH:
+    if not isinstance(request.prompt, str):
+      raise ValueError("random_prompt_type: chat prompts are text; use --random-prompt-type text")
+    return {**common, "messages": [{"role": "user", "content": request.prompt}],
+            "max_completion_tokens": request.expected_output_len}
   prompt = request.prompt if isinstance(request.prompt, str) else list(request.prompt)
-  return {"model": config.model, "prompt": prompt, "max_tokens": request.expected_output_len,
-          "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True},
-          "ignore_eos": config.ignore_eos}
+  return {**common, "prompt": prompt, "max_tokens": request.expected_output_len}
+
+
+def _content(choice: dict) -> str | None:
+  """The text a completion or chat chunk's choice carries ("" for a token whose text is held
+  back); None for a chat chunk that is not a token: the opening role chunk, or one with
+  neither content nor a finish reason."""
+  if "delta" in choice:
+    delta = choice["delta"]
+    if choice.get("finish_reason"):
+      return delta.get("content") or ""
+    if "role" in delta or delta.get("content") is None:
+      return None
+    return delta["content"]
+  return choice.get("text", "")
 
 
 async def send_request(client: httpx.AsyncClient, config: ServeBenchConfig,
@@ -53,7 +83,7 @@ async def send_request(client: httpx.AsyncClient, config: ServeBenchConfig,
   ttft, last, itls, num_chunks, usage_tokens = None, start, [], 0, None
   base = dict(prompt_len=request.prompt_len, expected_output_len=request.expected_output_len)
   try:
-    async with client.stream("POST", config.base_url.rstrip("/") + COMPLETIONS_PATH,
+    async with client.stream("POST", config.base_url.rstrip("/") + config.endpoint,
                              json=completion_payload(config, request)) as response:
       if response.status_code != 200:
         body = (await response.aread()).decode(errors="replace")[:500]
@@ -66,7 +96,7 @@ async def send_request(client: httpx.AsyncClient, config: ServeBenchConfig,
           break
         chunk = json.loads(data)
         now = time.perf_counter()
-        if chunk.get("choices"):
+        if chunk.get("choices") and _content(chunk["choices"][0]) is not None:
           if ttft is None:
             ttft = now - start
           else:
@@ -99,11 +129,16 @@ async def run_requests(config: ServeBenchConfig,
   headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
   async with httpx.AsyncClient(timeout=httpx.Timeout(config.timeout_s), limits=limits,
                                headers=headers) as client:
+    bar = tqdm(total=len(requests), desc="requests", unit="req", disable=not config.show_progress)
+
     async def limited(request: SampleRequest) -> RequestRecord:
       if limit is None:
-        return await send_request(client, config, request)
-      async with limit:
-        return await send_request(client, config, request)
+        record = await send_request(client, config, request)
+      else:
+        async with limit:
+          record = await send_request(client, config, request)
+      bar.update(1)
+      return record
 
     start = time.perf_counter()
     tasks = []
@@ -113,6 +148,7 @@ async def run_requests(config: ServeBenchConfig,
         await asyncio.sleep(gap)
     records = await asyncio.gather(*tasks)
     duration = time.perf_counter() - start
+    bar.close()
   return [_relative(r, start) for r in records], duration
 
 
@@ -123,21 +159,42 @@ def _relative(record: RequestRecord, start: float) -> RequestRecord:
 
 
 def fetch_model_name(base_url: str, api_key: str | None = None) -> str:
-  """The first model the server lists at /v1/models."""
+  """The first model the server lists at /v1/models; a ValueError naming base_url if the server
+  cannot be reached or answers with an error."""
   headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-  response = httpx.get(base_url.rstrip("/") + "/v1/models", headers=headers, timeout=30.0)
-  response.raise_for_status()
+  url = base_url.rstrip("/") + "/v1/models"
+  try:
+    response = httpx.get(url, headers=headers, timeout=30.0)
+  except httpx.TransportError as err:
+    raise ValueError(f"base_url: cannot reach a server at {base_url} ({type(err).__name__}: "
+                     f"{err}); start one with `jaxserve serve` or pass --base-url") from err
+  if response.status_code != 200:
+    raise ValueError(f"base_url: GET {url} answered {response.status_code}: "
+                     f"{response.text[:200]}")
   models = response.json().get("data") or []
   if not models:
     raise ValueError(f"model: {base_url}/v1/models lists no models; pass --model")
   return models[0]["id"]
 
 
-def run_one_rate(config: ServeBenchConfig, requests: Sequence[SampleRequest]) -> dict:
+@dataclass(frozen=True)
+class ReportOptions:
+  """How results are summarized: percentiles, the metrics printed, goodput SLOs (ms)."""
+  percentiles: tuple[float, ...]
+  percentile_metrics: tuple[str, ...]
+  goodput_slos: dict[str, float] | None
+
+
+def run_one_rate(config: ServeBenchConfig, requests: Sequence[SampleRequest],
+                 options: ReportOptions) -> dict:
   """Runs the workload at config.request_rate; returns the JSON-ready result of that run."""
   records, duration = asyncio.run(run_requests(config, requests))
-  metrics = summarize(records, duration)
-  print(format_table(metrics, f"Serving Benchmark Result (rate {_rate_str(config.request_rate)})"))
+  num_good = None
+  if options.goodput_slos is not None:
+    num_good = sum(meets_slos(r, options.goodput_slos) for r in records)
+  metrics = summarize(records, duration, options.percentiles, num_good)
+  print(format_table(metrics, f"Serving Benchmark Result (rate {_rate_str(config.request_rate)})",
+                     options.percentile_metrics))
   errors = sorted({r.error for r in records if not r.success})
   for error in errors[:5]:
     print(f"  failed: {error}")
@@ -166,6 +223,13 @@ def parse_rates(text: str) -> list[float]:
   return rates
 
 
+def workload_label(result: dict) -> str:
+  """The workload in words, for plot titles: model, route, dataset, prompts and lengths."""
+  lengths = result.get("lengths")
+  return (f"{result['model']} {result['endpoint']}: {result['num_prompts']} {result['dataset']} "
+          f"prompts" + (f", {lengths}" if lengths else ""))
+
+
 def write_results(out_dir: Path, result: dict) -> list[Path]:
   """Writes bench_serve.json and the plots; returns the paths written."""
   from jaxserve.tools import plots
@@ -174,13 +238,14 @@ def write_results(out_dir: Path, result: dict) -> list[Path]:
   json_path = out_dir / "bench_serve.json"
   json_path.write_text(json.dumps(result, indent=2))
   paths = [json_path]
+  label = workload_label(result)
   for run in result["runs"]:
     name = f"latency_cdf_rate_{run['request_rate']}.png"
     paths.append(plots.latency_cdfs(run["requests"], out_dir / name,
-                                    title=f"{result['model']} at rate {run['request_rate']}"))
+                                    title=f"{label}\nrate {run['request_rate']} req/s"))
   if len(result["runs"]) > 1:
     paths.append(plots.sweep_curve(result["runs"], out_dir / "sweep_throughput_latency.png",
-                                   title=result["model"]))
+                                   title=label))
   return paths
 
 
@@ -198,7 +263,10 @@ def load_workload(args) -> tuple[list[SampleRequest], str]:
                                       seed=args.seed)
     return requests, "tokenizer" if tokenizer else "whitespace"
   pool = None
-  if tokenizer is not None and args.random_prompt_type == "ids":
+  prompt_type = args.random_prompt_type or ("text" if args.endpoint == CHAT_PATH else "ids")
+  if prompt_type == "ids" and args.endpoint == CHAT_PATH:
+    raise ValueError("random_prompt_type: chat prompts are text; use --random-prompt-type text")
+  if tokenizer is not None and prompt_type == "ids":
     special = set(tokenizer.all_special_ids)
     pool = [i for i in range(tokenizer.backend.get_vocab_size()) if i not in special]
   requests = datasets.random_requests(args.num_prompts, args.random_input_len,
@@ -217,20 +285,35 @@ def _try_tokenizer(name: str | None):
     return None
 
 
+def report_options(args) -> ReportOptions:
+  return ReportOptions(parse_percentiles(args.metric_percentiles),
+                       parse_percentile_metrics(args.percentile_metrics),
+                       parse_goodput(args.goodput) if args.goodput else None)
+
+
 def main(args) -> int:
-  model = args.model or fetch_model_name(args.base_url, args.api_key)
+  logging.getLogger("httpx").setLevel(logging.WARNING)  # no INFO line per request
+  options = report_options(args)  # bad flags fail before anything is sent
+  rates = parse_rates(args.sweep_rates) if args.sweep_rates else [args.request_rate]
+  served = fetch_model_name(args.base_url, args.api_key)  # also checks the server is up
+  model = args.model or served
   args.model = model
   requests, length_source = load_workload(args)
-  rates = parse_rates(args.sweep_rates) if args.sweep_rates else [args.request_rate]
   runs = []
   for rate in rates:
     config = ServeBenchConfig(base_url=args.base_url, model=model, request_rate=rate,
                               burstiness=args.burstiness, max_concurrency=args.max_concurrency,
-                              ignore_eos=args.ignore_eos, seed=args.seed, api_key=args.api_key)
-    runs.append(run_one_rate(config, requests))
-  result = {"model": model, "base_url": args.base_url, "dataset": args.dataset,
-            "num_prompts": len(requests), "length_source": length_source,
-            "ignore_eos": args.ignore_eos, "seed": args.seed, "runs": runs}
-  for path in write_results(Path(args.out_dir), result):
-    print(f"wrote {path}")
+                              ignore_eos=args.ignore_eos, seed=args.seed, api_key=args.api_key,
+                              endpoint=args.endpoint, show_progress=not args.disable_tqdm)
+    runs.append(run_one_rate(config, requests, options))
+  lengths = (f"in {args.random_input_len} / out {args.random_output_len} tokens"
+             if args.dataset == "random" else None)
+  result = {"model": model, "base_url": args.base_url, "endpoint": args.endpoint,
+            "dataset": args.dataset, "num_prompts": len(requests), "lengths": lengths,
+            "length_source": length_source, "ignore_eos": args.ignore_eos, "seed": args.seed,
+            "percentiles": list(options.percentiles), "goodput_slos_ms": options.goodput_slos,
+            "runs": runs}
+  if args.save_result or args.result_dir:
+    for path in write_results(Path(args.result_dir or "."), result):
+      print(f"wrote {path}")
   return 0 if all(r["metrics"]["failed"] == 0 for r in runs) else 1

@@ -102,11 +102,12 @@ def main(args) -> int:
   if "transformers" in result:
     result["speedup_vs_transformers"] = (result["jaxserve"]["output_tokens_per_s"]
                                          / result["transformers"]["output_tokens_per_s"])
-  out = Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(result, indent=2))
   print(format_result(result))
-  print(f"wrote {out}")
+  if args.out:
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
   return 0
 
 

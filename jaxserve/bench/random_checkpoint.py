@@ -1,7 +1,9 @@
 """Random-weight bfloat16 Llama checkpoints with real model shapes, for throughput benchmarks.
 
 `build_random_llama(name, out_dir)` writes config.json, sharded model*.safetensors with an index,
-and the byte-level tokenizer. No torch module is built: each tensor named by `hf_tensor_specs` is
+and a word-level tokenizer covering the whole vocabulary (vocab_tokenizer.py): every id a random
+model samples decodes to a visible word, so a server streams, and `jaxserve bench serve` times,
+every token as it would with a real model's tokenizer. No torch module is built: each tensor named by `hf_tensor_specs` is
 drawn directly in bfloat16 on the fastest device (CUDA when available), copied to the host and
 written shard by shard, so an 8B checkpoint takes seconds of compute and one shard of host memory.
 Weights are N(0, 0.02) (transformers' initializer_range) with RMSNorm scales of one.
@@ -14,7 +16,8 @@ from pathlib import Path
 
 from jaxserve.models.model_config import ModelConfig, RopeScaling
 from jaxserve.models.weights import hf_tensor_specs
-from jaxserve.tools.export_hf import hf_llama_config, write_byte_tokenizer
+from jaxserve.tools.export_hf import hf_llama_config
+from jaxserve.bench.vocab_tokenizer import write_vocab_tokenizer
 
 SHARD_BYTES = 4 << 30
 _LLAMA3_VOCAB = 128256
@@ -34,7 +37,7 @@ def random_llama_config(name: str) -> ModelConfig:
   return ModelConfig(
       architecture="llama", vocab_size=_LLAMA3_VOCAB, rms_norm_eps=1e-5, rope_theta=500000.0,
       rope_scaling=RopeScaling("llama3", factor, 1.0, 4.0, 8192), max_position_embeddings=131072,
-      bos_token_id=256, eos_token_ids=(257,), dtype="bfloat16", **shape)  # byte tokenizer ids
+      bos_token_id=256, eos_token_ids=(257,), dtype="bfloat16", **shape)
 
 
 def build_random_llama(name: str, out_dir: str | Path, seed: int = 0) -> Path:
@@ -84,6 +87,6 @@ def build_random_checkpoint(config: ModelConfig, out_dir: str | Path, seed: int 
       {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
   hf_config = hf_llama_config(config, architectures=["LlamaForCausalLM"], dtype=config.dtype)
   hf_config.save_pretrained(out_dir)
-  write_byte_tokenizer(out_dir)
+  write_vocab_tokenizer(out_dir, config.vocab_size, config.bos_token_id, config.eos_token_ids)
   return out_dir
 

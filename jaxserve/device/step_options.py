@@ -23,6 +23,16 @@ def step_compiler_options(config: EngineConfig) -> dict[str, object] | None:
   return options
 
 
+def describe_step_choices(sampler: str, options: dict[str, object] | None) -> str:
+  """What the sampler and GEMM settings mean for this run, with the config key to change each."""
+  where = ("the Pallas GPU kernel" if sampler == "pallas_gpu" else "XLA reductions")
+  text = f"greedy picks and logprobs: {where} (sampler_backend={sampler})"
+  if options:
+    gemms = "cuBLASLt" if options.get("xla_gpu_enable_cublaslt") else "cuBLAS"
+    text += f"; GEMMs: {gemms}, XLA's Triton GEMM fusions off (gpu_gemm)"
+  return text
+
+
 def sampler_backend(config: EngineConfig, sharded: bool) -> str:
   """EngineConfig.sampler_backend with "auto" resolved: the Pallas kernel for unsharded models
   on GPUs, XLA elsewhere."""

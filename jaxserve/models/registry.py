@@ -8,14 +8,17 @@ loading (parallel/sharded_loading.py) resolves names through checkpoint_dir and 
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from jaxserve.config import EngineConfig
 from jaxserve.models.builtin import (BUILTIN_MODELS, builtin_config, builtin_params,
                                      builtin_tokenizer, is_builtin)
 from jaxserve.models.checkpoint import restore_params, save_params
 from jaxserve.models.model_config import DTYPES, ModelConfig
 from jaxserve.models.weights import CONFIG_FILE, load_hf_config, load_hf_params, param_shapes
+from jaxserve.tokenizer.configured import chat_template_source, with_chat_template
 from jaxserve.tokenizer.tokenizer import Tokenizer, load_tokenizer
 
 PARAMS_SUBDIR = "jaxserve_params"
@@ -33,12 +36,16 @@ def check_dtype(dtype: str) -> None:
     raise ValueError(f"dtype: must be 'auto' or one of {DTYPES}, got {dtype!r}")
 
 
+def _builtin_names() -> str:
+  return " or ".join(repr(name) for name in BUILTIN_MODELS)
+
+
 def checkpoint_dir(model: str) -> Path:
   """The checkpoint directory `model` names; ValueError if it is neither built in nor one."""
   path = Path(model).expanduser()
   if not path.is_dir() or not (path / CONFIG_FILE).is_file():
-    raise ValueError(f"model: {model!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)})"
-                     f" nor a directory holding {CONFIG_FILE}")
+    raise ValueError(f"model: {model!r} is neither {_builtin_names()} nor a directory holding "
+                     f"{CONFIG_FILE}")
   return path
 
 
@@ -61,7 +68,22 @@ def load_model_tokenizer(model: str) -> Tokenizer:
   """The tokenizer of `model`: a built-in model's own, or the checkpoint directory's."""
   if is_builtin(model):
     return builtin_tokenizer(model)
+  if not os.path.isdir(model):
+    raise ValueError(f"model: {model!r} is neither {_builtin_names()} nor a checkpoint directory")
   return load_tokenizer(model)
+
+
+def load_configured_tokenizer(config: EngineConfig) -> Tokenizer:
+  """The engine's tokenizer: config.tokenizer's (a built-in name or a tokenizer directory),
+  else the model's, with config.chat_template replacing its template."""
+  name = config.tokenizer
+  if name is not None and not is_builtin(name) and not os.path.isdir(name):
+    raise ValueError(f"tokenizer: {name!r} is neither {_builtin_names()} nor a tokenizer "
+                     "directory")
+  tokenizer = load_model_tokenizer(name or config.model)
+  if config.chat_template is not None:
+    tokenizer = with_chat_template(tokenizer, chat_template_source(config.chat_template))
+  return tokenizer
 
 
 def convert_checkpoint(checkpoint_dir: str | Path, dtype: str = "auto") -> Path:

@@ -1,8 +1,8 @@
 """The Starlette app: OpenAI routes, utility routes, the guard middleware, error handlers.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST /tokenize,
-POST /detokenize, GET /health (200 ready, 503 while draining or once the engine thread died),
-GET /metrics (Prometheus text). Every error, including unknown routes, has OpenAI's body shape;
+POST /detokenize, GET /tokenizer_info (server/tokenizer_info.py), GET /health (200 ready, 503
+while draining or once the engine thread died), GET /metrics (Prometheus text). Every error, including unknown routes, has OpenAI's body shape;
 bad input is never a 5xx.
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ from jaxserve.server.metrics import CONTENT_TYPE, ServerMetrics
 from jaxserve.server.middleware import GuardMiddleware
 from jaxserve.server.protocol import parse_messages
 from jaxserve.server.state import ServingState, read_json
+from jaxserve.server.tokenizer_info import tokenizer_info
 from jaxserve.tokenizer.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ def build_app(engine: AsyncEngine, tokenizer: Tokenizer, config: ServerConfig, *
       Route("/v1/models", list_models, methods=["GET"]),
       Route("/tokenize", tokenize, methods=["POST"]),
       Route("/detokenize", detokenize, methods=["POST"]),
+      Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
       Route("/health", health, methods=["GET"]),
       Route("/metrics", metrics, methods=["GET"]),
   ]

@@ -12,7 +12,10 @@
   if one request is refused, the ones already added are aborted.
 * Commands are applied before each step, so an abort takes effect within one engine step.
 * After applying commands and after each step the thread publishes an EngineStats snapshot that
-  /metrics and the 429 admission check read without touching the engine.
+  /metrics reads without touching the engine.
+* Admission (server/admission.py): `waiting` counts the HTTP requests admitted and not started;
+  a group's place goes back when each of its requests has delivered an output (or the group was
+  aborted or failed).
 * If the engine raises, the thread fails every open stream with EngineDeadError and exits;
   `alive` turns False (and /health 503).
 """
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from jaxserve.engine.llm_engine import EngineStats, LLMEngine
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
+from jaxserve.server.admission import Place, WaitingRequests
 
 logger = logging.getLogger(__name__)
 
@@ -49,12 +53,14 @@ class OutputStream:
   """The outputs of a group of engine requests, in step order, delivered on one event loop."""
 
   def __init__(self, engine: AsyncEngine, request_ids: list[str],
-               loop: asyncio.AbstractEventLoop):
+               loop: asyncio.AbstractEventLoop, place: Place | None = None):
     self.request_ids = tuple(request_ids)
     self.loop = loop
     self._engine = engine
     self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
     self._unfinished = set(request_ids)
+    self._place = place
+    self._not_started = set(request_ids) if place is not None else set()
 
   @property
   def finished(self) -> bool:
@@ -65,6 +71,8 @@ class OutputStream:
     item = await self._queue.get()
     if isinstance(item, BaseException):
       self._unfinished.clear()
+      if isinstance(item, EngineDeadError):
+        raise item
       raise EngineDeadError(f"the engine stopped: {item}")
     if item.finished:
       self._unfinished.discard(item.request_id)
@@ -72,6 +80,7 @@ class OutputStream:
 
   def abort(self) -> int:
     """Aborts the group's unfinished requests and returns how many (0 once all finished)."""
+    self._release_place()
     count = len(self._unfinished)
     if count:
       self._engine.abort(sorted(self._unfinished))
@@ -79,7 +88,19 @@ class OutputStream:
     return count
 
   def _put(self, item: RequestOutput | BaseException) -> None:
+    if self._place is not None:
+      if isinstance(item, BaseException):
+        self._release_place()
+      else:
+        self._not_started.discard(item.request_id)
+        if not self._not_started:
+          self._release_place()
     self._queue.put_nowait(item)
+
+  def _release_place(self) -> None:
+    if self._place is not None:
+      self._place.release()
+      self._place = None
 
 
 @dataclass
@@ -94,16 +115,21 @@ class _Abort:
   request_ids: list[str]
 
 
+@dataclass
+class _EndStreams:
+  error: EngineDeadError
+
+
 class AsyncEngine:
   """Runs an LLMEngine on its own thread and serves any number of asyncio event loops."""
 
   def __init__(self, engine: LLMEngine):
     self._engine = engine
     self._cond = threading.Condition()
-    self._inbox: collections.deque[_Add | _Abort] = collections.deque()
+    self._inbox: collections.deque[_Add | _Abort | _EndStreams] = collections.deque()
     self._streams: dict[str, OutputStream] = {}
     self._stats = engine.stats()
-    self._num_reserved = 0
+    self.waiting = WaitingRequests()
     self._stopping = False
     self._error: BaseException | None = None
     self._thread = threading.Thread(target=self._run, name="jaxserve-engine", daemon=True)
@@ -129,24 +155,12 @@ class AsyncEngine:
     """The snapshot published after the engine thread's last iteration."""
     return self._stats
 
-  # -- admission (event loop side) -------------------------------------------------------
-  def reserve(self, count: int, limit: int) -> bool:
-    """Counts `count` requests as waiting unless that would pass `limit`; see release()."""
-    with self._cond:
-      if self._stats.num_waiting + self._num_reserved + count > limit:
-        return False
-      self._num_reserved += count
-      return True
-
-  def release(self, count: int) -> None:
-    """Ends a reservation (after add() returned, when the engine itself counts them)."""
-    with self._cond:
-      self._num_reserved -= count
-
-  async def add(self, specs: list[RequestSpec]) -> OutputStream:
-    """Queues the group on the engine; raises ValueError (naming the field) if it refuses one."""
+  # -- event loop side ---------------------------------------------------------------------
+  async def add(self, specs: list[RequestSpec], place: Place | None = None) -> OutputStream:
+    """Queues the group on the engine; raises ValueError (naming the field) if it refuses one.
+    The stream gives `place` back once every request of the group has started."""
     loop = asyncio.get_running_loop()
-    stream = OutputStream(self, [s.request_id for s in specs], loop)
+    stream = OutputStream(self, [s.request_id for s in specs], loop, place)
     future = loop.create_future()
     self._submit(_Add(specs, stream, future))
     try:
@@ -159,7 +173,12 @@ class AsyncEngine:
   def abort(self, request_ids: list[str]) -> None:
     self._submit(_Abort(list(request_ids)))
 
-  def _submit(self, command: _Add | _Abort) -> None:
+  def end_streams(self, error: EngineDeadError) -> None:
+    """Aborts every running request and ends its stream with `error` (the engine keeps
+    running); the drain timeout uses it (server/drain.py)."""
+    self._submit(_EndStreams(error))
+
+  def _submit(self, command: _Add | _Abort | _EndStreams) -> None:
     with self._cond:
       if self._error is not None or self._stopping:
         raise EngineDeadError("the engine is not running")
@@ -183,7 +202,7 @@ class AsyncEngine:
       return
     self._abort_all()
 
-  def _wait_for_work(self) -> list[_Add | _Abort] | None:
+  def _wait_for_work(self) -> list[_Add | _Abort | _EndStreams] | None:
     with self._cond:
       while (not self._inbox and not self._stopping
              and not self._engine.has_unfinished_requests()):
@@ -194,7 +213,17 @@ class AsyncEngine:
       self._inbox.clear()
       return commands
 
-  def _apply(self, command: _Add | _Abort) -> None:
+  def _apply(self, command: _Add | _Abort | _EndStreams) -> None:
+    if isinstance(command, _EndStreams):
+      streams = set(self._streams.values())
+      for request_id in list(self._streams):
+        self._engine.abort_request(request_id)
+      self._streams.clear()
+      for stream in streams:
+        _call_soon(stream.loop, stream._put, command.error)
+      if streams:
+        logger.warning("ended %d running response(s): %s", len(streams), command.error)
+      return
     if isinstance(command, _Abort):
       for request_id in command.request_ids:
         self._engine.abort_request(request_id)

@@ -3,6 +3,10 @@
 The prompt is rendered with the tokenizer's chat template and encoded without adding special
 tokens (the template writes bos). Without max_tokens / max_completion_tokens a reply may use
 the rest of the context: max_model_len - prompt tokens.
+
+Streaming opens each choice with a role chunk, then sends a chunk per engine step that produced
+the choice's tokens, `delta.content` empty while the detokenizer holds text back
+(server/stream_interval.py); the last carries the finish_reason.
 """
 from __future__ import annotations
 
@@ -16,12 +20,14 @@ from starlette.responses import JSONResponse, Response
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.server.async_engine import EngineDeadError, OutputStream
-from jaxserve.server.errors import bad_request, internal
+from jaxserve.server.drain import stream_error
+from jaxserve.server.errors import bad_request
 from jaxserve.server.generation import (DONE_EVENT, EngineStreamResponse, collect,
                                         expand_requests, sse_event)
 from jaxserve.server.logprobs import chat_logprobs
 from jaxserve.server.protocol import ChatRequest, parse_chat_request
 from jaxserve.server.state import ServingState, read_json
+from jaxserve.server.stream_interval import StepCoalescer
 
 # Engine and template errors name "prompt" / "chat_template"; the request's field is messages.
 _RENAME = {"prompt": "messages", "chat_template": "messages"}
@@ -33,15 +39,16 @@ async def create_chat_completion(request: Request) -> Response:
   state.check_model(body)
   try:
     parsed = parse_chat_request(body, state.max_model_len)
+    state.check_n(parsed.params.n)
   except ValueError as err:
     raise bad_request(err) from err
-  async with state.admit(parsed.params.n):
+  async with state.admit() as place:
     try:
       prompt_ids = await state.run_blocking(_encode_chat, state, parsed)
       params = _final_params(parsed, len(prompt_ids), state.max_model_len)
       response_id = f"chatcmpl-{uuid.uuid4().hex}"
       specs = expand_requests(response_id, [prompt_ids], params)
-      stream = await state.engine.add(specs)
+      stream = await state.engine.add(specs, place)
     except ValueError as err:
       raise bad_request(err, _RENAME) from err
   view = ChatView(state, parsed, response_id, len(prompt_ids), [s.request_id for s in specs])
@@ -105,8 +112,16 @@ class ChatView:
               "finish_reason": finish_reason}
     return sse_event(self._envelope([choice], "chat.completion.chunk"))
 
+  def _delta_chunk(self, output: RequestOutput) -> str:
+    """One output's tokens: their text (empty while held back) and logprobs, and the
+    finish_reason when it is the last (an aborted choice's last may have no tokens: {})."""
+    delta = {"content": output.new_text} if output.new_token_ids else {}
+    logprobs = self._logprobs(output.new_logprobs) if output.new_token_ids else None
+    return self._chunk(self.index[output.request_id], delta, output.finish_reason, logprobs)
+
   async def events(self, stream: OutputStream) -> AsyncIterator[str]:
     observe = self.state.metrics.observer()
+    coalescer = StepCoalescer(self.state.config.stream_interval)
     num_generated = 0
     try:
       for index in range(len(self.index)):
@@ -114,16 +129,13 @@ class ChatView:
       while not stream.finished:
         output = await stream.get()
         observe(output)
-        index = self.index[output.request_id]
-        if output.new_text or (self.parsed.logprobs and output.new_logprobs):
-          yield self._chunk(index, {"content": output.new_text},
-                            logprobs=self._logprobs(output.new_logprobs))
         if output.finished:
           num_generated += len(output.token_ids)
-          yield self._chunk(index, {}, output.finish_reason)
+        if (output := coalescer.push(output)) is not None:
+          yield self._delta_chunk(output)
       if self.parsed.include_usage:
         yield sse_event({**self._envelope([], "chat.completion.chunk"),
                          "usage": self.usage(num_generated)})
-    except EngineDeadError as err:
-      yield internal(str(err)).sse_event()
+    except EngineDeadError as err:  # the engine died, or the drain timeout ended the stream
+      yield stream_error(err).sse_event()
     yield DONE_EVENT

@@ -4,9 +4,10 @@ The engine is built (model, buckets, KV pages, warmup; jaxserve/assembly.py logs
 uvicorn opens its socket, so once the server accepts connections /health is 200.
 
 SIGTERM or SIGINT drains: the drain flag makes new requests (and /health) 503, uvicorn stops
-accepting connections and waits up to server.drain_timeout_s for running responses to finish
-(then cancels them, which aborts their requests), the engine thread stops and the process exits
-with status 0.
+accepting connections and waits up to server.drain_timeout_s for running responses to finish;
+those still running then end with an error event and [DONE] (server/drain.py), the engine thread
+stops and the process exits with status 0. While requests run, a stats line is logged every
+server.stats_interval_s (server/stats_logger.py).
 
 Multi-host: every host runs `jaxserve serve` with the same settings plus its --process-id (or
 --distributed alone on a Cloud TPU VM, where JAX finds the slice's hosts). All of them join the
@@ -25,6 +26,8 @@ import time
 import uvicorn
 
 from jaxserve.cli_args import add_engine_args, engine_config_from_args
+from jaxserve.server.drain import UVICORN_GRACE_S, DrainTimer
+from jaxserve.server.stats_logger import StatsLogger
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +36,9 @@ def register(subparsers) -> None:
   parser = subparsers.add_parser(
       "serve", help="serve the OpenAI-compatible HTTP API",
       description="Serve /v1/completions, /v1/chat/completions, /v1/models, /tokenize, "
-      "/detokenize, /health and /metrics. Without --model it serves tiny-random.")
+      "/detokenize, /tokenizer_info, /health and /metrics. Without a MODEL it serves tiny-random.")
+  parser.add_argument("model_tag", nargs="?", metavar="MODEL",
+                      help="the model to serve, as --model (default: tiny-random)")
   add_engine_args(parser)
   group = parser.add_argument_group("server")
   group.add_argument("--host", help="address to bind (default 127.0.0.1)")
@@ -42,8 +47,6 @@ def register(subparsers) -> None:
                      "and /metrics)")
   group.add_argument("--served-model-name", help="the model name clients send (default: --model)")
   group = parser.add_argument_group("parallel")
-  group.add_argument("--tensor-parallel-size", type=int,
-                     help="shard the model over this many devices (all devices of all hosts)")
   group.add_argument("--distributed", action="store_true",
                      help="join a multi-host jax.distributed job (auto-detected on Cloud TPU VMs)")
   group.add_argument("--coordinator-address", help="HOST:PORT of process 0's coordinator")
@@ -55,14 +58,16 @@ def register(subparsers) -> None:
 class DrainingServer(uvicorn.Server):
   """uvicorn's server that also raises the app's drain flag when a stop signal arrives."""
 
-  def __init__(self, config: uvicorn.Config, draining: threading.Event):
+  def __init__(self, config: uvicorn.Config, draining: threading.Event, drain_timer: DrainTimer):
     super().__init__(config)
     self.draining = draining
+    self.drain_timer = drain_timer
 
   def handle_exit(self, sig, frame) -> None:
     if not self.draining.is_set():
       logger.info("signal %d: draining (new requests get 503)", sig)
     self.draining.set()
+    self.drain_timer.start()
     super().handle_exit(sig, frame)
 
 
@@ -92,16 +97,21 @@ def serve(args: argparse.Namespace) -> int:
   logger.info("ready in %.1fs (warmup %.1fs): serving %r on http://%s:%d%s", time.monotonic() - start,
               engine.warmup_seconds, state.model_name, server_config.host, server_config.port,
               " (API key required)" if server_config.api_key else "")
-  uvicorn_config = uvicorn.Config(app, host=server_config.host, port=server_config.port,
-                                  lifespan="off", log_level=args.log_level.lower(),
-                                  timeout_graceful_shutdown=server_config.drain_timeout_s)
-  server = DrainingServer(uvicorn_config, state.draining)
+  uvicorn_config = uvicorn.Config(
+      app, host=server_config.host, port=server_config.port, lifespan="off",
+      log_level=args.log_level.lower(),
+      timeout_graceful_shutdown=server_config.drain_timeout_s + UVICORN_GRACE_S)
+  drain_timer = DrainTimer(async_engine, server_config.drain_timeout_s)
+  server = DrainingServer(uvicorn_config, state.draining, drain_timer)
+  stats_logger = StatsLogger(async_engine, state.metrics, server_config.stats_interval_s).start()
   previous = {sig: signal.signal(sig, _already_handled) for sig in (signal.SIGTERM, signal.SIGINT)}
   try:
     server.run()
   finally:
     for sig, handler in previous.items():
       signal.signal(sig, handler)
+    drain_timer.cancel()
+    stats_logger.stop()
     async_engine.stop()
     state.executor.shutdown(wait=False)
     engine.runner.close()
@@ -110,8 +120,6 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _parallel_overrides(args: argparse.Namespace) -> None:
-  if args.tensor_parallel_size is not None:
-    args.overrides.append(f"tensor_parallel_size={args.tensor_parallel_size}")
   if args.distributed:
     args.overrides.append("distributed.enabled=true")
   for flag in ("coordinator_address", "num_processes", "process_id"):

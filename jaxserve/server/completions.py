@@ -1,5 +1,8 @@
 """POST /v1/completions: text completion, streaming or not, with echo and logprobs.
 
+Streaming sends a chunk per choice per engine step that produced tokens, text or not
+(server/stream_interval.py); the chunk of a choice's last step carries its finish_reason.
+
 Prompt scoring as lm-evaluation-harness's local-completions backend does it: `echo: true,
 logprobs: N, max_tokens: 0` returns the prompt's tokens and logprobs (the first null). The
 engine has no zero-token request, so it runs with prompt logprobs and max_tokens 1 and the
@@ -18,12 +21,14 @@ from starlette.responses import JSONResponse, Response
 from jaxserve.engine.admission import check_token_ids
 from jaxserve.outputs import RequestOutput
 from jaxserve.server.async_engine import EngineDeadError, OutputStream
-from jaxserve.server.errors import bad_request, internal
+from jaxserve.server.drain import stream_error
+from jaxserve.server.errors import bad_request
 from jaxserve.server.generation import (DONE_EVENT, EngineStreamResponse, collect,
                                         expand_requests, sse_event)
 from jaxserve.server.logprobs import CompletionLogprobs, completion_logprobs
 from jaxserve.server.protocol import CompletionRequest, Prompt, parse_completion_request
 from jaxserve.server.state import ServingState, read_json
+from jaxserve.server.stream_interval import StepCoalescer
 
 
 @dataclass(frozen=True)
@@ -38,14 +43,15 @@ async def create_completion(request: Request) -> Response:
   state.check_model(body)
   try:
     parsed = parse_completion_request(body)
+    state.check_n(parsed.params.n)
   except ValueError as err:
     raise bad_request(err) from err
-  async with state.admit(len(parsed.prompts) * parsed.params.n):
+  async with state.admit() as place:
     try:
       prompts = await state.run_blocking(_tokenize, state, parsed.prompts)
       response_id = f"cmpl-{uuid.uuid4().hex}"
       specs = expand_requests(response_id, [p.token_ids for p in prompts], parsed.params)
-      stream = await state.engine.add(specs)
+      stream = await state.engine.add(specs, place)
     except ValueError as err:
       raise bad_request(err) from err
   view = CompletionView(state, parsed, response_id, prompts, [s.request_id for s in specs])
@@ -95,7 +101,9 @@ class CompletionView:
     return 0 if self.parsed.score_only else len(output.token_ids)
 
   # -- one delta (streaming) or everything (final) ---------------------------------------
-  def _choice(self, index: int, output: RequestOutput, *, delta: bool) -> dict | None:
+  def _choice(self, index: int, output: RequestOutput, *, delta: bool) -> dict:
+    """The choice of a chunk (delta: this output's tokens, whose text may be empty while the
+    detokenizer holds it back) or of the final body."""
     parsed, prompt = self.parsed, self._prompt_of(index)
     text, logprobs = "", CompletionLogprobs()
     if parsed.echo and index not in self._started:
@@ -117,8 +125,6 @@ class CompletionView:
     self._text_length[index] = self._text_length.get(index, 0) + len(text)
     finish_reason = ("length" if parsed.score_only else output.finish_reason) \
         if output.finished else None
-    if delta and not text and finish_reason is None and not logprobs.tokens:
-      return None
     return {"index": index, "text": text,
             "logprobs": logprobs.to_json() if parsed.logprobs is not None else None,
             "finish_reason": finish_reason}
@@ -132,18 +138,19 @@ class CompletionView:
 
   async def events(self, stream: OutputStream) -> AsyncIterator[str]:
     observe = self.state.metrics.observer()
+    coalescer = StepCoalescer(self.state.config.stream_interval)
     num_generated = 0
     try:
       while not stream.finished:
         output = await stream.get()
         observe(output)
-        choice = self._choice(self.index[output.request_id], output, delta=True)
         if output.finished:
           num_generated += self._num_generated(output)
-        if choice is not None:
-          yield sse_event(self._envelope([choice]))
+        if (output := coalescer.push(output)) is not None:
+          yield sse_event(self._envelope([self._choice(self.index[output.request_id], output,
+                                                       delta=True)]))
       if self.parsed.include_usage:
         yield sse_event({**self._envelope([]), "usage": self.usage(num_generated)})
-    except EngineDeadError as err:
-      yield internal(str(err)).sse_event()
+    except EngineDeadError as err:  # the engine died, or the drain timeout ended the stream
+      yield stream_error(err).sse_event()
     yield DONE_EVENT

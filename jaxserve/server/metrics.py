@@ -33,7 +33,10 @@ class EngineStatsCollector(Collector):
         ("jaxserve_num_requests_running", "Requests in the running batch.", stats.num_running),
         ("jaxserve_num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting),
         ("jaxserve_kv_pages_used", "KV cache pages held by requests.", stats.num_used_pages),
-        ("jaxserve_kv_pages_total", "Usable KV cache pages.", stats.num_total_pages)):
+        ("jaxserve_kv_pages_total", "Usable KV cache pages.", stats.num_total_pages),
+        ("jaxserve_num_http_requests_waiting", "HTTP requests admitted and not yet started "
+         "(server.max_waiting_requests bounds it; each counted once whatever its n).",
+         self._engine.waiting.count)):
       yield GaugeMetricFamily(name, doc, value=value)
     yield CounterMetricFamily("jaxserve_preemptions", "Requests preempted to free KV pages.",
                               value=stats.num_preemptions)

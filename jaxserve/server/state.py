@@ -1,8 +1,9 @@
 """What every handler shares: the engine, tokenizer, server settings, metrics and the drain flag.
 
-Admission order for a generation request: parse and validate the body (400), check the model
-(404), refuse while draining or after the engine died (503), reserve room in the waiting queue
-(429), and only then tokenize, in a thread pool so the event loop never blocks on it.
+Admission order for a generation request: parse and validate the body (400; `n` above
+server.max_n too), check the model (404), refuse while draining or after the engine died (503),
+take a place among the waiting requests (429; server/admission.py), and only then tokenize, in
+a thread pool so the event loop never blocks on it.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import AsyncIterator, Callable, Mapping, TypeVar
 from starlette.requests import Request
 
 from jaxserve.config import ServerConfig
+from jaxserve.server.admission import Place
 from jaxserve.server.async_engine import AsyncEngine
 from jaxserve.server.errors import ApiError, not_found, queue_full, unavailable
 from jaxserve.server.metrics import ServerMetrics
@@ -50,19 +52,28 @@ class ServingState:
       raise not_found(f"The model `{model}` does not exist; this server serves "
                       f"`{self.model_name}`.", param="model", code="model_not_found")
 
+  def check_n(self, n: int) -> None:
+    """`n` above server.max_n can never be served: a ValueError naming n (a 400, not a 429)."""
+    if n > self.config.max_n:
+      raise ValueError(f"n: must be <= {self.config.max_n} (server.max_n), got {n}")
+
   @contextlib.asynccontextmanager
-  async def admit(self, num_requests: int) -> AsyncIterator[None]:
-    """Holds `num_requests` places in the waiting queue until the engine has them."""
+  async def admit(self) -> AsyncIterator[Place]:
+    """One place among the waiting requests for this HTTP call; pass it to engine.add(), whose
+    stream gives it back when the call's requests have started. Given back here if the block
+    raises."""
     if self.draining.is_set():
       raise unavailable("the server is shutting down")
     if not self.engine.alive:
       raise unavailable("the engine has stopped")
-    if not self.engine.reserve(num_requests, self.config.max_waiting_requests):
+    place = self.engine.waiting.try_admit(self.config.max_waiting_requests)
+    if place is None:
       raise queue_full(self.config.max_waiting_requests)
     try:
-      yield
-    finally:
-      self.engine.release(num_requests)
+      yield place
+    except BaseException:
+      place.release()
+      raise
 
   async def run_blocking(self, fn: Callable[..., T], *args) -> T:
     return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)

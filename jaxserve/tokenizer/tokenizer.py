@@ -56,12 +56,15 @@ class Tokenizer:
   `vocab_size` overrides the backend's count where the model's embedding is larger than the
   tokenizer (ids past the tokenizer's decode to ""). `chat_templates` maps a template name to its
   source; "default" is used unless tools are given and a "tool_use" template exists.
+  `tokenizer_class` is tokenizer_config.json's (what /tokenizer_info reports).
   """
 
   def __init__(self, backend: tokenizers.Tokenizer, *, special_tokens: SpecialTokens = SpecialTokens(),
                extra_eos_token_ids: Sequence[int] = (),
-               chat_templates: Mapping[str, str] | None = None, vocab_size: int | None = None) -> None:
+               chat_templates: Mapping[str, str] | None = None, vocab_size: int | None = None,
+               tokenizer_class: str = "PreTrainedTokenizerFast") -> None:
     self.backend = backend
+    self.tokenizer_class = tokenizer_class  # transformers' class for this tokenizer (reported only)
     self.special_tokens = special_tokens
     self._vocab_size = backend.get_vocab_size(with_added_tokens=True) if vocab_size is None else vocab_size
     self._bos_token_id = self._named_token_id("bos_token", special_tokens.bos_token)
@@ -258,7 +261,15 @@ def load_tokenizer_dir(directory: str) -> Tokenizer:
   _ensure_bos(backend, config, special_tokens)
   return Tokenizer(backend, special_tokens=special_tokens,
                    extra_eos_token_ids=_generation_eos_ids(directory),
-                   chat_templates=_chat_templates(directory, config))
+                   chat_templates=_chat_templates(directory, config),
+                   tokenizer_class=_tokenizer_class(config, config_path))
+
+
+def _tokenizer_class(config: Mapping[str, object], path: str) -> str:
+  value = config.get("tokenizer_class", "PreTrainedTokenizerFast")
+  if not isinstance(value, str):
+    raise ValueError(f"{path}: tokenizer_class must be a string, got {value!r}")
+  return value
 
 
 def load_tokenizer(directory: str) -> Tokenizer:

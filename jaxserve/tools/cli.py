@@ -2,13 +2,16 @@
 jaxserve/bench/cli.py).
 
 `jaxserve.cli` calls `register(subparsers)`; each command imports its module only when it runs,
-so `jaxserve --help` stays fast and torch / matplotlib are needed only by the commands using them.
+so `jaxserve --help` stays fast and torch / matplotlib are needed only by the commands using them
+(checked first: jaxserve/optional_deps.py). Files are written only when asked (`--out`,
+`--out-dir`); nothing lands in ./out/ by default.
 """
 from __future__ import annotations
 
 import argparse
 
 from jaxserve.cli_args import add_engine_args
+from jaxserve.optional_deps import MATPLOTLIB, TORCH, TRANSFORMERS, requiring
 
 
 def register(subparsers) -> None:
@@ -27,8 +30,10 @@ def _add_eval(subparsers) -> None:
   parser.add_argument("--limit", type=int, help="at most this many examples per task file")
   parser.add_argument("--parity-hf", action="store_true")
   parser.add_argument("--plot", action="store_true", help="also write a PNG bar chart")
-  parser.add_argument("--out-dir", default="out/eval")
-  parser.set_defaults(func=_eval)
+  parser.add_argument("--out-dir", help="write eval.json, eval.md (and eval.png) here (default: "
+                      "print only)")
+  parser.set_defaults(func=requiring(_eval, lambda args: (
+      [TORCH, TRANSFORMERS] if args.parity_hf else []) + ([MATPLOTLIB] if args.plot else [])))
 
 
 def _add_kv_plan(subparsers) -> None:
@@ -42,11 +47,11 @@ def _add_kv_plan(subparsers) -> None:
   parser.add_argument("--avg-seq-len", type=int, default=512)
   parser.add_argument("--check", action="store_true",
                       help="build the real engine on this device and compare its page count")
-  parser.add_argument("--out", default="out/kv_plan.json")
+  parser.add_argument("--out", help="write the plan as JSON to this file (default: print only)")
   parser.set_defaults(func=_kv_plan)
 
 
-# Each command imports its module when it runs (matplotlib, torch stay optional).
+# Each command imports its module when it runs.
 def _eval(args: argparse.Namespace) -> int:
   from jaxserve.tools import eval_harness
   return eval_harness.main(args)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,13 +191,15 @@ def main(args) -> int:
   config = engine_config_from_args(args)
   tasks = [load_task_file(path, args.limit) for path in resolve_task_paths(args.tasks)]
   llm = LLM(config.model, config=config)
-  hf_dir = None
-  if args.parity_hf:
-    hf_dir = _hf_checkpoint_for(config.model, Path(args.out_dir))
-  report = evaluate(llm, tasks, hf_dir)
+  with tempfile.TemporaryDirectory(prefix="jaxserve-eval-") as scratch:
+    hf_dir = None
+    if args.parity_hf:  # a tiny-random export goes to a scratch directory unless --out-dir
+      hf_dir = _hf_checkpoint_for(config.model, Path(args.out_dir or scratch))
+    report = evaluate(llm, tasks, hf_dir)
   print(markdown_summary(report))
-  for path in write_report(report, Path(args.out_dir), args.plot):
-    print(f"wrote {path}")
+  if args.out_dir:
+    for path in write_report(report, Path(args.out_dir), args.plot):
+      print(f"wrote {path}")
   return 0
 
 

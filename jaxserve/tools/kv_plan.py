@@ -128,10 +128,11 @@ def main(args) -> int:
   if args.check:
     report["engine_num_pages"] = engine_num_pages(budget_config)
   print(format_plan(report))
-  out = Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(report, indent=2))
-  print(f"wrote {out}")
+  if args.out:
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {out}")
   matches = spec_pages == result.num_pages and report["engine_num_pages"] in (None, result.num_pages)
   return 0 if matches else 1
 

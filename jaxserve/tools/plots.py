@@ -20,13 +20,19 @@ def _cdf(ax, values_ms: Sequence[float], label: str) -> None:
     ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
   else:
     ax.step(values, np.arange(1, values.size + 1) / values.size, where="post")
+    for q, style in ((50, ":"), (99, "--")):  # the p50 and p99 marks
+      mark = float(np.percentile(values, q))
+      ax.axvline(mark, color="tab:red" if q == 99 else "tab:gray", linestyle=style,
+                 label=f"p{q} {mark:.1f} ms")
+    ax.legend(loc="lower right", fontsize=8)
   ax.set_xlabel(f"{label} (ms)")
   ax.set_ylabel("fraction of samples")
   ax.grid(True, alpha=0.3)
 
 
 def latency_cdfs(requests: Sequence[Mapping], path: Path, title: str = "") -> Path:
-  """Empirical CDFs of TTFT, TPOT, ITL and E2E latency over the successful requests."""
+  """Empirical CDFs of TTFT, TPOT, ITL and E2E latency over the successful requests, each with
+  its p50 and p99 marked; `title` names the workload."""
   done = [r for r in requests if r["success"]]
   ttft = [1e3 * r["ttft"] for r in done]
   e2e = [1e3 * r["e2e"] for r in done]

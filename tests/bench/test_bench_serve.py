@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from jaxserve.cli import main as jaxserve_main
 from jaxserve.server.async_engine import AsyncEngine
 from jaxserve.bench.arrivals import arrival_gaps, send_offsets
+from jaxserve.bench.bench_serve import workload_label
 from jaxserve.bench.datasets import load_sharegpt, random_requests
 from tests.server.server_helpers import build_server_engine, start_server
 from tests.tools.png_checks import assert_valid_png
@@ -109,3 +112,90 @@ def test_random_lengths_within_range():
   assert {r.expected_output_len for r in requests} <= set(range(15, 26))
   assert all(10 <= t < 20 for r in requests for t in r.prompt)
   assert len({r.prompt_len for r in requests}) > 20
+
+
+def test_chat_endpoint_with_vllm_flags(server_url, tmp_path, capsys):
+  code = jaxserve_main([
+      "bench", "serve", "--base-url", server_url, "--dataset-name", "random",
+      "--endpoint", "/v1/chat/completions", "--num-prompts", "6", "--random-input-len", "12",
+      "--random-output-len", "6", "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el",
+      "--metric-percentiles", "25,90", "--goodput", "ttft:600000", "tpot:600000",
+      "--save-result", "--result-dir", str(tmp_path)])
+  assert code == 0
+  table = capsys.readouterr().out
+  for row in ("P25 TTFT (ms):", "P90 TPOT (ms):", "P99 ITL (ms):", "P50 E2EL (ms):",
+              "Request goodput (req/s):"):
+    assert row in table
+  result = json.loads((tmp_path / "bench_serve.json").read_text())
+  assert result["endpoint"] == "/v1/chat/completions" and result["length_source"] == "words"
+  assert workload_label(result) == ("tiny-random /v1/chat/completions: 6 random prompts, "
+                                    "in 12 / out 6 tokens")  # the plots' title
+  (run,) = result["runs"]
+  metrics = run["metrics"]
+  assert metrics["completed"] == 6
+  assert all(r["output_tokens"] == 6 and r["usage_reported"] for r in run["requests"])
+  assert set(metrics["ttft"]["percentiles_ms"]) == {"p25", "p50", "p90", "p99"}
+  # Every request meets 10-minute objectives: goodput is the request throughput.
+  assert metrics["request_goodput"] == pytest.approx(metrics["request_throughput"])
+  assert_valid_png(tmp_path / "latency_cdf_rate_inf.png")
+
+
+def test_goodput_counts_only_requests_within_the_objectives(server_url, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  code = jaxserve_main([
+      "bench", "serve", "--base-url", server_url, "--num-prompts", "4", "--random-input-len",
+      "8", "--random-output-len", "4", "--goodput", "ttft:0.000001", "--disable-tqdm"])
+  assert code == 0
+  assert list(tmp_path.iterdir()) == []  # nothing written without --save-result
+
+
+def test_goodput_and_percentile_flags_are_validated(server_url, capsys):
+  for flags, field in ((["--goodput", "latency:5"], "goodput"),
+                       (["--metric-percentiles", "100"], "metric_percentiles"),
+                       (["--percentile-metrics", "ttft,foo"], "percentile_metrics")):
+    assert jaxserve_main(["bench", "serve", "--base-url", server_url, *flags]) == 2
+    assert capsys.readouterr().err.startswith(f"jaxserve bench: error: {field}: ")
+
+
+def test_server_down_is_one_line(tmp_path):
+  from tests.server.server_helpers import free_port
+  run = subprocess.run([sys.executable, "-m", "jaxserve.cli", "bench", "serve", "--base-url",
+                        f"http://127.0.0.1:{free_port()}", "--num-prompts", "2"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+  assert run.returncode == 2
+  assert run.stderr.strip().startswith("jaxserve bench: error: base_url: cannot reach a server")
+  assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr
+  assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("module", ["httpx", "matplotlib"])
+def test_missing_bench_extra_is_one_line_before_the_run(module, tmp_path):
+  # sys.modules[name] = None makes `import name` raise ImportError, as if it were not installed.
+  code = (f"import sys; sys.modules[{module!r}] = None; from jaxserve.cli import main; "
+          "sys.exit(main(['bench', 'serve', '--base-url', 'http://127.0.0.1:9', "
+          "'--save-result']))")
+  run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path)
+  assert run.returncode == 1
+  (line,) = run.stderr.strip().splitlines()
+  assert line == (f"jaxserve bench serve needs {module} "
+                  f"({'HTTP client' if module == 'httpx' else 'plots'}), which is not installed: "
+                  "pip install 'jaxserve[bench]'")
+  assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("module,argv,reason", [
+    ("matplotlib", ["eval", "--plot", "--out-dir", "results"], "plots"),
+    ("torch", ["bench", "throughput", "--hf-baseline", "--out", "t.json"],
+     "the transformers baseline"),
+])
+def test_other_commands_check_their_extra_first(module, argv, reason, tmp_path):
+  code = (f"import sys; sys.modules[{module!r}] = None; from jaxserve.cli import main; "
+          f"sys.exit(main({argv!r}))")
+  run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path)
+  assert run.returncode == 1
+  (line,) = run.stderr.strip().splitlines()
+  assert line.endswith(f"needs {module} ({reason}), which is not installed: "
+                       "pip install 'jaxserve[bench]'")
+  assert list(tmp_path.iterdir()) == []

@@ -43,6 +43,8 @@ CASES = [
     (COMPLETIONS, {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty", None),
     (COMPLETIONS, {"prompt": "hi", "logprobs": 21}, 400, "logprobs", None),
     (COMPLETIONS, {"prompt": "hi", "n": 0}, 400, "n", None),
+    (COMPLETIONS, {"prompt": "hi", "n": 10**9}, 400, "n", None),  # above server.max_n (128)
+    (CHAT, {"messages": USER, "n": 129}, 400, "n", None),
     (COMPLETIONS, {"prompt": "hi", "seed": -1}, 400, "seed", None),
     (COMPLETIONS, {"prompt": "hi", "stop": 5}, 400, "stop", None),
     (COMPLETIONS, {"prompt": "hi", "stop": [""]}, 400, "stop", None),
@@ -158,7 +160,8 @@ def test_body_limit(strict_server):
 
 
 def test_queue_full_gets_429(served, strict_server):
-  """strict_server admits at most 2 waiting requests; 20 long ones on 16 slots leave 4 waiting."""
+  """strict_server admits at most 2 waiting requests (counted across the apps of its engine);
+  20 long ones on 16 slots leave 4 waiting."""
   stop = threading.Event()
 
   def long_stream() -> None:
@@ -174,7 +177,7 @@ def test_queue_full_gets_429(served, strict_server):
     thread.start()
   try:
     deadline = time.monotonic() + 20
-    while scrape_metrics(served.url)["jaxserve_num_requests_waiting"] < 3:
+    while scrape_metrics(served.url)["jaxserve_num_http_requests_waiting"] < 3:
       assert time.monotonic() < deadline
       time.sleep(0.02)
     response = _post(strict_server.url, COMPLETIONS, {"model": MODEL, "prompt": "one more"},

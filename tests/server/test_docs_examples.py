@@ -54,3 +54,29 @@ def test_openai_client_example(served):
   lines = out.getvalue().splitlines()
   scored = next(line for line in lines if line.startswith("[None, "))
   assert len(eval(scored)) > 1
+
+
+def _jaxserve_commands() -> list[str]:
+  """Every `jaxserve ...` command line of README.md (continuations joined, comments dropped)."""
+  text = DOC.read_text().replace("\\\n", " ")
+  commands = []
+  for line in text.splitlines():
+    line = line.strip()
+    if line.startswith("jaxserve ") and "`" not in line:
+      commands.append(line.split("  #", 1)[0].split(" # ", 1)[0].strip())
+  return commands
+
+
+def test_readme_jaxserve_commands_parse():
+  import shlex
+
+  from jaxserve.cli import build_parser
+
+  commands = _jaxserve_commands()
+  assert any("--goodput" in c for c in commands) and any(" serve /path" in c for c in commands)
+  for command in commands:
+    argv = shlex.split(command.replace('"$KEY"', "key"))[1:]
+    if "&&" in argv:
+      argv = argv[:argv.index("&&")]
+    args, unknown = build_parser().parse_known_args(argv)
+    assert unknown == [], (command, unknown)

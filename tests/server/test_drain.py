@@ -1,5 +1,6 @@
 """SIGTERM drains a real `jaxserve serve` process: the running stream finishes, new requests are
-refused (503 or connection refused), and the process exits 0."""
+refused (503 or connection refused), and the process exits 0. Streams still running when
+server.drain_timeout_s expires end with an error event and [DONE], with no traceback logged."""
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ from tests.server.server_helpers import MAX_MODEL_LEN, free_port
 MAX_TOKENS = 150
 
 
-def _write_config(path: str) -> None:
+def _write_config(path: str, drain_timeout_s: float = 30) -> None:
   cache_dir = os.environ.get("JAXSERVE_TEST_XLA_CACHE",
                              os.path.join(tempfile.gettempdir(), "jaxserve-test-xla-cache"))
   config = {"model": "tiny-random", "max_model_len": MAX_MODEL_LEN,
@@ -27,7 +28,7 @@ def _write_config(path: str) -> None:
             "cache": {"page_size": 16, "num_pages": 256},
             "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 64,
                           "seq_buckets": [16], "token_buckets": [64]},
-            "server": {"drain_timeout_s": 30}}
+            "server": {"drain_timeout_s": drain_timeout_s}}
   with open(path, "w") as f:
     yaml.safe_dump(config, f)
 
@@ -93,3 +94,49 @@ def test_sigterm_drains_running_stream_and_exits_zero(tmp_path):
   assert all("error" not in c for c in chunks)
   assert chunks[-2]["choices"][0]["finish_reason"] == "length"
   assert chunks[-1]["usage"]["completion_tokens"] == MAX_TOKENS
+
+
+def test_streams_running_at_the_drain_timeout_end_with_an_error_event(tmp_path):
+  config_path = str(tmp_path / "server.yaml")
+  _write_config(config_path, drain_timeout_s=0.2)
+  port = free_port()
+  url = f"http://127.0.0.1:{port}"
+  process = subprocess.Popen(
+      [sys.executable, "-m", "jaxserve.cli", "serve", "--config", config_path, "--port", str(port),
+       "--log-level", "INFO"],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  num_streams = 3
+  try:
+    _wait_until_healthy(url, process)
+    events: list[list[str]] = [[] for _ in range(num_streams)]
+    started = [threading.Event() for _ in range(num_streams)]
+
+    def stream(i: int) -> None:
+      body = {"prompt": f"drain {i}", "max_tokens": MAX_MODEL_LEN - 16, "temperature": 0,
+              "ignore_eos": True, "stream": True}
+      with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+          if line:
+            events[i].append(line)
+            started[i].set()
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(num_streams)]
+    for thread in threads:
+      thread.start()
+    assert all(event.wait(30) for event in started)
+    process.send_signal(signal.SIGTERM)
+    for thread in threads:
+      thread.join(60)
+    output, _ = process.communicate(timeout=60)
+  finally:
+    if process.poll() is None:
+      process.kill()
+  assert process.returncode == 0, output
+  assert "Traceback" not in output and "Exception in ASGI application" not in output, output
+  assert "ended 3 running response(s)" in output
+  for lines in events:
+    assert lines[-1] == "data: [DONE]"
+    error = json.loads(lines[-2][6:])["error"]
+    assert error["code"] == "service_unavailable" and "drain_timeout_s" in error["message"]
+    chunks = [json.loads(e[6:]) for e in lines[:-2]]
+    assert chunks and all(c["choices"][0]["finish_reason"] is None for c in chunks)

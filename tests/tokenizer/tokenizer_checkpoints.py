@@ -98,12 +98,13 @@ def _train(backend: tokenizers.Tokenizer, special_tokens: list[str], vocab_size:
   return backend
 
 
-def byte_level_bpe(special_tokens: list[str], bos_token: str | None) -> tokenizers.Tokenizer:
+def byte_level_bpe(special_tokens: list[str], bos_token: str | None,
+                   vocab_size: int = 600) -> tokenizers.Tokenizer:
   """GPT-2 / Llama-3 / Qwen style: ByteLevel pre-tokenizer and decoder, bos from the post-processor."""
   backend = tokenizers.Tokenizer(models.BPE())
   backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
   backend.decoder = decoders.ByteLevel()
-  _train(backend, special_tokens, 600, pre_tokenizers.ByteLevel.alphabet())
+  _train(backend, special_tokens, vocab_size, pre_tokenizers.ByteLevel.alphabet())
   byte_level = processors.ByteLevel(trim_offsets=False)
   if bos_token is None:
     backend.post_processor = byte_level
@@ -144,8 +145,8 @@ def write_checkpoint(directory: str, backend: tokenizers.Tokenizer | None, confi
   return directory
 
 
-def llama3_checkpoint(directory: str) -> str:
-  backend = byte_level_bpe(LLAMA3_SPECIALS, bos_token="<|begin_of_text|>")
+def llama3_checkpoint(directory: str, vocab_size: int = 600) -> str:
+  backend = byte_level_bpe(LLAMA3_SPECIALS, bos_token="<|begin_of_text|>", vocab_size=vocab_size)
   config = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "chat_template": LLAMA3_TEMPLATE}
   eos_ids = [backend.token_to_id("<|end_of_text|>"), backend.token_to_id("<|eot_id|>")]
   return write_checkpoint(directory, backend, config, generation_config={"eos_token_id": eos_ids})

@@ -1,0 +1,96 @@
+"""The engine arguments people type, each mapped onto one config key: one table for the CLI flags
+(`--gpu-memory-utilization 0.9`) and the offline API's keywords (`LLM(model,
+gpu_memory_utilization=0.9)`), named as vLLM names them.
+
+A value given here overrides the same key of the YAML file and of `--set`; every key is described
+in docs/CONFIG.md and validated by jaxserve/config.py (a bad value is a ValueError naming the key).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from typing import Mapping
+
+from jaxserve.config import EngineConfig, apply_overrides, config_from_dict, config_to_dict
+
+
+@dataclass(frozen=True)
+class EngineArg:
+  """`name` is the keyword and, dashed, the flag; `key` the dotted config key it sets."""
+  name: str
+  key: str
+  type: type
+  help: str
+  choices: tuple[str, ...] = ()
+
+  @property
+  def flag(self) -> str:
+    return "--" + self.name.replace("_", "-")
+
+
+ENGINE_ARGS: tuple[EngineArg, ...] = (
+    EngineArg("model", "model", str, "built-in model name (tiny-random) or a Hugging Face "
+              "checkpoint directory"),
+    EngineArg("tokenizer", "tokenizer", str, "tokenizer directory, if not the model's"),
+    EngineArg("chat_template", "chat_template", str, "chat template file (or template text) "
+              "replacing the tokenizer's"),
+    EngineArg("dtype", "dtype", str, "weights and activations dtype",
+              ("auto", "float32", "bfloat16")),
+    EngineArg("max_model_len", "max_model_len", int, "longest prompt + output in tokens "
+              "(null: the model's max_position_embeddings)"),
+    EngineArg("attention_backend", "attention_backend", str, "attention kernel",
+              ("auto", "reference", "xla", "pallas_gpu", "pallas_tpu")),
+    EngineArg("gpu_memory_utilization", "cache.memory_fraction", float,
+              "share of the device memory left after the weights that the KV cache takes"),
+    EngineArg("block_size", "cache.page_size", int, "tokens per KV cache page"),
+    EngineArg("max_num_seqs", "scheduler.max_num_seqs", int, "sequences per step"),
+    EngineArg("max_num_batched_tokens", "scheduler.max_num_batched_tokens", int,
+              "tokens per step"),
+    EngineArg("enable_prefix_caching", "scheduler.enable_prefix_caching", bool,
+              "reuse the KV pages of prompt prefixes already computed"),
+    EngineArg("enable_chunked_prefill", "scheduler.enable_chunked_prefill", bool,
+              "split long prompts over several steps"),
+    EngineArg("seed", "seed", int, "seed of the random sampling of requests that give none"),
+    EngineArg("tensor_parallel_size", "tensor_parallel_size", int,
+              "shard the model over this many devices (all devices of all hosts)"),
+)
+BY_NAME = {arg.name: arg for arg in ENGINE_ARGS}
+
+
+def config_default(key: str) -> object:
+  """The default of a dotted config key, e.g. config_default("cache.page_size") == 16."""
+  node: object = EngineConfig()
+  for part in key.split("."):
+    node = getattr(node, part)
+  return node
+
+
+def add_engine_arg_flags(group: argparse._ArgumentGroup, skip: tuple[str, ...] = ()) -> None:
+  """One flag per engine argument (a --x / --no-x pair for booleans); default None = unset."""
+  for arg in ENGINE_ARGS:
+    if arg.name in skip:
+      continue
+    default = json.dumps(config_default(arg.key))
+    help_text = f"{arg.help} (config key {arg.key}; default: {default})"
+    if arg.type is bool:
+      group.add_argument(arg.flag, action=argparse.BooleanOptionalAction, default=None,
+                         help=help_text)
+    else:
+      group.add_argument(arg.flag, type=arg.type, choices=arg.choices or None, help=help_text)
+
+
+def engine_overrides(values: Mapping[str, object]) -> list[str]:
+  """`KEY=VALUE` overrides for the given engine arguments (None values skipped)."""
+  overrides = []
+  for name, value in values.items():
+    if name not in BY_NAME:
+      raise ValueError(f"{name}: unknown engine argument (known: {', '.join(BY_NAME)})")
+    if value is not None:
+      overrides.append(f"{BY_NAME[name].key}={json.dumps(value)}")
+  return overrides
+
+
+def config_with_engine_args(base: EngineConfig, values: Mapping[str, object]) -> EngineConfig:
+  """`base` with the engine arguments applied, validated."""
+  return config_from_dict(apply_overrides(config_to_dict(base), engine_overrides(values)))
