@@ -73,6 +73,7 @@ class _Job:
   load: TensorLoad
   target: jax.sharding.Sharding | None  # None: the default device, as jax.device_put(x)
   convert: Converter | None
+  host_copy: bool  # a CPU device would alias the view (the file's pages) rather than copy it
 
 
 def transfer_tensors(loads: Sequence[TensorLoad], dtype: np.dtype,
@@ -132,7 +133,9 @@ def _jobs(loads: Sequence[TensorLoad], dtype: np.dtype,
     key = (load.transpose, load.info.dtype != dtype, target)
     if key not in converters:
       converters[key] = _converter(load.transpose, load.info.dtype != dtype, dtype, target)
-    jobs.append(_Job(load, target, converters[key]))
+    devices = target.device_set if target is not None else {jax.devices()[0]}
+    on_cpu = any(device.platform == "cpu" for device in devices)
+    jobs.append(_Job(load, target, converters[key], on_cpu and converters[key] is None))
   return jobs
 
 
@@ -159,22 +162,14 @@ def raw_sharding(target: jax.sharding.Sharding, transpose: bool) -> jax.sharding
 def _run(job: _Job, mapped: futures.Future) -> jax.Array:
   """Puts one raw tensor, converts it on the device and waits for both (runs in the pool)."""
   view = mapped.result().view(job.load.info)  # [*hf_shape], zero-copy over the mmap
-  final = job.convert is None
+
+  def piece(index) -> np.ndarray:
+    return np.array(view[index]) if job.host_copy else view[index]
+
   if job.target is None:
-    # final: may_alias=False, as a CPU device would otherwise keep the mmapped pages.
-    raw = jax.device_put(view, may_alias=False if final else None)
-  else:
-    raw = _put_sharded(view, raw_sharding(job.target, job.load.transpose), copy=final)
-  out = raw if final else job.convert(raw)
+    raw = jax.device_put(piece(...))
+  else:  # each addressable device receives only its slice
+    raw = jax.make_array_from_callback(view.shape, raw_sharding(job.target, job.load.transpose),
+                                       piece)
+  out = raw if job.convert is None else job.convert(raw)
   return out.block_until_ready()
-
-
-def _put_sharded(view: np.ndarray, sharding: jax.sharding.Sharding, copy: bool) -> jax.Array:
-  """Each addressable device receives only its slice of `view`."""
-  on_cpu = copy and next(iter(sharding.device_set)).platform == "cpu"
-
-  def piece(index):
-    part = view[index]
-    return np.array(part) if on_cpu else part  # a CPU device may alias the host memory given
-
-  return jax.make_array_from_callback(view.shape, sharding, piece)
