@@ -20,6 +20,7 @@ import numpy as np
 
 from jaxserve.attention.backends import get_attention_backend, head_count_invariant
 from jaxserve.config import EngineConfig
+from jaxserve.device_memory import kv_budget_bytes, max_concurrency
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.scheduler import Scheduler
@@ -30,8 +31,7 @@ from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.registry import LoadedModel, load_model
 from jaxserve.runtime.buckets import Bucket, BucketSet
 from jaxserve.runtime.compile_ledger import CompileLedger
-from jaxserve.runtime.kv_cache import (KVCacheSpec, allocate_kv_pages, device_memory_budget,
-                                       page_bytes, plan_num_pages)
+from jaxserve.runtime.kv_cache import KVCacheSpec, allocate_kv_pages, page_bytes, plan_num_pages
 from jaxserve.runtime.model_runner import ModelRunner
 from jaxserve.runtime.sampler import GreedyFn, xla_greedy
 from jaxserve.parallel.sharded_runner import StepSink
@@ -53,7 +53,8 @@ def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> in
 
 def kv_cache_spec(config: EngineConfig, model_config: ModelConfig, max_model_len: int,
                   free_bytes: int | None, num_shards: int = 1) -> KVCacheSpec:
-  """The pool's spec; free_bytes is one device's, which holds 1/num_shards of every page."""
+  """The pool's spec; free_bytes is one device's budget for the pool (memory_fraction applied,
+  device_memory.py), that device holding 1/num_shards of every page."""
   page_size = config.cache.page_size
   per_page = page_bytes(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim,
                         page_size, model_config.dtype) // num_shards
@@ -134,7 +135,7 @@ def build_runner(config: EngineConfig, *,
 
   buckets = BucketSet.from_config(config.scheduler)
   model = LlamaForCausalLM(model_config, backend, dense)
-  free_bytes = device_memory_budget()
+  free_bytes = kv_budget_bytes(config.cache.memory_fraction, scratch_measured=kv_sharding is None)
   if free_bytes is not None and kv_sharding is None and config.cache.num_pages is None \
       and config.cache.memory_bytes is None:
     free_bytes -= _step_scratch_bytes(config, model_config, model, loaded.params, buckets,
@@ -148,6 +149,8 @@ def build_runner(config: EngineConfig, *,
               spec.num_pages, spec.page_size, (spec.num_pages - 1) * spec.page_size,
               spec.total_bytes / 2**20, f" over {num_shards} shards" if num_shards > 1 else "",
               max_model_len)
+  logger.info("maximum concurrency for %d tokens per request: %.2fx", max_model_len,
+              max_concurrency(spec.num_pages, spec.page_size, max_model_len))
   shape = StepShape(spec.page_size, math.ceil(max_model_len / spec.page_size), max_model_len)
   options = step_compiler_options(config)
   if kv_sharding is None:

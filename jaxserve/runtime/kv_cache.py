@@ -2,8 +2,9 @@
 
 Layout: one (k_pages, v_pages) pair per layer, each [num_kv_heads, num_pages, page_size,
 head_dim]. Page 0 is the null page. The pool size comes from CacheConfig: an explicit page count,
-a byte budget, or a fraction of the device memory left after the weights. On a backend that
-reports no memory statistics (CPU) the fraction applies to CPU_DEFAULT_BYTES.
+a byte budget, or the device's budget for it (jaxserve/device_memory.py: memory_fraction of the
+device's total memory less the weights and step scratch). On a backend that reports no memory
+statistics (CPU) the pool is memory_fraction of CPU_DEFAULT_BYTES.
 """
 from __future__ import annotations
 
@@ -59,14 +60,15 @@ def device_memory_budget(device: jax.Device | None = None) -> int | None:
   return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
 
 
-def plan_num_pages(config: CacheConfig, bytes_per_page: int, free_bytes: int | None) -> int:
-  """Number of pages (null page included) the config asks for."""
+def plan_num_pages(config: CacheConfig, bytes_per_page: int, pool_bytes: int | None) -> int:
+  """Number of pages (null page included) the config asks for; pool_bytes is the device's budget
+  for the pool (device_memory.kv_pool_bytes, memory_fraction already applied), None on CPU."""
   if config.num_pages is not None:
     return config.num_pages
   budget = config.memory_bytes
   if budget is None:
-    budget = int((free_bytes if free_bytes is not None else CPU_DEFAULT_BYTES)
-                 * config.memory_fraction)
+    budget = pool_bytes if pool_bytes is not None else int(CPU_DEFAULT_BYTES
+                                                           * config.memory_fraction)
   num_pages = budget // bytes_per_page
   if num_pages < 2:
     raise ValueError(f"cache: a budget of {budget} bytes holds {num_pages} pages of "
