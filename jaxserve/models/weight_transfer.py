@@ -83,37 +83,54 @@ def transfer_tensors(loads: Sequence[TensorLoad], dtype: np.dtype,
   """Every load's tensor on its device(s) in `dtype`, flax layout; with the bytes moved and time."""
   start = time.perf_counter()
   jobs = _jobs(sorted(loads, key=_disk_order(loads)), np.dtype(dtype), sharding_for)
-  files = list(dict.fromkeys(job.load.header.path for job in jobs))
-  headers = {job.load.header.path: job.load.header for job in jobs}
-  results: dict[ParamPath, jax.Array] = {}
-  opener = futures.ThreadPoolExecutor(1, thread_name_prefix="weights-open")
+  read_ahead = _ReadAhead([job.load.header for job in jobs])
   pool = futures.ThreadPoolExecutor(options.num_threads, thread_name_prefix="weights-put")
   try:
-    opened: dict[Path, futures.Future] = {}
-
-    def mapped(path: Path) -> futures.Future:
-      index = files.index(path)
-      for ahead in files[index:index + 2]:  # this file and the next one (read ahead)
-        if ahead not in opened:
-          opened[ahead] = opener.submit(MappedFile.open, headers[ahead])
-      return opened[path]
-
-    pending: collections.deque = collections.deque()
-    in_flight = 0
-    for job in jobs:
-      while pending and in_flight + job.load.info.nbytes > options.window_bytes:
-        done_job, future = pending.popleft()
-        results[done_job.load.path] = future.result()
-        in_flight -= done_job.load.info.nbytes
-      pending.append((job, pool.submit(_run, job, mapped(job.load.header.path))))
-      in_flight += job.load.info.nbytes
-    for done_job, future in pending:
-      results[done_job.load.path] = future.result()
+    results = _run_windowed(jobs, pool, read_ahead, options.window_bytes)
   finally:
     pool.shutdown(wait=True, cancel_futures=True)
-    opener.shutdown(wait=True, cancel_futures=True)
+    read_ahead.close()
   num_bytes = sum(job.load.info.nbytes for job in jobs)
   return results, TransferStats(num_bytes, time.perf_counter() - start)
+
+
+class _ReadAhead:
+  """Maps the files in order on one thread, one file ahead of the one being transferred."""
+
+  def __init__(self, headers: Sequence[SafetensorsHeader]):
+    self._headers = {header.path: header for header in headers}
+    self._order = list(self._headers)
+    self._opened: dict[Path, futures.Future] = {}
+    self._opener = futures.ThreadPoolExecutor(1, thread_name_prefix="weights-open")
+
+  def mapped(self, path: Path) -> futures.Future:
+    """A future MappedFile of `path`; also starts mapping the file after it."""
+    index = self._order.index(path)
+    for ahead in self._order[index:index + 2]:
+      if ahead not in self._opened:
+        self._opened[ahead] = self._opener.submit(MappedFile.open, self._headers[ahead])
+    return self._opened[path]
+
+  def close(self) -> None:
+    self._opener.shutdown(wait=True, cancel_futures=True)
+
+
+def _run_windowed(jobs: Sequence[_Job], pool: futures.ThreadPoolExecutor, read_ahead: _ReadAhead,
+                  window_bytes: int) -> dict[ParamPath, jax.Array]:
+  """Submits the jobs in order, waiting for the oldest while window_bytes are in flight."""
+  results: dict[ParamPath, jax.Array] = {}
+  pending: collections.deque[tuple[_Job, futures.Future]] = collections.deque()
+  in_flight = 0
+  for job in jobs:
+    while pending and in_flight + job.load.info.nbytes > window_bytes:
+      done, future = pending.popleft()
+      results[done.load.path] = future.result()
+      in_flight -= done.load.info.nbytes
+    pending.append((job, pool.submit(_run, job, read_ahead.mapped(job.load.header.path))))
+    in_flight += job.load.info.nbytes
+  for done, future in pending:
+    results[done.load.path] = future.result()
+  return results
 
 
 def _disk_order(loads: Sequence[TensorLoad]) -> Callable[[TensorLoad], tuple[int, int]]:
