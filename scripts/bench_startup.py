@@ -40,6 +40,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument("--load-runs", type=int, default=2, help="timed weight loads (default 2)")
   parser.add_argument("--cold", action="store_true", help="do not pre-read the checkpoint files")
   parser.add_argument("--warmup", action="store_true", help="also compile every bucket (timed)")
+  parser.add_argument("--baseline", action="store_true",
+                      help="also time the host-converted path (transpose and cast on the host, "
+                      "one synchronous device_put per tensor: the loader before issue 16)")
   parser.add_argument("--out", default="out/bench_startup.json")
   return parser.parse_args(argv)
 
@@ -89,6 +92,22 @@ def time_weight_loads(config, runs: int) -> list[dict]:
   return results
 
 
+def time_host_converted_load(config) -> dict:
+  """The pre-issue-16 way: each tensor transposed / cast on the host, then jax.device_put."""
+  import jax
+
+  from jaxserve.models.weights import load_hf_config, load_hf_params
+  model_config = load_hf_config(Path(config.model), config.dtype)
+  start = time.perf_counter()
+  params = load_hf_params(Path(config.model), model_config,
+                          put=lambda path, array: jax.device_put(array).block_until_ready())
+  num_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+  seconds = time.perf_counter() - start
+  del params
+  gc.collect()
+  return {"bytes": num_bytes, "seconds": seconds, "gb_per_s": num_bytes / 1e9 / seconds}
+
+
 def device_stats() -> dict:
   import jax
 
@@ -122,6 +141,8 @@ def main(argv=None) -> int:
   model_dir = Path(config.model)
   if model_dir.is_dir() and not args.cold:
     report["page_cache_fill"] = read_files(model_dir)
+  if args.baseline and model_dir.is_dir() and config.tensor_parallel_size == 1:
+    report["baseline_host_converted"] = time_host_converted_load(config)
   report["weight_loads"] = time_weight_loads(config, args.load_runs)
   start = time.perf_counter()
   built = build_runner(config)
@@ -152,6 +173,10 @@ def format_table(report: dict) -> str:
     fill = report["page_cache_fill"]
     rows.append(("read checkpoint files", f"{fill['bytes'] / 1e9:.1f} GB in {fill['seconds']:.1f} s "
                  f"({fill['gb_per_s']:.2f} GB/s)"))
+  if "baseline_host_converted" in report:
+    base = report["baseline_host_converted"]
+    rows.append(("weights, host-converted (before)", f"{base['bytes'] / 1e9:.1f} GB in "
+                 f"{base['seconds']:.1f} s ({base['gb_per_s']:.2f} GB/s)"))
   rows += [(f"weights, load {i + 1}", f"{r['bytes'] / 1e9:.1f} GB in {r['seconds']:.1f} s "
             f"({r['gb_per_s']:.2f} GB/s)") for i, r in enumerate(report["weight_loads"])]
   rows += [("best weight load", f"{best['gb_per_s']:.2f} GB/s ({best['source']})"),
