@@ -79,7 +79,8 @@ def time_weight_loads(config, runs: int) -> list[dict]:
     if config.tensor_parallel_size > 1:
       from jaxserve.parallel.mesh import build_mesh
       from jaxserve.parallel.sharded_loading import load_model_sharded
-      loaded = load_model_sharded(config.model, config.dtype, build_mesh(config.tensor_parallel_size),
+      mesh = build_mesh(config.tensor_parallel_size)
+      loaded = load_model_sharded(config.model, config.dtype, mesh,
                                   tp_invariant_reductions=config.tp_invariant_reductions)
     else:
       loaded = load_model(config.model, config.dtype)
@@ -124,7 +125,8 @@ def device_stats() -> dict:
 
 def main(argv=None) -> int:
   args = parse_args(argv)
-  logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  logging.basicConfig(level=args.log_level,
+                      format="%(asctime)s %(levelname)s %(name)s: %(message)s")
   if args.build:
     if not args.model:
       raise SystemExit("--build needs --model DIR (where to write the checkpoint)")
@@ -171,8 +173,8 @@ def format_table(report: dict) -> str:
           ("client env", json.dumps(report["client_env"]) or "-")]
   if "page_cache_fill" in report:
     fill = report["page_cache_fill"]
-    rows.append(("read checkpoint files", f"{fill['bytes'] / 1e9:.1f} GB in {fill['seconds']:.1f} s "
-                 f"({fill['gb_per_s']:.2f} GB/s)"))
+    rows.append(("read checkpoint files", f"{fill['bytes'] / 1e9:.1f} GB in "
+                 f"{fill['seconds']:.1f} s ({fill['gb_per_s']:.2f} GB/s)"))
   if "baseline_host_converted" in report:
     base = report["baseline_host_converted"]
     rows.append(("weights, host-converted (before)", f"{base['bytes'] / 1e9:.1f} GB in "
@@ -182,7 +184,8 @@ def format_table(report: dict) -> str:
   rows += [("best weight load", f"{best['gb_per_s']:.2f} GB/s ({best['source']})"),
            ("build_runner (load + pool)", f"{report['build_runner_s']:.1f} s"),
            ("KV pool", f"{pool['gib']:.1f} GiB, {pool['num_pages']} pages of {pool['page_size']}"),
-           (f"max concurrency at {pool['max_model_len']} tokens", f"{pool['max_concurrency']:.2f}x")]
+           (f"max concurrency at {pool['max_model_len']} tokens",
+            f"{pool['max_concurrency']:.2f}x")]
   if "total_gib" in device:
     rows.append(("device memory", f"total {device['total_gib']:.1f} GiB, client limit "
                  f"{device['client_limit_gib']:.1f} GiB, in use {device['in_use_gib']:.1f} GiB"))

@@ -26,8 +26,8 @@ import numpy as np
 
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.safetensors_reader import MappedFile, SafetensorsHeader, read_header
-from jaxserve.models.weight_transfer import (ParamPath, ShardingFn, TensorLoad, TransferOptions, TransferStats,
-                                             transfer_tensors)
+from jaxserve.models.weight_transfer import (ParamPath, ShardingFn, TensorLoad, TransferOptions,
+                                             TransferStats, transfer_tensors)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -180,7 +180,8 @@ def load_hf_params(checkpoint_dir: Path, config: ModelConfig, *, put: PutFn | No
 
 def _put_host_converted(loads: list[TensorLoad], dtype: np.dtype,
                         put: PutFn) -> tuple[dict[ParamPath, jax.Array], TransferStats]:
-  """One tensor at a time: transposed and cast on the host, then handed to `put`."""
+  """One tensor at a time: copied out of the file, transposed and cast on the host, then handed
+  to `put` (which owns the copy)."""
   start = time.perf_counter()
   leaves, files = {}, {}
   for load in loads:
@@ -190,5 +191,5 @@ def _put_host_converted(loads: list[TensorLoad], dtype: np.dtype,
     array = files[path].view(load.info)  # [*hf_shape]
     if load.transpose:
       array = array.T
-    leaves[load.path] = put(load.path, np.ascontiguousarray(array, dtype=dtype))
+    leaves[load.path] = put(load.path, np.array(array, dtype=dtype, order="C"))
   return leaves, TransferStats(sum(load.info.nbytes for load in loads), time.perf_counter() - start)
