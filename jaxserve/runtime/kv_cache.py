@@ -48,18 +48,6 @@ def page_bytes(num_layers: int, num_kv_heads: int, head_dim: int, page_size: int
   return 2 * num_layers * num_kv_heads * page_size * head_dim * jnp.dtype(dtype).itemsize
 
 
-def device_memory_budget(device: jax.Device | None = None) -> int | None:
-  """Bytes still free on the device (limit - in use), or None if the backend doesn't say."""
-  device = device or jax.devices()[0]
-  try:
-    stats = device.memory_stats()
-  except Exception:  # some backends raise instead of returning None
-    return None
-  if not stats or "bytes_limit" not in stats:
-    return None
-  return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
-
-
 def plan_num_pages(config: CacheConfig, bytes_per_page: int, pool_bytes: int | None) -> int:
   """Number of pages (null page included) the config asks for; pool_bytes is the device's budget
   for the pool (device_memory.kv_pool_bytes, memory_fraction already applied), None on CPU."""
