@@ -60,10 +60,6 @@ def client_memory_env(fraction: float, environ: Mapping[str, str], *, gpu: bool,
   user = {name: environ[name] for name in CLIENT_VARS if name in environ}
   if user == {FRACTION_VAR: value}:
     return ClientMemorySetup(user_vars=user)  # already set to this (by us or identically)
-  if backend_started:
-    return ClientMemorySetup(user_vars=user, note=(
-        "JAX backend already started: its memory fraction is fixed; cache.memory_fraction "
-        f"{value} applies within the client's limit"))
   if user:
     settings = " ".join(f"{k}={v}" for k, v in user.items())
     return ClientMemorySetup(user_vars=user, note=(
@@ -71,6 +67,10 @@ def client_memory_env(fraction: float, environ: Mapping[str, str], *, gpu: bool,
         "for the JAX client's pre-allocation"))
   if not gpu:
     return ClientMemorySetup()
+  if backend_started:
+    return ClientMemorySetup(note=(
+        "device memory: JAX backend already started, its pre-allocation is fixed; "
+        f"cache.memory_fraction {value} applies within the client's limit"))
   return ClientMemorySetup(set_vars={FRACTION_VAR: value}, note=(
       f"device memory: {FRACTION_VAR}={value} (cache.memory_fraction): the JAX client "
       f"pre-allocates {fraction:.0%} of each GPU"))
