@@ -12,8 +12,9 @@ XLA_CLIENT_MEM_FRACTION=fraction before that happens: the client's arena is then
 share, and pool = arena - in use - scratch. Pre-allocation stays on (JAX's default): one arena for
 weights, pool and scratch, no allocation on the serving path, no fragmentation from growth; and
 XLA_PYTHON_CLIENT_PREALLOCATE=false alone would not help, the 0.75 cap applies to growth too.
-(XLA_CLIENT_MEM_FRACTION is the current spelling; jaxlib raises if both it and the deprecated
-XLA_PYTHON_CLIENT_MEM_FRACTION are set, so neither is added next to the other.)
+(XLA_CLIENT_MEM_FRACTION is the current spelling, used where jaxlib reads it, else the older
+XLA_PYTHON_CLIENT_MEM_FRACTION; jaxlib raises if both are set, so neither is added next to the
+other.)
 
 A user's own XLA_CLIENT_MEM_FRACTION / XLA_PYTHON_CLIENT_MEM_FRACTION / _PREALLOCATE / _ALLOCATOR
 win: nothing is set and a log line says so; the device's total is then inferred from the client's
@@ -54,11 +55,12 @@ class ClientMemorySetup:
 
 
 def client_memory_env(fraction: float, environ: Mapping[str, str], *, gpu: bool,
-                      backend_started: bool) -> ClientMemorySetup:
-  """The XLA_* variables to set for `fraction` of the device (pure)."""
+                      backend_started: bool, var: str = FRACTION_VAR) -> ClientMemorySetup:
+  """The XLA_* variables to set for `fraction` of the device (pure); `var` is the spelling of
+  the fraction variable that the installed jaxlib reads."""
   value = f"{fraction:g}"
   user = {name: environ[name] for name in CLIENT_VARS if name in environ}
-  if user == {FRACTION_VAR: value}:
+  if user == {var: value}:
     return ClientMemorySetup(user_vars=user)  # already set to this (by us or identically)
   if user:
     settings = " ".join(f"{k}={v}" for k, v in user.items())
@@ -71,8 +73,8 @@ def client_memory_env(fraction: float, environ: Mapping[str, str], *, gpu: bool,
     return ClientMemorySetup(note=(
         "device memory: JAX backend already started, its pre-allocation is fixed; "
         f"cache.memory_fraction {value} applies within the client's limit"))
-  return ClientMemorySetup(set_vars={FRACTION_VAR: value}, note=(
-      f"device memory: {FRACTION_VAR}={value} (cache.memory_fraction): the JAX client "
+  return ClientMemorySetup(set_vars={var: value}, note=(
+      f"device memory: {var}={value} (cache.memory_fraction): the JAX client "
       f"pre-allocates {fraction:.0%} of each GPU"))
 
 
@@ -81,7 +83,7 @@ def configure_client_memory(fraction: float, environ: MutableMapping[str, str] |
   """Sets the JAX client's memory fraction; call at process start, before jax uses a device."""
   environ = os.environ if environ is None else environ
   setup = client_memory_env(fraction, environ, gpu=gpu_expected(environ) if gpu is None else gpu,
-                            backend_started=backend_started())
+                            backend_started=backend_started(), var=fraction_var())
   environ.update(setup.set_vars)
   if setup.note:
     logger.info("%s", setup.note)
@@ -99,6 +101,18 @@ def gpu_expected(environ: Mapping[str, str]) -> bool:
   import jax_plugins
   return any(m.name.startswith(("xla_cuda", "xla_rocm", "cuda", "rocm"))
              for m in pkgutil.iter_modules(jax_plugins.__path__))
+
+
+def fraction_var() -> str:
+  """XLA_CLIENT_MEM_FRACTION where the installed jaxlib reads it (0.10 does, preferring it to the
+  deprecated spelling), else XLA_PYTHON_CLIENT_MEM_FRACTION. Reads jaxlib's source, imports
+  nothing."""
+  spec = importlib.util.find_spec("jaxlib.xla_client")
+  try:
+    source = open(spec.origin, encoding="utf-8").read() if spec and spec.origin else ""
+  except OSError:
+    source = ""
+  return FRACTION_VAR if f"'{FRACTION_VAR}'" in source else FRACTION_VARS[1]
 
 
 def backend_started() -> bool:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from jaxserve.device_memory import (DeviceMemory, client_memory_env, configure_client_memory,
-                                    device_memory, gpu_expected, kv_pool_bytes, max_concurrency,
-                                    unmeasured_scratch_bytes)
+                                    device_memory, fraction_var, gpu_expected, kv_pool_bytes,
+                                    max_concurrency, unmeasured_scratch_bytes)
 
 GIB = 2**30
 REPO = Path(__file__).resolve().parents[2]
@@ -79,6 +79,13 @@ def test_user_settings_win_with_a_log_line(name, value, caplog):
              for r in caplog.records)
 
 
+def test_older_spelling_where_jaxlib_reads_only_it():
+  setup = client_memory_env(0.85, {}, gpu=True, backend_started=False,
+                            var="XLA_PYTHON_CLIENT_MEM_FRACTION")
+  assert setup.set_vars == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.85"}
+  assert fraction_var() in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+
+
 def test_backend_already_started_sets_nothing():
   setup = client_memory_env(0.9, {}, gpu=True, backend_started=True)
   assert setup.set_vars == {} and "already started" in setup.note
@@ -96,7 +103,7 @@ device_memory.gpu_expected = lambda environ: True  # this machine has no GPU plu
 from jaxserve.cli import main
 code = main(["kv-plan", "--set", "cache.memory_fraction=0.8", "--memory-gb", "0.01",
              "--out", sys.argv[1]])
-print("RESULT", code, os.environ.get("XLA_CLIENT_MEM_FRACTION"))
+print("RESULT", code, os.environ.get(device_memory.fraction_var()))
 """
 
 
