@@ -42,6 +42,8 @@ FRACTION_VARS = (FRACTION_VAR, "XLA_PYTHON_CLIENT_MEM_FRACTION")
 CLIENT_VARS = FRACTION_VARS + ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_ALLOCATOR")
 JAX_DEFAULT_GPU_FRACTION = 0.75
 GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+GPU_PLUGIN_PACKAGES = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin",
+                       "jax_rocm7_plugin")
 GIB = 2**30
 UNMEASURED_SCRATCH_SHARE = 0.1  # of the budget, when the step's scratch is not measured
 
@@ -96,6 +98,8 @@ def gpu_expected(environ: Mapping[str, str]) -> bool:
   platforms = environ.get("JAX_PLATFORMS", "")
   if platforms and not any(p.strip() in GPU_PLATFORMS for p in platforms.lower().split(",")):
     return False
+  if any(importlib.util.find_spec(name) is not None for name in GPU_PLUGIN_PACKAGES):
+    return True
   if importlib.util.find_spec("jax_plugins") is None:
     return False
   import jax_plugins
