@@ -27,8 +27,9 @@ import numpy as np
 from jaxserve.config import EngineConfig
 from jaxserve.device.buckets import Bucket, BucketSet
 from jaxserve.device.compile_ledger import CompileLedger
-from jaxserve.device.kv_cache import (KVCacheSpec, allocate_kv_pages, device_memory_budget,
-                                      kv_cache_spec, resolve_max_model_len)
+from jaxserve.device.device_memory import kv_budget_bytes, max_concurrency
+from jaxserve.device.kv_cache import (KVCacheSpec, allocate_kv_pages, kv_cache_spec,
+                                      resolve_max_model_len)
 from jaxserve.device.lowering import temp_bytes
 from jaxserve.device.model_runner import ModelRunner, StepSink
 from jaxserve.device.step_inputs import StepShape
@@ -84,7 +85,8 @@ def build_device(config: EngineConfig, *,
   model = placement.module()
   page_size = config.cache.page_size
   shape = StepShape(page_size, math.ceil(max_model_len / page_size), max_model_len)
-  free_bytes = device_memory_budget()
+  free_bytes = kv_budget_bytes(config.cache.memory_fraction,
+                               scratch_measured=placement.mesh is None)
   if free_bytes is not None and placement.mesh is None and config.cache.num_pages is None \
       and config.cache.memory_bytes is None:
     free_bytes -= _step_scratch_bytes(config, placement, buckets, shape)
@@ -98,6 +100,8 @@ def build_device(config: EngineConfig, *,
               spec.total_bytes / 2**20,
               f" over {placement.num_shards} shards" if placement.num_shards > 1 else "",
               max_model_len)
+  logger.info("maximum concurrency for %d tokens per request: %.2fx", max_model_len,
+              max_concurrency(spec.num_pages, spec.page_size, max_model_len))
   options = step_compiler_options(config)
   sampler = sampler_backend(config, sharded=placement.mesh is not None)
   if placement.mesh is None:

@@ -123,6 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
+def _configure_device_memory(args: argparse.Namespace) -> None:
+  """Sizes the JAX client's memory from cache.memory_fraction before any command starts jax."""
+  if hasattr(args, "overrides") and args.command != "config":
+    from jaxserve.device.device_memory import configure_client_memory
+    configure_client_memory(engine_config_from_args(args).cache.memory_fraction)
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = build_parser()
   argv = sys.argv[1:] if argv is None else list(argv)
@@ -132,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     command.error(unknown_flags_message(command, unknown))
   configure_logging(getattr(args, "log_level", "INFO"))
   try:
+    _configure_device_memory(args)
     return args.func(args)
   except MissingDependencyError as err:
     print(err, file=sys.stderr)

@@ -3,7 +3,7 @@
 A config file mirrors the dataclass tree:
 
     model: tiny-random
-    cache: {page_size: 16, memory_fraction: 0.85}
+    cache: {page_size: 16, memory_fraction: 0.9}
     scheduler: {max_num_seqs: 64, max_num_batched_tokens: 512}
     server: {port: 8000}
 
@@ -32,12 +32,14 @@ def _require(condition: bool, name: str, message: str) -> None:
 
 @dataclass(frozen=True)
 class CacheConfig:
-  """Paged KV cache. The pool is sized by num_pages if given, else memory_bytes, else
-  memory_fraction of the device memory left after the weights."""
+  """Paged KV cache. The pool is sized by num_pages if given, else memory_bytes, else from
+  memory_fraction: the share of the device's total memory the process uses (as vLLM's
+  gpu_memory_utilization), the pool getting what the weights and step scratch leave of it
+  (jaxserve/device/device_memory.py)."""
   page_size: int = 16
   num_pages: int | None = None
   memory_bytes: int | None = None
-  memory_fraction: float = 0.85
+  memory_fraction: float = 0.9
 
   def __post_init__(self) -> None:
     _require(isinstance(self.page_size, int) and self.page_size > 0

@@ -42,7 +42,8 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     EngineArg("attention_backend", "attention_backend", str, "attention kernel",
               ("auto", "reference", "xla", "pallas_gpu", "pallas_tpu")),
     EngineArg("gpu_memory_utilization", "cache.memory_fraction", float,
-              "share of the device memory left after the weights that the KV cache takes"),
+              "share of the device's total memory the process uses; the KV cache gets what the "
+              "weights and step scratch leave of it"),
     EngineArg("block_size", "cache.page_size", int, "tokens per KV cache page"),
     EngineArg("max_num_seqs", "scheduler.max_num_seqs", int, "sequences per step"),
     EngineArg("max_num_batched_tokens", "scheduler.max_num_batched_tokens", int,

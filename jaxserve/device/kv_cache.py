@@ -2,8 +2,9 @@
 
 Layout: one (k_pages, v_pages) pair per layer, each [num_kv_heads, num_pages, page_size,
 head_dim]. Page 0 is the null page. The pool size comes from CacheConfig: an explicit page count,
-a byte budget, or a fraction of the device memory left after the weights. On a backend that
-reports no memory statistics (CPU) the fraction applies to CPU_DEFAULT_BYTES.
+a byte budget, or the device's budget for it (jaxserve/device/device_memory.py: memory_fraction of the
+device's total memory less the weights and step scratch). On a backend that reports no memory
+statistics (CPU) the pool is memory_fraction of CPU_DEFAULT_BYTES.
 """
 from __future__ import annotations
 
@@ -48,26 +49,15 @@ def page_bytes(num_layers: int, num_kv_heads: int, head_dim: int, page_size: int
   return 2 * num_layers * num_kv_heads * page_size * head_dim * jnp.dtype(dtype).itemsize
 
 
-def device_memory_budget(device: jax.Device | None = None) -> int | None:
-  """Bytes still free on the device (limit - in use), or None if the backend doesn't say."""
-  device = device or jax.devices()[0]
-  try:
-    stats = device.memory_stats()
-  except Exception:  # some backends raise instead of returning None
-    return None
-  if not stats or "bytes_limit" not in stats:
-    return None
-  return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
-
-
-def plan_num_pages(config: CacheConfig, bytes_per_page: int, free_bytes: int | None) -> int:
-  """Number of pages (null page included) the config asks for."""
+def plan_num_pages(config: CacheConfig, bytes_per_page: int, pool_bytes: int | None) -> int:
+  """Number of pages (null page included) the config asks for; pool_bytes is the device's budget
+  for the pool (device_memory.kv_pool_bytes, memory_fraction already applied), None on CPU."""
   if config.num_pages is not None:
     return config.num_pages
   budget = config.memory_bytes
   if budget is None:
-    budget = int((free_bytes if free_bytes is not None else CPU_DEFAULT_BYTES)
-                 * config.memory_fraction)
+    budget = pool_bytes if pool_bytes is not None else int(CPU_DEFAULT_BYTES
+                                                           * config.memory_fraction)
   num_pages = budget // bytes_per_page
   if num_pages < 2:
     raise ValueError(f"cache: a budget of {budget} bytes holds {num_pages} pages of "
@@ -87,7 +77,8 @@ def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> in
 
 def kv_cache_spec(config: EngineConfig, model_config: ModelConfig, max_model_len: int,
                   free_bytes: int | None, num_shards: int = 1) -> KVCacheSpec:
-  """The pool's spec; free_bytes is one device's, which holds 1/num_shards of every page."""
+  """The pool's spec; free_bytes is one device's budget for the pool (memory_fraction applied,
+  device/device_memory.py), that device holding 1/num_shards of every page."""
   page_size = config.cache.page_size
   per_page = page_bytes(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim,
                         page_size, model_config.dtype) // num_shards

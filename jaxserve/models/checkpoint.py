@@ -3,14 +3,21 @@
 `save_params` writes the tree with orbax's StandardCheckpointer (OCDBT + tensorstore); the call
 returns once the checkpoint is committed. `restore_params` needs the abstract tree (`like`, e.g.
 `weights.param_shapes(config)` or a tree of arrays): it fixes the structure, shapes and dtypes, and,
-where leaves carry a sharding, where each array lands.
+where leaves carry a sharding, where each array lands. A restore logs its GB and GB/s (waiting for
+the arrays, so the rate is the real one).
 """
 from __future__ import annotations
 
+import logging
+import time
 from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
+
+from jaxserve.models.weight_transfer import TransferStats
+
+logger = logging.getLogger(__name__)
 
 
 def save_params(params: dict, directory: str | Path, *, overwrite: bool = False) -> Path:
@@ -30,11 +37,16 @@ def restore_params(directory: str | Path, like: dict) -> dict:
   if not directory.is_dir():
     raise ValueError(f"{directory}: checkpoint directory not found")
   abstract = jax.tree.map(_abstract_leaf, like)
+  start = time.perf_counter()
   with ocp.StandardCheckpointer() as checkpointer:
     try:
-      return checkpointer.restore(directory, abstract)
+      params = jax.block_until_ready(checkpointer.restore(directory, abstract))
     except (ValueError, KeyError, FileNotFoundError) as err:
       raise ValueError(f"{directory}: cannot restore params: {err}") from err
+  num_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
+  stats = TransferStats(num_bytes, time.perf_counter() - start)
+  logger.info("weights: %s from orbax %s", stats.describe(), directory)
+  return params
 
 
 def _abstract_leaf(leaf) -> jax.ShapeDtypeStruct:

@@ -4,32 +4,37 @@
 name, its HF shape and whether it is a transposed Linear weight. `param_shapes(config)` derives the
 abstract tree from it (used to restore orbax checkpoints and by tests against `model.init`).
 
-Loading reads tensor by tensor through safetensors' numpy framework (memory-mapped files), converts
-and casts one tensor, hands it to `put` (default `jax.device_put`; a sharded loader passes its own)
-and drops the host copy, so at most one converted tensor is alive on the host at a time.
-Single-file (`model.safetensors`) and sharded (`model.safetensors.index.json`) layouts are read.
+Loading first checks every tensor's presence and shape from the files' headers
+(`plan_hf_tensors`), then moves the tensors to the device(s) as they are on disk, zero-copy views
+of the mmapped files, and transposes / casts them there (weight_transfer: overlapped, each device
+receiving only its shard when a `sharding` is given), and logs the GB and GB/s. A caller's `put`
+gets host-converted arrays instead, one at a time. Single-file (`model.safetensors`) and sharded
+(`model.safetensors.index.json`) layouts are read.
 """
 from __future__ import annotations
 
-import contextlib
 import json
+import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, which safetensors' numpy reader needs)
 import numpy as np
-from safetensors import safe_open
 
 from jaxserve.models.model_config import ModelConfig
+from jaxserve.models.safetensors_reader import MappedFile, SafetensorsHeader, read_header
+from jaxserve.models.weight_transfer import (ParamPath, ShardingFn, TensorLoad, TransferOptions,
+                                             TransferStats, transfer_tensors)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
 
-ParamPath = tuple[str, ...]
+logger = logging.getLogger(__name__)
+
 PutFn = Callable[[ParamPath, np.ndarray], jax.Array]
 
 
@@ -123,41 +128,68 @@ def _tensor_files(checkpoint_dir: Path) -> tuple[dict[str, Path], Path]:
       raise ValueError(f"{index}: missing 'weight_map'")
     return {name: checkpoint_dir / file for name, file in weight_map.items()}, index
   if single.is_file():
-    with safe_open(single, framework="np") as f:
-      return {name: single for name in f.keys()}, single
+    return {name: single for name in read_header(single).tensors}, single
   raise ValueError(f"{checkpoint_dir}: no {SINGLE_FILE} or {INDEX_FILE} found")
 
 
-def load_hf_params(checkpoint_dir: Path, config: ModelConfig, *, put: PutFn | None = None) -> dict:
-  """Loads and converts a HF safetensors checkpoint into the flax params tree (config.dtype)."""
+def plan_hf_tensors(checkpoint_dir: Path, config: ModelConfig) -> list[TensorLoad]:
+  """Every params leaf with its file and tensor, checked (presence, shape) from the files'
+  headers alone, before any weight is read."""
   checkpoint_dir = Path(checkpoint_dir)
-  put = put or (lambda path, array: jax.device_put(array))
   tensor_files, listing = _tensor_files(checkpoint_dir)
+  headers: dict[Path, SafetensorsHeader] = {}
+  loads = []
+  for spec in hf_tensor_specs(config):
+    file = tensor_files.get(spec.hf_name)
+    if file is None:
+      raise ValueError(f"{listing}: missing tensor {spec.hf_name!r}")
+    if file not in headers:
+      if not file.is_file():
+        raise ValueError(f"{file}: file not found (listed for tensor {spec.hf_name!r} in {listing})")
+      headers[file] = read_header(file)
+    info = headers[file].tensors.get(spec.hf_name)
+    if info is None:
+      raise ValueError(f"{file}: missing tensor {spec.hf_name!r}")
+    if info.shape != spec.hf_shape:
+      raise ValueError(f"{file}: tensor {spec.hf_name!r} has shape {info.shape}, "
+                       f"expected {spec.hf_shape}")
+    loads.append(TensorLoad(spec.path, headers[file], info, spec.transpose))
+  return loads
+
+
+def load_hf_params(checkpoint_dir: Path, config: ModelConfig, *, put: PutFn | None = None,
+                   sharding: ShardingFn | None = None,
+                   options: TransferOptions = TransferOptions()) -> dict:
+  """Loads and converts a HF safetensors checkpoint into the flax params tree (config.dtype).
+
+  By default every tensor is moved raw and converted on the device, each leaf placed with
+  `sharding(path, shape)` when given (weight_transfer). `put` instead receives each leaf converted
+  on the host (the slower path, for callers that place arrays themselves)."""
+  loads = plan_hf_tensors(checkpoint_dir, config)
   dtype = np.dtype(jnp.dtype(config.dtype))
+  if put is not None:
+    leaves, stats = _put_host_converted(loads, dtype, put)
+  else:
+    leaves, stats = transfer_tensors(loads, dtype, sharding, options)
+  logger.info("weights: %s from %s", stats.describe(), checkpoint_dir)
   params: dict = {}
-  with contextlib.ExitStack() as stack:
-    handles = {}
-    for spec in hf_tensor_specs(config):
-      file = tensor_files.get(spec.hf_name)
-      if file is None:
-        raise ValueError(f"{listing}: missing tensor {spec.hf_name!r}")
-      if file not in handles:
-        if not file.is_file():
-          raise ValueError(f"{file}: file not found (listed for tensor {spec.hf_name!r} in {listing})")
-        handle = stack.enter_context(safe_open(file, framework="np"))
-        handles[file] = (handle, set(handle.keys()))
-      handle, names = handles[file]
-      if spec.hf_name not in names:
-        raise ValueError(f"{file}: missing tensor {spec.hf_name!r}")
-      _set_leaf(params, spec.path, put(spec.path, _read_tensor(handle, file, spec, dtype)))
+  for load in loads:
+    _set_leaf(params, load.path, leaves[load.path])
   return params
 
 
-def _read_tensor(handle, file: Path, spec: TensorSpec, dtype: np.dtype) -> np.ndarray:
-  shape = tuple(handle.get_slice(spec.hf_name).get_shape())
-  if shape != spec.hf_shape:
-    raise ValueError(f"{file}: tensor {spec.hf_name!r} has shape {shape}, expected {spec.hf_shape}")
-  array = handle.get_tensor(spec.hf_name)
-  if spec.transpose:
-    array = array.T
-  return np.ascontiguousarray(array, dtype=dtype)
+def _put_host_converted(loads: list[TensorLoad], dtype: np.dtype,
+                        put: PutFn) -> tuple[dict[ParamPath, jax.Array], TransferStats]:
+  """One tensor at a time: copied out of the file, transposed and cast on the host, then handed
+  to `put` (which owns the copy)."""
+  start = time.perf_counter()
+  leaves, files = {}, {}
+  for load in loads:
+    path = load.header.path
+    if path not in files:
+      files[path] = MappedFile.open(load.header, populate=False)
+    array = files[path].view(load.info)  # [*hf_shape]
+    if load.transpose:
+      array = array.T
+    leaves[load.path] = put(load.path, np.array(array, dtype=dtype, order="C"))
+  return leaves, TransferStats(sum(load.info.nbytes for load in loads), time.perf_counter() - start)

@@ -6,7 +6,7 @@ attend are shard_mapped over MODEL_AXIS: each device sees its own kv heads' page
 [num_kv_heads/tp, num_pages, page_size, D], its q heads [T, num_q_heads/tp, D] (the query groups of
 those kv heads, since both projections are column-sharded by head) and the replicated metadata.
 No collective runs inside; o_proj's row-sharded matmul reduces the heads afterwards. The model
-receives this backend from the factory and stays free of sharding.
+receives this backend from parallel/placement.py and stays free of sharding.
 """
 from __future__ import annotations
 

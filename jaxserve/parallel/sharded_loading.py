@@ -1,11 +1,12 @@
 """Loads a model's params straight into their shards.
 
-Safetensors checkpoints go through load_hf_params with a `put` that builds each global array from
-its shards (jax.make_array_from_callback): every device receives only its slice, and on several
-hosts each process fills only its own devices. Orbax checkpoints are restored with the target
-shardings in the abstract tree. A built-in model (models/builtin.py) is generated on the host and then
-laid out the same way. `tp_invariant_reductions` is set on the loaded ModelConfig and keeps the
-vocabulary-sized weights replicated (partition_rules).
+Safetensors checkpoints go through load_hf_params with each leaf's target sharding: the raw
+tensor is built from its shards (jax.make_array_from_callback) and transposed / cast on the
+devices (models/weight_transfer.py): every device receives only its slice, and on several hosts
+each process fills only its own devices. Orbax checkpoints are restored with the target
+shardings in the abstract tree. A built-in model (models/builtin.py) is generated on the host and
+then laid out the same way. `tp_invariant_reductions` is set on the loaded ModelConfig and keeps
+the vocabulary-sized weights replicated (partition_rules).
 """
 from __future__ import annotations
 
@@ -44,11 +45,11 @@ def load_model_sharded(model: str, dtype: str, mesh: Mesh, *,
     return LoadedModel(config, restore_params(orbax_dir, like), f"orbax:{orbax_dir}")
   size = mesh.shape[MODEL_AXIS]
 
-  def put(param_path: ParamPath, array: np.ndarray) -> jax.Array:
-    spec = param_spec(param_path, array.shape, size, shard_vocab)
-    return _shard_host_array(array, jax.sharding.NamedSharding(mesh, spec))
+  def sharding(param_path: ParamPath, shape: tuple[int, ...]) -> jax.sharding.Sharding:
+    return jax.sharding.NamedSharding(mesh, param_spec(param_path, shape, size, shard_vocab))
 
-  return LoadedModel(config, load_hf_params(path, config, put=put), f"safetensors:{path}")
+  return LoadedModel(config, load_hf_params(path, config, sharding=sharding),
+                     f"safetensors:{path}")
 
 
 def _shard_host_array(array: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:

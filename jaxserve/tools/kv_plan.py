@@ -21,7 +21,8 @@ from jaxserve.models.builtin import builtin_config, is_builtin
 from jaxserve.models.registry import load_model
 from jaxserve.models.weights import load_hf_config
 from jaxserve.models.model_config import ModelConfig
-from jaxserve.device.kv_cache import CPU_DEFAULT_BYTES, device_memory_budget, page_bytes
+from jaxserve.device.device_memory import kv_pool_bytes, read_device_memory
+from jaxserve.device.kv_cache import CPU_DEFAULT_BYTES, page_bytes
 
 GIB = 2**30
 
@@ -99,9 +100,10 @@ def budget_for(config: EngineConfig, model_config: ModelConfig, memory_gb: float
                                         model_config.head_dim, cache.page_size, model_config.dtype)
   if cache.memory_bytes is not None:
     return cache.memory_bytes
-  free = device_memory_budget()
-  free = CPU_DEFAULT_BYTES if free is None else free - weight_bytes(model_config)
-  return int(free * cache.memory_fraction)
+  memory = read_device_memory()  # the weights are not loaded here: their size is subtracted
+  if memory is None:
+    return int(CPU_DEFAULT_BYTES * cache.memory_fraction)
+  return kv_pool_bytes(memory, cache.memory_fraction) - weight_bytes(model_config)
 
 
 def engine_num_pages(config: EngineConfig) -> int:

@@ -1,6 +1,7 @@
 """Orbax round trips of params, and the registry's fast-restart layout."""
 from __future__ import annotations
 
+import logging
 import shutil
 
 import jax
@@ -22,6 +23,15 @@ def test_round_trip_equality(tmp_path):
   restored = restore_params(tmp_path / "params", like=param_shapes(config))
   assert jax.tree.structure(restored) == jax.tree.structure(params)
   jax.tree.map(np.testing.assert_array_equal, restored, params)
+
+
+def test_restore_logs_gigabytes_per_second(tmp_path, caplog):
+  config = tiny_random_config()
+  save_params(tiny_random_params(config), tmp_path / "params")
+  with caplog.at_level(logging.INFO, logger="jaxserve.models.checkpoint"):
+    restore_params(tmp_path / "params", like=param_shapes(config))
+  assert any(r.getMessage().startswith("weights: ") and "GB/s) from orbax" in r.getMessage()
+             for r in caplog.records)
 
 
 def test_round_trip_bfloat16_and_array_like(tmp_path):

@@ -1,0 +1,200 @@
+"""Start-up costs of one engine configuration: weight loading (GB/s), the KV pool and warmup.
+
+    python -m jaxserve.bench.bench_startup --model /data/llama8b --config configs/h100.yaml \
+        --max-model-len 2048 --warmup
+    python -m jaxserve.bench.bench_startup --build llama-3.1-8b --model /data/llama8b --config ...
+
+--build NAME first writes a random checkpoint of that shape into --model (in a subprocess, so its
+torch CUDA context is gone before jax starts) unless the directory already holds one. The client
+memory fraction is set from the config before jax starts (jaxserve/device/device_memory.py), as
+`jaxserve serve` does. Steps: the checkpoint files are read once (page cache warm, unless
+--cold), the weights are loaded --load-runs times (each timed alone, arrays ready), then
+`build_runner` loads them once more and sizes the KV pool as the server would, then (--warmup)
+every bucket is compiled. Prints a short table and one JSON object (also written to --out).
+Imports nothing from jaxserve.server (runs without starlette/uvicorn).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from jaxserve.cli_args import add_engine_args, engine_config_from_args
+from jaxserve.device.device_memory import configure_client_memory
+
+GIB = 2**30
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  add_engine_args(parser)
+  parser.add_argument("--build", metavar="SHAPE",
+                      help="write a random checkpoint of this shape (llama-3.2-1b, llama-3.1-8b) "
+                      "into --model first, if it holds none")
+  parser.add_argument("--load-runs", type=int, default=2, help="timed weight loads (default 2)")
+  parser.add_argument("--cold", action="store_true", help="do not pre-read the checkpoint files")
+  parser.add_argument("--warmup", action="store_true", help="also compile every bucket (timed)")
+  parser.add_argument("--baseline", action="store_true",
+                      help="also time the host-converted path (transpose and cast on the host, "
+                      "one synchronous device_put per tensor: the loader before issue 16)")
+  parser.add_argument("--out", default="out/bench_startup.json")
+  return parser.parse_args(argv)
+
+
+def build_checkpoint(shape: str, directory: str) -> None:
+  if (Path(directory) / "config.json").is_file():
+    return
+  code = ("import sys; from jaxserve.bench.random_checkpoint import build_random_llama; "
+          "build_random_llama(sys.argv[1], sys.argv[2])")
+  subprocess.run([sys.executable, "-c", code, shape, directory], check=True)
+
+
+def read_files(directory: Path) -> dict:
+  """Reads every safetensors file once (fills the page cache); the rate is the disk's or cache's."""
+  files = sorted(directory.glob("*.safetensors"))
+  start, total = time.perf_counter(), 0
+  buffer = bytearray(64 << 20)
+  for file in files:
+    with open(file, "rb", buffering=0) as f:
+      while n := f.readinto(buffer):
+        total += n
+  seconds = time.perf_counter() - start
+  return {"bytes": total, "seconds": seconds, "gb_per_s": total / 1e9 / max(seconds, 1e-9)}
+
+
+def time_weight_loads(config, runs: int) -> list[dict]:
+  """Loads the weights `runs` times as the engine does (sharded when tensor-parallel)."""
+  import jax
+
+  from jaxserve.models.registry import load_model
+  results = []
+  for _ in range(runs):
+    start = time.perf_counter()
+    if config.tensor_parallel_size > 1:
+      from jaxserve.parallel.mesh import build_mesh
+      from jaxserve.parallel.sharded_loading import load_model_sharded
+      mesh = build_mesh(config.tensor_parallel_size)
+      loaded = load_model_sharded(config.model, config.dtype, mesh,
+                                  tp_invariant_reductions=config.tp_invariant_reductions)
+    else:
+      loaded = load_model(config.model, config.dtype)
+    num_bytes = sum(x.nbytes for x in jax.tree.leaves(jax.block_until_ready(loaded.params)))
+    seconds = time.perf_counter() - start
+    results.append({"bytes": num_bytes, "seconds": seconds,
+                    "gb_per_s": num_bytes / 1e9 / seconds, "source": loaded.source})
+    del loaded
+    gc.collect()
+  return results
+
+
+def time_host_converted_load(config) -> dict:
+  """The pre-issue-16 way: each tensor transposed / cast on the host, then jax.device_put."""
+  import jax
+
+  from jaxserve.models.weights import load_hf_config, load_hf_params
+  model_config = load_hf_config(Path(config.model), config.dtype)
+  start = time.perf_counter()
+  params = load_hf_params(Path(config.model), model_config,
+                          put=lambda path, array: jax.device_put(array).block_until_ready())
+  num_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+  seconds = time.perf_counter() - start
+  del params
+  gc.collect()
+  return {"bytes": num_bytes, "seconds": seconds, "gb_per_s": num_bytes / 1e9 / seconds}
+
+
+def device_stats() -> dict:
+  import jax
+
+  from jaxserve.device.device_memory import read_device_memory
+  memory = read_device_memory()
+  device = jax.devices()[0]
+  out = {"device": device.device_kind, "platform": device.platform,
+         "num_devices": jax.device_count()}
+  if memory is not None:
+    out.update(total_gib=memory.total_bytes / GIB, client_limit_gib=memory.limit_bytes / GIB,
+               in_use_gib=memory.in_use_bytes / GIB)
+  return out
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  logging.basicConfig(level=args.log_level,
+                      format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  if args.build:
+    if not args.model:
+      raise SystemExit("--build needs --model DIR (where to write the checkpoint)")
+    build_checkpoint(args.build, args.model)
+  config = engine_config_from_args(args)
+  setup = configure_client_memory(config.cache.memory_fraction)  # before jax starts
+  import jax
+
+  from jaxserve.device.device_memory import max_concurrency
+  from jaxserve.assembly import build_runner
+  report: dict = {"model": config.model, "memory_fraction": config.cache.memory_fraction,
+                  "client_env": dict(setup.set_vars) or dict(setup.user_vars),
+                  "jax": jax.__version__}
+  model_dir = Path(config.model)
+  if model_dir.is_dir() and not args.cold:
+    report["page_cache_fill"] = read_files(model_dir)
+  if args.baseline and model_dir.is_dir() and config.tensor_parallel_size == 1:
+    report["baseline_host_converted"] = time_host_converted_load(config)
+  report["weight_loads"] = time_weight_loads(config, args.load_runs)
+  start = time.perf_counter()
+  built = build_runner(config)
+  jax.block_until_ready(built.runner.kv_pages)
+  spec = built.spec
+  report["build_runner_s"] = time.perf_counter() - start
+  report["kv_pool"] = {"gib": spec.total_bytes / GIB, "num_pages": spec.num_pages,
+                       "page_size": spec.page_size, "max_model_len": built.max_model_len,
+                       "max_concurrency": max_concurrency(spec.num_pages, spec.page_size,
+                                                          built.max_model_len)}
+  report["device_memory_after_pool"] = device_stats()
+  if args.warmup:
+    report["warmup_s"] = built.runner.warmup(show_progress=False)
+  print(format_table(report))
+  out = Path(args.out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.write_text(json.dumps(report, indent=2))
+  print(json.dumps(report))
+  return 0
+
+
+def format_table(report: dict) -> str:
+  best = max(report["weight_loads"], key=lambda r: r["gb_per_s"])
+  pool, device = report["kv_pool"], report["device_memory_after_pool"]
+  rows = [("device", f"{device['device']} x{device['num_devices']} (jax {report['jax']})"),
+          ("client env", json.dumps(report["client_env"]) or "-")]
+  if "page_cache_fill" in report:
+    fill = report["page_cache_fill"]
+    rows.append(("read checkpoint files", f"{fill['bytes'] / 1e9:.1f} GB in "
+                 f"{fill['seconds']:.1f} s ({fill['gb_per_s']:.2f} GB/s)"))
+  if "baseline_host_converted" in report:
+    base = report["baseline_host_converted"]
+    rows.append(("weights, host-converted (before)", f"{base['bytes'] / 1e9:.1f} GB in "
+                 f"{base['seconds']:.1f} s ({base['gb_per_s']:.2f} GB/s)"))
+  rows += [(f"weights, load {i + 1}", f"{r['bytes'] / 1e9:.1f} GB in {r['seconds']:.1f} s "
+            f"({r['gb_per_s']:.2f} GB/s)") for i, r in enumerate(report["weight_loads"])]
+  rows += [("best weight load", f"{best['gb_per_s']:.2f} GB/s ({best['source']})"),
+           ("build_runner (load + pool)", f"{report['build_runner_s']:.1f} s"),
+           ("KV pool", f"{pool['gib']:.1f} GiB, {pool['num_pages']} pages of {pool['page_size']}"),
+           (f"max concurrency at {pool['max_model_len']} tokens",
+            f"{pool['max_concurrency']:.2f}x")]
+  if "total_gib" in device:
+    rows.append(("device memory", f"total {device['total_gib']:.1f} GiB, client limit "
+                 f"{device['client_limit_gib']:.1f} GiB, in use {device['in_use_gib']:.1f} GiB"))
+  if "warmup_s" in report:
+    rows.append(("warmup", f"{report['warmup_s']:.1f} s"))
+  width = max(len(name) for name, _ in rows)
+  return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+if __name__ == "__main__":
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+  sys.exit(main())

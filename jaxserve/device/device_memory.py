@@ -1,0 +1,200 @@
+"""How much accelerator memory the KV pool gets, and the JAX client's share of the device.
+
+Policy (vLLM's gpu_memory_utilization): `cache.memory_fraction` is the share of the device's
+TOTAL memory this process may use. The KV pool gets what that share leaves after everything live
+when it is sized (the weights, any other buffers) and the largest step's scratch:
+
+    pool = min(fraction * total, client limit) - in use - step scratch
+
+The JAX GPU client pre-allocates XLA_CLIENT_MEM_FRACTION of the card (default 0.75) when its
+backend starts and can never allocate beyond it, so `configure_client_memory(fraction)` sets
+XLA_CLIENT_MEM_FRACTION=fraction before that happens: the client's arena is then exactly the
+share, and pool = arena - in use - scratch. Pre-allocation stays on (JAX's default): one arena for
+weights, pool and scratch, no allocation on the serving path, no fragmentation from growth; and
+XLA_PYTHON_CLIENT_PREALLOCATE=false alone would not help, the 0.75 cap applies to growth too.
+(XLA_CLIENT_MEM_FRACTION is the current spelling, used where jaxlib reads it, else the older
+XLA_PYTHON_CLIENT_MEM_FRACTION; jaxlib raises if both are set, so neither is added next to the
+other.)
+
+A user's own XLA_CLIENT_MEM_FRACTION / XLA_PYTHON_CLIENT_MEM_FRACTION / _PREALLOCATE / _ALLOCATOR
+win: nothing is set and a log line says so; the device's total is then inferred from the client's
+limit and the fraction it was given (0.75 if none). Nothing is set when no GPU plugin is installed
+or JAX_PLATFORMS excludes GPUs, or once a backend has started (too late: said in the log). On TPU
+the client's limit is the whole device. Backends with no memory statistics (CPU) size the pool as
+before (device/kv_cache.py: the fraction of CPU_DEFAULT_BYTES). The step scratch is measured
+for unsharded steps (assembly.py); for sharded ones UNMEASURED_SCRATCH_SHARE of the budget
+is kept instead.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import pkgutil
+import sys
+from dataclasses import dataclass, field
+from typing import Mapping, MutableMapping
+
+logger = logging.getLogger(__name__)
+
+FRACTION_VAR = "XLA_CLIENT_MEM_FRACTION"
+FRACTION_VARS = (FRACTION_VAR, "XLA_PYTHON_CLIENT_MEM_FRACTION")
+CLIENT_VARS = FRACTION_VARS + ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_ALLOCATOR")
+JAX_DEFAULT_GPU_FRACTION = 0.75
+GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+GPU_PLUGIN_PACKAGES = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin",
+                       "jax_rocm7_plugin")
+GIB = 2**30
+UNMEASURED_SCRATCH_SHARE = 0.1  # of the budget, when the step's scratch is not measured
+
+
+@dataclass(frozen=True)
+class ClientMemorySetup:
+  """What configure_client_memory does to the environment, and why."""
+  set_vars: Mapping[str, str] = field(default_factory=dict)
+  user_vars: Mapping[str, str] = field(default_factory=dict)
+  note: str = ""
+
+
+def client_memory_env(fraction: float, environ: Mapping[str, str], *, gpu: bool,
+                      backend_started: bool, var: str = FRACTION_VAR) -> ClientMemorySetup:
+  """The XLA_* variables to set for `fraction` of the device (pure); `var` is the spelling of
+  the fraction variable that the installed jaxlib reads."""
+  value = f"{fraction:g}"
+  user = {name: environ[name] for name in CLIENT_VARS if name in environ}
+  if user == {var: value}:
+    return ClientMemorySetup(user_vars=user)  # already set to this (by us or identically)
+  if user:
+    settings = " ".join(f"{k}={v}" for k, v in user.items())
+    return ClientMemorySetup(user_vars=user, note=(
+        f"device memory: {settings} set by the user wins over cache.memory_fraction {value} "
+        "for the JAX client's pre-allocation"))
+  if not gpu:
+    return ClientMemorySetup()
+  if backend_started:
+    return ClientMemorySetup(note=(
+        "device memory: JAX backend already started, its pre-allocation is fixed; "
+        f"cache.memory_fraction {value} applies within the client's limit"))
+  return ClientMemorySetup(set_vars={var: value}, note=(
+      f"device memory: {var}={value} (cache.memory_fraction): the JAX client "
+      f"pre-allocates {fraction:.0%} of each GPU"))
+
+
+def configure_client_memory(fraction: float, environ: MutableMapping[str, str] | None = None,
+                            *, gpu: bool | None = None) -> ClientMemorySetup:
+  """Sets the JAX client's memory fraction; call at process start, before jax uses a device."""
+  environ = os.environ if environ is None else environ
+  setup = client_memory_env(fraction, environ, gpu=gpu_expected(environ) if gpu is None else gpu,
+                            backend_started=backend_started(), var=fraction_var())
+  environ.update(setup.set_vars)
+  if setup.note:
+    logger.info("%s", setup.note)
+  return setup
+
+
+def gpu_expected(environ: Mapping[str, str]) -> bool:
+  """Whether jax may start a GPU backend: a CUDA/ROCm plugin is installed and JAX_PLATFORMS
+  (if set) allows it. Imports no jax."""
+  platforms = environ.get("JAX_PLATFORMS", "")
+  if platforms and not any(p.strip() in GPU_PLATFORMS for p in platforms.lower().split(",")):
+    return False
+  if any(importlib.util.find_spec(name) is not None for name in GPU_PLUGIN_PACKAGES):
+    return True
+  if importlib.util.find_spec("jax_plugins") is None:
+    return False
+  import jax_plugins
+  return any(m.name.startswith(("xla_cuda", "xla_rocm", "cuda", "rocm"))
+             for m in pkgutil.iter_modules(jax_plugins.__path__))
+
+
+def fraction_var() -> str:
+  """XLA_CLIENT_MEM_FRACTION where the installed jaxlib reads it (0.10 does, preferring it to the
+  deprecated spelling), else XLA_PYTHON_CLIENT_MEM_FRACTION. Reads jaxlib's source, imports
+  nothing."""
+  spec = importlib.util.find_spec("jaxlib.xla_client")
+  try:
+    source = open(spec.origin, encoding="utf-8").read() if spec and spec.origin else ""
+  except OSError:
+    source = ""
+  return FRACTION_VAR if f"'{FRACTION_VAR}'" in source else FRACTION_VARS[1]
+
+
+def backend_started() -> bool:
+  """Whether jax has initialized a backend in this process (never initializes one)."""
+  bridge = sys.modules.get("jax._src.xla_bridge")
+  started = getattr(bridge, "backends_are_initialized", None)
+  return bool(started and started())
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+  """One device's memory as the JAX client sees it when the pool is sized."""
+  total_bytes: int   # the device's memory
+  limit_bytes: int   # what the client may allocate (its arena)
+  in_use_bytes: int  # live now: weights and anything else
+
+
+def client_share(platform: str, environ: Mapping[str, str]) -> float:
+  """The share of the device the client's limit stands for."""
+  if platform not in GPU_PLATFORMS:
+    return 1.0
+  for name in FRACTION_VARS:
+    if environ.get(name):
+      return float(environ[name])
+  return JAX_DEFAULT_GPU_FRACTION
+
+
+def device_memory(stats: Mapping[str, int] | None, platform: str,
+                  environ: Mapping[str, str]) -> DeviceMemory | None:
+  """DeviceMemory from a device's memory_stats(), or None if it reports no limit (CPU)."""
+  if not stats or "bytes_limit" not in stats:
+    return None
+  limit = int(stats["bytes_limit"])
+  total = int(limit / client_share(platform, environ))
+  return DeviceMemory(total, limit, int(stats.get("bytes_in_use", 0)))
+
+
+def kv_pool_bytes(memory: DeviceMemory, fraction: float, scratch_bytes: int = 0) -> int:
+  """fraction of the total, capped at the client's limit, less what is live and the scratch."""
+  usable = min(int(fraction * memory.total_bytes), memory.limit_bytes)
+  return usable - memory.in_use_bytes - scratch_bytes
+
+
+def max_concurrency(num_pages: int, page_size: int, max_model_len: int) -> float:
+  """Requests of max_model_len tokens the pool holds at once (page 0 is the null page)."""
+  return (num_pages - 1) * page_size / max_model_len
+
+
+def read_device_memory(environ: Mapping[str, str] | None = None) -> DeviceMemory | None:
+  """The first device's DeviceMemory (jax must be usable; None on CPU)."""
+  import jax
+  device = jax.devices()[0]
+  try:
+    stats = device.memory_stats()
+  except Exception:  # some backends raise instead of returning None
+    return None
+  return device_memory(stats, device.platform, os.environ if environ is None else environ)
+
+
+def unmeasured_scratch_bytes(budget: int) -> int:
+  """Headroom kept for a step whose scratch is not measured (sharded steps, for now)."""
+  return int(max(budget, 0) * UNMEASURED_SCRATCH_SHARE)
+
+
+def kv_budget_bytes(fraction: float, *, scratch_measured: bool = True) -> int | None:
+  """The pool's bytes on this process's first device, less the step scratch unless the caller
+  measures and subtracts it (scratch_measured); None without memory statistics."""
+  memory = read_device_memory()
+  if memory is None:
+    return None
+  budget = kv_pool_bytes(memory, fraction)
+  logger.info("device memory: %.1f GiB total x %g = %.1f GiB (client limit %.1f GiB), "
+              "%.1f GiB in use (weights), %.1f GiB left for the KV pool and step scratch",
+              memory.total_bytes / GIB, fraction, fraction * memory.total_bytes / GIB,
+              memory.limit_bytes / GIB, memory.in_use_bytes / GIB, budget / GIB)
+  if not scratch_measured:
+    reserve = unmeasured_scratch_bytes(budget)
+    logger.info("step scratch memory: %.2f GiB kept (%.0f%%, not measured for sharded steps)",
+                reserve / GIB, UNMEASURED_SCRATCH_SHARE * 100)
+    budget -= reserve
+  return budget

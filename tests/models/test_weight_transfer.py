@@ -1,0 +1,111 @@
+"""Raw tensors moved to the device and converted there give exactly the arrays of a host-side
+conversion with safetensors' own reader, for every checkpoint dtype and model dtype, whatever the
+thread count and in-flight window."""
+from __future__ import annotations
+
+import json
+import logging
+import struct
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import safetensors.numpy
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxserve.models.safetensors_reader import read_header
+from jaxserve.models.weight_transfer import (TensorLoad, TransferOptions, raw_sharding,
+                                             transfer_tensors)
+from jaxserve.models.weights import (INDEX_FILE, SINGLE_FILE, hf_tensor_specs, load_hf_config,
+                                     load_hf_params, plan_hf_tensors)
+
+
+def _reference(directory, config) -> dict:
+  """The conversion as jaxserve did it before: safetensors' numpy reader, host transpose + cast."""
+  files = sorted(directory.glob("*.safetensors"))
+  tensors = {k: v for f in files for k, v in safetensors.numpy.load_file(f).items()}
+  dtype = np.dtype(jnp.dtype(config.dtype))
+  out = {}
+  for spec in hf_tensor_specs(config):
+    array = tensors[spec.hf_name]
+    out[spec.path] = np.ascontiguousarray(array.T if spec.transpose else array, dtype=dtype)
+  return out
+
+
+def _assert_matches(params, reference) -> None:
+  leaves = {tuple(k.key for k in path): leaf
+            for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
+  assert leaves.keys() == reference.keys()
+  for path, expected in reference.items():
+    got = np.asarray(leaves[path])
+    assert got.dtype == expected.dtype and got.shape == expected.shape, path
+    assert got.tobytes() == expected.tobytes(), path  # bit-identical, NaN-safe
+
+
+@pytest.mark.parametrize("checkpoint_dtype, model_dtype", [
+    ("float32", "auto"), ("float32", "bfloat16"), ("bfloat16", "auto"), ("bfloat16", "float32"),
+    ("float16", "auto"),  # float16 checkpoints become bfloat16 (cast on the device)
+])
+def test_device_conversion_matches_host_conversion(hf_checkpoint, checkpoint_dtype, model_dtype):
+  directory = hf_checkpoint("qwen2", dtype=checkpoint_dtype)  # biases and transposes
+  config = load_hf_config(directory, model_dtype)
+  _assert_matches(load_hf_params(directory, config), _reference(directory, config))
+
+
+@pytest.mark.parametrize("threads, window", [(1, 1), (3, 4096), (4, 2 << 30)])
+def test_sharded_checkpoint_any_threads_and_window(hf_checkpoint, threads, window):
+  directory = hf_checkpoint("qwen3", sharded=True)
+  assert not (directory / SINGLE_FILE).exists() and (directory / INDEX_FILE).exists()
+  config = load_hf_config(directory)
+  params = load_hf_params(directory, config, options=TransferOptions(threads, window))
+  _assert_matches(params, _reference(directory, config))
+
+
+def test_host_put_path_matches_device_path(hf_checkpoint):
+  directory = hf_checkpoint("llama_tied", dtype="bfloat16")
+  config = load_hf_config(directory)
+  host = load_hf_params(directory, config, put=lambda path, array: jax.device_put(array))
+  _assert_matches(host, _reference(directory, config))
+  _assert_matches(load_hf_params(directory, config), _reference(directory, config))
+
+
+def test_untransformed_leaves_do_not_alias_the_mapped_file(tmp_path):
+  path = tmp_path / "aligned.safetensors"
+  blob = json.dumps({"x": {"dtype": "F32", "shape": [1024], "data_offsets": [0, 4096]}}).encode()
+  blob += b" " * (-(8 + len(blob)) % 4096)  # page-aligned data: a CPU device could alias it
+  expected = np.arange(1024, dtype=np.float32)
+  path.write_bytes(struct.pack("<Q", len(blob)) + blob + expected.tobytes())
+  header = read_header(path)
+  loads = [TensorLoad(("x",), header, header.tensors["x"], transpose=False)]
+  leaves, stats = transfer_tensors(loads, np.dtype(np.float32))
+  assert stats.num_bytes == 4096
+  with open(path, "r+b") as f:  # a buffer sharing the file's pages would see this write
+    f.seek(header.tensors["x"].begin)
+    f.write(b"\xff" * 4096)
+  np.testing.assert_array_equal(np.asarray(leaves[("x",)]), expected)
+
+
+def test_plan_is_in_spec_order_with_file_ranges(hf_checkpoint):
+  directory = hf_checkpoint("qwen3", sharded=True)
+  config = load_hf_config(directory)
+  loads = plan_hf_tensors(directory, config)
+  assert [load.path for load in loads] == [spec.path for spec in hf_tensor_specs(config)]
+  assert len({load.header.path for load in loads}) > 1
+  assert all(load.info.nbytes == np.prod(load.info.shape) * 4 for load in loads)
+
+
+def test_log_states_gigabytes_per_second(hf_checkpoint, caplog):
+  directory = hf_checkpoint("llama")
+  with caplog.at_level(logging.INFO, logger="jaxserve.models.weights"):
+    load_hf_params(directory, load_hf_config(directory))
+  assert any(r.getMessage().startswith("weights: ") and "GB/s" in r.getMessage()
+             for r in caplog.records)
+
+
+def test_raw_sharding_is_the_transposed_target():
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("model",))
+  target = NamedSharding(mesh, P(None, "model"))
+  assert raw_sharding(target, transpose=True).spec == P("model", None)
+  assert raw_sharding(target, transpose=False) is target
+  assert raw_sharding(NamedSharding(mesh, P()), transpose=True).spec == P(None, None)
