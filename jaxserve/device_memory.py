@@ -4,7 +4,13 @@ Policy (vLLM's gpu_memory_utilization): `cache.memory_fraction` is the share of 
 TOTAL memory this process may use. The KV pool gets what that share leaves after everything live
 when it is sized (the weights, any other buffers) and the largest step's scratch:
 
-    pool = min(fraction * total, client limit) - in use - step scratch
+    pool = min(fraction * total, client limit) - in use - step scratch - headroom
+
+The headroom (ARENA_HEADROOM_SHARE of the usable bytes, at least ARENA_MIN_HEADROOM) is what
+the allocator needs beyond the sum of the buffers: each layer's K or V pages are one contiguous
+buffer (870 MiB for an 8B model at 54 GiB), the weight loader's transient buffers leave the arena
+fragmented, and a step's inputs and outputs live beside its scratch. Measured on an H100 with an
+8B model: a pool sized to the last 0.1 GiB of the arena failed to allocate its last layer.
 
 The JAX GPU client pre-allocates XLA_CLIENT_MEM_FRACTION of the card (default 0.75) when its
 backend starts and can never allocate beyond it, so `configure_client_memory(fraction)` sets
@@ -46,6 +52,8 @@ GPU_PLUGIN_PACKAGES = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plu
                        "jax_rocm7_plugin")
 GIB = 2**30
 UNMEASURED_SCRATCH_SHARE = 0.1  # of the budget, when the step's scratch is not measured
+ARENA_HEADROOM_SHARE = 0.02      # of the usable bytes, kept free for the allocator
+ARENA_MIN_HEADROOM = GIB // 2
 
 
 @dataclass(frozen=True)
@@ -154,10 +162,16 @@ def device_memory(stats: Mapping[str, int] | None, platform: str,
   return DeviceMemory(total, limit, int(stats.get("bytes_in_use", 0)))
 
 
+def arena_headroom(usable_bytes: int) -> int:
+  """Bytes of the usable share kept free for the allocator (see the module docstring)."""
+  return max(ARENA_MIN_HEADROOM, int(usable_bytes * ARENA_HEADROOM_SHARE))
+
+
 def kv_pool_bytes(memory: DeviceMemory, fraction: float, scratch_bytes: int = 0) -> int:
-  """fraction of the total, capped at the client's limit, less what is live and the scratch."""
+  """fraction of the total, capped at the client's limit, less what is live, the scratch and
+  the allocator's headroom."""
   usable = min(int(fraction * memory.total_bytes), memory.limit_bytes)
-  return usable - memory.in_use_bytes - scratch_bytes
+  return usable - memory.in_use_bytes - scratch_bytes - arena_headroom(usable)
 
 
 def max_concurrency(num_pages: int, page_size: int, max_model_len: int) -> float:
