@@ -55,6 +55,20 @@ def test_tpu_limit_is_the_chip_and_cpu_has_no_stats():
   assert device_memory({"bytes_in_use": 1}, "cpu", {}) is None
 
 
+def test_the_pool_fits_the_largest_free_block():
+  # 72 GiB arena, 15 GiB of weights, but the loader's freed buffers left 3 GiB in holes: the
+  # largest free block is 54 GiB, so the pool's layers must fit there (less 0.5 GiB).
+  stats = {"bytes_limit": 72 * GIB, "bytes_in_use": 15 * GIB, "largest_free_block_bytes": 54 * GIB}
+  memory = device_memory(stats, "gpu", {"XLA_CLIENT_MEM_FRACTION": "0.9"})
+  assert memory.largest_free_bytes == 54 * GIB
+  assert kv_pool_bytes(memory, 0.9) == 54 * GIB - GIB // 2
+  assert kv_pool_bytes(memory, 0.9, scratch_bytes=GIB) == 53 * GIB - GIB // 2
+  # no holes: the share's own headroom is the tighter bound
+  stats["largest_free_block_bytes"] = 57 * GIB
+  assert kv_pool_bytes(device_memory(stats, "gpu", {"XLA_CLIENT_MEM_FRACTION": "0.9"}), 0.9) == (
+      57 * GIB - int(0.02 * 72 * GIB))
+
+
 def test_small_arenas_keep_half_a_gib():
   memory = device_memory({"bytes_limit": 8 * GIB, "bytes_in_use": GIB}, "gpu",
                          {"XLA_CLIENT_MEM_FRACTION": "0.5"})
