@@ -4,7 +4,16 @@ Policy (vLLM's gpu_memory_utilization): `cache.memory_fraction` is the share of 
 TOTAL memory this process may use. The KV pool gets what that share leaves after everything live
 when it is sized (the weights, any other buffers) and the largest step's scratch:
 
-    pool = min(fraction * total, client limit) - in use - step scratch
+    pool = min(fraction * total, client limit) - in use - step scratch - headroom
+
+Where the client reports its largest free block, the pool is also kept within it (less the
+scratch and ARENA_MIN_HEADROOM): what the weight loader freed is scattered in holes between the
+weights, and the pool's layers are allocated one after another in what is left of the arena.
+The headroom (ARENA_HEADROOM_SHARE of the usable bytes, at least ARENA_MIN_HEADROOM) is what
+the allocator needs beyond the sum of the buffers: each layer's K or V pages are one contiguous
+buffer (870 MiB for an 8B model at 54 GiB), the weight loader's transient buffers leave the arena
+fragmented, and a step's inputs and outputs live beside its scratch. Measured on an H100 with an
+8B model: a pool sized to the last 0.1 GiB of the arena failed to allocate its last layer.
 
 The JAX GPU client pre-allocates XLA_CLIENT_MEM_FRACTION of the card (default 0.75) when its
 backend starts and can never allocate beyond it, so `configure_client_memory(fraction)` sets
@@ -46,6 +55,8 @@ GPU_PLUGIN_PACKAGES = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plu
                        "jax_rocm7_plugin")
 GIB = 2**30
 UNMEASURED_SCRATCH_SHARE = 0.1  # of the budget, when the step's scratch is not measured
+ARENA_HEADROOM_SHARE = 0.02      # of the usable bytes, kept free for the allocator
+ARENA_MIN_HEADROOM = GIB // 2
 
 
 @dataclass(frozen=True)
@@ -132,6 +143,7 @@ class DeviceMemory:
   total_bytes: int   # the device's memory
   limit_bytes: int   # what the client may allocate (its arena)
   in_use_bytes: int  # live now: weights and anything else
+  largest_free_bytes: int | None = None  # the arena's largest free block, where reported
 
 
 def client_share(platform: str, environ: Mapping[str, str]) -> float:
@@ -151,13 +163,24 @@ def device_memory(stats: Mapping[str, int] | None, platform: str,
     return None
   limit = int(stats["bytes_limit"])
   total = int(limit / client_share(platform, environ))
-  return DeviceMemory(total, limit, int(stats.get("bytes_in_use", 0)))
+  largest = stats.get("largest_free_block_bytes")
+  return DeviceMemory(total, limit, int(stats.get("bytes_in_use", 0)),
+                      None if largest is None else int(largest))
+
+
+def arena_headroom(usable_bytes: int) -> int:
+  """Bytes of the usable share kept free for the allocator (see the module docstring)."""
+  return max(ARENA_MIN_HEADROOM, int(usable_bytes * ARENA_HEADROOM_SHARE))
 
 
 def kv_pool_bytes(memory: DeviceMemory, fraction: float, scratch_bytes: int = 0) -> int:
-  """fraction of the total, capped at the client's limit, less what is live and the scratch."""
+  """fraction of the total, capped at the client's limit, less what is live, the scratch and
+  the allocator's headroom."""
   usable = min(int(fraction * memory.total_bytes), memory.limit_bytes)
-  return usable - memory.in_use_bytes - scratch_bytes
+  pool = usable - memory.in_use_bytes - scratch_bytes - arena_headroom(usable)
+  if memory.largest_free_bytes is not None:  # the pool's layers are allocated in that block
+    pool = min(pool, memory.largest_free_bytes - scratch_bytes - ARENA_MIN_HEADROOM)
+  return pool
 
 
 def max_concurrency(num_pages: int, page_size: int, max_model_len: int) -> float:
@@ -192,6 +215,10 @@ def kv_budget_bytes(fraction: float, *, scratch_measured: bool = True) -> int | 
               "%.1f GiB in use (weights), %.1f GiB left for the KV pool and step scratch",
               memory.total_bytes / GIB, fraction, fraction * memory.total_bytes / GIB,
               memory.limit_bytes / GIB, memory.in_use_bytes / GIB, budget / GIB)
+  if memory.largest_free_bytes is not None:
+    logger.info("device memory: largest free block %.1f GiB (%.1f GiB free in all)",
+                memory.largest_free_bytes / GIB,
+                (memory.limit_bytes - memory.in_use_bytes) / GIB)
   if not scratch_measured:
     reserve = unmeasured_scratch_bytes(budget)
     logger.info("step scratch memory: %.2f GiB kept (%.0f%%, not measured for sharded steps)",

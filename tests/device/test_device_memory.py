@@ -23,22 +23,25 @@ def test_h100_pool_with_the_client_set_to_the_fraction():
   memory = device_memory({"bytes_limit": 72 * GIB, "bytes_in_use": 15 * GIB}, "gpu",
                          {"XLA_CLIENT_MEM_FRACTION": "0.9"})
   assert memory == DeviceMemory(80 * GIB, 72 * GIB, 15 * GIB)
-  assert kv_pool_bytes(memory, 0.9, scratch_bytes=GIB // 2) == 72 * GIB - 15 * GIB - GIB // 2
+  # headroom: 2% of the 72 GiB usable = 1.44 GiB
+  assert kv_pool_bytes(memory, 0.9, scratch_bytes=GIB // 2) == (
+      72 * GIB - 15 * GIB - GIB // 2 - int(0.02 * 72 * GIB))
 
 
 def test_jax_default_arena_caps_the_pool():
   # Nothing set: JAX pre-allocated 0.75 x 80 = 60 GiB; 0.9 of the total would be 72 GiB.
   memory = device_memory({"bytes_limit": 60 * GIB, "bytes_in_use": 15 * GIB}, "gpu", {})
   assert memory.total_bytes == 80 * GIB
-  assert kv_pool_bytes(memory, 0.9) == 45 * GIB
-  assert kv_pool_bytes(memory, 0.5) == 40 * GIB - 15 * GIB  # under the cap: 0.5 x 80 - 15
+  assert kv_pool_bytes(memory, 0.9) == 45 * GIB - int(0.02 * 60 * GIB)
+  # under the cap: 0.5 x 80 - 15, less 2% of 40 GiB
+  assert kv_pool_bytes(memory, 0.5) == 40 * GIB - 15 * GIB - int(0.02 * 40 * GIB)
 
 
 def test_user_fraction_gives_the_total():
   memory = device_memory({"bytes_limit": 76 * GIB, "bytes_in_use": 15 * GIB}, "gpu",
                          {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"})
   assert memory.total_bytes == 80 * GIB
-  assert kv_pool_bytes(memory, 0.9) == 72 * GIB - 15 * GIB
+  assert kv_pool_bytes(memory, 0.9) == 72 * GIB - 15 * GIB - int(0.02 * 72 * GIB)
 
 
 def test_tpu_limit_is_the_chip_and_cpu_has_no_stats():
@@ -46,10 +49,30 @@ def test_tpu_limit_is_the_chip_and_cpu_has_no_stats():
                          {"XLA_CLIENT_MEM_FRACTION": "0.5"})  # a GPU-only variable: ignored
   assert memory.total_bytes == 16 * GIB
   budget = kv_pool_bytes(memory, 0.95)
-  assert budget == int(0.95 * 16 * GIB) - 2 * GIB
+  assert budget == int(0.95 * 16 * GIB) - 2 * GIB - GIB // 2  # 2% of 15.2 GiB < 0.5 GiB
   assert unmeasured_scratch_bytes(budget) == int(budget * 0.1)
   assert device_memory(None, "cpu", {}) is None
   assert device_memory({"bytes_in_use": 1}, "cpu", {}) is None
+
+
+def test_the_pool_fits_the_largest_free_block():
+  # 72 GiB arena, 15 GiB of weights, but the loader's freed buffers left 3 GiB in holes: the
+  # largest free block is 54 GiB, so the pool's layers must fit there (less 0.5 GiB).
+  stats = {"bytes_limit": 72 * GIB, "bytes_in_use": 15 * GIB, "largest_free_block_bytes": 54 * GIB}
+  memory = device_memory(stats, "gpu", {"XLA_CLIENT_MEM_FRACTION": "0.9"})
+  assert memory.largest_free_bytes == 54 * GIB
+  assert kv_pool_bytes(memory, 0.9) == 54 * GIB - GIB // 2
+  assert kv_pool_bytes(memory, 0.9, scratch_bytes=GIB) == 53 * GIB - GIB // 2
+  # no holes: the share's own headroom is the tighter bound
+  stats["largest_free_block_bytes"] = 57 * GIB
+  assert kv_pool_bytes(device_memory(stats, "gpu", {"XLA_CLIENT_MEM_FRACTION": "0.9"}), 0.9) == (
+      57 * GIB - int(0.02 * 72 * GIB))
+
+
+def test_small_arenas_keep_half_a_gib():
+  memory = device_memory({"bytes_limit": 8 * GIB, "bytes_in_use": GIB}, "gpu",
+                         {"XLA_CLIENT_MEM_FRACTION": "0.5"})
+  assert kv_pool_bytes(memory, 0.5) == 8 * GIB - GIB - GIB // 2  # 2% of 8 GiB < 0.5 GiB
 
 
 def test_max_concurrency():
