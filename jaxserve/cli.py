@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _optional_commands():
   """Subcommands defined next to the code they drive (server, benchmarks, eval)."""
   registrars = []
-  for module_name in ("jaxserve.server.cli", "jaxserve.tools.cli"):
+  for module_name in ("jaxserve.server.cli", "jaxserve.tools.cli", "jaxserve.tpu_aot.cli"):
     try:
       module = __import__(module_name, fromlist=["register"])
     except ModuleNotFoundError as err:
