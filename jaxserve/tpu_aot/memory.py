@@ -126,7 +126,7 @@ def server_memory(chip: TpuChip, weights: int, page_bytes: int, num_pages: int, 
 def misfits(memory: ServerMemory, results: list[ProgramResult], free_after_weights: int,
             topology: str) -> list[str]:
   """Why the server does not fit (empty when it does)."""
-  messages = [f"{r.id.name}: does not compile for {topology}: {r.error}"
+  messages = [f"{r.id.name}: does not compile for {topology}: {r.error}{_smem_hint(r, memory)}"
               for r in results if r.error is not None]
   if memory.headroom < 0:
     fixed = memory.chip.usable_bytes - memory.weights - memory.largest_transient - memory.code
@@ -140,3 +140,14 @@ def misfits(memory: ServerMemory, results: list[ProgramResult], free_after_weigh
         f"{gib(memory.total)} per chip, over the {gib(memory.chip.usable_bytes)} usable HBM of a "
         f"{memory.chip.name} chip by {gib(-memory.headroom)}; {advice}")
   return messages
+
+
+def _smem_hint(result: ProgramResult, memory: ServerMemory) -> str:
+  """The TPU attention kernel scalar-prefetches the block tables into SMEM (1 MiB on v5e/v6e)."""
+  if "smem" not in (result.error or "").lower() or not result.id.num_seqs:
+    return ""
+  pages_per_seq = math.ceil(memory.max_model_len / memory.page_size)
+  table = result.id.num_seqs * pages_per_seq * 4
+  return (f" (the attention kernel holds the block tables in SMEM: {result.id.num_seqs} "
+          f"sequences x {pages_per_seq} pages of max_model_len {memory.max_model_len} x 4 bytes = "
+          f"{table / 2**20:.2f} MiB; lower max_model_len or scheduler.max_num_seqs)")
