@@ -1,15 +1,18 @@
 """TPU chips and their topologies: what a compile-only mesh is built from.
 
 A chip is named by its Cloud TPU generation ("v5e", "v6e"). Its HBM per chip is the published
-figure (v5e 16 GiB, v6e 32 GiB); XLA may use less of it, the "available HBM" libtpu's compiler
-reports when a program overflows it (v5e 15.75 GiB, v6e 31.25 GiB), which is what the engine's
-memory check and the KV pool sizing work against (the device's bytes_limit). A topology name ("v5e:2x4") is what libtpu compiles for: the
-devices of jax.experimental.topologies.get_topology_desc hold no memory and run nothing, but
-programs lowered onto a mesh of them compile exactly as on the slice. libtpu must be installed
-(the `jax[tpu]` extra); the topology API is looked up at call time, so hosts without libtpu
-still import this module. libtpu takes a lock file (/tmp/libtpu_lockfile) for the real chips
-it would drive; topology_devices sets ALLOW_MULTIPLE_LIBTPU_LOAD (unless the environment sets it)
-before libtpu loads, so a compile-only build runs beside other JAX processes.
+figure (v5e 16 GiB, v6e 32 GiB); XLA may use less of it, the "available HBM" that libtpu's
+compiler reports when a program overflows it (v5e 15.75 GiB, v6e 31.25 GiB). The memory check
+works against that figure and takes it for the device's bytes_limit, from which the engine sizes
+the KV pool (an assumption: no TPU was at hand to read memory_stats() from).
+
+A topology name ("v5e:2x4") is what libtpu compiles for: the devices of
+jax.experimental.topologies.get_topology_desc hold no memory and run nothing, but programs lowered
+onto a mesh of them compile as on the slice. libtpu must be installed (the `jax[tpu]` extra); the
+topology API is looked up at call time, so hosts without libtpu still import this module. libtpu
+takes a lock file (/tmp/libtpu_lockfile) for the real chips it would drive; topology_devices sets
+ALLOW_MULTIPLE_LIBTPU_LOAD (unless the environment sets it) before libtpu loads, so a compile-only
+build runs beside other JAX processes.
 """
 from __future__ import annotations
 

@@ -32,7 +32,8 @@ def register(subparsers) -> None:
   parser.add_argument("--chip", choices=["v5e", "v6e"],
                       help="TPU generation (default: from the config file name, e.g. v5e-8.yaml)")
   parser.add_argument("--programs", choices=["all", "largest"], default="all",
-                      help="compile every program, or of each kind only the largest bucket's (default: all)")
+                      help="compile every program, or of each kind only the largest bucket's "
+                      "(default: all)")
   parser.add_argument("--jobs", type=int, default=1, help="programs compiled at once (default: 1)")
   parser.add_argument("--out", help="also write the report as JSON to this file (default: none)")
   parser.add_argument("--no-progress", action="store_true", help="no progress bar (default: shown)")

@@ -39,7 +39,8 @@ def _build(shape: str, overrides: list[str], selection: str) -> BuildReport:
 def test_every_program_of_a_small_server_compiles_for_v5e_2x4():
   # Decode bursts on: their loop keeps copies of the KV pool (3 on this libtpu), so the pool is
   # held at a fifth of the chip; at the shipped 0.85 a burst program does not fit.
-  report = _build("llama-3.2-1b", ["scheduler.max_num_seqs=8", "scheduler.max_num_batched_tokens=32",
+  report = _build("llama-3.2-1b", ["scheduler.max_num_seqs=8",
+                                   "scheduler.max_num_batched_tokens=32",
                                    "scheduler.num_scheduler_steps=4", "max_model_len=2048",
                                    "cache.memory_fraction=0.2"], "all")
   assert report.topology == "v5e:2x4"
