@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 from jaxserve.models.model_config import ModelConfig
-from jaxserve.models.named_shapes import SHAPES, named_model_config  # noqa: F401 (re-exported)
+from jaxserve.models.named_shapes import named_model_config
 from jaxserve.models.weights import hf_tensor_specs
 from jaxserve.tools.export_hf import hf_llama_config, write_byte_tokenizer
 
