@@ -15,10 +15,11 @@ import sys
 from pathlib import Path
 
 from jaxserve.cli import add_engine_args, engine_config_from_args
-from jaxserve.models.named_shapes import SHAPES
 
 
 def register(subparsers) -> None:
+  """Adds the subcommand; imports nothing heavy (jaxserve.models pulls in JAX, whose logging
+  set-up would pre-empt the CLI's)."""
   parser = subparsers.add_parser(
       "compile-tpu", help="compile every step program for a TPU topology and check its memory",
       description="Builds the step programs `jaxserve serve --config ...` runs on a TPU slice "
@@ -27,8 +28,9 @@ def register(subparsers) -> None:
       "chips) and checks weights + KV pool + step transient + program code per chip against "
       "the chip's HBM. Needs libtpu (pip install 'jax[tpu]'), not a TPU.")
   add_engine_args(parser)
-  parser.add_argument("--model-shape", choices=sorted(SHAPES),
-                      help="a named architecture instead of --model (no checkpoint needed)")
+  parser.add_argument("--model-shape", metavar="NAME",
+                      help="a named architecture of jaxserve/models/named_shapes.py instead of "
+                      "--model, e.g. llama-3.1-8b (no checkpoint needed; default: --model)")
   parser.add_argument("--chip", choices=["v5e", "v6e"],
                       help="TPU generation (default: from the config file name, e.g. v5e-8.yaml)")
   parser.add_argument("--programs", choices=["all", "largest"], default="all",
@@ -41,12 +43,17 @@ def register(subparsers) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+  import jax
+
   from jaxserve.models.named_shapes import named_model_config
   from jaxserve.tools.kv_plan import model_config_for
   from jaxserve.tpu_aot.build import BuildRequest, build
   from jaxserve.tpu_aot.chips import chip_of_config_name, get_chip
   from jaxserve.tpu_aot.report import format_report, report_json
 
+  # Executables compiled for a topology cannot be loaded back from JAX's persistent cache (no
+  # TPU client to deserialize them): keep them out of it, and the compile times real.
+  jax.config.update("jax_enable_compilation_cache", False)
   config = engine_config_from_args(args)
   chip = get_chip(args.chip) if args.chip else chip_of_config_name(args.config)
   if chip is None:
