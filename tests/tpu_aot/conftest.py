@@ -7,7 +7,7 @@ import jax
 import pytest
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="module")
 def no_persistent_compilation_cache():
   previous = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)
