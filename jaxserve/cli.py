@@ -5,8 +5,8 @@ the common ones (--model, --max-num-seqs, --gpu-memory-utilization, ...; jaxserv
 as flags for the same overrides (jaxserve/cli_args.py adds them to a parser). Every --help shows
 defaults; a misspelt flag gets a "did you mean" (jaxserve/cli_help.py). Subcommands defined next
 to the code they drive are imported explicitly: `serve` (jaxserve/server/cli.py), the benchmarks
-(jaxserve/bench/cli.py), eval and kv-plan (jaxserve/tools/cli.py); each of those imports its
-heavy module only when it runs.
+(jaxserve/bench/cli.py), eval and kv-plan (jaxserve/tools/cli.py), compile-tpu
+(jaxserve/tpu_aot/cli.py); each of those imports its heavy module only when it runs.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from jaxserve.log_setup import configure_logging
 from jaxserve.optional_deps import MissingDependencyError
 from jaxserve.server import cli as server_cli
 from jaxserve.tools import cli as tools_cli
+from jaxserve.tpu_aot import cli as tpu_aot_cli
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -119,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
   server_cli.register(subparsers)  # serve
   bench_cli.register(subparsers)   # bench serve, bench throughput
   tools_cli.register(subparsers)   # eval, kv-plan
+  tpu_aot_cli.register(subparsers)  # compile-tpu
   use_defaults_help(parser)
   return parser
 

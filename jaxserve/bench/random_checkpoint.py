@@ -14,30 +14,18 @@ import json
 import math
 from pathlib import Path
 
-from jaxserve.models.model_config import ModelConfig, RopeScaling
+from jaxserve.models.model_config import ModelConfig
+from jaxserve.models.named_shapes import named_model_config
 from jaxserve.models.weights import hf_tensor_specs
 from jaxserve.tools.export_hf import hf_llama_config
 from jaxserve.bench.vocab_tokenizer import write_vocab_tokenizer
 
 SHARD_BYTES = 4 << 30
-_LLAMA3_VOCAB = 128256
-SHAPES = {
-    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_layers=16, num_q_heads=32,
-                         num_kv_heads=8, head_dim=64, tie_word_embeddings=True, rope_factor=32.0),
-    "llama-3.1-8b": dict(hidden_size=4096, intermediate_size=14336, num_layers=32, num_q_heads=32,
-                         num_kv_heads=8, head_dim=128, tie_word_embeddings=False, rope_factor=8.0),
-}
 
 
 def random_llama_config(name: str) -> ModelConfig:
-  if name not in SHAPES:
-    raise ValueError(f"random_model: unknown {name!r} (known: {', '.join(SHAPES)})")
-  shape = dict(SHAPES[name])
-  factor = shape.pop("rope_factor")
-  return ModelConfig(
-      architecture="llama", vocab_size=_LLAMA3_VOCAB, rms_norm_eps=1e-5, rope_theta=500000.0,
-      rope_scaling=RopeScaling("llama3", factor, 1.0, 4.0, 8192), max_position_embeddings=131072,
-      bos_token_id=256, eos_token_ids=(257,), dtype="bfloat16", **shape)
+  """The named shape's config (models/named_shapes.py owns the shapes)."""
+  return named_model_config(name)
 
 
 def build_random_llama(name: str, out_dir: str | Path, seed: int = 0) -> Path:

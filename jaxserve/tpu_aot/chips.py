@@ -1,0 +1,79 @@
+"""TPU chips and their topologies: what a compile-only mesh is built from.
+
+A chip is named by its Cloud TPU generation ("v5e", "v6e"). Its HBM per chip is the published
+figure (v5e 16 GiB, v6e 32 GiB); XLA may use less of it, the "available HBM" that libtpu's
+compiler reports when a program overflows it (v5e 15.75 GiB, v6e 31.25 GiB). The memory check
+works against that figure and takes it for the device's bytes_limit, from which the engine sizes
+the KV pool (an assumption: no TPU was at hand to read memory_stats() from).
+
+A topology name ("v5e:2x4") is what libtpu compiles for: the devices of
+jax.experimental.topologies.get_topology_desc hold no memory and run nothing, but programs lowered
+onto a mesh of them compile as on the slice. libtpu must be installed (the `jax[tpu]` extra); the
+topology API is looked up at call time, so hosts without libtpu still import this module. libtpu
+takes a lock file (/tmp/libtpu_lockfile) for the real chips it would drive; topology_devices sets
+ALLOW_MULTIPLE_LIBTPU_LOAD (unless the environment sets it) before libtpu loads, so a compile-only
+build runs beside other JAX processes.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import jax
+
+GIB = 2**30
+# Chips per host slice -> the topology of that many chips (the single-host shapes Cloud TPU sells).
+_SHAPES = {1: "1x1", 4: "2x2", 8: "2x4"}
+
+
+@dataclass(frozen=True)
+class TpuChip:
+  name: str            # the generation as topology names spell it: "v5e", "v6e"
+  hbm_bytes: int       # HBM per chip
+  usable_bytes: int    # of which XLA may allocate (libtpu's "available HBM")
+  device_kind: str     # jax Device.device_kind of its topology devices
+
+  def topology(self, num_chips: int) -> str:
+    """The topology name of a one-host slice of num_chips chips, e.g. "v5e:2x4"."""
+    if num_chips not in _SHAPES:
+      raise ValueError(f"tensor_parallel_size: no single-host {self.name} topology of "
+                       f"{num_chips} chips (known: {', '.join(map(str, _SHAPES))})")
+    return f"{self.name}:{_SHAPES[num_chips]}"
+
+
+CHIPS = {
+    "v5e": TpuChip("v5e", 16 * GIB, 63 * GIB // 4, "TPU v5 lite"),
+    "v6e": TpuChip("v6e", 32 * GIB, 125 * GIB // 4, "TPU v6 lite"),
+}
+
+
+def get_chip(name: str) -> TpuChip:
+  if name not in CHIPS:
+    raise ValueError(f"chip: unknown {name!r} (known: {', '.join(CHIPS)})")
+  return CHIPS[name]
+
+
+def chip_of_config_name(config_path: str | None) -> TpuChip | None:
+  """The chip a shipped config is named after (configs/v5e-8.yaml -> v5e), if any."""
+  stem = (config_path or "").replace("\\", "/").rsplit("/", 1)[-1]
+  return next((chip for name, chip in CHIPS.items() if stem.startswith(f"{name}-")), None)
+
+
+def libtpu_available() -> bool:
+  return importlib.util.find_spec("libtpu") is not None
+
+
+def topology_devices(topology_name: str) -> Sequence[jax.Device]:
+  """The devices of a TPU topology, compile-only; ValueError without libtpu."""
+  if not libtpu_available():
+    raise ValueError("compile-tpu: libtpu is not installed (pip install 'jax[tpu]', or the "
+                     "project's test extra on Linux x86-64)")
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  from jax.experimental import topologies
+  try:
+    description = topologies.get_topology_desc(topology_name=topology_name, platform="tpu")
+  except TypeError:  # a JAX whose signature lost the keywords
+    description = topologies.get_topology_desc(topology_name, "tpu")
+  return list(description.devices)

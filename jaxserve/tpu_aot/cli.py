@@ -1,0 +1,77 @@
+"""`jaxserve compile-tpu`: the server's step programs compiled for a TPU slice, without a TPU.
+
+    jaxserve compile-tpu --config configs/v5e-8.yaml --model-shape llama-3.1-8b
+
+Prints every program's lowering and compile time and memory_analysis per chip, then the server's
+per-chip memory (weights, KV pool, largest step transient, program code) against the chip's HBM
+and the pages / full-length sequences the pool holds. Exits 0 when it fits, 1 with one line per
+cause when it does not, 2 on a bad argument or config.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from jaxserve.cli_args import add_engine_args, engine_config_from_args
+
+
+def register(subparsers) -> None:
+  """Adds the subcommand; imports nothing heavy (jaxserve.models pulls in JAX, whose logging
+  set-up would pre-empt the CLI's)."""
+  parser = subparsers.add_parser(
+      "compile-tpu", help="compile every step program for a TPU topology and check its memory",
+      description="Builds the step programs `jaxserve serve --config ...` runs on a TPU slice "
+      "(forward per bucket, sampler modes, prompt logprobs, decode bursts) from abstract weights "
+      "and KV pages, compiles them with libtpu for the chip's topology (tensor_parallel_size "
+      "chips) and checks weights + KV pool + step transient + program code per chip against "
+      "the chip's HBM. Needs libtpu (pip install 'jax[tpu]'), not a TPU.")
+  add_engine_args(parser)
+  parser.add_argument("--model-shape", metavar="NAME",
+                      help="a named architecture of jaxserve/models/named_shapes.py instead of "
+                      "--model, e.g. llama-3.1-8b (no checkpoint needed; default: --model)")
+  parser.add_argument("--chip", choices=["v5e", "v6e"],
+                      help="TPU generation (default: from the config file name, e.g. v5e-8.yaml)")
+  parser.add_argument("--programs", choices=["all", "largest"], default="all",
+                      help="compile every program, or of each kind only the largest bucket's "
+                      "(default: all)")
+  parser.add_argument("--jobs", type=int, default=1, help="programs compiled at once (default: 1)")
+  parser.add_argument("--out", help="also write the report as JSON to this file (default: none)")
+  parser.add_argument("--no-progress", action="store_true", help="no progress bar (default: shown)")
+  parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+  import jax
+
+  from jaxserve.models.named_shapes import named_model_config
+  from jaxserve.tools.kv_plan import model_config_for
+  from jaxserve.tpu_aot.build import BuildRequest, build
+  from jaxserve.tpu_aot.chips import chip_of_config_name, get_chip
+  from jaxserve.tpu_aot.report import format_report, report_json
+
+  # Executables compiled for a topology cannot be loaded back from JAX's persistent cache (no
+  # TPU client to deserialize them): keep them out of it, and the compile times real.
+  jax.config.update("jax_enable_compilation_cache", False)
+  config = engine_config_from_args(args)
+  chip = get_chip(args.chip) if args.chip else chip_of_config_name(args.config)
+  if chip is None:
+    raise ValueError("chip: pass --chip (the config file name names no TPU generation)")
+  if args.model_shape:
+    model_name, model_config = args.model_shape, named_model_config(args.model_shape)
+  else:
+    model_name, model_config = config.model, model_config_for(config)
+  report = build(BuildRequest(config, model_config, model_name, chip, args.programs, args.jobs,
+                              not args.no_progress))
+  print(format_report(report))
+  if args.out:
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report_json(report), indent=2))
+    print(f"wrote {out}")
+  if not report.fits:
+    for problem in report.problems:
+      print(f"jaxserve compile-tpu: does not fit: {problem}", file=sys.stderr)
+    return 1
+  return 0
