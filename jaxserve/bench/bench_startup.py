@@ -9,7 +9,7 @@ torch CUDA context is gone before jax starts) unless the directory already holds
 memory fraction is set from the config before jax starts (jaxserve/device/device_memory.py), as
 `jaxserve serve` does. Steps: the checkpoint files are read once (page cache warm, unless
 --cold), the weights are loaded --load-runs times (each timed alone, arrays ready), then
-`build_runner` loads them once more and sizes the KV pool as the server would, then (--warmup)
+`assembly.build_device` loads them once more and sizes the KV pool as the server would, then (--warmup)
 every bucket is compiled. Prints a short table and one JSON object (also written to --out).
 Imports nothing from jaxserve.server (runs without starlette/uvicorn).
 """
@@ -136,7 +136,8 @@ def main(argv=None) -> int:
   import jax
 
   from jaxserve.device.device_memory import max_concurrency
-  from jaxserve.assembly import build_runner
+  from jaxserve.assembly import build_device
+  from jaxserve.device.warmup import warmup
   report: dict = {"model": config.model, "memory_fraction": config.cache.memory_fraction,
                   "client_env": dict(setup.set_vars) or dict(setup.user_vars),
                   "jax": jax.__version__}
@@ -147,17 +148,17 @@ def main(argv=None) -> int:
     report["baseline_host_converted"] = time_host_converted_load(config)
   report["weight_loads"] = time_weight_loads(config, args.load_runs)
   start = time.perf_counter()
-  built = build_runner(config)
+  built = build_device(config)
   jax.block_until_ready(built.runner.kv_pages)
   spec = built.spec
-  report["build_runner_s"] = time.perf_counter() - start
+  report["build_device_s"] = time.perf_counter() - start
   report["kv_pool"] = {"gib": spec.total_bytes / GIB, "num_pages": spec.num_pages,
                        "page_size": spec.page_size, "max_model_len": built.max_model_len,
                        "max_concurrency": max_concurrency(spec.num_pages, spec.page_size,
                                                           built.max_model_len)}
   report["device_memory_after_pool"] = device_stats()
   if args.warmup:
-    report["warmup_s"] = built.runner.warmup(show_progress=False)
+    report["warmup_s"] = warmup(built.runner, show_progress=False)
   print(format_table(report))
   out = Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
@@ -167,7 +168,6 @@ def main(argv=None) -> int:
 
 
 def format_table(report: dict) -> str:
-  best = max(report["weight_loads"], key=lambda r: r["gb_per_s"])
   pool, device = report["kv_pool"], report["device_memory_after_pool"]
   rows = [("device", f"{device['device']} x{device['num_devices']} (jax {report['jax']})"),
           ("client env", json.dumps(report["client_env"]) or "-")]
@@ -181,8 +181,10 @@ def format_table(report: dict) -> str:
                  f"{base['seconds']:.1f} s ({base['gb_per_s']:.2f} GB/s)"))
   rows += [(f"weights, load {i + 1}", f"{r['bytes'] / 1e9:.1f} GB in {r['seconds']:.1f} s "
             f"({r['gb_per_s']:.2f} GB/s)") for i, r in enumerate(report["weight_loads"])]
-  rows += [("best weight load", f"{best['gb_per_s']:.2f} GB/s ({best['source']})"),
-           ("build_runner (load + pool)", f"{report['build_runner_s']:.1f} s"),
+  if report["weight_loads"]:
+    best = max(report["weight_loads"], key=lambda r: r["gb_per_s"])
+    rows.append(("best weight load", f"{best['gb_per_s']:.2f} GB/s ({best['source']})"))
+  rows += [("build_device (load + pool)", f"{report['build_device_s']:.1f} s"),
            ("KV pool", f"{pool['gib']:.1f} GiB, {pool['num_pages']} pages of {pool['page_size']}"),
            (f"max concurrency at {pool['max_model_len']} tokens",
             f"{pool['max_concurrency']:.2f}x")]

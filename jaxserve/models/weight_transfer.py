@@ -52,7 +52,7 @@ class TensorLoad:
 @dataclass(frozen=True)
 class TransferOptions:
   num_threads: int = 4
-  window_bytes: int = 2 << 30  # tensor bytes in flight at once (host staging, raw device copies)
+  window_bytes: int = 512 << 20  # tensor bytes in flight at once (host staging, raw device copies)
 
 
 @dataclass(frozen=True)
