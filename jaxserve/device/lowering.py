@@ -3,23 +3,26 @@ ahead of serving (device/warmup.py), sizing the step's scratch memory (jaxserve/
 profiling (jaxserve/bench/profile_step.py) need.
 
 dummy_inputs(runner, bucket) is an empty batch padded to the bucket, so it has exactly the
-shapes and dtypes a real step of that bucket has. lower_step lowers the forward and the sampler on
-them; `abstract(tree)` turns any inputs into jax.ShapeDtypeStruct leaves (shardings kept) for
-lowering without arrays, e.g. for a device topology this machine does not have.
+shapes and dtypes a real step of that bucket has (host_dummy_inputs: the same with host arrays
+for the runner's device constants, needing no runner). lower_step lowers the forward and the
+sampler on them; `abstract(tree)` turns any inputs into jax.ShapeDtypeStruct leaves (shardings
+kept) for lowering without arrays, e.g. for a device topology this machine does not have.
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.device.buckets import Bucket
+from jaxserve.device.buckets import Bucket, BucketSet
 from jaxserve.device.model_runner import ModelRunner, packed_model_inputs
 from jaxserve.device.packing import pack
 from jaxserve.device.sampler import SamplerMode
-from jaxserve.device.step_inputs import StepInputs, build_step_inputs
+from jaxserve.device.step_inputs import (PreviousSamples, StepInputs, StepShape,
+                                         build_step_inputs)
 from jaxserve.messages.scheduled_batch import ScheduledBatch
 
 
@@ -27,8 +30,27 @@ def dummy_inputs(runner: ModelRunner, bucket: Bucket, mode: SamplerMode = Sample
                  prompt_logprobs: bool = False) -> StepInputs:
   """All-padding inputs of a bucket's shape (used to compile it): an empty batch, padded,
   with the given sampler mode and prompt-logprob flag."""
-  inputs = build_step_inputs(ScheduledBatch(), bucket, runner.shape,
-                             runner.no_previous_samples(), runner.empty_history)
+  return padding_inputs(bucket, runner.shape, runner.no_previous_samples(), runner.empty_history,
+                        mode, prompt_logprobs)
+
+
+def host_dummy_inputs(buckets: BucketSet, shape: StepShape, bucket: Bucket,
+                      mode: SamplerMode = SamplerMode(),
+                      prompt_logprobs: bool = False) -> StepInputs:
+  """dummy_inputs with the runner's cached device constants (no previous samples, the empty
+  penalty history) as host arrays of their shapes: inputs for lowering on devices that hold no
+  memory (a TPU topology's), with no runner and nothing allocated."""
+  previous = PreviousSamples(np.zeros(buckets.seq_buckets[-1], np.int32), {})
+  def empty_history(num_slots: int) -> np.ndarray:
+    return np.full((num_slots, shape.history_len), -1, np.int32)
+  return padding_inputs(bucket, shape, previous, empty_history, mode, prompt_logprobs)
+
+
+def padding_inputs(bucket: Bucket, shape: StepShape, previous: PreviousSamples,
+                   empty_history: Callable[[int], jax.Array | np.ndarray],
+                   mode: SamplerMode = SamplerMode(), prompt_logprobs: bool = False) -> StepInputs:
+  """An empty batch padded to `bucket`, with the given sampler mode and prompt-logprob flag."""
+  inputs = build_step_inputs(ScheduledBatch(), bucket, shape, previous, empty_history)
   sampling = dataclasses.replace(
       inputs.sampling, any_random=np.array(mode.random), any_penalty=np.array(mode.penalties),
       want_top_logprobs=np.array(mode.top_logprobs),
