@@ -3,10 +3,10 @@ ahead of serving (device/warmup.py), sizing the step's scratch memory (jaxserve/
 profiling (jaxserve/bench/profile_step.py) need.
 
 dummy_inputs(runner, bucket) is an empty batch padded to the bucket, so it has exactly the
-shapes and dtypes a real step of that bucket has (host_dummy_inputs: the same with host arrays
-for the runner's device constants, needing no runner). lower_step lowers the forward and the
-sampler on them; `abstract(tree)` turns any inputs into jax.ShapeDtypeStruct leaves (shardings
-kept) for lowering without arrays, e.g. for a device topology this machine does not have.
+shapes and dtypes a real step of that bucket has (standalone_dummy_inputs: the same without a
+runner). lower_step lowers the forward and the sampler on them; `abstract(tree)` turns any
+inputs into jax.ShapeDtypeStruct leaves (committed shardings kept) for lowering without arrays,
+e.g. for a device topology this machine does not have.
 """
 from __future__ import annotations
 
@@ -34,15 +34,16 @@ def dummy_inputs(runner: ModelRunner, bucket: Bucket, mode: SamplerMode = Sample
                         mode, prompt_logprobs)
 
 
-def host_dummy_inputs(buckets: BucketSet, shape: StepShape, bucket: Bucket,
-                      mode: SamplerMode = SamplerMode(),
-                      prompt_logprobs: bool = False) -> StepInputs:
-  """dummy_inputs with the runner's cached device constants (no previous samples, the empty
-  penalty history) as host arrays of their shapes: inputs for lowering on devices that hold no
-  memory (a TPU topology's), with no runner and nothing allocated."""
-  previous = PreviousSamples(np.zeros(buckets.seq_buckets[-1], np.int32), {})
-  def empty_history(num_slots: int) -> np.ndarray:
-    return np.full((num_slots, shape.history_len), -1, np.int32)
+def standalone_dummy_inputs(buckets: BucketSet, shape: StepShape, bucket: Bucket,
+                            mode: SamplerMode = SamplerMode(),
+                            prompt_logprobs: bool = False) -> StepInputs:
+  """dummy_inputs without a runner: its cached device constants (no previous samples, the empty
+  penalty history) are uncommitted arrays on JAX's default device, so they pack as the runner's
+  do (device leaves, outside the packed buffers) and abstract() leaves their placement to the
+  program's in_shardings. Inputs for lowering on devices that hold no memory (a TPU topology's)."""
+  previous = PreviousSamples(jnp.zeros(buckets.seq_buckets[-1], jnp.int32), {})
+  def empty_history(num_slots: int) -> jax.Array:
+    return jnp.full((num_slots, shape.history_len), -1, jnp.int32)
   return padding_inputs(bucket, shape, previous, empty_history, mode, prompt_logprobs)
 
 
@@ -59,10 +60,11 @@ def padding_inputs(bucket: Bucket, shape: StepShape, previous: PreviousSamples,
 
 
 def abstract(tree):
-  """`tree` with every array leaf replaced by a jax.ShapeDtypeStruct (its sharding kept when
-  it has one): arguments for lowering without allocating or transferring anything."""
+  """`tree` with every array leaf replaced by a jax.ShapeDtypeStruct (the sharding of a committed
+  jax.Array kept; an uncommitted one, like a host array, takes the program's placement):
+  arguments for lowering without allocating or transferring anything."""
   def leaf(x):
-    sharding = getattr(x, "sharding", None) if isinstance(x, jax.Array) else None
+    sharding = x.sharding if isinstance(x, jax.Array) and x.committed else None
     return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
   return jax.tree.map(leaf, tree)
 

@@ -11,9 +11,10 @@ placement's KV sharding, and the programs come from the public builder
 compiler options (step_options.step_compiler_options) and greedy pick (step_options.step_greedy),
 so the jitted functions (in/out shardings, donation, compiler options) are the very ones
 `jaxserve serve` compiles at warmup. Step inputs are the padding inputs warmup runs
-(device/lowering.host_dummy_inputs: the runner's cached constants as host arrays, since topology
-devices hold no memory), lowered as abstract values (device/lowering.abstract). No ModelRunner is
-built: the programs are lowered directly, as tests/device/test_step_programs.py does.
+(device/lowering.standalone_dummy_inputs: the runner's cached constants as uncommitted arrays of
+this host, since topology devices hold no memory; they pack as the runner's device constants
+do), lowered as abstract values (device/lowering.abstract). No ModelRunner is built: the
+programs are lowered directly, as tests/device/test_step_programs.py does.
 
 The programs are warmup's plan (device/warmup.warmup_plan): forward per bucket; the sampler per
 sequence bucket and SamplerMode; prompt logprobs per token bucket; decode bursts per decode
@@ -28,7 +29,7 @@ scratch; or the config's cache.num_pages / cache.memory_bytes.
 Dependencies on the engine, all here: parallel.mesh.build_mesh; parallel.placement
 (is_sharded, abstract_placement, Placement.module / step_shardings); device.step_programs
 (build_step_programs, StepPrograms); device.step_options (step_compiler_options, step_greedy);
-device.lowering (host_dummy_inputs, abstract); device.model_runner.packed_model_inputs;
+device.lowering (standalone_dummy_inputs, abstract); device.model_runner.packed_model_inputs;
 device.packing.pack; device.warmup.warmup_plan; device.device_memory (DeviceMemory, kv_budget);
 device.kv_cache (kv_cache_spec, page_bytes, resolve_max_model_len); device.buckets;
 device.sampler.SamplerMode; device.step_inputs (StepInputs, StepShape).
@@ -47,7 +48,7 @@ from jaxserve.config import EngineConfig
 from jaxserve.device.buckets import Bucket, BucketSet
 from jaxserve.device.device_memory import DeviceMemory, kv_budget
 from jaxserve.device.kv_cache import kv_cache_spec, page_bytes, resolve_max_model_len
-from jaxserve.device.lowering import abstract, host_dummy_inputs
+from jaxserve.device.lowering import abstract, standalone_dummy_inputs
 from jaxserve.device.model_runner import packed_model_inputs
 from jaxserve.device.packing import pack
 from jaxserve.device.sampler import SamplerMode
@@ -197,7 +198,7 @@ class _Lowering:
   model_config: ModelConfig
 
   def inputs(self, bucket: Bucket, mode: SamplerMode = SamplerMode()) -> StepInputs:
-    return host_dummy_inputs(self.buckets, self.shape, bucket, mode)
+    return standalone_dummy_inputs(self.buckets, self.shape, bucket, mode)
 
   def forward(self, bucket: Bucket) -> jax.stages.Lowered:
     packed = abstract(packed_model_inputs(self.inputs(bucket)))
