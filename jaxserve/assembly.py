@@ -33,8 +33,8 @@ from jaxserve.device.kv_cache import (KVCacheSpec, allocate_kv_pages, kv_cache_s
 from jaxserve.device.lowering import temp_bytes
 from jaxserve.device.model_runner import ModelRunner, StepSink
 from jaxserve.device.step_inputs import StepShape
-from jaxserve.device.step_options import (describe_step_choices, greedy_sampler, sampler_backend,
-                                          step_compiler_options)
+from jaxserve.device.step_options import (describe_step_choices, sampler_backend,
+                                          step_compiler_options, step_greedy)
 from jaxserve.device.step_programs import build_step_programs
 from jaxserve.device.warmup import warmup
 from jaxserve.engine.llm_engine import LLMEngine
@@ -109,7 +109,7 @@ def build_device(config: EngineConfig, *,
   shardings = placement.step_shardings(kv_pages)
   programs = build_step_programs(
       model, shardings, burst_steps=config.scheduler.num_scheduler_steps, page_size=page_size,
-      greedy=greedy_sampler(sampler if shardings is None else "xla"), compiler_options=options)
+      greedy=step_greedy(config, sharded=shardings is not None), compiler_options=options)
   runner = ModelRunner(model, params, kv_pages, buckets, shape, programs, publisher)
   return DeviceBundle(model_config, runner, spec, max_model_len)
 

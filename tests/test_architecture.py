@@ -212,6 +212,14 @@ def test_imports_are_explicit():
   assert dynamic == []
 
 
+def test_the_tpu_build_reaches_the_engine_through_its_adapter_alone(graph):
+  """jaxserve/tpu_aot: only step_programs.py imports the device side (models aside: named shapes
+  and ModelConfig are data), the parallel layout, the engine or the composition root."""
+  engine = tuple(p for p in DEVICE if p != "jaxserve.models") + ROOTS + ("jaxserve.engine",)
+  edges = forbidden_edges(graph, ("jaxserve.tpu_aot",), engine)
+  assert edges and {m for m, _ in edges} == {"jaxserve.tpu_aot.step_programs"}
+
+
 def test_no_subclass_of_the_runner():
   subclasses = [(module, node.name) for module, path in package_modules().items()
                 for node in ast.walk(ast.parse(path.read_text()))

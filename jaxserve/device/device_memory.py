@@ -204,9 +204,16 @@ def unmeasured_scratch_bytes(budget: int) -> int:
   return int(max(budget, 0) * UNMEASURED_SCRATCH_SHARE)
 
 
+def kv_budget(memory: DeviceMemory, fraction: float, *, scratch_measured: bool = True) -> int:
+  """The pool's bytes on a device of `memory`: kv_pool_bytes, less UNMEASURED_SCRATCH_SHARE of it
+  unless the caller measures and subtracts the step scratch (scratch_measured). Pure: what
+  kv_budget_bytes does with this device's statistics, and jaxserve/tpu_aot with a TPU chip's."""
+  budget = kv_pool_bytes(memory, fraction)
+  return budget if scratch_measured else budget - unmeasured_scratch_bytes(budget)
+
+
 def kv_budget_bytes(fraction: float, *, scratch_measured: bool = True) -> int | None:
-  """The pool's bytes on this process's first device, less the step scratch unless the caller
-  measures and subtracts it (scratch_measured); None without memory statistics."""
+  """kv_budget on this process's first device, logged; None without memory statistics."""
   memory = read_device_memory()
   if memory is None:
     return None
@@ -220,8 +227,6 @@ def kv_budget_bytes(fraction: float, *, scratch_measured: bool = True) -> int | 
                 memory.largest_free_bytes / GIB,
                 (memory.limit_bytes - memory.in_use_bytes) / GIB)
   if not scratch_measured:
-    reserve = unmeasured_scratch_bytes(budget)
     logger.info("step scratch memory: %.2f GiB kept (%.0f%%, not measured for sharded steps)",
-                reserve / GIB, UNMEASURED_SCRATCH_SHARE * 100)
-    budget -= reserve
-  return budget
+                unmeasured_scratch_bytes(budget) / GIB, UNMEASURED_SCRATCH_SHARE * 100)
+  return kv_budget(memory, fraction, scratch_measured=scratch_measured)

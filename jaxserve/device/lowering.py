@@ -3,23 +3,26 @@ ahead of serving (device/warmup.py), sizing the step's scratch memory (jaxserve/
 profiling (jaxserve/bench/profile_step.py) need.
 
 dummy_inputs(runner, bucket) is an empty batch padded to the bucket, so it has exactly the
-shapes and dtypes a real step of that bucket has. lower_step lowers the forward and the sampler on
-them; `abstract(tree)` turns any inputs into jax.ShapeDtypeStruct leaves (shardings kept) for
-lowering without arrays, e.g. for a device topology this machine does not have.
+shapes and dtypes a real step of that bucket has (standalone_dummy_inputs: the same without a
+runner). lower_step lowers the forward and the sampler on them; `abstract(tree)` turns any
+inputs into jax.ShapeDtypeStruct leaves (committed shardings kept) for lowering without arrays,
+e.g. for a device topology this machine does not have.
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.device.buckets import Bucket
+from jaxserve.device.buckets import Bucket, BucketSet
 from jaxserve.device.model_runner import ModelRunner, packed_model_inputs
 from jaxserve.device.packing import pack
 from jaxserve.device.sampler import SamplerMode
-from jaxserve.device.step_inputs import StepInputs, build_step_inputs
+from jaxserve.device.step_inputs import (PreviousSamples, StepInputs, StepShape,
+                                         build_step_inputs)
 from jaxserve.messages.scheduled_batch import ScheduledBatch
 
 
@@ -27,8 +30,28 @@ def dummy_inputs(runner: ModelRunner, bucket: Bucket, mode: SamplerMode = Sample
                  prompt_logprobs: bool = False) -> StepInputs:
   """All-padding inputs of a bucket's shape (used to compile it): an empty batch, padded,
   with the given sampler mode and prompt-logprob flag."""
-  inputs = build_step_inputs(ScheduledBatch(), bucket, runner.shape,
-                             runner.no_previous_samples(), runner.empty_history)
+  return padding_inputs(bucket, runner.shape, runner.no_previous_samples(), runner.empty_history,
+                        mode, prompt_logprobs)
+
+
+def standalone_dummy_inputs(buckets: BucketSet, shape: StepShape, bucket: Bucket,
+                            mode: SamplerMode = SamplerMode(),
+                            prompt_logprobs: bool = False) -> StepInputs:
+  """dummy_inputs without a runner: its cached device constants (no previous samples, the empty
+  penalty history) are uncommitted arrays on JAX's default device, so they pack as the runner's
+  do (device leaves, outside the packed buffers) and abstract() leaves their placement to the
+  program's in_shardings. Inputs for lowering on devices that hold no memory (a TPU topology's)."""
+  previous = PreviousSamples(jnp.zeros(buckets.seq_buckets[-1], jnp.int32), {})
+  def empty_history(num_slots: int) -> jax.Array:
+    return jnp.full((num_slots, shape.history_len), -1, jnp.int32)
+  return padding_inputs(bucket, shape, previous, empty_history, mode, prompt_logprobs)
+
+
+def padding_inputs(bucket: Bucket, shape: StepShape, previous: PreviousSamples,
+                   empty_history: Callable[[int], jax.Array | np.ndarray],
+                   mode: SamplerMode = SamplerMode(), prompt_logprobs: bool = False) -> StepInputs:
+  """An empty batch padded to `bucket`, with the given sampler mode and prompt-logprob flag."""
+  inputs = build_step_inputs(ScheduledBatch(), bucket, shape, previous, empty_history)
   sampling = dataclasses.replace(
       inputs.sampling, any_random=np.array(mode.random), any_penalty=np.array(mode.penalties),
       want_top_logprobs=np.array(mode.top_logprobs),
@@ -37,10 +60,11 @@ def dummy_inputs(runner: ModelRunner, bucket: Bucket, mode: SamplerMode = Sample
 
 
 def abstract(tree):
-  """`tree` with every array leaf replaced by a jax.ShapeDtypeStruct (its sharding kept when
-  it has one): arguments for lowering without allocating or transferring anything."""
+  """`tree` with every array leaf replaced by a jax.ShapeDtypeStruct (the sharding of a committed
+  jax.Array kept; an uncommitted one, like a host array, takes the program's placement):
+  arguments for lowering without allocating or transferring anything."""
   def leaf(x):
-    sharding = getattr(x, "sharding", None) if isinstance(x, jax.Array) else None
+    sharding = x.sharding if isinstance(x, jax.Array) and x.committed else None
     return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
   return jax.tree.map(leaf, tree)
 

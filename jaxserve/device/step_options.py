@@ -1,6 +1,6 @@
 """How the step programs compile on this machine, from EngineConfig: XLA options (gpu_gemm) and
-the sampler's greedy pick (sampler_backend). jaxserve/assembly.py hands both to
-build_step_programs."""
+the sampler's greedy pick (sampler_backend, step_greedy). jaxserve/assembly.py and the
+ahead-of-time TPU build (jaxserve/tpu_aot) hand both to build_step_programs."""
 from __future__ import annotations
 
 import functools
@@ -47,3 +47,9 @@ def greedy_sampler(backend: str) -> GreedyFn:
   if backend == "xla":
     return xla_greedy
   return functools.partial(greedy_sample, interpret=jax.default_backend() != "gpu")
+
+
+def step_greedy(config: EngineConfig, sharded: bool) -> GreedyFn:
+  """The greedy pick the step programs compile with: sharded steps reduce with XLA (the
+  sampler's reductions over a sharded vocabulary), unsharded ones with sampler_backend's."""
+  return greedy_sampler("xla" if sharded else sampler_backend(config, sharded=False))

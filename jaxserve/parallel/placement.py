@@ -27,12 +27,13 @@ from jaxserve.device.step_programs import StepShardings
 from jaxserve.models.fused_projections import fuse_params
 from jaxserve.models.invariant_dense import REDUCTION_GROUPS, DenseBackend
 from jaxserve.models.llama import LlamaForCausalLM
+from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.registry import LoadedModel, load_model
-from jaxserve.parallel.mesh import build_mesh
+from jaxserve.parallel.mesh import MODEL_AXIS, build_mesh, check_tensor_parallel
 from jaxserve.parallel.partition_rules import kv_pages_sharding, logits_sharding, replicated
 from jaxserve.parallel.sharded_attention import shard_attention_backend
 from jaxserve.parallel.sharded_dense import shard_dense_backend
-from jaxserve.parallel.sharded_loading import load_model_sharded
+from jaxserve.parallel.sharded_loading import load_model_sharded, sharded_param_shapes
 
 
 @dataclass(frozen=True)
@@ -84,9 +85,29 @@ def _on_mesh(config: EngineConfig) -> Placement:
   mesh = build_mesh(config.tensor_parallel_size)
   loaded = load_model_sharded(config.model, config.dtype, mesh,
                               tp_invariant_reductions=config.tp_invariant_reductions)
-  backend, dense = get_attention_backend(config.attention_backend), None
+  return _mesh_placement(config, loaded, mesh)
+
+
+def abstract_placement(config: EngineConfig, model_config: ModelConfig, mesh: Mesh,
+                       platform: str | None = None) -> Placement:
+  """The mesh Placement of `model_config` with no weights loaded: every param a
+  jax.ShapeDtypeStruct with the sharding load_placement would give it, the backends and KV
+  sharding as load_placement's. `platform` resolves attention_backend "auto" (default: JAX's
+  backend). For compiling ahead of time for devices this machine does not have
+  (jaxserve/tpu_aot)."""
+  if config.dtype != "auto":
+    model_config = model_config.replace(dtype=config.dtype)
+  model_config = model_config.replace(tp_invariant_reductions=config.tp_invariant_reductions)
+  check_tensor_parallel(model_config, mesh.shape[MODEL_AXIS])
+  loaded = LoadedModel(model_config, sharded_param_shapes(model_config, mesh), "abstract")
+  return _mesh_placement(config, loaded, mesh, platform)
+
+
+def _mesh_placement(config: EngineConfig, loaded: LoadedModel, mesh: Mesh,
+                    platform: str | None = None) -> Placement:
+  backend, dense = get_attention_backend(config.attention_backend, platform), None
   if config.tp_invariant_reductions:
     backend = head_count_invariant(backend)
     dense = shard_dense_backend(mesh, REDUCTION_GROUPS)
   return Placement(loaded, shard_attention_backend(backend, mesh), dense, mesh,
-                   kv_pages_sharding(mesh), config.tensor_parallel_size)
+                   kv_pages_sharding(mesh), mesh.shape[MODEL_AXIS])

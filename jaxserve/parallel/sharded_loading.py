@@ -16,6 +16,7 @@ from jax.sharding import Mesh
 
 from jaxserve.models.builtin import is_builtin
 from jaxserve.models.checkpoint import restore_params
+from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.registry import PARAMS_SUBDIR, LoadedModel, checkpoint_dir, load_model
 from jaxserve.models.weights import ParamPath, load_hf_config, load_hf_params, param_shapes
 from jaxserve.parallel.mesh import MODEL_AXIS, check_tensor_parallel
@@ -39,10 +40,8 @@ def load_model_sharded(model: str, dtype: str, mesh: Mesh, *,
   check_tensor_parallel(config, mesh.shape[MODEL_AXIS])
   orbax_dir = path / PARAMS_SUBDIR
   if orbax_dir.is_dir():
-    shapes = param_shapes(config)
-    like = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
-                        param_shardings(shapes, mesh, shard_vocab))
-    return LoadedModel(config, restore_params(orbax_dir, like), f"orbax:{orbax_dir}")
+    return LoadedModel(config, restore_params(orbax_dir, sharded_param_shapes(config, mesh)),
+                       f"orbax:{orbax_dir}")
   size = mesh.shape[MODEL_AXIS]
 
   def sharding(param_path: ParamPath, shape: tuple[int, ...]) -> jax.sharding.Sharding:
@@ -50,6 +49,16 @@ def load_model_sharded(model: str, dtype: str, mesh: Mesh, *,
 
   return LoadedModel(config, load_hf_params(path, config, sharding=sharding),
                      f"safetensors:{path}")
+
+
+def sharded_param_shapes(config: ModelConfig, mesh: Mesh) -> dict:
+  """The params of `config` as jax.ShapeDtypeStructs carrying the shardings the loader gives them
+  (vocabulary-sized weights replicated under tp_invariant_reductions): the abstract tree an Orbax
+  restore fills, and the weights of an ahead-of-time compilation."""
+  shapes = param_shapes(config)
+  shardings = param_shardings(shapes, mesh, not config.tp_invariant_reductions)
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
+                      shardings)
 
 
 def _shard_host_array(array: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:

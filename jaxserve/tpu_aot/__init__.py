@@ -4,5 +4,6 @@
 abstract weights and KV pages (jax.ShapeDtypeStruct with the partition rules' shardings on a mesh
 of topology devices, chips.py), lowers them with the Pallas TPU kernels and compiles them with
 libtpu, then checks the memory a chip needs against its HBM (memory.py). step_programs.py is the
-only module that touches the engine's runtime; build.py compiles, report.py prints.
+only module that touches the engine's device side (device/, parallel/: the public step-program
+builder, the placement, the KV pool's sizing); build.py compiles, report.py prints.
 """

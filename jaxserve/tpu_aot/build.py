@@ -22,7 +22,8 @@ from jaxserve.models.model_config import ModelConfig
 from jaxserve.tpu_aot.chips import TpuChip, topology_devices
 from jaxserve.tpu_aot.memory import (ProgramMemory, ProgramResult, ServerMemory, misfits,
                                      server_memory, weights_misfit)
-from jaxserve.tpu_aot.step_programs import StepProgram, pool_pages, server_shape, step_programs
+from jaxserve.tpu_aot.step_programs import (ServerShape, StepProgram, pool_pages, server_shape,
+                                             step_programs)
 
 SELECTIONS = ("all", "largest")
 MAX_ERROR_CHARS = 400
@@ -69,9 +70,8 @@ def build(request: BuildRequest) -> BuildReport:
                            f"{request.model_name} at tensor_parallel_size {shape.num_chips}")
   if problem:
     return early(problem)
-  free = chip.usable_bytes - shape.weight_bytes_per_chip  # the device's bytes_limit - in use
   try:
-    num_pages = pool_pages(shape, free)
+    num_pages = pool_pages(shape, chip.usable_bytes)  # the TPU client's bytes_limit
   except ValueError as err:
     return early(f"KV pool: {err} (per chip, beside {shape.weight_bytes_per_chip} bytes of "
                  "weights)")
@@ -82,8 +82,17 @@ def build(request: BuildRequest) -> BuildReport:
                          config.cache.page_size, shape.max_model_len, results,
                          [p.id for p in programs])
   return BuildReport(request, topology, len(programs), tuple(results), memory,
-                     tuple(misfits(memory, results, free, topology)),
+                     tuple(misfits(memory, results, topology,
+                                   lambda fraction: _pages_at(shape, chip, fraction))),
                      time.perf_counter() - start)
+
+
+def _pages_at(shape: ServerShape, chip: TpuChip, fraction: float) -> int:
+  """The pool's pages at another cache.memory_fraction (0 where it would hold under 2)."""
+  try:
+    return pool_pages(shape, chip.usable_bytes, fraction)
+  except ValueError:
+    return 0
 
 
 def largest_of_each_kind(programs: list[StepProgram]) -> list[StepProgram]:

@@ -4,9 +4,10 @@ A chip holds, while the server runs (all per chip, as XLA's memory_analysis repo
 SPMD program):
 
   weights          its shards of the params (the partition rules' layout)
-  KV pool          num_pages pages of its kv heads, sized as the engine sizes it on a TPU:
-                   cache.memory_fraction of what is free once the weights are loaded (HBM -
-                   weights), unless cache.num_pages / cache.memory_bytes fix it
+  KV pool          num_pages pages of its kv heads, sized as the engine sizes it on a TPU
+                   (step_programs.pool_pages): cache.memory_fraction of the chip's memory, less
+                   the weights, the allocator's headroom and 10% kept for the (unmeasured)
+                   sharded step scratch, unless cache.num_pages / cache.memory_bytes fix it
   step transient   the largest over the step programs of temporaries + outputs not aliased to
                    inputs + arguments other than the weights and the pool (step inputs, logits):
                    what one dispatch needs beyond what the server holds anyway
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from jaxserve.tpu_aot.chips import GIB, TpuChip
 from jaxserve.tpu_aot.step_programs import ProgramId
@@ -123,14 +125,15 @@ def server_memory(chip: TpuChip, weights: int, page_bytes: int, num_pages: int, 
       worst.id.name if worst else "-", code, any(pid not in code_by_id for pid in all_ids))
 
 
-def misfits(memory: ServerMemory, results: list[ProgramResult], free_after_weights: int,
-            topology: str) -> list[str]:
-  """Why the server does not fit (empty when it does)."""
+def misfits(memory: ServerMemory, results: list[ProgramResult], topology: str,
+            pages_at: Callable[[float], int]) -> list[str]:
+  """Why the server does not fit (empty when it does). pages_at(fraction) is the pool's page
+  count at that cache.memory_fraction (the engine's sizing), for the advice."""
   messages = [f"{r.id.name}: does not compile for {topology}: {r.error}{_smem_hint(r, memory)}"
               for r in results if r.error is not None]
   if memory.headroom < 0:
     fixed = memory.chip.usable_bytes - memory.weights - memory.largest_transient - memory.code
-    fraction = math.floor(100 * fixed / free_after_weights) / 100 if fixed > 0 else 0.0
+    fraction = largest_fitting_fraction(fixed, memory.page_bytes, pages_at)
     advice = (f"cache.memory_fraction <= {fraction:.2f} would fit" if fraction > 0 else
               "no KV pool fits beside them")
     messages.append(
@@ -140,6 +143,17 @@ def misfits(memory: ServerMemory, results: list[ProgramResult], free_after_weigh
         f"{gib(memory.total)} per chip, over the {gib(memory.chip.usable_bytes)} usable HBM of a "
         f"{memory.chip.name} chip by {gib(-memory.headroom)}; {advice}")
   return messages
+
+
+def largest_fitting_fraction(pool_bytes: int, page_bytes: int,
+                             pages_at: Callable[[float], int]) -> float:
+  """The largest cache.memory_fraction, in hundredths, whose pool fits in pool_bytes (0.0 if
+  none holds the 2 pages a pool needs)."""
+  for hundredths in range(100, 0, -1):
+    pages = pages_at(hundredths / 100)
+    if pages >= 2 and pages * page_bytes <= pool_bytes:
+      return hundredths / 100
+  return 0.0
 
 
 def _smem_hint(result: ProgramResult, memory: ServerMemory) -> str:

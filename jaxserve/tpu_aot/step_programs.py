@@ -1,67 +1,79 @@
-"""The adapter between the TPU build and the engine: the only module that touches the runtime.
+"""The adapter between the TPU build and the engine: the only module of tpu_aot that touches the
+engine's device side.
 
-It builds the server's device side as the factory does for a sharded engine (tensor_parallel_size
-> 1), but abstract: every param and KV page is a jax.ShapeDtypeStruct carrying its partition-rule
-sharding on a mesh of topology devices, and the runner is the engine's own ShardedModelRunner
-around them, so its jitted step functions (in/out shardings, donation, compiler options) are the
-very ones `jaxserve serve` compiles at warmup. Step inputs are the runner's own padded dummy
-inputs; the only change is that its cached constants (the empty penalty history, the previous
-step's ids) are host arrays, since topology devices hold no memory: lowering sees their shapes.
+It builds the server's device side as jaxserve/assembly.py does for a sharded engine
+(tensor_parallel_size > 1, or tp_invariant_reductions), but abstract: the Placement is
+parallel/placement.py's abstract_placement (every param a jax.ShapeDtypeStruct carrying the
+sharding the sharded loader gives it, on a mesh of topology devices; the shard_mapped attention
+and dense backends load_placement builds), the KV pages are ShapeDtypeStructs with the
+placement's KV sharding, and the programs come from the public builder
+(device/step_programs.build_step_programs) with the placement's StepShardings, the config's
+compiler options (step_options.step_compiler_options) and greedy pick (step_options.step_greedy),
+so the jitted functions (in/out shardings, donation, compiler options) are the very ones
+`jaxserve serve` compiles at warmup. Step inputs are the padding inputs warmup runs
+(device/lowering.standalone_dummy_inputs: the runner's cached constants as uncommitted arrays of
+this host, since topology devices hold no memory; they pack as the runner's device constants
+do), lowered as abstract values (device/lowering.abstract). No ModelRunner is built: the
+programs are lowered directly, as tests/device/test_step_programs.py does.
 
-The programs (as ModelRunner.warmup compiles them): forward per bucket; the sampler per sequence
-bucket and SamplerMode; prompt logprobs per token bucket; decode bursts per decode bucket in the
-greedy and random modes when scheduler.num_scheduler_steps > 1.
+The programs are warmup's plan (device/warmup.warmup_plan): forward per bucket; the sampler per
+sequence bucket and SamplerMode; prompt logprobs per token bucket; decode bursts per decode
+bucket in the greedy and random modes when scheduler.num_scheduler_steps > 1.
 
-Dependencies on the engine, all here: engine.factory (resolve_max_model_len, kv_cache_spec),
-parallel.mesh (build_mesh, check_tensor_parallel), parallel.partition_rules (param_shardings,
-kv_pages_sharding), parallel.sharded_attention / sharded_dense (the shard_mapped backends),
-parallel.sharded_runner.ShardedModelRunner (its __init__, set_burst_steps, and the jitted
-`_prompt` and `_burst`), runtime.model_runner (dummy_inputs, warmup_variants, burst_buckets,
-lower_step), runtime.packing.pack, runtime.buckets, runtime.step_inputs.StepShape.
+The KV pool is sized as assembly sizes it on a TPU chip (device/device_memory.kv_budget with the
+unmeasured sharded-step scratch kept, then device/kv_cache.kv_cache_spec): cache.memory_fraction
+of the chip's memory as the TPU client reports it (its bytes_limit, the whole device: taken to be
+TpuChip.usable_bytes), less the weights and the allocator's headroom, less 10% for the step's
+scratch; or the config's cache.num_pages / cache.memory_bytes.
+
+Dependencies on the engine, all here: parallel.mesh.build_mesh; parallel.placement
+(is_sharded, abstract_placement, Placement.module / step_shardings); device.step_programs
+(build_step_programs, StepPrograms); device.step_options (step_compiler_options, step_greedy);
+device.lowering (standalone_dummy_inputs, abstract); device.model_runner.packed_model_inputs;
+device.packing.pack; device.warmup.warmup_plan; device.device_memory (DeviceMemory, kv_budget);
+device.kv_cache (kv_cache_spec, page_bytes, resolve_max_model_len); device.buckets;
+device.sampler.SamplerMode; device.step_inputs (StepInputs, StepShape).
 """
 from __future__ import annotations
 
-import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from jaxserve.attention.backends import get_attention_backend, head_count_invariant
 from jaxserve.config import EngineConfig
-from jaxserve.engine.factory import kv_cache_spec, resolve_max_model_len
-from jaxserve.models.invariant_dense import REDUCTION_GROUPS
-from jaxserve.models.llama import LlamaForCausalLM
+from jaxserve.device.buckets import Bucket, BucketSet
+from jaxserve.device.device_memory import DeviceMemory, kv_budget
+from jaxserve.device.kv_cache import kv_cache_spec, page_bytes, resolve_max_model_len
+from jaxserve.device.lowering import abstract, standalone_dummy_inputs
+from jaxserve.device.model_runner import packed_model_inputs
+from jaxserve.device.packing import pack
+from jaxserve.device.sampler import SamplerMode
+from jaxserve.device.step_inputs import StepInputs, StepShape
+from jaxserve.device.step_options import step_compiler_options, step_greedy
+from jaxserve.device.step_programs import StepPrograms, build_step_programs
+from jaxserve.device.warmup import warmup_plan
 from jaxserve.models.model_config import ModelConfig
-from jaxserve.models.weights import param_shapes
-from jaxserve.parallel.mesh import build_mesh, check_tensor_parallel
-from jaxserve.parallel.partition_rules import kv_pages_sharding, param_shardings
-from jaxserve.parallel.sharded_attention import shard_attention_backend
-from jaxserve.parallel.sharded_dense import shard_dense_backend
-from jaxserve.parallel.sharded_runner import ShardedModelRunner
-from jaxserve.runtime.buckets import Bucket, BucketSet
-from jaxserve.runtime.kv_cache import page_bytes
-from jaxserve.runtime.packing import pack
-from jaxserve.runtime.sampler import SamplerMode
-from jaxserve.runtime.step_inputs import StepShape
-
-BURST_MODES = (SamplerMode(), SamplerMode(random=True))  # the modes a burst may run
+from jaxserve.parallel.mesh import build_mesh
+from jaxserve.parallel.placement import Placement, abstract_placement, is_sharded
 
 
 @dataclass(frozen=True)
 class ServerShape:
   """What a sharded server holds per chip before its KV pool is sized."""
   config: EngineConfig
-  model_config: ModelConfig
+  placement: Placement           # abstract params with their shardings, backends, mesh
   max_model_len: int
   num_chips: int
   weight_bytes_per_chip: int
   page_bytes_per_chip: int       # one page, all layers, K and V, this chip's kv heads
-  params: dict                   # ShapeDtypeStructs with their shardings
-  mesh: jax.sharding.Mesh
+
+  @property
+  def model_config(self) -> ModelConfig:
+    return self.placement.model.config
 
 
 @dataclass(frozen=True)
@@ -91,108 +103,121 @@ class StepProgram:
 
 def server_shape(config: EngineConfig, model_config: ModelConfig,
                  devices: Sequence[jax.Device]) -> ServerShape:
-  """The abstract weights of `model_config` laid out over config.tensor_parallel_size devices."""
+  """The abstract weights of `model_config` laid out over config.tensor_parallel_size devices,
+  as the engine's sharded loader lays them out."""
   tp = config.tensor_parallel_size
-  if tp < 2:
-    raise ValueError("tensor_parallel_size: compile-tpu builds sharded servers; got "
+  if not is_sharded(config):
+    raise ValueError("tensor_parallel_size: compile-tpu builds sharded servers "
+                     "(tensor_parallel_size > 1 or tp_invariant_reductions); got "
                      f"{tp} (the unsharded path fuses projections after loading real weights)")
-  if config.dtype != "auto":
-    model_config = model_config.replace(dtype=config.dtype)
-  model_config = model_config.replace(tp_invariant_reductions=config.tp_invariant_reductions)
-  check_tensor_parallel(model_config, tp)
-  mesh = build_mesh(tp, devices)
-  shapes = param_shapes(model_config)
-  shardings = param_shardings(shapes, mesh, shard_vocab=not config.tp_invariant_reductions)
-  params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                        shapes, shardings)
+  placement = abstract_placement(config, model_config, build_mesh(tp, devices), platform="tpu")
+  model_config = placement.model.config
   per_page = page_bytes(model_config.num_layers, model_config.num_kv_heads,
-                        model_config.head_dim, config.cache.page_size, model_config.dtype) // tp
-  return ServerShape(config, model_config, resolve_max_model_len(config, model_config), tp,
-                     per_chip_bytes(params), per_page, params, mesh)
+                        model_config.head_dim, config.cache.page_size,
+                        model_config.dtype) // placement.num_shards  # as kv_cache_spec splits it
+  return ServerShape(config, placement, resolve_max_model_len(config, model_config),
+                     placement.num_shards, per_chip_bytes(placement.model.params), per_page)
 
 
 def per_chip_bytes(tree: dict) -> int:
   """Bytes one chip holds of a tree of sharded ShapeDtypeStructs (chip 0's shard of each)."""
-  def leaf(x) -> int:
+  def leaf(x: jax.ShapeDtypeStruct) -> int:
     return math.prod(x.sharding.shard_shape(x.shape)) * jnp.dtype(x.dtype).itemsize
   return sum(leaf(x) for x in jax.tree_util.tree_leaves(tree))
 
 
-def pool_pages(shape: ServerShape, free_bytes_per_chip: int) -> int:
-  """The KV pool's page count as the factory sizes it from a chip's free memory
-  (cache.memory_fraction of it, or the config's explicit size); ValueError under 2 pages."""
-  return kv_cache_spec(shape.config, shape.model_config, shape.max_model_len,
-                       free_bytes_per_chip, shape.num_chips).num_pages
+def pool_pages(shape: ServerShape, device_bytes: int, memory_fraction: float | None = None) -> int:
+  """The KV pool's page count as assembly sizes it on a chip whose TPU client reports
+  device_bytes as its limit (the whole device) with the weights in use; memory_fraction defaults
+  to the config's. ValueError under 2 pages."""
+  config = shape.config
+  fraction = config.cache.memory_fraction if memory_fraction is None else memory_fraction
+  memory = DeviceMemory(total_bytes=device_bytes, limit_bytes=device_bytes,
+                        in_use_bytes=shape.weight_bytes_per_chip)
+  budget = kv_budget(memory, fraction, scratch_measured=False)  # sharded: scratch not measured
+  return kv_cache_spec(config, shape.model_config, shape.max_model_len, budget,
+                       shape.num_chips).num_pages
 
 
-class _AbstractRunner(ShardedModelRunner):
-  """The engine's runner over abstract arrays: its cached constants stay on the host."""
-
-  def filled_array(self, shape: tuple[int, ...], dtype: np.dtype, value: int) -> jax.Array:
-    return jnp.full(shape, value, dtype)
-
-
-def _runner(shape: ServerShape, num_pages: int) -> ShardedModelRunner:
-  config, model_config, mesh = shape.config, shape.model_config, shape.mesh
-  backend = get_attention_backend(config.attention_backend, platform="tpu")
-  dense = None
-  if config.tp_invariant_reductions:
-    backend, dense = head_count_invariant(backend), shard_dense_backend(mesh, REDUCTION_GROUPS)
-  model = LlamaForCausalLM(model_config, shard_attention_backend(backend, mesh), dense)
+def _programs(shape: ServerShape, num_pages: int) -> tuple[StepPrograms, dict, tuple]:
+  """The server's step programs as assembly builds them, with abstract params and KV pages."""
+  config, placement = shape.config, shape.placement
+  model_config = shape.model_config
   page = jax.ShapeDtypeStruct((model_config.num_kv_heads, num_pages, config.cache.page_size,
                                model_config.head_dim), jnp.dtype(model_config.dtype),
-                              sharding=kv_pages_sharding(mesh))
+                              sharding=placement.kv_sharding)
   kv_pages = tuple((page, page) for _ in range(model_config.num_layers))
-  step_shape = StepShape(config.cache.page_size,
-                         math.ceil(shape.max_model_len / config.cache.page_size),
-                         shape.max_model_len)
-  runner = _AbstractRunner(model, shape.params, kv_pages,
-                           BucketSet.from_config(config.scheduler), step_shape, mesh)
-  runner.set_burst_steps(config.scheduler.num_scheduler_steps)
-  return runner
+  shardings = placement.step_shardings(kv_pages)
+  programs = build_step_programs(
+      placement.module(), shardings, burst_steps=config.scheduler.num_scheduler_steps,
+      page_size=config.cache.page_size, greedy=step_greedy(config, sharded=shardings is not None),
+      compiler_options=step_compiler_options(config))
+  return programs, placement.model.params, kv_pages
 
 
 def step_programs(shape: ServerShape, num_pages: int) -> list[StepProgram]:
   """Every program the server compiles at warmup, with a KV pool of num_pages pages."""
-  runner = _runner(shape, num_pages)
+  config = shape.config
+  programs, params, kv_pages = _programs(shape, num_pages)
+  buckets = BucketSet.from_config(config.scheduler)
+  page_size = config.cache.page_size
+  step_shape = StepShape(page_size, math.ceil(shape.max_model_len / page_size),
+                         shape.max_model_len)
+  lowering = _Lowering(programs, params, kv_pages, buckets, step_shape, shape.model_config)
   weights = shape.weight_bytes_per_chip
   pool = num_pages * shape.page_bytes_per_chip
-  programs: dict[ProgramId, StepProgram] = {}
-  for bucket, mode, prompt in runner.warmup_variants():
+  found: dict[ProgramId, StepProgram] = {}
+  for run in warmup_plan(buckets, programs.burst_steps):
+    bucket, mode = run.bucket, run.mode
+    if run.num_steps > 1:
+      pid = ProgramId("burst", bucket.num_seqs, bucket.num_tokens, mode)
+      found[pid] = StepProgram(pid, weights + pool,
+                               functools.partial(lowering.burst, bucket, mode))
+      continue
     forward = ProgramId("forward", bucket.num_seqs, bucket.num_tokens, None)
     sampler = ProgramId("sampler", bucket.num_seqs, 0, mode)
-    programs.setdefault(forward, StepProgram(forward, weights + pool,
-                                             _lower_step(runner, bucket, mode, 0)))
-    programs.setdefault(sampler, StepProgram(sampler, 0, _lower_step(runner, bucket, mode, 1)))
-    if prompt:
+    found.setdefault(forward, StepProgram(forward, weights + pool,
+                                          functools.partial(lowering.forward, bucket)))
+    found.setdefault(sampler, StepProgram(sampler, 0,
+                                          functools.partial(lowering.sampler, bucket, mode)))
+    if run.prompt_logprobs:
       pid = ProgramId("prompt_logprobs", 0, bucket.num_tokens, None)
-      programs[pid] = StepProgram(pid, weights, _lower_prompt(runner, bucket))
-  if runner.burst_steps > 1:
-    for bucket in runner.burst_buckets():
-      for mode in BURST_MODES:
-        pid = ProgramId("burst", bucket.num_seqs, bucket.num_tokens, mode)
-        programs[pid] = StepProgram(pid, weights + pool, _lower_burst(runner, bucket, mode))
-  return list(programs.values())
+      found.setdefault(pid, StepProgram(pid, weights, functools.partial(lowering.prompt, bucket)))
+  return list(found.values())
 
 
-def _lower_step(runner: ShardedModelRunner, bucket: Bucket, mode: SamplerMode,
-                index: int) -> Callable[[], jax.stages.Lowered]:
-  """lower_step's forward (index 0) or sampler (index 1) on the bucket's dummy inputs."""
-  return lambda: runner.lower_step(runner.dummy_inputs(bucket, mode), mode)[index]
+@dataclass(frozen=True)
+class _Lowering:
+  """The step programs lowered on abstract arguments: a bucket's padding inputs as warmup builds
+  them, the params and KV pages as ShapeDtypeStructs with their shardings."""
+  programs: StepPrograms
+  params: dict
+  kv_pages: tuple
+  buckets: BucketSet
+  shape: StepShape
+  model_config: ModelConfig
 
+  def inputs(self, bucket: Bucket, mode: SamplerMode = SamplerMode()) -> StepInputs:
+    return standalone_dummy_inputs(self.buckets, self.shape, bucket, mode)
 
-def _lower_prompt(runner: ShardedModelRunner, bucket: Bucket) -> Callable[[], jax.stages.Lowered]:
-  hidden = jax.ShapeDtypeStruct((bucket.num_tokens, runner.model.config.hidden_size),
-                                jnp.dtype(runner.model.config.dtype))
-  targets = jax.ShapeDtypeStruct((bucket.num_tokens,), jnp.int32)
-  return lambda: runner._prompt.lower(runner.params, hidden, targets)
+  def forward(self, bucket: Bucket) -> jax.stages.Lowered:
+    packed = abstract(packed_model_inputs(self.inputs(bucket)))
+    return self.programs.forward.lower(self.params, self.kv_pages, packed)
 
+  def sampler(self, bucket: Bucket, mode: SamplerMode) -> jax.stages.Lowered:
+    inputs = self.inputs(bucket, mode)
+    logits = jax.ShapeDtypeStruct((bucket.num_seqs, self.model_config.vocab_size), jnp.float32)
+    return self.programs.sample.lower(logits, abstract(pack(inputs.sampling)),
+                                      abstract(inputs.prev_sampled_ids), mode)
 
-def _lower_burst(runner: ShardedModelRunner, bucket: Bucket,
-                 mode: SamplerMode) -> Callable[[], jax.stages.Lowered]:
-  def lower() -> jax.stages.Lowered:
-    inputs = runner.dummy_inputs(bucket, mode)
-    model_inputs = pack(dataclasses.replace(inputs, sampling=None))  # as dispatch packs them
-    return runner._burst.lower(runner.params, runner.kv_pages, model_inputs,
-                               pack(inputs.sampling), mode)
-  return lower
+  def prompt(self, bucket: Bucket) -> jax.stages.Lowered:
+    hidden = jax.ShapeDtypeStruct((bucket.num_tokens, self.model_config.hidden_size),
+                                  jnp.dtype(self.model_config.dtype))
+    targets = abstract(self.inputs(bucket).prompt_target_ids)
+    return self.programs.prompt_logprobs.lower(self.params, hidden, targets)
+
+  def burst(self, bucket: Bucket, mode: SamplerMode) -> jax.stages.Lowered:
+    inputs = self.inputs(bucket, mode)
+    return self.programs.burst.lower(self.params, self.kv_pages,
+                                     abstract(packed_model_inputs(inputs)),
+                                     abstract(pack(inputs.sampling)), mode)

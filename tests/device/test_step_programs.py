@@ -10,17 +10,17 @@ import numpy as np
 import pytest
 
 from jaxserve.attention import get_attention_backend
-from jaxserve.device.buckets import Bucket
-from jaxserve.device.kv_cache import KVCacheSpec
-from jaxserve.device.lowering import abstract
-from jaxserve.device.model_runner import packed_model_inputs
+from jaxserve.device.buckets import Bucket, BucketSet
+from jaxserve.device.kv_cache import KVCacheSpec, allocate_kv_pages
+from jaxserve.device.lowering import abstract, dummy_inputs, standalone_dummy_inputs
+from jaxserve.device.model_runner import ModelRunner, packed_model_inputs
 from jaxserve.device.packing import pack
 from jaxserve.device.sampler import SamplerMode
 from jaxserve.device.step_inputs import PreviousSamples, StepShape, build_step_inputs
 from jaxserve.device.step_programs import StepShardings, build_step_programs
 from jaxserve.messages.scheduled_batch import ScheduledBatch
 from jaxserve.models.llama import LlamaForCausalLM
-from jaxserve.models.tiny_random import tiny_random_config
+from jaxserve.models.tiny_random import tiny_random_config, tiny_random_params
 from jaxserve.models.weights import param_shapes
 from jaxserve.parallel.mesh import build_mesh
 from jaxserve.parallel.partition_rules import (kv_pages_sharding, logits_sharding,
@@ -87,3 +87,24 @@ def test_bursts_need_the_page_size():
   with pytest.raises(ValueError, match="burst_steps"):
     build_step_programs(model, burst_steps=0)
   assert build_step_programs(model).burst is None
+
+
+def test_standalone_dummy_inputs_pack_as_the_runners():
+  """The inputs lowered without a runner (jaxserve/tpu_aot) have the layout of the runner's own
+  warmup inputs: its cached constants stay device leaves, so every program's signature is the
+  server's."""
+  config = tiny_random_config()
+  spec = KVCacheSpec(config.num_layers, config.num_kv_heads, config.head_dim, PAGE_SIZE,
+                     NUM_PAGES, config.dtype)
+  model = LlamaForCausalLM(config, get_attention_backend("xla"))
+  buckets = BucketSet((2, 4), (8, 16))
+  shape = StepShape(PAGE_SIZE, NUM_PAGES, PAGE_SIZE * NUM_PAGES)
+  runner = ModelRunner(model, tiny_random_params(config), allocate_kv_pages(spec), buckets,
+                       shape, build_step_programs(model))
+  for bucket in buckets.all():
+    for mode in SamplerMode.all():
+      ours, theirs = (standalone_dummy_inputs(buckets, shape, bucket, mode, True),
+                      dummy_inputs(runner, bucket, mode, True))
+      for part in (packed_model_inputs, lambda inputs: pack(inputs.sampling)):
+        assert abstract(part(ours)) == abstract(part(theirs))
+        assert part(ours).layout == part(theirs).layout

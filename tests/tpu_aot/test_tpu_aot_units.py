@@ -9,8 +9,8 @@ from jaxserve.models.named_shapes import named_model_config
 from jaxserve.device.sampler import SamplerMode
 from jaxserve.tpu_aot.build import largest_of_each_kind
 from jaxserve.tpu_aot.chips import GIB, chip_of_config_name, get_chip
-from jaxserve.tpu_aot.memory import (ProgramMemory, ProgramResult, misfits, server_memory,
-                                     weights_misfit)
+from jaxserve.tpu_aot.memory import (ProgramMemory, ProgramResult, largest_fitting_fraction,
+                                     misfits, server_memory, weights_misfit)
 from jaxserve.tpu_aot.step_programs import ProgramId, StepProgram
 
 MIB = 2**20
@@ -54,19 +54,31 @@ def test_memory_totals_and_the_misfit_message():
   assert memory.code == 2 * 150 * MIB and memory.code_estimated    # the uncompiled one estimated
   assert memory.total == weights + 12 * GIB + 106 * MIB + 300 * MIB
   assert memory.full_length_sequences == (pages - 1) // 128
-  assert misfits(memory, results, chip.usable_bytes - weights, "v5e:2x4") == []
+  def pages_at(fraction):  # a pool of `fraction` of the chip less the weights, in 1 MiB pages
+    return int(fraction * chip.usable_bytes - weights) // page
+  assert misfits(memory, results, "v5e:2x4", pages_at) == []
   bigger = server_memory(chip, weights, page, 14 * 1024, 32, 4096, results, all_ids)
-  (message,) = misfits(bigger, results, chip.usable_bytes - weights, "v5e:2x4")
+  (message,) = misfits(bigger, results, "v5e:2x4", pages_at)
   over = (bigger.total - chip.usable_bytes) / GIB
   assert message.startswith("memory: weights 2.00 GiB + KV pool 14.00 GiB")
   assert f"over the 15.75 GiB usable HBM of a v5e chip by {over:.2f} GiB" in message
-  assert "cache.memory_fraction <= 0.97 would fit" in message  # (15.75-2-0.1035-0.293)/13.75
+  # The pool may take 15.75 - 2 - 0.1035 - 0.293 = 13.35 GiB: 0.97 x 15.75 - 2 = 13.28 GiB fits,
+  # 0.98 x 15.75 - 2 = 13.44 GiB does not.
+  assert "cache.memory_fraction <= 0.97 would fit" in message
+
+
+def test_the_largest_fitting_fraction_takes_the_engines_pool_sizing():
+  def pages_at(fraction):  # a sizing with a fixed 100 pages off the top, as a headroom would
+    return max(int(fraction * 1000) - 100, 0)
+  assert largest_fitting_fraction(500, 1, pages_at) == 0.6    # 600 - 100 = 500 pages
+  assert largest_fitting_fraction(499, 1, pages_at) == 0.59
+  assert largest_fitting_fraction(1, 1, pages_at) == 0.0      # under the 2 pages a pool needs
 
 
 def test_a_program_that_does_not_compile_is_a_misfit():
   results = [_result("forward", 128, 1024, None, error="RESOURCE_EXHAUSTED: space=smem")]
   memory = server_memory(get_chip("v5e"), GIB, MIB, 100, 32, 131072, results, [results[0].id])
-  (message,) = misfits(memory, results, 14 * GIB, "v5e:2x4")
+  (message,) = misfits(memory, results, "v5e:2x4", lambda fraction: 100)
   assert message.startswith("forward[128x1024]: does not compile for v5e:2x4: RESOURCE_EXHAUSTED")
   assert "128 sequences x 4096 pages" in message and "2.00 MiB" in message
 
