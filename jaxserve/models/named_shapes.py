@@ -1,11 +1,11 @@
 """Named architectures of published models, for everything that needs a real shape without its
-weights: random-weight checkpoints (tools/random_checkpoint.py), the ahead-of-time TPU build
+weights: random-weight checkpoints (bench/random_checkpoint.py), the ahead-of-time TPU build
 (`jaxserve compile-tpu --model-shape`), benchmarks.
 
 This module is the one owner of these shapes. Each entry holds the published config.json values
 (Llama 3.x: vocabulary 128256, RMSNorm eps 1e-5, RoPE theta 500000 with llama3 scaling from an
-original 8192 positions, 131072 positions); bos/eos are the byte tokenizer's ids, which random
-checkpoints ship with. Parameter counts: llama-3.2-1b 1,235,814,400 (tied embeddings),
+original 8192 positions, 131072 positions); bos/eos are 256 and 257, where the whole-vocabulary
+tokenizer that random checkpoints ship with (bench/vocab_tokenizer.py) puts them. Parameter counts: llama-3.2-1b 1,235,814,400 (tied embeddings),
 llama-3.1-8b 8,030,261,248, llama-3.1-70b 70,553,706,496.
 """
 from __future__ import annotations
