@@ -20,6 +20,7 @@ from jaxserve.cli_args import add_engine_args, engine_config_from_args
 from jaxserve.cli_help import command_parser, unknown_flags_message, use_defaults_help
 from jaxserve.log_setup import configure_logging
 from jaxserve.optional_deps import MissingDependencyError
+from jaxserve.platforms import skip_absent_tpu
 from jaxserve.server import cli as server_cli
 from jaxserve.tools import cli as tools_cli
 from jaxserve.tpu_aot import cli as tpu_aot_cli
@@ -141,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     command.error(unknown_flags_message(command, unknown))
   configure_logging(getattr(args, "log_level", "INFO"))
   try:
+    if args.command != "compile-tpu":  # it loads libtpu itself, for a topology
+      skip_absent_tpu()
     _configure_device_memory(args)
     return args.func(args)
   except MissingDependencyError as err:
