@@ -13,6 +13,7 @@ import jax
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+CACHE_MISS_EVENT = "/jax/compilation_cache/cache_misses"
 
 
 class CompileLedger:
@@ -20,6 +21,8 @@ class CompileLedger:
     self._lock = threading.Lock()
     self._count = 0
     self._seconds = 0.0
+    self._cache_hits = 0
+    self._cache_misses = 0
     self._active = False
 
   def _listener(self, event: str, duration_secs: float, **_kwargs) -> None:
@@ -32,6 +35,10 @@ class CompileLedger:
     if event == CACHE_HIT_EVENT:
       with self._lock:
         self._count += 1
+        self._cache_hits += 1
+    elif event == CACHE_MISS_EVENT:
+      with self._lock:
+        self._cache_misses += 1
 
   def start(self) -> "CompileLedger":
     if not self._active:
@@ -50,6 +57,18 @@ class CompileLedger:
   def num_compilations(self) -> int:
     with self._lock:
       return self._count
+
+  @property
+  def cache_hits(self) -> int:
+    """Executables loaded from the persistent compilation cache."""
+    with self._lock:
+      return self._cache_hits
+
+  @property
+  def cache_misses(self) -> int:
+    """Executables looked up in the persistent compilation cache and compiled (0 without one)."""
+    with self._lock:
+      return self._cache_misses
 
   @property
   def compile_seconds(self) -> float:

@@ -1,0 +1,40 @@
+"""A restart with a warm compilation cache compiles nothing (counted, not timed): the engine's
+own cache settings (assembly.enable_compilation_cache) put every program in the cache, so a
+second process building the same engine loads all of them."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = """
+import json, logging, sys
+logging.basicConfig(level=logging.INFO)
+sys.path.insert(0, {repo!r})
+from jaxserve.assembly import build_engine
+from jaxserve.config import load_config
+config = load_config(None, ["compilation_cache_dir={cache}", "max_model_len=64",
+                            "scheduler.max_num_seqs=8", "scheduler.max_num_batched_tokens=32",
+                            "scheduler.seq_buckets=[8]", "scheduler.token_buckets=[16,32]"])
+engine = build_engine(config, show_progress=False)
+ledger = engine.ledger
+print(json.dumps({{"hits": ledger.cache_hits, "misses": ledger.cache_misses}}))
+"""
+
+
+def _build(cache: Path) -> dict:
+  code = BUILD.format(repo=str(REPO), cache=str(cache))
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                        env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "programs loaded from the compilation cache" in done.stderr
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_warm_restart_compiles_nothing(tmp_path):
+  cache = tmp_path / "xla-cache"
+  cold = _build(cache)
+  assert cold["misses"] > 10 and cold["hits"] == 0  # every program, fast ones too, compiled
+  warm = _build(cache)
+  assert warm["misses"] == 0
+  assert warm["hits"] == cold["misses"]
