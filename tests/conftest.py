@@ -36,3 +36,13 @@ def hf_checkpoint(tmp_path_factory):
     return cache[key]
 
   return get
+
+
+@pytest.fixture(scope="module")
+def no_persistent_compilation_cache():
+  """Compiles without JAX's persistent cache, and leaves it as it found it: executables compiled
+  for a TPU topology cannot be read back from it (a warning and a recompile each run)."""
+  previous = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  yield
+  jax.config.update("jax_enable_compilation_cache", previous)

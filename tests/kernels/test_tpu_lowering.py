@@ -67,6 +67,7 @@ def test_write_kv_lowers_for_tpu(head_dim, page_size, dtype):
   assert MOSAIC_CUSTOM_CALL in text
 
 
+@pytest.mark.usefixtures("no_persistent_compilation_cache")
 def test_compiles_for_tpu_topology():
   pytest.importorskip("libtpu")
   from jax.experimental import topologies
