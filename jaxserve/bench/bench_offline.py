@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import pstats
 import platform
 import sys
@@ -24,6 +23,7 @@ import numpy as np
 from jaxserve.cli_args import add_engine_args, engine_config_from_args
 from jaxserve.assembly import build_engine
 from jaxserve.sampling_params import SamplingParams
+from jaxserve.tools.json_file import write_json
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -111,9 +111,7 @@ def _host_ms(timings, bucket: tuple[int, int]) -> float | None:
 def main(argv=None) -> int:
   args = parse_args(argv)
   result = run(args)
-  out = Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(result, indent=2))
+  out = write_json(args.out, result)
   rows = [("model", result["model"]), ("device", f'{result["device"]} ({result["backend"]})'),
           ("output tokens/s", f'{result["output_tokens_per_s"]:.1f}'),
           ("total tokens/s", f'{result["total_tokens_per_s"]:.1f}'),

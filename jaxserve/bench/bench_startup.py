@@ -27,6 +27,7 @@ from pathlib import Path
 
 from jaxserve.cli_args import add_engine_args, engine_config_from_args
 from jaxserve.device.device_memory import configure_client_memory
+from jaxserve.tools.json_file import write_json
 
 GIB = 2**30
 
@@ -160,9 +161,7 @@ def main(argv=None) -> int:
   if args.warmup:
     report["warmup_s"] = warmup(built.runner, show_progress=False)
   print(format_table(report))
-  out = Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(report, indent=2))
+  write_json(args.out, report)
   print(json.dumps(report))
   return 0
 

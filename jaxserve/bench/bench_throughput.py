@@ -11,7 +11,6 @@ max_model_len is input_len + output_len rounded up to a page.
 """
 from __future__ import annotations
 
-import json
 import math
 import platform
 import tempfile
@@ -22,6 +21,7 @@ import numpy as np
 
 from jaxserve.config import EngineConfig
 from jaxserve.models.tiny_random import TINY_RANDOM_NAME
+from jaxserve.tools.json_file import write_json
 
 
 def random_prompts(num_prompts: int, input_len: int, vocab_size: int, seed: int) -> list[list[int]]:
@@ -104,10 +104,7 @@ def main(args) -> int:
                                          / result["transformers"]["output_tokens_per_s"])
   print(format_result(result))
   if args.out:
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    print(f"wrote {write_json(args.out, result)}")
   return 0
 
 

@@ -19,13 +19,13 @@ jitted function, as in a real step. Prints a table and writes JSON to --out.
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jaxserve.tools.json_file import write_json
 
 SHAPES = {"qkv": (4096, 6144), "gate_up": (4096, 28672), "gate": (4096, 14336),
           "down": (14336, 4096)}
@@ -114,9 +114,7 @@ def main() -> None:
   device = jax.devices()[0]
   result = {"device": device.device_kind, "platform": device.platform, "jax": jax.__version__,
             "seconds": round(seconds, 1), "rows": rows}
-  out = Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(result, indent=2))
+  out = write_json(args.out, result)
   print(f"{device.device_kind} ({device.platform}), jax {jax.__version__}: differing elements "
         "(0 = bitwise equal)")
   print(f"{'shape':>8} {'M':>5} {'K':>6} {'N':>6} {'col bf16':>9} {'col f32':>8} "

@@ -10,7 +10,6 @@ would allocate for the same config) and, with --check, against a real engine's a
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from jaxserve.models.weights import load_hf_config
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.device.device_memory import kv_pool_bytes, read_device_memory
 from jaxserve.device.kv_cache import CPU_DEFAULT_BYTES, page_bytes
+from jaxserve.tools.json_file import write_json
 
 GIB = 2**30
 
@@ -131,10 +131,7 @@ def main(args) -> int:
     report["engine_num_pages"] = engine_num_pages(budget_config)
   print(format_plan(report))
   if args.out:
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(f"wrote {out}")
+    print(f"wrote {write_json(args.out, report)}")
   matches = spec_pages == result.num_pages and report["engine_num_pages"] in (None, result.num_pages)
   return 0 if matches else 1
 

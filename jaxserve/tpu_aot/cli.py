@@ -10,11 +10,10 @@ cause when it does not, 2 on a bad argument or config.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 from jaxserve.cli_args import add_engine_args, engine_config_from_args
+from jaxserve.tools.json_file import write_json
 
 
 def register(subparsers) -> None:
@@ -66,10 +65,7 @@ def main(args: argparse.Namespace) -> int:
                               not args.no_progress))
   print(format_report(report))
   if args.out:
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report_json(report), indent=2))
-    print(f"wrote {out}")
+    print(f"wrote {write_json(args.out, report_json(report))}")
   if not report.fits:
     for problem in report.problems:
       print(f"jaxserve compile-tpu: does not fit: {problem}", file=sys.stderr)

@@ -46,15 +46,20 @@ def _wait_until_healthy(url: str, process: subprocess.Popen, timeout: float = 15
   raise AssertionError("the server did not become healthy")
 
 
-def test_sigterm_drains_running_stream_and_exits_zero(tmp_path):
+def _start_server(tmp_path, log_level: str, **config) -> tuple[subprocess.Popen, str]:
+  """A `jaxserve serve` process on a free port (the server.yaml of _write_config); its URL."""
   config_path = str(tmp_path / "server.yaml")
-  _write_config(config_path)
+  _write_config(config_path, **config)
   port = free_port()
-  url = f"http://127.0.0.1:{port}"
   process = subprocess.Popen(
       [sys.executable, "-m", "jaxserve.cli", "serve", "--config", config_path, "--port", str(port),
-       "--log-level", "WARNING"],
+       "--log-level", log_level],
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  return process, f"http://127.0.0.1:{port}"
+
+
+def test_sigterm_drains_running_stream_and_exits_zero(tmp_path):
+  process, url = _start_server(tmp_path, "WARNING")
   try:
     _wait_until_healthy(url, process)
     events: list[str] = []
@@ -97,14 +102,7 @@ def test_sigterm_drains_running_stream_and_exits_zero(tmp_path):
 
 
 def test_streams_running_at_the_drain_timeout_end_with_an_error_event(tmp_path):
-  config_path = str(tmp_path / "server.yaml")
-  _write_config(config_path, drain_timeout_s=0.2)
-  port = free_port()
-  url = f"http://127.0.0.1:{port}"
-  process = subprocess.Popen(
-      [sys.executable, "-m", "jaxserve.cli", "serve", "--config", config_path, "--port", str(port),
-       "--log-level", "INFO"],
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  process, url = _start_server(tmp_path, "INFO", drain_timeout_s=0.2)
   num_streams = 3
   try:
     _wait_until_healthy(url, process)
