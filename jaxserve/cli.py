@@ -20,7 +20,7 @@ from jaxserve.cli_args import add_engine_args, engine_config_from_args
 from jaxserve.cli_help import command_parser, unknown_flags_message, use_defaults_help
 from jaxserve.log_setup import configure_logging
 from jaxserve.optional_deps import MissingDependencyError
-from jaxserve.platforms import skip_absent_tpu
+from jaxserve.platforms import prepare_jax_process
 from jaxserve.server import cli as server_cli
 from jaxserve.tools import cli as tools_cli
 from jaxserve.tpu_aot import cli as tpu_aot_cli
@@ -126,11 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
-def _configure_device_memory(args: argparse.Namespace) -> None:
-  """Sizes the JAX client's memory from cache.memory_fraction before any command starts jax."""
-  if hasattr(args, "overrides") and args.command != "config":
-    from jaxserve.device.device_memory import configure_client_memory
-    configure_client_memory(engine_config_from_args(args).cache.memory_fraction)
+def _prepare_jax_process(args: argparse.Namespace) -> None:
+  """Before any command starts jax: no libtpu probe without a TPU, the client's memory from
+  cache.memory_fraction. compile-tpu loads libtpu itself, for a topology."""
+  if hasattr(args, "overrides") and args.command not in ("config", "compile-tpu"):
+    prepare_jax_process(engine_config_from_args(args).cache.memory_fraction)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,9 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     command.error(unknown_flags_message(command, unknown))
   configure_logging(getattr(args, "log_level", "INFO"))
   try:
-    if args.command != "compile-tpu":  # it loads libtpu itself, for a topology
-      skip_absent_tpu()
-    _configure_device_memory(args)
+    _prepare_jax_process(args)
     return args.func(args)
   except MissingDependencyError as err:
     print(err, file=sys.stderr)

@@ -14,8 +14,7 @@ from tqdm.auto import tqdm
 
 from jaxserve.config import EngineConfig
 from jaxserve.assembly import build_engine
-from jaxserve.device.device_memory import configure_client_memory
-from jaxserve.platforms import skip_absent_tpu
+from jaxserve.platforms import prepare_jax_process
 from jaxserve.engine_args import BY_NAME, config_with_engine_args
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.outputs import Completion, GenerationResult, RequestOutput
@@ -35,8 +34,7 @@ class LLM:
   def __init__(self, model: str = "tiny-random", *, config: EngineConfig | None = None,
                show_progress: bool = True, **kwargs: object):
     self.config = engine_config_for(model, config or EngineConfig(), kwargs)
-    skip_absent_tpu()  # no libtpu probe on a host without a TPU
-    configure_client_memory(self.config.cache.memory_fraction)  # before jax starts a backend
+    prepare_jax_process(self.config.cache.memory_fraction)  # before jax starts a backend
     self.engine: LLMEngine = build_engine(self.config, show_progress=show_progress)
     self.tokenizer = self.engine.tokenizer
 

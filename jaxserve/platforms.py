@@ -4,8 +4,8 @@ libtpu comes with the `test` and `tpu` extras (for `jaxserve compile-tpu`). Wher
 JAX's backend discovery initializes it at the first device use even on a machine with no TPU, and
 libtpu writes several warning lines and an INVALID_ARGUMENT error to stderr (its own logging,
 which Python's logging cannot filter) before JAX falls back to the CPU or GPU. A process that
-serves on this machine's own devices (every command but compile-tpu, and `LLM(...)`) calls
-`skip_absent_tpu()` before JAX starts a backend: where libtpu is installed, no TPU device file
+serves on this machine's own devices (every command but compile-tpu, `LLM(...)`, the benchmarks)
+calls `skip_absent_tpu()` (through `prepare_jax_process`) before JAX starts a backend: where libtpu is installed, no TPU device file
 exists (/dev/accel<n> on v2-v5e hosts, /dev/vfio/<n> on v5p and v6e) and JAX_PLATFORMS is unset,
 it sets JAX_PLATFORMS to the platforms that can start ("cuda,cpu" or "rocm,cpu" where a GPU
 plugin is installed, else "cpu") and logs that it did. A user's own JAX_PLATFORMS wins.
@@ -19,7 +19,8 @@ import logging
 import os
 from typing import MutableMapping, Sequence
 
-from jaxserve.device.device_memory import backend_started
+from jaxserve.device.device_memory import (ClientMemorySetup, backend_started,
+                                           configure_client_memory)
 
 logger = logging.getLogger(__name__)
 
@@ -62,3 +63,11 @@ def skip_absent_tpu(environ: MutableMapping[str, str] | None = None) -> str | No
     environ["JAX_PLATFORMS"] = value
     logger.debug("libtpu is installed but no TPU is attached: JAX_PLATFORMS=%s", value)
   return value
+
+
+def prepare_jax_process(memory_fraction: float) -> ClientMemorySetup:
+  """What every process that serves on this machine's devices does before JAX starts a backend
+  (the CLI's commands, LLM(...), the benchmarks): no libtpu probe without a TPU, and the JAX
+  client's arena set to cache.memory_fraction (device/device_memory.py)."""
+  skip_absent_tpu()
+  return configure_client_memory(memory_fraction)

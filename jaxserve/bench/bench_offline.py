@@ -22,6 +22,7 @@ import numpy as np
 
 from jaxserve.cli_args import add_engine_args, engine_config_from_args
 from jaxserve.assembly import build_engine
+from jaxserve.platforms import prepare_jax_process
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.tools.json_file import write_json
 
@@ -64,6 +65,7 @@ def profiled(fn, path: str):
 
 def run(args: argparse.Namespace) -> dict:
   config = engine_config_from_args(args)
+  prepare_jax_process(config.cache.memory_fraction)  # as LLM(...) does, before jax starts
   engine = build_engine(config, show_progress=True)
   vocab = min(engine.vocab_size, engine.tokenizer.vocab_size)
   rng = np.random.default_rng(args.seed)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from jaxserve.cli_args import add_engine_args, engine_config_from_args
-from jaxserve.device.device_memory import configure_client_memory
+from jaxserve.platforms import prepare_jax_process
 from jaxserve.tools.json_file import write_json
 
 GIB = 2**30
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
       raise SystemExit("--build needs --model DIR (where to write the checkpoint)")
     build_checkpoint(args.build, args.model)
   config = engine_config_from_args(args)
-  setup = configure_client_memory(config.cache.memory_fraction)  # before jax starts
+  setup = prepare_jax_process(config.cache.memory_fraction)  # before jax starts
   import jax
 
   from jaxserve.device.device_memory import max_concurrency
