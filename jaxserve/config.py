@@ -179,7 +179,10 @@ class EngineConfig:
   tensor_parallel_size shards the model over that many devices (all devices of all hosts when
   distributed); the kv head count must be a multiple of it. tp_invariant_reductions makes the
   bfloat16 forward bitwise independent of tensor_parallel_size in {1, 2}
-  (models/invariant_dense.py; a parity mode, slower at tp = 1). gpu_gemm on GPUs: "cublas"
+  (models/invariant_dense.py; a parity mode, slower at tp = 1). batch_invariant makes every
+  token's computation bitwise independent of the step's bucket, batch mates and prompt chunking
+  (fixed-tile GEMMs, models/batch_invariant_dense.py; attention tiles fixed,
+  attention/backends.py). gpu_gemm on GPUs: "cublas"
   compiles every GEMM of the step to cuBLAS and "cublaslt" to cuBLASLt (XLA's Triton GEMM fusions
   off in both; faster for the bfloat16 Llama steps measured in docs/PERFORMANCE.md, and no
   different from each other there), "xla" leaves the choice to XLA. sampler_backend: where the
@@ -199,6 +202,7 @@ class EngineConfig:
   seed: int = 0
   tensor_parallel_size: int = 1
   tp_invariant_reductions: bool = False
+  batch_invariant: bool = False
   compilation_cache_dir: str | None = "~/.cache/jaxserve/xla"
   gpu_gemm: str = "cublas"
   sampler_backend: str = "auto"
@@ -231,6 +235,8 @@ class EngineConfig:
              "(tensor_parallel_size 1); use auto or xla")
     _require(isinstance(self.tp_invariant_reductions, bool), "tp_invariant_reductions",
              f"must be true or false, got {self.tp_invariant_reductions!r}")
+    _require(isinstance(self.batch_invariant, bool), "batch_invariant",
+             f"must be true or false, got {self.batch_invariant!r}")
     _require(isinstance(self.fuse_projections, bool), "fuse_projections",
              f"must be true or false, got {self.fuse_projections!r}")
     _require(not (self.distributed.active and self.scheduler.num_scheduler_steps > 1),

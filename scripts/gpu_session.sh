@@ -120,6 +120,14 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
     tiles_short) TAIL=30 step tiles_short python3 -m jaxserve.bench.bench_kernels --batches 64,256 \
         --contexts 512 --no-mixed --harness marginal --inner 10 --device-time --tiles "${TILES:-default,32:4:4:1,64:4:3:2,128:4:3:2,64:4:4:2,32:4:4:2,32:4:3:4,16:4:4:1}" \
         --out "$OUT/tiles_short.json" ;;
+    invariance)  # issue 17: greedy tokens/logprobs alone vs in 200 others vs preempted vs prefix
+      # cache hit, and the component checks, batch_invariant off and on (INV_MODELS, INV_MODES)
+      for m in ${INV_MODELS:-1b 8b}; do for mode in ${INV_MODES:-off on}; do
+        TAIL=${INV_TAIL:-80} step invariance_${m}_$mode python3 -m jaxserve.bench.batch_invariance \
+          --model /tmp/llama$m --config configs/h100.yaml --batch-invariant $mode --num-probes 8 \
+          --num-tokens 128 --num-others 200 --set compilation_cache_dir=/tmp/xla-cache-inv \
+          --out "$OUT/invariance_${m}_$mode.json"
+      done; done ;;
     bench_offline) step bench_offline python3 -m jaxserve.bench.bench_offline --num-prompts 256 \
         --input-len 128 --output-len 128 --set scheduler.max_num_seqs=256 \
         --set scheduler.max_num_batched_tokens=2048 --out "$OUT/bench_offline.json" ;;

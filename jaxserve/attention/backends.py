@@ -78,6 +78,22 @@ def head_count_invariant(backend: AttentionBackend) -> AttentionBackend:
                           functools.partial(backend.attend, num_kv_splits=1), backend.write_kv)
 
 
+def batch_invariant_attention(backend: AttentionBackend) -> AttentionBackend:
+  """`backend` with tiles that do not follow the batch shape (batch_invariant): the GPU kernel
+  otherwise picks its KV tile size by whether the step is decode-only and splits the KV of small
+  batches (flash decoding), so a token's reduction over its KV depends on its batch mates. Here
+  every step reduces in KV tiles of one fixed size, in position order, unsplit. The XLA and
+  reference paths already reduce in fixed, position-aligned blocks."""
+  if backend.name != "pallas_gpu":
+    return backend
+
+  def attend(q, *args, **kwargs):
+    block_kv = 32 if q.shape[-1] > 128 else 64
+    return backend.attend(q, *args, num_kv_splits=1, block_kv=block_kv, **kwargs)
+
+  return AttentionBackend(f"{backend.name} (batch invariant)", attend, backend.write_kv)
+
+
 def get_attention_backend(name: str = "auto", platform: str | None = None) -> AttentionBackend:
   """Returns the backend called `name`; "auto" picks the kernel for `platform` (default: JAX's)."""
   if name == "auto":

@@ -12,15 +12,26 @@ from jaxserve.device.sampler import GreedyFn, xla_greedy
 from jaxserve.kernels.greedy_sample.gpu import greedy_sample
 
 
+BATCH_INVARIANT_OPTIONS = {"xla_allow_excess_precision": False}
+BATCH_INVARIANT_GPU_OPTIONS = {"xla_gpu_enable_triton_gemm": False, "xla_gpu_autotune_level": 0}
+
+
 def step_compiler_options(config: EngineConfig) -> dict[str, object] | None:
   """XLA options of the step programs: on GPUs with gpu_gemm "cublas" or "cublaslt", no Triton
-  GEMM fusions, and with "cublaslt" GEMMs called through cuBLASLt."""
-  if jax.default_backend() != "gpu" or config.gpu_gemm == "xla":
-    return None
-  options: dict[str, object] = {"xla_gpu_enable_triton_gemm": False}
-  if config.gpu_gemm == "cublaslt":
-    options["xla_gpu_enable_cublaslt"] = True
-  return options
+  GEMM fusions, and with "cublaslt" GEMMs called through cuBLASLt. batch_invariant: no excess
+  precision (a bfloat16 rounding skipped or not by how ops fuse), and on GPUs no Triton GEMMs
+  and no timing-based autotuning (one algorithm per GEMM shape in every compilation)."""
+  on_gpu = jax.default_backend() == "gpu"
+  options: dict[str, object] = {}
+  if on_gpu and config.gpu_gemm != "xla":
+    options["xla_gpu_enable_triton_gemm"] = False
+    if config.gpu_gemm == "cublaslt":
+      options["xla_gpu_enable_cublaslt"] = True
+  if config.batch_invariant:
+    options.update(BATCH_INVARIANT_OPTIONS)
+    if on_gpu:
+      options.update(BATCH_INVARIANT_GPU_OPTIONS)
+  return options or None
 
 
 def describe_step_choices(sampler: str, options: dict[str, object] | None) -> str:

@@ -36,10 +36,12 @@ REDUCTION_GROUPS = 2  # the tensor-parallel degree whose GEMMs the unsharded mod
 @dataclass(frozen=True)
 class DenseBackend:
   """column(x [T, K], kernel [K, N]) -> [T, N] and row(x [T, K], kernel [K, N]) -> [T, N], both
-  in the kernel's dtype."""
+  in the kernel's dtype; logits(x [S, H], kernel [H, V]) -> float32 [S, V] (None: one jnp.dot,
+  float32 out)."""
   name: str
   column: DenseFn
   row: DenseFn
+  logits: DenseFn | None = None
 
 
 def _group_slices(size: int, num_groups: int, what: str) -> list[slice]:

@@ -65,10 +65,11 @@ class RMSNorm(nn.Module):
 
 def projection(config: ModelConfig, dense: DenseBackend | None, features: int, kind: str,
                name: str, use_bias: bool = False) -> nn.Module:
-  """A Dense, or with config.tp_invariant_reductions an InvariantDense of `kind` ("column":
-  q/k/v, gate/up; "row": o_proj, down_proj) computed by `dense` (default: grouped, unsharded)."""
+  """A Dense, or with config.tp_invariant_reductions or an injected `dense` (batch_invariant) an
+  InvariantDense of `kind` ("column": q/k/v, gate/up; "row": o_proj, down_proj) computed by
+  `dense` (default: grouped, unsharded)."""
   dtype = jnp.dtype(config.dtype)
-  if config.tp_invariant_reductions:
+  if config.tp_invariant_reductions or dense is not None:
     backend = dense if dense is not None else grouped_dense_backend(REDUCTION_GROUPS)
     return InvariantDense(features, dtype, kind, backend, use_bias, name=name)
   return nn.Dense(features, use_bias=use_bias, dtype=dtype, param_dtype=dtype, name=name)
@@ -147,22 +148,31 @@ class DecoderLayer(nn.Module):
     return x, k_pages, v_pages
 
 
+def logits_gemm(dense: DenseBackend | None, hidden: jax.Array, kernel: jax.Array) -> jax.Array:
+  """hidden [N, H] @ kernel [H, V] -> float32 [N, V]: `dense.logits` when it has one."""
+  if dense is not None and dense.logits is not None:
+    return dense.logits(hidden, kernel)
+  return jnp.dot(hidden, kernel, preferred_element_type=jnp.float32)
+
+
 class LMHead(nn.Module):
   """Untied output projection; logits accumulate and stay in float32."""
   vocab_size: int
   dtype: jnp.dtype
+  dense: DenseBackend | None = None
 
   @nn.compact
   def __call__(self, hidden: jax.Array) -> jax.Array:
     kernel = self.param("kernel", nn.initializers.lecun_normal(),
                         (hidden.shape[-1], self.vocab_size), self.dtype)
-    return jnp.dot(hidden, kernel, preferred_element_type=jnp.float32)
+    return logits_gemm(self.dense, hidden, kernel)
 
 
 class LlamaForCausalLM(nn.Module):
   """Decoder over one ragged batch. `__call__` returns the final-norm hidden states and the new
   KV pages; `compute_logits` maps selected hidden states to float32 logits. `dense` computes the
-  projections of a tp_invariant_reductions model (None: grouped on one device)."""
+  projections of a tp_invariant_reductions model (None: grouped on one device) or of a
+  batch_invariant one (models/batch_invariant_dense.py), and its logits when it has them."""
   config: ModelConfig
   attention: AttentionBackend
   dense: DenseBackend | None = None
@@ -176,7 +186,7 @@ class LlamaForCausalLM(nn.Module):
                    for _ in range(cfg.num_layers)]
     self.norm = RMSNorm(cfg.rms_norm_eps, dtype)
     if not cfg.tie_word_embeddings:
-      self.lm_head = LMHead(cfg.vocab_size, dtype)
+      self.lm_head = LMHead(cfg.vocab_size, dtype, self.dense)
 
   def __call__(
       self,
@@ -204,5 +214,5 @@ class LlamaForCausalLM(nn.Module):
     """hidden [N, H] (after the final norm) -> float32[N, vocab_size]."""
     if self.config.tie_word_embeddings:
       embedding = self.embed_tokens.embedding                              # [V, H]
-      return jnp.dot(hidden, embedding.T, preferred_element_type=jnp.float32)
+      return logits_gemm(self.dense, hidden, embedding.T)
     return self.lm_head(hidden)

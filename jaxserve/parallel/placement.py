@@ -19,11 +19,12 @@ from dataclasses import dataclass
 import jax
 from jax.sharding import Mesh
 
-from jaxserve.attention.backends import (AttentionBackend, get_attention_backend,
-                                         head_count_invariant)
+from jaxserve.attention.backends import (AttentionBackend, batch_invariant_attention,
+                                         get_attention_backend, head_count_invariant)
 from jaxserve.attention.metadata import KVPages
 from jaxserve.config import EngineConfig
 from jaxserve.device.step_programs import StepShardings
+from jaxserve.models.batch_invariant_dense import batch_invariant_backend
 from jaxserve.models.fused_projections import fuse_params
 from jaxserve.models.invariant_dense import REDUCTION_GROUPS, DenseBackend
 from jaxserve.models.llama import LlamaForCausalLM
@@ -77,8 +78,19 @@ def _on_one_device(config: EngineConfig) -> Placement:
   del loaded  # `params` alone holds the weights: fusing frees each layer's separate kernels
   if config.fuse_projections:
     fuse_params(params)
-  return Placement(LoadedModel(model_config, params, source),
-                   get_attention_backend(config.attention_backend), None, None, None, 1)
+  return Placement(LoadedModel(model_config, params, source), attention_for(config),
+                   dense_for(config), None, None, 1)
+
+
+def attention_for(config: EngineConfig) -> AttentionBackend:
+  """The attention backend of an unsharded model (batch_invariant: with fixed tiles)."""
+  backend = get_attention_backend(config.attention_backend)
+  return batch_invariant_attention(backend) if config.batch_invariant else backend
+
+
+def dense_for(config: EngineConfig) -> DenseBackend | None:
+  """The projections' backend of an unsharded model (None: flax's Dense)."""
+  return batch_invariant_backend() if config.batch_invariant else None
 
 
 def _on_mesh(config: EngineConfig) -> Placement:
@@ -109,5 +121,7 @@ def _mesh_placement(config: EngineConfig, loaded: LoadedModel, mesh: Mesh,
   if config.tp_invariant_reductions:
     backend = head_count_invariant(backend)
     dense = shard_dense_backend(mesh, REDUCTION_GROUPS)
+  if config.batch_invariant:
+    backend = batch_invariant_attention(backend)
   return Placement(loaded, shard_attention_backend(backend, mesh), dense, mesh,
                    kv_pages_sharding(mesh), mesh.shape[MODEL_AXIS])
