@@ -123,7 +123,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
     invariance)  # issue 17: greedy tokens/logprobs alone vs in 200 others vs preempted vs prefix
       # cache hit, and the component checks, batch_invariant off and on (INV_MODELS, INV_MODES)
       for m in ${INV_MODELS:-1b 8b}; do for mode in ${INV_MODES:-off on}; do
-        TAIL=${INV_TAIL:-80} step invariance_${m}_$mode python3 -m jaxserve.bench.batch_invariance \
+        TAIL=${INV_TAIL:-95} step invariance_${m}_$mode python3 -m jaxserve.bench.batch_invariance \
           --model /tmp/llama$m --config configs/h100.yaml --batch-invariant $mode --num-probes 8 \
           --num-tokens 128 --num-others 200 --set compilation_cache_dir=/tmp/xla-cache-inv \
           --out "$OUT/invariance_${m}_$mode.json"

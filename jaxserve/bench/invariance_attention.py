@@ -9,9 +9,13 @@ padded to the buckets the engine would pick:
   prefill/mixed      the whole prompt after a decode batch of others, in the largest bucket;
   decode/batch       the probe's last token among decodes filling the largest sequence bucket,
                      against the same token alone;
-  decode/mixed       the same token in a step that also prefills other prompts.
+  decode/mixed       the same token in a step that also prefills other prompts;
+  decode_vs_prefill_row  the decode token's row against the same position's row in the
+                     prefill (a preempted request recomputes its generated tokens as prompt).
 """
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -99,6 +103,29 @@ def _diff(a: np.ndarray, b: np.ndarray) -> int:
 
 def attention_checks(config: EngineConfig, model: ModelConfig, buckets: BucketSet,
                      backend: AttentionBackend) -> dict:
+  """The cases for `backend` ("attention/..."), and on GPUs also for the Pallas kernel with
+  every tile fixed, block_q included ("attention_fixed_q/...")."""
+  variants = {"attention": backend}
+  if backend.name.startswith("pallas_gpu"):
+    from jaxserve.kernels.ragged_paged_attention import gpu
+    group = model.num_q_heads // model.num_kv_heads
+    block_q = max(1, 16 // (1 << (group - 1).bit_length()))
+    variants["attention_fixed_q"] = AttentionBackend("pallas_gpu (all tiles fixed)", functools.partial(
+        gpu.ragged_paged_attention, num_kv_splits=1, block_q=block_q,
+        block_kv=32 if model.head_dim > 128 else 64,
+        interpret=jax.default_backend() != "gpu"), gpu.write_kv)
+  results = {}
+  for prefix, variant in variants.items():
+    try:
+      results.update({f"{prefix}/{k}": v
+                      for k, v in backend_checks(config, model, buckets, variant).items()})
+    except Exception as err:  # a diagnostic: report the failing variant, run the others
+      results[prefix] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+  return results
+
+
+def backend_checks(config: EngineConfig, model: ModelConfig, buckets: BucketSet,
+                   backend: AttentionBackend) -> dict:
   max_tokens, max_seqs = buckets.token_buckets[-1], buckets.seq_buckets[-1]
   probe_len = min(PROBE_LEN, max_tokens)
   num_others = max_seqs - 1
@@ -128,4 +155,4 @@ def attention_checks(config: EngineConfig, model: ModelConfig, buckets: BucketSe
   results["decode/mixed"] = _diff(harness.run([(0, 1, probe_len)] + prefills[:fit],
                                               max_tokens)[0], alone)
   results["decode_vs_prefill_row"] = _diff(alone, whole[-1:])
-  return {f"attention/{name}": {"differing_rows": {"-": value}} for name, value in results.items()}
+  return {name: {"differing_rows": {"-": value}} for name, value in results.items()}
