@@ -42,7 +42,8 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
       # b<num_scheduler_steps>, sb (seq buckets 64,128,256,512), xla (gpu_gemm=xla: XLA may
       # pick Triton GEMMs), nomerge (XLA does not merge GEMMs sharing an input, which
       # concatenates their weights every step), nofuse (fuse_projections=false), lt (XLA calls
-      # cuBLASLt instead of cuBLAS), cb (gpu_gemm=cublas), xs (sampler_backend=xla), pf (scheduler.prefill_first);
+      # cuBLASLt instead of cuBLAS), cb (gpu_gemm=cublas), xs (sampler_backend=xla), pf (scheduler.prefill_first),
+      # bi (batch_invariant);
       # o512: bench_offline.py, tp512: jaxserve bench throughput with the transformers baseline.
       # E.g. tp512+b4, o512+t16384+b4+sb+xla
       tokens=8192; seqs="[64,512]"; xla=""; engine=(--set scheduler.max_num_seqs=512)
@@ -55,6 +56,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
         nofuse) engine+=(--set fuse_projections=false) ;;
         cb) engine+=(--set gpu_gemm=cublas) ;; xs) engine+=(--set sampler_backend=xla) ;;
         pf) engine+=(--set scheduler.prefill_first=true) ;;
+        bi) engine+=(--set batch_invariant=true) ;;
         esac; done
       engine+=(--set scheduler.max_num_batched_tokens=$tokens --set "scheduler.seq_buckets=$seqs"
                --set "scheduler.token_buckets=[512,2048,$tokens]")
@@ -120,6 +122,11 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
     tiles_short) TAIL=30 step tiles_short python3 -m jaxserve.bench.bench_kernels --batches 64,256 \
         --contexts 512 --no-mixed --harness marginal --inner 10 --device-time --tiles "${TILES:-default,32:4:4:1,64:4:3:2,128:4:3:2,64:4:4:2,32:4:4:2,32:4:3:4,16:4:4:1}" \
         --out "$OUT/tiles_short.json" ;;
+    tpot1b|tpot1b+bi)  # single-stream decode: one 512-token prompt, 512 greedy tokens (h100.yaml)
+      flags=(); [ $s = tpot1b+bi ] && flags=(--set batch_invariant=true)
+      TAIL=22 step ${s//+/_} python3 -m jaxserve.bench.bench_offline --model /tmp/llama1b \
+        --config configs/h100.yaml --num-prompts 1 --input-len 512 --output-len 512 \
+        --max-model-len 1100 --log-level WARNING --no-stream "${flags[@]}" --out "$OUT/${s//+/_}.json" ;;
     invariance)  # issue 17: greedy tokens/logprobs alone vs in 200 others vs preempted vs prefix
       # cache hit, and the component checks, batch_invariant off and on (INV_MODELS, INV_MODES)
       for m in ${INV_MODELS:-1b 8b}; do for mode in ${INV_MODES:-off on}; do

@@ -5,8 +5,8 @@ with the batch, measured on the device itself with the model's shapes (random va
              out) for the rows of the config's token buckets (the logits: its sequence buckets):
              do the first T rows of the largest bucket's result equal the T-row result bitwise?
              For several formulations: `dot` (one XLA dot, the step's usual options),
-             `row_tiles_R` (tiles of R rows, models/batch_invariant_dense.py), `pallas` (the
-             fixed-tile kernel), `configured` (what the config's step runs); with each one's
+             `row_tiles_R` (tiles of R rows, models/batch_invariant_dense.py), `pallas_*` (the
+             fixed-tile kernel, blocks MxNxK, warps, stages), `configured` (what the config's step runs); with each one's
              median time per bucket.
   rmsnorm    the model's RMSNorm over the rows of each token bucket.
   attention  the configured attention backend (with batch_invariant's fixed tiles when on), one
@@ -20,6 +20,7 @@ Every entry counts differing rows (0: bitwise equal).
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Callable
@@ -41,6 +42,7 @@ from jaxserve.models.weights import load_hf_config
 from jaxserve.parallel.placement import attention_for, dense_for
 
 TILE_ROWS = (128, 256)
+PALLAS_TILES = (((64, 128, 64), 4, 3), ((128, 128, 64), 8, 3), ((64, 256, 64), 8, 3))
 
 
 def model_config_of(config: EngineConfig) -> ModelConfig:
@@ -87,7 +89,10 @@ def gemm_formulations(config: EngineConfig) -> dict[str, tuple[Callable, dict | 
   for rows in TILE_ROWS:
     forms[f"row_tiles_{rows}"] = (
         lambda x, w, dt, rows=rows: row_tiled_matmul(x, w, dt, rows), fixed)
-  forms["pallas"] = (pallas_matmul, fixed)
+  for blocks, warps, stages in PALLAS_TILES:
+    name = "pallas_" + "x".join(map(str, blocks)) + f"_w{warps}s{stages}"
+    forms[name] = (functools.partial(pallas_matmul, blocks=blocks, num_warps=warps,
+                                     num_stages=stages), fixed)
   dense = dense_for(config)
   if dense is not None and dense.logits is not None:
     forms["configured"] = (lambda x, w, dt: (dense.logits(x, w) if dt == jnp.float32

@@ -46,9 +46,10 @@ def row_tiled_matmul(x: jax.Array, w: jax.Array, out_dtype: jnp.dtype,
   return out.reshape(num_tiles * tile_rows, -1)[:num_rows]
 
 
-def pallas_matmul(x: jax.Array, w: jax.Array, out_dtype: jnp.dtype) -> jax.Array:
-  """x [T, K] @ w [K, N] through the fixed-tile Pallas kernel (interpret mode off a GPU)."""
-  return fixed_tile_matmul(x, w, out_dtype, interpret=jax.default_backend() != "gpu")
+def pallas_matmul(x: jax.Array, w: jax.Array, out_dtype: jnp.dtype, **tiles) -> jax.Array:
+  """x [T, K] @ w [K, N] through the fixed-tile Pallas kernel (interpret mode off a GPU); tiles:
+  fixed_tile_matmul's blocks, num_warps, num_stages."""
+  return fixed_tile_matmul(x, w, out_dtype, interpret=jax.default_backend() != "gpu", **tiles)
 
 
 def invariant_matmul(gemm: str, tile_rows: int = DEFAULT_TILE_ROWS):
