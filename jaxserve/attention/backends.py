@@ -78,18 +78,27 @@ def head_count_invariant(backend: AttentionBackend) -> AttentionBackend:
                           functools.partial(backend.attend, num_kv_splits=1), backend.write_kv)
 
 
+BATCH_INVARIANT_ROWS = 16  # GPU kernel rows per program (query tokens x padded q heads per kv head)
+
+
 def batch_invariant_attention(backend: AttentionBackend) -> AttentionBackend:
   """`backend` with tiles that do not follow the batch shape (batch_invariant): the GPU kernel
-  otherwise picks its KV tile size by whether the step is decode-only and splits the KV of small
-  batches (flash decoding), so a token's reduction over its KV depends on its batch mates. Here
-  every step reduces in KV tiles of one fixed size, in position order, unsplit. The XLA and
-  reference paths already reduce in fixed, position-aligned blocks."""
-  if backend.name != "pallas_gpu":
+  otherwise picks its KV tile size by whether the step is decode-only, its query rows per
+  program likewise, and splits the KV of small batches (flash decoding), so a token's reduction
+  over its KV depends on its batch mates (the row count of a tile changes a row's bits in the
+  interpreter). Here every step runs BATCH_INVARIANT_ROWS query rows per program and reduces in
+  KV tiles of one fixed size, in position order, unsplit. The XLA and
+  reference paths already reduce in fixed, position-aligned blocks, and so does the TPU kernel
+  (fixed query and KV blocks whatever the batch; rows of other sequences leave a row's softmax
+  state exactly unchanged)."""
+  if not backend.name.startswith("pallas_gpu"):
     return backend
 
-  def attend(q, *args, **kwargs):
+  def attend(q, k_pages, *args, **kwargs):
     block_kv = 32 if q.shape[-1] > 128 else 64
-    return backend.attend(q, *args, num_kv_splits=1, block_kv=block_kv, **kwargs)
+    padded_group = 1 << (q.shape[1] // k_pages.shape[0] - 1).bit_length()
+    return backend.attend(q, k_pages, *args, num_kv_splits=1, block_kv=block_kv,
+                          block_q=max(1, BATCH_INVARIANT_ROWS // padded_group), **kwargs)
 
   return AttentionBackend(f"{backend.name} (batch invariant)", attend, backend.write_kv)
 

@@ -24,12 +24,14 @@ import numpy as np
 from jaxserve.attention.backends import AttentionBackend
 from jaxserve.config import EngineConfig
 from jaxserve.device.buckets import BucketSet
+from jaxserve.bench.timing import median_ms
 from jaxserve.device.step_options import step_compiler_options
 from jaxserve.models.model_config import ModelConfig
 
 PROBE_LEN = 300
 CHUNKS = (16, 64, 128)
 OTHER_LEN = 200
+FIXED_ROWS = (16, 64)
 
 
 class PagePool:
@@ -82,8 +84,10 @@ class Harness:
                           compiler_options=step_compiler_options(config))
 
   def run(self, seqs: list[tuple[int, int, int]], num_tokens: int | None = None,
-          num_slots: int | None = None) -> list[jax.Array]:
-    """Each sequence's output rows [q_len, Q, D] (its queries: the q_len before seq_len)."""
+          num_slots: int | None = None, timings: dict | None = None,
+          label: str = "") -> list[jax.Array]:
+    """Each sequence's output rows [q_len, Q, D] (its queries: the q_len before seq_len); with
+    `timings`, the step's median milliseconds go to timings[label]."""
     total = sum(q_len for _, q_len, _ in seqs)
     bucket = self.buckets.pick(num_slots or len(seqs), num_tokens or total)
     rows = [self.queries[seq][seq_len - q_len:seq_len] for seq, q_len, seq_len in seqs]
@@ -91,6 +95,8 @@ class Harness:
     q = jnp.pad(q, ((0, bucket.num_tokens - total), (0, 0), (0, 0)))           # [T, Q, D]
     meta = step_arrays(self.pool, seqs, bucket.num_tokens, bucket.num_seqs, self.width)
     out = np.asarray(self.attend(q, self.pool.k, self.pool.v, *meta))
+    if timings is not None:
+      timings[label] = median_ms(self.attend, q, self.pool.k, self.pool.v, *meta)
     starts = np.cumsum([0] + [q_len for _, q_len, _ in seqs])
     return [out[starts[i]:starts[i + 1]] for i in range(len(seqs))]
 
@@ -102,30 +108,32 @@ def _diff(a: np.ndarray, b: np.ndarray) -> int:
 
 
 def attention_checks(config: EngineConfig, model: ModelConfig, buckets: BucketSet,
-                     backend: AttentionBackend) -> dict:
+                     backend: AttentionBackend, timed: bool = True) -> dict:
   """The cases for `backend` ("attention/..."), and on GPUs also for the Pallas kernel with
-  every tile fixed, block_q included ("attention_fixed_q/...")."""
+  every tile fixed at R query rows per program ("attention_rows_R/..."), R in FIXED_ROWS, with
+  the time of a full decode step and of a full mixed prefill step ("ms")."""
   variants = {"attention": backend}
   if backend.name.startswith("pallas_gpu"):
     from jaxserve.kernels.ragged_paged_attention import gpu
-    group = model.num_q_heads // model.num_kv_heads
-    block_q = max(1, 16 // (1 << (group - 1).bit_length()))
-    variants["attention_fixed_q"] = AttentionBackend("pallas_gpu (all tiles fixed)", functools.partial(
-        gpu.ragged_paged_attention, num_kv_splits=1, block_q=block_q,
-        block_kv=32 if model.head_dim > 128 else 64,
-        interpret=jax.default_backend() != "gpu"), gpu.write_kv)
+    padded_group = 1 << (model.num_q_heads // model.num_kv_heads - 1).bit_length()
+    for rows in FIXED_ROWS:
+      variants[f"attention_rows_{rows}"] = AttentionBackend(
+          f"pallas_gpu ({rows} rows)", functools.partial(
+              gpu.ragged_paged_attention, num_kv_splits=1, block_q=max(1, rows // padded_group),
+              block_kv=32 if model.head_dim > 128 else 64,
+              interpret=jax.default_backend() != "gpu"), gpu.write_kv)
   results = {}
   for prefix, variant in variants.items():
     try:
-      results.update({f"{prefix}/{k}": v
-                      for k, v in backend_checks(config, model, buckets, variant).items()})
+      results.update({f"{prefix}/{k}": v for k, v in backend_checks(
+          config, model, buckets, variant, timed and jax.default_backend() == "gpu").items()})
     except Exception as err:  # a diagnostic: report the failing variant, run the others
       results[prefix] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
   return results
 
 
 def backend_checks(config: EngineConfig, model: ModelConfig, buckets: BucketSet,
-                   backend: AttentionBackend) -> dict:
+                   backend: AttentionBackend, timed: bool) -> dict:
   max_tokens, max_seqs = buckets.token_buckets[-1], buckets.seq_buckets[-1]
   probe_len = min(PROBE_LEN, max_tokens)
   num_others = max_seqs - 1
@@ -149,10 +157,16 @@ def backend_checks(config: EngineConfig, model: ModelConfig, buckets: BucketSet,
       harness.run(decodes[:max(0, min(len(decodes), room, max_seqs - 1))]
                   + [(0, probe_len, probe_len)], max_tokens)[-1], whole)
   alone = harness.run([(0, 1, probe_len)])[0]
-  results["decode/batch"] = _diff(harness.run([(0, 1, probe_len)] + decodes)[0], alone)
+  timings = {} if timed else None
+  results["decode/batch"] = _diff(harness.run([(0, 1, probe_len)] + decodes,
+                                              timings=timings, label="decode_batch")[0], alone)
   prefills = [(i, OTHER_LEN, OTHER_LEN) for i in range(1, num_others + 1)]
   fit = max(0, min(max_seqs - 1, (max_tokens - 1) // OTHER_LEN))
   results["decode/mixed"] = _diff(harness.run([(0, 1, probe_len)] + prefills[:fit],
-                                              max_tokens)[0], alone)
+                                              max_tokens, timings=timings,
+                                              label="prefill_batch")[0], alone)
   results["decode_vs_prefill_row"] = _diff(alone, whole[-1:])
-  return {name: {"differing_rows": {"-": value}} for name, value in results.items()}
+  entries = {name: {"differing_rows": {"-": value}} for name, value in results.items()}
+  if timings:
+    entries["ms"] = {"differing_rows": {}, "ms": timings}
+  return entries

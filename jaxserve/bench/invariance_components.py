@@ -21,14 +21,13 @@ Every entry counts differing rows (0: bitwise equal).
 from __future__ import annotations
 
 import functools
-import statistics
-import time
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxserve.bench.timing import median_ms
 from jaxserve.config import EngineConfig
 from jaxserve.device.buckets import BucketSet
 from jaxserve.device.sampler import xla_greedy
@@ -57,16 +56,6 @@ def differing_rows(a: jax.Array, b: jax.Array) -> int:
   a = a.view(np.uint16 if a.dtype.itemsize == 2 else np.uint32).reshape(a.shape[0], -1)
   b = b.view(np.uint16 if b.dtype.itemsize == 2 else np.uint32).reshape(b.shape[0], -1)
   return int(np.sum(np.any(a != b, axis=1)))
-
-
-def median_ms(fn: Callable, *args, reps: int = 5) -> float:
-  jax.block_until_ready(fn(*args))
-  samples = []
-  for _ in range(reps):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    samples.append(time.perf_counter() - start)
-  return round(1e3 * statistics.median(samples), 3)
 
 
 def rows_check(fn: Callable, x: jax.Array, counts: tuple[int, ...], timed: bool) -> dict:
@@ -157,7 +146,8 @@ def run_components(config: EngineConfig, timed: bool = True) -> dict:
   buckets = BucketSet.from_config(config.scheduler)
   checks = {"gemm": lambda: gemm_checks(config, model, buckets, timed),
             "rmsnorm": lambda: norm_check(config, model, buckets),
-            "attention": lambda: attention_checks(config, model, buckets, attention_for(config)),
+            "attention": lambda: attention_checks(config, model, buckets, attention_for(config),
+                                                  timed),
             "sampler": lambda: sampler_checks(config, model, buckets)}
   results = {}
   for name, check in checks.items():

@@ -143,7 +143,7 @@ def sample(logits: jax.Array, s: SamplingInputs, mode: SamplerMode,
   if mode.penalties:
     logits = apply_penalties(logits, s)
     token_ids = jnp.argmax(mask_banned(logits, s.banned_ids), axis=-1).astype(jnp.int32)
-    log_normalizer = jax.nn.logsumexp(raw_logits, axis=-1)                  # [S]
+    _, log_normalizer = greedy(raw_logits, s.banned_ids)  # [S], as a batch without penalties
   else:
     token_ids, log_normalizer = greedy(raw_logits, s.banned_ids)           # [S], [S]
   if mode.random:

@@ -8,6 +8,7 @@ import functools
 import jax
 
 from jaxserve.config import EngineConfig
+from jaxserve.device.fixed_order_greedy import fixed_order_greedy
 from jaxserve.device.sampler import GreedyFn, xla_greedy
 from jaxserve.kernels.greedy_sample.gpu import greedy_sample
 
@@ -62,5 +63,10 @@ def greedy_sampler(backend: str) -> GreedyFn:
 
 def step_greedy(config: EngineConfig, sharded: bool) -> GreedyFn:
   """The greedy pick the step programs compile with: sharded steps reduce with XLA (the
-  sampler's reductions over a sharded vocabulary), unsharded ones with sampler_backend's."""
-  return greedy_sampler("xla" if sharded else sampler_backend(config, sharded=False))
+  sampler's reductions over a sharded vocabulary), unsharded ones with sampler_backend's.
+  batch_invariant: XLA's reductions become the fixed-order ones (the Pallas kernel reduces
+  each row in a fixed order already)."""
+  backend = "xla" if sharded else sampler_backend(config, sharded=False)
+  if backend == "xla" and config.batch_invariant:
+    return fixed_order_greedy
+  return greedy_sampler(backend)

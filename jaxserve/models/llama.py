@@ -44,6 +44,7 @@ from flax import linen as nn
 
 from jaxserve.attention import AttentionBackend, AttentionMetadata
 from jaxserve.attention.metadata import KVPages
+from jaxserve.models.fixed_order import fixed_order_sum
 from jaxserve.models.invariant_dense import (REDUCTION_GROUPS, DenseBackend, InvariantDense,
                                              grouped_dense_backend)
 from jaxserve.models.model_config import ModelConfig
@@ -51,15 +52,21 @@ from jaxserve.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
 
 
 class RMSNorm(nn.Module):
-  """RMSNorm over the last axis; statistics in float32, weight applied in the input dtype."""
+  """RMSNorm over the last axis; statistics in float32, weight applied in the input dtype.
+  fixed_order (batch_invariant): the sum of squares in a fixed order (models/fixed_order.py)."""
   eps: float
   dtype: jnp.dtype
+  fixed_order: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.dtype)
     x32 = x.astype(jnp.float32)
-    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    if self.fixed_order:
+      mean_square = (fixed_order_sum(x32 * x32) / x.shape[-1])[..., None]
+    else:
+      mean_square = jnp.mean(x32 * x32, axis=-1, keepdims=True)
+    x32 = x32 * jax.lax.rsqrt(mean_square + self.eps)
     return scale * x32.astype(x.dtype)
 
 
@@ -100,8 +107,8 @@ class Attention(nn.Module):
       k = proj("k_proj", cfg.num_kv_heads)
       v = proj("v_proj", cfg.num_kv_heads)
     if cfg.qk_norm:
-      q = RMSNorm(cfg.rms_norm_eps, dtype, name="q_norm")(q)
-      k = RMSNorm(cfg.rms_norm_eps, dtype, name="k_norm")(k)
+      q = RMSNorm(cfg.rms_norm_eps, dtype, cfg.batch_invariant, name="q_norm")(q)
+      k = RMSNorm(cfg.rms_norm_eps, dtype, cfg.batch_invariant, name="k_norm")(k)
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, cos, sin)
     out, k_pages, v_pages = self.attention(
@@ -139,11 +146,11 @@ class DecoderLayer(nn.Module):
   def __call__(self, x, cos, sin, k_pages, v_pages, slot_mapping, metadata):
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
-    h = RMSNorm(cfg.rms_norm_eps, dtype, name="input_layernorm")(x)
+    h = RMSNorm(cfg.rms_norm_eps, dtype, cfg.batch_invariant, name="input_layernorm")(x)
     h, k_pages, v_pages = Attention(cfg, self.attention, self.dense, name="self_attn")(
         h, cos, sin, k_pages, v_pages, slot_mapping, metadata)
     x = x + h
-    h = RMSNorm(cfg.rms_norm_eps, dtype, name="post_attention_layernorm")(x)
+    h = RMSNorm(cfg.rms_norm_eps, dtype, cfg.batch_invariant, name="post_attention_layernorm")(x)
     x = x + MLP(cfg, self.dense, name="mlp")(h)
     return x, k_pages, v_pages
 
@@ -184,7 +191,7 @@ class LlamaForCausalLM(nn.Module):
                                  embedding_init=nn.initializers.normal(0.02))
     self.layers = [DecoderLayer(cfg, self.attention, self.dense)  # layers_{i}
                    for _ in range(cfg.num_layers)]
-    self.norm = RMSNorm(cfg.rms_norm_eps, dtype)
+    self.norm = RMSNorm(cfg.rms_norm_eps, dtype, cfg.batch_invariant)
     if not cfg.tie_word_embeddings:
       self.lm_head = LMHead(cfg.vocab_size, dtype, self.dense)
 

@@ -85,6 +85,7 @@ class ModelConfig:
   dtype: str = "float32"
   tp_invariant_reductions: bool = False  # projections as tp=2 GEMMs (invariant_dense.py)
   fused_projections: bool = False  # qkv_proj / gate_up_proj params (fused_projections.py)
+  batch_invariant: bool = False  # fixed-order norms (fixed_order.py); the engine sets it
 
   def __post_init__(self) -> None:
     _require(self.architecture in ARCHITECTURES, "architecture",
@@ -103,6 +104,8 @@ class ModelConfig:
     _require(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
     _require(isinstance(self.tp_invariant_reductions, bool), "tp_invariant_reductions",
              f"must be true or false, got {self.tp_invariant_reductions!r}")
+    _require(isinstance(self.batch_invariant, bool), "batch_invariant",
+             f"must be true or false, got {self.batch_invariant!r}")
     _require(not (self.fused_projections and self.tp_invariant_reductions), "fused_projections",
              "cannot be combined with tp_invariant_reductions (which keeps per-device GEMMs)")
     eos = tuple(self.eos_token_ids)

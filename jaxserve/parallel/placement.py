@@ -73,7 +73,8 @@ def load_placement(config: EngineConfig) -> Placement:
 def _on_one_device(config: EngineConfig) -> Placement:
   loaded = load_model(config.model, config.dtype)
   model_config = loaded.config.replace(tp_invariant_reductions=config.tp_invariant_reductions,
-                                       fused_projections=config.fuse_projections)
+                                       fused_projections=config.fuse_projections,
+                                       batch_invariant=config.batch_invariant)
   params, source = dict(jax.device_put(loaded.params)), loaded.source
   del loaded  # `params` alone holds the weights: fusing frees each layer's separate kernels
   if config.fuse_projections:
@@ -117,6 +118,8 @@ def abstract_placement(config: EngineConfig, model_config: ModelConfig, mesh: Me
 
 def _mesh_placement(config: EngineConfig, loaded: LoadedModel, mesh: Mesh,
                     platform: str | None = None) -> Placement:
+  loaded = LoadedModel(loaded.config.replace(batch_invariant=config.batch_invariant),
+                       loaded.params, loaded.source)
   backend, dense = get_attention_backend(config.attention_backend, platform), None
   if config.tp_invariant_reductions:
     backend = head_count_invariant(backend)
