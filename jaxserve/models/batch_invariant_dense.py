@@ -52,7 +52,7 @@ def pallas_matmul(x: jax.Array, w: jax.Array, out_dtype: jnp.dtype, **tiles) -> 
   return fixed_tile_matmul(x, w, out_dtype, interpret=jax.default_backend() != "gpu", **tiles)
 
 
-def invariant_matmul(gemm: str, tile_rows: int = DEFAULT_TILE_ROWS):
+def invariant_matmul(gemm: str = "row_tiles", tile_rows: int = DEFAULT_TILE_ROWS):
   """The GEMM (x, w, out_dtype) -> x @ w of `gemm` ("row_tiles" or "pallas")."""
   if gemm == "row_tiles":
     return functools.partial(row_tiled_matmul, tile_rows=tile_rows)

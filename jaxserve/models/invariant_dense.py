@@ -51,37 +51,52 @@ def _group_slices(size: int, num_groups: int, what: str) -> list[slice]:
   return [slice(g * width, (g + 1) * width) for g in range(num_groups)]
 
 
-def _gemm(x: jax.Array, kernel: jax.Array, out_dtype: jnp.dtype) -> jax.Array:
+MatmulFn = Callable[[jax.Array, jax.Array, jnp.dtype], jax.Array]
+
+
+def _dot(x: jax.Array, kernel: jax.Array, out_dtype: jnp.dtype) -> jax.Array:
+  return jnp.dot(x, kernel, preferred_element_type=out_dtype)
+
+
+def _gemm(x: jax.Array, kernel: jax.Array, out_dtype: jnp.dtype,
+          matmul: MatmulFn | None = None) -> jax.Array:
   x, kernel = jax.lax.optimization_barrier((x, kernel))
-  y = jnp.dot(x, kernel, preferred_element_type=out_dtype)
+  y = (matmul or _dot)(x, kernel, out_dtype)
   return jax.lax.optimization_barrier(y)
 
 
-def column_groups(x: jax.Array, kernel: jax.Array, num_groups: int) -> jax.Array:
-  """x [T, K] @ kernel [K, N] as num_groups GEMMs over column groups -> [T, N] (kernel dtype)."""
+def column_groups(x: jax.Array, kernel: jax.Array, num_groups: int,
+                  matmul: MatmulFn | None = None) -> jax.Array:
+  """x [T, K] @ kernel [K, N] as num_groups GEMMs over column groups -> [T, N] (kernel dtype).
+  matmul(x, w, out_dtype) runs each GEMM (default: one jnp.dot; batch_invariant: fixed tiles)."""
   x = x.astype(kernel.dtype)
-  parts = [_gemm(x, kernel[:, cols], kernel.dtype)                        # [T, N/G] each
+  parts = [_gemm(x, kernel[:, cols], kernel.dtype, matmul)                # [T, N/G] each
            for cols in _group_slices(kernel.shape[1], num_groups, "column projection")]
   return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
 
 
-def row_group_partials(x: jax.Array, kernel: jax.Array, num_groups: int) -> jax.Array:
+def row_group_partials(x: jax.Array, kernel: jax.Array, num_groups: int,
+                       matmul: MatmulFn | None = None) -> jax.Array:
   """x [T, K] @ kernel [K, N] as num_groups GEMMs over row groups -> float32 [T, N], the
   float32 partials added in group order."""
   x = x.astype(kernel.dtype)
   total = None
   for rows in _group_slices(kernel.shape[0], num_groups, "row projection"):
-    partial = _gemm(x[:, rows], kernel[rows], jnp.float32)                # [T, N] float32
+    partial = _gemm(x[:, rows], kernel[rows], jnp.float32, matmul)        # [T, N] float32
     total = partial if total is None else total + partial
   return total
 
 
-def grouped_dense_backend(num_groups: int) -> DenseBackend:
-  """The unsharded backend: every projection in num_groups groups on one device."""
+def grouped_dense_backend(num_groups: int, matmul: MatmulFn | None = None) -> DenseBackend:
+  """The unsharded backend: every projection in num_groups groups on one device; with `matmul`
+  (batch_invariant) every GEMM, the logits' too, runs through it."""
   return DenseBackend(
       f"grouped x{num_groups}",
-      column=lambda x, kernel: column_groups(x, kernel, num_groups),
-      row=lambda x, kernel: row_group_partials(x, kernel, num_groups).astype(kernel.dtype))
+      column=lambda x, kernel: column_groups(x, kernel, num_groups, matmul),
+      row=lambda x, kernel: row_group_partials(x, kernel, num_groups, matmul).astype(
+          kernel.dtype),
+      logits=None if matmul is None else
+      lambda x, kernel: matmul(x.astype(kernel.dtype), kernel, jnp.float32))
 
 
 class InvariantDense(nn.Module):

@@ -24,7 +24,7 @@ from jaxserve.attention.backends import (AttentionBackend, batch_invariant_atten
 from jaxserve.attention.metadata import KVPages
 from jaxserve.config import EngineConfig
 from jaxserve.device.step_programs import StepShardings
-from jaxserve.models.batch_invariant_dense import batch_invariant_backend
+from jaxserve.models.batch_invariant_dense import batch_invariant_backend, invariant_matmul
 from jaxserve.models.fused_projections import fuse_params
 from jaxserve.models.invariant_dense import REDUCTION_GROUPS, DenseBackend
 from jaxserve.models.llama import LlamaForCausalLM
@@ -121,9 +121,12 @@ def _mesh_placement(config: EngineConfig, loaded: LoadedModel, mesh: Mesh,
   loaded = LoadedModel(loaded.config.replace(batch_invariant=config.batch_invariant),
                        loaded.params, loaded.source)
   backend, dense = get_attention_backend(config.attention_backend, platform), None
+  matmul = invariant_matmul() if config.batch_invariant else None
   if config.tp_invariant_reductions:
     backend = head_count_invariant(backend)
-    dense = shard_dense_backend(mesh, REDUCTION_GROUPS)
+    dense = shard_dense_backend(mesh, REDUCTION_GROUPS, matmul)
+  elif config.batch_invariant:
+    dense = batch_invariant_backend()
   if config.batch_invariant:
     backend = batch_invariant_attention(backend)
   return Placement(loaded, shard_attention_backend(backend, mesh), dense, mesh,
