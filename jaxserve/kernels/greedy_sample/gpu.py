@@ -63,10 +63,13 @@ def _greedy_kernel(logits_ref, banned_ref, max_ref, sum_ref, best_ref, id_ref, *
 
 
 def _merge_splits(row_max, row_sum, best_score, best_id, vocab_size: int):
-  """[S, P] partial states of consecutive vocabulary ranges -> (ids [S], logsumexp [S])."""
+  """[S, P] partial states of consecutive vocabulary ranges -> (ids [S], logsumexp [S]). The P
+  sums are added in split order, one elementwise addition each, so a row's bits do not depend
+  on the number of rows (an XLA reduction picks its order from the shape)."""
   total_max = jnp.max(row_max, axis=1, keepdims=True)                            # [S, 1]
   safe_max = jnp.where(total_max == NEG_INF, 0.0, total_max)
-  total_sum = jnp.sum(row_sum * jnp.exp(row_max - safe_max), axis=1)             # [S]
+  scaled = row_sum * jnp.exp(row_max - safe_max)                                 # [S, P]
+  total_sum = functools.reduce(jnp.add, [scaled[:, p] for p in range(scaled.shape[1])])  # [S]
   best = jnp.max(best_score, axis=1, keepdims=True)                              # [S, 1]
   ids = jnp.min(jnp.where(best_score == best, best_id, vocab_size), axis=1)      # [S]
   return jnp.where(ids < vocab_size, ids, 0), total_max[:, 0] + jnp.log(total_sum)
