@@ -5,7 +5,8 @@ with the batch, measured on the device itself with the model's shapes (random va
              out) for the rows of the config's token buckets (the logits: its sequence buckets):
              do the first T rows of the largest bucket's result equal the T-row result bitwise?
              For several formulations: `dot` (one XLA dot, the step's usual options),
-             `row_tiles_R` (tiles of R rows, models/batch_invariant_dense.py), `pallas_*` (the
+             `row_tiles_R` (tiles of R rows, models/batch_invariant_dense.py), `batched_R` (the
+             same tiles as one batched GEMM against the broadcast weight), `pallas_*` (the
              fixed-tile kernel, blocks MxNxK, warps, stages), `configured` (what the config's step runs); with each one's
              median time per bucket.
   rmsnorm    the model's RMSNorm over the rows of each token bucket.
@@ -70,6 +71,18 @@ def rows_check(fn: Callable, x: jax.Array, counts: tuple[int, ...], timed: bool)
   return entry
 
 
+def batched_tiles(x: jax.Array, w: jax.Array, out_dtype, rows: int) -> jax.Array:
+  """x [T, K] @ w [K, N] as one batched GEMM of [rows, K] tiles against w broadcast (XLA can
+  fold the broadcast into a stride-0 batched cuBLAS call): invariant if the library's choice
+  does not follow the batch count."""
+  num_tiles = -(-x.shape[0] // rows)
+  tiles = jnp.pad(x, ((0, num_tiles * rows - x.shape[0]), (0, 0))).reshape(
+      num_tiles, rows, x.shape[1])                                               # [n, R, K]
+  weights = jnp.broadcast_to(w, (num_tiles, *w.shape))                           # [n, K, N]
+  out = jnp.einsum("trk,tkn->trn", tiles, weights, preferred_element_type=out_dtype)
+  return out.reshape(num_tiles * rows, -1)[:x.shape[0]]
+
+
 def gemm_formulations(config: EngineConfig) -> dict[str, tuple[Callable, dict | None]]:
   """name -> (matmul(x, w, out_dtype), XLA options)."""
   plain = step_compiler_options(config.replace(batch_invariant=False))
@@ -78,6 +91,8 @@ def gemm_formulations(config: EngineConfig) -> dict[str, tuple[Callable, dict | 
   for rows in TILE_ROWS:
     forms[f"row_tiles_{rows}"] = (
         lambda x, w, dt, rows=rows: row_tiled_matmul(x, w, dt, rows), fixed)
+  for rows in TILE_ROWS:
+    forms[f"batched_{rows}"] = (lambda x, w, dt, rows=rows: batched_tiles(x, w, dt, rows), fixed)
   for blocks, warps, stages in PALLAS_TILES:
     name = "pallas_" + "x".join(map(str, blocks)) + f"_w{warps}s{stages}"
     forms[name] = (functools.partial(pallas_matmul, blocks=blocks, num_warps=warps,
