@@ -44,3 +44,18 @@ def test_tp1_alone_is_bitwise_tp2_in_a_crowd(checkpoint):
   tokens_2, logprobs_2 = _probe(crowd, prompt, 6)
   assert tokens_2 == tokens_1
   np.testing.assert_array_equal(logprobs_2.view(np.int32), logprobs_1.view(np.int32))
+
+
+def test_tp2_alone_is_bitwise_tp2_in_a_crowd_without_tp_invariant_reductions(checkpoint):
+  """batch_invariant alone at tp = 2 (XLA partitions the fixed-tile GEMMs)."""
+  prompt = np.random.default_rng(1).integers(4, TOKENIZER_VOCAB_SIZE, 27).tolist()
+  common = dict(dtype="float32", attention_backend="xla", batch_invariant=True,
+                tensor_parallel_size=2, max_model_len=128, num_pages=64)
+  alone = small_engine(str(checkpoint), max_num_seqs=2, seq_buckets=(2,), token_buckets=(32,),
+                       max_tokens_per_step=32, **common)
+  crowd = small_engine(str(checkpoint), max_num_seqs=8, seq_buckets=(4, 8), token_buckets=(8,),
+                       max_tokens_per_step=8, **common)
+  tokens_1, logprobs_1 = _probe(alone, prompt, 0)
+  tokens_2, logprobs_2 = _probe(crowd, prompt, 6)
+  assert tokens_2 == tokens_1
+  np.testing.assert_array_equal(logprobs_2.view(np.int32), logprobs_1.view(np.int32))
