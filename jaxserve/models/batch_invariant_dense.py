@@ -2,14 +2,20 @@
 
 A GEMM library picks its algorithm (tile shape, split-K) from the shape, and the row count of a
 step's GEMMs is its token bucket, so the same token's hidden state rounds differently alone (an
-8-token bucket) than inside a crowd (a 2048-token bucket). Two ways to fix the tiling:
+8-token bucket) than inside a crowd (a 2048-token bucket). Two ways to fix the tiling ("auto": the kernel on GPUs, row tiles elsewhere):
 
   row_tiles   the rows are padded to a multiple of `tile_rows` and the GEMM runs tile by tile in
               a loop (lax.map), every tile an XLA dot of the one shape [tile_rows, K] x [K, N]:
               the library sees a single shape and picks a single algorithm. Each tile's operands
               and result pass through lax.optimization_barrier so XLA merges no tiles back.
   pallas      the fixed-tile Pallas kernel (kernels/fixed_tile_matmul): the grid grows with the
-              rows, each output tile's arithmetic does not (interpret mode off a GPU).
+              rows, each output tile's arithmetic does not (interpret mode off a GPU). On an
+              H100 it is the faster of the two for the 1B model's prefill-sized GEMMs (row tiles
+              run one after the other, each rereading the weight), and as fast for decode.
+
+cuBLAS alone is not enough: on an H100 the 1B model's down projection (K = 8192) rounds
+differently at 16-512 rows than at 1024-2048 (split-K), while its other projections happened to
+agree at every bucket.
 
 `batch_invariant_backend(base)` wraps the column and row functions of a DenseBackend (the
 unsharded one's plain GEMMs, or tp_invariant_reductions' grouped ones) so each of their GEMMs
@@ -25,8 +31,11 @@ import jax.numpy as jnp
 from jaxserve.kernels.fixed_tile_matmul.gpu import fixed_tile_matmul
 from jaxserve.models.invariant_dense import DenseBackend
 
-GEMMS = ("row_tiles", "pallas")
+GEMMS = ("auto", "row_tiles", "pallas")
 DEFAULT_TILE_ROWS = 128
+# The fixed-tile kernel's tiling on GPUs: the fastest of those bench/batch_invariance.py compared
+# on an H100 for the 1B model's projections over 16-2048 rows (docs/PERFORMANCE.md).
+PALLAS_TILES = {"blocks": (128, 128, 64), "num_warps": 8, "num_stages": 3}
 
 
 def row_tiled_matmul(x: jax.Array, w: jax.Array, out_dtype: jnp.dtype,
@@ -52,8 +61,21 @@ def pallas_matmul(x: jax.Array, w: jax.Array, out_dtype: jnp.dtype, **tiles) -> 
   return fixed_tile_matmul(x, w, out_dtype, interpret=jax.default_backend() != "gpu", **tiles)
 
 
-def invariant_matmul(gemm: str = "row_tiles", tile_rows: int = DEFAULT_TILE_ROWS):
-  """The GEMM (x, w, out_dtype) -> x @ w of `gemm` ("row_tiles" or "pallas")."""
+def auto_matmul(x: jax.Array, w: jax.Array, out_dtype: jnp.dtype,
+                tile_rows: int = DEFAULT_TILE_ROWS) -> jax.Array:
+  """On GPUs the fixed-tile kernel (PALLAS_TILES) where w's shape divides into its blocks, else
+  (and off GPUs) row tiles. The choice follows w's shape and the platform, never the rows."""
+  block_m, block_n, block_k = PALLAS_TILES["blocks"]
+  if (jax.default_backend() == "gpu" and w.shape[1] % block_n == 0
+      and w.shape[0] % block_k == 0):
+    return pallas_matmul(x, w, out_dtype, **PALLAS_TILES)
+  return row_tiled_matmul(x, w, out_dtype, tile_rows)
+
+
+def invariant_matmul(gemm: str = "auto", tile_rows: int = DEFAULT_TILE_ROWS):
+  """The GEMM (x, w, out_dtype) -> x @ w of `gemm` ("auto", "row_tiles" or "pallas")."""
+  if gemm == "auto":
+    return functools.partial(auto_matmul, tile_rows=tile_rows)
   if gemm == "row_tiles":
     return functools.partial(row_tiled_matmul, tile_rows=tile_rows)
   if gemm == "pallas":
@@ -61,7 +83,7 @@ def invariant_matmul(gemm: str = "row_tiles", tile_rows: int = DEFAULT_TILE_ROWS
   raise ValueError(f"batch_invariant gemm: must be one of {GEMMS}, got {gemm!r}")
 
 
-def batch_invariant_backend(gemm: str = "row_tiles",
+def batch_invariant_backend(gemm: str = "auto",
                             tile_rows: int = DEFAULT_TILE_ROWS) -> DenseBackend:
   """The unsharded model's projections, each one GEMM through `gemm`."""
   matmul = invariant_matmul(gemm, tile_rows)
