@@ -50,7 +50,7 @@ def _engine(backend: str, invariant: bool, chunk: int):
                         num_pages=64, max_model_len=128)
   return small_engine(attention_backend=backend, batch_invariant=invariant, max_num_seqs=8,
                       seq_buckets=(2, 8), token_buckets=(chunk,), max_tokens_per_step=chunk,
-                      num_pages=12, max_model_len=128,
+                      num_pages=8, max_model_len=128,
                       num_scheduler_steps=4 if backend == "xla" else 1)
 
 
@@ -98,9 +98,11 @@ def test_tpu_kernel_is_batch_invariant(draw, monkeypatch_factories):
 
 
 def test_the_property_fails_without_the_mode():
-  draw = {"probe_len": 45, "mates": [(30, 12, 0.0), (7, 12, 0.9), (20, 5, 0.0)], "chunk": 8,
-          "share_prefix": False, "seed": 0}
+  draw = {"probe_len": 45, "mates": [(30, 12, 0.0), (7, 12, 0.9), (20, 5, 0.0), (40, 12, 0.0)],
+          "chunk": 8, "share_prefix": False, "seed": 0}
+  preemptions = _engine("xla", True, 8).stats().num_preemptions
   assert _check("xla", draw)
+  assert _engine("xla", True, 8).stats().num_preemptions > preemptions  # the pool is tight
   assert not _check("xla", draw, invariant=False)
 
 

@@ -13,6 +13,7 @@ from jaxserve.kernels.fixed_tile_matmul.reference import matmul_reference
 
 INTERPRET = jax.default_backend() != "gpu"
 SMALL = (16, 16, 16)
+F32_TOLERANCE = 1e-5 if INTERPRET else 5e-3  # Triton's float32 dot runs in TF32 on a GPU
 
 
 def run(x, w, out_dtype=None, blocks=SMALL, **kwargs):
@@ -45,7 +46,7 @@ def test_random_sweep_against_reference(m, k, n, blocks, dtype):
   w = (jax.random.normal(kw, (k, n), jnp.float32) / np.sqrt(k)).astype(dtype)
   out = run(x, w, blocks=blocks)
   assert out.shape == (m, n) and out.dtype == dtype
-  tolerance = 1e-5 if dtype == jnp.float32 else 1e-2
+  tolerance = F32_TOLERANCE if dtype == jnp.float32 else 1e-2
   np.testing.assert_allclose(np.asarray(out, np.float32),
                              np.asarray(matmul_reference(x, w, dtype), np.float32),
                              atol=tolerance, rtol=tolerance)

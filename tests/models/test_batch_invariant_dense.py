@@ -44,7 +44,9 @@ def test_row_tiled_matmul(tile_rows):
   x = jax.random.normal(jax.random.key(1), (64, 96), jnp.float32)
   w = jax.random.normal(jax.random.key(2), (96, 48), jnp.float32)
   fn = jax.jit(lambda x: row_tiled_matmul(x, w, jnp.float32, tile_rows))
-  np.testing.assert_allclose(fn(x), np.asarray(x) @ np.asarray(w), atol=1e-4, rtol=1e-4)
+  tolerance = 1e-4 if jax.default_backend() == "cpu" else 1e-2  # TF32 on a GPU
+  np.testing.assert_allclose(fn(x), np.asarray(x) @ np.asarray(w), atol=tolerance,
+                             rtol=tolerance)
   assert_rows_invariant(fn, x)
 
 
