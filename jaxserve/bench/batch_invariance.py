@@ -107,7 +107,7 @@ def reset_prefix_cache(engine: LLMEngine) -> None:
   engine.allocator.free(engine.allocator.allocate(engine.allocator.num_free_pages))
 
 
-def run_alone(engine: LLMEngine, work: Workload) -> dict[str, ProbeResult]:
+def run_alone(engine: LLMEngine, work: Workload, page_size: int) -> dict[str, ProbeResult]:
   results = {}
   for i, probe in enumerate(work.probes):
     reset_prefix_cache(engine)
@@ -115,9 +115,15 @@ def run_alone(engine: LLMEngine, work: Workload) -> dict[str, ProbeResult]:
   return results
 
 
+def run_crowd(engine: LLMEngine, work: Workload, page_size: int) -> dict[str, ProbeResult]:
+  reset_prefix_cache(engine)
+  return run_requests(engine, crowd_requests(work))
+
+
 def run_preempt(engine: LLMEngine, work: Workload, page_size: int) -> dict[str, ProbeResult]:
   """The crowd with all but about four of the longest sequences' pages held back, so the
   scheduler preempts (and recomputes) requests."""
+  reset_prefix_cache(engine)
   longest = max(len(p) for p in work.probes + [o[0] for o in work.others]) + work.num_tokens
   keep = 4 * -(-longest // page_size)
   allocator = engine.allocator
@@ -170,14 +176,8 @@ def probe_engine_config(config: EngineConfig, work: Workload) -> EngineConfig:
       scheduler=dataclasses.replace(config.scheduler, enable_prefix_caching=True))
 
 
-SCENARIO_RUNS = {
-    "alone": lambda engine, work, page: run_alone(engine, work),
-    "crowd": lambda engine, work, page: (reset_prefix_cache(engine),
-                                         run_requests(engine, crowd_requests(work)))[1],
-    "preempt": lambda engine, work, page: (reset_prefix_cache(engine),
-                                           run_preempt(engine, work, page))[1],
-    "prefix": run_prefix,
-}
+SCENARIO_RUNS = {"alone": run_alone, "crowd": run_crowd, "preempt": run_preempt,
+                 "prefix": run_prefix}
 
 
 def run_scenarios(engine: LLMEngine, work: Workload, scenarios: tuple[str, ...],
