@@ -23,6 +23,11 @@ without excess precision or shape-dependent GEMM autotuning (device/step_program
 larger than REDUCTION_GROUPS each group is split again and its partials are summed by the
 all-reduce in the collective's own order: close, not bitwise.
 
+`batch_invariant` makes each token's bits independent of the step's other rows: the injected
+DenseBackend (models/batch_invariant_dense.py) runs every GEMM, the logits' included, through
+one fixed tiling, and RMSNorm sums its squares in a fixed order (models/fixed_order.py); the
+attention backend and the compile options come from outside the model as for tp invariance.
+
 Params (the flax `params` collection), with H hidden, D head_dim, Q/KV head counts, I intermediate:
   embed_tokens/embedding [V, H]
   layers_{i}/input_layernorm/scale [H]          layers_{i}/post_attention_layernorm/scale [H]

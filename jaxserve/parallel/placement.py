@@ -11,6 +11,11 @@ params are loaded straight into their shards (sharded_loading.py), attention is 
 kv heads (sharded_attention.py), KV pages are sharded by kv head, and with tp_invariant_reductions
 the projections go through the sharded grouped GEMMs (sharded_dense.py). Sharded models keep HF's
 separate projections.
+
+batch_invariant (either placement): the attention backend with fixed tiles
+(attention/backends.batch_invariant_attention) and the projections through fixed-tile GEMMs
+(models/batch_invariant_dense.py; on a mesh with tp_invariant_reductions the grouped GEMMs of
+sharded_dense.py run through them).
 """
 from __future__ import annotations
 

@@ -85,7 +85,7 @@ def fixed_tile_matmul(x: jax.Array, w: jax.Array, out_dtype: jnp.dtype | None = 
   if w.shape[1] % block_n or w.shape[0] % block_k:
     raise ValueError(f"fixed_tile_matmul: w {w.shape}: K must be a multiple of block_k "
                      f"{block_k} and N of block_n {block_n}")
-  out_dtype = jnp.dtype(out_dtype or w.dtype)
+  out_dtype = jnp.dtype(w.dtype if out_dtype is None else out_dtype)
   if x.shape[0] == 0:
     return jnp.zeros((0, w.shape[1]), out_dtype)
   return _matmul(x, w, out_dtype=out_dtype, blocks=tuple(blocks), num_warps=num_warps,
