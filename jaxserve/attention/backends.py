@@ -87,10 +87,14 @@ def batch_invariant_attention(backend: AttentionBackend) -> AttentionBackend:
   program likewise, and splits the KV of small batches (flash decoding), so a token's reduction
   over its KV depends on its batch mates (the row count of a tile changes a row's bits in the
   interpreter). Here every step runs BATCH_INVARIANT_ROWS query rows per program and reduces in
-  KV tiles of one fixed size, in position order, unsplit. The XLA and
-  reference paths already reduce in fixed, position-aligned blocks, and so does the TPU kernel
-  (fixed query and KV blocks whatever the batch; rows of other sequences leave a row's softmax
-  state exactly unchanged)."""
+  KV tiles of one fixed size, in position order, unsplit. The XLA path reduces in fixed,
+  position-aligned blocks but its contractions follow the token count on the CPU: it runs them
+  in a fixed order (xla.py fixed_order). The TPU kernel is invariant as it is: fixed query and
+  KV blocks whatever the batch, and rows of other sequences leave a row's softmax state exactly
+  unchanged."""
+  if backend.name == "xla":
+    return AttentionBackend("xla (batch invariant)",
+                            functools.partial(backend.attend, fixed_order=True), backend.write_kv)
   if not backend.name.startswith("pallas_gpu"):
     return backend
 

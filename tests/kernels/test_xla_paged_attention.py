@@ -21,16 +21,18 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("fixed_order", [False, True])
 @pytest.mark.parametrize("q_lens, kv_lens, page_size, num_q_heads, num_kv_heads, window, cap",
                          CASES)
-def test_matches_reference(q_lens, kv_lens, page_size, num_q_heads, num_kv_heads, window, cap):
+def test_matches_reference(q_lens, kv_lens, page_size, num_q_heads, num_kv_heads, window, cap,
+                           fixed_order):
   rng = np.random.default_rng(len(q_lens) * 7 + page_size)
   case = make_random_case(rng, num_seqs=len(q_lens) + 2, q_lens=q_lens, kv_lens=kv_lens,
                           num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=64,
                           page_size=page_size, pages_per_seq=12)
   kwargs = dict(sm_scale=0.125, sliding_window=window, soft_cap=cap)
-  ours = jax.jit(functools.partial(ragged_paged_attention_xla, pages_per_block=2, **kwargs))(
-      *attention_args(case))
+  ours = jax.jit(functools.partial(ragged_paged_attention_xla, pages_per_block=2,
+                                   fixed_order=fixed_order, **kwargs))(*attention_args(case))
   expected = ragged_paged_attention_reference(*attention_args(case), **kwargs)
   np.testing.assert_allclose(np.asarray(ours), np.asarray(expected), atol=2e-5, rtol=2e-5)
   assert np.all(np.asarray(ours)[sum(q_lens):] == 0), "padding tokens must produce zeros"

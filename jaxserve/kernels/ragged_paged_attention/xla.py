@@ -5,12 +5,19 @@ rows). This version walks the block tables a few pages at a time with an online 
 stops at the longest live sequence, so a step costs what its contexts hold, not what
 max_model_len allows. Semantics are exactly those of
 jaxserve/kernels/ragged_paged_attention/reference.py, against which it is tested.
+
+fixed_order (batch_invariant): XLA:CPU computes a dot with its own loops or with Eigen depending
+on the operands' total size, so a token's scores round differently with the step's token count;
+with fixed_order both contractions are elementwise products summed in a fixed pairwise order
+(kernels/fixed_order.py), the same for every token whatever the batch (more memory: a
+[T, KVH, G, L, D] product per block).
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
+from jaxserve.kernels.fixed_order import fixed_order_sum
 from jaxserve.kernels.ragged_paged_attention.reference import token_positions
 from jaxserve.kernels.ragged_paged_attention.validate import validate_attention_inputs
 
@@ -30,6 +37,7 @@ def ragged_paged_attention_xla(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
     pages_per_block: int = DEFAULT_PAGES_PER_BLOCK,
+    fixed_order: bool = False,
 ) -> jax.Array:                  # [T, num_q_heads, head_dim], q.dtype
   validate_attention_inputs(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
                             num_seqs, sliding_window=sliding_window, soft_cap=soft_cap)
@@ -57,7 +65,7 @@ def ragged_paged_attention_xla(
                                          axis=1)                                 # [T, ppb]
     k = k_pages[:, pages].reshape(num_kv_heads, num_tokens, block_len, head_dim)
     v = v_pages[:, pages].reshape(num_kv_heads, num_tokens, block_len, head_dim)
-    scores = jnp.einsum("tkgd,ktld->tkgl", qg, k.astype(jnp.float32))          # [T, KVH, G, L]
+    scores = _contract(qg, k.astype(jnp.float32), "tkgd,ktld->tkgl", fixed_order)  # [T,KVH,G,L]
     if soft_cap is not None:
       scores = soft_cap * jnp.tanh(scores / soft_cap)
     kv_pos = block * block_len + jnp.arange(block_len, dtype=jnp.int32)        # [L]
@@ -70,11 +78,24 @@ def ragged_paged_attention_xla(
     safe_max = jnp.where(jnp.isfinite(new_max), new_max, 0.0)
     probs = jnp.where(mask, jnp.exp(scores - safe_max[..., None]), 0.0)
     rescale = jnp.where(jnp.isfinite(running_max), jnp.exp(running_max - safe_max), 0.0)
-    running_sum = running_sum * rescale + probs.sum(axis=-1)
-    acc = acc * rescale[..., None] + jnp.einsum("tkgl,ktld->tkgd", probs, v.astype(jnp.float32))
+    running_sum = running_sum * rescale + (fixed_order_sum(probs) if fixed_order
+                                           else probs.sum(axis=-1))
+    acc = acc * rescale[..., None] + _contract(probs, v.astype(jnp.float32), "tkgl,ktld->tkgd",
+                                               fixed_order)
     return new_max, running_sum, acc
 
   _, total, acc = jax.lax.fori_loop(0, num_blocks, body, init)
   out = acc / jnp.where(total > 0, total, 1.0)[..., None]
   out = jnp.where(valid[:, None, None, None], out, 0.0)
   return out.reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)
+
+
+def _contract(a: jax.Array, b: jax.Array, spec: str, fixed_order: bool) -> jax.Array:
+  """einsum(spec, a, b) for the two contractions above; fixed_order: as elementwise products
+  summed by kernels/fixed_order.py over the contracted axis (d for the scores, l for P @ V)."""
+  if not fixed_order:
+    return jnp.einsum(spec, a, b)
+  b = b.transpose(1, 0, 2, 3)                                                  # [T, KVH, L, D]
+  if spec == "tkgd,ktld->tkgl":
+    return fixed_order_sum(a[:, :, :, None, :] * b[:, :, None, :, :])           # [T, KVH, G, L]
+  return fixed_order_sum(a[:, :, :, None, :] * b.transpose(0, 1, 3, 2)[:, :, None])  # [T,KVH,G,D]
