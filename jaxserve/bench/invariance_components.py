@@ -99,7 +99,7 @@ def gemm_formulations(config: EngineConfig) -> dict[str, tuple[Callable, dict | 
                                      num_stages=stages), fixed)
   dense = dense_for(config)
   if dense is not None and dense.logits is not None:
-    forms["configured"] = (lambda x, w, dt: (dense.logits(x, w) if dt == jnp.float32
+    forms["configured"] = (lambda x, w, dt: (dense.logits(x, w, False) if dt == jnp.float32
                                               else dense.column(x, w)),
                            step_compiler_options(config))
   return forms

@@ -39,37 +39,41 @@ PALLAS_TILES = {"blocks": (128, 128, 64), "num_warps": 8, "num_stages": 3}
 
 
 def row_tiled_matmul(x: jax.Array, w: jax.Array, out_dtype: jnp.dtype,
-                     tile_rows: int = DEFAULT_TILE_ROWS) -> jax.Array:
-  """x [T, K] @ w [K, N] -> [T, N] in out_dtype as ceil(T / tile_rows) GEMMs of tile_rows rows."""
+                     tile_rows: int = DEFAULT_TILE_ROWS, w_transposed: bool = False) -> jax.Array:
+  """x [T, K] @ w [K, N] (w_transposed: w [N, K]) -> [T, N] in out_dtype as ceil(T / tile_rows)
+  GEMMs of tile_rows rows."""
   num_rows = x.shape[0]
   num_tiles = -(-num_rows // tile_rows)
   x = jnp.pad(x, ((0, num_tiles * tile_rows - num_rows), (0, 0)))
   tiles = x.reshape(num_tiles, tile_rows, x.shape[1])                          # [n, R, K]
+  dims = (((1,), (1 if w_transposed else 0,)), ((), ()))
 
   def one_tile(tile: jax.Array) -> jax.Array:
-    tile, kernel = jax.lax.optimization_barrier((tile, w))
-    return jax.lax.optimization_barrier(
-        jnp.dot(tile, kernel, preferred_element_type=out_dtype))               # [R, N]
+    tile = jax.lax.optimization_barrier(tile)
+    return jax.lax.optimization_barrier(jax.lax.dot_general(
+        tile, w, dims, preferred_element_type=out_dtype))                      # [R, N]
 
   out = jax.lax.map(one_tile, tiles)                                           # [n, R, N]
   return out.reshape(num_tiles * tile_rows, -1)[:num_rows]
 
 
-def pallas_matmul(x: jax.Array, w: jax.Array, out_dtype: jnp.dtype, **tiles) -> jax.Array:
-  """x [T, K] @ w [K, N] through the fixed-tile Pallas kernel (interpret mode off a GPU); tiles:
-  fixed_tile_matmul's blocks, num_warps, num_stages."""
-  return fixed_tile_matmul(x, w, out_dtype, interpret=jax.default_backend() != "gpu", **tiles)
+def pallas_matmul(x: jax.Array, w: jax.Array, out_dtype: jnp.dtype, w_transposed: bool = False,
+                  **tiles) -> jax.Array:
+  """x [T, K] @ w [K, N] (w_transposed: w [N, K]) through the fixed-tile Pallas kernel
+  (interpret mode off a GPU); tiles: fixed_tile_matmul's blocks, num_warps, num_stages."""
+  return fixed_tile_matmul(x, w, out_dtype, w_transposed=w_transposed,
+                           interpret=jax.default_backend() != "gpu", **tiles)
 
 
 def auto_matmul(x: jax.Array, w: jax.Array, out_dtype: jnp.dtype,
-                tile_rows: int = DEFAULT_TILE_ROWS) -> jax.Array:
+                tile_rows: int = DEFAULT_TILE_ROWS, w_transposed: bool = False) -> jax.Array:
   """On GPUs the fixed-tile kernel (PALLAS_TILES) where w's shape divides into its blocks, else
   (and off GPUs) row tiles. The choice follows w's shape and the platform, never the rows."""
-  block_m, block_n, block_k = PALLAS_TILES["blocks"]
-  if (jax.default_backend() == "gpu" and w.shape[1] % block_n == 0
-      and w.shape[0] % block_k == 0):
-    return pallas_matmul(x, w, out_dtype, **PALLAS_TILES)
-  return row_tiled_matmul(x, w, out_dtype, tile_rows)
+  _, block_n, block_k = PALLAS_TILES["blocks"]
+  k, n = w.shape[::-1] if w_transposed else w.shape
+  if jax.default_backend() == "gpu" and n % block_n == 0 and k % block_k == 0:
+    return pallas_matmul(x, w, out_dtype, w_transposed, **PALLAS_TILES)
+  return row_tiled_matmul(x, w, out_dtype, tile_rows, w_transposed)
 
 
 def invariant_matmul(gemm: str = "auto", tile_rows: int = DEFAULT_TILE_ROWS):
@@ -91,4 +95,5 @@ def batch_invariant_backend(gemm: str = "auto",
       f"batch invariant ({gemm})",
       column=lambda x, kernel: matmul(x.astype(kernel.dtype), kernel, kernel.dtype),
       row=lambda x, kernel: matmul(x.astype(kernel.dtype), kernel, kernel.dtype),
-      logits=lambda x, kernel: matmul(x.astype(kernel.dtype), kernel, jnp.float32))
+      logits=lambda x, weight, vocab_major: matmul(x.astype(weight.dtype), weight, jnp.float32,
+                                                   w_transposed=vocab_major))

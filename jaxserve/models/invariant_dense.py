@@ -30,18 +30,19 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 DenseFn = Callable[[jax.Array, jax.Array], jax.Array]
+LogitsFn = Callable[[jax.Array, jax.Array, bool], jax.Array]
 REDUCTION_GROUPS = 2  # the tensor-parallel degree whose GEMMs the unsharded model reproduces
 
 
 @dataclass(frozen=True)
 class DenseBackend:
   """column(x [T, K], kernel [K, N]) -> [T, N] and row(x [T, K], kernel [K, N]) -> [T, N], both
-  in the kernel's dtype; logits(x [S, H], kernel [H, V]) -> float32 [S, V] (None: one jnp.dot,
-  float32 out)."""
+  in the kernel's dtype; logits(x [S, H], weight, vocab_major) -> float32 [S, V], weight
+  [H, V] or, vocab_major (a tied embedding), [V, H] (None: one jnp.dot, float32 out)."""
   name: str
   column: DenseFn
   row: DenseFn
-  logits: DenseFn | None = None
+  logits: LogitsFn | None = None
 
 
 def _group_slices(size: int, num_groups: int, what: str) -> list[slice]:
@@ -51,7 +52,7 @@ def _group_slices(size: int, num_groups: int, what: str) -> list[slice]:
   return [slice(g * width, (g + 1) * width) for g in range(num_groups)]
 
 
-MatmulFn = Callable[[jax.Array, jax.Array, jnp.dtype], jax.Array]
+MatmulFn = Callable[..., jax.Array]  # (x [T, K], w, out_dtype, w_transposed=False) -> [T, N]
 
 
 def _dot(x: jax.Array, kernel: jax.Array, out_dtype: jnp.dtype) -> jax.Array:
@@ -96,7 +97,8 @@ def grouped_dense_backend(num_groups: int, matmul: MatmulFn | None = None) -> De
       row=lambda x, kernel: row_group_partials(x, kernel, num_groups, matmul).astype(
           kernel.dtype),
       logits=None if matmul is None else
-      lambda x, kernel: matmul(x.astype(kernel.dtype), kernel, jnp.float32))
+      lambda x, weight, vocab_major: matmul(x.astype(weight.dtype), weight, jnp.float32,
+                                            w_transposed=vocab_major))
 
 
 class InvariantDense(nn.Module):

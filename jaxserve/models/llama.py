@@ -160,11 +160,13 @@ class DecoderLayer(nn.Module):
     return x, k_pages, v_pages
 
 
-def logits_gemm(dense: DenseBackend | None, hidden: jax.Array, kernel: jax.Array) -> jax.Array:
-  """hidden [N, H] @ kernel [H, V] -> float32 [N, V]: `dense.logits` when it has one."""
+def logits_gemm(dense: DenseBackend | None, hidden: jax.Array, weight: jax.Array,
+                vocab_major: bool = False) -> jax.Array:
+  """hidden [N, H] @ weight [H, V] (vocab_major: weight [V, H], a tied embedding) -> float32
+  [N, V]: `dense.logits` when it has one."""
   if dense is not None and dense.logits is not None:
-    return dense.logits(hidden, kernel)
-  return jnp.dot(hidden, kernel, preferred_element_type=jnp.float32)
+    return dense.logits(hidden, weight, vocab_major)
+  return jnp.dot(hidden, weight.T if vocab_major else weight, preferred_element_type=jnp.float32)
 
 
 class LMHead(nn.Module):
@@ -226,5 +228,5 @@ class LlamaForCausalLM(nn.Module):
     """hidden [N, H] (after the final norm) -> float32[N, vocab_size]."""
     if self.config.tie_word_embeddings:
       embedding = self.embed_tokens.embedding                              # [V, H]
-      return logits_gemm(self.dense, hidden, embedding.T)
+      return logits_gemm(self.dense, hidden, embedding, vocab_major=True)
     return self.lm_head(hidden)

@@ -48,5 +48,6 @@ def shard_dense_backend(mesh: Mesh, num_groups: int,
 
   logits = None
   if matmul is not None:
-    logits = lambda x, kernel: matmul(x.astype(kernel.dtype), kernel, jnp.float32)
+    logits = lambda x, weight, vocab_major: matmul(x.astype(weight.dtype), weight, jnp.float32,
+                                                   w_transposed=vocab_major)
   return DenseBackend(f"grouped x{local_groups} per shard, {size} shards", column, row, logits)

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from jaxserve.attention import backends
 from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion, small_engine
+from tests.models.hf_checkpoints import build_hf_checkpoint
 
 PROBE = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, logprobs=0)
 VOCAB = 500
@@ -40,15 +41,15 @@ def _interpreted(module_name: str) -> backends.AttentionBackend:
 
 
 @functools.lru_cache(maxsize=None)
-def _engine(backend: str, invariant: bool, chunk: int):
+def _engine(backend: str, invariant: bool, chunk: int, model: str = "tiny-random"):
   """chunk 64: the reference engine (a probe's prompt in one chunk, one sequence bucket, single
   steps); otherwise a crowd engine with `chunk`-token steps, a 12-page pool (preemption) and,
   on the XLA path, decode bursts of 4 (the interpreted kernels compile no bursts: slow)."""
   if chunk == 64:
-    return small_engine(attention_backend=backend, batch_invariant=invariant, max_num_seqs=8,
+    return small_engine(model, attention_backend=backend, batch_invariant=invariant, max_num_seqs=8,
                         seq_buckets=(8,), token_buckets=(64,), max_tokens_per_step=64,
                         num_pages=64, max_model_len=128)
-  return small_engine(attention_backend=backend, batch_invariant=invariant, max_num_seqs=8,
+  return small_engine(model, attention_backend=backend, batch_invariant=invariant, max_num_seqs=8,
                       seq_buckets=(2, 8), token_buckets=(chunk,), max_tokens_per_step=chunk,
                       num_pages=8, max_model_len=128,
                       num_scheduler_steps=4 if backend == "xla" else 1)
@@ -62,17 +63,17 @@ def _run(engine, requests) -> tuple[tuple[int, ...], bytes]:
   return out.token_ids, np.array([e.logprob for e in out.logprobs], np.float32).tobytes()
 
 
-def _check(backend: str, draw: dict, invariant: bool = True) -> bool:
+def _check(backend: str, draw: dict, invariant: bool = True, model: str = "tiny-random") -> bool:
   rng = np.random.default_rng(draw["seed"])
   probe = rng.integers(1, VOCAB, draw["probe_len"]).tolist()
-  alone = _run(_engine(backend, invariant, 64), [("probe", probe, PROBE)])
+  alone = _run(_engine(backend, invariant, 64, model), [("probe", probe, PROBE)])
   requests = [(f"mate-{i}", rng.integers(1, VOCAB, n).tolist(),
                SamplingParams(temperature=t, max_tokens=m, seed=i, ignore_eos=True))
               for i, (n, m, t) in enumerate(draw["mates"])]
   if draw["share_prefix"] and draw["probe_len"] > 16:  # its first page from the prefix cache
     requests.insert(0, ("prefix", probe[:16], SamplingParams(temperature=0.0, max_tokens=2)))
   requests.insert(len(requests) // 2, ("probe", probe, PROBE))
-  crowd = _run(_engine(backend, invariant, draw["chunk"]), requests)
+  crowd = _run(_engine(backend, invariant, draw["chunk"], model), requests)
   return crowd == alone
 
 
@@ -104,6 +105,14 @@ def test_the_property_fails_without_the_mode():
   assert _check("xla", draw)
   assert _engine("xla", True, 8).stats().num_preemptions > preemptions  # the pool is tight
   assert not _check("xla", draw, invariant=False)
+
+
+def test_tied_embeddings(tmp_path):
+  """The logits of a tied-embedding model come from the [V, H] embedding itself."""
+  model = str(build_hf_checkpoint("llama_tied", tmp_path / "tied"))
+  draw = {"probe_len": 33, "mates": [(30, 12, 0.0), (7, 12, 0.9), (20, 5, 0.0)], "chunk": 8,
+          "share_prefix": True, "seed": 1}
+  assert _check("xla", draw, model=model)
 
 
 @pytest.fixture(scope="module")

@@ -52,6 +52,16 @@ def test_random_sweep_against_reference(m, k, n, blocks, dtype):
                              atol=tolerance, rtol=tolerance)
 
 
+def test_transposed_weight():
+  x = jax.random.normal(jax.random.key(5), (20, 64), jnp.float32)
+  w = jax.random.normal(jax.random.key(6), (64, 48), jnp.float32)
+  out = run(x, jnp.asarray(np.asarray(w).T), w_transposed=True)                # w given [N, K]
+  np.testing.assert_allclose(out, matmul_reference(x, w, jnp.float32), atol=F32_TOLERANCE,
+                             rtol=F32_TOLERANCE)
+  with pytest.raises(ValueError, match="N, K"):
+    run(x, w, w_transposed=True)
+
+
 def test_rows_are_bitwise_the_same_whatever_the_row_count():
   x = jax.random.normal(jax.random.key(0), (70, 64), jnp.float32)
   w = jax.random.normal(jax.random.key(1), (64, 32), jnp.float32)

@@ -61,8 +61,10 @@ def test_backend_projections_and_logits(gemm):
     np.testing.assert_allclose(np.asarray(out, np.float32),
                                np.asarray(x, np.float32) @ np.asarray(w, np.float32),
                                atol=2e-2, rtol=2e-2)
-  assert backend.logits(x, w).dtype == jnp.float32
-  assert_rows_invariant(jax.jit(lambda x: backend.logits(x, w)), x)
+  logits = backend.logits(x, w, False)
+  assert logits.dtype == jnp.float32
+  np.testing.assert_allclose(backend.logits(x, w.T, True), logits, rtol=1e-5, atol=1e-5)  # tied
+  assert_rows_invariant(jax.jit(lambda x: backend.logits(x, w, False)), x)
 
 
 def test_unknown_gemm_raises():

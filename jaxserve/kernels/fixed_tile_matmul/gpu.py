@@ -26,7 +26,7 @@ DEFAULT_BLOCKS = (64, 128, 64)  # block_m, block_n, block_k
 
 
 def _matmul_kernel(x_ref, w_ref, o_ref, *, num_rows: int, block_m: int, block_n: int,
-                   block_k: int):
+                   block_k: int, w_transposed: bool):
   row_block, col_block = pl.program_id(0), pl.program_id(1)
   rows = row_block * block_m + jnp.arange(block_m, dtype=jnp.int32)            # [BM]
   row_mask = (rows < num_rows)[:, None]                                       # [BM, 1]
@@ -37,8 +37,13 @@ def _matmul_kernel(x_ref, w_ref, o_ref, *, num_rows: int, block_m: int, block_n:
   def fold(k, acc):
     x = plgpu.load(x_ref.at[rows, k * block_k + lanes],
                    mask=jnp.broadcast_to(row_mask, (block_m, block_k)), other=0)   # [BM, BK]
-    w = w_ref[pl.ds(k * block_k, block_k), cols]                              # [BK, BN]
-    return acc + jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())),
+    if w_transposed:
+      w = w_ref[cols, pl.ds(k * block_k, block_k)]                            # [BN, BK]
+      dims = (((1,), (1,)), ((), ()))
+    else:
+      w = w_ref[pl.ds(k * block_k, block_k), cols]                            # [BK, BN]
+      dims = (((1,), (0,)), ((), ()))
+    return acc + jax.lax.dot_general(x, w, dims,
                                      preferred_element_type=jnp.float32)      # [BM, BN]
 
   acc = jax.lax.fori_loop(0, x_ref.shape[1] // block_k, fold,
@@ -48,13 +53,13 @@ def _matmul_kernel(x_ref, w_ref, o_ref, *, num_rows: int, block_m: int, block_n:
               mask=jnp.broadcast_to(row_mask, (block_m, block_n)))
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype", "blocks", "num_warps", "num_stages",
-                                             "interpret"))
-def _matmul(x, w, *, out_dtype, blocks, num_warps, num_stages, interpret):
-  (num_rows, _), num_cols = x.shape, w.shape[1]
+@functools.partial(jax.jit, static_argnames=("out_dtype", "blocks", "w_transposed", "num_warps",
+                                             "num_stages", "interpret"))
+def _matmul(x, w, *, out_dtype, blocks, w_transposed, num_warps, num_stages, interpret):
+  num_rows, num_cols = x.shape[0], w.shape[0 if w_transposed else 1]
   block_m, block_n, block_k = blocks
   kernel = functools.partial(_matmul_kernel, num_rows=num_rows, block_m=block_m,
-                             block_n=block_n, block_k=block_k)
+                             block_n=block_n, block_k=block_k, w_transposed=w_transposed)
   return pl.pallas_call(
       kernel,
       grid=(pl.cdiv(num_rows, block_m), num_cols // block_n),
@@ -68,13 +73,16 @@ def _matmul(x, w, *, out_dtype, blocks, num_warps, num_stages, interpret):
 
 
 def fixed_tile_matmul(x: jax.Array, w: jax.Array, out_dtype: jnp.dtype | None = None, *,
+                      w_transposed: bool = False,
                       blocks: tuple[int, int, int] = DEFAULT_BLOCKS, num_warps: int = 4,
                       num_stages: int = 3, interpret: bool = False) -> jax.Array:
-  """x [M, K] @ w [K, N] -> [M, N] in out_dtype (default w's), float32 accumulation; blocks =
+  """x [M, K] @ w [K, N] -> [M, N] in out_dtype (default w's), float32 accumulation; with
+  w_transposed, w is [N, K] (x @ w.T without a transposed copy: a tied embedding). blocks =
   (block_m, block_n, block_k), powers of two >= 16 with N % block_n == 0 and K % block_k == 0."""
-  if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
-    raise ValueError(f"fixed_tile_matmul: expected x [M, K] and w [K, N], got {x.shape} and "
-                     f"{w.shape}")
+  w_kn = w.shape[::-1] if w_transposed and w.ndim == 2 else w.shape
+  if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w_kn[0]:
+    raise ValueError(f"fixed_tile_matmul: expected x [M, K] and w [{'N, K' if w_transposed else 'K, N'}], "
+                     f"got {x.shape} and {w.shape}")
   if x.dtype != w.dtype:
     raise ValueError(f"fixed_tile_matmul: x and w must share a dtype, got {x.dtype} and "
                      f"{w.dtype}")
@@ -82,11 +90,11 @@ def fixed_tile_matmul(x: jax.Array, w: jax.Array, out_dtype: jnp.dtype | None = 
     raise ValueError(f"fixed_tile_matmul: blocks: expected three powers of two >= 16, got "
                      f"{blocks}")
   block_m, block_n, block_k = blocks
-  if w.shape[1] % block_n or w.shape[0] % block_k:
+  if w_kn[1] % block_n or w_kn[0] % block_k:
     raise ValueError(f"fixed_tile_matmul: w {w.shape}: K must be a multiple of block_k "
                      f"{block_k} and N of block_n {block_n}")
   out_dtype = jnp.dtype(w.dtype if out_dtype is None else out_dtype)
   if x.shape[0] == 0:
-    return jnp.zeros((0, w.shape[1]), out_dtype)
-  return _matmul(x, w, out_dtype=out_dtype, blocks=tuple(blocks), num_warps=num_warps,
-                 num_stages=num_stages, interpret=interpret)
+    return jnp.zeros((0, w_kn[1]), out_dtype)
+  return _matmul(x, w, out_dtype=out_dtype, blocks=tuple(blocks), w_transposed=w_transposed,
+                 num_warps=num_warps, num_stages=num_stages, interpret=interpret)
