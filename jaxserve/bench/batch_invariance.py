@@ -204,7 +204,8 @@ def print_report(report: dict, num_probes: int) -> None:
   for name, entry in report.items():
     print(f"--- {name} ({entry['num_preemptions']} preemptions, {entry['seconds']} s)")
     for r in entry["probes"]:
-      print(f"{name} {r['probe']:>9}: tokens {'identical' if r['tokens_identical'] else 'DIFFER':>9}"
+      tokens = "identical" if r["tokens_identical"] else "DIFFER"
+      print(f"{name} {r['probe']:>9}: tokens {tokens:>9}"
             f"  logprobs {'bitwise' if r['logprobs_bitwise'] else 'DIFFER':>7}"
             f"  first differing token {r['first_differing_token']}"
             f"  logprob {r['first_differing_logprob']}")

@@ -7,8 +7,8 @@ with the batch, measured on the device itself with the model's shapes (random va
              For several formulations: `dot` (one XLA dot, the step's usual options),
              `row_tiles_R` (tiles of R rows, models/batch_invariant_dense.py), `batched_R` (the
              same tiles as one batched GEMM against the broadcast weight), `pallas_*` (the
-             fixed-tile kernel, blocks MxNxK, warps, stages), `configured` (what the config's step runs); with each one's
-             median time per bucket.
+             fixed-tile kernel, blocks MxNxK, warps, stages), `configured` (what the config's
+             step runs); with each one's median time per bucket.
   rmsnorm    the model's RMSNorm over the rows of each token bucket.
   attention  the configured attention backend (with batch_invariant's fixed tiles when on), one
              probe sequence: its prefill in one chunk against chunks of 16 / 64 / 128 tokens and

@@ -81,8 +81,9 @@ def fixed_tile_matmul(x: jax.Array, w: jax.Array, out_dtype: jnp.dtype | None = 
   (block_m, block_n, block_k), powers of two >= 16 with N % block_n == 0 and K % block_k == 0."""
   w_kn = w.shape[::-1] if w_transposed and w.ndim == 2 else w.shape
   if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w_kn[0]:
-    raise ValueError(f"fixed_tile_matmul: expected x [M, K] and w [{'N, K' if w_transposed else 'K, N'}], "
-                     f"got {x.shape} and {w.shape}")
+    layout = "N, K" if w_transposed else "K, N"
+    raise ValueError(f"fixed_tile_matmul: expected x [M, K] and w [{layout}], got {x.shape} and "
+                     f"{w.shape}")
   if x.dtype != w.dtype:
     raise ValueError(f"fixed_tile_matmul: x and w must share a dtype, got {x.dtype} and "
                      f"{w.dtype}")
