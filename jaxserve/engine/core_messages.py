@@ -9,8 +9,8 @@ conversion to dataclasses, and a Struct is cheaper to build than a dataclass eve
 leaves the process. Structs are `array_like` (fields by position, no key strings on the wire)
 and `gc=False` (they hold no cycles).
 
-Into the core: AddRequests (one HTTP call's requests, with the admission limit the core applies
-to the group) and AbortRequests. Out of the core, one StepOutputs per loop iteration and client:
+Into the core: Hello, AddRequests (one HTTP call's requests, with the admission limit the core
+applies to the group), AbortRequests and ClientGone. Out of the core, one StepOutputs per loop iteration and client:
 that step's EngineCoreOutputs of the client's requests (token ids, logprobs, finish reasons, no
 text), the answers to the adds it applied, and the EngineStats snapshot; and CoreFailed, the
 last message of a core whose engine raised.
@@ -68,6 +68,16 @@ class AbortRequests(msgspec.Struct, tag=True, array_like=True, gc=False):
   stopped: bool = False
 
 
+class Hello(msgspec.Struct, tag=True, array_like=True, gc=False):
+  """A client's first message: the core registers it and answers with its stats."""
+
+
+class ClientGone(msgspec.Struct, tag=True, array_like=True, gc=False):
+  """A client is gone (its own goodbye, or the supervisor's word that its process died): the
+  core aborts every request the client owned."""
+  identity: str
+
+
 # -- core -> client ------------------------------------------------------------------------------
 class AddResult(msgspec.Struct, array_like=True, gc=False):
   """error: why the group was refused (a ValueError naming the field); queue_full: refused
@@ -88,5 +98,5 @@ class CoreFailed(msgspec.Struct, tag=True, array_like=True, gc=False):
   error: str
 
 
-ToCore = AddRequests | AbortRequests
+ToCore = AddRequests | AbortRequests | Hello | ClientGone
 FromCore = StepOutputs | CoreFailed

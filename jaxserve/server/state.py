@@ -20,7 +20,7 @@ from starlette.requests import Request
 
 from jaxserve.config import ServerConfig
 from jaxserve.server.admission import Place
-from jaxserve.server.async_engine import AsyncEngine
+from jaxserve.server.engine_client import EngineClient
 from jaxserve.server.errors import ApiError, not_found, queue_full, unavailable
 from jaxserve.server.metrics import ServerMetrics
 from jaxserve.tokenizer.tokenizer import Tokenizer
@@ -30,7 +30,7 @@ T = TypeVar("T")
 
 @dataclass
 class ServingState:
-  engine: AsyncEngine
+  engine: EngineClient
   tokenizer: Tokenizer
   config: ServerConfig
   model_name: str
@@ -66,7 +66,7 @@ class ServingState:
       raise unavailable("the server is shutting down")
     if not self.engine.alive:
       raise unavailable("the engine has stopped")
-    place = self.engine.waiting.try_admit(self.config.max_waiting_requests)
+    place = self.engine.try_admit(self.config.max_waiting_requests)
     if place is None:
       raise queue_full(self.config.max_waiting_requests)
     try:
