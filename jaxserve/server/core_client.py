@@ -40,8 +40,10 @@ CONNECT_TIMEOUT_S = 30.0
 class CoreClient:
   """An EngineClient (server/engine_client.py) over the engine core process at `address`."""
 
-  def __init__(self, address: str, tokenizer: Tokenizer, identity: str | None = None):
+  def __init__(self, address: str, tokenizer: Tokenizer, identity: str | None = None,
+               connect_timeout_s: float = CONNECT_TIMEOUT_S):
     self._address = address
+    self._connect_timeout_s = connect_timeout_s
     self._identity = (identity or f"api-{os.getpid()}-{id(self):x}").encode()
     self._processor = OutputProcessor(tokenizer)
     self._encoder = msgspec.msgpack.Encoder()
@@ -113,7 +115,8 @@ class CoreClient:
       pass
 
   async def attach(self) -> None:
-    """Connects and waits for the core's first stats (EngineDeadError if it never answers)."""
+    """Connects and waits for the core's first stats; a core that does not answer in time
+    leaves the client failed (/health 503, requests 503)."""
     self._loop = asyncio.get_running_loop()
     self._context = zmq.asyncio.Context()
     self._socket = self._context.socket(zmq.DEALER)
@@ -122,9 +125,14 @@ class CoreClient:
     monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     self._socket.connect(self._address)
     self._send(Hello())
-    first = self._decoder.decode(await asyncio.wait_for(self._socket.recv(), CONNECT_TIMEOUT_S))
     self._attached = True
-    self._receive_message(first)
+    try:
+      first = await asyncio.wait_for(self._socket.recv(), self._connect_timeout_s)
+    except asyncio.TimeoutError:
+      self._fail(f"the engine core at {self._address} did not answer")
+      monitor.close()
+      return
+    self._receive_message(self._decoder.decode(first))
     self._tasks = [asyncio.ensure_future(self._receive()), asyncio.ensure_future(self._watch(monitor))]
 
   async def detach(self) -> None:
