@@ -80,10 +80,11 @@ class ClientGone(msgspec.Struct, tag=True, array_like=True, gc=False):
 
 # -- core -> client ------------------------------------------------------------------------------
 class AddResult(msgspec.Struct, array_like=True, gc=False):
-  """error: why the group was refused (a ValueError naming the field); queue_full: refused
-  because max_waiting groups are waiting."""
+  """error: why the group was refused (a ValueError naming the field; context_length: it was
+  the ContextLengthError); queue_full: refused because max_waiting groups are waiting."""
   group: int
   error: str | None = None
+  context_length: bool = False
   queue_full: bool = False
 
 

@@ -24,7 +24,9 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from jaxserve.engine.core_messages import (AbortRequests, AddRequests, ClientGone, CoreFailed,
+from jaxserve.engine.admission import ContextLengthError
+from jaxserve.engine.core_messages import (AbortRequests, AddRequests, AddResult, ClientGone,
+                                           CoreFailed,
                                            EngineCoreRequest, FromCore, Hello, StepOutputs)
 from jaxserve.engine.engine_stats import EngineStats
 from jaxserve.engine.output_processor import OutputProcessor
@@ -175,7 +177,7 @@ class CoreClient:
       return
     self._stats, self._num_http_waiting = message.stats, message.num_http_waiting
     for answer in message.added:
-      self._answer(answer.group, answer.error, answer.queue_full)
+      self._answer(answer)
     if not message.outputs:
       return
     outputs, stopped = self._processor.process(message.outputs)
@@ -188,8 +190,9 @@ class CoreClient:
       if stream is not None:
         stream._put(output)
 
-  def _answer(self, group: int, error: str | None, full: bool) -> None:
-    future, request_ids, limit = self._adds.pop(group)
+  def _answer(self, answer: AddResult) -> None:
+    future, request_ids, limit = self._adds.pop(answer.group)
+    error, full = answer.error, answer.queue_full
     if error is not None or full:
       for request_id in request_ids:
         self._streams.pop(request_id, None)
@@ -199,7 +202,7 @@ class CoreClient:
     if full:
       future.set_exception(queue_full(limit))
     elif error is not None:
-      future.set_exception(ValueError(error))
+      future.set_exception(ContextLengthError(error) if answer.context_length else ValueError(error))
     else:
       future.set_result(None)
 

@@ -26,6 +26,7 @@ from collections import defaultdict
 import msgspec
 import zmq
 
+from jaxserve.engine.admission import ContextLengthError
 from jaxserve.engine.core_messages import (AbortRequests, AddRequests, AddResult, ClientGone,
                                            CoreFailed, EngineCoreOutput, Hello, StepOutputs,
                                            ToCore)
@@ -101,7 +102,8 @@ class CoreLoop:
     except ValueError as err:
       for request_id in done:
         self._core.abort_request(request_id)  # its output goes nowhere: nobody owns it
-      return AddResult(message.group, error=str(err))
+      return AddResult(message.group, error=str(err),
+                       context_length=isinstance(err, ContextLengthError))
     key = (identity, message.group)
     self._not_started[key] = set(done)
     requests = self._clients.setdefault(identity, set())

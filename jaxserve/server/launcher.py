@@ -12,8 +12,8 @@ server processes) and closes its own copy. Then it waits on the children:
 * SIGTERM or SIGINT: forwarded to the API servers as SIGTERM (each drains, server/drain.py);
   once all have exited the core gets SIGTERM; exit 0.
 * The core dies: the API servers have already failed their open streams (their CoreClient saw
-  the connection close) and answer /health with 503; they are drained and the supervisor exits
-  1, logging the core's error.
+  the connection close) and answer /health with 503; CORE_DEATH_GRACE_S later they are drained
+  and the supervisor exits 1, logging the core's error.
 * An API server dies: the supervisor tells the core (ClientGone over its own DEALER socket),
   which aborts that process's requests; the others keep serving. When none is left the supervisor stops the core and exits 1.
 """
@@ -23,6 +23,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import time
 from multiprocessing.connection import wait
 
 import msgspec
@@ -36,6 +37,7 @@ from jaxserve.server.core_process import CoreStartError, start_core_process
 
 logger = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 30.0
+CORE_DEATH_GRACE_S = 2.0
 
 
 def default_api_server_count() -> int:
@@ -75,9 +77,10 @@ def serve_multiprocess(config: EngineConfig, count: int, log_level: str) -> int:
       process.start()
       apis.append(process)
     sock.close()
-    logger.info("serving %r on http://%s:%d with %d API server process(es) (warmup %.1fs)",
-                server.served_model_name or core.info.model_name, server.host, server.port,
-                count, core.info.warmup_seconds)
+    logger.info("serving %r on http://%s:%d (warmup %.1fs): engine core pid %d, API server "
+                "pids %s", server.served_model_name or core.info.model_name, server.host,
+                server.port, core.info.warmup_seconds, core.process.pid,
+                ",".join(str(p.pid) for p in apis))
     return _supervise(core, apis, stopping)
   finally:
     for sig, handler in previous.items():
@@ -103,9 +106,11 @@ def _wait_for_children(core, apis, stopping: list[int], control: zmq.Socket) -> 
   while alive:
     ready = wait([core.process.sentinel] + [p.sentinel for p in alive])
     if core.process.sentinel in ready:
+      core.process.join()
       error = core.error() or f"exit code {core.process.exitcode}"
       logger.error("the engine core process died: %s", error)
       status = 1
+      time.sleep(CORE_DEATH_GRACE_S)  # /health says 503 a moment before the port closes
       for process in alive:
         if process.is_alive():
           os.kill(process.pid, signal.SIGTERM)
