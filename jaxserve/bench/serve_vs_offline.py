@@ -1,0 +1,201 @@
+"""The HTTP server against the engine in-process, on one machine in one run (issue 15).
+
+    python -m jaxserve.bench.serve_vs_offline --model /tmp/llama8b --config configs/h100.yaml \
+        --max-model-len 2048 --out-dir out/serve_vs_offline
+
+1. bench_offline (LLM.generate's in-process path, streaming each request's final output only)
+   on N prompts of `--input-len` token ids, `--output-len` tokens each, greedy, ignore_eos.
+2. For each server mode (the multi-process server: an engine core process and
+   `--api-server-count` API server processes; then the single-process server,
+   `--api-server-count 0`): `jaxserve serve` with the same engine settings, then with
+   `jaxserve bench serve`'s load generator (every token streamed, a chunk per step)
+   a. the same N x in/out workload at an unbounded rate;
+   b. a rate sweep (`--sweep-rates`, `--sweep-input-len` / `--sweep-output-len`,
+      `--sweep-range-ratio`): rate x `--sweep-seconds` prompts per finite rate,
+      `--sweep-inf-prompts` at inf;
+   c. single-stream: `--single-stream-prompts` requests one at a time (TPOT of one sequence).
+3. One JSON, the throughput-latency plot of both servers' sweeps, and a table on stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from jaxserve.bench.bench_serve import ReportOptions, ServeBenchConfig, run_one_rate
+from jaxserve.bench.datasets import random_requests
+from jaxserve.tools.json_file import write_json
+
+MODES = {"multi-process": None, "single-process": 0}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--model", required=True)
+  parser.add_argument("--config", help="YAML engine config for every run")
+  parser.add_argument("--max-model-len", type=int, default=2048)
+  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+  parser.add_argument("--api-server-count", type=int, help="of the multi-process server "
+                      "(default: jaxserve serve's)")
+  parser.add_argument("--num-prompts", type=int, default=1000)
+  parser.add_argument("--input-len", type=int, default=256)
+  parser.add_argument("--output-len", type=int, default=256)
+  parser.add_argument("--sweep-rates", default="1,4,16,32,inf")
+  parser.add_argument("--sweep-input-len", type=int, default=1024)
+  parser.add_argument("--sweep-output-len", type=int, default=128)
+  parser.add_argument("--sweep-range-ratio", type=float, default=0.5)
+  parser.add_argument("--sweep-seconds", type=float, default=30.0)
+  parser.add_argument("--sweep-inf-prompts", type=int, default=500)
+  parser.add_argument("--single-stream-prompts", type=int, default=8)
+  parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, of " +
+                      ", ".join(MODES))
+  parser.add_argument("--port", type=int, default=8000)
+  parser.add_argument("--start-timeout-s", type=float, default=900.0)
+  parser.add_argument("--out-dir", default="out/serve_vs_offline")
+  return parser.parse_args(argv)
+
+
+def _engine_flags(args) -> list[str]:
+  flags = ["--max-model-len", str(args.max_model_len)]
+  if args.config:
+    flags += ["--config", args.config]
+  for item in args.set:
+    flags += ["--set", item]
+  return flags
+
+
+def run_offline(args, out_dir: Path) -> dict:
+  path = out_dir / "bench_offline.json"
+  subprocess.run([sys.executable, "-m", "jaxserve.bench.bench_offline", "--model", args.model,
+                  *_engine_flags(args), "--num-prompts", str(args.num_prompts), "--input-len",
+                  str(args.input_len), "--output-len", str(args.output_len), "--no-stream",
+                  "--log-level", "WARNING", "--out", str(path)], check=True)
+  return json.loads(path.read_text())
+
+
+def start_server(args, count: int | None, log_path: Path) -> subprocess.Popen:
+  command = [sys.executable, "-m", "jaxserve.cli", "serve", args.model, *_engine_flags(args),
+             "--host", "127.0.0.1", "--port", str(args.port), "--log-level", "WARNING"]
+  if count is not None:
+    command += ["--api-server-count", str(count)]
+  process = subprocess.Popen(command, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+  deadline = time.monotonic() + args.start_timeout_s
+  while time.monotonic() < deadline:
+    if process.poll() is not None:
+      raise RuntimeError(f"the server exited with {process.returncode}; see {log_path}")
+    try:
+      if httpx.get(f"http://127.0.0.1:{args.port}/health", timeout=1).status_code == 200:
+        return process
+    except httpx.TransportError:
+      pass
+    time.sleep(0.5)
+  process.kill()
+  raise RuntimeError(f"the server did not become healthy in {args.start_timeout_s} s")
+
+
+def stop_server(process: subprocess.Popen) -> int:
+  process.send_signal(signal.SIGTERM)
+  try:
+    return process.wait(120)
+  except subprocess.TimeoutExpired:
+    process.kill()
+    return process.wait(10)
+
+
+def _vocabulary(model: str) -> tuple[str, list[int]]:
+  from jaxserve.models.registry import load_model_tokenizer
+  tokenizer = load_model_tokenizer(model)
+  special = set(tokenizer.all_special_ids)
+  return model, [i for i in range(tokenizer.backend.get_vocab_size()) if i not in special]
+
+
+def _run(url: str, name: str, requests, rate: float, concurrency: int | None = None) -> dict:
+  options = ReportOptions((50.0, 99.0), ("ttft", "tpot", "itl"), None)
+  config = ServeBenchConfig(base_url=url, model=name, request_rate=rate, ignore_eos=True,
+                            max_concurrency=concurrency)
+  run = run_one_rate(config, requests, options)
+  run.pop("requests")
+  return run
+
+
+def bench_server(args, url: str, name: str, pool: list[int]) -> dict:
+  burst = random_requests(args.num_prompts, args.input_len, args.output_len, seed=0,
+                          token_ids=pool)
+  result = {"burst": _run(url, name, burst, math.inf), "sweep": []}
+  for rate in [math.inf if r.strip() == "inf" else float(r) for r in args.sweep_rates.split(",")]:
+    count = args.sweep_inf_prompts if math.isinf(rate) else max(4, round(rate * args.sweep_seconds))
+    requests = random_requests(count, args.sweep_input_len, args.sweep_output_len,
+                               range_ratio=args.sweep_range_ratio, seed=1, token_ids=pool)
+    result["sweep"].append(_run(url, name, requests, rate))
+  single = random_requests(args.single_stream_prompts, args.sweep_input_len,
+                           args.sweep_output_len, seed=2, token_ids=pool)
+  result["single_stream"] = _run(url, name, single, math.inf, concurrency=1)
+  return result
+
+
+def table(result: dict) -> str:
+  a = result["args"]
+  sweep = f"sweep ({a['sweep_input_len']}/{a['sweep_output_len']}, ratio {a['sweep_range_ratio']})"
+  offline = result["offline"]["output_tokens_per_s"]
+  lines = [f"{'path':<34}{'out tok/s':>11}{'vs offline':>11}{'failed':>8}"
+           f"{'TPOT p50/p99 ms':>18}{'ITL p50/p99 ms':>18}",
+           f"{'LLM.generate (bench_offline)':<34}{offline:>11.0f}{'100%':>11}"]
+  for mode, server in result["servers"].items():
+    m = server["burst"]["metrics"]
+    lines.append(f"{mode + ' HTTP, burst':<34}{m['output_throughput']:>11.0f}"
+                 f"{m['output_throughput'] / offline:>11.0%}{m['failed']:>8}"
+                 f"{_pair(m, 'tpot'):>18}{_pair(m, 'itl'):>18}")
+  lines.append("")
+  lines.append(f"{sweep:<34}{'rate':>6}{'out tok/s':>11}"
+               f"{'TTFT p50/p99 ms':>20}{'TPOT p50/p99 ms':>18}{'ITL p50/p99 ms':>18}")
+  for mode, server in result["servers"].items():
+    for run in server["sweep"] + [dict(server["single_stream"], request_rate="1 stream")]:
+      m = run["metrics"]
+      lines.append(f"{mode:<34}{str(run['request_rate']):>6}{m['output_throughput']:>11.0f}"
+                   f"{_pair(m, 'ttft'):>20}{_pair(m, 'tpot'):>18}{_pair(m, 'itl'):>18}")
+  return "\n".join(lines)
+
+
+def _pair(metrics: dict, key: str) -> str:
+  d = metrics[key]
+  return f"{d['median_ms']:.1f} / {d['percentiles_ms']['p99']:.1f}"
+
+
+def main(argv=None) -> int:
+  from jaxserve.tools import plots
+
+  args = parse_args(argv)
+  out_dir = Path(args.out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  result = {"model": args.model, "config": args.config, "args": vars(args),
+            "offline": run_offline(args, out_dir), "servers": {}}
+  name, pool = _vocabulary(args.model)
+  url = f"http://127.0.0.1:{args.port}"
+  for mode in args.modes.split(","):
+    count = MODES[mode] if mode != "multi-process" else args.api_server_count
+    process = start_server(args, count, out_dir / f"serve_{mode}.log")
+    try:
+      served = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+      result["servers"][mode] = bench_server(args, url, served, pool)
+    finally:
+      result["servers"].get(mode, {})["exit_code"] = stop_server(process)
+  write_json(out_dir / "serve_vs_offline.json", result)
+  plots.sweep_curves({mode: s["sweep"] for mode, s in result["servers"].items()},
+                     out_dir / "sweep_throughput_latency.png",
+                     title=f"{os.path.basename(args.model)}: {args.sweep_input_len} in / "
+                     f"{args.sweep_output_len} out, range ratio {args.sweep_range_ratio}")
+  print(table(result))
+  failed = sum(s["burst"]["metrics"]["failed"] for s in result["servers"].values())
+  return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
