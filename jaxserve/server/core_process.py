@@ -4,7 +4,8 @@ start_core_process() spawns it (multiprocessing "spawn": the parent never import
 until the engine is built and warmed up; the child then sends CoreInfo (the tokenizer and the
 model's limits, pickled once over a multiprocessing pipe: API server processes need them and
 never load the model). If the build or the loop fails, the child sends the error's text on the
-same pipe before it exits non-zero, so the supervisor can report it.
+same pipe before it exits non-zero, so the supervisor can report it (a ValueError, a bad
+setting, travels as itself: `jaxserve serve` reports it as any bad flag, status 2).
 
 Why pyzmq for the step traffic: ZeroMQ's ROUTER/DEALER sockets give one connection per API
 server process with routing by identity, message framing, a monitor that sees the core's end close (a dead core is
@@ -22,6 +23,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import sys
 import tempfile
 import threading
 import uuid
@@ -81,8 +83,8 @@ def core_address() -> str:
 
 def start_core_process(config: EngineConfig, log_level: str = "INFO",
                        address: str | None = None) -> CoreHandle:
-  """Spawns the core and returns once it serves; CoreStartError with the child's error if the
-  engine could not be built."""
+  """Spawns the core and returns once it serves; the child's ValueError (a bad setting) or a
+  CoreStartError with its error if the engine could not be built."""
   address = address or core_address()
   context = multiprocessing.get_context("spawn")
   parent_end, child_end = context.Pipe(duplex=False)
@@ -96,10 +98,20 @@ def start_core_process(config: EngineConfig, log_level: str = "INFO",
     process.join(5)
     raise CoreStartError(f"the engine core process exited with code {process.exitcode} "
                          "before it served") from None
+  if isinstance(message, ValueError):  # a bad setting: the CLI reports it as its own
+    process.join(30)
+    raise message
   if not isinstance(message, CoreInfo):
     process.join(30)
     raise CoreStartError(str(message))
   return CoreHandle(process, address, message, parent_end)
+
+
+def _send_quietly(pipe: Connection, message: object) -> None:
+  try:
+    pipe.send(message)
+  except OSError:
+    pass
 
 
 def run_core_process(config: EngineConfig, address: str, pipe: Connection,
@@ -129,11 +141,11 @@ def run_core_process(config: EngineConfig, address: str, pipe: Connection,
       CoreLoop(engine.core, socket).run(stop)
     finally:
       engine.runner.close()
+  except ValueError as err:  # bad settings (a missing checkpoint...): the parent reports it
+    _send_quietly(pipe, err)
+    sys.exit(2)
   except BaseException as err:
-    try:
-      pipe.send(f"{type(err).__name__}: {err}")
-    except OSError:
-      pass
+    _send_quietly(pipe, f"{type(err).__name__}: {err}")
     raise
   finally:
     socket.close()
