@@ -15,6 +15,7 @@ CoreFailed, every open stream and pending add fails with EngineDeadError (an err
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import os
@@ -39,6 +40,12 @@ logger = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 30.0
 
 
+def _zero_stats() -> EngineStats:
+  return EngineStats(**{f.name: 0 for f in dataclasses.fields(EngineStats)
+                        if f.default is dataclasses.MISSING
+                        and f.default_factory is dataclasses.MISSING})
+
+
 class CoreClient:
   """An EngineClient (server/engine_client.py) over the engine core process at `address`."""
 
@@ -53,7 +60,7 @@ class CoreClient:
     self._streams: dict[str, OutputStream] = {}
     self._adds: dict[int, tuple[asyncio.Future, list[str], int]] = {}
     self._groups = itertools.count()
-    self._stats = EngineStats(0, 0, 0, 0, 0, 0)
+    self._stats = _zero_stats()  # until the core's first message
     self._num_http_waiting = 0
     self._error: str | None = None
     self._attached = False

@@ -85,3 +85,22 @@ def test_max_n_is_validated(value):
   with pytest.raises(ValueError, match=r"^server\.max_n: must be an integer >= 1"):
     load_config(overrides=[f"server.max_n={value}"])
   assert load_config(overrides=["server.max_n=8"]).server.max_n == 8
+
+
+def test_api_servers_share_one_limit(served, small_queue):
+  """Two API servers (CoreClients) on one engine core, each with the limit: the core counts
+  for both, so LIMIT requests sent to each (2 x LIMIT at once) cannot all wait; each server
+  counting alone would admit all of them."""
+  other = start_server(served.backend, max_waiting_requests=LIMIT, max_n=4)
+  try:
+    async def both() -> list[int]:
+      first, second = await asyncio.gather(_burst(small_queue.url, LIMIT, 1, max_tokens=64),
+                                           _burst(other.url, LIMIT, 1, max_tokens=64))
+      return first + second
+
+    statuses = asyncio.run(both())
+  finally:
+    other.stop()
+  assert set(statuses) == {200, 429}
+  assert statuses.count(200) >= LIMIT
+  assert wait_for_idle(small_queue.url)["jaxserve_num_http_requests_waiting"] == 0
