@@ -65,23 +65,30 @@ def serve_multiprocess(config: EngineConfig, count: int, log_level: str) -> int:
     except CoreStartError as err:
       logger.error("the engine core did not start: %s", err)
       return 1
-    if stopping:
+    try:
+      if stopping:
+        core.stop(STOP_TIMEOUT_S)
+        return 0
+      server = config.server
+      sock = uvicorn.Config(None, host=server.host, port=server.port).bind_socket()
+      context = multiprocessing.get_context("spawn")
+      for index in range(count):
+        process = context.Process(target=run_api_server, name=f"jaxserve-api-{index}",
+                                  args=(server, core.info, core.address, sock, index, log_level))
+        process.start()
+        apis.append(process)
+      sock.close()
+      logger.info("serving %r on http://%s:%d (warmup %.1fs): engine core pid %d, API server "
+                  "pids %s", server.served_model_name or core.info.model_name, server.host,
+                  server.port, core.info.warmup_seconds, core.process.pid,
+                  ",".join(str(p.pid) for p in apis))
+      return _supervise(core, apis, stopping)
+    finally:  # whatever happened, no child outlives the supervisor
+      for process in apis:
+        if process.is_alive():
+          process.terminate()
+          process.join(STOP_TIMEOUT_S)
       core.stop(STOP_TIMEOUT_S)
-      return 0
-    server = config.server
-    sock = uvicorn.Config(None, host=server.host, port=server.port).bind_socket()
-    context = multiprocessing.get_context("spawn")
-    for index in range(count):
-      process = context.Process(target=run_api_server, name=f"jaxserve-api-{index}",
-                                args=(server, core.info, core.address, sock, index, log_level))
-      process.start()
-      apis.append(process)
-    sock.close()
-    logger.info("serving %r on http://%s:%d (warmup %.1fs): engine core pid %d, API server "
-                "pids %s", server.served_model_name or core.info.model_name, server.host,
-                server.port, core.info.warmup_seconds, core.process.pid,
-                ",".join(str(p.pid) for p in apis))
-    return _supervise(core, apis, stopping)
   finally:
     for sig, handler in previous.items():
       signal.signal(sig, handler)
