@@ -10,10 +10,10 @@ leaves the process. Structs are `array_like` (fields by position, no key strings
 and `gc=False` (they hold no cycles).
 
 Into the core: Hello, AddRequests (one HTTP call's requests, with the admission limit the core
-applies to the group), AbortRequests and ClientGone. Out of the core, one StepOutputs per loop iteration and client:
-that step's EngineCoreOutputs of the client's requests (token ids, logprobs, finish reasons, no
-text), the answers to the adds it applied, and the EngineStats snapshot; and CoreFailed, the
-last message of a core whose engine raised.
+applies to the group), AbortRequests and ClientGone. Out of the core, one StepOutputs per loop
+iteration and client: that step's EngineCoreOutputs of the client's requests (token ids,
+logprobs, finish reasons, no text), the answers to the adds it applied, and the EngineStats
+snapshot; and CoreFailed, the last message of a core whose engine raised.
 """
 from __future__ import annotations
 

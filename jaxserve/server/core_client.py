@@ -142,7 +142,8 @@ class CoreClient:
       monitor.close()
       return
     self._receive_message(self._decoder.decode(first))
-    self._tasks = [asyncio.ensure_future(self._receive()), asyncio.ensure_future(self._watch(monitor))]
+    self._tasks = [asyncio.ensure_future(self._receive()),
+                   asyncio.ensure_future(self._watch(monitor))]
 
   async def detach(self) -> None:
     for task in self._tasks:
@@ -209,7 +210,8 @@ class CoreClient:
     if full:
       future.set_exception(queue_full(limit))
     elif error is not None:
-      future.set_exception(ContextLengthError(error) if answer.context_length else ValueError(error))
+      kind = ContextLengthError if answer.context_length else ValueError
+      future.set_exception(kind(error))
     else:
       future.set_result(None)
 

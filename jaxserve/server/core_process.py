@@ -8,14 +8,15 @@ same pipe before it exits non-zero, so the supervisor can report it (a ValueErro
 setting, travels as itself: `jaxserve serve` reports it as any bad flag, status 2).
 
 Why pyzmq for the step traffic: ZeroMQ's ROUTER/DEALER sockets give one connection per API
-server process with routing by identity, message framing, a monitor that sees the core's end close (a dead core is
-noticed at once, even after SIGKILL) and background I/O threads that write while the
-core computes, over a Unix socket (ipc://) with no broker; it is what vLLM V1 and SGLang use.
-A shared-memory ring would save a copy per message, but a step's message is a few hundred
-kilobytes at most and the copy costs microseconds next to a step's milliseconds.
+server process with routing by identity, message framing, a monitor that sees the core's end
+close (a dead core is noticed at once, even after SIGKILL) and background I/O threads that write
+while the core computes, over a Unix socket (ipc://) with no broker; it is what vLLM V1 and
+SGLang use. A shared-memory ring would save a copy per message, but a step's message is a few
+hundred kilobytes at most and the copy costs microseconds next to a step's milliseconds.
 
 Signals: SIGTERM stops the loop after the current step (the supervisor sends it once the API
-server processes have drained); SIGINT is ignored, as the supervisor decides when the core stops.
+server processes have drained); SIGINT is ignored, as the supervisor decides when the core
+stops.
 """
 from __future__ import annotations
 

@@ -15,7 +15,8 @@ server processes) and closes its own copy. Then it waits on the children:
   the connection close) and answer /health with 503; CORE_DEATH_GRACE_S later they are drained
   and the supervisor exits 1, logging the core's error.
 * An API server dies: the supervisor tells the core (ClientGone over its own DEALER socket),
-  which aborts that process's requests; the others keep serving. When none is left the supervisor stops the core and exits 1.
+  which aborts that process's requests; the others keep serving. When none is left the
+  supervisor stops the core and exits 1.
 """
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ import pytest
 
 from jaxserve.server.core_process import CoreHandle
 from jaxserve.tokenizer.tokenizer import Tokenizer
-from tests.server.server_helpers import Backend, RunningServer, core_backend, start_core, start_server
+from tests.server.server_helpers import (Backend, RunningServer, core_backend, start_core,
+                                         start_server)
 
 API_KEY = "test-secret-key"
 
