@@ -14,7 +14,9 @@
       `--sweep-range-ratio`): rate x `--sweep-seconds` prompts per finite rate,
       `--sweep-inf-prompts` at inf;
    c. single-stream: `--single-stream-prompts` requests one at a time (TPOT of one sequence).
-3. One JSON, the throughput-latency plot of both servers' sweeps, and a table on stdout.
+3. The weight-read time: the checkpoint's weight bytes over the device's measured copy
+   bandwidth (a jitted copy of a 4 GiB array, read + write), the floor of a single stream's TPOT.
+4. One JSON, the throughput-latency plot of both servers' sweeps, and a table on stdout.
 """
 from __future__ import annotations
 
@@ -79,6 +81,34 @@ def run_offline(args, out_dir: Path) -> dict:
                   str(args.input_len), "--output-len", str(args.output_len), "--no-stream",
                   "--log-level", "WARNING", "--out", str(path)], check=True)
   return json.loads(path.read_text())
+
+
+_BANDWIDTH = """
+import json, time, jax, jax.numpy as jnp
+x = jnp.ones((1 << 31,), jnp.bfloat16)  # 4 GiB
+copy = jax.jit(lambda a: a + jnp.bfloat16(1))
+copy(x).block_until_ready()
+start = time.perf_counter()
+for _ in range(10):
+  y = copy(x)
+y.block_until_ready()
+print(json.dumps({"copy_gb_per_s": 10 * 2 * x.nbytes / (time.perf_counter() - start) / 1e9}))
+"""
+
+
+def weight_read(model: str) -> dict:
+  """The checkpoint's weight bytes and the device's copy bandwidth (a separate process, before
+  any server holds the device)."""
+  files = list(Path(model).glob("*.safetensors")) if Path(model).is_dir() else []
+  if not files:
+    return {}
+  run = subprocess.run([sys.executable, "-c", _BANDWIDTH], capture_output=True, text=True)
+  if run.returncode != 0:
+    return {"error": run.stderr[-2000:]}
+  result = json.loads(run.stdout.strip().splitlines()[-1])
+  result["weight_bytes"] = sum(f.stat().st_size for f in files)
+  result["weight_read_ms"] = result["weight_bytes"] / (result["copy_gb_per_s"] * 1e9) * 1e3
+  return result
 
 
 def start_server(args, count: int | None, log_path: Path) -> subprocess.Popen:
@@ -161,6 +191,14 @@ def table(result: dict) -> str:
       m = run["metrics"]
       lines.append(f"{mode:<34}{str(run['request_rate']):>6}{m['output_throughput']:>11.0f}"
                    f"{_pair(m, 'ttft'):>20}{_pair(m, 'tpot'):>18}{_pair(m, 'itl'):>18}")
+  read = result["weight_read"].get("weight_read_ms")
+  if read:
+    lines.append("")
+    lines.append(f"weight-read time {read:.2f} ms ({result['weight_read']['weight_bytes'] / 1e9:.1f}"
+                 f" GB at {result['weight_read']['copy_gb_per_s']:.0f} GB/s copy bandwidth); "
+                 "single-stream TPOT p50 / weight-read: " + ", ".join(
+                     f"{mode} {s['single_stream']['metrics']['tpot']['median_ms'] / read:.2f}x"
+                     for mode, s in result["servers"].items()))
   return "\n".join(lines)
 
 
@@ -176,7 +214,8 @@ def main(argv=None) -> int:
   out_dir = Path(args.out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   result = {"model": args.model, "config": args.config, "args": vars(args),
-            "offline": run_offline(args, out_dir), "servers": {}}
+            "offline": run_offline(args, out_dir), "weight_read": weight_read(args.model),
+            "servers": {}}
   name, pool = _vocabulary(args.model)
   url = f"http://127.0.0.1:{args.port}"
   for mode in args.modes.split(","):

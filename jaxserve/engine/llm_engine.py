@@ -45,9 +45,18 @@ class LLMEngine:
     self.eos_token_ids = eos_token_ids
     self.model_name = model_name
     self.warmup_seconds = warmup_seconds
-    self.async_scheduling = self.core.async_scheduling
     self.timings = self.core.timings
     self._ids = itertools.count()
+
+  @property
+  def async_scheduling(self) -> bool:
+    """Whether step() dispatches the next step before it reads this one's results (the core's
+    setting; a benchmark may turn it off)."""
+    return self.core.async_scheduling
+
+  @async_scheduling.setter
+  def async_scheduling(self, value: bool) -> None:
+    self.core.async_scheduling = value
 
   # -- admission ---------------------------------------------------------------------------
   def next_request_number(self) -> int:
