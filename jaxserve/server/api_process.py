@@ -6,6 +6,7 @@ it never imports jax. The tokenizer and the model's limits come from the core (C
 """
 from __future__ import annotations
 
+import gc
 import signal
 import socket
 
@@ -26,4 +27,6 @@ def run_api_server(config: ServerConfig, info: CoreInfo, address: str, sock: soc
   client = CoreClient(address, info.tokenizer, identity=f"api-{index}")
   app = build_app(client, info.tokenizer, config, model_name=info.model_name,
                   max_model_len=info.max_model_len, vocab_size=info.vocab_size)
+  gc.collect()
+  gc.freeze()  # the app's long-lived objects: later collections do not scan them
   run_app(app, config, log_level, sock=sock, stats_prefix=f"API server {index}: ")

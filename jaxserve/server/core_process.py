@@ -20,6 +20,7 @@ stops.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import os
@@ -136,6 +137,8 @@ def run_core_process(config: EngineConfig, address: str, pipe: Connection,
     engine = build_engine(config)
     socket.setsockopt(zmq.LINGER, 1000)
     socket.bind(address)
+    gc.collect()
+    gc.freeze()  # the engine's long-lived objects: later collections do not scan them
     pipe.send(CoreInfo(engine.tokenizer, config.model,
                        engine.max_model_len, engine.vocab_size, engine.warmup_seconds))
     try:
