@@ -131,6 +131,8 @@ class CoreClient:
     self._socket = self._context.socket(zmq.DEALER)
     self._socket.setsockopt(zmq.IDENTITY, self._identity)
     self._socket.setsockopt(zmq.LINGER, 0)
+    self._socket.setsockopt(zmq.SNDHWM, 0)  # never drop or refuse a message (see core_process)
+    self._socket.setsockopt(zmq.RCVHWM, 0)
     monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     self._socket.connect(self._address)
     self._send(Hello())

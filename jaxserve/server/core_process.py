@@ -136,6 +136,10 @@ def run_core_process(config: EngineConfig, address: str, pipe: Connection,
     prepare_jax_process(config.cache.memory_fraction)
     engine = build_engine(config)
     socket.setsockopt(zmq.LINGER, 1000)
+    # no high-water marks: a ROUTER drops what a slow peer cannot take, which would lose a
+    # stream's tokens; a client's backlog is bounded by its own requests instead
+    socket.setsockopt(zmq.SNDHWM, 0)
+    socket.setsockopt(zmq.RCVHWM, 0)
     socket.bind(address)
     gc.collect()
     gc.freeze()  # the engine's long-lived objects: later collections do not scan them
