@@ -259,6 +259,7 @@ def main(argv=None) -> int:
       result["servers"][mode] = bench_server(args, url, served, pool)
     finally:
       result["servers"].get(mode, {})["exit_code"] = stop_server(process)
+    write_json(out_dir / "serve_vs_offline.json", result)  # what is done survives a cut run
   write_json(out_dir / "serve_vs_offline.json", result)
   plots.sweep_curves({mode: s["sweep"] for mode, s in result["servers"].items()},
                      out_dir / "sweep_throughput_latency.png",
