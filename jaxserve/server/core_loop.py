@@ -49,6 +49,7 @@ class CoreLoop:
     self._group_of: dict[str, tuple[bytes, int]] = {}
     self._not_started: dict[tuple[bytes, int], set[str]] = {}   # waiting HTTP requests
     self._last_stats = None
+    self._gone: set[bytes] = set()   # clients said gone: their late messages are ignored
 
   def run(self, stop: threading.Event) -> None:
     poller = zmq.Poller()
@@ -75,6 +76,8 @@ class CoreLoop:
   def _handle(self, identity: bytes, payload: bytes,
               added: dict[bytes, list[AddResult]]) -> None:
     message = self._decoder.decode(payload)
+    if identity in self._gone:  # sent before the client died, read after the supervisor's word
+      return
     if isinstance(message, Hello):
       self._clients.setdefault(identity, set())
       self._send_to(identity, StepOutputs([], [], self._core.stats(), len(self._not_started)))
@@ -115,6 +118,7 @@ class CoreLoop:
 
   def _drop_client(self, identity: bytes) -> None:
     """A client went away: abort its requests (their outputs go nowhere)."""
+    self._gone.add(identity)
     requests = self._clients.pop(identity, set())
     for request_id in requests:
       self._core.abort_request(request_id)
