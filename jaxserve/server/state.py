@@ -3,7 +3,9 @@
 Admission order for a generation request: parse and validate the body (400; `n` above
 server.max_n too), check the model (404), refuse while draining or after the engine died (503),
 take a place among the waiting requests (429; server/admission.py), and only then tokenize, in
-a thread pool so the event loop never blocks on it.
+a thread pool so the event loop never blocks on it. Over the engine core process the place is
+counted by the core when the tokenized requests arrive there (server/core_loop.py): a 429 then
+comes after tokenizing, and the limit holds for every API server process together.
 """
 from __future__ import annotations
 
@@ -60,8 +62,8 @@ class ServingState:
   @contextlib.asynccontextmanager
   async def admit(self) -> AsyncIterator[Place]:
     """One place among the waiting requests for this HTTP call; pass it to engine.add(), whose
-    stream gives it back when the call's requests have started. Given back here if the block
-    raises."""
+    stream gives it back when the call's requests have started (or, over the engine core
+    process, which takes it then: add() raises the 429). Given back here if the block raises."""
     if self.draining.is_set():
       raise unavailable("the server is shutting down")
     if not self.engine.alive:
