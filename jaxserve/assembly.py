@@ -27,7 +27,7 @@ import numpy as np
 from jaxserve.config import EngineConfig
 from jaxserve.device.buckets import Bucket, BucketSet
 from jaxserve.device.compile_ledger import CompileLedger
-from jaxserve.device.device_memory import kv_budget_bytes, max_concurrency
+from jaxserve.device.device_memory import fit_pool_bytes, kv_budget_bytes, max_concurrency
 from jaxserve.device.kv_cache import (KVCacheSpec, allocate_kv_pages, kv_cache_spec,
                                       resolve_max_model_len)
 from jaxserve.device.lowering import temp_bytes
@@ -87,11 +87,16 @@ def build_device(config: EngineConfig, *,
   model = placement.module()
   page_size = config.cache.page_size
   shape = StepShape(page_size, math.ceil(max_model_len / page_size), max_model_len)
-  free_bytes = kv_budget_bytes(config.cache.memory_fraction,
-                               scratch_measured=placement.mesh is None)
-  if free_bytes is not None and placement.mesh is None and config.cache.num_pages is None \
-      and config.cache.memory_bytes is None:
-    free_bytes -= _step_scratch_bytes(config, placement, buckets, shape)
+  free_bytes = None
+  planned = kv_budget_bytes(config.cache.memory_fraction, device_weight_bytes(params),
+                            scratch_measured=placement.mesh is None)
+  if planned is not None:
+    free_bytes, memory = planned
+    scratch = 0
+    if placement.mesh is None and config.cache.num_pages is None \
+        and config.cache.memory_bytes is None:
+      scratch = _step_scratch_bytes(config, placement, buckets, shape)
+    free_bytes = fit_pool_bytes(free_bytes - scratch, memory.largest_free_bytes, scratch)
   spec = kv_cache_spec(config, model_config, max_model_len, free_bytes, placement.num_shards)
   if agree_num_pages is not None:
     spec = KVCacheSpec(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.page_size,
@@ -114,6 +119,13 @@ def build_device(config: EngineConfig, *,
       greedy=step_greedy(config, sharded=shardings is not None), compiler_options=options)
   runner = ModelRunner(model, params, kv_pages, buckets, shape, programs, publisher)
   return DeviceBundle(model_config, runner, spec, max_model_len)
+
+
+def device_weight_bytes(params: dict) -> int:
+  """The params' bytes on one device, from their shapes, dtypes and shardings (run-invariant,
+  unlike the allocator's live count)."""
+  return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+             for x in jax.tree_util.tree_leaves(params))
 
 
 def _step_scratch_bytes(config: EngineConfig, placement: Placement, buckets: BucketSet,
