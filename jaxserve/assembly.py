@@ -131,7 +131,7 @@ def device_weight_bytes(params: dict) -> int:
 def _step_scratch_bytes(config: EngineConfig, placement: Placement, buckets: BucketSet,
                         shape: StepShape) -> int:
   """Device scratch the largest bucket's step needs (compiled once against a 2-page pool), plus
-  a quarter for fragmentation: the KV pool is sized from what is left."""
+  a quarter for fragmentation, in whole 64 MiB: the KV pool is sized from what is left."""
   model_config = placement.model.config
   probe_spec = KVCacheSpec(model_config.num_layers, model_config.num_kv_heads,
                            model_config.head_dim, shape.page_size, 2, model_config.dtype)
@@ -143,7 +143,8 @@ def _step_scratch_bytes(config: EngineConfig, placement: Placement, buckets: Buc
   scratch = temp_bytes(probe, largest) or 0
   logger.info("step scratch memory: %.2f GiB for bucket %s (reserved before sizing the KV pool)",
               scratch / 2**30, largest)
-  return int(scratch * 1.25)
+  quantum = 64 << 20  # rounded up: an autotuned GEMM's workspace may differ by a few MiB
+  return -(-int(scratch * 1.25) // quantum) * quantum
 
 
 def build_engine(config: EngineConfig, *, show_progress: bool = True) -> LLMEngine:
