@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from jaxserve.config import EngineConfig
-from jaxserve.device.buckets import Bucket, BucketSet
+from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.device.compile_ledger import CompileLedger
 from jaxserve.device.device_memory import fit_pool_bytes, kv_budget_bytes, max_concurrency
 from jaxserve.device.kv_cache import (KVCacheSpec, allocate_kv_pages, kv_cache_spec,

@@ -32,7 +32,7 @@ import jax
 import numpy as np
 from flax import linen as nn
 
-from jaxserve.device.buckets import BucketSet
+from jaxserve.messages.buckets import BucketSet
 from jaxserve.device.kv_cache import KVPages
 from jaxserve.device.packing import PackedStepInputs, pack
 from jaxserve.device.sampler import SampleOutput, SamplerMode
