@@ -22,11 +22,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from jaxserve.engine.admission import check_length, check_token_ids
-from jaxserve.engine.device_port import CompileCounter, StepRunner
+from jaxserve.engine.device_port import CompileCounter, ProgramStatus, StepRunner
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request, RequestStatus
 from jaxserve.engine.request_state import RequestState
 from jaxserve.engine.scheduler import Scheduler
+from jaxserve.messages.buckets import BucketSet
+from jaxserve.messages.program_readiness import ANY_BUCKET, ProgramReadiness
 from jaxserve.messages.scheduled_batch import ScheduledBatch
 from jaxserve.messages.step_output import StepOutput
 from jaxserve.outputs import RequestOutput, TokenLogprob
@@ -89,15 +91,28 @@ class EngineStats:
   num_total_pages: int
   num_preemptions: int
   num_compilations: int
+  num_programs_compiled: int = 0  # step programs compiled by warmup / the compile thread
+  num_programs_total: int = 0     # step programs planned (0: compiled on first use)
+
+
+class _AllReady:
+  """The ProgramStatus of a runner whose programs compile on first use (warmup "lazy")."""
+
+  def readiness(self) -> ProgramReadiness:
+    return ANY_BUCKET
 
 
 class LLMEngine:
-  """Continuous-batching engine over one model. Build it with jaxserve.assembly."""
+  """Continuous-batching engine over one model. Build it with jaxserve.assembly. Each step is
+  padded to the smallest bucket of `buckets` that holds it among those `programs` reports
+  compiled (with programs compiling in the background, a step may take a larger bucket than
+  it would once all are)."""
 
   def __init__(self, *, tokenizer: Tokenizer, runner: StepRunner, scheduler: Scheduler,
                allocator: PageAllocator, max_model_len: int, vocab_size: int,
                eos_token_ids: tuple[int, ...], ledger: CompileCounter, seed: int = 0,
-               model_name: str = "", warmup_seconds: float = 0.0):
+               model_name: str = "", warmup_seconds: float = 0.0,
+               buckets: BucketSet | None = None, programs: ProgramStatus | None = None):
     self.tokenizer = tokenizer
     self.runner = runner
     self.scheduler = scheduler
@@ -108,6 +123,8 @@ class LLMEngine:
     self.ledger = ledger
     self.model_name = model_name
     self.warmup_seconds = warmup_seconds
+    self.buckets = buckets
+    self.programs: ProgramStatus = programs or _AllReady()
     self._rng = np.random.default_rng(seed)
     self._ids = itertools.count()
     self._requests: dict[str, Request] = {}
@@ -189,7 +206,8 @@ class LLMEngine:
     batch = self.scheduler.schedule()
     mark = timings.add_phase("schedule", mark)
     if not batch.is_empty:
-      inputs = self.runner.prepare(batch, previous.handle if previous else None)
+      inputs = self.runner.prepare(batch, previous.handle if previous else None,
+                                   self._bucket(batch))
       mark = timings.add_phase("prepare", mark)
       handle = self.runner.dispatch(inputs, batch)
       mark = timings.add_phase("dispatch", mark)
@@ -219,6 +237,14 @@ class LLMEngine:
       entry[0] += 1
       entry[1] += host_seconds
     return outputs
+
+  def _bucket(self, batch: ScheduledBatch):
+    """The smallest ready bucket holding the batch (None: the runner's smallest)."""
+    if self.buckets is None:
+      return None
+    ready = self.programs.readiness()
+    return self.buckets.pick(batch.num_seqs, batch.num_tokens,
+                             ready.bursts if batch.num_steps > 1 else ready.steps)
 
   def _complete(self, step: _StepInFlight) -> list[RequestState]:
     """Waits for a dispatched step and applies its results."""
@@ -318,4 +344,6 @@ class LLMEngine:
         num_used_pages=self.allocator.num_used_pages,
         num_total_pages=self.allocator.num_usable_pages,
         num_preemptions=self.scheduler.num_preemptions_total,
-        num_compilations=self.ledger.num_compilations)
+        num_compilations=self.ledger.num_compilations,
+        num_programs_compiled=self.programs.readiness().num_compiled,
+        num_programs_total=self.programs.readiness().num_total)

@@ -89,7 +89,7 @@ def serve(args: argparse.Namespace) -> int:
     return run_follower(config)
   server_config = config.server
   start = time.monotonic()
-  engine = build_engine(config)
+  engine = build_engine(config, default_warmup="background")  # ready after one bucket
   async_engine = AsyncEngine(engine).start()
   app = build_app(async_engine, engine.tokenizer, server_config, model_name=config.model,
                   max_model_len=engine.max_model_len, vocab_size=engine.vocab_size)
