@@ -50,11 +50,17 @@ class StepRunner(Protocol[Prepared, Handle]):
 
   def fetch(self, handle: Handle) -> StepOutput: ...
 
+  def close(self) -> None:
+    """Releases the device side (a multi-host job's other hosts)."""
+
 
 class ProgramStatus(Protocol):
   """Which buckets the device side has compiled (device/program_compiler.py)."""
 
   def readiness(self) -> ProgramReadiness: ...
+
+  def close(self) -> None:
+    """Stops any compilation still running."""
 
 
 class CompileCounter(Protocol):

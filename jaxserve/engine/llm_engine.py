@@ -101,6 +101,9 @@ class _AllReady:
   def readiness(self) -> ProgramReadiness:
     return ANY_BUCKET
 
+  def close(self) -> None:
+    pass
+
 
 class LLMEngine:
   """Continuous-batching engine over one model. Build it with jaxserve.assembly. Each step is
@@ -336,6 +339,12 @@ class LLMEngine:
       self.scheduler.finish_request(state.request.request_id, status)
     state.request.status = status
     state.finished_time = time.monotonic()
+
+  def close(self) -> None:
+    """Stops the background compilation (after the program it is compiling) and releases the
+    runner (a multi-host job's other hosts)."""
+    self.programs.close()
+    self.runner.close()
 
   # -- introspection -----------------------------------------------------------------------
   def stats(self) -> EngineStats:

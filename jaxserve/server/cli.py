@@ -114,7 +114,7 @@ def serve(args: argparse.Namespace) -> int:
     stats_logger.stop()
     async_engine.stop()
     state.executor.shutdown(wait=False)
-    engine.runner.close()
+    engine.close()
   logger.info("stopped")
   return 0
 
