@@ -9,7 +9,7 @@ compilation_cache_dir=DIR`, DIR empty for the fresh start, the same DIR for the 
 times, from the process start: /health answering 200, a greedy completion (its text compared
 between the phases: the fresh server answers it padded to the largest bucket, the restart maybe
 in its own), and /metrics reporting every step program compiled. After that, a mixed workload
-(random token prompts of 1 to --max-prompt tokens, 1 to 256 output tokens, greedy / random /
+(random token prompts of 1 to --max-prompt tokens, 1 to --max-output tokens, greedy / random /
 penalties / top logprobs / prompt logprobs / n=2, --concurrency at a time) runs for --workload-s
 seconds; the XLA compilations it caused (jaxserve_xla_compilations before and after) must be 0.
 From the server's log: the weights' GB and GB/s, the KV pool, the warmup lines. The restart
@@ -60,6 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument("--workload-s", type=float, default=150.0)
   parser.add_argument("--concurrency", type=int, default=64)
   parser.add_argument("--max-prompt", type=int, default=1500)
+  parser.add_argument("--max-output", type=int, default=256)
   parser.add_argument("--compile-timeout-s", type=float, default=420.0)
   parser.add_argument("--restart-wait", action="store_true",
                       help="also time the restart's background compilation")
@@ -151,9 +152,9 @@ class Server:
     return facts
 
 
-def random_request(rng: random.Random, vocab: int, max_prompt: int) -> dict:
-  prompt = [rng.randrange(100, vocab) for _ in range(rng.randint(1, max_prompt))]
-  body = {"prompt": prompt, "max_tokens": rng.randint(1, 256), "ignore_eos": True}
+def random_request(rng: random.Random, vocab: int, max_prompt: int, max_output: int) -> dict:
+  prompt = [rng.randrange(min(100, vocab - 1), vocab) for _ in range(rng.randint(1, max_prompt))]
+  body = {"prompt": prompt, "max_tokens": rng.randint(1, max_output), "ignore_eos": True}
   kind = rng.randrange(6)
   if kind == 1:
     body.update(temperature=0.8, top_p=0.9, top_k=50, seed=rng.randrange(1 << 30))
@@ -172,13 +173,13 @@ def random_request(rng: random.Random, vocab: int, max_prompt: int) -> dict:
 
 
 async def mixed_workload(url: str, model: str, seconds: float, concurrency: int, vocab: int,
-                         max_prompt: int, seed: int = 0) -> dict:
+                         max_prompt: int, max_output: int, seed: int = 0) -> dict:
   rng, deadline = random.Random(seed), time.monotonic() + seconds
   counts = {"ok": 0, "failed": 0, "output_tokens": 0}
   async with httpx.AsyncClient(base_url=url, timeout=600.0) as client:
     async def worker() -> None:
       while time.monotonic() < deadline:
-        body = random_request(rng, vocab, max_prompt)
+        body = random_request(rng, vocab, max_prompt, max_output)
         response = await client.post("/v1/completions", json={"model": model, **body})
         if response.status_code == 200:
           counts["ok"] += 1
@@ -217,7 +218,8 @@ def main(argv=None) -> int:
     fresh["probe_text_all_compiled"] = server.complete(PROBE)[0]
     before = server.metrics()["jaxserve_xla_compilations_total"]
     fresh["workload"] = asyncio.run(mixed_workload(server.url, server.model, args.workload_s,
-                                                   args.concurrency, vocab, args.max_prompt))
+                                                   args.concurrency, vocab, args.max_prompt,
+                                                   args.max_output))
     fresh["workload"]["seconds"] = args.workload_s
     fresh["workload"]["compilations"] = (server.metrics()["jaxserve_xla_compilations_total"]
                                          - before)
