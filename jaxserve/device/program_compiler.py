@@ -123,7 +123,6 @@ class ProgramCompiler:
     self._stop = threading.Event()
     self._thread: threading.Thread | None = None
     self.error: BaseException | None = None
-    self.seconds = 0.0  # spent compiling, all groups so far
 
   def readiness(self) -> ProgramReadiness:
     """The latest published readiness (an immutable snapshot: read without a lock)."""
@@ -180,13 +179,11 @@ class ProgramCompiler:
                   "ready)", self.num_total, time.perf_counter() - start, len(self._steps))
 
   def _compile_group(self, group: ProgramGroup) -> None:
-    start = time.perf_counter()
     for program in group.programs:
       self._compile(program)
       self._num_compiled += 1
     self._next_group += 1
     self._steps, self._bursts = self._steps | group.steps, self._bursts | group.bursts
-    self.seconds += time.perf_counter() - start
     self._readiness = ProgramReadiness(self._steps, self._bursts, self._num_compiled,
                                        self.num_total)
 
@@ -210,12 +207,4 @@ class ProgramCompiler:
       lowered = programs.burst.lower(self._params, self._kv_pages, packed_model_inputs(inputs),
                                      pack(inputs.sampling), program.mode)
     lowered.compile()
-
-
-def compile_everything(runner: ModelRunner) -> ProgramCompiler:
-  """A compiler whose every program is compiled (warmup "full" without executing the steps)."""
-  compiler = ProgramCompiler(runner)
-  compiler.compile_first()
-  compiler.compile_rest()
-  return compiler
 
