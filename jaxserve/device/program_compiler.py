@@ -12,7 +12,8 @@ lists them bucket by bucket, in the order they are worth compiling:
    padding there is;
 3. every other bucket, by tokens then sequences (a step's cost follows its tokens).
 
-ProgramCompiler compiles group 1 in the caller's thread (compile_first) and, with `background`,
+ProgramCompiler compiles group 1 in the caller's thread (compile_first; its programs lowered one
+by one, then compiled side by side on threads) and, with `background`,
 the others on one compile thread (start): XLA's compilation releases the GIL, so the engine keeps
 stepping meanwhile. Each program is lowered on padding inputs with the runner's own params and
 KV pages as abstract arguments (so the compile thread never touches the buffers the engine
@@ -27,6 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import jax
@@ -133,7 +135,7 @@ class ProgramCompiler:
     whatever else a step compiles, e.g. its eager constants, is compiled too); returns the
     seconds it took."""
     start = time.perf_counter()
-    self._compile_group(self.groups[0])
+    self._compile_group(self.groups[0], parallel=True)
     runner = self.runner
     runner.execute(dummy_inputs(runner, runner.buckets.largest()))
     if runner.burst_steps > 1:
@@ -178,16 +180,24 @@ class ProgramCompiler:
       logger.info("background compilation: all %d programs compiled in %.1f s (%d buckets "
                   "ready)", self.num_total, time.perf_counter() - start, len(self._steps))
 
-  def _compile_group(self, group: ProgramGroup) -> None:
-    for program in group.programs:
-      self._compile(program)
-      self._num_compiled += 1
+  def _compile_group(self, group: ProgramGroup, parallel: bool = False) -> None:
+    """Lowers the group's programs one by one (tracing holds the GIL) and compiles them, each
+    after its lowering or, with `parallel`, all at once on threads (XLA's compilation releases
+    the GIL: the small samplers compile beside the forward)."""
+    if parallel:
+      lowered = [self._lower(program) for program in group.programs]
+      with ThreadPoolExecutor(len(lowered) or 1, thread_name_prefix="jaxserve-compile") as pool:
+        list(pool.map(lambda program: program.compile(), lowered))
+    else:
+      for program in group.programs:
+        self._lower(program).compile()
+    self._num_compiled += len(group.programs)
     self._next_group += 1
     self._steps, self._bursts = self._steps | group.steps, self._bursts | group.bursts
     self._readiness = ProgramReadiness(self._steps, self._bursts, self._num_compiled,
                                        self.num_total)
 
-  def _compile(self, program: Program) -> None:
+  def _lower(self, program: Program) -> jax.stages.Lowered:
     runner, programs = self.runner, self.runner.programs
     inputs = dummy_inputs(runner, program.bucket, program.mode, program.kind == "prompt")
     if program.kind == "forward":
@@ -206,5 +216,5 @@ class ProgramCompiler:
     else:
       lowered = programs.burst.lower(self._params, self._kv_pages, packed_model_inputs(inputs),
                                      pack(inputs.sampling), program.mode)
-    lowered.compile()
+    return lowered
 
