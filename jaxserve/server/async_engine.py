@@ -36,9 +36,10 @@ from jaxserve.server.engine_client import EngineDeadError, OutputStream, Request
 logger = logging.getLogger(__name__)
 
 
-@dataclass
 IDLE_STATS_S = 1.0  # an idle engine thread refreshes its stats snapshot this often
 
+
+@dataclass
 class _Add:
   specs: list[RequestSpec]
   stream: OutputStream
