@@ -9,7 +9,10 @@ import json
 from jaxserve.bench import bench_server_startup
 
 
-def test_fresh_start_workload_and_restart(tmp_path):
+def test_fresh_start_workload_and_restart(tmp_path, monkeypatch):
+  for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+               "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"):
+    monkeypatch.delenv(name, raising=False)  # the servers use the bench's empty cache
   out = tmp_path / "startup.json"
   assert bench_server_startup.main([
       "--model", "tiny-random", "--max-model-len", "256", "--cache-dir", str(tmp_path / "xla"),
