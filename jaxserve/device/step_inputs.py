@@ -21,7 +21,7 @@ import numpy as np
 from jaxserve.attention.metadata import AttentionMetadata
 from jaxserve.messages.scheduled_batch import (PLACEHOLDER_TOKEN_ID, SAMPLING_ROW_WIDTH,
                                                BatchSampling, ScheduledBatch)
-from jaxserve.device.buckets import Bucket
+from jaxserve.messages.buckets import Bucket
 
 NUM_BANNED_IDS = 8  # eos + stop_token_ids masked while min_tokens is not reached
 
