@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxserve.attention.backends import AttentionBackend
 from jaxserve.config import EngineConfig
-from jaxserve.device.buckets import BucketSet
+from jaxserve.messages.buckets import BucketSet
 from jaxserve.bench.timing import median_ms
 from jaxserve.device.step_options import step_compiler_options
 from jaxserve.models.model_config import ModelConfig

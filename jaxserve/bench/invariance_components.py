@@ -30,7 +30,7 @@ import numpy as np
 
 from jaxserve.bench.timing import median_ms
 from jaxserve.config import EngineConfig
-from jaxserve.device.buckets import BucketSet
+from jaxserve.messages.buckets import BucketSet
 from jaxserve.device.sampler import xla_greedy
 from jaxserve.device.step_options import step_compiler_options, step_greedy
 from jaxserve.models.batch_invariant_dense import pallas_matmul, row_tiled_matmul

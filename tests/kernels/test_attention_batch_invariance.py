@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 from jaxserve.attention.backends import (AttentionBackend, XLA, batch_invariant_attention)
 from jaxserve.bench.invariance_attention import Harness, PagePool
 from jaxserve.config import EngineConfig
-from jaxserve.device.buckets import BucketSet
+from jaxserve.messages.buckets import BucketSet
 from jaxserve.kernels.ragged_paged_attention import gpu, tpu
 from jaxserve.models.builtin import builtin_config
 
