@@ -134,7 +134,8 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
       flags=(); [ $s = tpot1b+bi ] && flags=(--set batch_invariant=true)
       TAIL=22 step ${s//+/_} python3 -m jaxserve.bench.bench_offline --model /tmp/llama1b \
         --config configs/h100.yaml --num-prompts 1 --input-len 512 --output-len 512 \
-        --max-model-len 1100 --log-level WARNING --no-stream "${flags[@]}" --out "$OUT/${s//+/_}.json" ;;
+        --max-model-len 1100 --log-level WARNING --no-stream --set warmup=full "${flags[@]}" \
+        --out "$OUT/${s//+/_}.json" ;;
     invariance)  # issue 17: greedy tokens/logprobs alone vs in 200 others vs preempted vs prefix
       # cache hit, and the component checks, batch_invariant off and on (INV_MODELS, INV_MODES)
       for m in ${INV_MODELS:-1b 8b}; do for mode in ${INV_MODES:-off on}; do
