@@ -4,14 +4,16 @@ in a test) can stand behind them.
 
 A StepRunner turns a ScheduledBatch into a dispatched step and, later, its StepOutput: prepare
 pads the batch (tokens still in flight taken from the step `previous` dispatched), dispatch
-enqueues it and returns an opaque handle, fetch waits for the results. device/model_runner.py's
-ModelRunner is the implementation.
+enqueues it and returns an opaque handle, fetch waits for the results. A batch with
+grammar-constrained rows (batch.sampling.bitmask_rows) is dispatched without its sampler, which
+dispatch_sample enqueues once the engine has filled the rows' TokenBitmask.
+device/model_runner.py's ModelRunner is the implementation.
 """
 from __future__ import annotations
 
 from typing import Protocol, TypeVar
 
-from ..messages.scheduled_batch import ScheduledBatch
+from ..messages.scheduled_batch import ScheduledBatch, TokenBitmask
 from ..messages.step_output import StepOutput
 
 
@@ -42,6 +44,8 @@ class StepRunner(Protocol[Prepared, Handle]):
   def prepare(self, batch: ScheduledBatch, previous: Handle | None = None) -> Prepared: ...
 
   def dispatch(self, inputs: Prepared, batch: ScheduledBatch) -> Handle: ...
+
+  def dispatch_sample(self, handle: Handle, bitmask: TokenBitmask) -> Handle: ...
 
   def fetch(self, handle: Handle) -> StepOutput: ...
 

@@ -11,6 +11,13 @@ device (device/model_runner.py, behind engine/device_port.StepRunner); each call
 A request that stopped at step N has computed one more token in step N+1, which is dropped.
 Penalties need every generated id on the host, so a step whose batch holds a penalized request
 waiting for its in-flight token first completes the step in flight (synchronously).
+
+Structured outputs (engine/constraints.py): a step with grammar-constrained sequences is
+dispatched in two parts. The forward goes first; then the engine takes the step before's tokens
+(each constrained sequence's matcher consumes its token), fills the constrained rows' token
+bitmask on the host while the device runs the forward, and dispatches the sampler with it. The
+mask's host time hides behind the forward unless it is longer (StepTimings: phase "bitmask").
+Such a batch never runs as a decode burst (Request.can_burst).
 """
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from jaxserve.engine.admission import check_length, check_token_ids
+from jaxserve.engine.constraints import Constraints, live_matcher
 from jaxserve.engine.device_port import CompileCounter, StepRunner
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request, RequestStatus
@@ -117,6 +125,7 @@ class LLMEngine:
     self._last_done_time = 0.0
     self.async_scheduling = scheduler.config.async_scheduling and runner.supports_async
     self.timings = StepTimings()
+    self.constraints = Constraints(tokenizer, vocab_size, supported=runner.supports_async)
 
   # -- admission ---------------------------------------------------------------------------
   def next_request_number(self) -> int:
@@ -147,6 +156,7 @@ class LLMEngine:
       raise ValueError(f"request_id: {request_id!r} is already in use")
     prompt_ids = self.encode_prompt(prompt)
     check_length(len(prompt_ids), params.max_tokens, self.max_model_len)
+    matcher = self.constraints.matcher_for(params)  # a bad constraint: StructuredOutputError
     seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63 - 1))
     request = Request(request_id=request_id, prompt_token_ids=prompt_ids, sampling_params=params,
                       seed=seed, arrival_time=arrival_time or time.monotonic(),
@@ -157,7 +167,8 @@ class LLMEngine:
         stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output,
         min_tokens=params.min_tokens)
     self._requests[request_id] = request
-    self._states[request_id] = RequestState(request, detokenizer, self.max_model_len, stream)
+    self._states[request_id] = RequestState(request, detokenizer, self.max_model_len, stream,
+                                            matcher)
     return request_id
 
   def abort_request(self, request_id: str) -> bool:
@@ -193,6 +204,14 @@ class LLMEngine:
       mark = timings.add_phase("prepare", mark)
       handle = self.runner.dispatch(inputs, batch)
       mark = timings.add_phase("dispatch", mark)
+      if batch.sampling.bitmask_rows:  # the sampler waits for the constrained rows' mask
+        if previous is not None:
+          touched += self._complete(previous)
+          previous = None
+        mark = time.perf_counter()
+        bitmask = self.constraints.fill(batch, live_matcher(self._states), inputs.bucket.num_seqs)
+        handle = self.runner.dispatch_sample(handle, bitmask)
+        mark = timings.add_phase("bitmask", mark)
       current = _StepInFlight(batch, tuple(map(self._requests.__getitem__, batch.request_ids)),
                               handle, (inputs.bucket.num_seqs, inputs.bucket.num_tokens), mark)
       if self.async_scheduling:

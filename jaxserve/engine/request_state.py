@@ -1,6 +1,10 @@
 """Host-side output tracking of one request: text, logprobs, stop checks and timings.
 
 The scheduler owns a request's pages and progress; this owns what the user sees. Pure Python.
+
+A constrained request (structured outputs) carries its grammar matcher, which consumes each
+appended token: a grammar that is complete ends the request ("stop", without spending a step on
+eos), one at a dead end ends it with "grammar_error"; max_tokens still ends it with "length".
 """
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from dataclasses import dataclass, field
 
 from jaxserve.engine.request import Request, RequestStatus
 from jaxserve.outputs import RequestMetrics, RequestOutput, TokenLogprob
+from jaxserve.structured import GrammarState, SequenceMatcher
 from jaxserve.tokenizer.detokenizer import IncrementalDetokenizer
 
 
@@ -18,6 +23,7 @@ class RequestState:
   detokenizer: IncrementalDetokenizer
   max_model_len: int
   stream: bool = True   # False: only the final output is wanted (offline API)
+  matcher: SequenceMatcher | None = None  # the grammar of a constrained request
   logprobs: list[TokenLogprob] = field(default_factory=list)
   prompt_logprobs: list[TokenLogprob | None] | None = None
   first_scheduled_time: float | None = None
@@ -62,22 +68,37 @@ class RequestState:
       if not params.ignore_eos and token_id in request.eos_token_ids:
         return self._finish_text(RequestStatus.FINISHED_STOPPED, None)
       return self._finish_text(RequestStatus.FINISHED_STOPPED, token_id)
+    grammar_status = self._advance_grammar(token_id) if self.matcher is not None else None
     if not self._deferred_text:
       delta = self.detokenizer.add_tokens([token_id])
       self._new_text.append(delta.text)
       if delta.stop_string is not None:
         self.stop_reason = delta.stop_string
         return RequestStatus.FINISHED_STOPPED
+    if grammar_status is not None:
+      return self._finish_text(grammar_status, None, keep_last=True)
     if num_output >= params.max_tokens or request.num_tokens >= self.max_model_len:
       return self._finish_text(RequestStatus.FINISHED_LENGTH, None)
     return None
 
-  def _finish_text(self, status: RequestStatus, stop_reason: str | int | None) -> RequestStatus:
-    """Ends the text; a stop token (eos or stop_token_ids) is not part of it."""
+  def _advance_grammar(self, token_id: int) -> RequestStatus | None:
+    """Consumes the token; the status the grammar ends the request with, if it does."""
+    if not self.matcher.consume([token_id]) or self.matcher.state is GrammarState.DEAD_END:
+      self.error = f"structured_outputs: the grammar reached a dead end: {self.matcher.error}"
+      return RequestStatus.FINISHED_GRAMMAR_ERROR
+    if self.matcher.state is GrammarState.FINISHED:
+      return RequestStatus.FINISHED_STOPPED
+    return None
+
+  def _finish_text(self, status: RequestStatus, stop_reason: str | int | None,
+                   keep_last: bool = False) -> RequestStatus:
+    """Ends the text; a stop token (eos or stop_token_ids) is not part of it, unless keep_last
+    (the grammar ended on a text token)."""
     self.stop_reason = stop_reason
     if self._deferred_text:
       output = self.request.output_token_ids
-      text_ids = output if status is RequestStatus.FINISHED_LENGTH else output[:-1]
+      keep = keep_last or status is RequestStatus.FINISHED_LENGTH
+      text_ids = output if keep else output[:-1]
       self._new_text.append(self.detokenizer.add_tokens(text_ids).text)
     self._new_text.append(self.detokenizer.flush())
     if self.detokenizer.stop_string is not None:  # completed only by the text flushed at the end
