@@ -19,6 +19,8 @@ from typing import Mapping, Sequence
 
 import yaml
 
+from jaxserve.structured.tool_parsers import tool_parser_names
+
 ATTENTION_BACKENDS = ("auto", "reference", "xla", "pallas_gpu", "pallas_tpu")
 DTYPES = ("auto", "float32", "bfloat16")
 GPU_GEMMS = ("cublas", "cublaslt", "xla")
@@ -108,7 +110,9 @@ class ServerConfig:
   """The HTTP server. max_waiting_requests counts HTTP requests admitted and not yet started,
   whatever their n (server/admission.py); max_n caps a request's n (larger is a 400);
   stream_interval: a streamed choice gets a chunk every that many engine steps that produced
-  its tokens (its first and last always at once; server/stream_interval.py)."""
+  its tokens (its first and last always at once; server/stream_interval.py); tool_call_parser:
+  how tool calls are read from a chat reply under tool_choice "auto" (vLLM's names:
+  llama3_json, hermes; None: replies stay content)."""
   host: str = "127.0.0.1"
   port: int = 8000
   api_key: str | None = None
@@ -119,8 +123,12 @@ class ServerConfig:
   max_body_bytes: int = 4 * 1024 * 1024
   drain_timeout_s: float = 30.0
   stats_interval_s: float = 10.0
+  tool_call_parser: str | None = None
 
   def __post_init__(self) -> None:
+    if self.tool_call_parser is not None:
+      _require(self.tool_call_parser in tool_parser_names(), "server.tool_call_parser",
+               f"must be one of {', '.join(tool_parser_names())}, got {self.tool_call_parser!r}")
     for name in ("max_n", "stream_interval"):
       value = getattr(self, name)
       _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,

@@ -26,6 +26,7 @@ import time
 import uvicorn
 
 from jaxserve.cli_args import add_engine_args, engine_config_from_args
+from jaxserve.structured.tool_parsers import tool_parser_names
 from jaxserve.server.drain import UVICORN_GRACE_S, DrainTimer
 from jaxserve.server.stats_logger import StatsLogger
 
@@ -46,6 +47,9 @@ def register(subparsers) -> None:
   group.add_argument("--api-key", help="require `Authorization: Bearer KEY` (except on /health "
                      "and /metrics)")
   group.add_argument("--served-model-name", help="the model name clients send (default: --model)")
+  group.add_argument("--tool-call-parser", choices=tool_parser_names(),
+                     help="read tool calls from chat replies under tool_choice auto in this "
+                     "chat format (llama3_json: Llama 3.x; hermes: Hermes / Qwen <tool_call>)")
   group = parser.add_argument_group("parallel")
   group.add_argument("--distributed", action="store_true",
                      help="join a multi-host jax.distributed job (auto-detected on Cloud TPU VMs)")
@@ -77,7 +81,7 @@ def serve(args: argparse.Namespace) -> int:
   from jaxserve.server.app import build_app, serving_state
   from jaxserve.server.async_engine import AsyncEngine
 
-  for flag in ("host", "port", "api_key", "served_model_name"):
+  for flag in ("host", "port", "api_key", "served_model_name", "tool_call_parser"):
     value = getattr(args, flag)
     if value is not None:
       args.overrides.append(f"server.{flag}={json.dumps(value)}")
