@@ -165,3 +165,20 @@ def test_randomized_mixed_workload_compiles_nothing_after_warmup(checkpoint):
     if kind is not None:
       _check(kind, finished[request_id])
   assert engine.ledger.num_compilations == compiled
+
+
+def test_llm_generate_with_structured_outputs_gives_each_choice_its_matcher(checkpoint):
+  from jaxserve.llm import LLM
+  from tests.integration.engine_helpers import small_config
+
+  llm = LLM(checkpoint, config=small_config(checkpoint, max_model_len=256), show_progress=False)
+  params = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=MAX_TOKENS,
+                          structured_outputs={"json": SCHEMAS["points"]})
+  results = llm.generate([PROMPTS[0], PROMPTS[1]], params, use_tqdm=False)
+  texts = [completion.text for result in results for completion in result.outputs]
+  assert len(texts) == 6 and len(set(texts)) > 1  # n > 1 diverges: one matcher per choice
+  for result in results:
+    for completion in result.outputs:
+      _check("points", completion)
+  with pytest.raises(ValueError, match="structured_outputs.regex"):
+    llm.generate(PROMPTS[0], SamplingParams(structured_outputs={"regex": "(("}), use_tqdm=False)
