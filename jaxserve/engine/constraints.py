@@ -75,7 +75,8 @@ class Constraints:
       matcher = matcher_of(batch.request_ids[row])
       if matcher is not None and matcher.state is GrammarState.ACTIVE:
         rows.append((matcher, row))
-    self.compiler  # noqa: B018 - builds the filler with the compiler
+    if self._filler is None:  # a batch has constrained rows only after matcher_for built it
+      raise RuntimeError("bitmask: no constrained request was admitted")
     report = self._filler.fill(rows, num_rows)
     self.fill_seconds += time.perf_counter() - start
     self.num_fills += 1
