@@ -16,7 +16,8 @@ from tests.integration.engine_helpers import run_to_completion, small_engine
 from tests.integration.structured_helpers import (CHOICES, MAX_TOKENS, REGEX, SCHEMAS,
                                                   assert_regex, assert_valid_json)
 
-PROMPTS = ["Hello, world!", "The quick brown fox", "def main():", "Numbers: 1 2 3"]
+PROMPTS = ["Hello, world!", "The quick brown fox", "def main():",
+           "Paged attention stores keys and values in fixed-size pages."]  # > 8 tokens: chunked
 
 
 @pytest.fixture(scope="module")
