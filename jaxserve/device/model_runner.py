@@ -12,8 +12,8 @@ carry a leading [num_steps] axis.
 
 A batch with grammar-constrained rows (structured outputs: batch.sampling.bitmask_rows) whose
 TokenBitmask is not known yet is dispatched in two parts: dispatch() enqueues the forward only,
-and dispatch_sample(handle, bitmask) the sampler once the host has filled the mask (while the
-device ran the forward). Every other batch's sampler takes the cached all-ones bitmask.
+and dispatch_sample(handle, batch.with_bitmask(mask)) the sampler once the host has filled the
+mask (while the device ran the forward): the mask crosses the seam inside the ScheduledBatch. Every other batch's sampler takes the cached all-ones bitmask.
 
 dispatch() only enqueues a step and starts the copy of its results to the host; fetch() waits
 for them. Between the two the host can schedule and dispatch the next step, whose decode tokens
@@ -172,15 +172,17 @@ class ModelRunner:
       return StepHandle(batch, None, None, prompt, False, pending)
     return self._sample(batch, pending)
 
-  def dispatch_sample(self, handle: StepHandle, bitmask: TokenBitmask) -> StepHandle:
-    """Enqueues the sampler of a pending step with its constrained rows' token bitmask."""
-    if handle.pending is None:
-      raise ValueError("step: dispatch_sample needs a step dispatched without its bitmask")
+  def dispatch_sample(self, handle: StepHandle, batch: ScheduledBatch) -> StepHandle:
+    """Enqueues the sampler of a pending step: `batch` is the step's batch carrying its
+    constrained rows' TokenBitmask (ScheduledBatch.with_bitmask)."""
+    bitmask: TokenBitmask | None = batch.sampling.bitmask
+    if handle.pending is None or bitmask is None or batch.request_ids != handle.batch.request_ids:
+      raise ValueError("step: dispatch_sample needs a step dispatched without its bitmask and "
+                       "that step's batch with the bitmask")
     pending = handle.pending
     inputs = dataclasses.replace(pending.inputs,
                                  sampling=with_token_bitmask(pending.inputs.sampling, bitmask))
-    return self._sample(handle.batch.with_bitmask(bitmask),
-                        dataclasses.replace(pending, inputs=inputs))
+    return self._sample(batch, dataclasses.replace(pending, inputs=inputs))
 
   def _sample(self, batch: ScheduledBatch, pending: PendingSample) -> StepHandle:
     inputs = pending.inputs

@@ -6,14 +6,15 @@ A StepRunner turns a ScheduledBatch into a dispatched step and, later, its StepO
 pads the batch (tokens still in flight taken from the step `previous` dispatched), dispatch
 enqueues it and returns an opaque handle, fetch waits for the results. A batch with
 grammar-constrained rows (batch.sampling.bitmask_rows) is dispatched without its sampler, which
-dispatch_sample enqueues once the engine has filled the rows' TokenBitmask.
+dispatch_sample enqueues once the engine has filled the rows' TokenBitmask and attached it to
+the batch (ScheduledBatch.with_bitmask).
 device/model_runner.py's ModelRunner is the implementation.
 """
 from __future__ import annotations
 
 from typing import Protocol, TypeVar
 
-from ..messages.scheduled_batch import ScheduledBatch, TokenBitmask
+from ..messages.scheduled_batch import ScheduledBatch
 from ..messages.step_output import StepOutput
 
 
@@ -45,7 +46,8 @@ class StepRunner(Protocol[Prepared, Handle]):
 
   def dispatch(self, inputs: Prepared, batch: ScheduledBatch) -> Handle: ...
 
-  def dispatch_sample(self, handle: Handle, bitmask: TokenBitmask) -> Handle: ...
+  def dispatch_sample(self, handle: Handle, batch: ScheduledBatch) -> Handle:
+    """The sampler of a step dispatched without it; `batch` carries its TokenBitmask."""
 
   def fetch(self, handle: Handle) -> StepOutput: ...
 

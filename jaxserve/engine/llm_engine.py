@@ -210,7 +210,7 @@ class LLMEngine:
           previous = None
         mark = time.perf_counter()
         bitmask = self.constraints.fill(batch, live_matcher(self._states), inputs.bucket.num_seqs)
-        handle = self.runner.dispatch_sample(handle, bitmask)
+        handle = self.runner.dispatch_sample(handle, batch.with_bitmask(bitmask))
         mark = timings.add_phase("bitmask", mark)
       current = _StepInFlight(batch, tuple(map(self._requests.__getitem__, batch.request_ids)),
                               handle, (inputs.bucket.num_seqs, inputs.bucket.num_tokens), mark)

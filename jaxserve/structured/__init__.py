@@ -28,7 +28,8 @@ How it is wired into the engine (engine/constraints.py, engine/llm_engine.py, de
    forward(N+1) (its input tokens come from step N's ids on device), then fetches step N's
    tokens, advances the matchers and fills the rows (BitmaskFiller.fill, llguidance's thread
    pool, GIL released) while the device runs forward(N+1), then dispatches the sampler with the
-   mask (ModelRunner.dispatch_sample; the mask travels as messages.TokenBitmask). Host mask time
+   mask (ModelRunner.dispatch_sample; the mask, a messages.TokenBitmask, travels inside the step's
+   ScheduledBatch: batch.with_bitmask). Host mask time
    hides behind the forward unless it exceeds it (StepTimings phase "bitmask";
    Constraints.fill_seconds).
 5. Finishing. After consuming, GrammarState.FINISHED ends the choice ("stop") without spending
