@@ -183,3 +183,26 @@ def test_llm_generate_with_structured_outputs_gives_each_choice_its_matcher(chec
       _check("points", completion)
   with pytest.raises(ValueError, match="structured_outputs.regex"):
     llm.generate(PROMPTS[0], SamplingParams(structured_outputs={"regex": "(("}), use_tqdm=False)
+
+
+def test_the_mask_is_filled_while_the_forward_runs(checkpoint):
+  """With async scheduling a constrained step's forward is dispatched before the host takes the
+  step before's tokens and fills the mask; its sampler follows with the mask in its batch."""
+  engine = small_engine(checkpoint, max_model_len=256)
+  events = []
+  runner = engine.runner
+  for name in ("dispatch", "dispatch_sample", "fetch"):
+    def recorded(*args, _name=name, _method=getattr(runner, name)):
+      events.append(_name)
+      return _method(*args)
+    setattr(runner, name, recorded)
+  fill = engine.constraints.fill
+  engine.constraints.fill = lambda *args: events.append("fill") or fill(*args)
+  params, kind = _constrained(2, temperature=0.0)
+  engine.add_request(PROMPTS[0], params.replace(max_tokens=6), request_id="regex")
+  finished = run_to_completion(engine)
+  assert finished["regex"].token_ids
+  letters = {"dispatch": "D", "fetch": "F", "fill": "M", "dispatch_sample": "S"}
+  order = "".join(letters[e] for e in events)
+  # the first step: forward, mask, sampler; then forward(N+1), fetch(N), mask(N+1), sampler(N+1)
+  assert order.startswith("DMS") and "DFMS" in order, order
