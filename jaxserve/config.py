@@ -110,9 +110,11 @@ class ServerConfig:
   """The HTTP server. max_waiting_requests counts HTTP requests admitted and not yet started,
   whatever their n (server/admission.py); max_n caps a request's n (larger is a 400);
   stream_interval: a streamed choice gets a chunk every that many engine steps that produced
-  its tokens (its first and last always at once; server/stream_interval.py); tool_call_parser:
-  how tool calls are read from a chat reply under tool_choice "auto" (vLLM's names:
-  llama3_json, hermes; None: replies stay content)."""
+  its tokens (its first and last always at once; server/stream_interval.py).
+  api_server_count: HTTP front-end processes beside the engine core process (null: one per 4
+  CPU cores, at most 4, at least 1); 0 serves from one process, the engine on a thread
+  (server/launcher.py). tool_call_parser: how tool calls are read from a chat reply under
+  tool_choice "auto" (vLLM's names: llama3_json, hermes; None: replies stay content)."""
   host: str = "127.0.0.1"
   port: int = 8000
   api_key: str | None = None
@@ -123,9 +125,14 @@ class ServerConfig:
   max_body_bytes: int = 4 * 1024 * 1024
   drain_timeout_s: float = 30.0
   stats_interval_s: float = 10.0
+  api_server_count: int | None = None
   tool_call_parser: str | None = None
 
   def __post_init__(self) -> None:
+    _require(self.api_server_count is None or (
+        isinstance(self.api_server_count, int) and not isinstance(self.api_server_count, bool)
+        and self.api_server_count >= 0), "server.api_server_count",
+        f"must be null or an integer >= 0, got {self.api_server_count!r}")
     if self.tool_call_parser is not None:
       _require(self.tool_call_parser in tool_parser_names(), "server.tool_call_parser",
                f"must be one of {', '.join(tool_parser_names())}, got {self.tool_call_parser!r}")

@@ -127,6 +127,19 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
     tiles_short) TAIL=30 step tiles_short python3 -m jaxserve.bench.bench_kernels --batches 64,256 \
         --contexts 512 --no-mixed --harness marginal --inner 10 --device-time --tiles "${TILES:-default,32:4:4:1,64:4:3:2,128:4:3:2,64:4:4:2,32:4:4:2,32:4:3:4,16:4:4:1}" \
         --out "$OUT/tiles_short.json" ;;
+    svo8b_warm)  # fills the compilation cache for svo8b (a cold start compiles for ~3 min)
+      [ -f /tmp/llama8b/config.json ] || step model8b python3 -c \
+        "from jaxserve.bench.random_checkpoint import build_random_llama as b; b('llama-3.1-8b', '/tmp/llama8b')"
+      step svo8b_warm python3 -m jaxserve.bench.bench_offline --model /tmp/llama8b \
+        --config configs/h100.yaml --max-model-len 2048 --num-prompts 64 --input-len 256 \
+        --output-len 16 --no-stream --log-level WARNING --out "$OUT/svo8b_warm.json" ;;
+    svo8b)  # issue 15, one run (~8 min with svo8b_warm's cache): LLM.generate vs the multi-process
+      # and the single-process HTTP server on 1000 x 256/256 at rate inf (every token streamed),
+      # a rate sweep (1024/128, range ratio 0.5; rate x SWEEP_S seconds of prompts) and
+      # single-stream TPOT against the weight-read time
+      TAIL=30 step svo8b python3 -m jaxserve.bench.serve_vs_offline --model /tmp/llama8b \
+        --config configs/h100.yaml --max-model-len 2048 --sweep-seconds ${SWEEP_S:-15} \
+        --sweep-inf-prompts 200 --single-stream-prompts 4 --out-dir "$OUT/svo8b" ;;
     bench_offline) step bench_offline python3 -m jaxserve.bench.bench_offline --num-prompts 256 \
         --input-len 128 --output-len 128 --set scheduler.max_num_seqs=256 \
         --set scheduler.max_num_batched_tokens=2048 --out "$OUT/bench_offline.json" ;;

@@ -12,6 +12,10 @@ _CACHE_DIR = os.environ.get(
 jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+# the same cache for the JAX processes tests spawn (the server's engine core process)
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE_DIR)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # libtpu (the test extra on Linux x86-64) locks /tmp/libtpu_lockfile for the chips it would drive;
 # the TPU compile tests drive none, so neither this process nor the JAX processes tests start
 # (which inherit the environment) wait on another's lock.

@@ -35,6 +35,8 @@ PURE_HOST = ("jaxserve.engine.scheduler", "jaxserve.engine.page_allocator",
              "jaxserve.engine.request", "jaxserve.engine.batch_builder",
              "jaxserve.engine.admission", "jaxserve.engine.device_port",
              "jaxserve.engine.request_state", "jaxserve.engine.llm_engine",
+             "jaxserve.engine.engine_core", "jaxserve.engine.output_processor",
+             "jaxserve.engine.core_messages", "jaxserve.engine.engine_stats",
              "jaxserve.engine.constraints", "jaxserve.structured.matcher",
              "jaxserve.structured.grammar", "jaxserve.structured.tools",
              "jaxserve.messages.scheduled_batch", "jaxserve.messages.step_output")

@@ -69,7 +69,7 @@ def decode_ms_per_step(engine, batch: int, context: int, decode_steps: int, voca
   before = None
   while engine.has_unfinished_requests():
     engine.step()
-    requests = engine._requests
+    requests = engine.core.requests
     if before is None and requests and all(r.output_token_ids for r in requests.values()):
       before = list(engine.timings.per_bucket.get(bucket, [0, 0.0]))
   steps, seconds = engine.timings.per_bucket[bucket]

@@ -87,7 +87,7 @@ def main() -> None:
     prompt = rng.integers(0, min(engine.vocab_size, 1000), args.context).tolist()
     engine.add_request(prompt, params, request_id=f"p{i}")
   while args.phase == "decode" and (engine.scheduler.num_waiting or any(  # prefill everyone
-      len(engine._requests[r].output_token_ids) == 0 for r in engine._requests)):
+      len(engine.core.requests[r].output_token_ids) == 0 for r in engine.core.requests)):
     engine.step()
   runner = engine.runner
   batch = engine.scheduler.schedule()

@@ -1,8 +1,8 @@
 """Structured outputs in the engine: validating constraints, per-sequence matchers, and each
 step's token bitmask. Pure Python and numpy (llguidance), no jax.
 
-The engine owns one `Constraints`, the one place a request's constraint is validated: add_request
-calls `matcher_for`, which compiles the spec with the engine's GrammarCompiler (an LRU cache per
+The engine core owns one `Constraints` (LLMEngine builds it with the tokenizer), the one place a
+request's constraint is validated: EngineCore.add_request calls `matcher_for`, which compiles the spec with the engine's GrammarCompiler (an LRU cache per
 spec) and raises StructuredOutputError, a ValueError naming the request field, for a bad schema,
 regex or grammar, before the scheduler sees the request, so no page is ever allocated for it.
 Each engine request (each choice of an n > 1 request) gets its own SequenceMatcher.
@@ -11,7 +11,8 @@ A matcher advances over exactly the tokens the engine appends to its request (Re
 it never needs a rollback: tokens async scheduling discards (sampled after a request stopped) are
 never consumed, and preemption by recompute keeps the generated tokens, so the matcher is kept.
 
-`fill` writes the rows of a step's constrained sequences (batch.sampling.bitmask_rows) into a
+`fill` writes the rows of a step's constrained sequences (a complete grammar's row allows eos
+only) (batch.sampling.bitmask_rows) into a
 bitmask covering the step's bucket, every other row all ones, on llguidance's thread pool with
 the GIL released. The engine calls it after dispatching the step's forward and taking the step
 before's tokens, so the mask is computed while the device runs the forward.
@@ -73,7 +74,7 @@ class Constraints:
     rows = []
     for row in batch.sampling.bitmask_rows:
       matcher = matcher_of(batch.request_ids[row])
-      if matcher is not None and matcher.state is GrammarState.ACTIVE:
+      if matcher is not None and matcher.state is not GrammarState.DEAD_END:
         rows.append((matcher, row))
     if self._filler is None:  # a batch has constrained rows only after matcher_for built it
       raise RuntimeError("bitmask: no constrained request was admitted")

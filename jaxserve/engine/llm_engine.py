@@ -1,131 +1,66 @@
-"""The engine loop: admit requests, schedule a step, run it on device, turn results into outputs.
+"""LLMEngine: the engine core and the output processor in one process, with text outputs.
 
-Single-threaded by design: the HTTP server drives it from one engine thread and the offline API
-calls step() in a loop. Bad input raises ValueError in add_request and never reaches the device,
-so other requests keep running.
-
-Async scheduling (scheduler.async_scheduling, on by default): step() schedules and dispatches
-step N+1 before it waits for step N's results, so scheduling, building the inputs and processing
-outputs run while the device computes. Step N+1's decode tokens are step N's samples, fed on
-device (device/model_runner.py, behind engine/device_port.StepRunner); each call to step() returns the outputs of the step before.
-A request that stopped at step N has computed one more token in step N+1, which is dropped.
-Penalties need every generated id on the host, so a step whose batch holds a penalized request
-waiting for its in-flight token first completes the step in flight (synchronously).
-
-Structured outputs (engine/constraints.py): a step with grammar-constrained sequences is
-dispatched in two parts. The forward goes first; then the engine takes the step before's tokens
-(each constrained sequence's matcher consumes its token), fills the constrained rows' token
-bitmask on the host while the device runs the forward, and dispatches the sampler with it. The
-mask's host time hides behind the forward unless it is longer (StepTimings: phase "bitmask").
-Such a batch never runs as a decode burst (Request.can_burst).
+EngineCore (engine/engine_core.py) schedules and runs steps and reports tokens; the
+OutputProcessor (engine/output_processor.py) turns them into RequestOutputs with text and applies
+stop strings. This composes them for the callers that keep everything in one process: the
+offline API (LLM.generate: no IPC), the single-process server (server/async_engine.py) and the
+benchmarks. The multi-process server runs the same two pieces in different processes
+(server/core_process.py and server/core_client.py). Pure Python, no jax.
 """
 from __future__ import annotations
 
 import itertools
-import logging
 import time
-from dataclasses import dataclass, field
 
-import numpy as np
-
-from jaxserve.engine.admission import check_length, check_token_ids
-from jaxserve.engine.constraints import Constraints, live_matcher
+from jaxserve.engine.admission import check_token_ids
+from jaxserve.engine.constraints import Constraints
+from jaxserve.engine.core_messages import EngineCoreRequest
 from jaxserve.engine.device_port import CompileCounter, StepRunner
+from jaxserve.engine.engine_core import EngineCore, StepTimings
+from jaxserve.engine.engine_stats import EngineStats
+from jaxserve.engine.output_processor import OutputProcessor
 from jaxserve.engine.page_allocator import PageAllocator
-from jaxserve.engine.request import Request, RequestStatus
-from jaxserve.engine.request_state import RequestState
 from jaxserve.engine.scheduler import Scheduler
-from jaxserve.messages.scheduled_batch import ScheduledBatch
-from jaxserve.messages.step_output import StepOutput
-from jaxserve.outputs import RequestOutput, TokenLogprob
+from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
-from jaxserve.tokenizer.detokenizer import IncrementalDetokenizer
 from jaxserve.tokenizer.tokenizer import Tokenizer
 
-logger = logging.getLogger(__name__)
-
-
-@dataclass
-class StepTimings:
-  """Cumulative wall time of the engine loop: host work, time blocked on the device, and each
-  step's device time. A step's device time is measured from its dispatch, or from the end of
-  the step before it when that was later, to the moment its results were on the host; with
-  async scheduling that is exact while the device is the bottleneck and an upper bound when
-  the host is."""
-  num_steps: int = 0
-  host_seconds: float = 0.0     # scheduling, building step inputs, processing outputs
-  wait_seconds: float = 0.0     # blocked waiting for a step's results
-  device_seconds: float = 0.0   # sum of the steps' device times
-  per_bucket: dict = field(default_factory=dict)  # (num_seqs, num_tokens) -> [steps, seconds]
-  host_phases: dict = field(default_factory=dict)  # schedule / prepare / dispatch / process -> s
-  host_per_bucket: dict = field(default_factory=dict)  # bucket -> [steps, host s of the step()
-                                                       # calls that dispatched that bucket]
-
-  def add_phase(self, name: str, since: float) -> float:
-    """Adds the time since `since` to host phase `name`; returns now."""
-    now = time.perf_counter()
-    self.host_phases[name] = self.host_phases.get(name, 0.0) + now - since
-    return now
-
-  def record(self, bucket: tuple[int, int], device_seconds: float) -> None:
-    self.num_steps += 1
-    self.device_seconds += device_seconds
-    entry = self.per_bucket.setdefault(bucket, [0, 0.0])
-    entry[0] += 1
-    entry[1] += device_seconds
-
-
-@dataclass(frozen=True)
-class _StepInFlight:
-  """A dispatched step: what it was fed and where its results will come from."""
-  batch: ScheduledBatch
-  requests: tuple[Request, ...]      # batch.seqs' requests, to recognise finished ones
-  handle: object                     # the runner's handle of the dispatched step
-  bucket: tuple[int, int]
-  dispatch_time: float
-
-  def feeds_penalized_request(self) -> bool:
-    return any(sample and request.sampling_params.uses_penalties
-               for sample, request in zip(self.batch.sample, self.requests))
-
-
-@dataclass(frozen=True)
-class EngineStats:
-  num_running: int
-  num_waiting: int
-  num_used_pages: int
-  num_total_pages: int
-  num_preemptions: int
-  num_compilations: int
+__all__ = ["EngineStats", "LLMEngine", "StepTimings"]
 
 
 class LLMEngine:
-  """Continuous-batching engine over one model. Build it with jaxserve.assembly."""
+  """Continuous-batching engine over one model, with text. Build it with jaxserve.assembly."""
 
   def __init__(self, *, tokenizer: Tokenizer, runner: StepRunner, scheduler: Scheduler,
                allocator: PageAllocator, max_model_len: int, vocab_size: int,
                eos_token_ids: tuple[int, ...], ledger: CompileCounter, seed: int = 0,
                model_name: str = "", warmup_seconds: float = 0.0):
+    self.core = EngineCore(runner=runner, scheduler=scheduler, allocator=allocator,
+                           max_model_len=max_model_len, vocab_size=vocab_size,
+                           eos_token_ids=eos_token_ids, ledger=ledger, seed=seed,
+                           constraints=Constraints(tokenizer, vocab_size,
+                                                   supported=runner.supports_async))
+    self.constraints = self.core.constraints
+    self.processor = OutputProcessor(tokenizer)
     self.tokenizer = tokenizer
-    self.runner = runner
-    self.scheduler = scheduler
-    self.allocator = allocator
+    self.runner, self.scheduler, self.allocator, self.ledger = runner, scheduler, allocator, ledger
     self.max_model_len = max_model_len
     self.vocab_size = vocab_size
     self.eos_token_ids = eos_token_ids
-    self.ledger = ledger
     self.model_name = model_name
     self.warmup_seconds = warmup_seconds
-    self._rng = np.random.default_rng(seed)
+    self.timings = self.core.timings
     self._ids = itertools.count()
-    self._requests: dict[str, Request] = {}
-    self._states: dict[str, RequestState] = {}
-    self._pending: list[RequestState] = []
-    self._in_flight: _StepInFlight | None = None
-    self._last_done_time = 0.0
-    self.async_scheduling = scheduler.config.async_scheduling and runner.supports_async
-    self.timings = StepTimings()
-    self.constraints = Constraints(tokenizer, vocab_size, supported=runner.supports_async)
+
+  @property
+  def async_scheduling(self) -> bool:
+    """Whether step() dispatches the next step before it reads this one's results (the core's
+    setting; a benchmark may turn it off)."""
+    return self.core.async_scheduling
+
+  @async_scheduling.setter
+  def async_scheduling(self, value: bool) -> None:
+    self.core.async_scheduling = value
 
   # -- admission ---------------------------------------------------------------------------
   def next_request_number(self) -> int:
@@ -145,196 +80,32 @@ class LLMEngine:
   def add_request(self, prompt: str | list[int], params: SamplingParams,
                   request_id: str | None = None, arrival_time: float | None = None,
                   stream: bool = True) -> str:
-    """Validates and queues a request and returns its id: the one admission point of every
-    request (engine/admission.py holds the rules). n > 1 is expanded by the callers (LLM,
-    server) with sampling_params.expand_n.
-    With stream=False, step() reports the request only once it has finished."""
+    """Validates and queues a request (EngineCore.add_request is the admission point) and
+    returns its id. With stream=False, step() reports the request only once it has finished."""
     if not isinstance(params, SamplingParams):
       raise ValueError("sampling_params: must be a SamplingParams")
     request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-    if request_id in self._requests:
-      raise ValueError(f"request_id: {request_id!r} is already in use")
     prompt_ids = self.encode_prompt(prompt)
-    check_length(len(prompt_ids), params.max_tokens, self.max_model_len)
-    matcher = self.constraints.matcher_for(params)  # a bad constraint: StructuredOutputError
-    seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63 - 1))
-    request = Request(request_id=request_id, prompt_token_ids=prompt_ids, sampling_params=params,
-                      seed=seed, arrival_time=arrival_time or time.monotonic(),
-                      eos_token_ids=self.eos_token_ids)
-    self.scheduler.add_request(request)
-    detokenizer = IncrementalDetokenizer(
-        self.tokenizer, prompt_ids, skip_special_tokens=params.skip_special_tokens,
-        stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output,
-        min_tokens=params.min_tokens)
-    self._requests[request_id] = request
-    self._states[request_id] = RequestState(request, detokenizer, self.max_model_len, stream,
-                                            matcher)
+    arrival_time = arrival_time or time.monotonic()
+    self.core.add_request(EngineCoreRequest(request_id, prompt_ids, params, arrival_time, stream))
+    self.processor.add_request(request_id, prompt_ids, params, arrival_time, stream)
     return request_id
 
   def abort_request(self, request_id: str) -> bool:
     """Stops a request wherever it is; its pages return to the pool at once."""
-    state = self._states.get(request_id)
-    if state is None or not self.scheduler.abort_request(request_id):
-      return False
-    self._finish(state, RequestStatus.FINISHED_ABORTED, notify_scheduler=False)
-    self._pending.append(state)
-    return True
+    return self.core.abort_request(request_id)
 
   # -- the loop ----------------------------------------------------------------------------
   def has_unfinished_requests(self) -> bool:
-    return (self.scheduler.has_unfinished_requests() or bool(self._pending)
-            or self._in_flight is not None)
+    return self.core.has_unfinished_requests()
 
   def step(self) -> list[RequestOutput]:
-    """Schedules and dispatches one step; returns outputs for requests that progressed or
-    finished in the step completed by this call (the previous one with async scheduling)."""
-    start = time.perf_counter()
-    wait_before = self.timings.wait_seconds
-    touched, self._pending = self._pending, []
-    previous, self._in_flight = self._in_flight, None
-    if previous is not None and previous.feeds_penalized_request():
-      touched += self._complete(previous)
-      previous = None
-    timings = self.timings
-    mark = time.perf_counter()
-    batch = self.scheduler.schedule()
-    mark = timings.add_phase("schedule", mark)
-    if not batch.is_empty:
-      inputs = self.runner.prepare(batch, previous.handle if previous else None)
-      mark = timings.add_phase("prepare", mark)
-      handle = self.runner.dispatch(inputs, batch)
-      mark = timings.add_phase("dispatch", mark)
-      if batch.sampling.bitmask_rows:  # the sampler waits for the constrained rows' mask
-        if previous is not None:
-          touched += self._complete(previous)
-          previous = None
-        mark = time.perf_counter()
-        bitmask = self.constraints.fill(batch, live_matcher(self._states), inputs.bucket.num_seqs)
-        handle = self.runner.dispatch_sample(handle, batch.with_bitmask(bitmask))
-        mark = timings.add_phase("bitmask", mark)
-      current = _StepInFlight(batch, tuple(map(self._requests.__getitem__, batch.request_ids)),
-                              handle, (inputs.bucket.num_seqs, inputs.bucket.num_tokens), mark)
-      if self.async_scheduling:
-        self._in_flight = current
-      else:
-        touched += self._complete(current)
-    if previous is not None:
-      touched += self._complete(previous)
-    mark = time.perf_counter()
-    outputs = []
-    for state in touched:
-      finished = state.request.status.finished
-      if finished or state.stream:  # state.wants_output
-        outputs.append(state.make_output())
-      if finished:
-        self._requests.pop(state.request.request_id, None)
-        self._states.pop(state.request.request_id, None)
-    timings.add_phase("outputs", mark)
-    waited = self.timings.wait_seconds - wait_before
-    host_seconds = time.perf_counter() - start - waited
-    timings.host_seconds += host_seconds
-    if not batch.is_empty:
-      entry = timings.host_per_bucket.setdefault(current.bucket, [0, 0.0])
-      entry[0] += 1
-      entry[1] += host_seconds
+    """One EngineCore.step(), its outputs through the output processor; a request a stop string
+    ended is stopped in the core before the next step."""
+    outputs, stopped = self.processor.process(self.core.step())
+    for request_id in stopped:
+      self.core.stop_request(request_id)
     return outputs
 
-  def _complete(self, step: _StepInFlight) -> list[RequestState]:
-    """Waits for a dispatched step and applies its results."""
-    wait_start = time.perf_counter()
-    host = self.runner.fetch(step.handle)
-    done = time.perf_counter()
-    self.timings.wait_seconds += done - wait_start
-    self.timings.record(step.bucket, done - max(step.dispatch_time, self._last_done_time))
-    self._last_done_time = done
-    touched = self._process(step, host)
-    self.timings.add_phase("process", done)
-    return touched
-
-  def _process(self, step: _StepInFlight, host: StepOutput) -> list[RequestState]:
-    if step.batch.num_steps > 1:
-      return self._process_burst(step, host)
-    touched, cursor, now = [], 0, time.monotonic()
-    sampled_ids = host.token_ids.tolist()
-    has_prompt_logprobs = host.prompt_logprobs is not None
-    batch, states = step.batch, self._states
-    for i, (request_id, request, num_tokens, sample) in enumerate(
-        zip(batch.request_ids, step.requests, batch.query_lens, batch.sample)):
-      state = states.get(request_id)
-      if request.status.finished or state is None or state.request is not request:
-        cursor += num_tokens  # stopped or aborted while this step ran: results dropped
-        continue
-      if state.first_scheduled_time is None:
-        state.first_scheduled_time = now
-      if has_prompt_logprobs and state.prompt_logprobs is not None:
-        for j in range(num_tokens):
-          self._record_prompt_logprob(state, host, batch.start_positions[i] + j, cursor + j)
-      cursor += num_tokens
-      if not sample:
-        continue
-      token_id = sampled_ids[i]
-      logprob = self._sampled_logprob(state, host, i, token_id) if state.wants_logprobs else None
-      status = state.append_token(token_id, logprob)
-      if status is not None:
-        self._finish(state, status)
-      touched.append(state)
-    return touched
-
-  def _process_burst(self, step: _StepInFlight, host: StepOutput) -> list[RequestState]:
-    """A burst's [num_steps, S] samples, step by step; a request that finishes drops the
-    tokens sampled after its last one."""
-    touched, now, states = [], time.monotonic(), self._states
-    sampled_ids, logprobs = host.token_ids.T.tolist(), host.logprobs.T.tolist()  # [S, steps]
-    for i, (request_id, request) in enumerate(zip(step.batch.request_ids, step.requests)):
-      state = states.get(request_id)
-      if request.status.finished or state is None or state.request is not request:
-        continue
-      if state.first_scheduled_time is None:
-        state.first_scheduled_time = now
-      for token_id, logprob in zip(sampled_ids[i], logprobs[i]):
-        status = state.append_token(
-            token_id, TokenLogprob(token_id, logprob, ()) if state.wants_logprobs else None)
-        if status is not None:
-          self._finish(state, status)
-          break
-      touched.append(state)
-    return touched
-
-  def _sampled_logprob(self, state: RequestState, host: StepOutput, row: int,
-                       token_id: int) -> TokenLogprob | None:
-    num_top = state.request.sampling_params.logprobs
-    if num_top is None:
-      return None
-    top = ()
-    if num_top > 0 and host.top_ids is not None:
-      top = tuple((int(t), float(lp)) for t, lp in
-                  zip(host.top_ids[row, :num_top], host.top_logprobs[row, :num_top]))
-    return TokenLogprob(token_id, float(host.logprobs[row]), top)
-
-  def _record_prompt_logprob(self, state: RequestState, host: StepOutput, position: int,
-                             token_index: int) -> None:
-    prompt = state.request.prompt_token_ids
-    if position + 1 >= len(prompt) or state.prompt_logprobs[position + 1] is not None:
-      return
-    num_top = state.request.sampling_params.prompt_logprobs
-    top = tuple((int(t), float(lp)) for t, lp in
-                zip(host.prompt_top_ids[token_index, :num_top],
-                    host.prompt_top_logprobs[token_index, :num_top]))
-    state.record_prompt_logprob(
-        position, TokenLogprob(prompt[position + 1], float(host.prompt_logprobs[token_index]), top))
-
-  def _finish(self, state: RequestState, status: RequestStatus,
-              notify_scheduler: bool = True) -> None:
-    if notify_scheduler:
-      self.scheduler.finish_request(state.request.request_id, status)
-    state.request.status = status
-    state.finished_time = time.monotonic()
-
-  # -- introspection -----------------------------------------------------------------------
   def stats(self) -> EngineStats:
-    return EngineStats(
-        num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
-        num_used_pages=self.allocator.num_used_pages,
-        num_total_pages=self.allocator.num_usable_pages,
-        num_preemptions=self.scheduler.num_preemptions_total,
-        num_compilations=self.ledger.num_compilations)
+    return self.core.stats()

@@ -12,6 +12,8 @@ again on the busy event loop, so a burst of 1000 single-choice requests against 
 counted several hundred twice and some got 429; and a request with n=4 counted four times.
 
 One WaitingRequests belongs to the AsyncEngine, so every app on that engine shares the count.
+With the engine core in its own process the core applies the same rule for every API server
+process at once (server/core_loop.py): a Place then only carries the limit to it.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ class WaitingRequests:
       if self._count >= limit:
         return None
       self._count += 1
-    return Place(self)
+    return Place(self, limit)
 
   def _release(self) -> None:
     with self._lock:
@@ -44,10 +46,12 @@ class WaitingRequests:
 
 
 class Place:
-  """One admitted request's place among the waiting; release() gives it back (once)."""
+  """One admitted request's place among the waiting; release() gives it back (once). With no
+  owner it is a place the engine core process counts, and `limit` travels with the add."""
 
-  def __init__(self, owner: WaitingRequests):
+  def __init__(self, owner: WaitingRequests | None, limit: int):
     self._owner: WaitingRequests | None = owner
+    self.limit = limit
 
   @property
   def held(self) -> bool:

@@ -7,6 +7,7 @@ bad input is never a 5xx.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from starlette.applications import Starlette
@@ -18,7 +19,7 @@ from starlette.routing import Route
 
 from jaxserve.config import ServerConfig
 from jaxserve.engine.admission import check_token_ids
-from jaxserve.server.async_engine import AsyncEngine, EngineDeadError
+from jaxserve.server.engine_client import EngineClient, EngineDeadError
 from jaxserve.server.chat import create_chat_completion
 from jaxserve.server.completions import create_completion
 from jaxserve.server.errors import ApiError, bad_request, internal, unavailable
@@ -33,9 +34,10 @@ from jaxserve.tokenizer.tokenizer import Tokenizer
 logger = logging.getLogger(__name__)
 
 
-def build_app(engine: AsyncEngine, tokenizer: Tokenizer, config: ServerConfig, *,
+def build_app(engine: EngineClient, tokenizer: Tokenizer, config: ServerConfig, *,
               model_name: str, max_model_len: int, vocab_size: int) -> Starlette:
-  """The app over a started AsyncEngine; several apps may share one engine."""
+  """The app over an EngineClient (a started AsyncEngine, which several apps may share, or a
+  CoreClient, which the app attaches on its event loop: run it with uvicorn's lifespan on)."""
   state = ServingState(engine=engine, tokenizer=tokenizer, config=config,
                        model_name=config.served_model_name or model_name,
                        max_model_len=max_model_len, vocab_size=vocab_size,
@@ -53,8 +55,16 @@ def build_app(engine: AsyncEngine, tokenizer: Tokenizer, config: ServerConfig, *
   handlers = {ApiError: _api_error, HTTPException: _http_error, EngineDeadError: _engine_dead,
               ClientDisconnected: _client_gone, ClientDisconnect: _client_gone,
               Exception: _unexpected}
+  @contextlib.asynccontextmanager
+  async def lifespan(app: Starlette):
+    await engine.attach()
+    try:
+      yield
+    finally:
+      await engine.detach()
+
   app = Starlette(routes=routes, middleware=[Middleware(GuardMiddleware, state=state)],
-                  exception_handlers=handlers)
+                  exception_handlers=handlers, lifespan=lifespan)
   app.state.serving = state
   return app
 

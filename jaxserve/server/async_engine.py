@@ -25,82 +25,15 @@ import asyncio
 import collections
 import logging
 import threading
-import time
 from dataclasses import dataclass
 
-from jaxserve.engine.llm_engine import EngineStats, LLMEngine
+from jaxserve.engine.engine_stats import EngineStats
+from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.outputs import RequestOutput
-from jaxserve.sampling_params import SamplingParams
 from jaxserve.server.admission import Place, WaitingRequests
+from jaxserve.server.engine_client import EngineDeadError, OutputStream, RequestSpec
 
 logger = logging.getLogger(__name__)
-
-
-class EngineDeadError(RuntimeError):
-  """The engine thread has stopped; no request can make progress."""
-
-
-@dataclass(frozen=True)
-class RequestSpec:
-  """One engine request: already tokenized, with its sampling parameters."""
-  request_id: str
-  prompt_token_ids: tuple[int, ...]
-  params: SamplingParams
-  arrival_time: float
-
-
-class OutputStream:
-  """The outputs of a group of engine requests, in step order, delivered on one event loop."""
-
-  def __init__(self, engine: AsyncEngine, request_ids: list[str],
-               loop: asyncio.AbstractEventLoop, place: Place | None = None):
-    self.request_ids = tuple(request_ids)
-    self.loop = loop
-    self._engine = engine
-    self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-    self._unfinished = set(request_ids)
-    self._place = place
-    self._not_started = set(request_ids) if place is not None else set()
-
-  @property
-  def finished(self) -> bool:
-    return not self._unfinished
-
-  async def get(self) -> RequestOutput:
-    """The next output of any request of the group; raises EngineDeadError if the engine died."""
-    item = await self._queue.get()
-    if isinstance(item, BaseException):
-      self._unfinished.clear()
-      if isinstance(item, EngineDeadError):
-        raise item
-      raise EngineDeadError(f"the engine stopped: {item}")
-    if item.finished:
-      self._unfinished.discard(item.request_id)
-    return item
-
-  def abort(self) -> int:
-    """Aborts the group's unfinished requests and returns how many (0 once all finished)."""
-    self._release_place()
-    count = len(self._unfinished)
-    if count:
-      self._engine.abort(sorted(self._unfinished))
-      self._unfinished.clear()
-    return count
-
-  def _put(self, item: RequestOutput | BaseException) -> None:
-    if self._place is not None:
-      if isinstance(item, BaseException):
-        self._release_place()
-      else:
-        self._not_started.discard(item.request_id)
-        if not self._not_started:
-          self._release_place()
-    self._queue.put_nowait(item)
-
-  def _release_place(self) -> None:
-    if self._place is not None:
-      self._place.release()
-      self._place = None
 
 
 @dataclass
@@ -154,6 +87,19 @@ class AsyncEngine:
   def stats(self) -> EngineStats:
     """The snapshot published after the engine thread's last iteration."""
     return self._stats
+
+  @property
+  def num_http_waiting(self) -> int:
+    return self.waiting.count
+
+  def try_admit(self, limit: int) -> Place | None:
+    return self.waiting.try_admit(limit)
+
+  async def attach(self) -> None:
+    """Nothing to do: the thread serves any event loop."""
+
+  async def detach(self) -> None:
+    """Nothing to do: stop() ends the thread."""
 
   # -- event loop side ---------------------------------------------------------------------
   async def add(self, specs: list[RequestSpec], place: Place | None = None) -> OutputStream:
@@ -296,6 +242,3 @@ def _put_all(items: list[tuple[OutputStream, RequestOutput]]) -> None:
     stream._put(output)
 
 
-def now() -> float:
-  """The engine's clock (arrival times are compared with its step times)."""
-  return time.monotonic()

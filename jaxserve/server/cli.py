@@ -1,13 +1,15 @@
 """`jaxserve serve`: build and warm up the engine, then serve the OpenAI-compatible API.
 
-The engine is built (model, buckets, KV pages, warmup; jaxserve/assembly.py logs each) before
-uvicorn opens its socket, so once the server accepts connections /health is 200.
+By default the engine runs in its own process and N API server processes serve HTTP
+(server.api_server_count / --api-server-count; server/launcher.py supervises them); with 0, one
+process serves, the engine on a thread (server/async_engine.py). Either way the engine is built
+(model, buckets, KV pages, warmup; jaxserve/assembly.py logs each) before the HTTP socket opens,
+so once the server accepts connections /health is 200.
 
-SIGTERM or SIGINT drains: the drain flag makes new requests (and /health) 503, uvicorn stops
-accepting connections and waits up to server.drain_timeout_s for running responses to finish;
-those still running then end with an error event and [DONE] (server/drain.py), the engine thread
-stops and the process exits with status 0. While requests run, a stats line is logged every
-server.stats_interval_s (server/stats_logger.py).
+SIGTERM or SIGINT drains (server/uvicorn_runner.py): new requests (and /health) get 503, running
+responses get up to server.drain_timeout_s to finish, those still running then end with an error
+event and [DONE] (server/drain.py); the process (the supervisor: once every process has stopped)
+exits with status 0.
 
 Multi-host: every host runs `jaxserve serve` with the same settings plus its --process-id (or
 --distributed alone on a Cloud TPU VM, where JAX finds the slice's hosts). All of them join the
@@ -19,16 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
-import threading
 import time
 
-import uvicorn
-
 from jaxserve.cli_args import add_engine_args, engine_config_from_args
+from jaxserve.server.launcher import default_api_server_count, serve_multiprocess
 from jaxserve.structured.tool_parsers import tool_parser_names
-from jaxserve.server.drain import UVICORN_GRACE_S, DrainTimer
-from jaxserve.server.stats_logger import StatsLogger
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +44,9 @@ def register(subparsers) -> None:
   group.add_argument("--api-key", help="require `Authorization: Bearer KEY` (except on /health "
                      "and /metrics)")
   group.add_argument("--served-model-name", help="the model name clients send (default: --model)")
+  group.add_argument("--api-server-count", type=int,
+                     help="HTTP front-end processes beside the engine core process (default: one "
+                     "per 4 CPU cores, 1 to 4); 0 serves from one process, the engine on a thread")
   group.add_argument("--tool-call-parser", choices=tool_parser_names(),
                      help="read tool calls from chat replies under tool_choice auto in this "
                      "chat format (llama3_json: Llama 3.x; hermes: Hermes / Qwen <tool_call>)")
@@ -59,38 +59,37 @@ def register(subparsers) -> None:
   parser.set_defaults(func=serve)
 
 
-class DrainingServer(uvicorn.Server):
-  """uvicorn's server that also raises the app's drain flag when a stop signal arrives."""
-
-  def __init__(self, config: uvicorn.Config, draining: threading.Event, drain_timer: DrainTimer):
-    super().__init__(config)
-    self.draining = draining
-    self.drain_timer = drain_timer
-
-  def handle_exit(self, sig, frame) -> None:
-    if not self.draining.is_set():
-      logger.info("signal %d: draining (new requests get 503)", sig)
-    self.draining.set()
-    self.drain_timer.start()
-    super().handle_exit(sig, frame)
-
-
 def serve(args: argparse.Namespace) -> int:
-  from jaxserve.assembly import build_engine
   from jaxserve.parallel.multihost import initialize_distributed, is_worker
-  from jaxserve.server.app import build_app, serving_state
-  from jaxserve.server.async_engine import AsyncEngine
 
-  for flag in ("host", "port", "api_key", "served_model_name", "tool_call_parser"):
+  for flag in ("host", "port", "api_key", "served_model_name", "api_server_count",
+               "tool_call_parser"):
     value = getattr(args, flag)
     if value is not None:
       args.overrides.append(f"server.{flag}={json.dumps(value)}")
   _parallel_overrides(args)
   config = engine_config_from_args(args)
-  initialize_distributed(config.distributed)
-  if is_worker():
-    from jaxserve.follower import run_follower
-    return run_follower(config)
+  if config.distributed.active:  # multi-host: process 0 serves from one process
+    initialize_distributed(config.distributed)
+    if is_worker():
+      from jaxserve.follower import run_follower
+      return run_follower(config)
+    return _serve_one_process(config, args.log_level)
+  count = config.server.api_server_count
+  if count is None:
+    count = default_api_server_count()
+  if count > 0:  # the supervisor never touches jax: the core process owns the devices
+    return serve_multiprocess(config, count, args.log_level)
+  return _serve_one_process(config, args.log_level)
+
+
+def _serve_one_process(config, log_level: str) -> int:
+  """The engine on a thread of the serving process (server.api_server_count 0; multi-host)."""
+  from jaxserve.assembly import build_engine
+  from jaxserve.server.app import build_app, serving_state
+  from jaxserve.server.async_engine import AsyncEngine
+  from jaxserve.server.uvicorn_runner import run_app
+
   server_config = config.server
   start = time.monotonic()
   engine = build_engine(config)
@@ -101,23 +100,10 @@ def serve(args: argparse.Namespace) -> int:
   logger.info("ready in %.1fs (warmup %.1fs): serving %r on http://%s:%d%s", time.monotonic() - start,
               engine.warmup_seconds, state.model_name, server_config.host, server_config.port,
               " (API key required)" if server_config.api_key else "")
-  uvicorn_config = uvicorn.Config(
-      app, host=server_config.host, port=server_config.port, lifespan="off",
-      log_level=args.log_level.lower(),
-      timeout_graceful_shutdown=server_config.drain_timeout_s + UVICORN_GRACE_S)
-  drain_timer = DrainTimer(async_engine, server_config.drain_timeout_s)
-  server = DrainingServer(uvicorn_config, state.draining, drain_timer)
-  stats_logger = StatsLogger(async_engine, state.metrics, server_config.stats_interval_s).start()
-  previous = {sig: signal.signal(sig, _already_handled) for sig in (signal.SIGTERM, signal.SIGINT)}
   try:
-    server.run()
+    run_app(app, server_config, log_level)
   finally:
-    for sig, handler in previous.items():
-      signal.signal(sig, handler)
-    drain_timer.cancel()
-    stats_logger.stop()
     async_engine.stop()
-    state.executor.shutdown(wait=False)
     engine.runner.close()
   logger.info("stopped")
   return 0
@@ -130,7 +116,3 @@ def _parallel_overrides(args: argparse.Namespace) -> None:
     value = getattr(args, flag)
     if value is not None:
       args.overrides.append(f"distributed.{flag}={json.dumps(value)}")
-
-
-def _already_handled(sig, frame) -> None:
-  """uvicorn re-raises the stop signal after its graceful shutdown; the drain has happened."""

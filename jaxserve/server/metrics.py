@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from jaxserve.outputs import RequestOutput
-from jaxserve.server.async_engine import AsyncEngine
+from jaxserve.server.engine_client import EngineClient
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -24,7 +24,7 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 
 
 class EngineStatsCollector(Collector):
-  def __init__(self, engine: AsyncEngine):
+  def __init__(self, engine: EngineClient):
     self._engine = engine
 
   def collect(self) -> Iterator[Metric]:
@@ -36,7 +36,7 @@ class EngineStatsCollector(Collector):
         ("jaxserve_kv_pages_total", "Usable KV cache pages.", stats.num_total_pages),
         ("jaxserve_num_http_requests_waiting", "HTTP requests admitted and not yet started "
          "(server.max_waiting_requests bounds it; each counted once whatever its n).",
-         self._engine.waiting.count)):
+         self._engine.num_http_waiting)):
       yield GaugeMetricFamily(name, doc, value=value)
     yield CounterMetricFamily("jaxserve_preemptions", "Requests preempted to free KV pages.",
                               value=stats.num_preemptions)
@@ -47,7 +47,7 @@ class EngineStatsCollector(Collector):
 class ServerMetrics:
   """The app's collectors; each HTTP call feeds its outputs to an observer()."""
 
-  def __init__(self, engine: AsyncEngine):
+  def __init__(self, engine: EngineClient):
     self.registry = CollectorRegistry(auto_describe=True)
     self.registry.register(EngineStatsCollector(engine))
     kwargs = {"registry": self.registry}

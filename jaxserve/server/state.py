@@ -3,7 +3,9 @@
 Admission order for a generation request: parse and validate the body (400; `n` above
 server.max_n too), check the model (404), refuse while draining or after the engine died (503),
 take a place among the waiting requests (429; server/admission.py), and only then tokenize, in
-a thread pool so the event loop never blocks on it.
+a thread pool so the event loop never blocks on it. Over the engine core process the place is
+counted by the core when the tokenized requests arrive there (server/core_loop.py): a 429 then
+comes after tokenizing, and the limit holds for every API server process together.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from starlette.requests import Request
 
 from jaxserve.config import ServerConfig
 from jaxserve.server.admission import Place
-from jaxserve.server.async_engine import AsyncEngine
+from jaxserve.server.engine_client import EngineClient
 from jaxserve.server.errors import ApiError, not_found, queue_full, unavailable
 from jaxserve.server.metrics import ServerMetrics
 from jaxserve.tokenizer.tokenizer import Tokenizer
@@ -30,7 +32,7 @@ T = TypeVar("T")
 
 @dataclass
 class ServingState:
-  engine: AsyncEngine
+  engine: EngineClient
   tokenizer: Tokenizer
   config: ServerConfig
   model_name: str
@@ -60,13 +62,13 @@ class ServingState:
   @contextlib.asynccontextmanager
   async def admit(self) -> AsyncIterator[Place]:
     """One place among the waiting requests for this HTTP call; pass it to engine.add(), whose
-    stream gives it back when the call's requests have started. Given back here if the block
-    raises."""
+    stream gives it back when the call's requests have started (or, over the engine core
+    process, which takes it then: add() raises the 429). Given back here if the block raises."""
     if self.draining.is_set():
       raise unavailable("the server is shutting down")
     if not self.engine.alive:
       raise unavailable("the engine has stopped")
-    place = self.engine.waiting.try_admit(self.config.max_waiting_requests)
+    place = self.engine.try_admit(self.config.max_waiting_requests)
     if place is None:
       raise queue_full(self.config.max_waiting_requests)
     try:

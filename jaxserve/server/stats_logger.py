@@ -7,7 +7,8 @@ interval, the running and waiting requests and the KV cache usage:
 
 Token counts are the app's Prometheus counters (prompt tokens are counted when a request
 finishes), the rest the engine thread's stats snapshot; nothing here touches the engine.
-An idle server logs nothing.
+An idle server logs nothing. With several API server processes each logs its own line (its own
+requests' tokens, prefixed "API server K: "), and the engine's counts are the shared core's.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from jaxserve.server.async_engine import AsyncEngine
+from jaxserve.server.engine_client import EngineClient
 from jaxserve.server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
@@ -32,10 +33,12 @@ class TokenTotals:
 class StatsLogger:
   """tick() computes and logs one line; start() calls it every interval_s on a daemon thread."""
 
-  def __init__(self, engine: AsyncEngine, metrics: ServerMetrics, interval_s: float):
+  def __init__(self, engine: EngineClient, metrics: ServerMetrics, interval_s: float,
+               prefix: str = ""):
     self._engine = engine
     self._metrics = metrics
     self._interval_s = interval_s
+    self._prefix = prefix
     self._last = self._totals()
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._loop, name="jaxserve-stats", daemon=True)
@@ -55,7 +58,7 @@ class StatsLogger:
       return None
     elapsed = max(now.time - last.time, 1e-9)
     usage = 100.0 * stats.num_used_pages / max(stats.num_total_pages, 1)
-    line = (f"Avg prompt throughput: {prompt / elapsed:.1f} tokens/s, Avg generation throughput: "
+    line = (f"{self._prefix}Avg prompt throughput: {prompt / elapsed:.1f} tokens/s, Avg generation throughput: "
             f"{generation / elapsed:.1f} tokens/s, Running: {stats.num_running} reqs, Waiting: "
             f"{stats.num_waiting} reqs, KV cache usage: {usage:.1f}%")
     logger.info("%s", line)

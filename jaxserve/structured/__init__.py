@@ -10,9 +10,9 @@ How it is wired into the engine (engine/constraints.py, engine/llm_engine.py, de
 
 1. Request intake. The server parses `response_format` / `structured_outputs` (spec_from_request)
    or `tool_choice` required/named (tools.tool_choice_constraint) into a StructuredOutputSpec on
-   SamplingParams.structured_outputs (LLM.generate: coerce_spec). The engine's Constraints owns
+   SamplingParams.structured_outputs (LLM.generate: coerce_spec). The engine core's Constraints owns
    the GrammarCompiler (built on the first constrained request) and validates the spec in
-   add_request: a bad schema/regex/grammar raises StructuredOutputError -> 400 with `param`,
+   EngineCore.add_request: a bad schema/regex/grammar raises StructuredOutputError -> 400 with `param`,
    before the scheduler sees the request, so no page is ever allocated for it. The server does
    not validate grammars itself (one owner; the engine may live in another process).
 2. Per sequence, a SequenceMatcher (GrammarCompiler.compile: a deep copy of the cached template),
@@ -32,9 +32,10 @@ How it is wired into the engine (engine/constraints.py, engine/llm_engine.py, de
    ScheduledBatch: batch.with_bitmask). Host mask time
    hides behind the forward unless it exceeds it (StepTimings phase "bitmask";
    Constraints.fill_seconds).
-5. Finishing. After consuming, GrammarState.FINISHED ends the choice ("stop") without spending
-   a step on eos; DEAD_END ends it with finish_reason "grammar_error" (never a hang or a 5xx);
-   max_tokens still ends it with "length".
+5. Finishing. A complete grammar (GrammarState.FINISHED) lets only eos through the next mask, so
+   the choice ends with "stop" on that eos (one more step; the engine core reports tokens and the
+   output processor drops a stop token's text wherever it runs); DEAD_END ends it with
+   finish_reason "grammar_error" (never a hang or a 5xx); max_tokens still ends it with "length".
 6. Decode bursts run k steps on device with no host in between, so no matcher can advance:
    a batch holding a constrained sequence runs single steps (Request.can_burst).
 7. Rollback is not needed by the engine: a matcher consumes only tokens appended to its request,

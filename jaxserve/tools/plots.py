@@ -52,16 +52,24 @@ def latency_cdfs(requests: Sequence[Mapping], path: Path, title: str = "") -> Pa
 
 def sweep_curve(runs: Sequence[Mapping], path: Path, title: str = "") -> Path:
   """Output token throughput against median / p99 TTFT and TPOT, one point per request rate."""
-  throughput = [run["metrics"]["output_throughput"] for run in runs]
+  return sweep_curves({"": runs}, path, title)
+
+
+def sweep_curves(series: Mapping[str, Sequence[Mapping]], path: Path, title: str = "") -> Path:
+  """sweep_curve for several servers on the same axes, one colour per server (its label)."""
   fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
   for ax, key, label in zip(axes, ("ttft", "tpot"), ("TTFT", "TPOT")):
-    for stat, style in (("median_ms", "o-"), ("p99", "s--")):
-      values = [run["metrics"][key][stat] if stat == "median_ms"
-                else run["metrics"][key]["percentiles_ms"]["p99"] for run in runs]
-      ax.plot(throughput, values, style, label=f"{'median' if stat == 'median_ms' else 'p99'}")
-      for x, y, run in zip(throughput, values, runs):
-        ax.annotate(f"{run['request_rate']}", (x, y), textcoords="offset points", xytext=(4, 4),
-                    fontsize=8)
+    for (name, runs), color in zip(series.items(), ("C0", "C1", "C2", "C3")):
+      throughput = [run["metrics"]["output_throughput"] for run in runs]
+      for stat, style in (("median_ms", "o-"), ("p99", "s--")):
+        values = [run["metrics"][key][stat] if stat == "median_ms"
+                  else run["metrics"][key]["percentiles_ms"]["p99"] for run in runs]
+        which = "median" if stat == "median_ms" else "p99"
+        ax.plot(throughput, values, style, color=color,
+                label=f"{name} {which}".strip())
+        for x, y, run in zip(throughput, values, runs):
+          ax.annotate(f"{run['request_rate']}", (x, y), textcoords="offset points",
+                      xytext=(4, 4), fontsize=8)
     ax.set_xlabel("output throughput (tok/s)")
     ax.set_ylabel(f"{label} (ms)")
     ax.grid(True, alpha=0.3)

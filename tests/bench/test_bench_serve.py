@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 
 from jaxserve.cli import main as jaxserve_main
-from jaxserve.server.async_engine import AsyncEngine
 from jaxserve.bench.arrivals import arrival_gaps, send_offsets
 from jaxserve.bench.bench_serve import workload_label
 from jaxserve.bench.datasets import load_sharegpt, random_requests
-from tests.server.server_helpers import build_server_engine, start_server
+from tests.server.server_helpers import core_backend, start_core, start_server
 from tests.tools.png_checks import assert_valid_png
 
 NUM_PROMPTS = 12
@@ -23,12 +22,11 @@ INPUT_LEN, OUTPUT_LEN, RANGE_RATIO = 24, 8, 0.5
 
 @pytest.fixture(scope="module")
 def server_url():
-  engine = build_server_engine()
-  async_engine = AsyncEngine(engine).start()
-  server = start_server(async_engine, engine)
+  core = start_core()
+  server = start_server(core_backend(core))
   yield server.url
   server.stop()
-  async_engine.stop()
+  core.stop()
 
 
 def test_bench_serve_at_infinite_and_finite_rates(server_url, tmp_path):

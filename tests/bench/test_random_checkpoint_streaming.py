@@ -10,14 +10,12 @@ import time
 import pytest
 
 from jaxserve.cli import main as jaxserve_main
-from jaxserve.assembly import build_engine
 from jaxserve.models.model_config import ModelConfig
-from jaxserve.server.async_engine import AsyncEngine
 from jaxserve.tokenizer.tokenizer import load_tokenizer
 from jaxserve.bench.random_checkpoint import build_random_checkpoint, random_llama_config
 from jaxserve.bench.vocab_tokenizer import build_vocab_tokenizer
 from tests.integration.engine_helpers import small_config
-from tests.server.server_helpers import start_server
+from tests.server.server_helpers import core_backend, start_core, start_server
 
 LLAMA3_VOCAB = 128256
 
@@ -56,14 +54,12 @@ TINY_SHAPE = ModelConfig(architecture="llama", vocab_size=512, hidden_size=64,
 @pytest.fixture(scope="module")
 def random_checkpoint_server(tmp_path_factory):
   checkpoint = build_random_checkpoint(TINY_SHAPE, tmp_path_factory.mktemp("ckpt"), seed=2)
-  engine = build_engine(small_config(str(checkpoint), max_model_len=256, max_num_seqs=16,
-                                     max_tokens_per_step=64, seq_buckets=(16,),
-                                     token_buckets=(64,)), show_progress=False)
-  async_engine = AsyncEngine(engine).start()
-  server = start_server(async_engine, engine)
+  core = start_core(small_config(str(checkpoint), max_model_len=256, max_num_seqs=16,
+                                max_tokens_per_step=64, seq_buckets=(16,), token_buckets=(64,)))
+  server = start_server(core_backend(core))  # the multi-process server's API side
   yield server, checkpoint
   server.stop()
-  async_engine.stop()
+  core.stop()
 
 
 def test_random_checkpoint_tokenizer_loads_and_round_trips(random_checkpoint_server):

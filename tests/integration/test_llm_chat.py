@@ -8,7 +8,7 @@ from jaxserve.llm import LLM
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.server.async_engine import AsyncEngine
 from tests.integration.engine_helpers import small_config
-from tests.server.server_helpers import start_server
+from tests.server.server_helpers import start_server, thread_backend
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Hi!"}],
@@ -32,7 +32,7 @@ def test_llm_chat_matches_the_chat_endpoint():
     assert list(result.prompt_token_ids) == llm.get_tokenizer().encode_chat(conversation)
 
   async_engine = AsyncEngine(llm.engine).start()  # the same engine, now behind the server
-  server = start_server(async_engine, llm.engine)
+  server = start_server(thread_backend(async_engine, llm.engine))  # the single-process server
   try:
     client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
     for conversation, result in zip(CONVERSATIONS, offline):

@@ -1,16 +1,16 @@
-"""One engine for the whole tests/server run, behind two real uvicorn servers: `server` with the
-default settings and `strict_server` (API key, 2 KiB bodies, 2 waiting requests) on the same
-engine thread."""
+"""One engine core process for the whole tests/server run (as `jaxserve serve` runs it), behind
+two real uvicorn servers, each an API server with its own CoreClient: `server` with the default
+settings and `strict_server` (API key, 2 KiB bodies, 2 waiting requests)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import pytest
 
-from jaxserve.engine.llm_engine import LLMEngine
-from jaxserve.server.async_engine import AsyncEngine
+from jaxserve.server.core_process import CoreHandle
 from jaxserve.tokenizer.tokenizer import Tokenizer
-from tests.server.server_helpers import RunningServer, build_server_engine, start_server
+from tests.server.server_helpers import (Backend, RunningServer, core_backend, start_core,
+                                         start_server)
 
 API_KEY = "test-secret-key"
 
@@ -18,8 +18,8 @@ API_KEY = "test-secret-key"
 @dataclass(frozen=True)
 class Served:
   server: RunningServer
-  async_engine: AsyncEngine
-  engine: LLMEngine  # owned by the engine thread: tests read only its constants
+  backend: Backend
+  core: CoreHandle
   tokenizer: Tokenizer
   max_model_len: int
 
@@ -30,17 +30,17 @@ class Served:
 
 @pytest.fixture(scope="session")
 def served():
-  engine = build_server_engine()
-  async_engine = AsyncEngine(engine).start()
-  server = start_server(async_engine, engine)
-  yield Served(server, async_engine, engine, engine.tokenizer, engine.max_model_len)
+  core = start_core()
+  backend = core_backend(core)
+  server = start_server(backend)
+  yield Served(server, backend, core, backend.tokenizer, backend.max_model_len)
   server.stop()
-  async_engine.stop()
+  assert core.stop() == 0
 
 
 @pytest.fixture(scope="session")
 def strict_server(served):
-  server = start_server(served.async_engine, served.engine, api_key=API_KEY, max_body_bytes=2048,
+  server = start_server(served.backend, api_key=API_KEY, max_body_bytes=2048,
                         max_waiting_requests=2)
   yield server
   server.stop()

@@ -1,18 +1,27 @@
-"""A real uvicorn server on 127.0.0.1 in a background thread, over a small tiny-random engine."""
+"""Real uvicorn servers on 127.0.0.1 in background threads of the test process, over a small
+tiny-random engine: by default the engine core in its own process (as `jaxserve serve` runs it;
+each server is an API server with its own CoreClient), or an in-process AsyncEngine (the
+single-process server, server.api_server_count 0)."""
 from __future__ import annotations
 
 import socket
 import threading
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import uvicorn
 
-from jaxserve.config import ServerConfig
 from jaxserve.assembly import build_engine
+from jaxserve.config import EngineConfig, ServerConfig
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.server.app import build_app, serving_state
 from jaxserve.server.async_engine import AsyncEngine
+from jaxserve.server.core_client import CoreClient
+from jaxserve.server.core_process import CoreHandle, start_core_process
+from jaxserve.server.engine_client import EngineClient
 from jaxserve.server.state import ServingState
+from jaxserve.tokenizer.tokenizer import Tokenizer
 from tests.integration.engine_helpers import small_config
 
 MAX_MODEL_LEN = 256
@@ -29,6 +38,32 @@ def build_server_engine() -> LLMEngine:
   return build_engine(server_engine_config(), show_progress=False)
 
 
+@dataclass(frozen=True)
+class Backend:
+  """What test servers are built over: make_client() gives each server its EngineClient."""
+  tokenizer: Tokenizer
+  model_name: str
+  max_model_len: int
+  vocab_size: int
+  make_client: Callable[[], EngineClient]
+
+
+def start_core(config: EngineConfig | None = None) -> CoreHandle:
+  """The engine core process (as `jaxserve serve` starts it)."""
+  return start_core_process(config or server_engine_config(), "WARNING")
+
+
+def core_backend(core: CoreHandle) -> Backend:
+  info = core.info
+  return Backend(info.tokenizer, info.model_name, info.max_model_len, info.vocab_size,
+                 lambda: CoreClient(core.address, info.tokenizer))
+
+
+def thread_backend(async_engine: AsyncEngine, engine: LLMEngine) -> Backend:
+  return Backend(engine.tokenizer, engine.model_name, engine.max_model_len, engine.vocab_size,
+                 lambda: async_engine)
+
+
 def free_port() -> int:
   with socket.socket() as sock:
     sock.bind(("127.0.0.1", 0))
@@ -36,12 +71,13 @@ def free_port() -> int:
 
 
 class RunningServer:
-  """uvicorn.Server(config).run() in a thread; stop() shuts it down."""
+  """uvicorn.Server(config).run() in a thread (lifespan on: a CoreClient attaches); stop()
+  shuts it down."""
 
   def __init__(self, app):
     self.app = app
     self.port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=self.port, lifespan="off",
+    config = uvicorn.Config(app, host="127.0.0.1", port=self.port, lifespan="on",
                             log_level="warning")
     self.server = uvicorn.Server(config)
     self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -65,10 +101,11 @@ class RunningServer:
     self.thread.join(10)
 
 
-def start_server(async_engine: AsyncEngine, engine: LLMEngine, **server_fields) -> RunningServer:
-  app = build_app(async_engine, engine.tokenizer, ServerConfig(**server_fields),
-                  model_name=engine.model_name, max_model_len=engine.max_model_len,
-                  vocab_size=engine.vocab_size)
+def start_server(backend: Backend, client: EngineClient | None = None,
+                 **server_fields) -> RunningServer:
+  app = build_app(client or backend.make_client(), backend.tokenizer,
+                  ServerConfig(**server_fields), model_name=backend.model_name,
+                  max_model_len=backend.max_model_len, vocab_size=backend.vocab_size)
   return RunningServer(app)
 
 
@@ -88,13 +125,15 @@ def scrape_metrics(base_url: str) -> dict[str, float]:
 
 
 def wait_for_idle(base_url: str, timeout: float = 10.0) -> dict[str, float]:
-  """Polls /metrics until nothing runs, waits or holds KV pages; returns the last scrape."""
+  """Polls /metrics until nothing runs, waits (HTTP requests included) or holds KV pages;
+  returns the last scrape."""
   deadline = time.monotonic() + timeout
   while True:
     values = scrape_metrics(base_url)
     idle = (values["jaxserve_num_requests_running"] == 0
             and values["jaxserve_num_requests_waiting"] == 0
-            and values["jaxserve_kv_pages_used"] == 0)
+            and values["jaxserve_kv_pages_used"] == 0
+            and values["jaxserve_num_http_requests_waiting"] == 0)
     if idle or time.monotonic() > deadline:
       return values
     time.sleep(0.05)

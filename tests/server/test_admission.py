@@ -17,7 +17,7 @@ LIMIT = 64
 
 @pytest.fixture(scope="module")
 def small_queue(served):
-  server = start_server(served.async_engine, served.engine, max_waiting_requests=LIMIT, max_n=4)
+  server = start_server(served.backend, max_waiting_requests=LIMIT, max_n=4)
   yield server
   server.stop()
 
@@ -43,8 +43,7 @@ def test_a_burst_below_the_limit_is_never_refused(served, small_queue, n, stream
   # 63 requests of n choices each on an engine that runs 16 sequences at a time: most wait
   statuses = asyncio.run(_burst(small_queue.url, LIMIT - 1, n, max_tokens=8, stream=stream))
   assert statuses == [200] * (LIMIT - 1)
-  assert served.async_engine.waiting.count == 0
-  wait_for_idle(small_queue.url)
+  assert wait_for_idle(small_queue.url)["jaxserve_num_http_requests_waiting"] == 0
 
 
 def test_the_issue_burst_1000_below_1024(served):
@@ -54,15 +53,13 @@ def test_the_issue_burst_1000_below_1024(served):
   assert served.server.state.config.max_waiting_requests == 1024
   statuses = asyncio.run(_burst(served.url, 1000, 1, max_tokens=8))
   assert statuses == [200] * 1000
-  assert served.async_engine.waiting.count == 0
-  wait_for_idle(served.url)
+  assert wait_for_idle(served.url)["jaxserve_num_http_requests_waiting"] == 0
 
 
 def test_a_burst_above_the_limit_gets_429_and_gives_every_place_back(served, small_queue):
   statuses = asyncio.run(_burst(small_queue.url, 3 * LIMIT, 1, max_tokens=64))
   assert set(statuses) == {200, 429}
   assert statuses.count(200) >= LIMIT
-  assert served.async_engine.waiting.count == 0
   assert wait_for_idle(small_queue.url)["jaxserve_num_http_requests_waiting"] == 0
 
 
@@ -80,7 +77,7 @@ def test_n_above_max_n_is_400_naming_n(served, small_queue):
   with openai.OpenAI(base_url=f"{small_queue.url}/v1", api_key="unused") as client:
     full = client.completions.create(model="tiny-random", prompt="hi", max_tokens=2, n=4)
     assert sorted(c.index for c in full.choices) == [0, 1, 2, 3]
-  assert served.async_engine.waiting.count == 0
+  assert wait_for_idle(served.url)["jaxserve_num_http_requests_waiting"] == 0
 
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, True, "many"])
@@ -88,3 +85,22 @@ def test_max_n_is_validated(value):
   with pytest.raises(ValueError, match=r"^server\.max_n: must be an integer >= 1"):
     load_config(overrides=[f"server.max_n={value}"])
   assert load_config(overrides=["server.max_n=8"]).server.max_n == 8
+
+
+def test_api_servers_share_one_limit(served, small_queue):
+  """Two API servers (CoreClients) on one engine core, each with the limit: the core counts
+  for both, so LIMIT requests sent to each (2 x LIMIT at once) cannot all wait; each server
+  counting alone would admit all of them."""
+  other = start_server(served.backend, max_waiting_requests=LIMIT, max_n=4)
+  try:
+    async def both() -> list[int]:
+      first, second = await asyncio.gather(_burst(small_queue.url, LIMIT, 1, max_tokens=64),
+                                           _burst(other.url, LIMIT, 1, max_tokens=64))
+      return first + second
+
+    statuses = asyncio.run(both())
+  finally:
+    other.stop()
+  assert set(statuses) == {200, 429}
+  assert statuses.count(200) >= LIMIT
+  assert wait_for_idle(small_queue.url)["jaxserve_num_http_requests_waiting"] == 0

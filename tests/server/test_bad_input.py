@@ -203,13 +203,13 @@ def test_draining_refuses_new_requests_but_keeps_probes(served):
   assert httpx.get(f"{served.url}/health").status_code == 200
 
 
-def test_a_stopped_engine_turns_health_and_generation_to_503(served):
-  """An app over an engine thread that is not running: probes say so, requests get 503."""
-  from jaxserve.server.async_engine import AsyncEngine
+def test_a_stopped_engine_turns_health_and_generation_to_503(served, tmp_path):
+  """An app whose engine core never answers: probes say so, requests get 503."""
+  from jaxserve.server.core_client import CoreClient
   from tests.server.server_helpers import start_server
 
-  stopped = AsyncEngine(served.engine)  # never started, like a thread that has died
-  server = start_server(stopped, served.engine)
+  nobody = CoreClient(f"ipc://{tmp_path}/no-core", served.tokenizer, connect_timeout_s=0.5)
+  server = start_server(served.backend, nobody)
   try:
     health = httpx.get(f"{server.url}/health")
     assert health.status_code == 503 and health.json()["status"] == "engine stopped"

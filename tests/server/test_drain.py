@@ -13,6 +13,7 @@ import threading
 import time
 
 import httpx
+import pytest
 import yaml
 
 from tests.server.server_helpers import MAX_MODEL_LEN, free_port
@@ -46,20 +47,23 @@ def _wait_until_healthy(url: str, process: subprocess.Popen, timeout: float = 15
   raise AssertionError("the server did not become healthy")
 
 
-def _start_server(tmp_path, log_level: str, **config) -> tuple[subprocess.Popen, str]:
+def _start_server(tmp_path, log_level: str, api_server_count: int | None = None,
+                  **config) -> tuple[subprocess.Popen, str]:
   """A `jaxserve serve` process on a free port (the server.yaml of _write_config); its URL."""
   config_path = str(tmp_path / "server.yaml")
   _write_config(config_path, **config)
   port = free_port()
   process = subprocess.Popen(
       [sys.executable, "-m", "jaxserve.cli", "serve", "--config", config_path, "--port", str(port),
-       "--log-level", log_level],
+       "--log-level", log_level]
+      + ([] if api_server_count is None else ["--api-server-count", str(api_server_count)]),
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   return process, f"http://127.0.0.1:{port}"
 
 
-def test_sigterm_drains_running_stream_and_exits_zero(tmp_path):
-  process, url = _start_server(tmp_path, "WARNING")
+@pytest.mark.parametrize("api_server_count", [2, 0])  # across processes; one process
+def test_sigterm_drains_running_stream_and_exits_zero(tmp_path, api_server_count):
+  process, url = _start_server(tmp_path, "WARNING", api_server_count)
   try:
     _wait_until_healthy(url, process)
     events: list[str] = []

@@ -192,7 +192,7 @@ def test_models_health_and_metrics(served, client):
   client.completions.create(model=MODEL, prompt="count me", max_tokens=3, temperature=0,
                             extra_body={"ignore_eos": True})
   values = wait_for_idle(served.url)
-  assert values["jaxserve_kv_pages_total"] == served.async_engine.stats.num_total_pages
+  assert values["jaxserve_kv_pages_total"] == served.server.state.engine.stats.num_total_pages
   assert values["jaxserve_xla_compilations_total"] >= 1
   assert values["jaxserve_generation_tokens_total"] >= 3
   assert values["jaxserve_prompt_tokens_total"] >= len(served.tokenizer.encode("count me"))

@@ -26,7 +26,7 @@ def _complete(url: str, max_tokens: int) -> dict:
 
 def test_tick_reports_the_interval_and_is_silent_when_idle(served):
   wait_for_idle(served.url)
-  stats = StatsLogger(served.async_engine, served.server.state.metrics, interval_s=0)
+  stats = StatsLogger(served.server.state.engine, served.server.state.metrics, interval_s=0)
   assert stats.tick() is None
   start = time.monotonic()
   usage = _complete(served.url, 20)["usage"]
@@ -45,7 +45,7 @@ def test_tick_reports_the_interval_and_is_silent_when_idle(served):
 
 def test_thread_logs_lines_while_requests_run(served, caplog):
   caplog.set_level(logging.INFO, logger="jaxserve.server.stats_logger")
-  stats = StatsLogger(served.async_engine, served.server.state.metrics, interval_s=0.05).start()
+  stats = StatsLogger(served.server.state.engine, served.server.state.metrics, interval_s=0.05).start()
   try:
     _complete(served.url, 60)
     time.sleep(0.2)

@@ -1,7 +1,7 @@
 """Streaming like vLLM: a chunk per choice per engine step that produced tokens, even when the
 detokenizer holds the text back; server.stream_interval K merges K steps per chunk; a decode burst
-is one chunk with several tokens. The engine's per-step outputs are recorded (a wrapper around
-LLMEngine.step) and compared with what real uvicorn servers stream."""
+is one chunk with several tokens. The engine core process's per-step messages are recorded as
+the API server's CoreClient receives them and compared with what real uvicorn servers stream."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,10 +13,9 @@ import httpx
 import pytest
 
 from jaxserve.config import load_config
-from jaxserve.assembly import build_engine
-from jaxserve.engine.llm_engine import LLMEngine
-from jaxserve.server.async_engine import AsyncEngine
-from tests.server.server_helpers import server_engine_config, start_server, wait_for_idle
+from jaxserve.server.core_client import CoreClient
+from tests.server.server_helpers import (core_backend, server_engine_config, start_core,
+                                         start_server, wait_for_idle)
 from tests.tokenizer.tokenizer_checkpoints import llama3_checkpoint
 
 # A byte-level BPE over 500 ids (the model samples ids below 512): random ids are often single
@@ -26,57 +25,63 @@ NUM_TOKENS = 40
 
 
 class StepRecorder:
-  """Wraps engine.step (before the engine thread starts): each request's new token ids per
-  step, in order."""
+  """Taps the engine core's step messages as CoreClients receive them (each carries one engine
+  step's outputs): each request's new token ids per step, in order."""
 
-  def __init__(self, engine: LLMEngine):
+  def __init__(self):
     self.steps: dict[str, list[tuple[int, ...]]] = defaultdict(list)
     self._lock = threading.Lock()
-    step = engine.step
 
-    def recording_step():
-      outputs = step()
+  def tap(self, client: CoreClient) -> CoreClient:
+    processor = client._processor
+    process = processor.process
+
+    def recording_process(outputs):
+      outputs = list(outputs)
       with self._lock:
         for output in outputs:
           if output.new_token_ids:
-            self.steps[output.request_id].append(output.new_token_ids)
-      return outputs
+            self.steps[output.request_id].append(tuple(output.new_token_ids))
+      return process(outputs)
 
-    engine.step = recording_step
+    processor.process = recording_process
+    return client
 
   def of(self, response_id: str, choice: int = 0) -> list[tuple[int, ...]]:
     with self._lock:
       return list(self.steps[f"{response_id}-{choice}"])
 
 
-def _serve(engine: LLMEngine, intervals: tuple[int, ...]):
-  recorder = StepRecorder(engine)
-  async_engine = AsyncEngine(engine).start()
-  servers = {k: start_server(async_engine, engine, stream_interval=k) for k in intervals}
-  return recorder, async_engine, servers
+def _serve(config, intervals: tuple[int, ...]):
+  """An engine core process and a server (an API server with its own CoreClient) per
+  stream_interval."""
+  core = start_core(config)
+  backend = core_backend(core)
+  recorder = StepRecorder()
+  servers = {k: start_server(backend, recorder.tap(backend.make_client()), stream_interval=k)
+             for k in intervals}
+  return backend, core, recorder, servers
 
 
 @pytest.fixture(scope="module")
 def held_back(tmp_path_factory):
   tokenizer_dir = llama3_checkpoint(str(tmp_path_factory.mktemp("bpe")), vocab_size=500)
-  engine = build_engine(server_engine_config().replace(tokenizer=tokenizer_dir),
-                        show_progress=False)
-  recorder, async_engine, servers = _serve(engine, (1, 3))
-  yield engine, recorder, servers
+  backend, core, recorder, servers = _serve(
+      server_engine_config().replace(tokenizer=tokenizer_dir), (1, 3))
+  yield backend, recorder, servers
   for server in servers.values():
     server.stop()
-  async_engine.stop()
+  core.stop()
 
 
 @pytest.fixture(scope="module")
 def bursting():
   config = server_engine_config()
   config = config.replace(scheduler=dataclasses.replace(config.scheduler, num_scheduler_steps=4))
-  engine = build_engine(config, show_progress=False)
-  recorder, async_engine, servers = _serve(engine, (1,))
-  yield engine, recorder, servers[1]
+  backend, core, recorder, servers = _serve(config, (1,))
+  yield backend, recorder, servers[1]
   servers[1].stop()
-  async_engine.stop()
+  core.stop()
 
 
 def _stream(url: str, path: str, body: dict) -> list[dict]:

@@ -1,0 +1,274 @@
+"""The HTTP server against the engine in-process, on one machine in one run (issue 15).
+
+    python -m jaxserve.bench.serve_vs_offline --model /tmp/llama8b --config configs/h100.yaml \
+        --max-model-len 2048 --out-dir out/serve_vs_offline
+
+1. bench_offline (LLM.generate's in-process path, streaming each request's final output only)
+   on N prompts of `--input-len` token ids, `--output-len` tokens each, greedy, ignore_eos.
+2. For each server mode (the multi-process server: an engine core process and
+   `--api-server-count` API server processes; then the single-process server,
+   `--api-server-count 0`): `jaxserve serve` with the same engine settings, then with
+   `jaxserve bench serve`'s load generator (every token streamed, a chunk per step)
+   a. the same N x in/out workload at an unbounded rate;
+   b. a rate sweep (`--sweep-rates`, `--sweep-input-len` / `--sweep-output-len`,
+      `--sweep-range-ratio`): rate x `--sweep-seconds` prompts per finite rate,
+      `--sweep-inf-prompts` at inf;
+   c. single-stream: `--single-stream-prompts` requests one at a time (TPOT of one sequence).
+3. The weight-read time: the checkpoint's weight bytes over the device's measured copy
+   bandwidth (a jitted copy of a 4 GiB array, read + write), the floor of a single stream's TPOT.
+4. One JSON, the throughput-latency plot of both servers' sweeps, and a table on stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import math
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from jaxserve.bench.bench_serve import ServeBenchConfig, run_requests
+from jaxserve.bench.datasets import random_requests
+from jaxserve.bench.latency_stats import format_table, summarize
+from jaxserve.tools.json_file import write_json
+
+MODES = {"multi-process": None, "single-process": 0}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--model", required=True)
+  parser.add_argument("--config", help="YAML engine config for every run")
+  parser.add_argument("--max-model-len", type=int, default=2048)
+  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+  parser.add_argument("--api-server-count", type=int, help="of the multi-process server "
+                      "(default: jaxserve serve's)")
+  parser.add_argument("--num-prompts", type=int, default=1000)
+  parser.add_argument("--input-len", type=int, default=256)
+  parser.add_argument("--output-len", type=int, default=256)
+  parser.add_argument("--sweep-rates", default="1,4,16,32,inf")
+  parser.add_argument("--sweep-input-len", type=int, default=1024)
+  parser.add_argument("--sweep-output-len", type=int, default=128)
+  parser.add_argument("--sweep-range-ratio", type=float, default=0.5)
+  parser.add_argument("--sweep-seconds", type=float, default=30.0)
+  parser.add_argument("--sweep-inf-prompts", type=int, default=500)
+  parser.add_argument("--single-stream-prompts", type=int, default=8)
+  parser.add_argument("--client-processes", type=int, default=4,
+                      help="load-generator processes (one asyncio client each)")
+  parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, of " +
+                      ", ".join(MODES))
+  parser.add_argument("--port", type=int, default=8000)
+  parser.add_argument("--start-timeout-s", type=float, default=900.0)
+  parser.add_argument("--out-dir", default="out/serve_vs_offline")
+  return parser.parse_args(argv)
+
+
+def _engine_flags(args) -> list[str]:
+  flags = ["--max-model-len", str(args.max_model_len)]
+  if args.config:
+    flags += ["--config", args.config]
+  for item in args.set:
+    flags += ["--set", item]
+  return flags
+
+
+def run_offline(args, out_dir: Path) -> dict:
+  path = out_dir / "bench_offline.json"
+  subprocess.run([sys.executable, "-m", "jaxserve.bench.bench_offline", "--model", args.model,
+                  *_engine_flags(args), "--num-prompts", str(args.num_prompts), "--input-len",
+                  str(args.input_len), "--output-len", str(args.output_len), "--no-stream",
+                  "--log-level", "WARNING", "--out", str(path)], check=True)
+  return json.loads(path.read_text())
+
+
+_BANDWIDTH = """
+import json, time, jax, jax.numpy as jnp
+x = jnp.ones((1 << 31,), jnp.bfloat16)  # 4 GiB
+copy = jax.jit(lambda a: a + jnp.bfloat16(1))
+copy(x).block_until_ready()
+start = time.perf_counter()
+for _ in range(10):
+  y = copy(x)
+y.block_until_ready()
+print(json.dumps({"copy_gb_per_s": 10 * 2 * x.nbytes / (time.perf_counter() - start) / 1e9}))
+"""
+
+
+def weight_read(model: str) -> dict:
+  """The checkpoint's weight bytes and the device's copy bandwidth (a separate process, before
+  any server holds the device)."""
+  files = list(Path(model).glob("*.safetensors")) if Path(model).is_dir() else []
+  if not files:
+    return {}
+  run = subprocess.run([sys.executable, "-c", _BANDWIDTH], capture_output=True, text=True)
+  if run.returncode != 0:
+    return {"error": run.stderr[-2000:]}
+  result = json.loads(run.stdout.strip().splitlines()[-1])
+  result["weight_bytes"] = sum(f.stat().st_size for f in files)
+  result["weight_read_ms"] = result["weight_bytes"] / (result["copy_gb_per_s"] * 1e9) * 1e3
+  return result
+
+
+def start_server(args, count: int | None, log_path: Path) -> subprocess.Popen:
+  command = [sys.executable, "-m", "jaxserve.cli", "serve", args.model, *_engine_flags(args),
+             "--host", "127.0.0.1", "--port", str(args.port), "--log-level", "WARNING"]
+  if count is not None:
+    command += ["--api-server-count", str(count)]
+  process = subprocess.Popen(command, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+  deadline = time.monotonic() + args.start_timeout_s
+  while time.monotonic() < deadline:
+    if process.poll() is not None:
+      raise RuntimeError(f"the server exited with {process.returncode}; see {log_path}")
+    try:
+      if httpx.get(f"http://127.0.0.1:{args.port}/health", timeout=1).status_code == 200:
+        return process
+    except httpx.TransportError:
+      pass
+    time.sleep(0.5)
+  process.kill()
+  raise RuntimeError(f"the server did not become healthy in {args.start_timeout_s} s")
+
+
+def stop_server(process: subprocess.Popen) -> int:
+  process.send_signal(signal.SIGTERM)
+  try:
+    return process.wait(120)
+  except subprocess.TimeoutExpired:
+    process.kill()
+    return process.wait(10)
+
+
+def _vocabulary(model: str) -> tuple[str, list[int]]:
+  from jaxserve.models.registry import load_model_tokenizer
+  tokenizer = load_model_tokenizer(model)
+  special = set(tokenizer.all_special_ids)
+  return model, [i for i in range(tokenizer.backend.get_vocab_size()) if i not in special]
+
+
+def _shard(config: ServeBenchConfig, requests) -> tuple[list, float, float]:
+  """One load-generator process: its records, wall time (from the shared CLOCK_MONOTONIC
+  start) and CPU seconds."""
+  cpu = time.process_time()
+  records, duration = asyncio.run(run_requests(config, requests))
+  return records, duration, time.process_time() - cpu
+
+
+def _run(url: str, name: str, requests, rate: float, concurrency: int | None = None,
+         processes: int = 1) -> dict:
+  """bench serve's load at `rate`, from `processes` load-generator processes (each sends
+  every processes-th request at rate / processes: a Poisson process split K ways is K Poisson
+  processes), so the client's own CPU does not cap what is measured; its CPU use is reported."""
+  processes = 1 if concurrency else max(1, min(processes, len(requests)))
+  config = ServeBenchConfig(base_url=url, model=name, request_rate=rate / processes,
+                            ignore_eos=True, max_concurrency=concurrency)
+  shards = [requests[k::processes] for k in range(processes)]
+  if processes == 1:
+    results = [_shard(config, shards[0])]
+  else:
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+      results = list(pool.map(_shard, [dataclasses.replace(config, seed=k) for k in
+                                       range(processes)], shards))
+  records = [record for shard, _, _ in results for record in shard]
+  duration = max(wall for _, wall, _ in results)
+  metrics = summarize(records, duration, (50.0, 99.0))
+  print(format_table(metrics, f"Serving Benchmark Result (rate {rate})", ("ttft", "tpot", "itl")))
+  errors = sorted({r.error for r in records if not r.success})
+  return {"request_rate": "inf" if math.isinf(rate) else rate, "metrics": metrics.to_dict(),
+          "client_processes": processes, "errors": errors[:5],
+          "client_cpu_per_process": max(cpu for _, _, cpu in results) / duration}
+
+
+def bench_server(args, url: str, name: str, pool: list[int]) -> dict:
+  burst = random_requests(args.num_prompts, args.input_len, args.output_len, seed=0,
+                          token_ids=pool)
+  k = args.client_processes
+  result = {"burst": _run(url, name, burst, math.inf, processes=k), "sweep": []}
+  for rate in [math.inf if r.strip() == "inf" else float(r) for r in args.sweep_rates.split(",")]:
+    count = args.sweep_inf_prompts if math.isinf(rate) else max(4, round(rate * args.sweep_seconds))
+    requests = random_requests(count, args.sweep_input_len, args.sweep_output_len,
+                               range_ratio=args.sweep_range_ratio, seed=1, token_ids=pool)
+    result["sweep"].append(_run(url, name, requests, rate, processes=k))
+  single = random_requests(args.single_stream_prompts, args.sweep_input_len,
+                           args.sweep_output_len, seed=2, token_ids=pool)
+  result["single_stream"] = _run(url, name, single, math.inf, concurrency=1)
+  return result
+
+
+def table(result: dict) -> str:
+  a = result["args"]
+  sweep = f"sweep ({a['sweep_input_len']}/{a['sweep_output_len']}, ratio {a['sweep_range_ratio']})"
+  offline = result["offline"]["output_tokens_per_s"]
+  lines = [f"{'path':<34}{'out tok/s':>11}{'vs offline':>11}{'failed':>8}"
+           f"{'TPOT p50/p99 ms':>18}{'ITL p50/p99 ms':>18}",
+           f"{'LLM.generate (bench_offline)':<34}{offline:>11.0f}{'100%':>11}"]
+  for mode, server in result["servers"].items():
+    m = server["burst"]["metrics"]
+    lines.append(f"{mode + ' HTTP, burst':<34}{m['output_throughput']:>11.0f}"
+                 f"{m['output_throughput'] / offline:>11.0%}{m['failed']:>8}"
+                 f"{_pair(m, 'tpot'):>18}{_pair(m, 'itl'):>18}"
+                 f"  (client CPU {server['burst']['client_cpu_per_process']:.0%} per process)")
+  lines.append("")
+  lines.append(f"{sweep:<34}{'rate':>6}{'out tok/s':>11}"
+               f"{'TTFT p50/p99 ms':>20}{'TPOT p50/p99 ms':>18}{'ITL p50/p99 ms':>18}")
+  for mode, server in result["servers"].items():
+    for run in server["sweep"] + [dict(server["single_stream"], request_rate="1 stream")]:
+      m = run["metrics"]
+      lines.append(f"{mode:<34}{str(run['request_rate']):>6}{m['output_throughput']:>11.0f}"
+                   f"{_pair(m, 'ttft'):>20}{_pair(m, 'tpot'):>18}{_pair(m, 'itl'):>18}")
+  read = result["weight_read"].get("weight_read_ms")
+  if read:
+    lines.append("")
+    lines.append(f"weight-read time {read:.2f} ms ({result['weight_read']['weight_bytes'] / 1e9:.1f}"
+                 f" GB at {result['weight_read']['copy_gb_per_s']:.0f} GB/s copy bandwidth); "
+                 "single-stream TPOT p50 / weight-read: " + ", ".join(
+                     f"{mode} {s['single_stream']['metrics']['tpot']['median_ms'] / read:.2f}x"
+                     for mode, s in result["servers"].items()))
+  return "\n".join(lines)
+
+
+def _pair(metrics: dict, key: str) -> str:
+  d = metrics[key]
+  return f"{d['median_ms']:.1f} / {d['percentiles_ms']['p99']:.1f}"
+
+
+def main(argv=None) -> int:
+  from jaxserve.tools import plots
+
+  args = parse_args(argv)
+  out_dir = Path(args.out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  result = {"model": args.model, "config": args.config, "args": vars(args),
+            "offline": run_offline(args, out_dir), "weight_read": weight_read(args.model),
+            "servers": {}}
+  name, pool = _vocabulary(args.model)
+  url = f"http://127.0.0.1:{args.port}"
+  for mode in args.modes.split(","):
+    count = MODES[mode] if mode != "multi-process" else args.api_server_count
+    process = start_server(args, count, out_dir / f"serve_{mode}.log")
+    try:
+      served = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+      result["servers"][mode] = bench_server(args, url, served, pool)
+    finally:
+      result["servers"].get(mode, {})["exit_code"] = stop_server(process)
+    write_json(out_dir / "serve_vs_offline.json", result)  # what is done survives a cut run
+  write_json(out_dir / "serve_vs_offline.json", result)
+  plots.sweep_curves({mode: s["sweep"] for mode, s in result["servers"].items()},
+                     out_dir / "sweep_throughput_latency.png",
+                     title=f"{os.path.basename(args.model)}: {args.sweep_input_len} in / "
+                     f"{args.sweep_output_len} out, range ratio {args.sweep_range_ratio}")
+  print(table(result))
+  failed = sum(s["burst"]["metrics"]["failed"] for s in result["servers"].values())
+  return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,338 @@
+"""The engine core: admit token-id requests, schedule a step, run it on device, report tokens.
+
+Single-threaded by design, and token-level: step() returns EngineCoreOutputs (token ids,
+logprobs, finish reasons; engine/core_messages.py), never text. Detokenization and stop strings
+are the output processor's (engine/output_processor.py): LLMEngine (engine/llm_engine.py)
+composes the two in one process for the offline API and the single-process server; the engine
+core process of `jaxserve serve` (server/core_process.py) runs this alone and ships the outputs
+to the API server processes, which run the processor. A stop string found there comes back as
+stop_request().
+
+Bad input raises ValueError in add_request and never reaches the device, so other requests keep
+running.
+
+Async scheduling (scheduler.async_scheduling, on by default): step() schedules and dispatches
+step N+1 before it waits for step N's results, so scheduling, building the inputs and processing
+outputs run while the device computes. Step N+1's decode tokens are step N's samples, fed on
+device (device/model_runner.py, behind engine/device_port.StepRunner); each call to step()
+returns the outputs of the step before. A request that stopped at step N has computed one more
+token in step N+1, which is dropped. Penalties need every generated id on the host, so a step
+whose batch holds a penalized request waiting for its in-flight token first completes the step
+in flight (synchronously).
+
+Structured outputs (engine/constraints.py, owned by the core: the tokenizer's grammar compiler
+validates a request's constraint in add_request, and each request's matcher lives in its
+RequestState, where sampling decisions are made): a step with grammar-constrained sequences is
+dispatched in two parts. The forward goes first; then the core takes the step before's tokens
+(each constrained sequence's matcher consumes its token), fills the constrained rows' token
+bitmask on the host while the device runs the forward, and dispatches the sampler with the mask
+in the step's batch. The mask's host time hides behind the forward unless it is longer
+(StepTimings: phase "bitmask"). Such a batch never runs as a decode burst (Request.can_burst).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from jaxserve.engine.admission import check_length, check_token_ids
+from jaxserve.engine.constraints import Constraints, live_matcher
+from jaxserve.engine.core_messages import EngineCoreOutput, EngineCoreRequest
+from jaxserve.engine.device_port import CompileCounter, StepRunner
+from jaxserve.engine.engine_stats import EngineStats
+from jaxserve.engine.page_allocator import PageAllocator
+from jaxserve.engine.request import Request, RequestStatus
+from jaxserve.engine.request_state import RequestState
+from jaxserve.engine.scheduler import Scheduler
+from jaxserve.messages.scheduled_batch import ScheduledBatch
+from jaxserve.messages.step_output import StepOutput
+from jaxserve.outputs import TokenLogprob
+from jaxserve.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepTimings:
+  """Cumulative wall time of the engine loop: host work, time blocked on the device, and each
+  step's device time. A step's device time is measured from its dispatch, or from the end of
+  the step before it when that was later, to the moment its results were on the host; with
+  async scheduling that is exact while the device is the bottleneck and an upper bound when
+  the host is."""
+  num_steps: int = 0
+  host_seconds: float = 0.0     # scheduling, building step inputs, processing outputs
+  wait_seconds: float = 0.0     # blocked waiting for a step's results
+  device_seconds: float = 0.0   # sum of the steps' device times
+  per_bucket: dict = field(default_factory=dict)  # (num_seqs, num_tokens) -> [steps, seconds]
+  host_phases: dict = field(default_factory=dict)  # schedule / prepare / dispatch / process -> s
+  host_per_bucket: dict = field(default_factory=dict)  # bucket -> [steps, host s of the step()
+                                                       # calls that dispatched that bucket]
+
+  def add_phase(self, name: str, since: float) -> float:
+    """Adds the time since `since` to host phase `name`; returns now."""
+    now = time.perf_counter()
+    self.host_phases[name] = self.host_phases.get(name, 0.0) + now - since
+    return now
+
+  def record(self, bucket: tuple[int, int], device_seconds: float) -> None:
+    self.num_steps += 1
+    self.device_seconds += device_seconds
+    entry = self.per_bucket.setdefault(bucket, [0, 0.0])
+    entry[0] += 1
+    entry[1] += device_seconds
+
+
+@dataclass(frozen=True)
+class _StepInFlight:
+  """A dispatched step: what it was fed and where its results will come from."""
+  batch: ScheduledBatch
+  requests: tuple[Request, ...]      # batch.seqs' requests, to recognise finished ones
+  handle: object                     # the runner's handle of the dispatched step
+  bucket: tuple[int, int]
+  dispatch_time: float
+
+  def feeds_penalized_request(self) -> bool:
+    return any(sample and request.sampling_params.uses_penalties
+               for sample, request in zip(self.batch.sample, self.requests))
+
+
+class EngineCore:
+  """Continuous batching over one model, token-level. Build it with jaxserve.assembly (as part
+  of an LLMEngine)."""
+
+  def __init__(self, *, runner: StepRunner, scheduler: Scheduler, allocator: PageAllocator,
+               max_model_len: int, vocab_size: int, eos_token_ids: tuple[int, ...],
+               ledger: CompileCounter, seed: int = 0, constraints: Constraints | None = None):
+    self.runner = runner
+    self.constraints = constraints
+    self.scheduler = scheduler
+    self.allocator = allocator
+    self.max_model_len = max_model_len
+    self.vocab_size = vocab_size
+    self.eos_token_ids = eos_token_ids
+    self.ledger = ledger
+    self._rng = np.random.default_rng(seed)
+    self._requests: dict[str, Request] = {}
+    self._states: dict[str, RequestState] = {}
+    self._pending: list[RequestState] = []
+    self._in_flight: _StepInFlight | None = None
+    self._last_done_time = 0.0
+    self.async_scheduling = scheduler.config.async_scheduling and runner.supports_async
+    self.timings = StepTimings()
+
+  @property
+  def requests(self) -> dict[str, Request]:
+    """The unfinished requests by id (read-only use: benchmarks look at their progress)."""
+    return self._requests
+
+  # -- admission ---------------------------------------------------------------------------
+  def add_request(self, spec: EngineCoreRequest) -> None:
+    """Validates and queues a request: the one admission point of every request
+    (engine/admission.py holds the rules). n > 1 is expanded by the callers (LLM, server) with
+    sampling_params.expand_n. A request that does not stream is reported once it has finished,
+    unless it has stop strings (the output processor needs its tokens as they come)."""
+    params = spec.params
+    if not isinstance(params, SamplingParams):
+      raise ValueError("sampling_params: must be a SamplingParams")
+    request_id = spec.request_id
+    if request_id in self._requests:
+      raise ValueError(f"request_id: {request_id!r} is already in use")
+    prompt_ids = list(spec.prompt_token_ids)
+    if not prompt_ids:
+      raise ValueError("prompt: must not be empty")
+    check_token_ids(prompt_ids, self.vocab_size)
+    check_length(len(prompt_ids), params.max_tokens, self.max_model_len)
+    matcher = None
+    if params.structured_outputs is not None:
+      if self.constraints is None:
+        raise ValueError("structured_outputs: this engine core has no grammar compiler")
+      matcher = self.constraints.matcher_for(params)  # a bad constraint: StructuredOutputError
+    seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63 - 1))
+    request = Request(request_id=request_id, prompt_token_ids=prompt_ids, sampling_params=params,
+                      seed=seed, arrival_time=spec.arrival_time or time.monotonic(),
+                      eos_token_ids=self.eos_token_ids)
+    self.scheduler.add_request(request)
+    self._requests[request_id] = request
+    self._states[request_id] = RequestState(request, self.max_model_len,
+                                            spec.stream or bool(params.stop), matcher=matcher)
+
+  def abort_request(self, request_id: str) -> bool:
+    """Stops a request wherever it is; its pages return to the pool at once. Its last output
+    (finish_reason "abort") comes with the next step."""
+    state = self._states.get(request_id)
+    if state is None or not self.scheduler.abort_request(request_id):
+      return False
+    self._finish(state, RequestStatus.FINISHED_ABORTED, notify_scheduler=False)
+    self._pending.append(state)
+    return True
+
+  def stop_request(self, request_id: str) -> bool:
+    """Ends a request the output processor finished (a stop string): its pages return to the
+    pool (full ones to the prefix cache) and nothing more is reported for it."""
+    state = self._states.pop(request_id, None)
+    if state is None:
+      return False
+    self._requests.pop(request_id, None)
+    self._finish(state, RequestStatus.FINISHED_STOPPED)
+    return True
+
+  # -- the loop ----------------------------------------------------------------------------
+  def has_unfinished_requests(self) -> bool:
+    return (self.scheduler.has_unfinished_requests() or bool(self._pending)
+            or self._in_flight is not None)
+
+  def step(self) -> list[EngineCoreOutput]:
+    """Schedules and dispatches one step; returns outputs for requests that progressed or
+    finished in the step completed by this call (the previous one with async scheduling)."""
+    start = time.perf_counter()
+    wait_before = self.timings.wait_seconds
+    touched, self._pending = self._pending, []
+    previous, self._in_flight = self._in_flight, None
+    if previous is not None and previous.feeds_penalized_request():
+      touched += self._complete(previous)
+      previous = None
+    timings = self.timings
+    mark = time.perf_counter()
+    batch = self.scheduler.schedule()
+    mark = timings.add_phase("schedule", mark)
+    if not batch.is_empty:
+      inputs = self.runner.prepare(batch, previous.handle if previous else None)
+      mark = timings.add_phase("prepare", mark)
+      handle = self.runner.dispatch(inputs, batch)
+      mark = timings.add_phase("dispatch", mark)
+      if batch.sampling.bitmask_rows:  # the sampler waits for the constrained rows' mask
+        if previous is not None:
+          touched += self._complete(previous)
+          previous = None
+        mark = time.perf_counter()
+        bitmask = self.constraints.fill(batch, live_matcher(self._states), inputs.bucket.num_seqs)
+        handle = self.runner.dispatch_sample(handle, batch.with_bitmask(bitmask))
+        mark = timings.add_phase("bitmask", mark)
+      current = _StepInFlight(batch, tuple(map(self._requests.__getitem__, batch.request_ids)),
+                              handle, (inputs.bucket.num_seqs, inputs.bucket.num_tokens), mark)
+      if self.async_scheduling:
+        self._in_flight = current
+      else:
+        touched += self._complete(current)
+    if previous is not None:
+      touched += self._complete(previous)
+    mark = time.perf_counter()
+    outputs = []
+    for state in touched:
+      finished = state.request.status.finished
+      if finished or state.stream:  # state.wants_output
+        outputs.append(state.make_output())
+      if finished:
+        self._requests.pop(state.request.request_id, None)
+        self._states.pop(state.request.request_id, None)
+    timings.add_phase("outputs", mark)
+    waited = self.timings.wait_seconds - wait_before
+    host_seconds = time.perf_counter() - start - waited
+    timings.host_seconds += host_seconds
+    if not batch.is_empty:
+      entry = timings.host_per_bucket.setdefault(current.bucket, [0, 0.0])
+      entry[0] += 1
+      entry[1] += host_seconds
+    return outputs
+
+  def _complete(self, step: _StepInFlight) -> list[RequestState]:
+    """Waits for a dispatched step and applies its results."""
+    wait_start = time.perf_counter()
+    host = self.runner.fetch(step.handle)
+    done = time.perf_counter()
+    self.timings.wait_seconds += done - wait_start
+    self.timings.record(step.bucket, done - max(step.dispatch_time, self._last_done_time))
+    self._last_done_time = done
+    touched = self._process(step, host)
+    self.timings.add_phase("process", done)
+    return touched
+
+  def _process(self, step: _StepInFlight, host: StepOutput) -> list[RequestState]:
+    if step.batch.num_steps > 1:
+      return self._process_burst(step, host)
+    touched, cursor, now = [], 0, time.monotonic()
+    sampled_ids = host.token_ids.tolist()
+    has_prompt_logprobs = host.prompt_logprobs is not None
+    batch, states = step.batch, self._states
+    for i, (request_id, request, num_tokens, sample) in enumerate(
+        zip(batch.request_ids, step.requests, batch.query_lens, batch.sample)):
+      state = states.get(request_id)
+      if request.status.finished or state is None or state.request is not request:
+        cursor += num_tokens  # stopped or aborted while this step ran: results dropped
+        continue
+      if state.first_scheduled_time is None:
+        state.first_scheduled_time = now
+      if has_prompt_logprobs and state.prompt_logprobs is not None:
+        for j in range(num_tokens):
+          self._record_prompt_logprob(state, host, batch.start_positions[i] + j, cursor + j)
+      cursor += num_tokens
+      if not sample:
+        continue
+      token_id = sampled_ids[i]
+      logprob = self._sampled_logprob(state, host, i, token_id) if state.wants_logprobs else None
+      status = state.append_token(token_id, logprob)
+      if status is not None:
+        self._finish(state, status)
+      touched.append(state)
+    return touched
+
+  def _process_burst(self, step: _StepInFlight, host: StepOutput) -> list[RequestState]:
+    """A burst's [num_steps, S] samples, step by step; a request that finishes drops the
+    tokens sampled after its last one."""
+    touched, now, states = [], time.monotonic(), self._states
+    sampled_ids, logprobs = host.token_ids.T.tolist(), host.logprobs.T.tolist()  # [S, steps]
+    for i, (request_id, request) in enumerate(zip(step.batch.request_ids, step.requests)):
+      state = states.get(request_id)
+      if request.status.finished or state is None or state.request is not request:
+        continue
+      if state.first_scheduled_time is None:
+        state.first_scheduled_time = now
+      for token_id, logprob in zip(sampled_ids[i], logprobs[i]):
+        status = state.append_token(
+            token_id, TokenLogprob(token_id, logprob, ()) if state.wants_logprobs else None)
+        if status is not None:
+          self._finish(state, status)
+          break
+      touched.append(state)
+    return touched
+
+  def _sampled_logprob(self, state: RequestState, host: StepOutput, row: int,
+                       token_id: int) -> TokenLogprob | None:
+    num_top = state.request.sampling_params.logprobs
+    if num_top is None:
+      return None
+    top = ()
+    if num_top > 0 and host.top_ids is not None:
+      top = tuple((int(t), float(lp)) for t, lp in
+                  zip(host.top_ids[row, :num_top], host.top_logprobs[row, :num_top]))
+    return TokenLogprob(token_id, float(host.logprobs[row]), top)
+
+  def _record_prompt_logprob(self, state: RequestState, host: StepOutput, position: int,
+                             token_index: int) -> None:
+    prompt = state.request.prompt_token_ids
+    if position + 1 >= len(prompt) or state.prompt_logprobs[position + 1] is not None:
+      return
+    num_top = state.request.sampling_params.prompt_logprobs
+    top = tuple((int(t), float(lp)) for t, lp in
+                zip(host.prompt_top_ids[token_index, :num_top],
+                    host.prompt_top_logprobs[token_index, :num_top]))
+    state.record_prompt_logprob(
+        position, TokenLogprob(prompt[position + 1], float(host.prompt_logprobs[token_index]), top))
+
+  def _finish(self, state: RequestState, status: RequestStatus,
+              notify_scheduler: bool = True) -> None:
+    if notify_scheduler:
+      self.scheduler.finish_request(state.request.request_id, status)
+    state.request.status = status
+    state.finished_time = time.monotonic()
+
+  # -- introspection -----------------------------------------------------------------------
+  def stats(self) -> EngineStats:
+    return EngineStats(
+        num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
+        num_used_pages=self.allocator.num_used_pages,
+        num_total_pages=self.allocator.num_usable_pages,
+        num_preemptions=self.scheduler.num_preemptions_total,
+        num_compilations=self.ledger.num_compilations)

@@ -1,0 +1,20 @@
+"""EngineStats: the engine's counters at one moment (/metrics, /health, the periodic stats line).
+
+A plain frozen dataclass of plain values. It crosses the process boundary whole: the engine core
+process ships it in every step message (engine/core_messages.py) and msgspec encodes a dataclass
+field by field, so a field added here reaches the API server processes with no IPC change, as
+long as its type is one msgspec knows (numbers, strings, tuples, dicts, other dataclasses).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineStats:
+  num_running: int
+  num_waiting: int
+  num_used_pages: int
+  num_total_pages: int
+  num_preemptions: int
+  num_compilations: int

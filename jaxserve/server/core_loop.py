@@ -1,0 +1,174 @@
+"""The engine core process's loop: requests in, one message of token outputs out per step.
+
+No asyncio and no threads: one ROUTER socket (pyzmq) that every API server process's DEALER
+connects to, each under its own identity. Each iteration takes every message waiting (without
+blocking while requests run; idle, it sleeps in poll), applies the adds and aborts, runs one
+EngineCore.step() and sends each client ONE StepOutputs: its requests' EngineCoreOutputs, the
+answers to its adds, and the EngineStats snapshot (sent to every client whenever it changed, so
+/metrics and /health stay current in every process). No text, no JSON: the clients detokenize.
+
+Clients: a client's Hello registers it (it gets the stats at once). ClientGone (a client's
+goodbye, or the supervisor's word that an API server process died: libzmq's stable API does not
+say which peer a closed connection was) aborts every request that client owned, so no KV page
+leaks and the other clients keep their requests.
+
+Admission (server.max_waiting_requests, server/admission.py's rule) is counted here, for all
+clients at once: an add carries the sending server's limit and is refused (queue_full) when that
+many HTTP requests are waiting; a group stops waiting once each of its requests has produced an
+output. So N API server processes share one limit exactly, with no per-process split.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+
+import msgspec
+import zmq
+
+from jaxserve.engine.admission import ContextLengthError
+from jaxserve.engine.core_messages import (AbortRequests, AddRequests, AddResult, ClientGone,
+                                           CoreFailed, EngineCoreOutput, Hello, StepOutputs,
+                                           ToCore)
+from jaxserve.engine.engine_core import EngineCore
+
+logger = logging.getLogger(__name__)
+IDLE_POLL_MS = 100  # how often an idle core looks at its stop flag
+
+
+class CoreLoop:
+  """Serves an EngineCore to the clients of a bound ROUTER socket until stop is set."""
+
+  def __init__(self, core: EngineCore, socket: zmq.Socket):
+    self._core = core
+    self._socket = socket
+    self._encoder = msgspec.msgpack.Encoder()
+    self._decoder = msgspec.msgpack.Decoder(ToCore)
+    self._clients: dict[bytes, set[str]] = {}     # identity -> its unfinished request ids
+    self._owner: dict[str, bytes] = {}             # request id -> client identity
+    self._group_of: dict[str, tuple[bytes, int]] = {}
+    self._not_started: dict[tuple[bytes, int], set[str]] = {}   # waiting HTTP requests
+    self._last_stats = None
+    self._gone: set[bytes] = set()   # clients said gone: their late messages are ignored
+
+  def run(self, stop: threading.Event) -> None:
+    poller = zmq.Poller()
+    poller.register(self._socket, zmq.POLLIN)
+    core = self._core
+    try:
+      while not stop.is_set():
+        added: dict[bytes, list[AddResult]] = defaultdict(list)
+        timeout = 0 if core.has_unfinished_requests() else IDLE_POLL_MS
+        while poller.poll(timeout):
+          identity, payload = self._socket.recv_multipart(copy=True)
+          self._handle(identity, payload, added)
+          timeout = 0
+        outputs = core.step() if core.has_unfinished_requests() else []
+        self._send(outputs, added)
+    except BaseException as err:
+      logger.exception("engine core failed")
+      self._broadcast(CoreFailed(f"the engine core failed: {type(err).__name__}: {err}"))
+      raise
+    for identity in list(self._clients):
+      self._drop_client(identity)
+
+  # -- input -------------------------------------------------------------------------------
+  def _handle(self, identity: bytes, payload: bytes,
+              added: dict[bytes, list[AddResult]]) -> None:
+    message = self._decoder.decode(payload)
+    if identity in self._gone:  # sent before the client died, read after the supervisor's word
+      return
+    if isinstance(message, Hello):
+      self._clients.setdefault(identity, set())
+      self._send_to(identity, StepOutputs([], [], self._core.stats(), len(self._not_started)))
+    elif isinstance(message, ClientGone):
+      self._drop_client(message.identity.encode())
+    elif isinstance(message, AddRequests):
+      added[identity].append(self._add(identity, message))
+    elif isinstance(message, AbortRequests):
+      for request_id in message.request_ids:
+        if self._owner.get(request_id) != identity:
+          continue
+        if message.stopped and self._core.stop_request(request_id):
+          self._forget(request_id)
+        else:
+          self._core.abort_request(request_id)  # its "abort" output comes with the next step
+
+  def _add(self, identity: bytes, message: AddRequests) -> AddResult:
+    if len(self._not_started) >= message.max_waiting:
+      return AddResult(message.group, queue_full=True)
+    done: list[str] = []
+    try:
+      for request in message.requests:
+        self._core.add_request(request)
+        done.append(request.request_id)
+    except ValueError as err:
+      for request_id in done:
+        self._core.abort_request(request_id)  # its output goes nowhere: nobody owns it
+      return AddResult(message.group, error=str(err),
+                       context_length=isinstance(err, ContextLengthError))
+    key = (identity, message.group)
+    self._not_started[key] = set(done)
+    requests = self._clients.setdefault(identity, set())
+    for request_id in done:
+      self._owner[request_id] = identity
+      self._group_of[request_id] = key
+      requests.add(request_id)
+    return AddResult(message.group)
+
+  def _drop_client(self, identity: bytes) -> None:
+    """A client went away: abort its requests (their outputs go nowhere)."""
+    self._gone.add(identity)
+    requests = self._clients.pop(identity, set())
+    for request_id in requests:
+      self._core.abort_request(request_id)
+      self._forget(request_id)
+    if requests:
+      logger.warning("client %s disconnected: aborted its %d request(s)",
+                     identity.decode(errors="replace"), len(requests))
+
+  def _forget(self, request_id: str) -> None:
+    identity = self._owner.pop(request_id, None)
+    if identity is not None and identity in self._clients:
+      self._clients[identity].discard(request_id)
+    self._started(request_id)
+
+  def _started(self, request_id: str) -> None:
+    key = self._group_of.pop(request_id, None)
+    if key is not None:
+      waiting = self._not_started[key]
+      waiting.discard(request_id)
+      if not waiting:
+        del self._not_started[key]
+
+  # -- output ------------------------------------------------------------------------------
+  def _send(self, outputs: list[EngineCoreOutput], added: dict[bytes, list[AddResult]]) -> None:
+    by_client: dict[bytes, list[EngineCoreOutput]] = defaultdict(list)
+    owner = self._owner
+    for output in outputs:
+      identity = owner.get(output.request_id)
+      if identity is None:
+        continue
+      by_client[identity].append(output)
+      if output.finish_reason is not None:
+        self._forget(output.request_id)
+      elif output.request_id in self._group_of:
+        self._started(output.request_id)
+    stats = self._core.stats()
+    num_waiting = len(self._not_started)
+    changed = (stats, num_waiting) != self._last_stats
+    self._last_stats = (stats, num_waiting)
+    for identity in self._clients:
+      mine, answers = by_client.get(identity), added.get(identity)
+      if mine or answers or changed:
+        self._send_to(identity, StepOutputs(mine or [], answers or [], stats, num_waiting))
+
+  def _send_to(self, identity: bytes, message: StepOutputs | CoreFailed) -> None:
+    self._socket.send_multipart((identity, self._encoder.encode(message)), copy=False)
+
+  def _broadcast(self, message: CoreFailed) -> None:
+    for identity in list(self._clients):
+      try:
+        self._send_to(identity, message)
+      except zmq.ZMQError:
+        pass

@@ -1,0 +1,165 @@
+"""The engine core process: builds the engine, binds the core's socket, runs CoreLoop.
+
+start_core_process() spawns it (multiprocessing "spawn": the parent never imports jax) and waits
+until the engine is built and warmed up; the child then sends CoreInfo (the tokenizer and the
+model's limits, pickled once over a multiprocessing pipe: API server processes need them and
+never load the model). If the build or the loop fails, the child sends the error's text on the
+same pipe before it exits non-zero, so the supervisor can report it (a ValueError, a bad
+setting, travels as itself: `jaxserve serve` reports it as any bad flag, status 2).
+
+Why pyzmq for the step traffic: ZeroMQ's ROUTER/DEALER sockets give one connection per API
+server process with routing by identity, message framing, a monitor that sees the core's end
+close (a dead core is noticed at once, even after SIGKILL) and background I/O threads that write
+while the core computes, over a Unix socket (ipc://) with no broker; it is what vLLM V1 and
+SGLang use. A shared-memory ring would save a copy per message, but a step's message is a few
+hundred kilobytes at most and the copy costs microseconds next to a step's milliseconds.
+
+Signals: SIGTERM stops the loop after the current step (the supervisor sends it once the API
+server processes have drained); SIGINT is ignored, as the supervisor decides when the core
+stops.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import tempfile
+import threading
+import uuid
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+from jaxserve.config import EngineConfig
+from jaxserve.tokenizer.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CoreInfo:
+  """What the core tells its parent once it serves."""
+  tokenizer: Tokenizer
+  model_name: str
+  max_model_len: int
+  vocab_size: int
+  warmup_seconds: float
+
+
+class CoreStartError(RuntimeError):
+  """The engine core process failed before it served."""
+
+
+@dataclass
+class CoreHandle:
+  process: multiprocessing.process.BaseProcess
+  address: str
+  info: CoreInfo
+  errors: Connection   # the core writes its error's text here before it exits non-zero
+
+  def stop(self, timeout: float = 30.0) -> int | None:
+    """SIGTERM, then wait; the exit code."""
+    if self.process.is_alive():
+      os.kill(self.process.pid, signal.SIGTERM)
+    self.process.join(timeout)
+    if self.process.is_alive():
+      self.process.kill()
+      self.process.join(5)
+    return self.process.exitcode
+
+  def error(self) -> str | None:
+    """The text of the core's fatal error, if it sent one."""
+    try:
+      if self.errors.poll(0):
+        return str(self.errors.recv())
+    except (EOFError, OSError):
+      pass
+    return None
+
+
+def core_address() -> str:
+  return f"ipc://{tempfile.gettempdir()}/jaxserve-core-{uuid.uuid4().hex[:12]}"
+
+
+def start_core_process(config: EngineConfig, log_level: str = "INFO",
+                       address: str | None = None) -> CoreHandle:
+  """Spawns the core and returns once it serves; the child's ValueError (a bad setting) or a
+  CoreStartError with its error if the engine could not be built."""
+  address = address or core_address()
+  context = multiprocessing.get_context("spawn")
+  parent_end, child_end = context.Pipe(duplex=False)
+  process = context.Process(target=run_core_process, args=(config, address, child_end, log_level),
+                            name="jaxserve-engine-core", daemon=False)
+  process.start()
+  child_end.close()
+  try:
+    message = parent_end.recv()
+  except EOFError:
+    process.join(5)
+    raise CoreStartError(f"the engine core process exited with code {process.exitcode} "
+                         "before it served") from None
+  if isinstance(message, ValueError):  # a bad setting: the CLI reports it as its own
+    process.join(30)
+    raise message
+  if not isinstance(message, CoreInfo):
+    process.join(30)
+    raise CoreStartError(str(message))
+  return CoreHandle(process, address, message, parent_end)
+
+
+def _send_quietly(pipe: Connection, message: object) -> None:
+  try:
+    pipe.send(message)
+  except OSError:
+    pass
+
+
+def run_core_process(config: EngineConfig, address: str, pipe: Connection,
+                     log_level: str) -> None:
+  """The child's entry point."""
+  import zmq
+
+  from jaxserve.assembly import build_engine
+  from jaxserve.log_setup import configure_logging
+  from jaxserve.platforms import prepare_jax_process
+  from jaxserve.server.core_loop import CoreLoop
+
+  configure_logging(log_level)
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  stop = threading.Event()
+  signal.signal(signal.SIGTERM, lambda sig, frame: stop.set())
+  context = zmq.Context()
+  socket = context.socket(zmq.ROUTER)
+  try:
+    prepare_jax_process(config.cache.memory_fraction)
+    engine = build_engine(config)
+    socket.setsockopt(zmq.LINGER, 1000)
+    # no high-water marks: a ROUTER drops what a slow peer cannot take, which would lose a
+    # stream's tokens; a client's backlog is bounded by its own requests instead
+    socket.setsockopt(zmq.SNDHWM, 0)
+    socket.setsockopt(zmq.RCVHWM, 0)
+    socket.bind(address)
+    gc.collect()
+    gc.freeze()  # the engine's long-lived objects: later collections do not scan them
+    pipe.send(CoreInfo(engine.tokenizer, config.model,
+                       engine.max_model_len, engine.vocab_size, engine.warmup_seconds))
+    try:
+      CoreLoop(engine.core, socket).run(stop)
+    finally:
+      engine.runner.close()
+  except ValueError as err:  # bad settings (a missing checkpoint...): the parent reports it
+    _send_quietly(pipe, err)
+    sys.exit(2)
+  except BaseException as err:
+    _send_quietly(pipe, f"{type(err).__name__}: {err}")
+    raise
+  finally:
+    socket.close()
+    context.term()
+    if address.startswith("ipc://"):
+      try:
+        os.unlink(address[len("ipc://"):])
+      except OSError:
+        pass

@@ -1,0 +1,67 @@
+"""Runs one app under uvicorn with the drain: every serving process (the single-process server
+and each API server process) goes through run_app.
+
+SIGTERM or SIGINT drains: the drain flag makes new requests (and /health) 503, uvicorn stops
+accepting connections and waits up to server.drain_timeout_s for running responses to finish;
+those still running then end with an error event and [DONE] (server/drain.py). While requests
+run, a stats line is logged every server.stats_interval_s (server/stats_logger.py).
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+
+import uvicorn
+from starlette.applications import Starlette
+
+from jaxserve.config import ServerConfig
+from jaxserve.server.app import serving_state
+from jaxserve.server.drain import UVICORN_GRACE_S, DrainTimer
+from jaxserve.server.stats_logger import StatsLogger
+
+logger = logging.getLogger(__name__)
+
+
+class DrainingServer(uvicorn.Server):
+  """uvicorn's server that also raises the app's drain flag when a stop signal arrives."""
+
+  def __init__(self, config: uvicorn.Config, draining: threading.Event, drain_timer: DrainTimer):
+    super().__init__(config)
+    self.draining = draining
+    self.drain_timer = drain_timer
+
+  def handle_exit(self, sig, frame) -> None:
+    if not self.draining.is_set():
+      logger.info("signal %d: draining (new requests get 503)", sig)
+    self.draining.set()
+    self.drain_timer.start()
+    super().handle_exit(sig, frame)
+
+
+def run_app(app: Starlette, config: ServerConfig, log_level: str,
+            sock: socket.socket | None = None, stats_prefix: str = "") -> None:
+  """Serves until a stop signal has drained the app (on `sock` if given, a listening socket
+  shared with other processes, else on server.host:port)."""
+  state = serving_state(app)
+  uvicorn_config = uvicorn.Config(
+      app, host=config.host, port=config.port, lifespan="on", log_level=log_level.lower(),
+      timeout_graceful_shutdown=config.drain_timeout_s + UVICORN_GRACE_S)
+  drain_timer = DrainTimer(state.engine, config.drain_timeout_s)
+  server = DrainingServer(uvicorn_config, state.draining, drain_timer)
+  stats_logger = StatsLogger(state.engine, state.metrics, config.stats_interval_s,
+                             prefix=stats_prefix).start()
+  previous = {sig: signal.signal(sig, _already_handled) for sig in (signal.SIGTERM, signal.SIGINT)}
+  try:
+    server.run(sockets=[sock] if sock is not None else None)
+  finally:
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
+    drain_timer.cancel()
+    stats_logger.stop()
+    state.executor.shutdown(wait=False)
+
+
+def _already_handled(sig, frame) -> None:
+  """uvicorn re-raises the stop signal after its graceful shutdown; the drain has happened."""

@@ -1,0 +1,62 @@
+"""The output processor on hand-made engine-core outputs (what the core process sends): stop
+strings end a request mid-burst and name it for the core, a stop token is not text, unknown
+requests' outputs are dropped, and a request that neither streams nor has stop strings is
+detokenized once at the end. Expected text comes from the tokenizer's own decode."""
+from __future__ import annotations
+
+import pytest
+
+from jaxserve.engine.core_messages import EngineCoreOutput
+from jaxserve.engine.output_processor import OutputProcessor
+from jaxserve.models.registry import load_model_tokenizer
+from jaxserve.sampling_params import SamplingParams
+
+PROMPT = [1, 2, 3]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+  return load_model_tokenizer("tiny-random")
+
+
+def _out(request_id: str, ids: list[int], finish: str | None = None,
+         stop_token: int | None = None) -> EngineCoreOutput:
+  return EngineCoreOutput(request_id, ids, None, finish, stop_token, None, 1.0, 2.0, 3.0,
+                          4.0 if finish else None, 0)
+
+
+def test_a_stop_string_inside_a_burst_ends_the_request_there(tokenizer):
+  ids = tokenizer.encode("hello world and more", add_special_tokens=False)
+  completes = next(k for k in range(1, len(ids) + 1) if "world" in tokenizer.decode(ids[:k]))
+  processor = OutputProcessor(tokenizer)
+  processor.add_request("a", PROMPT, SamplingParams(stop=("world",), max_tokens=50), 0.0)
+  outputs, stopped = processor.process([_out("a", ids[:2]), _out("unknown", [5])])
+  assert stopped == [] and [o.request_id for o in outputs] == ["a"]
+  outputs, stopped = processor.process([_out("a", ids[2:])])  # a burst past the stop string
+  assert stopped == ["a"]
+  (final,) = outputs
+  assert final.finished and final.finish_reason == "stop" and final.stop_reason == "world"
+  assert final.token_ids == tuple(ids[:completes])
+  assert final.text == tokenizer.decode(ids[:completes]).split("world")[0]
+  assert processor.process([_out("a", [7], "abort")]) == ([], [])  # the core's late outputs
+
+
+def test_a_stop_token_is_not_text_and_the_core_needs_no_stop(tokenizer):
+  ids = tokenizer.encode("one two", add_special_tokens=False)
+  eos = tokenizer.eos_token_ids[0]
+  processor = OutputProcessor(tokenizer)
+  processor.add_request("b", PROMPT, SamplingParams(max_tokens=50), 0.0)
+  outputs, stopped = processor.process([_out("b", [*ids, eos], "stop")])
+  assert stopped == []
+  (final,) = outputs
+  assert final.token_ids == (*ids, eos) and final.text == tokenizer.decode(ids)
+  assert final.finish_reason == "stop" and final.stop_reason is None
+
+
+def test_without_streaming_or_stop_strings_only_the_final_output(tokenizer):
+  ids = tokenizer.encode("some words here", add_special_tokens=False)
+  processor = OutputProcessor(tokenizer)
+  processor.add_request("c", PROMPT, SamplingParams(max_tokens=len(ids)), 0.0, stream=False)
+  (final,), _ = processor.process([_out("c", ids, "length")])
+  assert final.text == final.new_text == tokenizer.decode(ids)
+  assert final.metrics.first_token_time == 2.0 and processor.num_requests == 0

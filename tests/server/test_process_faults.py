@@ -1,0 +1,181 @@
+"""Faults of the multi-process server, on real `jaxserve serve` processes (a supervisor, an engine
+core process, two API server processes on one port): the core killed mid-stream ends every open
+stream with an error event and [DONE], /health turns 503 and the supervisor exits non-zero with
+the core's end; an API server process killed mid-stream has its requests aborted in the core (its
+KV pages come back) while the other process keeps serving."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+import httpx
+
+from tests.server.server_helpers import free_port, scrape_metrics, wait_for_idle
+from tests.server.test_drain import _wait_until_healthy, _write_config
+
+
+class Supervisor:
+  """`jaxserve serve --api-server-count 2` with its output read on a thread."""
+
+  def __init__(self, tmp_path):
+    config_path = str(tmp_path / "server.yaml")
+    _write_config(config_path, drain_timeout_s=5)
+    self.port = free_port()
+    self.url = f"http://127.0.0.1:{self.port}"
+    self.process = subprocess.Popen(
+        [sys.executable, "-m", "jaxserve.cli", "serve", "--config", config_path, "--port",
+         str(self.port), "--api-server-count", "2", "--log-level", "INFO"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    self.lines: list[str] = []
+    self._reader = threading.Thread(target=self._read, daemon=True)
+    self._reader.start()
+    _wait_until_healthy(self.url, self.process)
+    match = re.search(r"engine core pid (\d+), API server pids (\d+),(\d+)", self.output)
+    assert match, self.output
+    self.core_pid, *self.api_pids = map(int, match.groups())
+
+  def _read(self) -> None:
+    for line in self.process.stdout:
+      self.lines.append(line)
+
+  @property
+  def output(self) -> str:
+    return "".join(self.lines)
+
+  def wait(self, timeout: float = 60) -> int:
+    code = self.process.wait(timeout)
+    self._reader.join(10)
+    return code
+
+  def kill(self) -> None:
+    if self.process.poll() is None:
+      self.process.kill()
+      self.process.wait(10)
+    for pid in (self.core_pid, *self.api_pids):
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except (ProcessLookupError, AttributeError):
+        pass
+
+
+class Stream(threading.Thread):
+  """A long streamed completion; `lines` as they come, `port` the client's local port."""
+
+  def __init__(self, url: str, tag: int):
+    super().__init__(daemon=True)
+    self.url, self.tag = url, tag
+    self.lines: list[str] = []
+    self.started = threading.Event()
+    self.port: int | None = None
+    self.error: Exception | None = None
+
+  def run(self) -> None:
+    body = {"prompt": f"fault {self.tag}", "max_tokens": 230, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    try:
+      with httpx.stream("POST", f"{self.url}/v1/completions", json=body, timeout=60) as response:
+        stream = response.extensions["network_stream"]
+        self.port = stream.get_extra_info("socket").getsockname()[1]
+        for line in response.iter_lines():
+          if line:
+            self.lines.append(line)
+            self.started.set()
+    except httpx.HTTPError as err:  # the API process serving it was killed
+      self.error = err
+      self.started.set()
+
+
+def _owner_of(local_port: int, server_port: int, pids: list[int]) -> int:
+  """The pid among `pids` holding the server side of the TCP connection from local_port."""
+  inodes = set()
+  with open("/proc/net/tcp") as table:
+    for row in table.readlines()[1:]:
+      fields = row.split()
+      local, remote = fields[1], fields[2]
+      if (int(local.split(":")[1], 16) == server_port
+          and int(remote.split(":")[1], 16) == local_port):
+        inodes.add(fields[9])
+  for pid in pids:
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+      try:
+        target = os.readlink(f"/proc/{pid}/fd/{fd}")
+      except OSError:
+        continue
+      if target.startswith("socket:[") and target[8:-1] in inodes:
+        return pid
+  raise AssertionError(f"no API server process holds the connection from port {local_port}")
+
+
+def test_killing_the_core_ends_every_stream_and_the_supervisor_fails(tmp_path):
+  supervisor = Supervisor(tmp_path)
+  try:
+    streams = [Stream(supervisor.url, i) for i in range(4)]
+    for stream in streams:
+      stream.start()
+    assert all(s.started.wait(30) for s in streams)
+    os.kill(supervisor.core_pid, signal.SIGKILL)
+    for stream in streams:
+      stream.join(30)
+    health = httpx.get(f"{supervisor.url}/health", timeout=5)
+    assert health.status_code == 503 and health.json()["status"] == "engine stopped"
+    code = supervisor.wait()
+  finally:
+    supervisor.kill()
+  assert code != 0, supervisor.output
+  assert "the engine core process died" in supervisor.output
+  for stream in streams:
+    assert stream.error is None and stream.lines[-1] == "data: [DONE]"
+    error = json.loads(stream.lines[-2][6:])["error"]
+    assert error["code"] == "internal_error" and "engine core" in error["message"]
+    assert json.loads(stream.lines[-3][6:])["choices"][0]["finish_reason"] is None
+
+
+def test_killing_an_api_process_aborts_its_requests_and_the_other_keeps_serving(tmp_path):
+  supervisor = Supervisor(tmp_path)
+  try:
+    streams = []
+    while not {_owner(s, supervisor) for s in streams} >= set(supervisor.api_pids):
+      assert len(streams) < 40, "every connection went to one API server process"
+      stream = Stream(supervisor.url, len(streams))
+      stream.start()
+      assert stream.started.wait(30) and stream.port is not None
+      streams.append(stream)
+    victim = supervisor.api_pids[0]  # api-0
+    victims = [s for s in streams if _owner(s, supervisor) == victim]
+    os.kill(victim, signal.SIGKILL)
+    for stream in streams:
+      stream.join(60)
+    for stream in streams:
+      if stream not in victims:  # the survivor's streams run to the end
+        assert stream.error is None and stream.lines[-1] == "data: [DONE]"
+    idle = wait_for_idle(supervisor.url)
+    assert idle["jaxserve_kv_pages_used"] == 0 and idle["jaxserve_num_requests_running"] == 0
+    response = httpx.post(f"{supervisor.url}/v1/completions", timeout=30,
+                          json={"prompt": "still here", "max_tokens": 4})
+    assert response.status_code == 200
+    assert httpx.get(f"{supervisor.url}/health").status_code == 200
+    assert scrape_metrics(supervisor.url)["jaxserve_kv_pages_used"] == 0
+    supervisor.process.send_signal(signal.SIGTERM)
+    code = supervisor.wait()
+  finally:
+    supervisor.kill()
+  output = supervisor.output
+  cut = [s for s in victims if s.error is not None]  # running when their process died
+  assert cut, "every stream of the killed process had finished"
+  aborted = re.search(r"client api-0 disconnected: aborted its (\d+) request", output)
+  assert aborted and int(aborted.group(1)) >= len(cut), output
+  assert code == 1, output  # an API server process died unexpectedly
+
+
+_owners: dict[int, int] = {}
+
+
+def _owner(stream: Stream, supervisor: Supervisor) -> int:
+  if stream.port not in _owners:
+    _owners[stream.port] = _owner_of(stream.port, supervisor.port, supervisor.api_pids)
+  return _owners[stream.port]
