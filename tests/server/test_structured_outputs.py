@@ -1,6 +1,6 @@
 """Structured outputs and tool calling over HTTP: raw bodies (httpx) and the official openai
 client (`chat.completions.parse` with a pydantic model, a tool-calling round trip), against a
-real uvicorn server on 127.0.0.1 over a tiny random-weight Qwen2 checkpoint with a real
+real uvicorn server on 127.0.0.1 (the engine core in its own process) over a tiny random-weight Qwen2 checkpoint with a real
 byte-level BPE tokenizer. Outputs are checked with jsonschema / `re`, not with the grammar
 engine that produced them."""
 from __future__ import annotations
@@ -14,12 +14,10 @@ import openai
 import pydantic
 import pytest
 
-from jaxserve.assembly import build_engine
-from jaxserve.server.async_engine import AsyncEngine
 from tests.integration.engine_helpers import small_config
 from tests.integration.structured_helpers import (CHOICES, MAX_TOKENS, REGEX, SCHEMAS,
                                                   assert_regex, assert_valid_json)
-from tests.server.server_helpers import start_server, wait_for_idle
+from tests.server.server_helpers import core_backend, start_core, start_server, wait_for_idle
 
 MESSAGES = [{"role": "user", "content": "Tell me about someone."}]
 WEATHER = {"type": "function", "function": {
@@ -35,14 +33,14 @@ TIME = {"type": "function", "function": {
 
 @pytest.fixture(scope="module")
 def server(hf_checkpoint):
+  """The engine core in its own process (constraints cross the IPC), one API server."""
   config = small_config(str(hf_checkpoint("qwen2")), max_model_len=256, max_num_seqs=16,
                         seq_buckets=(16,), token_buckets=(64,))
-  engine = build_engine(config, show_progress=False)
-  async_engine = AsyncEngine(engine).start()
-  running = start_server(async_engine, engine, tool_call_parser="hermes")
+  core = start_core(config)
+  running = start_server(core_backend(core), tool_call_parser="hermes")
   yield running
   running.stop()
-  async_engine.stop()
+  assert core.stop() == 0
 
 
 @pytest.fixture(scope="module")
