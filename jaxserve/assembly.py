@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,9 +26,9 @@ import jax
 import numpy as np
 
 from jaxserve.config import EngineConfig
-from jaxserve.device.buckets import Bucket, BucketSet
+from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.device.compile_ledger import CompileLedger
-from jaxserve.device.device_memory import kv_budget_bytes, max_concurrency
+from jaxserve.device.device_memory import fit_pool_bytes, kv_budget_bytes, max_concurrency
 from jaxserve.device.kv_cache import (KVCacheSpec, allocate_kv_pages, kv_cache_spec,
                                       resolve_max_model_len)
 from jaxserve.device.lowering import temp_bytes
@@ -36,6 +37,7 @@ from jaxserve.device.step_inputs import StepShape
 from jaxserve.device.step_options import (describe_step_choices, sampler_backend,
                                           step_compiler_options, step_greedy)
 from jaxserve.device.step_programs import build_step_programs
+from jaxserve.device.program_compiler import ProgramCompiler
 from jaxserve.device.warmup import warmup
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.engine.page_allocator import PageAllocator
@@ -88,11 +90,16 @@ def build_device(config: EngineConfig, *,
   page_size = config.cache.page_size
   shape = StepShape(page_size, math.ceil(max_model_len / page_size), max_model_len,
                     model_config.vocab_size)
-  free_bytes = kv_budget_bytes(config.cache.memory_fraction,
-                               scratch_measured=placement.mesh is None)
-  if free_bytes is not None and placement.mesh is None and config.cache.num_pages is None \
-      and config.cache.memory_bytes is None:
-    free_bytes -= _step_scratch_bytes(config, placement, buckets, shape)
+  free_bytes = None
+  planned = kv_budget_bytes(config.cache.memory_fraction, device_weight_bytes(params),
+                            scratch_measured=placement.mesh is None)
+  if planned is not None:
+    free_bytes, memory = planned
+    scratch = 0
+    if placement.mesh is None and config.cache.num_pages is None \
+        and config.cache.memory_bytes is None:
+      scratch = _step_scratch_bytes(config, placement, buckets, shape)
+    free_bytes = fit_pool_bytes(free_bytes - scratch, memory.largest_free_bytes, scratch)
   spec = kv_cache_spec(config, model_config, max_model_len, free_bytes, placement.num_shards)
   if agree_num_pages is not None:
     spec = KVCacheSpec(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.page_size,
@@ -117,10 +124,17 @@ def build_device(config: EngineConfig, *,
   return DeviceBundle(model_config, runner, spec, max_model_len)
 
 
+def device_weight_bytes(params: dict) -> int:
+  """The params' bytes on one device, from their shapes, dtypes and shardings (run-invariant,
+  unlike the allocator's live count)."""
+  return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+             for x in jax.tree_util.tree_leaves(params))
+
+
 def _step_scratch_bytes(config: EngineConfig, placement: Placement, buckets: BucketSet,
                         shape: StepShape) -> int:
   """Device scratch the largest bucket's step needs (compiled once against a 2-page pool), plus
-  a quarter for fragmentation: the KV pool is sized from what is left."""
+  a quarter for fragmentation, in whole 64 MiB: the KV pool is sized from what is left."""
   model_config = placement.model.config
   probe_spec = KVCacheSpec(model_config.num_layers, model_config.num_kv_heads,
                            model_config.head_dim, shape.page_size, 2, model_config.dtype)
@@ -132,12 +146,16 @@ def _step_scratch_bytes(config: EngineConfig, placement: Placement, buckets: Buc
   scratch = temp_bytes(probe, largest) or 0
   logger.info("step scratch memory: %.2f GiB for bucket %s (reserved before sizing the KV pool)",
               scratch / 2**30, largest)
-  return int(scratch * 1.25)
+  quantum = 64 << 20  # rounded up: an autotuned GEMM's workspace may differ by a few MiB
+  return -(-int(scratch * 1.25) // quantum) * quantum
 
 
-def build_engine(config: EngineConfig, *, show_progress: bool = True) -> LLMEngine:
-  """Loads the model and tokenizer, sizes and allocates the KV pool, and compiles every bucket.
-  On a multi-host job this runs on process 0 and sends every step (warmup too) to the others."""
+def build_engine(config: EngineConfig, *, show_progress: bool = True,
+                 default_warmup: str = "full") -> LLMEngine:
+  """Loads the model and tokenizer, sizes and allocates the KV pool, and compiles the step
+  programs as config.warmup says ("auto": `default_warmup`; device/program_compiler.py).
+  On a multi-host job this runs on process 0 and sends every step (warmup too) to the others,
+  which always warm up fully."""
   tokenizer = load_configured_tokenizer(config)  # a bad tokenizer / template fails before loading
   enable_compilation_cache(config.compilation_cache_dir)
   ledger = CompileLedger().start()
@@ -153,13 +171,43 @@ def build_engine(config: EngineConfig, *, show_progress: bool = True) -> LLMEngi
   allocator = PageAllocator(spec.num_pages, spec.page_size, config.scheduler.enable_prefix_caching)
   scheduler = Scheduler(config.scheduler, allocator, device.max_model_len)
   logger.info("buckets: %s", runner.buckets.describe())
+  mode = config.warmup if config.warmup != "auto" else default_warmup
+  if publisher is not None:
+    mode = "full"
   hits, misses = ledger.cache_hits, ledger.cache_misses
-  warmup_seconds = warmup(runner, show_progress=show_progress)
-  if config.compilation_cache_dir:
+  programs, warmup_seconds = compile_programs(runner, mode, show_progress)
+  if config.compilation_cache_dir and mode != "lazy":
     logger.info("warmup: %d programs loaded from the compilation cache, %d compiled and cached",
                 ledger.cache_hits - hits, ledger.cache_misses - misses)
   eos = tuple(dict.fromkeys(tuple(model_config.eos_token_ids) + tuple(tokenizer.eos_token_ids)))
   return LLMEngine(tokenizer=tokenizer, runner=runner, scheduler=scheduler, allocator=allocator,
                    max_model_len=device.max_model_len, vocab_size=model_config.vocab_size,
                    eos_token_ids=eos, ledger=ledger, seed=config.seed, model_name=config.model,
-                   warmup_seconds=warmup_seconds)
+                   warmup_seconds=warmup_seconds, buckets=runner.buckets, programs=programs)
+
+
+def compile_programs(runner: ModelRunner, mode: str,
+                     show_progress: bool) -> tuple[ProgramCompiler | None, float]:
+  """Warmup by mode: "full" compiles everything now (through the runner's steps on a multi-host
+  job, whose other hosts compile as they replay them), "background" the largest bucket now and
+  the rest on a compile thread, "lazy" nothing. Returns the compiler (None: every bucket is
+  usable, compiled or on first use) and the seconds spent before serving."""
+  if mode == "lazy":
+    logger.info("warmup: lazy, each step program compiles on the first step that needs it")
+    return None, 0.0
+  if mode == "full" and runner.publisher is not None:
+    return None, warmup(runner, show_progress=show_progress)
+  compiler = ProgramCompiler(runner)
+  logger.info("warmup: %d programs in %d groups (%s); the largest bucket's %d first",
+              compiler.num_total, len(compiler.groups), mode, len(compiler.groups[0].programs))
+  start = time.perf_counter()
+  compiler.compile_first()
+  if mode == "full":
+    compiler.compile_rest()
+  else:
+    compiler.start()
+  seconds = time.perf_counter() - start
+  logger.info("warmup: %d of %d programs compiled in %.1f s%s", compiler.readiness().num_compiled,
+              compiler.num_total, seconds,
+              "; the rest compile in the background" if mode == "background" else "")
+  return compiler, seconds

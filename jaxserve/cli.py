@@ -95,7 +95,10 @@ def _config(args: argparse.Namespace) -> int:
   import yaml
 
   from jaxserve.config import config_to_dict
-  print(yaml.safe_dump(config_to_dict(engine_config_from_args(args)), sort_keys=False), end="")
+  from jaxserve.messages.buckets import BucketSet
+  config = engine_config_from_args(args)
+  print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
+  print(f"# buckets: {BucketSet.from_config(config.scheduler).describe()}")
   return 0
 
 
@@ -103,8 +106,9 @@ def _add_config(subparsers) -> None:
   parser = subparsers.add_parser(
       "config", help="print the resolved engine configuration as YAML",
       description="Prints the engine configuration the other commands would run with: the "
-      "defaults, then --config, then the --set overrides and shortcuts, validated. Every key is "
-      "described in docs/CONFIG.md.")
+      "defaults, then --config, then the --set overrides and shortcuts, validated, and (as a "
+      "comment) the bucket ladders with their largest padding share. Every key is described in "
+      "docs/CONFIG.md.")
   add_engine_args(parser)
   parser.set_defaults(func=_config)
 

@@ -25,6 +25,7 @@ ATTENTION_BACKENDS = ("auto", "reference", "xla", "pallas_gpu", "pallas_tpu")
 DTYPES = ("auto", "float32", "bfloat16")
 GPU_GEMMS = ("cublas", "cublaslt", "xla")
 SAMPLER_BACKENDS = ("auto", "xla", "pallas_gpu")
+WARMUP_MODES = ("auto", "lazy", "background", "full")
 
 
 def _require(condition: bool, name: str, message: str) -> None:
@@ -61,6 +62,8 @@ class SchedulerConfig:
   async_scheduling schedules and dispatches step N+1 while step N runs (engine/llm_engine.py).
   num_scheduler_steps > 1 runs decode-only steps as bursts of that many decode steps in one
   dispatch when every running request allows it (engine/scheduler.py, device/step_fns.py).
+  bucket_padding: the default bucket ladders grow by 1 / (1 - bucket_padding) a rung (0.5:
+  powers of two), so padding fills at most that share of a bucket (messages/buckets.py).
   prefill_first: a step that can prefill (admit a waiting request or continue a chunked prompt)
   runs prefills only, and decoding requests wait for a step without prefill work (throughput
   over inter-token latency, as vLLM's non-chunked scheduler; engine/scheduler.py)."""
@@ -73,8 +76,11 @@ class SchedulerConfig:
   async_scheduling: bool = True
   num_scheduler_steps: int = 1
   prefill_first: bool = False
+  bucket_padding: float = 0.5
 
   def __post_init__(self) -> None:
+    _require(isinstance(self.bucket_padding, (int, float)) and 0 < self.bucket_padding < 1,
+             "scheduler.bucket_padding", f"must be in (0, 1), got {self.bucket_padding!r}")
     _require(isinstance(self.prefill_first, bool), "scheduler.prefill_first",
              f"must be true or false, got {self.prefill_first!r}")
     _require(isinstance(self.async_scheduling, bool), "scheduler.async_scheduling",
@@ -203,6 +209,10 @@ class EngineConfig:
   "pallas_gpu" off a GPU runs the kernel in Pallas interpret mode (tests).
   fuse_projections merges each layer's q/k/v and gate/up weights after loading, one GEMM each
   (models/fused_projections.py; unsharded models only: ignored when the model is sharded).
+  warmup: when the step programs compile (device/program_compiler.py): "full" all before the
+  engine starts, "background" the largest bucket's first and the rest on a compile thread while
+  serving, "lazy" each on the first step that needs it; "auto" is the caller's default
+  (`jaxserve serve`: background; LLM and `jaxserve generate`: lazy).
   tokenizer: a tokenizer directory other than the model's; chat_template: a template file (or the
   template text itself) replacing the tokenizer's (models/registry.load_configured_tokenizer)."""
   model: str = "tiny-random"
@@ -218,6 +228,7 @@ class EngineConfig:
   gpu_gemm: str = "cublas"
   sampler_backend: str = "auto"
   fuse_projections: bool = True
+  warmup: str = "auto"
   cache: CacheConfig = field(default_factory=CacheConfig)
   scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
   server: ServerConfig = field(default_factory=ServerConfig)
@@ -246,6 +257,8 @@ class EngineConfig:
              "(tensor_parallel_size 1); use auto or xla")
     _require(isinstance(self.tp_invariant_reductions, bool), "tp_invariant_reductions",
              f"must be true or false, got {self.tp_invariant_reductions!r}")
+    _require(self.warmup in WARMUP_MODES, "warmup",
+             f"must be one of {WARMUP_MODES}, got {self.warmup!r}")
     _require(isinstance(self.fuse_projections, bool), "fuse_projections",
              f"must be true or false, got {self.fuse_projections!r}")
     _require(not (self.distributed.active and self.scheduler.num_scheduler_steps > 1),

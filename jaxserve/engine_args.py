@@ -55,6 +55,10 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     EngineArg("seed", "seed", int, "seed of the random sampling of requests that give none"),
     EngineArg("tensor_parallel_size", "tensor_parallel_size", int,
               "shard the model over this many devices (all devices of all hosts)"),
+    EngineArg("warmup", "warmup", str, "when the step programs compile: all before starting "
+              "(full), the largest bucket first and the rest while serving (background), or "
+              "each on first use (lazy); auto: serve background, generate and LLM lazy",
+              ("auto", "lazy", "background", "full")),
 )
 BY_NAME = {arg.name: arg for arg in ENGINE_ARGS}
 

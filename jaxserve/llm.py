@@ -35,7 +35,10 @@ class LLM:
                show_progress: bool = True, **kwargs: object):
     self.config = engine_config_for(model, config or EngineConfig(), kwargs)
     prepare_jax_process(self.config.cache.memory_fraction)  # before jax starts a backend
-    self.engine: LLMEngine = build_engine(self.config, show_progress=show_progress)
+    # warmup "auto" is lazy: an offline run compiles the few buckets its batches use, on the
+    # step that first needs each, instead of every bucket up front (warmup="full" for all)
+    self.engine: LLMEngine = build_engine(self.config, show_progress=show_progress,
+                                          default_warmup="lazy")
     self.tokenizer = self.engine.tokenizer
 
   def get_tokenizer(self) -> Tokenizer:

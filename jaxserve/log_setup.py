@@ -27,6 +27,9 @@ class BackendProbeFilter(logging.Filter):
 
 def configure_logging(level: str) -> None:
   logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  # basicConfig does nothing where an import already gave the root logger a handler (the engine
+  # core process imports jax before configuring): its level must still be the one asked for
+  logging.getLogger().setLevel(level)
   bridge = logging.getLogger(JAX_BRIDGE_LOGGER)
   if not any(isinstance(f, BackendProbeFilter) for f in bridge.filters):
     bridge.addFilter(BackendProbeFilter())

@@ -87,6 +87,13 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
         --set scheduler.max_num_seqs=256 --set "scheduler.seq_buckets=[256]" \
         --set "scheduler.token_buckets=[256,4096]" --set scheduler.max_num_batched_tokens=4096 \
         --out "$OUT/profile1b.json" ;;
+    server_startup)  # issue 16: fresh start, background compile, mixed workload, warm restart
+      TAIL=20 step server_startup python3 -m jaxserve.bench.bench_server_startup --model /tmp/llama8b \
+        --config configs/h100.yaml --max-model-len 2048 --workload-s "${WORKLOAD_S:-120}" \
+        --out "$OUT/server_startup.json"
+      cp "$OUT"/server_fresh.log "$OUT"/server_restart.log "$LOGS"/ 2>/dev/null ;;
+    sampler_modes) TAIL=14 step sampler_modes python3 -m jaxserve.bench.bench_sampler_modes \
+        --rows 256 --vocab 128256 --out "$OUT/sampler_modes.json" ;;
     model8b) [ -f /tmp/llama8b/config.json ] || step model8b python3 -c \
         "from jaxserve.bench.random_checkpoint import build_random_llama as b; b('llama-3.1-8b', '/tmp/llama8b')" ;;
     structured8b)  # issue 18: every request under a JSON schema vs unconstrained, 64 and 256

@@ -37,9 +37,10 @@ PURE_HOST = ("jaxserve.engine.scheduler", "jaxserve.engine.page_allocator",
              "jaxserve.engine.request_state", "jaxserve.engine.llm_engine",
              "jaxserve.engine.engine_core", "jaxserve.engine.output_processor",
              "jaxserve.engine.core_messages", "jaxserve.engine.engine_stats",
+             "jaxserve.messages.scheduled_batch", "jaxserve.messages.step_output",
+             "jaxserve.messages.buckets", "jaxserve.messages.program_readiness",
              "jaxserve.engine.constraints", "jaxserve.structured.matcher",
-             "jaxserve.structured.grammar", "jaxserve.structured.tools",
-             "jaxserve.messages.scheduled_batch", "jaxserve.messages.step_output")
+             "jaxserve.structured.grammar", "jaxserve.structured.tools")
 JAX = ("jax", "jaxlib", "flax")
 
 

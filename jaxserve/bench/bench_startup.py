@@ -1,7 +1,7 @@
 """Start-up costs of one engine configuration: weight loading (GB/s), the KV pool and warmup.
 
     python -m jaxserve.bench.bench_startup --model /data/llama8b --config configs/h100.yaml \
-        --max-model-len 2048 --warmup
+        --max-model-len 2048 --warmup full
     python -m jaxserve.bench.bench_startup --build llama-3.1-8b --model /data/llama8b --config ...
 
 --build NAME first writes a random checkpoint of that shape into --model (in a subprocess, so its
@@ -9,7 +9,7 @@ torch CUDA context is gone before jax starts) unless the directory already holds
 memory fraction is set from the config before jax starts (jaxserve/device/device_memory.py), as
 `jaxserve serve` does. Steps: the checkpoint files are read once (page cache warm, unless
 --cold), the weights are loaded --load-runs times (each timed alone, arrays ready), then
-`assembly.build_device` loads them once more and sizes the KV pool as the server would, then (--warmup)
+`assembly.build_device` loads them once more and sizes the KV pool as the server would, then (--warmup full)
 every bucket is compiled. Prints a short table and one JSON object (also written to --out).
 Imports nothing from jaxserve.server (runs without starlette/uvicorn).
 """
@@ -40,7 +40,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                       "into --model first, if it holds none")
   parser.add_argument("--load-runs", type=int, default=2, help="timed weight loads (default 2)")
   parser.add_argument("--cold", action="store_true", help="do not pre-read the checkpoint files")
-  parser.add_argument("--warmup", action="store_true", help="also compile every bucket (timed)")
   parser.add_argument("--baseline", action="store_true",
                       help="also time the host-converted path (transpose and cast on the host, "
                       "one synchronous device_put per tensor: the loader before issue 16)")
@@ -158,7 +157,7 @@ def main(argv=None) -> int:
                        "max_concurrency": max_concurrency(spec.num_pages, spec.page_size,
                                                           built.max_model_len)}
   report["device_memory_after_pool"] = device_stats()
-  if args.warmup:
+  if args.warmup == "full":  # the engine flag: here "also compile every bucket (timed)"
     report["warmup_s"] = warmup(built.runner, show_progress=False)
   print(format_table(report))
   write_json(args.out, report)

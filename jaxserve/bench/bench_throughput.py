@@ -42,6 +42,8 @@ def run_jaxserve(config: EngineConfig, prompts: list[list[int]], output_len: int
   from jaxserve.llm import LLM
   from jaxserve.sampling_params import SamplingParams
 
+  if config.warmup == "auto":  # timings without compilation: every program compiled up front
+    config = config.replace(warmup="full")
   llm = LLM(config.model, config=config)
   params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
   compiled_before = llm.engine.ledger.num_compilations

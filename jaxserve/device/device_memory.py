@@ -1,14 +1,25 @@
 """How much accelerator memory the KV pool gets, and the JAX client's share of the device.
 
 Policy (vLLM's gpu_memory_utilization): `cache.memory_fraction` is the share of the device's
-TOTAL memory this process may use. The KV pool gets what that share leaves after everything live
-when it is sized (the weights, any other buffers) and the largest step's scratch:
+TOTAL memory this process may use. The KV pool gets what that share leaves after the weights
+(and the loader's slack, below) and the largest step's scratch:
 
-    pool = min(fraction * total, client limit) - in use - step scratch - headroom
+    pool = min(fraction * total, client limit) - weights - loader slack - step scratch - headroom
 
-Where the client reports its largest free block, the pool is also kept within it (less the
-scratch and ARENA_MIN_HEADROOM): what the weight loader freed is scattered in holes between the
-weights, and the pool's layers are allocated one after another in what is left of the arena.
+The pool's size is a function of run-invariant quantities only (kv_budget_bytes): "in use" is the
+weights' bytes on one device, from their shapes, dtypes and shardings (not the allocator's live
+count), plus LOADER_SLACK_SHARE of them for what the weight loader leaves behind (its transient
+buffers leave holes between the weights). The page count is part of the forward programs' shapes,
+so a pool that varied from run to run (it did when it followed the live largest free block: 26,488
+to 26,824 pages over three starts of an 8B server) would make a warm restart compile every forward
+again. Measured on an H100 with an 8B model at fraction 0.92 (72.8 GiB arena, 14.96 GiB of
+weights): 15.64-15.73 GiB in use after loading and a largest free block of 53.6-54.0 GiB, so
+the loader's holes and leftovers took 3.9-4.3 GiB (26-29% of the weights); the slack (25%) plus
+the headroom keep the planned pool 0.4 GiB inside the worst of them. Where the client reports its
+largest free block, fit_pool_bytes checks the planned pool (its layers are allocated one after
+another in what is left of the arena) against it, less the scratch and ARENA_MIN_HEADROOM; a pool
+that does not fit is shrunk by whole 64ths of itself until it does, with a warning (a deterministic
+step, so restarts that shrink usually agree, but the compile cache may miss).
 The headroom (ARENA_HEADROOM_SHARE of the usable bytes, at least ARENA_MIN_HEADROOM) is what
 the allocator needs beyond the sum of the buffers: each layer's K or V pages are one contiguous
 buffer (870 MiB for an 8B model at 54 GiB), the weight loader's transient buffers leave the arena
@@ -57,6 +68,8 @@ GIB = 2**30
 UNMEASURED_SCRATCH_SHARE = 0.1  # of the budget, when the step's scratch is not measured
 ARENA_HEADROOM_SHARE = 0.02      # of the usable bytes, kept free for the allocator
 ARENA_MIN_HEADROOM = GIB // 2
+LOADER_SLACK_SHARE = 0.25        # of the weights' bytes: the loader's holes and leftovers
+SHRINK_STEPS = 64                # a planned pool that does not fit shrinks by 1/64ths of itself
 
 
 @dataclass(frozen=True)
@@ -212,21 +225,58 @@ def kv_budget(memory: DeviceMemory, fraction: float, *, scratch_measured: bool =
   return budget if scratch_measured else budget - unmeasured_scratch_bytes(budget)
 
 
-def kv_budget_bytes(fraction: float, *, scratch_measured: bool = True) -> int | None:
-  """kv_budget on this process's first device, logged; None without memory statistics."""
+def loader_slack(weight_bytes: int) -> int:
+  """Bytes the weight loader leaves unusable for the pool (holes, leftovers; module docstring)."""
+  return int(weight_bytes * LOADER_SLACK_SHARE)
+
+
+def planned_memory(memory: DeviceMemory, weight_bytes: int) -> DeviceMemory:
+  """`memory` with the live counts replaced by run-invariant ones: the weights' bytes plus the
+  loader's slack in use, no largest free block."""
+  return DeviceMemory(memory.total_bytes, memory.limit_bytes,
+                      weight_bytes + loader_slack(weight_bytes))
+
+
+def fit_pool_bytes(pool_bytes: int, largest_free_bytes: int | None, scratch_bytes: int) -> int:
+  """pool_bytes if it fits the arena's largest free block (less scratch and ARENA_MIN_HEADROOM),
+  else pool_bytes less the fewest SHRINK_STEPS-ths of it that make it fit (logged: a restart may
+  then compile the forwards)."""
+  if largest_free_bytes is None:
+    return pool_bytes
+  room = largest_free_bytes - scratch_bytes - ARENA_MIN_HEADROOM
+  if pool_bytes <= room:
+    return pool_bytes
+  step = max(pool_bytes // SHRINK_STEPS, 1)
+  shrunk = pool_bytes - -(-(pool_bytes - room) // step) * step
+  logger.warning("device memory: the planned KV pool (%.2f GiB) does not fit the largest free "
+                 "block (%.2f GiB less %.2f GiB of scratch and headroom); shrunk to %.2f GiB. "
+                 "The pool's size then depends on how the weights were laid out, so a restart "
+                 "may compile the forward programs again: lower cache.memory_fraction",
+                 pool_bytes / GIB, largest_free_bytes / GIB,
+                 (scratch_bytes + ARENA_MIN_HEADROOM) / GIB, shrunk / GIB)
+  return shrunk
+
+
+def kv_budget_bytes(fraction: float, weight_bytes: int, *,
+                    scratch_measured: bool = True) -> tuple[int, DeviceMemory] | None:
+  """kv_budget on this process's first device, from run-invariant quantities (its total memory,
+  the client's limit, `weight_bytes` on one device from the params' shapes), logged, with the
+  live DeviceMemory (for fit_pool_bytes); None without memory statistics."""
   memory = read_device_memory()
   if memory is None:
     return None
-  budget = kv_pool_bytes(memory, fraction)
+  planned = planned_memory(memory, weight_bytes)
+  budget = kv_pool_bytes(planned, fraction)
   logger.info("device memory: %.1f GiB total x %g = %.1f GiB (client limit %.1f GiB), "
-              "%.1f GiB in use (weights), %.1f GiB left for the KV pool and step scratch",
-              memory.total_bytes / GIB, fraction, fraction * memory.total_bytes / GIB,
-              memory.limit_bytes / GIB, memory.in_use_bytes / GIB, budget / GIB)
+              "%.2f GiB of weights + %.2f GiB loader slack, %.1f GiB left for the KV pool and "
+              "step scratch", memory.total_bytes / GIB, fraction,
+              fraction * memory.total_bytes / GIB, memory.limit_bytes / GIB, weight_bytes / GIB,
+              loader_slack(weight_bytes) / GIB, budget / GIB)
   if memory.largest_free_bytes is not None:
-    logger.info("device memory: largest free block %.1f GiB (%.1f GiB free in all)",
-                memory.largest_free_bytes / GIB,
-                (memory.limit_bytes - memory.in_use_bytes) / GIB)
+    logger.info("device memory: largest free block %.1f GiB (%.1f GiB free in all, %.2f GiB in "
+                "use)", memory.largest_free_bytes / GIB,
+                (memory.limit_bytes - memory.in_use_bytes) / GIB, memory.in_use_bytes / GIB)
   if not scratch_measured:
     logger.info("step scratch memory: %.2f GiB kept (%.0f%%, not measured for sharded steps)",
                 unmeasured_scratch_bytes(budget) / GIB, UNMEASURED_SCRATCH_SHARE * 100)
-  return kv_budget(memory, fraction, scratch_measured=scratch_measured)
+  return kv_budget(planned, fraction, scratch_measured=scratch_measured), memory

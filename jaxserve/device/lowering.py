@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.device.buckets import Bucket, BucketSet
+from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.device.model_runner import ModelRunner, packed_model_inputs
 from jaxserve.device.packing import pack
 from jaxserve.device.sampler import SamplerMode

@@ -37,7 +37,7 @@ import jax
 import numpy as np
 from flax import linen as nn
 
-from jaxserve.device.buckets import BucketSet
+from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.device.kv_cache import KVPages
 from jaxserve.device.packing import PackedStepInputs, pack
 from jaxserve.device.sampler import SampleOutput, SamplerMode
@@ -142,9 +142,11 @@ class ModelRunner:
     return PreviousSamples(
         self.device_constant((self.buckets.seq_buckets[-1],), np.int32, 0), {})
 
-  def prepare(self, batch: ScheduledBatch, previous: StepHandle | None = None) -> StepInputs:
-    """The batch padded to its bucket; tokens in flight come from `previous`'s samples."""
-    bucket = self.buckets.pick(batch.num_seqs, batch.num_tokens)
+  def prepare(self, batch: ScheduledBatch, previous: StepHandle | None = None,
+              bucket: Bucket | None = None) -> StepInputs:
+    """The batch padded to `bucket` (the host's pick; default the smallest that holds it);
+    tokens in flight come from `previous`'s samples."""
+    bucket = bucket or self.buckets.pick(batch.num_seqs, batch.num_tokens)
     samples = previous.previous_samples if previous is not None else self.no_previous_samples()
     return build_step_inputs(batch, bucket, self.shape, samples, self.empty_history,
                              self.all_allowed)

@@ -26,8 +26,8 @@ import numpy as np
 from jaxserve.attention.metadata import AttentionMetadata
 from jaxserve.messages.scheduled_batch import (PLACEHOLDER_TOKEN_ID, SAMPLING_ROW_WIDTH,
                                                BatchSampling, ScheduledBatch, TokenBitmask)
-from jaxserve.device.buckets import Bucket
 from jaxserve.device.token_bitmask import bitmask_words
+from jaxserve.messages.buckets import Bucket
 
 NUM_BANNED_IDS = 8  # eos + stop_token_ids masked while min_tokens is not reached
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
-from jaxserve.device.buckets import Bucket, BucketSet
+from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.device.lowering import dummy_inputs
 from jaxserve.device.model_runner import ModelRunner
 from jaxserve.device.sampler import SamplerMode

@@ -4,16 +4,19 @@ in a test) can stand behind them.
 
 A StepRunner turns a ScheduledBatch into a dispatched step and, later, its StepOutput: prepare
 pads the batch (tokens still in flight taken from the step `previous` dispatched), dispatch
-enqueues it and returns an opaque handle, fetch waits for the results. A batch with
-grammar-constrained rows (batch.sampling.bitmask_rows) is dispatched without its sampler, which
-dispatch_sample enqueues once the engine has filled the rows' TokenBitmask and attached it to
-the batch (ScheduledBatch.with_bitmask).
-device/model_runner.py's ModelRunner is the implementation.
+enqueues it and returns an opaque handle, fetch waits for the results. device/model_runner.py's
+ModelRunner is the implementation. A ProgramStatus says which buckets' programs are compiled:
+the engine pads each step to the smallest ready bucket that holds it and passes it to prepare.
+A batch with grammar-constrained rows (batch.sampling.bitmask_rows) is dispatched without its
+sampler, which dispatch_sample enqueues once the engine has filled the rows' TokenBitmask and
+attached it to the batch (ScheduledBatch.with_bitmask).
 """
 from __future__ import annotations
 
 from typing import Protocol, TypeVar
 
+from ..messages.buckets import Bucket
+from ..messages.program_readiness import ProgramReadiness
 from ..messages.scheduled_batch import ScheduledBatch
 from ..messages.step_output import StepOutput
 
@@ -42,7 +45,9 @@ class StepRunner(Protocol[Prepared, Handle]):
   def supports_async(self) -> bool:
     """Whether a step may feed tokens from the step dispatched before it (async scheduling)."""
 
-  def prepare(self, batch: ScheduledBatch, previous: Handle | None = None) -> Prepared: ...
+  def prepare(self, batch: ScheduledBatch, previous: Handle | None = None,
+              bucket: Bucket | None = None) -> Prepared:
+    """The batch padded to `bucket` (the host's pick; None: the smallest that holds it)."""
 
   def dispatch(self, inputs: Prepared, batch: ScheduledBatch) -> Handle: ...
 
@@ -50,6 +55,18 @@ class StepRunner(Protocol[Prepared, Handle]):
     """The sampler of a step dispatched without it; `batch` carries its TokenBitmask."""
 
   def fetch(self, handle: Handle) -> StepOutput: ...
+
+  def close(self) -> None:
+    """Releases the device side (a multi-host job's other hosts)."""
+
+
+class ProgramStatus(Protocol):
+  """Which buckets the device side has compiled (device/program_compiler.py)."""
+
+  def readiness(self) -> ProgramReadiness: ...
+
+  def close(self) -> None:
+    """Stops any compilation still running."""
 
 
 class CompileCounter(Protocol):

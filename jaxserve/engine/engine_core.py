@@ -40,12 +40,14 @@ import numpy as np
 from jaxserve.engine.admission import check_length, check_token_ids
 from jaxserve.engine.constraints import Constraints, live_matcher
 from jaxserve.engine.core_messages import EngineCoreOutput, EngineCoreRequest
-from jaxserve.engine.device_port import CompileCounter, StepRunner
+from jaxserve.engine.device_port import CompileCounter, ProgramStatus, StepRunner
 from jaxserve.engine.engine_stats import EngineStats
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request, RequestStatus
 from jaxserve.engine.request_state import RequestState
 from jaxserve.engine.scheduler import Scheduler
+from jaxserve.messages.buckets import Bucket, BucketSet
+from jaxserve.messages.program_readiness import ANY_BUCKET, ProgramReadiness
 from jaxserve.messages.scheduled_batch import ScheduledBatch
 from jaxserve.messages.step_output import StepOutput
 from jaxserve.outputs import TokenLogprob
@@ -98,15 +100,30 @@ class _StepInFlight:
                for sample, request in zip(self.batch.sample, self.requests))
 
 
+class _AllReady:
+  """The ProgramStatus of a runner whose programs compile on first use (warmup "lazy")."""
+
+  def readiness(self) -> ProgramReadiness:
+    return ANY_BUCKET
+
+  def close(self) -> None:
+    pass
+
+
 class EngineCore:
   """Continuous batching over one model, token-level. Build it with jaxserve.assembly (as part
-  of an LLMEngine)."""
+  of an LLMEngine). Each step is padded to the smallest bucket of `buckets` that holds it among
+  those `programs` reports compiled (while programs compile in the background, a step may take
+  a larger bucket than it will once all are)."""
 
   def __init__(self, *, runner: StepRunner, scheduler: Scheduler, allocator: PageAllocator,
                max_model_len: int, vocab_size: int, eos_token_ids: tuple[int, ...],
-               ledger: CompileCounter, seed: int = 0, constraints: Constraints | None = None):
+               ledger: CompileCounter, seed: int = 0, buckets: BucketSet | None = None,
+               programs: ProgramStatus | None = None, constraints: Constraints | None = None):
     self.runner = runner
     self.constraints = constraints
+    self.buckets = buckets
+    self.programs: ProgramStatus = programs or _AllReady()
     self.scheduler = scheduler
     self.allocator = allocator
     self.max_model_len = max_model_len
@@ -198,7 +215,8 @@ class EngineCore:
     batch = self.scheduler.schedule()
     mark = timings.add_phase("schedule", mark)
     if not batch.is_empty:
-      inputs = self.runner.prepare(batch, previous.handle if previous else None)
+      inputs = self.runner.prepare(batch, previous.handle if previous else None,
+                                   self._bucket(batch))
       mark = timings.add_phase("prepare", mark)
       handle = self.runner.dispatch(inputs, batch)
       mark = timings.add_phase("dispatch", mark)
@@ -236,6 +254,14 @@ class EngineCore:
       entry[0] += 1
       entry[1] += host_seconds
     return outputs
+
+  def _bucket(self, batch: ScheduledBatch) -> Bucket | None:
+    """The smallest ready bucket holding the batch (None: the runner's smallest)."""
+    if self.buckets is None:
+      return None
+    ready = self.programs.readiness()
+    return self.buckets.pick(batch.num_seqs, batch.num_tokens,
+                             ready.bursts if batch.num_steps > 1 else ready.steps)
 
   def _complete(self, step: _StepInFlight) -> list[RequestState]:
     """Waits for a dispatched step and applies its results."""
@@ -335,4 +361,12 @@ class EngineCore:
         num_used_pages=self.allocator.num_used_pages,
         num_total_pages=self.allocator.num_usable_pages,
         num_preemptions=self.scheduler.num_preemptions_total,
-        num_compilations=self.ledger.num_compilations)
+        num_compilations=self.ledger.num_compilations,
+        num_programs_compiled=self.programs.readiness().num_compiled,
+        num_programs_total=self.programs.readiness().num_total)
+
+  def close(self) -> None:
+    """Stops the background compilation (after the program it is compiling) and releases the
+    runner (a multi-host job's other hosts)."""
+    self.programs.close()
+    self.runner.close()

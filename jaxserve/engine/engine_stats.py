@@ -18,3 +18,5 @@ class EngineStats:
   num_total_pages: int
   num_preemptions: int
   num_compilations: int
+  num_programs_compiled: int = 0  # step programs compiled by warmup / the compile thread
+  num_programs_total: int = 0     # step programs planned (0: compiled on first use)

@@ -15,12 +15,13 @@ import time
 from jaxserve.engine.admission import check_token_ids
 from jaxserve.engine.constraints import Constraints
 from jaxserve.engine.core_messages import EngineCoreRequest
-from jaxserve.engine.device_port import CompileCounter, StepRunner
+from jaxserve.engine.device_port import CompileCounter, ProgramStatus, StepRunner
 from jaxserve.engine.engine_core import EngineCore, StepTimings
 from jaxserve.engine.engine_stats import EngineStats
 from jaxserve.engine.output_processor import OutputProcessor
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.scheduler import Scheduler
+from jaxserve.messages.buckets import BucketSet
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.tokenizer.tokenizer import Tokenizer
@@ -34,10 +35,12 @@ class LLMEngine:
   def __init__(self, *, tokenizer: Tokenizer, runner: StepRunner, scheduler: Scheduler,
                allocator: PageAllocator, max_model_len: int, vocab_size: int,
                eos_token_ids: tuple[int, ...], ledger: CompileCounter, seed: int = 0,
-               model_name: str = "", warmup_seconds: float = 0.0):
+               model_name: str = "", warmup_seconds: float = 0.0,
+               buckets: BucketSet | None = None, programs: ProgramStatus | None = None):
     self.core = EngineCore(runner=runner, scheduler=scheduler, allocator=allocator,
                            max_model_len=max_model_len, vocab_size=vocab_size,
                            eos_token_ids=eos_token_ids, ledger=ledger, seed=seed,
+                           buckets=buckets, programs=programs,
                            constraints=Constraints(tokenizer, vocab_size,
                                                    supported=runner.supports_async))
     self.constraints = self.core.constraints
@@ -51,6 +54,15 @@ class LLMEngine:
     self.warmup_seconds = warmup_seconds
     self.timings = self.core.timings
     self._ids = itertools.count()
+
+  @property
+  def programs(self) -> ProgramStatus:
+    """Which buckets' programs are compiled (the compile thread's progress)."""
+    return self.core.programs
+
+  def close(self) -> None:
+    """Stops the background compilation, then releases the runner."""
+    self.core.close()
 
   @property
   def async_scheduling(self) -> bool:

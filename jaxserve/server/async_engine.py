@@ -36,6 +36,9 @@ from jaxserve.server.engine_client import EngineDeadError, OutputStream, Request
 logger = logging.getLogger(__name__)
 
 
+IDLE_STATS_S = 1.0  # an idle engine thread refreshes its stats snapshot this often
+
+
 @dataclass
 class _Add:
   specs: list[RequestSpec]
@@ -152,7 +155,8 @@ class AsyncEngine:
     with self._cond:
       while (not self._inbox and not self._stopping
              and not self._engine.has_unfinished_requests()):
-        self._cond.wait()
+        if not self._cond.wait(timeout=IDLE_STATS_S):
+          self._publish_stats()  # idle stats still change: programs compiling in the background
       if self._stopping:
         return None
       commands = list(self._inbox)

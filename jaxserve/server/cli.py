@@ -92,7 +92,7 @@ def _serve_one_process(config, log_level: str) -> int:
 
   server_config = config.server
   start = time.monotonic()
-  engine = build_engine(config)
+  engine = build_engine(config, default_warmup="background")  # ready after one bucket
   async_engine = AsyncEngine(engine).start()
   app = build_app(async_engine, engine.tokenizer, server_config, model_name=config.model,
                   max_model_len=engine.max_model_len, vocab_size=engine.vocab_size)
@@ -104,7 +104,7 @@ def _serve_one_process(config, log_level: str) -> int:
     run_app(app, server_config, log_level)
   finally:
     async_engine.stop()
-    engine.runner.close()
+    engine.close()
   logger.info("stopped")
   return 0
 

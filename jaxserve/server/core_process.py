@@ -134,7 +134,7 @@ def run_core_process(config: EngineConfig, address: str, pipe: Connection,
   socket = context.socket(zmq.ROUTER)
   try:
     prepare_jax_process(config.cache.memory_fraction)
-    engine = build_engine(config)
+    engine = build_engine(config, default_warmup="background")  # ready after one bucket
     socket.setsockopt(zmq.LINGER, 1000)
     # no high-water marks: a ROUTER drops what a slow peer cannot take, which would lose a
     # stream's tokens; a client's backlog is bounded by its own requests instead
@@ -148,7 +148,7 @@ def run_core_process(config: EngineConfig, address: str, pipe: Connection,
     try:
       CoreLoop(engine.core, socket).run(stop)
     finally:
-      engine.runner.close()
+      engine.close()
   except ValueError as err:  # bad settings (a missing checkpoint...): the parent reports it
     _send_quietly(pipe, err)
     sys.exit(2)

@@ -36,7 +36,11 @@ class EngineStatsCollector(Collector):
         ("jaxserve_kv_pages_total", "Usable KV cache pages.", stats.num_total_pages),
         ("jaxserve_num_http_requests_waiting", "HTTP requests admitted and not yet started "
          "(server.max_waiting_requests bounds it; each counted once whatever its n).",
-         self._engine.num_http_waiting)):
+         self._engine.num_http_waiting),
+        ("jaxserve_step_programs_compiled", "Step programs compiled so far (warmup and the "
+         "background compile thread; config key warmup).", stats.num_programs_compiled),
+        ("jaxserve_step_programs_total", "Step programs planned (0 when they compile on first "
+         "use).", stats.num_programs_total)):
       yield GaugeMetricFamily(name, doc, value=value)
     yield CounterMetricFamily("jaxserve_preemptions", "Requests preempted to free KV pages.",
                               value=stats.num_preemptions)

@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxserve.config import EngineConfig
-from jaxserve.device.buckets import Bucket, BucketSet
+from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.device.device_memory import DeviceMemory, kv_budget
 from jaxserve.device.kv_cache import kv_cache_spec, page_bytes, resolve_max_model_len
 from jaxserve.device.lowering import abstract, standalone_dummy_inputs

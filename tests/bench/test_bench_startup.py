@@ -8,7 +8,7 @@ from jaxserve.bench import bench_startup
 def test_reports_loads_pool_and_warmup(tmp_path, capsys):
   out = tmp_path / "startup.json"
   assert bench_startup.main(["--max-num-seqs", "8", "--max-num-batched-tokens", "32",
-                             "--max-model-len", "64", "--load-runs", "1", "--warmup",
+                             "--max-model-len", "64", "--load-runs", "1", "--warmup", "full",
                              "--out", str(out)]) == 0
   report = json.loads(out.read_text())
   assert len(report["weight_loads"]) == 1 and report["weight_loads"][0]["bytes"] > 0

@@ -33,6 +33,7 @@ FLAG_VALUES = {
     "max_num_batched_tokens": (["--max-num-batched-tokens", "256"], 256),
     "enable_prefix_caching": (["--no-enable-prefix-caching"], False),
     "enable_chunked_prefill": (["--no-enable-chunked-prefill"], False),
+    "warmup": (["--warmup", "full"], "full"),
     "seed": (["--seed", "7"], 7),
     "tensor_parallel_size": (["--tensor-parallel-size", "2"], 2),
 }

@@ -149,7 +149,11 @@ def test_a_mode_with_more_parts_gives_the_same_tokens():
                                                  mode=SamplerMode(True, True, True))
   np.testing.assert_array_equal(cheap.token_ids, full.token_ids)
   np.testing.assert_allclose(cheap.logprobs, full.logprobs, atol=1e-6)
-  assert len(SamplerMode.all()) == 8
+  # the compiled modes: random alone, penalties and top-N logprobs together
+  assert SamplerMode.all() == [SamplerMode(), SamplerMode(False, True, True), SamplerMode(True),
+                               SamplerMode(True, True, True)]
+  only_top = dataclasses.replace(inputs, want_top_logprobs=np.array(True))
+  assert SamplerMode.of(only_top) == SamplerMode(False, True, True)
 
 
 def test_mask_banned_hand_computed():

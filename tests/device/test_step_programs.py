@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxserve.attention import get_attention_backend
-from jaxserve.device.buckets import Bucket, BucketSet
+from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.device.kv_cache import KVCacheSpec, allocate_kv_pages
 from jaxserve.device.lowering import abstract, dummy_inputs, standalone_dummy_inputs
 from jaxserve.device.model_runner import ModelRunner, packed_model_inputs

@@ -45,8 +45,8 @@ def _run(async_scheduling: bool):
   fed_from_device = []
   prepare = engine.runner.prepare
 
-  def recording_prepare(batch, previous=None):
-    inputs = prepare(batch, previous)
+  def recording_prepare(batch, previous=None, bucket=None):
+    inputs = prepare(batch, previous, bucket)
     fed_from_device.append(int((inputs.prev_token_rows >= 0).sum()))
     return inputs
 

@@ -11,7 +11,7 @@ import jax
 import pytest
 
 from jaxserve.assembly import build_device
-from jaxserve.device.buckets import Bucket
+from jaxserve.messages.buckets import Bucket
 from jaxserve.device.lowering import dummy_inputs
 from jaxserve.device.packing import pack
 from jaxserve.device.sampler import SamplerMode

@@ -15,7 +15,7 @@ from jaxserve.parallel.partition_rules import param_spec
 from jaxserve.parallel.step_codec import StepEncoder, decode_step_inputs
 from jaxserve.assembly import build_device
 from jaxserve.device.lowering import dummy_inputs
-from jaxserve.device.buckets import Bucket
+from jaxserve.messages.buckets import Bucket
 from tests.integration.engine_helpers import small_config
 
 

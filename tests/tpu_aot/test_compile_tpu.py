@@ -44,8 +44,7 @@ def test_every_program_of_a_small_server_compiles_for_v5e_2x4():
                                    "scheduler.num_scheduler_steps=4", "max_model_len=2048",
                                    "cache.memory_fraction=0.2"], "all")
   assert report.topology == "v5e:2x4"
-  modes = ["greedy", "top", "penalties", "penalties+top", "random", "random+top",
-           "random+penalties", "random+penalties+top"]
+  modes = ["greedy", "penalties+top", "random", "random+penalties+top"]  # SamplerMode.all()
   expected = ({"forward[8x16]", "forward[8x32]", "prompt_logprobs[16]", "prompt_logprobs[32]",
                "burst[8x16] greedy", "burst[8x16] random"} | {f"sampler[8] {m}" for m in modes})
   assert {r.id.name for r in report.results} == expected
@@ -75,7 +74,7 @@ def test_the_8b_servers_largest_bucket_compiles_for_v5e_2x4(v5e_8b):
   names = {r.id.name for r in v5e_8b.results}
   assert {"forward[128x1024]", "prompt_logprobs[1024]", "sampler[128] greedy",
           "sampler[128] random+penalties+top"} <= names
-  assert len(names) == 10 and [r.error for r in v5e_8b.results if r.error] == []
+  assert len(names) == 6 and [r.error for r in v5e_8b.results if r.error] == []
 
 
 def test_the_8b_server_fits_a_v5e_chip_with_the_hand_computed_weights(v5e_8b):

@@ -1,0 +1,275 @@
+"""`jaxserve serve` start-up end to end (issue: ready in seconds): a fresh start with an empty
+compilation cache, a mixed workload once the background compilation is done, and a warm restart.
+
+    python -m jaxserve.bench.bench_server_startup --model /tmp/llama8b --config configs/h100.yaml \
+        --max-model-len 2048 --workload-s 150 --out out/server_startup.json
+
+Each phase starts the server in a subprocess (`python -m jaxserve.cli serve ... --set
+compilation_cache_dir=DIR`, DIR empty for the fresh start, the same DIR for the restart) and
+times, from the process start: /health answering 200, a greedy completion (its text compared
+between the phases: the fresh server answers it padded to the largest bucket, the restart maybe
+in its own), and /metrics reporting every step program compiled. After that, a mixed workload
+(random token prompts of 1 to --max-prompt tokens, 1 to --max-output tokens, greedy / random /
+penalties / top logprobs / prompt logprobs / n=2, --concurrency at a time) runs for --workload-s
+seconds; the XLA compilations it caused (jaxserve_xla_compilations before and after) must be 0.
+From the server's log: the weights' GB and GB/s, the KV pool, the warmup lines. The restart
+phase waits for its compile thread only with --restart-wait. Prints a table and one JSON object
+(also written to --out). Needs httpx; the server needs starlette and uvicorn.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from jaxserve.tools.json_file import write_json
+
+PROBE = {"prompt": "The quick brown fox jumps over the lazy dog. " * 4, "max_tokens": 24,
+         "temperature": 0.0, "ignore_eos": True}
+LOG_FACTS = {
+    "weights": r"(\d+\.\d+ GB in \d+\.\d+ s \(\d+\.\d+ GB/s\))",
+    "kv_cache": r"KV cache: (\d+ pages of \d+ tokens \([^)]*\))",
+    "buckets": r"buckets: (.*)",
+    "warmup_first": r"warmup: (\d+ of \d+ programs compiled in [\d.]+ s)",
+    "cache_use": r"warmup: (\d+ programs loaded from the compilation cache, \d+ compiled)",
+    "background": r"background compilation: (.*)",
+    "ready": r"ready in ([\d.]+)s",
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--model", required=True)
+  parser.add_argument("--config", default=None)
+  parser.add_argument("--max-model-len", type=int, default=2048)
+  parser.add_argument("--set", dest="overrides", action="append", default=[])
+  parser.add_argument("--cache-dir", default=None, help="compilation cache (default: a new "
+                      "empty temporary directory)")
+  parser.add_argument("--workload-s", type=float, default=150.0)
+  parser.add_argument("--concurrency", type=int, default=64)
+  parser.add_argument("--max-prompt", type=int, default=1500)
+  parser.add_argument("--max-output", type=int, default=256)
+  parser.add_argument("--compile-timeout-s", type=float, default=420.0)
+  parser.add_argument("--restart-wait", action="store_true",
+                      help="also time the restart's background compilation")
+  parser.add_argument("--out", default="out/server_startup.json")
+  return parser.parse_args(argv)
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+class Server:
+  """One `jaxserve serve` subprocess, its log in a file."""
+
+  def __init__(self, args: argparse.Namespace, cache_dir: str, log_path: Path):
+    self.port = free_port()
+    self.url = f"http://127.0.0.1:{self.port}"
+    self.log_path = log_path
+    command = [sys.executable, "-m", "jaxserve.cli", "serve", "--model", args.model,
+               "--max-model-len", str(args.max_model_len), "--port", str(self.port),
+               "--host", "127.0.0.1", "--set", f"compilation_cache_dir={cache_dir}"]
+    command += ["--config", args.config] if args.config else []
+    for override in args.overrides:
+      command += ["--set", override]
+    self.model = ""
+    self.start = time.monotonic()
+    self.log = open(log_path, "w")
+    self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+
+  def since_start(self) -> float:
+    return time.monotonic() - self.start
+
+  def wait_healthy(self, timeout: float) -> float:
+    while self.since_start() < timeout:
+      if self.process.poll() is not None:
+        raise RuntimeError(f"server exited ({self.process.returncode}):\n{self.tail()}")
+      try:
+        if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
+          ready = self.since_start()
+          self.model = httpx.get(f"{self.url}/v1/models").json()["data"][0]["id"]
+          return ready
+      except httpx.HTTPError:
+        pass
+      time.sleep(0.1)
+    raise RuntimeError(f"no /health 200 within {timeout} s:\n{self.tail()}")
+
+  def metrics(self) -> dict[str, float]:
+    text = httpx.get(f"{self.url}/metrics", timeout=10.0).text
+    return {m.group(1): float(m.group(2))
+            for m in re.finditer(r"^(\w+) ([-\d.e+]+)$", text, re.M)}
+
+  def wait_compiled(self, timeout: float) -> float:
+    while self.since_start() < timeout:
+      values = self.metrics()
+      if values.get("jaxserve_step_programs_compiled", -1) >= values.get(
+          "jaxserve_step_programs_total", 0):
+        return self.since_start()
+      time.sleep(0.5)
+    raise RuntimeError(f"step programs not all compiled within {timeout} s")
+
+  def complete(self, body: dict) -> tuple[str, float]:
+    start = time.monotonic()
+    response = httpx.post(f"{self.url}/v1/completions", json={"model": self.model, **body},
+                          timeout=600.0)
+    response.raise_for_status()
+    return response.json()["choices"][0]["text"], time.monotonic() - start
+
+  def tail(self, lines: int = 30) -> str:
+    self.log.flush()
+    return "\n".join(self.log_path.read_text().splitlines()[-lines:])
+
+  def stop(self) -> None:
+    self.process.send_signal(signal.SIGTERM)
+    try:
+      self.process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+      self.process.kill()
+    self.log.close()
+
+  def log_facts(self) -> dict[str, str]:
+    text = self.log_path.read_text()
+    facts = {}
+    for name, pattern in LOG_FACTS.items():
+      found = re.findall(pattern, text)
+      if found:
+        facts[name] = found[-1] if name != "weights" else found[0]
+    return facts
+
+
+def random_request(rng: random.Random, vocab: int, max_prompt: int, max_output: int) -> dict:
+  prompt = [rng.randrange(min(100, vocab - 1), vocab) for _ in range(rng.randint(1, max_prompt))]
+  body = {"prompt": prompt, "max_tokens": rng.randint(1, max_output), "ignore_eos": True}
+  kind = rng.randrange(6)
+  if kind == 1:
+    body.update(temperature=0.8, top_p=0.9, top_k=50, seed=rng.randrange(1 << 30))
+  elif kind == 2:
+    body.update(temperature=0.7, presence_penalty=0.5, frequency_penalty=0.3,
+                repetition_penalty=1.1)
+  elif kind == 3:
+    body.update(temperature=0.0, logprobs=5)
+  elif kind == 4:
+    body.update(temperature=0.0, echo=True, logprobs=1, max_tokens=rng.randint(1, 4))
+  elif kind == 5:
+    body.update(temperature=0.9, n=2, seed=rng.randrange(1 << 30))
+  else:
+    body.update(temperature=0.0)
+  return body
+
+
+async def mixed_workload(url: str, model: str, seconds: float, concurrency: int, vocab: int,
+                         max_prompt: int, max_output: int, seed: int = 0) -> dict:
+  rng, deadline = random.Random(seed), time.monotonic() + seconds
+  counts = {"ok": 0, "failed": 0, "output_tokens": 0}
+  async with httpx.AsyncClient(base_url=url, timeout=600.0) as client:
+    async def worker() -> None:
+      while time.monotonic() < deadline:
+        body = random_request(rng, vocab, max_prompt, max_output)
+        response = await client.post("/v1/completions", json={"model": model, **body})
+        if response.status_code == 200:
+          counts["ok"] += 1
+          counts["output_tokens"] += response.json()["usage"]["completion_tokens"]
+        else:
+          counts["failed"] += 1
+          key = f"status_{response.status_code}"
+          counts[key] = counts.get(key, 0) + 1
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+  return counts
+
+
+def start_phase(args: argparse.Namespace, cache_dir: str, log_path: Path) -> tuple[Server, dict]:
+  server = Server(args, cache_dir, log_path)
+  result = {"health_200_s": server.wait_healthy(args.compile_timeout_s)}
+  result["probe_text"], seconds = server.complete(PROBE)
+  result["first_request_done_s"], result["first_request_s"] = server.since_start(), seconds
+  values = server.metrics()
+  result["programs_at_ready"] = (f"{values.get('jaxserve_step_programs_compiled', 0):.0f} / "
+                                 f"{values.get('jaxserve_step_programs_total', 0):.0f}")
+  return server, result
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  out_dir = Path(args.out).parent
+  out_dir.mkdir(parents=True, exist_ok=True)
+  cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="jaxserve-xla-")
+  config_file = Path(args.model) / "config.json"  # tiny-random (tests) has none
+  vocab = json.loads(config_file.read_text())["vocab_size"] if config_file.is_file() else 256
+  report: dict = {"model": args.model, "config": args.config, "cache_dir": cache_dir}
+
+  server, fresh = start_phase(args, cache_dir, out_dir / "server_fresh.log")
+  try:
+    fresh["all_compiled_s"] = server.wait_compiled(args.compile_timeout_s)
+    fresh["probe_text_all_compiled"] = server.complete(PROBE)[0]
+    before = server.metrics()["jaxserve_xla_compilations_total"]
+    fresh["workload"] = asyncio.run(mixed_workload(server.url, server.model, args.workload_s,
+                                                   args.concurrency, vocab, args.max_prompt,
+                                                   args.max_output))
+    fresh["workload"]["seconds"] = args.workload_s
+    fresh["workload"]["compilations"] = (server.metrics()["jaxserve_xla_compilations_total"]
+                                         - before)
+  finally:
+    server.stop()
+  fresh["log"] = server.log_facts()
+  report["fresh"] = fresh
+
+  server, warm = start_phase(args, cache_dir, out_dir / "server_restart.log")
+  try:
+    if args.restart_wait:
+      warm["all_compiled_s"] = server.wait_compiled(args.compile_timeout_s)
+  finally:
+    server.stop()
+  warm["log"] = server.log_facts()
+  warm["same_probe_text"] = warm["probe_text"] == fresh["probe_text"]
+  report["restart"] = warm
+  print(format_table(report))
+  write_json(args.out, report)
+  print(json.dumps(report))
+  return 0
+
+
+def format_table(report: dict) -> str:
+  fresh, warm = report["fresh"], report["restart"]
+  load = fresh["log"]
+  rows = [("fresh: /health 200", f"{fresh['health_200_s']:.1f} s (programs "
+           f"{fresh['programs_at_ready']})"),
+          ("fresh: first completion done", f"{fresh['first_request_done_s']:.1f} s "
+           f"({fresh['first_request_s']:.2f} s)"),
+          ("fresh: every program compiled", f"{fresh['all_compiled_s']:.1f} s"),
+          ("fresh: probe text unchanged once all compiled",
+           str(fresh["probe_text"] == fresh["probe_text_all_compiled"])),
+          ("weights", load.get("weights", "?")), ("KV cache", load.get("kv_cache", "?")),
+          ("warmup (first bucket)", load.get("warmup_first", "?")),
+          ("background", load.get("background", "?")),
+          ("workload", f"{fresh['workload']['seconds']:.0f} s, {fresh['workload']['ok']} ok, "
+           f"{fresh['workload']['failed']} failed, {fresh['workload']['output_tokens']} tokens"),
+          ("workload compilations (must be 0)", str(fresh["workload"]["compilations"])),
+          ("restart: /health 200", f"{warm['health_200_s']:.1f} s (programs "
+           f"{warm['programs_at_ready']})"),
+          ("restart: first completion done", f"{warm['first_request_done_s']:.1f} s, same "
+           f"text: {warm['same_probe_text']}"),
+          ("restart: cache", warm["log"].get("cache_use", "?"))]
+  if "all_compiled_s" in warm:
+    rows.append(("restart: every program compiled", f"{warm['all_compiled_s']:.1f} s"))
+  width = max(len(name) for name, _ in rows)
+  return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+if __name__ == "__main__":
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+  sys.exit(main())

@@ -1,0 +1,106 @@
+"""Bucketed batch shapes: every step is padded to one (num_seqs, num_tokens) pair from two
+ladders, so XLA compiles each pair once and never again.
+
+Both sides read the ladders: the host picks each step's bucket (the smallest *ready* one that
+holds the batch: BucketSet.pick with ProgramReadiness's buckets, messages/program_readiness.py)
+and the device compiles and pads to it. Plain data, no jax.
+
+The default ladders are geometric from the config's limits: each rung at most 1 / (1 -
+bucket_padding) times the one below (bucket_padding 0.5: powers of two), so a batch one past a
+rung is padded by at most a bucket_padding share of its bucket; `padding_waste` states it.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from typing import Collection, Protocol
+
+MIN_SEQ_BUCKET = 8
+MIN_TOKEN_BUCKET = 16
+
+
+class BucketLimits(Protocol):
+  """What the ladders are derived from (config.SchedulerConfig)."""
+  max_num_seqs: int
+  max_num_batched_tokens: int
+  seq_buckets: tuple[int, ...] | None
+  token_buckets: tuple[int, ...] | None
+  bucket_padding: float
+
+
+@dataclass(frozen=True, order=True)
+class Bucket:
+  num_seqs: int
+  num_tokens: int
+
+
+def geometric_ladder(start: int, limit: int, padding: float) -> tuple[int, ...]:
+  """start, then rungs growing by at most 1 / (1 - padding), each a multiple of start (the
+  kernels' tiles like aligned shapes), ending at limit."""
+  values, value = [], start
+  while value < limit:
+    values.append(value)
+    value = max(value + start, math.floor(value / (1.0 - padding)) // start * start)
+  values.append(limit)
+  return tuple(values)
+
+
+@dataclass(frozen=True)
+class BucketSet:
+  """Sequence-count and token-count ladders; a bucket is any pair with num_tokens >= num_seqs."""
+  seq_buckets: tuple[int, ...]
+  token_buckets: tuple[int, ...]
+
+  @classmethod
+  def from_config(cls, config: BucketLimits) -> "BucketSet":
+    padding = config.bucket_padding
+    seq = config.seq_buckets or geometric_ladder(min(MIN_SEQ_BUCKET, config.max_num_seqs),
+                                                 config.max_num_seqs, padding)
+    tokens = config.token_buckets or geometric_ladder(
+        min(MIN_TOKEN_BUCKET, config.max_num_batched_tokens), config.max_num_batched_tokens,
+        padding)
+    return cls(tuple(seq), tuple(tokens))
+
+  def pick(self, num_seqs: int, num_tokens: int,
+           ready: Collection[Bucket] | None = None) -> Bucket:
+    """The smallest bucket holding num_seqs sequences and num_tokens tokens; with `ready`, the
+    smallest of those (fewest tokens, then fewest sequences: a step's cost follows its tokens)."""
+    seqs = self._ceil(self.seq_buckets, num_seqs, "num_seqs")
+    smallest = Bucket(seqs, self._ceil(self.token_buckets, max(num_tokens, seqs), "num_tokens"))
+    if ready is None or smallest in ready:
+      return smallest
+    fits = [b for b in ready if b.num_seqs >= seqs and b.num_tokens >= smallest.num_tokens]
+    if not fits:
+      raise ValueError(f"no compiled bucket holds {num_seqs} sequences and {num_tokens} tokens")
+    return min(fits, key=lambda b: (b.num_tokens, b.num_seqs))
+
+  def all(self) -> list[Bucket]:
+    buckets = {self.pick(s, t) for s in self.seq_buckets for t in self.token_buckets if t >= s}
+    return sorted(buckets)
+
+  def largest(self) -> Bucket:
+    """The bucket every step fits (padded to it)."""
+    return Bucket(self.seq_buckets[-1], self.token_buckets[-1])
+
+  def decode_buckets(self) -> list[Bucket]:
+    """Every bucket a decode-only batch (as many tokens as sequences) can take."""
+    return sorted({self.pick(n, n) for n in self.seq_buckets})
+
+  @staticmethod
+  def _ceil(ladder: tuple[int, ...], value: int, name: str) -> int:
+    index = bisect.bisect_left(ladder, value)
+    if index == len(ladder):
+      raise ValueError(f"{name}: {value} exceeds the largest bucket {ladder[-1]}")
+    return ladder[index]
+
+  def describe(self) -> str:
+    return (f"seqs {list(self.seq_buckets)} x tokens {list(self.token_buckets)} "
+            f"({len(self.all())} buckets; {padding_waste(self.seq_buckets):.0%} / "
+            f"{padding_waste(self.token_buckets):.0%} padding at most)")
+
+
+def padding_waste(ladder: tuple[int, ...]) -> float:
+  """The largest share of a bucket that padding can fill: a batch one past a rung, padded to
+  the next rung (the first rung, whose padding depends on the smallest batches, left out)."""
+  return max([(high - low - 1) / high for low, high in zip(ladder, ladder[1:])], default=0.0)

@@ -1,0 +1,35 @@
+"""The bucket ladders and the host's pick among ready buckets, hand-computed."""
+from __future__ import annotations
+
+import pytest
+
+from jaxserve.config import SchedulerConfig
+from jaxserve.messages.buckets import Bucket, BucketSet, geometric_ladder, padding_waste
+
+
+def test_default_ladders_are_powers_of_two_and_state_their_padding():
+  buckets = BucketSet.from_config(SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=512))
+  assert buckets.seq_buckets == (8, 16, 32, 64)
+  assert buckets.token_buckets == (16, 32, 64, 128, 256, 512)
+  # 257 tokens padded to 512: 255 of 512 slots are padding
+  assert padding_waste(buckets.token_buckets) == pytest.approx(255 / 512)
+  assert "21 buckets; 48% / 50% padding at most" in buckets.describe()
+
+
+def test_a_finer_ladder_from_bucket_padding():
+  # rungs grow by at most 1 / 0.75, each a multiple of the first (16)
+  assert geometric_ladder(16, 256, 0.25) == (16, 32, 48, 64, 80, 96, 128, 160, 208, 256)
+  assert padding_waste((16, 32, 48, 64)) == pytest.approx(15 / 32)
+  with pytest.raises(ValueError, match="scheduler.bucket_padding"):
+    SchedulerConfig(bucket_padding=1.0)
+
+
+def test_pick_takes_the_smallest_ready_bucket():
+  buckets = BucketSet((8, 16), (16, 32, 64))
+  assert buckets.pick(3, 20) == Bucket(8, 32)
+  ready = frozenset({Bucket(16, 64), Bucket(8, 64)})
+  assert buckets.pick(3, 20, ready) == Bucket(8, 64)
+  assert buckets.pick(12, 20, ready) == Bucket(16, 64)
+  assert buckets.pick(3, 20, None) == Bucket(8, 32)  # None: every bucket usable
+  with pytest.raises(ValueError, match="no compiled bucket holds"):
+    buckets.pick(3, 20, frozenset({Bucket(16, 16)}))
