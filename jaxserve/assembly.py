@@ -88,7 +88,8 @@ def build_device(config: EngineConfig, *,
   buckets = BucketSet.from_config(config.scheduler)
   model = placement.module()
   page_size = config.cache.page_size
-  shape = StepShape(page_size, math.ceil(max_model_len / page_size), max_model_len)
+  shape = StepShape(page_size, math.ceil(max_model_len / page_size), max_model_len,
+                    model_config.vocab_size)
   free_bytes = None
   planned = kv_budget_bytes(config.cache.memory_fraction, device_weight_bytes(params),
                             scratch_measured=placement.mesh is None)

@@ -19,6 +19,8 @@ from typing import Mapping, Sequence
 
 import yaml
 
+from jaxserve.structured.tool_parsers import tool_parser_names
+
 ATTENTION_BACKENDS = ("auto", "reference", "xla", "pallas_gpu", "pallas_tpu")
 DTYPES = ("auto", "float32", "bfloat16")
 GPU_GEMMS = ("cublas", "cublaslt", "xla")
@@ -117,7 +119,8 @@ class ServerConfig:
   its tokens (its first and last always at once; server/stream_interval.py).
   api_server_count: HTTP front-end processes beside the engine core process (null: one per 4
   CPU cores, at most 4, at least 1); 0 serves from one process, the engine on a thread
-  (server/launcher.py)."""
+  (server/launcher.py). tool_call_parser: how tool calls are read from a chat reply under
+  tool_choice "auto" (vLLM's names: llama3_json, hermes; None: replies stay content)."""
   host: str = "127.0.0.1"
   port: int = 8000
   api_key: str | None = None
@@ -129,12 +132,16 @@ class ServerConfig:
   drain_timeout_s: float = 30.0
   stats_interval_s: float = 10.0
   api_server_count: int | None = None
+  tool_call_parser: str | None = None
 
   def __post_init__(self) -> None:
     _require(self.api_server_count is None or (
         isinstance(self.api_server_count, int) and not isinstance(self.api_server_count, bool)
         and self.api_server_count >= 0), "server.api_server_count",
         f"must be null or an integer >= 0, got {self.api_server_count!r}")
+    if self.tool_call_parser is not None:
+      _require(self.tool_call_parser in tool_parser_names(), "server.tool_call_parser",
+               f"must be one of {', '.join(tool_parser_names())}, got {self.tool_call_parser!r}")
     for name in ("max_n", "stream_interval"):
       value = getattr(self, name)
       _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,

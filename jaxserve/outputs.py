@@ -33,7 +33,7 @@ class RequestOutput:
   new_token_ids: tuple[int, ...]
   new_text: str
   finished: bool
-  finish_reason: str | None = None        # "stop" | "length" | "abort" | "error"
+  finish_reason: str | None = None        # "stop" | "length" | "abort" | "error" | "grammar_error"
   stop_reason: str | int | None = None    # the stop string or stop token id that matched
   logprobs: tuple[TokenLogprob, ...] | None = None
   new_logprobs: tuple[TokenLogprob, ...] | None = None

@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from jaxserve.structured.spec import StructuredOutputSpec, coerce_spec
+
 MAX_LOGPROBS = 20
 
 
@@ -22,6 +24,9 @@ class SamplingParams:
 
   temperature == 0 means greedy. top_k <= 0 disables top-k. seed=None draws a fresh seed per
   request; a fixed seed gives the same tokens whatever the batch mates are.
+  structured_outputs constrains the output to a JSON schema, regex, choice or grammar: a
+  StructuredOutputSpec or vLLM's mapping ({"json": schema} / {"regex": ...} / {"choice": [...]} /
+  {"grammar": ...} / {"json_object": True}); the engine validates it against its tokenizer.
   """
   n: int = 1
   temperature: float = 1.0
@@ -41,8 +46,10 @@ class SamplingParams:
   logprobs: int | None = None
   prompt_logprobs: int | None = None
   skip_special_tokens: bool = True
+  structured_outputs: StructuredOutputSpec | None = None
 
   def __post_init__(self) -> None:
+    object.__setattr__(self, "structured_outputs", coerce_spec(self.structured_outputs))
     if isinstance(self.stop, str):
       object.__setattr__(self, "stop", (self.stop,))
     object.__setattr__(self, "stop", tuple(self.stop))

@@ -99,6 +99,13 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
         --rows 256 --vocab 128256 --out "$OUT/sampler_modes.json" ;;
     model8b) [ -f /tmp/llama8b/config.json ] || step model8b python3 -c \
         "from jaxserve.bench.random_checkpoint import build_random_llama as b; b('llama-3.1-8b', '/tmp/llama8b')" ;;
+    structured8b)  # issue 18: every request under a JSON schema vs unconstrained, 64 and 256
+      # sequences, 8B random weights with a Llama-3-sized byte-level BPE (needs step model8b)
+      TAIL=8 step structured8b python3 -m jaxserve.bench.bench_structured --model /tmp/llama8b \
+        --synthetic-bpe-vocab 128000 --concurrency 64 256 --input-len 128 --output-len 256 \
+        --max-model-len 512 --log-level WARNING --set scheduler.max_num_seqs=256 \
+        --set scheduler.max_num_batched_tokens=4096 --set "scheduler.seq_buckets=[64,256]" \
+        --set "scheduler.token_buckets=[256,1024,4096]" --out "$OUT/bench_structured.json" ;;
     tp_tests) step tp_tests python3 -m pytest -q -p no:cacheprovider tests/parallel/test_gpu_tensor_parallel.py ;;
     tp_invariant|tp_default)  # 2 GPUs: parity and decode step time, tp=1 against tp=2
       flags=(); [ $s = tp_invariant ] && flags=(--tp-invariant)

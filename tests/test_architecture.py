@@ -38,7 +38,9 @@ PURE_HOST = ("jaxserve.engine.scheduler", "jaxserve.engine.page_allocator",
              "jaxserve.engine.engine_core", "jaxserve.engine.output_processor",
              "jaxserve.engine.core_messages", "jaxserve.engine.engine_stats",
              "jaxserve.messages.scheduled_batch", "jaxserve.messages.step_output",
-             "jaxserve.messages.buckets", "jaxserve.messages.program_readiness")
+             "jaxserve.messages.buckets", "jaxserve.messages.program_readiness",
+             "jaxserve.engine.constraints", "jaxserve.structured.matcher",
+             "jaxserve.structured.grammar", "jaxserve.structured.tools")
 JAX = ("jax", "jaxlib", "flax")
 
 

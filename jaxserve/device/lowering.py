@@ -31,7 +31,7 @@ def dummy_inputs(runner: ModelRunner, bucket: Bucket, mode: SamplerMode = Sample
   """All-padding inputs of a bucket's shape (used to compile it): an empty batch, padded,
   with the given sampler mode and prompt-logprob flag."""
   return padding_inputs(bucket, runner.shape, runner.no_previous_samples(), runner.empty_history,
-                        mode, prompt_logprobs)
+                        mode, prompt_logprobs, runner.all_allowed)
 
 
 def standalone_dummy_inputs(buckets: BucketSet, shape: StepShape, bucket: Bucket,
@@ -44,14 +44,19 @@ def standalone_dummy_inputs(buckets: BucketSet, shape: StepShape, bucket: Bucket
   previous = PreviousSamples(jnp.zeros(buckets.seq_buckets[-1], jnp.int32), {})
   def empty_history(num_slots: int) -> jax.Array:
     return jnp.full((num_slots, shape.history_len), -1, jnp.int32)
-  return padding_inputs(bucket, shape, previous, empty_history, mode, prompt_logprobs)
+  def all_allowed(num_slots: int) -> jax.Array:
+    return jnp.full((num_slots, shape.bitmask_words), -1, jnp.int32)
+  return padding_inputs(bucket, shape, previous, empty_history, mode, prompt_logprobs,
+                        all_allowed)
 
 
 def padding_inputs(bucket: Bucket, shape: StepShape, previous: PreviousSamples,
                    empty_history: Callable[[int], jax.Array | np.ndarray],
-                   mode: SamplerMode = SamplerMode(), prompt_logprobs: bool = False) -> StepInputs:
+                   mode: SamplerMode = SamplerMode(), prompt_logprobs: bool = False,
+                   all_allowed: Callable[[int], jax.Array] | None = None) -> StepInputs:
   """An empty batch padded to `bucket`, with the given sampler mode and prompt-logprob flag."""
-  inputs = build_step_inputs(ScheduledBatch(), bucket, shape, previous, empty_history)
+  inputs = build_step_inputs(ScheduledBatch(), bucket, shape, previous, empty_history,
+                             all_allowed)
   sampling = dataclasses.replace(
       inputs.sampling, any_random=np.array(mode.random), any_penalty=np.array(mode.penalties),
       want_top_logprobs=np.array(mode.top_logprobs),

@@ -10,6 +10,11 @@ With StepPrograms.burst_steps > 1, a decode-only batch marked as a burst runs th
 instead of the forward and the sampler: num_steps decode steps in one dispatch; its results
 carry a leading [num_steps] axis.
 
+A batch with grammar-constrained rows (structured outputs: batch.sampling.bitmask_rows) whose
+TokenBitmask is not known yet is dispatched in two parts: dispatch() enqueues the forward only,
+and dispatch_sample(handle, batch.with_bitmask(mask)) the sampler once the host has filled the
+mask (while the device ran the forward): the mask crosses the seam inside the ScheduledBatch. Every other batch's sampler takes the cached all-ones bitmask.
+
 dispatch() only enqueues a step and starts the copy of its results to the host; fetch() waits
 for them. Between the two the host can schedule and dispatch the next step, whose decode tokens
 come from this step's sampled ids on device (a fixed [max_seq_slots] array, so every bucket
@@ -36,9 +41,10 @@ from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.device.kv_cache import KVPages
 from jaxserve.device.packing import PackedStepInputs, pack
 from jaxserve.device.sampler import SampleOutput, SamplerMode
-from jaxserve.device.step_inputs import PreviousSamples, StepInputs, StepShape, build_step_inputs
+from jaxserve.device.step_inputs import (PreviousSamples, StepInputs, StepShape, build_step_inputs,
+                                         with_token_bitmask)
 from jaxserve.device.step_programs import StepPrograms
-from jaxserve.messages.scheduled_batch import ScheduledBatch
+from jaxserve.messages.scheduled_batch import ScheduledBatch, TokenBitmask
 from jaxserve.messages.step_output import StepOutput
 
 SINGLE_STEP = ScheduledBatch()  # what a step dispatched without its batch (a replay) counts as
@@ -58,13 +64,23 @@ def packed_model_inputs(inputs: StepInputs) -> PackedStepInputs:
 
 
 @dataclass(frozen=True)
+class PendingSample:
+  """A step whose forward is dispatched and whose sampler waits for its token bitmask."""
+  inputs: StepInputs
+  logits: jax.Array                             # f32[S, V]
+  prompt: tuple[jax.Array, ...] | None
+
+
+@dataclass(frozen=True)
 class StepHandle:
-  """A dispatched step: its outputs on device (results may still be computing)."""
+  """A dispatched step: its outputs on device (results may still be computing); `pending` is
+  set while its sampler waits for dispatch_sample."""
   batch: ScheduledBatch
-  sample: SampleOutput
-  sampled_ids_padded: jax.Array                 # i32[max_seq_slots]
+  sample: SampleOutput | None
+  sampled_ids_padded: jax.Array | None          # i32[max_seq_slots]
   prompt: tuple[jax.Array, ...] | None          # (logprob [T], top ids, top logprobs) or None
   want_top: bool
+  pending: PendingSample | None = None
 
   def fetch_list(self) -> list[jax.Array]:
     arrays = [self.sample.token_ids, self.sample.logprobs]
@@ -118,6 +134,10 @@ class ModelRunner:
   def empty_history(self, num_slots: int) -> jax.Array:
     return self.device_constant((num_slots, self.shape.history_len), np.int32, -1)
 
+  def all_allowed(self, num_slots: int) -> jax.Array:
+    """The all-ones token bitmask: no row constrained."""
+    return self.device_constant((num_slots, self.shape.bitmask_words), np.int32, -1)
+
   def no_previous_samples(self) -> PreviousSamples:
     return PreviousSamples(
         self.device_constant((self.buckets.seq_buckets[-1],), np.int32, 0), {})
@@ -128,26 +148,53 @@ class ModelRunner:
     tokens in flight come from `previous`'s samples."""
     bucket = bucket or self.buckets.pick(batch.num_seqs, batch.num_tokens)
     samples = previous.previous_samples if previous is not None else self.no_previous_samples()
-    return build_step_inputs(batch, bucket, self.shape, samples, self.empty_history)
+    return build_step_inputs(batch, bucket, self.shape, samples, self.empty_history,
+                             self.all_allowed)
 
   def dispatch(self, inputs: StepInputs, batch: ScheduledBatch = SINGLE_STEP) -> StepHandle:
     """Enqueues the step (a burst of batch.num_steps decode steps when > 1) and the copy of its
-    results to the host; returns without waiting."""
+    results to the host; returns without waiting. A batch with constrained rows and no
+    TokenBitmask yet gets its forward only: the handle is pending until dispatch_sample."""
+    deferred = bool(batch.sampling.bitmask_rows) and batch.sampling.bitmask is None
+    if deferred and (self.publisher is not None or batch.num_steps > 1):
+      raise ValueError("structured_outputs: a constrained batch cannot run as a decode burst or "
+                       "on a multi-host job (its token bitmask comes after the forward)")
     if self.publisher is not None:
       self.publisher.publish(inputs)
     if batch.num_steps > 1:
-      handle = self._dispatch_burst(inputs, batch)
-    else:
-      programs = self.programs
-      self.kv_pages, logits, hidden = programs.forward(self.params, self.kv_pages,
-                                                       packed_model_inputs(inputs))
-      mode = SamplerMode.of(inputs.sampling)
-      sampled, padded = programs.sample(logits, pack(inputs.sampling), inputs.prev_sampled_ids,
-                                        mode)
-      prompt = None
-      if bool(inputs.sampling.want_prompt_logprobs):
-        prompt = programs.prompt_logprobs(self.params, hidden, inputs.prompt_target_ids)
-      handle = StepHandle(batch, sampled, padded, prompt, mode.top_logprobs)
+      return self._started(self._dispatch_burst(inputs, batch))
+    programs = self.programs
+    self.kv_pages, logits, hidden = programs.forward(self.params, self.kv_pages,
+                                                     packed_model_inputs(inputs))
+    prompt = None
+    if bool(inputs.sampling.want_prompt_logprobs):
+      prompt = programs.prompt_logprobs(self.params, hidden, inputs.prompt_target_ids)
+    pending = PendingSample(inputs, logits, prompt)
+    if deferred:
+      return StepHandle(batch, None, None, prompt, False, pending)
+    return self._sample(batch, pending)
+
+  def dispatch_sample(self, handle: StepHandle, batch: ScheduledBatch) -> StepHandle:
+    """Enqueues the sampler of a pending step: `batch` is the step's batch carrying its
+    constrained rows' TokenBitmask (ScheduledBatch.with_bitmask)."""
+    bitmask: TokenBitmask | None = batch.sampling.bitmask
+    if handle.pending is None or bitmask is None or batch.request_ids != handle.batch.request_ids:
+      raise ValueError("step: dispatch_sample needs a step dispatched without its bitmask and "
+                       "that step's batch with the bitmask")
+    pending = handle.pending
+    inputs = dataclasses.replace(pending.inputs,
+                                 sampling=with_token_bitmask(pending.inputs.sampling, bitmask))
+    return self._sample(batch, dataclasses.replace(pending, inputs=inputs))
+
+  def _sample(self, batch: ScheduledBatch, pending: PendingSample) -> StepHandle:
+    inputs = pending.inputs
+    mode = SamplerMode.of(inputs.sampling)
+    sampled, padded = self.programs.sample(pending.logits, pack(inputs.sampling),
+                                           inputs.prev_sampled_ids, mode)
+    return self._started(StepHandle(batch, sampled, padded, pending.prompt, mode.top_logprobs))
+
+  @staticmethod
+  def _started(handle: StepHandle) -> StepHandle:
     for array in handle.fetch_list():
       array.copy_to_host_async()
     return handle
@@ -166,6 +213,9 @@ class ModelRunner:
 
   def fetch(self, handle: StepHandle) -> StepOutput:
     """Waits for a dispatched step and returns its results on the host."""
+    if handle.pending is not None:
+      raise ValueError("step: fetch of a step whose sampler was never dispatched "
+                       "(dispatch_sample)")
     host = iter(jax.device_get(handle.fetch_list()))
     token_ids, logprobs = next(host), next(host)
     top = (next(host), next(host)) if handle.want_top else (None, None)

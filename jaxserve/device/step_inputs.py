@@ -8,6 +8,11 @@ bucket. Padding tokens write into the null page 0 and padding sequences have no 
 A decode token the previous step sampled but the host has not read yet (async scheduling: the
 scheduler's PLACEHOLDER_TOKEN_ID) is fed on device: prev_token_rows names the row of the
 previous step's sampled ids (`PreviousSamples`, a device array) that the step substitutes.
+
+The sampler's token bitmask (structured outputs, device/token_bitmask.py) is always a device
+array [S, ceil(vocab / 32)]: the runner's cached all-ones constant until a batch's TokenBitmask
+replaces it (`with_token_bitmask`), so the packed layout, and the compiled sampler, is the same
+for any mix of constrained and unconstrained sequences.
 """
 from __future__ import annotations
 
@@ -20,7 +25,8 @@ import numpy as np
 
 from jaxserve.attention.metadata import AttentionMetadata
 from jaxserve.messages.scheduled_batch import (PLACEHOLDER_TOKEN_ID, SAMPLING_ROW_WIDTH,
-                                               BatchSampling, ScheduledBatch)
+                                               BatchSampling, ScheduledBatch, TokenBitmask)
+from jaxserve.device.token_bitmask import bitmask_words
 from jaxserve.messages.buckets import Bucket
 
 NUM_BANNED_IDS = 8  # eos + stop_token_ids masked while min_tokens is not reached
@@ -47,6 +53,7 @@ class SamplingInputs:
   prompt_history: np.ndarray      # i32[S, H]: prompt ids, -1 padded (H = max_model_len)
   output_history: np.ndarray      # i32[S, H]: generated ids, -1 padded
   banned_ids: np.ndarray          # i32[S, NUM_BANNED_IDS]: ids masked to -inf, -1 padded
+  bitmask: jax.Array              # i32[S, ceil(V / 32)], device: allowed tokens, -1 = all
   any_random: np.ndarray          # bool[]: some row samples (temperature > 0)
   any_penalty: np.ndarray         # bool[]: some row uses penalties
   want_top_logprobs: np.ndarray   # bool[]: some row asked for top logprobs
@@ -84,13 +91,20 @@ class StepShape:
   page_size: int
   pages_per_seq: int
   history_len: int  # max_model_len: width of the penalty history when penalties are on
+  vocab_size: int   # the model's logits width (the token bitmask has ceil(vocab / 32) words)
+
+  @property
+  def bitmask_words(self) -> int:
+    return bitmask_words(self.vocab_size)
 
 
 def build_step_inputs(batch: ScheduledBatch, bucket: Bucket, shape: StepShape,
                       previous: PreviousSamples,
-                      empty_history: Callable[[int], np.ndarray] | None = None) -> StepInputs:
+                      empty_history: Callable[[int], np.ndarray] | None = None,
+                      all_allowed: Callable[[int], jax.Array] | None = None) -> StepInputs:
   """Pads `batch` to `bucket`. empty_history(S) supplies the [S, H] all -1 history used when no
-  request penalizes (the runner passes a cached device array, so nothing is transferred).
+  request penalizes, all_allowed(S) the [S, W] all-ones token bitmask (the runner passes cached
+  device arrays, so nothing is transferred; default: new device arrays).
   Placeholder tokens are taken from `previous`. Vectorized over sequences: each of the batch's
   columns becomes one array; only the sparse sampling extras are visited one by one."""
   num_slots, num_token_slots = bucket.num_seqs, bucket.num_tokens
@@ -141,7 +155,7 @@ def build_step_inputs(batch: ScheduledBatch, bucket: Bucket, shape: StepShape,
                     prompt_target_ids=prompt_targets, logits_indices=logits_indices,
                     metadata=metadata,
                     sampling=_sampling_inputs(batch.sampling, num_seqs, num_slots, shape,
-                                              empty_history))
+                                              empty_history, all_allowed))
 
 
 def _previous_rows(live_token_ids: np.ndarray, seq_of_token: np.ndarray,
@@ -161,8 +175,23 @@ def _previous_rows(live_token_ids: np.ndarray, seq_of_token: np.ndarray,
   return rows
 
 
+def with_token_bitmask(sampling: SamplingInputs, bitmask: TokenBitmask) -> SamplingInputs:
+  """`sampling` whose bitmask is `bitmask` (rows past its own are all ones), on device."""
+  num_slots, words = sampling.bitmask.shape
+  rows = bitmask.words
+  if rows.dtype != np.int32 or rows.ndim != 2 or rows.shape[1] != words \
+      or not 0 < rows.shape[0] <= num_slots:
+    raise ValueError(f"bitmask: expected int32 [<= {num_slots}, {words}], got {rows.dtype} "
+                     f"{rows.shape}")
+  if rows.shape[0] < num_slots:
+    padded = np.full((num_slots, words), -1, np.int32)                    # [S, W]
+    padded[:rows.shape[0]] = rows
+    rows = padded
+  return dataclasses.replace(sampling, bitmask=jax.device_put(rows))
+
+
 def _sampling_inputs(sampling: BatchSampling, num_seqs: int, num_slots: int, shape: StepShape,
-                     empty_history) -> SamplingInputs:
+                     empty_history, all_allowed) -> SamplingInputs:
   table = np.frombuffer(sampling.rows, np.float64).reshape(
       num_seqs, SAMPLING_ROW_WIDTH)                                       # [S live, 8]
   floats = np.zeros((num_slots, 6), np.float32)                          # [S, 6]
@@ -194,13 +223,16 @@ def _sampling_inputs(sampling: BatchSampling, num_seqs: int, num_slots: int, sha
   if penalized and empty_history is not None:  # same kind of leaf as the cached one
     prompt_history, output_history = jax.device_put((prompt_history, output_history))
   temperature = np.ascontiguousarray(floats[:, 0])
-  return SamplingInputs(
+  bitmask = (all_allowed(num_slots) if all_allowed is not None
+             else jax.device_put(np.full((num_slots, shape.bitmask_words), -1, np.int32)))
+  inputs = SamplingInputs(
       temperature=temperature, top_k=top_k, top_p=np.ascontiguousarray(floats[:, 1]),
       min_p=np.ascontiguousarray(floats[:, 2]), seeds=seeds, sample_index=sample_index,
       repetition_penalty=np.ascontiguousarray(floats[:, 3]),
       presence_penalty=np.ascontiguousarray(floats[:, 4]),
       frequency_penalty=np.ascontiguousarray(floats[:, 5]),
       prompt_history=prompt_history, output_history=output_history, banned_ids=banned,
-      any_random=np.array(bool((temperature[:num_seqs] > 0).any())),
+      bitmask=bitmask, any_random=np.array(bool((temperature[:num_seqs] > 0).any())),
       any_penalty=np.array(bool(penalized)), want_top_logprobs=np.array(want_top),
       want_prompt_logprobs=np.array(want_prompt))
+  return inputs if sampling.bitmask is None else with_token_bitmask(inputs, sampling.bitmask)

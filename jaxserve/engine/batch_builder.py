@@ -33,6 +33,7 @@ class BatchBuilder:
     self.sampling_rows: list[bytes] = []
     self.sample_index: list[int] = []
     self.extras: list[SamplingExtras] = []
+    self.bitmask_rows: list[int] = []
 
   def add_decodes(self, decodes: list[tuple[Request, int]]) -> None:
     """One-token sampling sequences: the per-sequence appends of _add, inlined."""
@@ -42,6 +43,8 @@ class BatchBuilder:
     token_ids, page_ids = self.token_ids, self.page_ids
     rows, sample_index = self.sampling_rows, self.sample_index
     for request, start in decodes:
+      if request.constrained:
+        self.bitmask_rows.append(len(request_ids))
       if not request.plain_sampling:
         self._add_extras(request, start, 1)
       request_ids.append(request.request_id)
@@ -53,6 +56,8 @@ class BatchBuilder:
       sample_index.append(request.num_generated)
 
   def add_prefill(self, request: Request, start: int, num_new: int, sample: bool) -> None:
+    if sample and request.constrained:
+      self.bitmask_rows.append(len(self.request_ids))
     if not request.plain_sampling:
       self._add_extras(request, start, num_new)
     self.request_ids.append(request.request_id)
@@ -83,7 +88,7 @@ class BatchBuilder:
 
   def build(self, preempted_ids: list[str], num_steps: int = 1) -> ScheduledBatch:
     sampling = BatchSampling(b"".join(self.sampling_rows), tuple(self.sample_index),
-                             tuple(self.extras))
+                             tuple(self.extras), tuple(self.bitmask_rows))
     return ScheduledBatch.from_columns(self.request_ids, self.starts, self.query_lens,
                                        self.sample, self.page_counts, self.token_ids,
                                        self.page_ids, preempted_ids, num_steps, sampling)

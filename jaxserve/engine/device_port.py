@@ -7,6 +7,9 @@ pads the batch (tokens still in flight taken from the step `previous` dispatched
 enqueues it and returns an opaque handle, fetch waits for the results. device/model_runner.py's
 ModelRunner is the implementation. A ProgramStatus says which buckets' programs are compiled:
 the engine pads each step to the smallest ready bucket that holds it and passes it to prepare.
+A batch with grammar-constrained rows (batch.sampling.bitmask_rows) is dispatched without its
+sampler, which dispatch_sample enqueues once the engine has filled the rows' TokenBitmask and
+attached it to the batch (ScheduledBatch.with_bitmask).
 """
 from __future__ import annotations
 
@@ -47,6 +50,9 @@ class StepRunner(Protocol[Prepared, Handle]):
     """The batch padded to `bucket` (the host's pick; None: the smallest that holds it)."""
 
   def dispatch(self, inputs: Prepared, batch: ScheduledBatch) -> Handle: ...
+
+  def dispatch_sample(self, handle: Handle, batch: ScheduledBatch) -> Handle:
+    """The sampler of a step dispatched without it; `batch` carries its TokenBitmask."""
 
   def fetch(self, handle: Handle) -> StepOutput: ...
 

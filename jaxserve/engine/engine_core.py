@@ -19,6 +19,15 @@ returns the outputs of the step before. A request that stopped at step N has com
 token in step N+1, which is dropped. Penalties need every generated id on the host, so a step
 whose batch holds a penalized request waiting for its in-flight token first completes the step
 in flight (synchronously).
+
+Structured outputs (engine/constraints.py, owned by the core: the tokenizer's grammar compiler
+validates a request's constraint in add_request, and each request's matcher lives in its
+RequestState, where sampling decisions are made): a step with grammar-constrained sequences is
+dispatched in two parts. The forward goes first; then the core takes the step before's tokens
+(each constrained sequence's matcher consumes its token), fills the constrained rows' token
+bitmask on the host while the device runs the forward, and dispatches the sampler with the mask
+in the step's batch. The mask's host time hides behind the forward unless it is longer
+(StepTimings: phase "bitmask"). Such a batch never runs as a decode burst (Request.can_burst).
 """
 from __future__ import annotations
 
@@ -29,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from jaxserve.engine.admission import check_length, check_token_ids
+from jaxserve.engine.constraints import Constraints, live_matcher
 from jaxserve.engine.core_messages import EngineCoreOutput, EngineCoreRequest
 from jaxserve.engine.device_port import CompileCounter, ProgramStatus, StepRunner
 from jaxserve.engine.engine_stats import EngineStats
@@ -109,8 +119,9 @@ class EngineCore:
   def __init__(self, *, runner: StepRunner, scheduler: Scheduler, allocator: PageAllocator,
                max_model_len: int, vocab_size: int, eos_token_ids: tuple[int, ...],
                ledger: CompileCounter, seed: int = 0, buckets: BucketSet | None = None,
-               programs: ProgramStatus | None = None):
+               programs: ProgramStatus | None = None, constraints: Constraints | None = None):
     self.runner = runner
+    self.constraints = constraints
     self.buckets = buckets
     self.programs: ProgramStatus = programs or _AllReady()
     self.scheduler = scheduler
@@ -150,6 +161,11 @@ class EngineCore:
       raise ValueError("prompt: must not be empty")
     check_token_ids(prompt_ids, self.vocab_size)
     check_length(len(prompt_ids), params.max_tokens, self.max_model_len)
+    matcher = None
+    if params.structured_outputs is not None:
+      if self.constraints is None:
+        raise ValueError("structured_outputs: this engine core has no grammar compiler")
+      matcher = self.constraints.matcher_for(params)  # a bad constraint: StructuredOutputError
     seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63 - 1))
     request = Request(request_id=request_id, prompt_token_ids=prompt_ids, sampling_params=params,
                       seed=seed, arrival_time=spec.arrival_time or time.monotonic(),
@@ -157,7 +173,7 @@ class EngineCore:
     self.scheduler.add_request(request)
     self._requests[request_id] = request
     self._states[request_id] = RequestState(request, self.max_model_len,
-                                            spec.stream or bool(params.stop))
+                                            spec.stream or bool(params.stop), matcher=matcher)
 
   def abort_request(self, request_id: str) -> bool:
     """Stops a request wherever it is; its pages return to the pool at once. Its last output
@@ -204,6 +220,14 @@ class EngineCore:
       mark = timings.add_phase("prepare", mark)
       handle = self.runner.dispatch(inputs, batch)
       mark = timings.add_phase("dispatch", mark)
+      if batch.sampling.bitmask_rows:  # the sampler waits for the constrained rows' mask
+        if previous is not None:
+          touched += self._complete(previous)
+          previous = None
+        mark = time.perf_counter()
+        bitmask = self.constraints.fill(batch, live_matcher(self._states), inputs.bucket.num_seqs)
+        handle = self.runner.dispatch_sample(handle, batch.with_bitmask(bitmask))
+        mark = timings.add_phase("bitmask", mark)
       current = _StepInFlight(batch, tuple(map(self._requests.__getitem__, batch.request_ids)),
                               handle, (inputs.bucket.num_seqs, inputs.bucket.num_tokens), mark)
       if self.async_scheduling:

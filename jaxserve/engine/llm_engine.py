@@ -13,6 +13,7 @@ import itertools
 import time
 
 from jaxserve.engine.admission import check_token_ids
+from jaxserve.engine.constraints import Constraints
 from jaxserve.engine.core_messages import EngineCoreRequest
 from jaxserve.engine.device_port import CompileCounter, ProgramStatus, StepRunner
 from jaxserve.engine.engine_core import EngineCore, StepTimings
@@ -39,7 +40,10 @@ class LLMEngine:
     self.core = EngineCore(runner=runner, scheduler=scheduler, allocator=allocator,
                            max_model_len=max_model_len, vocab_size=vocab_size,
                            eos_token_ids=eos_token_ids, ledger=ledger, seed=seed,
-                           buckets=buckets, programs=programs)
+                           buckets=buckets, programs=programs,
+                           constraints=Constraints(tokenizer, vocab_size,
+                                                   supported=runner.supports_async))
+    self.constraints = self.core.constraints
     self.processor = OutputProcessor(tokenizer)
     self.tokenizer = tokenizer
     self.runner, self.scheduler, self.allocator, self.ledger = runner, scheduler, allocator, ledger

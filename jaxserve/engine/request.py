@@ -16,6 +16,7 @@ class RequestStatus(enum.Enum):
   FINISHED_LENGTH = "length"
   FINISHED_ABORTED = "abort"
   FINISHED_ERROR = "error"
+  FINISHED_GRAMMAR_ERROR = "grammar_error"  # the grammar reached a dead end (structured outputs)
 
   @property
   def finished(self) -> bool:
@@ -108,10 +109,16 @@ class Request:
     return not (p.min_tokens or p.uses_penalties or p.logprobs is not None
                 or p.prompt_logprobs is not None)
 
+  @functools.cached_property
+  def constrained(self) -> bool:
+    """Whether a grammar constrains the sampled tokens (structured outputs)."""
+    return self.sampling_params.structured_outputs is not None
+
   def can_burst(self) -> bool:
     """Whether several decode steps may run in one dispatch for this request: its sampling
-    needs nothing that changes within a burst (penalty history, min_tokens bans) or that a burst
-    does not return (top-N logprobs)."""
+    needs nothing that changes within a burst (penalty history, min_tokens bans, a grammar's
+    mask, which the host computes from each sampled token) or that a burst does not return
+    (top-N logprobs)."""
     p = self.sampling_params
-    return not (p.uses_penalties or (p.logprobs or 0) > 0
+    return not (p.uses_penalties or (p.logprobs or 0) > 0 or self.constrained
                 or self.num_generated < p.min_tokens)

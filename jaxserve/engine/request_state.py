@@ -4,6 +4,12 @@ The scheduler owns a request's pages and progress; this owns what the core repor
 step: the new token ids and logprobs, and whether a stop token, max_tokens or max_model_len ended
 the request. Text (detokenization, stop strings) is the output processor's
 (engine/output_processor.py), wherever it runs. Pure Python.
+
+A constrained request (structured outputs) carries its grammar matcher, which consumes each
+appended token: a grammar at a dead end ends the request with "grammar_error" (never a hang);
+a complete grammar lets only eos through the next mask, so the request ends with "stop" on that
+eos (ignore_eos too), whose text, like any stop token's, is dropped; max_tokens still ends it
+with "length".
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from dataclasses import dataclass, field
 from jaxserve.engine.core_messages import EngineCoreOutput
 from jaxserve.engine.request import Request, RequestStatus
 from jaxserve.outputs import TokenLogprob
+from jaxserve.structured import GrammarState, SequenceMatcher
 
 
 @dataclass(eq=False)
@@ -30,6 +37,7 @@ class RequestState:
   _new_token_ids: list[int] = field(default_factory=list)
   _new_logprobs: list[TokenLogprob] = field(default_factory=list)
   _prompt_logprobs_sent: bool = False
+  matcher: SequenceMatcher | None = None  # the grammar of a constrained request
 
   def __post_init__(self) -> None:
     params = self.request.sampling_params
@@ -60,8 +68,22 @@ class RequestState:
       eos = not params.ignore_eos and token_id in request.eos_token_ids
       self.stop_reason = None if eos else token_id
       return RequestStatus.FINISHED_STOPPED
+    if self.matcher is not None:
+      status = self._advance_grammar(token_id)
+      if status is not None:
+        return status
     if num_output >= params.max_tokens or request.num_tokens >= self.max_model_len:
       return RequestStatus.FINISHED_LENGTH
+    return None
+
+  def _advance_grammar(self, token_id: int) -> RequestStatus | None:
+    """Consumes the token; the status the grammar ends the request with, if it does."""
+    matcher = self.matcher
+    if not matcher.consume([token_id]) or matcher.state is GrammarState.DEAD_END:
+      self.error = f"structured_outputs: the grammar reached a dead end: {matcher.error}"
+      return RequestStatus.FINISHED_GRAMMAR_ERROR
+    if matcher.state is GrammarState.FINISHED and token_id in self.request.eos_token_ids:
+      return RequestStatus.FINISHED_STOPPED  # eos under ignore_eos: the grammar still ends it
     return None
 
   def make_output(self) -> EngineCoreOutput:

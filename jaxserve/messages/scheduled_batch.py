@@ -11,14 +11,23 @@ creating an object per sequence. `ScheduledBatch.seqs` is the per-sequence view 
 built on first use; a batch can also be built from such a view. The sampling columns
 (`BatchSampling`) hold one fixed row per sequence plus sparse extras for the few sequences whose
 sampling needs more (banned ids, penalty history, prompt-logprob targets, top-N logprobs).
+
+Structured outputs: `BatchSampling.bitmask_rows` names the rows whose next token is constrained
+by a grammar. Their allowed-token mask depends on the token the step before sampled, so it is
+not known when the batch is scheduled: the engine dispatches the forward, fills the mask on the
+host while the device runs it, and sends it as a `TokenBitmask` for the sampler
+(`ScheduledBatch.with_bitmask`), the device side's only input that arrives after the batch.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 from array import array
 from dataclasses import dataclass
 from typing import Sequence
+
+import numpy as np
 
 
 SAMPLING_ROW_WIDTH = 8  # float64 values per sequence in BatchSampling.rows
@@ -38,17 +47,28 @@ class SamplingExtras:
 
 
 @dataclass(frozen=True)
+class TokenBitmask:
+  """The allowed tokens of each sequence slot for one step's sampler: token t of row s may be
+  sampled iff bit t % 32 of words[s, t // 32] is set. Rows cover the step's bucket (at least the
+  batch's sequences); a row of all ones (-1) is unconstrained (padding, unconstrained requests)."""
+  words: np.ndarray  # int32[num_rows, ceil(vocab / 32)]
+
+
+@dataclass(frozen=True)
 class BatchSampling:
   """The sampling columns of a batch.
 
   rows: SAMPLING_ROW_WIDTH native float64 values per sequence (temperature, top_p, min_p,
   repetition, presence and frequency penalties, top_k, 32-bit seed), joined; sample_index: tokens
   each sequence has generated so far (folded into its random key); extras: the sequences that need
-  more, by row.
+  more, by row; bitmask_rows: the sampling rows constrained by a grammar (their sampler waits for
+  a TokenBitmask), bitmask: that mask once filled.
   """
   rows: bytes
   sample_index: tuple[int, ...]
   extras: tuple[SamplingExtras, ...] = ()
+  bitmask_rows: tuple[int, ...] = ()
+  bitmask: TokenBitmask | None = None
 
   @classmethod
   def greedy(cls, num_seqs: int) -> BatchSampling:
@@ -118,6 +138,15 @@ class ScheduledBatch:
                        tuple(sample), tuple(page_counts), tuple(token_ids), tuple(page_ids),
                        tuple(preempted_request_ids), num_steps,
                        sampling or BatchSampling.greedy(len(request_ids)))
+    return batch
+
+  def with_bitmask(self, bitmask: TokenBitmask) -> ScheduledBatch:
+    """This batch with its constrained rows' mask (the columns are shared, not copied)."""
+    batch = ScheduledBatch.__new__(ScheduledBatch)
+    batch._set_columns(self.request_ids, self.start_positions, self.query_lens, self.sample,
+                       self.page_counts, self.token_ids, self.page_ids,
+                       self.preempted_request_ids, self.num_steps,
+                       dataclasses.replace(self.sampling, bitmask=bitmask))
     return batch
 
   def _set_columns(self, *columns) -> None:

@@ -7,6 +7,9 @@ the rest of the context: max_model_len - prompt tokens.
 Streaming opens each choice with a role chunk, then sends a chunk per engine step that produced
 the choice's tokens, `delta.content` empty while the detokenizer holds text back
 (server/stream_interval.py); the last carries the finish_reason.
+
+Tool calling: `tools` go to the chat template; server/tool_calls.py turns a choice's text into
+`tool_calls` (message or `delta.tool_calls`) with finish_reason "tool_calls".
 """
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ from jaxserve.server.logprobs import chat_logprobs
 from jaxserve.server.protocol import ChatRequest, parse_chat_request
 from jaxserve.server.state import ServingState, read_json
 from jaxserve.server.stream_interval import StepCoalescer
+from jaxserve.server.tool_calls import ChoiceStream, ToolCallFormatter
+from jaxserve.structured.tool_parsers import StreamDelta
 
 # Engine and template errors name "prompt" / "chat_template"; the request's field is messages.
 _RENAME = {"prompt": "messages", "chat_template": "messages"}
@@ -59,7 +64,8 @@ async def create_chat_completion(request: Request) -> Response:
 
 
 def _encode_chat(state: ServingState, parsed: ChatRequest) -> list[int]:
-  return state.tokenizer.encode_chat(list(parsed.messages), parsed.add_generation_prompt)
+  tools = [tool.to_openai() for tool in parsed.tools] or None
+  return state.tokenizer.encode_chat(list(parsed.messages), parsed.add_generation_prompt, tools)
 
 
 def _final_params(parsed: ChatRequest, num_prompt_tokens: int,
@@ -82,6 +88,8 @@ class ChatView:
     self.num_prompt_tokens = num_prompt_tokens
     self.created = int(time.time())
     self.index = {rid: i for i, rid in enumerate(request_ids)}
+    self.tools = ToolCallFormatter(parsed, state.config.tool_call_parser)
+    self._streams: dict[int, ChoiceStream] = {}
 
   def _envelope(self, choices: list[dict], obj: str) -> dict:
     return {"id": self.response_id, "object": obj, "created": self.created,
@@ -98,10 +106,12 @@ class ChatView:
 
   def response(self, finals: dict[str, RequestOutput]) -> dict:
     ordered = sorted(finals.items(), key=lambda item: self.index[item[0]])
-    choices = [{"index": self.index[rid],
-                "message": {"role": "assistant", "content": out.text},
-                "logprobs": self._logprobs(out.logprobs),
-                "finish_reason": out.finish_reason} for rid, out in ordered]
+    choices = []
+    for rid, out in ordered:
+      message = self.tools.final(out.text, out.finish_reason)
+      choices.append({"index": self.index[rid], "message": message.to_openai(),
+                      "logprobs": self._logprobs(out.logprobs),
+                      "finish_reason": message.finish_reason})
     body = self._envelope(choices, "chat.completion")
     body["usage"] = self.usage(sum(len(out.token_ids) for _, out in ordered))
     return body
@@ -115,9 +125,22 @@ class ChatView:
   def _delta_chunk(self, output: RequestOutput) -> str:
     """One output's tokens: their text (empty while held back) and logprobs, and the
     finish_reason when it is the last (an aborted choice's last may have no tokens: {})."""
-    delta = {"content": output.new_text} if output.new_token_ids else {}
+    index = self.index[output.request_id]
     logprobs = self._logprobs(output.new_logprobs) if output.new_token_ids else None
-    return self._chunk(self.index[output.request_id], delta, output.finish_reason, logprobs)
+    if self.tools.active:
+      return self._tool_chunks(index, output, logprobs)
+    delta = {"content": output.new_text} if output.new_token_ids else {}
+    return self._chunk(index, delta, output.finish_reason, logprobs)
+
+  def _tool_chunks(self, index: int, output: RequestOutput, logprobs: dict | None) -> str:
+    """The chunk of a choice whose text may hold tool calls; its last step gets a second chunk
+    with what the parser's final verdict adds and the finish_reason."""
+    stream = self._streams.setdefault(index, self.tools.stream())
+    chunks = self._chunk(index, _delta(stream.feed(output.new_text)), None, logprobs)
+    if output.finished:
+      last, finish_reason = stream.finish(output.finish_reason)
+      chunks += self._chunk(index, _delta(last), finish_reason)
+    return chunks
 
   async def events(self, stream: OutputStream) -> AsyncIterator[str]:
     observe = self.state.metrics.observer()
@@ -139,3 +162,10 @@ class ChatView:
     except EngineDeadError as err:  # the engine died, or the drain timeout ended the stream
       yield stream_error(err).sse_event()
     yield DONE_EVENT
+
+
+def _delta(delta: StreamDelta) -> dict:
+  out: dict = {"content": delta.content} if delta.content else {}
+  if delta.tool_calls:
+    out["tool_calls"] = [call.to_openai() for call in delta.tool_calls]
+  return out

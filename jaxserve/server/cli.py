@@ -25,6 +25,7 @@ import time
 
 from jaxserve.cli_args import add_engine_args, engine_config_from_args
 from jaxserve.server.launcher import default_api_server_count, serve_multiprocess
+from jaxserve.structured.tool_parsers import tool_parser_names
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,9 @@ def register(subparsers) -> None:
   group.add_argument("--api-server-count", type=int,
                      help="HTTP front-end processes beside the engine core process (default: one "
                      "per 4 CPU cores, 1 to 4); 0 serves from one process, the engine on a thread")
+  group.add_argument("--tool-call-parser", choices=tool_parser_names(),
+                     help="read tool calls from chat replies under tool_choice auto in this "
+                     "chat format (llama3_json: Llama 3.x; hermes: Hermes / Qwen <tool_call>)")
   group = parser.add_argument_group("parallel")
   group.add_argument("--distributed", action="store_true",
                      help="join a multi-host jax.distributed job (auto-detected on Cloud TPU VMs)")
@@ -58,7 +62,8 @@ def register(subparsers) -> None:
 def serve(args: argparse.Namespace) -> int:
   from jaxserve.parallel.multihost import initialize_distributed, is_worker
 
-  for flag in ("host", "port", "api_key", "served_model_name", "api_server_count"):
+  for flag in ("host", "port", "api_key", "served_model_name", "api_server_count",
+               "tool_call_parser"):
     value = getattr(args, flag)
     if value is not None:
       args.overrides.append(f"server.{flag}={json.dumps(value)}")

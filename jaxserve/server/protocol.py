@@ -4,13 +4,25 @@ Every check raises ValueError("field: message") with the body's field name, whic
 turn into a 400 whose `param` is that field. Unknown fields are ignored, as OpenAI-compatible
 servers do; `null` means "the default". vLLM's extensions (top_k, min_p, repetition_penalty,
 min_tokens, ignore_eos, stop_token_ids, ...) are accepted on both endpoints.
+
+Structured outputs: OpenAI's `response_format` and vLLM's `structured_outputs` (both endpoints)
+become SamplingParams.structured_outputs (jaxserve/structured/spec.py parses their shape; the
+engine validates the grammar itself at admission). Chat tool calling: `tools` and `tool_choice`
+(jaxserve/structured/tools.py); "required" or a named function becomes the constraint that forces
+the call, so it cannot be combined with another constraint. Messages keep what chat templates
+read for tool calling: an assistant's `tool_calls` (arguments parsed from their JSON text into
+objects, as vLLM hands them to templates) and a `tool` message's `tool_call_id` / `name`.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Mapping
 
 from jaxserve.sampling_params import MAX_LOGPROBS, SamplingParams
+from jaxserve.structured.spec import StructuredOutputError, StructuredOutputSpec, spec_from_request
+from jaxserve.structured.tools import (TOOL_CHOICE, ToolChoice, ToolChoiceMode, ToolFunction,
+                                       parse_tool_choice, parse_tools, tool_choice_constraint)
 
 Prompt = str | tuple[int, ...]
 DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -46,6 +58,13 @@ class ChatRequest:
   logprobs: bool
   top_logprobs: int | None
   add_generation_prompt: bool
+  tools: tuple[ToolFunction, ...] = ()
+  tool_choice: ToolChoice = ToolChoice(ToolChoiceMode.NONE)
+
+  @property
+  def forced_tool_calls(self) -> bool:
+    """tool_choice "required" or a named function: the output is the constrained calls."""
+    return self.tool_choice.mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED)
 
 
 def parse_completion_request(body: Mapping) -> CompletionRequest:
@@ -57,7 +76,8 @@ def parse_completion_request(body: Mapping) -> CompletionRequest:
   prompt_logprobs = logprobs if echo and logprobs is not None else None
   score_only = max_tokens == 0
   params = sampling_params(body, max_tokens=max(max_tokens, 1), logprobs=logprobs,
-                           prompt_logprobs=prompt_logprobs)
+                           prompt_logprobs=prompt_logprobs,
+                           structured_outputs=_constraint(body))
   stream, include_usage = _stream_flags(body)
   return CompletionRequest(prompts, params, stream, include_usage, echo, logprobs, score_only)
 
@@ -71,16 +91,30 @@ def parse_chat_request(body: Mapping, max_model_len: int) -> ChatRequest:
   top_logprobs = _optional_int(body, "top_logprobs", minimum=0, maximum=MAX_LOGPROBS)
   if top_logprobs is not None and not logprobs:
     raise ValueError("top_logprobs: requires logprobs to be true")
+  tools = parse_tools(body.get("tools"))
+  tool_choice = parse_tool_choice(body.get("tool_choice"), tools)
+  constraint = _constraint(body)
+  forced = tool_choice_constraint(tools, tool_choice, _bool(body, "parallel_tool_calls", True))
+  if forced is not None:
+    if constraint is not None:
+      raise StructuredOutputError(TOOL_CHOICE, f"{tool_choice.mode.value!r} cannot be combined "
+                                  "with response_format or structured_outputs")
+    constraint = forced
   params = sampling_params(body, max_tokens=max_tokens or max_model_len,
                            logprobs=(top_logprobs or 0) if logprobs else None,
-                           prompt_logprobs=None)
+                           prompt_logprobs=None, structured_outputs=constraint)
   stream, include_usage = _stream_flags(body)
   return ChatRequest(messages, params, max_tokens, stream, include_usage, logprobs, top_logprobs,
-                     _bool(body, "add_generation_prompt", True))
+                     _bool(body, "add_generation_prompt", True), tools, tool_choice)
+
+
+def _constraint(body: Mapping) -> StructuredOutputSpec | None:
+  return spec_from_request(body.get("response_format"), body.get("structured_outputs"))
 
 
 def sampling_params(body: Mapping, *, max_tokens: int, logprobs: int | None,
-                    prompt_logprobs: int | None) -> SamplingParams:
+                    prompt_logprobs: int | None,
+                    structured_outputs: StructuredOutputSpec | None = None) -> SamplingParams:
   kwargs: dict = {name: body[name] for name in _SAMPLING_FIELDS if body.get(name) is not None}
   for name in _BOOL_FIELDS:
     if body.get(name) is not None:
@@ -91,7 +125,7 @@ def sampling_params(body: Mapping, *, max_tokens: int, logprobs: int | None,
   kwargs["stop"] = parse_stop(body.get("stop"))
   kwargs["stop_token_ids"] = _int_list(body, "stop_token_ids")
   return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                        **kwargs)
+                        structured_outputs=structured_outputs, **kwargs)
 
 
 def parse_prompts(value: object) -> tuple[Prompt, ...]:
@@ -115,15 +149,46 @@ def parse_prompts(value: object) -> tuple[Prompt, ...]:
 
 
 def parse_messages(value: object) -> tuple[dict, ...]:
-  """Chat messages as {role, content: str}; text content parts are joined."""
+  """Chat messages as {role, content: str} (text content parts joined), plus an assistant's
+  tool_calls and a tool message's tool_call_id and name."""
   if not isinstance(value, list) or not value:
     raise ValueError("messages: must be a non-empty list of {role, content} objects")
   messages = []
   for i, message in enumerate(value):
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
       raise ValueError(f"messages[{i}]: must be an object with a string `role`")
-    messages.append({"role": message["role"], "content": _content(message.get("content"), i)})
+    parsed = {"role": message["role"], "content": _content(message.get("content"), i)}
+    for key in ("tool_call_id", "name"):
+      if message.get(key) is not None:
+        if not isinstance(message[key], str):
+          raise ValueError(f"messages[{i}].{key}: must be a string")
+        parsed[key] = message[key]
+    if message.get("tool_calls") is not None:
+      parsed["tool_calls"] = _tool_calls(message["tool_calls"], f"messages[{i}].tool_calls")
+    messages.append(parsed)
   return tuple(messages)
+
+
+def _tool_calls(value: object, name: str) -> list[dict]:
+  """An assistant message's tool calls, arguments as objects (what chat templates expect)."""
+  if not isinstance(value, list):
+    raise ValueError(f"{name}: must be a list of tool calls")
+  calls = []
+  for j, call in enumerate(value):
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+      raise ValueError(f"{name}[{j}].function: must be an object with a string `name`")
+    arguments = function.get("arguments", "{}")
+    if isinstance(arguments, str):
+      try:
+        arguments = json.loads(arguments or "{}")
+      except json.JSONDecodeError as err:
+        raise ValueError(f"{name}[{j}].function.arguments: not valid JSON: {err}") from err
+    if not isinstance(arguments, dict):
+      raise ValueError(f"{name}[{j}].function.arguments: must be a JSON object")
+    calls.append({"id": call.get("id"), "type": "function",
+                  "function": {"name": function["name"], "arguments": arguments}})
+  return calls
 
 
 def parse_stop(value: object) -> tuple[str, ...]:

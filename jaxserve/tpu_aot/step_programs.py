@@ -162,7 +162,7 @@ def step_programs(shape: ServerShape, num_pages: int) -> list[StepProgram]:
   buckets = BucketSet.from_config(config.scheduler)
   page_size = config.cache.page_size
   step_shape = StepShape(page_size, math.ceil(shape.max_model_len / page_size),
-                         shape.max_model_len)
+                         shape.max_model_len, shape.model_config.vocab_size)
   lowering = _Lowering(programs, params, kv_pages, buckets, step_shape, shape.model_config)
   weights = shape.weight_bytes_per_chip
   pool = num_pages * shape.page_bytes_per_chip

@@ -14,6 +14,7 @@ from transformers.generation import logits_process as hf
 from jaxserve.device.sampler import (SamplerMode, _filter_top_k_top_p_min_p, apply_penalties,
                                       mask_banned, sample)
 from jaxserve.device.step_inputs import NUM_BANNED_IDS, SamplingInputs
+from jaxserve.device.token_bitmask import bitmask_words
 from jaxserve.kernels.greedy_sample.gpu import greedy_sample
 
 VOCAB = 64
@@ -30,6 +31,7 @@ def make_inputs(num_rows: int, history_len: int = 8, **overrides) -> SamplingInp
       prompt_history=np.full((num_rows, history_len), -1, np.int32),
       output_history=np.full((num_rows, history_len), -1, np.int32),
       banned_ids=np.full((num_rows, NUM_BANNED_IDS), -1, np.int32),
+      bitmask=np.full((num_rows, bitmask_words(VOCAB)), -1, np.int32),
       any_random=np.array(False), any_penalty=np.array(False),
       want_top_logprobs=np.array(False), want_prompt_logprobs=np.array(False))
   fields.update(overrides)

@@ -51,7 +51,7 @@ def _abstract_step(mesh):
     shardings = StepShardings(jax.tree.map(lambda x: x.sharding, params),
                               tuple((kv_sharding, kv_sharding) for _ in kv_pages),
                               logits_sharding(params, mesh), replicated(mesh))
-  shape = StepShape(PAGE_SIZE, NUM_PAGES, PAGE_SIZE * NUM_PAGES)
+  shape = StepShape(PAGE_SIZE, NUM_PAGES, PAGE_SIZE * NUM_PAGES, config.vocab_size)
   previous = PreviousSamples(np.zeros(BUCKET.num_seqs, np.int32), {})
   inputs = build_step_inputs(ScheduledBatch(), BUCKET, shape, previous)
   return model, shardings, params, kv_pages, inputs
@@ -98,7 +98,7 @@ def test_standalone_dummy_inputs_pack_as_the_runners():
                      NUM_PAGES, config.dtype)
   model = LlamaForCausalLM(config, get_attention_backend("xla"))
   buckets = BucketSet((2, 4), (8, 16))
-  shape = StepShape(PAGE_SIZE, NUM_PAGES, PAGE_SIZE * NUM_PAGES)
+  shape = StepShape(PAGE_SIZE, NUM_PAGES, PAGE_SIZE * NUM_PAGES, config.vocab_size)
   runner = ModelRunner(model, tiny_random_params(config), allocate_kv_pages(spec), buckets,
                        shape, build_step_programs(model))
   for bucket in buckets.all():

@@ -78,5 +78,7 @@ def test_step_inputs_round_trip_through_the_codec():
     theirs = np.asarray(theirs)
     assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
     np.testing.assert_array_equal(ours, theirs)
-  # no previous samples (the largest seq bucket's zeros), then the two penalty histories
-  assert constants == [((4,), np.dtype(np.int32), 0)] + [((4, 64), np.dtype(np.int32), -1)] * 2
+  # no previous samples (the largest seq bucket's zeros), the two penalty histories, then the
+  # all-ones token bitmask (512 tokens: 16 words)
+  assert constants == ([((4,), np.dtype(np.int32), 0)] + [((4, 64), np.dtype(np.int32), -1)] * 2
+                       + [((4, 16), np.dtype(np.int32), -1)])

@@ -56,6 +56,21 @@ def test_openai_client_example(served):
   assert len(eval(scored)) > 1
 
 
+def test_structured_outputs_example(served):
+  """The structured-outputs block runs after the client block, in its namespace."""
+  (setup,) = [block for block in _blocks("python") if "OpenAI(" in block]
+  (source,) = [block for block in _blocks("python") if "completions.parse(" in block]
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    namespace: dict = {}
+    exec(compile(setup.replace(DOC_URL, served.url), str(DOC), "exec"), namespace)
+    exec(compile(source, str(DOC), "exec", dont_inherit=True), namespace)
+  lines = out.getvalue().splitlines()
+  assert lines[-3].startswith("name=") and re.fullmatch(r"[0-9]{3}-[0-9]{4}", lines[-2])
+  name, arguments = lines[-1].split(" ", 1)
+  assert name == "get_weather" and isinstance(json.loads(arguments)["city"], str)
+
+
 def _jaxserve_commands() -> list[str]:
   """Every `jaxserve ...` command line of README.md (continuations joined, comments dropped)."""
   text = DOC.read_text().replace("\\\n", " ")
