@@ -120,7 +120,8 @@ def weight_read(model: str) -> dict:
 
 def start_server(args, count: int | None, log_path: Path) -> subprocess.Popen:
   command = [sys.executable, "-m", "jaxserve.cli", "serve", args.model, *_engine_flags(args),
-             "--host", "127.0.0.1", "--port", str(args.port), "--log-level", "WARNING"]
+             "--host", "127.0.0.1", "--port", str(args.port), "--log-level", "WARNING",
+             "--warmup", "full"]  # steady state: /health only once every bucket is compiled
   if count is not None:
     command += ["--api-server-count", str(count)]
   process = subprocess.Popen(command, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
