@@ -149,6 +149,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
         TAIL=${INV_TAIL:-95} step invariance_${m}_$mode python3 -m jaxserve.bench.batch_invariance \
           --model /tmp/llama$m --config configs/h100.yaml --batch-invariant $mode --num-probes 8 \
           --num-tokens 128 --num-others 200 --set compilation_cache_dir=/tmp/xla-cache-inv \
+          --components "${INV_COMPONENTS:-on}" \
           --out "$OUT/invariance_${m}_$mode.json"
       done; done ;;
     svo8b_warm)  # fills the compilation cache for svo8b (a cold start compiles for ~3 min)
