@@ -50,6 +50,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
       tokens=8192; seqs="[64,512]"; xla=""; engine=(--set scheduler.max_num_seqs=512)
       IFS=+ read -ra opts <<< "${s#*+}"
       for o in "${opts[@]}"; do case $o in
+        bi) engine+=(--set batch_invariant=true) ;;
         t*) tokens=${o#t} ;; b*) engine+=(--set scheduler.num_scheduler_steps=${o#b}) ;;
         sb) seqs="[64,128,256,512]" ;; xla) engine+=(--set gpu_gemm=xla) ;;
         nomerge) xla="$xla --xla_disable_hlo_passes=dot_merger" ;;
@@ -57,7 +58,6 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
         nofuse) engine+=(--set fuse_projections=false) ;;
         cb) engine+=(--set gpu_gemm=cublas) ;; xs) engine+=(--set sampler_backend=xla) ;;
         pf) engine+=(--set scheduler.prefill_first=true) ;;
-        bi) engine+=(--set batch_invariant=true) ;;
         esac; done
       engine+=(--set scheduler.max_num_batched_tokens=$tokens --set "scheduler.seq_buckets=$seqs"
                --set "scheduler.token_buckets=[512,2048,$tokens]")
