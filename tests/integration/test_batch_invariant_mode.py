@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from jaxserve.attention import backends
 from jaxserve.sampling_params import SamplingParams
-from tests.integration.engine_helpers import run_to_completion, small_engine
+from tests.integration.engine_helpers import interpreted_backend, run_to_completion, small_engine
 from tests.models.hf_checkpoints import build_hf_checkpoint
 
 PROBE = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, logprobs=0)
@@ -29,15 +29,6 @@ def compositions(max_mates: int, max_new: int, chunks: tuple[int, ...]):
   return st.fixed_dictionaries({
       "probe_len": st.integers(20, 50), "mates": mates, "chunk": st.sampled_from(chunks),
       "share_prefix": st.booleans(), "seed": st.integers(0, 99)})
-
-
-def _interpreted(module_name: str) -> backends.AttentionBackend:
-  module = __import__(f"jaxserve.kernels.ragged_paged_attention.{module_name}",
-                      fromlist=["ragged_paged_attention"])
-  return backends.AttentionBackend(
-      f"pallas_{module_name} (interpret)",
-      functools.partial(module.ragged_paged_attention, interpret=True),
-      functools.partial(module.write_kv, interpret=True))
 
 
 @functools.lru_cache(maxsize=None)
@@ -122,5 +113,5 @@ def monkeypatch_factories():
   with pytest.MonkeyPatch.context() as patch:
     for kernel in ("gpu", "tpu"):
       patch.setitem(backends._FACTORIES, f"pallas_{kernel}",
-                    lambda kernel=kernel: _interpreted(kernel))
+                    lambda kernel=kernel: interpreted_backend(kernel))
     yield

@@ -7,25 +7,15 @@ run to max_model_len, the block table's last position. The same holds for the GP
 sampling kernel in place of XLA's argmax and logsumexp."""
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 import pytest
 
 from jaxserve.attention import backends
 from jaxserve.sampling_params import SamplingParams
-from tests.integration.engine_helpers import run_to_completion, small_engine
+from tests.integration.engine_helpers import interpreted_backend, run_to_completion, small_engine
 
 MAX_MODEL_LEN = 80  # 5 pages of 16
-
-
-def _interpreted(module_name: str) -> backends.AttentionBackend:
-  module = __import__(f"jaxserve.kernels.ragged_paged_attention.{module_name}",
-                      fromlist=["ragged_paged_attention"])
-  return backends.AttentionBackend(
-      f"pallas_{module_name} (interpret)",
-      functools.partial(module.ragged_paged_attention, interpret=True),
-      functools.partial(module.write_kv, interpret=True))
 
 
 def _generate(backend_name: str, sampler_backend: str = "xla") -> dict:
@@ -55,7 +45,7 @@ def xla_outputs():
 
 @pytest.mark.parametrize("kernel", ["gpu", "tpu"])
 def test_kernel_engine_matches_the_xla_path(kernel, xla_outputs, monkeypatch):
-  monkeypatch.setitem(backends._FACTORIES, f"pallas_{kernel}", lambda: _interpreted(kernel))
+  monkeypatch.setitem(backends._FACTORIES, f"pallas_{kernel}", lambda: interpreted_backend(kernel))
   outputs = _generate(f"pallas_{kernel}")
   assert outputs.keys() == xla_outputs.keys()
   for request_id, (tokens, logprobs) in xla_outputs.items():
