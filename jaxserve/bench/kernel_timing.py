@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxserve.bench.device_trace import capture_trace, summarize_trace, total_device_us
+from jaxserve.bench.timing import median_seconds
 
 
 @dataclass(frozen=True)
@@ -145,13 +146,7 @@ def unrolled_program(fn, batch: Batch, inner: int):
 def _program_seconds(fn, batch: Batch, *, inner: int, reps: int) -> float:
   """Median seconds of one unrolled program of `inner` calls, dispatch and sync included."""
   program, args = unrolled_program(fn, batch, inner)
-  jax.block_until_ready(program(*args))
-  samples = []
-  for _ in range(reps):
-    start = time.perf_counter()
-    jax.block_until_ready(program(*args))
-    samples.append(time.perf_counter() - start)
-  return statistics.median(samples)
+  return median_seconds(program, *args, reps=reps)
 
 
 def _time_unrolled(fn, batch: Batch, *, inner: int, reps: int) -> float:

@@ -31,17 +31,11 @@ from jaxserve.sampling_params import SamplingParams
 from jaxserve.bench.device_trace import (capture_trace, kernel_table_json, print_kernel_table,
                                          summarize_trace, total_device_us)
 from jaxserve.bench.hlo_ops import describe, instructions
+from jaxserve.bench.timing import median_seconds
 
 
 def timed(fn, *args, reps: int = 20, **kwargs) -> float:
-  fn = functools.partial(fn, **kwargs)
-  jax.block_until_ready(fn(*args))
-  samples = []
-  for _ in range(reps):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    samples.append(time.perf_counter() - start)
-  return 1e3 * statistics.median(samples)
+  return 1e3 * median_seconds(functools.partial(fn, **kwargs), *args, reps=reps)
 
 
 def timed_forward(fn, runner, inputs, reps: int = 20) -> float:
