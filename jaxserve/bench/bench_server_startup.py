@@ -24,9 +24,6 @@ import json
 import os
 import random
 import re
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +31,7 @@ from pathlib import Path
 
 import httpx
 
+from jaxserve.bench.server_process import ServerProcess
 from jaxserve.tools.json_file import write_json
 
 PROBE = {"prompt": "The quick brown fox jumps over the lazy dog. " * 4, "max_tokens": 24,
@@ -68,88 +66,24 @@ def parse_args(argv=None) -> argparse.Namespace:
   return parser.parse_args(argv)
 
 
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+def start_server(args: argparse.Namespace, cache_dir: str, log_path: Path) -> ServerProcess:
+  """`jaxserve serve` with the benchmark's engine flags and compilation cache."""
+  flags = ["--max-model-len", str(args.max_model_len), "--set", f"compilation_cache_dir={cache_dir}"]
+  flags += ["--config", args.config] if args.config else []
+  for override in args.overrides:
+    flags += ["--set", override]
+  return ServerProcess(args.model, flags, log_path)
 
 
-class Server:
-  """One `jaxserve serve` subprocess, its log in a file."""
-
-  def __init__(self, args: argparse.Namespace, cache_dir: str, log_path: Path):
-    self.port = free_port()
-    self.url = f"http://127.0.0.1:{self.port}"
-    self.log_path = log_path
-    command = [sys.executable, "-m", "jaxserve.cli", "serve", "--model", args.model,
-               "--max-model-len", str(args.max_model_len), "--port", str(self.port),
-               "--host", "127.0.0.1", "--set", f"compilation_cache_dir={cache_dir}"]
-    command += ["--config", args.config] if args.config else []
-    for override in args.overrides:
-      command += ["--set", override]
-    self.model = ""
-    self.start = time.monotonic()
-    self.log = open(log_path, "w")
-    self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
-
-  def since_start(self) -> float:
-    return time.monotonic() - self.start
-
-  def wait_healthy(self, timeout: float) -> float:
-    while self.since_start() < timeout:
-      if self.process.poll() is not None:
-        raise RuntimeError(f"server exited ({self.process.returncode}):\n{self.tail()}")
-      try:
-        if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
-          ready = self.since_start()
-          self.model = httpx.get(f"{self.url}/v1/models").json()["data"][0]["id"]
-          return ready
-      except httpx.HTTPError:
-        pass
-      time.sleep(0.1)
-    raise RuntimeError(f"no /health 200 within {timeout} s:\n{self.tail()}")
-
-  def metrics(self) -> dict[str, float]:
-    text = httpx.get(f"{self.url}/metrics", timeout=10.0).text
-    return {m.group(1): float(m.group(2))
-            for m in re.finditer(r"^(\w+) ([-\d.e+]+)$", text, re.M)}
-
-  def wait_compiled(self, timeout: float) -> float:
-    while self.since_start() < timeout:
-      values = self.metrics()
-      if values.get("jaxserve_step_programs_compiled", -1) >= values.get(
-          "jaxserve_step_programs_total", 0):
-        return self.since_start()
-      time.sleep(0.5)
-    raise RuntimeError(f"step programs not all compiled within {timeout} s")
-
-  def complete(self, body: dict) -> tuple[str, float]:
-    start = time.monotonic()
-    response = httpx.post(f"{self.url}/v1/completions", json={"model": self.model, **body},
-                          timeout=600.0)
-    response.raise_for_status()
-    return response.json()["choices"][0]["text"], time.monotonic() - start
-
-  def tail(self, lines: int = 30) -> str:
-    self.log.flush()
-    return "\n".join(self.log_path.read_text().splitlines()[-lines:])
-
-  def stop(self) -> None:
-    self.process.send_signal(signal.SIGTERM)
-    try:
-      self.process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-      self.process.kill()
-    self.log.close()
-
-  def log_facts(self) -> dict[str, str]:
-    text = self.log_path.read_text()
-    facts = {}
-    for name, pattern in LOG_FACTS.items():
-      found = re.findall(pattern, text)
-      if found:
-        facts[name] = found[-1] if name != "weights" else found[0]
-    return facts
+def log_facts(log_path: Path) -> dict[str, str]:
+  """What the server's log says of weights, KV pool, buckets and compilation (LOG_FACTS)."""
+  text = log_path.read_text()
+  facts = {}
+  for name, pattern in LOG_FACTS.items():
+    found = re.findall(pattern, text)
+    if found:
+      facts[name] = found[-1] if name != "weights" else found[0]
+  return facts
 
 
 def random_request(rng: random.Random, vocab: int, max_prompt: int, max_output: int) -> dict:
@@ -192,8 +126,9 @@ async def mixed_workload(url: str, model: str, seconds: float, concurrency: int,
   return counts
 
 
-def start_phase(args: argparse.Namespace, cache_dir: str, log_path: Path) -> tuple[Server, dict]:
-  server = Server(args, cache_dir, log_path)
+def start_phase(args: argparse.Namespace, cache_dir: str,
+                log_path: Path) -> tuple[ServerProcess, dict]:
+  server = start_server(args, cache_dir, log_path)
   result = {"health_200_s": server.wait_healthy(args.compile_timeout_s)}
   result["probe_text"], seconds = server.complete(PROBE)
   result["first_request_done_s"], result["first_request_s"] = server.since_start(), seconds
@@ -225,7 +160,7 @@ def main(argv=None) -> int:
                                          - before)
   finally:
     server.stop()
-  fresh["log"] = server.log_facts()
+  fresh["log"] = log_facts(server.log_path)
   report["fresh"] = fresh
 
   server, warm = start_phase(args, cache_dir, out_dir / "server_restart.log")
@@ -234,7 +169,7 @@ def main(argv=None) -> int:
       warm["all_compiled_s"] = server.wait_compiled(args.compile_timeout_s)
   finally:
     server.stop()
-  warm["log"] = server.log_facts()
+  warm["log"] = log_facts(server.log_path)
   warm["same_probe_text"] = warm["probe_text"] == fresh["probe_text"]
   report["restart"] = warm
   print(format_table(report))

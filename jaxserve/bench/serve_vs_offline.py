@@ -27,18 +27,17 @@ import json
 import math
 import multiprocessing
 import os
-import signal
 import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import httpx
 
 from jaxserve.bench.bench_serve import ServeBenchConfig, run_requests
 from jaxserve.bench.datasets import random_requests
 from jaxserve.bench.latency_stats import format_table, summarize
+from jaxserve.bench.server_process import ServerProcess
 from jaxserve.tools.json_file import write_json
 
 MODES = {"multi-process": None, "single-process": 0}
@@ -118,34 +117,19 @@ def weight_read(model: str) -> dict:
   return result
 
 
-def start_server(args, count: int | None, log_path: Path) -> subprocess.Popen:
-  command = [sys.executable, "-m", "jaxserve.cli", "serve", args.model, *_engine_flags(args),
-             "--host", "127.0.0.1", "--port", str(args.port), "--log-level", "WARNING",
-             "--warmup", "full"]  # steady state: /health only once every bucket is compiled
+def start_server(args, count: int | None, log_path: Path) -> ServerProcess:
+  """The server of one mode, healthy once every bucket is compiled (`--warmup full`: the
+  steady state; background compilation would pad the first steps)."""
+  flags = [*_engine_flags(args), "--log-level", "WARNING", "--warmup", "full"]
   if count is not None:
-    command += ["--api-server-count", str(count)]
-  process = subprocess.Popen(command, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
-  deadline = time.monotonic() + args.start_timeout_s
-  while time.monotonic() < deadline:
-    if process.poll() is not None:
-      raise RuntimeError(f"the server exited with {process.returncode}; see {log_path}")
-    try:
-      if httpx.get(f"http://127.0.0.1:{args.port}/health", timeout=1).status_code == 200:
-        return process
-    except httpx.TransportError:
-      pass
-    time.sleep(0.5)
-  process.kill()
-  raise RuntimeError(f"the server did not become healthy in {args.start_timeout_s} s")
-
-
-def stop_server(process: subprocess.Popen) -> int:
-  process.send_signal(signal.SIGTERM)
+    flags += ["--api-server-count", str(count)]
+  server = ServerProcess(args.model, flags, log_path, port=args.port)
   try:
-    return process.wait(120)
-  except subprocess.TimeoutExpired:
-    process.kill()
-    return process.wait(10)
+    server.wait_healthy(args.start_timeout_s)
+  except RuntimeError:
+    server.stop(timeout=10)
+    raise
+  return server
 
 
 def _vocabulary(model: str) -> tuple[str, list[int]]:
@@ -251,15 +235,13 @@ def main(argv=None) -> int:
             "offline": run_offline(args, out_dir), "weight_read": weight_read(args.model),
             "servers": {}}
   name, pool = _vocabulary(args.model)
-  url = f"http://127.0.0.1:{args.port}"
   for mode in args.modes.split(","):
     count = MODES[mode] if mode != "multi-process" else args.api_server_count
-    process = start_server(args, count, out_dir / f"serve_{mode}.log")
+    server = start_server(args, count, out_dir / f"serve_{mode}.log")
     try:
-      served = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
-      result["servers"][mode] = bench_server(args, url, served, pool)
+      result["servers"][mode] = bench_server(args, server.url, server.model, pool)
     finally:
-      result["servers"].get(mode, {})["exit_code"] = stop_server(process)
+      result["servers"].get(mode, {})["exit_code"] = server.stop()
     write_json(out_dir / "serve_vs_offline.json", result)  # what is done survives a cut run
   write_json(out_dir / "serve_vs_offline.json", result)
   plots.sweep_curves({mode: s["sweep"] for mode, s in result["servers"].items()},
