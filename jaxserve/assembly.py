@@ -92,7 +92,7 @@ def build_device(config: EngineConfig, *,
                     model_config.vocab_size)
   free_bytes = None
   planned = kv_budget_bytes(config.cache.memory_fraction, device_weight_bytes(params),
-                            scratch_measured=placement.mesh is None)
+                            packed=placement.model.packed, scratch_measured=placement.mesh is None)
   if planned is not None:
     free_bytes, memory = planned
     scratch = 0

@@ -95,6 +95,9 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
         --config configs/h100.yaml --max-model-len 2048 --workload-s "${WORKLOAD_S:-120}" \
         --out "$OUT/server_startup.json"
       cp "$OUT"/server_fresh.log "$OUT"/server_restart.log "$LOGS"/ 2>/dev/null ;;
+    startup8b)  # issue 16: weight loads in both memory layouts (holes), the KV pool h100.yaml gets
+      TAIL=16 step startup8b python3 -m jaxserve.bench.bench_startup --model /tmp/llama8b \
+        --config configs/h100.yaml --max-model-len 2048 --load-runs 1 --out "$OUT/bench_startup.json" ;;
     sampler_modes) TAIL=14 step sampler_modes python3 -m jaxserve.bench.bench_sampler_modes \
         --rows 256 --vocab 128256 --out "$OUT/sampler_modes.json" ;;
     model8b) [ -f /tmp/llama8b/config.json ] || step model8b python3 -c \

@@ -37,7 +37,9 @@ from jaxserve.tools.json_file import write_json
 PROBE = {"prompt": "The quick brown fox jumps over the lazy dog. " * 4, "max_tokens": 24,
          "temperature": 0.0, "ignore_eos": True}
 LOG_FACTS = {
-    "weights": r"(\d+\.\d+ GB in \d+\.\d+ s \(\d+\.\d+ GB/s\))",
+    "weights": r"(\d+\.\d+ GB in \d+\.\d+ s \(\d+\.\d+ GB/s[^)]*\))",
+    "after_weights": r"device memory: (largest free block .*)",
+    "kv_budget": r"device memory: (.* loader slack, .*)",
     "kv_cache": r"KV cache: (\d+ pages of \d+ tokens \([^)]*\))",
     "buckets": r"buckets: (.*)",
     "warmup_first": r"warmup: (\d+ of \d+ programs compiled in [\d.]+ s)",
@@ -188,7 +190,9 @@ def format_table(report: dict) -> str:
           ("fresh: every program compiled", f"{fresh['all_compiled_s']:.1f} s"),
           ("fresh: probe text unchanged once all compiled",
            str(fresh["probe_text"] == fresh["probe_text_all_compiled"])),
-          ("weights", load.get("weights", "?")), ("KV cache", load.get("kv_cache", "?")),
+          ("weights", load.get("weights", "?")),
+          ("device memory after loading", load.get("after_weights", "?")),
+          ("KV cache", load.get("kv_cache", "?")),
           ("warmup (first bucket)", load.get("warmup_first", "?")),
           ("background", load.get("background", "?")),
           ("workload", f"{fresh['workload']['seconds']:.0f} s, {fresh['workload']['ok']} ok, "

@@ -8,7 +8,8 @@
 torch CUDA context is gone before jax starts) unless the directory already holds one. The client
 memory fraction is set from the config before jax starts (jaxserve/device/device_memory.py), as
 `jaxserve serve` does. Steps: the checkpoint files are read once (page cache warm, unless
---cold), the weights are loaded --load-runs times (each timed alone, arrays ready), then
+--cold), the weights are loaded --load-runs times (each timed alone, arrays ready; a one-device
+safetensors checkpoint once per memory layout per run, with the holes each leaves), then
 `assembly.build_device` loads them once more and sizes the KV pool as the server would, then (--warmup full)
 every bucket is compiled. Prints a short table and one JSON object (also written to --out).
 Imports nothing from jaxserve.server (runs without starlette/uvicorn).
@@ -69,28 +70,62 @@ def read_files(directory: Path) -> dict:
 
 
 def time_weight_loads(config, runs: int) -> list[dict]:
-  """Loads the weights `runs` times as the engine does (sharded when tensor-parallel)."""
+  """Loads the weights `runs` times as the engine does (sharded when tensor-parallel); on one
+  device a safetensors checkpoint is loaded in each memory layout in turn (packed, streaming),
+  with what each leaves free: the allocator's largest free block and the holes beside it."""
   import jax
 
   from jaxserve.models.registry import load_model
   results = []
-  for _ in range(runs):
+  layouts = ["packed", "streaming"] if _one_device_safetensors(config) else [None]
+  for run in range(runs * len(layouts)):
+    layout = layouts[run % len(layouts)]
     start = time.perf_counter()
     if config.tensor_parallel_size > 1:
       from jaxserve.parallel.mesh import build_mesh
       from jaxserve.parallel.sharded_loading import load_model_sharded
       mesh = build_mesh(config.tensor_parallel_size)
-      loaded = load_model_sharded(config.model, config.dtype, mesh,
-                                  tp_invariant_reductions=config.tp_invariant_reductions)
+      params = load_model_sharded(config.model, config.dtype, mesh,
+                                  tp_invariant_reductions=config.tp_invariant_reductions).params
+      source = config.model
+    elif layout is not None:
+      from jaxserve.models.weight_transfer import TransferOptions
+      from jaxserve.models.weights import load_hf_config, load_hf_weights
+      params, _ = load_hf_weights(Path(config.model), load_hf_config(Path(config.model),
+                                                                     config.dtype),
+                                  fuse=config.fuse_projections,
+                                  options=TransferOptions(layout=layout))
+      source = f"safetensors, {layout} layout"
     else:
-      loaded = load_model(config.model, config.dtype)
-    num_bytes = sum(x.nbytes for x in jax.tree.leaves(jax.block_until_ready(loaded.params)))
+      loaded = load_model(config.model, config.dtype, fuse_projections=config.fuse_projections)
+      params, source = loaded.params, loaded.source
+      del loaded
+    num_bytes = sum(x.nbytes for x in jax.tree.leaves(jax.block_until_ready(params)))
     seconds = time.perf_counter() - start
-    results.append({"bytes": num_bytes, "seconds": seconds,
-                    "gb_per_s": num_bytes / 1e9 / seconds, "source": loaded.source})
-    del loaded
+    results.append({"bytes": num_bytes, "seconds": seconds, "gb_per_s": num_bytes / 1e9 / seconds,
+                    "source": source, **_free_memory()})
+    del params
     gc.collect()
   return results
+
+
+def _one_device_safetensors(config) -> bool:
+  model_dir = Path(config.model)
+  return (config.tensor_parallel_size == 1 and model_dir.is_dir()
+          and not (model_dir / "jaxserve_params").is_dir())
+
+
+def _free_memory() -> dict:
+  """The allocator's view now: bytes in use, its largest free block, and the free bytes outside
+  that block (holes a pool allocated next could not use)."""
+  from jaxserve.device.device_memory import read_device_memory
+  memory = read_device_memory()
+  if memory is None or memory.largest_free_bytes is None:
+    return {}
+  free = memory.limit_bytes - memory.in_use_bytes
+  return {"in_use_gib": memory.in_use_bytes / GIB,
+          "largest_free_gib": memory.largest_free_bytes / GIB,
+          "holes_gib": (free - memory.largest_free_bytes) / GIB}
 
 
 def time_host_converted_load(config) -> dict:
@@ -178,7 +213,10 @@ def format_table(report: dict) -> str:
     rows.append(("weights, host-converted (before)", f"{base['bytes'] / 1e9:.1f} GB in "
                  f"{base['seconds']:.1f} s ({base['gb_per_s']:.2f} GB/s)"))
   rows += [(f"weights, load {i + 1}", f"{r['bytes'] / 1e9:.1f} GB in {r['seconds']:.1f} s "
-            f"({r['gb_per_s']:.2f} GB/s)") for i, r in enumerate(report["weight_loads"])]
+            f"({r['gb_per_s']:.2f} GB/s; {r['source']})" + (
+                f"; {r['in_use_gib']:.2f} GiB in use, largest free block "
+                f"{r['largest_free_gib']:.2f} GiB, holes {r['holes_gib']:.2f} GiB"
+                if "holes_gib" in r else "")) for i, r in enumerate(report["weight_loads"])]
   if report["weight_loads"]:
     best = max(report["weight_loads"], key=lambda r: r["gb_per_s"])
     rows.append(("best weight load", f"{best['gb_per_s']:.2f} GB/s ({best['source']})"))

@@ -8,9 +8,11 @@ TOTAL memory this process may use. The KV pool gets what that share leaves after
 
 The pool's size is a function of run-invariant quantities only (kv_budget_bytes): "in use" is the
 weights' bytes on one device, from their shapes, dtypes and shardings (not the allocator's live
-count), plus LOADER_SLACK_SHARE of them for what the weight loader leaves behind (its transient
-buffers leave holes between the weights). The page count is part of the forward programs' shapes,
-so a pool that varied from run to run (it did when it followed the live largest free block: 26,488
+count), plus a slack for what the weight loader leaves behind: LOADER_SLACK_SHARE of them when
+its transient buffers left holes between the weights, PACKED_LOADER_SLACK_SHARE when it laid them
+out with none (models/weight_transfer.py, the "packed" layout: one device, raw and converted
+weights fitting at once, decided before loading from the client's limit and the weights' sizes).
+The page count is part of the forward programs' shapes, so a pool that varied from run to run (it did when it followed the live largest free block: 26,488
 to 26,824 pages over three starts of an 8B server) would make a warm restart compile every forward
 again. Measured on an H100 with an 8B model at fraction 0.92 (72.8 GiB arena, 14.96 GiB of
 weights): 15.64-15.73 GiB in use after loading and a largest free block of 53.6-54.0 GiB, so
@@ -69,6 +71,7 @@ UNMEASURED_SCRATCH_SHARE = 0.1  # of the budget, when the step's scratch is not 
 ARENA_HEADROOM_SHARE = 0.02      # of the usable bytes, kept free for the allocator
 ARENA_MIN_HEADROOM = GIB // 2
 LOADER_SLACK_SHARE = 0.25        # of the weights' bytes: the loader's holes and leftovers
+PACKED_LOADER_SLACK_SHARE = 0.01  # the same, weights loaded in the packed layout
 SHRINK_STEPS = 64                # a planned pool that does not fit shrinks by 1/64ths of itself
 
 
@@ -225,16 +228,16 @@ def kv_budget(memory: DeviceMemory, fraction: float, *, scratch_measured: bool =
   return budget if scratch_measured else budget - unmeasured_scratch_bytes(budget)
 
 
-def loader_slack(weight_bytes: int) -> int:
+def loader_slack(weight_bytes: int, packed: bool = False) -> int:
   """Bytes the weight loader leaves unusable for the pool (holes, leftovers; module docstring)."""
-  return int(weight_bytes * LOADER_SLACK_SHARE)
+  return int(weight_bytes * (PACKED_LOADER_SLACK_SHARE if packed else LOADER_SLACK_SHARE))
 
 
-def planned_memory(memory: DeviceMemory, weight_bytes: int) -> DeviceMemory:
+def planned_memory(memory: DeviceMemory, weight_bytes: int, packed: bool = False) -> DeviceMemory:
   """`memory` with the live counts replaced by run-invariant ones: the weights' bytes plus the
   loader's slack in use, no largest free block."""
   return DeviceMemory(memory.total_bytes, memory.limit_bytes,
-                      weight_bytes + loader_slack(weight_bytes))
+                      weight_bytes + loader_slack(weight_bytes, packed))
 
 
 def fit_pool_bytes(pool_bytes: int, largest_free_bytes: int | None, scratch_bytes: int) -> int:
@@ -257,7 +260,7 @@ def fit_pool_bytes(pool_bytes: int, largest_free_bytes: int | None, scratch_byte
   return shrunk
 
 
-def kv_budget_bytes(fraction: float, weight_bytes: int, *,
+def kv_budget_bytes(fraction: float, weight_bytes: int, *, packed: bool = False,
                     scratch_measured: bool = True) -> tuple[int, DeviceMemory] | None:
   """kv_budget on this process's first device, from run-invariant quantities (its total memory,
   the client's limit, `weight_bytes` on one device from the params' shapes), logged, with the
@@ -265,13 +268,13 @@ def kv_budget_bytes(fraction: float, weight_bytes: int, *,
   memory = read_device_memory()
   if memory is None:
     return None
-  planned = planned_memory(memory, weight_bytes)
+  planned = planned_memory(memory, weight_bytes, packed)
   budget = kv_pool_bytes(planned, fraction)
   logger.info("device memory: %.1f GiB total x %g = %.1f GiB (client limit %.1f GiB), "
               "%.2f GiB of weights + %.2f GiB loader slack, %.1f GiB left for the KV pool and "
               "step scratch", memory.total_bytes / GIB, fraction,
               fraction * memory.total_bytes / GIB, memory.limit_bytes / GIB, weight_bytes / GIB,
-              loader_slack(weight_bytes) / GIB, budget / GIB)
+              loader_slack(weight_bytes, packed) / GIB, budget / GIB)
   if memory.largest_free_bytes is not None:
     logger.info("device memory: largest free block %.1f GiB (%.1f GiB free in all, %.2f GiB in "
                 "use)", memory.largest_free_bytes / GIB,

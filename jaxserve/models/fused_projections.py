@@ -1,7 +1,10 @@
 """Merged projections: q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj` GEMM.
 
 Checkpoints (and the params tree of `weights.hf_tensor_specs`) keep HF's separate projections.
-On one device the engine fuses them once after loading (`fuse_params`): each layer's q, k and v
+On one device they are merged while loading a safetensors checkpoint (weights.load_hf_params
+with `fuse`: the converted parts are concatenated in the same device program, so no separate
+kernel ever sits in device memory), else once after loading (`fuse_params`, for built-in and
+orbax weights). Both follow MERGED, the one table of what is merged. Each layer's q, k and v
 kernels [H, Q*D], [H, K*D], [H, K*D] become one [H, (Q + 2K) * D] kernel (biases likewise), and
 gate / up [H, I] one [H, 2I] kernel. The model (ModelConfig.fused_projections) then runs one
 GEMM per group and splits its output, which is exactly what the separate GEMMs compute, without
@@ -11,10 +14,38 @@ a merged kernel would not hold matching q, k and v columns.
 """
 from __future__ import annotations
 
+from typing import Iterable
+
 import jax.numpy as jnp
 
 QKV = ("q_proj", "k_proj", "v_proj")
 GATE_UP = ("gate_proj", "up_proj")
+# module -> (merged projection, the projections it replaces, in output-column order)
+MERGED = {"self_attn": ("qkv_proj", QKV), "mlp": ("gate_up_proj", GATE_UP)}
+
+ParamPath = tuple[str, ...]
+
+
+def merged_leaves(paths: Iterable[ParamPath]) -> list[tuple[ParamPath, tuple[ParamPath, ...]]]:
+  """The merged tree's leaves in the order of `paths` (a layer's merged leaf where its first
+  part was), each with the leaves it concatenates along the last axis (one: kept as it is).
+  Paths are (layer, module, projection, leaf) for the merged projections."""
+  paths = list(paths)
+  present = set(paths)
+  out, seen = [], set()
+  for path in paths:
+    target, parts = path, (path,)
+    if len(path) == 4 and path[1] in MERGED and path[2] in MERGED[path[1]][1]:
+      merged, names = MERGED[path[1]]
+      target = (path[0], path[1], merged, path[3])
+      parts = tuple((path[0], path[1], name, path[3]) for name in names)
+      missing = [part for part in parts if part not in present]
+      if missing:
+        raise ValueError(f"fused_projections: {target} needs {missing}")
+    if target not in seen:
+      seen.add(target)
+      out.append((target, parts))
+  return out
 
 
 def _merge(module: dict, names: tuple[str, ...], merged: str) -> None:
@@ -31,7 +62,7 @@ def fuse_params(params: dict) -> dict:
   of extra device memory, not a second model."""
   for name in [name for name in params if name.startswith("layers_")]:
     layer = {key: dict(value) for key, value in params[name].items()}
-    _merge(layer["self_attn"], QKV, "qkv_proj")
-    _merge(layer["mlp"], GATE_UP, "gate_up_proj")
+    for module, (merged, names) in MERGED.items():
+      _merge(layer[module], names, merged)
     params[name] = layer
   return params

@@ -16,8 +16,10 @@ from jaxserve.config import EngineConfig
 from jaxserve.models.builtin import (BUILTIN_MODELS, builtin_config, builtin_params,
                                      builtin_tokenizer, is_builtin)
 from jaxserve.models.checkpoint import restore_params, save_params
+from jaxserve.models.fused_projections import fuse_params
 from jaxserve.models.model_config import DTYPES, ModelConfig
-from jaxserve.models.weights import CONFIG_FILE, load_hf_config, load_hf_params, param_shapes
+from jaxserve.models.weights import (CONFIG_FILE, load_hf_config, load_hf_params, load_hf_weights,
+                                     param_shapes)
 from jaxserve.tokenizer.configured import chat_template_source, with_chat_template
 from jaxserve.tokenizer.tokenizer import Tokenizer, load_tokenizer
 
@@ -29,6 +31,7 @@ class LoadedModel:
   config: ModelConfig
   params: dict
   source: str  # a built-in name, "safetensors:<dir>" or "orbax:<dir>"
+  packed: bool = False  # laid out with no holes between them (weight_transfer's packed layout)
 
 
 def check_dtype(dtype: str) -> None:
@@ -49,19 +52,31 @@ def checkpoint_dir(model: str) -> Path:
   return path
 
 
-def load_model(model: str, dtype: str = "auto") -> LoadedModel:
+def load_model(model: str, dtype: str = "auto", *, fuse_projections: bool = False) -> LoadedModel:
   """Loads `model` (a built-in name or a checkpoint directory) in `dtype` ("auto" keeps the
-  checkpoint's; float16 checkpoints become bfloat16)."""
+  checkpoint's; float16 checkpoints become bfloat16); fuse_projections merges q/k/v and gate/up
+  (models/fused_projections; one device only), while converting a safetensors checkpoint."""
   check_dtype(dtype)
   if is_builtin(model):
     config = builtin_config(model, dtype)
-    return LoadedModel(config, builtin_params(model, config), model)
+    return _fused(config, builtin_params(model, config), model, fuse_projections)
   path = checkpoint_dir(model)
   config = load_hf_config(path, dtype)
   orbax_dir = path / PARAMS_SUBDIR
   if orbax_dir.is_dir():
-    return LoadedModel(config, restore_params(orbax_dir, param_shapes(config)), f"orbax:{orbax_dir}")
-  return LoadedModel(config, load_hf_params(path, config), f"safetensors:{path}")
+    return _fused(config, restore_params(orbax_dir, param_shapes(config)), f"orbax:{orbax_dir}",
+                  fuse_projections)
+  params, stats = load_hf_weights(path, config, fuse=fuse_projections)
+  return LoadedModel(config.replace(fused_projections=fuse_projections), params,
+                     f"safetensors:{path}", stats.packed)
+
+
+def _fused(config: ModelConfig, params: dict, source: str, fuse: bool) -> LoadedModel:
+  """Merged after loading (`params` alone holds the tree: each layer's parts are freed as it is
+  merged)."""
+  if fuse:
+    params = fuse_params(dict(params))
+  return LoadedModel(config.replace(fused_projections=fuse), params, source)
 
 
 def load_model_tokenizer(model: str) -> Tokenizer:

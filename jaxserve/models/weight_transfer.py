@@ -3,28 +3,43 @@
 Each tensor goes to the device(s) untouched: a zero-copy numpy view of the mmapped file
 (safetensors_reader) is handed to the transfer, so the only host-side pass over the bytes is the
 copy into the device's staging buffer. HF Linear weights are [out, in] and flax kernels [in, out]:
-the transpose, and a cast to the model dtype, run on the device as one small jitted function per
-(transpose, cast, sharding) kind (jit specializes it per shape). When tensor-parallel, the raw
-tensor is placed with the transposed sharding of its target (`make_array_from_callback`: each
-device, on every host, receives only its slice) and transposed locally into the target sharding,
-so no device ever holds or receives a whole sharded weight.
+the transpose, a cast to the model dtype and, for a merged projection (models/fused_projections),
+the concatenation of its parts run on the device as one small jitted function per kind (jit
+specializes it per shape). When tensor-parallel, the raw tensor is placed with the transposed
+sharding of its target (`make_array_from_callback`: each device, on every host, receives only its
+slice) and transposed locally into the target sharding, so no device ever holds or receives a
+whole sharded weight.
 
-Overlap: a thread pool (`TransferOptions.num_threads`) runs put + convert + wait per tensor while
-the main thread keeps at most `window_bytes` of tensors in flight (this bounds the host's staging
-copies and the device's raw buffers); a single opener thread maps the next file
-(MAP_POPULATE: it is faulted in from the page cache or read from disk) while the current one is
-being transferred. Tensors are visited file by file in on-disk order, so reads are sequential.
+Device memory layout (`TransferOptions.layout`). A raw tensor freed after its conversion leaves
+a hole between the converted weights; streamed one tensor at a time, those holes summed to 26-29%
+of an 8B model's weights on an H100 (device/device_memory.py), memory the KV pool could not use.
+The "packed" layout leaves none: (1) a placeholder of the converted weights' bytes is allocated,
+(2) every raw tensor is put after it, (3) the placeholder is freed and every leaf converted, in
+order, into that hole (the allocator is best-fit: the hole is the smallest free block that fits,
+and it fits exactly), (4) the raw tensors are freed, one block that joins the free tail. It needs
+the raw and the converted weights on the device at once (about twice the weights), so "auto" packs
+on one device when the device's free memory holds that, and streams otherwise (and when sharded).
+`packed_fits` is that rule; device_memory.loader_slack charges each layout its own slack.
+
+Overlap: a thread pool (`TransferOptions.num_threads`) puts (and, streaming, converts and waits
+for) each tensor while the main thread keeps at most `window_bytes` of tensors in flight (this
+bounds the host's staging copies and, streaming, the device's raw buffers); a single opener
+thread maps the next file (MAP_POPULATE: it is faulted in from the page cache or read from disk)
+while the current one is being transferred. Tensors are visited file by file in on-disk order, so
+reads are sequential.
 """
 from __future__ import annotations
 
 import collections
 import concurrent.futures as futures
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -33,12 +48,12 @@ from jaxserve.models.safetensors_reader import MappedFile, SafetensorsHeader, Te
 ParamPath = tuple[str, ...]
 # The target sharding of a params leaf from its path and final (flax) shape.
 ShardingFn = Callable[[ParamPath, tuple[int, ...]], jax.sharding.Sharding]
-Converter = Callable[[jax.Array], jax.Array]
+Converter = Callable[..., jax.Array]  # the raw part(s) -> the leaf
 
 
 @dataclass(frozen=True)
 class TensorLoad:
-  """One params leaf to fill from one checkpoint tensor."""
+  """One checkpoint tensor for a params leaf (or for one part of a merged leaf)."""
   path: ParamPath
   header: SafetensorsHeader
   info: TensorInfo
@@ -50,48 +65,124 @@ class TensorLoad:
 
 
 @dataclass(frozen=True)
+class LeafLoad:
+  """One params leaf: one checkpoint tensor, or the parts of a merged projection, concatenated
+  along the last (output) axis after each is converted."""
+  path: ParamPath
+  parts: tuple[TensorLoad, ...]
+
+  @property
+  def transpose(self) -> bool:
+    return self.parts[0].transpose
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    first = self.parts[0].shape
+    return first[:-1] + (sum(part.shape[-1] for part in self.parts),)
+
+  @property
+  def raw_bytes(self) -> int:
+    return sum(part.info.nbytes for part in self.parts)
+
+
+LAYOUTS = ("auto", "packed", "streaming")
+
+
+@dataclass(frozen=True)
 class TransferOptions:
   num_threads: int = 4
   window_bytes: int = 512 << 20  # tensor bytes in flight at once (host staging, raw device copies)
+  layout: str = "auto"  # "packed" | "streaming" | "auto" (module docstring)
+
+  def __post_init__(self):
+    if self.layout not in LAYOUTS:
+      raise ValueError(f"layout: must be one of {LAYOUTS}, got {self.layout!r}")
 
 
 @dataclass(frozen=True)
 class TransferStats:
   num_bytes: int  # checkpoint bytes read
   seconds: float
+  packed: bool = False  # the packed layout (no holes between the weights)
 
   @property
   def gb_per_s(self) -> float:
     return self.num_bytes / 1e9 / max(self.seconds, 1e-9)
 
   def describe(self) -> str:
-    return f"{self.num_bytes / 1e9:.1f} GB in {self.seconds:.1f} s ({self.gb_per_s:.2f} GB/s)"
+    layout = ", packed" if self.packed else ""
+    return f"{self.num_bytes / 1e9:.1f} GB in {self.seconds:.1f} s ({self.gb_per_s:.2f} GB/s{layout})"
 
 
 @dataclass(frozen=True)
 class _Job:
-  load: TensorLoad
+  leaf: LeafLoad
   target: jax.sharding.Sharding | None  # None: the default device, as jax.device_put(x)
-  convert: Converter | None
+  convert: Converter | None  # None: the raw tensor is the leaf
   host_copy: bool  # a CPU device would alias the view (the file's pages) rather than copy it
+  out_itemsize: int  # bytes per element of the converted leaf
+
+  @property
+  def out_bytes(self) -> int:
+    return math.prod(self.leaf.shape) * self.out_itemsize
 
 
-def transfer_tensors(loads: Sequence[TensorLoad], dtype: np.dtype,
+ALLOC_ALIGN = 256  # the GPU allocator rounds every buffer up to this many bytes
+PACK_MARGIN = 4 << 20  # placeholder bytes beyond the leaves' (rounded) sizes
+PLACEHOLDER_BLOCK = 1 << 30
+
+
+def packed_fits(raw_bytes: int, out_bytes: int, free_bytes: int | None) -> bool:
+  """Whether the packed layout's peak (placeholder + raw tensors) fits `free_bytes` (None: the
+  device reports no memory statistics, as the CPU)."""
+  return free_bytes is not None and raw_bytes + out_bytes + 2 * PACK_MARGIN <= free_bytes
+
+
+def transfer_tensors(leaves: Sequence[LeafLoad], dtype: np.dtype,
                      sharding_for: ShardingFn | None = None,
                      options: TransferOptions = TransferOptions(),
                      ) -> tuple[dict[ParamPath, jax.Array], TransferStats]:
-  """Every load's tensor on its device(s) in `dtype`, flax layout; with the bytes moved and time."""
+  """Every leaf on its device(s) in `dtype`, flax layout; with the bytes moved and time."""
   start = time.perf_counter()
-  jobs = _jobs(sorted(loads, key=_disk_order(loads)), np.dtype(dtype), sharding_for)
-  read_ahead = _ReadAhead([job.load.header for job in jobs])
+  dtype = np.dtype(dtype)
+  ordered = sorted(leaves, key=_disk_order(leaves))
+  packed = _use_packed(ordered, dtype, sharding_for, options.layout)
+  jobs = _jobs(ordered, dtype, sharding_for, always_convert=packed)
+  read_ahead = _ReadAhead([part.header for job in jobs for part in job.leaf.parts])
   pool = futures.ThreadPoolExecutor(options.num_threads, thread_name_prefix="weights-put")
   try:
-    results = _run_windowed(jobs, pool, read_ahead, options.window_bytes)
+    run = _run_packed if packed else _run_streaming
+    results = run(jobs, pool, read_ahead, options.window_bytes)
   finally:
     pool.shutdown(wait=True, cancel_futures=True)
     read_ahead.close()
-  num_bytes = sum(job.load.info.nbytes for job in jobs)
-  return results, TransferStats(num_bytes, time.perf_counter() - start)
+  num_bytes = sum(job.leaf.raw_bytes for job in jobs)
+  return results, TransferStats(num_bytes, time.perf_counter() - start, packed)
+
+
+def _use_packed(leaves: Sequence[LeafLoad], dtype: np.dtype, sharding_for: ShardingFn | None,
+                layout: str) -> bool:
+  if layout != "auto":
+    return layout == "packed"
+  if sharding_for is not None:
+    return False
+  raw = sum(_aligned(part.info.nbytes) for leaf in leaves for part in leaf.parts)
+  out = sum(_aligned(math.prod(leaf.shape) * dtype.itemsize) for leaf in leaves)
+  return packed_fits(raw, out, _free_device_bytes())
+
+
+def _free_device_bytes() -> int | None:
+  try:
+    stats = jax.devices()[0].memory_stats()
+  except Exception:  # some backends raise instead of returning None
+    return None
+  if not stats or "bytes_limit" not in stats:
+    return None
+  return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+
+
+def _aligned(num_bytes: int) -> int:
+  return -(-num_bytes // ALLOC_ALIGN) * ALLOC_ALIGN
 
 
 class _ReadAhead:
@@ -115,55 +206,103 @@ class _ReadAhead:
     self._opener.shutdown(wait=True, cancel_futures=True)
 
 
-def _run_windowed(jobs: Sequence[_Job], pool: futures.ThreadPoolExecutor, read_ahead: _ReadAhead,
-                  window_bytes: int) -> dict[ParamPath, jax.Array]:
-  """Submits the jobs in order, waiting for the oldest while window_bytes are in flight."""
-  results: dict[ParamPath, jax.Array] = {}
+def _windowed(jobs: Sequence[_Job], pool: futures.ThreadPoolExecutor, read_ahead: _ReadAhead,
+              window_bytes: int, task: Callable) -> list:
+  """task(job, mapped futures) for every job on the pool, in order, waiting for the oldest while
+  window_bytes are in flight; the results in job order."""
+  results: list = []
   pending: collections.deque[tuple[_Job, futures.Future]] = collections.deque()
   in_flight = 0
   for job in jobs:
-    while pending and in_flight + job.load.info.nbytes > window_bytes:
+    while pending and in_flight + job.leaf.raw_bytes > window_bytes:
       done, future = pending.popleft()
-      results[done.load.path] = future.result()
-      in_flight -= done.load.info.nbytes
-    pending.append((job, pool.submit(_run, job, read_ahead.mapped(job.load.header.path))))
-    in_flight += job.load.info.nbytes
-  for done, future in pending:
-    results[done.load.path] = future.result()
+      results.append(future.result())
+      in_flight -= done.leaf.raw_bytes
+    mapped = [read_ahead.mapped(part.header.path) for part in job.leaf.parts]
+    pending.append((job, pool.submit(task, job, mapped)))
+    in_flight += job.leaf.raw_bytes
+  results.extend(future.result() for _, future in pending)
   return results
 
 
-def _disk_order(loads: Sequence[TensorLoad]) -> Callable[[TensorLoad], tuple[int, int]]:
+def _run_streaming(jobs: Sequence[_Job], pool: futures.ThreadPoolExecutor,
+                   read_ahead: _ReadAhead, window_bytes: int) -> dict[ParamPath, jax.Array]:
+  """Each leaf put, converted and waited for on the pool; its raw tensors freed right after."""
+  def put_and_convert(job: _Job, mapped: list[futures.Future]) -> jax.Array:
+    raws = _put(job, mapped)
+    out = raws[0] if job.convert is None else job.convert(*raws)
+    return out.block_until_ready()
+
+  outs = _windowed(jobs, pool, read_ahead, window_bytes, put_and_convert)
+  return {job.leaf.path: out for job, out in zip(jobs, outs)}
+
+
+def _run_packed(jobs: Sequence[_Job], pool: futures.ThreadPoolExecutor,
+                read_ahead: _ReadAhead, window_bytes: int) -> dict[ParamPath, jax.Array]:
+  """The packed layout (module docstring): placeholder, raw tensors, converted leaves into the
+  placeholder's hole in order, raw tensors freed."""
+  placeholder = _reserve(sum(_aligned(job.out_bytes) for job in jobs) + PACK_MARGIN)
+  raws = _windowed(jobs, pool, read_ahead, window_bytes,
+                   lambda job, mapped: [jax.block_until_ready(raw) for raw in _put(job, mapped)])
+  for block in placeholder:
+    block.delete()
+  outs = {job.leaf.path: job.convert(*raw) for job, raw in zip(jobs, raws)}  # dispatch order
+  jax.block_until_ready(list(outs.values()))
+  for raw in raws:
+    for array in raw:
+      array.delete()
+  return outs
+
+
+def _reserve(num_bytes: int) -> list[jax.Array]:
+  """num_bytes of the default device in blocks of at most PLACEHOLDER_BLOCK, allocated one after
+  another (contiguous in a fresh arena)."""
+  sizes = [PLACEHOLDER_BLOCK] * (num_bytes // PLACEHOLDER_BLOCK)
+  sizes += [num_bytes % PLACEHOLDER_BLOCK] if num_bytes % PLACEHOLDER_BLOCK else []
+  zeros = jax.jit(lambda size: jnp.zeros((size,), jnp.uint8), static_argnums=0)
+  return [jax.block_until_ready(zeros(size)) for size in sizes]
+
+
+def _disk_order(leaves: Sequence[LeafLoad]) -> Callable[[LeafLoad], tuple[int, int]]:
   first_seen = {path: i for i, path in
-                enumerate(dict.fromkeys(load.header.path for load in loads))}
-  return lambda load: (first_seen[load.header.path], load.info.begin)
+                enumerate(dict.fromkeys(part.header.path for leaf in leaves
+                                        for part in leaf.parts))}
+  return lambda leaf: (first_seen[leaf.parts[0].header.path], leaf.parts[0].info.begin)
 
 
-def _jobs(loads: Sequence[TensorLoad], dtype: np.dtype,
-          sharding_for: ShardingFn | None) -> list[_Job]:
-  """Pairs each load with its target sharding and converter; converters are built here, once per
-  kind, before any thread runs (jit specializes each per shape on first call)."""
+def _jobs(leaves: Sequence[LeafLoad], dtype: np.dtype, sharding_for: ShardingFn | None,
+          always_convert: bool) -> list[_Job]:
+  """Pairs each leaf with its target sharding and converter; converters are built here, once per
+  kind, before any thread runs (jit specializes each per shape on first call). always_convert:
+  an untouched leaf is copied too (the packed layout frees every raw tensor)."""
   converters: dict[tuple, Converter | None] = {}
   jobs = []
-  for load in loads:
-    target = sharding_for(load.path, load.shape) if sharding_for is not None else None
-    key = (load.transpose, load.info.dtype != dtype, target)
+  for leaf in leaves:
+    target = sharding_for(leaf.path, leaf.shape) if sharding_for is not None else None
+    cast = any(part.info.dtype != dtype for part in leaf.parts)
+    if len({part.info.dtype for part in leaf.parts}) > 1 or \
+        len({part.transpose for part in leaf.parts}) > 1:
+      raise ValueError(f"{leaf.path}: merged parts differ in dtype or layout")
+    key = (leaf.transpose, cast, len(leaf.parts), target)
     if key not in converters:
-      converters[key] = _converter(load.transpose, load.info.dtype != dtype, dtype, target)
+      converters[key] = _converter(leaf.transpose, cast, len(leaf.parts), dtype, target,
+                                   always_convert)
     devices = target.device_set if target is not None else {jax.devices()[0]}
     on_cpu = any(device.platform == "cpu" for device in devices)
-    jobs.append(_Job(load, target, converters[key], on_cpu and converters[key] is None))
+    jobs.append(_Job(leaf, target, converters[key], on_cpu and converters[key] is None,
+                     dtype.itemsize))
   return jobs
 
 
-def _converter(transpose: bool, cast: bool, dtype: np.dtype,
-               target: jax.sharding.Sharding | None) -> Converter | None:
-  if not transpose and not cast:
+def _converter(transpose: bool, cast: bool, num_parts: int, dtype: np.dtype,
+               target: jax.sharding.Sharding | None, always: bool) -> Converter | None:
+  if not (transpose or cast or num_parts > 1 or always):
     return None
 
-  def convert(raw: jax.Array) -> jax.Array:
-    out = raw.T if transpose else raw  # [in, out] from [out, in]
-    return out.astype(dtype)
+  def convert(*raws: jax.Array) -> jax.Array:
+    parts = [raw.T if transpose else raw for raw in raws]  # [in, out] from [out, in]
+    out = parts[0] if num_parts == 1 else jnp.concatenate(parts, axis=-1)
+    return jnp.copy(out.astype(dtype))  # a new buffer even where nothing changes
 
   return jax.jit(convert, out_shardings=target) if target is not None else jax.jit(convert)
 
@@ -176,17 +315,18 @@ def raw_sharding(target: jax.sharding.Sharding, transpose: bool) -> jax.sharding
   return NamedSharding(target.mesh, PartitionSpec(*reversed(spec)))
 
 
-def _run(job: _Job, mapped: futures.Future) -> jax.Array:
-  """Puts one raw tensor, converts it on the device and waits for both (runs in the pool)."""
-  view = mapped.result().view(job.load.info)  # [*hf_shape], zero-copy over the mmap
+def _put(job: _Job, mapped: list[futures.Future]) -> list[jax.Array]:
+  """The leaf's raw tensors on its device(s) (runs in the pool; not waited for)."""
+  raws = []
+  for part, mapped_file in zip(job.leaf.parts, mapped):
+    view = mapped_file.result().view(part.info)  # [*hf_shape], zero-copy over the mmap
 
-  def piece(index) -> np.ndarray:
-    return np.array(view[index]) if job.host_copy else view[index]
+    def piece(index, view=view) -> np.ndarray:
+      return np.array(view[index]) if job.host_copy else view[index]
 
-  if job.target is None:
-    raw = jax.device_put(piece(...))
-  else:  # each addressable device receives only its slice
-    raw = jax.make_array_from_callback(view.shape, raw_sharding(job.target, job.load.transpose),
-                                       piece)
-  out = raw if job.convert is None else job.convert(raw)
-  return out.block_until_ready()
+    if job.target is None:
+      raws.append(jax.device_put(piece(...)))
+    else:  # each addressable device receives only its slice
+      raws.append(jax.make_array_from_callback(
+          view.shape, raw_sharding(job.target, part.transpose), piece))
+  return raws

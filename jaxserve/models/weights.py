@@ -24,10 +24,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxserve.models.fused_projections import merged_leaves
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.safetensors_reader import MappedFile, SafetensorsHeader, read_header
-from jaxserve.models.weight_transfer import (ParamPath, ShardingFn, TensorLoad, TransferOptions,
-                                             TransferStats, transfer_tensors)
+from jaxserve.models.weight_transfer import (LeafLoad, ParamPath, ShardingFn, TensorLoad,
+                                             TransferOptions, TransferStats, transfer_tensors)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -166,15 +167,38 @@ def load_hf_params(checkpoint_dir: Path, config: ModelConfig, *, put: PutFn | No
   `sharding(path, shape)` when given (weight_transfer). `put` instead receives each leaf converted
   on the host (the slower path, for callers that place arrays themselves)."""
   loads = plan_hf_tensors(checkpoint_dir, config)
-  dtype = np.dtype(jnp.dtype(config.dtype))
   if put is not None:
-    leaves, stats = _put_host_converted(loads, dtype, put)
+    leaves, stats = _put_host_converted(loads, np.dtype(jnp.dtype(config.dtype)), put)
+    _log(stats, checkpoint_dir)
+    return _tree(leaves)
+  return load_hf_weights(checkpoint_dir, config, sharding=sharding, options=options)[0]
+
+
+def load_hf_weights(checkpoint_dir: Path, config: ModelConfig, *, fuse: bool = False,
+                    sharding: ShardingFn | None = None,
+                    options: TransferOptions = TransferOptions()) -> tuple[dict, TransferStats]:
+  """load_hf_params on the device path, with its TransferStats (whether the layout was packed);
+  `fuse` merges q/k/v and gate/up while converting (models/fused_projections)."""
+  loads = plan_hf_tensors(checkpoint_dir, config)
+  by_path = {load.path: load for load in loads}
+  if fuse:
+    leaves = [LeafLoad(path, tuple(by_path[part] for part in parts))
+              for path, parts in merged_leaves(by_path)]
   else:
-    leaves, stats = transfer_tensors(loads, dtype, sharding, options)
+    leaves = [LeafLoad(load.path, (load,)) for load in loads]
+  arrays, stats = transfer_tensors(leaves, np.dtype(jnp.dtype(config.dtype)), sharding, options)
+  _log(stats, checkpoint_dir)
+  return _tree(arrays), stats
+
+
+def _log(stats: TransferStats, checkpoint_dir: Path) -> None:
   logger.info("weights: %s from %s", stats.describe(), checkpoint_dir)
+
+
+def _tree(leaves: dict[ParamPath, jax.Array]) -> dict:
   params: dict = {}
-  for load in loads:
-    _set_leaf(params, load.path, leaves[load.path])
+  for path, leaf in leaves.items():
+    _set_leaf(params, path, leaf)
   return params
 
 

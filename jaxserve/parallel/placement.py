@@ -30,7 +30,6 @@ from jaxserve.attention.metadata import KVPages
 from jaxserve.config import EngineConfig
 from jaxserve.device.step_programs import StepShardings
 from jaxserve.models.batch_invariant_dense import batch_invariant_backend, invariant_matmul
-from jaxserve.models.fused_projections import fuse_params
 from jaxserve.models.invariant_dense import REDUCTION_GROUPS, DenseBackend
 from jaxserve.models.llama import LlamaForCausalLM
 from jaxserve.models.model_config import ModelConfig
@@ -76,16 +75,12 @@ def load_placement(config: EngineConfig) -> Placement:
 
 
 def _on_one_device(config: EngineConfig) -> Placement:
-  loaded = load_model(config.model, config.dtype)
+  loaded = load_model(config.model, config.dtype, fuse_projections=config.fuse_projections)
   model_config = loaded.config.replace(tp_invariant_reductions=config.tp_invariant_reductions,
-                                       fused_projections=config.fuse_projections,
                                        batch_invariant=config.batch_invariant)
-  params, source = dict(jax.device_put(loaded.params)), loaded.source
-  del loaded  # `params` alone holds the weights: fusing frees each layer's separate kernels
-  if config.fuse_projections:
-    fuse_params(params)
-  return Placement(LoadedModel(model_config, params, source), attention_for(config),
-                   dense_for(config), None, None, 1)
+  params = dict(jax.device_put(loaded.params))
+  return Placement(LoadedModel(model_config, params, loaded.source, loaded.packed),
+                   attention_for(config), dense_for(config), None, None, 1)
 
 
 def attention_for(config: EngineConfig) -> AttentionBackend:

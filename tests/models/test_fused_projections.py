@@ -88,3 +88,17 @@ def test_fusing_frees_the_separate_kernels():
   fuse_params(params)
   gc.collect()
   assert len(jax.live_arrays()) - baseline == num_leaves - 3 * 3
+
+
+def test_merging_while_loading_a_checkpoint_equals_merging_after(hf_checkpoint):
+  """load_model(fuse_projections=True) merges in the loader's device programs (both memory
+  layouts: tests/models/test_weight_transfer.py); fuse_params merges a loaded tree."""
+  from jaxserve.models.registry import load_model
+  directory = str(hf_checkpoint("qwen2", dtype="bfloat16"))  # q/k/v biases
+  merged = load_model(directory, fuse_projections=True)
+  separate = load_model(directory)
+  assert merged.config.fused_projections and not separate.config.fused_projections
+  expected = fuse_params(dict(separate.params))
+  assert jax.tree.structure(merged.params) == jax.tree.structure(expected)
+  for got, want in zip(jax.tree.leaves(merged.params), jax.tree.leaves(expected)):
+    assert got.dtype == want.dtype and np.asarray(got).tobytes() == np.asarray(want).tobytes()

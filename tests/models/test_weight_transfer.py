@@ -1,6 +1,7 @@
 """Raw tensors moved to the device and converted there give exactly the arrays of a host-side
 conversion with safetensors' own reader, for every checkpoint dtype and model dtype, whatever the
-thread count and in-flight window."""
+thread count, in-flight window and device memory layout (packed or streaming), with q/k/v and
+gate/up merged while loading or not."""
 from __future__ import annotations
 
 import json
@@ -15,10 +16,10 @@ import safetensors.numpy
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxserve.models.safetensors_reader import read_header
-from jaxserve.models.weight_transfer import (TensorLoad, TransferOptions, raw_sharding,
-                                             transfer_tensors)
+from jaxserve.models.weight_transfer import (LeafLoad, TensorLoad, TransferOptions, packed_fits,
+                                             raw_sharding, transfer_tensors)
 from jaxserve.models.weights import (INDEX_FILE, SINGLE_FILE, hf_tensor_specs, load_hf_config,
-                                     load_hf_params, plan_hf_tensors)
+                                     load_hf_params, load_hf_weights, plan_hf_tensors)
 
 
 def _reference(directory, config) -> dict:
@@ -78,7 +79,8 @@ def test_untransformed_leaves_do_not_alias_the_mapped_file(tmp_path):
   path.write_bytes(struct.pack("<Q", len(blob)) + blob + expected.tobytes())
   header = read_header(path)
   loads = [TensorLoad(("x",), header, header.tensors["x"], transpose=False)]
-  leaves, stats = transfer_tensors(loads, np.dtype(np.float32))
+  leaves, stats = transfer_tensors([LeafLoad(load.path, (load,)) for load in loads],
+                                   np.dtype(np.float32))
   assert stats.num_bytes == 4096
   with open(path, "r+b") as f:  # a buffer sharing the file's pages would see this write
     f.seek(header.tensors["x"].begin)
@@ -109,3 +111,51 @@ def test_raw_sharding_is_the_transposed_target():
   assert raw_sharding(target, transpose=True).spec == P("model", None)
   assert raw_sharding(target, transpose=False) is target
   assert raw_sharding(NamedSharding(mesh, P()), transpose=True).spec == P(None, None)
+
+
+def _merged_reference(reference: dict) -> dict:
+  """The reference with each layer's q/k/v and gate/up concatenated along the output axis."""
+  groups = {("self_attn", "qkv_proj"): ("q_proj", "k_proj", "v_proj"),
+            ("mlp", "gate_up_proj"): ("gate_proj", "up_proj")}
+  out = {}
+  for path, array in reference.items():
+    group = next((key for key, names in groups.items()
+                  if len(path) == 4 and path[1] == key[0] and path[2] in names), None)
+    if group is None:
+      out[path] = array
+    elif path[2] == groups[group][0]:
+      parts = [reference[(path[0], path[1], name, path[3])] for name in groups[group]]
+      out[(path[0], path[1], group[1], path[3])] = np.concatenate(parts, axis=-1)
+  return out
+
+
+@pytest.mark.parametrize("layout", ["packed", "streaming"])
+@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("checkpoint_dtype, model_dtype", [("float32", "auto"),
+                                                           ("bfloat16", "float32")])
+def test_both_layouts_fused_or_not_match_host_conversion(hf_checkpoint, layout, fuse,
+                                                         checkpoint_dtype, model_dtype):
+  directory = hf_checkpoint("qwen2", dtype=checkpoint_dtype, sharded=True)  # biases, 2 files
+  config = load_hf_config(directory, model_dtype)
+  params, stats = load_hf_weights(directory, config, fuse=fuse,
+                                  options=TransferOptions(2, 4096, layout=layout))
+  assert stats.packed is (layout == "packed")
+  reference = _reference(directory, config)
+  _assert_matches(params, _merged_reference(reference) if fuse else reference)
+
+
+def test_auto_layout_streams_where_the_device_reports_no_memory(hf_checkpoint):
+  directory = hf_checkpoint("llama")
+  _, stats = load_hf_weights(directory, load_hf_config(directory))
+  assert jax.devices()[0].memory_stats() is None and not stats.packed  # the CPU backend
+
+
+def test_packed_needs_room_for_the_raw_and_the_converted_weights():
+  assert packed_fits(10 << 30, 10 << 30, 21 << 30)
+  assert not packed_fits(10 << 30, 10 << 30, 20 << 30)  # no room for the margins
+  assert not packed_fits(1, 1, None)  # no memory statistics
+
+
+def test_unknown_layout_is_refused():
+  with pytest.raises(ValueError, match="^layout: must be one of"):
+    TransferOptions(layout="compact")
