@@ -12,12 +12,15 @@ count), plus a slack for what the weight loader leaves behind: LOADER_SLACK_SHAR
 its transient buffers left holes between the weights, PACKED_LOADER_SLACK_SHARE when it laid them
 out with none (models/weight_transfer.py, the "packed" layout: one device, raw and converted
 weights fitting at once, decided before loading from the client's limit and the weights' sizes).
-The page count is part of the forward programs' shapes, so a pool that varied from run to run (it did when it followed the live largest free block: 26,488
-to 26,824 pages over three starts of an 8B server) would make a warm restart compile every forward
-again. Measured on an H100 with an 8B model at fraction 0.92 (72.8 GiB arena, 14.96 GiB of
-weights): 15.64-15.73 GiB in use after loading and a largest free block of 53.6-54.0 GiB, so
-the loader's holes and leftovers took 3.9-4.3 GiB (26-29% of the weights); the slack (25%) plus
-the headroom keep the planned pool 0.4 GiB inside the worst of them. Where the client reports its
+The page count is part of the forward programs' shapes, so a pool that varied from run to run
+(it did when it followed the live largest free block: 26,488 to 26,824 pages over three starts of
+an 8B server) would make a warm restart compile every forward again. Measured on an H100 with an
+8B model at fraction 0.92 (72.8 GiB arena, 14.96 GiB of weights) with the streaming loader:
+15.64-15.73 GiB in use after loading and a largest free block of 53.6-54.0 GiB, so the loader's
+holes and leftovers took 3.9-4.3 GiB (26-29% of the weights); the slack (25%) plus the headroom
+keep the planned pool 0.4 GiB inside the worst of them. The packed layout's 1% covers its
+placeholder margin and the small buffers the allocator may place in its hole (not yet measured on
+a GPU: bench_startup reports the holes each layout leaves). Where the client reports its
 largest free block, fit_pool_bytes checks the planned pool (its layers are allocated one after
 another in what is left of the arena) against it, less the scratch and ARENA_MIN_HEADROOM; a pool
 that does not fit is shrunk by whole 64ths of itself until it does, with a warning (a deterministic

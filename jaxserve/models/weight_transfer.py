@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxserve.device.device_memory import read_device_memory
 from jaxserve.models.safetensors_reader import MappedFile, SafetensorsHeader, TensorInfo
 
 ParamPath = tuple[str, ...]
@@ -111,7 +112,8 @@ class TransferStats:
 
   def describe(self) -> str:
     layout = ", packed" if self.packed else ""
-    return f"{self.num_bytes / 1e9:.1f} GB in {self.seconds:.1f} s ({self.gb_per_s:.2f} GB/s{layout})"
+    return (f"{self.num_bytes / 1e9:.1f} GB in {self.seconds:.1f} s "
+            f"({self.gb_per_s:.2f} GB/s{layout})")
 
 
 @dataclass(frozen=True)
@@ -172,13 +174,8 @@ def _use_packed(leaves: Sequence[LeafLoad], dtype: np.dtype, sharding_for: Shard
 
 
 def _free_device_bytes() -> int | None:
-  try:
-    stats = jax.devices()[0].memory_stats()
-  except Exception:  # some backends raise instead of returning None
-    return None
-  if not stats or "bytes_limit" not in stats:
-    return None
-  return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+  memory = read_device_memory()
+  return None if memory is None else memory.limit_bytes - memory.in_use_bytes
 
 
 def _aligned(num_bytes: int) -> int:

@@ -6,8 +6,9 @@ SPMD program):
   weights          its shards of the params (the partition rules' layout)
   KV pool          num_pages pages of its kv heads, sized as the engine sizes it on a TPU
                    (step_programs.pool_pages): cache.memory_fraction of the chip's memory, less
-                   the weights, the allocator's headroom and 10% kept for the (unmeasured)
-                   sharded step scratch, unless cache.num_pages / cache.memory_bytes fix it
+                   the weights and the loader's slack, the allocator's headroom and 10% kept
+                   for the (unmeasured) sharded step scratch, unless cache.num_pages /
+                   cache.memory_bytes fix it
   step transient   the largest over the step programs of temporaries + outputs not aliased to
                    inputs + arguments other than the weights and the pool (step inputs, logits):
                    what one dispatch needs beyond what the server holds anyway

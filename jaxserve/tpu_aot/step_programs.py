@@ -20,17 +20,19 @@ The programs are warmup's plan (device/warmup.warmup_plan): forward per bucket; 
 sequence bucket and SamplerMode; prompt logprobs per token bucket; decode bursts per decode
 bucket in the greedy and random modes when scheduler.num_scheduler_steps > 1.
 
-The KV pool is sized as assembly sizes it on a TPU chip (device/device_memory.kv_budget with the
-unmeasured sharded-step scratch kept, then device/kv_cache.kv_cache_spec): cache.memory_fraction
-of the chip's memory as the TPU client reports it (its bytes_limit, the whole device: taken to be
-TpuChip.usable_bytes), less the weights and the allocator's headroom, less 10% for the step's
-scratch; or the config's cache.num_pages / cache.memory_bytes.
+The KV pool is sized as assembly sizes it on a TPU chip (device/device_memory.planned_memory and
+kv_budget with the unmeasured sharded-step scratch kept, then device/kv_cache.kv_cache_spec):
+cache.memory_fraction of the chip's memory as the TPU client reports it (its bytes_limit, the
+whole device: taken to be TpuChip.usable_bytes), less the weights and the streaming loader's slack
+(sharded weights are streamed), the allocator's headroom, and 10% for the step's scratch; or the
+config's cache.num_pages / cache.memory_bytes.
 
 Dependencies on the engine, all here: parallel.mesh.build_mesh; parallel.placement
 (is_sharded, abstract_placement, Placement.module / step_shardings); device.step_programs
 (build_step_programs, StepPrograms); device.step_options (step_compiler_options, step_greedy);
 device.lowering (standalone_dummy_inputs, abstract); device.model_runner.packed_model_inputs;
-device.packing.pack; device.warmup.warmup_plan; device.device_memory (DeviceMemory, kv_budget);
+device.packing.pack; device.warmup.warmup_plan; device.device_memory (DeviceMemory, kv_budget,
+planned_memory);
 device.kv_cache (kv_cache_spec, page_bytes, resolve_max_model_len); device.buckets;
 device.sampler.SamplerMode; device.step_inputs (StepInputs, StepShape).
 """
@@ -46,7 +48,7 @@ import jax.numpy as jnp
 
 from jaxserve.config import EngineConfig
 from jaxserve.messages.buckets import Bucket, BucketSet
-from jaxserve.device.device_memory import DeviceMemory, kv_budget
+from jaxserve.device.device_memory import DeviceMemory, kv_budget, planned_memory
 from jaxserve.device.kv_cache import kv_cache_spec, page_bytes, resolve_max_model_len
 from jaxserve.device.lowering import abstract, standalone_dummy_inputs
 from jaxserve.device.model_runner import packed_model_inputs
@@ -132,8 +134,8 @@ def pool_pages(shape: ServerShape, device_bytes: int, memory_fraction: float | N
   to the config's. ValueError under 2 pages."""
   config = shape.config
   fraction = config.cache.memory_fraction if memory_fraction is None else memory_fraction
-  memory = DeviceMemory(total_bytes=device_bytes, limit_bytes=device_bytes,
-                        in_use_bytes=shape.weight_bytes_per_chip)
+  chip = DeviceMemory(total_bytes=device_bytes, limit_bytes=device_bytes, in_use_bytes=0)
+  memory = planned_memory(chip, shape.weight_bytes_per_chip)  # sharded loading streams
   budget = kv_budget(memory, fraction, scratch_measured=False)  # sharded: scratch not measured
   return kv_cache_spec(config, shape.model_config, shape.max_model_len, budget,
                        shape.num_chips).num_pages
