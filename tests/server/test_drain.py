@@ -47,6 +47,19 @@ def _wait_until_healthy(url: str, process: subprocess.Popen, timeout: float = 15
   raise AssertionError("the server did not become healthy")
 
 
+def _wait_until_draining(url: str) -> None:
+  """Until /health answers 503 (the signal was handled) or the socket is closed."""
+  deadline = time.monotonic() + 20
+  while time.monotonic() < deadline:
+    try:
+      if httpx.get(f"{url}/health", timeout=5).status_code == 503:
+        return
+    except httpx.TransportError:
+      return
+    time.sleep(0.01)
+  raise AssertionError("the server did not start draining")
+
+
 def _start_server(tmp_path, log_level: str, api_server_count: int | None = None,
                   **config) -> tuple[subprocess.Popen, str]:
   """A `jaxserve serve` process on a free port (the server.yaml of _write_config); its URL."""
@@ -83,7 +96,7 @@ def test_sigterm_drains_running_stream_and_exits_zero(tmp_path, api_server_count
     assert first.wait(30)
     process.send_signal(signal.SIGTERM)
     num_events_at_signal = len(events)
-    time.sleep(0.05)
+    _wait_until_draining(url)
     try:
       refused = httpx.post(f"{url}/v1/completions", json={"prompt": "late", "max_tokens": 2},
                            timeout=10)
