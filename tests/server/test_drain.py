@@ -34,15 +34,20 @@ def _write_config(path: str, drain_timeout_s: float = 30) -> None:
     yaml.safe_dump(config, f)
 
 
+def _health_status(url: str) -> int | None:
+  """/health's status code, None while nothing listens."""
+  try:
+    return httpx.get(f"{url}/health", timeout=5).status_code
+  except httpx.TransportError:
+    return None
+
+
 def _wait_until_healthy(url: str, process: subprocess.Popen, timeout: float = 150) -> None:
   deadline = time.monotonic() + timeout
   while time.monotonic() < deadline:
     assert process.poll() is None, "the server exited during start-up"
-    try:
-      if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-        return
-    except httpx.TransportError:
-      pass
+    if _health_status(url) == 200:
+      return
     time.sleep(0.2)
   raise AssertionError("the server did not become healthy")
 
@@ -51,10 +56,7 @@ def _wait_until_draining(url: str) -> None:
   """Until /health answers 503 (the signal was handled) or the socket is closed."""
   deadline = time.monotonic() + 20
   while time.monotonic() < deadline:
-    try:
-      if httpx.get(f"{url}/health", timeout=5).status_code == 503:
-        return
-    except httpx.TransportError:
+    if _health_status(url) in (503, None):
       return
     time.sleep(0.01)
   raise AssertionError("the server did not start draining")
