@@ -155,12 +155,12 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
           --components "${INV_COMPONENTS:-on}" \
           --out "$OUT/invariance_${m}_$mode.json"
       done; done ;;
-    svo8b_warm)  # fills the compilation cache for svo8b (a cold start compiles for ~3 min)
+    svo8b_warm)  # fills the compilation cache for svo8b: every program the servers compile (~2-3 min)
       [ -f /tmp/llama8b/config.json ] || step model8b python3 -c \
         "from jaxserve.bench.random_checkpoint import build_random_llama as b; b('llama-3.1-8b', '/tmp/llama8b')"
       step svo8b_warm python3 -m jaxserve.bench.bench_offline --model /tmp/llama8b \
         --config configs/h100.yaml --max-model-len 2048 --num-prompts 64 --input-len 256 \
-        --output-len 16 --no-stream --log-level WARNING --out "$OUT/svo8b_warm.json" ;;
+        --output-len 16 --warmup full --no-stream --log-level WARNING --out "$OUT/svo8b_warm.json" ;;
     svo8b)  # issue 15, one run (~8 min with svo8b_warm's cache): LLM.generate vs the multi-process
       # and the single-process HTTP server on 1000 x 256/256 at rate inf (every token streamed),
       # a rate sweep (1024/128, range ratio 0.5; rate x SWEEP_S seconds of prompts) and
