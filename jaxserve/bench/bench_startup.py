@@ -11,7 +11,8 @@ memory fraction is set from the config before jax starts (jaxserve/device/device
 --cold), the weights are loaded --load-runs times (each timed alone, arrays ready; a one-device
 safetensors checkpoint once per memory layout per run, with the holes each leaves), then
 `assembly.build_device` loads them once more and sizes the KV pool as the server would, then
-(--warmup full) every bucket is compiled. Prints a short table and one JSON object (also written to --out).
+(--warmup full) every bucket is compiled. Prints a short table and one JSON object (also written
+to --out).
 Imports nothing from jaxserve.server (runs without starlette/uvicorn).
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Merged projections: q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj` GEMM.
 
 Checkpoints (and the params tree of `weights.hf_tensor_specs`) keep HF's separate projections.
-On one device they are merged while loading a safetensors checkpoint (weights.load_hf_params
+On one device they are merged while loading a safetensors checkpoint (weights.load_hf_weights
 with `fuse`: the converted parts are concatenated in the same device program, so no separate
 kernel ever sits in device memory), else once after loading (`fuse_params`, for built-in and
 orbax weights). Both follow MERGED, the one table of what is merged. Each layer's q, k and v

@@ -166,9 +166,9 @@ def load_hf_params(checkpoint_dir: Path, config: ModelConfig, *, put: PutFn | No
   By default every tensor is moved raw and converted on the device, each leaf placed with
   `sharding(path, shape)` when given (weight_transfer). `put` instead receives each leaf converted
   on the host (the slower path, for callers that place arrays themselves)."""
-  loads = plan_hf_tensors(checkpoint_dir, config)
   if put is not None:
-    leaves, stats = _put_host_converted(loads, np.dtype(jnp.dtype(config.dtype)), put)
+    leaves, stats = _put_host_converted(plan_hf_tensors(checkpoint_dir, config),
+                                        np.dtype(jnp.dtype(config.dtype)), put)
     _log(stats, checkpoint_dir)
     return _tree(leaves)
   return load_hf_weights(checkpoint_dir, config, sharding=sharding, options=options)[0]
