@@ -13,10 +13,14 @@ whole sharded weight.
 Device memory layout (`TransferOptions.layout`). A raw tensor freed after its conversion leaves
 a hole between the converted weights; streamed one tensor at a time, those holes summed to 26-29%
 of an 8B model's weights on an H100 (device/device_memory.py), memory the KV pool could not use.
-The "packed" layout leaves none: (1) a placeholder of the converted weights' bytes is allocated,
-(2) every raw tensor is put after it, (3) the placeholder is freed and every leaf converted, in
-order, into that hole (the allocator is best-fit: the hole is the smallest free block that fits,
-and it fits exactly), (4) the raw tensors are freed, one block that joins the free tail. It needs
+The "packed" layout leaves none: (1) a placeholder of the converted weights' bytes plus
+PACK_MARGIN is allocated, (2) every raw tensor is put after it, (3) the placeholder is freed and
+every leaf converted, in order, into that hole, (4) the raw tensors are freed. XLA's GPU allocator
+is best-fit (the hole is the smallest free block that fits each leaf) and splits a block only
+when what would be left is at least the request or at least 128 MiB (else it hands over the whole
+block): the margin keeps every leaf's leftover at least that large, so each leaf is split off the
+hole's front, and what is left of the hole (the margin) lies against the raw tensors and joins
+them, and the free tail, in one block once they are freed. It needs
 the raw and the converted weights on the device at once (about twice the weights), so "auto" packs
 on one device when the device's free memory holds that, and streams otherwise (and when sharded).
 `packed_fits` is that rule; device_memory.loader_slack charges each layout its own slack.
@@ -130,7 +134,8 @@ class _Job:
 
 
 ALLOC_ALIGN = 256  # the GPU allocator rounds every buffer up to this many bytes
-PACK_MARGIN = 4 << 20  # placeholder bytes beyond the leaves' (rounded) sizes
+SPLIT_THRESHOLD = 128 << 20  # the allocator splits a free block if the rest is at least this
+PACK_MARGIN = SPLIT_THRESHOLD + (4 << 20)  # placeholder bytes beyond the leaves' (rounded) sizes
 PLACEHOLDER_BLOCK = 1 << 30
 
 
