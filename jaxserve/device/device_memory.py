@@ -18,9 +18,9 @@ an 8B server) would make a warm restart compile every forward again. Measured on
 8B model at fraction 0.92 (72.8 GiB arena, 14.96 GiB of weights) with the streaming loader:
 15.64-15.73 GiB in use after loading and a largest free block of 53.6-54.0 GiB, so the loader's
 holes and leftovers took 3.9-4.3 GiB (26-29% of the weights); the slack (25%) plus the headroom
-keep the planned pool 0.4 GiB inside the worst of them. The packed layout's 1% covers its
-placeholder margin and the small buffers the allocator may place in its hole (not yet measured on
-a GPU: bench_startup reports the holes each layout leaves). Where the client reports its
+keep the planned pool 0.4 GiB inside the worst of them. The packed layout's 1% covers the
+small buffers the allocator may place between the weights (not yet measured on a GPU:
+tests/models/test_gpu_weight_layout.py and bench_startup report the holes each layout leaves). Where the client reports its
 largest free block, fit_pool_bytes checks the planned pool (its layers are allocated one after
 another in what is left of the arena) against it, less the scratch and ARENA_MIN_HEADROOM; a pool
 that does not fit is shrunk by whole 64ths of itself until it does, with a warning (a deterministic
