@@ -19,11 +19,12 @@ every leaf converted, in order, into that hole, (4) the raw tensors are freed. X
 is best-fit (the hole is the smallest free block that fits each leaf) and splits a block only
 when what would be left is at least the request or at least 128 MiB (else it hands over the whole
 block): the margin keeps every leaf's leftover at least that large, so each leaf is split off the
-hole's front, and what is left of the hole (the margin) lies against the raw tensors and joins
-them, and the free tail, in one block once they are freed. It needs
-the raw and the converted weights on the device at once (about twice the weights), so "auto" packs
-on one device when the device's free memory holds that, and streams otherwise (and when sharded).
-`packed_fits` is that rule; device_memory.loader_slack charges each layout its own slack.
+hole's front (in whatever order the leaves are allocated), and what is left of the hole (the
+margin) lies against the raw tensors and joins them, and the free tail, in one block once they are
+freed. It needs the raw and the converted weights on the device at once (about twice the
+weights), so "auto" packs on one device when the device's free memory holds that, and streams
+otherwise (and when sharded). `packed_fits` is that rule; device_memory.loader_slack charges each
+layout its own slack.
 
 Overlap: a thread pool (`TransferOptions.num_threads`) puts (and, streaming, converts and waits
 for) each tensor while the main thread keeps at most `window_bytes` of tensors in flight (this
