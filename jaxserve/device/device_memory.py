@@ -10,8 +10,9 @@ The pool's size is a function of run-invariant quantities only (kv_budget_bytes)
 weights' bytes on one device, from their shapes, dtypes and shardings (not the allocator's live
 count), plus a slack for what the weight loader leaves behind: LOADER_SLACK_SHARE of them when
 its transient buffers left holes between the weights, PACKED_LOADER_SLACK_SHARE when it laid them
-out with none (models/weight_transfer.py, the "packed" layout: one device, raw and converted
-weights fitting at once, decided before loading from the client's limit and the weights' sizes).
+out with none (models/weight_transfer.py, the "packed" layout: one device with more free memory
+than the raw weights plus twice the converted ones, decided before loading from the client's
+limit and the weights' sizes).
 The page count is part of the forward programs' shapes, so a pool that varied from run to run
 (it did when it followed the live largest free block: 26,488 to 26,824 pages over three starts of
 an 8B server) would make a warm restart compile every forward again. Measured on an H100 with an

@@ -22,9 +22,10 @@ block): the margin keeps every leaf's leftover at least that large, so each leaf
 hole's front (in whatever order the leaves are allocated), and what is left of the hole (the
 margin) lies against the raw tensors and joins them, and the free tail, in one block once they are
 freed. It needs the raw and the converted weights on the device at once (about twice the
-weights), so "auto" packs on one device when the device's free memory holds that, and streams
-otherwise (and when sharded). `packed_fits` is that rule; device_memory.loader_slack charges each
-layout its own slack.
+weights), and the free block after the raw tensors must stay larger than the hole (else best-fit
+would pick that block), so "auto" packs on one device when the free memory exceeds the raw
+weights plus twice the converted ones, and streams otherwise (and when sharded). `packed_fits` is
+that rule; device_memory.loader_slack charges each layout its own slack.
 
 Overlap: a thread pool (`TransferOptions.num_threads`) puts (and, streaming, converts and waits
 for) each tensor while the main thread keeps at most `window_bytes` of tensors in flight (this
@@ -141,9 +142,13 @@ PLACEHOLDER_BLOCK = 1 << 30
 
 
 def packed_fits(raw_bytes: int, out_bytes: int, free_bytes: int | None) -> bool:
-  """Whether the packed layout's peak (placeholder + raw tensors) fits `free_bytes` (None: the
-  device reports no memory statistics, as the CPU)."""
-  return free_bytes is not None and raw_bytes + out_bytes + 2 * PACK_MARGIN <= free_bytes
+  """Whether the packed layout works in `free_bytes` (None: the device reports no memory
+  statistics, as the CPU): placeholder and raw tensors fit, and the free block after them stays
+  larger than the placeholder's hole, so best-fit picks the hole for every leaf."""
+  if free_bytes is None:
+    return False
+  hole = out_bytes + PACK_MARGIN
+  return raw_bytes + 2 * hole < free_bytes
 
 
 def transfer_tensors(leaves: Sequence[LeafLoad], dtype: np.dtype,
