@@ -11,8 +11,8 @@ weights' bytes on one device, from their shapes, dtypes and shardings (not the a
 count), plus a slack for what the weight loader leaves behind: LOADER_SLACK_SHARE of them when
 its transient buffers left holes between the weights, PACKED_LOADER_SLACK_SHARE when it laid them
 out with none (models/weight_transfer.py, the "packed" layout: one device with more free memory
-than the raw weights plus twice the converted ones, decided before loading from the client's
-limit and the weights' sizes).
+than the raw weights plus twice the converted ones, decided before loading, when the free memory
+is the client's limit less what the process has allocated before the weights: nearly nothing).
 The page count is part of the forward programs' shapes, so a pool that varied from run to run
 (it did when it followed the live largest free block: 26,488 to 26,824 pages over three starts of
 an 8B server) would make a warm restart compile every forward again. Measured on an H100 with an
@@ -21,8 +21,8 @@ an 8B server) would make a warm restart compile every forward again. Measured on
 holes and leftovers took 3.9-4.3 GiB (26-29% of the weights); the slack (25%) plus the headroom
 keep the planned pool 0.4 GiB inside the worst of them. The packed layout's 1% covers the
 small buffers the allocator may place between the weights (not yet measured on a GPU:
-tests/models/test_gpu_weight_layout.py and bench_startup report the holes each layout leaves). Where the client reports its
-largest free block, fit_pool_bytes checks the planned pool (its layers are allocated one after
+tests/models/test_gpu_weight_layout.py and bench_startup report the holes each layout leaves).
+Where the client reports its largest free block, fit_pool_bytes checks the planned pool (its layers are allocated one after
 another in what is left of the arena) against it, less the scratch and ARENA_MIN_HEADROOM; a pool
 that does not fit is shrunk by whole 64ths of itself until it does, with a warning (a deterministic
 step, so restarts that shrink usually agree, but the compile cache may miss).
