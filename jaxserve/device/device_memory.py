@@ -22,10 +22,11 @@ holes and leftovers took 3.9-4.3 GiB (26-29% of the weights); the slack (25%) pl
 keep the planned pool 0.4 GiB inside the worst of them. The packed layout's 1% covers the
 small buffers the allocator may place between the weights (not yet measured on a GPU:
 tests/models/test_gpu_weight_layout.py and bench_startup report the holes each layout leaves).
-Where the client reports its largest free block, fit_pool_bytes checks the planned pool (its layers are allocated one after
-another in what is left of the arena) against it, less the scratch and ARENA_MIN_HEADROOM; a pool
-that does not fit is shrunk by whole 64ths of itself until it does, with a warning (a deterministic
-step, so restarts that shrink usually agree, but the compile cache may miss).
+Where the client reports its largest free block, fit_pool_bytes checks the planned pool (its
+layers are allocated one after another in what is left of the arena) against it, less the scratch
+and ARENA_MIN_HEADROOM; a pool that does not fit is shrunk by whole 64ths of itself until it does,
+with a warning (a deterministic step, so restarts that shrink usually agree, but the compile cache
+may miss).
 The headroom (ARENA_HEADROOM_SHARE of the usable bytes, at least ARENA_MIN_HEADROOM) is what
 the allocator needs beyond the sum of the buffers: each layer's K or V pages are one contiguous
 buffer (870 MiB for an 8B model at 54 GiB), the weight loader's transient buffers leave the arena
