@@ -10,7 +10,7 @@ The pool's size is a function of run-invariant quantities only (kv_budget_bytes)
 weights' bytes on one device, from their shapes, dtypes and shardings (not the allocator's live
 count), plus a slack for what the weight loader leaves behind: LOADER_SLACK_SHARE of them when
 its transient buffers left holes between the weights, PACKED_LOADER_SLACK_SHARE when it laid them
-out with none (models/weight_transfer.py, the "packed" layout: one device with more free memory
+out with none (models/weight_transfer.py, the "packed" layout: one GPU with more free memory
 than the raw weights plus twice the converted ones, decided before loading, when the free memory
 is the client's limit less what the process has allocated before the weights: nearly nothing).
 The page count is part of the forward programs' shapes, so a pool that varied from run to run

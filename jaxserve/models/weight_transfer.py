@@ -23,9 +23,10 @@ hole's front (in whatever order the leaves are allocated), and what is left of t
 margin) lies against the raw tensors and joins them, and the free tail, in one block once they are
 freed. It needs the raw and the converted weights on the device at once (about twice the
 weights), and the free block after the raw tensors must stay larger than the hole (else best-fit
-would pick that block), so "auto" packs on one device when the free memory exceeds the raw
-weights plus twice the converted ones, and streams otherwise (and when sharded). `packed_fits` is
-that rule; device_memory.loader_slack charges each layout its own slack.
+would pick that block), so "auto" packs on one GPU when the free memory exceeds the raw weights
+plus twice the converted ones, and streams otherwise: when sharded, and on TPUs, whose allocator
+this reasoning does not describe. `packed_fits` is that rule; device_memory.loader_slack charges
+each layout its own slack.
 
 Overlap: a thread pool (`TransferOptions.num_threads`) puts (and, streaming, converts and waits
 for) each tensor while the main thread keeps at most `window_bytes` of tensors in flight (this
@@ -141,11 +142,12 @@ PACK_MARGIN = SPLIT_THRESHOLD + (4 << 20)  # placeholder bytes beyond the leaves
 PLACEHOLDER_BLOCK = 1 << 30
 
 
-def packed_fits(raw_bytes: int, out_bytes: int, free_bytes: int | None) -> bool:
-  """Whether the packed layout works in `free_bytes` (None: the device reports no memory
-  statistics, as the CPU): placeholder and raw tensors fit, and the free block after them stays
-  larger than the placeholder's hole, so best-fit picks the hole for every leaf."""
-  if free_bytes is None:
+def packed_fits(platform: str, raw_bytes: int, out_bytes: int, free_bytes: int | None) -> bool:
+  """Whether "auto" packs: on a GPU (the layout follows how XLA's GPU allocator places buffers;
+  other platforms' allocators differ) with memory statistics (free_bytes not None) where the
+  placeholder and the raw tensors fit and the free block after them stays larger than the
+  placeholder's hole, so best-fit picks the hole for every leaf."""
+  if platform != "gpu" or free_bytes is None:
     return False
   hole = out_bytes + PACK_MARGIN
   return raw_bytes + 2 * hole < free_bytes
@@ -181,7 +183,7 @@ def _use_packed(leaves: Sequence[LeafLoad], dtype: np.dtype, sharding_for: Shard
     return False
   raw = sum(_aligned(part.info.nbytes) for leaf in leaves for part in leaf.parts)
   out = sum(_aligned(math.prod(leaf.shape) * dtype.itemsize) for leaf in leaves)
-  return packed_fits(raw, out, _free_device_bytes())
+  return packed_fits(jax.devices()[0].platform, raw, out, _free_device_bytes())
 
 
 def _free_device_bytes() -> int | None:

@@ -150,13 +150,14 @@ def test_auto_layout_streams_where_the_device_reports_no_memory(hf_checkpoint):
   assert jax.devices()[0].memory_stats() is None and not stats.packed  # the CPU backend
 
 
-def test_packed_needs_the_raw_weights_and_twice_the_converted_ones():
+def test_packed_needs_a_gpu_the_raw_weights_and_twice_the_converted_ones():
   # 10 GiB raw, 10 GiB converted: the hole (10 GiB + margin) must stay smaller than the block
   # after the raw tensors, so more than 30 GiB (plus two margins) must be free
-  assert packed_fits(10 << 30, 10 << 30, 31 << 30)
-  assert not packed_fits(10 << 30, 10 << 30, 30 << 30)
-  assert not packed_fits(10 << 30, 10 << 30, 25 << 30)  # fits, but leaves would go past the raws
-  assert not packed_fits(1, 1, None)  # no memory statistics
+  assert packed_fits("gpu", 10 << 30, 10 << 30, 31 << 30)
+  assert not packed_fits("gpu", 10 << 30, 10 << 30, 30 << 30)
+  assert not packed_fits("gpu", 10 << 30, 10 << 30, 25 << 30)  # fits, but leaves would go past
+  assert not packed_fits("tpu", 10 << 30, 10 << 30, 64 << 30)  # another allocator
+  assert not packed_fits("gpu", 1, 1, None)  # no memory statistics
 
 
 def test_unknown_layout_is_refused():
