@@ -10,9 +10,10 @@ The pool's size is a function of run-invariant quantities only (kv_budget_bytes)
 weights' bytes on one device, from their shapes, dtypes and shardings (not the allocator's live
 count), plus a slack for what the weight loader leaves behind: LOADER_SLACK_SHARE of them when
 its transient buffers left holes between the weights, PACKED_LOADER_SLACK_SHARE when it laid them
-out with none (models/weight_transfer.py, the "packed" layout: one GPU with more free memory
-than the raw weights plus twice the converted ones, decided before loading, when the free memory
-is the client's limit less what the process has allocated before the weights: nearly nothing).
+out with none (models/weight_transfer.py, the "packed" layout: GPUs of one host with more free
+memory than their raw weights plus twice the converted ones, decided before loading, when the
+free memory is the client's limit less what the process allocated before the weights: nearly
+nothing).
 The page count is part of the forward programs' shapes, so a pool that varied from run to run
 (it did when it followed the live largest free block: 26,488 to 26,824 pages over three starts of
 an 8B server) would make a warm restart compile every forward again. Measured on an H100 with an
@@ -209,10 +210,11 @@ def max_concurrency(num_pages: int, page_size: int, max_model_len: int) -> float
   return (num_pages - 1) * page_size / max_model_len
 
 
-def read_device_memory(environ: Mapping[str, str] | None = None) -> DeviceMemory | None:
-  """The first device's DeviceMemory (jax must be usable; None on CPU)."""
+def read_device_memory(environ: Mapping[str, str] | None = None,
+                       device=None) -> DeviceMemory | None:
+  """`device`'s DeviceMemory, by default the first device's (jax must be usable; None on CPU)."""
   import jax
-  device = jax.devices()[0]
+  device = jax.devices()[0] if device is None else device
   try:
     stats = device.memory_stats()
   except Exception:  # some backends raise instead of returning None

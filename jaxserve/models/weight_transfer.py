@@ -23,10 +23,11 @@ hole's front (in whatever order the leaves are allocated), and what is left of t
 margin) lies against the raw tensors and joins them, and the free tail, in one block once they are
 freed. It needs the raw and the converted weights on the device at once (about twice the
 weights), and the free block after the raw tensors must stay larger than the hole (else best-fit
-would pick that block), so "auto" packs on one GPU when the free memory exceeds the raw weights
-plus twice the converted ones, and streams otherwise: when sharded, and on TPUs, whose allocator
-this reasoning does not describe. `packed_fits` is that rule; device_memory.loader_slack charges
-each layout its own slack.
+would pick that block), so "auto" packs on GPUs whose free memory exceeds the raw weights plus
+twice the converted ones (per device: tensor-parallel leaves count their shards, and every device
+of the mesh gets its own placeholder), and streams otherwise: on several hosts (each would decide
+alone) and on TPUs, whose allocator this reasoning does not describe. `packed_fits` is that rule;
+device_memory.loader_slack charges each layout its own slack.
 
 Overlap: a thread pool (`TransferOptions.num_threads`) puts (and, streaming, converts and waits
 for) each tensor while the main thread keeps at most `window_bytes` of tensors in flight (this
@@ -48,7 +49,7 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxserve.device.device_memory import read_device_memory
 from jaxserve.models.safetensors_reader import MappedFile, SafetensorsHeader, TensorInfo
@@ -131,9 +132,16 @@ class _Job:
   host_copy: bool  # a CPU device would alias the view (the file's pages) rather than copy it
   out_itemsize: int  # bytes per element of the converted leaf
 
-  @property
-  def out_bytes(self) -> int:
-    return math.prod(self.leaf.shape) * self.out_itemsize
+  def out_device_bytes(self) -> int:
+    """The converted leaf's bytes on each of its devices."""
+    shape = self.leaf.shape if self.target is None else self.target.shard_shape(self.leaf.shape)
+    return math.prod(shape) * self.out_itemsize
+
+  def raw_device_bytes(self) -> list[int]:
+    """Each raw part's bytes on each of the leaf's devices."""
+    return [math.prod(part.info.shape if self.target is None else
+                      raw_sharding(self.target, part.transpose).shard_shape(part.info.shape))
+            * part.info.dtype.itemsize for part in self.leaf.parts]
 
 
 ALLOC_ALIGN = 256  # the GPU allocator rounds every buffer up to this many bytes
@@ -146,7 +154,7 @@ def packed_fits(platform: str, raw_bytes: int, out_bytes: int, free_bytes: int |
   """Whether "auto" packs: on a GPU (the layout follows how XLA's GPU allocator places buffers;
   other platforms' allocators differ) with memory statistics (free_bytes not None) where the
   placeholder and the raw tensors fit and the free block after them stays larger than the
-  placeholder's hole, so best-fit picks the hole for every leaf."""
+  placeholder's hole, so best-fit picks the hole for every leaf. All bytes per device."""
   if platform != "gpu" or free_bytes is None:
     return False
   hole = out_bytes + PACK_MARGIN
@@ -160,9 +168,8 @@ def transfer_tensors(leaves: Sequence[LeafLoad], dtype: np.dtype,
   """Every leaf on its device(s) in `dtype`, flax layout; with the bytes moved and time."""
   start = time.perf_counter()
   dtype = np.dtype(dtype)
-  ordered = sorted(leaves, key=_disk_order(leaves))
-  packed = _use_packed(ordered, dtype, sharding_for, options.layout)
-  jobs = _jobs(ordered, dtype, sharding_for, always_convert=packed)
+  jobs = _jobs(sorted(leaves, key=_disk_order(leaves)), dtype, sharding_for)
+  packed = _use_packed(jobs, options.layout)
   read_ahead = _ReadAhead([part.header for job in jobs for part in job.leaf.parts])
   pool = futures.ThreadPoolExecutor(options.num_threads, thread_name_prefix="weights-put")
   try:
@@ -175,20 +182,42 @@ def transfer_tensors(leaves: Sequence[LeafLoad], dtype: np.dtype,
   return results, TransferStats(num_bytes, time.perf_counter() - start, packed)
 
 
-def _use_packed(leaves: Sequence[LeafLoad], dtype: np.dtype, sharding_for: ShardingFn | None,
-                layout: str) -> bool:
+def _use_packed(jobs: Sequence[_Job], layout: str) -> bool:
+  mesh = _one_mesh(jobs)
+  if layout == "packed" and mesh is False:
+    raise ValueError("layout: 'packed' needs every leaf on the default device or every leaf on "
+                     "one mesh")
   if layout != "auto":
     return layout == "packed"
-  if sharding_for is not None:
+  if mesh is False or jax.process_count() > 1:  # every host must decide alike: stream
     return False
-  raw = sum(_aligned(part.info.nbytes) for leaf in leaves for part in leaf.parts)
-  out = sum(_aligned(math.prod(leaf.shape) * dtype.itemsize) for leaf in leaves)
-  return packed_fits(jax.devices()[0].platform, raw, out, _free_device_bytes())
+  devices = [jax.devices()[0]] if mesh is None else list(mesh.devices.flat)
+  raw = sum(_aligned(nbytes) for job in jobs for nbytes in job.raw_device_bytes())
+  out = sum(_aligned(job.out_device_bytes()) for job in jobs)
+  return packed_fits(devices[0].platform, raw, out, _free_device_bytes(devices))
 
 
-def _free_device_bytes() -> int | None:
-  memory = read_device_memory()
-  return None if memory is None else memory.limit_bytes - memory.in_use_bytes
+def _one_mesh(jobs: Sequence[_Job]) -> Mesh | None | bool:
+  """None when every leaf goes to the default device, the mesh when every leaf is a
+  NamedSharding over one mesh, else False (a layout the packed path does not handle)."""
+  targets = {job.target for job in jobs}
+  if targets == {None}:
+    return None
+  meshes = {target.mesh for target in targets if isinstance(target, NamedSharding)}
+  if len(meshes) != 1 or not all(isinstance(target, NamedSharding) for target in targets):
+    return False
+  return meshes.pop()
+
+
+def _free_device_bytes(devices: Sequence[jax.Device]) -> int | None:
+  """The least free memory among `devices` (None when one reports no statistics)."""
+  free = []
+  for device in devices:
+    memory = read_device_memory(device=device)
+    if memory is None:
+      return None
+    free.append(memory.limit_bytes - memory.in_use_bytes)
+  return min(free)
 
 
 def _aligned(num_bytes: int) -> int:
@@ -250,13 +279,23 @@ def _run_streaming(jobs: Sequence[_Job], pool: futures.ThreadPoolExecutor,
 def _run_packed(jobs: Sequence[_Job], pool: futures.ThreadPoolExecutor,
                 read_ahead: _ReadAhead, window_bytes: int) -> dict[ParamPath, jax.Array]:
   """The packed layout (module docstring): placeholder, raw tensors, converted leaves into the
-  placeholder's hole in order, raw tensors freed."""
-  placeholder = _reserve(sum(_aligned(job.out_bytes) for job in jobs) + PACK_MARGIN)
+  placeholder's hole, raw tensors freed; on every device of the leaves' mesh alike."""
+  per_device = sum(_aligned(job.out_device_bytes()) for job in jobs) + PACK_MARGIN
+  mesh = _one_mesh(jobs)
+  placeholder = _reserve(per_device, mesh if isinstance(mesh, Mesh) else None)
   raws = _windowed(jobs, pool, read_ahead, window_bytes,
                    lambda job, mapped: [jax.block_until_ready(raw) for raw in _put(job, mapped)])
   for block in placeholder:
     block.delete()
-  outs = {job.leaf.path: job.convert(*raw) for job, raw in zip(jobs, raws)}  # dispatch order
+  copies: dict = {}  # a leaf stored as it is on disk still gets a new buffer, in the hole
+  outs = {}
+  for job, raw in zip(jobs, raws):
+    convert = job.convert
+    if convert is None:
+      if job.target not in copies:
+        copies[job.target] = _jit(lambda x: jnp.copy(x), job.target)
+      convert = copies[job.target]
+    outs[job.leaf.path] = convert(*raw)
   jax.block_until_ready(list(outs.values()))
   for raw in raws:
     for array in raw:
@@ -264,12 +303,18 @@ def _run_packed(jobs: Sequence[_Job], pool: futures.ThreadPoolExecutor,
   return outs
 
 
-def _reserve(num_bytes: int) -> list[jax.Array]:
-  """num_bytes of the default device in blocks of at most PLACEHOLDER_BLOCK, allocated one after
-  another (contiguous in a fresh arena)."""
-  sizes = [PLACEHOLDER_BLOCK] * (num_bytes // PLACEHOLDER_BLOCK)
-  sizes += [num_bytes % PLACEHOLDER_BLOCK] if num_bytes % PLACEHOLDER_BLOCK else []
-  zeros = jax.jit(lambda size: jnp.zeros((size,), jnp.uint8), static_argnums=0)
+def _reserve(bytes_per_device: int, mesh: Mesh | None) -> list[jax.Array]:
+  """bytes_per_device on the default device (mesh None) or on every device of `mesh`, in blocks
+  of at most PLACEHOLDER_BLOCK per device, allocated one after another (contiguous in a fresh
+  arena)."""
+  sizes = [PLACEHOLDER_BLOCK] * (bytes_per_device // PLACEHOLDER_BLOCK)
+  sizes += [bytes_per_device % PLACEHOLDER_BLOCK] if bytes_per_device % PLACEHOLDER_BLOCK else []
+  if mesh is None:
+    zeros = jax.jit(lambda size: jnp.zeros((size,), jnp.uint8), static_argnums=0)
+  else:  # one flat axis split over every device of the mesh
+    sharding = NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names)))
+    zeros = jax.jit(lambda size: jnp.zeros((size * mesh.devices.size,), jnp.uint8),
+                    static_argnums=0, out_shardings=sharding)
   return [jax.block_until_ready(zeros(size)) for size in sizes]
 
 
@@ -280,11 +325,10 @@ def _disk_order(leaves: Sequence[LeafLoad]) -> Callable[[LeafLoad], tuple[int, i
   return lambda leaf: (first_seen[leaf.parts[0].header.path], leaf.parts[0].info.begin)
 
 
-def _jobs(leaves: Sequence[LeafLoad], dtype: np.dtype, sharding_for: ShardingFn | None,
-          always_convert: bool) -> list[_Job]:
+def _jobs(leaves: Sequence[LeafLoad], dtype: np.dtype,
+          sharding_for: ShardingFn | None) -> list[_Job]:
   """Pairs each leaf with its target sharding and converter; converters are built here, once per
-  kind, before any thread runs (jit specializes each per shape on first call). always_convert:
-  an untouched leaf is copied too (the packed layout frees every raw tensor)."""
+  kind, before any thread runs (jit specializes each per shape on first call)."""
   converters: dict[tuple, Converter | None] = {}
   jobs = []
   for leaf in leaves:
@@ -295,8 +339,7 @@ def _jobs(leaves: Sequence[LeafLoad], dtype: np.dtype, sharding_for: ShardingFn 
       raise ValueError(f"{leaf.path}: merged parts differ in dtype or layout")
     key = (leaf.transpose, cast, len(leaf.parts), target)
     if key not in converters:
-      converters[key] = _converter(leaf.transpose, cast, len(leaf.parts), dtype, target,
-                                   always_convert)
+      converters[key] = _converter(leaf.transpose, cast, len(leaf.parts), dtype, target)
     devices = target.device_set if target is not None else {jax.devices()[0]}
     on_cpu = any(device.platform == "cpu" for device in devices)
     jobs.append(_Job(leaf, target, converters[key], on_cpu and converters[key] is None,
@@ -305,16 +348,20 @@ def _jobs(leaves: Sequence[LeafLoad], dtype: np.dtype, sharding_for: ShardingFn 
 
 
 def _converter(transpose: bool, cast: bool, num_parts: int, dtype: np.dtype,
-               target: jax.sharding.Sharding | None, always: bool) -> Converter | None:
-  if not (transpose or cast or num_parts > 1 or always):
+               target: jax.sharding.Sharding | None) -> Converter | None:
+  if not (transpose or cast or num_parts > 1):
     return None
 
   def convert(*raws: jax.Array) -> jax.Array:
     parts = [raw.T if transpose else raw for raw in raws]  # [in, out] from [out, in]
     out = parts[0] if num_parts == 1 else jnp.concatenate(parts, axis=-1)
-    return jnp.copy(out.astype(dtype))  # a new buffer even where nothing changes
+    return out.astype(dtype)
 
-  return jax.jit(convert, out_shardings=target) if target is not None else jax.jit(convert)
+  return _jit(convert, target)
+
+
+def _jit(fn: Callable, target: jax.sharding.Sharding | None) -> Callable:
+  return jax.jit(fn, out_shardings=target) if target is not None else jax.jit(fn)
 
 
 def raw_sharding(target: jax.sharding.Sharding, transpose: bool) -> jax.sharding.Sharding:

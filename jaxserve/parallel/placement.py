@@ -119,7 +119,7 @@ def abstract_placement(config: EngineConfig, model_config: ModelConfig, mesh: Me
 def _mesh_placement(config: EngineConfig, loaded: LoadedModel, mesh: Mesh,
                     platform: str | None = None) -> Placement:
   loaded = LoadedModel(loaded.config.replace(batch_invariant=config.batch_invariant),
-                       loaded.params, loaded.source)
+                       loaded.params, loaded.source, loaded.packed)
   backend, dense = get_attention_backend(config.attention_backend, platform), None
   matmul = invariant_matmul() if config.batch_invariant else None
   if config.tp_invariant_reductions:

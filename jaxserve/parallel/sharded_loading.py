@@ -1,6 +1,6 @@
 """Loads a model's params straight into their shards.
 
-Safetensors checkpoints go through load_hf_params with each leaf's target sharding: the raw
+Safetensors checkpoints go through load_hf_weights with each leaf's target sharding: the raw
 tensor is built from its shards (jax.make_array_from_callback) and transposed / cast on the
 devices (models/weight_transfer.py): every device receives only its slice, and on several hosts
 each process fills only its own devices. Orbax checkpoints are restored with the target
@@ -18,14 +18,17 @@ from jaxserve.models.builtin import is_builtin
 from jaxserve.models.checkpoint import restore_params
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.registry import PARAMS_SUBDIR, LoadedModel, checkpoint_dir, load_model
-from jaxserve.models.weights import ParamPath, load_hf_config, load_hf_params, param_shapes
+from jaxserve.models.weight_transfer import TransferOptions
+from jaxserve.models.weights import ParamPath, load_hf_config, load_hf_weights, param_shapes
 from jaxserve.parallel.mesh import MODEL_AXIS, check_tensor_parallel
 from jaxserve.parallel.partition_rules import param_shardings, param_spec
 
 
 def load_model_sharded(model: str, dtype: str, mesh: Mesh, *,
-                       tp_invariant_reductions: bool = False) -> LoadedModel:
-  """load_model(model, dtype), with every param laid out by the partition rules over `mesh`."""
+                       tp_invariant_reductions: bool = False,
+                       transfer: TransferOptions = TransferOptions()) -> LoadedModel:
+  """load_model(model, dtype), with every param laid out by the partition rules over `mesh`
+  (`transfer`: how a safetensors checkpoint's tensors are moved, models/weight_transfer.py)."""
   shard_vocab = not tp_invariant_reductions
   if is_builtin(model):
     loaded = load_model(model, dtype)
@@ -47,8 +50,8 @@ def load_model_sharded(model: str, dtype: str, mesh: Mesh, *,
   def sharding(param_path: ParamPath, shape: tuple[int, ...]) -> jax.sharding.Sharding:
     return jax.sharding.NamedSharding(mesh, param_spec(param_path, shape, size, shard_vocab))
 
-  return LoadedModel(config, load_hf_params(path, config, sharding=sharding),
-                     f"safetensors:{path}")
+  params, stats = load_hf_weights(path, config, sharding=sharding, options=transfer)
+  return LoadedModel(config, params, f"safetensors:{path}", stats.packed)
 
 
 def sharded_param_shapes(config: ModelConfig, mesh: Mesh) -> dict:

@@ -163,3 +163,18 @@ def test_packed_needs_a_gpu_the_raw_weights_and_twice_the_converted_ones():
 def test_unknown_layout_is_refused():
   with pytest.raises(ValueError, match="^layout: must be one of"):
     TransferOptions(layout="compact")
+
+
+def test_packed_refuses_leaves_spread_over_different_placements(hf_checkpoint):
+  directory = hf_checkpoint("llama")
+  config = load_hf_config(directory)
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("model",))
+  single = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+  def sharding(path, shape):  # the norms on the device, the rest on a mesh
+    return single if path[-1] == "scale" else NamedSharding(mesh, P())
+
+  with pytest.raises(ValueError, match="^layout: 'packed' needs every leaf"):
+    load_hf_weights(directory, config, sharding=sharding, options=TransferOptions(layout="packed"))
+  params, stats = load_hf_weights(directory, config, sharding=sharding)  # auto: streams
+  assert not stats.packed and jax.tree.leaves(params)

@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 
+from jaxserve.models.weight_transfer import TransferOptions
 from jaxserve.models.weights import load_hf_config, load_hf_params
 from jaxserve.parallel.mesh import build_mesh
 from jaxserve.parallel.partition_rules import param_spec
@@ -45,3 +46,23 @@ def test_sharded_load_matches_host_converted_load(hf_checkpoint, tp, dtype, inva
   split = [x for x in jax.tree.leaves(before)
            if len({str(s.index) for s in x.addressable_shards}) == tp]
   assert split  # some leaves really are split tp ways
+
+
+@pytest.mark.parametrize("tp, dtype", [(2, "bfloat16"), (8, "auto")])
+def test_packed_layout_gives_the_streamed_shards(hf_checkpoint, tp, dtype):
+  """The packed layout (a placeholder on every device of the mesh, raw shards after it, each
+  leaf converted into the placeholder's hole) holds the same shards as the streamed load."""
+  directory = str(hf_checkpoint("llama_kv8"))
+  mesh = build_mesh(tp)
+  packed = load_model_sharded(directory, dtype, mesh, transfer=TransferOptions(layout="packed"))
+  streamed = load_model_sharded(directory, dtype, mesh,
+                                transfer=TransferOptions(layout="streaming"))
+  assert packed.packed and not streamed.packed
+  assert jax.tree.structure(packed.params) == jax.tree.structure(streamed.params)
+  for new, old in zip(jax.tree.leaves(packed.params), jax.tree.leaves(streamed.params)):
+    assert new.sharding == old.sharding and new.dtype == old.dtype
+    new_shards = sorted(new.addressable_shards, key=lambda s: s.device.id)
+    old_shards = sorted(old.addressable_shards, key=lambda s: s.device.id)
+    for a, b in zip(new_shards, old_shards):
+      assert a.index == b.index
+      assert np.asarray(a.data).tobytes() == np.asarray(b.data).tobytes()
