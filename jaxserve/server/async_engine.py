@@ -112,12 +112,7 @@ class AsyncEngine:
     stream = OutputStream(self, [s.request_id for s in specs], loop, place)
     future = loop.create_future()
     self._submit(_Add(specs, stream, future))
-    try:
-      await future
-    except asyncio.CancelledError:
-      stream.abort()
-      raise
-    return stream
+    return await stream.admitted(future)
 
   def abort(self, request_ids: list[str]) -> None:
     self._submit(_Abort(list(request_ids)))

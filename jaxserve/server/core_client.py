@@ -101,12 +101,7 @@ class CoreClient:
     self._send(AddRequests(group, [
         EngineCoreRequest(s.request_id, list(s.prompt_token_ids), s.params, s.arrival_time)
         for s in specs], limit))
-    try:
-      await future
-    except asyncio.CancelledError:
-      stream.abort()
-      raise
-    return stream
+    return await stream.admitted(future)
 
   def abort(self, request_ids: list[str]) -> None:
     for request_id in request_ids:

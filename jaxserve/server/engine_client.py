@@ -90,6 +90,16 @@ class OutputStream:
       self._unfinished.discard(item.request_id)
     return item
 
+  async def admitted(self, future: asyncio.Future) -> "OutputStream":
+    """This stream once `future` (the engine accepting the group) resolves; the group is aborted
+    if the caller is cancelled while waiting, and the engine's refusal (ValueError) propagates."""
+    try:
+      await future
+    except asyncio.CancelledError:
+      self.abort()
+      raise
+    return self
+
   def abort(self) -> int:
     """Aborts the group's unfinished requests and returns how many (0 once all finished)."""
     self._release_place()
