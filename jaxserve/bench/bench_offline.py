@@ -25,6 +25,7 @@ from jaxserve.assembly import build_engine
 from jaxserve.platforms import prepare_jax_process
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.tools.json_file import write_json
+from jaxserve.tools.key_value_table import key_value_table
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -128,9 +129,7 @@ def main(argv=None) -> int:
   rows += [(f"bucket {name}", f'{b["steps"]} steps, {b["device_ms_per_step"]:.2f} device ms/step'
              + ("" if b["host_ms_per_step"] is None else f', {b["host_ms_per_step"]:.2f} host'))
            for name, b in result["per_bucket"].items()]
-  width = max(len(k) for k, _ in rows)
-  for key, value in rows:
-    print(f"{key:<{width}}  {value}")
+  print(key_value_table(rows))
   print(f"wrote {out}")
   return 0
 

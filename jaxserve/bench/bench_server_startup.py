@@ -33,6 +33,7 @@ import httpx
 
 from jaxserve.bench.server_process import ServerProcess
 from jaxserve.tools.json_file import write_json
+from jaxserve.tools.key_value_table import key_value_table
 
 PROBE = {"prompt": "The quick brown fox jumps over the lazy dog. " * 4, "max_tokens": 24,
          "temperature": 0.0, "ignore_eos": True}
@@ -205,8 +206,7 @@ def format_table(report: dict) -> str:
           ("restart: cache", warm["log"].get("cache_use", "?"))]
   if "all_compiled_s" in warm:
     rows.append(("restart: every program compiled", f"{warm['all_compiled_s']:.1f} s"))
-  width = max(len(name) for name, _ in rows)
-  return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+  return key_value_table(rows)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from pathlib import Path
 from jaxserve.cli_args import add_engine_args, engine_config_from_args
 from jaxserve.platforms import prepare_jax_process
 from jaxserve.tools.json_file import write_json
+from jaxserve.tools.key_value_table import key_value_table
 
 GIB = 2**30
 
@@ -230,8 +231,7 @@ def format_table(report: dict) -> str:
                  f"{device['client_limit_gib']:.1f} GiB, in use {device['in_use_gib']:.1f} GiB"))
   if "warmup_s" in report:
     rows.append(("warmup", f"{report['warmup_s']:.1f} s"))
-  width = max(len(name) for name, _ in rows)
-  return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+  return key_value_table(rows)
 
 
 if __name__ == "__main__":

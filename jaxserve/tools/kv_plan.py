@@ -23,6 +23,7 @@ from jaxserve.models.model_config import ModelConfig
 from jaxserve.device.device_memory import kv_pool_bytes, read_device_memory
 from jaxserve.device.kv_cache import CPU_DEFAULT_BYTES, page_bytes
 from jaxserve.tools.json_file import write_json
+from jaxserve.tools.key_value_table import key_value_table
 
 GIB = 2**30
 
@@ -154,5 +155,4 @@ def format_plan(report: dict) -> str:
       ("paged / contiguous sequences", f"{report['paged_vs_contiguous']:.2f}x"),
       ("scheduler max_num_seqs", report["max_num_seqs"]),
   ]
-  width = max(len(name) for name, _ in rows)
-  return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+  return key_value_table(rows)
