@@ -169,12 +169,16 @@ def transfer_tensors(leaves: Sequence[LeafLoad], dtype: np.dtype,
   start = time.perf_counter()
   dtype = np.dtype(dtype)
   jobs = _jobs(sorted(leaves, key=_disk_order(leaves)), dtype, sharding_for)
-  packed = _use_packed(jobs, options.layout)
+  mesh = _one_mesh(jobs)
+  packed = _use_packed(jobs, mesh, options.layout)
   read_ahead = _ReadAhead([part.header for job in jobs for part in job.leaf.parts])
   pool = futures.ThreadPoolExecutor(options.num_threads, thread_name_prefix="weights-put")
   try:
-    run = _run_packed if packed else _run_streaming
-    results = run(jobs, pool, read_ahead, options.window_bytes)
+    if packed:
+      results = _run_packed(jobs, mesh if isinstance(mesh, Mesh) else None, pool, read_ahead,
+                            options.window_bytes)
+    else:
+      results = _run_streaming(jobs, pool, read_ahead, options.window_bytes)
   finally:
     pool.shutdown(wait=True, cancel_futures=True)
     read_ahead.close()
@@ -182,8 +186,8 @@ def transfer_tensors(leaves: Sequence[LeafLoad], dtype: np.dtype,
   return results, TransferStats(num_bytes, time.perf_counter() - start, packed)
 
 
-def _use_packed(jobs: Sequence[_Job], layout: str) -> bool:
-  mesh = _one_mesh(jobs)
+def _use_packed(jobs: Sequence[_Job], mesh: Mesh | None | bool, layout: str) -> bool:
+  """Whether to pack (`mesh`: _one_mesh(jobs))."""
   if layout == "packed" and mesh is False:
     raise ValueError("layout: 'packed' needs every leaf on the default device or every leaf on "
                      "one mesh")
@@ -276,13 +280,13 @@ def _run_streaming(jobs: Sequence[_Job], pool: futures.ThreadPoolExecutor,
   return {job.leaf.path: out for job, out in zip(jobs, outs)}
 
 
-def _run_packed(jobs: Sequence[_Job], pool: futures.ThreadPoolExecutor,
+def _run_packed(jobs: Sequence[_Job], mesh: Mesh | None, pool: futures.ThreadPoolExecutor,
                 read_ahead: _ReadAhead, window_bytes: int) -> dict[ParamPath, jax.Array]:
   """The packed layout (module docstring): placeholder, raw tensors, converted leaves into the
-  placeholder's hole, raw tensors freed; on every device of the leaves' mesh alike."""
+  placeholder's hole, raw tensors freed; on the default device (mesh None) or on every device
+  of the leaves' mesh alike."""
   per_device = sum(_aligned(job.out_device_bytes()) for job in jobs) + PACK_MARGIN
-  mesh = _one_mesh(jobs)
-  placeholder = _reserve(per_device, mesh if isinstance(mesh, Mesh) else None)
+  placeholder = _reserve(per_device, mesh)
   raws = _windowed(jobs, pool, read_ahead, window_bytes,
                    lambda job, mapped: [jax.block_until_ready(raw) for raw in _put(job, mapped)])
   for block in placeholder:
