@@ -10,7 +10,9 @@ binds the HTTP socket, spawns the API servers with it (vLLM's way of sharing one
 server processes) and closes its own copy. Then it waits on the children:
 
 * SIGTERM or SIGINT: forwarded to the API servers as SIGTERM (each drains, server/drain.py);
-  once all have exited the core gets SIGTERM; exit 0.
+  once all have exited the core gets SIGTERM; exit 0. A signal during start-up starts no
+  further API server; those spawned drain as soon as they can (one still importing dies of
+  the signal, one whose uvicorn is starting drains right after its start-up).
 * The core dies: the API servers have already failed their open streams (their CoreClient saw
   the connection close) and answer /health with 503; CORE_DEATH_GRACE_S later they are drained
   and the supervisor exits 1, logging the core's error.
@@ -54,9 +56,7 @@ def serve_multiprocess(config: EngineConfig, count: int, log_level: str) -> int:
     if not stopping:
       logger.info("signal %d: draining the API server processes", sig)
     stopping.append(sig)
-    for process in apis:
-      if process.is_alive():
-        os.kill(process.pid, signal.SIGTERM)
+    _drain(apis)
 
   apis: list[multiprocessing.process.BaseProcess] = []
   previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -74,11 +74,15 @@ def serve_multiprocess(config: EngineConfig, count: int, log_level: str) -> int:
       sock = uvicorn.Config(None, host=server.host, port=server.port).bind_socket()
       context = multiprocessing.get_context("spawn")
       for index in range(count):
+        if stopping:  # a stop signal came while the API processes were starting
+          break
         process = context.Process(target=run_api_server, name=f"jaxserve-api-{index}",
                                   args=(server, core.info, core.address, sock, index, log_level))
         process.start()
         apis.append(process)
       sock.close()
+      if stopping:  # the signal may have come between a start() and its append
+        _drain(apis)
       logger.info("serving %r on http://%s:%d (warmup %.1fs): engine core pid %d, API server "
                   "pids %s", server.served_model_name or core.info.model_name, server.host,
                   server.port, core.info.warmup_seconds, core.process.pid,
@@ -93,6 +97,13 @@ def serve_multiprocess(config: EngineConfig, count: int, log_level: str) -> int:
   finally:
     for sig, handler in previous.items():
       signal.signal(sig, handler)
+
+
+def _drain(apis: list[multiprocessing.process.BaseProcess]) -> None:
+  """SIGTERM to every running API process (a second one is harmless: the drain starts once)."""
+  for process in apis:
+    if process.is_alive():
+      os.kill(process.pid, signal.SIGTERM)
 
 
 def _supervise(core, apis, stopping: list[int]) -> int:

@@ -52,7 +52,16 @@ def run_app(app: Starlette, config: ServerConfig, log_level: str,
   server = DrainingServer(uvicorn_config, state.draining, drain_timer)
   stats_logger = StatsLogger(state.engine, state.metrics, config.stats_interval_s,
                              prefix=stats_prefix).start()
-  previous = {sig: signal.signal(sig, _already_handled) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+  def early_or_repeated(sig, frame) -> None:
+    """Installed around uvicorn's own handlers: a signal that arrives before uvicorn listens
+    (the process is still starting) drains like any other; the one uvicorn re-raises after
+    its graceful shutdown finds the drain done and does nothing."""
+    if not state.draining.is_set():
+      server.handle_exit(sig, frame)
+
+  previous = {sig: signal.signal(sig, early_or_repeated)
+              for sig in (signal.SIGTERM, signal.SIGINT)}
   try:
     server.run(sockets=[sock] if sock is not None else None)
   finally:
@@ -62,6 +71,3 @@ def run_app(app: Starlette, config: ServerConfig, log_level: str,
     stats_logger.stop()
     state.executor.shutdown(wait=False)
 
-
-def _already_handled(sig, frame) -> None:
-  """uvicorn re-raises the stop signal after its graceful shutdown; the drain has happened."""

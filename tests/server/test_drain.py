@@ -157,3 +157,23 @@ def test_streams_running_at_the_drain_timeout_end_with_an_error_event(tmp_path):
     assert error["code"] == "service_unavailable" and "drain_timeout_s" in error["message"]
     chunks = [json.loads(e[6:]) for e in lines[:-2]]
     assert chunks and all(c["choices"][0]["finish_reason"] is None for c in chunks)
+
+
+def test_sigterm_while_api_processes_start_stops_every_process(tmp_path):
+  """The signal arrives as the first API process answers /health, while the others are still
+  being spawned or starting uvicorn: no further process starts, every started one drains, and
+  the supervisor exits 0 (it used to wait forever for the late ones)."""
+  process, url = _start_server(tmp_path, "INFO", api_server_count=3)
+  try:
+    deadline = time.monotonic() + 150
+    while _health_status(url) != 200:
+      assert process.poll() is None and time.monotonic() < deadline, "no /health 200"
+      time.sleep(0.01)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=90)
+  finally:
+    if process.poll() is None:
+      process.kill()
+  assert process.returncode == 0, output
+  assert "draining the API server processes" in output
+  assert "Traceback" not in output, output
