@@ -95,6 +95,18 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
         --config configs/h100.yaml --max-model-len 2048 --workload-s "${WORKLOAD_S:-120}" \
         --out "$OUT/server_startup.json"
       cp "$OUT"/server_fresh.log "$OUT"/server_restart.log "$LOGS"/ 2>/dev/null ;;
+    server_startup_bi)  # issue 16: is the request served while padded to the first bucket the
+      # same as once every bucket is compiled (and after the restart)? Only batch_invariant makes
+      # the GPU's tokens independent of the bucket, so the comparison runs in that mode.
+      TAIL=20 step server_startup_bi python3 -m jaxserve.bench.bench_server_startup --model /tmp/llama8b \
+        --config configs/h100.yaml --max-model-len 2048 --workload-s "${WORKLOAD_S:-5}" \
+        --set batch_invariant=true --out "$OUT/server_startup_bi.json" ;;
+    tpot8b|tpot8b+t8)  # single-stream decode of the 8B: one 1024-token prompt, 256 greedy tokens
+      # (h100.yaml; +t8: a token bucket of 8 under the default 16, as the smallest seq bucket)
+      flags=(); [ $s = tpot8b+t8 ] && flags=(--set "scheduler.token_buckets=[8,16,32,64,128,256,512,1024,2048]")
+      TAIL=12 step ${s//+/_} python3 -m jaxserve.bench.bench_offline --model /tmp/llama8b \
+        --config configs/h100.yaml --num-prompts 1 --input-len 1024 --output-len 256 \
+        --max-model-len 2048 --log-level WARNING --no-stream "${flags[@]}" --out "$OUT/${s//+/_}.json" ;;
     startup8b)  # issue 16: weight loads in both memory layouts (holes), the KV pool h100.yaml gets
       TAIL=16 step startup8b python3 -m jaxserve.bench.bench_startup --model /tmp/llama8b \
         --config configs/h100.yaml --max-model-len 2048 --load-runs 1 --out "$OUT/bench_startup.json" ;;

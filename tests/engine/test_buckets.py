@@ -10,10 +10,10 @@ from jaxserve.messages.buckets import Bucket, BucketSet, geometric_ladder, paddi
 def test_default_ladders_are_powers_of_two_and_state_their_padding():
   buckets = BucketSet.from_config(SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=512))
   assert buckets.seq_buckets == (8, 16, 32, 64)
-  assert buckets.token_buckets == (16, 32, 64, 128, 256, 512)
+  assert buckets.token_buckets == (8, 16, 32, 64, 128, 256, 512)  # a decode of 8 at 8 rows
   # 257 tokens padded to 512: 255 of 512 slots are padding
   assert padding_waste(buckets.token_buckets) == pytest.approx(255 / 512)
-  assert "21 buckets; 48% / 50% padding at most" in buckets.describe()
+  assert "22 buckets; 48% / 50% padding at most" in buckets.describe()
 
 
 def test_a_finer_ladder_from_bucket_padding():
