@@ -9,7 +9,8 @@ with the batch, measured on the device itself with the model's shapes (random va
              same tiles as one batched GEMM against the broadcast weight), `pallas_*` (the
              fixed-tile kernel, blocks MxNxK, warps, stages), `configured` (what the config's
              step runs); with each one's median time per bucket.
-  rmsnorm    the model's RMSNorm over the rows of each token bucket.
+  rmsnorm    the model's RMSNorm as configured (fixed-order with batch_invariant) over the rows
+             of each token bucket.
   attention  the configured attention backend (with batch_invariant's fixed tiles when on), one
              probe sequence: its prefill in one chunk against chunks of 16 / 64 / 128 tokens and
              inside a mixed batch; its decode token alone against inside a decode batch of the
@@ -131,7 +132,7 @@ def gemm_checks(config: EngineConfig, model: ModelConfig, buckets: BucketSet,
 
 def norm_check(config: EngineConfig, model: ModelConfig, buckets: BucketSet) -> dict:
   dtype = jnp.dtype(model.dtype)
-  norm = RMSNorm(model.rms_norm_eps, dtype)
+  norm = RMSNorm(model.rms_norm_eps, dtype, config.batch_invariant)  # as the model builds it
   x = jax.random.normal(jax.random.key(1), (max(buckets.token_buckets), model.hidden_size),
                         jnp.float32).astype(dtype)
   scale = {"params": {"scale": (1 + 0.1 * jax.random.normal(
