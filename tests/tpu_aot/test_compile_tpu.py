@@ -45,8 +45,9 @@ def test_every_program_of_a_small_server_compiles_for_v5e_2x4():
                                    "cache.memory_fraction=0.2"], "all")
   assert report.topology == "v5e:2x4"
   modes = ["greedy", "penalties+top", "random", "random+penalties+top"]  # SamplerMode.all()
-  expected = ({"forward[8x16]", "forward[8x32]", "prompt_logprobs[16]", "prompt_logprobs[32]",
-               "burst[8x16] greedy", "burst[8x16] random"} | {f"sampler[8] {m}" for m in modes})
+  expected = ({"forward[8x8]", "forward[8x16]", "forward[8x32]", "prompt_logprobs[8]",
+               "prompt_logprobs[16]", "prompt_logprobs[32]", "burst[8x8] greedy",
+               "burst[8x8] random"} | {f"sampler[8] {m}" for m in modes})
   assert {r.id.name for r in report.results} == expected
   assert report.num_programs == len(report.results) == len(expected)
   assert [r.error for r in report.results if r.error] == []
