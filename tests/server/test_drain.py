@@ -1,6 +1,7 @@
 """SIGTERM drains a real `jaxserve serve` process: the running stream finishes, new requests are
 refused (503 or connection refused), and the process exits 0. Streams still running when
-server.drain_timeout_s expires end with an error event and [DONE], with no traceback logged."""
+server.drain_timeout_s expires end with an error event and [DONE], with no traceback logged. A
+signal while the supervisor is still spawning its API processes stops them all."""
 from __future__ import annotations
 
 import json
@@ -159,7 +160,6 @@ def test_streams_running_at_the_drain_timeout_end_with_an_error_event(tmp_path):
     assert error["code"] == "service_unavailable" and "drain_timeout_s" in error["message"]
     chunks = [json.loads(e[6:]) for e in lines[:-2]]
     assert chunks and all(c["choices"][0]["finish_reason"] is None for c in chunks)
-
 
 
 # A tiny model with Llama 3's 128,256-id vocabulary: the tokenizer every API process receives
