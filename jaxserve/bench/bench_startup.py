@@ -90,17 +90,12 @@ def time_weight_loads(config, runs: int) -> list[dict]:
       params = load_model_sharded(config.model, config.dtype, mesh,
                                   tp_invariant_reductions=config.tp_invariant_reductions).params
       source = config.model
-    elif layout is not None:
-      from jaxserve.models.weight_transfer import TransferOptions
-      from jaxserve.models.weights import load_hf_config, load_hf_weights
-      params, _ = load_hf_weights(Path(config.model), load_hf_config(Path(config.model),
-                                                                     config.dtype),
-                                  fuse=config.fuse_projections,
-                                  options=TransferOptions(layout=layout))
-      source = f"safetensors, {layout} layout"
     else:
-      loaded = load_model(config.model, config.dtype, fuse_projections=config.fuse_projections)
-      params, source = loaded.params, loaded.source
+      from jaxserve.models.weight_transfer import TransferOptions
+      loaded = load_model(config.model, config.dtype, fuse_projections=config.fuse_projections,
+                          transfer=TransferOptions(layout=layout or "auto"))
+      params = loaded.params
+      source = loaded.source if layout is None else f"safetensors, {layout} layout"
       del loaded
     num_bytes = sum(x.nbytes for x in jax.tree.leaves(jax.block_until_ready(params)))
     seconds = time.perf_counter() - start
@@ -112,9 +107,10 @@ def time_weight_loads(config, runs: int) -> list[dict]:
 
 
 def _one_device_safetensors(config) -> bool:
+  from jaxserve.models.registry import PARAMS_SUBDIR
   model_dir = Path(config.model)
   return (config.tensor_parallel_size == 1 and model_dir.is_dir()
-          and not (model_dir / "jaxserve_params").is_dir())
+          and not (model_dir / PARAMS_SUBDIR).is_dir())
 
 
 def _free_memory() -> dict:

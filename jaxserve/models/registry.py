@@ -18,6 +18,7 @@ from jaxserve.models.builtin import (BUILTIN_MODELS, builtin_config, builtin_par
 from jaxserve.models.checkpoint import restore_params, save_params
 from jaxserve.models.fused_projections import fuse_params
 from jaxserve.models.model_config import DTYPES, ModelConfig
+from jaxserve.models.weight_transfer import TransferOptions
 from jaxserve.models.weights import (CONFIG_FILE, load_hf_config, load_hf_params, load_hf_weights,
                                      param_shapes)
 from jaxserve.tokenizer.configured import chat_template_source, with_chat_template
@@ -52,10 +53,12 @@ def checkpoint_dir(model: str) -> Path:
   return path
 
 
-def load_model(model: str, dtype: str = "auto", *, fuse_projections: bool = False) -> LoadedModel:
+def load_model(model: str, dtype: str = "auto", *, fuse_projections: bool = False,
+               transfer: TransferOptions = TransferOptions()) -> LoadedModel:
   """Loads `model` (a built-in name or a checkpoint directory) in `dtype` ("auto" keeps the
   checkpoint's; float16 checkpoints become bfloat16); fuse_projections merges q/k/v and gate/up
-  (models/fused_projections; one device only), while converting a safetensors checkpoint."""
+  (models/fused_projections; one device only), while converting a safetensors checkpoint
+  (`transfer`: how its tensors are moved, models/weight_transfer.py)."""
   check_dtype(dtype)
   if is_builtin(model):
     config = builtin_config(model, dtype)
@@ -66,7 +69,7 @@ def load_model(model: str, dtype: str = "auto", *, fuse_projections: bool = Fals
   if orbax_dir.is_dir():
     return _fused(config, restore_params(orbax_dir, param_shapes(config)), f"orbax:{orbax_dir}",
                   fuse_projections)
-  params, stats = load_hf_weights(path, config, fuse=fuse_projections)
+  params, stats = load_hf_weights(path, config, fuse=fuse_projections, options=transfer)
   return LoadedModel(config.replace(fused_projections=fuse_projections), params,
                      f"safetensors:{path}", stats.packed)
 
