@@ -180,6 +180,14 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
       TAIL=30 step svo8b python3 -m jaxserve.bench.serve_vs_offline --model /tmp/llama8b \
         --config configs/h100.yaml --max-model-len 2048 --sweep-seconds ${SWEEP_S:-15} \
         --sweep-inf-prompts 200 --single-stream-prompts 4 --out-dir "$OUT/svo8b" ;;
+    svo8b_api)  # the burst of svo8b on the multi-process server with SVO_API API processes
+      # (default "4 8"), each process's CPU use printed; a short sweep (inf only), one stream
+      for c in ${SVO_API:-4 8}; do
+        TAIL=12 step svo8b_api$c python3 -m jaxserve.bench.serve_vs_offline --model /tmp/llama8b \
+          --config configs/h100.yaml --max-model-len 2048 --modes multi-process \
+          --api-server-count $c --sweep-rates inf --sweep-inf-prompts 50 \
+          --single-stream-prompts 1 --out-dir "$OUT/svo8b_api$c"
+      done ;;
     bench_offline) step bench_offline python3 -m jaxserve.bench.bench_offline --num-prompts 256 \
         --input-len 128 --output-len 128 --set scheduler.max_num_seqs=256 \
         --set scheduler.max_num_batched_tokens=2048 --out "$OUT/bench_offline.json" ;;

@@ -14,6 +14,8 @@
       `--sweep-range-ratio`): rate x `--sweep-seconds` prompts per finite rate,
       `--sweep-inf-prompts` at inf;
    c. single-stream: `--single-stream-prompts` requests one at a time (TPOT of one sequence).
+   During each run the CPU use of every server process (supervisor, core, api-K) is recorded
+   (bench/process_cpu.py), to see which one falls behind.
 3. The weight-read time: the checkpoint's weight bytes over the device's measured copy
    bandwidth (a jitted copy of a 4 GiB array, read + write), the floor of a single stream's TPOT.
 4. One JSON, the throughput-latency plot of both servers' sweeps, and a table on stdout.
@@ -37,6 +39,7 @@ from pathlib import Path
 from jaxserve.bench.bench_serve import ServeBenchConfig, run_requests
 from jaxserve.bench.datasets import random_requests
 from jaxserve.bench.latency_stats import format_table, summarize
+from jaxserve.bench.process_cpu import CpuMeter
 from jaxserve.bench.server_process import ServerProcess
 from jaxserve.tools.json_file import write_json
 
@@ -148,7 +151,7 @@ def _shard(config: ServeBenchConfig, requests) -> tuple[list, float, float]:
 
 
 def _run(url: str, name: str, requests, rate: float, concurrency: int | None = None,
-         processes: int = 1) -> dict:
+         processes: int = 1, meter: CpuMeter | None = None) -> dict:
   """bench serve's load at `rate`, from `processes` load-generator processes (each sends
   every processes-th request at rate / processes: a Poisson process split K ways is K Poisson
   processes), so the client's own CPU does not cap what is measured; its CPU use is reported."""
@@ -156,12 +159,16 @@ def _run(url: str, name: str, requests, rate: float, concurrency: int | None = N
   config = ServeBenchConfig(base_url=url, model=name, request_rate=rate / processes,
                             ignore_eos=True, max_concurrency=concurrency)
   shards = [requests[k::processes] for k in range(processes)]
+  if meter:
+    meter.start()
+  wall = time.monotonic()
   if processes == 1:
     results = [_shard(config, shards[0])]
   else:
     with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
       results = list(pool.map(_shard, [dataclasses.replace(config, seed=k) for k in
                                        range(processes)], shards))
+  server_cpu = meter.stop(time.monotonic() - wall) if meter else {}
   records = [record for shard, _, _ in results for record in shard]
   duration = max(wall for _, wall, _ in results)
   metrics = summarize(records, duration, (50.0, 99.0))
@@ -169,22 +176,25 @@ def _run(url: str, name: str, requests, rate: float, concurrency: int | None = N
   errors = sorted({r.error for r in records if not r.success})
   return {"request_rate": "inf" if math.isinf(rate) else rate, "metrics": metrics.to_dict(),
           "client_processes": processes, "errors": errors[:5],
-          "client_cpu_per_process": max(cpu for _, _, cpu in results) / duration}
+          "client_cpu_per_process": max(cpu for _, _, cpu in results) / duration,
+          "server_cpu": server_cpu}
 
 
-def bench_server(args, url: str, name: str, pool: list[int]) -> dict:
+def bench_server(args, server: ServerProcess, pool: list[int]) -> dict:
+  url, name = server.url, server.model
   burst = random_requests(args.num_prompts, args.input_len, args.output_len, seed=0,
                           token_ids=pool)
   k = args.client_processes
-  result = {"burst": _run(url, name, burst, math.inf, processes=k), "sweep": []}
+  meter = CpuMeter(server.process.pid)
+  result = {"burst": _run(url, name, burst, math.inf, processes=k, meter=meter), "sweep": []}
   for rate in [math.inf if r.strip() == "inf" else float(r) for r in args.sweep_rates.split(",")]:
     count = args.sweep_inf_prompts if math.isinf(rate) else max(4, round(rate * args.sweep_seconds))
     requests = random_requests(count, args.sweep_input_len, args.sweep_output_len,
                                range_ratio=args.sweep_range_ratio, seed=1, token_ids=pool)
-    result["sweep"].append(_run(url, name, requests, rate, processes=k))
+    result["sweep"].append(_run(url, name, requests, rate, processes=k, meter=meter))
   single = random_requests(args.single_stream_prompts, args.sweep_input_len,
                            args.sweep_output_len, seed=2, token_ids=pool)
-  result["single_stream"] = _run(url, name, single, math.inf, concurrency=1)
+  result["single_stream"] = _run(url, name, single, math.inf, concurrency=1, meter=meter)
   return result
 
 
@@ -201,6 +211,9 @@ def table(result: dict) -> str:
                  f"{m['output_throughput'] / offline:>11.0%}{m['failed']:>8}"
                  f"{_pair(m, 'tpot'):>18}{_pair(m, 'itl'):>18}"
                  f"  (client CPU {server['burst']['client_cpu_per_process']:.0%} per process)")
+    if server["burst"].get("server_cpu"):
+      lines.append(f"{mode} server CPU in the burst (cores): " + ", ".join(
+          f"{role} {cores:.2f}" for role, cores in server["burst"]["server_cpu"].items()))
   lines.append("")
   lines.append(f"{sweep:<34}{'rate':>6}{'out tok/s':>11}"
                f"{'TTFT p50/p99 ms':>20}{'TPOT p50/p99 ms':>18}{'ITL p50/p99 ms':>18}")
@@ -239,7 +252,7 @@ def main(argv=None) -> int:
     count = MODES[mode] if mode != "multi-process" else args.api_server_count
     server = start_server(args, count, out_dir / f"serve_{mode}.log")
     try:
-      result["servers"][mode] = bench_server(args, server.url, server.model, pool)
+      result["servers"][mode] = bench_server(args, server, pool)
     finally:
       result["servers"].get(mode, {})["exit_code"] = server.stop()
     write_json(out_dir / "serve_vs_offline.json", result)  # what is done survives a cut run

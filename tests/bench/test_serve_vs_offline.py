@@ -37,6 +37,11 @@ def test_serve_vs_offline_runs_both_servers(tmp_path, capsys):
     assert [run["metrics"]["completed"] for run in server["sweep"]] == [10, 6]
     assert server["single_stream"]["metrics"]["completed"] == 2
     assert server["exit_code"] == 0
+  multi = result["servers"]["multi-process"]["burst"]["server_cpu"]
+  assert set(multi) >= {"supervisor", "core", "api-0"}  # every process of the tree, by role
+  assert multi["core"] > 0.05  # the engine stepped for the whole burst
+  assert set(result["servers"]["single-process"]["burst"]["server_cpu"]) == {"supervisor"}
   assert_valid_png(out / "sweep_throughput_latency.png")
   table = capsys.readouterr().out
   assert "multi-process HTTP, burst" in table and "single-process HTTP, burst" in table
+  assert "multi-process server CPU in the burst (cores): supervisor" in table
