@@ -41,6 +41,7 @@ from jaxserve.bench.datasets import random_requests
 from jaxserve.bench.latency_stats import format_table, summarize
 from jaxserve.bench.process_cpu import CpuMeter
 from jaxserve.bench.server_process import ServerProcess
+from jaxserve.server.launcher import default_api_server_count
 from jaxserve.tools.json_file import write_json
 
 MODES = {"multi-process": None, "single-process": 0}
@@ -122,13 +123,16 @@ def weight_read(model: str) -> dict:
 
 def start_server(args, count: int | None, log_path: Path) -> ServerProcess:
   """The server of one mode, healthy once every bucket is compiled (`--warmup full`: the
-  steady state; background compilation would pad the first steps)."""
+  steady state; background compilation would pad the first steps) and every API server
+  process serves (`count`; None: the machine's default)."""
   flags = [*_engine_flags(args), "--log-level", "WARNING", "--warmup", "full"]
   if count is not None:
     flags += ["--api-server-count", str(count)]
   server = ServerProcess(args.model, flags, log_path, port=args.port)
   try:
-    server.wait_healthy(args.start_timeout_s)
+    server.started = {"health_s": server.wait_healthy(args.start_timeout_s)}
+    server.started["all_api_servers_s"] = server.wait_api_servers(
+        max(1, default_api_server_count() if count is None else count), args.start_timeout_s)
   except RuntimeError:
     server.stop(timeout=10)
     raise
@@ -186,7 +190,8 @@ def bench_server(args, server: ServerProcess, pool: list[int]) -> dict:
                           token_ids=pool)
   k = args.client_processes
   meter = CpuMeter(server.process.pid)
-  result = {"burst": _run(url, name, burst, math.inf, processes=k, meter=meter), "sweep": []}
+  result = {"started": server.started, "sweep": [],
+            "burst": _run(url, name, burst, math.inf, processes=k, meter=meter)}
   for rate in [math.inf if r.strip() == "inf" else float(r) for r in args.sweep_rates.split(",")]:
     count = args.sweep_inf_prompts if math.isinf(rate) else max(4, round(rate * args.sweep_seconds))
     requests = random_requests(count, args.sweep_input_len, args.sweep_output_len,
@@ -214,6 +219,9 @@ def table(result: dict) -> str:
     if server["burst"].get("server_cpu"):
       lines.append(f"{mode} server CPU in the burst (cores): " + ", ".join(
           f"{role} {cores:.2f}" for role, cores in server["burst"]["server_cpu"].items()))
+    if server.get("started"):
+      lines.append(f"{mode} server: /health 200 at {server['started']['health_s']:.1f} s, every "
+                   f"API server process at {server['started']['all_api_servers_s']:.1f} s")
   lines.append("")
   lines.append(f"{sweep:<34}{'rate':>6}{'out tok/s':>11}"
                f"{'TTFT p50/p99 ms':>20}{'TPOT p50/p99 ms':>18}{'ITL p50/p99 ms':>18}")

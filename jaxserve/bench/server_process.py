@@ -1,7 +1,8 @@
 """One `jaxserve serve` subprocess for a benchmark (bench_server_startup, serve_vs_offline).
 
 It starts the server on 127.0.0.1 with the given engine flags, its output in a log file; waits
-for /health 200 (and optionally for every step program to be compiled, from /metrics); sends a
+for /health 200 (and optionally for every API server process, or every step program to be
+compiled, from /metrics); sends a
 completion; and stops it with SIGTERM (the drain), killing it if the drain does not end.
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ class ServerProcess:
     self.url = f"http://127.0.0.1:{self.port}"
     self.log_path = log_path
     self.model = ""  # the served model name, once healthy
+    self.started: dict[str, float] = {}  # the caller's start-up times, seconds from the start
     self.start = time.monotonic()
     self.log = open(log_path, "w")
     self.process = subprocess.Popen(
@@ -69,6 +71,17 @@ class ServerProcess:
         return self.since_start()
       time.sleep(0.5)
     raise RuntimeError(f"step programs not all compiled within {timeout} s")
+
+  def wait_api_servers(self, count: int, timeout: float) -> float:
+    """Seconds from the start until `count` HTTP server processes serve (/health answers as
+    soon as the first does; a load sent before the others start would stay on the first ones'
+    connections)."""
+    while self.since_start() < timeout:
+      if self.metrics().get("jaxserve_api_servers", 0) >= count:
+        return self.since_start()
+      time.sleep(0.2)
+    raise RuntimeError(f"fewer than {count} API server processes within {timeout} s:\n"
+                       f"{self.tail()}")
 
   def complete(self, body: dict) -> tuple[str, float]:
     """The completion's text and its seconds."""

@@ -93,6 +93,7 @@ class StepOutputs(msgspec.Struct, tag=True, array_like=True, gc=False):
   added: list[AddResult]
   stats: EngineStats
   num_http_waiting: int
+  num_api_servers: int   # clients (API server processes) connected to the core
 
 
 class CoreFailed(msgspec.Struct, tag=True, array_like=True, gc=False):

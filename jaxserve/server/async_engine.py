@@ -95,6 +95,10 @@ class AsyncEngine:
   def num_http_waiting(self) -> int:
     return self.waiting.count
 
+  @property
+  def num_api_servers(self) -> int:
+    return 1  # this process serves HTTP itself
+
   def try_admit(self, limit: int) -> Place | None:
     return self.waiting.try_admit(limit)
 

@@ -62,6 +62,7 @@ class CoreClient:
     self._groups = itertools.count()
     self._stats = _zero_stats()  # until the core's first message
     self._num_http_waiting = 0
+    self._num_api_servers = 0
     self._error: str | None = None
     self._attached = False
     self._loop: asyncio.AbstractEventLoop | None = None
@@ -81,6 +82,10 @@ class CoreClient:
   @property
   def num_http_waiting(self) -> int:
     return self._num_http_waiting
+
+  @property
+  def num_api_servers(self) -> int:
+    return self._num_api_servers
 
   def try_admit(self, limit: int) -> Place | None:
     return Place(None, limit)  # the core counts, when add() sends the group
@@ -181,6 +186,7 @@ class CoreClient:
       self._fail(message.error)
       return
     self._stats, self._num_http_waiting = message.stats, message.num_http_waiting
+    self._num_api_servers = message.num_api_servers
     for answer in message.added:
       self._answer(answer)
     if not message.outputs:

@@ -80,7 +80,8 @@ class CoreLoop:
       return
     if isinstance(message, Hello):
       self._clients.setdefault(identity, set())
-      self._send_to(identity, StepOutputs([], [], self._core.stats(), len(self._not_started)))
+      self._send_to(identity, StepOutputs([], [], self._core.stats(), len(self._not_started),
+                                          len(self._clients)))
     elif isinstance(message, ClientGone):
       self._drop_client(message.identity.encode())
     elif isinstance(message, AddRequests):
@@ -155,13 +156,14 @@ class CoreLoop:
       elif output.request_id in self._group_of:
         self._started(output.request_id)
     stats = self._core.stats()
-    num_waiting = len(self._not_started)
-    changed = (stats, num_waiting) != self._last_stats
-    self._last_stats = (stats, num_waiting)
+    num_waiting, num_clients = len(self._not_started), len(self._clients)
+    changed = (stats, num_waiting, num_clients) != self._last_stats
+    self._last_stats = (stats, num_waiting, num_clients)
     for identity in self._clients:
       mine, answers = by_client.get(identity), added.get(identity)
       if mine or answers or changed:
-        self._send_to(identity, StepOutputs(mine or [], answers or [], stats, num_waiting))
+        self._send_to(identity, StepOutputs(mine or [], answers or [], stats, num_waiting,
+                                            num_clients))
 
   def _send_to(self, identity: bytes, message: StepOutputs | CoreFailed) -> None:
     self._socket.send_multipart((identity, self._encoder.encode(message)), copy=False)

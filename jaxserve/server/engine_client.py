@@ -30,6 +30,10 @@ class EngineClient(Protocol):
   def num_http_waiting(self) -> int:
     """HTTP requests admitted and not started (server.max_waiting_requests bounds it)."""
 
+  @property
+  def num_api_servers(self) -> int:
+    """HTTP server processes connected to the engine (1 for the single-process server)."""
+
   def try_admit(self, limit: int) -> Place | None:
     """A place among the waiting requests, or None when `limit` wait (checked here or, for
     CoreClient, by the core when add() sends the group)."""

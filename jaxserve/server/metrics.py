@@ -37,6 +37,9 @@ class EngineStatsCollector(Collector):
         ("jaxserve_num_http_requests_waiting", "HTTP requests admitted and not yet started "
          "(server.max_waiting_requests bounds it; each counted once whatever its n).",
          self._engine.num_http_waiting),
+        ("jaxserve_api_servers", "HTTP server processes connected to the engine "
+         "(server.api_server_count once all have started; 1 for the single-process server).",
+         self._engine.num_api_servers),
         ("jaxserve_step_programs_compiled", "Step programs compiled so far (warmup and the "
          "background compile thread; config key warmup).", stats.num_programs_compiled),
         ("jaxserve_step_programs_total", "Step programs planned (0 when they compile on first "

@@ -37,6 +37,7 @@ def test_serve_vs_offline_runs_both_servers(tmp_path, capsys):
     assert [run["metrics"]["completed"] for run in server["sweep"]] == [10, 6]
     assert server["single_stream"]["metrics"]["completed"] == 2
     assert server["exit_code"] == 0
+    assert 0 < server["started"]["health_s"] <= server["started"]["all_api_servers_s"]
   multi = result["servers"]["multi-process"]["burst"]["server_cpu"]
   assert set(multi) >= {"supervisor", "core", "api-0"}  # every process of the tree, by role
   assert multi["core"] > 0.05  # the engine stepped for the whole burst

@@ -145,6 +145,7 @@ def test_killing_an_api_process_aborts_its_requests_and_the_other_keeps_serving(
       stream.start()
       assert stream.started.wait(30) and stream.port is not None
       streams.append(stream)
+    assert scrape_metrics(supervisor.url)["jaxserve_api_servers"] == 2
     victim = supervisor.api_pids[0]  # api-0
     victims = [s for s in streams if _owner(s, supervisor) == victim]
     os.kill(victim, signal.SIGKILL)
@@ -155,6 +156,7 @@ def test_killing_an_api_process_aborts_its_requests_and_the_other_keeps_serving(
         assert stream.error is None and stream.lines[-1] == "data: [DONE]"
     idle = wait_for_idle(supervisor.url)
     assert idle["jaxserve_kv_pages_used"] == 0 and idle["jaxserve_num_requests_running"] == 0
+    assert idle["jaxserve_api_servers"] == 1  # the core said goodbye to the dead one
     response = httpx.post(f"{supervisor.url}/v1/completions", timeout=30,
                           json={"prompt": "still here", "max_tokens": 4})
     assert response.status_code == 200
