@@ -7,7 +7,9 @@
 
 The supervisor starts the core and waits until it serves (the engine is built and warmed up),
 binds the HTTP socket, spawns the API servers with it (vLLM's way of sharing one port among API
-server processes) and closes its own copy. Then it waits on the children:
+server processes) and closes its own copy. The core's CoreInfo (tokenizer, model limits) reaches
+them in a file of a private temporary directory, so the spawns do not wait for one another and
+the API servers start side by side. Then it waits on the children:
 
 * SIGTERM or SIGINT: forwarded to the API servers as SIGTERM (each drains, server/drain.py);
   once all have exited the core gets SIGTERM; exit 0. A signal during start-up starts no
@@ -26,8 +28,10 @@ import logging
 import multiprocessing
 import os
 import signal
+import tempfile
 import time
 from multiprocessing.connection import wait
+from pathlib import Path
 
 import msgspec
 import uvicorn
@@ -35,7 +39,7 @@ import zmq
 
 from jaxserve.config import EngineConfig
 from jaxserve.engine.core_messages import ClientGone
-from jaxserve.server.api_process import run_api_server
+from jaxserve.server.api_process import run_api_server, write_core_info
 from jaxserve.server.core_process import CoreStartError, start_core_process
 
 logger = logging.getLogger(__name__)
@@ -59,6 +63,7 @@ def serve_multiprocess(config: EngineConfig, count: int, log_level: str) -> int:
     _drain(apis)
 
   apis: list[multiprocessing.process.BaseProcess] = []
+  info_dir = tempfile.TemporaryDirectory(prefix="jaxserve-api-")  # CoreInfo for the API servers
   previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
   try:
     try:
@@ -71,13 +76,16 @@ def serve_multiprocess(config: EngineConfig, count: int, log_level: str) -> int:
         core.stop(STOP_TIMEOUT_S)
         return 0
       server = config.server
+      info_path = Path(info_dir.name) / "core_info.pickle"
+      write_core_info(core.info, info_path)
       sock = uvicorn.Config(None, host=server.host, port=server.port).bind_socket()
       context = multiprocessing.get_context("spawn")
       for index in range(count):
         if stopping:  # a stop signal came while the API processes were starting
           break
         process = context.Process(target=run_api_server, name=f"jaxserve-api-{index}",
-                                  args=(server, core.info, core.address, sock, index, log_level))
+                                  args=(server, str(info_path), core.address, sock, index,
+                                        log_level))
         process.start()
         apis.append(process)
       sock.close()
@@ -95,6 +103,7 @@ def serve_multiprocess(config: EngineConfig, count: int, log_level: str) -> int:
           process.join(STOP_TIMEOUT_S)
       core.stop(STOP_TIMEOUT_S)
   finally:
+    info_dir.cleanup()
     for sig, handler in previous.items():
       signal.signal(sig, handler)
 

@@ -1,7 +1,8 @@
 """SIGTERM drains a real `jaxserve serve` process: the running stream finishes, new requests are
 refused (503 or connection refused), and the process exits 0. Streams still running when
 server.drain_timeout_s expires end with an error event and [DONE], with no traceback logged. A
-signal while the supervisor is still spawning its API processes stops them all."""
+signal while the supervisor is still spawning its API processes stops them all; the API
+processes start side by side."""
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ import yaml
 
 from jaxserve.bench.random_checkpoint import build_random_checkpoint
 from jaxserve.models.model_config import ModelConfig
-from tests.server.server_helpers import MAX_MODEL_LEN, free_port
+from tests.server.server_helpers import MAX_MODEL_LEN, free_port, scrape_metrics
 
 MAX_TOKENS = 150
 
@@ -162,9 +163,8 @@ def test_streams_running_at_the_drain_timeout_end_with_an_error_event(tmp_path):
     assert chunks and all(c["choices"][0]["finish_reason"] is None for c in chunks)
 
 
-# A tiny model with Llama 3's 128,256-id vocabulary: the tokenizer every API process receives
-# pickled (1.6 MB) is larger than a pipe's buffer, so the supervisor's start() of each API
-# process waits until that child has imported jaxserve.cli, as with a real checkpoint.
+# A tiny model with Llama 3's 128,256-id vocabulary: every API process loads its tokenizer
+# (1.6 MB pickled, larger than a pipe's buffer) at start-up, as with a real checkpoint.
 LARGE_VOCAB_SHAPE = ModelConfig(architecture="llama", vocab_size=128256, hidden_size=64,
                                 intermediate_size=128, num_layers=1, num_q_heads=4,
                                 num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5,
@@ -175,9 +175,9 @@ LARGE_VOCAB_SHAPE = ModelConfig(architecture="llama", vocab_size=128256, hidden_
 
 def test_sigterm_while_api_processes_start_stops_every_process(tmp_path):
   """The signal arrives right after the supervisor bound the port, while it spawns the API
-  processes one by one: no further process starts, every started one drains (or dies of the
-  signal while importing), and the supervisor exits 0. It used to wait forever for the API
-  processes it spawned after the signal (seen on an H100 with an 8B checkpoint)."""
+  processes: no further process starts, every started one drains (or dies of the signal while
+  importing), and the supervisor exits 0. It used to wait forever for the API processes it
+  spawned after the signal (seen on an H100 with an 8B checkpoint)."""
   checkpoint = build_random_checkpoint(LARGE_VOCAB_SHAPE, tmp_path / "ckpt", seed=0)
   process, _ = _start_server(tmp_path, "INFO", api_server_count=4, model=str(checkpoint))
   try:
@@ -192,3 +192,30 @@ def test_sigterm_while_api_processes_start_stops_every_process(tmp_path):
   assert process.returncode == 0, output
   assert "draining the API server processes" in output
   assert "Traceback" not in output, output
+
+
+def test_api_processes_start_side_by_side(tmp_path):
+  """The supervisor has spawned all 4 API processes before the first one serves: none waits
+  for another's imports (they did when the 1.6 MB tokenizer went through the spawn pipe: on an
+  H100 host the 4th served 2.4 s after the 1st). /metrics counts them once all serve."""
+  checkpoint = build_random_checkpoint(LARGE_VOCAB_SHAPE, tmp_path / "ckpt", seed=0)
+  process, url = _start_server(tmp_path, "INFO", api_server_count=4, model=str(checkpoint))
+  lines = []
+  try:
+    for line in process.stdout:
+      lines.append(line)
+      if sum("Application startup complete" in seen for seen in lines) == 4:
+        break
+    serving = next(i for i, line in enumerate(lines) if "jaxserve.server.launcher: serving" in line)
+    first_up = next(i for i, line in enumerate(lines) if "Application startup complete" in line)
+    assert serving < first_up, "".join(lines)
+    deadline = time.monotonic() + 30
+    while scrape_metrics(url)["jaxserve_api_servers"] != 4:
+      assert time.monotonic() < deadline, "the core did not count 4 API server processes"
+      time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=120)
+  finally:
+    if process.poll() is None:
+      process.kill()
+  assert process.returncode == 0, "".join(lines) + output
