@@ -42,14 +42,13 @@ def _is_helper(pid: int) -> bool:
     return True
 
 
-def server_processes(supervisor: int) -> dict[str, int]:
-  """Role -> pid: 'supervisor', 'core' and 'api-K' (no 'core' for a single-process server,
-  which has no children)."""
-  children = [pid for pid in _children(supervisor) if not _is_helper(pid)]
+def server_processes(supervisor: int, api_servers: int) -> dict[str, int]:
+  """Role -> pid: 'supervisor', and for a multi-process server (api_servers > 0) 'core' and
+  'api-0' .. 'api-{api_servers - 1}' (a single-process server is the supervisor alone)."""
   roles = {"supervisor": supervisor}
-  if children:
-    roles["core"] = children[0]
-    roles.update({f"api-{k}": pid for k, pid in enumerate(children[1:])})
+  if api_servers > 0:
+    children = [pid for pid in _children(supervisor) if not _is_helper(pid)]
+    roles.update(zip(["core"] + [f"api-{k}" for k in range(api_servers)], children))
   return roles
 
 
@@ -66,8 +65,8 @@ def cpu_seconds(roles: dict[str, int]) -> dict[str, float]:
 class CpuMeter:
   """CPU used by each process of a server tree between start() and stop(), in cores."""
 
-  def __init__(self, supervisor: int):
-    self._roles = server_processes(supervisor) if Path("/proc").is_dir() else {}
+  def __init__(self, supervisor: int, api_servers: int):
+    self._roles = server_processes(supervisor, api_servers) if Path("/proc").is_dir() else {}
     self._before: dict[str, float] = {}
 
   def start(self) -> None:

@@ -129,10 +129,11 @@ def start_server(args, count: int | None, log_path: Path) -> ServerProcess:
   if count is not None:
     flags += ["--api-server-count", str(count)]
   server = ServerProcess(args.model, flags, log_path, port=args.port)
+  server.api_servers = default_api_server_count() if count is None else count
   try:
     server.started = {"health_s": server.wait_healthy(args.start_timeout_s)}
     server.started["all_api_servers_s"] = server.wait_api_servers(
-        max(1, default_api_server_count() if count is None else count), args.start_timeout_s)
+        max(1, server.api_servers), args.start_timeout_s)
   except RuntimeError:
     server.stop(timeout=10)
     raise
@@ -189,7 +190,7 @@ def bench_server(args, server: ServerProcess, pool: list[int]) -> dict:
   burst = random_requests(args.num_prompts, args.input_len, args.output_len, seed=0,
                           token_ids=pool)
   k = args.client_processes
-  meter = CpuMeter(server.process.pid)
+  meter = CpuMeter(server.process.pid, server.api_servers)
   result = {"started": server.started, "sweep": [],
             "burst": _run(url, name, burst, math.inf, processes=k, meter=meter)}
   for rate in [math.inf if r.strip() == "inf" else float(r) for r in args.sweep_rates.split(",")]:

@@ -2,8 +2,8 @@
 
 It starts the server on 127.0.0.1 with the given engine flags, its output in a log file; waits
 for /health 200 (and optionally for every API server process, or every step program to be
-compiled, from /metrics); sends a
-completion; and stops it with SIGTERM (the drain), killing it if the drain does not end.
+compiled, from /metrics); sends a completion; and stops it with SIGTERM (the drain), killing it
+if the drain does not end.
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ class ServerProcess:
     self.log_path = log_path
     self.model = ""  # the served model name, once healthy
     self.started: dict[str, float] = {}  # the caller's start-up times, seconds from the start
+    self.api_servers = 0  # the caller's count of API server processes (0: single-process)
     self.start = time.monotonic()
     self.log = open(log_path, "w")
     self.process = subprocess.Popen(
