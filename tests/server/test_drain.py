@@ -197,7 +197,7 @@ def test_sigterm_while_api_processes_start_stops_every_process(tmp_path):
 def test_api_processes_start_side_by_side(tmp_path):
   """The supervisor has spawned all 4 API processes before the first one serves: none waits
   for another's imports (they did when the 1.6 MB tokenizer went through the spawn pipe: on an
-  H100 host the 4th served 2.4 s after the 1st). /metrics counts them once all serve."""
+  H100 host the 4th served 1.8-1.9 s after the 1st). /metrics counts them once all serve."""
   checkpoint = build_random_checkpoint(LARGE_VOCAB_SHAPE, tmp_path / "ckpt", seed=0)
   process, url = _start_server(tmp_path, "INFO", api_server_count=4, model=str(checkpoint))
   lines = []
