@@ -121,23 +121,21 @@ def weight_read(model: str) -> dict:
   return result
 
 
-def start_server(args, count: int | None, log_path: Path) -> ServerProcess:
-  """The server of one mode, healthy once every bucket is compiled (`--warmup full`: the
-  steady state; background compilation would pad the first steps) and every API server
-  process serves (`count`; None: the machine's default)."""
-  flags = [*_engine_flags(args), "--log-level", "WARNING", "--warmup", "full"]
-  if count is not None:
-    flags += ["--api-server-count", str(count)]
+def start_server(args, count: int, log_path: Path) -> tuple[ServerProcess, dict[str, float]]:
+  """The server of one mode (`count` API server processes; 0: the single-process server),
+  healthy once every bucket is compiled (`--warmup full`: the steady state; background
+  compilation would pad the first steps) and every API server process serves; with the
+  seconds from its start to both."""
+  flags = [*_engine_flags(args), "--log-level", "WARNING", "--warmup", "full",
+           "--api-server-count", str(count)]
   server = ServerProcess(args.model, flags, log_path, port=args.port)
-  server.api_servers = default_api_server_count() if count is None else count
   try:
-    server.started = {"health_s": server.wait_healthy(args.start_timeout_s)}
-    server.started["all_api_servers_s"] = server.wait_api_servers(
-        max(1, server.api_servers), args.start_timeout_s)
+    started = {"health_s": server.wait_healthy(args.start_timeout_s)}
+    started["all_api_servers_s"] = server.wait_api_servers(max(1, count), args.start_timeout_s)
   except RuntimeError:
     server.stop(timeout=10)
     raise
-  return server
+  return server, started
 
 
 def _vocabulary(model: str) -> tuple[str, list[int]]:
@@ -185,13 +183,14 @@ def _run(url: str, name: str, requests, rate: float, concurrency: int | None = N
           "server_cpu": server_cpu}
 
 
-def bench_server(args, server: ServerProcess, pool: list[int]) -> dict:
+def bench_server(args, server: ServerProcess, count: int, pool: list[int]) -> dict:
+  """The burst, the sweep and the single stream against a server of `count` API processes."""
   url, name = server.url, server.model
   burst = random_requests(args.num_prompts, args.input_len, args.output_len, seed=0,
                           token_ids=pool)
   k = args.client_processes
-  meter = CpuMeter(server.process.pid, server.api_servers)
-  result = {"started": server.started, "sweep": [],
+  meter = CpuMeter(server.process.pid, count)
+  result = {"sweep": [],
             "burst": _run(url, name, burst, math.inf, processes=k, meter=meter)}
   for rate in [math.inf if r.strip() == "inf" else float(r) for r in args.sweep_rates.split(",")]:
     count = args.sweep_inf_prompts if math.isinf(rate) else max(4, round(rate * args.sweep_seconds))
@@ -259,9 +258,10 @@ def main(argv=None) -> int:
   name, pool = _vocabulary(args.model)
   for mode in args.modes.split(","):
     count = MODES[mode] if mode != "multi-process" else args.api_server_count
-    server = start_server(args, count, out_dir / f"serve_{mode}.log")
+    count = default_api_server_count() if count is None else count
+    server, started = start_server(args, count, out_dir / f"serve_{mode}.log")
     try:
-      result["servers"][mode] = bench_server(args, server, pool)
+      result["servers"][mode] = {"started": started, **bench_server(args, server, count, pool)}
     finally:
       result["servers"].get(mode, {})["exit_code"] = server.stop()
     write_json(out_dir / "serve_vs_offline.json", result)  # what is done survives a cut run

@@ -32,8 +32,6 @@ class ServerProcess:
     self.url = f"http://127.0.0.1:{self.port}"
     self.log_path = log_path
     self.model = ""  # the served model name, once healthy
-    self.started: dict[str, float] = {}  # the caller's start-up times, seconds from the start
-    self.api_servers = 0  # the caller's count of API server processes (0: single-process)
     self.start = time.monotonic()
     self.log = open(log_path, "w")
     self.process = subprocess.Popen(

@@ -70,4 +70,3 @@ def run_app(app: Starlette, config: ServerConfig, log_level: str,
     drain_timer.cancel()
     stats_logger.stop()
     state.executor.shutdown(wait=False)
-
