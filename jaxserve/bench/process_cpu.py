@@ -4,7 +4,7 @@ The supervisor (`jaxserve serve`) starts the engine core process first and then 
 processes, so its children in start order are: core, api-0, api-1, ... (multiprocessing's
 resource tracker, if any, is recognized by its command line and left out). A process's CPU time
 counts all its threads (utime + stime from /proc/PID/stat), so a busy JAX process can exceed one
-core. Used by serve_vs_offline to say which process keeps up and which falls behind; returns {}
+core. Used by serve_vs_offline to say how busy each process is; returns {}
 where /proc is missing.
 """
 from __future__ import annotations

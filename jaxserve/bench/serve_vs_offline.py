@@ -15,7 +15,7 @@
       `--sweep-inf-prompts` at inf;
    c. single-stream: `--single-stream-prompts` requests one at a time (TPOT of one sequence).
    During each run the CPU use of every server process (supervisor, core, api-K) is recorded
-   (bench/process_cpu.py), to see which one falls behind.
+   (bench/process_cpu.py), to see how busy each one is.
 3. The weight-read time: the checkpoint's weight bytes over the device's measured copy
    bandwidth (a jitted copy of a 4 GiB array, read + write), the floor of a single stream's TPOT.
 4. One JSON, the throughput-latency plot of both servers' sweeps, and a table on stdout.
