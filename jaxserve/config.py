@@ -119,7 +119,7 @@ class ServerConfig:
   its tokens (its first and last always at once; server/stream_interval.py).
   api_server_count: HTTP front-end processes beside the engine core process (null: one per 4
   CPU cores, at most 4, at least 1); 0 serves from one process, the engine on a thread
-  (server/launcher.py). tool_call_parser: how tool calls are read from a chat reply under
+  (core/supervisor.py). tool_call_parser: how tool calls are read from a chat reply under
   tool_choice "auto" (vLLM's names: llama3_json, hermes; None: replies stay content)."""
   host: str = "127.0.0.1"
   port: int = 8000
@@ -208,7 +208,7 @@ class EngineConfig:
   off in both; faster for the bfloat16 Llama steps measured in docs/PERFORMANCE.md, and no
   different from each other there), "xla" leaves the choice to XLA. sampler_backend: where the
   sampler takes the greedy pick and the log-normalizer from; "auto" is the Pallas GPU kernel
-  (jaxserve/kernels/greedy_sample) for unsharded models on GPUs and XLA's reductions elsewhere;
+  (pallas_kernels/greedy_sample) for unsharded models on GPUs and XLA's reductions elsewhere;
   "pallas_gpu" off a GPU runs the kernel in Pallas interpret mode (tests).
   fuse_projections merges each layer's q/k/v and gate/up weights after loading, one GEMM each
   (models/fused_projections.py; unsharded models only: ignored when the model is sharded).

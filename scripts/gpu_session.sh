@@ -18,8 +18,8 @@ step() { local name=$1; shift; echo "=== $name"; local t0=$SECONDS
   echo "=== $name rc=$rc ($((SECONDS - t0)) s)"; grep -v "it/s]\|s/it]\|^ \|^[{}]" "$LOGS/$name.log" | tail -n "${TAIL:-15}"; }
 for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
   case $s in
-    kernels) step kernels python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gpu_kernel.py \
-        tests/kernels/test_greedy_sample.py tests/kernels/test_fixed_tile_matmul.py \
+    kernels) step kernels python3 -m pytest -q -p no:cacheprovider tests/pallas_kernels/test_gpu_kernel.py \
+        tests/pallas_kernels/test_greedy_sample.py tests/pallas_kernels/test_fixed_tile_matmul.py \
         tests/models/test_batch_invariant_dense.py tests/models/test_gpu_weight_layout.py ;;
     bench_kernels) TAIL=40 step bench_kernels python3 -m jaxserve.bench.bench_kernels --out "$OUT/bench_kernels.json" ;;
     engine) step engine python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu_engine.py ;;

@@ -25,18 +25,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "jaxserve"
+KERNELS = ROOT / "pallas_kernels"
 
 HOST = ("jaxserve.engine", "jaxserve.server", "jaxserve.tools", "jaxserve.bench", "jaxserve.llm",
         "jaxserve.cli", "jaxserve.structured")
 ROOTS = ("jaxserve.assembly", "jaxserve.follower")
-DEVICE = ("jaxserve.device", "jaxserve.kernels", "jaxserve.attention", "jaxserve.models",
+DEVICE = ("jaxserve.device", "pallas_kernels", "jaxserve.attention", "jaxserve.models",
           "jaxserve.parallel")
 PURE_HOST = ("jaxserve.engine.scheduler", "jaxserve.engine.page_allocator",
              "jaxserve.engine.request", "jaxserve.engine.batch_builder",
              "jaxserve.engine.admission", "jaxserve.engine.device_port",
              "jaxserve.engine.request_state", "jaxserve.engine.llm_engine",
              "jaxserve.engine.engine_core", "jaxserve.engine.output_processor",
-             "jaxserve.engine.core_messages", "jaxserve.engine.engine_stats",
+             "jaxserve.core.messages", "jaxserve.engine.engine_stats",
              "jaxserve.messages.scheduled_batch", "jaxserve.messages.step_output",
              "jaxserve.messages.buckets", "jaxserve.messages.program_readiness",
              "jaxserve.engine.constraints", "jaxserve.structured.matcher",
@@ -75,6 +76,8 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
 
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
   modules = package_modules(package)
+  if package == PACKAGE:
+    modules.update(package_modules(KERNELS))
   known = set(modules)
   return {name: imports_of(name, path, known) for name, path in modules.items()}
 

@@ -14,8 +14,8 @@ from typing import Callable
 import jax
 
 from jaxserve.attention.metadata import AttentionMetadata
-from jaxserve.kernels.ragged_paged_attention.xla import ragged_paged_attention_xla
-from jaxserve.kernels.ragged_paged_attention.reference import (
+from jaxserve.attention.xla import ragged_paged_attention_xla
+from pallas_kernels.ragged_paged_attention.reference import (
     ragged_paged_attention_reference, write_kv_reference)
 
 AttendFn = Callable[..., jax.Array]
@@ -56,12 +56,12 @@ XLA = AttentionBackend("xla", ragged_paged_attention_xla, write_kv_reference)
 
 
 def _pallas_gpu() -> AttentionBackend:
-  from jaxserve.kernels.ragged_paged_attention import gpu
+  from pallas_kernels.ragged_paged_attention import gpu
   return AttentionBackend("pallas_gpu", gpu.ragged_paged_attention, gpu.write_kv)
 
 
 def _pallas_tpu() -> AttentionBackend:
-  from jaxserve.kernels.ragged_paged_attention import tpu
+  from pallas_kernels.ragged_paged_attention import tpu
   return AttentionBackend("pallas_tpu", tpu.ragged_paged_attention, tpu.write_kv)
 
 

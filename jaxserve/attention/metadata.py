@@ -16,7 +16,7 @@ class AttentionMetadata:
   """Where each sequence's queries and cached K/V are. S sequence slots, padded.
 
   Semantics (positions, padding, sliding window) are those of
-  jaxserve/kernels/ragged_paged_attention/reference.py.
+  pallas_kernels/ragged_paged_attention/reference.py.
   """
   block_tables: jax.Array      # int32[S, pages_per_seq]
   seq_lens: jax.Array          # int32[S]: tokens in the cache after this step; 0 for padding

@@ -35,8 +35,8 @@ import numpy as np
 
 from jaxserve.bench.kernel_timing import (Batch, Shape, copy_bandwidth, device_us_per_call,
                                           make_batch, read_bandwidth, time_per_call)
-from jaxserve.kernels.ragged_paged_attention.gpu import ragged_paged_attention
-from jaxserve.kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
+from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention
+from pallas_kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
 
 L2_ROTATION_BYTES = 256 * 2**20  # rotate page sets until this many KV bytes are touched
 REFERENCE_MEMORY_FRACTION = 0.35

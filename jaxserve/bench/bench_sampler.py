@@ -1,5 +1,5 @@
 """The greedy sampling reduction over one decode step's logits: XLA's argmax and logsumexp
-(device/sampler.py xla_greedy) and the Pallas GPU kernel (jaxserve/kernels/greedy_sample) over
+(device/sampler.py xla_greedy) and the Pallas GPU kernel (pallas_kernels/greedy_sample) over
 a sweep of its tiles, each checked against the reference and timed by its kernels'
 device time (profiler trace) and by wall time per call.
 
@@ -20,8 +20,8 @@ import numpy as np
 from jaxserve.device.sampler import xla_greedy
 from jaxserve.bench.device_trace import capture_trace, summarize_trace, total_device_us
 from jaxserve.bench.kernel_timing import seconds_per_call
-from jaxserve.kernels.greedy_sample.gpu import greedy_sample
-from jaxserve.kernels.greedy_sample.reference import greedy_sample_reference
+from pallas_kernels.greedy_sample.gpu import greedy_sample
+from pallas_kernels.greedy_sample.reference import greedy_sample_reference
 
 
 def variants(opts) -> dict:

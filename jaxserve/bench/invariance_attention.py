@@ -114,7 +114,7 @@ def attention_checks(config: EngineConfig, model: ModelConfig, buckets: BucketSe
   the time of a full decode step and of a full mixed prefill step ("ms")."""
   variants = {"attention": backend}
   if backend.name.startswith("pallas_gpu"):
-    from jaxserve.kernels.ragged_paged_attention import gpu
+    from pallas_kernels.ragged_paged_attention import gpu
     padded_group = 1 << (model.num_q_heads // model.num_kv_heads - 1).bit_length()
     for rows in FIXED_ROWS:
       variants[f"attention_rows_{rows}"] = AttentionBackend(

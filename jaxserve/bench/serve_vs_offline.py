@@ -41,7 +41,7 @@ from jaxserve.bench.datasets import random_requests
 from jaxserve.bench.latency_stats import format_table, summarize
 from jaxserve.bench.process_cpu import CpuMeter
 from jaxserve.bench.server_process import ServerProcess
-from jaxserve.server.launcher import default_api_server_count
+from jaxserve.core.supervisor import default_api_server_count
 from jaxserve.tools.json_file import write_json
 
 MODES = {"multi-process": None, "single-process": 0}

@@ -3,7 +3,7 @@ number of rows (batch_invariant, where the Pallas GPU kernel does not run).
 
 The argmax is exact in any order (the first index wins ties, as jnp.argmax). The log-normalizer
 max + log(sum(exp(x - max))) takes its max exactly too, and its sum in the fixed pairwise order
-of kernels/fixed_order.py: XLA's reduction may add a row's terms in an order that follows the
+of pallas_kernels/fixed_order.py: XLA's reduction may add a row's terms in an order that follows the
 number of rows.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxserve.device.sampler import mask_banned
-from jaxserve.kernels.fixed_order import fixed_order_sum
+from pallas_kernels.fixed_order import fixed_order_sum
 
 
 def fixed_order_greedy(logits: jax.Array, banned_ids: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -24,7 +24,7 @@ can emit under the grammar), and the kernel's single read still gives the pick a
 normalizer together; top-N logprobs are floored at LOGPROB_FLOOR (vLLM's -9999) instead of -inf.
 
 The greedy pick and the log-normalizer come from a GreedyFn: XLA's argmax and logsumexp
-(xla_greedy), or on GPUs the Pallas kernel of jaxserve/kernels/greedy_sample, which reads the
+(xla_greedy), or on GPUs the Pallas kernel of pallas_kernels/greedy_sample, which reads the
 logits once (a 512-row batch over a 128k vocabulary is 263 MB of float32 logits every decode
 step; XLA reads them three times). The engine picks it (EngineConfig.sampler_backend).
 """
@@ -160,7 +160,7 @@ def sample(logits: jax.Array, s: SamplingInputs, mode: SamplerMode,
   """logits f32[S, V] (one row per sequence slot) -> sampled ids and logprobs. `mode` must
   cover the batch (SamplerMode.of(s)); a part it leaves out is not computed. `greedy` gives the
   greedy pick and the log-normalizer of batches without penalties (the Pallas GPU kernel
-  jaxserve/kernels/greedy_sample reads the logits once)."""
+  pallas_kernels/greedy_sample reads the logits once)."""
   logits = apply_token_bitmask(logits, s.bitmask)                         # f32[S, V]
   raw_logits = logits
   if mode.penalties:

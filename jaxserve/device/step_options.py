@@ -10,7 +10,7 @@ import jax
 from jaxserve.config import EngineConfig
 from jaxserve.device.fixed_order_greedy import fixed_order_greedy
 from jaxserve.device.sampler import GreedyFn, xla_greedy
-from jaxserve.kernels.greedy_sample.gpu import greedy_sample
+from pallas_kernels.greedy_sample.gpu import greedy_sample
 
 
 BATCH_INVARIANT_OPTIONS = {"xla_allow_excess_precision": False}

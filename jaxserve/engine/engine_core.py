@@ -1,10 +1,10 @@
 """The engine core: admit token-id requests, schedule a step, run it on device, report tokens.
 
 Single-threaded by design, and token-level: step() returns EngineCoreOutputs (token ids,
-logprobs, finish reasons; engine/core_messages.py), never text. Detokenization and stop strings
+logprobs, finish reasons; core/messages.py), never text. Detokenization and stop strings
 are the output processor's (engine/output_processor.py): LLMEngine (engine/llm_engine.py)
 composes the two in one process for the offline API and the single-process server; the engine
-core process of `jaxserve serve` (server/core_process.py) runs this alone and ships the outputs
+core process of `jaxserve serve` (core/process.py) runs this alone and ships the outputs
 to the API server processes, which run the processor. A stop string found there comes back as
 stop_request().
 
@@ -39,7 +39,7 @@ import numpy as np
 
 from jaxserve.engine.admission import check_length, check_token_ids
 from jaxserve.engine.constraints import Constraints, live_matcher
-from jaxserve.engine.core_messages import EngineCoreOutput, EngineCoreRequest
+from jaxserve.core.messages import EngineCoreOutput, EngineCoreRequest
 from jaxserve.engine.device_port import CompileCounter, ProgramStatus, StepRunner
 from jaxserve.engine.engine_stats import EngineStats
 from jaxserve.engine.page_allocator import PageAllocator

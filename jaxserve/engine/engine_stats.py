@@ -1,7 +1,7 @@
 """EngineStats: the engine's counters at one moment (/metrics, /health, the periodic stats line).
 
 A plain frozen dataclass of plain values. It crosses the process boundary whole: the engine core
-process ships it in every step message (engine/core_messages.py) and msgspec encodes a dataclass
+process ships it in every step message (core/messages.py) and msgspec encodes a dataclass
 field by field, so a field added here reaches the API server processes with no IPC change, as
 long as its type is one msgspec knows (numbers, strings, tuples, dicts, other dataclasses).
 """

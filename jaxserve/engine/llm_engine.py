@@ -5,7 +5,7 @@ OutputProcessor (engine/output_processor.py) turns them into RequestOutputs with
 stop strings. This composes them for the callers that keep everything in one process: the
 offline API (LLM.generate: no IPC), the single-process server (server/async_engine.py) and the
 benchmarks. The multi-process server runs the same two pieces in different processes
-(server/core_process.py and server/core_client.py). Pure Python, no jax.
+(core/process.py and core/client.py). Pure Python, no jax.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import time
 
 from jaxserve.engine.admission import check_token_ids
 from jaxserve.engine.constraints import Constraints
-from jaxserve.engine.core_messages import EngineCoreRequest
+from jaxserve.core.messages import EngineCoreRequest
 from jaxserve.engine.device_port import CompileCounter, ProgramStatus, StepRunner
 from jaxserve.engine.engine_core import EngineCore, StepTimings
 from jaxserve.engine.engine_stats import EngineStats

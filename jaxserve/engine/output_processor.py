@@ -4,7 +4,7 @@ One owner of what the user sees of a request: incremental detokenization, stop s
 RequestOutput (cumulative tokens, text and logprobs, plus this step's delta). The in-process
 LLMEngine (LLM.generate, the single-process server) runs it on the engine core's outputs
 directly; the API server processes of `jaxserve serve` run it on the outputs the engine core
-process sends them (server/core_client.py). A stop string found here ends the request: its
+process sends them (core/client.py). A stop string found here ends the request: its
 tokens past the one that completed it are dropped, and process() names it so the caller stops
 it in the core (EngineCore.stop_request, or an AbortRequests(stopped=True) message).
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from jaxserve.engine.core_messages import EngineCoreOutput
+from jaxserve.core.messages import EngineCoreOutput
 from jaxserve.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.tokenizer.detokenizer import IncrementalDetokenizer

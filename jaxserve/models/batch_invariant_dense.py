@@ -8,7 +8,7 @@ step's GEMMs is its token bucket, so the same token's hidden state rounds differ
               a loop (lax.map), every tile an XLA dot of the one shape [tile_rows, K] x [K, N]:
               the library sees a single shape and picks a single algorithm. Each tile's operands
               and result pass through lax.optimization_barrier so XLA merges no tiles back.
-  pallas      the fixed-tile Pallas kernel (kernels/fixed_tile_matmul): the grid grows with the
+  pallas      the fixed-tile Pallas kernel (pallas_kernels/fixed_tile_matmul): the grid grows with the
               rows, each output tile's arithmetic does not (interpret mode off a GPU). On an
               H100 it is the faster of the two for the 1B model's prefill-sized GEMMs (row tiles
               run one after the other, each rereading the weight), and as fast for decode.
@@ -28,7 +28,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxserve.kernels.fixed_tile_matmul.gpu import fixed_tile_matmul
+from pallas_kernels.fixed_tile_matmul.gpu import fixed_tile_matmul
 from jaxserve.models.invariant_dense import DenseBackend
 
 GEMMS = ("auto", "row_tiles", "pallas")

@@ -25,7 +25,7 @@ all-reduce in the collective's own order: close, not bitwise.
 
 `batch_invariant` makes each token's bits independent of the step's other rows: the injected
 DenseBackend (models/batch_invariant_dense.py) runs every GEMM, the logits' included, through
-one fixed tiling, and RMSNorm sums its squares in a fixed order (kernels/fixed_order.py); the
+one fixed tiling, and RMSNorm sums its squares in a fixed order (pallas_kernels/fixed_order.py); the
 attention backend and the compile options come from outside the model as for tp invariance.
 
 Params (the flax `params` collection), with H hidden, D head_dim, Q/KV head counts, I intermediate:
@@ -49,7 +49,7 @@ from flax import linen as nn
 
 from jaxserve.attention import AttentionBackend, AttentionMetadata
 from jaxserve.attention.metadata import KVPages
-from jaxserve.kernels.fixed_order import fixed_order_sum
+from pallas_kernels.fixed_order import fixed_order_sum
 from jaxserve.models.invariant_dense import (REDUCTION_GROUPS, DenseBackend, InvariantDense,
                                              grouped_dense_backend)
 from jaxserve.models.model_config import ModelConfig
@@ -58,7 +58,7 @@ from jaxserve.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
 
 class RMSNorm(nn.Module):
   """RMSNorm over the last axis; statistics in float32, weight applied in the input dtype.
-  fixed_order (batch_invariant): the sum of squares in a fixed order (kernels/fixed_order.py)."""
+  fixed_order (batch_invariant): the sum of squares in a fixed order (pallas_kernels/fixed_order.py)."""
   eps: float
   dtype: jnp.dtype
   fixed_order: bool = False

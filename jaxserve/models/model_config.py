@@ -85,7 +85,7 @@ class ModelConfig:
   dtype: str = "float32"
   tp_invariant_reductions: bool = False  # projections as tp=2 GEMMs (invariant_dense.py)
   fused_projections: bool = False  # qkv_proj / gate_up_proj params (fused_projections.py)
-  batch_invariant: bool = False  # fixed-order norms (kernels/fixed_order.py); the engine sets it
+  batch_invariant: bool = False  # fixed-order norms (pallas_kernels/fixed_order.py); the engine sets it
 
   def __post_init__(self) -> None:
     _require(self.architecture in ARCHITECTURES, "architecture",

@@ -13,7 +13,7 @@ counted several hundred twice and some got 429; and a request with n=4 counted f
 
 One WaitingRequests belongs to the AsyncEngine, so every app on that engine shares the count.
 With the engine core in its own process the core applies the same rule for every API server
-process at once (server/core_loop.py): a Place then only carries the limit to it.
+process at once (core/loop.py): a Place then only carries the limit to it.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import socket
 from pathlib import Path
 
 from jaxserve.config import ServerConfig
-from jaxserve.server.core_process import CoreInfo
+from jaxserve.core.process import CoreInfo
 
 
 def write_core_info(info: CoreInfo, path: Path) -> None:
@@ -29,7 +29,7 @@ def run_api_server(config: ServerConfig, info_path: str, address: str, sock: soc
   by the supervisor, a process of the same user)."""
   from jaxserve.log_setup import configure_logging
   from jaxserve.server.app import build_app
-  from jaxserve.server.core_client import CoreClient
+  from jaxserve.core.client import CoreClient
   from jaxserve.server.uvicorn_runner import run_app
 
   configure_logging(log_level)

@@ -19,7 +19,7 @@ from starlette.routing import Route
 
 from jaxserve.config import ServerConfig
 from jaxserve.engine.admission import check_token_ids
-from jaxserve.server.engine_client import EngineClient, EngineDeadError
+from jaxserve.core.streams import EngineClient, EngineDeadError
 from jaxserve.server.chat import create_chat_completion
 from jaxserve.server.completions import create_completion
 from jaxserve.server.errors import ApiError, bad_request, internal, unavailable

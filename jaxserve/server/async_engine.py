@@ -31,7 +31,7 @@ from jaxserve.engine.engine_stats import EngineStats
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.outputs import RequestOutput
 from jaxserve.server.admission import Place, WaitingRequests
-from jaxserve.server.engine_client import EngineDeadError, OutputStream, RequestSpec
+from jaxserve.core.streams import EngineDeadError, OutputStream, RequestSpec
 
 logger = logging.getLogger(__name__)
 

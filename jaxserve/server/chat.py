@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
-from jaxserve.server.engine_client import EngineDeadError, OutputStream
+from jaxserve.core.streams import EngineDeadError, OutputStream
 from jaxserve.server.drain import stream_error
 from jaxserve.server.errors import bad_request
 from jaxserve.server.generation import (DONE_EVENT, EngineStreamResponse, collect,

@@ -1,7 +1,7 @@
 """`jaxserve serve`: build and warm up the engine, then serve the OpenAI-compatible API.
 
 By default the engine runs in its own process and N API server processes serve HTTP
-(server.api_server_count / --api-server-count; server/launcher.py supervises them); with 0, one
+(server.api_server_count / --api-server-count; core/supervisor.py supervises them); with 0, one
 process serves, the engine on a thread (server/async_engine.py). Either way the engine is built
 (model, buckets, KV pages, warmup; jaxserve/assembly.py logs each) before the HTTP socket opens,
 so once the server accepts connections /health is 200.
@@ -24,7 +24,7 @@ import logging
 import time
 
 from jaxserve.cli_args import add_engine_args, engine_config_from_args
-from jaxserve.server.launcher import default_api_server_count, serve_multiprocess
+from jaxserve.core.supervisor import default_api_server_count, serve_multiprocess
 from jaxserve.structured.tool_parsers import tool_parser_names
 
 logger = logging.getLogger(__name__)

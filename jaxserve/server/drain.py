@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 
-from jaxserve.server.engine_client import EngineClient, EngineDeadError
+from jaxserve.core.streams import EngineClient, EngineDeadError
 from jaxserve.server.errors import ApiError, internal, unavailable
 
 UVICORN_GRACE_S = 5.0

@@ -20,7 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
-from jaxserve.server.engine_client import OutputStream, RequestSpec, now
+from jaxserve.core.streams import OutputStream, RequestSpec, now
 from jaxserve.server.metrics import ServerMetrics
 
 DONE_EVENT = "data: [DONE]\n\n"

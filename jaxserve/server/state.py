@@ -4,7 +4,7 @@ Admission order for a generation request: parse and validate the body (400; `n` 
 server.max_n too), check the model (404), refuse while draining or after the engine died (503),
 take a place among the waiting requests (429; server/admission.py), and only then tokenize, in
 a thread pool so the event loop never blocks on it. Over the engine core process the place is
-counted by the core when the tokenized requests arrive there (server/core_loop.py): a 429 then
+counted by the core when the tokenized requests arrive there (core/loop.py): a 429 then
 comes after tokenizing, and the limit holds for every API server process together.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from starlette.requests import Request
 
 from jaxserve.config import ServerConfig
 from jaxserve.server.admission import Place
-from jaxserve.server.engine_client import EngineClient
+from jaxserve.core.streams import EngineClient
 from jaxserve.server.errors import ApiError, not_found, queue_full, unavailable
 from jaxserve.server.metrics import ServerMetrics
 from jaxserve.tokenizer.tokenizer import Tokenizer

@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from jaxserve.server.engine_client import EngineClient
+from jaxserve.core.streams import EngineClient
 from jaxserve.server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from jaxserve.device.sampler import (SamplerMode, _filter_top_k_top_p_min_p, app
                                       mask_banned, sample)
 from jaxserve.device.step_inputs import NUM_BANNED_IDS, SamplingInputs
 from jaxserve.device.token_bitmask import bitmask_words
-from jaxserve.kernels.greedy_sample.gpu import greedy_sample
+from pallas_kernels.greedy_sample.gpu import greedy_sample
 
 VOCAB = 64
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxserve.engine.core_messages import EngineCoreOutput
+from jaxserve.core.messages import EngineCoreOutput
 from jaxserve.engine.output_processor import OutputProcessor
 from jaxserve.models.registry import load_model_tokenizer
 from jaxserve.sampling_params import SamplingParams

@@ -89,7 +89,7 @@ def record_steps_per_dispatch(engine: LLMEngine) -> list[int]:
 
 def interpreted_backend(module_name: str) -> backends.AttentionBackend:
   """The Pallas attention kernel of ragged_paged_attention/<module_name>.py in interpret mode."""
-  module = importlib.import_module(f"jaxserve.kernels.ragged_paged_attention.{module_name}")
+  module = importlib.import_module(f"pallas_kernels.ragged_paged_attention.{module_name}")
   return backends.AttentionBackend(
       f"pallas_{module_name} (interpret)",
       functools.partial(module.ragged_paged_attention, interpret=True),

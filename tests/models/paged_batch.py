@@ -1,6 +1,6 @@
 """Builds one ragged step's model inputs by hand, independent of the engine's step builder.
 
-Semantics are those of jaxserve/kernels/ragged_paged_attention/reference.py: sequences' tokens are
+Semantics are those of pallas_kernels/ragged_paged_attention/reference.py: sequences' tokens are
 concatenated (decodes first by convention), `seq_lens` counts cached tokens after the step, padding
 tokens write into the null page 0 and padding sequence slots have seq_len 0.
 """

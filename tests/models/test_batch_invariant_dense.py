@@ -12,7 +12,7 @@ from jaxserve.device.fixed_order_greedy import fixed_order_greedy
 from jaxserve.device.sampler import xla_greedy
 from jaxserve.models.batch_invariant_dense import (batch_invariant_backend, invariant_matmul,
                                                    row_tiled_matmul)
-from jaxserve.kernels.fixed_order import fixed_order_sum
+from pallas_kernels.fixed_order import fixed_order_sum
 from jaxserve.models.llama import RMSNorm
 
 ROW_COUNTS = (1, 3, 8, 17, 64)

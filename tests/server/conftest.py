@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from jaxserve.server.core_process import CoreHandle
+from jaxserve.core.process import CoreHandle
 from jaxserve.tokenizer.tokenizer import Tokenizer
 from tests.server.server_helpers import (Backend, RunningServer, core_backend, start_core,
                                          start_server)

@@ -17,9 +17,9 @@ from jaxserve.config import EngineConfig, ServerConfig
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.server.app import build_app, serving_state
 from jaxserve.server.async_engine import AsyncEngine
-from jaxserve.server.core_client import CoreClient
-from jaxserve.server.core_process import CoreHandle, start_core_process
-from jaxserve.server.engine_client import EngineClient
+from jaxserve.core.client import CoreClient
+from jaxserve.core.process import CoreHandle, start_core_process
+from jaxserve.core.streams import EngineClient
 from jaxserve.server.state import ServingState
 from jaxserve.tokenizer.tokenizer import Tokenizer
 from tests.integration.engine_helpers import small_config

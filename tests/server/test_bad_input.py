@@ -205,7 +205,7 @@ def test_draining_refuses_new_requests_but_keeps_probes(served):
 
 def test_a_stopped_engine_turns_health_and_generation_to_503(served, tmp_path):
   """An app whose engine core never answers: probes say so, requests get 503."""
-  from jaxserve.server.core_client import CoreClient
+  from jaxserve.core.client import CoreClient
   from tests.server.server_helpers import start_server
 
   nobody = CoreClient(f"ipc://{tmp_path}/no-core", served.tokenizer, connect_timeout_s=0.5)

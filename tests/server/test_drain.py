@@ -206,7 +206,7 @@ def test_api_processes_start_side_by_side(tmp_path):
       lines.append(line)
       if sum("Application startup complete" in seen for seen in lines) == 4:
         break
-    serving = next(i for i, line in enumerate(lines) if "jaxserve.server.launcher: serving" in line)
+    serving = next(i for i, line in enumerate(lines) if "jaxserve.core.supervisor: serving" in line)
     first_up = next(i for i, line in enumerate(lines) if "Application startup complete" in line)
     assert serving < first_up, "".join(lines)
     deadline = time.monotonic() + 30

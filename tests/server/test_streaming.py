@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from jaxserve.config import load_config
-from jaxserve.server.core_client import CoreClient
+from jaxserve.core.client import CoreClient
 from tests.server.server_helpers import (core_backend, server_engine_config, start_core,
                                          start_server, wait_for_idle)
 from tests.tokenizer.tokenizer_checkpoints import llama3_checkpoint

@@ -16,7 +16,7 @@ from jaxserve.attention.backends import (AttentionBackend, XLA, batch_invariant_
 from jaxserve.bench.invariance_attention import Harness, PagePool
 from jaxserve.config import EngineConfig
 from jaxserve.messages.buckets import BucketSet
-from jaxserve.kernels.ragged_paged_attention import gpu, tpu
+from pallas_kernels.ragged_paged_attention import gpu, tpu
 from jaxserve.models.builtin import builtin_config
 
 MODEL = builtin_config("tiny-random")  # 4 q heads, 2 kv heads of 64

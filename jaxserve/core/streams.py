@@ -1,7 +1,7 @@
 """What the HTTP handlers talk to: the EngineClient protocol and the streams it hands out.
 
 Two implementations: AsyncEngine (server/async_engine.py: the engine on a thread of the serving
-process, `server.api_server_count: 0`) and CoreClient (server/core_client.py: the engine core in
+process, `server.api_server_count: 0`) and CoreClient (core/client.py: the engine core in
 its own process, reached over ZeroMQ; the default of `jaxserve serve`). The handlers, the drain
 and the metrics see only this protocol.
 """

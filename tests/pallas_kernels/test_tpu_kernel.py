@@ -19,11 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxserve.kernels.ragged_paged_attention.reference import (ragged_paged_attention_reference,
+from pallas_kernels.ragged_paged_attention.reference import (ragged_paged_attention_reference,
                                                              write_kv_reference)
-from jaxserve.kernels.ragged_paged_attention.testing import (attention_args, make_random_case,
+from pallas_kernels.ragged_paged_attention.testing import (attention_args, make_random_case,
                                                            write_args)
-from jaxserve.kernels.ragged_paged_attention.tpu import ragged_paged_attention, write_kv
+from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention, write_kv
 
 NUM_TOKENS = 24        # two query blocks of 16 tokens
 NUM_SEQ_SLOTS = 6

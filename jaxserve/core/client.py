@@ -1,4 +1,4 @@
-"""CoreClient: an API server process's side of the engine core (server/core_loop.py).
+"""CoreClient: an API server process's side of the engine core (core/loop.py).
 
 Everything runs on the serving event loop, no thread: attach() (uvicorn's lifespan) connects a
 DEALER socket (zmq.asyncio) under this process's identity, says Hello, waits for the core's
@@ -26,13 +26,13 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from jaxserve.engine.admission import ContextLengthError
-from jaxserve.engine.core_messages import (AbortRequests, AddRequests, AddResult, ClientGone,
+from jaxserve.core.messages import (AbortRequests, AddRequests, AddResult, ClientGone,
                                            CoreFailed,
                                            EngineCoreRequest, FromCore, Hello, StepOutputs)
 from jaxserve.engine.engine_stats import EngineStats
 from jaxserve.engine.output_processor import OutputProcessor
 from jaxserve.server.admission import Place
-from jaxserve.server.engine_client import EngineDeadError, OutputStream, RequestSpec
+from jaxserve.core.streams import EngineDeadError, OutputStream, RequestSpec
 from jaxserve.server.errors import queue_full
 from jaxserve.tokenizer.tokenizer import Tokenizer
 
@@ -47,7 +47,7 @@ def _zero_stats() -> EngineStats:
 
 
 class CoreClient:
-  """An EngineClient (server/engine_client.py) over the engine core process at `address`."""
+  """An EngineClient (core/streams.py) over the engine core process at `address`."""
 
   def __init__(self, address: str, tokenizer: Tokenizer, identity: str | None = None,
                connect_timeout_s: float = CONNECT_TIMEOUT_S):

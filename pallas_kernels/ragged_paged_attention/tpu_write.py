@@ -24,7 +24,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from jaxserve.kernels.ragged_paged_attention.validate import validate_write_inputs
+from pallas_kernels.ragged_paged_attention.validate import validate_write_inputs
 
 DEFAULT_TOKENS_PER_BLOCK = 64
 

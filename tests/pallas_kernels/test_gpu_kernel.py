@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from jaxserve.bench import kernel_timing
-from jaxserve.kernels.ragged_paged_attention.gpu import ragged_paged_attention, write_kv
-from jaxserve.kernels.ragged_paged_attention.reference import (ragged_paged_attention_reference,
+from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention, write_kv
+from pallas_kernels.ragged_paged_attention.reference import (ragged_paged_attention_reference,
                                                              write_kv_reference)
-from jaxserve.kernels.ragged_paged_attention.testing import (attention_args, make_random_case,
+from pallas_kernels.ragged_paged_attention.testing import (attention_args, make_random_case,
                                                            write_args)
 from jaxserve.bench import bench_kernels
 

@@ -1,7 +1,7 @@
 """`jaxserve serve`'s process supervisor: one engine core process, N API server processes.
 
     supervisor (this process: no jax, no HTTP)
-      |-- engine core process (server/core_process.py): LLMEngine's core, CoreLoop on a ROUTER
+      |-- engine core process (core/process.py): LLMEngine's core, CoreLoop on a ROUTER
       |-- API server process 0..N-1 (server/api_process.py): uvicorn + CoreClient (DEALER)
                   \\___ all accept() on one listening socket the supervisor bound
 
@@ -38,9 +38,9 @@ import uvicorn
 import zmq
 
 from jaxserve.config import EngineConfig
-from jaxserve.engine.core_messages import ClientGone
+from jaxserve.core.messages import ClientGone
 from jaxserve.server.api_process import run_api_server, write_core_info
-from jaxserve.server.core_process import CoreStartError, start_core_process
+from jaxserve.core.process import CoreStartError, start_core_process
 
 logger = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 30.0

@@ -27,7 +27,7 @@ import msgspec
 import zmq
 
 from jaxserve.engine.admission import ContextLengthError
-from jaxserve.engine.core_messages import (AbortRequests, AddRequests, AddResult, ClientGone,
+from jaxserve.core.messages import (AbortRequests, AddRequests, AddResult, ClientGone,
                                            CoreFailed, EngineCoreOutput, Hello, StepOutputs,
                                            ToCore)
 from jaxserve.engine.engine_core import EngineCore

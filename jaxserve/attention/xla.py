@@ -4,12 +4,12 @@ The dense reference gathers every token's whole block table (num_tokens * max_mo
 rows). This version walks the block tables a few pages at a time with an online softmax and
 stops at the longest live sequence, so a step costs what its contexts hold, not what
 max_model_len allows. Semantics are exactly those of
-jaxserve/kernels/ragged_paged_attention/reference.py, against which it is tested.
+pallas_kernels/ragged_paged_attention/reference.py, against which it is tested.
 
 fixed_order (batch_invariant): XLA:CPU computes a dot with its own loops or with Eigen depending
 on the operands' total size, so a token's scores round differently with the step's token count;
 with fixed_order both contractions are elementwise products summed in a fixed pairwise order
-(kernels/fixed_order.py), the same for every token whatever the batch (more memory: a
+(pallas_kernels/fixed_order.py), the same for every token whatever the batch (more memory: a
 [T, KVH, G, L, D] product per block).
 """
 from __future__ import annotations
@@ -17,9 +17,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxserve.kernels.fixed_order import fixed_order_sum
-from jaxserve.kernels.ragged_paged_attention.reference import token_positions
-from jaxserve.kernels.ragged_paged_attention.validate import validate_attention_inputs
+from pallas_kernels.fixed_order import fixed_order_sum
+from pallas_kernels.ragged_paged_attention.reference import token_positions
+from pallas_kernels.ragged_paged_attention.validate import validate_attention_inputs
 
 DEFAULT_PAGES_PER_BLOCK = 8
 
@@ -92,7 +92,7 @@ def ragged_paged_attention_xla(
 
 def _contract(a: jax.Array, b: jax.Array, spec: str, fixed_order: bool) -> jax.Array:
   """einsum(spec, a, b) for the two contractions above; fixed_order: as elementwise products
-  summed by kernels/fixed_order.py over the contracted axis (d for the scores, l for P @ V)."""
+  summed by pallas_kernels/fixed_order.py over the contracted axis (d for the scores, l for P @ V)."""
   if not fixed_order:
     return jnp.einsum(spec, a, b)
   b = b.transpose(1, 0, 2, 3)                                                  # [T, KVH, L, D]

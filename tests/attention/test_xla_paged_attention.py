@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from jaxserve.attention.backends import get_attention_backend
-from jaxserve.kernels.ragged_paged_attention.xla import ragged_paged_attention_xla
-from jaxserve.kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
-from jaxserve.kernels.ragged_paged_attention.testing import attention_args, make_random_case
+from jaxserve.attention.xla import ragged_paged_attention_xla
+from pallas_kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
+from pallas_kernels.ragged_paged_attention.testing import attention_args, make_random_case
 
 CASES = [
     # (q_lens, kv_lens, page_size, num_q_heads, num_kv_heads, sliding_window, soft_cap)

@@ -124,7 +124,7 @@ def run_core_process(config: EngineConfig, address: str, pipe: Connection,
   from jaxserve.assembly import build_engine
   from jaxserve.log_setup import configure_logging
   from jaxserve.platforms import prepare_jax_process
-  from jaxserve.server.core_loop import CoreLoop
+  from jaxserve.core.loop import CoreLoop
 
   configure_logging(log_level)
   signal.signal(signal.SIGINT, signal.SIG_IGN)

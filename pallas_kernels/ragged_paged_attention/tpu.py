@@ -35,9 +35,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from jaxserve.kernels.ragged_paged_attention.reference import MASK_VALUE
-from jaxserve.kernels.ragged_paged_attention.tpu_write import write_kv
-from jaxserve.kernels.ragged_paged_attention.validate import (
+from pallas_kernels.ragged_paged_attention.reference import MASK_VALUE
+from pallas_kernels.ragged_paged_attention.tpu_write import write_kv
+from pallas_kernels.ragged_paged_attention.validate import (
     SUPPORTED_HEAD_DIMS, validate_attention_inputs)
 
 __all__ = ["ragged_paged_attention", "write_kv", "SUPPORTED_PAGE_SIZES"]

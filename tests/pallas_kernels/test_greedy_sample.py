@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxserve.kernels.greedy_sample.gpu import greedy_sample
-from jaxserve.kernels.greedy_sample.reference import greedy_sample_reference
+from pallas_kernels.greedy_sample.gpu import greedy_sample
+from pallas_kernels.greedy_sample.reference import greedy_sample_reference
 from jaxserve.bench import bench_sampler
 
 INTERPRET = jax.default_backend() != "gpu"

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxserve.kernels.ragged_paged_attention.gpu_program_map import num_programs, program_map
+from pallas_kernels.ragged_paged_attention.gpu_program_map import num_programs, program_map
 
 
 def _map(q_lens: list[int], num_slots: int, num_tokens: int, block_q: int):

@@ -47,12 +47,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxserve.kernels.ragged_paged_attention.gpu_program_map import num_programs, program_map
-from jaxserve.kernels.ragged_paged_attention.gpu_tiling import (Tiling, choose_tiling,
+from pallas_kernels.ragged_paged_attention.gpu_program_map import num_programs, program_map
+from pallas_kernels.ragged_paged_attention.gpu_tiling import (Tiling, choose_tiling,
                                                                has_large_smem, num_cores)
-from jaxserve.kernels.ragged_paged_attention.gpu_write import triton_compiler_params, write_kv
-from jaxserve.kernels.ragged_paged_attention.reference import MASK_VALUE
-from jaxserve.kernels.ragged_paged_attention.validate import (SUPPORTED_HEAD_DIMS,
+from pallas_kernels.ragged_paged_attention.gpu_write import triton_compiler_params, write_kv
+from pallas_kernels.ragged_paged_attention.reference import MASK_VALUE
+from pallas_kernels.ragged_paged_attention.validate import (SUPPORTED_HEAD_DIMS,
                                                             validate_attention_inputs)
 
 __all__ = ["ragged_paged_attention", "write_kv", "Tiling", "choose_tiling"]

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxserve.kernels.ragged_paged_attention.validate import validate_write_inputs
+from pallas_kernels.ragged_paged_attention.validate import validate_write_inputs
 
 DEFAULT_BLOCK_TOKENS = 16
 

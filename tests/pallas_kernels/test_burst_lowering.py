@@ -16,8 +16,8 @@ from jaxserve.device.lowering import dummy_inputs
 from jaxserve.device.packing import pack
 from jaxserve.device.sampler import SamplerMode
 from tests.integration.engine_helpers import small_config
-from tests.kernels.test_gpu_lowering import TRITON_CALL_TARGET, _target_gpu
-from tests.kernels.test_tpu_lowering import MOSAIC_CUSTOM_CALL
+from tests.pallas_kernels.test_gpu_lowering import TRITON_CALL_TARGET, _target_gpu
+from tests.pallas_kernels.test_tpu_lowering import MOSAIC_CUSTOM_CALL
 
 
 @pytest.mark.parametrize("platform,backend,target", [

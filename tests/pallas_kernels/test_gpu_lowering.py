@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxserve.kernels.greedy_sample.gpu import greedy_sample
-from jaxserve.kernels.ragged_paged_attention.gpu import ragged_paged_attention, write_kv
-from jaxserve.kernels.ragged_paged_attention.testing import (attention_args, make_random_case,
+from pallas_kernels.greedy_sample.gpu import greedy_sample
+from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention, write_kv
+from pallas_kernels.ragged_paged_attention.testing import (attention_args, make_random_case,
                                                            write_args)
 
 TRITON_CALL_TARGET = "__gpu$xla.gpu.triton"

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxserve.kernels.fixed_tile_matmul.gpu import fixed_tile_matmul
-from jaxserve.kernels.fixed_tile_matmul.reference import matmul_reference
+from pallas_kernels.fixed_tile_matmul.gpu import fixed_tile_matmul
+from pallas_kernels.fixed_tile_matmul.reference import matmul_reference
 
 INTERPRET = jax.default_backend() != "gpu"
 SMALL = (16, 16, 16)
