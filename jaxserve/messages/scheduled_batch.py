@@ -23,16 +23,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-from array import array
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
+from jaxserve.messages.sampling_row import GREEDY_ROW
 
-SAMPLING_ROW_WIDTH = 8  # float64 values per sequence in BatchSampling.rows
+
 PLACEHOLDER_TOKEN_ID = -1  # a token sampled by the step in flight, fed from the device
-GREEDY_ROW = array("d", (0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0)).tobytes()
 
 
 @dataclass(frozen=True)
@@ -58,8 +57,7 @@ class TokenBitmask:
 class BatchSampling:
   """The sampling columns of a batch.
 
-  rows: SAMPLING_ROW_WIDTH native float64 values per sequence (temperature, top_p, min_p,
-  repetition, presence and frequency penalties, top_k, 32-bit seed), joined; sample_index: tokens
+  rows: each sequence's sampling row (messages/sampling_row.py), joined; sample_index: tokens
   each sequence has generated so far (folded into its random key); extras: the sequences that need
   more, by row; bitmask_rows: the sampling rows constrained by a grammar (their sampler waits for
   a TokenBitmask), bitmask: that mask once filled.
