@@ -4,8 +4,11 @@ banned ids, penalty history, prompt-logprob targets, top-N logprobs), and the me
 round trip through pickle (it is plain data, ready to cross a process boundary)."""
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from array import array
+
+import pytest
 
 from jaxserve.engine.batch_builder import BatchBuilder
 from jaxserve.engine.request import Request
@@ -57,6 +60,7 @@ def test_the_batch_is_plain_data():
   batch, _ = _batch()
   copy = pickle.loads(pickle.dumps(batch))
   assert copy == batch and copy.sampling == batch.sampling
+  assert batch.seqs and pickle.loads(pickle.dumps(batch)).seqs == batch.seqs  # view cached
   assert copy.token_ids == batch.token_ids and copy.page_ids == batch.page_ids
 
 
@@ -67,7 +71,7 @@ def test_a_batch_built_from_seqs_samples_greedily():
   assert greedy[SamplingColumn.TEMPERATURE] == 0.0 and greedy[SamplingColumn.TOP_P] == 1.0
   assert greedy[SamplingColumn.REPETITION_PENALTY] == 1.0 and greedy[SamplingColumn.TOP_K] == 0
   seq = ScheduledSeq("a", (5, 6), 0, (1,), True)
-  assert ScheduledBatch([seq, seq]).sampling.rows == GREEDY_ROW * 2
+  assert ScheduledBatch.of([seq, seq]).sampling.rows == GREEDY_ROW * 2
 
 
 def test_a_sampling_row_is_its_values_by_name():
@@ -79,3 +83,13 @@ def test_a_sampling_row_is_its_values_by_name():
       SamplingColumn.REPETITION_PENALTY: 1.2, SamplingColumn.PRESENCE_PENALTY: 0.3,
       SamplingColumn.FREQUENCY_PENALTY: 0.4, SamplingColumn.TOP_K: -1,
       SamplingColumn.SEED: 5 ^ 3}  # the seed folded to 32 bits
+
+
+def test_a_batch_is_frozen_and_its_per_sequence_view_round_trips():
+  batch, _ = _batch()
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    batch.num_steps = 2
+  rebuilt = ScheduledBatch.of(batch.seqs, batch.preempted_request_ids, batch.num_steps,
+                              batch.sampling)
+  assert rebuilt == batch and rebuilt.token_ids == batch.token_ids
+  assert rebuilt.page_ids == batch.page_ids and rebuilt.sampling is batch.sampling
