@@ -6,17 +6,19 @@ import functools
 from dataclasses import dataclass, field
 
 from jaxserve.messages.sampling_row import sampling_row
+from jaxserve.outputs import FinishReason
 from jaxserve.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
+  """Where a request is; a finished status's value is the FinishReason its output reports."""
   WAITING = "waiting"
   RUNNING = "running"
-  FINISHED_STOPPED = "stop"
-  FINISHED_LENGTH = "length"
-  FINISHED_ABORTED = "abort"
-  FINISHED_ERROR = "error"
-  FINISHED_GRAMMAR_ERROR = "grammar_error"  # the grammar reached a dead end (structured outputs)
+  FINISHED_STOPPED = FinishReason.STOP
+  FINISHED_LENGTH = FinishReason.LENGTH
+  FINISHED_ABORTED = FinishReason.ABORT
+  FINISHED_ERROR = FinishReason.ERROR
+  FINISHED_GRAMMAR_ERROR = FinishReason.GRAMMAR_ERROR  # the grammar reached a dead end
 
   @property
   def finished(self) -> bool:
