@@ -37,7 +37,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):
   """A request's tokens from one step (a burst's several, or, for a request that streams
   nothing, all of them at the end). finish_reason: STOP (a stop token, then the last of
   new_token_ids and stop_reason its id, None for eos), LENGTH, ABORT, ERROR or GRAMMAR_ERROR;
-  stop strings are the output processor's. prompt_logprobs come once, with the request's first output."""
+  stop strings are the output processor's. prompt_logprobs come once, with the request's first
+  output."""
   request_id: str
   new_token_ids: list[int]
   new_logprobs: list[TokenLogprob] | None

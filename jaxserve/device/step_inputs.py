@@ -237,8 +237,8 @@ def _sampling_inputs(sampling: BatchSampling, num_seqs: int, num_slots: int, sha
 
 def _sampling_table(rows: bytes, num_seqs: int, num_slots: int) -> np.ndarray:
   """The batch's sampling rows, transposed to float64 [SAMPLING_ROW_WIDTH, S] (one contiguous
-  row per SamplingColumn), padding slots greedy. Every value is exact in float64 (the seed column converts
-  to uint32 without loss; in float32 it would not)."""
+  row per SamplingColumn), padding slots greedy. Every value is exact in float64 (the seed
+  column converts to uint32 without loss; in float32 it would not)."""
   table = np.empty((SAMPLING_ROW_WIDTH, num_slots), np.float64)            # [width, S]
   table[:, num_seqs:] = _GREEDY_COLUMN
   table[:, :num_seqs] = np.frombuffer(rows, np.float64).reshape(num_seqs, SAMPLING_ROW_WIDTH).T
