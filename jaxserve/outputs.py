@@ -1,7 +1,22 @@
 """What the engine reports about a request after each step (host side, plain data)."""
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+
+
+class FinishReason(str, enum.Enum):
+  """Why a request's output ended, the OpenAI API's finish_reason. A str: a member compares
+  equal to its value and prints, formats and serializes (JSON, msgpack) as it."""
+  STOP = "stop"                    # a stop token (eos, stop_token_ids) or a stop string
+  LENGTH = "length"                # max_tokens or the model's context is reached
+  ABORT = "abort"                  # cancelled (the client left, or an abort)
+  ERROR = "error"                  # the engine failed the request
+  GRAMMAR_ERROR = "grammar_error"  # the grammar reached a dead end (structured outputs)
+  TOOL_CALLS = "tool_calls"        # a chat choice that called tools (the API server's)
+
+  def __str__(self) -> str:
+    return self.value
 
 
 @dataclass(frozen=True)
@@ -33,7 +48,7 @@ class RequestOutput:
   new_token_ids: tuple[int, ...]
   new_text: str
   finished: bool
-  finish_reason: str | None = None        # "stop" | "length" | "abort" | "error" | "grammar_error"
+  finish_reason: FinishReason | None = None
   stop_reason: str | int | None = None    # the stop string or stop token id that matched
   logprobs: tuple[TokenLogprob, ...] | None = None
   new_logprobs: tuple[TokenLogprob, ...] | None = None
@@ -49,7 +64,7 @@ class Completion:
   index: int
   text: str
   token_ids: tuple[int, ...]
-  finish_reason: str | None
+  finish_reason: FinishReason | None
   stop_reason: str | int | None = None
   logprobs: tuple[TokenLogprob, ...] | None = None
 

@@ -11,7 +11,8 @@ a fraction of a second and fails on the first edge that breaks a rule):
 * no import cycle among jaxserve modules;
 * imports are explicit (no __import__);
 * each policy has one definition (KVPages, the token-id and length admission rules, the n > 1
-  expansion, the built-in model table).
+  expansion, the built-in model table, the sampling row's layout);
+* outside messages/, a sampling row is read by column name, never by position.
 
 Imports are read everywhere in a module, function bodies included: a function-local import is
 an edge like any other.
@@ -40,6 +41,7 @@ PURE_HOST = ("jaxserve.engine.scheduler", "jaxserve.engine.page_allocator",
              "jaxserve.core.messages", "jaxserve.engine.engine_stats",
              "jaxserve.messages.scheduled_batch", "jaxserve.messages.step_output",
              "jaxserve.messages.buckets", "jaxserve.messages.program_readiness",
+             "jaxserve.messages.sampling_row",
              "jaxserve.engine.constraints", "jaxserve.structured.matcher",
              "jaxserve.structured.grammar", "jaxserve.structured.tools")
 JAX = ("jax", "jaxlib", "flax")
@@ -154,6 +156,39 @@ def definitions(name: str) -> list[str]:
   return found
 
 
+def reads_sampling_rows(tree: ast.AST) -> bool:
+  """Whether a module handles sampling rows: it imports their schema, or reads a batch's
+  `sampling.rows` or a request's `sampling_row_bytes`."""
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("sampling_row"):
+      return True
+    if isinstance(node, ast.Attribute) and (node.attr == "sampling_row_bytes" or (
+        node.attr == "rows" and ast.unparse(node.value).endswith("sampling"))):
+      return True
+  return False
+
+
+def positional_row_reads(tree: ast.AST) -> list[str]:
+  """Indexing by a literal number where a module could index a sampling row: a table subscript
+  holding one (`table[:, 6]`), a subscript read by one of anything but an attribute
+  (`row[6]`; `x.shape[0]` is fine), and a reshape to a literal width (`.reshape(n, 8)`)."""
+  def is_int(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) is int
+  found = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Subscript):
+      index = node.slice
+      if (isinstance(index, ast.Tuple) and any(is_int(e) for e in index.elts)) or (
+          is_int(index) and isinstance(node.ctx, ast.Load)
+          and not isinstance(node.value, ast.Attribute)):
+        found.append(ast.unparse(node))
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and node.func.attr == "reshape"
+          and any(is_int(a) and a.value > 1 for a in node.args)):
+      found.append(ast.unparse(node))
+  return found
+
+
 @pytest.fixture(scope="module")
 def graph() -> dict[str, set[str]]:
   return import_graph()
@@ -188,9 +223,25 @@ def test_no_import_cycle(graph):
     ("ModelRunner", ["jaxserve.device.model_runner"]),
     ("ScheduledBatch", ["jaxserve.messages.scheduled_batch"]),
     ("StepOutput", ["jaxserve.messages.step_output"]),
+    ("SamplingColumn", ["jaxserve.messages.sampling_row"]),
+    ("SAMPLING_ROW_WIDTH", ["jaxserve.messages.sampling_row"]),
+    ("GREEDY_ROW", ["jaxserve.messages.sampling_row"]),
+    ("sampling_row", ["jaxserve.messages.sampling_row"]),
 ])
 def test_one_definition_per_policy(name, where):
   assert definitions(name) == where
+
+
+def test_sampling_rows_are_read_by_column_name():
+  """The row's layout is messages/sampling_row.py's alone: nobody else indexes a row by
+  position or restates its width (the batch builder, the request and the step inputs handle
+  rows)."""
+  readers = {module: ast.parse(path.read_text()) for module, path in package_modules().items()
+             if not _within(module, ("jaxserve.messages",))}
+  readers = {m: tree for m, tree in readers.items() if reads_sampling_rows(tree)}
+  assert {"jaxserve.engine.request", "jaxserve.engine.batch_builder",
+          "jaxserve.device.step_inputs"} <= set(readers)
+  assert {m: found for m, tree in readers.items() if (found := positional_row_reads(tree))} == {}
 
 
 def test_every_engine_module_is_checked_for_jax(graph):
@@ -252,3 +303,10 @@ def test_the_rules_catch_what_they_are_for(tmp_path):
   assert cycles(graph) == [["jaxserve.device.runner", "jaxserve.engine.request"]]
   assert jax_reach(graph, "jaxserve.engine.request") == [
       ["jaxserve.engine.request", "jaxserve.device.runner", "jax"]]
+  positional = ast.parse(
+      "table = np.frombuffer(batch.sampling.rows).reshape(n, 8)\n"
+      "floats[:, 1] = 1.0\ntop_k = table[:, 6]\nseed = row[7]\nsize = table.shape[0]\n")
+  assert reads_sampling_rows(positional)
+  assert positional_row_reads(positional) == [
+      "np.frombuffer(batch.sampling.rows).reshape(n, 8)", "floats[:, 1]", "table[:, 6]",
+      "row[7]"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import msgspec
 
 from jaxserve.engine.engine_stats import EngineStats
-from jaxserve.outputs import TokenLogprob
+from jaxserve.outputs import FinishReason, TokenLogprob
 from jaxserve.sampling_params import SamplingParams
 
 
@@ -35,13 +35,14 @@ class EngineCoreRequest(msgspec.Struct, frozen=True, array_like=True, gc=False):
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):
   """A request's tokens from one step (a burst's several, or, for a request that streams
-  nothing, all of them at the end). finish_reason: "stop" (a stop token, then the last of
-  new_token_ids and stop_reason its id, None for eos), "length", "abort" or "error"; stop strings
-  are the output processor's. prompt_logprobs come once, with the request's first output."""
+  nothing, all of them at the end). finish_reason: STOP (a stop token, then the last of
+  new_token_ids and stop_reason its id, None for eos), LENGTH, ABORT, ERROR or GRAMMAR_ERROR;
+  stop strings are the output processor's. prompt_logprobs come once, with the request's first
+  output."""
   request_id: str
   new_token_ids: list[int]
   new_logprobs: list[TokenLogprob] | None
-  finish_reason: str | None
+  finish_reason: FinishReason | None
   stop_reason: int | None
   prompt_logprobs: list[TokenLogprob | None] | None
   first_scheduled_time: float | None

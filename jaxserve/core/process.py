@@ -1,11 +1,12 @@
 """The engine core process: builds the engine, binds the core's socket, runs CoreLoop.
 
 start_core_process() spawns it (multiprocessing "spawn": the parent never imports jax) and waits
-until the engine is built and warmed up; the child then sends CoreInfo (the tokenizer and the
-model's limits, pickled once over a multiprocessing pipe: API server processes need them and
-never load the model). If the build or the loop fails, the child sends the error's text on the
-same pipe before it exits non-zero, so the supervisor can report it (a ValueError, a bad
-setting, travels as itself: `jaxserve serve` reports it as any bad flag, status 2).
+until the engine is built and warmed up; the child then sends CoreReady with its CoreInfo (the
+tokenizer and the model's limits, pickled once over a multiprocessing pipe: API server processes
+need them and never load the model). If the build or the loop fails, the child sends a
+CoreFailure with the error's text on the same pipe before it exits non-zero, so the supervisor
+can report it (a ValueError is a bad setting, `bad_setting`: start_core_process raises it as a
+ValueError and `jaxserve serve` reports it as any bad flag, status 2).
 
 Why pyzmq for the step traffic: ZeroMQ's ROUTER/DEALER sockets give one connection per API
 server process with routing by identity, message framing, a monitor that sees the core's end
@@ -48,6 +49,23 @@ class CoreInfo:
   warmup_seconds: float
 
 
+@dataclass(frozen=True)
+class CoreReady:
+  """The core's first message on the pipe once it serves."""
+  info: CoreInfo
+
+
+@dataclass(frozen=True)
+class CoreFailure:
+  """The core's fatal error, its last message on the pipe (before or after CoreReady).
+  bad_setting: a ValueError (a missing checkpoint...), which the CLI reports as a bad flag."""
+  message: str
+  bad_setting: bool = False
+
+
+PipeMessage = CoreReady | CoreFailure  # what the start-up pipe carries, child to parent
+
+
 class CoreStartError(RuntimeError):
   """The engine core process failed before it served."""
 
@@ -57,7 +75,7 @@ class CoreHandle:
   process: multiprocessing.process.BaseProcess
   address: str
   info: CoreInfo
-  errors: Connection   # the core writes its error's text here before it exits non-zero
+  errors: Connection   # the core writes its CoreFailure here before it exits non-zero
 
   def stop(self, timeout: float = 30.0) -> int | None:
     """SIGTERM, then wait; the exit code."""
@@ -73,7 +91,8 @@ class CoreHandle:
     """The text of the core's fatal error, if it sent one."""
     try:
       if self.errors.poll(0):
-        return str(self.errors.recv())
+        message: PipeMessage = self.errors.recv()
+        return message.message if isinstance(message, CoreFailure) else None
     except (EOFError, OSError):
       pass
     return None
@@ -95,21 +114,20 @@ def start_core_process(config: EngineConfig, log_level: str = "INFO",
   process.start()
   child_end.close()
   try:
-    message = parent_end.recv()
+    message: PipeMessage = parent_end.recv()
   except EOFError:
     process.join(5)
     raise CoreStartError(f"the engine core process exited with code {process.exitcode} "
                          "before it served") from None
-  if isinstance(message, ValueError):  # a bad setting: the CLI reports it as its own
+  if isinstance(message, CoreFailure):
     process.join(30)
-    raise message
-  if not isinstance(message, CoreInfo):
-    process.join(30)
-    raise CoreStartError(str(message))
-  return CoreHandle(process, address, message, parent_end)
+    if message.bad_setting:  # the CLI reports it as its own
+      raise ValueError(message.message)
+    raise CoreStartError(message.message)
+  return CoreHandle(process, address, message.info, parent_end)
 
 
-def _send_quietly(pipe: Connection, message: object) -> None:
+def _send_quietly(pipe: Connection, message: CoreFailure) -> None:
   try:
     pipe.send(message)
   except OSError:
@@ -143,17 +161,17 @@ def run_core_process(config: EngineConfig, address: str, pipe: Connection,
     socket.bind(address)
     gc.collect()
     gc.freeze()  # the engine's long-lived objects: later collections do not scan them
-    pipe.send(CoreInfo(engine.tokenizer, config.model,
-                       engine.max_model_len, engine.vocab_size, engine.warmup_seconds))
+    pipe.send(CoreReady(CoreInfo(engine.tokenizer, config.model, engine.max_model_len,
+                                 engine.vocab_size, engine.warmup_seconds)))
     try:
       CoreLoop(engine.core, socket).run(stop)
     finally:
       engine.close()
   except ValueError as err:  # bad settings (a missing checkpoint...): the parent reports it
-    _send_quietly(pipe, err)
+    _send_quietly(pipe, CoreFailure(str(err), bad_setting=True))
     sys.exit(2)
   except BaseException as err:
-    _send_quietly(pipe, f"{type(err).__name__}: {err}")
+    _send_quietly(pipe, CoreFailure(f"{type(err).__name__}: {err}"))
     raise
   finally:
     socket.close()

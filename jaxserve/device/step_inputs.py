@@ -3,7 +3,9 @@
 build_step_inputs() pads a ScheduledBatch to its bucket (S sequence slots, T token slots) and
 returns numpy arrays only, from the batch's columns alone (no Request: the batch is the whole
 host-to-device message); the jitted step never sees a Python list or a shape that is not a
-bucket. Padding tokens write into the null page 0 and padding sequences have no queries.
+bucket. Padding tokens write into the null page 0 and padding sequences have no queries. The
+sequences' sampling rows (messages/sampling_row.py) are read by column name; padding sequences
+sample greedily.
 
 A decode token the previous step sampled but the host has not read yet (async scheduling: the
 scheduler's PLACEHOLDER_TOKEN_ID) is fed on device: prev_token_rows names the row of the
@@ -24,12 +26,14 @@ import jax
 import numpy as np
 
 from jaxserve.attention.metadata import AttentionMetadata
-from jaxserve.messages.scheduled_batch import (PLACEHOLDER_TOKEN_ID, SAMPLING_ROW_WIDTH,
-                                               BatchSampling, ScheduledBatch, TokenBitmask)
 from jaxserve.device.token_bitmask import bitmask_words
 from jaxserve.messages.buckets import Bucket
+from jaxserve.messages.sampling_row import GREEDY_ROW, SAMPLING_ROW_WIDTH, SamplingColumn
+from jaxserve.messages.scheduled_batch import (PLACEHOLDER_TOKEN_ID, BatchSampling,
+                                               ScheduledBatch, TokenBitmask)
 
 NUM_BANNED_IDS = 8  # eos + stop_token_ids masked while min_tokens is not reached
+_GREEDY_COLUMN = np.frombuffer(GREEDY_ROW, np.float64)[:, None]  # a padding slot's sampling row
 
 
 def _register(cls):
@@ -192,17 +196,8 @@ def with_token_bitmask(sampling: SamplingInputs, bitmask: TokenBitmask) -> Sampl
 
 def _sampling_inputs(sampling: BatchSampling, num_seqs: int, num_slots: int, shape: StepShape,
                      empty_history, all_allowed) -> SamplingInputs:
-  table = np.frombuffer(sampling.rows, np.float64).reshape(
-      num_seqs, SAMPLING_ROW_WIDTH)                                       # [S live, 8]
-  floats = np.zeros((num_slots, 6), np.float32)                          # [S, 6]
-  floats[:, 1] = 1.0  # top_p
-  floats[:, 3] = 1.0  # repetition_penalty
-  floats[:num_seqs] = table[:, :6]
-  top_k = np.zeros(num_slots, np.int32)                                  # [S]
-  seeds = np.zeros(num_slots, np.uint32)                                 # [S]
+  table = _sampling_table(sampling.rows, num_seqs, num_slots)            # [width, S]
   sample_index = np.zeros(num_slots, np.int32)                           # [S]
-  top_k[:num_seqs] = table[:, 6]
-  seeds[:num_seqs] = table[:, 7]
   sample_index[:num_seqs] = sampling.sample_index
   banned = np.full((num_slots, NUM_BANNED_IDS), -1, np.int32)           # [S, NUM_BANNED_IDS]
   penalized = [e for e in sampling.extras if e.penalty_prompt_ids is not None]
@@ -222,17 +217,29 @@ def _sampling_inputs(sampling: BatchSampling, num_seqs: int, num_slots: int, sha
     output_history[extras.row, :len(extras.penalty_output_ids)] = extras.penalty_output_ids
   if penalized and empty_history is not None:  # same kind of leaf as the cached one
     prompt_history, output_history = jax.device_put((prompt_history, output_history))
-  temperature = np.ascontiguousarray(floats[:, 0])
+  floats = table.astype(np.float32)                    # [width, S]: each column contiguous
+  temperature = floats[SamplingColumn.TEMPERATURE]
   bitmask = (all_allowed(num_slots) if all_allowed is not None
              else jax.device_put(np.full((num_slots, shape.bitmask_words), -1, np.int32)))
   inputs = SamplingInputs(
-      temperature=temperature, top_k=top_k, top_p=np.ascontiguousarray(floats[:, 1]),
-      min_p=np.ascontiguousarray(floats[:, 2]), seeds=seeds, sample_index=sample_index,
-      repetition_penalty=np.ascontiguousarray(floats[:, 3]),
-      presence_penalty=np.ascontiguousarray(floats[:, 4]),
-      frequency_penalty=np.ascontiguousarray(floats[:, 5]),
+      temperature=temperature, top_k=table[SamplingColumn.TOP_K].astype(np.int32),
+      top_p=floats[SamplingColumn.TOP_P], min_p=floats[SamplingColumn.MIN_P],
+      seeds=table[SamplingColumn.SEED].astype(np.uint32), sample_index=sample_index,
+      repetition_penalty=floats[SamplingColumn.REPETITION_PENALTY],
+      presence_penalty=floats[SamplingColumn.PRESENCE_PENALTY],
+      frequency_penalty=floats[SamplingColumn.FREQUENCY_PENALTY],
       prompt_history=prompt_history, output_history=output_history, banned_ids=banned,
       bitmask=bitmask, any_random=np.array(bool((temperature[:num_seqs] > 0).any())),
       any_penalty=np.array(bool(penalized)), want_top_logprobs=np.array(want_top),
       want_prompt_logprobs=np.array(want_prompt))
   return inputs if sampling.bitmask is None else with_token_bitmask(inputs, sampling.bitmask)
+
+
+def _sampling_table(rows: bytes, num_seqs: int, num_slots: int) -> np.ndarray:
+  """The batch's sampling rows, transposed to float64 [SAMPLING_ROW_WIDTH, S] (one contiguous
+  row per SamplingColumn), padding slots greedy. Every value is exact in float64 (the seed
+  column converts to uint32 without loss; in float32 it would not)."""
+  table = np.empty((SAMPLING_ROW_WIDTH, num_slots), np.float64)            # [width, S]
+  table[:, num_seqs:] = _GREEDY_COLUMN
+  table[:, :num_seqs] = np.frombuffer(rows, np.float64).reshape(num_seqs, SAMPLING_ROW_WIDTH).T
+  return table

@@ -89,9 +89,9 @@ class BatchBuilder:
   def build(self, preempted_ids: list[str], num_steps: int = 1) -> ScheduledBatch:
     sampling = BatchSampling(b"".join(self.sampling_rows), tuple(self.sample_index),
                              tuple(self.extras), tuple(self.bitmask_rows))
-    return ScheduledBatch.from_columns(self.request_ids, self.starts, self.query_lens,
-                                       self.sample, self.page_counts, self.token_ids,
-                                       self.page_ids, preempted_ids, num_steps, sampling)
+    return ScheduledBatch(tuple(self.request_ids), tuple(self.starts), tuple(self.query_lens),
+                          tuple(self.sample), tuple(self.page_counts), tuple(self.token_ids),
+                          tuple(self.page_ids), tuple(preempted_ids), num_steps, sampling)
 
 
 def _token_slice(request: Request, start: int, end: int) -> tuple[int, ...]:

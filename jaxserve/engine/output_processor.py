@@ -16,10 +16,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from jaxserve.core.messages import EngineCoreOutput
-from jaxserve.outputs import RequestMetrics, RequestOutput, TokenLogprob
+from jaxserve.outputs import FinishReason, RequestMetrics, RequestOutput, TokenLogprob
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.tokenizer.detokenizer import IncrementalDetokenizer
 from jaxserve.tokenizer.tokenizer import Tokenizer
+
+
+# looked up once (an enum attribute lookup is slow, and these checks run for every output)
+_STOP = FinishReason.STOP
+_FLUSHES_TEXT = (FinishReason.STOP, FinishReason.LENGTH)  # the core's ends that flush the text
 
 
 @dataclass(eq=False)
@@ -48,8 +53,8 @@ class _Tracked:
     finish_reason, stop_reason = out.finish_reason, out.stop_reason
     if out.prompt_logprobs is not None:
       self.prompt_logprobs = tuple(out.prompt_logprobs)
-    # a stop token (finish "stop" from the core) ends the output but is not part of the text
-    text_ids = ids[:-1] if finish_reason == "stop" else ids
+    # a stop token (finish STOP from the core) ends the output but is not part of the text
+    text_ids = ids[:-1] if finish_reason == _STOP else ids
     new_text: list[str] = []
     stopped_here = False
     if not self.deferred_text:
@@ -60,19 +65,19 @@ class _Tracked:
           ids = ids[:j + 1]
           new_logprobs = new_logprobs[:j + 1] if new_logprobs is not None else None
           stopped_here = finish_reason is None
-          finish_reason, stop_reason = "stop", delta.stop_string
+          finish_reason, stop_reason = _STOP, delta.stop_string
           break
     self.token_ids.extend(ids)
     if self.logprobs is not None and new_logprobs is not None:
       self.logprobs.extend(new_logprobs)
-    if finish_reason in ("stop", "length") and not isinstance(stop_reason, str):
+    if finish_reason in _FLUSHES_TEXT and not isinstance(stop_reason, str):
       if self.deferred_text:
-        ended_by_token = finish_reason == "stop"
+        ended_by_token = finish_reason == _STOP
         new_text.append(self.detokenizer.add_tokens(
             self.token_ids[:-1] if ended_by_token else self.token_ids).text)
       new_text.append(self.detokenizer.flush())
       if self.detokenizer.stop_string is not None:  # completed by the text flushed at the end
-        finish_reason, stop_reason = "stop", self.detokenizer.stop_string
+        finish_reason, stop_reason = _STOP, self.detokenizer.stop_string
     finished = finish_reason is not None
     if not (self.stream or finished):
       return None, stopped_here

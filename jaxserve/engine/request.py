@@ -3,20 +3,22 @@ from __future__ import annotations
 
 import enum
 import functools
-from array import array
 from dataclasses import dataclass, field
 
+from jaxserve.messages.sampling_row import sampling_row
+from jaxserve.outputs import FinishReason
 from jaxserve.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
+  """Where a request is; a finished status's value is the FinishReason its output reports."""
   WAITING = "waiting"
   RUNNING = "running"
-  FINISHED_STOPPED = "stop"
-  FINISHED_LENGTH = "length"
-  FINISHED_ABORTED = "abort"
-  FINISHED_ERROR = "error"
-  FINISHED_GRAMMAR_ERROR = "grammar_error"  # the grammar reached a dead end (structured outputs)
+  FINISHED_STOPPED = FinishReason.STOP
+  FINISHED_LENGTH = FinishReason.LENGTH
+  FINISHED_ABORTED = FinishReason.ABORT
+  FINISHED_ERROR = FinishReason.ERROR
+  FINISHED_GRAMMAR_ERROR = FinishReason.GRAMMAR_ERROR  # the grammar reached a dead end
 
   @property
   def finished(self) -> bool:
@@ -88,22 +90,18 @@ class Request:
     return self.status.finished
 
   @functools.cached_property
-  def sampling_row(self) -> tuple:
-    """The per-request sampling scalars the step inputs need every step (they never change):
-    temperature, top_p, min_p, repetition, presence and frequency penalties, top_k, 32-bit seed."""
-    p = self.sampling_params
-    return (p.temperature, p.top_p, p.min_p, p.repetition_penalty, p.presence_penalty,
-            p.frequency_penalty, p.top_k, (self.seed ^ (self.seed >> 32)) & 0xFFFFFFFF)
-
-  @functools.cached_property
   def sampling_row_bytes(self) -> bytes:
-    """sampling_row as 8 native float64 values (each entry is exact in float64): step inputs
-    join the rows of a batch into one buffer instead of converting each tuple."""
-    return array("d", self.sampling_row).tobytes()
+    """The request's sampling row (messages/sampling_row.py), built once: the step inputs need
+    it every step and it never changes; a batch joins its rows as bytes."""
+    p = self.sampling_params
+    return sampling_row(temperature=p.temperature, top_p=p.top_p, min_p=p.min_p,
+                        repetition_penalty=p.repetition_penalty,
+                        presence_penalty=p.presence_penalty,
+                        frequency_penalty=p.frequency_penalty, top_k=p.top_k, seed=self.seed)
 
   @functools.cached_property
   def plain_sampling(self) -> bool:
-    """Whether sampling_row is all the step inputs need: no min_tokens, penalties, logprobs
+    """Whether the sampling row is all the step inputs need: no min_tokens, penalties, logprobs
     or prompt logprobs."""
     p = self.sampling_params
     return not (p.min_tokens or p.uses_penalties or p.logprobs is not None

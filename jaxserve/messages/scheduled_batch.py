@@ -8,7 +8,7 @@ ints, bytes, frozen dataclasses), so it can cross a process boundary as it is.
 A batch is stored column-wise (one flat tuple per field, sequences in batch order): building the
 step inputs turns each column into one array, and the scheduler fills the columns without
 creating an object per sequence. `ScheduledBatch.seqs` is the per-sequence view (`ScheduledSeq`),
-built on first use; a batch can also be built from such a view. The sampling columns
+built on first use; `ScheduledBatch.of` builds a batch from such a view. The sampling columns
 (`BatchSampling`) hold one fixed row per sequence plus sparse extras for the few sequences whose
 sampling needs more (banned ids, penalty history, prompt-logprob targets, top-N logprobs).
 
@@ -23,16 +23,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
+from jaxserve.messages.sampling_row import GREEDY_ROW
 
-SAMPLING_ROW_WIDTH = 8  # float64 values per sequence in BatchSampling.rows
+
 PLACEHOLDER_TOKEN_ID = -1  # a token sampled by the step in flight, fed from the device
-GREEDY_ROW = array("d", (0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0)).tobytes()
 
 
 @dataclass(frozen=True)
@@ -58,8 +57,7 @@ class TokenBitmask:
 class BatchSampling:
   """The sampling columns of a batch.
 
-  rows: SAMPLING_ROW_WIDTH native float64 values per sequence (temperature, top_p, min_p,
-  repetition, presence and frequency penalties, top_k, 32-bit seed), joined; sample_index: tokens
+  rows: each sequence's sampling row (messages/sampling_row.py), joined; sample_index: tokens
   each sequence has generated so far (folded into its random key); extras: the sequences that need
   more, by row; bitmask_rows: the sampling rows constrained by a grammar (their sampler waits for
   a TokenBitmask), bitmask: that mask once filled.
@@ -102,6 +100,7 @@ class ScheduledSeq:
     return self.start_position + len(self.token_ids)
 
 
+@dataclass(frozen=True)
 class ScheduledBatch:
   """A step's sequences (decodes first, then prefill chunks) and what the scheduler did.
 
@@ -109,17 +108,26 @@ class ScheduledBatch:
   fed), sample, page_counts (block table lengths); token_ids and page_ids are every sequence's
   tokens and block table, concatenated. num_steps > 1 marks a decode burst: every sequence feeds
   one token and the device runs num_steps decode steps, each feeding the token the one before
-  sampled. Immutable; equal when the sequences, preemptions and step counts are (the scheduler's view;
-  sampling columns are not compared).
+  sampled. Equal when the columns, preemptions and step counts are (the scheduler's view;
+  sampling columns are not compared). The defaults make an empty batch; `of` builds one from
+  per-sequence views.
   """
-  __slots__ = ("request_ids", "start_positions", "query_lens", "sample", "page_counts",
-               "token_ids", "page_ids", "preempted_request_ids", "num_steps", "sampling",
-               "__dict__")
+  request_ids: tuple[str, ...] = ()
+  start_positions: tuple[int, ...] = ()
+  query_lens: tuple[int, ...] = ()
+  sample: tuple[bool, ...] = ()
+  page_counts: tuple[int, ...] = ()
+  token_ids: tuple[int, ...] = ()
+  page_ids: tuple[int, ...] = ()
+  preempted_request_ids: tuple[str, ...] = ()
+  num_steps: int = 1
+  sampling: BatchSampling = field(default=BatchSampling(b"", ()), compare=False)
 
-  def __init__(self, seqs: Sequence[ScheduledSeq] = (),
-               preempted_request_ids: tuple[str, ...] = (), num_steps: int = 1,
-               sampling: BatchSampling | None = None) -> None:
-    self._set_columns(
+  @classmethod
+  def of(cls, seqs: Sequence[ScheduledSeq], preempted_request_ids: Sequence[str] = (),
+         num_steps: int = 1, sampling: BatchSampling | None = None) -> ScheduledBatch:
+    """The batch of `seqs` (greedy sampling unless `sampling` says otherwise)."""
+    return cls(
         tuple(s.request_id for s in seqs), tuple(s.start_position for s in seqs),
         tuple(len(s.token_ids) for s in seqs), tuple(s.sample for s in seqs),
         tuple(len(s.page_ids) for s in seqs),
@@ -127,43 +135,13 @@ class ScheduledBatch:
         tuple(itertools.chain.from_iterable(s.page_ids for s in seqs)),
         tuple(preempted_request_ids), num_steps, sampling or BatchSampling.greedy(len(seqs)))
 
-  @classmethod
-  def from_columns(cls, request_ids: Sequence[str], start_positions: Sequence[int],
-                   query_lens: Sequence[int], sample: Sequence[bool], page_counts: Sequence[int],
-                   token_ids: Sequence[int], page_ids: Sequence[int],
-                   preempted_request_ids: Sequence[str] = (), num_steps: int = 1,
-                   sampling: BatchSampling | None = None) -> ScheduledBatch:
-    batch = cls.__new__(cls)
-    batch._set_columns(tuple(request_ids), tuple(start_positions), tuple(query_lens),
-                       tuple(sample), tuple(page_counts), tuple(token_ids), tuple(page_ids),
-                       tuple(preempted_request_ids), num_steps,
-                       sampling or BatchSampling.greedy(len(request_ids)))
-    return batch
-
   def with_bitmask(self, bitmask: TokenBitmask) -> ScheduledBatch:
     """This batch with its constrained rows' mask (the columns are shared, not copied)."""
-    batch = ScheduledBatch.__new__(ScheduledBatch)
-    batch._set_columns(self.request_ids, self.start_positions, self.query_lens, self.sample,
-                       self.page_counts, self.token_ids, self.page_ids,
-                       self.preempted_request_ids, self.num_steps,
-                       dataclasses.replace(self.sampling, bitmask=bitmask))
-    return batch
-
-  def _set_columns(self, *columns) -> None:
-    for name, column in zip(ScheduledBatch.__slots__, columns):
-      object.__setattr__(self, name, column)
-
-  def __setattr__(self, name: str, value) -> None:
-    raise AttributeError(f"ScheduledBatch is immutable (cannot set {name!r})")
-
-  def __reduce__(self):
-    """Pickles as its columns (the message crosses process boundaries as plain data)."""
-    return (ScheduledBatch.from_columns, (
-        self.request_ids, self.start_positions, self.query_lens, self.sample, self.page_counts,
-        self.token_ids, self.page_ids, self.preempted_request_ids, self.num_steps, self.sampling))
+    return dataclasses.replace(self, sampling=dataclasses.replace(self.sampling, bitmask=bitmask))
 
   @functools.cached_property
   def seqs(self) -> tuple[ScheduledSeq, ...]:
+    """The per-sequence view, built on first use."""
     token_ends = itertools.accumulate(self.query_lens)
     page_ends = itertools.accumulate(self.page_counts)
     seqs, token_start, page_start = [], 0, 0
@@ -185,14 +163,6 @@ class ScheduledBatch:
   @property
   def is_empty(self) -> bool:
     return not self.request_ids
-
-  def __eq__(self, other: object) -> bool:
-    if not isinstance(other, ScheduledBatch):
-      return NotImplemented
-    return ((self.seqs, self.preempted_request_ids, self.num_steps)
-            == (other.seqs, other.preempted_request_ids, other.num_steps))
-
-  __hash__ = None
 
   def __repr__(self) -> str:
     return (f"ScheduledBatch(seqs={self.seqs!r}, "

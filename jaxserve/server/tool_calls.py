@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jaxserve.outputs import FinishReason
 from jaxserve.server.protocol import ChatRequest
 from jaxserve.structured.tool_parsers import (StreamDelta, ToolCallDelta, ToolCallStream,
                                               ToolParser, get_tool_parser)
 from jaxserve.structured.tools import ToolCall, ToolChoiceMode, parse_forced_tool_calls
 
-TOOL_CALLS_FINISH_REASON = "tool_calls"
+TOOL_CALLS_FINISH_REASON = FinishReason.TOOL_CALLS
 
 
 @dataclass(frozen=True)

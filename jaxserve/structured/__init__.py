@@ -49,14 +49,12 @@ from __future__ import annotations
 
 from jaxserve.structured.grammar import CacheStats, GrammarCompiler, grammar_text
 from jaxserve.structured.llg_tokenizer import TokenizerInfo, build_llg_tokenizer
-from jaxserve.structured.matcher import (GRAMMAR_ERROR_FINISH_REASON, BitmaskFiller, FillReport,
-                                         GrammarState, SequenceMatcher)
+from jaxserve.structured.matcher import BitmaskFiller, FillReport, GrammarState, SequenceMatcher
 from jaxserve.structured.spec import (ConstraintKind, StructuredOutputError, StructuredOutputSpec,
                                       WhitespacePolicy, coerce_spec, parse_response_format,
                                       parse_structured_outputs, spec_from_request)
 
 __all__ = [
-    "GRAMMAR_ERROR_FINISH_REASON",
     "BitmaskFiller",
     "CacheStats",
     "ConstraintKind",

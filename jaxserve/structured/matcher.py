@@ -11,7 +11,7 @@ States (`GrammarState`):
 * DEAD_END: the grammar cannot continue (a token outside the mask was consumed, a lexer or
   parser limit was hit, a grammar with an empty language). llguidance never leaves this state and
   masks everything but eos, so a row filled for it still samples something harmless; the engine
-  ends the choice with finish_reason `GRAMMAR_ERROR_FINISH_REASON`, never hangs.
+  ends the choice with finish_reason `FinishReason.GRAMMAR_ERROR`, never hangs.
 
 Rollback undoes consumed tokens (async scheduling that discards a speculative step, preemption
 that drops generated tokens); it is refused (ValueError, matcher untouched) past the tokens
@@ -31,8 +31,6 @@ import numpy as np
 from llguidance.numpy import fill_next_token_bitmask, fill_next_token_bitmask_par
 
 from jaxserve.structured.llg_tokenizer import TokenizerInfo
-
-GRAMMAR_ERROR_FINISH_REASON = "grammar_error"
 
 
 class GrammarState(str, enum.Enum):

@@ -4,13 +4,18 @@ banned ids, penalty history, prompt-logprob targets, top-N logprobs), and the me
 round trip through pickle (it is plain data, ready to cross a process boundary)."""
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from array import array
 
+import pytest
+
 from jaxserve.engine.batch_builder import BatchBuilder
 from jaxserve.engine.request import Request
-from jaxserve.messages.scheduled_batch import (PLACEHOLDER_TOKEN_ID, SAMPLING_ROW_WIDTH,
-                                               BatchSampling, SamplingExtras, ScheduledBatch)
+from jaxserve.messages.sampling_row import (GREEDY_ROW, SAMPLING_ROW_WIDTH, SamplingColumn,
+                                            sampling_row)
+from jaxserve.messages.scheduled_batch import (PLACEHOLDER_TOKEN_ID, BatchSampling,
+                                               SamplingExtras, ScheduledBatch, ScheduledSeq)
 from jaxserve.sampling_params import SamplingParams
 
 
@@ -39,7 +44,10 @@ def test_the_batch_carries_every_column_the_step_needs():
   sampling = batch.sampling
   rows = array("d", sampling.rows).tolist()
   assert len(rows) == SAMPLING_ROW_WIDTH * batch.num_seqs
-  assert rows[:SAMPLING_ROW_WIDTH] == list(requests[0].sampling_row)
+  assert sampling.rows == b"".join(r.sampling_row_bytes for r in requests)
+  plain = rows[:SAMPLING_ROW_WIDTH]
+  assert plain[SamplingColumn.TEMPERATURE] == 0.5 and plain[SamplingColumn.TOP_K] == 3
+  assert plain[SamplingColumn.SEED] == 7 and plain[SamplingColumn.TOP_P] == 1.0
   assert sampling.sample_index == tuple(r.num_generated for r in requests) == (2, 0, 1, 0)
   assert sampling.extras == (
       SamplingExtras(1, banned_ids=(2, 3)),
@@ -52,10 +60,36 @@ def test_the_batch_is_plain_data():
   batch, _ = _batch()
   copy = pickle.loads(pickle.dumps(batch))
   assert copy == batch and copy.sampling == batch.sampling
+  assert batch.seqs and pickle.loads(pickle.dumps(batch)).seqs == batch.seqs  # view cached
   assert copy.token_ids == batch.token_ids and copy.page_ids == batch.page_ids
 
 
 def test_a_batch_built_from_seqs_samples_greedily():
   batch = ScheduledBatch()
   assert batch.sampling == BatchSampling(b"", ())
-  assert array("d", BatchSampling.greedy(1).rows).tolist()[:2] == [0.0, 1.0]  # greedy, top_p 1
+  greedy = array("d", BatchSampling.greedy(1).rows).tolist()
+  assert greedy[SamplingColumn.TEMPERATURE] == 0.0 and greedy[SamplingColumn.TOP_P] == 1.0
+  assert greedy[SamplingColumn.REPETITION_PENALTY] == 1.0 and greedy[SamplingColumn.TOP_K] == 0
+  seq = ScheduledSeq("a", (5, 6), 0, (1,), True)
+  assert ScheduledBatch.of([seq, seq]).sampling.rows == GREEDY_ROW * 2
+
+
+def test_a_sampling_row_is_its_values_by_name():
+  row = array("d", sampling_row(temperature=0.5, top_p=0.9, min_p=0.1, repetition_penalty=1.2,
+                                presence_penalty=0.3, frequency_penalty=0.4, top_k=-1,
+                                seed=(5 << 32) | 3)).tolist()
+  assert dict(zip(SamplingColumn, row)) == {
+      SamplingColumn.TEMPERATURE: 0.5, SamplingColumn.TOP_P: 0.9, SamplingColumn.MIN_P: 0.1,
+      SamplingColumn.REPETITION_PENALTY: 1.2, SamplingColumn.PRESENCE_PENALTY: 0.3,
+      SamplingColumn.FREQUENCY_PENALTY: 0.4, SamplingColumn.TOP_K: -1,
+      SamplingColumn.SEED: 5 ^ 3}  # the seed folded to 32 bits
+
+
+def test_a_batch_is_frozen_and_its_per_sequence_view_round_trips():
+  batch, _ = _batch()
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    batch.num_steps = 2
+  rebuilt = ScheduledBatch.of(batch.seqs, batch.preempted_request_ids, batch.num_steps,
+                              batch.sampling)
+  assert rebuilt == batch and rebuilt.token_ids == batch.token_ids
+  assert rebuilt.page_ids == batch.page_ids and rebuilt.sampling is batch.sampling

@@ -1,14 +1,20 @@
 """The output processor on hand-made engine-core outputs (what the core process sends): stop
 strings end a request mid-burst and name it for the core, a stop token is not text, unknown
 requests' outputs are dropped, and a request that neither streams nor has stop strings is
-detokenized once at the end. Expected text comes from the tokenizer's own decode."""
+detokenized once at the end. Expected text comes from the tokenizer's own decode. Finish
+reasons are FinishReason members that travel and print as their strings."""
 from __future__ import annotations
 
+import json
+
+import msgspec
 import pytest
 
 from jaxserve.core.messages import EngineCoreOutput
 from jaxserve.engine.output_processor import OutputProcessor
+from jaxserve.engine.request import RequestStatus
 from jaxserve.models.registry import load_model_tokenizer
+from jaxserve.outputs import FinishReason
 from jaxserve.sampling_params import SamplingParams
 
 PROMPT = [1, 2, 3]
@@ -21,8 +27,24 @@ def tokenizer():
 
 def _out(request_id: str, ids: list[int], finish: str | None = None,
          stop_token: int | None = None) -> EngineCoreOutput:
-  return EngineCoreOutput(request_id, ids, None, finish, stop_token, None, 1.0, 2.0, 3.0,
-                          4.0 if finish else None, 0)
+  return EngineCoreOutput(request_id, ids, None, FinishReason(finish) if finish else None,
+                          stop_token, None, 1.0, 2.0, 3.0, 4.0 if finish else None, 0)
+
+
+def test_finish_reasons_travel_and_print_as_their_strings():
+  out = _out("a", [5], "length")
+  wire = msgspec.msgpack.encode(out)
+  assert b"length" in wire
+  assert msgspec.msgpack.decode(wire, type=EngineCoreOutput).finish_reason is FinishReason.LENGTH
+  assert msgspec.msgpack.decode(msgspec.msgpack.encode(_out("a", [5])),
+                                type=EngineCoreOutput).finish_reason is None
+  with pytest.raises(msgspec.ValidationError):
+    msgspec.msgpack.decode(wire.replace(b"length", b"lenght"), type=EngineCoreOutput)
+  reason = FinishReason.TOOL_CALLS
+  assert reason == "tool_calls" and json.dumps({"r": reason}) == '{"r": "tool_calls"}'
+  assert f"{reason}" == str(reason) == "%s" % reason == "tool_calls"
+  finished = [s for s in RequestStatus if s.finished]
+  assert {s.value for s in finished} == set(FinishReason) - {FinishReason.TOOL_CALLS}
 
 
 def test_a_stop_string_inside_a_burst_ends_the_request_there(tokenizer):
@@ -36,6 +58,7 @@ def test_a_stop_string_inside_a_burst_ends_the_request_there(tokenizer):
   assert stopped == ["a"]
   (final,) = outputs
   assert final.finished and final.finish_reason == "stop" and final.stop_reason == "world"
+  assert final.finish_reason is FinishReason.STOP
   assert final.token_ids == tuple(ids[:completes])
   assert final.text == tokenizer.decode(ids[:completes]).split("world")[0]
   assert processor.process([_out("a", [7], "abort")]) == ([], [])  # the core's late outputs

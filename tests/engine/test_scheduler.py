@@ -111,7 +111,7 @@ def test_preempts_most_recent_request_and_resumes_with_prompt_plus_output():
   assert step(scheduler).seqs == (seq("a", [503], 3, (1, 2), True),
                                   seq("b", [503], 3, (3, 4), True))
   batch = step(scheduler)  # a needs a third page: b, the most recent, is preempted
-  assert batch == ScheduledBatch((seq("a", [504], 4, (1, 2, 4), True),), ("b",))
+  assert batch == ScheduledBatch.of((seq("a", [504], 4, (1, 2, 4), True),), ("b",))
   assert b.status is RequestStatus.WAITING and b.page_ids == [] and b.num_computed_tokens == 0
   assert b.num_preemptions == 1 and scheduler.num_preemptions_total == 1
   assert b.output_token_ids == [503, 504]
@@ -132,7 +132,7 @@ def test_request_that_is_most_recent_preempts_itself():
   assert step(scheduler).seqs == (seq("a", [1, 2, 3], 0, (1, 2), True),
                                   seq("b", [7, 8], 0, (3,), True))
   batch = step(scheduler)
-  assert batch == ScheduledBatch((seq("a", [503], 3, (1, 2), True),), ("b",))
+  assert batch == ScheduledBatch.of((seq("a", [503], 3, (1, 2), True),), ("b",))
   assert a.status is RequestStatus.FINISHED_LENGTH
   assert step(scheduler).seqs == (seq("b", [7, 8, 502], 0, (3, 2), True),)
   assert not scheduler.has_unfinished_requests()
@@ -161,7 +161,7 @@ def test_resumed_request_longer_than_a_step_without_chunked_prefill():
   assert step(scheduler).seqs == (seq("a", [503], 3, (1, 2), True),
                                   seq("b", [501], 1, (3,), True))
   batch = step(scheduler)
-  assert batch == ScheduledBatch((seq("a", [504], 4, (1, 2, 4), True),), ("b",))
+  assert batch == ScheduledBatch.of((seq("a", [504], 4, (1, 2, 4), True),), ("b",))
   assert a.status is RequestStatus.FINISHED_LENGTH
   # b now knows 3 tokens, more than a step holds: it is recomputed in chunks.
   assert step(scheduler).seqs == (seq("b", [3, 501], 0, (3,), False),)
