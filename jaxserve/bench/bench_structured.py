@@ -13,7 +13,7 @@ the mask's transfer and the sampler's dispatch), plus compilations after warmup 
 
 The random-weight checkpoints' word-level tokenizer (vocab_tokenizer.py) has no JSON punctuation,
 so a schema would match nothing: --synthetic-bpe-vocab N replaces it with a byte-level BPE of N
-pieces (bench_bitmask_fill.synthetic_tokenizer: words, numbers, JSON fragments; Llama 3 has
+pieces (structured_workload.synthetic_tokenizer: words, numbers, JSON fragments; Llama 3 has
 128,000), the vocabulary size llguidance's mask work scales with.
 
 It also times the sampler's token-bitmask select in front of the greedy pick on the logits of C
@@ -33,8 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxserve.assembly import build_engine
-from jaxserve.bench.bench_bitmask_fill import SCHEMA, synthetic_tokenizer
-from jaxserve.bench.kernel_timing import seconds_per_call
+from jaxserve.bench.structured_workload import SCHEMA, synthetic_tokenizer
+from jaxserve.bench.timing import seconds_per_call
 from jaxserve.cli_args import add_engine_args, engine_config_from_args
 from jaxserve.config import EngineConfig
 from jaxserve.device.step_options import step_greedy
