@@ -4,10 +4,10 @@ SCHEMA has nested objects, arrays, enums and a pattern, so llguidance's masks ar
 `synthetic_tokenizer(num_tokens, model_vocab)` is a byte-level BPE of `num_tokens` pieces: the
 256 byte characters, then generated pieces (words with and without a leading space, written
 "Ġ" as ByteLevel does; numbers; JSON fragments such as `":` or `{"`), no merges, with bos
-`<|begin|>` and eos `<|eot|>` after the pieces, for a model of `model_vocab` rows. Llama 3 has 128,000 pieces; the
-mask work llguidance does per step scales with that size. The same seed gives the same pieces.
-Used by bench_structured (serving under the schema) and investigations/bench_bitmask_fill.py
-(the host time of the mask fill alone).
+`<|begin|>` and eos `<|eot|>` after the pieces, for a model of `model_vocab` rows. Llama 3 has
+128,000 pieces; the mask work llguidance does per step scales with that size. The same seed
+gives the same pieces. Used by bench_structured (serving under the schema) and
+investigations/bench_bitmask_fill.py (the host time of the mask fill alone).
 """
 from __future__ import annotations
 
