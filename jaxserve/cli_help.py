@@ -3,12 +3,14 @@ a misspelt flag (difflib against the flags of the command that was typed)."""
 from __future__ import annotations
 
 import argparse
+import copy
 import difflib
 from typing import Iterator, Sequence
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
-  """Appends "(default: X)" to each flag's help unless the help already states its default."""
+  """Appends "(default: X)" to each flag's help unless the help already states its default; a flag
+  without help shows its default alone."""
 
   def _get_help_string(self, action: argparse.Action) -> str:
     help_text = action.help or ""
@@ -16,9 +18,17 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
       return help_text
     if isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
       return help_text
+    if action.required:
+      return f"{help_text} (required; no default)".strip()
     if action.default is None or action.default is False:
       return f"{help_text} (default: unset)".strip()
     return f"{help_text} (default: %(default)s)".strip()
+
+  def _format_action(self, action: argparse.Action) -> str:
+    if action.help is None and action.option_strings:  # argparse prints nothing for no help
+      action = copy.copy(action)
+      action.help = self._get_help_string(action) or None
+    return super()._format_action(action)
 
 
 def all_parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:

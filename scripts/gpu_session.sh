@@ -20,8 +20,9 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
   case $s in
     kernels) step kernels python3 -m pytest -q -p no:cacheprovider tests/pallas_kernels/test_gpu_kernel.py \
         tests/pallas_kernels/test_greedy_sample.py tests/pallas_kernels/test_fixed_tile_matmul.py \
-        tests/models/test_batch_invariant_dense.py tests/models/test_gpu_weight_layout.py ;;
-    bench_kernels) TAIL=40 step bench_kernels python3 -m jaxserve.bench.bench_kernels --out "$OUT/bench_kernels.json" ;;
+        tests/models/test_batch_invariant_dense.py tests/models/test_gpu_weight_layout.py \
+        tests/investigations/test_bench_kernels.py tests/investigations/test_bench_sampler.py ;;
+    bench_kernels) TAIL=40 step bench_kernels python3 -m investigations.bench_kernels --out "$OUT/bench_kernels.json" ;;
     engine) step engine python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu_engine.py ;;
     model1b) [ -f /tmp/llama1b/config.json ] || step model1b python3 -c \
         "from jaxserve.bench.random_checkpoint import build_random_llama as b; b('llama-3.2-1b', '/tmp/llama1b')" ;;
@@ -85,7 +86,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
         --output-len 128 --max-model-len 640 --log-level WARNING --set scheduler.max_num_seqs=512 \
         --set scheduler.max_num_batched_tokens=8192 --set "scheduler.seq_buckets=[64,512]" \
         --set "scheduler.token_buckets=[512,2048,8192]" --out "$OUT/$s.json" ;;
-    profile1b) TAIL=40 step profile1b python3 -m jaxserve.bench.profile_step --model /tmp/llama1b \
+    profile1b) TAIL=40 step profile1b python3 -m investigations.profile_step --model /tmp/llama1b \
         --num-seqs 256 --context 576 --max-model-len 640 --trace-top ${TRACE_TOP:-0} --trace-by-family --trace-reps 3 \
         --set scheduler.max_num_seqs=256 --set "scheduler.seq_buckets=[256]" \
         --set "scheduler.token_buckets=[256,4096]" --set scheduler.max_num_batched_tokens=4096 \
@@ -110,7 +111,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
     startup8b)  # issue 16: weight loads in both memory layouts (holes), the KV pool h100.yaml gets
       TAIL=16 step startup8b python3 -m jaxserve.bench.bench_startup --model /tmp/llama8b \
         --config configs/h100.yaml --max-model-len 2048 --load-runs 1 --out "$OUT/bench_startup.json" ;;
-    sampler_modes) TAIL=14 step sampler_modes python3 -m jaxserve.bench.bench_sampler_modes \
+    sampler_modes) TAIL=14 step sampler_modes python3 -m investigations.bench_sampler_modes \
         --rows 256 --vocab 128256 --out "$OUT/sampler_modes.json" ;;
     model8b) [ -f /tmp/llama8b/config.json ] || step model8b python3 -c \
         "from jaxserve.bench.random_checkpoint import build_random_llama as b; b('llama-3.1-8b', '/tmp/llama8b')" ;;
@@ -124,32 +125,32 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
     tp_tests) step tp_tests python3 -m pytest -q -p no:cacheprovider tests/parallel/test_gpu_tensor_parallel.py ;;
     tp_invariant|tp_default)  # 2 GPUs: parity and decode step time, tp=1 against tp=2
       flags=(); [ $s = tp_invariant ] && flags=(--tp-invariant)
-      TAIL=12 step $s env NCCL_NVLS_ENABLE=0 python3 -m jaxserve.bench.bench_tp --model /tmp/llama8b \
+      TAIL=12 step $s env NCCL_NVLS_ENABLE=0 python3 -m investigations.bench_tp --model /tmp/llama8b \
         --tp 1,2 --batch 128 --context 512 --decode-steps 32 "${flags[@]}" --out "$OUT/$s.json" ;;
     profile512|profile512_prefill)  # the 512-sequence throughput config: decode or prefill step
       phase=decode; [ $s = profile512_prefill ] && phase=prefill
-      TAIL=40 step $s python3 -m jaxserve.bench.profile_step --model /tmp/llama1b --phase $phase \
+      TAIL=40 step $s python3 -m investigations.profile_step --model /tmp/llama1b --phase $phase \
         --num-seqs 512 --context $([ $phase = decode ] && echo 576 || echo 512) --max-model-len 640 \
         --trace-top ${TRACE_TOP:-25} --trace-by-family --trace-ops --trace-reps 3 \
         --set scheduler.max_num_seqs=512 --set "scheduler.seq_buckets=[64,512]" \
         --set "scheduler.token_buckets=[512,2048,8192]" --set scheduler.max_num_batched_tokens=8192 \
         --out "$OUT/$s.json" ;;
-    kernels_dev) TAIL=30 step kernels_dev python3 -m jaxserve.bench.bench_kernels --batches 64,256 \
+    kernels_dev) TAIL=30 step kernels_dev python3 -m investigations.bench_kernels --batches 64,256 \
         --contexts 512,2048 --no-mixed --harness unrolled --device-time --out "$OUT/kernels_dev.json" ;;
-    kernels_short) TAIL=30 step kernels_short python3 -m jaxserve.bench.bench_kernels --batches 64,256 \
+    kernels_short) TAIL=30 step kernels_short python3 -m investigations.bench_kernels --batches 64,256 \
         --contexts 512,2048 --no-mixed --harness marginal --inner 10 --device-time \
         --out "$OUT/kernels_short.json" ;;
     tiles_1b)  # the 1B throughput workload's attention shapes: 512-sequence decode at context
       # 576 and a 16 x 512 prefill, head_dim 64; tiles block_kv:warps:stages[:splits[:block_q]]
-      TAIL=45 step tiles_1b python3 -m jaxserve.bench.bench_kernels --head-dim 64 --batches 512 \
+      TAIL=45 step tiles_1b python3 -m investigations.bench_kernels --head-dim 64 --batches 512 \
         --contexts 576 --no-mixed --prefill 16x512 --harness marginal --inner 10 --device-time \
         --tiles "${TILES:-default,64:4:3,128:4:3,64:8:3,32:4:4,64:4:3:1:32,128:8:3:1:32,64:8:2:1:32}" \
         --out "$OUT/tiles_1b.json" ;;
-    bench_kernels_marginal) TAIL=45 step bench_kernels_marginal python3 -m jaxserve.bench.bench_kernels \
+    bench_kernels_marginal) TAIL=45 step bench_kernels_marginal python3 -m investigations.bench_kernels \
         --harness marginal --inner 10 --device-time --out "$OUT/bench_kernels_marginal.json" ;;
-    sampler) TAIL=14 step sampler python3 -m jaxserve.bench.bench_sampler --out "$OUT/bench_sampler.json" ;;
-    gemm) TAIL=30 step gemm python3 -m jaxserve.bench.gemm_invariance --out "$OUT/gemm_invariance.json" ;;
-    tiles_short) TAIL=30 step tiles_short python3 -m jaxserve.bench.bench_kernels --batches 64,256 \
+    sampler) TAIL=14 step sampler python3 -m investigations.bench_sampler --out "$OUT/bench_sampler.json" ;;
+    gemm) TAIL=30 step gemm python3 -m investigations.gemm_invariance --out "$OUT/gemm_invariance.json" ;;
+    tiles_short) TAIL=30 step tiles_short python3 -m investigations.bench_kernels --batches 64,256 \
         --contexts 512 --no-mixed --harness marginal --inner 10 --device-time --tiles "${TILES:-default,32:4:4:1,64:4:3:2,128:4:3:2,64:4:4:2,32:4:4:2,32:4:3:4,16:4:4:1}" \
         --out "$OUT/tiles_short.json" ;;
     tpot1b|tpot1b+bi)  # single-stream decode: one 512-token prompt, 512 greedy tokens (h100.yaml)

@@ -9,6 +9,8 @@ a fraction of a second and fails on the first edge that breaks a rule):
   admission rules, the engine loop, which reaches the device side through the protocols of
   engine/device_port.py) imports no jax, directly or through any jaxserve module it imports;
 * no import cycle among jaxserve modules;
+* investigations/ (one-off device investigations, not installed) may import jaxserve, never the
+  reverse: no jaxserve or pallas_kernels module imports it, and pip does not install it;
 * imports are explicit (no __import__);
 * each policy has one definition (KVPages, the token-id and length admission rules, the n > 1
   expansion, the built-in model table, the sampling row's layout);
@@ -20,6 +22,8 @@ an edge like any other.
 from __future__ import annotations
 
 import ast
+import fnmatch
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -45,6 +49,7 @@ PURE_HOST = ("jaxserve.engine.scheduler", "jaxserve.engine.page_allocator",
              "jaxserve.engine.constraints", "jaxserve.structured.matcher",
              "jaxserve.structured.grammar", "jaxserve.structured.tools")
 JAX = ("jax", "jaxlib", "flax")
+INVESTIGATIONS = ("investigations",)
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -213,6 +218,19 @@ def test_no_import_cycle(graph):
   assert cycles(graph) == []
 
 
+def test_nothing_installed_imports_the_investigations(graph):
+  assert (ROOT / "investigations" / "__init__.py").is_file()
+  assert forbidden_edges(graph, ("jaxserve", "pallas_kernels"), INVESTIGATIONS) == []
+
+
+def test_the_investigations_are_not_installed():
+  find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+  include = find["find"]["include"]
+  assert any(fnmatch.fnmatch("jaxserve.bench", pattern) for pattern in include)
+  assert not any(fnmatch.fnmatch(name, pattern) for pattern in include
+                 for name in ("investigations", "investigations.bench_kernels"))
+
+
 @pytest.mark.parametrize("name,where", [
     ("KVPages", ["jaxserve.attention.metadata"]),
     ("check_token_ids", ["jaxserve.engine.admission"]),
@@ -296,10 +314,13 @@ def test_the_rules_catch_what_they_are_for(tmp_path):
   (package / "__init__.py").write_text("")
   (package / "engine" / "request.py").write_text("from jaxserve.device import runner\n")
   (package / "device" / "runner.py").write_text(
-      "import jax\nfrom jaxserve.engine.request import Request\n")
+      "import jax\nfrom jaxserve.engine.request import Request\n"
+      "from investigations import profile_step\n")
   graph = import_graph(package)
   assert forbidden_edges(graph, DEVICE, HOST) == [("jaxserve.device.runner",
                                                    "jaxserve.engine.request")]
+  assert forbidden_edges(graph, ("jaxserve",), INVESTIGATIONS) == [("jaxserve.device.runner",
+                                                                     "investigations")]
   assert cycles(graph) == [["jaxserve.device.runner", "jaxserve.engine.request"]]
   assert jax_reach(graph, "jaxserve.engine.request") == [
       ["jaxserve.engine.request", "jaxserve.device.runner", "jax"]]

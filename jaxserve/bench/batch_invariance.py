@@ -1,7 +1,8 @@
 """Does a greedy request give the same tokens and logprobs alone and in a crowd, on this device?
 
-    python -m jaxserve.bench.batch_invariance --model /tmp/llama1b --config configs/h100.yaml \
+    jaxserve bench batch-invariance --model /tmp/llama1b --config configs/h100.yaml \
         --batch-invariant on --out out/invariance_1b_on.json
+    python -m jaxserve.bench.batch_invariance ...   # the same flags; JSON to out/ by default
 
 N probe prompts (random ids, --min-len to --max-len tokens) each generate T greedy tokens with
 their logprobs in four scenarios, and every scenario is compared with the first, bitwise:
@@ -34,14 +35,14 @@ import jax
 import numpy as np
 
 from jaxserve.assembly import build_engine
+from jaxserve.bench.flags import (INVARIANCE_SCENARIOS, add_batch_invariance_flags,
+                                  standalone_parser)
 from jaxserve.bench.invariance_components import model_config_of, run_components
 from jaxserve.config import EngineConfig, load_config
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.platforms import prepare_jax_process
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.tools.json_file import write_json
-
-SCENARIOS = ("alone", "crowd", "preempt", "prefix")
 
 
 @dataclass(frozen=True)
@@ -216,24 +217,8 @@ def print_report(report: dict, num_probes: int) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--model", default="tiny-random")
-  parser.add_argument("--config", default=None, help="a YAML config (e.g. configs/h100.yaml)")
-  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      help="config overrides, as the CLI's")
-  parser.add_argument("--batch-invariant", choices=("on", "off", "config"), default="config",
-                      help="EngineConfig.batch_invariant (config: leave it as configured)")
-  parser.add_argument("--num-probes", type=int, default=8)
-  parser.add_argument("--num-tokens", type=int, default=128)
-  parser.add_argument("--num-others", type=int, default=200)
-  parser.add_argument("--min-len", type=int, default=20)
-  parser.add_argument("--max-len", type=int, default=300)
-  parser.add_argument("--scenarios", default=",".join(SCENARIOS))
-  parser.add_argument("--components", choices=("on", "off", "untimed"), default="on",
-                      help="also run the component checks (bench/invariance_components.py); "
-                      "untimed: without the GEMM timings")
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--out", default="out/batch_invariance.json")
+  parser = standalone_parser("batch_invariance", __doc__)
+  add_batch_invariance_flags(parser, out="out/batch_invariance.json")
   return parser.parse_args(argv)
 
 
@@ -249,13 +234,17 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def main(argv: list[str] | None = None) -> dict:
-  args = parse_args(argv)
+  return command(parse_args(argv))
+
+
+def command(args: argparse.Namespace) -> dict:
+  """The check on parsed flags (`jaxserve bench batch-invariance` calls it); returns the report."""
   config = engine_config(args)
   scenarios = tuple(s for s in args.scenarios.split(",") if s)
-  unknown = [s for s in scenarios if s not in SCENARIOS]
+  unknown = [s for s in scenarios if s not in INVARIANCE_SCENARIOS]
   if unknown or "alone" not in scenarios:
-    raise ValueError(f"--scenarios: must include alone and name only {SCENARIOS}, got "
-                     f"{scenarios}")
+    raise ValueError(f"--scenarios: must include alone and name only "
+                     f"{INVARIANCE_SCENARIOS}, got {scenarios}")
   prepare_jax_process(config.cache.memory_fraction)
   vocab = model_config_of(config).vocab_size
   work = make_workload(vocab, args.num_probes, args.num_others, args.num_tokens,
@@ -272,8 +261,8 @@ def main(argv: list[str] | None = None) -> dict:
   engine = build_engine(probe_engine_config(config, work), show_progress=False)
   result["scenarios"] = run_scenarios(engine, work, scenarios, config.cache.page_size)
   print_report(result["scenarios"], args.num_probes)
-  out = write_json(args.out, result)
-  print(f"wrote {out}")
+  if args.out:
+    print(f"wrote {write_json(args.out, result)}")
   return result
 
 

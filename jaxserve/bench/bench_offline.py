@@ -1,10 +1,12 @@
 """Offline engine throughput on one machine: output tokens/s, steps/s and host milliseconds per step.
 
-    python -m jaxserve.bench.bench_offline                       # built-in tiny-random model
-    python -m jaxserve.bench.bench_offline --model /path/to/ckpt --num-prompts 256 --input-len 512
+    jaxserve bench offline                                       # built-in tiny-random model
+    jaxserve bench offline --model /path/to/ckpt --num-prompts 256 --input-len 512
+    python -m jaxserve.bench.bench_offline ...                   # the same flags
 
 Random token prompts with fixed lengths (ignore_eos), all submitted at once; warmup (compiling
-every bucket) is excluded from the timed region. Prints a table and writes JSON.
+every bucket) is excluded from the timed region. Prints a table; writes JSON to --out (the
+`python -m` entry by default to out/bench_offline.json, the command only when asked).
 """
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxserve.cli_args import add_engine_args, engine_config_from_args
 from jaxserve.assembly import build_engine
+from jaxserve.bench.flags import add_offline_flags, standalone_parser
+from jaxserve.cli_args import engine_config_from_args
 from jaxserve.platforms import prepare_jax_process
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.tools.json_file import write_json
@@ -29,19 +32,8 @@ from jaxserve.tools.key_value_table import key_value_table
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  add_engine_args(parser, skip=("seed",))  # --seed here seeds the prompts
-  parser.add_argument("--num-prompts", type=int, default=64)
-  parser.add_argument("--input-len", type=int, default=128)
-  parser.add_argument("--output-len", type=int, default=64)
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--no-stream", action="store_true",
-                      help="report each request once finished (as LLM.generate does) instead of "
-                           "streaming every step's tokens")
-  parser.add_argument("--profile-host", metavar="PATH",
-                      help="run the timed loop under cProfile and write the 40 functions with "
-                           "the most own time to PATH (slows the host; for where, not how fast)")
-  parser.add_argument("--out", default="out/bench_offline.json")
+  parser = standalone_parser("bench_offline", __doc__)
+  add_offline_flags(parser, out="out/bench_offline.json")
   return parser.parse_args(argv)
 
 
@@ -112,9 +104,13 @@ def _host_ms(timings, bucket: tuple[int, int]) -> float | None:
 
 
 def main(argv=None) -> int:
-  args = parse_args(argv)
+  return command(parse_args(argv))
+
+
+def command(args: argparse.Namespace) -> int:
+  """The benchmark on parsed flags (`jaxserve bench offline` calls it)."""
   result = run(args)
-  out = write_json(args.out, result)
+  out = write_json(args.out, result) if args.out else None
   rows = [("model", result["model"]), ("device", f'{result["device"]} ({result["backend"]})'),
           ("output tokens/s", f'{result["output_tokens_per_s"]:.1f}'),
           ("total tokens/s", f'{result["total_tokens_per_s"]:.1f}'),
@@ -130,7 +126,8 @@ def main(argv=None) -> int:
              + ("" if b["host_ms_per_step"] is None else f', {b["host_ms_per_step"]:.2f} host'))
            for name, b in result["per_bucket"].items()]
   print(key_value_table(rows))
-  print(f"wrote {out}")
+  if out:
+    print(f"wrote {out}")
   return 0
 
 

@@ -1,8 +1,9 @@
 """`jaxserve serve` start-up end to end (issue: ready in seconds): a fresh start with an empty
 compilation cache, a mixed workload once the background compilation is done, and a warm restart.
 
-    python -m jaxserve.bench.bench_server_startup --model /tmp/llama8b --config configs/h100.yaml \
+    jaxserve bench server-startup --model /tmp/llama8b --config configs/h100.yaml \
         --max-model-len 2048 --workload-s 150 --out out/server_startup.json
+    python -m jaxserve.bench.bench_server_startup ...  # the same flags; JSON to out/ by default
 
 Each phase starts the server in a subprocess (`python -m jaxserve.cli serve ... --set
 compilation_cache_dir=DIR`, DIR empty for the fresh start, the same DIR for the restart) and
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import httpx
 
+from jaxserve.bench.flags import add_server_startup_flags, standalone_parser
 from jaxserve.bench.server_process import ServerProcess
 from jaxserve.tools.json_file import write_json
 from jaxserve.tools.key_value_table import key_value_table
@@ -51,21 +53,8 @@ LOG_FACTS = {
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--model", required=True)
-  parser.add_argument("--config", default=None)
-  parser.add_argument("--max-model-len", type=int, default=2048)
-  parser.add_argument("--set", dest="overrides", action="append", default=[])
-  parser.add_argument("--cache-dir", default=None, help="compilation cache (default: a new "
-                      "empty temporary directory)")
-  parser.add_argument("--workload-s", type=float, default=150.0)
-  parser.add_argument("--concurrency", type=int, default=64)
-  parser.add_argument("--max-prompt", type=int, default=1500)
-  parser.add_argument("--max-output", type=int, default=256)
-  parser.add_argument("--compile-timeout-s", type=float, default=420.0)
-  parser.add_argument("--restart-wait", action="store_true",
-                      help="also time the restart's background compilation")
-  parser.add_argument("--out", default="out/server_startup.json")
+  parser = standalone_parser("bench_server_startup", __doc__)
+  add_server_startup_flags(parser, out="out/server_startup.json")
   return parser.parse_args(argv)
 
 
@@ -73,7 +62,7 @@ def start_server(args: argparse.Namespace, cache_dir: str, log_path: Path) -> Se
   """`jaxserve serve` with the benchmark's engine flags and compilation cache."""
   flags = ["--max-model-len", str(args.max_model_len), "--set", f"compilation_cache_dir={cache_dir}"]
   flags += ["--config", args.config] if args.config else []
-  for override in args.overrides:
+  for override in args.set:
     flags += ["--set", override]
   return ServerProcess(args.model, flags, log_path)
 
@@ -142,8 +131,13 @@ def start_phase(args: argparse.Namespace, cache_dir: str,
 
 
 def main(argv=None) -> int:
-  args = parse_args(argv)
-  out_dir = Path(args.out).parent
+  return command(parse_args(argv))
+
+
+def command(args: argparse.Namespace) -> int:
+  """The benchmark on parsed flags (`jaxserve bench server-startup` calls it). The servers'
+  logs go beside --out, or without it into a temporary directory."""
+  out_dir = Path(args.out).parent if args.out else Path(tempfile.mkdtemp(prefix="jaxserve-logs-"))
   out_dir.mkdir(parents=True, exist_ok=True)
   cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="jaxserve-xla-")
   config_file = Path(args.model) / "config.json"  # tiny-random (tests) has none
@@ -176,7 +170,10 @@ def main(argv=None) -> int:
   warm["same_probe_text"] = warm["probe_text"] == fresh["probe_text"]
   report["restart"] = warm
   print(format_table(report))
-  write_json(args.out, report)
+  if args.out:
+    write_json(args.out, report)
+  else:
+    print(f"server logs in {out_dir}")
   print(json.dumps(report))
   return 0
 

@@ -1,8 +1,9 @@
 """Start-up costs of one engine configuration: weight loading (GB/s), the KV pool and warmup.
 
-    python -m jaxserve.bench.bench_startup --model /data/llama8b --config configs/h100.yaml \
+    jaxserve bench startup --model /data/llama8b --config configs/h100.yaml \
         --max-model-len 2048 --warmup full
-    python -m jaxserve.bench.bench_startup --build llama-3.1-8b --model /data/llama8b --config ...
+    jaxserve bench startup --build llama-3.1-8b --model /data/llama8b --config ...
+    python -m jaxserve.bench.bench_startup ...   # the same flags; JSON to out/ by default
 
 --build NAME first writes a random checkpoint of that shape into --model (in a subprocess, so its
 torch CUDA context is gone before jax starts) unless the directory already holds one. The client
@@ -27,7 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from jaxserve.cli_args import add_engine_args, engine_config_from_args
+from jaxserve.bench.flags import add_startup_flags, standalone_parser
+from jaxserve.cli_args import engine_config_from_args
 from jaxserve.platforms import prepare_jax_process
 from jaxserve.tools.json_file import write_json
 from jaxserve.tools.key_value_table import key_value_table
@@ -36,17 +38,8 @@ GIB = 2**30
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  add_engine_args(parser)
-  parser.add_argument("--build", metavar="SHAPE",
-                      help="write a random checkpoint of this shape (llama-3.2-1b, llama-3.1-8b) "
-                      "into --model first, if it holds none")
-  parser.add_argument("--load-runs", type=int, default=2, help="timed weight loads (default 2)")
-  parser.add_argument("--cold", action="store_true", help="do not pre-read the checkpoint files")
-  parser.add_argument("--baseline", action="store_true",
-                      help="also time the host-converted path (transpose and cast on the host, "
-                      "one synchronous device_put per tensor: the loader before issue 16)")
-  parser.add_argument("--out", default="out/bench_startup.json")
+  parser = standalone_parser("bench_startup", __doc__)
+  add_startup_flags(parser, out="out/bench_startup.json")
   return parser.parse_args(argv)
 
 
@@ -157,7 +150,11 @@ def device_stats() -> dict:
 
 
 def main(argv=None) -> int:
-  args = parse_args(argv)
+  return command(parse_args(argv))
+
+
+def command(args: argparse.Namespace) -> int:
+  """The benchmark on parsed flags (`jaxserve bench startup` calls it)."""
   logging.basicConfig(level=args.log_level,
                       format="%(asctime)s %(levelname)s %(name)s: %(message)s")
   if args.build:
@@ -193,7 +190,8 @@ def main(argv=None) -> int:
   if args.warmup == "full":  # the engine flag: here "also compile every bucket (timed)"
     report["warmup_s"] = warmup(built.runner, show_progress=False)
   print(format_table(report))
-  write_json(args.out, report)
+  if args.out:
+    write_json(args.out, report)
   print(json.dumps(report))
   return 0
 

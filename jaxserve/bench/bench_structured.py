@@ -1,8 +1,9 @@
 """Structured-output throughput: every request under a JSON schema vs unconstrained, same engine.
 
-    python -m jaxserve.bench.bench_structured                      # tiny-random, CPU smoke run
-    python -m jaxserve.bench.bench_structured --model /tmp/llama8b --synthetic-bpe-vocab 128000 \\
+    jaxserve bench structured                      # tiny-random, CPU smoke run
+    jaxserve bench structured --model /tmp/llama8b --synthetic-bpe-vocab 128000 \\
         --concurrency 64 256 --set scheduler.max_num_seqs=256 ...
+    python -m jaxserve.bench.bench_structured ...  # the same flags; JSON to out/ by default
 
 For each concurrency C it submits C prompts at once (random ids, input_len tokens) twice, first
 unconstrained (ignore_eos, output_len tokens each), then every one under SCHEMA (same max_tokens;
@@ -13,7 +14,7 @@ the mask's transfer and the sampler's dispatch), plus compilations after warmup 
 
 The random-weight checkpoints' word-level tokenizer (vocab_tokenizer.py) has no JSON punctuation,
 so a schema would match nothing: --synthetic-bpe-vocab N replaces it with a byte-level BPE of N
-pieces (bench_bitmask_fill.synthetic_tokenizer: words, numbers, JSON fragments; Llama 3 has
+pieces (structured_workload.synthetic_tokenizer: words, numbers, JSON fragments; Llama 3 has
 128,000), the vocabulary size llguidance's mask work scales with.
 
 It also times the sampler's token-bitmask select in front of the greedy pick on the logits of C
@@ -33,9 +34,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxserve.assembly import build_engine
-from jaxserve.bench.bench_bitmask_fill import SCHEMA, synthetic_tokenizer
-from jaxserve.bench.kernel_timing import seconds_per_call
-from jaxserve.cli_args import add_engine_args, engine_config_from_args
+from jaxserve.bench.flags import add_structured_flags, standalone_parser
+from jaxserve.bench.structured_workload import SCHEMA, synthetic_tokenizer
+from jaxserve.bench.timing import seconds_per_call
+from jaxserve.cli_args import engine_config_from_args
 from jaxserve.config import EngineConfig
 from jaxserve.device.step_options import step_greedy
 from jaxserve.device.token_bitmask import apply_token_bitmask, bitmask_words
@@ -46,16 +48,8 @@ from jaxserve.tools.json_file import write_json
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  add_engine_args(parser, skip=("seed",))
-  parser.add_argument("--concurrency", type=int, nargs="+", default=[4, 8])
-  parser.add_argument("--input-len", type=int, default=32)
-  parser.add_argument("--output-len", type=int, default=32)
-  parser.add_argument("--synthetic-bpe-vocab", type=int, default=0,
-                      help="serve with a synthetic byte-level BPE of this many pieces instead of "
-                           "the checkpoint's tokenizer (0: the checkpoint's)")
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--out", default="out/bench_structured.json")
+  parser = standalone_parser("bench_structured", __doc__)
+  add_structured_flags(parser, out="out/bench_structured.json")
   return parser.parse_args(argv)
 
 
@@ -146,9 +140,14 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv=None) -> int:
-  args = parse_args(argv)
+  return command(parse_args(argv))
+
+
+def command(args: argparse.Namespace) -> int:
+  """The benchmark on parsed flags (`jaxserve bench structured` calls it)."""
   result = run(args)
-  write_json(args.out, result)
+  if args.out:
+    write_json(args.out, result)
   for row in result["results"]:
     plain, json_run = row["unconstrained"], row["json_schema"]
     print(f'concurrency {row["concurrency"]}: unconstrained {plain["output_tokens_per_s"]:.1f} '

@@ -114,7 +114,7 @@ def greedy_sample(
   vocabulary entries a program folds per loop step (a power of two >= 16); num_splits the number
   of programs that share a row (consecutive vocabulary ranges, merged by a small XLA epilogue);
   num_warps and num_stages Triton's. The defaults measured best for 512 rows of a 128k
-  vocabulary on an H100 (jaxserve/bench/bench_sampler.py, docs/PERFORMANCE.md)."""
+  vocabulary on an H100 (investigations/bench_sampler.py, docs/PERFORMANCE.md)."""
   if logits.ndim != 2 or logits.shape[0] < 1 or logits.shape[1] < 1:
     raise ValueError(f"greedy_sample: logits: expected [S, V] with S, V >= 1, got "
                      f"{logits.shape}")

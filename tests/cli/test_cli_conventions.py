@@ -79,7 +79,7 @@ def test_every_flag_help_states_its_default():
       if not action.option_strings or isinstance(action, (argparse._HelpAction,
                                                           argparse._VersionAction)):
         continue
-      assert "default" in formatter._expand_help(action), (parser.prog, action.option_strings)
+      assert "default" in formatter._format_action(action), (parser.prog, action.option_strings)
 
 
 def test_misspelt_flag_suggests_the_closest(capsys):

@@ -2,8 +2,6 @@
 interpret mode elsewhere."""
 from __future__ import annotations
 
-import json
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +9,6 @@ import pytest
 
 from pallas_kernels.greedy_sample.gpu import greedy_sample
 from pallas_kernels.greedy_sample.reference import greedy_sample_reference
-from jaxserve.bench import bench_sampler
 
 INTERPRET = jax.default_backend() != "gpu"
 
@@ -94,12 +91,3 @@ def test_integer_logits_and_banned_ids_of_another_dtype_raise():
     greedy_sample(jnp.zeros((2, 4), jnp.int32), jnp.zeros((2, 1), jnp.int32))
   with pytest.raises(ValueError, match="banned_ids"):
     greedy_sample(jnp.zeros((2, 4), jnp.float32), jnp.zeros((2, 1), jnp.int16))
-
-
-def test_bench_sampler_script_smoke(tmp_path):
-  module = bench_sampler
-  out = tmp_path / "sampler.json"
-  assert module.main(["--rows", "4", "--vocab", "300", "--tiles", "default,64:4:2:2",
-                      "--inner", "2", "--reps", "1", "--out", str(out)]) == 0
-  results = json.loads(out.read_text())["results"]
-  assert results and all(r["ids_match"] and r["max_lse_error"] < 1e-4 for r in results), results

@@ -5,8 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxserve.bench.device_trace import capture_trace, summarize_trace
-from jaxserve.bench.hlo_ops import HloInstruction, describe, instructions
+from investigations.device_trace import capture_trace, summarize_trace
+from investigations.hlo_ops import HloInstruction, describe, instructions
 
 
 def _program():

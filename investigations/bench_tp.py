@@ -1,7 +1,7 @@
 """Tensor-parallel serving on several GPUs: greedy tokens with tp=N against tp=1, decode step time
 at a fixed batch, and the all-reduce time per step measured on its own.
 
-    NCCL_NVLS_ENABLE=0 python -m jaxserve.bench.bench_tp --model /tmp/llama8b --tp 1,2 --batch 128
+    NCCL_NVLS_ENABLE=0 python -m investigations.bench_tp --model /tmp/llama8b --tp 1,2 --batch 128
 
 The model is any checkpoint directory (e.g. a Llama-3.1-8B-shaped random bfloat16 one built with
 jaxserve.bench.random_checkpoint). --tp-invariant turns on EngineConfig.tp_invariant_reductions

@@ -2,78 +2,26 @@
 
 Builds a synthetic byte-level BPE vocabulary of the size of Llama 3's (128,000 tokens + specials,
 128,256-row model vocabulary: words with and without a leading space, numbers, punctuation and
-JSON fragments), so llguidance walks a trie of that size. Each of B matchers is first advanced by
-a random number of random-model steps (sequences at different positions, as in a real batch),
-then every timed step fills all B rows with BitmaskFiller.fill (llguidance's thread pool) and
-consumes one token per sequence. Prints JSON: per-step fill and consume milliseconds.
+JSON fragments; jaxserve/bench/structured_workload.py), so llguidance walks a trie of that size.
+Each of B matchers is first advanced by a random number of random-model steps (sequences at
+different positions, as in a real batch), then every timed step fills all B rows with
+BitmaskFiller.fill (llguidance's thread pool) and consumes one token per sequence. Prints JSON:
+per-step fill and consume milliseconds.
 
-    python -m jaxserve.bench.bench_bitmask_fill --batch 64 256 --steps 30
+    python -m investigations.bench_bitmask_fill --batch 64 256 --steps 30
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import string
 import time
 
 import numpy as np
-import tokenizers
-from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
+from jaxserve.bench.structured_workload import SCHEMA, synthetic_tokenizer
 from jaxserve.structured import (BitmaskFiller, GrammarCompiler, GrammarState, SequenceMatcher,
                                  StructuredOutputSpec, build_llg_tokenizer)
-from jaxserve.tokenizer import SpecialTokens, Tokenizer
-
-SCHEMA = {
-    "type": "object", "additionalProperties": False,
-    "required": ["id", "name", "email", "status", "address", "tags", "history"],
-    "properties": {
-        "id": {"type": "integer"}, "name": {"type": "string"}, "email": {"type": "string"},
-        "status": {"enum": ["active", "inactive", "banned"]}, "score": {"type": "number"},
-        "address": {"type": "object", "required": ["street", "city"], "additionalProperties": False,
-                    "properties": {"street": {"type": "string"}, "city": {"type": "string"},
-                                   "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}},
-        "tags": {"type": "array", "items": {"type": "string"}},
-        "history": {"type": "array", "items": {
-            "type": "object", "additionalProperties": False, "required": ["date", "event"],
-            "properties": {"date": {"type": "string"}, "event": {"type": "string"}}}},
-    },
-}
-
-
-def _byte_chars() -> list[str]:
-  return list(pre_tokenizers.ByteLevel.alphabet())
-
-
-def synthetic_vocab(num_tokens: int, seed: int = 0) -> list[str]:
-  """ByteLevel-encoded pieces ("Ġ" is a leading space): the 256 bytes, then generated pieces."""
-  rng = np.random.default_rng(seed)
-  pieces = dict.fromkeys(sorted(_byte_chars()))
-  letters = np.array(list(string.ascii_lowercase))
-  fragments = ['":', '",', '{"', '"}', '":"', '","', '":[', '],"', "},{", '":{"', '"]', "\\n"]
-  while len(pieces) < num_tokens:
-    kind = rng.integers(0, 10)
-    if kind < 7:
-      word = "".join(rng.choice(letters, size=rng.integers(2, 10)))
-      word = word.capitalize() if rng.random() < 0.2 else word
-      piece = ("Ġ" + word) if rng.random() < 0.6 else word
-    elif kind < 9:
-      piece = str(rng.integers(0, 1000))
-    else:
-      piece = fragments[rng.integers(len(fragments))] + "".join(rng.choice(letters, size=rng.integers(0, 4)))
-    pieces.setdefault(piece)
-  return list(pieces)
-
-
-def synthetic_tokenizer(num_tokens: int, model_vocab: int) -> Tokenizer:
-  vocab = {piece: i for i, piece in enumerate(synthetic_vocab(num_tokens))}
-  backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
-  backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  backend.decoder = decoders.ByteLevel()
-  backend.add_special_tokens([AddedToken(t, special=True) for t in ("<|begin|>", "<|eot|>")])
-  return Tokenizer(backend, special_tokens=SpecialTokens(bos_token="<|begin|>", eos_token="<|eot|>"),
-                   vocab_size=model_vocab)
 
 
 def _allowed(row: np.ndarray, vocab: int) -> np.ndarray:

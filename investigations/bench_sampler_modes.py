@@ -2,7 +2,7 @@
 in every SamplerMode, timed on random logits, so a mode stays static (its own compiled program)
 only where skipping its work pays.
 
-    python -m jaxserve.bench.bench_sampler_modes --rows 256 --vocab 128256 --out modes.json
+    python -m investigations.bench_sampler_modes --rows 256 --vocab 128256 --out modes.json
 
 Each mode is jitted alone and timed by wall time per call (median of --reps after a warmup),
 with the greedy pick of XLA's reductions; the histories are --history tokens long.
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.bench.kernel_timing import seconds_per_call
+from jaxserve.bench.timing import seconds_per_call
 from jaxserve.device.sampler import SamplerMode, sample
 from jaxserve.device.step_inputs import SamplingInputs
 from jaxserve.tools.json_file import write_json

@@ -1,8 +1,8 @@
-"""Renders benchmark JSON files (jaxserve/bench/bench_kernels.py, jaxserve bench throughput,
+"""Renders benchmark JSON files (investigations/bench_kernels.py, jaxserve bench throughput,
 jaxserve/bench/bench_offline.py) as the Markdown tables of docs/PERFORMANCE.md.
 
-    python -m jaxserve.bench.perf_tables docs/results/bench_kernels_h100.json
-    python -m jaxserve.bench.perf_tables --side-by-side sync.json async.json   # offline runs as columns
+    python -m investigations.perf_tables docs/results/bench_kernels_h100.json
+    python -m investigations.perf_tables --side-by-side sync.json async.json   # offline runs as columns
 """
 from __future__ import annotations
 

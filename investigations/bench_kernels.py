@@ -13,9 +13,9 @@ Effective bandwidth counts the K and V bytes the batch actually attends:
 sum(seq_lens) * num_kv_heads * head_dim * 2 * itemsize. `--prefill NUMxLEN` adds prompt
 batches, reported in attention TFLOP/s as well.
 
-  python -m jaxserve.bench.bench_kernels                 # on a GPU; writes out/bench_kernels.json
-  python -m jaxserve.bench.bench_kernels --smoke         # tiny sizes, interpret mode, any backend
-  python -m jaxserve.bench.bench_kernels --tiles 64:4:3,128:4:3,32:4:2   # block_kv:num_warps:num_stages
+  python -m investigations.bench_kernels                 # on a GPU; writes out/bench_kernels.json
+  python -m investigations.bench_kernels --smoke         # tiny sizes, interpret mode, any backend
+  python -m investigations.bench_kernels --tiles 64:4:3,128:4:3,32:4:2   # block_kv:num_warps:num_stages
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.bench.kernel_timing import (Batch, Shape, copy_bandwidth, device_us_per_call,
+from investigations.kernel_timing import (Batch, Shape, copy_bandwidth, device_us_per_call,
                                           make_batch, read_bandwidth, time_per_call)
 from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention
 from pallas_kernels.ragged_paged_attention.reference import ragged_paged_attention_reference

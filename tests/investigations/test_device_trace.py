@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxserve.bench.device_trace import (NoDeviceEventsError, TraceEvent, capture_trace,
+from investigations.device_trace import (NoDeviceEventsError, TraceEvent, capture_trace,
                                          device_trace, kernel_family, self_times,
                                          summarize_trace)
 

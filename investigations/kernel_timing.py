@@ -9,7 +9,7 @@ nor share work between them), or the difference between two such programs of n a
 (`harness="marginal"`: what one more call costs, without the program's fixed dispatch and
 synchronization); `device_us_per_call` traces that unrolled program and returns the
 kernels' own device time per call; `copy_bandwidth` measures the HBM copy ceiling. Used by
-jaxserve/bench/bench_kernels.py.
+investigations/bench_kernels.py.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.bench.device_trace import capture_trace, summarize_trace, total_device_us
-from jaxserve.bench.timing import median_seconds
+from investigations.device_trace import capture_trace, summarize_trace, total_device_us
+from jaxserve.bench.timing import median_seconds, seconds_per_call
 
 
 @dataclass(frozen=True)
@@ -170,20 +170,6 @@ def device_us_per_call(fn, batch: Batch, *, inner: int, reps: int = 2) -> float:
   jax.block_until_ready(program(*args))
   logdir = capture_trace(lambda: program(*args), reps=reps)
   return total_device_us(summarize_trace(logdir)) / (reps * inner)
-
-
-def seconds_per_call(fn, *args, inner: int, reps: int) -> float:
-  """Median over `reps` of the wall seconds per call of `inner` back-to-back calls fn(*args)
-  (one compile-and-run first)."""
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(reps):
-    start = time.perf_counter()
-    for _ in range(inner):
-      out = fn(*args)
-    jax.block_until_ready(out)
-    times.append((time.perf_counter() - start) / inner)
-  return statistics.median(times)
 
 
 def read_bandwidth(num_bytes: int, *, inner: int, reps: int) -> float:

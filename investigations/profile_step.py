@@ -2,12 +2,12 @@
 logits, sampler), timed on the same inputs for one bucket: a decode step of --num-seqs sequences
 at --context tokens, or with --phase prefill the first prefill step of those prompts. With
 --trace-top N it also profiles ~10 executions of the whole jitted step and prints the N kernels
-(CPU: XLA ops) that take most device time (jaxserve/bench/device_trace.py); --trace-ops adds
-the top XLA instructions with their shapes and JAX op paths (jaxserve/bench/hlo_ops.py), with
+(CPU: XLA ops) that take most device time (investigations/device_trace.py); --trace-ops adds
+the top XLA instructions with their shapes and JAX op paths (investigations/hlo_ops.py), with
 GPU command buffers off so each kernel is traced under its own instruction. The
 results print as JSON at the end and go to --out when given.
 
-    python -m jaxserve.bench.profile_step --model /path/to/ckpt --num-seqs 256 --context 576 --trace-top 25
+    python -m investigations.profile_step --model /path/to/ckpt --num-seqs 256 --context 576 --trace-top 25
 """
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ from jaxserve.device.lowering import lower_step
 from jaxserve.device.packing import pack
 from jaxserve.device.sampler import SamplerMode, sample
 from jaxserve.sampling_params import SamplingParams
-from jaxserve.bench.device_trace import (capture_trace, kernel_table_json, print_kernel_table,
+from investigations.device_trace import (capture_trace, kernel_table_json, print_kernel_table,
                                          summarize_trace, total_device_us)
-from jaxserve.bench.hlo_ops import describe, instructions
+from investigations.hlo_ops import describe, instructions
 from jaxserve.bench.timing import median_seconds
 
 

@@ -3,7 +3,7 @@
 a sweep of its tiles, each checked against the reference and timed by its kernels'
 device time (profiler trace) and by wall time per call.
 
-    python -m jaxserve.bench.bench_sampler --rows 512 --vocab 128256 --out sampler.json
+    python -m investigations.bench_sampler --rows 512 --vocab 128256 --out sampler.json
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxserve.device.sampler import xla_greedy
-from jaxserve.bench.device_trace import capture_trace, summarize_trace, total_device_us
-from jaxserve.bench.kernel_timing import seconds_per_call
+from investigations.device_trace import capture_trace, summarize_trace, total_device_us
+from jaxserve.bench.timing import seconds_per_call
 from pallas_kernels.greedy_sample.gpu import greedy_sample
 from pallas_kernels.greedy_sample.reference import greedy_sample_reference
 

@@ -1,6 +1,6 @@
 """Is a bfloat16 GEMM's result independent of how tensor parallelism splits it?
 
-    python -m jaxserve.bench.gemm_invariance --out out/gemm_invariance.json
+    python -m investigations.gemm_invariance --out out/gemm_invariance.json
 
 For bf16 x [M, K] and w [K, N] at Llama-3.1-8B projection shapes, on the default device:
 
