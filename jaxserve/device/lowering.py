@@ -1,6 +1,6 @@
 """Step inputs made of padding, and the step's programs lowered on them: what compiling a bucket
 ahead of serving (device/warmup.py), sizing the step's scratch memory (jaxserve/assembly.py) and
-profiling (jaxserve/bench/profile_step.py) need.
+profiling (investigations/profile_step.py) need.
 
 dummy_inputs(runner, bucket) is an empty batch padded to the bucket, so it has exactly the
 shapes and dtypes a real step of that bucket has (standalone_dummy_inputs: the same without a
