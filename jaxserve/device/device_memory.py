@@ -64,6 +64,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Mapping, MutableMapping
 
+from jaxserve.memory_stats import memory_stats
+
 logger = logging.getLogger(__name__)
 
 FRACTION_VAR = "XLA_CLIENT_MEM_FRACTION"
@@ -216,11 +218,8 @@ def read_device_memory(environ: Mapping[str, str] | None = None,
   """`device`'s DeviceMemory, by default the first device's (jax must be usable; None on CPU)."""
   import jax
   device = jax.devices()[0] if device is None else device
-  try:
-    stats = device.memory_stats()
-  except Exception:  # some backends raise instead of returning None
-    return None
-  return device_memory(stats, device.platform, os.environ if environ is None else environ)
+  return device_memory(memory_stats(device), device.platform,
+                       os.environ if environ is None else environ)
 
 
 def unmeasured_scratch_bytes(budget: int) -> int:

@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxserve.device.device_memory import read_device_memory
+from jaxserve.memory_stats import free_bytes
 from jaxserve.models.safetensors_reader import MappedFile, SafetensorsHeader, TensorInfo
 
 ParamPath = tuple[str, ...]
@@ -215,13 +215,8 @@ def _one_mesh(jobs: Sequence[_Job]) -> Mesh | None | bool:
 
 def _free_device_bytes(devices: Sequence[jax.Device]) -> int | None:
   """The least free memory among `devices` (None when one reports no statistics)."""
-  free = []
-  for device in devices:
-    memory = read_device_memory(device=device)
-    if memory is None:
-      return None
-    free.append(memory.limit_bytes - memory.in_use_bytes)
-  return min(free)
+  free = [free_bytes(device) for device in devices]
+  return None if None in free else min(free)
 
 
 def _aligned(num_bytes: int) -> int:
