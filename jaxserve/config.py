@@ -26,6 +26,11 @@ DTYPES = ("auto", "float32", "bfloat16")
 GPU_GEMMS = ("cublas", "cublaslt", "xla")
 SAMPLER_BACKENDS = ("auto", "xla", "pallas_gpu")
 WARMUP_MODES = ("auto", "lazy", "background", "full")
+# The dotted config keys whose value is one of a fixed set: EngineConfig validates them against
+# these, and the engine arguments (jaxserve/engine_args.py) offer these as their choices.
+CHOICES: Mapping[str, tuple[str, ...]] = {
+    "dtype": DTYPES, "attention_backend": ATTENTION_BACKENDS, "gpu_gemm": GPU_GEMMS,
+    "sampler_backend": SAMPLER_BACKENDS, "warmup": WARMUP_MODES}
 
 
 def _require(condition: bool, name: str, message: str) -> None:
