@@ -64,7 +64,8 @@ class CacheConfig:
 @dataclass(frozen=True)
 class SchedulerConfig:
   """Continuous batching limits. Bucket lists default to powers of two up to the limits.
-  async_scheduling schedules and dispatches step N+1 while step N runs (engine/llm_engine.py).
+  async_scheduling: the engine core schedules and dispatches step N+1 while step N runs
+  (EngineCore.step, engine/engine_core.py).
   num_scheduler_steps > 1 runs decode-only steps as bursts of that many decode steps in one
   dispatch when every running request allows it (engine/scheduler.py, device/step_fns.py).
   bucket_padding: the default bucket ladders grow by 1 / (1 - bucket_padding) a rung (0.5:

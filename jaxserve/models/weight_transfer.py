@@ -11,8 +11,8 @@ slice) and transposed locally into the target sharding, so no device ever holds 
 whole sharded weight.
 
 Device memory layout (`TransferOptions.layout`). A raw tensor freed after its conversion leaves
-a hole between the converted weights; streamed one tensor at a time, those holes summed to 26-29%
-of an 8B model's weights on an H100 (device/device_memory.py), memory the KV pool could not use.
+a hole between the converted weights; streamed one tensor at a time ("streaming"), the holes are
+memory the KV pool cannot use (device_memory.LOADER_SLACK_SHARE; measured: docs/DECISIONS.md).
 The "packed" layout leaves none: (1) a placeholder of the converted weights' bytes plus
 PACK_MARGIN is allocated, (2) every raw tensor is put after it, (3) the placeholder is freed and
 every leaf converted, in order, into that hole, (4) the raw tensors are freed. XLA's GPU allocator
