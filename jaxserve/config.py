@@ -26,6 +26,11 @@ DTYPES = ("auto", "float32", "bfloat16")
 GPU_GEMMS = ("cublas", "cublaslt", "xla")
 SAMPLER_BACKENDS = ("auto", "xla", "pallas_gpu")
 WARMUP_MODES = ("auto", "lazy", "background", "full")
+# The dotted config keys whose value is one of a fixed set: EngineConfig validates them against
+# these, and the engine arguments (jaxserve/engine_args.py) offer these as their choices.
+CHOICES: Mapping[str, tuple[str, ...]] = {
+    "dtype": DTYPES, "attention_backend": ATTENTION_BACKENDS, "gpu_gemm": GPU_GEMMS,
+    "sampler_backend": SAMPLER_BACKENDS, "warmup": WARMUP_MODES}
 
 
 def _require(condition: bool, name: str, message: str) -> None:
@@ -59,7 +64,8 @@ class CacheConfig:
 @dataclass(frozen=True)
 class SchedulerConfig:
   """Continuous batching limits. Bucket lists default to powers of two up to the limits.
-  async_scheduling schedules and dispatches step N+1 while step N runs (engine/llm_engine.py).
+  async_scheduling: the engine core schedules and dispatches step N+1 while step N runs
+  (EngineCore.step, engine/engine_core.py).
   num_scheduler_steps > 1 runs decode-only steps as bursts of that many decode steps in one
   dispatch when every running request allows it (engine/scheduler.py, device/step_fns.py).
   bucket_padding: the default bucket ladders grow by 1 / (1 - bucket_padding) a rung (0.5:

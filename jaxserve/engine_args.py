@@ -4,6 +4,7 @@ gpu_memory_utilization=0.9)`), named as vLLM names them.
 
 A value given here overrides the same key of the YAML file and of `--set`; every key is described
 in docs/CONFIG.md and validated by jaxserve/config.py (a bad value is a ValueError naming the key).
+An argument's choices are its key's in config.CHOICES, so a new choice is added there alone.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Mapping
 
-from jaxserve.config import EngineConfig, apply_overrides, config_from_dict, config_to_dict
+from jaxserve.config import (CHOICES, EngineConfig, apply_overrides, config_from_dict,
+                             config_to_dict)
 
 
 @dataclass(frozen=True)
@@ -22,11 +24,15 @@ class EngineArg:
   key: str
   type: type
   help: str
-  choices: tuple[str, ...] = ()
 
   @property
   def flag(self) -> str:
     return "--" + self.name.replace("_", "-")
+
+  @property
+  def choices(self) -> tuple[str, ...]:
+    """The values config accepts for `key` where they are a fixed set, else ()."""
+    return CHOICES.get(self.key, ())
 
 
 ENGINE_ARGS: tuple[EngineArg, ...] = (
@@ -35,12 +41,10 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     EngineArg("tokenizer", "tokenizer", str, "tokenizer directory, if not the model's"),
     EngineArg("chat_template", "chat_template", str, "chat template file (or template text) "
               "replacing the tokenizer's"),
-    EngineArg("dtype", "dtype", str, "weights and activations dtype",
-              ("auto", "float32", "bfloat16")),
+    EngineArg("dtype", "dtype", str, "weights and activations dtype"),
     EngineArg("max_model_len", "max_model_len", int, "longest prompt + output in tokens "
               "(null: the model's max_position_embeddings)"),
-    EngineArg("attention_backend", "attention_backend", str, "attention kernel",
-              ("auto", "reference", "xla", "pallas_gpu", "pallas_tpu")),
+    EngineArg("attention_backend", "attention_backend", str, "attention kernel"),
     EngineArg("gpu_memory_utilization", "cache.memory_fraction", float,
               "share of the device's total memory the process uses; the KV cache gets what the "
               "weights and step scratch leave of it"),
@@ -57,8 +61,7 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
               "shard the model over this many devices (all devices of all hosts)"),
     EngineArg("warmup", "warmup", str, "when the step programs compile: all before starting "
               "(full), the largest bucket first and the rest while serving (background), or "
-              "each on first use (lazy); auto: serve background, generate and LLM lazy",
-              ("auto", "lazy", "background", "full")),
+              "each on first use (lazy); auto: serve background, generate and LLM lazy"),
 )
 BY_NAME = {arg.name: arg for arg in ENGINE_ARGS}
 

@@ -1,5 +1,7 @@
-"""Attention over the paged KV cache: metadata and the backend interface."""
+"""Attention over the paged KV cache: metadata, the backend interface and its capabilities."""
 from jaxserve.attention.metadata import AttentionMetadata
 from jaxserve.attention.backends import AttentionBackend, get_attention_backend
+from jaxserve.attention.capabilities import BackendCapabilities, BackendKind
 
-__all__ = ["AttentionMetadata", "AttentionBackend", "get_attention_backend"]
+__all__ = ["AttentionMetadata", "AttentionBackend", "BackendCapabilities", "BackendKind",
+           "get_attention_backend"]

@@ -3,16 +3,19 @@
 A backend writes the step's new K/V into their pages (in place under donation) and then attends
 over the paged cache. "reference" is the dense pure-jnp ground truth, "xla" the blocked XLA path
 used on CPU, "pallas_gpu" and "pallas_tpu" the Pallas kernels. "auto" picks by JAX's default
-backend.
+backend. Each backend carries its BackendCapabilities (attention/capabilities.py): the wrappers
+here decide by them, and keep them true of what they return.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Callable
 
 import jax
 
+from jaxserve.attention.capabilities import BackendCapabilities, BackendKind
 from jaxserve.attention.metadata import AttentionMetadata
 from jaxserve.attention.xla import ragged_paged_attention_xla
 from pallas_kernels.ragged_paged_attention.reference import (
@@ -24,10 +27,12 @@ WriteFn = Callable[..., tuple[jax.Array, jax.Array]]
 
 @dataclass(frozen=True)
 class AttentionBackend:
-  """A named pair of (write_kv, attend) functions with the reference's signatures."""
+  """A pair of (write_kv, attend) functions with the reference's signatures, what they can do
+  (`capabilities`, for decisions) and a `name` (for logs)."""
   name: str
   attend: AttendFn
   write_kv: WriteFn
+  capabilities: BackendCapabilities
 
   def __call__(
       self,
@@ -50,52 +55,80 @@ class AttentionBackend:
                       sliding_window=sliding_window, soft_cap=soft_cap)
     return out, k_pages, v_pages
 
+  def replace(self, **changes) -> AttentionBackend:
+    return dataclasses.replace(self, **changes)
 
-REFERENCE = AttentionBackend("reference", ragged_paged_attention_reference, write_kv_reference)
-XLA = AttentionBackend("xla", ragged_paged_attention_xla, write_kv_reference)
+
+REFERENCE = AttentionBackend("reference", ragged_paged_attention_reference, write_kv_reference,
+                             BackendCapabilities(BackendKind.REFERENCE, kv_split=False,
+                                                 tile_invariant=False))
+XLA = AttentionBackend("xla", ragged_paged_attention_xla, write_kv_reference,
+                       BackendCapabilities(BackendKind.XLA, kv_split=False, tile_invariant=False))
 
 
-def _pallas_gpu() -> AttentionBackend:
+def pallas_gpu(interpret: bool = False) -> AttentionBackend:
+  """The Pallas (Triton) GPU kernel; it splits the KV of small decode batches (flash decoding)
+  and picks its tiles by the step's shape. interpret: in the Pallas interpreter (any platform)."""
   from pallas_kernels.ragged_paged_attention import gpu
-  return AttentionBackend("pallas_gpu", gpu.ragged_paged_attention, gpu.write_kv)
+  return _kernel("pallas_gpu", gpu.ragged_paged_attention, gpu.write_kv, BackendCapabilities(
+      BackendKind.PALLAS_GPU, kv_split=True, tile_invariant=False, interpret=interpret))
 
 
-def _pallas_tpu() -> AttentionBackend:
+def pallas_tpu(interpret: bool = False) -> AttentionBackend:
+  """The Pallas Mosaic TPU kernel: fixed query and KV blocks whatever the batch, and rows of
+  other sequences leave a row's softmax state exactly unchanged (tile invariant as it is).
+  interpret: in Pallas TPU interpret mode (any platform)."""
   from pallas_kernels.ragged_paged_attention import tpu
-  return AttentionBackend("pallas_tpu", tpu.ragged_paged_attention, tpu.write_kv)
+  return _kernel("pallas_tpu", tpu.ragged_paged_attention, tpu.write_kv, BackendCapabilities(
+      BackendKind.PALLAS_TPU, kv_split=False, tile_invariant=True, interpret=interpret))
 
 
-_FACTORIES = {"reference": lambda: REFERENCE, "xla": lambda: XLA, "pallas_gpu": _pallas_gpu, "pallas_tpu": _pallas_tpu}
+def _kernel(name: str, attend: AttendFn, write_kv: WriteFn,
+            capabilities: BackendCapabilities) -> AttentionBackend:
+  if not capabilities.interpret:
+    return AttentionBackend(name, attend, write_kv, capabilities)
+  return AttentionBackend(f"{name} (interpret)", functools.partial(attend, interpret=True),
+                          functools.partial(write_kv, interpret=True), capabilities)
+
+
+_FACTORIES = {"reference": lambda: REFERENCE, "xla": lambda: XLA, "pallas_gpu": pallas_gpu,
+              "pallas_tpu": pallas_tpu}
 
 
 def head_count_invariant(backend: AttentionBackend) -> AttentionBackend:
   """`backend` with a reduction order that does not depend on the number of heads per device:
-  the GPU kernel otherwise picks its KV split count from (sequence slots x kv heads), which
-  halves under tensor parallelism (tp_invariant_reductions). The other backends already are."""
-  if backend.name != "pallas_gpu":
+  a kv_split backend (the GPU kernel) otherwise picks its KV split count from (sequence slots x
+  kv heads), which halves under tensor parallelism (tp_invariant_reductions). The others
+  already are."""
+  if not backend.capabilities.kv_split:
     return backend
-  return AttentionBackend(f"{backend.name} (1 KV split)",
-                          functools.partial(backend.attend, num_kv_splits=1), backend.write_kv)
+  return backend.replace(name=f"{backend.name} (1 KV split)",
+                         attend=functools.partial(backend.attend, num_kv_splits=1),
+                         capabilities=backend.capabilities.replace(kv_split=False))
 
 
 BATCH_INVARIANT_ROWS = 16  # GPU kernel rows per program (query tokens x padded q heads per kv head)
 
 
 def batch_invariant_attention(backend: AttentionBackend) -> AttentionBackend:
-  """`backend` with tiles that do not follow the batch shape (batch_invariant): the GPU kernel
-  otherwise picks its KV tile size by whether the step is decode-only, its query rows per
-  program likewise, and splits the KV of small batches (flash decoding), so a token's reduction
-  over its KV depends on its batch mates (the row count of a tile changes a row's bits in the
+  """`backend` with tiles that do not follow the batch shape (batch_invariant; the result is
+  tile_invariant unless it is the reference, which is left as it is). The GPU kernel otherwise
+  picks its KV tile size by whether the step is decode-only, its query rows per program
+  likewise, and splits the KV of small batches (flash decoding), so a token's reduction over its
+  KV depends on its batch mates (the row count of a tile changes a row's bits in the
   interpreter). Here every step runs BATCH_INVARIANT_ROWS query rows per program and reduces in
   KV tiles of one fixed size, in position order, unsplit. The XLA path reduces in fixed,
   position-aligned blocks but its contractions follow the token count on the CPU: it runs them
-  in a fixed order (xla.py fixed_order). The TPU kernel is invariant as it is: fixed query and
-  KV blocks whatever the batch, and rows of other sequences leave a row's softmax state exactly
-  unchanged."""
-  if backend.name == "xla":
-    return AttentionBackend("xla (batch invariant)",
-                            functools.partial(backend.attend, fixed_order=True), backend.write_kv)
-  if not backend.name.startswith("pallas_gpu"):
+  in a fixed order (xla.py fixed_order). A tile_invariant backend (the TPU kernel) is returned
+  as it is."""
+  capabilities = backend.capabilities
+  if capabilities.tile_invariant:
+    return backend
+  if capabilities.kind is BackendKind.XLA:
+    return backend.replace(name=f"{backend.name} (batch invariant)",
+                           attend=functools.partial(backend.attend, fixed_order=True),
+                           capabilities=capabilities.replace(tile_invariant=True))
+  if capabilities.kind is not BackendKind.PALLAS_GPU:
     return backend
 
   def attend(q, k_pages, *args, **kwargs):
@@ -104,7 +137,8 @@ def batch_invariant_attention(backend: AttentionBackend) -> AttentionBackend:
     return backend.attend(q, k_pages, *args, num_kv_splits=1, block_kv=block_kv,
                           block_q=max(1, BATCH_INVARIANT_ROWS // padded_group), **kwargs)
 
-  return AttentionBackend(f"{backend.name} (batch invariant)", attend, backend.write_kv)
+  return backend.replace(name=f"{backend.name} (batch invariant)", attend=attend,
+                         capabilities=capabilities.replace(kv_split=False, tile_invariant=True))
 
 
 def get_attention_backend(name: str = "auto", platform: str | None = None) -> AttentionBackend:
@@ -113,5 +147,6 @@ def get_attention_backend(name: str = "auto", platform: str | None = None) -> At
     platform = platform or jax.default_backend()
     name = {"gpu": "pallas_gpu", "cuda": "pallas_gpu", "tpu": "pallas_tpu"}.get(platform, "xla")
   if name not in _FACTORIES:
-    raise ValueError(f"attention_backend: unknown backend {name!r} (known: {', '.join(_FACTORIES)})")
+    raise ValueError(f"attention_backend: unknown backend {name!r} "
+                     f"(known: {', '.join(_FACTORIES)})")
   return _FACTORIES[name]()

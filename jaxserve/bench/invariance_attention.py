@@ -21,7 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.attention.backends import AttentionBackend
+from jaxserve.attention.backends import AttentionBackend, pallas_gpu
+from jaxserve.attention.capabilities import BackendKind
 from jaxserve.config import EngineConfig
 from jaxserve.messages.buckets import BucketSet
 from jaxserve.bench.timing import median_ms
@@ -113,15 +114,15 @@ def attention_checks(config: EngineConfig, model: ModelConfig, buckets: BucketSe
   every tile fixed at R query rows per program ("attention_rows_R/..."), R in FIXED_ROWS, with
   the time of a full decode step and of a full mixed prefill step ("ms")."""
   variants = {"attention": backend}
-  if backend.name.startswith("pallas_gpu"):
-    from pallas_kernels.ragged_paged_attention import gpu
+  if backend.capabilities.kind is BackendKind.PALLAS_GPU:
+    kernel = pallas_gpu(interpret=jax.default_backend() != "gpu")
     padded_group = 1 << (model.num_q_heads // model.num_kv_heads - 1).bit_length()
     for rows in FIXED_ROWS:
-      variants[f"attention_rows_{rows}"] = AttentionBackend(
-          f"pallas_gpu ({rows} rows)", functools.partial(
-              gpu.ragged_paged_attention, num_kv_splits=1, block_q=max(1, rows // padded_group),
-              block_kv=32 if model.head_dim > 128 else 64,
-              interpret=jax.default_backend() != "gpu"), gpu.write_kv)
+      variants[f"attention_rows_{rows}"] = kernel.replace(
+          name=f"{kernel.name} ({rows} rows)", attend=functools.partial(
+              kernel.attend, num_kv_splits=1, block_q=max(1, rows // padded_group),
+              block_kv=32 if model.head_dim > 128 else 64),
+          capabilities=kernel.capabilities.replace(kv_split=False, tile_invariant=True))
   results = {}
   for prefix, variant in variants.items():
     try:

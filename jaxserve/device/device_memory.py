@@ -6,24 +6,16 @@ TOTAL memory this process may use. The KV pool gets what that share leaves after
 
     pool = min(fraction * total, client limit) - weights - loader slack - step scratch - headroom
 
-The pool's size is a function of run-invariant quantities only (kv_budget_bytes): "in use" is the
-weights' bytes on one device, from their shapes, dtypes and shardings (not the allocator's live
-count), plus a slack for what the weight loader leaves behind: LOADER_SLACK_SHARE of them when
-its transient buffers left holes between the weights, PACKED_LOADER_SLACK_SHARE when it laid them
-out with none (models/weight_transfer.py, the "packed" layout: GPUs of one host with more free
-memory than their raw weights plus twice the converted ones, decided before loading, when the
-free memory is the client's limit less what the process allocated before the weights: nearly
-nothing).
-The page count is part of the forward programs' shapes, so a pool that varied from run to run
-(it did when it followed the live largest free block: 26,488 to 26,824 pages over three starts of
-an 8B server) would make a warm restart compile every forward again. Measured on an H100 with an
-8B model at fraction 0.92 (72.8 GiB arena, 14.96 GiB of weights) with the streaming loader:
-15.64-15.73 GiB in use after loading and a largest free block of 53.6-54.0 GiB, so the loader's
-holes and leftovers took 3.9-4.3 GiB (26-29% of the weights); the slack (25%) plus the headroom
-keep the planned pool 0.4 GiB inside the worst of them. The packed layout's 1% covers the
-small buffers the allocator may place between the weights (measured on the same H100 and
-model: 14.96 GiB in use, 0.00 GiB of holes, largest free block 57.9 GiB; the streaming layout
-left 0.59 GiB; tests/models/test_gpu_weight_layout.py and bench_startup report them).
+Run-invariant size. The page count is part of the forward programs' shapes, so the pool's size is
+a function of run-invariant quantities only (kv_budget_bytes) and a restart finds its forward
+programs in the compile cache: "in use" is the weights' bytes on one device, from their shapes,
+dtypes and shardings (not the allocator's live count), plus a slack for what the weight loader
+leaves behind: LOADER_SLACK_SHARE of them when its transient buffers left holes between the
+weights, PACKED_LOADER_SLACK_SHARE when it laid them out with none (models/weight_transfer.py, the
+"packed" layout: GPUs of one host with more free memory than their raw weights plus twice the
+converted ones, decided before loading, when the free memory is the client's limit less what the
+process allocated before the weights: nearly nothing). Each share covers, with the headroom, the
+holes and leftovers its layout leaves (the measurements: docs/DECISIONS.md).
 Where the client reports its largest free block, fit_pool_bytes checks the planned pool (its
 layers are allocated one after another in what is left of the arena) against it, less the scratch
 and ARENA_MIN_HEADROOM; a pool that does not fit is shrunk by whole 64ths of itself until it does,
@@ -31,9 +23,8 @@ with a warning (a deterministic step, so restarts that shrink usually agree, but
 may miss).
 The headroom (ARENA_HEADROOM_SHARE of the usable bytes, at least ARENA_MIN_HEADROOM) is what
 the allocator needs beyond the sum of the buffers: each layer's K or V pages are one contiguous
-buffer (870 MiB for an 8B model at 54 GiB), the weight loader's transient buffers leave the arena
-fragmented, and a step's inputs and outputs live beside its scratch. Measured on an H100 with an
-8B model: a pool sized to the last 0.1 GiB of the arena failed to allocate its last layer.
+buffer, the weight loader's transient buffers leave the arena fragmented, and a step's inputs and
+outputs live beside its scratch; a pool sized to the arena's last bytes does not allocate.
 
 The JAX GPU client pre-allocates XLA_CLIENT_MEM_FRACTION of the card (default 0.75) when its
 backend starts and can never allocate beyond it, so `configure_client_memory(fraction)` sets
@@ -41,7 +32,7 @@ XLA_CLIENT_MEM_FRACTION=fraction before that happens: the client's arena is then
 share, and pool = arena - in use - scratch. Pre-allocation stays on (JAX's default): one arena for
 weights, pool and scratch, no allocation on the serving path, no fragmentation from growth; and
 XLA_PYTHON_CLIENT_PREALLOCATE=false alone would not help, the 0.75 cap applies to growth too.
-(XLA_CLIENT_MEM_FRACTION is the current spelling, used where jaxlib reads it, else the older
+(XLA_CLIENT_MEM_FRACTION is the spelling used where the installed jaxlib reads it, else
 XLA_PYTHON_CLIENT_MEM_FRACTION; jaxlib raises if both are set, so neither is added next to the
 other.)
 
@@ -49,10 +40,10 @@ A user's own XLA_CLIENT_MEM_FRACTION / XLA_PYTHON_CLIENT_MEM_FRACTION / _PREALLO
 win: nothing is set and a log line says so; the device's total is then inferred from the client's
 limit and the fraction it was given (0.75 if none). Nothing is set when no GPU plugin is installed
 or JAX_PLATFORMS excludes GPUs, or once a backend has started (too late: said in the log). On TPU
-the client's limit is the whole device. Backends with no memory statistics (CPU) size the pool as
-before (device/kv_cache.py: the fraction of CPU_DEFAULT_BYTES). The step scratch is measured
-for unsharded steps (assembly.py); for sharded ones UNMEASURED_SCRATCH_SHARE of the budget
-is kept instead.
+the client's limit is the whole device. Backends with no memory statistics (CPU) size the pool
+from memory_fraction of CPU_DEFAULT_BYTES (device/kv_cache.py). The step scratch is measured for
+unsharded steps (assembly.py); for sharded ones UNMEASURED_SCRATCH_SHARE of the budget is kept
+instead. Statistics are read through jaxserve/memory_stats.py.
 """
 from __future__ import annotations
 
@@ -63,6 +54,8 @@ import pkgutil
 import sys
 from dataclasses import dataclass, field
 from typing import Mapping, MutableMapping
+
+from jaxserve.memory_stats import memory_stats
 
 logger = logging.getLogger(__name__)
 
@@ -216,11 +209,8 @@ def read_device_memory(environ: Mapping[str, str] | None = None,
   """`device`'s DeviceMemory, by default the first device's (jax must be usable; None on CPU)."""
   import jax
   device = jax.devices()[0] if device is None else device
-  try:
-    stats = device.memory_stats()
-  except Exception:  # some backends raise instead of returning None
-    return None
-  return device_memory(stats, device.platform, os.environ if environ is None else environ)
+  return device_memory(memory_stats(device), device.platform,
+                       os.environ if environ is None else environ)
 
 
 def unmeasured_scratch_bytes(budget: int) -> int:

@@ -1,10 +1,12 @@
 """What a request must satisfy to be admitted: the one definition of each admission rule.
 Pure Python, no jax.
 
-LLMEngine.add_request applies them to every request (the offline API and the server both go
-through it); the server calls check_token_ids early only to refuse a token-id prompt before
-detokenizing it, and the scheduler calls check_length to keep its own invariant (no request
-outgrows the context) without restating the rule.
+EngineCore.add_request applies them to every request, in whichever process the core runs (in
+LLMEngine for the offline API and the single-process server, in the engine core process of
+`jaxserve serve`); LLMEngine.encode_prompt checks a token-id prompt before handing it on, the
+server calls check_token_ids early only to refuse a token-id prompt before detokenizing it, and
+the scheduler calls check_length to keep its own invariant (no request outgrows the context)
+without restating the rule.
 """
 from __future__ import annotations
 

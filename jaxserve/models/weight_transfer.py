@@ -11,8 +11,8 @@ slice) and transposed locally into the target sharding, so no device ever holds 
 whole sharded weight.
 
 Device memory layout (`TransferOptions.layout`). A raw tensor freed after its conversion leaves
-a hole between the converted weights; streamed one tensor at a time, those holes summed to 26-29%
-of an 8B model's weights on an H100 (device/device_memory.py), memory the KV pool could not use.
+a hole between the converted weights; streamed one tensor at a time ("streaming"), the holes are
+memory the KV pool cannot use (device_memory.LOADER_SLACK_SHARE; measured: docs/DECISIONS.md).
 The "packed" layout leaves none: (1) a placeholder of the converted weights' bytes plus
 PACK_MARGIN is allocated, (2) every raw tensor is put after it, (3) the placeholder is freed and
 every leaf converted, in order, into that hole, (4) the raw tensors are freed. XLA's GPU allocator
@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxserve.device.device_memory import read_device_memory
+from jaxserve.memory_stats import free_bytes
 from jaxserve.models.safetensors_reader import MappedFile, SafetensorsHeader, TensorInfo
 
 ParamPath = tuple[str, ...]
@@ -215,13 +215,8 @@ def _one_mesh(jobs: Sequence[_Job]) -> Mesh | None | bool:
 
 def _free_device_bytes(devices: Sequence[jax.Device]) -> int | None:
   """The least free memory among `devices` (None when one reports no statistics)."""
-  free = []
-  for device in devices:
-    memory = read_device_memory(device=device)
-    if memory is None:
-      return None
-    free.append(memory.limit_bytes - memory.in_use_bytes)
-  return min(free)
+  free = [free_bytes(device) for device in devices]
+  return None if None in free else min(free)
 
 
 def _aligned(num_bytes: int) -> int:

@@ -6,7 +6,8 @@ attend are shard_mapped over MODEL_AXIS: each device sees its own kv heads' page
 [num_kv_heads/tp, num_pages, page_size, D], its q heads [T, num_q_heads/tp, D] (the query groups of
 those kv heads, since both projections are column-sharded by head) and the replicated metadata.
 No collective runs inside; o_proj's row-sharded matmul reduces the heads afterwards. The model
-receives this backend from parallel/placement.py and stays free of sharding.
+receives this backend from parallel/placement.py and stays free of sharding. Each shard runs the
+backend's own kernel on its heads, so the wrapped backend keeps its capabilities.
 """
 from __future__ import annotations
 
@@ -41,5 +42,5 @@ def shard_attention_backend(backend: AttentionBackend, mesh: Mesh) -> AttentionB
     return local(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, num_seqs)
 
   size = mesh.shape[MODEL_AXIS]
-  return AttentionBackend(f"{backend.name} (shard_map over {size} kv-head shards)", attend,
-                          write_kv)
+  return backend.replace(name=f"{backend.name} (shard_map over {size} kv-head shards)",
+                         attend=attend, write_kv=write_kv)

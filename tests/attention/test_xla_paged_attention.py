@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jaxserve.attention.backends import get_attention_backend
+from jaxserve.attention.capabilities import BackendKind
 from jaxserve.attention.xla import ragged_paged_attention_xla
 from pallas_kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
 from pallas_kernels.ragged_paged_attention.testing import attention_args, make_random_case
@@ -49,8 +50,8 @@ def test_bad_shapes_raise_value_error():
 
 
 def test_auto_backend_picks_by_platform():
-  assert get_attention_backend("auto", platform="cpu").name == "xla"
-  assert get_attention_backend("auto", platform="gpu").name == "pallas_gpu"
-  assert get_attention_backend("auto", platform="tpu").name == "pallas_tpu"
+  assert get_attention_backend("auto", platform="cpu").capabilities.kind is BackendKind.XLA
+  assert get_attention_backend("auto", platform="gpu").capabilities.kind is BackendKind.PALLAS_GPU
+  assert get_attention_backend("auto", platform="tpu").capabilities.kind is BackendKind.PALLAS_TPU
   with pytest.raises(ValueError, match="attention_backend"):
     get_attention_backend("nope")

@@ -12,7 +12,9 @@ import pytest
 
 from jaxserve.device.device_memory import (DeviceMemory, client_memory_env, configure_client_memory,
                                     device_memory, fraction_var, gpu_expected, kv_pool_bytes,
-                                    max_concurrency, unmeasured_scratch_bytes)
+                                    max_concurrency, read_device_memory,
+                                    unmeasured_scratch_bytes)
+from jaxserve.memory_stats import free_bytes, memory_stats
 
 GIB = 2**30
 REPO = Path(__file__).resolve().parents[2]
@@ -53,6 +55,28 @@ def test_tpu_limit_is_the_chip_and_cpu_has_no_stats():
   assert unmeasured_scratch_bytes(budget) == int(budget * 0.1)
   assert device_memory(None, "cpu", {}) is None
   assert device_memory({"bytes_in_use": 1}, "cpu", {}) is None
+
+
+class _Device:
+  def __init__(self, stats):
+    self.stats, self.platform = stats, "gpu"
+
+  def memory_stats(self):
+    if isinstance(self.stats, Exception):
+      raise self.stats
+    return self.stats
+
+
+def test_memory_stats_are_read_without_raising():
+  """The weight loader's free bytes (memory_stats.free_bytes) and the pool's DeviceMemory
+  (read_device_memory) read the same statistics; None where a device reports none or raises."""
+  device = _Device({"bytes_limit": 72 * GIB, "bytes_in_use": 15 * GIB})
+  memory = read_device_memory({"XLA_CLIENT_MEM_FRACTION": "0.9"}, device=device)
+  assert free_bytes(device) == memory.limit_bytes - memory.in_use_bytes == 57 * GIB
+  for stats in (None, {"bytes_in_use": 1}, RuntimeError("no statistics")):
+    assert memory_stats(_Device(stats)) in (None, {"bytes_in_use": 1})
+    assert free_bytes(_Device(stats)) is None
+    assert read_device_memory({}, device=_Device(stats)) is None
 
 
 def test_the_pool_fits_the_largest_free_block():

@@ -1,9 +1,6 @@
 """Small engine configurations and a run-to-completion loop shared by the integration tests."""
 from __future__ import annotations
 
-import functools
-import importlib
-
 from jaxserve.config import CacheConfig, EngineConfig, SchedulerConfig
 from jaxserve.assembly import build_engine
 from jaxserve.attention import backends
@@ -89,8 +86,5 @@ def record_steps_per_dispatch(engine: LLMEngine) -> list[int]:
 
 def interpreted_backend(module_name: str) -> backends.AttentionBackend:
   """The Pallas attention kernel of ragged_paged_attention/<module_name>.py in interpret mode."""
-  module = importlib.import_module(f"pallas_kernels.ragged_paged_attention.{module_name}")
-  return backends.AttentionBackend(
-      f"pallas_{module_name} (interpret)",
-      functools.partial(module.ragged_paged_attention, interpret=True),
-      functools.partial(module.write_kv, interpret=True))
+  factory = {"gpu": backends.pallas_gpu, "tpu": backends.pallas_tpu}[module_name]
+  return factory(interpret=True)

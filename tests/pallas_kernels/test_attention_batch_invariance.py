@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from jaxserve.attention.backends import (AttentionBackend, XLA, batch_invariant_attention)
+from jaxserve.attention.backends import XLA, batch_invariant_attention, pallas_gpu, pallas_tpu
 from jaxserve.bench.invariance_attention import Harness, PagePool
 from jaxserve.config import EngineConfig
 from jaxserve.messages.buckets import BucketSet
-from pallas_kernels.ragged_paged_attention import gpu, tpu
 from jaxserve.models.builtin import builtin_config
 
 MODEL = builtin_config("tiny-random")  # 4 q heads, 2 kv heads of 64
@@ -24,14 +23,9 @@ BUCKETS = BucketSet((4, 8), (16, 64, 128))
 MATE_LENGTHS = (40, 23, 9)
 
 
-def _interpreted(module, name: str) -> AttentionBackend:
-  return AttentionBackend(name, functools.partial(module.ragged_paged_attention, interpret=True),
-                          functools.partial(module.write_kv, interpret=True))
-
-
 BACKENDS = {"xla": lambda: batch_invariant_attention(XLA),
-            "gpu": lambda: batch_invariant_attention(_interpreted(gpu, "pallas_gpu (interpret)")),
-            "tpu": lambda: _interpreted(tpu, "pallas_tpu (interpret)")}
+            "gpu": lambda: batch_invariant_attention(pallas_gpu(interpret=True)),
+            "tpu": lambda: pallas_tpu(interpret=True)}
 
 
 @functools.lru_cache(maxsize=None)
