@@ -73,7 +73,7 @@ class CoreThread:
       socket = bind_router(context, self.address)
       self._bound.set()
       CoreLoop(self._engine.core, socket).run(self._stop)
-    except BaseException as err:  # CoreLoop has logged it and told its clients
+    except BaseException as err:  # noqa: BLE001 - CoreLoop logged it and told its clients
       self._error = err
     finally:
       self._bound.set()

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pickle
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from jaxserve.config import ServerConfig
 from jaxserve.tokenizer.tokenizer import Tokenizer

@@ -1,11 +1,11 @@
 """The engine core process: builds the engine, binds the core's socket, runs CoreLoop.
 
 start_core_process() spawns it (multiprocessing "spawn": the parent never imports jax) and waits
-until the engine is built and warmed up; the child then sends CoreInfo (core/info.py: the
-tokenizer and the model's limits, pickled once over a multiprocessing pipe: API server processes
-need them and never load the model). If the build or the loop fails, the child sends the error's text on the
-same pipe before it exits non-zero, so the supervisor can report it (a ValueError, a bad
-setting, travels as itself: `jaxserve serve` reports it as any bad flag, status 2).
+until the engine is built and warmed up; the child then sends CoreInfo (core/info.py: the tokenizer
+and the model's limits, pickled once over a multiprocessing pipe: API server processes need them and
+never load the model). If the build or the loop fails, the child sends the error's text on the same
+pipe before it exits non-zero, so the supervisor can report it (a ValueError, a bad setting, travels
+as itself: `jaxserve serve` reports it as any bad flag, status 2).
 
 Why pyzmq for the step traffic: ZeroMQ's ROUTER/DEALER sockets give one connection per API
 server process with routing by identity, message framing, a monitor that sees the core's end

@@ -15,8 +15,8 @@ threads and never imports server/; server/ serves HTTP and starts nothing.
 from __future__ import annotations
 
 from jaxserve.config import EngineConfig
-from jaxserve.core.info import ApiServerEntry
 from jaxserve.core.in_process import serve_in_process
+from jaxserve.core.info import ApiServerEntry
 from jaxserve.core.supervisor import default_api_server_count, serve_multiprocess
 
 

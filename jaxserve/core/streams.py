@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams

@@ -2,10 +2,10 @@
 tests can live in one process).
 
 Engine gauges (running/waiting requests, KV pages used/total) and counters (preemptions, XLA
-compilations) are read at scrape time from the engine core's stats snapshot (the CoreClient's
-last one) by a custom collector. Request latencies and token counts are observed by the handlers as outputs arrive:
-time to first token, inter-token latency and end-to-end latency come from RequestOutput.metrics
-(engine clock), so they include time spent waiting in the queue.
+compilations) are read at scrape time from the engine core's stats snapshot (the CoreClient's last
+one) by a custom collector. Request latencies and token counts are observed by the handlers as
+outputs arrive: time to first token, inter-token latency and end-to-end latency come from
+RequestOutput.metrics (engine clock), so they include time spent waiting in the queue.
 """
 from __future__ import annotations
 

@@ -12,9 +12,10 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, TypeVar
+from typing import TypeVar
 
 from starlette.requests import Request
 
