@@ -137,7 +137,7 @@ class CoreClient:
     self._socket = self._context.socket(zmq.DEALER)
     self._socket.setsockopt(zmq.IDENTITY, self._identity)
     self._socket.setsockopt(zmq.LINGER, 0)
-    self._socket.setsockopt(zmq.SNDHWM, 0)  # never drop or refuse a message (core/loop.py)
+    self._socket.setsockopt(zmq.SNDHWM, 0)  # never drop or refuse a message (core/router.py)
     self._socket.setsockopt(zmq.RCVHWM, 0)
     monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     self._socket.connect(self._address)
