@@ -120,13 +120,14 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class ServerConfig:
   """The HTTP server. max_waiting_requests counts HTTP requests admitted and not yet started,
-  whatever their n (server/admission.py); max_n caps a request's n (larger is a 400);
-  stream_interval: a streamed choice gets a chunk every that many engine steps that produced
-  its tokens (its first and last always at once; server/stream_interval.py).
+  whatever their n (the engine core counts them, core/loop.py); max_n caps a request's n
+  (larger is a 400); stream_interval: a streamed choice gets a chunk every that many engine
+  steps that produced its tokens (its first and last always at once; server/stream_interval.py).
   api_server_count: HTTP front-end processes beside the engine core process (null: one per 4
-  CPU cores, at most 4, at least 1); 0 serves from one process, the engine on a thread
-  (core/supervisor.py). tool_call_parser: how tool calls are read from a chat reply under
-  tool_choice "auto" (vLLM's names: llama3_json, hermes; None: replies stay content)."""
+  CPU cores, at most 4, at least 1; core/supervisor.py); 0 serves from one process, the engine
+  core on a thread (core/in_process.py). tool_call_parser: how tool calls are read from a chat
+  reply under tool_choice "auto" (vLLM's names: llama3_json, hermes; None: replies stay
+  content)."""
   host: str = "127.0.0.1"
   port: int = 8000
   api_key: str | None = None

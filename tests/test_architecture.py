@@ -1,8 +1,8 @@
 """The architecture's rules, checked on the source with `ast` (nothing is imported, so this runs in
 a fraction of a second and fails on the first edge that breaks a rule):
 
-* the device side (device/, pallas_kernels/, attention/, models/, parallel/) imports nothing
-  from the host side (engine/, server/, structured/, tools/, bench/, llm.py, cli.py) nor from
+* the device side (device/, pallas_kernels/, attention/, models/, parallel/) imports nothing from
+  the host side (engine/, core/, server/, structured/, tools/, bench/, llm.py, cli.py) nor from
   the composition root (assembly.py, follower.py);
 * what crosses the seam (messages/) imports no jax and nothing else of jaxserve;
 * the host side (every module of engine/: scheduler, page allocator, requests, batch builder,
@@ -10,12 +10,16 @@ a fraction of a second and fails on the first edge that breaks a rule):
   engine/device_port.py) imports no jax, directly or through any jaxserve module it imports;
 * investigations/ (one-off device investigations, not installed) may import jaxserve, never the
   reverse: no jaxserve or pallas_kernels module imports it, and pip does not install it;
+* server/ is HTTP only: it reaches neither jax nor the device side nor the composition root
+  (the `serve` command hands the process to core/serve.py, the one edge not followed), starts
+  no process (no multiprocessing, subprocess or os.fork), and core/ imports nothing of it;
 * no import cycle among jaxserve modules, nor among packages (jaxserve.X, pallas_kernels) but
   the KNOWN_PACKAGE_CYCLES;
 * no decision by an attention backend's display name (callers read its capabilities);
 * imports are explicit (no __import__);
 * each policy has one definition (KVPages, the token-id and length admission rules, the n > 1
-  expansion, the built-in model table, the sampling row's layout);
+  expansion, the built-in model table, the sampling row's layout, the count of HTTP requests
+  waiting to start);
 * outside messages/, a sampling row is read by column name, never by position.
 
 Imports are read everywhere in a module, function bodies included: a function-local import is
@@ -36,8 +40,8 @@ PACKAGE = ROOT / "jaxserve"
 KERNELS = ROOT / "pallas_kernels"
 TESTS = ROOT / "tests"
 
-HOST = ("jaxserve.engine", "jaxserve.server", "jaxserve.tools", "jaxserve.bench", "jaxserve.llm",
-        "jaxserve.cli", "jaxserve.structured")
+HOST = ("jaxserve.engine", "jaxserve.core", "jaxserve.server", "jaxserve.tools", "jaxserve.bench",
+        "jaxserve.llm", "jaxserve.cli", "jaxserve.structured")
 ROOTS = ("jaxserve.assembly", "jaxserve.follower")
 DEVICE = ("jaxserve.device", "pallas_kernels", "jaxserve.attention", "jaxserve.models",
           "jaxserve.parallel")
@@ -46,7 +50,9 @@ PURE_HOST = ("jaxserve.engine.scheduler", "jaxserve.engine.page_allocator",
              "jaxserve.engine.admission", "jaxserve.engine.device_port",
              "jaxserve.engine.request_state", "jaxserve.engine.llm_engine",
              "jaxserve.engine.engine_core", "jaxserve.engine.output_processor",
-             "jaxserve.core.messages", "jaxserve.engine.engine_stats",
+             "jaxserve.core.messages", "jaxserve.core.client", "jaxserve.core.streams",
+             "jaxserve.core.info", "jaxserve.core.loop", "jaxserve.core.router",
+             "jaxserve.engine.engine_stats",
              "jaxserve.messages.scheduled_batch", "jaxserve.messages.step_output",
              "jaxserve.messages.buckets", "jaxserve.messages.program_readiness",
              "jaxserve.messages.sampling_row",
@@ -54,6 +60,11 @@ PURE_HOST = ("jaxserve.engine.scheduler", "jaxserve.engine.page_allocator",
              "jaxserve.structured.grammar", "jaxserve.structured.tools")
 JAX = ("jax", "jaxlib", "flax")
 INVESTIGATIONS = ("investigations",)
+SERVER = ("jaxserve.server",)
+SERVE_HANDOFF = ("jaxserve.server.cli", "jaxserve.core.serve")  # `jaxserve serve` -> core/
+PROCESS_MODULES = ("multiprocessing", "subprocess")
+PROCESS_CALLS = ("fork", "forkpty", "posix_spawn", "posix_spawnp", "spawnv", "spawnl", "system",
+                 "popen", "execv", "execvp", "Process", "Popen")
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -105,11 +116,17 @@ def forbidden_edges(graph: dict[str, set[str]], sources: tuple[str, ...],
 
 def jax_reach(graph: dict[str, set[str]], start: str) -> list[list[str]]:
   """Import chains from `start` to jax/flax through jaxserve modules."""
+  return reach(graph, start, JAX)
+
+
+def reach(graph: dict[str, set[str]], start: str,
+          targets: tuple[str, ...]) -> list[list[str]]:
+  """Import chains from `start` to any of `targets` through jaxserve modules."""
   chains, seen, stack = [], {start}, [[start]]
   while stack:
     chain = stack.pop()
     for target in graph.get(chain[-1], ()):
-      if _within(target, JAX):
+      if _within(target, targets):
         chains.append(chain + [target])
       elif target in graph and target not in seen:
         seen.add(target)
@@ -383,6 +400,71 @@ def test_the_tpu_build_reaches_the_engine_through_its_adapter_alone(graph):
   engine = tuple(p for p in DEVICE if p != "jaxserve.models") + ROOTS + ("jaxserve.engine",)
   edges = forbidden_edges(graph, ("jaxserve.tpu_aot",), engine)
   assert edges and {m for m, _ in edges} == {"jaxserve.tpu_aot.step_programs"}
+
+
+def test_server_reaches_neither_jax_nor_the_device_side(graph):
+  """Through every jaxserve module it imports, function bodies included; the `serve` command's
+  hand-off to core/serve.py (which builds the engine or starts the processes) is not followed."""
+  source, handoff = SERVE_HANDOFF
+  assert handoff in graph[source]
+  served = {m: ts - {handoff} if m == source else ts for m, ts in graph.items()}
+  servers = [m for m in graph if _within(m, SERVER)]
+  assert len(servers) > 10
+  assert {m: reach(served, m, JAX + DEVICE + ROOTS) for m in servers} == {m: [] for m in servers}
+  assert forbidden_edges(graph, SERVER, JAX + DEVICE + ROOTS) == []
+
+
+def test_core_imports_nothing_of_the_server(graph):
+  assert forbidden_edges(graph, ("jaxserve.core",), SERVER) == []
+
+
+def process_starts(path: Path) -> list[str]:
+  """What in a module could start a process: an import of multiprocessing or subprocess (or
+  of a name from them), or a call like os.fork(), Process(...), Popen(...)."""
+  found = []
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      found += [a.name for a in node.names if _within(a.name, PROCESS_MODULES)]
+    elif isinstance(node, ast.ImportFrom) and node.module and (
+        _within(node.module, PROCESS_MODULES)
+        or any(a.name in ("ProcessPoolExecutor",) + PROCESS_CALLS for a in node.names)):
+      found.append(node.module)
+    elif isinstance(node, ast.Call):
+      func = node.func
+      name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+      if name in PROCESS_CALLS:
+        found.append(f"{name}()")
+  return found
+
+
+def test_server_starts_no_process():
+  modules = {m: p for m, p in package_modules().items() if _within(m, SERVER)}
+  assert {m: process_starts(p) for m, p in modules.items()} == {m: [] for m in modules}
+  assert process_starts(PACKAGE / "core" / "supervisor.py")  # the check sees one
+
+
+def waiting_limit_checks(path: Path) -> int:
+  """Comparisons of a count with a max_waiting limit (server.max_waiting_requests or the
+  limit an add carries), not validations against a constant."""
+  def is_limit(node: ast.AST) -> bool:
+    name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+    return name.startswith("max_waiting")
+  found = 0
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Compare):
+      sides = [node.left, *node.comparators]
+      if any(is_limit(side) for side in sides) and not any(
+          isinstance(side, ast.Constant) for side in sides):
+        found += 1
+  return found
+
+
+def test_one_count_of_waiting_http_requests():
+  """Admission (server.max_waiting_requests) has one owner: the engine core's loop, for every
+  API server at once; nothing else counts waiting HTTP requests against the limit."""
+  found = {m: n for m, p in package_modules().items() if (n := waiting_limit_checks(p))}
+  assert found == {"jaxserve.core.loop": 1}
+  assert definitions("WaitingRequests") == definitions("try_admit") == []
 
 
 def test_no_subclass_of_the_runner():

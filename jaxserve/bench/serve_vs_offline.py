@@ -7,8 +7,9 @@
    on N prompts of `--input-len` token ids, `--output-len` tokens each, greedy, ignore_eos.
 2. For each server mode (the multi-process server: an engine core process and
    `--api-server-count` API server processes; then the single-process server,
-   `--api-server-count 0`): `jaxserve serve` with the same engine settings, then with
-   `jaxserve bench serve`'s load generator (every token streamed, a chunk per step)
+   `--api-server-count 0`: the engine core on a thread beside one API server): `jaxserve serve`
+   with the same engine settings, then with `jaxserve bench serve`'s load generator (every
+   token streamed, a chunk per step)
    a. the same N x in/out workload at an unbounded rate;
    b. a rate sweep (`--sweep-rates`, `--sweep-input-len` / `--sweep-output-len`,
       `--sweep-range-ratio`): rate x `--sweep-seconds` prompts per finite rate,

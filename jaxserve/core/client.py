@@ -1,12 +1,16 @@
-"""CoreClient: an API server process's side of the engine core (core/loop.py).
+"""CoreClient: an API server's side of the engine core (core/loop.py), what the HTTP handlers
+talk to, whether the core runs in its own process (core/process.py) or on a thread of this one
+(core/in_process.py): the same ZeroMQ traffic either way.
 
 Everything runs on the serving event loop, no thread: attach() (uvicorn's lifespan) connects a
-DEALER socket (zmq.asyncio) under this process's identity, says Hello, waits for the core's
+DEALER socket (zmq.asyncio) under this client's identity, says Hello, waits for the core's
 first stats and starts two tasks; detach() says goodbye (ClientGone), so the core aborts
-whatever this client left running. The receiver
+whatever this client left running. add() sends one HTTP call's requests with the admission
+limit (server.max_waiting_requests), which the core alone counts (core/loop.py); its answer
+resolves the add: accepted, ValueError naming the field, or QueueFullError (429). The receiver
 decodes each StepOutputs, answers the adds it carries, runs the OutputProcessor (engine/
-output_processor.py: detokenization, stop strings, RequestOutputs; the same code the in-process
-engine runs) and puts each RequestOutput in its OutputStream; a request a stop string ended is
+output_processor.py: detokenization, stop strings, RequestOutputs; the same code LLM.generate
+runs) and puts each RequestOutput in its OutputStream; a request a stop string ended is
 aborted in the core (AbortRequests stopped=True). The watcher follows the socket's monitor: when
 the core's end of the connection closes (the process died, even by SIGKILL) or the core sent
 CoreFailed, every open stream and pending add fails with EngineDeadError (an error event and
@@ -25,15 +29,12 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from jaxserve.engine.admission import ContextLengthError
 from jaxserve.core.messages import (AbortRequests, AddRequests, AddResult, ClientGone,
-                                           CoreFailed,
-                                           EngineCoreRequest, FromCore, Hello, StepOutputs)
+                                    CoreFailed, EngineCoreRequest, FromCore, Hello, StepOutputs)
+from jaxserve.core.streams import EngineDeadError, OutputStream, QueueFullError, RequestSpec
+from jaxserve.engine.admission import ContextLengthError
 from jaxserve.engine.engine_stats import EngineStats
 from jaxserve.engine.output_processor import OutputProcessor
-from jaxserve.server.admission import Place
-from jaxserve.core.streams import EngineDeadError, OutputStream, RequestSpec
-from jaxserve.server.errors import queue_full
 from jaxserve.tokenizer.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ def _zero_stats() -> EngineStats:
 
 
 class CoreClient:
-  """An EngineClient (core/streams.py) over the engine core process at `address`."""
+  """The engine core at `address` (a bound ROUTER socket running CoreLoop), for one event loop."""
 
   def __init__(self, address: str, tokenizer: Tokenizer, identity: str | None = None,
                connect_timeout_s: float = CONNECT_TIMEOUT_S):
@@ -70,42 +71,45 @@ class CoreClient:
     self._socket: zmq.asyncio.Socket | None = None
     self._tasks: list[asyncio.Task] = []
 
-  # -- EngineClient ----------------------------------------------------------------------------
+  # -- what the handlers use ------------------------------------------------------------------
   @property
   def alive(self) -> bool:
     return self._attached and self._error is None
 
   @property
   def stats(self) -> EngineStats:
+    """The core's last published snapshot."""
     return self._stats
 
   @property
   def num_http_waiting(self) -> int:
+    """HTTP requests admitted and not started, over every client of the core (the core's
+    count, which server.max_waiting_requests bounds)."""
     return self._num_http_waiting
 
   @property
   def num_api_servers(self) -> int:
+    """Clients (API servers) connected to the core."""
     return self._num_api_servers
 
-  def try_admit(self, limit: int) -> Place | None:
-    return Place(None, limit)  # the core counts, when add() sends the group
-
-  async def add(self, specs: list[RequestSpec], place: Place | None = None) -> OutputStream:
+  async def add(self, specs: list[RequestSpec], max_waiting: int) -> OutputStream:
+    """Sends one HTTP call's requests, which the core adds all or none; the stream once the
+    core accepted them. Raises ValueError (naming the field) if it refused one, QueueFullError
+    if `max_waiting` HTTP requests were waiting, EngineDeadError if the core is gone."""
     if not self.alive:
       raise EngineDeadError(self._error or "the engine core is not connected")
     loop = asyncio.get_running_loop()
     request_ids = [s.request_id for s in specs]
-    stream = OutputStream(self, request_ids, loop, None)
+    stream = OutputStream(self.abort, request_ids)
     group, future = next(self._groups), loop.create_future()
-    limit = place.limit if place is not None else 2**31 - 1
-    self._adds[group] = (future, request_ids, limit)
+    self._adds[group] = (future, request_ids, max_waiting)
     for spec in specs:
       self._processor.add_request(spec.request_id, spec.prompt_token_ids, spec.params,
                                   spec.arrival_time)
       self._streams[spec.request_id] = stream
     self._send(AddRequests(group, [
         EngineCoreRequest(s.request_id, list(s.prompt_token_ids), s.params, s.arrival_time)
-        for s in specs], limit))
+        for s in specs], max_waiting))
     return await stream.admitted(future)
 
   def abort(self, request_ids: list[str]) -> None:
@@ -116,6 +120,8 @@ class CoreClient:
       self._send(AbortRequests(list(request_ids)))
 
   def end_streams(self, error: EngineDeadError) -> None:
+    """Ends every open stream with `error` and aborts its requests (any thread; the drain
+    timeout uses it, server/drain.py)."""
     if self._loop is None:
       return
     try:
@@ -131,7 +137,7 @@ class CoreClient:
     self._socket = self._context.socket(zmq.DEALER)
     self._socket.setsockopt(zmq.IDENTITY, self._identity)
     self._socket.setsockopt(zmq.LINGER, 0)
-    self._socket.setsockopt(zmq.SNDHWM, 0)  # never drop or refuse a message (see core_process)
+    self._socket.setsockopt(zmq.SNDHWM, 0)  # never drop or refuse a message (core/router.py)
     self._socket.setsockopt(zmq.RCVHWM, 0)
     monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     self._socket.connect(self._address)
@@ -211,7 +217,7 @@ class CoreClient:
     if future.done():  # the handler was cancelled: its stream aborted the requests
       return
     if full:
-      future.set_exception(queue_full(limit))
+      future.set_exception(QueueFullError(limit))
     elif error is not None:
       kind = ContextLengthError if answer.context_length else ValueError
       future.set_exception(kind(error))

@@ -1,21 +1,28 @@
-"""The engine core process's loop: requests in, one message of token outputs out per step.
+"""The engine core's loop: requests in, one message of token outputs out per step. It runs in
+the engine core process (core/process.py) or, for the one-process server, on a thread of the
+serving process (core/in_process.py); its clients (core/client.py) cannot tell.
 
-No asyncio and no threads: one ROUTER socket (pyzmq) that every API server process's DEALER
-connects to, each under its own identity. Each iteration takes every message waiting (without
-blocking while requests run; idle, it sleeps in poll), applies the adds and aborts, runs one
-EngineCore.step() and sends each client ONE StepOutputs: its requests' EngineCoreOutputs, the
-answers to its adds, and the EngineStats snapshot (sent to every client whenever it changed, so
-/metrics and /health stay current in every process). No text, no JSON: the clients detokenize.
+No asyncio: one ROUTER socket (pyzmq) that every API server's DEALER connects to, each under its
+own identity. Each iteration takes every message waiting (without blocking while requests run;
+idle, it sleeps in poll), applies the adds and aborts, runs one EngineCore.step() and sends each
+client ONE StepOutputs: its requests' EngineCoreOutputs, the answers to its adds, and the
+EngineStats snapshot (sent to every client whenever it changed, so /metrics and /health stay
+current in every process). No text, no JSON: the clients detokenize.
 
 Clients: a client's Hello registers it (it gets the stats at once). ClientGone (a client's
 goodbye, or the supervisor's word that an API server process died: libzmq's stable API does not
 say which peer a closed connection was) aborts every request that client owned, so no KV page
 leaks and the other clients keep their requests.
 
-Admission (server.max_waiting_requests, server/admission.py's rule) is counted here, for all
-clients at once: an add carries the sending server's limit and is refused (queue_full) when that
-many HTTP requests are waiting; a group stops waiting once each of its requests has produced an
-output. So N API server processes share one limit exactly, with no per-process split.
+Admission (server.max_waiting_requests) is counted here and nowhere else, for all clients at
+once: `_not_started` holds the HTTP requests (groups) admitted and not started. A group (one
+HTTP call, whatever its `n` or number of prompts) takes one place when it is added and gives it
+back once each of its requests has produced an output, finished or been aborted; an add that
+finds `max_waiting` (the sending server's limit) groups waiting is refused (queue_full: 429). A
+burst of fewer requests than the limit is never refused, as the count can never exceed the
+requests in flight, and N API servers share one limit exactly. (The engine's own waiting queue
+counts choices, not HTTP requests, and a request the engine had just added would have been
+counted twice against the limit by a front end adding its reservations to it.)
 """
 from __future__ import annotations
 
@@ -26,10 +33,9 @@ from collections import defaultdict
 import msgspec
 import zmq
 
-from jaxserve.engine.admission import ContextLengthError
 from jaxserve.core.messages import (AbortRequests, AddRequests, AddResult, ClientGone,
-                                           CoreFailed, EngineCoreOutput, Hello, StepOutputs,
-                                           ToCore)
+                                    CoreFailed, EngineCoreOutput, Hello, StepOutputs, ToCore)
+from jaxserve.engine.admission import ContextLengthError
 from jaxserve.engine.engine_core import EngineCore
 
 logger = logging.getLogger(__name__)

@@ -56,8 +56,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):
 # -- client -> core ------------------------------------------------------------------------------
 class AddRequests(msgspec.Struct, tag=True, array_like=True, gc=False):
   """The requests of one HTTP call, added all or none. The group takes one of max_waiting places
-  until each of its requests has produced an output (server/admission.py's rule, counted by the
-  core for every client)."""
+  until each of its requests has produced an output (the admission rule, counted by the core for
+  every client: core/loop.py)."""
   group: int
   requests: list[EngineCoreRequest]
   max_waiting: int

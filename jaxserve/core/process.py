@@ -1,9 +1,9 @@
 """The engine core process: builds the engine, binds the core's socket, runs CoreLoop.
 
 start_core_process() spawns it (multiprocessing "spawn": the parent never imports jax) and waits
-until the engine is built and warmed up; the child then sends CoreReady with its CoreInfo (the
-tokenizer and the model's limits, pickled once over a multiprocessing pipe: API server processes
-need them and never load the model). If the build or the loop fails, the child sends a
+until the engine is built and warmed up; the child then sends CoreReady with its CoreInfo
+(core/info.py: the tokenizer and the model's limits, pickled once over a multiprocessing pipe:
+API server processes need them and never load the model). If the build or the loop fails, the child sends a
 CoreFailure with the error's text on the same pipe before it exits non-zero, so the supervisor
 can report it (a ValueError is a bad setting, `bad_setting`: start_core_process raises it as a
 ValueError and `jaxserve serve` reports it as any bad flag, status 2).
@@ -27,26 +27,15 @@ import multiprocessing
 import os
 import signal
 import sys
-import tempfile
 import threading
-import uuid
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from jaxserve.config import EngineConfig
-from jaxserve.tokenizer.tokenizer import Tokenizer
+from jaxserve.core.info import CoreInfo
+from jaxserve.core.router import bind_router, core_address, remove_address
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CoreInfo:
-  """What the core tells its parent once it serves."""
-  tokenizer: Tokenizer
-  model_name: str
-  max_model_len: int
-  vocab_size: int
-  warmup_seconds: float
 
 
 @dataclass(frozen=True)
@@ -98,10 +87,6 @@ class CoreHandle:
     return None
 
 
-def core_address() -> str:
-  return f"ipc://{tempfile.gettempdir()}/jaxserve-core-{uuid.uuid4().hex[:12]}"
-
-
 def start_core_process(config: EngineConfig, log_level: str = "INFO",
                        address: str | None = None) -> CoreHandle:
   """Spawns the core and returns once it serves; the child's ValueError (a bad setting) or a
@@ -140,25 +125,20 @@ def run_core_process(config: EngineConfig, address: str, pipe: Connection,
   import zmq
 
   from jaxserve.assembly import build_engine
+  from jaxserve.core.loop import CoreLoop
   from jaxserve.log_setup import configure_logging
   from jaxserve.platforms import prepare_jax_process
-  from jaxserve.core.loop import CoreLoop
 
   configure_logging(log_level)
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   stop = threading.Event()
   signal.signal(signal.SIGTERM, lambda sig, frame: stop.set())
   context = zmq.Context()
-  socket = context.socket(zmq.ROUTER)
+  socket = None
   try:
     prepare_jax_process(config.cache.memory_fraction)
     engine = build_engine(config, default_warmup="background")  # ready after one bucket
-    socket.setsockopt(zmq.LINGER, 1000)
-    # no high-water marks: a ROUTER drops what a slow peer cannot take, which would lose a
-    # stream's tokens; a client's backlog is bounded by its own requests instead
-    socket.setsockopt(zmq.SNDHWM, 0)
-    socket.setsockopt(zmq.RCVHWM, 0)
-    socket.bind(address)
+    socket = bind_router(context, address)
     gc.collect()
     gc.freeze()  # the engine's long-lived objects: later collections do not scan them
     pipe.send(CoreReady(CoreInfo(engine.tokenizer, config.model, engine.max_model_len,
@@ -174,10 +154,7 @@ def run_core_process(config: EngineConfig, address: str, pipe: Connection,
     _send_quietly(pipe, CoreFailure(f"{type(err).__name__}: {err}"))
     raise
   finally:
-    socket.close()
+    if socket is not None:
+      socket.close()
     context.term()
-    if address.startswith("ipc://"):
-      try:
-        os.unlink(address[len("ipc://"):])
-      except OSError:
-        pass
+    remove_address(address)

@@ -1,59 +1,33 @@
-"""What the HTTP handlers talk to: the EngineClient protocol and the streams it hands out.
+"""What an HTTP handler gets from the engine core's client (core/client.py): the request it
+sends (RequestSpec), the stream of its outputs (OutputStream) and the errors that end them.
 
-Two implementations: AsyncEngine (server/async_engine.py: the engine on a thread of the serving
-process, `server.api_server_count: 0`) and CoreClient (core/client.py: the engine core in
-its own process, reached over ZeroMQ; the default of `jaxserve serve`). The handlers, the drain
-and the metrics see only this protocol.
+A stream belongs to one HTTP call: its requests (prompts x n choices) share it, their outputs
+arrive in step order on the serving event loop, and abort() (the response ended, however it
+ended) aborts whatever of the group is unfinished. The client refuses a group with ValueError
+(a field's rule: 400), QueueFullError (server.max_waiting_requests HTTP requests wait: 429) or
+EngineDeadError (the core is gone: 503).
 """
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
-from jaxserve.engine.engine_stats import EngineStats
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
-from jaxserve.server.admission import Place
-
-
-class EngineClient(Protocol):
-  @property
-  def alive(self) -> bool: ...
-
-  @property
-  def stats(self) -> EngineStats:
-    """The engine's last published snapshot."""
-
-  @property
-  def num_http_waiting(self) -> int:
-    """HTTP requests admitted and not started (server.max_waiting_requests bounds it)."""
-
-  @property
-  def num_api_servers(self) -> int:
-    """HTTP server processes connected to the engine (1 for the single-process server)."""
-
-  def try_admit(self, limit: int) -> Place | None:
-    """A place among the waiting requests, or None when `limit` wait (checked here or, for
-    CoreClient, by the core when add() sends the group)."""
-
-  async def add(self, specs: list[RequestSpec], place: Place | None = None) -> OutputStream:
-    """Queues one HTTP call's requests; ValueError (naming the field) if one is refused."""
-
-  def abort(self, request_ids: list[str]) -> None: ...
-
-  def end_streams(self, error: EngineDeadError) -> None:
-    """Ends every open stream with `error` and aborts its requests (any thread)."""
-
-  async def attach(self) -> None:
-    """Called on the serving event loop before it serves (uvicorn's lifespan)."""
-
-  async def detach(self) -> None: ...
 
 
 class EngineDeadError(RuntimeError):
-  """The engine thread has stopped; no request can make progress."""
+  """The engine core has stopped or is unreachable; no request can make progress."""
+
+
+class QueueFullError(RuntimeError):
+  """The core refused a group: `limit` HTTP requests are already waiting to start."""
+
+  def __init__(self, limit: int):
+    super().__init__(f"{limit} requests are waiting")
+    self.limit = limit
 
 
 @dataclass(frozen=True)
@@ -66,17 +40,14 @@ class RequestSpec:
 
 
 class OutputStream:
-  """The outputs of a group of engine requests, in step order, delivered on one event loop."""
+  """The outputs of a group of engine requests, in step order, delivered on one event loop.
+  `abort` is the client's: it aborts request ids in the engine core."""
 
-  def __init__(self, engine: EngineClient, request_ids: list[str],
-               loop: asyncio.AbstractEventLoop, place: Place | None = None):
+  def __init__(self, abort: Callable[[list[str]], None], request_ids: list[str]):
     self.request_ids = tuple(request_ids)
-    self.loop = loop
-    self._engine = engine
+    self._abort = abort
     self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
     self._unfinished = set(request_ids)
-    self._place = place
-    self._not_started = set(request_ids) if place is not None else set()
 
   @property
   def finished(self) -> bool:
@@ -94,9 +65,9 @@ class OutputStream:
       self._unfinished.discard(item.request_id)
     return item
 
-  async def admitted(self, future: asyncio.Future) -> "OutputStream":
-    """This stream once `future` (the engine accepting the group) resolves; the group is aborted
-    if the caller is cancelled while waiting, and the engine's refusal (ValueError) propagates."""
+  async def admitted(self, future: asyncio.Future) -> OutputStream:
+    """This stream once `future` (the core accepting the group) resolves; the group is aborted
+    if the caller is cancelled while waiting, and the core's refusal propagates."""
     try:
       await future
     except asyncio.CancelledError:
@@ -106,27 +77,14 @@ class OutputStream:
 
   def abort(self) -> int:
     """Aborts the group's unfinished requests and returns how many (0 once all finished)."""
-    self._release_place()
     count = len(self._unfinished)
     if count:
-      self._engine.abort(sorted(self._unfinished))
+      self._abort(sorted(self._unfinished))
       self._unfinished.clear()
     return count
 
   def _put(self, item: RequestOutput | BaseException) -> None:
-    if self._place is not None:
-      if isinstance(item, BaseException):
-        self._release_place()
-      else:
-        self._not_started.discard(item.request_id)
-        if not self._not_started:
-          self._release_place()
     self._queue.put_nowait(item)
-
-  def _release_place(self) -> None:
-    if self._place is not None:
-      self._place.release()
-      self._place = None
 
 
 def now() -> float:

@@ -2,14 +2,17 @@
 
     supervisor (this process: no jax, no HTTP)
       |-- engine core process (core/process.py): LLMEngine's core, CoreLoop on a ROUTER
-      |-- API server process 0..N-1 (server/api_process.py): uvicorn + CoreClient (DEALER)
+      |-- API server process 0..N-1 (the entry point `jaxserve serve` passes,
+          server/api_process.py): uvicorn + CoreClient (DEALER)
                   \\___ all accept() on one listening socket the supervisor bound
 
 The supervisor starts the core and waits until it serves (the engine is built and warmed up),
 binds the HTTP socket, spawns the API servers with it (vLLM's way of sharing one port among API
-server processes) and closes its own copy. The core's CoreInfo (tokenizer, model limits) reaches
-them in a file of a private temporary directory, so the spawns do not wait for one another and
-the API servers start side by side. Then it waits on the children:
+server processes) and closes its own copy. Each child runs run_api_process: this module's
+process set-up (logging, SIGINT left to the supervisor), then the API server's entry point with
+its ApiProcessArgs (core/info.py); core/ never imports server/. The core's CoreInfo (tokenizer,
+model limits) reaches them in a file of a private temporary directory, so the spawns do not wait
+for one another and the API servers start side by side. Then it waits on the children:
 
 * SIGTERM or SIGINT: forwarded to the API servers as SIGTERM (each drains, server/drain.py);
   once all have exited the core gets SIGTERM; exit 0. A signal during start-up starts no
@@ -38,8 +41,8 @@ import uvicorn
 import zmq
 
 from jaxserve.config import EngineConfig
+from jaxserve.core.info import ApiProcessArgs, ApiServerEntry, api_identity, write_core_info
 from jaxserve.core.messages import ClientGone
-from jaxserve.server.api_process import run_api_server, write_core_info
 from jaxserve.core.process import CoreStartError, start_core_process
 
 logger = logging.getLogger(__name__)
@@ -52,8 +55,19 @@ def default_api_server_count() -> int:
   return max(1, min(4, (os.cpu_count() or 1) // 4))
 
 
-def serve_multiprocess(config: EngineConfig, count: int, log_level: str) -> int:
-  """Runs the server until it stops; the exit status."""
+def run_api_process(entry: ApiServerEntry, args: ApiProcessArgs) -> None:
+  """An API server process's target (multiprocessing spawn): SIGINT is ignored (the supervisor
+  forwards a stop as SIGTERM), then `entry` serves until drained."""
+  from jaxserve.log_setup import configure_logging
+
+  configure_logging(args.log_level)
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  entry(args)
+
+
+def serve_multiprocess(config: EngineConfig, count: int, log_level: str,
+                       entry: ApiServerEntry) -> int:
+  """Runs the server (the API server processes run `entry`) until it stops; the exit status."""
   stopping: list[int] = []
 
   def on_signal(sig, frame) -> None:
@@ -83,9 +97,9 @@ def serve_multiprocess(config: EngineConfig, count: int, log_level: str) -> int:
       for index in range(count):
         if stopping:  # a stop signal came while the API processes were starting
           break
-        process = context.Process(target=run_api_server, name=f"jaxserve-api-{index}",
-                                  args=(server, str(info_path), core.address, sock, index,
-                                        log_level))
+        args = ApiProcessArgs(server, str(info_path), core.address, sock, index, log_level)
+        process = context.Process(target=run_api_process, name=f"jaxserve-api-{index}",
+                                  args=(entry, args))
         process.start()
         apis.append(process)
       sock.close()
@@ -148,7 +162,7 @@ def _wait_for_children(core, apis, stopping: list[int], control: zmq.Socket) -> 
     for process in [p for p in alive if p.sentinel in ready]:
       process.join()
       alive.remove(process)
-      control.send(msgspec.msgpack.encode(ClientGone(f"api-{apis.index(process)}")))
+      control.send(msgspec.msgpack.encode(ClientGone(api_identity(apis.index(process)))))
       if not stopping:
         logger.error("API server process %s exited with code %s; %d left", process.name,
                      process.exitcode, len(alive))

@@ -1,12 +1,11 @@
 """The engine core: admit token-id requests, schedule a step, run it on device, report tokens.
 
-Single-threaded by design, and token-level: step() returns EngineCoreOutputs (token ids,
-logprobs, finish reasons; core/messages.py), never text. Detokenization and stop strings
-are the output processor's (engine/output_processor.py): LLMEngine (engine/llm_engine.py)
-composes the two in one process for the offline API and the single-process server; the engine
-core process of `jaxserve serve` (core/process.py) runs this alone and ships the outputs
-to the API server processes, which run the processor. A stop string found there comes back as
-stop_request().
+Single-threaded by design, and token-level: step() returns EngineCoreOutputs (token ids, logprobs,
+finish reasons; core/messages.py), never text. Detokenization and stop strings are the output
+processor's (engine/output_processor.py): LLMEngine (engine/llm_engine.py) composes the two in one
+process for the offline API; `jaxserve serve` runs this alone under CoreLoop (core/loop.py: in the
+engine core process, or on a thread of the one-process server) and ships the outputs to the API
+servers, which run the processor. A stop string found there comes back as stop_request().
 
 Bad input raises ValueError in add_request and never reaches the device, so other requests keep
 running.

@@ -3,9 +3,9 @@
 EngineCore (engine/engine_core.py) schedules and runs steps and reports tokens; the
 OutputProcessor (engine/output_processor.py) turns them into RequestOutputs with text and applies
 stop strings. This composes them for the callers that keep everything in one process: the
-offline API (LLM.generate: no IPC), the single-process server (server/async_engine.py) and the
-benchmarks. The multi-process server runs the same two pieces in different processes
-(core/process.py and core/client.py). Pure Python, no jax.
+offline API (LLM.generate: no IPC) and the benchmarks. `jaxserve serve` runs the same two
+pieces apart: the core under CoreLoop (core/loop.py, in the engine core process or on a thread)
+and the processor in each API server's client (core/client.py). Pure Python, no jax.
 """
 from __future__ import annotations
 

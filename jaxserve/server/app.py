@@ -2,8 +2,8 @@
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST /tokenize,
 POST /detokenize, GET /tokenizer_info (server/tokenizer_info.py), GET /health (200 ready, 503
-while draining or once the engine thread died), GET /metrics (Prometheus text). Every error, including unknown routes, has OpenAI's body shape;
-bad input is never a 5xx.
+while draining or once the engine core is gone), GET /metrics (Prometheus text). Every error,
+including unknown routes, has OpenAI's body shape; bad input is never a 5xx.
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from starlette.routing import Route
 
 from jaxserve.config import ServerConfig
 from jaxserve.engine.admission import check_token_ids
-from jaxserve.core.streams import EngineClient, EngineDeadError
+from jaxserve.core.client import CoreClient
+from jaxserve.core.streams import EngineDeadError
 from jaxserve.server.chat import create_chat_completion
 from jaxserve.server.completions import create_completion
 from jaxserve.server.errors import ApiError, bad_request, internal, unavailable
@@ -34,10 +35,10 @@ from jaxserve.tokenizer.tokenizer import Tokenizer
 logger = logging.getLogger(__name__)
 
 
-def build_app(engine: EngineClient, tokenizer: Tokenizer, config: ServerConfig, *,
+def build_app(engine: CoreClient, tokenizer: Tokenizer, config: ServerConfig, *,
               model_name: str, max_model_len: int, vocab_size: int) -> Starlette:
-  """The app over an EngineClient (a started AsyncEngine, which several apps may share, or a
-  CoreClient, which the app attaches on its event loop: run it with uvicorn's lifespan on)."""
+  """The app over a CoreClient, which the app attaches on its event loop (run it with uvicorn's
+  lifespan on); one client per app."""
   state = ServingState(engine=engine, tokenizer=tokenizer, config=config,
                        model_name=config.served_model_name or model_name,
                        max_model_len=max_model_len, vocab_size=vocab_size,

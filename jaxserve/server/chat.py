@@ -47,15 +47,15 @@ async def create_chat_completion(request: Request) -> Response:
     state.check_n(parsed.params.n)
   except ValueError as err:
     raise bad_request(err) from err
-  async with state.admit() as place:
-    try:
-      prompt_ids = await state.run_blocking(_encode_chat, state, parsed)
-      params = _final_params(parsed, len(prompt_ids), state.max_model_len)
-      response_id = f"chatcmpl-{uuid.uuid4().hex}"
-      specs = expand_requests(response_id, [prompt_ids], params)
-      stream = await state.engine.add(specs, place)
-    except ValueError as err:
-      raise bad_request(err, _RENAME) from err
+  state.check_serving()
+  try:
+    prompt_ids = await state.run_blocking(_encode_chat, state, parsed)
+    params = _final_params(parsed, len(prompt_ids), state.max_model_len)
+    response_id = f"chatcmpl-{uuid.uuid4().hex}"
+    specs = expand_requests(response_id, [prompt_ids], params)
+    stream = await state.add(specs)
+  except ValueError as err:
+    raise bad_request(err, _RENAME) from err
   view = ChatView(state, parsed, response_id, len(prompt_ids), [s.request_id for s in specs])
   if parsed.stream:
     return EngineStreamResponse(view.events(stream), stream, state.metrics)

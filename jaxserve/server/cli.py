@@ -1,10 +1,12 @@
 """`jaxserve serve`: build and warm up the engine, then serve the OpenAI-compatible API.
 
-By default the engine runs in its own process and N API server processes serve HTTP
-(server.api_server_count / --api-server-count; core/supervisor.py supervises them); with 0, one
-process serves, the engine on a thread (server/async_engine.py). Either way the engine is built
-(model, buckets, KV pages, warmup; jaxserve/assembly.py logs each) before the HTTP socket opens,
-so once the server accepts connections /health is 200.
+This module parses the flags and hands the configuration and the API server's entry point
+(server/api_process.py) to core/serve.py, which starts what serves: by default the engine in its
+own process and N API server processes (server.api_server_count / --api-server-count;
+core/supervisor.py supervises them); with 0, one process, the engine core on a thread
+(core/in_process.py). Either way the API servers talk to the engine core over ZeroMQ, and the
+engine is built (model, buckets, KV pages, warmup; jaxserve/assembly.py logs each) before the
+HTTP socket opens, so once the server accepts connections /health is 200.
 
 SIGTERM or SIGINT drains (server/uvicorn_runner.py): new requests (and /health) get 503, running
 responses get up to server.drain_timeout_s to finish, those still running then end with an error
@@ -20,14 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import time
 
 from jaxserve.cli_args import add_engine_args, engine_config_from_args
-from jaxserve.core.supervisor import default_api_server_count, serve_multiprocess
+from jaxserve.core.serve import serve as serve_config
+from jaxserve.server.api_process import run_api_server
 from jaxserve.structured.tool_parsers import tool_parser_names
-
-logger = logging.getLogger(__name__)
 
 
 def register(subparsers) -> None:
@@ -46,7 +45,8 @@ def register(subparsers) -> None:
   group.add_argument("--served-model-name", help="the model name clients send (default: --model)")
   group.add_argument("--api-server-count", type=int,
                      help="HTTP front-end processes beside the engine core process (default: one "
-                     "per 4 CPU cores, 1 to 4); 0 serves from one process, the engine on a thread")
+                     "per 4 CPU cores, 1 to 4); 0 serves from one process, the engine core on a "
+                     "thread")
   group.add_argument("--tool-call-parser", choices=tool_parser_names(),
                      help="read tool calls from chat replies under tool_choice auto in this "
                      "chat format (llama3_json: Llama 3.x; hermes: Hermes / Qwen <tool_call>)")
@@ -60,53 +60,13 @@ def register(subparsers) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-  from jaxserve.parallel.multihost import initialize_distributed, is_worker
-
   for flag in ("host", "port", "api_key", "served_model_name", "api_server_count",
                "tool_call_parser"):
     value = getattr(args, flag)
     if value is not None:
       args.overrides.append(f"server.{flag}={json.dumps(value)}")
   _parallel_overrides(args)
-  config = engine_config_from_args(args)
-  if config.distributed.active:  # multi-host: process 0 serves from one process
-    initialize_distributed(config.distributed)
-    if is_worker():
-      from jaxserve.follower import run_follower
-      return run_follower(config)
-    return _serve_one_process(config, args.log_level)
-  count = config.server.api_server_count
-  if count is None:
-    count = default_api_server_count()
-  if count > 0:  # the supervisor never touches jax: the core process owns the devices
-    return serve_multiprocess(config, count, args.log_level)
-  return _serve_one_process(config, args.log_level)
-
-
-def _serve_one_process(config, log_level: str) -> int:
-  """The engine on a thread of the serving process (server.api_server_count 0; multi-host)."""
-  from jaxserve.assembly import build_engine
-  from jaxserve.server.app import build_app, serving_state
-  from jaxserve.server.async_engine import AsyncEngine
-  from jaxserve.server.uvicorn_runner import run_app
-
-  server_config = config.server
-  start = time.monotonic()
-  engine = build_engine(config, default_warmup="background")  # ready after one bucket
-  async_engine = AsyncEngine(engine).start()
-  app = build_app(async_engine, engine.tokenizer, server_config, model_name=config.model,
-                  max_model_len=engine.max_model_len, vocab_size=engine.vocab_size)
-  state = serving_state(app)
-  logger.info("ready in %.1fs (warmup %.1fs): serving %r on http://%s:%d%s", time.monotonic() - start,
-              engine.warmup_seconds, state.model_name, server_config.host, server_config.port,
-              " (API key required)" if server_config.api_key else "")
-  try:
-    run_app(app, server_config, log_level)
-  finally:
-    async_engine.stop()
-    engine.close()
-  logger.info("stopped")
-  return 0
+  return serve_config(engine_config_from_args(args), args.log_level, run_api_server)
 
 
 def _parallel_overrides(args: argparse.Namespace) -> None:

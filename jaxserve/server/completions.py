@@ -46,14 +46,14 @@ async def create_completion(request: Request) -> Response:
     state.check_n(parsed.params.n)
   except ValueError as err:
     raise bad_request(err) from err
-  async with state.admit() as place:
-    try:
-      prompts = await state.run_blocking(_tokenize, state, parsed.prompts)
-      response_id = f"cmpl-{uuid.uuid4().hex}"
-      specs = expand_requests(response_id, [p.token_ids for p in prompts], parsed.params)
-      stream = await state.engine.add(specs, place)
-    except ValueError as err:
-      raise bad_request(err) from err
+  state.check_serving()
+  try:
+    prompts = await state.run_blocking(_tokenize, state, parsed.prompts)
+    response_id = f"cmpl-{uuid.uuid4().hex}"
+    specs = expand_requests(response_id, [p.token_ids for p in prompts], parsed.params)
+    stream = await state.add(specs)
+  except ValueError as err:
+    raise bad_request(err) from err
   view = CompletionView(state, parsed, response_id, prompts, [s.request_id for s in specs])
   if parsed.stream:
     return EngineStreamResponse(view.events(stream), stream, state.metrics)

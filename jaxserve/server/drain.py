@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import threading
 
-from jaxserve.core.streams import EngineClient, EngineDeadError
+from jaxserve.core.client import CoreClient
+from jaxserve.core.streams import EngineDeadError
 from jaxserve.server.errors import ApiError, internal, unavailable
 
 UVICORN_GRACE_S = 5.0
@@ -29,7 +30,7 @@ def stream_error(err: EngineDeadError) -> ApiError:
 class DrainTimer:
   """Started once at the stop signal; after timeout_s it ends the engine's running streams."""
 
-  def __init__(self, engine: EngineClient, timeout_s: float):
+  def __init__(self, engine: CoreClient, timeout_s: float):
     self._engine = engine
     self._timeout_s = timeout_s
     self._timer: threading.Timer | None = None

@@ -7,7 +7,7 @@ Disconnects: a streaming response runs the SSE writer beside a listener for `htt
 (Starlette's StreamingResponse on ASGI spec 2.3); whatever ends the response, its requests are
 aborted afterwards. A non-streaming call waits for its outputs and for `http.disconnect` on the
 receive channel at once, and aborts when the client goes first. Either way the abort reaches the
-engine thread before its next step.
+engine core before its next step.
 """
 from __future__ import annotations
 

@@ -2,10 +2,10 @@
 tests can live in one process).
 
 Engine gauges (running/waiting requests, KV pages used/total) and counters (preemptions, XLA
-compilations) are read at scrape time from the AsyncEngine's stats snapshot by a custom
-collector. Request latencies and token counts are observed by the handlers as outputs arrive:
-time to first token, inter-token latency and end-to-end latency come from RequestOutput.metrics
-(engine clock), so they include time spent waiting in the queue.
+compilations) are read at scrape time from the engine core's stats snapshot (the CoreClient's last
+one) by a custom collector. Request latencies and token counts are observed by the handlers as
+outputs arrive: time to first token, inter-token latency and end-to-end latency come from
+RequestOutput.metrics (engine clock), so they include time spent waiting in the queue.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from jaxserve.core.client import CoreClient
 from jaxserve.outputs import RequestOutput
-from jaxserve.core.streams import EngineClient
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -24,7 +24,7 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 
 
 class EngineStatsCollector(Collector):
-  def __init__(self, engine: EngineClient):
+  def __init__(self, engine: CoreClient):
     self._engine = engine
 
   def collect(self) -> Iterator[Metric]:
@@ -35,10 +35,11 @@ class EngineStatsCollector(Collector):
         ("jaxserve_kv_pages_used", "KV cache pages held by requests.", stats.num_used_pages),
         ("jaxserve_kv_pages_total", "Usable KV cache pages.", stats.num_total_pages),
         ("jaxserve_num_http_requests_waiting", "HTTP requests admitted and not yet started "
-         "(server.max_waiting_requests bounds it; each counted once whatever its n).",
+         "(server.max_waiting_requests bounds it; each counted once whatever its n; the "
+         "engine core's count, for every API server).",
          self._engine.num_http_waiting),
-        ("jaxserve_api_servers", "HTTP server processes connected to the engine "
-         "(server.api_server_count once all have started; 1 for the single-process server).",
+        ("jaxserve_api_servers", "API servers connected to the engine core "
+         "(server.api_server_count once all have started; 1 for the one-process server).",
          self._engine.num_api_servers),
         ("jaxserve_step_programs_compiled", "Step programs compiled so far (warmup and the "
          "background compile thread; config key warmup).", stats.num_programs_compiled),
@@ -54,7 +55,7 @@ class EngineStatsCollector(Collector):
 class ServerMetrics:
   """The app's collectors; each HTTP call feeds its outputs to an observer()."""
 
-  def __init__(self, engine: EngineClient):
+  def __init__(self, engine: CoreClient):
     self.registry = CollectorRegistry(auto_describe=True)
     self.registry.register(EngineStatsCollector(engine))
     kwargs = {"registry": self.registry}

@@ -1,28 +1,27 @@
 """What every handler shares: the engine, tokenizer, server settings, metrics and the drain flag.
 
 Admission order for a generation request: parse and validate the body (400; `n` above
-server.max_n too), check the model (404), refuse while draining or after the engine died (503),
-take a place among the waiting requests (429; server/admission.py), and only then tokenize, in
-a thread pool so the event loop never blocks on it. Over the engine core process the place is
-counted by the core when the tokenized requests arrive there (core/loop.py): a 429 then
-comes after tokenizing, and the limit holds for every API server process together.
+server.max_n too), check the model (404), refuse while draining or once the engine core is gone
+(503: check_serving), tokenize in a thread pool so the event loop never blocks on it, and add
+the requests (add): the engine core counts the HTTP requests waiting to start, for every API
+server together (core/loop.py), and refuses past server.max_waiting_requests (429).
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import threading
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Mapping, TypeVar
+from typing import TypeVar
 
 from starlette.requests import Request
 
 from jaxserve.config import ServerConfig
-from jaxserve.server.admission import Place
-from jaxserve.core.streams import EngineClient
+from jaxserve.core.client import CoreClient
+from jaxserve.core.streams import OutputStream, QueueFullError, RequestSpec
 from jaxserve.server.errors import ApiError, not_found, queue_full, unavailable
 from jaxserve.server.metrics import ServerMetrics
 from jaxserve.tokenizer.tokenizer import Tokenizer
@@ -32,7 +31,7 @@ T = TypeVar("T")
 
 @dataclass
 class ServingState:
-  engine: EngineClient
+  engine: CoreClient
   tokenizer: Tokenizer
   config: ServerConfig
   model_name: str
@@ -59,23 +58,20 @@ class ServingState:
     if n > self.config.max_n:
       raise ValueError(f"n: must be <= {self.config.max_n} (server.max_n), got {n}")
 
-  @contextlib.asynccontextmanager
-  async def admit(self) -> AsyncIterator[Place]:
-    """One place among the waiting requests for this HTTP call; pass it to engine.add(), whose
-    stream gives it back when the call's requests have started (or, over the engine core
-    process, which takes it then: add() raises the 429). Given back here if the block raises."""
+  def check_serving(self) -> None:
+    """A 503 while draining or once the engine core is gone (before any work on the request)."""
     if self.draining.is_set():
       raise unavailable("the server is shutting down")
     if not self.engine.alive:
       raise unavailable("the engine has stopped")
-    place = self.engine.try_admit(self.config.max_waiting_requests)
-    if place is None:
-      raise queue_full(self.config.max_waiting_requests)
+
+  async def add(self, specs: list[RequestSpec]) -> OutputStream:
+    """One HTTP call's requests into the engine core: 429 if server.max_waiting_requests HTTP
+    requests wait to start; ValueError (naming the field) if the core refuses one."""
     try:
-      yield place
-    except BaseException:
-      place.release()
-      raise
+      return await self.engine.add(specs, self.config.max_waiting_requests)
+    except QueueFullError as err:
+      raise queue_full(err.limit) from None
 
   async def run_blocking(self, fn: Callable[..., T], *args) -> T:
     return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)

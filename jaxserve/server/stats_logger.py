@@ -6,7 +6,7 @@ interval, the running and waiting requests and the KV cache usage:
     Running: 4 reqs, Waiting: 0 reqs, KV cache usage: 3.1%
 
 Token counts are the app's Prometheus counters (prompt tokens are counted when a request
-finishes), the rest the engine thread's stats snapshot; nothing here touches the engine.
+finishes), the rest the engine core's stats snapshot; nothing here touches the engine.
 An idle server logs nothing. With several API server processes each logs its own line (its own
 requests' tokens, prefixed "API server K: "), and the engine's counts are the shared core's.
 """
@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from jaxserve.core.streams import EngineClient
+from jaxserve.core.client import CoreClient
 from jaxserve.server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class TokenTotals:
 class StatsLogger:
   """tick() computes and logs one line; start() calls it every interval_s on a daemon thread."""
 
-  def __init__(self, engine: EngineClient, metrics: ServerMetrics, interval_s: float,
+  def __init__(self, engine: CoreClient, metrics: ServerMetrics, interval_s: float,
                prefix: str = ""):
     self._engine = engine
     self._metrics = metrics

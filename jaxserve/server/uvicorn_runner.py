@@ -1,5 +1,5 @@
-"""Runs one app under uvicorn with the drain: every serving process (the single-process server
-and each API server process) goes through run_app.
+"""Runs one app under uvicorn with the drain: every API server (each API server process, and the
+one of the one-process server) goes through run_app.
 
 SIGTERM or SIGINT drains: the drain flag makes new requests (and /health) 503, uvicorn stops
 accepting connections and waits up to server.drain_timeout_s for running responses to finish;

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from openai import OpenAI
 
+from jaxserve.core.in_process import CoreThread
 from jaxserve.llm import LLM
 from jaxserve.sampling_params import SamplingParams
-from jaxserve.server.async_engine import AsyncEngine
 from tests.integration.engine_helpers import small_config
-from tests.server.server_helpers import start_server, thread_backend
+from tests.server.server_helpers import core_backend, start_server
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Hi!"}],
@@ -31,8 +31,8 @@ def test_llm_chat_matches_the_chat_endpoint():
   for conversation, result in zip(CONVERSATIONS, offline):
     assert list(result.prompt_token_ids) == llm.get_tokenizer().encode_chat(conversation)
 
-  async_engine = AsyncEngine(llm.engine).start()  # the same engine, now behind the server
-  server = start_server(thread_backend(async_engine, llm.engine))  # the single-process server
+  core = CoreThread(llm.engine).start()  # the same engine, now behind the server
+  server = start_server(core_backend(core))  # as the one-process server runs it
   try:
     client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
     for conversation, result in zip(CONVERSATIONS, offline):
@@ -49,4 +49,4 @@ def test_llm_chat_matches_the_chat_endpoint():
       assert [t.logprob for t in served] == [e.logprob for e in completion.logprobs]
   finally:
     server.stop()
-    async_engine.stop()
+    core.stop()

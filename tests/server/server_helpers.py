@@ -1,7 +1,7 @@
 """Real uvicorn servers on 127.0.0.1 in background threads of the test process, over a small
-tiny-random engine: by default the engine core in its own process (as `jaxserve serve` runs it;
-each server is an API server with its own CoreClient), or an in-process AsyncEngine (the
-single-process server, server.api_server_count 0)."""
+tiny-random engine: the engine core in its own process (as `jaxserve serve` runs it) or on a
+thread of the test process (CoreThread, as the one-process server, server.api_server_count 0,
+runs it); either way each server is an API server with its own CoreClient."""
 from __future__ import annotations
 
 import socket
@@ -14,12 +14,11 @@ import uvicorn
 
 from jaxserve.assembly import build_engine
 from jaxserve.config import EngineConfig, ServerConfig
+from jaxserve.core.client import CoreClient
+from jaxserve.core.in_process import CoreThread
+from jaxserve.core.process import CoreHandle, start_core_process
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.server.app import build_app, serving_state
-from jaxserve.server.async_engine import AsyncEngine
-from jaxserve.core.client import CoreClient
-from jaxserve.core.process import CoreHandle, start_core_process
-from jaxserve.core.streams import EngineClient
 from jaxserve.server.state import ServingState
 from jaxserve.tokenizer.tokenizer import Tokenizer
 from tests.integration.engine_helpers import small_config
@@ -40,12 +39,12 @@ def build_server_engine() -> LLMEngine:
 
 @dataclass(frozen=True)
 class Backend:
-  """What test servers are built over: make_client() gives each server its EngineClient."""
+  """What test servers are built over: make_client() gives each server its CoreClient."""
   tokenizer: Tokenizer
   model_name: str
   max_model_len: int
   vocab_size: int
-  make_client: Callable[[], EngineClient]
+  make_client: Callable[[], CoreClient]
 
 
 def start_core(config: EngineConfig | None = None) -> CoreHandle:
@@ -53,15 +52,11 @@ def start_core(config: EngineConfig | None = None) -> CoreHandle:
   return start_core_process(config or server_engine_config(), "WARNING")
 
 
-def core_backend(core: CoreHandle) -> Backend:
+def core_backend(core: CoreHandle | CoreThread) -> Backend:
+  """Servers over a running engine core, in its own process or on a thread."""
   info = core.info
   return Backend(info.tokenizer, info.model_name, info.max_model_len, info.vocab_size,
                  lambda: CoreClient(core.address, info.tokenizer))
-
-
-def thread_backend(async_engine: AsyncEngine, engine: LLMEngine) -> Backend:
-  return Backend(engine.tokenizer, engine.model_name, engine.max_model_len, engine.vocab_size,
-                 lambda: async_engine)
 
 
 def free_port() -> int:
@@ -101,7 +96,7 @@ class RunningServer:
     self.thread.join(10)
 
 
-def start_server(backend: Backend, client: EngineClient | None = None,
+def start_server(backend: Backend, client: CoreClient | None = None,
                  **server_fields) -> RunningServer:
   app = build_app(client or backend.make_client(), backend.tokenizer,
                   ServerConfig(**server_fields), model_name=backend.model_name,

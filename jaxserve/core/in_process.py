@@ -1,0 +1,113 @@
+"""The one-process server: the engine core on a thread of the serving process.
+
+`server.api_server_count: 0`, and process 0 of a multi-host job (whose engine must be built in
+the process that joined jax.distributed), serve this way. It is the same transport as the
+multi-process server, only without the processes: CoreThread runs CoreLoop (core/loop.py) over
+the engine's core on a thread, bound to a ROUTER socket at a fresh ipc:// address, and one API
+server (the entry point `jaxserve serve` passes, server/api_process.py) runs on the main thread
+with its CoreClient connected to that address, exactly as an API server process connects to the
+engine core process. So admission, /metrics, the drain and the errors are the same code either
+way. The engine is built (model, buckets, KV pages, warmup) before the API server binds its
+port, so once it accepts connections /health is 200.
+
+If the loop fails, the CoreClient fails its streams (CoreFailed) and /health answers 503 until a
+stop signal drains the API server; the process then exits 1.
+"""
+from __future__ import annotations
+
+import logging
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import zmq
+
+from jaxserve.config import EngineConfig
+from jaxserve.core.info import ApiProcessArgs, ApiServerEntry, CoreInfo, write_core_info
+from jaxserve.core.loop import CoreLoop
+from jaxserve.core.router import bind_router, core_address, remove_address
+from jaxserve.engine.llm_engine import LLMEngine
+
+logger = logging.getLogger(__name__)
+STOP_TIMEOUT_S = 30.0
+
+
+class CoreThread:
+  """CoreLoop over `engine`'s core on a thread, at `address` (default: a fresh ipc:// one).
+  Nothing else may use the engine while the thread runs."""
+
+  def __init__(self, engine: LLMEngine, address: str | None = None):
+    self.address = address or core_address()
+    self.info = CoreInfo(engine.tokenizer, engine.model_name, engine.max_model_len,
+                         engine.vocab_size, engine.warmup_seconds)
+    self._engine = engine
+    self._stop = threading.Event()
+    self._bound = threading.Event()
+    self._error: BaseException | None = None
+    self._thread = threading.Thread(target=self._run, name="jaxserve-engine-core", daemon=True)
+
+  def start(self) -> CoreThread:
+    """Returns once the socket is bound (clients may connect); raises if it could not be."""
+    self._thread.start()
+    self._bound.wait()
+    if self._error is not None:
+      self._thread.join()
+      raise self._error
+    return self
+
+  def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+    """Ends the loop after its current step (the clients' requests are aborted)."""
+    self._stop.set()
+    self._thread.join(timeout)
+
+  @property
+  def error(self) -> BaseException | None:
+    """What ended the loop, if it failed."""
+    return self._error
+
+  def _run(self) -> None:
+    context = zmq.Context()
+    socket = None
+    try:
+      socket = bind_router(context, self.address)
+      self._bound.set()
+      CoreLoop(self._engine.core, socket).run(self._stop)
+    except BaseException as err:  # noqa: BLE001 - CoreLoop logged it and told its clients
+      self._error = err
+    finally:
+      self._bound.set()
+      if socket is not None:
+        socket.close()
+      context.term()
+      remove_address(self.address)
+
+
+def serve_in_process(config: EngineConfig, log_level: str, entry: ApiServerEntry) -> int:
+  """Builds the engine, serves it through `entry` until a stop signal has drained it; the exit
+  status (1 if the engine core failed)."""
+  from jaxserve.assembly import build_engine
+
+  server = config.server
+  start = time.monotonic()
+  engine = build_engine(config, default_warmup="background")  # ready after one bucket
+  try:
+    core = CoreThread(engine).start()
+    try:
+      with tempfile.TemporaryDirectory(prefix="jaxserve-api-") as info_dir:
+        info_path = Path(info_dir) / "core_info.pickle"
+        write_core_info(core.info, info_path)
+        logger.info("ready in %.1fs (warmup %.1fs): serving %r on http://%s:%d%s",
+                    time.monotonic() - start, engine.warmup_seconds,
+                    server.served_model_name or config.model, server.host, server.port,
+                    " (API key required)" if server.api_key else "")
+        entry(ApiProcessArgs(server, str(info_path), core.address, None, 0, log_level))
+    finally:
+      core.stop()
+  finally:
+    engine.close()
+  if core.error is not None:
+    logger.error("the engine core failed: %s: %s", type(core.error).__name__, core.error)
+    return 1
+  logger.info("stopped")
+  return 0

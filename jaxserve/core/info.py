@@ -1,0 +1,64 @@
+"""What the engine core hands the API servers that serve it: CoreInfo (the tokenizer and the
+model's limits; API servers never load the model) and ApiProcessArgs (an API server's start-up
+arguments), and the entry point type of an API server, which `jaxserve serve` gives core/
+(core/serve.py): core/ starts the processes and threads, server/ serves HTTP, and core/ never
+imports server/.
+
+CoreInfo travels in a file: passed as an argument, a large tokenizer (1.6 MB pickled for a 128k
+vocabulary) would fill the spawn pipe and make the supervisor's start() of each API process wait
+for that child's imports, so the processes would start one after another.
+"""
+from __future__ import annotations
+
+import pickle
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from jaxserve.config import ServerConfig
+from jaxserve.tokenizer.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class CoreInfo:
+  """What the core tells its parent once it serves."""
+  tokenizer: Tokenizer
+  model_name: str
+  max_model_len: int
+  vocab_size: int
+  warmup_seconds: float
+
+
+def write_core_info(info: CoreInfo, path: Path) -> None:
+  path.write_bytes(pickle.dumps(info, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def read_core_info(path: Path) -> CoreInfo:
+  """write_core_info's file (written by a process of the same user)."""
+  return pickle.loads(path.read_bytes())
+
+
+@dataclass(frozen=True)
+class ApiProcessArgs:
+  """One API server: its settings, the CoreInfo file, the core's address, the listening socket
+  it accepts from (None: it binds server.host:port itself), its index (its client identity is
+  api-{index}) and the log level."""
+  server_config: ServerConfig
+  info_path: str
+  core_address: str
+  sock: socket.socket | None
+  index: int
+  log_level: str
+
+  @property
+  def identity(self) -> str:
+    return api_identity(self.index)
+
+
+def api_identity(index: int) -> str:
+  """API server `index`'s client identity at the core (the supervisor's ClientGone names it)."""
+  return f"api-{index}"
+
+
+ApiServerEntry = Callable[[ApiProcessArgs], None]  # serves until drained (server/api_process.py)
