@@ -13,8 +13,7 @@ a fraction of a second and fails on the first edge that breaks a rule):
 * server/ is HTTP only: it reaches neither jax nor the device side nor the composition root
   (the `serve` command hands the process to core/serve.py, the one edge not followed), starts
   no process (no multiprocessing, subprocess or os.fork), and core/ imports nothing of it;
-* no import cycle among jaxserve modules, nor among packages (jaxserve.X, pallas_kernels) but
-  the KNOWN_PACKAGE_CYCLES;
+* no import cycle among jaxserve modules, nor among packages (jaxserve.X, pallas_kernels);
 * no decision by an attention backend's display name (callers read its capabilities);
 * imports are explicit (no __import__);
 * each policy has one definition (KVPages, the token-id and length admission rules, the n > 1
@@ -52,7 +51,7 @@ PURE_HOST = ("jaxserve.engine.scheduler", "jaxserve.engine.page_allocator",
              "jaxserve.engine.engine_core", "jaxserve.engine.output_processor",
              "jaxserve.core.messages", "jaxserve.core.client", "jaxserve.core.streams",
              "jaxserve.core.info", "jaxserve.core.loop", "jaxserve.core.router",
-             "jaxserve.engine.engine_stats",
+             "jaxserve.engine.engine_stats", "jaxserve.engine.core_io",
              "jaxserve.messages.scheduled_batch", "jaxserve.messages.step_output",
              "jaxserve.messages.buckets", "jaxserve.messages.program_readiness",
              "jaxserve.messages.sampling_row",
@@ -304,27 +303,49 @@ def test_the_investigations_are_not_installed():
   assert any(fnmatch.fnmatch("jaxserve.bench", pattern) for pattern in include)
   assert not any(fnmatch.fnmatch(name, pattern) for pattern in include
                  for name in ("investigations", "investigations.bench_kernels"))
-# Package cycles through the engine core, its server and the composition root (core/, engine/,
-# server/, assembly.py, follower.py): core.messages and core.streams serve engine/ and server/
-# while core/ imports both, core.process builds the engine with assembly.py, server/cli.py
-# starts it. Left to the packages' owners; shrink this as they are broken (each found cycle must
-# lie inside one of these).
-KNOWN_PACKAGE_CYCLES: tuple[frozenset[str], ...] = (
-    frozenset({"jaxserve.assembly", "jaxserve.core", "jaxserve.engine", "jaxserve.follower",
-               "jaxserve.server"}),
-)
-
-
 def test_no_package_cycle(graph):
   """No cycle among packages (jaxserve.X for each subpackage or top-level module X,
-  pallas_kernels), but the known ones: the layering holds between packages, not only between
-  modules (e.g. models below device)."""
+  pallas_kernels): the layering holds between packages, not only between modules (e.g. models
+  below device, engine below core below server)."""
   packages = package_graph(graph)
   assert {"jaxserve.device", "jaxserve.models", "jaxserve.config", "pallas_kernels"} <= set(
       packages)
-  unknown = [c for c in cycles(packages)
-             if not any(set(c) <= known for known in KNOWN_PACKAGE_CYCLES)]
-  assert unknown == []
+  assert cycles(packages) == []
+
+
+# The packages from the lowest layer up (a top-level module counts as its own package). A package
+# imports only from layers below its own: the walk of a request's prompt ids from the HTTP handler
+# (server) through the core's client and loop (core) to the engine (engine), across the seam
+# (messages) to the step programs (device), the model (models), the attention backend (attention)
+# and the kernel (pallas_kernels) only goes down.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("pallas_kernels", "jaxserve.messages", "jaxserve.outputs", "jaxserve.memory_stats",
+     "jaxserve.log_setup", "jaxserve.optional_deps", "jaxserve.cli_help", "jaxserve.tokenizer"),
+    ("jaxserve.structured",),
+    ("jaxserve.config", "jaxserve.sampling_params"),
+    ("jaxserve.engine_args", "jaxserve.attention", "jaxserve.engine"),
+    ("jaxserve.cli_args",),
+    ("jaxserve.models",),
+    ("jaxserve.device",),
+    ("jaxserve.parallel", "jaxserve.platforms"),
+    ("jaxserve.assembly",),
+    ("jaxserve.follower",),
+    ("jaxserve.core", "jaxserve.llm"),
+    ("jaxserve.server", "jaxserve.tools"),
+    ("jaxserve.tpu_aot",),
+    ("jaxserve.bench",),
+    ("jaxserve",),
+    ("jaxserve.cli",),
+)
+
+
+def test_every_import_goes_down_the_layers(graph):
+  layer = {package: i for i, packages in enumerate(LAYERS) for package in packages}
+  packages = package_graph(graph)
+  assert set(packages) == set(layer), "every package has a layer"
+  upward = sorted((a, b) for a, targets in packages.items() for b in targets
+                  if a != b and layer[b] >= layer[a])
+  assert upward == []
 
 
 def test_no_decision_by_an_attention_backends_name():

@@ -1,6 +1,6 @@
-"""The engine core's messages, both directions: THE schema shared by the engine core process and
-its clients (the API server processes), and the token-level outputs of EngineCore.step(), which
-the in-process LLMEngine hands to its OutputProcessor unchanged.
+"""The engine core's messages, both directions: THE schema shared by the engine core (its
+process, or its thread in one-process serving) and its clients (the API servers). EngineCore's
+own request and output structs (engine/core_io.py) travel inside them.
 
 Everything here is a typed msgspec Struct (or a dataclass msgspec encodes field by field) and
 travels as msgpack. Why msgspec: it encodes and decodes straight between typed Structs and
@@ -19,38 +19,8 @@ from __future__ import annotations
 
 import msgspec
 
+from jaxserve.engine.core_io import EngineCoreOutput, EngineCoreRequest
 from jaxserve.engine.engine_stats import EngineStats
-from jaxserve.outputs import FinishReason, TokenLogprob
-from jaxserve.sampling_params import SamplingParams
-
-
-class EngineCoreRequest(msgspec.Struct, frozen=True, array_like=True, gc=False):
-  """One tokenized request. stream=False: the caller wants the final output only."""
-  request_id: str
-  prompt_token_ids: list[int]
-  params: SamplingParams
-  arrival_time: float
-  stream: bool = True
-
-
-class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):
-  """A request's tokens from one step (a burst's several, or, for a request that streams
-  nothing, all of them at the end). finish_reason: STOP (a stop token, then the last of
-  new_token_ids and stop_reason its id, None for eos), LENGTH, ABORT, ERROR or GRAMMAR_ERROR;
-  stop strings are the output processor's. prompt_logprobs come once, with the request's first
-  output."""
-  request_id: str
-  new_token_ids: list[int]
-  new_logprobs: list[TokenLogprob] | None
-  finish_reason: FinishReason | None
-  stop_reason: int | None
-  prompt_logprobs: list[TokenLogprob | None] | None
-  first_scheduled_time: float | None
-  first_token_time: float | None
-  last_token_time: float | None
-  finished_time: float | None
-  num_preemptions: int
-  error: str | None = None
 
 
 # -- client -> core ------------------------------------------------------------------------------

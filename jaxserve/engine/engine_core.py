@@ -38,7 +38,7 @@ import numpy as np
 
 from jaxserve.engine.admission import check_length, check_token_ids
 from jaxserve.engine.constraints import Constraints, live_matcher
-from jaxserve.core.messages import EngineCoreOutput, EngineCoreRequest
+from jaxserve.engine.core_io import EngineCoreOutput, EngineCoreRequest
 from jaxserve.engine.device_port import CompileCounter, ProgramStatus, StepRunner
 from jaxserve.engine.engine_stats import EngineStats
 from jaxserve.engine.page_allocator import PageAllocator

@@ -14,7 +14,7 @@ import time
 
 from jaxserve.engine.admission import check_token_ids
 from jaxserve.engine.constraints import Constraints
-from jaxserve.core.messages import EngineCoreRequest
+from jaxserve.engine.core_io import EngineCoreRequest
 from jaxserve.engine.device_port import CompileCounter, ProgramStatus, StepRunner
 from jaxserve.engine.engine_core import EngineCore, StepTimings
 from jaxserve.engine.engine_stats import EngineStats

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from jaxserve.core.messages import EngineCoreOutput
+from jaxserve.engine.core_io import EngineCoreOutput
 from jaxserve.outputs import FinishReason, RequestMetrics, RequestOutput, TokenLogprob
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.tokenizer.detokenizer import IncrementalDetokenizer

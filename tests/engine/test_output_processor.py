@@ -10,7 +10,7 @@ import json
 import msgspec
 import pytest
 
-from jaxserve.core.messages import EngineCoreOutput
+from jaxserve.engine.core_io import EngineCoreOutput
 from jaxserve.engine.output_processor import OutputProcessor
 from jaxserve.engine.request import RequestStatus
 from jaxserve.models.registry import load_model_tokenizer
