@@ -530,3 +530,20 @@ def test_the_rules_catch_what_they_are_for(tmp_path):
                     "y = arg.name == 'model' or m.name.startswith(('xla_cuda',))\n"
                     "z = backend.capabilities.kind is BackendKind.XLA\n")
   assert backend_name_tests(names) == [1, 2, 3, 4]
+
+
+# tests/<folder> mirrors a package: jaxserve/<folder>, or one of these (named for what they test).
+TEST_FOLDERS_BEYOND_PACKAGES = {
+    "pallas_kernels": "the top-level kernels package",
+    "investigations": "the top-level investigations folder",
+    "integration": "engines end to end, across packages",
+    "cli": "the jaxserve command and its top-level modules (cli*.py, engine_args.py, platforms.py)",
+    "config": "jaxserve/config.py and the shipped configs/",
+}
+
+
+def test_the_tests_mirror_the_packages():
+  folders = {p.name for p in TESTS.iterdir() if p.is_dir() and p.name != "__pycache__"}
+  packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+  assert folders - packages - set(TEST_FOLDERS_BEYOND_PACKAGES) == set()
+  assert set(TEST_FOLDERS_BEYOND_PACKAGES) <= folders
