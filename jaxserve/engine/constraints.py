@@ -12,14 +12,15 @@ A matcher advances over exactly the tokens the engine appends to its request (Re
 it never needs a rollback: tokens async scheduling discards (sampled after a request stopped) are
 never consumed, and preemption by recompute keeps the generated tokens, so the matcher is kept.
 
-`fill` writes the rows of a step's constrained sequences (batch.sampling.bitmask_rows; a
-complete grammar's row allows eos only) into a bitmask covering the step's bucket, every other
-row all ones, on llguidance's thread pool with the GIL released. The engine calls it after dispatching the step's forward and taking the step
-before's tokens, so the mask is computed while the device runs the forward.
+`fill` writes the rows of a step's constrained sequences (batch.sampling.bitmask_rows; a complete
+grammar's row allows eos only) into a bitmask covering the step's bucket, every other row all ones,
+on llguidance's thread pool with the GIL released. The engine calls it after dispatching the step's
+forward and taking the step before's tokens, so the mask is computed while the device runs the
+forward.
 
 The compiler is built on the first constrained request (llguidance reads the tokenizer's whole
-vocabulary: docs/PERFORMANCE.md, "Structured outputs", has its cost), so engines that never see
-one pay nothing.
+vocabulary), so engines that never see one pay nothing (docs/DECISIONS.md, "The grammar compiler
+is built on the first constrained request").
 """
 from __future__ import annotations
 

@@ -19,11 +19,9 @@ How it is wired into the engine (engine/constraints.py, engine/engine_core.py, d
    kept in the request's RequestState; n > 1 gives each choice its own matcher.
 3. Step input. The sampler always takes a device bitmask int32[num_seqs_bucket, ceil(vocab / 32)]
    (the runner's cached all-ones array when no row is constrained) and applies it to the logits
-   before anything else, in every SamplerMode: no `constrained` mode, because the select is one
-   elementwise pass (fused into XLA's reductions; one extra write and read in front of the
-   Pallas greedy kernel) while a mode flag would double the sampler programs compiled at warmup
-   (docs/DECISIONS.md, "The token bitmask is always applied"). A constrained row's logprobs are
-   those of the allowed tokens, renormalized.
+   before anything else, in every SamplerMode (device/sampler.py; docs/DECISIONS.md, "The token
+   bitmask is always applied"). A constrained row's logprobs are those of the allowed tokens,
+   renormalized.
 4. Overlap. The mask of step N+1 depends on the token sampled at step N. The engine dispatches
    forward(N+1) (its input tokens come from step N's ids on device), then fetches step N's
    tokens, advances the matchers and fills the rows (BitmaskFiller.fill, llguidance's thread
