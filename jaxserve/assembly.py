@@ -56,8 +56,8 @@ def enable_compilation_cache(directory: str | None) -> None:
     return
   directory = os.path.expanduser(directory)
   jax.config.update("jax_compilation_cache_dir", directory)
-  # Every program, however fast it compiles: at JAX's 0.5 s default minimum 38 of an 8B server's
-  # 108 programs were compiled again at each restart (docs/PERFORMANCE.md, start-up).
+  # Every program, however fast it compiles, so a restart compiles none (docs/DECISIONS.md,
+  # "Every program goes to the compilation cache").
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   logger.info("XLA compilation cache: %s", directory)
 

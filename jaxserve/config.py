@@ -210,10 +210,9 @@ class EngineConfig:
   (models/invariant_dense.py; a parity mode, slower at tp = 1). batch_invariant makes every
   token's computation bitwise independent of the step's bucket, batch mates and prompt chunking
   (fixed-tile GEMMs, models/batch_invariant_dense.py; attention tiles fixed,
-  attention/backends.py). gpu_gemm on GPUs: "cublas"
-  compiles every GEMM of the step to cuBLAS and "cublaslt" to cuBLASLt (XLA's Triton GEMM fusions
-  off in both; faster for the bfloat16 Llama steps measured in docs/PERFORMANCE.md, and no
-  different from each other there), "xla" leaves the choice to XLA. sampler_backend: where the
+  attention/backends.py). gpu_gemm on GPUs: "cublas" compiles every GEMM of the step to cuBLAS
+  and "cublaslt" to cuBLASLt (XLA's Triton GEMM fusions off in both; docs/DECISIONS.md, "cuBLAS
+  for the step's GEMMs"), "xla" leaves the choice to XLA. sampler_backend: where the
   sampler takes the greedy pick and the log-normalizer from; "auto" is the Pallas GPU kernel
   (pallas_kernels/greedy_sample) for unsharded models on GPUs and XLA's reductions elsewhere;
   "pallas_gpu" off a GPU runs the kernel in Pallas interpret mode (tests).

@@ -5,11 +5,11 @@ JAX's backend discovery initializes it at the first device use even on a machine
 libtpu writes several warning lines and an INVALID_ARGUMENT error to stderr (its own logging,
 which Python's logging cannot filter) before JAX falls back to the CPU or GPU. A process that
 serves on this machine's own devices (every command but compile-tpu, `LLM(...)`, the benchmarks)
-calls `skip_absent_tpu()` (through `prepare_jax_process`) before JAX starts a backend: where libtpu is installed, no TPU device file
-exists (/dev/accel<n> on v2-v5e hosts, /dev/vfio/<n> on v5p and v6e) and JAX_PLATFORMS is unset,
-it sets JAX_PLATFORMS to the platforms that can start ("cuda,cpu" or "rocm,cpu" where a GPU
-plugin is installed, else "cpu") and logs that it did. A user's own JAX_PLATFORMS wins.
-compile-tpu loads libtpu itself for a topology and never calls it.
+calls `skip_absent_tpu()` (through `prepare_jax_process`) before JAX starts a backend: where libtpu
+is installed, no TPU device file exists (/dev/accel<n> on v2-v5e hosts, /dev/vfio/<n> on v5p and
+v6e) and JAX_PLATFORMS is unset, it sets JAX_PLATFORMS to the platforms that can start ("cuda,cpu"
+or "rocm,cpu" where a GPU plugin is installed, else "cpu") and logs that it did. A user's own
+JAX_PLATFORMS wins. compile-tpu loads libtpu itself for a topology and never calls it.
 """
 from __future__ import annotations
 

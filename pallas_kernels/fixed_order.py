@@ -1,8 +1,8 @@
 """Row sums whose order of additions is fixed by the row length alone (batch_invariant).
 
 XLA lowers a reduction with a strategy it picks from the whole shape: the same row of an RMSNorm
-sums in one order among 8 rows and in another among 64 (measured on CPU; on GPUs the emitter's
-tiling also follows the shape). `fixed_order_sum` writes the sum as elementwise additions of the
+sums in one order among 8 rows and in another among 64 on the CPU (on GPUs the emitter's tiling
+also follows the shape). `fixed_order_sum` writes the sum as elementwise additions of the
 two halves of the row, halving until one value is left: each addition is one IEEE operation on
 two fixed elements, and XLA does not reassociate floating-point additions, so every row's result
 is the same whatever the number of rows. The row is zero padded to a power of two first (adding

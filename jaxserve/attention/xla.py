@@ -91,8 +91,8 @@ def ragged_paged_attention_xla(
 
 
 def _contract(a: jax.Array, b: jax.Array, spec: str, fixed_order: bool) -> jax.Array:
-  """einsum(spec, a, b) for the two contractions above; fixed_order: as elementwise products
-  summed by pallas_kernels/fixed_order.py over the contracted axis (d for the scores, l for P @ V)."""
+  """einsum(spec, a, b) for the two contractions above; fixed_order: as elementwise products summed
+  by pallas_kernels/fixed_order.py over the contracted axis (d for the scores, l for P @ V)."""
   if not fixed_order:
     return jnp.einsum(spec, a, b)
   b = b.transpose(1, 0, 2, 3)                                                  # [T, KVH, L, D]

@@ -1,4 +1,4 @@
-"""Offline engine throughput on one machine: output tokens/s, steps/s and host milliseconds per step.
+"""Offline engine throughput on one machine: output tokens/s, steps/s and host ms per step.
 
     jaxserve bench offline                                       # built-in tiny-random model
     jaxserve bench offline --model /path/to/ckpt --num-prompts 256 --input-len 512

@@ -1,15 +1,15 @@
 """`jaxserve bench serve`: an asyncio load generator for an OpenAI-compatible server.
 
-It loads /v1/completions (prompts as text or token ids) or, with `--endpoint
-/v1/chat/completions`, the chat route (each prompt one user message). Requests are sent at gamma/Poisson arrival times (see arrivals.py), optionally capped at
-`max_concurrency` in flight, each streaming its completion over SSE through one shared
-httpx.AsyncClient. Every request asks for `stream_options.include_usage`, so output token counts
-come from the server's usage; when a server reports none, the number of chunks carrying choices is
-used instead. Timing follows vLLM's benchmark_serving (see latency_stats.py). A sweep runs the same
-workload at several rates and plots throughput against latency. Flags follow vLLM's
-benchmark_serving (--dataset-name, --endpoint, --percentile-metrics, --metric-percentiles,
---goodput, --save-result / --result-dir); results are written only with --save-result.
-The server is checked (GET /v1/models) before anything runs: one line if it cannot be reached.
+It loads /v1/completions (prompts as text or token ids) or, with `--endpoint /v1/chat/completions`,
+the chat route (each prompt one user message). Requests are sent at gamma/Poisson arrival times (see
+arrivals.py), optionally capped at `max_concurrency` in flight, each streaming its completion over
+SSE through one shared httpx.AsyncClient. Every request asks for `stream_options.include_usage`, so
+output token counts come from the server's usage; when a server reports none, the number of chunks
+carrying choices is used instead. Timing follows vLLM's benchmark_serving (see latency_stats.py). A
+sweep runs the same workload at several rates and plots throughput against latency. Flags follow
+vLLM's benchmark_serving (--dataset-name, --endpoint, --percentile-metrics, --metric-percentiles,
+--goodput, --save-result / --result-dir); results are written only with --save-result. The server is
+checked (GET /v1/models) before anything runs: one line if it cannot be reached.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""`jaxserve serve` start-up end to end (issue: ready in seconds): a fresh start with an empty
-compilation cache, a mixed workload once the background compilation is done, and a warm restart.
+"""`jaxserve serve` start-up end to end: a fresh start with an empty compilation cache, a mixed
+workload once the background compilation is done, and a warm restart.
 
     jaxserve bench server-startup --model /tmp/llama8b --config configs/h100.yaml \
         --max-model-len 2048 --workload-s 150 --out out/server_startup.json

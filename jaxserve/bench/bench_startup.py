@@ -120,7 +120,8 @@ def _free_memory() -> dict:
 
 
 def time_host_converted_load(config) -> dict:
-  """The pre-issue-16 way: each tensor transposed / cast on the host, then jax.device_put."""
+  """The --baseline: each tensor transposed / cast on the host (load_hf_params' `put` path),
+  then jax.device_put."""
   import jax
 
   from jaxserve.models.weights import load_hf_config, load_hf_params

@@ -3,10 +3,11 @@
 `build_random_llama(name, out_dir)` writes config.json, sharded model*.safetensors with an index,
 and a word-level tokenizer covering the whole vocabulary (vocab_tokenizer.py): every id a random
 model samples decodes to a visible word, so a server streams, and `jaxserve bench serve` times,
-every token as it would with a real model's tokenizer. No torch module is built: each tensor named by `hf_tensor_specs` is
-drawn directly in bfloat16 on the fastest device (CUDA when available), copied to the host and
-written shard by shard, so an 8B checkpoint takes seconds of compute and one shard of host memory.
-Weights are N(0, 0.02) (transformers' initializer_range) with RMSNorm scales of one.
+every token as it would with a real model's tokenizer. No torch module is built: each tensor named
+by `hf_tensor_specs` is drawn directly in bfloat16 on the fastest device (CUDA when available),
+copied to the host and written shard by shard, so an 8B checkpoint takes seconds of compute and one
+shard of host memory. Weights are N(0, 0.02) (transformers' initializer_range) with RMSNorm scales
+of one.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The HTTP server against the engine in-process, on one machine in one run (issue 15).
+"""The HTTP server against the engine in-process, on one machine in one run.
 
     python -m jaxserve.bench.serve_vs_offline --model /tmp/llama8b --config configs/h100.yaml \
         --max-model-len 2048 --out-dir out/serve_vs_offline

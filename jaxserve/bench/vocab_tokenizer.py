@@ -1,11 +1,12 @@
 """A word-level tokenizer that covers a whole vocabulary, for random-weight checkpoints.
 
 A random-weight model samples ids uniformly over its vocabulary. With the byte tokenizer almost
-every id of a 128k vocabulary decoded to "", so a server streamed (and a benchmark timed) almost
-nothing. Here every id that is not special is a distinct visible word: "system", "user" and
-"assistant" (so the chat template's roles are words), then the letter codes a, b, ..., z, aa,
-ab, ... in order. Text is words separated by whitespace (a `tokenizers` WordLevel model behind a
-WhitespaceSplit pre-tokenizer; decoding joins tokens with one space), so:
+every id of a 128k vocabulary decodes to "", so a server would stream (and a benchmark time) almost
+nothing (docs/DECISIONS.md, "A word-level tokenizer for random-weight checkpoints"). Here every id
+that is not special is a distinct visible word: "system", "user" and "assistant" (so the chat
+template's roles are words), then the letter codes a, b, ..., z, aa, ab, ... in order. Text is words
+separated by whitespace (a `tokenizers` WordLevel model behind a WhitespaceSplit pre-tokenizer;
+decoding joins tokens with one space), so:
 
 * every non-special id decodes, alone, to a non-empty printable word, and a generated token
   streams as " word";
@@ -13,8 +14,7 @@ WhitespaceSplit pre-tokenizer; decoding joins tokens with one space), so:
   encode(decode(ids)) == ids for any ids that are not special (bos is added by encode);
 * other words encode to <unk> (id 0), which decodes to the visible "<unk>".
 
-bos and eos are special tokens at the ids the model config names. 128,256 ids build in well
-under a second.
+bos and eos are special tokens at the ids the model config names.
 """
 from __future__ import annotations
 

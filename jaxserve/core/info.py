@@ -4,9 +4,9 @@ arguments), and the entry point type of an API server, which `jaxserve serve` gi
 (core/serve.py): core/ starts the processes and threads, server/ serves HTTP, and core/ never
 imports server/.
 
-CoreInfo travels in a file: passed as an argument, a large tokenizer (1.6 MB pickled for a 128k
-vocabulary) would fill the spawn pipe and make the supervisor's start() of each API process wait
-for that child's imports, so the processes would start one after another.
+CoreInfo travels in a file, not as a spawn argument: a large tokenizer would fill the spawn pipe
+and make the supervisor's start() of each API process wait for that child's imports (see
+docs/DECISIONS.md, "CoreInfo reaches the API servers in a file").
 """
 from __future__ import annotations
 

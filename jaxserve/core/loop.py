@@ -20,9 +20,9 @@ HTTP call, whatever its `n` or number of prompts) takes one place when it is add
 back once each of its requests has produced an output, finished or been aborted; an add that
 finds `max_waiting` (the sending server's limit) groups waiting is refused (queue_full: 429). A
 burst of fewer requests than the limit is never refused, as the count can never exceed the
-requests in flight, and N API servers share one limit exactly. (The engine's own waiting queue
-counts choices, not HTTP requests, and a request the engine had just added would have been
-counted twice against the limit by a front end adding its reservations to it.)
+requests in flight, and N API servers share one limit exactly. The engine's own waiting queue
+counts choices, not HTTP requests, so it is not this count (docs/DECISIONS.md, "One count of
+waiting HTTP requests, in the core loop").
 """
 from __future__ import annotations
 

@@ -3,11 +3,10 @@ process, or its thread in one-process serving) and its clients (the API servers)
 own request and output structs (engine/core_io.py) travel inside them.
 
 Everything here is a typed msgspec Struct (or a dataclass msgspec encodes field by field) and
-travels as msgpack. Why msgspec: it encodes and decodes straight between typed Structs and
-msgpack in C, checking the types on the way in, several times faster than msgpack-python plus a
-conversion to dataclasses, and a Struct is cheaper to build than a dataclass even when it never
-leaves the process. Structs are `array_like` (fields by position, no key strings on the wire)
-and `gc=False` (they hold no cycles).
+travels as msgpack. msgspec encodes and decodes straight between typed Structs and msgpack in C,
+checking the types on the way in (docs/DECISIONS.md, "msgspec Structs for the core's messages").
+Structs are `array_like` (fields by position, no key strings on the wire) and `gc=False` (they
+hold no cycles).
 
 Into the core: Hello, AddRequests (one HTTP call's requests, with the admission limit the core
 applies to the group), AbortRequests and ClientGone. Out of the core, one StepOutputs per loop

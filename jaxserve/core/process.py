@@ -3,17 +3,16 @@
 start_core_process() spawns it (multiprocessing "spawn": the parent never imports jax) and waits
 until the engine is built and warmed up; the child then sends CoreReady with its CoreInfo
 (core/info.py: the tokenizer and the model's limits, pickled once over a multiprocessing pipe:
-API server processes need them and never load the model). If the build or the loop fails, the child sends a
-CoreFailure with the error's text on the same pipe before it exits non-zero, so the supervisor
-can report it (a ValueError is a bad setting, `bad_setting`: start_core_process raises it as a
-ValueError and `jaxserve serve` reports it as any bad flag, status 2).
+API server processes need them and never load the model). If the build or the loop fails, the
+child sends a CoreFailure with the error's text on the same pipe before it exits non-zero, so the
+supervisor can report it (a ValueError is a bad setting, `bad_setting`: start_core_process
+raises it as a ValueError and `jaxserve serve` reports it as any bad flag, status 2).
 
 Why pyzmq for the step traffic: ZeroMQ's ROUTER/DEALER sockets give one connection per API
 server process with routing by identity, message framing, a monitor that sees the core's end
 close (a dead core is noticed at once, even after SIGKILL) and background I/O threads that write
-while the core computes, over a Unix socket (ipc://) with no broker; it is what vLLM V1 and
-SGLang use. A shared-memory ring would save a copy per message, but a step's message is a few
-hundred kilobytes at most and the copy costs microseconds next to a step's milliseconds.
+while the core computes, over a Unix socket (ipc://) with no broker (docs/DECISIONS.md, "pyzmq
+for the step traffic").
 
 Signals: SIGTERM stops the loop after the current step (the supervisor sends it once the API
 server processes have drained); SIGINT is ignored, as the supervisor decides when the core

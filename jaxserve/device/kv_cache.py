@@ -2,7 +2,7 @@
 
 Layout: one (k_pages, v_pages) pair per layer, each [num_kv_heads, num_pages, page_size,
 head_dim]. Page 0 is the null page. The pool size comes from CacheConfig: an explicit page count,
-a byte budget, or the device's budget for it (jaxserve/device/device_memory.py: memory_fraction of the
+a byte budget, or the device's budget for it (device/device_memory.py: memory_fraction of the
 device's total memory less the weights and step scratch). On a backend that reports no memory
 statistics (CPU) the pool is memory_fraction of CPU_DEFAULT_BYTES.
 """

@@ -13,7 +13,8 @@ carry a leading [num_steps] axis.
 A batch with grammar-constrained rows (structured outputs: batch.sampling.bitmask_rows) whose
 TokenBitmask is not known yet is dispatched in two parts: dispatch() enqueues the forward only,
 and dispatch_sample(handle, batch.with_bitmask(mask)) the sampler once the host has filled the
-mask (while the device ran the forward): the mask crosses the seam inside the ScheduledBatch. Every other batch's sampler takes the cached all-ones bitmask.
+mask (while the device ran the forward): the mask crosses the seam inside the ScheduledBatch.
+Every other batch's sampler takes the cached all-ones bitmask.
 
 dispatch() only enqueues a step and starts the copy of its results to the host; fetch() waits
 for them. Between the two the host can schedule and dispatch the next step, whose decode tokens

@@ -12,16 +12,15 @@ lists them bucket by bucket, in the order they are worth compiling:
    padding there is;
 3. every other bucket, by tokens then sequences (a step's cost follows its tokens).
 
-ProgramCompiler compiles group 1 in the caller's thread (compile_first; its programs lowered one
-by one, then compiled side by side on threads) and, with `background`,
-the others on one compile thread (start): XLA's compilation releases the GIL, so the engine keeps
-stepping meanwhile. Each program is lowered on padding inputs with the runner's own params and
-KV pages as abstract arguments (so the compile thread never touches the buffers the engine
-donates) and compiled ahead of time; jit's compilation cache then serves the engine's calls, so
-the compile ledger counts each program once. Each time a bucket's group is compiled, a new
-ProgramReadiness (messages/program_readiness.py) is published; the host pads each step to the
-smallest ready bucket that holds it (engine/llm_engine.py), which therefore never waits for a
-compilation.
+ProgramCompiler compiles group 1 in the caller's thread (compile_first; its programs lowered one by
+one, then compiled side by side on threads) and, with `background`, the others on one compile thread
+(start): XLA's compilation releases the GIL, so the engine keeps stepping meanwhile. Each program is
+lowered on padding inputs with the runner's own params and KV pages as abstract arguments (so the
+compile thread never touches the buffers the engine donates) and compiled ahead of time; jit's
+compilation cache then serves the engine's calls, so the compile ledger counts each program once.
+Each time a bucket's group is compiled, a new ProgramReadiness (messages/program_readiness.py) is
+published; the host pads each step to the smallest ready bucket that holds it
+(engine/engine_core.py), which therefore never waits for a compilation.
 """
 from __future__ import annotations
 

@@ -4,9 +4,9 @@ top-p / min-p sampling with per-request keys, and logprobs.
 Everything has a fixed shape. Costly parts (penalties, sorting for random sampling, top-N
 logprobs) are switched by a static SamplerMode, one compiled sampler per mode and sequence
 bucket, so a greedy batch pays only for an argmax (penalties and top-N logprobs share one flag:
-SamplerMode.all). The mode is static rather than a lax.cond on
-device flags because a GPU conditional copies its predicate to the host and blocks the
-dispatching thread until the device reaches it, which would serialize the host with the step.
+SamplerMode.all). The mode is static rather than a lax.cond on device flags because a GPU
+conditional copies its predicate to the host and blocks the dispatching thread until the device
+reaches it, which would serialize the host with the step.
 A request's key is fold_in(key(seed), tokens generated so far): the same seed gives the same
 tokens whatever the batch mates. Logprobs are those of the model's raw distribution, restricted
 to the tokens a structured-output grammar allows.
@@ -16,10 +16,9 @@ unconstrained rows and padding) that sets disallowed logits to -inf before anyth
 every mode, so no mix of constrained and unconstrained requests compiles anything new and an
 unconstrained row's logits are bit-for-bit unchanged. No SamplerMode switches it off: the
 select is one elementwise pass that XLA fuses into the reductions that read the logits, or, in
-front of the Pallas greedy kernel, one extra write and read of the logits (by bandwidth, ~0.1 ms
-for 256 rows of a 128k vocabulary on an H100; jaxserve.bench.bench_structured measures the
-whole cost), against doubling the sampler programs compiled at warmup. A
-constrained row's logprobs are then those of the allowed tokens, renormalized (what the model
+front of the Pallas greedy kernel, one extra write and read of the logits, against doubling the
+sampler programs compiled at warmup (docs/DECISIONS.md, "The token bitmask is always applied").
+A constrained row's logprobs are then those of the allowed tokens, renormalized (what the model
 can emit under the grammar), and the kernel's single read still gives the pick and the
 normalizer together; top-N logprobs are floored at LOGPROB_FLOOR (vLLM's -9999) instead of -inf.
 
@@ -76,11 +75,10 @@ class SamplerMode:
 
   @classmethod
   def all(cls) -> list["SamplerMode"]:
-    """The compiled modes: random sampling is static on its own (its sort over the vocabulary
-    costs 35x a greedy step's sampler on CPU, bench_sampler_modes), penalties and top-N logprobs
-    only together (each cost 0-0.4x of a greedy sampler there; both are rare, and a batch
-    asking for one pays for the other): 4 programs per sequence bucket instead of 8. A mode
-    with more parts gives the same tokens (neutral penalties change no logit)."""
+    """The compiled modes: random sampling (its sort over the vocabulary) is static on its own,
+    penalties and top-N logprobs only together (a batch asking for one pays for the other): 4
+    programs per sequence bucket instead of 8 (docs/DECISIONS.md, "Four sampler modes"). A
+    mode with more parts gives the same tokens (neutral penalties change no logit)."""
     return [cls(random, extras, extras) for random in (False, True) for extras in (False, True)]
 
 

@@ -1,11 +1,11 @@
 """Applying allowed-token bitmasks to logits on device (structured outputs).
 
 `bitmask` is int32[S, ceil(V / 32)]: token t of row s is allowed iff bit t % 32 of
-bitmask[s, t // 32] is set, the layout llguidance fills on the host (jaxserve/structured). Disallowed
-logits become -inf; a row of all ones (-1) leaves its sequence unconstrained, so one compiled step
-serves any mix of constrained and unconstrained sequences. The expansion of the bits and the
-select are elementwise, so XLA fuses them into one pass over the logits (the bitmask itself is
-V / 8 bytes a row, 1/32 of the float32 logits it masks).
+bitmask[s, t // 32] is set, the layout llguidance fills on the host (jaxserve/structured).
+Disallowed logits become -inf; a row of all ones (-1) leaves its sequence unconstrained, so one
+compiled step serves any mix of constrained and unconstrained sequences. The expansion of the bits
+and the select are elementwise, so XLA fuses them into one pass over the logits (the bitmask itself
+is V / 8 bytes a row, 1/32 of the float32 logits it masks).
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _check_shapes(logits: jax.Array, bitmask: jax.Array) -> None:
 def allowed_tokens(bitmask: jax.Array, vocab_size: int) -> jax.Array:
   """bool[S, V]: the bits of `bitmask` (int32[S, ceil(V / 32)]) as one flag per token."""
   shifts = jnp.arange(BITS_PER_WORD, dtype=jnp.int32)
-  bits = (bitmask[:, :, None] >> shifts) & 1  # [S, W, 32]; & 1 undoes the arithmetic shift's sign fill
+  bits = (bitmask[:, :, None] >> shifts) & 1  # [S, W, 32]; & 1 drops the sign fill
   return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].astype(jnp.bool_)
 
 

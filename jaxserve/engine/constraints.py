@@ -2,23 +2,25 @@
 step's token bitmask. Pure Python and numpy (llguidance), no jax.
 
 The engine core owns one `Constraints` (LLMEngine builds it with the tokenizer), the one place a
-request's constraint is validated: EngineCore.add_request calls `matcher_for`, which compiles the spec with the engine's GrammarCompiler (an LRU cache per
-spec) and raises StructuredOutputError, a ValueError naming the request field, for a bad schema,
-regex or grammar, before the scheduler sees the request, so no page is ever allocated for it.
+request's constraint is validated: EngineCore.add_request calls `matcher_for`, which compiles the
+spec with the engine's GrammarCompiler (an LRU cache per spec) and raises StructuredOutputError,
+a ValueError naming the request field, for a bad schema, regex or grammar, before the scheduler
+sees the request, so no page is ever allocated for it.
 Each engine request (each choice of an n > 1 request) gets its own SequenceMatcher.
 
 A matcher advances over exactly the tokens the engine appends to its request (RequestState), so
 it never needs a rollback: tokens async scheduling discards (sampled after a request stopped) are
 never consumed, and preemption by recompute keeps the generated tokens, so the matcher is kept.
 
-`fill` writes the rows of a step's constrained sequences (a complete grammar's row allows eos
-only) (batch.sampling.bitmask_rows) into a
-bitmask covering the step's bucket, every other row all ones, on llguidance's thread pool with
-the GIL released. The engine calls it after dispatching the step's forward and taking the step
-before's tokens, so the mask is computed while the device runs the forward.
+`fill` writes the rows of a step's constrained sequences (batch.sampling.bitmask_rows; a complete
+grammar's row allows eos only) into a bitmask covering the step's bucket, every other row all ones,
+on llguidance's thread pool with the GIL released. The engine calls it after dispatching the step's
+forward and taking the step before's tokens, so the mask is computed while the device runs the
+forward.
 
 The compiler is built on the first constrained request (llguidance reads the tokenizer's whole
-vocabulary, ~1 s for 128k tokens), so engines that never see one pay nothing.
+vocabulary), so engines that never see one pay nothing (docs/DECISIONS.md, "The grammar compiler
+is built on the first constrained request").
 """
 from __future__ import annotations
 

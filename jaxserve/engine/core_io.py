@@ -3,9 +3,8 @@ out (token ids, logprobs, finish reason; no text). The in-process LLMEngine hand
 its OutputProcessor unchanged; the engine core process sends them to its clients inside
 core/messages.py's StepOutputs.
 
-msgspec Structs (why msgspec: core/messages.py), `array_like` (fields by position on the wire)
-and `gc=False` (they hold no cycles): cheaper to build than dataclasses even when they never
-leave the process.
+msgspec Structs like core/messages.py's (docs/DECISIONS.md, "msgspec Structs for the core's
+messages"), `array_like` (fields by position on the wire) and `gc=False` (they hold no cycles).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The engine core: admit token-id requests, schedule a step, run it on device, report tokens.
 
 Single-threaded by design, and token-level: step() returns EngineCoreOutputs (token ids, logprobs,
-finish reasons; core/messages.py), never text. Detokenization and stop strings are the output
+finish reasons; engine/core_io.py), never text. Detokenization and stop strings are the output
 processor's (engine/output_processor.py): LLMEngine (engine/llm_engine.py) composes the two in one
 process for the offline API; `jaxserve serve` runs this alone under CoreLoop (core/loop.py: in the
 engine core process, or on a thread of the one-process server) and ships the outputs to the API

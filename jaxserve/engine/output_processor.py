@@ -2,11 +2,11 @@
 
 One owner of what the user sees of a request: incremental detokenization, stop strings and the
 RequestOutput (cumulative tokens, text and logprobs, plus this step's delta). The in-process
-LLMEngine (LLM.generate) runs it on the engine core's outputs directly; the API servers of `jaxserve
-serve` run it on the outputs the engine core sends them (core/client.py). A stop string found here
-ends the request: its tokens past the one that completed it are dropped, and process() names it so
-the caller stops it in the core (EngineCore.stop_request, or an AbortRequests(stopped=True)
-message).
+LLMEngine (LLM.generate) runs it on the engine core's outputs directly; the API servers of
+`jaxserve serve` run it on the outputs the engine core sends them (core/client.py). A stop string
+found here ends the request: its tokens past the one that completed it are dropped, and process()
+names it so the caller stops it in the core (EngineCore.stop_request, or an
+AbortRequests(stopped=True) message).
 
 A request that neither streams nor has stop strings is detokenized once, when it finishes.
 """

@@ -18,8 +18,7 @@ from typing import Collection, Protocol
 
 MIN_SEQ_BUCKET = 8
 # The token ladder starts where the sequence ladder does: a decode step of up to 8 sequences
-# runs at 8 token rows, not 16 (one H100, 8B, one sequence: 6.44 ms a step at 8 rows against
-# 8.13 ms at 16, docs/PERFORMANCE.md).
+# runs at 8 token rows, not 16 (docs/DECISIONS.md, "The token ladder starts at 8 rows").
 MIN_TOKEN_BUCKET = MIN_SEQ_BUCKET
 
 

@@ -1,9 +1,9 @@
 """Which step programs the device side has compiled: the buckets a step may be padded to now.
 
 The device side (device/program_compiler.py) publishes a new ProgramReadiness each time a bucket's
-programs are all compiled; the host (engine/llm_engine.py) reads the latest one every step and
-pads each batch to the smallest ready bucket that holds it (BucketSet.pick). Plain data, no jax:
-it crosses a process boundary as it is.
+programs are all compiled; the host (engine/engine_core.py) reads the latest one every step and pads
+each batch to the smallest ready bucket that holds it (BucketSet.pick). Plain data, no jax: it
+crosses a process boundary as it is.
 """
 from __future__ import annotations
 

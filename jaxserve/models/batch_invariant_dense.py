@@ -2,20 +2,20 @@
 
 A GEMM library picks its algorithm (tile shape, split-K) from the shape, and the row count of a
 step's GEMMs is its token bucket, so the same token's hidden state rounds differently alone (an
-8-token bucket) than inside a crowd (a 2048-token bucket). Two ways to fix the tiling ("auto": the kernel on GPUs, row tiles elsewhere):
+8-token bucket) than inside a crowd (a 2048-token bucket); cuBLAS's own choice does too (a
+split-K for a long contraction). Two ways to fix the tiling ("auto": the kernel on GPUs, row
+tiles elsewhere):
 
   row_tiles   the rows are padded to a multiple of `tile_rows` and the GEMM runs tile by tile in
               a loop (lax.map), every tile an XLA dot of the one shape [tile_rows, K] x [K, N]:
               the library sees a single shape and picks a single algorithm. Each tile's operands
               and result pass through lax.optimization_barrier so XLA merges no tiles back.
-  pallas      the fixed-tile Pallas kernel (pallas_kernels/fixed_tile_matmul): the grid grows with the
-              rows, each output tile's arithmetic does not (interpret mode off a GPU). On an
-              H100 it is the faster of the two for the 1B model's prefill-sized GEMMs (row tiles
-              run one after the other, each rereading the weight), and as fast for decode.
+  pallas      the fixed-tile Pallas kernel (pallas_kernels/fixed_tile_matmul): the grid grows
+              with the rows, each output tile's arithmetic does not (interpret mode off a GPU).
+              It reads each weight tile once for all row blocks, where row tiles run one after
+              the other, each rereading the weight.
 
-cuBLAS alone is not enough: on an H100 the 1B model's down projection (K = 8192) rounds
-differently at 16-512 rows than at 1024-2048 (split-K), while its other projections happened to
-agree at every bucket.
+docs/DECISIONS.md, "Batch invariance: fixed-tile Pallas GEMMs on GPUs", has the measurements.
 
 `batch_invariant_backend(base)` wraps the column and row functions of a DenseBackend (the
 unsharded one's plain GEMMs, or tp_invariant_reductions' grouped ones) so each of their GEMMs
@@ -33,8 +33,8 @@ from jaxserve.models.invariant_dense import DenseBackend
 
 GEMMS = ("auto", "row_tiles", "pallas")
 DEFAULT_TILE_ROWS = 128
-# The fixed-tile kernel's tiling on GPUs: the fastest of those bench/batch_invariance.py compared
-# on an H100 for the 1B model's projections over 16-2048 rows (docs/PERFORMANCE.md).
+# The fixed-tile kernel's tiling on GPUs (docs/DECISIONS.md, "Batch invariance: fixed-tile Pallas
+# GEMMs on GPUs").
 PALLAS_TILES = {"blocks": (128, 128, 64), "num_warps": 8, "num_stages": 3}
 
 

@@ -58,7 +58,8 @@ from jaxserve.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
 
 class RMSNorm(nn.Module):
   """RMSNorm over the last axis; statistics in float32, weight applied in the input dtype.
-  fixed_order (batch_invariant): the sum of squares in a fixed order (pallas_kernels/fixed_order.py)."""
+  fixed_order (batch_invariant): the sum of squares in a fixed order
+  (pallas_kernels/fixed_order.py)."""
   eps: float
   dtype: jnp.dtype
   fixed_order: bool = False

@@ -2,9 +2,9 @@
 
 One `ModelConfig` describes every supported family (Llama 2/3, Mistral, Qwen2, Qwen3): they differ
 only in a few switches (q/k/v bias, per-head q/k RMSNorm, sliding window, RoPE scaling, tied
-embeddings). `ModelConfig.from_hf_config` maps a Hugging Face `config.json` dict onto it and refuses,
-with a ValueError naming the field, anything the model code does not implement, so an unsupported
-checkpoint fails at load time rather than producing wrong logits.
+embeddings). `ModelConfig.from_hf_config` maps a Hugging Face `config.json` dict onto it and
+refuses, with a ValueError naming the field, anything the model code does not implement, so an
+unsupported checkpoint fails at load time rather than producing wrong logits.
 
 Both config.json flavours are read: transformers 4.x (`rope_theta` + `rope_scaling`) and 5.x
 (`rope_parameters` holding `rope_theta` and `rope_type`).
@@ -40,7 +40,8 @@ def _positive_int(value: object) -> bool:
 @dataclass(frozen=True)
 class RopeScaling:
   """RoPE frequency scaling. "linear" divides every frequency by `factor`; "llama3" is Llama 3.1's
-  wavelength-dependent scaling (low_freq_factor, high_freq_factor, original_max_position_embeddings)."""
+  wavelength-dependent scaling (low_freq_factor, high_freq_factor,
+  original_max_position_embeddings)."""
   rope_type: str
   factor: float
   low_freq_factor: float = 1.0
@@ -85,7 +86,7 @@ class ModelConfig:
   dtype: str = "float32"
   tp_invariant_reductions: bool = False  # projections as tp=2 GEMMs (invariant_dense.py)
   fused_projections: bool = False  # qkv_proj / gate_up_proj params (fused_projections.py)
-  batch_invariant: bool = False  # fixed-order norms (pallas_kernels/fixed_order.py); the engine sets it
+  batch_invariant: bool = False  # fixed-order norms (pallas_kernels/fixed_order.py); engine-set
 
   def __post_init__(self) -> None:
     _require(self.architecture in ARCHITECTURES, "architecture",

@@ -5,8 +5,9 @@ weights: random-weight checkpoints (bench/random_checkpoint.py), the ahead-of-ti
 This module is the one owner of these shapes. Each entry holds the published config.json values
 (Llama 3.x: vocabulary 128256, RMSNorm eps 1e-5, RoPE theta 500000 with llama3 scaling from an
 original 8192 positions, 131072 positions); bos/eos are 256 and 257, where the whole-vocabulary
-tokenizer that random checkpoints ship with (bench/vocab_tokenizer.py) puts them. Parameter counts: llama-3.2-1b 1,235,814,400 (tied embeddings),
-llama-3.1-8b 8,030,261,248, llama-3.1-70b 70,553,706,496.
+tokenizer that random checkpoints ship with (bench/vocab_tokenizer.py) puts them. Parameter counts:
+llama-3.2-1b 1,235,814,400 (tied embeddings), llama-3.1-8b 8,030,261,248, llama-3.1-70b
+70,553,706,496.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Resolves a model name to its config, params and tokenizer: a built-in model
 (models/builtin.py) or a checkpoint directory.
 
-A checkpoint directory holds a Hugging Face `config.json` plus safetensors weights. It may also
-hold `jaxserve_params/`, an orbax checkpoint of the converted params written by `convert_checkpoint`;
+A checkpoint directory holds a Hugging Face `config.json` plus safetensors weights. It may also hold
+`jaxserve_params/`, an orbax checkpoint of the converted params written by `convert_checkpoint`;
 when present it is restored instead of reconverting the safetensors (a fast restart). Sharded
 loading (parallel/sharded_loading.py) resolves names through checkpoint_dir and is_builtin too.
 """

@@ -2,9 +2,9 @@
 
 Frequencies are a static function of the config, computed once in numpy float32 exactly as
 transformers' `modeling_rope_utils` does ("default", "linear", "llama3"). Rotation uses the
-rotate_half convention on contiguous halves of each head (HF permutes the original Llama q/k
-weights at conversion time so that this convention is the right one for HF checkpoints).
-cos/sin are computed in float32 from integer positions, then cast to the activation dtype, as HF does.
+rotate_half convention on contiguous halves of each head (HF permutes the original Llama q/k weights
+at conversion time so that this convention is the right one for HF checkpoints). cos/sin are
+computed in float32 from integer positions, then cast to the activation dtype, as HF does.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Structured outputs and tool calling: the host side (issue 18).
+"""Structured outputs and tool calling: the host side.
 
 Modules: spec (what a request constrains: StructuredOutputSpec, parsed from response_format /
 structured_outputs / SamplingParams), llg_tokenizer (llguidance's view of our tokenizers),
@@ -6,32 +6,29 @@ grammar (spec -> validated llguidance grammar, cached per spec), matcher (per-se
 state and the batched bitmask fill), tools and tool_parsers (tool_choice constraints, parsing
 calls out of model output). The device side is device/token_bitmask.apply_token_bitmask.
 
-How it is wired into the engine (engine/constraints.py, engine/llm_engine.py, device/sampler.py):
+How it is wired into the engine (engine/constraints.py, engine/engine_core.py, device/sampler.py):
 
 1. Request intake. The server parses `response_format` / `structured_outputs` (spec_from_request)
    or `tool_choice` required/named (tools.tool_choice_constraint) into a StructuredOutputSpec on
-   SamplingParams.structured_outputs (LLM.generate: coerce_spec). The engine core's Constraints owns
-   the GrammarCompiler (built on the first constrained request) and validates the spec in
-   EngineCore.add_request: a bad schema/regex/grammar raises StructuredOutputError -> 400 with `param`,
-   before the scheduler sees the request, so no page is ever allocated for it. The server does
-   not validate grammars itself (one owner; the engine may live in another process).
+   SamplingParams.structured_outputs (LLM.generate: coerce_spec). The engine core's Constraints
+   owns the GrammarCompiler (built on the first constrained request) and validates the spec in
+   EngineCore.add_request: a bad schema/regex/grammar raises StructuredOutputError -> 400 with
+   `param`, before the scheduler sees the request, so no page is ever allocated for it. The
+   server does not validate grammars itself (one owner; the engine may live in another process).
 2. Per sequence, a SequenceMatcher (GrammarCompiler.compile: a deep copy of the cached template),
    kept in the request's RequestState; n > 1 gives each choice its own matcher.
 3. Step input. The sampler always takes a device bitmask int32[num_seqs_bucket, ceil(vocab / 32)]
    (the runner's cached all-ones array when no row is constrained) and applies it to the logits
-   before anything else, in every SamplerMode: no `constrained` mode, because the select is one
-   elementwise pass (fused into XLA's reductions; one extra write and read in front of the
-   Pallas greedy kernel, measured by jaxserve.bench.bench_structured) while a mode flag would
-   double the sampler programs compiled at warmup. A constrained row's logprobs are those of the
-   allowed tokens, renormalized.
+   before anything else, in every SamplerMode (device/sampler.py; docs/DECISIONS.md, "The token
+   bitmask is always applied"). A constrained row's logprobs are those of the allowed tokens,
+   renormalized.
 4. Overlap. The mask of step N+1 depends on the token sampled at step N. The engine dispatches
    forward(N+1) (its input tokens come from step N's ids on device), then fetches step N's
    tokens, advances the matchers and fills the rows (BitmaskFiller.fill, llguidance's thread
    pool, GIL released) while the device runs forward(N+1), then dispatches the sampler with the
    mask (ModelRunner.dispatch_sample; the mask, a messages.TokenBitmask, travels inside the step's
-   ScheduledBatch: batch.with_bitmask). Host mask time
-   hides behind the forward unless it exceeds it (StepTimings phase "bitmask";
-   Constraints.fill_seconds).
+   ScheduledBatch: batch.with_bitmask). Host mask time hides behind the forward unless it
+   exceeds it (StepTimings phase "bitmask"; Constraints.fill_seconds).
 5. Finishing. A complete grammar (GrammarState.FINISHED) lets only eos through the next mask, so
    the choice ends with "stop" on that eos (one more step; the engine core reports tokens and the
    output processor drops a stop token's text wherever it runs); DEAD_END ends it with

@@ -1,22 +1,22 @@
 """Compiling a `StructuredOutputSpec` into an llguidance grammar, validated, cached per spec.
 
-Why llguidance: the grammar engine of vLLM's "guidance" backend. It is Rust behind a small Python
-API with no torch dependency; it computes a token mask straight into a numpy int32 bitmask (one
-bit per token) and fills many sequences' rows in parallel threads with the GIL released
-(LLExecutor), takes JSON schema, regex, Lark and GBNF, keeps matcher state incrementally with
-rollback, and compiles lazily, so a schema costs about a millisecond. xgrammar, the alternative,
-requires torch, transformers and triton, which a JAX runtime should not carry.
+llguidance (the grammar engine of vLLM's "guidance" backend) is Rust behind a small Python API
+with no torch dependency: it computes a token mask straight into a numpy int32 bitmask (one bit
+per token), fills many sequences' rows in parallel threads with the GIL released (LLExecutor),
+takes JSON schema, regex, Lark and GBNF, keeps matcher state incrementally with rollback, and
+compiles lazily (docs/DECISIONS.md, "llguidance for structured outputs").
 
 Compilation = building an `LLMatcher` for the spec (llguidance checks the grammar against the
-tokenizer there) and computing its first mask (which catches a grammar that matches nothing). A spec that does not compile raises `StructuredOutputError` naming its field,
-before the request reaches the scheduler, so no KV page is ever allocated for it. The compiled
-matcher is a template: each sequence gets `deep_copy()` of it (microseconds).
+tokenizer there) and computing its first mask (which catches a grammar that matches nothing). A
+spec that does not compile raises `StructuredOutputError` naming its field, before the request
+reaches the scheduler, so no KV page is ever allocated for it. The compiled matcher is a
+template: each sequence gets a `deep_copy()` of it.
 
 JSON whitespace follows the spec's `WhitespacePolicy`; the default is compact (no whitespace
 outside strings), overriding any "x-guidance" options inside the user's schema.
 
-`GrammarCompiler` owns the LRU cache (no module-level state); it is thread-safe, so the server's
-request validation and the engine loop can share one.
+`GrammarCompiler` owns the LRU cache (no module-level state); it is thread-safe, so threads may
+share one.
 """
 from __future__ import annotations
 

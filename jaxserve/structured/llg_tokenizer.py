@@ -73,7 +73,8 @@ class _TokenTable:
 
 def build_llg_tokenizer(tokenizer: Tokenizer,
                         model_vocab_size: int | None = None) -> tuple[llguidance.LLTokenizer, TokenizerInfo]:
-  """The LLTokenizer for `tokenizer` and a model of `model_vocab_size` rows (default: the tokenizer's).
+  """The LLTokenizer for `tokenizer` and a model of `model_vocab_size` rows (default: the
+  tokenizer's).
 
   Raises ValueError if the tokenizer has no eos token or the model's vocabulary is smaller than
   the tokenizer's.

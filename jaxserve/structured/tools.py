@@ -1,4 +1,4 @@
-"""OpenAI tool calling: typed tool definitions, `tool_choice`, and the constraint that forces a call.
+"""OpenAI tool calling: typed tool definitions, `tool_choice`, the constraint that forces a call.
 
 `tools` is a list of `{"type": "function", "function": {"name", "description", "parameters",
 "strict"}}`; `tool_choice` is "none", "auto", "required" or `{"type": "function", "function":

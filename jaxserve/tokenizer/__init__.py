@@ -1,4 +1,4 @@
-"""Tokenizers (tokenizer.json, the tiny-random byte tokenizer), chat templates and streaming text."""
+"""Tokenizers (tokenizer.json, the tiny-random byte tokenizer), chat templates, streaming text."""
 from __future__ import annotations
 
 from jaxserve.tokenizer.byte_tokenizer import byte_level_tokenizer

@@ -1,7 +1,7 @@
 """Chat templates: jinja2 rendering of a conversation into a prompt string.
 
-Rendering follows Hugging Face transformers' `apply_chat_template(..., tokenize=False)` so that a model's
-template produces the same prompt here as there:
+Rendering follows Hugging Face transformers' `apply_chat_template(..., tokenize=False)` so that a
+model's template produces the same prompt here as there:
 * an `ImmutableSandboxedEnvironment` (templates come from checkpoints and are untrusted) with
   `trim_blocks`, `lstrip_blocks` and the `loopcontrols` extension;
 * the globals `raise_exception(message)` and `strftime_now(format)`, a `tojson` filter that does not
@@ -9,7 +9,8 @@ template produces the same prompt here as there:
   underscore-prefixed attributes;
 * the variables `messages`, `tools`, `documents` (None unless given), `add_generation_prompt`,
   `bos_token`, `eos_token` and any extra keyword (e.g. `unk_token`, `enable_thinking`);
-* message keys whose value is None are dropped (OpenAI clients send `content: null` with tool calls).
+* message keys whose value is None are dropped (OpenAI clients send `content: null` with tool
+  calls).
 
 Any template failure, including `raise_exception`, is a ValueError naming chat_template.
 """
@@ -40,7 +41,8 @@ def _strftime_now(format: str) -> str:  # noqa: A002 - the name templates use
 
 
 class _TemplateNamespace(jinja2.utils.Namespace):
-  """jinja2's `namespace` without underscore-prefixed attributes (no reach into Python internals)."""
+  """jinja2's `namespace` without underscore-prefixed attributes (no reach into Python's
+  internals)."""
 
   def __init__(*args: object, **kwargs: object) -> None:
     self, args = args[0], args[1:]

@@ -1,17 +1,17 @@
 """Incremental detokenization with stop strings, one instance per sequence.
 
 Text from tokens: a token's text depends on its neighbours (a multi-byte UTF-8 character split over
-byte tokens, a SentencePiece "▁" that decodes to a space only after other text), so each step decodes
-a short window `ids[prefix_offset:]` and emits only what it adds to `ids[prefix_offset:read_offset]`,
-as vLLM and transformers' TextStreamer do. The window starts with the last prompt tokens for context.
-Text ending in U+FFFD (an incomplete character) is held until a later token completes it; `flush()`
-releases it as is when generation ends.
+byte tokens, a SentencePiece "▁" that decodes to a space only after other text), so each step
+decodes a short window `ids[prefix_offset:]` and emits only what it adds to
+`ids[prefix_offset:read_offset]`, as vLLM and transformers' TextStreamer do. The window starts with
+the last prompt tokens for context. Text ending in U+FFFD (an incomplete character) is held until a
+later token completes it; `flush()` releases it as is when generation ends.
 
 Stop strings: newly decoded text joins a held-back tail and only that region is searched, so the
 work per step is O(new text + longest stop). The tail is the longest suffix that could still begin a
-stop string (at most max(len(stop)) - 1 characters). The stop string that completes first wins, as if
-text arrived one character at a time (same end: the one starting earlier; then the first listed), so
-the result does not depend on how text splits into tokens. The text is cut before it (or after it
+stop string (at most max(len(stop)) - 1 characters). The stop string that completes first wins, as
+if text arrived one character at a time (same end: the one starting earlier; then the first listed),
+so the result does not depend on how text splits into tokens. The text is cut before it (or after it
 with include_stop_str_in_output) and nothing more is ever released. A stop string that completes
 before the `min_tokens`-th output token is ordinary text.
 """
@@ -28,7 +28,8 @@ REPLACEMENT_CHAR = "\ufffd"
 
 @dataclass(frozen=True)
 class DetokenizerDelta:
-  """Text released by one `add_tokens` call; `stop_string` is the stop string that ended the text."""
+  """Text released by one `add_tokens` call; `stop_string` is the stop string that ended the
+  text."""
   text: str
   stop_string: str | None = None
 
@@ -110,7 +111,8 @@ class IncrementalDetokenizer:
     return DetokenizerDelta(text, stop_string)
 
   def _find_stop(self, region: str) -> tuple[int, str] | None:
-    """The first stop string to complete: the earliest end, then the earliest start, then list order."""
+    """The first stop string to complete: the earliest end, then the earliest start, then list
+    order."""
     best: tuple[int, int, str] | None = None
     for stop_string in self._stop:
       start = region.find(stop_string)

@@ -1,18 +1,20 @@
 """The tokenizer: a `tokenizers.Tokenizer` plus what Hugging Face keeps beside tokenizer.json.
 
 A checkpoint directory holds
-* tokenizer.json (required): the model, normalizer, pre-tokenizer, post-processor, decoder, added tokens;
-* tokenizer_config.json: bos/eos/unk/pad tokens, `add_bos_token` / `add_eos_token`, extra added tokens
-  (`added_tokens_decoder`) and usually `chat_template` (a string, or a list of named templates);
+* tokenizer.json (required): the model, normalizer, pre-tokenizer, post-processor, decoder,
+  added tokens;
+* tokenizer_config.json: bos/eos/unk/pad tokens, `add_bos_token` / `add_eos_token`, extra added
+  tokens (`added_tokens_decoder`) and usually `chat_template` (a string, or a list of named
+  templates);
 * chat_template.jinja or chat_template.json: the chat template in its own file (takes precedence);
 * generation_config.json: `eos_token_id` (an int or a list), which adds stop tokens such as
   Llama-3's <|eot_id|>.
 
-tokenizer.json's post-processor adds bos (Llama-3 adds <|begin_of_text|> there); when tokenizer_config.json
-says `add_bos_token: true` and the post-processor adds none, a bos step is appended to it, as
-transformers' `add_bos_token=True` does (`add_eos_token` is not honoured: prompts never end in eos).
-Decoding is lossless: `clean_up_tokenization_spaces` is not applied, so streamed text and a one-shot
-decode agree.
+tokenizer.json's post-processor adds bos (Llama-3 adds <|begin_of_text|> there); when
+tokenizer_config.json says `add_bos_token: true` and the post-processor adds none, a bos step is
+appended to it, as transformers' `add_bos_token=True` does (`add_eos_token` is not honoured: prompts
+never end in eos). Decoding is lossless: `clean_up_tokenization_spaces` is not applied, so streamed
+text and a one-shot decode agree.
 """
 from __future__ import annotations
 
@@ -171,7 +173,8 @@ def _read_json(path: str, required: bool = False) -> dict | None:
 
 
 def _token_content(config: Mapping[str, object], name: str, path: str) -> str | None:
-  """A named token in tokenizer_config.json: a string, an AddedToken dict {"content": ...} or null."""
+  """A named token in tokenizer_config.json: a string, an AddedToken dict {"content": ...} or
+  null."""
   value = config.get(name)
   if isinstance(value, Mapping):
     value = value.get("content")
@@ -203,7 +206,8 @@ def _chat_templates(directory: str, config: Mapping[str, object]) -> dict[str, s
 
 def _add_missing_tokens(backend: tokenizers.Tokenizer, config: Mapping[str, object],
                         special_tokens: SpecialTokens) -> None:
-  """Adds tokens that tokenizer_config.json declares but tokenizer.json lacks, as transformers does."""
+  """Adds tokens that tokenizer_config.json declares but tokenizer.json lacks, as transformers
+  does."""
   declared = config.get("added_tokens_decoder") or {}
   entries = sorted(declared.items(), key=lambda item: int(item[0])) if isinstance(declared, Mapping) else []
   for _, entry in entries:

@@ -1,6 +1,7 @@
 """Eval task files: JSONL, one example per line, each with a "type".
 
-  {"type": "generate", "prompt": str, "answer": str, "match": "exact" | "contains", "max_tokens": int}
+  {"type": "generate", "prompt": str, "answer": str, "match": "exact" | "contains",
+   "max_tokens": int}
       greedy completion; "exact" compares the stripped completion with the stripped answer,
       "contains" looks for the answer in the completion.
   {"type": "multiple_choice", "context": str, "choices": [str, ...], "label": int}

@@ -4,8 +4,8 @@ Paged: the pool has budget // page_bytes pages (page 0 is the null page, never h
 sequence of L tokens holds ceil(L / page_size) pages, so the waste is under one page per sequence.
 Contiguous: every sequence reserves max_model_len tokens up front, as a non-paged server must, so
 the number of concurrent sequences is budget // (max_model_len * bytes_per_token) whatever their
-real length. The planned page count is checked against device/kv_cache.kv_cache_spec (what the engine
-would allocate for the same config) and, with --check, against a real engine's allocator.
+real length. The planned page count is checked against device/kv_cache.kv_cache_spec (what the
+engine would allocate for the same config) and, with --check, against a real engine's allocator.
 """
 from __future__ import annotations
 

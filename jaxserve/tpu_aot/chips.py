@@ -4,7 +4,7 @@ A chip is named by its Cloud TPU generation ("v5e", "v6e"). Its HBM per chip is 
 figure (v5e 16 GiB, v6e 32 GiB); XLA may use less of it, the "available HBM" that libtpu's
 compiler reports when a program overflows it (v5e 15.75 GiB, v6e 31.25 GiB). The memory check
 works against that figure and takes it for the device's bytes_limit, from which the engine sizes
-the KV pool (an assumption: no TPU was at hand to read memory_stats() from).
+the KV pool (an assumption, not checked against a TPU's memory_stats()).
 
 A topology name ("v5e:2x4") is what libtpu compiles for: the devices of
 jax.experimental.topologies.get_topology_desc hold no memory and run nothing, but programs lowered

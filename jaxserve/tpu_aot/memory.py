@@ -16,10 +16,10 @@ SPMD program):
                    warm server keeps every bucket's executable); when only some programs were
                    compiled, each other program is counted at the largest compiled one of its kind
 
-weights + KV pool + step transient + program code must not exceed the HBM XLA may use on the
-chip (TpuChip.usable_bytes, which the pool is sized from too). A config that
-does not fit gets one message per cause, naming what does not fit and by how much, and for the
-total the largest cache.memory_fraction that would fit.
+weights + KV pool + step transient + program code must not exceed the HBM XLA may use on the chip
+(TpuChip.usable_bytes, which the pool is sized from too). A config that does not fit gets one
+message per cause, naming what does not fit and by how much, and for the total the largest
+cache.memory_fraction that would fit.
 """
 from __future__ import annotations
 

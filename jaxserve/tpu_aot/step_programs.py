@@ -27,14 +27,7 @@ whole device: taken to be TpuChip.usable_bytes), less the weights and the stream
 (sharded weights are streamed), the allocator's headroom, and 10% for the step's scratch; or the
 config's cache.num_pages / cache.memory_bytes.
 
-Dependencies on the engine, all here: parallel.mesh.build_mesh; parallel.placement
-(is_sharded, abstract_placement, Placement.module / step_shardings); device.step_programs
-(build_step_programs, StepPrograms); device.step_options (step_compiler_options, step_greedy);
-device.lowering (standalone_dummy_inputs, abstract); device.model_runner.packed_model_inputs;
-device.packing.pack; device.warmup.warmup_plan; device.device_memory (DeviceMemory, kv_budget,
-planned_memory);
-device.kv_cache (kv_cache_spec, page_bytes, resolve_max_model_len); device.buckets;
-device.sampler.SamplerMode; device.step_inputs (StepInputs, StepShape).
+Every dependency of tpu_aot on parallel/ and device/ is an import of this module.
 """
 from __future__ import annotations
 

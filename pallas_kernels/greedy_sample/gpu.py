@@ -4,15 +4,17 @@ logits once and returns its argmax (banned ids masked) and its log-normalizer.
 A decode step of 512 sequences over a 128k vocabulary has 263 MB of float32 logits. XLA
 computes jnp.argmax and jax.nn.logsumexp as separate reductions (three reads of the logits); a
 variadic reduction that carries all four partials (max, sum, best score, its id) runs its
-combiner, two exps included, for every element. Here program r walks row r in blocks of
+combiner, two exps included, for every element (docs/DECISIONS.md, "Greedy sampling in one
+Pallas kernel"). Here program r walks row r in blocks of
 `block_vocab` entries: per block one max, one masked max for the argmax, and one exp per
 element against the running max (the online softmax's rescaling happens once per block).
 
 Grid: (S, P). Program (r, p): running (max, sum of exp(x - max), best score, best id) over the
 p-th of P consecutive runs of row r's blocks (P = num_splits: more loads in flight per row); a
 small XLA epilogue merges the P partial states. Banned ids (at most B per row) are compared
-against the block's vocabulary ids, so the masked scores are never stored. Ties go to the first index, as jnp.argmax; a row whose scores
-are all -inf gives index 0. NaN logits are not treated specially (jnp.argmax would pick them).
+against the block's vocabulary ids, so the masked scores are never stored. Ties go to the
+first index, as jnp.argmax; a row whose scores are all -inf gives index 0. NaN logits are not
+treated specially (jnp.argmax would pick them).
 """
 from __future__ import annotations
 
@@ -113,8 +115,8 @@ def greedy_sample(
   ties; log_normalizer f32[S]: logsumexp of the unmasked row). block_vocab is the number of
   vocabulary entries a program folds per loop step (a power of two >= 16); num_splits the number
   of programs that share a row (consecutive vocabulary ranges, merged by a small XLA epilogue);
-  num_warps and num_stages Triton's. The defaults measured best for 512 rows of a 128k
-  vocabulary on an H100 (investigations/bench_sampler.py, docs/PERFORMANCE.md)."""
+  num_warps and num_stages Triton's. The defaults are tuned for 512 rows of a 128k vocabulary
+  on an H100 (docs/DECISIONS.md, "Greedy sampling in one Pallas kernel")."""
   if logits.ndim != 2 or logits.shape[0] < 1 or logits.shape[1] < 1:
     raise ValueError(f"greedy_sample: logits: expected [S, V] with S, V >= 1, got "
                      f"{logits.shape}")

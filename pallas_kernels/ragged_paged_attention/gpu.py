@@ -7,8 +7,8 @@ sequence is read once per kv head and query block, and decode rows of a GQA grou
 tensor-core tile together. The live sequences' query blocks are numbered one after the other;
 `program_map` (gpu_program_map.py: a few small XLA ops, the same for every layer) gives each
 program its sequence and block, so a program reads two scalars instead of searching for its
-sequence, and no program idles on a gap in the numbering. A program walks its sequence's KV in tiles of
-`block_kv` tokens: each token's page id comes from the block table, K/V rows are gathered
+sequence, and no program idles on a gap in the numbering. A program walks its sequence's KV in
+tiles of `block_kv` tokens: each token's page id comes from the block table, K/V rows are gathered
 straight from the pages (no contiguous copy), and an online softmax (flash attention, float32
 running max / sum / accumulator) folds the tile in. Causality inside a prefill chunk, the
 sliding window and the logit soft-cap are applied to each tile's logits; tiles entirely outside
@@ -27,14 +27,9 @@ Defaults (`choose_tiling`): block_q = 16 // next_pow2(group) tokens for decode-o
 decode-only shapes on Hopper, else 64 (32 for head_dim 256), 4 warps, 3 pipeline stages (2 for
 head_dim 256). See gpu_tiling.py.
 
-Why Triton rather than Mosaic GPU: the Triton lowering runs on Ampere and Hopper, takes
+Triton rather than Mosaic GPU: the Triton lowering runs on Ampere and Hopper and takes
 per-element pointer gathers (the per-token page lookup), masked loads and data-dependent loop
-bounds directly, and has the same API (`jax.experimental.pallas.triton`) in JAX 0.10 and 0.11.
-A Mosaic GPU version would be Hopper-only and would need: page-granular TMA copies
-(`copy_gmem_to_smem` of `k_pages.at[page_id]`, one per page, issued from a block-table scalar
-read), an explicit multi-buffered pipeline with barriers for a data-dependent trip count,
-warpgroup-sized (64-row) WGMMA tiles with the GQA group packed to 64 rows, and register-level
-softmax layouts; worth it for long prefill, not for the decode-bound case this kernel targets.
+bounds directly (docs/DECISIONS.md, "Triton, not Mosaic GPU, for the GPU attention kernel").
 """
 from __future__ import annotations
 
@@ -186,7 +181,8 @@ def _attend_kv_tile(block_tables_ref, k_ref, v_ref, q, row_pos, tile, carry, *, 
 
 
 def _combine_splits(acc, row_max, row_sum, query_start_loc, num_seqs):
-  """Merges per-split partial softmax states: acc [P, T, KVH, G, D], row_max/row_sum [P, T, KVH, G]."""
+  """Merges per-split partial softmax states: acc [P, T, KVH, G, D], row_max / row_sum
+  [P, T, KVH, G]."""
   global_max = jnp.max(row_max, axis=0)                                   # [T, KVH, G]
   weights = jnp.exp(row_max - global_max[None])                           # [P, T, KVH, G]
   numerator = jnp.sum(acc * weights[..., None], axis=0)                   # [T, KVH, G, D]

@@ -40,10 +40,10 @@ def choose_tiling(num_tokens: int, num_seq_slots: int, num_q_heads: int, num_kv_
                   num_warps: int | None = None, num_stages: int | None = None,
                   num_kv_splits: int | None = None) -> Tiling:
   """Defaults: 16 rows per tile for decode-only shapes (T <= S), 64 otherwise; block_kv 128
-  tokens for decode-only shapes on GPUs with Hopper-sized shared memory (large_smem; measured
-  best on an H100, docs/PERFORMANCE.md), else 64 (32 for head_dim 256); 4 warps; 3 pipeline
-  stages (2 for head_dim 256); KV split in up to 16 parts (flash decoding) only for decode-only
-  shapes with fewer than 2 programs per core."""
+  tokens for decode-only shapes on GPUs with Hopper-sized shared memory (large_smem; docs/
+  DECISIONS.md, "The GPU attention kernel's decode tiles"), else 64 (32 for head_dim 256); 4
+  warps; 3 pipeline stages (2 for head_dim 256); KV split in up to 16 parts (flash decoding)
+  only for decode-only shapes with fewer than 2 programs per core."""
   group = num_q_heads // num_kv_heads
   padded_group = pl.next_power_of_2(group)
   if block_q is None:

@@ -8,11 +8,12 @@ not what the kernels do.
 KV layout (one layer): k_pages, v_pages: [num_kv_heads, num_pages, page_size, head_dim].
 Page 0 is the null page: padding tokens write there and no block table of a live sequence uses it.
 
-Batch layout (ragged): the query tokens of sequence i are q[query_start_loc[i]:query_start_loc[i+1]].
-seq_lens[i] counts every token of sequence i in the cache *after* this step's K/V were written, so
-the j-th query token of sequence i sits at position seq_lens[i] - q_len_i + j and attends to cache
-positions max(0, pos - sliding_window + 1) .. pos. Sequences i >= num_seqs[0] are padding; tokens
-at or past query_start_loc[num_seqs[0]] are padding and produce zeros.
+Batch layout (ragged): the query tokens of sequence i are
+q[query_start_loc[i]:query_start_loc[i+1]]. seq_lens[i] counts every token of sequence i in the
+cache *after* this step's K/V were written, so the j-th query token of sequence i sits at position
+seq_lens[i] - q_len_i + j and attends to cache positions max(0, pos - sliding_window + 1) .. pos.
+Sequences i >= num_seqs[0] are padding; tokens at or past query_start_loc[num_seqs[0]] are padding
+and produce zeros.
 """
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ def write_kv_reference(
     new_v: jax.Array,         # [T, num_kv_heads, head_dim]
     slot_mapping: jax.Array,  # int32[T]: page_id * page_size + offset; padding tokens -> page 0
 ) -> tuple[jax.Array, jax.Array]:
-  """Scatters this step's K/V into their slots. Under jit with donated pages XLA updates in place."""
+  """Scatters this step's K/V into their slots (under jit with donated pages: in place)."""
   num_kv_heads, num_pages, page_size, head_dim = k_pages.shape
   flat_shape = (num_kv_heads, num_pages * page_size, head_dim)
   k_flat = k_pages.reshape(flat_shape).at[:, slot_mapping].set(
