@@ -10,6 +10,7 @@ per-step fill and consume milliseconds.
 
     python -m investigations.bench_bitmask_fill --batch 64 256 --steps 30
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,14 @@ import time
 import numpy as np
 
 from jaxserve.bench.structured_workload import SCHEMA, synthetic_tokenizer
-from jaxserve.structured import (BitmaskFiller, GrammarCompiler, GrammarState, SequenceMatcher,
-                                 StructuredOutputSpec, build_llg_tokenizer)
+from jaxserve.structured import (
+  BitmaskFiller,
+  GrammarCompiler,
+  GrammarState,
+  SequenceMatcher,
+  StructuredOutputSpec,
+  build_llg_tokenizer,
+)
 
 
 def _allowed(row: np.ndarray, vocab: int) -> np.ndarray:
@@ -53,10 +60,13 @@ def run(batch: int, steps: int, warm_steps: int, compiler, filler, info, rng) ->
     start = time.perf_counter()
     filler.consume(picks)
     consume_ms.append((time.perf_counter() - start) * 1e3)
-  return {"batch": batch, "fill_ms_median": float(np.median(fill_ms)),
-          "fill_ms_p90": float(np.percentile(fill_ms, 90)),
-          "consume_ms_median": float(np.median(consume_ms)),
-          "active_rows_last_step": len(rows)}
+  return {
+    "batch": batch,
+    "fill_ms_median": float(np.median(fill_ms)),
+    "fill_ms_p90": float(np.percentile(fill_ms, 90)),
+    "consume_ms_median": float(np.median(consume_ms)),
+    "active_rows_last_step": len(rows),
+  }
 
 
 def main() -> None:
@@ -66,7 +76,9 @@ def main() -> None:
   parser.add_argument("--warm-steps", type=int, default=60)
   parser.add_argument("--vocab", type=int, default=128000)
   parser.add_argument("--model-vocab", type=int, default=128256)
-  parser.add_argument("--threads", type=int, default=None, help="LLExecutor threads (default: llguidance's)")
+  parser.add_argument(
+    "--threads", type=int, default=None, help="LLExecutor threads (default: llguidance's)"
+  )
   opts = parser.parse_args()
   start = time.perf_counter()
   tokenizer = synthetic_tokenizer(opts.vocab, opts.model_vocab)
@@ -79,10 +91,21 @@ def main() -> None:
   filler = BitmaskFiller(info, opts.threads)
   rng = np.random.default_rng(0)
   results = [run(b, opts.steps, opts.warm_steps, compiler, filler, info, rng) for b in opts.batch]
-  print(json.dumps({"cpus": os.cpu_count(), "threads": opts.threads, "vocab": opts.vocab,
-                    "model_vocab": opts.model_vocab, "build_tokenizer_s": built - start,
-                    "build_llg_tokenizer_s": llg_built - built, "compile_schema_s": compiled - llg_built,
-                    "results": results}, indent=2))
+  print(
+    json.dumps(
+      {
+        "cpus": os.cpu_count(),
+        "threads": opts.threads,
+        "vocab": opts.vocab,
+        "model_vocab": opts.model_vocab,
+        "build_tokenizer_s": built - start,
+        "build_llg_tokenizer_s": llg_built - built,
+        "compile_schema_s": compiled - llg_built,
+        "results": results,
+      },
+      indent=2,
+    )
+  )
 
 
 if __name__ == "__main__":

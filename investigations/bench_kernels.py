@@ -15,8 +15,10 @@ batches, reported in attention TFLOP/s as well.
 
   python -m investigations.bench_kernels                 # on a GPU; writes out/bench_kernels.json
   python -m investigations.bench_kernels --smoke         # tiny sizes, interpret mode, any backend
-  python -m investigations.bench_kernels --tiles 64:4:3,128:4:3,32:4:2   # block_kv:num_warps:num_stages
+  # --tiles block_kv:num_warps:num_stages,...
+  python -m investigations.bench_kernels --tiles 64:4:3,128:4:3,32:4:2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +35,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from investigations.kernel_timing import (Batch, Shape, copy_bandwidth, device_us_per_call,
-                                          make_batch, read_bandwidth, time_per_call)
+from investigations.kernel_timing import (
+  Batch,
+  Shape,
+  copy_bandwidth,
+  device_us_per_call,
+  make_batch,
+  read_bandwidth,
+  time_per_call,
+)
 from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention
 from pallas_kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
 
@@ -67,9 +76,15 @@ def sub_batch_args(batch: Batch, num_seqs: int) -> tuple[jax.Array, ...]:
   those sequences in the full batch's output (sequences attend independently)."""
   qsl = np.asarray(batch.query_start_loc)
   num_tokens = int(qsl[num_seqs])
-  return (batch.q[:num_tokens], batch.k_pages, batch.v_pages, batch.block_tables[0][:num_seqs],
-          batch.seq_lens[:num_seqs], batch.query_start_loc[:num_seqs + 1],
-          jnp.asarray([num_seqs], jnp.int32))
+  return (
+    batch.q[:num_tokens],
+    batch.k_pages,
+    batch.v_pages,
+    batch.block_tables[0][:num_seqs],
+    batch.seq_lens[:num_seqs],
+    batch.query_start_loc[: num_seqs + 1],
+    jnp.asarray([num_seqs], jnp.int32),
+  )
 
 
 def reference_bytes(num_tokens: int, batch: Batch) -> int:
@@ -78,8 +93,9 @@ def reference_bytes(num_tokens: int, batch: Batch) -> int:
   return 2 * num_kv_heads * num_tokens * max_len * head_dim * (batch.k_pages.dtype.itemsize + 4)
 
 
-def bundled_paged_attention(shape: Shape, sm_scale: float, k_splits: int,
-                            pages_per_compute_block: int, interpret: bool):
+def bundled_paged_attention(
+  shape: Shape, sm_scale: float, k_splits: int, pages_per_compute_block: int, interpret: bool
+):
   """JAX's bundled Pallas GPU paged_attention (decode only) in the ragged signature."""
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -88,17 +104,25 @@ def bundled_paged_attention(shape: Shape, sm_scale: float, k_splits: int,
   def attend(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, num_seqs):
     del query_start_loc, num_seqs  # one query token per sequence
     q_scaled = (q.astype(jnp.float32) * sm_scale).astype(q.dtype)  # it applies no scale
-    return paged_attention(q_scaled, k_pages, v_pages, block_tables, seq_lens,
-                           k_splits=k_splits, pages_per_compute_block=pages_per_compute_block,
-                           interpret=interpret)
+    return paged_attention(
+      q_scaled,
+      k_pages,
+      v_pages,
+      block_tables,
+      seq_lens,
+      k_splits=k_splits,
+      pages_per_compute_block=pages_per_compute_block,
+      interpret=interpret,
+    )
+
   return attend
 
 
 def attention_flops(batch: Batch) -> int:
   """2 matmuls x 2 FLOPs per (query, visible key) pair, per q head and head dim (causal)."""
   qsl = np.asarray(batch.query_start_loc)
-  q_lens = np.diff(qsl)[:int(batch.num_seqs[0])].astype(np.int64)
-  seq_lens = np.asarray(batch.seq_lens)[:q_lens.size].astype(np.int64)
+  q_lens = np.diff(qsl)[: int(batch.num_seqs[0])].astype(np.int64)
+  seq_lens = np.asarray(batch.seq_lens)[: q_lens.size].astype(np.int64)
   pairs = q_lens * (seq_lens - q_lens) + q_lens * (q_lens + 1) // 2
   num_q_heads, head_dim = batch.q.shape[1:]
   return int(4 * num_q_heads * head_dim * pairs.sum())
@@ -108,27 +132,46 @@ def max_abs_error(actual: jax.Array, expected: jax.Array) -> float:
   return float(jnp.max(jnp.abs(actual.astype(jnp.float32) - expected.astype(jnp.float32))))
 
 
-def run_case(name: str, batch: Batch, *, shape: Shape, context: int, opts, copy_bps: float | None,
-             memory_budget: int | None) -> CaseResult:
-  result = CaseResult(name=name, kind="decode" if batch.is_decode else "mixed",
-                      batch=int(batch.num_seqs[0]), context=context,
-                      num_tokens=int(batch.q.shape[0]), kv_bytes=batch.kv_bytes)
-  sm_scale = shape.head_dim ** -0.5
+def run_case(
+  name: str,
+  batch: Batch,
+  *,
+  shape: Shape,
+  context: int,
+  opts,
+  copy_bps: float | None,
+  memory_budget: int | None,
+) -> CaseResult:
+  result = CaseResult(
+    name=name,
+    kind="decode" if batch.is_decode else "mixed",
+    batch=int(batch.num_seqs[0]),
+    context=context,
+    num_tokens=int(batch.q.shape[0]),
+    kv_bytes=batch.kv_bytes,
+  )
+  sm_scale = shape.head_dim**-0.5
   interpret = opts.smoke
   fns = {}
   for tile in opts.tiles:
     label = "ours" if tile is None else "ours[" + ":".join(map(str, tile)) + "]"
-    tile_kw = {} if tile is None else dict(zip(
-        ("block_kv", "num_warps", "num_stages", "num_kv_splits", "block_q"), tile))
-    fns[label] = functools.partial(ragged_paged_attention, sm_scale=sm_scale,
-                                   interpret=interpret, **tile_kw)
+    tile_kw = (
+      {}
+      if tile is None
+      else dict(zip(("block_kv", "num_warps", "num_stages", "num_kv_splits", "block_q"), tile))
+    )
+    fns[label] = functools.partial(
+      ragged_paged_attention, sm_scale=sm_scale, interpret=interpret, **tile_kw
+    )
   if batch.is_decode:
     pages_per_seq = batch.block_tables[0].shape[1]
     for k_splits, ppcb in opts.bundled_configs:
       if pages_per_seq % k_splits or (pages_per_seq // k_splits) % min(
-          ppcb, pages_per_seq // k_splits):
-        result.notes.append(f"bundled {k_splits}x{ppcb}: pages_per_seq {pages_per_seq} "
-                            f"not divisible")
+        ppcb, pages_per_seq // k_splits
+      ):
+        result.notes.append(
+          f"bundled {k_splits}x{ppcb}: pages_per_seq {pages_per_seq} not divisible"
+        )
         continue
       label = "bundled" if len(opts.bundled_configs) == 1 else f"bundled[{k_splits}x{ppcb}]"
       fns[label] = bundled_paged_attention(shape, sm_scale, k_splits, ppcb, interpret)
@@ -136,10 +179,11 @@ def run_case(name: str, batch: Batch, *, shape: Shape, context: int, opts, copy_
   num_check = min(int(batch.num_seqs[0]), opts.check_seqs)
   check_args = sub_batch_args(batch, num_check)
   expected = jax.jit(functools.partial(ragged_paged_attention_reference, sm_scale=sm_scale))(
-      *check_args)
+    *check_args
+  )
   for label, fn in list(fns.items()):
     try:  # the full batch (the timed configuration), checked on its first sequences
-      actual = fn(*batch.args())[:expected.shape[0]]
+      actual = fn(*batch.args())[: expected.shape[0]]
       result.max_abs_error[label] = max_abs_error(actual, expected)
     except Exception as exc:  # keep the table when one kernel fails
       result.notes.append(f"{label} failed: {type(exc).__name__}: {exc}"[:500])
@@ -154,8 +198,7 @@ def run_case(name: str, batch: Batch, *, shape: Shape, context: int, opts, copy_
     fns = {label: fn for label, fn in fns.items() if label == "ours" and batch.is_decode}
   for label, fn in fns.items():
     try:
-      seconds = time_per_call(fn, batch, inner=opts.inner, reps=opts.reps,
-                              harness=opts.harness)
+      seconds = time_per_call(fn, batch, inner=opts.inner, reps=opts.reps, harness=opts.harness)
     except Exception as exc:
       result.notes.append(f"{label} timing failed: {type(exc).__name__}: {exc}"[:500])
       continue
@@ -189,37 +232,62 @@ def parse_tiles(text: str) -> list[tuple[int, ...] | None]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--smoke", action="store_true",
-                      help="tiny sizes in interpret mode (any backend); timings meaningless")
+  parser.add_argument(
+    "--smoke",
+    action="store_true",
+    help="tiny sizes in interpret mode (any backend); timings meaningless",
+  )
   parser.add_argument("--out", default="out/bench_kernels.json")
   parser.add_argument("--batches", default="8,64,256")
   parser.add_argument("--contexts", default="512,2048,8192")
   parser.add_argument("--no-mixed", action="store_true", help="skip the prefill+decode batch")
-  parser.add_argument("--tiles", default="default",
-                      help="our tilings: 'default' or "
-                           "block_kv:num_warps:num_stages[:num_kv_splits[:block_q]], comma list")
-  parser.add_argument("--head-dim", type=int, default=128,
-                      help="head_dim (32 q heads, 8 kv heads; 64 is Llama-3.2-1B's)")
-  parser.add_argument("--prefill", default="",
-                      help="prefill cases NUMxLEN (NUM prompts of LEN tokens from an empty "
-                           "cache), comma list, e.g. 16x512: the engine's prefill step")
-  parser.add_argument("--bundled-configs", default="16x8",
-                      help="bundled op k_splits x pages_per_compute_block, comma list")
+  parser.add_argument(
+    "--tiles",
+    default="default",
+    help="our tilings: 'default' or "
+    "block_kv:num_warps:num_stages[:num_kv_splits[:block_q]], comma list",
+  )
+  parser.add_argument(
+    "--head-dim",
+    type=int,
+    default=128,
+    help="head_dim (32 q heads, 8 kv heads; 64 is Llama-3.2-1B's)",
+  )
+  parser.add_argument(
+    "--prefill",
+    default="",
+    help="prefill cases NUMxLEN (NUM prompts of LEN tokens from an empty "
+    "cache), comma list, e.g. 16x512: the engine's prefill step",
+  )
+  parser.add_argument(
+    "--bundled-configs",
+    default="16x8",
+    help="bundled op k_splits x pages_per_compute_block, comma list",
+  )
   parser.add_argument("--inner", type=int, default=20, help="calls per timed jitted program")
-  parser.add_argument("--harness", choices=("loop", "unrolled", "marginal"), default="loop",
-                      help="calls in a fori_loop (default), unrolled with nothing else timed, "
-                           "or marginal: (time of 3n unrolled calls - time of n) / 2n")
-  parser.add_argument("--device-time", action="store_true",
-                      help="also trace each timed program and report its kernels' device time "
-                           "per call (the 'dev us' column)")
+  parser.add_argument(
+    "--harness",
+    choices=("loop", "unrolled", "marginal"),
+    default="loop",
+    help="calls in a fori_loop (default), unrolled with nothing else timed, "
+    "or marginal: (time of 3n unrolled calls - time of n) / 2n",
+  )
+  parser.add_argument(
+    "--device-time",
+    action="store_true",
+    help="also trace each timed program and report its kernels' device time "
+    "per call (the 'dev us' column)",
+  )
   parser.add_argument("--reps", type=int, default=7, help="timed loops (median taken)")
-  parser.add_argument("--check-seqs", type=int, default=16,
-                      help="sequences checked against the reference per case")
+  parser.add_argument(
+    "--check-seqs", type=int, default=16, help="sequences checked against the reference per case"
+  )
   parser.add_argument("--copy-bytes", type=int, default=2 * 2**30)
   opts = parser.parse_args(argv)
   opts.tiles = parse_tiles(opts.tiles)
-  opts.bundled_configs = [tuple(int(v) for v in c.split("x"))
-                          for c in opts.bundled_configs.split(",")]
+  opts.bundled_configs = [
+    tuple(int(v) for v in c.split("x")) for c in opts.bundled_configs.split(",")
+  ]
   if opts.smoke:
     opts.batches, opts.contexts, opts.inner, opts.reps = "2", "32", 1, 1
     opts.copy_bytes, opts.bundled_configs = 2**20, [(1, 2)]
@@ -242,8 +310,14 @@ def case_specs(opts, shape: Shape) -> list[tuple[str, int, list[int], list[int]]
       chunk, context, num_decode, num_prefill = 8, 32, 2, 1
     else:
       chunk, context, num_decode, num_prefill = 256, 2048, 62, 2
-    specs.append((f"mixed_{num_prefill}x{chunk}prefill_{num_decode}decode_ctx{context}", context,
-                  [chunk] * num_prefill + [1] * num_decode, [context] * (num_prefill + num_decode)))
+    specs.append(
+      (
+        f"mixed_{num_prefill}x{chunk}prefill_{num_decode}decode_ctx{context}",
+        context,
+        [chunk] * num_prefill + [1] * num_decode,
+        [context] * (num_prefill + num_decode),
+      )
+    )
   for item in filter(None, opts.prefill.split(",")):
     num, length = (int(v) for v in item.split("x"))
     specs.append((f"prefill_{num}x{length}", length, [length] * num, [length] * num))
@@ -260,8 +334,10 @@ def _device_pct(result: CaseResult, label: str, copy_bps: float | None) -> float
 def print_table(results: list[CaseResult], copy_bps: float | None) -> None:
   if copy_bps:
     print(f"\nHBM copy ceiling: {copy_bps / 1e9:.0f} GB/s (read + write)")
-  header = (f"{'case':44s} {'kernel':18s} {'us':>10s} {'KV GB/s':>9s} {'%copy':>6s} "
-            f"{'max err':>9s} {'dev us':>8s} {'dev %copy':>9s}")
+  header = (
+    f"{'case':44s} {'kernel':18s} {'us':>10s} {'KV GB/s':>9s} {'%copy':>6s} "
+    f"{'max err':>9s} {'dev us':>8s} {'dev %copy':>9s}"
+  )
   print(header)
   print("-" * len(header))
   for r in results:
@@ -269,10 +345,12 @@ def print_table(results: list[CaseResult], copy_bps: float | None) -> None:
       print(f"{r.name:44s} ERROR {r.error[:120]}")
       continue
     for label in sorted(set(r.time_us) | set(r.max_abs_error)):
-      print(f"{r.name:44s} {label:18s} {r.time_us.get(label, float('nan')):10.1f} "
-            f"{r.kv_gbps.get(label, float('nan')):9.1f} {r.pct_of_copy.get(label, float('nan')):6.1f} "
-            f"{r.max_abs_error.get(label, float('nan')):9.2e} "
-            f"{r.device_us.get(label, float('nan')):8.1f} {_device_pct(r, label, copy_bps):9.1f}")
+      print(
+        f"{r.name:44s} {label:18s} {r.time_us.get(label, float('nan')):10.1f} "
+        f"{r.kv_gbps.get(label, float('nan')):9.1f} {r.pct_of_copy.get(label, float('nan')):6.1f} "
+        f"{r.max_abs_error.get(label, float('nan')):9.2e} "
+        f"{r.device_us.get(label, float('nan')):8.1f} {_device_pct(r, label, copy_bps):9.1f}"
+      )
     ratios = []
     if r.speedup_vs_bundled:
       ratios.append(f"vs bundled {r.speedup_vs_bundled:.2f}x")
@@ -281,19 +359,25 @@ def print_table(results: list[CaseResult], copy_bps: float | None) -> None:
     if ratios:
       print(f"{'':44s} ours speedup: {', '.join(ratios)}")
     if not r.kind == "decode" and r.tflops:
-      print(f"{'':44s} attention TFLOP/s: " + ", ".join(
-          f"{label} {value:.1f}" for label, value in sorted(r.tflops.items())))
+      print(
+        f"{'':44s} attention TFLOP/s: "
+        + ", ".join(f"{label} {value:.1f}" for label, value in sorted(r.tflops.items()))
+      )
     for note in r.notes:
       print(f"{'':44s} note: {note}")
 
 
 def main(argv: list[str] | None = None) -> int:
   opts = parse_args(argv)
-  shape = (Shape(num_q_heads=8, num_kv_heads=2, head_dim=64) if opts.smoke
-           else Shape(head_dim=opts.head_dim))
+  shape = (
+    Shape(num_q_heads=8, num_kv_heads=2, head_dim=64)
+    if opts.smoke
+    else Shape(head_dim=opts.head_dim)
+  )
   device = jax.devices()[0]
-  print(f"device: {device.device_kind} ({jax.default_backend()}), jax {jax.__version__}, "
-        f"shape {shape}")
+  print(
+    f"device: {device.device_kind} ({jax.default_backend()}), jax {jax.__version__}, shape {shape}"
+  )
   limit = memory_limit()
   copy_bps = read_bps = None
   try:
@@ -304,19 +388,28 @@ def main(argv: list[str] | None = None) -> int:
   results = []
   kv_bytes_per_token = shape.num_kv_heads * shape.head_dim * 2 * jnp.dtype(shape.dtype).itemsize
   for name, context, q_lens, seq_lens in case_specs(opts, shape):
-    result = CaseResult(name=name, kind="", batch=len(q_lens), context=context,
-                        num_tokens=sum(q_lens))
+    result = CaseResult(
+      name=name, kind="", batch=len(q_lens), context=context, num_tokens=sum(q_lens)
+    )
     try:
       case_bytes = sum(seq_lens) * kv_bytes_per_token
       num_rotations = max(1, min(8, math.ceil(L2_ROTATION_BYTES / case_bytes)))
       if limit is not None and case_bytes * num_rotations > limit // 2:
         result.error = f"skipped: KV pool {case_bytes / 2**30:.1f} GiB does not fit"
       else:
-        batch = make_batch(name, shape, q_lens, seq_lens, seed=len(results),
-                           num_rotations=num_rotations)
+        batch = make_batch(
+          name, shape, q_lens, seq_lens, seed=len(results), num_rotations=num_rotations
+        )
         budget = None if limit is None else int(limit * REFERENCE_MEMORY_FRACTION)
-        result = run_case(name, batch, shape=shape, context=context, opts=opts,
-                          copy_bps=copy_bps, memory_budget=budget)
+        result = run_case(
+          name,
+          batch,
+          shape=shape,
+          context=context,
+          opts=opts,
+          copy_bps=copy_bps,
+          memory_budget=budget,
+        )
         del batch
     except Exception as exc:
       traceback.print_exc()
@@ -326,16 +419,27 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
   print_table(results, copy_bps)
   if read_bps:
-    print(f"HBM read ceiling: {read_bps / 1e9:.0f} GB/s (a reduction that only reads; "
-          f"{100 * read_bps / copy_bps:.1f}% of the copy ceiling)")
+    print(
+      f"HBM read ceiling: {read_bps / 1e9:.0f} GB/s (a reduction that only reads; "
+      f"{100 * read_bps / copy_bps:.1f}% of the copy ceiling)"
+    )
   out = Path(opts.out)
   out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps({
-      "device": device.device_kind, "backend": jax.default_backend(), "jax": jax.__version__,
-      "smoke": opts.smoke, "shape": asdict(shape),
-      "copy_gbps": None if copy_bps is None else copy_bps / 1e9,
-      "read_gbps": None if read_bps is None else read_bps / 1e9,
-      "cases": [asdict(r) for r in results]}, indent=2))
+  out.write_text(
+    json.dumps(
+      {
+        "device": device.device_kind,
+        "backend": jax.default_backend(),
+        "jax": jax.__version__,
+        "smoke": opts.smoke,
+        "shape": asdict(shape),
+        "copy_gbps": None if copy_bps is None else copy_bps / 1e9,
+        "read_gbps": None if read_bps is None else read_bps / 1e9,
+        "cases": [asdict(r) for r in results],
+      },
+      indent=2,
+    )
+  )
   print(f"wrote {out}")
   return 0
 

@@ -7,6 +7,7 @@ only where skipping its work pays.
 Each mode is jitted alone and timed by wall time per call (median of --reps after a warmup),
 with the greedy pick of XLA's reductions; the histories are --history tokens long.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,26 +27,36 @@ from jaxserve.tools.json_file import write_json
 NUM_BANNED = 8
 
 
-def sampling_inputs(rows: int, history: int, vocab: int, rng: np.random.Generator
-                    ) -> SamplingInputs:
+def sampling_inputs(
+  rows: int, history: int, vocab: int, rng: np.random.Generator
+) -> SamplingInputs:
   """Every row samples (temperature 0.8, top-k 50, top-p 0.9) with penalties and a full history."""
   full = lambda value, dtype: np.full(rows, value, dtype)  # noqa: E731
   ids = lambda: rng.integers(0, vocab, size=(rows, history)).astype(np.int32)  # noqa: E731
   return SamplingInputs(
-      temperature=full(0.8, np.float32), top_k=full(50, np.int32), top_p=full(0.9, np.float32),
-      min_p=full(0.0, np.float32), seeds=full(1, np.uint32), sample_index=full(3, np.int32),
-      repetition_penalty=full(1.1, np.float32), presence_penalty=full(0.5, np.float32),
-      frequency_penalty=full(0.3, np.float32), prompt_history=ids(), output_history=ids(),
-      banned_ids=np.full((rows, NUM_BANNED), -1, np.int32), any_random=np.array(True),
-      any_penalty=np.array(True), want_top_logprobs=np.array(True),
-      want_prompt_logprobs=np.array(False))
+    temperature=full(0.8, np.float32),
+    top_k=full(50, np.int32),
+    top_p=full(0.9, np.float32),
+    min_p=full(0.0, np.float32),
+    seeds=full(1, np.uint32),
+    sample_index=full(3, np.int32),
+    repetition_penalty=full(1.1, np.float32),
+    presence_penalty=full(0.5, np.float32),
+    frequency_penalty=full(0.3, np.float32),
+    prompt_history=ids(),
+    output_history=ids(),
+    banned_ids=np.full((rows, NUM_BANNED), -1, np.int32),
+    any_random=np.array(True),
+    any_penalty=np.array(True),
+    want_top_logprobs=np.array(True),
+    want_prompt_logprobs=np.array(False),
+  )
 
 
 def time_modes(rows: int, vocab: int, history: int, reps: int) -> list[dict]:
   rng = np.random.default_rng(0)
-  logits = jnp.asarray(rng.standard_normal((rows, vocab), np.float32))              # [S, V]
-  inputs = jax.tree.map(jnp.asarray, dataclasses.asdict(sampling_inputs(rows, history, vocab,
-                                                                        rng)))
+  logits = jnp.asarray(rng.standard_normal((rows, vocab), np.float32))  # [S, V]
+  inputs = jax.tree.map(jnp.asarray, dataclasses.asdict(sampling_inputs(rows, history, vocab, rng)))
   results = []
   for mode in SamplerMode.all():
     fn = jax.jit(lambda lg, s, mode=mode: sample(lg, SamplingInputs(**s), mode))
@@ -71,8 +82,14 @@ def main(argv=None) -> int:
   for r in results:
     flags = "+".join(k for k, v in r["mode"].items() if v) or "greedy"
     print(f"{flags:<30} {r['ms']:9.3f} ms  ({r['ms'] / greedy:5.1f}x greedy)")
-  report = {"backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
-            "rows": args.rows, "vocab": args.vocab, "history": args.history, "modes": results}
+  report = {
+    "backend": jax.default_backend(),
+    "device": jax.devices()[0].device_kind,
+    "rows": args.rows,
+    "vocab": args.vocab,
+    "history": args.history,
+    "modes": results,
+  }
   write_json(args.out, report)
   print(json.dumps(report))
   return 0

@@ -7,6 +7,7 @@ The model is any checkpoint directory (e.g. a Llama-3.1-8B-shaped random bfloat1
 jaxserve.bench.random_checkpoint). --tp-invariant turns on EngineConfig.tp_invariant_reductions
 (bitwise-equal bfloat16 forwards at tp = 1 and 2). Prints a table and writes JSON.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,30 +20,46 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from jaxserve.config import CacheConfig, EngineConfig, SchedulerConfig
 from jaxserve.assembly import build_engine
+from jaxserve.config import CacheConfig, EngineConfig, SchedulerConfig
 from jaxserve.sampling_params import SamplingParams
 
 
-def engine_config(model: str, tp: int, batch: int, context: int, decode_steps: int,
-                  page_size: int = 16, dtype: str = "bfloat16",
-                  tp_invariant: bool = False) -> EngineConfig:
+def engine_config(
+  model: str,
+  tp: int,
+  batch: int,
+  context: int,
+  decode_steps: int,
+  page_size: int = 16,
+  dtype: str = "bfloat16",
+  tp_invariant: bool = False,
+) -> EngineConfig:
   max_len = context + decode_steps + 320  # room for the parity prompts (up to 275 tokens)
   num_pages = batch * (max_len // page_size + 2) + 64
   return EngineConfig(
-      model=model, dtype=dtype, max_model_len=max_len, tensor_parallel_size=tp,
-      tp_invariant_reductions=tp_invariant,
-      cache=CacheConfig(page_size=page_size, num_pages=num_pages),
-      scheduler=SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=2048,
-                                enable_prefix_caching=False,
-                                seq_buckets=tuple(sorted({min(8, batch), batch})),
-                                token_buckets=(batch, 2048) if batch < 2048 else (batch,)))
+    model=model,
+    dtype=dtype,
+    max_model_len=max_len,
+    tensor_parallel_size=tp,
+    tp_invariant_reductions=tp_invariant,
+    cache=CacheConfig(page_size=page_size, num_pages=num_pages),
+    scheduler=SchedulerConfig(
+      max_num_seqs=batch,
+      max_num_batched_tokens=2048,
+      enable_prefix_caching=False,
+      seq_buckets=tuple(sorted({min(8, batch), batch})),
+      token_buckets=(batch, 2048) if batch < 2048 else (batch,),
+    ),
+  )
 
 
-def greedy_tokens(engine, prompts: list[list[int]], num_new: int
-                  ) -> tuple[list[tuple[int, ...]], np.ndarray]:
+def greedy_tokens(
+  engine, prompts: list[list[int]], num_new: int
+) -> tuple[list[tuple[int, ...]], np.ndarray]:
   """Greedy tokens of each prompt, and the prompt logprobs of all prompts concatenated."""
   params = SamplingParams(temperature=0.0, max_tokens=num_new, ignore_eos=True)
   scoring = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
@@ -55,8 +72,9 @@ def greedy_tokens(engine, prompts: list[list[int]], num_new: int
       if out.finished:
         done[out.request_id] = out
   tokens = [done[f"parity-{i}"].token_ids for i in range(len(prompts))]
-  logprobs = np.concatenate([[e.logprob for e in done[f"score-{i}"].prompt_logprobs[1:]]
-                             for i in range(len(prompts))])
+  logprobs = np.concatenate(
+    [[e.logprob for e in done[f"score-{i}"].prompt_logprobs[1:]] for i in range(len(prompts))]
+  )
   return tokens, logprobs
 
 
@@ -80,10 +98,10 @@ def decode_ms_per_step(engine, batch: int, context: int, decode_steps: int, voca
 def all_reduce_ms(tp: int, batch: int, hidden: int, num_layers: int, reps: int = 20) -> float:
   """Two all-reduces of [batch, hidden] bfloat16 per layer (after attention and after the MLP)."""
   mesh = Mesh(np.array(jax.devices()[:tp]), ("model",))
-  x = jax.device_put(jnp.ones((tp * batch, hidden), jnp.bfloat16),
-                     NamedSharding(mesh, P("model")))
-  reduce = jax.shard_map(lambda a: jax.lax.psum(a, "model"), mesh=mesh, in_specs=P("model"),
-                         out_specs=P("model"))
+  x = jax.device_put(jnp.ones((tp * batch, hidden), jnp.bfloat16), NamedSharding(mesh, P("model")))
+  reduce = jax.shard_map(
+    lambda a: jax.lax.psum(a, "model"), mesh=mesh, in_specs=P("model"), out_specs=P("model")
+  )
 
   @jax.jit
   def loop(x):
@@ -107,52 +125,79 @@ def main() -> None:
   parser.add_argument("--decode-steps", type=int, default=32)
   parser.add_argument("--parity-tokens", type=int, default=32)
   parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-  parser.add_argument("--tp-invariant", action="store_true",
-                      help="EngineConfig.tp_invariant_reductions (fixed-order bf16 reductions)")
+  parser.add_argument(
+    "--tp-invariant",
+    action="store_true",
+    help="EngineConfig.tp_invariant_reductions (fixed-order bf16 reductions)",
+  )
   parser.add_argument("--skip-decode", action="store_true", help="parity only, no timings")
   parser.add_argument("--out", default="out/bench_tp.json")
   args = parser.parse_args()
   rows, reference, reference_logprobs = [], None, None
   prompts = [np.random.default_rng(i).integers(0, 250, 16 + 37 * i).tolist() for i in range(8)]
   for tp in [int(v) for v in args.tp.split(",")]:
-    engine = build_engine(engine_config(args.model, tp, args.batch, args.context,
-                                        args.decode_steps, dtype=args.dtype,
-                                        tp_invariant=args.tp_invariant), show_progress=False)
+    engine = build_engine(
+      engine_config(
+        args.model,
+        tp,
+        args.batch,
+        args.context,
+        args.decode_steps,
+        dtype=args.dtype,
+        tp_invariant=args.tp_invariant,
+      ),
+      show_progress=False,
+    )
     tokens, logprobs = greedy_tokens(engine, prompts, args.parity_tokens)
     if reference is None:
       reference, reference_logprobs = tokens, logprobs
-    first_diffs = [next((j for j, (a, b) in enumerate(zip(t, r)) if a != b), None)
-                   for t, r in zip(tokens, reference)]
+    first_diffs = [
+      next((j for j, (a, b) in enumerate(zip(t, r)) if a != b), None)
+      for t, r in zip(tokens, reference)
+    ]
     model_config = engine.runner.model.config
-    row = {"tp": tp, "device": jax.devices()[0].device_kind, "jax": jax.__version__,
-           "dtype": args.dtype, "tp_invariant_reductions": args.tp_invariant,
-           "tokens_equal_tp1": tokens == reference,
-           "prompt_logprobs_bitwise_tp1": bool(np.array_equal(logprobs, reference_logprobs)),
-           "first_differing_token": first_diffs,
-           "max_prompt_logprob_diff_vs_tp1": float(np.abs(logprobs - reference_logprobs).max()),
-           "num_compilations": engine.ledger.num_compilations,
-           "decode_ms_per_step": (None if args.skip_decode else decode_ms_per_step(
-               engine, args.batch, args.context, args.decode_steps,
-               min(1000, model_config.vocab_size))),
-           "all_reduce_ms_per_step": (all_reduce_ms(tp, args.batch, model_config.hidden_size,
-                                                    model_config.num_layers)
-                                      if tp > 1 else 0.0),
-           }
+    row = {
+      "tp": tp,
+      "device": jax.devices()[0].device_kind,
+      "jax": jax.__version__,
+      "dtype": args.dtype,
+      "tp_invariant_reductions": args.tp_invariant,
+      "tokens_equal_tp1": tokens == reference,
+      "prompt_logprobs_bitwise_tp1": bool(np.array_equal(logprobs, reference_logprobs)),
+      "first_differing_token": first_diffs,
+      "max_prompt_logprob_diff_vs_tp1": float(np.abs(logprobs - reference_logprobs).max()),
+      "num_compilations": engine.ledger.num_compilations,
+      "decode_ms_per_step": (
+        None
+        if args.skip_decode
+        else decode_ms_per_step(
+          engine, args.batch, args.context, args.decode_steps, min(1000, model_config.vocab_size)
+        )
+      ),
+      "all_reduce_ms_per_step": (
+        all_reduce_ms(tp, args.batch, model_config.hidden_size, model_config.num_layers)
+        if tp > 1
+        else 0.0
+      ),
+    }
     rows.append(row)
     del engine
     gc.collect()
   out = Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps({"batch": args.batch, "context": args.context, "rows": rows},
-                            indent=2))
+  out.write_text(json.dumps({"batch": args.batch, "context": args.context, "rows": rows}, indent=2))
   print(f"batch {args.batch}, context {args.context}")
-  print(f"{'tp':>3} {'dtype':>9} {'decode ms/step':>15} {'all-reduce ms/step':>19} "
-        f"{'tokens == tp1':>14} {'max logprob diff':>17}")
+  print(
+    f"{'tp':>3} {'dtype':>9} {'decode ms/step':>15} {'all-reduce ms/step':>19} "
+    f"{'tokens == tp1':>14} {'max logprob diff':>17}"
+  )
   for row in rows:
     decode = row["decode_ms_per_step"]
-    print(f"{row['tp']:>3} {row['dtype']:>9} {'-' if decode is None else f'{decode:.2f}':>15} "
-          f"{row['all_reduce_ms_per_step']:>19.2f} {str(row['tokens_equal_tp1']):>14} "
-          f"{row['max_prompt_logprob_diff_vs_tp1']:>17.2e}")
+    print(
+      f"{row['tp']:>3} {row['dtype']:>9} {'-' if decode is None else f'{decode:.2f}':>15} "
+      f"{row['all_reduce_ms_per_step']:>19.2f} {str(row['tokens_equal_tp1']):>14} "
+      f"{row['max_prompt_logprob_diff_vs_tp1']:>17.2e}"
+    )
     print(f"    first differing token per prompt: {row['first_differing_token']}")
   print(f"wrote {out}")
 

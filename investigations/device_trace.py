@@ -17,6 +17,7 @@ What counts as a device event depends on the backend, and the two are kept apart
 
 A trace with no device events raises `NoDeviceEventsError`, naming what the trace did hold.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,7 +49,7 @@ class KernelTime:
   count: int
   total_us: float
   mean_us: float
-  share: float          # of all device time in the trace
+  share: float  # of all device time in the trace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,11 +65,13 @@ class TraceEvent:
 @dataclasses.dataclass(frozen=True)
 class TraceLayout:
   """Process and thread names of a trace, by pid and (pid, tid)."""
+
   process_names: dict[int, str]
   thread_names: dict[tuple[int, int], str]
 
 
 # --- capture ---------------------------------------------------------------------------------
+
 
 @contextmanager
 def device_trace(logdir: str | Path) -> Iterator[Path]:
@@ -79,8 +82,9 @@ def device_trace(logdir: str | Path) -> Iterator[Path]:
     yield logdir
 
 
-def capture_trace(fn: Callable[[], object], logdir: str | Path | None = None, reps: int = 10,
-                  warmup: int = 1) -> Path:
+def capture_trace(
+  fn: Callable[[], object], logdir: str | Path | None = None, reps: int = 10, warmup: int = 1
+) -> Path:
   """Runs fn `warmup` times untraced, then `reps` times traced, blocking on each result.
 
   fn takes no arguments: close over the inputs (and rebind donated buffers inside it).
@@ -99,6 +103,7 @@ def capture_trace(fn: Callable[[], object], logdir: str | Path | None = None, re
 
 # --- reading ---------------------------------------------------------------------------------
 
+
 def find_trace_file(logdir: str | Path) -> Path:
   """The newest run's trace JSON: perfetto_trace.json.gz, else <host>.trace.json.gz."""
   logdir = Path(logdir)
@@ -107,7 +112,8 @@ def find_trace_file(logdir: str | Path) -> Path:
     raise ValueError(f"no profile under {logdir}/plugins/profile (was a trace captured there?)")
   latest = max(runs, key=lambda p: p.stat().st_mtime)
   candidates = sorted(latest.glob("perfetto_trace.json.gz")) or sorted(
-      latest.glob("*.trace.json.gz"))
+    latest.glob("*.trace.json.gz")
+  )
   if not candidates:
     raise ValueError(f"no *.trace.json.gz in {latest}")
   return candidates[0]
@@ -127,12 +133,21 @@ def load_trace(path: str | Path) -> tuple[TraceLayout, list[TraceEvent]]:
     elif ph == "M" and e.get("name") == "thread_name":
       thread_names[(e["pid"], e["tid"])] = e.get("args", {}).get("name", "")
     elif ph == "X" and "dur" in e:
-      events.append(TraceEvent(e.get("name", ""), e.get("pid", 0), e.get("tid", 0),
-                               float(e.get("ts", 0.0)), float(e["dur"]), e.get("args", {})))
+      events.append(
+        TraceEvent(
+          e.get("name", ""),
+          e.get("pid", 0),
+          e.get("tid", 0),
+          float(e.get("ts", 0.0)),
+          float(e["dur"]),
+          e.get("args", {}),
+        )
+      )
   return TraceLayout(process_names, thread_names), events
 
 
 # --- accelerator (GPU / TPU) -----------------------------------------------------------------
+
 
 def device_lines(layout: TraceLayout) -> set[tuple[int, int]]:
   """(pid, tid) of the device timelines: GPU streams, else TPU's XLA Ops, else all lines."""
@@ -146,16 +161,21 @@ def device_lines(layout: TraceLayout) -> set[tuple[int, int]]:
   return lines
 
 
-def accelerator_kernel_events(layout: TraceLayout, events: Iterable[TraceEvent],
-                              by_op: bool = False) -> list[tuple[str, float]]:
+def accelerator_kernel_events(
+  layout: TraceLayout, events: Iterable[TraceEvent], by_op: bool = False
+) -> list[tuple[str, float]]:
   """(name, duration) of the device lines' events; with by_op, named after the XLA instruction
   that launched them (the `hlo_op` arg, when the event has one) instead of the kernel."""
   lines = device_lines(layout)
-  return [(str(e.args.get("hlo_op") or e.name) if by_op else e.name, e.dur_us)
-          for e in events if (e.pid, e.tid) in lines and e.dur_us > 0]
+  return [
+    (str(e.args.get("hlo_op") or e.name) if by_op else e.name, e.dur_us)
+    for e in events
+    if (e.pid, e.tid) in lines and e.dur_us > 0
+  ]
 
 
 # --- CPU -------------------------------------------------------------------------------------
+
 
 def cpu_op_events(layout: TraceLayout, events: Iterable[TraceEvent]) -> list[tuple[str, float]]:
   """Self time of each XLA op (thunk) event of the host process's executing threads."""
@@ -186,6 +206,7 @@ def self_times(events: list[TraceEvent]) -> list[tuple[str, float]]:
 
 # --- summary ---------------------------------------------------------------------------------
 
+
 def has_accelerator(layout: TraceLayout) -> bool:
   return any(DEVICE_PROCESS.match(name) for name in layout.process_names.values())
 
@@ -203,13 +224,16 @@ def aggregate(samples: list[tuple[str, float]]) -> list[KernelTime]:
     totals[name] += dur
     counts[name] += 1
   grand = sum(totals.values())
-  rows = [KernelTime(name, counts[name], total, total / counts[name], total / grand)
-          for name, total in totals.items()]
+  rows = [
+    KernelTime(name, counts[name], total, total / counts[name], total / grand)
+    for name, total in totals.items()
+  ]
   return sorted(rows, key=lambda r: r.total_us, reverse=True)
 
 
-def summarize_trace(logdir: str | Path, by_family: bool = False,
-                    by_op: bool = False) -> list[KernelTime]:
+def summarize_trace(
+  logdir: str | Path, by_family: bool = False, by_op: bool = False
+) -> list[KernelTime]:
   """Device time per kernel (GPU/TPU) or XLA op (CPU) name, largest first; with by_family,
   per name without its numeric suffix (see kernel_family); with by_op, GPU kernels are named
   after the XLA instruction that launched them where the trace says (CPU events already are)."""
@@ -217,15 +241,17 @@ def summarize_trace(logdir: str | Path, by_family: bool = False,
   layout, events = load_trace(path)
   if has_accelerator(layout):
     samples = accelerator_kernel_events(layout, events, by_op)
-    where = "device processes " + ", ".join(sorted(
-        n for n in layout.process_names.values() if DEVICE_PROCESS.match(n)))
+    where = "device processes " + ", ".join(
+      sorted(n for n in layout.process_names.values() if DEVICE_PROCESS.match(n))
+    )
   else:
     samples = cpu_op_events(layout, events)
     where = "host XLA op events (args with hlo_op)"
   if not samples or sum(d for _, d in samples) <= 0:
     raise NoDeviceEventsError(
-        f"no device events with positive duration in {path} ({where}); processes: "
-        f"{sorted(set(layout.process_names.values()))}, {len(events)} complete events in all")
+      f"no device events with positive duration in {path} ({where}); processes: "
+      f"{sorted(set(layout.process_names.values()))}, {len(events)} complete events in all"
+    )
   if by_family:
     samples = [(kernel_family(name), dur) for name, dur in samples]
   return aggregate(samples)
@@ -246,8 +272,10 @@ def print_kernel_table(rows: list[KernelTime], top: int = 25, reps: int | None =
     print(f"{name:60s} {r.count:7d} {r.total_us:11.1f} {r.mean_us:9.2f}{per} {r.share:6.1%}")
   rest = rows[top:]
   if rest:
-    print(f"{'(' + str(len(rest)) + ' more)':60s} {sum(r.count for r in rest):7d} "
-          f"{total_device_us(rest):11.1f}")
+    print(
+      f"{'(' + str(len(rest)) + ' more)':60s} {sum(r.count for r in rest):7d} "
+      f"{total_device_us(rest):11.1f}"
+    )
   per = f" per execution {total / reps:.1f} us" if reps else ""
   print(f"device time in trace {total:.1f} us over {len(rows)} kernels{per}")
 

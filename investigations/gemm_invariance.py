@@ -8,14 +8,16 @@ For bf16 x [M, K] and w [K, N] at Llama-3.1-8B projection shapes, on the default
             --f32-columns the same with float32 output: does the column-parallel half (what one
             of two devices computes) equal the unsharded result's columns?
   row       the row-parallel contraction as 2 K-groups with float32 partials, summed and rounded
-            once (models/invariant_dense.py row_group_partials): the unsharded formulation (one batched
-            einsum over both groups) against the tp=2 one (each group's dot alone, as each device
-            runs it, then a + b). Also the plain bf16 row split (round each half, add in bf16)
-            against the unsharded bf16 dot, the numerics without tp_invariant_reductions.
+            once (models/invariant_dense.py row_group_partials): the unsharded formulation (one
+            batched einsum over both groups) against the tp=2 one (each group's dot alone, as
+            each device runs it, then a + b). Also the plain bf16 row split (round each half, add
+            in bf16) against the unsharded bf16 dot, the numerics without
+            tp_invariant_reductions.
 
 Each entry is the number of differing elements (0: bitwise equal). Every formulation is its own
 jitted function, as in a real step. Prints a table and writes JSON to --out.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +29,12 @@ import numpy as np
 
 from jaxserve.tools.json_file import write_json
 
-SHAPES = {"qkv": (4096, 6144), "gate_up": (4096, 28672), "gate": (4096, 14336),
-          "down": (14336, 4096)}
+SHAPES = {
+  "qkv": (4096, 6144),
+  "gate_up": (4096, 28672),
+  "gate": (4096, 14336),
+  "down": (14336, 4096),
+}
 GPU_M = (1, 8, 128, 256, 4096)
 CPU_M = (1, 8, 128)
 
@@ -47,8 +53,12 @@ def dot_f32(x, w):
 def grouped_unsharded(x, w):
   """Both K-groups in one einsum, float32 partials summed, rounded once (tp = 1)."""
   m, k = x.shape
-  partials = jnp.einsum("mgk,gkn->gmn", x.reshape(m, 2, k // 2), w.reshape(2, k // 2, -1),
-                        preferred_element_type=jnp.float32)                # [2, M, N]
+  partials = jnp.einsum(
+    "mgk,gkn->gmn",
+    x.reshape(m, 2, k // 2),
+    w.reshape(2, k // 2, -1),
+    preferred_element_type=jnp.float32,
+  )  # [2, M, N]
   return jnp.sum(partials, axis=0).astype(jnp.bfloat16)
 
 
@@ -81,22 +91,35 @@ def check(m: int, k: int, n: int, seed: int, f32_columns: bool) -> dict:
   row_grouped = num_diff(grouped_unsharded(x, w), grouped_tp2)
   row_grouped_ranks = num_diff(grouped_tp2, grouped_tp2_swapped)
   row_plain = num_diff(dot_bf16(x, w), add_bf16(dot_bf16(x0, w0), dot_bf16(x1, w1)))
-  return {"M": m, "K": k, "N": n, "num_elements_column": m * half_n, "num_elements_row": m * n,
-          "column_bf16_diff": column_bf16, "column_f32_diff": column_f32,
-          "row_grouped_diff": row_grouped, "row_grouped_rank_diff": row_grouped_ranks,
-          "row_plain_bf16_diff": row_plain}
+  return {
+    "M": m,
+    "K": k,
+    "N": n,
+    "num_elements_column": m * half_n,
+    "num_elements_row": m * n,
+    "column_bf16_diff": column_bf16,
+    "column_f32_diff": column_f32,
+    "row_grouped_diff": row_grouped,
+    "row_grouped_rank_diff": row_grouped_ranks,
+    "row_plain_bf16_diff": row_plain,
+  }
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--out", default="out/gemm_invariance.json")
-  parser.add_argument("--m", default=None,
-                      help=f"comma-separated M values (default {GPU_M} on GPU, {CPU_M} on CPU)")
-  parser.add_argument("--shapes", default="qkv,gate_up,down",
-                      help=f"comma-separated names from {sorted(SHAPES)}")
+  parser.add_argument(
+    "--m", default=None, help=f"comma-separated M values (default {GPU_M} on GPU, {CPU_M} on CPU)"
+  )
+  parser.add_argument(
+    "--shapes", default="qkv,gate_up,down", help=f"comma-separated names from {sorted(SHAPES)}"
+  )
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--f32-columns", action="store_true",
-                      help="also compare float32-output columns (two more GEMMs per shape)")
+  parser.add_argument(
+    "--f32-columns",
+    action="store_true",
+    help="also compare float32-output columns (two more GEMMs per shape)",
+  )
   args = parser.parse_args()
   on_cpu = jax.default_backend() == "cpu"
   ms = [int(v) for v in args.m.split(",")] if args.m else (CPU_M if on_cpu else GPU_M)
@@ -112,18 +135,29 @@ def main() -> None:
       rows.append({"shape": name, **check(m, k, n, args.seed, args.f32_columns)})
   seconds = time.perf_counter() - start
   device = jax.devices()[0]
-  result = {"device": device.device_kind, "platform": device.platform, "jax": jax.__version__,
-            "seconds": round(seconds, 1), "rows": rows}
+  result = {
+    "device": device.device_kind,
+    "platform": device.platform,
+    "jax": jax.__version__,
+    "seconds": round(seconds, 1),
+    "rows": rows,
+  }
   out = write_json(args.out, result)
-  print(f"{device.device_kind} ({device.platform}), jax {jax.__version__}: differing elements "
-        "(0 = bitwise equal)")
-  print(f"{'shape':>8} {'M':>5} {'K':>6} {'N':>6} {'col bf16':>9} {'col f32':>8} "
-        f"{'row grouped':>12} {'ranks':>6} {'row plain bf16':>15}")
+  print(
+    f"{device.device_kind} ({device.platform}), jax {jax.__version__}: differing elements "
+    "(0 = bitwise equal)"
+  )
+  print(
+    f"{'shape':>8} {'M':>5} {'K':>6} {'N':>6} {'col bf16':>9} {'col f32':>8} "
+    f"{'row grouped':>12} {'ranks':>6} {'row plain bf16':>15}"
+  )
   for r in rows:
-    print(f"{r['shape']:>8} {r['M']:>5} {r['K']:>6} {r['N']:>6} {r['column_bf16_diff']:>9} "
-          f"{'-' if r['column_f32_diff'] is None else r['column_f32_diff']:>8} "
-          f"{r['row_grouped_diff']:>12} "
-          f"{r['row_grouped_rank_diff']:>6} {r['row_plain_bf16_diff']:>15}")
+    print(
+      f"{r['shape']:>8} {r['M']:>5} {r['K']:>6} {r['N']:>6} {r['column_bf16_diff']:>9} "
+      f"{'-' if r['column_f32_diff'] is None else r['column_f32_diff']:>8} "
+      f"{r['row_grouped_diff']:>12} "
+      f"{r['row_grouped_rank_diff']:>6} {r['row_plain_bf16_diff']:>15}"
+    )
   print(f"{seconds:.1f} s; wrote {out}")
 
 

@@ -7,6 +7,7 @@ projection, norm or copy a kernel is. `instructions(hlo_text)` parses `compiled.
 `describe(name, table)` finds an instruction by a trace name, also in the spellings GPU kernel
 names use (`loop_add_fusion_3` for `loop_add_fusion.3`).
 """
+
 from __future__ import annotations
 
 import re
@@ -14,7 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 INSTRUCTION = re.compile(
-    r"^\s*(?:ROOT )?%?(?P<name>[\w.\-]+) = (?P<shape>.+?) (?P<opcode>[a-z][\w\-]*)\(")
+  r"^\s*(?:ROOT )?%?(?P<name>[\w.\-]+) = (?P<shape>.+?) (?P<opcode>[a-z][\w\-]*)\("
+)
 OP_NAME = re.compile(r'op_name="(?P<op_name>[^"]*)"')
 LAYOUT = re.compile(r"\{[^{}]*\}")
 
@@ -23,8 +25,8 @@ LAYOUT = re.compile(r"\{[^{}]*\}")
 class HloInstruction:
   name: str
   opcode: str
-  shape: str      # result shape without layouts, e.g. bf16[512,3072]
-  op_name: str    # the JAX op path from the metadata ("" when none)
+  shape: str  # result shape without layouts, e.g. bf16[512,3072]
+  op_name: str  # the JAX op path from the metadata ("" when none)
 
   def summary(self) -> str:
     return f"{self.opcode} {self.shape} {self.op_name}".strip()
@@ -41,8 +43,11 @@ def instructions(hlo_texts: str | Iterable[str]) -> dict[str, HloInstruction]:
         continue
       op_name = OP_NAME.search(line)
       table[match["name"]] = HloInstruction(
-          match["name"], match["opcode"], LAYOUT.sub("", match["shape"]),
-          op_name["op_name"] if op_name else "")
+        match["name"],
+        match["opcode"],
+        LAYOUT.sub("", match["shape"]),
+        op_name["op_name"] if op_name else "",
+      )
   return table
 
 

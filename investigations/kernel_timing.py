@@ -11,6 +11,7 @@ synchronization); `device_us_per_call` traces that unrolled program and returns 
 kernels' own device time per call; `copy_bandwidth` measures the HBM copy ceiling. Used by
 investigations/bench_kernels.py.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -37,6 +38,7 @@ class Shape:
 @dataclass
 class Batch:
   """A ragged batch with `num_rotations` disjoint page sets over one KV pool."""
+
   name: str
   q: jax.Array
   k_pages: jax.Array
@@ -48,61 +50,87 @@ class Batch:
   is_decode: bool
 
   def args(self, rotation: int = 0) -> tuple[jax.Array, ...]:
-    return (self.q, self.k_pages, self.v_pages, self.block_tables[rotation], self.seq_lens,
-            self.query_start_loc, self.num_seqs)
+    return (
+      self.q,
+      self.k_pages,
+      self.v_pages,
+      self.block_tables[rotation],
+      self.seq_lens,
+      self.query_start_loc,
+      self.num_seqs,
+    )
 
   @property
   def kv_bytes(self) -> int:
     num_kv_heads, _, _, head_dim = self.k_pages.shape
-    return int(np.sum(np.asarray(self.seq_lens))) * num_kv_heads * head_dim * 2 * \
-        self.k_pages.dtype.itemsize
+    return (
+      int(np.sum(np.asarray(self.seq_lens)))
+      * num_kv_heads
+      * head_dim
+      * 2
+      * self.k_pages.dtype.itemsize
+    )
 
 
-def make_batch(name: str, shape: Shape, q_lens: list[int], seq_lens: list[int], *, seed: int,
-               num_rotations: int) -> Batch:
+def make_batch(
+  name: str, shape: Shape, q_lens: list[int], seq_lens: list[int], *, seed: int, num_rotations: int
+) -> Batch:
   """Random q and pages on device; each rotation gets its own shuffled, disjoint pages."""
   rng = np.random.default_rng(seed)
   pages_per_seq = max(-(-s // shape.page_size) for s in seq_lens)
   pages_per_rotation = len(seq_lens) * pages_per_seq
   num_pages = 1 + pages_per_rotation * num_rotations
   page_ids = rng.permutation(np.arange(1, num_pages, dtype=np.int32))
-  tables = [jnp.asarray(page_ids[r * pages_per_rotation:(r + 1) * pages_per_rotation]
-                        .reshape(len(seq_lens), pages_per_seq)) for r in range(num_rotations)]
+  tables = [
+    jnp.asarray(
+      page_ids[r * pages_per_rotation : (r + 1) * pages_per_rotation].reshape(
+        len(seq_lens), pages_per_seq
+      )
+    )
+    for r in range(num_rotations)
+  ]
   dtype = jnp.dtype(shape.dtype)
   key_q, key_k, key_v = jax.random.split(jax.random.key(seed), 3)
   kv_shape = (shape.num_kv_heads, num_pages, shape.page_size, shape.head_dim)
   return Batch(
-      name=name,
-      q=jax.random.normal(key_q, (sum(q_lens), shape.num_q_heads, shape.head_dim), dtype),
-      k_pages=jax.random.normal(key_k, kv_shape, dtype),
-      v_pages=jax.random.normal(key_v, kv_shape, dtype),
-      block_tables=tables,
-      seq_lens=jnp.asarray(seq_lens, jnp.int32),
-      query_start_loc=jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]), jnp.int32),
-      num_seqs=jnp.asarray([len(q_lens)], jnp.int32),
-      is_decode=all(q_len == 1 for q_len in q_lens))
+    name=name,
+    q=jax.random.normal(key_q, (sum(q_lens), shape.num_q_heads, shape.head_dim), dtype),
+    k_pages=jax.random.normal(key_k, kv_shape, dtype),
+    v_pages=jax.random.normal(key_v, kv_shape, dtype),
+    block_tables=tables,
+    seq_lens=jnp.asarray(seq_lens, jnp.int32),
+    query_start_loc=jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]), jnp.int32),
+    num_seqs=jnp.asarray([len(q_lens)], jnp.int32),
+    is_decode=all(q_len == 1 for q_len in q_lens),
+  )
 
 
-def time_per_call(fn, batch: Batch, *, inner: int, reps: int, harness: str = "loop"
-                  ) -> float:
+def time_per_call(fn, batch: Batch, *, inner: int, reps: int, harness: str = "loop") -> float:
   """Median seconds per call of fn(*batch.args(r)) over a jitted program rotating page sets."""
   if harness == "unrolled":
     return _time_unrolled(fn, batch, inner=inner, reps=reps)
   if harness == "marginal":
     return _time_marginal(fn, batch, inner=inner, reps=reps)
-  tables = jnp.stack(batch.block_tables)                        # [R, S, pages_per_seq]
+  tables = jnp.stack(batch.block_tables)  # [R, S, pages_per_seq]
   num_rotations = len(batch.block_tables)
 
   @jax.jit
   def loop(q, k_pages, v_pages, tables, seq_lens, query_start_loc, num_seqs):
     def body(i, total):
-      out = fn(q, k_pages, v_pages, tables[i % num_rotations], seq_lens, query_start_loc,
-               num_seqs)
+      out = fn(q, k_pages, v_pages, tables[i % num_rotations], seq_lens, query_start_loc, num_seqs)
       return total + jnp.sum(out.astype(jnp.float32))
+
     return jax.lax.fori_loop(0, inner, body, jnp.float32(0))
 
-  args = (batch.q, batch.k_pages, batch.v_pages, tables, batch.seq_lens, batch.query_start_loc,
-          batch.num_seqs)
+  args = (
+    batch.q,
+    batch.k_pages,
+    batch.v_pages,
+    tables,
+    batch.seq_lens,
+    batch.query_start_loc,
+    batch.num_seqs,
+  )
   loop(*args).block_until_ready()
   samples = []
   for _ in range(reps):
@@ -139,8 +167,15 @@ def unrolled_program(fn, batch: Batch, inner: int):
       outputs.append(fn(q, k_pages, v_pages, table, seq_lens, query_start_loc, num_seqs))
     return tuple(outputs)
 
-  return program, (queries, batch.k_pages, batch.v_pages, tuple(tables), batch.seq_lens,
-                   batch.query_start_loc, batch.num_seqs)
+  return program, (
+    queries,
+    batch.k_pages,
+    batch.v_pages,
+    tuple(tables),
+    batch.seq_lens,
+    batch.query_start_loc,
+    batch.num_seqs,
+  )
 
 
 def _program_seconds(fn, batch: Batch, *, inner: int, reps: int) -> float:

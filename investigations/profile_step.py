@@ -7,8 +7,10 @@ the top XLA instructions with their shapes and JAX op paths (investigations/hlo_
 GPU command buffers off so each kernel is traced under its own instruction. The
 results print as JSON at the end and go to --out when given.
 
-    python -m investigations.profile_step --model /path/to/ckpt --num-seqs 256 --context 576 --trace-top 25
+    python -m investigations.profile_step --model /path/to/ckpt --num-seqs 256 --context 576 \
+        --trace-top 25
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,16 +24,21 @@ import time
 import jax
 import numpy as np
 
-from jaxserve.cli_args import add_engine_args, engine_config_from_args
+from investigations.device_trace import (
+  capture_trace,
+  kernel_table_json,
+  print_kernel_table,
+  summarize_trace,
+  total_device_us,
+)
+from investigations.hlo_ops import describe, instructions
 from jaxserve.assembly import build_engine
+from jaxserve.bench.timing import median_seconds
+from jaxserve.cli_args import add_engine_args, engine_config_from_args
 from jaxserve.device.lowering import lower_step
 from jaxserve.device.packing import pack
 from jaxserve.device.sampler import SamplerMode, sample
 from jaxserve.sampling_params import SamplingParams
-from investigations.device_trace import (capture_trace, kernel_table_json, print_kernel_table,
-                                         summarize_trace, total_device_us)
-from investigations.hlo_ops import describe, instructions
-from jaxserve.bench.timing import median_seconds
 
 
 def timed(fn, *args, reps: int = 20, **kwargs) -> float:
@@ -57,22 +64,34 @@ def main() -> None:
   parser.add_argument("--num-seqs", type=int, default=256)
   parser.add_argument("--context", type=int, default=576)
   parser.add_argument("--phase", choices=("decode", "prefill"), default="decode")
-  parser.add_argument("--trace-top", type=int, default=0, metavar="N",
-                      help="also profile the whole step and print its N most expensive kernels")
+  parser.add_argument(
+    "--trace-top",
+    type=int,
+    default=0,
+    metavar="N",
+    help="also profile the whole step and print its N most expensive kernels",
+  )
   parser.add_argument("--trace-dir", help="where the profile goes (default: a temporary dir)")
   parser.add_argument("--trace-reps", type=int, default=10)
-  parser.add_argument("--trace-by-family", action="store_true",
-                      help="add up kernels that differ only in XLA's numeric suffix")
-  parser.add_argument("--trace-ops", action="store_true",
-                      help="also list the top XLA instructions of the traced step with their "
-                           "shape and the JAX op they come from (e.g. .../q_proj/dot_general)")
+  parser.add_argument(
+    "--trace-by-family",
+    action="store_true",
+    help="add up kernels that differ only in XLA's numeric suffix",
+  )
+  parser.add_argument(
+    "--trace-ops",
+    action="store_true",
+    help="also list the top XLA instructions of the traced step with their "
+    "shape and the JAX op they come from (e.g. .../q_proj/dot_general)",
+  )
   parser.add_argument("--out", help="write the JSON results here")
   args = parser.parse_args()
   if args.trace_ops:
     # A GPU command buffer (CUDA graph) runs many instructions as one traced event; without
     # them every kernel is traced under its own instruction (the step runs a little slower).
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_gpu_enable_command_buffer=").strip()
+    os.environ["XLA_FLAGS"] = (
+      os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer="
+    ).strip()
   engine = build_engine(engine_config_from_args(args), show_progress=False)
   engine.async_scheduling = False  # no step in flight when the batch below is taken
   rng = np.random.default_rng(0)
@@ -80,8 +99,12 @@ def main() -> None:
   for i in range(args.num_seqs):
     prompt = rng.integers(0, min(engine.vocab_size, 1000), args.context).tolist()
     engine.add_request(prompt, params, request_id=f"p{i}")
-  while args.phase == "decode" and (engine.scheduler.num_waiting or any(  # prefill everyone
-      len(engine.core.requests[r].output_token_ids) == 0 for r in engine.core.requests)):
+  while args.phase == "decode" and (
+    engine.scheduler.num_waiting
+    or any(  # prefill everyone
+      len(engine.core.requests[r].output_token_ids) == 0 for r in engine.core.requests
+    )
+  ):
     engine.step()
   runner = engine.runner
   batch = engine.scheduler.schedule()
@@ -93,8 +116,9 @@ def main() -> None:
 
   @functools.partial(jax.jit, donate_argnums=1)
   def forward(params, kv, inp):
-    hidden, kv = model.apply({"params": params}, inp.token_ids, inp.positions, kv,
-                             inp.slot_mapping, inp.metadata)
+    hidden, kv = model.apply(
+      {"params": params}, inp.token_ids, inp.positions, kv, inp.slot_mapping, inp.metadata
+    )
     return hidden, kv
 
   @jax.jit
@@ -106,13 +130,22 @@ def main() -> None:
   last = hidden[device_inputs.logits_indices]
   logits = logits_fn(params, last)
   rows = [
-      ("whole step (packed inputs, donated pages)", None),
-      ("model forward (donated pages)", timed_forward(functools.partial(forward, params),
-                                                      runner, device_inputs)),
-      ("logits (lm_head)", timed(logits_fn, params, last)),
-      ("sampler", timed(jax.jit(sample, static_argnames="mode"), logits, device_inputs.sampling,
-                        mode=SamplerMode.of(inputs.sampling))),
-      ("pack + transfer", timed(lambda: jax.device_put(pack(inputs)))),
+    ("whole step (packed inputs, donated pages)", None),
+    (
+      "model forward (donated pages)",
+      timed_forward(functools.partial(forward, params), runner, device_inputs),
+    ),
+    ("logits (lm_head)", timed(logits_fn, params, last)),
+    (
+      "sampler",
+      timed(
+        jax.jit(sample, static_argnames="mode"),
+        logits,
+        device_inputs.sampling,
+        mode=SamplerMode.of(inputs.sampling),
+      ),
+    ),
+    ("pack + transfer", timed(lambda: jax.device_put(pack(inputs)))),
   ]
   samples, dispatch = [], []
   for _ in range(20):
@@ -137,15 +170,22 @@ def main() -> None:
   print(f"KV pool {kv_bytes / 2**30:.1f} GiB")
   for name, ms in rows:
     print(f"{name:44s} {ms:8.2f} ms")
-  result = {"bucket": dataclasses.asdict(inputs.bucket), "num_seqs": batch.num_seqs,
-            "num_tokens": batch.num_tokens, "kv_pool_bytes": kv_bytes,
-            "parts_ms": {name: ms for name, ms in rows}, "backend": jax.default_backend()}
+  result = {
+    "bucket": dataclasses.asdict(inputs.bucket),
+    "num_seqs": batch.num_seqs,
+    "num_tokens": batch.num_tokens,
+    "kv_pool_bytes": kv_bytes,
+    "parts_ms": {name: ms for name, ms in rows},
+    "backend": jax.default_backend(),
+  }
   if args.trace_top > 0:
-    result["trace"] = trace_step(runner, inputs, args.trace_top, args.trace_dir, args.trace_reps,
-                                 args.trace_by_family)
+    result["trace"] = trace_step(
+      runner, inputs, args.trace_top, args.trace_dir, args.trace_reps, args.trace_by_family
+    )
     if args.trace_ops:
-      result["trace_ops"] = trace_ops(runner, inputs, result["trace"]["logdir"], args.trace_top,
-                                      args.trace_reps)
+      result["trace_ops"] = trace_ops(
+        runner, inputs, result["trace"]["logdir"], args.trace_top, args.trace_reps
+      )
   text = json.dumps(result, indent=2)
   print(text)
   if args.out:
@@ -153,10 +193,10 @@ def main() -> None:
       f.write(text + "\n")
 
 
-def trace_step(runner, inputs, top: int, trace_dir: str | None, reps: int,
-               by_family: bool) -> dict:
+def trace_step(runner, inputs, top: int, trace_dir: str | None, reps: int, by_family: bool) -> dict:
   """Profiles `reps` executions of the runner's jitted step on these inputs (pages donated and
   threaded through, as in serving) and prints the top kernels by device time."""
+
   def one_step():
     return runner.dispatch(inputs).fetch_list()
 
@@ -165,9 +205,14 @@ def trace_step(runner, inputs, top: int, trace_dir: str | None, reps: int,
   total_us = total_device_us(kernels)
   print(f"\ndevice time of the whole step, {reps} executions traced ({logdir}):")
   print_kernel_table(kernels, top=top, reps=reps)
-  return {"logdir": str(logdir), "reps": reps, "device_us_per_step": total_us / reps,
-          "by_family": by_family,
-          "num_kernels": len(kernels), "kernels": kernel_table_json(kernels, top)}
+  return {
+    "logdir": str(logdir),
+    "reps": reps,
+    "device_us_per_step": total_us / reps,
+    "by_family": by_family,
+    "num_kernels": len(kernels),
+    "kernels": kernel_table_json(kernels, top),
+  }
 
 
 def trace_ops(runner, inputs, logdir: str, top: int, reps: int) -> list[dict]:
@@ -182,8 +227,15 @@ def trace_ops(runner, inputs, logdir: str, top: int, reps: int) -> list[dict]:
     hlo = describe(row.name, table)
     what = hlo.summary() if hlo else "(not in the step's HLO: a library kernel or another program)"
     print(f"{row.name[:32]:32s} {row.total_us / reps:9.1f} {row.share:6.1%}  {what[:110]}")
-    out.append({"name": row.name, "us_per_step": row.total_us / reps, "share": row.share,
-                "count": row.count, "hlo": None if hlo is None else dataclasses.asdict(hlo)})
+    out.append(
+      {
+        "name": row.name,
+        "us_per_step": row.total_us / reps,
+        "share": row.share,
+        "count": row.count,
+        "hlo": None if hlo is None else dataclasses.asdict(hlo),
+      }
+    )
   return out
 
 

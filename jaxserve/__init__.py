@@ -1,4 +1,5 @@
 """jaxserve: an LLM serving runtime on JAX/XLA."""
+
 from jaxserve.sampling_params import SamplingParams
 
 __all__ = ["LLM", "SamplingParams"]
@@ -8,5 +9,6 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
   if name == "LLM":  # imported lazily: it pulls in jax, the host-side modules don't need it
     from jaxserve.llm import LLM
+
     return LLM
   raise AttributeError(f"module 'jaxserve' has no attribute {name!r}")

@@ -13,6 +13,7 @@ Everything the server logs at start-up (model, buckets, KV pages, warmup time) i
    placement's shardings, and the ModelRunner (build_device -> DeviceBundle);
 3. on process 0 only: tokenizer, page allocator, scheduler, warmup, LLMEngine (build_engine).
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,22 +27,30 @@ import jax
 import numpy as np
 
 from jaxserve.config import EngineConfig
-from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.device.compile_ledger import CompileLedger
 from jaxserve.device.device_memory import fit_pool_bytes, kv_budget_bytes, max_concurrency
-from jaxserve.device.kv_cache import (KVCacheSpec, allocate_kv_pages, kv_cache_spec,
-                                      resolve_max_model_len)
+from jaxserve.device.kv_cache import (
+  KVCacheSpec,
+  allocate_kv_pages,
+  kv_cache_spec,
+  resolve_max_model_len,
+)
 from jaxserve.device.lowering import temp_bytes
 from jaxserve.device.model_runner import ModelRunner, StepSink
-from jaxserve.device.step_inputs import StepShape
-from jaxserve.device.step_options import (describe_step_choices, sampler_backend,
-                                          step_compiler_options, step_greedy)
-from jaxserve.device.step_programs import build_step_programs
 from jaxserve.device.program_compiler import ProgramCompiler
+from jaxserve.device.step_inputs import StepShape
+from jaxserve.device.step_options import (
+  describe_step_choices,
+  sampler_backend,
+  step_compiler_options,
+  step_greedy,
+)
+from jaxserve.device.step_programs import build_step_programs
 from jaxserve.device.warmup import warmup
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.scheduler import Scheduler
+from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.registry import load_configured_tokenizer
 from jaxserve.parallel.multihost import StepPublisher, is_worker
@@ -65,15 +74,19 @@ def enable_compilation_cache(directory: str | None) -> None:
 @dataclass(frozen=True)
 class DeviceBundle:
   """The device side of an engine: what build_device made (sharded or not)."""
+
   model_config: ModelConfig
   runner: ModelRunner
   spec: KVCacheSpec
   max_model_len: int
 
 
-def build_device(config: EngineConfig, *,
-                 agree_num_pages: Callable[[int], int] | None = None,
-                 publisher: StepSink | None = None) -> DeviceBundle:
+def build_device(
+  config: EngineConfig,
+  *,
+  agree_num_pages: Callable[[int], int] | None = None,
+  publisher: StepSink | None = None,
+) -> DeviceBundle:
   """Loads the model, sizes and allocates the KV pool and builds the (unwarmed) runner.
 
   agree_num_pages(local) -> num_pages lets the hosts of a multi-host job settle on one pool size;
@@ -82,44 +95,75 @@ def build_device(config: EngineConfig, *,
   model_config, params = placement.model.config, placement.model.params
   max_model_len = resolve_max_model_len(config, model_config)
   num_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
-  logger.info("model %s: %s, %.1fM params, %s, attention backend %s", config.model,
-              model_config.architecture, num_params / 1e6, model_config.dtype,
-              placement.attention.name)
+  logger.info(
+    "model %s: %s, %.1fM params, %s, attention backend %s",
+    config.model,
+    model_config.architecture,
+    num_params / 1e6,
+    model_config.dtype,
+    placement.attention.name,
+  )
   buckets = BucketSet.from_config(config.scheduler)
   model = placement.module()
   page_size = config.cache.page_size
-  shape = StepShape(page_size, math.ceil(max_model_len / page_size), max_model_len,
-                    model_config.vocab_size)
+  shape = StepShape(
+    page_size, math.ceil(max_model_len / page_size), max_model_len, model_config.vocab_size
+  )
   free_bytes = None
-  planned = kv_budget_bytes(config.cache.memory_fraction, device_weight_bytes(params),
-                            packed=placement.model.packed, scratch_measured=placement.mesh is None)
+  planned = kv_budget_bytes(
+    config.cache.memory_fraction,
+    device_weight_bytes(params),
+    packed=placement.model.packed,
+    scratch_measured=placement.mesh is None,
+  )
   if planned is not None:
     free_bytes, memory = planned
     scratch = 0
-    if placement.mesh is None and config.cache.num_pages is None \
-        and config.cache.memory_bytes is None:
+    if (
+      placement.mesh is None
+      and config.cache.num_pages is None
+      and config.cache.memory_bytes is None
+    ):
       scratch = _step_scratch_bytes(config, placement, buckets, shape)
     free_bytes = fit_pool_bytes(free_bytes - scratch, memory.largest_free_bytes, scratch)
   spec = kv_cache_spec(config, model_config, max_model_len, free_bytes, placement.num_shards)
   if agree_num_pages is not None:
-    spec = KVCacheSpec(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.page_size,
-                       agree_num_pages(spec.num_pages), spec.dtype)
+    spec = KVCacheSpec(
+      spec.num_layers,
+      spec.num_kv_heads,
+      spec.head_dim,
+      spec.page_size,
+      agree_num_pages(spec.num_pages),
+      spec.dtype,
+    )
   kv_pages = allocate_kv_pages(spec, placement.kv_sharding)
-  logger.info("KV cache: %d pages of %d tokens (%d usable tokens, %.1f MiB%s), max_model_len %d",
-              spec.num_pages, spec.page_size, (spec.num_pages - 1) * spec.page_size,
-              spec.total_bytes / 2**20,
-              f" over {placement.num_shards} shards" if placement.num_shards > 1 else "",
-              max_model_len)
-  logger.info("maximum concurrency for %d tokens per request: %.2fx", max_model_len,
-              max_concurrency(spec.num_pages, spec.page_size, max_model_len))
+  logger.info(
+    "KV cache: %d pages of %d tokens (%d usable tokens, %.1f MiB%s), max_model_len %d",
+    spec.num_pages,
+    spec.page_size,
+    (spec.num_pages - 1) * spec.page_size,
+    spec.total_bytes / 2**20,
+    f" over {placement.num_shards} shards" if placement.num_shards > 1 else "",
+    max_model_len,
+  )
+  logger.info(
+    "maximum concurrency for %d tokens per request: %.2fx",
+    max_model_len,
+    max_concurrency(spec.num_pages, spec.page_size, max_model_len),
+  )
   options = step_compiler_options(config)
   sampler = sampler_backend(config, sharded=placement.mesh is not None)
   if placement.mesh is None:
     logger.info("%s", describe_step_choices(sampler, options))
   shardings = placement.step_shardings(kv_pages)
   programs = build_step_programs(
-      model, shardings, burst_steps=config.scheduler.num_scheduler_steps, page_size=page_size,
-      greedy=step_greedy(config, sharded=shardings is not None), compiler_options=options)
+    model,
+    shardings,
+    burst_steps=config.scheduler.num_scheduler_steps,
+    page_size=page_size,
+    greedy=step_greedy(config, sharded=shardings is not None),
+    compiler_options=options,
+  )
   runner = ModelRunner(model, params, kv_pages, buckets, shape, programs, publisher)
   return DeviceBundle(model_config, runner, spec, max_model_len)
 
@@ -127,31 +171,45 @@ def build_device(config: EngineConfig, *,
 def device_weight_bytes(params: dict) -> int:
   """The params' bytes on one device, from their shapes, dtypes and shardings (run-invariant,
   unlike the allocator's live count)."""
-  return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
-             for x in jax.tree_util.tree_leaves(params))
+  return sum(
+    math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+    for x in jax.tree_util.tree_leaves(params)
+  )
 
 
-def _step_scratch_bytes(config: EngineConfig, placement: Placement, buckets: BucketSet,
-                        shape: StepShape) -> int:
+def _step_scratch_bytes(
+  config: EngineConfig, placement: Placement, buckets: BucketSet, shape: StepShape
+) -> int:
   """Device scratch the largest bucket's step needs (compiled once against a 2-page pool), plus
   a quarter for fragmentation, in whole 64 MiB: the KV pool is sized from what is left."""
   model_config = placement.model.config
-  probe_spec = KVCacheSpec(model_config.num_layers, model_config.num_kv_heads,
-                           model_config.head_dim, shape.page_size, 2, model_config.dtype)
+  probe_spec = KVCacheSpec(
+    model_config.num_layers,
+    model_config.num_kv_heads,
+    model_config.head_dim,
+    shape.page_size,
+    2,
+    model_config.dtype,
+  )
   model = placement.module()
   programs = build_step_programs(model, compiler_options=step_compiler_options(config))
-  probe = ModelRunner(model, placement.model.params, allocate_kv_pages(probe_spec), buckets,
-                      shape, programs)
+  probe = ModelRunner(
+    model, placement.model.params, allocate_kv_pages(probe_spec), buckets, shape, programs
+  )
   largest = Bucket(buckets.seq_buckets[-1], buckets.token_buckets[-1])
   scratch = temp_bytes(probe, largest) or 0
-  logger.info("step scratch memory: %.2f GiB for bucket %s (reserved before sizing the KV pool)",
-              scratch / 2**30, largest)
+  logger.info(
+    "step scratch memory: %.2f GiB for bucket %s (reserved before sizing the KV pool)",
+    scratch / 2**30,
+    largest,
+  )
   quantum = 64 << 20  # rounded up: an autotuned GEMM's workspace may differ by a few MiB
   return -(-int(scratch * 1.25) // quantum) * quantum
 
 
-def build_engine(config: EngineConfig, *, show_progress: bool = True,
-                 default_warmup: str = "full") -> LLMEngine:
+def build_engine(
+  config: EngineConfig, *, show_progress: bool = True, default_warmup: str = "full"
+) -> LLMEngine:
   """Loads the model and tokenizer, sizes and allocates the KV pool, and compiles the step
   programs as config.warmup says ("auto": `default_warmup`; device/program_compiler.py).
   On a multi-host job this runs on process 0 and sends every step (warmup too) to the others,
@@ -162,11 +220,14 @@ def build_engine(config: EngineConfig, *, show_progress: bool = True,
   publisher = None
   if jax.process_count() > 1:
     if is_worker():
-      raise ValueError(f"distributed: process {jax.process_index()} is a worker; only process 0 "
-                       "builds the engine (workers run jaxserve.follower.run_follower)")
+      raise ValueError(
+        f"distributed: process {jax.process_index()} is a worker; only process 0 "
+        "builds the engine (workers run jaxserve.follower.run_follower)"
+      )
     publisher = StepPublisher()
-  device = build_device(config, agree_num_pages=publisher and publisher.agree_num_pages,
-                        publisher=publisher)
+  device = build_device(
+    config, agree_num_pages=publisher and publisher.agree_num_pages, publisher=publisher
+  )
   model_config, runner, spec = device.model_config, device.runner, device.spec
   allocator = PageAllocator(spec.num_pages, spec.page_size, config.scheduler.enable_prefix_caching)
   scheduler = Scheduler(config.scheduler, allocator, device.max_model_len)
@@ -177,17 +238,32 @@ def build_engine(config: EngineConfig, *, show_progress: bool = True,
   hits, misses = ledger.cache_hits, ledger.cache_misses
   programs, warmup_seconds = compile_programs(runner, mode, show_progress)
   if config.compilation_cache_dir and mode != "lazy":
-    logger.info("warmup: %d programs loaded from the compilation cache, %d compiled and cached",
-                ledger.cache_hits - hits, ledger.cache_misses - misses)
+    logger.info(
+      "warmup: %d programs loaded from the compilation cache, %d compiled and cached",
+      ledger.cache_hits - hits,
+      ledger.cache_misses - misses,
+    )
   eos = tuple(dict.fromkeys(tuple(model_config.eos_token_ids) + tuple(tokenizer.eos_token_ids)))
-  return LLMEngine(tokenizer=tokenizer, runner=runner, scheduler=scheduler, allocator=allocator,
-                   max_model_len=device.max_model_len, vocab_size=model_config.vocab_size,
-                   eos_token_ids=eos, ledger=ledger, seed=config.seed, model_name=config.model,
-                   warmup_seconds=warmup_seconds, buckets=runner.buckets, programs=programs)
+  return LLMEngine(
+    tokenizer=tokenizer,
+    runner=runner,
+    scheduler=scheduler,
+    allocator=allocator,
+    max_model_len=device.max_model_len,
+    vocab_size=model_config.vocab_size,
+    eos_token_ids=eos,
+    ledger=ledger,
+    seed=config.seed,
+    model_name=config.model,
+    warmup_seconds=warmup_seconds,
+    buckets=runner.buckets,
+    programs=programs,
+  )
 
 
-def compile_programs(runner: ModelRunner, mode: str,
-                     show_progress: bool) -> tuple[ProgramCompiler | None, float]:
+def compile_programs(
+  runner: ModelRunner, mode: str, show_progress: bool
+) -> tuple[ProgramCompiler | None, float]:
   """Warmup by mode: "full" compiles everything now (through the runner's steps on a multi-host
   job, whose other hosts compile as they replay them), "background" the largest bucket now and
   the rest on a compile thread, "lazy" nothing. Returns the compiler (None: every bucket is
@@ -198,8 +274,13 @@ def compile_programs(runner: ModelRunner, mode: str,
   if mode == "full" and runner.publisher is not None:
     return None, warmup(runner, show_progress=show_progress)
   compiler = ProgramCompiler(runner)
-  logger.info("warmup: %d programs in %d groups (%s); the largest bucket's %d first",
-              compiler.num_total, len(compiler.groups), mode, len(compiler.groups[0].programs))
+  logger.info(
+    "warmup: %d programs in %d groups (%s); the largest bucket's %d first",
+    compiler.num_total,
+    len(compiler.groups),
+    mode,
+    len(compiler.groups[0].programs),
+  )
   start = time.perf_counter()
   compiler.compile_first()
   if mode == "full":
@@ -207,7 +288,11 @@ def compile_programs(runner: ModelRunner, mode: str,
   else:
     compiler.start()
   seconds = time.perf_counter() - start
-  logger.info("warmup: %d of %d programs compiled in %.1f s%s", compiler.readiness().num_compiled,
-              compiler.num_total, seconds,
-              "; the rest compile in the background" if mode == "background" else "")
+  logger.info(
+    "warmup: %d of %d programs compiled in %.1f s%s",
+    compiler.readiness().num_compiled,
+    compiler.num_total,
+    seconds,
+    "; the rest compile in the background" if mode == "background" else "",
+  )
   return compiler, seconds

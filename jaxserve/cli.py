@@ -8,6 +8,7 @@ to the code they drive are imported explicitly: `serve` (jaxserve/server/cli.py)
 (jaxserve/bench/cli.py), eval and kv-plan (jaxserve/tools/cli.py), compile-tpu
 (jaxserve/tpu_aot/cli.py); each of those imports its heavy module only when it runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,9 +32,15 @@ def _generate(args: argparse.Namespace) -> int:
   from jaxserve.sampling_params import SamplingParams
 
   config = engine_config_from_args(args)
-  params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                          top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                          stop=tuple(args.stop or ()), ignore_eos=args.ignore_eos)
+  params = SamplingParams(
+    max_tokens=args.max_tokens,
+    temperature=args.temperature,
+    top_p=args.top_p,
+    top_k=args.top_k,
+    seed=args.seed,
+    stop=tuple(args.stop or ()),
+    ignore_eos=args.ignore_eos,
+  )
   llm = LLM(config.model, config=config)
   prompts = args.prompt or ["Hello, my name is"]
   if args.chat:  # rendered templates carry their own special tokens
@@ -41,23 +48,35 @@ def _generate(args: argparse.Namespace) -> int:
   for result in llm.generate(prompts, params):
     for completion in result.outputs:
       if args.json:
-        print(json.dumps({"prompt": result.prompt or llm.tokenizer.decode(result.prompt_token_ids),
-                          "text": completion.text,
-                          "token_ids": list(completion.token_ids),
-                          "finish_reason": completion.finish_reason}))
+        print(
+          json.dumps(
+            {
+              "prompt": result.prompt or llm.tokenizer.decode(result.prompt_token_ids),
+              "text": completion.text,
+              "token_ids": list(completion.token_ids),
+              "finish_reason": completion.finish_reason,
+            }
+          )
+        )
       else:
         prompt = result.prompt or llm.tokenizer.decode(result.prompt_token_ids, False)
-        print(f"--- prompt: {prompt!r}\n{completion.text}\n"
-              f"[{len(completion.token_ids)} tokens, finish_reason={completion.finish_reason}]")
+        print(
+          f"--- prompt: {prompt!r}\n{completion.text}\n"
+          f"[{len(completion.token_ids)} tokens, finish_reason={completion.finish_reason}]"
+        )
   return 0
 
 
 def _add_generate(subparsers) -> None:
-  parser = subparsers.add_parser("generate", help="generate text offline for one or more prompts",
-                                 description="Generate completions offline (no server).")
+  parser = subparsers.add_parser(
+    "generate",
+    help="generate text offline for one or more prompts",
+    description="Generate completions offline (no server).",
+  )
   add_engine_args(parser, skip=("seed",))
-  parser.add_argument("--prompt", action="append", help="prompt text (repeatable; default: "
-                      "\"Hello, my name is\")")
+  parser.add_argument(
+    "--prompt", action="append", help='prompt text (repeatable; default: "Hello, my name is")'
+  )
   parser.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
   parser.add_argument("--max-tokens", type=int, default=32)
   parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -74,20 +93,23 @@ def _convert(args: argparse.Namespace) -> int:
   from jaxserve.models.registry import convert_checkpoint
 
   out = convert_checkpoint(args.model, args.dtype)
-  print(f"wrote {out}; `--model {args.model}` now restores these params instead of reconverting "
-        "the safetensors")
+  print(
+    f"wrote {out}; `--model {args.model}` now restores these params instead of reconverting "
+    "the safetensors"
+  )
   return 0
 
 
 def _add_convert(subparsers) -> None:
   parser = subparsers.add_parser(
-      "convert", help="convert a Hugging Face checkpoint once for fast restarts",
-      description="Converts a checkpoint's safetensors to jaxserve's params and saves them with "
-      "orbax in <checkpoint>/jaxserve_params/, which later loads restore directly.")
+    "convert",
+    help="convert a Hugging Face checkpoint once for fast restarts",
+    description="Converts a checkpoint's safetensors to jaxserve's params and saves them with "
+    "orbax in <checkpoint>/jaxserve_params/, which later loads restore directly.",
+  )
   parser.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
   parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-  parser.add_argument("--log-level", default="INFO",
-                      choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+  parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
   parser.set_defaults(func=_convert)
 
 
@@ -96,6 +118,7 @@ def _config(args: argparse.Namespace) -> int:
 
   from jaxserve.config import config_to_dict
   from jaxserve.messages.buckets import BucketSet
+
   config = engine_config_from_args(args)
   print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
   print(f"# buckets: {BucketSet.from_config(config.scheduler).describe()}")
@@ -104,27 +127,31 @@ def _config(args: argparse.Namespace) -> int:
 
 def _add_config(subparsers) -> None:
   parser = subparsers.add_parser(
-      "config", help="print the resolved engine configuration as YAML",
-      description="Prints the engine configuration the other commands would run with: the "
-      "defaults, then --config, then the --set overrides and shortcuts, validated, and (as a "
-      "comment) the bucket ladders with their largest padding share. Every key is described in "
-      "docs/CONFIG.md.")
+    "config",
+    help="print the resolved engine configuration as YAML",
+    description="Prints the engine configuration the other commands would run with: the "
+    "defaults, then --config, then the --set overrides and shortcuts, validated, and (as a "
+    "comment) the bucket ladders with their largest padding share. Every key is described in "
+    "docs/CONFIG.md.",
+  )
   add_engine_args(parser)
   parser.set_defaults(func=_config)
 
 
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
-      prog="jaxserve", description="LLM serving on JAX/XLA with a paged KV cache and "
-      "continuous batching. Without --model, commands use the built-in tiny-random model.")
+    prog="jaxserve",
+    description="LLM serving on JAX/XLA with a paged KV cache and "
+    "continuous batching. Without --model, commands use the built-in tiny-random model.",
+  )
   parser.add_argument("--version", action="version", version=f"jaxserve {__version__}")
   subparsers = parser.add_subparsers(dest="command", required=True)
   _add_generate(subparsers)
   _add_convert(subparsers)
   _add_config(subparsers)
   server_cli.register(subparsers)  # serve
-  bench_cli.register(subparsers)   # bench serve, bench throughput
-  tools_cli.register(subparsers)   # eval, kv-plan
+  bench_cli.register(subparsers)  # bench serve, bench throughput
+  tools_cli.register(subparsers)  # eval, kv-plan
   tpu_aot_cli.register(subparsers)  # compile-tpu
   use_defaults_help(parser)
   return parser

@@ -1,6 +1,7 @@
 """The engine flags every `jaxserve` command (and the benchmarks) share: --config FILE, --set
 KEY=VALUE overrides, and the engine arguments (jaxserve/engine_args.py) as flags for the same
 overrides."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,12 +14,16 @@ def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ())
   """The engine flags; `skip` leaves out engine arguments the command uses otherwise (seed)."""
   group = parser.add_argument_group("engine")
   group.add_argument("--config", help="YAML config file (see configs/; keys in docs/CONFIG.md)")
-  group.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a config key, e.g. --set cache.page_size=32 (repeatable; "
-                     "default: none)")
+  group.add_argument(
+    "--set",
+    dest="overrides",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="override a config key, e.g. --set cache.page_size=32 (repeatable; default: none)",
+  )
   add_engine_arg_flags(group, skip)
-  group.add_argument("--log-level", default="INFO",
-                     choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+  group.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:

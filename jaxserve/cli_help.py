@@ -1,5 +1,6 @@
 """What `jaxserve` prints about its own flags: defaults in every --help, and a "did you mean" for
 a misspelt flag (difflib against the flags of the command that was typed)."""
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,7 @@ def use_defaults_help(parser: argparse.ArgumentParser) -> None:
     each.formatter_class = DefaultsHelpFormatter
 
 
-def command_parser(parser: argparse.ArgumentParser,
-                   argv: Sequence[str]) -> argparse.ArgumentParser:
+def command_parser(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.ArgumentParser:
   """The (sub)parser of the command `argv` names, e.g. `bench serve`'s for ["bench", "serve"]."""
   current = parser
   for word in argv:
@@ -60,7 +60,7 @@ def command_parser(parser: argparse.ArgumentParser,
 
 
 def unknown_flags_message(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> str:
-  """"unrecognized arguments" with the closest known flag for each misspelt one."""
+  """ "unrecognized arguments" with the closest known flag for each misspelt one."""
   known = list(parser._option_string_actions)
   parts = []
   for word in unknown:

@@ -10,6 +10,7 @@ A config file mirrors the dataclass tree:
 CLI overrides use dotted keys (`--set cache.page_size=32`); values are parsed as YAML scalars.
 Unknown keys are an error naming the key. This module imports nothing from jax.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,8 +30,12 @@ WARMUP_MODES = ("auto", "lazy", "background", "full")
 # The dotted config keys whose value is one of a fixed set: EngineConfig validates them against
 # these, and the engine arguments (jaxserve/engine_args.py) offer these as their choices.
 CHOICES: Mapping[str, tuple[str, ...]] = {
-    "dtype": DTYPES, "attention_backend": ATTENTION_BACKENDS, "gpu_gemm": GPU_GEMMS,
-    "sampler_backend": SAMPLER_BACKENDS, "warmup": WARMUP_MODES}
+  "dtype": DTYPES,
+  "attention_backend": ATTENTION_BACKENDS,
+  "gpu_gemm": GPU_GEMMS,
+  "sampler_backend": SAMPLER_BACKENDS,
+  "warmup": WARMUP_MODES,
+}
 
 
 def _require(condition: bool, name: str, message: str) -> None:
@@ -44,21 +49,35 @@ class CacheConfig:
   memory_fraction: the share of the device's total memory the process uses (as vLLM's
   gpu_memory_utilization), the pool getting what the weights and step scratch leave of it
   (jaxserve/device/device_memory.py)."""
+
   page_size: int = 16
   num_pages: int | None = None
   memory_bytes: int | None = None
   memory_fraction: float = 0.9
 
   def __post_init__(self) -> None:
-    _require(isinstance(self.page_size, int) and self.page_size > 0
-             and self.page_size & (self.page_size - 1) == 0,
-             "cache.page_size", f"must be a positive power of two, got {self.page_size!r}")
-    _require(self.num_pages is None or (isinstance(self.num_pages, int) and self.num_pages >= 2),
-             "cache.num_pages", f"must be an integer >= 2 (page 0 is reserved), got {self.num_pages!r}")
-    _require(self.memory_bytes is None or (isinstance(self.memory_bytes, int) and self.memory_bytes > 0),
-             "cache.memory_bytes", f"must be a positive integer, got {self.memory_bytes!r}")
-    _require(0.0 < float(self.memory_fraction) <= 1.0, "cache.memory_fraction",
-             f"must be in (0, 1], got {self.memory_fraction!r}")
+    _require(
+      isinstance(self.page_size, int)
+      and self.page_size > 0
+      and self.page_size & (self.page_size - 1) == 0,
+      "cache.page_size",
+      f"must be a positive power of two, got {self.page_size!r}",
+    )
+    _require(
+      self.num_pages is None or (isinstance(self.num_pages, int) and self.num_pages >= 2),
+      "cache.num_pages",
+      f"must be an integer >= 2 (page 0 is reserved), got {self.num_pages!r}",
+    )
+    _require(
+      self.memory_bytes is None or (isinstance(self.memory_bytes, int) and self.memory_bytes > 0),
+      "cache.memory_bytes",
+      f"must be a positive integer, got {self.memory_bytes!r}",
+    )
+    _require(
+      0.0 < float(self.memory_fraction) <= 1.0,
+      "cache.memory_fraction",
+      f"must be in (0, 1], got {self.memory_fraction!r}",
+    )
 
 
 @dataclass(frozen=True)
@@ -73,6 +92,7 @@ class SchedulerConfig:
   prefill_first: a step that can prefill (admit a waiting request or continue a chunked prompt)
   runs prefills only, and decoding requests wait for a step without prefill work (throughput
   over inter-token latency, as vLLM's non-chunked scheduler; engine/scheduler.py)."""
+
   max_num_seqs: int = 64
   max_num_batched_tokens: int = 512
   enable_chunked_prefill: bool = True
@@ -85,36 +105,62 @@ class SchedulerConfig:
   bucket_padding: float = 0.5
 
   def __post_init__(self) -> None:
-    _require(isinstance(self.bucket_padding, (int, float)) and 0 < self.bucket_padding < 1,
-             "scheduler.bucket_padding", f"must be in (0, 1), got {self.bucket_padding!r}")
-    _require(isinstance(self.prefill_first, bool), "scheduler.prefill_first",
-             f"must be true or false, got {self.prefill_first!r}")
-    _require(isinstance(self.async_scheduling, bool), "scheduler.async_scheduling",
-             f"must be true or false, got {self.async_scheduling!r}")
-    _require(isinstance(self.num_scheduler_steps, int) and 1 <= self.num_scheduler_steps <= 64,
-             "scheduler.num_scheduler_steps",
-             f"must be an integer in [1, 64], got {self.num_scheduler_steps!r}")
-    _require(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1,
-             "scheduler.max_num_seqs", f"must be an integer >= 1, got {self.max_num_seqs!r}")
-    _require(isinstance(self.max_num_batched_tokens, int)
-             and self.max_num_batched_tokens >= self.max_num_seqs,
-             "scheduler.max_num_batched_tokens",
-             f"must be an integer >= max_num_seqs ({self.max_num_seqs}), "
-             f"got {self.max_num_batched_tokens!r}")
+    _require(
+      isinstance(self.bucket_padding, (int, float)) and 0 < self.bucket_padding < 1,
+      "scheduler.bucket_padding",
+      f"must be in (0, 1), got {self.bucket_padding!r}",
+    )
+    _require(
+      isinstance(self.prefill_first, bool),
+      "scheduler.prefill_first",
+      f"must be true or false, got {self.prefill_first!r}",
+    )
+    _require(
+      isinstance(self.async_scheduling, bool),
+      "scheduler.async_scheduling",
+      f"must be true or false, got {self.async_scheduling!r}",
+    )
+    _require(
+      isinstance(self.num_scheduler_steps, int) and 1 <= self.num_scheduler_steps <= 64,
+      "scheduler.num_scheduler_steps",
+      f"must be an integer in [1, 64], got {self.num_scheduler_steps!r}",
+    )
+    _require(
+      isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1,
+      "scheduler.max_num_seqs",
+      f"must be an integer >= 1, got {self.max_num_seqs!r}",
+    )
+    _require(
+      isinstance(self.max_num_batched_tokens, int)
+      and self.max_num_batched_tokens >= self.max_num_seqs,
+      "scheduler.max_num_batched_tokens",
+      f"must be an integer >= max_num_seqs ({self.max_num_seqs}), "
+      f"got {self.max_num_batched_tokens!r}",
+    )
     for name in ("seq_buckets", "token_buckets"):
       value = getattr(self, name)
       if value is not None:
         value = tuple(value)
         object.__setattr__(self, name, value)
-        _require(len(value) > 0 and all(isinstance(v, int) and v > 0 for v in value)
-                 and list(value) == sorted(set(value)), f"scheduler.{name}",
-                 f"must be a strictly increasing list of positive integers, got {value!r}")
+        _require(
+          len(value) > 0
+          and all(isinstance(v, int) and v > 0 for v in value)
+          and list(value) == sorted(set(value)),
+          f"scheduler.{name}",
+          f"must be a strictly increasing list of positive integers, got {value!r}",
+        )
     if self.seq_buckets is not None:
-      _require(self.seq_buckets[-1] >= self.max_num_seqs, "scheduler.seq_buckets",
-               f"largest bucket must be >= max_num_seqs ({self.max_num_seqs})")
+      _require(
+        self.seq_buckets[-1] >= self.max_num_seqs,
+        "scheduler.seq_buckets",
+        f"largest bucket must be >= max_num_seqs ({self.max_num_seqs})",
+      )
     if self.token_buckets is not None:
-      _require(self.token_buckets[-1] >= self.max_num_batched_tokens, "scheduler.token_buckets",
-               f"largest bucket must be >= max_num_batched_tokens ({self.max_num_batched_tokens})")
+      _require(
+        self.token_buckets[-1] >= self.max_num_batched_tokens,
+        "scheduler.token_buckets",
+        f"largest bucket must be >= max_num_batched_tokens ({self.max_num_batched_tokens})",
+      )
 
 
 @dataclass(frozen=True)
@@ -128,6 +174,7 @@ class ServerConfig:
   core on a thread (core/in_process.py). tool_call_parser: how tool calls are read from a chat
   reply under tool_choice "auto" (vLLM's names: llama3_json, hermes; None: replies stay
   content)."""
+
   host: str = "127.0.0.1"
   port: int = 8000
   api_key: str | None = None
@@ -142,26 +189,49 @@ class ServerConfig:
   tool_call_parser: str | None = None
 
   def __post_init__(self) -> None:
-    _require(self.api_server_count is None or (
-        isinstance(self.api_server_count, int) and not isinstance(self.api_server_count, bool)
-        and self.api_server_count >= 0), "server.api_server_count",
-        f"must be null or an integer >= 0, got {self.api_server_count!r}")
+    _require(
+      self.api_server_count is None
+      or (
+        isinstance(self.api_server_count, int)
+        and not isinstance(self.api_server_count, bool)
+        and self.api_server_count >= 0
+      ),
+      "server.api_server_count",
+      f"must be null or an integer >= 0, got {self.api_server_count!r}",
+    )
     if self.tool_call_parser is not None:
-      _require(self.tool_call_parser in tool_parser_names(), "server.tool_call_parser",
-               f"must be one of {', '.join(tool_parser_names())}, got {self.tool_call_parser!r}")
+      _require(
+        self.tool_call_parser in tool_parser_names(),
+        "server.tool_call_parser",
+        f"must be one of {', '.join(tool_parser_names())}, got {self.tool_call_parser!r}",
+      )
     for name in ("max_n", "stream_interval"):
       value = getattr(self, name)
-      _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-               f"server.{name}", f"must be an integer >= 1, got {value!r}")
-    _require(isinstance(self.stats_interval_s, (int, float)) and self.stats_interval_s >= 0,
-             "server.stats_interval_s", f"must be a number >= 0 (0 disables the stats line), "
-             f"got {self.stats_interval_s!r}")
-    _require(isinstance(self.port, int) and 0 <= self.port < 65536, "server.port",
-             f"must be in [0, 65535], got {self.port!r}")
-    _require(isinstance(self.max_waiting_requests, int) and self.max_waiting_requests >= 1,
-             "server.max_waiting_requests", f"must be >= 1, got {self.max_waiting_requests!r}")
-    _require(isinstance(self.max_body_bytes, int) and self.max_body_bytes >= 1024,
-             "server.max_body_bytes", f"must be >= 1024, got {self.max_body_bytes!r}")
+      _require(
+        isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+        f"server.{name}",
+        f"must be an integer >= 1, got {value!r}",
+      )
+    _require(
+      isinstance(self.stats_interval_s, (int, float)) and self.stats_interval_s >= 0,
+      "server.stats_interval_s",
+      f"must be a number >= 0 (0 disables the stats line), got {self.stats_interval_s!r}",
+    )
+    _require(
+      isinstance(self.port, int) and 0 <= self.port < 65536,
+      "server.port",
+      f"must be in [0, 65535], got {self.port!r}",
+    )
+    _require(
+      isinstance(self.max_waiting_requests, int) and self.max_waiting_requests >= 1,
+      "server.max_waiting_requests",
+      f"must be >= 1, got {self.max_waiting_requests!r}",
+    )
+    _require(
+      isinstance(self.max_body_bytes, int) and self.max_body_bytes >= 1024,
+      "server.max_body_bytes",
+      f"must be >= 1024, got {self.max_body_bytes!r}",
+    )
     _require(float(self.drain_timeout_s) >= 0, "server.drain_timeout_s", "must be >= 0")
 
 
@@ -170,6 +240,7 @@ class DistributedConfig:
   """Multi-host serving (jax.distributed). Off unless `enabled` or a coordinator_address is set.
   On a Cloud TPU VM, `enabled: true` with the rest null lets JAX detect the slice's hosts.
   Process 0 serves HTTP and schedules; the others run the same steps as workers."""
+
   enabled: bool = False
   coordinator_address: str | None = None
   num_processes: int | None = None
@@ -177,23 +248,38 @@ class DistributedConfig:
   initialization_timeout_s: int = 300
 
   def __post_init__(self) -> None:
-    _require(isinstance(self.enabled, bool), "distributed.enabled",
-             f"must be true or false, got {self.enabled!r}")
-    _require(self.coordinator_address is None
-             or (isinstance(self.coordinator_address, str) and ":" in self.coordinator_address),
-             "distributed.coordinator_address",
-             f"must be HOST:PORT, got {self.coordinator_address!r}")
-    _require(self.num_processes is None or (isinstance(self.num_processes, int)
-                                            and self.num_processes >= 1),
-             "distributed.num_processes", f"must be an integer >= 1, got {self.num_processes!r}")
-    _require(self.process_id is None or (isinstance(self.process_id, int) and self.process_id >= 0
-                                         and (self.num_processes is None
-                                              or self.process_id < self.num_processes)),
-             "distributed.process_id",
-             f"must be in [0, num_processes), got {self.process_id!r}")
-    _require(isinstance(self.initialization_timeout_s, int) and self.initialization_timeout_s >= 1,
-             "distributed.initialization_timeout_s",
-             f"must be an integer >= 1, got {self.initialization_timeout_s!r}")
+    _require(
+      isinstance(self.enabled, bool),
+      "distributed.enabled",
+      f"must be true or false, got {self.enabled!r}",
+    )
+    _require(
+      self.coordinator_address is None
+      or (isinstance(self.coordinator_address, str) and ":" in self.coordinator_address),
+      "distributed.coordinator_address",
+      f"must be HOST:PORT, got {self.coordinator_address!r}",
+    )
+    _require(
+      self.num_processes is None
+      or (isinstance(self.num_processes, int) and self.num_processes >= 1),
+      "distributed.num_processes",
+      f"must be an integer >= 1, got {self.num_processes!r}",
+    )
+    _require(
+      self.process_id is None
+      or (
+        isinstance(self.process_id, int)
+        and self.process_id >= 0
+        and (self.num_processes is None or self.process_id < self.num_processes)
+      ),
+      "distributed.process_id",
+      f"must be in [0, num_processes), got {self.process_id!r}",
+    )
+    _require(
+      isinstance(self.initialization_timeout_s, int) and self.initialization_timeout_s >= 1,
+      "distributed.initialization_timeout_s",
+      f"must be an integer >= 1, got {self.initialization_timeout_s!r}",
+    )
 
   @property
   def active(self) -> bool:
@@ -224,6 +310,7 @@ class EngineConfig:
   (`jaxserve serve`: background; LLM and `jaxserve generate`: lazy).
   tokenizer: a tokenizer directory other than the model's; chat_template: a template file (or the
   template text itself) replacing the tokenizer's (models/registry.load_configured_tokenizer)."""
+
   model: str = "tiny-random"
   tokenizer: str | None = None
   chat_template: str | None = None
@@ -245,37 +332,70 @@ class EngineConfig:
   distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
   def __post_init__(self) -> None:
-    _require(isinstance(self.model, str) and self.model != "", "model", "must be a non-empty string")
+    _require(
+      isinstance(self.model, str) and self.model != "", "model", "must be a non-empty string"
+    )
     for name in ("tokenizer", "chat_template"):
       value = getattr(self, name)
-      _require(value is None or (isinstance(value, str) and value.strip() != ""), name,
-               f"must be a non-empty string or null, got {value!r}")
+      _require(
+        value is None or (isinstance(value, str) and value.strip() != ""),
+        name,
+        f"must be a non-empty string or null, got {value!r}",
+      )
     _require(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
-    _require(self.attention_backend in ATTENTION_BACKENDS, "attention_backend",
-             f"must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
-    _require(self.max_model_len is None or (isinstance(self.max_model_len, int)
-                                            and self.max_model_len >= 1),
-             "max_model_len", f"must be a positive integer, got {self.max_model_len!r}")
-    _require(isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
-             "tensor_parallel_size", f"must be >= 1, got {self.tensor_parallel_size!r}")
-    _require(self.gpu_gemm in GPU_GEMMS, "gpu_gemm",
-             f"must be one of {GPU_GEMMS}, got {self.gpu_gemm!r}")
-    _require(self.sampler_backend in SAMPLER_BACKENDS, "sampler_backend",
-             f"must be one of {SAMPLER_BACKENDS}, got {self.sampler_backend!r}")
-    _require(not (self.sampler_backend == "pallas_gpu" and self.tensor_parallel_size > 1),
-             "sampler_backend", "pallas_gpu runs on unsharded models only "
-             "(tensor_parallel_size 1); use auto or xla")
-    _require(isinstance(self.tp_invariant_reductions, bool), "tp_invariant_reductions",
-             f"must be true or false, got {self.tp_invariant_reductions!r}")
-    _require(isinstance(self.batch_invariant, bool), "batch_invariant",
-             f"must be true or false, got {self.batch_invariant!r}")
-    _require(self.warmup in WARMUP_MODES, "warmup",
-             f"must be one of {WARMUP_MODES}, got {self.warmup!r}")
-    _require(isinstance(self.fuse_projections, bool), "fuse_projections",
-             f"must be true or false, got {self.fuse_projections!r}")
-    _require(not (self.distributed.active and self.scheduler.num_scheduler_steps > 1),
-             "scheduler.num_scheduler_steps", "decode bursts do not run on multi-host jobs (the "
-             "other hosts replay single steps); set it to 1")
+    _require(
+      self.attention_backend in ATTENTION_BACKENDS,
+      "attention_backend",
+      f"must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}",
+    )
+    _require(
+      self.max_model_len is None
+      or (isinstance(self.max_model_len, int) and self.max_model_len >= 1),
+      "max_model_len",
+      f"must be a positive integer, got {self.max_model_len!r}",
+    )
+    _require(
+      isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
+      "tensor_parallel_size",
+      f"must be >= 1, got {self.tensor_parallel_size!r}",
+    )
+    _require(
+      self.gpu_gemm in GPU_GEMMS, "gpu_gemm", f"must be one of {GPU_GEMMS}, got {self.gpu_gemm!r}"
+    )
+    _require(
+      self.sampler_backend in SAMPLER_BACKENDS,
+      "sampler_backend",
+      f"must be one of {SAMPLER_BACKENDS}, got {self.sampler_backend!r}",
+    )
+    _require(
+      not (self.sampler_backend == "pallas_gpu" and self.tensor_parallel_size > 1),
+      "sampler_backend",
+      "pallas_gpu runs on unsharded models only (tensor_parallel_size 1); use auto or xla",
+    )
+    _require(
+      isinstance(self.tp_invariant_reductions, bool),
+      "tp_invariant_reductions",
+      f"must be true or false, got {self.tp_invariant_reductions!r}",
+    )
+    _require(
+      isinstance(self.batch_invariant, bool),
+      "batch_invariant",
+      f"must be true or false, got {self.batch_invariant!r}",
+    )
+    _require(
+      self.warmup in WARMUP_MODES, "warmup", f"must be one of {WARMUP_MODES}, got {self.warmup!r}"
+    )
+    _require(
+      isinstance(self.fuse_projections, bool),
+      "fuse_projections",
+      f"must be true or false, got {self.fuse_projections!r}",
+    )
+    _require(
+      not (self.distributed.active and self.scheduler.num_scheduler_steps > 1),
+      "scheduler.num_scheduler_steps",
+      "decode bursts do not run on multi-host jobs (the "
+      "other hosts replay single steps); set it to 1",
+    )
 
   def replace(self, **changes) -> "EngineConfig":
     return dataclasses.replace(self, **changes)
@@ -299,8 +419,12 @@ def config_from_dict(data: Mapping, cls: type = EngineConfig, prefix: str = ""):
     raise ValueError(f"{prefix or 'config'}: {err}") from err
 
 
-_NESTED = {(EngineConfig, "cache"): CacheConfig, (EngineConfig, "scheduler"): SchedulerConfig,
-           (EngineConfig, "server"): ServerConfig, (EngineConfig, "distributed"): DistributedConfig}
+_NESTED = {
+  (EngineConfig, "cache"): CacheConfig,
+  (EngineConfig, "scheduler"): SchedulerConfig,
+  (EngineConfig, "server"): ServerConfig,
+  (EngineConfig, "distributed"): DistributedConfig,
+}
 
 
 def config_to_dict(config) -> dict:

@@ -6,6 +6,7 @@ A value given here overrides the same key of the YAML file and of `--set`; every
 in docs/CONFIG.md and validated by jaxserve/config.py (a bad value is a ValueError naming the key).
 An argument's choices are its key's in config.CHOICES, so a new choice is added there alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,13 +14,13 @@ import json
 from dataclasses import dataclass
 from typing import Mapping
 
-from jaxserve.config import (CHOICES, EngineConfig, apply_overrides, config_from_dict,
-                             config_to_dict)
+from jaxserve.config import CHOICES, EngineConfig, apply_overrides, config_from_dict, config_to_dict
 
 
 @dataclass(frozen=True)
 class EngineArg:
   """`name` is the keyword and, dashed, the flag; `key` the dotted config key it sets."""
+
   name: str
   key: str
   type: type
@@ -36,32 +37,64 @@ class EngineArg:
 
 
 ENGINE_ARGS: tuple[EngineArg, ...] = (
-    EngineArg("model", "model", str, "built-in model name (tiny-random) or a Hugging Face "
-              "checkpoint directory"),
-    EngineArg("tokenizer", "tokenizer", str, "tokenizer directory, if not the model's"),
-    EngineArg("chat_template", "chat_template", str, "chat template file (or template text) "
-              "replacing the tokenizer's"),
-    EngineArg("dtype", "dtype", str, "weights and activations dtype"),
-    EngineArg("max_model_len", "max_model_len", int, "longest prompt + output in tokens "
-              "(null: the model's max_position_embeddings)"),
-    EngineArg("attention_backend", "attention_backend", str, "attention kernel"),
-    EngineArg("gpu_memory_utilization", "cache.memory_fraction", float,
-              "share of the device's total memory the process uses; the KV cache gets what the "
-              "weights and step scratch leave of it"),
-    EngineArg("block_size", "cache.page_size", int, "tokens per KV cache page"),
-    EngineArg("max_num_seqs", "scheduler.max_num_seqs", int, "sequences per step"),
-    EngineArg("max_num_batched_tokens", "scheduler.max_num_batched_tokens", int,
-              "tokens per step"),
-    EngineArg("enable_prefix_caching", "scheduler.enable_prefix_caching", bool,
-              "reuse the KV pages of prompt prefixes already computed"),
-    EngineArg("enable_chunked_prefill", "scheduler.enable_chunked_prefill", bool,
-              "split long prompts over several steps"),
-    EngineArg("seed", "seed", int, "seed of the random sampling of requests that give none"),
-    EngineArg("tensor_parallel_size", "tensor_parallel_size", int,
-              "shard the model over this many devices (all devices of all hosts)"),
-    EngineArg("warmup", "warmup", str, "when the step programs compile: all before starting "
-              "(full), the largest bucket first and the rest while serving (background), or "
-              "each on first use (lazy); auto: serve background, generate and LLM lazy"),
+  EngineArg(
+    "model",
+    "model",
+    str,
+    "built-in model name (tiny-random) or a Hugging Face checkpoint directory",
+  ),
+  EngineArg("tokenizer", "tokenizer", str, "tokenizer directory, if not the model's"),
+  EngineArg(
+    "chat_template",
+    "chat_template",
+    str,
+    "chat template file (or template text) replacing the tokenizer's",
+  ),
+  EngineArg("dtype", "dtype", str, "weights and activations dtype"),
+  EngineArg(
+    "max_model_len",
+    "max_model_len",
+    int,
+    "longest prompt + output in tokens (null: the model's max_position_embeddings)",
+  ),
+  EngineArg("attention_backend", "attention_backend", str, "attention kernel"),
+  EngineArg(
+    "gpu_memory_utilization",
+    "cache.memory_fraction",
+    float,
+    "share of the device's total memory the process uses; the KV cache gets what the "
+    "weights and step scratch leave of it",
+  ),
+  EngineArg("block_size", "cache.page_size", int, "tokens per KV cache page"),
+  EngineArg("max_num_seqs", "scheduler.max_num_seqs", int, "sequences per step"),
+  EngineArg("max_num_batched_tokens", "scheduler.max_num_batched_tokens", int, "tokens per step"),
+  EngineArg(
+    "enable_prefix_caching",
+    "scheduler.enable_prefix_caching",
+    bool,
+    "reuse the KV pages of prompt prefixes already computed",
+  ),
+  EngineArg(
+    "enable_chunked_prefill",
+    "scheduler.enable_chunked_prefill",
+    bool,
+    "split long prompts over several steps",
+  ),
+  EngineArg("seed", "seed", int, "seed of the random sampling of requests that give none"),
+  EngineArg(
+    "tensor_parallel_size",
+    "tensor_parallel_size",
+    int,
+    "shard the model over this many devices (all devices of all hosts)",
+  ),
+  EngineArg(
+    "warmup",
+    "warmup",
+    str,
+    "when the step programs compile: all before starting "
+    "(full), the largest bucket first and the rest while serving (background), or "
+    "each on first use (lazy); auto: serve background, generate and LLM lazy",
+  ),
 )
 BY_NAME = {arg.name: arg for arg in ENGINE_ARGS}
 
@@ -82,8 +115,9 @@ def add_engine_arg_flags(group: argparse._ArgumentGroup, skip: tuple[str, ...] =
     default = json.dumps(config_default(arg.key))
     help_text = f"{arg.help} (config key {arg.key}; default: {default})"
     if arg.type is bool:
-      group.add_argument(arg.flag, action=argparse.BooleanOptionalAction, default=None,
-                         help=help_text)
+      group.add_argument(
+        arg.flag, action=argparse.BooleanOptionalAction, default=None, help=help_text
+      )
     else:
       group.add_argument(arg.flag, type=arg.type, choices=arg.choices or None, help=help_text)
 

@@ -5,6 +5,7 @@ the params and KV pages, the same step programs: jaxserve/assembly.build_device)
 scheduler, tokenizer or HTTP server. It takes process 0's KV pool size, then receives each step's
 inputs and runs the step, warmup included, until process 0 stops.
 """
+
 from __future__ import annotations
 
 import logging

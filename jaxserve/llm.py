@@ -5,6 +5,7 @@ table in jaxserve/engine_args.py, shared with the CLI flags) or EngineConfig fie
 validated up front (a bad one raises ValueError before anything runs), then all are
 queued and the engine loops until every request finishes, with a progress bar.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,12 +13,12 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
-from jaxserve.config import EngineConfig
 from jaxserve.assembly import build_engine
-from jaxserve.platforms import prepare_jax_process
-from jaxserve.engine_args import BY_NAME, config_with_engine_args
+from jaxserve.config import EngineConfig
 from jaxserve.engine.llm_engine import LLMEngine
+from jaxserve.engine_args import BY_NAME, config_with_engine_args
 from jaxserve.outputs import Completion, GenerationResult, RequestOutput
+from jaxserve.platforms import prepare_jax_process
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.tokenizer.tokenizer import Tokenizer
 
@@ -31,43 +32,57 @@ class LLM:
   tensor_parallel_size=2, ...: jaxserve/engine_args.py) or EngineConfig fields
   (cache=CacheConfig(...)); an unknown one is a ValueError naming it."""
 
-  def __init__(self, model: str = "tiny-random", *, config: EngineConfig | None = None,
-               show_progress: bool = True, **kwargs: object):
+  def __init__(
+    self,
+    model: str = "tiny-random",
+    *,
+    config: EngineConfig | None = None,
+    show_progress: bool = True,
+    **kwargs: object,
+  ):
     self.config = engine_config_for(model, config or EngineConfig(), kwargs)
     prepare_jax_process(self.config.cache.memory_fraction)  # before jax starts a backend
     # warmup "auto" is lazy: an offline run compiles the few buckets its batches use, on the
     # step that first needs each, instead of every bucket up front (warmup="full" for all)
-    self.engine: LLMEngine = build_engine(self.config, show_progress=show_progress,
-                                          default_warmup="lazy")
+    self.engine: LLMEngine = build_engine(
+      self.config, show_progress=show_progress, default_warmup="lazy"
+    )
     self.tokenizer = self.engine.tokenizer
 
   def get_tokenizer(self) -> Tokenizer:
     return self.tokenizer
 
-  def chat(self, messages: Sequence[Message] | Sequence[Sequence[Message]],
-           sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-           use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[GenerationResult]:
+  def chat(
+    self,
+    messages: Sequence[Message] | Sequence[Sequence[Message]],
+    sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    use_tqdm: bool = True,
+    add_generation_prompt: bool = True,
+  ) -> list[GenerationResult]:
     """Generates a reply to one conversation (a list of {"role", "content"} messages) or to each
     of a list of them, through the chat template (which writes bos itself, as the chat route)."""
     conversations = _as_conversations(messages)
     prompts = [self.tokenizer.encode_chat(list(c), add_generation_prompt) for c in conversations]
     return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
-  def generate(self, prompts: Prompt | Sequence[Prompt],
-               sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-               use_tqdm: bool = True) -> list[GenerationResult]:
+  def generate(
+    self,
+    prompts: Prompt | Sequence[Prompt],
+    sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    use_tqdm: bool = True,
+  ) -> list[GenerationResult]:
     prompt_list = _as_prompt_list(prompts)
     params_list = _as_params_list(sampling_params, len(prompt_list))
-    encoded = [self.engine.encode_prompt(p if isinstance(p, str) else list(p))
-               for p in prompt_list]
+    encoded = [self.engine.encode_prompt(p if isinstance(p, str) else list(p)) for p in prompt_list]
     request_ids: list[list[str]] = []
     finished: dict[str, RequestOutput] = {}
     first_step_tokens = self.config.scheduler.max_num_batched_tokens
     queued_tokens, started = 0, False
     try:
       for i, (ids, params) in enumerate(zip(encoded, params_list)):
-        request_ids.append([self._add(ids, child, i, k)
-                            for k, child in enumerate(params.expand_n())])
+        request_ids.append(
+          [self._add(ids, child, i, k) for k, child in enumerate(params.expand_n())]
+        )
         queued_tokens += len(ids) * params.n
         if not started and queued_tokens >= first_step_tokens and self.engine.async_scheduling:
           # The first step's prompts are queued (admission is first come, first served within
@@ -81,18 +96,22 @@ class LLM:
       self._drain()
       raise
     self._run(sum(len(r) for r in request_ids), use_tqdm, finished)
-    return [self._result(prompt_list[i], encoded[i], [finished[r] for r in rids])
-            for i, rids in enumerate(request_ids)]
+    return [
+      self._result(prompt_list[i], encoded[i], [finished[r] for r in rids])
+      for i, rids in enumerate(request_ids)
+    ]
 
-  def _add(self, prompt_ids: list[int], params: SamplingParams, prompt_index: int,
-           sample_index: int) -> str:
+  def _add(
+    self, prompt_ids: list[int], params: SamplingParams, prompt_index: int, sample_index: int
+  ) -> str:
     rid = f"offline-{id(self)}-{prompt_index}-{sample_index}-{self.engine.next_request_number()}"
     return self.engine.add_request(prompt_ids, params, request_id=rid, stream=False)
 
   def _run(self, num_requests: int, use_tqdm: bool, finished: dict[str, RequestOutput]) -> None:
     """Steps until every request has finished, adding each finished output to `finished`."""
-    with tqdm(total=num_requests, initial=len(finished), desc="generating", unit="req",
-              disable=not use_tqdm) as bar:
+    with tqdm(
+      total=num_requests, initial=len(finished), desc="generating", unit="req", disable=not use_tqdm
+    ) as bar:
       while self.engine.has_unfinished_requests():
         bar.update(self._collect(self.engine.step(), finished))
 
@@ -107,25 +126,36 @@ class LLM:
       self.engine.step()
 
   @staticmethod
-  def _result(prompt: Prompt, prompt_ids: list[int],
-              outputs: list[RequestOutput]) -> GenerationResult:
+  def _result(
+    prompt: Prompt, prompt_ids: list[int], outputs: list[RequestOutput]
+  ) -> GenerationResult:
     completions = tuple(
-        Completion(index=k, text=o.text, token_ids=o.token_ids, finish_reason=o.finish_reason,
-                   stop_reason=o.stop_reason, logprobs=o.logprobs)
-        for k, o in enumerate(outputs))
-    return GenerationResult(prompt=prompt if isinstance(prompt, str) else None,
-                            prompt_token_ids=tuple(prompt_ids), outputs=completions,
-                            prompt_logprobs=outputs[0].prompt_logprobs)
+      Completion(
+        index=k,
+        text=o.text,
+        token_ids=o.token_ids,
+        finish_reason=o.finish_reason,
+        stop_reason=o.stop_reason,
+        logprobs=o.logprobs,
+      )
+      for k, o in enumerate(outputs)
+    )
+    return GenerationResult(
+      prompt=prompt if isinstance(prompt, str) else None,
+      prompt_token_ids=tuple(prompt_ids),
+      outputs=completions,
+      prompt_logprobs=outputs[0].prompt_logprobs,
+    )
 
 
-def engine_config_for(model: str, base: EngineConfig,
-                      kwargs: dict[str, object]) -> EngineConfig:
+def engine_config_for(model: str, base: EngineConfig, kwargs: dict[str, object]) -> EngineConfig:
   """`base` with model, the EngineConfig fields and then the engine arguments of `kwargs`."""
   fields = {f.name for f in dataclasses.fields(EngineConfig)}
   unknown = [name for name in kwargs if name not in fields and name not in BY_NAME]
   if unknown:
-    raise ValueError(f"{unknown[0]}: not an engine argument ({', '.join(BY_NAME)}) nor an "
-                     "EngineConfig field")
+    raise ValueError(
+      f"{unknown[0]}: not an engine argument ({', '.join(BY_NAME)}) nor an EngineConfig field"
+    )
   engine_args = {k: v for k, v in kwargs.items() if k in BY_NAME}
   config_fields = {k: v for k, v in kwargs.items() if k not in BY_NAME}
   config = dataclasses.replace(base, model=model, **config_fields)
@@ -138,8 +168,9 @@ def _as_conversations(messages) -> list[Sequence[Message]]:
     raise ValueError("messages: must not be empty")
   if all(isinstance(m, dict) for m in messages):
     return [messages]
-  if all(isinstance(c, (list, tuple)) and c and all(isinstance(m, dict) for m in c)
-         for c in messages):
+  if all(
+    isinstance(c, (list, tuple)) and c and all(isinstance(m, dict) for m in c) for c in messages
+  ):
     return messages
   raise ValueError("messages: give a list of {role, content} messages or a list of such lists")
 
@@ -155,8 +186,9 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
   return prompts
 
 
-def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None,
-                    count: int) -> list[SamplingParams]:
+def _as_params_list(
+  params: SamplingParams | Sequence[SamplingParams] | None, count: int
+) -> list[SamplingParams]:
   if params is None:
     return [SamplingParams()] * count
   if isinstance(params, SamplingParams):

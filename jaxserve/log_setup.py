@@ -8,6 +8,7 @@ TPU is attached, jaxserve/platforms.py keeps JAX from probing it at all: libtpu'
 lines cannot be filtered here. A backend JAX was told to use (JAX_PLATFORMS) that fails
 still raises, with JAX's own message.
 """
+
 from __future__ import annotations
 
 import logging

@@ -4,6 +4,7 @@ The one place that calls `device.memory_stats()`: the KV pool's sizing (device/d
 and the weight loader's choice of layout (models/weight_transfer.py) both read them here, so
 neither package imports the other for it. Imports nothing (the device is passed in).
 """
+
 from __future__ import annotations
 
 from typing import Mapping

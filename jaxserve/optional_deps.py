@@ -6,6 +6,7 @@ the `bench` extra. A command asks for what it will import before it does any wor
 package is one line naming the extra (`pip install 'jaxserve[bench]'`), never a traceback and
 never after a benchmark has run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,14 +57,17 @@ def require(command: str, requirements: Sequence[Requirement]) -> None:
   extras = sorted({EXTRA_OF.get(r.module, "bench") for r in absent})
   what = ", ".join(f"{r.module} ({r.reason})" for r in absent)
   install = " ".join(f"'jaxserve[{extra}]'" for extra in extras)
-  raise MissingDependencyError(f"{command} needs {what}, which is not installed: "
-                               f"pip install {install}")
+  raise MissingDependencyError(
+    f"{command} needs {what}, which is not installed: pip install {install}"
+  )
 
 
 def requiring(run: Command, needs: Callable[[argparse.Namespace], list[Requirement]]) -> Command:
   """`run`, after checking (require) what `needs(args)` lists, before it imports anything."""
+
   def checked(args: argparse.Namespace) -> int:
     bench = getattr(args, "bench_command", None)
     require(f"jaxserve {args.command}{' ' + bench if bench else ''}", needs(args))
     return run(args)
+
   return checked

@@ -1,4 +1,5 @@
 """What the engine reports about a request after each step (host side, plain data)."""
+
 from __future__ import annotations
 
 import enum
@@ -8,12 +9,13 @@ from dataclasses import dataclass, field
 class FinishReason(str, enum.Enum):
   """Why a request's output ended, the OpenAI API's finish_reason. A str: a member compares
   equal to its value and prints, formats and serializes (JSON, msgpack) as it."""
-  STOP = "stop"                    # a stop token (eos, stop_token_ids) or a stop string
-  LENGTH = "length"                # max_tokens or the model's context is reached
-  ABORT = "abort"                  # cancelled (the client left, or an abort)
-  ERROR = "error"                  # the engine failed the request
+
+  STOP = "stop"  # a stop token (eos, stop_token_ids) or a stop string
+  LENGTH = "length"  # max_tokens or the model's context is reached
+  ABORT = "abort"  # cancelled (the client left, or an abort)
+  ERROR = "error"  # the engine failed the request
   GRAMMAR_ERROR = "grammar_error"  # the grammar reached a dead end (structured outputs)
-  TOOL_CALLS = "tool_calls"        # a chat choice that called tools (the API server's)
+  TOOL_CALLS = "tool_calls"  # a chat choice that called tools (the API server's)
 
   def __str__(self) -> str:
     return self.value
@@ -22,6 +24,7 @@ class FinishReason(str, enum.Enum):
 @dataclass(frozen=True)
 class TokenLogprob:
   """A token's logprob plus the top-N alternatives at that position (id -> logprob)."""
+
   token_id: int
   logprob: float
   top: tuple[tuple[int, float], ...] = ()
@@ -41,6 +44,7 @@ class RequestMetrics:
 class RequestOutput:
   """One request's state after a step. new_* hold this step's delta (for streaming), the rest is
   cumulative. prompt_logprobs[0] is None (the first token has no context)."""
+
   request_id: str
   prompt_token_ids: tuple[int, ...]
   token_ids: tuple[int, ...]
@@ -49,7 +53,7 @@ class RequestOutput:
   new_text: str
   finished: bool
   finish_reason: FinishReason | None = None
-  stop_reason: str | int | None = None    # the stop string or stop token id that matched
+  stop_reason: str | int | None = None  # the stop string or stop token id that matched
   logprobs: tuple[TokenLogprob, ...] | None = None
   new_logprobs: tuple[TokenLogprob, ...] | None = None
   prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
@@ -61,6 +65,7 @@ class RequestOutput:
 @dataclass(frozen=True)
 class Completion:
   """One of the n completions of a prompt (offline API)."""
+
   index: int
   text: str
   token_ids: tuple[int, ...]
@@ -72,6 +77,7 @@ class Completion:
 @dataclass(frozen=True)
 class GenerationResult:
   """A prompt and its completions, as LLM.generate returns them."""
+
   prompt: str | None
   prompt_token_ids: tuple[int, ...]
   outputs: tuple[Completion, ...]

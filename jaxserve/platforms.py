@@ -11,6 +11,7 @@ v6e) and JAX_PLATFORMS is unset, it sets JAX_PLATFORMS to the platforms that can
 or "rocm,cpu" where a GPU plugin is installed, else "cpu") and logs that it did. A user's own
 JAX_PLATFORMS wins. compile-tpu loads libtpu itself for a topology and never calls it.
 """
+
 from __future__ import annotations
 
 import glob
@@ -19,8 +20,11 @@ import logging
 import os
 from typing import MutableMapping, Sequence
 
-from jaxserve.device.device_memory import (ClientMemorySetup, backend_started,
-                                           configure_client_memory)
+from jaxserve.device.device_memory import (
+  ClientMemorySetup,
+  backend_started,
+  configure_client_memory,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +47,9 @@ def platforms_without_tpu(*, cuda: bool, rocm: bool) -> str:
   return ",".join([p for p, on in (("cuda", cuda), ("rocm", rocm)) if on] + ["cpu"])
 
 
-def platforms_to_set(environ: MutableMapping[str, str], *, libtpu: bool, tpu: bool, cuda: bool,
-                     rocm: bool) -> str | None:
+def platforms_to_set(
+  environ: MutableMapping[str, str], *, libtpu: bool, tpu: bool, cuda: bool, rocm: bool
+) -> str | None:
   """JAX_PLATFORMS to set, or None to leave the environment as it is."""
   if environ.get("JAX_PLATFORMS") or not libtpu or tpu:
     return None
@@ -57,8 +62,13 @@ def skip_absent_tpu(environ: MutableMapping[str, str] | None = None) -> str | No
   environ = os.environ if environ is None else environ
   if backend_started():  # too late to matter here, and children should not inherit it
     return None
-  value = platforms_to_set(environ, libtpu=installed(("libtpu",)), tpu=tpu_attached(),
-                           cuda=installed(CUDA_PLUGINS), rocm=installed(ROCM_PLUGINS))
+  value = platforms_to_set(
+    environ,
+    libtpu=installed(("libtpu",)),
+    tpu=tpu_attached(),
+    cuda=installed(CUDA_PLUGINS),
+    rocm=installed(ROCM_PLUGINS),
+  )
   if value is not None:
     environ["JAX_PLATFORMS"] = value
     logger.debug("libtpu is installed but no TPU is attached: JAX_PLATFORMS=%s", value)

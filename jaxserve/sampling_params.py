@@ -3,6 +3,7 @@
 Every check raises ValueError naming the offending field, so the engine, the CLI and the HTTP
 server report bad input the same way.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,6 +29,7 @@ class SamplingParams:
   StructuredOutputSpec or vLLM's mapping ({"json": schema} / {"regex": ...} / {"choice": [...]} /
   {"grammar": ...} / {"json_object": True}); the engine validates it against its tokenizer.
   """
+
   n: int = 1
   temperature: float = 1.0
   top_p: float = 1.0
@@ -58,34 +60,73 @@ class SamplingParams:
 
   def _validate(self) -> None:
     _check(isinstance(self.n, int) and self.n >= 1, "n", f"must be an integer >= 1, got {self.n!r}")
-    _check(_is_number(self.temperature) and self.temperature >= 0.0, "temperature",
-           f"must be >= 0, got {self.temperature!r}")
-    _check(_is_number(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p",
-           f"must be in (0, 1], got {self.top_p!r}")
-    _check(isinstance(self.top_k, int) and self.top_k >= -1, "top_k",
-           f"must be an integer >= -1 (0 or -1 disables it), got {self.top_k!r}")
-    _check(_is_number(self.min_p) and 0.0 <= self.min_p <= 1.0, "min_p",
-           f"must be in [0, 1], got {self.min_p!r}")
-    _check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63), "seed",
-           f"must be a non-negative integer, got {self.seed!r}")
-    _check(_is_number(self.repetition_penalty) and self.repetition_penalty > 0.0,
-           "repetition_penalty", f"must be > 0, got {self.repetition_penalty!r}")
-    _check(_is_number(self.presence_penalty) and -2.0 <= self.presence_penalty <= 2.0,
-           "presence_penalty", f"must be in [-2, 2], got {self.presence_penalty!r}")
-    _check(_is_number(self.frequency_penalty) and -2.0 <= self.frequency_penalty <= 2.0,
-           "frequency_penalty", f"must be in [-2, 2], got {self.frequency_penalty!r}")
-    _check(all(isinstance(s, str) and s for s in self.stop), "stop",
-           "must be a list of non-empty strings")
-    _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
-           "must be a list of non-negative integers")
-    _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens",
-           f"must be an integer >= 1, got {self.max_tokens!r}")
-    _check(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens,
-           "min_tokens", f"must be an integer in [0, max_tokens], got {self.min_tokens!r}")
+    _check(
+      _is_number(self.temperature) and self.temperature >= 0.0,
+      "temperature",
+      f"must be >= 0, got {self.temperature!r}",
+    )
+    _check(
+      _is_number(self.top_p) and 0.0 < self.top_p <= 1.0,
+      "top_p",
+      f"must be in (0, 1], got {self.top_p!r}",
+    )
+    _check(
+      isinstance(self.top_k, int) and self.top_k >= -1,
+      "top_k",
+      f"must be an integer >= -1 (0 or -1 disables it), got {self.top_k!r}",
+    )
+    _check(
+      _is_number(self.min_p) and 0.0 <= self.min_p <= 1.0,
+      "min_p",
+      f"must be in [0, 1], got {self.min_p!r}",
+    )
+    _check(
+      self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63),
+      "seed",
+      f"must be a non-negative integer, got {self.seed!r}",
+    )
+    _check(
+      _is_number(self.repetition_penalty) and self.repetition_penalty > 0.0,
+      "repetition_penalty",
+      f"must be > 0, got {self.repetition_penalty!r}",
+    )
+    _check(
+      _is_number(self.presence_penalty) and -2.0 <= self.presence_penalty <= 2.0,
+      "presence_penalty",
+      f"must be in [-2, 2], got {self.presence_penalty!r}",
+    )
+    _check(
+      _is_number(self.frequency_penalty) and -2.0 <= self.frequency_penalty <= 2.0,
+      "frequency_penalty",
+      f"must be in [-2, 2], got {self.frequency_penalty!r}",
+    )
+    _check(
+      all(isinstance(s, str) and s for s in self.stop),
+      "stop",
+      "must be a list of non-empty strings",
+    )
+    _check(
+      all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+      "stop_token_ids",
+      "must be a list of non-negative integers",
+    )
+    _check(
+      isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+      "max_tokens",
+      f"must be an integer >= 1, got {self.max_tokens!r}",
+    )
+    _check(
+      isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens,
+      "min_tokens",
+      f"must be an integer in [0, max_tokens], got {self.min_tokens!r}",
+    )
     for name in ("logprobs", "prompt_logprobs"):
       value = getattr(self, name)
-      _check(value is None or (isinstance(value, int) and 0 <= value <= MAX_LOGPROBS), name,
-             f"must be an integer in [0, {MAX_LOGPROBS}], got {value!r}")
+      _check(
+        value is None or (isinstance(value, int) and 0 <= value <= MAX_LOGPROBS),
+        name,
+        f"must be an integer in [0, {MAX_LOGPROBS}], got {value!r}",
+      )
 
   @property
   def greedy(self) -> bool:
@@ -93,15 +134,19 @@ class SamplingParams:
 
   @property
   def uses_penalties(self) -> bool:
-    return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
-            or self.frequency_penalty != 0.0)
+    return (
+      self.repetition_penalty != 1.0
+      or self.presence_penalty != 0.0
+      or self.frequency_penalty != 0.0
+    )
 
   def expand_n(self) -> tuple["SamplingParams", ...]:
     """The n one-sample requests these params stand for (the one rule, used by the server and
     LLM): child k has n=1 and, with a seed, seed + k, so a fixed seed gives n different,
     reproducible samples."""
-    return tuple(self.replace(n=1, seed=None if self.seed is None else self.seed + k)
-                 for k in range(self.n))
+    return tuple(
+      self.replace(n=1, seed=None if self.seed is None else self.seed + k) for k in range(self.n)
+    )
 
   def replace(self, **changes) -> "SamplingParams":
     return dataclasses.replace(self, **changes)

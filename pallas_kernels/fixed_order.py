@@ -9,6 +9,7 @@ is the same whatever the number of rows. The row is zero padded to a power of tw
 zero is exact). An optimization barrier at `lanes` partial sums keeps XLA from fusing the whole
 tree into one thread per row.
 """
+
 from __future__ import annotations
 
 import jax
@@ -22,7 +23,7 @@ def fixed_order_sum(x: jax.Array, lanes: int = LANES) -> jax.Array:
   width = x.shape[-1]
   padded = 1 << max(0, (width - 1).bit_length())
   if padded != width:
-    x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, padded - width)])          # [..., 2^k]
+    x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, padded - width)])  # [..., 2^k]
   while x.shape[-1] > 1:
     if x.shape[-1] == lanes:
       x = jax.lax.optimization_barrier(x)

@@ -24,46 +24,88 @@ a fraction of a second and fails on the first edge that breaks a rule):
 Imports are read everywhere in a module, function bodies included: a function-local import is
 an edge like any other.
 """
+
 from __future__ import annotations
 
 import ast
 import fnmatch
-import tomllib
 import re
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "jaxserve"
 KERNELS = ROOT / "pallas_kernels"
 TESTS = ROOT / "tests"
 
-HOST = ("jaxserve.engine", "jaxserve.core", "jaxserve.server", "jaxserve.tools", "jaxserve.bench",
-        "jaxserve.llm", "jaxserve.cli", "jaxserve.structured")
+HOST = (
+  "jaxserve.engine",
+  "jaxserve.core",
+  "jaxserve.server",
+  "jaxserve.tools",
+  "jaxserve.bench",
+  "jaxserve.llm",
+  "jaxserve.cli",
+  "jaxserve.structured",
+)
 ROOTS = ("jaxserve.assembly", "jaxserve.follower")
-DEVICE = ("jaxserve.device", "pallas_kernels", "jaxserve.attention", "jaxserve.models",
-          "jaxserve.parallel")
-PURE_HOST = ("jaxserve.engine.scheduler", "jaxserve.engine.page_allocator",
-             "jaxserve.engine.request", "jaxserve.engine.batch_builder",
-             "jaxserve.engine.admission", "jaxserve.engine.device_port",
-             "jaxserve.engine.request_state", "jaxserve.engine.llm_engine",
-             "jaxserve.engine.engine_core", "jaxserve.engine.output_processor",
-             "jaxserve.core.messages", "jaxserve.core.client", "jaxserve.core.streams",
-             "jaxserve.core.info", "jaxserve.core.loop", "jaxserve.core.router",
-             "jaxserve.engine.engine_stats", "jaxserve.engine.core_io",
-             "jaxserve.messages.scheduled_batch", "jaxserve.messages.step_output",
-             "jaxserve.messages.buckets", "jaxserve.messages.program_readiness",
-             "jaxserve.messages.sampling_row",
-             "jaxserve.engine.constraints", "jaxserve.structured.matcher",
-             "jaxserve.structured.grammar", "jaxserve.structured.tools")
+DEVICE = (
+  "jaxserve.device",
+  "pallas_kernels",
+  "jaxserve.attention",
+  "jaxserve.models",
+  "jaxserve.parallel",
+)
+PURE_HOST = (
+  "jaxserve.engine.scheduler",
+  "jaxserve.engine.page_allocator",
+  "jaxserve.engine.request",
+  "jaxserve.engine.batch_builder",
+  "jaxserve.engine.admission",
+  "jaxserve.engine.device_port",
+  "jaxserve.engine.request_state",
+  "jaxserve.engine.llm_engine",
+  "jaxserve.engine.engine_core",
+  "jaxserve.engine.output_processor",
+  "jaxserve.core.messages",
+  "jaxserve.core.client",
+  "jaxserve.core.streams",
+  "jaxserve.core.info",
+  "jaxserve.core.loop",
+  "jaxserve.core.router",
+  "jaxserve.engine.engine_stats",
+  "jaxserve.engine.core_io",
+  "jaxserve.messages.scheduled_batch",
+  "jaxserve.messages.step_output",
+  "jaxserve.messages.buckets",
+  "jaxserve.messages.program_readiness",
+  "jaxserve.messages.sampling_row",
+  "jaxserve.engine.constraints",
+  "jaxserve.structured.matcher",
+  "jaxserve.structured.grammar",
+  "jaxserve.structured.tools",
+)
 JAX = ("jax", "jaxlib", "flax")
 INVESTIGATIONS = ("investigations",)
 SERVER = ("jaxserve.server",)
 SERVE_HANDOFF = ("jaxserve.server.cli", "jaxserve.core.serve")  # `jaxserve serve` -> core/
 PROCESS_MODULES = ("multiprocessing", "subprocess")
-PROCESS_CALLS = ("fork", "forkpty", "posix_spawn", "posix_spawnp", "spawnv", "spawnl", "system",
-                 "popen", "execv", "execvp", "Process", "Popen")
+PROCESS_CALLS = (
+  "fork",
+  "forkpty",
+  "posix_spawn",
+  "posix_spawnp",
+  "spawnv",
+  "spawnl",
+  "system",
+  "popen",
+  "execv",
+  "execvp",
+  "Process",
+  "Popen",
+)
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -86,7 +128,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     elif isinstance(node, ast.ImportFrom):
       if node.level:
         base = name.split(".")
-        base = base[:len(base) - node.level + (1 if is_package else 0)]
+        base = base[: len(base) - node.level + (1 if is_package else 0)]
         target = ".".join(base + ([node.module] if node.module else []))
       else:
         target = node.module
@@ -107,10 +149,12 @@ def _within(name: str, prefixes: tuple[str, ...]) -> bool:
   return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
-def forbidden_edges(graph: dict[str, set[str]], sources: tuple[str, ...],
-                    targets: tuple[str, ...]) -> list[tuple[str, str]]:
-  return sorted((m, t) for m, ts in graph.items() if _within(m, sources)
-                for t in ts if _within(t, targets))
+def forbidden_edges(
+  graph: dict[str, set[str]], sources: tuple[str, ...], targets: tuple[str, ...]
+) -> list[tuple[str, str]]:
+  return sorted(
+    (m, t) for m, ts in graph.items() if _within(m, sources) for t in ts if _within(t, targets)
+  )
 
 
 def jax_reach(graph: dict[str, set[str]], start: str) -> list[list[str]]:
@@ -118,8 +162,7 @@ def jax_reach(graph: dict[str, set[str]], start: str) -> list[list[str]]:
   return reach(graph, start, JAX)
 
 
-def reach(graph: dict[str, set[str]], start: str,
-          targets: tuple[str, ...]) -> list[list[str]]:
+def reach(graph: dict[str, set[str]], start: str, targets: tuple[str, ...]) -> list[list[str]]:
   """Import chains from `start` to any of `targets` through jaxserve modules."""
   chains, seen, stack = [], {start}, [[start]]
   while stack:
@@ -179,8 +222,9 @@ def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
   packages: dict[str, set[str]] = {package_of(m): set() for m in graph}
   for module, targets in graph.items():
     source = package_of(module)
-    packages[source].update(package_of(t) for t in targets
-                            if t in graph and package_of(t) != source)
+    packages[source].update(
+      package_of(t) for t in targets if t in graph and package_of(t) != source
+    )
   return packages
 
 
@@ -189,9 +233,12 @@ BACKEND_LIKE = re.compile(r"backend|attention|attend", re.IGNORECASE)
 
 def _is_backend_literal(node: ast.AST) -> bool:
   """A string (or a tuple of strings) naming an attention backend or kernel."""
-  return any(isinstance(n, ast.Constant) and isinstance(n.value, str)
-             and (n.value in ("reference", "xla") or n.value.startswith("pallas"))
-             for n in ast.walk(node))
+  return any(
+    isinstance(n, ast.Constant)
+    and isinstance(n.value, str)
+    and (n.value in ("reference", "xla") or n.value.startswith("pallas"))
+    for n in ast.walk(node)
+  )
 
 
 def _is_name_of(node: ast.AST) -> bool:
@@ -212,10 +259,15 @@ def backend_name_tests(tree: ast.AST) -> list[int]:
     if isinstance(node, ast.Compare):
       operands = [node.left, *node.comparators]
       if any(_is_backend_name(o) for o in operands) or (
-          any(_is_name_of(o) for o in operands) and any(_is_backend_literal(o) for o in operands)):
+        any(_is_name_of(o) for o in operands) and any(_is_backend_literal(o) for o in operands)
+      ):
         lines.append(node.lineno)
-    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-          and node.func.attr in ("startswith", "endswith") and _is_name_of(node.func.value)):
+    elif (
+      isinstance(node, ast.Call)
+      and isinstance(node.func, ast.Attribute)
+      and node.func.attr in ("startswith", "endswith")
+      and _is_name_of(node.func.value)
+    ):
       if _is_backend_name(node.func.value) or any(_is_backend_literal(a) for a in node.args):
         lines.append(node.lineno)
   return lines
@@ -228,8 +280,13 @@ def definitions(name: str) -> list[str]:
     for node in ast.walk(ast.parse(path.read_text())):
       if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
         found.append(module)
-      targets = (node.targets if isinstance(node, ast.Assign)
-                 else [node.target] if isinstance(node, ast.AnnAssign) else [])
+      targets = (
+        node.targets
+        if isinstance(node, ast.Assign)
+        else [node.target]
+        if isinstance(node, ast.AnnAssign)
+        else []
+      )
       if any(isinstance(t, ast.Name) and t.id == name for t in targets):
         found.append(module)
   return found
@@ -241,8 +298,10 @@ def reads_sampling_rows(tree: ast.AST) -> bool:
   for node in ast.walk(tree):
     if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("sampling_row"):
       return True
-    if isinstance(node, ast.Attribute) and (node.attr == "sampling_row_bytes" or (
-        node.attr == "rows" and ast.unparse(node.value).endswith("sampling"))):
+    if isinstance(node, ast.Attribute) and (
+      node.attr == "sampling_row_bytes"
+      or (node.attr == "rows" and ast.unparse(node.value).endswith("sampling"))
+    ):
       return True
   return False
 
@@ -251,19 +310,26 @@ def positional_row_reads(tree: ast.AST) -> list[str]:
   """Indexing by a literal number where a module could index a sampling row: a table subscript
   holding one (`table[:, 6]`), a subscript read by one of anything but an attribute
   (`row[6]`; `x.shape[0]` is fine), and a reshape to a literal width (`.reshape(n, 8)`)."""
+
   def is_int(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant) and type(node.value) is int
+
   found = []
   for node in ast.walk(tree):
     if isinstance(node, ast.Subscript):
       index = node.slice
       if (isinstance(index, ast.Tuple) and any(is_int(e) for e in index.elts)) or (
-          is_int(index) and isinstance(node.ctx, ast.Load)
-          and not isinstance(node.value, ast.Attribute)):
+        is_int(index)
+        and isinstance(node.ctx, ast.Load)
+        and not isinstance(node.value, ast.Attribute)
+      ):
         found.append(ast.unparse(node))
-    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-          and node.func.attr == "reshape"
-          and any(is_int(a) and a.value > 1 for a in node.args)):
+    elif (
+      isinstance(node, ast.Call)
+      and isinstance(node.func, ast.Attribute)
+      and node.func.attr == "reshape"
+      and any(is_int(a) and a.value > 1 for a in node.args)
+    ):
       found.append(ast.unparse(node))
   return found
 
@@ -301,15 +367,21 @@ def test_the_investigations_are_not_installed():
   find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
   include = find["find"]["include"]
   assert any(fnmatch.fnmatch("jaxserve.bench", pattern) for pattern in include)
-  assert not any(fnmatch.fnmatch(name, pattern) for pattern in include
-                 for name in ("investigations", "investigations.bench_kernels"))
+  assert not any(
+    fnmatch.fnmatch(name, pattern)
+    for pattern in include
+    for name in ("investigations", "investigations.bench_kernels")
+  )
+
+
 def test_no_package_cycle(graph):
   """No cycle among packages (jaxserve.X for each subpackage or top-level module X,
   pallas_kernels): the layering holds between packages, not only between modules (e.g. models
   below device, engine below core below server)."""
   packages = package_graph(graph)
   assert {"jaxserve.device", "jaxserve.models", "jaxserve.config", "pallas_kernels"} <= set(
-      packages)
+    packages
+  )
   assert cycles(packages) == []
 
 
@@ -319,23 +391,31 @@ def test_no_package_cycle(graph):
 # (messages) to the step programs (device), the model (models), the attention backend (attention)
 # and the kernel (pallas_kernels) only goes down.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("pallas_kernels", "jaxserve.messages", "jaxserve.outputs", "jaxserve.memory_stats",
-     "jaxserve.log_setup", "jaxserve.optional_deps", "jaxserve.cli_help", "jaxserve.tokenizer"),
-    ("jaxserve.structured",),
-    ("jaxserve.config", "jaxserve.sampling_params"),
-    ("jaxserve.engine_args", "jaxserve.attention", "jaxserve.engine"),
-    ("jaxserve.cli_args",),
-    ("jaxserve.models",),
-    ("jaxserve.device",),
-    ("jaxserve.parallel", "jaxserve.platforms"),
-    ("jaxserve.assembly",),
-    ("jaxserve.follower",),
-    ("jaxserve.core", "jaxserve.llm"),
-    ("jaxserve.server", "jaxserve.tools"),
-    ("jaxserve.tpu_aot",),
-    ("jaxserve.bench",),
-    ("jaxserve",),
-    ("jaxserve.cli",),
+  (
+    "pallas_kernels",
+    "jaxserve.messages",
+    "jaxserve.outputs",
+    "jaxserve.memory_stats",
+    "jaxserve.log_setup",
+    "jaxserve.optional_deps",
+    "jaxserve.cli_help",
+    "jaxserve.tokenizer",
+  ),
+  ("jaxserve.structured",),
+  ("jaxserve.config", "jaxserve.sampling_params"),
+  ("jaxserve.engine_args", "jaxserve.attention", "jaxserve.engine"),
+  ("jaxserve.cli_args",),
+  ("jaxserve.models",),
+  ("jaxserve.device",),
+  ("jaxserve.parallel", "jaxserve.platforms"),
+  ("jaxserve.assembly",),
+  ("jaxserve.follower",),
+  ("jaxserve.core", "jaxserve.llm"),
+  ("jaxserve.server", "jaxserve.tools"),
+  ("jaxserve.tpu_aot",),
+  ("jaxserve.bench",),
+  ("jaxserve",),
+  ("jaxserve.cli",),
 )
 
 
@@ -343,21 +423,27 @@ def test_every_import_goes_down_the_layers(graph):
   layer = {package: i for i, packages in enumerate(LAYERS) for package in packages}
   packages = package_graph(graph)
   assert set(packages) == set(layer), "every package has a layer"
-  upward = sorted((a, b) for a, targets in packages.items() for b in targets
-                  if a != b and layer[b] >= layer[a])
+  upward = sorted(
+    (a, b) for a, targets in packages.items() for b in targets if a != b and layer[b] >= layer[a]
+  )
   assert upward == []
 
 
 def test_no_decision_by_an_attention_backends_name():
   """Callers read a backend's capabilities (attention/capabilities.py), never its display name,
   which depends on the wrapping order."""
-  found = [(str(path.relative_to(ROOT)), line)
-           for root in (PACKAGE, KERNELS, TESTS) for path in sorted(root.rglob("*.py"))
-           for line in backend_name_tests(ast.parse(path.read_text(), str(path)))]
+  found = [
+    (str(path.relative_to(ROOT)), line)
+    for root in (PACKAGE, KERNELS, TESTS)
+    for path in sorted(root.rglob("*.py"))
+    for line in backend_name_tests(ast.parse(path.read_text(), str(path)))
+  ]
   assert found == []
 
 
-@pytest.mark.parametrize("name,where", [
+@pytest.mark.parametrize(
+  "name,where",
+  [
     ("KVPages", ["jaxserve.attention.metadata"]),
     ("check_token_ids", ["jaxserve.engine.admission"]),
     ("check_length", ["jaxserve.engine.admission"]),
@@ -371,7 +457,8 @@ def test_no_decision_by_an_attention_backends_name():
     ("SAMPLING_ROW_WIDTH", ["jaxserve.messages.sampling_row"]),
     ("GREEDY_ROW", ["jaxserve.messages.sampling_row"]),
     ("sampling_row", ["jaxserve.messages.sampling_row"]),
-])
+  ],
+)
 def test_one_definition_per_policy(name, where):
   assert definitions(name) == where
 
@@ -380,38 +467,60 @@ def test_sampling_rows_are_read_by_column_name():
   """The row's layout is messages/sampling_row.py's alone: nobody else indexes a row by
   position or restates its width (the batch builder, the request and the step inputs handle
   rows)."""
-  readers = {module: ast.parse(path.read_text()) for module, path in package_modules().items()
-             if not _within(module, ("jaxserve.messages",))}
+  readers = {
+    module: ast.parse(path.read_text())
+    for module, path in package_modules().items()
+    if not _within(module, ("jaxserve.messages",))
+  }
   readers = {m: tree for m, tree in readers.items() if reads_sampling_rows(tree)}
-  assert {"jaxserve.engine.request", "jaxserve.engine.batch_builder",
-          "jaxserve.device.step_inputs"} <= set(readers)
+  assert {
+    "jaxserve.engine.request",
+    "jaxserve.engine.batch_builder",
+    "jaxserve.device.step_inputs",
+  } <= set(readers)
   assert {m: found for m, tree in readers.items() if (found := positional_row_reads(tree))} == {}
 
 
 def test_every_engine_module_is_checked_for_jax(graph):
   assert {m for m in graph if _within(m, ("jaxserve.engine",))} - {"jaxserve.engine"} <= set(
-      PURE_HOST)
+    PURE_HOST
+  )
 
 
 def test_one_seed_plus_k():
   """The n > 1 rule (child k samples with seed + k) is written once."""
+
   def adds_to_seed(node: ast.AST) -> bool:
-    return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add)
-            and any(isinstance(side, ast.Attribute) and side.attr == "seed"
-                    for side in (node.left, node.right)))
-  found = [module for module, path in package_modules().items()
-           for node in ast.walk(ast.parse(path.read_text())) if adds_to_seed(node)]
+    return (
+      isinstance(node, ast.BinOp)
+      and isinstance(node.op, ast.Add)
+      and any(
+        isinstance(side, ast.Attribute) and side.attr == "seed" for side in (node.left, node.right)
+      )
+    )
+
+  found = [
+    module
+    for module, path in package_modules().items()
+    for node in ast.walk(ast.parse(path.read_text()))
+    if adds_to_seed(node)
+  ]
   assert found == ["jaxserve.sampling_params"]
 
 
 def test_imports_are_explicit():
   """No __import__ or importlib.import_module: a module that fails to import must fail loudly
   (the CLI once dropped a subcommand whose import failed) and every edge is in the graph."""
-  dynamic = [module for module, path in package_modules().items()
-             for node in ast.walk(ast.parse(path.read_text()))
-             if isinstance(node, ast.Call) and (
-                 (isinstance(node.func, ast.Name) and node.func.id == "__import__")
-                 or (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module"))]
+  dynamic = [
+    module
+    for module, path in package_modules().items()
+    for node in ast.walk(ast.parse(path.read_text()))
+    if isinstance(node, ast.Call)
+    and (
+      (isinstance(node.func, ast.Name) and node.func.id == "__import__")
+      or (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+    )
+  ]
   assert dynamic == []
 
 
@@ -446,9 +555,14 @@ def process_starts(path: Path) -> list[str]:
   for node in ast.walk(ast.parse(path.read_text())):
     if isinstance(node, ast.Import):
       found += [a.name for a in node.names if _within(a.name, PROCESS_MODULES)]
-    elif isinstance(node, ast.ImportFrom) and node.module and (
+    elif (
+      isinstance(node, ast.ImportFrom)
+      and node.module
+      and (
         _within(node.module, PROCESS_MODULES)
-        or any(a.name in ("ProcessPoolExecutor",) + PROCESS_CALLS for a in node.names)):
+        or any(a.name in ("ProcessPoolExecutor",) + PROCESS_CALLS for a in node.names)
+      )
+    ):
       found.append(node.module)
     elif isinstance(node, ast.Call):
       func = node.func
@@ -467,15 +581,18 @@ def test_server_starts_no_process():
 def waiting_limit_checks(path: Path) -> int:
   """Comparisons of a count with a max_waiting limit (server.max_waiting_requests or the
   limit an add carries), not validations against a constant."""
+
   def is_limit(node: ast.AST) -> bool:
     name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
     return name.startswith("max_waiting")
+
   found = 0
   for node in ast.walk(ast.parse(path.read_text())):
     if isinstance(node, ast.Compare):
       sides = [node.left, *node.comparators]
       if any(is_limit(side) for side in sides) and not any(
-          isinstance(side, ast.Constant) for side in sides):
+        isinstance(side, ast.Constant) for side in sides
+      ):
         found += 1
   return found
 
@@ -489,10 +606,13 @@ def test_one_count_of_waiting_http_requests():
 
 
 def test_no_subclass_of_the_runner():
-  subclasses = [(module, node.name) for module, path in package_modules().items()
-                for node in ast.walk(ast.parse(path.read_text()))
-                if isinstance(node, ast.ClassDef)
-                and any(isinstance(b, ast.Name) and b.id == "ModelRunner" for b in node.bases)]
+  subclasses = [
+    (module, node.name)
+    for module, path in package_modules().items()
+    for node in ast.walk(ast.parse(path.read_text()))
+    if isinstance(node, ast.ClassDef)
+    and any(isinstance(b, ast.Name) and b.id == "ModelRunner" for b in node.bases)
+  ]
   assert subclasses == []
 
 
@@ -505,40 +625,50 @@ def test_the_rules_catch_what_they_are_for(tmp_path):
   (package / "__init__.py").write_text("")
   (package / "engine" / "request.py").write_text("from jaxserve.device import runner\n")
   (package / "device" / "runner.py").write_text(
-      "import jax\nfrom jaxserve.engine.request import Request\n"
-      "from investigations import profile_step\n")
+    "import jax\nfrom jaxserve.engine.request import Request\n"
+    "from investigations import profile_step\n"
+  )
   graph = import_graph(package)
-  assert forbidden_edges(graph, DEVICE, HOST) == [("jaxserve.device.runner",
-                                                   "jaxserve.engine.request")]
-  assert forbidden_edges(graph, ("jaxserve",), INVESTIGATIONS) == [("jaxserve.device.runner",
-                                                                     "investigations")]
+  assert forbidden_edges(graph, DEVICE, HOST) == [
+    ("jaxserve.device.runner", "jaxserve.engine.request")
+  ]
+  assert forbidden_edges(graph, ("jaxserve",), INVESTIGATIONS) == [
+    ("jaxserve.device.runner", "investigations")
+  ]
   assert cycles(graph) == [["jaxserve.device.runner", "jaxserve.engine.request"]]
   assert jax_reach(graph, "jaxserve.engine.request") == [
-      ["jaxserve.engine.request", "jaxserve.device.runner", "jax"]]
+    ["jaxserve.engine.request", "jaxserve.device.runner", "jax"]
+  ]
   positional = ast.parse(
-      "table = np.frombuffer(batch.sampling.rows).reshape(n, 8)\n"
-      "floats[:, 1] = 1.0\ntop_k = table[:, 6]\nseed = row[7]\nsize = table.shape[0]\n")
+    "table = np.frombuffer(batch.sampling.rows).reshape(n, 8)\n"
+    "floats[:, 1] = 1.0\ntop_k = table[:, 6]\nseed = row[7]\nsize = table.shape[0]\n"
+  )
   assert reads_sampling_rows(positional)
   assert positional_row_reads(positional) == [
-      "np.frombuffer(batch.sampling.rows).reshape(n, 8)", "floats[:, 1]", "table[:, 6]",
-      "row[7]"]
+    "np.frombuffer(batch.sampling.rows).reshape(n, 8)",
+    "floats[:, 1]",
+    "table[:, 6]",
+    "row[7]",
+  ]
   assert cycles(package_graph(graph)) == [["jaxserve.device", "jaxserve.engine"]]
-  names = ast.parse("if backend.name == 'xla': pass\n"
-                    "if b.name.startswith('pallas_gpu'): pass\n"
-                    "if 'pallas_gpu' in placement.attention.name: pass\n"
-                    "x = self.backend.name.endswith(suffix)\n"
-                    "y = arg.name == 'model' or m.name.startswith(('xla_cuda',))\n"
-                    "z = backend.capabilities.kind is BackendKind.XLA\n")
+  names = ast.parse(
+    "if backend.name == 'xla': pass\n"
+    "if b.name.startswith('pallas_gpu'): pass\n"
+    "if 'pallas_gpu' in placement.attention.name: pass\n"
+    "x = self.backend.name.endswith(suffix)\n"
+    "y = arg.name == 'model' or m.name.startswith(('xla_cuda',))\n"
+    "z = backend.capabilities.kind is BackendKind.XLA\n"
+  )
   assert backend_name_tests(names) == [1, 2, 3, 4]
 
 
 # tests/<folder> mirrors a package: jaxserve/<folder>, or one of these (named for what they test).
 TEST_FOLDERS_BEYOND_PACKAGES = {
-    "pallas_kernels": "the top-level kernels package",
-    "investigations": "the top-level investigations folder",
-    "integration": "engines end to end, across packages",
-    "cli": "the jaxserve command and its top-level modules (cli*.py, engine_args.py, platforms.py)",
-    "config": "jaxserve/config.py and the shipped configs/",
+  "pallas_kernels": "the top-level kernels package",
+  "investigations": "the top-level investigations folder",
+  "integration": "engines end to end, across packages",
+  "cli": "the jaxserve command and its top-level modules (cli*.py, engine_args.py, platforms.py)",
+  "config": "jaxserve/config.py and the shipped configs/",
 }
 
 

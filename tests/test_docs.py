@@ -23,6 +23,7 @@ projects.
 ARCHITECTURE.md's package layout states each package's layer; it must match
 tests/test_architecture.py's LAYERS.
 """
+
 from __future__ import annotations
 
 import ast
@@ -41,12 +42,17 @@ BASES = (ROOT, ROOT / "jaxserve", ROOT / "pallas_kernels")  # where a relative p
 
 # Names from other projects, named in backticks by the docs (keep this short: it is not for
 # names of this project).
-FOREIGN = frozenset({
-    "jax.jit", "jax.ShapeDtypeStruct", "jax.distributed.initialize",   # JAX
-    "RemoteTokenizer",                                                 # lm-evaluation-harness
-    "message.tool_calls", "delta.tool_calls",                          # OpenAI API fields
+FOREIGN = frozenset(
+  {
+    "jax.jit",
+    "jax.ShapeDtypeStruct",
+    "jax.distributed.initialize",  # JAX
+    "RemoteTokenizer",  # lm-evaluation-harness
+    "message.tool_calls",
+    "delta.tool_calls",  # OpenAI API fields
     "stream_options.include_usage",
-})
+  }
+)
 
 FILE_EXTENSIONS = (".py", ".md", ".yaml", ".sh")
 PATH_TOKEN = re.compile(r"(?<![\w/.~:*-])(?:[\w.*-]+/)+(?:[\w.*-]*[\w*])?")
@@ -95,8 +101,9 @@ class Source:
         if isinstance(node, ast.ClassDef):
           self.classes.setdefault(node.name, []).append(node)
 
-  def members(self, cls: ast.ClassDef, seen: frozenset[str] = frozenset()
-              ) -> dict[str, ast.expr | None]:
+  def members(
+    self, cls: ast.ClassDef, seen: frozenset[str] = frozenset()
+  ) -> dict[str, ast.expr | None]:
     """A class's members (and its bases' found here): name -> annotation."""
     found: dict[str, ast.expr | None] = {}
     for base in cls.bases:
@@ -105,11 +112,19 @@ class Source:
         if parent.name not in seen:
           found.update(self.members(parent, seen | {cls.name}))
     for node in ast.walk(cls):
-      targets = (node.targets if isinstance(node, ast.Assign)
-                 else [node.target] if isinstance(node, ast.AnnAssign) else [])
+      targets = (
+        node.targets
+        if isinstance(node, ast.Assign)
+        else [node.target]
+        if isinstance(node, ast.AnnAssign)
+        else []
+      )
       for target in targets:
-        if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
-            and target.value.id == "self"):
+        if (
+          isinstance(target, ast.Attribute)
+          and isinstance(target.value, ast.Name)
+          and target.value.id == "self"
+        ):
           found.setdefault(target.attr, getattr(node, "annotation", None))
     for node in cls.body:
       found.update(_assigned(node))
@@ -119,9 +134,16 @@ class Source:
     """The classes of this source an annotation names (`ServerConfig`, `X | None`)."""
     if annotation is None:
       return []
-    names = [n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute)
-             else n.value if isinstance(n, ast.Constant) and isinstance(n.value, str) else None
-             for n in ast.walk(annotation)]
+    names = [
+      n.id
+      if isinstance(n, ast.Name)
+      else n.attr
+      if isinstance(n, ast.Attribute)
+      else n.value
+      if isinstance(n, ast.Constant) and isinstance(n.value, str)
+      else None
+      for n in ast.walk(annotation)
+    ]
     return [n for n in names if n in self.classes]
 
   def resolves_in_class(self, classes: list[ast.ClassDef], rest: list[str]) -> bool:
@@ -132,8 +154,9 @@ class Source:
       if rest[0] in members:
         if len(rest) == 1:
           return True
-        if any(self.resolves_in_class(self.classes[t], rest[1:])
-               for t in self.types_of(members[rest[0]])):
+        if any(
+          self.resolves_in_class(self.classes[t], rest[1:]) for t in self.types_of(members[rest[0]])
+        ):
           return True
     return False
 
@@ -146,13 +169,14 @@ class Source:
           return True
         if isinstance(node, ast.ClassDef) and self.resolves_in_class([node], rest[1:]):
           return True
-        if any(self.resolves_in_class(self.classes[t], rest[1:])
-               for t in self.types_of(annotation)):
+        if any(
+          self.resolves_in_class(self.classes[t], rest[1:]) for t in self.types_of(annotation)
+        ):
           return True
     return False
 
   def modules_ending(self, parts: list[str]) -> list[ast.Module]:
-    return [tree for name, tree in self.modules.items() if name.split(".")[-len(parts):] == parts]
+    return [tree for name, tree in self.modules.items() if name.split(".")[-len(parts) :] == parts]
 
   def resolves(self, dotted: str) -> bool:
     """Whether a dotted name (`Class.member`, `module.name`, `pkg/module.name`, a config key)
@@ -180,7 +204,7 @@ def path_tokens(text: str) -> list[str]:
     token = match.group()
     line_start = text.rfind("\n", 0, match.start()) + 1
     if token.endswith("/"):
-      if FLAG_BEFORE.search(text[line_start:match.start()]):
+      if FLAG_BEFORE.search(text[line_start : match.start()]):
         continue  # a command's argument: the user's folder
       found.append(token)
     elif token.endswith(FILE_EXTENSIONS):
@@ -255,8 +279,9 @@ def broken_anchors(doc: Path) -> list[str]:
 
 def problems(text: str) -> list[str]:
   """The paths and names in `text` that do not exist."""
-  return ([f"path {t}" for t in path_tokens(text) if not path_exists(t)]
-          + [f"symbol {s}" for s in symbol_names(text) if not symbol_exists(s)])
+  return [f"path {t}" for t in path_tokens(text) if not path_exists(t)] + [
+    f"symbol {s}" for s in symbol_names(text) if not symbol_exists(s)
+  ]
 
 
 # -- the tests -------------------------------------------------------------------------------------
@@ -276,8 +301,12 @@ def test_the_checks_see_the_docs():
   paths, symbols = set(path_tokens(text)), set(symbol_names(text))
   assert len(paths) > 80 and len(symbols) > 80
   assert {"core/loop.py", "pallas_kernels/ragged_paged_attention/reference.py", "engine/"} <= paths
-  assert {"EngineCore.add_request", "CoreClient.add", "ScheduledBatch",
-          "server.max_waiting_requests"} <= symbols
+  assert {
+    "EngineCore.add_request",
+    "CoreClient.add",
+    "ScheduledBatch",
+    "server.max_waiting_requests",
+  } <= symbols
 
 
 def test_every_foreign_name_is_used():
@@ -288,14 +317,24 @@ def test_every_foreign_name_is_used():
 
 
 def test_the_checks_catch_what_does_not_exist():
-  text = ("See `EngineCore.add_request`, `EngineCore.fly()`, `NoSuchRunner`, `no_such_fn()`,\n"
-          "`core/loop.NoLoop`, `server.max_waiting_request` and `CoreClient.stats.num_running`,\n"
-          "core/loop.py, core/nowhere.py, docs/NOPE.md, `pallas_kernels/no_kernel`, engine/,\n"
-          "nothing/, builtin.py and nowhere.py; --out-dir results/ and /v1/completions pass.\n")
+  text = (
+    "See `EngineCore.add_request`, `EngineCore.fly()`, `NoSuchRunner`, `no_such_fn()`,\n"
+    "`core/loop.NoLoop`, `server.max_waiting_request` and `CoreClient.stats.num_running`,\n"
+    "core/loop.py, core/nowhere.py, docs/NOPE.md, `pallas_kernels/no_kernel`, engine/,\n"
+    "nothing/, builtin.py and nowhere.py; --out-dir results/ and /v1/completions pass.\n"
+  )
   assert sorted(problems(text)) == [
-      "path core/nowhere.py", "path docs/NOPE.md", "path nothing/", "path nowhere.py",
-      "path pallas_kernels/no_kernel", "symbol EngineCore.fly", "symbol NoSuchRunner",
-      "symbol core/loop.NoLoop", "symbol no_such_fn", "symbol server.max_waiting_request"]
+    "path core/nowhere.py",
+    "path docs/NOPE.md",
+    "path nothing/",
+    "path nowhere.py",
+    "path pallas_kernels/no_kernel",
+    "symbol EngineCore.fly",
+    "symbol NoSuchRunner",
+    "symbol core/loop.NoLoop",
+    "symbol no_such_fn",
+    "symbol server.max_waiting_request",
+  ]
   assert symbol_exists("CoreClient.stats.num_running")  # stats: EngineStats, a field of it
   assert not symbol_exists("CoreClient.stats.num_flying")
 
@@ -325,5 +364,6 @@ def layout_layers() -> dict[str, int]:
 
 
 def test_the_layout_states_the_layers():
-  assert layout_layers() == {package: i for i, packages in enumerate(LAYERS)
-                             for package in packages}
+  assert layout_layers() == {
+    package: i for i, packages in enumerate(LAYERS) for package in packages
+  }

@@ -6,6 +6,7 @@ used on CPU, "pallas_gpu" and "pallas_tpu" the Pallas kernels. "auto" picks by J
 backend. Each backend carries its BackendCapabilities (attention/capabilities.py): the wrappers
 here decide by them, and keep them true of what they return.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,7 +20,9 @@ from jaxserve.attention.capabilities import BackendCapabilities, BackendKind
 from jaxserve.attention.metadata import AttentionMetadata
 from jaxserve.attention.xla import ragged_paged_attention_xla
 from pallas_kernels.ragged_paged_attention.reference import (
-    ragged_paged_attention_reference, write_kv_reference)
+  ragged_paged_attention_reference,
+  write_kv_reference,
+)
 
 AttendFn = Callable[..., jax.Array]
 WriteFn = Callable[..., tuple[jax.Array, jax.Array]]
@@ -29,49 +32,73 @@ WriteFn = Callable[..., tuple[jax.Array, jax.Array]]
 class AttentionBackend:
   """A pair of (write_kv, attend) functions with the reference's signatures, what they can do
   (`capabilities`, for decisions) and a `name` (for logs)."""
+
   name: str
   attend: AttendFn
   write_kv: WriteFn
   capabilities: BackendCapabilities
 
   def __call__(
-      self,
-      q: jax.Array,             # [T, num_q_heads, head_dim]
-      new_k: jax.Array,         # [T, num_kv_heads, head_dim]
-      new_v: jax.Array,         # [T, num_kv_heads, head_dim]
-      k_pages: jax.Array,       # [num_kv_heads, num_pages, page_size, head_dim]
-      v_pages: jax.Array,       # [num_kv_heads, num_pages, page_size, head_dim]
-      slot_mapping: jax.Array,  # int32[T]
-      metadata: AttentionMetadata,
-      *,
-      sm_scale: float,
-      sliding_window: int | None = None,
-      soft_cap: float | None = None,
+    self,
+    q: jax.Array,  # [T, num_q_heads, head_dim]
+    new_k: jax.Array,  # [T, num_kv_heads, head_dim]
+    new_v: jax.Array,  # [T, num_kv_heads, head_dim]
+    k_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
+    v_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
+    slot_mapping: jax.Array,  # int32[T]
+    metadata: AttentionMetadata,
+    *,
+    sm_scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
   ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Writes new K/V, then attends. Returns (out [T, num_q_heads, head_dim], k_pages, v_pages)."""
     k_pages, v_pages = self.write_kv(k_pages, v_pages, new_k, new_v, slot_mapping)
-    out = self.attend(q, k_pages, v_pages, metadata.block_tables, metadata.seq_lens,
-                      metadata.query_start_loc, metadata.num_seqs, sm_scale=sm_scale,
-                      sliding_window=sliding_window, soft_cap=soft_cap)
+    out = self.attend(
+      q,
+      k_pages,
+      v_pages,
+      metadata.block_tables,
+      metadata.seq_lens,
+      metadata.query_start_loc,
+      metadata.num_seqs,
+      sm_scale=sm_scale,
+      sliding_window=sliding_window,
+      soft_cap=soft_cap,
+    )
     return out, k_pages, v_pages
 
   def replace(self, **changes) -> AttentionBackend:
     return dataclasses.replace(self, **changes)
 
 
-REFERENCE = AttentionBackend("reference", ragged_paged_attention_reference, write_kv_reference,
-                             BackendCapabilities(BackendKind.REFERENCE, kv_split=False,
-                                                 tile_invariant=False))
-XLA = AttentionBackend("xla", ragged_paged_attention_xla, write_kv_reference,
-                       BackendCapabilities(BackendKind.XLA, kv_split=False, tile_invariant=False))
+REFERENCE = AttentionBackend(
+  "reference",
+  ragged_paged_attention_reference,
+  write_kv_reference,
+  BackendCapabilities(BackendKind.REFERENCE, kv_split=False, tile_invariant=False),
+)
+XLA = AttentionBackend(
+  "xla",
+  ragged_paged_attention_xla,
+  write_kv_reference,
+  BackendCapabilities(BackendKind.XLA, kv_split=False, tile_invariant=False),
+)
 
 
 def pallas_gpu(interpret: bool = False) -> AttentionBackend:
   """The Pallas (Triton) GPU kernel; it splits the KV of small decode batches (flash decoding)
   and picks its tiles by the step's shape. interpret: in the Pallas interpreter (any platform)."""
   from pallas_kernels.ragged_paged_attention import gpu
-  return _kernel("pallas_gpu", gpu.ragged_paged_attention, gpu.write_kv, BackendCapabilities(
-      BackendKind.PALLAS_GPU, kv_split=True, tile_invariant=False, interpret=interpret))
+
+  return _kernel(
+    "pallas_gpu",
+    gpu.ragged_paged_attention,
+    gpu.write_kv,
+    BackendCapabilities(
+      BackendKind.PALLAS_GPU, kv_split=True, tile_invariant=False, interpret=interpret
+    ),
+  )
 
 
 def pallas_tpu(interpret: bool = False) -> AttentionBackend:
@@ -79,20 +106,36 @@ def pallas_tpu(interpret: bool = False) -> AttentionBackend:
   other sequences leave a row's softmax state exactly unchanged (tile invariant as it is).
   interpret: in Pallas TPU interpret mode (any platform)."""
   from pallas_kernels.ragged_paged_attention import tpu
-  return _kernel("pallas_tpu", tpu.ragged_paged_attention, tpu.write_kv, BackendCapabilities(
-      BackendKind.PALLAS_TPU, kv_split=False, tile_invariant=True, interpret=interpret))
+
+  return _kernel(
+    "pallas_tpu",
+    tpu.ragged_paged_attention,
+    tpu.write_kv,
+    BackendCapabilities(
+      BackendKind.PALLAS_TPU, kv_split=False, tile_invariant=True, interpret=interpret
+    ),
+  )
 
 
-def _kernel(name: str, attend: AttendFn, write_kv: WriteFn,
-            capabilities: BackendCapabilities) -> AttentionBackend:
+def _kernel(
+  name: str, attend: AttendFn, write_kv: WriteFn, capabilities: BackendCapabilities
+) -> AttentionBackend:
   if not capabilities.interpret:
     return AttentionBackend(name, attend, write_kv, capabilities)
-  return AttentionBackend(f"{name} (interpret)", functools.partial(attend, interpret=True),
-                          functools.partial(write_kv, interpret=True), capabilities)
+  return AttentionBackend(
+    f"{name} (interpret)",
+    functools.partial(attend, interpret=True),
+    functools.partial(write_kv, interpret=True),
+    capabilities,
+  )
 
 
-_FACTORIES = {"reference": lambda: REFERENCE, "xla": lambda: XLA, "pallas_gpu": pallas_gpu,
-              "pallas_tpu": pallas_tpu}
+_FACTORIES = {
+  "reference": lambda: REFERENCE,
+  "xla": lambda: XLA,
+  "pallas_gpu": pallas_gpu,
+  "pallas_tpu": pallas_tpu,
+}
 
 
 def head_count_invariant(backend: AttentionBackend) -> AttentionBackend:
@@ -102,9 +145,11 @@ def head_count_invariant(backend: AttentionBackend) -> AttentionBackend:
   already are."""
   if not backend.capabilities.kv_split:
     return backend
-  return backend.replace(name=f"{backend.name} (1 KV split)",
-                         attend=functools.partial(backend.attend, num_kv_splits=1),
-                         capabilities=backend.capabilities.replace(kv_split=False))
+  return backend.replace(
+    name=f"{backend.name} (1 KV split)",
+    attend=functools.partial(backend.attend, num_kv_splits=1),
+    capabilities=backend.capabilities.replace(kv_split=False),
+  )
 
 
 BATCH_INVARIANT_ROWS = 16  # GPU kernel rows per program (query tokens x padded q heads per kv head)
@@ -125,20 +170,32 @@ def batch_invariant_attention(backend: AttentionBackend) -> AttentionBackend:
   if capabilities.tile_invariant:
     return backend
   if capabilities.kind is BackendKind.XLA:
-    return backend.replace(name=f"{backend.name} (batch invariant)",
-                           attend=functools.partial(backend.attend, fixed_order=True),
-                           capabilities=capabilities.replace(tile_invariant=True))
+    return backend.replace(
+      name=f"{backend.name} (batch invariant)",
+      attend=functools.partial(backend.attend, fixed_order=True),
+      capabilities=capabilities.replace(tile_invariant=True),
+    )
   if capabilities.kind is not BackendKind.PALLAS_GPU:
     return backend
 
   def attend(q, k_pages, *args, **kwargs):
     block_kv = 32 if q.shape[-1] > 128 else 64
     padded_group = 1 << (q.shape[1] // k_pages.shape[0] - 1).bit_length()
-    return backend.attend(q, k_pages, *args, num_kv_splits=1, block_kv=block_kv,
-                          block_q=max(1, BATCH_INVARIANT_ROWS // padded_group), **kwargs)
+    return backend.attend(
+      q,
+      k_pages,
+      *args,
+      num_kv_splits=1,
+      block_kv=block_kv,
+      block_q=max(1, BATCH_INVARIANT_ROWS // padded_group),
+      **kwargs,
+    )
 
-  return backend.replace(name=f"{backend.name} (batch invariant)", attend=attend,
-                         capabilities=capabilities.replace(kv_split=False, tile_invariant=True))
+  return backend.replace(
+    name=f"{backend.name} (batch invariant)",
+    attend=attend,
+    capabilities=capabilities.replace(kv_split=False, tile_invariant=True),
+  )
 
 
 def get_attention_backend(name: str = "auto", platform: str | None = None) -> AttentionBackend:
@@ -147,6 +204,7 @@ def get_attention_backend(name: str = "auto", platform: str | None = None) -> At
     platform = platform or jax.default_backend()
     name = {"gpu": "pallas_gpu", "cuda": "pallas_gpu", "tpu": "pallas_tpu"}.get(platform, "xla")
   if name not in _FACTORIES:
-    raise ValueError(f"attention_backend: unknown backend {name!r} "
-                     f"(known: {', '.join(_FACTORIES)})")
+    raise ValueError(
+      f"attention_backend: unknown backend {name!r} (known: {', '.join(_FACTORIES)})"
+    )
   return _FACTORIES[name]()

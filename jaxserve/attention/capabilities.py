@@ -7,6 +7,7 @@ shard_map wrapper of parallel/sharded_attention.py keeps them). Code that must k
 runs, or how it reduces, reads `kind` and the flags; a backend's `name` is for logs only, so the
 decisions do not depend on the order wrappers were applied in.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,8 +19,9 @@ FLOAT_DTYPES = ("float32", "bfloat16")
 
 class BackendKind(enum.Enum):
   """The implementation underneath every wrapper (the value is the config's name for it)."""
+
   REFERENCE = "reference"  # dense pure-jnp ground truth
-  XLA = "xla"              # blocked XLA ops (jaxserve/attention/xla.py)
+  XLA = "xla"  # blocked XLA ops (jaxserve/attention/xla.py)
   PALLAS_GPU = "pallas_gpu"
   PALLAS_TPU = "pallas_tpu"
 
@@ -32,6 +34,7 @@ class BackendCapabilities:
   on the rest of the batch (its bucket, batch mates or prompt chunking). dtypes: the KV and
   compute dtypes it runs (config's names). sliding_window, soft_cap: it applies them. interpret:
   the kernel runs in the Pallas interpreter (any platform, slow)."""
+
   kind: BackendKind
   kv_split: bool
   tile_invariant: bool

@@ -1,6 +1,7 @@
 """The attention contract's data: the paged KV cache (KVPages) and the metadata of one ragged
 step (an explicit pytree argument, never module state). Shared by the model (models/llama.py),
 the KV pool (device/kv_cache.py) and every kernel variant."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -8,7 +9,7 @@ import dataclasses
 import jax
 
 KVPages = tuple[tuple[jax.Array, jax.Array], ...]  # per layer (k_pages, v_pages), each
-                                                   # [num_kv_heads, num_pages, page_size, head_dim]
+# [num_kv_heads, num_pages, page_size, head_dim]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,13 +19,15 @@ class AttentionMetadata:
   Semantics (positions, padding, sliding window) are those of
   pallas_kernels/ragged_paged_attention/reference.py.
   """
-  block_tables: jax.Array      # int32[S, pages_per_seq]
-  seq_lens: jax.Array          # int32[S]: tokens in the cache after this step; 0 for padding
-  query_start_loc: jax.Array   # int32[S + 1]: cumulative query tokens; padding repeats the total
-  num_seqs: jax.Array          # int32[1]: live sequences; slots past it are padding
+
+  block_tables: jax.Array  # int32[S, pages_per_seq]
+  seq_lens: jax.Array  # int32[S]: tokens in the cache after this step; 0 for padding
+  query_start_loc: jax.Array  # int32[S + 1]: cumulative query tokens; padding repeats the total
+  num_seqs: jax.Array  # int32[1]: live sequences; slots past it are padding
 
 
 jax.tree_util.register_dataclass(
-    AttentionMetadata,
-    data_fields=[f.name for f in dataclasses.fields(AttentionMetadata)],
-    meta_fields=[])
+  AttentionMetadata,
+  data_fields=[f.name for f in dataclasses.fields(AttentionMetadata)],
+  meta_fields=[],
+)

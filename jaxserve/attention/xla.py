@@ -12,6 +12,7 @@ with fixed_order both contractions are elementwise products summed in a fixed pa
 (pallas_kernels/fixed_order.py), the same for every token whatever the batch (more memory: a
 [T, KVH, G, L, D] product per block).
 """
+
 from __future__ import annotations
 
 import jax
@@ -25,22 +26,31 @@ DEFAULT_PAGES_PER_BLOCK = 8
 
 
 def ragged_paged_attention_xla(
-    q: jax.Array,                # [T, num_q_heads, head_dim]
-    k_pages: jax.Array,          # [num_kv_heads, num_pages, page_size, head_dim]
-    v_pages: jax.Array,          # [num_kv_heads, num_pages, page_size, head_dim]
-    block_tables: jax.Array,     # int32[S, pages_per_seq]
-    seq_lens: jax.Array,         # int32[S]
-    query_start_loc: jax.Array,  # int32[S + 1]
-    num_seqs: jax.Array,         # int32[1]
-    *,
-    sm_scale: float,
-    sliding_window: int | None = None,
-    soft_cap: float | None = None,
-    pages_per_block: int = DEFAULT_PAGES_PER_BLOCK,
-    fixed_order: bool = False,
-) -> jax.Array:                  # [T, num_q_heads, head_dim], q.dtype
-  validate_attention_inputs(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
-                            num_seqs, sliding_window=sliding_window, soft_cap=soft_cap)
+  q: jax.Array,  # [T, num_q_heads, head_dim]
+  k_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
+  v_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
+  block_tables: jax.Array,  # int32[S, pages_per_seq]
+  seq_lens: jax.Array,  # int32[S]
+  query_start_loc: jax.Array,  # int32[S + 1]
+  num_seqs: jax.Array,  # int32[1]
+  *,
+  sm_scale: float,
+  sliding_window: int | None = None,
+  soft_cap: float | None = None,
+  pages_per_block: int = DEFAULT_PAGES_PER_BLOCK,
+  fixed_order: bool = False,
+) -> jax.Array:  # [T, num_q_heads, head_dim], q.dtype
+  validate_attention_inputs(
+    q,
+    k_pages,
+    v_pages,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    num_seqs,
+    sliding_window=sliding_window,
+    soft_cap=soft_cap,
+  )
   num_tokens, num_q_heads, head_dim = q.shape
   num_kv_heads, _, page_size, _ = k_pages.shape
   group = num_q_heads // num_kv_heads
@@ -49,26 +59,29 @@ def ragged_paged_attention_xla(
 
   seq_ids, positions, valid = token_positions(query_start_loc, seq_lens, num_seqs, num_tokens)
   pad = -block_tables.shape[1] % pages_per_block
-  token_pages = jnp.pad(block_tables, ((0, 0), (0, pad)))[seq_ids]     # [T, padded pages]
+  token_pages = jnp.pad(block_tables, ((0, 0), (0, pad)))[seq_ids]  # [T, padded pages]
   live = jnp.arange(seq_lens.shape[0]) < num_seqs[0]
   max_len = jnp.max(jnp.where(live, seq_lens, 0))
   num_blocks = (max_len + block_len - 1) // block_len
 
   qg = q.astype(jnp.float32).reshape(num_tokens, num_kv_heads, group, head_dim) * sm_scale
-  init = (jnp.full((num_tokens, num_kv_heads, group), -jnp.inf, jnp.float32),   # running max
-          jnp.zeros((num_tokens, num_kv_heads, group), jnp.float32),            # running sum
-          jnp.zeros((num_tokens, num_kv_heads, group, head_dim), jnp.float32))  # accumulator
+  init = (
+    jnp.full((num_tokens, num_kv_heads, group), -jnp.inf, jnp.float32),  # running max
+    jnp.zeros((num_tokens, num_kv_heads, group), jnp.float32),  # running sum
+    jnp.zeros((num_tokens, num_kv_heads, group, head_dim), jnp.float32),
+  )  # accumulator
 
   def body(block, carry):
     running_max, running_sum, acc = carry
-    pages = jax.lax.dynamic_slice_in_dim(token_pages, block * pages_per_block, pages_per_block,
-                                         axis=1)                                 # [T, ppb]
+    pages = jax.lax.dynamic_slice_in_dim(
+      token_pages, block * pages_per_block, pages_per_block, axis=1
+    )  # [T, ppb]
     k = k_pages[:, pages].reshape(num_kv_heads, num_tokens, block_len, head_dim)
     v = v_pages[:, pages].reshape(num_kv_heads, num_tokens, block_len, head_dim)
     scores = _contract(qg, k.astype(jnp.float32), "tkgd,ktld->tkgl", fixed_order)  # [T,KVH,G,L]
     if soft_cap is not None:
       scores = soft_cap * jnp.tanh(scores / soft_cap)
-    kv_pos = block * block_len + jnp.arange(block_len, dtype=jnp.int32)        # [L]
+    kv_pos = block * block_len + jnp.arange(block_len, dtype=jnp.int32)  # [L]
     mask = kv_pos[None, :] <= positions[:, None]
     if sliding_window is not None:
       mask &= kv_pos[None, :] > positions[:, None] - sliding_window
@@ -78,10 +91,12 @@ def ragged_paged_attention_xla(
     safe_max = jnp.where(jnp.isfinite(new_max), new_max, 0.0)
     probs = jnp.where(mask, jnp.exp(scores - safe_max[..., None]), 0.0)
     rescale = jnp.where(jnp.isfinite(running_max), jnp.exp(running_max - safe_max), 0.0)
-    running_sum = running_sum * rescale + (fixed_order_sum(probs) if fixed_order
-                                           else probs.sum(axis=-1))
-    acc = acc * rescale[..., None] + _contract(probs, v.astype(jnp.float32), "tkgl,ktld->tkgd",
-                                               fixed_order)
+    running_sum = running_sum * rescale + (
+      fixed_order_sum(probs) if fixed_order else probs.sum(axis=-1)
+    )
+    acc = acc * rescale[..., None] + _contract(
+      probs, v.astype(jnp.float32), "tkgl,ktld->tkgd", fixed_order
+    )
     return new_max, running_sum, acc
 
   _, total, acc = jax.lax.fori_loop(0, num_blocks, body, init)
@@ -95,7 +110,7 @@ def _contract(a: jax.Array, b: jax.Array, spec: str, fixed_order: bool) -> jax.A
   by pallas_kernels/fixed_order.py over the contracted axis (d for the scores, l for P @ V)."""
   if not fixed_order:
     return jnp.einsum(spec, a, b)
-  b = b.transpose(1, 0, 2, 3)                                                  # [T, KVH, L, D]
+  b = b.transpose(1, 0, 2, 3)  # [T, KVH, L, D]
   if spec == "tkgd,ktld->tkgl":
-    return fixed_order_sum(a[:, :, :, None, :] * b[:, :, None, :, :])           # [T, KVH, G, L]
+    return fixed_order_sum(a[:, :, :, None, :] * b[:, :, None, :, :])  # [T, KVH, G, L]
   return fixed_order_sum(a[:, :, :, None, :] * b.transpose(0, 1, 3, 2)[:, :, None])  # [T,KVH,G,D]

@@ -5,6 +5,7 @@ Gaps between requests are gamma-distributed with shape `burstiness` and scale
 Poisson process, smaller is burstier, larger is more regular. An infinite rate sends everything at
 once (all gaps zero).
 """
+
 from __future__ import annotations
 
 import math
@@ -12,8 +13,9 @@ import math
 import numpy as np
 
 
-def arrival_gaps(num_requests: int, request_rate: float, burstiness: float = 1.0,
-                 seed: int = 0) -> np.ndarray:
+def arrival_gaps(
+  num_requests: int, request_rate: float, burstiness: float = 1.0, seed: int = 0
+) -> np.ndarray:
   """Seconds to wait after each request before sending the next one. [num_requests]"""
   if not request_rate > 0:
     raise ValueError(f"request_rate: must be > 0 (or inf), got {request_rate}")

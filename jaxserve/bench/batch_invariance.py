@@ -24,6 +24,7 @@ the attention kernel alone / in a batch / chunked, logits, logsumexp and the gre
 --batch-invariant on|off sets EngineConfig.batch_invariant; everything else comes from --config
 and --set. JSON goes to --out.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,7 @@ import jax
 import numpy as np
 
 from jaxserve.assembly import build_engine
-from jaxserve.bench.flags import (INVARIANCE_SCENARIOS, add_batch_invariance_flags,
-                                  standalone_parser)
+from jaxserve.bench.flags import INVARIANCE_SCENARIOS, add_batch_invariance_flags, standalone_parser
 from jaxserve.bench.invariance_components import model_config_of, run_components
 from jaxserve.config import EngineConfig, load_config
 from jaxserve.engine.llm_engine import LLMEngine
@@ -58,8 +58,15 @@ class ProbeResult:
   logprobs: tuple[float, ...]
 
 
-def make_workload(vocab_size: int, num_probes: int, num_others: int, num_tokens: int,
-                  min_len: int, max_len: int, seed: int) -> Workload:
+def make_workload(
+  vocab_size: int,
+  num_probes: int,
+  num_others: int,
+  num_tokens: int,
+  min_len: int,
+  max_len: int,
+  seed: int,
+) -> Workload:
   rng = np.random.default_rng(seed)
   high = min(vocab_size, 32000)
 
@@ -67,10 +74,18 @@ def make_workload(vocab_size: int, num_probes: int, num_others: int, num_tokens:
     return rng.integers(1, high, int(rng.integers(min_len, max_len + 1))).tolist()
 
   probes = [prompt() for _ in range(num_probes)]
-  others = [(prompt(), SamplingParams(temperature=float(rng.choice([0.0, 0.8])), seed=i,
-                                      max_tokens=int(rng.integers(1, num_tokens + 1)),
-                                      ignore_eos=True))
-            for i in range(num_others)]
+  others = [
+    (
+      prompt(),
+      SamplingParams(
+        temperature=float(rng.choice([0.0, 0.8])),
+        seed=i,
+        max_tokens=int(rng.integers(1, num_tokens + 1)),
+        ignore_eos=True,
+      ),
+    )
+    for i in range(num_others)
+  ]
   return Workload(probes, others, num_tokens)
 
 
@@ -78,8 +93,9 @@ def probe_params(num_tokens: int) -> SamplingParams:
   return SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True, logprobs=0)
 
 
-def run_requests(engine: LLMEngine, requests: list[tuple[str, list[int], SamplingParams]]
-                 ) -> dict[str, ProbeResult]:
+def run_requests(
+  engine: LLMEngine, requests: list[tuple[str, list[int], SamplingParams]]
+) -> dict[str, ProbeResult]:
   """Queues every request, steps until all finish, returns the probes' ("probe-*") results."""
   for rid, prompt, params in requests:
     engine.add_request(prompt, params, request_id=rid)
@@ -87,8 +103,9 @@ def run_requests(engine: LLMEngine, requests: list[tuple[str, list[int], Samplin
   while engine.has_unfinished_requests():
     for out in engine.step():
       if out.finished and out.request_id.startswith("probe-"):
-        done[out.request_id] = ProbeResult(tuple(out.token_ids),
-                                           tuple(e.logprob for e in out.logprobs or ()))
+        done[out.request_id] = ProbeResult(
+          tuple(out.token_ids), tuple(e.logprob for e in out.logprobs or ())
+        )
   return done
 
 
@@ -97,8 +114,10 @@ def crowd_requests(work: Workload) -> list[tuple[str, list[int], SamplingParams]
   requests = [(f"other-{j}", p, params) for j, (p, params) in enumerate(work.others)]
   step = max(1, len(requests) // max(1, len(work.probes)))
   for i, probe in enumerate(work.probes):
-    requests.insert(min(len(requests), i * (step + 1) + step // 2),
-                    (f"probe-{i}", probe, probe_params(work.num_tokens)))
+    requests.insert(
+      min(len(requests), i * (step + 1) + step // 2),
+      (f"probe-{i}", probe, probe_params(work.num_tokens)),
+    )
   return requests
 
 
@@ -156,12 +175,25 @@ def compare(reference: dict[str, ProbeResult], other: dict[str, ProbeResult]) ->
     first = next((k for k, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y), None)
     if first is None and len(a.tokens) != len(b.tokens):
       first = min(len(a.tokens), len(b.tokens))
-    lp_first = next((k for k, (x, y) in enumerate(zip(a.logprobs, b.logprobs))
-                     if np.float32(x).tobytes() != np.float32(y).tobytes()), None)
-    rows.append({"probe": rid, "tokens_identical": first is None,
-                 "logprobs_bitwise": first is None and lp_first is None
-                 and len(a.logprobs) == len(b.logprobs),
-                 "first_differing_token": first, "first_differing_logprob": lp_first})
+    lp_first = next(
+      (
+        k
+        for k, (x, y) in enumerate(zip(a.logprobs, b.logprobs))
+        if np.float32(x).tobytes() != np.float32(y).tobytes()
+      ),
+      None,
+    )
+    rows.append(
+      {
+        "probe": rid,
+        "tokens_identical": first is None,
+        "logprobs_bitwise": first is None
+        and lp_first is None
+        and len(a.logprobs) == len(b.logprobs),
+        "first_differing_token": first,
+        "first_differing_logprob": lp_first,
+      }
+    )
   return rows
 
 
@@ -171,33 +203,44 @@ def probe_engine_config(config: EngineConfig, work: Workload) -> EngineConfig:
   page = config.cache.page_size
   longest = max(len(p) for p in work.probes + [o[0] for o in work.others]) + work.num_tokens
   num_pages = config.cache.num_pages or (
-      (len(work.probes) + len(work.others) + 2) * -(-longest // page) + 1)
+    (len(work.probes) + len(work.others) + 2) * -(-longest // page) + 1
+  )
   return config.replace(
-      cache=dataclasses.replace(config.cache, num_pages=num_pages),
-      scheduler=dataclasses.replace(config.scheduler, enable_prefix_caching=True))
+    cache=dataclasses.replace(config.cache, num_pages=num_pages),
+    scheduler=dataclasses.replace(config.scheduler, enable_prefix_caching=True),
+  )
 
 
-SCENARIO_RUNS = {"alone": run_alone, "crowd": run_crowd, "preempt": run_preempt,
-                 "prefix": run_prefix}
+SCENARIO_RUNS = {
+  "alone": run_alone,
+  "crowd": run_crowd,
+  "preempt": run_preempt,
+  "prefix": run_prefix,
+}
 
 
-def run_scenarios(engine: LLMEngine, work: Workload, scenarios: tuple[str, ...],
-                  page_size: int) -> dict:
+def run_scenarios(
+  engine: LLMEngine, work: Workload, scenarios: tuple[str, ...], page_size: int
+) -> dict:
   """Runs each scenario on `engine`; returns each one's comparison with "alone"."""
   results, stats = {}, {}
   for name in scenarios:
     start, preemptions = time.perf_counter(), engine.stats().num_preemptions
     results[name] = SCENARIO_RUNS[name](engine, work, page_size)
-    stats[name] = {"seconds": round(time.perf_counter() - start, 2),
-                   "num_preemptions": engine.stats().num_preemptions - preemptions}
+    stats[name] = {
+      "seconds": round(time.perf_counter() - start, 2),
+      "num_preemptions": engine.stats().num_preemptions - preemptions,
+    }
   report = {}
   for name in scenarios:
     if name != "alone":
       rows = compare(results["alone"], results[name])
-      report[name] = {**stats[name],
-                      "num_tokens_identical": sum(r["tokens_identical"] for r in rows),
-                      "num_logprobs_bitwise": sum(r["logprobs_bitwise"] for r in rows),
-                      "probes": rows}
+      report[name] = {
+        **stats[name],
+        "num_tokens_identical": sum(r["tokens_identical"] for r in rows),
+        "num_logprobs_bitwise": sum(r["logprobs_bitwise"] for r in rows),
+        "probes": rows,
+      }
   return report
 
 
@@ -206,13 +249,17 @@ def print_report(report: dict, num_probes: int) -> None:
     print(f"--- {name} ({entry['num_preemptions']} preemptions, {entry['seconds']} s)")
     for r in entry["probes"]:
       tokens = "identical" if r["tokens_identical"] else "DIFFER"
-      print(f"{name} {r['probe']:>9}: tokens {tokens:>9}"
-            f"  logprobs {'bitwise' if r['logprobs_bitwise'] else 'DIFFER':>7}"
-            f"  first differing token {r['first_differing_token']}"
-            f"  logprob {r['first_differing_logprob']}")
-  summary = ", ".join(f"{name} {e['num_tokens_identical']}/{num_probes} tokens "
-                      f"{e['num_logprobs_bitwise']}/{num_probes} logprobs"
-                      for name, e in report.items())
+      print(
+        f"{name} {r['probe']:>9}: tokens {tokens:>9}"
+        f"  logprobs {'bitwise' if r['logprobs_bitwise'] else 'DIFFER':>7}"
+        f"  first differing token {r['first_differing_token']}"
+        f"  logprob {r['first_differing_logprob']}"
+      )
+  summary = ", ".join(
+    f"{name} {e['num_tokens_identical']}/{num_probes} tokens "
+    f"{e['num_logprobs_bitwise']}/{num_probes} logprobs"
+    for name, e in report.items()
+  )
   print(f"SUMMARY identical vs alone: {summary}")
 
 
@@ -243,19 +290,29 @@ def command(args: argparse.Namespace) -> dict:
   scenarios = tuple(s for s in args.scenarios.split(",") if s)
   unknown = [s for s in scenarios if s not in INVARIANCE_SCENARIOS]
   if unknown or "alone" not in scenarios:
-    raise ValueError(f"--scenarios: must include alone and name only "
-                     f"{INVARIANCE_SCENARIOS}, got {scenarios}")
+    raise ValueError(
+      f"--scenarios: must include alone and name only {INVARIANCE_SCENARIOS}, got {scenarios}"
+    )
   prepare_jax_process(config.cache.memory_fraction)
   vocab = model_config_of(config).vocab_size
-  work = make_workload(vocab, args.num_probes, args.num_others, args.num_tokens,
-                       args.min_len, args.max_len, args.seed)
+  work = make_workload(
+    vocab, args.num_probes, args.num_others, args.num_tokens, args.min_len, args.max_len, args.seed
+  )
   device = jax.devices()[0]
-  result = {"device": device.device_kind, "jax": jax.__version__, "model": config.model,
-            "batch_invariant": config.batch_invariant, "num_probes": args.num_probes,
-            "num_tokens": args.num_tokens, "num_others": args.num_others}
-  print(f"{device.device_kind}, jax {jax.__version__}, {config.model}, batch_invariant "
-        f"{config.batch_invariant}: {args.num_probes} probes x {args.num_tokens} tokens, "
-        f"{args.num_others} others")
+  result = {
+    "device": device.device_kind,
+    "jax": jax.__version__,
+    "model": config.model,
+    "batch_invariant": config.batch_invariant,
+    "num_probes": args.num_probes,
+    "num_tokens": args.num_tokens,
+    "num_others": args.num_others,
+  }
+  print(
+    f"{device.device_kind}, jax {jax.__version__}, {config.model}, batch_invariant "
+    f"{config.batch_invariant}: {args.num_probes} probes x {args.num_tokens} tokens, "
+    f"{args.num_others} others"
+  )
   if args.components != "off":
     result["components"] = run_components(config, timed=args.components == "on")
   engine = build_engine(probe_engine_config(config, work), show_progress=False)

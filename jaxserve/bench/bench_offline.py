@@ -8,13 +8,14 @@ Random token prompts with fixed lengths (ignore_eos), all submitted at once; war
 every bucket) is excluded from the timed region. Prints a table; writes JSON to --out (the
 `python -m` entry by default to out/bench_offline.json, the command only when asked).
 """
+
 from __future__ import annotations
 
 import argparse
 import cProfile
 import io
-import pstats
 import platform
+import pstats
 import sys
 import time
 from pathlib import Path
@@ -64,8 +65,12 @@ def run(args: argparse.Namespace) -> dict:
   rng = np.random.default_rng(args.seed)
   params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
   for i in range(args.num_prompts):
-    engine.add_request(rng.integers(0, vocab, size=args.input_len).tolist(), params,
-                       request_id=f"bench-{i}", stream=not args.no_stream)
+    engine.add_request(
+      rng.integers(0, vocab, size=args.input_len).tolist(),
+      params,
+      request_id=f"bench-{i}",
+      stream=not args.no_stream,
+    )
   compiled_before = engine.ledger.num_compilations
   start = time.perf_counter()
   if args.profile_host:
@@ -75,25 +80,38 @@ def run(args: argparse.Namespace) -> dict:
   elapsed = time.perf_counter() - start
   timings = engine.timings
   return {
-      "model": config.model, "backend": jax.default_backend(),
-      "device": str(jax.devices()[0].device_kind), "jax": jax.__version__,
-      "python": platform.python_version(), "num_prompts": args.num_prompts,
-      "input_len": args.input_len, "output_len": args.output_len,
-      "elapsed_s": elapsed, "output_tokens": num_output,
-      "output_tokens_per_s": num_output / elapsed,
-      "total_tokens_per_s": (num_output + args.num_prompts * args.input_len) / elapsed,
-      "steps": timings.num_steps, "steps_per_s": timings.num_steps / elapsed,
-      "host_ms_per_step": 1e3 * timings.host_seconds / max(timings.num_steps, 1),
-      "device_ms_per_step": 1e3 * timings.device_seconds / max(timings.num_steps, 1),
-      "wait_ms_per_step": 1e3 * timings.wait_seconds / max(timings.num_steps, 1),
-      "host_phase_ms_per_step": {name: 1e3 * sec / max(timings.num_steps, 1)
-                                 for name, sec in timings.host_phases.items()},
-      "async_scheduling": engine.async_scheduling, "streamed": not args.no_stream,
-      "compilations_after_warmup": engine.ledger.num_compilations - compiled_before,
-      "warmup_s": engine.warmup_seconds,
-      "per_bucket": {f"{s}x{t}": {"steps": n, "device_ms_per_step": 1e3 * sec / n,
-                                  "host_ms_per_step": _host_ms(timings, (s, t))}
-                     for (s, t), (n, sec) in sorted(timings.per_bucket.items())},
+    "model": config.model,
+    "backend": jax.default_backend(),
+    "device": str(jax.devices()[0].device_kind),
+    "jax": jax.__version__,
+    "python": platform.python_version(),
+    "num_prompts": args.num_prompts,
+    "input_len": args.input_len,
+    "output_len": args.output_len,
+    "elapsed_s": elapsed,
+    "output_tokens": num_output,
+    "output_tokens_per_s": num_output / elapsed,
+    "total_tokens_per_s": (num_output + args.num_prompts * args.input_len) / elapsed,
+    "steps": timings.num_steps,
+    "steps_per_s": timings.num_steps / elapsed,
+    "host_ms_per_step": 1e3 * timings.host_seconds / max(timings.num_steps, 1),
+    "device_ms_per_step": 1e3 * timings.device_seconds / max(timings.num_steps, 1),
+    "wait_ms_per_step": 1e3 * timings.wait_seconds / max(timings.num_steps, 1),
+    "host_phase_ms_per_step": {
+      name: 1e3 * sec / max(timings.num_steps, 1) for name, sec in timings.host_phases.items()
+    },
+    "async_scheduling": engine.async_scheduling,
+    "streamed": not args.no_stream,
+    "compilations_after_warmup": engine.ledger.num_compilations - compiled_before,
+    "warmup_s": engine.warmup_seconds,
+    "per_bucket": {
+      f"{s}x{t}": {
+        "steps": n,
+        "device_ms_per_step": 1e3 * sec / n,
+        "host_ms_per_step": _host_ms(timings, (s, t)),
+      }
+      for (s, t), (n, sec) in sorted(timings.per_bucket.items())
+    },
   }
 
 
@@ -111,20 +129,30 @@ def command(args: argparse.Namespace) -> int:
   """The benchmark on parsed flags (`jaxserve bench offline` calls it)."""
   result = run(args)
   out = write_json(args.out, result) if args.out else None
-  rows = [("model", result["model"]), ("device", f'{result["device"]} ({result["backend"]})'),
-          ("output tokens/s", f'{result["output_tokens_per_s"]:.1f}'),
-          ("total tokens/s", f'{result["total_tokens_per_s"]:.1f}'),
-          ("steps/s", f'{result["steps_per_s"]:.2f}'),
-          ("host ms/step", f'{result["host_ms_per_step"]:.2f}'),
-          ("device ms/step", f'{result["device_ms_per_step"]:.2f}'),
-          ("waiting for device ms/step", f'{result["wait_ms_per_step"]:.2f}'),
-          ("host phases ms/step", ", ".join(f"{k} {v:.2f}" for k, v in
-                                            result["host_phase_ms_per_step"].items())),
-          ("async scheduling / streamed", f'{result["async_scheduling"]} / {result["streamed"]}'),
-          ("compilations after warmup", result["compilations_after_warmup"])]
-  rows += [(f"bucket {name}", f'{b["steps"]} steps, {b["device_ms_per_step"]:.2f} device ms/step'
-             + ("" if b["host_ms_per_step"] is None else f', {b["host_ms_per_step"]:.2f} host'))
-           for name, b in result["per_bucket"].items()]
+  rows = [
+    ("model", result["model"]),
+    ("device", f"{result['device']} ({result['backend']})"),
+    ("output tokens/s", f"{result['output_tokens_per_s']:.1f}"),
+    ("total tokens/s", f"{result['total_tokens_per_s']:.1f}"),
+    ("steps/s", f"{result['steps_per_s']:.2f}"),
+    ("host ms/step", f"{result['host_ms_per_step']:.2f}"),
+    ("device ms/step", f"{result['device_ms_per_step']:.2f}"),
+    ("waiting for device ms/step", f"{result['wait_ms_per_step']:.2f}"),
+    (
+      "host phases ms/step",
+      ", ".join(f"{k} {v:.2f}" for k, v in result["host_phase_ms_per_step"].items()),
+    ),
+    ("async scheduling / streamed", f"{result['async_scheduling']} / {result['streamed']}"),
+    ("compilations after warmup", result["compilations_after_warmup"]),
+  ]
+  rows += [
+    (
+      f"bucket {name}",
+      f"{b['steps']} steps, {b['device_ms_per_step']:.2f} device ms/step"
+      + ("" if b["host_ms_per_step"] is None else f", {b['host_ms_per_step']:.2f} host"),
+    )
+    for name, b in result["per_bucket"].items()
+  ]
   print(key_value_table(rows))
   if out:
     print(f"wrote {out}")

@@ -11,6 +11,7 @@ vLLM's benchmark_serving (--dataset-name, --endpoint, --percentile-metrics, --me
 --goodput, --save-result / --result-dir); results are written only with --save-result. The server is
 checked (GET /v1/models) before anything runs: one line if it cannot be reached.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,8 +29,13 @@ from tqdm.auto import tqdm
 from jaxserve.bench.arrivals import arrival_gaps
 from jaxserve.bench.datasets import SampleRequest
 from jaxserve.bench.goodput import meets_slos, parse_goodput
-from jaxserve.bench.latency_stats import (RequestRecord, format_table, parse_percentile_metrics,
-                                          parse_percentiles, summarize)
+from jaxserve.bench.latency_stats import (
+  RequestRecord,
+  format_table,
+  parse_percentile_metrics,
+  parse_percentiles,
+  summarize,
+)
 
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
@@ -51,13 +57,21 @@ class ServeBenchConfig:
 
 
 def completion_payload(config: ServeBenchConfig, request: SampleRequest) -> dict:
-  common = {"model": config.model, "temperature": 0.0, "stream": True,
-            "stream_options": {"include_usage": True}, "ignore_eos": config.ignore_eos}
+  common = {
+    "model": config.model,
+    "temperature": 0.0,
+    "stream": True,
+    "stream_options": {"include_usage": True},
+    "ignore_eos": config.ignore_eos,
+  }
   if config.endpoint == CHAT_PATH:
     if not isinstance(request.prompt, str):
       raise ValueError("random_prompt_type: chat prompts are text; use --random-prompt-type text")
-    return {**common, "messages": [{"role": "user", "content": request.prompt}],
-            "max_completion_tokens": request.expected_output_len}
+    return {
+      **common,
+      "messages": [{"role": "user", "content": request.prompt}],
+      "max_completion_tokens": request.expected_output_len,
+    }
   prompt = request.prompt if isinstance(request.prompt, str) else list(request.prompt)
   return {**common, "prompt": prompt, "max_tokens": request.expected_output_len}
 
@@ -76,15 +90,19 @@ def _content(choice: dict) -> str | None:
   return choice.get("text", "")
 
 
-async def send_request(client: httpx.AsyncClient, config: ServeBenchConfig,
-                       request: SampleRequest) -> RequestRecord:
+async def send_request(
+  client: httpx.AsyncClient, config: ServeBenchConfig, request: SampleRequest
+) -> RequestRecord:
   """Streams one completion and times its chunks."""
   start = time.perf_counter()
   ttft, last, itls, num_chunks, usage_tokens = None, start, [], 0, None
   base = dict(prompt_len=request.prompt_len, expected_output_len=request.expected_output_len)
   try:
-    async with client.stream("POST", config.base_url.rstrip("/") + config.endpoint,
-                             json=completion_payload(config, request)) as response:
+    async with client.stream(
+      "POST",
+      config.base_url.rstrip("/") + config.endpoint,
+      json=completion_payload(config, request),
+    ) as response:
       if response.status_code != 200:
         body = (await response.aread()).decode(errors="replace")[:500]
         return RequestRecord(False, **base, error=f"HTTP {response.status_code}: {body}")
@@ -109,26 +127,35 @@ async def send_request(client: httpx.AsyncClient, config: ServeBenchConfig,
   if ttft is None:
     return RequestRecord(False, **base, error="stream ended without a completion chunk")
   output_tokens = usage_tokens if usage_tokens is not None else num_chunks
-  return RequestRecord(True, **base, output_tokens=int(output_tokens), ttft=ttft,
-                       e2e=last - start, itls=tuple(itls), start_time=start,
-                       usage_reported=usage_tokens is not None)
+  return RequestRecord(
+    True,
+    **base,
+    output_tokens=int(output_tokens),
+    ttft=ttft,
+    e2e=last - start,
+    itls=tuple(itls),
+    start_time=start,
+    usage_reported=usage_tokens is not None,
+  )
 
 
 def _sse_data(line: str) -> str | None:
   if not line.startswith("data:"):
     return None
-  return line[len("data:"):].strip()
+  return line[len("data:") :].strip()
 
 
-async def run_requests(config: ServeBenchConfig,
-                       requests: Sequence[SampleRequest]) -> tuple[list[RequestRecord], float]:
+async def run_requests(
+  config: ServeBenchConfig, requests: Sequence[SampleRequest]
+) -> tuple[list[RequestRecord], float]:
   """Sends every request on schedule; returns their records (in order) and the wall time."""
   gaps = arrival_gaps(len(requests), config.request_rate, config.burstiness, config.seed)
   limit = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
   limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
   headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-  async with httpx.AsyncClient(timeout=httpx.Timeout(config.timeout_s), limits=limits,
-                               headers=headers) as client:
+  async with httpx.AsyncClient(
+    timeout=httpx.Timeout(config.timeout_s), limits=limits, headers=headers
+  ) as client:
     bar = tqdm(total=len(requests), desc="requests", unit="req", disable=not config.show_progress)
 
     async def limited(request: SampleRequest) -> RequestRecord:
@@ -166,11 +193,12 @@ def fetch_model_name(base_url: str, api_key: str | None = None) -> str:
   try:
     response = httpx.get(url, headers=headers, timeout=30.0)
   except httpx.TransportError as err:
-    raise ValueError(f"base_url: cannot reach a server at {base_url} ({type(err).__name__}: "
-                     f"{err}); start one with `jaxserve serve` or pass --base-url") from err
+    raise ValueError(
+      f"base_url: cannot reach a server at {base_url} ({type(err).__name__}: "
+      f"{err}); start one with `jaxserve serve` or pass --base-url"
+    ) from err
   if response.status_code != 200:
-    raise ValueError(f"base_url: GET {url} answered {response.status_code}: "
-                     f"{response.text[:200]}")
+    raise ValueError(f"base_url: GET {url} answered {response.status_code}: {response.text[:200]}")
   models = response.json().get("data") or []
   if not models:
     raise ValueError(f"model: {base_url}/v1/models lists no models; pass --model")
@@ -180,27 +208,38 @@ def fetch_model_name(base_url: str, api_key: str | None = None) -> str:
 @dataclass(frozen=True)
 class ReportOptions:
   """How results are summarized: percentiles, the metrics printed, goodput SLOs (ms)."""
+
   percentiles: tuple[float, ...]
   percentile_metrics: tuple[str, ...]
   goodput_slos: dict[str, float] | None
 
 
-def run_one_rate(config: ServeBenchConfig, requests: Sequence[SampleRequest],
-                 options: ReportOptions) -> dict:
+def run_one_rate(
+  config: ServeBenchConfig, requests: Sequence[SampleRequest], options: ReportOptions
+) -> dict:
   """Runs the workload at config.request_rate; returns the JSON-ready result of that run."""
   records, duration = asyncio.run(run_requests(config, requests))
   num_good = None
   if options.goodput_slos is not None:
     num_good = sum(meets_slos(r, options.goodput_slos) for r in records)
   metrics = summarize(records, duration, options.percentiles, num_good)
-  print(format_table(metrics, f"Serving Benchmark Result (rate {_rate_str(config.request_rate)})",
-                     options.percentile_metrics))
+  print(
+    format_table(
+      metrics,
+      f"Serving Benchmark Result (rate {_rate_str(config.request_rate)})",
+      options.percentile_metrics,
+    )
+  )
   errors = sorted({r.error for r in records if not r.success})
   for error in errors[:5]:
     print(f"  failed: {error}")
-  return {"request_rate": _rate_str(config.request_rate), "burstiness": config.burstiness,
-          "max_concurrency": config.max_concurrency, "metrics": metrics.to_dict(),
-          "requests": [asdict(r) for r in records]}
+  return {
+    "request_rate": _rate_str(config.request_rate),
+    "burstiness": config.burstiness,
+    "max_concurrency": config.max_concurrency,
+    "metrics": metrics.to_dict(),
+    "requests": [asdict(r) for r in records],
+  }
 
 
 def _rate_str(rate: float) -> str | float:
@@ -226,8 +265,10 @@ def parse_rates(text: str) -> list[float]:
 def workload_label(result: dict) -> str:
   """The workload in words, for plot titles: model, route, dataset, prompts and lengths."""
   lengths = result.get("lengths")
-  return (f"{result['model']} {result['endpoint']}: {result['num_prompts']} {result['dataset']} "
-          f"prompts" + (f", {lengths}" if lengths else ""))
+  return (
+    f"{result['model']} {result['endpoint']}: {result['num_prompts']} {result['dataset']} "
+    f"prompts" + (f", {lengths}" if lengths else "")
+  )
 
 
 def write_results(out_dir: Path, result: dict) -> list[Path]:
@@ -241,11 +282,15 @@ def write_results(out_dir: Path, result: dict) -> list[Path]:
   label = workload_label(result)
   for run in result["runs"]:
     name = f"latency_cdf_rate_{run['request_rate']}.png"
-    paths.append(plots.latency_cdfs(run["requests"], out_dir / name,
-                                    title=f"{label}\nrate {run['request_rate']} req/s"))
+    paths.append(
+      plots.latency_cdfs(
+        run["requests"], out_dir / name, title=f"{label}\nrate {run['request_rate']} req/s"
+      )
+    )
   if len(result["runs"]) > 1:
-    paths.append(plots.sweep_curve(result["runs"], out_dir / "sweep_throughput_latency.png",
-                                   title=label))
+    paths.append(
+      plots.sweep_curve(result["runs"], out_dir / "sweep_throughput_latency.png", title=label)
+    )
   return paths
 
 
@@ -257,10 +302,12 @@ def load_workload(args) -> tuple[list[SampleRequest], str]:
   if args.dataset == "sharegpt":
     if not args.dataset_path:
       raise ValueError("dataset_path: --dataset sharegpt needs --dataset-path FILE")
-    counter = (lambda text: len(tokenizer.encode(text, add_special_tokens=False))) \
-        if tokenizer else None
-    requests = datasets.load_sharegpt(args.dataset_path, args.num_prompts, count_tokens=counter,
-                                      seed=args.seed)
+    counter = (
+      (lambda text: len(tokenizer.encode(text, add_special_tokens=False))) if tokenizer else None
+    )
+    requests = datasets.load_sharegpt(
+      args.dataset_path, args.num_prompts, count_tokens=counter, seed=args.seed
+    )
     return requests, "tokenizer" if tokenizer else "whitespace"
   pool = None
   prompt_type = args.random_prompt_type or ("text" if args.endpoint == CHAT_PATH else "ids")
@@ -269,9 +316,14 @@ def load_workload(args) -> tuple[list[SampleRequest], str]:
   if tokenizer is not None and prompt_type == "ids":
     special = set(tokenizer.all_special_ids)
     pool = [i for i in range(tokenizer.backend.get_vocab_size()) if i not in special]
-  requests = datasets.random_requests(args.num_prompts, args.random_input_len,
-                                      args.random_output_len, range_ratio=args.random_range_ratio,
-                                      seed=args.seed, token_ids=pool)
+  requests = datasets.random_requests(
+    args.num_prompts,
+    args.random_input_len,
+    args.random_output_len,
+    range_ratio=args.random_range_ratio,
+    seed=args.seed,
+    token_ids=pool,
+  )
   return requests, "token_ids" if pool is not None else "words"
 
 
@@ -279,6 +331,7 @@ def _try_tokenizer(name: str | None):
   if not name:
     return None
   from jaxserve.models.registry import load_model_tokenizer
+
   try:
     return load_model_tokenizer(name)
   except (ValueError, OSError):
@@ -286,9 +339,11 @@ def _try_tokenizer(name: str | None):
 
 
 def report_options(args) -> ReportOptions:
-  return ReportOptions(parse_percentiles(args.metric_percentiles),
-                       parse_percentile_metrics(args.percentile_metrics),
-                       parse_goodput(args.goodput) if args.goodput else None)
+  return ReportOptions(
+    parse_percentiles(args.metric_percentiles),
+    parse_percentile_metrics(args.percentile_metrics),
+    parse_goodput(args.goodput) if args.goodput else None,
+  )
 
 
 def main(args) -> int:
@@ -301,18 +356,38 @@ def main(args) -> int:
   requests, length_source = load_workload(args)
   runs = []
   for rate in rates:
-    config = ServeBenchConfig(base_url=args.base_url, model=model, request_rate=rate,
-                              burstiness=args.burstiness, max_concurrency=args.max_concurrency,
-                              ignore_eos=args.ignore_eos, seed=args.seed, api_key=args.api_key,
-                              endpoint=args.endpoint, show_progress=not args.disable_tqdm)
+    config = ServeBenchConfig(
+      base_url=args.base_url,
+      model=model,
+      request_rate=rate,
+      burstiness=args.burstiness,
+      max_concurrency=args.max_concurrency,
+      ignore_eos=args.ignore_eos,
+      seed=args.seed,
+      api_key=args.api_key,
+      endpoint=args.endpoint,
+      show_progress=not args.disable_tqdm,
+    )
     runs.append(run_one_rate(config, requests, options))
-  lengths = (f"in {args.random_input_len} / out {args.random_output_len} tokens"
-             if args.dataset == "random" else None)
-  result = {"model": model, "base_url": args.base_url, "endpoint": args.endpoint,
-            "dataset": args.dataset, "num_prompts": len(requests), "lengths": lengths,
-            "length_source": length_source, "ignore_eos": args.ignore_eos, "seed": args.seed,
-            "percentiles": list(options.percentiles), "goodput_slos_ms": options.goodput_slos,
-            "runs": runs}
+  lengths = (
+    f"in {args.random_input_len} / out {args.random_output_len} tokens"
+    if args.dataset == "random"
+    else None
+  )
+  result = {
+    "model": model,
+    "base_url": args.base_url,
+    "endpoint": args.endpoint,
+    "dataset": args.dataset,
+    "num_prompts": len(requests),
+    "lengths": lengths,
+    "length_source": length_source,
+    "ignore_eos": args.ignore_eos,
+    "seed": args.seed,
+    "percentiles": list(options.percentiles),
+    "goodput_slos_ms": options.goodput_slos,
+    "runs": runs,
+  }
   if args.save_result or args.result_dir:
     for path in write_results(Path(args.result_dir or "."), result):
       print(f"wrote {path}")

@@ -17,6 +17,7 @@ From the server's log: the weights' GB and GB/s, the KV pool, the warmup lines. 
 phase waits for its compile thread only with --restart-wait. Prints a table and one JSON object
 (also written to --out). Needs httpx; the server needs starlette and uvicorn.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,18 +38,22 @@ from jaxserve.bench.server_process import ServerProcess
 from jaxserve.tools.json_file import write_json
 from jaxserve.tools.key_value_table import key_value_table
 
-PROBE = {"prompt": "The quick brown fox jumps over the lazy dog. " * 4, "max_tokens": 24,
-         "temperature": 0.0, "ignore_eos": True}
+PROBE = {
+  "prompt": "The quick brown fox jumps over the lazy dog. " * 4,
+  "max_tokens": 24,
+  "temperature": 0.0,
+  "ignore_eos": True,
+}
 LOG_FACTS = {
-    "weights": r"(\d+\.\d+ GB in \d+\.\d+ s \(\d+\.\d+ GB/s[^)]*\))",
-    "after_weights": r"device memory: (largest free block .*)",
-    "kv_budget": r"device memory: (.* loader slack, .*)",
-    "kv_cache": r"KV cache: (\d+ pages of \d+ tokens \([^)]*\))",
-    "buckets": r"buckets: (.*)",
-    "warmup_first": r"warmup: (\d+ of \d+ programs compiled in [\d.]+ s)",
-    "cache_use": r"warmup: (\d+ programs loaded from the compilation cache, \d+ compiled)",
-    "background": r"background compilation: (.*)",
-    "ready": r"ready in ([\d.]+)s",
+  "weights": r"(\d+\.\d+ GB in \d+\.\d+ s \(\d+\.\d+ GB/s[^)]*\))",
+  "after_weights": r"device memory: (largest free block .*)",
+  "kv_budget": r"device memory: (.* loader slack, .*)",
+  "kv_cache": r"KV cache: (\d+ pages of \d+ tokens \([^)]*\))",
+  "buckets": r"buckets: (.*)",
+  "warmup_first": r"warmup: (\d+ of \d+ programs compiled in [\d.]+ s)",
+  "cache_use": r"warmup: (\d+ programs loaded from the compilation cache, \d+ compiled)",
+  "background": r"background compilation: (.*)",
+  "ready": r"ready in ([\d.]+)s",
 }
 
 
@@ -60,7 +65,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def start_server(args: argparse.Namespace, cache_dir: str, log_path: Path) -> ServerProcess:
   """`jaxserve serve` with the benchmark's engine flags and compilation cache."""
-  flags = ["--max-model-len", str(args.max_model_len), "--set", f"compilation_cache_dir={cache_dir}"]
+  flags = [
+    "--max-model-len",
+    str(args.max_model_len),
+    "--set",
+    f"compilation_cache_dir={cache_dir}",
+  ]
   flags += ["--config", args.config] if args.config else []
   for override in args.set:
     flags += ["--set", override]
@@ -85,8 +95,9 @@ def random_request(rng: random.Random, vocab: int, max_prompt: int, max_output: 
   if kind == 1:
     body.update(temperature=0.8, top_p=0.9, top_k=50, seed=rng.randrange(1 << 30))
   elif kind == 2:
-    body.update(temperature=0.7, presence_penalty=0.5, frequency_penalty=0.3,
-                repetition_penalty=1.1)
+    body.update(
+      temperature=0.7, presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.1
+    )
   elif kind == 3:
     body.update(temperature=0.0, logprobs=5)
   elif kind == 4:
@@ -98,11 +109,20 @@ def random_request(rng: random.Random, vocab: int, max_prompt: int, max_output: 
   return body
 
 
-async def mixed_workload(url: str, model: str, seconds: float, concurrency: int, vocab: int,
-                         max_prompt: int, max_output: int, seed: int = 0) -> dict:
+async def mixed_workload(
+  url: str,
+  model: str,
+  seconds: float,
+  concurrency: int,
+  vocab: int,
+  max_prompt: int,
+  max_output: int,
+  seed: int = 0,
+) -> dict:
   rng, deadline = random.Random(seed), time.monotonic() + seconds
   counts = {"ok": 0, "failed": 0, "output_tokens": 0}
   async with httpx.AsyncClient(base_url=url, timeout=600.0) as client:
+
     async def worker() -> None:
       while time.monotonic() < deadline:
         body = random_request(rng, vocab, max_prompt, max_output)
@@ -114,19 +134,23 @@ async def mixed_workload(url: str, model: str, seconds: float, concurrency: int,
           counts["failed"] += 1
           key = f"status_{response.status_code}"
           counts[key] = counts.get(key, 0) + 1
+
     await asyncio.gather(*(worker() for _ in range(concurrency)))
   return counts
 
 
-def start_phase(args: argparse.Namespace, cache_dir: str,
-                log_path: Path) -> tuple[ServerProcess, dict]:
+def start_phase(
+  args: argparse.Namespace, cache_dir: str, log_path: Path
+) -> tuple[ServerProcess, dict]:
   server = start_server(args, cache_dir, log_path)
   result = {"health_200_s": server.wait_healthy(args.compile_timeout_s)}
   result["probe_text"], seconds = server.complete(PROBE)
   result["first_request_done_s"], result["first_request_s"] = server.since_start(), seconds
   values = server.metrics()
-  result["programs_at_ready"] = (f"{values.get('jaxserve_step_programs_compiled', 0):.0f} / "
-                                 f"{values.get('jaxserve_step_programs_total', 0):.0f}")
+  result["programs_at_ready"] = (
+    f"{values.get('jaxserve_step_programs_compiled', 0):.0f} / "
+    f"{values.get('jaxserve_step_programs_total', 0):.0f}"
+  )
   return server, result
 
 
@@ -149,12 +173,19 @@ def command(args: argparse.Namespace) -> int:
     fresh["all_compiled_s"] = server.wait_compiled(args.compile_timeout_s)
     fresh["probe_text_all_compiled"] = server.complete(PROBE)[0]
     before = server.metrics()["jaxserve_xla_compilations_total"]
-    fresh["workload"] = asyncio.run(mixed_workload(server.url, server.model, args.workload_s,
-                                                   args.concurrency, vocab, args.max_prompt,
-                                                   args.max_output))
+    fresh["workload"] = asyncio.run(
+      mixed_workload(
+        server.url,
+        server.model,
+        args.workload_s,
+        args.concurrency,
+        vocab,
+        args.max_prompt,
+        args.max_output,
+      )
+    )
     fresh["workload"]["seconds"] = args.workload_s
-    fresh["workload"]["compilations"] = (server.metrics()["jaxserve_xla_compilations_total"]
-                                         - before)
+    fresh["workload"]["compilations"] = server.metrics()["jaxserve_xla_compilations_total"] - before
   finally:
     server.stop()
   fresh["log"] = log_facts(server.log_path)
@@ -181,26 +212,41 @@ def command(args: argparse.Namespace) -> int:
 def format_table(report: dict) -> str:
   fresh, warm = report["fresh"], report["restart"]
   load = fresh["log"]
-  rows = [("fresh: /health 200", f"{fresh['health_200_s']:.1f} s (programs "
-           f"{fresh['programs_at_ready']})"),
-          ("fresh: first completion done", f"{fresh['first_request_done_s']:.1f} s "
-           f"({fresh['first_request_s']:.2f} s)"),
-          ("fresh: every program compiled", f"{fresh['all_compiled_s']:.1f} s"),
-          ("fresh: probe text unchanged once all compiled",
-           str(fresh["probe_text"] == fresh["probe_text_all_compiled"])),
-          ("weights", load.get("weights", "?")),
-          ("device memory after loading", load.get("after_weights", "?")),
-          ("KV cache", load.get("kv_cache", "?")),
-          ("warmup (first bucket)", load.get("warmup_first", "?")),
-          ("background", load.get("background", "?")),
-          ("workload", f"{fresh['workload']['seconds']:.0f} s, {fresh['workload']['ok']} ok, "
-           f"{fresh['workload']['failed']} failed, {fresh['workload']['output_tokens']} tokens"),
-          ("workload compilations (must be 0)", str(fresh["workload"]["compilations"])),
-          ("restart: /health 200", f"{warm['health_200_s']:.1f} s (programs "
-           f"{warm['programs_at_ready']})"),
-          ("restart: first completion done", f"{warm['first_request_done_s']:.1f} s, same "
-           f"text: {warm['same_probe_text']}"),
-          ("restart: cache", warm["log"].get("cache_use", "?"))]
+  rows = [
+    (
+      "fresh: /health 200",
+      f"{fresh['health_200_s']:.1f} s (programs {fresh['programs_at_ready']})",
+    ),
+    (
+      "fresh: first completion done",
+      f"{fresh['first_request_done_s']:.1f} s ({fresh['first_request_s']:.2f} s)",
+    ),
+    ("fresh: every program compiled", f"{fresh['all_compiled_s']:.1f} s"),
+    (
+      "fresh: probe text unchanged once all compiled",
+      str(fresh["probe_text"] == fresh["probe_text_all_compiled"]),
+    ),
+    ("weights", load.get("weights", "?")),
+    ("device memory after loading", load.get("after_weights", "?")),
+    ("KV cache", load.get("kv_cache", "?")),
+    ("warmup (first bucket)", load.get("warmup_first", "?")),
+    ("background", load.get("background", "?")),
+    (
+      "workload",
+      f"{fresh['workload']['seconds']:.0f} s, {fresh['workload']['ok']} ok, "
+      f"{fresh['workload']['failed']} failed, {fresh['workload']['output_tokens']} tokens",
+    ),
+    ("workload compilations (must be 0)", str(fresh["workload"]["compilations"])),
+    (
+      "restart: /health 200",
+      f"{warm['health_200_s']:.1f} s (programs {warm['programs_at_ready']})",
+    ),
+    (
+      "restart: first completion done",
+      f"{warm['first_request_done_s']:.1f} s, same text: {warm['same_probe_text']}",
+    ),
+    ("restart: cache", warm["log"].get("cache_use", "?")),
+  ]
   if "all_compiled_s" in warm:
     rows.append(("restart: every program compiled", f"{warm['all_compiled_s']:.1f} s"))
   return key_value_table(rows)

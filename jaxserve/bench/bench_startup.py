@@ -16,6 +16,7 @@ safetensors checkpoint once per memory layout per run, with the holes each leave
 to --out).
 Imports nothing from jaxserve.server (runs without starlette/uvicorn).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def build_checkpoint(shape: str, directory: str) -> None:
   if (Path(directory) / "config.json").is_file():
     return
-  code = ("import sys; from jaxserve.bench.random_checkpoint import build_random_llama; "
-          "build_random_llama(sys.argv[1], sys.argv[2])")
+  code = (
+    "import sys; from jaxserve.bench.random_checkpoint import build_random_llama; "
+    "build_random_llama(sys.argv[1], sys.argv[2])"
+  )
   subprocess.run([sys.executable, "-c", code, shape, directory], check=True)
 
 
@@ -71,6 +74,7 @@ def time_weight_loads(config, runs: int) -> list[dict]:
   import jax
 
   from jaxserve.models.registry import load_model
+
   results = []
   layouts = ["packed", "streaming"] if _one_device_safetensors(config) else [None]
   for run in range(runs * len(layouts)):
@@ -79,21 +83,35 @@ def time_weight_loads(config, runs: int) -> list[dict]:
     if config.tensor_parallel_size > 1:
       from jaxserve.parallel.mesh import build_mesh
       from jaxserve.parallel.sharded_loading import load_model_sharded
+
       mesh = build_mesh(config.tensor_parallel_size)
-      params = load_model_sharded(config.model, config.dtype, mesh,
-                                  tp_invariant_reductions=config.tp_invariant_reductions).params
+      params = load_model_sharded(
+        config.model, config.dtype, mesh, tp_invariant_reductions=config.tp_invariant_reductions
+      ).params
       source = config.model
     else:
       from jaxserve.models.weight_transfer import TransferOptions
-      loaded = load_model(config.model, config.dtype, fuse_projections=config.fuse_projections,
-                          transfer=TransferOptions(layout=layout or "auto"))
+
+      loaded = load_model(
+        config.model,
+        config.dtype,
+        fuse_projections=config.fuse_projections,
+        transfer=TransferOptions(layout=layout or "auto"),
+      )
       params = loaded.params
       source = loaded.source if layout is None else f"safetensors, {layout} layout"
       del loaded
     num_bytes = sum(x.nbytes for x in jax.tree.leaves(jax.block_until_ready(params)))
     seconds = time.perf_counter() - start
-    results.append({"bytes": num_bytes, "seconds": seconds, "gb_per_s": num_bytes / 1e9 / seconds,
-                    "source": source, **_free_memory()})
+    results.append(
+      {
+        "bytes": num_bytes,
+        "seconds": seconds,
+        "gb_per_s": num_bytes / 1e9 / seconds,
+        "source": source,
+        **_free_memory(),
+      }
+    )
     del params
     gc.collect()
   return results
@@ -101,22 +119,29 @@ def time_weight_loads(config, runs: int) -> list[dict]:
 
 def _one_device_safetensors(config) -> bool:
   from jaxserve.models.registry import PARAMS_SUBDIR
+
   model_dir = Path(config.model)
-  return (config.tensor_parallel_size == 1 and model_dir.is_dir()
-          and not (model_dir / PARAMS_SUBDIR).is_dir())
+  return (
+    config.tensor_parallel_size == 1
+    and model_dir.is_dir()
+    and not (model_dir / PARAMS_SUBDIR).is_dir()
+  )
 
 
 def _free_memory() -> dict:
   """The allocator's view now: bytes in use, its largest free block, and the free bytes outside
   that block (holes a pool allocated next could not use)."""
   from jaxserve.device.device_memory import read_device_memory
+
   memory = read_device_memory()
   if memory is None or memory.largest_free_bytes is None:
     return {}
   free = memory.limit_bytes - memory.in_use_bytes
-  return {"in_use_gib": memory.in_use_bytes / GIB,
-          "largest_free_gib": memory.largest_free_bytes / GIB,
-          "holes_gib": (free - memory.largest_free_bytes) / GIB}
+  return {
+    "in_use_gib": memory.in_use_bytes / GIB,
+    "largest_free_gib": memory.largest_free_bytes / GIB,
+    "holes_gib": (free - memory.largest_free_bytes) / GIB,
+  }
 
 
 def time_host_converted_load(config) -> dict:
@@ -125,10 +150,14 @@ def time_host_converted_load(config) -> dict:
   import jax
 
   from jaxserve.models.weights import load_hf_config, load_hf_params
+
   model_config = load_hf_config(Path(config.model), config.dtype)
   start = time.perf_counter()
-  params = load_hf_params(Path(config.model), model_config,
-                          put=lambda path, array: jax.device_put(array).block_until_ready())
+  params = load_hf_params(
+    Path(config.model),
+    model_config,
+    put=lambda path, array: jax.device_put(array).block_until_ready(),
+  )
   num_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
   seconds = time.perf_counter() - start
   del params
@@ -140,13 +169,20 @@ def device_stats() -> dict:
   import jax
 
   from jaxserve.device.device_memory import read_device_memory
+
   memory = read_device_memory()
   device = jax.devices()[0]
-  out = {"device": device.device_kind, "platform": device.platform,
-         "num_devices": jax.device_count()}
+  out = {
+    "device": device.device_kind,
+    "platform": device.platform,
+    "num_devices": jax.device_count(),
+  }
   if memory is not None:
-    out.update(total_gib=memory.total_bytes / GIB, client_limit_gib=memory.limit_bytes / GIB,
-               in_use_gib=memory.in_use_bytes / GIB)
+    out.update(
+      total_gib=memory.total_bytes / GIB,
+      client_limit_gib=memory.limit_bytes / GIB,
+      in_use_gib=memory.in_use_bytes / GIB,
+    )
   return out
 
 
@@ -156,8 +192,9 @@ def main(argv=None) -> int:
 
 def command(args: argparse.Namespace) -> int:
   """The benchmark on parsed flags (`jaxserve bench startup` calls it)."""
-  logging.basicConfig(level=args.log_level,
-                      format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  logging.basicConfig(
+    level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+  )
   if args.build:
     if not args.model:
       raise SystemExit("--build needs --model DIR (where to write the checkpoint)")
@@ -166,12 +203,16 @@ def command(args: argparse.Namespace) -> int:
   setup = prepare_jax_process(config.cache.memory_fraction)  # before jax starts
   import jax
 
-  from jaxserve.device.device_memory import max_concurrency
   from jaxserve.assembly import build_device
+  from jaxserve.device.device_memory import max_concurrency
   from jaxserve.device.warmup import warmup
-  report: dict = {"model": config.model, "memory_fraction": config.cache.memory_fraction,
-                  "client_env": dict(setup.set_vars) or dict(setup.user_vars),
-                  "jax": jax.__version__}
+
+  report: dict = {
+    "model": config.model,
+    "memory_fraction": config.cache.memory_fraction,
+    "client_env": dict(setup.set_vars) or dict(setup.user_vars),
+    "jax": jax.__version__,
+  }
   model_dir = Path(config.model)
   if model_dir.is_dir() and not args.cold:
     report["page_cache_fill"] = read_files(model_dir)
@@ -183,10 +224,13 @@ def command(args: argparse.Namespace) -> int:
   jax.block_until_ready(built.runner.kv_pages)
   spec = built.spec
   report["build_device_s"] = time.perf_counter() - start
-  report["kv_pool"] = {"gib": spec.total_bytes / GIB, "num_pages": spec.num_pages,
-                       "page_size": spec.page_size, "max_model_len": built.max_model_len,
-                       "max_concurrency": max_concurrency(spec.num_pages, spec.page_size,
-                                                          built.max_model_len)}
+  report["kv_pool"] = {
+    "gib": spec.total_bytes / GIB,
+    "num_pages": spec.num_pages,
+    "page_size": spec.page_size,
+    "max_model_len": built.max_model_len,
+    "max_concurrency": max_concurrency(spec.num_pages, spec.page_size, built.max_model_len),
+  }
   report["device_memory_after_pool"] = device_stats()
   if args.warmup == "full":  # the engine flag: here "also compile every bucket (timed)"
     report["warmup_s"] = warmup(built.runner, show_progress=False)
@@ -199,31 +243,56 @@ def command(args: argparse.Namespace) -> int:
 
 def format_table(report: dict) -> str:
   pool, device = report["kv_pool"], report["device_memory_after_pool"]
-  rows = [("device", f"{device['device']} x{device['num_devices']} (jax {report['jax']})"),
-          ("client env", json.dumps(report["client_env"]) or "-")]
+  rows = [
+    ("device", f"{device['device']} x{device['num_devices']} (jax {report['jax']})"),
+    ("client env", json.dumps(report["client_env"]) or "-"),
+  ]
   if "page_cache_fill" in report:
     fill = report["page_cache_fill"]
-    rows.append(("read checkpoint files", f"{fill['bytes'] / 1e9:.1f} GB in "
-                 f"{fill['seconds']:.1f} s ({fill['gb_per_s']:.2f} GB/s)"))
+    rows.append(
+      (
+        "read checkpoint files",
+        f"{fill['bytes'] / 1e9:.1f} GB in {fill['seconds']:.1f} s ({fill['gb_per_s']:.2f} GB/s)",
+      )
+    )
   if "baseline_host_converted" in report:
     base = report["baseline_host_converted"]
-    rows.append(("weights, host-converted (before)", f"{base['bytes'] / 1e9:.1f} GB in "
-                 f"{base['seconds']:.1f} s ({base['gb_per_s']:.2f} GB/s)"))
-  rows += [(f"weights, load {i + 1}", f"{r['bytes'] / 1e9:.1f} GB in {r['seconds']:.1f} s "
-            f"({r['gb_per_s']:.2f} GB/s; {r['source']})" + (
-                f"; {r['in_use_gib']:.2f} GiB in use, largest free block "
-                f"{r['largest_free_gib']:.2f} GiB, holes {r['holes_gib']:.2f} GiB"
-                if "holes_gib" in r else "")) for i, r in enumerate(report["weight_loads"])]
+    rows.append(
+      (
+        "weights, host-converted (before)",
+        f"{base['bytes'] / 1e9:.1f} GB in {base['seconds']:.1f} s ({base['gb_per_s']:.2f} GB/s)",
+      )
+    )
+  rows += [
+    (
+      f"weights, load {i + 1}",
+      f"{r['bytes'] / 1e9:.1f} GB in {r['seconds']:.1f} s "
+      f"({r['gb_per_s']:.2f} GB/s; {r['source']})"
+      + (
+        f"; {r['in_use_gib']:.2f} GiB in use, largest free block "
+        f"{r['largest_free_gib']:.2f} GiB, holes {r['holes_gib']:.2f} GiB"
+        if "holes_gib" in r
+        else ""
+      ),
+    )
+    for i, r in enumerate(report["weight_loads"])
+  ]
   if report["weight_loads"]:
     best = max(report["weight_loads"], key=lambda r: r["gb_per_s"])
     rows.append(("best weight load", f"{best['gb_per_s']:.2f} GB/s ({best['source']})"))
-  rows += [("build_device (load + pool)", f"{report['build_device_s']:.1f} s"),
-           ("KV pool", f"{pool['gib']:.1f} GiB, {pool['num_pages']} pages of {pool['page_size']}"),
-           (f"max concurrency at {pool['max_model_len']} tokens",
-            f"{pool['max_concurrency']:.2f}x")]
+  rows += [
+    ("build_device (load + pool)", f"{report['build_device_s']:.1f} s"),
+    ("KV pool", f"{pool['gib']:.1f} GiB, {pool['num_pages']} pages of {pool['page_size']}"),
+    (f"max concurrency at {pool['max_model_len']} tokens", f"{pool['max_concurrency']:.2f}x"),
+  ]
   if "total_gib" in device:
-    rows.append(("device memory", f"total {device['total_gib']:.1f} GiB, client limit "
-                 f"{device['client_limit_gib']:.1f} GiB, in use {device['in_use_gib']:.1f} GiB"))
+    rows.append(
+      (
+        "device memory",
+        f"total {device['total_gib']:.1f} GiB, client limit "
+        f"{device['client_limit_gib']:.1f} GiB, in use {device['in_use_gib']:.1f} GiB",
+      )
+    )
   if "warmup_s" in report:
     rows.append(("warmup", f"{report['warmup_s']:.1f} s"))
   return key_value_table(rows)

@@ -20,6 +20,7 @@ pieces (structured_workload.synthetic_tokenizer: words, numbers, JSON fragments;
 It also times the sampler's token-bitmask select in front of the greedy pick on the logits of C
 rows (the cost every step pays since no SamplerMode switches the mask off; see device/sampler.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,24 +59,35 @@ def write_synthetic_tokenizer(num_pieces: int, model_vocab: int, out_dir: Path) 
   tokenizer = synthetic_tokenizer(num_pieces, model_vocab)
   out_dir.mkdir(parents=True, exist_ok=True)
   tokenizer.backend.save(str(out_dir / "tokenizer.json"))
-  (out_dir / "tokenizer_config.json").write_text(json.dumps(
-      {"bos_token": "<|begin|>", "eos_token": "<|eot|>", "add_bos_token": False}))
+  (out_dir / "tokenizer_config.json").write_text(
+    json.dumps({"bos_token": "<|begin|>", "eos_token": "<|eot|>", "add_bos_token": False})
+  )
   return out_dir
 
 
 def run_workload(engine, num_prompts: int, args, constrained: bool, rng) -> dict:
   spec = StructuredOutputSpec.json_schema(SCHEMA) if constrained else None
-  params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=not constrained,
-                          structured_outputs=spec)
+  params = SamplingParams(
+    temperature=0.0, max_tokens=args.output_len, ignore_eos=not constrained, structured_outputs=spec
+  )
   vocab = min(engine.vocab_size, engine.tokenizer.vocab_size)
   constraints, timings = engine.constraints, engine.timings
-  before = (timings.num_steps, timings.host_phases.get("bitmask", 0.0), constraints.fill_seconds,
-            constraints.num_fills, timings.host_seconds, timings.device_seconds)
+  before = (
+    timings.num_steps,
+    timings.host_phases.get("bitmask", 0.0),
+    constraints.fill_seconds,
+    constraints.num_fills,
+    timings.host_seconds,
+    timings.device_seconds,
+  )
   compiled = engine.ledger.num_compilations
   for i in range(num_prompts):
-    engine.add_request(rng.integers(0, vocab, size=args.input_len).tolist(), params,
-                       request_id=f"{'json' if constrained else 'plain'}-{num_prompts}-{i}",
-                       stream=False)
+    engine.add_request(
+      rng.integers(0, vocab, size=args.input_len).tolist(),
+      params,
+      request_id=f"{'json' if constrained else 'plain'}-{num_prompts}-{i}",
+      stream=False,
+    )
   start = time.perf_counter()
   num_output, finish = 0, {}
   while engine.has_unfinished_requests():
@@ -86,29 +98,37 @@ def run_workload(engine, num_prompts: int, args, constrained: bool, rng) -> dict
   elapsed = time.perf_counter() - start
   steps = timings.num_steps - before[0]
   fills = constraints.num_fills - before[3]
-  return {"constrained": constrained, "requests": num_prompts, "elapsed_s": elapsed,
-          "output_tokens": num_output, "output_tokens_per_s": num_output / elapsed,
-          "finish_reasons": finish, "steps": steps,
-          "host_ms_per_step": 1e3 * (timings.host_seconds - before[4]) / max(steps, 1),
-          "device_ms_per_step": 1e3 * (timings.device_seconds - before[5]) / max(steps, 1),
-          "mask_fill_ms_per_masked_step": 1e3 * (constraints.fill_seconds - before[2])
-                                          / max(fills, 1),
-          "bitmask_phase_ms_per_masked_step": 1e3 * (timings.host_phases.get("bitmask", 0.0)
-                                                     - before[1]) / max(fills, 1),
-          "masked_steps": fills,
-          "compilations": engine.ledger.num_compilations - compiled}
+  return {
+    "constrained": constrained,
+    "requests": num_prompts,
+    "elapsed_s": elapsed,
+    "output_tokens": num_output,
+    "output_tokens_per_s": num_output / elapsed,
+    "finish_reasons": finish,
+    "steps": steps,
+    "host_ms_per_step": 1e3 * (timings.host_seconds - before[4]) / max(steps, 1),
+    "device_ms_per_step": 1e3 * (timings.device_seconds - before[5]) / max(steps, 1),
+    "mask_fill_ms_per_masked_step": 1e3 * (constraints.fill_seconds - before[2]) / max(fills, 1),
+    "bitmask_phase_ms_per_masked_step": 1e3
+    * (timings.host_phases.get("bitmask", 0.0) - before[1])
+    / max(fills, 1),
+    "masked_steps": fills,
+    "compilations": engine.ledger.num_compilations - compiled,
+  }
 
 
 def time_mask_select(config: EngineConfig, rows: int, vocab: int) -> dict:
   """Device time per call of the greedy pick with and without the all-ones bitmask select."""
   greedy = step_greedy(config, sharded=False)
-  logits = jax.random.normal(jax.random.key(0), (rows, vocab), jnp.float32)     # [S, V]
-  banned = jnp.full((rows, 8), -1, jnp.int32)                                  # [S, 8]
-  ones = jnp.full((rows, bitmask_words(vocab)), -1, jnp.int32)                 # [S, W]
+  logits = jax.random.normal(jax.random.key(0), (rows, vocab), jnp.float32)  # [S, V]
+  banned = jnp.full((rows, 8), -1, jnp.int32)  # [S, 8]
+  ones = jnp.full((rows, bitmask_words(vocab)), -1, jnp.int32)  # [S, W]
   plain = jax.jit(lambda x, b, m: greedy(x, b))
   masked = jax.jit(lambda x, b, m: greedy(apply_token_bitmask(x, m), b))
-  return {f"greedy_{name}_us": 1e6 * seconds_per_call(fn, logits, banned, ones, inner=20, reps=5)
-          for name, fn in (("plain", plain), ("masked", masked))}
+  return {
+    f"greedy_{name}_us": 1e6 * seconds_per_call(fn, logits, banned, ones, inner=20, reps=5)
+    for name, fn in (("plain", plain), ("masked", masked))
+  }
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -116,8 +136,9 @@ def run(args: argparse.Namespace) -> dict:
   prepare_jax_process(config.cache.memory_fraction)
   if args.synthetic_bpe_vocab:
     model_vocab = json.loads((Path(config.model) / "config.json").read_text())["vocab_size"]
-    directory = write_synthetic_tokenizer(args.synthetic_bpe_vocab, model_vocab,
-                                          Path(tempfile.mkdtemp(prefix="bench_structured_")))
+    directory = write_synthetic_tokenizer(
+      args.synthetic_bpe_vocab, model_vocab, Path(tempfile.mkdtemp(prefix="bench_structured_"))
+    )
     config = dataclasses.replace(config, tokenizer=str(directory))
   engine = build_engine(config, show_progress=True)
   start = time.perf_counter()
@@ -128,15 +149,27 @@ def run(args: argparse.Namespace) -> dict:
   for concurrency in args.concurrency:
     plain = run_workload(engine, concurrency, args, False, rng)
     constrained = run_workload(engine, concurrency, args, True, rng)
-    rows.append({"concurrency": concurrency, "unconstrained": plain, "json_schema": constrained,
-                 "throughput_ratio": constrained["output_tokens_per_s"]
-                                     / plain["output_tokens_per_s"],
-                 "mask_select": time_mask_select(config, concurrency, engine.vocab_size)})
-  return {"model": config.model, "device": str(jax.devices()[0].device_kind),
-          "backend": jax.default_backend(), "vocab_size": engine.vocab_size,
-          "tokenizer_vocab": engine.tokenizer.vocab_size, "input_len": args.input_len,
-          "output_len": args.output_len, "grammar_setup_s": grammar_setup_s,
-          "warmup_s": engine.warmup_seconds, "results": rows}
+    rows.append(
+      {
+        "concurrency": concurrency,
+        "unconstrained": plain,
+        "json_schema": constrained,
+        "throughput_ratio": constrained["output_tokens_per_s"] / plain["output_tokens_per_s"],
+        "mask_select": time_mask_select(config, concurrency, engine.vocab_size),
+      }
+    )
+  return {
+    "model": config.model,
+    "device": str(jax.devices()[0].device_kind),
+    "backend": jax.default_backend(),
+    "vocab_size": engine.vocab_size,
+    "tokenizer_vocab": engine.tokenizer.vocab_size,
+    "input_len": args.input_len,
+    "output_len": args.output_len,
+    "grammar_setup_s": grammar_setup_s,
+    "warmup_s": engine.warmup_seconds,
+    "results": rows,
+  }
 
 
 def main(argv=None) -> int:
@@ -150,14 +183,17 @@ def command(args: argparse.Namespace) -> int:
     write_json(args.out, result)
   for row in result["results"]:
     plain, json_run = row["unconstrained"], row["json_schema"]
-    print(f'concurrency {row["concurrency"]}: unconstrained {plain["output_tokens_per_s"]:.1f} '
-          f'tok/s, json_schema {json_run["output_tokens_per_s"]:.1f} tok/s, ratio '
-          f'{row["throughput_ratio"]:.3f}; mask fill {json_run["mask_fill_ms_per_masked_step"]:.2f}'
-          f' ms/step (bitmask phase {json_run["bitmask_phase_ms_per_masked_step"]:.2f} ms), '
-          f'device {json_run["device_ms_per_step"]:.2f} vs {plain["device_ms_per_step"]:.2f} '
-          f'ms/step; finish {json_run["finish_reasons"]}; compilations '
-          f'{plain["compilations"] + json_run["compilations"]}; greedy select '
-          f'{row["mask_select"]["greedy_plain_us"]:.0f} -> {row["mask_select"]["greedy_masked_us"]:.0f} us')
+    print(
+      f"concurrency {row['concurrency']}: unconstrained {plain['output_tokens_per_s']:.1f} "
+      f"tok/s, json_schema {json_run['output_tokens_per_s']:.1f} tok/s, ratio "
+      f"{row['throughput_ratio']:.3f}; mask fill {json_run['mask_fill_ms_per_masked_step']:.2f}"
+      f" ms/step (bitmask phase {json_run['bitmask_phase_ms_per_masked_step']:.2f} ms), "
+      f"device {json_run['device_ms_per_step']:.2f} vs {plain['device_ms_per_step']:.2f} "
+      f"ms/step; finish {json_run['finish_reasons']}; compilations "
+      f"{plain['compilations'] + json_run['compilations']}; greedy select "
+      f"{row['mask_select']['greedy_plain_us']:.0f} -> "
+      f"{row['mask_select']['greedy_masked_us']:.0f} us"
+    )
   return 0
 
 

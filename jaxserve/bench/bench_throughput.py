@@ -9,6 +9,7 @@ uses an exported transformers copy (export_hf.py); --random-model builds a rando
 checkpoint of a real Llama shape (random_checkpoint.py). Without --max-model-len the engine's
 max_model_len is input_len + output_len rounded up to a page.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,6 +34,7 @@ def prompt_vocab_size(config: EngineConfig) -> int:
   """Token ids valid for both the model and its tokenizer."""
   from jaxserve.models.registry import load_model_tokenizer
   from jaxserve.tools.kv_plan import model_config_for
+
   return min(model_config_for(config).vocab_size, load_model_tokenizer(config.model).vocab_size)
 
 
@@ -53,33 +55,42 @@ def run_jaxserve(config: EngineConfig, prompts: list[list[int]], output_len: int
   lengths = [len(r.outputs[0].token_ids) for r in results]
   num_output = sum(lengths)
   timings = llm.engine.timings
-  return {"engine": "jaxserve", "backend": jax.default_backend(),
-          "device": str(jax.devices()[0].device_kind), "jax": jax.__version__,
-          "elapsed_s": elapsed, "output_tokens": num_output,
-          "all_outputs_full_length": all(n == output_len for n in lengths),
-          "output_tokens_per_s": num_output / elapsed,
-          "total_tokens_per_s": (num_output + sum(map(len, prompts))) / elapsed,
-          "steps": timings.num_steps,
-          "host_ms_per_step": 1e3 * timings.host_seconds / max(timings.num_steps, 1),
-          "device_ms_per_step": 1e3 * timings.device_seconds / max(timings.num_steps, 1),
-          "compilations_after_warmup": llm.engine.ledger.num_compilations - compiled_before,
-          "warmup_s": llm.engine.warmup_seconds}
+  return {
+    "engine": "jaxserve",
+    "backend": jax.default_backend(),
+    "device": str(jax.devices()[0].device_kind),
+    "jax": jax.__version__,
+    "elapsed_s": elapsed,
+    "output_tokens": num_output,
+    "all_outputs_full_length": all(n == output_len for n in lengths),
+    "output_tokens_per_s": num_output / elapsed,
+    "total_tokens_per_s": (num_output + sum(map(len, prompts))) / elapsed,
+    "steps": timings.num_steps,
+    "host_ms_per_step": 1e3 * timings.host_seconds / max(timings.num_steps, 1),
+    "device_ms_per_step": 1e3 * timings.device_seconds / max(timings.num_steps, 1),
+    "compilations_after_warmup": llm.engine.ledger.num_compilations - compiled_before,
+    "warmup_s": llm.engine.warmup_seconds,
+  }
 
 
 def _prepare_model(config: EngineConfig, args, tmp: Path) -> tuple[EngineConfig, str | None]:
   """The engine config to run and the transformers checkpoint for the baseline (if any)."""
   if args.random_model:
     from jaxserve.bench.random_checkpoint import build_random_llama
+
     out_dir = Path(args.random_model_dir) if args.random_model_dir else tmp / args.random_model
     print(f"building random-weight {args.random_model} checkpoint in {out_dir}")
     config = config.replace(model=str(build_random_llama(args.random_model, out_dir, args.seed)))
   if config.max_model_len is None:
     page = config.cache.page_size
-    config = config.replace(max_model_len=page * math.ceil((args.input_len + args.output_len) / page))
+    config = config.replace(
+      max_model_len=page * math.ceil((args.input_len + args.output_len) / page)
+    )
   if not args.hf_baseline:
     return config, None
   if config.model == TINY_RANDOM_NAME:
     from jaxserve.tools.export_hf import export_tiny_random_hf
+
     return config, str(export_tiny_random_hf(tmp / "tiny-random-hf"))
   return config, config.model
 
@@ -92,18 +103,26 @@ def main(args) -> int:
   with tempfile.TemporaryDirectory(prefix="jaxserve-bench-") as tmp:
     config, hf_dir = _prepare_model(config, args, Path(tmp))
     prompts = random_prompts(args.num_prompts, args.input_len, prompt_vocab_size(config), args.seed)
-    result = {"model": config.model, "random_model": args.random_model,
-              "num_prompts": args.num_prompts, "input_len": args.input_len,
-              "output_len": args.output_len, "python": platform.python_version()}
+    result = {
+      "model": config.model,
+      "random_model": args.random_model,
+      "num_prompts": args.num_prompts,
+      "input_len": args.input_len,
+      "output_len": args.output_len,
+      "python": platform.python_version(),
+    }
     if hf_dir is not None:
       from jaxserve.bench.hf_baseline import run_in_subprocess
+
       dtype = model_config_for(config).dtype
-      result["transformers"] = run_in_subprocess(hf_dir, prompts, args.output_len,
-                                                 args.hf_batch_size, args.hf_device, dtype)
+      result["transformers"] = run_in_subprocess(
+        hf_dir, prompts, args.output_len, args.hf_batch_size, args.hf_device, dtype
+      )
     result["jaxserve"] = run_jaxserve(config, prompts, args.output_len)
   if "transformers" in result:
-    result["speedup_vs_transformers"] = (result["jaxserve"]["output_tokens_per_s"]
-                                         / result["transformers"]["output_tokens_per_s"])
+    result["speedup_vs_transformers"] = (
+      result["jaxserve"]["output_tokens_per_s"] / result["transformers"]["output_tokens_per_s"]
+    )
   print(format_result(result))
   if args.out:
     print(f"wrote {write_json(args.out, result)}")
@@ -112,14 +131,20 @@ def main(args) -> int:
 
 def format_result(result: dict) -> str:
   engines = [result[k] for k in ("jaxserve", "transformers") if k in result]
-  lines = [f"model {result['model']}: {result['num_prompts']} prompts, {result['input_len']} in / "
-           f"{result['output_len']} out (greedy, ignore_eos)",
-           f"{'engine':<14}{'device':<22}{'elapsed s':>11}{'output tok/s':>15}{'total tok/s':>14}"]
+  lines = [
+    f"model {result['model']}: {result['num_prompts']} prompts, {result['input_len']} in / "
+    f"{result['output_len']} out (greedy, ignore_eos)",
+    f"{'engine':<14}{'device':<22}{'elapsed s':>11}{'output tok/s':>15}{'total tok/s':>14}",
+  ]
   for e in engines:
-    lines.append(f"{e['engine']:<14}{e['device'][:21]:<22}{e['elapsed_s']:>11.2f}"
-                 f"{e['output_tokens_per_s']:>15.1f}{e['total_tokens_per_s']:>14.1f}")
+    lines.append(
+      f"{e['engine']:<14}{e['device'][:21]:<22}{e['elapsed_s']:>11.2f}"
+      f"{e['output_tokens_per_s']:>15.1f}{e['total_tokens_per_s']:>14.1f}"
+    )
   if "speedup_vs_transformers" in result:
-    lines.append(f"jaxserve / transformers output throughput: "
-                 f"{result['speedup_vs_transformers']:.2f}x "
-                 f"(transformers batch {result['transformers']['batch_size']})")
+    lines.append(
+      f"jaxserve / transformers output throughput: "
+      f"{result['speedup_vs_transformers']:.2f}x "
+      f"(transformers batch {result['transformers']['batch_size']})"
+    )
   return "\n".join(lines)

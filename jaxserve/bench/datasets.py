@@ -10,6 +10,7 @@ ShareGPT (a JSON list of {"conversations": [{"from": "human", "value": ...}, {"f
 token count of the gpt turn that follows it. Counts come from the model's tokenizer when given,
 else from a whitespace split (`len(text.split())`), which undercounts subword tokens.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,14 +21,17 @@ from typing import Callable, Sequence
 import numpy as np
 
 TokenCounter = Callable[[str], int]
-_WORDS = ("the of and to in is was for on that with as by at from his her an which are be this "
-          "have it not or had were but one all new more first two time after also some can into "
-          "other its only over most may such any where when made about years they there city").split()
+_WORDS = (
+  "the of and to in is was for on that with as by at from his her an which are be this "
+  "have it not or had were but one all new more first two time after also some can into "
+  "other its only over most may such any where when made about years they there city"
+).split()
 
 
 @dataclass(frozen=True)
 class SampleRequest:
   """One benchmark request: the prompt (text or token ids), its length and the output length."""
+
   prompt: str | tuple[int, ...]
   prompt_len: int
   expected_output_len: int
@@ -37,8 +41,9 @@ def whitespace_token_count(text: str) -> int:
   return len(text.split())
 
 
-def uniform_lengths(rng: np.random.Generator, length: int, range_ratio: float,
-                    count: int) -> np.ndarray:
+def uniform_lengths(
+  rng: np.random.Generator, length: int, range_ratio: float, count: int
+) -> np.ndarray:
   """Integers uniform in [length * (1 - ratio), length * (1 + ratio)], at least 1."""
   if not 0.0 <= range_ratio < 1.0:
     raise ValueError(f"random_range_ratio: must be in [0, 1), got {range_ratio}")
@@ -49,8 +54,15 @@ def uniform_lengths(rng: np.random.Generator, length: int, range_ratio: float,
   return rng.integers(low, high + 1, size=count)
 
 
-def random_requests(num_prompts: int, input_len: int, output_len: int, *, range_ratio: float = 0.0,
-                    seed: int = 0, token_ids: Sequence[int] | None = None) -> list[SampleRequest]:
+def random_requests(
+  num_prompts: int,
+  input_len: int,
+  output_len: int,
+  *,
+  range_ratio: float = 0.0,
+  seed: int = 0,
+  token_ids: Sequence[int] | None = None,
+) -> list[SampleRequest]:
   """Random prompts: token ids drawn from `token_ids` (when given) or random words."""
   if num_prompts < 1:
     raise ValueError(f"num_prompts: must be >= 1, got {num_prompts}")
@@ -68,9 +80,16 @@ def random_requests(num_prompts: int, input_len: int, output_len: int, *, range_
   return requests
 
 
-def load_sharegpt(path: str | Path, num_prompts: int, *, count_tokens: TokenCounter | None = None,
-                  seed: int = 0, min_len: int = 4, max_prompt_len: int = 1024,
-                  max_total_len: int = 2048) -> list[SampleRequest]:
+def load_sharegpt(
+  path: str | Path,
+  num_prompts: int,
+  *,
+  count_tokens: TokenCounter | None = None,
+  seed: int = 0,
+  min_len: int = 4,
+  max_prompt_len: int = 1024,
+  max_total_len: int = 2048,
+) -> list[SampleRequest]:
   """The first human turn and the following gpt turn of shuffled conversations, filtered as vLLM
   does (both at least `min_len` tokens, prompt <= max_prompt_len, sum <= max_total_len)."""
   path = Path(path)
@@ -84,8 +103,12 @@ def load_sharegpt(path: str | Path, num_prompts: int, *, count_tokens: TokenCoun
       continue
     prompt, reply = pair
     prompt_len, output_len = count(prompt), count(reply)
-    if (prompt_len < min_len or output_len < min_len or prompt_len > max_prompt_len
-        or prompt_len + output_len > max_total_len):
+    if (
+      prompt_len < min_len
+      or output_len < min_len
+      or prompt_len > max_prompt_len
+      or prompt_len + output_len > max_total_len
+    ):
       continue
     requests.append(SampleRequest(prompt, prompt_len, output_len))
     if len(requests) == num_prompts:
@@ -112,8 +135,12 @@ def _first_exchange(entry: object) -> tuple[str, str] | None:
   if not isinstance(turns, list):
     return None
   for first, second in zip(turns, turns[1:]):
-    if (isinstance(first, dict) and isinstance(second, dict) and first.get("from") == "human"
-        and second.get("from") == "gpt"):
+    if (
+      isinstance(first, dict)
+      and isinstance(second, dict)
+      and first.get("from") == "human"
+      and second.get("from") == "gpt"
+    ):
       prompt, reply = first.get("value"), second.get("value")
       if isinstance(prompt, str) and isinstance(reply, str) and prompt and reply:
         return prompt, reply

@@ -4,6 +4,7 @@ SLOs are given as `METRIC:MILLISECONDS` with METRIC one of ttft, tpot, e2el (e.g
 `--goodput ttft:500 tpot:50`); a request meets them when each of its values is at most the
 objective. A request with one output token has no TPOT and meets a TPOT objective.
 """
+
 from __future__ import annotations
 
 from typing import Mapping, Sequence
@@ -19,8 +20,9 @@ def parse_goodput(items: Sequence[str]) -> dict[str, float]:
   for item in items:
     name, sep, value = item.partition(":")
     if not sep or name not in GOODPUT_METRICS:
-      raise ValueError(f"goodput: {item!r} is not METRIC:MS with METRIC one of "
-                       f"{', '.join(GOODPUT_METRICS)}")
+      raise ValueError(
+        f"goodput: {item!r} is not METRIC:MS with METRIC one of {', '.join(GOODPUT_METRICS)}"
+      )
     try:
       slos[name] = float(value)
     except ValueError as err:
@@ -34,5 +36,4 @@ def meets_slos(record: RequestRecord, slos_ms: Mapping[str, float]) -> bool:
   if not record.success:
     return False
   values = {"ttft": record.ttft, "tpot": record.tpot, "e2el": record.e2e}
-  return all(values[name] is None or 1e3 * values[name] <= limit
-             for name, limit in slos_ms.items())
+  return all(values[name] is None or 1e3 * values[name] <= limit for name, limit in slos_ms.items())

@@ -20,6 +20,7 @@ with the batch, measured on the device itself with the model's shapes (random va
 
 Every entry counts differing rows (0: bitwise equal).
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,9 +32,9 @@ import numpy as np
 
 from jaxserve.bench.timing import median_ms
 from jaxserve.config import EngineConfig
-from jaxserve.messages.buckets import BucketSet
 from jaxserve.device.sampler import xla_greedy
 from jaxserve.device.step_options import step_compiler_options, step_greedy
+from jaxserve.messages.buckets import BucketSet
 from jaxserve.models.batch_invariant_dense import pallas_matmul, row_tiled_matmul
 from jaxserve.models.builtin import builtin_config, is_builtin
 from jaxserve.models.llama import RMSNorm
@@ -62,7 +63,7 @@ def differing_rows(a: jax.Array, b: jax.Array) -> int:
 
 def rows_check(fn: Callable, x: jax.Array, counts: tuple[int, ...], timed: bool) -> dict:
   """fn over x[:T] for each T in counts against the first T rows of fn(x[:max])."""
-  full = fn(x[:max(counts)])
+  full = fn(x[: max(counts)])
   entry = {"differing_rows": {}, "ms": {}}
   for count in counts:
     part = fn(x[:count])
@@ -78,10 +79,11 @@ def batched_tiles(x: jax.Array, w: jax.Array, out_dtype, rows: int) -> jax.Array
   does not follow the batch count."""
   num_tiles = -(-x.shape[0] // rows)
   tiles = jnp.pad(x, ((0, num_tiles * rows - x.shape[0]), (0, 0))).reshape(
-      num_tiles, rows, x.shape[1])                                               # [n, R, K]
-  weights = jnp.broadcast_to(w, (num_tiles, *w.shape))                           # [n, K, N]
+    num_tiles, rows, x.shape[1]
+  )  # [n, R, K]
+  weights = jnp.broadcast_to(w, (num_tiles, *w.shape))  # [n, K, N]
   out = jnp.einsum("trk,tkn->trn", tiles, weights, preferred_element_type=out_dtype)
-  return out.reshape(num_tiles * rows, -1)[:x.shape[0]]
+  return out.reshape(num_tiles * rows, -1)[: x.shape[0]]
 
 
 def gemm_formulations(config: EngineConfig) -> dict[str, tuple[Callable, dict | None]]:
@@ -91,30 +93,36 @@ def gemm_formulations(config: EngineConfig) -> dict[str, tuple[Callable, dict | 
   forms = {"dot": (lambda x, w, dt: jnp.dot(x, w, preferred_element_type=dt), plain)}
   for rows in TILE_ROWS:
     forms[f"row_tiles_{rows}"] = (
-        lambda x, w, dt, rows=rows: row_tiled_matmul(x, w, dt, rows), fixed)
+      lambda x, w, dt, rows=rows: row_tiled_matmul(x, w, dt, rows),
+      fixed,
+    )
   for rows in TILE_ROWS:
     forms[f"batched_{rows}"] = (lambda x, w, dt, rows=rows: batched_tiles(x, w, dt, rows), fixed)
   for blocks, warps, stages in PALLAS_TILES:
     name = "pallas_" + "x".join(map(str, blocks)) + f"_w{warps}s{stages}"
-    forms[name] = (functools.partial(pallas_matmul, blocks=blocks, num_warps=warps,
-                                     num_stages=stages), fixed)
+    forms[name] = (
+      functools.partial(pallas_matmul, blocks=blocks, num_warps=warps, num_stages=stages),
+      fixed,
+    )
   dense = dense_for(config)
   if dense is not None and dense.logits is not None:
-    forms["configured"] = (lambda x, w, dt: (dense.logits(x, w, False) if dt == jnp.float32
-                                              else dense.column(x, w)),
-                           step_compiler_options(config))
+    forms["configured"] = (
+      lambda x, w, dt: dense.logits(x, w, False) if dt == jnp.float32 else dense.column(x, w),
+      step_compiler_options(config),
+    )
   return forms
 
 
-def gemm_checks(config: EngineConfig, model: ModelConfig, buckets: BucketSet,
-                timed: bool) -> dict:
+def gemm_checks(config: EngineConfig, model: ModelConfig, buckets: BucketSet, timed: bool) -> dict:
   dtype = jnp.dtype(model.dtype)
   h, d = model.hidden_size, model.head_dim
-  shapes = {"qkv": (h, (model.num_q_heads + 2 * model.num_kv_heads) * d, dtype),
-            "o": (model.num_q_heads * d, h, dtype),
-            "gate_up": (h, 2 * model.intermediate_size, dtype),
-            "down": (model.intermediate_size, h, dtype),
-            "logits": (h, model.vocab_size, jnp.float32)}
+  shapes = {
+    "qkv": (h, (model.num_q_heads + 2 * model.num_kv_heads) * d, dtype),
+    "o": (model.num_q_heads * d, h, dtype),
+    "gate_up": (h, 2 * model.intermediate_size, dtype),
+    "down": (model.intermediate_size, h, dtype),
+    "logits": (h, model.vocab_size, jnp.float32),
+  }
   results = {}
   keys = jax.random.split(jax.random.key(0), 2 * len(shapes))
   for i, (name, (k, n, out_dtype)) in enumerate(shapes.items()):
@@ -133,24 +141,32 @@ def gemm_checks(config: EngineConfig, model: ModelConfig, buckets: BucketSet,
 def norm_check(config: EngineConfig, model: ModelConfig, buckets: BucketSet) -> dict:
   dtype = jnp.dtype(model.dtype)
   norm = RMSNorm(model.rms_norm_eps, dtype, config.batch_invariant)  # as the model builds it
-  x = jax.random.normal(jax.random.key(1), (max(buckets.token_buckets), model.hidden_size),
-                        jnp.float32).astype(dtype)
-  scale = {"params": {"scale": (1 + 0.1 * jax.random.normal(
-      jax.random.key(2), (model.hidden_size,))).astype(dtype)}}
+  x = jax.random.normal(
+    jax.random.key(1), (max(buckets.token_buckets), model.hidden_size), jnp.float32
+  ).astype(dtype)
+  scale = {
+    "params": {
+      "scale": (1 + 0.1 * jax.random.normal(jax.random.key(2), (model.hidden_size,))).astype(dtype)
+    }
+  }
   fn = jax.jit(lambda x: norm.apply(scale, x), compiler_options=step_compiler_options(config))
   return {"rmsnorm": rows_check(fn, x, buckets.token_buckets, timed=False)}
 
 
 def sampler_checks(config: EngineConfig, model: ModelConfig, buckets: BucketSet) -> dict:
-  logits = 4 * jax.random.normal(jax.random.key(3), (max(buckets.seq_buckets),
-                                                     model.vocab_size), jnp.float32)
+  logits = 4 * jax.random.normal(
+    jax.random.key(3), (max(buckets.seq_buckets), model.vocab_size), jnp.float32
+  )
   banned = jnp.full((logits.shape[0], 1), -1, jnp.int32)
   options = step_compiler_options(config)
   results = {}
   for name, greedy in (("xla", xla_greedy), ("configured", step_greedy(config, sharded=False))):
-    fn = jax.jit(lambda x, greedy=greedy: jnp.stack(
-        [a.astype(jnp.float32) for a in greedy(x, banned[:x.shape[0]])], axis=1),
-        compiler_options=options)                                              # [S, 2]
+    fn = jax.jit(
+      lambda x, greedy=greedy: jnp.stack(
+        [a.astype(jnp.float32) for a in greedy(x, banned[: x.shape[0]])], axis=1
+      ),
+      compiler_options=options,
+    )  # [S, 2]
     results[f"greedy/{name}"] = rows_check(fn, logits, buckets.seq_buckets, timed=False)
   return results
 
@@ -158,13 +174,15 @@ def sampler_checks(config: EngineConfig, model: ModelConfig, buckets: BucketSet)
 def run_components(config: EngineConfig, timed: bool = True) -> dict:
   """Every component check for `config` on the default device; prints a table, returns it."""
   from jaxserve.bench.invariance_attention import attention_checks
+
   model = model_config_of(config)
   buckets = BucketSet.from_config(config.scheduler)
-  checks = {"gemm": lambda: gemm_checks(config, model, buckets, timed),
-            "rmsnorm": lambda: norm_check(config, model, buckets),
-            "attention": lambda: attention_checks(config, model, buckets, attention_for(config),
-                                                  timed),
-            "sampler": lambda: sampler_checks(config, model, buckets)}
+  checks = {
+    "gemm": lambda: gemm_checks(config, model, buckets, timed),
+    "rmsnorm": lambda: norm_check(config, model, buckets),
+    "attention": lambda: attention_checks(config, model, buckets, attention_for(config), timed),
+    "sampler": lambda: sampler_checks(config, model, buckets),
+  }
   results = {}
   for name, check in checks.items():
     try:
@@ -176,8 +194,10 @@ def run_components(config: EngineConfig, timed: bool = True) -> dict:
 
 
 def print_components(results: dict) -> None:
-  print("component checks: differing rows per bucket against the largest bucket's first rows "
-        "(0 = bitwise equal); ms: median time per bucket")
+  print(
+    "component checks: differing rows per bucket against the largest bucket's first rows "
+    "(0 = bitwise equal); ms: median time per bucket"
+  )
   for name, entry in results.items():
     if "error" in entry:
       print(f"{name:<34} {entry['error']}")

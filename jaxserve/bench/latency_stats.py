@@ -7,6 +7,7 @@ over all requests. Throughputs divide totals over successful requests by the ben
 Times are seconds inside and milliseconds in the summary. Which percentiles are computed, and
 which metrics the table prints them for, are vLLM's --metric-percentiles / --percentile-metrics.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -21,6 +22,7 @@ PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
 @dataclass(frozen=True)
 class RequestRecord:
   """What one request saw. output_tokens comes from the server's usage when it reports one."""
+
   success: bool
   prompt_len: int
   expected_output_len: int
@@ -42,19 +44,23 @@ class RequestRecord:
 @dataclass(frozen=True)
 class Distribution:
   """mean / median / std / percentiles of a latency, in milliseconds."""
+
   mean_ms: float
   median_ms: float
   std_ms: float
   percentiles_ms: dict[str, float] = field(default_factory=dict)
 
   @classmethod
-  def of(cls, seconds: Sequence[float],
-         percentiles: Sequence[float] = PERCENTILES) -> Distribution:
+  def of(cls, seconds: Sequence[float], percentiles: Sequence[float] = PERCENTILES) -> Distribution:
     values = np.asarray(seconds, dtype=np.float64) * 1e3
     if values.size == 0:
       return cls(0.0, 0.0, 0.0, {_pname(p): 0.0 for p in percentiles})
-    return cls(float(values.mean()), float(np.median(values)), float(values.std()),
-               {_pname(p): float(np.percentile(values, p)) for p in percentiles})
+    return cls(
+      float(values.mean()),
+      float(np.median(values)),
+      float(values.std()),
+      {_pname(p): float(np.percentile(values, p)) for p in percentiles},
+    )
 
 
 def _pname(percentile: float) -> str:
@@ -67,8 +73,9 @@ def parse_percentiles(text: str) -> tuple[float, ...]:
   try:
     values = [float(item) for item in text.split(",") if item.strip()]
   except ValueError as err:
-    raise ValueError(f"metric_percentiles: {text!r} is not a comma-separated list of numbers") \
-        from err
+    raise ValueError(
+      f"metric_percentiles: {text!r} is not a comma-separated list of numbers"
+    ) from err
   if not values or not all(0 < v < 100 for v in values):
     raise ValueError(f"metric_percentiles: each must be in (0, 100), got {text!r}")
   return tuple(sorted(set(values) | {50.0, 99.0}))
@@ -79,8 +86,9 @@ def parse_percentile_metrics(text: str) -> tuple[str, ...]:
   names = tuple(item.strip() for item in text.split(",") if item.strip())
   unknown = [n for n in names if n not in PERCENTILE_METRICS]
   if not names or unknown:
-    raise ValueError(f"percentile_metrics: {text!r}: each must be one of "
-                     f"{', '.join(PERCENTILE_METRICS)}")
+    raise ValueError(
+      f"percentile_metrics: {text!r}: each must be one of {', '.join(PERCENTILE_METRICS)}"
+    )
   return names
 
 
@@ -104,9 +112,12 @@ class BenchmarkMetrics:
     return asdict(self)
 
 
-def summarize(records: Sequence[RequestRecord], duration_s: float,
-              percentiles: Sequence[float] = PERCENTILES,
-              num_good: int | None = None) -> BenchmarkMetrics:
+def summarize(
+  records: Sequence[RequestRecord],
+  duration_s: float,
+  percentiles: Sequence[float] = PERCENTILES,
+  num_good: int | None = None,
+) -> BenchmarkMetrics:
   """num_good: how many requests met the goodput SLOs (None: no SLOs given)."""
   done = [r for r in records if r.success]
   of = lambda values: Distribution.of(values, percentiles)
@@ -114,19 +125,27 @@ def summarize(records: Sequence[RequestRecord], duration_s: float,
   output_tokens = sum(r.output_tokens for r in done)
   duration = max(duration_s, 1e-9)
   return BenchmarkMetrics(
-      completed=len(done), failed=len(records) - len(done), duration_s=duration_s,
-      total_input_tokens=input_tokens, total_output_tokens=output_tokens,
-      request_throughput=len(done) / duration, output_throughput=output_tokens / duration,
-      total_token_throughput=(input_tokens + output_tokens) / duration,
-      ttft=of([r.ttft for r in done]),
-      tpot=of([r.tpot for r in done if r.tpot is not None]),
-      itl=of([gap for r in done for gap in r.itls]),
-      e2e=of([r.e2e for r in done]),
-      request_goodput=None if num_good is None else num_good / duration)
+    completed=len(done),
+    failed=len(records) - len(done),
+    duration_s=duration_s,
+    total_input_tokens=input_tokens,
+    total_output_tokens=output_tokens,
+    request_throughput=len(done) / duration,
+    output_throughput=output_tokens / duration,
+    total_token_throughput=(input_tokens + output_tokens) / duration,
+    ttft=of([r.ttft for r in done]),
+    tpot=of([r.tpot for r in done if r.tpot is not None]),
+    itl=of([gap for r in done for gap in r.itls]),
+    e2e=of([r.e2e for r in done]),
+    request_goodput=None if num_good is None else num_good / duration,
+  )
 
 
-def format_table(metrics: BenchmarkMetrics, title: str = "Serving Benchmark Result",
-                 percentile_metrics: Sequence[str] = ("ttft", "tpot", "itl")) -> str:
+def format_table(
+  metrics: BenchmarkMetrics,
+  title: str = "Serving Benchmark Result",
+  percentile_metrics: Sequence[str] = ("ttft", "tpot", "itl"),
+) -> str:
   """The result table in vLLM's layout: mean, median and each percentile of the chosen metrics."""
   lines = [f"{' ' + title + ' ':=^50}"]
   row = lambda name, value: lines.append(f"{name:<40} {value:<10}")
@@ -140,10 +159,12 @@ def format_table(metrics: BenchmarkMetrics, title: str = "Serving Benchmark Resu
     row("Request goodput (req/s):", f"{metrics.request_goodput:.2f}")
   row("Output token throughput (tok/s):", f"{metrics.output_throughput:.2f}")
   row("Total token throughput (tok/s):", f"{metrics.total_token_throughput:.2f}")
-  sections = {"ttft": ("ttft", "TTFT", "Time to First Token"),
-              "tpot": ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
-              "itl": ("itl", "ITL", "Inter-token Latency"),
-              "e2el": ("e2e", "E2EL", "End-to-end Latency")}
+  sections = {
+    "ttft": ("ttft", "TTFT", "Time to First Token"),
+    "tpot": ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
+    "itl": ("itl", "ITL", "Inter-token Latency"),
+    "e2el": ("e2e", "E2EL", "End-to-end Latency"),
+  }
   for name in percentile_metrics:
     attr, short, heading = sections[name]
     dist: Distribution = getattr(metrics, attr)

@@ -7,6 +7,7 @@ counts all its threads (utime + stime from /proc/PID/stat), so a busy JAX proces
 core. Used by serve_vs_offline to say how busy each process is; returns {}
 where /proc is missing.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,7 +22,7 @@ def _stat(pid: int) -> list[str] | None:
     text = Path(f"/proc/{pid}/stat").read_text()
   except OSError:
     return None
-  return text[text.rindex(")") + 2:].split()
+  return text[text.rindex(")") + 2 :].split()
 
 
 def _children(pid: int) -> list[int]:
@@ -74,5 +75,8 @@ class CpuMeter:
 
   def stop(self, wall_seconds: float) -> dict[str, float]:
     after = cpu_seconds(self._roles)
-    return {role: (after[role] - self._before[role]) / wall_seconds
-            for role in after if role in self._before and wall_seconds > 0}
+    return {
+      role: (after[role] - self._before[role]) / wall_seconds
+      for role in after
+      if role in self._before and wall_seconds > 0
+    }

@@ -9,17 +9,18 @@ copied to the host and written shard by shard, so an 8B checkpoint takes seconds
 shard of host memory. Weights are N(0, 0.02) (transformers' initializer_range) with RMSNorm scales
 of one.
 """
+
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
 
+from jaxserve.bench.vocab_tokenizer import write_vocab_tokenizer
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.named_shapes import named_model_config
 from jaxserve.models.weights import hf_tensor_specs
 from jaxserve.tools.export_hf import hf_llama_config
-from jaxserve.bench.vocab_tokenizer import write_vocab_tokenizer
 
 SHARD_BYTES = 4 << 30
 
@@ -72,10 +73,10 @@ def build_random_checkpoint(config: ModelConfig, out_dir: str | Path, seed: int 
   if device == "cuda":
     torch.cuda.empty_cache()  # the engine that loads this checkpoint wants the GPU to itself
   total = sum(tensor_bytes * math.prod(spec.hf_shape) for spec in specs)
-  (out_dir / "model.safetensors.index.json").write_text(json.dumps(
-      {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+  (out_dir / "model.safetensors.index.json").write_text(
+    json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+  )
   hf_config = hf_llama_config(config, architectures=["LlamaForCausalLM"], dtype=config.dtype)
   hf_config.save_pretrained(out_dir)
   write_vocab_tokenizer(out_dir, config.vocab_size, config.bos_token_id, config.eos_token_ids)
   return out_dir
-

@@ -21,6 +21,7 @@
    bandwidth (a jitted copy of a 4 GiB array, read + write), the floor of a single stream's TPOT.
 4. One JSON, the throughput-latency plot of both servers' sweeps, and a table on stdout.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,6 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-
 
 from jaxserve.bench.bench_serve import ServeBenchConfig, run_requests
 from jaxserve.bench.datasets import random_requests
@@ -54,8 +54,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument("--config", help="YAML engine config for every run")
   parser.add_argument("--max-model-len", type=int, default=2048)
   parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-  parser.add_argument("--api-server-count", type=int, help="of the multi-process server "
-                      "(default: jaxserve serve's)")
+  parser.add_argument(
+    "--api-server-count", type=int, help="of the multi-process server (default: jaxserve serve's)"
+  )
   parser.add_argument("--num-prompts", type=int, default=1000)
   parser.add_argument("--input-len", type=int, default=256)
   parser.add_argument("--output-len", type=int, default=256)
@@ -66,10 +67,15 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument("--sweep-seconds", type=float, default=30.0)
   parser.add_argument("--sweep-inf-prompts", type=int, default=500)
   parser.add_argument("--single-stream-prompts", type=int, default=8)
-  parser.add_argument("--client-processes", type=int, default=4,
-                      help="load-generator processes (one asyncio client each)")
-  parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, of " +
-                      ", ".join(MODES))
+  parser.add_argument(
+    "--client-processes",
+    type=int,
+    default=4,
+    help="load-generator processes (one asyncio client each)",
+  )
+  parser.add_argument(
+    "--modes", default=",".join(MODES), help="comma-separated, of " + ", ".join(MODES)
+  )
   parser.add_argument("--port", type=int, default=8000)
   parser.add_argument("--start-timeout-s", type=float, default=900.0)
   parser.add_argument("--out-dir", default="out/serve_vs_offline")
@@ -87,10 +93,28 @@ def _engine_flags(args) -> list[str]:
 
 def run_offline(args, out_dir: Path) -> dict:
   path = out_dir / "bench_offline.json"
-  subprocess.run([sys.executable, "-m", "jaxserve.bench.bench_offline", "--model", args.model,
-                  *_engine_flags(args), "--num-prompts", str(args.num_prompts), "--input-len",
-                  str(args.input_len), "--output-len", str(args.output_len), "--no-stream",
-                  "--log-level", "WARNING", "--out", str(path)], check=True)
+  subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "jaxserve.bench.bench_offline",
+      "--model",
+      args.model,
+      *_engine_flags(args),
+      "--num-prompts",
+      str(args.num_prompts),
+      "--input-len",
+      str(args.input_len),
+      "--output-len",
+      str(args.output_len),
+      "--no-stream",
+      "--log-level",
+      "WARNING",
+      "--out",
+      str(path),
+    ],
+    check=True,
+  )
   return json.loads(path.read_text())
 
 
@@ -127,8 +151,15 @@ def start_server(args, count: int, log_path: Path) -> tuple[ServerProcess, dict[
   healthy once every bucket is compiled (`--warmup full`: the steady state; background
   compilation would pad the first steps) and every API server process serves; with the
   seconds from its start to both."""
-  flags = [*_engine_flags(args), "--log-level", "WARNING", "--warmup", "full",
-           "--api-server-count", str(count)]
+  flags = [
+    *_engine_flags(args),
+    "--log-level",
+    "WARNING",
+    "--warmup",
+    "full",
+    "--api-server-count",
+    str(count),
+  ]
   server = ServerProcess(args.model, flags, log_path, port=args.port)
   try:
     started = {"health_s": server.wait_healthy(args.start_timeout_s)}
@@ -141,6 +172,7 @@ def start_server(args, count: int, log_path: Path) -> tuple[ServerProcess, dict[
 
 def _vocabulary(model: str) -> tuple[str, list[int]]:
   from jaxserve.models.registry import load_model_tokenizer
+
   tokenizer = load_model_tokenizer(model)
   special = set(tokenizer.all_special_ids)
   return model, [i for i in range(tokenizer.backend.get_vocab_size()) if i not in special]
@@ -154,14 +186,26 @@ def _shard(config: ServeBenchConfig, requests) -> tuple[list, float, float]:
   return records, duration, time.process_time() - cpu
 
 
-def _run(url: str, name: str, requests, rate: float, concurrency: int | None = None,
-         processes: int = 1, meter: CpuMeter | None = None) -> dict:
+def _run(
+  url: str,
+  name: str,
+  requests,
+  rate: float,
+  concurrency: int | None = None,
+  processes: int = 1,
+  meter: CpuMeter | None = None,
+) -> dict:
   """bench serve's load at `rate`, from `processes` load-generator processes (each sends
   every processes-th request at rate / processes: a Poisson process split K ways is K Poisson
   processes), so the client's own CPU does not cap what is measured; its CPU use is reported."""
   processes = 1 if concurrency else max(1, min(processes, len(requests)))
-  config = ServeBenchConfig(base_url=url, model=name, request_rate=rate / processes,
-                            ignore_eos=True, max_concurrency=concurrency)
+  config = ServeBenchConfig(
+    base_url=url,
+    model=name,
+    request_rate=rate / processes,
+    ignore_eos=True,
+    max_concurrency=concurrency,
+  )
   shards = [requests[k::processes] for k in range(processes)]
   if meter:
     meter.start()
@@ -170,36 +214,46 @@ def _run(url: str, name: str, requests, rate: float, concurrency: int | None = N
     results = [_shard(config, shards[0])]
   else:
     with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
-      results = list(pool.map(_shard, [dataclasses.replace(config, seed=k) for k in
-                                       range(processes)], shards))
+      results = list(
+        pool.map(_shard, [dataclasses.replace(config, seed=k) for k in range(processes)], shards)
+      )
   server_cpu = meter.stop(time.monotonic() - wall) if meter else {}
   records = [record for shard, _, _ in results for record in shard]
   duration = max(wall for _, wall, _ in results)
   metrics = summarize(records, duration, (50.0, 99.0))
   print(format_table(metrics, f"Serving Benchmark Result (rate {rate})", ("ttft", "tpot", "itl")))
   errors = sorted({r.error for r in records if not r.success})
-  return {"request_rate": "inf" if math.isinf(rate) else rate, "metrics": metrics.to_dict(),
-          "client_processes": processes, "errors": errors[:5],
-          "client_cpu_per_process": max(cpu for _, _, cpu in results) / duration,
-          "server_cpu": server_cpu}
+  return {
+    "request_rate": "inf" if math.isinf(rate) else rate,
+    "metrics": metrics.to_dict(),
+    "client_processes": processes,
+    "errors": errors[:5],
+    "client_cpu_per_process": max(cpu for _, _, cpu in results) / duration,
+    "server_cpu": server_cpu,
+  }
 
 
 def bench_server(args, server: ServerProcess, count: int, pool: list[int]) -> dict:
   """The burst, the sweep and the single stream against a server of `count` API processes."""
   url, name = server.url, server.model
-  burst = random_requests(args.num_prompts, args.input_len, args.output_len, seed=0,
-                          token_ids=pool)
+  burst = random_requests(args.num_prompts, args.input_len, args.output_len, seed=0, token_ids=pool)
   k = args.client_processes
   meter = CpuMeter(server.process.pid, count)
-  result = {"sweep": [],
-            "burst": _run(url, name, burst, math.inf, processes=k, meter=meter)}
+  result = {"sweep": [], "burst": _run(url, name, burst, math.inf, processes=k, meter=meter)}
   for rate in [math.inf if r.strip() == "inf" else float(r) for r in args.sweep_rates.split(",")]:
     count = args.sweep_inf_prompts if math.isinf(rate) else max(4, round(rate * args.sweep_seconds))
-    requests = random_requests(count, args.sweep_input_len, args.sweep_output_len,
-                               range_ratio=args.sweep_range_ratio, seed=1, token_ids=pool)
+    requests = random_requests(
+      count,
+      args.sweep_input_len,
+      args.sweep_output_len,
+      range_ratio=args.sweep_range_ratio,
+      seed=1,
+      token_ids=pool,
+    )
     result["sweep"].append(_run(url, name, requests, rate, processes=k, meter=meter))
-  single = random_requests(args.single_stream_prompts, args.sweep_input_len,
-                           args.sweep_output_len, seed=2, token_ids=pool)
+  single = random_requests(
+    args.single_stream_prompts, args.sweep_input_len, args.sweep_output_len, seed=2, token_ids=pool
+  )
   result["single_stream"] = _run(url, name, single, math.inf, concurrency=1, meter=meter)
   return result
 
@@ -208,37 +262,53 @@ def table(result: dict) -> str:
   a = result["args"]
   sweep = f"sweep ({a['sweep_input_len']}/{a['sweep_output_len']}, ratio {a['sweep_range_ratio']})"
   offline = result["offline"]["output_tokens_per_s"]
-  lines = [f"{'path':<34}{'out tok/s':>11}{'vs offline':>11}{'failed':>8}"
-           f"{'TPOT p50/p99 ms':>18}{'ITL p50/p99 ms':>18}",
-           f"{'LLM.generate (bench_offline)':<34}{offline:>11.0f}{'100%':>11}"]
+  lines = [
+    f"{'path':<34}{'out tok/s':>11}{'vs offline':>11}{'failed':>8}"
+    f"{'TPOT p50/p99 ms':>18}{'ITL p50/p99 ms':>18}",
+    f"{'LLM.generate (bench_offline)':<34}{offline:>11.0f}{'100%':>11}",
+  ]
   for mode, server in result["servers"].items():
     m = server["burst"]["metrics"]
-    lines.append(f"{mode + ' HTTP, burst':<34}{m['output_throughput']:>11.0f}"
-                 f"{m['output_throughput'] / offline:>11.0%}{m['failed']:>8}"
-                 f"{_pair(m, 'tpot'):>18}{_pair(m, 'itl'):>18}"
-                 f"  (client CPU {server['burst']['client_cpu_per_process']:.0%} per process)")
+    lines.append(
+      f"{mode + ' HTTP, burst':<34}{m['output_throughput']:>11.0f}"
+      f"{m['output_throughput'] / offline:>11.0%}{m['failed']:>8}"
+      f"{_pair(m, 'tpot'):>18}{_pair(m, 'itl'):>18}"
+      f"  (client CPU {server['burst']['client_cpu_per_process']:.0%} per process)"
+    )
     if server["burst"].get("server_cpu"):
-      lines.append(f"{mode} server CPU in the burst (cores): " + ", ".join(
-          f"{role} {cores:.2f}" for role, cores in server["burst"]["server_cpu"].items()))
+      lines.append(
+        f"{mode} server CPU in the burst (cores): "
+        + ", ".join(f"{role} {cores:.2f}" for role, cores in server["burst"]["server_cpu"].items())
+      )
     if server.get("started"):
-      lines.append(f"{mode} server: /health 200 at {server['started']['health_s']:.1f} s, every "
-                   f"API server process at {server['started']['all_api_servers_s']:.1f} s")
+      lines.append(
+        f"{mode} server: /health 200 at {server['started']['health_s']:.1f} s, every "
+        f"API server process at {server['started']['all_api_servers_s']:.1f} s"
+      )
   lines.append("")
-  lines.append(f"{sweep:<34}{'rate':>6}{'out tok/s':>11}"
-               f"{'TTFT p50/p99 ms':>20}{'TPOT p50/p99 ms':>18}{'ITL p50/p99 ms':>18}")
+  lines.append(
+    f"{sweep:<34}{'rate':>6}{'out tok/s':>11}"
+    f"{'TTFT p50/p99 ms':>20}{'TPOT p50/p99 ms':>18}{'ITL p50/p99 ms':>18}"
+  )
   for mode, server in result["servers"].items():
     for run in server["sweep"] + [dict(server["single_stream"], request_rate="1 stream")]:
       m = run["metrics"]
-      lines.append(f"{mode:<34}{str(run['request_rate']):>6}{m['output_throughput']:>11.0f}"
-                   f"{_pair(m, 'ttft'):>20}{_pair(m, 'tpot'):>18}{_pair(m, 'itl'):>18}")
+      lines.append(
+        f"{mode:<34}{str(run['request_rate']):>6}{m['output_throughput']:>11.0f}"
+        f"{_pair(m, 'ttft'):>20}{_pair(m, 'tpot'):>18}{_pair(m, 'itl'):>18}"
+      )
   read = result["weight_read"].get("weight_read_ms")
   if read:
     lines.append("")
-    lines.append(f"weight-read time {read:.2f} ms ({result['weight_read']['weight_bytes'] / 1e9:.1f}"
-                 f" GB at {result['weight_read']['copy_gb_per_s']:.0f} GB/s copy bandwidth); "
-                 "single-stream TPOT p50 / weight-read: " + ", ".join(
-                     f"{mode} {s['single_stream']['metrics']['tpot']['median_ms'] / read:.2f}x"
-                     for mode, s in result["servers"].items()))
+    lines.append(
+      f"weight-read time {read:.2f} ms ({result['weight_read']['weight_bytes'] / 1e9:.1f}"
+      f" GB at {result['weight_read']['copy_gb_per_s']:.0f} GB/s copy bandwidth); "
+      "single-stream TPOT p50 / weight-read: "
+      + ", ".join(
+        f"{mode} {s['single_stream']['metrics']['tpot']['median_ms'] / read:.2f}x"
+        for mode, s in result["servers"].items()
+      )
+    )
   return "\n".join(lines)
 
 
@@ -253,9 +323,14 @@ def main(argv=None) -> int:
   args = parse_args(argv)
   out_dir = Path(args.out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  result = {"model": args.model, "config": args.config, "args": vars(args),
-            "offline": run_offline(args, out_dir), "weight_read": weight_read(args.model),
-            "servers": {}}
+  result = {
+    "model": args.model,
+    "config": args.config,
+    "args": vars(args),
+    "offline": run_offline(args, out_dir),
+    "weight_read": weight_read(args.model),
+    "servers": {},
+  }
   name, pool = _vocabulary(args.model)
   for mode in args.modes.split(","):
     count = MODES[mode] if mode != "multi-process" else args.api_server_count
@@ -267,10 +342,12 @@ def main(argv=None) -> int:
       result["servers"].get(mode, {})["exit_code"] = server.stop()
     write_json(out_dir / "serve_vs_offline.json", result)  # what is done survives a cut run
   write_json(out_dir / "serve_vs_offline.json", result)
-  plots.sweep_curves({mode: s["sweep"] for mode, s in result["servers"].items()},
-                     out_dir / "sweep_throughput_latency.png",
-                     title=f"{os.path.basename(args.model)}: {args.sweep_input_len} in / "
-                     f"{args.sweep_output_len} out, range ratio {args.sweep_range_ratio}")
+  plots.sweep_curves(
+    {mode: s["sweep"] for mode, s in result["servers"].items()},
+    out_dir / "sweep_throughput_latency.png",
+    title=f"{os.path.basename(args.model)}: {args.sweep_input_len} in / "
+    f"{args.sweep_output_len} out, range ratio {args.sweep_range_ratio}",
+  )
   print(table(result))
   failed = sum(s["burst"]["metrics"]["failed"] for s in result["servers"].values())
   return 0 if failed == 0 else 1

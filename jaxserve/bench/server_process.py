@@ -5,6 +5,7 @@ for /health 200 (and optionally for every API server process, or every step prog
 compiled, from /metrics); sends a completion; and stops it with SIGTERM (the drain), killing it
 if the drain does not end.
 """
+
 from __future__ import annotations
 
 import re
@@ -35,8 +36,21 @@ class ServerProcess:
     self.start = time.monotonic()
     self.log = open(log_path, "w")
     self.process = subprocess.Popen(
-        [sys.executable, "-m", "jaxserve.cli", "serve", model, "--host", "127.0.0.1",
-         "--port", str(self.port), *flags], stdout=self.log, stderr=subprocess.STDOUT)
+      [
+        sys.executable,
+        "-m",
+        "jaxserve.cli",
+        "serve",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(self.port),
+        *flags,
+      ],
+      stdout=self.log,
+      stderr=subprocess.STDOUT,
+    )
 
   def since_start(self) -> float:
     return time.monotonic() - self.start
@@ -58,15 +72,15 @@ class ServerProcess:
 
   def metrics(self) -> dict[str, float]:
     text = httpx.get(f"{self.url}/metrics", timeout=10.0).text
-    return {m.group(1): float(m.group(2))
-            for m in re.finditer(r"^(\w+) ([-\d.e+]+)$", text, re.M)}
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\w+) ([-\d.e+]+)$", text, re.M)}
 
   def wait_compiled(self, timeout: float) -> float:
     """Seconds from the start until /metrics reports every step program compiled."""
     while self.since_start() < timeout:
       values = self.metrics()
       if values.get("jaxserve_step_programs_compiled", -1) >= values.get(
-          "jaxserve_step_programs_total", 0):
+        "jaxserve_step_programs_total", 0
+      ):
         return self.since_start()
       time.sleep(0.5)
     raise RuntimeError(f"step programs not all compiled within {timeout} s")
@@ -79,14 +93,16 @@ class ServerProcess:
       if self.metrics().get("jaxserve_api_servers", 0) >= count:
         return self.since_start()
       time.sleep(0.2)
-    raise RuntimeError(f"fewer than {count} API server processes within {timeout} s:\n"
-                       f"{self.tail()}")
+    raise RuntimeError(
+      f"fewer than {count} API server processes within {timeout} s:\n{self.tail()}"
+    )
 
   def complete(self, body: dict) -> tuple[str, float]:
     """The completion's text and its seconds."""
     start = time.monotonic()
-    response = httpx.post(f"{self.url}/v1/completions", json={"model": self.model, **body},
-                          timeout=600.0)
+    response = httpx.post(
+      f"{self.url}/v1/completions", json={"model": self.model, **body}, timeout=600.0
+    )
     response.raise_for_status()
     return response.json()["choices"][0]["text"], time.monotonic() - start
 

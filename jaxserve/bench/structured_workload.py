@@ -9,6 +9,7 @@ SCHEMA has nested objects, arrays, enums and a pattern, so llguidance's masks ar
 gives the same pieces. Used by bench_structured (serving under the schema) and
 investigations/bench_bitmask_fill.py (the host time of the mask fill alone).
 """
+
 from __future__ import annotations
 
 import string
@@ -20,19 +21,36 @@ from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from jaxserve.tokenizer import SpecialTokens, Tokenizer
 
 SCHEMA = {
-    "type": "object", "additionalProperties": False,
-    "required": ["id", "name", "email", "status", "address", "tags", "history"],
-    "properties": {
-        "id": {"type": "integer"}, "name": {"type": "string"}, "email": {"type": "string"},
-        "status": {"enum": ["active", "inactive", "banned"]}, "score": {"type": "number"},
-        "address": {"type": "object", "required": ["street", "city"], "additionalProperties": False,
-                    "properties": {"street": {"type": "string"}, "city": {"type": "string"},
-                                   "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}},
-        "tags": {"type": "array", "items": {"type": "string"}},
-        "history": {"type": "array", "items": {
-            "type": "object", "additionalProperties": False, "required": ["date", "event"],
-            "properties": {"date": {"type": "string"}, "event": {"type": "string"}}}},
+  "type": "object",
+  "additionalProperties": False,
+  "required": ["id", "name", "email", "status", "address", "tags", "history"],
+  "properties": {
+    "id": {"type": "integer"},
+    "name": {"type": "string"},
+    "email": {"type": "string"},
+    "status": {"enum": ["active", "inactive", "banned"]},
+    "score": {"type": "number"},
+    "address": {
+      "type": "object",
+      "required": ["street", "city"],
+      "additionalProperties": False,
+      "properties": {
+        "street": {"type": "string"},
+        "city": {"type": "string"},
+        "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+      },
     },
+    "tags": {"type": "array", "items": {"type": "string"}},
+    "history": {
+      "type": "array",
+      "items": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["date", "event"],
+        "properties": {"date": {"type": "string"}, "event": {"type": "string"}},
+      },
+    },
+  },
 }
 
 
@@ -55,8 +73,9 @@ def synthetic_vocab(num_tokens: int, seed: int = 0) -> list[str]:
     elif kind < 9:
       piece = str(rng.integers(0, 1000))
     else:
-      piece = (fragments[rng.integers(len(fragments))]
-               + "".join(rng.choice(letters, size=rng.integers(0, 4))))
+      piece = fragments[rng.integers(len(fragments))] + "".join(
+        rng.choice(letters, size=rng.integers(0, 4))
+      )
     pieces.setdefault(piece)
   return list(pieces)
 

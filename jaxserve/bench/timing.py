@@ -3,6 +3,7 @@ of the benchmarks (batch_invariance's component checks, bench_structured's mask 
 the investigations built on them (investigations/: profile_step, kernel_timing, the sampler
 benchmarks). `median_seconds` times one call at a time; `seconds_per_call` times `inner` calls
 back to back and divides."""
+
 from __future__ import annotations
 
 import statistics

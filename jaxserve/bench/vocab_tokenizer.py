@@ -16,6 +16,7 @@ decoding joins tokens with one space), so:
 
 bos and eos are special tokens at the ids the model config names.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -33,10 +34,10 @@ BOS_TOKEN = "<|begin_of_text|>"
 EOS_TOKEN = "<|end_of_text|>"
 ROLE_WORDS = ("system", "user", "assistant")
 CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}{{ message['role'] + ' ' + message['content'] + ' ' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ 'assistant' }}{% endif %}"
+  "{{ bos_token }}"
+  "{% for message in messages %}{{ message['role'] + ' ' + message['content'] + ' ' }}"
+  "{% endfor %}"
+  "{% if add_generation_prompt %}{{ 'assistant' }}{% endif %}"
 )
 
 
@@ -53,15 +54,18 @@ def vocab_words(vocab_size: int, bos_id: int, eos_ids: Sequence[int]) -> dict[st
   for k, eos_id in enumerate(eos_ids):
     special[eos_id] = EOS_TOKEN if k == 0 else f"<|end_of_text_{k}|>"
   if len(special) != 2 + len(eos_ids) or not all(0 <= i < vocab_size for i in special):
-    raise ValueError(f"vocab_size: ids 0 (<unk>), bos {bos_id} and eos {list(eos_ids)} must be "
-                     f"distinct and below {vocab_size}")
+    raise ValueError(
+      f"vocab_size: ids 0 (<unk>), bos {bos_id} and eos {list(eos_ids)} must be "
+      f"distinct and below {vocab_size}"
+    )
   codes = (c for c in letter_codes() if c not in ROLE_WORDS)
   words = itertools.chain(ROLE_WORDS, codes)
   return {special.get(i) or next(words): i for i in range(vocab_size)}
 
 
-def build_vocab_tokenizer(vocab_size: int, bos_id: int,
-                          eos_ids: Sequence[int]) -> tokenizers.Tokenizer:
+def build_vocab_tokenizer(
+  vocab_size: int, bos_id: int, eos_ids: Sequence[int]
+) -> tokenizers.Tokenizer:
   """The `tokenizers` backend (see the module docstring); encode adds bos."""
   vocab = vocab_words(vocab_size, bos_id, eos_ids)
   backend = tokenizers.Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
@@ -69,17 +73,30 @@ def build_vocab_tokenizer(vocab_size: int, bos_id: int,
   specials = [token for token in vocab if token.startswith("<|")]
   backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
   backend.post_processor = processors.TemplateProcessing(
-      single=f"{BOS_TOKEN}:0 $A:0", pair=f"{BOS_TOKEN}:0 $A:0 {BOS_TOKEN}:1 $B:1",
-      special_tokens=[(BOS_TOKEN, bos_id)])
+    single=f"{BOS_TOKEN}:0 $A:0",
+    pair=f"{BOS_TOKEN}:0 $A:0 {BOS_TOKEN}:1 $B:1",
+    special_tokens=[(BOS_TOKEN, bos_id)],
+  )
   return backend
 
 
-def write_vocab_tokenizer(out_dir: str | Path, vocab_size: int, bos_id: int,
-                          eos_ids: Sequence[int]) -> None:
+def write_vocab_tokenizer(
+  out_dir: str | Path, vocab_size: int, bos_id: int, eos_ids: Sequence[int]
+) -> None:
   """tokenizer.json and tokenizer_config.json (with the chat template) into out_dir."""
   out_dir = Path(out_dir)
   build_vocab_tokenizer(vocab_size, bos_id, eos_ids).save(str(out_dir / "tokenizer.json"))
-  (out_dir / "tokenizer_config.json").write_text(json.dumps({
-      "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS_TOKEN,
-      "eos_token": EOS_TOKEN, "unk_token": UNK_TOKEN, "add_bos_token": True,
-      "clean_up_tokenization_spaces": False, "chat_template": CHAT_TEMPLATE}, indent=2))
+  (out_dir / "tokenizer_config.json").write_text(
+    json.dumps(
+      {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS_TOKEN,
+        "eos_token": EOS_TOKEN,
+        "unk_token": UNK_TOKEN,
+        "add_bos_token": True,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE,
+      },
+      indent=2,
+    )
+  )

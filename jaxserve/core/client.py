@@ -16,6 +16,7 @@ the core's end of the connection closes (the process died, even by SIGKILL) or t
 CoreFailed, every open stream and pending add fails with EngineDeadError (an error event and
 [DONE] on a stream) and `alive` turns False (/health 503).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -29,8 +30,17 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from jaxserve.core.messages import (AbortRequests, AddRequests, AddResult, ClientGone,
-                                    CoreFailed, EngineCoreRequest, FromCore, Hello, StepOutputs)
+from jaxserve.core.messages import (
+  AbortRequests,
+  AddRequests,
+  AddResult,
+  ClientGone,
+  CoreFailed,
+  EngineCoreRequest,
+  FromCore,
+  Hello,
+  StepOutputs,
+)
 from jaxserve.core.streams import EngineDeadError, OutputStream, QueueFullError, RequestSpec
 from jaxserve.engine.admission import ContextLengthError
 from jaxserve.engine.engine_stats import EngineStats
@@ -42,16 +52,25 @@ CONNECT_TIMEOUT_S = 30.0
 
 
 def _zero_stats() -> EngineStats:
-  return EngineStats(**{f.name: 0 for f in dataclasses.fields(EngineStats)
-                        if f.default is dataclasses.MISSING
-                        and f.default_factory is dataclasses.MISSING})
+  return EngineStats(
+    **{
+      f.name: 0
+      for f in dataclasses.fields(EngineStats)
+      if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
+  )
 
 
 class CoreClient:
   """The engine core at `address` (a bound ROUTER socket running CoreLoop), for one event loop."""
 
-  def __init__(self, address: str, tokenizer: Tokenizer, identity: str | None = None,
-               connect_timeout_s: float = CONNECT_TIMEOUT_S):
+  def __init__(
+    self,
+    address: str,
+    tokenizer: Tokenizer,
+    identity: str | None = None,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
+  ):
     self._address = address
     self._connect_timeout_s = connect_timeout_s
     self._identity = (identity or f"api-{os.getpid()}-{id(self):x}").encode()
@@ -104,12 +123,20 @@ class CoreClient:
     group, future = next(self._groups), loop.create_future()
     self._adds[group] = (future, request_ids, max_waiting)
     for spec in specs:
-      self._processor.add_request(spec.request_id, spec.prompt_token_ids, spec.params,
-                                  spec.arrival_time)
+      self._processor.add_request(
+        spec.request_id, spec.prompt_token_ids, spec.params, spec.arrival_time
+      )
       self._streams[spec.request_id] = stream
-    self._send(AddRequests(group, [
-        EngineCoreRequest(s.request_id, list(s.prompt_token_ids), s.params, s.arrival_time)
-        for s in specs], max_waiting))
+    self._send(
+      AddRequests(
+        group,
+        [
+          EngineCoreRequest(s.request_id, list(s.prompt_token_ids), s.params, s.arrival_time)
+          for s in specs
+        ],
+        max_waiting,
+      )
+    )
     return await stream.admitted(future)
 
   def abort(self, request_ids: list[str]) -> None:
@@ -150,8 +177,10 @@ class CoreClient:
       monitor.close()
       return
     self._receive_message(self._decoder.decode(first))
-    self._tasks = [asyncio.ensure_future(self._receive()),
-                   asyncio.ensure_future(self._watch(monitor))]
+    self._tasks = [
+      asyncio.ensure_future(self._receive()),
+      asyncio.ensure_future(self._watch(monitor)),
+    ]
 
   async def detach(self) -> None:
     for task in self._tasks:
@@ -202,8 +231,9 @@ class CoreClient:
       self._send(AbortRequests(stopped, stopped=True))
     streams = self._streams
     for output in outputs:
-      stream = streams.pop(output.request_id, None) if output.finished else streams.get(
-          output.request_id)
+      stream = (
+        streams.pop(output.request_id, None) if output.finished else streams.get(output.request_id)
+      )
       if stream is not None:
         stream._put(output)
 

@@ -13,6 +13,7 @@ port, so once it accepts connections /health is 200.
 If the loop fails, the CoreClient fails its streams (CoreFailed) and /health answers 503 until a
 stop signal drains the API server; the process then exits 1.
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,8 +40,13 @@ class CoreThread:
 
   def __init__(self, engine: LLMEngine, address: str | None = None):
     self.address = address or core_address()
-    self.info = CoreInfo(engine.tokenizer, engine.model_name, engine.max_model_len,
-                         engine.vocab_size, engine.warmup_seconds)
+    self.info = CoreInfo(
+      engine.tokenizer,
+      engine.model_name,
+      engine.max_model_len,
+      engine.vocab_size,
+      engine.warmup_seconds,
+    )
     self._engine = engine
     self._stop = threading.Event()
     self._bound = threading.Event()
@@ -97,10 +103,15 @@ def serve_in_process(config: EngineConfig, log_level: str, entry: ApiServerEntry
       with tempfile.TemporaryDirectory(prefix="jaxserve-api-") as info_dir:
         info_path = Path(info_dir) / "core_info.pickle"
         write_core_info(core.info, info_path)
-        logger.info("ready in %.1fs (warmup %.1fs): serving %r on http://%s:%d%s",
-                    time.monotonic() - start, engine.warmup_seconds,
-                    server.served_model_name or config.model, server.host, server.port,
-                    " (API key required)" if server.api_key else "")
+        logger.info(
+          "ready in %.1fs (warmup %.1fs): serving %r on http://%s:%d%s",
+          time.monotonic() - start,
+          engine.warmup_seconds,
+          server.served_model_name or config.model,
+          server.host,
+          server.port,
+          " (API key required)" if server.api_key else "",
+        )
         entry(ApiProcessArgs(server, str(info_path), core.address, None, 0, log_level))
     finally:
       core.stop()

@@ -8,6 +8,7 @@ CoreInfo travels in a file, not as a spawn argument: a large tokenizer would fil
 and make the supervisor's start() of each API process wait for that child's imports (see
 docs/DECISIONS.md, "CoreInfo reaches the API servers in a file").
 """
+
 from __future__ import annotations
 
 import pickle
@@ -23,6 +24,7 @@ from jaxserve.tokenizer.tokenizer import Tokenizer
 @dataclass(frozen=True)
 class CoreInfo:
   """What the core tells its parent once it serves."""
+
   tokenizer: Tokenizer
   model_name: str
   max_model_len: int
@@ -44,6 +46,7 @@ class ApiProcessArgs:
   """One API server: its settings, the CoreInfo file, the core's address, the listening socket
   it accepts from (None: it binds server.host:port itself), its index (its client identity is
   api-{index}) and the log level."""
+
   server_config: ServerConfig
   info_path: str
   core_address: str

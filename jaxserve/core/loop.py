@@ -24,6 +24,7 @@ requests in flight, and N API servers share one limit exactly. The engine's own 
 counts choices, not HTTP requests, so it is not this count (docs/DECISIONS.md, "One count of
 waiting HTTP requests, in the core loop").
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,8 +34,17 @@ from collections import defaultdict
 import msgspec
 import zmq
 
-from jaxserve.core.messages import (AbortRequests, AddRequests, AddResult, ClientGone,
-                                    CoreFailed, EngineCoreOutput, Hello, StepOutputs, ToCore)
+from jaxserve.core.messages import (
+  AbortRequests,
+  AddRequests,
+  AddResult,
+  ClientGone,
+  CoreFailed,
+  EngineCoreOutput,
+  Hello,
+  StepOutputs,
+  ToCore,
+)
 from jaxserve.engine.admission import ContextLengthError
 from jaxserve.engine.engine_core import EngineCore
 
@@ -50,12 +60,12 @@ class CoreLoop:
     self._socket = socket
     self._encoder = msgspec.msgpack.Encoder()
     self._decoder = msgspec.msgpack.Decoder(ToCore)
-    self._clients: dict[bytes, set[str]] = {}     # identity -> its unfinished request ids
-    self._owner: dict[str, bytes] = {}             # request id -> client identity
+    self._clients: dict[bytes, set[str]] = {}  # identity -> its unfinished request ids
+    self._owner: dict[str, bytes] = {}  # request id -> client identity
     self._group_of: dict[str, tuple[bytes, int]] = {}
-    self._not_started: dict[tuple[bytes, int], set[str]] = {}   # waiting HTTP requests
+    self._not_started: dict[tuple[bytes, int], set[str]] = {}  # waiting HTTP requests
     self._last_stats = None
-    self._gone: set[bytes] = set()   # clients said gone: their late messages are ignored
+    self._gone: set[bytes] = set()  # clients said gone: their late messages are ignored
 
   def run(self, stop: threading.Event) -> None:
     poller = zmq.Poller()
@@ -79,15 +89,16 @@ class CoreLoop:
       self._drop_client(identity)
 
   # -- input -------------------------------------------------------------------------------
-  def _handle(self, identity: bytes, payload: bytes,
-              added: dict[bytes, list[AddResult]]) -> None:
+  def _handle(self, identity: bytes, payload: bytes, added: dict[bytes, list[AddResult]]) -> None:
     message = self._decoder.decode(payload)
     if identity in self._gone:  # sent before the client died, read after the supervisor's word
       return
     if isinstance(message, Hello):
       self._clients.setdefault(identity, set())
-      self._send_to(identity, StepOutputs([], [], self._core.stats(), len(self._not_started),
-                                          len(self._clients)))
+      self._send_to(
+        identity,
+        StepOutputs([], [], self._core.stats(), len(self._not_started), len(self._clients)),
+      )
     elif isinstance(message, ClientGone):
       self._drop_client(message.identity.encode())
     elif isinstance(message, AddRequests):
@@ -112,8 +123,9 @@ class CoreLoop:
     except ValueError as err:
       for request_id in done:
         self._core.abort_request(request_id)  # its output goes nowhere: nobody owns it
-      return AddResult(message.group, error=str(err),
-                       context_length=isinstance(err, ContextLengthError))
+      return AddResult(
+        message.group, error=str(err), context_length=isinstance(err, ContextLengthError)
+      )
     key = (identity, message.group)
     self._not_started[key] = set(done)
     requests = self._clients.setdefault(identity, set())
@@ -131,8 +143,11 @@ class CoreLoop:
       self._core.abort_request(request_id)
       self._forget(request_id)
     if requests:
-      logger.warning("client %s disconnected: aborted its %d request(s)",
-                     identity.decode(errors="replace"), len(requests))
+      logger.warning(
+        "client %s disconnected: aborted its %d request(s)",
+        identity.decode(errors="replace"),
+        len(requests),
+      )
 
   def _forget(self, request_id: str) -> None:
     identity = self._owner.pop(request_id, None)
@@ -168,8 +183,9 @@ class CoreLoop:
     for identity in self._clients:
       mine, answers = by_client.get(identity), added.get(identity)
       if mine or answers or changed:
-        self._send_to(identity, StepOutputs(mine or [], answers or [], stats, num_waiting,
-                                            num_clients))
+        self._send_to(
+          identity, StepOutputs(mine or [], answers or [], stats, num_waiting, num_clients)
+        )
 
   def _send_to(self, identity: bytes, message: StepOutputs | CoreFailed) -> None:
     self._socket.send_multipart((identity, self._encoder.encode(message)), copy=False)

@@ -14,6 +14,7 @@ iteration and client: that step's EngineCoreOutputs of the client's requests (to
 logprobs, finish reasons, no text), the answers to the adds it applied, and the EngineStats
 snapshot; and CoreFailed, the last message of a core whose engine raised.
 """
+
 from __future__ import annotations
 
 import msgspec
@@ -27,6 +28,7 @@ class AddRequests(msgspec.Struct, tag=True, array_like=True, gc=False):
   """The requests of one HTTP call, added all or none. The group takes one of max_waiting places
   until each of its requests has produced an output (the admission rule, counted by the core for
   every client: core/loop.py)."""
+
   group: int
   requests: list[EngineCoreRequest]
   max_waiting: int
@@ -34,6 +36,7 @@ class AddRequests(msgspec.Struct, tag=True, array_like=True, gc=False):
 
 class AbortRequests(msgspec.Struct, tag=True, array_like=True, gc=False):
   """stopped: the requests ended on the front end (a stop string), not a cancel."""
+
   request_ids: list[str]
   stopped: bool = False
 
@@ -45,6 +48,7 @@ class Hello(msgspec.Struct, tag=True, array_like=True, gc=False):
 class ClientGone(msgspec.Struct, tag=True, array_like=True, gc=False):
   """A client is gone (its own goodbye, or the supervisor's word that its process died): the
   core aborts every request the client owned."""
+
   identity: str
 
 
@@ -52,6 +56,7 @@ class ClientGone(msgspec.Struct, tag=True, array_like=True, gc=False):
 class AddResult(msgspec.Struct, array_like=True, gc=False):
   """error: why the group was refused (a ValueError naming the field; context_length: it was
   the ContextLengthError); queue_full: refused because max_waiting groups are waiting."""
+
   group: int
   error: str | None = None
   context_length: bool = False
@@ -63,7 +68,7 @@ class StepOutputs(msgspec.Struct, tag=True, array_like=True, gc=False):
   added: list[AddResult]
   stats: EngineStats
   num_http_waiting: int
-  num_api_servers: int   # clients (API server processes) connected to the core
+  num_api_servers: int  # clients (API server processes) connected to the core
 
 
 class CoreFailed(msgspec.Struct, tag=True, array_like=True, gc=False):

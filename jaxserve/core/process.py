@@ -18,6 +18,7 @@ Signals: SIGTERM stops the loop after the current step (the supervisor sends it 
 server processes have drained); SIGINT is ignored, as the supervisor decides when the core
 stops.
 """
+
 from __future__ import annotations
 
 import gc
@@ -40,6 +41,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class CoreReady:
   """The core's first message on the pipe once it serves."""
+
   info: CoreInfo
 
 
@@ -47,6 +49,7 @@ class CoreReady:
 class CoreFailure:
   """The core's fatal error, its last message on the pipe (before or after CoreReady).
   bad_setting: a ValueError (a missing checkpoint...), which the CLI reports as a bad flag."""
+
   message: str
   bad_setting: bool = False
 
@@ -63,7 +66,7 @@ class CoreHandle:
   process: multiprocessing.process.BaseProcess
   address: str
   info: CoreInfo
-  errors: Connection   # the core writes its CoreFailure here before it exits non-zero
+  errors: Connection  # the core writes its CoreFailure here before it exits non-zero
 
   def stop(self, timeout: float = 30.0) -> int | None:
     """SIGTERM, then wait; the exit code."""
@@ -86,23 +89,29 @@ class CoreHandle:
     return None
 
 
-def start_core_process(config: EngineConfig, log_level: str = "INFO",
-                       address: str | None = None) -> CoreHandle:
+def start_core_process(
+  config: EngineConfig, log_level: str = "INFO", address: str | None = None
+) -> CoreHandle:
   """Spawns the core and returns once it serves; the child's ValueError (a bad setting) or a
   CoreStartError with its error if the engine could not be built."""
   address = address or core_address()
   context = multiprocessing.get_context("spawn")
   parent_end, child_end = context.Pipe(duplex=False)
-  process = context.Process(target=run_core_process, args=(config, address, child_end, log_level),
-                            name="jaxserve-engine-core", daemon=False)
+  process = context.Process(
+    target=run_core_process,
+    args=(config, address, child_end, log_level),
+    name="jaxserve-engine-core",
+    daemon=False,
+  )
   process.start()
   child_end.close()
   try:
     message: PipeMessage = parent_end.recv()
   except EOFError:
     process.join(5)
-    raise CoreStartError(f"the engine core process exited with code {process.exitcode} "
-                         "before it served") from None
+    raise CoreStartError(
+      f"the engine core process exited with code {process.exitcode} before it served"
+    ) from None
   if isinstance(message, CoreFailure):
     process.join(30)
     if message.bad_setting:  # the CLI reports it as its own
@@ -118,8 +127,7 @@ def _send_quietly(pipe: Connection, message: CoreFailure) -> None:
     pass
 
 
-def run_core_process(config: EngineConfig, address: str, pipe: Connection,
-                     log_level: str) -> None:
+def run_core_process(config: EngineConfig, address: str, pipe: Connection, log_level: str) -> None:
   """The child's entry point."""
   import zmq
 
@@ -140,8 +148,17 @@ def run_core_process(config: EngineConfig, address: str, pipe: Connection,
     socket = bind_router(context, address)
     gc.collect()
     gc.freeze()  # the engine's long-lived objects: later collections do not scan them
-    pipe.send(CoreReady(CoreInfo(engine.tokenizer, config.model, engine.max_model_len,
-                                 engine.vocab_size, engine.warmup_seconds)))
+    pipe.send(
+      CoreReady(
+        CoreInfo(
+          engine.tokenizer,
+          config.model,
+          engine.max_model_len,
+          engine.vocab_size,
+          engine.warmup_seconds,
+        )
+      )
+    )
     try:
       CoreLoop(engine.core, socket).run(stop)
     finally:

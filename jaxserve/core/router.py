@@ -5,6 +5,7 @@ serves, in the engine core process or on a thread of the serving process.
 No high-water marks: a ROUTER drops what a slow peer cannot take, which would lose a stream's
 tokens; a client's backlog is bounded by its own requests instead.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,6 +37,6 @@ def remove_address(address: str) -> None:
   """Deletes an ipc:// address's socket file (nothing for other transports)."""
   if address.startswith("ipc://"):
     try:
-      os.unlink(address[len("ipc://"):])
+      os.unlink(address[len("ipc://") :])
     except OSError:
       pass

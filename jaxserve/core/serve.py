@@ -12,6 +12,7 @@
 `entry` is the API server (server/api_process.py's run_api_server): core/ starts processes and
 threads and never imports server/; server/ serves HTTP and starts nothing.
 """
+
 from __future__ import annotations
 
 from jaxserve.config import EngineConfig
@@ -38,5 +39,6 @@ def _serve_multihost(config: EngineConfig, log_level: str, entry: ApiServerEntry
   initialize_distributed(config.distributed)
   if is_worker():
     from jaxserve.follower import run_follower
+
     return run_follower(config)
   return serve_in_process(config, log_level, entry)

@@ -7,6 +7,7 @@ ended) aborts whatever of the group is unfinished. The client refuses a group wi
 (a field's rule: 400), QueueFullError (server.max_waiting_requests HTTP requests wait: 429) or
 EngineDeadError (the core is gone: 503).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -33,6 +34,7 @@ class QueueFullError(RuntimeError):
 @dataclass(frozen=True)
 class RequestSpec:
   """One engine request: already tokenized, with its sampling parameters."""
+
   request_id: str
   prompt_token_ids: tuple[int, ...]
   params: SamplingParams

@@ -25,6 +25,7 @@ for one another and the API servers start side by side. Then it waits on the chi
   which aborts that process's requests; the others keep serving. When none is left the
   supervisor stops the core and exits 1.
 """
+
 from __future__ import annotations
 
 import logging
@@ -65,8 +66,9 @@ def run_api_process(entry: ApiServerEntry, args: ApiProcessArgs) -> None:
   entry(args)
 
 
-def serve_multiprocess(config: EngineConfig, count: int, log_level: str,
-                       entry: ApiServerEntry) -> int:
+def serve_multiprocess(
+  config: EngineConfig, count: int, log_level: str, entry: ApiServerEntry
+) -> int:
   """Runs the server (the API server processes run `entry`) until it stops; the exit status."""
   stopping: list[int] = []
 
@@ -98,17 +100,23 @@ def serve_multiprocess(config: EngineConfig, count: int, log_level: str,
         if stopping:  # a stop signal came while the API processes were starting
           break
         args = ApiProcessArgs(server, str(info_path), core.address, sock, index, log_level)
-        process = context.Process(target=run_api_process, name=f"jaxserve-api-{index}",
-                                  args=(entry, args))
+        process = context.Process(
+          target=run_api_process, name=f"jaxserve-api-{index}", args=(entry, args)
+        )
         process.start()
         apis.append(process)
       sock.close()
       if stopping:  # the signal may have come between a start() and its append
         _drain(apis)
-      logger.info("serving %r on http://%s:%d (warmup %.1fs): engine core pid %d, API server "
-                  "pids %s", server.served_model_name or core.info.model_name, server.host,
-                  server.port, core.info.warmup_seconds, core.process.pid,
-                  ",".join(str(p.pid) for p in apis))
+      logger.info(
+        "serving %r on http://%s:%d (warmup %.1fs): engine core pid %d, API server pids %s",
+        server.served_model_name or core.info.model_name,
+        server.host,
+        server.port,
+        core.info.warmup_seconds,
+        core.process.pid,
+        ",".join(str(p.pid) for p in apis),
+      )
       return _supervise(core, apis, stopping)
     finally:  # whatever happened, no child outlives the supervisor
       for process in apis:
@@ -164,8 +172,12 @@ def _wait_for_children(core, apis, stopping: list[int], control: zmq.Socket) -> 
       alive.remove(process)
       control.send(msgspec.msgpack.encode(ClientGone(api_identity(apis.index(process)))))
       if not stopping:
-        logger.error("API server process %s exited with code %s; %d left", process.name,
-                     process.exitcode, len(alive))
+        logger.error(
+          "API server process %s exited with code %s; %d left",
+          process.name,
+          process.exitcode,
+          len(alive),
+        )
         status = 1
   code = core.stop(STOP_TIMEOUT_S)
   if code not in (0, None):

@@ -5,6 +5,7 @@ close(). Every executable the process builds is counted: a backend compile, or a
 persistent compilation cache (which stands in for one). Both count for the step and for any stray
 eager op, which is what "no compilation after warmup" must mean.
 """
+
 from __future__ import annotations
 
 import threading

@@ -45,6 +45,7 @@ from memory_fraction of CPU_DEFAULT_BYTES (device/kv_cache.py). The step scratch
 unsharded steps (assembly.py); for sharded ones UNMEASURED_SCRATCH_SHARE of the budget is kept
 instead. Statistics are read through jaxserve/memory_stats.py.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -64,27 +65,38 @@ FRACTION_VARS = (FRACTION_VAR, "XLA_PYTHON_CLIENT_MEM_FRACTION")
 CLIENT_VARS = FRACTION_VARS + ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_ALLOCATOR")
 JAX_DEFAULT_GPU_FRACTION = 0.75
 GPU_PLATFORMS = ("gpu", "cuda", "rocm")
-GPU_PLUGIN_PACKAGES = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin",
-                       "jax_rocm7_plugin")
+GPU_PLUGIN_PACKAGES = (
+  "jax_cuda12_plugin",
+  "jax_cuda13_plugin",
+  "jax_rocm60_plugin",
+  "jax_rocm7_plugin",
+)
 GIB = 2**30
 UNMEASURED_SCRATCH_SHARE = 0.1  # of the budget, when the step's scratch is not measured
-ARENA_HEADROOM_SHARE = 0.02      # of the usable bytes, kept free for the allocator
+ARENA_HEADROOM_SHARE = 0.02  # of the usable bytes, kept free for the allocator
 ARENA_MIN_HEADROOM = GIB // 2
-LOADER_SLACK_SHARE = 0.25        # of the weights' bytes: the loader's holes and leftovers
+LOADER_SLACK_SHARE = 0.25  # of the weights' bytes: the loader's holes and leftovers
 PACKED_LOADER_SLACK_SHARE = 0.01  # the same, weights loaded in the packed layout
-SHRINK_STEPS = 64                # a planned pool that does not fit shrinks by 1/64ths of itself
+SHRINK_STEPS = 64  # a planned pool that does not fit shrinks by 1/64ths of itself
 
 
 @dataclass(frozen=True)
 class ClientMemorySetup:
   """What configure_client_memory does to the environment, and why."""
+
   set_vars: Mapping[str, str] = field(default_factory=dict)
   user_vars: Mapping[str, str] = field(default_factory=dict)
   note: str = ""
 
 
-def client_memory_env(fraction: float, environ: Mapping[str, str], *, gpu: bool,
-                      backend_started: bool, var: str = FRACTION_VAR) -> ClientMemorySetup:
+def client_memory_env(
+  fraction: float,
+  environ: Mapping[str, str],
+  *,
+  gpu: bool,
+  backend_started: bool,
+  var: str = FRACTION_VAR,
+) -> ClientMemorySetup:
   """The XLA_* variables to set for `fraction` of the device (pure); `var` is the spelling of
   the fraction variable that the installed jaxlib reads."""
   value = f"{fraction:g}"
@@ -93,26 +105,43 @@ def client_memory_env(fraction: float, environ: Mapping[str, str], *, gpu: bool,
     return ClientMemorySetup(user_vars=user)  # already set to this (by us or identically)
   if user:
     settings = " ".join(f"{k}={v}" for k, v in user.items())
-    return ClientMemorySetup(user_vars=user, note=(
+    return ClientMemorySetup(
+      user_vars=user,
+      note=(
         f"device memory: {settings} set by the user wins over cache.memory_fraction {value} "
-        "for the JAX client's pre-allocation"))
+        "for the JAX client's pre-allocation"
+      ),
+    )
   if not gpu:
     return ClientMemorySetup()
   if backend_started:
-    return ClientMemorySetup(note=(
+    return ClientMemorySetup(
+      note=(
         "device memory: JAX backend already started, its pre-allocation is fixed; "
-        f"cache.memory_fraction {value} applies within the client's limit"))
-  return ClientMemorySetup(set_vars={var: value}, note=(
+        f"cache.memory_fraction {value} applies within the client's limit"
+      )
+    )
+  return ClientMemorySetup(
+    set_vars={var: value},
+    note=(
       f"device memory: {var}={value} (cache.memory_fraction): the JAX client "
-      f"pre-allocates {fraction:.0%} of each GPU"))
+      f"pre-allocates {fraction:.0%} of each GPU"
+    ),
+  )
 
 
-def configure_client_memory(fraction: float, environ: MutableMapping[str, str] | None = None,
-                            *, gpu: bool | None = None) -> ClientMemorySetup:
+def configure_client_memory(
+  fraction: float, environ: MutableMapping[str, str] | None = None, *, gpu: bool | None = None
+) -> ClientMemorySetup:
   """Sets the JAX client's memory fraction; call at process start, before jax uses a device."""
   environ = os.environ if environ is None else environ
-  setup = client_memory_env(fraction, environ, gpu=gpu_expected(environ) if gpu is None else gpu,
-                            backend_started=backend_started(), var=fraction_var())
+  setup = client_memory_env(
+    fraction,
+    environ,
+    gpu=gpu_expected(environ) if gpu is None else gpu,
+    backend_started=backend_started(),
+    var=fraction_var(),
+  )
   environ.update(setup.set_vars)
   if setup.note:
     logger.info("%s", setup.note)
@@ -130,8 +159,11 @@ def gpu_expected(environ: Mapping[str, str]) -> bool:
   if importlib.util.find_spec("jax_plugins") is None:
     return False
   import jax_plugins
-  return any(m.name.startswith(("xla_cuda", "xla_rocm", "cuda", "rocm"))
-             for m in pkgutil.iter_modules(jax_plugins.__path__))
+
+  return any(
+    m.name.startswith(("xla_cuda", "xla_rocm", "cuda", "rocm"))
+    for m in pkgutil.iter_modules(jax_plugins.__path__)
+  )
 
 
 def fraction_var() -> str:
@@ -156,8 +188,9 @@ def backend_started() -> bool:
 @dataclass(frozen=True)
 class DeviceMemory:
   """One device's memory as the JAX client sees it when the pool is sized."""
-  total_bytes: int   # the device's memory
-  limit_bytes: int   # what the client may allocate (its arena)
+
+  total_bytes: int  # the device's memory
+  limit_bytes: int  # what the client may allocate (its arena)
   in_use_bytes: int  # live now: weights and anything else
   largest_free_bytes: int | None = None  # the arena's largest free block, where reported
 
@@ -172,16 +205,18 @@ def client_share(platform: str, environ: Mapping[str, str]) -> float:
   return JAX_DEFAULT_GPU_FRACTION
 
 
-def device_memory(stats: Mapping[str, int] | None, platform: str,
-                  environ: Mapping[str, str]) -> DeviceMemory | None:
+def device_memory(
+  stats: Mapping[str, int] | None, platform: str, environ: Mapping[str, str]
+) -> DeviceMemory | None:
   """DeviceMemory from a device's memory_stats(), or None if it reports no limit (CPU)."""
   if not stats or "bytes_limit" not in stats:
     return None
   limit = int(stats["bytes_limit"])
   total = int(limit / client_share(platform, environ))
   largest = stats.get("largest_free_block_bytes")
-  return DeviceMemory(total, limit, int(stats.get("bytes_in_use", 0)),
-                      None if largest is None else int(largest))
+  return DeviceMemory(
+    total, limit, int(stats.get("bytes_in_use", 0)), None if largest is None else int(largest)
+  )
 
 
 def arena_headroom(usable_bytes: int) -> int:
@@ -204,13 +239,16 @@ def max_concurrency(num_pages: int, page_size: int, max_model_len: int) -> float
   return (num_pages - 1) * page_size / max_model_len
 
 
-def read_device_memory(environ: Mapping[str, str] | None = None,
-                       device=None) -> DeviceMemory | None:
+def read_device_memory(
+  environ: Mapping[str, str] | None = None, device=None
+) -> DeviceMemory | None:
   """`device`'s DeviceMemory, by default the first device's (jax must be usable; None on CPU)."""
   import jax
+
   device = jax.devices()[0] if device is None else device
-  return device_memory(memory_stats(device), device.platform,
-                       os.environ if environ is None else environ)
+  return device_memory(
+    memory_stats(device), device.platform, os.environ if environ is None else environ
+  )
 
 
 def unmeasured_scratch_bytes(budget: int) -> int:
@@ -234,8 +272,9 @@ def loader_slack(weight_bytes: int, packed: bool = False) -> int:
 def planned_memory(memory: DeviceMemory, weight_bytes: int, packed: bool = False) -> DeviceMemory:
   """`memory` with the live counts replaced by run-invariant ones: the weights' bytes plus the
   loader's slack in use, no largest free block."""
-  return DeviceMemory(memory.total_bytes, memory.limit_bytes,
-                      weight_bytes + loader_slack(weight_bytes, packed))
+  return DeviceMemory(
+    memory.total_bytes, memory.limit_bytes, weight_bytes + loader_slack(weight_bytes, packed)
+  )
 
 
 def fit_pool_bytes(pool_bytes: int, largest_free_bytes: int | None, scratch_bytes: int) -> int:
@@ -249,17 +288,22 @@ def fit_pool_bytes(pool_bytes: int, largest_free_bytes: int | None, scratch_byte
     return pool_bytes
   step = max(pool_bytes // SHRINK_STEPS, 1)
   shrunk = pool_bytes - -(-(pool_bytes - room) // step) * step
-  logger.warning("device memory: the planned KV pool (%.2f GiB) does not fit the largest free "
-                 "block (%.2f GiB less %.2f GiB of scratch and headroom); shrunk to %.2f GiB. "
-                 "The pool's size then depends on how the weights were laid out, so a restart "
-                 "may compile the forward programs again: lower cache.memory_fraction",
-                 pool_bytes / GIB, largest_free_bytes / GIB,
-                 (scratch_bytes + ARENA_MIN_HEADROOM) / GIB, shrunk / GIB)
+  logger.warning(
+    "device memory: the planned KV pool (%.2f GiB) does not fit the largest free "
+    "block (%.2f GiB less %.2f GiB of scratch and headroom); shrunk to %.2f GiB. "
+    "The pool's size then depends on how the weights were laid out, so a restart "
+    "may compile the forward programs again: lower cache.memory_fraction",
+    pool_bytes / GIB,
+    largest_free_bytes / GIB,
+    (scratch_bytes + ARENA_MIN_HEADROOM) / GIB,
+    shrunk / GIB,
+  )
   return shrunk
 
 
-def kv_budget_bytes(fraction: float, weight_bytes: int, *, packed: bool = False,
-                    scratch_measured: bool = True) -> tuple[int, DeviceMemory] | None:
+def kv_budget_bytes(
+  fraction: float, weight_bytes: int, *, packed: bool = False, scratch_measured: bool = True
+) -> tuple[int, DeviceMemory] | None:
   """kv_budget on this process's first device, from run-invariant quantities (its total memory,
   the client's limit, `weight_bytes` on one device from the params' shapes), logged, with the
   live DeviceMemory (for fit_pool_bytes); None without memory statistics."""
@@ -268,16 +312,29 @@ def kv_budget_bytes(fraction: float, weight_bytes: int, *, packed: bool = False,
     return None
   planned = planned_memory(memory, weight_bytes, packed)
   budget = kv_pool_bytes(planned, fraction)
-  logger.info("device memory: %.1f GiB total x %g = %.1f GiB (client limit %.1f GiB), "
-              "%.2f GiB of weights + %.2f GiB loader slack, %.1f GiB left for the KV pool and "
-              "step scratch", memory.total_bytes / GIB, fraction,
-              fraction * memory.total_bytes / GIB, memory.limit_bytes / GIB, weight_bytes / GIB,
-              loader_slack(weight_bytes, packed) / GIB, budget / GIB)
+  logger.info(
+    "device memory: %.1f GiB total x %g = %.1f GiB (client limit %.1f GiB), "
+    "%.2f GiB of weights + %.2f GiB loader slack, %.1f GiB left for the KV pool and "
+    "step scratch",
+    memory.total_bytes / GIB,
+    fraction,
+    fraction * memory.total_bytes / GIB,
+    memory.limit_bytes / GIB,
+    weight_bytes / GIB,
+    loader_slack(weight_bytes, packed) / GIB,
+    budget / GIB,
+  )
   if memory.largest_free_bytes is not None:
-    logger.info("device memory: largest free block %.1f GiB (%.1f GiB free in all, %.2f GiB in "
-                "use)", memory.largest_free_bytes / GIB,
-                (memory.limit_bytes - memory.in_use_bytes) / GIB, memory.in_use_bytes / GIB)
+    logger.info(
+      "device memory: largest free block %.1f GiB (%.1f GiB free in all, %.2f GiB in use)",
+      memory.largest_free_bytes / GIB,
+      (memory.limit_bytes - memory.in_use_bytes) / GIB,
+      memory.in_use_bytes / GIB,
+    )
   if not scratch_measured:
-    logger.info("step scratch memory: %.2f GiB kept (%.0f%%, not measured for sharded steps)",
-                unmeasured_scratch_bytes(budget) / GIB, UNMEASURED_SCRATCH_SHARE * 100)
+    logger.info(
+      "step scratch memory: %.2f GiB kept (%.0f%%, not measured for sharded steps)",
+      unmeasured_scratch_bytes(budget) / GIB,
+      UNMEASURED_SCRATCH_SHARE * 100,
+    )
   return kv_budget(planned, fraction, scratch_measured=scratch_measured), memory

@@ -6,6 +6,7 @@ max + log(sum(exp(x - max))) takes its max exactly too, and its sum in the fixed
 of pallas_kernels/fixed_order.py: XLA's reduction may add a row's terms in an order that follows the
 number of rows.
 """
+
 from __future__ import annotations
 
 import jax
@@ -19,7 +20,7 @@ def fixed_order_greedy(logits: jax.Array, banned_ids: jax.Array) -> tuple[jax.Ar
   """logits f32[S, V], banned_ids i32[S, B] -> (argmax with the banned ids masked i32[S],
   logsumexp of the unmasked logits f32[S]) (a GreedyFn)."""
   token_ids = jnp.argmax(mask_banned(logits, banned_ids), axis=-1).astype(jnp.int32)
-  row_max = jnp.max(logits, axis=-1)                                           # [S]
+  row_max = jnp.max(logits, axis=-1)  # [S]
   safe_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-  total = fixed_order_sum(jnp.exp(logits - safe_max[:, None]))                # [S]
+  total = fixed_order_sum(jnp.exp(logits - safe_max[:, None]))  # [S]
   return token_ids, safe_max + jnp.log(total)

@@ -6,6 +6,7 @@ a byte budget, or the device's budget for it (device/device_memory.py: memory_fr
 device's total memory less the weights and step scratch). On a backend that reports no memory
 statistics (CPU) the pool is memory_fraction of CPU_DEFAULT_BYTES.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,8 +44,9 @@ class KVCacheSpec:
     return (self.num_kv_heads, self.num_pages, self.page_size, self.head_dim)
 
 
-def page_bytes(num_layers: int, num_kv_heads: int, head_dim: int, page_size: int,
-               dtype: str) -> int:
+def page_bytes(
+  num_layers: int, num_kv_heads: int, head_dim: int, page_size: int, dtype: str
+) -> int:
   """Bytes of one page across all layers, K and V."""
   return 2 * num_layers * num_kv_heads * page_size * head_dim * jnp.dtype(dtype).itemsize
 
@@ -56,12 +58,15 @@ def plan_num_pages(config: CacheConfig, bytes_per_page: int, pool_bytes: int | N
     return config.num_pages
   budget = config.memory_bytes
   if budget is None:
-    budget = pool_bytes if pool_bytes is not None else int(CPU_DEFAULT_BYTES
-                                                           * config.memory_fraction)
+    budget = (
+      pool_bytes if pool_bytes is not None else int(CPU_DEFAULT_BYTES * config.memory_fraction)
+    )
   num_pages = budget // bytes_per_page
   if num_pages < 2:
-    raise ValueError(f"cache: a budget of {budget} bytes holds {num_pages} pages of "
-                     f"{bytes_per_page} bytes; need at least 2")
+    raise ValueError(
+      f"cache: a budget of {budget} bytes holds {num_pages} pages of "
+      f"{bytes_per_page} bytes; need at least 2"
+    )
   return int(num_pages)
 
 
@@ -70,24 +75,44 @@ def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> in
   if config.max_model_len is None:
     return limit
   if config.max_model_len > limit:
-    raise ValueError(f"max_model_len: {config.max_model_len} exceeds the model's "
-                     f"max_position_embeddings {limit}")
+    raise ValueError(
+      f"max_model_len: {config.max_model_len} exceeds the model's max_position_embeddings {limit}"
+    )
   return config.max_model_len
 
 
-def kv_cache_spec(config: EngineConfig, model_config: ModelConfig, max_model_len: int,
-                  free_bytes: int | None, num_shards: int = 1) -> KVCacheSpec:
+def kv_cache_spec(
+  config: EngineConfig,
+  model_config: ModelConfig,
+  max_model_len: int,
+  free_bytes: int | None,
+  num_shards: int = 1,
+) -> KVCacheSpec:
   """The pool's spec; free_bytes is one device's budget for the pool (memory_fraction applied,
   device/device_memory.py), that device holding 1/num_shards of every page."""
   page_size = config.cache.page_size
-  per_page = page_bytes(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim,
-                        page_size, model_config.dtype) // num_shards
+  per_page = (
+    page_bytes(
+      model_config.num_layers,
+      model_config.num_kv_heads,
+      model_config.head_dim,
+      page_size,
+      model_config.dtype,
+    )
+    // num_shards
+  )
   num_pages = plan_num_pages(config.cache, per_page, free_bytes)
   if free_bytes is None and config.cache.num_pages is None and config.cache.memory_bytes is None:
     enough = config.scheduler.max_num_seqs * math.ceil(max_model_len / page_size) + 1
     num_pages = min(num_pages, enough)
-  return KVCacheSpec(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim,
-                     page_size, num_pages, model_config.dtype)
+  return KVCacheSpec(
+    model_config.num_layers,
+    model_config.num_kv_heads,
+    model_config.head_dim,
+    page_size,
+    num_pages,
+    model_config.dtype,
+  )
 
 
 def pages_for_tokens(num_tokens: int, page_size: int) -> int:
@@ -96,7 +121,9 @@ def pages_for_tokens(num_tokens: int, page_size: int) -> int:
 
 def allocate_kv_pages(spec: KVCacheSpec, sharding: jax.sharding.Sharding | None = None) -> KVPages:
   """Zero-filled pages for every layer, created directly on the device (or its shards)."""
+
   def zeros():
     return jnp.zeros(spec.page_shape, spec.dtype)
+
   make = jax.jit(zeros, out_shardings=sharding) if sharding is not None else jax.jit(zeros)
   return tuple((make(), make()) for _ in range(spec.num_layers))

@@ -26,6 +26,7 @@ On a multi-host job process 0's runner hands each step's inputs to the other hos
 running it (`publisher`, which also covers warmup); those hosts replay single steps from them,
 so such a runner neither supports async scheduling nor runs bursts. close() releases them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,13 +39,18 @@ import jax
 import numpy as np
 from flax import linen as nn
 
-from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.device.kv_cache import KVPages
 from jaxserve.device.packing import PackedStepInputs, pack
 from jaxserve.device.sampler import SampleOutput, SamplerMode
-from jaxserve.device.step_inputs import (PreviousSamples, StepInputs, StepShape, build_step_inputs,
-                                         with_token_bitmask)
+from jaxserve.device.step_inputs import (
+  PreviousSamples,
+  StepInputs,
+  StepShape,
+  build_step_inputs,
+  with_token_bitmask,
+)
 from jaxserve.device.step_programs import StepPrograms
+from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.messages.scheduled_batch import ScheduledBatch, TokenBitmask
 from jaxserve.messages.step_output import StepOutput
 
@@ -67,8 +73,9 @@ def packed_model_inputs(inputs: StepInputs) -> PackedStepInputs:
 @dataclass(frozen=True)
 class PendingSample:
   """A step whose forward is dispatched and whose sampler waits for its token bitmask."""
+
   inputs: StepInputs
-  logits: jax.Array                             # f32[S, V]
+  logits: jax.Array  # f32[S, V]
   prompt: tuple[jax.Array, ...] | None
 
 
@@ -76,10 +83,11 @@ class PendingSample:
 class StepHandle:
   """A dispatched step: its outputs on device (results may still be computing); `pending` is
   set while its sampler waits for dispatch_sample."""
+
   batch: ScheduledBatch
   sample: SampleOutput | None
-  sampled_ids_padded: jax.Array | None          # i32[max_seq_slots]
-  prompt: tuple[jax.Array, ...] | None          # (logprob [T], top ids, top logprobs) or None
+  sampled_ids_padded: jax.Array | None  # i32[max_seq_slots]
+  prompt: tuple[jax.Array, ...] | None  # (logprob [T], top ids, top logprobs) or None
   want_top: bool
   pending: PendingSample | None = None
 
@@ -93,19 +101,30 @@ class StepHandle:
   def previous_samples(self) -> PreviousSamples:
     """This step's sampled ids, as the next step feeds them."""
     batch = self.batch
-    rows: Mapping[str, int] = dict(itertools.compress(
-        zip(batch.request_ids, itertools.count()), batch.sample))
+    rows: Mapping[str, int] = dict(
+      itertools.compress(zip(batch.request_ids, itertools.count()), batch.sample)
+    )
     return PreviousSamples(self.sampled_ids_padded, rows)
 
 
 class ModelRunner:
   """Owns the KV pages on device and runs the step programs for scheduled batches."""
 
-  def __init__(self, model: nn.Module, params: dict, kv_pages: KVPages, buckets: BucketSet,
-               shape: StepShape, programs: StepPrograms, publisher: StepSink | None = None):
+  def __init__(
+    self,
+    model: nn.Module,
+    params: dict,
+    kv_pages: KVPages,
+    buckets: BucketSet,
+    shape: StepShape,
+    programs: StepPrograms,
+    publisher: StepSink | None = None,
+  ):
     if programs.burst_steps > 1 and publisher is not None:
-      raise ValueError("scheduler.num_scheduler_steps: decode bursts do not run on multi-host "
-                       "jobs (the other hosts replay single steps); set it to 1")
+      raise ValueError(
+        "scheduler.num_scheduler_steps: decode bursts do not run on multi-host "
+        "jobs (the other hosts replay single steps); set it to 1"
+      )
     self.model = model
     self.params = params
     self.kv_pages = kv_pages
@@ -140,17 +159,18 @@ class ModelRunner:
     return self.device_constant((num_slots, self.shape.bitmask_words), np.int32, -1)
 
   def no_previous_samples(self) -> PreviousSamples:
-    return PreviousSamples(
-        self.device_constant((self.buckets.seq_buckets[-1],), np.int32, 0), {})
+    return PreviousSamples(self.device_constant((self.buckets.seq_buckets[-1],), np.int32, 0), {})
 
-  def prepare(self, batch: ScheduledBatch, previous: StepHandle | None = None,
-              bucket: Bucket | None = None) -> StepInputs:
+  def prepare(
+    self, batch: ScheduledBatch, previous: StepHandle | None = None, bucket: Bucket | None = None
+  ) -> StepInputs:
     """The batch padded to `bucket` (the host's pick; default the smallest that holds it);
     tokens in flight come from `previous`'s samples."""
     bucket = bucket or self.buckets.pick(batch.num_seqs, batch.num_tokens)
     samples = previous.previous_samples if previous is not None else self.no_previous_samples()
-    return build_step_inputs(batch, bucket, self.shape, samples, self.empty_history,
-                             self.all_allowed)
+    return build_step_inputs(
+      batch, bucket, self.shape, samples, self.empty_history, self.all_allowed
+    )
 
   def dispatch(self, inputs: StepInputs, batch: ScheduledBatch = SINGLE_STEP) -> StepHandle:
     """Enqueues the step (a burst of batch.num_steps decode steps when > 1) and the copy of its
@@ -158,15 +178,18 @@ class ModelRunner:
     TokenBitmask yet gets its forward only: the handle is pending until dispatch_sample."""
     deferred = bool(batch.sampling.bitmask_rows) and batch.sampling.bitmask is None
     if deferred and (self.publisher is not None or batch.num_steps > 1):
-      raise ValueError("structured_outputs: a constrained batch cannot run as a decode burst or "
-                       "on a multi-host job (its token bitmask comes after the forward)")
+      raise ValueError(
+        "structured_outputs: a constrained batch cannot run as a decode burst or "
+        "on a multi-host job (its token bitmask comes after the forward)"
+      )
     if self.publisher is not None:
       self.publisher.publish(inputs)
     if batch.num_steps > 1:
       return self._started(self._dispatch_burst(inputs, batch))
     programs = self.programs
-    self.kv_pages, logits, hidden = programs.forward(self.params, self.kv_pages,
-                                                     packed_model_inputs(inputs))
+    self.kv_pages, logits, hidden = programs.forward(
+      self.params, self.kv_pages, packed_model_inputs(inputs)
+    )
     prompt = None
     if bool(inputs.sampling.want_prompt_logprobs):
       prompt = programs.prompt_logprobs(self.params, hidden, inputs.prompt_target_ids)
@@ -180,18 +203,22 @@ class ModelRunner:
     constrained rows' TokenBitmask (ScheduledBatch.with_bitmask)."""
     bitmask: TokenBitmask | None = batch.sampling.bitmask
     if handle.pending is None or bitmask is None or batch.request_ids != handle.batch.request_ids:
-      raise ValueError("step: dispatch_sample needs a step dispatched without its bitmask and "
-                       "that step's batch with the bitmask")
+      raise ValueError(
+        "step: dispatch_sample needs a step dispatched without its bitmask and "
+        "that step's batch with the bitmask"
+      )
     pending = handle.pending
-    inputs = dataclasses.replace(pending.inputs,
-                                 sampling=with_token_bitmask(pending.inputs.sampling, bitmask))
+    inputs = dataclasses.replace(
+      pending.inputs, sampling=with_token_bitmask(pending.inputs.sampling, bitmask)
+    )
     return self._sample(batch, dataclasses.replace(pending, inputs=inputs))
 
   def _sample(self, batch: ScheduledBatch, pending: PendingSample) -> StepHandle:
     inputs = pending.inputs
     mode = SamplerMode.of(inputs.sampling)
-    sampled, padded = self.programs.sample(pending.logits, pack(inputs.sampling),
-                                           inputs.prev_sampled_ids, mode)
+    sampled, padded = self.programs.sample(
+      pending.logits, pack(inputs.sampling), inputs.prev_sampled_ids, mode
+    )
     return self._started(StepHandle(batch, sampled, padded, pending.prompt, mode.top_logprobs))
 
   @staticmethod
@@ -202,21 +229,23 @@ class ModelRunner:
 
   def _dispatch_burst(self, inputs: StepInputs, batch: ScheduledBatch) -> StepHandle:
     if batch.num_steps != self.burst_steps:
-      raise ValueError(f"step: a burst of {batch.num_steps} steps, but the runner was set up "
-                       f"for {self.burst_steps} (scheduler.num_scheduler_steps)")
+      raise ValueError(
+        f"step: a burst of {batch.num_steps} steps, but the runner was set up "
+        f"for {self.burst_steps} (scheduler.num_scheduler_steps)"
+      )
     mode = SamplerMode.of(inputs.sampling)
     if mode.penalties or mode.top_logprobs:
       raise ValueError(f"step: a decode burst cannot run sampler mode {mode}")
     self.kv_pages, ids, logprobs, padded = self.programs.burst(
-        self.params, self.kv_pages, packed_model_inputs(inputs), pack(inputs.sampling), mode)
+      self.params, self.kv_pages, packed_model_inputs(inputs), pack(inputs.sampling), mode
+    )
     no_top = self.device_constant((0,), np.int32, 0)  # a burst returns no top-N logprobs
     return StepHandle(batch, SampleOutput(ids, logprobs, no_top, no_top), padded, None, False)
 
   def fetch(self, handle: StepHandle) -> StepOutput:
     """Waits for a dispatched step and returns its results on the host."""
     if handle.pending is not None:
-      raise ValueError("step: fetch of a step whose sampler was never dispatched "
-                       "(dispatch_sample)")
+      raise ValueError("step: fetch of a step whose sampler was never dispatched (dispatch_sample)")
     host = iter(jax.device_get(handle.fetch_list()))
     token_ids, logprobs = next(host), next(host)
     top = (next(host), next(host)) if handle.want_top else (None, None)

@@ -5,6 +5,7 @@ small arrays. PackedStepInputs carries them as two buffers plus a static layout 
 pytree's metadata, so each bucket still compiles once), and unpack() slices them back on device.
 Leaves that are already device arrays (the cached empty penalty history) pass through untouched.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,13 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 
 
-
 @dataclass(frozen=True)
 class LeafSpec:
-  kind: str                  # "int" | "float" | "device"
+  kind: str  # "int" | "float" | "device"
   dtype: str
   shape: tuple[int, ...]
-  offset: int                # into the int or float buffer; index into device_leaves for "device"
+  offset: int  # into the int or float buffer; index into device_leaves for "device"
 
 
 @dataclass(frozen=True)
@@ -32,17 +32,22 @@ class PackedLayout:
 @dataclass(frozen=True)
 class PackedStepInputs:
   layout: PackedLayout
-  ints: np.ndarray                      # i32[num_int_values]
-  floats: np.ndarray                    # f32[num_float_values]
+  ints: np.ndarray  # i32[num_int_values]
+  floats: np.ndarray  # f32[num_float_values]
   device_leaves: tuple[jax.Array, ...]
 
 
-jax.tree_util.register_dataclass(PackedStepInputs, data_fields=["ints", "floats", "device_leaves"],
-                                 meta_fields=["layout"])
+jax.tree_util.register_dataclass(
+  PackedStepInputs, data_fields=["ints", "floats", "device_leaves"], meta_fields=["layout"]
+)
 
 
-_KINDS = {np.dtype(np.int32): ("int", "int32"), np.dtype(np.uint32): ("int", "uint32"),
-          np.dtype(np.bool_): ("int", "bool"), np.dtype(np.float32): ("float", "float32")}
+_KINDS = {
+  np.dtype(np.int32): ("int", "int32"),
+  np.dtype(np.uint32): ("int", "uint32"),
+  np.dtype(np.bool_): ("int", "bool"),
+  np.dtype(np.float32): ("float", "float32"),
+}
 
 
 def pack(tree) -> PackedStepInputs:
@@ -67,10 +72,11 @@ def pack(tree) -> PackedStepInputs:
     (ints if kind == "int" else floats).append(flat)
     offsets[kind] += flat.size
   return PackedStepInputs(
-      PackedLayout(treedef, tuple(specs)),
-      np.concatenate(ints) if ints else np.zeros(0, np.int32),
-      np.concatenate(floats) if floats else np.zeros(0, np.float32),
-      tuple(device_leaves))
+    PackedLayout(treedef, tuple(specs)),
+    np.concatenate(ints) if ints else np.zeros(0, np.int32),
+    np.concatenate(floats) if floats else np.zeros(0, np.float32),
+    tuple(device_leaves),
+  )
 
 
 def unpack(packed: PackedStepInputs):

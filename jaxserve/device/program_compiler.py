@@ -22,6 +22,7 @@ Each time a bucket's group is compiled, a new ProgramReadiness (messages/program
 published; the host pads each step to the smallest ready bucket that holds it
 (engine/engine_core.py), which therefore never waits for a compilation.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,6 +52,7 @@ class Program:
   """One compiled program: kind "forward" (per bucket), "sample" (per sequence count and mode),
   "prompt" (per token count) or "burst" (per decode bucket and mode); `bucket` is the one it is
   lowered on."""
+
   kind: str
   bucket: Bucket
   mode: SamplerMode = SamplerMode()
@@ -68,14 +70,18 @@ class Program:
 @dataclass(frozen=True)
 class ProgramGroup:
   """Programs that, compiled, make `steps` ready for single steps and `bursts` for bursts."""
+
   programs: tuple[Program, ...]
   steps: frozenset[Bucket]
   bursts: frozenset[Bucket] = frozenset()
 
 
 def step_programs(bucket: Bucket) -> list[Program]:
-  return ([Program("forward", bucket)] + [Program("sample", bucket, m) for m in SamplerMode.all()]
-          + [Program("prompt", bucket)])
+  return (
+    [Program("forward", bucket)]
+    + [Program("sample", bucket, m) for m in SamplerMode.all()]
+    + [Program("prompt", bucket)]
+  )
 
 
 def burst_programs(bucket: Bucket) -> list[Program]:
@@ -87,14 +93,23 @@ def program_groups(buckets: BucketSet, bursts: bool) -> list[ProgramGroup]:
   earlier group (a sampler, prompt logprobs) is listed once, in the first."""
   largest, decodes = buckets.largest(), buckets.decode_buckets()
   first_bursts = [decodes[-1]] if bursts else []
-  groups = [ProgramGroup(tuple(step_programs(largest) + (burst_programs(decodes[-1]) if bursts else [])),
-                         frozenset({largest}), frozenset(first_bursts))]
+  groups = [
+    ProgramGroup(
+      tuple(step_programs(largest) + (burst_programs(decodes[-1]) if bursts else [])),
+      frozenset({largest}),
+      frozenset(first_bursts),
+    )
+  ]
   rest = sorted(set(buckets.all()) - {largest}, key=lambda b: (b.num_tokens, b.num_seqs))
   for bucket in [b for b in decodes if b != largest] + [b for b in rest if b not in decodes]:
     burst = bursts and bucket in decodes
-    groups.append(ProgramGroup(
+    groups.append(
+      ProgramGroup(
         tuple(step_programs(bucket) + (burst_programs(bucket) if burst else [])),
-        frozenset({bucket}), frozenset({bucket} if burst else ())))
+        frozenset({bucket}),
+        frozenset({bucket} if burst else ()),
+      )
+    )
   if bursts and largest in decodes and largest != decodes[-1]:
     groups.append(ProgramGroup(tuple(burst_programs(largest)), frozenset(), frozenset({largest})))
   seen: set[tuple] = set()
@@ -138,8 +153,10 @@ class ProgramCompiler:
     runner = self.runner
     runner.execute(dummy_inputs(runner, runner.buckets.largest()))
     if runner.burst_steps > 1:
-      runner.execute(dummy_inputs(runner, runner.buckets.decode_buckets()[-1]),
-                     ScheduledBatch(num_steps=runner.burst_steps))
+      runner.execute(
+        dummy_inputs(runner, runner.buckets.decode_buckets()[-1]),
+        ScheduledBatch(num_steps=runner.burst_steps),
+      )
     return time.perf_counter() - start
 
   def compile_rest(self) -> None:
@@ -176,8 +193,12 @@ class ProgramCompiler:
       logger.exception("background compilation stopped")
       return
     if self._readiness.complete:
-      logger.info("background compilation: all %d programs compiled in %.1f s (%d buckets "
-                  "ready)", self.num_total, time.perf_counter() - start, len(self._steps))
+      logger.info(
+        "background compilation: all %d programs compiled in %.1f s (%d buckets ready)",
+        self.num_total,
+        time.perf_counter() - start,
+        len(self._steps),
+      )
 
   def _compile_group(self, group: ProgramGroup, parallel: bool = False) -> None:
     """Lowers the group's programs one by one (tracing holds the GIL) and compiles them, each
@@ -193,8 +214,9 @@ class ProgramCompiler:
     self._num_compiled += len(group.programs)
     self._next_group += 1
     self._steps, self._bursts = self._steps | group.steps, self._bursts | group.bursts
-    self._readiness = ProgramReadiness(self._steps, self._bursts, self._num_compiled,
-                                       self.num_total)
+    self._readiness = ProgramReadiness(
+      self._steps, self._bursts, self._num_compiled, self.num_total
+    )
 
   def _lower(self, program: Program) -> jax.stages.Lowered:
     runner, programs = self.runner, self.runner.programs
@@ -203,17 +225,23 @@ class ProgramCompiler:
       lowered = programs.forward.lower(self._params, self._kv_pages, packed_model_inputs(inputs))
       self._hidden[program.bucket.num_tokens] = lowered.out_info[2]
     elif program.kind == "sample":
-      logits = jax.ShapeDtypeStruct((program.bucket.num_seqs, runner.model.config.vocab_size),
-                                    jnp.float32)
-      lowered = programs.sample.lower(logits, pack(inputs.sampling), inputs.prev_sampled_ids,
-                                      program.mode)
+      logits = jax.ShapeDtypeStruct(
+        (program.bucket.num_seqs, runner.model.config.vocab_size), jnp.float32
+      )
+      lowered = programs.sample.lower(
+        logits, pack(inputs.sampling), inputs.prev_sampled_ids, program.mode
+      )
     elif program.kind == "prompt":
       hidden = self._hidden[program.bucket.num_tokens]
       lowered = programs.prompt_logprobs.lower(
-          self._params, jax.ShapeDtypeStruct(hidden.shape, hidden.dtype),
-          inputs.prompt_target_ids)
+        self._params, jax.ShapeDtypeStruct(hidden.shape, hidden.dtype), inputs.prompt_target_ids
+      )
     else:
-      lowered = programs.burst.lower(self._params, self._kv_pages, packed_model_inputs(inputs),
-                                     pack(inputs.sampling), program.mode)
+      lowered = programs.burst.lower(
+        self._params,
+        self._kv_pages,
+        packed_model_inputs(inputs),
+        pack(inputs.sampling),
+        program.mode,
+      )
     return lowered
-

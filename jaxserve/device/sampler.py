@@ -27,10 +27,10 @@ The greedy pick and the log-normalizer come from a GreedyFn: XLA's argmax and lo
 logits once (a 512-row batch over a 128k vocabulary is 263 MB of float32 logits every decode
 step; XLA reads them three times). The engine picks it (EngineConfig.sampler_backend).
 """
+
 from __future__ import annotations
 
 import functools
-import itertools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -48,22 +48,23 @@ LOGPROB_FLOOR = -9999.0  # a disallowed token's top-N logprob (JSON has no -inf)
 
 @dataclass(frozen=True)
 class SampleOutput:
-  token_ids: jax.Array       # i32[S]
-  logprobs: jax.Array        # f32[S]: logprob of the sampled token
-  top_ids: jax.Array         # i32[S, MAX_LOGPROBS]
-  top_logprobs: jax.Array    # f32[S, MAX_LOGPROBS]
+  token_ids: jax.Array  # i32[S]
+  logprobs: jax.Array  # f32[S]: logprob of the sampled token
+  top_ids: jax.Array  # i32[S, MAX_LOGPROBS]
+  top_logprobs: jax.Array  # f32[S, MAX_LOGPROBS]
 
 
 jax.tree_util.register_dataclass(
-    SampleOutput, data_fields=["token_ids", "logprobs", "top_ids", "top_logprobs"],
-    meta_fields=[])
+  SampleOutput, data_fields=["token_ids", "logprobs", "top_ids", "top_logprobs"], meta_fields=[]
+)
 
 
 @dataclass(frozen=True)
 class SamplerMode:
   """Which costly parts a batch needs (static: each mode compiles once per sequence bucket)."""
-  random: bool = False        # some row samples (temperature > 0): sort for top-k/top-p/min-p
-  penalties: bool = False     # some row uses repetition/presence/frequency penalties
+
+  random: bool = False  # some row samples (temperature > 0): sort for top-k/top-p/min-p
+  penalties: bool = False  # some row uses repetition/presence/frequency penalties
   top_logprobs: bool = False  # some row asked for top-N logprobs
 
   @classmethod
@@ -86,14 +87,13 @@ def _token_counts(history: jax.Array, vocab_size: int) -> jax.Array:
   """history i32[S, H] (-1 padded) -> f32[S, V] occurrence counts."""
   rows = jnp.broadcast_to(jnp.arange(history.shape[0])[:, None], history.shape)
   ids = jnp.where(history < 0, vocab_size, history)  # out of range -> dropped
-  return jnp.zeros((history.shape[0], vocab_size), jnp.float32).at[rows, ids].add(
-      1.0, mode="drop")
+  return jnp.zeros((history.shape[0], vocab_size), jnp.float32).at[rows, ids].add(1.0, mode="drop")
 
 
 def apply_penalties(logits: jax.Array, s: SamplingInputs) -> jax.Array:
   """Repetition penalty over prompt + output (as HF); presence/frequency over output (as OpenAI)."""
   vocab_size = logits.shape[-1]
-  output_counts = _token_counts(s.output_history, vocab_size)           # [S, V]
+  output_counts = _token_counts(s.output_history, vocab_size)  # [S, V]
   seen = (output_counts + _token_counts(s.prompt_history, vocab_size)) > 0
   rep = s.repetition_penalty[:, None]
   logits = jnp.where(seen, jnp.where(logits > 0, logits / rep, logits * rep), logits)
@@ -105,20 +105,22 @@ def _filter_top_k_top_p_min_p(scaled: jax.Array, s: SamplingInputs) -> jax.Array
   """Masks to -inf what top-k, then top-p over the top-k renormalized mass, then min-p drop
   (the order of Hugging Face's warpers and vLLM)."""
   vocab_size = scaled.shape[-1]
-  sorted_desc = -jnp.sort(-scaled, axis=-1)                             # [S, V]
+  sorted_desc = -jnp.sort(-scaled, axis=-1)  # [S, V]
   k = jnp.where(s.top_k > 0, jnp.minimum(s.top_k, vocab_size), vocab_size)
   rank = jnp.arange(vocab_size)[None, :]
   sorted_desc = jnp.where(rank < k[:, None], sorted_desc, NEG_INF)
-  kth = jnp.take_along_axis(sorted_desc, (k - 1)[:, None], axis=-1)     # [S, 1]
+  kth = jnp.take_along_axis(sorted_desc, (k - 1)[:, None], axis=-1)  # [S, 1]
   probs = jax.nn.softmax(sorted_desc, axis=-1)
   # keep a sorted token while the mass before it is < top_p (the first token always stays)
   keep = (jnp.cumsum(probs, axis=-1) - probs) < s.top_p[:, None]
   num_keep = jnp.maximum(jnp.sum(keep, axis=-1), 1)
   top_p_min = jnp.take_along_axis(sorted_desc, (num_keep - 1)[:, None], axis=-1)
   # min-p: p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p)
-  min_p_logit = jnp.where(s.min_p[:, None] > 0,
-                          sorted_desc[:, :1] + jnp.log(jnp.maximum(s.min_p[:, None], 1e-38)),
-                          NEG_INF)
+  min_p_logit = jnp.where(
+    s.min_p[:, None] > 0,
+    sorted_desc[:, :1] + jnp.log(jnp.maximum(s.min_p[:, None], 1e-38)),
+    NEG_INF,
+  )
   threshold = jnp.maximum(jnp.maximum(kth, top_p_min), min_p_logit)
   return jnp.where(scaled >= threshold, scaled, NEG_INF)
 
@@ -127,7 +129,8 @@ def _random_sample(logits: jax.Array, s: SamplingInputs) -> jax.Array:
   temperature = jnp.where(s.temperature > 0, s.temperature, 1.0)[:, None]
   filtered = _filter_top_k_top_p_min_p(logits / temperature, s)
   keys = jax.vmap(lambda seed, i: jax.random.fold_in(jax.random.key(seed), i))(
-      s.seeds, s.sample_index)
+    s.seeds, s.sample_index
+  )
   gumbel = jax.vmap(lambda key: jax.random.gumbel(key, (logits.shape[-1],), jnp.float32))(keys)
   return jnp.argmax(filtered + gumbel, axis=-1).astype(jnp.int32)
 
@@ -137,9 +140,10 @@ def mask_banned(logits: jax.Array, banned_ids: jax.Array) -> jax.Array:
   compares against the vocabulary index, which XLA fuses into the consumer (the greedy argmax
   reads the logits once); a scatter into `logits` would first copy the whole [S, V] array,
   whose unmasked values the logprobs still need."""
-  vocab_ids = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1)       # [S, V]
-  banned = functools.reduce(jnp.logical_or, [vocab_ids == banned_ids[:, j:j + 1]
-                                             for j in range(banned_ids.shape[1])])
+  vocab_ids = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1)  # [S, V]
+  banned = functools.reduce(
+    jnp.logical_or, [vocab_ids == banned_ids[:, j : j + 1] for j in range(banned_ids.shape[1])]
+  )
   return jnp.where(banned, NEG_INF, logits)
 
 
@@ -153,26 +157,28 @@ def xla_greedy(logits: jax.Array, banned_ids: jax.Array) -> tuple[jax.Array, jax
   return token_ids, jax.nn.logsumexp(logits, axis=-1)
 
 
-def sample(logits: jax.Array, s: SamplingInputs, mode: SamplerMode,
-           greedy: GreedyFn = xla_greedy) -> SampleOutput:
+def sample(
+  logits: jax.Array, s: SamplingInputs, mode: SamplerMode, greedy: GreedyFn = xla_greedy
+) -> SampleOutput:
   """logits f32[S, V] (one row per sequence slot) -> sampled ids and logprobs. `mode` must
   cover the batch (SamplerMode.of(s)); a part it leaves out is not computed. `greedy` gives the
   greedy pick and the log-normalizer of batches without penalties (the Pallas GPU kernel
   pallas_kernels/greedy_sample reads the logits once)."""
-  logits = apply_token_bitmask(logits, s.bitmask)                         # f32[S, V]
+  logits = apply_token_bitmask(logits, s.bitmask)  # f32[S, V]
   raw_logits = logits
   if mode.penalties:
     logits = apply_penalties(logits, s)
     token_ids = jnp.argmax(mask_banned(logits, s.banned_ids), axis=-1).astype(jnp.int32)
     _, log_normalizer = greedy(raw_logits, s.banned_ids)  # [S], as a batch without penalties
   else:
-    token_ids, log_normalizer = greedy(raw_logits, s.banned_ids)           # [S], [S]
+    token_ids, log_normalizer = greedy(raw_logits, s.banned_ids)  # [S], [S]
   if mode.random:
     masked = mask_banned(logits, s.banned_ids)
     token_ids = jnp.where(s.temperature > 0, _random_sample(masked, s), token_ids)
   # logprob of the sampled token under the raw distribution, without a [S, V] log_softmax
-  token_logprobs = (jnp.take_along_axis(raw_logits, token_ids[:, None], axis=-1)[:, 0]
-                    - log_normalizer)
+  token_logprobs = (
+    jnp.take_along_axis(raw_logits, token_ids[:, None], axis=-1)[:, 0] - log_normalizer
+  )
   num_rows = logits.shape[0]
   top_logprobs = jnp.zeros((num_rows, MAX_LOGPROBS), jnp.float32)
   top_ids = jnp.zeros((num_rows, MAX_LOGPROBS), jnp.int32)
@@ -182,8 +188,9 @@ def sample(logits: jax.Array, s: SamplingInputs, mode: SamplerMode,
   return SampleOutput(token_ids, token_logprobs, top_ids.astype(jnp.int32), top_logprobs)
 
 
-def prompt_logprobs(logits: jax.Array, target_ids: jax.Array
-                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def prompt_logprobs(
+  logits: jax.Array, target_ids: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """logits f32[T, V], target_ids i32[T] -> (target logprob [T], top ids [T, N], top lp [T, N])."""
   logprobs = jax.nn.log_softmax(logits, axis=-1)
   target = jnp.take_along_axis(logprobs, jnp.maximum(target_ids, 0)[:, None], axis=-1)[:, 0]

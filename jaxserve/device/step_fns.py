@@ -26,6 +26,7 @@ The model inputs are StepInputs without their sampling part, packed into two buf
 (device/packing.py); the sampling inputs are packed on their own, so the sampler's compiled
 shape depends on the sequence count alone.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,15 +36,21 @@ import jax.numpy as jnp
 
 from jaxserve.device.kv_cache import KVPages
 from jaxserve.device.packing import PackedStepInputs, unpack
-from jaxserve.device.sampler import (GreedyFn, SampleOutput, SamplerMode, prompt_logprobs,
-                                      sample, xla_greedy)
+from jaxserve.device.sampler import (
+  GreedyFn,
+  SampleOutput,
+  SamplerMode,
+  prompt_logprobs,
+  sample,
+  xla_greedy,
+)
 
 PROMPT_CHUNKS = (256, 128, 64, 32, 16, 8, 4, 2, 1)
 
 
 def fed_token_ids(inputs) -> jax.Array:
   """The step's token ids [T], those in flight taken from the previous step's samples."""
-  fed = inputs.prev_sampled_ids[jnp.maximum(inputs.prev_token_rows, 0)]     # [T]
+  fed = inputs.prev_sampled_ids[jnp.maximum(inputs.prev_token_rows, 0)]  # [T]
   return jnp.where(inputs.prev_token_rows >= 0, fed, inputs.token_ids)
 
 
@@ -54,23 +61,30 @@ def make_forward_fn(model):
   def forward(params, kv_pages: KVPages, packed: PackedStepInputs):
     inputs = unpack(packed)
     variables = {"params": params}
-    token_ids = fed_token_ids(inputs)                                          # [T]
-    hidden, kv_pages = model.apply(variables, token_ids, inputs.positions, kv_pages,
-                                   inputs.slot_mapping, inputs.metadata)       # [T, H]
-    logits = model.apply(variables, hidden[inputs.logits_indices],
-                         method=compute_logits)                                 # f32[S, V]
+    token_ids = fed_token_ids(inputs)  # [T]
+    hidden, kv_pages = model.apply(
+      variables, token_ids, inputs.positions, kv_pages, inputs.slot_mapping, inputs.metadata
+    )  # [T, H]
+    logits = model.apply(
+      variables, hidden[inputs.logits_indices], method=compute_logits
+    )  # f32[S, V]
     return kv_pages, logits, hidden
 
   return forward
 
 
-def sample_step(logits: jax.Array, packed_sampling: PackedStepInputs, prev_sampled_ids: jax.Array,
-                mode: SamplerMode, greedy: GreedyFn = xla_greedy
-                ) -> tuple[SampleOutput, jax.Array]:
+def sample_step(
+  logits: jax.Array,
+  packed_sampling: PackedStepInputs,
+  prev_sampled_ids: jax.Array,
+  mode: SamplerMode,
+  greedy: GreedyFn = xla_greedy,
+) -> tuple[SampleOutput, jax.Array]:
   """logits f32[S, V] -> (SampleOutput, sampled ids zero padded like prev_sampled_ids)."""
   sampled = sample(logits, unpack(packed_sampling), mode, greedy)
-  padded = jnp.zeros_like(prev_sampled_ids).at[:sampled.token_ids.shape[0]].set(
-      sampled.token_ids)                                                     # [max_seq_slots]
+  padded = (
+    jnp.zeros_like(prev_sampled_ids).at[: sampled.token_ids.shape[0]].set(sampled.token_ids)
+  )  # [max_seq_slots]
   return sampled, padded
 
 
@@ -88,8 +102,13 @@ def make_prompt_logprobs_fn(model):
       logits = model.apply({"params": params}, h_chunk, method=compute_logits)
       return prompt_logprobs(logits, targets)
 
-    out = jax.lax.map(one_chunk, (hidden.reshape(num_tokens // chunk, chunk, -1),
-                                  target_ids.reshape(num_tokens // chunk, chunk)))
+    out = jax.lax.map(
+      one_chunk,
+      (
+        hidden.reshape(num_tokens // chunk, chunk, -1),
+        target_ids.reshape(num_tokens // chunk, chunk),
+      ),
+    )
     return tuple(x.reshape(num_tokens, *x.shape[2:]) for x in out)
 
   return prompt_fn
@@ -100,16 +119,21 @@ def make_burst_fn(model, num_steps: int, page_size: int, greedy: GreedyFn = xla_
   which sequence i feeds token i only (a decode-only batch; logits_indices[i] == i)."""
   compute_logits = type(model).compute_logits
 
-  def burst(params, kv_pages: KVPages, packed: PackedStepInputs,
-            packed_sampling: PackedStepInputs, mode: SamplerMode):
+  def burst(
+    params,
+    kv_pages: KVPages,
+    packed: PackedStepInputs,
+    packed_sampling: PackedStepInputs,
+    mode: SamplerMode,
+  ):
     inputs, sampling = unpack(packed), unpack(packed_sampling)
     variables = {"params": params}
     metadata = inputs.metadata
     num_tokens, num_slots = inputs.token_ids.shape[0], metadata.seq_lens.shape[0]
-    live_tokens = jnp.arange(num_tokens) < metadata.num_seqs[0]                # [T]
-    live_seqs = jnp.arange(num_slots) < metadata.num_seqs[0]                   # [S]
-    token_rows = jnp.minimum(jnp.arange(num_tokens), num_slots - 1)            # [T]
-    token_ids = fed_token_ids(inputs)                                          # [T]
+    live_tokens = jnp.arange(num_tokens) < metadata.num_seqs[0]  # [T]
+    live_seqs = jnp.arange(num_slots) < metadata.num_seqs[0]  # [S]
+    token_rows = jnp.minimum(jnp.arange(num_tokens), num_slots - 1)  # [T]
+    token_ids = fed_token_ids(inputs)  # [T]
     first_index = sampling.sample_index - (num_steps - 1)  # the scheduler counted all samples
     capacity = metadata.block_tables.shape[1] * page_size  # positions a block table can hold
 
@@ -118,28 +142,42 @@ def make_burst_fn(model, num_steps: int, page_size: int, greedy: GreedyFn = xla_
       # A request that reaches max_tokens within the burst may run past its pages (block table
       # entries of the null page) or past the table: those steps write to the null page or
       # nowhere, and their samples are dropped by the engine.
-      unclamped = inputs.positions + k                                               # [T]
-      positions = jnp.where(live_tokens, jnp.minimum(unclamped, capacity - 1),
-                            inputs.positions)                                        # [T]
-      pages = metadata.block_tables[token_rows, positions // page_size]             # [T]
-      slots = jnp.where(live_tokens & (unclamped < capacity),
-                        pages * page_size + positions % page_size, 0)                 # [T]
-      seq_lens = jnp.minimum(metadata.seq_lens + k, capacity)                       # [S]
+      unclamped = inputs.positions + k  # [T]
+      positions = jnp.where(
+        live_tokens, jnp.minimum(unclamped, capacity - 1), inputs.positions
+      )  # [T]
+      pages = metadata.block_tables[token_rows, positions // page_size]  # [T]
+      slots = jnp.where(
+        live_tokens & (unclamped < capacity), pages * page_size + positions % page_size, 0
+      )  # [T]
+      seq_lens = jnp.minimum(metadata.seq_lens + k, capacity)  # [S]
       step_metadata = dataclasses.replace(
-          metadata, seq_lens=jnp.where(live_seqs, seq_lens, metadata.seq_lens))
-      hidden, kv_pages = model.apply(variables, token_ids, positions, kv_pages, slots,
-                                     step_metadata)                                  # [T, H]
-      logits = model.apply(variables, hidden[inputs.logits_indices],
-                           method=compute_logits)                                    # f32[S, V]
-      sampled = sample(logits, dataclasses.replace(sampling, sample_index=first_index + k), mode,
-                       greedy)
+        metadata, seq_lens=jnp.where(live_seqs, seq_lens, metadata.seq_lens)
+      )
+      hidden, kv_pages = model.apply(
+        variables, token_ids, positions, kv_pages, slots, step_metadata
+      )  # [T, H]
+      logits = model.apply(
+        variables, hidden[inputs.logits_indices], method=compute_logits
+      )  # f32[S, V]
+      sampled = sample(
+        logits, dataclasses.replace(sampling, sample_index=first_index + k), mode, greedy
+      )
       width = min(num_tokens, num_slots)
       token_ids = jnp.zeros_like(token_ids).at[:width].set(sampled.token_ids[:width])
-      return (kv_pages, token_ids, all_ids.at[k].set(sampled.token_ids),
-              all_logprobs.at[k].set(sampled.logprobs))
+      return (
+        kv_pages,
+        token_ids,
+        all_ids.at[k].set(sampled.token_ids),
+        all_logprobs.at[k].set(sampled.logprobs),
+      )
 
-    carry = (kv_pages, token_ids, jnp.zeros((num_steps, num_slots), jnp.int32),
-             jnp.zeros((num_steps, num_slots), jnp.float32))
+    carry = (
+      kv_pages,
+      token_ids,
+      jnp.zeros((num_steps, num_slots), jnp.int32),
+      jnp.zeros((num_steps, num_slots), jnp.float32),
+    )
     kv_pages, _, all_ids, all_logprobs = jax.lax.fori_loop(0, num_steps, one_step, carry)
     padded = jnp.zeros_like(inputs.prev_sampled_ids).at[:num_slots].set(all_ids[-1])
     return kv_pages, all_ids, all_logprobs, padded

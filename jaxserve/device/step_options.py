@@ -1,6 +1,7 @@
 """How the step programs compile on this machine, from EngineConfig: XLA options (gpu_gemm) and
 the sampler's greedy pick (sampler_backend, step_greedy). jaxserve/assembly.py and the
 ahead-of-time TPU build (jaxserve/tpu_aot) hand both to build_step_programs."""
+
 from __future__ import annotations
 
 import functools
@@ -11,7 +12,6 @@ from jaxserve.config import EngineConfig
 from jaxserve.device.fixed_order_greedy import fixed_order_greedy
 from jaxserve.device.sampler import GreedyFn, xla_greedy
 from pallas_kernels.greedy_sample.gpu import greedy_sample
-
 
 BATCH_INVARIANT_OPTIONS = {"xla_allow_excess_precision": False}
 BATCH_INVARIANT_GPU_OPTIONS = {"xla_gpu_enable_triton_gemm": False, "xla_gpu_autotune_level": 0}
@@ -37,7 +37,7 @@ def step_compiler_options(config: EngineConfig) -> dict[str, object] | None:
 
 def describe_step_choices(sampler: str, options: dict[str, object] | None) -> str:
   """What the sampler and GEMM settings mean for this run, with the config key to change each."""
-  where = ("the Pallas GPU kernel" if sampler == "pallas_gpu" else "XLA reductions")
+  where = "the Pallas GPU kernel" if sampler == "pallas_gpu" else "XLA reductions"
   text = f"greedy picks and logprobs: {where} (sampler_backend={sampler})"
   if options:
     gemms = "cuBLASLt" if options.get("xla_gpu_enable_cublaslt") else "cuBLAS"

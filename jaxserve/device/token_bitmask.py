@@ -7,6 +7,7 @@ compiled step serves any mix of constrained and unconstrained sequences. The exp
 and the select are elementwise, so XLA fuses them into one pass over the logits (the bitmask itself
 is V / 8 bytes a row, 1/32 of the float32 logits it masks).
 """
+
 from __future__ import annotations
 
 import jax
@@ -22,8 +23,9 @@ def bitmask_words(vocab_size: int) -> int:
 
 def _check_shapes(logits: jax.Array, bitmask: jax.Array) -> None:
   if logits.ndim != 2 or bitmask.ndim != 2:
-    raise ValueError(f"logits, bitmask: must be 2-D [S, V] and [S, W], got {logits.shape} and "
-                     f"{bitmask.shape}")
+    raise ValueError(
+      f"logits, bitmask: must be 2-D [S, V] and [S, W], got {logits.shape} and {bitmask.shape}"
+    )
   if bitmask.dtype != jnp.int32:
     raise ValueError(f"bitmask: must be int32, got {bitmask.dtype}")
   if not jnp.issubdtype(logits.dtype, jnp.floating):
@@ -31,8 +33,9 @@ def _check_shapes(logits: jax.Array, bitmask: jax.Array) -> None:
   num_rows, vocab_size = logits.shape
   expected = (num_rows, bitmask_words(vocab_size))
   if bitmask.shape != expected:
-    raise ValueError(f"bitmask: expected shape {expected} for logits {logits.shape}, got "
-                     f"{bitmask.shape}")
+    raise ValueError(
+      f"bitmask: expected shape {expected} for logits {logits.shape}, got {bitmask.shape}"
+    )
 
 
 def allowed_tokens(bitmask: jax.Array, vocab_size: int) -> jax.Array:

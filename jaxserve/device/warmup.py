@@ -7,6 +7,7 @@ each once on padding inputs (device/lowering.py), through the runner, so the pro
 ones serving will call (and a multi-host job's other hosts compile them too). After it, no batch
 the scheduler can produce triggers a compilation (the compile ledger counts any).
 """
+
 from __future__ import annotations
 
 import logging
@@ -15,10 +16,10 @@ from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
-from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.device.lowering import dummy_inputs
 from jaxserve.device.model_runner import ModelRunner
 from jaxserve.device.sampler import SamplerMode
+from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.messages.scheduled_batch import ScheduledBatch
 
 logger = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ logger = logging.getLogger(__name__)
 class WarmupRun:
   """One program to compile: a bucket, a sampler mode, prompt logprobs on or off, and the
   number of decode steps (> 1: the burst program)."""
+
   bucket: Bucket
   mode: SamplerMode
   prompt_logprobs: bool = False
@@ -54,9 +56,15 @@ def burst_buckets(buckets: BucketSet) -> list[Bucket]:
 
 
 def warmup_plan(buckets: BucketSet, burst_steps: int) -> list[WarmupRun]:
-  bursts = [] if burst_steps == 1 else [
-      WarmupRun(bucket, mode, False, burst_steps) for bucket in burst_buckets(buckets)
-      for mode in (SamplerMode(), SamplerMode(random=True))]
+  bursts = (
+    []
+    if burst_steps == 1
+    else [
+      WarmupRun(bucket, mode, False, burst_steps)
+      for bucket in burst_buckets(buckets)
+      for mode in (SamplerMode(), SamplerMode(random=True))
+    ]
+  )
   return single_step_runs(buckets) + bursts
 
 
@@ -64,14 +72,20 @@ def warmup(runner: ModelRunner, show_progress: bool = True) -> float:
   """Compiles every program of warmup_plan through `runner`; returns the seconds it took."""
   plan = warmup_plan(runner.buckets, runner.burst_steps)
   num_bursts = sum(run.num_steps > 1 for run in plan)
-  logger.info("warmup: compiling %d buckets (%s), %d sampler modes per sequence bucket and "
-              "prompt logprobs per token bucket: %d programs", len(runner.buckets.all()),
-              runner.buckets.describe(), len(SamplerMode.all()), len(plan) - num_bursts)
+  logger.info(
+    "warmup: compiling %d buckets (%s), %d sampler modes per sequence bucket and "
+    "prompt logprobs per token bucket: %d programs",
+    len(runner.buckets.all()),
+    runner.buckets.describe(),
+    len(SamplerMode.all()),
+    len(plan) - num_bursts,
+  )
   if num_bursts:
     logger.info("warmup: %d decode-burst programs of %d steps", num_bursts, runner.burst_steps)
   start = time.perf_counter()
-  with tqdm(total=len(plan), desc="compiling", unit="program",
-            disable=not show_progress) as progress:
+  with tqdm(
+    total=len(plan), desc="compiling", unit="program", disable=not show_progress
+  ) as progress:
     for run in plan:
       inputs = dummy_inputs(runner, run.bucket, run.mode, run.prompt_logprobs)
       runner.execute(inputs, ScheduledBatch(num_steps=run.num_steps))

@@ -8,6 +8,7 @@ server calls check_token_ids early only to refuse a token-id prompt before detok
 the scheduler calls check_length to keep its own invariant (no request outgrows the context)
 without restating the rule.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -24,8 +25,11 @@ def check_token_ids(ids: Sequence[int], vocab_size: int, name: str = "prompt") -
   if set(map(type, ids)) == {int} and 0 <= min(ids) and max(ids) < vocab_size:
     return ids  # the common case, checked in C loops (no Python code per token)
   for token_id in ids:
-    if isinstance(token_id, bool) or not isinstance(token_id, numbers.Integral) or not (
-        0 <= token_id < vocab_size):
+    if (
+      isinstance(token_id, bool)
+      or not isinstance(token_id, numbers.Integral)
+      or not (0 <= token_id < vocab_size)
+    ):
       raise ValueError(f"{name}: token id {token_id!r} is out of range [0, {vocab_size})")
   return [int(t) for t in ids]
 
@@ -34,5 +38,7 @@ def check_length(num_prompt_tokens: int, max_tokens: int, max_model_len: int) ->
   """The prompt plus max_tokens must fit max_model_len."""
   total = num_prompt_tokens + max_tokens
   if total > max_model_len:
-    raise ContextLengthError(f"prompt: {num_prompt_tokens} prompt tokens + max_tokens "
-                             f"{max_tokens} = {total} exceeds max_model_len {max_model_len}")
+    raise ContextLengthError(
+      f"prompt: {num_prompt_tokens} prompt tokens + max_tokens "
+      f"{max_tokens} = {total} exceeds max_model_len {max_model_len}"
+    )

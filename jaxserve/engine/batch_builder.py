@@ -9,11 +9,16 @@ tokens it has generated so far, and, for the few requests whose sampling needs m
 the penalty history, whether it wants top-N logprobs, and the next prompt token of every fed
 position when it asks for prompt logprobs.
 """
+
 from __future__ import annotations
 
+from ..messages.scheduled_batch import (
+  PLACEHOLDER_TOKEN_ID,
+  BatchSampling,
+  SamplingExtras,
+  ScheduledBatch,
+)
 from .request import Request
-from ..messages.scheduled_batch import (PLACEHOLDER_TOKEN_ID, BatchSampling, SamplingExtras,
-                                        ScheduledBatch)
 
 __all__ = ["BatchBuilder", "PLACEHOLDER_TOKEN_ID"]
 
@@ -80,18 +85,38 @@ class BatchBuilder:
     if params.uses_penalties:
       prompt_ids, output_ids = tuple(request.prompt_token_ids), tuple(request.output_token_ids)
     if params.prompt_logprobs is not None:
-      targets = tuple(request.prompt_token_ids[start + 1:start + 1 + num_new])
+      targets = tuple(request.prompt_token_ids[start + 1 : start + 1 + num_new])
       targets += (-1,) * (num_new - len(targets))
-    self.extras.append(SamplingExtras(
-        len(self.request_ids), banned, prompt_ids, output_ids,
-        params.logprobs is not None and params.logprobs > 0, targets))
+    self.extras.append(
+      SamplingExtras(
+        len(self.request_ids),
+        banned,
+        prompt_ids,
+        output_ids,
+        params.logprobs is not None and params.logprobs > 0,
+        targets,
+      )
+    )
 
   def build(self, preempted_ids: list[str], num_steps: int = 1) -> ScheduledBatch:
-    sampling = BatchSampling(b"".join(self.sampling_rows), tuple(self.sample_index),
-                             tuple(self.extras), tuple(self.bitmask_rows))
-    return ScheduledBatch(tuple(self.request_ids), tuple(self.starts), tuple(self.query_lens),
-                          tuple(self.sample), tuple(self.page_counts), tuple(self.token_ids),
-                          tuple(self.page_ids), tuple(preempted_ids), num_steps, sampling)
+    sampling = BatchSampling(
+      b"".join(self.sampling_rows),
+      tuple(self.sample_index),
+      tuple(self.extras),
+      tuple(self.bitmask_rows),
+    )
+    return ScheduledBatch(
+      tuple(self.request_ids),
+      tuple(self.starts),
+      tuple(self.query_lens),
+      tuple(self.sample),
+      tuple(self.page_counts),
+      tuple(self.token_ids),
+      tuple(self.page_ids),
+      tuple(preempted_ids),
+      num_steps,
+      sampling,
+    )
 
 
 def _token_slice(request: Request, start: int, end: int) -> tuple[int, ...]:
@@ -104,9 +129,10 @@ def _token_slice(request: Request, start: int, end: int) -> tuple[int, ...]:
   if num_missing:
     return _token_slice(request, start, end - num_missing) + (PLACEHOLDER_TOKEN_ID,) * num_missing
   if start >= num_prompt:
-    return tuple(request.output_token_ids[start - num_prompt:end - num_prompt])
-  return (tuple(request.prompt_token_ids[start:end])
-          + tuple(request.output_token_ids[:max(0, end - num_prompt)]))
+    return tuple(request.output_token_ids[start - num_prompt : end - num_prompt])
+  return tuple(request.prompt_token_ids[start:end]) + tuple(
+    request.output_token_ids[: max(0, end - num_prompt)]
+  )
 
 
 def _token_at(request: Request, position: int) -> int:

@@ -22,6 +22,7 @@ The compiler is built on the first constrained request (llguidance reads the tok
 vocabulary), so engines that never see one pay nothing (docs/DECISIONS.md, "The grammar compiler
 is built on the first constrained request").
 """
+
 from __future__ import annotations
 
 import time
@@ -30,8 +31,14 @@ from collections.abc import Callable, Mapping
 from jaxserve.engine.request_state import RequestState
 from jaxserve.messages.scheduled_batch import ScheduledBatch, TokenBitmask
 from jaxserve.sampling_params import SamplingParams
-from jaxserve.structured import (BitmaskFiller, GrammarCompiler, GrammarState, SequenceMatcher,
-                                 StructuredOutputError, build_llg_tokenizer)
+from jaxserve.structured import (
+  BitmaskFiller,
+  GrammarCompiler,
+  GrammarState,
+  SequenceMatcher,
+  StructuredOutputError,
+  build_llg_tokenizer,
+)
 from jaxserve.tokenizer.tokenizer import Tokenizer
 
 
@@ -44,8 +51,8 @@ class Constraints:
     self._supported = supported
     self._compiler: GrammarCompiler | None = None
     self._filler: BitmaskFiller | None = None
-    self.fill_seconds = 0.0   # host time spent filling masks
-    self.num_fills = 0        # steps that filled a mask
+    self.fill_seconds = 0.0  # host time spent filling masks
+    self.num_fills = 0  # steps that filled a mask
 
   @property
   def compiler(self) -> GrammarCompiler:
@@ -62,13 +69,17 @@ class Constraints:
     if spec is None:
       return None
     if not self._supported:
-      raise StructuredOutputError(spec.param, "structured outputs are not supported on a "
-                                  "multi-host job (each step's mask comes after its forward)")
+      raise StructuredOutputError(
+        spec.param,
+        "structured outputs are not supported on a "
+        "multi-host job (each step's mask comes after its forward)",
+      )
     compiler = self.compiler
     return SequenceMatcher(compiler.compile(spec), compiler.info)
 
-  def fill(self, batch: ScheduledBatch, matcher_of: Callable[[str], SequenceMatcher | None],
-           num_rows: int) -> TokenBitmask:
+  def fill(
+    self, batch: ScheduledBatch, matcher_of: Callable[[str], SequenceMatcher | None], num_rows: int
+  ) -> TokenBitmask:
     """The bitmask of `batch`'s constrained rows, [num_rows, words], other rows all ones.
     `matcher_of(request_id)` is None for a request that finished meanwhile (its row stays all
     ones; what it samples is dropped)."""
@@ -88,9 +99,11 @@ class Constraints:
 
 def live_matcher(states: Mapping[str, RequestState]) -> Callable[[str], SequenceMatcher | None]:
   """matcher_of for `fill`: the matcher of a request still unfinished in `states`."""
+
   def matcher_of(request_id: str) -> SequenceMatcher | None:
     state = states.get(request_id)
     if state is None or state.request.status.finished:
       return None
     return state.matcher
+
   return matcher_of

@@ -6,6 +6,7 @@ core/messages.py's StepOutputs.
 msgspec Structs like core/messages.py's (docs/DECISIONS.md, "msgspec Structs for the core's
 messages"), `array_like` (fields by position on the wire) and `gc=False` (they hold no cycles).
 """
+
 from __future__ import annotations
 
 import msgspec
@@ -16,6 +17,7 @@ from jaxserve.sampling_params import SamplingParams
 
 class EngineCoreRequest(msgspec.Struct, frozen=True, array_like=True, gc=False):
   """One tokenized request. stream=False: the caller wants the final output only."""
+
   request_id: str
   prompt_token_ids: list[int]
   params: SamplingParams
@@ -29,6 +31,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):
   new_token_ids and stop_reason its id, None for eos), LENGTH, ABORT, ERROR or GRAMMAR_ERROR;
   stop strings are the output processor's. prompt_logprobs come once, with the request's first
   output."""
+
   request_id: str
   new_token_ids: list[int]
   new_logprobs: list[TokenLogprob] | None

@@ -11,6 +11,7 @@ A batch with grammar-constrained rows (batch.sampling.bitmask_rows) is dispatche
 sampler, which dispatch_sample enqueues once the engine has filled the rows' TokenBitmask and
 attached it to the batch (ScheduledBatch.with_bitmask).
 """
+
 from __future__ import annotations
 
 from typing import Protocol, TypeVar
@@ -45,8 +46,9 @@ class StepRunner(Protocol[Prepared, Handle]):
   def supports_async(self) -> bool:
     """Whether a step may feed tokens from the step dispatched before it (async scheduling)."""
 
-  def prepare(self, batch: ScheduledBatch, previous: Handle | None = None,
-              bucket: Bucket | None = None) -> Prepared:
+  def prepare(
+    self, batch: ScheduledBatch, previous: Handle | None = None, bucket: Bucket | None = None
+  ) -> Prepared:
     """The batch padded to `bucket` (the host's pick; None: the smallest that holds it)."""
 
   def dispatch(self, inputs: Prepared, batch: ScheduledBatch) -> Handle: ...

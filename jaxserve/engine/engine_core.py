@@ -28,6 +28,7 @@ bitmask on the host while the device runs the forward, and dispatches the sample
 in the step's batch. The mask's host time hides behind the forward unless it is longer
 (StepTimings: phase "bitmask"). Such a batch never runs as a decode burst (Request.can_burst).
 """
+
 from __future__ import annotations
 
 import logging
@@ -62,14 +63,15 @@ class StepTimings:
   the step before it when that was later, to the moment its results were on the host; with
   async scheduling that is exact while the device is the bottleneck and an upper bound when
   the host is."""
+
   num_steps: int = 0
-  host_seconds: float = 0.0     # scheduling, building step inputs, processing outputs
-  wait_seconds: float = 0.0     # blocked waiting for a step's results
-  device_seconds: float = 0.0   # sum of the steps' device times
+  host_seconds: float = 0.0  # scheduling, building step inputs, processing outputs
+  wait_seconds: float = 0.0  # blocked waiting for a step's results
+  device_seconds: float = 0.0  # sum of the steps' device times
   per_bucket: dict = field(default_factory=dict)  # (num_seqs, num_tokens) -> [steps, seconds]
   host_phases: dict = field(default_factory=dict)  # schedule / prepare / dispatch / process -> s
   host_per_bucket: dict = field(default_factory=dict)  # bucket -> [steps, host s of the step()
-                                                       # calls that dispatched that bucket]
+  # calls that dispatched that bucket]
 
   def add_phase(self, name: str, since: float) -> float:
     """Adds the time since `since` to host phase `name`; returns now."""
@@ -88,15 +90,18 @@ class StepTimings:
 @dataclass(frozen=True)
 class _StepInFlight:
   """A dispatched step: what it was fed and where its results will come from."""
+
   batch: ScheduledBatch
-  requests: tuple[Request, ...]      # batch.seqs' requests, to recognise finished ones
-  handle: object                     # the runner's handle of the dispatched step
+  requests: tuple[Request, ...]  # batch.seqs' requests, to recognise finished ones
+  handle: object  # the runner's handle of the dispatched step
   bucket: tuple[int, int]
   dispatch_time: float
 
   def feeds_penalized_request(self) -> bool:
-    return any(sample and request.sampling_params.uses_penalties
-               for sample, request in zip(self.batch.sample, self.requests))
+    return any(
+      sample and request.sampling_params.uses_penalties
+      for sample, request in zip(self.batch.sample, self.requests)
+    )
 
 
 class _AllReady:
@@ -115,10 +120,21 @@ class EngineCore:
   those `programs` reports compiled (while programs compile in the background, a step may take
   a larger bucket than it will once all are)."""
 
-  def __init__(self, *, runner: StepRunner, scheduler: Scheduler, allocator: PageAllocator,
-               max_model_len: int, vocab_size: int, eos_token_ids: tuple[int, ...],
-               ledger: CompileCounter, seed: int = 0, buckets: BucketSet | None = None,
-               programs: ProgramStatus | None = None, constraints: Constraints | None = None):
+  def __init__(
+    self,
+    *,
+    runner: StepRunner,
+    scheduler: Scheduler,
+    allocator: PageAllocator,
+    max_model_len: int,
+    vocab_size: int,
+    eos_token_ids: tuple[int, ...],
+    ledger: CompileCounter,
+    seed: int = 0,
+    buckets: BucketSet | None = None,
+    programs: ProgramStatus | None = None,
+    constraints: Constraints | None = None,
+  ):
     self.runner = runner
     self.constraints = constraints
     self.buckets = buckets
@@ -166,13 +182,19 @@ class EngineCore:
         raise ValueError("structured_outputs: this engine core has no grammar compiler")
       matcher = self.constraints.matcher_for(params)  # a bad constraint: StructuredOutputError
     seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63 - 1))
-    request = Request(request_id=request_id, prompt_token_ids=prompt_ids, sampling_params=params,
-                      seed=seed, arrival_time=spec.arrival_time or time.monotonic(),
-                      eos_token_ids=self.eos_token_ids)
+    request = Request(
+      request_id=request_id,
+      prompt_token_ids=prompt_ids,
+      sampling_params=params,
+      seed=seed,
+      arrival_time=spec.arrival_time or time.monotonic(),
+      eos_token_ids=self.eos_token_ids,
+    )
     self.scheduler.add_request(request)
     self._requests[request_id] = request
-    self._states[request_id] = RequestState(request, self.max_model_len,
-                                            spec.stream or bool(params.stop), matcher=matcher)
+    self._states[request_id] = RequestState(
+      request, self.max_model_len, spec.stream or bool(params.stop), matcher=matcher
+    )
 
   def abort_request(self, request_id: str) -> bool:
     """Stops a request wherever it is; its pages return to the pool at once. Its last output
@@ -196,8 +218,9 @@ class EngineCore:
 
   # -- the loop ----------------------------------------------------------------------------
   def has_unfinished_requests(self) -> bool:
-    return (self.scheduler.has_unfinished_requests() or bool(self._pending)
-            or self._in_flight is not None)
+    return (
+      self.scheduler.has_unfinished_requests() or bool(self._pending) or self._in_flight is not None
+    )
 
   def step(self) -> list[EngineCoreOutput]:
     """Schedules and dispatches one step; returns outputs for requests that progressed or
@@ -214,8 +237,9 @@ class EngineCore:
     batch = self.scheduler.schedule()
     mark = timings.add_phase("schedule", mark)
     if not batch.is_empty:
-      inputs = self.runner.prepare(batch, previous.handle if previous else None,
-                                   self._bucket(batch))
+      inputs = self.runner.prepare(
+        batch, previous.handle if previous else None, self._bucket(batch)
+      )
       mark = timings.add_phase("prepare", mark)
       handle = self.runner.dispatch(inputs, batch)
       mark = timings.add_phase("dispatch", mark)
@@ -227,8 +251,13 @@ class EngineCore:
         bitmask = self.constraints.fill(batch, live_matcher(self._states), inputs.bucket.num_seqs)
         handle = self.runner.dispatch_sample(handle, batch.with_bitmask(bitmask))
         mark = timings.add_phase("bitmask", mark)
-      current = _StepInFlight(batch, tuple(map(self._requests.__getitem__, batch.request_ids)),
-                              handle, (inputs.bucket.num_seqs, inputs.bucket.num_tokens), mark)
+      current = _StepInFlight(
+        batch,
+        tuple(map(self._requests.__getitem__, batch.request_ids)),
+        handle,
+        (inputs.bucket.num_seqs, inputs.bucket.num_tokens),
+        mark,
+      )
       if self.async_scheduling:
         self._in_flight = current
       else:
@@ -259,8 +288,9 @@ class EngineCore:
     if self.buckets is None:
       return None
     ready = self.programs.readiness()
-    return self.buckets.pick(batch.num_seqs, batch.num_tokens,
-                             ready.bursts if batch.num_steps > 1 else ready.steps)
+    return self.buckets.pick(
+      batch.num_seqs, batch.num_tokens, ready.bursts if batch.num_steps > 1 else ready.steps
+    )
 
   def _complete(self, step: _StepInFlight) -> list[RequestState]:
     """Waits for a dispatched step and applies its results."""
@@ -282,7 +312,8 @@ class EngineCore:
     has_prompt_logprobs = host.prompt_logprobs is not None
     batch, states = step.batch, self._states
     for i, (request_id, request, num_tokens, sample) in enumerate(
-        zip(batch.request_ids, step.requests, batch.query_lens, batch.sample)):
+      zip(batch.request_ids, step.requests, batch.query_lens, batch.sample)
+    ):
       state = states.get(request_id)
       if request.status.finished or state is None or state.request is not request:
         cursor += num_tokens  # stopped or aborted while this step ran: results dropped
@@ -316,38 +347,48 @@ class EngineCore:
         state.first_scheduled_time = now
       for token_id, logprob in zip(sampled_ids[i], logprobs[i]):
         status = state.append_token(
-            token_id, TokenLogprob(token_id, logprob, ()) if state.wants_logprobs else None)
+          token_id, TokenLogprob(token_id, logprob, ()) if state.wants_logprobs else None
+        )
         if status is not None:
           self._finish(state, status)
           break
       touched.append(state)
     return touched
 
-  def _sampled_logprob(self, state: RequestState, host: StepOutput, row: int,
-                       token_id: int) -> TokenLogprob | None:
+  def _sampled_logprob(
+    self, state: RequestState, host: StepOutput, row: int, token_id: int
+  ) -> TokenLogprob | None:
     num_top = state.request.sampling_params.logprobs
     if num_top is None:
       return None
     top = ()
     if num_top > 0 and host.top_ids is not None:
-      top = tuple((int(t), float(lp)) for t, lp in
-                  zip(host.top_ids[row, :num_top], host.top_logprobs[row, :num_top]))
+      top = tuple(
+        (int(t), float(lp))
+        for t, lp in zip(host.top_ids[row, :num_top], host.top_logprobs[row, :num_top])
+      )
     return TokenLogprob(token_id, float(host.logprobs[row]), top)
 
-  def _record_prompt_logprob(self, state: RequestState, host: StepOutput, position: int,
-                             token_index: int) -> None:
+  def _record_prompt_logprob(
+    self, state: RequestState, host: StepOutput, position: int, token_index: int
+  ) -> None:
     prompt = state.request.prompt_token_ids
     if position + 1 >= len(prompt) or state.prompt_logprobs[position + 1] is not None:
       return
     num_top = state.request.sampling_params.prompt_logprobs
-    top = tuple((int(t), float(lp)) for t, lp in
-                zip(host.prompt_top_ids[token_index, :num_top],
-                    host.prompt_top_logprobs[token_index, :num_top]))
+    top = tuple(
+      (int(t), float(lp))
+      for t, lp in zip(
+        host.prompt_top_ids[token_index, :num_top], host.prompt_top_logprobs[token_index, :num_top]
+      )
+    )
     state.record_prompt_logprob(
-        position, TokenLogprob(prompt[position + 1], float(host.prompt_logprobs[token_index]), top))
+      position, TokenLogprob(prompt[position + 1], float(host.prompt_logprobs[token_index]), top)
+    )
 
-  def _finish(self, state: RequestState, status: RequestStatus,
-              notify_scheduler: bool = True) -> None:
+  def _finish(
+    self, state: RequestState, status: RequestStatus, notify_scheduler: bool = True
+  ) -> None:
     if notify_scheduler:
       self.scheduler.finish_request(state.request.request_id, status)
     state.request.status = status
@@ -356,13 +397,15 @@ class EngineCore:
   # -- introspection -----------------------------------------------------------------------
   def stats(self) -> EngineStats:
     return EngineStats(
-        num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
-        num_used_pages=self.allocator.num_used_pages,
-        num_total_pages=self.allocator.num_usable_pages,
-        num_preemptions=self.scheduler.num_preemptions_total,
-        num_compilations=self.ledger.num_compilations,
-        num_programs_compiled=self.programs.readiness().num_compiled,
-        num_programs_total=self.programs.readiness().num_total)
+      num_running=self.scheduler.num_running,
+      num_waiting=self.scheduler.num_waiting,
+      num_used_pages=self.allocator.num_used_pages,
+      num_total_pages=self.allocator.num_usable_pages,
+      num_preemptions=self.scheduler.num_preemptions_total,
+      num_compilations=self.ledger.num_compilations,
+      num_programs_compiled=self.programs.readiness().num_compiled,
+      num_programs_total=self.programs.readiness().num_total,
+    )
 
   def close(self) -> None:
     """Stops the background compilation (after the program it is compiling) and releases the

@@ -5,6 +5,7 @@ process ships it in every step message (core/messages.py) and msgspec encodes a 
 field by field, so a field added here reaches the API server processes with no IPC change, as
 long as its type is one msgspec knows (numbers, strings, tuples, dicts, other dataclasses).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,4 +20,4 @@ class EngineStats:
   num_preemptions: int
   num_compilations: int
   num_programs_compiled: int = 0  # step programs compiled by warmup / the compile thread
-  num_programs_total: int = 0     # step programs planned (0: compiled on first use)
+  num_programs_total: int = 0  # step programs planned (0: compiled on first use)

@@ -7,6 +7,7 @@ offline API (LLM.generate: no IPC) and the benchmarks. `jaxserve serve` runs the
 pieces apart: the core under CoreLoop (core/loop.py, in the engine core process or on a thread)
 and the processor in each API server's client (core/client.py). Pure Python, no jax.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -32,17 +33,36 @@ __all__ = ["EngineStats", "LLMEngine", "StepTimings"]
 class LLMEngine:
   """Continuous-batching engine over one model, with text. Build it with jaxserve.assembly."""
 
-  def __init__(self, *, tokenizer: Tokenizer, runner: StepRunner, scheduler: Scheduler,
-               allocator: PageAllocator, max_model_len: int, vocab_size: int,
-               eos_token_ids: tuple[int, ...], ledger: CompileCounter, seed: int = 0,
-               model_name: str = "", warmup_seconds: float = 0.0,
-               buckets: BucketSet | None = None, programs: ProgramStatus | None = None):
-    self.core = EngineCore(runner=runner, scheduler=scheduler, allocator=allocator,
-                           max_model_len=max_model_len, vocab_size=vocab_size,
-                           eos_token_ids=eos_token_ids, ledger=ledger, seed=seed,
-                           buckets=buckets, programs=programs,
-                           constraints=Constraints(tokenizer, vocab_size,
-                                                   supported=runner.supports_async))
+  def __init__(
+    self,
+    *,
+    tokenizer: Tokenizer,
+    runner: StepRunner,
+    scheduler: Scheduler,
+    allocator: PageAllocator,
+    max_model_len: int,
+    vocab_size: int,
+    eos_token_ids: tuple[int, ...],
+    ledger: CompileCounter,
+    seed: int = 0,
+    model_name: str = "",
+    warmup_seconds: float = 0.0,
+    buckets: BucketSet | None = None,
+    programs: ProgramStatus | None = None,
+  ):
+    self.core = EngineCore(
+      runner=runner,
+      scheduler=scheduler,
+      allocator=allocator,
+      max_model_len=max_model_len,
+      vocab_size=vocab_size,
+      eos_token_ids=eos_token_ids,
+      ledger=ledger,
+      seed=seed,
+      buckets=buckets,
+      programs=programs,
+      constraints=Constraints(tokenizer, vocab_size, supported=runner.supports_async),
+    )
     self.constraints = self.core.constraints
     self.processor = OutputProcessor(tokenizer)
     self.tokenizer = tokenizer
@@ -89,9 +109,14 @@ class LLMEngine:
       raise ValueError("prompt: must not be empty")
     return check_token_ids(ids, self.vocab_size)
 
-  def add_request(self, prompt: str | list[int], params: SamplingParams,
-                  request_id: str | None = None, arrival_time: float | None = None,
-                  stream: bool = True) -> str:
+  def add_request(
+    self,
+    prompt: str | list[int],
+    params: SamplingParams,
+    request_id: str | None = None,
+    arrival_time: float | None = None,
+    stream: bool = True,
+  ) -> str:
     """Validates and queues a request (EngineCore.add_request is the admission point) and
     returns its id. With stream=False, step() reports the request only once it has finished."""
     if not isinstance(params, SamplingParams):

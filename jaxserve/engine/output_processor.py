@@ -10,6 +10,7 @@ AbortRequests(stopped=True) message).
 
 A request that neither streams nor has stop strings is detokenized once, when it finishes.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -21,7 +22,6 @@ from jaxserve.sampling_params import SamplingParams
 from jaxserve.tokenizer.detokenizer import IncrementalDetokenizer
 from jaxserve.tokenizer.tokenizer import Tokenizer
 
-
 # looked up once (an enum attribute lookup is slow, and these checks run for every output)
 _STOP = FinishReason.STOP
 _FLUSHES_TEXT = (FinishReason.STOP, FinishReason.LENGTH)  # the core's ends that flush the text
@@ -30,6 +30,7 @@ _FLUSHES_TEXT = (FinishReason.STOP, FinishReason.LENGTH)  # the core's ends that
 @dataclass(eq=False)
 class _Tracked:
   """One request's text side."""
+
   request_id: str
   prompt_token_ids: tuple[int, ...]
   params: SamplingParams
@@ -62,8 +63,8 @@ class _Tracked:
         delta = self.detokenizer.add_tokens((token_id,))
         new_text.append(delta.text)
         if delta.stop_string is not None:
-          ids = ids[:j + 1]
-          new_logprobs = new_logprobs[:j + 1] if new_logprobs is not None else None
+          ids = ids[: j + 1]
+          new_logprobs = new_logprobs[: j + 1] if new_logprobs is not None else None
           stopped_here = finish_reason is None
           finish_reason, stop_reason = _STOP, delta.stop_string
           break
@@ -73,8 +74,11 @@ class _Tracked:
     if finish_reason in _FLUSHES_TEXT and not isinstance(stop_reason, str):
       if self.deferred_text:
         ended_by_token = finish_reason == _STOP
-        new_text.append(self.detokenizer.add_tokens(
-            self.token_ids[:-1] if ended_by_token else self.token_ids).text)
+        new_text.append(
+          self.detokenizer.add_tokens(
+            self.token_ids[:-1] if ended_by_token else self.token_ids
+          ).text
+        )
       new_text.append(self.detokenizer.flush())
       if self.detokenizer.stop_string is not None:  # completed by the text flushed at the end
         finish_reason, stop_reason = _STOP, self.detokenizer.stop_string
@@ -83,16 +87,28 @@ class _Tracked:
       return None, stopped_here
     want_logprobs = self.logprobs is not None
     output = RequestOutput(
-        request_id=self.request_id, prompt_token_ids=self.prompt_token_ids,
-        token_ids=tuple(self.token_ids), text=self.detokenizer.output_text,
-        new_token_ids=tuple(ids), new_text="".join(new_text), finished=finished,
-        finish_reason=finish_reason, stop_reason=stop_reason,
-        logprobs=tuple(self.logprobs) if want_logprobs else None,
-        new_logprobs=tuple(new_logprobs or ()) if want_logprobs else None,
-        prompt_logprobs=self.prompt_logprobs,
-        metrics=RequestMetrics(self.arrival_time, out.first_scheduled_time, out.first_token_time,
-                               out.last_token_time, out.finished_time, out.num_preemptions),
-        error=out.error)
+      request_id=self.request_id,
+      prompt_token_ids=self.prompt_token_ids,
+      token_ids=tuple(self.token_ids),
+      text=self.detokenizer.output_text,
+      new_token_ids=tuple(ids),
+      new_text="".join(new_text),
+      finished=finished,
+      finish_reason=finish_reason,
+      stop_reason=stop_reason,
+      logprobs=tuple(self.logprobs) if want_logprobs else None,
+      new_logprobs=tuple(new_logprobs or ()) if want_logprobs else None,
+      prompt_logprobs=self.prompt_logprobs,
+      metrics=RequestMetrics(
+        self.arrival_time,
+        out.first_scheduled_time,
+        out.first_token_time,
+        out.last_token_time,
+        out.finished_time,
+        out.num_preemptions,
+      ),
+      error=out.error,
+    )
     return output, stopped_here
 
 
@@ -103,15 +119,26 @@ class OutputProcessor:
     self.tokenizer = tokenizer
     self._requests: dict[str, _Tracked] = {}
 
-  def add_request(self, request_id: str, prompt_token_ids: Iterable[int], params: SamplingParams,
-                  arrival_time: float, stream: bool = True) -> None:
+  def add_request(
+    self,
+    request_id: str,
+    prompt_token_ids: Iterable[int],
+    params: SamplingParams,
+    arrival_time: float,
+    stream: bool = True,
+  ) -> None:
     prompt = tuple(prompt_token_ids)
     detokenizer = IncrementalDetokenizer(
-        self.tokenizer, prompt, skip_special_tokens=params.skip_special_tokens, stop=params.stop,
-        include_stop_str_in_output=params.include_stop_str_in_output,
-        min_tokens=params.min_tokens)
-    self._requests[request_id] = _Tracked(request_id, prompt, params, stream, arrival_time,
-                                          detokenizer)
+      self.tokenizer,
+      prompt,
+      skip_special_tokens=params.skip_special_tokens,
+      stop=params.stop,
+      include_stop_str_in_output=params.include_stop_str_in_output,
+      min_tokens=params.min_tokens,
+    )
+    self._requests[request_id] = _Tracked(
+      request_id, prompt, params, stream, arrival_time, detokenizer
+    )
 
   def remove(self, request_id: str) -> None:
     """Forgets a request (its add failed in the core, or nobody listens any more)."""
@@ -121,8 +148,7 @@ class OutputProcessor:
   def num_requests(self) -> int:
     return len(self._requests)
 
-  def process(self, outputs: Iterable[EngineCoreOutput]
-              ) -> tuple[list[RequestOutput], list[str]]:
+  def process(self, outputs: Iterable[EngineCoreOutput]) -> tuple[list[RequestOutput], list[str]]:
     """The RequestOutputs of a step, and the ids of the requests a stop string ended, which the
     core still runs. Outputs of requests it does not know (finished here already) are
     dropped."""

@@ -20,6 +20,7 @@ so shared pages are never written and no copy-on-write is needed. When two seque
 the same page independently, the first registered page serves the hash; the other is a plain
 page that is freed normally.
 """
+
 from __future__ import annotations
 
 import collections
@@ -41,8 +42,9 @@ class PageAllocator:
 
   def __init__(self, num_pages: int, page_size: int, enable_prefix_caching: bool = False) -> None:
     if not isinstance(num_pages, int) or num_pages < 2:
-      raise ValueError(f"num_pages: must be an integer >= 2 (page 0 is the null page), "
-                       f"got {num_pages!r}")
+      raise ValueError(
+        f"num_pages: must be an integer >= 2 (page 0 is the null page), got {num_pages!r}"
+      )
     if not isinstance(page_size, int) or page_size < 1:
       raise ValueError(f"page_size: must be a positive integer, got {page_size!r}")
     self.num_pages = num_pages
@@ -52,7 +54,7 @@ class PageAllocator:
     self._free: collections.deque[int] = collections.deque(range(1, num_pages))
     self._evictable: collections.OrderedDict[int, None] = collections.OrderedDict()
     self._page_hash: dict[int, bytes] = {}  # content hash of each registered full page
-    self._cached: dict[bytes, int] = {}     # hash -> the page that serves it
+    self._cached: dict[bytes, int] = {}  # hash -> the page that serves it
 
   @property
   def num_usable_pages(self) -> int:
@@ -80,8 +82,9 @@ class PageAllocator:
     if not isinstance(num_pages, int) or num_pages < 0:
       raise ValueError(f"num_pages: must be a non-negative integer, got {num_pages!r}")
     if num_pages > self.num_free_pages:
-      raise RuntimeError(f"allocate: {num_pages} pages requested but only "
-                         f"{self.num_free_pages} are free")
+      raise RuntimeError(
+        f"allocate: {num_pages} pages requested but only {self.num_free_pages} are free"
+      )
     return [self._take_free_page() for _ in range(num_pages)]
 
   def free(self, page_ids: Iterable[int]) -> None:
@@ -95,8 +98,10 @@ class PageAllocator:
       if not (isinstance(page_id, int) and NULL_PAGE < page_id < self.num_pages):
         self._check_page_id(page_id)
       if self._refcounts[page_id] < count:
-        raise ValueError(f"page_ids: page {page_id} freed {count} time(s) but holds "
-                         f"{self._refcounts[page_id]} reference(s)")
+        raise ValueError(
+          f"page_ids: page {page_id} freed {count} time(s) but holds "
+          f"{self._refcounts[page_id]} reference(s)"
+        )
     for page_id in page_ids:
       self._refcounts[page_id] -= 1
       if self._refcounts[page_id] == 0:
@@ -175,9 +180,11 @@ class PageAllocator:
       counts = collections.Counter(p for table in owners for p in table)
       _expect(NULL_PAGE not in counts, "a block table holds the null page")
       for page_id in range(1, self.num_pages):
-        _expect(counts.get(page_id, 0) == self._refcounts[page_id],
-                f"page {page_id}: {counts.get(page_id, 0)} owners but "
-                f"{self._refcounts[page_id]} references")
+        _expect(
+          counts.get(page_id, 0) == self._refcounts[page_id],
+          f"page {page_id}: {counts.get(page_id, 0)} owners but "
+          f"{self._refcounts[page_id]} references",
+        )
 
   def _take_free_page(self) -> int:
     if self._free:
@@ -205,7 +212,7 @@ class PageAllocator:
     return page_hash is not None and self._cached.get(page_hash) == page_id
 
   def _page_tokens(self, token_ids: Sequence[int], index: int) -> Sequence[int]:
-    return token_ids[index * self.page_size:(index + 1) * self.page_size]
+    return token_ids[index * self.page_size : (index + 1) * self.page_size]
 
   def _check_page_id(self, page_id: int) -> None:
     if not isinstance(page_id, int) or not 1 <= page_id < self.num_pages:

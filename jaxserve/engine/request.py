@@ -1,4 +1,5 @@
 """A request's life on the host: its tokens, pages and status. Pure Python, no jax."""
+
 from __future__ import annotations
 
 import enum
@@ -12,6 +13,7 @@ from jaxserve.sampling_params import SamplingParams
 
 class RequestStatus(enum.Enum):
   """Where a request is; a finished status's value is the FinishReason its output reports."""
+
   WAITING = "waiting"
   RUNNING = "running"
   FINISHED_STOPPED = FinishReason.STOP
@@ -38,6 +40,7 @@ class Request:
   host has not seen yet (the engine runs one step ahead with async scheduling, and a decode
   burst samples several); the next step feeds the last of them straight from the device.
   """
+
   request_id: str
   prompt_token_ids: list[int]
   sampling_params: SamplingParams
@@ -72,8 +75,9 @@ class Request:
   def append_sampled(self, token_id: int) -> None:
     """Replaces the oldest output placeholder by the token the device sampled for it."""
     if self.num_output_placeholders < 1:
-      raise ValueError(f"request {self.request_id!r}: a sampled token arrived with no "
-                       f"placeholder for it")
+      raise ValueError(
+        f"request {self.request_id!r}: a sampled token arrived with no placeholder for it"
+      )
     self.num_output_placeholders -= 1
     self.output_token_ids.append(token_id)
 
@@ -94,18 +98,25 @@ class Request:
     """The request's sampling row (messages/sampling_row.py), built once: the step inputs need
     it every step and it never changes; a batch joins its rows as bytes."""
     p = self.sampling_params
-    return sampling_row(temperature=p.temperature, top_p=p.top_p, min_p=p.min_p,
-                        repetition_penalty=p.repetition_penalty,
-                        presence_penalty=p.presence_penalty,
-                        frequency_penalty=p.frequency_penalty, top_k=p.top_k, seed=self.seed)
+    return sampling_row(
+      temperature=p.temperature,
+      top_p=p.top_p,
+      min_p=p.min_p,
+      repetition_penalty=p.repetition_penalty,
+      presence_penalty=p.presence_penalty,
+      frequency_penalty=p.frequency_penalty,
+      top_k=p.top_k,
+      seed=self.seed,
+    )
 
   @functools.cached_property
   def plain_sampling(self) -> bool:
     """Whether the sampling row is all the step inputs need: no min_tokens, penalties, logprobs
     or prompt logprobs."""
     p = self.sampling_params
-    return not (p.min_tokens or p.uses_penalties or p.logprobs is not None
-                or p.prompt_logprobs is not None)
+    return not (
+      p.min_tokens or p.uses_penalties or p.logprobs is not None or p.prompt_logprobs is not None
+    )
 
   @functools.cached_property
   def constrained(self) -> bool:
@@ -118,5 +129,9 @@ class Request:
     mask, which the host computes from each sampled token) or that a burst does not return
     (top-N logprobs)."""
     p = self.sampling_params
-    return not (p.uses_penalties or (p.logprobs or 0) > 0 or self.constrained
-                or self.num_generated < p.min_tokens)
+    return not (
+      p.uses_penalties
+      or (p.logprobs or 0) > 0
+      or self.constrained
+      or self.num_generated < p.min_tokens
+    )

@@ -11,6 +11,7 @@ a complete grammar lets only eos through the next mask, so the request ends with
 eos (ignore_eos too), whose text, like any stop token's, is dropped; max_tokens still ends it
 with "length".
 """
+
 from __future__ import annotations
 
 import time
@@ -26,7 +27,7 @@ from jaxserve.structured import GrammarState, SequenceMatcher
 class RequestState:
   request: Request
   max_model_len: int
-  stream: bool = True   # False: report the request only when it finishes
+  stream: bool = True  # False: report the request only when it finishes
   prompt_logprobs: list[TokenLogprob | None] | None = None
   first_scheduled_time: float | None = None
   first_token_time: float | None = None
@@ -44,8 +45,9 @@ class RequestState:
     if params.prompt_logprobs is not None:
       self.prompt_logprobs = [None] * self.request.num_prompt_tokens
     # every token that can stop the request (eos unless ignored, stop_token_ids): one lookup
-    self._stop_token_ids = (frozenset(() if params.ignore_eos else self.request.eos_token_ids)
-                            | frozenset(params.stop_token_ids))
+    self._stop_token_ids = frozenset(
+      () if params.ignore_eos else self.request.eos_token_ids
+    ) | frozenset(params.stop_token_ids)
     self.wants_logprobs = params.logprobs is not None
 
   def record_prompt_logprob(self, position: int, entry: TokenLogprob) -> None:
@@ -91,14 +93,25 @@ class RequestState:
     request = self.request
     finished = request.status.finished
     prompt_logprobs = None
-    if self.prompt_logprobs is not None and not self._prompt_logprobs_sent and (
-        self._new_token_ids or finished):
+    if (
+      self.prompt_logprobs is not None
+      and not self._prompt_logprobs_sent
+      and (self._new_token_ids or finished)
+    ):
       prompt_logprobs, self._prompt_logprobs_sent = self.prompt_logprobs, True
     output = EngineCoreOutput(
-        request.request_id, self._new_token_ids,
-        self._new_logprobs if self.wants_logprobs else None,
-        request.status.value if finished else None, self.stop_reason, prompt_logprobs,
-        self.first_scheduled_time, self.first_token_time, self.last_token_time,
-        self.finished_time, request.num_preemptions, self.error)
+      request.request_id,
+      self._new_token_ids,
+      self._new_logprobs if self.wants_logprobs else None,
+      request.status.value if finished else None,
+      self.stop_reason,
+      prompt_logprobs,
+      self.first_scheduled_time,
+      self.first_token_time,
+      self.last_token_time,
+      self.finished_time,
+      request.num_preemptions,
+      self.error,
+    )
     self._new_token_ids, self._new_logprobs = [], []
     return output

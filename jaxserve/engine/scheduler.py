@@ -59,16 +59,17 @@ again. A request that turns out to have stopped at step N has then computed one 
 nothing; the engine discards it. Batch order: decodes (one-token queries that sample) first, then
 prefill chunks, each group in scheduling order.
 """
+
 from __future__ import annotations
 
 import collections
 
 from ..config import SchedulerConfig  # relative imports: this side never touches jax
+from ..messages.scheduled_batch import ScheduledBatch
 from .admission import check_length
 from .batch_builder import BatchBuilder
 from .page_allocator import PageAllocator
 from .request import Request, RequestStatus
-from ..messages.scheduled_batch import ScheduledBatch
 
 _Planned = tuple[Request, int, int]  # (request, start position, tokens scheduled)
 
@@ -76,13 +77,14 @@ _Planned = tuple[Request, int, int]  # (request, start position, tokens schedule
 class Scheduler:
   """Owns the waiting and running queues; see the module docstring."""
 
-  def __init__(self, config: SchedulerConfig, allocator: PageAllocator,
-               max_model_len: int) -> None:
+  def __init__(self, config: SchedulerConfig, allocator: PageAllocator, max_model_len: int) -> None:
     if not isinstance(max_model_len, int) or max_model_len < 1:
       raise ValueError(f"max_model_len: must be a positive integer, got {max_model_len!r}")
     if config.enable_prefix_caching and not allocator.enable_prefix_caching:
-      raise ValueError("scheduler.enable_prefix_caching: set, but the page allocator was built "
-                       "without prefix caching")
+      raise ValueError(
+        "scheduler.enable_prefix_caching: set, but the page allocator was built "
+        "without prefix caching"
+      )
     self.config = config
     self.allocator = allocator
     self.max_model_len = max_model_len
@@ -149,7 +151,8 @@ class Scheduler:
     if self._prefix_caching:
       self._register_computed_pages()
     if self.config.num_scheduler_steps > 1 and (
-        not self._waiting or len(self._running) >= self.config.max_num_seqs):
+      not self._waiting or len(self._running) >= self.config.max_num_seqs
+    ):
       burst = self._schedule_burst(self.config.num_scheduler_steps)
       if burst is not None:
         return burst
@@ -182,17 +185,25 @@ class Scheduler:
     total = request.max_total_tokens
     num_pages = -(-total // self.page_size)
     if num_pages > self.allocator.num_usable_pages:
-      raise ValueError(f"max_tokens: prompt + max_tokens ({total} tokens) needs {num_pages} "
-                       f"KV cache pages but the pool has {self.allocator.num_usable_pages}")
+      raise ValueError(
+        f"max_tokens: prompt + max_tokens ({total} tokens) needs {num_pages} "
+        f"KV cache pages but the pool has {self.allocator.num_usable_pages}"
+      )
     budget = self.config.max_num_batched_tokens
     if not self.config.enable_chunked_prefill and num_prompt > budget:
-      raise ValueError(f"prompt: {num_prompt} tokens exceed scheduler.max_num_batched_tokens "
-                       f"({budget}) with chunked prefill disabled")
+      raise ValueError(
+        f"prompt: {num_prompt} tokens exceed scheduler.max_num_batched_tokens "
+        f"({budget}) with chunked prefill disabled"
+      )
 
-  def _schedule_running(self, planned: list[_Planned], preempted_ids: list[str],
-                        prefills_only: bool = False) -> int:
-    budget, max_num_seqs, page_size = (self.config.max_num_batched_tokens,
-                                       self.config.max_num_seqs, self.page_size)
+  def _schedule_running(
+    self, planned: list[_Planned], preempted_ids: list[str], prefills_only: bool = False
+  ) -> int:
+    budget, max_num_seqs, page_size = (
+      self.config.max_num_batched_tokens,
+      self.config.max_num_seqs,
+      self.page_size,
+    )
     index = 0
     while index < len(self._running) and budget > 0 and len(planned) < max_num_seqs:
       request = self._running[index]
@@ -224,18 +235,24 @@ class Scheduler:
     its later steps' K/V to the null page (or, past the block table, nowhere) and the engine
     drops what they sample, as it drops samples after a stop."""
     bursting = [r for r in self._running if r.num_tokens_with_placeholders < r.max_total_tokens]
-    if not bursting or len(bursting) > min(self.config.max_num_seqs,
-                                           self.config.max_num_batched_tokens):
+    if not bursting or len(bursting) > min(
+      self.config.max_num_seqs, self.config.max_num_batched_tokens
+    ):
       return None
     if max(r.max_total_tokens - r.num_tokens_with_placeholders for r in bursting) < num_steps:
       return None  # every request ends within the burst: single steps compute no extra step
     for request in bursting:
-      if (request.num_tokens_with_placeholders - request.num_computed_tokens != 1
-          or not request.can_burst()):
+      if (
+        request.num_tokens_with_placeholders - request.num_computed_tokens != 1
+        or not request.can_burst()
+      ):
         return None
-    num_needed = [self._num_new_pages(request, min(num_steps, request.max_total_tokens
-                                                   - request.num_tokens_with_placeholders))
-                  for request in bursting]
+    num_needed = [
+      self._num_new_pages(
+        request, min(num_steps, request.max_total_tokens - request.num_tokens_with_placeholders)
+      )
+      for request in bursting
+    ]
     if not self.allocator.can_allocate(sum(num_needed)):
       return None
     decodes = []
@@ -249,8 +266,7 @@ class Scheduler:
     builder.add_decodes(decodes)
     return builder.build([], num_steps)
 
-  def _allocate_or_preempt(self, request: Request, num_new: int,
-                           preempted_ids: list[str]) -> bool:
+  def _allocate_or_preempt(self, request: Request, num_new: int, preempted_ids: list[str]) -> bool:
     num_needed = self._num_new_pages(request, num_new)
     if num_needed == 0:  # most decode steps stay inside the last page
       return True
@@ -276,8 +292,12 @@ class Scheduler:
     if not self._waiting:
       return
     reserve = sum(self._needs_page_next_step(r, start + n) for r, start, n in planned)
-    while (self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs
-           and len(planned) < self.config.max_num_seqs):
+    while (
+      self._waiting
+      and budget > 0
+      and len(self._running) < self.config.max_num_seqs
+      and len(planned) < self.config.max_num_seqs
+    ):
       request = self._waiting[0]
       if request.num_output_placeholders:  # preempted with a token in flight: wait for it
         break
@@ -342,13 +362,15 @@ class Scheduler:
         self._register_pages(request)
 
   def _register_pages(self, request: Request) -> None:
-    num_written = min(request.num_computed_tokens, request.num_tokens,
-                      len(request.page_ids) * self.page_size)  # a burst may run past its pages
+    num_written = min(
+      request.num_computed_tokens, request.num_tokens, len(request.page_ids) * self.page_size
+    )  # a burst may run past its pages
     num_full = num_written // self.page_size
     if num_full <= self._num_registered_pages.get(request.request_id, 0):
       return
-    self.allocator.register_full_pages(request.all_token_ids[:num_full * self.page_size],
-                                       request.page_ids[:num_full])
+    self.allocator.register_full_pages(
+      request.all_token_ids[: num_full * self.page_size], request.page_ids[:num_full]
+    )
     self._num_registered_pages[request.request_id] = num_full
 
   def _release_pages(self, request: Request) -> None:
@@ -359,8 +381,10 @@ class Scheduler:
   def _remove(self, request: Request, status: RequestStatus) -> None:
     if request.status is RequestStatus.RUNNING:
       self._running.remove(request)
-      if self._prefix_caching and status in (RequestStatus.FINISHED_STOPPED,
-                                             RequestStatus.FINISHED_LENGTH):
+      if self._prefix_caching and status in (
+        RequestStatus.FINISHED_STOPPED,
+        RequestStatus.FINISHED_LENGTH,
+      ):
         self._register_pages(request)
     else:
       self._waiting.remove(request)

@@ -9,6 +9,7 @@ The default ladders are geometric from the config's limits: each rung at most 1 
 bucket_padding) times the one below (bucket_padding 0.5: powers of two), so a batch one past a
 rung is padded by at most a bucket_padding share of its bucket; `padding_waste` states it.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -24,6 +25,7 @@ MIN_TOKEN_BUCKET = MIN_SEQ_BUCKET
 
 class BucketLimits(Protocol):
   """What the ladders are derived from (config.SchedulerConfig)."""
+
   max_num_seqs: int
   max_num_batched_tokens: int
   seq_buckets: tuple[int, ...] | None
@@ -51,21 +53,22 @@ def geometric_ladder(start: int, limit: int, padding: float) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class BucketSet:
   """Sequence-count and token-count ladders; a bucket is any pair with num_tokens >= num_seqs."""
+
   seq_buckets: tuple[int, ...]
   token_buckets: tuple[int, ...]
 
   @classmethod
   def from_config(cls, config: BucketLimits) -> "BucketSet":
     padding = config.bucket_padding
-    seq = config.seq_buckets or geometric_ladder(min(MIN_SEQ_BUCKET, config.max_num_seqs),
-                                                 config.max_num_seqs, padding)
+    seq = config.seq_buckets or geometric_ladder(
+      min(MIN_SEQ_BUCKET, config.max_num_seqs), config.max_num_seqs, padding
+    )
     tokens = config.token_buckets or geometric_ladder(
-        min(MIN_TOKEN_BUCKET, config.max_num_batched_tokens), config.max_num_batched_tokens,
-        padding)
+      min(MIN_TOKEN_BUCKET, config.max_num_batched_tokens), config.max_num_batched_tokens, padding
+    )
     return cls(tuple(seq), tuple(tokens))
 
-  def pick(self, num_seqs: int, num_tokens: int,
-           ready: Collection[Bucket] | None = None) -> Bucket:
+  def pick(self, num_seqs: int, num_tokens: int, ready: Collection[Bucket] | None = None) -> Bucket:
     """The smallest bucket holding num_seqs sequences and num_tokens tokens; with `ready`, the
     smallest of those (fewest tokens, then fewest sequences: a step's cost follows its tokens)."""
     seqs = self._ceil(self.seq_buckets, num_seqs, "num_seqs")
@@ -97,9 +100,11 @@ class BucketSet:
     return ladder[index]
 
   def describe(self) -> str:
-    return (f"seqs {list(self.seq_buckets)} x tokens {list(self.token_buckets)} "
-            f"({len(self.all())} buckets; {padding_waste(self.seq_buckets):.0%} / "
-            f"{padding_waste(self.token_buckets):.0%} padding at most)")
+    return (
+      f"seqs {list(self.seq_buckets)} x tokens {list(self.token_buckets)} "
+      f"({len(self.all())} buckets; {padding_waste(self.seq_buckets):.0%} / "
+      f"{padding_waste(self.token_buckets):.0%} padding at most)"
+    )
 
 
 def padding_waste(ladder: tuple[int, ...]) -> float:

@@ -5,6 +5,7 @@ programs are all compiled; the host (engine/engine_core.py) reads the latest one
 each batch to the smallest ready bucket that holds it (BucketSet.pick). Plain data, no jax: it
 crosses a process boundary as it is.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,10 +18,11 @@ class ProgramReadiness:
   """steps: the buckets whose single-step programs (the forward, the sampler in every mode,
   prompt logprobs) are compiled; bursts: the buckets whose decode-burst programs are. None: any
   bucket (compiled, or compiled on first use)."""
+
   steps: frozenset[Bucket] | None = None
   bursts: frozenset[Bucket] | None = None
-  num_compiled: int = 0   # step programs compiled so far
-  num_total: int = 0      # step programs planned (0: not tracked, e.g. lazy compilation)
+  num_compiled: int = 0  # step programs compiled so far
+  num_total: int = 0  # step programs planned (0: not tracked, e.g. lazy compilation)
 
   @property
   def complete(self) -> bool:

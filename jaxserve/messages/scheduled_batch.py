@@ -18,6 +18,7 @@ not known when the batch is scheduled: the engine dispatches the forward, fills 
 host while the device runs it, and sends it as a `TokenBitmask` for the sampler
 (`ScheduledBatch.with_bitmask`), the device side's only input that arrives after the batch.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,18 +31,18 @@ import numpy as np
 
 from jaxserve.messages.sampling_row import GREEDY_ROW
 
-
 PLACEHOLDER_TOKEN_ID = -1  # a token sampled by the step in flight, fed from the device
 
 
 @dataclass(frozen=True)
 class SamplingExtras:
   """What one sequence's sampling needs beyond its row (absent for plain sampling)."""
-  row: int                                    # the sequence's index in the batch
-  banned_ids: tuple[int, ...] = ()            # masked while min_tokens is not reached
+
+  row: int  # the sequence's index in the batch
+  banned_ids: tuple[int, ...] = ()  # masked while min_tokens is not reached
   penalty_prompt_ids: tuple[int, ...] | None = None  # penalty history; None: no penalties
   penalty_output_ids: tuple[int, ...] | None = None
-  top_logprobs: bool = False                  # the request asked for top-N logprobs
+  top_logprobs: bool = False  # the request asked for top-N logprobs
   prompt_targets: tuple[int, ...] | None = None  # per fed token: next prompt id, -1 where none
 
 
@@ -50,6 +51,7 @@ class TokenBitmask:
   """The allowed tokens of each sequence slot for one step's sampler: token t of row s may be
   sampled iff bit t % 32 of words[s, t // 32] is set. Rows cover the step's bucket (at least the
   batch's sequences); a row of all ones (-1) is unconstrained (padding, unconstrained requests)."""
+
   words: np.ndarray  # int32[num_rows, ceil(vocab / 32)]
 
 
@@ -62,6 +64,7 @@ class BatchSampling:
   more, by row; bitmask_rows: the sampling rows constrained by a grammar (their sampler waits for
   a TokenBitmask), bitmask: that mask once filled.
   """
+
   rows: bytes
   sample_index: tuple[int, ...]
   extras: tuple[SamplingExtras, ...] = ()
@@ -84,6 +87,7 @@ class ScheduledSeq:
   feeds the last known token, so a new token is sampled for the sequence; a prefill chunk that
   stops short of the end of the prompt does not sample.
   """
+
   request_id: str
   token_ids: tuple[int, ...]
   start_position: int
@@ -112,6 +116,7 @@ class ScheduledBatch:
   sampling columns are not compared). The defaults make an empty batch; `of` builds one from
   per-sequence views.
   """
+
   request_ids: tuple[str, ...] = ()
   start_positions: tuple[int, ...] = ()
   query_lens: tuple[int, ...] = ()
@@ -124,16 +129,26 @@ class ScheduledBatch:
   sampling: BatchSampling = field(default=BatchSampling(b"", ()), compare=False)
 
   @classmethod
-  def of(cls, seqs: Sequence[ScheduledSeq], preempted_request_ids: Sequence[str] = (),
-         num_steps: int = 1, sampling: BatchSampling | None = None) -> ScheduledBatch:
+  def of(
+    cls,
+    seqs: Sequence[ScheduledSeq],
+    preempted_request_ids: Sequence[str] = (),
+    num_steps: int = 1,
+    sampling: BatchSampling | None = None,
+  ) -> ScheduledBatch:
     """The batch of `seqs` (greedy sampling unless `sampling` says otherwise)."""
     return cls(
-        tuple(s.request_id for s in seqs), tuple(s.start_position for s in seqs),
-        tuple(len(s.token_ids) for s in seqs), tuple(s.sample for s in seqs),
-        tuple(len(s.page_ids) for s in seqs),
-        tuple(itertools.chain.from_iterable(s.token_ids for s in seqs)),
-        tuple(itertools.chain.from_iterable(s.page_ids for s in seqs)),
-        tuple(preempted_request_ids), num_steps, sampling or BatchSampling.greedy(len(seqs)))
+      tuple(s.request_id for s in seqs),
+      tuple(s.start_position for s in seqs),
+      tuple(len(s.token_ids) for s in seqs),
+      tuple(s.sample for s in seqs),
+      tuple(len(s.page_ids) for s in seqs),
+      tuple(itertools.chain.from_iterable(s.token_ids for s in seqs)),
+      tuple(itertools.chain.from_iterable(s.page_ids for s in seqs)),
+      tuple(preempted_request_ids),
+      num_steps,
+      sampling or BatchSampling.greedy(len(seqs)),
+    )
 
   def with_bitmask(self, bitmask: TokenBitmask) -> ScheduledBatch:
     """This batch with its constrained rows' mask (the columns are shared, not copied)."""
@@ -146,9 +161,15 @@ class ScheduledBatch:
     page_ends = itertools.accumulate(self.page_counts)
     seqs, token_start, page_start = [], 0, 0
     for i, (token_end, page_end) in enumerate(zip(token_ends, page_ends)):
-      seqs.append(ScheduledSeq(self.request_ids[i], self.token_ids[token_start:token_end],
-                               self.start_positions[i], self.page_ids[page_start:page_end],
-                               self.sample[i]))
+      seqs.append(
+        ScheduledSeq(
+          self.request_ids[i],
+          self.token_ids[token_start:token_end],
+          self.start_positions[i],
+          self.page_ids[page_start:page_end],
+          self.sample[i],
+        )
+      )
       token_start, page_start = token_end, page_end
     return tuple(seqs)
 
@@ -165,5 +186,7 @@ class ScheduledBatch:
     return not self.request_ids
 
   def __repr__(self) -> str:
-    return (f"ScheduledBatch(seqs={self.seqs!r}, "
-            f"preempted_request_ids={self.preempted_request_ids!r}, num_steps={self.num_steps})")
+    return (
+      f"ScheduledBatch(seqs={self.seqs!r}, "
+      f"preempted_request_ids={self.preempted_request_ids!r}, num_steps={self.num_steps})"
+    )

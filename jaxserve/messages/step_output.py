@@ -3,6 +3,7 @@
 Plain numpy arrays on the host (no jax), so, like ScheduledBatch, it can cross a process
 boundary as it is. The optional parts are None when no request of the step asked for them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,10 +15,11 @@ import numpy as np
 class StepOutput:
   """A step's results on the host, rows in the ScheduledBatch's sequence order. A decode
   burst's token_ids and logprobs are [num_steps, S]."""
-  token_ids: np.ndarray                    # i32[S] ([num_steps, S] for a burst)
-  logprobs: np.ndarray                     # f32[S] ([num_steps, S] for a burst)
-  top_ids: np.ndarray | None               # i32[S, N]
-  top_logprobs: np.ndarray | None          # f32[S, N]
-  prompt_logprobs: np.ndarray | None       # f32[T]
-  prompt_top_ids: np.ndarray | None        # i32[T, N]
-  prompt_top_logprobs: np.ndarray | None   # f32[T, N]
+
+  token_ids: np.ndarray  # i32[S] ([num_steps, S] for a burst)
+  logprobs: np.ndarray  # f32[S] ([num_steps, S] for a burst)
+  top_ids: np.ndarray | None  # i32[S, N]
+  top_logprobs: np.ndarray | None  # f32[S, N]
+  prompt_logprobs: np.ndarray | None  # f32[T]
+  prompt_top_ids: np.ndarray | None  # i32[T, N]
+  prompt_top_logprobs: np.ndarray | None  # f32[T, N]

@@ -5,6 +5,7 @@ not) and the tokenizer of a model name (registry.load_model_tokenizer) ask here.
 `tiny-random` (models/tiny_random.py) is a small Llama with deterministic random weights whose
 vocabulary is the byte-level tokenizer's (tokenizer/byte_tokenizer.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,9 +25,11 @@ class BuiltinModel:
   tokenizer: Callable[[], Tokenizer]
 
 
-BUILTIN_MODELS: Mapping[str, BuiltinModel] = MappingProxyType({
+BUILTIN_MODELS: Mapping[str, BuiltinModel] = MappingProxyType(
+  {
     TINY_RANDOM_NAME: BuiltinModel(tiny_random_config, tiny_random_params, byte_level_tokenizer),
-})
+  }
+)
 
 
 def is_builtin(model: str) -> bool:

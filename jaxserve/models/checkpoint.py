@@ -6,6 +6,7 @@ returns once the checkpoint is committed. `restore_params` needs the abstract tr
 where leaves carry a sharding, where each array lands. A restore logs its GB and GB/s (waiting for
 the arrays, so the rate is the real one).
 """
+
 from __future__ import annotations
 
 import logging

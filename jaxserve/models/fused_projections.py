@@ -12,6 +12,7 @@ XLA re-concatenating the weights inside every step (its dot merger does that for
 one wider GEMM for gate/up. Sharded models keep the separate projections: each device's shard of
 a merged kernel would not hold matching q, k and v columns.
 """
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -51,8 +52,7 @@ def merged_leaves(paths: Iterable[ParamPath]) -> list[tuple[ParamPath, tuple[Par
 def _merge(module: dict, names: tuple[str, ...], merged: str) -> None:
   """Replaces module[names...] by module[merged], concatenated along the output axis."""
   parts = [module.pop(name) for name in names]
-  module[merged] = {leaf: jnp.concatenate([p[leaf] for p in parts], axis=-1)
-                    for leaf in parts[0]}
+  module[merged] = {leaf: jnp.concatenate([p[leaf] for p in parts], axis=-1) for leaf in parts[0]}
 
 
 def fuse_params(params: dict) -> dict:

@@ -20,6 +20,7 @@ merge GEMMs that share an operand (the q/k/v projections of one input, the group
 projection) into one wider GEMM, or fold a following addition into the GEMM's epilogue, and the
 merged shapes differ between the unsharded and the sharded program.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ class DenseBackend:
   """column(x [T, K], kernel [K, N]) -> [T, N] and row(x [T, K], kernel [K, N]) -> [T, N], both
   in the kernel's dtype; logits(x [S, H], weight, vocab_major) -> float32 [S, V], weight
   [H, V] or, vocab_major (a tied embedding), [V, H] (None: one jnp.dot, float32 out)."""
+
   name: str
   column: DenseFn
   row: DenseFn
@@ -59,31 +61,36 @@ def _dot(x: jax.Array, kernel: jax.Array, out_dtype: jnp.dtype) -> jax.Array:
   return jnp.dot(x, kernel, preferred_element_type=out_dtype)
 
 
-def _gemm(x: jax.Array, kernel: jax.Array, out_dtype: jnp.dtype,
-          matmul: MatmulFn | None = None) -> jax.Array:
+def _gemm(
+  x: jax.Array, kernel: jax.Array, out_dtype: jnp.dtype, matmul: MatmulFn | None = None
+) -> jax.Array:
   x, kernel = jax.lax.optimization_barrier((x, kernel))
   y = (matmul or _dot)(x, kernel, out_dtype)
   return jax.lax.optimization_barrier(y)
 
 
-def column_groups(x: jax.Array, kernel: jax.Array, num_groups: int,
-                  matmul: MatmulFn | None = None) -> jax.Array:
+def column_groups(
+  x: jax.Array, kernel: jax.Array, num_groups: int, matmul: MatmulFn | None = None
+) -> jax.Array:
   """x [T, K] @ kernel [K, N] as num_groups GEMMs over column groups -> [T, N] (kernel dtype).
   matmul(x, w, out_dtype) runs each GEMM (default: one jnp.dot; batch_invariant: fixed tiles)."""
   x = x.astype(kernel.dtype)
-  parts = [_gemm(x, kernel[:, cols], kernel.dtype, matmul)                # [T, N/G] each
-           for cols in _group_slices(kernel.shape[1], num_groups, "column projection")]
+  parts = [
+    _gemm(x, kernel[:, cols], kernel.dtype, matmul)  # [T, N/G] each
+    for cols in _group_slices(kernel.shape[1], num_groups, "column projection")
+  ]
   return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
 
 
-def row_group_partials(x: jax.Array, kernel: jax.Array, num_groups: int,
-                       matmul: MatmulFn | None = None) -> jax.Array:
+def row_group_partials(
+  x: jax.Array, kernel: jax.Array, num_groups: int, matmul: MatmulFn | None = None
+) -> jax.Array:
   """x [T, K] @ kernel [K, N] as num_groups GEMMs over row groups -> float32 [T, N], the
   float32 partials added in group order."""
   x = x.astype(kernel.dtype)
   total = None
   for rows in _group_slices(kernel.shape[0], num_groups, "row projection"):
-    partial = _gemm(x[:, rows], kernel[rows], jnp.float32, matmul)        # [T, N] float32
+    partial = _gemm(x[:, rows], kernel[rows], jnp.float32, matmul)  # [T, N] float32
     total = partial if total is None else total + partial
   return total
 
@@ -92,18 +99,21 @@ def grouped_dense_backend(num_groups: int, matmul: MatmulFn | None = None) -> De
   """The unsharded backend: every projection in num_groups groups on one device; with `matmul`
   (batch_invariant) every GEMM, the logits' too, runs through it."""
   return DenseBackend(
-      f"grouped x{num_groups}",
-      column=lambda x, kernel: column_groups(x, kernel, num_groups, matmul),
-      row=lambda x, kernel: row_group_partials(x, kernel, num_groups, matmul).astype(
-          kernel.dtype),
-      logits=None if matmul is None else
-      lambda x, weight, vocab_major: matmul(x.astype(weight.dtype), weight, jnp.float32,
-                                            w_transposed=vocab_major))
+    f"grouped x{num_groups}",
+    column=lambda x, kernel: column_groups(x, kernel, num_groups, matmul),
+    row=lambda x, kernel: row_group_partials(x, kernel, num_groups, matmul).astype(kernel.dtype),
+    logits=None
+    if matmul is None
+    else lambda x, weight, vocab_major: matmul(
+      x.astype(weight.dtype), weight, jnp.float32, w_transposed=vocab_major
+    ),
+  )
 
 
 class InvariantDense(nn.Module):
   """A Dense (kernel [in, out], optional bias [out]; the params of nn.Dense) computed by
   `backend.column` or `backend.row` (`kind`)."""
+
   features: int
   dtype: jnp.dtype
   kind: str
@@ -114,8 +124,9 @@ class InvariantDense(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     if self.kind not in ("column", "row"):
       raise ValueError(f"{self.name}: kind must be 'column' or 'row', got {self.kind!r}")
-    kernel = self.param("kernel", nn.initializers.lecun_normal(), (x.shape[-1], self.features),
-                        self.dtype)
+    kernel = self.param(
+      "kernel", nn.initializers.lecun_normal(), (x.shape[-1], self.features), self.dtype
+    )
     project = self.backend.column if self.kind == "column" else self.backend.row
     y = project(x.reshape(-1, x.shape[-1]), kernel).reshape(*x.shape[:-1], self.features)
     if self.use_bias:

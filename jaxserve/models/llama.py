@@ -41,6 +41,7 @@ With `fused_projections` (one device; models/fused_projections.py) q/k/v are one
 layers_{i}/self_attn/qkv_proj/kernel [H, (Q + 2*KV)*D] and gate/up one
 layers_{i}/mlp/gate_up_proj/kernel [H, 2*I], each split after its GEMM.
 """
+
 from __future__ import annotations
 
 import jax
@@ -49,17 +50,22 @@ from flax import linen as nn
 
 from jaxserve.attention import AttentionBackend, AttentionMetadata
 from jaxserve.attention.metadata import KVPages
-from pallas_kernels.fixed_order import fixed_order_sum
-from jaxserve.models.invariant_dense import (REDUCTION_GROUPS, DenseBackend, InvariantDense,
-                                             grouped_dense_backend)
+from jaxserve.models.invariant_dense import (
+  REDUCTION_GROUPS,
+  DenseBackend,
+  InvariantDense,
+  grouped_dense_backend,
+)
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
+from pallas_kernels.fixed_order import fixed_order_sum
 
 
 class RMSNorm(nn.Module):
   """RMSNorm over the last axis; statistics in float32, weight applied in the input dtype.
   fixed_order (batch_invariant): the sum of squares in a fixed order
   (pallas_kernels/fixed_order.py)."""
+
   eps: float
   dtype: jnp.dtype
   fixed_order: bool = False
@@ -76,8 +82,14 @@ class RMSNorm(nn.Module):
     return scale * x32.astype(x.dtype)
 
 
-def projection(config: ModelConfig, dense: DenseBackend | None, features: int, kind: str,
-               name: str, use_bias: bool = False) -> nn.Module:
+def projection(
+  config: ModelConfig,
+  dense: DenseBackend | None,
+  features: int,
+  kind: str,
+  name: str,
+  use_bias: bool = False,
+) -> nn.Module:
   """A Dense, or with config.tp_invariant_reductions or an injected `dense` (batch_invariant) an
   InvariantDense of `kind` ("column": q/k/v, gate/up; "row": o_proj, down_proj) computed by
   `dense` (default: grouped, unsharded)."""
@@ -94,19 +106,28 @@ class Attention(nn.Module):
   dense: DenseBackend | None = None
 
   @nn.compact
-  def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, k_pages: jax.Array,
-               v_pages: jax.Array, slot_mapping: jax.Array, metadata: AttentionMetadata):
+  def __call__(
+    self,
+    x: jax.Array,
+    cos: jax.Array,
+    sin: jax.Array,
+    k_pages: jax.Array,
+    v_pages: jax.Array,
+    slot_mapping: jax.Array,
+    metadata: AttentionMetadata,
+  ):
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
     num_tokens = x.shape[0]
 
     def proj(name: str, num_heads: int) -> jax.Array:
-      y = projection(cfg, self.dense, num_heads * cfg.head_dim, "column", name,
-                     use_bias=cfg.attention_bias)(x)
-      return y.reshape(num_tokens, num_heads, cfg.head_dim)                # [T, heads, D]
+      y = projection(
+        cfg, self.dense, num_heads * cfg.head_dim, "column", name, use_bias=cfg.attention_bias
+      )(x)
+      return y.reshape(num_tokens, num_heads, cfg.head_dim)  # [T, heads, D]
 
     if cfg.fused_projections:  # one GEMM, split: heads [Q | K | V]
-      qkv = proj("qkv_proj", cfg.num_q_heads + 2 * cfg.num_kv_heads)      # [T, Q + 2K, D]
+      qkv = proj("qkv_proj", cfg.num_q_heads + 2 * cfg.num_kv_heads)  # [T, Q + 2K, D]
       q, k, v = jnp.split(qkv, [cfg.num_q_heads, cfg.num_q_heads + cfg.num_kv_heads], axis=1)
     else:
       q = proj("q_proj", cfg.num_q_heads)
@@ -118,8 +139,16 @@ class Attention(nn.Module):
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, cos, sin)
     out, k_pages, v_pages = self.attention(
-        q, k, v, k_pages, v_pages, slot_mapping, metadata,
-        sm_scale=cfg.head_dim ** -0.5, sliding_window=cfg.sliding_window)  # out [T, Q, D]
+      q,
+      k,
+      v,
+      k_pages,
+      v_pages,
+      slot_mapping,
+      metadata,
+      sm_scale=cfg.head_dim**-0.5,
+      sliding_window=cfg.sliding_window,
+    )  # out [T, Q, D]
     out = out.reshape(num_tokens, cfg.num_q_heads * cfg.head_dim).astype(dtype)
     out = projection(cfg, self.dense, cfg.hidden_size, "row", "o_proj")(out)  # [T, H]
     return out, k_pages, v_pages
@@ -133,14 +162,15 @@ class MLP(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     cfg = self.config
     if cfg.fused_projections:
-      gate_up = projection(cfg, self.dense, 2 * cfg.intermediate_size, "column",
-                           "gate_up_proj")(x)                               # [T, 2I]
-      gate, up = jnp.split(gate_up, 2, axis=1)                               # [T, I] each
+      gate_up = projection(cfg, self.dense, 2 * cfg.intermediate_size, "column", "gate_up_proj")(
+        x
+      )  # [T, 2I]
+      gate, up = jnp.split(gate_up, 2, axis=1)  # [T, I] each
     else:
       gate = projection(cfg, self.dense, cfg.intermediate_size, "column", "gate_proj")(x)
       up = projection(cfg, self.dense, cfg.intermediate_size, "column", "up_proj")(x)
     down = projection(cfg, self.dense, cfg.hidden_size, "row", "down_proj")
-    return down(nn.silu(gate) * up)                                        # [T, H]
+    return down(nn.silu(gate) * up)  # [T, H]
 
 
 class DecoderLayer(nn.Module):
@@ -154,15 +184,17 @@ class DecoderLayer(nn.Module):
     dtype = jnp.dtype(cfg.dtype)
     h = RMSNorm(cfg.rms_norm_eps, dtype, cfg.batch_invariant, name="input_layernorm")(x)
     h, k_pages, v_pages = Attention(cfg, self.attention, self.dense, name="self_attn")(
-        h, cos, sin, k_pages, v_pages, slot_mapping, metadata)
+      h, cos, sin, k_pages, v_pages, slot_mapping, metadata
+    )
     x = x + h
     h = RMSNorm(cfg.rms_norm_eps, dtype, cfg.batch_invariant, name="post_attention_layernorm")(x)
     x = x + MLP(cfg, self.dense, name="mlp")(h)
     return x, k_pages, v_pages
 
 
-def logits_gemm(dense: DenseBackend | None, hidden: jax.Array, weight: jax.Array,
-                vocab_major: bool = False) -> jax.Array:
+def logits_gemm(
+  dense: DenseBackend | None, hidden: jax.Array, weight: jax.Array, vocab_major: bool = False
+) -> jax.Array:
   """hidden [N, H] @ weight [H, V] (vocab_major: weight [V, H], a tied embedding) -> float32
   [N, V]: `dense.logits` when it has one."""
   if dense is not None and dense.logits is not None:
@@ -172,14 +204,16 @@ def logits_gemm(dense: DenseBackend | None, hidden: jax.Array, weight: jax.Array
 
 class LMHead(nn.Module):
   """Untied output projection; logits accumulate and stay in float32."""
+
   vocab_size: int
   dtype: jnp.dtype
   dense: DenseBackend | None = None
 
   @nn.compact
   def __call__(self, hidden: jax.Array) -> jax.Array:
-    kernel = self.param("kernel", nn.initializers.lecun_normal(),
-                        (hidden.shape[-1], self.vocab_size), self.dtype)
+    kernel = self.param(
+      "kernel", nn.initializers.lecun_normal(), (hidden.shape[-1], self.vocab_size), self.dtype
+    )
     return logits_gemm(self.dense, hidden, kernel)
 
 
@@ -188,6 +222,7 @@ class LlamaForCausalLM(nn.Module):
   KV pages; `compute_logits` maps selected hidden states to float32 logits. `dense` computes the
   projections of a tp_invariant_reductions model (None: grouped on one device) or of a
   batch_invariant one (models/batch_invariant_dense.py), and its logits when it has them."""
+
   config: ModelConfig
   attention: AttentionBackend
   dense: DenseBackend | None = None
@@ -195,26 +230,33 @@ class LlamaForCausalLM(nn.Module):
   def setup(self) -> None:
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
-    self.embed_tokens = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, param_dtype=dtype,
-                                 embedding_init=nn.initializers.normal(0.02))
-    self.layers = [DecoderLayer(cfg, self.attention, self.dense)  # layers_{i}
-                   for _ in range(cfg.num_layers)]
+    self.embed_tokens = nn.Embed(
+      cfg.vocab_size,
+      cfg.hidden_size,
+      dtype=dtype,
+      param_dtype=dtype,
+      embedding_init=nn.initializers.normal(0.02),
+    )
+    self.layers = [
+      DecoderLayer(cfg, self.attention, self.dense)  # layers_{i}
+      for _ in range(cfg.num_layers)
+    ]
     self.norm = RMSNorm(cfg.rms_norm_eps, dtype, cfg.batch_invariant)
     if not cfg.tie_word_embeddings:
       self.lm_head = LMHead(cfg.vocab_size, dtype, self.dense)
 
   def __call__(
-      self,
-      token_ids: jax.Array,      # int32[T]
-      positions: jax.Array,      # int32[T]
-      kv_pages: KVPages,         # per layer (k_pages, v_pages), each [KV, num_pages, page_size, D]
-      slot_mapping: jax.Array,   # int32[T]
-      metadata: AttentionMetadata,
+    self,
+    token_ids: jax.Array,  # int32[T]
+    positions: jax.Array,  # int32[T]
+    kv_pages: KVPages,  # per layer (k_pages, v_pages), each [KV, num_pages, page_size, D]
+    slot_mapping: jax.Array,  # int32[T]
+    metadata: AttentionMetadata,
   ) -> tuple[jax.Array, KVPages]:
     cfg = self.config
     if len(kv_pages) != cfg.num_layers:
       raise ValueError(f"kv_pages: expected {cfg.num_layers} layers, got {len(kv_pages)}")
-    x = self.embed_tokens(token_ids)                                       # [T, H]
+    x = self.embed_tokens(token_ids)  # [T, H]
     cos, sin = rope_cos_sin(positions, inverse_frequencies(cfg), x.dtype)  # [T, D] each
     new_pages = []
     for layer, (k_pages, v_pages) in zip(self.layers, kv_pages):
@@ -228,6 +270,6 @@ class LlamaForCausalLM(nn.Module):
   def compute_logits(self, hidden: jax.Array) -> jax.Array:
     """hidden [N, H] (after the final norm) -> float32[N, vocab_size]."""
     if self.config.tie_word_embeddings:
-      embedding = self.embed_tokens.embedding                              # [V, H]
+      embedding = self.embed_tokens.embedding  # [V, H]
       return logits_gemm(self.dense, hidden, embedding, vocab_major=True)
     return self.lm_head(hidden)

@@ -9,6 +9,7 @@ unsupported checkpoint fails at load time rather than producing wrong logits.
 Both config.json flavours are read: transformers 4.x (`rope_theta` + `rope_scaling`) and 5.x
 (`rope_parameters` holding `rope_theta` and `rope_type`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,10 +21,10 @@ DTYPES = ("float32", "bfloat16")
 ROPE_TYPES = ("llama3", "linear")
 
 _HF_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
+  "LlamaForCausalLM": "llama",
+  "MistralForCausalLM": "mistral",
+  "Qwen2ForCausalLM": "qwen2",
+  "Qwen3ForCausalLM": "qwen3",
 }
 _HF_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "bfloat16"}
 
@@ -42,6 +43,7 @@ class RopeScaling:
   """RoPE frequency scaling. "linear" divides every frequency by `factor`; "llama3" is Llama 3.1's
   wavelength-dependent scaling (low_freq_factor, high_freq_factor,
   original_max_position_embeddings)."""
+
   rope_type: str
   factor: float
   low_freq_factor: float = 1.0
@@ -49,22 +51,29 @@ class RopeScaling:
   original_max_position_embeddings: int | None = None
 
   def __post_init__(self) -> None:
-    _require(self.rope_type in ROPE_TYPES, "rope_scaling.rope_type",
-             f"unsupported rope type {self.rope_type!r} (supported: {', '.join(ROPE_TYPES)})")
+    _require(
+      self.rope_type in ROPE_TYPES,
+      "rope_scaling.rope_type",
+      f"unsupported rope type {self.rope_type!r} (supported: {', '.join(ROPE_TYPES)})",
+    )
     _require(float(self.factor) > 0, "rope_scaling.factor", f"must be > 0, got {self.factor!r}")
     if self.rope_type == "llama3":
-      _require(float(self.high_freq_factor) > float(self.low_freq_factor) > 0,
-               "rope_scaling.high_freq_factor",
-               f"must exceed low_freq_factor > 0, got {self.high_freq_factor!r}, "
-               f"{self.low_freq_factor!r}")
-      _require(_positive_int(self.original_max_position_embeddings),
-               "rope_scaling.original_max_position_embeddings",
-               f"must be a positive integer, got {self.original_max_position_embeddings!r}")
+      _require(
+        float(self.high_freq_factor) > float(self.low_freq_factor) > 0,
+        "rope_scaling.high_freq_factor",
+        f"must exceed low_freq_factor > 0, got {self.high_freq_factor!r}, {self.low_freq_factor!r}",
+      )
+      _require(
+        _positive_int(self.original_max_position_embeddings),
+        "rope_scaling.original_max_position_embeddings",
+        f"must be a positive integer, got {self.original_max_position_embeddings!r}",
+      )
 
 
 @dataclass(frozen=True)
 class ModelConfig:
   """Shapes and switches of a Llama-family decoder-only transformer."""
+
   architecture: str
   vocab_size: int
   hidden_size: int
@@ -89,31 +98,65 @@ class ModelConfig:
   batch_invariant: bool = False  # fixed-order norms (pallas_kernels/fixed_order.py); engine-set
 
   def __post_init__(self) -> None:
-    _require(self.architecture in ARCHITECTURES, "architecture",
-             f"must be one of {ARCHITECTURES}, got {self.architecture!r}")
-    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_q_heads",
-                 "num_kv_heads", "head_dim", "max_position_embeddings"):
-      _require(_positive_int(getattr(self, name)), name,
-               f"must be a positive integer, got {getattr(self, name)!r}")
-    _require(self.num_q_heads % self.num_kv_heads == 0, "num_kv_heads",
-             f"must divide num_q_heads ({self.num_q_heads}), got {self.num_kv_heads}")
+    _require(
+      self.architecture in ARCHITECTURES,
+      "architecture",
+      f"must be one of {ARCHITECTURES}, got {self.architecture!r}",
+    )
+    for name in (
+      "vocab_size",
+      "hidden_size",
+      "intermediate_size",
+      "num_layers",
+      "num_q_heads",
+      "num_kv_heads",
+      "head_dim",
+      "max_position_embeddings",
+    ):
+      _require(
+        _positive_int(getattr(self, name)),
+        name,
+        f"must be a positive integer, got {getattr(self, name)!r}",
+      )
+    _require(
+      self.num_q_heads % self.num_kv_heads == 0,
+      "num_kv_heads",
+      f"must divide num_q_heads ({self.num_q_heads}), got {self.num_kv_heads}",
+    )
     _require(self.head_dim % 2 == 0, "head_dim", f"must be even for RoPE, got {self.head_dim}")
-    _require(float(self.rms_norm_eps) > 0, "rms_norm_eps", f"must be > 0, got {self.rms_norm_eps!r}")
+    _require(
+      float(self.rms_norm_eps) > 0, "rms_norm_eps", f"must be > 0, got {self.rms_norm_eps!r}"
+    )
     _require(float(self.rope_theta) > 0, "rope_theta", f"must be > 0, got {self.rope_theta!r}")
-    _require(self.sliding_window is None or _positive_int(self.sliding_window), "sliding_window",
-             f"must be a positive integer or None, got {self.sliding_window!r}")
+    _require(
+      self.sliding_window is None or _positive_int(self.sliding_window),
+      "sliding_window",
+      f"must be a positive integer or None, got {self.sliding_window!r}",
+    )
     _require(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
-    _require(isinstance(self.tp_invariant_reductions, bool), "tp_invariant_reductions",
-             f"must be true or false, got {self.tp_invariant_reductions!r}")
-    _require(isinstance(self.batch_invariant, bool), "batch_invariant",
-             f"must be true or false, got {self.batch_invariant!r}")
-    _require(not (self.fused_projections and self.tp_invariant_reductions), "fused_projections",
-             "cannot be combined with tp_invariant_reductions (which keeps per-device GEMMs)")
+    _require(
+      isinstance(self.tp_invariant_reductions, bool),
+      "tp_invariant_reductions",
+      f"must be true or false, got {self.tp_invariant_reductions!r}",
+    )
+    _require(
+      isinstance(self.batch_invariant, bool),
+      "batch_invariant",
+      f"must be true or false, got {self.batch_invariant!r}",
+    )
+    _require(
+      not (self.fused_projections and self.tp_invariant_reductions),
+      "fused_projections",
+      "cannot be combined with tp_invariant_reductions (which keeps per-device GEMMs)",
+    )
     eos = tuple(self.eos_token_ids)
     object.__setattr__(self, "eos_token_ids", eos)
     for token_id in eos + (() if self.bos_token_id is None else (self.bos_token_id,)):
-      _require(isinstance(token_id, int) and 0 <= token_id < self.vocab_size, "eos_token_ids",
-               f"special token ids must be in [0, {self.vocab_size}), got {token_id!r}")
+      _require(
+        isinstance(token_id, int) and 0 <= token_id < self.vocab_size,
+        "eos_token_ids",
+        f"special token ids must be in [0, {self.vocab_size}), got {token_id!r}",
+      )
 
   def replace(self, **changes) -> ModelConfig:
     return dataclasses.replace(self, **changes)
@@ -126,30 +169,33 @@ class ModelConfig:
     num_q_heads = _hf_field(d, "num_attention_heads")
     hidden_size = _hf_field(d, "hidden_size")
     head_dim = d.get("head_dim") or hidden_size // num_q_heads
-    _require(d.get("hidden_act", "silu") == "silu", "hidden_act",
-             f"only silu is supported, got {d.get('hidden_act')!r}")
+    _require(
+      d.get("hidden_act", "silu") == "silu",
+      "hidden_act",
+      f"only silu is supported, got {d.get('hidden_act')!r}",
+    )
     _require(not d.get("mlp_bias", False), "mlp_bias", "MLP biases are not supported")
     rope_theta, rope_scaling = _hf_rope(d)
     return cls(
-        architecture=architecture,
-        vocab_size=_hf_field(d, "vocab_size"),
-        hidden_size=hidden_size,
-        intermediate_size=_hf_field(d, "intermediate_size"),
-        num_layers=_hf_field(d, "num_hidden_layers"),
-        num_q_heads=num_q_heads,
-        num_kv_heads=d.get("num_key_value_heads") or num_q_heads,
-        head_dim=head_dim,
-        rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-        rope_theta=rope_theta,
-        rope_scaling=rope_scaling,
-        max_position_embeddings=_hf_field(d, "max_position_embeddings"),
-        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-        attention_bias=architecture == "qwen2" or bool(d.get("attention_bias", False)),
-        qk_norm=architecture == "qwen3",
-        sliding_window=_hf_sliding_window(d, architecture),
-        bos_token_id=d.get("bos_token_id"),
-        eos_token_ids=_hf_eos(d.get("eos_token_id")),
-        dtype=_hf_dtype(d, dtype),
+      architecture=architecture,
+      vocab_size=_hf_field(d, "vocab_size"),
+      hidden_size=hidden_size,
+      intermediate_size=_hf_field(d, "intermediate_size"),
+      num_layers=_hf_field(d, "num_hidden_layers"),
+      num_q_heads=num_q_heads,
+      num_kv_heads=d.get("num_key_value_heads") or num_q_heads,
+      head_dim=head_dim,
+      rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+      rope_theta=rope_theta,
+      rope_scaling=rope_scaling,
+      max_position_embeddings=_hf_field(d, "max_position_embeddings"),
+      tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+      attention_bias=architecture == "qwen2" or bool(d.get("attention_bias", False)),
+      qk_norm=architecture == "qwen3",
+      sliding_window=_hf_sliding_window(d, architecture),
+      bos_token_id=d.get("bos_token_id"),
+      eos_token_ids=_hf_eos(d.get("eos_token_id")),
+      dtype=_hf_dtype(d, dtype),
     )
 
 
@@ -161,19 +207,25 @@ def _hf_field(d: Mapping, name: str):
 def _hf_architecture(d: Mapping) -> str:
   names = d.get("architectures") or []
   if names:
-    _require(len(names) == 1 and names[0] in _HF_ARCHITECTURES, "architectures",
-             f"unsupported architecture {', '.join(map(str, names))!r} "
-             f"(supported: {', '.join(_HF_ARCHITECTURES)})")
+    _require(
+      len(names) == 1 and names[0] in _HF_ARCHITECTURES,
+      "architectures",
+      f"unsupported architecture {', '.join(map(str, names))!r} "
+      f"(supported: {', '.join(_HF_ARCHITECTURES)})",
+    )
     return _HF_ARCHITECTURES[names[0]]
   model_type = d.get("model_type")
-  _require(model_type in ARCHITECTURES, "model_type",
-           f"unsupported architecture {model_type!r} (supported: {', '.join(ARCHITECTURES)})")
+  _require(
+    model_type in ARCHITECTURES,
+    "model_type",
+    f"unsupported architecture {model_type!r} (supported: {', '.join(ARCHITECTURES)})",
+  )
   return model_type
 
 
 def _hf_rope(d: Mapping) -> tuple[float, RopeScaling | None]:
-  params = dict(d.get("rope_parameters") or {})   # transformers 5.x
-  legacy = d.get("rope_scaling")                   # transformers 4.x
+  params = dict(d.get("rope_parameters") or {})  # transformers 5.x
+  legacy = d.get("rope_scaling")  # transformers 4.x
   if legacy:
     params = {**legacy, **params}
   rope_theta = float(params.get("rope_theta", d.get("rope_theta", 10000.0)))
@@ -182,16 +234,22 @@ def _hf_rope(d: Mapping) -> tuple[float, RopeScaling | None]:
   rope_type = params.get("rope_type", params.get("type", "default"))
   if rope_type in (None, "default"):
     return rope_theta, None
-  _require(rope_type in ROPE_TYPES, "rope_scaling.rope_type",
-           f"unsupported rope type {rope_type!r} (supported: default, {', '.join(ROPE_TYPES)})")
+  _require(
+    rope_type in ROPE_TYPES,
+    "rope_scaling.rope_type",
+    f"unsupported rope type {rope_type!r} (supported: default, {', '.join(ROPE_TYPES)})",
+  )
   scaling = RopeScaling(
-      rope_type=rope_type,
-      factor=float(params.get("factor", 1.0)),
-      low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-      high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-      original_max_position_embeddings=params.get(
-          "original_max_position_embeddings", d.get("max_position_embeddings"))
-      if rope_type == "llama3" else None)
+    rope_type=rope_type,
+    factor=float(params.get("factor", 1.0)),
+    low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+    high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+    original_max_position_embeddings=params.get(
+      "original_max_position_embeddings", d.get("max_position_embeddings")
+    )
+    if rope_type == "llama3"
+    else None,
+  )
   return rope_theta, scaling
 
 
@@ -205,10 +263,15 @@ def _hf_sliding_window(d: Mapping, architecture: str) -> int | None:
   layer_types = d.get("layer_types")
   if layer_types is None:
     num_full = d.get("max_window_layers", 0)
-    layer_types = ["full_attention" if i < num_full else "sliding_attention"
-                   for i in range(d["num_hidden_layers"])]
-  _require(all(t == "sliding_attention" for t in layer_types), "layer_types",
-           "mixing full and sliding-window attention layers is not supported")
+    layer_types = [
+      "full_attention" if i < num_full else "sliding_attention"
+      for i in range(d["num_hidden_layers"])
+    ]
+  _require(
+    all(t == "sliding_attention" for t in layer_types),
+    "layer_types",
+    "mixing full and sliding-window attention layers is not supported",
+  )
   return d["sliding_window"]
 
 
@@ -223,6 +286,9 @@ def _hf_dtype(d: Mapping, dtype: str) -> str:
     _require(dtype in DTYPES, "dtype", f"must be 'auto' or one of {DTYPES}, got {dtype!r}")
     return dtype
   hf_dtype = d.get("dtype") or d.get("torch_dtype") or "float32"
-  _require(hf_dtype in _HF_DTYPES, "dtype",
-           f"unsupported checkpoint dtype {hf_dtype!r} (supported: {', '.join(_HF_DTYPES)})")
+  _require(
+    hf_dtype in _HF_DTYPES,
+    "dtype",
+    f"unsupported checkpoint dtype {hf_dtype!r} (supported: {', '.join(_HF_DTYPES)})",
+  )
   return _HF_DTYPES[hf_dtype]

@@ -6,6 +6,7 @@ A checkpoint directory holds a Hugging Face `config.json` plus safetensors weigh
 when present it is restored instead of reconverting the safetensors (a fast restart). Sharded
 loading (parallel/sharded_loading.py) resolves names through checkpoint_dir and is_builtin too.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,14 +14,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jaxserve.config import EngineConfig
-from jaxserve.models.builtin import (BUILTIN_MODELS, builtin_config, builtin_params,
-                                     builtin_tokenizer, is_builtin)
+from jaxserve.models.builtin import (
+  BUILTIN_MODELS,
+  builtin_config,
+  builtin_params,
+  builtin_tokenizer,
+  is_builtin,
+)
 from jaxserve.models.checkpoint import restore_params, save_params
 from jaxserve.models.fused_projections import fuse_params
 from jaxserve.models.model_config import DTYPES, ModelConfig
 from jaxserve.models.weight_transfer import TransferOptions
-from jaxserve.models.weights import (CONFIG_FILE, load_hf_config, load_hf_params, load_hf_weights,
-                                     param_shapes)
+from jaxserve.models.weights import (
+  CONFIG_FILE,
+  load_hf_config,
+  load_hf_params,
+  load_hf_weights,
+  param_shapes,
+)
 from jaxserve.tokenizer.configured import chat_template_source, with_chat_template
 from jaxserve.tokenizer.tokenizer import Tokenizer, load_tokenizer
 
@@ -48,13 +59,19 @@ def checkpoint_dir(model: str) -> Path:
   """The checkpoint directory `model` names; ValueError if it is neither built in nor one."""
   path = Path(model).expanduser()
   if not path.is_dir() or not (path / CONFIG_FILE).is_file():
-    raise ValueError(f"model: {model!r} is neither {_builtin_names()} nor a directory holding "
-                     f"{CONFIG_FILE}")
+    raise ValueError(
+      f"model: {model!r} is neither {_builtin_names()} nor a directory holding {CONFIG_FILE}"
+    )
   return path
 
 
-def load_model(model: str, dtype: str = "auto", *, fuse_projections: bool = False,
-               transfer: TransferOptions = TransferOptions()) -> LoadedModel:
+def load_model(
+  model: str,
+  dtype: str = "auto",
+  *,
+  fuse_projections: bool = False,
+  transfer: TransferOptions = TransferOptions(),
+) -> LoadedModel:
   """Loads `model` (a built-in name or a checkpoint directory) in `dtype` ("auto" keeps the
   checkpoint's; float16 checkpoints become bfloat16); fuse_projections merges q/k/v and gate/up
   (models/fused_projections; one device only), while converting a safetensors checkpoint
@@ -67,11 +84,16 @@ def load_model(model: str, dtype: str = "auto", *, fuse_projections: bool = Fals
   config = load_hf_config(path, dtype)
   orbax_dir = path / PARAMS_SUBDIR
   if orbax_dir.is_dir():
-    return _fused(config, restore_params(orbax_dir, param_shapes(config)), f"orbax:{orbax_dir}",
-                  fuse_projections)
+    return _fused(
+      config,
+      restore_params(orbax_dir, param_shapes(config)),
+      f"orbax:{orbax_dir}",
+      fuse_projections,
+    )
   params, stats = load_hf_weights(path, config, fuse=fuse_projections, options=transfer)
-  return LoadedModel(config.replace(fused_projections=fuse_projections), params,
-                     f"safetensors:{path}", stats.packed)
+  return LoadedModel(
+    config.replace(fused_projections=fuse_projections), params, f"safetensors:{path}", stats.packed
+  )
 
 
 def _fused(config: ModelConfig, params: dict, source: str, fuse: bool) -> LoadedModel:
@@ -96,8 +118,7 @@ def load_configured_tokenizer(config: EngineConfig) -> Tokenizer:
   else the model's, with config.chat_template replacing its template."""
   name = config.tokenizer
   if name is not None and not is_builtin(name) and not os.path.isdir(name):
-    raise ValueError(f"tokenizer: {name!r} is neither {_builtin_names()} nor a tokenizer "
-                     "directory")
+    raise ValueError(f"tokenizer: {name!r} is neither {_builtin_names()} nor a tokenizer directory")
   tokenizer = load_model_tokenizer(name or config.model)
   if config.chat_template is not None:
     tokenizer = with_chat_template(tokenizer, chat_template_source(config.chat_template))

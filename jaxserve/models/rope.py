@@ -6,6 +6,7 @@ rotate_half convention on contiguous halves of each head (HF permutes the origin
 at conversion time so that this convention is the right one for HF checkpoints). cos/sin are
 computed in float32 from integer positions, then cast to the activation dtype, as HF does.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,35 +22,49 @@ def inverse_frequencies(config: ModelConfig) -> np.ndarray:
   """Returns float32[head_dim // 2], the per-pair rotation frequencies after scaling."""
   dim = config.head_dim
   exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
-  inv_freq = (np.float32(1.0) / np.power(np.float32(config.rope_theta), exponents)).astype(np.float32)
+  inv_freq = (np.float32(1.0) / np.power(np.float32(config.rope_theta), exponents)).astype(
+    np.float32
+  )
   scaling = config.rope_scaling
   if scaling is None:
     return inv_freq
   if scaling.rope_type == "linear":
     return (inv_freq / np.float32(scaling.factor)).astype(np.float32)
-  return _llama3_scaled(inv_freq, scaling.factor, scaling.low_freq_factor,
-                        scaling.high_freq_factor, scaling.original_max_position_embeddings)
+  return _llama3_scaled(
+    inv_freq,
+    scaling.factor,
+    scaling.low_freq_factor,
+    scaling.high_freq_factor,
+    scaling.original_max_position_embeddings,
+  )
 
 
-def _llama3_scaled(inv_freq: np.ndarray, factor: float, low_freq_factor: float,
-                   high_freq_factor: float, old_context_len: int) -> np.ndarray:
+def _llama3_scaled(
+  inv_freq: np.ndarray,
+  factor: float,
+  low_freq_factor: float,
+  high_freq_factor: float,
+  old_context_len: int,
+) -> np.ndarray:
   """Llama 3.1 scaling (transformers' `_compute_llama3_parameters`)."""
   low_freq_wavelen = old_context_len / low_freq_factor
   high_freq_wavelen = old_context_len / high_freq_factor
   wavelen = np.float32(2 * math.pi) / inv_freq
   scaled = np.where(wavelen > low_freq_wavelen, inv_freq / np.float32(factor), inv_freq)
-  smooth = ((old_context_len / wavelen - low_freq_factor)
-            / (high_freq_factor - low_freq_factor)).astype(np.float32)
+  smooth = (
+    (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+  ).astype(np.float32)
   smoothed = (1 - smooth) * scaled / np.float32(factor) + smooth * scaled
   is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
   return np.where(is_medium, smoothed, scaled).astype(np.float32)
 
 
-def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray,
-                 dtype: jnp.dtype) -> tuple[jax.Array, jax.Array]:
+def rope_cos_sin(
+  positions: jax.Array, inv_freq: np.ndarray, dtype: jnp.dtype
+) -> tuple[jax.Array, jax.Array]:
   """Returns (cos, sin), each [T, head_dim] in `dtype`, for int32[T] positions."""
   freqs = positions.astype(jnp.float32)[:, None] * jnp.asarray(inv_freq)[None, :]  # [T, D/2]
-  angles = jnp.concatenate([freqs, freqs], axis=-1)                                  # [T, D]
+  angles = jnp.concatenate([freqs, freqs], axis=-1)  # [T, D]
   return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
 
 

@@ -11,6 +11,7 @@ stay in the page cache and are read by whoever consumes the view (a device trans
 asks the kernel to populate the mapping (MAP_POPULATE, else madvise WILLNEED) so a reader thread
 can fault a file in while an earlier one is still being transferred.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,18 +27,28 @@ import numpy as np
 
 MAX_HEADER_BYTES = 100 << 20  # the reference implementation's limit
 DTYPES: Mapping[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_), "U8": np.dtype("u1"), "I8": np.dtype("i1"),
-    "U16": np.dtype("<u2"), "I16": np.dtype("<i2"), "U32": np.dtype("<u4"),
-    "I32": np.dtype("<i4"), "U64": np.dtype("<u8"), "I64": np.dtype("<i8"),
-    "F16": np.dtype("<f2"), "BF16": np.dtype(ml_dtypes.bfloat16), "F32": np.dtype("<f4"),
-    "F64": np.dtype("<f8"), "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+  "BOOL": np.dtype(np.bool_),
+  "U8": np.dtype("u1"),
+  "I8": np.dtype("i1"),
+  "U16": np.dtype("<u2"),
+  "I16": np.dtype("<i2"),
+  "U32": np.dtype("<u4"),
+  "I32": np.dtype("<i4"),
+  "U64": np.dtype("<u8"),
+  "I64": np.dtype("<i8"),
+  "F16": np.dtype("<f2"),
+  "BF16": np.dtype(ml_dtypes.bfloat16),
+  "F32": np.dtype("<f4"),
+  "F64": np.dtype("<f8"),
+  "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+  "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
 }
 
 
 @dataclass(frozen=True)
 class TensorInfo:
   """One tensor of a file: dtype, shape and absolute byte range [begin, end)."""
+
   name: str
   dtype: np.dtype
   shape: tuple[int, ...]
@@ -68,8 +79,9 @@ def read_header(path: Path) -> SafetensorsHeader:
       raise ValueError(f"{path}: not a safetensors file ({file_size} bytes, no header length)")
     (length,) = struct.unpack("<Q", prefix)
     if length > MAX_HEADER_BYTES or 8 + length > file_size:
-      raise ValueError(f"{path}: invalid safetensors header length {length} "
-                       f"(file has {file_size} bytes)")
+      raise ValueError(
+        f"{path}: invalid safetensors header length {length} (file has {file_size} bytes)"
+      )
     raw = f.read(length)
   try:
     entries = json.loads(raw)
@@ -79,13 +91,15 @@ def read_header(path: Path) -> SafetensorsHeader:
     raise ValueError(f"{path}: invalid safetensors header: not a JSON object")
   metadata = entries.pop("__metadata__", None) or {}
   data_start = 8 + length
-  tensors = {name: _tensor_info(path, name, entry, data_start, file_size)
-             for name, entry in entries.items()}
+  tensors = {
+    name: _tensor_info(path, name, entry, data_start, file_size) for name, entry in entries.items()
+  }
   return SafetensorsHeader(path, tensors, metadata, file_size)
 
 
-def _tensor_info(path: Path, name: str, entry: object, data_start: int,
-                 file_size: int) -> TensorInfo:
+def _tensor_info(
+  path: Path, name: str, entry: object, data_start: int, file_size: int
+) -> TensorInfo:
   def bad(why: str) -> ValueError:
     return ValueError(f"{path}: tensor {name!r}: {why}")
 
@@ -97,13 +111,19 @@ def _tensor_info(path: Path, name: str, entry: object, data_start: int,
   shape, offsets = entry.get("shape"), entry.get("data_offsets")
   if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
     raise bad(f"invalid shape {shape!r}")
-  if (not isinstance(offsets, list) or len(offsets) != 2
-      or not all(isinstance(o, int) for o in offsets) or not 0 <= offsets[0] <= offsets[1]):
+  if (
+    not isinstance(offsets, list)
+    or len(offsets) != 2
+    or not all(isinstance(o, int) for o in offsets)
+    or not 0 <= offsets[0] <= offsets[1]
+  ):
     raise bad(f"invalid data_offsets {offsets!r}")
   begin, end = data_start + offsets[0], data_start + offsets[1]
   if end - begin != math.prod(shape) * dtype.itemsize:
-    raise bad(f"data_offsets {offsets} hold {end - begin} bytes, shape {shape} of "
-              f"{entry['dtype']} needs {math.prod(shape) * dtype.itemsize}")
+    raise bad(
+      f"data_offsets {offsets} hold {end - begin} bytes, shape {shape} of "
+      f"{entry['dtype']} needs {math.prod(shape) * dtype.itemsize}"
+    )
   if end > file_size:
     raise bad(f"data ends at byte {end}, past the end of the file ({file_size} bytes)")
   return TensorInfo(name, dtype, tuple(shape), begin, end)
@@ -112,6 +132,7 @@ def _tensor_info(path: Path, name: str, entry: object, data_start: int,
 @dataclass(frozen=True)
 class MappedFile:
   """A read-only mapping of one safetensors file (closed when the last view is gone)."""
+
   header: SafetensorsHeader
   buffer: mmap.mmap
 

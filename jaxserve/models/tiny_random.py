@@ -7,6 +7,7 @@ order. Scales are variance-preserving (projections ~ N(0, 1/fan_in), embeddings 
 the residual stream stays informative and logits are spread out: greedy decoding from different
 prompts produces different, non-constant token streams.
 """
+
 from __future__ import annotations
 
 import jax
@@ -22,10 +23,22 @@ _SEED = 0
 
 def tiny_random_config() -> ModelConfig:
   return ModelConfig(
-      architecture="llama", vocab_size=512, hidden_size=256, intermediate_size=512, num_layers=4,
-      num_q_heads=4, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-6, rope_theta=10000.0,
-      max_position_embeddings=2048, tie_word_embeddings=False, bos_token_id=256,
-      eos_token_ids=(257,), dtype="float32")
+    architecture="llama",
+    vocab_size=512,
+    hidden_size=256,
+    intermediate_size=512,
+    num_layers=4,
+    num_q_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    max_position_embeddings=2048,
+    tie_word_embeddings=False,
+    bos_token_id=256,
+    eos_token_ids=(257,),
+    dtype="float32",
+  )
 
 
 def tiny_random_params(config: ModelConfig) -> dict:

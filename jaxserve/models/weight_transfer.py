@@ -36,6 +36,7 @@ thread maps the next file (MAP_POPULATE: it is faulted in from the page cache or
 while the current one is being transferred. Tensors are visited file by file in on-disk order, so
 reads are sequential.
 """
+
 from __future__ import annotations
 
 import collections
@@ -63,6 +64,7 @@ Converter = Callable[..., jax.Array]  # the raw part(s) -> the leaf
 @dataclass(frozen=True)
 class TensorLoad:
   """One checkpoint tensor for a params leaf (or for one part of a merged leaf)."""
+
   path: ParamPath
   header: SafetensorsHeader
   info: TensorInfo
@@ -77,6 +79,7 @@ class TensorLoad:
 class LeafLoad:
   """One params leaf: one checkpoint tensor, or the parts of a merged projection, concatenated
   along the last (output) axis after each is converted."""
+
   path: ParamPath
   parts: tuple[TensorLoad, ...]
 
@@ -120,8 +123,9 @@ class TransferStats:
 
   def describe(self) -> str:
     layout = ", packed" if self.packed else ""
-    return (f"{self.num_bytes / 1e9:.1f} GB in {self.seconds:.1f} s "
-            f"({self.gb_per_s:.2f} GB/s{layout})")
+    return (
+      f"{self.num_bytes / 1e9:.1f} GB in {self.seconds:.1f} s ({self.gb_per_s:.2f} GB/s{layout})"
+    )
 
 
 @dataclass(frozen=True)
@@ -139,9 +143,15 @@ class _Job:
 
   def raw_device_bytes(self) -> list[int]:
     """Each raw part's bytes on each of the leaf's devices."""
-    return [math.prod(part.info.shape if self.target is None else
-                      raw_sharding(self.target, part.transpose).shard_shape(part.info.shape))
-            * part.info.dtype.itemsize for part in self.leaf.parts]
+    return [
+      math.prod(
+        part.info.shape
+        if self.target is None
+        else raw_sharding(self.target, part.transpose).shard_shape(part.info.shape)
+      )
+      * part.info.dtype.itemsize
+      for part in self.leaf.parts
+    ]
 
 
 ALLOC_ALIGN = 256  # the GPU allocator rounds every buffer up to this many bytes
@@ -161,10 +171,12 @@ def packed_fits(platform: str, raw_bytes: int, out_bytes: int, free_bytes: int |
   return raw_bytes + 2 * hole < free_bytes
 
 
-def transfer_tensors(leaves: Sequence[LeafLoad], dtype: np.dtype,
-                     sharding_for: ShardingFn | None = None,
-                     options: TransferOptions = TransferOptions(),
-                     ) -> tuple[dict[ParamPath, jax.Array], TransferStats]:
+def transfer_tensors(
+  leaves: Sequence[LeafLoad],
+  dtype: np.dtype,
+  sharding_for: ShardingFn | None = None,
+  options: TransferOptions = TransferOptions(),
+) -> tuple[dict[ParamPath, jax.Array], TransferStats]:
   """Every leaf on its device(s) in `dtype`, flax layout; with the bytes moved and time."""
   start = time.perf_counter()
   dtype = np.dtype(dtype)
@@ -175,8 +187,9 @@ def transfer_tensors(leaves: Sequence[LeafLoad], dtype: np.dtype,
   pool = futures.ThreadPoolExecutor(options.num_threads, thread_name_prefix="weights-put")
   try:
     if packed:
-      results = _run_packed(jobs, mesh if isinstance(mesh, Mesh) else None, pool, read_ahead,
-                            options.window_bytes)
+      results = _run_packed(
+        jobs, mesh if isinstance(mesh, Mesh) else None, pool, read_ahead, options.window_bytes
+      )
     else:
       results = _run_streaming(jobs, pool, read_ahead, options.window_bytes)
   finally:
@@ -189,8 +202,9 @@ def transfer_tensors(leaves: Sequence[LeafLoad], dtype: np.dtype,
 def _use_packed(jobs: Sequence[_Job], mesh: Mesh | None | bool, layout: str) -> bool:
   """Whether to pack (`mesh`: _one_mesh(jobs))."""
   if layout == "packed" and mesh is False:
-    raise ValueError("layout: 'packed' needs every leaf on the default device or every leaf on "
-                     "one mesh")
+    raise ValueError(
+      "layout: 'packed' needs every leaf on the default device or every leaf on one mesh"
+    )
   if layout != "auto":
     return layout == "packed"
   if mesh is False or jax.process_count() > 1:  # every host must decide alike: stream
@@ -235,7 +249,7 @@ class _ReadAhead:
   def mapped(self, path: Path) -> futures.Future:
     """A future MappedFile of `path`; also starts mapping the file after it."""
     index = self._order.index(path)
-    for ahead in self._order[index:index + 2]:
+    for ahead in self._order[index : index + 2]:
       if ahead not in self._opened:
         self._opened[ahead] = self._opener.submit(MappedFile.open, self._headers[ahead])
     return self._opened[path]
@@ -244,8 +258,13 @@ class _ReadAhead:
     self._opener.shutdown(wait=True, cancel_futures=True)
 
 
-def _windowed(jobs: Sequence[_Job], pool: futures.ThreadPoolExecutor, read_ahead: _ReadAhead,
-              window_bytes: int, task: Callable) -> list:
+def _windowed(
+  jobs: Sequence[_Job],
+  pool: futures.ThreadPoolExecutor,
+  read_ahead: _ReadAhead,
+  window_bytes: int,
+  task: Callable,
+) -> list:
   """task(job, mapped futures) for every job on the pool, in order, waiting for the oldest while
   window_bytes are in flight; the results in job order."""
   results: list = []
@@ -263,9 +282,11 @@ def _windowed(jobs: Sequence[_Job], pool: futures.ThreadPoolExecutor, read_ahead
   return results
 
 
-def _run_streaming(jobs: Sequence[_Job], pool: futures.ThreadPoolExecutor,
-                   read_ahead: _ReadAhead, window_bytes: int) -> dict[ParamPath, jax.Array]:
+def _run_streaming(
+  jobs: Sequence[_Job], pool: futures.ThreadPoolExecutor, read_ahead: _ReadAhead, window_bytes: int
+) -> dict[ParamPath, jax.Array]:
   """Each leaf put, converted and waited for on the pool; its raw tensors freed right after."""
+
   def put_and_convert(job: _Job, mapped: list[futures.Future]) -> jax.Array:
     raws = _put(job, mapped)
     out = raws[0] if job.convert is None else job.convert(*raws)
@@ -275,15 +296,25 @@ def _run_streaming(jobs: Sequence[_Job], pool: futures.ThreadPoolExecutor,
   return {job.leaf.path: out for job, out in zip(jobs, outs)}
 
 
-def _run_packed(jobs: Sequence[_Job], mesh: Mesh | None, pool: futures.ThreadPoolExecutor,
-                read_ahead: _ReadAhead, window_bytes: int) -> dict[ParamPath, jax.Array]:
+def _run_packed(
+  jobs: Sequence[_Job],
+  mesh: Mesh | None,
+  pool: futures.ThreadPoolExecutor,
+  read_ahead: _ReadAhead,
+  window_bytes: int,
+) -> dict[ParamPath, jax.Array]:
   """The packed layout (module docstring): placeholder, raw tensors, converted leaves into the
   placeholder's hole, raw tensors freed; on the default device (mesh None) or on every device
   of the leaves' mesh alike."""
   per_device = sum(_aligned(job.out_device_bytes()) for job in jobs) + PACK_MARGIN
   placeholder = _reserve(per_device, mesh)
-  raws = _windowed(jobs, pool, read_ahead, window_bytes,
-                   lambda job, mapped: [jax.block_until_ready(raw) for raw in _put(job, mapped)])
+  raws = _windowed(
+    jobs,
+    pool,
+    read_ahead,
+    window_bytes,
+    lambda job, mapped: [jax.block_until_ready(raw) for raw in _put(job, mapped)],
+  )
   for block in placeholder:
     block.delete()
   copies: dict = {}  # a leaf stored as it is on disk still gets a new buffer, in the hole
@@ -312,20 +343,27 @@ def _reserve(bytes_per_device: int, mesh: Mesh | None) -> list[jax.Array]:
     zeros = jax.jit(lambda size: jnp.zeros((size,), jnp.uint8), static_argnums=0)
   else:  # one flat axis split over every device of the mesh
     sharding = NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names)))
-    zeros = jax.jit(lambda size: jnp.zeros((size * mesh.devices.size,), jnp.uint8),
-                    static_argnums=0, out_shardings=sharding)
+    zeros = jax.jit(
+      lambda size: jnp.zeros((size * mesh.devices.size,), jnp.uint8),
+      static_argnums=0,
+      out_shardings=sharding,
+    )
   return [jax.block_until_ready(zeros(size)) for size in sizes]
 
 
 def _disk_order(leaves: Sequence[LeafLoad]) -> Callable[[LeafLoad], tuple[int, int]]:
-  first_seen = {path: i for i, path in
-                enumerate(dict.fromkeys(part.header.path for leaf in leaves
-                                        for part in leaf.parts))}
+  first_seen = {
+    path: i
+    for i, path in enumerate(
+      dict.fromkeys(part.header.path for leaf in leaves for part in leaf.parts)
+    )
+  }
   return lambda leaf: (first_seen[leaf.parts[0].header.path], leaf.parts[0].info.begin)
 
 
-def _jobs(leaves: Sequence[LeafLoad], dtype: np.dtype,
-          sharding_for: ShardingFn | None) -> list[_Job]:
+def _jobs(
+  leaves: Sequence[LeafLoad], dtype: np.dtype, sharding_for: ShardingFn | None
+) -> list[_Job]:
   """Pairs each leaf with its target sharding and converter; converters are built here, once per
   kind, before any thread runs (jit specializes each per shape on first call)."""
   converters: dict[tuple, Converter | None] = {}
@@ -333,21 +371,25 @@ def _jobs(leaves: Sequence[LeafLoad], dtype: np.dtype,
   for leaf in leaves:
     target = sharding_for(leaf.path, leaf.shape) if sharding_for is not None else None
     cast = any(part.info.dtype != dtype for part in leaf.parts)
-    if len({part.info.dtype for part in leaf.parts}) > 1 or \
-        len({part.transpose for part in leaf.parts}) > 1:
+    if (
+      len({part.info.dtype for part in leaf.parts}) > 1
+      or len({part.transpose for part in leaf.parts}) > 1
+    ):
       raise ValueError(f"{leaf.path}: merged parts differ in dtype or layout")
     key = (leaf.transpose, cast, len(leaf.parts), target)
     if key not in converters:
       converters[key] = _converter(leaf.transpose, cast, len(leaf.parts), dtype, target)
     devices = target.device_set if target is not None else {jax.devices()[0]}
     on_cpu = any(device.platform == "cpu" for device in devices)
-    jobs.append(_Job(leaf, target, converters[key], on_cpu and converters[key] is None,
-                     dtype.itemsize))
+    jobs.append(
+      _Job(leaf, target, converters[key], on_cpu and converters[key] is None, dtype.itemsize)
+    )
   return jobs
 
 
-def _converter(transpose: bool, cast: bool, num_parts: int, dtype: np.dtype,
-               target: jax.sharding.Sharding | None) -> Converter | None:
+def _converter(
+  transpose: bool, cast: bool, num_parts: int, dtype: np.dtype, target: jax.sharding.Sharding | None
+) -> Converter | None:
   if not (transpose or cast or num_parts > 1):
     return None
 
@@ -383,6 +425,7 @@ def _put(job: _Job, mapped: list[futures.Future]) -> list[jax.Array]:
     if job.target is None:
       raws.append(jax.device_put(piece(...)))
     else:  # each addressable device receives only its slice
-      raws.append(jax.make_array_from_callback(
-          view.shape, raw_sharding(job.target, part.transpose), piece))
+      raws.append(
+        jax.make_array_from_callback(view.shape, raw_sharding(job.target, part.transpose), piece)
+      )
   return raws

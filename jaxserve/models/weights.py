@@ -11,6 +11,7 @@ receiving only its shard when a `sharding` is given), and logs the GB and GB/s. 
 gets host-converted arrays instead, one at a time. Single-file (`model.safetensors`) and sharded
 (`model.safetensors.index.json`) layouts are read.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,15 @@ import numpy as np
 from jaxserve.models.fused_projections import merged_leaves
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.safetensors_reader import MappedFile, SafetensorsHeader, read_header
-from jaxserve.models.weight_transfer import (LeafLoad, ParamPath, ShardingFn, TensorLoad,
-                                             TransferOptions, TransferStats, transfer_tensors)
+from jaxserve.models.weight_transfer import (
+  LeafLoad,
+  ParamPath,
+  ShardingFn,
+  TensorLoad,
+  TransferOptions,
+  TransferStats,
+  transfer_tensors,
+)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -42,6 +50,7 @@ PutFn = Callable[[ParamPath, np.ndarray], jax.Array]
 @dataclass(frozen=True)
 class TensorSpec:
   """One params leaf: where it lives in the flax tree and in the HF checkpoint."""
+
   path: ParamPath
   hf_name: str
   hf_shape: tuple[int, ...]
@@ -56,37 +65,52 @@ def hf_tensor_specs(config: ModelConfig) -> list[TensorSpec]:
   """Every params leaf of `config`'s model with its HF counterpart."""
   c = config
   q_dim, kv_dim = c.num_q_heads * c.head_dim, c.num_kv_heads * c.head_dim
-  specs = [TensorSpec(("embed_tokens", "embedding"), "model.embed_tokens.weight",
-                      (c.vocab_size, c.hidden_size), False)]
+  specs = [
+    TensorSpec(
+      ("embed_tokens", "embedding"),
+      "model.embed_tokens.weight",
+      (c.vocab_size, c.hidden_size),
+      False,
+    )
+  ]
   for i in range(c.num_layers):
     hf, fx = f"model.layers.{i}", f"layers_{i}"
     linear = lambda module, name, out_dim, in_dim: TensorSpec(
-        (fx, module, name, "kernel"), f"{hf}.{module}.{name}.weight", (out_dim, in_dim), True)
+      (fx, module, name, "kernel"), f"{hf}.{module}.{name}.weight", (out_dim, in_dim), True
+    )
     vector = lambda path, hf_name, dim: TensorSpec(path, hf_name, (dim,), False)
     specs += [
-        vector((fx, "input_layernorm", "scale"), f"{hf}.input_layernorm.weight", c.hidden_size),
-        linear("self_attn", "q_proj", q_dim, c.hidden_size),
-        linear("self_attn", "k_proj", kv_dim, c.hidden_size),
-        linear("self_attn", "v_proj", kv_dim, c.hidden_size),
-        linear("self_attn", "o_proj", c.hidden_size, q_dim),
+      vector((fx, "input_layernorm", "scale"), f"{hf}.input_layernorm.weight", c.hidden_size),
+      linear("self_attn", "q_proj", q_dim, c.hidden_size),
+      linear("self_attn", "k_proj", kv_dim, c.hidden_size),
+      linear("self_attn", "v_proj", kv_dim, c.hidden_size),
+      linear("self_attn", "o_proj", c.hidden_size, q_dim),
     ]
     if c.attention_bias:
-      specs += [vector((fx, "self_attn", name, "bias"), f"{hf}.self_attn.{name}.bias", dim)
-                for name, dim in (("q_proj", q_dim), ("k_proj", kv_dim), ("v_proj", kv_dim))]
+      specs += [
+        vector((fx, "self_attn", name, "bias"), f"{hf}.self_attn.{name}.bias", dim)
+        for name, dim in (("q_proj", q_dim), ("k_proj", kv_dim), ("v_proj", kv_dim))
+      ]
     if c.qk_norm:
-      specs += [vector((fx, "self_attn", name, "scale"), f"{hf}.self_attn.{name}.weight", c.head_dim)
-                for name in ("q_norm", "k_norm")]
+      specs += [
+        vector((fx, "self_attn", name, "scale"), f"{hf}.self_attn.{name}.weight", c.head_dim)
+        for name in ("q_norm", "k_norm")
+      ]
     specs += [
-        vector((fx, "post_attention_layernorm", "scale"), f"{hf}.post_attention_layernorm.weight",
-               c.hidden_size),
-        linear("mlp", "gate_proj", c.intermediate_size, c.hidden_size),
-        linear("mlp", "up_proj", c.intermediate_size, c.hidden_size),
-        linear("mlp", "down_proj", c.hidden_size, c.intermediate_size),
+      vector(
+        (fx, "post_attention_layernorm", "scale"),
+        f"{hf}.post_attention_layernorm.weight",
+        c.hidden_size,
+      ),
+      linear("mlp", "gate_proj", c.intermediate_size, c.hidden_size),
+      linear("mlp", "up_proj", c.intermediate_size, c.hidden_size),
+      linear("mlp", "down_proj", c.hidden_size, c.intermediate_size),
     ]
   specs.append(TensorSpec(("norm", "scale"), "model.norm.weight", (c.hidden_size,), False))
   if not c.tie_word_embeddings:
-    specs.append(TensorSpec(("lm_head", "kernel"), "lm_head.weight",
-                            (c.vocab_size, c.hidden_size), True))
+    specs.append(
+      TensorSpec(("lm_head", "kernel"), "lm_head.weight", (c.vocab_size, c.hidden_size), True)
+    )
   return specs
 
 
@@ -146,44 +170,60 @@ def plan_hf_tensors(checkpoint_dir: Path, config: ModelConfig) -> list[TensorLoa
       raise ValueError(f"{listing}: missing tensor {spec.hf_name!r}")
     if file not in headers:
       if not file.is_file():
-        raise ValueError(f"{file}: file not found (listed for tensor {spec.hf_name!r} in {listing})")
+        raise ValueError(
+          f"{file}: file not found (listed for tensor {spec.hf_name!r} in {listing})"
+        )
       headers[file] = read_header(file)
     info = headers[file].tensors.get(spec.hf_name)
     if info is None:
       raise ValueError(f"{file}: missing tensor {spec.hf_name!r}")
     if info.shape != spec.hf_shape:
-      raise ValueError(f"{file}: tensor {spec.hf_name!r} has shape {info.shape}, "
-                       f"expected {spec.hf_shape}")
+      raise ValueError(
+        f"{file}: tensor {spec.hf_name!r} has shape {info.shape}, expected {spec.hf_shape}"
+      )
     loads.append(TensorLoad(spec.path, headers[file], info, spec.transpose))
   return loads
 
 
-def load_hf_params(checkpoint_dir: Path, config: ModelConfig, *, put: PutFn | None = None,
-                   sharding: ShardingFn | None = None,
-                   options: TransferOptions = TransferOptions()) -> dict:
+def load_hf_params(
+  checkpoint_dir: Path,
+  config: ModelConfig,
+  *,
+  put: PutFn | None = None,
+  sharding: ShardingFn | None = None,
+  options: TransferOptions = TransferOptions(),
+) -> dict:
   """Loads and converts a HF safetensors checkpoint into the flax params tree (config.dtype).
 
   By default every tensor is moved raw and converted on the device, each leaf placed with
   `sharding(path, shape)` when given (weight_transfer). `put` instead receives each leaf converted
   on the host (the slower path, for callers that place arrays themselves)."""
   if put is not None:
-    leaves, stats = _put_host_converted(plan_hf_tensors(checkpoint_dir, config),
-                                        np.dtype(jnp.dtype(config.dtype)), put)
+    leaves, stats = _put_host_converted(
+      plan_hf_tensors(checkpoint_dir, config), np.dtype(jnp.dtype(config.dtype)), put
+    )
     _log(stats, checkpoint_dir)
     return _tree(leaves)
   return load_hf_weights(checkpoint_dir, config, sharding=sharding, options=options)[0]
 
 
-def load_hf_weights(checkpoint_dir: Path, config: ModelConfig, *, fuse: bool = False,
-                    sharding: ShardingFn | None = None,
-                    options: TransferOptions = TransferOptions()) -> tuple[dict, TransferStats]:
+def load_hf_weights(
+  checkpoint_dir: Path,
+  config: ModelConfig,
+  *,
+  fuse: bool = False,
+  sharding: ShardingFn | None = None,
+  options: TransferOptions = TransferOptions(),
+) -> tuple[dict, TransferStats]:
   """load_hf_params on the device path, with its TransferStats (whether the layout was packed);
   `fuse` merges q/k/v and gate/up while converting (models/fused_projections)."""
   loads = plan_hf_tensors(checkpoint_dir, config)
   by_path = {load.path: load for load in loads}
   if fuse:
-    leaves = [LeafLoad(path, tuple(by_path[part] for part in parts))
-              for path, parts in merged_leaves(by_path)]
+    leaves = [
+      LeafLoad(path, tuple(by_path[part] for part in parts))
+      for path, parts in merged_leaves(by_path)
+    ]
   else:
     leaves = [LeafLoad(load.path, (load,)) for load in loads]
   arrays, stats = transfer_tensors(leaves, np.dtype(jnp.dtype(config.dtype)), sharding, options)
@@ -202,8 +242,9 @@ def _tree(leaves: dict[ParamPath, jax.Array]) -> dict:
   return params
 
 
-def _put_host_converted(loads: list[TensorLoad], dtype: np.dtype,
-                        put: PutFn) -> tuple[dict[ParamPath, jax.Array], TransferStats]:
+def _put_host_converted(
+  loads: list[TensorLoad], dtype: np.dtype, put: PutFn
+) -> tuple[dict[ParamPath, jax.Array], TransferStats]:
   """One tensor at a time: copied out of the file, transposed and cast on the host, then handed
   to `put` (which owns the copy)."""
   start = time.perf_counter()

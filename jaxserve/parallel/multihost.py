@@ -16,6 +16,7 @@ host to host without a device round trip, and lets the worker learn the bucket s
 message itself. The key-value store is reached through jax._src.distributed.global_state.client,
 which JAX 0.10 and 0.11 both provide.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,9 +29,9 @@ import msgpack
 import numpy as np
 
 from jaxserve.config import DistributedConfig
+from jaxserve.device.step_inputs import StepInputs
 from jaxserve.device.step_programs import constant_array
 from jaxserve.parallel.step_codec import ConstantFn, StepEncoder, decode_step_inputs
-from jaxserve.device.step_inputs import StepInputs
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +49,10 @@ def initialize_distributed(config: DistributedConfig) -> None:
     return
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   timeout = config.initialization_timeout_s
-  who = (f"process {config.process_id if config.process_id is not None else '(auto)'} of "
-         f"{config.num_processes or '(auto)'}")
+  who = (
+    f"process {config.process_id if config.process_id is not None else '(auto)'} of "
+    f"{config.num_processes or '(auto)'}"
+  )
   where = config.coordinator_address or "(auto-detected coordinator)"
   logger.info("distributed: %s joining %s (timeout %d s)", who, where, timeout)
   joined = threading.Event()
@@ -58,10 +61,11 @@ def initialize_distributed(config: DistributedConfig) -> None:
     if joined.is_set():
       return
     sys.stderr.write(
-        f"jaxserve: error: distributed: {who} could not complete the job at {where} within "
-        f"{timeout} s (distributed.initialization_timeout_s). Every host must run `jaxserve "
-        f"serve` with the same --coordinator-address and --num-processes and its own "
-        f"--process-id, and the coordinator port must be reachable.\n")
+      f"jaxserve: error: distributed: {who} could not complete the job at {where} within "
+      f"{timeout} s (distributed.initialization_timeout_s). Every host must run `jaxserve "
+      f"serve` with the same --coordinator-address and --num-processes and its own "
+      f"--process-id, and the coordinator port must be reachable.\n"
+    )
     sys.stderr.flush()
     os._exit(JOIN_FAILED_EXIT_CODE)
 
@@ -69,18 +73,24 @@ def initialize_distributed(config: DistributedConfig) -> None:
   watchdog.daemon = True
   watchdog.start()
   try:
-    jax.distributed.initialize(coordinator_address=config.coordinator_address,
-                               num_processes=config.num_processes,
-                               process_id=config.process_id,
-                               initialization_timeout=timeout + JAX_DEADLINE_MARGIN_S)
+    jax.distributed.initialize(
+      coordinator_address=config.coordinator_address,
+      num_processes=config.num_processes,
+      process_id=config.process_id,
+      initialization_timeout=timeout + JAX_DEADLINE_MARGIN_S,
+    )
   except Exception as err:  # a bad address or a rejected registration, before the deadline
     raise ValueError(f"distributed: {who} could not join {where}: {err}") from err
   finally:
     joined.set()
     watchdog.cancel()
-  logger.info("distributed: process %d of %d joined; %d devices in the job (%d local)",
-              jax.process_index(), jax.process_count(), jax.device_count(),
-              jax.local_device_count())
+  logger.info(
+    "distributed: process %d of %d joined; %d devices in the job (%d local)",
+    jax.process_index(),
+    jax.process_count(),
+    jax.device_count(),
+    jax.local_device_count(),
+  )
 
 
 def is_worker() -> bool:
@@ -90,6 +100,7 @@ def is_worker() -> bool:
 
 def _client():
   from jax._src import distributed  # the runtime's key-value store has no public handle
+
   client = distributed.global_state.client
   if client is None:
     raise ValueError("distributed: jax.distributed is not initialized")
@@ -143,8 +154,9 @@ class StepSubscriber:
   def agree_num_pages(self, num_pages: int) -> int:
     plan = msgpack.unpackb(_blocking_get(self._client, PLAN_KEY))
     if plan["num_pages"] != num_pages:
-      logger.info("KV pool: using process 0's %d pages (this host would fit %d)",
-                  plan["num_pages"], num_pages)
+      logger.info(
+        "KV pool: using process 0's %d pages (this host would fit %d)", plan["num_pages"], num_pages
+      )
     return int(plan["num_pages"])
 
   def receive(self, like: StepInputs, constant: ConstantFn) -> StepInputs | None:

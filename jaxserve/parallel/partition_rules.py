@@ -23,33 +23,36 @@ KV pages [num_kv_heads, num_pages, page_size, head_dim] are sharded on the kv-he
 the k/v projections, so a device's attention reads only its own pages. Step inputs and step
 outputs are replicated.
 """
+
 from __future__ import annotations
 
 import re
 
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxserve.parallel.mesh import MODEL_AXIS
 
 ParamPath = tuple[str, ...]
 
 PARAM_RULES: tuple[tuple[str, P], ...] = (
-    (r"self_attn/(q|k|v)_proj/kernel$", P(None, MODEL_AXIS)),
-    (r"self_attn/(q|k|v)_proj/bias$", P(MODEL_AXIS)),
-    (r"self_attn/o_proj/kernel$", P(MODEL_AXIS, None)),
-    (r"mlp/(gate|up)_proj/kernel$", P(None, MODEL_AXIS)),
-    (r"mlp/down_proj/kernel$", P(MODEL_AXIS, None)),
-    (r"^embed_tokens/embedding$", P(MODEL_AXIS, None)),
-    (r"^lm_head/kernel$", P(None, MODEL_AXIS)),
-    (r"(layernorm|norm)/scale$", P()),
+  (r"self_attn/(q|k|v)_proj/kernel$", P(None, MODEL_AXIS)),
+  (r"self_attn/(q|k|v)_proj/bias$", P(MODEL_AXIS)),
+  (r"self_attn/o_proj/kernel$", P(MODEL_AXIS, None)),
+  (r"mlp/(gate|up)_proj/kernel$", P(None, MODEL_AXIS)),
+  (r"mlp/down_proj/kernel$", P(MODEL_AXIS, None)),
+  (r"^embed_tokens/embedding$", P(MODEL_AXIS, None)),
+  (r"^lm_head/kernel$", P(None, MODEL_AXIS)),
+  (r"(layernorm|norm)/scale$", P()),
 )
 VOCAB_PARAMS = r"^(embed_tokens/embedding|lm_head/kernel)$"
 KV_PAGES_SPEC = P(MODEL_AXIS, None, None, None)  # [num_kv_heads, num_pages, page_size, head_dim]
 
 
-def param_spec(path: ParamPath, shape: tuple[int, ...], mesh_size: int,
-               shard_vocab: bool = True) -> P:
+def param_spec(
+  path: ParamPath, shape: tuple[int, ...], mesh_size: int, shard_vocab: bool = True
+) -> P:
   """The PartitionSpec of the param at `path`; ValueError if no rule matches it."""
   name = "/".join(path)
   if not shard_vocab and re.search(VOCAB_PARAMS, name):
@@ -63,8 +66,9 @@ def param_spec(path: ParamPath, shape: tuple[int, ...], mesh_size: int,
 def _divisible(spec: P, shape: tuple[int, ...], mesh_size: int) -> P:
   if len(spec) > len(shape):
     raise ValueError(f"partition rule {spec} has more axes than the param shape {shape}")
-  axes = [axis if axis is None or shape[i] % mesh_size == 0 else None
-          for i, axis in enumerate(spec)]
+  axes = [
+    axis if axis is None or shape[i] % mesh_size == 0 else None for i, axis in enumerate(spec)
+  ]
   return P(*axes)
 
 

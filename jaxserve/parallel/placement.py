@@ -17,6 +17,7 @@ batch_invariant (either placement): the attention backend with fixed tiles
 (models/batch_invariant_dense.py; on a mesh with tp_invariant_reductions the grouped GEMMs of
 sharded_dense.py run through them).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,8 +25,12 @@ from dataclasses import dataclass
 import jax
 from jax.sharding import Mesh
 
-from jaxserve.attention.backends import (AttentionBackend, batch_invariant_attention,
-                                         get_attention_backend, head_count_invariant)
+from jaxserve.attention.backends import (
+  AttentionBackend,
+  batch_invariant_attention,
+  get_attention_backend,
+  head_count_invariant,
+)
 from jaxserve.attention.metadata import KVPages
 from jaxserve.config import EngineConfig
 from jaxserve.device.step_programs import StepShardings
@@ -45,6 +50,7 @@ from jaxserve.parallel.sharded_loading import load_model_sharded, sharded_param_
 class Placement:
   """A loaded model on its devices: config and params, the backends its module runs with, and
   the mesh (None on one device) with the KV pages' sharding."""
+
   model: LoadedModel
   attention: AttentionBackend
   dense: DenseBackend | None
@@ -60,14 +66,18 @@ class Placement:
     if self.mesh is None:
       return None
     params = self.model.params
-    return StepShardings(jax.tree.map(lambda x: x.sharding, params),
-                         jax.tree.map(lambda x: x.sharding, kv_pages),
-                         logits_sharding(params, self.mesh), replicated(self.mesh))
+    return StepShardings(
+      jax.tree.map(lambda x: x.sharding, params),
+      jax.tree.map(lambda x: x.sharding, kv_pages),
+      logits_sharding(params, self.mesh),
+      replicated(self.mesh),
+    )
 
 
 def is_sharded(config: EngineConfig) -> bool:
-  return (config.tensor_parallel_size > 1 or jax.process_count() > 1
-          or config.tp_invariant_reductions)
+  return (
+    config.tensor_parallel_size > 1 or jax.process_count() > 1 or config.tp_invariant_reductions
+  )
 
 
 def load_placement(config: EngineConfig) -> Placement:
@@ -76,11 +86,18 @@ def load_placement(config: EngineConfig) -> Placement:
 
 def _on_one_device(config: EngineConfig) -> Placement:
   loaded = load_model(config.model, config.dtype, fuse_projections=config.fuse_projections)
-  model_config = loaded.config.replace(tp_invariant_reductions=config.tp_invariant_reductions,
-                                       batch_invariant=config.batch_invariant)
+  model_config = loaded.config.replace(
+    tp_invariant_reductions=config.tp_invariant_reductions, batch_invariant=config.batch_invariant
+  )
   params = dict(jax.device_put(loaded.params))
-  return Placement(LoadedModel(model_config, params, loaded.source, loaded.packed),
-                   attention_for(config), dense_for(config), None, None, 1)
+  return Placement(
+    LoadedModel(model_config, params, loaded.source, loaded.packed),
+    attention_for(config),
+    dense_for(config),
+    None,
+    None,
+    1,
+  )
 
 
 def attention_for(config: EngineConfig) -> AttentionBackend:
@@ -96,13 +113,15 @@ def dense_for(config: EngineConfig) -> DenseBackend | None:
 
 def _on_mesh(config: EngineConfig) -> Placement:
   mesh = build_mesh(config.tensor_parallel_size)
-  loaded = load_model_sharded(config.model, config.dtype, mesh,
-                              tp_invariant_reductions=config.tp_invariant_reductions)
+  loaded = load_model_sharded(
+    config.model, config.dtype, mesh, tp_invariant_reductions=config.tp_invariant_reductions
+  )
   return _mesh_placement(config, loaded, mesh)
 
 
-def abstract_placement(config: EngineConfig, model_config: ModelConfig, mesh: Mesh,
-                       platform: str | None = None) -> Placement:
+def abstract_placement(
+  config: EngineConfig, model_config: ModelConfig, mesh: Mesh, platform: str | None = None
+) -> Placement:
   """The mesh Placement of `model_config` with no weights loaded: every param a
   jax.ShapeDtypeStruct with the sharding load_placement would give it, the backends and KV
   sharding as load_placement's. `platform` resolves attention_backend "auto" (default: JAX's
@@ -116,10 +135,15 @@ def abstract_placement(config: EngineConfig, model_config: ModelConfig, mesh: Me
   return _mesh_placement(config, loaded, mesh, platform)
 
 
-def _mesh_placement(config: EngineConfig, loaded: LoadedModel, mesh: Mesh,
-                    platform: str | None = None) -> Placement:
-  loaded = LoadedModel(loaded.config.replace(batch_invariant=config.batch_invariant),
-                       loaded.params, loaded.source, loaded.packed)
+def _mesh_placement(
+  config: EngineConfig, loaded: LoadedModel, mesh: Mesh, platform: str | None = None
+) -> Placement:
+  loaded = LoadedModel(
+    loaded.config.replace(batch_invariant=config.batch_invariant),
+    loaded.params,
+    loaded.source,
+    loaded.packed,
+  )
   backend, dense = get_attention_backend(config.attention_backend, platform), None
   matmul = invariant_matmul() if config.batch_invariant else None
   if config.tp_invariant_reductions:
@@ -129,5 +153,11 @@ def _mesh_placement(config: EngineConfig, loaded: LoadedModel, mesh: Mesh,
     dense = batch_invariant_backend()
   if config.batch_invariant:
     backend = batch_invariant_attention(backend)
-  return Placement(loaded, shard_attention_backend(backend, mesh), dense, mesh,
-                   kv_pages_sharding(mesh), mesh.shape[MODEL_AXIS])
+  return Placement(
+    loaded,
+    shard_attention_backend(backend, mesh),
+    dense,
+    mesh,
+    kv_pages_sharding(mesh),
+    mesh.shape[MODEL_AXIS],
+  )

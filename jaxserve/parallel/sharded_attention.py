@@ -9,12 +9,14 @@ No collective runs inside; o_proj's row-sharded matmul reduces the heads afterwa
 receives this backend from parallel/placement.py and stays free of sharding. Each shard runs the
 backend's own kernel on its heads, so the wrapped backend keeps its capabilities.
 """
+
 from __future__ import annotations
 
 import functools
 
 import jax
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from jaxserve.attention.backends import AttentionBackend
 from jaxserve.parallel.mesh import MODEL_AXIS
@@ -29,18 +31,25 @@ def shard_attention_backend(backend: AttentionBackend, mesh: Mesh) -> AttentionB
 
   def write_kv(k_pages, v_pages, new_k, new_v, slot_mapping):
     local = jax.shard_map(
-        backend.write_kv, mesh=mesh,
-        in_specs=(KV_PAGES_SPEC, KV_PAGES_SPEC, HEADS_SPEC, HEADS_SPEC, REPLICATED),
-        out_specs=(KV_PAGES_SPEC, KV_PAGES_SPEC), check_vma=False)
+      backend.write_kv,
+      mesh=mesh,
+      in_specs=(KV_PAGES_SPEC, KV_PAGES_SPEC, HEADS_SPEC, HEADS_SPEC, REPLICATED),
+      out_specs=(KV_PAGES_SPEC, KV_PAGES_SPEC),
+      check_vma=False,
+    )
     return local(k_pages, v_pages, new_k, new_v, slot_mapping)
 
   def attend(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, num_seqs, **kwargs):
     local = jax.shard_map(
-        functools.partial(backend.attend, **kwargs), mesh=mesh,
-        in_specs=(HEADS_SPEC, KV_PAGES_SPEC, KV_PAGES_SPEC) + (REPLICATED,) * 4,
-        out_specs=HEADS_SPEC, check_vma=False)
+      functools.partial(backend.attend, **kwargs),
+      mesh=mesh,
+      in_specs=(HEADS_SPEC, KV_PAGES_SPEC, KV_PAGES_SPEC) + (REPLICATED,) * 4,
+      out_specs=HEADS_SPEC,
+      check_vma=False,
+    )
     return local(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, num_seqs)
 
   size = mesh.shape[MODEL_AXIS]
-  return backend.replace(name=f"{backend.name} (shard_map over {size} kv-head shards)",
-                         attend=attend, write_kv=write_kv)
+  return backend.replace(
+    name=f"{backend.name} (shard_map over {size} kv-head shards)", attend=attend, write_kv=write_kv
+  )

@@ -8,6 +8,7 @@ shardings in the abstract tree. A built-in model (models/builtin.py) is generate
 then laid out the same way. `tp_invariant_reductions` is set on the loaded ModelConfig and keeps
 the vocabulary-sized weights replicated (partition_rules).
 """
+
 from __future__ import annotations
 
 import jax
@@ -24,9 +25,14 @@ from jaxserve.parallel.mesh import MODEL_AXIS, check_tensor_parallel
 from jaxserve.parallel.partition_rules import param_shardings, param_spec
 
 
-def load_model_sharded(model: str, dtype: str, mesh: Mesh, *,
-                       tp_invariant_reductions: bool = False,
-                       transfer: TransferOptions = TransferOptions()) -> LoadedModel:
+def load_model_sharded(
+  model: str,
+  dtype: str,
+  mesh: Mesh,
+  *,
+  tp_invariant_reductions: bool = False,
+  transfer: TransferOptions = TransferOptions(),
+) -> LoadedModel:
   """load_model(model, dtype), with every param laid out by the partition rules over `mesh`
   (`transfer`: how a safetensors checkpoint's tensors are moved, models/weight_transfer.py)."""
   shard_vocab = not tp_invariant_reductions
@@ -35,16 +41,18 @@ def load_model_sharded(model: str, dtype: str, mesh: Mesh, *,
     config = loaded.config.replace(tp_invariant_reductions=tp_invariant_reductions)
     check_tensor_parallel(config, mesh.shape[MODEL_AXIS])
     shardings = param_shardings(loaded.params, mesh, shard_vocab)
-    params = jax.tree.map(lambda x, s: _shard_host_array(np.asarray(x), s), loaded.params,
-                          shardings)
+    params = jax.tree.map(
+      lambda x, s: _shard_host_array(np.asarray(x), s), loaded.params, shardings
+    )
     return LoadedModel(config, params, loaded.source)
   path = checkpoint_dir(model)
   config = load_hf_config(path, dtype).replace(tp_invariant_reductions=tp_invariant_reductions)
   check_tensor_parallel(config, mesh.shape[MODEL_AXIS])
   orbax_dir = path / PARAMS_SUBDIR
   if orbax_dir.is_dir():
-    return LoadedModel(config, restore_params(orbax_dir, sharded_param_shapes(config, mesh)),
-                       f"orbax:{orbax_dir}")
+    return LoadedModel(
+      config, restore_params(orbax_dir, sharded_param_shapes(config, mesh)), f"orbax:{orbax_dir}"
+    )
   size = mesh.shape[MODEL_AXIS]
 
   def sharding(param_path: ParamPath, shape: tuple[int, ...]) -> jax.sharding.Sharding:
@@ -60,8 +68,9 @@ def sharded_param_shapes(config: ModelConfig, mesh: Mesh) -> dict:
   restore fills, and the weights of an ahead-of-time compilation."""
   shapes = param_shapes(config)
   shardings = param_shardings(shapes, mesh, not config.tp_invariant_reductions)
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
-                      shardings)
+  return jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings
+  )
 
 
 def _shard_host_array(array: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:

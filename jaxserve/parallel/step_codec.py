@@ -5,6 +5,7 @@ A StepInputs pytree always has the same structure; only its leaves travel, as ms
 are sent as a (dtype, shape, fill value) record instead of their contents, and the receiver turns
 such a record back into its own cached device constant, so no step moves that history.
 """
+
 from __future__ import annotations
 
 from typing import Callable

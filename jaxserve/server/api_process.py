@@ -8,6 +8,7 @@ server.host:port). It tokenizes, applies chat templates, detokenizes, applies st
 writes JSON and SSE; it never imports jax. The tokenizer and the model's limits come from the
 core (CoreInfo, core/info.py), read from the file core/ wrote it to.
 """
+
 from __future__ import annotations
 
 import gc
@@ -24,9 +25,20 @@ def run_api_server(args: ApiProcessArgs) -> None:
 
   info = read_core_info(Path(args.info_path))
   client = CoreClient(args.core_address, info.tokenizer, identity=args.identity)
-  app = build_app(client, info.tokenizer, args.server_config, model_name=info.model_name,
-                  max_model_len=info.max_model_len, vocab_size=info.vocab_size)
+  app = build_app(
+    client,
+    info.tokenizer,
+    args.server_config,
+    model_name=info.model_name,
+    max_model_len=info.max_model_len,
+    vocab_size=info.vocab_size,
+  )
   gc.collect()
   gc.freeze()  # the app's long-lived objects: later collections do not scan them
-  run_app(app, args.server_config, args.log_level, sock=args.sock,
-          stats_prefix=f"API server {args.index}: " if args.sock is not None else "")
+  run_app(
+    app,
+    args.server_config,
+    args.log_level,
+    sock=args.sock,
+    stats_prefix=f"API server {args.index}: " if args.sock is not None else "",
+  )

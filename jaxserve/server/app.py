@@ -5,6 +5,7 @@ POST /detokenize, GET /tokenizer_info (server/tokenizer_info.py), GET /health (2
 while draining or once the engine core is gone), GET /metrics (Prometheus text). Every error,
 including unknown routes, has OpenAI's body shape; bad input is never a 5xx.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,9 +19,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from jaxserve.config import ServerConfig
-from jaxserve.engine.admission import check_token_ids
 from jaxserve.core.client import CoreClient
 from jaxserve.core.streams import EngineDeadError
+from jaxserve.engine.admission import check_token_ids
 from jaxserve.server.chat import create_chat_completion
 from jaxserve.server.completions import create_completion
 from jaxserve.server.errors import ApiError, bad_request, internal, unavailable
@@ -35,27 +36,45 @@ from jaxserve.tokenizer.tokenizer import Tokenizer
 logger = logging.getLogger(__name__)
 
 
-def build_app(engine: CoreClient, tokenizer: Tokenizer, config: ServerConfig, *,
-              model_name: str, max_model_len: int, vocab_size: int) -> Starlette:
+def build_app(
+  engine: CoreClient,
+  tokenizer: Tokenizer,
+  config: ServerConfig,
+  *,
+  model_name: str,
+  max_model_len: int,
+  vocab_size: int,
+) -> Starlette:
   """The app over a CoreClient, which the app attaches on its event loop (run it with uvicorn's
   lifespan on); one client per app."""
-  state = ServingState(engine=engine, tokenizer=tokenizer, config=config,
-                       model_name=config.served_model_name or model_name,
-                       max_model_len=max_model_len, vocab_size=vocab_size,
-                       metrics=ServerMetrics(engine))
+  state = ServingState(
+    engine=engine,
+    tokenizer=tokenizer,
+    config=config,
+    model_name=config.served_model_name or model_name,
+    max_model_len=max_model_len,
+    vocab_size=vocab_size,
+    metrics=ServerMetrics(engine),
+  )
   routes = [
-      Route("/v1/completions", create_completion, methods=["POST"]),
-      Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
-      Route("/v1/models", list_models, methods=["GET"]),
-      Route("/tokenize", tokenize, methods=["POST"]),
-      Route("/detokenize", detokenize, methods=["POST"]),
-      Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
-      Route("/health", health, methods=["GET"]),
-      Route("/metrics", metrics, methods=["GET"]),
+    Route("/v1/completions", create_completion, methods=["POST"]),
+    Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/tokenize", tokenize, methods=["POST"]),
+    Route("/detokenize", detokenize, methods=["POST"]),
+    Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
+    Route("/health", health, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
   ]
-  handlers = {ApiError: _api_error, HTTPException: _http_error, EngineDeadError: _engine_dead,
-              ClientDisconnected: _client_gone, ClientDisconnect: _client_gone,
-              Exception: _unexpected}
+  handlers = {
+    ApiError: _api_error,
+    HTTPException: _http_error,
+    EngineDeadError: _engine_dead,
+    ClientDisconnected: _client_gone,
+    ClientDisconnect: _client_gone,
+    Exception: _unexpected,
+  }
+
   @contextlib.asynccontextmanager
   async def lifespan(app: Starlette):
     await engine.attach()
@@ -64,8 +83,12 @@ def build_app(engine: CoreClient, tokenizer: Tokenizer, config: ServerConfig, *,
     finally:
       await engine.detach()
 
-  app = Starlette(routes=routes, middleware=[Middleware(GuardMiddleware, state=state)],
-                  exception_handlers=handlers, lifespan=lifespan)
+  app = Starlette(
+    routes=routes,
+    middleware=[Middleware(GuardMiddleware, state=state)],
+    exception_handlers=handlers,
+    lifespan=lifespan,
+  )
   app.state.serving = state
   return app
 
@@ -76,8 +99,13 @@ def serving_state(app: Starlette) -> ServingState:
 
 async def list_models(request: Request) -> Response:
   state: ServingState = request.app.state.serving
-  model = {"id": state.model_name, "object": "model", "created": state.created,
-           "owned_by": "jaxserve", "max_model_len": state.max_model_len}
+  model = {
+    "id": state.model_name,
+    "object": "model",
+    "created": state.created,
+    "owned_by": "jaxserve",
+    "max_model_len": state.max_model_len,
+  }
   return JSONResponse({"object": "list", "data": [model]})
 
 
@@ -90,18 +118,19 @@ async def tokenize(request: Request) -> Response:
     if "messages" in body:
       messages = list(parse_messages(body["messages"]))
       add_generation_prompt = body.get("add_generation_prompt", True) is not False
-      tokens = await state.run_blocking(state.tokenizer.encode_chat, messages,
-                                        add_generation_prompt)
+      tokens = await state.run_blocking(
+        state.tokenizer.encode_chat, messages, add_generation_prompt
+      )
     elif isinstance(body.get("prompt"), str):
       add_special_tokens = body.get("add_special_tokens", True) is not False
-      tokens = await state.run_blocking(state.tokenizer.encode, body["prompt"],
-                                        add_special_tokens)
+      tokens = await state.run_blocking(state.tokenizer.encode, body["prompt"], add_special_tokens)
     else:
       raise ValueError("prompt: give a string `prompt` or a `messages` list")
   except ValueError as err:
     raise bad_request(err, {"chat_template": "messages"}) from err
-  return JSONResponse({"tokens": tokens, "count": len(tokens),
-                       "max_model_len": state.max_model_len})
+  return JSONResponse(
+    {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len}
+  )
 
 
 async def detokenize(request: Request) -> Response:
@@ -112,7 +141,8 @@ async def detokenize(request: Request) -> Response:
   tokens = body.get("tokens")
   try:
     if not isinstance(tokens, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+      isinstance(t, int) and not isinstance(t, bool) for t in tokens
+    ):
       raise ValueError("tokens: must be a list of token ids")
     check_token_ids(tokens, state.vocab_size, "tokens")
   except ValueError as err:
@@ -142,8 +172,9 @@ async def _http_error(request: Request, err: HTTPException) -> Response:
   if err.status_code == 404:
     return ApiError(404, f"no route {request.url.path}", code="not_found").response()
   if err.status_code == 405:
-    return ApiError(405, f"{request.method} is not allowed on {request.url.path}",
-                    code="method_not_allowed").response()
+    return ApiError(
+      405, f"{request.method} is not allowed on {request.url.path}", code="method_not_allowed"
+    ).response()
   return ApiError(err.status_code, str(err.detail)).response()
 
 

@@ -11,6 +11,7 @@ the choice's tokens, `delta.content` empty while the detokenizer holds text back
 Tool calling: `tools` go to the chat template; server/tool_calls.py turns a choice's text into
 `tool_calls` (message or `delta.tool_calls`) with finish_reason "tool_calls".
 """
+
 from __future__ import annotations
 
 import time
@@ -20,13 +21,18 @@ from typing import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from jaxserve.core.streams import EngineDeadError, OutputStream
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
-from jaxserve.core.streams import EngineDeadError, OutputStream
 from jaxserve.server.drain import stream_error
 from jaxserve.server.errors import bad_request
-from jaxserve.server.generation import (DONE_EVENT, EngineStreamResponse, collect,
-                                        expand_requests, sse_event)
+from jaxserve.server.generation import (
+  DONE_EVENT,
+  EngineStreamResponse,
+  collect,
+  expand_requests,
+  sse_event,
+)
 from jaxserve.server.logprobs import chat_logprobs
 from jaxserve.server.protocol import ChatRequest, parse_chat_request
 from jaxserve.server.state import ServingState, read_json
@@ -68,22 +74,31 @@ def _encode_chat(state: ServingState, parsed: ChatRequest) -> list[int]:
   return state.tokenizer.encode_chat(list(parsed.messages), parsed.add_generation_prompt, tools)
 
 
-def _final_params(parsed: ChatRequest, num_prompt_tokens: int,
-                  max_model_len: int) -> SamplingParams:
+def _final_params(
+  parsed: ChatRequest, num_prompt_tokens: int, max_model_len: int
+) -> SamplingParams:
   if parsed.max_tokens is not None:
     return parsed.params
   room = max_model_len - num_prompt_tokens
   if room < 1:
-    raise ValueError(f"messages: the prompt has {num_prompt_tokens} tokens, which leaves no room "
-                     f"for a reply within max_model_len {max_model_len}")
+    raise ValueError(
+      f"messages: the prompt has {num_prompt_tokens} tokens, which leaves no room "
+      f"for a reply within max_model_len {max_model_len}"
+    )
   return parsed.params.replace(max_tokens=room)
 
 
 class ChatView:
   """Turns engine outputs into OpenAI chat completion bodies and chunks."""
 
-  def __init__(self, state: ServingState, parsed: ChatRequest, response_id: str,
-               num_prompt_tokens: int, request_ids: list[str]):
+  def __init__(
+    self,
+    state: ServingState,
+    parsed: ChatRequest,
+    response_id: str,
+    num_prompt_tokens: int,
+    request_ids: list[str],
+  ):
     self.state, self.parsed, self.response_id = state, parsed, response_id
     self.num_prompt_tokens = num_prompt_tokens
     self.created = int(time.time())
@@ -92,12 +107,20 @@ class ChatView:
     self._streams: dict[int, ChoiceStream] = {}
 
   def _envelope(self, choices: list[dict], obj: str) -> dict:
-    return {"id": self.response_id, "object": obj, "created": self.created,
-            "model": self.state.model_name, "choices": choices}
+    return {
+      "id": self.response_id,
+      "object": obj,
+      "created": self.created,
+      "model": self.state.model_name,
+      "choices": choices,
+    }
 
   def usage(self, completion_tokens: int) -> dict:
-    return {"prompt_tokens": self.num_prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": self.num_prompt_tokens + completion_tokens}
+    return {
+      "prompt_tokens": self.num_prompt_tokens,
+      "completion_tokens": completion_tokens,
+      "total_tokens": self.num_prompt_tokens + completion_tokens,
+    }
 
   def _logprobs(self, entries) -> dict | None:
     if not self.parsed.logprobs:
@@ -109,17 +132,22 @@ class ChatView:
     choices = []
     for rid, out in ordered:
       message = self.tools.final(out.text, out.finish_reason)
-      choices.append({"index": self.index[rid], "message": message.to_openai(),
-                      "logprobs": self._logprobs(out.logprobs),
-                      "finish_reason": message.finish_reason})
+      choices.append(
+        {
+          "index": self.index[rid],
+          "message": message.to_openai(),
+          "logprobs": self._logprobs(out.logprobs),
+          "finish_reason": message.finish_reason,
+        }
+      )
     body = self._envelope(choices, "chat.completion")
     body["usage"] = self.usage(sum(len(out.token_ids) for _, out in ordered))
     return body
 
-  def _chunk(self, index: int, delta: dict, finish_reason: str | None = None,
-             logprobs: dict | None = None) -> str:
-    choice = {"index": index, "delta": delta, "logprobs": logprobs,
-              "finish_reason": finish_reason}
+  def _chunk(
+    self, index: int, delta: dict, finish_reason: str | None = None, logprobs: dict | None = None
+  ) -> str:
+    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     return sse_event(self._envelope([choice], "chat.completion.chunk"))
 
   def _delta_chunk(self, output: RequestOutput) -> str:
@@ -157,8 +185,9 @@ class ChatView:
         if (output := coalescer.push(output)) is not None:
           yield self._delta_chunk(output)
       if self.parsed.include_usage:
-        yield sse_event({**self._envelope([], "chat.completion.chunk"),
-                         "usage": self.usage(num_generated)})
+        yield sse_event(
+          {**self._envelope([], "chat.completion.chunk"), "usage": self.usage(num_generated)}
+        )
     except EngineDeadError as err:  # the engine died, or the drain timeout ended the stream
       yield stream_error(err).sse_event()
     yield DONE_EVENT

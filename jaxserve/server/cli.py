@@ -18,6 +18,7 @@ Multi-host: every host runs `jaxserve serve` with the same settings plus its --p
 jax.distributed job first; process 0 then builds the engine and serves HTTP, the others run the
 worker loop (jaxserve/follower.py) and exit 0 after process 0 stops.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,28 +32,44 @@ from jaxserve.structured.tool_parsers import tool_parser_names
 
 def register(subparsers) -> None:
   parser = subparsers.add_parser(
-      "serve", help="serve the OpenAI-compatible HTTP API",
-      description="Serve /v1/completions, /v1/chat/completions, /v1/models, /tokenize, "
-      "/detokenize, /tokenizer_info, /health and /metrics. Without a MODEL it serves tiny-random.")
-  parser.add_argument("model_tag", nargs="?", metavar="MODEL",
-                      help="the model to serve, as --model (default: tiny-random)")
+    "serve",
+    help="serve the OpenAI-compatible HTTP API",
+    description="Serve /v1/completions, /v1/chat/completions, /v1/models, /tokenize, "
+    "/detokenize, /tokenizer_info, /health and /metrics. Without a MODEL it serves tiny-random.",
+  )
+  parser.add_argument(
+    "model_tag",
+    nargs="?",
+    metavar="MODEL",
+    help="the model to serve, as --model (default: tiny-random)",
+  )
   add_engine_args(parser)
   group = parser.add_argument_group("server")
   group.add_argument("--host", help="address to bind (default 127.0.0.1)")
   group.add_argument("--port", type=int, help="port to bind (default 8000)")
-  group.add_argument("--api-key", help="require `Authorization: Bearer KEY` (except on /health "
-                     "and /metrics)")
+  group.add_argument(
+    "--api-key", help="require `Authorization: Bearer KEY` (except on /health and /metrics)"
+  )
   group.add_argument("--served-model-name", help="the model name clients send (default: --model)")
-  group.add_argument("--api-server-count", type=int,
-                     help="HTTP front-end processes beside the engine core process (default: one "
-                     "per 4 CPU cores, 1 to 4); 0 serves from one process, the engine core on a "
-                     "thread")
-  group.add_argument("--tool-call-parser", choices=tool_parser_names(),
-                     help="read tool calls from chat replies under tool_choice auto in this "
-                     "chat format (llama3_json: Llama 3.x; hermes: Hermes / Qwen <tool_call>)")
+  group.add_argument(
+    "--api-server-count",
+    type=int,
+    help="HTTP front-end processes beside the engine core process (default: one "
+    "per 4 CPU cores, 1 to 4); 0 serves from one process, the engine core on a "
+    "thread",
+  )
+  group.add_argument(
+    "--tool-call-parser",
+    choices=tool_parser_names(),
+    help="read tool calls from chat replies under tool_choice auto in this "
+    "chat format (llama3_json: Llama 3.x; hermes: Hermes / Qwen <tool_call>)",
+  )
   group = parser.add_argument_group("parallel")
-  group.add_argument("--distributed", action="store_true",
-                     help="join a multi-host jax.distributed job (auto-detected on Cloud TPU VMs)")
+  group.add_argument(
+    "--distributed",
+    action="store_true",
+    help="join a multi-host jax.distributed job (auto-detected on Cloud TPU VMs)",
+  )
   group.add_argument("--coordinator-address", help="HOST:PORT of process 0's coordinator")
   group.add_argument("--num-processes", type=int, help="number of hosts in the job")
   group.add_argument("--process-id", type=int, help="this host's index, 0 serves HTTP")
@@ -60,8 +77,14 @@ def register(subparsers) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-  for flag in ("host", "port", "api_key", "served_model_name", "api_server_count",
-               "tool_call_parser"):
+  for flag in (
+    "host",
+    "port",
+    "api_key",
+    "served_model_name",
+    "api_server_count",
+    "tool_call_parser",
+  ):
     value = getattr(args, flag)
     if value is not None:
       args.overrides.append(f"server.{flag}={json.dumps(value)}")

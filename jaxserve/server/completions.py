@@ -8,6 +8,7 @@ logprobs: N, max_tokens: 0` returns the prompt's tokens and logprobs (the first 
 engine has no zero-token request, so it runs with prompt logprobs and max_tokens 1 and the
 generated token is dropped (finish_reason "length", completion_tokens 0).
 """
+
 from __future__ import annotations
 
 import time
@@ -18,13 +19,18 @@ from typing import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from jaxserve.core.streams import EngineDeadError, OutputStream
 from jaxserve.engine.admission import check_token_ids
 from jaxserve.outputs import RequestOutput
-from jaxserve.core.streams import EngineDeadError, OutputStream
 from jaxserve.server.drain import stream_error
 from jaxserve.server.errors import bad_request
-from jaxserve.server.generation import (DONE_EVENT, EngineStreamResponse, collect,
-                                        expand_requests, sse_event)
+from jaxserve.server.generation import (
+  DONE_EVENT,
+  EngineStreamResponse,
+  collect,
+  expand_requests,
+  sse_event,
+)
 from jaxserve.server.logprobs import CompletionLogprobs, completion_logprobs
 from jaxserve.server.protocol import CompletionRequest, Prompt, parse_completion_request
 from jaxserve.server.state import ServingState, read_json
@@ -76,8 +82,14 @@ def _tokenize(state: ServingState, prompts: tuple[Prompt, ...]) -> list[Tokenize
 class CompletionView:
   """Turns engine outputs into OpenAI completion bodies and chunks."""
 
-  def __init__(self, state: ServingState, parsed: CompletionRequest, response_id: str,
-               prompts: list[TokenizedPrompt], request_ids: list[str]):
+  def __init__(
+    self,
+    state: ServingState,
+    parsed: CompletionRequest,
+    response_id: str,
+    prompts: list[TokenizedPrompt],
+    request_ids: list[str],
+  ):
     self.state, self.parsed, self.response_id = state, parsed, response_id
     self.prompts = prompts
     self.created = int(time.time())
@@ -89,13 +101,21 @@ class CompletionView:
     return self.prompts[index // self.parsed.params.n]
 
   def _envelope(self, choices: list[dict]) -> dict:
-    return {"id": self.response_id, "object": "text_completion", "created": self.created,
-            "model": self.state.model_name, "choices": choices}
+    return {
+      "id": self.response_id,
+      "object": "text_completion",
+      "created": self.created,
+      "model": self.state.model_name,
+      "choices": choices,
+    }
 
   def usage(self, completion_tokens: int) -> dict:
     prompt_tokens = sum(len(p.token_ids) for p in self.prompts)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+      "prompt_tokens": prompt_tokens,
+      "completion_tokens": completion_tokens,
+      "total_tokens": prompt_tokens + completion_tokens,
+    }
 
   def _num_generated(self, output: RequestOutput) -> int:
     return 0 if self.parsed.score_only else len(output.token_ids)
@@ -109,25 +129,31 @@ class CompletionView:
     if parsed.echo and index not in self._started:
       text = prompt.text
       if parsed.logprobs is not None and output.prompt_logprobs is not None:
-        logprobs = completion_logprobs(self.state.tokenizer, prompt.token_ids,
-                                       output.prompt_logprobs, 0)
+        logprobs = completion_logprobs(
+          self.state.tokenizer, prompt.token_ids, output.prompt_logprobs, 0
+        )
     self._started.add(index)
     if not parsed.score_only:
       new_text = output.new_text if delta else output.text
       entries = (output.new_logprobs if delta else output.logprobs) or ()
       if parsed.logprobs is not None:
         offset = self._text_length.get(index, 0) + len(text)
-        more = completion_logprobs(self.state.tokenizer, [e.token_id for e in entries], entries,
-                                   offset)
+        more = completion_logprobs(
+          self.state.tokenizer, [e.token_id for e in entries], entries, offset
+        )
         for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
           getattr(logprobs, name).extend(getattr(more, name))
       text += new_text
     self._text_length[index] = self._text_length.get(index, 0) + len(text)
-    finish_reason = ("length" if parsed.score_only else output.finish_reason) \
-        if output.finished else None
-    return {"index": index, "text": text,
-            "logprobs": logprobs.to_json() if parsed.logprobs is not None else None,
-            "finish_reason": finish_reason}
+    finish_reason = (
+      ("length" if parsed.score_only else output.finish_reason) if output.finished else None
+    )
+    return {
+      "index": index,
+      "text": text,
+      "logprobs": logprobs.to_json() if parsed.logprobs is not None else None,
+      "finish_reason": finish_reason,
+    }
 
   def response(self, finals: dict[str, RequestOutput]) -> dict:
     ordered = sorted(finals.items(), key=lambda item: self.index[item[0]])
@@ -147,8 +173,9 @@ class CompletionView:
         if output.finished:
           num_generated += self._num_generated(output)
         if (output := coalescer.push(output)) is not None:
-          yield sse_event(self._envelope([self._choice(self.index[output.request_id], output,
-                                                       delta=True)]))
+          yield sse_event(
+            self._envelope([self._choice(self.index[output.request_id], output, delta=True)])
+          )
       if self.parsed.include_usage:
         yield sse_event({**self._envelope([]), "usage": self.usage(num_generated)})
     except EngineDeadError as err:  # the engine died, or the drain timeout ended the stream

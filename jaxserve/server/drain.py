@@ -5,6 +5,7 @@ and `data: [DONE]`, a non-streaming call a 503 body, and their requests are abor
 uvicorn's own graceful-shutdown timeout is set UVICORN_GRACE_S later, so by the time it would
 cancel the remaining tasks (a connection reset and a traceback per stream) none are left.
 """
+
 from __future__ import annotations
 
 import threading
@@ -47,8 +48,11 @@ class DrainTimer:
 
   def _expire(self) -> None:
     try:
-      self._engine.end_streams(DrainTimeoutError(
+      self._engine.end_streams(
+        DrainTimeoutError(
           f"the server shut down before this response finished (server.drain_timeout_s "
-          f"{self._timeout_s:g} s passed)"))
+          f"{self._timeout_s:g} s passed)"
+        )
+      )
     except EngineDeadError:
       pass  # the engine has already stopped: its streams are ended

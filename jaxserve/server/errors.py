@@ -3,6 +3,7 @@
 Handlers raise ApiError; a ValueError from validation ("field: message", as SamplingParams and
 the engine word them) becomes a 400 whose `param` is that field.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,15 @@ _FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w.\[\]]*): ")
 class ApiError(Exception):
   """An error the client sees with `status` and OpenAI's error body."""
 
-  def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-               param: str | None = None, code: str | None = None):
+  def __init__(
+    self,
+    status: int,
+    message: str,
+    *,
+    type: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+  ):
     super().__init__(message)
     self.status = status
     self.message = message
@@ -28,8 +36,9 @@ class ApiError(Exception):
     self.code = code
 
   def body(self) -> dict:
-    return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                      "code": self.code}}
+    return {
+      "error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+    }
 
   def response(self) -> JSONResponse:
     return JSONResponse(self.body(), status_code=self.status)
@@ -58,8 +67,9 @@ def not_found(message: str, param: str | None = None, code: str | None = None) -
 
 
 def unauthorized() -> ApiError:
-  return ApiError(401, "Incorrect or missing API key: send `Authorization: Bearer <key>`.",
-                  code="invalid_api_key")
+  return ApiError(
+    401, "Incorrect or missing API key: send `Authorization: Bearer <key>`.", code="invalid_api_key"
+  )
 
 
 def body_too_large(limit: int) -> ApiError:
@@ -67,8 +77,12 @@ def body_too_large(limit: int) -> ApiError:
 
 
 def queue_full(limit: int) -> ApiError:
-  return ApiError(429, f"the server's waiting queue is full ({limit} requests); retry later",
-                  type="rate_limit_error", code="rate_limit_exceeded")
+  return ApiError(
+    429,
+    f"the server's waiting queue is full ({limit} requests); retry later",
+    type="rate_limit_error",
+    code="rate_limit_exceeded",
+  )
 
 
 def unavailable(reason: str) -> ApiError:

@@ -9,6 +9,7 @@ aborted afterwards. A non-streaming call waits for its outputs and for `http.dis
 receive channel at once, and aborts when the client goes first. Either way the abort reaches the
 engine core before its next step.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -18,9 +19,9 @@ from typing import AsyncIterator
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from jaxserve.core.streams import OutputStream, RequestSpec, now
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
-from jaxserve.core.streams import OutputStream, RequestSpec, now
 from jaxserve.server.metrics import ServerMetrics
 
 DONE_EVENT = "data: [DONE]\n\n"
@@ -34,16 +35,16 @@ def sse_event(data: dict) -> str:
   return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-def expand_requests(response_id: str, prompt_ids: list[list[int]],
-                    params: SamplingParams) -> list[RequestSpec]:
+def expand_requests(
+  response_id: str, prompt_ids: list[list[int]], params: SamplingParams
+) -> list[RequestSpec]:
   """One spec per choice; spec i is choice i."""
   arrival = now()
   specs = []
   children = params.expand_n()
   for prompt_tokens in prompt_ids:
     for child in children:
-      specs.append(RequestSpec(f"{response_id}-{len(specs)}", tuple(prompt_tokens), child,
-                               arrival))
+      specs.append(RequestSpec(f"{response_id}-{len(specs)}", tuple(prompt_tokens), child, arrival))
   return specs
 
 
@@ -51,8 +52,11 @@ class EngineStreamResponse(StreamingResponse):
   """An SSE response that aborts its engine requests when it ends, however it ends."""
 
   def __init__(self, events: AsyncIterator[str], stream: OutputStream, metrics: ServerMetrics):
-    super().__init__(events, media_type="text/event-stream",
-                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    super().__init__(
+      events,
+      media_type="text/event-stream",
+      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
     self._stream = stream
     self._metrics = metrics
 
@@ -63,8 +67,9 @@ class EngineStreamResponse(StreamingResponse):
       self._metrics.requests_aborted.inc(self._stream.abort())
 
 
-async def collect(stream: OutputStream, receive: Receive,
-                  metrics: ServerMetrics) -> dict[str, RequestOutput]:
+async def collect(
+  stream: OutputStream, receive: Receive, metrics: ServerMetrics
+) -> dict[str, RequestOutput]:
   """Every request's final output; raises ClientDisconnected (after aborting) if the client
   leaves first, EngineDeadError if the engine dies."""
   observe = metrics.observer()

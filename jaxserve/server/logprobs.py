@@ -5,6 +5,7 @@ one entry per token; with echo the prompt's tokens come first and the first has 
 Chat: `{content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}`.
 Tokens are shown as each id decoded on its own (Tokenizer.convert_ids_to_tokens).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -17,19 +18,27 @@ from jaxserve.tokenizer.tokenizer import Tokenizer
 @dataclass
 class CompletionLogprobs:
   """The completions logprobs object, built incrementally (streaming sends slices of it)."""
+
   tokens: list[str] = field(default_factory=list)
   token_logprobs: list[float | None] = field(default_factory=list)
   top_logprobs: list[dict[str, float] | None] = field(default_factory=list)
   text_offset: list[int] = field(default_factory=list)
 
   def to_json(self) -> dict:
-    return {"tokens": self.tokens, "token_logprobs": self.token_logprobs,
-            "top_logprobs": self.top_logprobs, "text_offset": self.text_offset}
+    return {
+      "tokens": self.tokens,
+      "token_logprobs": self.token_logprobs,
+      "top_logprobs": self.top_logprobs,
+      "text_offset": self.text_offset,
+    }
 
 
-def completion_logprobs(tokenizer: Tokenizer, token_ids: Sequence[int],
-                        entries: Sequence[TokenLogprob | None], start_offset: int
-                        ) -> CompletionLogprobs:
+def completion_logprobs(
+  tokenizer: Tokenizer,
+  token_ids: Sequence[int],
+  entries: Sequence[TokenLogprob | None],
+  start_offset: int,
+) -> CompletionLogprobs:
   """Logprobs of `token_ids` (entries[i] belongs to token_ids[i]; None for the first prompt
   token); text offsets count characters from `start_offset`, special tokens (bos) taking none,
   as they are not in the text."""

@@ -7,6 +7,7 @@ one) by a custom collector. Request latencies and token counts are observed by t
 outputs arrive: time to first token, inter-token latency and end-to-end latency come from
 RequestOutput.metrics (engine clock), so they include time spent waiting in the queue.
 """
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -19,8 +20,24 @@ from jaxserve.core.client import CoreClient
 from jaxserve.outputs import RequestOutput
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-                    30.0, 60.0, 120.0)
+_LATENCY_BUCKETS = (
+  0.001,
+  0.0025,
+  0.005,
+  0.01,
+  0.025,
+  0.05,
+  0.1,
+  0.25,
+  0.5,
+  1.0,
+  2.5,
+  5.0,
+  10.0,
+  30.0,
+  60.0,
+  120.0,
+)
 
 
 class EngineStatsCollector(Collector):
@@ -30,26 +47,42 @@ class EngineStatsCollector(Collector):
   def collect(self) -> Iterator[Metric]:
     stats = self._engine.stats
     for name, doc, value in (
-        ("jaxserve_num_requests_running", "Requests in the running batch.", stats.num_running),
-        ("jaxserve_num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting),
-        ("jaxserve_kv_pages_used", "KV cache pages held by requests.", stats.num_used_pages),
-        ("jaxserve_kv_pages_total", "Usable KV cache pages.", stats.num_total_pages),
-        ("jaxserve_num_http_requests_waiting", "HTTP requests admitted and not yet started "
-         "(server.max_waiting_requests bounds it; each counted once whatever its n; the "
-         "engine core's count, for every API server).",
-         self._engine.num_http_waiting),
-        ("jaxserve_api_servers", "API servers connected to the engine core "
-         "(server.api_server_count once all have started; 1 for the one-process server).",
-         self._engine.num_api_servers),
-        ("jaxserve_step_programs_compiled", "Step programs compiled so far (warmup and the "
-         "background compile thread; config key warmup).", stats.num_programs_compiled),
-        ("jaxserve_step_programs_total", "Step programs planned (0 when they compile on first "
-         "use).", stats.num_programs_total)):
+      ("jaxserve_num_requests_running", "Requests in the running batch.", stats.num_running),
+      ("jaxserve_num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting),
+      ("jaxserve_kv_pages_used", "KV cache pages held by requests.", stats.num_used_pages),
+      ("jaxserve_kv_pages_total", "Usable KV cache pages.", stats.num_total_pages),
+      (
+        "jaxserve_num_http_requests_waiting",
+        "HTTP requests admitted and not yet started "
+        "(server.max_waiting_requests bounds it; each counted once whatever its n; the "
+        "engine core's count, for every API server).",
+        self._engine.num_http_waiting,
+      ),
+      (
+        "jaxserve_api_servers",
+        "API servers connected to the engine core "
+        "(server.api_server_count once all have started; 1 for the one-process server).",
+        self._engine.num_api_servers,
+      ),
+      (
+        "jaxserve_step_programs_compiled",
+        "Step programs compiled so far (warmup and the "
+        "background compile thread; config key warmup).",
+        stats.num_programs_compiled,
+      ),
+      (
+        "jaxserve_step_programs_total",
+        "Step programs planned (0 when they compile on first use).",
+        stats.num_programs_total,
+      ),
+    ):
       yield GaugeMetricFamily(name, doc, value=value)
-    yield CounterMetricFamily("jaxserve_preemptions", "Requests preempted to free KV pages.",
-                              value=stats.num_preemptions)
-    yield CounterMetricFamily("jaxserve_xla_compilations", "XLA compilations since start-up.",
-                              value=stats.num_compilations)
+    yield CounterMetricFamily(
+      "jaxserve_preemptions", "Requests preempted to free KV pages.", value=stats.num_preemptions
+    )
+    yield CounterMetricFamily(
+      "jaxserve_xla_compilations", "XLA compilations since start-up.", value=stats.num_compilations
+    )
 
 
 class ServerMetrics:
@@ -60,21 +93,33 @@ class ServerMetrics:
     self.registry.register(EngineStatsCollector(engine))
     kwargs = {"registry": self.registry}
     self.time_to_first_token = Histogram(
-        "jaxserve_time_to_first_token_seconds", "From arrival to the first generated token.",
-        buckets=_LATENCY_BUCKETS, **kwargs)
+      "jaxserve_time_to_first_token_seconds",
+      "From arrival to the first generated token.",
+      buckets=_LATENCY_BUCKETS,
+      **kwargs,
+    )
     self.inter_token_latency = Histogram(
-        "jaxserve_inter_token_latency_seconds", "Between consecutive generated tokens.",
-        buckets=_LATENCY_BUCKETS, **kwargs)
+      "jaxserve_inter_token_latency_seconds",
+      "Between consecutive generated tokens.",
+      buckets=_LATENCY_BUCKETS,
+      **kwargs,
+    )
     self.e2e_latency = Histogram(
-        "jaxserve_e2e_request_latency_seconds", "From arrival to the request's end.",
-        buckets=_LATENCY_BUCKETS, **kwargs)
-    self.prompt_tokens = Counter("jaxserve_prompt_tokens", "Prompt tokens of finished requests.",
-                                 **kwargs)
+      "jaxserve_e2e_request_latency_seconds",
+      "From arrival to the request's end.",
+      buckets=_LATENCY_BUCKETS,
+      **kwargs,
+    )
+    self.prompt_tokens = Counter(
+      "jaxserve_prompt_tokens", "Prompt tokens of finished requests.", **kwargs
+    )
     self.generation_tokens = Counter("jaxserve_generation_tokens", "Generated tokens.", **kwargs)
-    self.requests_finished = Counter("jaxserve_requests_finished", "Finished requests.",
-                                     ["finish_reason"], **kwargs)
+    self.requests_finished = Counter(
+      "jaxserve_requests_finished", "Finished requests.", ["finish_reason"], **kwargs
+    )
     self.requests_aborted = Counter(
-        "jaxserve_requests_aborted", "Requests aborted because their client went away.", **kwargs)
+      "jaxserve_requests_aborted", "Requests aborted because their client went away.", **kwargs
+    )
 
   def render(self) -> bytes:
     return generate_latest(self.registry)

@@ -8,6 +8,7 @@
   counting the bytes as they arrive. Bodies are read here in full and replayed to the app; after
   the body the app's receive channel is the server's, so handlers still see `http.disconnect`.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -48,8 +49,9 @@ class GuardMiddleware:
     expected = b"Bearer " + self.state.config.api_key.encode("utf-8")
     return hmac.compare_digest(headers.get(b"authorization", b""), expected)
 
-  async def _read_body(self, headers: dict[bytes, bytes],
-                       receive: Receive) -> tuple[ApiError | None, bytes | None]:
+  async def _read_body(
+    self, headers: dict[bytes, bytes], receive: Receive
+  ) -> tuple[ApiError | None, bytes | None]:
     limit = self.state.config.max_body_bytes
     length = headers.get(b"content-length")
     if length is not None and length.isdigit() and int(length) > limit:

@@ -13,6 +13,7 @@ the call, so it cannot be combined with another constraint. Messages keep what c
 read for tool calling: an assistant's `tool_calls` (arguments parsed from their JSON text into
 objects, as vLLM hands them to templates) and a `tool` message's `tool_call_id` / `name`.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,15 +22,32 @@ from typing import Mapping
 
 from jaxserve.sampling_params import MAX_LOGPROBS, SamplingParams
 from jaxserve.structured.spec import StructuredOutputError, StructuredOutputSpec, spec_from_request
-from jaxserve.structured.tools import (TOOL_CHOICE, ToolChoice, ToolChoiceMode, ToolFunction,
-                                       parse_tool_choice, parse_tools, tool_choice_constraint)
+from jaxserve.structured.tools import (
+  TOOL_CHOICE,
+  ToolChoice,
+  ToolChoiceMode,
+  ToolFunction,
+  parse_tool_choice,
+  parse_tools,
+  tool_choice_constraint,
+)
 
 Prompt = str | tuple[int, ...]
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 
 # Body fields passed to SamplingParams as they are (SamplingParams validates the values).
-_SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty",
-                    "presence_penalty", "frequency_penalty", "min_tokens")
+_SAMPLING_FIELDS = (
+  "n",
+  "temperature",
+  "top_p",
+  "top_k",
+  "min_p",
+  "seed",
+  "repetition_penalty",
+  "presence_penalty",
+  "frequency_penalty",
+  "min_tokens",
+)
 _BOOL_FIELDS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
 
 
@@ -37,6 +55,7 @@ _BOOL_FIELDS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens
 class CompletionRequest:
   """POST /v1/completions. max_tokens 0 (scoring) runs one token with prompt logprobs and drops
   it: `score_only` is then True and params.max_tokens is 1."""
+
   prompts: tuple[Prompt, ...]
   params: SamplingParams
   stream: bool
@@ -50,6 +69,7 @@ class CompletionRequest:
 class ChatRequest:
   """POST /v1/chat/completions. params.max_tokens is provisional when max_tokens is None: the
   default (max_model_len - prompt tokens) is known only after the prompt is tokenized."""
+
   messages: tuple[dict, ...]
   params: SamplingParams
   max_tokens: int | None
@@ -75,9 +95,13 @@ def parse_completion_request(body: Mapping) -> CompletionRequest:
   logprobs = _optional_int(body, "logprobs", minimum=0, maximum=MAX_LOGPROBS)
   prompt_logprobs = logprobs if echo and logprobs is not None else None
   score_only = max_tokens == 0
-  params = sampling_params(body, max_tokens=max(max_tokens, 1), logprobs=logprobs,
-                           prompt_logprobs=prompt_logprobs,
-                           structured_outputs=_constraint(body))
+  params = sampling_params(
+    body,
+    max_tokens=max(max_tokens, 1),
+    logprobs=logprobs,
+    prompt_logprobs=prompt_logprobs,
+    structured_outputs=_constraint(body),
+  )
   stream, include_usage = _stream_flags(body)
   return CompletionRequest(prompts, params, stream, include_usage, echo, logprobs, score_only)
 
@@ -97,24 +121,45 @@ def parse_chat_request(body: Mapping, max_model_len: int) -> ChatRequest:
   forced = tool_choice_constraint(tools, tool_choice, _bool(body, "parallel_tool_calls", True))
   if forced is not None:
     if constraint is not None:
-      raise StructuredOutputError(TOOL_CHOICE, f"{tool_choice.mode.value!r} cannot be combined "
-                                  "with response_format or structured_outputs")
+      raise StructuredOutputError(
+        TOOL_CHOICE,
+        f"{tool_choice.mode.value!r} cannot be combined with response_format or structured_outputs",
+      )
     constraint = forced
-  params = sampling_params(body, max_tokens=max_tokens or max_model_len,
-                           logprobs=(top_logprobs or 0) if logprobs else None,
-                           prompt_logprobs=None, structured_outputs=constraint)
+  params = sampling_params(
+    body,
+    max_tokens=max_tokens or max_model_len,
+    logprobs=(top_logprobs or 0) if logprobs else None,
+    prompt_logprobs=None,
+    structured_outputs=constraint,
+  )
   stream, include_usage = _stream_flags(body)
-  return ChatRequest(messages, params, max_tokens, stream, include_usage, logprobs, top_logprobs,
-                     _bool(body, "add_generation_prompt", True), tools, tool_choice)
+  return ChatRequest(
+    messages,
+    params,
+    max_tokens,
+    stream,
+    include_usage,
+    logprobs,
+    top_logprobs,
+    _bool(body, "add_generation_prompt", True),
+    tools,
+    tool_choice,
+  )
 
 
 def _constraint(body: Mapping) -> StructuredOutputSpec | None:
   return spec_from_request(body.get("response_format"), body.get("structured_outputs"))
 
 
-def sampling_params(body: Mapping, *, max_tokens: int, logprobs: int | None,
-                    prompt_logprobs: int | None,
-                    structured_outputs: StructuredOutputSpec | None = None) -> SamplingParams:
+def sampling_params(
+  body: Mapping,
+  *,
+  max_tokens: int,
+  logprobs: int | None,
+  prompt_logprobs: int | None,
+  structured_outputs: StructuredOutputSpec | None = None,
+) -> SamplingParams:
   kwargs: dict = {name: body[name] for name in _SAMPLING_FIELDS if body.get(name) is not None}
   for name in _BOOL_FIELDS:
     if body.get(name) is not None:
@@ -124,8 +169,13 @@ def sampling_params(body: Mapping, *, max_tokens: int, logprobs: int | None,
       kwargs[name] = _int_value(name, kwargs[name])
   kwargs["stop"] = parse_stop(body.get("stop"))
   kwargs["stop_token_ids"] = _int_list(body, "stop_token_ids")
-  return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                        structured_outputs=structured_outputs, **kwargs)
+  return SamplingParams(
+    max_tokens=max_tokens,
+    logprobs=logprobs,
+    prompt_logprobs=prompt_logprobs,
+    structured_outputs=structured_outputs,
+    **kwargs,
+  )
 
 
 def parse_prompts(value: object) -> tuple[Prompt, ...]:
@@ -133,8 +183,10 @@ def parse_prompts(value: object) -> tuple[Prompt, ...]:
   if isinstance(value, str):
     return (_text_prompt(value, "prompt"),)
   if not isinstance(value, list) or not value:
-    raise ValueError("prompt: must be a non-empty string, list of strings, list of token ids "
-                     "or list of token-id lists")
+    raise ValueError(
+      "prompt: must be a non-empty string, list of strings, list of token ids "
+      "or list of token-id lists"
+    )
   if all(_is_int(t) for t in value):
     return (tuple(value),)
   prompts: list[Prompt] = []
@@ -186,8 +238,13 @@ def _tool_calls(value: object, name: str) -> list[dict]:
         raise ValueError(f"{name}[{j}].function.arguments: not valid JSON: {err}") from err
     if not isinstance(arguments, dict):
       raise ValueError(f"{name}[{j}].function.arguments: must be a JSON object")
-    calls.append({"id": call.get("id"), "type": "function",
-                  "function": {"name": function["name"], "arguments": arguments}})
+    calls.append(
+      {
+        "id": call.get("id"),
+        "type": "function",
+        "function": {"name": function["name"], "arguments": arguments},
+      }
+    )
   return calls
 
 
@@ -206,8 +263,10 @@ def _content(value: object, index: int) -> str:
     return ""
   if isinstance(value, str):
     return value
-  if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                     and isinstance(p.get("text"), str) for p in value):
+  if isinstance(value, list) and all(
+    isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+    for p in value
+  ):
     return "".join(p["text"] for p in value)
   raise ValueError(f"messages[{index}].content: must be a string or a list of text parts")
 
@@ -251,8 +310,9 @@ def _int_value(name: str, value: object) -> int:
   return value
 
 
-def _optional_int(body: Mapping, name: str, *, minimum: int,
-                  maximum: int | None = None) -> int | None:
+def _optional_int(
+  body: Mapping, name: str, *, minimum: int, maximum: int | None = None
+) -> int | None:
   value = body.get(name)
   if value is None:
     return None

@@ -6,6 +6,7 @@ server.max_n too), check the model (404), refuse while draining or once the engi
 the requests (add): the engine core counts the HTTP requests waiting to start, for every API
 server together (core/loop.py), and refuses past server.max_waiting_requests (429).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -41,7 +42,8 @@ class ServingState:
   created: int = field(default_factory=lambda: int(time.time()))
   draining: threading.Event = field(default_factory=threading.Event)
   executor: ThreadPoolExecutor = field(
-      default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="jaxserve-tokenize"))
+    default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="jaxserve-tokenize")
+  )
 
   @property
   def ready(self) -> bool:
@@ -50,8 +52,11 @@ class ServingState:
   def check_model(self, body: Mapping) -> None:
     model = body.get("model")
     if model is not None and model != self.model_name:
-      raise not_found(f"The model `{model}` does not exist; this server serves "
-                      f"`{self.model_name}`.", param="model", code="model_not_found")
+      raise not_found(
+        f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
+        param="model",
+        code="model_not_found",
+      )
 
   def check_n(self, n: int) -> None:
     """`n` above server.max_n can never be served: a ValueError naming n (a 400, not a 429)."""

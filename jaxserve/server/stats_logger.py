@@ -10,6 +10,7 @@ finishes), the rest the engine core's stats snapshot; nothing here touches the e
 An idle server logs nothing. With several API server processes each logs its own line (its own
 requests' tokens, prefixed "API server K: "), and the engine's counts are the shared core's.
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,8 +34,9 @@ class TokenTotals:
 class StatsLogger:
   """tick() computes and logs one line; start() calls it every interval_s on a daemon thread."""
 
-  def __init__(self, engine: CoreClient, metrics: ServerMetrics, interval_s: float,
-               prefix: str = ""):
+  def __init__(
+    self, engine: CoreClient, metrics: ServerMetrics, interval_s: float, prefix: str = ""
+  ):
     self._engine = engine
     self._metrics = metrics
     self._interval_s = interval_s
@@ -45,8 +47,11 @@ class StatsLogger:
 
   def _totals(self) -> TokenTotals:
     sample = lambda name: self._metrics.registry.get_sample_value(name) or 0.0
-    return TokenTotals(sample("jaxserve_prompt_tokens_total"),
-                       sample("jaxserve_generation_tokens_total"), time.monotonic())
+    return TokenTotals(
+      sample("jaxserve_prompt_tokens_total"),
+      sample("jaxserve_generation_tokens_total"),
+      time.monotonic(),
+    )
 
   def tick(self) -> str | None:
     """The line for the interval since the last tick, logged; None (and no log) when idle."""
@@ -58,9 +63,12 @@ class StatsLogger:
       return None
     elapsed = max(now.time - last.time, 1e-9)
     usage = 100.0 * stats.num_used_pages / max(stats.num_total_pages, 1)
-    line = (f"{self._prefix}Avg prompt throughput: {prompt / elapsed:.1f} tokens/s, Avg generation throughput: "
-            f"{generation / elapsed:.1f} tokens/s, Running: {stats.num_running} reqs, Waiting: "
-            f"{stats.num_waiting} reqs, KV cache usage: {usage:.1f}%")
+    line = (
+      f"{self._prefix}Avg prompt throughput: {prompt / elapsed:.1f} tokens/s, "
+      "Avg generation throughput: "
+      f"{generation / elapsed:.1f} tokens/s, Running: {stats.num_running} reqs, Waiting: "
+      f"{stats.num_waiting} reqs, KV cache usage: {usage:.1f}%"
+    )
     logger.info("%s", line)
     return line
 

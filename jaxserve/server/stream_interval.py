@@ -11,6 +11,7 @@ With K > 1 the outputs of K steps are merged into one chunk: their tokens, text 
 concatenated. A choice's first output (time to first token) and its final one (finish_reason)
 are sent at once; a held merge is sent with the final output.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,9 +24,12 @@ def merge_outputs(earlier: RequestOutput, later: RequestOutput) -> RequestOutput
   new_logprobs = later.new_logprobs
   if earlier.new_logprobs is not None and new_logprobs is not None:
     new_logprobs = earlier.new_logprobs + new_logprobs
-  return dataclasses.replace(later, new_token_ids=earlier.new_token_ids + later.new_token_ids,
-                             new_text=earlier.new_text + later.new_text,
-                             new_logprobs=new_logprobs)
+  return dataclasses.replace(
+    later,
+    new_token_ids=earlier.new_token_ids + later.new_token_ids,
+    new_text=earlier.new_text + later.new_text,
+    new_logprobs=new_logprobs,
+  )
 
 
 class StepCoalescer:

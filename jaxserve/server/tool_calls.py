@@ -11,14 +11,20 @@ Per request, `ToolCallFormatter` decides how a choice's text becomes an OpenAI m
 A choice that produced calls ends with finish_reason "tool_calls" (unless max_tokens cut it:
 "length", and whatever was written is content).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from jaxserve.outputs import FinishReason
 from jaxserve.server.protocol import ChatRequest
-from jaxserve.structured.tool_parsers import (StreamDelta, ToolCallDelta, ToolCallStream,
-                                              ToolParser, get_tool_parser)
+from jaxserve.structured.tool_parsers import (
+  StreamDelta,
+  ToolCallDelta,
+  ToolCallStream,
+  ToolParser,
+  get_tool_parser,
+)
 from jaxserve.structured.tools import ToolCall, ToolChoiceMode, parse_forced_tool_calls
 
 TOOL_CALLS_FINISH_REASON = FinishReason.TOOL_CALLS
@@ -44,8 +50,12 @@ class ToolCallFormatter:
     self._choice = parsed.tool_choice
     self._forced = parsed.forced_tool_calls
     self._parser: ToolParser | None = None
-    if (not self._forced and parsed.tools and parser_name is not None
-        and self._choice.mode is ToolChoiceMode.AUTO):
+    if (
+      not self._forced
+      and parsed.tools
+      and parser_name is not None
+      and self._choice.mode is ToolChoiceMode.AUTO
+    ):
       self._parser = get_tool_parser(parser_name)
 
   @property
@@ -56,8 +66,9 @@ class ToolCallFormatter:
     if self._forced:
       if finish_reason == "stop":
         try:
-          return ChoiceMessage(None, parse_forced_tool_calls(text, self._choice),
-                               TOOL_CALLS_FINISH_REASON)
+          return ChoiceMessage(
+            None, parse_forced_tool_calls(text, self._choice), TOOL_CALLS_FINISH_REASON
+          )
         except ValueError:
           pass
       return ChoiceMessage(text, (), finish_reason)
@@ -98,8 +109,10 @@ class ChoiceStream:
     message = self._formatter.final(self._text, finish_reason)
     if not message.tool_calls:
       return StreamDelta(message.content or ""), message.finish_reason
-    deltas = tuple(ToolCallDelta(i, call.id, call.name, call.arguments)
-                   for i, call in enumerate(message.tool_calls))
+    deltas = tuple(
+      ToolCallDelta(i, call.id, call.name, call.arguments)
+      for i, call in enumerate(message.tool_calls)
+    )
     return StreamDelta("", deltas), message.finish_reason
 
 

@@ -6,6 +6,7 @@ accepting connections and waits up to server.drain_timeout_s for running respons
 those still running then end with an error event and [DONE] (server/drain.py). While requests
 run, a stats line is logged every server.stats_interval_s (server/stats_logger.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,18 +41,29 @@ class DrainingServer(uvicorn.Server):
     super().handle_exit(sig, frame)
 
 
-def run_app(app: Starlette, config: ServerConfig, log_level: str,
-            sock: socket.socket | None = None, stats_prefix: str = "") -> None:
+def run_app(
+  app: Starlette,
+  config: ServerConfig,
+  log_level: str,
+  sock: socket.socket | None = None,
+  stats_prefix: str = "",
+) -> None:
   """Serves until a stop signal has drained the app (on `sock` if given, a listening socket
   shared with other processes, else on server.host:port)."""
   state = serving_state(app)
   uvicorn_config = uvicorn.Config(
-      app, host=config.host, port=config.port, lifespan="on", log_level=log_level.lower(),
-      timeout_graceful_shutdown=config.drain_timeout_s + UVICORN_GRACE_S)
+    app,
+    host=config.host,
+    port=config.port,
+    lifespan="on",
+    log_level=log_level.lower(),
+    timeout_graceful_shutdown=config.drain_timeout_s + UVICORN_GRACE_S,
+  )
   drain_timer = DrainTimer(state.engine, config.drain_timeout_s)
   server = DrainingServer(uvicorn_config, state.draining, drain_timer)
-  stats_logger = StatsLogger(state.engine, state.metrics, config.stats_interval_s,
-                             prefix=stats_prefix).start()
+  stats_logger = StatsLogger(
+    state.engine, state.metrics, config.stats_interval_s, prefix=stats_prefix
+  ).start()
 
   def early_or_repeated(sig, frame) -> None:
     """Installed around uvicorn's own handlers: a signal that arrives before uvicorn listens
@@ -60,8 +72,7 @@ def run_app(app: Starlette, config: ServerConfig, log_level: str,
     if not state.draining.is_set():
       server.handle_exit(sig, frame)
 
-  previous = {sig: signal.signal(sig, early_or_repeated)
-              for sig in (signal.SIGTERM, signal.SIGINT)}
+  previous = {sig: signal.signal(sig, early_or_repeated) for sig in (signal.SIGTERM, signal.SIGINT)}
   try:
     server.run(sockets=[sock] if sock is not None else None)
   finally:

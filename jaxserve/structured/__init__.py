@@ -42,31 +42,39 @@ How it is wired into the engine (engine/constraints.py, engine/engine_core.py, d
 8. Chunked prefill: prompts are not constrained; only a sequence's sampling rows are
    (BatchSampling.bitmask_rows holds a prefill chunk only when it samples the first token).
 """
+
 from __future__ import annotations
 
 from jaxserve.structured.grammar import CacheStats, GrammarCompiler, grammar_text
 from jaxserve.structured.llg_tokenizer import TokenizerInfo, build_llg_tokenizer
 from jaxserve.structured.matcher import BitmaskFiller, FillReport, GrammarState, SequenceMatcher
-from jaxserve.structured.spec import (ConstraintKind, StructuredOutputError, StructuredOutputSpec,
-                                      WhitespacePolicy, coerce_spec, parse_response_format,
-                                      parse_structured_outputs, spec_from_request)
+from jaxserve.structured.spec import (
+  ConstraintKind,
+  StructuredOutputError,
+  StructuredOutputSpec,
+  WhitespacePolicy,
+  coerce_spec,
+  parse_response_format,
+  parse_structured_outputs,
+  spec_from_request,
+)
 
 __all__ = [
-    "BitmaskFiller",
-    "CacheStats",
-    "ConstraintKind",
-    "FillReport",
-    "GrammarCompiler",
-    "GrammarState",
-    "SequenceMatcher",
-    "StructuredOutputError",
-    "StructuredOutputSpec",
-    "TokenizerInfo",
-    "WhitespacePolicy",
-    "build_llg_tokenizer",
-    "coerce_spec",
-    "grammar_text",
-    "parse_response_format",
-    "parse_structured_outputs",
-    "spec_from_request",
+  "BitmaskFiller",
+  "CacheStats",
+  "ConstraintKind",
+  "FillReport",
+  "GrammarCompiler",
+  "GrammarState",
+  "SequenceMatcher",
+  "StructuredOutputError",
+  "StructuredOutputSpec",
+  "TokenizerInfo",
+  "WhitespacePolicy",
+  "build_llg_tokenizer",
+  "coerce_spec",
+  "grammar_text",
+  "parse_response_format",
+  "parse_structured_outputs",
+  "spec_from_request",
 ]

@@ -18,6 +18,7 @@ outside strings), overriding any "x-guidance" options inside the user's schema.
 `GrammarCompiler` owns the LRU cache (no module-level state); it is thread-safe, so threads may
 share one.
 """
+
 from __future__ import annotations
 
 import collections
@@ -28,16 +29,26 @@ import llguidance
 from llguidance.gbnf_to_lark import any_to_lark
 
 from jaxserve.structured.llg_tokenizer import TokenizerInfo
-from jaxserve.structured.spec import (ConstraintKind, StructuredOutputError, StructuredOutputSpec,
-                                      WhitespacePolicy)
+from jaxserve.structured.spec import (
+  ConstraintKind,
+  StructuredOutputError,
+  StructuredOutputSpec,
+  WhitespacePolicy,
+)
 
 DEFAULT_CACHE_SIZE = 256
 _JSON_OPTIONS = {
-    WhitespacePolicy.COMPACT: {"whitespace_flexible": False, "item_separator": ",",
-                               "key_separator": ":"},
-    WhitespacePolicy.SPACED: {"whitespace_flexible": False, "item_separator": ", ",
-                              "key_separator": ": "},
-    WhitespacePolicy.FLEXIBLE: {"whitespace_flexible": True},
+  WhitespacePolicy.COMPACT: {
+    "whitespace_flexible": False,
+    "item_separator": ",",
+    "key_separator": ":",
+  },
+  WhitespacePolicy.SPACED: {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+  },
+  WhitespacePolicy.FLEXIBLE: {"whitespace_flexible": True},
 }
 
 
@@ -69,15 +80,20 @@ def grammar_text(spec: StructuredOutputSpec) -> str:
 class GrammarCompiler:
   """Compiles specs for one tokenizer; `compile` returns a fresh matcher for one sequence."""
 
-  def __init__(self, llg_tokenizer: llguidance.LLTokenizer, info: TokenizerInfo,
-               cache_size: int = DEFAULT_CACHE_SIZE) -> None:
+  def __init__(
+    self,
+    llg_tokenizer: llguidance.LLTokenizer,
+    info: TokenizerInfo,
+    cache_size: int = DEFAULT_CACHE_SIZE,
+  ) -> None:
     if cache_size < 1:
       raise ValueError(f"cache_size: must be >= 1, got {cache_size}")
     self.info = info
     self._tokenizer = llg_tokenizer
     self._cache_size = cache_size
     self._cache: collections.OrderedDict[StructuredOutputSpec, llguidance.LLMatcher] = (
-        collections.OrderedDict())
+      collections.OrderedDict()
+    )
     self._lock = threading.Lock()
     self._hits = 0
     self._misses = 0
@@ -112,15 +128,18 @@ class GrammarCompiler:
 
   def _build(self, spec: StructuredOutputSpec) -> llguidance.LLMatcher:
     grammar = grammar_text(spec)
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer)
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+      grammar, self._tokenizer
+    )
     if is_error:
       raise StructuredOutputError(spec.param, f"invalid {spec.kind.value}: {messages[0]}")
     matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
     if not matcher.is_error():
       matcher.compute_bitmask()  # the first mask: a grammar that matches nothing fails here
     if matcher.is_error():
-      raise StructuredOutputError(spec.param,
-                                  f"invalid {spec.kind.value}: {_short_error(matcher.get_error())}")
+      raise StructuredOutputError(
+        spec.param, f"invalid {spec.kind.value}: {_short_error(matcher.get_error())}"
+      )
     return matcher
 
 

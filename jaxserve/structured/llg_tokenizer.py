@@ -15,6 +15,7 @@ are never allowed. The eos ids are the tokenizer's (eos plus generation_config's
 Llama 3's <|eot_id|>); a constrained sequence may end only with them, and only where the grammar
 accepts.
 """
+
 from __future__ import annotations
 
 import re
@@ -31,9 +32,10 @@ _BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 @dataclass(frozen=True)
 class TokenizerInfo:
   """What the structured-output code needs to know of a tokenizer (all ids in model space)."""
-  vocab_size: int               # the model's vocabulary (mask width is ceil(vocab_size / 32))
+
+  vocab_size: int  # the model's vocabulary (mask width is ceil(vocab_size / 32))
   eos_token_ids: tuple[int, ...]
-  from_tokenizer_json: bool     # False: built from the byte table (the fallback path)
+  from_tokenizer_json: bool  # False: built from the byte table (the fallback path)
 
   @property
   def bitmask_words(self) -> int:
@@ -49,6 +51,7 @@ class _TokenTable:
   spell exactly those bytes; the tokenizer's own encode would not (a SentencePiece normalizer
   prepends a space).
   """
+
   eos_token_id: int
   bos_token_id: int | None
   tokens: tuple[bytes, ...]
@@ -61,7 +64,7 @@ class _TokenTable:
     ids, i = [], 0
     while i < len(data):
       for length in range(min(self.max_piece_len, len(data) - i), 0, -1):
-        token_id = self.by_bytes.get(data[i:i + length])
+        token_id = self.by_bytes.get(data[i : i + length])
         if token_id is not None:
           ids.append(token_id)
           i += length
@@ -71,8 +74,9 @@ class _TokenTable:
     return ids
 
 
-def build_llg_tokenizer(tokenizer: Tokenizer,
-                        model_vocab_size: int | None = None) -> tuple[llguidance.LLTokenizer, TokenizerInfo]:
+def build_llg_tokenizer(
+  tokenizer: Tokenizer, model_vocab_size: int | None = None
+) -> tuple[llguidance.LLTokenizer, TokenizerInfo]:
   """The LLTokenizer for `tokenizer` and a model of `model_vocab_size` rows (default: the
   tokenizer's).
 
@@ -82,8 +86,9 @@ def build_llg_tokenizer(tokenizer: Tokenizer,
   vocab_size = tokenizer.vocab_size if model_vocab_size is None else int(model_vocab_size)
   backend_size = tokenizer.backend.get_vocab_size(with_added_tokens=True)
   if vocab_size < backend_size:
-    raise ValueError(f"model_vocab_size: {vocab_size} is smaller than the tokenizer's "
-                     f"{backend_size} tokens")
+    raise ValueError(
+      f"model_vocab_size: {vocab_size} is smaller than the tokenizer's {backend_size} tokens"
+    )
   eos = list(tokenizer.eos_token_ids)
   if not eos:
     raise ValueError("eos_token: structured outputs need a tokenizer with an eos token")
@@ -92,8 +97,9 @@ def build_llg_tokenizer(tokenizer: Tokenizer,
     from_json = True
   except ValueError:
     table = _token_table(tokenizer, backend_size)
-    llg_tok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(table), n_vocab=vocab_size,
-                                     eos_token=eos)
+    llg_tok = llguidance.LLTokenizer(
+      llguidance.TokenizerWrapper(table), n_vocab=vocab_size, eos_token=eos
+    )
     from_json = False
   return llg_tok, TokenizerInfo(vocab_size, tuple(eos), from_json)
 
@@ -106,9 +112,14 @@ def _token_table(tokenizer: Tokenizer, backend_size: int) -> _TokenTable:
   for token_id, piece in enumerate(tokens):
     if piece and token_id not in special:
       by_bytes.setdefault(piece, token_id)
-  return _TokenTable(eos_token_id=tokenizer.eos_token_ids[0], bos_token_id=tokenizer.bos_token_id,
-                     tokens=tokens, special_token_ids=tuple(sorted(special)), by_bytes=by_bytes,
-                     max_piece_len=max(map(len, by_bytes), default=1))
+  return _TokenTable(
+    eos_token_id=tokenizer.eos_token_ids[0],
+    bos_token_id=tokenizer.bos_token_id,
+    tokens=tokens,
+    special_token_ids=tuple(sorted(special)),
+    by_bytes=by_bytes,
+    max_piece_len=max(map(len, by_bytes), default=1),
+  )
 
 
 def _anchor_id(tokenizer: Tokenizer, special: set[int]) -> int:
@@ -128,7 +139,7 @@ def _token_bytes(tokenizer: Tokenizer, token_id: int, special: set[int], anchor:
     return bytes([int(byte.group(1), 16)])
   prefix = tokenizer.decode([anchor], skip_special_tokens=False)
   both = tokenizer.decode([anchor, token_id], skip_special_tokens=False)
-  text = both[len(prefix):] if both.startswith(prefix) else tokenizer.decode([token_id], False)
+  text = both[len(prefix) :] if both.startswith(prefix) else tokenizer.decode([token_id], False)
   return text.encode("utf-8")
 
 

@@ -19,6 +19,7 @@ consumed since the start, because llguidance turns that into a permanent error, 
 which no rollback leaves: rebuild the matcher instead (GrammarCompiler.compile, then consume the
 tokens to keep).
 """
+
 from __future__ import annotations
 
 import enum
@@ -95,7 +96,9 @@ class SequenceMatcher:
     unrecorded = min(num_tokens, self._unrecorded_eos)
     recorded = num_tokens - unrecorded
     if recorded and not self._matcher.rollback(recorded):
-      raise RuntimeError(f"llguidance refused a rollback of {recorded}: {self._matcher.get_error()}")
+      raise RuntimeError(
+        f"llguidance refused a rollback of {recorded}: {self._matcher.get_error()}"
+      )
     self._unrecorded_eos -= unrecorded
     self._num_tokens -= num_tokens
 
@@ -109,7 +112,8 @@ class SequenceMatcher:
 @dataclass(frozen=True)
 class FillReport:
   """One batched fill: the bitmask (unconstrained rows all ones), host seconds, dead-end rows."""
-  bitmask: np.ndarray           # int32[num_rows, ceil(vocab / 32)]
+
+  bitmask: np.ndarray  # int32[num_rows, ceil(vocab / 32)]
   seconds: float
   dead_end_rows: tuple[int, ...]
 
@@ -125,8 +129,9 @@ class BitmaskFiller:
     """All ones: every row unconstrained."""
     return np.full((num_rows, self._info.bitmask_words), -1, dtype=np.int32)
 
-  def fill(self, rows: Sequence[tuple[SequenceMatcher, int]], num_rows: int,
-           out: np.ndarray | None = None) -> FillReport:
+  def fill(
+    self, rows: Sequence[tuple[SequenceMatcher, int]], num_rows: int, out: np.ndarray | None = None
+  ) -> FillReport:
     """Fills row r of a [num_rows, words] bitmask for each (matcher, r); other rows all ones.
 
     `out` (reused across steps by a caller that no longer needs its previous contents) avoids
@@ -155,7 +160,9 @@ class BitmaskFiller:
     if out is None:
       return self.new_bitmask(num_rows)
     if out.shape != (num_rows, self._info.bitmask_words):
-      raise ValueError(f"out: expected shape {(num_rows, self._info.bitmask_words)}, got {out.shape}")
+      raise ValueError(
+        f"out: expected shape {(num_rows, self._info.bitmask_words)}, got {out.shape}"
+      )
     _check_bitmask(out, self._info)
     out.fill(-1)
     return out
@@ -163,8 +170,12 @@ class BitmaskFiller:
 
 def _check_bitmask(bitmask: np.ndarray, info: TokenizerInfo) -> None:
   if bitmask.dtype != np.int32 or bitmask.ndim != 2 or not bitmask.flags["C_CONTIGUOUS"]:
-    raise ValueError(f"bitmask: must be a C-contiguous int32 [rows, words] array, got "
-                     f"{bitmask.dtype} {bitmask.shape}")
+    raise ValueError(
+      f"bitmask: must be a C-contiguous int32 [rows, words] array, got "
+      f"{bitmask.dtype} {bitmask.shape}"
+    )
   if bitmask.shape[1] != info.bitmask_words:
-    raise ValueError(f"bitmask: rows must have {info.bitmask_words} words "
-                     f"(ceil({info.vocab_size} / 32)), got {bitmask.shape[1]}")
+    raise ValueError(
+      f"bitmask: rows must have {info.bitmask_words} words "
+      f"(ceil({info.vocab_size} / 32)), got {bitmask.shape[1]}"
+    )

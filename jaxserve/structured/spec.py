@@ -17,6 +17,7 @@ server's `bad_request` turns it into OpenAI's 400 body with that `param`.
 A spec is hashable and compares by content (the schema is kept as canonical JSON text), so it is
 the key of the compiled-grammar cache; `param` is carried for error messages and not compared.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,7 +31,11 @@ RESPONSE_FORMAT = "response_format"
 STRUCTURED_OUTPUTS = "structured_outputs"
 _SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _VLLM_CONSTRAINT_KEYS = ("json", "regex", "choice", "grammar", "json_object")
-_VLLM_IGNORED_FLAGS = ("disable_fallback", "disable_any_whitespace", "disable_additional_properties")
+_VLLM_IGNORED_FLAGS = (
+  "disable_fallback",
+  "disable_any_whitespace",
+  "disable_additional_properties",
+)
 
 JsonValue = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
 
@@ -59,6 +64,7 @@ class WhitespacePolicy(str, enum.Enum):
   SPACED: exactly one space after "," and ":", as Python's json.dumps writes; nothing else.
   FLEXIBLE: any JSON whitespace anywhere (unbounded; only for callers that ask for it).
   """
+
   COMPACT = "compact"
   SPACED = "spaced"
   FLEXIBLE = "flexible"
@@ -68,6 +74,7 @@ class WhitespacePolicy(str, enum.Enum):
 class StructuredOutputSpec:
   """One constraint. `source` is the canonical schema JSON (JSON_SCHEMA), the regex (REGEX) or
   the grammar text (GRAMMAR); `choices` is set for CHOICE only."""
+
   kind: ConstraintKind
   source: str = ""
   choices: tuple[str, ...] = ()
@@ -78,21 +85,37 @@ class StructuredOutputSpec:
     object.__setattr__(self, "kind", ConstraintKind(self.kind))
     object.__setattr__(self, "whitespace", WhitespacePolicy(self.whitespace))
     object.__setattr__(self, "choices", tuple(self.choices))
-    needs_source = self.kind in (ConstraintKind.JSON_SCHEMA, ConstraintKind.REGEX, ConstraintKind.GRAMMAR)
+    needs_source = self.kind in (
+      ConstraintKind.JSON_SCHEMA,
+      ConstraintKind.REGEX,
+      ConstraintKind.GRAMMAR,
+    )
     if needs_source and not (isinstance(self.source, str) and self.source):
-      raise StructuredOutputError(self.param, f"a {self.kind.value} constraint needs a non-empty source")
+      raise StructuredOutputError(
+        self.param, f"a {self.kind.value} constraint needs a non-empty source"
+      )
     if self.kind is ConstraintKind.CHOICE:
       _check_choices(self.choices, self.param)
 
   @classmethod
-  def json_schema(cls, schema: Mapping[str, JsonValue], *, param: str = STRUCTURED_OUTPUTS,
-                  whitespace: WhitespacePolicy = WhitespacePolicy.COMPACT) -> "StructuredOutputSpec":
-    return cls(ConstraintKind.JSON_SCHEMA, _canonical_schema(schema, param), whitespace=whitespace,
-               param=param)
+  def json_schema(
+    cls,
+    schema: Mapping[str, JsonValue],
+    *,
+    param: str = STRUCTURED_OUTPUTS,
+    whitespace: WhitespacePolicy = WhitespacePolicy.COMPACT,
+  ) -> "StructuredOutputSpec":
+    return cls(
+      ConstraintKind.JSON_SCHEMA,
+      _canonical_schema(schema, param),
+      whitespace=whitespace,
+      param=param,
+    )
 
   @classmethod
-  def json_object(cls, *, param: str = STRUCTURED_OUTPUTS,
-                  whitespace: WhitespacePolicy = WhitespacePolicy.COMPACT) -> "StructuredOutputSpec":
+  def json_object(
+    cls, *, param: str = STRUCTURED_OUTPUTS, whitespace: WhitespacePolicy = WhitespacePolicy.COMPACT
+  ) -> "StructuredOutputSpec":
     return cls(ConstraintKind.JSON_OBJECT, whitespace=whitespace, param=param)
 
   @classmethod
@@ -100,7 +123,9 @@ class StructuredOutputSpec:
     return cls(ConstraintKind.REGEX, _nonempty_str(pattern, param), param=param)
 
   @classmethod
-  def choice(cls, choices: Sequence[str], *, param: str = STRUCTURED_OUTPUTS) -> "StructuredOutputSpec":
+  def choice(
+    cls, choices: Sequence[str], *, param: str = STRUCTURED_OUTPUTS
+  ) -> "StructuredOutputSpec":
     if isinstance(choices, (str, bytes)) or not isinstance(choices, Sequence):
       raise StructuredOutputError(param, f"must be a list of strings, got {type(choices).__name__}")
     return cls(ConstraintKind.CHOICE, choices=tuple(choices), param=param)
@@ -142,8 +167,9 @@ def _canonical_schema(schema: object, param: str) -> str:
   if not isinstance(schema, Mapping):
     raise StructuredOutputError(param, f"must be a JSON schema object, got {type(schema).__name__}")
   try:
-    return json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False)
+    return json.dumps(
+      schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
   except (TypeError, ValueError) as e:
     raise StructuredOutputError(param, f"is not JSON-serializable: {e}") from e
 
@@ -154,7 +180,9 @@ def _mapping(value: object, param: str) -> Mapping[str, object]:
   return value
 
 
-def parse_response_format(value: object, param: str = RESPONSE_FORMAT) -> StructuredOutputSpec | None:
+def parse_response_format(
+  value: object, param: str = RESPONSE_FORMAT
+) -> StructuredOutputSpec | None:
   """OpenAI's `response_format`; None for `{"type": "text"}` or a missing field."""
   if value is None:
     return None
@@ -165,13 +193,15 @@ def parse_response_format(value: object, param: str = RESPONSE_FORMAT) -> Struct
   if kind == "json_object":
     return StructuredOutputSpec.json_object(param=param)
   if kind != "json_schema":
-    raise StructuredOutputError(f"{param}.type",
-                                f"must be 'text', 'json_object' or 'json_schema', got {kind!r}")
+    raise StructuredOutputError(
+      f"{param}.type", f"must be 'text', 'json_object' or 'json_schema', got {kind!r}"
+    )
   body = _mapping(fmt.get("json_schema"), f"{param}.json_schema")
   name = body.get("name")
   if not isinstance(name, str) or not _SCHEMA_NAME.match(name):
-    raise StructuredOutputError(f"{param}.json_schema.name",
-                                f"must match {_SCHEMA_NAME.pattern}, got {name!r}")
+    raise StructuredOutputError(
+      f"{param}.json_schema.name", f"must match {_SCHEMA_NAME.pattern}, got {name!r}"
+    )
   if body.get("strict") is not None and not isinstance(body.get("strict"), bool):
     raise StructuredOutputError(f"{param}.json_schema.strict", "must be a boolean")
   if body.get("schema") is None:
@@ -179,7 +209,9 @@ def parse_response_format(value: object, param: str = RESPONSE_FORMAT) -> Struct
   return StructuredOutputSpec.json_schema(body["schema"], param=f"{param}.json_schema.schema")
 
 
-def parse_structured_outputs(value: object, param: str = STRUCTURED_OUTPUTS) -> StructuredOutputSpec | None:
+def parse_structured_outputs(
+  value: object, param: str = STRUCTURED_OUTPUTS
+) -> StructuredOutputSpec | None:
   """vLLM's `structured_outputs` field (exactly one constraint key); None when absent."""
   if value is None:
     return None
@@ -193,8 +225,11 @@ def parse_structured_outputs(value: object, param: str = STRUCTURED_OUTPUTS) -> 
     del fields["json_object"]
   given = [k for k in _VLLM_CONSTRAINT_KEYS if k in fields]
   if len(given) != 1:
-    raise StructuredOutputError(param, "exactly one of json, regex, choice, grammar or json_object "
-                                f"must be set, got {given or 'none'}")
+    raise StructuredOutputError(
+      param,
+      "exactly one of json, regex, choice, grammar or json_object "
+      f"must be set, got {given or 'none'}",
+    )
   key = given[0]
   where = f"{param}.{key}"
   if key == "json":
@@ -217,7 +252,9 @@ def coerce_spec(value: object, param: str = STRUCTURED_OUTPUTS) -> StructuredOut
   return parse_structured_outputs(value, param)
 
 
-def spec_from_request(response_format: object, structured_outputs: object) -> StructuredOutputSpec | None:
+def spec_from_request(
+  response_format: object, structured_outputs: object
+) -> StructuredOutputSpec | None:
   """The constraint of one request; setting both fields is an error naming structured_outputs."""
   from_format = parse_response_format(response_format)
   from_vllm = parse_structured_outputs(structured_outputs)

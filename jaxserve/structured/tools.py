@@ -12,6 +12,7 @@ model, a random one included; the model then writes the calls directly (no chat-
 `parse_forced_tool_calls` turns that output into `ToolCall`s. "auto" is left to the model and
 the tool-call parser of its chat format (jaxserve/structured/tool_parsers).
 """
+
 from __future__ import annotations
 
 import enum
@@ -38,6 +39,7 @@ def new_tool_call_id() -> str:
 @dataclass(frozen=True)
 class ToolFunction:
   """One function tool; `parameters_json` is its parameters schema as canonical JSON text."""
+
   name: str
   description: str | None = None
   parameters_json: str = json.dumps(_EMPTY_PARAMETERS, sort_keys=True, separators=(",", ":"))
@@ -57,13 +59,17 @@ class ToolFunction:
 @dataclass(frozen=True)
 class ToolCall:
   """A parsed call; `arguments` is JSON text (an object), as OpenAI returns it."""
+
   id: str
   name: str
   arguments: str
 
   def to_openai(self) -> dict[str, object]:
-    return {"id": self.id, "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments}}
+    return {
+      "id": self.id,
+      "type": "function",
+      "function": {"name": self.name, "arguments": self.arguments},
+    }
 
 
 class ToolChoiceMode(str, enum.Enum):
@@ -89,7 +95,9 @@ def parse_tools(value: object, param: str = TOOLS) -> tuple[ToolFunction, ...]:
   names = [tool.name for tool in tools]
   for i, name in enumerate(names):
     if name in names[:i]:
-      raise StructuredOutputError(f"{param}[{i}].function.name", f"duplicate function name {name!r}")
+      raise StructuredOutputError(
+        f"{param}[{i}].function.name", f"duplicate function name {name!r}"
+      )
   return tools
 
 
@@ -101,8 +109,9 @@ def _parse_tool(tool: object, param: str) -> ToolFunction:
     raise StructuredOutputError(f"{param}.function", "must be an object")
   name = function.get("name")
   if not isinstance(name, str) or not _FUNCTION_NAME.match(name):
-    raise StructuredOutputError(f"{param}.function.name",
-                                f"must match {_FUNCTION_NAME.pattern}, got {name!r}")
+    raise StructuredOutputError(
+      f"{param}.function.name", f"must match {_FUNCTION_NAME.pattern}, got {name!r}"
+    )
   description = function.get("description")
   if description is not None and not isinstance(description, str):
     raise StructuredOutputError(f"{param}.function.description", "must be a string")
@@ -115,14 +124,17 @@ def _parse_tool(tool: object, param: str) -> ToolFunction:
   return ToolFunction(name, description, spec.source, strict)
 
 
-def parse_tool_choice(value: object, tools: Sequence[ToolFunction],
-                      param: str = TOOL_CHOICE) -> ToolChoice:
+def parse_tool_choice(
+  value: object, tools: Sequence[ToolFunction], param: str = TOOL_CHOICE
+) -> ToolChoice:
   """The request's `tool_choice`, checked against `tools`."""
   if value is None:
     return ToolChoice(ToolChoiceMode.AUTO if tools else ToolChoiceMode.NONE)
   if isinstance(value, str):
     if value not in ("none", "auto", "required"):
-      raise StructuredOutputError(param, f"must be 'none', 'auto', 'required' or a function, got {value!r}")
+      raise StructuredOutputError(
+        param, f"must be 'none', 'auto', 'required' or a function, got {value!r}"
+      )
     if value != "none" and not tools:
       raise StructuredOutputError(param, f"{value!r} needs a non-empty tools list")
     return ToolChoice(ToolChoiceMode(value))
@@ -136,31 +148,40 @@ def parse_tool_choice(value: object, tools: Sequence[ToolFunction],
 
 
 def _call_schema(tool: ToolFunction) -> dict[str, JsonValue]:
-  return {"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-          "properties": {"name": {"type": "string", "enum": [tool.name]},
-                         "arguments": tool.parameters()}}
+  return {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "arguments"],
+    "properties": {"name": {"type": "string", "enum": [tool.name]}, "arguments": tool.parameters()},
+  }
 
 
-def tool_call_schema(tools: Sequence[ToolFunction], choice: ToolChoice,
-                     parallel_tool_calls: bool = True) -> dict[str, JsonValue] | None:
+def tool_call_schema(
+  tools: Sequence[ToolFunction], choice: ToolChoice, parallel_tool_calls: bool = True
+) -> dict[str, JsonValue] | None:
   """The JSON schema that forces the calls `choice` asks for; None for "none" and "auto"."""
   if choice.mode is ToolChoiceMode.NAMED:
     named = [t for t in tools if t.name == choice.function_name]
     if not named:
-      raise StructuredOutputError(f"{TOOL_CHOICE}.function.name",
-                                  f"{choice.function_name!r} is not one of the tools")
+      raise StructuredOutputError(
+        f"{TOOL_CHOICE}.function.name", f"{choice.function_name!r} is not one of the tools"
+      )
     return _call_schema(named[0])
   if choice.mode is not ToolChoiceMode.REQUIRED:
     return None
-  schema: dict[str, JsonValue] = {"type": "array", "minItems": 1,
-                                  "items": {"anyOf": [_call_schema(t) for t in tools]}}
+  schema: dict[str, JsonValue] = {
+    "type": "array",
+    "minItems": 1,
+    "items": {"anyOf": [_call_schema(t) for t in tools]},
+  }
   if not parallel_tool_calls:
     schema["maxItems"] = 1
   return schema
 
 
-def tool_choice_constraint(tools: Sequence[ToolFunction], choice: ToolChoice,
-                           parallel_tool_calls: bool = True) -> StructuredOutputSpec | None:
+def tool_choice_constraint(
+  tools: Sequence[ToolFunction], choice: ToolChoice, parallel_tool_calls: bool = True
+) -> StructuredOutputSpec | None:
   """The constraint for `choice` (see the module docstring); None when the model is free."""
   schema = tool_call_schema(tools, choice, parallel_tool_calls)
   return None if schema is None else StructuredOutputSpec.json_schema(schema, param=TOOL_CHOICE)
@@ -175,11 +196,19 @@ def parse_forced_tool_calls(text: str, choice: ToolChoice) -> tuple[ToolCall, ..
   items = value if choice.mode is ToolChoiceMode.REQUIRED else [value]
   if not isinstance(items, list) or not all(_is_call(item) for item in items):
     raise ValueError(f"tool_calls: expected {{name, arguments}} objects, got {text[:200]!r}")
-  return tuple(ToolCall(new_tool_call_id(), item["name"],
-                        json.dumps(item["arguments"], ensure_ascii=False, separators=(",", ":")))
-               for item in items)
+  return tuple(
+    ToolCall(
+      new_tool_call_id(),
+      item["name"],
+      json.dumps(item["arguments"], ensure_ascii=False, separators=(",", ":")),
+    )
+    for item in items
+  )
 
 
 def _is_call(item: object) -> bool:
-  return (isinstance(item, dict) and isinstance(item.get("name"), str)
-          and isinstance(item.get("arguments"), dict))
+  return (
+    isinstance(item, dict)
+    and isinstance(item.get("name"), str)
+    and isinstance(item.get("arguments"), dict)
+  )

@@ -10,6 +10,7 @@ printable character, the ByteLevel decoder maps it back), followed by six specia
 
 The model's embedding has 512 rows; ids 262..511 are unused and decode to "".
 """
+
 from __future__ import annotations
 
 import tokenizers
@@ -24,21 +25,24 @@ EOS_TOKEN = "</s>"
 SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 
 BYTE_CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
-    "{{ raise_exception('unsupported role: ' + message['role']) }}"
-    "{% endif %}"
-    "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+  "{{ bos_token }}"
+  "{% for message in messages %}"
+  "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+  "{{ raise_exception('unsupported role: ' + message['role']) }}"
+  "{% endif %}"
+  "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
+  "{% endfor %}"
+  "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
 
 
 def _byte_to_char() -> dict[int, str]:
   """GPT-2's reversible map from bytes to printable characters (what ByteLevel uses)."""
-  printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-               *range(ord("®"), ord("ÿ") + 1)]
+  printable = [
+    *range(ord("!"), ord("~") + 1),
+    *range(ord("¡"), ord("¬") + 1),
+    *range(ord("®"), ord("ÿ") + 1),
+  ]
   chars = {b: chr(b) for b in printable}
   shifted = (b for b in range(NUM_BYTES) if b not in chars)
   for n, b in enumerate(shifted):
@@ -51,10 +55,15 @@ def _byte_backend() -> tokenizers.Tokenizer:
   backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
   backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
   backend.decoder = decoders.ByteLevel()
-  backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+  backend.add_special_tokens(
+    [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
+  )
   bos_id = backend.token_to_id(BOS_TOKEN)
   backend.post_processor = processors.TemplateProcessing(
-      single=f"{BOS_TOKEN} $A", pair=f"{BOS_TOKEN} $A {BOS_TOKEN} $B", special_tokens=[(BOS_TOKEN, bos_id)])
+    single=f"{BOS_TOKEN} $A",
+    pair=f"{BOS_TOKEN} $A {BOS_TOKEN} $B",
+    special_tokens=[(BOS_TOKEN, bos_id)],
+  )
   return backend
 
 
@@ -62,5 +71,9 @@ def byte_level_tokenizer() -> Tokenizer:
   """The tiny-random tokenizer: 256 byte tokens, 6 special tokens, a 512-row vocabulary."""
   backend = _byte_backend()
   assert [backend.token_to_id(t) for t in SPECIAL_TOKENS] == list(range(NUM_BYTES, NUM_BYTES + 6))
-  return Tokenizer(backend, special_tokens=SpecialTokens(bos_token=BOS_TOKEN, eos_token=EOS_TOKEN),
-                   chat_templates={"default": BYTE_CHAT_TEMPLATE}, vocab_size=BYTE_VOCAB_SIZE)
+  return Tokenizer(
+    backend,
+    special_tokens=SpecialTokens(bos_token=BOS_TOKEN, eos_token=EOS_TOKEN),
+    chat_templates={"default": BYTE_CHAT_TEMPLATE},
+    vocab_size=BYTE_VOCAB_SIZE,
+  )

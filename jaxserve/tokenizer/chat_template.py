@@ -14,6 +14,7 @@ model's template produces the same prompt here as there:
 
 Any template failure, including `raise_exception`, is a ValueError naming chat_template.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,10 +31,16 @@ def _raise_exception(message: str) -> None:
   raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(value: object, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-  return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                    sort_keys=sort_keys)
+def _tojson(
+  value: object,
+  ensure_ascii: bool = False,
+  indent: int | None = None,
+  separators: tuple[str, str] | None = None,
+  sort_keys: bool = False,
+) -> str:
+  return json.dumps(
+    value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+  )
 
 
 def _strftime_now(format: str) -> str:  # noqa: A002 - the name templates use
@@ -59,15 +66,17 @@ class _TemplateNamespace(jinja2.utils.Namespace):
   def _check_name(name: object) -> None:
     if isinstance(name, str) and name.startswith("_"):
       raise jinja2.exceptions.SecurityError(
-          f"chat_template: namespace attribute {name!r} may not start with an underscore")
+        f"chat_template: namespace attribute {name!r} may not start with an underscore"
+      )
 
 
 def compile_chat_template(source: str) -> jinja2.Template:
   """Compiles a chat template; a syntax error is a ValueError naming chat_template."""
   if not isinstance(source, str):
     raise ValueError(f"chat_template: must be a string, got {type(source).__name__}")
-  env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                      extensions=[jinja2.ext.loopcontrols])
+  env = ImmutableSandboxedEnvironment(
+    trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+  )
   env.filters["tojson"] = _tojson
   env.globals["raise_exception"] = _raise_exception
   env.globals["strftime_now"] = _strftime_now
@@ -89,10 +98,16 @@ def _normalize_messages(messages: Sequence[Mapping[str, object]]) -> list[dict[s
   return normalized
 
 
-def render_chat_template(template: str | jinja2.Template, messages: Sequence[Mapping[str, object]],
-                         *, add_generation_prompt: bool, bos_token: str | None,
-                         eos_token: str | None, tools: list[dict] | None = None,
-                         **extra: object) -> str:
+def render_chat_template(
+  template: str | jinja2.Template,
+  messages: Sequence[Mapping[str, object]],
+  *,
+  add_generation_prompt: bool,
+  bos_token: str | None,
+  eos_token: str | None,
+  tools: list[dict] | None = None,
+  **extra: object,
+) -> str:
   """Renders `messages` with `template` (source text or the result of `compile_chat_template`)."""
   compiled = compile_chat_template(template) if isinstance(template, str) else template
   variables: dict[str, object] = {"documents": None, **extra}
@@ -101,7 +116,11 @@ def render_chat_template(template: str | jinja2.Template, messages: Sequence[Map
   if eos_token is not None:
     variables["eos_token"] = eos_token
   try:
-    return compiled.render(messages=_normalize_messages(messages), tools=tools,
-                           add_generation_prompt=add_generation_prompt, **variables)
+    return compiled.render(
+      messages=_normalize_messages(messages),
+      tools=tools,
+      add_generation_prompt=add_generation_prompt,
+      **variables,
+    )
   except (jinja2.exceptions.TemplateError, TypeError, ValueError, KeyError, AttributeError) as e:
     raise ValueError(f"chat_template: rendering failed: {type(e).__name__}: {e}") from e

@@ -1,6 +1,7 @@
 """The engine's tokenizer as configured: `tokenizer` (a directory other than the model's) and
 `chat_template` (a file, or the template text itself, replacing the tokenizer's), vLLM's
 --tokenizer and --chat-template. models/registry.load_configured_tokenizer applies them."""
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,11 @@ def chat_template_source(value: str) -> str:
 
 def with_chat_template(tokenizer: Tokenizer, source: str) -> Tokenizer:
   """The same tokenizer with `source` as its default chat template."""
-  return Tokenizer(tokenizer.backend, special_tokens=tokenizer.special_tokens,
-                   extra_eos_token_ids=tokenizer.eos_token_ids,
-                   chat_templates={DEFAULT_TEMPLATE_NAME: source},
-                   vocab_size=tokenizer.vocab_size, tokenizer_class=tokenizer.tokenizer_class)
-
+  return Tokenizer(
+    tokenizer.backend,
+    special_tokens=tokenizer.special_tokens,
+    extra_eos_token_ids=tokenizer.eos_token_ids,
+    chat_templates={DEFAULT_TEMPLATE_NAME: source},
+    vocab_size=tokenizer.vocab_size,
+    tokenizer_class=tokenizer.tokenizer_class,
+  )

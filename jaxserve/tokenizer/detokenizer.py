@@ -15,6 +15,7 @@ so the result does not depend on how text splits into tokens. The text is cut be
 with include_stop_str_in_output) and nothing more is ever released. A stop string that completes
 before the `min_tokens`-th output token is ordinary text.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ REPLACEMENT_CHAR = "\ufffd"
 class DetokenizerDelta:
   """Text released by one `add_tokens` call; `stop_string` is the stop string that ended the
   text."""
+
   text: str
   stop_string: str | None = None
 
@@ -37,9 +39,16 @@ class DetokenizerDelta:
 class IncrementalDetokenizer:
   """Turns a stream of generated token ids into released text (see the module docstring)."""
 
-  def __init__(self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int], *,
-               skip_special_tokens: bool = True, stop: Sequence[str] = (),
-               include_stop_str_in_output: bool = False, min_tokens: int = 0) -> None:
+  def __init__(
+    self,
+    tokenizer: Tokenizer,
+    prompt_token_ids: Sequence[int],
+    *,
+    skip_special_tokens: bool = True,
+    stop: Sequence[str] = (),
+    include_stop_str_in_output: bool = False,
+    min_tokens: int = 0,
+  ) -> None:
     if any(not isinstance(s, str) or not s for s in stop):
       raise ValueError(f"stop: stop strings must be non-empty strings, got {stop!r}")
     self._tokenizer = tokenizer
@@ -83,14 +92,16 @@ class IncrementalDetokenizer:
     if self._read_offset == len(self._token_ids):
       return ""
     decode = self._tokenizer.decode
-    prefix_text = decode(self._token_ids[self._prefix_offset:self._read_offset], self._skip_special_tokens)
-    full_text = decode(self._token_ids[self._prefix_offset:], self._skip_special_tokens)
+    prefix_text = decode(
+      self._token_ids[self._prefix_offset : self._read_offset], self._skip_special_tokens
+    )
+    full_text = decode(self._token_ids[self._prefix_offset :], self._skip_special_tokens)
     if full_text.endswith(REPLACEMENT_CHAR) and not final:
       return ""
     self._prefix_offset = self._read_offset
     self._read_offset = len(self._token_ids)
     # Emitted windows end on a character boundary, so the prefix decodes the same inside full_text.
-    return full_text[len(prefix_text):]
+    return full_text[len(prefix_text) :]
 
   def _release(self, new_text: str, final: bool) -> DetokenizerDelta:
     region = self._held + new_text
@@ -102,8 +113,8 @@ class IncrementalDetokenizer:
       self._held = ""
       return self._emit(region[:end], stop_string)
     num_held = 0 if final else self._num_chars_to_hold(region)
-    self._held = region[len(region) - num_held:]
-    return self._emit(region[:len(region) - num_held], None)
+    self._held = region[len(region) - num_held :]
+    return self._emit(region[: len(region) - num_held], None)
 
   def _emit(self, text: str, stop_string: str | None) -> DetokenizerDelta:
     if text:

@@ -16,6 +16,7 @@ appended to it, as transformers' `add_bos_token=True` does (`add_eos_token` is n
 never end in eos). Decoding is lossless: `clean_up_tokenization_spaces` is not applied, so streamed
 text and a one-shot decode agree.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,6 +42,7 @@ TOOL_USE_TEMPLATE_NAME = "tool_use"
 @dataclass(frozen=True)
 class SpecialTokens:
   """The named special tokens of tokenizer_config.json (None where the checkpoint has none)."""
+
   bos_token: str | None = None
   eos_token: str | None = None
   unk_token: str | None = None
@@ -61,23 +63,35 @@ class Tokenizer:
   `tokenizer_class` is tokenizer_config.json's (what /tokenizer_info reports).
   """
 
-  def __init__(self, backend: tokenizers.Tokenizer, *, special_tokens: SpecialTokens = SpecialTokens(),
-               extra_eos_token_ids: Sequence[int] = (),
-               chat_templates: Mapping[str, str] | None = None, vocab_size: int | None = None,
-               tokenizer_class: str = "PreTrainedTokenizerFast") -> None:
+  def __init__(
+    self,
+    backend: tokenizers.Tokenizer,
+    *,
+    special_tokens: SpecialTokens = SpecialTokens(),
+    extra_eos_token_ids: Sequence[int] = (),
+    chat_templates: Mapping[str, str] | None = None,
+    vocab_size: int | None = None,
+    tokenizer_class: str = "PreTrainedTokenizerFast",
+  ) -> None:
     self.backend = backend
     self.tokenizer_class = tokenizer_class  # transformers' class for this tokenizer (reported only)
     self.special_tokens = special_tokens
-    self._vocab_size = backend.get_vocab_size(with_added_tokens=True) if vocab_size is None else vocab_size
+    self._vocab_size = (
+      backend.get_vocab_size(with_added_tokens=True) if vocab_size is None else vocab_size
+    )
     self._bos_token_id = self._named_token_id("bos_token", special_tokens.bos_token)
     eos_token_id = self._named_token_id("eos_token", special_tokens.eos_token)
-    eos_ids = ([] if eos_token_id is None else [eos_token_id]) + [int(i) for i in extra_eos_token_ids]
+    eos_ids = ([] if eos_token_id is None else [eos_token_id]) + [
+      int(i) for i in extra_eos_token_ids
+    ]
     self._eos_token_ids = tuple(dict.fromkeys(eos_ids))
     self._chat_templates = dict(chat_templates or {})
     self._compiled_templates: dict[str, jinja2.Template] = {}
     special_ids = {i for i, token in backend.get_added_tokens_decoder().items() if token.special}
-    named = (self._named_token_id(name, token)
-             for name, token in special_tokens.as_template_variables().items())
+    named = (
+      self._named_token_id(name, token)
+      for name, token in special_tokens.as_template_variables().items()
+    )
     self._all_special_ids = tuple(sorted(special_ids | {i for i in named if i is not None}))
 
   def _named_token_id(self, name: str, token: str | None) -> int | None:
@@ -128,19 +142,35 @@ class Tokenizer:
     """
     return [self.backend.decode([i], skip_special_tokens=False) for i in ids]
 
-  def apply_chat_template(self, messages: Sequence[Mapping[str, object]],
-                          add_generation_prompt: bool = True, tools: list[dict] | None = None,
-                          **extra: object) -> str:
+  def apply_chat_template(
+    self,
+    messages: Sequence[Mapping[str, object]],
+    add_generation_prompt: bool = True,
+    tools: list[dict] | None = None,
+    **extra: object,
+  ) -> str:
     """The prompt text for `messages`; encode it with add_special_tokens=False (see encode_chat)."""
     template = self._compiled_template(tools)
     variables = {**self.special_tokens.as_template_variables(), **extra}
     bos_token = variables.pop("bos_token", None)
     eos_token = variables.pop("eos_token", None)
-    return render_chat_template(template, messages, add_generation_prompt=add_generation_prompt,
-                                bos_token=bos_token, eos_token=eos_token, tools=tools, **variables)
+    return render_chat_template(
+      template,
+      messages,
+      add_generation_prompt=add_generation_prompt,
+      bos_token=bos_token,
+      eos_token=eos_token,
+      tools=tools,
+      **variables,
+    )
 
-  def encode_chat(self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True,
-                  tools: list[dict] | None = None, **extra: object) -> list[int]:
+  def encode_chat(
+    self,
+    messages: Sequence[Mapping[str, object]],
+    add_generation_prompt: bool = True,
+    tools: list[dict] | None = None,
+    **extra: object,
+  ) -> list[int]:
     """Prompt token ids for `messages`: the template writes bos itself, so none is added here."""
     text = self.apply_chat_template(messages, add_generation_prompt, tools, **extra)
     return self.encode(text, add_special_tokens=False)
@@ -150,8 +180,10 @@ class Tokenizer:
     if tools and TOOL_USE_TEMPLATE_NAME in self._chat_templates:
       name = TOOL_USE_TEMPLATE_NAME
     if name not in self._chat_templates:
-      raise ValueError("chat_template: this tokenizer has no chat template (none in "
-                       f"{TOKENIZER_CONFIG_FILE}, {CHAT_TEMPLATE_JINJA_FILE} or {CHAT_TEMPLATE_JSON_FILE})")
+      raise ValueError(
+        "chat_template: this tokenizer has no chat template (none in "
+        f"{TOKENIZER_CONFIG_FILE}, {CHAT_TEMPLATE_JINJA_FILE} or {CHAT_TEMPLATE_JSON_FILE})"
+      )
     if name not in self._compiled_templates:
       self._compiled_templates[name] = compile_chat_template(self._chat_templates[name])
     return self._compiled_templates[name]
@@ -198,33 +230,48 @@ def _chat_templates(directory: str, config: Mapping[str, object]) -> dict[str, s
     return {}
   if isinstance(source, str):
     return {DEFAULT_TEMPLATE_NAME: source}
-  if isinstance(source, list) and all(isinstance(t, Mapping) and isinstance(t.get("name"), str)
-                                      and isinstance(t.get("template"), str) for t in source):
+  if isinstance(source, list) and all(
+    isinstance(t, Mapping) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)
+    for t in source
+  ):
     return {t["name"]: t["template"] for t in source}
-  raise ValueError(f"{where}: chat_template must be a string or a list of {{name, template}} objects")
+  raise ValueError(
+    f"{where}: chat_template must be a string or a list of {{name, template}} objects"
+  )
 
 
-def _add_missing_tokens(backend: tokenizers.Tokenizer, config: Mapping[str, object],
-                        special_tokens: SpecialTokens) -> None:
+def _add_missing_tokens(
+  backend: tokenizers.Tokenizer, config: Mapping[str, object], special_tokens: SpecialTokens
+) -> None:
   """Adds tokens that tokenizer_config.json declares but tokenizer.json lacks, as transformers
   does."""
   declared = config.get("added_tokens_decoder") or {}
-  entries = sorted(declared.items(), key=lambda item: int(item[0])) if isinstance(declared, Mapping) else []
+  entries = (
+    sorted(declared.items(), key=lambda item: int(item[0])) if isinstance(declared, Mapping) else []
+  )
   for _, entry in entries:
     if isinstance(entry, Mapping) and isinstance(entry.get("content"), str):
       if backend.token_to_id(entry["content"]) is None:
-        backend.add_tokens([AddedToken(entry["content"], special=bool(entry.get("special", False)),
-                                       lstrip=bool(entry.get("lstrip", False)),
-                                       rstrip=bool(entry.get("rstrip", False)),
-                                       normalized=bool(entry.get("normalized", False)),
-                                       single_word=bool(entry.get("single_word", False)))])
+        backend.add_tokens(
+          [
+            AddedToken(
+              entry["content"],
+              special=bool(entry.get("special", False)),
+              lstrip=bool(entry.get("lstrip", False)),
+              rstrip=bool(entry.get("rstrip", False)),
+              normalized=bool(entry.get("normalized", False)),
+              single_word=bool(entry.get("single_word", False)),
+            )
+          ]
+        )
   for token in special_tokens.as_template_variables().values():
     if backend.token_to_id(token) is None:
       backend.add_special_tokens([AddedToken(token, special=True, normalized=False)])
 
 
-def _ensure_bos(backend: tokenizers.Tokenizer, config: Mapping[str, object],
-                special_tokens: SpecialTokens) -> None:
+def _ensure_bos(
+  backend: tokenizers.Tokenizer, config: Mapping[str, object], special_tokens: SpecialTokens
+) -> None:
   """Appends a bos step to the post-processor if add_bos_token is set and it adds no bos yet."""
   bos = special_tokens.bos_token
   if config.get("add_bos_token") is not True or bos is None:
@@ -233,8 +280,9 @@ def _ensure_bos(backend: tokenizers.Tokenizer, config: Mapping[str, object],
   probe_ids = backend.encode("a", add_special_tokens=True).ids
   if probe_ids and probe_ids[0] == bos_id:
     return
-  add_bos = processors.TemplateProcessing(single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
-                                          special_tokens=[(bos, bos_id)])
+  add_bos = processors.TemplateProcessing(
+    single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1", special_tokens=[(bos, bos_id)]
+  )
   existing = backend.post_processor
   backend.post_processor = add_bos if existing is None else processors.Sequence([existing, add_bos])
 
@@ -252,21 +300,30 @@ def _generation_eos_ids(directory: str) -> list[int]:
 def load_tokenizer_dir(directory: str) -> Tokenizer:
   tokenizer_path = os.path.join(directory, TOKENIZER_FILE)
   if not os.path.isfile(tokenizer_path):
-    raise ValueError(f"{tokenizer_path}: file not found (jaxserve needs a fast tokenizer, {TOKENIZER_FILE})")
+    raise ValueError(
+      f"{tokenizer_path}: file not found (jaxserve needs a fast tokenizer, {TOKENIZER_FILE})"
+    )
   try:
     backend = tokenizers.Tokenizer.from_file(tokenizer_path)
   except Exception as e:  # the tokenizers library raises its own exception types
     raise ValueError(f"{tokenizer_path}: cannot load: {e}") from e
   config_path = os.path.join(directory, TOKENIZER_CONFIG_FILE)
   config = _read_json(config_path) or {}
-  special_tokens = SpecialTokens(**{name: _token_content(config, name, config_path)
-                                    for name in ("bos_token", "eos_token", "unk_token", "pad_token")})
+  special_tokens = SpecialTokens(
+    **{
+      name: _token_content(config, name, config_path)
+      for name in ("bos_token", "eos_token", "unk_token", "pad_token")
+    }
+  )
   _add_missing_tokens(backend, config, special_tokens)
   _ensure_bos(backend, config, special_tokens)
-  return Tokenizer(backend, special_tokens=special_tokens,
-                   extra_eos_token_ids=_generation_eos_ids(directory),
-                   chat_templates=_chat_templates(directory, config),
-                   tokenizer_class=_tokenizer_class(config, config_path))
+  return Tokenizer(
+    backend,
+    special_tokens=special_tokens,
+    extra_eos_token_ids=_generation_eos_ids(directory),
+    chat_templates=_chat_templates(directory, config),
+    tokenizer_class=_tokenizer_class(config, config_path),
+  )
 
 
 def _tokenizer_class(config: Mapping[str, object], path: str) -> str:

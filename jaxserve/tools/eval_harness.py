@@ -11,6 +11,7 @@ Every example becomes one or more engine queries, all submitted in one `generate
 With a transformers reference (eval_parity.py) the same token ids run through the HF model too.
 Writes eval.json and eval.md (and eval.png with --plot) to the output directory.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,13 +23,20 @@ from pathlib import Path
 from typing import Sequence
 
 from jaxserve.sampling_params import SamplingParams
-from jaxserve.tools.eval_tasks import (GenerateExample, MultipleChoiceExample, PerplexityExample,
-                                       TaskFile, load_task_file, resolve_task_paths)
+from jaxserve.tools.eval_tasks import (
+  GenerateExample,
+  MultipleChoiceExample,
+  PerplexityExample,
+  TaskFile,
+  load_task_file,
+  resolve_task_paths,
+)
 
 
 @dataclass
 class Query:
   """One engine request of one example; `first_scored` is the first prompt position scored."""
+
   task: str
   example_index: int
   choice_index: int | None
@@ -46,29 +54,39 @@ def build_queries(tokenizer, tasks: Sequence[TaskFile]) -> list[Query]:
   for task in tasks:
     for i, example in enumerate(task.examples):
       if isinstance(example, GenerateExample):
-        queries.append(Query(task.name, i, None, tokenizer.encode(example.prompt),
-                             SamplingParams(temperature=0.0, max_tokens=example.max_tokens)))
+        queries.append(
+          Query(
+            task.name,
+            i,
+            None,
+            tokenizer.encode(example.prompt),
+            SamplingParams(temperature=0.0, max_tokens=example.max_tokens),
+          )
+        )
       elif isinstance(example, MultipleChoiceExample):
         context_ids = tokenizer.encode(example.context)
         for c, choice in enumerate(example.choices):
           choice_ids = tokenizer.encode(choice, add_special_tokens=False)
-          queries.append(Query(task.name, i, c, context_ids + choice_ids, greedy,
-                               first_scored=len(context_ids)))
+          queries.append(
+            Query(task.name, i, c, context_ids + choice_ids, greedy, first_scored=len(context_ids))
+          )
       else:
-        queries.append(Query(task.name, i, None, tokenizer.encode(example.text), greedy,
-                             first_scored=1))
+        queries.append(
+          Query(task.name, i, None, tokenizer.encode(example.text), greedy, first_scored=1)
+        )
   return queries
 
 
 def run_queries(llm, queries: list[Query], use_tqdm: bool = True) -> None:
   """Runs every query through llm.generate and fills in its outputs and scored logprobs."""
-  results = llm.generate([q.prompt_ids for q in queries], [q.params for q in queries],
-                         use_tqdm=use_tqdm)
+  results = llm.generate(
+    [q.prompt_ids for q in queries], [q.params for q in queries], use_tqdm=use_tqdm
+  )
   for query, result in zip(queries, results):
     completion = result.outputs[0]
     query.output_ids, query.output_text = list(completion.token_ids), completion.text
     if query.params.prompt_logprobs is not None:
-      entries = result.prompt_logprobs[query.first_scored:]
+      entries = result.prompt_logprobs[query.first_scored :]
       query.scored_logprobs = [entry.logprob for entry in entries]
 
 
@@ -77,25 +95,33 @@ def score_task(task: TaskFile, queries: Sequence[Query]) -> tuple[dict, list[dic
   by_example: dict[int, list[Query]] = {}
   for query in queries:
     by_example.setdefault(query.example_index, []).append(query)
-  records = [_score_example(task.name, i, example, by_example[i])
-             for i, example in enumerate(task.examples)]
+  records = [
+    _score_example(task.name, i, example, by_example[i]) for i, example in enumerate(task.examples)
+  ]
   metrics: dict = {}
   generate = [r for r in records if r["type"] == "generate"]
   if generate:
-    metrics["generate"] = {"num_examples": len(generate),
-                           "accuracy": sum(r["correct"] for r in generate) / len(generate)}
+    metrics["generate"] = {
+      "num_examples": len(generate),
+      "accuracy": sum(r["correct"] for r in generate) / len(generate),
+    }
   choice = [r for r in records if r["type"] == "multiple_choice"]
   if choice:
-    metrics["multiple_choice"] = {"num_examples": len(choice),
-                                  "acc": sum(r["correct"] for r in choice) / len(choice),
-                                  "acc_norm": sum(r["correct_norm"] for r in choice) / len(choice)}
+    metrics["multiple_choice"] = {
+      "num_examples": len(choice),
+      "acc": sum(r["correct"] for r in choice) / len(choice),
+      "acc_norm": sum(r["correct_norm"] for r in choice) / len(choice),
+    }
   texts = [r for r in records if r["type"] == "perplexity"]
   if texts:
     num_tokens = sum(r["num_tokens"] for r in texts)
     total = sum(r["sum_logprob"] for r in texts)
-    metrics["perplexity"] = {"num_texts": len(texts), "num_tokens": num_tokens,
-                             "mean_logprob": total / num_tokens,
-                             "perplexity": math.exp(-total / num_tokens)}
+    metrics["perplexity"] = {
+      "num_texts": len(texts),
+      "num_tokens": num_tokens,
+      "mean_logprob": total / num_tokens,
+      "perplexity": math.exp(-total / num_tokens),
+    }
   return metrics, records
 
 
@@ -103,29 +129,49 @@ def _score_example(task: str, index: int, example, queries: list[Query]) -> dict
   base = {"task": task, "index": index}
   if isinstance(example, GenerateExample):
     text = queries[0].output_text
-    correct = (text.strip() == example.answer.strip() if example.match == "exact"
-               else example.answer in text)
-    return {**base, "type": "generate", "answer": example.answer, "output": text,
-            "correct": bool(correct), "output_ids": queries[0].output_ids}
+    correct = (
+      text.strip() == example.answer.strip() if example.match == "exact" else example.answer in text
+    )
+    return {
+      **base,
+      "type": "generate",
+      "answer": example.answer,
+      "output": text,
+      "correct": bool(correct),
+      "output_ids": queries[0].output_ids,
+    }
   if isinstance(example, MultipleChoiceExample):
     sums = [sum(q.scored_logprobs) for q in sorted(queries, key=lambda q: q.choice_index)]
     normed = [s / len(c) for s, c in zip(sums, example.choices)]
     pred, pred_norm = _argmax(sums), _argmax(normed)
-    return {**base, "type": "multiple_choice", "label": example.label, "choice_logprobs": sums,
-            "pred": pred, "pred_norm": pred_norm, "correct": pred == example.label,
-            "correct_norm": pred_norm == example.label}
+    return {
+      **base,
+      "type": "multiple_choice",
+      "label": example.label,
+      "choice_logprobs": sums,
+      "pred": pred,
+      "pred_norm": pred_norm,
+      "correct": pred == example.label,
+      "correct_norm": pred_norm == example.label,
+    }
   assert isinstance(example, PerplexityExample)
   logprobs = queries[0].scored_logprobs
-  return {**base, "type": "perplexity", "num_tokens": len(logprobs), "sum_logprob": sum(logprobs),
-          "perplexity": math.exp(-sum(logprobs) / max(len(logprobs), 1))}
+  return {
+    **base,
+    "type": "perplexity",
+    "num_tokens": len(logprobs),
+    "sum_logprob": sum(logprobs),
+    "perplexity": math.exp(-sum(logprobs) / max(len(logprobs), 1)),
+  }
 
 
 def _argmax(values: Sequence[float]) -> int:
   return max(range(len(values)), key=lambda i: values[i])
 
 
-def evaluate(llm, tasks: Sequence[TaskFile], hf_model_dir: str | None = None,
-             use_tqdm: bool = True) -> dict:
+def evaluate(
+  llm, tasks: Sequence[TaskFile], hf_model_dir: str | None = None, use_tqdm: bool = True
+) -> dict:
   """Scores `tasks` with `llm` (and, given a transformers checkpoint, checks parity)."""
   start = time.perf_counter()
   queries = build_queries(llm.tokenizer, tasks)
@@ -138,15 +184,21 @@ def evaluate(llm, tasks: Sequence[TaskFile], hf_model_dir: str | None = None,
   if hf_model_dir is not None:
     from jaxserve.tools.eval_parity import hf_parity
     from jaxserve.tools.kv_plan import model_config_for
-    report["parity"] = hf_parity(hf_model_dir, queries, llm.engine.eos_token_ids,
-                                 model_config_for(llm.config).dtype, use_tqdm)
+
+    report["parity"] = hf_parity(
+      hf_model_dir, queries, llm.engine.eos_token_ids, model_config_for(llm.config).dtype, use_tqdm
+    )
   report["elapsed_s"] = time.perf_counter() - start
   return report
 
 
 def markdown_summary(report: dict) -> str:
-  lines = [f"# Eval: {report['model']}", "", "| task | type | examples | metric | value |",
-           "|---|---|---|---|---|"]
+  lines = [
+    f"# Eval: {report['model']}",
+    "",
+    "| task | type | examples | metric | value |",
+    "|---|---|---|---|---|",
+  ]
   for task, metrics in report["tasks"].items():
     for kind, values in metrics.items():
       count = values.get("num_examples", values.get("num_texts"))
@@ -155,12 +207,17 @@ def markdown_summary(report: dict) -> str:
           lines.append(f"| {task} | {kind} | {count} | {name} | {_fmt(value)} |")
   parity = report.get("parity")
   if parity:
-    lines += ["", "## Parity with transformers", "",
-              "| greedy sequences identical | greedy tokens agreeing | max abs logprob diff "
-              "| scored tokens |", "|---|---|---|---|",
-              f"| {100 * parity['sequence_agreement']:.1f}% ({parity['num_sequences']}) "
-              f"| {100 * parity['token_agreement']:.1f}% ({parity['num_tokens']}) "
-              f"| {parity['max_abs_logprob_diff']:.2e} | {parity['num_scored_tokens']} |"]
+    lines += [
+      "",
+      "## Parity with transformers",
+      "",
+      "| greedy sequences identical | greedy tokens agreeing | max abs logprob diff "
+      "| scored tokens |",
+      "|---|---|---|---|",
+      f"| {100 * parity['sequence_agreement']:.1f}% ({parity['num_sequences']}) "
+      f"| {100 * parity['token_agreement']:.1f}% ({parity['num_tokens']}) "
+      f"| {parity['max_abs_logprob_diff']:.2e} | {parity['num_scored_tokens']} |",
+    ]
   return "\n".join(lines) + "\n"
 
 
@@ -175,12 +232,18 @@ def write_report(report: dict, out_dir: Path, plot: bool = False) -> list[Path]:
   paths[1].write_text(markdown_summary(report))
   if plot:
     from jaxserve.tools.plots import metric_bars
-    scores = {f"{task}/{name}": value for task, metrics in report["tasks"].items()
-              for kind, values in metrics.items() for name, value in values.items()
-              if name in ("accuracy", "acc", "acc_norm")}
+
+    scores = {
+      f"{task}/{name}": value
+      for task, metrics in report["tasks"].items()
+      for kind, values in metrics.items()
+      for name, value in values.items()
+      if name in ("accuracy", "acc", "acc_norm")
+    }
     if scores:
-      paths.append(metric_bars(scores, out_dir / "eval.png", title=report["model"],
-                               ylabel="accuracy"))
+      paths.append(
+        metric_bars(scores, out_dir / "eval.png", title=report["model"], ylabel="accuracy")
+      )
   return paths
 
 
@@ -205,10 +268,13 @@ def main(args) -> int:
 
 def _hf_checkpoint_for(model: str, out_dir: Path) -> str:
   from jaxserve.models.tiny_random import TINY_RANDOM_NAME
+
   if model == TINY_RANDOM_NAME:
     from jaxserve.tools.export_hf import export_tiny_random_hf
+
     return str(export_tiny_random_hf(out_dir / "tiny-random-hf"))
   if not (Path(model) / "config.json").is_file():
-    raise ValueError(f"model: --parity-hf needs tiny-random or a Hugging Face checkpoint "
-                     f"directory, got {model!r}")
+    raise ValueError(
+      f"model: --parity-hf needs tiny-random or a Hugging Face checkpoint directory, got {model!r}"
+    )
   return model

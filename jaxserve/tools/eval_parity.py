@@ -6,6 +6,7 @@ logprob of every scored prompt token. Reported: the share of generations whose t
 identical, the share of generated tokens inside the common prefix (tokens after a first divergence
 count as disagreeing), and the largest absolute logprob difference over the scored tokens.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -17,31 +18,43 @@ from tqdm.auto import tqdm
 def load_reference(model_dir: str, dtype: str):
   import torch
   import transformers
+
   model = transformers.AutoModelForCausalLM.from_pretrained(
-      model_dir, dtype=getattr(torch, dtype), attn_implementation="eager")
+    model_dir, dtype=getattr(torch, dtype), attn_implementation="eager"
+  )
   return model.eval()
 
 
-def hf_greedy(model, prompt_ids: Sequence[int], max_tokens: int,
-              eos_token_ids: Sequence[int]) -> list[int]:
+def hf_greedy(
+  model, prompt_ids: Sequence[int], max_tokens: int, eos_token_ids: Sequence[int]
+) -> list[int]:
   """transformers' greedy `generate`, stopping at any of `eos_token_ids` (kept) or max_tokens."""
   import torch
+
   with torch.inference_mode():
-    out = model.generate(input_ids=torch.tensor([list(prompt_ids)]), do_sample=False,
-                         max_new_tokens=max_tokens, eos_token_id=list(eos_token_ids),
-                         pad_token_id=eos_token_ids[0] if eos_token_ids else 0,
-                         temperature=None, top_p=None, top_k=None)
-  return [int(t) for t in out[0, len(prompt_ids):]]
+    out = model.generate(
+      input_ids=torch.tensor([list(prompt_ids)]),
+      do_sample=False,
+      max_new_tokens=max_tokens,
+      eos_token_id=list(eos_token_ids),
+      pad_token_id=eos_token_ids[0] if eos_token_ids else 0,
+      temperature=None,
+      top_p=None,
+      top_k=None,
+    )
+  return [int(t) for t in out[0, len(prompt_ids) :]]
 
 
 def hf_prompt_logprobs(model, prompt_ids: Sequence[int], first_scored: int) -> np.ndarray:
   """logprob of prompt[j] given prompt[:j] for j >= first_scored. [len(prompt) - first_scored]"""
   import torch
+
   with torch.inference_mode():
     logits = model(torch.tensor([list(prompt_ids)])).logits[0].double()  # [T, vocab]
   logprobs = torch.log_softmax(logits, dim=-1)
-  return np.array([float(logprobs[j - 1, prompt_ids[j]])
-                   for j in range(first_scored, len(prompt_ids))])
+  return np.array(
+    [float(logprobs[j - 1, prompt_ids[j]]) for j in range(first_scored, len(prompt_ids))]
+  )
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -53,8 +66,9 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
   return n
 
 
-def hf_parity(model_dir: str, queries: Sequence, eos_token_ids: Sequence[int], dtype: str,
-              use_tqdm: bool = True) -> dict:
+def hf_parity(
+  model_dir: str, queries: Sequence, eos_token_ids: Sequence[int], dtype: str, use_tqdm: bool = True
+) -> dict:
   """Compares eval queries (already run by the engine) with the transformers model."""
   model = load_reference(model_dir, dtype)
   identical = num_sequences = agreeing = num_tokens = num_scored = 0
@@ -69,13 +83,21 @@ def hf_parity(model_dir: str, queries: Sequence, eos_token_ids: Sequence[int], d
     else:
       reference = hf_prompt_logprobs(model, query.prompt_ids, query.first_scored)
       if len(reference) != len(query.scored_logprobs):
-        raise ValueError(f"parity: {len(query.scored_logprobs)} scored tokens for task "
-                         f"{query.task} example {query.example_index}, transformers has "
-                         f"{len(reference)}")
+        raise ValueError(
+          f"parity: {len(query.scored_logprobs)} scored tokens for task "
+          f"{query.task} example {query.example_index}, transformers has "
+          f"{len(reference)}"
+        )
       if len(reference):
         max_diff = max(max_diff, float(np.abs(reference - query.scored_logprobs).max()))
       num_scored += len(reference)
-  return {"model_dir": model_dir, "dtype": dtype, "num_sequences": num_sequences,
-          "sequence_agreement": identical / max(num_sequences, 1),
-          "num_tokens": num_tokens, "token_agreement": agreeing / max(num_tokens, 1),
-          "num_scored_tokens": num_scored, "max_abs_logprob_diff": max_diff}
+  return {
+    "model_dir": model_dir,
+    "dtype": dtype,
+    "num_sequences": num_sequences,
+    "sequence_agreement": identical / max(num_sequences, 1),
+    "num_tokens": num_tokens,
+    "token_agreement": agreeing / max(num_tokens, 1),
+    "num_scored_tokens": num_scored,
+    "max_abs_logprob_diff": max_diff,
+  }

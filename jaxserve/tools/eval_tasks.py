@@ -12,6 +12,7 @@
 A file may mix types. Errors name the file, the line and the field. The shipped tasks live in
 data/ next to this module (`builtin_task_paths`).
 """
+
 from __future__ import annotations
 
 import json
@@ -92,20 +93,37 @@ def parse_example(record: object, where: str) -> Example:
     raise ValueError(f"{where}: expected a JSON object")
   kind = record.get("type")
   if kind == "generate":
-    example = GenerateExample(_text(record, "prompt", where), _text(record, "answer", where),
-                              record.get("match", "contains"), record.get("max_tokens", 16))
+    example = GenerateExample(
+      _text(record, "prompt", where),
+      _text(record, "answer", where),
+      record.get("match", "contains"),
+      record.get("max_tokens", 16),
+    )
     _expect(example.match in MATCH_MODES, where, "match", f"must be one of {MATCH_MODES}")
-    _expect(isinstance(example.max_tokens, int) and example.max_tokens >= 1, where, "max_tokens",
-            "must be an integer >= 1")
+    _expect(
+      isinstance(example.max_tokens, int) and example.max_tokens >= 1,
+      where,
+      "max_tokens",
+      "must be an integer >= 1",
+    )
     return example
   if kind == "multiple_choice":
     choices = record.get("choices")
-    _expect(isinstance(choices, list) and len(choices) >= 2
-            and all(isinstance(c, str) and c for c in choices), where, "choices",
-            "must be a list of at least two non-empty strings")
+    _expect(
+      isinstance(choices, list)
+      and len(choices) >= 2
+      and all(isinstance(c, str) and c for c in choices),
+      where,
+      "choices",
+      "must be a list of at least two non-empty strings",
+    )
     label = record.get("label")
-    _expect(isinstance(label, int) and 0 <= label < len(choices), where, "label",
-            f"must be an index into choices (0..{len(choices) - 1})")
+    _expect(
+      isinstance(label, int) and 0 <= label < len(choices),
+      where,
+      "label",
+      f"must be an index into choices (0..{len(choices) - 1})",
+    )
     return MultipleChoiceExample(_text(record, "context", where), tuple(choices), label)
   if kind == "perplexity":
     return PerplexityExample(_text(record, "text", where))

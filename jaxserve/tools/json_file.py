@@ -1,4 +1,5 @@
 """The one way a command writes its JSON result: parent folders made, indented, path returned."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """The two-column "name  value" table the benchmarks and tools print (names padded to the
 longest)."""
+
 from __future__ import annotations
 
 from typing import Sequence

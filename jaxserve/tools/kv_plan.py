@@ -7,6 +7,7 @@ the number of concurrent sequences is budget // (max_model_len * bytes_per_token
 real length. The planned page count is checked against device/kv_cache.kv_cache_spec (what the
 engine would allocate for the same config) and, with --check, against a real engine's allocator.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,13 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jaxserve.config import EngineConfig
-from jaxserve.device.kv_cache import kv_cache_spec, resolve_max_model_len
+from jaxserve.device.device_memory import kv_pool_bytes, read_device_memory
+from jaxserve.device.kv_cache import (
+  CPU_DEFAULT_BYTES,
+  kv_cache_spec,
+  page_bytes,
+  resolve_max_model_len,
+)
 from jaxserve.models.builtin import builtin_config, is_builtin
+from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.registry import load_model
 from jaxserve.models.weights import load_hf_config
-from jaxserve.models.model_config import ModelConfig
-from jaxserve.device.device_memory import kv_pool_bytes, read_device_memory
-from jaxserve.device.kv_cache import CPU_DEFAULT_BYTES, page_bytes
 from jaxserve.tools.json_file import write_json
 from jaxserve.tools.key_value_table import key_value_table
 
@@ -38,14 +43,14 @@ class KVPlan:
   budget_bytes: int
   bytes_per_token: int
   bytes_per_page: int
-  num_pages: int               # null page included
-  paged_token_capacity: int    # usable pages * page_size
+  num_pages: int  # null page included
+  paged_token_capacity: int  # usable pages * page_size
   pages_per_seq: int
   paged_max_seqs: int
   contiguous_max_seqs: int
   contiguous_token_capacity: int  # reserved tokens
-  contiguous_used_tokens: int     # of which hold real tokens at avg_seq_len
-  max_num_seqs: int               # the scheduler's cap on running sequences
+  contiguous_used_tokens: int  # of which hold real tokens at avg_seq_len
+  max_num_seqs: int  # the scheduler's cap on running sequences
 
   @property
   def paged_vs_contiguous(self) -> float:
@@ -63,16 +68,32 @@ def model_config_for(config: EngineConfig) -> ModelConfig:
 
 def weight_bytes(model_config: ModelConfig) -> int:
   from jaxserve.models.weights import hf_tensor_specs
+
   itemsize = 4 if model_config.dtype == "float32" else 2
   return sum(math.prod(spec.shape) for spec in hf_tensor_specs(model_config)) * itemsize
 
 
-def plan(model_config: ModelConfig, *, page_size: int, max_model_len: int, budget_bytes: int,
-         avg_seq_len: int, max_num_seqs: int, model: str = "") -> KVPlan:
+def plan(
+  model_config: ModelConfig,
+  *,
+  page_size: int,
+  max_model_len: int,
+  budget_bytes: int,
+  avg_seq_len: int,
+  max_num_seqs: int,
+  model: str = "",
+) -> KVPlan:
   if avg_seq_len < 1 or avg_seq_len > max_model_len:
-    raise ValueError(f"avg_seq_len: must be in [1, max_model_len={max_model_len}], got {avg_seq_len}")
-  per_page = page_bytes(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim,
-                        page_size, model_config.dtype)
+    raise ValueError(
+      f"avg_seq_len: must be in [1, max_model_len={max_model_len}], got {avg_seq_len}"
+    )
+  per_page = page_bytes(
+    model_config.num_layers,
+    model_config.num_kv_heads,
+    model_config.head_dim,
+    page_size,
+    model_config.dtype,
+  )
   per_token = per_page // page_size
   num_pages = budget_bytes // per_page
   if num_pages < 2:
@@ -80,13 +101,23 @@ def plan(model_config: ModelConfig, *, page_size: int, max_model_len: int, budge
   pages_per_seq = math.ceil(avg_seq_len / page_size)
   contiguous_seqs = budget_bytes // (max_model_len * per_token)
   return KVPlan(
-      model=model, dtype=model_config.dtype, page_size=page_size, max_model_len=max_model_len,
-      avg_seq_len=avg_seq_len, budget_bytes=budget_bytes, bytes_per_token=per_token,
-      bytes_per_page=per_page, num_pages=num_pages,
-      paged_token_capacity=(num_pages - 1) * page_size, pages_per_seq=pages_per_seq,
-      paged_max_seqs=(num_pages - 1) // pages_per_seq, contiguous_max_seqs=contiguous_seqs,
-      contiguous_token_capacity=contiguous_seqs * max_model_len,
-      contiguous_used_tokens=contiguous_seqs * avg_seq_len, max_num_seqs=max_num_seqs)
+    model=model,
+    dtype=model_config.dtype,
+    page_size=page_size,
+    max_model_len=max_model_len,
+    avg_seq_len=avg_seq_len,
+    budget_bytes=budget_bytes,
+    bytes_per_token=per_token,
+    bytes_per_page=per_page,
+    num_pages=num_pages,
+    paged_token_capacity=(num_pages - 1) * page_size,
+    pages_per_seq=pages_per_seq,
+    paged_max_seqs=(num_pages - 1) // pages_per_seq,
+    contiguous_max_seqs=contiguous_seqs,
+    contiguous_token_capacity=contiguous_seqs * max_model_len,
+    contiguous_used_tokens=contiguous_seqs * avg_seq_len,
+    max_num_seqs=max_num_seqs,
+  )
 
 
 def budget_for(config: EngineConfig, model_config: ModelConfig, memory_gb: float | None) -> int:
@@ -97,8 +128,13 @@ def budget_for(config: EngineConfig, model_config: ModelConfig, memory_gb: float
     return int(memory_gb * GIB)
   cache = config.cache
   if cache.num_pages is not None:
-    return cache.num_pages * page_bytes(model_config.num_layers, model_config.num_kv_heads,
-                                        model_config.head_dim, cache.page_size, model_config.dtype)
+    return cache.num_pages * page_bytes(
+      model_config.num_layers,
+      model_config.num_kv_heads,
+      model_config.head_dim,
+      cache.page_size,
+      model_config.dtype,
+    )
   if cache.memory_bytes is not None:
     return cache.memory_bytes
   memory = read_device_memory()  # the weights are not loaded here: their size is subtracted
@@ -110,6 +146,7 @@ def budget_for(config: EngineConfig, model_config: ModelConfig, memory_gb: float
 def engine_num_pages(config: EngineConfig) -> int:
   """Builds the engine on the current device; the page count its allocator got."""
   from jaxserve.assembly import build_engine
+
   return build_engine(config, show_progress=False).allocator.num_pages
 
 
@@ -120,39 +157,63 @@ def main(args) -> int:
   model_config = model_config_for(config)
   max_model_len = resolve_max_model_len(config, model_config)
   budget = budget_for(config, model_config, args.memory_gb)
-  result = plan(model_config, page_size=config.cache.page_size, max_model_len=max_model_len,
-                budget_bytes=budget, avg_seq_len=args.avg_seq_len,
-                max_num_seqs=config.scheduler.max_num_seqs, model=config.model)
-  budget_config = config.replace(cache=dataclasses.replace(config.cache, memory_bytes=budget,
-                                                           num_pages=None))
+  result = plan(
+    model_config,
+    page_size=config.cache.page_size,
+    max_model_len=max_model_len,
+    budget_bytes=budget,
+    avg_seq_len=args.avg_seq_len,
+    max_num_seqs=config.scheduler.max_num_seqs,
+    model=config.model,
+  )
+  budget_config = config.replace(
+    cache=dataclasses.replace(config.cache, memory_bytes=budget, num_pages=None)
+  )
   spec_pages = kv_cache_spec(budget_config, model_config, max_model_len, None).num_pages
-  report = {**dataclasses.asdict(result), "paged_vs_contiguous": result.paged_vs_contiguous,
-            "spec_num_pages": spec_pages, "engine_num_pages": None}
+  report = {
+    **dataclasses.asdict(result),
+    "paged_vs_contiguous": result.paged_vs_contiguous,
+    "spec_num_pages": spec_pages,
+    "engine_num_pages": None,
+  }
   if args.check:
     report["engine_num_pages"] = engine_num_pages(budget_config)
   print(format_plan(report))
   if args.out:
     print(f"wrote {write_json(args.out, report)}")
-  matches = spec_pages == result.num_pages and report["engine_num_pages"] in (None, result.num_pages)
+  matches = spec_pages == result.num_pages and report["engine_num_pages"] in (
+    None,
+    result.num_pages,
+  )
   return 0 if matches else 1
 
 
 def format_plan(report: dict) -> str:
   rows = [
-      ("model", f"{report['model']} ({report['dtype']})"),
-      ("KV budget", f"{report['budget_bytes'] / GIB:.3f} GiB"),
-      ("bytes per token / page", f"{report['bytes_per_token']} / {report['bytes_per_page']} "
-       f"(page_size {report['page_size']})"),
-      ("pages (planned / kv_cache_spec / engine)",
-       f"{report['num_pages']} / {report['spec_num_pages']} / {report['engine_num_pages'] or '-'}"),
-      ("token capacity, paged", report["paged_token_capacity"]),
-      (f"sequences of {report['avg_seq_len']} tokens, paged",
-       f"{report['paged_max_seqs']} ({report['pages_per_seq']} pages each)"),
-      (f"sequences, contiguous max_model_len={report['max_model_len']}",
-       report["contiguous_max_seqs"]),
-      ("contiguous tokens reserved / used",
-       f"{report['contiguous_token_capacity']} / {report['contiguous_used_tokens']}"),
-      ("paged / contiguous sequences", f"{report['paged_vs_contiguous']:.2f}x"),
-      ("scheduler max_num_seqs", report["max_num_seqs"]),
+    ("model", f"{report['model']} ({report['dtype']})"),
+    ("KV budget", f"{report['budget_bytes'] / GIB:.3f} GiB"),
+    (
+      "bytes per token / page",
+      f"{report['bytes_per_token']} / {report['bytes_per_page']} (page_size {report['page_size']})",
+    ),
+    (
+      "pages (planned / kv_cache_spec / engine)",
+      f"{report['num_pages']} / {report['spec_num_pages']} / {report['engine_num_pages'] or '-'}",
+    ),
+    ("token capacity, paged", report["paged_token_capacity"]),
+    (
+      f"sequences of {report['avg_seq_len']} tokens, paged",
+      f"{report['paged_max_seqs']} ({report['pages_per_seq']} pages each)",
+    ),
+    (
+      f"sequences, contiguous max_model_len={report['max_model_len']}",
+      report["contiguous_max_seqs"],
+    ),
+    (
+      "contiguous tokens reserved / used",
+      f"{report['contiguous_token_capacity']} / {report['contiguous_used_tokens']}",
+    ),
+    ("paged / contiguous sequences", f"{report['paged_vs_contiguous']:.2f}x"),
+    ("scheduler max_num_seqs", report["max_num_seqs"]),
   ]
   return key_value_table(rows)

@@ -2,6 +2,7 @@
 
 Inputs are the JSON-ready dicts the tools write, so a plot can be redrawn from a saved result.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,8 +23,12 @@ def _cdf(ax, values_ms: Sequence[float], label: str) -> None:
     ax.step(values, np.arange(1, values.size + 1) / values.size, where="post")
     for q, style in ((50, ":"), (99, "--")):  # the p50 and p99 marks
       mark = float(np.percentile(values, q))
-      ax.axvline(mark, color="tab:red" if q == 99 else "tab:gray", linestyle=style,
-                 label=f"p{q} {mark:.1f} ms")
+      ax.axvline(
+        mark,
+        color="tab:red" if q == 99 else "tab:gray",
+        linestyle=style,
+        label=f"p{q} {mark:.1f} ms",
+      )
     ax.legend(loc="lower right", fontsize=8)
   ax.set_xlabel(f"{label} (ms)")
   ax.set_ylabel("fraction of samples")
@@ -36,8 +41,9 @@ def latency_cdfs(requests: Sequence[Mapping], path: Path, title: str = "") -> Pa
   done = [r for r in requests if r["success"]]
   ttft = [1e3 * r["ttft"] for r in done]
   e2e = [1e3 * r["e2e"] for r in done]
-  tpot = [1e3 * (r["e2e"] - r["ttft"]) / (r["output_tokens"] - 1)
-          for r in done if r["output_tokens"] > 1]
+  tpot = [
+    1e3 * (r["e2e"] - r["ttft"]) / (r["output_tokens"] - 1) for r in done if r["output_tokens"] > 1
+  ]
   itl = [1e3 * gap for r in done for gap in r["itls"]]
   fig, axes = plt.subplots(2, 2, figsize=(10, 7))
   for ax, values, label in zip(axes.flat, (ttft, tpot, itl, e2e), ("TTFT", "TPOT", "ITL", "E2E")):
@@ -62,14 +68,18 @@ def sweep_curves(series: Mapping[str, Sequence[Mapping]], path: Path, title: str
     for (name, runs), color in zip(series.items(), ("C0", "C1", "C2", "C3")):
       throughput = [run["metrics"]["output_throughput"] for run in runs]
       for stat, style in (("median_ms", "o-"), ("p99", "s--")):
-        values = [run["metrics"][key][stat] if stat == "median_ms"
-                  else run["metrics"][key]["percentiles_ms"]["p99"] for run in runs]
+        values = [
+          run["metrics"][key][stat]
+          if stat == "median_ms"
+          else run["metrics"][key]["percentiles_ms"]["p99"]
+          for run in runs
+        ]
         which = "median" if stat == "median_ms" else "p99"
-        ax.plot(throughput, values, style, color=color,
-                label=f"{name} {which}".strip())
+        ax.plot(throughput, values, style, color=color, label=f"{name} {which}".strip())
         for x, y, run in zip(throughput, values, runs):
-          ax.annotate(f"{run['request_rate']}", (x, y), textcoords="offset points",
-                      xytext=(4, 4), fontsize=8)
+          ax.annotate(
+            f"{run['request_rate']}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8
+          )
     ax.set_xlabel("output throughput (tok/s)")
     ax.set_ylabel(f"{label} (ms)")
     ax.grid(True, alpha=0.3)

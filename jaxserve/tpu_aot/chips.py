@@ -14,6 +14,7 @@ takes a lock file (/tmp/libtpu_lockfile) for the real chips it would drive; topo
 ALLOW_MULTIPLE_LIBTPU_LOAD (unless the environment sets it) before libtpu loads, so a compile-only
 build runs beside other JAX processes.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -30,22 +31,24 @@ _SHAPES = {1: "1x1", 4: "2x2", 8: "2x4"}
 
 @dataclass(frozen=True)
 class TpuChip:
-  name: str            # the generation as topology names spell it: "v5e", "v6e"
-  hbm_bytes: int       # HBM per chip
-  usable_bytes: int    # of which XLA may allocate (libtpu's "available HBM")
-  device_kind: str     # jax Device.device_kind of its topology devices
+  name: str  # the generation as topology names spell it: "v5e", "v6e"
+  hbm_bytes: int  # HBM per chip
+  usable_bytes: int  # of which XLA may allocate (libtpu's "available HBM")
+  device_kind: str  # jax Device.device_kind of its topology devices
 
   def topology(self, num_chips: int) -> str:
     """The topology name of a one-host slice of num_chips chips, e.g. "v5e:2x4"."""
     if num_chips not in _SHAPES:
-      raise ValueError(f"tensor_parallel_size: no single-host {self.name} topology of "
-                       f"{num_chips} chips (known: {', '.join(map(str, _SHAPES))})")
+      raise ValueError(
+        f"tensor_parallel_size: no single-host {self.name} topology of "
+        f"{num_chips} chips (known: {', '.join(map(str, _SHAPES))})"
+      )
     return f"{self.name}:{_SHAPES[num_chips]}"
 
 
 CHIPS = {
-    "v5e": TpuChip("v5e", 16 * GIB, 63 * GIB // 4, "TPU v5 lite"),
-    "v6e": TpuChip("v6e", 32 * GIB, 125 * GIB // 4, "TPU v6 lite"),
+  "v5e": TpuChip("v5e", 16 * GIB, 63 * GIB // 4, "TPU v5 lite"),
+  "v6e": TpuChip("v6e", 32 * GIB, 125 * GIB // 4, "TPU v6 lite"),
 }
 
 
@@ -68,10 +71,13 @@ def libtpu_available() -> bool:
 def topology_devices(topology_name: str) -> Sequence[jax.Device]:
   """The devices of a TPU topology, compile-only; ValueError without libtpu."""
   if not libtpu_available():
-    raise ValueError("compile-tpu: libtpu is not installed (pip install 'jax[tpu]', or the "
-                     "project's test extra on Linux x86-64)")
+    raise ValueError(
+      "compile-tpu: libtpu is not installed (pip install 'jax[tpu]', or the "
+      "project's test extra on Linux x86-64)"
+    )
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from jax.experimental import topologies
+
   try:
     description = topologies.get_topology_desc(topology_name=topology_name, platform="tpu")
   except TypeError:  # a JAX whose signature lost the keywords

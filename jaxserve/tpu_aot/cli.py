@@ -7,6 +7,7 @@ per-chip memory (weights, KV pool, largest step transient, program code) against
 and the pages / full-length sequences the pool holds. Exits 0 when it fits, 1 with one line per
 cause when it does not, 2 on a bad argument or config.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,21 +21,32 @@ def register(subparsers) -> None:
   """Adds the subcommand; imports nothing heavy (jaxserve.models pulls in JAX, whose logging
   set-up would pre-empt the CLI's)."""
   parser = subparsers.add_parser(
-      "compile-tpu", help="compile every step program for a TPU topology and check its memory",
-      description="Builds the step programs `jaxserve serve --config ...` runs on a TPU slice "
-      "(forward per bucket, sampler modes, prompt logprobs, decode bursts) from abstract weights "
-      "and KV pages, compiles them with libtpu for the chip's topology (tensor_parallel_size "
-      "chips) and checks weights + KV pool + step transient + program code per chip against "
-      "the chip's HBM. Needs libtpu (pip install 'jax[tpu]'), not a TPU.")
+    "compile-tpu",
+    help="compile every step program for a TPU topology and check its memory",
+    description="Builds the step programs `jaxserve serve --config ...` runs on a TPU slice "
+    "(forward per bucket, sampler modes, prompt logprobs, decode bursts) from abstract weights "
+    "and KV pages, compiles them with libtpu for the chip's topology (tensor_parallel_size "
+    "chips) and checks weights + KV pool + step transient + program code per chip against "
+    "the chip's HBM. Needs libtpu (pip install 'jax[tpu]'), not a TPU.",
+  )
   add_engine_args(parser)
-  parser.add_argument("--model-shape", metavar="NAME",
-                      help="a named architecture of jaxserve/models/named_shapes.py instead of "
-                      "--model, e.g. llama-3.1-8b (no checkpoint needed; default: --model)")
-  parser.add_argument("--chip", choices=["v5e", "v6e"],
-                      help="TPU generation (default: from the config file name, e.g. v5e-8.yaml)")
-  parser.add_argument("--programs", choices=["all", "largest"], default="all",
-                      help="compile every program, or of each kind only the largest bucket's "
-                      "(default: all)")
+  parser.add_argument(
+    "--model-shape",
+    metavar="NAME",
+    help="a named architecture of jaxserve/models/named_shapes.py instead of "
+    "--model, e.g. llama-3.1-8b (no checkpoint needed; default: --model)",
+  )
+  parser.add_argument(
+    "--chip",
+    choices=["v5e", "v6e"],
+    help="TPU generation (default: from the config file name, e.g. v5e-8.yaml)",
+  )
+  parser.add_argument(
+    "--programs",
+    choices=["all", "largest"],
+    default="all",
+    help="compile every program, or of each kind only the largest bucket's (default: all)",
+  )
   parser.add_argument("--jobs", type=int, default=1, help="programs compiled at once (default: 1)")
   parser.add_argument("--out", help="also write the report as JSON to this file (default: none)")
   parser.add_argument("--no-progress", action="store_true", help="no progress bar (default: shown)")
@@ -61,8 +73,11 @@ def main(args: argparse.Namespace) -> int:
     model_name, model_config = args.model_shape, named_model_config(args.model_shape)
   else:
     model_name, model_config = config.model, model_config_for(config)
-  report = build(BuildRequest(config, model_config, model_name, chip, args.programs, args.jobs,
-                              not args.no_progress))
+  report = build(
+    BuildRequest(
+      config, model_config, model_name, chip, args.programs, args.jobs, not args.no_progress
+    )
+  )
   print(format_report(report))
   if args.out:
     print(f"wrote {write_json(args.out, report_json(report))}")

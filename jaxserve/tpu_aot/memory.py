@@ -21,6 +21,7 @@ weights + KV pool + step transient + program code must not exceed the HBM XLA ma
 message per cause, naming what does not fit and by how much, and for the total the largest
 cache.memory_fraction that would fit.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,6 +35,7 @@ from jaxserve.tpu_aot.step_programs import ProgramId
 @dataclass(frozen=True)
 class ProgramMemory:
   """Compiled.memory_analysis() of one program, per chip."""
+
   arguments: int
   outputs: int
   aliased: int
@@ -42,14 +44,17 @@ class ProgramMemory:
 
   @classmethod
   def of(cls, analysis) -> "ProgramMemory":
-    return cls(int(analysis.argument_size_in_bytes), int(analysis.output_size_in_bytes),
-               int(analysis.alias_size_in_bytes), int(analysis.temp_size_in_bytes),
-               int(analysis.generated_code_size_in_bytes))
+    return cls(
+      int(analysis.argument_size_in_bytes),
+      int(analysis.output_size_in_bytes),
+      int(analysis.alias_size_in_bytes),
+      int(analysis.temp_size_in_bytes),
+      int(analysis.generated_code_size_in_bytes),
+    )
 
   def transient(self, resident_bytes: int) -> int:
     """Bytes a dispatch needs beyond the resident weights and pool it reads."""
-    return (self.temporaries + self.outputs - self.aliased
-            + max(self.arguments - resident_bytes, 0))
+    return self.temporaries + self.outputs - self.aliased + max(self.arguments - resident_bytes, 0)
 
 
 @dataclass(frozen=True)
@@ -58,17 +63,18 @@ class ProgramResult:
   lower_seconds: float
   compile_seconds: float
   resident_bytes: int
-  memory: ProgramMemory | None   # None when it did not compile
-  error: str | None              # the compiler's message when it did not compile
+  memory: ProgramMemory | None  # None when it did not compile
+  error: str | None  # the compiler's message when it did not compile
 
 
 @dataclass(frozen=True)
 class ServerMemory:
   """The whole server on one chip."""
+
   chip: TpuChip
   weights: int
-  page_bytes: int                # per chip, one page
-  num_pages: int                 # null page included
+  page_bytes: int  # per chip, one page
+  num_pages: int  # null page included
   page_size: int
   max_model_len: int
   largest_transient: int
@@ -104,14 +110,23 @@ def gib(num_bytes: float) -> str:
 def weights_misfit(chip: TpuChip, weights: int, what: str) -> str | None:
   if weights < chip.usable_bytes:
     return None
-  return (f"weights: {what} needs {gib(weights)} per chip, over the {gib(chip.usable_bytes)} "
-          f"usable HBM of a {chip.name} chip by {gib(weights - chip.usable_bytes)} before any "
-          "KV page")
+  return (
+    f"weights: {what} needs {gib(weights)} per chip, over the {gib(chip.usable_bytes)} "
+    f"usable HBM of a {chip.name} chip by {gib(weights - chip.usable_bytes)} before any "
+    "KV page"
+  )
 
 
-def server_memory(chip: TpuChip, weights: int, page_bytes: int, num_pages: int, page_size: int,
-                  max_model_len: int, results: list[ProgramResult],
-                  all_ids: list[ProgramId]) -> ServerMemory:
+def server_memory(
+  chip: TpuChip,
+  weights: int,
+  page_bytes: int,
+  num_pages: int,
+  page_size: int,
+  max_model_len: int,
+  results: list[ProgramResult],
+  all_ids: list[ProgramId],
+) -> ServerMemory:
   """Totals over the compiled programs; all_ids is every program warmup compiles."""
   compiled = [r for r in results if r.memory is not None]
   worst = max(compiled, key=lambda r: r.memory.transient(r.resident_bytes), default=None)
@@ -121,33 +136,53 @@ def server_memory(chip: TpuChip, weights: int, page_bytes: int, num_pages: int, 
     largest_of_kind[r.id.kind] = max(largest_of_kind.get(r.id.kind, 0), r.memory.code)
   code = sum(code_by_id.get(pid, largest_of_kind.get(pid.kind, 0)) for pid in all_ids)
   return ServerMemory(
-      chip, weights, page_bytes, num_pages, page_size, max_model_len,
-      worst.memory.transient(worst.resident_bytes) if worst else 0,
-      worst.id.name if worst else "-", code, any(pid not in code_by_id for pid in all_ids))
+    chip,
+    weights,
+    page_bytes,
+    num_pages,
+    page_size,
+    max_model_len,
+    worst.memory.transient(worst.resident_bytes) if worst else 0,
+    worst.id.name if worst else "-",
+    code,
+    any(pid not in code_by_id for pid in all_ids),
+  )
 
 
-def misfits(memory: ServerMemory, results: list[ProgramResult], topology: str,
-            pages_at: Callable[[float], int]) -> list[str]:
+def misfits(
+  memory: ServerMemory,
+  results: list[ProgramResult],
+  topology: str,
+  pages_at: Callable[[float], int],
+) -> list[str]:
   """Why the server does not fit (empty when it does). pages_at(fraction) is the pool's page
   count at that cache.memory_fraction (the engine's sizing), for the advice."""
-  messages = [f"{r.id.name}: does not compile for {topology}: {r.error}{_smem_hint(r, memory)}"
-              for r in results if r.error is not None]
+  messages = [
+    f"{r.id.name}: does not compile for {topology}: {r.error}{_smem_hint(r, memory)}"
+    for r in results
+    if r.error is not None
+  ]
   if memory.headroom < 0:
     fixed = memory.chip.usable_bytes - memory.weights - memory.largest_transient - memory.code
     fraction = largest_fitting_fraction(fixed, memory.page_bytes, pages_at)
-    advice = (f"cache.memory_fraction <= {fraction:.2f} would fit" if fraction > 0 else
-              "no KV pool fits beside them")
+    advice = (
+      f"cache.memory_fraction <= {fraction:.2f} would fit"
+      if fraction > 0
+      else "no KV pool fits beside them"
+    )
     messages.append(
-        f"memory: weights {gib(memory.weights)} + KV pool {gib(memory.pool)} ({memory.num_pages} "
-        f"pages) + step transient {gib(memory.largest_transient)} "
-        f"({memory.largest_transient_program}) + program code {gib(memory.code)} = "
-        f"{gib(memory.total)} per chip, over the {gib(memory.chip.usable_bytes)} usable HBM of a "
-        f"{memory.chip.name} chip by {gib(-memory.headroom)}; {advice}")
+      f"memory: weights {gib(memory.weights)} + KV pool {gib(memory.pool)} ({memory.num_pages} "
+      f"pages) + step transient {gib(memory.largest_transient)} "
+      f"({memory.largest_transient_program}) + program code {gib(memory.code)} = "
+      f"{gib(memory.total)} per chip, over the {gib(memory.chip.usable_bytes)} usable HBM of a "
+      f"{memory.chip.name} chip by {gib(-memory.headroom)}; {advice}"
+    )
   return messages
 
 
-def largest_fitting_fraction(pool_bytes: int, page_bytes: int,
-                             pages_at: Callable[[float], int]) -> float:
+def largest_fitting_fraction(
+  pool_bytes: int, page_bytes: int, pages_at: Callable[[float], int]
+) -> float:
   """The largest cache.memory_fraction, in hundredths, whose pool fits in pool_bytes (0.0 if
   none holds the 2 pages a pool needs)."""
   for hundredths in range(100, 0, -1):
@@ -163,6 +198,8 @@ def _smem_hint(result: ProgramResult, memory: ServerMemory) -> str:
     return ""
   pages_per_seq = math.ceil(memory.max_model_len / memory.page_size)
   table = result.id.num_seqs * pages_per_seq * 4
-  return (f" (the attention kernel holds the block tables in SMEM: {result.id.num_seqs} "
-          f"sequences x {pages_per_seq} pages of max_model_len {memory.max_model_len} x 4 bytes = "
-          f"{table / 2**20:.2f} MiB; lower max_model_len or scheduler.max_num_seqs)")
+  return (
+    f" (the attention kernel holds the block tables in SMEM: {result.id.num_seqs} "
+    f"sequences x {pages_per_seq} pages of max_model_len {memory.max_model_len} x 4 bytes = "
+    f"{table / 2**20:.2f} MiB; lower max_model_len or scheduler.max_num_seqs)"
+  )

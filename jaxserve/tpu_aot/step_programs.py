@@ -29,6 +29,7 @@ config's cache.num_pages / cache.memory_bytes.
 
 Every dependency of tpu_aot on parallel/ and device/ is an import of this module.
 """
+
 from __future__ import annotations
 
 import functools
@@ -40,7 +41,6 @@ import jax
 import jax.numpy as jnp
 
 from jaxserve.config import EngineConfig
-from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.device.device_memory import DeviceMemory, kv_budget, planned_memory
 from jaxserve.device.kv_cache import kv_cache_spec, page_bytes, resolve_max_model_len
 from jaxserve.device.lowering import abstract, standalone_dummy_inputs
@@ -51,6 +51,7 @@ from jaxserve.device.step_inputs import StepInputs, StepShape
 from jaxserve.device.step_options import step_compiler_options, step_greedy
 from jaxserve.device.step_programs import StepPrograms, build_step_programs
 from jaxserve.device.warmup import warmup_plan
+from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.parallel.mesh import build_mesh
 from jaxserve.parallel.placement import Placement, abstract_placement, is_sharded
@@ -59,12 +60,13 @@ from jaxserve.parallel.placement import Placement, abstract_placement, is_sharde
 @dataclass(frozen=True)
 class ServerShape:
   """What a sharded server holds per chip before its KV pool is sized."""
+
   config: EngineConfig
-  placement: Placement           # abstract params with their shardings, backends, mesh
+  placement: Placement  # abstract params with their shardings, backends, mesh
   max_model_len: int
   num_chips: int
   weight_bytes_per_chip: int
-  page_bytes_per_chip: int       # one page, all layers, K and V, this chip's kv heads
+  page_bytes_per_chip: int  # one page, all layers, K and V, this chip's kv heads
 
   @property
   def model_config(self) -> ModelConfig:
@@ -74,17 +76,24 @@ class ServerShape:
 @dataclass(frozen=True)
 class ProgramId:
   """One compiled step program: its kind, bucket and sampler mode."""
-  kind: str                      # "forward" | "sampler" | "prompt_logprobs" | "burst"
-  num_seqs: int                  # 0 where the program does not depend on it
-  num_tokens: int                # 0 where the program does not depend on it
+
+  kind: str  # "forward" | "sampler" | "prompt_logprobs" | "burst"
+  num_seqs: int  # 0 where the program does not depend on it
+  num_tokens: int  # 0 where the program does not depend on it
   mode: SamplerMode | None
 
   @property
   def name(self) -> str:
     shape = "x".join(str(n) for n in (self.num_seqs, self.num_tokens) if n)
-    flags = [f for f, on in (("random", self.mode and self.mode.random),
-                             ("penalties", self.mode and self.mode.penalties),
-                             ("top", self.mode and self.mode.top_logprobs)) if on]
+    flags = [
+      f
+      for f, on in (
+        ("random", self.mode and self.mode.random),
+        ("penalties", self.mode and self.mode.penalties),
+        ("top", self.mode and self.mode.top_logprobs),
+      )
+      if on
+    ]
     mode = "" if self.mode is None else f" {'+'.join(flags) or 'greedy'}"
     return f"{self.kind}[{shape}]{mode}"
 
@@ -92,32 +101,50 @@ class ProgramId:
 @dataclass(frozen=True)
 class StepProgram:
   id: ProgramId
-  resident_bytes: int            # of its per-chip arguments, the weights / KV pool it reads
+  resident_bytes: int  # of its per-chip arguments, the weights / KV pool it reads
   lower: Callable[[], jax.stages.Lowered]
 
 
-def server_shape(config: EngineConfig, model_config: ModelConfig,
-                 devices: Sequence[jax.Device]) -> ServerShape:
+def server_shape(
+  config: EngineConfig, model_config: ModelConfig, devices: Sequence[jax.Device]
+) -> ServerShape:
   """The abstract weights of `model_config` laid out over config.tensor_parallel_size devices,
   as the engine's sharded loader lays them out."""
   tp = config.tensor_parallel_size
   if not is_sharded(config):
-    raise ValueError("tensor_parallel_size: compile-tpu builds sharded servers "
-                     "(tensor_parallel_size > 1 or tp_invariant_reductions); got "
-                     f"{tp} (the unsharded path fuses projections after loading real weights)")
+    raise ValueError(
+      "tensor_parallel_size: compile-tpu builds sharded servers "
+      "(tensor_parallel_size > 1 or tp_invariant_reductions); got "
+      f"{tp} (the unsharded path fuses projections after loading real weights)"
+    )
   placement = abstract_placement(config, model_config, build_mesh(tp, devices), platform="tpu")
   model_config = placement.model.config
-  per_page = page_bytes(model_config.num_layers, model_config.num_kv_heads,
-                        model_config.head_dim, config.cache.page_size,
-                        model_config.dtype) // placement.num_shards  # as kv_cache_spec splits it
-  return ServerShape(config, placement, resolve_max_model_len(config, model_config),
-                     placement.num_shards, per_chip_bytes(placement.model.params), per_page)
+  per_page = (
+    page_bytes(
+      model_config.num_layers,
+      model_config.num_kv_heads,
+      model_config.head_dim,
+      config.cache.page_size,
+      model_config.dtype,
+    )
+    // placement.num_shards
+  )  # as kv_cache_spec splits it
+  return ServerShape(
+    config,
+    placement,
+    resolve_max_model_len(config, model_config),
+    placement.num_shards,
+    per_chip_bytes(placement.model.params),
+    per_page,
+  )
 
 
 def per_chip_bytes(tree: dict) -> int:
   """Bytes one chip holds of a tree of sharded ShapeDtypeStructs (chip 0's shard of each)."""
+
   def leaf(x: jax.ShapeDtypeStruct) -> int:
     return math.prod(x.sharding.shard_shape(x.shape)) * jnp.dtype(x.dtype).itemsize
+
   return sum(leaf(x) for x in jax.tree_util.tree_leaves(tree))
 
 
@@ -130,23 +157,30 @@ def pool_pages(shape: ServerShape, device_bytes: int, memory_fraction: float | N
   chip = DeviceMemory(total_bytes=device_bytes, limit_bytes=device_bytes, in_use_bytes=0)
   memory = planned_memory(chip, shape.weight_bytes_per_chip)  # sharded loading streams
   budget = kv_budget(memory, fraction, scratch_measured=False)  # sharded: scratch not measured
-  return kv_cache_spec(config, shape.model_config, shape.max_model_len, budget,
-                       shape.num_chips).num_pages
+  return kv_cache_spec(
+    config, shape.model_config, shape.max_model_len, budget, shape.num_chips
+  ).num_pages
 
 
 def _programs(shape: ServerShape, num_pages: int) -> tuple[StepPrograms, dict, tuple]:
   """The server's step programs as assembly builds them, with abstract params and KV pages."""
   config, placement = shape.config, shape.placement
   model_config = shape.model_config
-  page = jax.ShapeDtypeStruct((model_config.num_kv_heads, num_pages, config.cache.page_size,
-                               model_config.head_dim), jnp.dtype(model_config.dtype),
-                              sharding=placement.kv_sharding)
+  page = jax.ShapeDtypeStruct(
+    (model_config.num_kv_heads, num_pages, config.cache.page_size, model_config.head_dim),
+    jnp.dtype(model_config.dtype),
+    sharding=placement.kv_sharding,
+  )
   kv_pages = tuple((page, page) for _ in range(model_config.num_layers))
   shardings = placement.step_shardings(kv_pages)
   programs = build_step_programs(
-      placement.module(), shardings, burst_steps=config.scheduler.num_scheduler_steps,
-      page_size=config.cache.page_size, greedy=step_greedy(config, sharded=shardings is not None),
-      compiler_options=step_compiler_options(config))
+    placement.module(),
+    shardings,
+    burst_steps=config.scheduler.num_scheduler_steps,
+    page_size=config.cache.page_size,
+    greedy=step_greedy(config, sharded=shardings is not None),
+    compiler_options=step_compiler_options(config),
+  )
   return programs, placement.model.params, kv_pages
 
 
@@ -156,8 +190,12 @@ def step_programs(shape: ServerShape, num_pages: int) -> list[StepProgram]:
   programs, params, kv_pages = _programs(shape, num_pages)
   buckets = BucketSet.from_config(config.scheduler)
   page_size = config.cache.page_size
-  step_shape = StepShape(page_size, math.ceil(shape.max_model_len / page_size),
-                         shape.max_model_len, shape.model_config.vocab_size)
+  step_shape = StepShape(
+    page_size,
+    math.ceil(shape.max_model_len / page_size),
+    shape.max_model_len,
+    shape.model_config.vocab_size,
+  )
   lowering = _Lowering(programs, params, kv_pages, buckets, step_shape, shape.model_config)
   weights = shape.weight_bytes_per_chip
   pool = num_pages * shape.page_bytes_per_chip
@@ -166,15 +204,16 @@ def step_programs(shape: ServerShape, num_pages: int) -> list[StepProgram]:
     bucket, mode = run.bucket, run.mode
     if run.num_steps > 1:
       pid = ProgramId("burst", bucket.num_seqs, bucket.num_tokens, mode)
-      found[pid] = StepProgram(pid, weights + pool,
-                               functools.partial(lowering.burst, bucket, mode))
+      found[pid] = StepProgram(pid, weights + pool, functools.partial(lowering.burst, bucket, mode))
       continue
     forward = ProgramId("forward", bucket.num_seqs, bucket.num_tokens, None)
     sampler = ProgramId("sampler", bucket.num_seqs, 0, mode)
-    found.setdefault(forward, StepProgram(forward, weights + pool,
-                                          functools.partial(lowering.forward, bucket)))
-    found.setdefault(sampler, StepProgram(sampler, 0,
-                                          functools.partial(lowering.sampler, bucket, mode)))
+    found.setdefault(
+      forward, StepProgram(forward, weights + pool, functools.partial(lowering.forward, bucket))
+    )
+    found.setdefault(
+      sampler, StepProgram(sampler, 0, functools.partial(lowering.sampler, bucket, mode))
+    )
     if run.prompt_logprobs:
       pid = ProgramId("prompt_logprobs", 0, bucket.num_tokens, None)
       found.setdefault(pid, StepProgram(pid, weights, functools.partial(lowering.prompt, bucket)))
@@ -185,6 +224,7 @@ def step_programs(shape: ServerShape, num_pages: int) -> list[StepProgram]:
 class _Lowering:
   """The step programs lowered on abstract arguments: a bucket's padding inputs as warmup builds
   them, the params and KV pages as ShapeDtypeStructs with their shardings."""
+
   programs: StepPrograms
   params: dict
   kv_pages: tuple
@@ -202,17 +242,23 @@ class _Lowering:
   def sampler(self, bucket: Bucket, mode: SamplerMode) -> jax.stages.Lowered:
     inputs = self.inputs(bucket, mode)
     logits = jax.ShapeDtypeStruct((bucket.num_seqs, self.model_config.vocab_size), jnp.float32)
-    return self.programs.sample.lower(logits, abstract(pack(inputs.sampling)),
-                                      abstract(inputs.prev_sampled_ids), mode)
+    return self.programs.sample.lower(
+      logits, abstract(pack(inputs.sampling)), abstract(inputs.prev_sampled_ids), mode
+    )
 
   def prompt(self, bucket: Bucket) -> jax.stages.Lowered:
-    hidden = jax.ShapeDtypeStruct((bucket.num_tokens, self.model_config.hidden_size),
-                                  jnp.dtype(self.model_config.dtype))
+    hidden = jax.ShapeDtypeStruct(
+      (bucket.num_tokens, self.model_config.hidden_size), jnp.dtype(self.model_config.dtype)
+    )
     targets = abstract(self.inputs(bucket).prompt_target_ids)
     return self.programs.prompt_logprobs.lower(self.params, hidden, targets)
 
   def burst(self, bucket: Bucket, mode: SamplerMode) -> jax.stages.Lowered:
     inputs = self.inputs(bucket, mode)
-    return self.programs.burst.lower(self.params, self.kv_pages,
-                                     abstract(packed_model_inputs(inputs)),
-                                     abstract(pack(inputs.sampling)), mode)
+    return self.programs.burst.lower(
+      self.params,
+      self.kv_pages,
+      abstract(packed_model_inputs(inputs)),
+      abstract(pack(inputs.sampling)),
+      mode,
+    )

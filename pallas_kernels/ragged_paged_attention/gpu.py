@@ -31,6 +31,7 @@ Triton rather than Mosaic GPU: the Triton lowering runs on Ampere and Hopper and
 per-element pointer gathers (the per-token page lookup), masked loads and data-dependent loop
 bounds directly (docs/DECISIONS.md, "Triton, not Mosaic GPU, for the GPU attention kernel").
 """
+
 from __future__ import annotations
 
 import functools
@@ -43,12 +44,18 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels.ragged_paged_attention.gpu_program_map import num_programs, program_map
-from pallas_kernels.ragged_paged_attention.gpu_tiling import (Tiling, choose_tiling,
-                                                               has_large_smem, num_cores)
+from pallas_kernels.ragged_paged_attention.gpu_tiling import (
+  Tiling,
+  choose_tiling,
+  has_large_smem,
+  num_cores,
+)
 from pallas_kernels.ragged_paged_attention.gpu_write import triton_compiler_params, write_kv
 from pallas_kernels.ragged_paged_attention.reference import MASK_VALUE
-from pallas_kernels.ragged_paged_attention.validate import (SUPPORTED_HEAD_DIMS,
-                                                            validate_attention_inputs)
+from pallas_kernels.ragged_paged_attention.validate import (
+  SUPPORTED_HEAD_DIMS,
+  validate_attention_inputs,
+)
 
 __all__ = ["ragged_paged_attention", "write_kv", "Tiling", "choose_tiling"]
 
@@ -56,16 +63,29 @@ SUPPORTED_PAGE_SIZES = (16, 32, 64)
 LOG2_E = math.log2(math.e)
 
 
-def _attention_kernel(program_seqs_ref, program_blocks_ref, query_start_loc_ref, seq_lens_ref,
-                      num_seqs_ref, block_tables_ref, q_ref, k_ref, v_ref, *out_refs,
-                      tiling: Tiling, sm_scale: float, sliding_window: int | None,
-                      soft_cap: float | None):
+def _attention_kernel(
+  program_seqs_ref,
+  program_blocks_ref,
+  query_start_loc_ref,
+  seq_lens_ref,
+  num_seqs_ref,
+  block_tables_ref,
+  q_ref,
+  k_ref,
+  v_ref,
+  *out_refs,
+  tiling: Tiling,
+  sm_scale: float,
+  sliding_window: int | None,
+  soft_cap: float | None,
+):
   """out_refs: (out [T, Gp, D],) or, split, (acc [T, Gp, D], max [T, Gp], sum [T, Gp])."""
   program = pl.program_id(0)
   kv_split = pl.program_id(2)  # read here: program_id inside pl.when does not interpret
   seq = program_seqs_ref[program]
   block = program_blocks_ref[program]
   if tiling.num_kv_splits == 1:  # split outputs are merged (and padding zeroed) afterwards
+
     @pl.when(seq < 0)
     def _():
       _zero_padding_block(out_refs[0], query_start_loc_ref[num_seqs_ref[0]], block, tiling)
@@ -75,41 +95,69 @@ def _attention_kernel(program_seqs_ref, program_blocks_ref, query_start_loc_ref,
 
   @pl.when(seq >= 0)
   def _():
-    _attend_query_block(block_tables_ref, q_ref, k_ref, v_ref, out_refs, seq=live_seq,
-                        q_start=q_start, q_len=query_start_loc_ref[live_seq + 1] - q_start,
-                        first_q=block * tiling.block_q, seq_len=seq_lens_ref[live_seq],
-                        kv_split=kv_split, tiling=tiling,
-                        sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
+    _attend_query_block(
+      block_tables_ref,
+      q_ref,
+      k_ref,
+      v_ref,
+      out_refs,
+      seq=live_seq,
+      q_start=q_start,
+      q_len=query_start_loc_ref[live_seq + 1] - q_start,
+      first_q=block * tiling.block_q,
+      seq_len=seq_lens_ref[live_seq],
+      kv_split=kv_split,
+      tiling=tiling,
+      sm_scale=sm_scale,
+      sliding_window=sliding_window,
+      soft_cap=soft_cap,
+    )
 
 
 def _zero_padding_block(out_ref, num_live, token_block, tiling: Tiling):
   """Zeros the rows of padding tokens (index >= num_live) in query block token_block."""
   num_tokens, _, head_dim = out_ref.shape
-  rows = jnp.arange(tiling.rows, dtype=jnp.int32)                      # [M]
+  rows = jnp.arange(tiling.rows, dtype=jnp.int32)  # [M]
   row_tokens = token_block * tiling.block_q + rows // tiling.padded_group  # [M]
-  row_valid = (row_tokens >= num_live) & (row_tokens < num_tokens)     # [M]
-  row_tokens = jnp.where(row_valid, row_tokens, num_tokens)            # [M], OOB when invalid
-  dims = jnp.arange(head_dim, dtype=jnp.int32)[None, :]                # [1, D]
+  row_valid = (row_tokens >= num_live) & (row_tokens < num_tokens)  # [M]
+  row_tokens = jnp.where(row_valid, row_tokens, num_tokens)  # [M], OOB when invalid
+  dims = jnp.arange(head_dim, dtype=jnp.int32)[None, :]  # [1, D]
   index = (row_tokens[:, None], (rows % tiling.padded_group)[:, None], dims)
   mask = jnp.broadcast_to(row_valid[:, None], (tiling.rows, head_dim))
   plgpu.store(out_ref.at[index], jnp.zeros((tiling.rows, head_dim), out_ref.dtype), mask=mask)
 
 
-def _attend_query_block(block_tables_ref, q_ref, k_ref, v_ref, out_refs, *, seq, q_start, q_len,
-                        first_q, seq_len, kv_split, tiling: Tiling, sm_scale: float,
-                        sliding_window: int | None, soft_cap: float | None):
+def _attend_query_block(
+  block_tables_ref,
+  q_ref,
+  k_ref,
+  v_ref,
+  out_refs,
+  *,
+  seq,
+  q_start,
+  q_len,
+  first_q,
+  seq_len,
+  kv_split,
+  tiling: Tiling,
+  sm_scale: float,
+  sliding_window: int | None,
+  soft_cap: float | None,
+):
   num_tokens = q_ref.shape[0]
   head_dim = q_ref.shape[-1]
-  rows = jnp.arange(tiling.rows, dtype=jnp.int32)                      # [M]
-  row_q = first_q + rows // tiling.padded_group                        # [M] query index in seq
-  row_heads = rows % tiling.padded_group                               # [M]
-  row_valid = (row_q < q_len) & (row_heads < tiling.group)             # [M]
-  row_tokens = jnp.where(row_valid, q_start + row_q, num_tokens)       # [M], OOB when invalid
-  row_pos = seq_len - q_len + row_q                                    # [M] cache position
-  dims = jnp.arange(head_dim, dtype=jnp.int32)[None, :]                # [1, D]
+  rows = jnp.arange(tiling.rows, dtype=jnp.int32)  # [M]
+  row_q = first_q + rows // tiling.padded_group  # [M] query index in seq
+  row_heads = rows % tiling.padded_group  # [M]
+  row_valid = (row_q < q_len) & (row_heads < tiling.group)  # [M]
+  row_tokens = jnp.where(row_valid, q_start + row_q, num_tokens)  # [M], OOB when invalid
+  row_pos = seq_len - q_len + row_q  # [M] cache position
+  dims = jnp.arange(head_dim, dtype=jnp.int32)[None, :]  # [1, D]
   row_mask = jnp.broadcast_to(row_valid[:, None], (tiling.rows, head_dim))
-  q = plgpu.load(q_ref.at[row_tokens[:, None], row_heads[:, None], dims], mask=row_mask,
-                 other=0)                                              # [M, D]
+  q = plgpu.load(
+    q_ref.at[row_tokens[:, None], row_heads[:, None], dims], mask=row_mask, other=0
+  )  # [M, D]
 
   last_q = jnp.minimum(first_q + tiling.block_q, q_len) - 1
   kv_stop = seq_len - q_len + last_q + 1
@@ -124,17 +172,28 @@ def _attend_query_block(block_tables_ref, q_ref, k_ref, v_ref, out_refs, *, seq,
     tile_end = jnp.minimum(tile_end, tile_begin + tiles_per_split)
 
   tile_fn = functools.partial(
-      _attend_kv_tile, block_tables_ref, k_ref, v_ref, q, row_pos, seq=seq, seq_len=seq_len,
-      tiling=tiling, sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
-  acc = jnp.zeros((tiling.rows, head_dim), jnp.float32)                # [M, D]
-  row_max = jnp.full((tiling.rows,), MASK_VALUE, jnp.float32)          # [M]
-  row_sum = jnp.zeros((tiling.rows,), jnp.float32)                     # [M]
+    _attend_kv_tile,
+    block_tables_ref,
+    k_ref,
+    v_ref,
+    q,
+    row_pos,
+    seq=seq,
+    seq_len=seq_len,
+    tiling=tiling,
+    sm_scale=sm_scale,
+    sliding_window=sliding_window,
+    soft_cap=soft_cap,
+  )
+  acc = jnp.zeros((tiling.rows, head_dim), jnp.float32)  # [M, D]
+  row_max = jnp.full((tiling.rows,), MASK_VALUE, jnp.float32)  # [M]
+  row_sum = jnp.zeros((tiling.rows,), jnp.float32)  # [M]
   acc, row_max, row_sum = lax.fori_loop(tile_begin, tile_end, tile_fn, (acc, row_max, row_sum))
 
   row_index = (row_tokens[:, None], row_heads[:, None], dims)
   if tiling.num_kv_splits == 1:
     (out_ref,) = out_refs
-    out = acc / jnp.where(row_valid, row_sum, 1.0)[:, None]            # [M, D]
+    out = acc / jnp.where(row_valid, row_sum, 1.0)[:, None]  # [M, D]
     plgpu.store(out_ref.at[row_index], out.astype(out_ref.dtype), mask=row_mask)
     return
   acc_ref, max_ref, sum_ref = out_refs
@@ -143,60 +202,96 @@ def _attend_query_block(block_tables_ref, q_ref, k_ref, v_ref, out_refs, *, seq,
   plgpu.store(sum_ref.at[row_tokens, row_heads], row_sum, mask=row_valid)
 
 
-def _attend_kv_tile(block_tables_ref, k_ref, v_ref, q, row_pos, tile, carry, *, seq, seq_len,
-                    tiling: Tiling, sm_scale: float, sliding_window: int | None,
-                    soft_cap: float | None):
+def _attend_kv_tile(
+  block_tables_ref,
+  k_ref,
+  v_ref,
+  q,
+  row_pos,
+  tile,
+  carry,
+  *,
+  seq,
+  seq_len,
+  tiling: Tiling,
+  sm_scale: float,
+  sliding_window: int | None,
+  soft_cap: float | None,
+):
   acc, row_max, row_sum = carry
   _, page_size, head_dim = k_ref.shape
   pages_per_seq = block_tables_ref.shape[1]
   kv_pos = tile * tiling.block_kv + jnp.arange(tiling.block_kv, dtype=jnp.int32)  # [BK]
-  kv_valid = kv_pos < seq_len                                                      # [BK]
-  page_slots = kv_pos // page_size                                                 # [BK]
-  page_ids = plgpu.load(block_tables_ref.at[seq, page_slots],
-                        mask=kv_valid & (page_slots < pages_per_seq), other=0)     # [BK]
-  offsets = kv_pos % page_size                                                     # [BK]
-  dims = jnp.arange(head_dim, dtype=jnp.int32)[None, :]                            # [1, D]
+  kv_valid = kv_pos < seq_len  # [BK]
+  page_slots = kv_pos // page_size  # [BK]
+  page_ids = plgpu.load(
+    block_tables_ref.at[seq, page_slots], mask=kv_valid & (page_slots < pages_per_seq), other=0
+  )  # [BK]
+  offsets = kv_pos % page_size  # [BK]
+  dims = jnp.arange(head_dim, dtype=jnp.int32)[None, :]  # [1, D]
   kv_mask = jnp.broadcast_to(kv_valid[:, None], (tiling.block_kv, head_dim))
   kv_index = (page_ids[:, None], offsets[:, None], dims)
-  k = plgpu.load(k_ref.at[kv_index], mask=kv_mask, other=0)                        # [BK, D]
-  v = plgpu.load(v_ref.at[kv_index], mask=kv_mask, other=0)                        # [BK, D]
+  k = plgpu.load(k_ref.at[kv_index], mask=kv_mask, other=0)  # [BK, D]
+  v = plgpu.load(v_ref.at[kv_index], mask=kv_mask, other=0)  # [BK, D]
 
   precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
-  logits = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
-                           preferred_element_type=jnp.float32) * sm_scale          # [M, BK]
+  logits = (
+    lax.dot_general(
+      q, k, (((1,), (1,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
+    )
+    * sm_scale
+  )  # [M, BK]
   if soft_cap is not None:
     logits = soft_cap * jnp.tanh(logits / soft_cap)
-  visible = kv_pos[None, :] <= row_pos[:, None]                                    # [M, BK]
+  visible = kv_pos[None, :] <= row_pos[:, None]  # [M, BK]
   if sliding_window is not None:
     visible &= kv_pos[None, :] > row_pos[:, None] - sliding_window
   logits = jnp.where(visible, logits, MASK_VALUE)
 
-  new_max = jnp.maximum(row_max, jnp.max(logits, axis=1))                          # [M]
-  correction = jnp.exp2((row_max - new_max) * LOG2_E)                              # [M]
-  probs = jnp.exp2((logits - new_max[:, None]) * LOG2_E)                           # [M, BK]
+  new_max = jnp.maximum(row_max, jnp.max(logits, axis=1))  # [M]
+  correction = jnp.exp2((row_max - new_max) * LOG2_E)  # [M]
+  probs = jnp.exp2((logits - new_max[:, None]) * LOG2_E)  # [M, BK]
   row_sum = row_sum * correction + jnp.sum(probs, axis=1)
-  pv = lax.dot_general(probs.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=precision,
-                       preferred_element_type=jnp.float32)                         # [M, D]
+  pv = lax.dot_general(
+    probs.astype(v.dtype),
+    v,
+    (((1,), (0,)), ((), ())),
+    precision=precision,
+    preferred_element_type=jnp.float32,
+  )  # [M, D]
   return acc * correction[:, None] + pv, new_max, row_sum
 
 
 def _combine_splits(acc, row_max, row_sum, query_start_loc, num_seqs):
   """Merges per-split partial softmax states: acc [P, T, KVH, G, D], row_max / row_sum
   [P, T, KVH, G]."""
-  global_max = jnp.max(row_max, axis=0)                                   # [T, KVH, G]
-  weights = jnp.exp(row_max - global_max[None])                           # [P, T, KVH, G]
-  numerator = jnp.sum(acc * weights[..., None], axis=0)                   # [T, KVH, G, D]
-  denominator = jnp.sum(row_sum * weights, axis=0)                        # [T, KVH, G]
+  global_max = jnp.max(row_max, axis=0)  # [T, KVH, G]
+  weights = jnp.exp(row_max - global_max[None])  # [P, T, KVH, G]
+  numerator = jnp.sum(acc * weights[..., None], axis=0)  # [T, KVH, G, D]
+  denominator = jnp.sum(row_sum * weights, axis=0)  # [T, KVH, G]
   out = numerator / jnp.where(denominator > 0, denominator, 1.0)[..., None]
-  live = jnp.arange(acc.shape[1]) < query_start_loc[num_seqs[0]]          # [T]
+  live = jnp.arange(acc.shape[1]) < query_start_loc[num_seqs[0]]  # [T]
   return jnp.where(live[:, None, None, None], out, 0.0)
 
 
-@functools.partial(jax.jit, static_argnames=("tiling", "sm_scale", "sliding_window", "soft_cap",
-                                             "interpret"))
-def _ragged_paged_attention(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
-                            num_seqs, *, tiling: Tiling, sm_scale: float,
-                            sliding_window: int | None, soft_cap: float | None, interpret: bool):
+@functools.partial(
+  jax.jit, static_argnames=("tiling", "sm_scale", "sliding_window", "soft_cap", "interpret")
+)
+def _ragged_paged_attention(
+  q,
+  k_pages,
+  v_pages,
+  block_tables,
+  seq_lens,
+  query_start_loc,
+  num_seqs,
+  *,
+  tiling: Tiling,
+  sm_scale: float,
+  sliding_window: int | None,
+  soft_cap: float | None,
+  interpret: bool,
+):
   num_tokens, num_q_heads, head_dim = q.shape
   num_kv_heads, num_pages, page_size, _ = k_pages.shape
   num_seq_slots = block_tables.shape[0]
@@ -206,37 +301,52 @@ def _ragged_paged_attention(q, k_pages, v_pages, block_tables, seq_lens, query_s
   q_grouped = q.reshape(num_tokens, num_kv_heads, group, head_dim)
   if padded_group != group:
     q_grouped = jnp.pad(q_grouped, ((0, 0), (0, 0), (0, padded_group - group), (0, 0)))
-  rows_spec = pl.BlockSpec((num_tokens, None, padded_group, head_dim),
-                           lambda b, h, s: (0, h, 0, 0))
+  rows_spec = pl.BlockSpec((num_tokens, None, padded_group, head_dim), lambda b, h, s: (0, h, 0, 0))
   pages_spec = pl.BlockSpec((None, num_pages, page_size, head_dim), lambda b, h, s: (h, 0, 0, 0))
   kernel = functools.partial(
-      _attention_kernel, tiling=tiling, sm_scale=sm_scale, sliding_window=sliding_window,
-      soft_cap=soft_cap)
+    _attention_kernel,
+    tiling=tiling,
+    sm_scale=sm_scale,
+    sliding_window=sliding_window,
+    soft_cap=soft_cap,
+  )
   grid_programs = num_programs(num_tokens, num_seq_slots, tiling.block_q)
-  program_seqs, program_blocks = program_map(query_start_loc, num_seqs, grid_programs,
-                                             tiling.block_q)
-  inputs = [program_seqs, program_blocks, query_start_loc, seq_lens, num_seqs, block_tables,
-            q_grouped, k_pages, v_pages]
+  program_seqs, program_blocks = program_map(
+    query_start_loc, num_seqs, grid_programs, tiling.block_q
+  )
+  inputs = [
+    program_seqs,
+    program_blocks,
+    query_start_loc,
+    seq_lens,
+    num_seqs,
+    block_tables,
+    q_grouped,
+    k_pages,
+    v_pages,
+  ]
   in_specs = [pl.no_block_spec] * 6 + [rows_spec, pages_spec, pages_spec]
   if num_splits == 1:
     out_specs = rows_spec
     out_shape = jax.ShapeDtypeStruct(grouped_shape, q.dtype)
   else:
-    out_specs = [pl.BlockSpec((None, num_tokens, None, padded_group, head_dim),
-                              lambda b, h, s: (s, 0, h, 0, 0))] + 2 * [
-                     pl.BlockSpec((None, num_tokens, None, padded_group),
-                                  lambda b, h, s: (s, 0, h, 0))]
+    out_specs = [
+      pl.BlockSpec(
+        (None, num_tokens, None, padded_group, head_dim), lambda b, h, s: (s, 0, h, 0, 0)
+      )
+    ] + 2 * [pl.BlockSpec((None, num_tokens, None, padded_group), lambda b, h, s: (s, 0, h, 0))]
     out_shape = [jax.ShapeDtypeStruct((num_splits, *grouped_shape), jnp.float32)] + 2 * [
-        jax.ShapeDtypeStruct((num_splits, *grouped_shape[:-1]), jnp.float32)]
+      jax.ShapeDtypeStruct((num_splits, *grouped_shape[:-1]), jnp.float32)
+    ]
   outs = pl.pallas_call(
-      kernel,
-      grid=(grid_programs, num_kv_heads, num_splits),
-      in_specs=in_specs,
-      out_specs=out_specs,
-      out_shape=out_shape,
-      compiler_params=triton_compiler_params(tiling.num_warps, tiling.num_stages),
-      interpret=interpret,
-      name="ragged_paged_attention",
+    kernel,
+    grid=(grid_programs, num_kv_heads, num_splits),
+    in_specs=in_specs,
+    out_specs=out_specs,
+    out_shape=out_shape,
+    compiler_params=triton_compiler_params(tiling.num_warps, tiling.num_stages),
+    interpret=interpret,
+    name="ragged_paged_attention",
   )(*inputs)
   if num_splits == 1:
     return outs[:, :, :group].reshape(q.shape)
@@ -246,24 +356,24 @@ def _ragged_paged_attention(q, k_pages, v_pages, block_tables, seq_lens, query_s
 
 
 def ragged_paged_attention(
-    q: jax.Array,                # [T, num_q_heads, head_dim]
-    k_pages: jax.Array,          # [num_kv_heads, num_pages, page_size, head_dim]
-    v_pages: jax.Array,          # [num_kv_heads, num_pages, page_size, head_dim]
-    block_tables: jax.Array,     # int32[S, pages_per_seq]
-    seq_lens: jax.Array,         # int32[S]
-    query_start_loc: jax.Array,  # int32[S + 1]
-    num_seqs: jax.Array,         # int32[1]
-    *,
-    sm_scale: float,
-    sliding_window: int | None = None,
-    soft_cap: float | None = None,
-    block_q: int | None = None,
-    block_kv: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    num_kv_splits: int | None = None,
-    interpret: bool = False,
-) -> jax.Array:                  # [T, num_q_heads, head_dim], q.dtype
+  q: jax.Array,  # [T, num_q_heads, head_dim]
+  k_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
+  v_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
+  block_tables: jax.Array,  # int32[S, pages_per_seq]
+  seq_lens: jax.Array,  # int32[S]
+  query_start_loc: jax.Array,  # int32[S + 1]
+  num_seqs: jax.Array,  # int32[1]
+  *,
+  sm_scale: float,
+  sliding_window: int | None = None,
+  soft_cap: float | None = None,
+  block_q: int | None = None,
+  block_kv: int | None = None,
+  num_warps: int | None = None,
+  num_stages: int | None = None,
+  num_kv_splits: int | None = None,
+  interpret: bool = False,
+) -> jax.Array:  # [T, num_q_heads, head_dim], q.dtype
   """Attention of a ragged batch of query tokens over a paged KV cache (GPU, Pallas Triton).
 
   Same semantics as `ragged_paged_attention_reference` (see reference.py): q [T, num_q_heads,
@@ -280,22 +390,53 @@ def ragged_paged_attention(
   `interpret=True` runs the same kernel in the Pallas interpreter (works on CPU).
   Raises ValueError on bad shapes, dtypes, head_dim, page_size or block sizes.
   """
-  validate_attention_inputs(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
-                            num_seqs, sliding_window=sliding_window, soft_cap=soft_cap,
-                            head_dims=SUPPORTED_HEAD_DIMS)
+  validate_attention_inputs(
+    q,
+    k_pages,
+    v_pages,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    num_seqs,
+    sliding_window=sliding_window,
+    soft_cap=soft_cap,
+    head_dims=SUPPORTED_HEAD_DIMS,
+  )
   page_size = k_pages.shape[2]
   if page_size not in SUPPORTED_PAGE_SIZES:
-    raise ValueError(f"ragged_paged_attention: k_pages: page_size {page_size} not supported "
-                     f"(supported: {SUPPORTED_PAGE_SIZES})")
+    raise ValueError(
+      f"ragged_paged_attention: k_pages: page_size {page_size} not supported "
+      f"(supported: {SUPPORTED_PAGE_SIZES})"
+    )
   num_tokens, num_q_heads, head_dim = q.shape
-  tiling = choose_tiling(num_tokens, block_tables.shape[0], num_q_heads, k_pages.shape[0],
-                         head_dim, max_kv_len=block_tables.shape[1] * page_size,
-                         num_cores=num_cores(), large_smem=has_large_smem(),
-                         block_q=block_q, block_kv=block_kv,
-                         num_warps=num_warps, num_stages=num_stages, num_kv_splits=num_kv_splits)
+  tiling = choose_tiling(
+    num_tokens,
+    block_tables.shape[0],
+    num_q_heads,
+    k_pages.shape[0],
+    head_dim,
+    max_kv_len=block_tables.shape[1] * page_size,
+    num_cores=num_cores(),
+    large_smem=has_large_smem(),
+    block_q=block_q,
+    block_kv=block_kv,
+    num_warps=num_warps,
+    num_stages=num_stages,
+    num_kv_splits=num_kv_splits,
+  )
   if num_tokens == 0:
     return jnp.zeros_like(q)
   return _ragged_paged_attention(
-      q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, num_seqs, tiling=tiling,
-      sm_scale=float(sm_scale), sliding_window=sliding_window,
-      soft_cap=None if soft_cap is None else float(soft_cap), interpret=interpret)
+    q,
+    k_pages,
+    v_pages,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    num_seqs,
+    tiling=tiling,
+    sm_scale=float(sm_scale),
+    sliding_window=sliding_window,
+    soft_cap=None if soft_cap is None else float(soft_cap),
+    interpret=interpret,
+  )

@@ -1,5 +1,6 @@
 """Tile sizes of the GPU ragged paged-attention kernel: the defaults, how they follow the batch
 shape and the GPU, and their validation. The kernel itself is in gpu.py."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ DEFAULT_NUM_CORES = 132  # streaming multiprocessors of an H100 SXM
 @dataclass(frozen=True)
 class Tiling:
   """Static tile sizes: block_q query tokens x padded_group q heads rows, block_kv KV tokens."""
+
   block_q: int
   block_kv: int
   group: int
@@ -33,12 +35,22 @@ def _is_power_of_two(value: int) -> bool:
   return value >= 1 and not value & (value - 1)
 
 
-def choose_tiling(num_tokens: int, num_seq_slots: int, num_q_heads: int, num_kv_heads: int,
-                  head_dim: int, *, max_kv_len: int, num_cores: int = DEFAULT_NUM_CORES,
-                  large_smem: bool = True,
-                  block_q: int | None = None, block_kv: int | None = None,
-                  num_warps: int | None = None, num_stages: int | None = None,
-                  num_kv_splits: int | None = None) -> Tiling:
+def choose_tiling(
+  num_tokens: int,
+  num_seq_slots: int,
+  num_q_heads: int,
+  num_kv_heads: int,
+  head_dim: int,
+  *,
+  max_kv_len: int,
+  num_cores: int = DEFAULT_NUM_CORES,
+  large_smem: bool = True,
+  block_q: int | None = None,
+  block_kv: int | None = None,
+  num_warps: int | None = None,
+  num_stages: int | None = None,
+  num_kv_splits: int | None = None,
+) -> Tiling:
   """Defaults: 16 rows per tile for decode-only shapes (T <= S), 64 otherwise; block_kv 128
   tokens for decode-only shapes on GPUs with Hopper-sized shared memory (large_smem; docs/
   DECISIONS.md, "The GPU attention kernel's decode tiles"), else 64 (32 for head_dim 256); 4
@@ -56,33 +68,50 @@ def choose_tiling(num_tokens: int, num_seq_slots: int, num_q_heads: int, num_kv_
     num_kv_splits = 1
     num_programs = num_seq_slots * num_kv_heads
     if num_tokens <= num_seq_slots and num_programs < 2 * num_cores:
-      num_kv_splits = max(1, min(MAX_KV_SPLITS, pl.cdiv(2 * num_cores, num_programs),
-                                 pl.cdiv(max_kv_len, block_kv) // 4))
-  tiling = Tiling(block_q=block_q, block_kv=block_kv, group=group, padded_group=padded_group,
-                  num_warps=4 if num_warps is None else num_warps,
-                  num_stages=(2 if head_dim > 128 else 3) if num_stages is None else num_stages,
-                  num_kv_splits=num_kv_splits)
+      num_kv_splits = max(
+        1,
+        min(
+          MAX_KV_SPLITS, pl.cdiv(2 * num_cores, num_programs), pl.cdiv(max_kv_len, block_kv) // 4
+        ),
+      )
+  tiling = Tiling(
+    block_q=block_q,
+    block_kv=block_kv,
+    group=group,
+    padded_group=padded_group,
+    num_warps=4 if num_warps is None else num_warps,
+    num_stages=(2 if head_dim > 128 else 3) if num_stages is None else num_stages,
+    num_kv_splits=num_kv_splits,
+  )
   validate_tiling(tiling)
   return tiling
 
 
 def validate_tiling(tiling: Tiling) -> None:
   if not _is_power_of_two(tiling.block_q):
-    raise ValueError(f"ragged_paged_attention: block_q: must be a power of two, got "
-                     f"{tiling.block_q}")
+    raise ValueError(
+      f"ragged_paged_attention: block_q: must be a power of two, got {tiling.block_q}"
+    )
   if not MIN_DOT_ROWS <= tiling.rows <= max(MAX_ROWS, tiling.padded_group):
-    raise ValueError(f"ragged_paged_attention: block_q: block_q * padded q heads per kv head = "
-                     f"{tiling.block_q} * {tiling.padded_group} must lie in "
-                     f"[{MIN_DOT_ROWS}, {MAX_ROWS}]")
+    raise ValueError(
+      f"ragged_paged_attention: block_q: block_q * padded q heads per kv head = "
+      f"{tiling.block_q} * {tiling.padded_group} must lie in "
+      f"[{MIN_DOT_ROWS}, {MAX_ROWS}]"
+    )
   if not _is_power_of_two(tiling.block_kv) or tiling.block_kv < MIN_DOT_ROWS:
-    raise ValueError(f"ragged_paged_attention: block_kv: must be a power of two >= "
-                     f"{MIN_DOT_ROWS}, got {tiling.block_kv}")
+    raise ValueError(
+      f"ragged_paged_attention: block_kv: must be a power of two >= "
+      f"{MIN_DOT_ROWS}, got {tiling.block_kv}"
+    )
   if tiling.num_kv_splits < 1:
-    raise ValueError(f"ragged_paged_attention: num_kv_splits: must be >= 1, got "
-                     f"{tiling.num_kv_splits}")
+    raise ValueError(
+      f"ragged_paged_attention: num_kv_splits: must be >= 1, got {tiling.num_kv_splits}"
+    )
   if tiling.num_warps < 1 or tiling.num_stages < 1:
-    raise ValueError(f"ragged_paged_attention: num_warps/num_stages must be >= 1, got "
-                     f"{tiling.num_warps}/{tiling.num_stages}")
+    raise ValueError(
+      f"ragged_paged_attention: num_warps/num_stages must be >= 1, got "
+      f"{tiling.num_warps}/{tiling.num_stages}"
+    )
 
 
 def has_large_smem() -> bool:

@@ -6,6 +6,7 @@ pages. The page arrays are aliased input -> output (`input_output_aliases`), so 
 donated pages XLA hands the kernel the cache buffer itself and nothing but the new rows moves.
 Slots outside [0, num_pages * page_size) are skipped, matching the reference's mode="drop".
 """
+
 from __future__ import annotations
 
 import functools
@@ -26,57 +27,77 @@ def triton_compiler_params(num_warps: int, num_stages: int):
   return params_cls(num_warps=num_warps, num_stages=num_stages)
 
 
-def _write_kernel(slot_ref, new_k_ref, new_v_ref, _k_in_ref, _v_in_ref, k_out_ref, v_out_ref, *,
-                  block_tokens: int, num_tokens: int):
+def _write_kernel(
+  slot_ref,
+  new_k_ref,
+  new_v_ref,
+  _k_in_ref,
+  _v_in_ref,
+  k_out_ref,
+  v_out_ref,
+  *,
+  block_tokens: int,
+  num_tokens: int,
+):
   num_pages, page_size, head_dim = k_out_ref.shape
   tokens = pl.program_id(0) * block_tokens + jnp.arange(block_tokens, dtype=jnp.int32)  # [BT]
-  token_valid = tokens < num_tokens                                                     # [BT]
-  slots = plgpu.load(slot_ref.at[tokens], mask=token_valid, other=-1)                   # [BT]
-  valid = token_valid & (slots >= 0) & (slots < num_pages * page_size)                  # [BT]
-  page_ids = jnp.where(valid, slots // page_size, num_pages)[:, None]                   # [BT, 1]
-  offsets = jnp.where(valid, slots % page_size, 0)[:, None]                             # [BT, 1]
-  dims = jnp.arange(head_dim, dtype=jnp.int32)[None, :]                                 # [1, D]
-  rows = jnp.where(token_valid, tokens, num_tokens)[:, None]                            # [BT, 1]
+  token_valid = tokens < num_tokens  # [BT]
+  slots = plgpu.load(slot_ref.at[tokens], mask=token_valid, other=-1)  # [BT]
+  valid = token_valid & (slots >= 0) & (slots < num_pages * page_size)  # [BT]
+  page_ids = jnp.where(valid, slots // page_size, num_pages)[:, None]  # [BT, 1]
+  offsets = jnp.where(valid, slots % page_size, 0)[:, None]  # [BT, 1]
+  dims = jnp.arange(head_dim, dtype=jnp.int32)[None, :]  # [1, D]
+  rows = jnp.where(token_valid, tokens, num_tokens)[:, None]  # [BT, 1]
   row_mask = jnp.broadcast_to(token_valid[:, None], (block_tokens, head_dim))
   page_mask = jnp.broadcast_to(valid[:, None], (block_tokens, head_dim))
   for new_ref, out_ref in ((new_k_ref, k_out_ref), (new_v_ref, v_out_ref)):
-    rows_kv = plgpu.load(new_ref.at[rows, dims], mask=row_mask, other=0)                # [BT, D]
-    plgpu.store(out_ref.at[page_ids, offsets, dims], rows_kv.astype(out_ref.dtype),
-                mask=page_mask)
+    rows_kv = plgpu.load(new_ref.at[rows, dims], mask=row_mask, other=0)  # [BT, D]
+    plgpu.store(out_ref.at[page_ids, offsets, dims], rows_kv.astype(out_ref.dtype), mask=page_mask)
 
 
 @functools.partial(jax.jit, static_argnames=("block_tokens", "num_warps", "interpret"))
-def _write_kv(k_pages, v_pages, new_k, new_v, slot_mapping, *, block_tokens: int, num_warps: int,
-              interpret: bool):
+def _write_kv(
+  k_pages,
+  v_pages,
+  new_k,
+  new_v,
+  slot_mapping,
+  *,
+  block_tokens: int,
+  num_warps: int,
+  interpret: bool,
+):
   num_kv_heads, num_pages, page_size, head_dim = k_pages.shape
   num_tokens = new_k.shape[0]
   pages_spec = pl.BlockSpec((None, num_pages, page_size, head_dim), lambda i, h: (h, 0, 0, 0))
   new_spec = pl.BlockSpec((num_tokens, None, head_dim), lambda i, h: (0, h, 0))
   kernel = functools.partial(_write_kernel, block_tokens=block_tokens, num_tokens=num_tokens)
   return pl.pallas_call(
-      kernel,
-      grid=(pl.cdiv(num_tokens, block_tokens), num_kv_heads),
-      in_specs=[pl.no_block_spec, new_spec, new_spec, pages_spec, pages_spec],
-      out_specs=[pages_spec, pages_spec],
-      out_shape=[jax.ShapeDtypeStruct(k_pages.shape, k_pages.dtype),
-                 jax.ShapeDtypeStruct(v_pages.shape, v_pages.dtype)],
-      input_output_aliases={3: 0, 4: 1},
-      compiler_params=triton_compiler_params(num_warps, 1),
-      interpret=interpret,
-      name="write_kv_pages",
+    kernel,
+    grid=(pl.cdiv(num_tokens, block_tokens), num_kv_heads),
+    in_specs=[pl.no_block_spec, new_spec, new_spec, pages_spec, pages_spec],
+    out_specs=[pages_spec, pages_spec],
+    out_shape=[
+      jax.ShapeDtypeStruct(k_pages.shape, k_pages.dtype),
+      jax.ShapeDtypeStruct(v_pages.shape, v_pages.dtype),
+    ],
+    input_output_aliases={3: 0, 4: 1},
+    compiler_params=triton_compiler_params(num_warps, 1),
+    interpret=interpret,
+    name="write_kv_pages",
   )(slot_mapping, new_k, new_v, k_pages, v_pages)
 
 
 def write_kv(
-    k_pages: jax.Array,       # [num_kv_heads, num_pages, page_size, head_dim]
-    v_pages: jax.Array,       # [num_kv_heads, num_pages, page_size, head_dim]
-    new_k: jax.Array,         # [T, num_kv_heads, head_dim]
-    new_v: jax.Array,         # [T, num_kv_heads, head_dim]
-    slot_mapping: jax.Array,  # int32[T]: page_id * page_size + offset; padding tokens -> page 0
-    *,
-    block_tokens: int = DEFAULT_BLOCK_TOKENS,
-    num_warps: int = 4,
-    interpret: bool = False,
+  k_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
+  v_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
+  new_k: jax.Array,  # [T, num_kv_heads, head_dim]
+  new_v: jax.Array,  # [T, num_kv_heads, head_dim]
+  slot_mapping: jax.Array,  # int32[T]: page_id * page_size + offset; padding tokens -> page 0
+  *,
+  block_tokens: int = DEFAULT_BLOCK_TOKENS,
+  num_warps: int = 4,
+  interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
   """Writes new_k/new_v into the slots of slot_mapping; returns (k_pages, v_pages).
 
@@ -92,5 +113,13 @@ def write_kv(
     raise ValueError(f"write_kv: k_pages: head_dim {head_dim} is not a power of two")
   if new_k.shape[0] == 0:
     return k_pages, v_pages
-  return _write_kv(k_pages, v_pages, new_k, new_v, slot_mapping, block_tokens=block_tokens,
-                   num_warps=num_warps, interpret=interpret)
+  return _write_kv(
+    k_pages,
+    v_pages,
+    new_k,
+    new_v,
+    slot_mapping,
+    block_tokens=block_tokens,
+    num_warps=num_warps,
+    interpret=interpret,
+  )

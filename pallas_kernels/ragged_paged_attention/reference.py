@@ -15,6 +15,7 @@ seq_lens[i] - q_len_i + j and attends to cache positions max(0, pos - sliding_wi
 Sequences i >= num_seqs[0] are padding; tokens at or past query_start_loc[num_seqs[0]] are padding
 and produce zeros.
 """
+
 from __future__ import annotations
 
 import jax
@@ -23,32 +24,33 @@ import jax.numpy as jnp
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
-def token_positions(query_start_loc: jax.Array, seq_lens: jax.Array, num_seqs: jax.Array,
-                    num_tokens: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+def token_positions(
+  query_start_loc: jax.Array, seq_lens: jax.Array, num_seqs: jax.Array, num_tokens: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Returns (seq_ids[T], positions[T], valid[T]) for every query token of a ragged batch."""
   num_seq_slots = seq_lens.shape[0]
-  token_idx = jnp.arange(num_tokens, dtype=jnp.int32)                              # [T]
-  seq_ids = jnp.searchsorted(query_start_loc[1:], token_idx, side="right")        # [T]
+  token_idx = jnp.arange(num_tokens, dtype=jnp.int32)  # [T]
+  seq_ids = jnp.searchsorted(query_start_loc[1:], token_idx, side="right")  # [T]
   seq_ids = jnp.clip(seq_ids, 0, num_seq_slots - 1).astype(jnp.int32)
-  valid = token_idx < query_start_loc[num_seqs[0]]                                 # [T]
-  q_lens = query_start_loc[seq_ids + 1] - query_start_loc[seq_ids]                 # [T]
+  valid = token_idx < query_start_loc[num_seqs[0]]  # [T]
+  q_lens = query_start_loc[seq_ids + 1] - query_start_loc[seq_ids]  # [T]
   positions = seq_lens[seq_ids] - q_lens + (token_idx - query_start_loc[seq_ids])  # [T]
   return seq_ids, positions, valid
 
 
 def ragged_paged_attention_reference(
-    q: jax.Array,                # [T, num_q_heads, head_dim]
-    k_pages: jax.Array,          # [num_kv_heads, num_pages, page_size, head_dim]
-    v_pages: jax.Array,          # [num_kv_heads, num_pages, page_size, head_dim]
-    block_tables: jax.Array,     # int32[S, pages_per_seq]
-    seq_lens: jax.Array,         # int32[S]
-    query_start_loc: jax.Array,  # int32[S + 1]
-    num_seqs: jax.Array,         # int32[1]
-    *,
-    sm_scale: float,
-    sliding_window: int | None = None,
-    soft_cap: float | None = None,
-) -> jax.Array:                  # [T, num_q_heads, head_dim], q.dtype
+  q: jax.Array,  # [T, num_q_heads, head_dim]
+  k_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
+  v_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
+  block_tables: jax.Array,  # int32[S, pages_per_seq]
+  seq_lens: jax.Array,  # int32[S]
+  query_start_loc: jax.Array,  # int32[S + 1]
+  num_seqs: jax.Array,  # int32[1]
+  *,
+  sm_scale: float,
+  sliding_window: int | None = None,
+  soft_cap: float | None = None,
+) -> jax.Array:  # [T, num_q_heads, head_dim], q.dtype
   num_tokens, num_q_heads, head_dim = q.shape
   num_kv_heads, _, page_size, _ = k_pages.shape
   pages_per_seq = block_tables.shape[1]
@@ -56,7 +58,7 @@ def ragged_paged_attention_reference(
   max_len = pages_per_seq * page_size
 
   seq_ids, positions, valid = token_positions(query_start_loc, seq_lens, num_seqs, num_tokens)
-  token_pages = block_tables[seq_ids]                                   # [T, pages_per_seq]
+  token_pages = block_tables[seq_ids]  # [T, pages_per_seq]
   k = k_pages[:, token_pages].reshape(num_kv_heads, num_tokens, max_len, head_dim)
   v = v_pages[:, token_pages].reshape(num_kv_heads, num_tokens, max_len, head_dim)
 
@@ -64,8 +66,8 @@ def ragged_paged_attention_reference(
   scores = jnp.einsum("tkgd,ktld->tkgl", qg, k.astype(jnp.float32)) * sm_scale  # [T, KVH, G, L]
   if soft_cap is not None:
     scores = soft_cap * jnp.tanh(scores / soft_cap)
-  kv_pos = jnp.arange(max_len, dtype=jnp.int32)                        # [L]
-  mask = kv_pos[None, :] <= positions[:, None]                          # [T, L]
+  kv_pos = jnp.arange(max_len, dtype=jnp.int32)  # [L]
+  mask = kv_pos[None, :] <= positions[:, None]  # [T, L]
   if sliding_window is not None:
     mask &= kv_pos[None, :] > positions[:, None] - sliding_window
   scores = jnp.where(mask[:, None, None, :], scores, MASK_VALUE)
@@ -76,17 +78,23 @@ def ragged_paged_attention_reference(
 
 
 def write_kv_reference(
-    k_pages: jax.Array,       # [num_kv_heads, num_pages, page_size, head_dim]
-    v_pages: jax.Array,       # [num_kv_heads, num_pages, page_size, head_dim]
-    new_k: jax.Array,         # [T, num_kv_heads, head_dim]
-    new_v: jax.Array,         # [T, num_kv_heads, head_dim]
-    slot_mapping: jax.Array,  # int32[T]: page_id * page_size + offset; padding tokens -> page 0
+  k_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
+  v_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
+  new_k: jax.Array,  # [T, num_kv_heads, head_dim]
+  new_v: jax.Array,  # [T, num_kv_heads, head_dim]
+  slot_mapping: jax.Array,  # int32[T]: page_id * page_size + offset; padding tokens -> page 0
 ) -> tuple[jax.Array, jax.Array]:
   """Scatters this step's K/V into their slots (under jit with donated pages: in place)."""
   num_kv_heads, num_pages, page_size, head_dim = k_pages.shape
   flat_shape = (num_kv_heads, num_pages * page_size, head_dim)
-  k_flat = k_pages.reshape(flat_shape).at[:, slot_mapping].set(
-      jnp.swapaxes(new_k, 0, 1).astype(k_pages.dtype), mode="drop", unique_indices=False)
-  v_flat = v_pages.reshape(flat_shape).at[:, slot_mapping].set(
-      jnp.swapaxes(new_v, 0, 1).astype(v_pages.dtype), mode="drop", unique_indices=False)
+  k_flat = (
+    k_pages.reshape(flat_shape)
+    .at[:, slot_mapping]
+    .set(jnp.swapaxes(new_k, 0, 1).astype(k_pages.dtype), mode="drop", unique_indices=False)
+  )
+  v_flat = (
+    v_pages.reshape(flat_shape)
+    .at[:, slot_mapping]
+    .set(jnp.swapaxes(new_v, 0, 1).astype(v_pages.dtype), mode="drop", unique_indices=False)
+  )
   return k_flat.reshape(k_pages.shape), v_flat.reshape(v_pages.shape)

@@ -7,15 +7,23 @@ the live token count) and token slots past the live tokens are padding whose new
 the null page. Every array is filled with random values, never zeros, so a kernel that skips work
 cannot pass by accident.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 
-ATTENTION_ARG_NAMES = ("q", "k_pages", "v_pages", "block_tables", "seq_lens", "query_start_loc",
-                       "num_seqs")
+ATTENTION_ARG_NAMES = (
+  "q",
+  "k_pages",
+  "v_pages",
+  "block_tables",
+  "seq_lens",
+  "query_start_loc",
+  "num_seqs",
+)
 WRITE_ARG_NAMES = ("k_pages", "v_pages", "new_k", "new_v", "slot_mapping")
 
 
@@ -33,9 +41,15 @@ def _check_lengths(q_lens: Sequence[int], kv_lens: Sequence[int], num_seqs: int)
       raise ValueError(f"make_random_case: need 0 <= q_len <= kv_len, got {q_len}, {kv_len}")
 
 
-def _block_tables(rng: np.random.Generator, kv_lens: Sequence[int], num_seqs: int,
-                  pages_per_seq: int, page_size: int, num_pages: int,
-                  shuffle_pages: bool) -> np.ndarray:
+def _block_tables(
+  rng: np.random.Generator,
+  kv_lens: Sequence[int],
+  num_seqs: int,
+  pages_per_seq: int,
+  page_size: int,
+  num_pages: int,
+  shuffle_pages: bool,
+) -> np.ndarray:
   """int32[num_seqs, pages_per_seq]; unused entries are 0, live pages are distinct ids >= 1."""
   pages_needed = [_cdiv(kv_len, page_size) for kv_len in kv_lens]
   free_ids = np.arange(1, num_pages, dtype=np.int32)
@@ -44,20 +58,25 @@ def _block_tables(rng: np.random.Generator, kv_lens: Sequence[int], num_seqs: in
   tables = np.zeros((num_seqs, pages_per_seq), np.int32)
   cursor = 0
   for seq, count in enumerate(pages_needed):
-    tables[seq, :count] = free_ids[cursor:cursor + count]
+    tables[seq, :count] = free_ids[cursor : cursor + count]
     cursor += count
   return tables
 
 
-def _slot_mapping(block_tables: np.ndarray, q_lens: Sequence[int], kv_lens: Sequence[int],
-                  num_tokens: int, page_size: int) -> np.ndarray:
+def _slot_mapping(
+  block_tables: np.ndarray,
+  q_lens: Sequence[int],
+  kv_lens: Sequence[int],
+  num_tokens: int,
+  page_size: int,
+) -> np.ndarray:
   """int32[num_tokens]: the slot of each new token; padding tokens write into page 0."""
   slots = np.zeros((num_tokens,), np.int32)
   token = 0
   for seq, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens)):
     positions = np.arange(kv_len - q_len, kv_len)
     pages = block_tables[seq, positions // page_size]
-    slots[token:token + q_len] = pages * page_size + positions % page_size
+    slots[token : token + q_len] = pages * page_size + positions % page_size
     token += q_len
   slots[token:] = _null_page_slots(num_tokens - token, page_size)
   return slots
@@ -69,20 +88,20 @@ def _null_page_slots(count: int, page_size: int) -> np.ndarray:
 
 
 def make_random_case(
-    rng: np.random.Generator,
-    *,
-    num_seqs: int,
-    q_lens: Sequence[int],
-    kv_lens: Sequence[int],
-    num_q_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    page_size: int,
-    dtype: jnp.dtype = jnp.float32,
-    num_pages_extra: int = 3,
-    shuffle_pages: bool = True,
-    num_tokens: int | None = None,
-    pages_per_seq: int | None = None,
+  rng: np.random.Generator,
+  *,
+  num_seqs: int,
+  q_lens: Sequence[int],
+  kv_lens: Sequence[int],
+  num_q_heads: int,
+  num_kv_heads: int,
+  head_dim: int,
+  page_size: int,
+  dtype: jnp.dtype = jnp.float32,
+  num_pages_extra: int = 3,
+  shuffle_pages: bool = True,
+  num_tokens: int | None = None,
+  pages_per_seq: int | None = None,
 ) -> dict[str, jnp.ndarray]:
   """Returns a random ragged batch in the reference's layout.
 
@@ -110,29 +129,31 @@ def make_random_case(
     raise ValueError(f"make_random_case: pages_per_seq={pages_per_seq} < {max_pages} needed")
   num_pages = 1 + sum(_cdiv(kv_len, page_size) for kv_len in kv_lens) + num_pages_extra
 
-  block_tables = _block_tables(rng, kv_lens, num_seqs, pages_per_seq, page_size, num_pages,
-                               shuffle_pages)
+  block_tables = _block_tables(
+    rng, kv_lens, num_seqs, pages_per_seq, page_size, num_pages, shuffle_pages
+  )
   seq_lens = np.zeros((num_seqs,), np.int32)
-  seq_lens[:len(kv_lens)] = kv_lens
+  seq_lens[: len(kv_lens)] = kv_lens
   query_start_loc = np.full((num_seqs + 1,), num_live_tokens, np.int32)
-  query_start_loc[:len(q_lens) + 1] = np.concatenate([[0], np.cumsum(q_lens)])
+  query_start_loc[: len(q_lens) + 1] = np.concatenate([[0], np.cumsum(q_lens)])
 
   def normal(*shape: int) -> jnp.ndarray:
     return jnp.asarray(rng.standard_normal(shape, dtype=np.float32), dtype=dtype)
 
   kv_shape = (num_kv_heads, num_pages, page_size, head_dim)
   return {
-      "q": normal(num_tokens, num_q_heads, head_dim),
-      "k_pages": normal(*kv_shape),
-      "v_pages": normal(*kv_shape),
-      "block_tables": jnp.asarray(block_tables),
-      "seq_lens": jnp.asarray(seq_lens),
-      "query_start_loc": jnp.asarray(query_start_loc),
-      "num_seqs": jnp.asarray([len(q_lens)], jnp.int32),
-      "new_k": normal(num_tokens, num_kv_heads, head_dim),
-      "new_v": normal(num_tokens, num_kv_heads, head_dim),
-      "slot_mapping": jnp.asarray(_slot_mapping(block_tables, q_lens, kv_lens, num_tokens,
-                                                page_size)),
+    "q": normal(num_tokens, num_q_heads, head_dim),
+    "k_pages": normal(*kv_shape),
+    "v_pages": normal(*kv_shape),
+    "block_tables": jnp.asarray(block_tables),
+    "seq_lens": jnp.asarray(seq_lens),
+    "query_start_loc": jnp.asarray(query_start_loc),
+    "num_seqs": jnp.asarray([len(q_lens)], jnp.int32),
+    "new_k": normal(num_tokens, num_kv_heads, head_dim),
+    "new_v": normal(num_tokens, num_kv_heads, head_dim),
+    "slot_mapping": jnp.asarray(
+      _slot_mapping(block_tables, q_lens, kv_lens, num_tokens, page_size)
+    ),
   }
 
 
@@ -144,4 +165,3 @@ def attention_args(case: dict[str, jnp.ndarray]) -> tuple[jnp.ndarray, ...]:
 def write_args(case: dict[str, jnp.ndarray]) -> tuple[jnp.ndarray, ...]:
   """The positional arguments of write_kv(_reference), in order."""
   return tuple(case[name] for name in WRITE_ARG_NAMES)
-

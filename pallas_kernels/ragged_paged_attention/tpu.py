@@ -25,6 +25,7 @@ so S * pages_per_seq must fit SMEM. Matmuls accumulate in float32 (HIGHEST preci
 probabilities are cast to the V dtype before P @ V. Cost note: a decode token is its own item and
 still runs the [num_queries_per_block * G, kv_block] matmul of its block, masked to its G rows.
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,7 +39,9 @@ from jax.experimental.pallas import tpu as pltpu
 from pallas_kernels.ragged_paged_attention.reference import MASK_VALUE
 from pallas_kernels.ragged_paged_attention.tpu_write import write_kv
 from pallas_kernels.ragged_paged_attention.validate import (
-    SUPPORTED_HEAD_DIMS, validate_attention_inputs)
+  SUPPORTED_HEAD_DIMS,
+  validate_attention_inputs,
+)
 
 __all__ = ["ragged_paged_attention", "write_kv", "SUPPORTED_PAGE_SIZES"]
 
@@ -76,13 +79,35 @@ class _SeqBlock:
     self.kv_lo = jnp.minimum(self.kv_lo, self.kv_hi)
     self.blk_lo = lax.div(self.kv_lo, kv_block)
     has_rows = self.row_lo < self.row_hi
-    self.blk_hi = jnp.where(has_rows & (self.kv_hi > 0),
-                            lax.div(self.kv_hi + kv_block - 1, kv_block), self.blk_lo)
+    self.blk_hi = jnp.where(
+      has_rows & (self.kv_hi > 0), lax.div(self.kv_hi + kv_block - 1, kv_block), self.blk_lo
+    )
 
 
-def _kernel(block_tables_ref, seq_lens_ref, query_start_ref, num_seqs_ref, first_seq_ref,
-            q_ref, k_hbm, v_hbm, o_ref, k_buf, v_buf, sems, m_ref, l_ref, acc_ref, *,
-            group, pages_per_block, pages_per_seq, sm_scale, sliding_window, soft_cap):
+def _kernel(
+  block_tables_ref,
+  seq_lens_ref,
+  query_start_ref,
+  num_seqs_ref,
+  first_seq_ref,
+  q_ref,
+  k_hbm,
+  v_hbm,
+  o_ref,
+  k_buf,
+  v_buf,
+  sems,
+  m_ref,
+  l_ref,
+  acc_ref,
+  *,
+  group,
+  pages_per_block,
+  pages_per_seq,
+  sm_scale,
+  sliding_window,
+  soft_cap,
+):
   kv_head, q_blk = pl.program_id(0), pl.program_id(1)
   rows, head_dim = q_ref.shape
   page_size = k_hbm.shape[2]
@@ -91,17 +116,25 @@ def _kernel(block_tables_ref, seq_lens_ref, query_start_ref, num_seqs_ref, first
   blk_start = q_blk * tokens_per_block
   blk_end = blk_start + tokens_per_block
   num_seqs = jnp.minimum(num_seqs_ref[0], seq_lens_ref.shape[0])
-  seq_block = functools.partial(_SeqBlock, (seq_lens_ref, query_start_ref), blk_start=blk_start,
-                                blk_end=blk_end, kv_block=kv_block, sliding_window=sliding_window)
+  seq_block = functools.partial(
+    _SeqBlock,
+    (seq_lens_ref, query_start_ref),
+    blk_start=blk_start,
+    blk_end=blk_end,
+    kv_block=kv_block,
+    sliding_window=sliding_window,
+  )
 
   def live(seq_id):
     return (seq_id < num_seqs) & (query_start_ref[jnp.minimum(seq_id, num_seqs)] < blk_end)
 
   def skip_idle(seq_id):
     """First sequence >= seq_id that has work in this block, or a non-live id."""
+
     def idle(s):
       sb = seq_block(s)
       return live(s) & (sb.blk_hi <= sb.blk_lo)
+
     return lax.while_loop(idle, lambda s: s + 1, seq_id)
 
   def page_copies(seq_id, kv_blk, slot):
@@ -114,18 +147,22 @@ def _kernel(block_tables_ref, seq_lens_ref, query_start_ref, num_seqs_ref, first
       page_idx = kv_blk * pages_per_block + i
       needed = (page_idx >= first_page) & (page_idx < end_page)
       table_idx = jnp.minimum(seq_id, seq_lens_ref.shape[0] - 1) * pages_per_seq + jnp.minimum(
-          page_idx, pages_per_seq - 1)
+        page_idx, pages_per_seq - 1
+      )
       page_id = block_tables_ref[table_idx]
       dst = pl.ds(i * page_size, page_size)
-      copies.append((needed,
-                     pltpu.make_async_copy(k_hbm.at[kv_head, page_id], k_buf.at[slot, dst],
-                                           sems.at[0, slot]),
-                     pltpu.make_async_copy(v_hbm.at[kv_head, page_id], v_buf.at[slot, dst],
-                                           sems.at[1, slot])))
+      copies.append(
+        (
+          needed,
+          pltpu.make_async_copy(k_hbm.at[kv_head, page_id], k_buf.at[slot, dst], sems.at[0, slot]),
+          pltpu.make_async_copy(v_hbm.at[kv_head, page_id], v_buf.at[slot, dst], sems.at[1, slot]),
+        )
+      )
     return copies
 
   def start_fetch(seq_id, kv_blk, slot):
     for needed, k_copy, v_copy in page_copies(seq_id, kv_blk, slot):
+
       @pl.when(needed)
       def _():
         k_copy.start()
@@ -133,6 +170,7 @@ def _kernel(block_tables_ref, seq_lens_ref, query_start_ref, num_seqs_ref, first
 
   def wait_fetch(seq_id, kv_blk, slot):
     for needed, k_copy, v_copy in page_copies(seq_id, kv_blk, slot):
+
       @pl.when(needed)
       def _():
         k_copy.wait()
@@ -147,32 +185,46 @@ def _kernel(block_tables_ref, seq_lens_ref, query_start_ref, num_seqs_ref, first
 
   def compute(seq_id, kv_blk, slot):
     sb = seq_block(seq_id)
-    q = q_ref[...]                                                       # [rows, head_dim]
-    k = k_buf[slot]                                                      # [kv_block, head_dim]
-    v = v_buf[slot]                                                      # [kv_block, head_dim]
+    q = q_ref[...]  # [rows, head_dim]
+    k = k_buf[slot]  # [kv_block, head_dim]
+    v = v_buf[slot]  # [kv_block, head_dim]
     precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
-    s = lax.dot_general(q, k.astype(q.dtype), (((1,), (1,)), ((), ())), precision=precision,
-                        preferred_element_type=jnp.float32) * sm_scale  # [rows, kv_block]
+    s = (
+      lax.dot_general(
+        q,
+        k.astype(q.dtype),
+        (((1,), (1,)), ((), ())),
+        precision=precision,
+        preferred_element_type=jnp.float32,
+      )
+      * sm_scale
+    )  # [rows, kv_block]
     if soft_cap is not None:
       s = soft_cap * jnp.tanh(s / soft_cap)
     row = lax.broadcasted_iota(jnp.int32, s.shape, 0)
     # Token offset (in this block) of the first row allowed to see each column's kv position.
-    first_row_tok = (lax.broadcasted_iota(jnp.int32, s.shape, 1)
-                     + (kv_blk * kv_block - sb.ctx_len + sb.q_start - blk_start))
+    first_row_tok = lax.broadcasted_iota(jnp.int32, s.shape, 1) + (
+      kv_blk * kv_block - sb.ctx_len + sb.q_start - blk_start
+    )
     mask = (row >= sb.row_lo * group) & (row < sb.row_hi * group) & (row >= first_row_tok * group)
     if sliding_window is not None:
       mask &= row < (first_row_tok + sliding_window) * group
     s = jnp.where(mask, s, MASK_VALUE)
-    m_prev, l_prev = m_ref[...], l_ref[...]                              # [rows, 128]
-    m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))      # [rows, 128]
-    p = jnp.where(mask, jnp.exp(s - _lanes(m_next, kv_block)), 0.0)     # [rows, kv_block]
-    alpha = jnp.exp(m_prev - m_next)                                     # [rows, 128]
+    m_prev, l_prev = m_ref[...], l_ref[...]  # [rows, 128]
+    m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [rows, 128]
+    p = jnp.where(mask, jnp.exp(s - _lanes(m_next, kv_block)), 0.0)  # [rows, kv_block]
+    alpha = jnp.exp(m_prev - m_next)  # [rows, 128]
     m_ref[...] = m_next
     l_ref[...] = alpha * l_prev + jnp.sum(p, axis=1, keepdims=True)
     kv_pos = lax.broadcasted_iota(jnp.int32, v.shape, 0) + kv_blk * kv_block
     v = jnp.where((kv_pos >= sb.kv_lo) & (kv_pos < sb.kv_hi), v, jnp.zeros_like(v))
-    pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=precision,
-                         preferred_element_type=jnp.float32)            # [rows, head_dim]
+    pv = lax.dot_general(
+      p.astype(v.dtype),
+      v,
+      (((1,), (0,)), ((), ())),
+      precision=precision,
+      preferred_element_type=jnp.float32,
+    )  # [rows, head_dim]
     acc_ref[...] = _lanes(alpha, head_dim) * acc_ref[...] + pv
 
   m_ref[...] = jnp.full(m_ref.shape, MASK_VALUE, jnp.float32)
@@ -199,8 +251,8 @@ def _kernel(block_tables_ref, seq_lens_ref, query_start_ref, num_seqs_ref, first
     return next_seq, next_blk, 1 - slot
 
   lax.while_loop(lambda c: live(c[0]), body, (first, first_blk, jnp.int32(0)))
-  l = _lanes(l_ref[...], head_dim)                                        # [rows, head_dim]
-  out = jnp.where(l > 0.0, acc_ref[...] / jnp.where(l > 0.0, l, 1.0), 0.0)
+  denom = _lanes(l_ref[...], head_dim)  # [rows, head_dim]: the softmax's row sums
+  out = jnp.where(denom > 0.0, acc_ref[...] / jnp.where(denom > 0.0, denom, 1.0), 0.0)
   o_ref[...] = out.astype(o_ref.dtype)
 
 
@@ -209,44 +261,62 @@ def _check_block_sizes(q, k_pages, num_queries_per_block, num_kv_pages_per_block
   num_kv_heads, _, page_size, _ = k_pages.shape
   group = num_q_heads // num_kv_heads
   if page_size not in SUPPORTED_PAGE_SIZES:
-    raise ValueError(f"ragged_paged_attention: k_pages: page_size {page_size} not supported "
-                     f"(supported: {SUPPORTED_PAGE_SIZES})")
-  if q.dtype not in (jnp.float32, jnp.bfloat16) or k_pages.dtype not in (jnp.float32,
-                                                                          jnp.bfloat16):
-    raise ValueError(f"ragged_paged_attention: q/k_pages: dtypes {q.dtype}/{k_pages.dtype} not "
-                     "supported (float32 or bfloat16)")
+    raise ValueError(
+      f"ragged_paged_attention: k_pages: page_size {page_size} not supported "
+      f"(supported: {SUPPORTED_PAGE_SIZES})"
+    )
+  if q.dtype not in (jnp.float32, jnp.bfloat16) or k_pages.dtype not in (jnp.float32, jnp.bfloat16):
+    raise ValueError(
+      f"ragged_paged_attention: q/k_pages: dtypes {q.dtype}/{k_pages.dtype} not "
+      "supported (float32 or bfloat16)"
+    )
   tile = max(_sublane_tile(q.dtype), _sublane_tile(k_pages.dtype))
   if page_size % tile:
-    raise ValueError(f"ragged_paged_attention: k_pages: page_size {page_size} is not a multiple "
-                     f"of the {tile}-row sublane tile of {k_pages.dtype}")
+    raise ValueError(
+      f"ragged_paged_attention: k_pages: page_size {page_size} is not a multiple "
+      f"of the {tile}-row sublane tile of {k_pages.dtype}"
+    )
   if num_kv_pages_per_block < 1 or (num_kv_pages_per_block * page_size) % NUM_LANES:
-    raise ValueError(f"ragged_paged_attention: num_kv_pages_per_block: {num_kv_pages_per_block} "
-                     f"pages of {page_size} tokens are not a positive multiple of {NUM_LANES}")
+    raise ValueError(
+      f"ragged_paged_attention: num_kv_pages_per_block: {num_kv_pages_per_block} "
+      f"pages of {page_size} tokens are not a positive multiple of {NUM_LANES}"
+    )
   if num_queries_per_block < 1 or (num_queries_per_block * group) % tile:
-    raise ValueError(f"ragged_paged_attention: num_queries_per_block: {num_queries_per_block} "
-                     f"tokens x {group} heads per kv head: not a positive multiple of {tile}")
+    raise ValueError(
+      f"ragged_paged_attention: num_queries_per_block: {num_queries_per_block} "
+      f"tokens x {group} heads per kv head: not a positive multiple of {tile}"
+    )
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "sm_scale", "sliding_window", "soft_cap", "num_queries_per_block", "num_kv_pages_per_block",
-    "vmem_limit_bytes", "interpret"))
+@functools.partial(
+  jax.jit,
+  static_argnames=(
+    "sm_scale",
+    "sliding_window",
+    "soft_cap",
+    "num_queries_per_block",
+    "num_kv_pages_per_block",
+    "vmem_limit_bytes",
+    "interpret",
+  ),
+)
 def ragged_paged_attention(
-    q: jax.Array,                # [T, num_q_heads, head_dim]
-    k_pages: jax.Array,          # [num_kv_heads, num_pages, page_size, head_dim]
-    v_pages: jax.Array,          # [num_kv_heads, num_pages, page_size, head_dim]
-    block_tables: jax.Array,     # int32[S, pages_per_seq]
-    seq_lens: jax.Array,         # int32[S]
-    query_start_loc: jax.Array,  # int32[S + 1]
-    num_seqs: jax.Array,         # int32[1]
-    *,
-    sm_scale: float,
-    sliding_window: int | None = None,
-    soft_cap: float | None = None,
-    num_queries_per_block: int = DEFAULT_QUERIES_PER_BLOCK,
-    num_kv_pages_per_block: int | None = None,
-    vmem_limit_bytes: int | None = None,
-    interpret: bool = False,
-) -> jax.Array:                  # [T, num_q_heads, head_dim], q.dtype
+  q: jax.Array,  # [T, num_q_heads, head_dim]
+  k_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
+  v_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
+  block_tables: jax.Array,  # int32[S, pages_per_seq]
+  seq_lens: jax.Array,  # int32[S]
+  query_start_loc: jax.Array,  # int32[S + 1]
+  num_seqs: jax.Array,  # int32[1]
+  *,
+  sm_scale: float,
+  sliding_window: int | None = None,
+  soft_cap: float | None = None,
+  num_queries_per_block: int = DEFAULT_QUERIES_PER_BLOCK,
+  num_kv_pages_per_block: int | None = None,
+  vmem_limit_bytes: int | None = None,
+  interpret: bool = False,
+) -> jax.Array:  # [T, num_q_heads, head_dim], q.dtype
   """Ragged paged attention; semantics exactly those of `ragged_paged_attention_reference`.
 
   q holds the query tokens of all sequences concatenated (decodes first, then prefill chunks);
@@ -257,9 +327,18 @@ def ragged_paged_attention(
   runs the kernel in Pallas TPU interpret mode (any backend, e.g. CPU tests).
   Raises ValueError on bad shapes, dtypes or block sizes.
   """
-  validate_attention_inputs(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
-                            num_seqs, sliding_window=sliding_window, soft_cap=soft_cap,
-                            head_dims=SUPPORTED_HEAD_DIMS)
+  validate_attention_inputs(
+    q,
+    k_pages,
+    v_pages,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    num_seqs,
+    sliding_window=sliding_window,
+    soft_cap=soft_cap,
+    head_dims=SUPPORTED_HEAD_DIMS,
+  )
   num_tokens, num_q_heads, head_dim = q.shape
   num_kv_heads, _, page_size, _ = k_pages.shape
   num_seq_slots, pages_per_seq = block_tables.shape
@@ -273,37 +352,52 @@ def ragged_paged_attention(
   rows = num_queries_per_block * group
   q_t = jnp.pad(q, ((0, padded_tokens - num_tokens), (0, 0), (0, 0)))
   q_t = q_t.reshape(padded_tokens, num_kv_heads, group, head_dim).transpose(1, 0, 2, 3)
-  q_t = q_t.reshape(num_kv_heads, padded_tokens * group, head_dim)   # [KVH, T' * G, head_dim]
+  q_t = q_t.reshape(num_kv_heads, padded_tokens * group, head_dim)  # [KVH, T' * G, head_dim]
   blk_starts = jnp.arange(num_q_blocks, dtype=jnp.int32) * num_queries_per_block
   first_seq = jnp.searchsorted(query_start_loc[1:], blk_starts, side="right").astype(jnp.int32)
 
   kv_block = num_kv_pages_per_block * page_size
   q_spec = pl.BlockSpec((pl.Squeezed(), rows, head_dim), lambda h, b, *_: (h, b, 0))
   kernel = functools.partial(
-      _kernel, group=group, pages_per_block=num_kv_pages_per_block, pages_per_seq=pages_per_seq,
-      sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
+    _kernel,
+    group=group,
+    pages_per_block=num_kv_pages_per_block,
+    pages_per_seq=pages_per_seq,
+    sm_scale=sm_scale,
+    sliding_window=sliding_window,
+    soft_cap=soft_cap,
+  )
   out = pl.pallas_call(
-      kernel,
-      grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=5,
-          grid=(num_kv_heads, num_q_blocks),
-          in_specs=[q_spec, pl.BlockSpec(memory_space=pl.ANY),
-                    pl.BlockSpec(memory_space=pl.ANY)],
-          out_specs=q_spec,
-          scratch_shapes=[
-              pltpu.VMEM((2, kv_block, head_dim), k_pages.dtype),   # K double buffer
-              pltpu.VMEM((2, kv_block, head_dim), v_pages.dtype),   # V double buffer
-              pltpu.SemaphoreType.DMA((2, 2)),                      # [K/V, slot]
-              pltpu.VMEM((rows, NUM_LANES), jnp.float32),           # m
-              pltpu.VMEM((rows, NUM_LANES), jnp.float32),           # l
-              pltpu.VMEM((rows, head_dim), jnp.float32),            # acc
-          ]),
-      out_shape=jax.ShapeDtypeStruct(q_t.shape, q.dtype),
-      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"),
-                                           vmem_limit_bytes=vmem_limit_bytes),
-      interpret=pltpu.InterpretParams() if interpret else False,
-      name="ragged_paged_attention",
-  )(block_tables.reshape(num_seq_slots * pages_per_seq), seq_lens, query_start_loc, num_seqs,
-    first_seq, q_t, k_pages, v_pages)
+    kernel,
+    grid_spec=pltpu.PrefetchScalarGridSpec(
+      num_scalar_prefetch=5,
+      grid=(num_kv_heads, num_q_blocks),
+      in_specs=[q_spec, pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY)],
+      out_specs=q_spec,
+      scratch_shapes=[
+        pltpu.VMEM((2, kv_block, head_dim), k_pages.dtype),  # K double buffer
+        pltpu.VMEM((2, kv_block, head_dim), v_pages.dtype),  # V double buffer
+        pltpu.SemaphoreType.DMA((2, 2)),  # [K/V, slot]
+        pltpu.VMEM((rows, NUM_LANES), jnp.float32),  # m
+        pltpu.VMEM((rows, NUM_LANES), jnp.float32),  # l
+        pltpu.VMEM((rows, head_dim), jnp.float32),  # acc
+      ],
+    ),
+    out_shape=jax.ShapeDtypeStruct(q_t.shape, q.dtype),
+    compiler_params=pltpu.CompilerParams(
+      dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=vmem_limit_bytes
+    ),
+    interpret=pltpu.InterpretParams() if interpret else False,
+    name="ragged_paged_attention",
+  )(
+    block_tables.reshape(num_seq_slots * pages_per_seq),
+    seq_lens,
+    query_start_loc,
+    num_seqs,
+    first_seq,
+    q_t,
+    k_pages,
+    v_pages,
+  )
   out = out.reshape(num_kv_heads, padded_tokens, group, head_dim).transpose(1, 0, 2, 3)
   return out.reshape(padded_tokens, num_q_heads, head_dim)[:num_tokens]

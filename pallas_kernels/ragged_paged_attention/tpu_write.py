@@ -14,6 +14,7 @@ Slots outside [0, num_pages * page_size) are skipped, as the reference's mode="d
 Tokens sharing a slot (padding tokens all aim at the null page 0) land in an unspecified order, as
 in the reference.
 """
+
 from __future__ import annotations
 
 import functools
@@ -36,8 +37,9 @@ def _slot_location(slot, num_slots, page_size):
   return valid, lax.div(slot, page_size), lax.rem(slot, page_size)
 
 
-def _row_dma_kernel(slot_ref, new_k_hbm, new_v_hbm, k_in, v_in, k_hbm, v_hbm, sems, *,
-                    tokens_per_block, num_tokens):
+def _row_dma_kernel(
+  slot_ref, new_k_hbm, new_v_hbm, k_in, v_in, k_hbm, v_hbm, sems, *, tokens_per_block, num_tokens
+):
   """32-bit caches: one [KVH, head_dim] row DMA per token, HBM -> HBM, all in flight at once."""
   del k_in, v_in  # aliased with k_hbm / v_hbm
   _, num_pages, page_size, _ = k_hbm.shape
@@ -58,6 +60,7 @@ def _row_dma_kernel(slot_ref, new_k_hbm, new_v_hbm, k_in, v_in, k_hbm, v_hbm, se
     def _():
       k_copy.start()
       v_copy.start()
+
     return carry
 
   def wait(i, carry):
@@ -67,14 +70,28 @@ def _row_dma_kernel(slot_ref, new_k_hbm, new_v_hbm, k_in, v_in, k_hbm, v_hbm, se
     def _():
       k_copy.wait()
       v_copy.wait()
+
     return carry
 
   lax.fori_loop(0, count, start, 0)
   lax.fori_loop(0, count, wait, 0)
 
 
-def _chunk_rmw_kernel(slot_ref, new_k_ref, new_v_ref, k_in, v_in, k_hbm, v_hbm, k_buf, v_buf,
-                      sems, *, tokens_per_block, num_tokens):
+def _chunk_rmw_kernel(
+  slot_ref,
+  new_k_ref,
+  new_v_ref,
+  k_in,
+  v_in,
+  k_hbm,
+  v_hbm,
+  k_buf,
+  v_buf,
+  sems,
+  *,
+  tokens_per_block,
+  num_tokens,
+):
   """Packed (16-bit) caches: rows cannot be DMAed alone, so the tile-aligned chunk holding a slot
   is read into VMEM, the row is merged in, and the chunk is written back when the next token
   targets another chunk (consecutive prefill tokens share one read and one write)."""
@@ -88,12 +105,16 @@ def _chunk_rmw_kernel(slot_ref, new_k_ref, new_v_ref, k_in, v_in, k_hbm, v_hbm, 
     page_id = lax.div(chunk_id * chunk_rows, page_size)
     start = pl.multiple_of(lax.rem(chunk_id * chunk_rows, page_size), chunk_rows)
     rows = pl.ds(start, chunk_rows)
-    return ((k_hbm.at[:, page_id, rows], k_buf, sems.at[0]),
-            (v_hbm.at[:, page_id, rows], v_buf, sems.at[1]))
+    return (
+      (k_hbm.at[:, page_id, rows], k_buf, sems.at[0]),
+      (v_hbm.at[:, page_id, rows], v_buf, sems.at[1]),
+    )
 
   def transfer(chunk_id, to_vmem):
-    copies = [pltpu.make_async_copy(*((buf, hbm, sem) if not to_vmem else (hbm, buf, sem)))
-              for hbm, buf, sem in chunk_copies(chunk_id)]
+    copies = [
+      pltpu.make_async_copy(*((buf, hbm, sem) if not to_vmem else (hbm, buf, sem)))
+      for hbm, buf, sem in chunk_copies(chunk_id)
+    ]
     for copy in copies:
       copy.start()
     for copy in copies:
@@ -108,16 +129,18 @@ def _chunk_rmw_kernel(slot_ref, new_k_ref, new_v_ref, k_in, v_in, k_hbm, v_hbm, 
       @pl.when(open_chunk >= 0)
       def _():
         transfer(open_chunk, to_vmem=False)
+
       transfer(chunk_id, to_vmem=True)
 
     @pl.when(valid)
     def _():
-      row = lax.broadcasted_iota(jnp.int32, k_buf.shape, 1)            # [KVH, chunk_rows, D]
+      row = lax.broadcasted_iota(jnp.int32, k_buf.shape, 1)  # [KVH, chunk_rows, D]
       hit = row == lax.rem(offset, chunk_rows)
       for new_ref, buf in ((new_k_ref, k_buf), (new_v_ref, v_buf)):
-        new_row = new_ref[i].astype(jnp.float32)[:, None, :]             # [KVH, 1, D]
+        new_row = new_ref[i].astype(jnp.float32)[:, None, :]  # [KVH, 1, D]
         merged = jnp.where(hit, new_row, buf[...].astype(jnp.float32))
         buf[...] = merged.astype(buf.dtype)
+
     return jnp.where(valid, chunk_id, open_chunk)
 
   open_chunk = lax.fori_loop(0, count, body, jnp.int32(-1))
@@ -129,14 +152,14 @@ def _chunk_rmw_kernel(slot_ref, new_k_ref, new_v_ref, k_in, v_in, k_hbm, v_hbm, 
 
 @functools.partial(jax.jit, static_argnames=("num_tokens_per_block", "interpret"))
 def write_kv(
-    k_pages: jax.Array,       # [num_kv_heads, num_pages, page_size, head_dim]
-    v_pages: jax.Array,       # [num_kv_heads, num_pages, page_size, head_dim]
-    new_k: jax.Array,         # [T, num_kv_heads, head_dim]
-    new_v: jax.Array,         # [T, num_kv_heads, head_dim]
-    slot_mapping: jax.Array,  # int32[T]: page_id * page_size + offset; padding tokens -> page 0
-    *,
-    num_tokens_per_block: int = DEFAULT_TOKENS_PER_BLOCK,
-    interpret: bool = False,
+  k_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
+  v_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
+  new_k: jax.Array,  # [T, num_kv_heads, head_dim]
+  new_v: jax.Array,  # [T, num_kv_heads, head_dim]
+  slot_mapping: jax.Array,  # int32[T]: page_id * page_size + offset; padding tokens -> page 0
+  *,
+  num_tokens_per_block: int = DEFAULT_TOKENS_PER_BLOCK,
+  interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array]:  # (k_pages, v_pages) with the new rows written
   """Writes new_k/new_v into their slots; semantics of `write_kv_reference`.
 
@@ -158,23 +181,28 @@ def write_kv(
   else:
     chunk_rows = 8 * 4 // jnp.dtype(dtype).itemsize
     if page_size % chunk_rows:
-      raise ValueError(f"write_kv: k_pages: page_size {page_size} is not a multiple of the "
-                       f"{chunk_rows}-row tile of {dtype}")
+      raise ValueError(
+        f"write_kv: k_pages: page_size {page_size} is not a multiple of the "
+        f"{chunk_rows}-row tile of {dtype}"
+      )
     kernel = _chunk_rmw_kernel
     new_spec = pl.BlockSpec((num_tokens_per_block, num_kv_heads, head_dim), lambda b, *_: (b, 0, 0))
     scratch = [pltpu.VMEM((num_kv_heads, chunk_rows, head_dim), dtype)] * 2 + [semaphores]
   return pl.pallas_call(
-      functools.partial(kernel, tokens_per_block=num_tokens_per_block, num_tokens=num_tokens),
-      grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=1,
-          grid=(pl.cdiv(num_tokens, num_tokens_per_block),),
-          in_specs=[new_spec, new_spec, any_spec, any_spec],
-          out_specs=[any_spec] * 2,
-          scratch_shapes=scratch),
-      out_shape=[jax.ShapeDtypeStruct(k_pages.shape, dtype),
-                 jax.ShapeDtypeStruct(v_pages.shape, dtype)],
-      input_output_aliases={3: 0, 4: 1},
-      compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)),
-      interpret=pltpu.InterpretParams() if interpret else False,
-      name="write_kv",
+    functools.partial(kernel, tokens_per_block=num_tokens_per_block, num_tokens=num_tokens),
+    grid_spec=pltpu.PrefetchScalarGridSpec(
+      num_scalar_prefetch=1,
+      grid=(pl.cdiv(num_tokens, num_tokens_per_block),),
+      in_specs=[new_spec, new_spec, any_spec, any_spec],
+      out_specs=[any_spec] * 2,
+      scratch_shapes=scratch,
+    ),
+    out_shape=[
+      jax.ShapeDtypeStruct(k_pages.shape, dtype),
+      jax.ShapeDtypeStruct(v_pages.shape, dtype),
+    ],
+    input_output_aliases={3: 0, 4: 1},
+    compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)),
+    interpret=pltpu.InterpretParams() if interpret else False,
+    name="write_kv",
   )(slot_mapping, new_k.astype(dtype), new_v.astype(dtype), k_pages, v_pages)

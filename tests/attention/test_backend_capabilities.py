@@ -1,5 +1,6 @@
 """Every attention backend carries capabilities that say what it is and does; each factory sets
 them, each wrapper keeps them true, and the wrappers decide by them, never by the name."""
+
 from __future__ import annotations
 
 import functools
@@ -10,9 +11,16 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 
-from jaxserve.attention.backends import (REFERENCE, XLA, AttentionBackend,
-                                         batch_invariant_attention, get_attention_backend,
-                                         head_count_invariant, pallas_gpu, pallas_tpu)
+from jaxserve.attention.backends import (
+  REFERENCE,
+  XLA,
+  AttentionBackend,
+  batch_invariant_attention,
+  get_attention_backend,
+  head_count_invariant,
+  pallas_gpu,
+  pallas_tpu,
+)
 from jaxserve.attention.capabilities import BackendCapabilities, BackendKind
 from jaxserve.config import EngineConfig
 from jaxserve.parallel.mesh import MODEL_AXIS
@@ -20,10 +28,12 @@ from jaxserve.parallel.placement import attention_for
 from jaxserve.parallel.sharded_attention import shard_attention_backend
 
 # name -> (kind, kv_split, tile_invariant) as the factories build them
-FACTORY_FLAGS = {"reference": (BackendKind.REFERENCE, False, False),
-                 "xla": (BackendKind.XLA, False, False),
-                 "pallas_gpu": (BackendKind.PALLAS_GPU, True, False),
-                 "pallas_tpu": (BackendKind.PALLAS_TPU, False, True)}
+FACTORY_FLAGS = {
+  "reference": (BackendKind.REFERENCE, False, False),
+  "xla": (BackendKind.XLA, False, False),
+  "pallas_gpu": (BackendKind.PALLAS_GPU, True, False),
+  "pallas_tpu": (BackendKind.PALLAS_TPU, False, True),
+}
 
 
 def _kwargs(fn) -> dict:
@@ -34,15 +44,15 @@ def _kwargs(fn) -> dict:
 def test_each_factory_sets_its_capabilities(name):
   capabilities = get_attention_backend(name).capabilities
   kind, kv_split, tile_invariant = FACTORY_FLAGS[name]
-  assert capabilities == BackendCapabilities(kind, kv_split=kv_split,
-                                             tile_invariant=tile_invariant)
+  assert capabilities == BackendCapabilities(kind, kv_split=kv_split, tile_invariant=tile_invariant)
   assert kind.value == name
   assert capabilities.dtypes == ("float32", "bfloat16")
   assert capabilities.sliding_window and capabilities.soft_cap and not capabilities.interpret
 
 
-@pytest.mark.parametrize("factory,kind", [(pallas_gpu, BackendKind.PALLAS_GPU),
-                                          (pallas_tpu, BackendKind.PALLAS_TPU)])
+@pytest.mark.parametrize(
+  "factory,kind", [(pallas_gpu, BackendKind.PALLAS_GPU), (pallas_tpu, BackendKind.PALLAS_TPU)]
+)
 def test_interpreted_kernels_say_so_and_run_interpreted(factory, kind):
   backend = factory(interpret=True)
   assert backend.capabilities == factory().capabilities.replace(interpret=True)
@@ -85,16 +95,26 @@ def test_the_wrappers_decide_by_capabilities_not_by_name():
   capabilities = BackendCapabilities(BackendKind.PALLAS_GPU, kv_split=True, tile_invariant=False)
   backend = AttentionBackend("xla", attend, lambda *a: a[:2], capabilities)
   q, k_pages = jnp.zeros((3, 4, 64)), jnp.zeros((2, 5, 16, 64))  # 2 q heads per kv head
-  for wrapped in (batch_invariant_attention(head_count_invariant(backend)),
-                  head_count_invariant(batch_invariant_attention(backend))):
+  for wrapped in (
+    batch_invariant_attention(head_count_invariant(backend)),
+    head_count_invariant(batch_invariant_attention(backend)),
+  ):
     assert wrapped.capabilities == capabilities.replace(kv_split=False, tile_invariant=True)
     wrapped.attend(q, k_pages, sm_scale=1.0)
     assert calls.pop() == {"num_kv_splits": 1, "block_kv": 64, "block_q": 8, "sm_scale": 1.0}
   assert batch_invariant_attention(XLA.replace(name="pallas_gpu")).capabilities.tile_invariant
 
 
-@pytest.mark.parametrize("backend", [XLA, batch_invariant_attention(XLA), pallas_gpu(),
-                                     head_count_invariant(pallas_gpu()), pallas_tpu()])
+@pytest.mark.parametrize(
+  "backend",
+  [
+    XLA,
+    batch_invariant_attention(XLA),
+    pallas_gpu(),
+    head_count_invariant(pallas_gpu()),
+    pallas_tpu(),
+  ],
+)
 def test_the_shard_map_wrapper_keeps_the_capabilities(backend):
   mesh = Mesh(np.array(jax.devices()[:1]), (MODEL_AXIS,))
   sharded = shard_attention_backend(backend, mesh)

@@ -1,16 +1,33 @@
 """The batch-invariance diagnostic on CPU with tiny-random: with batch_invariant on it reports
 every probe identical (tokens and logprobs, bitwise) in every scenario, preemption happened,
 and every component check of the configured step is bitwise equal across buckets."""
+
 from __future__ import annotations
 
 import json
 
 from jaxserve.bench import batch_invariance
 
-ARGS = ["--num-probes", "3", "--num-tokens", "8", "--num-others", "10", "--min-len", "20",
-        "--max-len", "60", "--set", "scheduler.max_num_seqs=8",
-        "--set", "scheduler.max_num_batched_tokens=64", "--set", "compilation_cache_dir=null",
-        "--components", "untimed"]
+ARGS = [
+  "--num-probes",
+  "3",
+  "--num-tokens",
+  "8",
+  "--num-others",
+  "10",
+  "--min-len",
+  "20",
+  "--max-len",
+  "60",
+  "--set",
+  "scheduler.max_num_seqs=8",
+  "--set",
+  "scheduler.max_num_batched_tokens=64",
+  "--set",
+  "compilation_cache_dir=null",
+  "--components",
+  "untimed",
+]
 
 
 def test_reports_all_identical_with_batch_invariant_on(tmp_path):
@@ -25,8 +42,11 @@ def test_reports_all_identical_with_batch_invariant_on(tmp_path):
     assert entry["num_logprobs_bitwise"] == 3, name
     assert all(p["first_differing_token"] is None for p in entry["probes"]), name
   components = result["components"]
-  configured = {k: v for k, v in components.items()
-                if k.endswith("/configured") or k.startswith(("attention/", "rmsnorm"))}
+  configured = {
+    k: v
+    for k, v in components.items()
+    if k.endswith("/configured") or k.startswith(("attention/", "rmsnorm"))
+  }
   assert len(configured) >= 10
   for name, entry in configured.items():
     assert set(entry["differing_rows"].values()) == {0}, name

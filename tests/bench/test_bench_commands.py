@@ -1,24 +1,30 @@
 """The `jaxserve bench` commands beside their `python -m jaxserve.bench.<module>` entry points:
 the same flags with the same defaults (one definition, bench/flags.py), except that the command
 writes its JSON only when asked; `jaxserve bench offline` end to end on tiny-random."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from jaxserve.bench import (batch_invariance, bench_offline, bench_server_startup, bench_startup,
-                            bench_structured)
+from jaxserve.bench import (
+  batch_invariance,
+  bench_offline,
+  bench_server_startup,
+  bench_startup,
+  bench_structured,
+)
 from jaxserve.cli import build_parser, main
 from tests.tools.tool_helpers import SMALL_ENGINE_ARGS
 
 # command -> (module, flags the command requires, the module's default --out)
 COMMANDS = {
-    "offline": (bench_offline, [], "out/bench_offline.json"),
-    "structured": (bench_structured, [], "out/bench_structured.json"),
-    "startup": (bench_startup, [], "out/bench_startup.json"),
-    "server-startup": (bench_server_startup, ["--model", "m"], "out/server_startup.json"),
-    "batch-invariance": (batch_invariance, [], "out/batch_invariance.json"),
+  "offline": (bench_offline, [], "out/bench_offline.json"),
+  "structured": (bench_structured, [], "out/bench_structured.json"),
+  "startup": (bench_startup, [], "out/bench_startup.json"),
+  "server-startup": (bench_server_startup, ["--model", "m"], "out/server_startup.json"),
+  "batch-invariance": (batch_invariance, [], "out/batch_invariance.json"),
 }
 
 
@@ -35,8 +41,17 @@ def test_command_and_module_take_the_same_flags(name):
 
 def test_bench_offline_prints_and_writes_only_when_asked(tmp_path, monkeypatch, capsys):
   monkeypatch.chdir(tmp_path)
-  argv = ["bench", "offline", *SMALL_ENGINE_ARGS, "--num-prompts", "4", "--input-len", "8",
-          "--output-len", "4"]
+  argv = [
+    "bench",
+    "offline",
+    *SMALL_ENGINE_ARGS,
+    "--num-prompts",
+    "4",
+    "--input-len",
+    "8",
+    "--output-len",
+    "4",
+  ]
   assert main(argv) == 0
   assert "output tokens/s" in capsys.readouterr().out
   assert list(tmp_path.iterdir()) == []

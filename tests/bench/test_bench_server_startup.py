@@ -2,6 +2,7 @@
 /health 200 before all its step programs are compiled, serves the probe with the same text as
 once everything is compiled and after a restart, and its mixed workload compiles nothing; the
 restart loads its programs from the compilation cache."""
+
 from __future__ import annotations
 
 import json
@@ -10,15 +11,42 @@ from jaxserve.bench import bench_server_startup
 
 
 def test_fresh_start_workload_and_restart(tmp_path, monkeypatch):
-  for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
-               "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"):
+  for name in (
+    "JAX_COMPILATION_CACHE_DIR",
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES",
+  ):
     monkeypatch.delenv(name, raising=False)  # the servers use the bench's empty cache
   out = tmp_path / "startup.json"
-  assert bench_server_startup.main([
-      "--model", "tiny-random", "--max-model-len", "256", "--cache-dir", str(tmp_path / "xla"),
-      "--set", "scheduler.max_num_seqs=8", "--set", "scheduler.max_num_batched_tokens=64",
-      "--set", "scheduler.token_buckets=[16,64]", "--workload-s", "3", "--concurrency", "4",
-      "--max-prompt", "40", "--max-output", "32", "--out", str(out)]) == 0
+  assert (
+    bench_server_startup.main(
+      [
+        "--model",
+        "tiny-random",
+        "--max-model-len",
+        "256",
+        "--cache-dir",
+        str(tmp_path / "xla"),
+        "--set",
+        "scheduler.max_num_seqs=8",
+        "--set",
+        "scheduler.max_num_batched_tokens=64",
+        "--set",
+        "scheduler.token_buckets=[16,64]",
+        "--workload-s",
+        "3",
+        "--concurrency",
+        "4",
+        "--max-prompt",
+        "40",
+        "--max-output",
+        "32",
+        "--out",
+        str(out),
+      ]
+    )
+    == 0
+  )
   report = json.loads(out.read_text())
   fresh, restart = report["fresh"], report["restart"]
   # The server logs what it compiled before it turned ready; /metrics, read a moment later,

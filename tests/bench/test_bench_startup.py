@@ -1,5 +1,6 @@
 """bench_startup end to end on the CPU with tiny-random: the report it writes (weight loads, the
 KV pool the engine's own sizing gives, warmup) is what the H100 runs in docs/PERFORMANCE.md read."""
+
 import json
 
 from jaxserve.bench import bench_startup
@@ -7,9 +8,25 @@ from jaxserve.bench import bench_startup
 
 def test_reports_loads_pool_and_warmup(tmp_path, capsys):
   out = tmp_path / "startup.json"
-  assert bench_startup.main(["--max-num-seqs", "8", "--max-num-batched-tokens", "32",
-                             "--max-model-len", "64", "--load-runs", "1", "--warmup", "full",
-                             "--out", str(out)]) == 0
+  assert (
+    bench_startup.main(
+      [
+        "--max-num-seqs",
+        "8",
+        "--max-num-batched-tokens",
+        "32",
+        "--max-model-len",
+        "64",
+        "--load-runs",
+        "1",
+        "--warmup",
+        "full",
+        "--out",
+        str(out),
+      ]
+    )
+    == 0
+  )
   report = json.loads(out.read_text())
   assert len(report["weight_loads"]) == 1 and report["weight_loads"][0]["bytes"] > 0
   pool = report["kv_pool"]
@@ -22,6 +39,21 @@ def test_reports_loads_pool_and_warmup(tmp_path, capsys):
 
 def test_no_weight_runs_still_reports_the_pool(tmp_path):
   out = tmp_path / "startup.json"
-  assert bench_startup.main(["--max-num-seqs", "8", "--max-num-batched-tokens", "32",
-                             "--max-model-len", "64", "--load-runs", "0", "--out", str(out)]) == 0
+  assert (
+    bench_startup.main(
+      [
+        "--max-num-seqs",
+        "8",
+        "--max-num-batched-tokens",
+        "32",
+        "--max-model-len",
+        "64",
+        "--load-runs",
+        "0",
+        "--out",
+        str(out),
+      ]
+    )
+    == 0
+  )
   assert json.loads(out.read_text())["weight_loads"] == []

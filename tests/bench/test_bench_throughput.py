@@ -1,5 +1,6 @@
 """`jaxserve bench throughput` with the transformers baseline, the tiny-random export, and the
 random-weight checkpoints of real Llama shapes."""
+
 from __future__ import annotations
 
 import json
@@ -9,12 +10,12 @@ import pytest
 import torch
 import transformers
 
+from jaxserve.bench.random_checkpoint import build_random_checkpoint, random_llama_config
 from jaxserve.cli import main as jaxserve_main
 from jaxserve.models.model_config import ModelConfig, RopeScaling
 from jaxserve.models.registry import load_model
 from jaxserve.models.weights import hf_tensor_specs, load_hf_config
 from jaxserve.tools.export_hf import export_tiny_random_hf
-from jaxserve.bench.random_checkpoint import build_random_checkpoint, random_llama_config
 from tests.tools.tool_helpers import SMALL_ENGINE_ARGS
 
 NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN = 8, 24, 8
@@ -22,18 +23,36 @@ NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN = 8, 24, 8
 
 def test_throughput_with_transformers_baseline(tmp_path, capsys):
   out = tmp_path / "throughput.json"
-  code = jaxserve_main(["bench", "throughput", *SMALL_ENGINE_ARGS, "--num-prompts",
-                        str(NUM_PROMPTS), "--input-len", str(INPUT_LEN), "--output-len",
-                        str(OUTPUT_LEN), "--hf-baseline", "--hf-batch-size", "4", "--out", str(out)])
+  code = jaxserve_main(
+    [
+      "bench",
+      "throughput",
+      *SMALL_ENGINE_ARGS,
+      "--num-prompts",
+      str(NUM_PROMPTS),
+      "--input-len",
+      str(INPUT_LEN),
+      "--output-len",
+      str(OUTPUT_LEN),
+      "--hf-baseline",
+      "--hf-batch-size",
+      "4",
+      "--out",
+      str(out),
+    ]
+  )
   assert code == 0
   result = json.loads(out.read_text())
   ours, hf = result["jaxserve"], result["transformers"]
   assert ours["output_tokens"] == hf["output_tokens"] == NUM_PROMPTS * OUTPUT_LEN
   assert ours["all_outputs_full_length"] and ours["compilations_after_warmup"] == 0
   for engine in (ours, hf):
-    assert engine["output_tokens_per_s"] == pytest.approx(engine["output_tokens"] / engine["elapsed_s"])
+    assert engine["output_tokens_per_s"] == pytest.approx(
+      engine["output_tokens"] / engine["elapsed_s"]
+    )
     assert engine["total_tokens_per_s"] == pytest.approx(
-        (engine["output_tokens"] + NUM_PROMPTS * INPUT_LEN) / engine["elapsed_s"])
+      (engine["output_tokens"] + NUM_PROMPTS * INPUT_LEN) / engine["elapsed_s"]
+    )
   assert hf["dtype"] == "float32" and hf["batch_size"] == 4
   ratio = ours["output_tokens_per_s"] / hf["output_tokens_per_s"]
   assert result["speedup_vs_transformers"] == pytest.approx(ratio)
@@ -59,12 +78,24 @@ def test_random_llama_shapes_have_the_published_parameter_counts():
 
 
 def test_random_checkpoint_loads_in_jaxserve_and_transformers(tmp_path):
-  config = ModelConfig(architecture="llama", vocab_size=300, hidden_size=64, intermediate_size=128,
-                       num_layers=2, num_q_heads=4, num_kv_heads=2, head_dim=16,
-                       rms_norm_eps=1e-5, rope_theta=500000.0,
-                       rope_scaling=RopeScaling("llama3", 32.0, 1.0, 4.0, 64),
-                       max_position_embeddings=256, tie_word_embeddings=True,
-                       bos_token_id=256, eos_token_ids=(257,), dtype="bfloat16")
+  config = ModelConfig(
+    architecture="llama",
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_q_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    rope_scaling=RopeScaling("llama3", 32.0, 1.0, 4.0, 64),
+    max_position_embeddings=256,
+    tie_word_embeddings=True,
+    bos_token_id=256,
+    eos_token_ids=(257,),
+    dtype="bfloat16",
+  )
   out_dir = build_random_checkpoint(config, tmp_path / "ckpt", seed=1)
   assert load_hf_config(out_dir) == config
   loaded = load_model(str(out_dir))

@@ -1,4 +1,5 @@
 """bench/process_cpu.py on real processes: children named by start order, CPU per process."""
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,9 @@ for c in children:
 
 
 def test_roles_follow_start_order_and_cpu_is_per_process():
-  supervisor = subprocess.Popen([sys.executable, "-c", SUPERVISOR], stdout=subprocess.PIPE,
-                                text=True)
+  supervisor = subprocess.Popen(
+    [sys.executable, "-c", SUPERVISOR], stdout=subprocess.PIPE, text=True
+  )
   try:
     core, busy, idle = map(int, supervisor.stdout.readline().split())
     assert _children(supervisor.pid) == [core, busy, idle]

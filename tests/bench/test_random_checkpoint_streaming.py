@@ -1,6 +1,7 @@
 """Random-weight checkpoints stream like real ones: their word-level tokenizer covers the whole
 vocabulary, and `jaxserve bench serve` against a real server on such a checkpoint sees one chunk
 per generated token (an inter-token latency for every token after the first)."""
+
 from __future__ import annotations
 
 import json
@@ -9,11 +10,11 @@ import time
 
 import pytest
 
+from jaxserve.bench.random_checkpoint import build_random_checkpoint, random_llama_config
+from jaxserve.bench.vocab_tokenizer import build_vocab_tokenizer
 from jaxserve.cli import main as jaxserve_main
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.tokenizer.tokenizer import load_tokenizer
-from jaxserve.bench.random_checkpoint import build_random_checkpoint, random_llama_config
-from jaxserve.bench.vocab_tokenizer import build_vocab_tokenizer
 from tests.integration.engine_helpers import small_config
 from tests.server.server_helpers import core_backend, start_core, start_server
 
@@ -41,21 +42,46 @@ def test_full_llama3_vocabulary_builds_fast_and_every_id_is_a_visible_word():
     text = backend.decode(ids)
     assert backend.encode(text).ids == [config.bos_token_id, *ids]
     assert backend.decode(backend.encode(text).ids) == text
-  assert backend.encode("user hello zz").ids == [config.bos_token_id, 2, 0, backend.token_to_id("zz")]
+  assert backend.encode("user hello zz").ids == [
+    config.bos_token_id,
+    2,
+    0,
+    backend.token_to_id("zz"),
+  ]
 
 
-TINY_SHAPE = ModelConfig(architecture="llama", vocab_size=512, hidden_size=64,
-                         intermediate_size=128, num_layers=2, num_q_heads=4, num_kv_heads=2,
-                         head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
-                         max_position_embeddings=512, tie_word_embeddings=False,
-                         bos_token_id=256, eos_token_ids=(257,), dtype="float32")
+TINY_SHAPE = ModelConfig(
+  architecture="llama",
+  vocab_size=512,
+  hidden_size=64,
+  intermediate_size=128,
+  num_layers=2,
+  num_q_heads=4,
+  num_kv_heads=2,
+  head_dim=16,
+  rms_norm_eps=1e-5,
+  rope_theta=10000.0,
+  max_position_embeddings=512,
+  tie_word_embeddings=False,
+  bos_token_id=256,
+  eos_token_ids=(257,),
+  dtype="float32",
+)
 
 
 @pytest.fixture(scope="module")
 def random_checkpoint_server(tmp_path_factory):
   checkpoint = build_random_checkpoint(TINY_SHAPE, tmp_path_factory.mktemp("ckpt"), seed=2)
-  core = start_core(small_config(str(checkpoint), max_model_len=256, max_num_seqs=16,
-                                max_tokens_per_step=64, seq_buckets=(16,), token_buckets=(64,)))
+  core = start_core(
+    small_config(
+      str(checkpoint),
+      max_model_len=256,
+      max_num_seqs=16,
+      max_tokens_per_step=64,
+      seq_buckets=(16,),
+      token_buckets=(64,),
+    )
+  )
   server = start_server(core_backend(core))  # the multi-process server's API side
   yield server, checkpoint
   server.stop()
@@ -77,10 +103,27 @@ def test_random_checkpoint_tokenizer_loads_and_round_trips(random_checkpoint_ser
 def test_bench_serve_sees_a_chunk_per_token(random_checkpoint_server, endpoint, tmp_path):
   server, _ = random_checkpoint_server
   output_len = 12
-  code = jaxserve_main([
-      "bench", "serve", "--base-url", server.url, "--endpoint", endpoint, "--num-prompts", "8",
-      "--random-input-len", "16", "--random-output-len", str(output_len), "--ignore-eos",
-      "--disable-tqdm", "--save-result", "--result-dir", str(tmp_path)])
+  code = jaxserve_main(
+    [
+      "bench",
+      "serve",
+      "--base-url",
+      server.url,
+      "--endpoint",
+      endpoint,
+      "--num-prompts",
+      "8",
+      "--random-input-len",
+      "16",
+      "--random-output-len",
+      str(output_len),
+      "--ignore-eos",
+      "--disable-tqdm",
+      "--save-result",
+      "--result-dir",
+      str(tmp_path),
+    ]
+  )
   assert code == 0
   (run,) = json.loads((tmp_path / "bench_serve.json").read_text())["runs"]
   assert run["metrics"]["completed"] == 8

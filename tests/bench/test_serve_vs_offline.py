@@ -1,6 +1,7 @@
 """`python -m jaxserve.bench.serve_vs_offline` end to end on tiny-random (the GPU step svo8b runs
 it on the 8B checkpoint): bench_offline, then both servers under the burst, a sweep and a single
 stream, one JSON, one plot and the table."""
+
 from __future__ import annotations
 
 import json
@@ -14,17 +15,54 @@ from tests.tools.png_checks import assert_valid_png
 
 def test_serve_vs_offline_runs_both_servers(tmp_path, capsys):
   config = tmp_path / "tiny.yaml"
-  config.write_text(yaml.safe_dump({
-      "cache": {"page_size": 16, "num_pages": 256},
-      "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 64, "seq_buckets": [16],
-                    "token_buckets": [64]}}))
+  config.write_text(
+    yaml.safe_dump(
+      {
+        "cache": {"page_size": 16, "num_pages": 256},
+        "scheduler": {
+          "max_num_seqs": 16,
+          "max_num_batched_tokens": 64,
+          "seq_buckets": [16],
+          "token_buckets": [64],
+        },
+      }
+    )
+  )
   out = tmp_path / "out"
-  code = main(["--model", "tiny-random", "--config", str(config), "--max-model-len", "256",
-               "--num-prompts", "12", "--input-len", "16", "--output-len", "8",
-               "--sweep-rates", "20,inf", "--sweep-input-len", "24", "--sweep-output-len", "6",
-               "--sweep-seconds", "0.5", "--sweep-inf-prompts", "6",
-               "--single-stream-prompts", "2", "--client-processes", "2",
-               "--port", str(free_port()), "--out-dir", str(out)])
+  code = main(
+    [
+      "--model",
+      "tiny-random",
+      "--config",
+      str(config),
+      "--max-model-len",
+      "256",
+      "--num-prompts",
+      "12",
+      "--input-len",
+      "16",
+      "--output-len",
+      "8",
+      "--sweep-rates",
+      "20,inf",
+      "--sweep-input-len",
+      "24",
+      "--sweep-output-len",
+      "6",
+      "--sweep-seconds",
+      "0.5",
+      "--sweep-inf-prompts",
+      "6",
+      "--single-stream-prompts",
+      "2",
+      "--client-processes",
+      "2",
+      "--port",
+      str(free_port()),
+      "--out-dir",
+      str(out),
+    ]
+  )
   assert code == 0
   result = json.loads((out / "serve_vs_offline.json").read_text())
   assert result["offline"]["output_tokens"] == 12 * 8

@@ -1,6 +1,7 @@
 """The `jaxserve` command's conventions: engine flags each set one config key (shown by
 `jaxserve config`) and the offline API's keywords the same keys; defaults in every --help;
 "did you mean" for a misspelt flag; --version; `serve MODEL`; no TPU-probe noise."""
+
 from __future__ import annotations
 
 import argparse
@@ -21,21 +22,21 @@ from jaxserve.log_setup import JAX_BRIDGE_LOGGER, configure_logging
 
 # flag words -> (config key, value the key should hold)
 FLAG_VALUES = {
-    "model": (["--model", "/ckpt/llama"], "/ckpt/llama"),
-    "tokenizer": (["--tokenizer", "/ckpt/tok"], "/ckpt/tok"),
-    "chat_template": (["--chat-template", "chat.jinja"], "chat.jinja"),
-    "dtype": (["--dtype", "bfloat16"], "bfloat16"),
-    "max_model_len": (["--max-model-len", "128"], 128),
-    "attention_backend": (["--attention-backend", "xla"], "xla"),
-    "gpu_memory_utilization": (["--gpu-memory-utilization", "0.5"], 0.5),
-    "block_size": (["--block-size", "32"], 32),
-    "max_num_seqs": (["--max-num-seqs", "8"], 8),
-    "max_num_batched_tokens": (["--max-num-batched-tokens", "256"], 256),
-    "enable_prefix_caching": (["--no-enable-prefix-caching"], False),
-    "enable_chunked_prefill": (["--no-enable-chunked-prefill"], False),
-    "warmup": (["--warmup", "full"], "full"),
-    "seed": (["--seed", "7"], 7),
-    "tensor_parallel_size": (["--tensor-parallel-size", "2"], 2),
+  "model": (["--model", "/ckpt/llama"], "/ckpt/llama"),
+  "tokenizer": (["--tokenizer", "/ckpt/tok"], "/ckpt/tok"),
+  "chat_template": (["--chat-template", "chat.jinja"], "chat.jinja"),
+  "dtype": (["--dtype", "bfloat16"], "bfloat16"),
+  "max_model_len": (["--max-model-len", "128"], 128),
+  "attention_backend": (["--attention-backend", "xla"], "xla"),
+  "gpu_memory_utilization": (["--gpu-memory-utilization", "0.5"], 0.5),
+  "block_size": (["--block-size", "32"], 32),
+  "max_num_seqs": (["--max-num-seqs", "8"], 8),
+  "max_num_batched_tokens": (["--max-num-batched-tokens", "256"], 256),
+  "enable_prefix_caching": (["--no-enable-prefix-caching"], False),
+  "enable_chunked_prefill": (["--no-enable-chunked-prefill"], False),
+  "warmup": (["--warmup", "full"], "full"),
+  "seed": (["--seed", "7"], 7),
+  "tensor_parallel_size": (["--tensor-parallel-size", "2"], 2),
 }
 
 
@@ -52,8 +53,10 @@ def test_every_engine_flag_sets_its_key_in_jaxserve_config(capsys):
   printed = yaml.safe_load(capsys.readouterr().out)
   for arg in ENGINE_ARGS:
     assert _lookup(printed, arg.key) == FLAG_VALUES[arg.name][1], arg.flag
-  assert main(["config", "--enable-prefix-caching", "--set",
-               "scheduler.enable_prefix_caching=false"]) == 0
+  assert (
+    main(["config", "--enable-prefix-caching", "--set", "scheduler.enable_prefix_caching=false"])
+    == 0
+  )
   assert yaml.safe_load(capsys.readouterr().out)["scheduler"]["enable_prefix_caching"] is True
 
 
@@ -76,8 +79,9 @@ def test_every_flag_help_states_its_default():
   for parser in all_parsers(build_parser()):
     formatter = parser._get_formatter()
     for action in parser._actions:
-      if not action.option_strings or isinstance(action, (argparse._HelpAction,
-                                                          argparse._VersionAction)):
+      if not action.option_strings or isinstance(
+        action, (argparse._HelpAction, argparse._VersionAction)
+      ):
         continue
       assert "default" in formatter._format_action(action), (parser.prog, action.option_strings)
 
@@ -87,8 +91,10 @@ def test_misspelt_flag_suggests_the_closest(capsys):
     main(["serve", "--gpu-memory-utilisation", "0.5"])
   assert exit_info.value.code == 2
   err = capsys.readouterr().err
-  assert "jaxserve serve: error: unrecognized arguments: --gpu-memory-utilisation " \
-      "(did you mean --gpu-memory-utilization?)" in err
+  assert (
+    "jaxserve serve: error: unrecognized arguments: --gpu-memory-utilisation "
+    "(did you mean --gpu-memory-utilization?)" in err
+  )
   with pytest.raises(SystemExit):
     main(["bench", "serve", "--percentle-metrics=ttft"])
   assert "(did you mean --percentile-metrics?)" in capsys.readouterr().err
@@ -103,13 +109,20 @@ def test_version(capsys):
 
 def test_serve_takes_the_model_as_positional_argument(tmp_path):
   def serve(*words: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "jaxserve.cli", "serve", *words],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    return subprocess.run(
+      [sys.executable, "-m", "jaxserve.cli", "serve", *words],
+      capture_output=True,
+      text=True,
+      timeout=300,
+      cwd=tmp_path,
+    )
+
   missing = str(tmp_path / "no-such-checkpoint")
   run = serve(missing, "--port", "0")
   assert run.returncode == 2
-  assert run.stderr.strip().endswith(f"model: {missing!r} is neither 'tiny-random' nor a "
-                                     "checkpoint directory")
+  assert run.stderr.strip().endswith(
+    f"model: {missing!r} is neither 'tiny-random' nor a checkpoint directory"
+  )
   run = serve("tiny-random", "--model", missing)
   assert run.returncode == 2
   assert f"model: given twice, 'tiny-random' and --model {missing!r}" in run.stderr
@@ -129,11 +142,33 @@ def test_backend_probe_failures_are_debug_only(caplog):
 
 def test_generate_logs_only_actionable_lines(tmp_path):
   run = subprocess.run(
-      [sys.executable, "-m", "jaxserve.cli", "generate", "--max-tokens", "2",
-       "--max-model-len", "64", "--max-num-seqs", "2", "--max-num-batched-tokens", "16",
-       "--set", "cache.num_pages=16", "--set", "scheduler.seq_buckets=[2]",
-       "--set", "scheduler.token_buckets=[16]", "--attention-backend", "xla"],
-      capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    [
+      sys.executable,
+      "-m",
+      "jaxserve.cli",
+      "generate",
+      "--max-tokens",
+      "2",
+      "--max-model-len",
+      "64",
+      "--max-num-seqs",
+      "2",
+      "--max-num-batched-tokens",
+      "16",
+      "--set",
+      "cache.num_pages=16",
+      "--set",
+      "scheduler.seq_buckets=[2]",
+      "--set",
+      "scheduler.token_buckets=[16]",
+      "--attention-backend",
+      "xla",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=tmp_path,
+  )
   assert run.returncode == 0, run.stderr
   assert "Unable to initialize backend" not in run.stderr
   assert "step XLA options" not in run.stderr

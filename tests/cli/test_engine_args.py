@@ -1,6 +1,7 @@
 """The engine arguments take their choices from config: each argument whose config key has a
 fixed set of values (config.CHOICES) offers exactly that tuple, as its flag's choices too, and
 config validates the key against the same tuple, so a new choice is added in one place."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,7 @@ def test_every_engine_arg_uses_configs_choices_for_its_key():
       assert arg.choices is CHOICES[arg.key], arg.name
     else:
       assert arg.choices == (), arg.name
-  assert {arg.key for arg in ENGINE_ARGS if arg.choices} == {
-      "dtype", "attention_backend", "warmup"}
+  assert {arg.key for arg in ENGINE_ARGS if arg.choices} == {"dtype", "attention_backend", "warmup"}
 
 
 def test_each_flag_offers_exactly_those_choices():

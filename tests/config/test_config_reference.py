@@ -1,5 +1,6 @@
 """docs/CONFIG.md documents every config key, and `jaxserve config` prints the resolved
 configuration as YAML that loads back into the same config."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,8 +33,11 @@ def test_every_key_is_documented():
 
 
 def test_config_command_prints_what_loads_back(tmp_path, capsys):
-  overrides = ["scheduler.num_scheduler_steps=4", "scheduler.seq_buckets=[8, 256]",
-               "cache.page_size=32"]
+  overrides = [
+    "scheduler.num_scheduler_steps=4",
+    "scheduler.seq_buckets=[8, 256]",
+    "cache.page_size=32",
+  ]
   argv = ["config", "--config", str(REFERENCE.parents[1] / "configs" / "h100.yaml")]
   assert main(argv + [arg for o in overrides for arg in ("--set", o)]) == 0
   printed = yaml.safe_load(capsys.readouterr().out)

@@ -1,5 +1,6 @@
 """Every YAML file in configs/ loads into a valid EngineConfig, and CLI-style overrides apply
 on top of it (the loader the CLI uses)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,5 +21,4 @@ def test_shipped_config_loads(path: Path):
   config = load_config(path)
   overridden = load_config(path, ["scheduler.num_scheduler_steps=4", "gpu_gemm=xla"])
   assert overridden.scheduler.num_scheduler_steps == 4 and overridden.gpu_gemm == "xla"
-  assert overridden.replace(gpu_gemm=config.gpu_gemm,
-                            scheduler=config.scheduler) == config
+  assert overridden.replace(gpu_gemm=config.gpu_gemm, scheduler=config.scheduler) == config

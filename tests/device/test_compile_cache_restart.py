@@ -3,6 +3,7 @@ own cache settings (assembly.enable_compilation_cache) put every program in the 
 second process building the same engine loads all of them, with warmup "full" or with the
 server's "background" compile thread (whose programs are the very ones the full warmup
 compiles)."""
+
 import json
 import os
 import subprocess
@@ -30,14 +31,22 @@ print(json.dumps({{"hits": ledger.cache_hits, "misses": ledger.cache_misses}}))
 
 def _without_test_cache(environ) -> dict:
   """The environment without tests/conftest.py's shared cache (the engine's own must be used)."""
-  return {k: v for k, v in environ.items()
-          if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
+  return {
+    k: v
+    for k, v in environ.items()
+    if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))
+  }
 
 
 def _build(cache: Path, warmup: str = "full") -> dict:
   code = BUILD.format(repo=str(REPO), cache=str(cache), warmup=warmup)
-  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                        env={**_without_test_cache(os.environ), "JAX_PLATFORMS": "cpu"})
+  done = subprocess.run(
+    [sys.executable, "-c", code],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env={**_without_test_cache(os.environ), "JAX_PLATFORMS": "cpu"},
+  )
   assert done.returncode == 0, done.stderr[-3000:]
   assert "programs loaded from the compilation cache" in done.stderr
   return json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,5 +1,6 @@
 """The device-memory policy with hand-computed numbers: memory_fraction of the device's total less
 what is live and the scratch; the JAX client's XLA_* setup, where the user's own settings win."""
+
 from __future__ import annotations
 
 import logging
@@ -10,10 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from jaxserve.device.device_memory import (DeviceMemory, client_memory_env, configure_client_memory,
-                                    device_memory, fraction_var, gpu_expected, kv_pool_bytes,
-                                    max_concurrency, read_device_memory,
-                                    unmeasured_scratch_bytes)
+from jaxserve.device.device_memory import (
+  DeviceMemory,
+  client_memory_env,
+  configure_client_memory,
+  device_memory,
+  fraction_var,
+  gpu_expected,
+  kv_pool_bytes,
+  max_concurrency,
+  read_device_memory,
+  unmeasured_scratch_bytes,
+)
 from jaxserve.memory_stats import free_bytes, memory_stats
 
 GIB = 2**30
@@ -22,12 +31,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_h100_pool_with_the_client_set_to_the_fraction():
   # 80 GiB card, client arena 0.9 x 80 = 72 GiB, 15 GiB of weights, 0.5 GiB of step scratch.
-  memory = device_memory({"bytes_limit": 72 * GIB, "bytes_in_use": 15 * GIB}, "gpu",
-                         {"XLA_CLIENT_MEM_FRACTION": "0.9"})
+  memory = device_memory(
+    {"bytes_limit": 72 * GIB, "bytes_in_use": 15 * GIB}, "gpu", {"XLA_CLIENT_MEM_FRACTION": "0.9"}
+  )
   assert memory == DeviceMemory(80 * GIB, 72 * GIB, 15 * GIB)
   # headroom: 2% of the 72 GiB usable = 1.44 GiB
   assert kv_pool_bytes(memory, 0.9, scratch_bytes=GIB // 2) == (
-      72 * GIB - 15 * GIB - GIB // 2 - int(0.02 * 72 * GIB))
+    72 * GIB - 15 * GIB - GIB // 2 - int(0.02 * 72 * GIB)
+  )
 
 
 def test_jax_default_arena_caps_the_pool():
@@ -40,15 +51,19 @@ def test_jax_default_arena_caps_the_pool():
 
 
 def test_user_fraction_gives_the_total():
-  memory = device_memory({"bytes_limit": 76 * GIB, "bytes_in_use": 15 * GIB}, "gpu",
-                         {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"})
+  memory = device_memory(
+    {"bytes_limit": 76 * GIB, "bytes_in_use": 15 * GIB},
+    "gpu",
+    {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"},
+  )
   assert memory.total_bytes == 80 * GIB
   assert kv_pool_bytes(memory, 0.9) == 72 * GIB - 15 * GIB - int(0.02 * 72 * GIB)
 
 
 def test_tpu_limit_is_the_chip_and_cpu_has_no_stats():
-  memory = device_memory({"bytes_limit": 16 * GIB, "bytes_in_use": 2 * GIB}, "tpu",
-                         {"XLA_CLIENT_MEM_FRACTION": "0.5"})  # a GPU-only variable: ignored
+  memory = device_memory(
+    {"bytes_limit": 16 * GIB, "bytes_in_use": 2 * GIB}, "tpu", {"XLA_CLIENT_MEM_FRACTION": "0.5"}
+  )  # a GPU-only variable: ignored
   assert memory.total_bytes == 16 * GIB
   budget = kv_pool_bytes(memory, 0.95)
   assert budget == int(0.95 * 16 * GIB) - 2 * GIB - GIB // 2  # 2% of 15.2 GiB < 0.5 GiB
@@ -90,12 +105,14 @@ def test_the_pool_fits_the_largest_free_block():
   # no holes: the share's own headroom is the tighter bound
   stats["largest_free_block_bytes"] = 57 * GIB
   assert kv_pool_bytes(device_memory(stats, "gpu", {"XLA_CLIENT_MEM_FRACTION": "0.9"}), 0.9) == (
-      57 * GIB - int(0.02 * 72 * GIB))
+    57 * GIB - int(0.02 * 72 * GIB)
+  )
 
 
 def test_small_arenas_keep_half_a_gib():
-  memory = device_memory({"bytes_limit": 8 * GIB, "bytes_in_use": GIB}, "gpu",
-                         {"XLA_CLIENT_MEM_FRACTION": "0.5"})
+  memory = device_memory(
+    {"bytes_limit": 8 * GIB, "bytes_in_use": GIB}, "gpu", {"XLA_CLIENT_MEM_FRACTION": "0.5"}
+  )
   assert kv_pool_bytes(memory, 0.5) == 8 * GIB - GIB - GIB // 2  # 2% of 8 GiB < 0.5 GiB
 
 
@@ -108,27 +125,36 @@ def test_env_sets_the_fraction_on_gpus_only():
   setup = client_memory_env(0.9, {}, gpu=True, backend_started=False)
   assert setup.set_vars == {"XLA_CLIENT_MEM_FRACTION": "0.9"} and "0.9" in setup.note
   assert client_memory_env(0.9, {}, gpu=False, backend_started=False).set_vars == {}
-  again = client_memory_env(0.9, {"XLA_CLIENT_MEM_FRACTION": "0.9"}, gpu=True,
-                            backend_started=False)
+  again = client_memory_env(
+    0.9, {"XLA_CLIENT_MEM_FRACTION": "0.9"}, gpu=True, backend_started=False
+  )
   assert again.set_vars == {} and again.note == ""  # idempotent, silent
 
 
-@pytest.mark.parametrize("name, value", [
-    ("XLA_CLIENT_MEM_FRACTION", "0.5"), ("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9"),
-    ("XLA_PYTHON_CLIENT_PREALLOCATE", "false"), ("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")])
+@pytest.mark.parametrize(
+  "name, value",
+  [
+    ("XLA_CLIENT_MEM_FRACTION", "0.5"),
+    ("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9"),
+    ("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),
+    ("XLA_PYTHON_CLIENT_ALLOCATOR", "platform"),
+  ],
+)
 def test_user_settings_win_with_a_log_line(name, value, caplog):
   environ = {name: value, "PATH": "/bin"}
   with caplog.at_level(logging.INFO, logger="jaxserve.device.device_memory"):
     setup = configure_client_memory(0.9, environ, gpu=True)
   assert setup.set_vars == {} and environ == {name: value, "PATH": "/bin"}
   assert setup.user_vars == {name: value}
-  assert any(f"{name}={value}" in r.getMessage() and "wins" in r.getMessage()
-             for r in caplog.records)
+  assert any(
+    f"{name}={value}" in r.getMessage() and "wins" in r.getMessage() for r in caplog.records
+  )
 
 
 def test_older_spelling_where_jaxlib_reads_only_it():
-  setup = client_memory_env(0.85, {}, gpu=True, backend_started=False,
-                            var="XLA_PYTHON_CLIENT_MEM_FRACTION")
+  setup = client_memory_env(
+    0.85, {}, gpu=True, backend_started=False, var="XLA_PYTHON_CLIENT_MEM_FRACTION"
+  )
   assert setup.set_vars == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.85"}
   assert fraction_var() in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
 
@@ -154,13 +180,20 @@ print("RESULT", code, os.environ.get(device_memory.fraction_var()))
 """
 
 
-@pytest.mark.parametrize("user_env, expected", [
-    ({}, "0.8"), ({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}, "None")])
+@pytest.mark.parametrize(
+  "user_env, expected", [({}, "0.8"), ({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}, "None")]
+)
 def test_cli_sets_the_client_fraction_before_jax_starts(tmp_path, user_env, expected):
   env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_CLIENT", "XLA_PYTHON"))}
   env.update(user_env, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-  result = subprocess.run([sys.executable, "-c", _CLI_PROBE, str(tmp_path / "plan.json")],
-                          env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+  result = subprocess.run(
+    [sys.executable, "-c", _CLI_PROBE, str(tmp_path / "plan.json")],
+    env=env,
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert f"RESULT 0 {expected}" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
   if user_env:
     assert "XLA_PYTHON_CLIENT_PREALLOCATE=false set by the user wins" in result.stderr

@@ -3,6 +3,7 @@ limit, the weights' bytes from their shapes, the measured step scratch), not of 
 live state: two builds whose weight loader left different amounts in use and different largest
 free blocks (as the loader's threads do on a GPU) get the same pool, so the forward programs'
 shapes, and their compilation-cache keys, are the same at every restart."""
+
 from __future__ import annotations
 
 import jax
@@ -12,8 +13,12 @@ import pytest
 from jaxserve import assembly
 from jaxserve.config import load_config
 from jaxserve.device import device_memory as dm
-from jaxserve.device.device_memory import (DeviceMemory, fit_pool_bytes, kv_pool_bytes,
-                                           planned_memory)
+from jaxserve.device.device_memory import (
+  DeviceMemory,
+  fit_pool_bytes,
+  kv_pool_bytes,
+  planned_memory,
+)
 
 GIB = 2**30
 
@@ -21,8 +26,10 @@ GIB = 2**30
 def test_planned_pool_ignores_the_live_counts():
   # 80 GiB card, 72 GiB arena, 15 GiB of weights (+25% loader slack = 3.75 GiB), headroom 2%
   # of 72 GiB: 72 - 18.75 - 1.44 GiB, whatever the loader left in use or in holes.
-  runs = [DeviceMemory(80 * GIB, 72 * GIB, int(15.64 * GIB), int(53.6 * GIB)),
-          DeviceMemory(80 * GIB, 72 * GIB, int(15.73 * GIB), int(54.0 * GIB))]
+  runs = [
+    DeviceMemory(80 * GIB, 72 * GIB, int(15.64 * GIB), int(53.6 * GIB)),
+    DeviceMemory(80 * GIB, 72 * GIB, int(15.73 * GIB), int(54.0 * GIB)),
+  ]
   expected = 72 * GIB - 15 * GIB - int(3.75 * GIB) - int(0.02 * 72 * GIB)
   for live in runs:
     planned = kv_pool_bytes(planned_memory(live, 15 * GIB), 0.9)
@@ -43,17 +50,26 @@ def test_a_pool_that_does_not_fit_shrinks_by_64ths(caplog):
 def test_weight_bytes_come_from_shapes_and_shardings():
   params = {"a": jnp.zeros((4, 8), jnp.bfloat16), "b": {"c": jnp.zeros((3,), jnp.float32)}}
   assert assembly.device_weight_bytes(params) == 4 * 8 * 2 + 3 * 4
-  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                          params)
+  abstract = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params
+  )
   assert assembly.device_weight_bytes(abstract) == 4 * 8 * 2 + 3 * 4
 
 
 @pytest.mark.parametrize("fraction", [0.2])
 def test_two_builds_with_different_live_memory_get_the_same_pages(monkeypatch, fraction):
-  config = load_config(None, [f"cache.memory_fraction={fraction}", "max_model_len=64",
-                              "scheduler.max_num_seqs=8", "scheduler.max_num_batched_tokens=32",
-                              "scheduler.seq_buckets=[8]", "scheduler.token_buckets=[32]",
-                              "compilation_cache_dir=null"])
+  config = load_config(
+    None,
+    [
+      f"cache.memory_fraction={fraction}",
+      "max_model_len=64",
+      "scheduler.max_num_seqs=8",
+      "scheduler.max_num_batched_tokens=32",
+      "scheduler.seq_buckets=[8]",
+      "scheduler.token_buckets=[32]",
+      "compilation_cache_dir=null",
+    ],
+  )
   pages = []
   # a GPU-like device of 4 GiB at fraction 0.2 (0.8 GiB usable, 0.5 GiB of it headroom); the two
   # "loader timings" leave different live counts and largest free blocks

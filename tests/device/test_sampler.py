@@ -1,4 +1,5 @@
 """The on-device sampler against Hugging Face's logits processors and the OpenAI penalty formula."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,8 +12,13 @@ import pytest
 import torch
 from transformers.generation import logits_process as hf
 
-from jaxserve.device.sampler import (SamplerMode, _filter_top_k_top_p_min_p, apply_penalties,
-                                      mask_banned, sample)
+from jaxserve.device.sampler import (
+  SamplerMode,
+  _filter_top_k_top_p_min_p,
+  apply_penalties,
+  mask_banned,
+  sample,
+)
 from jaxserve.device.step_inputs import NUM_BANNED_IDS, SamplingInputs
 from jaxserve.device.token_bitmask import bitmask_words
 from pallas_kernels.greedy_sample.gpu import greedy_sample
@@ -22,26 +28,33 @@ VOCAB = 64
 
 def make_inputs(num_rows: int, history_len: int = 8, **overrides) -> SamplingInputs:
   fields = dict(
-      temperature=np.zeros(num_rows, np.float32), top_k=np.zeros(num_rows, np.int32),
-      top_p=np.ones(num_rows, np.float32), min_p=np.zeros(num_rows, np.float32),
-      seeds=np.arange(num_rows, dtype=np.uint32), sample_index=np.zeros(num_rows, np.int32),
-      repetition_penalty=np.ones(num_rows, np.float32),
-      presence_penalty=np.zeros(num_rows, np.float32),
-      frequency_penalty=np.zeros(num_rows, np.float32),
-      prompt_history=np.full((num_rows, history_len), -1, np.int32),
-      output_history=np.full((num_rows, history_len), -1, np.int32),
-      banned_ids=np.full((num_rows, NUM_BANNED_IDS), -1, np.int32),
-      bitmask=np.full((num_rows, bitmask_words(VOCAB)), -1, np.int32),
-      any_random=np.array(False), any_penalty=np.array(False),
-      want_top_logprobs=np.array(False), want_prompt_logprobs=np.array(False))
+    temperature=np.zeros(num_rows, np.float32),
+    top_k=np.zeros(num_rows, np.int32),
+    top_p=np.ones(num_rows, np.float32),
+    min_p=np.zeros(num_rows, np.float32),
+    seeds=np.arange(num_rows, dtype=np.uint32),
+    sample_index=np.zeros(num_rows, np.int32),
+    repetition_penalty=np.ones(num_rows, np.float32),
+    presence_penalty=np.zeros(num_rows, np.float32),
+    frequency_penalty=np.zeros(num_rows, np.float32),
+    prompt_history=np.full((num_rows, history_len), -1, np.int32),
+    output_history=np.full((num_rows, history_len), -1, np.int32),
+    banned_ids=np.full((num_rows, NUM_BANNED_IDS), -1, np.int32),
+    bitmask=np.full((num_rows, bitmask_words(VOCAB)), -1, np.int32),
+    any_random=np.array(False),
+    any_penalty=np.array(False),
+    want_top_logprobs=np.array(False),
+    want_prompt_logprobs=np.array(False),
+  )
   fields.update(overrides)
   return SamplingInputs(**fields)
 
 
 def run_sample(logits, inputs: SamplingInputs):
   """The sampler compiled for the inputs' own mode, as the model runner runs it."""
-  return jax.jit(sample, static_argnames="mode")(jnp.asarray(logits), inputs,
-                                                 mode=SamplerMode.of(inputs))
+  return jax.jit(sample, static_argnames="mode")(
+    jnp.asarray(logits), inputs, mode=SamplerMode.of(inputs)
+  )
 
 
 def random_logits(num_rows: int, seed: int = 0) -> np.ndarray:
@@ -74,24 +87,37 @@ def test_penalties_match_hf_repetition_and_openai_presence_frequency():
   rep = np.array([1.0, 1.3, 0.8], np.float32)
   presence = np.array([0.5, 0.0, -0.4], np.float32)
   frequency = np.array([0.0, 0.7, 0.3], np.float32)
-  inputs = make_inputs(3, prompt_history=prompt, output_history=output, repetition_penalty=rep,
-                       presence_penalty=presence, frequency_penalty=frequency)
+  inputs = make_inputs(
+    3,
+    prompt_history=prompt,
+    output_history=output,
+    repetition_penalty=rep,
+    presence_penalty=presence,
+    frequency_penalty=frequency,
+  )
   ours = np.asarray(jax.jit(apply_penalties)(jnp.asarray(logits), inputs))
   for row in range(3):
     seen = np.concatenate([prompt[row, :5], output[row, :6]])
     expected = hf.RepetitionPenaltyLogitsProcessor(float(rep[row]))(
-        torch.tensor(seen[None]).long(), torch.tensor(logits[row:row + 1])).numpy()[0]
+      torch.tensor(seen[None]).long(), torch.tensor(logits[row : row + 1])
+    ).numpy()[0]
     counts = np.bincount(output[row, :6], minlength=VOCAB)  # OpenAI: mu - c*f - (c>0)*p
     expected = expected - counts * frequency[row] - (counts > 0) * presence[row]
     np.testing.assert_allclose(ours[row], expected, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("top_k, top_p, min_p", [(5, 1.0, 0.0), (0, 0.7, 0.0), (0, 1.0, 0.2),
-                                                 (10, 0.5, 0.0), (8, 0.9, 0.1), (1, 1.0, 0.0)])
+@pytest.mark.parametrize(
+  "top_k, top_p, min_p",
+  [(5, 1.0, 0.0), (0, 0.7, 0.0), (0, 1.0, 0.2), (10, 0.5, 0.0), (8, 0.9, 0.1), (1, 1.0, 0.0)],
+)
 def test_filters_keep_the_same_tokens_as_hf_warpers(top_k, top_p, min_p):
   logits = random_logits(4, seed=3) / 2
-  inputs = make_inputs(4, top_k=np.full(4, top_k, np.int32), top_p=np.full(4, top_p, np.float32),
-                       min_p=np.full(4, min_p, np.float32))
+  inputs = make_inputs(
+    4,
+    top_k=np.full(4, top_k, np.int32),
+    top_p=np.full(4, top_p, np.float32),
+    min_p=np.full(4, min_p, np.float32),
+  )
   ours = np.isfinite(np.asarray(_filter_top_k_top_p_min_p(jnp.asarray(logits), inputs)))
   scores = torch.tensor(logits)
   if top_k > 0:
@@ -107,8 +133,12 @@ def test_random_sampling_follows_the_tempered_distribution():
   logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05] + [1e-9] * (VOCAB - 4)], np.float32))
   num_draws = 4000
   rows = np.repeat(logits, num_draws, axis=0)
-  inputs = make_inputs(num_draws, temperature=np.full(num_draws, 1.0, np.float32),
-                       seeds=np.arange(num_draws, dtype=np.uint32), any_random=np.array(True))
+  inputs = make_inputs(
+    num_draws,
+    temperature=np.full(num_draws, 1.0, np.float32),
+    seeds=np.arange(num_draws, dtype=np.uint32),
+    any_random=np.array(True),
+  )
   ids = np.asarray(run_sample(rows, inputs).token_ids)
   freq = np.bincount(ids, minlength=VOCAB)[:4] / num_draws
   np.testing.assert_allclose(freq, [0.5, 0.3, 0.15, 0.05], atol=0.03)
@@ -118,12 +148,22 @@ def test_same_seed_and_step_give_the_same_token_in_any_row():
   logits = np.tile(random_logits(1, seed=4) / 4, (6, 1))
   seeds = np.array([7, 1, 2, 7, 3, 7], np.uint32)
   steps = np.array([0, 0, 0, 0, 0, 1], np.int32)
-  inputs = make_inputs(6, temperature=np.ones(6, np.float32), seeds=seeds, sample_index=steps,
-                       any_random=np.array(True))
+  inputs = make_inputs(
+    6,
+    temperature=np.ones(6, np.float32),
+    seeds=seeds,
+    sample_index=steps,
+    any_random=np.array(True),
+  )
   ids = np.asarray(run_sample(logits, inputs).token_ids)
   assert ids[0] == ids[3]
-  shuffled = make_inputs(6, temperature=np.ones(6, np.float32), seeds=seeds[::-1].copy(),
-                         sample_index=steps[::-1].copy(), any_random=np.array(True))
+  shuffled = make_inputs(
+    6,
+    temperature=np.ones(6, np.float32),
+    seeds=seeds[::-1].copy(),
+    sample_index=steps[::-1].copy(),
+    any_random=np.array(True),
+  )
   ids_shuffled = np.asarray(run_sample(logits, shuffled).token_ids)
   np.testing.assert_array_equal(ids_shuffled[::-1], ids)
 
@@ -145,13 +185,18 @@ def test_a_mode_with_more_parts_gives_the_same_tokens():
   logits = random_logits(5, seed=6)
   inputs = make_inputs(5)
   cheap = jax.jit(sample, static_argnames="mode")(jnp.asarray(logits), inputs, mode=SamplerMode())
-  full = jax.jit(sample, static_argnames="mode")(jnp.asarray(logits), inputs,
-                                                 mode=SamplerMode(True, True, True))
+  full = jax.jit(sample, static_argnames="mode")(
+    jnp.asarray(logits), inputs, mode=SamplerMode(True, True, True)
+  )
   np.testing.assert_array_equal(cheap.token_ids, full.token_ids)
   np.testing.assert_allclose(cheap.logprobs, full.logprobs, atol=1e-6)
   # the compiled modes: random alone, penalties and top-N logprobs together
-  assert SamplerMode.all() == [SamplerMode(), SamplerMode(False, True, True), SamplerMode(True),
-                               SamplerMode(True, True, True)]
+  assert SamplerMode.all() == [
+    SamplerMode(),
+    SamplerMode(False, True, True),
+    SamplerMode(True),
+    SamplerMode(True, True, True),
+  ]
   only_top = dataclasses.replace(inputs, want_top_logprobs=np.array(True))
   assert SamplerMode.of(only_top) == SamplerMode(False, True, True)
 
@@ -170,22 +215,31 @@ def test_banned_ids_are_never_sampled_in_random_rows():
   logits = random_logits(4, seed=3)
   banned = np.full((4, NUM_BANNED_IDS), -1, np.int32)
   banned[:, :3] = np.argsort(-logits, axis=-1)[:, :3]  # the three likeliest tokens of each row
-  inputs = make_inputs(4, banned_ids=banned, temperature=np.full(4, 0.7, np.float32),
-                       sample_index=np.arange(4, dtype=np.int32), any_random=np.array(True))
+  inputs = make_inputs(
+    4,
+    banned_ids=banned,
+    temperature=np.full(4, 0.7, np.float32),
+    sample_index=np.arange(4, dtype=np.int32),
+    any_random=np.array(True),
+  )
   for step in range(8):
     inputs = dataclasses.replace(inputs, seeds=np.arange(4, dtype=np.uint32) + 10 * step)
     token_ids = np.asarray(run_sample(logits, inputs).token_ids)
     assert not any(t in row for t, row in zip(token_ids, banned[:, :3]))
 
 
-
-@pytest.mark.parametrize("overrides", [
-    {}, {"want_top_logprobs": np.array(True)},
-    {"temperature": np.array([0.0, 0.7, 0.0, 1.3], np.float32), "any_random": np.array(True)}])
+@pytest.mark.parametrize(
+  "overrides",
+  [
+    {},
+    {"want_top_logprobs": np.array(True)},
+    {"temperature": np.array([0.0, 0.7, 0.0, 1.3], np.float32), "any_random": np.array(True)},
+  ],
+)
 def test_the_pallas_greedy_kernel_gives_the_xla_samples(overrides):
   """The sampler with the GPU greedy kernel (Pallas interpret mode) against XLA's reductions,
   banned ids included."""
-  logits = np.round(random_logits(4, seed=5))                   # ties between the largest
+  logits = np.round(random_logits(4, seed=5))  # ties between the largest
   banned = np.full((4, NUM_BANNED_IDS), -1, np.int32)
   banned[0, :2] = np.argsort(-logits[0])[:2]
   inputs = make_inputs(4, banned_ids=banned, **overrides)

@@ -1,13 +1,14 @@
 """The step's XLA options follow EngineConfig.gpu_gemm on GPUs and are empty elsewhere; the
 sampler backend follows EngineConfig.sampler_backend."""
+
 from __future__ import annotations
 
 import jax
 import pytest
 
 from jaxserve.config import EngineConfig
-from jaxserve.device.step_options import greedy_sampler, sampler_backend, step_compiler_options
 from jaxserve.device.sampler import xla_greedy
+from jaxserve.device.step_options import greedy_sampler, sampler_backend, step_compiler_options
 
 
 def test_gpu_gemm_options():
@@ -28,10 +29,14 @@ def test_sampler_backend_resolution():
   assert greedy_sampler("pallas_gpu").keywords == {"interpret": not on_gpu}
 
 
-@pytest.mark.parametrize("changes,field", [({"sampler_backend": "triton"}, "sampler_backend"),
-                                           ({"sampler_backend": "pallas_gpu",
-                                             "tensor_parallel_size": 2}, "sampler_backend"),
-                                           ({"gpu_gemm": "cutlass"}, "gpu_gemm")])
+@pytest.mark.parametrize(
+  "changes,field",
+  [
+    ({"sampler_backend": "triton"}, "sampler_backend"),
+    ({"sampler_backend": "pallas_gpu", "tensor_parallel_size": 2}, "sampler_backend"),
+    ({"gpu_gemm": "cutlass"}, "gpu_gemm"),
+  ],
+)
 def test_bad_values_name_the_field(changes, field):
   with pytest.raises(ValueError, match=field):
     EngineConfig(**changes)

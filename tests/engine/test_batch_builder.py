@@ -2,6 +2,7 @@
 the step needs from the requests (sampling rows, tokens generated so far, and the sparse extras:
 banned ids, penalty history, prompt-logprob targets, top-N logprobs), and the message survives a
 round trip through pickle (it is plain data, ready to cross a process boundary)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,16 +13,31 @@ import pytest
 
 from jaxserve.engine.batch_builder import BatchBuilder
 from jaxserve.engine.request import Request
-from jaxserve.messages.sampling_row import (GREEDY_ROW, SAMPLING_ROW_WIDTH, SamplingColumn,
-                                            sampling_row)
-from jaxserve.messages.scheduled_batch import (PLACEHOLDER_TOKEN_ID, BatchSampling,
-                                               SamplingExtras, ScheduledBatch, ScheduledSeq)
+from jaxserve.messages.sampling_row import (
+  GREEDY_ROW,
+  SAMPLING_ROW_WIDTH,
+  SamplingColumn,
+  sampling_row,
+)
+from jaxserve.messages.scheduled_batch import (
+  PLACEHOLDER_TOKEN_ID,
+  BatchSampling,
+  SamplingExtras,
+  ScheduledBatch,
+  ScheduledSeq,
+)
 from jaxserve.sampling_params import SamplingParams
 
 
 def _request(request_id: str, prompt: list[int], **params) -> Request:
-  return Request(request_id, prompt, SamplingParams(max_tokens=8, **params), seed=7,
-                 eos_token_ids=(2,), page_ids=[1, 2])
+  return Request(
+    request_id,
+    prompt,
+    SamplingParams(max_tokens=8, **params),
+    seed=7,
+    eos_token_ids=(2,),
+    page_ids=[1, 2],
+  )
 
 
 def _batch() -> tuple[ScheduledBatch, list[Request]]:
@@ -50,9 +66,9 @@ def test_the_batch_carries_every_column_the_step_needs():
   assert plain[SamplingColumn.SEED] == 7 and plain[SamplingColumn.TOP_P] == 1.0
   assert sampling.sample_index == tuple(r.num_generated for r in requests) == (2, 0, 1, 0)
   assert sampling.extras == (
-      SamplingExtras(1, banned_ids=(2, 3)),
-      SamplingExtras(2, penalty_prompt_ids=(4, 4), penalty_output_ids=(8,), top_logprobs=True),
-      SamplingExtras(3, prompt_targets=(12, 13, -1)),
+    SamplingExtras(1, banned_ids=(2, 3)),
+    SamplingExtras(2, penalty_prompt_ids=(4, 4), penalty_output_ids=(8,), top_logprobs=True),
+    SamplingExtras(3, prompt_targets=(12, 13, -1)),
   )
 
 
@@ -75,21 +91,37 @@ def test_a_batch_built_from_seqs_samples_greedily():
 
 
 def test_a_sampling_row_is_its_values_by_name():
-  row = array("d", sampling_row(temperature=0.5, top_p=0.9, min_p=0.1, repetition_penalty=1.2,
-                                presence_penalty=0.3, frequency_penalty=0.4, top_k=-1,
-                                seed=(5 << 32) | 3)).tolist()
+  row = array(
+    "d",
+    sampling_row(
+      temperature=0.5,
+      top_p=0.9,
+      min_p=0.1,
+      repetition_penalty=1.2,
+      presence_penalty=0.3,
+      frequency_penalty=0.4,
+      top_k=-1,
+      seed=(5 << 32) | 3,
+    ),
+  ).tolist()
   assert dict(zip(SamplingColumn, row)) == {
-      SamplingColumn.TEMPERATURE: 0.5, SamplingColumn.TOP_P: 0.9, SamplingColumn.MIN_P: 0.1,
-      SamplingColumn.REPETITION_PENALTY: 1.2, SamplingColumn.PRESENCE_PENALTY: 0.3,
-      SamplingColumn.FREQUENCY_PENALTY: 0.4, SamplingColumn.TOP_K: -1,
-      SamplingColumn.SEED: 5 ^ 3}  # the seed folded to 32 bits
+    SamplingColumn.TEMPERATURE: 0.5,
+    SamplingColumn.TOP_P: 0.9,
+    SamplingColumn.MIN_P: 0.1,
+    SamplingColumn.REPETITION_PENALTY: 1.2,
+    SamplingColumn.PRESENCE_PENALTY: 0.3,
+    SamplingColumn.FREQUENCY_PENALTY: 0.4,
+    SamplingColumn.TOP_K: -1,
+    SamplingColumn.SEED: 5 ^ 3,
+  }  # the seed folded to 32 bits
 
 
 def test_a_batch_is_frozen_and_its_per_sequence_view_round_trips():
   batch, _ = _batch()
   with pytest.raises(dataclasses.FrozenInstanceError):
     batch.num_steps = 2
-  rebuilt = ScheduledBatch.of(batch.seqs, batch.preempted_request_ids, batch.num_steps,
-                              batch.sampling)
+  rebuilt = ScheduledBatch.of(
+    batch.seqs, batch.preempted_request_ids, batch.num_steps, batch.sampling
+  )
   assert rebuilt == batch and rebuilt.token_ids == batch.token_ids
   assert rebuilt.page_ids == batch.page_ids and rebuilt.sampling is batch.sampling

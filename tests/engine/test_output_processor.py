@@ -3,6 +3,7 @@ strings end a request mid-burst and name it for the core, a stop token is not te
 requests' outputs are dropped, and a request that neither streams nor has stop strings is
 detokenized once at the end. Expected text comes from the tokenizer's own decode. Finish
 reasons are FinishReason members that travel and print as their strings."""
+
 from __future__ import annotations
 
 import json
@@ -25,10 +26,22 @@ def tokenizer():
   return load_model_tokenizer("tiny-random")
 
 
-def _out(request_id: str, ids: list[int], finish: str | None = None,
-         stop_token: int | None = None) -> EngineCoreOutput:
-  return EngineCoreOutput(request_id, ids, None, FinishReason(finish) if finish else None,
-                          stop_token, None, 1.0, 2.0, 3.0, 4.0 if finish else None, 0)
+def _out(
+  request_id: str, ids: list[int], finish: str | None = None, stop_token: int | None = None
+) -> EngineCoreOutput:
+  return EngineCoreOutput(
+    request_id,
+    ids,
+    None,
+    FinishReason(finish) if finish else None,
+    stop_token,
+    None,
+    1.0,
+    2.0,
+    3.0,
+    4.0 if finish else None,
+    0,
+  )
 
 
 def test_finish_reasons_travel_and_print_as_their_strings():
@@ -36,8 +49,12 @@ def test_finish_reasons_travel_and_print_as_their_strings():
   wire = msgspec.msgpack.encode(out)
   assert b"length" in wire
   assert msgspec.msgpack.decode(wire, type=EngineCoreOutput).finish_reason is FinishReason.LENGTH
-  assert msgspec.msgpack.decode(msgspec.msgpack.encode(_out("a", [5])),
-                                type=EngineCoreOutput).finish_reason is None
+  assert (
+    msgspec.msgpack.decode(
+      msgspec.msgpack.encode(_out("a", [5])), type=EngineCoreOutput
+    ).finish_reason
+    is None
+  )
   with pytest.raises(msgspec.ValidationError):
     msgspec.msgpack.decode(wire.replace(b"length", b"lenght"), type=EngineCoreOutput)
   reason = FinishReason.TOOL_CALLS

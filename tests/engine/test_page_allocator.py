@@ -1,4 +1,5 @@
 """PageAllocator: free list, reference counts, prefix cache with LRU eviction."""
+
 from __future__ import annotations
 
 import subprocess
@@ -153,7 +154,9 @@ def test_register_rejects_free_pages_and_short_tables():
 
 
 def test_module_imports_no_jax():
-  code = ("import sys; import jaxserve.engine.page_allocator, jaxserve.engine.scheduler; "
-          "bad = [m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'jaxlib'))]; "
-          "assert not bad, bad")
+  code = (
+    "import sys; import jaxserve.engine.page_allocator, jaxserve.engine.scheduler; "
+    "bad = [m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'jaxlib'))]; "
+    "assert not bad, bad"
+  )
   subprocess.run([sys.executable, "-c", code], check=True)

@@ -5,6 +5,7 @@ finishes a request once it has max_tokens outputs. Page ids follow the allocator
 pages are handed out lowest first at start, freed pages are appended to the free list (a
 sequence's pages tail first), and evictable cached pages are used only when no plain page is left.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -12,24 +13,34 @@ import pytest
 from jaxserve.config import SchedulerConfig
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request, RequestStatus
-from jaxserve.messages.scheduled_batch import ScheduledBatch, ScheduledSeq
 from jaxserve.engine.scheduler import Scheduler
+from jaxserve.messages.scheduled_batch import ScheduledBatch, ScheduledSeq
 from jaxserve.sampling_params import SamplingParams
 
 
-def make_scheduler(num_pages: int, page_size: int, max_num_seqs: int = 4,
-                   max_num_batched_tokens: int = 16, chunked: bool = True,
-                   prefix_caching: bool = False, max_model_len: int = 256,
-                   prefill_first: bool = False) -> Scheduler:
-  config = SchedulerConfig(max_num_seqs=max_num_seqs,
-                           max_num_batched_tokens=max_num_batched_tokens,
-                           enable_chunked_prefill=chunked, enable_prefix_caching=prefix_caching,
-                           prefill_first=prefill_first)
+def make_scheduler(
+  num_pages: int,
+  page_size: int,
+  max_num_seqs: int = 4,
+  max_num_batched_tokens: int = 16,
+  chunked: bool = True,
+  prefix_caching: bool = False,
+  max_model_len: int = 256,
+  prefill_first: bool = False,
+) -> Scheduler:
+  config = SchedulerConfig(
+    max_num_seqs=max_num_seqs,
+    max_num_batched_tokens=max_num_batched_tokens,
+    enable_chunked_prefill=chunked,
+    enable_prefix_caching=prefix_caching,
+    prefill_first=prefill_first,
+  )
   return Scheduler(config, PageAllocator(num_pages, page_size, prefix_caching), max_model_len)
 
 
-def make_request(request_id: str, prompt, max_tokens: int,
-                 prompt_logprobs: int | None = None) -> Request:
+def make_request(
+  request_id: str, prompt, max_tokens: int, prompt_logprobs: int | None = None
+) -> Request:
   params = SamplingParams(max_tokens=max_tokens, prompt_logprobs=prompt_logprobs)
   return Request(request_id, list(prompt), params, seed=0)
 
@@ -71,10 +82,14 @@ def test_decodes_come_before_prefill_chunks():
   assert step(scheduler).seqs == (seq("x", range(8), 0, (1, 2), False),)
   assert scheduler.num_waiting == 1
   # y's one-token prompt is a single-token query that samples: it goes before x's chunk.
-  assert step(scheduler).seqs == (seq("y", [50], 0, (4,), True),
-                                  seq("x", range(8, 12), 8, (1, 2, 3), True))
-  assert step(scheduler).seqs == (seq("x", [512], 12, (1, 2, 3, 5), True),
-                                  seq("y", [501], 1, (4,), True))
+  assert step(scheduler).seqs == (
+    seq("y", [50], 0, (4,), True),
+    seq("x", range(8, 12), 8, (1, 2, 3), True),
+  )
+  assert step(scheduler).seqs == (
+    seq("x", [512], 12, (1, 2, 3, 5), True),
+    seq("y", [501], 1, (4,), True),
+  )
   assert not scheduler.has_unfinished_requests()
 
 
@@ -89,14 +104,17 @@ def test_chunked_prefill_splits_long_prompt():
 
 
 def test_without_chunked_prefill_prompts_fit_whole():
-  scheduler = make_scheduler(num_pages=16, page_size=4, max_num_seqs=2, max_num_batched_tokens=8,
-                             chunked=False)
+  scheduler = make_scheduler(
+    num_pages=16, page_size=4, max_num_seqs=2, max_num_batched_tokens=8, chunked=False
+  )
   scheduler.add_request(make_request("a", range(6), max_tokens=2))
   scheduler.add_request(make_request("b", range(10, 15), max_tokens=2))
   assert step(scheduler).seqs == (seq("a", range(6), 0, (1, 2), True),)
   assert scheduler.num_waiting == 1
-  assert step(scheduler).seqs == (seq("a", [506], 6, (1, 2), True),
-                                  seq("b", range(10, 15), 0, (3, 4), True))
+  assert step(scheduler).seqs == (
+    seq("a", [506], 6, (1, 2), True),
+    seq("b", range(10, 15), 0, (3, 4), True),
+  )
   with pytest.raises(ValueError, match="prompt: 9 tokens exceed scheduler.max_num_batched_tokens"):
     scheduler.add_request(make_request("c", range(9), max_tokens=1))
 
@@ -106,10 +124,14 @@ def test_preempts_most_recent_request_and_resumes_with_prompt_plus_output():
   a, b = make_request("a", [1, 2, 3], max_tokens=4), make_request("b", [4, 5, 6], max_tokens=4)
   scheduler.add_request(a)
   scheduler.add_request(b)
-  assert step(scheduler).seqs == (seq("a", [1, 2, 3], 0, (1, 2), True),
-                                  seq("b", [4, 5, 6], 0, (3, 4), True))
-  assert step(scheduler).seqs == (seq("a", [503], 3, (1, 2), True),
-                                  seq("b", [503], 3, (3, 4), True))
+  assert step(scheduler).seqs == (
+    seq("a", [1, 2, 3], 0, (1, 2), True),
+    seq("b", [4, 5, 6], 0, (3, 4), True),
+  )
+  assert step(scheduler).seqs == (
+    seq("a", [503], 3, (1, 2), True),
+    seq("b", [503], 3, (3, 4), True),
+  )
   batch = step(scheduler)  # a needs a third page: b, the most recent, is preempted
   assert batch == ScheduledBatch.of((seq("a", [504], 4, (1, 2, 4), True),), ("b",))
   assert b.status is RequestStatus.WAITING and b.page_ids == [] and b.num_computed_tokens == 0
@@ -129,8 +151,10 @@ def test_request_that_is_most_recent_preempts_itself():
   a, b = make_request("a", [1, 2, 3], max_tokens=2), make_request("b", [7, 8], max_tokens=2)
   scheduler.add_request(a)
   scheduler.add_request(b)
-  assert step(scheduler).seqs == (seq("a", [1, 2, 3], 0, (1, 2), True),
-                                  seq("b", [7, 8], 0, (3,), True))
+  assert step(scheduler).seqs == (
+    seq("a", [1, 2, 3], 0, (1, 2), True),
+    seq("b", [7, 8], 0, (3,), True),
+  )
   batch = step(scheduler)
   assert batch == ScheduledBatch.of((seq("a", [503], 3, (1, 2), True),), ("b",))
   assert a.status is RequestStatus.FINISHED_LENGTH
@@ -151,15 +175,15 @@ def test_admission_keeps_a_page_for_decodes_crossing_a_page_boundary():
 
 
 def test_resumed_request_longer_than_a_step_without_chunked_prefill():
-  scheduler = make_scheduler(num_pages=5, page_size=2, max_num_seqs=2, max_num_batched_tokens=2,
-                             chunked=False)
+  scheduler = make_scheduler(
+    num_pages=5, page_size=2, max_num_seqs=2, max_num_batched_tokens=2, chunked=False
+  )
   a, b = make_request("a", [1, 2], max_tokens=4), make_request("b", [3], max_tokens=5)
   scheduler.add_request(a)
   scheduler.add_request(b)
   assert step(scheduler).seqs == (seq("a", [1, 2], 0, (1,), True),)
   assert step(scheduler).seqs == (seq("a", [502], 2, (1, 2), True), seq("b", [3], 0, (3,), True))
-  assert step(scheduler).seqs == (seq("a", [503], 3, (1, 2), True),
-                                  seq("b", [501], 1, (3,), True))
+  assert step(scheduler).seqs == (seq("a", [503], 3, (1, 2), True), seq("b", [501], 1, (3,), True))
   batch = step(scheduler)
   assert batch == ScheduledBatch.of((seq("a", [504], 4, (1, 2, 4), True),), ("b",))
   assert a.status is RequestStatus.FINISHED_LENGTH
@@ -187,8 +211,10 @@ def test_prefix_cache_shared_with_running_request():
   assert step(scheduler).seqs == (seq("a", range(9), 0, (1, 2, 3), True),)
   b = make_request("b", list(range(9)) + [60], max_tokens=4)
   scheduler.add_request(b)
-  assert step(scheduler).seqs == (seq("a", [509], 9, (1, 2, 3), True),
-                                  seq("b", [8, 60], 8, (1, 2, 4), True))
+  assert step(scheduler).seqs == (
+    seq("a", [509], 9, (1, 2, 3), True),
+    seq("b", [8, 60], 8, (1, 2, 4), True),
+  )
   assert [scheduler.allocator.refcount(p) for p in (1, 2, 3, 4)] == [2, 2, 1, 1]
   assert scheduler.abort_request("a")
   assert [scheduler.allocator.refcount(p) for p in (1, 2, 3, 4)] == [1, 1, 0, 1]
@@ -215,8 +241,11 @@ def test_add_request_refusals_name_the_field():
   scheduler = make_scheduler(num_pages=5, page_size=4, max_model_len=20)
   with pytest.raises(ValueError, match="^prompt: "):
     scheduler.add_request(make_request("a", [], max_tokens=1))
-  with pytest.raises(ValueError, match=r"prompt: 10 prompt tokens \+ max_tokens 11 = 21 "
-                                       r"exceeds max_model_len 20"):
+  with pytest.raises(
+    ValueError,
+    match=r"prompt: 10 prompt tokens \+ max_tokens 11 = 21 "
+    r"exceeds max_model_len 20",
+  ):
     scheduler.add_request(make_request("a", range(10), max_tokens=11))
   with pytest.raises(ValueError, match=r"max_tokens: .*needs 5 KV cache pages .* has 4"):
     scheduler.add_request(make_request("a", range(10), max_tokens=7))
@@ -278,8 +307,9 @@ def test_max_num_seqs_limits_running_requests():
 
 
 def test_prefill_first_runs_prefill_steps_while_prompts_can_be_admitted():
-  scheduler = make_scheduler(num_pages=32, page_size=4, max_num_seqs=3, max_num_batched_tokens=8,
-                             prefill_first=True)
+  scheduler = make_scheduler(
+    num_pages=32, page_size=4, max_num_seqs=3, max_num_batched_tokens=8, prefill_first=True
+  )
   scheduler.add_request(make_request("a", range(6), max_tokens=3))
   assert step(scheduler).seqs == (seq("a", range(6), 0, (1, 2), True),)
   scheduler.add_request(make_request("b", range(20, 30), max_tokens=2))
@@ -287,20 +317,25 @@ def test_prefill_first_runs_prefill_steps_while_prompts_can_be_admitted():
   # a decodes, but b can be admitted: b's first chunk alone (c does not fit the budget left)
   assert step(scheduler).seqs == (seq("b", range(20, 28), 0, (3, 4), False),)
   # b's last chunk and c's prompt; a still waits
-  assert step(scheduler).seqs == (seq("b", range(28, 30), 8, (3, 4, 5), True),
-                                  seq("c", range(40, 43), 0, (6,), True))
+  assert step(scheduler).seqs == (
+    seq("b", range(28, 30), 8, (3, 4, 5), True),
+    seq("c", range(40, 43), 0, (6,), True),
+  )
   # nothing left to prefill: everyone decodes
-  assert step(scheduler).seqs == (seq("a", [506], 6, (1, 2), True),
-                                  seq("b", [510], 10, (3, 4, 5), True),
-                                  seq("c", [503], 3, (6,), True))
+  assert step(scheduler).seqs == (
+    seq("a", [506], 6, (1, 2), True),
+    seq("b", [510], 10, (3, 4, 5), True),
+    seq("c", [503], 3, (6,), True),
+  )
 
 
 def test_prefill_first_decodes_once_max_num_seqs_are_running():
-  scheduler = make_scheduler(num_pages=32, page_size=4, max_num_seqs=1, max_num_batched_tokens=8,
-                             prefill_first=True)
+  scheduler = make_scheduler(
+    num_pages=32, page_size=4, max_num_seqs=1, max_num_batched_tokens=8, prefill_first=True
+  )
   scheduler.add_request(make_request("a", range(4), max_tokens=2))
   scheduler.add_request(make_request("b", range(10, 14), max_tokens=1))
   assert step(scheduler).seqs == (seq("a", range(4), 0, (1,), True),)
-  assert step(scheduler).seqs == (seq("a", [504], 4, (1, 2), True),)   # b cannot be admitted
+  assert step(scheduler).seqs == (seq("a", [504], 4, (1, 2), True),)  # b cannot be admitted
   assert step(scheduler).seqs == (seq("b", range(10, 14), 0, (3,), True),)
   assert not scheduler.has_unfinished_requests() and scheduler.allocator.num_used_pages == 0

@@ -1,6 +1,7 @@
 """Decode bursts (scheduler.num_scheduler_steps > 1), hand-worked: when the scheduler runs every
 running request for several decode steps in one batch, which pages it allocates for them, and
 when it falls back to a normal step."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,16 +9,20 @@ import pytest
 from jaxserve.config import DistributedConfig, EngineConfig, SchedulerConfig
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request
-from jaxserve.messages.scheduled_batch import ScheduledSeq
 from jaxserve.engine.scheduler import Scheduler
+from jaxserve.messages.scheduled_batch import ScheduledSeq
 from jaxserve.sampling_params import SamplingParams
 
 BURST = 4
 
 
 def make_scheduler(num_pages: int = 16, page_size: int = 4, max_model_len: int = 64) -> Scheduler:
-  config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, enable_prefix_caching=False,
-                           num_scheduler_steps=BURST)
+  config = SchedulerConfig(
+    max_num_seqs=4,
+    max_num_batched_tokens=16,
+    enable_prefix_caching=False,
+    num_scheduler_steps=BURST,
+  )
   return Scheduler(config, PageAllocator(num_pages, page_size, False), max_model_len)
 
 
@@ -35,8 +40,8 @@ def deliver(scheduler: Scheduler, request: Request, num_tokens: int) -> None:
 
 def test_decoding_requests_burst_with_pages_for_every_step():
   scheduler = make_scheduler()
-  a = add(scheduler, "a", range(10, 16), max_tokens=20)   # 6 tokens: pages 1, 2
-  b = add(scheduler, "b", range(20, 23), max_tokens=20)   # 3 tokens: page 3
+  a = add(scheduler, "a", range(10, 16), max_tokens=20)  # 6 tokens: pages 1, 2
+  b = add(scheduler, "b", range(20, 23), max_tokens=20)  # 3 tokens: page 3
   prefill = scheduler.schedule()
   assert prefill.num_steps == 1 and prefill.num_tokens == 9
   deliver(scheduler, a, 1)
@@ -44,8 +49,10 @@ def test_decoding_requests_burst_with_pages_for_every_step():
   burst = scheduler.schedule()
   assert burst.num_steps == BURST
   # a feeds position 6 and writes 6..9 (a third page); b feeds 3 and writes 3..6 (a second page)
-  assert burst.seqs == (ScheduledSeq("a", (506,), 6, (1, 2, 4), True),
-                        ScheduledSeq("b", (503,), 3, (3, 5), True))
+  assert burst.seqs == (
+    ScheduledSeq("a", (506,), 6, (1, 2, 4), True),
+    ScheduledSeq("b", (503,), 3, (3, 5), True),
+  )
   assert (a.num_computed_tokens, a.num_output_placeholders) == (6 + BURST, BURST)
   assert (b.num_computed_tokens, b.num_output_placeholders) == (3 + BURST, BURST)
   deliver(scheduler, a, BURST)
@@ -65,8 +72,12 @@ def test_a_waiting_request_gets_a_normal_step():
 
 
 def test_requests_waiting_for_a_full_batch_do_not_stop_bursts():
-  config = SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=16, enable_prefix_caching=False,
-                           num_scheduler_steps=BURST)
+  config = SchedulerConfig(
+    max_num_seqs=2,
+    max_num_batched_tokens=16,
+    enable_prefix_caching=False,
+    num_scheduler_steps=BURST,
+  )
   scheduler = Scheduler(config, PageAllocator(16, 4, False), 64)
   a = add(scheduler, "a", range(10, 16), max_tokens=20)
   b = add(scheduler, "b", range(20, 23), max_tokens=20)
@@ -118,7 +129,7 @@ def test_a_burst_near_max_model_len_allocates_only_the_positions_still_needed():
 
 def test_samples_past_max_tokens_are_allowed_and_finished_requests_are_left_out():
   scheduler = make_scheduler()
-  a = add(scheduler, "a", range(10, 16), max_tokens=2)   # one more token after the prefill
+  a = add(scheduler, "a", range(10, 16), max_tokens=2)  # one more token after the prefill
   b = add(scheduler, "b", range(20, 23), max_tokens=20)
   scheduler.schedule()
   deliver(scheduler, a, 1)
@@ -131,8 +142,8 @@ def test_samples_past_max_tokens_are_allowed_and_finished_requests_are_left_out(
 
 def test_when_every_request_ends_within_a_burst_single_steps_finish_them():
   scheduler = make_scheduler()
-  a = add(scheduler, "a", range(10, 16), max_tokens=4)   # 3 more samples after the prefill
-  b = add(scheduler, "b", range(20, 23), max_tokens=3)   # 2 more
+  a = add(scheduler, "a", range(10, 16), max_tokens=4)  # 3 more samples after the prefill
+  b = add(scheduler, "b", range(20, 23), max_tokens=3)  # 2 more
   scheduler.schedule()
   deliver(scheduler, a, 1)
   deliver(scheduler, b, 1)
@@ -143,7 +154,9 @@ def test_when_every_request_ends_within_a_burst_single_steps_finish_them():
 def test_num_scheduler_steps_is_validated():
   with pytest.raises(ValueError, match=r"num_scheduler_steps: must be an integer in \[1, 64\]"):
     SchedulerConfig(num_scheduler_steps=0)
-  with pytest.raises(ValueError, match="scheduler.num_scheduler_steps: decode bursts do not run on "
-                                       "multi-host jobs"):
-    EngineConfig(scheduler=SchedulerConfig(num_scheduler_steps=4),
-                 distributed=DistributedConfig(enabled=True))
+  with pytest.raises(
+    ValueError, match="scheduler.num_scheduler_steps: decode bursts do not run on multi-host jobs"
+  ):
+    EngineConfig(
+      scheduler=SchedulerConfig(num_scheduler_steps=4), distributed=DistributedConfig(enabled=True)
+    )

@@ -10,18 +10,20 @@ placeholders (the simulated device knows their values). With num_scheduler_steps
 runs several decode steps, each feeding the token the one before sampled, and the engine drops
 the samples past max_tokens.
 """
+
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, Phase, event, settings, strategies as st
+from hypothesis import HealthCheck, Phase, event, settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from jaxserve.config import SchedulerConfig
 from jaxserve.engine.batch_builder import PLACEHOLDER_TOKEN_ID
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request, RequestStatus
-from jaxserve.messages.scheduled_batch import ScheduledBatch
 from jaxserve.engine.scheduler import Scheduler
+from jaxserve.messages.scheduled_batch import ScheduledBatch
 from jaxserve.sampling_params import SamplingParams
 
 
@@ -35,20 +37,39 @@ def _next_token(tokens: list[int]) -> int:
 
 
 class SchedulerMachine(RuleBasedStateMachine):
-
-  @initialize(page_size=st.sampled_from([1, 2, 4]), num_pages=st.integers(2, 16),
-              max_num_seqs=st.integers(1, 4), extra_budget=st.integers(0, 10),
-              chunked=st.booleans(), prefix_caching=st.booleans(),
-              max_model_len=st.integers(2, 48), async_mode=st.booleans(),
-              burst_steps=st.sampled_from([1, 1, 2, 3]), prefill_first=st.booleans())
-  def setup(self, page_size, num_pages, max_num_seqs, extra_budget, chunked, prefix_caching,
-            max_model_len, async_mode, burst_steps, prefill_first):
-    self.config = SchedulerConfig(max_num_seqs=max_num_seqs,
-                                  max_num_batched_tokens=max_num_seqs + extra_budget,
-                                  enable_chunked_prefill=chunked,
-                                  enable_prefix_caching=prefix_caching,
-                                  num_scheduler_steps=burst_steps,
-                                  prefill_first=prefill_first)
+  @initialize(
+    page_size=st.sampled_from([1, 2, 4]),
+    num_pages=st.integers(2, 16),
+    max_num_seqs=st.integers(1, 4),
+    extra_budget=st.integers(0, 10),
+    chunked=st.booleans(),
+    prefix_caching=st.booleans(),
+    max_model_len=st.integers(2, 48),
+    async_mode=st.booleans(),
+    burst_steps=st.sampled_from([1, 1, 2, 3]),
+    prefill_first=st.booleans(),
+  )
+  def setup(
+    self,
+    page_size,
+    num_pages,
+    max_num_seqs,
+    extra_budget,
+    chunked,
+    prefix_caching,
+    max_model_len,
+    async_mode,
+    burst_steps,
+    prefill_first,
+  ):
+    self.config = SchedulerConfig(
+      max_num_seqs=max_num_seqs,
+      max_num_batched_tokens=max_num_seqs + extra_budget,
+      enable_chunked_prefill=chunked,
+      enable_prefix_caching=prefix_caching,
+      num_scheduler_steps=burst_steps,
+      prefill_first=prefill_first,
+    )
     self.allocator = PageAllocator(num_pages, page_size, prefix_caching)
     self.scheduler = Scheduler(self.config, self.allocator, max_model_len)
     self.page_size = page_size
@@ -59,8 +80,12 @@ class SchedulerMachine(RuleBasedStateMachine):
     self.async_mode = async_mode
     self.in_flight: dict[str, list[int]] = {}  # request id -> sampled, not yet delivered
 
-  @rule(shared=st.integers(0, 6), tail=st.lists(st.integers(0, 2), max_size=6),
-        max_tokens=st.integers(1, 6), prompt_logprobs=st.sampled_from([None, None, 0]))
+  @rule(
+    shared=st.integers(0, 6),
+    tail=st.lists(st.integers(0, 2), max_size=6),
+    max_tokens=st.integers(1, 6),
+    prompt_logprobs=st.sampled_from([None, None, 0]),
+  )
   def add(self, shared, tail, max_tokens, prompt_logprobs):
     prompt = [7] * shared + tail
     request_id = f"r{self.num_added}"
@@ -68,10 +93,12 @@ class SchedulerMachine(RuleBasedStateMachine):
     params = SamplingParams(max_tokens=max_tokens, prompt_logprobs=prompt_logprobs)
     request = Request(request_id, prompt, params, seed=0)
     total = len(prompt) + max_tokens
-    accepted = (len(prompt) > 0 and total <= self.max_model_len
-                and _ceil_div(total, self.page_size) <= self.allocator.num_usable_pages
-                and (self.config.enable_chunked_prefill
-                     or len(prompt) <= self.config.max_num_batched_tokens))
+    accepted = (
+      len(prompt) > 0
+      and total <= self.max_model_len
+      and _ceil_div(total, self.page_size) <= self.allocator.num_usable_pages
+      and (self.config.enable_chunked_prefill or len(prompt) <= self.config.max_num_batched_tokens)
+    )
     if not accepted:
       with pytest.raises(ValueError):
         self.scheduler.add_request(request)
@@ -135,8 +162,10 @@ class SchedulerMachine(RuleBasedStateMachine):
     self.allocator.check_invariants(owners=[r.page_ids for r in running])
     owned = {p for r in running for p in r.page_ids}
     assert self.allocator.num_used_pages == len(owned) <= self.allocator.num_usable_pages
-    assert self.allocator.num_used_pages + self.allocator.num_free_pages == \
-        self.allocator.num_usable_pages
+    assert (
+      self.allocator.num_used_pages + self.allocator.num_free_pages
+      == self.allocator.num_usable_pages
+    )
     assert self.scheduler.num_running == len(running) <= self.config.max_num_seqs
     assert self.scheduler.num_waiting == len(waiting)
     for request in running:
@@ -185,7 +214,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     for seq in batch.seqs:
       request = self.requests[seq.request_id]
       assert request.status is RequestStatus.RUNNING and seq.num_tokens >= 1
-      known = request.all_token_ids[seq.start_position:seq.seq_len]
+      known = request.all_token_ids[seq.start_position : seq.seq_len]
       num_placeholders = seq.num_tokens - len(known)
       assert list(seq.token_ids) == known + [PLACEHOLDER_TOKEN_ID] * num_placeholders
       pending = len(self.in_flight.get(request.request_id, []))
@@ -193,8 +222,7 @@ class SchedulerMachine(RuleBasedStateMachine):
       computed_end = seq.start_position + (num_steps if num_steps > 1 else seq.num_tokens)
       num_sampled = num_steps if num_steps > 1 else seq.sample
       # a burst's pages cover the positions still needed: up to the last one that samples
-      paged_end = (min(computed_end, request.max_total_tokens - 1) if num_steps > 1
-                   else computed_end)
+      paged_end = min(computed_end, request.max_total_tokens - 1) if num_steps > 1 else computed_end
       assert request.num_computed_tokens == computed_end
       assert paged_end <= self.max_model_len
       assert request.num_output_placeholders == num_sampled + pending
@@ -237,20 +265,24 @@ class SchedulerMachine(RuleBasedStateMachine):
           continue
         page_id = seq.page_ids[position // page_size]
         assert self.allocator.refcount(page_id) == 1, "wrote into a shared page"
-        self.kv[(page_id, position % page_size)] = tuple(tokens[:position + 1])
+        self.kv[(page_id, position % page_size)] = tuple(tokens[: position + 1])
         if batch.num_steps > 1 or position == end - 1:
           if position + 1 == len(tokens) and seq.sample:
             tokens.append(_next_token(tokens))
       for position in range(paged_end):
         slot = (seq.page_ids[position // page_size], position % page_size)
-        assert self.kv.get(slot) == tuple(tokens[:position + 1]), f"wrong K/V at {position}"
+        assert self.kv.get(slot) == tuple(tokens[: position + 1]), f"wrong K/V at {position}"
       if seq.sample:
-        sampled[seq.request_id] = tokens[seq.seq_len:end + 1]
+        sampled[seq.request_id] = tokens[seq.seq_len : end + 1]
     return sampled
 
 
 SchedulerMachine.TestCase.settings = settings(
-    max_examples=600, stateful_step_count=50, deadline=None, database=None,
-    phases=[p for p in Phase if p is not Phase.explain],
-    suppress_health_check=[HealthCheck.too_slow])
+  max_examples=600,
+  stateful_step_count=50,
+  deadline=None,
+  database=None,
+  phases=[p for p in Phase if p is not Phase.explain],
+  suppress_health_check=[HealthCheck.too_slow],
+)
 TestScheduler = SchedulerMachine.TestCase

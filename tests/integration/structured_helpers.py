@@ -4,6 +4,7 @@ Every schema is bounded (integers with a range, strings and arrays with a maximu
 random-weight model, which writes whatever the mask allows, always finishes its JSON within a
 few dozen tokens: an output that does not parse is then a bug, not a model that rambled.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,24 +13,36 @@ import re
 import jsonschema
 
 PERSON = {
-    "type": "object", "additionalProperties": False,
-    "required": ["name", "age", "status", "address", "tags"],
-    "properties": {
-        "name": {"type": "string", "minLength": 1, "maxLength": 6},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "status": {"enum": ["active", "inactive", "banned"]},
-        "verified": {"type": "boolean"},
-        "address": {"type": "object", "additionalProperties": False, "required": ["city"],
-                    "properties": {"city": {"type": "string", "maxLength": 5},
-                                   "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}},
-        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+  "type": "object",
+  "additionalProperties": False,
+  "required": ["name", "age", "status", "address", "tags"],
+  "properties": {
+    "name": {"type": "string", "minLength": 1, "maxLength": 6},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "status": {"enum": ["active", "inactive", "banned"]},
+    "verified": {"type": "boolean"},
+    "address": {
+      "type": "object",
+      "additionalProperties": False,
+      "required": ["city"],
+      "properties": {
+        "city": {"type": "string", "maxLength": 5},
+        "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+      },
     },
+    "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+  },
 }
 POINTS = {
-    "type": "array", "minItems": 1, "maxItems": 2,
-    "items": {"type": "object", "additionalProperties": False, "required": ["x", "y"],
-              "properties": {"x": {"type": "integer", "minimum": -9, "maximum": 9},
-                             "y": {"enum": [0, 1, 2]}}},
+  "type": "array",
+  "minItems": 1,
+  "maxItems": 2,
+  "items": {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["x", "y"],
+    "properties": {"x": {"type": "integer", "minimum": -9, "maximum": 9}, "y": {"enum": [0, 1, 2]}},
+  },
 }
 SCHEMAS = {"person": PERSON, "points": POINTS}
 REGEX = r"[0-9]{3}-[a-z]{2,4}"

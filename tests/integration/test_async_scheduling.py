@@ -8,6 +8,7 @@ seeded random sampling (keys fold in the count of generated tokens, placeholders
 penalties (which force a synchronous step), logprobs, prompt logprobs, preemption from a small
 page pool, and an abort while the request's step is in flight.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,17 +21,23 @@ from tests.integration.engine_helpers import run_to_completion, small_engine
 def _workload(vocab_size: int) -> list[tuple[str, list[int], SamplingParams]]:
   rng = np.random.default_rng(7)
   kinds = [
-      SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
-      SamplingParams(temperature=0.9, top_p=0.9, seed=11, max_tokens=20, ignore_eos=True),
-      SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=(5, 17, 23, 40)),
-      SamplingParams(temperature=0.0, max_tokens=30, stop=["a", "e"]),
-      SamplingParams(temperature=0.8, top_k=20, seed=3, max_tokens=16, min_tokens=8,
-                     stop_token_ids=(1, 2, 3, 4, 5, 6, 7, 8)),
-      SamplingParams(temperature=0.0, max_tokens=12, repetition_penalty=1.3,
-                     frequency_penalty=0.5, ignore_eos=True),
-      SamplingParams(temperature=0.0, max_tokens=10, logprobs=3, prompt_logprobs=2,
-                     ignore_eos=True),
-      SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True),
+    SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+    SamplingParams(temperature=0.9, top_p=0.9, seed=11, max_tokens=20, ignore_eos=True),
+    SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=(5, 17, 23, 40)),
+    SamplingParams(temperature=0.0, max_tokens=30, stop=["a", "e"]),
+    SamplingParams(
+      temperature=0.8,
+      top_k=20,
+      seed=3,
+      max_tokens=16,
+      min_tokens=8,
+      stop_token_ids=(1, 2, 3, 4, 5, 6, 7, 8),
+    ),
+    SamplingParams(
+      temperature=0.0, max_tokens=12, repetition_penalty=1.3, frequency_penalty=0.5, ignore_eos=True
+    ),
+    SamplingParams(temperature=0.0, max_tokens=10, logprobs=3, prompt_logprobs=2, ignore_eos=True),
+    SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True),
   ]
   workload = []
   for i in range(24):
@@ -70,12 +77,24 @@ def _run(async_scheduling: bool):
 def _summary(output):
   """Everything but logprob values, which may differ in the last float bits: the two runs put
   a request into different batches and buckets."""
-  logprobs = None if output.logprobs is None else [
-      (e.token_id, tuple(t for t, _ in e.top)) for e in output.logprobs]
-  prompt_logprobs = None if output.prompt_logprobs is None else [
-      None if e is None else e.token_id for e in output.prompt_logprobs]
-  return (output.token_ids, output.text, output.finish_reason, output.stop_reason, logprobs,
-          prompt_logprobs)
+  logprobs = (
+    None
+    if output.logprobs is None
+    else [(e.token_id, tuple(t for t, _ in e.top)) for e in output.logprobs]
+  )
+  prompt_logprobs = (
+    None
+    if output.prompt_logprobs is None
+    else [None if e is None else e.token_id for e in output.prompt_logprobs]
+  )
+  return (
+    output.token_ids,
+    output.text,
+    output.finish_reason,
+    output.stop_reason,
+    logprobs,
+    prompt_logprobs,
+  )
 
 
 def _logprob_values(output) -> list[float]:
@@ -102,9 +121,12 @@ def test_async_scheduling_generates_exactly_what_sync_scheduling_does(both_modes
   assert {"stop", "length", "abort"} <= reasons
   # r0 was aborted after three step() calls, which with async scheduling have completed one
   # step fewer: its tokens so far are a prefix of the synchronous run's.
-  assert sync["r0"].token_ids[:len(async_["r0"].token_ids)] == async_["r0"].token_ids
+  assert sync["r0"].token_ids[: len(async_["r0"].token_ids)] == async_["r0"].token_ids
   for request_id in sorted(set(sync) - {"r0"}):
     assert _summary(async_[request_id]) == _summary(sync[request_id]), request_id
-    np.testing.assert_allclose(_logprob_values(async_[request_id]),
-                               _logprob_values(sync[request_id]), atol=1e-4, err_msg=request_id)
-
+    np.testing.assert_allclose(
+      _logprob_values(async_[request_id]),
+      _logprob_values(sync[request_id]),
+      atol=1e-4,
+      err_msg=request_id,
+    )

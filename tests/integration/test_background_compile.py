@@ -3,6 +3,7 @@ compiled and pads every step to the smallest bucket compiled so far. Its request
 buckets not compiled yet (padded to a larger one), get the same tokens and logprobs as on a fully
 warmed engine; its compile ledger reaches every program (the same count as the full warmup) and
 then stays flat whatever the workload; the bucket pick runs on the host (engine/llm_engine.py)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,18 +12,31 @@ from jaxserve.messages.buckets import Bucket
 from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion, small_engine
 
-CONFIG = dict(num_pages=128, max_num_seqs=8, seq_buckets=(2, 8), token_buckets=(8, 16, 64),
-              max_tokens_per_step=64, max_model_len=256)
+CONFIG = dict(
+  num_pages=128,
+  max_num_seqs=8,
+  seq_buckets=(2, 8),
+  token_buckets=(8, 16, 64),
+  max_tokens_per_step=64,
+  max_model_len=256,
+)
 
 
 def _workload(seed: int) -> list[tuple[list[int], SamplingParams]]:
   rng = np.random.default_rng(seed)
-  kinds = [dict(temperature=0.0), dict(temperature=0.8, top_p=0.9, seed=7),
-           dict(temperature=0.0, logprobs=2, prompt_logprobs=1),
-           dict(temperature=0.7, repetition_penalty=1.2, seed=3)]
-  return [(rng.integers(1, 256, size=int(rng.integers(1, 40))).tolist(),
-           SamplingParams(max_tokens=int(rng.integers(2, 12)), ignore_eos=True, **kinds[i % 4]))
-          for i in range(10)]
+  kinds = [
+    dict(temperature=0.0),
+    dict(temperature=0.8, top_p=0.9, seed=7),
+    dict(temperature=0.0, logprobs=2, prompt_logprobs=1),
+    dict(temperature=0.7, repetition_penalty=1.2, seed=3),
+  ]
+  return [
+    (
+      rng.integers(1, 256, size=int(rng.integers(1, 40))).tolist(),
+      SamplingParams(max_tokens=int(rng.integers(2, 12)), ignore_eos=True, **kinds[i % 4]),
+    )
+    for i in range(10)
+  ]
 
 
 def _run(engine, workload, tag: str) -> dict:

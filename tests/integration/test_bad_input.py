@@ -1,10 +1,11 @@
 """Bad input raises ValueError naming the field, and the engine keeps serving everyone else."""
+
 from __future__ import annotations
 
 import pytest
 
-from jaxserve.config import EngineConfig
 from jaxserve.assembly import build_engine
+from jaxserve.config import EngineConfig
 from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion, small_engine
 
@@ -17,7 +18,9 @@ def engine():
 GOOD = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 
-@pytest.mark.parametrize("field, make", [
+@pytest.mark.parametrize(
+  "field, make",
+  [
     ("max_tokens", lambda: SamplingParams(max_tokens=0)),
     ("temperature", lambda: SamplingParams(temperature=-1.0)),
     ("top_p", lambda: SamplingParams(top_p=0.0)),
@@ -31,7 +34,8 @@ GOOD = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     ("min_tokens", lambda: SamplingParams(min_tokens=20, max_tokens=10)),
     ("seed", lambda: SamplingParams(seed=-1)),
     ("n", lambda: SamplingParams(n=0)),
-])
+  ],
+)
 def test_out_of_range_sampling_values_name_the_field(field, make):
   with pytest.raises(ValueError, match=rf"^{field}:"):
     make()
@@ -70,12 +74,15 @@ def test_unknown_model_name_or_path_names_the_field(model):
     build_engine(EngineConfig(model=model), show_progress=False)
 
 
-@pytest.mark.parametrize("overrides, field", [
+@pytest.mark.parametrize(
+  "overrides, field",
+  [
     (dict(dtype="float64"), "dtype"),
     (dict(attention_backend="cuda-magic"), "attention_backend"),
     (dict(max_model_len=0), "max_model_len"),
     (dict(gpu_gemm="triton"), "gpu_gemm"),
-])
+  ],
+)
 def test_bad_engine_config_names_the_field(overrides, field):
   with pytest.raises(ValueError, match=rf"^{field}:"):
     EngineConfig(**overrides)

@@ -11,14 +11,18 @@ logprobs, a penalized request (no bursts while it runs), requests that arrive mi
 requests that end at max_model_len (the block table's last position) or just before it, whose
 last bursts run past their pages.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from jaxserve.sampling_params import SamplingParams
-from tests.integration.engine_helpers import (record_steps_per_dispatch, run_to_completion,
-                                               small_engine)
+from tests.integration.engine_helpers import (
+  record_steps_per_dispatch,
+  run_to_completion,
+  small_engine,
+)
 
 BURST = 4
 MAX_MODEL_LEN = 80  # 5 pages of 16: the block table holds exactly max_model_len positions
@@ -27,32 +31,44 @@ MAX_MODEL_LEN = 80  # 5 pages of 16: the block table holds exactly max_model_len
 def _workload(vocab_size: int) -> list[tuple[str, list[int], SamplingParams]]:
   rng = np.random.default_rng(3)
   kinds = [
-      SamplingParams(temperature=0.0, max_tokens=29, ignore_eos=True),
-      SamplingParams(temperature=0.9, top_p=0.9, seed=5, max_tokens=22, ignore_eos=True),
-      SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=tuple(range(1, 512, 9))),
-      SamplingParams(temperature=0.0, max_tokens=40, stop=list("aeiou:^!;/")),
-      SamplingParams(temperature=0.7, top_k=30, seed=9, max_tokens=25, min_tokens=9,
-                     stop_token_ids=(1, 2, 3, 4, 5, 6, 7, 8)),
-      SamplingParams(temperature=0.0, max_tokens=17, logprobs=0, ignore_eos=True),
-      SamplingParams(temperature=0.0, max_tokens=9),
+    SamplingParams(temperature=0.0, max_tokens=29, ignore_eos=True),
+    SamplingParams(temperature=0.9, top_p=0.9, seed=5, max_tokens=22, ignore_eos=True),
+    SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=tuple(range(1, 512, 9))),
+    SamplingParams(temperature=0.0, max_tokens=40, stop=list("aeiou:^!;/")),
+    SamplingParams(
+      temperature=0.7,
+      top_k=30,
+      seed=9,
+      max_tokens=25,
+      min_tokens=9,
+      stop_token_ids=(1, 2, 3, 4, 5, 6, 7, 8),
+    ),
+    SamplingParams(temperature=0.0, max_tokens=17, logprobs=0, ignore_eos=True),
+    SamplingParams(temperature=0.0, max_tokens=9),
   ]
   workload = []
   for i in range(14):
     prompt = rng.integers(0, vocab_size, size=int(rng.integers(3, 40))).tolist()
     workload.append((f"r{i}", prompt, kinds[i % len(kinds)]))
-  penalized = SamplingParams(temperature=0.0, max_tokens=6, repetition_penalty=1.3,
-                             ignore_eos=True)
+  penalized = SamplingParams(temperature=0.0, max_tokens=6, repetition_penalty=1.3, ignore_eos=True)
   workload.append(("penalized", rng.integers(0, vocab_size, size=12).tolist(), penalized))
   for request_id, prompt_len, max_tokens in (("edge", 51, 29), ("near-edge", 50, 27)):
     prompt = rng.integers(0, vocab_size, size=prompt_len).tolist()  # 51 + 29 = MAX_MODEL_LEN
-    workload.insert(2, (request_id, prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens,
-                                                           ignore_eos=True)))
+    workload.insert(
+      2,
+      (request_id, prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)),
+    )
   return workload
 
 
 def _run(num_scheduler_steps: int, async_scheduling: bool):
-  engine = small_engine(num_pages=96, max_num_seqs=8, async_scheduling=async_scheduling,
-                        num_scheduler_steps=num_scheduler_steps, max_model_len=MAX_MODEL_LEN)
+  engine = small_engine(
+    num_pages=96,
+    max_num_seqs=8,
+    async_scheduling=async_scheduling,
+    num_scheduler_steps=num_scheduler_steps,
+    max_model_len=MAX_MODEL_LEN,
+  )
   compiled = engine.ledger.num_compilations
   steps_per_dispatch = record_steps_per_dispatch(engine)
   workload = _workload(engine.vocab_size)
@@ -98,5 +114,8 @@ def test_bursts_generate_exactly_what_single_steps_do(runs, async_scheduling):
   for request_id in sorted(single):
     assert _summary(burst[request_id]) == _summary(single[request_id]), request_id
     if single[request_id].logprobs is not None:
-      np.testing.assert_allclose([e.logprob for e in burst[request_id].logprobs],
-                                 [e.logprob for e in single[request_id].logprobs], atol=1e-4)
+      np.testing.assert_allclose(
+        [e.logprob for e in burst[request_id].logprobs],
+        [e.logprob for e in single[request_id].logprobs],
+        atol=1e-4,
+      )

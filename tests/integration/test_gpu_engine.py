@@ -1,5 +1,6 @@
 """On a GPU: the engine with the Pallas kernel gives the same greedy tokens as with the XLA path,
 and as transformers, for the parity checkpoints. Skipped where JAX has no GPU."""
+
 from __future__ import annotations
 
 import jax
@@ -14,8 +15,13 @@ pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a 
 
 
 def _greedy_tokens(checkpoint, backend: str, prompts) -> list[tuple[int, ...]]:
-  engine = small_engine(str(checkpoint), max_model_len=128, max_tokens_per_step=32,
-                        token_buckets=(8, 16, 32), attention_backend=backend)
+  engine = small_engine(
+    str(checkpoint),
+    max_model_len=128,
+    max_tokens_per_step=32,
+    token_buckets=(8, 16, 32),
+    attention_backend=backend,
+  )
   params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True)
   for i, prompt in enumerate(prompts):
     engine.add_request(prompt, params, request_id=f"gen-{i}")

@@ -1,5 +1,6 @@
 """jaxserve against Hugging Face transformers on tiny random checkpoints of every supported family:
 greedy tokens over a batch of mixed-length prompts, and prompt logprobs."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,11 +31,17 @@ def test_greedy_tokens_and_prompt_logprobs_match_transformers(family, hf_checkpo
   hf_model = load_hf_model(checkpoint)
   prompts = _prompts(seed=FAMILIES.index(family))
   # 16-token chunks split the longer prompts across steps; all prompts share the batch.
-  engine = small_engine(str(checkpoint), max_model_len=128, max_tokens_per_step=32,
-                        token_buckets=(8, 16, 32), prefix_caching=False)
+  engine = small_engine(
+    str(checkpoint),
+    max_model_len=128,
+    max_tokens_per_step=32,
+    token_buckets=(8, 16, 32),
+    prefix_caching=False,
+  )
   tokens, logprobs = generate_and_score(engine, prompts, NUM_NEW_TOKENS)
   for i, prompt in enumerate(prompts):
     assert tokens[i] == hf_greedy(hf_model, prompt, NUM_NEW_TOKENS), f"prompt {i} ({len(prompt)})"
     assert len(logprobs[i]) == len(prompt) - 1
-    np.testing.assert_allclose(logprobs[i], _hf_prompt_logprobs(hf_model, prompt), atol=1e-3,
-                               rtol=0)
+    np.testing.assert_allclose(
+      logprobs[i], _hf_prompt_logprobs(hf_model, prompt), atol=1e-3, rtol=0
+    )

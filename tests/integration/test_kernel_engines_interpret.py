@@ -5,8 +5,8 @@ engine hands a kernel in serving: ragged prefill chunks next to decodes, padding
 sequence slots, prefix-cache hits, a prompt longer than a step (chunked), and decode bursts that
 run to max_model_len, the block table's last position. The same holds for the GPU greedy
 sampling kernel in place of XLA's argmax and logsumexp."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import numpy as np
 import pytest
@@ -19,19 +19,31 @@ MAX_MODEL_LEN = 80  # 5 pages of 16
 
 
 def _generate(backend_name: str, sampler_backend: str = "xla") -> dict:
-  engine = small_engine(attention_backend=backend_name, seq_buckets=(8,), token_buckets=(8, 64),
-                        num_scheduler_steps=4, max_model_len=MAX_MODEL_LEN, num_pages=64,
-                        sampler_backend=sampler_backend)
+  engine = small_engine(
+    attention_backend=backend_name,
+    seq_buckets=(8,),
+    token_buckets=(8, 64),
+    num_scheduler_steps=4,
+    max_model_len=MAX_MODEL_LEN,
+    num_pages=64,
+    sampler_backend=sampler_backend,
+  )
   rng = np.random.default_rng(0)
   shared = rng.integers(0, engine.vocab_size, 32).tolist()  # two full pages to share
-  prompts = [rng.integers(0, engine.vocab_size, 51).tolist(),            # ends at max_model_len
-             shared + rng.integers(0, engine.vocab_size, 5).tolist(),
-             shared + rng.integers(0, engine.vocab_size, 9).tolist(),     # a prefix-cache hit
-             rng.integers(0, engine.vocab_size, 70).tolist(),             # chunked: > 64 per step
-             rng.integers(0, engine.vocab_size, 3).tolist()]
+  prompts = [
+    rng.integers(0, engine.vocab_size, 51).tolist(),  # ends at max_model_len
+    shared + rng.integers(0, engine.vocab_size, 5).tolist(),
+    shared + rng.integers(0, engine.vocab_size, 9).tolist(),  # a prefix-cache hit
+    rng.integers(0, engine.vocab_size, 70).tolist(),  # chunked: > 64 per step
+    rng.integers(0, engine.vocab_size, 3).tolist(),
+  ]
   for i, prompt in enumerate(prompts):
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_MODEL_LEN - len(prompt) if i == 0
-                            else 9, ignore_eos=True, logprobs=0)
+    params = SamplingParams(
+      temperature=0.0,
+      max_tokens=MAX_MODEL_LEN - len(prompt) if i == 0 else 9,
+      ignore_eos=True,
+      logprobs=0,
+    )
     engine.add_request(prompt, params, request_id=f"r{i}")
   finished = run_to_completion(engine)
   assert engine.stats().num_used_pages == 0

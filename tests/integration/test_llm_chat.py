@@ -1,5 +1,6 @@
 """LLM.chat gives the tokens the chat route gives for the same messages (greedy), and
 LLM.get_tokenizer() is the engine's tokenizer; LLM's keyword arguments are vLLM's names."""
+
 from __future__ import annotations
 
 from openai import OpenAI
@@ -11,17 +12,28 @@ from tests.integration.engine_helpers import small_config
 from tests.server.server_helpers import core_backend, start_server
 
 CONVERSATIONS = [
-    [{"role": "user", "content": "Hi!"}],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me a story"},
-     {"role": "assistant", "content": "Once"}, {"role": "user", "content": "Go on"}],
+  [{"role": "user", "content": "Hi!"}],
+  [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Tell me a story"},
+    {"role": "assistant", "content": "Once"},
+    {"role": "user", "content": "Go on"},
+  ],
 ]
 MAX_TOKENS = 12
 
 
 def test_llm_chat_matches_the_chat_endpoint():
   base = small_config(max_model_len=256, seq_buckets=(8,), token_buckets=(64,))
-  llm = LLM("tiny-random", config=base, show_progress=False, max_num_seqs=8,
-            gpu_memory_utilization=0.5, max_model_len=256, block_size=16)
+  llm = LLM(
+    "tiny-random",
+    config=base,
+    show_progress=False,
+    max_num_seqs=8,
+    gpu_memory_utilization=0.5,
+    max_model_len=256,
+    block_size=16,
+  )
   assert llm.config.cache.memory_fraction == 0.5 and llm.config.scheduler.max_num_seqs == 8
   assert llm.get_tokenizer() is llm.engine.tokenizer
   params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
@@ -37,8 +49,13 @@ def test_llm_chat_matches_the_chat_endpoint():
     client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
     for conversation, result in zip(CONVERSATIONS, offline):
       chat = client.chat.completions.create(
-          model="tiny-random", messages=conversation, max_tokens=MAX_TOKENS, temperature=0,
-          logprobs=True, extra_body={"ignore_eos": True})
+        model="tiny-random",
+        messages=conversation,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        logprobs=True,
+        extra_body={"ignore_eos": True},
+      )
       completion = result.outputs[0]
       assert chat.usage.prompt_tokens == len(result.prompt_token_ids)
       assert chat.usage.completion_tokens == len(completion.token_ids) == MAX_TOKENS

@@ -1,6 +1,7 @@
 """LLM.generate dispatches the first step once its prompts are queued and queues the rest while
 the device runs it: the results are those of the engine run with every request queued first,
 and a bad prompt found after that first step still adds nothing and leaks no page."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,7 +21,7 @@ def _prompts(vocab_size: int) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def llm():
-  config = small_config(max_tokens_per_step=64)   # the first step's budget: two prompts
+  config = small_config(max_tokens_per_step=64)  # the first step's budget: two prompts
   return LLM(config.model, config=config, show_progress=False)
 
 
@@ -34,19 +35,22 @@ def test_generate_matches_the_engine_with_every_request_queued_first(llm):
   for i, result in enumerate(results):
     completion = result.outputs[0]
     assert list(completion.token_ids) == list(expected[str(i)].token_ids), i
-    np.testing.assert_allclose([e.logprob for e in completion.logprobs],
-                               [e.logprob for e in expected[str(i)].logprobs], atol=1e-5)
+    np.testing.assert_allclose(
+      [e.logprob for e in completion.logprobs],
+      [e.logprob for e in expected[str(i)].logprobs],
+      atol=1e-5,
+    )
   assert llm.engine.stats().num_used_pages == 0
 
 
 def test_a_bad_prompt_after_the_first_step_adds_nothing(llm):
   prompts = _prompts(llm.engine.vocab_size)
   too_long = SamplingParams(max_tokens=10_000)
-  params = [PARAMS] * (len(prompts) - 1) + [too_long]   # found after the first step ran
+  params = [PARAMS] * (len(prompts) - 1) + [too_long]  # found after the first step ran
   steps_before = llm.engine.timings.num_steps
   with pytest.raises(ValueError, match="max_tokens|max_model_len"):
     llm.generate(prompts, params, use_tqdm=False)
-  assert llm.engine.timings.num_steps > steps_before   # the first step had been dispatched
+  assert llm.engine.timings.num_steps > steps_before  # the first step had been dispatched
   assert not llm.engine.has_unfinished_requests()
   assert llm.engine.stats().num_used_pages == 0
   assert len(llm.generate(prompts[:2], PARAMS, use_tqdm=False)) == 2

@@ -1,4 +1,5 @@
 """After warmup, a randomized workload never makes XLA compile, whatever it asks for."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,18 +14,31 @@ def _random_params(rng: np.random.Generator) -> SamplingParams:
   if kind == 0:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens)
   if kind == 1:
-    return SamplingParams(temperature=0.9, top_p=0.8, top_k=20, min_p=0.05, max_tokens=max_tokens,
-                          seed=int(rng.integers(0, 1000)))
+    return SamplingParams(
+      temperature=0.9,
+      top_p=0.8,
+      top_k=20,
+      min_p=0.05,
+      max_tokens=max_tokens,
+      seed=int(rng.integers(0, 1000)),
+    )
   if kind == 2:
-    return SamplingParams(temperature=0.7, repetition_penalty=1.3, presence_penalty=0.5,
-                          frequency_penalty=0.3, max_tokens=max_tokens)
+    return SamplingParams(
+      temperature=0.7,
+      repetition_penalty=1.3,
+      presence_penalty=0.5,
+      frequency_penalty=0.3,
+      max_tokens=max_tokens,
+    )
   if kind == 3:
     return SamplingParams(temperature=0.0, logprobs=5, prompt_logprobs=3, max_tokens=max_tokens)
   if kind == 4:
-    return SamplingParams(temperature=1.0, min_tokens=min(4, max_tokens), stop=("e", "ab"),
-                          max_tokens=max_tokens)
-  return SamplingParams(temperature=0.0, ignore_eos=True, stop_token_ids=(10, 32),
-                        max_tokens=max_tokens)
+    return SamplingParams(
+      temperature=1.0, min_tokens=min(4, max_tokens), stop=("e", "ab"), max_tokens=max_tokens
+    )
+  return SamplingParams(
+    temperature=0.0, ignore_eos=True, stop_token_ids=(10, 32), max_tokens=max_tokens
+  )
 
 
 def test_randomized_workload_of_200_requests_compiles_nothing_after_warmup():
@@ -32,8 +46,10 @@ def test_randomized_workload_of_200_requests_compiles_nothing_after_warmup():
   compiled_at_warmup = engine.ledger.num_compilations
   assert compiled_at_warmup > 0, "the ledger must see the warmup compilations"
   rng = np.random.default_rng(42)
-  pending = [(rng.integers(1, 256, size=int(rng.integers(1, 150))).tolist(), _random_params(rng))
-             for _ in range(200)]
+  pending = [
+    (rng.integers(1, 256, size=int(rng.integers(1, 150))).tolist(), _random_params(rng))
+    for _ in range(200)
+  ]
   finished = 0
   while pending or engine.has_unfinished_requests():
     for _ in range(int(rng.poisson(1.5))):  # random arrivals between steps

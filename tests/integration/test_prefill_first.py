@@ -1,6 +1,7 @@
 """scheduler.prefill_first changes which steps run, not what they compute: the engine generates
 the default scheduler's greedy tokens (logprobs within float32 noise) for prompts that arrive
 while others decode, a chunked prompt included, and leaves no page behind."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,12 +14,13 @@ from tests.integration.engine_helpers import run_to_completion, small_engine
 def _generate(**kwargs) -> dict:
   engine = small_engine(seq_buckets=(8,), token_buckets=(16, 64), **kwargs)
   rng = np.random.default_rng(1)
-  lengths = [5, 70, 12, 1, 33, 9]                        # 70 > 64 tokens per step: chunked
+  lengths = [5, 70, 12, 1, 33, 9]  # 70 > 64 tokens per step: chunked
   params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=0)
   outputs = {}
-  for i, length in enumerate(lengths):                    # a new prompt every other step
-    engine.add_request(rng.integers(0, engine.vocab_size, length).tolist(), params,
-                       request_id=f"r{i}")
+  for i, length in enumerate(lengths):  # a new prompt every other step
+    engine.add_request(
+      rng.integers(0, engine.vocab_size, length).tolist(), params, request_id=f"r{i}"
+    )
     for _ in range(2):
       outputs.update({o.request_id: o for o in engine.step() if o.finished})
   finished = run_to_completion(engine)

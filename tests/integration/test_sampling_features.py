@@ -1,5 +1,6 @@
 """Per-request sampling features end to end on the built-in model: stop strings and stop tokens,
 max_tokens, min_tokens, logprobs, n with seeds, and the offline API and CLI."""
+
 from __future__ import annotations
 
 import json
@@ -29,13 +30,16 @@ def test_stop_string_truncates_the_text_where_it_first_completes(llm):
   full = _greedy(llm)
   assert full.finish_reason == "length" and len(full.token_ids) == 24
   text = full.text
-  stop = next(text[i:i + 2] for i in range(3, len(text) - 2)
-              if text[i:i + 2].isprintable() and text.find(text[i:i + 2]) == i)
+  stop = next(
+    text[i : i + 2]
+    for i in range(3, len(text) - 2)
+    if text[i : i + 2].isprintable() and text.find(text[i : i + 2]) == i
+  )
   out = _greedy(llm, stop=(stop,))
   assert out.finish_reason == "stop" and out.stop_reason == stop
-  assert out.text == text[:text.find(stop)]
+  assert out.text == text[: text.find(stop)]
   kept = _greedy(llm, stop=(stop,), include_stop_str_in_output=True)
-  assert kept.text == text[:text.find(stop) + len(stop)]
+  assert kept.text == text[: text.find(stop) + len(stop)]
 
 
 def test_stop_token_ids_end_generation_at_that_token(llm):
@@ -44,7 +48,7 @@ def test_stop_token_ids_end_generation_at_that_token(llm):
   first = full.token_ids.index(stop_id)
   out = _greedy(llm, stop_token_ids=(stop_id,))
   assert out.finish_reason == "stop" and out.stop_reason == stop_id
-  assert out.token_ids == full.token_ids[:first + 1]
+  assert out.token_ids == full.token_ids[: first + 1]
 
 
 def test_min_tokens_holds_back_stop_tokens(llm):
@@ -73,10 +77,29 @@ def test_n_samples_with_a_seed_are_distinct_and_reproducible(llm):
 
 
 def test_generate_cli_prints_json(capsys):
-  args = ["generate", "--prompt", PROMPT, "--max-tokens", "6", "--ignore-eos", "--json",
-          "--log-level", "WARNING", "--set", "max_model_len=512", "--set", "cache.num_pages=256",
-          "--set", "scheduler.max_num_seqs=8", "--set", "scheduler.max_num_batched_tokens=64",
-          "--set", "scheduler.seq_buckets=[2,8]", "--set", "scheduler.token_buckets=[8,16,32,64]"]
+  args = [
+    "generate",
+    "--prompt",
+    PROMPT,
+    "--max-tokens",
+    "6",
+    "--ignore-eos",
+    "--json",
+    "--log-level",
+    "WARNING",
+    "--set",
+    "max_model_len=512",
+    "--set",
+    "cache.num_pages=256",
+    "--set",
+    "scheduler.max_num_seqs=8",
+    "--set",
+    "scheduler.max_num_batched_tokens=64",
+    "--set",
+    "scheduler.seq_buckets=[2,8]",
+    "--set",
+    "scheduler.token_buckets=[8,16,32,64]",
+  ]
   assert cli_main(args) == 0
   record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert record["prompt"] == PROMPT and len(record["token_ids"]) == 6

@@ -3,6 +3,7 @@ byte-level BPE tokenizer: every constrained output is valid (checked with jsonsc
 not with llguidance), whatever the scheduling (async or not, chunked prefill, preemption, n > 1,
 decode bursts for the unconstrained), and unconstrained requests are untouched by constrained
 batch mates."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,11 +14,21 @@ from jaxserve.engine.request_state import RequestState
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.structured import StructuredOutputError, StructuredOutputSpec
 from tests.integration.engine_helpers import run_to_completion, small_engine
-from tests.integration.structured_helpers import (CHOICES, MAX_TOKENS, REGEX, SCHEMAS,
-                                                  assert_regex, assert_valid_json)
+from tests.integration.structured_helpers import (
+  CHOICES,
+  MAX_TOKENS,
+  REGEX,
+  SCHEMAS,
+  assert_regex,
+  assert_valid_json,
+)
 
-PROMPTS = ["Hello, world!", "The quick brown fox", "def main():",
-           "Paged attention stores keys and values in fixed-size pages."]  # > 8 tokens: chunked
+PROMPTS = [
+  "Hello, world!",
+  "The quick brown fox",
+  "def main():",
+  "Paged attention stores keys and values in fixed-size pages.",
+]  # > 8 tokens: chunked
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +44,9 @@ def _constrained(i: int, temperature: float) -> tuple[SamplingParams, str]:
     return SamplingParams(structured_outputs={"regex": REGEX}, **common), kind
   if kind == "choice":
     return SamplingParams(structured_outputs={"choice": list(CHOICES)}, **common), kind
-  return SamplingParams(structured_outputs=StructuredOutputSpec.json_schema(SCHEMAS[kind]),
-                        **common), kind
+  return SamplingParams(
+    structured_outputs=StructuredOutputSpec.json_schema(SCHEMAS[kind]), **common
+  ), kind
 
 
 def _check(kind: str, output) -> None:
@@ -48,17 +60,26 @@ def _check(kind: str, output) -> None:
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
-def test_every_output_is_valid_and_unconstrained_tokens_are_unchanged(checkpoint,
-                                                                      async_scheduling):
+def test_every_output_is_valid_and_unconstrained_tokens_are_unchanged(checkpoint, async_scheduling):
   """Greedy and sampled constrained requests, n = 4 (one matcher each), chunked prefill (8
   tokens a step) and a pool small enough to preempt, beside unconstrained requests whose tokens
   must equal those of a run without the constrained ones."""
-  engine = small_engine(checkpoint, max_model_len=256, num_pages=24, page_size=8,
-                        max_tokens_per_step=8, token_buckets=(8,), seq_buckets=(2, 8),
-                        async_scheduling=async_scheduling, prefix_caching=False)
+  engine = small_engine(
+    checkpoint,
+    max_model_len=256,
+    num_pages=24,
+    page_size=8,
+    max_tokens_per_step=8,
+    token_buckets=(8,),
+    seq_buckets=(2, 8),
+    async_scheduling=async_scheduling,
+    prefix_caching=False,
+  )
   compiled = engine.ledger.num_compilations
-  plain = [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
-           SamplingParams(temperature=0.9, seed=7, max_tokens=24, ignore_eos=True)]
+  plain = [
+    SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+    SamplingParams(temperature=0.9, seed=7, max_tokens=24, ignore_eos=True),
+  ]
   for i, params in enumerate(plain):
     engine.add_request(PROMPTS[i], params, request_id=f"alone-{i}")
   alone = run_to_completion(engine)
@@ -99,19 +120,27 @@ def test_decode_bursts_run_beside_constrained_requests(checkpoint):
 
 def test_max_tokens_ends_a_constrained_request_with_length(checkpoint):
   engine = small_engine(checkpoint, max_model_len=256)
-  params = SamplingParams(temperature=0.0, max_tokens=3,
-                          structured_outputs=StructuredOutputSpec.json_schema(SCHEMAS["person"]))
+  params = SamplingParams(
+    temperature=0.0,
+    max_tokens=3,
+    structured_outputs=StructuredOutputSpec.json_schema(SCHEMAS["person"]),
+  )
   engine.add_request(PROMPTS[0], params, request_id="short")
   output = run_to_completion(engine)["short"]
   assert output.finish_reason == "length" and len(output.token_ids) == 3
 
 
-@pytest.mark.parametrize("constraint,param", [
+@pytest.mark.parametrize(
+  "constraint,param",
+  [
     ({"regex": "(("}, "structured_outputs.regex"),
     ({"grammar": "start: undefined_rule"}, "structured_outputs.grammar"),
-    ({"json": {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}},
-     "structured_outputs.json"),
-])
+    (
+      {"json": {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}},
+      "structured_outputs.json",
+    ),
+  ],
+)
 def test_a_bad_constraint_is_refused_at_admission_naming_its_field(checkpoint, constraint, param):
   engine = small_engine(checkpoint, max_model_len=256)
   with pytest.raises(StructuredOutputError) as error:
@@ -146,9 +175,14 @@ def test_randomized_mixed_workload_compiles_nothing_after_warmup(checkpoint):
       if rng.random() < 0.3:
         params = params.replace(logprobs=2)
     else:
-      params, kind = SamplingParams(temperature=float(rng.choice([0.0, 0.8])),
-                                    max_tokens=int(rng.integers(1, 30)),
-                                    repetition_penalty=float(rng.choice([1.0, 1.2]))), None
+      params, kind = (
+        SamplingParams(
+          temperature=float(rng.choice([0.0, 0.8])),
+          max_tokens=int(rng.integers(1, 30)),
+          repetition_penalty=float(rng.choice([1.0, 1.2])),
+        ),
+        None,
+      )
     pending.append((PROMPTS[i % 4], params, kind))
   kinds, finished = {}, {}
   while pending or engine.has_unfinished_requests():
@@ -169,8 +203,13 @@ def test_llm_generate_with_structured_outputs_gives_each_choice_its_matcher(chec
   from tests.integration.engine_helpers import small_config
 
   llm = LLM(checkpoint, config=small_config(checkpoint, max_model_len=256), show_progress=False)
-  params = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=MAX_TOKENS,
-                          structured_outputs={"json": SCHEMAS["points"]})
+  params = SamplingParams(
+    n=3,
+    temperature=1.0,
+    seed=11,
+    max_tokens=MAX_TOKENS,
+    structured_outputs={"json": SCHEMAS["points"]},
+  )
   results = llm.generate([PROMPTS[0], PROMPTS[1]], params, use_tqdm=False)
   texts = [completion.text for result in results for completion in result.outputs]
   assert len(texts) == 6 and len(set(texts)) > 1  # n > 1 diverges: one matcher per choice
@@ -188,9 +227,11 @@ def test_the_mask_is_filled_while_the_forward_runs(checkpoint):
   events = []
   runner = engine.runner
   for name in ("dispatch", "dispatch_sample", "fetch"):
+
     def recorded(*args, _name=name, _method=getattr(runner, name)):
       events.append(_name)
       return _method(*args)
+
     setattr(runner, name, recorded)
   fill = engine.constraints.fill
   engine.constraints.fill = lambda *args: events.append("fill") or fill(*args)

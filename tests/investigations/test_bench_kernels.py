@@ -2,6 +2,7 @@
 run checks every kernel against the reference, a prefill case, the FLOP count, each timing
 harness and the device-time column; interpret mode on CPU, compiled on a GPU (gpu_session.sh's
 kernels step runs this file there)."""
+
 from __future__ import annotations
 
 import functools
@@ -32,8 +33,9 @@ def test_bench_script_smoke(tmp_path: Path):
 
 def test_bench_script_prefill_case(tmp_path: Path):
   out_path = tmp_path / "bench.json"
-  assert bench_kernels.main(["--smoke", "--no-mixed", "--prefill", "2x24",
-                                    "--out", str(out_path)]) == 0
+  assert (
+    bench_kernels.main(["--smoke", "--no-mixed", "--prefill", "2x24", "--out", str(out_path)]) == 0
+  )
   cases = {case["name"]: case for case in json.loads(out_path.read_text())["cases"]}
   assert set(cases) == {"decode_b2_ctx32", "prefill_2x24"}
   prefill = cases["prefill_2x24"]
@@ -44,16 +46,22 @@ def test_bench_script_prefill_case(tmp_path: Path):
 def test_attention_flops_by_hand():
   # one prompt of 3 tokens from an empty cache (6 causal pairs) and one decode token over 5
   # (5 pairs): 4 FLOPs x 2 q heads x 8 dims per pair
-  batch = kernel_timing.make_batch("b", kernel_timing.Shape(num_q_heads=2, num_kv_heads=1,
-                                                            head_dim=8), [3, 1], [3, 5],
-                                   seed=0, num_rotations=1)
+  batch = kernel_timing.make_batch(
+    "b",
+    kernel_timing.Shape(num_q_heads=2, num_kv_heads=1, head_dim=8),
+    [3, 1],
+    [3, 5],
+    seed=0,
+    num_rotations=1,
+  )
   assert bench_kernels.attention_flops(batch) == 4 * 2 * 8 * (6 + 5)
 
 
 @pytest.mark.parametrize("harness", ["unrolled", "loop", "marginal"])
 def test_bench_harness_times(harness):
-  batch = kernel_timing.make_batch("b", kernel_timing.Shape(), [1] * 4, [40] * 4, seed=0,
-                                   num_rotations=2)
+  batch = kernel_timing.make_batch(
+    "b", kernel_timing.Shape(), [1] * 4, [40] * 4, seed=0, num_rotations=2
+  )
   fn = functools.partial(ragged_paged_attention_reference, sm_scale=0.1)
   seconds = kernel_timing.time_per_call(fn, batch, inner=3, reps=3, harness=harness)
   assert 0 < seconds < 1 if harness != "marginal" else 0 <= seconds < 1  # a difference of medians
@@ -63,8 +71,9 @@ def test_unrolled_bench_program_runs_every_call():
   """Each of the `inner` calls returns its own output, computed on its own query and its own
   block table (so XLA can neither drop calls nor share work between them); a table holds the
   pages of one rotation."""
-  batch = kernel_timing.make_batch("b", kernel_timing.Shape(), [1] * 4, [40] * 4, seed=0,
-                                   num_rotations=2)
+  batch = kernel_timing.make_batch(
+    "b", kernel_timing.Shape(), [1] * 4, [40] * 4, seed=0, num_rotations=2
+  )
   fn = functools.partial(ragged_paged_attention_reference, sm_scale=0.1)
   program, args = kernel_timing.unrolled_program(fn, batch, 5)
   outputs = program(*args)
@@ -75,17 +84,24 @@ def test_unrolled_bench_program_runs_every_call():
     rotation = np.asarray(batch.block_tables[i % 2])
     assert sorted(np.asarray(table).ravel()) == sorted(rotation.ravel())
   for i, out in enumerate(outputs):
-    expected = fn(queries[i], batch.k_pages, batch.v_pages, tables[i],
-                  batch.seq_lens, batch.query_start_loc, batch.num_seqs)
-    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(expected, np.float32),
-                               atol=1e-2)
+    expected = fn(
+      queries[i],
+      batch.k_pages,
+      batch.v_pages,
+      tables[i],
+      batch.seq_lens,
+      batch.query_start_loc,
+      batch.num_seqs,
+    )
+    np.testing.assert_allclose(
+      np.asarray(out, np.float32), np.asarray(expected, np.float32), atol=1e-2
+    )
 
 
 def test_bench_device_time_column(tmp_path: Path):
   """--device-time traces the timed program and reports its kernels' time per call."""
   out_path = tmp_path / "bench.json"
-  assert bench_kernels.main(["--smoke", "--no-mixed", "--device-time",
-                                    "--out", str(out_path)]) == 0
+  assert bench_kernels.main(["--smoke", "--no-mixed", "--device-time", "--out", str(out_path)]) == 0
   case = json.loads(out_path.read_text())["cases"][0]
   assert case["device_us"]["ours"] > 0, case
   assert not any("trace failed" in note for note in case["notes"]), case

@@ -1,4 +1,5 @@
 """The bucket ladders and the host's pick among ready buckets, hand-computed."""
+
 from __future__ import annotations
 
 import pytest

@@ -7,6 +7,7 @@ trained with `tokenizers` on a small corpus, vocab within the model's) and token
 non-trivial norms and biases (HF initialises norms to one and biases to zero, which would hide
 loader mistakes), scaled so log-probs are far from uniform.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,49 +24,95 @@ VOCAB_SIZE = 512
 TOKENIZER_VOCAB_SIZE = 400
 SPECIAL_TOKENS = ("<s>", "</s>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+  "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+  "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 _CORPUS = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Hello, world! How are you today? I am fine, thank you.",
-    "Paged attention stores keys and values in fixed-size pages.",
-    "def main():\n    print('hello')\n    return 0\n",
-    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000. Symbols: + - * / = < >.",
+  "The quick brown fox jumps over the lazy dog.",
+  "Hello, world! How are you today? I am fine, thank you.",
+  "Paged attention stores keys and values in fixed-size pages.",
+  "def main():\n    print('hello')\n    return 0\n",
+  "Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000. Symbols: + - * / = < >.",
 ] * 4
 
-_COMMON = dict(vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-               head_dim=64, max_position_embeddings=256, rms_norm_eps=1e-5)
+_COMMON = dict(
+  vocab_size=VOCAB_SIZE,
+  hidden_size=128,
+  intermediate_size=256,
+  num_hidden_layers=2,
+  head_dim=64,
+  max_position_embeddings=256,
+  rms_norm_eps=1e-5,
+)
 
 
 def _hf_config(family: str) -> transformers.PretrainedConfig:
   if family == "llama_kv8":
-    return transformers.LlamaConfig(**_COMMON, num_attention_heads=16,
-                                    num_key_value_heads=8, tie_word_embeddings=False,
-                                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    return transformers.LlamaConfig(
+      **_COMMON,
+      num_attention_heads=16,
+      num_key_value_heads=8,
+      tie_word_embeddings=False,
+      rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
   if family == "qwen2_kv8":
-    return transformers.Qwen2Config(**_COMMON, num_attention_heads=8,
-                                    num_key_value_heads=8, rope_theta=1e6, tie_word_embeddings=True)
+    return transformers.Qwen2Config(
+      **_COMMON,
+      num_attention_heads=8,
+      num_key_value_heads=8,
+      rope_theta=1e6,
+      tie_word_embeddings=True,
+    )
   if family in ("llama", "llama3", "llama_tied"):
-    rope = ({"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-             "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
-            if family == "llama3" else {"rope_type": "default", "rope_theta": 10000.0})
-    return transformers.LlamaConfig(**_COMMON, num_attention_heads=4, num_key_value_heads=2,
-                                    rope_parameters=rope, tie_word_embeddings=family == "llama_tied")
+    rope = (
+      {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+      }
+      if family == "llama3"
+      else {"rope_type": "default", "rope_theta": 10000.0}
+    )
+    return transformers.LlamaConfig(
+      **_COMMON,
+      num_attention_heads=4,
+      num_key_value_heads=2,
+      rope_parameters=rope,
+      tie_word_embeddings=family == "llama_tied",
+    )
   if family == "mistral":
-    return transformers.MistralConfig(**_COMMON, num_attention_heads=4, num_key_value_heads=1,
-                                      sliding_window=8, rope_theta=1e6)
+    return transformers.MistralConfig(
+      **_COMMON, num_attention_heads=4, num_key_value_heads=1, sliding_window=8, rope_theta=1e6
+    )
   if family == "qwen2":
-    return transformers.Qwen2Config(**_COMMON, num_attention_heads=2, num_key_value_heads=1,
-                                    rope_theta=1e6, tie_word_embeddings=False)
+    return transformers.Qwen2Config(
+      **_COMMON,
+      num_attention_heads=2,
+      num_key_value_heads=1,
+      rope_theta=1e6,
+      tie_word_embeddings=False,
+    )
   if family == "qwen3":
-    return transformers.Qwen3Config(**_COMMON, num_attention_heads=4, num_key_value_heads=2,
-                                    rope_theta=1e6, tie_word_embeddings=False)
+    return transformers.Qwen3Config(
+      **_COMMON,
+      num_attention_heads=4,
+      num_key_value_heads=2,
+      rope_theta=1e6,
+      tie_word_embeddings=False,
+    )
   raise ValueError(f"family: unknown {family!r} (known: {', '.join(FAMILIES + TP_FAMILIES)})")
 
 
-_MODEL_CLASSES = {"llama": transformers.LlamaForCausalLM, "mistral": transformers.MistralForCausalLM,
-                  "qwen2": transformers.Qwen2ForCausalLM, "qwen3": transformers.Qwen3ForCausalLM}
+_MODEL_CLASSES = {
+  "llama": transformers.LlamaForCausalLM,
+  "mistral": transformers.MistralForCausalLM,
+  "qwen2": transformers.Qwen2ForCausalLM,
+  "qwen3": transformers.Qwen3ForCausalLM,
+}
 
 
 def _randomize(model: torch.nn.Module, seed: int) -> None:
@@ -88,13 +135,19 @@ def _build_tokenizer(bos: str, eos: str, add_bos: bool) -> Tokenizer:
   tokenizer = Tokenizer(models.BPE())
   tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tokenizer.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(vocab_size=TOKENIZER_VOCAB_SIZE, special_tokens=list(SPECIAL_TOKENS),
-                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                show_progress=False)
+  trainer = trainers.BpeTrainer(
+    vocab_size=TOKENIZER_VOCAB_SIZE,
+    special_tokens=list(SPECIAL_TOKENS),
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    show_progress=False,
+  )
   tokenizer.train_from_iterator(_CORPUS, trainer=trainer)
   if add_bos:
     tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokenizer.token_to_id(bos))])
+      single=f"{bos} $A",
+      pair=f"{bos} $A {bos} $B",
+      special_tokens=[(bos, tokenizer.token_to_id(bos))],
+    )
   return tokenizer
 
 
@@ -105,18 +158,29 @@ def _write_tokenizer(out_dir: Path, family: str) -> tuple[int, list[int]]:
   tokenizer = _build_tokenizer(bos, eos, add_bos=not is_qwen)
   assert tokenizer.get_vocab_size() <= VOCAB_SIZE
   tokenizer.save(str(out_dir / "tokenizer.json"))
-  (out_dir / "tokenizer_config.json").write_text(json.dumps({
-      "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos,
-      "pad_token": None, "add_bos_token": not is_qwen, "model_max_length": 256,
-      "chat_template": CHAT_TEMPLATE}, indent=2))
+  (out_dir / "tokenizer_config.json").write_text(
+    json.dumps(
+      {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": bos,
+        "eos_token": eos,
+        "pad_token": None,
+        "add_bos_token": not is_qwen,
+        "model_max_length": 256,
+        "chat_template": CHAT_TEMPLATE,
+      },
+      indent=2,
+    )
+  )
   eos_ids = [tokenizer.token_to_id(eos)]
   if is_qwen:
     eos_ids.append(tokenizer.token_to_id("</s>"))
   return tokenizer.token_to_id(bos), eos_ids
 
 
-def build_hf_checkpoint(family: str, out_dir: Path, *, dtype: str = "float32", seed: int = 0,
-                        sharded: bool = False) -> Path:
+def build_hf_checkpoint(
+  family: str, out_dir: Path, *, dtype: str = "float32", seed: int = 0, sharded: bool = False
+) -> Path:
   """Writes a tiny random `family` checkpoint into out_dir (created) and returns out_dir."""
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
@@ -126,15 +190,18 @@ def build_hf_checkpoint(family: str, out_dir: Path, *, dtype: str = "float32", s
   model_class = _MODEL_CLASSES[config.model_type]
   model = model_class(config)
   _randomize(model, seed)
-  model = model.to({"float32": torch.float32, "bfloat16": torch.bfloat16,
-                    "float16": torch.float16}[dtype])
-  model.save_pretrained(out_dir, safe_serialization=True,
-                        max_shard_size="200KB" if sharded else "2GB")
+  model = model.to(
+    {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+  )
+  model.save_pretrained(
+    out_dir, safe_serialization=True, max_shard_size="200KB" if sharded else "2GB"
+  )
   return out_dir
 
 
 def load_hf_model(checkpoint_dir: Path) -> torch.nn.Module:
   """The transformers float32 reference (eager attention, so sliding windows apply exactly)."""
   model = transformers.AutoModelForCausalLM.from_pretrained(
-      checkpoint_dir, dtype=torch.float32, attn_implementation="eager")
+    checkpoint_dir, dtype=torch.float32, attn_implementation="eager"
+  )
   return model.eval()

@@ -4,6 +4,7 @@ Semantics are those of pallas_kernels/ragged_paged_attention/reference.py: seque
 concatenated (decodes first by convention), `seq_lens` counts cached tokens after the step, padding
 tokens write into the null page 0 and padding sequence slots have seq_len 0.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,7 +17,9 @@ from jaxserve.attention import AttentionMetadata
 
 @dataclass(frozen=True)
 class Chunk:
-  """`token_ids` of one sequence whose first token sits at position `start` (tokens cached before)."""
+  """`token_ids` of one sequence whose first token sits at position `start` (tokens cached
+  before)."""
+
   token_ids: list[int]
   start: int
   pages: list[int]  # the sequence's block table
@@ -24,15 +27,16 @@ class Chunk:
 
 @dataclass(frozen=True)
 class StepArrays:
-  token_ids: jnp.ndarray     # int32[T]
-  positions: jnp.ndarray     # int32[T]
+  token_ids: jnp.ndarray  # int32[T]
+  positions: jnp.ndarray  # int32[T]
   slot_mapping: jnp.ndarray  # int32[T]
   metadata: AttentionMetadata
-  offsets: list[int]         # where each chunk's tokens start in the step
+  offsets: list[int]  # where each chunk's tokens start in the step
 
 
-def build_step(chunks: list[Chunk], *, page_size: int, num_tokens: int, num_seq_slots: int,
-               pages_per_seq: int) -> StepArrays:
+def build_step(
+  chunks: list[Chunk], *, page_size: int, num_tokens: int, num_seq_slots: int, pages_per_seq: int
+) -> StepArrays:
   token_ids = np.zeros(num_tokens, np.int32)
   positions = np.zeros(num_tokens, np.int32)
   slots = np.zeros(num_tokens, np.int32)  # padding -> null page 0
@@ -44,23 +48,34 @@ def build_step(chunks: list[Chunk], *, page_size: int, num_tokens: int, num_seq_
     n = len(chunk.token_ids)
     pos = np.arange(chunk.start, chunk.start + n)
     page_table = np.asarray(chunk.pages, np.int32)
-    token_ids[cursor:cursor + n] = chunk.token_ids
-    positions[cursor:cursor + n] = pos
-    slots[cursor:cursor + n] = page_table[pos // page_size] * page_size + pos % page_size
-    block_tables[i, :len(chunk.pages)] = page_table
+    token_ids[cursor : cursor + n] = chunk.token_ids
+    positions[cursor : cursor + n] = pos
+    slots[cursor : cursor + n] = page_table[pos // page_size] * page_size + pos % page_size
+    block_tables[i, : len(chunk.pages)] = page_table
     seq_lens[i] = chunk.start + n
     offsets.append(cursor)
     cursor += n
     query_start_loc[i + 1] = cursor
-  query_start_loc[len(chunks) + 1:] = cursor
+  query_start_loc[len(chunks) + 1 :] = cursor
   assert cursor <= num_tokens
-  metadata = AttentionMetadata(jnp.asarray(block_tables), jnp.asarray(seq_lens),
-                               jnp.asarray(query_start_loc), jnp.asarray([len(chunks)], jnp.int32))
-  return StepArrays(jnp.asarray(token_ids), jnp.asarray(positions), jnp.asarray(slots), metadata,
-                    offsets)
+  metadata = AttentionMetadata(
+    jnp.asarray(block_tables),
+    jnp.asarray(seq_lens),
+    jnp.asarray(query_start_loc),
+    jnp.asarray([len(chunks)], jnp.int32),
+  )
+  return StepArrays(
+    jnp.asarray(token_ids), jnp.asarray(positions), jnp.asarray(slots), metadata, offsets
+  )
 
 
-def empty_kv_pages(num_layers: int, num_kv_heads: int, num_pages: int, page_size: int,
-                   head_dim: int, dtype=jnp.float32):
+def empty_kv_pages(
+  num_layers: int,
+  num_kv_heads: int,
+  num_pages: int,
+  page_size: int,
+  head_dim: int,
+  dtype=jnp.float32,
+):
   zeros = jnp.zeros((num_kv_heads, num_pages, page_size, head_dim), dtype)
   return tuple((zeros, zeros) for _ in range(num_layers))

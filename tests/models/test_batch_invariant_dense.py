@@ -1,6 +1,7 @@
 """batch_invariant's building blocks: the fixed-order row sum, the row-tiled GEMM, the
 fixed-order RMSNorm and sampler normalizer: right values, and rows bitwise the same whatever
 the number of rows."""
+
 from __future__ import annotations
 
 import jax
@@ -10,10 +11,13 @@ import pytest
 
 from jaxserve.device.fixed_order_greedy import fixed_order_greedy
 from jaxserve.device.sampler import xla_greedy
-from jaxserve.models.batch_invariant_dense import (batch_invariant_backend, invariant_matmul,
-                                                   row_tiled_matmul)
-from pallas_kernels.fixed_order import fixed_order_sum
+from jaxserve.models.batch_invariant_dense import (
+  batch_invariant_backend,
+  invariant_matmul,
+  row_tiled_matmul,
+)
 from jaxserve.models.llama import RMSNorm
+from pallas_kernels.fixed_order import fixed_order_sum
 
 ROW_COUNTS = (1, 3, 8, 17, 64)
 
@@ -45,8 +49,7 @@ def test_row_tiled_matmul(tile_rows):
   w = jax.random.normal(jax.random.key(2), (96, 48), jnp.float32)
   fn = jax.jit(lambda x: row_tiled_matmul(x, w, jnp.float32, tile_rows))
   tolerance = 1e-4 if jax.default_backend() == "cpu" else 1e-2  # TF32 on a GPU
-  np.testing.assert_allclose(fn(x), np.asarray(x) @ np.asarray(w), atol=tolerance,
-                             rtol=tolerance)
+  np.testing.assert_allclose(fn(x), np.asarray(x) @ np.asarray(w), atol=tolerance, rtol=tolerance)
   assert_rows_invariant(fn, x)
 
 
@@ -58,9 +61,12 @@ def test_backend_projections_and_logits(gemm):
   for fn in (backend.column, backend.row):
     out = fn(x, w)
     assert out.dtype == jnp.bfloat16
-    np.testing.assert_allclose(np.asarray(out, np.float32),
-                               np.asarray(x, np.float32) @ np.asarray(w, np.float32),
-                               atol=2e-2, rtol=2e-2)
+    np.testing.assert_allclose(
+      np.asarray(out, np.float32),
+      np.asarray(x, np.float32) @ np.asarray(w, np.float32),
+      atol=2e-2,
+      rtol=2e-2,
+    )
   logits = backend.logits(x, w, False)
   assert logits.dtype == jnp.float32
   np.testing.assert_allclose(backend.logits(x, w.T, True), logits, rtol=1e-5, atol=1e-5)  # tied
@@ -90,5 +96,5 @@ def test_fixed_order_greedy():
   np.testing.assert_array_equal(ids, ref_ids)
   np.testing.assert_allclose(lse, ref_lse, rtol=1e-6)
   assert np.isneginf(lse[5])
-  fn = jax.jit(lambda x: fixed_order_greedy(x, banned[:x.shape[0]])[1])
+  fn = jax.jit(lambda x: fixed_order_greedy(x, banned[: x.shape[0]])[1])
   assert_rows_invariant(fn, logits)

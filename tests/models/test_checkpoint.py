@@ -1,4 +1,5 @@
 """Orbax round trips of params, and the registry's fast-restart layout."""
+
 from __future__ import annotations
 
 import logging
@@ -30,8 +31,10 @@ def test_restore_logs_gigabytes_per_second(tmp_path, caplog):
   save_params(tiny_random_params(config), tmp_path / "params")
   with caplog.at_level(logging.INFO, logger="jaxserve.models.checkpoint"):
     restore_params(tmp_path / "params", like=param_shapes(config))
-  assert any(r.getMessage().startswith("weights: ") and "GB/s) from orbax" in r.getMessage()
-             for r in caplog.records)
+  assert any(
+    r.getMessage().startswith("weights: ") and "GB/s) from orbax" in r.getMessage()
+    for r in caplog.records
+  )
 
 
 def test_round_trip_bfloat16_and_array_like(tmp_path):
@@ -56,6 +59,7 @@ def test_refusals(tmp_path):
 
 def test_registry_restores_converted_checkpoint(hf_checkpoint, tmp_path):
   import shutil
+
   directory = tmp_path / "qwen3"
   shutil.copytree(hf_checkpoint("qwen3"), directory)
   from_safetensors = load_model(str(directory))
@@ -75,5 +79,7 @@ def test_convert_command_makes_later_loads_restore_from_orbax(hf_checkpoint, tmp
   assert "jaxserve_params" in capsys.readouterr().out
   after = load_model(str(directory))
   assert after.source.startswith("orbax:")
-  for a, b in zip(jax.tree_util.tree_leaves(before.params), jax.tree_util.tree_leaves(after.params)):
+  for a, b in zip(
+    jax.tree_util.tree_leaves(before.params), jax.tree_util.tree_leaves(after.params)
+  ):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -1,5 +1,6 @@
 """Merged q/k/v and gate/up projections (models/fused_projections.py): the merged tree holds the
 same weights side by side, and an engine with them generates what one without them does."""
+
 from __future__ import annotations
 
 import gc
@@ -22,12 +23,21 @@ def _layer(rng, hidden: int, q: int, kv: int, inter: int, bias: bool) -> dict:
     if bias:
       leaves["bias"] = rng.standard_normal(out).astype(np.float32)
     return leaves
-  return {"input_layernorm": {"scale": np.ones(hidden, np.float32)},
-          "self_attn": {"q_proj": dense(q), "k_proj": dense(kv), "v_proj": dense(kv),
-                        "o_proj": {"kernel": np.ones((q, hidden), np.float32)}},
-          "mlp": {"gate_proj": {"kernel": rng.standard_normal((hidden, inter)).astype(np.float32)},
-                  "up_proj": {"kernel": rng.standard_normal((hidden, inter)).astype(np.float32)},
-                  "down_proj": {"kernel": np.ones((inter, hidden), np.float32)}}}
+
+  return {
+    "input_layernorm": {"scale": np.ones(hidden, np.float32)},
+    "self_attn": {
+      "q_proj": dense(q),
+      "k_proj": dense(kv),
+      "v_proj": dense(kv),
+      "o_proj": {"kernel": np.ones((q, hidden), np.float32)},
+    },
+    "mlp": {
+      "gate_proj": {"kernel": rng.standard_normal((hidden, inter)).astype(np.float32)},
+      "up_proj": {"kernel": rng.standard_normal((hidden, inter)).astype(np.float32)},
+      "down_proj": {"kernel": np.ones((inter, hidden), np.float32)},
+    },
+  }
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -42,8 +52,9 @@ def test_merged_kernels_hold_the_separate_ones_side_by_side(bias):
   assert set(attn) == {"qkv_proj", "o_proj"} and set(mlp) == {"gate_up_proj", "down_proj"}
   for leaf in ("kernel", "bias") if bias else ("kernel",):
     np.testing.assert_array_equal(
-        attn["qkv_proj"][leaf], np.concatenate([layer["self_attn"][n][leaf]
-                                                for n in ("q_proj", "k_proj", "v_proj")], -1))
+      attn["qkv_proj"][leaf],
+      np.concatenate([layer["self_attn"][n][leaf] for n in ("q_proj", "k_proj", "v_proj")], -1),
+    )
   gate_up = mlp["gate_up_proj"]["kernel"]
   assert attn["qkv_proj"]["kernel"].shape == (4, 10) and gate_up.shape == (4, 10)
   np.testing.assert_array_equal(gate_up[:, :5], layer["mlp"]["gate_proj"]["kernel"])
@@ -59,14 +70,18 @@ def test_fused_and_separate_engines_generate_the_same():
     rng = np.random.default_rng(1)
     for i in range(4):
       prompt = rng.integers(0, engine.vocab_size, size=int(rng.integers(5, 30))).tolist()
-      engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=12, logprobs=0,
-                                                ignore_eos=True), request_id=f"r{i}")
+      engine.add_request(
+        prompt,
+        SamplingParams(temperature=0.0, max_tokens=12, logprobs=0, ignore_eos=True),
+        request_id=f"r{i}",
+      )
     outputs[fuse] = run_to_completion(engine)
   for request_id, separate in outputs[False].items():
     fused = outputs[True][request_id]
     assert fused.token_ids == separate.token_ids
-    np.testing.assert_allclose([e.logprob for e in fused.logprobs],
-                               [e.logprob for e in separate.logprobs], atol=1e-5)
+    np.testing.assert_allclose(
+      [e.logprob for e in fused.logprobs], [e.logprob for e in separate.logprobs], atol=1e-5
+    )
 
 
 def test_fusion_is_refused_with_tp_invariant_reductions():
@@ -82,8 +97,9 @@ def test_fusing_frees_the_separate_kernels():
   gc.collect()
   baseline = len(jax.live_arrays())
   rng = np.random.default_rng(2)
-  params = {f"layers_{i}": jax.tree.map(jnp.asarray, _layer(rng, 4, 6, 2, 5, bias=False))
-            for i in range(3)}
+  params = {
+    f"layers_{i}": jax.tree.map(jnp.asarray, _layer(rng, 4, 6, 2, 5, bias=False)) for i in range(3)
+  }
   num_leaves = len(jax.tree.leaves(params))
   fuse_params(params)
   gc.collect()
@@ -94,6 +110,7 @@ def test_merging_while_loading_a_checkpoint_equals_merging_after(hf_checkpoint):
   """load_model(fuse_projections=True) merges in the loader's device programs (both memory
   layouts: tests/models/test_weight_transfer.py); fuse_params merges a loaded tree."""
   from jaxserve.models.registry import load_model
+
   directory = str(hf_checkpoint("qwen2", dtype="bfloat16"))  # q/k/v biases
   merged = load_model(directory, fuse_projections=True)
   separate = load_model(directory)

@@ -4,6 +4,7 @@ tests fragmented would place the placeholder elsewhere): after the load, the fre
 the allocator's largest free block (holes) must not have grown by more than 1 MiB. A float32
 checkpoint of 1024-wide layers (0.7 GB) is written here with safetensors' numpy writer. Skipped
 where JAX has no GPU (the CPU reports no allocator statistics)."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,17 @@ from jaxserve.models.weights import hf_tensor_specs
 pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
 
 MIB = 2**20
-CONFIG = dict(architecture="llama", vocab_size=32000, hidden_size=1024, intermediate_size=3584,
-              num_layers=8, num_q_heads=16, num_kv_heads=4, head_dim=64, dtype="float32")
+CONFIG = dict(
+  architecture="llama",
+  vocab_size=32000,
+  hidden_size=1024,
+  intermediate_size=3584,
+  num_layers=8,
+  num_q_heads=16,
+  num_kv_heads=4,
+  head_dim=64,
+  dtype="float32",
+)
 MEASURE = """
 import gc, json, sys
 from jaxserve.device.device_memory import read_device_memory
@@ -46,16 +56,29 @@ print(json.dumps({"holes": holes() - before, "packed": stats.packed}))
 def checkpoint(tmp_path_factory):
   directory = tmp_path_factory.mktemp("layout")
   rng = np.random.default_rng(0)
-  tensors = {spec.hf_name: rng.standard_normal(spec.hf_shape, dtype=np.float32)
-             for spec in hf_tensor_specs(ModelConfig(**CONFIG))}
+  tensors = {
+    spec.hf_name: rng.standard_normal(spec.hf_shape, dtype=np.float32)
+    for spec in hf_tensor_specs(ModelConfig(**CONFIG))
+  }
   safetensors.numpy.save_file(tensors, str(directory / "model.safetensors"))
   return directory
 
 
 def _measure(checkpoint, layout: str, fuse: bool) -> dict:
-  done = subprocess.run([sys.executable, "-c", MEASURE, str(checkpoint), layout,
-                         "1" if fuse else "0", json.dumps(CONFIG)],
-                        capture_output=True, text=True, timeout=300)
+  done = subprocess.run(
+    [
+      sys.executable,
+      "-c",
+      MEASURE,
+      str(checkpoint),
+      layout,
+      "1" if fuse else "0",
+      json.dumps(CONFIG),
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert done.returncode == 0, done.stderr[-2000:]
   return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -63,7 +86,8 @@ def _measure(checkpoint, layout: str, fuse: bool) -> dict:
 @pytest.mark.parametrize("fuse", [False, True])
 def test_packed_layout_leaves_no_holes(checkpoint, fuse):
   packed, streamed = _measure(checkpoint, "auto", fuse), _measure(checkpoint, "streaming", fuse)
-  print(f"holes: packed {packed['holes'] / MIB:.1f} MiB, "
-        f"streamed {streamed['holes'] / MIB:.1f} MiB")
+  print(
+    f"holes: packed {packed['holes'] / MIB:.1f} MiB, streamed {streamed['holes'] / MIB:.1f} MiB"
+  )
   assert packed["packed"]  # "auto" packs on a GPU where the weights fit three times
   assert packed["holes"] <= MIB

@@ -1,5 +1,6 @@
 """Log-prob parity of LlamaForCausalLM (paged, reference attention) with transformers' float32
 forward, for every supported family, over ragged multi-sequence steps with scattered pages."""
+
 from __future__ import annotations
 
 import jax
@@ -29,25 +30,39 @@ class Family:
     rng = np.random.default_rng(1)
     self.prompts = [rng.integers(0, VOCAB_SIZE, n).tolist() for n in (LEN_A, LEN_B)]
     pages = rng.permutation(np.arange(1, NUM_PAGES)).tolist()  # page 0 is the null page
-    self.pages = [pages[:PAGES_PER_SEQ], pages[PAGES_PER_SEQ:2 * PAGES_PER_SEQ]]
+    self.pages = [pages[:PAGES_PER_SEQ], pages[PAGES_PER_SEQ : 2 * PAGES_PER_SEQ]]
     hf_model = load_hf_model(checkpoint_dir)
     with torch.no_grad():
-      self.hf_logprobs = [torch.log_softmax(hf_model(torch.tensor([p])).logits[0].double(), -1).numpy()
-                          for p in self.prompts]
+      self.hf_logprobs = [
+        torch.log_softmax(hf_model(torch.tensor([p])).logits[0].double(), -1).numpy()
+        for p in self.prompts
+      ]
 
     def step(params, kv_pages, token_ids, positions, slot_mapping, metadata):
-      hidden, kv_pages = model.apply({"params": params}, token_ids, positions, kv_pages,
-                                     slot_mapping, metadata)
+      hidden, kv_pages = model.apply(
+        {"params": params}, token_ids, positions, kv_pages, slot_mapping, metadata
+      )
       logits = model.apply({"params": params}, hidden, method=LlamaForCausalLM.compute_logits)
       return jax.nn.log_softmax(logits, axis=-1), kv_pages
 
     self.step = jax.jit(step)
 
   def run(self, kv_pages, chunks: list[Chunk]):
-    arrays = build_step(chunks, page_size=PAGE_SIZE, num_tokens=NUM_TOKENS,
-                        num_seq_slots=NUM_SEQ_SLOTS, pages_per_seq=PAGES_PER_SEQ)
-    logprobs, kv_pages = self.step(self.params, kv_pages, arrays.token_ids, arrays.positions,
-                                   arrays.slot_mapping, arrays.metadata)
+    arrays = build_step(
+      chunks,
+      page_size=PAGE_SIZE,
+      num_tokens=NUM_TOKENS,
+      num_seq_slots=NUM_SEQ_SLOTS,
+      pages_per_seq=PAGES_PER_SEQ,
+    )
+    logprobs, kv_pages = self.step(
+      self.params,
+      kv_pages,
+      arrays.token_ids,
+      arrays.positions,
+      arrays.slot_mapping,
+      arrays.metadata,
+    )
     return np.asarray(logprobs, np.float64), kv_pages, arrays.offsets
 
   def empty_pages(self):
@@ -65,7 +80,7 @@ def test_two_prompts_in_one_step(family):
   chunks = [Chunk(a, 0, family.pages[0]), Chunk(b, 0, family.pages[1])]
   logprobs, _, offsets = family.run(family.empty_pages(), chunks)
   for prompt, offset, want in zip((a, b), offsets, family.hf_logprobs):
-    got = logprobs[offset:offset + len(prompt)]
+    got = logprobs[offset : offset + len(prompt)]
     np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=0)
 
 
@@ -76,12 +91,18 @@ def test_chunked_prefill_then_decode(family):
   pages_a, pages_b = family.pages
   kv = family.empty_pages()
   logprobs1, kv, off1 = family.run(kv, [Chunk(a[:-1], 0, pages_a), Chunk(b[:6], 0, pages_b)])
-  logprobs2, kv, off2 = family.run(kv, [Chunk(a[-1:], len(a) - 1, pages_a), Chunk(b[6:], 6, pages_b)])
+  logprobs2, kv, off2 = family.run(
+    kv, [Chunk(a[-1:], len(a) - 1, pages_a), Chunk(b[6:], 6, pages_b)]
+  )
   hf_a, hf_b = family.hf_logprobs
-  np.testing.assert_allclose(logprobs1[off1[0]:off1[0] + len(a) - 1], hf_a[:-1], atol=TOLERANCE, rtol=0)
-  np.testing.assert_allclose(logprobs1[off1[1]:off1[1] + 6], hf_b[:6], atol=TOLERANCE, rtol=0)
+  np.testing.assert_allclose(
+    logprobs1[off1[0] : off1[0] + len(a) - 1], hf_a[:-1], atol=TOLERANCE, rtol=0
+  )
+  np.testing.assert_allclose(logprobs1[off1[1] : off1[1] + 6], hf_b[:6], atol=TOLERANCE, rtol=0)
   np.testing.assert_allclose(logprobs2[off2[0]], hf_a[-1], atol=TOLERANCE, rtol=0)
-  np.testing.assert_allclose(logprobs2[off2[1]:off2[1] + len(b) - 6], hf_b[6:], atol=TOLERANCE, rtol=0)
+  np.testing.assert_allclose(
+    logprobs2[off2[1] : off2[1] + len(b) - 6], hf_b[6:], atol=TOLERANCE, rtol=0
+  )
 
 
 def test_logprobs_are_not_uniform(family):
@@ -99,16 +120,23 @@ def test_bfloat16_model_tracks_float32_reference(hf_checkpoint):
   params = load_hf_params(directory, config)
   model = LlamaForCausalLM(config, get_attention_backend("reference"))
   prompt = np.random.default_rng(2).integers(0, VOCAB_SIZE, LEN_A).tolist()
-  arrays = build_step([Chunk(prompt, 0, [3, 1, 5, 2])], page_size=PAGE_SIZE, num_tokens=16,
-                      num_seq_slots=2, pages_per_seq=PAGES_PER_SEQ)
-  kv = empty_kv_pages(config.num_layers, config.num_kv_heads, 6, PAGE_SIZE, config.head_dim,
-                      jax.numpy.bfloat16)
-  hidden, kv = model.apply({"params": params}, arrays.token_ids, arrays.positions, kv,
-                           arrays.slot_mapping, arrays.metadata)
+  arrays = build_step(
+    [Chunk(prompt, 0, [3, 1, 5, 2])],
+    page_size=PAGE_SIZE,
+    num_tokens=16,
+    num_seq_slots=2,
+    pages_per_seq=PAGES_PER_SEQ,
+  )
+  kv = empty_kv_pages(
+    config.num_layers, config.num_kv_heads, 6, PAGE_SIZE, config.head_dim, jax.numpy.bfloat16
+  )
+  hidden, kv = model.apply(
+    {"params": params}, arrays.token_ids, arrays.positions, kv, arrays.slot_mapping, arrays.metadata
+  )
   assert hidden.dtype == jax.numpy.bfloat16 and kv[0][0].dtype == jax.numpy.bfloat16
   logits = model.apply({"params": params}, hidden, method=LlamaForCausalLM.compute_logits)
   assert logits.dtype == jax.numpy.float32
-  got = np.asarray(jax.nn.log_softmax(logits, axis=-1))[:len(prompt)]
+  got = np.asarray(jax.nn.log_softmax(logits, axis=-1))[: len(prompt)]
   with torch.no_grad():
     want = torch.log_softmax(load_hf_model(directory)(torch.tensor([prompt])).logits[0], -1).numpy()
   assert np.abs(got - want).max() < 0.15  # observed ~0.04

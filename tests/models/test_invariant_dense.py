@@ -1,5 +1,6 @@
 """The tp-invariant projections (models/invariant_dense.py): grouped GEMMs give the product of the
 whole matrices, keep nn.Dense's params, and reject shapes the groups do not divide."""
+
 from __future__ import annotations
 
 import jax
@@ -8,8 +9,12 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from jaxserve.models.invariant_dense import (InvariantDense, column_groups,
-                                             grouped_dense_backend, row_group_partials)
+from jaxserve.models.invariant_dense import (
+  InvariantDense,
+  column_groups,
+  grouped_dense_backend,
+  row_group_partials,
+)
 
 
 def _integers(rng, shape) -> jax.Array:
@@ -28,10 +33,10 @@ def test_groups_compute_the_whole_product(num_groups):
 
 def test_row_partials_are_float32_and_summed_before_rounding():
   x = jnp.asarray([[1.0, 1.0]], jnp.bfloat16)
-  kernel = jnp.asarray([[1.0], [2.0 ** -9]], jnp.bfloat16)  # 1 + 2^-9 needs more than 8 bits
+  kernel = jnp.asarray([[1.0], [2.0**-9]], jnp.bfloat16)  # 1 + 2^-9 needs more than 8 bits
   partial = row_group_partials(x, kernel, 2)
   assert partial.dtype == jnp.float32
-  assert float(partial[0, 0]) == 1.0 + 2.0 ** -9
+  assert float(partial[0, 0]) == 1.0 + 2.0**-9
   backend = grouped_dense_backend(2)
   assert backend.row(x, kernel).dtype == jnp.bfloat16
 
@@ -57,13 +62,16 @@ def test_invariant_dense_has_the_params_and_values_of_nn_dense(kind):
   invariant = InvariantDense(8, jnp.float32, kind, grouped_dense_backend(2), use_bias=True)
   params = dense.init(jax.random.key(1), x)
   params = jax.tree.map(lambda p: p + 0.5, params)  # a non-zero bias
-  assert jax.tree.map(jnp.shape, invariant.init(jax.random.key(1), x)) == \
-      jax.tree.map(jnp.shape, params)
-  np.testing.assert_allclose(invariant.apply(params, x), dense.apply(params, x), rtol=1e-5,
-                             atol=1e-5)
+  assert jax.tree.map(jnp.shape, invariant.init(jax.random.key(1), x)) == jax.tree.map(
+    jnp.shape, params
+  )
+  np.testing.assert_allclose(
+    invariant.apply(params, x), dense.apply(params, x), rtol=1e-5, atol=1e-5
+  )
 
 
 def test_invariant_dense_rejects_an_unknown_kind():
   with pytest.raises(ValueError, match="kind must be 'column' or 'row'"):
     InvariantDense(4, jnp.float32, "diagonal", grouped_dense_backend(2)).init(
-        jax.random.key(0), jnp.ones((1, 4)))
+      jax.random.key(0), jnp.ones((1, 4))
+    )

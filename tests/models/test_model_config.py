@@ -1,4 +1,5 @@
 """ModelConfig.from_hf_config over real transformers config.json files and hand-written dicts."""
+
 from __future__ import annotations
 
 import json
@@ -13,11 +14,22 @@ def _hf_dict(hf_checkpoint, family: str) -> dict:
 
 
 def _llama_dict(**changes) -> dict:
-  d = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1000,
-       "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
-       "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096,
-       "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "bos_token_id": 1, "eos_token_id": 2,
-       "torch_dtype": "bfloat16"}
+  d = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 1000,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "bfloat16",
+  }
   d.update(changes)
   return d
 
@@ -25,7 +37,11 @@ def _llama_dict(**changes) -> dict:
 def test_llama(hf_checkpoint):
   config = ModelConfig.from_hf_config(_hf_dict(hf_checkpoint, "llama"))
   assert (config.architecture, config.num_q_heads, config.num_kv_heads, config.head_dim) == (
-      "llama", 4, 2, 64)
+    "llama",
+    4,
+    2,
+    64,
+  )
   assert (config.hidden_size, config.intermediate_size, config.num_layers) == (128, 256, 2)
   assert config.rope_scaling is None and config.rope_theta == 10000.0
   assert not (config.attention_bias or config.qk_norm or config.tie_word_embeddings)
@@ -74,7 +90,9 @@ def test_model_type_without_architectures():
   assert ModelConfig.from_hf_config(d).qk_norm
 
 
-@pytest.mark.parametrize("changes, match", [
+@pytest.mark.parametrize(
+  "changes, match",
+  [
     ({"architectures": ["GPT2LMHeadModel"]}, "architectures: .*GPT2LMHeadModel"),
     ({"architectures": None, "model_type": "gpt2"}, "model_type: .*gpt2"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling.rope_type: .*yarn"),
@@ -86,7 +104,8 @@ def test_model_type_without_architectures():
     ({"eos_token_id": 5000}, "eos_token_ids"),
     ({"torch_dtype": "float64"}, "dtype"),
     ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
-])
+  ],
+)
 def test_refusals(changes, match):
   with pytest.raises(ValueError, match=match):
     ModelConfig.from_hf_config(_llama_dict(**changes))
@@ -98,8 +117,12 @@ def test_refuses_bad_dtype_argument():
 
 
 def test_qwen2_mixed_sliding_layers_refused():
-  d = _llama_dict(architectures=["Qwen2ForCausalLM"], use_sliding_window=True, sliding_window=16,
-                  layer_types=["full_attention", "sliding_attention"])
+  d = _llama_dict(
+    architectures=["Qwen2ForCausalLM"],
+    use_sliding_window=True,
+    sliding_window=16,
+    layer_types=["full_attention", "sliding_attention"],
+  )
   with pytest.raises(ValueError, match="layer_types"):
     ModelConfig.from_hf_config(d)
   d["layer_types"] = ["sliding_attention"] * 2

@@ -1,4 +1,5 @@
 """RoPE frequencies against transformers' own rope initialisers."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,18 +11,39 @@ from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.rope import inverse_frequencies
 
 
-@pytest.mark.parametrize("rope", [
+@pytest.mark.parametrize(
+  "rope",
+  [
     {"rope_type": "default", "rope_theta": 500000.0},
     {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
-    {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-])
+    {
+      "rope_type": "llama3",
+      "rope_theta": 500000.0,
+      "factor": 8.0,
+      "low_freq_factor": 1.0,
+      "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 8192,
+    },
+  ],
+)
 def test_inverse_frequencies_match_transformers(rope):
-  hf = transformers.LlamaConfig(hidden_size=512, num_attention_heads=4, head_dim=128,
-                                num_key_value_heads=4, intermediate_size=64, num_hidden_layers=1,
-                                vocab_size=16, max_position_embeddings=131072, rope_parameters=rope)
+  hf = transformers.LlamaConfig(
+    hidden_size=512,
+    num_attention_heads=4,
+    head_dim=128,
+    num_key_value_heads=4,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    vocab_size=16,
+    max_position_embeddings=131072,
+    rope_parameters=rope,
+  )
   if rope["rope_type"] == "default":
-    want = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding.compute_default_rope_parameters(hf)[0]
+    want = (
+      transformers.models.llama.modeling_llama.LlamaRotaryEmbedding.compute_default_rope_parameters(
+        hf
+      )[0]
+    )
   else:
     want = ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf, "cpu")[0]
   got = inverse_frequencies(ModelConfig.from_hf_config(hf.to_dict()))

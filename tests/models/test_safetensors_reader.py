@@ -1,5 +1,6 @@
 """The mmap safetensors reader: bit-identical to safetensors' own numpy reader, zero-copy views,
 and header errors that name the file."""
+
 from __future__ import annotations
 
 import json
@@ -17,12 +18,16 @@ def _tensors() -> dict[str, np.ndarray]:
   rng = np.random.default_rng(0)
   base = rng.standard_normal((7, 5)).astype(np.float32) * 100
   return {
-      "f32": base, "f32_transposed": np.ascontiguousarray(base.T),
-      "bf16": base.astype(ml_dtypes.bfloat16), "f16": base.astype(np.float16),
-      "bf16_vector": rng.standard_normal(3).astype(ml_dtypes.bfloat16),  # odd byte offsets follow
-      "f16_3d": rng.standard_normal((2, 3, 4)).astype(np.float16),
-      "i64": np.arange(6, dtype=np.int64).reshape(2, 3), "u8": np.arange(5, dtype=np.uint8),
-      "scalar": np.array(1.5, np.float32), "empty": np.zeros((0, 4), np.float32),
+    "f32": base,
+    "f32_transposed": np.ascontiguousarray(base.T),
+    "bf16": base.astype(ml_dtypes.bfloat16),
+    "f16": base.astype(np.float16),
+    "bf16_vector": rng.standard_normal(3).astype(ml_dtypes.bfloat16),  # odd byte offsets follow
+    "f16_3d": rng.standard_normal((2, 3, 4)).astype(np.float16),
+    "i64": np.arange(6, dtype=np.int64).reshape(2, 3),
+    "u8": np.arange(5, dtype=np.uint8),
+    "scalar": np.array(1.5, np.float32),
+    "empty": np.zeros((0, 4), np.float32),
   }
 
 
@@ -54,13 +59,16 @@ def _write_raw(path, header: dict, data: bytes = b"") -> None:
   path.write_bytes(struct.pack("<Q", len(blob)) + blob + data)
 
 
-@pytest.mark.parametrize("header, data, message", [
+@pytest.mark.parametrize(
+  "header, data, message",
+  [
     ({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4, "needs 8"),
     ({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 4, "past the end"),
     ({"t": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8, "unsupported dtype"),
     ({"t": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4, "invalid shape"),
     ({"t": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}}, b"\0" * 4, "data_offsets"),
-])
+  ],
+)
 def test_bad_headers_name_file_and_tensor(tmp_path, header, data, message):
   path = tmp_path / "bad.safetensors"
   _write_raw(path, header, data)

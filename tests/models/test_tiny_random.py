@@ -1,4 +1,5 @@
 """The built-in tiny-random model and the registry's name resolution."""
+
 from __future__ import annotations
 
 import jax
@@ -18,10 +19,19 @@ PAGE_SIZE, NUM_TOKENS, PAGES_PER_SEQ = 8, 16, 4
 def test_config():
   c = tiny_random_config()
   assert (c.architecture, c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers) == (
-      "llama", 512, 256, 512, 4)
+    "llama",
+    512,
+    256,
+    512,
+    4,
+  )
   assert (c.num_q_heads, c.num_kv_heads, c.head_dim, c.max_position_embeddings) == (4, 2, 64, 2048)
   assert (c.bos_token_id, c.eos_token_ids, c.dtype, c.tie_word_embeddings) == (
-      256, (257,), "float32", False)
+    256,
+    (257,),
+    "float32",
+    False,
+  )
 
 
 def test_params_are_deterministic_and_shaped():
@@ -34,15 +44,22 @@ def test_params_are_deterministic_and_shaped():
 
 def _greedy(model, step, params, prompt: list[int], num_new: int) -> list[int]:
   config = model.config
-  kv = empty_kv_pages(config.num_layers, config.num_kv_heads, 1 + PAGES_PER_SEQ, PAGE_SIZE,
-                      config.head_dim)
+  kv = empty_kv_pages(
+    config.num_layers, config.num_kv_heads, 1 + PAGES_PER_SEQ, PAGE_SIZE, config.head_dim
+  )
   pages = list(range(1, 1 + PAGES_PER_SEQ))
   chunk, out = Chunk(prompt, 0, pages), []
   for _ in range(num_new):
-    arrays = build_step([chunk], page_size=PAGE_SIZE, num_tokens=NUM_TOKENS, num_seq_slots=1,
-                        pages_per_seq=PAGES_PER_SEQ)
-    logits, kv = step(params, kv, arrays.token_ids, arrays.positions, arrays.slot_mapping,
-                      arrays.metadata)
+    arrays = build_step(
+      [chunk],
+      page_size=PAGE_SIZE,
+      num_tokens=NUM_TOKENS,
+      num_seq_slots=1,
+      pages_per_seq=PAGES_PER_SEQ,
+    )
+    logits, kv = step(
+      params, kv, arrays.token_ids, arrays.positions, arrays.slot_mapping, arrays.metadata
+    )
     out.append(int(jnp.argmax(logits[len(chunk.token_ids) - 1])))
     chunk = Chunk(out[-1:], chunk.start + len(chunk.token_ids), pages)
   return out

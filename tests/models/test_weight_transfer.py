@@ -2,6 +2,7 @@
 conversion with safetensors' own reader, for every checkpoint dtype and model dtype, whatever the
 thread count, in-flight window and device memory layout (packed or streaming), with q/k/v and
 gate/up merged while loading or not."""
+
 from __future__ import annotations
 
 import json
@@ -13,13 +14,27 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import safetensors.numpy
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxserve.models.safetensors_reader import read_header
-from jaxserve.models.weight_transfer import (LeafLoad, TensorLoad, TransferOptions, packed_fits,
-                                             raw_sharding, transfer_tensors)
-from jaxserve.models.weights import (INDEX_FILE, SINGLE_FILE, hf_tensor_specs, load_hf_config,
-                                     load_hf_params, load_hf_weights, plan_hf_tensors)
+from jaxserve.models.weight_transfer import (
+  LeafLoad,
+  TensorLoad,
+  TransferOptions,
+  packed_fits,
+  raw_sharding,
+  transfer_tensors,
+)
+from jaxserve.models.weights import (
+  INDEX_FILE,
+  SINGLE_FILE,
+  hf_tensor_specs,
+  load_hf_config,
+  load_hf_params,
+  load_hf_weights,
+  plan_hf_tensors,
+)
 
 
 def _reference(directory, config) -> dict:
@@ -35,8 +50,9 @@ def _reference(directory, config) -> dict:
 
 
 def _assert_matches(params, reference) -> None:
-  leaves = {tuple(k.key for k in path): leaf
-            for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
+  leaves = {
+    tuple(k.key for k in path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+  }
   assert leaves.keys() == reference.keys()
   for path, expected in reference.items():
     got = np.asarray(leaves[path])
@@ -44,10 +60,16 @@ def _assert_matches(params, reference) -> None:
     assert got.tobytes() == expected.tobytes(), path  # bit-identical, NaN-safe
 
 
-@pytest.mark.parametrize("checkpoint_dtype, model_dtype", [
-    ("float32", "auto"), ("float32", "bfloat16"), ("bfloat16", "auto"), ("bfloat16", "float32"),
+@pytest.mark.parametrize(
+  "checkpoint_dtype, model_dtype",
+  [
+    ("float32", "auto"),
+    ("float32", "bfloat16"),
+    ("bfloat16", "auto"),
+    ("bfloat16", "float32"),
     ("float16", "auto"),  # float16 checkpoints become bfloat16 (cast on the device)
-])
+  ],
+)
 def test_device_conversion_matches_host_conversion(hf_checkpoint, checkpoint_dtype, model_dtype):
   directory = hf_checkpoint("qwen2", dtype=checkpoint_dtype)  # biases and transposes
   config = load_hf_config(directory, model_dtype)
@@ -79,8 +101,9 @@ def test_untransformed_leaves_do_not_alias_the_mapped_file(tmp_path):
   path.write_bytes(struct.pack("<Q", len(blob)) + blob + expected.tobytes())
   header = read_header(path)
   loads = [TensorLoad(("x",), header, header.tensors["x"], transpose=False)]
-  leaves, stats = transfer_tensors([LeafLoad(load.path, (load,)) for load in loads],
-                                   np.dtype(np.float32))
+  leaves, stats = transfer_tensors(
+    [LeafLoad(load.path, (load,)) for load in loads], np.dtype(np.float32)
+  )
   assert stats.num_bytes == 4096
   with open(path, "r+b") as f:  # a buffer sharing the file's pages would see this write
     f.seek(header.tensors["x"].begin)
@@ -101,8 +124,9 @@ def test_log_states_gigabytes_per_second(hf_checkpoint, caplog):
   directory = hf_checkpoint("llama")
   with caplog.at_level(logging.INFO, logger="jaxserve.models.weights"):
     load_hf_params(directory, load_hf_config(directory))
-  assert any(r.getMessage().startswith("weights: ") and "GB/s" in r.getMessage()
-             for r in caplog.records)
+  assert any(
+    r.getMessage().startswith("weights: ") and "GB/s" in r.getMessage() for r in caplog.records
+  )
 
 
 def test_raw_sharding_is_the_transposed_target():
@@ -115,12 +139,20 @@ def test_raw_sharding_is_the_transposed_target():
 
 def _merged_reference(reference: dict) -> dict:
   """The reference with each layer's q/k/v and gate/up concatenated along the output axis."""
-  groups = {("self_attn", "qkv_proj"): ("q_proj", "k_proj", "v_proj"),
-            ("mlp", "gate_up_proj"): ("gate_proj", "up_proj")}
+  groups = {
+    ("self_attn", "qkv_proj"): ("q_proj", "k_proj", "v_proj"),
+    ("mlp", "gate_up_proj"): ("gate_proj", "up_proj"),
+  }
   out = {}
   for path, array in reference.items():
-    group = next((key for key, names in groups.items()
-                  if len(path) == 4 and path[1] == key[0] and path[2] in names), None)
+    group = next(
+      (
+        key
+        for key, names in groups.items()
+        if len(path) == 4 and path[1] == key[0] and path[2] in names
+      ),
+      None,
+    )
     if group is None:
       out[path] = array
     elif path[2] == groups[group][0]:
@@ -131,14 +163,17 @@ def _merged_reference(reference: dict) -> dict:
 
 @pytest.mark.parametrize("layout", ["packed", "streaming"])
 @pytest.mark.parametrize("fuse", [False, True])
-@pytest.mark.parametrize("checkpoint_dtype, model_dtype", [("float32", "auto"),
-                                                           ("bfloat16", "float32")])
-def test_both_layouts_fused_or_not_match_host_conversion(hf_checkpoint, layout, fuse,
-                                                         checkpoint_dtype, model_dtype):
+@pytest.mark.parametrize(
+  "checkpoint_dtype, model_dtype", [("float32", "auto"), ("bfloat16", "float32")]
+)
+def test_both_layouts_fused_or_not_match_host_conversion(
+  hf_checkpoint, layout, fuse, checkpoint_dtype, model_dtype
+):
   directory = hf_checkpoint("qwen2", dtype=checkpoint_dtype, sharded=True)  # biases, 2 files
   config = load_hf_config(directory, model_dtype)
-  params, stats = load_hf_weights(directory, config, fuse=fuse,
-                                  options=TransferOptions(2, 4096, layout=layout))
+  params, stats = load_hf_weights(
+    directory, config, fuse=fuse, options=TransferOptions(2, 4096, layout=layout)
+  )
   assert stats.packed is (layout == "packed")
   reference = _reference(directory, config)
   _assert_matches(params, _merged_reference(reference) if fuse else reference)

@@ -1,4 +1,5 @@
 """Hugging Face safetensors -> flax params: layouts, dtypes and error messages."""
+
 from __future__ import annotations
 
 import json
@@ -14,9 +15,14 @@ import safetensors.torch
 
 from jaxserve.attention import get_attention_backend
 from jaxserve.models import LlamaForCausalLM
-from jaxserve.models.weights import (INDEX_FILE, SINGLE_FILE, load_hf_config, load_hf_params,
-                                     param_shapes)
-from tests.models.paged_batch import build_step, Chunk, empty_kv_pages
+from jaxserve.models.weights import (
+  INDEX_FILE,
+  SINGLE_FILE,
+  load_hf_config,
+  load_hf_params,
+  param_shapes,
+)
+from tests.models.paged_batch import Chunk, build_step, empty_kv_pages
 
 
 def _abstract(tree):
@@ -27,11 +33,15 @@ def _abstract(tree):
 def test_param_tree_matches_model_init(hf_checkpoint, family):
   config = load_hf_config(hf_checkpoint(family))
   model = LlamaForCausalLM(config, get_attention_backend("reference"))
-  step = build_step([Chunk([1, 2], 0, [1])], page_size=4, num_tokens=4, num_seq_slots=1,
-                    pages_per_seq=1)
+  step = build_step(
+    [Chunk([1, 2], 0, [1])], page_size=4, num_tokens=4, num_seq_slots=1, pages_per_seq=1
+  )
   kv = empty_kv_pages(config.num_layers, config.num_kv_heads, 2, 4, config.head_dim)
-  init = jax.eval_shape(lambda: model.init(jax.random.key(0), step.token_ids, step.positions, kv,
-                                           step.slot_mapping, step.metadata))["params"]
+  init = jax.eval_shape(
+    lambda: model.init(
+      jax.random.key(0), step.token_ids, step.positions, kv, step.slot_mapping, step.metadata
+    )
+  )["params"]
   loaded = load_hf_params(hf_checkpoint(family), config)
   assert _abstract(init) == _abstract(loaded) == _abstract(param_shapes(config))
 
@@ -41,12 +51,15 @@ def test_values_and_layout_against_torch_reader(hf_checkpoint):
   params = load_hf_params(directory, load_hf_config(directory))
   hf = safetensors.torch.load_file(directory / SINGLE_FILE)
   layer = params["layers_1"]
-  np.testing.assert_array_equal(layer["self_attn"]["k_proj"]["kernel"],
-                                hf["model.layers.1.self_attn.k_proj.weight"].numpy().T)
-  np.testing.assert_array_equal(layer["self_attn"]["v_proj"]["bias"],
-                                hf["model.layers.1.self_attn.v_proj.bias"].numpy())
-  np.testing.assert_array_equal(layer["mlp"]["down_proj"]["kernel"],
-                                hf["model.layers.1.mlp.down_proj.weight"].numpy().T)
+  np.testing.assert_array_equal(
+    layer["self_attn"]["k_proj"]["kernel"], hf["model.layers.1.self_attn.k_proj.weight"].numpy().T
+  )
+  np.testing.assert_array_equal(
+    layer["self_attn"]["v_proj"]["bias"], hf["model.layers.1.self_attn.v_proj.bias"].numpy()
+  )
+  np.testing.assert_array_equal(
+    layer["mlp"]["down_proj"]["kernel"], hf["model.layers.1.mlp.down_proj.weight"].numpy().T
+  )
   np.testing.assert_array_equal(params["lm_head"]["kernel"], hf["lm_head.weight"].numpy().T)
   np.testing.assert_array_equal(params["norm"]["scale"], hf["model.norm.weight"].numpy())
 
@@ -68,8 +81,10 @@ def test_bfloat16_checkpoint(hf_checkpoint):
   params = load_hf_params(directory, config)
   assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.bfloat16)}
   hf = safetensors.torch.load_file(directory / SINGLE_FILE)
-  np.testing.assert_array_equal(np.asarray(params["layers_0"]["self_attn"]["q_proj"]["kernel"], np.float32),
-                                hf["model.layers.0.self_attn.q_proj.weight"].float().numpy().T)
+  np.testing.assert_array_equal(
+    np.asarray(params["layers_0"]["self_attn"]["q_proj"]["kernel"], np.float32),
+    hf["model.layers.0.self_attn.q_proj.weight"].float().numpy().T,
+  )
   as_f32 = load_hf_params(directory, load_hf_config(directory, dtype="float32"))
   assert {x.dtype for x in jax.tree.leaves(as_f32)} == {jnp.dtype(jnp.float32)}
 

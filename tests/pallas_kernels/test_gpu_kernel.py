@@ -4,6 +4,7 @@ Hand-computed cases pin the semantics; a seeded sweep compares against the pure-
 over head dims, GQA ratios, page sizes, dtypes, window / soft-cap and ragged lengths (0, 1, a
 full page, one past a page, mixed decode + prefill) on scattered pages.
 """
+
 from __future__ import annotations
 
 import functools
@@ -15,17 +16,23 @@ import numpy as np
 import pytest
 
 from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention, write_kv
-from pallas_kernels.ragged_paged_attention.reference import (ragged_paged_attention_reference,
-                                                             write_kv_reference)
-from pallas_kernels.ragged_paged_attention.testing import (attention_args, make_random_case,
-                                                           write_args)
+from pallas_kernels.ragged_paged_attention.reference import (
+  ragged_paged_attention_reference,
+  write_kv_reference,
+)
+from pallas_kernels.ragged_paged_attention.testing import (
+  attention_args,
+  make_random_case,
+  write_args,
+)
 
 HEAD_DIM = 64
 INTERPRET = jax.default_backend() != "gpu"  # on a GPU the same tests run the compiled kernels
 
 
-def _single_seq_inputs(keys: np.ndarray, values: np.ndarray, queries: np.ndarray,
-                       page_size: int = 16):
+def _single_seq_inputs(
+  keys: np.ndarray, values: np.ndarray, queries: np.ndarray, page_size: int = 16
+):
   """One sequence whose cache holds `keys`/`values` [L, D] on page 2; queries [Q, D] are last."""
   seq_len, head_dim = keys.shape
   k_pages = np.full((1, 4, page_size, head_dim), 50.0, np.float32)  # junk everywhere else
@@ -33,9 +40,15 @@ def _single_seq_inputs(keys: np.ndarray, values: np.ndarray, queries: np.ndarray
   k_pages[0, 2, :seq_len] = keys
   v_pages[0, 2, :seq_len] = values
   num_q = queries.shape[0]
-  return (jnp.asarray(queries[:, None, :]), jnp.asarray(k_pages), jnp.asarray(v_pages),
-          jnp.asarray([[2]], jnp.int32), jnp.asarray([seq_len], jnp.int32),
-          jnp.asarray([0, num_q], jnp.int32), jnp.asarray([1], jnp.int32))
+  return (
+    jnp.asarray(queries[:, None, :]),
+    jnp.asarray(k_pages),
+    jnp.asarray(v_pages),
+    jnp.asarray([[2]], jnp.int32),
+    jnp.asarray([seq_len], jnp.int32),
+    jnp.asarray([0, num_q], jnp.int32),
+    jnp.asarray([1], jnp.int32),
+  )
 
 
 def _unit(dim: int, scale: float = 1.0) -> np.ndarray:
@@ -78,42 +91,70 @@ def test_prefill_is_causal_by_hand():
   values = np.stack([_unit(5, 2.0), _unit(5, 6.0)])
   args = _single_seq_inputs(keys, values, np.stack([_unit(0), _unit(0)]))
   out = ragged_paged_attention(*args, sm_scale=1.0, interpret=INTERPRET)
-  np.testing.assert_allclose(np.asarray(out[:, 0]), np.stack([_unit(5, 2.0), _unit(5, 4.0)]),
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(out[:, 0]), np.stack([_unit(5, 2.0), _unit(5, 4.0)]), atol=1e-5
+  )
 
 
 # (q_heads, kv_heads, head_dim, page_size, dtype, q_lens, kv_lens, window, soft_cap, blocks)
 SWEEP = [
-    (4, 4, 64, 16, "float32", [1, 1, 0, 1], [1, 16, 5, 17], None, None, {}),
-    (8, 4, 128, 32, "float32", [5, 1, 33], [37, 32, 33], None, None, {}),
-    (8, 2, 64, 64, "bfloat16", [1, 0, 64, 1], [65, 0, 64, 130], None, None, {}),
-    (8, 1, 256, 16, "bfloat16", [17, 1], [40, 16], 7, None, {}),
-    (16, 2, 64, 32, "float32", [3, 1, 20], [3, 33, 50], None, 5.0, {}),
-    (6, 2, 128, 16, "float32", [1, 9], [31, 20], 12, 30.0, {}),
-    (4, 1, 64, 64, "float32", [30, 1], [100, 64], 40, None, {"block_kv": 16}),
-    (8, 8, 128, 16, "bfloat16", [40, 0, 1], [47, 1, 2], None, None,
-     {"block_q": 32, "block_kv": 32}),
-    (32, 2, 64, 16, "float32", [2, 1, 1, 1], [18, 1, 16, 17], None, None, {}),
-    (8, 2, 128, 16, "float32", [1, 1, 0, 1], [100, 1, 3, 33], None, None,
-     {"num_kv_splits": 3, "block_kv": 16}),
-    (4, 1, 64, 32, "bfloat16", [1, 4, 1], [90, 70, 2], 30, 8.0,
-     {"num_kv_splits": 4, "block_kv": 16}),
+  (4, 4, 64, 16, "float32", [1, 1, 0, 1], [1, 16, 5, 17], None, None, {}),
+  (8, 4, 128, 32, "float32", [5, 1, 33], [37, 32, 33], None, None, {}),
+  (8, 2, 64, 64, "bfloat16", [1, 0, 64, 1], [65, 0, 64, 130], None, None, {}),
+  (8, 1, 256, 16, "bfloat16", [17, 1], [40, 16], 7, None, {}),
+  (16, 2, 64, 32, "float32", [3, 1, 20], [3, 33, 50], None, 5.0, {}),
+  (6, 2, 128, 16, "float32", [1, 9], [31, 20], 12, 30.0, {}),
+  (4, 1, 64, 64, "float32", [30, 1], [100, 64], 40, None, {"block_kv": 16}),
+  (8, 8, 128, 16, "bfloat16", [40, 0, 1], [47, 1, 2], None, None, {"block_q": 32, "block_kv": 32}),
+  (32, 2, 64, 16, "float32", [2, 1, 1, 1], [18, 1, 16, 17], None, None, {}),
+  (
+    8,
+    2,
+    128,
+    16,
+    "float32",
+    [1, 1, 0, 1],
+    [100, 1, 3, 33],
+    None,
+    None,
+    {"num_kv_splits": 3, "block_kv": 16},
+  ),
+  (4, 1, 64, 32, "bfloat16", [1, 4, 1], [90, 70, 2], 30, 8.0, {"num_kv_splits": 4, "block_kv": 16}),
 ]
 
 
 @pytest.mark.parametrize("case_id", range(len(SWEEP)))
 def test_matches_reference(case_id: int):
-  (num_q_heads, num_kv_heads, head_dim, page_size, dtype, q_lens, kv_lens, window, soft_cap,
-   blocks) = SWEEP[case_id]
+  (
+    num_q_heads,
+    num_kv_heads,
+    head_dim,
+    page_size,
+    dtype,
+    q_lens,
+    kv_lens,
+    window,
+    soft_cap,
+    blocks,
+  ) = SWEEP[case_id]
   rng = np.random.default_rng(case_id)
-  case = make_random_case(rng, num_seqs=len(q_lens) + 1, q_lens=q_lens, kv_lens=kv_lens,
-                          num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                          page_size=page_size, dtype=jnp.dtype(dtype),
-                          num_tokens=sum(q_lens) + 3)
-  kwargs = dict(sm_scale=head_dim ** -0.5, sliding_window=window, soft_cap=soft_cap)
+  case = make_random_case(
+    rng,
+    num_seqs=len(q_lens) + 1,
+    q_lens=q_lens,
+    kv_lens=kv_lens,
+    num_q_heads=num_q_heads,
+    num_kv_heads=num_kv_heads,
+    head_dim=head_dim,
+    page_size=page_size,
+    dtype=jnp.dtype(dtype),
+    num_tokens=sum(q_lens) + 3,
+  )
+  kwargs = dict(sm_scale=head_dim**-0.5, sliding_window=window, soft_cap=soft_cap)
   with jax.default_matmul_precision("highest"):  # no TF32 in the float32 reference on GPUs
     expected = jax.jit(functools.partial(ragged_paged_attention_reference, **kwargs))(
-        *attention_args(case))
+      *attention_args(case)
+    )
   actual = ragged_paged_attention(*attention_args(case), **kwargs, **blocks, interpret=INTERPRET)
   assert actual.shape == expected.shape and actual.dtype == expected.dtype
   expected = np.asarray(expected, np.float32)
@@ -122,31 +163,49 @@ def test_matches_reference(case_id: int):
     np.testing.assert_allclose(actual, expected, atol=1e-5, rtol=1e-5)
   else:
     np.testing.assert_allclose(actual, expected, atol=2e-2, rtol=2e-2)
-  np.testing.assert_array_equal(actual[sum(q_lens):], 0.0)
+  np.testing.assert_array_equal(actual[sum(q_lens) :], 0.0)
 
 
 def test_padding_sequence_slots_with_queries_are_ignored():
   # Padding slots whose query_start_loc runs on to T must not write anything.
   rng = np.random.default_rng(7)
-  case = make_random_case(rng, num_seqs=4, q_lens=[2, 1], kv_lens=[9, 20], num_q_heads=4,
-                          num_kv_heads=2, head_dim=64, page_size=16, num_tokens=8)
+  case = make_random_case(
+    rng,
+    num_seqs=4,
+    q_lens=[2, 1],
+    kv_lens=[9, 20],
+    num_q_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+    page_size=16,
+    num_tokens=8,
+  )
   case["query_start_loc"] = jnp.asarray([0, 2, 3, 6, 8], jnp.int32)
   case["seq_lens"] = jnp.asarray([9, 20, 5, 7], jnp.int32)
   with jax.default_matmul_precision("highest"):
     expected = jax.jit(functools.partial(ragged_paged_attention_reference, sm_scale=0.125))(
-        *attention_args(case))
+      *attention_args(case)
+    )
   actual = ragged_paged_attention(*attention_args(case), sm_scale=0.125, interpret=INTERPRET)
   np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), atol=1e-5, rtol=1e-5)
   np.testing.assert_array_equal(np.asarray(actual[3:]), 0.0)
 
 
-@pytest.mark.parametrize("head_dim,page_size,dtype", [(64, 16, "float32"),
-                                                      (128, 64, "bfloat16")])
+@pytest.mark.parametrize("head_dim,page_size,dtype", [(64, 16, "float32"), (128, 64, "bfloat16")])
 def test_write_kv_matches_reference(head_dim: int, page_size: int, dtype: str):
   rng = np.random.default_rng(head_dim)
-  case = make_random_case(rng, num_seqs=3, q_lens=[1, 20, 3], kv_lens=[17, 20, 64],
-                          num_q_heads=4, num_kv_heads=2, head_dim=head_dim, page_size=page_size,
-                          dtype=jnp.dtype(dtype), num_tokens=29)
+  case = make_random_case(
+    rng,
+    num_seqs=3,
+    q_lens=[1, 20, 3],
+    kv_lens=[17, 20, 64],
+    num_q_heads=4,
+    num_kv_heads=2,
+    head_dim=head_dim,
+    page_size=page_size,
+    dtype=jnp.dtype(dtype),
+    num_tokens=29,
+  )
   slots = np.asarray(case["slot_mapping"]).copy()
   slots[-1] = case["k_pages"].shape[1] * page_size + 3  # out of range: dropped
   case["slot_mapping"] = jnp.asarray(slots)
@@ -160,24 +219,34 @@ def test_write_kv_matches_reference(head_dim: int, page_size: int, dtype: str):
 
 def _valid_case(**overrides):
   rng = np.random.default_rng(0)
-  params = dict(num_seqs=2, q_lens=[1, 2], kv_lens=[3, 4], num_q_heads=4, num_kv_heads=2,
-                head_dim=64, page_size=16)
+  params = dict(
+    num_seqs=2,
+    q_lens=[1, 2],
+    kv_lens=[3, 4],
+    num_q_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+    page_size=16,
+  )
   params.update(overrides)
   return make_random_case(rng, **params)
 
 
-@pytest.mark.parametrize("overrides,kwargs,match", [
+@pytest.mark.parametrize(
+  "overrides,kwargs,match",
+  [
     ({"head_dim": 96}, {}, "head_dim"),
     ({"page_size": 8}, {}, "page_size"),
     ({"page_size": 128}, {}, "page_size"),
     ({}, {"block_kv": 48}, "block_kv"),
     ({}, {"block_kv": 8}, "block_kv"),
     ({}, {"block_q": 3}, "block_q"),
-    ({}, {"block_q": 2}, "block_q"),      # 2 tokens x 2 heads = 4 rows < 16
-    ({}, {"block_q": 128}, "block_q"),    # 256 rows > 128
+    ({}, {"block_q": 2}, "block_q"),  # 2 tokens x 2 heads = 4 rows < 16
+    ({}, {"block_q": 128}, "block_q"),  # 256 rows > 128
     ({}, {"sliding_window": 0}, "sliding_window"),
     ({}, {"num_kv_splits": 0}, "num_kv_splits"),
-])
+  ],
+)
 def test_attention_rejects_bad_inputs(overrides, kwargs, match):
   case = _valid_case(**overrides)
   with pytest.raises(ValueError, match=match):
@@ -197,7 +266,13 @@ def test_attention_rejects_bad_shapes():
 def test_write_kv_rejects_bad_inputs():
   case = _valid_case()
   with pytest.raises(ValueError, match="new_k"):
-    write_kv(case["k_pages"], case["v_pages"], case["new_k"][:, :1], case["new_v"],
-             case["slot_mapping"], interpret=INTERPRET)
+    write_kv(
+      case["k_pages"],
+      case["v_pages"],
+      case["new_k"][:, :1],
+      case["new_v"],
+      case["slot_mapping"],
+      interpret=INTERPRET,
+    )
   with pytest.raises(ValueError, match="block_tokens"):
     write_kv(*write_args(case), block_tokens=12, interpret=INTERPRET)

@@ -4,6 +4,7 @@ Lowering runs the whole Pallas -> Triton IR translation of the kernel bodies (sh
 masks, loops), so a construct the Triton backend cannot express fails here rather than on the
 GPU. JAX >= 0.11 asks for the target GPU through an abstract mesh device.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,8 +18,11 @@ import pytest
 
 from pallas_kernels.greedy_sample.gpu import greedy_sample
 from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention, write_kv
-from pallas_kernels.ragged_paged_attention.testing import (attention_args, make_random_case,
-                                                           write_args)
+from pallas_kernels.ragged_paged_attention.testing import (
+  attention_args,
+  make_random_case,
+  write_args,
+)
 
 TRITON_CALL_TARGET = "__gpu$xla.gpu.triton"
 
@@ -44,22 +48,32 @@ def _custom_call_targets(text: str) -> set[str]:
 
 
 def _case(dtype, head_dim: int, page_size: int, num_q_heads: int, num_kv_heads: int):
-  return make_random_case(np.random.default_rng(0), num_seqs=4, q_lens=[1, 7, 1],
-                          kv_lens=[40, 7, 100], num_q_heads=num_q_heads,
-                          num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size,
-                          dtype=dtype, num_tokens=12)
+  return make_random_case(
+    np.random.default_rng(0),
+    num_seqs=4,
+    q_lens=[1, 7, 1],
+    kv_lens=[40, 7, 100],
+    num_q_heads=num_q_heads,
+    num_kv_heads=num_kv_heads,
+    head_dim=head_dim,
+    page_size=page_size,
+    dtype=dtype,
+    num_tokens=12,
+  )
 
 
-@pytest.mark.parametrize("dtype,head_dim,page_size,num_q_heads,num_kv_heads,options", [
+@pytest.mark.parametrize(
+  "dtype,head_dim,page_size,num_q_heads,num_kv_heads,options",
+  [
     (jnp.bfloat16, 128, 16, 32, 8, {}),
     (jnp.float32, 64, 32, 4, 4, {"sliding_window": 8, "soft_cap": 20.0}),
     (jnp.bfloat16, 256, 64, 12, 1, {"block_kv": 16}),
     (jnp.bfloat16, 128, 16, 32, 8, {"num_kv_splits": 4}),
-])
-def test_attention_lowers_to_triton(dtype, head_dim, page_size, num_q_heads, num_kv_heads,
-                                    options):
+  ],
+)
+def test_attention_lowers_to_triton(dtype, head_dim, page_size, num_q_heads, num_kv_heads, options):
   case = _case(dtype, head_dim, page_size, num_q_heads, num_kv_heads)
-  fn = functools.partial(ragged_paged_attention, sm_scale=head_dim ** -0.5, **options)
+  fn = functools.partial(ragged_paged_attention, sm_scale=head_dim**-0.5, **options)
   text = _lower_for_cuda(fn, *attention_args(case))
   assert TRITON_CALL_TARGET in _custom_call_targets(text)
   assert 'name = "ragged_paged_attention"' in text
@@ -78,8 +92,10 @@ def test_write_kv_lowers_to_triton_in_place():
 def test_greedy_sample_lowers_to_triton(vocab_size, block_vocab, num_splits):
   logits = jnp.zeros((8, vocab_size), jnp.float32)
   banned_ids = jnp.full((8, 8), -1, jnp.int32)
-  text = _lower_for_cuda(functools.partial(greedy_sample, block_vocab=block_vocab,
-                                           num_splits=num_splits, num_stages=2), logits,
-                         banned_ids)
+  text = _lower_for_cuda(
+    functools.partial(greedy_sample, block_vocab=block_vocab, num_splits=num_splits, num_stages=2),
+    logits,
+    banned_ids,
+  )
   assert TRITON_CALL_TARGET in _custom_call_targets(text)
   assert 'name = "greedy_sample"' in text

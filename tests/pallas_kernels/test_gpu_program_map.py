@@ -1,6 +1,7 @@
 """The GPU kernel's program map, checked on random ragged batches: every live query token is
 attended by exactly one program (a block of its own sequence), every padding token is zeroed by a
 padding program, and the static grid is always large enough. Hand-worked first."""
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -12,11 +13,12 @@ from pallas_kernels.ragged_paged_attention.gpu_program_map import num_programs, 
 
 def _map(q_lens: list[int], num_slots: int, num_tokens: int, block_q: int):
   starts = np.zeros(num_slots + 1, np.int32)
-  starts[1:len(q_lens) + 1] = np.cumsum(q_lens)
-  starts[len(q_lens) + 1:] = starts[len(q_lens)]
+  starts[1 : len(q_lens) + 1] = np.cumsum(q_lens)
+  starts[len(q_lens) + 1 :] = starts[len(q_lens)]
   grid = num_programs(num_tokens, num_slots, block_q)
-  seqs, blocks = program_map(jnp.asarray(starts), jnp.asarray([len(q_lens)], jnp.int32), grid,
-                             block_q)
+  seqs, blocks = program_map(
+    jnp.asarray(starts), jnp.asarray([len(q_lens)], jnp.int32), grid, block_q
+  )
   return starts, np.asarray(seqs), np.asarray(blocks)
 
 
@@ -35,8 +37,10 @@ def test_random_batches_are_covered(block_q: int):
   for _ in range(200):
     num_slots = int(rng.integers(1, 12))
     num_seqs = int(rng.integers(0, num_slots + 1))
-    q_lens = [int(rng.choice([0, 1, 1, 2, block_q, block_q + 1, rng.integers(1, 40)]))
-              for _ in range(num_seqs)]
+    q_lens = [
+      int(rng.choice([0, 1, 1, 2, block_q, block_q + 1, rng.integers(1, 40)]))
+      for _ in range(num_seqs)
+    ]
     num_live = sum(q_lens)
     num_tokens = num_live + int(rng.integers(0, 3 * block_q + 2))
     starts, seqs, blocks = _map(q_lens, num_slots, num_tokens, block_q)

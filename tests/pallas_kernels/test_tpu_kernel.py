@@ -9,6 +9,7 @@ ragged lengths 0, 1, a full page, one past a page, decodes mixed with prefill ch
 that straddles two query blocks. Every configuration keeps the same array shapes for all its
 cases, so each kernel variant is compiled once (interpret-mode compiles dominate the runtime).
 """
+
 from __future__ import annotations
 
 import math
@@ -19,15 +20,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.ragged_paged_attention.reference import (ragged_paged_attention_reference,
-                                                             write_kv_reference)
-from pallas_kernels.ragged_paged_attention.testing import (attention_args, make_random_case,
-                                                           write_args)
+from pallas_kernels.ragged_paged_attention.reference import (
+  ragged_paged_attention_reference,
+  write_kv_reference,
+)
+from pallas_kernels.ragged_paged_attention.testing import (
+  attention_args,
+  make_random_case,
+  write_args,
+)
 from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention, write_kv
 
-NUM_TOKENS = 24        # two query blocks of 16 tokens
+NUM_TOKENS = 24  # two query blocks of 16 tokens
 NUM_SEQ_SLOTS = 6
-MAX_SEQ_LEN = 160      # two kv blocks of 128 tokens
+MAX_SEQ_LEN = 160  # two kv blocks of 128 tokens
 QUERIES_PER_BLOCK = 16
 SM_SCALE = 0.125
 
@@ -51,36 +57,54 @@ class Config:
     return NUM_SEQ_SLOTS * self.pages_per_seq + 2
 
   def attend(self, *args):
-    return jax.block_until_ready(ragged_paged_attention(
-        *args, sm_scale=SM_SCALE, sliding_window=self.sliding_window, soft_cap=self.soft_cap,
-        num_queries_per_block=QUERIES_PER_BLOCK, num_kv_pages_per_block=128 // self.page_size,
-        interpret=True))
+    return jax.block_until_ready(
+      ragged_paged_attention(
+        *args,
+        sm_scale=SM_SCALE,
+        sliding_window=self.sliding_window,
+        soft_cap=self.soft_cap,
+        num_queries_per_block=QUERIES_PER_BLOCK,
+        num_kv_pages_per_block=128 // self.page_size,
+        interpret=True,
+      )
+    )
 
   def reference(self, *args):
-    return jax.block_until_ready(ragged_paged_attention_reference(
-        *args, sm_scale=SM_SCALE, sliding_window=self.sliding_window, soft_cap=self.soft_cap))
+    return jax.block_until_ready(
+      ragged_paged_attention_reference(
+        *args, sm_scale=SM_SCALE, sliding_window=self.sliding_window, soft_cap=self.soft_cap
+      )
+    )
 
 
 # Every head_dim, GQA ratio (1, 2, 4, 8, MQA with 6 heads), page size and dtype appears at least
 # once.
 SWEEP = (
-    Config(64, 2, 2, 16, jnp.float32),
-    Config(128, 2, 4, 32, jnp.bfloat16, sliding_window=20),
-    Config(256, 1, 4, 64, jnp.float32, soft_cap=5.0),
-    Config(128, 1, 8, 16, jnp.bfloat16, sliding_window=100, soft_cap=5.0),
-    Config(64, 1, 6, 64, jnp.float32, sliding_window=37),
-    Config(256, 2, 2, 32, jnp.bfloat16),
+  Config(64, 2, 2, 16, jnp.float32),
+  Config(128, 2, 4, 32, jnp.bfloat16, sliding_window=20),
+  Config(256, 1, 4, 64, jnp.float32, soft_cap=5.0),
+  Config(128, 1, 8, 16, jnp.bfloat16, sliding_window=100, soft_cap=5.0),
+  Config(64, 1, 6, 64, jnp.float32, sliding_window=37),
+  Config(256, 2, 2, 32, jnp.bfloat16),
 )
 
 
 def _case(config: Config, q_lens, kv_lens, seed: int = 0):
   needed = sum(-(-kv_len // config.page_size) for kv_len in kv_lens)
   return make_random_case(
-      np.random.default_rng(seed), num_seqs=NUM_SEQ_SLOTS, q_lens=q_lens, kv_lens=kv_lens,
-      num_q_heads=config.num_q_heads, num_kv_heads=config.num_kv_heads,
-      head_dim=config.head_dim, page_size=config.page_size, dtype=config.dtype,
-      num_pages_extra=config.num_pages - 1 - needed, num_tokens=NUM_TOKENS,
-      pages_per_seq=config.pages_per_seq)
+    np.random.default_rng(seed),
+    num_seqs=NUM_SEQ_SLOTS,
+    q_lens=q_lens,
+    kv_lens=kv_lens,
+    num_q_heads=config.num_q_heads,
+    num_kv_heads=config.num_kv_heads,
+    head_dim=config.head_dim,
+    page_size=config.page_size,
+    dtype=config.dtype,
+    num_pages_extra=config.num_pages - 1 - needed,
+    num_tokens=NUM_TOKENS,
+    pages_per_seq=config.pages_per_seq,
+  )
 
 
 def _edge_lengths(page_size: int) -> tuple[list[int], list[int]]:
@@ -101,8 +125,9 @@ def _random_lengths(seed: int) -> tuple[list[int], list[int]]:
 
 def _assert_close(out, expected, dtype) -> None:
   tol = 1e-5 if dtype == jnp.float32 else 2e-2
-  np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(expected, np.float32),
-                             rtol=tol, atol=tol)
+  np.testing.assert_allclose(
+    np.asarray(out, np.float32), np.asarray(expected, np.float32), rtol=tol, atol=tol
+  )
 
 
 def _visible_mean(case, token: int, seq: int, position: int, window: int | None) -> np.ndarray:
@@ -153,13 +178,19 @@ def test_decode_over_two_positions_by_hand():
   np.testing.assert_array_equal(out[1:], 0.0)
 
 
-@pytest.mark.parametrize("config", SWEEP, ids=lambda c: (
+@pytest.mark.parametrize(
+  "config",
+  SWEEP,
+  ids=lambda c: (
     f"d{c.head_dim}-kv{c.num_kv_heads}-q{c.num_q_heads}-p{c.page_size}-"
-    f"{jnp.dtype(c.dtype).name}-w{c.sliding_window}-cap{c.soft_cap}"))
+    f"{jnp.dtype(c.dtype).name}-w{c.sliding_window}-cap{c.soft_cap}"
+  ),
+)
 def test_matches_reference(config):
   random_seed = config.head_dim + config.num_q_heads + config.page_size
-  for seed, (q_lens, kv_lens) in enumerate([_edge_lengths(config.page_size),
-                                            _random_lengths(random_seed)]):
+  for seed, (q_lens, kv_lens) in enumerate(
+    [_edge_lengths(config.page_size), _random_lengths(random_seed)]
+  ):
     args = attention_args(_case(config, q_lens, kv_lens, seed=seed))
     _assert_close(config.attend(*args), config.reference(*args), config.dtype)
 
@@ -170,46 +201,87 @@ def test_write_kv_matches_reference(dtype):
   # Prefill runs share 16-row chunks, decodes hit scattered pages, 3 padding tokens -> page 0.
   case = _case(config, [1, 1, 0, 13, 6], [1, 17, 4, 40, 6], seed=3)
   slots = np.asarray(case["slot_mapping"]).copy()
-  slots[-1] = config.num_pages * config.page_size + 5   # out of range: dropped
+  slots[-1] = config.num_pages * config.page_size + 5  # out of range: dropped
   case["slot_mapping"] = jnp.asarray(slots)
   got = jax.block_until_ready(write_kv(*write_args(case), num_tokens_per_block=8, interpret=True))
   expected = write_kv_reference(*write_args(case))
   for got_pages, expected_pages in zip(got, expected):
-    np.testing.assert_array_equal(np.asarray(got_pages, np.float32),
-                                  np.asarray(expected_pages, np.float32))
+    np.testing.assert_array_equal(
+      np.asarray(got_pages, np.float32), np.asarray(expected_pages, np.float32)
+    )
 
 
 def _valid_args(config: Config = SWEEP[0]):
   return attention_args(_case(config, [1], [1]))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(num_kv_pages_per_block=4), "num_kv_pages_per_block"),   # 4 x 16 = 64 tokens
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [
+    (dict(num_kv_pages_per_block=4), "num_kv_pages_per_block"),  # 4 x 16 = 64 tokens
     (dict(num_kv_pages_per_block=0), "num_kv_pages_per_block"),
-    (dict(num_queries_per_block=4), "num_queries_per_block"),     # 4 x 1 rows < 8
+    (dict(num_queries_per_block=4), "num_queries_per_block"),  # 4 x 1 rows < 8
     (dict(sliding_window=0), "sliding_window"),
     (dict(soft_cap=-1.0), "soft_cap"),
-])
+  ],
+)
 def test_bad_block_sizes_and_options_raise(kwargs, match):
   with pytest.raises(ValueError, match=match):
-    ragged_paged_attention(*_valid_args(Config(64, 2, 2, 16, jnp.float32)), sm_scale=1.0,
-                           interpret=True, **kwargs)
+    ragged_paged_attention(
+      *_valid_args(Config(64, 2, 2, 16, jnp.float32)), sm_scale=1.0, interpret=True, **kwargs
+    )
 
 
 def test_bad_shapes_raise():
   q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, num_seqs = _valid_args()
   with pytest.raises(ValueError, match="head_dim"):
-    ragged_paged_attention(q[..., :32], k_pages[..., :32], v_pages[..., :32], block_tables,
-                           seq_lens, query_start_loc, num_seqs, sm_scale=1.0, interpret=True)
+    ragged_paged_attention(
+      q[..., :32],
+      k_pages[..., :32],
+      v_pages[..., :32],
+      block_tables,
+      seq_lens,
+      query_start_loc,
+      num_seqs,
+      sm_scale=1.0,
+      interpret=True,
+    )
   with pytest.raises(ValueError, match="page_size"):
-    ragged_paged_attention(q, k_pages[:, :, :8], v_pages[:, :, :8], block_tables, seq_lens,
-                           query_start_loc, num_seqs, sm_scale=1.0, interpret=True)
+    ragged_paged_attention(
+      q,
+      k_pages[:, :, :8],
+      v_pages[:, :, :8],
+      block_tables,
+      seq_lens,
+      query_start_loc,
+      num_seqs,
+      sm_scale=1.0,
+      interpret=True,
+    )
   with pytest.raises(ValueError, match="seq_lens"):
-    ragged_paged_attention(q, k_pages, v_pages, block_tables, seq_lens[:-1], query_start_loc,
-                           num_seqs, sm_scale=1.0, interpret=True)
+    ragged_paged_attention(
+      q,
+      k_pages,
+      v_pages,
+      block_tables,
+      seq_lens[:-1],
+      query_start_loc,
+      num_seqs,
+      sm_scale=1.0,
+      interpret=True,
+    )
   with pytest.raises(ValueError, match="num_q_heads"):
-    ragged_paged_attention(q[:, :1], k_pages, v_pages, block_tables, seq_lens, query_start_loc,
-                           num_seqs, sm_scale=1.0, interpret=True)
+    ragged_paged_attention(
+      q[:, :1],
+      k_pages,
+      v_pages,
+      block_tables,
+      seq_lens,
+      query_start_loc,
+      num_seqs,
+      sm_scale=1.0,
+      interpret=True,
+    )
 
 
 def test_write_kv_bad_inputs_raise():

@@ -5,6 +5,7 @@ primitives) and must produce the Mosaic custom call. Where libtpu is importable,
 also compiled ahead of time for a v5e topology: that runs Mosaic's own layout passes, the check
 closest to a real TPU that a CPU host can make.
 """
+
 from __future__ import annotations
 
 import functools
@@ -27,9 +28,15 @@ def _attention_specs(head_dim, page_size, dtype, num_kv_heads=2, group=2, shardi
   num_pages = NUM_SEQ_SLOTS * PAGES_PER_SEQ + 1
   spec = functools.partial(jax.ShapeDtypeStruct, sharding=sharding)
   kv = spec((num_kv_heads, num_pages, page_size, head_dim), dtype)
-  return (spec((NUM_TOKENS, num_kv_heads * group, head_dim), dtype), kv, kv,
-          spec((NUM_SEQ_SLOTS, PAGES_PER_SEQ), jnp.int32), spec((NUM_SEQ_SLOTS,), jnp.int32),
-          spec((NUM_SEQ_SLOTS + 1,), jnp.int32), spec((1,), jnp.int32))
+  return (
+    spec((NUM_TOKENS, num_kv_heads * group, head_dim), dtype),
+    kv,
+    kv,
+    spec((NUM_SEQ_SLOTS, PAGES_PER_SEQ), jnp.int32),
+    spec((NUM_SEQ_SLOTS,), jnp.int32),
+    spec((NUM_SEQ_SLOTS + 1,), jnp.int32),
+    spec((1,), jnp.int32),
+  )
 
 
 def _write_specs(head_dim, page_size, dtype, num_kv_heads=2, sharding=None):
@@ -47,8 +54,9 @@ def _lowered_text(fn, specs) -> str:
   return fn.trace(*specs).lower(lowering_platforms=("tpu",)).as_text()
 
 
-@pytest.mark.parametrize("head_dim, page_size, dtype",
-                         list(itertools.product(HEAD_DIMS, PAGE_SIZES, DTYPES)))
+@pytest.mark.parametrize(
+  "head_dim, page_size, dtype", list(itertools.product(HEAD_DIMS, PAGE_SIZES, DTYPES))
+)
 def test_attention_lowers_for_tpu(head_dim, page_size, dtype):
   fn = _attend(sliding_window=100, soft_cap=30.0)
   assert MOSAIC_CUSTOM_CALL in _lowered_text(fn, _attention_specs(head_dim, page_size, dtype))
@@ -60,8 +68,9 @@ def test_attention_lowers_for_gqa_ratios(num_kv_heads, group):
   assert MOSAIC_CUSTOM_CALL in _lowered_text(_attend(), specs)
 
 
-@pytest.mark.parametrize("head_dim, page_size, dtype",
-                         list(itertools.product(HEAD_DIMS, PAGE_SIZES, DTYPES)))
+@pytest.mark.parametrize(
+  "head_dim, page_size, dtype", list(itertools.product(HEAD_DIMS, PAGE_SIZES, DTYPES))
+)
 def test_write_kv_lowers_for_tpu(head_dim, page_size, dtype):
   text = _lowered_text(jax.jit(tpu.write_kv), _write_specs(head_dim, page_size, dtype))
   assert MOSAIC_CUSTOM_CALL in text
@@ -71,13 +80,17 @@ def test_write_kv_lowers_for_tpu(head_dim, page_size, dtype):
 def test_compiles_for_tpu_topology():
   pytest.importorskip("libtpu")
   from jax.experimental import topologies
+
   device = topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu").devices[0]
   sharding = jax.sharding.SingleDeviceSharding(device)
   for head_dim, page_size, dtype in itertools.product(HEAD_DIMS, PAGE_SIZES, DTYPES):
     _attend(sliding_window=100, soft_cap=30.0).lower(
-        *_attention_specs(head_dim, page_size, dtype, sharding=sharding)).compile()
+      *_attention_specs(head_dim, page_size, dtype, sharding=sharding)
+    ).compile()
     jax.jit(tpu.write_kv, donate_argnums=(0, 1)).lower(
-        *_write_specs(head_dim, page_size, dtype, sharding=sharding)).compile()
+      *_write_specs(head_dim, page_size, dtype, sharding=sharding)
+    ).compile()
   for num_kv_heads, group in [(4, 1), (2, 4), (1, 8), (1, 6)]:
-    _attend().lower(*_attention_specs(128, 16, jnp.bfloat16, num_kv_heads, group,
-                                      sharding=sharding)).compile()
+    _attend().lower(
+      *_attention_specs(128, 16, jnp.bfloat16, num_kv_heads, group, sharding=sharding)
+    ).compile()

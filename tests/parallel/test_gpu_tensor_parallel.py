@@ -1,20 +1,22 @@
 """On 2+ GPUs: with the Pallas GPU kernel running per shard under shard_map, tensor parallelism
 over 2 GPUs gives the unsharded engine's greedy tokens (and transformers'); in bfloat16 with
 tp_invariant_reductions, bitwise its prompt logprobs too. Skipped elsewhere."""
+
 from __future__ import annotations
 
 import jax
 import numpy as np
 import pytest
 
+from tests.integration.engine_helpers import generate_and_score, hf_greedy
 from tests.models.hf_checkpoints import TP_FAMILIES, load_hf_model
 from tests.parallel.mesh.conftest import tp_engine
-from tests.integration.engine_helpers import generate_and_score, hf_greedy
-from tests.parallel.mesh.test_tp_invariance import _generate, checkpoint  # noqa: F401 (fixture)
+from tests.parallel.mesh.test_tp_invariance import _generate, checkpoint  # noqa: F401, F811 (fixture)
 from tests.parallel.mesh.test_tp_parity import NUM_NEW_TOKENS, _prompts
 
-pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu" or jax.device_count() < 2,
-                                reason="needs 2 GPUs")
+pytestmark = pytest.mark.skipif(
+  jax.default_backend() != "gpu" or jax.device_count() < 2, reason="needs 2 GPUs"
+)
 
 
 @pytest.mark.parametrize("family", TP_FAMILIES)
@@ -22,9 +24,12 @@ def test_pallas_gpu_tensor_parallel_matches_unsharded(family, hf_checkpoint):
   checkpoint = hf_checkpoint(family)
   prompts = _prompts(seed=TP_FAMILIES.index(family))
   with jax.default_matmul_precision("highest"):
-    results = {tp: generate_and_score(tp_engine(checkpoint, tp, attention_backend="pallas_gpu"),
-                                      prompts, NUM_NEW_TOKENS)
-               for tp in (1, 2)}
+    results = {
+      tp: generate_and_score(
+        tp_engine(checkpoint, tp, attention_backend="pallas_gpu"), prompts, NUM_NEW_TOKENS
+      )
+      for tp in (1, 2)
+    }
   assert results[2][0] == results[1][0]
   hf_model = load_hf_model(checkpoint)
   assert results[1][0] == [hf_greedy(hf_model, p, NUM_NEW_TOKENS) for p in prompts]

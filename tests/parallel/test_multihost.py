@@ -2,6 +2,7 @@
 tensor_parallel_size 2, gloo collectives): process 0 serves HTTP and the worker follows its steps.
 A request's tokens and logprobs equal a one-process engine's, and both exit 0 after SIGTERM.
 A host whose peers never arrive exits non-zero with a clear error within its timeout."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxserve.config import load_config
 from jaxserve.assembly import build_engine
+from jaxserve.config import load_config
 from jaxserve.parallel.multihost import JOIN_FAILED_EXIT_CODE
 from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion
@@ -51,14 +52,20 @@ def _free_port() -> int:
 def _serve(config: Path, *args: str) -> subprocess.Popen:
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env["JAX_PLATFORMS"] = "cpu"
-  return subprocess.Popen([sys.executable, "-m", "jaxserve.cli", "serve", "--config", str(config),
-                           *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+  return subprocess.Popen(
+    [sys.executable, "-m", "jaxserve.cli", "serve", "--config", str(config), *args],
+    cwd=REPO,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
 
 
 def _post(url: str, body: dict) -> dict:
-  request = urllib.request.Request(url, json.dumps(body).encode(),
-                                   {"Content-Type": "application/json"})
+  request = urllib.request.Request(
+    url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+  )
   with urllib.request.urlopen(request, timeout=60) as response:
     return json.loads(response.read())
 
@@ -82,14 +89,18 @@ def _wait_healthy(url: str, processes: list[subprocess.Popen]) -> None:
 def _compilations(http_port: int) -> float:
   with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10) as response:
     lines = response.read().decode().splitlines()
-  return float(next(line for line in lines
-                    if line.startswith("jaxserve_xla_compilations")).split()[-1])
+  return float(
+    next(line for line in lines if line.startswith("jaxserve_xla_compilations")).split()[-1]
+  )
 
 
 def _one_process_reference(config: Path):
   engine = build_engine(load_config(config), show_progress=False)
-  engine.add_request(PROMPT, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=0,
-                                            ignore_eos=True), request_id="ref")
+  engine.add_request(
+    PROMPT,
+    SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=0, ignore_eos=True),
+    request_id="ref",
+  )
   return run_to_completion(engine)["ref"]
 
 
@@ -97,16 +108,30 @@ def test_two_processes_serve_the_tokens_of_one(tmp_path):
   config = tmp_path / "two_hosts.yaml"
   config.write_text(CONFIG)
   coordinator, http_port = _free_port(), _free_port()
-  common = ("--tensor-parallel-size", "2", "--coordinator-address", f"127.0.0.1:{coordinator}",
-            "--num-processes", "2")
+  common = (
+    "--tensor-parallel-size",
+    "2",
+    "--coordinator-address",
+    f"127.0.0.1:{coordinator}",
+    "--num-processes",
+    "2",
+  )
   worker = _serve(config, *common, "--process-id", "1")
   leader = _serve(config, *common, "--process-id", "0", "--port", str(http_port))
   try:
     _wait_healthy(f"http://127.0.0.1:{http_port}/health", [leader, worker])
     compilations_after_warmup = _compilations(http_port)
-    body = _post(f"http://127.0.0.1:{http_port}/v1/completions",
-                 {"model": "tiny-random", "prompt": PROMPT, "max_tokens": MAX_TOKENS,
-                  "temperature": 0, "logprobs": 0, "ignore_eos": True})
+    body = _post(
+      f"http://127.0.0.1:{http_port}/v1/completions",
+      {
+        "model": "tiny-random",
+        "prompt": PROMPT,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "logprobs": 0,
+        "ignore_eos": True,
+      },
+    )
     compilations_after_request = _compilations(http_port)
   finally:
     leader.send_signal(signal.SIGTERM)
@@ -120,8 +145,12 @@ def test_two_processes_serve_the_tokens_of_one(tmp_path):
   choice = body["choices"][0]
   assert choice["text"] == reference.text
   assert body["usage"]["completion_tokens"] == MAX_TOKENS
-  np.testing.assert_allclose(choice["logprobs"]["token_logprobs"],
-                             [lp.logprob for lp in reference.logprobs], atol=1e-4, rtol=0)
+  np.testing.assert_allclose(
+    choice["logprobs"]["token_logprobs"],
+    [lp.logprob for lp in reference.logprobs],
+    atol=1e-4,
+    rtol=0,
+  )
   assert compilations_after_request == compilations_after_warmup
 
 
@@ -131,9 +160,19 @@ def test_a_host_whose_peer_never_joins_exits_with_a_clear_error(tmp_path, proces
   config.write_text(CONFIG)
   timeout_s = 3
   start = time.monotonic()
-  alone = _serve(config, "--tensor-parallel-size", "2", "--coordinator-address",
-                 f"127.0.0.1:{_free_port()}", "--num-processes", "2", "--process-id",
-                 str(process_id), "--set", f"distributed.initialization_timeout_s={timeout_s}")
+  alone = _serve(
+    config,
+    "--tensor-parallel-size",
+    "2",
+    "--coordinator-address",
+    f"127.0.0.1:{_free_port()}",
+    "--num-processes",
+    "2",
+    "--process-id",
+    str(process_id),
+    "--set",
+    f"distributed.initialization_timeout_s={timeout_s}",
+  )
   out, _ = alone.communicate(timeout=EXIT_TIMEOUT_S)
   assert alone.returncode == JOIN_FAILED_EXIT_CODE, out[-3000:]
   assert f"process {process_id} of 2 could not complete the job at 127.0.0.1:" in out

@@ -1,6 +1,7 @@
 """The partition rules and the step codec on their own (no mesh needed): every param of a model
 has a rule, odd dimensions fall back to replication, unknown params and indivisible head counts are
 refused by name, and step inputs survive the trip to another host bit for bit."""
+
 from __future__ import annotations
 
 import jax
@@ -8,14 +9,14 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from jaxserve.assembly import build_device
+from jaxserve.device.lowering import dummy_inputs
+from jaxserve.messages.buckets import Bucket
 from jaxserve.models.tiny_random import tiny_random_config
 from jaxserve.models.weights import hf_tensor_specs
 from jaxserve.parallel.mesh import check_tensor_parallel
 from jaxserve.parallel.partition_rules import param_spec
 from jaxserve.parallel.step_codec import StepEncoder, decode_step_inputs
-from jaxserve.assembly import build_device
-from jaxserve.device.lowering import dummy_inputs
-from jaxserve.messages.buckets import Bucket
 from tests.integration.engine_helpers import small_config
 
 
@@ -44,8 +45,9 @@ def test_a_dimension_the_mesh_does_not_divide_is_replicated():
 def test_vocab_weights_are_replicated_when_not_sharding_the_vocabulary():
   assert param_spec(("embed_tokens", "embedding"), (512, 64), 4, shard_vocab=False) == P()
   assert param_spec(("lm_head", "kernel"), (64, 512), 4, shard_vocab=False) == P()
-  assert param_spec(("layers_0", "mlp", "down_proj", "kernel"), (32, 8), 4,
-                    shard_vocab=False) == P("model", None)
+  assert param_spec(("layers_0", "mlp", "down_proj", "kernel"), (32, 8), 4, shard_vocab=False) == P(
+    "model", None
+  )
 
 
 def test_unknown_param_and_indivisible_heads_are_refused():
@@ -58,14 +60,26 @@ def test_unknown_param_and_indivisible_heads_are_refused():
 
 
 def test_step_inputs_round_trip_through_the_codec():
-  runner = build_device(small_config(max_model_len=64, num_pages=8, max_num_seqs=4,
-                                     max_tokens_per_step=16, seq_buckets=(4,),
-                                     token_buckets=(16,))).runner
+  runner = build_device(
+    small_config(
+      max_model_len=64,
+      num_pages=8,
+      max_num_seqs=4,
+      max_tokens_per_step=16,
+      seq_buckets=(4,),
+      token_buckets=(16,),
+    )
+  ).runner
   inputs = dummy_inputs(runner, Bucket(4, 16))
   rng = np.random.default_rng(0)
-  inputs = jax.tree.map(lambda x: x if isinstance(x, jax.Array) else
-                        (rng.integers(0, 100, x.shape).astype(x.dtype) if x.dtype != bool
-                         else np.asarray(True)), inputs)
+  inputs = jax.tree.map(
+    lambda x: (
+      x
+      if isinstance(x, jax.Array)
+      else (rng.integers(0, 100, x.shape).astype(x.dtype) if x.dtype != bool else np.asarray(True))
+    ),
+    inputs,
+  )
   constants = []
 
   def constant(shape, dtype, value):
@@ -80,5 +94,8 @@ def test_step_inputs_round_trip_through_the_codec():
     np.testing.assert_array_equal(ours, theirs)
   # no previous samples (the largest seq bucket's zeros), the two penalty histories, then the
   # all-ones token bitmask (512 tokens: 16 words)
-  assert constants == ([((4,), np.dtype(np.int32), 0)] + [((4, 64), np.dtype(np.int32), -1)] * 2
-                       + [((4, 16), np.dtype(np.int32), -1)])
+  assert constants == (
+    [((4,), np.dtype(np.int32), 0)]
+    + [((4, 64), np.dtype(np.int32), -1)] * 2
+    + [((4, 16), np.dtype(np.int32), -1)]
+  )

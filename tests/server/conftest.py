@@ -1,6 +1,7 @@
 """One engine core process for the whole tests/server run (as `jaxserve serve` runs it), behind
 two real uvicorn servers, each an API server with its own CoreClient: `server` with the default
 settings and `strict_server` (API key, 2 KiB bodies, 2 waiting requests)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,8 +10,13 @@ import pytest
 
 from jaxserve.core.process import CoreHandle
 from jaxserve.tokenizer.tokenizer import Tokenizer
-from tests.server.server_helpers import (Backend, RunningServer, core_backend, start_core,
-                                         start_server)
+from tests.server.server_helpers import (
+  Backend,
+  RunningServer,
+  core_backend,
+  start_core,
+  start_server,
+)
 
 API_KEY = "test-secret-key"
 
@@ -40,7 +46,8 @@ def served():
 
 @pytest.fixture(scope="session")
 def strict_server(served):
-  server = start_server(served.backend, api_key=API_KEY, max_body_bytes=2048,
-                        max_waiting_requests=2)
+  server = start_server(
+    served.backend, api_key=API_KEY, max_body_bytes=2048, max_waiting_requests=2
+  )
   yield server
   server.stop()

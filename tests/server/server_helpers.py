@@ -2,6 +2,7 @@
 tiny-random engine: the engine core in its own process (as `jaxserve serve` runs it) or on a
 thread of the test process (CoreThread, as the one-process server, server.api_server_count 0,
 runs it); either way each server is an API server with its own CoreClient."""
+
 from __future__ import annotations
 
 import socket
@@ -28,9 +29,14 @@ MAX_MODEL_LEN = 256
 
 def server_engine_config(**server_fields):
   """One bucket pair keeps warmup to a few seconds; 16 sequences run at once."""
-  return small_config(max_model_len=MAX_MODEL_LEN, max_num_seqs=16, max_tokens_per_step=64,
-                      seq_buckets=(16,), token_buckets=(64,),
-                      server=ServerConfig(**server_fields))
+  return small_config(
+    max_model_len=MAX_MODEL_LEN,
+    max_num_seqs=16,
+    max_tokens_per_step=64,
+    seq_buckets=(16,),
+    token_buckets=(64,),
+    server=ServerConfig(**server_fields),
+  )
 
 
 def build_server_engine() -> LLMEngine:
@@ -40,6 +46,7 @@ def build_server_engine() -> LLMEngine:
 @dataclass(frozen=True)
 class Backend:
   """What test servers are built over: make_client() gives each server its CoreClient."""
+
   tokenizer: Tokenizer
   model_name: str
   max_model_len: int
@@ -55,8 +62,13 @@ def start_core(config: EngineConfig | None = None) -> CoreHandle:
 def core_backend(core: CoreHandle | CoreThread) -> Backend:
   """Servers over a running engine core, in its own process or on a thread."""
   info = core.info
-  return Backend(info.tokenizer, info.model_name, info.max_model_len, info.vocab_size,
-                 lambda: CoreClient(core.address, info.tokenizer))
+  return Backend(
+    info.tokenizer,
+    info.model_name,
+    info.max_model_len,
+    info.vocab_size,
+    lambda: CoreClient(core.address, info.tokenizer),
+  )
 
 
 def free_port() -> int:
@@ -72,8 +84,9 @@ class RunningServer:
   def __init__(self, app):
     self.app = app
     self.port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=self.port, lifespan="on",
-                            log_level="warning")
+    config = uvicorn.Config(
+      app, host="127.0.0.1", port=self.port, lifespan="on", log_level="warning"
+    )
     self.server = uvicorn.Server(config)
     self.thread = threading.Thread(target=self.server.run, daemon=True)
     self.thread.start()
@@ -96,11 +109,17 @@ class RunningServer:
     self.thread.join(10)
 
 
-def start_server(backend: Backend, client: CoreClient | None = None,
-                 **server_fields) -> RunningServer:
-  app = build_app(client or backend.make_client(), backend.tokenizer,
-                  ServerConfig(**server_fields), model_name=backend.model_name,
-                  max_model_len=backend.max_model_len, vocab_size=backend.vocab_size)
+def start_server(
+  backend: Backend, client: CoreClient | None = None, **server_fields
+) -> RunningServer:
+  app = build_app(
+    client or backend.make_client(),
+    backend.tokenizer,
+    ServerConfig(**server_fields),
+    model_name=backend.model_name,
+    max_model_len=backend.max_model_len,
+    vocab_size=backend.vocab_size,
+  )
   return RunningServer(app)
 
 
@@ -125,10 +144,12 @@ def wait_for_idle(base_url: str, timeout: float = 10.0) -> dict[str, float]:
   deadline = time.monotonic() + timeout
   while True:
     values = scrape_metrics(base_url)
-    idle = (values["jaxserve_num_requests_running"] == 0
-            and values["jaxserve_num_requests_waiting"] == 0
-            and values["jaxserve_kv_pages_used"] == 0
-            and values["jaxserve_num_http_requests_waiting"] == 0)
+    idle = (
+      values["jaxserve_num_requests_running"] == 0
+      and values["jaxserve_num_requests_waiting"] == 0
+      and values["jaxserve_kv_pages_used"] == 0
+      and values["jaxserve_num_http_requests_waiting"] == 0
+    )
     if idle or time.monotonic() > deadline:
       return values
     time.sleep(0.05)

@@ -1,6 +1,7 @@
 """Admission: server.max_waiting_requests counts HTTP requests (not choices) until they start,
 so a burst below it is never refused while one above it still gets 429; `n` above server.max_n
 is a 400 naming n, which the openai client does not retry."""
+
 from __future__ import annotations
 
 import asyncio
@@ -22,15 +23,19 @@ def small_queue(served):
   server.stop()
 
 
-async def _burst(url: str, count: int, n: int, max_tokens: int, stream: bool = False
-                 ) -> list[int]:
+async def _burst(url: str, count: int, n: int, max_tokens: int, stream: bool = False) -> list[int]:
   """`count` completions sent at once; their status codes (streams read to the end)."""
   limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
   async with httpx.AsyncClient(limits=limits, timeout=120) as client:
 
     async def one(i: int) -> int:
-      body = {"prompt": f"burst {i}", "max_tokens": max_tokens, "n": n, "ignore_eos": True,
-              "stream": stream}
+      body = {
+        "prompt": f"burst {i}",
+        "max_tokens": max_tokens,
+        "n": n,
+        "ignore_eos": True,
+        "stream": stream,
+      }
       async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
         await response.aread()
         return response.status_code
@@ -71,8 +76,9 @@ def test_n_above_max_n_is_400_naming_n(served, small_queue):
       assert caught.value.status_code == 400
       assert caught.value.body["param"] == "n" and str(n) in caught.value.body["message"]
       with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model="tiny-random", max_tokens=1, n=n,
-                                       messages=[{"role": "user", "content": "hi"}])
+        client.chat.completions.create(
+          model="tiny-random", max_tokens=1, n=n, messages=[{"role": "user", "content": "hi"}]
+        )
       assert caught.value.body["param"] == "n"
   with openai.OpenAI(base_url=f"{small_queue.url}/v1", api_key="unused") as client:
     full = client.completions.create(model="tiny-random", prompt="hi", max_tokens=2, n=4)
@@ -93,9 +99,11 @@ def test_api_servers_share_one_limit(served, small_queue):
   counting alone would admit all of them."""
   other = start_server(served.backend, max_waiting_requests=LIMIT, max_n=4)
   try:
+
     async def both() -> list[int]:
-      first, second = await asyncio.gather(_burst(small_queue.url, LIMIT, 1, max_tokens=64),
-                                           _burst(other.url, LIMIT, 1, max_tokens=64))
+      first, second = await asyncio.gather(
+        _burst(small_queue.url, LIMIT, 1, max_tokens=64), _burst(other.url, LIMIT, 1, max_tokens=64)
+      )
       return first + second
 
     statuses = asyncio.run(both())

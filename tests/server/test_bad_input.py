@@ -1,5 +1,6 @@
 """Every bad input gets its 4xx and OpenAI error body, never a 5xx, while a stream that was
 already running completes with the right text. Also the API key, body limit and queue limit."""
+
 from __future__ import annotations
 
 import json
@@ -20,69 +21,83 @@ USER = [{"role": "user", "content": "hello"}]
 
 # (path, body, status, param, code); a bytes body is sent as it is.
 CASES = [
-    (COMPLETIONS, b"{not json", 400, None, None),
-    (COMPLETIONS, b"[1, 2, 3]", 400, None, None),
-    (COMPLETIONS, b"\xff\xfe", 400, None, None),
-    (COMPLETIONS, {"prompt": ""}, 400, "prompt", None),
-    (COMPLETIONS, {"prompt": []}, 400, "prompt", None),
-    (COMPLETIONS, {}, 400, "prompt", None),
-    (COMPLETIONS, {"prompt": ["ok", ""]}, 400, "prompt[1]", None),
-    (COMPLETIONS, {"prompt": [1, 99999]}, 400, "prompt", None),
-    (COMPLETIONS, {"prompt": [[1, 2], [-1]]}, 400, "prompt[1]", None),
-    (COMPLETIONS, {"prompt": "x" * 300}, 400, "prompt", "context_length_exceeded"),
-    (COMPLETIONS, {"prompt": "hi", "max_tokens": 300}, 400, "prompt", "context_length_exceeded"),
-    (COMPLETIONS, {"prompt": "hi", "max_tokens": -1}, 400, "max_tokens", None),
-    (COMPLETIONS, {"prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens", None),
-    (COMPLETIONS, {"prompt": "hi", "temperature": -1}, 400, "temperature", None),
-    (COMPLETIONS, {"prompt": "hi", "temperature": "hot"}, 400, "temperature", None),
-    (COMPLETIONS, {"prompt": "hi", "top_p": 0}, 400, "top_p", None),
-    (COMPLETIONS, {"prompt": "hi", "top_k": -2}, 400, "top_k", None),
-    (COMPLETIONS, {"prompt": "hi", "min_p": 2}, 400, "min_p", None),
-    (COMPLETIONS, {"prompt": "hi", "presence_penalty": 5}, 400, "presence_penalty", None),
-    (COMPLETIONS, {"prompt": "hi", "frequency_penalty": -3}, 400, "frequency_penalty", None),
-    (COMPLETIONS, {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty", None),
-    (COMPLETIONS, {"prompt": "hi", "logprobs": 21}, 400, "logprobs", None),
-    (COMPLETIONS, {"prompt": "hi", "n": 0}, 400, "n", None),
-    (COMPLETIONS, {"prompt": "hi", "n": 10**9}, 400, "n", None),  # above server.max_n (128)
-    (CHAT, {"messages": USER, "n": 129}, 400, "n", None),
-    (COMPLETIONS, {"prompt": "hi", "seed": -1}, 400, "seed", None),
-    (COMPLETIONS, {"prompt": "hi", "stop": 5}, 400, "stop", None),
-    (COMPLETIONS, {"prompt": "hi", "stop": [""]}, 400, "stop", None),
-    (COMPLETIONS, {"prompt": "hi", "stop_token_ids": ["a"]}, 400, "stop_token_ids", None),
-    (COMPLETIONS, {"prompt": "hi", "min_tokens": 20, "max_tokens": 5}, 400, "min_tokens", None),
-    (COMPLETIONS, {"prompt": "hi", "echo": "yes"}, 400, "echo", None),
-    (COMPLETIONS, {"prompt": "hi", "ignore_eos": 1}, 400, "ignore_eos", None),
-    (COMPLETIONS, {"prompt": "hi", "stream": "yes"}, 400, "stream", None),
-    (COMPLETIONS, {"prompt": "hi", "stream_options": {"include_usage": True}}, 400,
-     "stream_options", None),
-    (COMPLETIONS, {"prompt": "hi", "model": "other-model"}, 404, "model", "model_not_found"),
-    (CHAT, {}, 400, "messages", None),
-    (CHAT, {"messages": []}, 400, "messages", None),
-    (CHAT, {"messages": [{"content": "no role"}]}, 400, "messages[0]", None),
-    (CHAT, {"messages": [{"role": "user", "content": 7}]}, 400, "messages[0].content", None),
-    (CHAT, {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages", None),
-    (CHAT, {"messages": [{"role": "user", "content": "x" * 300}]}, 400, "messages", None),
-    (CHAT, {"messages": USER, "max_tokens": 250}, 400, "messages", "context_length_exceeded"),
-    (CHAT, {"messages": USER, "max_completion_tokens": 0}, 400, "max_completion_tokens", None),
-    (CHAT, {"messages": USER, "top_logprobs": 2}, 400, "top_logprobs", None),
-    (CHAT, {"messages": USER, "logprobs": True, "top_logprobs": 50}, 400, "top_logprobs", None),
-    (CHAT, {"messages": USER, "model": "other-model"}, 404, "model", "model_not_found"),
-    ("/tokenize", {}, 400, "prompt", None),
-    ("/tokenize", {"messages": "nope"}, 400, "messages", None),
-    ("/detokenize", {"tokens": [99999]}, 400, "tokens", None),
-    ("/detokenize", {"tokens": "abc"}, 400, "tokens", None),
+  (COMPLETIONS, b"{not json", 400, None, None),
+  (COMPLETIONS, b"[1, 2, 3]", 400, None, None),
+  (COMPLETIONS, b"\xff\xfe", 400, None, None),
+  (COMPLETIONS, {"prompt": ""}, 400, "prompt", None),
+  (COMPLETIONS, {"prompt": []}, 400, "prompt", None),
+  (COMPLETIONS, {}, 400, "prompt", None),
+  (COMPLETIONS, {"prompt": ["ok", ""]}, 400, "prompt[1]", None),
+  (COMPLETIONS, {"prompt": [1, 99999]}, 400, "prompt", None),
+  (COMPLETIONS, {"prompt": [[1, 2], [-1]]}, 400, "prompt[1]", None),
+  (COMPLETIONS, {"prompt": "x" * 300}, 400, "prompt", "context_length_exceeded"),
+  (COMPLETIONS, {"prompt": "hi", "max_tokens": 300}, 400, "prompt", "context_length_exceeded"),
+  (COMPLETIONS, {"prompt": "hi", "max_tokens": -1}, 400, "max_tokens", None),
+  (COMPLETIONS, {"prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens", None),
+  (COMPLETIONS, {"prompt": "hi", "temperature": -1}, 400, "temperature", None),
+  (COMPLETIONS, {"prompt": "hi", "temperature": "hot"}, 400, "temperature", None),
+  (COMPLETIONS, {"prompt": "hi", "top_p": 0}, 400, "top_p", None),
+  (COMPLETIONS, {"prompt": "hi", "top_k": -2}, 400, "top_k", None),
+  (COMPLETIONS, {"prompt": "hi", "min_p": 2}, 400, "min_p", None),
+  (COMPLETIONS, {"prompt": "hi", "presence_penalty": 5}, 400, "presence_penalty", None),
+  (COMPLETIONS, {"prompt": "hi", "frequency_penalty": -3}, 400, "frequency_penalty", None),
+  (COMPLETIONS, {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty", None),
+  (COMPLETIONS, {"prompt": "hi", "logprobs": 21}, 400, "logprobs", None),
+  (COMPLETIONS, {"prompt": "hi", "n": 0}, 400, "n", None),
+  (COMPLETIONS, {"prompt": "hi", "n": 10**9}, 400, "n", None),  # above server.max_n (128)
+  (CHAT, {"messages": USER, "n": 129}, 400, "n", None),
+  (COMPLETIONS, {"prompt": "hi", "seed": -1}, 400, "seed", None),
+  (COMPLETIONS, {"prompt": "hi", "stop": 5}, 400, "stop", None),
+  (COMPLETIONS, {"prompt": "hi", "stop": [""]}, 400, "stop", None),
+  (COMPLETIONS, {"prompt": "hi", "stop_token_ids": ["a"]}, 400, "stop_token_ids", None),
+  (COMPLETIONS, {"prompt": "hi", "min_tokens": 20, "max_tokens": 5}, 400, "min_tokens", None),
+  (COMPLETIONS, {"prompt": "hi", "echo": "yes"}, 400, "echo", None),
+  (COMPLETIONS, {"prompt": "hi", "ignore_eos": 1}, 400, "ignore_eos", None),
+  (COMPLETIONS, {"prompt": "hi", "stream": "yes"}, 400, "stream", None),
+  (
+    COMPLETIONS,
+    {"prompt": "hi", "stream_options": {"include_usage": True}},
+    400,
+    "stream_options",
+    None,
+  ),
+  (COMPLETIONS, {"prompt": "hi", "model": "other-model"}, 404, "model", "model_not_found"),
+  (CHAT, {}, 400, "messages", None),
+  (CHAT, {"messages": []}, 400, "messages", None),
+  (CHAT, {"messages": [{"content": "no role"}]}, 400, "messages[0]", None),
+  (CHAT, {"messages": [{"role": "user", "content": 7}]}, 400, "messages[0].content", None),
+  (CHAT, {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages", None),
+  (CHAT, {"messages": [{"role": "user", "content": "x" * 300}]}, 400, "messages", None),
+  (CHAT, {"messages": USER, "max_tokens": 250}, 400, "messages", "context_length_exceeded"),
+  (CHAT, {"messages": USER, "max_completion_tokens": 0}, 400, "max_completion_tokens", None),
+  (CHAT, {"messages": USER, "top_logprobs": 2}, 400, "top_logprobs", None),
+  (CHAT, {"messages": USER, "logprobs": True, "top_logprobs": 50}, 400, "top_logprobs", None),
+  (CHAT, {"messages": USER, "model": "other-model"}, 404, "model", "model_not_found"),
+  ("/tokenize", {}, 400, "prompt", None),
+  ("/tokenize", {"messages": "nope"}, 400, "messages", None),
+  ("/detokenize", {"tokens": [99999]}, 400, "tokens", None),
+  ("/detokenize", {"tokens": "abc"}, 400, "tokens", None),
 ]
 
 
 def _post(url: str, path: str, body, **kwargs) -> httpx.Response:
   content = body if isinstance(body, bytes) else json.dumps(body).encode()
-  return httpx.post(f"{url}{path}", content=content, timeout=30,
-                    headers={"content-type": "application/json", **kwargs.pop("headers", {})},
-                    **kwargs)
+  return httpx.post(
+    f"{url}{path}",
+    content=content,
+    timeout=30,
+    headers={"content-type": "application/json", **kwargs.pop("headers", {})},
+    **kwargs,
+  )
 
 
-def _assert_error(response: httpx.Response, status: int, param=None, code=None,
-                  error_type: str | None = "invalid_request_error") -> dict:
+def _assert_error(
+  response: httpx.Response,
+  status: int,
+  param=None,
+  code=None,
+  error_type: str | None = "invalid_request_error",
+) -> dict:
   assert response.status_code == status, response.text
   error = response.json()["error"]
   assert set(error) == {"message", "type", "param", "code"}
@@ -96,8 +111,13 @@ def _assert_error(response: httpx.Response, status: int, param=None, code=None,
 
 def test_bad_inputs_get_4xx_while_a_stream_runs(served):
   prompt, max_tokens = "a stream that keeps going", 120
-  kwargs = dict(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0,
-                extra_body={"ignore_eos": True})
+  kwargs = dict(
+    model=MODEL,
+    prompt=prompt,
+    max_tokens=max_tokens,
+    temperature=0,
+    extra_body={"ignore_eos": True},
+  )
   client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0)
   expected = client.completions.create(**kwargs).choices[0].text
   streamed: list[str] = []
@@ -131,8 +151,9 @@ def test_api_key(served, strict_server):
   _assert_error(_post(url, COMPLETIONS, body), 401, code="invalid_api_key")
   wrong = {"Authorization": "Bearer not-the-key"}
   _assert_error(_post(url, COMPLETIONS, body, headers=wrong), 401, code="invalid_api_key")
-  _assert_error(httpx.get(f"{url}/v1/models", headers={"Host": "localhost"}), 401,
-                code="invalid_api_key")
+  _assert_error(
+    httpx.get(f"{url}/v1/models", headers={"Host": "localhost"}), 401, code="invalid_api_key"
+  )
   assert httpx.get(f"{url}/health").status_code == 200
   assert httpx.get(f"{url}/metrics").status_code == 200
   with openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0) as client:
@@ -145,16 +166,21 @@ def test_api_key(served, strict_server):
 def test_body_limit(strict_server):
   auth = {"Authorization": f"Bearer {API_KEY}"}
   big = {"model": MODEL, "prompt": "x" * 4000, "max_tokens": 1}
-  _assert_error(_post(strict_server.url, COMPLETIONS, big, headers=auth), 413,
-                code="request_too_large")
+  _assert_error(
+    _post(strict_server.url, COMPLETIONS, big, headers=auth), 413, code="request_too_large"
+  )
 
   def chunks():  # no Content-Length: the limit is enforced while the body streams in
     payload = json.dumps(big).encode()
     for start in range(0, len(payload), 500):
-      yield payload[start:start + 500]
+      yield payload[start : start + 500]
 
-  response = httpx.post(f"{strict_server.url}{COMPLETIONS}", content=chunks(), timeout=30,
-                        headers={"content-type": "application/json", **auth})
+  response = httpx.post(
+    f"{strict_server.url}{COMPLETIONS}",
+    content=chunks(),
+    timeout=30,
+    headers={"content-type": "application/json", **auth},
+  )
   assert "content-length" not in response.request.headers
   _assert_error(response, 413, code="request_too_large")
 
@@ -165,8 +191,7 @@ def test_queue_full_gets_429(served, strict_server):
   stop = threading.Event()
 
   def long_stream() -> None:
-    body = {"model": MODEL, "prompt": "busy", "max_tokens": 200, "ignore_eos": True,
-            "stream": True}
+    body = {"model": MODEL, "prompt": "busy", "max_tokens": 200, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{served.url}{COMPLETIONS}", json=body, timeout=60) as response:
       for _ in response.iter_lines():
         if stop.is_set():
@@ -180,8 +205,12 @@ def test_queue_full_gets_429(served, strict_server):
     while scrape_metrics(served.url)["jaxserve_num_http_requests_waiting"] < 3:
       assert time.monotonic() < deadline
       time.sleep(0.02)
-    response = _post(strict_server.url, COMPLETIONS, {"model": MODEL, "prompt": "one more"},
-                     headers={"Authorization": f"Bearer {API_KEY}"})
+    response = _post(
+      strict_server.url,
+      COMPLETIONS,
+      {"model": MODEL, "prompt": "one more"},
+      headers={"Authorization": f"Bearer {API_KEY}"},
+    )
     _assert_error(response, 429, code="rate_limit_exceeded", error_type="rate_limit_error")
   finally:
     stop.set()

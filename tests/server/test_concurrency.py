@@ -1,5 +1,6 @@
 """Many concurrent streams, and clients that leave: their requests are aborted and their KV pages
 come back (read from /metrics)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -17,8 +18,14 @@ MAX_TOKENS = 24
 
 
 def _body(prompt: str, stream: bool, max_tokens: int = MAX_TOKENS) -> dict:
-  return {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-          "ignore_eos": True, "stream": stream}
+  return {
+    "model": MODEL,
+    "prompt": prompt,
+    "max_tokens": max_tokens,
+    "temperature": 0,
+    "ignore_eos": True,
+    "stream": stream,
+  }
 
 
 async def _stream_text(client: httpx.AsyncClient, prompt: str, stop_after: int | None) -> str:
@@ -39,8 +46,13 @@ def test_64_streams_match_non_streamed_and_cancelled_half_frees_everything(serve
   expected = {}
   with openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0) as client:
     for prompt in PROMPTS:
-      reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS,
-                                        temperature=0, extra_body={"ignore_eos": True})
+      reply = client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+      )
       expected[prompt] = reply.choices[0].text
 
   async def run() -> list[tuple[str, int | None, str]]:
@@ -65,13 +77,21 @@ def test_64_streams_match_non_streamed_and_cancelled_half_frees_everything(serve
 
 def test_async_openai_client_streams_concurrently(served):
   async def run() -> list[str]:
-    async with openai.AsyncOpenAI(base_url=f"{served.url}/v1", api_key="unused",
-                                  max_retries=0) as client:
+    async with openai.AsyncOpenAI(
+      base_url=f"{served.url}/v1", api_key="unused", max_retries=0
+    ) as client:
+
       async def one(prompt: str) -> str:
         stream = await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=8,
-            temperature=0, stream=True, extra_body={"ignore_eos": True})
+          model=MODEL,
+          messages=[{"role": "user", "content": prompt}],
+          max_tokens=8,
+          temperature=0,
+          stream=True,
+          extra_body={"ignore_eos": True},
+        )
         return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
       return await asyncio.gather(*(one(p) for p in PROMPTS[:4] * 4))
 
   texts = asyncio.run(run())

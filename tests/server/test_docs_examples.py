@@ -1,5 +1,6 @@
 """The server examples of README.md run as written against the server (localhost:8000 replaced by
 the test server's address)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -92,6 +93,6 @@ def test_readme_jaxserve_commands_parse():
   for command in commands:
     argv = shlex.split(command.replace('"$KEY"', "key"))[1:]
     if "&&" in argv:
-      argv = argv[:argv.index("&&")]
+      argv = argv[: argv.index("&&")]
     args, unknown = build_parser().parse_known_args(argv)
     assert unknown == [], (command, unknown)

@@ -3,6 +3,7 @@ refused (503 or connection refused), and the process exits 0. Streams still runn
 server.drain_timeout_s expires end with an error event and [DONE], with no traceback logged. A
 signal while the supervisor is still spawning its API processes stops them all; the API
 processes start side by side."""
+
 from __future__ import annotations
 
 import json
@@ -26,14 +27,22 @@ MAX_TOKENS = 150
 
 
 def _write_config(path: str, drain_timeout_s: float = 30, model: str = "tiny-random") -> None:
-  cache_dir = os.environ.get("JAXSERVE_TEST_XLA_CACHE",
-                             os.path.join(tempfile.gettempdir(), "jaxserve-test-xla-cache"))
-  config = {"model": model, "max_model_len": MAX_MODEL_LEN,
-            "compilation_cache_dir": cache_dir,
-            "cache": {"page_size": 16, "num_pages": 256},
-            "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 64,
-                          "seq_buckets": [16], "token_buckets": [64]},
-            "server": {"drain_timeout_s": drain_timeout_s}}
+  cache_dir = os.environ.get(
+    "JAXSERVE_TEST_XLA_CACHE", os.path.join(tempfile.gettempdir(), "jaxserve-test-xla-cache")
+  )
+  config = {
+    "model": model,
+    "max_model_len": MAX_MODEL_LEN,
+    "compilation_cache_dir": cache_dir,
+    "cache": {"page_size": 16, "num_pages": 256},
+    "scheduler": {
+      "max_num_seqs": 16,
+      "max_num_batched_tokens": 64,
+      "seq_buckets": [16],
+      "token_buckets": [64],
+    },
+    "server": {"drain_timeout_s": drain_timeout_s},
+  }
   with open(path, "w") as f:
     yaml.safe_dump(config, f)
 
@@ -66,17 +75,31 @@ def _wait_until_draining(url: str) -> None:
   raise AssertionError("the server did not start draining")
 
 
-def _start_server(tmp_path, log_level: str, api_server_count: int | None = None,
-                  **config) -> tuple[subprocess.Popen, str]:
+def _start_server(
+  tmp_path, log_level: str, api_server_count: int | None = None, **config
+) -> tuple[subprocess.Popen, str]:
   """A `jaxserve serve` process on a free port (the server.yaml of _write_config); its URL."""
   config_path = str(tmp_path / "server.yaml")
   _write_config(config_path, **config)
   port = free_port()
   process = subprocess.Popen(
-      [sys.executable, "-m", "jaxserve.cli", "serve", "--config", config_path, "--port", str(port),
-       "--log-level", log_level]
-      + ([] if api_server_count is None else ["--api-server-count", str(api_server_count)]),
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    [
+      sys.executable,
+      "-m",
+      "jaxserve.cli",
+      "serve",
+      "--config",
+      config_path,
+      "--port",
+      str(port),
+      "--log-level",
+      log_level,
+    ]
+    + ([] if api_server_count is None else ["--api-server-count", str(api_server_count)]),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
   return process, f"http://127.0.0.1:{port}"
 
 
@@ -89,8 +112,14 @@ def test_sigterm_drains_running_stream_and_exits_zero(tmp_path, api_server_count
     first = threading.Event()
 
     def stream() -> None:
-      body = {"prompt": "drain me", "max_tokens": MAX_TOKENS, "temperature": 0,
-              "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+      body = {
+        "prompt": "drain me",
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+      }
       with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
         for line in response.iter_lines():
           if line:
@@ -104,8 +133,9 @@ def test_sigterm_drains_running_stream_and_exits_zero(tmp_path, api_server_count
     num_events_at_signal = len(events)
     _wait_until_draining(url)
     try:
-      refused = httpx.post(f"{url}/v1/completions", json={"prompt": "late", "max_tokens": 2},
-                           timeout=10)
+      refused = httpx.post(
+        f"{url}/v1/completions", json={"prompt": "late", "max_tokens": 2}, timeout=10
+      )
       assert refused.status_code == 503
       assert refused.json()["error"]["code"] == "service_unavailable"
     except httpx.TransportError:
@@ -133,8 +163,13 @@ def test_streams_running_at_the_drain_timeout_end_with_an_error_event(tmp_path):
     started = [threading.Event() for _ in range(num_streams)]
 
     def stream(i: int) -> None:
-      body = {"prompt": f"drain {i}", "max_tokens": MAX_MODEL_LEN - 16, "temperature": 0,
-              "ignore_eos": True, "stream": True}
+      body = {
+        "prompt": f"drain {i}",
+        "max_tokens": MAX_MODEL_LEN - 16,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+      }
       with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
         for line in response.iter_lines():
           if line:
@@ -165,12 +200,23 @@ def test_streams_running_at_the_drain_timeout_end_with_an_error_event(tmp_path):
 
 # A tiny model with Llama 3's 128,256-id vocabulary: every API process loads its tokenizer
 # (1.6 MB pickled, larger than a pipe's buffer) at start-up, as with a real checkpoint.
-LARGE_VOCAB_SHAPE = ModelConfig(architecture="llama", vocab_size=128256, hidden_size=64,
-                                intermediate_size=128, num_layers=1, num_q_heads=4,
-                                num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5,
-                                rope_theta=10000.0, max_position_embeddings=512,
-                                tie_word_embeddings=True, bos_token_id=128000,
-                                eos_token_ids=(128001,), dtype="bfloat16")
+LARGE_VOCAB_SHAPE = ModelConfig(
+  architecture="llama",
+  vocab_size=128256,
+  hidden_size=64,
+  intermediate_size=128,
+  num_layers=1,
+  num_q_heads=4,
+  num_kv_heads=2,
+  head_dim=16,
+  rms_norm_eps=1e-5,
+  rope_theta=10000.0,
+  max_position_embeddings=512,
+  tie_word_embeddings=True,
+  bos_token_id=128000,
+  eos_token_ids=(128001,),
+  dtype="bfloat16",
+)
 
 
 def test_sigterm_while_api_processes_start_stops_every_process(tmp_path):

@@ -2,6 +2,7 @@
 RemoteTokenizer, then README's `lm_eval` command (its --model_args as written, the base URL
 pointed at the test server) on two tiny local tasks, one generate_until and one
 multiple_choice, whose answers are checked against the server's own completions and scores."""
+
 from __future__ import annotations
 
 import json
@@ -18,12 +19,16 @@ lm_eval_utils = pytest.importorskip("lm_eval.utils")
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 DOC_URL = "http://localhost:8000"
-GEN_DOCS = [{"question": "Q: 1+1=", "answer": "2"}, {"question": "Q: say hi", "answer": "hi"},
-            {"question": "Once upon a", "answer": "time"}]
-MC_DOCS = [{"question": "The capital of France is", "choices": [" Paris", " Rome", " Oslo"],
-            "answer": 0},
-           {"question": "Two plus two is", "choices": [" four", " five"], "answer": 0},
-           {"question": "The sky is", "choices": [" blue", " green", " red"], "answer": 0}]
+GEN_DOCS = [
+  {"question": "Q: 1+1=", "answer": "2"},
+  {"question": "Q: say hi", "answer": "hi"},
+  {"question": "Once upon a", "answer": "time"},
+]
+MC_DOCS = [
+  {"question": "The capital of France is", "choices": [" Paris", " Rome", " Oslo"], "answer": 0},
+  {"question": "Two plus two is", "choices": [" four", " five"], "answer": 0},
+  {"question": "The sky is", "choices": [" blue", " green", " red"], "answer": 0},
+]
 
 
 def test_remote_tokenizer_reads_tokenizer_info(served):
@@ -37,8 +42,9 @@ def test_remote_tokenizer_reads_tokenizer_info(served):
   assert ids == tokenizer.encode(text, add_special_tokens=False)  # no bos: lm-eval adds its own
   assert remote.decode(ids) == text
   messages = [{"role": "user", "content": "Hi!"}]
-  assert remote.apply_chat_template(messages, bos_token="<s>") == \
-      tokenizer.apply_chat_template(messages)
+  assert remote.apply_chat_template(messages, bos_token="<s>") == tokenizer.apply_chat_template(
+    messages
+  )
   info = remote.tokenizer_info
   assert info["model_max_length"] == served.max_model_len
   assert info["tokenizer_class"] == "PreTrainedTokenizerFast"
@@ -57,18 +63,22 @@ def _write_tasks(directory: Path) -> None:
   for name, docs in (("gen", GEN_DOCS), ("mc", MC_DOCS)):
     with open(directory / f"{name}.jsonl", "w") as f:
       f.writelines(json.dumps(doc) + "\n" for doc in docs)
-  common = (f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {{path}}\n"
-            "test_split: test\ndoc_to_text: \"{{{{question}}}}\"\n")
+  common = (
+    "dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {path}\n"
+    'test_split: test\ndoc_to_text: "{{{{question}}}}"\n'
+  )
   (directory / "gen.yaml").write_text(
-      "task: jaxserve_tiny_gen\noutput_type: generate_until\n"
-      + common.format(path=directory / "gen.jsonl")
-      + "doc_to_target: \"{{answer}}\"\ngeneration_kwargs:\n  until: [\"\\n\"]\n"
-      "  max_gen_toks: 8\n  do_sample: false\nmetric_list:\n  - metric: exact_match\n")
+    "task: jaxserve_tiny_gen\noutput_type: generate_until\n"
+    + common.format(path=directory / "gen.jsonl")
+    + 'doc_to_target: "{{answer}}"\ngeneration_kwargs:\n  until: ["\\n"]\n'
+    "  max_gen_toks: 8\n  do_sample: false\nmetric_list:\n  - metric: exact_match\n"
+  )
   (directory / "mc.yaml").write_text(
-      "task: jaxserve_tiny_mc\noutput_type: multiple_choice\n"
-      + common.format(path=directory / "mc.jsonl")
-      + "doc_to_choice: \"{{choices}}\"\ndoc_to_target: \"{{answer}}\"\n"
-      "metric_list:\n  - metric: acc\n")
+    "task: jaxserve_tiny_mc\noutput_type: multiple_choice\n"
+    + common.format(path=directory / "mc.jsonl")
+    + 'doc_to_choice: "{{choices}}"\ndoc_to_target: "{{answer}}"\n'
+    "metric_list:\n  - metric: acc\n"
+  )
 
 
 def _samples(out_dir: Path, task: str) -> list[dict]:
@@ -89,13 +99,35 @@ def test_lm_eval_local_completions_both_output_types(served, tmp_path):
   model_args = model_args.replace(DOC_URL, served.url)
   _write_tasks(tmp_path)
   out_dir = tmp_path / "results"
-  env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1",
-         "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+  env = {
+    **os.environ,
+    "HF_HOME": str(tmp_path / "hf"),
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+  }
   run = subprocess.run(
-      [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args", model_args,
-       "--tasks", "jaxserve_tiny_gen,jaxserve_tiny_mc", "--include_path", str(tmp_path),
-       "--output_path", str(out_dir), "--log_samples"],
-      capture_output=True, text=True, timeout=600, env=env)
+    [
+      sys.executable,
+      "-m",
+      "lm_eval",
+      "--model",
+      "local-completions",
+      "--model_args",
+      model_args,
+      "--tasks",
+      "jaxserve_tiny_gen,jaxserve_tiny_mc",
+      "--include_path",
+      str(tmp_path),
+      "--output_path",
+      str(out_dir),
+      "--log_samples",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env=env,
+  )
   assert run.returncode == 0, run.stderr[-4000:]
   (results_path,) = out_dir.rglob("results_*.json")
   results = json.loads(results_path.read_text())["results"]
@@ -106,8 +138,12 @@ def test_lm_eval_local_completions_both_output_types(served, tmp_path):
   generated = _samples(out_dir, "jaxserve_tiny_gen")
   assert len(generated) == len(GEN_DOCS)
   for sample in generated:
-    body = {"prompt": tokenizer.encode(sample["doc"]["question"], add_special_tokens=False),
-            "max_tokens": 8, "temperature": 0, "stop": ["\n"]}
+    body = {
+      "prompt": tokenizer.encode(sample["doc"]["question"], add_special_tokens=False),
+      "max_tokens": 8,
+      "temperature": 0,
+      "stop": ["\n"],
+    }
     expected = httpx.post(f"{served.url}/v1/completions", json=body, timeout=60).json()
     assert sample["resps"][0][0] == expected["choices"][0]["text"]
 

@@ -1,4 +1,5 @@
 """The API through the official openai client and raw httpx against a real uvicorn server."""
+
 from __future__ import annotations
 
 import json
@@ -28,16 +29,25 @@ def _chat_prompt_ids(served, messages=MESSAGES) -> list[int]:
 
 def test_completion_streamed_equals_non_streamed_and_usage_counts(served, client):
   prompt = "The quick brown fox"
-  full = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
-                                   extra_body={"ignore_eos": True})
+  full = client.completions.create(
+    model=MODEL, prompt=prompt, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+  )
   choice = full.choices[0]
   assert choice.finish_reason == "length"
   assert full.usage.prompt_tokens == len(served.tokenizer.encode(prompt))
   assert full.usage.completion_tokens == 12
   assert full.usage.total_tokens == full.usage.prompt_tokens + 12
-  chunks = list(client.completions.create(
-      model=MODEL, prompt=prompt, max_tokens=12, temperature=0, stream=True,
-      stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+  chunks = list(
+    client.completions.create(
+      model=MODEL,
+      prompt=prompt,
+      max_tokens=12,
+      temperature=0,
+      stream=True,
+      stream_options={"include_usage": True},
+      extra_body={"ignore_eos": True},
+    )
+  )
   text_chunks = [c for c in chunks if c.choices]
   assert "".join(c.choices[0].text for c in text_chunks) == choice.text
   assert text_chunks[-1].choices[0].finish_reason == "length"
@@ -46,32 +56,46 @@ def test_completion_streamed_equals_non_streamed_and_usage_counts(served, client
 
 
 def test_chat_streamed_equals_non_streamed_and_usage_counts(served, client):
-  full = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10,
-                                        temperature=0)
+  full = client.chat.completions.create(
+    model=MODEL, messages=MESSAGES, max_tokens=10, temperature=0
+  )
   message = full.choices[0].message
   assert message.role == "assistant"
   assert full.usage.prompt_tokens == len(_chat_prompt_ids(served))
   assert 1 <= full.usage.completion_tokens <= 10
-  chunks = list(client.chat.completions.create(
-      model=MODEL, messages=MESSAGES, max_tokens=10, temperature=0, stream=True,
-      stream_options={"include_usage": True}))
+  chunks = list(
+    client.chat.completions.create(
+      model=MODEL,
+      messages=MESSAGES,
+      max_tokens=10,
+      temperature=0,
+      stream=True,
+      stream_options={"include_usage": True},
+    )
+  )
   assert chunks[0].choices[0].delta.role == "assistant"
   text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
   assert text == message.content
-  finishes = [c.choices[0].finish_reason for c in chunks if c.choices and
-              c.choices[0].finish_reason]
+  finishes = [
+    c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+  ]
   assert finishes == [full.choices[0].finish_reason]
   assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
 
 
 def test_chat_default_max_tokens_fills_the_context(served, client):
-  reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0,
-                                         extra_body={"ignore_eos": True})
+  reply = client.chat.completions.create(
+    model=MODEL, messages=MESSAGES, temperature=0, extra_body={"ignore_eos": True}
+  )
   assert reply.choices[0].finish_reason == "length"
   assert reply.usage.total_tokens == served.max_model_len
-  capped = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0,
-                                          max_completion_tokens=3,
-                                          extra_body={"ignore_eos": True})
+  capped = client.chat.completions.create(
+    model=MODEL,
+    messages=MESSAGES,
+    temperature=0,
+    max_completion_tokens=3,
+    extra_body={"ignore_eos": True},
+  )
   assert capped.usage.completion_tokens == 3
 
 
@@ -88,40 +112,59 @@ def test_n_with_seed_expands_into_seeded_children(client):
 
 def test_batch_and_token_id_prompts(served, client):
   ids = served.tokenizer.encode("abc")
-  batch = client.completions.create(model=MODEL, prompt=["abc", "xyz"], max_tokens=4,
-                                    temperature=0, extra_body={"ignore_eos": True})
-  single = client.completions.create(model=MODEL, prompt=ids, max_tokens=4, temperature=0,
-                                     extra_body={"ignore_eos": True})
-  lists = client.completions.create(model=MODEL, prompt=[ids, ids], max_tokens=4, temperature=0,
-                                    extra_body={"ignore_eos": True})
+  batch = client.completions.create(
+    model=MODEL, prompt=["abc", "xyz"], max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+  )
+  single = client.completions.create(
+    model=MODEL, prompt=ids, max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+  )
+  lists = client.completions.create(
+    model=MODEL, prompt=[ids, ids], max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+  )
   assert len(batch.choices) == 2 and batch.usage.prompt_tokens == 8
   assert batch.choices[0].text == single.choices[0].text
   assert [c.text for c in lists.choices] == [single.choices[0].text] * 2
 
 
 def test_stop_strings_and_stop_token_ids(served, client):
-  base = client.completions.create(model=MODEL, prompt="stop test", max_tokens=16,
-                                   temperature=0, extra_body={"ignore_eos": True})
+  base = client.completions.create(
+    model=MODEL, prompt="stop test", max_tokens=16, temperature=0, extra_body={"ignore_eos": True}
+  )
   text = base.choices[0].text
   # tiny-random writes mostly stray bytes; stop on its first printable ASCII character
   stop = next(c for c in text[1:] if c.isascii() and c.isprintable())
-  stopped = client.completions.create(model=MODEL, prompt="stop test", max_tokens=16,
-                                      temperature=0, stop=[stop],
-                                      extra_body={"ignore_eos": True})
-  assert stopped.choices[0].text == text[:text.find(stop)]
+  stopped = client.completions.create(
+    model=MODEL,
+    prompt="stop test",
+    max_tokens=16,
+    temperature=0,
+    stop=[stop],
+    extra_body={"ignore_eos": True},
+  )
+  assert stopped.choices[0].text == text[: text.find(stop)]
   assert stopped.choices[0].finish_reason == "stop"
   stop_id = served.tokenizer.encode(stop, add_special_tokens=False)[0]
-  by_id = client.completions.create(model=MODEL, prompt="stop test", max_tokens=16,
-                                    temperature=0, extra_body={"stop_token_ids": [stop_id],
-                                                               "ignore_eos": True})
+  by_id = client.completions.create(
+    model=MODEL,
+    prompt="stop test",
+    max_tokens=16,
+    temperature=0,
+    extra_body={"stop_token_ids": [stop_id], "ignore_eos": True},
+  )
   assert by_id.choices[0].finish_reason == "stop"
-  assert by_id.choices[0].text == text[:text.find(stop)]
+  assert by_id.choices[0].text == text[: text.find(stop)]
   assert by_id.usage.completion_tokens < 16
 
 
 def test_completion_logprobs_shape(client):
-  reply = client.completions.create(model=MODEL, prompt="log", max_tokens=5, temperature=0,
-                                    logprobs=3, extra_body={"ignore_eos": True})
+  reply = client.completions.create(
+    model=MODEL,
+    prompt="log",
+    max_tokens=5,
+    temperature=0,
+    logprobs=3,
+    extra_body={"ignore_eos": True},
+  )
   logprobs = reply.choices[0].logprobs
   assert len(logprobs.tokens) == len(logprobs.token_logprobs) == 5
   assert "".join(logprobs.tokens) == reply.choices[0].text or "\ufffd" in reply.choices[0].text
@@ -132,9 +175,15 @@ def test_completion_logprobs_shape(client):
 
 
 def test_chat_logprobs_shape(client):
-  reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4,
-                                         temperature=0, logprobs=True, top_logprobs=2,
-                                         extra_body={"ignore_eos": True})
+  reply = client.chat.completions.create(
+    model=MODEL,
+    messages=MESSAGES,
+    max_tokens=4,
+    temperature=0,
+    logprobs=True,
+    top_logprobs=2,
+    extra_body={"ignore_eos": True},
+  )
   content = reply.choices[0].logprobs.content
   assert len(content) == 4
   for entry in content:
@@ -145,9 +194,18 @@ def test_chat_logprobs_shape(client):
 
 def test_scoring_with_echo_matches_offline_prompt_logprobs(served):
   prompt = "Scoring this prompt, token by token."
-  response = httpx.post(f"{served.url}/v1/completions", timeout=30, json={
-      "model": MODEL, "prompt": prompt, "echo": True, "max_tokens": 0, "logprobs": 1,
-      "temperature": 0})
+  response = httpx.post(
+    f"{served.url}/v1/completions",
+    timeout=30,
+    json={
+      "model": MODEL,
+      "prompt": prompt,
+      "echo": True,
+      "max_tokens": 0,
+      "logprobs": 1,
+      "temperature": 0,
+    },
+  )
   assert response.status_code == 200, response.text
   body = response.json()
   choice = body["choices"][0]
@@ -159,17 +217,27 @@ def test_scoring_with_echo_matches_offline_prompt_logprobs(served):
   assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
 
   llm = LLM(MODEL, config=server_engine_config(), show_progress=False)
-  offline = llm.generate([prompt], SamplingParams(max_tokens=1, prompt_logprobs=1,
-                                                  temperature=0), use_tqdm=False)[0]
+  offline = llm.generate(
+    [prompt], SamplingParams(max_tokens=1, prompt_logprobs=1, temperature=0), use_tqdm=False
+  )[0]
   expected = [None] + [entry.logprob for entry in offline.prompt_logprobs[1:]]
   assert len(expected) == len(ids)
   assert logprobs["token_logprobs"][0] is None
   for got, want in zip(logprobs["token_logprobs"][1:], expected[1:]):
     assert math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-4)
   # lm-evaluation-harness asks for max_tokens 1 and drops the last entry itself.
-  one = httpx.post(f"{served.url}/v1/completions", timeout=30, json={
-      "model": MODEL, "prompt": prompt, "echo": True, "max_tokens": 1, "logprobs": 1,
-      "temperature": 0}).json()["choices"][0]["logprobs"]
+  one = httpx.post(
+    f"{served.url}/v1/completions",
+    timeout=30,
+    json={
+      "model": MODEL,
+      "prompt": prompt,
+      "echo": True,
+      "max_tokens": 1,
+      "logprobs": 1,
+      "temperature": 0,
+    },
+  ).json()["choices"][0]["logprobs"]
   assert len(one["token_logprobs"]) == len(ids) + 1
   assert one["token_logprobs"][:-1] == logprobs["token_logprobs"]
 
@@ -189,8 +257,9 @@ def test_tokenize_detokenize_round_trip(served):
 def test_models_health_and_metrics(served, client):
   assert [m.id for m in client.models.list().data] == [MODEL]
   assert httpx.get(f"{served.url}/health").status_code == 200
-  client.completions.create(model=MODEL, prompt="count me", max_tokens=3, temperature=0,
-                            extra_body={"ignore_eos": True})
+  client.completions.create(
+    model=MODEL, prompt="count me", max_tokens=3, temperature=0, extra_body={"ignore_eos": True}
+  )
   values = wait_for_idle(served.url)
   assert values["jaxserve_kv_pages_total"] == served.server.state.engine.stats.num_total_pages
   assert values["jaxserve_xla_compilations_total"] >= 1
@@ -205,8 +274,9 @@ def test_models_health_and_metrics(served, client):
 
 
 def test_served_model_name_and_unknown_model(served):
-  response = httpx.post(f"{served.url}/v1/completions",
-                        json={"model": "gpt-4", "prompt": "x", "max_tokens": 1})
+  response = httpx.post(
+    f"{served.url}/v1/completions", json={"model": "gpt-4", "prompt": "x", "max_tokens": 1}
+  )
   assert response.status_code == 404
   assert response.json()["error"]["param"] == "model"
   assert response.json()["error"]["code"] == "model_not_found"

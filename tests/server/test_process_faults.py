@@ -3,6 +3,7 @@ core process, two API server processes on one port): the core killed mid-stream 
 stream with an error event and [DONE], /health turns 503 and the supervisor exits non-zero with
 the core's end; an API server process killed mid-stream has its requests aborted in the core (its
 KV pages come back) while the other process keeps serving."""
+
 from __future__ import annotations
 
 import json
@@ -28,9 +29,24 @@ class Supervisor:
     self.port = free_port()
     self.url = f"http://127.0.0.1:{self.port}"
     self.process = subprocess.Popen(
-        [sys.executable, "-m", "jaxserve.cli", "serve", "--config", config_path, "--port",
-         str(self.port), "--api-server-count", "2", "--log-level", "INFO"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      [
+        sys.executable,
+        "-m",
+        "jaxserve.cli",
+        "serve",
+        "--config",
+        config_path,
+        "--port",
+        str(self.port),
+        "--api-server-count",
+        "2",
+        "--log-level",
+        "INFO",
+      ],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
     self.lines: list[str] = []
     self._reader = threading.Thread(target=self._read, daemon=True)
     self._reader.start()
@@ -75,8 +91,13 @@ class Stream(threading.Thread):
     self.error: Exception | None = None
 
   def run(self) -> None:
-    body = {"prompt": f"fault {self.tag}", "max_tokens": 230, "temperature": 0,
-            "ignore_eos": True, "stream": True}
+    body = {
+      "prompt": f"fault {self.tag}",
+      "max_tokens": 230,
+      "temperature": 0,
+      "ignore_eos": True,
+      "stream": True,
+    }
     try:
       with httpx.stream("POST", f"{self.url}/v1/completions", json=body, timeout=60) as response:
         stream = response.extensions["network_stream"]
@@ -97,8 +118,9 @@ def _owner_of(local_port: int, server_port: int, pids: list[int]) -> int:
     for row in table.readlines()[1:]:
       fields = row.split()
       local, remote = fields[1], fields[2]
-      if (int(local.split(":")[1], 16) == server_port
-          and int(remote.split(":")[1], 16) == local_port):
+      if (
+        int(local.split(":")[1], 16) == server_port and int(remote.split(":")[1], 16) == local_port
+      ):
         inodes.add(fields[9])
   for pid in pids:
     for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -157,8 +179,9 @@ def test_killing_an_api_process_aborts_its_requests_and_the_other_keeps_serving(
     idle = wait_for_idle(supervisor.url)
     assert idle["jaxserve_kv_pages_used"] == 0 and idle["jaxserve_num_requests_running"] == 0
     assert idle["jaxserve_api_servers"] == 1  # the core said goodbye to the dead one
-    response = httpx.post(f"{supervisor.url}/v1/completions", timeout=30,
-                          json={"prompt": "still here", "max_tokens": 4})
+    response = httpx.post(
+      f"{supervisor.url}/v1/completions", timeout=30, json={"prompt": "still here", "max_tokens": 4}
+    )
     assert response.status_code == 200
     assert httpx.get(f"{supervisor.url}/health").status_code == 200
     assert scrape_metrics(supervisor.url)["jaxserve_kv_pages_used"] == 0

@@ -1,5 +1,6 @@
 """The periodic stats line: nothing while idle; after traffic, the throughputs, running/waiting
 requests and KV cache usage over the interval; logged from its own thread."""
+
 from __future__ import annotations
 
 import logging
@@ -11,14 +12,15 @@ import httpx
 from jaxserve.server.stats_logger import StatsLogger
 from tests.server.server_helpers import wait_for_idle
 
-LINE = re.compile(r"^Avg prompt throughput: ([\d.]+) tokens/s, Avg generation throughput: "
-                  r"([\d.]+) tokens/s, Running: (\d+) reqs, Waiting: (\d+) reqs, "
-                  r"KV cache usage: ([\d.]+)%$")
+LINE = re.compile(
+  r"^Avg prompt throughput: ([\d.]+) tokens/s, Avg generation throughput: "
+  r"([\d.]+) tokens/s, Running: (\d+) reqs, Waiting: (\d+) reqs, "
+  r"KV cache usage: ([\d.]+)%$"
+)
 
 
 def _complete(url: str, max_tokens: int) -> dict:
-  body = {"prompt": "stats please", "max_tokens": max_tokens, "temperature": 0,
-          "ignore_eos": True}
+  body = {"prompt": "stats please", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
   response = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
   response.raise_for_status()
   return response.json()
@@ -45,7 +47,9 @@ def test_tick_reports_the_interval_and_is_silent_when_idle(served):
 
 def test_thread_logs_lines_while_requests_run(served, caplog):
   caplog.set_level(logging.INFO, logger="jaxserve.server.stats_logger")
-  stats = StatsLogger(served.server.state.engine, served.server.state.metrics, interval_s=0.05).start()
+  stats = StatsLogger(
+    served.server.state.engine, served.server.state.metrics, interval_s=0.05
+  ).start()
   try:
     _complete(served.url, 60)
     time.sleep(0.2)

@@ -2,6 +2,7 @@
 detokenizer holds the text back; server.stream_interval K merges K steps per chunk; a decode burst
 is one chunk with several tokens. The engine core process's per-step messages are recorded as
 the API server's CoreClient receives them and compared with what real uvicorn servers stream."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,8 +15,13 @@ import pytest
 
 from jaxserve.config import load_config
 from jaxserve.core.client import CoreClient
-from tests.server.server_helpers import (core_backend, server_engine_config, start_core,
-                                         start_server, wait_for_idle)
+from tests.server.server_helpers import (
+  core_backend,
+  server_engine_config,
+  start_core,
+  start_server,
+  wait_for_idle,
+)
 from tests.tokenizer.tokenizer_checkpoints import llama3_checkpoint
 
 # A byte-level BPE over 500 ids (the model samples ids below 512): random ids are often single
@@ -58,8 +64,10 @@ def _serve(config, intervals: tuple[int, ...]):
   core = start_core(config)
   backend = core_backend(core)
   recorder = StepRecorder()
-  servers = {k: start_server(backend, recorder.tap(backend.make_client()), stream_interval=k)
-             for k in intervals}
+  servers = {
+    k: start_server(backend, recorder.tap(backend.make_client()), stream_interval=k)
+    for k in intervals
+  }
   return backend, core, recorder, servers
 
 
@@ -67,7 +75,8 @@ def _serve(config, intervals: tuple[int, ...]):
 def held_back(tmp_path_factory):
   tokenizer_dir = llama3_checkpoint(str(tmp_path_factory.mktemp("bpe")), vocab_size=500)
   backend, core, recorder, servers = _serve(
-      server_engine_config().replace(tokenizer=tokenizer_dir), (1, 3))
+    server_engine_config().replace(tokenizer=tokenizer_dir), (1, 3)
+  )
   yield backend, recorder, servers
   for server in servers.values():
     server.stop()
@@ -97,14 +106,20 @@ def _stream(url: str, path: str, body: dict) -> list[dict]:
       if line == "data: [DONE]":
         done = True
       else:
-        events.append(json.loads(line[len("data: "):]))
+        events.append(json.loads(line[len("data: ") :]))
   assert done
   return events
 
 
 def _completion_chunks(url: str, **fields) -> tuple[str, list[dict], dict]:
-  body = {"prompt": PROMPT, "max_tokens": NUM_TOKENS, "temperature": 0, "ignore_eos": True,
-          "logprobs": 0, **fields}
+  body = {
+    "prompt": PROMPT,
+    "max_tokens": NUM_TOKENS,
+    "temperature": 0,
+    "ignore_eos": True,
+    "logprobs": 0,
+    **fields,
+  }
   events = _stream(url, "/v1/completions", body)
   *chunks, usage = events
   assert usage["choices"] == [] and all(len(c["choices"]) == 1 for c in chunks)
@@ -126,9 +141,17 @@ def test_a_chunk_per_step_even_when_the_text_is_held_back(held_back):
   assert sum(c["text"] == "" for c in chunks) >= 3  # held-back bytes still get their chunk
   text = "".join(c["text"] for c in chunks)
   assert text == tokenizer.decode(ids)
-  full = httpx.post(f"{url}/v1/completions", timeout=60, json={
-      "prompt": PROMPT, "max_tokens": NUM_TOKENS, "temperature": 0, "ignore_eos": True,
-      "logprobs": 0}).json()
+  full = httpx.post(
+    f"{url}/v1/completions",
+    timeout=60,
+    json={
+      "prompt": PROMPT,
+      "max_tokens": NUM_TOKENS,
+      "temperature": 0,
+      "ignore_eos": True,
+      "logprobs": 0,
+    },
+  ).json()
   assert full["choices"][0]["text"] == text
   assert full["choices"][0]["logprobs"]["tokens"] == tokenizer.convert_ids_to_tokens(ids)
   wait_for_idle(url)
@@ -156,8 +179,13 @@ def test_without_logprobs_still_a_chunk_per_token(held_back, path):
 
 def test_chat_chunks_per_step_with_logprobs(held_back):
   engine, recorder, servers = held_back
-  body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": NUM_TOKENS,
-          "temperature": 0, "ignore_eos": True, "logprobs": True}
+  body = {
+    "messages": [{"role": "user", "content": PROMPT}],
+    "max_tokens": NUM_TOKENS,
+    "temperature": 0,
+    "ignore_eos": True,
+    "logprobs": True,
+  }
   *chunks, usage = _stream(servers[1].url, "/v1/chat/completions", body)
   role, *tokens = [c["choices"][0] for c in chunks]
   assert role["delta"] == {"role": "assistant", "content": ""}
@@ -170,7 +198,8 @@ def test_chat_chunks_per_step_with_logprobs(held_back):
   assert [c["finish_reason"] for c in tokens] == [None] * (NUM_TOKENS - 1) + ["length"]
   assert any(c["delta"]["content"] == "" for c in tokens)
   assert "".join(c["delta"]["content"] for c in tokens) == engine.tokenizer.decode(
-      [step[0] for step in steps])
+    [step[0] for step in steps]
+  )
 
 
 def test_stream_interval_merges_steps(held_back):
@@ -183,7 +212,7 @@ def test_stream_interval_merges_steps(held_back):
   for index, choice_chunks in by_choice.items():
     steps = recorder.of(response_id, index)
     # the first step at once, then three steps a chunk; the last chunk has what is left
-    groups = [steps[:1]] + [steps[i:i + 3] for i in range(1, len(steps), 3)]
+    groups = [steps[:1]] + [steps[i : i + 3] for i in range(1, len(steps), 3)]
     assert len(choice_chunks) == len(groups) == 1 + -(-(NUM_TOKENS - 1) // 3)
     for chunk, group in zip(choice_chunks, groups):
       ids = [token for step in group for token in step]

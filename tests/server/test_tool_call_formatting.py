@@ -1,5 +1,6 @@
 """How chat choices become tool calls (server/tool_calls.py), on hand-written model outputs:
 "auto" through the Hermes parser, "required" / a named function from the constrained JSON."""
+
 from __future__ import annotations
 
 import json
@@ -7,20 +8,34 @@ import json
 from jaxserve.server.protocol import parse_chat_request
 from jaxserve.server.tool_calls import ToolCallFormatter
 
-TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-HERMES = 'Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+TOOL = {
+  "type": "function",
+  "function": {
+    "name": "get_weather",
+    "parameters": {
+      "type": "object",
+      "properties": {"city": {"type": "string"}},
+      "required": ["city"],
+    },
+  },
+}
+HERMES = (
+  'Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+)
 
 
 def _formatter(tool_choice, parser="hermes") -> ToolCallFormatter:
-  body = {"messages": [{"role": "user", "content": "hi"}], "tools": [TOOL],
-          "tool_choice": tool_choice}
+  body = {
+    "messages": [{"role": "user", "content": "hi"}],
+    "tools": [TOOL],
+    "tool_choice": tool_choice,
+  }
   return ToolCallFormatter(parse_chat_request(body, 256), parser)
 
 
 def _streamed(formatter: ToolCallFormatter, text: str, finish_reason: str):
   stream = formatter.stream()
-  deltas = [stream.feed(text[i:i + 7]) for i in range(0, len(text), 7)]
+  deltas = [stream.feed(text[i : i + 7]) for i in range(0, len(text), 7)]
   last, reason = stream.finish(finish_reason)
   deltas.append(last)
   content = "".join(d.content for d in deltas)
@@ -36,11 +51,13 @@ def test_auto_with_the_hermes_parser_whole_and_streamed():
   message = _formatter("auto").final(HERMES, "stop")
   assert message.finish_reason == "tool_calls" and message.content == "Let me check."
   assert [(c.name, json.loads(c.arguments)) for c in message.tool_calls] == [
-      ("get_weather", {"city": "Oslo"})]
+    ("get_weather", {"city": "Oslo"})
+  ]
   content, calls, reason = _streamed(_formatter("auto"), HERMES, "stop")
   assert reason == "tool_calls" and content == "Let me check."
   assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
-      ("get_weather", {"city": "Oslo"})]
+    ("get_weather", {"city": "Oslo"})
+  ]
 
 
 def test_plain_text_and_no_parser_stay_content():
@@ -58,7 +75,9 @@ def test_forced_calls_whole_streamed_and_cut_by_max_tokens():
   assert message.tool_calls[0].arguments == '{"city":"Lima"}'
   content, calls, reason = _streamed(_formatter(named), text, "stop")
   assert (content, reason) == ("", "tool_calls") and calls[0]["name"] == "get_weather"
-  assert calls[0]["id"].startswith("call_") and json.loads(calls[0]["arguments"]) == {"city": "Lima"}
+  assert calls[0]["id"].startswith("call_") and json.loads(calls[0]["arguments"]) == {
+    "city": "Lima"
+  }
   required = _formatter("required").final(f"[{text},{text}]", "stop")
   assert len(required.tool_calls) == 2
   cut = _formatter("required").final('[{"name":"get_w', "length")

@@ -1,4 +1,5 @@
 """Shared pieces of the structured-output tests: tokenizers, a random "model" and JSON checks."""
+
 from __future__ import annotations
 
 import functools
@@ -7,8 +8,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jaxserve.structured import (BitmaskFiller, GrammarCompiler, GrammarState, SequenceMatcher,
-                                 StructuredOutputSpec, TokenizerInfo, build_llg_tokenizer)
+from jaxserve.structured import (
+  BitmaskFiller,
+  GrammarCompiler,
+  GrammarState,
+  SequenceMatcher,
+  StructuredOutputSpec,
+  TokenizerInfo,
+  build_llg_tokenizer,
+)
 from jaxserve.tokenizer import Tokenizer, byte_level_tokenizer
 from jaxserve.tokenizer.tokenizer import load_tokenizer_dir
 from tests.tokenizer import tokenizer_checkpoints as ckpt
@@ -57,14 +65,15 @@ def allowed_ids(row: np.ndarray, vocab_size: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Walk:
-  token_ids: tuple[int, ...]   # without the final eos
+  token_ids: tuple[int, ...]  # without the final eos
   ended_with_eos: bool
   state: GrammarState
   max_allowed_id: int
 
 
-def random_walk(setup: Setup, spec: StructuredOutputSpec, rng: np.random.Generator,
-                max_steps: int = 2000) -> Walk:
+def random_walk(
+  setup: Setup, spec: StructuredOutputSpec, rng: np.random.Generator, max_steps: int = 2000
+) -> Walk:
   """A random model: each step samples uniformly among the ids the mask allows, until eos."""
   matcher = SequenceMatcher(setup.compiler.compile(spec), setup.info)
   bitmask = setup.filler.new_bitmask(1)

@@ -1,31 +1,50 @@
 """GrammarCompiler (validation, cache) and SequenceMatcher / BitmaskFiller (masks, rollback, dead
 ends) with real tokenizers and real llguidance."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from jaxserve.structured import (BitmaskFiller, GrammarCompiler, GrammarState, SequenceMatcher,
-                                 StructuredOutputError, StructuredOutputSpec, WhitespacePolicy,
-                                 build_llg_tokenizer)
+from jaxserve.structured import (
+  BitmaskFiller,
+  GrammarCompiler,
+  GrammarState,
+  SequenceMatcher,
+  StructuredOutputError,
+  StructuredOutputSpec,
+  WhitespacePolicy,
+  build_llg_tokenizer,
+)
 from jaxserve.tokenizer import byte_level_tokenizer
-from tests.structured.helpers import (allowed_ids, byte_tokenizer, llama3_bpe, random_walk,
-                                      sentencepiece_bpe)
+from tests.structured.helpers import (
+  allowed_ids,
+  byte_tokenizer,
+  llama3_bpe,
+  random_walk,
+  sentencepiece_bpe,
+)
 
 BYTE_EOS = 257
 
 
-@pytest.mark.parametrize("spec", [
+@pytest.mark.parametrize(
+  "spec",
+  [
     StructuredOutputSpec.json_schema({"type": "wat"}, param="response_format.json_schema.schema"),
-    StructuredOutputSpec.json_schema({"type": "string", "pattern": "a("},
-                                     param="structured_outputs.json"),
-    StructuredOutputSpec.json_schema({"type": "string", "format": "no-such-format"},
-                                     param="structured_outputs.json"),
+    StructuredOutputSpec.json_schema(
+      {"type": "string", "pattern": "a("}, param="structured_outputs.json"
+    ),
+    StructuredOutputSpec.json_schema(
+      {"type": "string", "format": "no-such-format"}, param="structured_outputs.json"
+    ),
     StructuredOutputSpec.regex("a(", param="structured_outputs.regex"),
     StructuredOutputSpec.regex("[a&&b]", param="structured_outputs.regex"),  # matches nothing
     StructuredOutputSpec.grammar("start: undefined_rule", param="structured_outputs.grammar"),
     StructuredOutputSpec.grammar("root ::= [", param="structured_outputs.grammar"),
-], ids=lambda s: s.param)
+  ],
+  ids=lambda s: s.param,
+)
 def test_invalid_constraints_raise_naming_the_field(spec):
   compiler = byte_tokenizer().compiler
   with pytest.raises(StructuredOutputError) as err:
@@ -38,15 +57,18 @@ def test_invalid_constraints_raise_naming_the_field(spec):
 def test_cache_hits_and_lru_eviction():
   llg_tokenizer, info = build_llg_tokenizer(byte_level_tokenizer())
   compiler = GrammarCompiler(llg_tokenizer, info, cache_size=2)
-  a = StructuredOutputSpec.json_schema({"type": "integer"}, param="response_format.json_schema.schema")
+  a = StructuredOutputSpec.json_schema(
+    {"type": "integer"}, param="response_format.json_schema.schema"
+  )
   a_again = StructuredOutputSpec.json_schema({"type": "integer"}, param="structured_outputs.json")
   b = StructuredOutputSpec.regex("[0-9]+")
   c = StructuredOutputSpec.choice(["x"])
   compiler.compile(a)
   compiler.compile(a_again)
   assert (compiler.stats().hits, compiler.stats().misses) == (1, 1)
-  compiler.compile(StructuredOutputSpec.json_schema({"type": "integer"},
-                                                    whitespace=WhitespacePolicy.SPACED))
+  compiler.compile(
+    StructuredOutputSpec.json_schema({"type": "integer"}, whitespace=WhitespacePolicy.SPACED)
+  )
   assert compiler.stats().misses == 2
   compiler.compile(b)
   compiler.compile(c)  # evicts the least recently used: a
@@ -95,7 +117,9 @@ def test_sentencepiece_tokenizer_uses_the_byte_table():
 
 def test_states_and_finished_only_allows_eos():
   setup = byte_tokenizer()
-  matcher = SequenceMatcher(setup.compiler.compile(StructuredOutputSpec.choice(["yes"])), setup.info)
+  matcher = SequenceMatcher(
+    setup.compiler.compile(StructuredOutputSpec.choice(["yes"])), setup.info
+  )
   assert matcher.state is GrammarState.ACTIVE and not matcher.is_accepting()
   assert matcher.consume(list(b"yes"))
   assert matcher.state is GrammarState.FINISHED and matcher.is_accepting()
@@ -106,7 +130,9 @@ def test_states_and_finished_only_allows_eos():
 
 def test_dead_end_is_reported_and_masks_only_eos():
   setup = byte_tokenizer()
-  matcher = SequenceMatcher(setup.compiler.compile(StructuredOutputSpec.regex("[0-9]+")), setup.info)
+  matcher = SequenceMatcher(
+    setup.compiler.compile(StructuredOutputSpec.regex("[0-9]+")), setup.info
+  )
   other = SequenceMatcher(setup.compiler.compile(StructuredOutputSpec.regex("[0-9]+")), setup.info)
   assert matcher.consume([ord("7")])
   assert not matcher.consume([ord("x")])  # a token outside the mask (e.g. a stale mask)
@@ -117,15 +143,23 @@ def test_dead_end_is_reported_and_masks_only_eos():
   assert allowed_ids(report.bitmask[0], 512).tolist() == list(range(ord("0"), ord("9") + 1))
   with pytest.raises(ValueError, match="dead end"):
     matcher.rollback(1)
-  rebuilt = SequenceMatcher(setup.compiler.compile(StructuredOutputSpec.regex("[0-9]+")), setup.info)
+  rebuilt = SequenceMatcher(
+    setup.compiler.compile(StructuredOutputSpec.regex("[0-9]+")), setup.info
+  )
   assert rebuilt.consume([ord("7")]) and rebuilt.state is GrammarState.ACTIVE
 
 
 def test_rollback_restores_earlier_masks():
   setup = llama3_bpe()
-  schema = {"type": "object", "additionalProperties": False, "required": ["k", "v"],
-            "properties": {"k": {"type": "string", "maxLength": 6},
-                           "v": {"type": "array", "items": {"type": "integer"}, "maxItems": 3}}}
+  schema = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["k", "v"],
+    "properties": {
+      "k": {"type": "string", "maxLength": 6},
+      "v": {"type": "array", "items": {"type": "integer"}, "maxItems": 3},
+    },
+  }
   spec = StructuredOutputSpec.json_schema(schema)
   walk = random_walk(setup, spec, np.random.default_rng(7))
   tokens = list(walk.token_ids)
@@ -142,7 +176,7 @@ def test_rollback_restores_earlier_masks():
     assert matcher.num_tokens == len(tokens) - back
     matcher.fill_bitmask(bitmask, 0)
     np.testing.assert_array_equal(bitmask[0], masks[len(tokens) - back])
-    assert matcher.consume(tokens[len(tokens) - back:])
+    assert matcher.consume(tokens[len(tokens) - back :])
   assert matcher.consume([setup.info.eos_token_ids[0]]) and matcher.state is GrammarState.FINISHED
   with pytest.raises(ValueError, match="num_tokens"):
     matcher.rollback(len(tokens) + 2)
@@ -154,10 +188,13 @@ def test_rollback_restores_earlier_masks():
   np.testing.assert_array_equal(bitmask[0], masks[-1])
 
 
-@pytest.mark.parametrize("pattern, text, state_before_eos", [
-    ("ab", b"ab", GrammarState.FINISHED),   # complete: nothing but eos can follow
-    ("a+", b"aa", GrammarState.ACTIVE),     # accepting, but more a's may follow
-])
+@pytest.mark.parametrize(
+  "pattern, text, state_before_eos",
+  [
+    ("ab", b"ab", GrammarState.FINISHED),  # complete: nothing but eos can follow
+    ("a+", b"aa", GrammarState.ACTIVE),  # accepting, but more a's may follow
+  ],
+)
 def test_rollback_of_eos(pattern, text, state_before_eos):
   setup = byte_tokenizer()
   matcher = SequenceMatcher(setup.compiler.compile(StructuredOutputSpec.regex(pattern)), setup.info)
@@ -178,9 +215,12 @@ def test_rollback_of_eos(pattern, text, state_before_eos):
 
 def test_batch_fill_matches_single_fills_and_leaves_other_rows_unconstrained():
   setup = llama3_bpe()
-  specs = [StructuredOutputSpec.regex("[0-9]{2,4}"), StructuredOutputSpec.json_object(),
-           StructuredOutputSpec.choice(["lazy dog", "quick fox"]),
-           StructuredOutputSpec.json_schema({"type": "array", "items": {"type": "boolean"}})]
+  specs = [
+    StructuredOutputSpec.regex("[0-9]{2,4}"),
+    StructuredOutputSpec.json_object(),
+    StructuredOutputSpec.choice(["lazy dog", "quick fox"]),
+    StructuredOutputSpec.json_schema({"type": "array", "items": {"type": "boolean"}}),
+  ]
   matchers = [SequenceMatcher(setup.compiler.compile(s), setup.info) for s in specs]
   assert matchers[1].consume(setup.tokenizer.encode('{"a', add_special_tokens=False))
   rows = [(matchers[0], 5), (matchers[1], 0), (matchers[2], 2), (matchers[3], 6)]
@@ -207,11 +247,15 @@ def test_parallel_consume():
   filler = BitmaskFiller(setup.info, num_threads=2)
   spec = StructuredOutputSpec.regex("[a-c]+")
   matchers = [SequenceMatcher(setup.compiler.compile(spec), setup.info) for _ in range(3)]
-  assert filler.consume([(matchers[0], ord("a")), (matchers[1], ord("z")), (matchers[2], ord("c"))]) \
-      == [True, False, True]
+  assert filler.consume(
+    [(matchers[0], ord("a")), (matchers[1], ord("z")), (matchers[2], ord("c"))]
+  ) == [True, False, True]
   assert [m.num_tokens for m in matchers] == [1, 0, 1]
-  assert [m.state for m in matchers] == [GrammarState.ACTIVE, GrammarState.DEAD_END,
-                                         GrammarState.ACTIVE]
+  assert [m.state for m in matchers] == [
+    GrammarState.ACTIVE,
+    GrammarState.DEAD_END,
+    GrammarState.ACTIVE,
+  ]
 
 
 def test_fill_checks_the_buffer():

@@ -1,4 +1,5 @@
 """build_llg_tokenizer: vocabulary padding, eos, and the byte-table path's tokenization."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,7 +15,9 @@ def test_mask_width_follows_the_model_vocabulary():
   setup = llama3_bpe()
   assert setup.info.from_tokenizer_json
   assert setup.info.vocab_size == 640 and setup.info.bitmask_words == 20
-  assert setup.info.eos_token_ids == setup.tokenizer.eos_token_ids and len(setup.info.eos_token_ids) == 2
+  assert (
+    setup.info.eos_token_ids == setup.tokenizer.eos_token_ids and len(setup.info.eos_token_ids) == 2
+  )
   llg_tokenizer, info = build_llg_tokenizer(byte_level_tokenizer())
   assert (info.vocab_size, llg_tokenizer.vocab_size, info.eos_token_ids) == (512, 512, (257,))
 

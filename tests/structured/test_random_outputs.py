@@ -3,6 +3,7 @@
 Outputs are decoded with the real tokenizer and checked with jsonschema / Python's re, not with
 llguidance, so a wrong mask or a wrong token table fails here.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,46 +14,78 @@ import numpy as np
 import pytest
 
 from jaxserve.structured import GrammarState, StructuredOutputSpec, WhitespacePolicy
-from tests.structured.helpers import (byte_tokenizer, llama3_bpe, random_walk,
-                                      whitespace_outside_strings)
+from tests.structured.helpers import (
+  byte_tokenizer,
+  llama3_bpe,
+  random_walk,
+  whitespace_outside_strings,
+)
 
 SETUPS = {"llama3_bpe": llama3_bpe, "byte": byte_tokenizer}
 NUM_SAMPLES = 12
 
 PERSON = {
-    "type": "object", "additionalProperties": False,
-    "required": ["id", "name", "status", "address", "tags"],
-    "properties": {
-        "id": {"type": "integer", "minimum": 0, "maximum": 99999},
-        "name": {"type": "string", "minLength": 1, "maxLength": 10},
-        "status": {"enum": ["active", "inactive", "banned"]},
-        "score": {"type": "number"},
-        "verified": {"type": "boolean"},
-        "address": {"type": "object", "additionalProperties": False, "required": ["city"],
-                    "properties": {"city": {"type": "string", "maxLength": 8},
-                                   "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 4},
+  "type": "object",
+  "additionalProperties": False,
+  "required": ["id", "name", "status", "address", "tags"],
+  "properties": {
+    "id": {"type": "integer", "minimum": 0, "maximum": 99999},
+    "name": {"type": "string", "minLength": 1, "maxLength": 10},
+    "status": {"enum": ["active", "inactive", "banned"]},
+    "score": {"type": "number"},
+    "verified": {"type": "boolean"},
+    "address": {
+      "type": "object",
+      "additionalProperties": False,
+      "required": ["city"],
+      "properties": {
+        "city": {"type": "string", "maxLength": 8},
+        "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+      },
     },
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 4},
+  },
 }
 NESTED_ARRAYS = {
-    "type": "array", "minItems": 1, "maxItems": 3,
-    "items": {"type": "object", "additionalProperties": False, "required": ["kind", "points"],
-              "properties": {"kind": {"const": "polyline"},
-                             "points": {"type": "array", "maxItems": 3,
-                                        "items": {"type": "array", "minItems": 2, "maxItems": 2,
-                                                  "items": {"type": "integer"}}},
-                             "label": {"anyOf": [{"type": "null"}, {"enum": ["a", "b"]}]}}},
+  "type": "array",
+  "minItems": 1,
+  "maxItems": 3,
+  "items": {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["kind", "points"],
+    "properties": {
+      "kind": {"const": "polyline"},
+      "points": {
+        "type": "array",
+        "maxItems": 3,
+        "items": {"type": "array", "minItems": 2, "maxItems": 2, "items": {"type": "integer"}},
+      },
+      "label": {"anyOf": [{"type": "null"}, {"enum": ["a", "b"]}]},
+    },
+  },
 }
 PYDANTIC_STYLE = {  # what openai's client.chat.completions.parse sends for a pydantic model
-    "$defs": {"Step": {"additionalProperties": False, "properties": {
+  "$defs": {
+    "Step": {
+      "additionalProperties": False,
+      "properties": {
         "explanation": {"maxLength": 8, "title": "Explanation", "type": "string"},
-        "output": {"maxLength": 8, "title": "Output", "type": "string"}},
-        "required": ["explanation", "output"], "title": "Step", "type": "object"}},
-    "additionalProperties": False,
-    "properties": {"steps": {"items": {"$ref": "#/$defs/Step"}, "maxItems": 3, "title": "Steps",
-                             "type": "array"},
-                   "final_answer": {"enum": ["yes", "no"], "title": "Final Answer"}},
-    "required": ["steps", "final_answer"], "title": "Answer", "type": "object",
+        "output": {"maxLength": 8, "title": "Output", "type": "string"},
+      },
+      "required": ["explanation", "output"],
+      "title": "Step",
+      "type": "object",
+    }
+  },
+  "additionalProperties": False,
+  "properties": {
+    "steps": {"items": {"$ref": "#/$defs/Step"}, "maxItems": 3, "title": "Steps", "type": "array"},
+    "final_answer": {"enum": ["yes", "no"], "title": "Final Answer"},
+  },
+  "required": ["steps", "final_answer"],
+  "title": "Answer",
+  "type": "object",
 }
 
 
@@ -64,8 +97,9 @@ def _outputs(setup, spec, seed, num=NUM_SAMPLES, max_steps=2000):
 
 
 @pytest.mark.parametrize("setup_name", SETUPS)
-@pytest.mark.parametrize("schema", [PERSON, NESTED_ARRAYS, PYDANTIC_STYLE],
-                         ids=["person", "nested_arrays", "pydantic"])
+@pytest.mark.parametrize(
+  "schema", [PERSON, NESTED_ARRAYS, PYDANTIC_STYLE], ids=["person", "nested_arrays", "pydantic"]
+)
 def test_json_schema_outputs_validate_and_are_compact(setup_name, schema):
   setup = SETUPS[setup_name]()
   for text in _outputs(setup, StructuredOutputSpec.json_schema(schema), seed=len(setup_name)):
@@ -92,8 +126,15 @@ def test_spaced_whitespace_policy_is_bounded():
 
 
 @pytest.mark.parametrize("setup_name", SETUPS)
-@pytest.mark.parametrize("pattern", [r"[0-9]{3}-[a-z]{2,5}", r"(cat|dog)s?( [0-9]+)?",
-                                     r"[a-z]{1,8}@[a-z]{1,8}\.(com|org)", r"(ab|a)*c"])
+@pytest.mark.parametrize(
+  "pattern",
+  [
+    r"[0-9]{3}-[a-z]{2,5}",
+    r"(cat|dog)s?( [0-9]+)?",
+    r"[a-z]{1,8}@[a-z]{1,8}\.(com|org)",
+    r"(ab|a)*c",
+  ],
+)
 def test_regex_outputs_fullmatch(setup_name, pattern):
   setup = SETUPS[setup_name]()
   for text in _outputs(setup, StructuredOutputSpec.regex(pattern), seed=2):
@@ -109,11 +150,16 @@ def test_choice_outputs_are_choices(setup_name):
   assert len(set(texts)) >= 3  # the random picker reaches several of them
 
 
-@pytest.mark.parametrize("grammar, python_regex", [
-    ('start: greeting " " NAME\ngreeting: "hi" | "hello"\nNAME: /[a-z]{1,6}/',
-     r"(hi|hello) [a-z]{1,6}"),
+@pytest.mark.parametrize(
+  "grammar, python_regex",
+  [
+    (
+      'start: greeting " " NAME\ngreeting: "hi" | "hello"\nNAME: /[a-z]{1,6}/',
+      r"(hi|hello) [a-z]{1,6}",
+    ),
     ('root ::= ("yes" | "no") "," [0-9] [0-9]?', r"(yes|no),[0-9][0-9]?"),  # GBNF
-])
+  ],
+)
 def test_grammar_outputs_match(grammar, python_regex):
   setup = llama3_bpe()
   for text in _outputs(setup, StructuredOutputSpec.grammar(grammar), seed=4):

@@ -1,12 +1,21 @@
-"""StructuredOutputSpec: parsing the three API shapes, errors naming the field, cache-key equality."""
+"""StructuredOutputSpec: parsing the three API shapes, errors naming the field, cache-key
+equality."""
+
 from __future__ import annotations
 
 import pytest
 
 from jaxserve.server.errors import bad_request
-from jaxserve.structured import (ConstraintKind, StructuredOutputError, StructuredOutputSpec,
-                                 WhitespacePolicy, coerce_spec, parse_response_format,
-                                 parse_structured_outputs, spec_from_request)
+from jaxserve.structured import (
+  ConstraintKind,
+  StructuredOutputError,
+  StructuredOutputSpec,
+  WhitespacePolicy,
+  coerce_spec,
+  parse_response_format,
+  parse_structured_outputs,
+  spec_from_request,
+)
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
@@ -15,8 +24,9 @@ def test_response_format_shapes():
   assert parse_response_format(None) is None
   assert parse_response_format({"type": "text"}) is None
   assert parse_response_format({"type": "json_object"}).kind is ConstraintKind.JSON_OBJECT
-  spec = parse_response_format({"type": "json_schema",
-                                "json_schema": {"name": "thing", "schema": SCHEMA, "strict": True}})
+  spec = parse_response_format(
+    {"type": "json_schema", "json_schema": {"name": "thing", "schema": SCHEMA, "strict": True}}
+  )
   assert spec.kind is ConstraintKind.JSON_SCHEMA
   assert spec.schema() == SCHEMA
   assert spec.whitespace is WhitespacePolicy.COMPACT
@@ -31,24 +41,43 @@ def test_structured_outputs_shapes():
   assert parse_structured_outputs({"grammar": 'root ::= "a"'}).kind is ConstraintKind.GRAMMAR
   assert parse_structured_outputs({"json_object": True}).kind is ConstraintKind.JSON_OBJECT
   # what a client serializing vLLM's StructuredOutputsParams sends: nulls and default flags
-  full = {"json": None, "regex": "a+", "choice": None, "grammar": None, "json_object": False,
-          "disable_fallback": False, "disable_any_whitespace": False}
+  full = {
+    "json": None,
+    "regex": "a+",
+    "choice": None,
+    "grammar": None,
+    "json_object": False,
+    "disable_fallback": False,
+    "disable_any_whitespace": False,
+  }
   assert parse_structured_outputs(full) == StructuredOutputSpec.regex("a+")
 
 
-@pytest.mark.parametrize("value, param", [
+@pytest.mark.parametrize(
+  "value, param",
+  [
     ({"type": "xml"}, "response_format.type"),
     ({"type": "json_schema"}, "response_format.json_schema"),
-    ({"type": "json_schema", "json_schema": {"schema": SCHEMA}}, "response_format.json_schema.name"),
-    ({"type": "json_schema", "json_schema": {"name": "has space", "schema": SCHEMA}},
-     "response_format.json_schema.name"),
+    (
+      {"type": "json_schema", "json_schema": {"schema": SCHEMA}},
+      "response_format.json_schema.name",
+    ),
+    (
+      {"type": "json_schema", "json_schema": {"name": "has space", "schema": SCHEMA}},
+      "response_format.json_schema.name",
+    ),
     ({"type": "json_schema", "json_schema": {"name": "n"}}, "response_format.json_schema.schema"),
-    ({"type": "json_schema", "json_schema": {"name": "n", "schema": [1]}},
-     "response_format.json_schema.schema"),
-    ({"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA, "strict": "yes"}},
-     "response_format.json_schema.strict"),
+    (
+      {"type": "json_schema", "json_schema": {"name": "n", "schema": [1]}},
+      "response_format.json_schema.schema",
+    ),
+    (
+      {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA, "strict": "yes"}},
+      "response_format.json_schema.strict",
+    ),
     ("json", "response_format"),
-])
+  ],
+)
 def test_response_format_errors_name_the_field(value, param):
   with pytest.raises(StructuredOutputError) as err:
     parse_response_format(value)
@@ -56,7 +85,9 @@ def test_response_format_errors_name_the_field(value, param):
   assert str(err.value).startswith(f"{param}: ")
 
 
-@pytest.mark.parametrize("value, param", [
+@pytest.mark.parametrize(
+  "value, param",
+  [
     ({}, "structured_outputs"),
     ({"json": SCHEMA, "regex": "a"}, "structured_outputs"),
     ({"regex": 5}, "structured_outputs.regex"),
@@ -71,7 +102,8 @@ def test_response_format_errors_name_the_field(value, param):
     ({"regex": "a", "whitespace_pattern": " "}, "structured_outputs.whitespace_pattern"),
     ({"regex": "a", "disable_fallback": "no"}, "structured_outputs.disable_fallback"),
     ([1], "structured_outputs"),
-])
+  ],
+)
 def test_structured_outputs_errors_name_the_field(value, param):
   with pytest.raises(StructuredOutputError) as err:
     parse_structured_outputs(value)
@@ -100,8 +132,9 @@ def test_specs_compare_by_content_not_by_field_or_key_order():
   b = StructuredOutputSpec.json_schema({"required": ["a"], "type": "object"}, param="y")
   assert a == b and hash(a) == hash(b)
   assert a != StructuredOutputSpec.json_schema({"type": "object"})
-  assert a != StructuredOutputSpec.json_schema({"type": "object", "required": ["a"]},
-                                               whitespace=WhitespacePolicy.SPACED)
+  assert a != StructuredOutputSpec.json_schema(
+    {"type": "object", "required": ["a"]}, whitespace=WhitespacePolicy.SPACED
+  )
 
 
 def test_coerce_spec_for_sampling_params():

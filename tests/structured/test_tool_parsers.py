@@ -1,5 +1,6 @@
 """Tool-call parsers on hand-written outputs: batch results, and streamed deltas that reassemble
 to them under any split of the text."""
+
 from __future__ import annotations
 
 import itertools
@@ -8,15 +9,18 @@ import json
 import numpy as np
 import pytest
 
-from jaxserve.structured.tool_parsers import (StreamDelta, get_tool_parser, tool_parser_names)
+from jaxserve.structured.tool_parsers import StreamDelta, get_tool_parser, tool_parser_names
 
 HERMES_TWO_CALLS = (
-    "I'll look both up.\n"
-    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2], '
-    '"note": "a } and a \\" and </tool_call>"}}\n</tool_call>\n'
-    '<tool_call>\n{"arguments": {}, "name": "now"}\n</tool_call>')
-LLAMA3_TWO_CALLS = ('<|python_tag|>{"name": "search", "parameters": {"query": "jax; xla", '
-                    '"filters": {"k": [1, {"d": 2}]}}}; {"name": "now", "parameters": {}}')
+  "I'll look both up.\n"
+  '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2], '
+  '"note": "a } and a \\" and </tool_call>"}}\n</tool_call>\n'
+  '<tool_call>\n{"arguments": {}, "name": "now"}\n</tool_call>'
+)
+LLAMA3_TWO_CALLS = (
+  '<|python_tag|>{"name": "search", "parameters": {"query": "jax; xla", '
+  '"filters": {"k": [1, {"d": 2}]}}}; {"name": "now", "parameters": {}}'
+)
 
 
 def _ids():
@@ -46,14 +50,18 @@ def _reassemble(deltas: list[StreamDelta]) -> tuple[str, list[dict[str, str]]]:
 
 def _splits(text: str, seed: int) -> list[list[str]]:
   rng = np.random.default_rng(seed)
-  random_cuts = sorted(rng.choice(np.arange(1, len(text)), size=min(12, len(text) - 1), replace=False))
+  random_cuts = sorted(
+    rng.choice(np.arange(1, len(text)), size=min(12, len(text) - 1), replace=False)
+  )
   random_chunks = [text[a:b] for a, b in zip([0, *random_cuts], [*random_cuts, len(text)])]
   return [[text], list(text), random_chunks]
 
 
 def _batch(parser_name: str, text: str) -> tuple[str, list[dict[str, str]]]:
   out = get_tool_parser(parser_name).extract(text, _ids())
-  return out.content, [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in out.tool_calls]
+  return out.content, [
+    {"id": c.id, "name": c.name, "arguments": c.arguments} for c in out.tool_calls
+  ]
 
 
 def test_registry():
@@ -66,8 +74,11 @@ def test_hermes_batch():
   content, calls = _batch("hermes", HERMES_TWO_CALLS)
   assert content == "I'll look both up.\n"
   assert [c["name"] for c in calls] == ["get_weather", "now"]
-  assert json.loads(calls[0]["arguments"]) == {"city": "Paris", "days": [1, 2],
-                                               "note": 'a } and a " and </tool_call>'}
+  assert json.loads(calls[0]["arguments"]) == {
+    "city": "Paris",
+    "days": [1, 2],
+    "note": 'a } and a " and </tool_call>',
+  }
   assert calls[1]["arguments"] == "{}"
 
 
@@ -80,7 +91,9 @@ def test_llama3_batch():
   assert plain[0]["name"] == "f" and json.loads(plain[0]["arguments"]) == {"x": 1}
 
 
-@pytest.mark.parametrize("parser_name, text", [
+@pytest.mark.parametrize(
+  "parser_name, text",
+  [
     ("hermes", HERMES_TWO_CALLS),
     ("hermes", '<tool_call>{"name": "f", "arguments": {"a": "b"}}'),  # no closing tag (eos)
     ("hermes", "Just text, with a < sign and <tool_ but no call."),
@@ -91,7 +104,8 @@ def test_llama3_batch():
     ("llama3_json", "<|python"),
     ("llama3_json", '{"name": "f", "parameters": {"x": 1}} trailing words'),
     ("llama3_json", '{"name": "f", "parameters": {"x": 1'),  # cut off by max_tokens
-])
+  ],
+)
 def test_streamed_deltas_reassemble_to_the_batch_result(parser_name, text):
   expected = _batch(parser_name, text)
   for seed, chunks in enumerate(_splits(text, seed=len(text))):
@@ -112,7 +126,7 @@ def test_malformed_calls_are_content(text):
 def test_stream_holds_back_a_possible_tag_and_sends_header_before_arguments():
   stream = get_tool_parser("hermes").stream(_ids())
   assert stream.feed("Hi <tool").content == "Hi "
-  assert stream.feed("_call>\n{\"name\": \"get_").tool_calls == ()
+  assert stream.feed('_call>\n{"name": "get_').tool_calls == ()
   header = stream.feed('weather", "arguments": {"ci')
   assert header.tool_calls[0].name == "get_weather" and header.tool_calls[0].id
   assert header.tool_calls[0].arguments == '{"ci'
@@ -124,6 +138,6 @@ def test_stream_holds_back_a_possible_tag_and_sends_header_before_arguments():
 
 def test_llama3_content_streams_at_once():
   stream = get_tool_parser("llama3_json").stream()
-  assert stream.feed("  ").content == ""          # could still become a call
+  assert stream.feed("  ").content == ""  # could still become a call
   assert stream.feed("Sure").content == "  Sure"  # it is content from here on
   assert stream.feed(" thing.").content == " thing."

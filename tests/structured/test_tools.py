@@ -1,4 +1,5 @@
 """Tool definitions, tool_choice, and the forced-call constraint driven by a random model."""
+
 from __future__ import annotations
 
 import json
@@ -9,22 +10,49 @@ import numpy as np
 import pytest
 
 from jaxserve.structured import GrammarState, StructuredOutputError
-from jaxserve.structured.tools import (ToolCall, ToolChoice, ToolChoiceMode, parse_forced_tool_calls,
-                                       parse_tool_choice, parse_tools, tool_choice_constraint)
+from jaxserve.structured.tools import (
+  ToolCall,
+  ToolChoice,
+  ToolChoiceMode,
+  parse_forced_tool_calls,
+  parse_tool_choice,
+  parse_tools,
+  tool_choice_constraint,
+)
 from tests.structured.helpers import byte_tokenizer, llama3_bpe, random_walk
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather in a city",
-    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
-                   "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 10},
-                                  "unit": {"enum": ["celsius", "fahrenheit"]},
-                                  "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}}
-SEARCH = {"type": "function", "function": {
-    "name": "search", "parameters": {
-        "type": "object", "additionalProperties": False, "required": ["query"],
-        "properties": {"query": {"type": "string", "maxLength": 12},
-                       "filters": {"type": "array", "maxItems": 2,
-                                   "items": {"enum": ["news", "images", "video"]}}}}}}
+WEATHER = {
+  "type": "function",
+  "function": {
+    "name": "get_weather",
+    "description": "Current weather in a city",
+    "parameters": {
+      "type": "object",
+      "additionalProperties": False,
+      "required": ["city", "unit"],
+      "properties": {
+        "city": {"type": "string", "minLength": 1, "maxLength": 10},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+      },
+    },
+  },
+}
+SEARCH = {
+  "type": "function",
+  "function": {
+    "name": "search",
+    "parameters": {
+      "type": "object",
+      "additionalProperties": False,
+      "required": ["query"],
+      "properties": {
+        "query": {"type": "string", "maxLength": 12},
+        "filters": {"type": "array", "maxItems": 2, "items": {"enum": ["news", "images", "video"]}},
+      },
+    },
+  },
+}
 NO_PARAMS = {"type": "function", "function": {"name": "now"}}
 TOOLS = [WEATHER, SEARCH, NO_PARAMS]
 CALL_ID = re.compile(r"^call_[0-9a-f]{24}$")
@@ -34,7 +62,11 @@ def test_parse_tools_and_choice():
   tools = parse_tools(TOOLS)
   assert [t.name for t in tools] == ["get_weather", "search", "now"]
   assert tools[0].parameters() == WEATHER["function"]["parameters"]
-  assert tools[2].parameters() == {"type": "object", "properties": {}, "additionalProperties": False}
+  assert tools[2].parameters() == {
+    "type": "object",
+    "properties": {},
+    "additionalProperties": False,
+  }
   assert parse_tool_choice(None, tools).mode is ToolChoiceMode.AUTO
   assert parse_tool_choice(None, ()).mode is ToolChoiceMode.NONE
   assert parse_tool_choice("required", tools).mode is ToolChoiceMode.REQUIRED
@@ -45,27 +77,35 @@ def test_parse_tools_and_choice():
   assert tool_choice_constraint(tools, parse_tool_choice("none", tools)) is None
 
 
-@pytest.mark.parametrize("tools, param", [
+@pytest.mark.parametrize(
+  "tools, param",
+  [
     ("x", "tools"),
     ([{"type": "retrieval"}], "tools[0].type"),
     ([{"type": "function"}], "tools[0].function"),
     ([{"type": "function", "function": {"name": "bad name"}}], "tools[0].function.name"),
-    ([{"type": "function", "function": {"name": "f", "parameters": "x"}}],
-     "tools[0].function.parameters"),
+    (
+      [{"type": "function", "function": {"name": "f", "parameters": "x"}}],
+      "tools[0].function.parameters",
+    ),
     ([NO_PARAMS, NO_PARAMS], "tools[1].function.name"),
-])
+  ],
+)
 def test_bad_tools_name_the_field(tools, param):
   with pytest.raises(StructuredOutputError) as err:
     parse_tools(tools)
   assert err.value.param == param
 
 
-@pytest.mark.parametrize("choice, tools, param", [
+@pytest.mark.parametrize(
+  "choice, tools, param",
+  [
     ("sometimes", TOOLS, "tool_choice"),
     ("required", [], "tool_choice"),
     ({"type": "function", "function": {"name": "missing"}}, TOOLS, "tool_choice.function.name"),
     ({"type": "other"}, TOOLS, "tool_choice.type"),
-])
+  ],
+)
 def test_bad_tool_choice_names_the_field(choice, tools, param):
   with pytest.raises(StructuredOutputError) as err:
     parse_tool_choice(choice, parse_tools(tools))
@@ -87,8 +127,9 @@ def _forced_calls(setup, choice_value, seed, num=10, parallel=True):
 
 
 def _check_calls(calls: tuple[ToolCall, ...]) -> None:
-  schemas = {t["function"]["name"]: t["function"].get("parameters", {"maxProperties": 0})
-             for t in TOOLS}
+  schemas = {
+    t["function"]["name"]: t["function"].get("parameters", {"maxProperties": 0}) for t in TOOLS
+  }
   for call in calls:
     assert CALL_ID.match(call.id)
     jsonschema.validate(json.loads(call.arguments), schemas[call.name])

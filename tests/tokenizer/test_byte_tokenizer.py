@@ -1,4 +1,5 @@
 """The tiny-random byte tokenizer against Python's own UTF-8 codec."""
+
 from __future__ import annotations
 
 import pytest
@@ -26,7 +27,9 @@ def test_ids_are_utf8_bytes_and_round_trip(text):
   assert TOKENIZER.encode(text) == [256] + ids
 
 
-@pytest.mark.parametrize("text", ["日本語のテキスト", "🤖🚀✨👩‍👩‍👧", "naïve café", "\x00\t\n\r ", "a" * 1000])
+@pytest.mark.parametrize(
+  "text", ["日本語のテキスト", "🤖🚀✨👩‍👩‍👧", "naïve café", "\x00\t\n\r ", "a" * 1000]
+)
 def test_multibyte_round_trip(text):
   ids = TOKENIZER.encode(text)
   assert ids[0] == TOKENIZER.bos_token_id
@@ -59,12 +62,21 @@ def test_token_strings():
 
 
 def test_chat_template():
-  messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi 🤖"},
-              {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Bye"}]
+  messages = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi 🤖"},
+    {"role": "assistant", "content": "Hello"},
+    {"role": "user", "content": "Bye"},
+  ]
   prompt = TOKENIZER.apply_chat_template(messages)
-  assert prompt == ("<s><|system|>Be brief.<|end|><|user|>Hi 🤖<|end|><|assistant|>Hello<|end|>"
-                    "<|user|>Bye<|end|><|assistant|>")
-  assert TOKENIZER.apply_chat_template(messages, add_generation_prompt=False) == prompt[:-len("<|assistant|>")]
+  assert prompt == (
+    "<s><|system|>Be brief.<|end|><|user|>Hi 🤖<|end|><|assistant|>Hello<|end|>"
+    "<|user|>Bye<|end|><|assistant|>"
+  )
+  assert (
+    TOKENIZER.apply_chat_template(messages, add_generation_prompt=False)
+    == prompt[: -len("<|assistant|>")]
+  )
   ids = TOKENIZER.encode_chat(messages)
   assert ids[:2] == [256, 258] and ids[-1] == 260 and ids.count(256) == 1
   assert TOKENIZER.decode(ids, skip_special_tokens=False) == prompt

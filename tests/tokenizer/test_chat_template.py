@@ -1,4 +1,5 @@
 """render_chat_template on its own: helpers, variables, sandboxing and errors."""
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -19,14 +20,22 @@ def _render(template: str, messages=MESSAGES, **kwargs) -> str:
 
 
 def test_variables_match_transformers():
-  template = ("{{ bos_token }}|{{ eos_token }}|{{ add_generation_prompt }}|{{ tools is none }}|"
-              "{{ documents is none }}|{{ enable_thinking }}|{{ messages[0].content }}"
-              "|{{ messages[1].content is defined }}")
+  template = (
+    "{{ bos_token }}|{{ eos_token }}|{{ add_generation_prompt }}|{{ tools is none }}|"
+    "{{ documents is none }}|{{ enable_thinking }}|{{ messages[0].content }}"
+    "|{{ messages[1].content is defined }}"
+  )
   messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}]
   ours = _render(template, messages, add_generation_prompt=True, enable_thinking=False)
   # apply_chat_template normalizes messages (drops None values) before rendering.
-  reference, _ = render_jinja_template([_normalize_chat_messages(messages)], chat_template=template, add_generation_prompt=True,
-                                       bos_token="<s>", eos_token="</s>", enable_thinking=False)
+  reference, _ = render_jinja_template(
+    [_normalize_chat_messages(messages)],
+    chat_template=template,
+    add_generation_prompt=True,
+    bos_token="<s>",
+    eos_token="</s>",
+    enable_thinking=False,
+  )
   assert ours == reference[0] == "<s>|</s>|True|True|True|False|hi|False"
 
 

@@ -1,6 +1,7 @@
 """The `tokenizer` and `chat_template` config keys (--tokenizer, --chat-template): another
 directory's tokenizer, a template file or inline template replacing the tokenizer's, and a clear
 error naming the key for a bad one."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,13 +1,20 @@
-"""Incremental detokenization: streamed text equals a one-shot decode, stop strings cut it exactly."""
+"""Incremental detokenization: streamed text equals a one-shot decode, stop strings cut it
+exactly."""
+
 from __future__ import annotations
 
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tests.tokenizer import tokenizer_checkpoints as ckpt
-from jaxserve.tokenizer import DetokenizerDelta, IncrementalDetokenizer, byte_level_tokenizer, load_tokenizer
+from jaxserve.tokenizer import (
+  DetokenizerDelta,
+  IncrementalDetokenizer,
+  byte_level_tokenizer,
+  load_tokenizer,
+)
 from jaxserve.tokenizer.byte_tokenizer import SPECIAL_TOKENS
+from tests.tokenizer import tokenizer_checkpoints as ckpt
 
 BYTES = byte_level_tokenizer()
 PROMPT_IDS = BYTES.encode_chat([{"role": "user", "content": "héllo"}])
@@ -19,7 +26,7 @@ def _chunks(ids: list[int], sizes: list[int]) -> list[list[int]]:
   chunks, i, k = [], 0, 0
   while i < len(ids):
     size = sizes[k % len(sizes)]
-    chunks.append(ids[i:i + size])
+    chunks.append(ids[i : i + size])
     i, k = i + size, k + 1
   return chunks
 
@@ -77,8 +84,10 @@ def test_special_tokens_kept_or_skipped():
 @pytest.fixture(scope="module")
 def bpe_tokenizers(tmp_path_factory):
   root = tmp_path_factory.mktemp("detokenizer")
-  return {"llama3": load_tokenizer(ckpt.llama3_checkpoint(str(root / "llama3"))),
-          "sentencepiece": load_tokenizer(ckpt.sentencepiece_checkpoint(str(root / "sp")))}
+  return {
+    "llama3": load_tokenizer(ckpt.llama3_checkpoint(str(root / "llama3"))),
+    "sentencepiece": load_tokenizer(ckpt.sentencepiece_checkpoint(str(root / "sp"))),
+  }
 
 
 @pytest.mark.parametrize("name", ["llama3", "sentencepiece"])
@@ -95,7 +104,7 @@ def test_random_token_streams_match_decode(bpe_tokenizers, name):
     deltas = _stream(detokenizer, _chunks(output_ids, sizes))
     streamed = "".join(d.text for d in deltas) + detokenizer.flush()
     # The prompt gives context: a leading "▁" decodes to a space after other text.
-    expected = tokenizer.decode(prompt_ids + output_ids)[len(tokenizer.decode(prompt_ids)):]
+    expected = tokenizer.decode(prompt_ids + output_ids)[len(tokenizer.decode(prompt_ids)) :]
     assert streamed == expected
     if name == "llama3":
       assert streamed == tokenizer.decode(output_ids)
@@ -113,9 +122,12 @@ def _first_stop(text: str, stops: tuple[str, ...], include: bool) -> tuple[str, 
   return text, None
 
 
-def _run_with_stops(text: str, stops: tuple[str, ...], include: bool, sizes: list[int],
-                    tokenizer=BYTES) -> tuple[str, str | None]:
-  detokenizer = IncrementalDetokenizer(tokenizer, PROMPT_IDS, stop=stops, include_stop_str_in_output=include)
+def _run_with_stops(
+  text: str, stops: tuple[str, ...], include: bool, sizes: list[int], tokenizer=BYTES
+) -> tuple[str, str | None]:
+  detokenizer = IncrementalDetokenizer(
+    tokenizer, PROMPT_IDS, stop=stops, include_stop_str_in_output=include
+  )
   deltas = _stream(detokenizer, _chunks(tokenizer.encode(text, add_special_tokens=False), sizes))
   stop = deltas[-1].stop_string if deltas else None
   streamed = "".join(d.text for d in deltas)
@@ -165,9 +177,12 @@ def test_only_possible_stop_prefixes_are_held():
 
 
 @settings(max_examples=300, deadline=None)
-@given(text=st.text(alphabet="ab c世🤖", max_size=30),
-       stops=st.lists(st.text(alphabet="ab c世🤖", min_size=1, max_size=4), min_size=1, max_size=3),
-       include=st.booleans(), sizes=CHUNK_SIZES)
+@given(
+  text=st.text(alphabet="ab c世🤖", max_size=30),
+  stops=st.lists(st.text(alphabet="ab c世🤖", min_size=1, max_size=4), min_size=1, max_size=3),
+  include=st.booleans(),
+  sizes=CHUNK_SIZES,
+)
 def test_output_is_text_up_to_first_stop(text, stops, include, sizes):
   stops = tuple(stops)
   assert _run_with_stops(text, stops, include, sizes) == _first_stop(text, stops, include)

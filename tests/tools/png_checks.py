@@ -1,4 +1,5 @@
 """PNG validity checks shared by the tools tests."""
+
 from __future__ import annotations
 
 from pathlib import Path

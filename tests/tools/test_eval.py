@@ -1,5 +1,6 @@
 """`jaxserve eval`: the shipped task files on tiny-random, and greedy / logprob parity with
 transformers on tiny HF checkpoints."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,9 @@ BUILTIN = {"arithmetic", "capitals_mc", "short_texts_ppl"}
 
 
 def _run_eval(model: str, out_dir, *extra: str) -> dict:
-  code = jaxserve_main(["eval", "--model", model, *SMALL_ENGINE_ARGS, "--out-dir", str(out_dir),
-                        *extra])
+  code = jaxserve_main(
+    ["eval", "--model", model, *SMALL_ENGINE_ARGS, "--out-dir", str(out_dir), *extra]
+  )
   assert code == 0
   return json.loads((out_dir / "eval.json").read_text())
 
@@ -59,16 +61,19 @@ def test_shipped_tasks_on_tiny_random_with_parity(tmp_path):
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_parity_with_transformers_on_hf_checkpoints(family, hf_checkpoint, tmp_path):
-  report = _run_eval(str(hf_checkpoint(family)), tmp_path, "--tasks", "builtin", "--limit", "4",
-                     "--parity-hf")
+  report = _run_eval(
+    str(hf_checkpoint(family)), tmp_path, "--tasks", "builtin", "--limit", "4", "--parity-hf"
+  )
   assert report["parity"]["num_sequences"] == 4
   _check_parity(report["parity"])
 
 
 def test_task_file_errors_name_the_line(tmp_path):
   path = tmp_path / "bad.jsonl"
-  path.write_text('{"type": "perplexity", "text": "fine"}\n'
-                  '{"type": "multiple_choice", "context": "c", "choices": ["a", "b"], "label": 2}\n')
+  path.write_text(
+    '{"type": "perplexity", "text": "fine"}\n'
+    '{"type": "multiple_choice", "context": "c", "choices": ["a", "b"], "label": 2}\n'
+  )
   with pytest.raises(ValueError, match=r"bad.jsonl:2: label"):
     load_task_file(path)
   path.write_text('{"type": "translate", "text": "x"}\n')

@@ -1,4 +1,5 @@
 """`jaxserve kv-plan`: page arithmetic by hand, paged vs contiguous, and the engine's page count."""
+
 from __future__ import annotations
 
 import json
@@ -14,24 +15,49 @@ TINY_PAGE_BYTES = 2 * 4 * 2 * 16 * 64 * 4
 
 def test_paged_fits_more_short_sequences_than_contiguous():
   budget = 100 * TINY_PAGE_BYTES + 123
-  result = plan(tiny_random_config(), page_size=16, max_model_len=512, budget_bytes=budget,
-                avg_seq_len=100, max_num_seqs=64)
-  assert result.bytes_per_page == TINY_PAGE_BYTES and result.bytes_per_token == TINY_PAGE_BYTES // 16
+  result = plan(
+    tiny_random_config(),
+    page_size=16,
+    max_model_len=512,
+    budget_bytes=budget,
+    avg_seq_len=100,
+    max_num_seqs=64,
+  )
+  assert (
+    result.bytes_per_page == TINY_PAGE_BYTES and result.bytes_per_token == TINY_PAGE_BYTES // 16
+  )
   assert result.num_pages == 100 and result.paged_token_capacity == 99 * 16
   assert result.pages_per_seq == 7 and result.paged_max_seqs == 99 // 7
   assert result.contiguous_max_seqs == budget // (512 * TINY_PAGE_BYTES // 16) == 3
   assert result.paged_max_seqs > result.contiguous_max_seqs
   # At avg_seq_len == max_model_len paging holds no more (the null page costs one page).
-  full = plan(tiny_random_config(), page_size=16, max_model_len=512, budget_bytes=budget,
-              avg_seq_len=512, max_num_seqs=64)
+  full = plan(
+    tiny_random_config(),
+    page_size=16,
+    max_model_len=512,
+    budget_bytes=budget,
+    avg_seq_len=512,
+    max_num_seqs=64,
+  )
   assert full.paged_max_seqs <= full.contiguous_max_seqs
 
 
 def test_kv_plan_command_matches_the_engine(tmp_path, capsys):
   memory_gb = SMALL_NUM_PAGES * TINY_PAGE_BYTES / 2**30
   out = tmp_path / "kv_plan.json"
-  code = jaxserve_main(["kv-plan", *SMALL_ENGINE_ARGS, "--memory-gb", str(memory_gb),
-                        "--avg-seq-len", "40", "--check", "--out", str(out)])
+  code = jaxserve_main(
+    [
+      "kv-plan",
+      *SMALL_ENGINE_ARGS,
+      "--memory-gb",
+      str(memory_gb),
+      "--avg-seq-len",
+      "40",
+      "--check",
+      "--out",
+      str(out),
+    ]
+  )
   assert code == 0
   report = json.loads(out.read_text())
   assert report["num_pages"] == report["spec_num_pages"] == SMALL_NUM_PAGES

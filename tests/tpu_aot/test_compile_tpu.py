@@ -9,6 +9,7 @@ and a config whose weights alone overflow a chip (the message for a total over H
 checked in test_tpu_aot_units.py). The full program sets of the shipped configs, 70B included, are
 compiled by `jaxserve compile-tpu` and recorded in docs/SCALE_OUT.md.
 """
+
 from __future__ import annotations
 
 import platform
@@ -23,8 +24,9 @@ from jaxserve.tpu_aot.build import BuildReport, BuildRequest, build
 from jaxserve.tpu_aot.chips import GIB, get_chip
 
 pytestmark = pytest.mark.skipif(
-    not (platform.system() == "Linux" and platform.machine() == "x86_64"),
-    reason="libtpu is published for Linux x86-64 only")
+  not (platform.system() == "Linux" and platform.machine() == "x86_64"),
+  reason="libtpu is published for Linux x86-64 only",
+)
 
 V5E_8 = str(Path(__file__).resolve().parents[2] / "configs" / "v5e-8.yaml")
 JOBS = 2  # programs compiled at once (the CI machine's cores)
@@ -32,22 +34,45 @@ JOBS = 2  # programs compiled at once (the CI machine's cores)
 
 def _build(shape: str, overrides: list[str], selection: str) -> BuildReport:
   config = load_config(V5E_8, overrides)
-  return build(BuildRequest(config, named_model_config(shape), shape, get_chip("v5e"),
-                            selection, JOBS, show_progress=False))
+  return build(
+    BuildRequest(
+      config,
+      named_model_config(shape),
+      shape,
+      get_chip("v5e"),
+      selection,
+      JOBS,
+      show_progress=False,
+    )
+  )
 
 
 def test_every_program_of_a_small_server_compiles_for_v5e_2x4():
   # Decode bursts on: their loop keeps copies of the KV pool (3 on this libtpu), so the process
   # is held at a fifth of the chip; at the shipped 0.95 a burst program does not fit.
-  report = _build("llama-3.2-1b", ["scheduler.max_num_seqs=8",
-                                   "scheduler.max_num_batched_tokens=32",
-                                   "scheduler.num_scheduler_steps=4", "max_model_len=2048",
-                                   "cache.memory_fraction=0.2"], "all")
+  report = _build(
+    "llama-3.2-1b",
+    [
+      "scheduler.max_num_seqs=8",
+      "scheduler.max_num_batched_tokens=32",
+      "scheduler.num_scheduler_steps=4",
+      "max_model_len=2048",
+      "cache.memory_fraction=0.2",
+    ],
+    "all",
+  )
   assert report.topology == "v5e:2x4"
   modes = ["greedy", "penalties+top", "random", "random+penalties+top"]  # SamplerMode.all()
-  expected = ({"forward[8x8]", "forward[8x16]", "forward[8x32]", "prompt_logprobs[8]",
-               "prompt_logprobs[16]", "prompt_logprobs[32]", "burst[8x8] greedy",
-               "burst[8x8] random"} | {f"sampler[8] {m}" for m in modes})
+  expected = {
+    "forward[8x8]",
+    "forward[8x16]",
+    "forward[8x32]",
+    "prompt_logprobs[8]",
+    "prompt_logprobs[16]",
+    "prompt_logprobs[32]",
+    "burst[8x8] greedy",
+    "burst[8x8] random",
+  } | {f"sampler[8] {m}" for m in modes}
   assert {r.id.name for r in report.results} == expected
   assert report.num_programs == len(report.results) == len(expected)
   assert [r.error for r in report.results if r.error] == []
@@ -73,8 +98,12 @@ def _weights_per_chip_8b_tp8() -> int:
 
 def test_the_8b_servers_largest_bucket_compiles_for_v5e_2x4(v5e_8b):
   names = {r.id.name for r in v5e_8b.results}
-  assert {"forward[128x1024]", "prompt_logprobs[1024]", "sampler[128] greedy",
-          "sampler[128] random+penalties+top"} <= names
+  assert {
+    "forward[128x1024]",
+    "prompt_logprobs[1024]",
+    "sampler[128] greedy",
+    "sampler[128] random+penalties+top",
+  } <= names
   assert len(names) == 6 and [r.error for r in v5e_8b.results if r.error] == []
 
 
@@ -101,9 +130,12 @@ def test_the_8b_server_fits_a_v5e_chip_with_the_hand_computed_weights(v5e_8b):
 
 
 def test_weights_over_hbm_fail_with_the_message(capsys):
-  code = cli_main(["compile-tpu", "--config", V5E_8, "--model-shape", "llama-3.1-70b",
-                   "--no-progress"])
+  code = cli_main(
+    ["compile-tpu", "--config", V5E_8, "--model-shape", "llama-3.1-70b", "--no-progress"]
+  )
   err = capsys.readouterr().err
   assert code == 1
-  assert ("does not fit: weights: llama-3.1-70b at tensor_parallel_size 8 needs 16.43 GiB per "
-          "chip, over the 15.75 GiB usable HBM of a v5e chip by 0.68 GiB") in err
+  assert (
+    "does not fit: weights: llama-3.1-70b at tensor_parallel_size 8 needs 16.43 GiB per "
+    "chip, over the 15.75 GiB usable HBM of a v5e chip by 0.68 GiB"
+  ) in err

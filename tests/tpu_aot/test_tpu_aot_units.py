@@ -1,16 +1,23 @@
 """The TPU build's bookkeeping without libtpu: program names, the largest-bucket selection, the
 memory arithmetic and its messages, chips and topologies, and the CLI's registration."""
+
 from __future__ import annotations
 
 import pytest
 
 from jaxserve.cli import build_parser
-from jaxserve.models.named_shapes import named_model_config
 from jaxserve.device.sampler import SamplerMode
+from jaxserve.models.named_shapes import named_model_config
 from jaxserve.tpu_aot.build import largest_of_each_kind
 from jaxserve.tpu_aot.chips import GIB, chip_of_config_name, get_chip
-from jaxserve.tpu_aot.memory import (ProgramMemory, ProgramResult, largest_fitting_fraction,
-                                     misfits, server_memory, weights_misfit)
+from jaxserve.tpu_aot.memory import (
+  ProgramMemory,
+  ProgramResult,
+  largest_fitting_fraction,
+  misfits,
+  server_memory,
+  weights_misfit,
+)
 from jaxserve.tpu_aot.step_programs import ProgramId, StepProgram
 
 MIB = 2**20
@@ -32,8 +39,10 @@ def test_largest_of_each_kind_keeps_every_mode_of_the_largest_bucket():
   programs += [_program("sampler", s, 0, m) for s in (8, 16) for m in SamplerMode.all()]
   programs += [_program("prompt_logprobs", 0, t) for t in (16, 32)]
   chosen = [p.id for p in largest_of_each_kind(programs)]
-  assert [p.name for p in chosen if p.kind != "sampler"] == ["forward[16x32]",
-                                                             "prompt_logprobs[32]"]
+  assert [p.name for p in chosen if p.kind != "sampler"] == [
+    "forward[16x32]",
+    "prompt_logprobs[32]",
+  ]
   assert {p.mode for p in chosen if p.kind == "sampler"} == set(SamplerMode.all())
   assert {p.num_seqs for p in chosen if p.kind == "sampler"} == {16}
 
@@ -45,17 +54,24 @@ def _result(kind, seqs, tokens, memory, resident=0, error=None):
 def test_memory_totals_and_the_misfit_message():
   chip = get_chip("v5e")
   weights, page, pages = 2 * GIB, 1 * MIB, 12 * 1024
-  forward = ProgramMemory(arguments=weights + pages * page + 5 * MIB, outputs=pages * page + MIB,
-                          aliased=pages * page, temporaries=100 * MIB, code=150 * MIB)
+  forward = ProgramMemory(
+    arguments=weights + pages * page + 5 * MIB,
+    outputs=pages * page + MIB,
+    aliased=pages * page,
+    temporaries=100 * MIB,
+    code=150 * MIB,
+  )
   results = [_result("forward", 8, 16, forward, resident=weights + pages * page)]
   all_ids = [ProgramId("forward", 8, 16, None), ProgramId("forward", 8, 32, None)]
   memory = server_memory(chip, weights, page, pages, 32, 4096, results, all_ids)
   assert memory.largest_transient == 100 * MIB + MIB + 5 * MIB
-  assert memory.code == 2 * 150 * MIB and memory.code_estimated    # the uncompiled one estimated
+  assert memory.code == 2 * 150 * MIB and memory.code_estimated  # the uncompiled one estimated
   assert memory.total == weights + 12 * GIB + 106 * MIB + 300 * MIB
   assert memory.full_length_sequences == (pages - 1) // 128
+
   def pages_at(fraction):  # a pool of `fraction` of the chip less the weights, in 1 MiB pages
     return int(fraction * chip.usable_bytes - weights) // page
+
   assert misfits(memory, results, "v5e:2x4", pages_at) == []
   bigger = server_memory(chip, weights, page, 14 * 1024, 32, 4096, results, all_ids)
   (message,) = misfits(bigger, results, "v5e:2x4", pages_at)
@@ -70,9 +86,10 @@ def test_memory_totals_and_the_misfit_message():
 def test_the_largest_fitting_fraction_takes_the_engines_pool_sizing():
   def pages_at(fraction):  # a sizing with a fixed 100 pages off the top, as a headroom would
     return max(int(fraction * 1000) - 100, 0)
-  assert largest_fitting_fraction(500, 1, pages_at) == 0.6    # 600 - 100 = 500 pages
+
+  assert largest_fitting_fraction(500, 1, pages_at) == 0.6  # 600 - 100 = 500 pages
   assert largest_fitting_fraction(499, 1, pages_at) == 0.59
-  assert largest_fitting_fraction(1, 1, pages_at) == 0.0      # under the 2 pages a pool needs
+  assert largest_fitting_fraction(1, 1, pages_at) == 0.0  # under the 2 pages a pool needs
 
 
 def test_a_program_that_does_not_compile_is_a_misfit():
@@ -86,8 +103,10 @@ def test_a_program_that_does_not_compile_is_a_misfit():
 def test_weights_over_hbm():
   assert weights_misfit(get_chip("v6e"), 20 * GIB, "m") is None
   message = weights_misfit(get_chip("v5e"), 16 * GIB, "m at tensor_parallel_size 8")
-  assert message == ("weights: m at tensor_parallel_size 8 needs 16.00 GiB per chip, over the "
-                     "15.75 GiB usable HBM of a v5e chip by 0.25 GiB before any KV page")
+  assert message == (
+    "weights: m at tensor_parallel_size 8 needs 16.00 GiB per chip, over the "
+    "15.75 GiB usable HBM of a v5e chip by 0.25 GiB before any KV page"
+  )
 
 
 def test_chips_and_topologies():
@@ -101,18 +120,24 @@ def test_chips_and_topologies():
 
 
 def test_named_shapes_have_the_published_parameter_counts():
-  from jaxserve.models.weights import hf_tensor_specs
   import math
-  for name, expected in (("llama-3.2-1b", 1_235_814_400), ("llama-3.1-8b", 8_030_261_248),
-                         ("llama-3.1-70b", 70_553_706_496)):
+
+  from jaxserve.models.weights import hf_tensor_specs
+
+  for name, expected in (
+    ("llama-3.2-1b", 1_235_814_400),
+    ("llama-3.1-8b", 8_030_261_248),
+    ("llama-3.1-70b", 70_553_706_496),
+  ):
     config = named_model_config(name)
     assert sum(math.prod(s.hf_shape) for s in hf_tensor_specs(config)) == expected, name
 
 
 def test_compile_tpu_is_a_subcommand_with_defaults_in_its_help():
   parser = build_parser()
-  args = parser.parse_args(["compile-tpu", "--config", "configs/v5e-8.yaml",
-                            "--model-shape", "llama-3.1-8b"])
+  args = parser.parse_args(
+    ["compile-tpu", "--config", "configs/v5e-8.yaml", "--model-shape", "llama-3.1-8b"]
+  )
   assert (args.programs, args.jobs, args.chip) == ("all", 1, None)
   compile_tpu = parser._subparsers._group_actions[0].choices["compile-tpu"]
   assert "(default: all)" in compile_tpu.format_help()

@@ -1,19 +1,28 @@
 """Tool-call parsers, by the names of vLLM's --tool-call-parser option."""
+
 from __future__ import annotations
 
 import types
 from collections.abc import Mapping
 
-from jaxserve.structured.tool_parsers.base import (ParsedToolOutput, ParseSnapshot, PartialToolCall,
-                                                   StreamDelta, ToolCallDelta, ToolCallStream,
-                                                   ToolParser)
+from jaxserve.structured.tool_parsers.base import (
+  ParsedToolOutput,
+  ParseSnapshot,
+  PartialToolCall,
+  StreamDelta,
+  ToolCallDelta,
+  ToolCallStream,
+  ToolParser,
+)
 from jaxserve.structured.tool_parsers.hermes import HermesToolParser
 from jaxserve.structured.tool_parsers.llama3_json import Llama3JsonToolParser
 
-TOOL_PARSERS: Mapping[str, type[ToolParser]] = types.MappingProxyType({
+TOOL_PARSERS: Mapping[str, type[ToolParser]] = types.MappingProxyType(
+  {
     Llama3JsonToolParser.name: Llama3JsonToolParser,
     HermesToolParser.name: HermesToolParser,
-})
+  }
+)
 
 
 def tool_parser_names() -> tuple[str, ...]:
@@ -23,11 +32,23 @@ def tool_parser_names() -> tuple[str, ...]:
 def get_tool_parser(name: str) -> ToolParser:
   """The parser registered as `name`; ValueError naming tool_call_parser otherwise."""
   if name not in TOOL_PARSERS:
-    raise ValueError(f"tool_call_parser: unknown parser {name!r}; choose one of "
-                     f"{', '.join(tool_parser_names())}")
+    raise ValueError(
+      f"tool_call_parser: unknown parser {name!r}; choose one of {', '.join(tool_parser_names())}"
+    )
   return TOOL_PARSERS[name]()
 
 
-__all__ = ["HermesToolParser", "Llama3JsonToolParser", "ParseSnapshot", "ParsedToolOutput",
-           "PartialToolCall", "StreamDelta", "TOOL_PARSERS", "ToolCallDelta", "ToolCallStream",
-           "ToolParser", "get_tool_parser", "tool_parser_names"]
+__all__ = [
+  "HermesToolParser",
+  "Llama3JsonToolParser",
+  "ParseSnapshot",
+  "ParsedToolOutput",
+  "PartialToolCall",
+  "StreamDelta",
+  "TOOL_PARSERS",
+  "ToolCallDelta",
+  "ToolCallStream",
+  "ToolParser",
+  "get_tool_parser",
+  "tool_parser_names",
+]

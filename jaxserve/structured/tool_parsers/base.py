@@ -13,6 +13,7 @@ result. (If the final verdict rejects what looked like calls, e.g. malformed JSO
 sends the text as content at the end; headers already sent cannot be taken back.) Re-analysis
 makes a stream O(n^2) in the output length; tool calls are short.
 """
+
 from __future__ import annotations
 
 import abc
@@ -26,8 +27,8 @@ from jaxserve.structured.tools import ToolCall, new_tool_call_id
 
 @dataclass(frozen=True)
 class PartialToolCall:
-  name: str | None   # None until the name string is complete
-  arguments: str     # the raw JSON text of the arguments, as far as written
+  name: str | None  # None until the name string is complete
+  arguments: str  # the raw JSON text of the arguments, as far as written
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class ParseSnapshot:
 @dataclass(frozen=True)
 class ParsedToolOutput:
   """Batch result: `content` ("" if none) and the calls."""
+
   content: str
   tool_calls: tuple[ToolCall, ...]
 
@@ -46,6 +48,7 @@ class ParsedToolOutput:
 @dataclass(frozen=True)
 class ToolCallDelta:
   """One `delta.tool_calls[]` entry: id and name on a call's first delta only."""
+
   index: int
   id: str | None
   name: str | None
@@ -76,9 +79,9 @@ def partial_call(text: str, scan: CallScan) -> PartialToolCall | None:
   if scan.arguments_start is None:
     return PartialToolCall(scan.name, "{}" if scan.complete else "")
   if scan.arguments_end is not None:
-    return PartialToolCall(scan.name, text[scan.arguments_start:scan.arguments_end])
+    return PartialToolCall(scan.name, text[scan.arguments_start : scan.arguments_end])
   streamable = text[scan.arguments_start] == "{"
-  return PartialToolCall(scan.name, text[scan.arguments_start:] if streamable else "")
+  return PartialToolCall(scan.name, text[scan.arguments_start :] if streamable else "")
 
 
 def is_valid_call(call: PartialToolCall | None, scan: CallScan) -> bool:
@@ -93,15 +96,20 @@ def is_valid_call(call: PartialToolCall | None, scan: CallScan) -> bool:
 
 class ToolParser(abc.ABC):
   """One chat format's tool-call syntax."""
+
   name: str = ""
 
   @abc.abstractmethod
   def analyze(self, text: str, final: bool) -> ParseSnapshot:
     """Content and calls of `text` (see the module docstring)."""
 
-  def extract(self, text: str, id_factory: Callable[[], str] = new_tool_call_id) -> ParsedToolOutput:
+  def extract(
+    self, text: str, id_factory: Callable[[], str] = new_tool_call_id
+  ) -> ParsedToolOutput:
     snapshot = self.analyze(text, final=True)
-    calls = tuple(ToolCall(id_factory(), call.name or "", call.arguments) for call in snapshot.calls)
+    calls = tuple(
+      ToolCall(id_factory(), call.name or "", call.arguments) for call in snapshot.calls
+    )
     return ParsedToolOutput(snapshot.content, calls)
 
   def stream(self, id_factory: Callable[[], str] = new_tool_call_id) -> "ToolCallStream":
@@ -160,4 +168,4 @@ class ToolCallStream:
 
 def _growth(sent: str, now: str) -> str:
   """What `now` adds to `sent` ("" unless `sent` is a prefix of it)."""
-  return now[len(sent):] if now.startswith(sent) else ""
+  return now[len(sent) :] if now.startswith(sent) else ""

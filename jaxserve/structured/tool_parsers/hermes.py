@@ -6,10 +6,16 @@ start the tag); text between and after the blocks is dropped. A missing closing 
 the output is accepted (generation stopped on eos). If any block does not parse, the whole output
 is returned as content, as vLLM does.
 """
+
 from __future__ import annotations
 
-from jaxserve.structured.tool_parsers.base import (ParseSnapshot, PartialToolCall, ToolParser,
-                                                   is_valid_call, partial_call)
+from jaxserve.structured.tool_parsers.base import (
+  ParseSnapshot,
+  PartialToolCall,
+  ToolParser,
+  is_valid_call,
+  partial_call,
+)
 from jaxserve.structured.tool_parsers.json_scan import scan_call, skip_whitespace
 
 TOOL_CALL_START = "<tool_call>"
@@ -31,7 +37,7 @@ class HermesToolParser(ToolParser):
     first = text.find(TOOL_CALL_START)
     if first < 0:
       held = 0 if final else _held_suffix(text, TOOL_CALL_START)
-      return ParseSnapshot(text[:len(text) - held])
+      return ParseSnapshot(text[: len(text) - held])
     calls, valid = self._blocks(text, first)
     if final and not (valid and calls):
       return ParseSnapshot(text)

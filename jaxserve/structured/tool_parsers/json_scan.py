@@ -7,6 +7,7 @@ arguments are reported as the raw text of their value (whitespace and key order 
 the streamed argument fragments are prefixes of the final string by construction. The key of the
 arguments is "arguments" or "parameters" (Llama 3's word).
 """
+
 from __future__ import annotations
 
 import json
@@ -20,11 +21,12 @@ _PRIMITIVE_CHARS = frozenset("-+.0123456789eEtrufalsn")
 @dataclass(frozen=True)
 class CallScan:
   """What text[start:] tells of one call object so far."""
-  valid: bool                    # False: text[start:] cannot be a call object
-  name: str | None = None        # the name, once its string is complete
+
+  valid: bool  # False: text[start:] cannot be a call object
+  name: str | None = None  # the name, once its string is complete
   arguments_start: int | None = None
-  arguments_end: int | None = None   # None while the arguments value is incomplete
-  end: int | None = None         # index after the closing brace; None while incomplete
+  arguments_end: int | None = None  # None while the arguments value is incomplete
+  end: int | None = None  # index after the closing brace; None while incomplete
 
   @property
   def complete(self) -> bool:
@@ -38,6 +40,7 @@ class _Invalid(Exception):
 @dataclass
 class _Found:
   """What the scan has read so far (mutable, local to one scan)."""
+
   num_keys: int = 0
   name: str | None = None
   arguments_start: int | None = None

@@ -5,10 +5,16 @@ An output that starts (after whitespace) with neither "{" nor the tag is content
 that does not parse in full (malformed, cut off, text after the calls) is returned as content, as
 vLLM does.
 """
+
 from __future__ import annotations
 
-from jaxserve.structured.tool_parsers.base import (ParseSnapshot, PartialToolCall, ToolParser,
-                                                   is_valid_call, partial_call)
+from jaxserve.structured.tool_parsers.base import (
+  ParseSnapshot,
+  PartialToolCall,
+  ToolParser,
+  is_valid_call,
+  partial_call,
+)
 from jaxserve.structured.tool_parsers.json_scan import scan_call, skip_whitespace
 
 PYTHON_TAG = "<|python_tag|>"

@@ -1,6 +1,7 @@
 """Tests here need 8 devices; on CPU that means XLA_FLAGS=--xla_force_host_platform_device_count=8
 before jax starts, which tests/parallel/test_mesh_suite.py arranges in a subprocess (the flag
 slows every other CPU test, so the main test process runs without it and skips these)."""
+
 from __future__ import annotations
 
 import jax
@@ -15,20 +16,31 @@ NUM_DEVICES = 8
 def pytest_collection_modifyitems(config, items):
   if jax.device_count() >= NUM_DEVICES:
     return
-  skip = pytest.mark.skip(reason=f"needs {NUM_DEVICES} devices: run through "
-                          "tests/parallel/test_mesh_suite.py")
+  skip = pytest.mark.skip(
+    reason=f"needs {NUM_DEVICES} devices: run through tests/parallel/test_mesh_suite.py"
+  )
   for item in items:
     if "tests/parallel/mesh/" in str(item.fspath).replace("\\", "/"):
       item.add_marker(skip)
 
 
-def tp_engine(checkpoint, tensor_parallel_size: int, attention_backend: str = "xla",
-              **fields) -> LLMEngine:
+def tp_engine(
+  checkpoint, tensor_parallel_size: int, attention_backend: str = "xla", **fields
+) -> LLMEngine:
   """One engine shape for every test here, so buckets compile once per tensor_parallel_size."""
-  return small_engine(str(checkpoint), tensor_parallel_size=tensor_parallel_size,
-                      max_model_len=128, max_num_seqs=8, max_tokens_per_step=32,
-                      seq_buckets=(8,), token_buckets=(16, 32), num_pages=64,
-                      prefix_caching=False, attention_backend=attention_backend, **fields)
+  return small_engine(
+    str(checkpoint),
+    tensor_parallel_size=tensor_parallel_size,
+    max_model_len=128,
+    max_num_seqs=8,
+    max_tokens_per_step=32,
+    seq_buckets=(8,),
+    token_buckets=(16, 32),
+    num_pages=64,
+    prefix_caching=False,
+    attention_backend=attention_backend,
+    **fields,
+  )
 
 
 @pytest.fixture(scope="session")

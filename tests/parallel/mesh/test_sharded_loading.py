@@ -1,6 +1,7 @@
 """A safetensors checkpoint loaded into a tp mesh (raw shards moved, transposed on the devices)
 gives the same global arrays, shardings and per-device shards as the host-converted load that
 preceded it (transpose + cast on the host, then jax.make_array_from_callback)."""
+
 from __future__ import annotations
 
 import jax
@@ -26,8 +27,10 @@ def _host_converted(directory, dtype: str, mesh, shard_vocab: bool) -> dict:
   return load_hf_params(directory, config, put=put)
 
 
-@pytest.mark.parametrize("tp, dtype, invariant", [
-    (2, "auto", False), (2, "bfloat16", False), (2, "auto", True), (8, "bfloat16", False)])
+@pytest.mark.parametrize(
+  "tp, dtype, invariant",
+  [(2, "auto", False), (2, "bfloat16", False), (2, "auto", True), (8, "bfloat16", False)],
+)
 def test_sharded_load_matches_host_converted_load(hf_checkpoint, tp, dtype, invariant):
   directory = hf_checkpoint("llama_kv8")
   mesh = build_mesh(tp)
@@ -43,8 +46,9 @@ def test_sharded_load_matches_host_converted_load(hf_checkpoint, tp, dtype, inva
     assert [s.index for s in new_shards] == [s.index for s in old_shards], path
     for a, b in zip(new_shards, old_shards):
       np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
-  split = [x for x in jax.tree.leaves(before)
-           if len({str(s.index) for s in x.addressable_shards}) == tp]
+  split = [
+    x for x in jax.tree.leaves(before) if len({str(s.index) for s in x.addressable_shards}) == tp
+  ]
   assert split  # some leaves really are split tp ways
 
 
@@ -55,8 +59,9 @@ def test_packed_layout_gives_the_streamed_shards(hf_checkpoint, tp, dtype):
   directory = str(hf_checkpoint("llama_kv8"))
   mesh = build_mesh(tp)
   packed = load_model_sharded(directory, dtype, mesh, transfer=TransferOptions(layout="packed"))
-  streamed = load_model_sharded(directory, dtype, mesh,
-                                transfer=TransferOptions(layout="streaming"))
+  streamed = load_model_sharded(
+    directory, dtype, mesh, transfer=TransferOptions(layout="streaming")
+  )
   assert packed.packed and not streamed.packed
   assert jax.tree.structure(packed.params) == jax.tree.structure(streamed.params)
   for new, old in zip(jax.tree.leaves(packed.params), jax.tree.leaves(streamed.params)):

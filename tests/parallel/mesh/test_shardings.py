@@ -1,10 +1,12 @@
 """Where the arrays live at tp = 8: every weight's PartitionSpec and shard shapes, KV pages split
 by kv head across all 8 devices, and the donated pages updated in place with their sharding."""
+
 from __future__ import annotations
 
 import jax
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion
@@ -13,18 +15,18 @@ TP = 8
 # Flax kernels are [in, out]. llama_kv8: H=128, 16 q heads and 8 kv heads of D=64, I=256, V=512.
 H, Q_DIM, KV_DIM, INTER, VOCAB, D = 128, 1024, 512, 256, 512, 64
 EXPECTED = {
-    ("embed_tokens", "embedding"): (P("model", None), (VOCAB // TP, H)),
-    ("self_attn", "q_proj", "kernel"): (P(None, "model"), (H, Q_DIM // TP)),
-    ("self_attn", "k_proj", "kernel"): (P(None, "model"), (H, KV_DIM // TP)),
-    ("self_attn", "v_proj", "kernel"): (P(None, "model"), (H, KV_DIM // TP)),
-    ("self_attn", "o_proj", "kernel"): (P("model", None), (Q_DIM // TP, H)),
-    ("mlp", "gate_proj", "kernel"): (P(None, "model"), (H, INTER // TP)),
-    ("mlp", "up_proj", "kernel"): (P(None, "model"), (H, INTER // TP)),
-    ("mlp", "down_proj", "kernel"): (P("model", None), (INTER // TP, H)),
-    ("input_layernorm", "scale"): (P(), (H,)),
-    ("post_attention_layernorm", "scale"): (P(), (H,)),
-    ("norm", "scale"): (P(), (H,)),
-    ("lm_head", "kernel"): (P(None, "model"), (H, VOCAB // TP)),
+  ("embed_tokens", "embedding"): (P("model", None), (VOCAB // TP, H)),
+  ("self_attn", "q_proj", "kernel"): (P(None, "model"), (H, Q_DIM // TP)),
+  ("self_attn", "k_proj", "kernel"): (P(None, "model"), (H, KV_DIM // TP)),
+  ("self_attn", "v_proj", "kernel"): (P(None, "model"), (H, KV_DIM // TP)),
+  ("self_attn", "o_proj", "kernel"): (P("model", None), (Q_DIM // TP, H)),
+  ("mlp", "gate_proj", "kernel"): (P(None, "model"), (H, INTER // TP)),
+  ("mlp", "up_proj", "kernel"): (P(None, "model"), (H, INTER // TP)),
+  ("mlp", "down_proj", "kernel"): (P("model", None), (INTER // TP, H)),
+  ("input_layernorm", "scale"): (P(), (H,)),
+  ("post_attention_layernorm", "scale"): (P(), (H,)),
+  ("norm", "scale"): (P(), (H,)),
+  ("lm_head", "kernel"): (P(None, "model"), (H, VOCAB // TP)),
 }
 
 
@@ -53,8 +55,10 @@ def test_every_weight_is_split_by_its_rule(engine):
 
 def test_kv_pages_are_split_by_kv_head_and_updated_in_place(engine):
   def pointers(pages):
-    return [[s.data.unsafe_buffer_pointer() for s in x.addressable_shards]
-            for x in jax.tree_util.tree_leaves(pages)]
+    return [
+      [s.data.unsafe_buffer_pointer() for s in x.addressable_shards]
+      for x in jax.tree_util.tree_leaves(pages)
+    ]
 
   num_pages = engine.allocator.num_usable_pages + 1
   for k_pages, v_pages in engine.runner.kv_pages:

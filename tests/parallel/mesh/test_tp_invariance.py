@@ -6,6 +6,7 @@ Two random Llamas: a 256-wide one with 8 kv heads, and a 512-wide one with 2 kv 
 projections [512, 128] shrink from 64K to 32K elements per device, where XLA:CPU's GEMM switches
 kernels: the unsharded invariant model computes them as two column groups, so it runs the
 per-device kernel too."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,10 +30,18 @@ def checkpoint(request, tmp_path_factory):
   out_dir = build_hf_checkpoint("llama_kv8", tmp_path_factory.mktemp(request.param))
   base = transformers.AutoConfig.from_pretrained(out_dir)
   config = transformers.LlamaConfig(
-      vocab_size=VOCAB_SIZE, hidden_size=hidden, intermediate_size=2 * hidden,
-      num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=num_kv_heads, head_dim=64,
-      max_position_embeddings=256,
-      rms_norm_eps=1e-5, bos_token_id=base.bos_token_id, eos_token_id=base.eos_token_id)
+    vocab_size=VOCAB_SIZE,
+    hidden_size=hidden,
+    intermediate_size=2 * hidden,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    num_key_value_heads=num_kv_heads,
+    head_dim=64,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    bos_token_id=base.bos_token_id,
+    eos_token_id=base.eos_token_id,
+  )
   torch.manual_seed(0)
   model = transformers.LlamaForCausalLM(config)
   with torch.no_grad():
@@ -47,12 +56,14 @@ def checkpoint(request, tmp_path_factory):
   return out_dir
 
 
-def _generate(checkpoint, tp: int, invariant: bool, attention_backend: str = "xla"
-              ) -> tuple[list[list[int]], np.ndarray]:
+def _generate(
+  checkpoint, tp: int, invariant: bool, attention_backend: str = "xla"
+) -> tuple[list[list[int]], np.ndarray]:
   rng = np.random.default_rng(7)
   prompts = [rng.integers(4, TOKENIZER_VOCAB_SIZE, size=n).tolist() for n in PROMPT_LENGTHS]
-  engine = tp_engine(checkpoint, tp, attention_backend, dtype="bfloat16",
-                     tp_invariant_reductions=invariant)
+  engine = tp_engine(
+    checkpoint, tp, attention_backend, dtype="bfloat16", tp_invariant_reductions=invariant
+  )
   assert engine.runner.model.config.tp_invariant_reductions is invariant
   tokens, logprobs = generate_and_score(engine, prompts, NUM_NEW_TOKENS)
   return tokens, np.concatenate(logprobs).astype(np.float32)

@@ -1,13 +1,18 @@
 """Tensor parallelism changes where the math runs, not its result: greedy tokens at tp = 2, 4, 8
 equal the unsharded engine's (and transformers'), prompt logprobs agree closely."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from jaxserve.assembly import build_engine
-from tests.integration.engine_helpers import (generate_and_score, hf_greedy,
-                                               record_steps_per_dispatch, small_config)
+from tests.integration.engine_helpers import (
+  generate_and_score,
+  hf_greedy,
+  record_steps_per_dispatch,
+  small_config,
+)
 from tests.models.hf_checkpoints import TOKENIZER_VOCAB_SIZE, TP_FAMILIES, load_hf_model
 from tests.parallel.mesh.conftest import tp_engine
 
@@ -25,8 +30,9 @@ def _prompts(seed: int) -> list[list[int]]:
 def test_greedy_tokens_identical_for_every_tensor_parallel_size(family, hf_checkpoint, engine_for):
   checkpoint = hf_checkpoint(family)
   prompts = _prompts(seed=TP_FAMILIES.index(family))
-  results = {tp: generate_and_score(engine_for(checkpoint, tp), prompts, NUM_NEW_TOKENS)
-             for tp in TP_SIZES}
+  results = {
+    tp: generate_and_score(engine_for(checkpoint, tp), prompts, NUM_NEW_TOKENS) for tp in TP_SIZES
+  }
   unsharded_tokens, unsharded_logprobs = results[1]
   hf_model = load_hf_model(checkpoint)
   assert unsharded_tokens == [hf_greedy(hf_model, p, NUM_NEW_TOKENS) for p in prompts]

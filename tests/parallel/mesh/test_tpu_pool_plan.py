@@ -3,6 +3,7 @@ device that reports TPU-like memory statistics (bytes_limit = the whole device, 
 block) gets exactly the page count tpu_aot.step_programs.pool_pages plans for that chip, loader
 slack, headroom and unmeasured scratch included, so the programs compile-tpu writes are the ones
 the server looks up."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,9 +23,17 @@ MIB = 2**20
 
 def test_engine_and_tpu_plan_agree_on_the_pool(hf_checkpoint, monkeypatch):
   checkpoint = hf_checkpoint("llama_kv8")
-  config = small_config(str(checkpoint), tensor_parallel_size=2, max_model_len=128,
-                        max_num_seqs=8, max_tokens_per_step=32, seq_buckets=(8,),
-                        token_buckets=(16, 32), prefix_caching=False, attention_backend="xla")
+  config = small_config(
+    str(checkpoint),
+    tensor_parallel_size=2,
+    max_model_len=128,
+    max_num_seqs=8,
+    max_tokens_per_step=32,
+    seq_buckets=(8,),
+    token_buckets=(16, 32),
+    prefix_caching=False,
+    attention_backend="xla",
+  )
   config = dataclasses.replace(config, cache=CacheConfig(page_size=16, memory_fraction=0.2))
   chip_bytes = 4 * 1024 * MIB
   # 0.8 GiB usable, 0.5 GiB of it headroom; the live count is one the plan ignores
