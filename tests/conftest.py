@@ -1,16 +1,28 @@
-"""Test-wide settings: a persistent XLA compilation cache shared by every engine the tests build,
-so each bucket shape compiles once per machine rather than once per engine."""
+"""Test-wide settings.
+
+XLA compilation cache: every engine the tests build, and every JAX process they start (engine
+core processes, the mesh and multi-host subprocesses), share one persistent compilation cache, so
+each program compiles once per run rather than once per engine. Its directory is
+$JAXSERVE_TEST_XLA_CACHE when set (kept across runs: a warm cache, opt in); otherwise a new
+temporary directory for this run, removed at its end, so a run on a fresh clone and a run here
+compile the same programs and report the same times. pytest-xdist workers inherit the variable
+from the controller, so they share the run's directory.
+"""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import jax
 
-_CACHE_DIR = os.environ.get(
-  "JAXSERVE_TEST_XLA_CACHE", os.path.join(tempfile.gettempdir(), "jaxserve-test-xla-cache")
-)
+CACHE_ENV = "JAXSERVE_TEST_XLA_CACHE"
+if CACHE_ENV not in os.environ:  # the first process of the run (the controller under xdist)
+  os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="jaxserve-test-xla-cache-")
+  atexit.register(shutil.rmtree, os.environ[CACHE_ENV], ignore_errors=True)
+_CACHE_DIR = os.environ[CACHE_ENV]
 jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -25,6 +37,15 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
 import pytest  # noqa: E402
+
+MAX_WORKERS = 8  # each worker holds jax, torch and its engines (1-2 GB)
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+  """`-n auto`: one worker per core, at most MAX_WORKERS."""
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return max(1, min(MAX_WORKERS, cores or 1))
+
 
 from tests.models.hf_checkpoints import build_hf_checkpoint  # noqa: E402
 

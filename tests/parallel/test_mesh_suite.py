@@ -30,6 +30,8 @@ def test_mesh_tests_pass_on_8_cpu_devices(tmp_path):
       "pytest",
       "-p",
       "no:cacheprovider",
+      "-n",
+      "0",  # one process: it owns the 8 host devices (no xdist workers inside)
       f"--junitxml={report}",
       "tests/parallel/mesh",
     ],

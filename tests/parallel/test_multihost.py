@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -31,7 +30,7 @@ EXIT_TIMEOUT_S = 60
 PROMPT = [72, 101, 108, 108, 111, 44, 32, 109, 121, 32, 110, 97, 109, 101]  # "Hello, my name"
 MAX_TOKENS = 12
 # Executables of a 2-process job are kept apart from the one-process tests' cache.
-CACHE_DIR = os.path.join(tempfile.gettempdir(), "jaxserve-test-xla-cache-multihost")
+CACHE_DIR = os.path.join(os.environ["JAXSERVE_TEST_XLA_CACHE"], "multihost")
 CONFIG = f"""\
 model: tiny-random
 max_model_len: 128

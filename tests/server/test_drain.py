@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -27,9 +26,7 @@ MAX_TOKENS = 150
 
 
 def _write_config(path: str, drain_timeout_s: float = 30, model: str = "tiny-random") -> None:
-  cache_dir = os.environ.get(
-    "JAXSERVE_TEST_XLA_CACHE", os.path.join(tempfile.gettempdir(), "jaxserve-test-xla-cache")
-  )
+  cache_dir = os.environ["JAXSERVE_TEST_XLA_CACHE"]  # the run's cache (tests/conftest.py)
   config = {
     "model": model,
     "max_model_len": MAX_MODEL_LEN,
