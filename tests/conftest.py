@@ -73,3 +73,30 @@ def no_persistent_compilation_cache():
   jax.config.update("jax_enable_compilation_cache", False)
   yield
   jax.config.update("jax_enable_compilation_cache", previous)
+
+
+# The files that take longest on the 2-core CPU machine (a test run's --durations, summed per
+# file; docs/PERFORMANCE.md "The test suite"), longest first. They are collected first, so the
+# parallel workers start them at once and the run does not end with one worker on a long file.
+SLOW_FILES_FIRST = (
+  "tests/integration/test_batch_invariant_mode.py",
+  "tests/parallel/test_mesh_suite.py",
+  "tests/tpu_aot/test_compile_tpu.py",
+  "tests/pallas_kernels/test_gpu_program_map.py",
+  "tests/integration/test_kernel_engines_interpret.py",
+  "tests/integration/test_structured_outputs.py",
+  "tests/bench/test_batch_invariance_bench.py",
+  "tests/integration/test_hf_parity.py",
+  "tests/investigations/test_profile_step.py",
+  "tests/integration/test_decode_bursts.py",
+  "tests/integration/test_batch_invariance.py",
+  "tests/integration/test_async_scheduling.py",
+  "tests/pallas_kernels/test_tpu_kernel.py",
+  "tests/server/test_admission.py",
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+  """SLOW_FILES_FIRST's files first (in that order), the rest as collected."""
+  rank = {path: i for i, path in enumerate(SLOW_FILES_FIRST)}
+  items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
