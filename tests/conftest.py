@@ -7,6 +7,16 @@ $JAXSERVE_TEST_XLA_CACHE when set (kept across runs: a warm cache, opt in); othe
 temporary directory for this run, removed at its end, so a run on a fresh clone and a run here
 compile the same programs and report the same times. pytest-xdist workers inherit the variable
 from the controller, so they share the run's directory.
+
+Compile and thread settings for every JAX and torch process of the run (set in the environment,
+so the processes tests start inherit them):
+- XLA's CPU backend compiles at LLVM optimization level 0 (TEST_XLA_FLAGS). The tests compile
+  hundreds of small programs and run each a few times, so LLVM's optimization passes cost more
+  than they save. The HLO passes, and so the programs' semantics (IEEE float arithmetic, no
+  fast math, the same reduction orders), do not depend on it.
+- torch runs one intra-op thread (OMP_NUM_THREADS=1). The test workers take one core each;
+  torch's OpenMP pool spins waiting on a second core that another worker holds, which made the
+  tiny reference models 10x slower.
 """
 
 from __future__ import annotations
@@ -16,7 +26,12 @@ import os
 import shutil
 import tempfile
 
-import jax
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import jax  # noqa: E402
 
 CACHE_ENV = "JAXSERVE_TEST_XLA_CACHE"
 if CACHE_ENV not in os.environ:  # the first process of the run (the controller under xdist)

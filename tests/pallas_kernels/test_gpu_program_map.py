@@ -1,9 +1,17 @@
 """The GPU kernel's program map, checked on random ragged batches: every live query token is
 attended by exactly one program (a block of its own sequence), every padding token is zeroed by a
-padding program, and the static grid is always large enough. Hand-worked first."""
+padding program, and the static grid is always large enough. Hand-worked first.
+
+The random batches come in the shapes the engine uses (a sequence bucket of slots, a token bucket
+of tokens), so the sweep compiles one program per (slots, tokens) pair rather than one per batch;
+half of them fill their token bucket with live tokens (no padding), where the grid bound is
+tightest."""
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -11,12 +19,21 @@ import pytest
 from pallas_kernels.ragged_paged_attention.gpu_program_map import num_programs, program_map
 
 
+SEQ_BUCKETS = (1, 2, 4, 8, 12)
+TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _program_map(query_start_loc, num_seqs, num_programs: int, block_q: int):
+  return program_map(query_start_loc, num_seqs, num_programs, block_q)
+
+
 def _map(q_lens: list[int], num_slots: int, num_tokens: int, block_q: int):
   starts = np.zeros(num_slots + 1, np.int32)
   starts[1 : len(q_lens) + 1] = np.cumsum(q_lens)
   starts[len(q_lens) + 1 :] = starts[len(q_lens)]
   grid = num_programs(num_tokens, num_slots, block_q)
-  seqs, blocks = program_map(
+  seqs, blocks = _program_map(
     jnp.asarray(starts), jnp.asarray([len(q_lens)], jnp.int32), grid, block_q
   )
   return starts, np.asarray(seqs), np.asarray(blocks)
@@ -35,14 +52,16 @@ def test_by_hand():
 def test_random_batches_are_covered(block_q: int):
   rng = np.random.default_rng(block_q)
   for _ in range(200):
-    num_slots = int(rng.integers(1, 12))
+    num_slots = int(rng.choice(SEQ_BUCKETS))
     num_seqs = int(rng.integers(0, num_slots + 1))
     q_lens = [
       int(rng.choice([0, 1, 1, 2, block_q, block_q + 1, rng.integers(1, 40)]))
       for _ in range(num_seqs)
     ]
+    num_tokens = next(t for t in TOKEN_BUCKETS if t >= sum(q_lens) + rng.integers(0, 3 * block_q))
+    if q_lens and rng.random() < 0.5:  # the last sequence takes the rest: no padding tokens
+      q_lens[-1] += num_tokens - sum(q_lens)
     num_live = sum(q_lens)
-    num_tokens = num_live + int(rng.integers(0, 3 * block_q + 2))
     starts, seqs, blocks = _map(q_lens, num_slots, num_tokens, block_q)
     attended = np.zeros(num_tokens, np.int32)
     zeroed = np.zeros(num_tokens, bool)

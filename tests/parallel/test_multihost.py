@@ -49,7 +49,10 @@ def _free_port() -> int:
 
 
 def _serve(config: Path, *args: str) -> subprocess.Popen:
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = dict(os.environ)  # one CPU device per process: no forced device count
+  env["XLA_FLAGS"] = " ".join(
+    f for f in env.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f
+  )
   env["JAX_PLATFORMS"] = "cpu"
   return subprocess.Popen(
     [sys.executable, "-m", "jaxserve.cli", "serve", "--config", str(config), *args],
