@@ -27,7 +27,7 @@ def tiny_random_config() -> ModelConfig:
     vocab_size=512,
     hidden_size=256,
     intermediate_size=512,
-    num_layers=4,
+    num_layers=2,
     num_q_heads=4,
     num_kv_heads=2,
     head_dim=64,

@@ -46,5 +46,6 @@ def test_roles_follow_start_order_and_cpu_is_per_process():
       os.kill(pid, signal.SIGKILL)
     supervisor.kill()
     supervisor.wait()
-  assert cores["api-0"] > 0.5  # the busy loop: about one core
-  assert cores["core"] < 0.2 and cores["api-1"] < 0.2 and cores["supervisor"] < 0.2
+  # the busy loop: about one core, or its share of one when the test workers load every core
+  idle = max(cores["core"], cores["api-1"], cores["supervisor"])
+  assert cores["api-0"] > 0.25 and idle < 0.1, cores

@@ -23,7 +23,7 @@ def test_config():
     512,
     256,
     512,
-    4,
+    2,
   )
   assert (c.num_q_heads, c.num_kv_heads, c.head_dim, c.max_position_embeddings) == (4, 2, 64, 2048)
   assert (c.bos_token_id, c.eos_token_ids, c.dtype, c.tie_word_embeddings) == (

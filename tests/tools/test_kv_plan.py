@@ -9,8 +9,8 @@ from jaxserve.models.tiny_random import tiny_random_config
 from jaxserve.tools.kv_plan import plan
 from tests.tools.tool_helpers import SMALL_ENGINE_ARGS, SMALL_NUM_PAGES
 
-# tiny-random: 4 layers, 2 KV heads, head_dim 64, float32: K and V of one 16-token page
-TINY_PAGE_BYTES = 2 * 4 * 2 * 16 * 64 * 4
+# tiny-random: 2 layers, 2 KV heads, head_dim 64, float32: K and V of one 16-token page
+TINY_PAGE_BYTES = 2 * 2 * 2 * 16 * 64 * 4
 
 
 def test_paged_fits_more_short_sequences_than_contiguous():

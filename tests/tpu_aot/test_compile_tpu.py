@@ -3,10 +3,12 @@
 libtpu comes with the test extra on Linux x86-64 (pyproject.toml), so there these tests run and
 fail, never skip, without it. Within the CI budget of a 2-core machine they compile: every step
 program (every bucket's forward, every sampler mode, prompt logprobs, decode bursts) of a tp=8
-v5e-8 server for Llama 3.2 1B with a small scheduler; every program of the shipped v5e-8 config's
+v5e-8 server with a small scheduler for Llama 3.2 1B cut to 2 layers and a 32,000-token
+vocabulary (every kind of program; the forward's compile time grows with the layers and the
+sampling programs' sorts with the vocabulary); every program of the shipped v5e-8 config's
 largest bucket for Llama 3.1 8B, whose per-chip memory is checked against a hand computation;
-and a config whose weights alone overflow a chip (the message for a total over HBM is
-checked in test_tpu_aot_units.py). The full program sets of the shipped configs, 70B included, are
+and a config whose weights alone overflow a chip (the message for a total over HBM is checked in
+test_tpu_aot_units.py). The full program sets of the shipped configs, 70B included, are
 compiled by `jaxserve compile-tpu` and recorded in docs/SCALE_OUT.md.
 """
 
@@ -32,12 +34,12 @@ V5E_8 = str(Path(__file__).resolve().parents[2] / "configs" / "v5e-8.yaml")
 JOBS = 2  # programs compiled at once (the CI machine's cores)
 
 
-def _build(shape: str, overrides: list[str], selection: str) -> BuildReport:
+def _build(shape: str, overrides: list[str], selection: str, **model_changes) -> BuildReport:
   config = load_config(V5E_8, overrides)
   return build(
     BuildRequest(
       config,
-      named_model_config(shape),
+      named_model_config(shape).replace(**model_changes),
       shape,
       get_chip("v5e"),
       selection,
@@ -60,6 +62,8 @@ def test_every_program_of_a_small_server_compiles_for_v5e_2x4():
       "cache.memory_fraction=0.2",
     ],
     "all",
+    num_layers=2,
+    vocab_size=32_000,
   )
   assert report.topology == "v5e:2x4"
   modes = ["greedy", "penalties+top", "random", "random+penalties+top"]  # SamplerMode.all()
