@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 
 import yaml
 
+from jaxserve.quantization.scheme import NONE, QUANTIZATION_NAMES, check_quantization
 from jaxserve.structured.tool_parsers import tool_parser_names
 
 ATTENTION_BACKENDS = ("auto", "reference", "xla", "pallas_gpu", "pallas_tpu")
@@ -35,6 +36,7 @@ CHOICES: Mapping[str, tuple[str, ...]] = {
   "gpu_gemm": GPU_GEMMS,
   "sampler_backend": SAMPLER_BACKENDS,
   "warmup": WARMUP_MODES,
+  "quantization": QUANTIZATION_NAMES,  # jaxserve/quantization/scheme.py owns them
 }
 
 
@@ -309,7 +311,10 @@ class EngineConfig:
   serving, "lazy" each on the first step that needs it; "auto" is the caller's default
   (`jaxserve serve`: background; LLM and `jaxserve generate`: lazy).
   tokenizer: a tokenizer directory other than the model's; chat_template: a template file (or the
-  template text itself) replacing the tokenizer's (models/registry.load_configured_tokenizer)."""
+  template text itself) replacing the tokenizer's (models/registry.load_configured_tokenizer).
+  quantization: the weight scheme the projections run (jaxserve/quantization/scheme.py): a
+  bfloat16 checkpoint is quantized as it loads; "none" loads a checkpoint as it is stored (a
+  compressed-tensors checkpoint runs its own scheme). One device only, for now."""
 
   model: str = "tiny-random"
   tokenizer: str | None = None
@@ -326,6 +331,7 @@ class EngineConfig:
   sampler_backend: str = "auto"
   fuse_projections: bool = True
   warmup: str = "auto"
+  quantization: str = NONE
   cache: CacheConfig = field(default_factory=CacheConfig)
   scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
   server: ServerConfig = field(default_factory=ServerConfig)
@@ -389,6 +395,19 @@ class EngineConfig:
       isinstance(self.fuse_projections, bool),
       "fuse_projections",
       f"must be true or false, got {self.fuse_projections!r}",
+    )
+    check_quantization(self.quantization)
+    _require(
+      self.quantization == NONE
+      or not (
+        self.tensor_parallel_size > 1
+        or self.tp_invariant_reductions
+        or self.batch_invariant
+        or self.distributed.active
+      ),
+      "quantization",
+      f"{self.quantization} runs on one device without tp_invariant_reductions or "
+      "batch_invariant for now (tensor_parallel_size 1, no distributed job)",
     )
     _require(
       not (self.distributed.active and self.scheduler.num_scheduler_steps > 1),

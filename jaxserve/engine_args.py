@@ -52,6 +52,13 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
   ),
   EngineArg("dtype", "dtype", str, "weights and activations dtype"),
   EngineArg(
+    "quantization",
+    "quantization",
+    str,
+    "weight scheme of the projections: a bfloat16 checkpoint is quantized as it loads; none "
+    "loads a checkpoint as stored (a compressed-tensors one runs its own scheme)",
+  ),
+  EngineArg(
     "max_model_len",
     "max_model_len",
     int,
