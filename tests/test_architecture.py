@@ -72,6 +72,8 @@ DEVICE = (
   "jaxserve.attention",
   "jaxserve.models",
   "jaxserve.parallel",
+  "jaxserve.quantization.quantize",  # the quantization package's scheme names are host data
+  "jaxserve.quantization.matmul",
 )
 PURE_HOST = (
   "jaxserve.engine.scheduler",
@@ -101,6 +103,8 @@ PURE_HOST = (
   "jaxserve.structured.matcher",
   "jaxserve.structured.grammar",
   "jaxserve.structured.tools",
+  "jaxserve.quantization.scheme",
+  "jaxserve.quantization.compressed_tensors",
 )
 INVESTIGATIONS = ("investigations",)
 SERVER = ("jaxserve.server",)
@@ -188,6 +192,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     "jaxserve.optional_deps",
     "jaxserve.cli_help",
     "jaxserve.tokenizer",
+    "jaxserve.quantization",
   ),
   ("jaxserve.structured",),
   ("jaxserve.config", "jaxserve.sampling_params"),
