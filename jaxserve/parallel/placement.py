@@ -85,7 +85,12 @@ def load_placement(config: EngineConfig) -> Placement:
 
 
 def _on_one_device(config: EngineConfig) -> Placement:
-  loaded = load_model(config.model, config.dtype, fuse_projections=config.fuse_projections)
+  loaded = load_model(
+    config.model,
+    config.dtype,
+    quantization=config.quantization,
+    fuse_projections=config.fuse_projections,
+  )
   model_config = loaded.config.replace(
     tp_invariant_reductions=config.tp_invariant_reductions, batch_invariant=config.batch_invariant
   )
