@@ -50,3 +50,14 @@ def test_a_scheme_is_validated():
     QuantScheme("x", "int4", False)
   with pytest.raises(ValueError, match="^quantization: no scheme with int8 weights"):
     scheme_named("int8", "yes")
+
+
+def test_one_device_only_for_now():
+  for fields in (
+    {"tensor_parallel_size": 2},
+    {"tp_invariant_reductions": True},
+    {"batch_invariant": True},
+  ):
+    with pytest.raises(ValueError, match="^quantization: fp8 runs on one device"):
+      EngineConfig(quantization="fp8", **fields)
+  EngineConfig(tensor_parallel_size=2)  # unquantized: as before
