@@ -39,6 +39,8 @@ SCALE_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.float1
 def read_stored_quantization(checkpoint_dir: Path) -> StoredQuantization | None:
   """The compressed-tensors scheme of a checkpoint directory's config.json (None: float)."""
   path = Path(checkpoint_dir) / "config.json"
+  if not path.is_file():
+    return None
   try:
     return stored_quantization(json.loads(path.read_text()))
   except ValueError as err:
@@ -88,10 +90,12 @@ def quantized_leaves(
   """The leaves with each projection's conversion replaced: quantized on load (float
   checkpoint) or taken as stored (kernel transposed, scales broadcast per channel)."""
   scheme = scheme_for(config.quantization)
+  if stored is not None and stored.scheme != scheme:
+    raise ValueError(
+      f"quantization: the checkpoint stores {stored.scheme.name}, not {config.quantization}"
+    )
   if scheme is None:
     return list(leaves)
-  if stored is not None and stored.scheme != scheme:
-    raise ValueError(f"quantization: the checkpoint stores {stored.scheme.name}, not {scheme.name}")
   widths = {
     scale_path(leaf.path): tuple(part.shape[-1] for part in leaf.parts)
     for leaf in leaves

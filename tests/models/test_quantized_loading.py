@@ -17,7 +17,7 @@ import torch
 from jaxserve.attention import get_attention_backend
 from jaxserve.models import LlamaForCausalLM
 from jaxserve.models.registry import load_model
-from jaxserve.models.weights import load_hf_config, param_shapes
+from jaxserve.models.weights import load_hf_config, load_hf_params, param_shapes
 from jaxserve.quantization import reference
 from jaxserve.quantization.scheme import scheme_for
 from tests.models.compressed_checkpoints import quantization_config, write_compressed_tensors
@@ -185,3 +185,10 @@ def test_a_stored_checkpoint_is_not_sharded(bf16, tmp_path):
   with pytest.raises(ValueError, match="^quantization: fp8 weights run on one device only"):
     check_unquantized(load_hf_config(stored))
   check_unquantized(load_hf_config(bf16))
+
+
+def test_stored_weights_never_load_as_floats(bf16, tmp_path):
+  stored = write_compressed_tensors(bf16, tmp_path / "ct", "int8")
+  config = load_hf_config(stored).replace(quantization="none")
+  with pytest.raises(ValueError, match="^quantization: the checkpoint stores int8, not none"):
+    load_hf_params(stored, config)
