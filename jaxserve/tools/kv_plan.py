@@ -25,8 +25,10 @@ from jaxserve.device.kv_cache import (
 )
 from jaxserve.models.builtin import builtin_config, is_builtin
 from jaxserve.models.model_config import ModelConfig
+from jaxserve.models.quantized_loading import read_stored_quantization
 from jaxserve.models.registry import load_model
 from jaxserve.models.weights import load_hf_config
+from jaxserve.quantization.compressed_tensors import resolve_quantization
 from jaxserve.tools.json_file import write_json
 from jaxserve.tools.key_value_table import key_value_table
 
@@ -58,19 +60,26 @@ class KVPlan:
 
 
 def model_config_for(config: EngineConfig) -> ModelConfig:
-  """The model's architecture without loading weights."""
+  """The model's architecture without loading weights, in the scheme it would run (the
+  checkpoint's own for a compressed-tensors one, else config.quantization)."""
   if is_builtin(config.model):
-    return builtin_config(config.model, config.dtype)
+    return builtin_config(config.model, config.dtype).replace(quantization=config.quantization)
   if not Path(config.model).is_dir():
     load_model(config.model, config.dtype)  # raises the registry's error for an unknown model
-  return load_hf_config(Path(config.model), config.dtype)
+  path = Path(config.model)
+  quantization = resolve_quantization(config.quantization, read_stored_quantization(path))
+  return load_hf_config(path, config.dtype).replace(quantization=quantization)
 
 
 def weight_bytes(model_config: ModelConfig) -> int:
-  from jaxserve.models.weights import hf_tensor_specs
+  """The params' bytes from their shapes and dtypes (8-bit kernels and their scales when
+  quantized)."""
+  import jax
 
-  itemsize = 4 if model_config.dtype == "float32" else 2
-  return sum(math.prod(spec.shape) for spec in hf_tensor_specs(model_config)) * itemsize
+  from jaxserve.models.weights import param_shapes
+
+  leaves = jax.tree.leaves(param_shapes(model_config))
+  return sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in leaves)
 
 
 def plan(

@@ -66,3 +66,23 @@ def test_kv_plan_command_matches_the_engine(tmp_path, capsys):
   assert report["contiguous_max_seqs"] == SMALL_NUM_PAGES * 16 // 256
   assert report["paged_max_seqs"] > report["contiguous_max_seqs"]
   assert "paged / contiguous sequences" in capsys.readouterr().out
+
+
+def test_quantized_weights_are_counted_in_eight_bits():
+  """The planner's weights follow the scheme: 8-bit projection kernels plus float32 scales."""
+  from jaxserve.config import EngineConfig
+  from jaxserve.tools.kv_plan import model_config_for, weight_bytes
+
+  config = model_config_for(EngineConfig(dtype="bfloat16"))
+  int8 = model_config_for(EngineConfig(dtype="bfloat16", quantization="int8"))
+  assert int8.quantization == "int8"
+  c = config
+  projections = c.num_layers * (
+    c.hidden_size * (c.num_q_heads + 2 * c.num_kv_heads) * c.head_dim
+    + c.num_q_heads * c.head_dim * c.hidden_size
+    + 3 * c.hidden_size * c.intermediate_size
+  )
+  outputs = c.num_layers * (
+    (c.num_q_heads + 2 * c.num_kv_heads) * c.head_dim + 2 * c.hidden_size + 2 * c.intermediate_size
+  )
+  assert weight_bytes(config) - weight_bytes(int8) == projections - 4 * outputs
