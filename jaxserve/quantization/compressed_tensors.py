@@ -14,9 +14,10 @@ list of modules left unquantized. Each quantized Linear stores, beside its HF na
   <module>.input_scale   [1] / [] when input_activations are static (dynamic: absent)
 
 Runs: one group of 8-bit symmetric weights, channel or tensor strategy, with no activation
-quantization (W8A16) or 8-bit symmetric activations of the same type, dynamic per token or
-static per tensor (W8A8; a static scale is checked but the activations are scaled per token,
-at least as accurate), and `ignore` naming lm_head only (it stays in the model dtype anyway).
+quantization (W8A16) or 8-bit symmetric activations of the same type, dynamic (per token or
+per tensor) or static per tensor (W8A8: the activations are scaled per token whatever the
+checkpoint says, which is at least as accurate; a static input_scale is checked, not used),
+and `ignore` naming lm_head only (it stays in the model dtype anyway).
 """
 
 from __future__ import annotations
@@ -111,12 +112,13 @@ def stored_quantization(hf_config: Mapping) -> StoredQuantization | None:
     inputs.get("num_bits") != 8
     or inputs.get("type") != kind
     or not inputs.get("symmetric", True)
-    or (inputs.get("dynamic") is True) != (inputs.get("strategy") == "token")
     or inputs.get("strategy") not in ("token", "tensor")
+    or (inputs.get("strategy") == "token" and inputs.get("dynamic") is not True)
   ):
     _fail(
       f"unsupported compressed-tensors scheme: weights {scheme_text} (supported activations: "
-      "none, or 8-bit symmetric of the weights' type, dynamic per token or static per tensor)"
+      "none, or 8-bit symmetric of the weights' type, dynamic per token or tensor, or static "
+      "per tensor)"
     )
   if group.get("output_activations") is not None:
     _fail(f"{where}.output_activations: output quantization is not supported")
@@ -131,7 +133,7 @@ def stored_quantization(hf_config: Mapping) -> StoredQuantization | None:
   return StoredQuantization(
     scheme_named(WEIGHT_DTYPES[kind], inputs is not None),
     weights["strategy"],
-    inputs is not None and not inputs.get("dynamic"),
+    inputs is not None and inputs.get("dynamic") is not True,
   )
 
 

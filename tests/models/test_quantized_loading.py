@@ -6,6 +6,7 @@ bad checkpoints fail from the headers with a one-line message naming the tensor 
 from __future__ import annotations
 
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -192,3 +193,33 @@ def test_stored_weights_never_load_as_floats(bf16, tmp_path):
   config = load_hf_config(stored).replace(quantization="none")
   with pytest.raises(ValueError, match="^quantization: the checkpoint stores int8, not none"):
     load_hf_params(stored, config)
+
+
+def test_orbax_copies_load_the_same_params(bf16, tmp_path):
+  """`jaxserve convert` of a compressed-tensors checkpoint keeps its 8-bit params; a float
+  checkpoint's orbax copy is quantized after restoring, to quantize-on-load's params."""
+  from jaxserve.models.registry import convert_checkpoint
+
+  stored = write_compressed_tensors(bf16, tmp_path / "ct", "fp8")
+  plain = tmp_path / "bf16"
+  shutil.copytree(bf16, plain)
+  expected = {
+    "fp8": load_model(str(stored), fuse_projections=True),
+    "int8": load_model(str(plain), quantization="int8", fuse_projections=True),
+  }
+  convert_checkpoint(stored)
+  convert_checkpoint(plain)
+  restored = {
+    "fp8": load_model(str(stored), fuse_projections=True),
+    "int8": load_model(str(plain), quantization="int8", fuse_projections=True),
+  }
+  for name, loaded in restored.items():
+    assert loaded.source.startswith("orbax:") and loaded.config == expected[name].config
+    for a, b in zip(jax.tree.leaves(loaded.params), jax.tree.leaves(expected[name].params)):
+      assert a.dtype == b.dtype
+      np.testing.assert_array_equal(_raw(a), _raw(b))
+
+
+def _raw(array) -> np.ndarray:
+  array = np.asarray(array)
+  return array.view(np.uint8) if array.dtype.itemsize == 1 else array
