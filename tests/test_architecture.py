@@ -250,6 +250,10 @@ def test_no_decision_by_an_attention_backends_name():
     ("SAMPLING_ROW_WIDTH", ["jaxserve.messages.sampling_row"]),
     ("GREEDY_ROW", ["jaxserve.messages.sampling_row"]),
     ("sampling_row", ["jaxserve.messages.sampling_row"]),
+    ("QUANTIZATION_NAMES", ["jaxserve.quantization.scheme"]),
+    ("check_quantization", ["jaxserve.quantization.scheme"]),
+    ("resolve_quantization", ["jaxserve.quantization.compressed_tensors"]),
+    ("is_quantized_kernel", ["jaxserve.models.quantized_dense"]),
   ],
 )
 def test_one_definition_per_policy(name, where):

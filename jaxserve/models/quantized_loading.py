@@ -47,7 +47,9 @@ def read_stored_quantization(checkpoint_dir: Path) -> StoredQuantization | None:
     raise ValueError(f"{path}: {err}") from err
 
 
-def plan_stored_scales(index, specs: Sequence, loads: Sequence[TensorLoad], stored) -> list:
+def plan_stored_scales(
+  index, specs: Sequence, loads: Sequence[TensorLoad], stored: StoredQuantization
+) -> list[TensorLoad]:
   """The scale of every projection of a compressed-tensors checkpoint, as TensorLoads at the
   kernel's `scale` path, each checked (presence, shape, dtype) with its weight's type and, for
   static activations, its input_scale. `index`: weights.TensorIndex; `specs`: its TensorSpecs."""
