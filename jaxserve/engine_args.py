@@ -73,6 +73,13 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     "weights and step scratch leave of it",
   ),
   EngineArg("block_size", "cache.page_size", int, "tokens per KV cache page"),
+  EngineArg(
+    "kv_cache_dtype",
+    "cache.kv_cache_dtype",
+    str,
+    "KV cache storage: auto (the model's dtype), fp8 (float8_e4m3fn) or int8, the 8-bit ones "
+    "with a static scale (cache.kv_scale)",
+  ),
   EngineArg("max_num_seqs", "scheduler.max_num_seqs", int, "sequences per step"),
   EngineArg("max_num_batched_tokens", "scheduler.max_num_batched_tokens", int, "tokens per step"),
   EngineArg(

@@ -91,7 +91,12 @@ def plan(
   avg_seq_len: int,
   max_num_seqs: int,
   model: str = "",
+  kv_dtype: str | None = None,
 ) -> KVPlan:
+  """kv_dtype: the pages' storage (CacheConfig.storage_dtype; None: the model's dtype). 8-bit
+  pages are one byte an element and their static scales take no memory, so a budget holds
+  twice bfloat16's pages."""
+  kv_dtype = model_config.dtype if kv_dtype is None else kv_dtype
   if avg_seq_len < 1 or avg_seq_len > max_model_len:
     raise ValueError(
       f"avg_seq_len: must be in [1, max_model_len={max_model_len}], got {avg_seq_len}"
@@ -101,7 +106,7 @@ def plan(
     model_config.num_kv_heads,
     model_config.head_dim,
     page_size,
-    model_config.dtype,
+    kv_dtype,
   )
   per_token = per_page // page_size
   num_pages = budget_bytes // per_page
@@ -111,7 +116,7 @@ def plan(
   contiguous_seqs = budget_bytes // (max_model_len * per_token)
   return KVPlan(
     model=model,
-    dtype=model_config.dtype,
+    dtype=kv_dtype,
     page_size=page_size,
     max_model_len=max_model_len,
     avg_seq_len=avg_seq_len,
@@ -142,7 +147,7 @@ def budget_for(config: EngineConfig, model_config: ModelConfig, memory_gb: float
       model_config.num_kv_heads,
       model_config.head_dim,
       cache.page_size,
-      model_config.dtype,
+      cache.storage_dtype(model_config.dtype),
     )
   if cache.memory_bytes is not None:
     return cache.memory_bytes
@@ -174,6 +179,7 @@ def main(args) -> int:
     avg_seq_len=args.avg_seq_len,
     max_num_seqs=config.scheduler.max_num_seqs,
     model=config.model,
+    kv_dtype=config.cache.storage_dtype(model_config.dtype),
   )
   budget_config = config.replace(
     cache=dataclasses.replace(config.cache, memory_bytes=budget, num_pages=None)
@@ -199,7 +205,7 @@ def main(args) -> int:
 
 def format_plan(report: dict) -> str:
   rows = [
-    ("model", f"{report['model']} ({report['dtype']})"),
+    ("model", f"{report['model']} (KV pages {report['dtype']})"),
     ("KV budget", f"{report['budget_bytes'] / GIB:.3f} GiB"),
     (
       "bytes per token / page",
