@@ -38,6 +38,7 @@ FLAG_VALUES = {
   "seed": (["--seed", "7"], 7),
   "tensor_parallel_size": (["--tensor-parallel-size", "2"], 2),
   "quantization": (["--quantization", "int8"], "int8"),
+  "kv_cache_dtype": (["--kv-cache-dtype", "fp8"], "fp8"),
 }
 # Flags checked on their own: a quantized model runs on one device (not with the
 # --tensor-parallel-size 2 above).
