@@ -100,7 +100,9 @@ def build_device(
     config.model,
     model_config.architecture,
     num_params / 1e6,
-    model_config.dtype,
+    model_config.dtype
+    if model_config.quantization == "none"
+    else f"{model_config.dtype}, {model_config.quantization} projections",
     placement.attention.name,
   )
   buckets = BucketSet.from_config(config.scheduler)

@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 
 import yaml
 
+from jaxserve.quantization.scheme import NONE, QUANTIZATION_NAMES, check_quantization
 from jaxserve.structured.tool_parsers import tool_parser_names
 
 ATTENTION_BACKENDS = ("auto", "reference", "xla", "pallas_gpu", "pallas_tpu")
@@ -27,6 +28,12 @@ DTYPES = ("auto", "float32", "bfloat16")
 GPU_GEMMS = ("cublas", "cublaslt", "xla")
 SAMPLER_BACKENDS = ("auto", "xla", "pallas_gpu")
 WARMUP_MODES = ("auto", "lazy", "background", "full")
+# cache.kv_cache_dtype: the KV pages' storage ("auto": the model's dtype) and, for the 8-bit
+# formats, the static per-layer scales K and V are divided by (pallas_kernels/
+# ragged_paged_attention/kv_quant.py; docs/DECISIONS.md "An 8-bit KV cache with static scales").
+KV_CACHE_DTYPES = ("auto", "fp8", "int8")
+KV_CACHE_STORAGE = {"fp8": "float8_e4m3fn", "int8": "int8"}
+DEFAULT_KV_SCALES = {"fp8": 1.0, "int8": 1.0 / 16}
 # The dotted config keys whose value is one of a fixed set: EngineConfig validates them against
 # these, and the engine arguments (jaxserve/engine_args.py) offer these as their choices.
 CHOICES: Mapping[str, tuple[str, ...]] = {
@@ -35,6 +42,8 @@ CHOICES: Mapping[str, tuple[str, ...]] = {
   "gpu_gemm": GPU_GEMMS,
   "sampler_backend": SAMPLER_BACKENDS,
   "warmup": WARMUP_MODES,
+  "cache.kv_cache_dtype": KV_CACHE_DTYPES,
+  "quantization": QUANTIZATION_NAMES,  # jaxserve/quantization/scheme.py owns them
 }
 
 
@@ -48,12 +57,27 @@ class CacheConfig:
   """Paged KV cache. The pool is sized by num_pages if given, else memory_bytes, else from
   memory_fraction: the share of the device's total memory the process uses (as vLLM's
   gpu_memory_utilization), the pool getting what the weights and step scratch leave of it
-  (jaxserve/device/device_memory.py)."""
+  (jaxserve/device/device_memory.py). kv_cache_dtype: the pages' storage, "auto" (the model's
+  dtype), "fp8" (float8_e4m3fn) or "int8", the 8-bit ones holding K / kv_scale and V / kv_scale
+  (null kv_scale: DEFAULT_KV_SCALES, 1.0 for fp8 as vLLM's k_scale / v_scale)."""
 
   page_size: int = 16
   num_pages: int | None = None
   memory_bytes: int | None = None
   memory_fraction: float = 0.9
+  kv_cache_dtype: str = "auto"
+  kv_scale: float | None = None
+
+  def storage_dtype(self, model_dtype: str) -> str:
+    """The pages' dtype name: the model's for "auto", else float8_e4m3fn or int8."""
+    return KV_CACHE_STORAGE.get(self.kv_cache_dtype, model_dtype)
+
+  def kv_scales(self) -> tuple[float, float]:
+    """(k_scale, v_scale) of the pages: 1.0 for float pages."""
+    if self.kv_cache_dtype not in KV_CACHE_STORAGE:
+      return 1.0, 1.0
+    scale = DEFAULT_KV_SCALES[self.kv_cache_dtype] if self.kv_scale is None else self.kv_scale
+    return float(scale), float(scale)
 
   def __post_init__(self) -> None:
     _require(
@@ -77,6 +101,23 @@ class CacheConfig:
       0.0 < float(self.memory_fraction) <= 1.0,
       "cache.memory_fraction",
       f"must be in (0, 1], got {self.memory_fraction!r}",
+    )
+    _require(
+      self.kv_cache_dtype in KV_CACHE_DTYPES,
+      "cache.kv_cache_dtype",
+      f"must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}",
+    )
+    _require(
+      self.kv_scale is None
+      or (
+        isinstance(self.kv_scale, (int, float))
+        and not isinstance(self.kv_scale, bool)
+        and 0 < self.kv_scale < float("inf")
+        and self.kv_cache_dtype in KV_CACHE_STORAGE
+      ),
+      "cache.kv_scale",
+      f"must be a float > 0 with an 8-bit kv_cache_dtype (fp8, int8), got {self.kv_scale!r} "
+      f"with {self.kv_cache_dtype!r}",
     )
 
 
@@ -309,7 +350,10 @@ class EngineConfig:
   serving, "lazy" each on the first step that needs it; "auto" is the caller's default
   (`jaxserve serve`: background; LLM and `jaxserve generate`: lazy).
   tokenizer: a tokenizer directory other than the model's; chat_template: a template file (or the
-  template text itself) replacing the tokenizer's (models/registry.load_configured_tokenizer)."""
+  template text itself) replacing the tokenizer's (models/registry.load_configured_tokenizer).
+  quantization: the weight scheme the projections run (jaxserve/quantization/scheme.py): a
+  bfloat16 checkpoint is quantized as it loads; "none" loads a checkpoint as it is stored (a
+  compressed-tensors checkpoint runs its own scheme). One device only, for now."""
 
   model: str = "tiny-random"
   tokenizer: str | None = None
@@ -326,6 +370,7 @@ class EngineConfig:
   sampler_backend: str = "auto"
   fuse_projections: bool = True
   warmup: str = "auto"
+  quantization: str = NONE
   cache: CacheConfig = field(default_factory=CacheConfig)
   scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
   server: ServerConfig = field(default_factory=ServerConfig)
@@ -389,6 +434,19 @@ class EngineConfig:
       isinstance(self.fuse_projections, bool),
       "fuse_projections",
       f"must be true or false, got {self.fuse_projections!r}",
+    )
+    check_quantization(self.quantization)
+    _require(
+      self.quantization == NONE
+      or not (
+        self.tensor_parallel_size > 1
+        or self.tp_invariant_reductions
+        or self.batch_invariant
+        or self.distributed.active
+      ),
+      "quantization",
+      f"{self.quantization} runs on one device without tp_invariant_reductions or "
+      "batch_invariant for now (tensor_parallel_size 1, no distributed job)",
     )
     _require(
       not (self.distributed.active and self.scheduler.num_scheduler_steps > 1),

@@ -52,6 +52,13 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
   ),
   EngineArg("dtype", "dtype", str, "weights and activations dtype"),
   EngineArg(
+    "quantization",
+    "quantization",
+    str,
+    "weight scheme of the projections: a bfloat16 checkpoint is quantized as it loads; none "
+    "loads a checkpoint as stored (a compressed-tensors one runs its own scheme)",
+  ),
+  EngineArg(
     "max_model_len",
     "max_model_len",
     int,
@@ -66,6 +73,13 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     "weights and step scratch leave of it",
   ),
   EngineArg("block_size", "cache.page_size", int, "tokens per KV cache page"),
+  EngineArg(
+    "kv_cache_dtype",
+    "cache.kv_cache_dtype",
+    str,
+    "KV cache storage: auto (the model's dtype), fp8 (float8_e4m3fn) or int8, the 8-bit ones "
+    "with a static scale (cache.kv_scale)",
+  ),
   EngineArg("max_num_seqs", "scheduler.max_num_seqs", int, "sequences per step"),
   EngineArg("max_num_batched_tokens", "scheduler.max_num_batched_tokens", int, "tokens per step"),
   EngineArg(

@@ -72,6 +72,8 @@ DEVICE = (
   "jaxserve.attention",
   "jaxserve.models",
   "jaxserve.parallel",
+  "jaxserve.quantization.quantize",  # the quantization package's scheme names are host data
+  "jaxserve.quantization.matmul",
 )
 PURE_HOST = (
   "jaxserve.engine.scheduler",
@@ -101,6 +103,8 @@ PURE_HOST = (
   "jaxserve.structured.matcher",
   "jaxserve.structured.grammar",
   "jaxserve.structured.tools",
+  "jaxserve.quantization.scheme",
+  "jaxserve.quantization.compressed_tensors",
 )
 INVESTIGATIONS = ("investigations",)
 SERVER = ("jaxserve.server",)
@@ -188,6 +192,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     "jaxserve.optional_deps",
     "jaxserve.cli_help",
     "jaxserve.tokenizer",
+    "jaxserve.quantization",
   ),
   ("jaxserve.structured",),
   ("jaxserve.config", "jaxserve.sampling_params"),
@@ -245,6 +250,10 @@ def test_no_decision_by_an_attention_backends_name():
     ("SAMPLING_ROW_WIDTH", ["jaxserve.messages.sampling_row"]),
     ("GREEDY_ROW", ["jaxserve.messages.sampling_row"]),
     ("sampling_row", ["jaxserve.messages.sampling_row"]),
+    ("QUANTIZATION_NAMES", ["jaxserve.quantization.scheme"]),
+    ("check_quantization", ["jaxserve.quantization.scheme"]),
+    ("resolve_quantization", ["jaxserve.quantization.compressed_tensors"]),
+    ("is_quantized_kernel", ["jaxserve.models.quantized_dense"]),
   ],
 )
 def test_one_definition_per_policy(name, where):

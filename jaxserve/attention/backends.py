@@ -198,6 +198,30 @@ def batch_invariant_attention(backend: AttentionBackend) -> AttentionBackend:
   )
 
 
+def check_kv_dtype(backend: AttentionBackend, kv_dtype: str) -> None:
+  """Raises a one-line ValueError unless `backend` reads KV pages of dtype `kv_dtype`."""
+  if kv_dtype not in backend.capabilities.dtypes:
+    raise ValueError(
+      f"kv_cache_dtype: the {backend.name} attention backend cannot read {kv_dtype} KV pages "
+      f"(it reads {', '.join(backend.capabilities.dtypes)})"
+    )
+
+
+def quantized_kv_backend(
+  backend: AttentionBackend, kv_dtype: str, k_scale: float, v_scale: float
+) -> AttentionBackend:
+  """`backend` over 8-bit pages of `kv_dtype` (float8_e4m3fn, int8) holding K / k_scale and
+  V / v_scale: its write quantizes, its attention dequantizes (kv_quant.py). Raises ValueError
+  (check_kv_dtype) when it cannot read them."""
+  check_kv_dtype(backend, kv_dtype)
+  scales = dict(k_scale=k_scale, v_scale=v_scale)
+  return backend.replace(
+    name=f"{backend.name} ({kv_dtype} KV)",
+    attend=functools.partial(backend.attend, **scales),
+    write_kv=functools.partial(backend.write_kv, **scales),
+  )
+
+
 def get_attention_backend(name: str = "auto", platform: str | None = None) -> AttentionBackend:
   """Returns the backend called `name`; "auto" picks the kernel for `platform` (default: JAX's)."""
   if name == "auto":

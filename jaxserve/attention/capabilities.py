@@ -15,6 +15,7 @@ import enum
 from dataclasses import dataclass
 
 FLOAT_DTYPES = ("float32", "bfloat16")
+KV_8BIT_DTYPES = ("float8_e4m3fn", "int8")  # pallas_kernels/ragged_paged_attention/kv_quant.py
 
 
 class BackendKind(enum.Enum):
@@ -32,13 +33,14 @@ class BackendCapabilities:
   are merged (flash decoding), with a split count that follows the step's shapes; such a
   backend's attend takes num_kv_splits. tile_invariant: a token's reduction order does not depend
   on the rest of the batch (its bucket, batch mates or prompt chunking). dtypes: the KV and
-  compute dtypes it runs (config's names). sliding_window, soft_cap: it applies them. interpret:
-  the kernel runs in the Pallas interpreter (any platform, slow)."""
+  compute dtypes it runs (config's names; a KV pool of any other dtype is refused before the
+  engine takes device memory, attention/backends.check_kv_dtype). sliding_window, soft_cap: it
+  applies them. interpret: the kernel runs in the Pallas interpreter (any platform, slow)."""
 
   kind: BackendKind
   kv_split: bool
   tile_invariant: bool
-  dtypes: tuple[str, ...] = FLOAT_DTYPES
+  dtypes: tuple[str, ...] = FLOAT_DTYPES + KV_8BIT_DTYPES
   sliding_window: bool = True
   soft_cap: bool = True
   interpret: bool = False

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.fixed_order import fixed_order_sum
+from pallas_kernels.ragged_paged_attention.kv_quant import check_scales, dequantize_kv
 from pallas_kernels.ragged_paged_attention.reference import token_positions
 from pallas_kernels.ragged_paged_attention.validate import validate_attention_inputs
 
@@ -39,7 +40,11 @@ def ragged_paged_attention_xla(
   soft_cap: float | None = None,
   pages_per_block: int = DEFAULT_PAGES_PER_BLOCK,
   fixed_order: bool = False,
+  k_scale: float = 1.0,
+  v_scale: float = 1.0,
 ) -> jax.Array:  # [T, num_q_heads, head_dim], q.dtype
+  """8-bit pages (float8_e4m3fn, int8) are read as float32(page) * k_scale (v_scale), block by
+  block (kv_quant.py); float pages take scales of 1.0."""
   validate_attention_inputs(
     q,
     k_pages,
@@ -51,6 +56,7 @@ def ragged_paged_attention_xla(
     sliding_window=sliding_window,
     soft_cap=soft_cap,
   )
+  check_scales(k_pages.dtype, k_scale, v_scale, "ragged_paged_attention")
   num_tokens, num_q_heads, head_dim = q.shape
   num_kv_heads, _, page_size, _ = k_pages.shape
   group = num_q_heads // num_kv_heads
@@ -76,9 +82,13 @@ def ragged_paged_attention_xla(
     pages = jax.lax.dynamic_slice_in_dim(
       token_pages, block * pages_per_block, pages_per_block, axis=1
     )  # [T, ppb]
-    k = k_pages[:, pages].reshape(num_kv_heads, num_tokens, block_len, head_dim)
-    v = v_pages[:, pages].reshape(num_kv_heads, num_tokens, block_len, head_dim)
-    scores = _contract(qg, k.astype(jnp.float32), "tkgd,ktld->tkgl", fixed_order)  # [T,KVH,G,L]
+    k = dequantize_kv(k_pages[:, pages], k_scale).reshape(
+      num_kv_heads, num_tokens, block_len, head_dim
+    )
+    v = dequantize_kv(v_pages[:, pages], v_scale).reshape(
+      num_kv_heads, num_tokens, block_len, head_dim
+    )
+    scores = _contract(qg, k, "tkgd,ktld->tkgl", fixed_order)  # [T,KVH,G,L]
     if soft_cap is not None:
       scores = soft_cap * jnp.tanh(scores / soft_cap)
     kv_pos = block * block_len + jnp.arange(block_len, dtype=jnp.int32)  # [L]
@@ -94,9 +104,7 @@ def ragged_paged_attention_xla(
     running_sum = running_sum * rescale + (
       fixed_order_sum(probs) if fixed_order else probs.sum(axis=-1)
     )
-    acc = acc * rescale[..., None] + _contract(
-      probs, v.astype(jnp.float32), "tkgl,ktld->tkgd", fixed_order
-    )
+    acc = acc * rescale[..., None] + _contract(probs, v, "tkgl,ktld->tkgd", fixed_order)
     return new_max, running_sum, acc
 
   _, total, acc = jax.lax.fori_loop(0, num_blocks, body, init)

@@ -1,10 +1,12 @@
 """The paged KV pool: how many pages fit a memory budget, and the arrays themselves.
 
 Layout: one (k_pages, v_pages) pair per layer, each [num_kv_heads, num_pages, page_size,
-head_dim]. Page 0 is the null page. The pool size comes from CacheConfig: an explicit page count,
-a byte budget, or the device's budget for it (device/device_memory.py: memory_fraction of the
-device's total memory less the weights and step scratch). On a backend that reports no memory
-statistics (CPU) the pool is memory_fraction of CPU_DEFAULT_BYTES.
+head_dim], of the cache's storage dtype (CacheConfig.storage_dtype: the model's, or 8-bit
+float8_e4m3fn / int8 pages of one byte an element, so a budget holds twice bfloat16's pages; the
+static scales take no memory). Page 0 is the null page. The pool size comes from CacheConfig: an
+explicit page count, a byte budget, or the device's budget for it (device/device_memory.py:
+memory_fraction of the device's total memory less the weights and step scratch). On a backend
+that reports no memory statistics (CPU) the pool is memory_fraction of CPU_DEFAULT_BYTES.
 """
 
 from __future__ import annotations
@@ -91,13 +93,14 @@ def kv_cache_spec(
   """The pool's spec; free_bytes is one device's budget for the pool (memory_fraction applied,
   device/device_memory.py), that device holding 1/num_shards of every page."""
   page_size = config.cache.page_size
+  kv_dtype = config.cache.storage_dtype(model_config.dtype)
   per_page = (
     page_bytes(
       model_config.num_layers,
       model_config.num_kv_heads,
       model_config.head_dim,
       page_size,
-      model_config.dtype,
+      kv_dtype,
     )
     // num_shards
   )
@@ -111,7 +114,7 @@ def kv_cache_spec(
     model_config.head_dim,
     page_size,
     num_pages,
-    model_config.dtype,
+    kv_dtype,
   )
 
 

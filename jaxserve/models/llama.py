@@ -28,6 +28,10 @@ DenseBackend (models/batch_invariant_dense.py) runs every GEMM, the logits' incl
 one fixed tiling, and RMSNorm sums its squares in a fixed order (pallas_kernels/fixed_order.py); the
 attention backend and the compile options come from outside the model as for tp invariance.
 
+With `quantization` (models/quantized_dense.py) every q/k/v/o and MLP kernel below is stored in
+8 bits beside a float32 `scale` [out] (one per output channel) and runs the scheme's GEMM
+(jaxserve/quantization/matmul.py); embeddings, norms, biases and lm_head keep the dtype.
+
 Params (the flax `params` collection), with H hidden, D head_dim, Q/KV head counts, I intermediate:
   embed_tokens/embedding [V, H]
   layers_{i}/input_layernorm/scale [H]          layers_{i}/post_attention_layernorm/scale [H]
@@ -57,7 +61,9 @@ from jaxserve.models.invariant_dense import (
   grouped_dense_backend,
 )
 from jaxserve.models.model_config import ModelConfig
+from jaxserve.models.quantized_dense import QuantizedDense
 from jaxserve.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
+from jaxserve.quantization.scheme import scheme_for
 from pallas_kernels.fixed_order import fixed_order_sum
 
 
@@ -90,10 +96,16 @@ def projection(
   name: str,
   use_bias: bool = False,
 ) -> nn.Module:
-  """A Dense, or with config.tp_invariant_reductions or an injected `dense` (batch_invariant) an
-  InvariantDense of `kind` ("column": q/k/v, gate/up; "row": o_proj, down_proj) computed by
-  `dense` (default: grouped, unsharded)."""
+  """A Dense; a QuantizedDense when config.quantization names a scheme; or with
+  config.tp_invariant_reductions or an injected `dense` (batch_invariant) an InvariantDense of
+  `kind` ("column": q/k/v, gate/up; "row": o_proj, down_proj) computed by `dense` (default:
+  grouped, unsharded)."""
   dtype = jnp.dtype(config.dtype)
+  scheme = scheme_for(config.quantization)
+  if scheme is not None:
+    if dense is not None:
+      raise ValueError(f"quantization: {scheme.name} does not run with a DenseBackend")
+    return QuantizedDense(features, dtype, scheme, use_bias, name=name)
   if config.tp_invariant_reductions or dense is not None:
     backend = dense if dense is not None else grouped_dense_backend(REDUCTION_GROUPS)
     return InvariantDense(features, dtype, kind, backend, use_bias, name=name)

@@ -16,6 +16,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Mapping
 
+from jaxserve.quantization.scheme import NONE, check_quantization
+
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 DTYPES = ("float32", "bfloat16")
 ROPE_TYPES = ("llama3", "linear")
@@ -96,6 +98,7 @@ class ModelConfig:
   tp_invariant_reductions: bool = False  # projections as tp=2 GEMMs (invariant_dense.py)
   fused_projections: bool = False  # qkv_proj / gate_up_proj params (fused_projections.py)
   batch_invariant: bool = False  # fixed-order norms (pallas_kernels/fixed_order.py); engine-set
+  quantization: str = NONE  # the projections' weight scheme (jaxserve/quantization/scheme.py)
 
   def __post_init__(self) -> None:
     _require(
@@ -148,6 +151,12 @@ class ModelConfig:
       not (self.fused_projections and self.tp_invariant_reductions),
       "fused_projections",
       "cannot be combined with tp_invariant_reductions (which keeps per-device GEMMs)",
+    )
+    check_quantization(self.quantization)
+    _require(
+      self.quantization == NONE or not (self.tp_invariant_reductions or self.batch_invariant),
+      "quantization",
+      f"{self.quantization} cannot be combined with tp_invariant_reductions or batch_invariant",
     )
     eos = tuple(self.eos_token_ids)
     object.__setattr__(self, "eos_token_ids", eos)

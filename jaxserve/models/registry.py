@@ -24,6 +24,8 @@ from jaxserve.models.builtin import (
 from jaxserve.models.checkpoint import restore_params, save_params
 from jaxserve.models.fused_projections import fuse_params
 from jaxserve.models.model_config import DTYPES, ModelConfig
+from jaxserve.models.quantized_dense import quantize_params
+from jaxserve.models.quantized_loading import read_stored_quantization
 from jaxserve.models.weight_transfer import TransferOptions
 from jaxserve.models.weights import (
   CONFIG_FILE,
@@ -32,6 +34,8 @@ from jaxserve.models.weights import (
   load_hf_weights,
   param_shapes,
 )
+from jaxserve.quantization.compressed_tensors import resolve_quantization
+from jaxserve.quantization.scheme import check_quantization, scheme_for
 from jaxserve.tokenizer.configured import chat_template_source, with_chat_template
 from jaxserve.tokenizer.tokenizer import Tokenizer, load_tokenizer
 
@@ -69,27 +73,32 @@ def load_model(
   model: str,
   dtype: str = "auto",
   *,
+  quantization: str = "none",
   fuse_projections: bool = False,
   transfer: TransferOptions = TransferOptions(),
 ) -> LoadedModel:
   """Loads `model` (a built-in name or a checkpoint directory) in `dtype` ("auto" keeps the
   checkpoint's; float16 checkpoints become bfloat16); fuse_projections merges q/k/v and gate/up
   (models/fused_projections; one device only), while converting a safetensors checkpoint
-  (`transfer`: how its tensors are moved, models/weight_transfer.py)."""
+  (`transfer`: how its tensors are moved, models/weight_transfer.py). `quantization` (a
+  jaxserve/quantization/scheme.py name) quantizes the projections as they load; a
+  compressed-tensors checkpoint loads as stored whatever it says, unless it names another
+  scheme (an error, before any weight is read)."""
   check_dtype(dtype)
+  check_quantization(quantization)
   if is_builtin(model):
     config = builtin_config(model, dtype)
-    return _fused(config, builtin_params(model, config), model, fuse_projections)
+    loaded = _fused(config, builtin_params(model, config), model, fuse_projections)
+    return _quantized(loaded, quantization)
   path = checkpoint_dir(model)
   config = load_hf_config(path, dtype)
+  quantization = resolve_quantization(quantization, read_stored_quantization(path))
   orbax_dir = path / PARAMS_SUBDIR
   if orbax_dir.is_dir():
-    return _fused(
-      config,
-      restore_params(orbax_dir, param_shapes(config)),
-      f"orbax:{orbax_dir}",
-      fuse_projections,
-    )
+    restored = restore_params(orbax_dir, param_shapes(config))
+    loaded = _fused(config, restored, f"orbax:{orbax_dir}", fuse_projections)
+    return _quantized(loaded, quantization)
+  config = config.replace(quantization=quantization)
   params, stats = load_hf_weights(path, config, fuse=fuse_projections, options=transfer)
   return LoadedModel(
     config.replace(fused_projections=fuse_projections), params, f"safetensors:{path}", stats.packed
@@ -102,6 +111,16 @@ def _fused(config: ModelConfig, params: dict, source: str, fuse: bool) -> Loaded
   if fuse:
     params = fuse_params(dict(params))
   return LoadedModel(config.replace(fused_projections=fuse), params, source)
+
+
+def _quantized(loaded: LoadedModel, quantization: str) -> LoadedModel:
+  """A float model's projections quantized after loading (built-in and orbax weights); a model
+  already in that scheme (a converted compressed-tensors checkpoint) as it is."""
+  scheme = scheme_for(quantization)
+  if scheme is None or loaded.config.quantization == quantization:
+    return loaded
+  params = quantize_params(dict(loaded.params), scheme)
+  return LoadedModel(loaded.config.replace(quantization=quantization), params, loaded.source)
 
 
 def load_model_tokenizer(model: str) -> Tokenizer:

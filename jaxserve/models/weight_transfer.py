@@ -76,12 +76,25 @@ class TensorLoad:
 
 
 @dataclass(frozen=True)
+class LeafOut:
+  """One array a custom conversion makes: where it goes in the params tree, its shape, dtype."""
+
+  path: ParamPath
+  shape: tuple[int, ...]
+  dtype: np.dtype
+
+
+@dataclass(frozen=True)
 class LeafLoad:
   """One params leaf: one checkpoint tensor, or the parts of a merged projection, concatenated
-  along the last (output) axis after each is converted."""
+  along the last (output) axis after each is converted. `convert` replaces that conversion (the
+  raw parts in, on the device: e.g. a projection quantized as it loads) and makes `outputs`
+  (one array, or a tuple of them in that order); on one device only."""
 
   path: ParamPath
   parts: tuple[TensorLoad, ...]
+  convert: Converter | None = None
+  outputs: tuple[LeafOut, ...] = ()
 
   @property
   def transpose(self) -> bool:
@@ -138,6 +151,8 @@ class _Job:
 
   def out_device_bytes(self) -> int:
     """The converted leaf's bytes on each of its devices."""
+    if self.leaf.outputs:
+      return sum(math.prod(out.shape) * out.dtype.itemsize for out in self.leaf.outputs)
     shape = self.leaf.shape if self.target is None else self.target.shard_shape(self.leaf.shape)
     return math.prod(shape) * self.out_itemsize
 
@@ -196,7 +211,20 @@ def transfer_tensors(
     pool.shutdown(wait=True, cancel_futures=True)
     read_ahead.close()
   num_bytes = sum(job.leaf.raw_bytes for job in jobs)
-  return results, TransferStats(num_bytes, time.perf_counter() - start, packed)
+  return _spread(jobs, results), TransferStats(num_bytes, time.perf_counter() - start, packed)
+
+
+def _spread(jobs: Sequence[_Job], results: dict[ParamPath, object]) -> dict[ParamPath, jax.Array]:
+  """Each custom conversion's outputs under their own paths."""
+  out = {}
+  for job in jobs:
+    made = results[job.leaf.path]
+    if job.leaf.outputs:
+      made = made if isinstance(made, tuple) else (made,)
+      out.update({leaf.path: array for leaf, array in zip(job.leaf.outputs, made)})
+    else:
+      out[job.leaf.path] = made
+  return out
 
 
 def _use_packed(jobs: Sequence[_Job], mesh: Mesh | None | bool, layout: str) -> bool:
@@ -290,7 +318,7 @@ def _run_streaming(
   def put_and_convert(job: _Job, mapped: list[futures.Future]) -> jax.Array:
     raws = _put(job, mapped)
     out = raws[0] if job.convert is None else job.convert(*raws)
-    return out.block_until_ready()
+    return jax.block_until_ready(out)
 
   outs = _windowed(jobs, pool, read_ahead, window_bytes, put_and_convert)
   return {job.leaf.path: out for job, out in zip(jobs, outs)}
@@ -366,9 +394,16 @@ def _jobs(
 ) -> list[_Job]:
   """Pairs each leaf with its target sharding and converter; converters are built here, once per
   kind, before any thread runs (jit specializes each per shape on first call)."""
-  converters: dict[tuple, Converter | None] = {}
+  converters: dict[object, Converter | None] = {}
   jobs = []
   for leaf in leaves:
+    if leaf.convert is not None:
+      if sharding_for is not None:
+        raise ValueError(f"{leaf.path}: a custom conversion runs on one device only")
+      if leaf.convert not in converters:
+        converters[leaf.convert] = jax.jit(leaf.convert)
+      jobs.append(_Job(leaf, None, converters[leaf.convert], False, dtype.itemsize))
+      continue
     target = sharding_for(leaf.path, leaf.shape) if sharding_for is not None else None
     cast = any(part.info.dtype != dtype for part in leaf.parts)
     if (

@@ -27,7 +27,18 @@ import numpy as np
 
 from jaxserve.models.fused_projections import merged_leaves
 from jaxserve.models.model_config import ModelConfig
-from jaxserve.models.safetensors_reader import MappedFile, SafetensorsHeader, read_header
+from jaxserve.models.quantized_dense import is_quantized_kernel, scale_path
+from jaxserve.models.quantized_loading import (
+  plan_stored_scales,
+  quantized_leaves,
+  read_stored_quantization,
+)
+from jaxserve.models.safetensors_reader import (
+  MappedFile,
+  SafetensorsHeader,
+  TensorInfo,
+  read_header,
+)
 from jaxserve.models.weight_transfer import (
   LeafLoad,
   ParamPath,
@@ -37,6 +48,8 @@ from jaxserve.models.weight_transfer import (
   TransferStats,
   transfer_tensors,
 )
+from jaxserve.quantization.compressed_tensors import stored_quantization
+from jaxserve.quantization.scheme import scheme_for
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -121,15 +134,22 @@ def _set_leaf(tree: dict, path: ParamPath, value) -> None:
 
 
 def param_shapes(config: ModelConfig) -> dict:
-  """The abstract params tree: a jax.ShapeDtypeStruct per leaf, in config.dtype."""
+  """The abstract params tree: a jax.ShapeDtypeStruct per leaf, in config.dtype; with
+  config.quantization each projection kernel in its 8-bit type beside a float32 scale [out]."""
+  scheme = scheme_for(config.quantization)
   tree: dict = {}
   for spec in hf_tensor_specs(config):
-    _set_leaf(tree, spec.path, jax.ShapeDtypeStruct(spec.shape, jnp.dtype(config.dtype)))
+    if scheme is not None and is_quantized_kernel(spec.path):
+      _set_leaf(tree, spec.path, jax.ShapeDtypeStruct(spec.shape, jnp.dtype(scheme.weight_dtype)))
+      _set_leaf(tree, scale_path(spec.path), jax.ShapeDtypeStruct(spec.shape[-1:], jnp.float32))
+    else:
+      _set_leaf(tree, spec.path, jax.ShapeDtypeStruct(spec.shape, jnp.dtype(config.dtype)))
   return tree
 
 
 def load_hf_config(checkpoint_dir: Path, dtype: str = "auto") -> ModelConfig:
-  """Reads `<checkpoint_dir>/config.json` into a ModelConfig."""
+  """Reads `<checkpoint_dir>/config.json` into a ModelConfig; a compressed-tensors checkpoint's
+  scheme becomes its `quantization` (an unsupported one is a ValueError naming it)."""
   path = Path(checkpoint_dir) / CONFIG_FILE
   if not path.is_file():
     raise ValueError(f"{path}: checkpoint config file not found")
@@ -138,9 +158,11 @@ def load_hf_config(checkpoint_dir: Path, dtype: str = "auto") -> ModelConfig:
   except json.JSONDecodeError as err:
     raise ValueError(f"{path}: invalid JSON: {err}") from err
   try:
-    return ModelConfig.from_hf_config(data, dtype)
+    stored = stored_quantization(data)
+    config = ModelConfig.from_hf_config(data, dtype)
   except ValueError as err:
     raise ValueError(f"{path}: {err}") from err
+  return config if stored is None else config.replace(quantization=stored.scheme.name)
 
 
 def _tensor_files(checkpoint_dir: Path) -> tuple[dict[str, Path], Path]:
@@ -157,31 +179,45 @@ def _tensor_files(checkpoint_dir: Path) -> tuple[dict[str, Path], Path]:
   raise ValueError(f"{checkpoint_dir}: no {SINGLE_FILE} or {INDEX_FILE} found")
 
 
+class TensorIndex:
+  """A checkpoint's tensors by name, read from its files' headers alone (no weight is read)."""
+
+  def __init__(self, checkpoint_dir: Path):
+    self.files, self.listing = _tensor_files(Path(checkpoint_dir))
+    self.headers: dict[Path, SafetensorsHeader] = {}
+
+  def find(self, name: str) -> tuple[SafetensorsHeader, TensorInfo]:
+    """The header and entry of tensor `name`; ValueError naming it when it is missing."""
+    file = self.files.get(name)
+    if file is None:
+      raise ValueError(f"{self.listing}: missing tensor {name!r}")
+    if file not in self.headers:
+      if not file.is_file():
+        raise ValueError(f"{file}: file not found (listed for tensor {name!r} in {self.listing})")
+      self.headers[file] = read_header(file)
+    info = self.headers[file].tensors.get(name)
+    if info is None:
+      raise ValueError(f"{file}: missing tensor {name!r}")
+    return self.headers[file], info
+
+
 def plan_hf_tensors(checkpoint_dir: Path, config: ModelConfig) -> list[TensorLoad]:
   """Every params leaf with its file and tensor, checked (presence, shape) from the files'
-  headers alone, before any weight is read."""
-  checkpoint_dir = Path(checkpoint_dir)
-  tensor_files, listing = _tensor_files(checkpoint_dir)
-  headers: dict[Path, SafetensorsHeader] = {}
+  headers alone, before any weight is read; a compressed-tensors checkpoint's scales too
+  (models/quantized_loading.py)."""
+  index = TensorIndex(checkpoint_dir)
+  specs = hf_tensor_specs(config)
   loads = []
-  for spec in hf_tensor_specs(config):
-    file = tensor_files.get(spec.hf_name)
-    if file is None:
-      raise ValueError(f"{listing}: missing tensor {spec.hf_name!r}")
-    if file not in headers:
-      if not file.is_file():
-        raise ValueError(
-          f"{file}: file not found (listed for tensor {spec.hf_name!r} in {listing})"
-        )
-      headers[file] = read_header(file)
-    info = headers[file].tensors.get(spec.hf_name)
-    if info is None:
-      raise ValueError(f"{file}: missing tensor {spec.hf_name!r}")
+  for spec in specs:
+    header, info = index.find(spec.hf_name)
     if info.shape != spec.hf_shape:
       raise ValueError(
-        f"{file}: tensor {spec.hf_name!r} has shape {info.shape}, expected {spec.hf_shape}"
+        f"{header.path}: tensor {spec.hf_name!r} has shape {info.shape}, expected {spec.hf_shape}"
       )
-    loads.append(TensorLoad(spec.path, headers[file], info, spec.transpose))
+    loads.append(TensorLoad(spec.path, header, info, spec.transpose))
+  stored = read_stored_quantization(checkpoint_dir)
+  if stored is not None:
+    loads += plan_stored_scales(index, specs, loads, stored)
   return loads
 
 
@@ -199,6 +235,8 @@ def load_hf_params(
   `sharding(path, shape)` when given (weight_transfer). `put` instead receives each leaf converted
   on the host (the slower path, for callers that place arrays themselves)."""
   if put is not None:
+    if config.quantization != "none":
+      raise ValueError("quantization: a quantized model loads on the device path (no `put`)")
     leaves, stats = _put_host_converted(
       plan_hf_tensors(checkpoint_dir, config), np.dtype(jnp.dtype(config.dtype)), put
     )
@@ -216,7 +254,9 @@ def load_hf_weights(
   options: TransferOptions = TransferOptions(),
 ) -> tuple[dict, TransferStats]:
   """load_hf_params on the device path, with its TransferStats (whether the layout was packed);
-  `fuse` merges q/k/v and gate/up while converting (models/fused_projections)."""
+  `fuse` merges q/k/v and gate/up while converting (models/fused_projections); with
+  config.quantization each projection is quantized as it loads, or loaded as stored from a
+  compressed-tensors checkpoint (models/quantized_loading.py)."""
   loads = plan_hf_tensors(checkpoint_dir, config)
   by_path = {load.path: load for load in loads}
   if fuse:
@@ -226,6 +266,7 @@ def load_hf_weights(
     ]
   else:
     leaves = [LeafLoad(load.path, (load,)) for load in loads]
+  leaves = quantized_leaves(leaves, config, read_stored_quantization(checkpoint_dir))
   arrays, stats = transfer_tensors(leaves, np.dtype(jnp.dtype(config.dtype)), sharding, options)
   _log(stats, checkpoint_dir)
   return _tree(arrays), stats

@@ -28,11 +28,13 @@ from jax.sharding import Mesh
 from jaxserve.attention.backends import (
   AttentionBackend,
   batch_invariant_attention,
+  check_kv_dtype,
   get_attention_backend,
   head_count_invariant,
+  quantized_kv_backend,
 )
 from jaxserve.attention.metadata import KVPages
-from jaxserve.config import EngineConfig
+from jaxserve.config import KV_CACHE_STORAGE, EngineConfig
 from jaxserve.device.step_programs import StepShardings
 from jaxserve.models.batch_invariant_dense import batch_invariant_backend, invariant_matmul
 from jaxserve.models.invariant_dense import REDUCTION_GROUPS, DenseBackend
@@ -81,11 +83,17 @@ def is_sharded(config: EngineConfig) -> bool:
 
 
 def load_placement(config: EngineConfig) -> Placement:
+  check_kv_cache(config)
   return _on_mesh(config) if is_sharded(config) else _on_one_device(config)
 
 
 def _on_one_device(config: EngineConfig) -> Placement:
-  loaded = load_model(config.model, config.dtype, fuse_projections=config.fuse_projections)
+  loaded = load_model(
+    config.model,
+    config.dtype,
+    quantization=config.quantization,
+    fuse_projections=config.fuse_projections,
+  )
   model_config = loaded.config.replace(
     tp_invariant_reductions=config.tp_invariant_reductions, batch_invariant=config.batch_invariant
   )
@@ -100,9 +108,25 @@ def _on_one_device(config: EngineConfig) -> Placement:
   )
 
 
+def check_kv_cache(config: EngineConfig, platform: str | None = None) -> None:
+  """Before any weight or page takes device memory: the configured attention backend reads the
+  configured 8-bit KV pages (a one-line ValueError naming both otherwise)."""
+  kv_dtype = KV_CACHE_STORAGE.get(config.cache.kv_cache_dtype)
+  if kv_dtype is not None:
+    check_kv_dtype(get_attention_backend(config.attention_backend, platform), kv_dtype)
+
+
+def with_kv_cache(backend: AttentionBackend, config: EngineConfig) -> AttentionBackend:
+  """`backend` writing and reading the configured 8-bit KV pages, if any."""
+  kv_dtype = KV_CACHE_STORAGE.get(config.cache.kv_cache_dtype)
+  if kv_dtype is None:
+    return backend
+  return quantized_kv_backend(backend, kv_dtype, *config.cache.kv_scales())
+
+
 def attention_for(config: EngineConfig) -> AttentionBackend:
   """The attention backend of an unsharded model (batch_invariant: with fixed tiles)."""
-  backend = get_attention_backend(config.attention_backend)
+  backend = with_kv_cache(get_attention_backend(config.attention_backend), config)
   return batch_invariant_attention(backend) if config.batch_invariant else backend
 
 
@@ -144,7 +168,8 @@ def _mesh_placement(
     loaded.source,
     loaded.packed,
   )
-  backend, dense = get_attention_backend(config.attention_backend, platform), None
+  backend = with_kv_cache(get_attention_backend(config.attention_backend, platform), config)
+  dense = None
   matmul = invariant_matmul() if config.batch_invariant else None
   if config.tp_invariant_reductions:
     backend = head_count_invariant(backend)

@@ -46,7 +46,9 @@ def load_model_sharded(
     )
     return LoadedModel(config, params, loaded.source)
   path = checkpoint_dir(model)
-  config = load_hf_config(path, dtype).replace(tp_invariant_reductions=tp_invariant_reductions)
+  config = load_hf_config(path, dtype)
+  check_unquantized(config)
+  config = config.replace(tp_invariant_reductions=tp_invariant_reductions)
   check_tensor_parallel(config, mesh.shape[MODEL_AXIS])
   orbax_dir = path / PARAMS_SUBDIR
   if orbax_dir.is_dir():
@@ -66,11 +68,21 @@ def sharded_param_shapes(config: ModelConfig, mesh: Mesh) -> dict:
   """The params of `config` as jax.ShapeDtypeStructs carrying the shardings the loader gives them
   (vocabulary-sized weights replicated under tp_invariant_reductions): the abstract tree an Orbax
   restore fills, and the weights of an ahead-of-time compilation."""
+  check_unquantized(config)
   shapes = param_shapes(config)
   shardings = param_shardings(shapes, mesh, not config.tp_invariant_reductions)
   return jax.tree.map(
     lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings
   )
+
+
+def check_unquantized(config: ModelConfig) -> None:
+  """Quantized weights are not laid out over a mesh yet (their scales have no layout rule)."""
+  if config.quantization != "none":
+    raise ValueError(
+      f"quantization: {config.quantization} weights run on one device only for now "
+      "(tensor_parallel_size 1, no tp_invariant_reductions, no multi-host job)"
+    )
 
 
 def _shard_host_array(array: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:

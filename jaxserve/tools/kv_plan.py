@@ -25,8 +25,10 @@ from jaxserve.device.kv_cache import (
 )
 from jaxserve.models.builtin import builtin_config, is_builtin
 from jaxserve.models.model_config import ModelConfig
+from jaxserve.models.quantized_loading import read_stored_quantization
 from jaxserve.models.registry import load_model
 from jaxserve.models.weights import load_hf_config
+from jaxserve.quantization.compressed_tensors import resolve_quantization
 from jaxserve.tools.json_file import write_json
 from jaxserve.tools.key_value_table import key_value_table
 
@@ -58,19 +60,26 @@ class KVPlan:
 
 
 def model_config_for(config: EngineConfig) -> ModelConfig:
-  """The model's architecture without loading weights."""
+  """The model's architecture without loading weights, in the scheme it would run (the
+  checkpoint's own for a compressed-tensors one, else config.quantization)."""
   if is_builtin(config.model):
-    return builtin_config(config.model, config.dtype)
+    return builtin_config(config.model, config.dtype).replace(quantization=config.quantization)
   if not Path(config.model).is_dir():
     load_model(config.model, config.dtype)  # raises the registry's error for an unknown model
-  return load_hf_config(Path(config.model), config.dtype)
+  path = Path(config.model)
+  quantization = resolve_quantization(config.quantization, read_stored_quantization(path))
+  return load_hf_config(path, config.dtype).replace(quantization=quantization)
 
 
 def weight_bytes(model_config: ModelConfig) -> int:
-  from jaxserve.models.weights import hf_tensor_specs
+  """The params' bytes from their shapes and dtypes (8-bit kernels and their scales when
+  quantized)."""
+  import jax
 
-  itemsize = 4 if model_config.dtype == "float32" else 2
-  return sum(math.prod(spec.shape) for spec in hf_tensor_specs(model_config)) * itemsize
+  from jaxserve.models.weights import param_shapes
+
+  leaves = jax.tree.leaves(param_shapes(model_config))
+  return sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in leaves)
 
 
 def plan(
@@ -82,7 +91,12 @@ def plan(
   avg_seq_len: int,
   max_num_seqs: int,
   model: str = "",
+  kv_dtype: str | None = None,
 ) -> KVPlan:
+  """kv_dtype: the pages' storage (CacheConfig.storage_dtype; None: the model's dtype). 8-bit
+  pages are one byte an element and their static scales take no memory, so a budget holds
+  twice bfloat16's pages."""
+  kv_dtype = model_config.dtype if kv_dtype is None else kv_dtype
   if avg_seq_len < 1 or avg_seq_len > max_model_len:
     raise ValueError(
       f"avg_seq_len: must be in [1, max_model_len={max_model_len}], got {avg_seq_len}"
@@ -92,7 +106,7 @@ def plan(
     model_config.num_kv_heads,
     model_config.head_dim,
     page_size,
-    model_config.dtype,
+    kv_dtype,
   )
   per_token = per_page // page_size
   num_pages = budget_bytes // per_page
@@ -102,7 +116,7 @@ def plan(
   contiguous_seqs = budget_bytes // (max_model_len * per_token)
   return KVPlan(
     model=model,
-    dtype=model_config.dtype,
+    dtype=kv_dtype,
     page_size=page_size,
     max_model_len=max_model_len,
     avg_seq_len=avg_seq_len,
@@ -133,7 +147,7 @@ def budget_for(config: EngineConfig, model_config: ModelConfig, memory_gb: float
       model_config.num_kv_heads,
       model_config.head_dim,
       cache.page_size,
-      model_config.dtype,
+      cache.storage_dtype(model_config.dtype),
     )
   if cache.memory_bytes is not None:
     return cache.memory_bytes
@@ -165,6 +179,7 @@ def main(args) -> int:
     avg_seq_len=args.avg_seq_len,
     max_num_seqs=config.scheduler.max_num_seqs,
     model=config.model,
+    kv_dtype=config.cache.storage_dtype(model_config.dtype),
   )
   budget_config = config.replace(
     cache=dataclasses.replace(config.cache, memory_bytes=budget, num_pages=None)
@@ -190,7 +205,7 @@ def main(args) -> int:
 
 def format_plan(report: dict) -> str:
   rows = [
-    ("model", f"{report['model']} ({report['dtype']})"),
+    ("model", f"{report['model']} (KV pages {report['dtype']})"),
     ("KV budget", f"{report['budget_bytes'] / GIB:.3f} GiB"),
     (
       "bytes per token / page",

@@ -125,7 +125,7 @@ def server_shape(
       model_config.num_kv_heads,
       model_config.head_dim,
       config.cache.page_size,
-      model_config.dtype,
+      config.cache.storage_dtype(model_config.dtype),
     )
     // placement.num_shards
   )  # as kv_cache_spec splits it
@@ -168,7 +168,7 @@ def _programs(shape: ServerShape, num_pages: int) -> tuple[StepPrograms, dict, t
   model_config = shape.model_config
   page = jax.ShapeDtypeStruct(
     (model_config.num_kv_heads, num_pages, config.cache.page_size, model_config.head_dim),
-    jnp.dtype(model_config.dtype),
+    jnp.dtype(config.cache.storage_dtype(model_config.dtype)),
     sharding=placement.kv_sharding,
   )
   kv_pages = tuple((page, page) for _ in range(model_config.num_layers))

@@ -51,6 +51,7 @@ from pallas_kernels.ragged_paged_attention.gpu_tiling import (
   num_cores,
 )
 from pallas_kernels.ragged_paged_attention.gpu_write import triton_compiler_params, write_kv
+from pallas_kernels.ragged_paged_attention.kv_quant import check_scales, is_quantized
 from pallas_kernels.ragged_paged_attention.reference import MASK_VALUE
 from pallas_kernels.ragged_paged_attention.validate import (
   SUPPORTED_HEAD_DIMS,
@@ -76,6 +77,7 @@ def _attention_kernel(
   *out_refs,
   tiling: Tiling,
   sm_scale: float,
+  v_scale: float,
   sliding_window: int | None,
   soft_cap: float | None,
 ):
@@ -109,6 +111,7 @@ def _attention_kernel(
       kv_split=kv_split,
       tiling=tiling,
       sm_scale=sm_scale,
+      v_scale=v_scale,
       sliding_window=sliding_window,
       soft_cap=soft_cap,
     )
@@ -142,6 +145,7 @@ def _attend_query_block(
   kv_split,
   tiling: Tiling,
   sm_scale: float,
+  v_scale: float,
   sliding_window: int | None,
   soft_cap: float | None,
 ):
@@ -189,6 +193,8 @@ def _attend_query_block(
   row_max = jnp.full((tiling.rows,), MASK_VALUE, jnp.float32)  # [M]
   row_sum = jnp.zeros((tiling.rows,), jnp.float32)  # [M]
   acc, row_max, row_sum = lax.fori_loop(tile_begin, tile_end, tile_fn, (acc, row_max, row_sum))
+  if v_scale != 1.0:  # 8-bit V pages hold V / v_scale
+    acc = acc * v_scale
 
   row_index = (row_tokens[:, None], row_heads[:, None], dims)
   if tiling.num_kv_splits == 1:
@@ -231,8 +237,14 @@ def _attend_kv_tile(
   dims = jnp.arange(head_dim, dtype=jnp.int32)[None, :]  # [1, D]
   kv_mask = jnp.broadcast_to(kv_valid[:, None], (tiling.block_kv, head_dim))
   kv_index = (page_ids[:, None], offsets[:, None], dims)
-  k = plgpu.load(k_ref.at[kv_index], mask=kv_mask, other=0)  # [BK, D]
-  v = plgpu.load(v_ref.at[kv_index], mask=kv_mask, other=0)  # [BK, D]
+  if is_quantized(k_ref.dtype):  # 8-bit pages: the MMAs run in q's dtype, scales applied outside
+    k, v = (
+      jnp.where(kv_mask, plgpu.load(ref.at[kv_index], mask=kv_mask).astype(q.dtype), 0)
+      for ref in (k_ref, v_ref)
+    )  # [BK, D] each (Triton takes no 8-bit fill value for the masked rows)
+  else:
+    k = plgpu.load(k_ref.at[kv_index], mask=kv_mask, other=0)  # [BK, D]
+    v = plgpu.load(v_ref.at[kv_index], mask=kv_mask, other=0)  # [BK, D]
 
   precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
   logits = (
@@ -275,7 +287,8 @@ def _combine_splits(acc, row_max, row_sum, query_start_loc, num_seqs):
 
 
 @functools.partial(
-  jax.jit, static_argnames=("tiling", "sm_scale", "sliding_window", "soft_cap", "interpret")
+  jax.jit,
+  static_argnames=("tiling", "sm_scale", "v_scale", "sliding_window", "soft_cap", "interpret"),
 )
 def _ragged_paged_attention(
   q,
@@ -288,6 +301,7 @@ def _ragged_paged_attention(
   *,
   tiling: Tiling,
   sm_scale: float,
+  v_scale: float,
   sliding_window: int | None,
   soft_cap: float | None,
   interpret: bool,
@@ -307,6 +321,7 @@ def _ragged_paged_attention(
     _attention_kernel,
     tiling=tiling,
     sm_scale=sm_scale,
+    v_scale=v_scale,
     sliding_window=sliding_window,
     soft_cap=soft_cap,
   )
@@ -372,6 +387,8 @@ def ragged_paged_attention(
   num_warps: int | None = None,
   num_stages: int | None = None,
   num_kv_splits: int | None = None,
+  k_scale: float = 1.0,
+  v_scale: float = 1.0,
   interpret: bool = False,
 ) -> jax.Array:  # [T, num_q_heads, head_dim], q.dtype
   """Attention of a ragged batch of query tokens over a paged KV cache (GPU, Pallas Triton).
@@ -381,6 +398,9 @@ def ragged_paged_attention(
   (64, 128, 256) and page_size in (16, 32, 64); block_tables int32[S, pages_per_seq];
   seq_lens int32[S] (cache length after this step's write); query_start_loc int32[S + 1];
   num_seqs int32[1]. Returns [T, num_q_heads, head_dim] in q.dtype; padding tokens get zeros.
+  k_pages/v_pages may be 8-bit (float8_e4m3fn or int8: K / k_scale and V / v_scale, kv_quant.py):
+  each tile is loaded 8-bit and cast to q's dtype for the MMAs, k_scale is folded into sm_scale
+  and v_scale multiplies the output (float pages take scales of 1.0).
 
   Tile keywords (None picks `choose_tiling`'s defaults): block_q query tokens per program
   (power of two; block_q * next_pow2(num_q_heads // num_kv_heads) rows must lie in [16, 128]),
@@ -402,6 +422,7 @@ def ragged_paged_attention(
     soft_cap=soft_cap,
     head_dims=SUPPORTED_HEAD_DIMS,
   )
+  check_scales(k_pages.dtype, k_scale, v_scale, "ragged_paged_attention")
   page_size = k_pages.shape[2]
   if page_size not in SUPPORTED_PAGE_SIZES:
     raise ValueError(
@@ -435,7 +456,8 @@ def ragged_paged_attention(
     query_start_loc,
     num_seqs,
     tiling=tiling,
-    sm_scale=float(sm_scale),
+    sm_scale=float(sm_scale) * float(k_scale),
+    v_scale=float(v_scale),
     sliding_window=sliding_window,
     soft_cap=None if soft_cap is None else float(soft_cap),
     interpret=interpret,

@@ -5,6 +5,9 @@ splits each into (page_id, offset) and stores the tokens' K and V rows of one kv
 pages. The page arrays are aliased input -> output (`input_output_aliases`), so under jit with
 donated pages XLA hands the kernel the cache buffer itself and nothing but the new rows moves.
 Slots outside [0, num_pages * page_size) are skipped, matching the reference's mode="drop".
+8-bit pages (float8_e4m3fn, int8): the wrapper quantizes the step's new rows (new_k / k_scale,
+new_v / v_scale, kv_quant.quantize_kv: one elementwise pass over [T, KVH, D]) and the kernel
+stores the 8-bit rows.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels.ragged_paged_attention.kv_quant import check_scales, is_quantized, quantize_kv
 from pallas_kernels.ragged_paged_attention.validate import validate_write_inputs
 
 DEFAULT_BLOCK_TOKENS = 16
@@ -51,7 +55,8 @@ def _write_kernel(
   row_mask = jnp.broadcast_to(token_valid[:, None], (block_tokens, head_dim))
   page_mask = jnp.broadcast_to(valid[:, None], (block_tokens, head_dim))
   for new_ref, out_ref in ((new_k_ref, k_out_ref), (new_v_ref, v_out_ref)):
-    rows_kv = plgpu.load(new_ref.at[rows, dims], mask=row_mask, other=0)  # [BT, D]
+    fill = None if is_quantized(new_ref.dtype) else 0  # Triton takes no 8-bit fill value
+    rows_kv = plgpu.load(new_ref.at[rows, dims], mask=row_mask, other=fill)  # [BT, D]
     plgpu.store(out_ref.at[page_ids, offsets, dims], rows_kv.astype(out_ref.dtype), mask=page_mask)
 
 
@@ -97,15 +102,22 @@ def write_kv(
   *,
   block_tokens: int = DEFAULT_BLOCK_TOKENS,
   num_warps: int = 4,
+  k_scale: float = 1.0,
+  v_scale: float = 1.0,
   interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
   """Writes new_k/new_v into the slots of slot_mapping; returns (k_pages, v_pages).
 
   Same semantics as `write_kv_reference`. The pages are aliased to the outputs: donate them under
   jit for a true in-place update. `block_tokens` (a power of two) tokens are written per program;
-  `interpret=True` runs the same kernel through the Pallas interpreter (works on CPU).
+  `interpret=True` runs the same kernel through the Pallas interpreter (works on CPU). Shapes:
+  k_pages/v_pages [num_kv_heads, num_pages, page_size, head_dim] (float32, bfloat16, or 8-bit:
+  float8_e4m3fn / int8 holding new_k / k_scale and new_v / v_scale), new_k/new_v
+  [T, num_kv_heads, head_dim], slot_mapping int32[T]. Raises ValueError on bad shapes, dtypes,
+  scales or block sizes.
   """
   validate_write_inputs(k_pages, v_pages, new_k, new_v, slot_mapping)
+  check_scales(k_pages.dtype, k_scale, v_scale, "write_kv")
   if block_tokens < 1 or block_tokens & (block_tokens - 1):
     raise ValueError(f"write_kv: block_tokens: must be a power of two, got {block_tokens}")
   head_dim = k_pages.shape[-1]
@@ -116,8 +128,8 @@ def write_kv(
   return _write_kv(
     k_pages,
     v_pages,
-    new_k,
-    new_v,
+    quantize_kv(new_k, k_pages.dtype, k_scale),
+    quantize_kv(new_v, v_pages.dtype, v_scale),
     slot_mapping,
     block_tokens=block_tokens,
     num_warps=num_warps,

@@ -7,6 +7,8 @@ not what the kernels do.
 
 KV layout (one layer): k_pages, v_pages: [num_kv_heads, num_pages, page_size, head_dim].
 Page 0 is the null page: padding tokens write there and no block table of a live sequence uses it.
+8-bit pages (float8_e4m3fn, int8) hold K / k_scale and V / v_scale (kv_quant.py): the write
+quantizes, the attention reads float32(page) * scale.
 
 Batch layout (ragged): the query tokens of sequence i are
 q[query_start_loc[i]:query_start_loc[i+1]]. seq_lens[i] counts every token of sequence i in the
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from pallas_kernels.ragged_paged_attention.kv_quant import check_scales, dequantize_kv, quantize_kv
 
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
@@ -50,7 +54,10 @@ def ragged_paged_attention_reference(
   sm_scale: float,
   sliding_window: int | None = None,
   soft_cap: float | None = None,
+  k_scale: float = 1.0,
+  v_scale: float = 1.0,
 ) -> jax.Array:  # [T, num_q_heads, head_dim], q.dtype
+  check_scales(k_pages.dtype, k_scale, v_scale, "ragged_paged_attention")
   num_tokens, num_q_heads, head_dim = q.shape
   num_kv_heads, _, page_size, _ = k_pages.shape
   pages_per_seq = block_tables.shape[1]
@@ -59,11 +66,15 @@ def ragged_paged_attention_reference(
 
   seq_ids, positions, valid = token_positions(query_start_loc, seq_lens, num_seqs, num_tokens)
   token_pages = block_tables[seq_ids]  # [T, pages_per_seq]
-  k = k_pages[:, token_pages].reshape(num_kv_heads, num_tokens, max_len, head_dim)
-  v = v_pages[:, token_pages].reshape(num_kv_heads, num_tokens, max_len, head_dim)
+  k = dequantize_kv(k_pages[:, token_pages], k_scale).reshape(
+    num_kv_heads, num_tokens, max_len, head_dim
+  )
+  v = dequantize_kv(v_pages[:, token_pages], v_scale).reshape(
+    num_kv_heads, num_tokens, max_len, head_dim
+  )
 
   qg = q.astype(jnp.float32).reshape(num_tokens, num_kv_heads, group, head_dim)
-  scores = jnp.einsum("tkgd,ktld->tkgl", qg, k.astype(jnp.float32)) * sm_scale  # [T, KVH, G, L]
+  scores = jnp.einsum("tkgd,ktld->tkgl", qg, k) * sm_scale  # [T, KVH, G, L]
   if soft_cap is not None:
     scores = soft_cap * jnp.tanh(scores / soft_cap)
   kv_pos = jnp.arange(max_len, dtype=jnp.int32)  # [L]
@@ -72,7 +83,7 @@ def ragged_paged_attention_reference(
     mask &= kv_pos[None, :] > positions[:, None] - sliding_window
   scores = jnp.where(mask[:, None, None, :], scores, MASK_VALUE)
   probs = jax.nn.softmax(scores, axis=-1)
-  out = jnp.einsum("tkgl,ktld->tkgd", probs, v.astype(jnp.float32))
+  out = jnp.einsum("tkgl,ktld->tkgd", probs, v)
   out = jnp.where(valid[:, None, None, None], out, 0.0)
   return out.reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)
 
@@ -83,18 +94,31 @@ def write_kv_reference(
   new_k: jax.Array,  # [T, num_kv_heads, head_dim]
   new_v: jax.Array,  # [T, num_kv_heads, head_dim]
   slot_mapping: jax.Array,  # int32[T]: page_id * page_size + offset; padding tokens -> page 0
+  *,
+  k_scale: float = 1.0,
+  v_scale: float = 1.0,
 ) -> tuple[jax.Array, jax.Array]:
-  """Scatters this step's K/V into their slots (under jit with donated pages: in place)."""
+  """Scatters this step's K/V into their slots (under jit with donated pages: in place), 8-bit
+  pages getting new_k / k_scale and new_v / v_scale quantized (kv_quant.quantize_kv)."""
+  check_scales(k_pages.dtype, k_scale, v_scale, "write_kv")
   num_kv_heads, num_pages, page_size, head_dim = k_pages.shape
   flat_shape = (num_kv_heads, num_pages * page_size, head_dim)
   k_flat = (
     k_pages.reshape(flat_shape)
     .at[:, slot_mapping]
-    .set(jnp.swapaxes(new_k, 0, 1).astype(k_pages.dtype), mode="drop", unique_indices=False)
+    .set(
+      quantize_kv(jnp.swapaxes(new_k, 0, 1), k_pages.dtype, k_scale),
+      mode="drop",
+      unique_indices=False,
+    )
   )
   v_flat = (
     v_pages.reshape(flat_shape)
     .at[:, slot_mapping]
-    .set(jnp.swapaxes(new_v, 0, 1).astype(v_pages.dtype), mode="drop", unique_indices=False)
+    .set(
+      quantize_kv(jnp.swapaxes(new_v, 0, 1), v_pages.dtype, v_scale),
+      mode="drop",
+      unique_indices=False,
+    )
   )
   return k_flat.reshape(k_pages.shape), v_flat.reshape(v_pages.shape)

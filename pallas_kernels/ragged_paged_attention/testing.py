@@ -15,6 +15,8 @@ from typing import Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels.ragged_paged_attention.kv_quant import quantize_kv
+
 ATTENTION_ARG_NAMES = (
   "q",
   "k_pages",
@@ -165,3 +167,14 @@ def attention_args(case: dict[str, jnp.ndarray]) -> tuple[jnp.ndarray, ...]:
 def write_args(case: dict[str, jnp.ndarray]) -> tuple[jnp.ndarray, ...]:
   """The positional arguments of write_kv(_reference), in order."""
   return tuple(case[name] for name in WRITE_ARG_NAMES)
+
+
+def quantize_pages(
+  case: dict[str, jnp.ndarray], dtype: jnp.dtype, k_scale: float, v_scale: float
+) -> dict[str, jnp.ndarray]:
+  """`case` with its k_pages / v_pages stored as 8-bit `dtype` pages (kv_quant.py's format)."""
+  return {
+    **case,
+    "k_pages": quantize_kv(case["k_pages"], dtype, k_scale),
+    "v_pages": quantize_kv(case["v_pages"], dtype, v_scale),
+  }

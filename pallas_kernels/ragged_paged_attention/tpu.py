@@ -22,7 +22,10 @@ multiple of the 8-row float32 / 16-row bfloat16 sublane tile); num_kv_pages_per_
 a multiple of 128 (lane-dense scores); num_queries_per_block * G a multiple of the sublane tile.
 block_tables (flattened), seq_lens, query_start_loc and num_seqs are scalar-prefetched into SMEM,
 so S * pages_per_seq must fit SMEM. Matmuls accumulate in float32 (HIGHEST precision for float32);
-probabilities are cast to the V dtype before P @ V. Cost note: a decode token is its own item and
+probabilities are cast to the V dtype before P @ V. 8-bit pages (int8, float8_e4m3fn: K / k_scale
+and V / v_scale, kv_quant.py) are copied 8-bit (half the DMA bytes of bfloat16) and cast to q's
+dtype in VMEM; k_scale is folded into sm_scale and v_scale multiplies the output; their sublane
+tile is 32 rows, so page_size is 32 or 64. Cost note: a decode token is its own item and
 still runs the [num_queries_per_block * G, kv_block] matmul of its block, masked to its G rows.
 """
 
@@ -36,6 +39,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from pallas_kernels.ragged_paged_attention.kv_quant import check_scales, is_quantized
 from pallas_kernels.ragged_paged_attention.reference import MASK_VALUE
 from pallas_kernels.ragged_paged_attention.tpu_write import write_kv
 from pallas_kernels.ragged_paged_attention.validate import (
@@ -105,6 +109,7 @@ def _kernel(
   pages_per_block,
   pages_per_seq,
   sm_scale,
+  v_scale,
   sliding_window,
   soft_cap,
 ):
@@ -188,6 +193,8 @@ def _kernel(
     q = q_ref[...]  # [rows, head_dim]
     k = k_buf[slot]  # [kv_block, head_dim]
     v = v_buf[slot]  # [kv_block, head_dim]
+    if is_quantized(v.dtype):  # 8-bit pages: cast in VMEM, the scales applied outside
+      v = v.astype(q.dtype)
     precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
     s = (
       lax.dot_general(
@@ -253,6 +260,8 @@ def _kernel(
   lax.while_loop(lambda c: live(c[0]), body, (first, first_blk, jnp.int32(0)))
   denom = _lanes(l_ref[...], head_dim)  # [rows, head_dim]: the softmax's row sums
   out = jnp.where(denom > 0.0, acc_ref[...] / jnp.where(denom > 0.0, denom, 1.0), 0.0)
+  if v_scale != 1.0:  # 8-bit V pages hold V / v_scale
+    out = out * v_scale
   o_ref[...] = out.astype(o_ref.dtype)
 
 
@@ -265,10 +274,12 @@ def _check_block_sizes(q, k_pages, num_queries_per_block, num_kv_pages_per_block
       f"ragged_paged_attention: k_pages: page_size {page_size} not supported "
       f"(supported: {SUPPORTED_PAGE_SIZES})"
     )
-  if q.dtype not in (jnp.float32, jnp.bfloat16) or k_pages.dtype not in (jnp.float32, jnp.bfloat16):
+  if q.dtype not in (jnp.float32, jnp.bfloat16) or not (
+    k_pages.dtype in (jnp.float32, jnp.bfloat16) or is_quantized(k_pages.dtype)
+  ):
     raise ValueError(
       f"ragged_paged_attention: q/k_pages: dtypes {q.dtype}/{k_pages.dtype} not "
-      "supported (float32 or bfloat16)"
+      "supported (q float32 or bfloat16; pages those, float8_e4m3fn or int8)"
     )
   tile = max(_sublane_tile(q.dtype), _sublane_tile(k_pages.dtype))
   if page_size % tile:
@@ -294,6 +305,8 @@ def _check_block_sizes(q, k_pages, num_queries_per_block, num_kv_pages_per_block
     "sm_scale",
     "sliding_window",
     "soft_cap",
+    "k_scale",
+    "v_scale",
     "num_queries_per_block",
     "num_kv_pages_per_block",
     "vmem_limit_bytes",
@@ -312,6 +325,8 @@ def ragged_paged_attention(
   sm_scale: float,
   sliding_window: int | None = None,
   soft_cap: float | None = None,
+  k_scale: float = 1.0,
+  v_scale: float = 1.0,
   num_queries_per_block: int = DEFAULT_QUERIES_PER_BLOCK,
   num_kv_pages_per_block: int | None = None,
   vmem_limit_bytes: int | None = None,
@@ -324,8 +339,12 @@ def ragged_paged_attention(
   page ids of each sequence slot; seq_lens the cached tokens per sequence after this step;
   query_start_loc the token offsets of each sequence in q; num_seqs the live sequence count.
   num_kv_pages_per_block defaults to DEFAULT_KV_TOKENS_PER_BLOCK // page_size. `interpret=True`
-  runs the kernel in Pallas TPU interpret mode (any backend, e.g. CPU tests).
-  Raises ValueError on bad shapes, dtypes or block sizes.
+  runs the kernel in Pallas TPU interpret mode (any backend, e.g. CPU tests). Shapes: q
+  [T, num_q_heads, head_dim]; k_pages/v_pages [num_kv_heads, num_pages, page_size, head_dim]
+  (float32, bfloat16, or 8-bit float8_e4m3fn / int8 holding K / k_scale and V / v_scale);
+  block_tables int32[S, pages_per_seq]; seq_lens int32[S]; query_start_loc int32[S + 1];
+  num_seqs int32[1]; returns [T, num_q_heads, head_dim] in q.dtype.
+  Raises ValueError on bad shapes, dtypes, scales or block sizes.
   """
   validate_attention_inputs(
     q,
@@ -339,6 +358,7 @@ def ragged_paged_attention(
     soft_cap=soft_cap,
     head_dims=SUPPORTED_HEAD_DIMS,
   )
+  check_scales(k_pages.dtype, k_scale, v_scale, "ragged_paged_attention")
   num_tokens, num_q_heads, head_dim = q.shape
   num_kv_heads, _, page_size, _ = k_pages.shape
   num_seq_slots, pages_per_seq = block_tables.shape
@@ -363,7 +383,8 @@ def ragged_paged_attention(
     group=group,
     pages_per_block=num_kv_pages_per_block,
     pages_per_seq=pages_per_seq,
-    sm_scale=sm_scale,
+    sm_scale=float(sm_scale) * float(k_scale),
+    v_scale=float(v_scale),
     sliding_window=sliding_window,
     soft_cap=soft_cap,
   )

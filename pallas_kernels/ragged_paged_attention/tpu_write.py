@@ -10,6 +10,9 @@ scalar-prefetched into SMEM; the grid walks blocks of `num_tokens_per_block` tok
   VMEM block of new_k) is merged with a select, and the chunk is written back once the next token
   targets another chunk: a prefill run costs one read and one write per 16 tokens, a decode token
   one each. Requires page_size % 16 == 0.
+* 8-bit (int8, float8_e4m3fn: new_k / k_scale and new_v / v_scale, kv_quant.py): the wrapper
+  quantizes the step's rows (one elementwise pass over [T, KVH, D]), then as 16-bit with the
+  32-row tile of 8-bit data (page_size % 32 == 0); the merge selects in the 8-bit dtype.
 Slots outside [0, num_pages * page_size) are skipped, as the reference's mode="drop" scatter does.
 Tokens sharing a slot (padding tokens all aim at the null page 0) land in an unspecified order, as
 in the reference.
@@ -25,6 +28,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from pallas_kernels.ragged_paged_attention.kv_quant import check_scales, is_quantized, quantize_kv
 from pallas_kernels.ragged_paged_attention.validate import validate_write_inputs
 
 DEFAULT_TOKENS_PER_BLOCK = 64
@@ -137,6 +141,9 @@ def _chunk_rmw_kernel(
       row = lax.broadcasted_iota(jnp.int32, k_buf.shape, 1)  # [KVH, chunk_rows, D]
       hit = row == lax.rem(offset, chunk_rows)
       for new_ref, buf in ((new_k_ref, k_buf), (new_v_ref, v_buf)):
+        if is_quantized(buf.dtype):  # 8-bit rows are selected as they are
+          buf[...] = jnp.where(hit, new_ref[i][:, None, :], buf[...])
+          continue
         new_row = new_ref[i].astype(jnp.float32)[:, None, :]  # [KVH, 1, D]
         merged = jnp.where(hit, new_row, buf[...].astype(jnp.float32))
         buf[...] = merged.astype(buf.dtype)
@@ -150,7 +157,9 @@ def _chunk_rmw_kernel(
     transfer(open_chunk, to_vmem=False)
 
 
-@functools.partial(jax.jit, static_argnames=("num_tokens_per_block", "interpret"))
+@functools.partial(
+  jax.jit, static_argnames=("num_tokens_per_block", "k_scale", "v_scale", "interpret")
+)
 def write_kv(
   k_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
   v_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
@@ -159,14 +168,19 @@ def write_kv(
   slot_mapping: jax.Array,  # int32[T]: page_id * page_size + offset; padding tokens -> page 0
   *,
   num_tokens_per_block: int = DEFAULT_TOKENS_PER_BLOCK,
+  k_scale: float = 1.0,
+  v_scale: float = 1.0,
   interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array]:  # (k_pages, v_pages) with the new rows written
   """Writes new_k/new_v into their slots; semantics of `write_kv_reference`.
 
-  Donate k_pages/v_pages under jit for an in-place update. `interpret=True` runs the kernel in
-  Pallas TPU interpret mode. Raises ValueError on bad shapes, dtypes or block size.
+  Donate k_pages/v_pages under jit for an in-place update. 8-bit pages (float8_e4m3fn, int8)
+  get new_k / k_scale and new_v / v_scale quantized (float pages: scales 1.0). `interpret=True`
+  runs the kernel in Pallas TPU interpret mode. Raises ValueError on bad shapes, dtypes, scales
+  or block size.
   """
   validate_write_inputs(k_pages, v_pages, new_k, new_v, slot_mapping)
+  check_scales(k_pages.dtype, k_scale, v_scale, "write_kv")
   if num_tokens_per_block < 1:
     raise ValueError(f"write_kv: num_tokens_per_block: must be >= 1, got {num_tokens_per_block}")
   num_tokens = new_k.shape[0]
@@ -205,4 +219,10 @@ def write_kv(
     compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)),
     interpret=pltpu.InterpretParams() if interpret else False,
     name="write_kv",
-  )(slot_mapping, new_k.astype(dtype), new_v.astype(dtype), k_pages, v_pages)
+  )(
+    slot_mapping,
+    quantize_kv(new_k, dtype, k_scale),
+    quantize_kv(new_v, dtype, v_scale),
+    k_pages,
+    v_pages,
+  )

@@ -46,7 +46,7 @@ def test_each_factory_sets_its_capabilities(name):
   kind, kv_split, tile_invariant = FACTORY_FLAGS[name]
   assert capabilities == BackendCapabilities(kind, kv_split=kv_split, tile_invariant=tile_invariant)
   assert kind.value == name
-  assert capabilities.dtypes == ("float32", "bfloat16")
+  assert capabilities.dtypes == ("float32", "bfloat16", "float8_e4m3fn", "int8")
   assert capabilities.sliding_window and capabilities.soft_cap and not capabilities.interpret
 
 

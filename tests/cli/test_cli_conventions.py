@@ -37,7 +37,12 @@ FLAG_VALUES = {
   "warmup": (["--warmup", "full"], "full"),
   "seed": (["--seed", "7"], 7),
   "tensor_parallel_size": (["--tensor-parallel-size", "2"], 2),
+  "quantization": (["--quantization", "int8"], "int8"),
+  "kv_cache_dtype": (["--kv-cache-dtype", "fp8"], "fp8"),
 }
+# Flags checked on their own: a quantized model runs on one device (not with the
+# --tensor-parallel-size 2 above).
+ALONE = ("quantization",)
 
 
 def _lookup(tree: dict, key: str) -> object:
@@ -48,11 +53,14 @@ def _lookup(tree: dict, key: str) -> object:
 
 def test_every_engine_flag_sets_its_key_in_jaxserve_config(capsys):
   assert set(FLAG_VALUES) == {arg.name for arg in ENGINE_ARGS}
-  argv = ["config"] + [word for words, _ in FLAG_VALUES.values() for word in words]
-  assert main(argv) == 0
-  printed = yaml.safe_load(capsys.readouterr().out)
-  for arg in ENGINE_ARGS:
-    assert _lookup(printed, arg.key) == FLAG_VALUES[arg.name][1], arg.flag
+  together = [name for name in FLAG_VALUES if name not in ALONE]
+  for names in [together] + [[name] for name in ALONE]:
+    argv = ["config"] + [word for name in names for word in FLAG_VALUES[name][0]]
+    assert main(argv) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    for arg in ENGINE_ARGS:
+      if arg.name in names:
+        assert _lookup(printed, arg.key) == FLAG_VALUES[arg.name][1], arg.flag
   assert (
     main(["config", "--enable-prefix-caching", "--set", "scheduler.enable_prefix_caching=false"])
     == 0
@@ -62,13 +70,17 @@ def test_every_engine_flag_sets_its_key_in_jaxserve_config(capsys):
 
 def test_llm_keywords_use_the_same_table():
   values = {name: value for name, (_, value) in FLAG_VALUES.items() if name != "model"}
-  config = engine_config_for("tiny-random", EngineConfig(), values)
-  for arg in ENGINE_ARGS:
-    expected = "tiny-random" if arg.name == "model" else values[arg.name]
-    node = config
-    for part in arg.key.split("."):
-      node = getattr(node, part)
-    assert node == expected, arg.name
+  together = {name: value for name, value in values.items() if name not in ALONE}
+  for given in [together] + [{name: values[name]} for name in ALONE]:
+    config = engine_config_for("tiny-random", EngineConfig(), given)
+    for arg in ENGINE_ARGS:
+      if arg.name != "model" and arg.name not in given:
+        continue
+      expected = "tiny-random" if arg.name == "model" else given[arg.name]
+      node = config
+      for part in arg.key.split("."):
+        node = getattr(node, part)
+      assert node == expected, arg.name
   with pytest.raises(ValueError, match=r"^gpu_memory_utilisation: not an engine argument"):
     engine_config_for("tiny-random", EngineConfig(), {"gpu_memory_utilisation": 0.5})
   with pytest.raises(ValueError, match=r"^cache\.memory_fraction: must be in \(0, 1\]"):

@@ -18,7 +18,12 @@ def test_every_engine_arg_uses_configs_choices_for_its_key():
       assert arg.choices is CHOICES[arg.key], arg.name
     else:
       assert arg.choices == (), arg.name
-  assert {arg.key for arg in ENGINE_ARGS if arg.choices} == {"dtype", "attention_backend", "warmup"}
+  assert {arg.key for arg in ENGINE_ARGS if arg.choices} == {
+    "dtype",
+    "attention_backend",
+    "warmup",
+    "quantization",
+  }
 
 
 def test_each_flag_offers_exactly_those_choices():

@@ -21,6 +21,7 @@ from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention, wr
 from pallas_kernels.ragged_paged_attention.testing import (
   attention_args,
   make_random_case,
+  quantize_pages,
   write_args,
 )
 
@@ -99,3 +100,14 @@ def test_greedy_sample_lowers_to_triton(vocab_size, block_vocab, num_splits):
   )
   assert TRITON_CALL_TARGET in _custom_call_targets(text)
   assert 'name = "greedy_sample"' in text
+
+
+@pytest.mark.parametrize("kv_dtype", [jnp.float8_e4m3fn, jnp.int8], ids=["fp8", "int8"])
+def test_8bit_kv_lowers_to_triton(kv_dtype):
+  """8-bit pages: the attention's tile loads and casts, and the write's 8-bit stores."""
+  case = quantize_pages(_case(jnp.bfloat16, 128, 16, 32, 8), kv_dtype, 0.5, 0.25)
+  scales = dict(k_scale=0.5, v_scale=0.25)
+  fn = functools.partial(ragged_paged_attention, sm_scale=128**-0.5, **scales)
+  assert TRITON_CALL_TARGET in _custom_call_targets(_lower_for_cuda(fn, *attention_args(case)))
+  text = _lower_for_cuda(functools.partial(write_kv, **scales), *write_args(case))
+  assert TRITON_CALL_TARGET in _custom_call_targets(text)

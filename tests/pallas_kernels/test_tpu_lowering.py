@@ -94,3 +94,28 @@ def test_compiles_for_tpu_topology():
     _attend().lower(
       *_attention_specs(128, 16, jnp.bfloat16, num_kv_heads, group, sharding=sharding)
     ).compile()
+
+
+@pytest.mark.usefixtures("no_persistent_compilation_cache")
+def test_8bit_kv_compiles_for_tpu():
+  """One small compile per 8-bit dtype for a v5e: the KV write, then attention over its pages
+  (int8 and float8_e4m3fn pages, 32-row tiles: page_size 32)."""
+  pytest.importorskip("libtpu")
+  from jax.experimental import topologies
+
+  device = topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu").devices[0]
+  sharding = jax.sharding.SingleDeviceSharding(device)
+  scales = dict(k_scale=0.5, v_scale=0.25)
+
+  def step(q, k_pages, v_pages, new_k, new_v, slots, *metadata):
+    k_pages, v_pages = tpu.write_kv(k_pages, v_pages, new_k, new_v, slots, **scales)
+    return tpu.ragged_paged_attention(q, k_pages, v_pages, *metadata, sm_scale=0.1, **scales)
+
+  for dtype in (jnp.int8, jnp.float8_e4m3fn):
+    q, kv, _, *metadata = _attention_specs(128, 32, jnp.bfloat16, sharding=sharding)
+    kv = jax.ShapeDtypeStruct(kv.shape, dtype, sharding=sharding)
+    new = jax.ShapeDtypeStruct((NUM_TOKENS, 2, 128), jnp.bfloat16, sharding=sharding)
+    slots = jax.ShapeDtypeStruct((NUM_TOKENS,), jnp.int32, sharding=sharding)
+    compiled = jax.jit(step, donate_argnums=(1, 2)).lower(q, kv, kv, new, new, slots, *metadata)
+    assert MOSAIC_CUSTOM_CALL in compiled.as_text()
+    compiled.compile()

@@ -66,3 +66,56 @@ def test_kv_plan_command_matches_the_engine(tmp_path, capsys):
   assert report["contiguous_max_seqs"] == SMALL_NUM_PAGES * 16 // 256
   assert report["paged_max_seqs"] > report["contiguous_max_seqs"]
   assert "paged / contiguous sequences" in capsys.readouterr().out
+
+
+def test_quantized_weights_are_counted_in_eight_bits():
+  """The planner's weights follow the scheme: 8-bit projection kernels plus float32 scales."""
+  from jaxserve.config import EngineConfig
+  from jaxserve.tools.kv_plan import model_config_for, weight_bytes
+
+  config = model_config_for(EngineConfig(dtype="bfloat16"))
+  int8 = model_config_for(EngineConfig(dtype="bfloat16", quantization="int8"))
+  assert int8.quantization == "int8"
+  c = config
+  projections = c.num_layers * (
+    c.hidden_size * (c.num_q_heads + 2 * c.num_kv_heads) * c.head_dim
+    + c.num_q_heads * c.head_dim * c.hidden_size
+    + 3 * c.hidden_size * c.intermediate_size
+  )
+  outputs = c.num_layers * (
+    (c.num_q_heads + 2 * c.num_kv_heads) * c.head_dim + 2 * c.hidden_size + 2 * c.intermediate_size
+  )
+  assert weight_bytes(config) - weight_bytes(int8) == projections - 4 * outputs
+
+
+def test_8bit_kv_pages_nearly_double_the_token_capacity():
+  """fp8 / int8 pages are one byte an element (the static scales take no memory): a budget
+  holds 4x float32's and 2x bfloat16's pages, null page aside; the engine's spec agrees."""
+  from jaxserve.config import CacheConfig, EngineConfig
+  from jaxserve.device.kv_cache import kv_cache_spec
+
+  budget = 100 * TINY_PAGE_BYTES
+  capacity = {}
+  for kv_dtype in ("float32", "bfloat16", "float8_e4m3fn", "int8"):
+    result = plan(
+      tiny_random_config(),
+      page_size=16,
+      max_model_len=512,
+      budget_bytes=budget,
+      avg_seq_len=100,
+      max_num_seqs=64,
+      kv_dtype=kv_dtype,
+    )
+    itemsize = {"float32": 4, "bfloat16": 2}.get(kv_dtype, 1)
+    assert result.bytes_per_page == TINY_PAGE_BYTES // 4 * itemsize
+    capacity[kv_dtype] = result.paged_token_capacity
+  assert capacity == {
+    "float32": 99 * 16,
+    "bfloat16": 199 * 16,
+    "float8_e4m3fn": 399 * 16,
+    "int8": 399 * 16,
+  }
+  assert capacity["int8"] / capacity["bfloat16"] == 399 / 199  # >= 1.9x, the issue's bar
+  for name, pages in (("auto", 100), ("fp8", 400), ("int8", 400)):
+    config = EngineConfig(cache=CacheConfig(memory_bytes=budget, kv_cache_dtype=name))
+    assert kv_cache_spec(config, tiny_random_config(), 512, None).num_pages == pages

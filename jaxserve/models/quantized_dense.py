@@ -1,0 +1,78 @@
+"""Quantized projections: the flax module every q/k/v/o and MLP projection is when
+ModelConfig.quantization names a scheme (jaxserve/quantization/scheme.py), and the one rule of
+which params leaves are quantized.
+
+A quantized projection's params are `kernel` [in, out] in the scheme's 8-bit type (int8 or
+float8_e4m3fn) and `scale` float32[out], one per output channel (plus `bias` in the model dtype
+where the projection has one); merged projections (models/fused_projections.py) concatenate
+both along out. Shapes and dtypes depend on the config alone, so a quantized model compiles
+each step program once, as the unquantized one. The GEMM is jaxserve/quantization/matmul.py's.
+Embeddings, norms and lm_head are never quantized.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from jaxserve.quantization.matmul import quantized_matmul
+from jaxserve.quantization.quantize import quantize_weight
+from jaxserve.quantization.scheme import QuantScheme
+
+ParamPath = tuple[str, ...]
+PROJECTION_MODULES = ("self_attn", "mlp")
+
+
+def is_quantized_kernel(path: ParamPath) -> bool:
+  """Whether a params leaf is a projection kernel a quantized model stores in 8 bits:
+  layers_{i}/{self_attn,mlp}/<name>_proj/kernel (lm_head and the embedding are not)."""
+  return (
+    len(path) == 4
+    and path[0].startswith("layers_")
+    and path[1] in PROJECTION_MODULES
+    and path[2].endswith("_proj")
+    and path[3] == "kernel"
+  )
+
+
+def scale_path(kernel_path: ParamPath) -> ParamPath:
+  return kernel_path[:-1] + ("scale",)
+
+
+class QuantizedDense(nn.Module):
+  """y = x @ (kernel * scale) [+ bias], in `dtype`, as `scheme` computes it."""
+
+  features: int
+  dtype: jnp.dtype
+  scheme: QuantScheme
+  use_bias: bool = False
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    kernel = self.param(
+      "kernel",
+      nn.initializers.zeros_init(),
+      (x.shape[-1], self.features),
+      jnp.dtype(self.scheme.weight_dtype),
+    )
+    scale = self.param("scale", nn.initializers.ones_init(), (self.features,), jnp.float32)
+    y = quantized_matmul(x.astype(self.dtype), kernel, scale, self.scheme)
+    if self.use_bias:
+      y = y + self.param("bias", nn.initializers.zeros_init(), (self.features,), self.dtype)
+    return y
+
+
+def quantize_params(params: dict, scheme: QuantScheme) -> dict:
+  """Every projection kernel of a float params tree (fused or not) replaced, in place, by its
+  8-bit kernel and scale; returns `params`. One layer's projections at a time, so only the
+  tree's own references keep the float kernels alive."""
+  quantize = jax.jit(lambda kernel: quantize_weight(kernel, scheme))
+  for layer, modules in params.items():
+    for module, projections in modules.items() if isinstance(modules, dict) else ():
+      for name, leaves in projections.items() if isinstance(projections, dict) else ():
+        if is_quantized_kernel((layer, module, name, "kernel")) and "kernel" in leaves:
+          leaves = dict(leaves)
+          leaves["kernel"], leaves["scale"] = quantize(leaves["kernel"])
+          projections[name] = leaves
+  return params

@@ -1,0 +1,63 @@
+"""The scheme table: one owner of the names (config's choices are these), one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from jaxserve.config import CHOICES, EngineConfig
+from jaxserve.quantization.scheme import (
+  QUANTIZATION_NAMES,
+  SCHEMES,
+  QuantScheme,
+  check_quantization,
+  scheme_for,
+  scheme_named,
+)
+
+
+def test_the_table():
+  assert QUANTIZATION_NAMES == ("none", "fp8", "fp8_w8a16", "int8", "int8_w8a8")
+  assert scheme_for("none") is None
+  fp8, int8 = scheme_for("fp8"), scheme_for("int8")
+  assert (fp8.weight_dtype, fp8.max_value, fp8.quantize_activations) == ("float8_e4m3fn", 448, True)
+  assert (int8.weight_dtype, int8.max_value, int8.quantize_activations) == ("int8", 127, False)
+  assert scheme_for("fp8_w8a16").quantize_activations is False
+  assert scheme_for("int8_w8a8").quantize_activations is True
+  for scheme in SCHEMES.values():
+    assert scheme_named(scheme.weight_dtype, scheme.quantize_activations) is scheme
+  assert fp8.describe() == "fp8 (fp8 e4m3 weights, W8A8)"
+
+
+def test_config_offers_the_same_names():
+  assert CHOICES["quantization"] is QUANTIZATION_NAMES
+  assert EngineConfig().quantization == "none"
+  assert EngineConfig(quantization="int8_w8a8").quantization == "int8_w8a8"
+
+
+@pytest.mark.parametrize("bad", ["fp4", "", None, "FP8", "awq"])
+def test_an_unknown_name_is_one_line_naming_it(bad):
+  with pytest.raises(ValueError) as err:
+    check_quantization(bad)
+  message = str(err.value)
+  assert message.startswith("quantization: must be one of") and repr(bad) in message
+  assert "\n" not in message
+  with pytest.raises(ValueError, match="^quantization: must be one of"):
+    EngineConfig(quantization=bad)
+
+
+def test_a_scheme_is_validated():
+  with pytest.raises(ValueError, match="^quantization.weight_dtype: must be one of"):
+    QuantScheme("x", "int4", False)
+  with pytest.raises(ValueError, match="^quantization: no scheme with int8 weights"):
+    scheme_named("int8", "yes")
+
+
+def test_one_device_only_for_now():
+  for fields in (
+    {"tensor_parallel_size": 2},
+    {"tp_invariant_reductions": True},
+    {"batch_invariant": True},
+  ):
+    with pytest.raises(ValueError, match="^quantization: fp8 runs on one device"):
+      EngineConfig(quantization="fp8", **fields)
+  EngineConfig(tensor_parallel_size=2)  # unquantized: as before
