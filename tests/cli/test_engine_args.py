@@ -23,6 +23,7 @@ def test_every_engine_arg_uses_configs_choices_for_its_key():
     "attention_backend",
     "warmup",
     "quantization",
+    "cache.kv_cache_dtype",
   }
 
 
@@ -34,10 +35,23 @@ def test_each_flag_offers_exactly_those_choices():
     assert tuple(flags[arg.flag].choices or ()) == arg.choices, arg.flag
 
 
+def _nested(key: str, value: str) -> dict:
+  """{"cache.kv_cache_dtype": v} as the config file writes it: {"cache": {"kv_cache_dtype": v}}."""
+  for part in reversed(key.split(".")):
+    value = {part: value}
+  return value
+
+
+def _get(config, key: str):
+  for part in key.split("."):
+    config = getattr(config, part)
+  return config
+
+
 @pytest.mark.parametrize("key", sorted(CHOICES))
 def test_config_accepts_exactly_the_choices_of_each_key(key):
   assert config_default(key) in CHOICES[key]
   for value in CHOICES[key]:
-    assert getattr(config_from_dict({key: value}), key) == value
+    assert _get(config_from_dict(_nested(key, value)), key) == value
   with pytest.raises(ValueError, match=rf"^{key}: must be one of"):
-    config_from_dict({key: "no-such-choice"})
+    config_from_dict(_nested(key, "no-such-choice"))
