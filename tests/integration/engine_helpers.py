@@ -47,7 +47,9 @@ def small_config(
 
 
 def small_engine(model: str = "tiny-random", **kwargs) -> LLMEngine:
-  return build_engine(small_config(model, **kwargs), show_progress=False)
+  """An engine of small_config. Its step programs compile lazily, each on the first step that
+  needs it (a test uses a few of its buckets); pass warmup="full" to compile every one first."""
+  return build_engine(small_config(model, **kwargs), show_progress=False, default_warmup="lazy")
 
 
 def run_to_completion(engine: LLMEngine, max_steps: int = 100_000) -> dict[str, RequestOutput]:

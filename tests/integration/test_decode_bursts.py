@@ -68,6 +68,7 @@ def _run(num_scheduler_steps: int, async_scheduling: bool):
     async_scheduling=async_scheduling,
     num_scheduler_steps=num_scheduler_steps,
     max_model_len=MAX_MODEL_LEN,
+    warmup="full",
   )
   compiled = engine.ledger.num_compilations
   steps_per_dispatch = record_steps_per_dispatch(engine)

@@ -73,6 +73,7 @@ def test_every_output_is_valid_and_unconstrained_tokens_are_unchanged(checkpoint
     token_buckets=(8,),
     seq_buckets=(2, 8),
     async_scheduling=async_scheduling,
+    warmup="full",  # every program before the run, which then compiles none
     prefix_caching=False,
   )
   compiled = engine.ledger.num_compilations
@@ -104,7 +105,7 @@ def test_every_output_is_valid_and_unconstrained_tokens_are_unchanged(checkpoint
 def test_decode_bursts_run_beside_constrained_requests(checkpoint):
   """A constrained request makes its batches single steps; outputs stay valid and the
   unconstrained request's tokens equal its tokens alone (bursts or not)."""
-  engine = small_engine(checkpoint, max_model_len=256, num_scheduler_steps=4)
+  engine = small_engine(checkpoint, max_model_len=256, num_scheduler_steps=4, warmup="full")
   compiled = engine.ledger.num_compilations
   plain = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
   engine.add_request(PROMPTS[0], plain, request_id="alone")
@@ -165,7 +166,7 @@ def test_a_grammar_dead_end_ends_the_request_with_grammar_error(checkpoint):
 
 
 def test_randomized_mixed_workload_compiles_nothing_after_warmup(checkpoint):
-  engine = small_engine(checkpoint, max_model_len=256, num_pages=96)
+  engine = small_engine(checkpoint, max_model_len=256, num_pages=96, warmup="full")
   compiled = engine.ledger.num_compilations
   rng = np.random.default_rng(3)
   pending = []
