@@ -3,7 +3,9 @@
 Layout: one (k_pages, v_pages) pair per layer, each [num_kv_heads, num_pages, page_size,
 head_dim], of the cache's storage dtype (CacheConfig.storage_dtype: the model's, or 8-bit
 float8_e4m3fn / int8 pages of one byte an element, so a budget holds twice bfloat16's pages; the
-static scales take no memory). Page 0 is the null page. The pool size comes from CacheConfig: an
+static scales take no memory). Page 0 is the null page. One device's part of a layer's K (or V)
+array holds fewer than 2**31 elements (MAX_ARRAY_ELEMENTS): the Pallas kernels index pages with
+int32 offsets, so a larger budget is capped there, with a warning. The pool size comes from CacheConfig: an
 explicit page count, a byte budget, or the device's budget for it (device/device_memory.py:
 memory_fraction of the device's total memory less the weights and step scratch). On a backend
 that reports no memory statistics (CPU) the pool is memory_fraction of CPU_DEFAULT_BYTES.
@@ -11,6 +13,7 @@ that reports no memory statistics (CPU) the pool is memory_fraction of CPU_DEFAU
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -22,6 +25,9 @@ from jaxserve.config import CacheConfig, EngineConfig
 from jaxserve.models.model_config import ModelConfig
 
 CPU_DEFAULT_BYTES = 256 << 20
+MAX_ARRAY_ELEMENTS = 2**31 - 1  # int32 element offsets in the attention and KV write kernels
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,27 @@ def plan_num_pages(config: CacheConfig, bytes_per_page: int, pool_bytes: int | N
   return int(num_pages)
 
 
+def cap_to_int32_offsets(num_pages: int, elements_per_page: int, asked: int | None) -> int:
+  """num_pages, or the most pages whose [heads, pages, page_size, head_dim] array one device holds
+  stays under MAX_ARRAY_ELEMENTS: a warning when a memory budget asked for more, a ValueError
+  naming cache.num_pages when the config did."""
+  limit = MAX_ARRAY_ELEMENTS // elements_per_page
+  if num_pages <= limit:
+    return num_pages
+  if asked is not None:
+    raise ValueError(
+      f"cache.num_pages: {asked} pages of {elements_per_page} elements per layer array exceed "
+      f"2**31 elements (the kernels' int32 offsets); at most {limit}"
+    )
+  logger.warning(
+    "KV pool capped at %d pages (the memory budget holds %d): a layer's K/V array stays under "
+    "2**31 elements, the attention kernels' int32 offsets",
+    limit,
+    num_pages,
+  )
+  return limit
+
+
 def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> int:
   limit = model_config.max_position_embeddings
   if config.max_model_len is None:
@@ -105,6 +132,10 @@ def kv_cache_spec(
     // num_shards
   )
   num_pages = plan_num_pages(config.cache, per_page, free_bytes)
+  heads_per_device = max(1, model_config.num_kv_heads // num_shards)
+  num_pages = cap_to_int32_offsets(
+    num_pages, heads_per_device * page_size * model_config.head_dim, config.cache.num_pages
+  )
   if free_bytes is None and config.cache.num_pages is None and config.cache.memory_bytes is None:
     enough = config.scheduler.max_num_seqs * math.ceil(max_model_len / page_size) + 1
     num_pages = min(num_pages, enough)

@@ -65,6 +65,8 @@ def _run(num_scheduler_steps: int, async_scheduling: bool):
   engine = small_engine(
     num_pages=96,
     max_num_seqs=8,
+    seq_buckets=(8,),  # one sequence bucket and two token buckets: few programs to warm up
+    token_buckets=(16, 64),
     async_scheduling=async_scheduling,
     num_scheduler_steps=num_scheduler_steps,
     max_model_len=MAX_MODEL_LEN,
