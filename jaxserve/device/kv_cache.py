@@ -3,12 +3,13 @@
 Layout: one (k_pages, v_pages) pair per layer, each [num_kv_heads, num_pages, page_size,
 head_dim], of the cache's storage dtype (CacheConfig.storage_dtype: the model's, or 8-bit
 float8_e4m3fn / int8 pages of one byte an element, so a budget holds twice bfloat16's pages; the
-static scales take no memory). Page 0 is the null page. One device's part of a layer's K (or V)
-array holds fewer than 2**31 elements (MAX_ARRAY_ELEMENTS): the Pallas kernels index pages with
-int32 offsets, so a larger budget is capped there, with a warning. The pool size comes from CacheConfig: an
+static scales take no memory). Page 0 is the null page. The pool size comes from CacheConfig: an
 explicit page count, a byte budget, or the device's budget for it (device/device_memory.py:
 memory_fraction of the device's total memory less the weights and step scratch). On a backend
-that reports no memory statistics (CPU) the pool is memory_fraction of CPU_DEFAULT_BYTES.
+that reports no memory statistics (CPU) the pool is memory_fraction of CPU_DEFAULT_BYTES. One
+device's part of a layer's K (or V) array holds fewer than 2**31 elements (MAX_ARRAY_ELEMENTS):
+the Pallas kernels index pages with int32 offsets, so a larger budget is capped there, with a
+warning.
 """
 
 from __future__ import annotations
