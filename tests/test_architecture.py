@@ -254,6 +254,8 @@ def test_no_decision_by_an_attention_backends_name():
     ("check_quantization", ["jaxserve.quantization.scheme"]),
     ("resolve_quantization", ["jaxserve.quantization.compressed_tensors"]),
     ("is_quantized_kernel", ["jaxserve.models.quantized_dense"]),
+    ("kernel_shape", ["jaxserve.models.quantized_dense"]),
+    ("output_axis", ["jaxserve.models.quantized_dense"]),
   ],
 )
 def test_one_definition_per_policy(name, where):

@@ -6,11 +6,13 @@ with `fuse`: the converted parts are concatenated in the same device program, so
 kernel ever sits in device memory), else once after loading (`fuse_params`, for built-in and
 orbax weights). Both follow MERGED, the one table of what is merged. Each layer's q, k and v
 kernels [H, Q*D], [H, K*D], [H, K*D] become one [H, (Q + 2K) * D] kernel (biases likewise), and
-gate / up [H, I] one [H, 2I] kernel. The model (ModelConfig.fused_projections) then runs one
-GEMM per group and splits its output, which is exactly what the separate GEMMs compute, without
-XLA re-concatenating the weights inside every step (its dot merger does that for q/k/v) and with
-one wider GEMM for gate/up. Sharded models keep the separate projections: each device's shard of
-a merged kernel would not hold matching q, k and v columns.
+gate / up [H, I] one [H, 2I] kernel; a quantized projection's kernels are [out, in] and are
+concatenated with their scales along axis 0 (models/quantized_dense.py, `output_axis`). The
+model (ModelConfig.fused_projections) then runs one GEMM per group and splits its output, which
+is exactly what the separate GEMMs compute, without XLA re-concatenating the weights inside every
+step (its dot merger does that for q/k/v) and with one wider GEMM for gate/up. Sharded models
+keep the separate projections: each device's shard of a merged kernel would not hold matching q,
+k and v columns.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 from typing import Iterable
 
 import jax.numpy as jnp
+
+from jaxserve.models.quantized_dense import output_axis
 
 QKV = ("q_proj", "k_proj", "v_proj")
 GATE_UP = ("gate_proj", "up_proj")
@@ -29,7 +33,7 @@ ParamPath = tuple[str, ...]
 
 def merged_leaves(paths: Iterable[ParamPath]) -> list[tuple[ParamPath, tuple[ParamPath, ...]]]:
   """The merged tree's leaves in the order of `paths` (a layer's merged leaf where its first
-  part was), each with the leaves it concatenates along the last axis (one: kept as it is).
+  part was), each with the leaves it concatenates along the output axis (one: kept as it is).
   Paths are (layer, module, projection, leaf) for the merged projections."""
   paths = list(paths)
   present = set(paths)
@@ -52,7 +56,8 @@ def merged_leaves(paths: Iterable[ParamPath]) -> list[tuple[ParamPath, tuple[Par
 def _merge(module: dict, names: tuple[str, ...], merged: str) -> None:
   """Replaces module[names...] by module[merged], concatenated along the output axis."""
   parts = [module.pop(name) for name in names]
-  module[merged] = {leaf: jnp.concatenate([p[leaf] for p in parts], axis=-1) for leaf in parts[0]}
+  axis = output_axis(parts[0])
+  module[merged] = {leaf: jnp.concatenate([p[leaf] for p in parts], axis=axis) for leaf in parts[0]}
 
 
 def fuse_params(params: dict) -> dict:

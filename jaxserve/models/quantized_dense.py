@@ -2,15 +2,21 @@
 ModelConfig.quantization names a scheme (jaxserve/quantization/scheme.py), and the one rule of
 which params leaves are quantized.
 
-A quantized projection's params are `kernel` [in, out] in the scheme's 8-bit type (int8 or
+A quantized projection's params are `kernel` [out, in] in the scheme's 8-bit type (int8 or
 float8_e4m3fn) and `scale` float32[out], one per output channel (plus `bias` in the model dtype
 where the projection has one); merged projections (models/fused_projections.py) concatenate
-both along out. Shapes and dtypes depend on the config alone, so a quantized model compiles
-each step program once, as the unquantized one. The GEMM is jaxserve/quantization/matmul.py's.
-Embeddings, norms and lm_head are never quantized.
+all of them along out, axis 0 (`output_axis`). The kernel is [out, in] (K contiguous, Hugging
+Face's layout, unlike a float Dense's [in, out]) because cuBLASLt's fp8 and int8 GEMMs take only
+the "TN" layout, so XLA would otherwise transpose every weight in every step (docs/DECISIONS.md,
+"Quantized GEMMs"); this module is that rule's one owner (`kernel_shape`, `output_axis`).
+Shapes and dtypes depend on the config alone, so a quantized model compiles each step program
+once, as the unquantized one. The GEMM is jaxserve/quantization/matmul.py's. Embeddings, norms
+and lm_head are never quantized.
 """
 
 from __future__ import annotations
+
+from typing import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +46,18 @@ def scale_path(kernel_path: ParamPath) -> ParamPath:
   return kernel_path[:-1] + ("scale",)
 
 
+def kernel_shape(in_features: int, out_features: int) -> tuple[int, int]:
+  """A quantized kernel's shape: [out, in] (the module docstring says why)."""
+  return (out_features, in_features)
+
+
+def output_axis(projection: Mapping[str, object]) -> int:
+  """The axis of a projection's leaves along which its output channels lie (merged projections
+  concatenate along it): 0 for every leaf of a quantized one (kernel [out, in], scale and bias
+  [out]; it has a `scale`), the last for a float Dense (kernel [in, out], bias [out])."""
+  return 0 if "scale" in projection else -1
+
+
 class QuantizedDense(nn.Module):
   """y = x @ (kernel * scale) [+ bias], in `dtype`, as `scheme` computes it."""
 
@@ -53,7 +71,7 @@ class QuantizedDense(nn.Module):
     kernel = self.param(
       "kernel",
       nn.initializers.zeros_init(),
-      (x.shape[-1], self.features),
+      kernel_shape(x.shape[-1], self.features),
       jnp.dtype(self.scheme.weight_dtype),
     )
     scale = self.param("scale", nn.initializers.ones_init(), (self.features,), jnp.float32)
@@ -64,10 +82,10 @@ class QuantizedDense(nn.Module):
 
 
 def quantize_params(params: dict, scheme: QuantScheme) -> dict:
-  """Every projection kernel of a float params tree (fused or not) replaced, in place, by its
-  8-bit kernel and scale; returns `params`. One layer's projections at a time, so only the
-  tree's own references keep the float kernels alive."""
-  quantize = jax.jit(lambda kernel: quantize_weight(kernel, scheme))
+  """Every projection kernel of a float params tree (fused or not; flax [in, out]) replaced, in
+  place, by its 8-bit kernel [out, in] and scale; returns `params`. One layer's projections at a
+  time, so only the tree's own references keep the float kernels alive."""
+  quantize = jax.jit(lambda kernel: quantize_weight(kernel.T, scheme))
   for layer, modules in params.items():
     for module, projections in modules.items() if isinstance(modules, dict) else ():
       for name, leaves in projections.items() if isinstance(projections, dict) else ():

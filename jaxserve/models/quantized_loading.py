@@ -1,8 +1,10 @@
 """A quantized model's projections from safetensors (models/weights.py calls this): quantized as
 each loads from a float checkpoint, or taken as stored from a compressed-tensors one
 (jaxserve/quantization/compressed_tensors.py: the format). Either way each projection becomes
-its 8-bit `kernel` [in, out] and float32 `scale` [out] (models/quantized_dense.py), merged
-projections concatenated along out, on the device, in one small jitted conversion per kind.
+its 8-bit `kernel` [out, in] and float32 `scale` [out] (models/quantized_dense.py), merged
+projections concatenated along out, on the device, in one small jitted conversion per kind. HF
+stores Linear weights [out, in] already, so a quantized kernel is never transposed (a float one
+is, to flax's [in, out]).
 
 A compressed-tensors checkpoint's scales are checked from the headers before any weight is read
 (plan_stored_scales): each projection's `weight` must be in the scheme's type and its
@@ -12,6 +14,7 @@ otherwise a ValueError names the tensor. Tensor-strategy scales are broadcast to
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -22,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxserve.models.model_config import ModelConfig
-from jaxserve.models.quantized_dense import is_quantized_kernel, scale_path
+from jaxserve.models.quantized_dense import is_quantized_kernel, kernel_shape, scale_path
 from jaxserve.models.weight_transfer import LeafLoad, LeafOut, TensorLoad
 from jaxserve.quantization.compressed_tensors import (
   INPUT_SCALE_SUFFIX,
@@ -90,7 +93,8 @@ def quantized_leaves(
   leaves: Sequence[LeafLoad], config: ModelConfig, stored: StoredQuantization | None
 ) -> list[LeafLoad]:
   """The leaves with each projection's conversion replaced: quantized on load (float
-  checkpoint) or taken as stored (kernel transposed, scales broadcast per channel)."""
+  checkpoint) or taken as stored (scales broadcast per channel); the kernel's parts keep HF's
+  [out, in] (no transpose) and are concatenated along out."""
   scheme = scheme_for(config.quantization)
   if stored is not None and stored.scheme != scheme:
     raise ValueError(
@@ -99,19 +103,22 @@ def quantized_leaves(
   if scheme is None:
     return list(leaves)
   widths = {
-    scale_path(leaf.path): tuple(part.shape[-1] for part in leaf.parts)
+    scale_path(leaf.path): tuple(part.info.shape[0] for part in leaf.parts)  # HF [out, in]
     for leaf in leaves
     if is_quantized_kernel(leaf.path)
   }
   weight_dtype = np.dtype(jnp.dtype(scheme.weight_dtype))
   out = []
   for leaf in leaves:
-    kernel = LeafOut(leaf.path, leaf.shape, weight_dtype)
-    if is_quantized_kernel(leaf.path) and stored is None:
-      scale = LeafOut(scale_path(leaf.path), leaf.shape[-1:], np.dtype(np.float32))
-      out.append(LeafLoad(leaf.path, leaf.parts, _quantizer(scheme), (kernel, scale)))
-    elif is_quantized_kernel(leaf.path):
-      out.append(LeafLoad(leaf.path, leaf.parts, _stored_kernel, (kernel,)))
+    if is_quantized_kernel(leaf.path):
+      parts = tuple(dataclasses.replace(part, transpose=False) for part in leaf.parts)
+      shape = LeafLoad(leaf.path, parts).shape  # [sum(out), in]
+      kernel = LeafOut(leaf.path, kernel_shape(shape[1], shape[0]), weight_dtype)
+      if stored is None:
+        scale = LeafOut(scale_path(leaf.path), shape[:1], np.dtype(np.float32))
+        out.append(LeafLoad(leaf.path, parts, _quantizer(scheme), (kernel, scale)))
+      else:
+        out.append(LeafLoad(leaf.path, parts, _stored_kernel, (kernel,)))
     elif leaf.path in widths:
       scale = LeafOut(leaf.path, (sum(widths[leaf.path]),), np.dtype(np.float32))
       out.append(LeafLoad(leaf.path, leaf.parts, _stored_scale(widths[leaf.path]), (scale,)))
@@ -121,8 +128,10 @@ def quantized_leaves(
 
 
 def _kernel(raws: Sequence[jax.Array]) -> jax.Array:
-  """HF [out, in] parts -> one [in, sum(out)] kernel."""
-  return jnp.concatenate([raw.T for raw in raws], axis=-1)
+  """HF [out, in] parts -> one [sum(out), in] kernel, as stored (no transpose); a new buffer
+  even of one part (jit would hand an input returned as it is back, and the loader frees the
+  raw tensors)."""
+  return jnp.copy(raws[0]) if len(raws) == 1 else jnp.concatenate(raws, axis=0)
 
 
 @functools.cache

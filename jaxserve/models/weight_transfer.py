@@ -2,13 +2,13 @@
 
 Each tensor goes to the device(s) untouched: a zero-copy numpy view of the mmapped file
 (safetensors_reader) is handed to the transfer, so the only host-side pass over the bytes is the
-copy into the device's staging buffer. HF Linear weights are [out, in] and flax kernels [in, out]:
-the transpose, a cast to the model dtype and, for a merged projection (models/fused_projections),
-the concatenation of its parts run on the device as one small jitted function per kind (jit
-specializes it per shape). When tensor-parallel, the raw tensor is placed with the transposed
-sharding of its target (`make_array_from_callback`: each device, on every host, receives only its
-slice) and transposed locally into the target sharding, so no device ever holds or receives a
-whole sharded weight.
+copy into the device's staging buffer. HF Linear weights are [out, in] and flax kernels [in, out]
+(a quantized kernel stays [out, in]: models/quantized_loading.py): the transpose, a cast to the
+model dtype and, for a merged projection (models/fused_projections), the concatenation of its
+parts run on the device as one small jitted function per kind (jit specializes it per shape).
+When tensor-parallel, the raw tensor is placed with the transposed sharding of its target
+(`make_array_from_callback`: each device, on every host, receives only its slice) and transposed
+locally into the target sharding, so no device ever holds or receives a whole sharded weight.
 
 Device memory layout (`TransferOptions.layout`). A raw tensor freed after its conversion leaves
 a hole between the converted weights; streamed one tensor at a time ("streaming"), the holes are
@@ -87,9 +87,10 @@ class LeafOut:
 @dataclass(frozen=True)
 class LeafLoad:
   """One params leaf: one checkpoint tensor, or the parts of a merged projection, concatenated
-  along the last (output) axis after each is converted. `convert` replaces that conversion (the
-  raw parts in, on the device: e.g. a projection quantized as it loads) and makes `outputs`
-  (one array, or a tuple of them in that order); on one device only."""
+  along the output axis (HF's axis 0: the last once transposed) after each is converted.
+  `convert` replaces that conversion (the raw parts in, on the device: e.g. a projection
+  quantized as it loads) and makes `outputs` (one array, or a tuple of them in that order); on
+  one device only."""
 
   path: ParamPath
   parts: tuple[TensorLoad, ...]
@@ -102,8 +103,9 @@ class LeafLoad:
 
   @property
   def shape(self) -> tuple[int, ...]:
-    first = self.parts[0].shape
-    return first[:-1] + (sum(part.shape[-1] for part in self.parts),)
+    first = self.parts[0].info.shape
+    stored = (sum(part.info.shape[0] for part in self.parts),) + tuple(first[1:])
+    return tuple(reversed(stored)) if self.transpose else stored
 
   @property
   def raw_bytes(self) -> int:
@@ -430,7 +432,7 @@ def _converter(
 
   def convert(*raws: jax.Array) -> jax.Array:
     parts = [raw.T if transpose else raw for raw in raws]  # [in, out] from [out, in]
-    out = parts[0] if num_parts == 1 else jnp.concatenate(parts, axis=-1)
+    out = parts[0] if num_parts == 1 else jnp.concatenate(parts, axis=-1 if transpose else 0)
     return out.astype(dtype)
 
   return _jit(convert, target)

@@ -27,7 +27,7 @@ import numpy as np
 
 from jaxserve.models.fused_projections import merged_leaves
 from jaxserve.models.model_config import ModelConfig
-from jaxserve.models.quantized_dense import is_quantized_kernel, scale_path
+from jaxserve.models.quantized_dense import is_quantized_kernel, kernel_shape, scale_path
 from jaxserve.models.quantized_loading import (
   plan_stored_scales,
   quantized_leaves,
@@ -67,7 +67,9 @@ class TensorSpec:
   path: ParamPath
   hf_name: str
   hf_shape: tuple[int, ...]
-  transpose: bool  # HF Linear weight [out, in] -> flax kernel [in, out]
+  # HF Linear weight [out, in] -> flax kernel [in, out]; a quantized kernel stays [out, in]
+  # (quantized_loading.quantized_leaves drops the transpose)
+  transpose: bool
 
   @property
   def shape(self) -> tuple[int, ...]:
@@ -135,13 +137,16 @@ def _set_leaf(tree: dict, path: ParamPath, value) -> None:
 
 def param_shapes(config: ModelConfig) -> dict:
   """The abstract params tree: a jax.ShapeDtypeStruct per leaf, in config.dtype; with
-  config.quantization each projection kernel in its 8-bit type beside a float32 scale [out]."""
+  config.quantization each projection kernel [out, in] in its 8-bit type beside a float32 scale
+  [out] (models/quantized_dense.py)."""
   scheme = scheme_for(config.quantization)
   tree: dict = {}
   for spec in hf_tensor_specs(config):
     if scheme is not None and is_quantized_kernel(spec.path):
-      _set_leaf(tree, spec.path, jax.ShapeDtypeStruct(spec.shape, jnp.dtype(scheme.weight_dtype)))
-      _set_leaf(tree, scale_path(spec.path), jax.ShapeDtypeStruct(spec.shape[-1:], jnp.float32))
+      in_features, out_features = spec.shape
+      shape = kernel_shape(in_features, out_features)
+      _set_leaf(tree, spec.path, jax.ShapeDtypeStruct(shape, jnp.dtype(scheme.weight_dtype)))
+      _set_leaf(tree, scale_path(spec.path), jax.ShapeDtypeStruct((out_features,), jnp.float32))
     else:
       _set_leaf(tree, spec.path, jax.ShapeDtypeStruct(spec.shape, jnp.dtype(config.dtype)))
   return tree

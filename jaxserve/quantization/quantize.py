@@ -1,4 +1,5 @@
-"""Symmetric 8-bit quantizers (device side): each projection kernel per output channel, each
+"""Symmetric 8-bit quantizers (device side): each projection kernel per output channel (a row of
+its [out, in] layout, matmul.py's: K contiguous for cuBLASLt's "TN" fp8 / int8 GEMMs), each
 token's activations per row. A scale is the slice's largest magnitude over the type's (448 for
 e4m3, 127 for int8), in float32, so the largest value maps onto the type's largest; a slice of
 zeros gets scale 1. Values are multiplied by their scale's reciprocal (XLA rewrites a division
@@ -36,14 +37,14 @@ def scales_of(amax: jax.Array, scheme: QuantScheme) -> jax.Array:
 
 
 def quantize_weight(kernel: jax.Array, scheme: QuantScheme) -> tuple[jax.Array, jax.Array]:
-  """kernel [in, out] (flax layout) -> (q [in, out] in scheme.weight_dtype, scale float32[out]),
-  kernel ~= q * scale."""
+  """kernel [out, in] (Hugging Face's layout) -> (q [out, in] in scheme.weight_dtype,
+  scale float32[out]), one scale per row: kernel ~= q * scale[:, None]."""
   _check_float("kernel", kernel)
   if kernel.ndim != 2:
-    raise ValueError(f"kernel: must be [in, out], got shape {kernel.shape}")
+    raise ValueError(f"kernel: must be [out, in], got shape {kernel.shape}")
   w = kernel.astype(jnp.float32)
-  scale = scales_of(jnp.max(jnp.abs(w), axis=0), scheme)
-  return to_quantized(w * (1.0 / scale), scheme), scale
+  scale = scales_of(jnp.max(jnp.abs(w), axis=1), scheme)
+  return to_quantized(w * (1.0 / scale)[:, None], scheme), scale
 
 
 def quantize_rows(x: jax.Array, scheme: QuantScheme) -> tuple[jax.Array, jax.Array]:

@@ -1,6 +1,8 @@
 """Pure-numpy references of quantize.py and matmul.py (ml_dtypes gives numpy the e4m3 type and
 its round-to-nearest-even conversion): the ground truth of tests/quantization and of the
-compressed-tensors checkpoints the tests write. Products are computed in float64."""
+compressed-tensors checkpoints the tests write. Kernels are [out, in], as matmul.py stores them
+(K contiguous: cuBLASLt's fp8 / int8 GEMMs take only that "TN" layout). Products are computed in
+float64."""
 
 from __future__ import annotations
 
@@ -27,10 +29,10 @@ def scales_of(amax: np.ndarray, scheme: QuantScheme) -> np.ndarray:
 
 
 def quantize_weight(kernel: np.ndarray, scheme: QuantScheme) -> tuple[np.ndarray, np.ndarray]:
-  """kernel [in, out] -> (q [in, out], scale float32[out]), per output channel."""
+  """kernel [out, in] -> (q [out, in], scale float32[out]), per output channel (row)."""
   w = np.asarray(kernel, np.float32)
-  scale = scales_of(np.abs(w).max(axis=0), scheme)
-  return to_quantized(w * (np.float32(1) / scale), scheme), scale
+  scale = scales_of(np.abs(w).max(axis=1), scheme)
+  return to_quantized(w * (np.float32(1) / scale)[:, None], scheme), scale
 
 
 def quantize_rows(x: np.ndarray, scheme: QuantScheme) -> tuple[np.ndarray, np.ndarray]:
@@ -41,17 +43,18 @@ def quantize_rows(x: np.ndarray, scheme: QuantScheme) -> tuple[np.ndarray, np.nd
 
 
 def dequantize(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
-  """q [in, out] * scale [out] in float64."""
-  return q.astype(np.float64) * np.asarray(scale, np.float64)
+  """q [out, in] * scale [out] (per row) in float64, [out, in]."""
+  return q.astype(np.float64) * np.asarray(scale, np.float64)[:, None]
 
 
 def quantized_matmul(
   x: np.ndarray, q: np.ndarray, scale: np.ndarray, scheme: QuantScheme
 ) -> np.ndarray:
-  """What matmul.quantized_matmul computes, in float64 (x as given, before any cast)."""
+  """What matmul.quantized_matmul computes, in float64 (x as given, before any cast):
+  x [..., in] with q [out, in] -> [..., out]."""
   if not scheme.quantize_activations:
-    return np.asarray(x, np.float64) @ dequantize(q, scale)
+    return np.asarray(x, np.float64) @ dequantize(q, scale).T
   xq, x_scale = quantize_rows(x, scheme)
-  return (xq.astype(np.float64) @ q.astype(np.float64)) * (
+  return (xq.astype(np.float64) @ q.astype(np.float64).T) * (
     x_scale.astype(np.float64)[..., None] * np.asarray(scale, np.float64)
   )

@@ -82,10 +82,10 @@ def write_compressed_tensors(
       continue
     w = tensor.float().numpy()  # [out, in]
     if strategy == "channel":
-      q, scale = reference.quantize_weight(w.T, scheme)  # per output channel
-      q, scale = q.T, scale[:, None]  # [out, in], [out, 1]
+      q, scale = reference.quantize_weight(w, scheme)  # per output channel (row)
+      scale = scale[:, None]  # [out, 1]
     else:
-      q, scale = reference.quantize_weight(w.reshape(-1, 1), scheme)  # one scale
+      q, scale = reference.quantize_weight(w.reshape(1, -1), scheme)  # one scale
       q = q.reshape(w.shape)
     out[name] = _torch(q)
     out[module + ".weight_scale"] = torch.from_numpy(np.asarray(scale, np.float32).reshape(-1, 1))

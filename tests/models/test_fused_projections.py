@@ -62,6 +62,31 @@ def test_merged_kernels_hold_the_separate_ones_side_by_side(bias):
   assert fused["embed_tokens"] is embedding
 
 
+def test_quantized_kernels_and_scales_merge_along_out():
+  """A quantized projection's kernel is [out, in] (models/quantized_dense.py): merged kernels,
+  scales and biases are concatenated along axis 0."""
+  rng = np.random.default_rng(3)
+
+  def quantized(out, bias=False):
+    leaves = {
+      "kernel": rng.integers(-127, 128, (out, 4)).astype(np.int8),
+      "scale": rng.uniform(0.1, 1, out).astype(np.float32),
+    }
+    if bias:
+      leaves["bias"] = rng.standard_normal(out).astype(np.float32)
+    return leaves
+
+  attn = {"q_proj": quantized(6, True), "k_proj": quantized(2, True), "v_proj": quantized(2, True)}
+  mlp = {"gate_proj": quantized(5), "up_proj": quantized(5)}
+  layer = {"self_attn": dict(attn), "mlp": dict(mlp)}
+  fused = fuse_params({"layers_0": layer})["layers_0"]
+  qkv, gate_up = fused["self_attn"]["qkv_proj"], fused["mlp"]["gate_up_proj"]
+  assert qkv["kernel"].shape == (10, 4) and gate_up["kernel"].shape == (10, 4)
+  for merged, parts in ((qkv, attn.values()), (gate_up, mlp.values())):
+    for leaf in merged:
+      np.testing.assert_array_equal(merged[leaf], np.concatenate([p[leaf] for p in parts], 0))
+
+
 def test_fused_and_separate_engines_generate_the_same():
   outputs = {}
   for fuse in (False, True):

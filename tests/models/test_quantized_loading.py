@@ -56,7 +56,7 @@ def test_quantize_on_load_matches_the_model_and_the_reference(bf16, name, fuse):
     assert _abstract(param_shapes(config)) == _abstract(loaded.params)
   scheme = scheme_for(name)
   hf = safetensors.torch.load_file(bf16 / "model.safetensors")
-  w = hf["model.layers.1.mlp.down_proj.weight"].float().numpy().T
+  w = hf["model.layers.1.mlp.down_proj.weight"].float().numpy()  # [out, in], as stored
   q, scale = reference.quantize_weight(w, scheme)
   leaf = loaded.params["layers_1"]["mlp"]["down_proj"]
   np.testing.assert_array_equal(np.asarray(leaf["scale"]), scale)
@@ -94,10 +94,10 @@ def test_tensor_strategy_and_static_scales(bf16, tmp_path):
     ]
   )
   np.testing.assert_array_equal(np.asarray(qkv["scale"]), expected)
-  raw = hf["model.layers.0.self_attn.k_proj.weight"].view(torch.uint8).numpy().T
+  raw = hf["model.layers.0.self_attn.k_proj.weight"].view(torch.uint8).numpy()  # [out, in]
   q_dim = hf["model.layers.0.self_attn.q_proj.weight"].shape[0]
   np.testing.assert_array_equal(
-    np.asarray(qkv["kernel"]).view(np.uint8)[:, q_dim : q_dim + raw.shape[1]], raw
+    np.asarray(qkv["kernel"]).view(np.uint8)[q_dim : q_dim + raw.shape[0]], raw
   )
 
 
