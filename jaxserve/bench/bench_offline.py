@@ -122,7 +122,14 @@ def _host_ms(timings, bucket: tuple[int, int]) -> float | None:
 
 
 def main(argv=None) -> int:
-  return command(parse_args(argv))
+  """The `python -m` entry: a bad configuration is one line on stderr and exit 2, as the
+  `jaxserve` command reports it."""
+  args = parse_args(argv)
+  try:
+    return command(args)
+  except ValueError as err:
+    print(f"bench_offline: error: {err}", file=sys.stderr)
+    return 2
 
 
 def command(args: argparse.Namespace) -> int:
@@ -156,6 +163,13 @@ def command(args: argparse.Namespace) -> int:
   print(key_value_table(rows))
   if out:
     print(f"wrote {out}")
+  expected = result["num_prompts"] * result["output_len"]
+  if result["output_tokens"] != expected:  # a run that lost requests is no measurement
+    print(
+      f"bench_offline: error: {result['output_tokens']} of {expected} output tokens generated",
+      file=sys.stderr,
+    )
+    return 1
   return 0
 
 

@@ -59,3 +59,13 @@ def test_bench_offline_prints_and_writes_only_when_asked(tmp_path, monkeypatch, 
   assert [p.name for p in tmp_path.iterdir()] == ["offline.json"]
   result = json.loads((tmp_path / "offline.json").read_text())
   assert result["output_tokens_per_s"] > 0 and result["compilations_after_warmup"] == 0
+
+
+def test_bench_offline_module_fails_with_one_line_and_a_nonzero_exit(tmp_path, capsys):
+  """`python -m jaxserve.bench.bench_offline`: a refused run is one line on stderr, exit 2 (a
+  traceback or exit 0 without a table read as a result)."""
+  argv = [*SMALL_ENGINE_ARGS, "--num-prompts", "2", "--input-len", "16", "--output-len", "8"]
+  code = bench_offline.main(argv + ["--max-model-len", "8", "--out", str(tmp_path / "o.json")])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert code == 2 and err[-1].startswith("bench_offline: error: prompt: 16 prompt tokens")
+  assert not (tmp_path / "o.json").exists()
