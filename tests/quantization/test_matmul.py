@@ -184,8 +184,9 @@ def _kernel_transposes(hlo: str, out: int, inn: int) -> list[str]:
 def test_w8a8_contracts_the_stored_kernel_without_a_transpose(name):
   """The kernel is stored [out, in] and its axis 1 (K) is the one contracted, the "TN" layout
   cuBLASLt's fp8 and int8 GEMMs take: the lowered dot_general says so, and XLA:CPU's optimized
-  program never transposes the kernel (docs/DECISIONS.md, "Quantized GEMMs": kernels stored
-  [in, out] cost an H200 a transpose of every fp8 weight in every step)."""
+  program never transposes the kernel. The dot_general is the check that guards the layout: XLA:CPU
+  transposed no kernel with the old [in, out] layout either, while an H200 transposed every fp8
+  weight in every step (docs/DECISIONS.md, "Quantized GEMMs")."""
   scheme = scheme_for(name)
   fn = jax.jit(lambda x, k, s: quantized_matmul(x, k, s, scheme))
   lowered = fn.lower(*_args(jnp.dtype(scheme.weight_dtype)))
