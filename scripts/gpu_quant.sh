@@ -60,8 +60,9 @@ PY
     t0=$SECONDS
     python3 -m jaxserve.bench.bench_offline --config configs/h100-offline.yaml --model /tmp/llama8b --quantization $q --kv-cache-dtype $k \
       --max-model-len 2176 --num-prompts $n --input-len $il --output-len $ol --no-stream --log-level INFO \
-      --set compilation_cache_dir=/tmp/xla --out "$OUT/off_${q}_${k}_${il}_${ol}.json" > $LOGS/$s.log 2>&1 || { echo "$s FAILED"; grep -v "it/s\]\|^E11\|^W11" $LOGS/$s.log | tail -30; }
-    echo "$s rc=$? $((SECONDS-t0)) s: $(grep -E 'output tokens/s|device ms|KV pool|capped' $LOGS/$s.log | grep -v 'it/s' | tr '\n' ' ' | cut -c1-500)" | tee -a "$OUT/summary.txt" ;;
+      --set compilation_cache_dir=/tmp/xla --out "$OUT/off_${q}_${k}_${il}_${ol}.json" > $LOGS/$s.log 2>&1
+    rc=$?; [ $rc = 0 ] || { echo "$s FAILED"; grep -v "it/s\]\|^E11\|^W11" $LOGS/$s.log | tail -30; }
+    echo "$s rc=$rc $((SECONDS-t0)) s: $(grep -E 'output tokens/s|device ms|KV pool|capped' $LOGS/$s.log | grep -v 'it/s' | tr '\n' ' ' | cut -c1-500)" | tee -a "$OUT/summary.txt" ;;
   t*)  # t<quant>:<kv> single stream: 1 prompt 128 in / 512 out, h100.yaml
     IFS=: read -r q k <<< "${s#t}"
     python3 -m jaxserve.bench.bench_offline --config configs/h100.yaml --model /tmp/llama8b --quantization $q --kv-cache-dtype $k \
