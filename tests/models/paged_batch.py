@@ -79,3 +79,23 @@ def empty_kv_pages(
 ):
   zeros = jnp.zeros((num_kv_heads, num_pages, page_size, head_dim), dtype)
   return tuple((zeros, zeros) for _ in range(num_layers))
+
+
+def init_param_shapes(config) -> dict:
+  """The params tree `LlamaForCausalLM(config).init` makes, as ShapeDtypeStructs (no compute):
+  one two-token step over one page of four."""
+  import jax
+
+  from jaxserve.attention import get_attention_backend
+  from jaxserve.models import LlamaForCausalLM
+
+  model = LlamaForCausalLM(config, get_attention_backend("reference"))
+  step = build_step(
+    [Chunk([1, 2], 0, [1])], page_size=4, num_tokens=4, num_seq_slots=1, pages_per_seq=1
+  )
+  kv = empty_kv_pages(config.num_layers, config.num_kv_heads, 2, 4, config.head_dim)
+  return jax.eval_shape(
+    lambda: model.init(
+      jax.random.key(0), step.token_ids, step.positions, kv, step.slot_mapping, step.metadata
+    )
+  )["params"]

@@ -15,14 +15,12 @@ import pytest
 import safetensors.torch
 import torch
 
-from jaxserve.attention import get_attention_backend
-from jaxserve.models import LlamaForCausalLM
 from jaxserve.models.registry import load_model
 from jaxserve.models.weights import load_hf_config, load_hf_params, param_shapes
 from jaxserve.quantization import reference
 from jaxserve.quantization.scheme import scheme_for
 from tests.models.compressed_checkpoints import quantization_config, write_compressed_tensors
-from tests.models.paged_batch import Chunk, build_step, empty_kv_pages
+from tests.models.paged_batch import init_param_shapes
 
 FAMILY = "qwen2"  # q/k/v biases: the biases stay in the model dtype beside the 8-bit kernels
 
@@ -41,16 +39,7 @@ def test_quantize_on_load_matches_the_model_and_the_reference(bf16, name, fuse):
   loaded = load_model(str(bf16), quantization=name, fuse_projections=fuse)
   config = loaded.config
   assert (config.quantization, config.fused_projections) == (name, fuse)
-  model = LlamaForCausalLM(config, get_attention_backend("reference"))
-  step = build_step(
-    [Chunk([1, 2], 0, [1])], page_size=4, num_tokens=4, num_seq_slots=1, pages_per_seq=1
-  )
-  kv = empty_kv_pages(config.num_layers, config.num_kv_heads, 2, 4, config.head_dim)
-  init = jax.eval_shape(
-    lambda: model.init(
-      jax.random.key(0), step.token_ids, step.positions, kv, step.slot_mapping, step.metadata
-    )
-  )["params"]
+  init = init_param_shapes(config)
   assert _abstract(init) == _abstract(loaded.params)
   if not fuse:
     assert _abstract(param_shapes(config)) == _abstract(loaded.params)

@@ -13,8 +13,6 @@ import pytest
 import safetensors.numpy
 import safetensors.torch
 
-from jaxserve.attention import get_attention_backend
-from jaxserve.models import LlamaForCausalLM
 from jaxserve.models.weights import (
   INDEX_FILE,
   SINGLE_FILE,
@@ -22,7 +20,7 @@ from jaxserve.models.weights import (
   load_hf_params,
   param_shapes,
 )
-from tests.models.paged_batch import Chunk, build_step, empty_kv_pages
+from tests.models.paged_batch import init_param_shapes
 
 
 def _abstract(tree):
@@ -32,16 +30,7 @@ def _abstract(tree):
 @pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama_tied"])
 def test_param_tree_matches_model_init(hf_checkpoint, family):
   config = load_hf_config(hf_checkpoint(family))
-  model = LlamaForCausalLM(config, get_attention_backend("reference"))
-  step = build_step(
-    [Chunk([1, 2], 0, [1])], page_size=4, num_tokens=4, num_seq_slots=1, pages_per_seq=1
-  )
-  kv = empty_kv_pages(config.num_layers, config.num_kv_heads, 2, 4, config.head_dim)
-  init = jax.eval_shape(
-    lambda: model.init(
-      jax.random.key(0), step.token_ids, step.positions, kv, step.slot_mapping, step.metadata
-    )
-  )["params"]
+  init = init_param_shapes(config)
   loaded = load_hf_params(hf_checkpoint(family), config)
   assert _abstract(init) == _abstract(loaded) == _abstract(param_shapes(config))
 
