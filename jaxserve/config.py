@@ -27,6 +27,7 @@ ATTENTION_BACKENDS = ("auto", "reference", "xla", "pallas_gpu", "pallas_tpu")
 DTYPES = ("auto", "float32", "bfloat16")
 GPU_GEMMS = ("cublas", "cublaslt", "xla")
 SAMPLER_BACKENDS = ("auto", "xla", "pallas_gpu")
+QUANTIZED_GEMMS = ("auto", "xla", "pallas_gpu")
 WARMUP_MODES = ("auto", "lazy", "background", "full")
 # cache.kv_cache_dtype: the KV pages' storage ("auto": the model's dtype) and, for the 8-bit
 # formats, the static per-layer scales K and V are divided by (pallas_kernels/
@@ -41,6 +42,7 @@ CHOICES: Mapping[str, tuple[str, ...]] = {
   "attention_backend": ATTENTION_BACKENDS,
   "gpu_gemm": GPU_GEMMS,
   "sampler_backend": SAMPLER_BACKENDS,
+  "quantized_gemm": QUANTIZED_GEMMS,
   "warmup": WARMUP_MODES,
   "cache.kv_cache_dtype": KV_CACHE_DTYPES,
   "quantization": QUANTIZATION_NAMES,  # jaxserve/quantization/scheme.py owns them
@@ -353,7 +355,12 @@ class EngineConfig:
   template text itself) replacing the tokenizer's (models/registry.load_configured_tokenizer).
   quantization: the weight scheme the projections run (jaxserve/quantization/scheme.py): a
   bfloat16 checkpoint is quantized as it loads; "none" loads a checkpoint as it is stored (a
-  compressed-tensors checkpoint runs its own scheme). One device only, for now."""
+  compressed-tensors checkpoint runs its own scheme). One device only, for now. quantized_gemm:
+  how a quantized model's projections run in steps of at most 16 tokens (decode): "pallas_gpu"
+  one Pallas kernel per projection that reads the 8-bit weight and computes weight-only (x in
+  the model's dtype; pallas_kernels/quantized_matmul), "xla" the scheme's own GEMM; "auto" is
+  pallas_gpu for weight-only schemes on one GPU and xla otherwise (W8A8 schemes keep cuBLASLt's
+  8-bit GEMMs); "pallas_gpu" off a GPU runs the kernel in interpret mode (tests)."""
 
   model: str = "tiny-random"
   tokenizer: str | None = None
@@ -371,6 +378,7 @@ class EngineConfig:
   fuse_projections: bool = True
   warmup: str = "auto"
   quantization: str = NONE
+  quantized_gemm: str = "auto"
   cache: CacheConfig = field(default_factory=CacheConfig)
   scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
   server: ServerConfig = field(default_factory=ServerConfig)
@@ -436,6 +444,16 @@ class EngineConfig:
       f"must be true or false, got {self.fuse_projections!r}",
     )
     check_quantization(self.quantization)
+    _require(
+      self.quantized_gemm in QUANTIZED_GEMMS,
+      "quantized_gemm",
+      f"must be one of {QUANTIZED_GEMMS}, got {self.quantized_gemm!r}",
+    )
+    _require(
+      not (self.quantized_gemm == "pallas_gpu" and self.tensor_parallel_size > 1),
+      "quantized_gemm",
+      "pallas_gpu runs on unsharded models only (tensor_parallel_size 1); use auto or xla",
+    )
     _require(
       self.quantization == NONE
       or not (

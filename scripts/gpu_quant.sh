@@ -5,8 +5,11 @@
 #   smokekv  8-bit KV pages: the XLA path against the Pallas GPU kernel
 #   ck8b     the Llama-3.1-8B-shaped random checkpoint in /tmp/llama8b
 #   w<q>:<kv>:<in>:<out>:<n>  offline, configs/h100-offline.yaml (e.g. wfp8:auto:128:128:2000)
-#   t<q>:<kv>                 single stream, 1 prompt of 128 in / 512 out (e.g. tnone:auto)
-#   p<q>:<kv>:<seqs>          the decode step's top kernels (investigations.profile_step)
+#   t<q>:<kv>[:<burst>[:<gemm>]]  single stream, 1 prompt of 128 in / 512 out, decode bursts of
+#            <burst> steps (default 1), gpu_gemm <gemm> (default cublas), quantized_gemm <qgemm>
+#            (default auto); counts GEMM kinds in the HLO
+#   mm[--sweep]  the 8B decode projections: pallas_kernels/quantized_matmul against XLA's GEMMs
+#   p<q>:<kv>:<seqs>[:<gemm>] the decode step's top kernels (investigations.profile_step)
 # The wheels jaxserve needs beyond the device image (msgspec, llguidance) are carried in .whl/.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"; LOGS=/tmp/logs; mkdir -p $LOGS
@@ -63,15 +66,22 @@ PY
       --set compilation_cache_dir=/tmp/xla --out "$OUT/off_${q}_${k}_${il}_${ol}.json" > $LOGS/$s.log 2>&1
     rc=$?; [ $rc = 0 ] || { echo "$s FAILED"; grep -v "it/s\]\|^E11\|^W11" $LOGS/$s.log | tail -30; }
     echo "$s rc=$rc $((SECONDS-t0)) s: $(grep -E 'output tokens/s|device ms|KV pool|capped' $LOGS/$s.log | grep -v 'it/s' | tr '\n' ' ' | cut -c1-500)" | tee -a "$OUT/summary.txt" ;;
-  t*)  # t<quant>:<kv> single stream: 1 prompt 128 in / 512 out, h100.yaml
-    IFS=: read -r q k <<< "${s#t}"
+  t*)  # t<quant>:<kv>[:<burst>[:<gemm>[:<qgemm>]]] single stream: 1 prompt 128 in / 512 out, h100.yaml
+    IFS=: read -r q k b g qg <<< "${s#t}"; b=${b:-1}; g=${g:-cublas}; qg=${qg:-auto}; tag=${q}_${k}_b${b}_${g}_${qg}
+    d=/tmp/dump_t_$tag; rm -rf $d
+    XLA_FLAGS="--xla_dump_to=$d --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*forward.* ${TFLAGS:-}" \
     python3 -m jaxserve.bench.bench_offline --config configs/h100.yaml --model /tmp/llama8b --quantization $q --kv-cache-dtype $k \
-      --max-num-seqs 8 --max-num-batched-tokens 128 --set "scheduler.seq_buckets=[8]" --set "scheduler.token_buckets=[128]" --max-model-len 2176 --num-prompts 1 --input-len 128 --output-len 512 --log-level WARNING \
-      --set compilation_cache_dir=/tmp/xla --out "$OUT/tpot_${q}_${k}.json" > $LOGS/$s.log 2>&1
-    echo "$s rc=$?: $(python3 -c "import json; r=json.load(open('$OUT/tpot_${q}_${k}.json')); print('ms/token', round(1e3/r['output_tokens_per_s'], 3))")" | tee -a "$OUT/summary.txt" ;;
-  p*)  # p<quant>:<kv>:<seqs> the decode step's top kernels
-    IFS=: read -r q k n <<< "${s#p}"
-    python3 -m investigations.profile_step --config configs/h100.yaml --model /tmp/llama8b --quantization $q --kv-cache-dtype $k \
-      --max-model-len 2176 --num-seqs $n --context 512 --trace-top 14 --log-level WARNING --out "$OUT/prof_${q}_${k}_${n}.json" > $LOGS/$s.log 2>&1 || echo "$s FAILED"
+      --max-num-seqs 8 --max-num-batched-tokens 128 --set "scheduler.seq_buckets=[8]" --set "scheduler.token_buckets=[8,128]" --max-model-len 2176 --num-prompts 1 --input-len 128 --output-len 512 --log-level WARNING \
+      --set scheduler.num_scheduler_steps=$b --set gpu_gemm=$g --set quantized_gemm=$qg --set compilation_cache_dir=/tmp/xla --out "$OUT/tpot_$tag.json" > $LOGS/$s.log 2>&1
+    rc=$?; [ $rc = 0 ] || { echo "$s FAILED"; grep -v "it/s\]\|^E11\|^W11" $LOGS/$s.log | tail -20; }
+    hlo=$(cat $d/*after_optimizations.txt 2>/dev/null)
+    echo "$s rc=$rc: $(python3 -c "import json; r=json.load(open('$OUT/tpot_$tag.json')); print('ms/token', round(1e3/r['output_tokens_per_s'], 3), 'host', round(r['host_ms_per_step'], 2), 'device', round(r['device_ms_per_step'], 2), 'steps', r['steps'])") hlo: f8 cublasLt $(grep -c 'matmul\$f8' <<< "$hlo"), cublas $(grep -c 'custom_call_target="__cublas' <<< "$hlo"), triton gemm fusions $(grep -c '"kind":"__triton_gemm"\|__triton_gemm' <<< "$hlo"), bf16 weight-sized fusion outputs $(grep -cE '= bf16\[(6144|4096|28672|14336|57344),(4096|14336)\]\{[0-9,]*\} fusion' <<< "$hlo")" | tee -a "$OUT/summary.txt"
+    true ;;
+  mm*)  # mm[sweep]: the decode projections' GEMMs, Pallas kernel against XLA (8 rows)
+    python3 -m investigations.bench_quantized_matmul --rows 8 ${s#mm} --out "$OUT/qmatmul.json" 2>&1 | grep -v "^E11\|^W11" | tee -a "$OUT/summary.txt" ;;
+  p*)  # p<quant>:<kv>:<seqs>[:<gemm>] the decode step's top kernels
+    IFS=: read -r q k n g <<< "${s#p}"; g=${g:-cublas}
+    python3 -m investigations.profile_step --config configs/h100.yaml --model /tmp/llama8b --quantization $q --kv-cache-dtype $k --set gpu_gemm=$g \
+      --max-model-len 2176 --num-seqs $n --context 512 --trace-top 14 --log-level WARNING --out "$OUT/prof_${q}_${k}_${n}_${g}.json" > $LOGS/$s.log 2>&1 || echo "$s FAILED"
     grep -v "it/s\]\|^E11\|^W11" $LOGS/$s.log | tail -24 ;;
 esac; done

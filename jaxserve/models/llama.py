@@ -105,7 +105,7 @@ def projection(
   if scheme is not None:
     if dense is not None:
       raise ValueError(f"quantization: {scheme.name} does not run with a DenseBackend")
-    return QuantizedDense(features, dtype, scheme, use_bias, name=name)
+    return QuantizedDense(features, dtype, scheme, use_bias, config.quantized_gemm, name=name)
   if config.tp_invariant_reductions or dense is not None:
     backend = dense if dense is not None else grouped_dense_backend(REDUCTION_GROUPS)
     return InvariantDense(features, dtype, kind, backend, use_bias, name=name)

@@ -21,6 +21,7 @@ from jaxserve.quantization.scheme import NONE, check_quantization
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 DTYPES = ("float32", "bfloat16")
 ROPE_TYPES = ("llama3", "linear")
+QUANTIZED_GEMMS = ("xla", "pallas_gpu")  # EngineConfig.quantized_gemm, "auto" resolved
 
 _HF_ARCHITECTURES = {
   "LlamaForCausalLM": "llama",
@@ -99,6 +100,7 @@ class ModelConfig:
   fused_projections: bool = False  # qkv_proj / gate_up_proj params (fused_projections.py)
   batch_invariant: bool = False  # fixed-order norms (pallas_kernels/fixed_order.py); engine-set
   quantization: str = NONE  # the projections' weight scheme (jaxserve/quantization/scheme.py)
+  quantized_gemm: str = "xla"  # "pallas_gpu": <= 16-token steps on the Pallas kernel; engine-set
 
   def __post_init__(self) -> None:
     _require(
@@ -153,6 +155,11 @@ class ModelConfig:
       "cannot be combined with tp_invariant_reductions (which keeps per-device GEMMs)",
     )
     check_quantization(self.quantization)
+    _require(
+      self.quantized_gemm in QUANTIZED_GEMMS,
+      "quantized_gemm",
+      f"must be one of {QUANTIZED_GEMMS}, got {self.quantized_gemm!r}",
+    )
     _require(
       self.quantization == NONE or not (self.tp_invariant_reductions or self.batch_invariant),
       "quantization",

@@ -10,12 +10,17 @@ Face's layout, unlike a float Dense's [in, out]) because cuBLASLt's fp8 and int8
 the "TN" layout, so XLA would otherwise transpose every weight in every step (docs/DECISIONS.md,
 "Quantized GEMMs"); this module is that rule's one owner (`kernel_shape`, `output_axis`).
 Shapes and dtypes depend on the config alone, so a quantized model compiles each step program
-once, as the unquantized one. The GEMM is jaxserve/quantization/matmul.py's. Embeddings, norms
-and lm_head are never quantized.
+once, as the unquantized one. The GEMM is jaxserve/quantization/matmul.py's; with
+`small_batch_kernel` "pallas_gpu", a call of at most 16 rows (a decode step) runs instead on
+pallas_kernels/quantized_matmul, which reads the 8-bit kernel and computes weight-only (x in the
+model's dtype, float32 accumulation, then the scale: the W8A16 arithmetic, for every scheme; a
+W8A8 scheme's activations are quantized only in larger steps). Embeddings, norms and lm_head are
+never quantized.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import jax
@@ -25,6 +30,7 @@ from flax import linen as nn
 from jaxserve.quantization.matmul import quantized_matmul
 from jaxserve.quantization.quantize import quantize_weight
 from jaxserve.quantization.scheme import QuantScheme
+from pallas_kernels.quantized_matmul import gpu as small_batch
 
 ParamPath = tuple[str, ...]
 PROJECTION_MODULES = ("self_attn", "mlp")
@@ -59,12 +65,14 @@ def output_axis(projection: Mapping[str, object]) -> int:
 
 
 class QuantizedDense(nn.Module):
-  """y = x @ (kernel * scale) [+ bias], in `dtype`, as `scheme` computes it."""
+  """y = x @ (kernel * scale) [+ bias], in `dtype`, as `scheme` computes it (calls of at most
+  16 rows with small_batch_kernel "pallas_gpu": weight-only, on the Pallas kernel)."""
 
   features: int
   dtype: jnp.dtype
   scheme: QuantScheme
   use_bias: bool = False
+  small_batch_kernel: str = "xla"  # ModelConfig.quantized_gemm
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -75,7 +83,17 @@ class QuantizedDense(nn.Module):
       jnp.dtype(self.scheme.weight_dtype),
     )
     scale = self.param("scale", nn.initializers.ones_init(), (self.features,), jnp.float32)
-    y = quantized_matmul(x.astype(self.dtype), kernel, scale, self.scheme)
+    x = x.astype(self.dtype)
+    rows = math.prod(x.shape[:-1])
+    if self.small_batch_kernel == "pallas_gpu" and small_batch.supports(rows, *kernel.shape):
+      y = small_batch.quantized_matmul(
+        x.reshape(rows, x.shape[-1]),
+        kernel,
+        scale,
+        interpret=jax.default_backend() != "gpu",
+      ).reshape(*x.shape[:-1], self.features)
+    else:
+      y = quantized_matmul(x, kernel, scale, self.scheme)
     if self.use_bias:
       y = y + self.param("bias", nn.initializers.zeros_init(), (self.features,), self.dtype)
     return y

@@ -46,6 +46,7 @@ from jaxserve.parallel.partition_rules import kv_pages_sharding, logits_sharding
 from jaxserve.parallel.sharded_attention import shard_attention_backend
 from jaxserve.parallel.sharded_dense import shard_dense_backend
 from jaxserve.parallel.sharded_loading import load_model_sharded, sharded_param_shapes
+from jaxserve.quantization.scheme import scheme_for
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,9 @@ def _on_one_device(config: EngineConfig) -> Placement:
     fuse_projections=config.fuse_projections,
   )
   model_config = loaded.config.replace(
-    tp_invariant_reductions=config.tp_invariant_reductions, batch_invariant=config.batch_invariant
+    tp_invariant_reductions=config.tp_invariant_reductions,
+    batch_invariant=config.batch_invariant,
+    quantized_gemm=quantized_gemm(config, loaded.config.quantization),
   )
   params = dict(jax.device_put(loaded.params))
   return Placement(
@@ -106,6 +109,18 @@ def _on_one_device(config: EngineConfig) -> Placement:
     None,
     1,
   )
+
+
+def quantized_gemm(config: EngineConfig, quantization: str) -> str:
+  """EngineConfig.quantized_gemm with "auto" resolved for an unsharded model running the weight
+  scheme `quantization`: the Pallas kernel on GPUs for weight-only schemes (XLA has no GEMM
+  that reads their 8-bit weights: it writes a converted copy each step), XLA's GEMMs for W8A8
+  schemes (cuBLASLt's fp8 and int8 GEMMs) and off GPUs."""
+  if config.quantized_gemm != "auto":
+    return config.quantized_gemm
+  scheme = scheme_for(quantization)
+  weight_only = scheme is not None and not scheme.quantize_activations
+  return "pallas_gpu" if weight_only and jax.default_backend() == "gpu" else "xla"
 
 
 def check_kv_cache(config: EngineConfig, platform: str | None = None) -> None:

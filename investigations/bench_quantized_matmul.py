@@ -1,0 +1,139 @@
+"""The projections of a decode step, one shape at a time: the Pallas weight-only kernel
+(pallas_kernels/quantized_matmul) against XLA's GEMMs (bfloat16, fp8 W8A8, int8 W8A16) on the
+same rows. Each timed program runs the projection on LAYERS distinct weight copies back to back
+(so the weights stream from HBM, not L2, and dispatch is paid once per LAYERS calls); a row
+gives microseconds per projection and the weight bytes read per second. --sweep also times a
+few tilings of the kernel per shape. Prints a table; --out writes JSON.
+
+    python -m investigations.bench_quantized_matmul --rows 8 --sweep
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxserve.bench.timing import median_seconds
+from jaxserve.quantization.matmul import quantized_matmul as xla_quantized_matmul
+from jaxserve.quantization.scheme import SCHEMES
+from pallas_kernels.quantized_matmul.gpu import Tiling, default_tiling, quantized_matmul
+
+SHAPES = {  # Llama-3.1-8B's merged projections, [N, K]
+  "qkv_proj": (6144, 4096),
+  "o_proj": (4096, 4096),
+  "gate_up_proj": (28672, 4096),
+  "down_proj": (4096, 14336),
+}
+LAYERS = 16
+NO_TRITON_GEMM = {"xla_gpu_enable_triton_gemm": False}  # gpu_gemm: cublas, the engine's default
+
+
+def _timed_us(fn, x, weights, options=None) -> float:
+  """Microseconds per projection of fn(x, *weight) over the LAYERS weight copies."""
+
+  def run(x, weights):
+    return [fn(x, *w) for w in weights]
+
+  compiled = jax.jit(run).lower(x, weights).compile(options)
+  return 1e6 * median_seconds(compiled, x, weights, reps=20) / len(weights)
+
+
+def _weights(rng, n: int, k: int, dtype) -> list[tuple]:
+  base = rng.standard_normal((n, k), dtype=np.float32)
+  scale = jnp.asarray(rng.random(n, dtype=np.float32) * 0.01 + 1e-3)
+  if dtype == jnp.bfloat16:
+    w = jnp.asarray(base.T, jnp.bfloat16)  # [K, N], flax's layout
+    return [(jnp.array(w, copy=True),) for _ in range(LAYERS)]
+  w = jnp.asarray(np.clip(base * 40, -127, 127)).astype(dtype)  # [N, K]
+  return [(jnp.array(w, copy=True), scale) for _ in range(LAYERS)]
+
+
+def bench_shape(name: str, rows: int, sweep: bool) -> list[dict]:
+  n, k = SHAPES[name]
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((rows, k), dtype=np.float32), jnp.bfloat16)
+  results = []
+
+  def add(kind: str, us: float, weight_bytes: int, **extra) -> None:
+    results.append(
+      dict(
+        shape=name,
+        n=n,
+        k=k,
+        rows=rows,
+        kind=kind,
+        us=round(us, 2),
+        tb_per_s=round(weight_bytes / us / 1e6, 3),
+        **extra,
+      )
+    )
+
+  bf16 = _weights(rng, n, k, jnp.bfloat16)
+  add("xla bfloat16", _timed_us(lambda x, w: x @ w, x, bf16, NO_TRITON_GEMM), 2 * n * k)
+  del bf16
+  for dtype, schemes in (
+    (jnp.float8_e4m3fn, ("fp8", "fp8_w8a16")),
+    (jnp.int8, ("int8", "int8_w8a8")),
+  ):
+    weights = _weights(rng, n, k, dtype)
+    for scheme in schemes:
+      fn = lambda x, w, s, scheme=SCHEMES[scheme]: xla_quantized_matmul(x, w, s, scheme)
+      add(f"xla {scheme}", _timed_us(fn, x, weights, NO_TRITON_GEMM), n * k)
+    tilings = [default_tiling(n, k)]
+    if sweep:
+      tilings += [
+        Tiling(bn, bk, s, w, st)
+        for bn, bk, s, w, st in (
+          (32, 256, 0, 4, 4),
+          (64, 128, 0, 4, 4),
+          (64, 512, 0, 4, 3),
+          (128, 256, 0, 8, 4),
+          (64, 256, 0, 2, 4),
+          (64, 256, 0, 4, 6),
+        )
+      ]
+      tilings = [t if t.num_splits else _with_splits(t, n, k) for t in tilings]
+    for i, tiling in enumerate(tilings):
+      fn = lambda x, w, s, tiling=tiling: quantized_matmul(x, w, s, tiling=tiling)
+      label = f"pallas {jnp.dtype(dtype).name}" + ("" if i == 0 else " sweep")
+      add(label, _timed_us(fn, x, weights), n * k, tiling=list(tiling.__dict__.values()))
+    del weights
+  return results
+
+
+def _with_splits(tiling: Tiling, n: int, k: int) -> Tiling:
+  auto = default_tiling(n, k, tiling.block_n, tiling.block_k)
+  return Tiling(auto.block_n, auto.block_k, auto.num_splits, tiling.num_warps, tiling.num_stages)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--rows", type=int, nargs="+", default=[8])
+  parser.add_argument("--sweep", action="store_true")
+  parser.add_argument("--out")
+  args = parser.parse_args()
+  results = []
+  for rows in args.rows:
+    for name in SHAPES:
+      for r in bench_shape(name, rows, args.sweep):
+        results.append(r)
+        print(
+          f"{r['shape']:>13} M={rows:<3} {r['kind']:<22} {r['us']:8.2f} us "
+          f"{r['tb_per_s']:6.3f} TB/s {r.get('tiling', '')}",
+          flush=True,
+        )
+  if args.out:
+    with open(args.out, "w") as f:
+      json.dump(
+        {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "results": results},
+        f,
+        indent=1,
+      )
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,170 @@
+"""Weight-only quantized matmul for few rows on GPUs: y [M, N] = x [M, K] @ (w [N, K] * scale
+[N, None]).T, one Pallas (Triton) kernel that reads the 8-bit weight (int8 or float8_e4m3fn) and
+converts each tile to x's dtype in registers, so no dequantized copy of the weight is ever
+written (the point: a decode step reads each weight once, at 8 bits).
+
+A decode step multiplies a handful of rows by every weight, so it is bound by reading the
+weights; the W8A8 alternative (XLA's cuBLASLt fp8 GEMM) pays, per projection, a per-token
+quantization of x (a reduction and a convert), padding of M to 16 and a scale epilogue, each a
+kernel of its own. Here all of it is one kernel, plus a split-K epilogue when num_splits > 1.
+
+Grid: (N / block_n, num_splits). Program (j, s) owns output columns [j * block_n, (j + 1) *
+block_n) and the s-th of num_splits equal runs of K, walked in block_k slices: the x slice [BM,
+BK] (rows past M masked to 0; BM = 16, the smallest tensor-core tile), the weight tile [BN, BK]
+converted to x's dtype, one dot with float32 accumulation. The per-channel scale multiplies the
+float32 sum. With one split the program rounds to x's dtype and stores y; with several it stores
+float32 partials [S, M, N] that a small XLA epilogue adds in split order and rounds.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels.ragged_paged_attention.gpu_write import triton_compiler_params
+
+BLOCK_M = 16  # rows per program: all of x (M <= MAX_ROWS), the tensor cores' smallest tile
+MAX_ROWS = BLOCK_M
+WEIGHT_DTYPES = (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn))
+TARGET_PROGRAMS = 264  # two waves of an H100's 132 SMs: enough loads in flight
+
+
+@dataclass(frozen=True)
+class Tiling:
+  """block_n output columns and block_k of K per loop step (powers of two >= 16), K split into
+  num_splits runs; num_warps and num_stages are Triton's."""
+
+  block_n: int = 64
+  block_k: int = 256
+  num_splits: int = 1
+  num_warps: int = 4
+  num_stages: int = 4
+
+
+def _largest_pow2_divisor(n: int, cap: int) -> int:
+  block = cap
+  while block > 16 and n % block:
+    block //= 2
+  return block
+
+
+def default_tiling(n: int, k: int, block_n: int = 64, block_k: int = 256) -> Tiling:
+  """The tiling for a [N, K] weight: the largest block_n / block_k (up to the given) dividing N /
+  K, and the fewest splits (a power of two, at most 8) that give TARGET_PROGRAMS programs."""
+  block_n = _largest_pow2_divisor(n, block_n)
+  block_k = _largest_pow2_divisor(k, block_k)
+  splits = 1
+  while (
+    (n // block_n) * splits < TARGET_PROGRAMS and splits < 8 and k % (block_k * splits * 2) == 0
+  ):
+    splits *= 2
+  return Tiling(block_n, block_k, splits)
+
+
+def supports(m: int, n: int, k: int) -> bool:
+  """Whether the kernel takes these sizes: 1 <= M <= MAX_ROWS, N and K multiples of 16."""
+  return 1 <= m <= MAX_ROWS and n % 16 == 0 and k % 16 == 0 and n > 0 and k > 0
+
+
+def _kernel(
+  x_ref, w_ref, scale_ref, o_ref, *, num_rows, block_n, block_k, steps_per_split, partial
+):
+  col_block, split = pl.program_id(0), pl.program_id(1)
+  rows = jnp.arange(BLOCK_M, dtype=jnp.int32)  # [BM]
+  row_mask = (rows < num_rows)[:, None]  # [BM, 1]
+  rows = jnp.where(rows < num_rows, rows, num_rows)[:, None]  # [BM, 1], out of bounds if masked
+  cols = pl.ds(col_block * block_n, block_n)
+  lanes = jnp.arange(block_k, dtype=jnp.int32)[None, :]  # [1, BK]
+  first = split * steps_per_split * block_k
+
+  def fold(i, acc):
+    k = first + i * block_k
+    x = plgpu.load(
+      x_ref.at[rows, k + lanes], mask=jnp.broadcast_to(row_mask, (BLOCK_M, block_k)), other=0
+    )  # [BM, BK]
+    w = w_ref[cols, pl.ds(k, block_k)].astype(x.dtype)  # [BN, BK]
+    dims = (((1,), (1,)), ((), ()))
+    return acc + jax.lax.dot_general(x, w, dims, preferred_element_type=jnp.float32)  # [BM, BN]
+
+  acc = jax.lax.fori_loop(
+    0, steps_per_split, fold, jnp.zeros((BLOCK_M, block_n), jnp.float32)
+  )  # [BM, BN]
+  acc = acc * scale_ref[cols][None, :]
+  out_cols = col_block * block_n + jnp.arange(block_n, dtype=jnp.int32)[None, :]  # [1, BN]
+  mask = jnp.broadcast_to(row_mask, (BLOCK_M, block_n))
+  target = o_ref.at[split, rows, out_cols] if partial else o_ref.at[rows, out_cols]
+  plgpu.store(target, acc.astype(o_ref.dtype), mask=mask)
+
+
+@functools.partial(jax.jit, static_argnames=("tiling", "interpret"))
+def _quantized_matmul(x, w, scale, *, tiling: Tiling, interpret: bool):
+  (m, k), n = x.shape, w.shape[0]
+  splits = tiling.num_splits
+  partial = splits > 1
+  kernel = functools.partial(
+    _kernel,
+    num_rows=m,
+    block_n=tiling.block_n,
+    block_k=tiling.block_k,
+    steps_per_split=k // (tiling.block_k * splits),
+    partial=partial,
+  )
+  out_shape = (splits, m, n) if partial else (m, n)
+  y = pl.pallas_call(
+    kernel,
+    grid=(n // tiling.block_n, splits),
+    in_specs=[pl.no_block_spec] * 3,
+    out_specs=pl.no_block_spec,
+    out_shape=jax.ShapeDtypeStruct(out_shape, jnp.float32 if partial else x.dtype),
+    compiler_params=triton_compiler_params(tiling.num_warps, tiling.num_stages),
+    interpret=interpret,
+    name="quantized_matmul",
+  )(x, w, scale)
+  if not partial:
+    return y  # [M, N]
+  return functools.reduce(jnp.add, [y[s] for s in range(splits)]).astype(x.dtype)  # [M, N]
+
+
+def quantized_matmul(
+  x: jax.Array,  # [M, K] bfloat16 or float32, 1 <= M <= 16
+  w: jax.Array,  # [N, K] int8 or float8_e4m3fn: the kernel, [out, in]
+  scale: jax.Array,  # float32[N]: one per output channel
+  *,
+  tiling: Tiling | None = None,
+  interpret: bool = False,
+) -> jax.Array:
+  """x @ (w * scale[:, None]).T -> [M, N] in x's dtype (float32 accumulation). tiling: default
+  default_tiling(N, K); N must be a multiple of block_n and K of block_k * num_splits."""
+  if x.ndim != 2 or not 1 <= x.shape[0] <= MAX_ROWS:
+    raise ValueError(
+      f"quantized_matmul: x: expected [M, K] with 1 <= M <= {MAX_ROWS}, got {x.shape}"
+    )
+  if x.dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)):
+    raise ValueError(f"quantized_matmul: x: expected bfloat16 or float32, got {x.dtype}")
+  if w.ndim != 2 or w.shape[1] != x.shape[1] or w.dtype not in WEIGHT_DTYPES:
+    raise ValueError(
+      f"quantized_matmul: w: expected int8 or float8_e4m3fn [N, {x.shape[1]}], "
+      f"got {w.dtype}{list(w.shape)}"
+    )
+  if scale.shape != (w.shape[0],) or scale.dtype != jnp.float32:
+    raise ValueError(
+      f"quantized_matmul: scale: expected float32[{w.shape[0]}], "
+      f"got {scale.dtype}{list(scale.shape)}"
+    )
+  if not supports(*x.shape[:1], *w.shape):
+    raise ValueError(f"quantized_matmul: w: N and K must be multiples of 16, got {w.shape}")
+  tiling = tiling or default_tiling(*w.shape)
+  blocks = (tiling.block_n, tiling.block_k)
+  if any(b < 16 or b & (b - 1) for b in blocks) or tiling.num_splits < 1:
+    raise ValueError(f"quantized_matmul: tiling: blocks must be powers of two >= 16, got {tiling}")
+  if w.shape[0] % tiling.block_n or w.shape[1] % (tiling.block_k * tiling.num_splits):
+    raise ValueError(
+      f"quantized_matmul: tiling: N {w.shape[0]} must be a multiple of block_n and K "
+      f"{w.shape[1]} of block_k * num_splits, got {tiling}"
+    )
+  return _quantized_matmul(x, w, scale, tiling=tiling, interpret=interpret)

@@ -1,0 +1,121 @@
+"""The weight-only quantized Pallas matmul (pallas_kernels/quantized_matmul) against its pure-jnp
+reference and hand-computed values, its shape checks, its tiling rule, and its lowering for CUDA.
+Compiled on a GPU, in Pallas interpret mode elsewhere."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.quantized_matmul.gpu import (
+  TARGET_PROGRAMS,
+  Tiling,
+  default_tiling,
+  quantized_matmul,
+  supports,
+)
+from pallas_kernels.quantized_matmul.reference import quantized_matmul_reference
+from tests.pallas_kernels.test_gpu_lowering import _custom_call_targets, _lower_for_cuda
+
+INTERPRET = jax.default_backend() != "gpu"
+SMALL = Tiling(block_n=16, block_k=16)
+
+
+def run(x, w, scale, tiling=SMALL):
+  return quantized_matmul(
+    jnp.asarray(x), jnp.asarray(w), jnp.asarray(scale), tiling=tiling, interpret=INTERPRET
+  )
+
+
+@pytest.mark.parametrize("dtype", [jnp.int8, jnp.float8_e4m3fn])
+@pytest.mark.parametrize("splits", [1, 2])
+def test_hand_computed(dtype, splits):
+  x = np.zeros((3, 32), np.float32)
+  x[0, :2] = [1.0, 2.0]  # row 0: 1 * w[:, 0] + 2 * w[:, 1]
+  x[1, 31] = -1.0  # row 1: -w[:, 31] (the second K block)
+  x[2] = 1.0  # row 2: the row sums of w
+  w = np.zeros((16, 32), np.float32)  # [N, K]
+  w[0, 0], w[0, 1], w[5, 31] = 3.0, 4.0, 8.0
+  w[15] = 2.0
+  scale = np.ones(16, np.float32)
+  scale[0], scale[15] = 0.5, 0.25
+  out = np.asarray(run(x, jnp.asarray(w).astype(dtype), scale, Tiling(16, 16, splits)))
+  expected = np.zeros((3, 16), np.float32)
+  expected[0, 0], expected[0, 15] = (3 + 8) * 0.5, (2 + 4) * 0.25
+  expected[1, 5], expected[1, 15] = -8.0, -0.5
+  expected[2, 0], expected[2, 5], expected[2, 15] = 3.5, 8.0, 16.0
+  np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize(
+  "m,n,k,dtype,x_dtype,tiling",
+  [
+    (1, 16, 16, jnp.int8, jnp.float32, SMALL),
+    (5, 48, 64, jnp.float8_e4m3fn, jnp.float32, Tiling(16, 32, 2)),
+    (8, 128, 256, jnp.int8, jnp.bfloat16, None),
+    (16, 64, 512, jnp.float8_e4m3fn, jnp.bfloat16, Tiling(32, 64, 4, num_warps=8)),
+    (11, 96, 128, jnp.int8, jnp.bfloat16, Tiling(32, 16, 8)),
+  ],
+)
+def test_random_sweep_against_reference(m, n, k, dtype, x_dtype, tiling):
+  rng = np.random.default_rng(m * n + k)
+  x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32).astype(x_dtype)
+  w = jnp.asarray(np.clip(rng.standard_normal((n, k)) * 60, -127, 127)).astype(dtype)
+  scale = jnp.asarray(rng.random(n) * 0.01 + 1e-3, jnp.float32)
+  out = quantized_matmul(x, w, scale, tiling=tiling, interpret=INTERPRET)
+  assert out.shape == (m, n) and out.dtype == x_dtype
+  reference = np.asarray(quantized_matmul_reference(x, w, scale), np.float32)
+  tolerance = 1e-5 if x_dtype == jnp.float32 else 1e-2
+  np.testing.assert_allclose(np.asarray(out, np.float32), reference, rtol=tolerance, atol=tolerance)
+
+
+def _args(m=4, n=32, k=64, w_dtype=jnp.int8):
+  return (
+    jnp.zeros((m, k), jnp.bfloat16),
+    jnp.zeros((n, k), w_dtype),
+    jnp.zeros((n,), jnp.float32),
+  )
+
+
+@pytest.mark.parametrize(
+  "args,tiling,field",
+  [
+    (_args(m=17), None, "x: expected [M, K] with 1 <= M <= 16"),
+    ((jnp.zeros((4, 64), jnp.int8),) + _args()[1:], None, "x: expected bfloat16 or float32"),
+    (_args(w_dtype=jnp.bfloat16), None, "w: expected int8 or float8_e4m3fn"),
+    ((_args()[0], jnp.zeros((32, 32), jnp.int8), _args()[2]), None, "w: expected"),
+    (_args()[:2] + (jnp.zeros((31,), jnp.float32),), None, "scale: expected float32[32]"),
+    (_args(n=24), None, "w: N and K must be multiples of 16"),
+    (_args(), Tiling(24, 16), "tiling: blocks must be powers of two"),
+    (_args(), Tiling(64, 16), "tiling: N 32 must be a multiple of block_n"),
+    (_args(), Tiling(16, 64, 2), "tiling: N 32 must be a multiple of block_n and K 64"),
+  ],
+)
+def test_bad_shapes_raise_value_errors_naming_the_array(args, tiling, field):
+  with pytest.raises(ValueError, match="quantized_matmul: " + field.replace("[", r"\[")):
+    quantized_matmul(*args, tiling=tiling, interpret=True)
+
+
+def test_default_tiling_divides_and_fills_the_gpu():
+  for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (48, 64), (96, 80)):
+    tiling = default_tiling(n, k)
+    assert n % tiling.block_n == 0 and k % (tiling.block_k * tiling.num_splits) == 0
+    programs = n // tiling.block_n * tiling.num_splits
+    assert programs >= TARGET_PROGRAMS or tiling.num_splits == 8 or n * k < 1 << 20
+  assert default_tiling(4096, 14336).num_splits > 1  # a narrow N splits K
+  assert default_tiling(28672, 4096).num_splits == 1
+  assert supports(16, 32, 64) and not supports(17, 32, 64) and not supports(4, 24, 64)
+
+
+@pytest.mark.parametrize("w_dtype", [jnp.int8, jnp.float8_e4m3fn])
+def test_lowers_to_one_triton_call_for_cuda(w_dtype):
+  args = (
+    jax.ShapeDtypeStruct((8, 4096), jnp.bfloat16),
+    jax.ShapeDtypeStruct((6144, 4096), w_dtype),
+    jax.ShapeDtypeStruct((6144,), jnp.float32),
+  )
+  text = _lower_for_cuda(quantized_matmul, *args)
+  assert _custom_call_targets(text) == {"__gpu$xla.gpu.triton"}
+  assert text.count("custom_call @__gpu$xla.gpu.triton") == 1
