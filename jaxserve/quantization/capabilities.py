@@ -14,11 +14,9 @@ scheme that stores the same weights:
                     v5p, v6e (int8 MXU). Not TPU v4, TPU7x.
   either            CPU: XLA:CPU computes every scheme (the tests' platform).
 
-The TPU table is what libtpu's compiler reports (libtpu 0.0.42.1, a 2048x4096 by 4096x4096 dot
-compiled for each chip's topology, estimated cycles): an fp8 dot costs what a bfloat16 one does
-on v4, v5e, v5p and v6e, and half on TPU7x; an int8 dot about half on v5e, v5p and v6e, and as
-much as bfloat16 on v4 and TPU7x. A GPU whose compute capability is not NVIDIA's "major.minor"
-(ROCm) and a TPU chip not in the table run the weight-only schemes only.
+The TPU rows follow libtpu's own cost model for each chip (docs/DECISIONS.md, "W8A8 only where
+the device has 8-bit matrix units"). A GPU whose compute capability is not NVIDIA's
+"major.minor" (ROCm) and a TPU chip not in TPU_CHIPS run the weight-only schemes only.
 """
 
 from __future__ import annotations
