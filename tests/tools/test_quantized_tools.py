@@ -37,7 +37,9 @@ def trained(tmp_path_factory):
 def _eval_perplexity(model: str, quantization: str, out_dir) -> dict:
   argv = ["eval", "--model", model, "--tasks", TASK, "--quantization", quantization]
   assert jaxserve_main([*argv, *SMALL_ENGINE_ARGS, "--out-dir", str(out_dir)]) == 0
-  return json.loads((out_dir / "eval.json").read_text())["tasks"]["short_texts_ppl"]["perplexity"]
+  report = json.loads((out_dir / "eval.json").read_text())
+  assert report["quantization"] == quantization
+  return report["tasks"]["short_texts_ppl"]["perplexity"]
 
 
 def _transformers_perplexity(model_dir) -> tuple[float, int]:
