@@ -100,7 +100,8 @@ def refusal(scheme: QuantScheme, device: DeviceDescription) -> str | None:
   else:
     if TPU_CHIPS.get(device.device_kind) in chips:
       return None
-    needs = f"{kind} matrix units (TPU {', '.join(chips)})"
+    named = (chip if chip.startswith("TPU") else f"TPU {chip}" for chip in chips)
+    needs = f"{kind} matrix units ({', '.join(named)})"
   return (
     f"{scheme.describe()} needs {needs}, which {device.name()} lacks; use "
     f"{_weight_only(scheme)} (the same weights, activations unquantized)"

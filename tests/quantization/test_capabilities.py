@@ -61,7 +61,7 @@ def test_the_refusal_names_the_device_the_units_and_the_alternative():
     "weights, activations unquantized)"
   )
   assert refusal(SCHEMES["fp8"], V5E) == (
-    "fp8 (fp8 e4m3 weights, W8A8) needs fp8 matrix units (TPU TPU7x), which TPU v5 lite (v5e) "
+    "fp8 (fp8 e4m3 weights, W8A8) needs fp8 matrix units (TPU7x), which TPU v5 lite (v5e) "
     "lacks; use fp8_w8a16 (the same weights, activations unquantized)"
   )
   assert "use int8 (the same weights" in refusal(SCHEMES["int8_w8a8"], V4)
