@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jaxserve.quantization.scheme import QuantScheme, scheme_for
+from jaxserve.quantization.scheme import QuantScheme, scheme_for, scheme_named
 
 PLATFORMS = ("cpu", "gpu", "tpu")
 # jax Device.device_kind of each TPU chip -> its name in Cloud TPU's terms
@@ -82,10 +82,6 @@ class DeviceDescription:
     return self.device_kind or self.platform
 
 
-def _weight_only(scheme: QuantScheme) -> str:
-  return "fp8_w8a16" if scheme.is_float else "int8"
-
-
 def refusal(scheme: QuantScheme, device: DeviceDescription) -> str | None:
   """Why `device` does not run `scheme` (None: it does)."""
   if not scheme.quantize_activations or device.platform == "cpu":
@@ -104,7 +100,7 @@ def refusal(scheme: QuantScheme, device: DeviceDescription) -> str | None:
     needs = f"{kind} matrix units ({', '.join(named)})"
   return (
     f"{scheme.describe()} needs {needs}, which {device.name()} lacks; use "
-    f"{_weight_only(scheme)} (the same weights, activations unquantized)"
+    f"{scheme_named(scheme.weight_dtype, False).name} (the same weights, activations unquantized)"
   )
 
 
