@@ -56,6 +56,9 @@ def test_the_engine_runs_fp8_projections_over_fp8_pages(server, client):
   client.completions.create(model=MODEL, prompt="warm", max_tokens=1)  # the engine is up
   log = server[1].read_text()
   assert "fp8 projections" in log, log[-2000:]
+  # 256 pages of 16 tokens, 2 layers x K and V x 2 kv heads x 64 dims, one byte each: 2 MiB
+  # (float32 pages: 8 MiB)
+  assert "KV cache: 256 pages of 16 tokens (4080 usable tokens, 2.0 MiB)" in log, log[-2000:]
 
 
 def test_completion_returns_text_and_usage(client):
