@@ -3,9 +3,9 @@ decode bursts, async scheduling and prefix caching change nothing that is genera
 with all three on against one with all three off (single synchronous steps, no cache), the same
 quantized model: every request's tokens, text, finish reason and logprobs are the same, and each
 feature is shown to have run (bursts dispatched, the engine async, cached pages reused). The
-HTTP server (over fp8 pages, which XLA:CPU's attention path converts several times slower than
-int8 ones at the tests' optimization level), structured outputs, `bench` and `eval` run
-quantized in tests/server/test_quantized_server.py and tests/tools/test_quantized_tools.py."""
+HTTP server (over fp8 pages: XLA:CPU converts e4m3 slowly, so these engines take int8 ones),
+structured outputs, `bench` and `eval` run quantized in tests/server/test_quantized_server.py
+and tests/tools/test_quantized_tools.py."""
 
 from __future__ import annotations
 
