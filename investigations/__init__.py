@@ -15,6 +15,7 @@ runs on their own deployment are `jaxserve bench ...` (jaxserve/bench/, docs/BEN
   bench_sampler_modes  what each static sampler mode costs per call
   bench_bitmask_fill   host time to fill structured-output bitmasks for a batch
   bench_tp             tensor-parallel parity, step time and all-reduce time on several GPUs
+  tpu_8bit_dots        what fp8 / int8 GEMMs cost on each TPU chip, from libtpu's cost model
   gemm_invariance      which GEMM formulations give bitwise-equal rows and column / row splits
   profile_step         where a step's device time goes (device_trace: profiler traces;
                        hlo_ops: the XLA instruction behind a kernel)

@@ -4,7 +4,8 @@ package: models, attention, kernels, parallel, device, engine and tokenizer meet
 nowhere else.
 
 Everything the server logs at start-up (model, buckets, KV pages, warmup time) is decided here:
-1. load the model (load_placement): on one device, or laid out over a mesh when
+1. check that the device runs the configured quantization scheme (quantization/capabilities.py),
+   then load the model (load_placement): on one device, or laid out over a mesh when
    tensor_parallel_size > 1, on a multi-host job, or with tp_invariant_reductions (which runs
    the sharded path even at tp = 1, so every tensor_parallel_size compiles the same step with
    the same options). Either way the result is one Placement: params on device, the attention
@@ -52,9 +53,10 @@ from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.models.model_config import ModelConfig
-from jaxserve.models.registry import load_configured_tokenizer
+from jaxserve.models.registry import load_configured_tokenizer, model_quantization
 from jaxserve.parallel.multihost import StepPublisher, is_worker
 from jaxserve.parallel.placement import Placement, load_placement
+from jaxserve.quantization.capabilities import DeviceDescription, check_device_runs
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +93,8 @@ def build_device(
 
   agree_num_pages(local) -> num_pages lets the hosts of a multi-host job settle on one pool size;
   publisher.publish(inputs) runs before each step (process 0 sends the step to the other hosts)."""
+  quantization = model_quantization(config.model, config.quantization)
+  check_device_runs(quantization, DeviceDescription.of(jax.devices()[0]))
   placement = load_placement(config)
   model_config, params = placement.model.config, placement.model.params
   max_model_len = resolve_max_model_len(config, model_config)

@@ -455,16 +455,19 @@ class EngineConfig:
       "pallas_gpu runs on unsharded models only (tensor_parallel_size 1); use auto or xla",
     )
     _require(
+      self.quantization == NONE or not self.batch_invariant,
+      "batch_invariant",
+      f"cannot be combined with quantization {self.quantization!r}: the fixed-tile GEMMs "
+      "(models/batch_invariant_dense.py) run float weights only (set one of them off)",
+    )
+    _require(
       self.quantization == NONE
       or not (
-        self.tensor_parallel_size > 1
-        or self.tp_invariant_reductions
-        or self.batch_invariant
-        or self.distributed.active
+        self.tensor_parallel_size > 1 or self.tp_invariant_reductions or self.distributed.active
       ),
       "quantization",
-      f"{self.quantization} runs on one device without tp_invariant_reductions or "
-      "batch_invariant for now (tensor_parallel_size 1, no distributed job)",
+      f"{self.quantization} runs on one device without tp_invariant_reductions for now "
+      "(tensor_parallel_size 1, no distributed job)",
     )
     _require(
       not (self.distributed.active and self.scheduler.num_scheduler_steps > 1),

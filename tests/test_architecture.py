@@ -105,6 +105,7 @@ PURE_HOST = (
   "jaxserve.structured.tools",
   "jaxserve.quantization.scheme",
   "jaxserve.quantization.compressed_tensors",
+  "jaxserve.quantization.capabilities",
 )
 INVESTIGATIONS = ("investigations",)
 SERVER = ("jaxserve.server",)

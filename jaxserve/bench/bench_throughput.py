@@ -105,6 +105,8 @@ def main(args) -> int:
     prompts = random_prompts(args.num_prompts, args.input_len, prompt_vocab_size(config), args.seed)
     result = {
       "model": config.model,
+      "quantization": model_config_for(config).quantization,
+      "kv_cache_dtype": config.cache.kv_cache_dtype,
       "random_model": args.random_model,
       "num_prompts": args.num_prompts,
       "input_len": args.input_len,
@@ -133,7 +135,8 @@ def format_result(result: dict) -> str:
   engines = [result[k] for k in ("jaxserve", "transformers") if k in result]
   lines = [
     f"model {result['model']}: {result['num_prompts']} prompts, {result['input_len']} in / "
-    f"{result['output_len']} out (greedy, ignore_eos)",
+    f"{result['output_len']} out (greedy, ignore_eos; weights {result['quantization']}, KV "
+    f"{result['kv_cache_dtype']})",
     f"{'engine':<14}{'device':<22}{'elapsed s':>11}{'output tok/s':>15}{'total tok/s':>14}",
   ]
   for e in engines:

@@ -92,7 +92,7 @@ def load_model(
     return _quantized(loaded, quantization)
   path = checkpoint_dir(model)
   config = load_hf_config(path, dtype)
-  quantization = resolve_quantization(quantization, read_stored_quantization(path))
+  quantization = model_quantization(model, quantization)
   orbax_dir = path / PARAMS_SUBDIR
   if orbax_dir.is_dir():
     restored = restore_params(orbax_dir, param_shapes(config))
@@ -103,6 +103,16 @@ def load_model(
   return LoadedModel(
     config.replace(fused_projections=fuse_projections), params, f"safetensors:{path}", stats.packed
   )
+
+
+def model_quantization(model: str, requested: str) -> str:
+  """The scheme `model` runs when `requested` is configured, from its config.json alone (no
+  weight is read): a compressed-tensors checkpoint's own (another requested scheme is a
+  ValueError), else `requested` (quantized on load)."""
+  check_quantization(requested)
+  if is_builtin(model):
+    return requested
+  return resolve_quantization(requested, read_stored_quantization(checkpoint_dir(model)))
 
 
 def _fused(config: ModelConfig, params: dict, source: str, fuse: bool) -> LoadedModel:

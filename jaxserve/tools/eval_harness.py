@@ -176,14 +176,17 @@ def evaluate(
   start = time.perf_counter()
   queries = build_queries(llm.tokenizer, tasks)
   run_queries(llm, queries, use_tqdm)
-  report: dict = {"model": llm.config.model, "tasks": {}, "examples": []}
+  from jaxserve.tools.kv_plan import model_config_for
+
+  quantization = model_config_for(llm.config).quantization
+  report: dict = {"model": llm.config.model, "quantization": quantization, "tasks": {}}
+  report["examples"] = []
   for task in tasks:
     metrics, records = score_task(task, [q for q in queries if q.task == task.name])
     report["tasks"][task.name] = metrics
     report["examples"].extend(records)
   if hf_model_dir is not None:
     from jaxserve.tools.eval_parity import hf_parity
-    from jaxserve.tools.kv_plan import model_config_for
 
     report["parity"] = hf_parity(
       hf_model_dir, queries, llm.engine.eos_token_ids, model_config_for(llm.config).dtype, use_tqdm
@@ -194,7 +197,8 @@ def evaluate(
 
 def markdown_summary(report: dict) -> str:
   lines = [
-    f"# Eval: {report['model']}",
+    f"# Eval: {report['model']}"
+    + ("" if report.get("quantization", "none") == "none" else f" ({report['quantization']})"),
     "",
     "| task | type | examples | metric | value |",
     "|---|---|---|---|---|",

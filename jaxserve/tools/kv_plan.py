@@ -25,10 +25,8 @@ from jaxserve.device.kv_cache import (
 )
 from jaxserve.models.builtin import builtin_config, is_builtin
 from jaxserve.models.model_config import ModelConfig
-from jaxserve.models.quantized_loading import read_stored_quantization
-from jaxserve.models.registry import load_model
+from jaxserve.models.registry import load_model, model_quantization
 from jaxserve.models.weights import load_hf_config
-from jaxserve.quantization.compressed_tensors import resolve_quantization
 from jaxserve.tools.json_file import write_json
 from jaxserve.tools.key_value_table import key_value_table
 
@@ -66,9 +64,8 @@ def model_config_for(config: EngineConfig) -> ModelConfig:
     return builtin_config(config.model, config.dtype).replace(quantization=config.quantization)
   if not Path(config.model).is_dir():
     load_model(config.model, config.dtype)  # raises the registry's error for an unknown model
-  path = Path(config.model)
-  quantization = resolve_quantization(config.quantization, read_stored_quantization(path))
-  return load_hf_config(path, config.dtype).replace(quantization=quantization)
+  quantization = model_quantization(config.model, config.quantization)
+  return load_hf_config(Path(config.model), config.dtype).replace(quantization=quantization)
 
 
 def weight_bytes(model_config: ModelConfig) -> int:

@@ -57,6 +57,8 @@ def main(args: argparse.Namespace) -> int:
   import jax
 
   from jaxserve.models.named_shapes import named_model_config
+  from jaxserve.models.registry import model_quantization
+  from jaxserve.quantization.capabilities import DeviceDescription, check_device_runs
   from jaxserve.tools.kv_plan import model_config_for
   from jaxserve.tpu_aot.build import BuildRequest, build
   from jaxserve.tpu_aot.chips import chip_of_config_name, get_chip
@@ -73,6 +75,8 @@ def main(args: argparse.Namespace) -> int:
     model_name, model_config = args.model_shape, named_model_config(args.model_shape)
   else:
     model_name, model_config = config.model, model_config_for(config)
+  quantization = model_quantization(config.model, config.quantization)
+  check_device_runs(quantization, DeviceDescription("tpu", None, chip.device_kind))
   report = build(
     BuildRequest(
       config, model_config, model_name, chip, args.programs, args.jobs, not args.no_progress

@@ -128,6 +128,36 @@ def test_a_misshaped_scale_is_named(bf16, tmp_path):
   )
 
 
+@pytest.mark.parametrize(
+  "change,match",
+  [
+    (dict(drop=[SCALE]), f"missing tensor '{SCALE}'"),
+    (dict(replace={SCALE: torch.ones(3, 1)}), rf"tensor '{SCALE}' is float32\[3, 1\]"),
+  ],
+  ids=["missing", "misshaped"],
+)
+def test_the_engine_refuses_a_bad_scale_before_taking_device_memory(
+  bf16, tmp_path, monkeypatch, change, match
+):
+  """build_engine on the checkpoint: the one-line error comes from the safetensors headers,
+  before any tensor is transferred to the device or the KV pool is allocated (both watched,
+  each still the real function)."""
+  from jaxserve import assembly
+  from jaxserve.config import EngineConfig
+  from jaxserve.models import weights
+
+  calls = []
+  for module, name in ((weights, "transfer_tensors"), (assembly, "allocate_kv_pages")):
+    real = getattr(module, name)
+    monkeypatch.setattr(
+      module, name, lambda *a, _r=real, _n=name, **k: calls.append(_n) or _r(*a, **k)
+    )
+  stored = _bad(bf16, tmp_path, **change)
+  with pytest.raises(ValueError, match=match) as err:
+    assembly.build_engine(EngineConfig(model=str(stored)), show_progress=False)
+  assert "\n" not in str(err.value) and calls == []
+
+
 def test_a_weight_of_the_wrong_type_is_named(bf16, tmp_path):
   name = "model.layers.0.self_attn.o_proj.weight"
   stored = _bad(bf16, tmp_path, replace={name: torch.zeros(128, 128, dtype=torch.bfloat16)})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from jaxserve.cli import main
 from jaxserve.config import CHOICES, EngineConfig
 from jaxserve.quantization.scheme import (
   QUANTIZATION_NAMES,
@@ -53,11 +54,32 @@ def test_a_scheme_is_validated():
 
 
 def test_one_device_only_for_now():
-  for fields in (
-    {"tensor_parallel_size": 2},
-    {"tp_invariant_reductions": True},
-    {"batch_invariant": True},
-  ):
+  for fields in ({"tensor_parallel_size": 2}, {"tp_invariant_reductions": True}):
     with pytest.raises(ValueError, match="^quantization: fp8 runs on one device"):
       EngineConfig(quantization="fp8", **fields)
   EngineConfig(tensor_parallel_size=2)  # unquantized: as before
+
+
+@pytest.mark.parametrize("name", ["fp8", "int8"])
+def test_batch_invariant_is_refused_with_a_scheme_in_one_line(name):
+  with pytest.raises(ValueError) as err:
+    EngineConfig(quantization=name, batch_invariant=True)
+  message = str(err.value)
+  assert message.startswith(f"batch_invariant: cannot be combined with quantization {name!r}")
+  assert "\n" not in message
+  assert EngineConfig(batch_invariant=True).batch_invariant  # unquantized: as before
+
+
+def test_the_cli_refuses_an_unknown_name_with_exit_code_2(capsys):
+  """As a flag (argparse's choices, from the same table) and as a config key."""
+  with pytest.raises(SystemExit) as exit_info:
+    main(["generate", "--quantization", "int4", "--prompt", "hi"])
+  assert exit_info.value.code == 2
+  assert capsys.readouterr().err.strip().splitlines()[-1] == (
+    "jaxserve generate: error: argument --quantization: invalid choice: 'int4' "
+    "(choose from 'none', 'fp8', 'fp8_w8a16', 'int8', 'int8_w8a8')"
+  )
+  assert main(["config", "--set", "quantization=int4"]) == 2
+  assert capsys.readouterr().err.strip() == (
+    f"jaxserve config: error: quantization: must be one of {QUANTIZATION_NAMES}, got 'int4'"
+  )

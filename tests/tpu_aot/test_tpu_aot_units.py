@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxserve.cli import build_parser
+from jaxserve.cli import build_parser, main
 from jaxserve.device.sampler import SamplerMode
 from jaxserve.models.named_shapes import named_model_config
 from jaxserve.tpu_aot.build import largest_of_each_kind
@@ -141,3 +141,15 @@ def test_compile_tpu_is_a_subcommand_with_defaults_in_its_help():
   assert (args.programs, args.jobs, args.chip) == ("all", 1, None)
   compile_tpu = parser._subparsers._group_actions[0].choices["compile-tpu"]
   assert "(default: all)" in compile_tpu.format_help()
+
+
+def test_compile_tpu_refuses_a_scheme_the_chip_cannot_run(capsys):
+  """fp8 W8A8 for v5e (no fp8 MXU): exit code 2 and one line naming the alternative, before
+  libtpu is loaded (quantization/capabilities.py decides)."""
+  argv = ["compile-tpu", "--chip", "v5e", "--model-shape", "llama-3.1-8b", "--quantization"]
+  assert main([*argv, "fp8"]) == 2
+  assert capsys.readouterr().err.strip() == (
+    "jaxserve compile-tpu: error: quantization: fp8 (fp8 e4m3 weights, W8A8) needs fp8 matrix "
+    "units (TPU7x), which TPU v5 lite (v5e) lacks; use fp8_w8a16 (the same weights, "
+    "activations unquantized)"
+  )
