@@ -157,7 +157,7 @@ def build_device(
     max_model_len,
     max_concurrency(spec.num_pages, spec.page_size, max_model_len),
   )
-  options = step_compiler_options(config)
+  options = step_compiler_options(config, model_config.quantization)
   sampler = sampler_backend(config, sharded=placement.mesh is not None)
   if placement.mesh is None:
     logger.info("%s", describe_step_choices(sampler, options))
@@ -198,7 +198,9 @@ def _step_scratch_bytes(
     model_config.dtype,
   )
   model = placement.module()
-  programs = build_step_programs(model, compiler_options=step_compiler_options(config))
+  programs = build_step_programs(
+    model, compiler_options=step_compiler_options(config, model_config.quantization)
+  )
   probe = ModelRunner(
     model, placement.model.params, allocate_kv_pages(probe_spec), buckets, shape, programs
   )

@@ -11,20 +11,28 @@ import jax
 from jaxserve.config import EngineConfig
 from jaxserve.device.fixed_order_greedy import fixed_order_greedy
 from jaxserve.device.sampler import GreedyFn, xla_greedy
+from jaxserve.quantization.scheme import NONE, scheme_for
 from pallas_kernels.greedy_sample.gpu import greedy_sample
 
 BATCH_INVARIANT_OPTIONS = {"xla_allow_excess_precision": False}
 BATCH_INVARIANT_GPU_OPTIONS = {"xla_gpu_enable_triton_gemm": False, "xla_gpu_autotune_level": 0}
 
 
-def step_compiler_options(config: EngineConfig) -> dict[str, object] | None:
-  """XLA options of the step programs: on GPUs with gpu_gemm "cublas" or "cublaslt", no Triton
-  GEMM fusions, and with "cublaslt" GEMMs called through cuBLASLt. batch_invariant: no excess
-  precision (a bfloat16 rounding skipped or not by how ops fuse), and on GPUs no Triton GEMMs
-  and no timing-based autotuning (one algorithm per GEMM shape in every compilation)."""
+def step_compiler_options(
+  config: EngineConfig, quantization: str = NONE
+) -> dict[str, object] | None:
+  """XLA options of the step programs of a model running the weight scheme `quantization`: on
+  GPUs with gpu_gemm "cublas" or "cublaslt", no Triton GEMM fusions, and with "cublaslt" GEMMs
+  called through cuBLASLt; except for weight-only schemes (int8, fp8_w8a16), whose GEMMs only
+  XLA's Triton fusions run without first writing a converted copy of the weight. batch_invariant:
+  no excess precision (a bfloat16 rounding skipped or not by how ops fuse), and on GPUs no
+  Triton GEMMs and no timing-based autotuning (one algorithm per GEMM shape in every
+  compilation)."""
   on_gpu = jax.default_backend() == "gpu"
   options: dict[str, object] = {}
-  if on_gpu and config.gpu_gemm != "xla":
+  scheme = scheme_for(quantization)
+  weight_only = scheme is not None and not scheme.quantize_activations
+  if on_gpu and config.gpu_gemm != "xla" and not weight_only:
     options["xla_gpu_enable_triton_gemm"] = False
     if config.gpu_gemm == "cublaslt":
       options["xla_gpu_enable_cublaslt"] = True

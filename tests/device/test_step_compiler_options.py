@@ -1,4 +1,5 @@
-"""The step's XLA options follow EngineConfig.gpu_gemm on GPUs and are empty elsewhere; the
+"""The step's XLA options follow EngineConfig.gpu_gemm on GPUs (weight-only quantized models
+keep XLA's Triton GEMMs) and are empty elsewhere; the
 sampler backend follows EngineConfig.sampler_backend."""
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ def test_gpu_gemm_options():
   assert step_compiler_options(EngineConfig()) == (no_triton if on_gpu else None)
   assert step_compiler_options(EngineConfig(gpu_gemm="cublaslt")) == expected_lt
   assert step_compiler_options(EngineConfig(gpu_gemm="xla")) is None
+  # W8A8 schemes keep cuBLAS(Lt); weight-only ones need XLA's Triton GEMMs to read 8-bit weights
+  assert step_compiler_options(EngineConfig(), "fp8") == (no_triton if on_gpu else None)
+  assert step_compiler_options(EngineConfig(), "int8") is None
+  assert step_compiler_options(EngineConfig(gpu_gemm="cublaslt"), "fp8_w8a16") is None
 
 
 def test_sampler_backend_resolution():
