@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from jaxserve.sampling_params import MAX_LOGPROBS, SamplingParams
+from jaxserve.server.encodable import check_encodable
 from jaxserve.structured.spec import StructuredOutputError, StructuredOutputSpec, spec_from_request
 from jaxserve.structured.tools import (
   TOOL_CHOICE,
@@ -238,6 +239,7 @@ def _tool_calls(value: object, name: str) -> list[dict]:
         raise ValueError(f"{name}[{j}].function.arguments: not valid JSON: {err}") from err
     if not isinstance(arguments, dict):
       raise ValueError(f"{name}[{j}].function.arguments: must be a JSON object")
+    check_encodable(arguments, f"{name}[{j}].function.arguments")
     calls.append(
       {
         "id": call.get("id"),
