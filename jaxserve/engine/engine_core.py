@@ -175,6 +175,8 @@ class EngineCore:
     if not prompt_ids:
       raise ValueError("prompt: must not be empty")
     check_token_ids(prompt_ids, self.vocab_size)
+    if params.logit_bias:
+      check_token_ids(params.logit_bias_ids, self.vocab_size, "logit_bias")
     check_length(len(prompt_ids), params.max_tokens, self.max_model_len)
     matcher = None
     if params.structured_outputs is not None:

@@ -170,6 +170,7 @@ def sampling_params(
       kwargs[name] = _int_value(name, kwargs[name])
   kwargs["stop"] = parse_stop(body.get("stop"))
   kwargs["stop_token_ids"] = _int_list(body, "stop_token_ids")
+  kwargs["logit_bias"] = parse_logit_bias(body.get("logit_bias"))
   return SamplingParams(
     max_tokens=max_tokens,
     logprobs=logprobs,
@@ -177,6 +178,23 @@ def sampling_params(
     structured_outputs=structured_outputs,
     **kwargs,
   )
+
+
+def parse_logit_bias(value: object) -> tuple[tuple[int, float], ...]:
+  """OpenAI's {"<token id>": bias} -> (id, bias) pairs (SamplingParams checks the ranges)."""
+  if value is None:
+    return ()
+  if not isinstance(value, dict):
+    raise ValueError("logit_bias: must be an object mapping token ids (as strings) to biases")
+  pairs = []
+  for key, bias in value.items():
+    token = key.strip()
+    if not (token.isascii() and token.isdigit()):
+      raise ValueError(f"logit_bias: keys must be token ids, got {key!r}")
+    if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+      raise ValueError(f"logit_bias: bias of token {key} must be a number, got {bias!r}")
+    pairs.append((int(token), bias))
+  return tuple(pairs)
 
 
 def parse_prompts(value: object) -> tuple[Prompt, ...]:
