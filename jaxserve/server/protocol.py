@@ -1,9 +1,12 @@
 """OpenAI request bodies -> typed requests with validated SamplingParams.
 
 Every check raises ValueError("field: message") with the body's field name, which the handlers
-turn into a 400 whose `param` is that field. Unknown fields are ignored, as OpenAI-compatible
-servers do; `null` means "the default". vLLM's extensions (top_k, min_p, repetition_penalty,
-min_tokens, ignore_eos, stop_token_ids, ...) are accepted on both endpoints.
+turn into a 400 whose `param` is that field. Fields not implemented here follow one policy
+(server/request_fields.py): refused when they would change what is generated (`suffix`,
+`best_of` > n, ...), else ignored with a warning naming them; `null` means "the default".
+`logit_bias` ({"<token id>": bias in [-100, 100]}, at most 300) is applied on the device.
+vLLM's extensions (top_k, min_p, repetition_penalty, min_tokens, ignore_eos, stop_token_ids, ...)
+are accepted on both endpoints.
 
 Structured outputs: OpenAI's `response_format` and vLLM's `structured_outputs` (both endpoints)
 become SamplingParams.structured_outputs (jaxserve/structured/spec.py parses their shape; the
@@ -22,6 +25,7 @@ from typing import Mapping
 
 from jaxserve.sampling_params import MAX_LOGPROBS, SamplingParams
 from jaxserve.server.encodable import check_encodable
+from jaxserve.server.request_fields import CHAT_FIELDS, COMPLETION_FIELDS, check_fields
 from jaxserve.structured.spec import StructuredOutputError, StructuredOutputSpec, spec_from_request
 from jaxserve.structured.tools import (
   TOOL_CHOICE,
@@ -89,6 +93,7 @@ class ChatRequest:
 
 
 def parse_completion_request(body: Mapping) -> CompletionRequest:
+  check_fields(body, COMPLETION_FIELDS)
   prompts = parse_prompts(body.get("prompt"))
   max_tokens = _optional_int(body, "max_tokens", minimum=0)
   max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens
@@ -108,6 +113,7 @@ def parse_completion_request(body: Mapping) -> CompletionRequest:
 
 
 def parse_chat_request(body: Mapping, max_model_len: int) -> ChatRequest:
+  check_fields(body, CHAT_FIELDS)
   messages = parse_messages(body.get("messages"))
   max_tokens = _optional_int(body, "max_completion_tokens", minimum=1)
   if max_tokens is None:
