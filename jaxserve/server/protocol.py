@@ -92,13 +92,14 @@ class ChatRequest:
     return self.tool_choice.mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED)
 
 
-def parse_completion_request(body: Mapping) -> CompletionRequest:
+def parse_completion_request(body: Mapping, max_logprobs: int = MAX_LOGPROBS) -> CompletionRequest:
+  """max_logprobs: the server's cap on `logprobs` (server.max_logprobs)."""
   check_fields(body, COMPLETION_FIELDS)
   prompts = parse_prompts(body.get("prompt"))
   max_tokens = _optional_int(body, "max_tokens", minimum=0)
   max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens
   echo = _bool(body, "echo", False)
-  logprobs = _optional_int(body, "logprobs", minimum=0, maximum=MAX_LOGPROBS)
+  logprobs = _optional_int(body, "logprobs", minimum=0, maximum=max_logprobs)
   prompt_logprobs = logprobs if echo and logprobs is not None else None
   score_only = max_tokens == 0
   params = sampling_params(
@@ -112,14 +113,17 @@ def parse_completion_request(body: Mapping) -> CompletionRequest:
   return CompletionRequest(prompts, params, stream, include_usage, echo, logprobs, score_only)
 
 
-def parse_chat_request(body: Mapping, max_model_len: int) -> ChatRequest:
+def parse_chat_request(
+  body: Mapping, max_model_len: int, max_logprobs: int = MAX_LOGPROBS
+) -> ChatRequest:
+  """max_logprobs: the server's cap on `top_logprobs` (server.max_logprobs)."""
   check_fields(body, CHAT_FIELDS)
   messages = parse_messages(body.get("messages"))
   max_tokens = _optional_int(body, "max_completion_tokens", minimum=1)
   if max_tokens is None:
     max_tokens = _optional_int(body, "max_tokens", minimum=1)
   logprobs = _bool(body, "logprobs", False)
-  top_logprobs = _optional_int(body, "top_logprobs", minimum=0, maximum=MAX_LOGPROBS)
+  top_logprobs = _optional_int(body, "top_logprobs", minimum=0, maximum=max_logprobs)
   if top_logprobs is not None and not logprobs:
     raise ValueError("top_logprobs: requires logprobs to be true")
   tools = parse_tools(body.get("tools"))
