@@ -19,7 +19,6 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-import jaxserve
 from jaxserve.config import ServerConfig
 from jaxserve.core.client import CoreClient
 from jaxserve.core.streams import EngineDeadError
@@ -34,6 +33,7 @@ from jaxserve.server.protocol import parse_messages
 from jaxserve.server.state import ServingState, read_json
 from jaxserve.server.tokenizer_info import tokenizer_info
 from jaxserve.tokenizer.tokenizer import Tokenizer
+from jaxserve.version import VERSION
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ async def retrieve_model(request: Request) -> Response:
 
 
 async def version(request: Request) -> Response:
-  return JSONResponse({"version": jaxserve.__version__})
+  return JSONResponse({"version": VERSION})
 
 
 async def tokenize(request: Request) -> Response:
