@@ -5,11 +5,16 @@ a warning naming the unknown ones. Bad logit_bias values are in test_bad_input.p
 
 from __future__ import annotations
 
+import inspect
 import logging
+import re
 
 import httpx
 import openai
 import pytest
+
+from jaxserve.server import protocol
+from jaxserve.server.request_fields import CHAT_FIELDS, COMPLETION_FIELDS
 
 MODEL = "tiny-random"
 MESSAGES = [{"role": "user", "content": "Hi there"}]
@@ -81,3 +86,13 @@ def test_unsupported_fields_are_refused_and_unknown_ones_warned(served, caplog):
     assert httpx.post(url, json={**base, **unknown}, timeout=30).status_code == 200
   (record,) = caplog.records
   assert "['temprature', 'zz_unknown']" in record.getMessage()
+
+
+def test_every_field_the_protocol_reads_is_known_to_the_field_policy():
+  """A field protocol.py implements must be in request_fields' sets, or it would be warned
+  about as unknown while it works."""
+  source = inspect.getsource(protocol)
+  read = set(re.findall(r'body(?:\.get\(|\[|, )"(\w+)"', source))
+  read |= set(protocol._SAMPLING_FIELDS) | set(protocol._BOOL_FIELDS)
+  assert {"messages", "prompt", "logit_bias", "echo", "tools"} <= read
+  assert read <= COMPLETION_FIELDS | CHAT_FIELDS, read - (COMPLETION_FIELDS | CHAT_FIELDS)
