@@ -1,9 +1,10 @@
 """jaxserve: an LLM serving runtime on JAX/XLA."""
 
 from jaxserve.sampling_params import SamplingParams
+from jaxserve.version import VERSION
 
 __all__ = ["LLM", "SamplingParams"]
-__version__ = "0.1.0"
+__version__ = VERSION
 
 
 def __getattr__(name: str):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from jaxserve.config import EngineConfig, load_config
-from jaxserve.engine_args import ENGINE_ARGS, add_engine_arg_flags, engine_overrides
+from jaxserve.engine_args import ENGINE_ARGS, NO_OP_ARGS, add_engine_arg_flags, engine_overrides
 
 
 def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
@@ -34,4 +34,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
       raise ValueError(f"model: given twice, {positional!r} and --model {args.model!r}")
     args.model = positional
   values = {arg.name: getattr(args, arg.name, None) for arg in ENGINE_ARGS}
+  values.update({name: getattr(args, name, None) for name in NO_OP_ARGS})
   return load_config(args.config, list(args.overrides) + engine_overrides(values))

@@ -21,6 +21,7 @@ from typing import Mapping, Sequence
 import yaml
 
 from jaxserve.quantization.scheme import NONE, QUANTIZATION_NAMES, check_quantization
+from jaxserve.sampling_params import MAX_LOGPROBS
 from jaxserve.structured.tool_parsers import tool_parser_names
 
 ATTENTION_BACKENDS = ("auto", "reference", "xla", "pallas_gpu", "pallas_tpu")
@@ -216,7 +217,8 @@ class ServerConfig:
   CPU cores, at most 4, at least 1; core/supervisor.py); 0 serves from one process, the engine
   core on a thread (core/in_process.py). tool_call_parser: how tool calls are read from a chat
   reply under tool_choice "auto" (vLLM's names: llama3_json, hermes; None: replies stay
-  content)."""
+  content). max_logprobs: the most logprobs / top_logprobs a request may ask for (vLLM's
+  --max-logprobs; at most 20, what the sampler computes)."""
 
   host: str = "127.0.0.1"
   port: int = 8000
@@ -230,8 +232,17 @@ class ServerConfig:
   stats_interval_s: float = 10.0
   api_server_count: int | None = None
   tool_call_parser: str | None = None
+  max_logprobs: int = MAX_LOGPROBS
 
   def __post_init__(self) -> None:
+    _require(
+      isinstance(self.max_logprobs, int)
+      and not isinstance(self.max_logprobs, bool)
+      and 0 <= self.max_logprobs <= MAX_LOGPROBS,
+      "server.max_logprobs",
+      f"must be an integer in [0, {MAX_LOGPROBS}] (the sampler computes at most "
+      f"{MAX_LOGPROBS}), got {self.max_logprobs!r}",
+    )
     _require(
       self.api_server_count is None
       or (

@@ -5,12 +5,17 @@ gpu_memory_utilization=0.9)`), named as vLLM names them.
 A value given here overrides the same key of the YAML file and of `--set`; every key is described
 in docs/CONFIG.md and validated by jaxserve/config.py (a bad value is a ValueError naming the key).
 An argument's choices are its key's in config.CHOICES, so a new choice is added there alone.
+
+NO_OP_ARGS are vLLM engine arguments that mean nothing here (`--trust-remote-code`: jaxserve runs
+no code from a checkpoint): accepted as flags and keywords, so vLLM command lines and scripts run
+unchanged, and a log line says they change nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -112,6 +117,17 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
 )
 BY_NAME = {arg.name: arg for arg in ENGINE_ARGS}
 
+# name -> why it changes nothing here (a boolean flag, --NAME)
+NO_OP_ARGS: Mapping[str, str] = {
+  "trust_remote_code": "jaxserve runs no code from a checkpoint (its model architectures are "
+  "built in)",
+}
+logger = logging.getLogger(__name__)
+
+
+def is_engine_arg(name: str) -> bool:
+  return name in BY_NAME or name in NO_OP_ARGS
+
 
 def config_default(key: str) -> object:
   """The default of a dotted config key, e.g. config_default("cache.page_size") == 16."""
@@ -134,12 +150,19 @@ def add_engine_arg_flags(group: argparse._ArgumentGroup, skip: tuple[str, ...] =
       )
     else:
       group.add_argument(arg.flag, type=arg.type, choices=arg.choices or None, help=help_text)
+  for name, why in NO_OP_ARGS.items():
+    flag = "--" + name.replace("_", "-")
+    group.add_argument(flag, action="store_true", default=None, help=f"accepted; {why}")
 
 
 def engine_overrides(values: Mapping[str, object]) -> list[str]:
   """`KEY=VALUE` overrides for the given engine arguments (None values skipped)."""
   overrides = []
   for name, value in values.items():
+    if name in NO_OP_ARGS:
+      if value:
+        logger.info("%s: accepted, changes nothing: %s", name, NO_OP_ARGS[name])
+      continue
     if name not in BY_NAME:
       raise ValueError(f"{name}: unknown engine argument (known: {', '.join(BY_NAME)})")
     if value is not None:

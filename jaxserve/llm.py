@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from jaxserve.assembly import build_engine
 from jaxserve.config import EngineConfig
 from jaxserve.engine.llm_engine import LLMEngine
-from jaxserve.engine_args import BY_NAME, config_with_engine_args
+from jaxserve.engine_args import BY_NAME, config_with_engine_args, is_engine_arg
 from jaxserve.outputs import Completion, GenerationResult, RequestOutput
 from jaxserve.platforms import prepare_jax_process
 from jaxserve.sampling_params import SamplingParams
@@ -151,13 +151,13 @@ class LLM:
 def engine_config_for(model: str, base: EngineConfig, kwargs: dict[str, object]) -> EngineConfig:
   """`base` with model, the EngineConfig fields and then the engine arguments of `kwargs`."""
   fields = {f.name for f in dataclasses.fields(EngineConfig)}
-  unknown = [name for name in kwargs if name not in fields and name not in BY_NAME]
+  unknown = [name for name in kwargs if name not in fields and not is_engine_arg(name)]
   if unknown:
     raise ValueError(
       f"{unknown[0]}: not an engine argument ({', '.join(BY_NAME)}) nor an EngineConfig field"
     )
-  engine_args = {k: v for k, v in kwargs.items() if k in BY_NAME}
-  config_fields = {k: v for k, v in kwargs.items() if k not in BY_NAME}
+  engine_args = {k: v for k, v in kwargs.items() if is_engine_arg(k)}
+  config_fields = {k: v for k, v in kwargs.items() if not is_engine_arg(k)}
   config = dataclasses.replace(base, model=model, **config_fields)
   return config_with_engine_args(config, engine_args)
 

@@ -7,11 +7,15 @@ server report bad input the same way.
 from __future__ import annotations
 
 import dataclasses
+import numbers
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from jaxserve.structured.spec import StructuredOutputSpec, coerce_spec
 
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 300  # entries per request (OpenAI's limit): the device's fixed bias width
+LOGIT_BIAS_RANGE = 100.0  # each bias lies in [-100, 100], as OpenAI's
 
 
 def _check(condition: bool, field_name: str, message: str) -> None:
@@ -28,6 +32,11 @@ class SamplingParams:
   structured_outputs constrains the output to a JSON schema, regex, choice or grammar: a
   StructuredOutputSpec or vLLM's mapping ({"json": schema} / {"regex": ...} / {"choice": [...]} /
   {"grammar": ...} / {"json_object": True}); the engine validates it against its tokenizer.
+  logit_bias maps token ids to a bias in [-100, 100] added to their logits before sampling (at
+  most MAX_LOGIT_BIAS entries; -100 in effect bans a token, +100 forces it): a mapping or
+  (id, bias) pairs, stored as pairs sorted by id. Logprobs stay those of the model's raw
+  distribution (vLLM's default), as with penalties. The engine checks the ids against its
+  vocabulary.
   """
 
   n: int = 1
@@ -49,9 +58,11 @@ class SamplingParams:
   prompt_logprobs: int | None = None
   skip_special_tokens: bool = True
   structured_outputs: StructuredOutputSpec | None = None
+  logit_bias: tuple[tuple[int, float], ...] = ()
 
   def __post_init__(self) -> None:
     object.__setattr__(self, "structured_outputs", coerce_spec(self.structured_outputs))
+    object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
     if isinstance(self.stop, str):
       object.__setattr__(self, "stop", (self.stop,))
     object.__setattr__(self, "stop", tuple(self.stop))
@@ -140,6 +151,10 @@ class SamplingParams:
       or self.frequency_penalty != 0.0
     )
 
+  @property
+  def logit_bias_ids(self) -> tuple[int, ...]:
+    return tuple(token_id for token_id, _ in self.logit_bias)
+
   def expand_n(self) -> tuple["SamplingParams", ...]:
     """The n one-sample requests these params stand for (the one rule, used by the server and
     LLM): child k has n=1 and, with a seed, seed + k, so a fixed seed gives n different,
@@ -150,6 +165,37 @@ class SamplingParams:
 
   def replace(self, **changes) -> "SamplingParams":
     return dataclasses.replace(self, **changes)
+
+
+def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
+  """A mapping or (id, bias) pairs -> pairs sorted by id; ValueError naming logit_bias."""
+  if value is None:
+    return ()
+  pairs = value.items() if isinstance(value, Mapping) else value
+  if not isinstance(pairs, Iterable) or isinstance(pairs, (str, bytes)):
+    raise ValueError("logit_bias: must map token ids to biases")
+  out: dict[int, float] = {}
+  for pair in pairs:
+    if not (isinstance(pair, tuple) and len(pair) == 2):
+      raise ValueError("logit_bias: must map token ids to biases")
+    token_id, bias = pair
+    _check(
+      isinstance(token_id, numbers.Integral) and not isinstance(token_id, bool) and token_id >= 0,
+      "logit_bias",
+      f"token id must be a non-negative integer, got {token_id!r}",
+    )
+    _check(
+      _is_number(bias) and -LOGIT_BIAS_RANGE <= bias <= LOGIT_BIAS_RANGE,
+      "logit_bias",
+      f"bias of token {token_id} must be in [-100, 100], got {bias!r}",
+    )
+    out[int(token_id)] = float(bias)
+  _check(
+    len(out) <= MAX_LOGIT_BIAS,
+    "logit_bias",
+    f"at most {MAX_LOGIT_BIAS} entries, got {len(out)}",
+  )
+  return tuple(sorted(out.items()))
 
 
 def _is_number(value: object) -> bool:

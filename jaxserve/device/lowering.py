@@ -24,6 +24,7 @@ from jaxserve.device.sampler import SamplerMode
 from jaxserve.device.step_inputs import PreviousSamples, StepInputs, StepShape, build_step_inputs
 from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.messages.scheduled_batch import ScheduledBatch
+from jaxserve.sampling_params import MAX_LOGIT_BIAS
 
 
 def dummy_inputs(
@@ -42,6 +43,7 @@ def dummy_inputs(
     mode,
     prompt_logprobs,
     runner.all_allowed,
+    runner.no_logit_bias,
   )
 
 
@@ -64,7 +66,13 @@ def standalone_dummy_inputs(
   def all_allowed(num_slots: int) -> jax.Array:
     return jnp.full((num_slots, shape.bitmask_words), -1, jnp.int32)
 
-  return padding_inputs(bucket, shape, previous, empty_history, mode, prompt_logprobs, all_allowed)
+  def no_logit_bias(num_slots: int) -> tuple[jax.Array, jax.Array]:
+    ids = jnp.full((num_slots, MAX_LOGIT_BIAS), -1, jnp.int32)
+    return ids, jnp.zeros((num_slots, MAX_LOGIT_BIAS), jnp.float32)
+
+  return padding_inputs(
+    bucket, shape, previous, empty_history, mode, prompt_logprobs, all_allowed, no_logit_bias
+  )
 
 
 def padding_inputs(
@@ -75,9 +83,12 @@ def padding_inputs(
   mode: SamplerMode = SamplerMode(),
   prompt_logprobs: bool = False,
   all_allowed: Callable[[int], jax.Array] | None = None,
+  no_logit_bias: Callable[[int], tuple[jax.Array, jax.Array]] | None = None,
 ) -> StepInputs:
   """An empty batch padded to `bucket`, with the given sampler mode and prompt-logprob flag."""
-  inputs = build_step_inputs(ScheduledBatch(), bucket, shape, previous, empty_history, all_allowed)
+  inputs = build_step_inputs(
+    ScheduledBatch(), bucket, shape, previous, empty_history, all_allowed, no_logit_bias
+  )
   sampling = dataclasses.replace(
     inputs.sampling,
     any_random=np.array(mode.random),

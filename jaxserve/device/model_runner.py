@@ -53,6 +53,7 @@ from jaxserve.device.step_programs import StepPrograms
 from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.messages.scheduled_batch import ScheduledBatch, TokenBitmask
 from jaxserve.messages.step_output import StepOutput
+from jaxserve.sampling_params import MAX_LOGIT_BIAS
 
 SINGLE_STEP = ScheduledBatch()  # what a step dispatched without its batch (a replay) counts as
 
@@ -158,6 +159,11 @@ class ModelRunner:
     """The all-ones token bitmask: no row constrained."""
     return self.device_constant((num_slots, self.shape.bitmask_words), np.int32, -1)
 
+  def no_logit_bias(self, num_slots: int) -> tuple[jax.Array, jax.Array]:
+    """The logit-bias ids (all -1) and biases (all 0) of a batch without a bias."""
+    shape = (num_slots, MAX_LOGIT_BIAS)
+    return self.device_constant(shape, np.int32, -1), self.device_constant(shape, np.float32, 0)
+
   def no_previous_samples(self) -> PreviousSamples:
     return PreviousSamples(self.device_constant((self.buckets.seq_buckets[-1],), np.int32, 0), {})
 
@@ -169,7 +175,13 @@ class ModelRunner:
     bucket = bucket or self.buckets.pick(batch.num_seqs, batch.num_tokens)
     samples = previous.previous_samples if previous is not None else self.no_previous_samples()
     return build_step_inputs(
-      batch, bucket, self.shape, samples, self.empty_history, self.all_allowed
+      batch,
+      bucket,
+      self.shape,
+      samples,
+      self.empty_history,
+      self.all_allowed,
+      self.no_logit_bias,
     )
 
   def dispatch(self, inputs: StepInputs, batch: ScheduledBatch = SINGLE_STEP) -> StepHandle:

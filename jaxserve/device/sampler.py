@@ -11,6 +11,11 @@ A request's key is fold_in(key(seed), tokens generated so far): the same seed gi
 tokens whatever the batch mates. Logprobs are those of the model's raw distribution, restricted
 to the tokens a structured-output grammar allows.
 
+A logit bias (SamplingParams.logit_bias: fixed-width [S, MAX_LOGIT_BIAS] ids and values) is
+added in the penalties part, which a batch with a biased row turns on (SamplingInputs.any_penalty),
+so it needs no program of its own; logprobs stay those of the raw distribution, as penalties leave
+them (vLLM's default, raw_logprobs).
+
 Structured outputs: every batch carries a token bitmask [S, ceil(V / 32)] (all ones for
 unconstrained rows and padding) that sets disallowed logits to -inf before anything else, in
 every mode, so no mix of constrained and unconstrained requests compiles anything new and an
@@ -90,8 +95,23 @@ def _token_counts(history: jax.Array, vocab_size: int) -> jax.Array:
   return jnp.zeros((history.shape[0], vocab_size), jnp.float32).at[rows, ids].add(1.0, mode="drop")
 
 
+def apply_logit_bias(logits: jax.Array, bias_ids: jax.Array, bias_values: jax.Array) -> jax.Array:
+  """logits f32[S, V] plus each row's bias_values f32[S, B] at bias_ids i32[S, B] (-1 padded:
+  dropped), one scatter-add of S * B values."""
+  vocab_size = logits.shape[-1]
+  rows = jnp.broadcast_to(jnp.arange(bias_ids.shape[0])[:, None], bias_ids.shape)
+  ids = jnp.where(bias_ids < 0, vocab_size, bias_ids)  # out of range -> dropped
+  return logits.at[rows, ids].add(bias_values, mode="drop")
+
+
 def apply_penalties(logits: jax.Array, s: SamplingInputs) -> jax.Array:
-  """Repetition penalty over prompt + output (as HF); presence/frequency over output (as OpenAI)."""
+  """Repetition penalty over prompt + output (as HF); presence/frequency over output (as OpenAI);
+  then the logit bias (as OpenAI's, added to the penalized logits)."""
+  logits = _apply_history_penalties(logits, s)
+  return apply_logit_bias(logits, s.bias_ids, s.bias_values)
+
+
+def _apply_history_penalties(logits: jax.Array, s: SamplingInputs) -> jax.Array:
   vocab_size = logits.shape[-1]
   output_counts = _token_counts(s.output_history, vocab_size)  # [S, V]
   seen = (output_counts + _token_counts(s.prompt_history, vocab_size)) > 0

@@ -15,6 +15,11 @@ The sampler's token bitmask (structured outputs, device/token_bitmask.py) is alw
 array [S, ceil(vocab / 32)]: the runner's cached all-ones constant until a batch's TokenBitmask
 replaces it (`with_token_bitmask`), so the packed layout, and the compiled sampler, is the same
 for any mix of constrained and unconstrained sequences.
+
+A logit bias (SamplingParams.logit_bias) is a fixed-width pair of arrays [S, MAX_LOGIT_BIAS]:
+token ids (-1 padded) and their biases (0 padded); the runner's cached constants (no bias) unless
+some row has one, which turns on the sampler's penalties part (any_penalty), where it is added.
+So a biased request compiles nothing new: the shapes and the kinds of leaves never change.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from jaxserve.messages.scheduled_batch import (
   ScheduledBatch,
   TokenBitmask,
 )
+from jaxserve.sampling_params import MAX_LOGIT_BIAS
 
 NUM_BANNED_IDS = 8  # eos + stop_token_ids masked while min_tokens is not reached
 _GREEDY_COLUMN = np.frombuffer(GREEDY_ROW, np.float64)[:, None]  # a padding slot's sampling row
@@ -63,9 +69,11 @@ class SamplingInputs:
   prompt_history: np.ndarray  # i32[S, H]: prompt ids, -1 padded (H = max_model_len)
   output_history: np.ndarray  # i32[S, H]: generated ids, -1 padded
   banned_ids: np.ndarray  # i32[S, NUM_BANNED_IDS]: ids masked to -inf, -1 padded
+  bias_ids: np.ndarray  # i32[S, MAX_LOGIT_BIAS]: logit-bias token ids, -1 padded
+  bias_values: np.ndarray  # f32[S, MAX_LOGIT_BIAS]: their biases, 0 padded
   bitmask: jax.Array  # i32[S, ceil(V / 32)], device: allowed tokens, -1 = all
   any_random: np.ndarray  # bool[]: some row samples (temperature > 0)
-  any_penalty: np.ndarray  # bool[]: some row uses penalties
+  any_penalty: np.ndarray  # bool[]: some row uses penalties or a logit bias
   want_top_logprobs: np.ndarray  # bool[]: some row asked for top logprobs
   want_prompt_logprobs: np.ndarray  # bool[]: some row asked for prompt logprobs
 
@@ -117,10 +125,12 @@ def build_step_inputs(
   previous: PreviousSamples,
   empty_history: Callable[[int], np.ndarray] | None = None,
   all_allowed: Callable[[int], jax.Array] | None = None,
+  no_logit_bias: Callable[[int], tuple[jax.Array, jax.Array]] | None = None,
 ) -> StepInputs:
   """Pads `batch` to `bucket`. empty_history(S) supplies the [S, H] all -1 history used when no
-  request penalizes, all_allowed(S) the [S, W] all-ones token bitmask (the runner passes cached
-  device arrays, so nothing is transferred; default: new device arrays).
+  request penalizes, all_allowed(S) the [S, W] all-ones token bitmask, no_logit_bias(S) the
+  [S, MAX_LOGIT_BIAS] ids and biases of no bias (the runner passes cached device arrays, so
+  nothing is transferred; default: new arrays).
   Placeholder tokens are taken from `previous`. Vectorized over sequences: each of the batch's
   columns becomes one array; only the sparse sampling extras are visited one by one."""
   num_slots, num_token_slots = bucket.num_seqs, bucket.num_tokens
@@ -182,7 +192,7 @@ def build_step_inputs(
     logits_indices=logits_indices,
     metadata=metadata,
     sampling=_sampling_inputs(
-      batch.sampling, num_seqs, num_slots, shape, empty_history, all_allowed
+      batch.sampling, num_seqs, num_slots, shape, empty_history, all_allowed, no_logit_bias
     ),
   )
 
@@ -237,6 +247,7 @@ def _sampling_inputs(
   shape: StepShape,
   empty_history,
   all_allowed,
+  no_logit_bias,
 ) -> SamplingInputs:
   table = _sampling_table(sampling.rows, num_seqs, num_slots)  # [width, S]
   sample_index = np.zeros(num_slots, np.int32)  # [S]
@@ -259,6 +270,7 @@ def _sampling_inputs(
     output_history[extras.row, : len(extras.penalty_output_ids)] = extras.penalty_output_ids
   if penalized and empty_history is not None:  # same kind of leaf as the cached one
     prompt_history, output_history = jax.device_put((prompt_history, output_history))
+  bias_ids, bias_values = _logit_bias(sampling, num_slots, no_logit_bias)
   floats = table.astype(np.float32)  # [width, S]: each column contiguous
   temperature = floats[SamplingColumn.TEMPERATURE]
   bitmask = (
@@ -279,13 +291,34 @@ def _sampling_inputs(
     prompt_history=prompt_history,
     output_history=output_history,
     banned_ids=banned,
+    bias_ids=bias_ids,
+    bias_values=bias_values,
     bitmask=bitmask,
     any_random=np.array(bool((temperature[:num_seqs] > 0).any())),
-    any_penalty=np.array(bool(penalized)),
+    any_penalty=np.array(bool(penalized) or any(e.logit_bias for e in sampling.extras)),
     want_top_logprobs=np.array(want_top),
     want_prompt_logprobs=np.array(want_prompt),
   )
   return inputs if sampling.bitmask is None else with_token_bitmask(inputs, sampling.bitmask)
+
+
+def _logit_bias(
+  sampling: BatchSampling, num_slots: int, no_logit_bias
+) -> tuple[np.ndarray | jax.Array, np.ndarray | jax.Array]:
+  """The batch's logit-bias ids and values [S, MAX_LOGIT_BIAS]: no_logit_bias's constants when
+  no row has a bias, else filled host arrays (put on the device, as the cached ones are)."""
+  biased = [e for e in sampling.extras if e.logit_bias]
+  if not biased and no_logit_bias is not None:
+    return no_logit_bias(num_slots)
+  ids = np.full((num_slots, MAX_LOGIT_BIAS), -1, np.int32)  # [S, B]
+  values = np.zeros((num_slots, MAX_LOGIT_BIAS), np.float32)  # [S, B]
+  for extras in biased:
+    pairs = extras.logit_bias[:MAX_LOGIT_BIAS]
+    ids[extras.row, : len(pairs)] = [token_id for token_id, _ in pairs]
+    values[extras.row, : len(pairs)] = [bias for _, bias in pairs]
+  if no_logit_bias is not None:  # same kind of leaf as the cached one
+    return jax.device_put((ids, values))
+  return ids, values
 
 
 def _sampling_table(rows: bytes, num_seqs: int, num_slots: int) -> np.ndarray:

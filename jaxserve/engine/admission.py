@@ -12,7 +12,10 @@ without restating the rule.
 from __future__ import annotations
 
 import numbers
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+  from jaxserve.sampling_params import SamplingParams
 
 
 class ContextLengthError(ValueError):
@@ -42,3 +45,18 @@ def check_length(num_prompt_tokens: int, max_tokens: int, max_model_len: int) ->
       f"prompt: {num_prompt_tokens} prompt tokens + max_tokens "
       f"{max_tokens} = {total} exceeds max_model_len {max_model_len}"
     )
+
+
+def check_multi_host_sampling(params: SamplingParams) -> None:
+  """On a multi-host job a step's inputs reach the other hosts as host data and constant device
+  arrays only (parallel/step_codec.py), so a request's own device arrays (the penalty history,
+  the logit bias) cannot travel: ValueError naming the field that needs them."""
+  if params.logit_bias:
+    raise ValueError("logit_bias: not supported on a multi-host job")
+  for name, neutral in (
+    ("repetition_penalty", 1.0),
+    ("presence_penalty", 0.0),
+    ("frequency_penalty", 0.0),
+  ):
+    if getattr(params, name) != neutral:
+      raise ValueError(f"{name}: not supported on a multi-host job")

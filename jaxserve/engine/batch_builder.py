@@ -6,8 +6,8 @@ A request's tokens at the positions a step feeds: a token sampled by the step st
 replaces with that step's sampled id. Its sampling columns: the request's fixed sampling row, the
 tokens it has generated so far, and, for the few requests whose sampling needs more
 (Request.plain_sampling is False), a SamplingExtras: ids banned while min_tokens is not reached,
-the penalty history, whether it wants top-N logprobs, and the next prompt token of every fed
-position when it asks for prompt logprobs.
+the penalty history, its logit bias, whether it wants top-N logprobs, and the next prompt token
+of every fed position when it asks for prompt logprobs.
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ class BatchBuilder:
         output_ids,
         params.logprobs is not None and params.logprobs > 0,
         targets,
+        params.logit_bias,
       )
     )
 

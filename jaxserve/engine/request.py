@@ -111,11 +111,15 @@ class Request:
 
   @functools.cached_property
   def plain_sampling(self) -> bool:
-    """Whether the sampling row is all the step inputs need: no min_tokens, penalties, logprobs
-    or prompt logprobs."""
+    """Whether the sampling row is all the step inputs need: no min_tokens, penalties, logit
+    bias, logprobs or prompt logprobs."""
     p = self.sampling_params
     return not (
-      p.min_tokens or p.uses_penalties or p.logprobs is not None or p.prompt_logprobs is not None
+      p.min_tokens
+      or p.uses_penalties
+      or p.logit_bias
+      or p.logprobs is not None
+      or p.prompt_logprobs is not None
     )
 
   @functools.cached_property
@@ -126,11 +130,12 @@ class Request:
   def can_burst(self) -> bool:
     """Whether several decode steps may run in one dispatch for this request: its sampling
     needs nothing that changes within a burst (penalty history, min_tokens bans, a grammar's
-    mask, which the host computes from each sampled token) or that a burst does not return
-    (top-N logprobs)."""
+    mask, which the host computes from each sampled token), that a burst's sampler leaves out
+    (a logit bias) or that a burst does not return (top-N logprobs)."""
     p = self.sampling_params
     return not (
       p.uses_penalties
+      or p.logit_bias
       or (p.logprobs or 0) > 0
       or self.constrained
       or self.num_generated < p.min_tokens

@@ -10,7 +10,8 @@ step inputs turns each column into one array, and the scheduler fills the column
 creating an object per sequence. `ScheduledBatch.seqs` is the per-sequence view (`ScheduledSeq`),
 built on first use; `ScheduledBatch.of` builds a batch from such a view. The sampling columns
 (`BatchSampling`) hold one fixed row per sequence plus sparse extras for the few sequences whose
-sampling needs more (banned ids, penalty history, prompt-logprob targets, top-N logprobs).
+sampling needs more (banned ids, penalty history, logit bias, prompt-logprob targets, top-N
+logprobs).
 
 Structured outputs: `BatchSampling.bitmask_rows` names the rows whose next token is constrained
 by a grammar. Their allowed-token mask depends on the token the step before sampled, so it is
@@ -44,6 +45,7 @@ class SamplingExtras:
   penalty_output_ids: tuple[int, ...] | None = None
   top_logprobs: bool = False  # the request asked for top-N logprobs
   prompt_targets: tuple[int, ...] | None = None  # per fed token: next prompt id, -1 where none
+  logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs added to the logits
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Resolves a model name to its config, params and tokenizer: a built-in model
-(models/builtin.py) or a checkpoint directory.
+(models/builtin.py), a checkpoint directory, or a Hugging Face model id in the local Hugging
+Face cache (models/hf_cache.py, offline: its snapshot directory is the checkpoint directory).
 
 A checkpoint directory holds a Hugging Face `config.json` plus safetensors weights. It may also hold
 `jaxserve_params/`, an orbax checkpoint of the converted params written by `convert_checkpoint`;
@@ -9,7 +10,6 @@ loading (parallel/sharded_loading.py) resolves names through checkpoint_dir and 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from jaxserve.models.builtin import (
 )
 from jaxserve.models.checkpoint import restore_params, save_params
 from jaxserve.models.fused_projections import fuse_params
+from jaxserve.models.hf_cache import find_model_dir, not_cached_hint
 from jaxserve.models.model_config import DTYPES, ModelConfig
 from jaxserve.models.quantized_dense import quantize_params
 from jaxserve.models.quantized_loading import read_stored_quantization
@@ -59,13 +60,24 @@ def _builtin_names() -> str:
   return " or ".join(repr(name) for name in BUILTIN_MODELS)
 
 
-def checkpoint_dir(model: str) -> Path:
-  """The checkpoint directory `model` names; ValueError if it is neither built in nor one."""
-  path = Path(model).expanduser()
-  if not path.is_dir() or not (path / CONFIG_FILE).is_file():
+def model_dir(name: str, field: str = "model", kind: str = "checkpoint") -> Path:
+  """The directory `name` stands for (itself, or a Hugging Face id's cached snapshot);
+  ValueError naming `field` (and the cache path looked at) if it is neither built in nor one."""
+  path = find_model_dir(name)
+  if path is None:
     raise ValueError(
-      f"model: {model!r} is neither {_builtin_names()} nor a directory holding {CONFIG_FILE}"
+      f"{field}: {name!r} is neither {_builtin_names()} nor a {kind} directory"
+      + not_cached_hint(name)
     )
+  return path
+
+
+def checkpoint_dir(model: str) -> Path:
+  """The checkpoint directory `model` names (a directory or a cached Hugging Face id);
+  ValueError if it is neither built in nor one."""
+  path = model_dir(model)
+  if not (path / CONFIG_FILE).is_file():
+    raise ValueError(f"model: {model!r} is a directory without {CONFIG_FILE} ({path})")
   return path
 
 
@@ -137,17 +149,15 @@ def load_model_tokenizer(model: str) -> Tokenizer:
   """The tokenizer of `model`: a built-in model's own, or the checkpoint directory's."""
   if is_builtin(model):
     return builtin_tokenizer(model)
-  if not os.path.isdir(model):
-    raise ValueError(f"model: {model!r} is neither {_builtin_names()} nor a checkpoint directory")
-  return load_tokenizer(model)
+  return load_tokenizer(str(model_dir(model)))
 
 
 def load_configured_tokenizer(config: EngineConfig) -> Tokenizer:
   """The engine's tokenizer: config.tokenizer's (a built-in name or a tokenizer directory),
   else the model's, with config.chat_template replacing its template."""
   name = config.tokenizer
-  if name is not None and not is_builtin(name) and not os.path.isdir(name):
-    raise ValueError(f"tokenizer: {name!r} is neither {_builtin_names()} nor a tokenizer directory")
+  if name is not None and not is_builtin(name):
+    name = str(model_dir(name, "tokenizer", "tokenizer"))
   tokenizer = load_model_tokenizer(name or config.model)
   if config.chat_template is not None:
     tokenizer = with_chat_template(tokenizer, chat_template_source(config.chat_template))

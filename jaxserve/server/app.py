@@ -1,8 +1,9 @@
 """The Starlette app: OpenAI routes, utility routes, the guard middleware, error handlers.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST /tokenize,
-POST /detokenize, GET /tokenizer_info (server/tokenizer_info.py), GET /health (200 ready, 503
-while draining or once the engine core is gone), GET /metrics (Prometheus text). Every error,
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/{id}
+(404 model_not_found for another id), POST /tokenize, POST /detokenize, GET /tokenizer_info
+(server/tokenizer_info.py), GET /health (200 ready, 503 while draining or once the engine core
+is gone), GET /metrics (Prometheus text), GET /version ({"version": jaxserve's}). Every error,
 including unknown routes, has OpenAI's body shape; bad input is never a 5xx.
 """
 
@@ -32,6 +33,7 @@ from jaxserve.server.protocol import parse_messages
 from jaxserve.server.state import ServingState, read_json
 from jaxserve.server.tokenizer_info import tokenizer_info
 from jaxserve.tokenizer.tokenizer import Tokenizer
+from jaxserve.version import VERSION
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +62,8 @@ def build_app(
     Route("/v1/completions", create_completion, methods=["POST"]),
     Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
     Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/models/{model_id:path}", retrieve_model, methods=["GET"]),
+    Route("/version", version, methods=["GET"]),
     Route("/tokenize", tokenize, methods=["POST"]),
     Route("/detokenize", detokenize, methods=["POST"]),
     Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
@@ -97,16 +101,29 @@ def serving_state(app: Starlette) -> ServingState:
   return app.state.serving
 
 
-async def list_models(request: Request) -> Response:
-  state: ServingState = request.app.state.serving
-  model = {
+def _model_card(state: ServingState) -> dict:
+  return {
     "id": state.model_name,
     "object": "model",
     "created": state.created,
     "owned_by": "jaxserve",
     "max_model_len": state.max_model_len,
   }
-  return JSONResponse({"object": "list", "data": [model]})
+
+
+async def list_models(request: Request) -> Response:
+  return JSONResponse({"object": "list", "data": [_model_card(request.app.state.serving)]})
+
+
+async def retrieve_model(request: Request) -> Response:
+  """GET /v1/models/{id} (client.models.retrieve): the served model's card, else a 404."""
+  state: ServingState = request.app.state.serving
+  state.check_model({"model": request.path_params["model_id"]})
+  return JSONResponse(_model_card(state))
+
+
+async def version(request: Request) -> Response:
+  return JSONResponse({"version": VERSION})
 
 
 async def tokenize(request: Request) -> Response:

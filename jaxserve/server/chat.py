@@ -49,7 +49,7 @@ async def create_chat_completion(request: Request) -> Response:
   body = await read_json(request)
   state.check_model(body)
   try:
-    parsed = parse_chat_request(body, state.max_model_len)
+    parsed = parse_chat_request(body, state.max_model_len, state.config.max_logprobs)
     state.check_n(parsed.params.n)
   except ValueError as err:
     raise bad_request(err) from err

@@ -25,8 +25,10 @@ import argparse
 import json
 
 from jaxserve.cli_args import add_engine_args, engine_config_from_args
+from jaxserve.config import EngineConfig
 from jaxserve.core.serve import serve as serve_config
 from jaxserve.server.api_process import run_api_server
+from jaxserve.server.vllm_flags import add_vllm_flags, vllm_flag_overrides
 from jaxserve.structured.tool_parsers import tool_parser_names
 
 
@@ -64,6 +66,7 @@ def register(subparsers) -> None:
     help="read tool calls from chat replies under tool_choice auto in this "
     "chat format (llama3_json: Llama 3.x; hermes: Hermes / Qwen <tool_call>)",
   )
+  add_vllm_flags(parser.add_argument_group("vLLM compatibility (server/vllm_flags.py)"))
   group = parser.add_argument_group("parallel")
   group.add_argument(
     "--distributed",
@@ -77,6 +80,11 @@ def register(subparsers) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
+  return serve_config(serve_engine_config(args), args.log_level, run_api_server)
+
+
+def serve_engine_config(args: argparse.Namespace) -> EngineConfig:
+  """The configuration `jaxserve serve` runs with: the engine flags, then the server's."""
   for flag in (
     "host",
     "port",
@@ -88,8 +96,9 @@ def serve(args: argparse.Namespace) -> int:
     value = getattr(args, flag)
     if value is not None:
       args.overrides.append(f"server.{flag}={json.dumps(value)}")
+  args.overrides.extend(vllm_flag_overrides(args))
   _parallel_overrides(args)
-  return serve_config(engine_config_from_args(args), args.log_level, run_api_server)
+  return engine_config_from_args(args)
 
 
 def _parallel_overrides(args: argparse.Namespace) -> None:

@@ -1,9 +1,12 @@
 """OpenAI request bodies -> typed requests with validated SamplingParams.
 
 Every check raises ValueError("field: message") with the body's field name, which the handlers
-turn into a 400 whose `param` is that field. Unknown fields are ignored, as OpenAI-compatible
-servers do; `null` means "the default". vLLM's extensions (top_k, min_p, repetition_penalty,
-min_tokens, ignore_eos, stop_token_ids, ...) are accepted on both endpoints.
+turn into a 400 whose `param` is that field. Fields not implemented here follow one policy
+(server/request_fields.py): refused when they would change what is generated (`suffix`,
+`best_of` > n, ...), else ignored with a warning naming them; `null` means "the default".
+`logit_bias` ({"<token id>": bias in [-100, 100]}, at most 300) is applied on the device.
+vLLM's extensions (top_k, min_p, repetition_penalty, min_tokens, ignore_eos, stop_token_ids, ...)
+are accepted on both endpoints.
 
 Structured outputs: OpenAI's `response_format` and vLLM's `structured_outputs` (both endpoints)
 become SamplingParams.structured_outputs (jaxserve/structured/spec.py parses their shape; the
@@ -21,6 +24,8 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from jaxserve.sampling_params import MAX_LOGPROBS, SamplingParams
+from jaxserve.server.encodable import check_encodable
+from jaxserve.server.request_fields import CHAT_FIELDS, COMPLETION_FIELDS, check_fields
 from jaxserve.structured.spec import StructuredOutputError, StructuredOutputSpec, spec_from_request
 from jaxserve.structured.tools import (
   TOOL_CHOICE,
@@ -87,12 +92,14 @@ class ChatRequest:
     return self.tool_choice.mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED)
 
 
-def parse_completion_request(body: Mapping) -> CompletionRequest:
+def parse_completion_request(body: Mapping, max_logprobs: int = MAX_LOGPROBS) -> CompletionRequest:
+  """max_logprobs: the server's cap on `logprobs` (server.max_logprobs)."""
+  check_fields(body, COMPLETION_FIELDS)
   prompts = parse_prompts(body.get("prompt"))
   max_tokens = _optional_int(body, "max_tokens", minimum=0)
   max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens
   echo = _bool(body, "echo", False)
-  logprobs = _optional_int(body, "logprobs", minimum=0, maximum=MAX_LOGPROBS)
+  logprobs = _optional_int(body, "logprobs", minimum=0, maximum=max_logprobs)
   prompt_logprobs = logprobs if echo and logprobs is not None else None
   score_only = max_tokens == 0
   params = sampling_params(
@@ -106,13 +113,17 @@ def parse_completion_request(body: Mapping) -> CompletionRequest:
   return CompletionRequest(prompts, params, stream, include_usage, echo, logprobs, score_only)
 
 
-def parse_chat_request(body: Mapping, max_model_len: int) -> ChatRequest:
+def parse_chat_request(
+  body: Mapping, max_model_len: int, max_logprobs: int = MAX_LOGPROBS
+) -> ChatRequest:
+  """max_logprobs: the server's cap on `top_logprobs` (server.max_logprobs)."""
+  check_fields(body, CHAT_FIELDS)
   messages = parse_messages(body.get("messages"))
   max_tokens = _optional_int(body, "max_completion_tokens", minimum=1)
   if max_tokens is None:
     max_tokens = _optional_int(body, "max_tokens", minimum=1)
   logprobs = _bool(body, "logprobs", False)
-  top_logprobs = _optional_int(body, "top_logprobs", minimum=0, maximum=MAX_LOGPROBS)
+  top_logprobs = _optional_int(body, "top_logprobs", minimum=0, maximum=max_logprobs)
   if top_logprobs is not None and not logprobs:
     raise ValueError("top_logprobs: requires logprobs to be true")
   tools = parse_tools(body.get("tools"))
@@ -169,6 +180,7 @@ def sampling_params(
       kwargs[name] = _int_value(name, kwargs[name])
   kwargs["stop"] = parse_stop(body.get("stop"))
   kwargs["stop_token_ids"] = _int_list(body, "stop_token_ids")
+  kwargs["logit_bias"] = parse_logit_bias(body.get("logit_bias"))
   return SamplingParams(
     max_tokens=max_tokens,
     logprobs=logprobs,
@@ -176,6 +188,23 @@ def sampling_params(
     structured_outputs=structured_outputs,
     **kwargs,
   )
+
+
+def parse_logit_bias(value: object) -> tuple[tuple[int, float], ...]:
+  """OpenAI's {"<token id>": bias} -> (id, bias) pairs (SamplingParams checks the ranges)."""
+  if value is None:
+    return ()
+  if not isinstance(value, dict):
+    raise ValueError("logit_bias: must be an object mapping token ids (as strings) to biases")
+  pairs = []
+  for key, bias in value.items():
+    token = key.strip()
+    if not (token.isascii() and token.isdigit()):
+      raise ValueError(f"logit_bias: keys must be token ids, got {key!r}")
+    if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+      raise ValueError(f"logit_bias: bias of token {key} must be a number, got {bias!r}")
+    pairs.append((int(token), bias))
+  return tuple(pairs)
 
 
 def parse_prompts(value: object) -> tuple[Prompt, ...]:
@@ -238,6 +267,7 @@ def _tool_calls(value: object, name: str) -> list[dict]:
         raise ValueError(f"{name}[{j}].function.arguments: not valid JSON: {err}") from err
     if not isinstance(arguments, dict):
       raise ValueError(f"{name}[{j}].function.arguments: must be a JSON object")
+    check_encodable(arguments, f"{name}[{j}].function.arguments")
     calls.append(
       {
         "id": call.get("id"),

@@ -23,7 +23,8 @@ from starlette.requests import Request
 from jaxserve.config import ServerConfig
 from jaxserve.core.client import CoreClient
 from jaxserve.core.streams import OutputStream, QueueFullError, RequestSpec
-from jaxserve.server.errors import ApiError, not_found, queue_full, unavailable
+from jaxserve.server.encodable import check_encodable
+from jaxserve.server.errors import ApiError, bad_request, not_found, queue_full, unavailable
 from jaxserve.server.metrics import ServerMetrics
 from jaxserve.tokenizer.tokenizer import Tokenizer
 
@@ -86,7 +87,8 @@ class ServingState:
 
 
 async def read_json(request: Request) -> dict:
-  """The body as a JSON object, or a 400."""
+  """The body as a JSON object whose every string is valid Unicode (server/encodable.py), or a
+  400 (naming the field that holds a lone surrogate)."""
   raw = await request.body()
   try:
     body = json.loads(raw)
@@ -94,4 +96,8 @@ async def read_json(request: Request) -> dict:
     raise ApiError(400, f"the body is not valid JSON: {err}") from err
   if not isinstance(body, dict):
     raise ApiError(400, f"the body must be a JSON object, got {type(body).__name__}")
+  try:
+    check_encodable(body)
+  except ValueError as err:
+    raise bad_request(err) from err
   return body

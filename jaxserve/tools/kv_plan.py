@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 from jaxserve.config import EngineConfig
 from jaxserve.device.device_memory import kv_pool_bytes, read_device_memory
@@ -25,7 +24,7 @@ from jaxserve.device.kv_cache import (
 )
 from jaxserve.models.builtin import builtin_config, is_builtin
 from jaxserve.models.model_config import ModelConfig
-from jaxserve.models.registry import load_model, model_quantization
+from jaxserve.models.registry import checkpoint_dir, model_quantization
 from jaxserve.models.weights import load_hf_config
 from jaxserve.tools.json_file import write_json
 from jaxserve.tools.key_value_table import key_value_table
@@ -62,10 +61,10 @@ def model_config_for(config: EngineConfig) -> ModelConfig:
   checkpoint's own for a compressed-tensors one, else config.quantization)."""
   if is_builtin(config.model):
     return builtin_config(config.model, config.dtype).replace(quantization=config.quantization)
-  if not Path(config.model).is_dir():
-    load_model(config.model, config.dtype)  # raises the registry's error for an unknown model
   quantization = model_quantization(config.model, config.quantization)
-  return load_hf_config(Path(config.model), config.dtype).replace(quantization=quantization)
+  return load_hf_config(checkpoint_dir(config.model), config.dtype).replace(
+    quantization=quantization
+  )
 
 
 def weight_bytes(model_config: ModelConfig) -> int:

@@ -21,6 +21,7 @@ from jaxserve.device.sampler import (
 )
 from jaxserve.device.step_inputs import NUM_BANNED_IDS, SamplingInputs
 from jaxserve.device.token_bitmask import bitmask_words
+from jaxserve.sampling_params import MAX_LOGIT_BIAS
 from pallas_kernels.greedy_sample.gpu import greedy_sample
 
 VOCAB = 64
@@ -40,6 +41,8 @@ def make_inputs(num_rows: int, history_len: int = 8, **overrides) -> SamplingInp
     prompt_history=np.full((num_rows, history_len), -1, np.int32),
     output_history=np.full((num_rows, history_len), -1, np.int32),
     banned_ids=np.full((num_rows, NUM_BANNED_IDS), -1, np.int32),
+    bias_ids=np.full((num_rows, MAX_LOGIT_BIAS), -1, np.int32),
+    bias_values=np.zeros((num_rows, MAX_LOGIT_BIAS), np.float32),
     bitmask=np.full((num_rows, bitmask_words(VOCAB)), -1, np.int32),
     any_random=np.array(False),
     any_penalty=np.array(False),
@@ -104,6 +107,32 @@ def test_penalties_match_hf_repetition_and_openai_presence_frequency():
     counts = np.bincount(output[row, :6], minlength=VOCAB)  # OpenAI: mu - c*f - (c>0)*p
     expected = expected - counts * frequency[row] - (counts > 0) * presence[row]
     np.testing.assert_allclose(ours[row], expected, rtol=1e-6, atol=1e-6)
+
+
+def test_logit_bias_adds_to_its_ids_only_and_steers_greedy_and_random_rows():
+  logits = random_logits(3, seed=4)
+  bias_ids = np.full((3, MAX_LOGIT_BIAS), -1, np.int32)
+  bias_values = np.zeros((3, MAX_LOGIT_BIAS), np.float32)
+  bias_ids[0, :2], bias_values[0, :2] = [7, 9], [100.0, -2.5]
+  bias_ids[1, :1], bias_values[1, :1] = [VOCAB - 1], [100.0]
+  inputs = make_inputs(
+    3,
+    bias_ids=bias_ids,
+    bias_values=bias_values,
+    any_penalty=np.array(True),
+    temperature=np.array([0.0, 1.0, 0.0], np.float32),
+    any_random=np.array(True),
+  )
+  ours = np.asarray(jax.jit(apply_penalties)(jnp.asarray(logits), inputs))
+  expected = logits.copy()
+  expected[0, 7] += 100.0
+  expected[0, 9] -= 2.5
+  expected[1, VOCAB - 1] += 100.0
+  np.testing.assert_allclose(ours, expected, rtol=1e-6)
+  out = run_sample(logits, inputs)
+  assert out.token_ids.tolist() == [7, VOCAB - 1, int(logits[2].argmax())]
+  raw = torch.log_softmax(torch.tensor(logits), -1).numpy()  # logprobs stay raw
+  np.testing.assert_allclose(out.logprobs[0], raw[0, 7], atol=1e-5)
 
 
 @pytest.mark.parametrize(

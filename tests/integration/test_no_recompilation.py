@@ -9,7 +9,7 @@ from tests.integration.engine_helpers import small_engine
 
 
 def _random_params(rng: np.random.Generator) -> SamplingParams:
-  kind = rng.integers(0, 6)
+  kind = rng.integers(0, 7)
   max_tokens = int(rng.integers(1, 48))
   if kind == 0:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens)
@@ -36,8 +36,13 @@ def _random_params(rng: np.random.Generator) -> SamplingParams:
     return SamplingParams(
       temperature=1.0, min_tokens=min(4, max_tokens), stop=("e", "ab"), max_tokens=max_tokens
     )
+  if kind == 5:
+    return SamplingParams(
+      temperature=0.0, ignore_eos=True, stop_token_ids=(10, 32), max_tokens=max_tokens
+    )
+  bias = {int(t): float(rng.uniform(-100, 100)) for t in rng.integers(0, 256, rng.integers(1, 300))}
   return SamplingParams(
-    temperature=0.0, ignore_eos=True, stop_token_ids=(10, 32), max_tokens=max_tokens
+    temperature=float(rng.choice([0.0, 0.8])), logit_bias=bias, max_tokens=max_tokens
   )
 
 

@@ -1,0 +1,69 @@
+"""vLLM's `serve` flags that jaxserve takes so vLLM command lines run unchanged, each mapped
+onto what it means here (engine flags with a meaning live in jaxserve/engine_args.py):
+
+* --max-logprobs N: server.max_logprobs, the most logprobs / top_logprobs a request may ask for
+  (at most 20, what the sampler computes; vLLM's default is 20 too).
+* --disable-log-stats: server.stats_interval_s 0 (no periodic stats line).
+* --enable-auto-tool-choice: tool_choice "auto" reads tool calls with --tool-call-parser, which
+  jaxserve does whenever a parser is set; as in vLLM, the flag without a parser is an error.
+* --disable-log-requests (and vLLM's newer --enable-log-requests): accepted, a log line says
+  they change nothing (jaxserve logs no request contents).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+logger = logging.getLogger(__name__)
+
+NO_OP_FLAGS = {
+  "disable_log_requests": "jaxserve logs no request contents",
+  "enable_log_requests": "jaxserve logs no request contents",
+}
+
+
+def add_vllm_flags(group: argparse._ArgumentGroup) -> None:
+  group.add_argument(
+    "--max-logprobs",
+    type=int,
+    help="the most logprobs / top_logprobs a request may ask for, 0 to 20 (config key "
+    "server.max_logprobs; default: 20)",
+  )
+  group.add_argument(
+    "--disable-log-stats",
+    action="store_true",
+    help="no periodic stats line (sets server.stats_interval_s to 0)",
+  )
+  group.add_argument(
+    "--enable-auto-tool-choice",
+    action="store_true",
+    help='tool_choice "auto" reads tool calls with --tool-call-parser (required with it); '
+    "jaxserve does so whenever a parser is set",
+  )
+  for name, why in NO_OP_FLAGS.items():
+    group.add_argument("--" + name.replace("_", "-"), action="store_true", help=f"accepted; {why}")
+
+
+def vllm_flag_overrides(args: argparse.Namespace) -> list[str]:
+  """The config overrides the vLLM flags stand for (logging what they change nothing of);
+  ValueError for --enable-auto-tool-choice without --tool-call-parser."""
+  overrides = []
+  if args.max_logprobs is not None:
+    overrides.append(f"server.max_logprobs={json.dumps(args.max_logprobs)}")
+  if args.disable_log_stats:
+    overrides.append("server.stats_interval_s=0")
+  if args.enable_auto_tool_choice:
+    if args.tool_call_parser is None:
+      raise ValueError(
+        "--enable-auto-tool-choice: needs --tool-call-parser (as in vLLM), e.g. llama3_json"
+      )
+    logger.info(
+      'enable_auto_tool_choice: tool_choice "auto" reads tool calls with the %s parser',
+      args.tool_call_parser,
+    )
+  for name, why in NO_OP_FLAGS.items():
+    if getattr(args, name):
+      logger.info("%s: accepted, changes nothing: %s", name, why)
+  return overrides

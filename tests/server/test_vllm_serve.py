@@ -1,0 +1,95 @@
+"""`jaxserve serve ORG/NAME` with vLLM's serve flags starts a real server process: the model id
+resolves from a test-made Hugging Face cache under HF_HOME (tiny-random exported as a
+transformers checkpoint), and the official openai client lists, retrieves and uses it under its
+id. GET /version answers as vLLM's does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+import jaxserve
+from jaxserve.tools.export_hf import export_tiny_random_hf
+from tests.models.test_hf_cache import make_hf_cache
+from tests.server.server_helpers import free_port
+from tests.server.test_drain import _wait_until_healthy
+from tests.tools.tool_helpers import SMALL_ENGINE_ARGS
+
+MODEL_ID = "jaxserve-test/tiny-random"
+VLLM_FLAGS = [
+  "--enable-auto-tool-choice",
+  "--tool-call-parser",
+  "llama3_json",
+  "--max-logprobs",
+  "5",
+  "--disable-log-requests",
+  "--disable-log-stats",
+  "--trust-remote-code",
+  "--dtype",
+  "auto",
+  "--warmup",
+  "lazy",
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+  """The server's URL and its log file."""
+  root = tmp_path_factory.mktemp("vllm_serve")
+  make_hf_cache(root / "hf_home" / "hub", MODEL_ID, export_tiny_random_hf(root / "export"))
+  log_path = root / "serve.log"
+  port = free_port()
+  argv = ["serve", MODEL_ID, "--port", str(port), "--api-server-count", "0", *VLLM_FLAGS]
+  argv += [arg for arg in SMALL_ENGINE_ARGS if arg not in ("--log-level", "WARNING")]
+  env = {
+    **os.environ,
+    "HF_HOME": str(root / "hf_home"),
+    "PYTHONPATH": str(Path(jaxserve.__file__).parents[1]),
+  }
+  for variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+    env.pop(variable, None)
+  with open(log_path, "w") as log:
+    process = subprocess.Popen(
+      [sys.executable, "-m", "jaxserve.cli", *argv, "--log-level", "INFO"],
+      stdout=log,
+      stderr=subprocess.STDOUT,
+      env=env,
+    )
+  url = f"http://127.0.0.1:{port}"
+  try:
+    _wait_until_healthy(url, process)
+    yield url, log_path
+  finally:
+    process.terminate()
+    process.wait(60)
+
+
+def test_a_cached_model_id_serves_under_its_id_with_vllm_flags(server):
+  url, log_path = server
+  with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
+    assert [model.id for model in client.models.list()] == [MODEL_ID]
+    assert client.models.retrieve(MODEL_ID).id == MODEL_ID
+    with pytest.raises(openai.NotFoundError) as err:
+      client.models.retrieve("meta-llama/Llama-3.1-8B-Instruct")
+    assert err.value.body["code"] == "model_not_found"
+    chat = client.chat.completions.create(
+      model=MODEL_ID,
+      messages=[{"role": "user", "content": "hi"}],
+      max_tokens=3,
+      logprobs=True,
+      top_logprobs=5,
+    )
+    assert len(chat.choices[0].logprobs.content[0].top_logprobs) == 5
+    with pytest.raises(openai.BadRequestError) as err:  # --max-logprobs 5
+      client.completions.create(model=MODEL_ID, prompt="hi", max_tokens=1, logprobs=6)
+    assert err.value.body["param"] == "logprobs"
+  assert httpx.get(f"{url}/version").json() == {"version": jaxserve.__version__}
+  log = log_path.read_text()
+  assert "trust_remote_code: accepted, changes nothing" in log, log[-3000:]
+  assert "hub/models--jaxserve-test--tiny-random/snapshots/" in log, log[-3000:]
