@@ -10,7 +10,7 @@ path even at tp = 1 so every tensor_parallel_size compiles the same step with th
 params are loaded straight into their shards (sharded_loading.py), attention is shard_mapped over
 kv heads (sharded_attention.py), KV pages are sharded by kv head, and with tp_invariant_reductions
 the projections go through the sharded grouped GEMMs (sharded_dense.py). Sharded models keep HF's
-separate projections.
+separate projections; quantized ones shard their 8-bit kernels and scales (partition_rules.py).
 
 batch_invariant (either placement): the attention backend with fixed tiles
 (attention/backends.batch_invariant_attention) and the projections through fixed-tile GEMMs
@@ -138,7 +138,11 @@ def dense_for(config: EngineConfig) -> DenseBackend | None:
 def _on_mesh(config: EngineConfig) -> Placement:
   mesh = build_mesh(config.tensor_parallel_size)
   loaded = load_model_sharded(
-    config.model, config.dtype, mesh, tp_invariant_reductions=config.tp_invariant_reductions
+    config.model,
+    config.dtype,
+    mesh,
+    tp_invariant_reductions=config.tp_invariant_reductions,
+    quantization=config.quantization,
   )
   return _mesh_placement(config, loaded, mesh)
 
