@@ -3,6 +3,8 @@
 compressed-tensors checkpoint alike), and a sharded quantized engine gives the one-device
 quantized engine's greedy tokens and, within a stated tolerance, its prompt logprobs.
 
+Sources: a float safetensors checkpoint quantized as it loads, a compressed-tensors one loaded as
+stored, a float checkpoint's Orbax copy and the built-in model, both quantized after loading.
 The one-device engine is the reference: it runs the same scheme on the same checkpoint (merged
 q/k/v and gate/up, unsharded GEMMs), so what differs is only where the math runs: the row-split
 o/down projections sum float32 partials across devices, in another order than one device does.
@@ -10,13 +12,15 @@ o/down projections sum float32 partials across devices, in another order than on
 
 from __future__ import annotations
 
+import shutil
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jaxserve.models.registry import load_model
+from jaxserve.models.registry import convert_checkpoint, load_model
 from jaxserve.parallel.mesh import build_mesh
 from jaxserve.parallel.sharded_loading import load_model_sharded
 from tests.integration.engine_helpers import generate_and_score
@@ -39,17 +43,35 @@ def _leaves(params: dict) -> dict[tuple[str, ...], jax.Array]:
   }
 
 
+def _source(kind: str, scheme: str, hf_checkpoint, tmp_path) -> str:
+  """safetensors (quantized on load), compressed-tensors (stored), a float checkpoint's orbax
+  copy (quantized after restoring) or the built-in model (quantized after generating)."""
+  checkpoint = hf_checkpoint(FAMILY)
+  if kind == "stored":
+    return str(write_compressed_tensors(checkpoint, tmp_path / "ct", scheme))
+  if kind == "orbax":
+    shutil.copytree(checkpoint, tmp_path / "orbax")
+    convert_checkpoint(tmp_path / "orbax")
+    return str(tmp_path / "orbax")
+  return "tiny-random" if kind == "builtin" else str(checkpoint)
+
+
 @pytest.mark.parametrize(
-  "scheme, stored, tp", [("int8", False, 2), ("fp8", False, 4), ("fp8", True, 2)]
+  "scheme, kind, tp",
+  [
+    ("int8", "safetensors", 2),
+    ("fp8", "safetensors", 4),
+    ("fp8", "stored", 2),
+    ("int8", "orbax", 4),
+    ("int8_w8a8", "builtin", 2),
+  ],
 )
 def test_a_sharded_quantized_load_holds_the_one_device_params(
-  hf_checkpoint, tmp_path, scheme, stored, tp
+  hf_checkpoint, tmp_path, scheme, kind, tp
 ):
-  checkpoint = hf_checkpoint(FAMILY)
-  if stored:
-    checkpoint = write_compressed_tensors(checkpoint, tmp_path / "ct", scheme)
-  one = _leaves(load_model(str(checkpoint), quantization=scheme).params)
-  sharded = load_model_sharded(str(checkpoint), "auto", build_mesh(tp), quantization=scheme)
+  model = _source(kind, scheme, hf_checkpoint, tmp_path)
+  one = _leaves(load_model(model, quantization=scheme).params)
+  sharded = load_model_sharded(model, "auto", build_mesh(tp), quantization=scheme)
   assert sharded.config.quantization == scheme
   leaves = _leaves(sharded.params)
   assert leaves.keys() == one.keys()
@@ -65,8 +87,9 @@ def test_a_sharded_quantized_load_holds_the_one_device_params(
   assert specs[("self_attn", "o_proj", "scale")] == P()
   assert specs[("mlp", "up_proj", "scale")] == P("model")
   assert specs[("mlp", "down_proj", "kernel")] == P(None, "model")
-  shard = leaves[("layers_0", "mlp", "gate_proj", "kernel")].addressable_shards[0].data
-  assert shard.shape == (256 // tp, 128)  # intermediate 256 split, hidden 128 whole
+  kernel = leaves[("layers_0", "mlp", "gate_proj", "kernel")]
+  intermediate, hidden = kernel.shape
+  assert kernel.addressable_shards[0].data.shape == (intermediate // tp, hidden)
 
 
 @pytest.mark.parametrize("scheme, tp", [("int8", 2), ("fp8", 4)])
