@@ -8,8 +8,8 @@ sharding the sharded loader gives it, on a mesh of topology devices; the shard_m
 and dense backends load_placement builds), for one chip its abstract_one_device_placement (the
 one-device params, projections merged as fuse_projections says, whole on a mesh of that chip,
 and the unsharded backends); quantized weights are 8-bit kernels and float32 scales either way.
-The KV pages are ShapeDtypeStructs with the
-placement's KV sharding, and the programs come from the public builder
+The KV pages are ShapeDtypeStructs with the placement's KV sharding (and cache.kv_cache_dtype's
+type), and the programs come from the public builder
 (device/step_programs.build_step_programs) with the placement's StepShardings, the config's
 compiler options (step_options.step_compiler_options) and greedy pick (step_options.step_greedy),
 so the jitted functions (in/out shardings, donation, compiler options) are the very ones
@@ -119,7 +119,7 @@ def server_shape(
   config: EngineConfig, model_config: ModelConfig, devices: Sequence[jax.Device]
 ) -> ServerShape:
   """The abstract weights of `model_config` laid out over config.tensor_parallel_size devices,
-  as the engine's sharded loader lays them out."""
+  as the engine's loader lays them out (sharded, or whole on one chip)."""
   tp = config.tensor_parallel_size
   if is_sharded(config):
     placement = abstract_placement(config, model_config, build_mesh(tp, devices), platform="tpu")
