@@ -36,6 +36,9 @@ WARMUP_MODES = ("auto", "lazy", "background", "full")
 KV_CACHE_DTYPES = ("auto", "fp8", "int8")
 KV_CACHE_STORAGE = {"fp8": "float8_e4m3fn", "int8": "int8"}
 DEFAULT_KV_SCALES = {"fp8": 1.0, "int8": 1.0 / 16}
+# The page sizes whose 8-bit pages the Pallas TPU kernel reads: a page is whole 32-row tiles of
+# 8-bit data (pallas_kernels/ragged_paged_attention/tpu.py; its own check is at the call).
+TPU_8BIT_KV_PAGE_SIZES = (32, 64)
 # The dotted config keys whose value is one of a fixed set: EngineConfig validates them against
 # these, and the engine arguments (jaxserve/engine_args.py) offer these as their choices.
 CHOICES: Mapping[str, tuple[str, ...]] = {
@@ -366,12 +369,15 @@ class EngineConfig:
   template text itself) replacing the tokenizer's (models/registry.load_configured_tokenizer).
   quantization: the weight scheme the projections run (jaxserve/quantization/scheme.py): a
   bfloat16 checkpoint is quantized as it loads; "none" loads a checkpoint as it is stored (a
-  compressed-tensors checkpoint runs its own scheme). One device only, for now. quantized_gemm:
-  how a quantized model's projections run in steps of at most 16 tokens (decode): "pallas_gpu"
-  one Pallas kernel per projection that reads the 8-bit weight and computes weight-only (x in
-  the model's dtype; pallas_kernels/quantized_matmul), "xla" the scheme's own GEMM; "auto" is
-  pallas_gpu for weight-only schemes on one GPU and xla otherwise (W8A8 schemes keep cuBLASLt's
-  8-bit GEMMs); "pallas_gpu" off a GPU runs the kernel in interpret mode (tests)."""
+  compressed-tensors checkpoint runs its own scheme). Quantized weights shard under
+  tensor_parallel_size (parallel/partition_rules.py); not yet with tp_invariant_reductions,
+  batch_invariant or a multi-host job. With attention_backend pallas_tpu, 8-bit KV pages
+  (cache.kv_cache_dtype fp8 / int8) need cache.page_size 32 or 64.
+  quantized_gemm: how a quantized model's projections run in steps of at most 16 tokens (decode):
+  "pallas_gpu" one Pallas kernel per projection that reads the 8-bit weight and computes
+  weight-only (x in the model's dtype; pallas_kernels/quantized_matmul), "xla" the scheme's own
+  GEMM; "auto" is pallas_gpu for weight-only schemes on one GPU and xla otherwise (W8A8 schemes
+  keep cuBLASLt's 8-bit GEMMs); "pallas_gpu" off a GPU runs the kernel in interpret mode (tests)."""
 
   model: str = "tiny-random"
   tokenizer: str | None = None
@@ -455,6 +461,15 @@ class EngineConfig:
       f"must be true or false, got {self.fuse_projections!r}",
     )
     check_quantization(self.quantization)
+    for name, on in (
+      ("tp_invariant_reductions", self.tp_invariant_reductions),
+      ("a distributed (multi-host) job", self.distributed.active),
+    ):
+      _require(
+        self.quantization == NONE or not on,
+        "quantization",
+        f"{self.quantization} weights do not run with {name} yet",
+      )
     _require(
       self.quantized_gemm in QUANTIZED_GEMMS,
       "quantized_gemm",
@@ -472,13 +487,14 @@ class EngineConfig:
       "(models/batch_invariant_dense.py) run float weights only (set one of them off)",
     )
     _require(
-      self.quantization == NONE
-      or not (
-        self.tensor_parallel_size > 1 or self.tp_invariant_reductions or self.distributed.active
+      not (
+        self.attention_backend == "pallas_tpu"
+        and self.cache.kv_cache_dtype in KV_CACHE_STORAGE
+        and self.cache.page_size not in TPU_8BIT_KV_PAGE_SIZES
       ),
-      "quantization",
-      f"{self.quantization} runs on one device without tp_invariant_reductions for now "
-      "(tensor_parallel_size 1, no distributed job)",
+      "cache.page_size",
+      f"the pallas_tpu attention kernel reads {self.cache.kv_cache_dtype} KV pages of "
+      f"{' or '.join(map(str, TPU_8BIT_KV_PAGE_SIZES))} tokens only, got {self.cache.page_size}",
     )
     _require(
       not (self.distributed.active and self.scheduler.num_scheduler_steps > 1),

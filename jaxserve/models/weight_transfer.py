@@ -9,6 +9,11 @@ parts run on the device as one small jitted function per kind (jit specializes i
 When tensor-parallel, the raw tensor is placed with the transposed sharding of its target
 (`make_array_from_callback`: each device, on every host, receives only its slice) and transposed
 locally into the target sharding, so no device ever holds or receives a whole sharded weight.
+A custom conversion (LeafLoad.convert: a projection quantized as it loads) is jitted with its
+outputs' target shardings; its raw parts are placed with the first output's sharding where they
+have its rank and the sharded dimensions divide (a kernel [out, in] as stored), else replicated
+(a checkpoint's scales, tiny), and XLA's partitioner runs the conversion on the shards (a
+per-row maximum over a split `in` axis is one all-reduce).
 
 Device memory layout (`TransferOptions.layout`). A raw tensor freed after its conversion leaves
 a hole between the converted weights; streamed one tensor at a time ("streaming"), the holes are
@@ -89,8 +94,8 @@ class LeafLoad:
   """One params leaf: one checkpoint tensor, or the parts of a merged projection, concatenated
   along the output axis (HF's axis 0: the last once transposed) after each is converted.
   `convert` replaces that conversion (the raw parts in, on the device: e.g. a projection
-  quantized as it loads) and makes `outputs` (one array, or a tuple of them in that order); on
-  one device only."""
+  quantized as it loads) and makes `outputs` (one array, or a tuple of them in that order), each
+  placed with its own target sharding when loading sharded."""
 
   path: ParamPath
   parts: tuple[TensorLoad, ...]
@@ -150,11 +155,26 @@ class _Job:
   convert: Converter | None  # None: the raw tensor is the leaf
   host_copy: bool  # a CPU device would alias the view (the file's pages) rather than copy it
   out_itemsize: int  # bytes per element of the converted leaf
+  # a custom conversion's outputs' shardings (None: the default device); `target` is the first
+  out_targets: tuple[jax.sharding.Sharding, ...] | None = None
+
+  def part_sharding(self, part: TensorLoad) -> jax.sharding.Sharding | None:
+    """Where a raw part goes (None: the default device)."""
+    if self.target is None:
+      return None
+    if self.leaf.convert is not None:
+      return custom_raw_sharding(self.target, len(self.leaf.outputs[0].shape), part.info.shape)
+    return raw_sharding(self.target, part.transpose)
 
   def out_device_bytes(self) -> int:
     """The converted leaf's bytes on each of its devices."""
     if self.leaf.outputs:
-      return sum(math.prod(out.shape) * out.dtype.itemsize for out in self.leaf.outputs)
+      targets = self.out_targets or (None,) * len(self.leaf.outputs)
+      return sum(
+        math.prod(out.shape if target is None else target.shard_shape(out.shape))
+        * out.dtype.itemsize
+        for out, target in zip(self.leaf.outputs, targets)
+      )
     shape = self.leaf.shape if self.target is None else self.target.shard_shape(self.leaf.shape)
     return math.prod(shape) * self.out_itemsize
 
@@ -164,7 +184,7 @@ class _Job:
       math.prod(
         part.info.shape
         if self.target is None
-        else raw_sharding(self.target, part.transpose).shard_shape(part.info.shape)
+        else self.part_sharding(part).shard_shape(part.info.shape)
       )
       * part.info.dtype.itemsize
       for part in self.leaf.parts
@@ -400,11 +420,7 @@ def _jobs(
   jobs = []
   for leaf in leaves:
     if leaf.convert is not None:
-      if sharding_for is not None:
-        raise ValueError(f"{leaf.path}: a custom conversion runs on one device only")
-      if leaf.convert not in converters:
-        converters[leaf.convert] = jax.jit(leaf.convert)
-      jobs.append(_Job(leaf, None, converters[leaf.convert], False, dtype.itemsize))
+      jobs.append(_custom_job(leaf, dtype, sharding_for, converters))
       continue
     target = sharding_for(leaf.path, leaf.shape) if sharding_for is not None else None
     cast = any(part.info.dtype != dtype for part in leaf.parts)
@@ -422,6 +438,50 @@ def _jobs(
       _Job(leaf, target, converters[key], on_cpu and converters[key] is None, dtype.itemsize)
     )
   return jobs
+
+
+def _custom_job(
+  leaf: LeafLoad,
+  dtype: np.dtype,
+  sharding_for: ShardingFn | None,
+  converters: dict[object, Converter | None],
+) -> _Job:
+  """A custom conversion's job: jitted once per conversion and output shardings."""
+  targets = None
+  if sharding_for is not None:
+    targets = tuple(sharding_for(out.path, out.shape) for out in leaf.outputs)
+  key = (leaf.convert, targets)
+  if key not in converters:
+    out_shardings = None if targets is None else targets if len(targets) > 1 else targets[0]
+    converters[key] = (
+      jax.jit(leaf.convert)
+      if out_shardings is None
+      else jax.jit(leaf.convert, out_shardings=out_shardings)
+    )
+  if targets is None:
+    return _Job(leaf, None, converters[key], False, dtype.itemsize)
+  on_cpu = any(device.platform == "cpu" for device in targets[0].device_set)
+  return _Job(leaf, targets[0], converters[key], on_cpu, dtype.itemsize, targets)
+
+
+def custom_raw_sharding(
+  target: jax.sharding.Sharding, out_rank: int, shape: tuple[int, ...]
+) -> jax.sharding.Sharding:
+  """Where a custom conversion's raw part of `shape` goes: with its first output's `target`
+  when it has that output's rank and `target` splits its dimensions evenly, else replicated."""
+  if not isinstance(target, NamedSharding):
+    return target
+  spec = tuple(target.spec) + (None,) * (len(shape) - len(target.spec))
+  if len(shape) == out_rank and all(
+    axis is None or shape[i] % _axis_size(target.mesh, axis) == 0 for i, axis in enumerate(spec)
+  ):
+    return target
+  return NamedSharding(target.mesh, PartitionSpec())
+
+
+def _axis_size(mesh: Mesh, axis) -> int:
+  names = axis if isinstance(axis, tuple) else (axis,)
+  return math.prod(mesh.shape[name] for name in names)
 
 
 def _converter(
@@ -462,7 +522,5 @@ def _put(job: _Job, mapped: list[futures.Future]) -> list[jax.Array]:
     if job.target is None:
       raws.append(jax.device_put(piece(...)))
     else:  # each addressable device receives only its slice
-      raws.append(
-        jax.make_array_from_callback(view.shape, raw_sharding(job.target, part.transpose), piece)
-      )
+      raws.append(jax.make_array_from_callback(view.shape, job.part_sharding(part), piece))
   return raws

@@ -13,6 +13,19 @@ path (joined with "/") and give a PartitionSpec for its array (flax kernels are 
                                                   over the vocabulary gather them
   norms, q_norm/k_norm scales                     replicated (tiny)
 
+A quantized projection (models/quantized_dense.py) stores its kernel [out, in], the transpose of
+a float one, beside a float32 `scale` [out], one per output channel; what makes a projection
+quantized is that context (its module holds a `scale` leaf), never the kernel's shape or dtype.
+Its rules shard the same channels as the float ones, on the other axis, and the scales follow
+their channels:
+
+  q/k/v_proj, gate/up_proj kernel [out, in]        axis 0 (out); scale [out] and bias sharded
+  o_proj, down_proj kernel [out, in]               axis 1 (in); scale [out] replicated (their
+                                                   out channels are not split)
+
+Merged projections (qkv_proj, gate_up_proj) have no rule: sharded models keep HF's separate
+projections (models/fused_projections.py says why).
+
 A dimension the rule shards but the mesh size does not divide (an odd vocabulary, say) is
 replicated instead, so every model loads; heads must divide (mesh.check_tensor_parallel).
 With `shard_vocab=False` (models with tp_invariant_reductions) the two vocabulary-sized weights
@@ -27,8 +40,8 @@ outputs are replicated.
 from __future__ import annotations
 
 import re
+from typing import Mapping
 
-import jax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -46,18 +59,35 @@ PARAM_RULES: tuple[tuple[str, P], ...] = (
   (r"^lm_head/kernel$", P(None, MODEL_AXIS)),
   (r"(layernorm|norm)/scale$", P()),
 )
+# A quantized projection's leaves (the projection holds a `scale`): checked before PARAM_RULES.
+QUANTIZED_RULES: tuple[tuple[str, P], ...] = (
+  (r"self_attn/(q|k|v)_proj/kernel$", P(MODEL_AXIS, None)),
+  (r"self_attn/(q|k|v)_proj/(scale|bias)$", P(MODEL_AXIS)),
+  (r"self_attn/o_proj/kernel$", P(None, MODEL_AXIS)),
+  (r"self_attn/o_proj/(scale|bias)$", P()),
+  (r"mlp/(gate|up)_proj/kernel$", P(MODEL_AXIS, None)),
+  (r"mlp/(gate|up)_proj/(scale|bias)$", P(MODEL_AXIS)),
+  (r"mlp/down_proj/kernel$", P(None, MODEL_AXIS)),
+  (r"mlp/down_proj/(scale|bias)$", P()),
+)
 VOCAB_PARAMS = r"^(embed_tokens/embedding|lm_head/kernel)$"
 KV_PAGES_SPEC = P(MODEL_AXIS, None, None, None)  # [num_kv_heads, num_pages, page_size, head_dim]
 
 
 def param_spec(
-  path: ParamPath, shape: tuple[int, ...], mesh_size: int, shard_vocab: bool = True
+  path: ParamPath,
+  shape: tuple[int, ...],
+  mesh_size: int,
+  shard_vocab: bool = True,
+  quantized: bool = False,
 ) -> P:
-  """The PartitionSpec of the param at `path`; ValueError if no rule matches it."""
+  """The PartitionSpec of the param at `path`; `quantized`: it belongs to a quantized projection
+  (one holding a `scale`: is_quantized_projection). ValueError if no rule matches it."""
   name = "/".join(path)
   if not shard_vocab and re.search(VOCAB_PARAMS, name):
     return P()
-  for pattern, spec in PARAM_RULES:
+  rules = (QUANTIZED_RULES if quantized else ()) + PARAM_RULES
+  for pattern, spec in rules:
     if re.search(pattern, name):
       return _divisible(spec, shape, mesh_size)
   raise ValueError(f"params: no partition rule matches {name!r} (shape {shape})")
@@ -72,15 +102,29 @@ def _divisible(spec: P, shape: tuple[int, ...], mesh_size: int) -> P:
   return P(*axes)
 
 
+def is_quantized_projection(leaves: Mapping[str, object], name: str) -> bool:
+  """Whether the module `name` holding `leaves` is a quantized projection: a *_proj with a
+  `scale` leaf (a float projection has kernel and bias only; norms' scales are not *_proj)."""
+  return name.endswith("_proj") and "scale" in leaves
+
+
 def param_shardings(abstract_params: dict, mesh: Mesh, shard_vocab: bool = True) -> dict:
-  """A NamedSharding for every leaf of a params tree (arrays or ShapeDtypeStructs)."""
+  """A NamedSharding for every leaf of a params tree (arrays or ShapeDtypeStructs); a leaf of a
+  quantized projection gets the quantized rules (is_quantized_projection, from its siblings)."""
   size = mesh.shape[MODEL_AXIS]
 
-  def leaf(key_path, x) -> NamedSharding:
-    path = tuple(str(getattr(k, "key", k)) for k in key_path)
-    return NamedSharding(mesh, param_spec(path, tuple(x.shape), size, shard_vocab))
+  def walk(tree: Mapping, path: ParamPath) -> dict:
+    out = {}
+    for key, value in tree.items():
+      if isinstance(value, Mapping):
+        out[key] = walk(value, path + (str(key),))
+        continue
+      quantized = bool(path) and is_quantized_projection(tree, path[-1])
+      spec = param_spec(path + (str(key),), tuple(value.shape), size, shard_vocab, quantized)
+      out[key] = NamedSharding(mesh, spec)
+    return out if isinstance(tree, dict) else type(tree)(out)
 
-  return jax.tree_util.tree_map_with_path(leaf, abstract_params)
+  return walk(abstract_params, ())
 
 
 def kv_pages_sharding(mesh: Mesh) -> NamedSharding:

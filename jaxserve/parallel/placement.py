@@ -10,7 +10,7 @@ path even at tp = 1 so every tensor_parallel_size compiles the same step with th
 params are loaded straight into their shards (sharded_loading.py), attention is shard_mapped over
 kv heads (sharded_attention.py), KV pages are sharded by kv head, and with tp_invariant_reductions
 the projections go through the sharded grouped GEMMs (sharded_dense.py). Sharded models keep HF's
-separate projections.
+separate projections; quantized ones shard their 8-bit kernels and scales (partition_rules.py).
 
 batch_invariant (either placement): the attention backend with fixed tiles
 (attention/backends.batch_invariant_attention) and the projections through fixed-tile GEMMs
@@ -37,10 +37,12 @@ from jaxserve.attention.metadata import KVPages
 from jaxserve.config import KV_CACHE_STORAGE, EngineConfig
 from jaxserve.device.step_programs import StepShardings
 from jaxserve.models.batch_invariant_dense import batch_invariant_backend, invariant_matmul
+from jaxserve.models.fused_projections import fuse_params
 from jaxserve.models.invariant_dense import REDUCTION_GROUPS, DenseBackend
 from jaxserve.models.llama import LlamaForCausalLM
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.registry import LoadedModel, load_model
+from jaxserve.models.weights import param_shapes
 from jaxserve.parallel.mesh import MODEL_AXIS, build_mesh, check_tensor_parallel
 from jaxserve.parallel.partition_rules import kv_pages_sharding, logits_sharding, replicated
 from jaxserve.parallel.sharded_attention import shard_attention_backend
@@ -139,9 +141,10 @@ def with_kv_cache(backend: AttentionBackend, config: EngineConfig) -> AttentionB
   return quantized_kv_backend(backend, kv_dtype, *config.cache.kv_scales())
 
 
-def attention_for(config: EngineConfig) -> AttentionBackend:
-  """The attention backend of an unsharded model (batch_invariant: with fixed tiles)."""
-  backend = with_kv_cache(get_attention_backend(config.attention_backend), config)
+def attention_for(config: EngineConfig, platform: str | None = None) -> AttentionBackend:
+  """The attention backend of an unsharded model (batch_invariant: with fixed tiles; `platform`
+  resolves "auto", default JAX's backend)."""
+  backend = with_kv_cache(get_attention_backend(config.attention_backend, platform), config)
   return batch_invariant_attention(backend) if config.batch_invariant else backend
 
 
@@ -153,7 +156,11 @@ def dense_for(config: EngineConfig) -> DenseBackend | None:
 def _on_mesh(config: EngineConfig) -> Placement:
   mesh = build_mesh(config.tensor_parallel_size)
   loaded = load_model_sharded(
-    config.model, config.dtype, mesh, tp_invariant_reductions=config.tp_invariant_reductions
+    config.model,
+    config.dtype,
+    mesh,
+    tp_invariant_reductions=config.tp_invariant_reductions,
+    quantization=config.quantization,
   )
   return _mesh_placement(config, loaded, mesh)
 
@@ -172,6 +179,36 @@ def abstract_placement(
   check_tensor_parallel(model_config, mesh.shape[MODEL_AXIS])
   loaded = LoadedModel(model_config, sharded_param_shapes(model_config, mesh), "abstract")
   return _mesh_placement(config, loaded, mesh, platform)
+
+
+def abstract_one_device_placement(
+  config: EngineConfig, model_config: ModelConfig, device: jax.Device, platform: str | None = None
+) -> Placement:
+  """The one-device Placement of `model_config` with no weights loaded, for compiling ahead of
+  time for `device` (jaxserve/tpu_aot): the params load_placement's one-device path would hold
+  (q/k/v and gate/up merged with fuse_projections) as jax.ShapeDtypeStructs, its backends, and a
+  mesh of that one device over which every array is whole (the step programs need a device to
+  compile for; one device splits nothing, so the programs compute what the default placement's
+  do)."""
+  if config.dtype != "auto":
+    model_config = model_config.replace(dtype=config.dtype)
+  model_config = model_config.replace(
+    fused_projections=config.fuse_projections, batch_invariant=config.batch_invariant
+  )
+  shapes = param_shapes(model_config)
+  if config.fuse_projections:
+    shapes = jax.eval_shape(lambda tree: fuse_params(dict(tree)), shapes)
+  mesh = build_mesh(1, [device])
+  whole = replicated(mesh)
+  params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=whole), shapes)
+  return Placement(
+    LoadedModel(model_config, params, "abstract"),
+    attention_for(config, platform),
+    dense_for(config),
+    mesh,
+    whole,
+    1,
+  )
 
 
 def _mesh_placement(

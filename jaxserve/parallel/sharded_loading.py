@@ -7,6 +7,13 @@ each process fills only its own devices. Orbax checkpoints are restored with the
 shardings in the abstract tree. A built-in model (models/builtin.py) is generated on the host and
 then laid out the same way. `tp_invariant_reductions` is set on the loaded ModelConfig and keeps
 the vocabulary-sized weights replicated (partition_rules).
+
+Quantized models (`quantization`, or a compressed-tensors checkpoint's own scheme) load sharded
+too: from safetensors each projection is quantized (or taken as stored) by a conversion whose
+outputs, the 8-bit kernel and its scales, land in their target shardings (weight_transfer); a
+built-in model or a float Orbax checkpoint is quantized after loading and then laid out. Every
+target sharding is partition_rules.param_shardings of the abstract tree (weights.param_shapes),
+the one place that tells a quantized projection's leaves from a float one's.
 """
 
 from __future__ import annotations
@@ -18,11 +25,15 @@ from jax.sharding import Mesh
 from jaxserve.models.builtin import is_builtin
 from jaxserve.models.checkpoint import restore_params
 from jaxserve.models.model_config import ModelConfig
+from jaxserve.models.quantized_dense import quantize_params
+from jaxserve.models.quantized_loading import read_stored_quantization
 from jaxserve.models.registry import PARAMS_SUBDIR, LoadedModel, checkpoint_dir, load_model
 from jaxserve.models.weight_transfer import TransferOptions
 from jaxserve.models.weights import ParamPath, load_hf_config, load_hf_weights, param_shapes
 from jaxserve.parallel.mesh import MODEL_AXIS, check_tensor_parallel
-from jaxserve.parallel.partition_rules import param_shardings, param_spec
+from jaxserve.parallel.partition_rules import param_shardings
+from jaxserve.quantization.compressed_tensors import resolve_quantization
+from jaxserve.quantization.scheme import check_quantization, scheme_for
 
 
 def load_model_sharded(
@@ -31,44 +42,59 @@ def load_model_sharded(
   mesh: Mesh,
   *,
   tp_invariant_reductions: bool = False,
+  quantization: str = "none",
   transfer: TransferOptions = TransferOptions(),
 ) -> LoadedModel:
-  """load_model(model, dtype), with every param laid out by the partition rules over `mesh`
-  (`transfer`: how a safetensors checkpoint's tensors are moved, models/weight_transfer.py)."""
-  shard_vocab = not tp_invariant_reductions
+  """load_model(model, dtype, quantization=...), with every param laid out by the partition
+  rules over `mesh` (`transfer`: how a safetensors checkpoint's tensors are moved,
+  models/weight_transfer.py)."""
+  check_quantization(quantization)
   if is_builtin(model):
-    loaded = load_model(model, dtype)
+    loaded = load_model(model, dtype, quantization=quantization)
     config = loaded.config.replace(tp_invariant_reductions=tp_invariant_reductions)
     check_tensor_parallel(config, mesh.shape[MODEL_AXIS])
-    shardings = param_shardings(loaded.params, mesh, shard_vocab)
+    shardings = param_shardings(loaded.params, mesh, not tp_invariant_reductions)
     params = jax.tree.map(
       lambda x, s: _shard_host_array(np.asarray(x), s), loaded.params, shardings
     )
     return LoadedModel(config, params, loaded.source)
   path = checkpoint_dir(model)
   config = load_hf_config(path, dtype)
-  check_unquantized(config)
   config = config.replace(tp_invariant_reductions=tp_invariant_reductions)
   check_tensor_parallel(config, mesh.shape[MODEL_AXIS])
+  quantization = resolve_quantization(quantization, read_stored_quantization(path))
   orbax_dir = path / PARAMS_SUBDIR
   if orbax_dir.is_dir():
-    return LoadedModel(
-      config, restore_params(orbax_dir, sharded_param_shapes(config, mesh)), f"orbax:{orbax_dir}"
-    )
-  size = mesh.shape[MODEL_AXIS]
+    params = restore_params(orbax_dir, sharded_param_shapes(config, mesh))
+    return _quantized(LoadedModel(config, params, f"orbax:{orbax_dir}"), quantization, mesh)
+  config = config.replace(quantization=quantization)
+  shardings = _by_path(sharded_param_shapes(config, mesh))
 
   def sharding(param_path: ParamPath, shape: tuple[int, ...]) -> jax.sharding.Sharding:
-    return jax.sharding.NamedSharding(mesh, param_spec(param_path, shape, size, shard_vocab))
+    return shardings[param_path].sharding
 
   params, stats = load_hf_weights(path, config, sharding=sharding, options=transfer)
   return LoadedModel(config, params, f"safetensors:{path}", stats.packed)
 
 
+def _quantized(loaded: LoadedModel, quantization: str, mesh: Mesh) -> LoadedModel:
+  """A float model quantized after loading (a float Orbax checkpoint), each leaf then moved to
+  its quantized sharding; a model already in that scheme as it is."""
+  scheme = scheme_for(quantization)
+  if scheme is None or loaded.config.quantization == quantization:
+    return loaded
+  config = loaded.config.replace(quantization=quantization)
+  params = quantize_params(dict(loaded.params), scheme)
+  targets = sharded_param_shapes(config, mesh)
+  params = jax.tree.map(lambda x, target: jax.device_put(x, target.sharding), params, targets)
+  return LoadedModel(config, params, loaded.source)
+
+
 def sharded_param_shapes(config: ModelConfig, mesh: Mesh) -> dict:
   """The params of `config` as jax.ShapeDtypeStructs carrying the shardings the loader gives them
-  (vocabulary-sized weights replicated under tp_invariant_reductions): the abstract tree an Orbax
-  restore fills, and the weights of an ahead-of-time compilation."""
-  check_unquantized(config)
+  (vocabulary-sized weights replicated under tp_invariant_reductions; a quantized config's 8-bit
+  kernels and float32 scales by the quantized rules): the abstract tree an Orbax restore fills,
+  and the weights of an ahead-of-time compilation."""
   shapes = param_shapes(config)
   shardings = param_shardings(shapes, mesh, not config.tp_invariant_reductions)
   return jax.tree.map(
@@ -76,13 +102,11 @@ def sharded_param_shapes(config: ModelConfig, mesh: Mesh) -> dict:
   )
 
 
-def check_unquantized(config: ModelConfig) -> None:
-  """Quantized weights are not laid out over a mesh yet (their scales have no layout rule)."""
-  if config.quantization != "none":
-    raise ValueError(
-      f"quantization: {config.quantization} weights run on one device only for now "
-      "(tensor_parallel_size 1, no tp_invariant_reductions, no multi-host job)"
-    )
+def _by_path(tree: dict) -> dict[ParamPath, jax.ShapeDtypeStruct]:
+  return {
+    tuple(str(k.key) for k in key_path): leaf
+    for key_path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+  }
 
 
 def _shard_host_array(array: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:

@@ -8,11 +8,12 @@ the KV pool (an assumption, not checked against a TPU's memory_stats()).
 
 A topology name ("v5e:2x4") is what libtpu compiles for: the devices of
 jax.experimental.topologies.get_topology_desc hold no memory and run nothing, but programs lowered
-onto a mesh of them compile as on the slice. libtpu must be installed (the `jax[tpu]` extra); the
-topology API is looked up at call time, so hosts without libtpu still import this module. libtpu
-takes a lock file (/tmp/libtpu_lockfile) for the real chips it would drive; topology_devices sets
-ALLOW_MULTIPLE_LIBTPU_LOAD (unless the environment sets it) before libtpu loads, so a compile-only
-build runs beside other JAX processes.
+onto a mesh of them compile as on the slice. A one-chip topology ("v5e:1x1") is smaller than
+libtpu's default host of 2x2 chips and names its own host bounds. libtpu must be installed (the
+`jax[tpu]` extra); the topology API is looked up at call time, so hosts without libtpu still
+import this module. libtpu takes a lock file (/tmp/libtpu_lockfile) for the real chips it would
+drive; topology_devices sets ALLOW_MULTIPLE_LIBTPU_LOAD (unless the environment sets it) before
+libtpu loads, so a compile-only build runs beside other JAX processes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import jax
 GIB = 2**30
 # Chips per host slice -> the topology of that many chips (the single-host shapes Cloud TPU sells).
 _SHAPES = {1: "1x1", 4: "2x2", 8: "2x4"}
+# Topologies smaller than libtpu's default host (2x2x1 chips) name their own host bounds.
+_HOST_BOUNDS = {"1x1": (1, 1, 1)}
 
 
 @dataclass(frozen=True)
@@ -78,8 +81,12 @@ def topology_devices(topology_name: str) -> Sequence[jax.Device]:
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from jax.experimental import topologies
 
+  bounds = _HOST_BOUNDS.get(topology_name.rsplit(":", 1)[-1])
+  options = {} if bounds is None else {"chips_per_host_bounds": bounds}
   try:
-    description = topologies.get_topology_desc(topology_name=topology_name, platform="tpu")
+    description = topologies.get_topology_desc(
+      topology_name=topology_name, platform="tpu", **options
+    )
   except TypeError:  # a JAX whose signature lost the keywords
-    description = topologies.get_topology_desc(topology_name, "tpu")
+    description = topologies.get_topology_desc(topology_name, "tpu", **options)
   return list(description.devices)

@@ -71,8 +71,9 @@ def main(args: argparse.Namespace) -> int:
   chip = get_chip(args.chip) if args.chip else chip_of_config_name(args.config)
   if chip is None:
     raise ValueError("chip: pass --chip (the config file name names no TPU generation)")
-  if args.model_shape:
-    model_name, model_config = args.model_shape, named_model_config(args.model_shape)
+  if args.model_shape:  # a named shape is bfloat16: it runs the configured scheme
+    model_name = args.model_shape
+    model_config = named_model_config(args.model_shape).replace(quantization=config.quantization)
   else:
     model_name, model_config = config.model, model_config_for(config)
   quantization = model_quantization(config.model, config.quantization)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxserve.tpu_aot.build import BuildReport
+from jaxserve.tpu_aot.build import BuildReport, BuildRequest
 from jaxserve.tpu_aot.memory import ProgramResult, ServerMemory, gib
 
 MIB = 2**20
@@ -56,10 +56,20 @@ def memory_rows(memory: ServerMemory, num_programs: int, num_compiled: int) -> l
   ]
 
 
+def weights_description(request: BuildRequest) -> str:
+  """The weights' and KV pages' types, e.g. "bfloat16, int8 projections, int8 KV pages"."""
+  model, cache = request.model_config, request.config.cache
+  parts = [model.dtype]
+  if model.quantization != "none":
+    parts.append(f"{model.quantization} projections")
+  parts.append(f"{cache.storage_dtype(model.dtype)} KV pages")
+  return ", ".join(parts)
+
+
 def format_report(report: BuildReport) -> str:
   request = report.request
   lines = [
-    f"compile-tpu: {request.model_name} ({request.model_config.dtype}) on "
+    f"compile-tpu: {request.model_name} ({weights_description(request)}) on "
     f"{report.topology}, tensor_parallel_size {request.config.tensor_parallel_size}, "
     f"{len(report.results)} of {report.num_programs} programs compiled "
     f"({request.selection}) in {report.seconds:.1f} s"
@@ -83,6 +93,8 @@ def report_json(report: BuildReport) -> dict:
     "hbm_bytes": report.request.chip.hbm_bytes,
     "usable_bytes": report.request.chip.usable_bytes,
     "tensor_parallel_size": report.request.config.tensor_parallel_size,
+    "quantization": report.request.model_config.quantization,
+    "kv_cache_dtype": report.request.config.cache.kv_cache_dtype,
     "selection": report.request.selection,
     "num_programs": report.num_programs,
     "seconds": report.seconds,

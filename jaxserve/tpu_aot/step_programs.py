@@ -1,12 +1,15 @@
 """The adapter between the TPU build and the engine: the only module of tpu_aot that touches the
 engine's device side.
 
-It builds the server's device side as jaxserve/assembly.py does for a sharded engine
-(tensor_parallel_size > 1, or tp_invariant_reductions), but abstract: the Placement is
+It builds the server's device side as jaxserve/assembly.py does, but abstract: for a sharded
+engine (tensor_parallel_size > 1, or tp_invariant_reductions) the Placement is
 parallel/placement.py's abstract_placement (every param a jax.ShapeDtypeStruct carrying the
 sharding the sharded loader gives it, on a mesh of topology devices; the shard_mapped attention
-and dense backends load_placement builds), the KV pages are ShapeDtypeStructs with the
-placement's KV sharding, and the programs come from the public builder
+and dense backends load_placement builds), for one chip its abstract_one_device_placement (the
+one-device params, projections merged as fuse_projections says, whole on a mesh of that chip,
+and the unsharded backends); quantized weights are 8-bit kernels and float32 scales either way.
+The KV pages are ShapeDtypeStructs with the placement's KV sharding (and cache.kv_cache_dtype's
+type), and the programs come from the public builder
 (device/step_programs.build_step_programs) with the placement's StepShardings, the config's
 compiler options (step_options.step_compiler_options) and greedy pick (step_options.step_greedy),
 so the jitted functions (in/out shardings, donation, compiler options) are the very ones
@@ -24,8 +27,10 @@ The KV pool is sized as assembly sizes it on a TPU chip (device/device_memory.pl
 kv_budget with the unmeasured sharded-step scratch kept, then device/kv_cache.kv_cache_spec):
 cache.memory_fraction of the chip's memory as the TPU client reports it (its bytes_limit, the
 whole device: taken to be TpuChip.usable_bytes), less the weights and the streaming loader's slack
-(sharded weights are streamed), the allocator's headroom, and 10% for the step's scratch; or the
-config's cache.num_pages / cache.memory_bytes.
+(weights on a TPU are streamed), the allocator's headroom, and 10% for the step's scratch; or the
+config's cache.num_pages / cache.memory_bytes. (On one chip the engine measures the step's
+scratch instead of keeping 10%; the build keeps the 10%, and its memory check counts the compiled
+programs' transients either way.)
 
 Every dependency of tpu_aot on parallel/ and device/ is an import of this module.
 """
@@ -54,7 +59,12 @@ from jaxserve.device.warmup import warmup_plan
 from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.parallel.mesh import build_mesh
-from jaxserve.parallel.placement import Placement, abstract_placement, is_sharded
+from jaxserve.parallel.placement import (
+  Placement,
+  abstract_one_device_placement,
+  abstract_placement,
+  is_sharded,
+)
 
 
 @dataclass(frozen=True)
@@ -109,15 +119,12 @@ def server_shape(
   config: EngineConfig, model_config: ModelConfig, devices: Sequence[jax.Device]
 ) -> ServerShape:
   """The abstract weights of `model_config` laid out over config.tensor_parallel_size devices,
-  as the engine's sharded loader lays them out."""
+  as the engine's loader lays them out (sharded, or whole on one chip)."""
   tp = config.tensor_parallel_size
-  if not is_sharded(config):
-    raise ValueError(
-      "tensor_parallel_size: compile-tpu builds sharded servers "
-      "(tensor_parallel_size > 1 or tp_invariant_reductions); got "
-      f"{tp} (the unsharded path fuses projections after loading real weights)"
-    )
-  placement = abstract_placement(config, model_config, build_mesh(tp, devices), platform="tpu")
+  if is_sharded(config):
+    placement = abstract_placement(config, model_config, build_mesh(tp, devices), platform="tpu")
+  else:
+    placement = abstract_one_device_placement(config, model_config, devices[0], platform="tpu")
   model_config = placement.model.config
   per_page = (
     page_bytes(
@@ -178,7 +185,7 @@ def _programs(shape: ServerShape, num_pages: int) -> tuple[StepPrograms, dict, t
     shardings,
     burst_steps=config.scheduler.num_scheduler_steps,
     page_size=config.cache.page_size,
-    greedy=step_greedy(config, sharded=shardings is not None),
+    greedy=step_greedy(config, sharded=is_sharded(config)),
     compiler_options=step_compiler_options(config),
   )
   return programs, placement.model.params, kv_pages

@@ -40,9 +40,9 @@ FLAG_VALUES = {
   "quantization": (["--quantization", "int8"], "int8"),
   "kv_cache_dtype": (["--kv-cache-dtype", "fp8"], "fp8"),
 }
-# Flags checked on their own: a quantized model runs on one device (not with the
-# --tensor-parallel-size 2 above).
-ALONE = ("quantization",)
+# Flags checked on their own (none now: quantized weights shard, so --quantization goes with
+# --tensor-parallel-size 2).
+ALONE: tuple[str, ...] = ()
 
 
 def _lookup(tree: dict, key: str) -> object:

@@ -16,6 +16,7 @@ import pytest
 
 from jaxserve.assembly import build_engine
 from jaxserve.attention import backends
+from jaxserve.config import CacheConfig, EngineConfig
 from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion, small_config
 
@@ -88,3 +89,21 @@ def test_a_backend_that_cannot_read_the_pages_is_refused_before_loading(monkeypa
   with pytest.raises(ZeroDivisionError):  # float pages: accepted, on to the (stubbed) loader
     _engine("auto")
   assert loaded
+
+
+def _tpu_config(backend: str, kv_cache_dtype: str, page_size: int) -> EngineConfig:
+  cache = CacheConfig(page_size=page_size, kv_cache_dtype=kv_cache_dtype)
+  return EngineConfig(attention_backend=backend, cache=cache)
+
+
+def test_the_tpu_kernel_reads_8bit_pages_of_32_or_64_tokens_only():
+  """The Pallas TPU kernel tiles 8-bit pages in 32 rows: any other page size is refused by the
+  config, naming cache.page_size, before the kernel is ever called."""
+  for kv_cache_dtype in ("fp8", "int8"):
+    for page_size in (16, 128):
+      with pytest.raises(ValueError, match=f"^cache.page_size: .* got {page_size}$"):
+        _tpu_config("pallas_tpu", kv_cache_dtype, page_size)
+    for page_size in (32, 64):
+      _tpu_config("pallas_tpu", kv_cache_dtype, page_size)
+  _tpu_config("pallas_tpu", "auto", 16)  # bfloat16 pages: 16 reads
+  _tpu_config("xla", "int8", 16)

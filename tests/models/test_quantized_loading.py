@@ -196,17 +196,6 @@ def test_quantization_config_is_ours():
   assert quantization_config("int8")["config_groups"]["group_0"]["input_activations"] is None
 
 
-def test_a_stored_checkpoint_is_not_sharded(bf16, tmp_path):
-  """tensor_parallel_size > 1 with quantization "none" on a compressed-tensors checkpoint: the
-  sharded loader refuses it from config.json, before any weight is read."""
-  from jaxserve.parallel.sharded_loading import check_unquantized
-
-  stored = write_compressed_tensors(bf16, tmp_path / "ct", "fp8")
-  with pytest.raises(ValueError, match="^quantization: fp8 weights run on one device only"):
-    check_unquantized(load_hf_config(stored))
-  check_unquantized(load_hf_config(bf16))
-
-
 def test_stored_weights_never_load_as_floats(bf16, tmp_path):
   stored = write_compressed_tensors(bf16, tmp_path / "ct", "int8")
   config = load_hf_config(stored).replace(quantization="none")

@@ -13,9 +13,9 @@ from jaxserve.assembly import build_device
 from jaxserve.device.lowering import dummy_inputs
 from jaxserve.messages.buckets import Bucket
 from jaxserve.models.tiny_random import tiny_random_config
-from jaxserve.models.weights import hf_tensor_specs
+from jaxserve.models.weights import hf_tensor_specs, param_shapes
 from jaxserve.parallel.mesh import check_tensor_parallel
-from jaxserve.parallel.partition_rules import param_spec
+from jaxserve.parallel.partition_rules import param_shardings, param_spec
 from jaxserve.parallel.step_codec import StepEncoder, decode_step_inputs
 from tests.integration.engine_helpers import small_config
 
@@ -35,6 +35,63 @@ def test_rules_by_name():
   assert param_spec(("layers_0", "mlp", "down_proj", "kernel"), (32, 8), 4) == P("model", None)
   assert param_spec(("layers_0", "self_attn", "q_norm", "scale"), (16,), 4) == P()
   assert param_spec(("lm_head", "kernel"), (8, 512), 4) == P(None, "model")
+
+
+def _one_device_mesh() -> jax.sharding.Mesh:
+  return jax.sharding.Mesh(np.array(jax.devices()[:1]), ("model",))
+
+
+def _quantized_specs(quantization: str) -> dict[str, P]:
+  """layer 0's PartitionSpecs, by "module/.../leaf", of a quantized tiny-random tree (the specs
+  name the axis; a mesh of one device divides every dimension)."""
+  config = tiny_random_config().replace(quantization=quantization, attention_bias=True)
+  shardings = param_shardings(param_shapes(config), _one_device_mesh())
+  return {
+    "/".join(str(k.key) for k in path[1:]): sharding.spec
+    for path, sharding in jax.tree_util.tree_leaves_with_path(shardings)
+    if path[0].key == "layers_0"
+  }
+
+
+@pytest.mark.parametrize("quantization", ["int8", "fp8"])
+def test_quantized_kernels_shard_their_channels_and_scales_follow(quantization):
+  """A quantized kernel is [out, in]: q/k/v and gate/up split out (axis 0) with their scales
+  and biases; o and down split in (axis 1) and keep every scale (their out is not split)."""
+  specs = _quantized_specs(quantization)
+  split_out, split_in = P("model", None), P(None, "model")
+  for name in ("q_proj", "k_proj", "v_proj"):
+    assert specs[f"self_attn/{name}/kernel"] == split_out
+    assert specs[f"self_attn/{name}/scale"] == specs[f"self_attn/{name}/bias"] == P("model")
+  for name in ("gate_proj", "up_proj"):
+    assert specs[f"mlp/{name}/kernel"] == split_out and specs[f"mlp/{name}/scale"] == P("model")
+  assert specs["self_attn/o_proj/kernel"] == specs["mlp/down_proj/kernel"] == split_in
+  assert specs["self_attn/o_proj/scale"] == specs["mlp/down_proj/scale"] == P()
+  assert specs["input_layernorm/scale"] == P()  # a norm's scale is no projection's
+
+
+def test_the_rules_tell_a_quantized_kernel_by_its_scale_not_its_shape():
+  """A square kernel reads the same either way: only its projection's `scale` leaf says it is
+  [out, in] (shard axis 0) and not flax's [in, out] (shard axis 1)."""
+  tree = {
+    "layers_0": {
+      "self_attn": {
+        "q_proj": {"kernel": jax.ShapeDtypeStruct((8, 8), np.int8)},
+        "k_proj": {
+          "kernel": jax.ShapeDtypeStruct((8, 8), np.int8),
+          "scale": jax.ShapeDtypeStruct((8,), np.float32),
+        },
+      }
+    }
+  }
+  shardings = param_shardings(tree, _one_device_mesh())["layers_0"]["self_attn"]
+  assert shardings["q_proj"]["kernel"].spec == P(None, "model")  # float rule: [in, out]
+  assert shardings["k_proj"]["kernel"].spec == P("model", None)
+  assert shardings["k_proj"]["scale"].spec == P("model")
+
+
+def test_a_merged_projection_has_no_rule_quantized_or_not():
+  with pytest.raises(ValueError, match="no partition rule matches 'layers_0/self_attn/qkv_proj"):
+    param_spec(("layers_0", "self_attn", "qkv_proj", "kernel"), (24, 8), 2, quantized=True)
 
 
 def test_a_dimension_the_mesh_does_not_divide_is_replicated():

@@ -8,8 +8,12 @@ vocabulary (every kind of program; the forward's compile time grows with the lay
 sampling programs' sorts with the vocabulary); every program of the shipped v5e-8 config's
 largest bucket for Llama 3.1 8B, whose per-chip memory is checked against a hand computation;
 and a config whose weights alone overflow a chip (the message for a total over HBM is checked in
-test_tpu_aot_units.py). The full program sets of the shipped configs, 70B included, are
-compiled by `jaxserve compile-tpu` and recorded in docs/SCALE_OUT.md.
+test_tpu_aot_units.py). Quantized servers: the memory plans of Llama 3.1 70B with int8
+projections and int8 KV pages on v5e-8 and of 8B on one v5e chip (configs/v5e-1.yaml), each
+against a hand count of its 8-bit kernels, float32 scales and pages, and the largest forward of
+the 70B shape cut to 2 layers with both int8, compiled for v5e:2x4 and for one chip. The full
+program sets of the shipped configs, and the full 70B and 8B quantized servers, are compiled by
+`jaxserve compile-tpu` and recorded in docs/SCALE_OUT.md.
 """
 
 from __future__ import annotations
@@ -22,15 +26,23 @@ import pytest
 from jaxserve.cli import main as cli_main
 from jaxserve.config import load_config
 from jaxserve.models.named_shapes import named_model_config
-from jaxserve.tpu_aot.build import BuildReport, BuildRequest, build
-from jaxserve.tpu_aot.chips import GIB, get_chip
+from jaxserve.tpu_aot.build import (
+  BuildReport,
+  BuildRequest,
+  build,
+  compile_programs,
+  largest_of_each_kind,
+)
+from jaxserve.tpu_aot.chips import GIB, get_chip, topology_devices
+from jaxserve.tpu_aot.step_programs import ServerShape, pool_pages, server_shape, step_programs
 
 pytestmark = pytest.mark.skipif(
   not (platform.system() == "Linux" and platform.machine() == "x86_64"),
   reason="libtpu is published for Linux x86-64 only",
 )
 
-V5E_8 = str(Path(__file__).resolve().parents[2] / "configs" / "v5e-8.yaml")
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+V5E_8, V5E_1 = str(CONFIGS / "v5e-8.yaml"), str(CONFIGS / "v5e-1.yaml")
 JOBS = 2  # programs compiled at once (the CI machine's cores)
 
 
@@ -143,3 +155,93 @@ def test_weights_over_hbm_fail_with_the_message(capsys):
     "does not fit: weights: llama-3.1-70b at tensor_parallel_size 8 needs 16.43 GiB per "
     "chip, over the 15.75 GiB usable HBM of a v5e chip by 0.68 GiB"
   ) in err
+
+
+# Quantized servers: 8-bit kernels with float32 scales, 8-bit KV pages.
+
+
+def _plan(config_path: str, overrides: list[str], shape: str) -> tuple[ServerShape, int]:
+  """The server's weights per chip and its pool's pages, as build() sizes them (no compile)."""
+  config = load_config(config_path, overrides)
+  model = named_model_config(shape).replace(quantization=config.quantization)
+  chip = get_chip("v5e")
+  server = server_shape(config, model, topology_devices(chip.topology(config.tensor_parallel_size)))
+  return server, pool_pages(server, chip.usable_bytes)
+
+
+def _hand_pages(weights: int, page_bytes: int) -> int:
+  """The pool as the engine sizes it on a v5e chip (the 8B test above spells it out): 0.95 of
+  the chip, less the weights, the streaming loader's slack (a quarter of them) and the
+  allocator's headroom, less a tenth for the unmeasured step scratch, in pages."""
+  share = int(0.95 * get_chip("v5e").usable_bytes)
+  budget = share - weights - int(0.25 * weights) - max(GIB // 2, int(0.02 * share))
+  return (budget - int(0.1 * budget)) // page_bytes
+
+
+def test_the_70b_int8_server_fits_a_v5e_8_with_int8_kv():
+  """Llama 3.1 70B with int8 projections: 8.47 GiB per chip of v5e-8 (bfloat16's 16.43 GiB does
+  not fit, test_weights_over_hbm_fail_with_the_message), with an int8 KV pool holding 5
+  sequences of the config's 32768 tokens."""
+  hidden, inter, layers, heads, kv_heads, head_dim, vocab = 8192, 28672, 80, 64, 8, 128, 128256
+  q, kv = heads * head_dim, kv_heads * head_dim
+  kernels = layers * (2 * hidden * q + 2 * hidden * kv + 3 * hidden * inter)  # int8, all split
+  split_scales = layers * (q + 2 * kv + 2 * inter)  # q/k/v, gate/up: float32, split
+  whole_scales = layers * 2 * hidden  # o, down: float32 on every chip
+  vocab_weights = 2 * vocab * hidden  # embedding, lm_head: bfloat16, split
+  norms = (2 * layers + 1) * hidden  # bfloat16, on every chip
+  hand = (kernels + 4 * split_scales + 2 * vocab_weights) // 8 + 4 * whole_scales + 2 * norms
+  server, pages = _plan(V5E_8, ["quantization=int8", "cache.kv_cache_dtype=int8"], "llama-3.1-70b")
+  assert server.weight_bytes_per_chip == hand
+  assert 8.4 * GIB < hand < 8.5 * GIB
+  page = layers * 2 * 32 * head_dim * 1  # one kv head per chip, K and V, int8
+  assert server.page_bytes_per_chip == page
+  assert pages == _hand_pages(hand, page)
+  assert (pages - 1) * 32 // 32768 == 5  # full-length sequences
+  bf16_kv, bf16_pages = _plan(V5E_8, ["quantization=int8"], "llama-3.1-70b")
+  assert bf16_kv.page_bytes_per_chip == 2 * page and bf16_pages == _hand_pages(hand, 2 * page)
+
+
+def test_the_8b_int8_server_fits_one_v5e_chip():
+  """configs/v5e-1.yaml: Llama 3.1 8B, int8 projections and KV pages, on one chip (bfloat16
+  would need 14.96 GiB of weights alone)."""
+  server, pages = _plan(V5E_1, [], "llama-3.1-8b")
+  hidden, inter, layers, heads, kv_heads, head_dim, vocab = 4096, 14336, 32, 32, 8, 128, 128256
+  q, kv = heads * head_dim, kv_heads * head_dim
+  outs = layers * (q + 2 * kv + hidden + 2 * inter + hidden)  # every projection's out channels
+  kernels = layers * (2 * hidden * q + 2 * hidden * kv + 3 * hidden * inter)
+  hand = kernels + 4 * outs + 2 * vocab * hidden * 2 + (2 * layers + 1) * hidden * 2
+  assert server.num_chips == 1 and server.weight_bytes_per_chip == hand
+  page = layers * 2 * 32 * kv_heads * head_dim  # all 8 kv heads, int8
+  assert server.page_bytes_per_chip == page and pages == _hand_pages(hand, page)
+  assert (pages - 1) * 32 // 8192 == 6  # sequences of the config's 8192 tokens
+
+
+@pytest.mark.parametrize("config_path", [V5E_8, V5E_1], ids=["v5e-8", "one-v5e-chip"])
+def test_a_layer_cut_70b_int8_forward_with_int8_kv_compiles(config_path):
+  """Two layers of the 70B shape, int8 projections, int8 KV pages read and written by the Pallas
+  TPU kernels: the largest bucket's forward compiles, sharded over v5e:2x4 and on one chip (the
+  sampler programs do not see the weights; the tests above compile them)."""
+  config = load_config(
+    config_path,
+    [
+      "quantization=int8",
+      "cache.kv_cache_dtype=int8",
+      "scheduler.max_num_seqs=8",
+      "scheduler.max_num_batched_tokens=32",
+      "max_model_len=2048",
+    ],
+  )
+  model = named_model_config("llama-3.1-70b").replace(
+    num_layers=2, vocab_size=32_000, quantization="int8"
+  )
+  chip = get_chip("v5e")
+  server = server_shape(config, model, topology_devices(chip.topology(config.tensor_parallel_size)))
+  pages = pool_pages(server, chip.usable_bytes)
+  forwards = [p for p in step_programs(server, pages) if p.id.kind == "forward"]
+  (forward,) = compile_programs(largest_of_each_kind(forwards), JOBS, show_progress=False)
+  assert forward.id.name == "forward[8x32]" and forward.error is None, forward.error
+  # The compiler's own count of the forward's arguments: the int8 kernels, float32 scales and
+  # int8 pool the plan counted (server_shape, pool_pages), plus the step inputs.
+  resident = server.weight_bytes_per_chip + pages * server.page_bytes_per_chip
+  assert 0 <= forward.memory.arguments - resident <= 2**20
+  assert forward.memory.temporaries + forward.memory.code < GIB

@@ -1,0 +1,107 @@
+"""Quantized weights under tensor parallelism: the sharded load holds the one-device load's very
+8-bit kernels and scales, each split as the partition rules say (quantize-on-load and a
+compressed-tensors checkpoint alike), and a sharded quantized engine gives the one-device
+quantized engine's greedy tokens and, within a stated tolerance, its prompt logprobs.
+
+Sources: a float safetensors checkpoint quantized as it loads, a compressed-tensors one loaded as
+stored, a float checkpoint's Orbax copy and the built-in model, both quantized after loading.
+The one-device engine is the reference: it runs the same scheme on the same checkpoint (merged
+q/k/v and gate/up, unsharded GEMMs), so what differs is only where the math runs: the row-split
+o/down projections sum float32 partials across devices, in another order than one device does.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from jaxserve.models.registry import convert_checkpoint, load_model
+from jaxserve.parallel.mesh import build_mesh
+from jaxserve.parallel.sharded_loading import load_model_sharded
+from tests.integration.engine_helpers import generate_and_score
+from tests.models.compressed_checkpoints import write_compressed_tensors
+from tests.parallel.mesh.conftest import tp_engine
+
+FAMILY = "llama_kv8"  # 8 kv heads
+NUM_NEW_TOKENS = 12
+PROMPTS = [[5 + (11 * i + 7 * j) % 390 for j in range(n)] for i, n in enumerate((3, 17, 41))]
+# float32 activations: the split o/down reductions moved a prompt logprob by at most 3e-6 (int8
+# and fp8 at tp 2 and 4, measured); the bound is tp_parity's for float weights.
+LOGPROB_ATOL = 1e-4
+EIGHT_BITS = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
+
+
+def _leaves(params: dict) -> dict[tuple[str, ...], jax.Array]:
+  return {
+    tuple(str(k.key) for k in path): leaf
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+  }
+
+
+def _source(kind: str, scheme: str, hf_checkpoint, tmp_path) -> str:
+  """safetensors (quantized on load), compressed-tensors (stored), a float checkpoint's orbax
+  copy (quantized after restoring) or the built-in model (quantized after generating)."""
+  checkpoint = hf_checkpoint(FAMILY)
+  if kind == "stored":
+    return str(write_compressed_tensors(checkpoint, tmp_path / "ct", scheme))
+  if kind == "orbax":
+    shutil.copytree(checkpoint, tmp_path / "orbax")
+    convert_checkpoint(tmp_path / "orbax")
+    return str(tmp_path / "orbax")
+  return "tiny-random" if kind == "builtin" else str(checkpoint)
+
+
+@pytest.mark.parametrize(
+  "scheme, kind, tp",
+  [
+    ("int8", "safetensors", 2),
+    ("fp8", "safetensors", 4),
+    ("fp8", "stored", 2),
+    ("int8", "orbax", 4),
+    ("int8_w8a8", "builtin", 2),
+  ],
+)
+def test_a_sharded_quantized_load_holds_the_one_device_params(
+  hf_checkpoint, tmp_path, scheme, kind, tp
+):
+  model = _source(kind, scheme, hf_checkpoint, tmp_path)
+  one = _leaves(load_model(model, quantization=scheme).params)
+  sharded = load_model_sharded(model, "auto", build_mesh(tp), quantization=scheme)
+  assert sharded.config.quantization == scheme
+  leaves = _leaves(sharded.params)
+  assert leaves.keys() == one.keys()
+  for path, leaf in leaves.items():
+    assert leaf.dtype == one[path].dtype, path
+    np.testing.assert_array_equal(
+      np.asarray(leaf).view(np.uint8), np.asarray(one[path]).view(np.uint8), err_msg=str(path)
+    )
+  specs = {path[1:]: leaf.sharding.spec for path, leaf in leaves.items() if path[0] == "layers_0"}
+  assert specs[("self_attn", "q_proj", "kernel")] == P("model", None)
+  assert specs[("self_attn", "v_proj", "scale")] == P("model")
+  assert specs[("self_attn", "o_proj", "kernel")] == P(None, "model")
+  assert specs[("self_attn", "o_proj", "scale")] == P()
+  assert specs[("mlp", "up_proj", "scale")] == P("model")
+  assert specs[("mlp", "down_proj", "kernel")] == P(None, "model")
+  kernel = leaves[("layers_0", "mlp", "gate_proj", "kernel")]
+  intermediate, hidden = kernel.shape
+  assert kernel.addressable_shards[0].data.shape == (intermediate // tp, hidden)
+
+
+@pytest.mark.parametrize("scheme, tp", [("int8", 2), ("fp8", 4)])
+def test_a_sharded_quantized_engine_gives_the_one_device_tokens(hf_checkpoint, scheme, tp):
+  checkpoint = hf_checkpoint(FAMILY)
+  one_tokens, one_logprobs = generate_and_score(
+    tp_engine(checkpoint, 1, quantization=scheme), PROMPTS, NUM_NEW_TOKENS
+  )
+  sharded = tp_engine(checkpoint, tp, quantization=scheme)
+  kernel = sharded.runner.params["layers_0"]["mlp"]["down_proj"]["kernel"]
+  assert kernel.dtype == EIGHT_BITS[scheme] and kernel.sharding.spec == P(None, "model")
+  tokens, logprobs = generate_and_score(sharded, PROMPTS, NUM_NEW_TOKENS)
+  assert tokens == one_tokens
+  for ours, reference in zip(logprobs, one_logprobs):
+    np.testing.assert_allclose(ours, reference, atol=LOGPROB_ATOL, rtol=0)
