@@ -149,10 +149,11 @@ def test_step_inputs_round_trip_through_the_codec():
     theirs = np.asarray(theirs)
     assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
     np.testing.assert_array_equal(ours, theirs)
-  # no previous samples (the largest seq bucket's zeros), the two penalty histories, then the
-  # all-ones token bitmask (512 tokens: 16 words)
+  # no previous samples (the largest seq bucket's zeros), the two penalty histories, the logit
+  # bias (no ids, zero values), then the all-ones token bitmask (512 tokens: 16 words)
   assert constants == (
     [((4,), np.dtype(np.int32), 0)]
     + [((4, 64), np.dtype(np.int32), -1)] * 2
+    + [((4, 300), np.dtype(np.int32), -1), ((4, 300), np.dtype(np.float32), 0)]
     + [((4, 16), np.dtype(np.int32), -1)]
   )
