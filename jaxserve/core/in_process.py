@@ -117,8 +117,14 @@ def serve_in_process(config: EngineConfig, log_level: str, entry: ApiServerEntry
       core.stop()
   finally:
     engine.close()
+  status = 0
   if core.error is not None:
     logger.error("the engine core failed: %s: %s", type(core.error).__name__, core.error)
-    return 1
-  logger.info("stopped")
-  return 0
+    status = 1
+  else:
+    logger.info("stopped")
+  from jaxserve.device.program_compiler import compilation_abandoned, exit_now
+
+  if compilation_abandoned():  # a stop during background compilation: no finalization
+    exit_now(status)
+  return status

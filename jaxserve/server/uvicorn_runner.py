@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import time
 import socket
 import threading
+import time
 
 import uvicorn
 from starlette.applications import Starlette
