@@ -7,6 +7,12 @@ INFO. The command runs on whatever backend exists, so that line is demoted to DE
 TPU is attached, jaxserve/platforms.py keeps JAX from probing it at all: libtpu's own stderr
 lines cannot be filtered here. A backend JAX was told to use (JAX_PLATFORMS) that fails
 still raises, with JAX's own message.
+
+Every process of `jaxserve serve` (the supervisor, the engine core, the API servers) logs in the
+one format `LOG_FORMAT`, timestamps included: `configure_logging` replaces whatever handler an
+import gave the root logger first (the engine core imports jax before it configures logging), and
+uvicorn is run with log_config=None (UVICORN_LOG_CONFIG), so its lines go through the root
+logger's handler in the same format rather than uvicorn's own.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import logging
 
 JAX_BRIDGE_LOGGER = "jax._src.xla_bridge"
 _PROBE_FAILURE = "Unable to initialize backend"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+UVICORN_LOG_CONFIG = None  # uvicorn.Config(log_config=...): its loggers propagate to the root
 
 
 class BackendProbeFilter(logging.Filter):
@@ -27,10 +35,9 @@ class BackendProbeFilter(logging.Filter):
 
 
 def configure_logging(level: str) -> None:
-  logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-  # basicConfig does nothing where an import already gave the root logger a handler (the engine
-  # core process imports jax before configuring): its level must still be the one asked for
-  logging.getLogger().setLevel(level)
+  # force: an import may have given the root logger a handler already (the engine core process
+  # imports jax before configuring), whose format would differ
+  logging.basicConfig(level=level, format=LOG_FORMAT, force=True)
   bridge = logging.getLogger(JAX_BRIDGE_LOGGER)
   if not any(isinstance(f, BackendProbeFilter) for f in bridge.filters):
     bridge.addFilter(BackendProbeFilter())

@@ -47,6 +47,7 @@ from jaxserve.config import EngineConfig
 from jaxserve.core.info import ApiProcessArgs, ApiServerEntry, api_identity, write_core_info
 from jaxserve.core.messages import ClientGone
 from jaxserve.core.process import CoreStartError, CoreStartStopped, start_core_process
+from jaxserve.log_setup import UVICORN_LOG_CONFIG
 
 logger = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 30.0
@@ -99,7 +100,9 @@ def serve_multiprocess(
       server = config.server
       info_path = Path(info_dir.name) / "core_info.pickle"
       write_core_info(core.info, info_path)
-      sock = uvicorn.Config(None, host=server.host, port=server.port).bind_socket()
+      sock = uvicorn.Config(
+        None, host=server.host, port=server.port, log_config=UVICORN_LOG_CONFIG
+      ).bind_socket()
       context = multiprocessing.get_context("spawn")
       for index in range(count):
         if stopping:  # a stop signal came while the API processes were starting

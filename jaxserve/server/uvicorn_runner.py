@@ -22,6 +22,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from jaxserve.config import ServerConfig
+from jaxserve.log_setup import UVICORN_LOG_CONFIG
 from jaxserve.server.app import serving_state
 from jaxserve.server.drain import UVICORN_GRACE_S, DrainTimer
 from jaxserve.server.stats_logger import StatsLogger
@@ -76,6 +77,7 @@ def run_app(
     port=config.port,
     lifespan="on",
     log_level=log_level.lower(),
+    log_config=UVICORN_LOG_CONFIG,
     timeout_graceful_shutdown=config.drain_timeout_s + UVICORN_GRACE_S,
   )
   drain_timer = DrainTimer(state.engine, config.drain_timeout_s)

@@ -7,11 +7,13 @@ compiles in the background (real processes; the exit time is measured from the s
   process's exit, so neither the core process nor the one-process server waits for the program
   being compiled, and neither crashes on it (exit 0, not SIGSEGV).
 
-Each server gets its own empty XLA cache so that the compilations it interrupts are real.
+Each server gets its own empty XLA cache so that the compilations it interrupts are real. Their
+logs also show the one log format of every process (engine core, API server, uvicorn, supervisor).
 """
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +25,7 @@ import yaml
 from tests.server.server_helpers import free_port
 
 EXIT_S = 2.0
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ [\w.]+: ")
 # 15 buckets: background compilation runs well past the first request on 2 cores.
 SCHEDULER = {
   "max_num_seqs": 16,
@@ -85,3 +88,7 @@ def test_sigterm_during_background_compilation_exits_within_2_s(tmp_path, api_se
   assert process.returncode == 0, output
   assert "Traceback" not in output, output
   assert seconds < EXIT_S, f"exited {seconds:.2f} s after SIGTERM"
+  logged = [line for line in output.splitlines() if "jaxserve." in line or "uvicorn" in line]
+  assert any("jaxserve.assembly" in line for line in logged)  # the engine core's
+  assert any("Application startup complete" in line for line in logged)  # uvicorn's
+  assert all(LOG_LINE.match(line) for line in logged), "\n".join(logged)
