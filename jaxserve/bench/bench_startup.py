@@ -3,7 +3,7 @@
     jaxserve bench startup --model /data/llama8b --config configs/h100.yaml \
         --max-model-len 2048 --warmup full
     jaxserve bench startup --build llama-3.1-8b --model /data/llama8b --config ...
-    python -m jaxserve.bench.bench_startup ...   # the same flags; JSON to out/ by default
+    python -m jaxserve.bench.bench_startup ...   # the same flags
 
 --build NAME first writes a random checkpoint of that shape into --model (in a subprocess, so its
 torch CUDA context is gone before jax starts) unless the directory already holds one. The client
@@ -40,7 +40,7 @@ GIB = 2**30
 
 def parse_args(argv=None) -> argparse.Namespace:
   parser = standalone_parser("bench_startup", __doc__)
-  add_startup_flags(parser, out="out/bench_startup.json")
+  add_startup_flags(parser)
   return parser.parse_args(argv)
 
 
