@@ -36,6 +36,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -182,10 +183,14 @@ class ProgramCompiler:
       )
     return time.perf_counter() - start
 
-  def compile_rest(self) -> None:
-    """Compiles every group not compiled yet, here (stops early when close() is called)."""
+  def compile_rest(self, on_group: Callable[[int], object] | None = None) -> None:
+    """Compiles every group not compiled yet, here (stops early when close() is called);
+    `on_group(n)` after each group of n programs (a progress bar's update)."""
     while self._next_group < len(self.groups) and not self._stop.is_set():
-      self._compile_group(self.groups[self._next_group])
+      group = self.groups[self._next_group]
+      self._compile_group(group)
+      if on_group is not None:
+        on_group(len(group.programs))
 
   def start(self) -> "ProgramCompiler":
     """Compiles the remaining groups on a daemon thread."""
