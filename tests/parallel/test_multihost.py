@@ -183,7 +183,10 @@ def test_sigterm_during_warmup_is_honoured(tmp_path):
       if process.poll() is None:
         process.kill()
       process.communicate()
-  assert leader.returncode == worker.returncode == -signal.SIGTERM
+  # 0 once the engine's build has begun (core/in_process.py), before that SIGTERM's default
+  # action; either way the host stopped rather than going on to serve
+  assert leader.returncode in (0, -signal.SIGTERM)
+  assert worker.returncode == -signal.SIGTERM
   assert seconds < 2.0, f"exited {seconds:.2f} s after SIGTERM"
 
 

@@ -1,8 +1,8 @@
 """A stop signal exits `jaxserve serve` within 2 s while the engine is still starting or while it
 compiles in the background (real processes; the exit time is measured from the signal):
 
-* Ctrl-C (SIGINT) while the engine core warms up: the supervisor stops the starting core (SIGTERM,
-  SIGKILL a second later) and exits 0;
+* Ctrl-C (SIGINT) while the engine warms up: the supervisor stops the starting core (SIGTERM,
+  SIGKILL a second later), the one-process server exits at once; both exit 0;
 * SIGTERM once serving while background compilation runs: the compile thread is left to the
   process's exit, so neither the core process nor the one-process server waits for the program
   being compiled, and neither crashes on it (exit 0, not SIGSEGV).
@@ -71,8 +71,9 @@ def _signal_at(process: subprocess.Popen, marker: str, sig: int) -> tuple[float,
       process.wait()
 
 
-def test_ctrl_c_while_the_core_warms_up_exits_within_2_s(tmp_path):
-  process = _start(tmp_path, api_server_count=1)
+@pytest.mark.parametrize("api_server_count", [1, 0])  # supervisor and core; one process
+def test_ctrl_c_while_the_engine_warms_up_exits_within_2_s(tmp_path, api_server_count):
+  process = _start(tmp_path, api_server_count)
   seconds, output = _signal_at(process, "warmup: 35 programs", signal.SIGINT)
   assert process.returncode == 0, output
   assert "stopped during start-up" in output
