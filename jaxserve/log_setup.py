@@ -9,10 +9,12 @@ lines cannot be filtered here. A backend JAX was told to use (JAX_PLATFORMS) tha
 still raises, with JAX's own message.
 
 Every process of `jaxserve serve` (the supervisor, the engine core, the API servers) logs in the
-one format `LOG_FORMAT`, timestamps included: `configure_logging` replaces whatever handler an
-import gave the root logger first (the engine core imports jax before it configures logging), and
-uvicorn is run with log_config=None (UVICORN_LOG_CONFIG), so its lines go through the root
-logger's handler in the same format rather than uvicorn's own.
+one format `LOG_FORMAT`, timestamps included: `configure_logging` also gives it to a handler that
+Python's logging installed on its own first (a module-level `logging.log` call with no handler
+configured, as absl's, which orbax makes at import in the engine core process, installs one in
+logging's BASIC_FORMAT, without timestamps); other handlers (an application's, pytest's) are left
+as they are. uvicorn is run with log_config=None (UVICORN_LOG_CONFIG), so its lines go through
+the root logger's handler in the same format rather than uvicorn's own.
 """
 
 from __future__ import annotations
@@ -35,9 +37,15 @@ class BackendProbeFilter(logging.Filter):
 
 
 def configure_logging(level: str) -> None:
-  # force: an import may have given the root logger a handler already (the engine core process
-  # imports jax before configuring), whose format would differ
-  logging.basicConfig(level=level, format=LOG_FORMAT, force=True)
+  logging.basicConfig(level=level, format=LOG_FORMAT)
+  root = logging.getLogger()
+  # basicConfig does nothing where the root logger has a handler already: its level must still
+  # be the one asked for, and an implicit handler's format ours (see the module docstring)
+  root.setLevel(level)
+  for handler in root.handlers:
+    formatter = handler.formatter
+    if formatter is None or formatter._fmt == logging.BASIC_FORMAT:
+      handler.setFormatter(logging.Formatter(LOG_FORMAT))
   bridge = logging.getLogger(JAX_BRIDGE_LOGGER)
   if not any(isinstance(f, BackendProbeFilter) for f in bridge.filters):
     bridge.addFilter(BackendProbeFilter())
