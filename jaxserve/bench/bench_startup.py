@@ -31,6 +31,7 @@ from pathlib import Path
 
 from jaxserve.bench.flags import add_startup_flags, standalone_parser
 from jaxserve.cli_args import engine_config_from_args
+from jaxserve.log_setup import LOG_FORMAT
 from jaxserve.platforms import prepare_jax_process
 from jaxserve.tools.json_file import write_json
 from jaxserve.tools.key_value_table import key_value_table
@@ -192,9 +193,7 @@ def main(argv=None) -> int:
 
 def command(args: argparse.Namespace) -> int:
   """The benchmark on parsed flags (`jaxserve bench startup` calls it)."""
-  logging.basicConfig(
-    level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-  )
+  logging.basicConfig(level=args.log_level, format=LOG_FORMAT)
   if args.build:
     if not args.model:
       raise SystemExit("--build needs --model DIR (where to write the checkpoint)")
