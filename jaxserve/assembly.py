@@ -26,6 +26,7 @@ from typing import Callable
 
 import jax
 import numpy as np
+from tqdm.auto import tqdm
 
 from jaxserve.config import EngineConfig
 from jaxserve.device.compile_ledger import CompileLedger
@@ -290,11 +291,19 @@ def compile_programs(
     len(compiler.groups[0].programs),
   )
   start = time.perf_counter()
-  compiler.compile_first()
-  if mode == "full":
-    compiler.compile_rest()
-  else:
-    compiler.start()
+  # a full warmup (bench throughput's, minutes on a large model) shows its progress
+  with tqdm(
+    total=compiler.num_total,
+    desc="compiling",
+    unit="program",
+    disable=not show_progress or mode != "full",
+  ) as bar:
+    compiler.compile_first()
+    bar.update(compiler.readiness().num_compiled)
+    if mode == "full":
+      compiler.compile_rest(on_group=bar.update)
+    else:
+      compiler.start()
   seconds = time.perf_counter() - start
   logger.info(
     "warmup: %d of %d programs compiled in %.1f s%s",

@@ -7,6 +7,14 @@ INFO. The command runs on whatever backend exists, so that line is demoted to DE
 TPU is attached, jaxserve/platforms.py keeps JAX from probing it at all: libtpu's own stderr
 lines cannot be filtered here. A backend JAX was told to use (JAX_PLATFORMS) that fails
 still raises, with JAX's own message.
+
+Every process of `jaxserve serve` (the supervisor, the engine core, the API servers) logs in the
+one format `LOG_FORMAT`, timestamps included: `configure_logging` also gives it to a handler that
+Python's logging installed on its own first (a module-level `logging.log` call with no handler
+configured, as absl's, which orbax makes at import in the engine core process, installs one in
+logging's BASIC_FORMAT, without timestamps); other handlers (an application's, pytest's) are left
+as they are. uvicorn is run with log_config=None (UVICORN_LOG_CONFIG), so its lines go through
+the root logger's handler in the same format rather than uvicorn's own.
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ import logging
 
 JAX_BRIDGE_LOGGER = "jax._src.xla_bridge"
 _PROBE_FAILURE = "Unable to initialize backend"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+UVICORN_LOG_CONFIG = None  # uvicorn.Config(log_config=...): its loggers propagate to the root
 
 
 class BackendProbeFilter(logging.Filter):
@@ -27,10 +37,15 @@ class BackendProbeFilter(logging.Filter):
 
 
 def configure_logging(level: str) -> None:
-  logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-  # basicConfig does nothing where an import already gave the root logger a handler (the engine
-  # core process imports jax before configuring): its level must still be the one asked for
-  logging.getLogger().setLevel(level)
+  logging.basicConfig(level=level, format=LOG_FORMAT)
+  root = logging.getLogger()
+  # basicConfig does nothing where the root logger has a handler already: its level must still
+  # be the one asked for, and an implicit handler's format ours (see the module docstring)
+  root.setLevel(level)
+  for handler in root.handlers:
+    formatter = handler.formatter
+    if formatter is None or formatter._fmt == logging.BASIC_FORMAT:
+      handler.setFormatter(logging.Formatter(LOG_FORMAT))
   bridge = logging.getLogger(JAX_BRIDGE_LOGGER)
   if not any(isinstance(f, BackendProbeFilter) for f in bridge.filters):
     bridge.addFilter(BackendProbeFilter())

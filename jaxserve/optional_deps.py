@@ -3,8 +3,11 @@
 The core install serves and generates; benchmarks and parity checks need more (httpx for the load
 generator, matplotlib for plots, torch and transformers for the Hugging Face baselines), all in
 the `bench` extra. A command asks for what it will import before it does any work, so a missing
-package is one line naming the extra (`pip install 'jaxserve[bench]'`), never a traceback and
-never after a benchmark has run.
+package is one line naming the extra, never a traceback and never after a benchmark has run.
+
+`install_command` owns the wording of the install line: jaxserve is installed from its checkout,
+so it is README's `pip install -e ".[bench]"` (tests/bench/test_bench_serve.py checks that README
+says the same).
 """
 
 from __future__ import annotations
@@ -56,10 +59,14 @@ def require(command: str, requirements: Sequence[Requirement]) -> None:
     return
   extras = sorted({EXTRA_OF.get(r.module, "bench") for r in absent})
   what = ", ".join(f"{r.module} ({r.reason})" for r in absent)
-  install = " ".join(f"'jaxserve[{extra}]'" for extra in extras)
   raise MissingDependencyError(
-    f"{command} needs {what}, which is not installed: pip install {install}"
+    f"{command} needs {what}, which is not installed: {install_command(extras)}"
   )
+
+
+def install_command(extras: Sequence[str]) -> str:
+  """The command that installs `extras` into a checkout's environment (README's wording)."""
+  return f'pip install -e ".[{",".join(extras)}]"'
 
 
 def requiring(run: Command, needs: Callable[[argparse.Namespace], list[Requirement]]) -> Command:

@@ -10,6 +10,14 @@ is installed, no TPU device file exists (/dev/accel<n> on v2-v5e hosts, /dev/vfi
 v6e) and JAX_PLATFORMS is unset, it sets JAX_PLATFORMS to the platforms that can start ("cuda,cpu"
 or "rocm,cpu" where a GPU plugin is installed, else "cpu") and logs that it did. A user's own
 JAX_PLATFORMS wins. compile-tpu loads libtpu itself for a topology and never calls it.
+
+JAX reads JAX_PLATFORMS once, when it is imported; the CLI sets it before, but a library user's
+`from jaxserve import LLM` imports jax (and their own code may have) before `LLM(...)` calls
+`skip_absent_tpu()`. Where jax is already imported and has no backend yet, it therefore also sets
+jax's `jax_platforms` option to the same value. Nothing happens at `import jaxserve`: the
+environment and jax's options change only in a process that goes on to start a backend through
+jaxserve (and only where libtpu is installed with no TPU attached, where the TPU cannot start
+anyway); a child process inherits JAX_PLATFORMS, as one the CLI starts does.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import glob
 import importlib.util
 import logging
 import os
+import sys
 from typing import MutableMapping, Sequence
 
 from jaxserve.device.device_memory import (
@@ -71,6 +80,9 @@ def skip_absent_tpu(environ: MutableMapping[str, str] | None = None) -> str | No
   )
   if value is not None:
     environ["JAX_PLATFORMS"] = value
+    jax = sys.modules.get("jax")
+    if environ is os.environ and jax is not None:  # imported before: it read JAX_PLATFORMS then
+      jax.config.update("jax_platforms", value)
     logger.debug("libtpu is installed but no TPU is attached: JAX_PLATFORMS=%s", value)
   return value
 

@@ -2,7 +2,7 @@
 
     jaxserve bench batch-invariance --model /tmp/llama1b --config configs/h100.yaml \
         --batch-invariant on --out out/invariance_1b_on.json
-    python -m jaxserve.bench.batch_invariance ...   # the same flags; JSON to out/ by default
+    python -m jaxserve.bench.batch_invariance ...   # the same flags
 
 N probe prompts (random ids, --min-len to --max-len tokens) each generate T greedy tokens with
 their logprobs in four scenarios, and every scenario is compared with the first, bitwise:
@@ -265,7 +265,7 @@ def print_report(report: dict, num_probes: int) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser = standalone_parser("batch_invariance", __doc__)
-  add_batch_invariance_flags(parser, out="out/batch_invariance.json")
+  add_batch_invariance_flags(parser)
   return parser.parse_args(argv)
 
 

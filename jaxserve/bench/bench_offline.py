@@ -5,8 +5,8 @@
     python -m jaxserve.bench.bench_offline ...                   # the same flags
 
 Random token prompts with fixed lengths (ignore_eos), all submitted at once; warmup (compiling
-every bucket) is excluded from the timed region. Prints a table; writes JSON to --out (the
-`python -m` entry by default to out/bench_offline.json, the command only when asked).
+every bucket) is excluded from the timed region. Prints a table; writes JSON to --out when
+asked.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from jaxserve.tools.key_value_table import key_value_table
 
 def parse_args(argv=None) -> argparse.Namespace:
   parser = standalone_parser("bench_offline", __doc__)
-  add_offline_flags(parser, out="out/bench_offline.json")
+  add_offline_flags(parser)
   return parser.parse_args(argv)
 
 

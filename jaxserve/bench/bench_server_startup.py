@@ -3,7 +3,7 @@ workload once the background compilation is done, and a warm restart.
 
     jaxserve bench server-startup --model /tmp/llama8b --config configs/h100.yaml \
         --max-model-len 2048 --workload-s 150 --out out/server_startup.json
-    python -m jaxserve.bench.bench_server_startup ...  # the same flags; JSON to out/ by default
+    python -m jaxserve.bench.bench_server_startup ...  # the same flags
 
 Each phase starts the server in a subprocess (`python -m jaxserve.cli serve ... --set
 compilation_cache_dir=DIR`, DIR empty for the fresh start, the same DIR for the restart) and
@@ -59,7 +59,7 @@ LOG_FACTS = {
 
 def parse_args(argv=None) -> argparse.Namespace:
   parser = standalone_parser("bench_server_startup", __doc__)
-  add_server_startup_flags(parser, out="out/server_startup.json")
+  add_server_startup_flags(parser)
   return parser.parse_args(argv)
 
 

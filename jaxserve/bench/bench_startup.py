@@ -3,7 +3,7 @@
     jaxserve bench startup --model /data/llama8b --config configs/h100.yaml \
         --max-model-len 2048 --warmup full
     jaxserve bench startup --build llama-3.1-8b --model /data/llama8b --config ...
-    python -m jaxserve.bench.bench_startup ...   # the same flags; JSON to out/ by default
+    python -m jaxserve.bench.bench_startup ...   # the same flags
 
 --build NAME first writes a random checkpoint of that shape into --model (in a subprocess, so its
 torch CUDA context is gone before jax starts) unless the directory already holds one. The client
@@ -31,6 +31,7 @@ from pathlib import Path
 
 from jaxserve.bench.flags import add_startup_flags, standalone_parser
 from jaxserve.cli_args import engine_config_from_args
+from jaxserve.log_setup import LOG_FORMAT
 from jaxserve.platforms import prepare_jax_process
 from jaxserve.tools.json_file import write_json
 from jaxserve.tools.key_value_table import key_value_table
@@ -40,7 +41,7 @@ GIB = 2**30
 
 def parse_args(argv=None) -> argparse.Namespace:
   parser = standalone_parser("bench_startup", __doc__)
-  add_startup_flags(parser, out="out/bench_startup.json")
+  add_startup_flags(parser)
   return parser.parse_args(argv)
 
 
@@ -192,9 +193,7 @@ def main(argv=None) -> int:
 
 def command(args: argparse.Namespace) -> int:
   """The benchmark on parsed flags (`jaxserve bench startup` calls it)."""
-  logging.basicConfig(
-    level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-  )
+  logging.basicConfig(level=args.log_level, format=LOG_FORMAT)
   if args.build:
     if not args.model:
       raise SystemExit("--build needs --model DIR (where to write the checkpoint)")

@@ -3,7 +3,7 @@
     jaxserve bench structured                      # tiny-random, CPU smoke run
     jaxserve bench structured --model /tmp/llama8b --synthetic-bpe-vocab 128000 \\
         --concurrency 64 256 --set scheduler.max_num_seqs=256 ...
-    python -m jaxserve.bench.bench_structured ...  # the same flags; JSON to out/ by default
+    python -m jaxserve.bench.bench_structured ...  # the same flags
 
 For each concurrency C it submits C prompts at once (random ids, input_len tokens) twice, first
 unconstrained (ignore_eos, output_len tokens each), then every one under SCHEMA (same max_tokens;
@@ -50,7 +50,7 @@ from jaxserve.tools.json_file import write_json
 
 def parse_args(argv=None) -> argparse.Namespace:
   parser = standalone_parser("bench_structured", __doc__)
-  add_structured_flags(parser, out="out/bench_structured.json")
+  add_structured_flags(parser)
   return parser.parse_args(argv)
 
 

@@ -3,10 +3,8 @@
 cli.py builds the `jaxserve bench <name>` subcommands from these functions, and each benchmark
 that also runs as `python -m jaxserve.bench.<module>` builds that parser from the same function
 (`standalone_parser`), so both entry points take the same flags with the same defaults and show
-the defaults in --help. One difference, by design: the `jaxserve bench` commands write files
-only when asked (`--out` unset: print only), while a `python -m` entry keeps writing its JSON to
-out/<name>.json by default (the `out` argument of each function). Nothing here imports jax or a
-benchmark module, so `jaxserve --help` stays fast.
+the defaults in --help. Both write files only when asked (`--out` unset: print only). Nothing here
+imports jax or a benchmark module, so `jaxserve --help` stays fast.
 """
 
 from __future__ import annotations
@@ -29,11 +27,9 @@ def standalone_parser(module: str, doc: str) -> argparse.ArgumentParser:
   )
 
 
-def _add_out(parser: argparse.ArgumentParser, out: str | None) -> None:
+def _add_out(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
-    "--out",
-    default=out,
-    help="write the result JSON to this file" + ("" if out else " (default: print only)"),
+    "--out", default=None, help="write the result JSON to this file (default: print only)"
   )
 
 
@@ -146,7 +142,7 @@ def add_throughput_flags(parser: argparse.ArgumentParser) -> None:
   )
 
 
-def add_offline_flags(parser: argparse.ArgumentParser, out: str | None = None) -> None:
+def add_offline_flags(parser: argparse.ArgumentParser) -> None:
   """`bench offline`: the engine's own loop, host and device time per step (bench_offline.py)."""
   add_engine_args(parser, skip=("seed",))  # --seed here seeds the prompts
   parser.add_argument("--num-prompts", type=int, default=64)
@@ -165,10 +161,10 @@ def add_offline_flags(parser: argparse.ArgumentParser, out: str | None = None) -
     help="run the timed loop under cProfile and write the 40 functions with "
     "the most own time to PATH (slows the host; for where, not how fast)",
   )
-  _add_out(parser, out)
+  _add_out(parser)
 
 
-def add_structured_flags(parser: argparse.ArgumentParser, out: str | None = None) -> None:
+def add_structured_flags(parser: argparse.ArgumentParser) -> None:
   """`bench structured`: JSON-schema requests against unconstrained ones (bench_structured.py)."""
   add_engine_args(parser, skip=("seed",))
   parser.add_argument("--concurrency", type=int, nargs="+", default=[4, 8])
@@ -182,10 +178,10 @@ def add_structured_flags(parser: argparse.ArgumentParser, out: str | None = None
     "the checkpoint's tokenizer (0: the checkpoint's)",
   )
   parser.add_argument("--seed", type=int, default=0)
-  _add_out(parser, out)
+  _add_out(parser)
 
 
-def add_startup_flags(parser: argparse.ArgumentParser, out: str | None = None) -> None:
+def add_startup_flags(parser: argparse.ArgumentParser) -> None:
   """`bench startup`: weight loading, the KV pool and warmup, in-process (bench_startup.py)."""
   add_engine_args(parser)
   parser.add_argument(
@@ -202,10 +198,10 @@ def add_startup_flags(parser: argparse.ArgumentParser, out: str | None = None) -
     help="also time the host-converted path (transpose and cast on the host, "
     "one synchronous device_put per tensor: the loader before issue 16)",
   )
-  _add_out(parser, out)
+  _add_out(parser)
 
 
-def add_server_startup_flags(parser: argparse.ArgumentParser, out: str | None = None) -> None:
+def add_server_startup_flags(parser: argparse.ArgumentParser) -> None:
   """`bench server-startup`: `jaxserve serve` fresh, under load and restarted
   (bench_server_startup.py). The engine flags are passed to the server, not applied here."""
   parser.add_argument("--model", required=True)
@@ -231,14 +227,13 @@ def add_server_startup_flags(parser: argparse.ArgumentParser, out: str | None = 
   )
   parser.add_argument(
     "--out",
-    default=out,
-    help="write the result JSON to this file, and the "
-    "servers' logs beside it"
-    + ("" if out else " (default: print only, the logs in a temporary directory)"),
+    default=None,
+    help="write the result JSON to this file, and the servers' logs beside it "
+    "(default: print only, the logs in a temporary directory)",
   )
 
 
-def add_batch_invariance_flags(parser: argparse.ArgumentParser, out: str | None = None) -> None:
+def add_batch_invariance_flags(parser: argparse.ArgumentParser) -> None:
   """`bench batch-invariance`: a greedy request alone and in a crowd, bitwise
   (batch_invariance.py)."""
   parser.add_argument("--model", default="tiny-random")
@@ -270,4 +265,4 @@ def add_batch_invariance_flags(parser: argparse.ArgumentParser, out: str | None 
     "untimed: without the GEMM timings",
   )
   parser.add_argument("--seed", type=int, default=0)
-  _add_out(parser, out)
+  _add_out(parser)

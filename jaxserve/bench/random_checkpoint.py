@@ -8,18 +8,27 @@ by `hf_tensor_specs` is drawn directly in bfloat16 on the fastest device (CUDA w
 copied to the host and written shard by shard, so an 8B checkpoint takes seconds of compute and one
 shard of host memory. Weights are N(0, 0.02) (transformers' initializer_range) with RMSNorm scales
 of one.
+
+    python -m jaxserve.bench.random_checkpoint llama-3.1-8b /tmp/llama8b [--seed 0]
+
+writes one from the command line (needs torch, the `bench` extra); without its arguments it is a
+usage error, and --help lists the shapes.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 from jaxserve.bench.vocab_tokenizer import write_vocab_tokenizer
+from jaxserve.cli_help import DefaultsHelpFormatter
 from jaxserve.models.model_config import ModelConfig
-from jaxserve.models.named_shapes import named_model_config
+from jaxserve.models.named_shapes import SHAPES, named_model_config
 from jaxserve.models.weights import hf_tensor_specs
+from jaxserve.optional_deps import MissingDependencyError, Requirement, require
 from jaxserve.tools.export_hf import hf_llama_config
 
 SHARD_BYTES = 4 << 30
@@ -80,3 +89,30 @@ def build_random_checkpoint(config: ModelConfig, out_dir: str | Path, seed: int 
   hf_config.save_pretrained(out_dir)
   write_vocab_tokenizer(out_dir, config.vocab_size, config.bos_token_id, config.eos_token_ids)
   return out_dir
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(
+    prog="python -m jaxserve.bench.random_checkpoint",
+    description="Writes a random-weight bfloat16 Llama checkpoint of a named shape.",
+    formatter_class=DefaultsHelpFormatter,
+  )
+  parser.add_argument("shape", choices=sorted(SHAPES), help="the model shape")
+  parser.add_argument("out_dir", help="the directory to write (created if missing)")
+  parser.add_argument("--seed", type=int, default=0, help="the weights' random seed")
+  return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = parse_args(argv)
+  try:
+    require("python -m jaxserve.bench.random_checkpoint", [Requirement("torch", "the weights")])
+  except MissingDependencyError as err:
+    print(err, file=sys.stderr)
+    return 1
+  print(f"wrote {build_random_llama(args.shape, args.out_dir, args.seed)}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

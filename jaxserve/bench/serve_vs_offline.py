@@ -39,6 +39,7 @@ from pathlib import Path
 
 from jaxserve.bench.bench_serve import ServeBenchConfig, run_requests
 from jaxserve.bench.datasets import random_requests
+from jaxserve.bench.flags import standalone_parser
 from jaxserve.bench.latency_stats import format_table, summarize
 from jaxserve.bench.process_cpu import CpuMeter
 from jaxserve.bench.server_process import ServerProcess
@@ -49,7 +50,7 @@ MODES = {"multi-process": None, "single-process": 0}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = standalone_parser("serve_vs_offline", __doc__)
   parser.add_argument("--model", required=True)
   parser.add_argument("--config", help="YAML engine config for every run")
   parser.add_argument("--max-model-len", type=int, default=2048)

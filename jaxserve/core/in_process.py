@@ -11,12 +11,16 @@ way. The engine is built (model, buckets, KV pages, warmup) before the API serve
 port, so once it accepts connections /health is 200.
 
 If the loop fails, the CoreClient fails its streams (CoreFailed) and /health answers 503 until a
-stop signal drains the API server; the process then exits 1.
+stop signal drains the API server; the process then exits 1. A stop signal (SIGTERM, SIGINT)
+while the engine is still being built exits 0 at once, without the interpreter's finalization
+(a compile thread inside XLA would hold it or crash it): there is nothing to drain yet.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import tempfile
 import threading
 import time
@@ -89,6 +93,24 @@ class CoreThread:
       remove_address(self.address)
 
 
+@contextlib.contextmanager
+def _exit_on_stop_signal():
+  """While building the engine: a stop signal exits the process at once (status 0)."""
+  from jaxserve.device.program_compiler import exit_now
+
+  def on_signal(sig, frame) -> None:
+    logger.info("signal %d: stopped during start-up", sig)
+    exit_now(0)
+
+  signals = (signal.SIGTERM, signal.SIGINT)
+  previous = {sig: signal.signal(sig, on_signal) for sig in signals}
+  try:
+    yield
+  finally:
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
+
+
 def serve_in_process(config: EngineConfig, log_level: str, entry: ApiServerEntry) -> int:
   """Builds the engine, serves it through `entry` until a stop signal has drained it; the exit
   status (1 if the engine core failed)."""
@@ -96,7 +118,8 @@ def serve_in_process(config: EngineConfig, log_level: str, entry: ApiServerEntry
 
   server = config.server
   start = time.monotonic()
-  engine = build_engine(config, default_warmup="background")  # ready after one bucket
+  with _exit_on_stop_signal():
+    engine = build_engine(config, default_warmup="background")  # ready after one bucket
   try:
     core = CoreThread(engine).start()
     try:
@@ -117,8 +140,14 @@ def serve_in_process(config: EngineConfig, log_level: str, entry: ApiServerEntry
       core.stop()
   finally:
     engine.close()
+  status = 0
   if core.error is not None:
     logger.error("the engine core failed: %s: %s", type(core.error).__name__, core.error)
-    return 1
-  logger.info("stopped")
-  return 0
+    status = 1
+  else:
+    logger.info("stopped")
+  from jaxserve.device.program_compiler import compilation_abandoned, exit_now
+
+  if compilation_abandoned():  # a stop during background compilation: no finalization
+    exit_now(status)
+  return status

@@ -15,8 +15,11 @@ while the core computes, over a Unix socket (ipc://) with no broker (docs/DECISI
 for the step traffic").
 
 Signals: SIGTERM stops the loop after the current step (the supervisor sends it once the API
-server processes have drained); SIGINT is ignored, as the supervisor decides when the core
-stops.
+server processes have drained); SIGTERM before the core serves (it is still building or warming
+up the engine) exits at once, and start_core_process, asked to stop meanwhile (`stop_requested`),
+sends it and kills the core if it has not exited STARTUP_STOP_WAIT_S later (a thread inside XLA's
+compiler would hold its exit), so Ctrl-C during start-up exits within about a second. SIGINT is
+ignored, as the supervisor decides when the core stops.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -36,6 +40,8 @@ from jaxserve.core.info import CoreInfo
 from jaxserve.core.router import bind_router, core_address, remove_address
 
 logger = logging.getLogger(__name__)
+STARTUP_STOP_WAIT_S = 1.0
+_STARTUP_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,10 @@ PipeMessage = CoreReady | CoreFailure  # what the start-up pipe carries, child t
 
 class CoreStartError(RuntimeError):
   """The engine core process failed before it served."""
+
+
+class CoreStartStopped(RuntimeError):
+  """start_core_process was asked to stop before the core served; the core has exited."""
 
 
 @dataclass
@@ -90,10 +100,14 @@ class CoreHandle:
 
 
 def start_core_process(
-  config: EngineConfig, log_level: str = "INFO", address: str | None = None
+  config: EngineConfig,
+  log_level: str = "INFO",
+  address: str | None = None,
+  stop_requested: Callable[[], bool] | None = None,
 ) -> CoreHandle:
   """Spawns the core and returns once it serves; the child's ValueError (a bad setting) or a
-  CoreStartError with its error if the engine could not be built."""
+  CoreStartError with its error if the engine could not be built; CoreStartStopped once the core
+  has exited if `stop_requested()` turned true first (polled every 50 ms)."""
   address = address or core_address()
   context = multiprocessing.get_context("spawn")
   parent_end, child_end = context.Pipe(duplex=False)
@@ -105,6 +119,11 @@ def start_core_process(
   )
   process.start()
   child_end.close()
+  while stop_requested is not None and not parent_end.poll(_STARTUP_POLL_S):
+    if stop_requested():
+      _stop_starting(process)
+      remove_address(address)
+      raise CoreStartStopped("stopped before the engine core served")
   try:
     message: PipeMessage = parent_end.recv()
   except EOFError:
@@ -118,6 +137,16 @@ def start_core_process(
       raise ValueError(message.message)
     raise CoreStartError(message.message)
   return CoreHandle(process, address, message.info, parent_end)
+
+
+def _stop_starting(process: multiprocessing.process.BaseProcess) -> None:
+  """SIGTERM to a core that is still starting; SIGKILL if it has not exited in time."""
+  if process.is_alive():
+    os.kill(process.pid, signal.SIGTERM)
+  process.join(STARTUP_STOP_WAIT_S)
+  if process.is_alive():
+    process.kill()
+    process.join(5)
 
 
 def _send_quietly(pipe: Connection, message: CoreFailure) -> None:
@@ -139,7 +168,14 @@ def run_core_process(config: EngineConfig, address: str, pipe: Connection, log_l
   configure_logging(log_level)
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   stop = threading.Event()
-  signal.signal(signal.SIGTERM, lambda sig, frame: stop.set())
+  serving = threading.Event()
+
+  def on_sigterm(sig, frame) -> None:
+    stop.set()
+    if not serving.is_set():
+      raise SystemExit(0)  # still starting: nothing to drain
+
+  signal.signal(signal.SIGTERM, on_sigterm)
   context = zmq.Context()
   socket = None
   try:
@@ -148,6 +184,7 @@ def run_core_process(config: EngineConfig, address: str, pipe: Connection, log_l
     socket = bind_router(context, address)
     gc.collect()
     gc.freeze()  # the engine's long-lived objects: later collections do not scan them
+    serving.set()
     pipe.send(
       CoreReady(
         CoreInfo(
@@ -166,6 +203,8 @@ def run_core_process(config: EngineConfig, address: str, pipe: Connection, log_l
   except ValueError as err:  # bad settings (a missing checkpoint...): the parent reports it
     _send_quietly(pipe, CoreFailure(str(err), bad_setting=True))
     sys.exit(2)
+  except SystemExit:
+    raise
   except BaseException as err:
     _send_quietly(pipe, CoreFailure(f"{type(err).__name__}: {err}"))
     raise
@@ -174,3 +213,7 @@ def run_core_process(config: EngineConfig, address: str, pipe: Connection, log_l
       socket.close()
     context.term()
     remove_address(address)
+  from jaxserve.device.program_compiler import compilation_abandoned, exit_now
+
+  if compilation_abandoned():  # a stop during background compilation: exit now
+    exit_now(0)

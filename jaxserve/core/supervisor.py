@@ -15,9 +15,11 @@ model limits) reaches them in a file of a private temporary directory, so the sp
 for one another and the API servers start side by side. Then it waits on the children:
 
 * SIGTERM or SIGINT: forwarded to the API servers as SIGTERM (each drains, server/drain.py);
-  once all have exited the core gets SIGTERM; exit 0. A signal during start-up starts no
-  further API server; those spawned drain as soon as they can (one still importing dies of
-  the signal, one whose uvicorn is starting drains right after its start-up).
+  once all have exited the core gets SIGTERM; exit 0. A signal while the core is still starting
+  (building, warming up) stops it at once (start_core_process's stop_requested: within about a
+  second, core/process.py); exit 0. A signal later in start-up starts no further API server;
+  those spawned drain as soon as they can (one still importing dies of the signal, one whose
+  uvicorn is starting drains right after its start-up).
 * The core dies: the API servers have already failed their open streams (their CoreClient saw
   the connection close) and answer /health with 503; CORE_DEATH_GRACE_S later they are drained
   and the supervisor exits 1, logging the core's error.
@@ -44,7 +46,8 @@ import zmq
 from jaxserve.config import EngineConfig
 from jaxserve.core.info import ApiProcessArgs, ApiServerEntry, api_identity, write_core_info
 from jaxserve.core.messages import ClientGone
-from jaxserve.core.process import CoreStartError, start_core_process
+from jaxserve.core.process import CoreStartError, CoreStartStopped, start_core_process
+from jaxserve.log_setup import UVICORN_LOG_CONFIG
 
 logger = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 30.0
@@ -83,7 +86,10 @@ def serve_multiprocess(
   previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
   try:
     try:
-      core = start_core_process(config, log_level)
+      core = start_core_process(config, log_level, stop_requested=lambda: bool(stopping))
+    except CoreStartStopped:
+      logger.info("stopped during start-up")
+      return 0
     except CoreStartError as err:
       logger.error("the engine core did not start: %s", err)
       return 1
@@ -94,7 +100,9 @@ def serve_multiprocess(
       server = config.server
       info_path = Path(info_dir.name) / "core_info.pickle"
       write_core_info(core.info, info_path)
-      sock = uvicorn.Config(None, host=server.host, port=server.port).bind_socket()
+      sock = uvicorn.Config(
+        None, host=server.host, port=server.port, log_config=UVICORN_LOG_CONFIG
+      ).bind_socket()
       context = multiprocessing.get_context("spawn")
       for index in range(count):
         if stopping:  # a stop signal came while the API processes were starting

@@ -21,13 +21,22 @@ compilation cache then serves the engine's calls, so the compile ledger counts e
 Each time a bucket's group is compiled, a new ProgramReadiness (messages/program_readiness.py) is
 published; the host pads each step to the smallest ready bucket that holds it
 (engine/engine_core.py), which therefore never waits for a compilation.
+
+close() (the engine's close, at shutdown) stops the compile thread at the next program and waits
+for it at most CLOSE_WAIT_S: a stop signal during background compilation exits within that, not
+after the program being compiled (seconds for a large bucket). The thread is a daemon; one still
+inside XLA's compiler crashes the interpreter's finalization (SIGSEGV), so a process that closed
+an engine while `compilation_abandoned()` ends with `exit_now` (no finalization) instead.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -45,6 +54,21 @@ from jaxserve.messages.scheduled_batch import ScheduledBatch
 logger = logging.getLogger(__name__)
 
 BURST_MODES = (SamplerMode(), SamplerMode(random=True))
+CLOSE_WAIT_S = 0.5
+COMPILE_THREAD_NAME = "jaxserve-compile"
+
+
+def compilation_abandoned() -> bool:
+  """Whether a closed compiler's thread is still inside XLA's compiler."""
+  return any(t.name == COMPILE_THREAD_NAME and t.is_alive() for t in threading.enumerate())
+
+
+def exit_now(status: int) -> None:
+  """Flushes the logs and standard streams, then exits without the interpreter's finalization."""
+  logging.shutdown()
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)
 
 
 @dataclass(frozen=True)
@@ -159,14 +183,18 @@ class ProgramCompiler:
       )
     return time.perf_counter() - start
 
-  def compile_rest(self) -> None:
-    """Compiles every group not compiled yet, here (stops early when close() is called)."""
+  def compile_rest(self, on_group: Callable[[int], object] | None = None) -> None:
+    """Compiles every group not compiled yet, here (stops early when close() is called);
+    `on_group(n)` after each group of n programs (a progress bar's update)."""
     while self._next_group < len(self.groups) and not self._stop.is_set():
-      self._compile_group(self.groups[self._next_group])
+      group = self.groups[self._next_group]
+      self._compile_group(group)
+      if on_group is not None:
+        on_group(len(group.programs))
 
   def start(self) -> "ProgramCompiler":
     """Compiles the remaining groups on a daemon thread."""
-    self._thread = threading.Thread(target=self._run, name="jaxserve-compile", daemon=True)
+    self._thread = threading.Thread(target=self._run, name=COMPILE_THREAD_NAME, daemon=True)
     self._thread.start()
     return self
 
@@ -178,11 +206,13 @@ class ProgramCompiler:
       raise RuntimeError("background compilation failed") from self.error
     return self._readiness.complete
 
-  def close(self) -> None:
-    """Stops the compile thread after the program it is compiling."""
+  def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+    """Stops the compile thread at its next program; waits for it at most `wait_s`."""
     self._stop.set()
     if self._thread is not None:
-      self._thread.join()
+      self._thread.join(wait_s)
+      if self._thread.is_alive():
+        logger.info("background compilation stopped mid-program (left to the process's exit)")
 
   def _run(self) -> None:
     start = time.perf_counter()
@@ -206,10 +236,12 @@ class ProgramCompiler:
     the GIL: the small samplers compile beside the forward)."""
     if parallel:
       lowered = [self._lower(program) for program in group.programs]
-      with ThreadPoolExecutor(len(lowered) or 1, thread_name_prefix="jaxserve-compile") as pool:
+      with ThreadPoolExecutor(len(lowered) or 1, thread_name_prefix="jaxserve-warmup") as pool:
         list(pool.map(lambda program: program.compile(), lowered))
     else:
       for program in group.programs:
+        if self._stop.is_set():
+          return  # close(): the group is not published
         self._lower(program).compile()
     self._num_compiled += len(group.programs)
     self._next_group += 1

@@ -6,6 +6,13 @@ If the job is not complete within initialization_timeout_s, the process prints w
 not join which coordinator and exits with JOIN_FAILED_EXIT_CODE; JAX's own deadline is set a little
 later so that this message, not a native abort, is what a failing host reports.
 
+jax.distributed.initialize starts JAX's preemption service, whose native notifier replaces the
+process's SIGTERM handler and only records the signal (for multihost_utils'
+reached_preemption_sync_point, which jaxserve does not use): a SIGTERM during warm-up would be
+swallowed and the host would go on to serve. `initialize_distributed` therefore puts the SIGTERM
+handler that was in place before back (Python's, the default one: the host exits; `jaxserve
+serve` installs its draining handler when it starts serving).
+
 Process 0 runs the HTTP server and the scheduler. Before each step it publishes the step's
 fixed-shape inputs in the key-value store of JAX's distributed runtime (the coordination service
 that jax.distributed.initialize already runs), under a per-step key; the other processes block on
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import threading
 
@@ -72,6 +80,7 @@ def initialize_distributed(config: DistributedConfig) -> None:
   watchdog = threading.Timer(timeout, give_up)
   watchdog.daemon = True
   watchdog.start()
+  previous_sigterm = signal.getsignal(signal.SIGTERM)
   try:
     jax.distributed.initialize(
       coordinator_address=config.coordinator_address,
@@ -84,6 +93,7 @@ def initialize_distributed(config: DistributedConfig) -> None:
   finally:
     joined.set()
     watchdog.cancel()
+  _restore_sigterm(previous_sigterm)
   logger.info(
     "distributed: process %d of %d joined; %d devices in the job (%d local)",
     jax.process_index(),
@@ -91,6 +101,12 @@ def initialize_distributed(config: DistributedConfig) -> None:
     jax.device_count(),
     jax.local_device_count(),
   )
+
+
+def _restore_sigterm(handler: object) -> None:
+  """Re-installs `handler` over the preemption notifier's (see the module docstring)."""
+  if threading.current_thread() is threading.main_thread() and handler is not None:
+    signal.signal(signal.SIGTERM, handler)
 
 
 def is_worker() -> bool:

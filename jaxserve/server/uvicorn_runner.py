@@ -1,37 +1,50 @@
 """Runs one app under uvicorn with the drain: every API server (each API server process, and the
 one of the one-process server) goes through run_app.
 
-SIGTERM or SIGINT drains: the drain flag makes new requests (and /health) 503, uvicorn stops
-accepting connections and waits up to server.drain_timeout_s for running responses to finish;
-those still running then end with an error event and [DONE] (server/drain.py). While requests
+SIGTERM or SIGINT drains: the drain flag makes new requests (and /health) 503. The listening
+socket stays open while responses run, so a client that connects during the drain gets that 503
+(an OpenAI error body), not a refused connection; once none runs (at the latest when
+server.drain_timeout_s has passed and those still running have ended with an error event and
+[DONE], server/drain.py) uvicorn stops accepting connections and shuts down. While requests
 run, a stats line is logged every server.stats_interval_s (server/stats_logger.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import socket
 import threading
+import time
 
 import uvicorn
 from starlette.applications import Starlette
 
 from jaxserve.config import ServerConfig
+from jaxserve.log_setup import UVICORN_LOG_CONFIG
 from jaxserve.server.app import serving_state
 from jaxserve.server.drain import UVICORN_GRACE_S, DrainTimer
 from jaxserve.server.stats_logger import StatsLogger
 
 logger = logging.getLogger(__name__)
+_POLL_S = 0.05
 
 
 class DrainingServer(uvicorn.Server):
   """uvicorn's server that also raises the app's drain flag when a stop signal arrives."""
 
-  def __init__(self, config: uvicorn.Config, draining: threading.Event, drain_timer: DrainTimer):
+  def __init__(
+    self,
+    config: uvicorn.Config,
+    draining: threading.Event,
+    drain_timer: DrainTimer,
+    drain_timeout_s: float,
+  ):
     super().__init__(config)
     self.draining = draining
     self.drain_timer = drain_timer
+    self.drain_timeout_s = drain_timeout_s
 
   def handle_exit(self, sig, frame) -> None:
     if not self.draining.is_set():
@@ -39,6 +52,13 @@ class DrainingServer(uvicorn.Server):
     self.draining.set()
     self.drain_timer.start()
     super().handle_exit(sig, frame)
+
+  async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+    """Keeps accepting (and answering 503) while responses run, then uvicorn's shutdown."""
+    deadline = time.monotonic() + self.drain_timeout_s + UVICORN_GRACE_S / 2
+    while self.server_state.tasks and time.monotonic() < deadline and not self.force_exit:
+      await asyncio.sleep(_POLL_S)
+    await super().shutdown(sockets)
 
 
 def run_app(
@@ -57,10 +77,11 @@ def run_app(
     port=config.port,
     lifespan="on",
     log_level=log_level.lower(),
+    log_config=UVICORN_LOG_CONFIG,
     timeout_graceful_shutdown=config.drain_timeout_s + UVICORN_GRACE_S,
   )
   drain_timer = DrainTimer(state.engine, config.drain_timeout_s)
-  server = DrainingServer(uvicorn_config, state.draining, drain_timer)
+  server = DrainingServer(uvicorn_config, state.draining, drain_timer, config.drain_timeout_s)
   stats_logger = StatsLogger(
     state.engine, state.metrics, config.stats_interval_s, prefix=stats_prefix
   ).start()

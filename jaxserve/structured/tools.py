@@ -8,7 +8,10 @@
 model, a random one included; the model then writes the calls directly (no chat-format markers):
 * named function f: one object `{"name": "f", "arguments": <f's parameters>}`;
 * required: an array of one or more such objects, each an anyOf over the tools (vLLM's shape,
-  with "arguments" rather than "parameters"), a single element when parallel_tool_calls is false.
+  with "arguments" rather than "parameters"): at most `MAX_PARALLEL_TOOL_CALLS` elements, exactly
+  one when parallel_tool_calls is false. The bound is in the grammar, so the array always closes:
+  a model that would go on writing calls (greedy decoding on random weights does) is made to end
+  the array, then the output, and the choice finishes with "tool_calls", not "length".
 `parse_forced_tool_calls` turns that output into `ToolCall`s. "auto" is left to the model and
 the tool-call parser of its chat format (jaxserve/structured/tool_parsers).
 """
@@ -26,6 +29,7 @@ from jaxserve.structured.spec import JsonValue, StructuredOutputError, Structure
 
 TOOLS = "tools"
 TOOL_CHOICE = "tool_choice"
+MAX_PARALLEL_TOOL_CALLS = 8
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # OpenAI: "omitting parameters defines a function with an empty parameter list"
 _EMPTY_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -172,10 +176,9 @@ def tool_call_schema(
   schema: dict[str, JsonValue] = {
     "type": "array",
     "minItems": 1,
+    "maxItems": MAX_PARALLEL_TOOL_CALLS if parallel_tool_calls else 1,
     "items": {"anyOf": [_call_schema(t) for t in tools]},
   }
-  if not parallel_tool_calls:
-    schema["maxItems"] = 1
   return schema
 
 

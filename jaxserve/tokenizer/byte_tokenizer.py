@@ -9,6 +9,14 @@ printable character, the ByteLevel decoder maps it back), followed by six specia
   261 <|end|>
 
 The model's embedding has 512 rows; ids 262..511 are unused and decode to "".
+
+The chat template (`BYTE_CHAT_TEMPLATE`) writes each message as `<|role|>content<|end|>` and takes
+what OpenAI tool calling sends: `tools` as one system turn naming them
+(`<|system|>tools: f, g<|end|>`; bytes are tokens here, so whole schemas would fill a small
+context), an assistant's `tool_calls` as the JSON array of `{"name", "arguments"}` objects after
+its content (the shape tool_choice "required" makes the model write, structured/tools.py), and a
+`tool` message as a user turn `<|user|>tool result <tool_call_id>: content<|end|>`. Other roles are
+an error.
 """
 
 from __future__ import annotations
@@ -26,11 +34,22 @@ SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, "<|system|>", "<|user|>", "<|assistant|>
 
 BYTE_CHAT_TEMPLATE = (
   "{{ bos_token }}"
+  "{% if tools %}<|system|>tools: "
+  "{{ tools | map(attribute='function') | map(attribute='name') | join(', ') }}<|end|>{% endif %}"
   "{% for message in messages %}"
-  "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+  "{% if message['role'] == 'tool' %}"
+  "{{ '<|user|>tool result' }}"
+  "{% if message['tool_call_id'] is defined %}{{ ' ' + message['tool_call_id'] }}{% endif %}"
+  "{{ ': ' + message['content'] | default('') + '<|end|>' }}"
+  "{% elif message['role'] in ['system', 'user', 'assistant'] %}"
+  "{{ '<|' + message['role'] + '|>' + message['content'] | default('') }}"
+  "{% if message['tool_calls'] is defined %}"
+  "{{ message['tool_calls'] | map(attribute='function') | list | tojson(separators=(',', ':')) }}"
+  "{% endif %}"
+  "{{ '<|end|>' }}"
+  "{% else %}"
   "{{ raise_exception('unsupported role: ' + message['role']) }}"
   "{% endif %}"
-  "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
   "{% endfor %}"
   "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )

@@ -25,6 +25,8 @@ from typing import Sequence
 
 import jax
 
+from jaxserve.optional_deps import install_command
+
 GIB = 2**30
 # Chips per host slice -> the topology of that many chips (the single-host shapes Cloud TPU sells).
 _SHAPES = {1: "1x1", 4: "2x2", 8: "2x4"}
@@ -75,8 +77,8 @@ def topology_devices(topology_name: str) -> Sequence[jax.Device]:
   """The devices of a TPU topology, compile-only; ValueError without libtpu."""
   if not libtpu_available():
     raise ValueError(
-      "compile-tpu: libtpu is not installed (pip install 'jax[tpu]', or the "
-      "project's test extra on Linux x86-64)"
+      f"compile-tpu: libtpu is not installed: {install_command(['tpu'])} (or the test extra, "
+      "on Linux x86-64)"
     )
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from jax.experimental import topologies

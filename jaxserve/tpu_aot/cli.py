@@ -14,6 +14,7 @@ import argparse
 import sys
 
 from jaxserve.cli_args import add_engine_args, engine_config_from_args
+from jaxserve.optional_deps import install_command
 from jaxserve.tools.json_file import write_json
 
 
@@ -27,7 +28,7 @@ def register(subparsers) -> None:
     "(forward per bucket, sampler modes, prompt logprobs, decode bursts) from abstract weights "
     "and KV pages, compiles them with libtpu for the chip's topology (tensor_parallel_size "
     "chips) and checks weights + KV pool + step transient + program code per chip against "
-    "the chip's HBM. Needs libtpu (pip install 'jax[tpu]'), not a TPU.",
+    f"the chip's HBM. Needs libtpu ({install_command(['tpu'])}), not a TPU.",
   )
   add_engine_args(parser)
   parser.add_argument(

@@ -1,10 +1,14 @@
 """The `jaxserve bench` commands beside their `python -m jaxserve.bench.<module>` entry points:
-the same flags with the same defaults (one definition, bench/flags.py), except that the command
-writes its JSON only when asked; `jaxserve bench offline` end to end on tiny-random."""
+the same flags with the same defaults (one definition, bench/flags.py), JSON written only when
+asked by either; `jaxserve bench offline` end to end on tiny-random; random_checkpoint's command
+line."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,29 +18,32 @@ from jaxserve.bench import (
   bench_server_startup,
   bench_startup,
   bench_structured,
+  random_checkpoint,
 )
 from jaxserve.cli import build_parser, main
 from tests.tools.tool_helpers import SMALL_ENGINE_ARGS
 
-# command -> (module, flags the command requires, the module's default --out)
+REPO = Path(__file__).resolve().parents[2]
+
+# command -> (module, flags the command requires)
 COMMANDS = {
-  "offline": (bench_offline, [], "out/bench_offline.json"),
-  "structured": (bench_structured, [], "out/bench_structured.json"),
-  "startup": (bench_startup, [], "out/bench_startup.json"),
-  "server-startup": (bench_server_startup, ["--model", "m"], "out/server_startup.json"),
-  "batch-invariance": (batch_invariance, [], "out/batch_invariance.json"),
+  "offline": (bench_offline, []),
+  "structured": (bench_structured, []),
+  "startup": (bench_startup, []),
+  "server-startup": (bench_server_startup, ["--model", "m"]),
+  "batch-invariance": (batch_invariance, []),
 }
 
 
 @pytest.mark.parametrize("name", COMMANDS)
 def test_command_and_module_take_the_same_flags(name):
-  module, required, module_out = COMMANDS[name]
+  module, required = COMMANDS[name]
   command = vars(build_parser().parse_args(["bench", name, *required]))
   assert command.pop("command") == "bench" and command.pop("bench_command") == name
   assert callable(command.pop("func"))
   standalone = vars(module.parse_args(required))
-  assert command.pop("out") is None and standalone.pop("out") == module_out
   assert command == standalone
+  assert standalone["out"] is None  # no file unless asked, from either entry point
 
 
 def test_bench_offline_prints_and_writes_only_when_asked(tmp_path, monkeypatch, capsys):
@@ -69,3 +76,20 @@ def test_bench_offline_module_fails_with_one_line_and_a_nonzero_exit(tmp_path, c
   err = capsys.readouterr().err.strip().splitlines()
   assert code == 2 and err[-1].startswith("bench_offline: error: prompt: 16 prompt tokens")
   assert not (tmp_path / "o.json").exists()
+
+
+def test_random_checkpoint_module_is_a_command(capsys):
+  """`python -m jaxserve.bench.random_checkpoint` without arguments is a usage error, not a
+  silent no-op; --help lists the shapes."""
+  run = subprocess.run(
+    [sys.executable, "-m", "jaxserve.bench.random_checkpoint"],
+    capture_output=True,
+    text=True,
+    timeout=60,
+    cwd=REPO,
+  )
+  assert run.returncode == 2 and "required: shape, out_dir" in run.stderr, run.stderr
+  with pytest.raises(SystemExit):
+    random_checkpoint.parse_args(["--help"])
+  help_text = capsys.readouterr().out
+  assert "llama-3.1-8b" in help_text and "(default: 0)" in help_text

@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from jaxserve.bench.arrivals import arrival_gaps, send_offsets
 from jaxserve.bench.bench_serve import workload_label
 from jaxserve.bench.datasets import load_sharegpt, random_requests
 from jaxserve.cli import main as jaxserve_main
+from jaxserve.optional_deps import install_command
 from tests.server.server_helpers import core_backend, start_core, start_server
 from tests.tools.png_checks import assert_valid_png
 
@@ -278,9 +280,15 @@ def test_missing_bench_extra_is_one_line_before_the_run(module, tmp_path):
   assert line == (
     f"jaxserve bench serve needs {module} "
     f"({'HTTP client' if module == 'httpx' else 'plots'}), which is not installed: "
-    "pip install 'jaxserve[bench]'"
+    'pip install -e ".[bench]"'
   )
   assert list(tmp_path.iterdir()) == []
+
+
+def test_the_install_hint_is_readmes():
+  """One wording for installing an extra: the hint's (optional_deps.install_command), README's."""
+  readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+  assert f"`{install_command(['bench'])}`" in readme
 
 
 @pytest.mark.parametrize(
@@ -305,6 +313,6 @@ def test_other_commands_check_their_extra_first(module, argv, reason, tmp_path):
   assert run.returncode == 1
   (line,) = run.stderr.strip().splitlines()
   assert line.endswith(
-    f"needs {module} ({reason}), which is not installed: pip install 'jaxserve[bench]'"
+    f'needs {module} ({reason}), which is not installed: pip install -e ".[bench]"'
   )
   assert list(tmp_path.iterdir()) == []

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import subprocess
 import sys
@@ -96,6 +97,36 @@ def test_every_flag_help_states_its_default():
       ):
         continue
       assert "default" in formatter._format_action(action), (parser.prog, action.option_strings)
+
+
+STANDALONE = (
+  "batch_invariance",
+  "bench_offline",
+  "bench_server_startup",
+  "bench_startup",
+  "bench_structured",
+  "random_checkpoint",
+  "serve_vs_offline",
+)
+
+
+@pytest.mark.parametrize("module", STANDALONE)
+def test_python_m_bench_flags_state_their_defaults(module, monkeypatch):
+  """The `python -m jaxserve.bench.<module>` parsers too (their parse_args builds the parser)."""
+  parsers = []
+
+  def capture(parser, *args, **kwargs):
+    parsers.append(parser)
+    raise SystemExit(0)
+
+  monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+  with pytest.raises(SystemExit):
+    importlib.import_module(f"jaxserve.bench.{module}").parse_args([])
+  (parser,) = parsers
+  formatter = parser._get_formatter()
+  for action in parser._actions:
+    if action.option_strings and not isinstance(action, argparse._HelpAction):
+      assert "default" in formatter._format_action(action), (module, action.option_strings)
 
 
 def test_misspelt_flag_suggests_the_closest(capsys):

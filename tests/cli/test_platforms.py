@@ -67,3 +67,7 @@ def test_no_libtpu_noise_when_no_tpu_is_attached():
   platform_quiet, quiet = _stderr_of("skip_absent_tpu()")
   assert platform_quiet == platform
   assert not any(word in quiet for word in LIBTPU_NOISE), quiet
+  # a library user's `from jaxserve import LLM` imports jax before LLM(...) calls it
+  platform_late, late = _stderr_of("from jaxserve import llm; skip_absent_tpu()")
+  assert platform_late == platform
+  assert not any(word in late for word in LIBTPU_NOISE), late

@@ -1,7 +1,8 @@
 """Two `jaxserve serve` processes on 127.0.0.1 form one jax.distributed job (one CPU device each,
 tensor_parallel_size 2, gloo collectives): process 0 serves HTTP and the worker follows its steps.
 A request's tokens and logprobs equal a one-process engine's, and both exit 0 after SIGTERM.
-A host whose peers never arrive exits non-zero with a clear error within its timeout."""
+A SIGTERM during warm-up stops both hosts (JAX's preemption notifier would swallow it). A host
+whose peers never arrive exits non-zero with a clear error within its timeout."""
 
 from __future__ import annotations
 
@@ -154,6 +155,39 @@ def test_two_processes_serve_the_tokens_of_one(tmp_path):
     rtol=0,
   )
   assert compilations_after_request == compilations_after_warmup
+
+
+def test_sigterm_during_warmup_is_honoured(tmp_path):
+  """Both hosts have joined the job and warm up when each gets SIGTERM: each exits within 2 s
+  (it used to be logged by JAX's preemption notifier and ignored, and the job went on to serve)."""
+  config = tmp_path / "two_hosts.yaml"
+  config.write_text(CONFIG.replace(CACHE_DIR, str(tmp_path / "xla")))  # real compilations
+  coordinator = _free_port()
+  common = ("--tensor-parallel-size", "2", "--coordinator-address", f"127.0.0.1:{coordinator}")
+  common += ("--num-processes", "2")
+  worker = _serve(config, *common, "--process-id", "1")
+  leader = _serve(config, *common, "--process-id", "0", "--port", str(_free_port()))
+  try:
+    for process in (leader, worker):
+      for line in process.stdout:
+        if " joined; " in line:  # past jax.distributed.initialize: warm-up follows
+          break
+    sent = time.monotonic()
+    for process in (leader, worker):
+      process.send_signal(signal.SIGTERM)
+    for process in (leader, worker):
+      process.wait(timeout=EXIT_TIMEOUT_S)
+    seconds = time.monotonic() - sent
+  finally:
+    for process in (leader, worker):
+      if process.poll() is None:
+        process.kill()
+      process.communicate()
+  # 0 once the engine's build has begun (core/in_process.py), before that SIGTERM's default
+  # action; either way the host stopped rather than going on to serve
+  assert leader.returncode in (0, -signal.SIGTERM)
+  assert worker.returncode == -signal.SIGTERM
+  assert seconds < 2.0, f"exited {seconds:.2f} s after SIGTERM"
 
 
 @pytest.mark.parametrize("process_id", [0, 1])

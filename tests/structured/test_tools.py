@@ -9,8 +9,9 @@ import jsonschema
 import numpy as np
 import pytest
 
-from jaxserve.structured import GrammarState, StructuredOutputError
+from jaxserve.structured import GrammarState, SequenceMatcher, StructuredOutputError
 from jaxserve.structured.tools import (
+  MAX_PARALLEL_TOOL_CALLS,
   ToolCall,
   ToolChoice,
   ToolChoiceMode,
@@ -19,7 +20,7 @@ from jaxserve.structured.tools import (
   parse_tools,
   tool_choice_constraint,
 )
-from tests.structured.helpers import byte_tokenizer, llama3_bpe, random_walk
+from tests.structured.helpers import allowed_ids, byte_tokenizer, llama3_bpe, random_walk
 
 WEATHER = {
   "type": "function",
@@ -157,6 +158,25 @@ def test_required_without_parallel_calls_is_one_call():
   for calls in _forced_calls(llama3_bpe(), "required", 2, parallel=False):
     assert len(calls) == 1
     _check_calls(calls)
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_required_array_closes_at_its_bound(parallel):
+  """After the most calls allowed, the grammar lets the model write only `]` (then EOS): greedy
+  decoding that would go on writing calls cannot run to the end of the context."""
+  setup = byte_tokenizer()
+  tools = parse_tools(TOOLS)
+  choice = parse_tool_choice("required", tools)
+  spec = tool_choice_constraint(tools, choice, parallel_tool_calls=parallel)
+  matcher = SequenceMatcher(setup.compiler.compile(spec), setup.info)
+  call = '{"arguments":{},"name":"now"}'  # the schema's keys, sorted
+  bound = MAX_PARALLEL_TOOL_CALLS if parallel else 1
+  assert matcher.consume(list(("[" + ",".join([call] * bound)).encode()))
+  bitmask = setup.filler.new_bitmask(1)
+  matcher.fill_bitmask(bitmask, 0)
+  assert allowed_ids(bitmask[0], 512).tolist() == [ord("]")]
+  assert matcher.consume([ord("]")]) and matcher.state is GrammarState.FINISHED
+  assert len(parse_forced_tool_calls("[" + ",".join([call] * bound) + "]", choice)) == bound
 
 
 def test_parse_forced_tool_calls_rejects_other_text():

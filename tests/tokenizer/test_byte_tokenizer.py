@@ -83,8 +83,24 @@ def test_chat_template():
 
 
 def test_chat_template_rejects_unknown_role():
-  with pytest.raises(ValueError, match="chat_template.*unsupported role: tool"):
-    TOKENIZER.apply_chat_template([{"role": "tool", "content": "x"}])
+  with pytest.raises(ValueError, match="chat_template.*unsupported role: critic"):
+    TOKENIZER.apply_chat_template([{"role": "critic", "content": "x"}])
+
+
+def test_chat_template_takes_tools_tool_calls_and_tool_messages():
+  """What an OpenAI tool round trip sends: tools, an assistant's calls (content null), results."""
+  call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}
+  messages = [
+    {"role": "user", "content": "hi"},
+    {"role": "assistant", "content": None, "tool_calls": [call]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+  ]
+  tools = [{"type": "function", "function": {"name": name}} for name in ("f", "g")]
+  assert TOKENIZER.apply_chat_template(messages, tools=tools) == (
+    "<s><|system|>tools: f, g<|end|><|user|>hi<|end|>"
+    '<|assistant|>[{"name":"f","arguments":{"x":1}}]<|end|>'
+    "<|user|>tool result call_1: 42<|end|><|assistant|>"
+  )
 
 
 def test_load_tiny_random():
