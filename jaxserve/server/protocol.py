@@ -231,7 +231,7 @@ def parse_prompts(value: object) -> tuple[Prompt, ...]:
 
 def parse_messages(value: object) -> tuple[dict, ...]:
   """Chat messages as {role, content: str} (text content parts joined), plus an assistant's
-  tool_calls and a tool message's tool_call_id and name."""
+  tool_calls and a tool message's tool_call_id (required, as OpenAI's API has it) and name."""
   if not isinstance(value, list) or not value:
     raise ValueError("messages: must be a non-empty list of {role, content} objects")
   messages = []
@@ -246,6 +246,8 @@ def parse_messages(value: object) -> tuple[dict, ...]:
         parsed[key] = message[key]
     if message.get("tool_calls") is not None:
       parsed["tool_calls"] = _tool_calls(message["tool_calls"], f"messages[{i}].tool_calls")
+    if parsed["role"] == "tool" and "tool_call_id" not in parsed:
+      raise ValueError(f"messages[{i}].tool_call_id: a tool message must name the call it answers")
     messages.append(parsed)
   return tuple(messages)
 

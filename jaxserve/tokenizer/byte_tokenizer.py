@@ -34,15 +34,15 @@ SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, "<|system|>", "<|user|>", "<|assistant|>
 
 BYTE_CHAT_TEMPLATE = (
   "{{ bos_token }}"
-  "{% if tools %}<|system|>tools: "
+  "{% if tools is defined and tools %}<|system|>tools: "
   "{{ tools | map(attribute='function') | map(attribute='name') | join(', ') }}<|end|>{% endif %}"
   "{% for message in messages %}"
   "{% if message['role'] == 'tool' %}"
   "{{ '<|user|>tool result' }}"
   "{% if message['tool_call_id'] is defined %}{{ ' ' + message['tool_call_id'] }}{% endif %}"
-  "{{ ': ' + message['content'] | default('') + '<|end|>' }}"
+  "{{ ': ' + message['content'] | default('', true) + '<|end|>' }}"
   "{% elif message['role'] in ['system', 'user', 'assistant'] %}"
-  "{{ '<|' + message['role'] + '|>' + message['content'] | default('') }}"
+  "{{ '<|' + message['role'] + '|>' + message['content'] | default('', true) }}"
   "{% if message['tool_calls'] is defined %}"
   "{{ message['tool_calls'] | map(attribute='function') | list | tojson(separators=(',', ':')) }}"
   "{% endif %}"
