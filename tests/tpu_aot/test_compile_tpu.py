@@ -6,7 +6,8 @@ program (every bucket's forward, every sampler mode, prompt logprobs, decode bur
 v5e-8 server with a small scheduler for Llama 3.2 1B cut to 2 layers and a 32,000-token
 vocabulary (every kind of program; the forward's compile time grows with the layers and the
 sampling programs' sorts with the vocabulary); every program of the shipped v5e-8 config's
-largest bucket for Llama 3.1 8B, whose per-chip memory is checked against a hand computation;
+largest bucket for Llama 3.1 8B cut to 2 layers (128k vocabulary), whose per-chip memory is
+checked against a hand computation, and the whole 32-layer server's plan (no compile);
 and a config whose weights alone overflow a chip (the message for a total over HBM is checked in
 test_tpu_aot_units.py). Quantized servers: the memory plans of Llama 3.1 70B with int8
 projections and int8 KV pages on v5e-8 and of 8B on one v5e chip (configs/v5e-1.yaml), each
@@ -96,15 +97,21 @@ def test_every_program_of_a_small_server_compiles_for_v5e_2x4():
   assert not report.memory.code_estimated and report.memory.headroom > 0
 
 
+CUT_LAYERS = 2  # the compiled 8B server's layers (its forward compiles in a third of 32's time)
+
+
 @pytest.fixture(scope="module")
 def v5e_8b() -> BuildReport:
-  return _build("llama-3.1-8b", [], "largest")
+  """The shipped v5e-8 config's largest bucket of Llama 3.1 8B with its layers cut to
+  CUT_LAYERS (everything else whole: 128k vocabulary, 128 x 1024 bucket); the 32-layer server's
+  plan is test_the_whole_8b_server_fits_a_v5e_8, its full compile a documented command."""
+  return _build("llama-3.1-8b", [], "largest", num_layers=CUT_LAYERS)
 
 
-def _weights_per_chip_8b_tp8() -> int:
+def _weights_per_chip_8b_tp8(layers: int = CUT_LAYERS) -> int:
   """Llama 3.1 8B in bfloat16 over 8 chips, from the architecture: every projection and both
   vocabulary matrices split 8 ways, the RMSNorm scales replicated."""
-  hidden, inter, layers, heads, kv_heads, head_dim, vocab = 4096, 14336, 32, 32, 8, 128, 128256
+  hidden, inter, heads, kv_heads, head_dim, vocab = 4096, 14336, 32, 8, 128, 128256
   attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim  # q, o; k, v
   mlp = 3 * hidden * inter
   sharded = layers * (attention + mlp) + 2 * vocab * hidden
@@ -132,8 +139,8 @@ def test_the_8b_server_fits_a_v5e_chip_with_the_hand_computed_weights(v5e_8b):
   # of it is the TPU client's limit), less the weights and the streaming loader's slack (25% of
   # them: sharded weights are streamed), the allocator's headroom (2% of that share, at least
   # 0.5 GiB) and a tenth of the rest for the sharded step's unmeasured scratch, in pages holding
-  # one kv head per chip: 32 layers x K,V x 32 tokens x 128 dims x 2 bytes.
-  page = 32 * 2 * 32 * 128 * 2
+  # one kv head per chip: the layers x K,V x 32 tokens x 128 dims x 2 bytes.
+  page = CUT_LAYERS * 2 * 32 * 128 * 2
   assert memory.page_bytes == page
   share = int(0.95 * get_chip("v5e").usable_bytes)
   slack = int(0.25 * memory.weights)
@@ -143,6 +150,17 @@ def test_the_8b_server_fits_a_v5e_chip_with_the_hand_computed_weights(v5e_8b):
   # step inputs (under 1%).
   forward = next(r for r in v5e_8b.results if r.id.kind == "forward")
   assert 0 <= forward.memory.arguments - (hand + memory.pool) <= 0.01 * hand
+
+
+def test_the_whole_8b_server_fits_a_v5e_8():
+  """The 32-layer server's plan (no compile): the hand-computed weights, the pool sized as
+  above, and full-length sequences of the config's 32768 tokens in it."""
+  server, pages = _plan(V5E_8, [], "llama-3.1-8b")
+  hand = _weights_per_chip_8b_tp8(32)
+  page = 32 * 2 * 32 * 128 * 2
+  assert server.weight_bytes_per_chip == hand and server.page_bytes_per_chip == page
+  assert pages == _hand_pages(hand, page)
+  assert (pages - 1) * 32 // 32768 >= 8
 
 
 def test_weights_over_hbm_fail_with_the_message(capsys):
