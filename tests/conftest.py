@@ -108,6 +108,10 @@ SLOW_FILES_FIRST = (
   "tests/integration/test_async_scheduling.py",
   "tests/pallas_kernels/test_tpu_kernel.py",
   "tests/server/test_admission.py",
+  "tests/integration/test_quantized_features.py",
+  "tests/tools/test_quantized_tools.py",
+  "tests/server/test_stop_signals.py",
+  "tests/server/test_quantized_server.py",
 )
 
 
