@@ -25,7 +25,13 @@ from typing import Mapping
 
 from jaxserve.sampling_params import MAX_LOGPROBS, SamplingParams
 from jaxserve.server.encodable import check_encodable
-from jaxserve.server.request_fields import CHAT_FIELDS, COMPLETION_FIELDS, check_fields
+from jaxserve.server.request_fields import (
+  BOOL_FIELDS,
+  CHAT_FIELDS,
+  COMPLETION_FIELDS,
+  SAMPLING_FIELDS,
+  check_fields,
+)
 from jaxserve.structured.spec import StructuredOutputError, StructuredOutputSpec, spec_from_request
 from jaxserve.structured.tools import (
   TOOL_CHOICE,
@@ -39,21 +45,6 @@ from jaxserve.structured.tools import (
 
 Prompt = str | tuple[int, ...]
 DEFAULT_COMPLETION_MAX_TOKENS = 16
-
-# Body fields passed to SamplingParams as they are (SamplingParams validates the values).
-_SAMPLING_FIELDS = (
-  "n",
-  "temperature",
-  "top_p",
-  "top_k",
-  "min_p",
-  "seed",
-  "repetition_penalty",
-  "presence_penalty",
-  "frequency_penalty",
-  "min_tokens",
-)
-_BOOL_FIELDS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
 
 
 @dataclass(frozen=True)
@@ -171,8 +162,8 @@ def sampling_params(
   prompt_logprobs: int | None,
   structured_outputs: StructuredOutputSpec | None = None,
 ) -> SamplingParams:
-  kwargs: dict = {name: body[name] for name in _SAMPLING_FIELDS if body.get(name) is not None}
-  for name in _BOOL_FIELDS:
+  kwargs: dict = {name: body[name] for name in SAMPLING_FIELDS if body.get(name) is not None}
+  for name in BOOL_FIELDS:
     if body.get(name) is not None:
       kwargs[name] = _bool(body, name, False)
   for name in ("n", "top_k", "seed", "min_tokens"):

@@ -21,33 +21,33 @@ from collections.abc import Callable, Mapping
 
 logger = logging.getLogger(__name__)
 
-_COMMON = frozenset(
-  {
-    "model",
-    "n",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "min_tokens",
-    "ignore_eos",
-    "include_stop_str_in_output",
-    "skip_special_tokens",
-    "stop",
-    "stop_token_ids",
-    "logit_bias",
-    "max_tokens",
-    "logprobs",
-    "stream",
-    "stream_options",
-    "response_format",
-    "structured_outputs",
-  }
+# Body fields passed to SamplingParams as they are (SamplingParams validates the values), and
+# the booleans among them (protocol.py reads both).
+SAMPLING_FIELDS = (
+  "n",
+  "temperature",
+  "top_p",
+  "top_k",
+  "min_p",
+  "seed",
+  "repetition_penalty",
+  "presence_penalty",
+  "frequency_penalty",
+  "min_tokens",
 )
+BOOL_FIELDS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
+_COMMON = frozenset(SAMPLING_FIELDS + BOOL_FIELDS) | {
+  "model",
+  "stop",
+  "stop_token_ids",
+  "logit_bias",
+  "max_tokens",
+  "logprobs",
+  "stream",
+  "stream_options",
+  "response_format",
+  "structured_outputs",
+}
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo"}
 CHAT_FIELDS = _COMMON | {
   "messages",

@@ -98,6 +98,6 @@ def test_every_field_the_protocol_reads_is_known_to_the_field_policy():
   about as unknown while it works."""
   source = inspect.getsource(protocol)
   read = set(re.findall(r'body(?:\.get\(|\[|, )"(\w+)"', source))
-  read |= set(protocol._SAMPLING_FIELDS) | set(protocol._BOOL_FIELDS)
+  read |= set(protocol.SAMPLING_FIELDS) | set(protocol.BOOL_FIELDS)
   assert {"messages", "prompt", "logit_bias", "echo", "tools"} <= read
   assert read <= COMPLETION_FIELDS | CHAT_FIELDS, read - (COMPLETION_FIELDS | CHAT_FIELDS)
