@@ -5,11 +5,14 @@ runs it); either way each server is an API server with its own CoreClient."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import uvicorn
 
@@ -153,3 +156,26 @@ def wait_for_idle(base_url: str, timeout: float = 10.0) -> dict[str, float]:
     if idle or time.monotonic() > deadline:
       return values
     time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def serve_process(argv: list[str], log_path, env: dict | None = None) -> Iterator[str]:
+  """`python -m jaxserve.cli serve ...` (`argv` after `jaxserve`, with --port) logging at INFO to
+  log_path; yields its base URL once /health answers, and terminates it on exit."""
+  from tests.server.test_drain import _wait_until_healthy  # test_drain imports this module
+
+  port = argv[argv.index("--port") + 1]
+  with open(log_path, "w") as log:
+    process = subprocess.Popen(
+      [sys.executable, "-m", "jaxserve.cli", *argv, "--log-level", "INFO"],
+      stdout=log,
+      stderr=subprocess.STDOUT,
+      env=env,
+    )
+  url = f"http://127.0.0.1:{port}"
+  try:
+    _wait_until_healthy(url, process)
+    yield url
+  finally:
+    process.terminate()
+    process.wait(60)

@@ -7,16 +7,13 @@ grammar engine that produced it)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import openai
 import pytest
 
 from jaxserve.models.registry import load_model_tokenizer
 from tests.integration.structured_helpers import SCHEMAS, assert_valid_json
-from tests.server.server_helpers import free_port
-from tests.server.test_drain import _wait_until_healthy
+from tests.server.server_helpers import free_port, serve_process
 from tests.tools.tool_helpers import SMALL_ENGINE_ARGS
 
 MODEL = "tiny-random"
@@ -30,20 +27,8 @@ def server(tmp_path_factory):
   port = free_port()
   argv = ["serve", MODEL, "--port", str(port), "--api-server-count", "0", *FLAGS]
   argv += [arg for arg in SMALL_ENGINE_ARGS if arg not in ("--log-level", "WARNING")]
-  with open(log_path, "w") as log:
-    process = subprocess.Popen(
-      [sys.executable, "-m", "jaxserve.cli", *argv, "--log-level", "INFO"],
-      stdout=log,
-      stderr=subprocess.STDOUT,
-      text=True,
-    )
-  url = f"http://127.0.0.1:{port}"
-  try:
-    _wait_until_healthy(url, process)
+  with serve_process(argv, log_path) as url:
     yield url, log_path
-  finally:
-    process.terminate()
-    process.wait(60)
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,6 @@ id. GET /version answers as vLLM's does."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -17,8 +15,7 @@ import pytest
 import jaxserve
 from jaxserve.tools.export_hf import export_tiny_random_hf
 from tests.models.test_hf_cache import make_hf_cache
-from tests.server.server_helpers import free_port
-from tests.server.test_drain import _wait_until_healthy
+from tests.server.server_helpers import free_port, serve_process
 from tests.tools.tool_helpers import SMALL_ENGINE_ARGS
 
 MODEL_ID = "jaxserve-test/tiny-random"
@@ -54,20 +51,8 @@ def server(tmp_path_factory):
   }
   for variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
     env.pop(variable, None)
-  with open(log_path, "w") as log:
-    process = subprocess.Popen(
-      [sys.executable, "-m", "jaxserve.cli", *argv, "--log-level", "INFO"],
-      stdout=log,
-      stderr=subprocess.STDOUT,
-      env=env,
-    )
-  url = f"http://127.0.0.1:{port}"
-  try:
-    _wait_until_healthy(url, process)
+  with serve_process(argv, log_path, env=env) as url:
     yield url, log_path
-  finally:
-    process.terminate()
-    process.wait(60)
 
 
 def test_a_cached_model_id_serves_under_its_id_with_vllm_flags(server):
