@@ -1,9 +1,12 @@
 """The projections of a decode step, one shape at a time: the Pallas weight-only kernel
 (pallas_kernels/quantized_matmul) against XLA's GEMMs (bfloat16, fp8 W8A8, int8 W8A16) on the
 same rows. Each timed program runs the projection on LAYERS distinct weight copies back to back
-(so the weights stream from HBM, not L2, and dispatch is paid once per LAYERS calls); a row
-gives microseconds per projection and the weight bytes read per second. --sweep also times a
-few tilings of the kernel per shape. Prints a table; --out writes JSON.
+(so the weights stream from HBM, not L2), and INNER programs are dispatched back to back before
+one sync, so the host's dispatch and sync overlap the GPU's work instead of adding to it; a row
+gives microseconds per projection and the weight bytes read per second. Two diagnostic rows:
+the kernel on bfloat16 weights (no conversion; twice the bytes) and with Tiling.fp8_bits (the
+conversion by bit operations). --sweep also times a few tilings of the kernel per shape. Prints
+a table; --out writes JSON.
 
     python -m investigations.bench_quantized_matmul --rows 8 --sweep
 """
@@ -11,16 +14,23 @@ few tilings of the kernel per shape. Prints a table; --out writes JSON.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.bench.timing import median_seconds
+from jaxserve.bench.timing import seconds_per_call
 from jaxserve.quantization.matmul import quantized_matmul as xla_quantized_matmul
 from jaxserve.quantization.scheme import SCHEMES
-from pallas_kernels.quantized_matmul.gpu import Tiling, default_tiling, quantized_matmul
+from pallas_kernels.quantized_matmul.gpu import (
+  Tiling,
+  _quantized_matmul,
+  default_tiling,
+  quantized_matmul,
+)
+from pallas_kernels.quantized_matmul.reference import quantized_matmul_reference
 
 SHAPES = {  # Llama-3.1-8B's merged projections, [N, K]
   "qkv_proj": (6144, 4096),
@@ -29,6 +39,7 @@ SHAPES = {  # Llama-3.1-8B's merged projections, [N, K]
   "down_proj": (4096, 14336),
 }
 LAYERS = 16
+INNER = 10  # programs dispatched back to back per timing
 NO_TRITON_GEMM = {"xla_gpu_enable_triton_gemm": False}  # gpu_gemm: cublas, the engine's default
 
 
@@ -39,7 +50,8 @@ def _timed_us(fn, x, weights, options=None) -> float:
     return [fn(x, *w) for w in weights]
 
   compiled = jax.jit(run).lower(x, weights).compile(options)
-  return 1e6 * median_seconds(compiled, x, weights, reps=20) / len(weights)
+  seconds = seconds_per_call(compiled, x, weights, inner=INNER, reps=5)
+  return 1e6 * seconds / len(weights)
 
 
 def _weights(rng, n: int, k: int, dtype) -> list[tuple]:
@@ -74,6 +86,10 @@ def bench_shape(name: str, rows: int, sweep: bool) -> list[dict]:
 
   bf16 = _weights(rng, n, k, jnp.bfloat16)
   add("xla bfloat16", _timed_us(lambda x, w: x @ w, x, bf16, NO_TRITON_GEMM), 2 * n * k)
+  bf16 = [(w.T, jnp.ones((n,), jnp.float32)) for (w,) in bf16]  # [N, K] for the kernel
+  tiling = default_tiling(n, k)
+  fn = lambda x, w, s: _quantized_matmul(x, w, s, tiling=tiling, interpret=False)
+  add("pallas bf16 (no convert)", _timed_us(fn, x, bf16), 2 * n * k)
   del bf16
   for dtype, schemes in (
     (jnp.float8_e4m3fn, ("fp8", "fp8_w8a16")),
@@ -84,6 +100,8 @@ def bench_shape(name: str, rows: int, sweep: bool) -> list[dict]:
       fn = lambda x, w, s, scheme=SCHEMES[scheme]: xla_quantized_matmul(x, w, s, scheme)
       add(f"xla {scheme}", _timed_us(fn, x, weights, NO_TRITON_GEMM), n * k)
     tilings = [default_tiling(n, k)]
+    if dtype == jnp.float8_e4m3fn:
+      tilings.append(dataclasses.replace(tilings[0], fp8_bits=True))
     if sweep:
       tilings += [
         Tiling(bn, bk, s, w, st)
@@ -94,20 +112,37 @@ def bench_shape(name: str, rows: int, sweep: bool) -> list[dict]:
           (128, 256, 0, 8, 4),
           (64, 256, 0, 2, 4),
           (64, 256, 0, 4, 6),
+          (64, 1024, 0, 4, 2),
+          (128, 512, 0, 8, 3),
+          (32, 512, 0, 4, 4),
         )
       ]
       tilings = [t if t.num_splits else _with_splits(t, n, k) for t in tilings]
+      if dtype == jnp.float8_e4m3fn:
+        tilings += [dataclasses.replace(t, fp8_bits=True) for t in tilings[2:]]
     for i, tiling in enumerate(tilings):
       fn = lambda x, w, s, tiling=tiling: quantized_matmul(x, w, s, tiling=tiling)
-      label = f"pallas {jnp.dtype(dtype).name}" + ("" if i == 0 else " sweep")
-      add(label, _timed_us(fn, x, weights), n * k, tiling=list(tiling.__dict__.values()))
+      defaults = 2 if dtype == jnp.float8_e4m3fn else 1
+      label = f"pallas {jnp.dtype(dtype).name}" + (" bits" if tiling.fp8_bits else "")
+      label += "" if i < defaults else " sweep"
+      error = _relative_error(fn(x, *weights[0]), quantized_matmul_reference(x, *weights[0]))
+      tiles = list(tiling.__dict__.values())
+      add(label, _timed_us(fn, x, weights), n * k, tiling=tiles, error=error)
     del weights
   return results
 
 
+def _relative_error(out: jax.Array, reference: jax.Array) -> float:
+  """max |out - reference| / max |reference|: a wrong tiling shows, rounding does not."""
+  out, reference = np.asarray(out, np.float32), np.asarray(reference, np.float32)
+  return float(np.max(np.abs(out - reference)) / np.max(np.abs(reference)))
+
+
 def _with_splits(tiling: Tiling, n: int, k: int) -> Tiling:
   auto = default_tiling(n, k, tiling.block_n, tiling.block_k)
-  return Tiling(auto.block_n, auto.block_k, auto.num_splits, tiling.num_warps, tiling.num_stages)
+  return dataclasses.replace(
+    tiling, block_n=auto.block_n, block_k=auto.block_k, num_splits=auto.num_splits
+  )
 
 
 def main() -> None:
@@ -123,7 +158,7 @@ def main() -> None:
         results.append(r)
         print(
           f"{r['shape']:>13} M={rows:<3} {r['kind']:<22} {r['us']:8.2f} us "
-          f"{r['tb_per_s']:6.3f} TB/s {r.get('tiling', '')}",
+          f"{r['tb_per_s']:6.3f} TB/s {r.get('tiling', '')} {r.get('error', '')}",
           flush=True,
         )
   if args.out:

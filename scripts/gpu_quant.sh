@@ -9,7 +9,10 @@
 #            <burst> steps (default 1), gpu_gemm <gemm> (default cublas), quantized_gemm <qgemm>
 #            (default auto); counts GEMM kinds in the HLO
 #   mm[--sweep]  the 8B decode projections: pallas_kernels/quantized_matmul against XLA's GEMMs
-#   p<q>:<kv>:<seqs>[:<gemm>] the decode step's top kernels (investigations.profile_step)
+#   p<q>:<kv>:<seqs>[:<gemm>[:<qgemm>]] the decode step's top kernels (investigations.profile_step)
+#   bitscheck  the kernel's fp8_bits conversion of every float8_e4m3fn value, on the GPU
+#   fp8bits  later steps convert fp8 weights by bit operations in the Pallas kernel (sets
+#            Tiling.fp8_bits' default in this run's copy of the tree, for a side-by-side run)
 # The wheels jaxserve needs beyond the device image (msgspec, llguidance) are carried in .whl/.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"; LOGS=/tmp/logs; mkdir -p $LOGS
@@ -79,9 +82,11 @@ PY
     true ;;
   mm*)  # mm[sweep]: the decode projections' GEMMs, Pallas kernel against XLA (8 rows)
     python3 -m investigations.bench_quantized_matmul --rows 8 ${s#mm} --out "$OUT/qmatmul.json" 2>&1 | grep -v "^E11\|^W11" | tee -a "$OUT/summary.txt" ;;
-  p*)  # p<quant>:<kv>:<seqs>[:<gemm>] the decode step's top kernels
-    IFS=: read -r q k n g <<< "${s#p}"; g=${g:-cublas}
-    python3 -m investigations.profile_step --config configs/h100.yaml --model /tmp/llama8b --quantization $q --kv-cache-dtype $k --set gpu_gemm=$g \
-      --max-model-len 2176 --num-seqs $n --context 512 --trace-top 14 --log-level WARNING --out "$OUT/prof_${q}_${k}_${n}_${g}.json" > $LOGS/$s.log 2>&1 || echo "$s FAILED"
-    grep -v "it/s\]\|^E11\|^W11" $LOGS/$s.log | tail -24 ;;
+  p*)  # p<quant>:<kv>:<seqs>[:<gemm>[:<qgemm>]] the decode step's top kernels
+    IFS=: read -r q k n g qg <<< "${s#p}"; g=${g:-cublas}; qg=${qg:-auto}
+    python3 -m investigations.profile_step --config configs/h100.yaml --model /tmp/llama8b --quantization $q --kv-cache-dtype $k --set gpu_gemm=$g --set quantized_gemm=$qg \
+      --max-num-seqs 8 --max-num-batched-tokens 128 --set "scheduler.seq_buckets=[8]" --set "scheduler.token_buckets=[8,128]" --max-model-len 2176 --num-seqs $n --context 512 --trace-top 20 --log-level WARNING --out "$OUT/prof_${q}_${k}_${n}_${g}_${qg}.json" > $LOGS/$s.log 2>&1 || echo "$s FAILED"
+    grep -v "it/s\]\|^E11\|^W11" $LOGS/$s.log | tail -30 | tee -a "$OUT/summary.txt" ;;
+  bitscheck) python3 -c "from tests.pallas_kernels.test_quantized_matmul import test_fp8_bits_converts_every_float8_value_exactly as t; t(); print('fp8_bits: every float8_e4m3fn value exact on the GPU')" 2>&1 | grep -v "^E11\|^W11" | tail -3 | tee -a "$OUT/summary.txt" ;;
+  fp8bits) sed -i 's/fp8_bits: bool = False/fp8_bits: bool = True/' pallas_kernels/quantized_matmul/gpu.py && echo "fp8_bits on" | tee -a "$OUT/summary.txt" ;;
 esac; done

@@ -104,6 +104,8 @@ def run(args: argparse.Namespace) -> dict:
     "streamed": not args.no_stream,
     "compilations_after_warmup": engine.ledger.num_compilations - compiled_before,
     "warmup_s": engine.warmup_seconds,
+    "kv_pool_pages": engine.allocator.num_usable_pages,
+    "kv_pool_tokens": engine.allocator.num_usable_pages * engine.allocator.page_size,
     "per_bucket": {
       f"{s}x{t}": {
         "steps": n,
@@ -151,6 +153,7 @@ def command(args: argparse.Namespace) -> int:
     ),
     ("async scheduling / streamed", f"{result['async_scheduling']} / {result['streamed']}"),
     ("compilations after warmup", result["compilations_after_warmup"]),
+    ("KV pool", f"{result['kv_pool_pages']} pages, {result['kv_pool_tokens']} tokens"),
   ]
   rows += [
     (

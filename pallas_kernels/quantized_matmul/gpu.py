@@ -14,6 +14,14 @@ BK] (rows past M masked to 0; BM = 16, the smallest tensor-core tile), the weigh
 converted to x's dtype, one dot with float32 accumulation. The per-channel scale multiplies the
 float32 sum. With one split the program rounds to x's dtype and stores y; with several it stores
 float32 partials [S, M, N] that a small XLA epilogue adds in split order and rounds.
+
+Tiling.fp8_bits converts float8_e4m3fn tiles to bfloat16 with integer operations instead of
+Triton's conversion: the byte's sign moves to bit 15 and its 4 exponent and 3 mantissa bits to
+bits 7-13, which is the bfloat16 of the same value times 2**-120 (e4m3's exponent bias is 7,
+bfloat16's 127), and the scale carries the 2**120 back. Every product is then the same product
+times a power of two, so the sums equal the cast's to rounding. e4m3's subnormals (|w| < 2**-6
+before the scale) become bfloat16 subnormals: a GPU's tensor cores read them; a platform that
+flushes subnormals (XLA's CPU, in interpret mode) reads them as 0.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ class Tiling:
   num_splits: int = 1
   num_warps: int = 4
   num_stages: int = 4
+  fp8_bits: bool = False  # float8_e4m3fn weights: convert by bit operations (module docstring)
 
 
 def _largest_pow2_divisor(n: int, cap: int) -> int:
@@ -71,8 +80,28 @@ def supports(m: int, n: int, k: int) -> bool:
   return 1 <= m <= MAX_ROWS and n % 16 == 0 and k % 16 == 0 and n > 0 and k > 0
 
 
+FP8_BITS_SCALE = 2.0**120  # bfloat16's exponent bias (127) less float8_e4m3fn's (7)
+
+
+def _fp8_bits_to_bfloat16(w: jax.Array) -> jax.Array:
+  """float8_e4m3fn [BN, BK] -> bfloat16 of the same values times 2**-120, by bit operations."""
+  b = jax.lax.bitcast_convert_type(w, jnp.uint8).astype(jnp.uint16)  # [BN, BK]
+  bits = ((b & 0x80) << 8) | ((b & 0x7F) << 4)  # sign to bit 15, exponent and mantissa below it
+  return jax.lax.bitcast_convert_type(bits, jnp.bfloat16)  # [BN, BK]
+
+
 def _kernel(
-  x_ref, w_ref, scale_ref, o_ref, *, num_rows, block_n, block_k, steps_per_split, partial
+  x_ref,
+  w_ref,
+  scale_ref,
+  o_ref,
+  *,
+  num_rows,
+  block_n,
+  block_k,
+  steps_per_split,
+  partial,
+  fp8_bits,
 ):
   col_block, split = pl.program_id(0), pl.program_id(1)
   rows = jnp.arange(BLOCK_M, dtype=jnp.int32)  # [BM]
@@ -87,14 +116,16 @@ def _kernel(
     x = plgpu.load(
       x_ref.at[rows, k + lanes], mask=jnp.broadcast_to(row_mask, (BLOCK_M, block_k)), other=0
     )  # [BM, BK]
-    w = w_ref[cols, pl.ds(k, block_k)].astype(x.dtype)  # [BN, BK]
+    w = w_ref[cols, pl.ds(k, block_k)]  # [BN, BK] 8-bit
+    w = (_fp8_bits_to_bfloat16(w) if fp8_bits else w).astype(x.dtype)  # [BN, BK]
     dims = (((1,), (1,)), ((), ()))
     return acc + jax.lax.dot_general(x, w, dims, preferred_element_type=jnp.float32)  # [BM, BN]
 
   acc = jax.lax.fori_loop(
     0, steps_per_split, fold, jnp.zeros((BLOCK_M, block_n), jnp.float32)
   )  # [BM, BN]
-  acc = acc * scale_ref[cols][None, :]
+  scale = scale_ref[cols] * FP8_BITS_SCALE if fp8_bits else scale_ref[cols]  # [BN]
+  acc = acc * scale[None, :]
   out_cols = col_block * block_n + jnp.arange(block_n, dtype=jnp.int32)[None, :]  # [1, BN]
   mask = jnp.broadcast_to(row_mask, (BLOCK_M, block_n))
   target = o_ref.at[split, rows, out_cols] if partial else o_ref.at[rows, out_cols]
@@ -113,6 +144,7 @@ def _quantized_matmul(x, w, scale, *, tiling: Tiling, interpret: bool):
     block_k=tiling.block_k,
     steps_per_split=k // (tiling.block_k * splits),
     partial=partial,
+    fp8_bits=tiling.fp8_bits and w.dtype == jnp.float8_e4m3fn,
   )
   out_shape = (splits, m, n) if partial else (m, n)
   y = pl.pallas_call(

@@ -66,6 +66,7 @@ def test_bench_offline_prints_and_writes_only_when_asked(tmp_path, monkeypatch, 
   assert [p.name for p in tmp_path.iterdir()] == ["offline.json"]
   result = json.loads((tmp_path / "offline.json").read_text())
   assert result["output_tokens_per_s"] > 0 and result["compilations_after_warmup"] == 0
+  assert (result["kv_pool_pages"], result["kv_pool_tokens"]) == (255, 255 * 16)  # 256, less page 0
 
 
 def test_bench_offline_module_fails_with_one_line_and_a_nonzero_exit(tmp_path, capsys):

@@ -4,6 +4,8 @@ Compiled on a GPU, in Pallas interpret mode elsewhere."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,6 +59,8 @@ def test_hand_computed(dtype, splits):
     (8, 128, 256, jnp.int8, jnp.bfloat16, None),
     (16, 64, 512, jnp.float8_e4m3fn, jnp.bfloat16, Tiling(32, 64, 4, num_warps=8)),
     (11, 96, 128, jnp.int8, jnp.bfloat16, Tiling(32, 16, 8)),
+    (8, 64, 128, jnp.float8_e4m3fn, jnp.bfloat16, Tiling(32, 32, 2, fp8_bits=True)),
+    (3, 32, 64, jnp.float8_e4m3fn, jnp.float32, Tiling(16, 32, fp8_bits=True)),
   ],
 )
 def test_random_sweep_against_reference(m, n, k, dtype, x_dtype, tiling):
@@ -69,6 +73,25 @@ def test_random_sweep_against_reference(m, n, k, dtype, x_dtype, tiling):
   reference = np.asarray(quantized_matmul_reference(x, w, scale), np.float32)
   tolerance = 1e-5 if x_dtype == jnp.float32 else 1e-2
   np.testing.assert_allclose(np.asarray(out, np.float32), reference, rtol=tolerance, atol=tolerance)
+
+
+def test_fp8_bits_converts_every_float8_value_exactly():
+  """Tiling.fp8_bits: each of the 254 finite float8_e4m3fn values times a power-of-two scale,
+  one weight per output, x = 1. The 14 nonzero subnormals become bfloat16 subnormals: exact on
+  a GPU; XLA's CPU (interpret mode) flushes them to zero."""
+  codes = np.array([c for c in range(256) if c not in (0x7F, 0xFF)], np.uint8)  # NaNs out
+  codes = np.concatenate([codes, codes[:2]])  # 256 outputs: N a multiple of 16
+  values = jnp.asarray(codes).view(jnp.float8_e4m3fn)
+  w = jnp.zeros((256, 16), jnp.float8_e4m3fn).at[:, 0].set(values)  # [N, K]
+  x = jnp.zeros((1, 16), jnp.float32).at[0, 0].set(1.0)
+  scale = jnp.full((256,), 0.25, jnp.float32)
+  out = quantized_matmul(x, w, scale, tiling=Tiling(16, 16, fp8_bits=True), interpret=INTERPRET)
+  expected = np.asarray(values.astype(jnp.float32)) * 0.25
+  subnormal = (codes & 0x78) == 0  # exponent bits 0: the zeros and the subnormals
+  if INTERPRET:
+    expected[subnormal] = np.where(np.asarray(out)[0][subnormal] == 0, 0, expected[subnormal])
+  np.testing.assert_array_equal(np.asarray(out)[0], expected)
+  assert np.count_nonzero(expected[~subnormal] == 0) == 0  # every normal value came through
 
 
 def _args(m=4, n=32, k=64, w_dtype=jnp.int8):
@@ -109,13 +132,16 @@ def test_default_tiling_divides_and_fills_the_gpu():
   assert supports(16, 32, 64) and not supports(17, 32, 64) and not supports(4, 24, 64)
 
 
-@pytest.mark.parametrize("w_dtype", [jnp.int8, jnp.float8_e4m3fn])
-def test_lowers_to_one_triton_call_for_cuda(w_dtype):
+@pytest.mark.parametrize(
+  "w_dtype,tiling",
+  [(jnp.int8, None), (jnp.float8_e4m3fn, None), (jnp.float8_e4m3fn, Tiling(fp8_bits=True))],
+)
+def test_lowers_to_one_triton_call_for_cuda(w_dtype, tiling):
   args = (
     jax.ShapeDtypeStruct((8, 4096), jnp.bfloat16),
     jax.ShapeDtypeStruct((6144, 4096), w_dtype),
     jax.ShapeDtypeStruct((6144,), jnp.float32),
   )
-  text = _lower_for_cuda(quantized_matmul, *args)
+  text = _lower_for_cuda(functools.partial(quantized_matmul, tiling=tiling), *args)
   assert _custom_call_targets(text) == {"__gpu$xla.gpu.triton"}
   assert text.count("custom_call @__gpu$xla.gpu.triton") == 1
