@@ -64,7 +64,12 @@ def _weights(rng, n: int, k: int, dtype) -> list[tuple]:
   return [(jnp.array(w, copy=True), scale) for _ in range(LAYERS)]
 
 
-def bench_shape(name: str, rows: int, sweep: bool) -> list[dict]:
+DTYPES = {jnp.float8_e4m3fn: ("fp8", "fp8_w8a16"), jnp.int8: ("int8", "int8_w8a8")}
+
+
+def bench_shape(name: str, rows: int, sweep: bool, xla: bool, dtypes: list[str]) -> list[dict]:
+  """Rows of microseconds per projection: XLA's GEMMs (xla), the kernel's default tiling per
+  8-bit dtype in dtypes and, with sweep, a grid of tilings."""
   n, k = SHAPES[name]
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.standard_normal((rows, k), dtype=np.float32), jnp.bfloat16)
@@ -84,45 +89,34 @@ def bench_shape(name: str, rows: int, sweep: bool) -> list[dict]:
       )
     )
 
-  bf16 = _weights(rng, n, k, jnp.bfloat16)
-  add("xla bfloat16", _timed_us(lambda x, w: x @ w, x, bf16, NO_TRITON_GEMM), 2 * n * k)
-  bf16 = [(w.T, jnp.ones((n,), jnp.float32)) for (w,) in bf16]  # [N, K] for the kernel
-  tiling = default_tiling(n, k)
-  fn = lambda x, w, s: _quantized_matmul(x, w, s, tiling=tiling, interpret=False)
-  add("pallas bf16 (no convert)", _timed_us(fn, x, bf16), 2 * n * k)
-  del bf16
-  for dtype, schemes in (
-    (jnp.float8_e4m3fn, ("fp8", "fp8_w8a16")),
-    (jnp.int8, ("int8", "int8_w8a8")),
-  ):
+  if xla:
+    bf16 = _weights(rng, n, k, jnp.bfloat16)
+    add("xla bfloat16", _timed_us(lambda x, w: x @ w, x, bf16, NO_TRITON_GEMM), 2 * n * k)
+    bf16 = [(w.T, jnp.ones((n,), jnp.float32)) for (w,) in bf16]  # [N, K] for the kernel
+    tiling = default_tiling(n, k)
+    fn = lambda x, w, s: _quantized_matmul(x, w, s, tiling=tiling, interpret=False)
+    add("pallas bf16 (no convert)", _timed_us(fn, x, bf16), 2 * n * k)
+    del bf16
+  for dtype, schemes in DTYPES.items():
+    if jnp.dtype(dtype).name not in dtypes:
+      continue
     weights = _weights(rng, n, k, dtype)
-    for scheme in schemes:
+    for scheme in schemes if xla else ():
       fn = lambda x, w, s, scheme=SCHEMES[scheme]: xla_quantized_matmul(x, w, s, scheme)
       add(f"xla {scheme}", _timed_us(fn, x, weights, NO_TRITON_GEMM), n * k)
     tilings = [default_tiling(n, k)]
     if dtype == jnp.float8_e4m3fn:
       tilings.append(dataclasses.replace(tilings[0], fp8_bits=True))
+    defaults = len(tilings)
     if sweep:
       tilings += [
-        Tiling(bn, bk, s, w, st)
-        for bn, bk, s, w, st in (
-          (32, 256, 0, 4, 4),
-          (64, 128, 0, 4, 4),
-          (64, 512, 0, 4, 3),
-          (128, 256, 0, 8, 4),
-          (64, 256, 0, 2, 4),
-          (64, 256, 0, 4, 6),
-          (64, 1024, 0, 4, 2),
-          (128, 512, 0, 8, 3),
-          (32, 512, 0, 4, 4),
-        )
+        _with_splits(Tiling(bn, bk, 0, warps, 3), n, k)
+        for bn in (32, 64, 128)
+        for bk in (256, 512, 1024)
+        for warps in (4, 8)
       ]
-      tilings = [t if t.num_splits else _with_splits(t, n, k) for t in tilings]
-      if dtype == jnp.float8_e4m3fn:
-        tilings += [dataclasses.replace(t, fp8_bits=True) for t in tilings[2:]]
     for i, tiling in enumerate(tilings):
       fn = lambda x, w, s, tiling=tiling: quantized_matmul(x, w, s, tiling=tiling)
-      defaults = 2 if dtype == jnp.float8_e4m3fn else 1
       label = f"pallas {jnp.dtype(dtype).name}" + (" bits" if tiling.fp8_bits else "")
       label += "" if i < defaults else " sweep"
       error = _relative_error(fn(x, *weights[0]), quantized_matmul_reference(x, *weights[0]))
@@ -149,12 +143,16 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rows", type=int, nargs="+", default=[8])
   parser.add_argument("--sweep", action="store_true")
+  parser.add_argument("--no-xla", action="store_true", help="the Pallas kernel's rows only")
+  parser.add_argument(
+    "--dtypes", nargs="+", default=["float8_e4m3fn", "int8"], help="weight dtypes to time"
+  )
   parser.add_argument("--out")
   args = parser.parse_args()
   results = []
   for rows in args.rows:
     for name in SHAPES:
-      for r in bench_shape(name, rows, args.sweep):
+      for r in bench_shape(name, rows, args.sweep, not args.no_xla, args.dtypes):
         results.append(r)
         print(
           f"{r['shape']:>13} M={rows:<3} {r['kind']:<22} {r['us']:8.2f} us "

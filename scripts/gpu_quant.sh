@@ -81,7 +81,7 @@ PY
     echo "$s rc=$rc: $(python3 -c "import json; r=json.load(open('$OUT/tpot_$tag.json')); print('ms/token', round(1e3/r['output_tokens_per_s'], 3), 'host', round(r['host_ms_per_step'], 2), 'device', round(r['device_ms_per_step'], 2), 'steps', r['steps'])") hlo: f8 cublasLt $(grep -c 'matmul\$f8' <<< "$hlo"), cublas $(grep -c 'custom_call_target="__cublas' <<< "$hlo"), triton gemm fusions $(grep -c '"kind":"__triton_gemm"\|__triton_gemm' <<< "$hlo"), bf16 weight-sized fusion outputs $(grep -cE '= bf16\[(6144|4096|28672|14336|57344),(4096|14336)\]\{[0-9,]*\} fusion' <<< "$hlo")" | tee -a "$OUT/summary.txt"
     true ;;
   mm*)  # mm[sweep]: the decode projections' GEMMs, Pallas kernel against XLA (8 rows)
-    python3 -m investigations.bench_quantized_matmul --rows 8 ${s#mm} --out "$OUT/qmatmul.json" 2>&1 | grep -v "^E11\|^W11" | tee -a "$OUT/summary.txt" ;;
+    python3 -m investigations.bench_quantized_matmul --rows 8 ${s#mm} ${MMFLAGS:-} --out "$OUT/qmatmul.json" 2>&1 | grep -v "^E11\|^W11" | tee -a "$OUT/summary.txt" ;;
   p*)  # p<quant>:<kv>:<seqs>[:<gemm>[:<qgemm>]] the decode step's top kernels
     IFS=: read -r q k n g qg <<< "${s#p}"; g=${g:-cublas}; qg=${qg:-auto}
     python3 -m investigations.profile_step --config configs/h100.yaml --model /tmp/llama8b --quantization $q --kv-cache-dtype $k --set gpu_gemm=$g --set quantized_gemm=$qg \
