@@ -47,11 +47,11 @@ class Tiling:
   """block_n output columns and block_k of K per loop step (powers of two >= 16), K split into
   num_splits runs; num_warps and num_stages are Triton's."""
 
-  block_n: int = 64
+  block_n: int = 32
   block_k: int = 256
   num_splits: int = 1
   num_warps: int = 4
-  num_stages: int = 4
+  num_stages: int = 3
   fp8_bits: bool = False  # float8_e4m3fn weights: convert by bit operations (module docstring)
 
 
@@ -62,7 +62,7 @@ def _largest_pow2_divisor(n: int, cap: int) -> int:
   return block
 
 
-def default_tiling(n: int, k: int, block_n: int = 64, block_k: int = 256) -> Tiling:
+def default_tiling(n: int, k: int, block_n: int = 32, block_k: int = 256) -> Tiling:
   """The tiling for a [N, K] weight: the largest block_n / block_k (up to the given) dividing N /
   K, and the fewest splits (a power of two, at most 8) that give TARGET_PROGRAMS programs."""
   block_n = _largest_pow2_divisor(n, block_n)
