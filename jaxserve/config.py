@@ -376,8 +376,9 @@ class EngineConfig:
   quantized_gemm: how a quantized model's projections run in steps of at most 16 tokens (decode):
   "pallas_gpu" one Pallas kernel per projection that reads the 8-bit weight and computes
   weight-only (x in the model's dtype; pallas_kernels/quantized_matmul), "xla" the scheme's own
-  GEMM; "auto" is pallas_gpu for weight-only schemes on one GPU and xla otherwise (W8A8 schemes
-  keep cuBLASLt's 8-bit GEMMs); "pallas_gpu" off a GPU runs the kernel in interpret mode (tests)."""
+  GEMM; "auto" is pallas_gpu on one GPU and xla otherwise (a W8A8 scheme's decode steps then
+  compute weight-only, its larger steps keep cuBLASLt's 8-bit GEMMs); "pallas_gpu" off a GPU runs
+  the kernel in interpret mode (tests)."""
 
   model: str = "tiny-random"
   tokenizer: str | None = None

@@ -113,16 +113,16 @@ def _on_one_device(config: EngineConfig) -> Placement:
   )
 
 
-def quantized_gemm(config: EngineConfig, quantization: str) -> str:
+def quantized_gemm(config: EngineConfig, quantization: str, platform: str | None = None) -> str:
   """EngineConfig.quantized_gemm with "auto" resolved for an unsharded model running the weight
-  scheme `quantization`: the Pallas kernel on GPUs for weight-only schemes (XLA has no GEMM
-  that reads their 8-bit weights: it writes a converted copy each step), XLA's GEMMs for W8A8
-  schemes (cuBLASLt's fp8 and int8 GEMMs) and off GPUs."""
+  scheme `quantization`: on a GPU the Pallas kernel for every scheme (weight-only arithmetic in
+  decode steps: XLA has no GEMM that reads a weight-only scheme's 8-bit weights without writing
+  a converted copy, and a W8A8 scheme's GEMM pays a per-token quantization of its input per
+  projection), XLA's GEMMs off GPUs (`platform`, default JAX's backend)."""
   if config.quantized_gemm != "auto":
     return config.quantized_gemm
-  scheme = scheme_for(quantization)
-  weight_only = scheme is not None and not scheme.quantize_activations
-  return "pallas_gpu" if weight_only and jax.default_backend() == "gpu" else "xla"
+  quantized = scheme_for(quantization) is not None
+  return "pallas_gpu" if quantized and (platform or jax.default_backend()) == "gpu" else "xla"
 
 
 def check_kv_cache(config: EngineConfig, platform: str | None = None) -> None:

@@ -64,9 +64,13 @@ def _largest_pow2_divisor(n: int, cap: int) -> int:
 
 def default_tiling(n: int, k: int, block_n: int = 32, block_k: int = 256) -> Tiling:
   """The tiling for a [N, K] weight: the largest block_n / block_k (up to the given) dividing N /
-  K, and the fewest splits (a power of two, at most 8) that give TARGET_PROGRAMS programs."""
+  K, and the fewest splits (a power of two, at most 8) that give TARGET_PROGRAMS programs. A
+  weight wide enough to need no split walks K in halved blocks (block_k / 2, at least 16). The
+  rule and the defaults follow the tiling sweep on an H100 (docs/PERFORMANCE.md)."""
   block_n = _largest_pow2_divisor(n, block_n)
   block_k = _largest_pow2_divisor(k, block_k)
+  if n // block_n >= TARGET_PROGRAMS and block_k > 16:
+    block_k //= 2
   splits = 1
   while (
     (n // block_n) * splits < TARGET_PROGRAMS and splits < 8 and k % (block_k * splits * 2) == 0

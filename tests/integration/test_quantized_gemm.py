@@ -38,8 +38,18 @@ def test_decode_on_the_pallas_kernel_matches_xla():
 
 
 @pytest.mark.parametrize(
-  "setting,scheme,expected",
-  [("auto", "int8", "xla"), ("auto", "fp8", "xla"), ("pallas_gpu", "fp8", "pallas_gpu")],
+  "setting,scheme,platform,expected",
+  [
+    ("auto", "int8", None, "xla"),  # this suite's CPU
+    ("auto", "fp8", "cpu", "xla"),
+    ("auto", "fp8", "tpu", "xla"),
+    ("auto", "fp8", "gpu", "pallas_gpu"),  # W8A8 too: decode steps compute weight-only
+    ("auto", "int8", "gpu", "pallas_gpu"),
+    ("auto", "none", "gpu", "xla"),
+    ("xla", "fp8", "gpu", "xla"),
+    ("pallas_gpu", "fp8", "cpu", "pallas_gpu"),
+  ],
 )
-def test_auto_keeps_xla_off_a_gpu(setting, scheme, expected):
-  assert quantized_gemm(EngineConfig(quantized_gemm=setting), scheme) == expected
+def test_auto_runs_the_kernel_on_gpus_only(setting, scheme, platform, expected):
+  config = EngineConfig(quantized_gemm=setting)
+  assert quantized_gemm(config, scheme, platform) == expected
