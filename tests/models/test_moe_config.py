@@ -10,8 +10,10 @@ import math
 import jax
 import pytest
 
+from jaxserve.assembly import build_engine
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.weights import param_shapes
+from tests.integration.engine_helpers import small_config
 
 # config.json of Qwen/Qwen3-30B-A3B and mistralai/Mixtral-8x7B-v0.1 on the Hugging Face hub
 QWEN3_30B_A3B = {
@@ -133,3 +135,9 @@ def test_dense_architectures_keep_zero_experts():
   assert config.num_experts == 0
   with pytest.raises(ValueError, match="num_experts: must be 0 for mistral"):
     config.replace(num_experts=8)
+
+
+def test_engine_refuses_batch_invariant_for_a_mixture_of_experts(hf_checkpoint):
+  config = small_config(str(hf_checkpoint("mixtral")), batch_invariant=True)
+  with pytest.raises(ValueError, match="^batch_invariant: .*mixture-of-experts"):
+    build_engine(config, show_progress=False)
