@@ -348,7 +348,9 @@ class EngineConfig:
   """Everything the engine needs. model is a built-in name (tiny-random) or a checkpoint path.
   compilation_cache_dir keeps compiled buckets across restarts (null disables it).
   tensor_parallel_size shards the model over that many devices (all devices of all hosts when
-  distributed); the kv head count must be a multiple of it. tp_invariant_reductions makes the
+  distributed); the kv head count must be a multiple of it. enable_expert_parallel lays those
+  devices along the mesh's expert axis instead: a mixture of experts' experts are split whole
+  over them and the other weights replicated (parallel/mesh.py). tp_invariant_reductions makes the
   bfloat16 forward bitwise independent of tensor_parallel_size in {1, 2}
   (models/invariant_dense.py; a parity mode, slower at tp = 1). batch_invariant makes every
   token's computation bitwise independent of the step's bucket, batch mates and prompt chunking
@@ -388,6 +390,7 @@ class EngineConfig:
   attention_backend: str = "auto"
   seed: int = 0
   tensor_parallel_size: int = 1
+  enable_expert_parallel: bool = False
   tp_invariant_reductions: bool = False
   batch_invariant: bool = False
   compilation_cache_dir: str | None = "~/.cache/jaxserve/xla"
@@ -442,6 +445,11 @@ class EngineConfig:
       not (self.sampler_backend == "pallas_gpu" and self.tensor_parallel_size > 1),
       "sampler_backend",
       "pallas_gpu runs on unsharded models only (tensor_parallel_size 1); use auto or xla",
+    )
+    _require(
+      isinstance(self.enable_expert_parallel, bool),
+      "enable_expert_parallel",
+      f"must be true or false, got {self.enable_expert_parallel!r}",
     )
     _require(
       isinstance(self.tp_invariant_reductions, bool),

@@ -107,6 +107,13 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     "shard the model over this many devices (all devices of all hosts)",
   ),
   EngineArg(
+    "enable_expert_parallel",
+    "enable_expert_parallel",
+    bool,
+    "split a mixture of experts' experts whole over the tensor_parallel_size devices (the "
+    "other weights replicated) instead of splitting each expert",
+  ),
+  EngineArg(
     "warmup",
     "warmup",
     str,

@@ -1,4 +1,5 @@
-"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) over the paged KV cache, in Flax linen.
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3; Qwen3-MoE, Mixtral) over the paged KV
+cache, in Flax linen.
 
 The model consumes one ragged step: the tokens of every scheduled sequence concatenated into
 `token_ids[T]` with their absolute `positions[T]`. Each layer projects q/k/v, applies RoPE and
@@ -10,7 +11,9 @@ of its own buffers. The model holds no sharding rules and no state besides `para
 Numerics follow Hugging Face: matmuls in the param dtype; RMSNorm statistics in float32 with the
 weight applied after casting back; attention softmax in float32 (inside the backend); logits in
 float32. Family switches: q/k/v bias (Qwen2), per-head q/k RMSNorm before RoPE (Qwen3), sliding
-window (Mistral), tied embeddings.
+window (Mistral), tied embeddings. With `num_experts` every layer's MLP is the routed experts of
+models/moe.py (its params under layers_{i}/mlp are listed there), computed by the injected
+`experts` function (None: unsharded grouped matmuls; parallel/sharded_experts.py on a mesh).
 
 `tp_invariant_reductions` makes the bfloat16 forward bitwise independent of the tensor-parallel
 degree: every projection goes through a DenseBackend (models/invariant_dense.py) that computes it
@@ -61,6 +64,7 @@ from jaxserve.models.invariant_dense import (
   grouped_dense_backend,
 )
 from jaxserve.models.model_config import ModelConfig
+from jaxserve.models.moe import ExpertsFn, SparseMoeBlock
 from jaxserve.models.quantized_dense import QuantizedDense
 from jaxserve.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
 from jaxserve.quantization.scheme import scheme_for
@@ -189,6 +193,7 @@ class DecoderLayer(nn.Module):
   config: ModelConfig
   attention: AttentionBackend
   dense: DenseBackend | None = None
+  experts: ExpertsFn | None = None
 
   @nn.compact
   def __call__(self, x, cos, sin, k_pages, v_pages, slot_mapping, metadata):
@@ -200,7 +205,10 @@ class DecoderLayer(nn.Module):
     )
     x = x + h
     h = RMSNorm(cfg.rms_norm_eps, dtype, cfg.batch_invariant, name="post_attention_layernorm")(x)
-    x = x + MLP(cfg, self.dense, name="mlp")(h)
+    if cfg.num_experts:
+      x = x + SparseMoeBlock(cfg, self.experts, name="mlp")(h)
+    else:
+      x = x + MLP(cfg, self.dense, name="mlp")(h)
     return x, k_pages, v_pages
 
 
@@ -233,11 +241,13 @@ class LlamaForCausalLM(nn.Module):
   """Decoder over one ragged batch. `__call__` returns the final-norm hidden states and the new
   KV pages; `compute_logits` maps selected hidden states to float32 logits. `dense` computes the
   projections of a tp_invariant_reductions model (None: grouped on one device) or of a
-  batch_invariant one (models/batch_invariant_dense.py), and its logits when it has them."""
+  batch_invariant one (models/batch_invariant_dense.py), and its logits when it has them;
+  `experts` computes a MoE model's experts (None: unsharded, models/moe.py)."""
 
   config: ModelConfig
   attention: AttentionBackend
   dense: DenseBackend | None = None
+  experts: ExpertsFn | None = None
 
   def setup(self) -> None:
     cfg = self.config
@@ -250,7 +260,7 @@ class LlamaForCausalLM(nn.Module):
       embedding_init=nn.initializers.normal(0.02),
     )
     self.layers = [
-      DecoderLayer(cfg, self.attention, self.dense)  # layers_{i}
+      DecoderLayer(cfg, self.attention, self.dense, self.experts)  # layers_{i}
       for _ in range(cfg.num_layers)
     ]
     self.norm = RMSNorm(cfg.rms_norm_eps, dtype, cfg.batch_invariant)

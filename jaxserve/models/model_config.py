@@ -1,10 +1,13 @@
 """The architecture of a Llama-family decoder, as a frozen, validated dataclass.
 
-One `ModelConfig` describes every supported family (Llama 2/3, Mistral, Qwen2, Qwen3): they differ
-only in a few switches (q/k/v bias, per-head q/k RMSNorm, sliding window, RoPE scaling, tied
-embeddings). `ModelConfig.from_hf_config` maps a Hugging Face `config.json` dict onto it and
-refuses, with a ValueError naming the field, anything the model code does not implement, so an
-unsupported checkpoint fails at load time rather than producing wrong logits.
+One `ModelConfig` describes every supported family (Llama 2/3, Mistral, Qwen2, Qwen3, and the
+mixtures of experts Qwen3-MoE and Mixtral): they differ only in a few switches (q/k/v bias,
+per-head q/k RMSNorm, sliding window, RoPE scaling, tied embeddings, routed experts).
+`ModelConfig.from_hf_config` maps a Hugging Face `config.json` dict onto it and refuses, with a
+ValueError naming the field, anything the model code does not implement, so an unsupported
+checkpoint fails at load time rather than producing wrong logits.
+
+Mixture of experts (`num_experts` > 0): models/moe_config.py validates and maps those fields.
 
 Both config.json flavours are read: transformers 4.x (`rope_theta` + `rope_scaling`) and 5.x
 (`rope_parameters` holding `rope_theta` and `rope_type`).
@@ -16,9 +19,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Mapping
 
+from jaxserve.models.moe_config import MOE_ARCHITECTURES, check_experts, hf_experts
 from jaxserve.quantization.scheme import NONE, check_quantization
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3") + MOE_ARCHITECTURES
 DTYPES = ("float32", "bfloat16")
 ROPE_TYPES = ("llama3", "linear")
 QUANTIZED_GEMMS = ("xla", "pallas_gpu")  # EngineConfig.quantized_gemm, "auto" resolved
@@ -28,6 +32,8 @@ _HF_ARCHITECTURES = {
   "MistralForCausalLM": "mistral",
   "Qwen2ForCausalLM": "qwen2",
   "Qwen3ForCausalLM": "qwen3",
+  "Qwen3MoeForCausalLM": "qwen3_moe",
+  "MixtralForCausalLM": "mixtral",
 }
 _HF_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "bfloat16"}
 
@@ -93,6 +99,10 @@ class ModelConfig:
   attention_bias: bool = False
   qk_norm: bool = False
   sliding_window: int | None = None
+  num_experts: int = 0  # MoE: routed experts per layer (0: a dense MLP)
+  num_experts_per_tok: int = 0  # MoE: the top-k experts each token is routed to
+  moe_intermediate_size: int = 0  # MoE: each expert's intermediate size
+  norm_topk_prob: bool = False  # MoE: renormalize the top-k routing probabilities to sum to one
   bos_token_id: int | None = None
   eos_token_ids: tuple[int, ...] = ()
   dtype: str = "float32"
@@ -165,6 +175,7 @@ class ModelConfig:
       "quantization",
       f"{self.quantization} cannot be combined with tp_invariant_reductions or batch_invariant",
     )
+    check_experts(self)
     eos = tuple(self.eos_token_ids)
     object.__setattr__(self, "eos_token_ids", eos)
     for token_id in eos + (() if self.bos_token_id is None else (self.bos_token_id,)):
@@ -207,8 +218,9 @@ class ModelConfig:
       max_position_embeddings=_hf_field(d, "max_position_embeddings"),
       tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
       attention_bias=architecture == "qwen2" or bool(d.get("attention_bias", False)),
-      qk_norm=architecture == "qwen3",
+      qk_norm=architecture in ("qwen3", "qwen3_moe"),
       sliding_window=_hf_sliding_window(d, architecture),
+      **hf_experts(d, architecture),
       bos_token_id=d.get("bos_token_id"),
       eos_token_ids=_hf_eos(d.get("eos_token_id")),
       dtype=_hf_dtype(d, dtype),
@@ -272,7 +284,7 @@ def _hf_rope(d: Mapping) -> tuple[float, RopeScaling | None]:
 def _hf_sliding_window(d: Mapping, architecture: str) -> int | None:
   if architecture == "llama":
     return None
-  if architecture == "mistral":
+  if architecture in ("mistral", "mixtral"):
     return d.get("sliding_window")
   if not d.get("use_sliding_window", False) or d.get("sliding_window") is None:
     return None

@@ -1,8 +1,10 @@
 """Hugging Face safetensors checkpoints -> the flax `params` tree of `LlamaForCausalLM`.
 
 `hf_tensor_specs(config)` is the single table of the conversion: for every flax leaf, the HF tensor
-name, its HF shape and whether it is a transposed Linear weight. `param_shapes(config)` derives the
-abstract tree from it (used to restore orbax checkpoints and by tests against `model.init`).
+name, its HF shape and whether it is a transposed Linear weight (models/tensor_spec.py); a mixture
+of experts' stacked leaf [E, in, out] has one entry per expert (models/expert_weights.py).
+`param_shapes(config)` derives the abstract tree from it (used to restore orbax checkpoints and by
+tests against `model.init`).
 
 Loading first checks every tensor's presence and shape from the files' headers
 (`plan_hf_tensors`), then moves the tensors to the device(s) as they are on disk, zero-copy views
@@ -17,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -25,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxserve.models.expert_weights import check_per_expert_layout, expert_specs, stacked_leaves
 from jaxserve.models.fused_projections import merged_leaves
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.quantized_dense import is_quantized_kernel, kernel_shape, scale_path
@@ -39,6 +41,7 @@ from jaxserve.models.safetensors_reader import (
   TensorInfo,
   read_header,
 )
+from jaxserve.models.tensor_spec import TensorSpec
 from jaxserve.models.weight_transfer import (
   LeafLoad,
   ParamPath,
@@ -58,22 +61,6 @@ CONFIG_FILE = "config.json"
 logger = logging.getLogger(__name__)
 
 PutFn = Callable[[ParamPath, np.ndarray], jax.Array]
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-  """One params leaf: where it lives in the flax tree and in the HF checkpoint."""
-
-  path: ParamPath
-  hf_name: str
-  hf_shape: tuple[int, ...]
-  # HF Linear weight [out, in] -> flax kernel [in, out]; a quantized kernel stays [out, in]
-  # (quantized_loading.quantized_leaves drops the transpose)
-  transpose: bool
-
-  @property
-  def shape(self) -> tuple[int, ...]:
-    return tuple(reversed(self.hf_shape)) if self.transpose else self.hf_shape
 
 
 def hf_tensor_specs(config: ModelConfig) -> list[TensorSpec]:
@@ -111,22 +98,31 @@ def hf_tensor_specs(config: ModelConfig) -> list[TensorSpec]:
         vector((fx, "self_attn", name, "scale"), f"{hf}.self_attn.{name}.weight", c.head_dim)
         for name in ("q_norm", "k_norm")
       ]
-    specs += [
+    specs.append(
       vector(
         (fx, "post_attention_layernorm", "scale"),
         f"{hf}.post_attention_layernorm.weight",
         c.hidden_size,
-      ),
-      linear("mlp", "gate_proj", c.intermediate_size, c.hidden_size),
-      linear("mlp", "up_proj", c.intermediate_size, c.hidden_size),
-      linear("mlp", "down_proj", c.hidden_size, c.intermediate_size),
-    ]
+      )
+    )
+    if c.num_experts:
+      specs += expert_specs(c, i)
+    else:
+      specs += [
+        linear("mlp", "gate_proj", c.intermediate_size, c.hidden_size),
+        linear("mlp", "up_proj", c.intermediate_size, c.hidden_size),
+        linear("mlp", "down_proj", c.hidden_size, c.intermediate_size),
+      ]
   specs.append(TensorSpec(("norm", "scale"), "model.norm.weight", (c.hidden_size,), False))
   if not c.tie_word_embeddings:
     specs.append(
       TensorSpec(("lm_head", "kernel"), "lm_head.weight", (c.vocab_size, c.hidden_size), True)
     )
   return specs
+
+
+def _stacked_paths(config: ModelConfig) -> set[ParamPath]:
+  return {spec.path for spec in hf_tensor_specs(config) if spec.expert is not None}
 
 
 def _set_leaf(tree: dict, path: ParamPath, value) -> None:
@@ -138,7 +134,7 @@ def _set_leaf(tree: dict, path: ParamPath, value) -> None:
 def param_shapes(config: ModelConfig) -> dict:
   """The abstract params tree: a jax.ShapeDtypeStruct per leaf, in config.dtype; with
   config.quantization each projection kernel [out, in] in its 8-bit type beside a float32 scale
-  [out] (models/quantized_dense.py)."""
+  [out] (models/quantized_dense.py); experts stacked [E, in, out]."""
   scheme = scheme_for(config.quantization)
   tree: dict = {}
   for spec in hf_tensor_specs(config):
@@ -147,6 +143,9 @@ def param_shapes(config: ModelConfig) -> dict:
       shape = kernel_shape(in_features, out_features)
       _set_leaf(tree, spec.path, jax.ShapeDtypeStruct(shape, jnp.dtype(scheme.weight_dtype)))
       _set_leaf(tree, scale_path(spec.path), jax.ShapeDtypeStruct((out_features,), jnp.float32))
+    elif spec.expert is not None:
+      shape = (config.num_experts,) + spec.shape
+      _set_leaf(tree, spec.path, jax.ShapeDtypeStruct(shape, jnp.dtype(config.dtype)))
     else:
       _set_leaf(tree, spec.path, jax.ShapeDtypeStruct(spec.shape, jnp.dtype(config.dtype)))
   return tree
@@ -212,6 +211,8 @@ def plan_hf_tensors(checkpoint_dir: Path, config: ModelConfig) -> list[TensorLoa
   (models/quantized_loading.py)."""
   index = TensorIndex(checkpoint_dir)
   specs = hf_tensor_specs(config)
+  if config.num_experts:
+    check_per_expert_layout(index.files, index.listing)
   loads = []
   for spec in specs:
     header, info = index.find(spec.hf_name)
@@ -243,7 +244,10 @@ def load_hf_params(
     if config.quantization != "none":
       raise ValueError("quantization: a quantized model loads on the device path (no `put`)")
     leaves, stats = _put_host_converted(
-      plan_hf_tensors(checkpoint_dir, config), np.dtype(jnp.dtype(config.dtype)), put
+      plan_hf_tensors(checkpoint_dir, config),
+      np.dtype(jnp.dtype(config.dtype)),
+      put,
+      _stacked_paths(config),
     )
     _log(stats, checkpoint_dir)
     return _tree(leaves)
@@ -263,6 +267,9 @@ def load_hf_weights(
   config.quantization each projection is quantized as it loads, or loaded as stored from a
   compressed-tensors checkpoint (models/quantized_loading.py)."""
   loads = plan_hf_tensors(checkpoint_dir, config)
+  stacked = _stacked_paths(config)
+  expert_loads = [load for load in loads if load.path in stacked]
+  loads = [load for load in loads if load.path not in stacked]
   by_path = {load.path: load for load in loads}
   if fuse:
     leaves = [
@@ -272,7 +279,9 @@ def load_hf_weights(
   else:
     leaves = [LeafLoad(load.path, (load,)) for load in loads]
   leaves = quantized_leaves(leaves, config, read_stored_quantization(checkpoint_dir))
-  arrays, stats = transfer_tensors(leaves, np.dtype(jnp.dtype(config.dtype)), sharding, options)
+  dtype = np.dtype(jnp.dtype(config.dtype))
+  leaves += stacked_leaves(expert_loads, dtype)
+  arrays, stats = transfer_tensors(leaves, dtype, sharding, options)
   _log(stats, checkpoint_dir)
   return _tree(arrays), stats
 
@@ -289,18 +298,22 @@ def _tree(leaves: dict[ParamPath, jax.Array]) -> dict:
 
 
 def _put_host_converted(
-  loads: list[TensorLoad], dtype: np.dtype, put: PutFn
+  loads: list[TensorLoad], dtype: np.dtype, put: PutFn, stacked: set[ParamPath]
 ) -> tuple[dict[ParamPath, jax.Array], TransferStats]:
-  """One tensor at a time: copied out of the file, transposed and cast on the host, then handed
-  to `put` (which owns the copy)."""
+  """One leaf at a time: its tensor(s) copied out of the file, transposed and cast on the host
+  (a `stacked` leaf's experts stacked), then handed to `put` (which owns the copy)."""
   start = time.perf_counter()
-  leaves, files = {}, {}
+  groups: dict[ParamPath, list[TensorLoad]] = {}
   for load in loads:
-    path = load.header.path
-    if path not in files:
-      files[path] = MappedFile.open(load.header, populate=False)
-    array = files[path].view(load.info)  # [*hf_shape]
-    if load.transpose:
-      array = array.T
-    leaves[load.path] = put(load.path, np.array(array, dtype=dtype, order="C"))
+    groups.setdefault(load.path, []).append(load)
+  leaves, files = {}, {}
+  for leaf_path, parts in groups.items():
+    arrays = []
+    for load in parts:
+      path = load.header.path
+      if path not in files:
+        files[path] = MappedFile.open(load.header, populate=False)
+      array = files[path].view(load.info)  # [*hf_shape]
+      arrays.append(np.array(array.T if load.transpose else array, dtype=dtype, order="C"))
+    leaves[leaf_path] = put(leaf_path, np.stack(arrays) if leaf_path in stacked else arrays[0])
   return leaves, TransferStats(sum(load.info.nbytes for load in loads), time.perf_counter() - start)

@@ -1,4 +1,5 @@
-"""The partition rules: how every param and the KV pages are laid out over the `model` axis.
+"""The partition rules: how every param and the KV pages are laid out over the mesh's `model` and
+`expert` axes (parallel/mesh.py).
 
 This is the one module that knows the sharding; the model code has none. Rules match a param's
 path (joined with "/") and give a PartitionSpec for its array (flax kernels are [in, out]):
@@ -12,6 +13,16 @@ path (joined with "/") and give a PartitionSpec for its array (flax kernels are 
                                                   vocab-sharded and the sampler's reductions
                                                   over the vocabulary gather them
   norms, q_norm/k_norm scales                     replicated (tiny)
+
+A mixture of experts' MLP (models/moe.py) shards its stacked experts over both axes: whole
+experts over `expert`, each expert's intermediate dimension over `model` (the SwiGLU is
+column- then row-sharded, as in a dense MLP); its router is replicated:
+
+  mlp/gate/kernel [H, E]                          replicated
+  mlp/experts/gate_proj, up_proj [E, H, I]        (expert, -, model)
+  mlp/experts/down_proj [E, I, H]                 (expert, model, -)
+
+parallel/sharded_experts.py computes them device by device and sums the partials.
 
 A quantized projection (models/quantized_dense.py) stores its kernel [out, in], the transpose of
 a float one, beside a float32 `scale` [out], one per output channel; what makes a projection
@@ -45,7 +56,7 @@ from typing import Mapping
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxserve.parallel.mesh import MODEL_AXIS
+from jaxserve.parallel.mesh import EXPERT_AXIS, MODEL_AXIS
 
 ParamPath = tuple[str, ...]
 
@@ -58,6 +69,9 @@ PARAM_RULES: tuple[tuple[str, P], ...] = (
   (r"^embed_tokens/embedding$", P(MODEL_AXIS, None)),
   (r"^lm_head/kernel$", P(None, MODEL_AXIS)),
   (r"(layernorm|norm)/scale$", P()),
+  (r"mlp/gate/kernel$", P()),
+  (r"mlp/experts/(gate|up)_proj$", P(EXPERT_AXIS, None, MODEL_AXIS)),
+  (r"mlp/experts/down_proj$", P(EXPERT_AXIS, MODEL_AXIS, None)),
 )
 # A quantized projection's leaves (the projection holds a `scale`): checked before PARAM_RULES.
 QUANTIZED_RULES: tuple[tuple[str, P], ...] = (
@@ -80,24 +94,30 @@ def param_spec(
   mesh_size: int,
   shard_vocab: bool = True,
   quantized: bool = False,
+  expert_size: int | None = None,
 ) -> P:
-  """The PartitionSpec of the param at `path`; `quantized`: it belongs to a quantized projection
-  (one holding a `scale`: is_quantized_projection). ValueError if no rule matches it."""
+  """The PartitionSpec of the param at `path` over a model axis of `mesh_size` devices and an
+  expert axis of `expert_size` (None: the mesh has none, so nothing is split by expert);
+  `quantized`: it belongs to a quantized projection (one holding a `scale`:
+  is_quantized_projection). ValueError if no rule matches it."""
   name = "/".join(path)
   if not shard_vocab and re.search(VOCAB_PARAMS, name):
     return P()
   rules = (QUANTIZED_RULES if quantized else ()) + PARAM_RULES
   for pattern, spec in rules:
     if re.search(pattern, name):
-      return _divisible(spec, shape, mesh_size)
+      sizes = {MODEL_AXIS: mesh_size, EXPERT_AXIS: expert_size}
+      return _divisible(spec, shape, sizes)
   raise ValueError(f"params: no partition rule matches {name!r} (shape {shape})")
 
 
-def _divisible(spec: P, shape: tuple[int, ...], mesh_size: int) -> P:
+def _divisible(spec: P, shape: tuple[int, ...], sizes: Mapping[str, int | None]) -> P:
+  """`spec` with every axis that the mesh lacks or that does not divide its dimension dropped."""
   if len(spec) > len(shape):
     raise ValueError(f"partition rule {spec} has more axes than the param shape {shape}")
   axes = [
-    axis if axis is None or shape[i] % mesh_size == 0 else None for i, axis in enumerate(spec)
+    axis if axis is None or (sizes[axis] and shape[i] % sizes[axis] == 0) else None
+    for i, axis in enumerate(spec)
   ]
   return P(*axes)
 
@@ -111,7 +131,7 @@ def is_quantized_projection(leaves: Mapping[str, object], name: str) -> bool:
 def param_shardings(abstract_params: dict, mesh: Mesh, shard_vocab: bool = True) -> dict:
   """A NamedSharding for every leaf of a params tree (arrays or ShapeDtypeStructs); a leaf of a
   quantized projection gets the quantized rules (is_quantized_projection, from its siblings)."""
-  size = mesh.shape[MODEL_AXIS]
+  size, expert_size = mesh.shape[MODEL_AXIS], mesh.shape.get(EXPERT_AXIS)
 
   def walk(tree: Mapping, path: ParamPath) -> dict:
     out = {}
@@ -120,7 +140,9 @@ def param_shardings(abstract_params: dict, mesh: Mesh, shard_vocab: bool = True)
         out[key] = walk(value, path + (str(key),))
         continue
       quantized = bool(path) and is_quantized_projection(tree, path[-1])
-      spec = param_spec(path + (str(key),), tuple(value.shape), size, shard_vocab, quantized)
+      spec = param_spec(
+        path + (str(key),), tuple(value.shape), size, shard_vocab, quantized, expert_size
+      )
       out[key] = NamedSharding(mesh, spec)
     return out if isinstance(tree, dict) else type(tree)(out)
 

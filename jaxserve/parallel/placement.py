@@ -8,8 +8,10 @@ gate/up are merged (models/fused_projections.py); the attention backend is the c
 A mesh (tensor_parallel_size > 1, a multi-host job, or tp_invariant_reductions, which runs this
 path even at tp = 1 so every tensor_parallel_size compiles the same step with the same options):
 params are loaded straight into their shards (sharded_loading.py), attention is shard_mapped over
-kv heads (sharded_attention.py), KV pages are sharded by kv head, and with tp_invariant_reductions
-the projections go through the sharded grouped GEMMs (sharded_dense.py). Sharded models keep HF's
+kv heads (sharded_attention.py), KV pages are sharded by kv head, with tp_invariant_reductions
+the projections go through the sharded grouped GEMMs (sharded_dense.py), and a mixture of
+experts' experts run shard by shard (sharded_experts.py), split by expert over the mesh's expert
+axis with enable_expert_parallel (parallel/mesh.py). Sharded models keep HF's
 separate projections; quantized ones shard their 8-bit kernels and scales (partition_rules.py).
 
 batch_invariant (either placement): the attention backend with fixed tiles
@@ -41,12 +43,14 @@ from jaxserve.models.fused_projections import fuse_params
 from jaxserve.models.invariant_dense import REDUCTION_GROUPS, DenseBackend
 from jaxserve.models.llama import LlamaForCausalLM
 from jaxserve.models.model_config import ModelConfig
+from jaxserve.models.moe import ExpertsFn
 from jaxserve.models.registry import LoadedModel, load_model
 from jaxserve.models.weights import param_shapes
-from jaxserve.parallel.mesh import MODEL_AXIS, build_mesh, check_tensor_parallel
+from jaxserve.parallel.mesh import MODEL_AXIS, build_mesh, check_experts, check_tensor_parallel
 from jaxserve.parallel.partition_rules import kv_pages_sharding, logits_sharding, replicated
 from jaxserve.parallel.sharded_attention import shard_attention_backend
 from jaxserve.parallel.sharded_dense import shard_dense_backend
+from jaxserve.parallel.sharded_experts import shard_experts
 from jaxserve.parallel.sharded_loading import load_model_sharded, sharded_param_shapes
 from jaxserve.quantization.scheme import scheme_for
 
@@ -62,9 +66,10 @@ class Placement:
   mesh: Mesh | None
   kv_sharding: jax.sharding.Sharding | None
   num_shards: int  # devices each KV page is split over
+  experts: ExpertsFn | None = None  # a mixture of experts' on a mesh (None: unsharded)
 
   def module(self) -> LlamaForCausalLM:
-    return LlamaForCausalLM(self.model.config, self.attention, self.dense)
+    return LlamaForCausalLM(self.model.config, self.attention, self.dense, self.experts)
 
   def step_shardings(self, kv_pages: KVPages) -> StepShardings | None:
     """The step programs' shardings (None on one device: default placement)."""
@@ -154,7 +159,7 @@ def dense_for(config: EngineConfig) -> DenseBackend | None:
 
 
 def _on_mesh(config: EngineConfig) -> Placement:
-  mesh = build_mesh(config.tensor_parallel_size)
+  mesh = build_mesh(config.tensor_parallel_size, expert_parallel=config.enable_expert_parallel)
   loaded = load_model_sharded(
     config.model,
     config.dtype,
@@ -177,6 +182,7 @@ def abstract_placement(
     model_config = model_config.replace(dtype=config.dtype)
   model_config = model_config.replace(tp_invariant_reductions=config.tp_invariant_reductions)
   check_tensor_parallel(model_config, mesh.shape[MODEL_AXIS])
+  check_experts(model_config, mesh)
   loaded = LoadedModel(model_config, sharded_param_shapes(model_config, mesh), "abstract")
   return _mesh_placement(config, loaded, mesh, platform)
 
@@ -237,4 +243,5 @@ def _mesh_placement(
     mesh,
     kv_pages_sharding(mesh),
     mesh.shape[MODEL_AXIS],
+    shard_experts(mesh) if loaded.config.num_experts else None,
   )

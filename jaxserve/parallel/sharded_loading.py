@@ -30,7 +30,7 @@ from jaxserve.models.quantized_loading import read_stored_quantization
 from jaxserve.models.registry import PARAMS_SUBDIR, LoadedModel, checkpoint_dir, load_model
 from jaxserve.models.weight_transfer import TransferOptions
 from jaxserve.models.weights import ParamPath, load_hf_config, load_hf_weights, param_shapes
-from jaxserve.parallel.mesh import MODEL_AXIS, check_tensor_parallel
+from jaxserve.parallel.mesh import MODEL_AXIS, check_experts, check_tensor_parallel
 from jaxserve.parallel.partition_rules import param_shardings
 from jaxserve.quantization.compressed_tensors import resolve_quantization
 from jaxserve.quantization.scheme import check_quantization, scheme_for
@@ -53,6 +53,7 @@ def load_model_sharded(
     loaded = load_model(model, dtype, quantization=quantization)
     config = loaded.config.replace(tp_invariant_reductions=tp_invariant_reductions)
     check_tensor_parallel(config, mesh.shape[MODEL_AXIS])
+    check_experts(config, mesh)
     shardings = param_shardings(loaded.params, mesh, not tp_invariant_reductions)
     params = jax.tree.map(
       lambda x, s: _shard_host_array(np.asarray(x), s), loaded.params, shardings
@@ -62,6 +63,7 @@ def load_model_sharded(
   config = load_hf_config(path, dtype)
   config = config.replace(tp_invariant_reductions=tp_invariant_reductions)
   check_tensor_parallel(config, mesh.shape[MODEL_AXIS])
+  check_experts(config, mesh)
   quantization = resolve_quantization(quantization, read_stored_quantization(path))
   orbax_dir = path / PARAMS_SUBDIR
   if orbax_dir.is_dir():

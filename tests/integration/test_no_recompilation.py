@@ -65,3 +65,30 @@ def test_randomized_workload_of_200_requests_compiles_nothing_after_warmup():
   assert finished == 200
   assert engine.ledger.num_compilations == compiled_at_warmup
   assert engine.stats().num_used_pages == 0
+
+
+def test_mixture_of_experts_compiles_nothing_after_warmup(hf_checkpoint):
+  """Routing changes every step (which experts, how many tokens each, experts left empty), yet
+  the grouped matmuls' shapes depend on the token bucket alone (models/grouped_matmul.py)."""
+  engine = small_engine(
+    str(hf_checkpoint("qwen3_moe")),
+    max_model_len=128,
+    max_tokens_per_step=32,
+    seq_buckets=(8,),
+    token_buckets=(8, 32),
+    warmup="full",
+  )
+  compiled_at_warmup = engine.ledger.num_compilations
+  assert compiled_at_warmup > 0
+  rng = np.random.default_rng(7)
+  for i in range(24):
+    prompt = rng.integers(4, 400, size=int(rng.integers(1, 60))).tolist()
+    params = SamplingParams(
+      temperature=float(rng.choice([0.0, 0.8])), max_tokens=int(rng.integers(1, 16)), seed=i
+    )
+    engine.add_request(prompt, params)
+    if rng.random() < 0.5:
+      engine.step()
+  while engine.has_unfinished_requests():
+    engine.step()
+  assert engine.ledger.num_compilations == compiled_at_warmup

@@ -6,6 +6,11 @@ trained with `tokenizers` on a small corpus, vocab within the model's) and token
 (bos/eos tokens and a ChatML chat template). Weights are re-drawn from a seeded torch generator with
 non-trivial norms and biases (HF initialises norms to one and biases to zero, which would hide
 loader mistakes), scaled so log-probs are far from uniform.
+
+The mixtures of experts have 8 experts each (Qwen3-MoE top-4 without renormalization, Mixtral
+top-2, which renormalizes), so a step with fewer than 8 assignments, a decode step say, leaves
+experts without a token; transformers writes their experts one Linear per expert and projection,
+the layout of published checkpoints (models/expert_weights.py).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-FAMILIES = ("llama", "llama3", "llama_tied", "mistral", "qwen2", "qwen3")
+FAMILIES = ("llama", "llama3", "llama_tied", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
 # 8 kv heads, so tensor parallelism up to 8 shards whole heads (tests/parallel).
 TP_FAMILIES = ("llama_kv8", "qwen2_kv8")
 VOCAB_SIZE = 512
@@ -96,6 +101,28 @@ def _hf_config(family: str) -> transformers.PretrainedConfig:
       rope_theta=1e6,
       tie_word_embeddings=False,
     )
+  if family == "qwen3_moe":
+    return transformers.Qwen3MoeConfig(
+      **_COMMON,
+      num_attention_heads=4,
+      num_key_value_heads=2,
+      rope_theta=1e6,
+      tie_word_embeddings=False,
+      num_experts=8,
+      num_experts_per_tok=4,
+      moe_intermediate_size=64,
+      norm_topk_prob=False,
+    )
+  if family == "mixtral":
+    common = {**_COMMON, "intermediate_size": 64}  # each expert's
+    return transformers.MixtralConfig(
+      **common,
+      num_attention_heads=4,
+      num_key_value_heads=2,
+      rope_theta=1e6,
+      num_local_experts=8,
+      num_experts_per_tok=2,
+    )
   if family == "qwen3":
     return transformers.Qwen3Config(
       **_COMMON,
@@ -112,6 +139,8 @@ _MODEL_CLASSES = {
   "mistral": transformers.MistralForCausalLM,
   "qwen2": transformers.Qwen2ForCausalLM,
   "qwen3": transformers.Qwen3ForCausalLM,
+  "qwen3_moe": transformers.Qwen3MoeForCausalLM,
+  "mixtral": transformers.MixtralForCausalLM,
 }
 
 
@@ -126,8 +155,8 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
         value = 0.2 * noise
       elif "embed_tokens" in name:  # also the tied output projection: keep logits O(1)
         value = 0.25 * noise
-      else:  # Linear [out, in]
-        value = noise / param.shape[1] ** 0.5
+      else:  # Linear [out, in], stacked experts [E, out, in]
+        value = noise / param.shape[-1] ** 0.5
       param.copy_(value.to(param.dtype))
 
 

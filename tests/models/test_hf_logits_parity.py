@@ -1,5 +1,6 @@
 """Log-prob parity of LlamaForCausalLM (paged, reference attention) with transformers' float32
-forward, for every supported family, over ragged multi-sequence steps with scattered pages."""
+forward, for every supported family (the mixtures of experts included), over ragged
+multi-sequence steps with scattered pages."""
 
 from __future__ import annotations
 
@@ -47,11 +48,11 @@ class Family:
 
     self.step = jax.jit(step)
 
-  def run(self, kv_pages, chunks: list[Chunk]):
+  def run(self, kv_pages, chunks: list[Chunk], num_tokens: int = NUM_TOKENS):
     arrays = build_step(
       chunks,
       page_size=PAGE_SIZE,
-      num_tokens=NUM_TOKENS,
+      num_tokens=num_tokens,
       num_seq_slots=NUM_SEQ_SLOTS,
       pages_per_seq=PAGES_PER_SEQ,
     )
@@ -102,6 +103,20 @@ def test_chunked_prefill_then_decode(family):
   np.testing.assert_allclose(logprobs2[off2[0]], hf_a[-1], atol=TOLERANCE, rtol=0)
   np.testing.assert_allclose(
     logprobs2[off2[1] : off2[1] + len(b) - 6], hf_b[6:], atol=TOLERANCE, rtol=0
+  )
+
+
+def test_one_token_decode_leaves_experts_empty(family):
+  """A step of one token and no padding: top-k of 8 experts leaves 8 - k groups empty."""
+  if not family.config.num_experts:
+    pytest.skip("dense MLP")
+  assert family.config.num_experts_per_tok < family.config.num_experts
+  a, _ = family.prompts
+  kv = family.empty_pages()
+  _, kv, _ = family.run(kv, [Chunk(a[:-1], 0, family.pages[0])])
+  logprobs, _, offsets = family.run(kv, [Chunk(a[-1:], len(a) - 1, family.pages[0])], num_tokens=1)
+  np.testing.assert_allclose(
+    logprobs[offsets[0]], family.hf_logprobs[0][-1], atol=TOLERANCE, rtol=0
   )
 
 

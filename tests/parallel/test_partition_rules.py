@@ -37,6 +37,19 @@ def test_rules_by_name():
   assert param_spec(("lm_head", "kernel"), (8, 512), 4) == P(None, "model")
 
 
+def test_expert_rules_split_experts_and_their_intermediate_dimension():
+  gate, down, router = (
+    ("layers_0", "mlp", "experts", "gate_proj"),
+    ("layers_0", "mlp", "experts", "down_proj"),
+    ("layers_0", "mlp", "gate", "kernel"),
+  )
+  assert param_spec(gate, (8, 16, 32), 2, expert_size=4) == P("expert", None, "model")
+  assert param_spec(down, (8, 32, 16), 2, expert_size=4) == P("expert", "model", None)
+  assert param_spec(router, (16, 8), 2, expert_size=4) == P()
+  assert param_spec(gate, (8, 16, 32), 2) == P(None, None, "model")  # a mesh without the axis
+  assert param_spec(gate, (6, 16, 32), 2, expert_size=4) == P(None, None, "model")
+
+
 def _one_device_mesh() -> jax.sharding.Mesh:
   return jax.sharding.Mesh(np.array(jax.devices()[:1]), ("model",))
 

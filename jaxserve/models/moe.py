@@ -1,0 +1,85 @@
+"""The sparse mixture-of-experts MLP of Qwen3-MoE and Mixtral, in Flax linen.
+
+Routing follows transformers (modeling_qwen3_moe.py, modeling_mixtral.py): the router `gate`, a
+bias-free Linear in the param dtype, gives logits [T, E]; their softmax in float32 gives each
+expert's probability; each token keeps its top `num_experts_per_tok`, renormalized to sum to one
+when `norm_topk_prob` (Qwen3-MoE's switch; always for Mixtral, whose softmax over the top-k logits
+is the same). The chosen experts' SwiGLU FFNs are computed as grouped matmuls over the
+assignments sorted by expert (models/grouped_matmul.py) and summed with the routing weights in
+float32, then cast to the param dtype (transformers multiplies and sums in the param dtype;
+identical in float32, within bfloat16 rounding otherwise).
+
+The experts' computation is injected (`experts`, an ExpertsFn): the unsharded model runs
+grouped_matmul.expert_ffn; a sharded engine passes parallel/sharded_experts.py's, which runs the
+same function on each device's slice of the experts. The module holds no sharding.
+
+Params, with E experts, H hidden and I the experts' intermediate size:
+  gate/kernel [H, E]
+  experts/gate_proj [E, H, I]   experts/up_proj [E, H, I]   experts/down_proj [E, I, H]
+
+`batch_invariant` is refused for MoE models (models/moe_config.py): the router and the grouped
+matmuls do not run through the fixed-tile GEMMs, so a token's bits are not guaranteed to be
+independent of the other rows of its step.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from jaxserve.models.grouped_matmul import expert_ffn
+from jaxserve.models.model_config import ModelConfig
+
+# (x [T, H], expert_ids int32[T, K], weights float32[T, K], gate, up [E, H, I], down [E, I, H])
+#   -> float32 [T, H]
+ExpertsFn = Callable[..., jax.Array]
+
+
+def route(logits: jax.Array, top_k: int, renormalize: bool) -> tuple[jax.Array, jax.Array]:
+  """Router logits [T, E] -> (weights float32[T, K], expert_ids int32[T, K]): the top-k softmax
+  probabilities (float32), renormalized to sum to one when `renormalize`."""
+  probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)  # [T, E]
+  weights, expert_ids = jax.lax.top_k(probs, top_k)  # [T, K] each
+  if renormalize:
+    weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+  return weights, expert_ids.astype(jnp.int32)
+
+
+class Experts(nn.Module):
+  """The stacked experts' weights and their FFN over the routed tokens."""
+
+  config: ModelConfig
+  experts: ExpertsFn | None = None
+
+  @nn.compact
+  def __call__(self, x: jax.Array, expert_ids: jax.Array, weights: jax.Array) -> jax.Array:
+    cfg = self.config
+    dtype = jnp.dtype(cfg.dtype)
+    shape = (cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+    init = nn.initializers.normal(0.02)
+    gate = self.param("gate_proj", init, shape, dtype)  # [E, H, I]
+    up = self.param("up_proj", init, shape, dtype)  # [E, H, I]
+    down = self.param("down_proj", init, (shape[0], shape[2], shape[1]), dtype)  # [E, I, H]
+    run = self.experts if self.experts is not None else expert_ffn
+    return run(x, expert_ids, weights, gate, up, down)  # float32 [T, H]
+
+
+class SparseMoeBlock(nn.Module):
+  """x [T, H] -> [T, H]: each token through its routed experts, weighted."""
+
+  config: ModelConfig
+  experts: ExpertsFn | None = None
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    cfg = self.config
+    dtype = jnp.dtype(cfg.dtype)
+    logits = nn.Dense(cfg.num_experts, use_bias=False, dtype=dtype, param_dtype=dtype, name="gate")(
+      x
+    )  # [T, E]
+    weights, expert_ids = route(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob)  # [T, K]
+    out = Experts(cfg, self.experts, name="experts")(x, expert_ids, weights)  # float32 [T, H]
+    return out.astype(dtype)

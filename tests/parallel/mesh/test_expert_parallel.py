@@ -1,0 +1,70 @@
+"""Mixtures of experts on a mesh: expert parallelism (whole experts per device along the mesh's
+expert axis) and tensor parallelism (each expert's intermediate dimension split) give the
+unsharded engine's greedy tokens, and the stacked experts are laid out by their rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from jaxserve.assembly import build_engine
+from tests.integration.engine_helpers import generate_and_score, small_config
+from tests.models.hf_checkpoints import TOKENIZER_VOCAB_SIZE
+from tests.parallel.mesh.conftest import tp_engine
+
+NUM_NEW_TOKENS = 12
+PROMPT_LENGTHS = (3, 17, 41)
+
+
+def _prompts(seed: int) -> list[list[int]]:
+  rng = np.random.default_rng(seed)
+  return [rng.integers(4, TOKENIZER_VOCAB_SIZE, size=n).tolist() for n in PROMPT_LENGTHS]
+
+
+# layout -> (tensor_parallel_size, enable_expert_parallel); the checkpoint has 2 kv heads: tp <= 2
+LAYOUTS = {"ep2": (2, True), "tp2": (2, False)}
+
+
+def test_expert_and_tensor_parallel_tokens_equal_one_devices(hf_checkpoint, engine_for):
+  """Mixtral's 8 experts, 4 per device at ep2; each expert's intermediate dimension halved at
+  tp2 (the layout of any MoE at tensor_parallel_size > 1 without the flag)."""
+  checkpoint = hf_checkpoint("mixtral")
+  prompts = _prompts(seed=3)
+  tokens, logprobs = generate_and_score(engine_for(checkpoint, 1), prompts, NUM_NEW_TOKENS)
+  for name, (size, expert_parallel) in LAYOUTS.items():
+    engine = tp_engine(checkpoint, size, enable_expert_parallel=expert_parallel)
+    sharded_tokens, sharded_logprobs = generate_and_score(engine, prompts, NUM_NEW_TOKENS)
+    assert sharded_tokens == tokens, name
+    for ours, reference in zip(sharded_logprobs, logprobs):
+      np.testing.assert_allclose(ours, reference, atol=1e-4, rtol=0, err_msg=name)
+
+
+def test_experts_are_split_whole_over_the_expert_axis(hf_checkpoint):
+  engine = tp_engine(hf_checkpoint("mixtral"), 2, enable_expert_parallel=True)
+  mlp = engine.runner.params["layers_0"]["mlp"]
+  for name in ("gate_proj", "up_proj", "down_proj"):
+    leaf = mlp["experts"][name]
+    assert leaf.sharding.spec[0] == "expert", name
+    halves = {(s.index[0].start, s.data.shape) for s in leaf.addressable_shards}
+    assert halves == {(0, (4,) + leaf.shape[1:]), (4, (4,) + leaf.shape[1:])}, name
+  assert mlp["gate"]["kernel"].sharding.spec == P()
+  q_proj = engine.runner.params["layers_0"]["self_attn"]["q_proj"]["kernel"]
+  assert q_proj.sharding.is_fully_replicated  # attention is replicated along the expert axis
+
+
+def test_expert_parallel_refusals(hf_checkpoint):
+  with pytest.raises(ValueError, match="enable_expert_parallel: 3 devices do not divide .* 8"):
+    build_engine(
+      small_config(
+        str(hf_checkpoint("mixtral")), tensor_parallel_size=3, enable_expert_parallel=True
+      ),
+      show_progress=False,
+    )
+  with pytest.raises(ValueError, match="enable_expert_parallel: llama has no experts"):
+    build_engine(
+      small_config(
+        str(hf_checkpoint("llama")), tensor_parallel_size=2, enable_expert_parallel=True
+      ),
+      show_progress=False,
+    )
