@@ -1,10 +1,16 @@
-"""The architecture of a Llama-family decoder, as a frozen, validated dataclass.
+"""The architecture of a decoder-only model, as a frozen, validated dataclass.
 
-One `ModelConfig` describes every supported family (Llama 2/3, Mistral, Qwen2, Qwen3): they differ
-only in a few switches (q/k/v bias, per-head q/k RMSNorm, sliding window, RoPE scaling, tied
-embeddings). `ModelConfig.from_hf_config` maps a Hugging Face `config.json` dict onto it and
+One `ModelConfig` describes every supported family (Llama 2/3, Mistral, Qwen2, Qwen3, Gemma 2,
+Gemma 3): they differ only in a few switches (q/k/v bias, per-head q/k RMSNorm, sliding window,
+RoPE scaling, tied embeddings; for Gemma the block of models/gemma.py, per-layer attention types,
+the attention scale, soft caps and Gemma 3's local RoPE base). `ModelConfig.from_hf_config` maps
+a Hugging Face `config.json` dict onto it (Gemma's fields through models/gemma_hf.py) and
 refuses, with a ValueError naming the field, anything the model code does not implement, so an
 unsupported checkpoint fails at load time rather than producing wrong logits.
+
+Attention windows: with `layer_types` empty every layer attends over `sliding_window` (None: the
+whole context; Mistral); otherwise layer i is "sliding_attention" (window `sliding_window`) or
+"full_attention" (the whole context), as `layer_window(i)` says.
 
 Both config.json flavours are read: transformers 4.x (`rope_theta` + `rope_scaling`) and 5.x
 (`rope_parameters` holding `rope_theta` and `rope_type`).
@@ -16,9 +22,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Mapping
 
+from jaxserve.models.gemma_hf import GEMMA_ARCHITECTURES, LAYER_TYPES, SLIDING, gemma_fields
 from jaxserve.quantization.scheme import NONE, check_quantization
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3") + GEMMA_ARCHITECTURES
 DTYPES = ("float32", "bfloat16")
 ROPE_TYPES = ("llama3", "linear")
 QUANTIZED_GEMMS = ("xla", "pallas_gpu")  # EngineConfig.quantized_gemm, "auto" resolved
@@ -28,6 +35,8 @@ _HF_ARCHITECTURES = {
   "MistralForCausalLM": "mistral",
   "Qwen2ForCausalLM": "qwen2",
   "Qwen3ForCausalLM": "qwen3",
+  "Gemma2ForCausalLM": "gemma2",
+  "Gemma3ForCausalLM": "gemma3_text",
 }
 _HF_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "bfloat16"}
 
@@ -93,6 +102,11 @@ class ModelConfig:
   attention_bias: bool = False
   qk_norm: bool = False
   sliding_window: int | None = None
+  layer_types: tuple[str, ...] = ()  # per layer, LAYER_TYPES; () = every layer sliding_window
+  query_pre_attn_scalar: float | None = None  # softmax scale this ** -0.5; None: head_dim's
+  attn_logit_softcapping: float | None = None  # scores -> cap * tanh(scores / cap)
+  final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap)
+  rope_local_base_freq: float | None = None  # sliding layers' RoPE base, unscaled (Gemma 3)
   bos_token_id: int | None = None
   eos_token_ids: tuple[int, ...] = ()
   dtype: str = "float32"
@@ -138,6 +152,7 @@ class ModelConfig:
       "sliding_window",
       f"must be a positive integer or None, got {self.sliding_window!r}",
     )
+    self._check_layers()
     _require(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
     _require(
       isinstance(self.tp_invariant_reductions, bool),
@@ -174,6 +189,64 @@ class ModelConfig:
         f"special token ids must be in [0, {self.vocab_size}), got {token_id!r}",
       )
 
+  def _check_layers(self) -> None:
+    layer_types = tuple(self.layer_types)
+    object.__setattr__(self, "layer_types", layer_types)
+    _require(
+      not layer_types or len(layer_types) == self.num_layers,
+      "layer_types",
+      f"must name {self.num_layers} layers, got {len(layer_types)}",
+    )
+    for layer_type in layer_types:
+      _require(
+        layer_type in LAYER_TYPES,
+        "layer_types",
+        f"each must be one of {LAYER_TYPES}, got {layer_type!r}",
+      )
+    _require(
+      SLIDING not in layer_types or self.sliding_window is not None,
+      "sliding_window",
+      "sliding_attention layers need a window",
+    )
+    for name in (
+      "query_pre_attn_scalar",
+      "attn_logit_softcapping",
+      "final_logit_softcapping",
+      "rope_local_base_freq",
+    ):
+      value = getattr(self, name)
+      _require(
+        value is None or (not isinstance(value, bool) and float(value) > 0),
+        name,
+        f"must be > 0 or None, got {value!r}",
+      )
+
+  @property
+  def gemma(self) -> bool:
+    """The Gemma block (models/gemma.py): (1 + w) norms around attention and MLP, tanh GELU,
+    embeddings scaled by sqrt(hidden_size)."""
+    return self.architecture in GEMMA_ARCHITECTURES
+
+  @property
+  def sm_scale(self) -> float:
+    """The attention logits' scale."""
+    scalar = self.head_dim if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar
+    return float(scalar) ** -0.5
+
+  def is_sliding(self, layer: int) -> bool:
+    """Whether layer `layer` attends over a window (see the module docstring)."""
+    if not self.layer_types:
+      return self.sliding_window is not None
+    return self.layer_types[layer] == SLIDING
+
+  def layer_window(self, layer: int) -> int | None:
+    """Layer `layer`'s attention window (None: the whole context)."""
+    return self.sliding_window if self.is_sliding(layer) else None
+
+  def uses_local_rope(self, layer: int) -> bool:
+    """Whether layer `layer` rotates by the local base (rope_local_base_freq, models/rope.py)."""
+    return self.rope_local_base_freq is not None and self.is_sliding(layer)
+
   def replace(self, **changes) -> ModelConfig:
     return dataclasses.replace(self, **changes)
 
@@ -185,13 +258,14 @@ class ModelConfig:
     num_q_heads = _hf_field(d, "num_attention_heads")
     hidden_size = _hf_field(d, "hidden_size")
     head_dim = d.get("head_dim") or hidden_size // num_q_heads
+    gemma = gemma_fields(d, architecture) if architecture in GEMMA_ARCHITECTURES else None
     _require(
-      d.get("hidden_act", "silu") == "silu",
+      gemma is not None or d.get("hidden_act", "silu") == "silu",
       "hidden_act",
       f"only silu is supported, got {d.get('hidden_act')!r}",
     )
     _require(not d.get("mlp_bias", False), "mlp_bias", "MLP biases are not supported")
-    rope_theta, rope_scaling = _hf_rope(d)
+    rope_theta, rope_scaling = _hf_rope(d if gemma is None else gemma.global_rope)
     return cls(
       architecture=architecture,
       vocab_size=_hf_field(d, "vocab_size"),
@@ -205,10 +279,15 @@ class ModelConfig:
       rope_theta=rope_theta,
       rope_scaling=rope_scaling,
       max_position_embeddings=_hf_field(d, "max_position_embeddings"),
-      tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+      tie_word_embeddings=bool(d.get("tie_word_embeddings", gemma is not None)),
       attention_bias=architecture == "qwen2" or bool(d.get("attention_bias", False)),
-      qk_norm=architecture == "qwen3",
-      sliding_window=_hf_sliding_window(d, architecture),
+      qk_norm=architecture in ("qwen3", "gemma3_text"),
+      sliding_window=_hf_sliding_window(d, architecture) if gemma is None else gemma.sliding_window,
+      layer_types=() if gemma is None else gemma.layer_types,
+      query_pre_attn_scalar=None if gemma is None else gemma.query_pre_attn_scalar,
+      attn_logit_softcapping=None if gemma is None else gemma.attn_logit_softcapping,
+      final_logit_softcapping=None if gemma is None else gemma.final_logit_softcapping,
+      rope_local_base_freq=None if gemma is None else gemma.rope_local_base_freq,
       bos_token_id=d.get("bos_token_id"),
       eos_token_ids=_hf_eos(d.get("eos_token_id")),
       dtype=_hf_dtype(d, dtype),

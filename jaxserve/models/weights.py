@@ -1,4 +1,5 @@
-"""Hugging Face safetensors checkpoints -> the flax `params` tree of `LlamaForCausalLM`.
+"""Hugging Face safetensors checkpoints -> the flax `params` tree of the config's decoder
+(models/causal_lm.py).
 
 `hf_tensor_specs(config)` is the single table of the conversion: for every flax leaf, the HF tensor
 name, its HF shape and whether it is a transposed Linear weight. `param_shapes(config)` derives the
@@ -111,12 +112,11 @@ def hf_tensor_specs(config: ModelConfig) -> list[TensorSpec]:
         vector((fx, "self_attn", name, "scale"), f"{hf}.self_attn.{name}.weight", c.head_dim)
         for name in ("q_norm", "k_norm")
       ]
+    norms = ("post_attention_layernorm",)
+    if c.gemma:
+      norms += ("pre_feedforward_layernorm", "post_feedforward_layernorm")
+    specs += [vector((fx, norm, "scale"), f"{hf}.{norm}.weight", c.hidden_size) for norm in norms]
     specs += [
-      vector(
-        (fx, "post_attention_layernorm", "scale"),
-        f"{hf}.post_attention_layernorm.weight",
-        c.hidden_size,
-      ),
       linear("mlp", "gate_proj", c.intermediate_size, c.hidden_size),
       linear("mlp", "up_proj", c.intermediate_size, c.hidden_size),
       linear("mlp", "down_proj", c.hidden_size, c.intermediate_size),
