@@ -64,6 +64,12 @@ class GemmaDecoderLayer(nn.Module):
     return x, k_pages, v_pages
 
 
+def scaled_embedding(x: jax.Array, hidden_size: int) -> jax.Array:
+  """Embeddings x [T, H] times sqrt(hidden_size), the scale rounded to float32 and then to x's
+  dtype as transformers' Gemma embeddings do (bfloat16: 55.4256 becomes 55.5 for H = 3072)."""
+  return x * jnp.asarray(np.float32(hidden_size**0.5)).astype(x.dtype)
+
+
 def soft_cap(logits: jax.Array, cap: float | None) -> jax.Array:
   """cap * tanh(logits / cap), or logits when cap is None."""
   return logits if cap is None else cap * jnp.tanh(logits / cap)
@@ -108,8 +114,7 @@ class GemmaForCausalLM(nn.Module):
     cfg = self.config
     if len(kv_pages) != cfg.num_layers:
       raise ValueError(f"kv_pages: expected {cfg.num_layers} layers, got {len(kv_pages)}")
-    x = self.embed_tokens(token_ids)  # [T, H]
-    x = x * jnp.asarray(np.float32(cfg.hidden_size**0.5)).astype(x.dtype)
+    x = scaled_embedding(self.embed_tokens(token_ids), cfg.hidden_size)  # [T, H]
     ropes = {False: rope_cos_sin(positions, inverse_frequencies(cfg), x.dtype)}  # [T, D] each
     if cfg.rope_local_base_freq is not None:
       ropes[True] = rope_cos_sin(positions, local_inverse_frequencies(cfg), x.dtype)
