@@ -68,11 +68,14 @@ def test_bfloat16_gemma2_tracks_float32_reference(hf_checkpoint):
     [Chunk(prompt, 0, [3, 1, 5, 2])], page_size=4, num_tokens=16, num_seq_slots=2, pages_per_seq=4
   )
   kv = empty_kv_pages(config.num_layers, config.num_kv_heads, 6, 4, config.head_dim, jnp.bfloat16)
-  variables = {"params": params}
-  hidden, _ = model.apply(
-    variables, step.token_ids, step.positions, kv, step.slot_mapping, step.metadata
-  )
-  logits = model.apply(variables, hidden, method=type(model).compute_logits)
+
+  @jax.jit
+  def forward(kv, token_ids, positions, slot_mapping, metadata):
+    variables = {"params": params}
+    hidden, _ = model.apply(variables, token_ids, positions, kv, slot_mapping, metadata)
+    return hidden, model.apply(variables, hidden, method=type(model).compute_logits)
+
+  hidden, logits = forward(kv, step.token_ids, step.positions, step.slot_mapping, step.metadata)
   assert hidden.dtype == jnp.bfloat16 and logits.dtype == jnp.float32
   got = np.asarray(jax.nn.log_softmax(logits, axis=-1))[: len(prompt)]
   with torch.no_grad():
