@@ -10,7 +10,10 @@ of its own buffers. The model holds no sharding rules and no state besides `para
 Numerics follow Hugging Face: matmuls in the param dtype; RMSNorm statistics in float32 with the
 weight applied after casting back; attention softmax in float32 (inside the backend); logits in
 float32. Family switches: q/k/v bias (Qwen2), per-head q/k RMSNorm before RoPE (Qwen3), sliding
-window (Mistral), tied embeddings.
+window (Mistral; each layer attends over its own `ModelConfig.layer_window`), tied embeddings.
+`Attention` and `MLP` also make Gemma's block (models/gemma.py): on `config.gemma` the MLP's
+activation is tanh GELU and the q/k norms are Gemma's (models/norms.py); the attention scale and
+score soft cap always come from the config (`sm_scale`, `attn_logit_softcapping`).
 
 `tp_invariant_reductions` makes the bfloat16 forward bitwise independent of the tensor-parallel
 degree: every projection goes through a DenseBackend (models/invariant_dense.py) that computes it
