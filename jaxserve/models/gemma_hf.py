@@ -1,6 +1,8 @@
 """Gemma 2 and Gemma 3 (text) config.json fields: what models/model_config.py needs beyond the
 Llama-family fields, read as transformers 5.x reads them (`Gemma2Config`, `Gemma3TextConfig`).
 
+* Defaults of transformers' config classes for absent keys: head_dim 256 (model_config.py),
+  tied embeddings, sliding_window 4096.
 * Layer types: `layer_types` when present, else the checkpoint's pattern: layer i is
   "sliding_attention" unless (i + 1) is a multiple of the pattern (Gemma 2: every 2nd layer is
   global; Gemma 3: `sliding_window_pattern`, default 6).

@@ -257,8 +257,8 @@ class ModelConfig:
     architecture = _hf_architecture(d)
     num_q_heads = _hf_field(d, "num_attention_heads")
     hidden_size = _hf_field(d, "hidden_size")
-    head_dim = d.get("head_dim") or hidden_size // num_q_heads
     gemma = gemma_fields(d, architecture) if architecture in GEMMA_ARCHITECTURES else None
+    head_dim = d.get("head_dim") or (hidden_size // num_q_heads if gemma is None else 256)
     _require(
       gemma is not None or d.get("hidden_act", "silu") == "silu",
       "hidden_act",

@@ -94,11 +94,13 @@ def test_hub_gemma2_alternates_from_a_sliding_layer():
   assert config.attn_logit_softcapping == 50.0 and config.sm_scale == 256**-0.5
 
 
-def test_hub_gemma2_default_soft_caps():
-  d = _hub_gemma2()
-  del d["final_logit_softcapping"], d["attn_logit_softcapping"]
+def test_hub_gemma2_defaults_of_absent_keys():
+  d = _hub_gemma2(hidden_size=512)
+  for key in ("final_logit_softcapping", "attn_logit_softcapping", "head_dim", "sliding_window"):
+    del d[key]
   config = ModelConfig.from_hf_config(d)
   assert (config.attn_logit_softcapping, config.final_logit_softcapping) == (50.0, 30.0)
+  assert config.head_dim == 256 and config.sliding_window == 4096 and config.tie_word_embeddings
 
 
 def test_hub_gemma3_pattern_and_legacy_rope():
