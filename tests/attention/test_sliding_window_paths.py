@@ -119,3 +119,38 @@ def test_sweep_matches_the_reference(name):
     got = _attend(BACKENDS[name](), args, **kwargs)
     want = _attend(REFERENCE, args, **kwargs)
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5, err_msg=f"{seed}: {kwargs}")
+
+
+@pytest.mark.parametrize("name", ["xla", "pallas_gpu", "pallas_tpu"])
+def test_pages_before_the_window_may_be_the_null_page(name):
+  """The contract window-aware page freeing relies on: a block-table entry of a page that lies
+  wholly before the window of every query of its sequence may be the null page (whatever finite
+  values it holds): the output is bitwise the same. (The reference reads every entry and masks
+  what lies outside the window.)"""
+  window = 19
+  case = make_random_case(
+    np.random.default_rng(7),
+    num_seqs=6,
+    q_lens=[1, 7, 1],
+    kv_lens=[90, 70, 10],
+    num_q_heads=2,
+    num_kv_heads=1,
+    head_dim=DIM,
+    page_size=PAGE,
+    pages_per_seq=8,
+  )
+  kwargs = dict(sm_scale=DIM**-0.5, sliding_window=window, soft_cap=4.0)
+  tables = np.asarray(case["block_tables"]).copy()
+  q_lens = np.diff(np.asarray(case["query_start_loc"]))
+  first_positions = np.asarray(case["seq_lens"]) - q_lens
+  for seq, first in enumerate(first_positions[: int(case["num_seqs"][0])]):
+    before = max(0, first - window + 1) // PAGE  # pages wholly before the first query's window
+    tables[seq, :before] = 0
+  assert (tables == 0).sum() > (np.asarray(case["block_tables"]) == 0).sum(), "nothing freed"
+  junk = np.asarray(case["k_pages"]).copy()
+  junk[:, 0] = JUNK
+  freed = {**case, "block_tables": jax.numpy.asarray(tables), "k_pages": jax.numpy.asarray(junk)}
+  attend = jax.jit(functools.partial(BACKENDS[name]().attend, **kwargs))  # one compile
+  kept = np.asarray(attend(*attention_args({**case, "k_pages": freed["k_pages"]})))
+  got = np.asarray(attend(*attention_args(freed)))
+  np.testing.assert_array_equal(got.view(np.uint32), kept.view(np.uint32))

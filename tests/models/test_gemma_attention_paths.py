@@ -1,7 +1,10 @@
-"""Gemma through every attention path: each layer hands the backend its own window (None for
-global layers) and soft cap, and the XLA path and both Pallas kernels (in their interpreters off
-their devices) give transformers' log-probs, over a prefill chunk, a decode and a chunk that reads
-a cached prefix, on 16-token pages (the kernels' smallest) with windows that end inside them."""
+"""Gemma through the attention paths: each layer hands the backend its own window (None for
+global layers) and soft cap, and the XLA path and the GPU kernel (in Pallas interpret mode off a
+GPU) give transformers' log-probs, over a prefill chunk, a decode and a chunk that reads a cached
+prefix, on 16-token pages (the kernels' smallest) with windows that end inside them. (The
+reference runs this in test_hf_logits_parity.py; the TPU kernel takes the same arguments from
+the same layer code, and tests/attention/test_sliding_window_paths.py checks it with windows and
+soft caps against the reference: its interpreter is too slow for a whole model here.)"""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from jaxserve.attention.backends import XLA, pallas_gpu, pallas_tpu
+from jaxserve.attention.backends import XLA, pallas_gpu
 from jaxserve.models import causal_lm
 from jaxserve.models.weights import load_hf_config, load_hf_params
 from tests.models.hf_checkpoints import VOCAB_SIZE, load_hf_model
@@ -21,7 +24,6 @@ LEN_A, LEN_B, SPLIT = 35, 29, 20
 BACKENDS = {
   "xla": lambda: XLA,
   "pallas_gpu": lambda: pallas_gpu(interpret=jax.default_backend() != "gpu"),
-  "pallas_tpu": lambda: pallas_tpu(interpret=jax.default_backend() != "tpu"),
 }
 
 
