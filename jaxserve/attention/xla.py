@@ -3,7 +3,11 @@
 The dense reference gathers every token's whole block table (num_tokens * max_model_len K/V
 rows). This version walks the block tables a few pages at a time with an online softmax and
 stops at the longest live sequence, so a step costs what its contexts hold, not what
-max_model_len allows. Semantics are exactly those of
+max_model_len allows. With a sliding window each token starts its walk at the block holding
+the first position it sees (block j of its walk is block first_block[t] + j of its table), so the
+loop runs about window / block_len + 1 times whatever the context: work and bytes follow the
+window, and pages before it are never read. A block past a token's own last one is all masked
+and leaves its softmax state exactly unchanged. Semantics are exactly those of
 pallas_kernels/ragged_paged_attention/reference.py, against which it is tested.
 
 fixed_order (batch_invariant): XLA:CPU computes a dot with its own loops or with Eigen depending
@@ -66,9 +70,9 @@ def ragged_paged_attention_xla(
   seq_ids, positions, valid = token_positions(query_start_loc, seq_lens, num_seqs, num_tokens)
   pad = -block_tables.shape[1] % pages_per_block
   token_pages = jnp.pad(block_tables, ((0, 0), (0, pad)))[seq_ids]  # [T, padded pages]
-  live = jnp.arange(seq_lens.shape[0]) < num_seqs[0]
-  max_len = jnp.max(jnp.where(live, seq_lens, 0))
-  num_blocks = (max_len + block_len - 1) // block_len
+  first_block, num_blocks = _block_range(positions, valid, sliding_window, block_len)
+  page_offsets = jnp.arange(pages_per_block, dtype=jnp.int32)  # [ppb]
+  last_page = token_pages.shape[1] - 1
 
   qg = q.astype(jnp.float32).reshape(num_tokens, num_kv_heads, group, head_dim) * sm_scale
   init = (
@@ -77,11 +81,11 @@ def ragged_paged_attention_xla(
     jnp.zeros((num_tokens, num_kv_heads, group, head_dim), jnp.float32),
   )  # accumulator
 
-  def body(block, carry):
+  def body(step, carry):
     running_max, running_sum, acc = carry
-    pages = jax.lax.dynamic_slice_in_dim(
-      token_pages, block * pages_per_block, pages_per_block, axis=1
-    )  # [T, ppb]
+    block = first_block + step  # [T]: each token's block of its table
+    page_slots = block[:, None] * pages_per_block + page_offsets[None, :]  # [T, ppb]
+    pages = jnp.take_along_axis(token_pages, jnp.minimum(page_slots, last_page), axis=1)
     k = dequantize_kv(k_pages[:, pages], k_scale).reshape(
       num_kv_heads, num_tokens, block_len, head_dim
     )
@@ -91,10 +95,10 @@ def ragged_paged_attention_xla(
     scores = _contract(qg, k, "tkgd,ktld->tkgl", fixed_order)  # [T,KVH,G,L]
     if soft_cap is not None:
       scores = soft_cap * jnp.tanh(scores / soft_cap)
-    kv_pos = block * block_len + jnp.arange(block_len, dtype=jnp.int32)  # [L]
-    mask = kv_pos[None, :] <= positions[:, None]
+    kv_pos = block[:, None] * block_len + jnp.arange(block_len, dtype=jnp.int32)  # [T, L]
+    mask = kv_pos <= positions[:, None]
     if sliding_window is not None:
-      mask &= kv_pos[None, :] > positions[:, None] - sliding_window
+      mask &= kv_pos > positions[:, None] - sliding_window
     mask = mask[:, None, None, :]
     scores = jnp.where(mask, scores, -jnp.inf)
     new_max = jnp.maximum(running_max, scores.max(axis=-1))
@@ -111,6 +115,19 @@ def ragged_paged_attention_xla(
   out = acc / jnp.where(total > 0, total, 1.0)[..., None]
   out = jnp.where(valid[:, None, None, None], out, 0.0)
   return out.reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)
+
+
+def _block_range(
+  positions: jax.Array, valid: jax.Array, sliding_window: int | None, block_len: int
+) -> tuple[jax.Array, jax.Array]:
+  """(first_block int32[T]: the block of each token's first visible position, num_blocks: the
+  walk's length, the most blocks any live token sees)."""
+  if sliding_window is None:
+    first_block = jnp.zeros_like(positions)
+  else:
+    first_block = jnp.maximum(positions - sliding_window + 1, 0) // block_len
+  seen = jnp.where(valid, positions // block_len - first_block + 1, 0)  # [T]
+  return first_block, jnp.max(seen, initial=0)
 
 
 def _contract(a: jax.Array, b: jax.Array, spec: str, fixed_order: bool) -> jax.Array:

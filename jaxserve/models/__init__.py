@@ -1,5 +1,8 @@
-"""Model code: config, Llama-family decoder, HF weight loading, orbax checkpoints, registry."""
+"""Model code: config, decoders (Llama family, Gemma), HF weight loading, orbax checkpoints,
+registry."""
 
+from jaxserve.models.causal_lm import causal_lm
+from jaxserve.models.gemma import GemmaForCausalLM
 from jaxserve.models.llama import LlamaForCausalLM
 from jaxserve.models.model_config import ModelConfig, RopeScaling
 from jaxserve.models.registry import LoadedModel, load_model, load_model_tokenizer
@@ -9,6 +12,8 @@ __all__ = [
   "ModelConfig",
   "RopeScaling",
   "LlamaForCausalLM",
+  "GemmaForCausalLM",
+  "causal_lm",
   "LoadedModel",
   "load_model",
   "load_model_tokenizer",

@@ -11,9 +11,13 @@ of its own buffers. The model holds no sharding rules and no state besides `para
 Numerics follow Hugging Face: matmuls in the param dtype; RMSNorm statistics in float32 with the
 weight applied after casting back; attention softmax in float32 (inside the backend); logits in
 float32. Family switches: q/k/v bias (Qwen2), per-head q/k RMSNorm before RoPE (Qwen3), sliding
-window (Mistral), tied embeddings. With `num_experts` every layer's MLP is the routed experts of
-models/moe.py (its params under layers_{i}/mlp are listed there), computed by the injected
-`experts` function (None: unsharded grouped matmuls; parallel/sharded_experts.py on a mesh).
+window (Mistral; each layer attends over its own `ModelConfig.layer_window`), tied embeddings.
+`Attention` and `MLP` also make Gemma's block (models/gemma.py): on `config.gemma` the MLP's
+activation is tanh GELU and the q/k norms are Gemma's (models/norms.py); the attention scale and
+score soft cap always come from the config (`sm_scale`, `attn_logit_softcapping`). With
+`num_experts` every layer's MLP is the routed experts of models/moe.py (its params under
+layers_{i}/mlp are listed there), computed by the injected `experts` function (None: unsharded
+grouped matmuls; parallel/sharded_experts.py on a mesh).
 
 `tp_invariant_reductions` makes the bfloat16 forward bitwise independent of the tensor-parallel
 degree: every projection goes through a DenseBackend (models/invariant_dense.py) that computes it
@@ -51,6 +55,8 @@ layers_{i}/mlp/gate_up_proj/kernel [H, 2*I], each split after its GEMM.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
@@ -65,31 +71,12 @@ from jaxserve.models.invariant_dense import (
 )
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.moe import ExpertsFn, SparseMoeBlock
+from jaxserve.models.norms import RMSNorm, rms_norm
 from jaxserve.models.quantized_dense import QuantizedDense
 from jaxserve.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
 from jaxserve.quantization.scheme import scheme_for
-from pallas_kernels.fixed_order import fixed_order_sum
 
-
-class RMSNorm(nn.Module):
-  """RMSNorm over the last axis; statistics in float32, weight applied in the input dtype.
-  fixed_order (batch_invariant): the sum of squares in a fixed order
-  (pallas_kernels/fixed_order.py)."""
-
-  eps: float
-  dtype: jnp.dtype
-  fixed_order: bool = False
-
-  @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.dtype)
-    x32 = x.astype(jnp.float32)
-    if self.fixed_order:
-      mean_square = (fixed_order_sum(x32 * x32) / x.shape[-1])[..., None]
-    else:
-      mean_square = jnp.mean(x32 * x32, axis=-1, keepdims=True)
-    x32 = x32 * jax.lax.rsqrt(mean_square + self.eps)
-    return scale * x32.astype(x.dtype)
+__all__ = ["Attention", "DecoderLayer", "LMHead", "LlamaForCausalLM", "MLP", "RMSNorm"]
 
 
 def projection(
@@ -117,9 +104,13 @@ def projection(
 
 
 class Attention(nn.Module):
+  """q/k/v projections, q/k norms (qk_norm), RoPE by the given cos/sin, paged attention over
+  `window` (None: the whole context) with the config's scale and score soft cap, o_proj."""
+
   config: ModelConfig
   attention: AttentionBackend
   dense: DenseBackend | None = None
+  window: int | None = None
 
   @nn.compact
   def __call__(
@@ -150,8 +141,8 @@ class Attention(nn.Module):
       k = proj("k_proj", cfg.num_kv_heads)
       v = proj("v_proj", cfg.num_kv_heads)
     if cfg.qk_norm:
-      q = RMSNorm(cfg.rms_norm_eps, dtype, cfg.batch_invariant, name="q_norm")(q)
-      k = RMSNorm(cfg.rms_norm_eps, dtype, cfg.batch_invariant, name="k_norm")(k)
+      q = rms_norm(cfg, "q_norm")(q)
+      k = rms_norm(cfg, "k_norm")(k)
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, cos, sin)
     out, k_pages, v_pages = self.attention(
@@ -162,8 +153,9 @@ class Attention(nn.Module):
       v_pages,
       slot_mapping,
       metadata,
-      sm_scale=cfg.head_dim**-0.5,
-      sliding_window=cfg.sliding_window,
+      sm_scale=cfg.sm_scale,
+      sliding_window=self.window,
+      soft_cap=cfg.attn_logit_softcapping,
     )  # out [T, Q, D]
     out = out.reshape(num_tokens, cfg.num_q_heads * cfg.head_dim).astype(dtype)
     out = projection(cfg, self.dense, cfg.hidden_size, "row", "o_proj")(out)  # [T, H]
@@ -186,25 +178,28 @@ class MLP(nn.Module):
       gate = projection(cfg, self.dense, cfg.intermediate_size, "column", "gate_proj")(x)
       up = projection(cfg, self.dense, cfg.intermediate_size, "column", "up_proj")(x)
     down = projection(cfg, self.dense, cfg.hidden_size, "row", "down_proj")
-    return down(nn.silu(gate) * up)  # [T, H]
+    act = functools.partial(nn.gelu, approximate=True) if cfg.gemma else nn.silu
+    return down(act(gate) * up)  # [T, H]
 
 
 class DecoderLayer(nn.Module):
+  """Pre-norm attention over `window` (None: the whole context) and MLP, each residual."""
+
   config: ModelConfig
   attention: AttentionBackend
   dense: DenseBackend | None = None
   experts: ExpertsFn | None = None
+  window: int | None = None
 
   @nn.compact
   def __call__(self, x, cos, sin, k_pages, v_pages, slot_mapping, metadata):
     cfg = self.config
-    dtype = jnp.dtype(cfg.dtype)
-    h = RMSNorm(cfg.rms_norm_eps, dtype, cfg.batch_invariant, name="input_layernorm")(x)
-    h, k_pages, v_pages = Attention(cfg, self.attention, self.dense, name="self_attn")(
+    h = rms_norm(cfg, "input_layernorm")(x)
+    h, k_pages, v_pages = Attention(cfg, self.attention, self.dense, self.window, name="self_attn")(
       h, cos, sin, k_pages, v_pages, slot_mapping, metadata
     )
     x = x + h
-    h = RMSNorm(cfg.rms_norm_eps, dtype, cfg.batch_invariant, name="post_attention_layernorm")(x)
+    h = rms_norm(cfg, "post_attention_layernorm")(x)
     if cfg.num_experts:
       x = x + SparseMoeBlock(cfg, self.experts, name="mlp")(h)
     else:
@@ -251,6 +246,8 @@ class LlamaForCausalLM(nn.Module):
 
   def setup(self) -> None:
     cfg = self.config
+    if cfg.gemma:
+      raise ValueError(f"architecture: {cfg.architecture} runs models/gemma.py's GemmaForCausalLM")
     dtype = jnp.dtype(cfg.dtype)
     self.embed_tokens = nn.Embed(
       cfg.vocab_size,
@@ -260,10 +257,10 @@ class LlamaForCausalLM(nn.Module):
       embedding_init=nn.initializers.normal(0.02),
     )
     self.layers = [
-      DecoderLayer(cfg, self.attention, self.dense, self.experts)  # layers_{i}
-      for _ in range(cfg.num_layers)
+      DecoderLayer(cfg, self.attention, self.dense, self.experts, cfg.layer_window(i))
+      for i in range(cfg.num_layers)  # layers_{i}
     ]
-    self.norm = RMSNorm(cfg.rms_norm_eps, dtype, cfg.batch_invariant)
+    self.norm = rms_norm(cfg)
     if not cfg.tie_word_embeddings:
       self.lm_head = LMHead(cfg.vocab_size, dtype, self.dense)
 

@@ -1,13 +1,19 @@
-"""The architecture of a Llama-family decoder, as a frozen, validated dataclass.
+"""The architecture of a decoder-only model, as a frozen, validated dataclass.
 
-One `ModelConfig` describes every supported family (Llama 2/3, Mistral, Qwen2, Qwen3, and the
-mixtures of experts Qwen3-MoE and Mixtral): they differ only in a few switches (q/k/v bias,
-per-head q/k RMSNorm, sliding window, RoPE scaling, tied embeddings, routed experts).
-`ModelConfig.from_hf_config` maps a Hugging Face `config.json` dict onto it and refuses, with a
-ValueError naming the field, anything the model code does not implement, so an unsupported
-checkpoint fails at load time rather than producing wrong logits.
+One `ModelConfig` describes every supported family (Llama 2/3, Mistral, Qwen2, Qwen3, Gemma 2,
+Gemma 3, and the mixtures of experts Qwen3-MoE and Mixtral): they differ only in a few switches
+(q/k/v bias, per-head q/k RMSNorm, sliding window, RoPE scaling, tied embeddings, routed experts;
+for Gemma the block of models/gemma.py, per-layer attention types, the attention scale, soft caps
+and Gemma 3's local RoPE base). `ModelConfig.from_hf_config` maps a Hugging Face `config.json`
+dict onto it (Gemma's fields through models/gemma_hf.py) and refuses, with a ValueError naming
+the field, anything the model code does not implement, so an unsupported checkpoint fails at load
+time rather than producing wrong logits.
 
 Mixture of experts (`num_experts` > 0): models/moe_config.py validates and maps those fields.
+
+Attention windows: with `layer_types` empty every layer attends over `sliding_window` (None: the
+whole context; Mistral); otherwise layer i is "sliding_attention" (window `sliding_window`) or
+"full_attention" (the whole context), as `layer_window(i)` says.
 
 Both config.json flavours are read: transformers 4.x (`rope_theta` + `rope_scaling`) and 5.x
 (`rope_parameters` holding `rope_theta` and `rope_type`).
@@ -19,10 +25,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Mapping
 
+from jaxserve.models.gemma_hf import GEMMA_ARCHITECTURES, LAYER_TYPES, SLIDING, gemma_fields
 from jaxserve.models.moe_config import MOE_ARCHITECTURES, check_experts, hf_experts
 from jaxserve.quantization.scheme import NONE, check_quantization
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3") + MOE_ARCHITECTURES
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3") + GEMMA_ARCHITECTURES + MOE_ARCHITECTURES
 DTYPES = ("float32", "bfloat16")
 ROPE_TYPES = ("llama3", "linear")
 QUANTIZED_GEMMS = ("xla", "pallas_gpu")  # EngineConfig.quantized_gemm, "auto" resolved
@@ -32,6 +39,8 @@ _HF_ARCHITECTURES = {
   "MistralForCausalLM": "mistral",
   "Qwen2ForCausalLM": "qwen2",
   "Qwen3ForCausalLM": "qwen3",
+  "Gemma2ForCausalLM": "gemma2",
+  "Gemma3ForCausalLM": "gemma3_text",
   "Qwen3MoeForCausalLM": "qwen3_moe",
   "MixtralForCausalLM": "mixtral",
 }
@@ -99,6 +108,11 @@ class ModelConfig:
   attention_bias: bool = False
   qk_norm: bool = False
   sliding_window: int | None = None
+  layer_types: tuple[str, ...] = ()  # per layer, LAYER_TYPES; () = every layer sliding_window
+  query_pre_attn_scalar: float | None = None  # softmax scale this ** -0.5; None: head_dim's
+  attn_logit_softcapping: float | None = None  # scores -> cap * tanh(scores / cap)
+  final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap)
+  rope_local_base_freq: float | None = None  # sliding layers' RoPE base, unscaled (Gemma 3)
   num_experts: int = 0  # MoE: routed experts per layer (0: a dense MLP)
   num_experts_per_tok: int = 0  # MoE: the top-k experts each token is routed to
   moe_intermediate_size: int = 0  # MoE: each expert's intermediate size
@@ -148,6 +162,7 @@ class ModelConfig:
       "sliding_window",
       f"must be a positive integer or None, got {self.sliding_window!r}",
     )
+    self._check_layers()
     _require(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
     _require(
       isinstance(self.tp_invariant_reductions, bool),
@@ -185,6 +200,64 @@ class ModelConfig:
         f"special token ids must be in [0, {self.vocab_size}), got {token_id!r}",
       )
 
+  def _check_layers(self) -> None:
+    layer_types = tuple(self.layer_types)
+    object.__setattr__(self, "layer_types", layer_types)
+    _require(
+      not layer_types or len(layer_types) == self.num_layers,
+      "layer_types",
+      f"must name {self.num_layers} layers, got {len(layer_types)}",
+    )
+    for layer_type in layer_types:
+      _require(
+        layer_type in LAYER_TYPES,
+        "layer_types",
+        f"each must be one of {LAYER_TYPES}, got {layer_type!r}",
+      )
+    _require(
+      SLIDING not in layer_types or self.sliding_window is not None,
+      "sliding_window",
+      "sliding_attention layers need a window",
+    )
+    for name in (
+      "query_pre_attn_scalar",
+      "attn_logit_softcapping",
+      "final_logit_softcapping",
+      "rope_local_base_freq",
+    ):
+      value = getattr(self, name)
+      _require(
+        value is None or (not isinstance(value, bool) and float(value) > 0),
+        name,
+        f"must be > 0 or None, got {value!r}",
+      )
+
+  @property
+  def gemma(self) -> bool:
+    """The Gemma block (models/gemma.py): (1 + w) norms around attention and MLP, tanh GELU,
+    embeddings scaled by sqrt(hidden_size)."""
+    return self.architecture in GEMMA_ARCHITECTURES
+
+  @property
+  def sm_scale(self) -> float:
+    """The attention logits' scale."""
+    scalar = self.head_dim if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar
+    return float(scalar) ** -0.5
+
+  def is_sliding(self, layer: int) -> bool:
+    """Whether layer `layer` attends over a window (see the module docstring)."""
+    if not self.layer_types:
+      return self.sliding_window is not None
+    return self.layer_types[layer] == SLIDING
+
+  def layer_window(self, layer: int) -> int | None:
+    """Layer `layer`'s attention window (None: the whole context)."""
+    return self.sliding_window if self.is_sliding(layer) else None
+
+  def uses_local_rope(self, layer: int) -> bool:
+    """Whether layer `layer` rotates by the local base (rope_local_base_freq, models/rope.py)."""
+    return self.rope_local_base_freq is not None and self.is_sliding(layer)
+
   def replace(self, **changes) -> ModelConfig:
     return dataclasses.replace(self, **changes)
 
@@ -195,14 +268,15 @@ class ModelConfig:
     architecture = _hf_architecture(d)
     num_q_heads = _hf_field(d, "num_attention_heads")
     hidden_size = _hf_field(d, "hidden_size")
-    head_dim = d.get("head_dim") or hidden_size // num_q_heads
+    gemma = gemma_fields(d, architecture) if architecture in GEMMA_ARCHITECTURES else None
+    head_dim = d.get("head_dim") or (hidden_size // num_q_heads if gemma is None else 256)
     _require(
-      d.get("hidden_act", "silu") == "silu",
+      gemma is not None or d.get("hidden_act", "silu") == "silu",
       "hidden_act",
       f"only silu is supported, got {d.get('hidden_act')!r}",
     )
     _require(not d.get("mlp_bias", False), "mlp_bias", "MLP biases are not supported")
-    rope_theta, rope_scaling = _hf_rope(d)
+    rope_theta, rope_scaling = _hf_rope(d if gemma is None else gemma.global_rope)
     return cls(
       architecture=architecture,
       vocab_size=_hf_field(d, "vocab_size"),
@@ -216,10 +290,15 @@ class ModelConfig:
       rope_theta=rope_theta,
       rope_scaling=rope_scaling,
       max_position_embeddings=_hf_field(d, "max_position_embeddings"),
-      tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+      tie_word_embeddings=bool(d.get("tie_word_embeddings", gemma is not None)),
       attention_bias=architecture == "qwen2" or bool(d.get("attention_bias", False)),
-      qk_norm=architecture in ("qwen3", "qwen3_moe"),
-      sliding_window=_hf_sliding_window(d, architecture),
+      qk_norm=architecture in ("qwen3", "gemma3_text", "qwen3_moe"),
+      sliding_window=_hf_sliding_window(d, architecture) if gemma is None else gemma.sliding_window,
+      layer_types=() if gemma is None else gemma.layer_types,
+      query_pre_attn_scalar=None if gemma is None else gemma.query_pre_attn_scalar,
+      attn_logit_softcapping=None if gemma is None else gemma.attn_logit_softcapping,
+      final_logit_softcapping=None if gemma is None else gemma.final_logit_softcapping,
+      rope_local_base_freq=None if gemma is None else gemma.rope_local_base_freq,
       **hf_experts(d, architecture),
       bos_token_id=d.get("bos_token_id"),
       eos_token_ids=_hf_eos(d.get("eos_token_id")),

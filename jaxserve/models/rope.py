@@ -1,7 +1,9 @@
 """Rotary position embeddings with Hugging Face's conventions.
 
 Frequencies are a static function of the config, computed once in numpy float32 exactly as
-transformers' `modeling_rope_utils` does ("default", "linear", "llama3"). Rotation uses the
+transformers' `modeling_rope_utils` does ("default", "linear", "llama3"). Gemma 3 has two:
+`inverse_frequencies` (rope_theta and rope_scaling: the global layers') and
+`local_inverse_frequencies` (rope_local_base_freq, unscaled: the sliding layers'). Rotation uses the
 rotate_half convention on contiguous halves of each head (HF permutes the original Llama q/k weights
 at conversion time so that this convention is the right one for HF checkpoints). cos/sin are
 computed in float32 from integer positions, then cast to the activation dtype, as HF does.
@@ -18,13 +20,21 @@ import numpy as np
 from jaxserve.models.model_config import ModelConfig
 
 
+def _unscaled(head_dim: int, theta: float) -> np.ndarray:
+  exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+  return (np.float32(1.0) / np.power(np.float32(theta), exponents)).astype(np.float32)
+
+
+def local_inverse_frequencies(config: ModelConfig) -> np.ndarray:
+  """float32[head_dim // 2] of the sliding layers when config.rope_local_base_freq is set."""
+  if config.rope_local_base_freq is None:
+    raise ValueError("rope_local_base_freq: not set, every layer rotates by rope_theta")
+  return _unscaled(config.head_dim, config.rope_local_base_freq)
+
+
 def inverse_frequencies(config: ModelConfig) -> np.ndarray:
   """Returns float32[head_dim // 2], the per-pair rotation frequencies after scaling."""
-  dim = config.head_dim
-  exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
-  inv_freq = (np.float32(1.0) / np.power(np.float32(config.rope_theta), exponents)).astype(
-    np.float32
-  )
+  inv_freq = _unscaled(config.head_dim, config.rope_theta)
   scaling = config.rope_scaling
   if scaling is None:
     return inv_freq

@@ -1,4 +1,5 @@
-"""Hugging Face safetensors checkpoints -> the flax `params` tree of `LlamaForCausalLM`.
+"""Hugging Face safetensors checkpoints -> the flax `params` tree of the config's decoder
+(models/causal_lm.py).
 
 `hf_tensor_specs(config)` is the single table of the conversion: for every flax leaf, the HF tensor
 name, its HF shape and whether it is a transposed Linear weight (models/tensor_spec.py); a mixture
@@ -98,13 +99,10 @@ def hf_tensor_specs(config: ModelConfig) -> list[TensorSpec]:
         vector((fx, "self_attn", name, "scale"), f"{hf}.self_attn.{name}.weight", c.head_dim)
         for name in ("q_norm", "k_norm")
       ]
-    specs.append(
-      vector(
-        (fx, "post_attention_layernorm", "scale"),
-        f"{hf}.post_attention_layernorm.weight",
-        c.hidden_size,
-      )
-    )
+    norms = ("post_attention_layernorm",)
+    if c.gemma:
+      norms += ("pre_feedforward_layernorm", "post_feedforward_layernorm")
+    specs += [vector((fx, norm, "scale"), f"{hf}.{norm}.weight", c.hidden_size) for norm in norms]
     if c.num_experts:
       specs += expert_specs(c, i)
     else:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import jax
+from flax import linen as nn
 from jax.sharding import Mesh
 
 from jaxserve.attention.backends import (
@@ -39,9 +40,9 @@ from jaxserve.attention.metadata import KVPages
 from jaxserve.config import KV_CACHE_STORAGE, EngineConfig
 from jaxserve.device.step_programs import StepShardings
 from jaxserve.models.batch_invariant_dense import batch_invariant_backend, invariant_matmul
+from jaxserve.models.causal_lm import causal_lm
 from jaxserve.models.fused_projections import fuse_params
 from jaxserve.models.invariant_dense import REDUCTION_GROUPS, DenseBackend
-from jaxserve.models.llama import LlamaForCausalLM
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.moe import ExpertsFn
 from jaxserve.models.registry import LoadedModel, load_model
@@ -68,8 +69,9 @@ class Placement:
   num_shards: int  # devices each KV page is split over
   experts: ExpertsFn | None = None  # a mixture of experts' on a mesh (None: unsharded)
 
-  def module(self) -> LlamaForCausalLM:
-    return LlamaForCausalLM(self.model.config, self.attention, self.dense, self.experts)
+  def module(self) -> nn.Module:
+    """The model's decoder (models/causal_lm.py) over these backends."""
+    return causal_lm(self.model.config, self.attention, self.dense, self.experts)
 
   def step_shardings(self, kv_pages: KVPages) -> StepShardings | None:
     """The step programs' shardings (None on one device: default placement)."""

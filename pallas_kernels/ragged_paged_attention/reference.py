@@ -14,6 +14,9 @@ Batch layout (ragged): the query tokens of sequence i are
 q[query_start_loc[i]:query_start_loc[i+1]]. seq_lens[i] counts every token of sequence i in the
 cache *after* this step's K/V were written, so the j-th query token of sequence i sits at position
 seq_lens[i] - q_len_i + j and attends to cache positions max(0, pos - sliding_window + 1) .. pos.
+A page that lies wholly before the window of every query of its sequence is never needed: its
+block-table entry may be the null page (every variant gives bitwise the same output), so a
+scheduler may free it.
 Sequences i >= num_seqs[0] are padding; tokens at or past query_start_loc[num_seqs[0]] are padding
 and produce zeros.
 """

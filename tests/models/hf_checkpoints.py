@@ -22,7 +22,21 @@ import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-FAMILIES = ("llama", "llama3", "llama_tied", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+FAMILIES = (
+  "llama",
+  "llama3",
+  "llama_tied",
+  "mistral",
+  "qwen2",
+  "qwen3",
+  "qwen3_moe",
+  "mixtral",
+  "gemma2",
+  "gemma3",
+)
+# Gemma's windows are shorter than the parity tests' sequences and end inside a page, so they
+# bite in prefill, chunked prefill and decode.
+GEMMA2_WINDOW, GEMMA3_WINDOW = 6, 5
 # 8 kv heads, so tensor parallelism up to 8 shards whole heads (tests/parallel).
 TP_FAMILIES = ("llama_kv8", "qwen2_kv8")
 VOCAB_SIZE = 512
@@ -131,7 +145,34 @@ def _hf_config(family: str) -> transformers.PretrainedConfig:
       rope_theta=1e6,
       tie_word_embeddings=False,
     )
+  if family in ("gemma2", "gemma3"):
+    return _gemma_config(family)
   raise ValueError(f"family: unknown {family!r} (known: {', '.join(FAMILIES + TP_FAMILIES)})")
+
+
+def _gemma_config(family: str) -> transformers.PretrainedConfig:
+  """Gemma 2: sliding and global layers alternating, both soft caps biting, one rope. Gemma 3:
+  two sliding layers then a global one (sliding_window_pattern 3), q/k norms, a local rope base
+  and a scaled global one. Both tied, with a query_pre_attn_scalar that is not head_dim."""
+  common = {**_COMMON, "num_attention_heads": 4, "num_key_value_heads": 2}
+  common.update(query_pre_attn_scalar=48, tie_word_embeddings=True)
+  if family == "gemma2":
+    return transformers.Gemma2Config(
+      **common,
+      sliding_window=GEMMA2_WINDOW,
+      attn_logit_softcapping=2.0,
+      final_logit_softcapping=5.0,
+      rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+  return transformers.Gemma3TextConfig(
+    **{**common, "num_hidden_layers": 3},
+    sliding_window=GEMMA3_WINDOW,
+    sliding_window_pattern=3,
+    rope_parameters={
+      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+      "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+    },
+  )
 
 
 _MODEL_CLASSES = {
@@ -141,16 +182,19 @@ _MODEL_CLASSES = {
   "qwen3": transformers.Qwen3ForCausalLM,
   "qwen3_moe": transformers.Qwen3MoeForCausalLM,
   "mixtral": transformers.MixtralForCausalLM,
+  "gemma2": transformers.Gemma2ForCausalLM,
+  "gemma3_text": transformers.Gemma3ForCausalLM,
 }
 
 
 def _randomize(model: torch.nn.Module, seed: int) -> None:
   generator = torch.Generator().manual_seed(seed)
+  norm_center = 0.0 if model.config.model_type.startswith("gemma") else 1.0  # Gemma: 1 + weight
   with torch.no_grad():
     for name, param in model.named_parameters():
       noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
       if name.endswith("norm.weight"):
-        value = 1.0 + 0.2 * noise
+        value = norm_center + 0.2 * noise
       elif name.endswith(".bias"):
         value = 0.2 * noise
       elif "embed_tokens" in name:  # also the tied output projection: keep logits O(1)

@@ -82,14 +82,14 @@ def empty_kv_pages(
 
 
 def init_param_shapes(config) -> dict:
-  """The params tree `LlamaForCausalLM(config).init` makes, as ShapeDtypeStructs (no compute):
-  one two-token step over one page of four."""
+  """The params tree `causal_lm(config).init` makes, as ShapeDtypeStructs (no compute): one
+  two-token step over one page of four."""
   import jax
 
   from jaxserve.attention import get_attention_backend
-  from jaxserve.models import LlamaForCausalLM
+  from jaxserve.models import causal_lm
 
-  model = LlamaForCausalLM(config, get_attention_backend("reference"))
+  model = causal_lm(config, get_attention_backend("reference"))
   step = build_step(
     [Chunk([1, 2], 0, [1])], page_size=4, num_tokens=4, num_seq_slots=1, pages_per_seq=1
   )
