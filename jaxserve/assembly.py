@@ -29,8 +29,14 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxserve.config import EngineConfig
+from jaxserve.defaults import Usage, apply_device_defaults
 from jaxserve.device.compile_ledger import CompileLedger
-from jaxserve.device.device_memory import fit_pool_bytes, kv_budget_bytes, max_concurrency
+from jaxserve.device.device_memory import (
+  describe_devices,
+  fit_pool_bytes,
+  kv_budget_bytes,
+  max_concurrency,
+)
 from jaxserve.device.kv_cache import (
   KVCacheSpec,
   allocate_kv_pages,
@@ -49,6 +55,7 @@ from jaxserve.device.step_options import (
 )
 from jaxserve.device.step_programs import build_step_programs
 from jaxserve.device.warmup import warmup
+from jaxserve.device_description import DeviceDescription
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.scheduler import Scheduler
@@ -57,7 +64,7 @@ from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.registry import load_configured_tokenizer, model_quantization
 from jaxserve.parallel.multihost import StepPublisher, is_worker
 from jaxserve.parallel.placement import Placement, load_placement
-from jaxserve.quantization.capabilities import DeviceDescription, check_device_runs
+from jaxserve.quantization.capabilities import check_device_runs
 
 logger = logging.getLogger(__name__)
 
@@ -216,13 +223,37 @@ def _step_scratch_bytes(
   return -(-int(scratch * 1.25) // quantum) * quantum
 
 
+def with_device_defaults(config: EngineConfig, usage: Usage) -> EngineConfig:
+  """`config` with the device-aware defaults (jaxserve/defaults.py) for this process's devices
+  and `usage` in every key the user did not set, logged with their reasons. A multi-host job
+  keeps its config as it is (every host must build the same buckets)."""
+  if config.distributed.active:
+    return config
+  device = describe_devices(config.tensor_parallel_size)
+  config, choices = apply_device_defaults(config, device, usage)
+  if choices:
+    logger.info(
+      "defaults for %s, %s (explicit settings win): %s",
+      device.describe(),
+      usage.value,
+      "; ".join(f"{c.key}={c.value} ({c.reason})" for c in choices),
+    )
+  return config
+
+
 def build_engine(
-  config: EngineConfig, *, show_progress: bool = True, default_warmup: str = "full"
+  config: EngineConfig,
+  *,
+  show_progress: bool = True,
+  default_warmup: str = "full",
+  usage: Usage = Usage.SERVE,
 ) -> LLMEngine:
   """Loads the model and tokenizer, sizes and allocates the KV pool, and compiles the step
-  programs as config.warmup says ("auto": `default_warmup`; device/program_compiler.py).
-  On a multi-host job this runs on process 0 and sends every step (warmup too) to the others,
-  which always warm up fully."""
+  programs as config.warmup says ("auto": `default_warmup`; device/program_compiler.py), with
+  the device-aware defaults for `usage` (`with_device_defaults`; the engine's `config` holds
+  the result). On a multi-host job this runs on process 0 and sends every step (warmup too) to
+  the others, which always warm up fully."""
+  config = with_device_defaults(config, usage)
   tokenizer = load_configured_tokenizer(config)  # a bad tokenizer / template fails before loading
   enable_compilation_cache(config.compilation_cache_dir)
   ledger = CompileLedger().start()
@@ -267,6 +298,7 @@ def build_engine(
     warmup_seconds=warmup_seconds,
     buckets=runner.buckets,
     programs=programs,
+    config=config,
   )
 
 

@@ -404,11 +404,15 @@ class EngineConfig:
   scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
   server: ServerConfig = field(default_factory=ServerConfig)
   distributed: DistributedConfig = field(default_factory=DistributedConfig)
+  # the dotted keys the user set (config file, --set, flags, LLM keywords): the device-aware
+  # defaults (jaxserve/defaults.py) change only the others. Not a config-file key.
+  explicit_keys: frozenset[str] = field(default=frozenset(), compare=False)
 
   def __post_init__(self) -> None:
     _require(
       isinstance(self.model, str) and self.model != "", "model", "must be a non-empty string"
     )
+    object.__setattr__(self, "explicit_keys", frozenset(self.explicit_keys))
     for name in ("tokenizer", "chat_template"):
       value = getattr(self, name)
       _require(
@@ -520,7 +524,7 @@ def config_from_dict(data: Mapping, cls: type = EngineConfig, prefix: str = ""):
   """Builds a (nested) config dataclass from a mapping; unknown keys raise ValueError."""
   if not isinstance(data, Mapping):
     raise ValueError(f"{prefix or 'config'}: must be a mapping, got {type(data).__name__}")
-  fields = {f.name: f for f in dataclasses.fields(cls)}
+  fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in NOT_FILE_KEYS}
   kwargs = {}
   for key, value in data.items():
     name = f"{prefix}{key}"
@@ -542,8 +546,39 @@ _NESTED = {
 }
 
 
+NOT_FILE_KEYS = ("explicit_keys",)
+
+
 def config_to_dict(config) -> dict:
-  return dataclasses.asdict(config)
+  """The config as a file would hold it (without explicit_keys)."""
+  data = dataclasses.asdict(config)
+  for key in NOT_FILE_KEYS:
+    data.pop(key, None)
+  return data
+
+
+def dotted_keys(data: Mapping, prefix: str = "") -> frozenset[str]:
+  """The leaf keys of a nested config mapping, dotted ("scheduler.max_num_seqs")."""
+  keys: set[str] = set()
+  for key, value in data.items():
+    name = f"{prefix}{key}"
+    keys |= dotted_keys(value, f"{name}.") if isinstance(value, Mapping) else {name}
+  return frozenset(keys)
+
+
+def non_default_keys(config: EngineConfig) -> frozenset[str]:
+  """The dotted keys whose value differs from EngineConfig()'s: what a config object sets."""
+  given, default = config_to_dict(config), config_to_dict(EngineConfig())
+  return (
+    frozenset(key for key in dotted_keys(given) if _at(given, key) != _at(default, key))
+    | config.explicit_keys
+  )
+
+
+def _at(data: Mapping, key: str) -> object:
+  for part in key.split("."):
+    data = data[part]
+  return data
 
 
 def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
@@ -574,4 +609,5 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     if not isinstance(loaded, dict):
       raise ValueError(f"config: {path} must hold a mapping at the top level")
     data = loaded
-  return config_from_dict(apply_overrides(data, overrides))
+  data = apply_overrides(data, overrides)
+  return config_from_dict(data).replace(explicit_keys=dotted_keys(data))

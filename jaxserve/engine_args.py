@@ -85,8 +85,15 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     "KV cache storage: auto (the model's dtype), fp8 (float8_e4m3fn) or int8, the 8-bit ones "
     "with a static scale (cache.kv_scale)",
   ),
-  EngineArg("max_num_seqs", "scheduler.max_num_seqs", int, "sequences per step"),
-  EngineArg("max_num_batched_tokens", "scheduler.max_num_batched_tokens", int, "tokens per step"),
+  EngineArg(
+    "max_num_seqs", "scheduler.max_num_seqs", int, "sequences per step (default: per device)"
+  ),
+  EngineArg(
+    "max_num_batched_tokens",
+    "scheduler.max_num_batched_tokens",
+    int,
+    "tokens per step (default: per device)",
+  ),
   EngineArg(
     "enable_prefix_caching",
     "scheduler.enable_prefix_caching",
@@ -178,5 +185,8 @@ def engine_overrides(values: Mapping[str, object]) -> list[str]:
 
 
 def config_with_engine_args(base: EngineConfig, values: Mapping[str, object]) -> EngineConfig:
-  """`base` with the engine arguments applied, validated."""
-  return config_from_dict(apply_overrides(config_to_dict(base), engine_overrides(values)))
+  """`base` with the engine arguments applied, validated; their keys join base's explicit keys."""
+  overrides = engine_overrides(values)
+  config = config_from_dict(apply_overrides(config_to_dict(base), overrides))
+  set_keys = frozenset(item.split("=", 1)[0] for item in overrides)
+  return config.replace(explicit_keys=base.explicit_keys | set_keys)

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from jaxserve.assembly import build_engine
 from jaxserve.config import EngineConfig
+from jaxserve.defaults import Usage
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.engine_args import BY_NAME, config_with_engine_args, is_engine_arg
 from jaxserve.outputs import Completion, GenerationResult, RequestOutput
@@ -45,8 +46,9 @@ class LLM:
     # warmup "auto" is lazy: an offline run compiles the few buckets its batches use, on the
     # step that first needs each, instead of every bucket up front (warmup="full" for all)
     self.engine: LLMEngine = build_engine(
-      self.config, show_progress=show_progress, default_warmup="lazy"
+      self.config, show_progress=show_progress, default_warmup="lazy", usage=Usage.OFFLINE
     )
+    self.config = self.engine.config  # with the device-aware defaults (jaxserve/defaults.py)
     self.tokenizer = self.engine.tokenizer
 
   def get_tokenizer(self) -> Tokenizer:

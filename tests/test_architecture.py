@@ -76,6 +76,8 @@ DEVICE = (
   "jaxserve.quantization.matmul",
 )
 PURE_HOST = (
+  "jaxserve.defaults",  # the device-aware defaults rule: a pure function of a description
+  "jaxserve.device_description",
   "jaxserve.engine.scheduler",
   "jaxserve.engine.page_allocator",
   "jaxserve.engine.request",
@@ -184,6 +186,7 @@ def test_no_package_cycle(graph):
 # (messages) to the step programs (device), the model (models), the attention backend (attention)
 # and the kernel (pallas_kernels) only goes down.
 LAYERS: tuple[tuple[str, ...], ...] = (
+  ("jaxserve.device_description",),
   (
     "pallas_kernels",
     "jaxserve.messages",
@@ -199,7 +202,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   ("jaxserve.structured",),
   ("jaxserve.sampling_params",),
   ("jaxserve.config",),
-  ("jaxserve.engine_args", "jaxserve.attention", "jaxserve.engine"),
+  ("jaxserve.engine_args", "jaxserve.attention", "jaxserve.engine", "jaxserve.defaults"),
   ("jaxserve.cli_args",),
   ("jaxserve.models",),
   ("jaxserve.device",),

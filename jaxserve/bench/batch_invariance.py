@@ -39,6 +39,7 @@ from jaxserve.assembly import build_engine
 from jaxserve.bench.flags import INVARIANCE_SCENARIOS, add_batch_invariance_flags, standalone_parser
 from jaxserve.bench.invariance_components import model_config_of, run_components
 from jaxserve.config import EngineConfig, load_config
+from jaxserve.defaults import Usage
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.platforms import prepare_jax_process
 from jaxserve.sampling_params import SamplingParams
@@ -315,7 +316,7 @@ def command(args: argparse.Namespace) -> dict:
   )
   if args.components != "off":
     result["components"] = run_components(config, timed=args.components == "on")
-  engine = build_engine(probe_engine_config(config, work), show_progress=False)
+  engine = build_engine(probe_engine_config(config, work), show_progress=False, usage=Usage.OFFLINE)
   result["scenarios"] = run_scenarios(engine, work, scenarios, config.cache.page_size)
   print_report(result["scenarios"], args.num_probes)
   if args.out:

@@ -26,6 +26,7 @@ import numpy as np
 from jaxserve.assembly import build_engine
 from jaxserve.bench.flags import add_offline_flags, standalone_parser
 from jaxserve.cli_args import engine_config_from_args
+from jaxserve.defaults import Usage
 from jaxserve.platforms import prepare_jax_process
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.tools.json_file import write_json
@@ -60,7 +61,7 @@ def profiled(fn, path: str):
 def run(args: argparse.Namespace) -> dict:
   config = engine_config_from_args(args)
   prepare_jax_process(config.cache.memory_fraction)  # as LLM(...) does, before jax starts
-  engine = build_engine(config, show_progress=True)
+  engine = build_engine(config, show_progress=True, usage=Usage.OFFLINE)
   vocab = min(engine.vocab_size, engine.tokenizer.vocab_size)
   rng = np.random.default_rng(args.seed)
   params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)

@@ -40,6 +40,7 @@ from jaxserve.bench.structured_workload import SCHEMA, synthetic_tokenizer
 from jaxserve.bench.timing import seconds_per_call
 from jaxserve.cli_args import engine_config_from_args
 from jaxserve.config import EngineConfig
+from jaxserve.defaults import Usage
 from jaxserve.device.step_options import step_greedy
 from jaxserve.device.token_bitmask import apply_token_bitmask, bitmask_words
 from jaxserve.platforms import prepare_jax_process
@@ -140,7 +141,7 @@ def run(args: argparse.Namespace) -> dict:
       args.synthetic_bpe_vocab, model_vocab, Path(tempfile.mkdtemp(prefix="bench_structured_"))
     )
     config = dataclasses.replace(config, tokenizer=str(directory))
-  engine = build_engine(config, show_progress=True)
+  engine = build_engine(config, show_progress=True, usage=Usage.OFFLINE)
   start = time.perf_counter()
   engine.constraints.compiler.validate(StructuredOutputSpec.json_schema(SCHEMA))
   grammar_setup_s = time.perf_counter() - start

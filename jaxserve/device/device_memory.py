@@ -56,6 +56,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Mapping, MutableMapping
 
+from jaxserve.device_description import DeviceDescription
 from jaxserve.memory_stats import memory_stats
 
 logger = logging.getLogger(__name__)
@@ -249,6 +250,16 @@ def read_device_memory(
   return device_memory(
     memory_stats(device), device.platform, os.environ if environ is None else environ
   )
+
+
+def describe_devices(device_count: int = 1) -> DeviceDescription:
+  """The first device's platform, kind and total memory (0 where the client reports none: the
+  CPU), for an engine on `device_count` such devices (jaxserve/defaults.py's input)."""
+  import jax
+
+  device = jax.devices()[0]
+  memory = read_device_memory(device=device)
+  return DeviceDescription.of(device, 0 if memory is None else memory.total_bytes, device_count)
 
 
 def unmeasured_scratch_bytes(budget: int) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import time
 
+from jaxserve.config import EngineConfig
 from jaxserve.engine.admission import check_token_ids
 from jaxserve.engine.constraints import Constraints
 from jaxserve.engine.core_io import EngineCoreRequest
@@ -49,6 +50,7 @@ class LLMEngine:
     warmup_seconds: float = 0.0,
     buckets: BucketSet | None = None,
     programs: ProgramStatus | None = None,
+    config: EngineConfig | None = None,
   ):
     self.core = EngineCore(
       runner=runner,
@@ -73,6 +75,7 @@ class LLMEngine:
     self.model_name = model_name
     self.warmup_seconds = warmup_seconds
     self.timings = self.core.timings
+    self.config = config  # the configuration it was built from, defaults resolved
     self._ids = itertools.count()
 
   @property

@@ -21,65 +21,14 @@ the device has 8-bit matrix units"). A GPU whose compute capability is not NVIDI
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from jaxserve.device_description import TPU_CHIPS, DeviceDescription
 from jaxserve.quantization.scheme import QuantScheme, scheme_for, scheme_named
 
-PLATFORMS = ("cpu", "gpu", "tpu")
-# jax Device.device_kind of each TPU chip -> its name in Cloud TPU's terms
-TPU_CHIPS = {
-  "TPU v4": "v4",
-  "TPU v5 lite": "v5e",
-  "TPU v5": "v5p",
-  "TPU v6 lite": "v6e",
-  "TPU7x": "TPU7x",
-}
 # W8A8 weight dtype -> (least NVIDIA compute capability, TPU chips with such matrix units)
 W8A8_UNITS = {
   "float8_e4m3fn": ((8, 9), ("TPU7x",)),
   "int8": ((7, 5), ("v5e", "v5p", "v6e")),
 }
-
-
-@dataclass(frozen=True)
-class DeviceDescription:
-  """What the rule reads of a device: its platform ("cpu", "gpu", "tpu"), a GPU's compute
-  capability (NVIDIA "9.0"; None elsewhere) and the device kind jax reports ("TPU v5 lite",
-  "NVIDIA H100 80GB HBM3")."""
-
-  platform: str
-  compute_capability: str | None = None
-  device_kind: str = ""
-
-  def __post_init__(self) -> None:
-    if self.platform not in PLATFORMS:
-      raise ValueError(f"platform: must be one of {PLATFORMS}, got {self.platform!r}")
-
-  @classmethod
-  def of(cls, device) -> DeviceDescription:
-    """The description of a jax Device (read by attribute: this module imports no jax)."""
-    platform = {"cuda": "gpu", "rocm": "gpu"}.get(device.platform, device.platform)
-    capability = getattr(device, "compute_capability", None)
-    return cls(platform, None if capability is None else str(capability), device.device_kind)
-
-  def nvidia_capability(self) -> tuple[int, int] | None:
-    """(major, minor) of an NVIDIA GPU; None for any other device."""
-    if self.platform != "gpu" or self.compute_capability is None:
-      return None
-    major, _, minor = self.compute_capability.partition(".")
-    if not (major.isdigit() and minor.isdigit()):
-      return None
-    return int(major), int(minor)
-
-  def name(self) -> str:
-    if self.platform == "tpu":
-      chip = TPU_CHIPS.get(self.device_kind)
-      return (
-        f"{self.device_kind} ({chip})" if chip and chip != self.device_kind else self.device_kind
-      )
-    if self.platform == "gpu":
-      return f"{self.device_kind or 'GPU'} (compute capability {self.compute_capability})"
-    return self.device_kind or self.platform
 
 
 def refusal(scheme: QuantScheme, device: DeviceDescription) -> str | None:

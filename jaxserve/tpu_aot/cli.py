@@ -57,9 +57,10 @@ def register(subparsers) -> None:
 def main(args: argparse.Namespace) -> int:
   import jax
 
+  from jaxserve.device_description import DeviceDescription
   from jaxserve.models.named_shapes import named_model_config
   from jaxserve.models.registry import model_quantization
-  from jaxserve.quantization.capabilities import DeviceDescription, check_device_runs
+  from jaxserve.quantization.capabilities import check_device_runs
   from jaxserve.tools.kv_plan import model_config_for
   from jaxserve.tpu_aot.build import BuildRequest, build
   from jaxserve.tpu_aot.chips import chip_of_config_name, get_chip

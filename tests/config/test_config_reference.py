@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from jaxserve.cli import main
-from jaxserve.config import EngineConfig, load_config
+from jaxserve.config import NOT_FILE_KEYS, EngineConfig, load_config
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "CONFIG.md"
 
@@ -18,6 +18,8 @@ REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "CONFIG.md"
 def _keys(cls, prefix: str = "") -> list[str]:
   keys = []
   for field in dataclasses.fields(cls):
+    if field.name in NOT_FILE_KEYS:  # not a key a config file holds
+      continue
     if isinstance(field.default_factory, type) and dataclasses.is_dataclass(field.default_factory):
       keys += _keys(field.default_factory, f"{prefix}{field.name}.")
     else:

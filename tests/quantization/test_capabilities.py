@@ -9,7 +9,8 @@ import pytest
 
 from jaxserve.assembly import build_engine
 from jaxserve.config import EngineConfig
-from jaxserve.quantization.capabilities import DeviceDescription, check_device_runs, refusal
+from jaxserve.device_description import DeviceDescription
+from jaxserve.quantization.capabilities import check_device_runs, refusal
 from jaxserve.quantization.scheme import QUANTIZATION_NAMES, SCHEMES
 
 A100 = DeviceDescription("gpu", "8.0", "NVIDIA A100-SXM4-80GB")
@@ -78,7 +79,7 @@ def test_a_description_of_this_machines_device():
 def test_the_engine_refuses_before_loading_anything(monkeypatch):
   """On an A100 (described, as this machine has none), fp8 W8A8 is refused before the
   weights load or the KV pool is allocated; fp8_w8a16 passes the check."""
-  monkeypatch.setattr("jaxserve.assembly.DeviceDescription.of", lambda device: A100)
+  monkeypatch.setattr("jaxserve.assembly.DeviceDescription.of", lambda device, *_: A100)
   loaded = []
   monkeypatch.setattr("jaxserve.assembly.load_placement", lambda *a, **k: loaded.append(a) or 1 / 0)
   with pytest.raises(ValueError, match=r"^quantization: fp8 .* use fp8_w8a16"):
