@@ -39,7 +39,7 @@ TPU_PAGE = {"cache.page_size": 32}
   [
     (CPU, Usage.SERVE, {"scheduler.max_num_seqs": 64, "scheduler.max_num_batched_tokens": 512}),
     (CPU, Usage.OFFLINE, {"scheduler.max_num_seqs": 64, "scheduler.max_num_batched_tokens": 512}),
-    (H100, Usage.SERVE, SERVE_LARGE),  # configs/h100.yaml's limits
+    (H100, Usage.SERVE, SERVE_LARGE),  # the serving limits measured best on an H100
     (H100, Usage.OFFLINE, OFFLINE_LARGE),
     (H200, Usage.SERVE, SERVE_LARGE),
     (H200, Usage.OFFLINE, OFFLINE_LARGE),
