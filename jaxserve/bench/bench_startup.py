@@ -82,7 +82,7 @@ def time_weight_loads(config, runs: int) -> list[dict]:
     layout = layouts[run % len(layouts)]
     start = time.perf_counter()
     if config.tensor_parallel_size > 1:
-      from jaxserve.parallel.mesh import build_mesh
+      from jaxserve.parallel.partition_rules import build_mesh
       from jaxserve.parallel.sharded_loading import load_model_sharded
 
       mesh = build_mesh(config.tensor_parallel_size)
