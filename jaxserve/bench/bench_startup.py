@@ -49,8 +49,8 @@ def build_checkpoint(shape: str, directory: str) -> None:
   if (Path(directory) / "config.json").is_file():
     return
   code = (
-    "import sys; from jaxserve.bench.random_checkpoint import build_random_llama; "
-    "build_random_llama(sys.argv[1], sys.argv[2])"
+    "import sys; from jaxserve.bench.random_checkpoint import build_random_model; "
+    "build_random_model(sys.argv[1], sys.argv[2])"
   )
   subprocess.run([sys.executable, "-c", code, shape, directory], check=True)
 
