@@ -49,8 +49,11 @@ Merged projections (qkv_proj, gate_up_proj) have no rule: sharded models keep HF
 projections (models/fused_projections.py says why).
 
 A dimension the rule shards but the mesh size does not divide (an odd vocabulary, say) is
-replicated instead, so every model loads; heads must divide (check_tensor_parallel), and so must
-the experts' sharded dimension (check_experts), since their shard_map needs even shards.
+replicated instead, so every model loads; query heads must divide (check_tensor_parallel), and so
+must the experts' sharded dimension (check_experts), since their shard_map needs even shards.
+kv heads either divide too, or are fewer than the devices and divide them: then the engine runs
+with_replicated_kv_heads, each kv head repeated over the devices of its query heads (vLLM does the
+same), so every device still holds one whole kv head and its pages.
 With `shard_vocab=False` (models with tp_invariant_reductions) the two vocabulary-sized weights
 are replicated: every device computes the whole logits as the unsharded model does, so the
 vocabulary reductions after them (log-softmax, argmax) run in the unsharded order, without
@@ -134,12 +137,29 @@ def build_mesh(tensor_parallel_size: int, devices: Sequence[jax.Device] | None =
   return Mesh(np.array(devices[:tensor_parallel_size]), (MODEL_AXIS,))
 
 
+def kv_head_replicas(model_config: ModelConfig, tensor_parallel_size: int) -> int:
+  """How many devices hold a copy of each kv head: 1 when tensor_parallel_size divides the kv
+  heads, else tensor_parallel_size / num_kv_heads (check_tensor_parallel)."""
+  return max(1, tensor_parallel_size // model_config.num_kv_heads)
+
+
+def with_replicated_kv_heads(model_config: ModelConfig, tensor_parallel_size: int) -> ModelConfig:
+  """The config the sharded engine runs: with fewer kv heads than devices, each kv head repeated
+  kv_head_replicas times (repeated head n is head n // replicas), so every device holds one whole
+  kv head, its query heads' (vLLM's replication); the model computes the same attention. The
+  loader repeats the k/v projections to match (parallel/sharded_loading.py)."""
+  replicas = kv_head_replicas(model_config, tensor_parallel_size)
+  return model_config.replace(num_kv_heads=model_config.num_kv_heads * replicas)
+
+
 def check_tensor_parallel(model_config: ModelConfig, tensor_parallel_size: int) -> None:
-  """Attention shards whole kv heads (and their q-head groups) per device."""
-  tp = tensor_parallel_size
-  if model_config.num_kv_heads % tp != 0:
+  """Attention shards whole query heads per device, and whole kv heads, or one replicated kv head
+  per device when tensor_parallel_size is a multiple of the kv heads."""
+  tp, kv_heads = tensor_parallel_size, model_config.num_kv_heads
+  if kv_heads % tp != 0 and tp % kv_heads != 0:
     raise ValueError(
-      f"tensor_parallel_size: {tp} does not divide the model's {model_config.num_kv_heads} kv heads"
+      f"tensor_parallel_size: {tp} does not divide the model's {kv_heads} kv heads "
+      "nor is a multiple of them"
     )
   if model_config.num_q_heads % tp != 0:
     raise ValueError(

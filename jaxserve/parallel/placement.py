@@ -56,6 +56,7 @@ from jaxserve.parallel.partition_rules import (
   kv_pages_sharding,
   logits_sharding,
   replicated,
+  with_replicated_kv_heads,
 )
 from jaxserve.parallel.sharded_attention import shard_attention_backend
 from jaxserve.parallel.sharded_dense import shard_dense_backend
@@ -195,6 +196,7 @@ def abstract_placement(
   tp, expert_parallel = mesh.shape[MODEL_AXIS], config.enable_expert_parallel
   check_tensor_parallel(model_config, tp)
   check_experts(model_config, tp, expert_parallel)
+  model_config = with_replicated_kv_heads(model_config, tp)  # as load_model_sharded loads it
   params = sharded_param_shapes(model_config, mesh, expert_parallel)
   loaded = LoadedModel(model_config, params, "abstract")
   return _mesh_placement(config, loaded, mesh, platform)

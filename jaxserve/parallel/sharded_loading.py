@@ -30,11 +30,13 @@ from jaxserve.models.quantized_loading import read_stored_quantization
 from jaxserve.models.registry import PARAMS_SUBDIR, LoadedModel, checkpoint_dir, load_model
 from jaxserve.models.weight_transfer import TransferOptions
 from jaxserve.models.weights import ParamPath, load_hf_config, load_hf_weights, param_shapes
+from jaxserve.parallel.kv_head_replication import replicate_kv_heads
 from jaxserve.parallel.partition_rules import (
   MODEL_AXIS,
   check_experts,
   check_tensor_parallel,
   param_shardings,
+  with_replicated_kv_heads,
 )
 from jaxserve.quantization.compressed_tensors import resolve_quantization
 from jaxserve.quantization.scheme import check_quantization, scheme_for
@@ -52,7 +54,29 @@ def load_model_sharded(
 ) -> LoadedModel:
   """load_model(model, dtype, quantization=...), with every param laid out by the partition
   rules over `mesh`, a mixture of experts' experts by expert when `expert_parallel`
-  (`transfer`: how a safetensors checkpoint's tensors are moved, models/weight_transfer.py)."""
+  (`transfer`: how a safetensors checkpoint's tensors are moved, models/weight_transfer.py).
+  With fewer kv heads than devices the result is the model with_replicated_kv_heads runs
+  (kv_head_replication.py)."""
+  loaded = _load(
+    model, dtype, mesh, tp_invariant_reductions, quantization, transfer, expert_parallel
+  )
+  expanded = with_replicated_kv_heads(loaded.config, mesh.shape[MODEL_AXIS])
+  if expanded == loaded.config:
+    return loaded
+  targets = sharded_param_shapes(expanded, mesh, expert_parallel)
+  return replicate_kv_heads(loaded, mesh, targets)
+
+
+def _load(
+  model: str,
+  dtype: str,
+  mesh: Mesh,
+  tp_invariant_reductions: bool,
+  quantization: str,
+  transfer: TransferOptions,
+  expert_parallel: bool,
+) -> LoadedModel:
+  """load_model_sharded's load, for the checkpoint's own config."""
   check_quantization(quantization)
   tp = mesh.shape[MODEL_AXIS]
   if is_builtin(model):

@@ -14,11 +14,14 @@ from jaxserve.device.lowering import dummy_inputs
 from jaxserve.messages.buckets import Bucket
 from jaxserve.models.tiny_random import tiny_random_config
 from jaxserve.models.weights import hf_tensor_specs, param_shapes
+from jaxserve.parallel.kv_head_replication import repeat_heads
 from jaxserve.parallel.partition_rules import (
   check_experts,
   check_tensor_parallel,
+  kv_head_replicas,
   param_shardings,
   param_spec,
+  with_replicated_kv_heads,
 )
 from jaxserve.parallel.step_codec import StepEncoder, decode_step_inputs
 from tests.integration.engine_helpers import small_config
@@ -147,8 +150,24 @@ def test_unknown_param_and_indivisible_heads_are_refused():
     param_spec(("layers_0", "mystery", "kernel"), (4, 4), 2)
   config = tiny_random_config()  # 4 q heads, 2 kv heads
   check_tensor_parallel(config, 2)
-  with pytest.raises(ValueError, match="tensor_parallel_size: 4 does not divide the model's 2 kv"):
-    check_tensor_parallel(config, 4)
+  check_tensor_parallel(config, 4)  # each kv head on two devices
+  with pytest.raises(ValueError, match="tensor_parallel_size: 3 does not divide the model's 2 kv"):
+    check_tensor_parallel(config, 3)
+  with pytest.raises(ValueError, match="tensor_parallel_size: 8 does not divide .* 4 query"):
+    check_tensor_parallel(config, 8)
+
+
+def test_fewer_kv_heads_than_devices_are_repeated_head_by_head():
+  config = tiny_random_config()  # 4 q heads, 2 kv heads
+  assert kv_head_replicas(config, 2) == 1 and with_replicated_kv_heads(config, 2) == config
+  assert kv_head_replicas(config, 4) == 2
+  assert with_replicated_kv_heads(config, 4) == config.replace(num_kv_heads=4)
+  # two heads of D = 2 on the columns of a [1, 4] kernel: a b | c d -> a b | a b | c d | c d
+  kernel = np.array([[1.0, 2.0, 3.0, 4.0]])
+  repeated = repeat_heads(jax.numpy.asarray(kernel), axis=1, num_heads=2, replicas=2)
+  np.testing.assert_array_equal(repeated, [[1.0, 2.0, 1.0, 2.0, 3.0, 4.0, 3.0, 4.0]])
+  rows = repeat_heads(jax.numpy.asarray(kernel.T), axis=0, num_heads=2, replicas=2)
+  np.testing.assert_array_equal(rows[:, 0], [1.0, 2.0, 1.0, 2.0, 3.0, 4.0, 3.0, 4.0])
 
 
 def test_step_inputs_round_trip_through_the_codec():

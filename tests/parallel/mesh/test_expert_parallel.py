@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from jaxserve.assembly import build_engine
+from jaxserve.models.weights import load_hf_config, load_hf_params
 from tests.integration.engine_helpers import generate_and_score, small_config
 from tests.models.hf_checkpoints import TOKENIZER_VOCAB_SIZE
 from tests.parallel.mesh.conftest import tp_engine
@@ -23,13 +24,15 @@ def _prompts(seed: int) -> list[list[int]]:
   return [rng.integers(4, TOKENIZER_VOCAB_SIZE, size=n).tolist() for n in PROMPT_LENGTHS]
 
 
-# layout -> (tensor_parallel_size, enable_expert_parallel); the checkpoint has 2 kv heads: tp <= 2
-LAYOUTS = {"ep2": (2, True), "tp2": (2, False)}
+# layout -> (tensor_parallel_size, enable_expert_parallel); the checkpoint has 2 kv heads, so at
+# 4 devices each is repeated on two (partition_rules.with_replicated_kv_heads)
+LAYOUTS = {"ep2": (2, True), "tp2": (2, False), "ep4": (4, True)}
 
 
 def test_expert_and_tensor_parallel_tokens_equal_one_devices(hf_checkpoint, engine_for):
-  """Mixtral's 8 experts, 4 per device at ep2; each expert's intermediate dimension halved at
-  tp2 (the layout of any MoE at tensor_parallel_size > 1 without the flag)."""
+  """Mixtral's 8 experts, 4 per device at ep2 and 2 at ep4 (with replicated kv heads); each
+  expert's intermediate dimension halved at tp2 (the layout of any MoE at tensor_parallel_size
+  > 1 without the flag)."""
   checkpoint = hf_checkpoint("mixtral")
   prompts = _prompts(seed=3)
   tokens, logprobs = generate_and_score(engine_for(checkpoint, 1), prompts, NUM_NEW_TOKENS)
@@ -58,6 +61,24 @@ def test_expert_parallel_splits_experts_on_e_and_attention_on_heads(hf_checkpoin
   assert {s.data.shape for s in o_shards} == {(2 * 64, hidden)}
   for pages in jax.tree_util.tree_leaves(engine.runner.kv_pages):
     assert {s.data.shape[0] for s in pages.addressable_shards} == {1}  # one kv head per device
+
+
+def test_four_devices_hold_one_repeated_kv_head_each(hf_checkpoint):
+  """2 kv heads over 4 devices: the engine runs 4 kv heads, head n the checkpoint's head n // 2,
+  so device d's k_proj columns are the checkpoint's kv head d // 2."""
+  checkpoint = hf_checkpoint("mixtral")
+  engine = tp_engine(checkpoint, 4, enable_expert_parallel=True)
+  assert engine.runner.model.config.num_kv_heads == 4
+  original = load_hf_params(checkpoint, load_hf_config(checkpoint))
+  for name in ("k_proj", "v_proj"):
+    whole = np.asarray(original["layers_1"]["self_attn"][name]["kernel"])  # [H, 2*64]
+    leaf = engine.runner.params["layers_1"]["self_attn"][name]["kernel"]
+    for shard in leaf.addressable_shards:
+      device = shard.index[1].start // 64
+      head = device // 2
+      np.testing.assert_array_equal(np.asarray(shard.data), whole[:, head * 64 : (head + 1) * 64])
+  for pages in jax.tree_util.tree_leaves(engine.runner.kv_pages):
+    assert pages.shape[0] == 4 and {s.data.shape[0] for s in pages.addressable_shards} == {1}
 
 
 def test_expert_parallel_refusals(hf_checkpoint):
