@@ -348,9 +348,11 @@ class EngineConfig:
   """Everything the engine needs. model is a built-in name (tiny-random) or a checkpoint path.
   compilation_cache_dir keeps compiled buckets across restarts (null disables it).
   tensor_parallel_size shards the model over that many devices (all devices of all hosts when
-  distributed); the kv head count must be a multiple of it. enable_expert_parallel lays those
-  devices along the mesh's expert axis instead: a mixture of experts' experts are split whole
-  over them and the other weights replicated (parallel/mesh.py). tp_invariant_reductions makes the
+  distributed); it must divide the query heads, and divide the kv heads or be a multiple of them
+  (each kv head then repeated, parallel/kv_head_replication.py). enable_expert_parallel splits a
+  mixture of experts' experts whole over those devices (num_experts / tensor_parallel_size each)
+  instead of splitting every expert's intermediate dimension; attention, the other weights and
+  the KV pages stay tensor-parallel (parallel/partition_rules.py). tp_invariant_reductions makes the
   bfloat16 forward bitwise independent of tensor_parallel_size in {1, 2}
   (models/invariant_dense.py; a parity mode, slower at tp = 1). batch_invariant makes every
   token's computation bitwise independent of the step's bucket, batch mates and prompt chunking

@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c "import jax; print('jax', jax.__version__)" | tee -a "$OUT/summary.txt"
 for s in ${STEPS:-smoke}; do case $s in
   smoke)
-    [ -f /tmp/llama1b/config.json ] || python3 -c "from jaxserve.bench.random_checkpoint import build_random_llama as b; b('llama-3.2-1b', '/tmp/llama1b')" > $LOGS/ck1b.log 2>&1
+    [ -f /tmp/llama1b/config.json ] || python3 -c "from jaxserve.bench.random_checkpoint import build_random_model as b; b('llama-3.2-1b', '/tmp/llama1b')" > $LOGS/ck1b.log 2>&1
     for qk in none:auto fp8:auto none:fp8 fp8:fp8 int8:auto; do q=${qk%:*}; k=${qk#*:}; d=/tmp/dump_${q}_${k}; rm -rf $d
       XLA_FLAGS="--xla_dump_to=$d --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*forward.*|.*step.*|.*burst.*" \
         python3 scripts/gpu_quant_smoke.py /tmp/llama1b $q $k /tmp/smoke_${q}_${k}.json > $LOGS/smoke_${q}_${k}.log 2>&1 || { echo "smoke $q $k FAILED"; tail -25 $LOGS/smoke_${q}_${k}.log; }
@@ -42,7 +42,7 @@ for name in ['fp8_auto', 'none_fp8', 'fp8_fp8', 'int8_auto']:
 PY
     ;;
   smokekv)
-    [ -f /tmp/llama1b/config.json ] || python3 -c "from jaxserve.bench.random_checkpoint import build_random_llama as b; b('llama-3.2-1b', '/tmp/llama1b')" > $LOGS/ck1b.log 2>&1
+    [ -f /tmp/llama1b/config.json ] || python3 -c "from jaxserve.bench.random_checkpoint import build_random_model as b; b('llama-3.2-1b', '/tmp/llama1b')" > $LOGS/ck1b.log 2>&1
     for qkb in none:auto:xla none:fp8:xla none:fp8:pallas_gpu fp8:fp8:pallas_gpu; do IFS=: read -r q k b <<< "$qkb"
       python3 scripts/gpu_quant_smoke.py /tmp/llama1b $q $k /tmp/kv_${q}_${k}_${b}.json $b > $LOGS/kv_${q}_${k}_${b}.log 2>&1 || { echo "smoke $qkb FAILED"; grep -v "^E1127\|^W1127" $LOGS/kv_${q}_${k}_${b}.log | tail -8; }
       grep -v "it/s\]" $LOGS/kv_${q}_${k}_${b}.log | grep -i "capped\|build" | tail -2
@@ -60,7 +60,7 @@ for a, b in [('none_auto_xla', 'none_fp8_xla'), ('none_fp8_xla', 'none_fp8_palla
   print(f"{a} vs {b}: greedy tokens equal {agree}/1024, first tokens {first}/16, pages {x['num_pages']} vs {y['num_pages']}")
 PY
     ;;
-  ck8b) [ -f /tmp/llama8b/config.json ] || { t0=$SECONDS; python3 -c "from jaxserve.bench.random_checkpoint import build_random_llama as b; b('llama-3.1-8b', '/tmp/llama8b')" > $LOGS/ck8b.log 2>&1; echo "8b checkpoint $((SECONDS-t0)) s"; } ;;
+  ck8b) [ -f /tmp/llama8b/config.json ] || { t0=$SECONDS; python3 -c "from jaxserve.bench.random_checkpoint import build_random_model as b; b('llama-3.1-8b', '/tmp/llama8b')" > $LOGS/ck8b.log 2>&1; echo "8b checkpoint $((SECONDS-t0)) s"; } ;;
   w*)  # w<quant>:<kv>:<in>:<out>:<n>  offline bench with h100-offline config
     IFS=: read -r q k il ol n <<< "${s#w}"
     t0=$SECONDS

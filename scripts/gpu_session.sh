@@ -25,7 +25,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
     bench_kernels) TAIL=40 step bench_kernels python3 -m investigations.bench_kernels --out "$OUT/bench_kernels.json" ;;
     engine) step engine python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu_engine.py ;;
     model1b) [ -f /tmp/llama1b/config.json ] || step model1b python3 -c \
-        "from jaxserve.bench.random_checkpoint import build_random_llama as b; b('llama-3.2-1b', '/tmp/llama1b')" ;;
+        "from jaxserve.bench.random_checkpoint import build_random_model as b; b('llama-3.2-1b', '/tmp/llama1b')" ;;
     sync1b|async1b|async1b_512|async1b_512_cublas|async1b_512_burst4)  # the throughput workload
       engine=(--set scheduler.max_num_seqs=256 --set scheduler.max_num_batched_tokens=4096
               --set "scheduler.seq_buckets=[64,256]" --set "scheduler.token_buckets=[256,1024,4096]")
@@ -114,7 +114,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
     sampler_modes) TAIL=14 step sampler_modes python3 -m investigations.bench_sampler_modes \
         --rows 256 --vocab 128256 --out "$OUT/sampler_modes.json" ;;
     model8b) [ -f /tmp/llama8b/config.json ] || step model8b python3 -c \
-        "from jaxserve.bench.random_checkpoint import build_random_llama as b; b('llama-3.1-8b', '/tmp/llama8b')" ;;
+        "from jaxserve.bench.random_checkpoint import build_random_model as b; b('llama-3.1-8b', '/tmp/llama8b')" ;;
     structured8b)  # issue 18: every request under a JSON schema vs unconstrained, 64 and 256
       # sequences, 8B random weights with a Llama-3-sized byte-level BPE (needs step model8b)
       TAIL=8 step structured8b python3 -m jaxserve.bench.bench_structured --model /tmp/llama8b \
@@ -170,7 +170,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
       done; done ;;
     svo8b_warm)  # fills the compilation cache for svo8b: every program the servers compile (~2-3 min)
       [ -f /tmp/llama8b/config.json ] || step model8b python3 -c \
-        "from jaxserve.bench.random_checkpoint import build_random_llama as b; b('llama-3.1-8b', '/tmp/llama8b')"
+        "from jaxserve.bench.random_checkpoint import build_random_model as b; b('llama-3.1-8b', '/tmp/llama8b')"
       step svo8b_warm python3 -m jaxserve.bench.bench_offline --model /tmp/llama8b \
         --config configs/h100.yaml --max-model-len 2048 --num-prompts 64 --input-len 256 \
         --output-len 16 --warmup full --no-stream --log-level WARNING --out "$OUT/svo8b_warm.json" ;;

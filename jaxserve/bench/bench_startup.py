@@ -49,8 +49,8 @@ def build_checkpoint(shape: str, directory: str) -> None:
   if (Path(directory) / "config.json").is_file():
     return
   code = (
-    "import sys; from jaxserve.bench.random_checkpoint import build_random_llama; "
-    "build_random_llama(sys.argv[1], sys.argv[2])"
+    "import sys; from jaxserve.bench.random_checkpoint import build_random_model; "
+    "build_random_model(sys.argv[1], sys.argv[2])"
   )
   subprocess.run([sys.executable, "-c", code, shape, directory], check=True)
 
@@ -82,7 +82,7 @@ def time_weight_loads(config, runs: int) -> list[dict]:
     layout = layouts[run % len(layouts)]
     start = time.perf_counter()
     if config.tensor_parallel_size > 1:
-      from jaxserve.parallel.mesh import build_mesh
+      from jaxserve.parallel.partition_rules import build_mesh
       from jaxserve.parallel.sharded_loading import load_model_sharded
 
       mesh = build_mesh(config.tensor_parallel_size)

@@ -6,7 +6,7 @@ Workload: `num_prompts` random token-id prompts of exactly `input_len` tokens, g
 bucket) happens when the LLM is built, outside the timed region. The baseline (hf_baseline.py)
 runs first, in its own process, so the two never share GPU memory. For tiny-random the baseline
 uses an exported transformers copy (export_hf.py); --random-model builds a random-weight
-checkpoint of a real Llama shape (random_checkpoint.py). Without --max-model-len the engine's
+checkpoint of a named model shape (random_checkpoint.py). Without --max-model-len the engine's
 max_model_len is input_len + output_len rounded up to a page.
 """
 
@@ -76,11 +76,11 @@ def run_jaxserve(config: EngineConfig, prompts: list[list[int]], output_len: int
 def _prepare_model(config: EngineConfig, args, tmp: Path) -> tuple[EngineConfig, str | None]:
   """The engine config to run and the transformers checkpoint for the baseline (if any)."""
   if args.random_model:
-    from jaxserve.bench.random_checkpoint import build_random_llama
+    from jaxserve.bench.random_checkpoint import build_random_model
 
     out_dir = Path(args.random_model_dir) if args.random_model_dir else tmp / args.random_model
     print(f"building random-weight {args.random_model} checkpoint in {out_dir}")
-    config = config.replace(model=str(build_random_llama(args.random_model, out_dir, args.seed)))
+    config = config.replace(model=str(build_random_model(args.random_model, out_dir, args.seed)))
   if config.max_model_len is None:
     page = config.cache.page_size
     config = config.replace(

@@ -1,15 +1,18 @@
-"""Random-weight bfloat16 Llama checkpoints with real model shapes, for throughput benchmarks.
+"""Random-weight bfloat16 checkpoints with real model shapes, for throughput benchmarks.
 
-`build_random_llama(name, out_dir)` writes config.json, sharded model*.safetensors with an index,
-and a word-level tokenizer covering the whole vocabulary (vocab_tokenizer.py): every id a random
-model samples decodes to a visible word, so a server streams, and `jaxserve bench serve` times,
-every token as it would with a real model's tokenizer. No torch module is built: each tensor named
-by `hf_tensor_specs` is drawn directly in bfloat16 on the fastest device (CUDA when available),
-copied to the host and written shard by shard, so an 8B checkpoint takes seconds of compute and one
-shard of host memory. Weights are N(0, 0.02) (transformers' initializer_range) with RMSNorm scales
-of one.
+`build_random_model(name, out_dir)` writes a named shape (models/named_shapes.py: Llama 3.x,
+Qwen3-30B-A3B, Gemma 3 12B / 27B) as config.json (models/hf_config_json.py), sharded
+model*.safetensors with an index, and a word-level tokenizer covering the whole vocabulary
+(vocab_tokenizer.py): every id a random model samples decodes to a visible word, so a server
+streams, and `jaxserve bench serve` times, every token as it would with a real model's tokenizer.
+No torch module is built: each tensor named by `hf_tensor_specs` (a mixture of experts' one per
+expert and projection, as published) is drawn directly in bfloat16 on the fastest device (CUDA
+when available), copied to the host and written shard by shard, so a 30B checkpoint takes
+seconds of compute and one shard (SHARD_BYTES) of host memory. Weights are N(0, 0.02)
+(transformers' initializer_range); RMSNorm weights are the identity scale: one, or zero for
+Gemma, whose norms multiply by (1 + weight) (models/gemma.py).
 
-    python -m jaxserve.bench.random_checkpoint llama-3.1-8b /tmp/llama8b [--seed 0]
+    python -m jaxserve.bench.random_checkpoint qwen3-30b-a3b /tmp/qwen3moe [--seed 0]
 
 writes one from the command line (needs torch, the `bench` extra); without its arguments it is a
 usage error, and --help lists the shapes.
@@ -25,33 +28,31 @@ from pathlib import Path
 
 from jaxserve.bench.vocab_tokenizer import write_vocab_tokenizer
 from jaxserve.cli_help import DefaultsHelpFormatter
+from jaxserve.models.hf_config_json import hf_config_json
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.named_shapes import SHAPES, named_model_config
 from jaxserve.models.weights import hf_tensor_specs
 from jaxserve.optional_deps import MissingDependencyError, Requirement, require
-from jaxserve.tools.export_hf import hf_llama_config
 
 SHARD_BYTES = 4 << 30
 
 
-def random_llama_config(name: str) -> ModelConfig:
-  """The named shape's config (models/named_shapes.py owns the shapes)."""
-  return named_model_config(name)
-
-
-def build_random_llama(name: str, out_dir: str | Path, seed: int = 0) -> Path:
+def build_random_model(name: str, out_dir: str | Path, seed: int = 0) -> Path:
   """Writes a random-weight bfloat16 checkpoint of `name`'s shape into out_dir; returns it."""
-  return build_random_checkpoint(random_llama_config(name), out_dir, seed)
+  return build_random_checkpoint(named_model_config(name), out_dir, seed)
 
 
 def build_random_checkpoint(config: ModelConfig, out_dir: str | Path, seed: int = 0) -> Path:
-  """Writes a random-weight checkpoint of a llama `config` (its dtype) into out_dir."""
+  """Writes a random-weight checkpoint of `config` (its dtype; an architecture hf_config_json
+  writes) into out_dir."""
   import torch
   from safetensors.torch import save_file
 
+  hf_config = hf_config_json(config)  # refuses an architecture it cannot write, before any work
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   dtype = getattr(torch, config.dtype)
+  norm_weight = 0.0 if config.gemma else 1.0
   device = "cuda" if torch.cuda.is_available() else "cpu"
   generator = torch.Generator(device=device).manual_seed(seed)
   specs = hf_tensor_specs(config)
@@ -69,7 +70,7 @@ def build_random_checkpoint(config: ModelConfig, out_dir: str | Path, seed: int 
 
   for spec in specs:
     if spec.path[-1] == "scale":
-      tensor = torch.ones(spec.hf_shape, dtype=dtype)
+      tensor = torch.full(spec.hf_shape, norm_weight, dtype=dtype)
     else:
       tensor = torch.empty(spec.hf_shape, dtype=dtype, device=device)
       tensor.normal_(0.0, 0.02, generator=generator)
@@ -85,8 +86,7 @@ def build_random_checkpoint(config: ModelConfig, out_dir: str | Path, seed: int 
   (out_dir / "model.safetensors.index.json").write_text(
     json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
   )
-  hf_config = hf_llama_config(config, architectures=["LlamaForCausalLM"], dtype=config.dtype)
-  hf_config.save_pretrained(out_dir)
+  (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2))
   write_vocab_tokenizer(out_dir, config.vocab_size, config.bos_token_id, config.eos_token_ids)
   return out_dir
 
@@ -94,7 +94,7 @@ def build_random_checkpoint(config: ModelConfig, out_dir: str | Path, seed: int 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(
     prog="python -m jaxserve.bench.random_checkpoint",
-    description="Writes a random-weight bfloat16 Llama checkpoint of a named shape.",
+    description="Writes a random-weight bfloat16 checkpoint of a named model shape.",
     formatter_class=DefaultsHelpFormatter,
   )
   parser.add_argument("shape", choices=sorted(SHAPES), help="the model shape")
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
   except MissingDependencyError as err:
     print(err, file=sys.stderr)
     return 1
-  print(f"wrote {build_random_llama(args.shape, args.out_dir, args.seed)}")
+  print(f"wrote {build_random_model(args.shape, args.out_dir, args.seed)}")
   return 0
 
 

@@ -17,8 +17,9 @@
    c. single-stream: `--single-stream-prompts` requests one at a time (TPOT of one sequence).
    During each run the CPU use of every server process (supervisor, core, api-K) is recorded
    (bench/process_cpu.py), to see how busy each one is.
-3. The weight-read time: the checkpoint's weight bytes over the device's measured copy
-   bandwidth (a jitted copy of a 4 GiB array, read + write), the floor of a single stream's TPOT.
+3. The weight-read time: the checkpoint's weight bytes (a mixture of experts': those one decode
+   token reads, bench/active_weights.py) over the device's measured copy bandwidth (a jitted
+   copy of a 4 GiB array, read + write), the floor of a single stream's TPOT.
 4. One JSON, the throughput-latency plot of both servers' sweeps, and a table on stdout.
 """
 
@@ -134,7 +135,11 @@ print(json.dumps({"copy_gb_per_s": 10 * 2 * x.nbytes / (time.perf_counter() - st
 
 def weight_read(model: str) -> dict:
   """The checkpoint's weight bytes and the device's copy bandwidth (a separate process, before
-  any server holds the device)."""
+  any server holds the device); for a mixture of experts the read time is that of the weights
+  one decode token reads (bench/active_weights.py), its routed experts only."""
+  from jaxserve.bench.active_weights import active_weight_bytes
+  from jaxserve.models.weights import load_hf_config
+
   files = list(Path(model).glob("*.safetensors")) if Path(model).is_dir() else []
   if not files:
     return {}
@@ -143,7 +148,10 @@ def weight_read(model: str) -> dict:
     return {"error": run.stderr[-2000:]}
   result = json.loads(run.stdout.strip().splitlines()[-1])
   result["weight_bytes"] = sum(f.stat().st_size for f in files)
-  result["weight_read_ms"] = result["weight_bytes"] / (result["copy_gb_per_s"] * 1e9) * 1e3
+  config = load_hf_config(Path(model))
+  read = active_weight_bytes(config) if config.num_experts else result["weight_bytes"]
+  result["read_bytes"] = read
+  result["weight_read_ms"] = read / (result["copy_gb_per_s"] * 1e9) * 1e3
   return result
 
 
@@ -302,7 +310,7 @@ def table(result: dict) -> str:
   if read:
     lines.append("")
     lines.append(
-      f"weight-read time {read:.2f} ms ({result['weight_read']['weight_bytes'] / 1e9:.1f}"
+      f"weight-read time {read:.2f} ms ({result['weight_read']['read_bytes'] / 1e9:.1f}"
       f" GB at {result['weight_read']['copy_gb_per_s']:.0f} GB/s copy bandwidth); "
       "single-stream TPOT p50 / weight-read: "
       + ", ".join(

@@ -20,9 +20,12 @@ device's E_local stacked experts and `first_expert`, its first expert's global i
 to other devices' experts are sorted after every local group (outside the ragged groups) and
 contribute exactly zero, so the devices' float32 partials sum to the whole result.
 
-How `ragged_dot` lowers is the platform's: TPU and GPU get XLA's ragged-dot instruction; on CPU
-JAX lowers it to a masked dot over all E groups (correct, E times the FLOPs of the grouped
-product), which the CPU tests of tiny models can afford.
+How `ragged_dot` lowers is the platform's. On TPU, XLA compiles it to libtpu's own Mosaic
+kernels, a metadata kernel that tiles the groups and a grouped matmul over row tiles (the design of
+JAX's megablox gmm; tests/tpu_aot/test_v6e_moe_and_gemma.py), so no Pallas kernel of ours sits
+behind this function there. GPUs get XLA's ragged-dot instruction; on CPU JAX lowers it to a
+masked dot over all E groups (correct, E times the FLOPs of the grouped product), which the CPU
+tests of tiny models can afford.
 """
 
 from __future__ import annotations

@@ -1,8 +1,16 @@
-"""The partition rules: how every param and the KV pages are laid out over the mesh's `model` and
-`expert` axes (parallel/mesh.py).
+"""The device mesh of a sharded engine and the partition rules that lay every param and the KV
+pages out over it. This is the one module that knows the sharding; the model code has none.
 
-This is the one module that knows the sharding; the model code has none. Rules match a param's
-path (joined with "/") and give a PartitionSpec for its array (flax kernels are [in, out]):
+The mesh has one axis, `model`, over tensor_parallel_size devices (with several hosts, all
+devices of all processes, so tensor_parallel_size must equal jax.device_count()). Attention and
+the dense weights are tensor-parallel over it; a mixture of experts' stacked experts are split
+over the same devices either by their intermediate dimension (tensor parallel, the default) or,
+with `expert_parallel` (`--enable-expert-parallel`, vLLM's layout: EP size = TP size), by expert,
+each device holding num_experts / tp whole experts. Attention, the dense weights and the KV pages
+are laid out the same either way.
+
+Rules match a param's path (joined with "/") and give a PartitionSpec for its array (flax
+kernels are [in, out]):
 
   q/k/v_proj kernel [H, heads*D], bias [heads*D]  column-sharded: each device owns whole heads
   o_proj kernel [Q*D, H]                          row-sharded (XLA inserts the all-reduce)
@@ -14,15 +22,18 @@ path (joined with "/") and give a PartitionSpec for its array (flax kernels are 
                                                   over the vocabulary gather them
   norms, q_norm/k_norm scales                     replicated (tiny)
 
-A mixture of experts' MLP (models/moe.py) shards its stacked experts over both axes: whole
-experts over `expert`, each expert's intermediate dimension over `model` (the SwiGLU is
-column- then row-sharded, as in a dense MLP); its router is replicated:
+A mixture of experts' MLP (models/moe.py): the router is replicated, the stacked experts follow
+EXPERT_SPECS for the layout:
 
-  mlp/gate/kernel [H, E]                          replicated
-  mlp/experts/gate_proj, up_proj [E, H, I]        (expert, -, model)
-  mlp/experts/down_proj [E, I, H]                 (expert, model, -)
+                                        tensor parallel        expert parallel
+  mlp/gate/kernel [H, E]                replicated             replicated
+  mlp/experts/gate_proj, up_proj        (-, -, model)          (model, -, -)
+    [E, H, I]
+  mlp/experts/down_proj [E, I, H]       (-, model, -)          (model, -, -)
 
-parallel/sharded_experts.py computes them device by device and sums the partials.
+Either way every device holds every token (attention's output is all-reduced) and runs its
+slice of the experts over them; parallel/sharded_experts.py sums the float32 partials with one
+all-reduce, as vLLM's MoE layer does after its experts without data parallelism.
 
 A quantized projection (models/quantized_dense.py) stores its kernel [out, in], the transpose of
 a float one, beside a float32 `scale` [out], one per output channel; what makes a projection
@@ -38,7 +49,11 @@ Merged projections (qkv_proj, gate_up_proj) have no rule: sharded models keep HF
 projections (models/fused_projections.py says why).
 
 A dimension the rule shards but the mesh size does not divide (an odd vocabulary, say) is
-replicated instead, so every model loads; heads must divide (mesh.check_tensor_parallel).
+replicated instead, so every model loads; query heads must divide (check_tensor_parallel), and so
+must the experts' sharded dimension (check_experts), since their shard_map needs even shards.
+kv heads either divide too, or are fewer than the devices and divide them: then the engine runs
+with_replicated_kv_heads, each kv head repeated over the devices of its query heads (vLLM does the
+same), so every device still holds one whole kv head and its pages.
 With `shard_vocab=False` (models with tp_invariant_reductions) the two vocabulary-sized weights
 are replicated: every device computes the whole logits as the unsharded model does, so the
 vocabulary reductions after them (log-softmax, argmax) run in the unsharded order, without
@@ -51,14 +66,33 @@ outputs are replicated.
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
+import jax
+import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxserve.parallel.mesh import EXPERT_AXIS, MODEL_AXIS
+from jaxserve.models.model_config import ModelConfig
 
+MODEL_AXIS = "model"
 ParamPath = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ExpertSpecs:
+  """The stacked experts' PartitionSpecs under one layout."""
+
+  gate_up: P  # gate_proj, up_proj [E, H, I]
+  down: P  # down_proj [E, I, H]
+  by_expert: bool  # whole experts per device (each device's first expert is its index * E/tp)
+
+
+EXPERT_SPECS = {
+  False: ExpertSpecs(P(None, None, MODEL_AXIS), P(None, MODEL_AXIS, None), by_expert=False),
+  True: ExpertSpecs(P(MODEL_AXIS, None, None), P(MODEL_AXIS, None, None), by_expert=True),
+}  # keyed by expert_parallel
 
 PARAM_RULES: tuple[tuple[str, P], ...] = (
   (r"self_attn/(q|k|v)_proj/kernel$", P(None, MODEL_AXIS)),
@@ -70,9 +104,8 @@ PARAM_RULES: tuple[tuple[str, P], ...] = (
   (r"^lm_head/kernel$", P(None, MODEL_AXIS)),
   (r"(layernorm|norm)/scale$", P()),
   (r"mlp/gate/kernel$", P()),
-  (r"mlp/experts/(gate|up)_proj$", P(EXPERT_AXIS, None, MODEL_AXIS)),
-  (r"mlp/experts/down_proj$", P(EXPERT_AXIS, MODEL_AXIS, None)),
 )
+EXPERT_GATE_UP, EXPERT_DOWN = r"mlp/experts/(gate|up)_proj$", r"mlp/experts/down_proj$"
 # A quantized projection's leaves (the projection holds a `scale`): checked before PARAM_RULES.
 QUANTIZED_RULES: tuple[tuple[str, P], ...] = (
   (r"self_attn/(q|k|v)_proj/kernel$", P(MODEL_AXIS, None)),
@@ -88,38 +121,106 @@ VOCAB_PARAMS = r"^(embed_tokens/embedding|lm_head/kernel)$"
 KV_PAGES_SPEC = P(MODEL_AXIS, None, None, None)  # [num_kv_heads, num_pages, page_size, head_dim]
 
 
+def build_mesh(tensor_parallel_size: int, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A one-axis (MODEL_AXIS) mesh over the first tensor_parallel_size devices."""
+  devices = list(devices if devices is not None else jax.devices())
+  if tensor_parallel_size > len(devices):
+    raise ValueError(
+      f"tensor_parallel_size: {tensor_parallel_size} exceeds the {len(devices)} available devices"
+    )
+  if jax.process_count() > 1 and tensor_parallel_size != len(devices):
+    raise ValueError(
+      f"tensor_parallel_size: must equal the {len(devices)} devices of all "
+      f"{jax.process_count()} processes when serving on several hosts, "
+      f"got {tensor_parallel_size}"
+    )
+  return Mesh(np.array(devices[:tensor_parallel_size]), (MODEL_AXIS,))
+
+
+def kv_head_replicas(model_config: ModelConfig, tensor_parallel_size: int) -> int:
+  """How many devices hold a copy of each kv head: 1 when tensor_parallel_size divides the kv
+  heads, else tensor_parallel_size / num_kv_heads (check_tensor_parallel)."""
+  return max(1, tensor_parallel_size // model_config.num_kv_heads)
+
+
+def with_replicated_kv_heads(model_config: ModelConfig, tensor_parallel_size: int) -> ModelConfig:
+  """The config the sharded engine runs: with fewer kv heads than devices, each kv head repeated
+  kv_head_replicas times (repeated head n is head n // replicas), so every device holds one whole
+  kv head, its query heads' (vLLM's replication); the model computes the same attention. The
+  loader repeats the k/v projections to match (parallel/sharded_loading.py)."""
+  replicas = kv_head_replicas(model_config, tensor_parallel_size)
+  return model_config.replace(num_kv_heads=model_config.num_kv_heads * replicas)
+
+
+def check_tensor_parallel(model_config: ModelConfig, tensor_parallel_size: int) -> None:
+  """Attention shards whole query heads per device, and whole kv heads, or one replicated kv head
+  per device when tensor_parallel_size is a multiple of the kv heads."""
+  tp, kv_heads = tensor_parallel_size, model_config.num_kv_heads
+  if kv_heads % tp != 0 and tp % kv_heads != 0:
+    raise ValueError(
+      f"tensor_parallel_size: {tp} does not divide the model's {kv_heads} kv heads "
+      "nor is a multiple of them"
+    )
+  if model_config.num_q_heads % tp != 0:
+    raise ValueError(
+      f"tensor_parallel_size: {tp} does not divide the model's "
+      f"{model_config.num_q_heads} query heads"
+    )
+
+
+def check_experts(
+  model_config: ModelConfig, tensor_parallel_size: int, expert_parallel: bool
+) -> None:
+  """A mixture of experts' experts split evenly over the devices: whole experts with
+  expert_parallel, else their intermediate dimension; expert_parallel refused for a dense model."""
+  tp = tensor_parallel_size
+  if not model_config.num_experts:
+    if expert_parallel:
+      raise ValueError(f"enable_expert_parallel: {model_config.architecture} has no experts")
+    return
+  if expert_parallel and model_config.num_experts % tp != 0:
+    raise ValueError(
+      f"enable_expert_parallel: {tp} devices do not divide the model's "
+      f"{model_config.num_experts} experts"
+    )
+  if not expert_parallel and model_config.moe_intermediate_size % tp != 0:
+    raise ValueError(
+      f"tensor_parallel_size: {tp} does not divide the experts' intermediate size "
+      f"{model_config.moe_intermediate_size}"
+    )
+
+
 def param_spec(
   path: ParamPath,
   shape: tuple[int, ...],
   mesh_size: int,
   shard_vocab: bool = True,
   quantized: bool = False,
-  expert_size: int | None = None,
+  expert_parallel: bool = False,
 ) -> P:
-  """The PartitionSpec of the param at `path` over a model axis of `mesh_size` devices and an
-  expert axis of `expert_size` (None: the mesh has none, so nothing is split by expert);
-  `quantized`: it belongs to a quantized projection (one holding a `scale`:
-  is_quantized_projection). ValueError if no rule matches it."""
+  """The PartitionSpec of the param at `path` over a model axis of `mesh_size` devices, the
+  experts split by expert when `expert_parallel`; `quantized`: it belongs to a quantized
+  projection (one holding a `scale`: is_quantized_projection). ValueError if no rule matches."""
   name = "/".join(path)
   if not shard_vocab and re.search(VOCAB_PARAMS, name):
     return P()
-  rules = (QUANTIZED_RULES if quantized else ()) + PARAM_RULES
+  experts = EXPERT_SPECS[expert_parallel]
+  rules = (
+    (QUANTIZED_RULES if quantized else ())
+    + PARAM_RULES
+    + ((EXPERT_GATE_UP, experts.gate_up), (EXPERT_DOWN, experts.down))
+  )
   for pattern, spec in rules:
     if re.search(pattern, name):
-      sizes = {MODEL_AXIS: mesh_size, EXPERT_AXIS: expert_size}
-      return _divisible(spec, shape, sizes)
+      return _divisible(spec, shape, mesh_size)
   raise ValueError(f"params: no partition rule matches {name!r} (shape {shape})")
 
 
-def _divisible(spec: P, shape: tuple[int, ...], sizes: Mapping[str, int | None]) -> P:
-  """`spec` with every axis that the mesh lacks or that does not divide its dimension dropped."""
+def _divisible(spec: P, shape: tuple[int, ...], mesh_size: int) -> P:
+  """`spec` with every sharded axis that mesh_size does not divide dropped."""
   if len(spec) > len(shape):
     raise ValueError(f"partition rule {spec} has more axes than the param shape {shape}")
-  axes = [
-    axis if axis is None or (sizes[axis] and shape[i] % sizes[axis] == 0) else None
-    for i, axis in enumerate(spec)
-  ]
-  return P(*axes)
+  return P(*(axis if shape[i] % mesh_size == 0 else None for i, axis in enumerate(spec)))
 
 
 def is_quantized_projection(leaves: Mapping[str, object], name: str) -> bool:
@@ -128,10 +229,12 @@ def is_quantized_projection(leaves: Mapping[str, object], name: str) -> bool:
   return name.endswith("_proj") and "scale" in leaves
 
 
-def param_shardings(abstract_params: dict, mesh: Mesh, shard_vocab: bool = True) -> dict:
+def param_shardings(
+  abstract_params: dict, mesh: Mesh, shard_vocab: bool = True, expert_parallel: bool = False
+) -> dict:
   """A NamedSharding for every leaf of a params tree (arrays or ShapeDtypeStructs); a leaf of a
   quantized projection gets the quantized rules (is_quantized_projection, from its siblings)."""
-  size, expert_size = mesh.shape[MODEL_AXIS], mesh.shape.get(EXPERT_AXIS)
+  size = mesh.shape[MODEL_AXIS]
 
   def walk(tree: Mapping, path: ParamPath) -> dict:
     out = {}
@@ -141,7 +244,7 @@ def param_shardings(abstract_params: dict, mesh: Mesh, shard_vocab: bool = True)
         continue
       quantized = bool(path) and is_quantized_projection(tree, path[-1])
       spec = param_spec(
-        path + (str(key),), tuple(value.shape), size, shard_vocab, quantized, expert_size
+        path + (str(key),), tuple(value.shape), size, shard_vocab, quantized, expert_parallel
       )
       out[key] = NamedSharding(mesh, spec)
     return out if isinstance(tree, dict) else type(tree)(out)

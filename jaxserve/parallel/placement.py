@@ -10,9 +10,10 @@ path even at tp = 1 so every tensor_parallel_size compiles the same step with th
 params are loaded straight into their shards (sharded_loading.py), attention is shard_mapped over
 kv heads (sharded_attention.py), KV pages are sharded by kv head, with tp_invariant_reductions
 the projections go through the sharded grouped GEMMs (sharded_dense.py), and a mixture of
-experts' experts run shard by shard (sharded_experts.py), split by expert over the mesh's expert
-axis with enable_expert_parallel (parallel/mesh.py). Sharded models keep HF's
-separate projections; quantized ones shard their 8-bit kernels and scales (partition_rules.py).
+experts' experts run shard by shard (sharded_experts.py), split by expert over the same devices
+with enable_expert_parallel (attention and KV pages split by head as without it). Sharded models
+keep HF's separate projections; quantized ones shard their 8-bit kernels and scales
+(partition_rules.py, which also builds the one-axis mesh).
 
 batch_invariant (either placement): the attention backend with fixed tiles
 (attention/backends.batch_invariant_attention) and the projections through fixed-tile GEMMs
@@ -47,8 +48,16 @@ from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.moe import ExpertsFn
 from jaxserve.models.registry import LoadedModel, load_model
 from jaxserve.models.weights import param_shapes
-from jaxserve.parallel.mesh import MODEL_AXIS, build_mesh, check_experts, check_tensor_parallel
-from jaxserve.parallel.partition_rules import kv_pages_sharding, logits_sharding, replicated
+from jaxserve.parallel.partition_rules import (
+  MODEL_AXIS,
+  build_mesh,
+  check_experts,
+  check_tensor_parallel,
+  kv_pages_sharding,
+  logits_sharding,
+  replicated,
+  with_replicated_kv_heads,
+)
 from jaxserve.parallel.sharded_attention import shard_attention_backend
 from jaxserve.parallel.sharded_dense import shard_dense_backend
 from jaxserve.parallel.sharded_experts import shard_experts
@@ -161,13 +170,14 @@ def dense_for(config: EngineConfig) -> DenseBackend | None:
 
 
 def _on_mesh(config: EngineConfig) -> Placement:
-  mesh = build_mesh(config.tensor_parallel_size, expert_parallel=config.enable_expert_parallel)
+  mesh = build_mesh(config.tensor_parallel_size)
   loaded = load_model_sharded(
     config.model,
     config.dtype,
     mesh,
     tp_invariant_reductions=config.tp_invariant_reductions,
     quantization=config.quantization,
+    expert_parallel=config.enable_expert_parallel,
   )
   return _mesh_placement(config, loaded, mesh)
 
@@ -183,9 +193,12 @@ def abstract_placement(
   if config.dtype != "auto":
     model_config = model_config.replace(dtype=config.dtype)
   model_config = model_config.replace(tp_invariant_reductions=config.tp_invariant_reductions)
-  check_tensor_parallel(model_config, mesh.shape[MODEL_AXIS])
-  check_experts(model_config, mesh)
-  loaded = LoadedModel(model_config, sharded_param_shapes(model_config, mesh), "abstract")
+  tp, expert_parallel = mesh.shape[MODEL_AXIS], config.enable_expert_parallel
+  check_tensor_parallel(model_config, tp)
+  check_experts(model_config, tp, expert_parallel)
+  model_config = with_replicated_kv_heads(model_config, tp)  # as load_model_sharded loads it
+  params = sharded_param_shapes(model_config, mesh, expert_parallel)
+  loaded = LoadedModel(model_config, params, "abstract")
   return _mesh_placement(config, loaded, mesh, platform)
 
 
@@ -245,5 +258,5 @@ def _mesh_placement(
     mesh,
     kv_pages_sharding(mesh),
     mesh.shape[MODEL_AXIS],
-    shard_experts(mesh) if loaded.config.num_experts else None,
+    shard_experts(mesh, config.enable_expert_parallel) if loaded.config.num_experts else None,
   )

@@ -19,8 +19,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from jaxserve.attention.backends import AttentionBackend
-from jaxserve.parallel.mesh import MODEL_AXIS
-from jaxserve.parallel.partition_rules import KV_PAGES_SPEC
+from jaxserve.parallel.partition_rules import KV_PAGES_SPEC, MODEL_AXIS
 
 HEADS_SPEC = P(None, MODEL_AXIS, None)  # [T, heads, D]
 REPLICATED = P()

@@ -25,7 +25,7 @@ from jaxserve.models.invariant_dense import (
   column_groups,
   row_group_partials,
 )
-from jaxserve.parallel.mesh import MODEL_AXIS
+from jaxserve.parallel.partition_rules import MODEL_AXIS
 
 REPLICATED = P()
 COLUMNS = P(None, MODEL_AXIS)  # [T, N] or [K, N] sharded on the last axis

@@ -30,8 +30,14 @@ from jaxserve.models.quantized_loading import read_stored_quantization
 from jaxserve.models.registry import PARAMS_SUBDIR, LoadedModel, checkpoint_dir, load_model
 from jaxserve.models.weight_transfer import TransferOptions
 from jaxserve.models.weights import ParamPath, load_hf_config, load_hf_weights, param_shapes
-from jaxserve.parallel.mesh import MODEL_AXIS, check_experts, check_tensor_parallel
-from jaxserve.parallel.partition_rules import param_shardings
+from jaxserve.parallel.kv_head_replication import replicate_kv_heads
+from jaxserve.parallel.partition_rules import (
+  MODEL_AXIS,
+  check_experts,
+  check_tensor_parallel,
+  param_shardings,
+  with_replicated_kv_heads,
+)
 from jaxserve.quantization.compressed_tensors import resolve_quantization
 from jaxserve.quantization.scheme import check_quantization, scheme_for
 
@@ -44,17 +50,41 @@ def load_model_sharded(
   tp_invariant_reductions: bool = False,
   quantization: str = "none",
   transfer: TransferOptions = TransferOptions(),
+  expert_parallel: bool = False,
 ) -> LoadedModel:
   """load_model(model, dtype, quantization=...), with every param laid out by the partition
-  rules over `mesh` (`transfer`: how a safetensors checkpoint's tensors are moved,
-  models/weight_transfer.py)."""
+  rules over `mesh`, a mixture of experts' experts by expert when `expert_parallel`
+  (`transfer`: how a safetensors checkpoint's tensors are moved, models/weight_transfer.py).
+  With fewer kv heads than devices the result is the model with_replicated_kv_heads runs
+  (kv_head_replication.py)."""
+  loaded = _load(
+    model, dtype, mesh, tp_invariant_reductions, quantization, transfer, expert_parallel
+  )
+  expanded = with_replicated_kv_heads(loaded.config, mesh.shape[MODEL_AXIS])
+  if expanded == loaded.config:
+    return loaded
+  targets = sharded_param_shapes(expanded, mesh, expert_parallel)
+  return replicate_kv_heads(loaded, mesh, targets)
+
+
+def _load(
+  model: str,
+  dtype: str,
+  mesh: Mesh,
+  tp_invariant_reductions: bool,
+  quantization: str,
+  transfer: TransferOptions,
+  expert_parallel: bool,
+) -> LoadedModel:
+  """load_model_sharded's load, for the checkpoint's own config."""
   check_quantization(quantization)
+  tp = mesh.shape[MODEL_AXIS]
   if is_builtin(model):
     loaded = load_model(model, dtype, quantization=quantization)
     config = loaded.config.replace(tp_invariant_reductions=tp_invariant_reductions)
-    check_tensor_parallel(config, mesh.shape[MODEL_AXIS])
-    check_experts(config, mesh)
-    shardings = param_shardings(loaded.params, mesh, not tp_invariant_reductions)
+    check_tensor_parallel(config, tp)
+    check_experts(config, tp, expert_parallel)
+    shardings = param_shardings(loaded.params, mesh, not tp_invariant_reductions, expert_parallel)
     params = jax.tree.map(
       lambda x, s: _shard_host_array(np.asarray(x), s), loaded.params, shardings
     )
@@ -62,15 +92,16 @@ def load_model_sharded(
   path = checkpoint_dir(model)
   config = load_hf_config(path, dtype)
   config = config.replace(tp_invariant_reductions=tp_invariant_reductions)
-  check_tensor_parallel(config, mesh.shape[MODEL_AXIS])
-  check_experts(config, mesh)
+  check_tensor_parallel(config, tp)
+  check_experts(config, tp, expert_parallel)
   quantization = resolve_quantization(quantization, read_stored_quantization(path))
   orbax_dir = path / PARAMS_SUBDIR
   if orbax_dir.is_dir():
-    params = restore_params(orbax_dir, sharded_param_shapes(config, mesh))
-    return _quantized(LoadedModel(config, params, f"orbax:{orbax_dir}"), quantization, mesh)
+    params = restore_params(orbax_dir, sharded_param_shapes(config, mesh, expert_parallel))
+    loaded = LoadedModel(config, params, f"orbax:{orbax_dir}")
+    return _quantized(loaded, quantization, mesh, expert_parallel)
   config = config.replace(quantization=quantization)
-  shardings = _by_path(sharded_param_shapes(config, mesh))
+  shardings = _by_path(sharded_param_shapes(config, mesh, expert_parallel))
 
   def sharding(param_path: ParamPath, shape: tuple[int, ...]) -> jax.sharding.Sharding:
     return shardings[param_path].sharding
@@ -79,7 +110,9 @@ def load_model_sharded(
   return LoadedModel(config, params, f"safetensors:{path}", stats.packed)
 
 
-def _quantized(loaded: LoadedModel, quantization: str, mesh: Mesh) -> LoadedModel:
+def _quantized(
+  loaded: LoadedModel, quantization: str, mesh: Mesh, expert_parallel: bool
+) -> LoadedModel:
   """A float model quantized after loading (a float Orbax checkpoint), each leaf then moved to
   its quantized sharding; a model already in that scheme as it is."""
   scheme = scheme_for(quantization)
@@ -87,18 +120,18 @@ def _quantized(loaded: LoadedModel, quantization: str, mesh: Mesh) -> LoadedMode
     return loaded
   config = loaded.config.replace(quantization=quantization)
   params = quantize_params(dict(loaded.params), scheme)
-  targets = sharded_param_shapes(config, mesh)
+  targets = sharded_param_shapes(config, mesh, expert_parallel)
   params = jax.tree.map(lambda x, target: jax.device_put(x, target.sharding), params, targets)
   return LoadedModel(config, params, loaded.source)
 
 
-def sharded_param_shapes(config: ModelConfig, mesh: Mesh) -> dict:
+def sharded_param_shapes(config: ModelConfig, mesh: Mesh, expert_parallel: bool = False) -> dict:
   """The params of `config` as jax.ShapeDtypeStructs carrying the shardings the loader gives them
   (vocabulary-sized weights replicated under tp_invariant_reductions; a quantized config's 8-bit
-  kernels and float32 scales by the quantized rules): the abstract tree an Orbax restore fills,
-  and the weights of an ahead-of-time compilation."""
+  kernels and float32 scales by the quantized rules; experts by expert when `expert_parallel`):
+  the abstract tree an Orbax restore fills, and the weights of an ahead-of-time compilation."""
   shapes = param_shapes(config)
-  shardings = param_shardings(shapes, mesh, not config.tp_invariant_reductions)
+  shardings = param_shardings(shapes, mesh, not config.tp_invariant_reductions, expert_parallel)
   return jax.tree.map(
     lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings
   )

@@ -58,7 +58,7 @@ from jaxserve.device.step_programs import StepPrograms, build_step_programs
 from jaxserve.device.warmup import warmup_plan
 from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.models.model_config import ModelConfig
-from jaxserve.parallel.mesh import build_mesh
+from jaxserve.parallel.partition_rules import build_mesh
 from jaxserve.parallel.placement import (
   Placement,
   abstract_one_device_placement,

@@ -23,7 +23,7 @@ from jaxserve.attention.backends import (
 )
 from jaxserve.attention.capabilities import BackendCapabilities, BackendKind
 from jaxserve.config import EngineConfig
-from jaxserve.parallel.mesh import MODEL_AXIS
+from jaxserve.parallel.partition_rules import MODEL_AXIS
 from jaxserve.parallel.placement import attention_for
 from jaxserve.parallel.sharded_attention import shard_attention_backend
 

@@ -10,9 +10,10 @@ import pytest
 import torch
 import transformers
 
-from jaxserve.bench.random_checkpoint import build_random_checkpoint, random_llama_config
+from jaxserve.bench.random_checkpoint import build_random_checkpoint
 from jaxserve.cli import main as jaxserve_main
 from jaxserve.models.model_config import ModelConfig, RopeScaling
+from jaxserve.models.named_shapes import named_model_config
 from jaxserve.models.registry import load_model
 from jaxserve.models.weights import hf_tensor_specs, load_hf_config
 from jaxserve.tools.export_hf import export_tiny_random_hf
@@ -74,7 +75,7 @@ def test_exported_tiny_random_loads_back_identically(tmp_path):
 
 def test_random_llama_shapes_have_the_published_parameter_counts():
   for name, expected in (("llama-3.2-1b", 1_235_814_400), ("llama-3.1-8b", 8_030_261_248)):
-    config = random_llama_config(name)
+    config = named_model_config(name)
     assert sum(int(np.prod(s.hf_shape)) for s in hf_tensor_specs(config)) == expected, name
     assert config.dtype == "bfloat16" and config.rope_scaling.rope_type == "llama3"
 

@@ -10,10 +10,11 @@ import time
 
 import pytest
 
-from jaxserve.bench.random_checkpoint import build_random_checkpoint, random_llama_config
+from jaxserve.bench.random_checkpoint import build_random_checkpoint
 from jaxserve.bench.vocab_tokenizer import build_vocab_tokenizer
 from jaxserve.cli import main as jaxserve_main
 from jaxserve.models.model_config import ModelConfig
+from jaxserve.models.named_shapes import named_model_config
 from jaxserve.tokenizer.tokenizer import load_tokenizer
 from tests.integration.engine_helpers import small_config
 from tests.server.server_helpers import core_backend, start_core, start_server
@@ -22,7 +23,7 @@ LLAMA3_VOCAB = 128256
 
 
 def test_full_llama3_vocabulary_builds_fast_and_every_id_is_a_visible_word():
-  config = random_llama_config("llama-3.1-8b")
+  config = named_model_config("llama-3.1-8b")
   start = time.perf_counter()
   backend = build_vocab_tokenizer(config.vocab_size, config.bos_token_id, config.eos_token_ids)
   assert time.perf_counter() - start < 5.0

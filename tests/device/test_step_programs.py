@@ -23,8 +23,8 @@ from jaxserve.messages.scheduled_batch import ScheduledBatch
 from jaxserve.models.llama import LlamaForCausalLM
 from jaxserve.models.tiny_random import tiny_random_config, tiny_random_params
 from jaxserve.models.weights import param_shapes
-from jaxserve.parallel.mesh import build_mesh
 from jaxserve.parallel.partition_rules import (
+  build_mesh,
   kv_pages_sharding,
   logits_sharding,
   param_shardings,

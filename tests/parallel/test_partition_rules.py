@@ -14,8 +14,15 @@ from jaxserve.device.lowering import dummy_inputs
 from jaxserve.messages.buckets import Bucket
 from jaxserve.models.tiny_random import tiny_random_config
 from jaxserve.models.weights import hf_tensor_specs, param_shapes
-from jaxserve.parallel.mesh import check_tensor_parallel
-from jaxserve.parallel.partition_rules import param_shardings, param_spec
+from jaxserve.parallel.kv_head_replication import repeat_heads
+from jaxserve.parallel.partition_rules import (
+  check_experts,
+  check_tensor_parallel,
+  kv_head_replicas,
+  param_shardings,
+  param_spec,
+  with_replicated_kv_heads,
+)
 from jaxserve.parallel.step_codec import StepEncoder, decode_step_inputs
 from tests.integration.engine_helpers import small_config
 
@@ -37,17 +44,35 @@ def test_rules_by_name():
   assert param_spec(("lm_head", "kernel"), (8, 512), 4) == P(None, "model")
 
 
-def test_expert_rules_split_experts_and_their_intermediate_dimension():
+def test_expert_rules_split_the_intermediate_dimension_or_whole_experts():
+  """Tensor parallel (the default) splits each expert's intermediate dimension; expert parallel
+  splits the expert dimension E over the same axis; the router is replicated either way."""
   gate, down, router = (
     ("layers_0", "mlp", "experts", "gate_proj"),
     ("layers_0", "mlp", "experts", "down_proj"),
     ("layers_0", "mlp", "gate", "kernel"),
   )
-  assert param_spec(gate, (8, 16, 32), 2, expert_size=4) == P("expert", None, "model")
-  assert param_spec(down, (8, 32, 16), 2, expert_size=4) == P("expert", "model", None)
-  assert param_spec(router, (16, 8), 2, expert_size=4) == P()
-  assert param_spec(gate, (8, 16, 32), 2) == P(None, None, "model")  # a mesh without the axis
-  assert param_spec(gate, (6, 16, 32), 2, expert_size=4) == P(None, None, "model")
+  assert param_spec(gate, (8, 16, 32), 2) == P(None, None, "model")
+  assert param_spec(down, (8, 32, 16), 2) == P(None, "model", None)
+  assert param_spec(gate, (8, 16, 32), 4, expert_parallel=True) == P("model", None, None)
+  assert param_spec(down, (8, 32, 16), 4, expert_parallel=True) == P("model", None, None)
+  assert param_spec(router, (16, 8), 4, expert_parallel=True) == P()
+  q_proj = ("layers_0", "self_attn", "q_proj", "kernel")
+  assert param_spec(q_proj, (16, 32), 4, expert_parallel=True) == P(None, "model")
+
+
+def test_expert_layouts_must_divide_what_they_split():
+  config = tiny_random_config().replace(
+    architecture="qwen3_moe", num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32
+  )
+  check_experts(config, 2, expert_parallel=True)
+  check_experts(config, 4, expert_parallel=False)
+  with pytest.raises(ValueError, match="enable_expert_parallel: 4 devices do not divide .* 6"):
+    check_experts(config, 4, expert_parallel=True)
+  with pytest.raises(ValueError, match="tensor_parallel_size: 3 does not divide .* size 32"):
+    check_experts(config, 3, expert_parallel=False)
+  with pytest.raises(ValueError, match="enable_expert_parallel: llama has no experts"):
+    check_experts(tiny_random_config(), 2, expert_parallel=True)
 
 
 def _one_device_mesh() -> jax.sharding.Mesh:
@@ -125,8 +150,24 @@ def test_unknown_param_and_indivisible_heads_are_refused():
     param_spec(("layers_0", "mystery", "kernel"), (4, 4), 2)
   config = tiny_random_config()  # 4 q heads, 2 kv heads
   check_tensor_parallel(config, 2)
-  with pytest.raises(ValueError, match="tensor_parallel_size: 4 does not divide the model's 2 kv"):
-    check_tensor_parallel(config, 4)
+  check_tensor_parallel(config, 4)  # each kv head on two devices
+  with pytest.raises(ValueError, match="tensor_parallel_size: 3 does not divide the model's 2 kv"):
+    check_tensor_parallel(config, 3)
+  with pytest.raises(ValueError, match="tensor_parallel_size: 8 does not divide .* 4 query"):
+    check_tensor_parallel(config, 8)
+
+
+def test_fewer_kv_heads_than_devices_are_repeated_head_by_head():
+  config = tiny_random_config()  # 4 q heads, 2 kv heads
+  assert kv_head_replicas(config, 2) == 1 and with_replicated_kv_heads(config, 2) == config
+  assert kv_head_replicas(config, 4) == 2
+  assert with_replicated_kv_heads(config, 4) == config.replace(num_kv_heads=4)
+  # two heads of D = 2 on the columns of a [1, 4] kernel: a b | c d -> a b | a b | c d | c d
+  kernel = np.array([[1.0, 2.0, 3.0, 4.0]])
+  repeated = repeat_heads(jax.numpy.asarray(kernel), axis=1, num_heads=2, replicas=2)
+  np.testing.assert_array_equal(repeated, [[1.0, 2.0, 1.0, 2.0, 3.0, 4.0, 3.0, 4.0]])
+  rows = repeat_heads(jax.numpy.asarray(kernel.T), axis=0, num_heads=2, replicas=2)
+  np.testing.assert_array_equal(rows[:, 0], [1.0, 2.0, 1.0, 2.0, 3.0, 4.0, 3.0, 4.0])
 
 
 def test_step_inputs_round_trip_through_the_codec():

@@ -128,9 +128,28 @@ def test_named_shapes_have_the_published_parameter_counts():
     ("llama-3.2-1b", 1_235_814_400),
     ("llama-3.1-8b", 8_030_261_248),
     ("llama-3.1-70b", 70_553_706_496),
+    ("qwen3-30b-a3b", 30_532_122_624),  # published: 30.5B
+    ("gemma-3-12b", 11_766_034_176),  # the language model of the published 12B
+    ("gemma-3-27b", 27_009_346_304),  # the language model of the published 27B
   ):
     config = named_model_config(name)
     assert sum(math.prod(s.hf_shape) for s in hf_tensor_specs(config)) == expected, name
+
+
+def test_moe_and_gemma_shape_counts_by_hand():
+  """The counts above, summed by hand from the published config values."""
+  vocab, hidden, layers = 151936, 2048, 48  # Qwen3-30B-A3B
+  attention = hidden * 32 * 128 * 2 + hidden * 4 * 128 * 2 + 2 * 128  # q, o, k, v, q/k norms
+  experts = 128 * 3 * hidden * 768 + hidden * 128  # SwiGLU experts and the router
+  layer = attention + experts + 2 * hidden  # two norms
+  assert layers * layer + 2 * vocab * hidden + hidden == 30_532_122_624
+  for layers, hidden, heads, kv_heads, head_dim, inter, expected in (
+    (48, 3840, 16, 8, 256, 15360, 11_766_034_176),
+    (62, 5376, 32, 16, 128, 21504, 27_009_346_304),
+  ):
+    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + 2 * head_dim
+    layer = attention + 3 * hidden * inter + 4 * hidden  # four Gemma norms
+    assert layers * layer + 262208 * hidden + hidden == expected  # tied embeddings
 
 
 def test_compile_tpu_is_a_subcommand_with_defaults_in_its_help():

@@ -1,14 +1,16 @@
-"""Mixtures of experts on a mesh: expert parallelism (whole experts per device along the mesh's
-expert axis) and tensor parallelism (each expert's intermediate dimension split) give the
-unsharded engine's greedy tokens, and the stacked experts are laid out by their rules."""
+"""Mixtures of experts on a mesh: expert parallelism (whole experts per device, attention and KV
+pages still split by head over the same devices) and tensor parallelism (each expert's
+intermediate dimension split) give the unsharded engine's greedy tokens, and the stacked experts
+are laid out by their rules."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
 
 from jaxserve.assembly import build_engine
+from jaxserve.models.weights import load_hf_config, load_hf_params
 from tests.integration.engine_helpers import generate_and_score, small_config
 from tests.models.hf_checkpoints import TOKENIZER_VOCAB_SIZE
 from tests.parallel.mesh.conftest import tp_engine
@@ -22,13 +24,15 @@ def _prompts(seed: int) -> list[list[int]]:
   return [rng.integers(4, TOKENIZER_VOCAB_SIZE, size=n).tolist() for n in PROMPT_LENGTHS]
 
 
-# layout -> (tensor_parallel_size, enable_expert_parallel); the checkpoint has 2 kv heads: tp <= 2
-LAYOUTS = {"ep2": (2, True), "tp2": (2, False)}
+# layout -> (tensor_parallel_size, enable_expert_parallel); the checkpoint has 2 kv heads, so at
+# 4 devices each is repeated on two (partition_rules.with_replicated_kv_heads)
+LAYOUTS = {"ep2": (2, True), "tp2": (2, False), "ep4": (4, True)}
 
 
 def test_expert_and_tensor_parallel_tokens_equal_one_devices(hf_checkpoint, engine_for):
-  """Mixtral's 8 experts, 4 per device at ep2; each expert's intermediate dimension halved at
-  tp2 (the layout of any MoE at tensor_parallel_size > 1 without the flag)."""
+  """Mixtral's 8 experts, 4 per device at ep2 and 2 at ep4 (with replicated kv heads); each
+  expert's intermediate dimension halved at tp2 (the layout of any MoE at tensor_parallel_size
+  > 1 without the flag)."""
   checkpoint = hf_checkpoint("mixtral")
   prompts = _prompts(seed=3)
   tokens, logprobs = generate_and_score(engine_for(checkpoint, 1), prompts, NUM_NEW_TOKENS)
@@ -40,21 +44,47 @@ def test_expert_and_tensor_parallel_tokens_equal_one_devices(hf_checkpoint, engi
       np.testing.assert_allclose(ours, reference, atol=1e-4, rtol=0, err_msg=name)
 
 
-def test_experts_are_split_whole_over_the_expert_axis(hf_checkpoint):
+def test_expert_parallel_splits_experts_on_e_and_attention_on_heads(hf_checkpoint):
+  """Mixtral's checkpoint: 8 experts, 4 q heads and 2 kv heads of 64."""
   engine = tp_engine(hf_checkpoint("mixtral"), 2, enable_expert_parallel=True)
-  mlp = engine.runner.params["layers_0"]["mlp"]
+  layer = engine.runner.params["layers_0"]
   for name in ("gate_proj", "up_proj", "down_proj"):
-    leaf = mlp["experts"][name]
-    assert leaf.sharding.spec[0] == "expert", name
+    leaf = layer["mlp"]["experts"][name]
     halves = {(s.index[0].start, s.data.shape) for s in leaf.addressable_shards}
     assert halves == {(0, (4,) + leaf.shape[1:]), (4, (4,) + leaf.shape[1:])}, name
-  assert mlp["gate"]["kernel"].sharding.spec == P()
-  q_proj = engine.runner.params["layers_0"]["self_attn"]["q_proj"]["kernel"]
-  assert q_proj.sharding.is_fully_replicated  # attention is replicated along the expert axis
+  assert layer["mlp"]["gate"]["kernel"].sharding.is_fully_replicated
+  hidden = layer["self_attn"]["q_proj"]["kernel"].shape[0]
+  for name, heads in (("q_proj", 4), ("k_proj", 2), ("v_proj", 2)):
+    shards = layer["self_attn"][name]["kernel"].addressable_shards
+    assert {s.data.shape for s in shards} == {(hidden, heads // 2 * 64)}, name
+  o_shards = layer["self_attn"]["o_proj"]["kernel"].addressable_shards
+  assert {s.data.shape for s in o_shards} == {(2 * 64, hidden)}
+  for pages in jax.tree_util.tree_leaves(engine.runner.kv_pages):
+    assert {s.data.shape[0] for s in pages.addressable_shards} == {1}  # one kv head per device
+
+
+def test_four_devices_hold_one_repeated_kv_head_each(hf_checkpoint):
+  """2 kv heads over 4 devices: the engine runs 4 kv heads, head n the checkpoint's head n // 2,
+  so device d's k_proj columns are the checkpoint's kv head d // 2."""
+  checkpoint = hf_checkpoint("mixtral")
+  engine = tp_engine(checkpoint, 4, enable_expert_parallel=True)
+  assert engine.runner.model.config.num_kv_heads == 4
+  original = load_hf_params(checkpoint, load_hf_config(checkpoint))
+  for name in ("k_proj", "v_proj"):
+    whole = np.asarray(original["layers_1"]["self_attn"][name]["kernel"])  # [H, 2*64]
+    leaf = engine.runner.params["layers_1"]["self_attn"][name]["kernel"]
+    for shard in leaf.addressable_shards:
+      device = shard.index[1].start // 64
+      head = device // 2
+      np.testing.assert_array_equal(np.asarray(shard.data), whole[:, head * 64 : (head + 1) * 64])
+  for pages in jax.tree_util.tree_leaves(engine.runner.kv_pages):
+    assert pages.shape[0] == 4 and {s.data.shape[0] for s in pages.addressable_shards} == {1}
 
 
 def test_expert_parallel_refusals(hf_checkpoint):
-  with pytest.raises(ValueError, match="enable_expert_parallel: 3 devices do not divide .* 8"):
+  # attention stays tensor-parallel under expert parallelism: its heads must divide first
+  # (the experts' own divisibility: tests/parallel/test_partition_rules.py)
+  with pytest.raises(ValueError, match="tensor_parallel_size: 3 does not divide .* 2 kv heads"):
     build_engine(
       small_config(
         str(hf_checkpoint("mixtral")), tensor_parallel_size=3, enable_expert_parallel=True

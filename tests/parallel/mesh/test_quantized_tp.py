@@ -21,7 +21,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from jaxserve.models.registry import convert_checkpoint, load_model
-from jaxserve.parallel.mesh import build_mesh
+from jaxserve.parallel.partition_rules import build_mesh
 from jaxserve.parallel.sharded_loading import load_model_sharded
 from tests.integration.engine_helpers import generate_and_score
 from tests.models.compressed_checkpoints import write_compressed_tensors

@@ -10,8 +10,7 @@ import pytest
 
 from jaxserve.models.weight_transfer import TransferOptions
 from jaxserve.models.weights import load_hf_config, load_hf_params
-from jaxserve.parallel.mesh import build_mesh
-from jaxserve.parallel.partition_rules import param_spec
+from jaxserve.parallel.partition_rules import build_mesh, param_spec
 from jaxserve.parallel.sharded_loading import load_model_sharded
 
 

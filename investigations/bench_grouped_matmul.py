@@ -1,0 +1,206 @@
+"""The experts of one mixture-of-experts layer at decode batch sizes: models/grouped_matmul.py
+(jax.lax.ragged_dot over the assignments sorted by expert) against two dense references, with
+the bytes of expert weights each reads per second.
+
+Per batch of T tokens, each routed to `top_k` distinct random experts (a fresh routing per
+layer), the rows time, per layer:
+
+  ragged_dot        one grouped matmul, the gate projection [E, H, I], on rows already sorted
+                    (the kernel alone)
+  expert_ffn        the whole routed SwiGLU FFN as the model runs it (sort, gather, three grouped
+                    matmuls, inverse permutation, weighted sum)
+  dense_all         every token through every expert (einsum over [E, H, I]), then the routing
+                    weights: reads each expert once, E / top_k times the FLOPs
+  per_token_gather  each assignment's expert weights gathered ([T, K, H, I]) and applied token by
+                    token: what a loop over the tokens' experts would read (skipped above
+                    --gather-limit-gib of gathered weights)
+
+Each timed program runs its layer on LAYERS distinct weight copies back to back (so weights come
+from HBM, not L2) and INNER programs are dispatched before one sync. "GB/s" is the weight bytes of
+the experts the batch touches (every distinct routed expert: three [H, I] matrices, one for
+ragged_dot) per second, beside the device's copy bandwidth (read + write of a large array).
+expert_ffn's output is checked against dense_all's. Prints a table; --out writes JSON; --smoke
+runs tiny shapes (CPU).
+
+    python -m investigations.bench_grouped_matmul --batches 1,64,256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from investigations.kernel_timing import copy_bandwidth
+from jaxserve.bench.timing import seconds_per_call
+from jaxserve.models.grouped_matmul import expert_ffn, grouped_matmul, sort_by_expert
+
+
+@dataclass(frozen=True)
+class Shape:
+  """One layer's experts (Qwen3-30B-A3B's by default)."""
+
+  num_experts: int = 128
+  hidden: int = 2048
+  inter: int = 768
+  top_k: int = 8
+
+  @property
+  def expert_bytes(self) -> int:
+    """One expert's three bfloat16 matrices."""
+    return 3 * self.hidden * self.inter * 2
+
+
+SMOKE = Shape(num_experts=8, hidden=64, inter=32, top_k=2)
+
+
+def _routing(rng: np.random.Generator, shape: Shape, layers: int, tokens: int):
+  """(expert_ids int32[L, T, K] distinct per token, weights float32[L, T, K] summing to one)."""
+  scores = rng.random((layers, tokens, shape.num_experts))
+  ids = np.argsort(scores, axis=-1)[..., : shape.top_k].astype(np.int32)
+  weights = rng.random((layers, tokens, shape.top_k)).astype(np.float32)
+  return jnp.asarray(ids), jnp.asarray(weights / weights.sum(-1, keepdims=True))
+
+
+def _experts(rng: np.random.Generator, shape: Shape, layers: int) -> list[tuple[jax.Array, ...]]:
+  e, h, i = shape.num_experts, shape.hidden, shape.inter
+
+  def draw(*dims: int) -> jax.Array:
+    return jnp.asarray(rng.standard_normal(dims, dtype=np.float32) * 0.02, jnp.bfloat16)
+
+  return [(draw(e, h, i), draw(e, h, i), draw(e, i, h)) for _ in range(layers)]
+
+
+def dense_all(x, ids, weights, gate, up, down) -> jax.Array:
+  """Every token through every expert [T, E, ...], weighted by its routing (zero elsewhere)."""
+  hidden = jax.nn.silu(jnp.einsum("th,ehi->tei", x, gate)) * jnp.einsum("th,ehi->tei", x, up)
+  out = jnp.einsum("tei,eih->teh", hidden, down).astype(jnp.float32)  # [T, E, H]
+  dense_weights = jnp.zeros(out.shape[:2], jnp.float32)
+  dense_weights = jax.vmap(lambda d, i, w: d.at[i].set(w))(dense_weights, ids, weights)  # [T, E]
+  return jnp.einsum("teh,te->th", out, dense_weights)
+
+
+def per_token_gather(x, ids, weights, gate, up, down) -> jax.Array:
+  """Each assignment's expert weights gathered [T, K, H, I] and applied to its token."""
+  hidden = jax.nn.silu(jnp.einsum("th,tkhi->tki", x, gate[ids])) * jnp.einsum(
+    "th,tkhi->tki", x, up[ids]
+  )  # [T, K, I]
+  out = jnp.einsum("tki,tkih->tkh", hidden, down[ids]).astype(jnp.float32)  # [T, K, H]
+  return jnp.einsum("tkh,tk->th", out, weights)
+
+
+def _ffn_program(fn):
+  def run(x, ids, weights, experts):
+    return [fn(x, ids[layer], weights[layer], *w) for layer, w in enumerate(experts)]
+
+  return jax.jit(run)
+
+
+def _sorted_rows(shape: Shape, x: jax.Array, ids: jax.Array) -> tuple[list, list]:
+  """Per layer, the assignments' rows sorted by expert [T*K, H] and the group sizes [E]."""
+  rows, sizes = [], []
+  for layer_ids in ids:
+    order, _, group_sizes = sort_by_expert(layer_ids, shape.num_experts)
+    rows.append(x[order // shape.top_k])
+    sizes.append(group_sizes)
+  return rows, sizes
+
+
+def _ragged_program():
+  def run(rows, sizes, experts):
+    return [grouped_matmul(r, gate, n) for r, n, (gate, _, _) in zip(rows, sizes, experts)]
+
+  return jax.jit(run)
+
+
+def _time_us(program, *args, layers: int, inner: int, reps: int) -> float:
+  return 1e6 * seconds_per_call(program, *args, inner=inner, reps=reps) / layers
+
+
+def bench_batch(shape: Shape, tokens: int, args: argparse.Namespace, copy_gbps: float) -> dict:
+  rng = np.random.default_rng(tokens)
+  experts = _experts(rng, shape, args.layers)
+  ids, weights = _routing(rng, shape, args.layers, tokens)
+  x = jnp.asarray(rng.standard_normal((tokens, shape.hidden), dtype=np.float32), jnp.bfloat16)
+  touched = float(np.mean([len(np.unique(np.asarray(layer))) for layer in ids]))
+  timing = dict(layers=args.layers, inner=args.inner, reps=args.reps)
+  row: dict = {"tokens": tokens, "experts_touched": touched}
+
+  def add(name: str, us: float, weight_bytes: float) -> None:
+    row[name] = {"us": us, "gb_per_s": weight_bytes / us / 1e3}
+
+  rows, sizes = _sorted_rows(shape, x, ids)  # the kernel alone: its rows sorted beforehand
+  add(
+    "ragged_dot",
+    _time_us(_ragged_program(), rows, sizes, experts, **timing),
+    touched * shape.expert_bytes / 3,
+  )
+  add(
+    "expert_ffn",
+    _time_us(_ffn_program(expert_ffn), x, ids, weights, experts, **timing),
+    touched * shape.expert_bytes,
+  )
+  add(
+    "dense_all",
+    _time_us(_ffn_program(dense_all), x, ids, weights, experts, **timing),
+    shape.num_experts * shape.expert_bytes,
+  )
+  gathered = tokens * shape.top_k * shape.expert_bytes
+  if gathered <= args.gather_limit_gib * 2**30:
+    add(
+      "per_token_gather",
+      _time_us(_ffn_program(per_token_gather), x, ids, weights, experts, **timing),
+      gathered,
+    )
+  ours = np.asarray(jax.jit(expert_ffn)(x, ids[0], weights[0], *experts[0]))
+  want = np.asarray(jax.jit(dense_all)(x, ids[0], weights[0], *experts[0]))
+  row["max_abs_error_vs_dense"] = float(np.max(np.abs(ours - want)))
+  row["copy_gb_per_s"] = copy_gbps
+  return row
+
+
+def _table(rows: list[dict]) -> str:
+  kinds = ("ragged_dot", "expert_ffn", "dense_all", "per_token_gather")
+  header = f"{'batch':>6}{'experts':>9}" + "".join(f"{k + ' us / GB/s':>28}" for k in kinds)
+  lines = [header]
+  for row in rows:
+    cells = "".join(
+      f"{row[k]['us']:>16.1f} / {row[k]['gb_per_s']:>8.0f}" if k in row else f"{'-':>28}"
+      for k in kinds
+    )
+    lines.append(f"{row['tokens']:>6}{row['experts_touched']:>9.1f}{cells}")
+  return "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--batches", default="1,64,256", help="decode batch sizes (tokens)")
+  parser.add_argument("--layers", type=int, default=8, help="distinct weight copies per program")
+  parser.add_argument("--inner", type=int, default=10, help="programs per sync")
+  parser.add_argument("--reps", type=int, default=5)
+  parser.add_argument("--gather-limit-gib", type=float, default=16.0)
+  parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU)")
+  parser.add_argument("--out", help="write the rows as JSON to this file")
+  return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  shape = SMOKE if args.smoke else Shape()
+  copy_bytes = 2**20 if args.smoke else 4 * 2**30
+  copy_gbps = copy_bandwidth(copy_bytes, inner=args.inner, reps=args.reps) / 1e9
+  rows = [bench_batch(shape, int(t), args, copy_gbps) for t in args.batches.split(",")]
+  print(f"{jax.devices()[0].device_kind}: copy bandwidth {copy_gbps:.0f} GB/s, {asdict(shape)}")
+  print(_table(rows))
+  if args.out:
+    with open(args.out, "w") as f:
+      json.dump({"device": jax.devices()[0].device_kind, "shape": asdict(shape), "rows": rows}, f)
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

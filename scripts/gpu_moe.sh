@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Mixtures of experts and Gemma 3 on one GPU (issues 27 and 28), steps chosen by STEPS:
+#   ckmoe    the Qwen3-30B-A3B-shaped random bf16 checkpoint in $MOE (61 GB; skipped if present)
+#   tpot     single stream on it: 1 prompt of 1024 in / 256 out (bench_offline), beside the read
+#            time of the weights one decode token reads (bench/active_weights.py) at the card's
+#            measured copy bandwidth
+#   off      offline, $N x 256/256 (bench_offline)
+#   gmm      the experts' grouped matmul at decode batch 1, 64, 256: jax.lax.ragged_dot, the
+#            whole routed FFN, and the dense references (investigations/bench_grouped_matmul.py)
+#   serve    the multi-process HTTP server (jaxserve serve, --warmup full) under
+#            `jaxserve bench serve`'s load generator (jaxserve/bench/serve_vs_offline.py): the
+#            $SVO_N x 256/256 burst, rates 16 and inf at 1024/128 (range ratio 0.5), one stream;
+#            TTFT / TPOT / ITL p50 and p99
+#   ep2      2 GPUs: tensor parallel 2 against expert parallel 2 (--enable-expert-parallel),
+#            offline 256 x 256/256, step time
+#   ckgemma  the Gemma-3-12B-shaped random bf16 checkpoint in $GEMMA, and ${GEMMA}_nowin: the
+#            same weights with every sliding window as long as the model's context (windows off)
+#   gemma    offline $N x 1024/128 and $N8K x 8192/256, windows on and off, with the KV pool's
+#            token capacity
+#   table    the short table of every result in $OUT (scripts/gpu_moe_table.py); always run last
+# The MoE's KV pool is given in bytes (MOE_KV_GIB, default 8): with the streaming loader's slack
+# (a quarter of the weights, device/device_memory.py) a 61 GB checkpoint leaves no pool at a
+# memory_fraction the card can hold. The wheels jaxserve needs beyond the device image are carried
+# in .whl/. CPU check on tiny shapes: tests/scripts/test_gpu_moe_script.py.
+set -uo pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"; LOGS=${LOGS:-/tmp/logs}; mkdir -p "$LOGS"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+MOE=${MOE:-/tmp/qwen3moe}; GEMMA=${GEMMA:-/tmp/gemma12b}; CONFIG=${CONFIG:-configs/h100.yaml}
+N=${N:-1000}; N8K=${N8K:-64}; SVO_N=${SVO_N:-1000}; LONG_IN=${LONG_IN:-8192}; LONG_OUT=${LONG_OUT:-256}
+MOE_SET=(--set cache.memory_fraction=0.95 --set "cache.memory_bytes=$(( ${MOE_KV_GIB:-8} << 30 ))")
+GEMMA_SET=(--set attention_backend=${GEMMA_ATTN:-pallas_gpu})
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/summary.txt"
+python3 -c "import jax; print('jax', jax.__version__, jax.devices()[0].device_kind)" | tee -a "$OUT/summary.txt"
+step() { local name=$1; shift; local t0=$SECONDS
+  "$@" > "$LOGS/$name.log" 2>&1; local rc=$?
+  echo "=== $name rc=$rc ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"
+  [ $rc = 0 ] || grep -v "it/s\]\|s/it\]" "$LOGS/$name.log" | tail -n "${TAIL:-20}"; }
+offline() { local name=$1 model=$2; shift 2
+  step "$name" python3 -m jaxserve.bench.bench_offline --model "$model" --config "$CONFIG" \
+    --no-stream --log-level WARNING --out "$OUT/$name.json" "$@"; }
+checkpoint() {  # checkpoint SHAPE DIR: a named shape's random checkpoint, unless DIR has one
+  [ -f "$2/config.json" ] || step "ck_$1" python3 -m jaxserve.bench.random_checkpoint "$1" "$2"
+  du -sh "$2" | tee -a "$OUT/summary.txt"; }
+for s in ${STEPS:-ckmoe tpot off gmm serve ckgemma gemma} table; do case $s in
+  ckmoe) checkpoint qwen3-30b-a3b "$MOE" ;;
+  tpot)
+    offline moe_tpot "$MOE" "${MOE_SET[@]}" --num-prompts 1 --input-len 1024 --output-len 256 \
+      --max-model-len 2048
+    python3 -m jaxserve.bench.active_weights "$MOE" > "$OUT/moe_active.json"
+    python3 -c "import json; from investigations.kernel_timing import copy_bandwidth as c; \
+print(json.dumps({'copy_gb_per_s': c(${COPY_BYTES:-4294967296}, inner=10, reps=5) / 1e9}))" \
+      > "$OUT/copy_bandwidth.json" 2> "$LOGS/copy_bandwidth.log" ;;
+  off) offline moe_off "$MOE" "${MOE_SET[@]}" --num-prompts "$N" --input-len 256 --output-len 256 \
+      --max-model-len 512 ;;
+  gmm) step gmm python3 -m investigations.bench_grouped_matmul --batches 1,64,256 \
+      --out "$OUT/gmm.json" ${GMM_FLAGS:-} ;;
+  serve) TAIL=40 step serve python3 -m jaxserve.bench.serve_vs_offline --model "$MOE" \
+      --config "$CONFIG" --max-model-len 2048 "${MOE_SET[@]}" --modes multi-process \
+      --num-prompts "$SVO_N" --input-len 256 --output-len 256 --sweep-rates 16,inf \
+      --sweep-input-len 1024 --sweep-output-len 128 --sweep-seconds "${SWEEP_S:-30}" \
+      --sweep-inf-prompts "${SWEEP_INF:-500}" --single-stream-prompts 4 \
+      --out-dir "$OUT/moe_serve" ${SVO_FLAGS:-} ;;
+  ep2)
+    offline moe_tp2 "$MOE" --set tensor_parallel_size=2 --num-prompts 256 --input-len 256 \
+      --output-len 256 --max-model-len 512
+    offline moe_ep2 "$MOE" --set tensor_parallel_size=2 --set enable_expert_parallel=true \
+      --num-prompts 256 --input-len 256 --output-len 256 --max-model-len 512 ;;
+  ckgemma)
+    checkpoint gemma-3-12b "$GEMMA"
+    mkdir -p "${GEMMA}_nowin" && for f in "$GEMMA"/*; do
+      [ "$(basename "$f")" = config.json ] || ln -sf "$f" "${GEMMA}_nowin/"; done
+    python3 - "$GEMMA" <<'PY'
+import json, sys
+config = json.load(open(f"{sys.argv[1]}/config.json"))
+config["sliding_window"] = config["max_position_embeddings"]  # every window covers the context
+json.dump(config, open(f"{sys.argv[1]}_nowin/config.json", "w"), indent=2)
+PY
+    ;;
+  gemma) for win in on off; do model=$GEMMA; [ $win = off ] && model=${GEMMA}_nowin
+      offline gemma_1k_$win "$model" "${GEMMA_SET[@]}" --num-prompts "$N" --input-len 1024 \
+        --output-len 128 --max-model-len 1152
+      offline gemma_8k_$win "$model" "${GEMMA_SET[@]}" --num-prompts "$N8K" --input-len "$LONG_IN" \
+        --output-len "$LONG_OUT" --max-model-len $((LONG_IN + LONG_OUT))
+    done ;;
+  table) python3 scripts/gpu_moe_table.py "$OUT" | tee -a "$OUT/summary.txt" ;;
+  *) echo "unknown step $s" | tee -a "$OUT/summary.txt" ;;
+esac; done

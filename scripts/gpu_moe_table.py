@@ -1,0 +1,104 @@
+"""The short table of scripts/gpu_moe.sh: one line per result its steps left in OUT (a missing
+result is left out).
+
+    python scripts/gpu_moe_table.py OUT
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _load(out: Path, name: str) -> dict | None:
+  path = out / name
+  return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _latency(metrics: dict) -> str:
+  cells = []
+  for key in ("ttft", "tpot", "itl"):
+    d = metrics[key]
+    cells.append(f"{key.upper()} {d['median_ms']:.1f}/{d['percentiles_ms']['p99']:.1f}")
+  return ", ".join(cells) + " ms p50/p99"
+
+
+def moe_lines(out: Path) -> list[str]:
+  lines = []
+  tpot, active, copy = (
+    _load(out, n) for n in ("moe_tpot.json", "moe_active.json", "copy_bandwidth.json")
+  )
+  if tpot:
+    ms = 1e3 / tpot["output_tokens_per_s"]
+    line = f"qwen3-30b-a3b single stream 1024/256: {ms:.2f} ms/token"
+    if active and copy:
+      read_ms = active["active_weight_bytes"] / (copy["copy_gb_per_s"] * 1e9) * 1e3
+      line += (
+        f" vs {read_ms:.2f} ms to read the {active['active_weight_bytes'] / 1e9:.2f} GB one token"
+        f" reads at {copy['copy_gb_per_s']:.0f} GB/s ({ms / read_ms:.2f}x)"
+      )
+    lines.append(line)
+  for label in ("off", "tp2", "ep2"):
+    r = _load(out, f"moe_{label}.json")
+    if r:
+      lines.append(
+        f"qwen3-30b-a3b {label} {r['num_prompts']} x {r['input_len']}/{r['output_len']}: "
+        f"{r['output_tokens_per_s']:.0f} out tok/s, {r['device_ms_per_step']:.2f} device ms/step, "
+        f"KV pool {r['kv_pool_tokens']} tokens"
+      )
+  serve = _load(out, "moe_serve/serve_vs_offline.json")
+  for mode, server in (serve or {}).get("servers", {}).items():
+    burst = server["burst"]["metrics"]
+    lines.append(f"qwen3-30b-a3b {mode} HTTP burst: {burst['output_throughput']:.0f} out tok/s")
+    for run in server["sweep"] + [dict(server["single_stream"], request_rate="1 stream")]:
+      m = run["metrics"]
+      lines.append(
+        f"  rate {run['request_rate']}: {m['output_throughput']:.0f} out tok/s, {_latency(m)}"
+      )
+  return lines
+
+
+def gmm_lines(out: Path) -> list[str]:
+  gmm = _load(out, "gmm.json")
+  if not gmm:
+    return []
+  lines = [f"grouped matmul ({gmm['device']}, {gmm['shape']}): weight GB/s of touched experts"]
+  for row in gmm["rows"]:
+    cells = ", ".join(
+      f"{kind} {row[kind]['us']:.0f} us {row[kind]['gb_per_s']:.0f} GB/s"
+      for kind in ("ragged_dot", "expert_ffn", "dense_all", "per_token_gather")
+      if kind in row
+    )
+    lines.append(
+      f"  batch {row['tokens']} ({row['experts_touched']:.0f} experts): {cells}; "
+      f"copy {row['copy_gb_per_s']:.0f} GB/s"
+    )
+  return lines
+
+
+def gemma_lines(out: Path) -> list[str]:
+  lines = []
+  for length in ("1k", "8k"):
+    runs = {win: _load(out, f"gemma_{length}_{win}.json") for win in ("on", "off")}
+    for win, r in runs.items():
+      if r:
+        lines.append(
+          f"gemma-3-12b {r['num_prompts']} x {r['input_len']}/{r['output_len']} windows {win}: "
+          f"{r['output_tokens_per_s']:.0f} out tok/s, KV pool {r['kv_pool_tokens']} tokens"
+        )
+    if runs["on"] and runs["off"]:
+      speedup = runs["on"]["output_tokens_per_s"] / runs["off"]["output_tokens_per_s"]
+      lines.append(f"  windows on / off: {speedup:.2f}x")
+  return lines
+
+
+def main(argv: list[str]) -> int:
+  out = Path(argv[1] if len(argv) > 1 else "out")
+  lines = moe_lines(out) + gmm_lines(out) + gemma_lines(out)
+  print("\n".join(lines) if lines else f"no results in {out}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv))

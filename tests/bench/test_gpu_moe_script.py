@@ -1,0 +1,50 @@
+"""scripts/gpu_moe.sh parses (bash -n) and its table (scripts/gpu_moe_table.py) reads the results
+its steps write: single-stream TPOT against the active weights' read time, the windows' speed-up.
+(The steps themselves ran on CPU on tiny checkpoints when the script was written; on a GPU they
+run at the named shapes.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_script_parses():
+  subprocess.run(["bash", "-n", str(REPO / "scripts" / "gpu_moe.sh")], check=True)
+
+
+def _offline(n: int, inp: int, out: int, tok_s: float) -> dict:
+  return dict(
+    num_prompts=n,
+    input_len=inp,
+    output_len=out,
+    output_tokens_per_s=tok_s,
+    device_ms_per_step=10.0,
+    kv_pool_tokens=1000,
+  )
+
+
+def test_the_table_compares_tpot_with_the_active_read_time_and_windows_on_with_off(tmp_path):
+  files = {
+    "moe_tpot.json": _offline(1, 1024, 256, 200.0),  # 5 ms per token
+    "moe_active.json": {"weight_bytes": 61e9, "active_weight_bytes": 6e9},
+    "copy_bandwidth.json": {"copy_gb_per_s": 3000.0},  # 6 GB in 2 ms
+    "gemma_1k_on.json": _offline(1000, 1024, 128, 3000.0),
+    "gemma_1k_off.json": _offline(1000, 1024, 128, 2000.0),
+  }
+  for name, result in files.items():
+    (tmp_path / name).write_text(json.dumps(result))
+  table = subprocess.run(
+    [sys.executable, str(REPO / "scripts" / "gpu_moe_table.py"), str(tmp_path)],
+    capture_output=True,
+    text=True,
+    check=True,
+  ).stdout
+  assert "5.00 ms/token vs 2.00 ms to read the 6.00 GB one token reads" in table
+  assert "at 3000 GB/s (2.50x)" in table
+  assert "windows on / off: 1.50x" in table
+  assert "gemma-3-12b 1000 x 1024/128 windows off: 2000 out tok/s" in table
