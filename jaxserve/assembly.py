@@ -163,13 +163,13 @@ def build_device(
   )
   if layout.num_groups > 1:
     logger.info(
-      "KV groups: %d layers in %d groups of %d slots, %d following a window of %s tokens; a "
-      "sequence of %d tokens holds %d pages (%d without freeing)",
+      "KV groups: %d layers in %d groups (1 global, %d sliding with window %s) sharing %d "
+      "K/V slot(s) a page; a sequence of %d tokens holds %d pages (%d without window freeing)",
       layout.num_layers,
       layout.num_groups,
-      layout.num_slots,
       layout.num_groups - 1,
       "/".join(str(w) for w in sorted(set(layout.windows))),
+      layout.num_slots,
       max_model_len,
       layout.pages_held(max_model_len),
       layout.num_groups * math.ceil(max_model_len / page_size),

@@ -57,9 +57,7 @@ class KVCacheSpec:
     return (self.num_kv_heads, self.num_pages, self.page_size, self.head_dim)
 
 
-def page_bytes(
-  num_slots: int, num_kv_heads: int, head_dim: int, page_size: int, dtype: str
-) -> int:
+def page_bytes(num_slots: int, num_kv_heads: int, head_dim: int, page_size: int, dtype: str) -> int:
   """Bytes of one page across all KV slots (m layers), K and V."""
   return 2 * num_slots * num_kv_heads * page_size * head_dim * jnp.dtype(dtype).itemsize
 
