@@ -2,8 +2,10 @@
 and Gemma3ForCausalLM compute them.
 
 The step contract is LlamaForCausalLM's (models/llama.py): one ragged batch of `token_ids[T]` at
-`positions[T]`, per-layer (k_pages, v_pages), `slot_mapping`, `AttentionMetadata`; `__call__`
-returns the final-norm hidden states and the new pages, `compute_logits` float32 logits. The
+`positions[T]`, the KV slots' (k_pages, v_pages), `slot_mapping` and `AttentionMetadata` of
+every KV group (models/kv_layout.py: the global layers are group 0, the sliding layers share
+their slots in groups whose pages follow the window); `__call__` returns the final-norm hidden
+states and the new pages, `compute_logits` float32 logits. The
 attention block (`Attention`: projections, q/k norm, RoPE, the backend) and the MLP are llama.py's,
 which switch on `config.gemma`: tanh GELU in the MLP, Gemma's RMSNorm for q/k (Gemma 3).
 

@@ -3,10 +3,12 @@ cache, in Flax linen.
 
 The model consumes one ragged step: the tokens of every scheduled sequence concatenated into
 `token_ids[T]` with their absolute `positions[T]`. Each layer projects q/k/v, applies RoPE and
-hands q plus the new k/v to the attention backend, which scatters k/v into that layer's pages at
-`slot_mapping` and attends over the paged cache described by `AttentionMetadata`. Layers are a
-Python loop (no scan), so under jit with donated pages every layer's scatter is an in-place update
-of its own buffers. The model holds no sharding rules and no state besides `params`.
+hands q plus the new k/v to the attention backend, which scatters k/v into the pages of the
+layer's KV slot at its group's `slot_mapping` and attends over the paged cache its group's block
+tables describe (models/kv_layout.LayerKV: these models have one group, a slot per layer).
+Layers are a Python loop (no scan), so under jit with donated pages every layer's scatter is an
+in-place update of its slot's buffers. The model holds no sharding rules and no state besides
+`params`.
 
 Numerics follow Hugging Face: matmuls in the param dtype; RMSNorm statistics in float32 with the
 weight applied after casting back; attention softmax in float32 (inside the backend); logits in
