@@ -60,6 +60,8 @@ from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.messages.buckets import Bucket, BucketSet
+from jaxserve.messages.kv_layout import KVLayout
+from jaxserve.models.kv_layout import kv_layout
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.registry import load_configured_tokenizer, model_quantization
 from jaxserve.parallel.multihost import StepPublisher, is_worker
@@ -89,6 +91,7 @@ class DeviceBundle:
   runner: ModelRunner
   spec: KVCacheSpec
   max_model_len: int
+  layout: KVLayout  # the KV groups the pool, the step programs and the scheduler share
 
 
 def build_device(
@@ -120,8 +123,13 @@ def build_device(
   buckets = BucketSet.from_config(config.scheduler)
   model = placement.module()
   page_size = config.cache.page_size
+  layout = kv_layout(model_config, page_size)
   shape = StepShape(
-    page_size, math.ceil(max_model_len / page_size), max_model_len, model_config.vocab_size
+    page_size,
+    math.ceil(max_model_len / page_size),
+    max_model_len,
+    model_config.vocab_size,
+    layout.num_groups,
   )
   free_bytes = None
   planned = kv_budget_bytes(
@@ -143,7 +151,7 @@ def build_device(
   spec = kv_cache_spec(config, model_config, max_model_len, free_bytes, placement.num_shards)
   if agree_num_pages is not None:
     spec = KVCacheSpec(
-      spec.num_layers,
+      spec.num_slots,
       spec.num_kv_heads,
       spec.head_dim,
       spec.page_size,
@@ -160,10 +168,28 @@ def build_device(
     f" over {placement.num_shards} shards" if placement.num_shards > 1 else "",
     max_model_len,
   )
+  if layout.num_groups > 1:
+    logger.info(
+      "KV groups: %d layers in %d groups (1 global, %d sliding with window %s) sharing %d "
+      "K/V slot(s) a page; a sequence of %d tokens holds %d pages (%d without window freeing)",
+      layout.num_layers,
+      layout.num_groups,
+      layout.num_groups - 1,
+      "/".join(str(w) for w in sorted(set(layout.windows))),
+      layout.num_slots,
+      max_model_len,
+      layout.pages_held(max_model_len),
+      layout.num_groups * math.ceil(max_model_len / page_size),
+    )
   logger.info(
     "maximum concurrency for %d tokens per request: %.2fx",
     max_model_len,
-    max_concurrency(spec.num_pages, spec.page_size, max_model_len),
+    max_concurrency(
+      spec.num_pages,
+      spec.page_size,
+      max_model_len,
+      layout.pages_held(max_model_len) if layout.num_groups > 1 else None,
+    ),
   )
   options = step_compiler_options(config, model_config.quantization)
   sampler = sampler_backend(config, sharded=placement.mesh is not None)
@@ -179,7 +205,7 @@ def build_device(
     compiler_options=options,
   )
   runner = ModelRunner(model, params, kv_pages, buckets, shape, programs, publisher)
-  return DeviceBundle(model_config, runner, spec, max_model_len)
+  return DeviceBundle(model_config, runner, spec, max_model_len, layout)
 
 
 def device_weight_bytes(params: dict) -> int:
@@ -198,7 +224,7 @@ def _step_scratch_bytes(
   a quarter for fragmentation, in whole 64 MiB: the KV pool is sized from what is left."""
   model_config = placement.model.config
   probe_spec = KVCacheSpec(
-    model_config.num_layers,
+    kv_layout(model_config, shape.page_size).num_slots,
     model_config.num_kv_heads,
     model_config.head_dim,
     shape.page_size,
@@ -270,7 +296,7 @@ def build_engine(
   )
   model_config, runner, spec = device.model_config, device.runner, device.spec
   allocator = PageAllocator(spec.num_pages, spec.page_size, config.scheduler.enable_prefix_caching)
-  scheduler = Scheduler(config.scheduler, allocator, device.max_model_len)
+  scheduler = Scheduler(config.scheduler, allocator, device.max_model_len, device.layout)
   logger.info("buckets: %s", runner.buckets.describe())
   mode = config.warmup if config.warmup != "auto" else default_warmup
   if publisher is not None:

@@ -8,8 +8,9 @@ import dataclasses
 
 import jax
 
-KVPages = tuple[tuple[jax.Array, jax.Array], ...]  # per layer (k_pages, v_pages), each
-# [num_kv_heads, num_pages, page_size, head_dim]
+KVPages = tuple[tuple[jax.Array, jax.Array], ...]  # per KV slot (k_pages, v_pages), each
+# [num_kv_heads, num_pages, page_size, head_dim]; layers share slots by KV group
+# (messages/kv_layout.py: one slot per layer with one group)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,10 +18,13 @@ class AttentionMetadata:
   """Where each sequence's queries and cached K/V are. S sequence slots, padded.
 
   Semantics (positions, padding, sliding window) are those of
-  pallas_kernels/ragged_paged_attention/reference.py.
+  pallas_kernels/ragged_paged_attention/reference.py. The model receives every KV group's
+  block tables, int32[G, S, pages_per_seq] (messages/kv_layout.py; G = 1 for one kind of
+  layer), and hands each layer's backend its own group's, int32[S, pages_per_seq]
+  (models/kv_layout.LayerKV).
   """
 
-  block_tables: jax.Array  # int32[S, pages_per_seq]
+  block_tables: jax.Array  # int32[S, pages_per_seq] at a backend; int32[G, S, ...] at the model
   seq_lens: jax.Array  # int32[S]: tokens in the cache after this step; 0 for padding
   query_start_loc: jax.Array  # int32[S + 1]: cumulative query tokens; padding repeats the total
   num_seqs: jax.Array  # int32[1]: live sequences; slots past it are padding

@@ -235,8 +235,14 @@ def kv_pool_bytes(memory: DeviceMemory, fraction: float, scratch_bytes: int = 0)
   return pool
 
 
-def max_concurrency(num_pages: int, page_size: int, max_model_len: int) -> float:
-  """Requests of max_model_len tokens the pool holds at once (page 0 is the null page)."""
+def max_concurrency(
+  num_pages: int, page_size: int, max_model_len: int, pages_held: int | None = None
+) -> float:
+  """Requests of max_model_len tokens the pool holds at once (page 0 is the null page).
+  pages_held: the pages such a request holds when sliding-window layers free theirs
+  (KVLayout.pages_held; None: one KV group, every token kept)."""
+  if pages_held is not None:
+    return (num_pages - 1) / pages_held
   return (num_pages - 1) * page_size / max_model_len
 
 

@@ -1,9 +1,12 @@
 """The paged KV pool: how many pages fit a memory budget, and the arrays themselves.
 
-Layout: one (k_pages, v_pages) pair per layer, each [num_kv_heads, num_pages, page_size,
+Layout: one (k_pages, v_pages) pair per KV slot, each [num_kv_heads, num_pages, page_size,
 head_dim], of the cache's storage dtype (CacheConfig.storage_dtype: the model's, or 8-bit
 float8_e4m3fn / int8 pages of one byte an element, so a budget holds twice bfloat16's pages; the
-static scales take no memory). Page 0 is the null page. The pool size comes from CacheConfig: an
+static scales take no memory). The model's KV layout (models/kv_layout.py) sets the slot count
+m: the layer count for one kind of layer, the global layers' for Gemma, whose sliding layers
+share the slots in groups, so a page id names a page in all m slots and costs m layers' bytes.
+Page 0 is the null page. The pool size comes from CacheConfig: an
 explicit page count, a byte budget, or the device's budget for it (device/device_memory.py:
 memory_fraction of the device's total memory less the weights and step scratch). On a backend
 that reports no memory statistics (CPU) the pool is memory_fraction of CPU_DEFAULT_BYTES. One
@@ -23,6 +26,7 @@ import jax.numpy as jnp
 
 from jaxserve.attention.metadata import KVPages
 from jaxserve.config import CacheConfig, EngineConfig
+from jaxserve.models.kv_layout import kv_layout
 from jaxserve.models.model_config import ModelConfig
 
 CPU_DEFAULT_BYTES = 256 << 20
@@ -33,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class KVCacheSpec:
-  num_layers: int
+  num_slots: int  # (k, v) array pairs: m of the model's KV layout
   num_kv_heads: int
   head_dim: int
   page_size: int
@@ -42,7 +46,7 @@ class KVCacheSpec:
 
   @property
   def bytes_per_page(self) -> int:
-    return page_bytes(self.num_layers, self.num_kv_heads, self.head_dim, self.page_size, self.dtype)
+    return page_bytes(self.num_slots, self.num_kv_heads, self.head_dim, self.page_size, self.dtype)
 
   @property
   def total_bytes(self) -> int:
@@ -53,11 +57,9 @@ class KVCacheSpec:
     return (self.num_kv_heads, self.num_pages, self.page_size, self.head_dim)
 
 
-def page_bytes(
-  num_layers: int, num_kv_heads: int, head_dim: int, page_size: int, dtype: str
-) -> int:
-  """Bytes of one page across all layers, K and V."""
-  return 2 * num_layers * num_kv_heads * page_size * head_dim * jnp.dtype(dtype).itemsize
+def page_bytes(num_slots: int, num_kv_heads: int, head_dim: int, page_size: int, dtype: str) -> int:
+  """Bytes of one page across all KV slots (m layers), K and V."""
+  return 2 * num_slots * num_kv_heads * page_size * head_dim * jnp.dtype(dtype).itemsize
 
 
 def plan_num_pages(config: CacheConfig, bytes_per_page: int, pool_bytes: int | None) -> int:
@@ -122,9 +124,10 @@ def kv_cache_spec(
   device/device_memory.py), that device holding 1/num_shards of every page."""
   page_size = config.cache.page_size
   kv_dtype = config.cache.storage_dtype(model_config.dtype)
+  layout = kv_layout(model_config, page_size)
   per_page = (
     page_bytes(
-      model_config.num_layers,
+      layout.num_slots,
       model_config.num_kv_heads,
       model_config.head_dim,
       page_size,
@@ -138,10 +141,12 @@ def kv_cache_spec(
     num_pages, heads_per_device * page_size * model_config.head_dim, config.cache.num_pages
   )
   if free_bytes is None and config.cache.num_pages is None and config.cache.memory_bytes is None:
-    enough = config.scheduler.max_num_seqs * math.ceil(max_model_len / page_size) + 1
+    scheduler = config.scheduler
+    chunk = max(scheduler.max_num_batched_tokens, scheduler.num_scheduler_steps)
+    enough = scheduler.max_num_seqs * layout.max_pages(max_model_len, chunk) + 1
     num_pages = min(num_pages, enough)
   return KVCacheSpec(
-    model_config.num_layers,
+    layout.num_slots,
     model_config.num_kv_heads,
     model_config.head_dim,
     page_size,
@@ -155,10 +160,10 @@ def pages_for_tokens(num_tokens: int, page_size: int) -> int:
 
 
 def allocate_kv_pages(spec: KVCacheSpec, sharding: jax.sharding.Sharding | None = None) -> KVPages:
-  """Zero-filled pages for every layer, created directly on the device (or its shards)."""
+  """Zero-filled pages for every KV slot, created directly on the device (or its shards)."""
 
   def zeros():
     return jnp.zeros(spec.page_shape, spec.dtype)
 
   make = jax.jit(zeros, out_shardings=sharding) if sharding is not None else jax.jit(zeros)
-  return tuple((make(), make()) for _ in range(spec.num_layers))
+  return tuple((make(), make()) for _ in range(spec.num_slots))

@@ -135,21 +135,22 @@ def make_burst_fn(model, num_steps: int, page_size: int, greedy: GreedyFn = xla_
     token_rows = jnp.minimum(jnp.arange(num_tokens), num_slots - 1)  # [T]
     token_ids = fed_token_ids(inputs)  # [T]
     first_index = sampling.sample_index - (num_steps - 1)  # the scheduler counted all samples
-    capacity = metadata.block_tables.shape[1] * page_size  # positions a block table can hold
+    capacity = metadata.block_tables.shape[2] * page_size  # positions a block table can hold
 
     def one_step(k, carry):
       kv_pages, token_ids, all_ids, all_logprobs = carry
       # A request that reaches max_tokens within the burst may run past its pages (block table
       # entries of the null page) or past the table: those steps write to the null page or
-      # nowhere, and their samples are dropped by the engine.
+      # nowhere, and their samples are dropped by the engine. Every KV group's pages cover the
+      # burst's positions (the scheduler allocates them up front).
       unclamped = inputs.positions + k  # [T]
       positions = jnp.where(
         live_tokens, jnp.minimum(unclamped, capacity - 1), inputs.positions
       )  # [T]
-      pages = metadata.block_tables[token_rows, positions // page_size]  # [T]
+      pages = metadata.block_tables[:, token_rows, positions // page_size]  # [G, T]
       slots = jnp.where(
         live_tokens & (unclamped < capacity), pages * page_size + positions % page_size, 0
-      )  # [T]
+      )  # [G, T]
       seq_lens = jnp.minimum(metadata.seq_lens + k, capacity)  # [S]
       step_metadata = dataclasses.replace(
         metadata, seq_lens=jnp.where(live_seqs, seq_lens, metadata.seq_lens)

@@ -93,7 +93,7 @@ class StepInputs:
   prev_token_rows: np.ndarray  # i32[T]: row of prev_sampled_ids to feed, -1 = token_ids
   prev_sampled_ids: jax.Array  # i32[max_seq_slots], device: the previous step's samples
   positions: np.ndarray  # i32[T]
-  slot_mapping: np.ndarray  # i32[T]: page_id * page_size + offset; padding -> page 0
+  slot_mapping: np.ndarray  # i32[G, T]: per KV group page_id * page_size + offset; padding -> 0
   prompt_target_ids: np.ndarray  # i32[T]: next prompt token per position, -1 where none
   logits_indices: np.ndarray  # i32[S]: index of each sequence's last token in token_ids
   metadata: AttentionMetadata
@@ -112,6 +112,7 @@ class StepShape:
   pages_per_seq: int
   history_len: int  # max_model_len: width of the penalty history when penalties are on
   vocab_size: int  # the model's logits width (the token bitmask has ceil(vocab / 32) words)
+  num_kv_groups: int = 1  # block tables per sequence (messages/kv_layout.py)
 
   @property
   def bitmask_words(self) -> int:
@@ -146,14 +147,7 @@ def build_step_inputs(
     np.arange(num_live, dtype=np.int32) - query_start_loc[seq_of_token] + starts[seq_of_token]
   )  # [live T]
 
-  page_counts = np.array(batch.page_counts, np.int32).reshape(num_seqs)
-  flat_pages = np.array(batch.page_ids, np.int32).reshape(-1)
-  page_rows = np.repeat(np.arange(num_seqs), page_counts)
-  page_cols = np.arange(flat_pages.size) - np.repeat(
-    np.cumsum(page_counts) - page_counts, page_counts
-  )
-  block_tables = np.zeros((num_slots, shape.pages_per_seq), np.int32)  # [S, pages_per_seq]
-  block_tables[page_rows, page_cols] = flat_pages
+  block_tables = _block_tables(batch, num_slots, shape)  # [G, S, pages_per_seq]
 
   token_ids = np.zeros(num_token_slots, np.int32)  # [T]
   token_ids[:num_live] = batch.token_ids
@@ -162,9 +156,9 @@ def build_step_inputs(
   )
   positions = np.zeros(num_token_slots, np.int32)  # [T]
   positions[:num_live] = live_positions
-  slot_mapping = np.zeros(num_token_slots, np.int32)  # [T]
-  page_of_token = block_tables[seq_of_token, live_positions // shape.page_size]
-  slot_mapping[:num_live] = page_of_token * shape.page_size + live_positions % shape.page_size
+  slot_mapping = np.zeros((shape.num_kv_groups, num_token_slots), np.int32)  # [G, T]
+  page_of_token = block_tables[:, seq_of_token, live_positions // shape.page_size]  # [G, live T]
+  slot_mapping[:, :num_live] = page_of_token * shape.page_size + live_positions % shape.page_size
   seq_lens = np.zeros(num_slots, np.int32)  # [S]
   seq_lens[:num_seqs] = starts + q_lens
   logits_indices = np.zeros(num_slots, np.int32)  # [S]
@@ -195,6 +189,26 @@ def build_step_inputs(
       batch.sampling, num_seqs, num_slots, shape, empty_history, all_allowed, no_logit_bias
     ),
   )
+
+
+def _block_tables(batch: ScheduledBatch, num_slots: int, shape: StepShape) -> np.ndarray:
+  """Every KV group's block tables int32[G, S, pages_per_seq] from the batch's page columns
+  (all laid out by page_counts), zero (the null page) past each table and in padding slots."""
+  num_groups = shape.num_kv_groups
+  if batch.num_seqs and batch.num_kv_groups != num_groups:
+    raise ValueError(
+      f"batch: {batch.num_kv_groups} KV groups of block tables, the step expects {num_groups}"
+    )
+  num_seqs = batch.num_seqs
+  page_counts = np.array(batch.page_counts, np.int32).reshape(num_seqs)
+  num_pages = int(page_counts.sum())
+  page_rows = np.repeat(np.arange(num_seqs), page_counts)  # [pages]
+  page_cols = np.arange(num_pages) - np.repeat(np.cumsum(page_counts) - page_counts, page_counts)
+  tables = np.zeros((num_groups, num_slots, shape.pages_per_seq), np.int32)  # [G, S, pages]
+  columns = (batch.page_ids, *batch.window_page_ids) if num_seqs else ()
+  for group, column in enumerate(columns):
+    tables[group, page_rows, page_cols] = np.array(column, np.int32).reshape(num_pages)
+  return tables
 
 
 def _previous_rows(

@@ -25,9 +25,10 @@ __all__ = ["BatchBuilder", "PLACEHOLDER_TOKEN_ID"]
 
 class BatchBuilder:
   """The columns of a ScheduledBatch, filled one sequence at a time (after its request's
-  num_computed_tokens and placeholders were advanced); build() makes the batch."""
+  num_computed_tokens and placeholders were advanced); build() makes the batch. num_kv_groups:
+  the block tables each sequence has (engine/kv_groups.py)."""
 
-  def __init__(self) -> None:
+  def __init__(self, num_kv_groups: int = 1) -> None:
     self.request_ids: list[str] = []
     self.starts: list[int] = []
     self.query_lens: list[int] = []
@@ -35,6 +36,7 @@ class BatchBuilder:
     self.page_counts: list[int] = []
     self.token_ids: list[int] = []
     self.page_ids: list[int] = []
+    self.window_page_ids: tuple[list[int], ...] = tuple([] for _ in range(num_kv_groups - 1))
     self.sampling_rows: list[bytes] = []
     self.sample_index: list[int] = []
     self.extras: list[SamplingExtras] = []
@@ -59,6 +61,9 @@ class BatchBuilder:
       token_ids.append(_token_at(request, start))
       rows.append(request.sampling_row_bytes)
       sample_index.append(request.num_generated)
+    if self.window_page_ids:
+      for request, _ in decodes:
+        self._add_window_pages(request)
 
   def add_prefill(self, request: Request, start: int, num_new: int, sample: bool) -> None:
     if sample and request.constrained:
@@ -71,9 +76,14 @@ class BatchBuilder:
     self.sample.append(sample)
     self.page_counts.append(len(request.page_ids))
     self.page_ids.extend(request.page_ids)
+    self._add_window_pages(request)
     self.token_ids.extend(_token_slice(request, start, start + num_new))
     self.sampling_rows.append(request.sampling_row_bytes)
     self.sample_index.append(request.num_generated)
+
+  def _add_window_pages(self, request: Request) -> None:
+    for column, table in zip(self.window_page_ids, request.window_page_ids):
+      column.extend(table)
 
   def _add_extras(self, request: Request, start: int, num_new: int) -> None:
     """The SamplingExtras of the sequence about to be added (row = sequences so far)."""
@@ -117,6 +127,7 @@ class BatchBuilder:
       tuple(preempted_ids),
       num_steps,
       sampling,
+      tuple(tuple(column) for column in self.window_page_ids),
     )
 
 

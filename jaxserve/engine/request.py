@@ -39,6 +39,7 @@ class Request:
   far are recomputed. num_output_placeholders counts tokens sampled by a step whose result the
   host has not seen yet (the engine runs one step ahead with async scheduling, and a decode
   burst samples several); the next step feeds the last of them straight from the device.
+  page_ids and window_page_ids are its block tables in the KV groups (engine/kv_groups.py).
   """
 
   request_id: str
@@ -49,7 +50,8 @@ class Request:
   eos_token_ids: tuple[int, ...] = ()
   output_token_ids: list[int] = field(default_factory=list)
   status: RequestStatus = RequestStatus.WAITING
-  page_ids: list[int] = field(default_factory=list)
+  page_ids: list[int] = field(default_factory=list)  # KV group 0's block table
+  window_page_ids: list[list[int]] = field(default_factory=list)  # groups 1..: null-led tables
   num_computed_tokens: int = 0
   num_preemptions: int = 0
   num_output_placeholders: int = 0

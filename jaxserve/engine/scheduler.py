@@ -43,7 +43,15 @@ when it asks for prompt_logprobs (those need the prompt's logits). Full pages ar
 the cache as they are computed (at the next `schedule()`, once the step has run) and when a
 request finishes normally.
 
-Progress: add_request refuses requests the pool could never hold alone, so the oldest running
+KV groups (messages/kv_layout.py; engine/kv_groups.py does the page work): a model with
+sliding-window layers has a block table per group. Before a running request is scheduled, its
+sliding pages wholly before its next query's window are released; a step's pages are
+allocated in every group (a sliding group's from the first query's window on); allocation,
+preemption, the admission reserve (a page per group) and the prefix cache count every group;
+a hit is the longest prefix every group can serve.
+
+Progress: add_request refuses requests the pool could never hold alone (`KVLayout.max_pages`:
+every page of group 0, a chunk's and a window's in a sliding group), so the oldest running
 request always gets its pages (it is never the preemption victim while others run, and alone
 it fits) and at least one token of budget; every step advances it, so no livelock.
 
@@ -65,10 +73,12 @@ from __future__ import annotations
 import collections
 
 from ..config import SchedulerConfig  # relative imports: this side never touches jax
+from ..messages.kv_layout import KVLayout
 from ..messages.scheduled_batch import ScheduledBatch
 from .admission import check_length
 from .batch_builder import BatchBuilder
-from .page_allocator import PageAllocator
+from .kv_groups import KVGroupPages
+from .page_allocator import PageAllocator, extend_page_hashes
 from .request import Request, RequestStatus
 
 _Planned = tuple[Request, int, int]  # (request, start position, tokens scheduled)
@@ -77,7 +87,14 @@ _Planned = tuple[Request, int, int]  # (request, start position, tokens schedule
 class Scheduler:
   """Owns the waiting and running queues; see the module docstring."""
 
-  def __init__(self, config: SchedulerConfig, allocator: PageAllocator, max_model_len: int) -> None:
+  def __init__(
+    self,
+    config: SchedulerConfig,
+    allocator: PageAllocator,
+    max_model_len: int,
+    layout: KVLayout | None = None,
+  ) -> None:
+    """layout: the model's KV groups (None: one group, nothing freed)."""
     if not isinstance(max_model_len, int) or max_model_len < 1:
       raise ValueError(f"max_model_len: must be a positive integer, got {max_model_len!r}")
     if config.enable_prefix_caching and not allocator.enable_prefix_caching:
@@ -85,15 +102,24 @@ class Scheduler:
         "scheduler.enable_prefix_caching: set, but the page allocator was built "
         "without prefix caching"
       )
+    layout = layout or KVLayout.single(allocator.page_size, 1)
+    if layout.page_size != allocator.page_size:
+      raise ValueError(
+        f"layout: pages of {layout.page_size} tokens, the allocator's of {allocator.page_size}"
+      )
     self.config = config
     self.allocator = allocator
+    self.layout = layout
     self.max_model_len = max_model_len
     self.page_size = allocator.page_size
+    self._pages = KVGroupPages(allocator, layout.windows)
+    self._windows = bool(layout.windows)
     self._prefix_caching = config.enable_prefix_caching
     self._waiting: collections.deque[Request] = collections.deque()
     self._running: list[Request] = []
     self._requests: dict[str, Request] = {}
     self._num_registered_pages: dict[str, int] = {}
+    self._page_hashes: dict[str, list[bytes]] = {}  # request id -> chained hashes of its pages
     self._num_preemptions_total = 0
 
   @property
@@ -122,6 +148,7 @@ class Scheduler:
 
   def add_request(self, request: Request) -> None:
     self._validate(request)
+    self._pages.clear(request)
     request.status = RequestStatus.WAITING
     self._requests[request.request_id] = request
     self._waiting.append(request)
@@ -179,15 +206,22 @@ class Scheduler:
       raise ValueError(f"request_id: {request_id!r} is already waiting or running")
     if num_prompt == 0:
       raise ValueError(f"prompt: request {request_id!r} has no tokens")
-    if request.page_ids or request.num_computed_tokens or request.num_output_placeholders:
+    if (
+      request.page_ids
+      or any(request.window_page_ids)
+      or request.num_computed_tokens
+      or request.num_output_placeholders
+    ):
       raise ValueError(f"page_ids: request {request_id!r} already holds pages or computed tokens")
     check_length(num_prompt, request.sampling_params.max_tokens, self.max_model_len)
     total = request.max_total_tokens
-    num_pages = -(-total // self.page_size)
+    chunk = max(self.config.max_num_batched_tokens, self.config.num_scheduler_steps)
+    num_pages = self.layout.max_pages(total, chunk)
     if num_pages > self.allocator.num_usable_pages:
+      groups = f" in its {self.layout.num_groups} KV groups" if self._windows else ""
       raise ValueError(
         f"max_tokens: prompt + max_tokens ({total} tokens) needs {num_pages} "
-        f"KV cache pages but the pool has {self.allocator.num_usable_pages}"
+        f"KV cache pages{groups} but the pool has {self.allocator.num_usable_pages}"
       )
     budget = self.config.max_num_batched_tokens
     if not self.config.enable_chunked_prefill and num_prompt > budget:
@@ -207,6 +241,8 @@ class Scheduler:
     index = 0
     while index < len(self._running) and budget > 0 and len(planned) < max_num_seqs:
       request = self._running[index]
+      if self._windows:
+        self._pages.release_outside_windows(request)
       start = request.num_computed_tokens
       num_known = request.num_tokens_with_placeholders
       num_new = min(num_known - start, budget) if num_known < request.max_total_tokens else 0
@@ -214,11 +250,10 @@ class Scheduler:
       if num_new > 0 and not (prefills_only and decoding):
         fits = start + num_new <= len(request.page_ids) * page_size  # most decode steps
         if not fits and prefills_only:  # a prefill-only step never preempts
-          num_needed = self._num_new_pages(request, num_new)
-          if not self.allocator.can_allocate(num_needed):
+          if not self.allocator.can_allocate(self._num_new_pages(request, num_new)):
             index += 1
             continue
-          request.page_ids.extend(self.allocator.allocate(num_needed))
+          self._pages.allocate(request, start + num_new)
         elif not fits and not self._allocate_or_preempt(request, num_new, preempted_ids):
           break
         planned.append((request, start, num_new))
@@ -247,22 +282,24 @@ class Scheduler:
         or not request.can_burst()
       ):
         return None
-    num_needed = [
-      self._num_new_pages(
-        request, min(num_steps, request.max_total_tokens - request.num_tokens_with_placeholders)
-      )
+    if self._windows:
+      for request in bursting:
+        self._pages.release_outside_windows(request)
+    num_new = [
+      min(num_steps, request.max_total_tokens - request.num_tokens_with_placeholders)
       for request in bursting
     ]
+    num_needed = [self._num_new_pages(r, n) for r, n in zip(bursting, num_new)]
     if not self.allocator.can_allocate(sum(num_needed)):
       return None
     decodes = []
-    for request, num_pages in zip(bursting, num_needed):
+    for request, n, num_pages in zip(bursting, num_new, num_needed):
       if num_pages:
-        request.page_ids.extend(self.allocator.allocate(num_pages))
+        self._pages.allocate(request, request.num_computed_tokens + n)
       decodes.append((request, request.num_computed_tokens))
       request.num_computed_tokens += num_steps
       request.num_output_placeholders += num_steps
-    builder = BatchBuilder()
+    builder = BatchBuilder(self._pages.num_groups)
     builder.add_decodes(decodes)
     return builder.build([], num_steps)
 
@@ -276,7 +313,7 @@ class Scheduler:
       preempted_ids.append(victim.request_id)
       if victim is request:
         return False
-    request.page_ids.extend(self.allocator.allocate(num_needed))
+    self._pages.allocate(request, request.num_computed_tokens + num_new)
     return True
 
   def _preempt(self, request: Request) -> None:
@@ -291,7 +328,7 @@ class Scheduler:
   def _admit_waiting(self, planned: list[_Planned], budget: int) -> None:
     if not self._waiting:
       return
-    reserve = sum(self._needs_page_next_step(r, start + n) for r, start, n in planned)
+    reserve = sum(self._needs_pages_next_step(r, start + n) for r, start, n in planned)
     while (
       self._waiting
       and budget > 0
@@ -310,7 +347,7 @@ class Scheduler:
       start = request.num_computed_tokens
       planned.append((request, start, num_new))
       budget -= num_new
-      reserve += self._needs_page_next_step(request, start + num_new)
+      reserve += self._needs_pages_next_step(request, start + num_new)
 
   def _try_admit(self, request: Request, budget: int, reserve: int) -> int:
     """Takes cached pages and allocates the first chunk; 0 (and nothing held) if it can't."""
@@ -319,7 +356,7 @@ class Scheduler:
     if num_new > 0:
       num_needed = self._num_new_pages(request, num_new)
       if self.allocator.can_allocate(num_needed + reserve):
-        request.page_ids.extend(self.allocator.allocate(num_needed))
+        self._pages.allocate(request, request.num_computed_tokens + num_new)
         return num_new
     self._release_pages(request)
     request.num_computed_tokens = 0
@@ -328,10 +365,10 @@ class Scheduler:
   def _take_cached_prefix(self, request: Request) -> None:
     if not self._prefix_caching or request.sampling_params.prompt_logprobs is not None:
       return
-    page_ids = self.allocator.find_cached_prefix(request.all_token_ids[:-1])
-    request.page_ids = page_ids
-    request.num_computed_tokens = len(page_ids) * self.page_size
-    self._num_registered_pages[request.request_id] = len(page_ids)
+    hashes = self._hashes(request, (request.num_tokens - 1) // self.page_size)
+    num_hit = self._pages.take_cached_prefix(request, hashes)
+    request.num_computed_tokens = num_hit * self.page_size
+    self._num_registered_pages[request.request_id] = num_hit
 
   def _admission_chunk(self, num_remaining: int, budget: int) -> int:
     if self.config.enable_chunked_prefill or num_remaining <= budget:
@@ -341,16 +378,25 @@ class Scheduler:
       return budget  # a resumed request longer than any step: recompute it in chunks
     return 0
 
-  def _needs_page_next_step(self, request: Request, seq_len: int) -> bool:
-    """Whether the token sampled at seq_len will be fed next step and start a new page."""
+  def _needs_pages_next_step(self, request: Request, seq_len: int) -> int:
+    """The pages (one per KV group) the token sampled at seq_len needs if it will be fed next
+    step and start a new page; else 0."""
     num_known = request.num_tokens_with_placeholders
     samples = seq_len == num_known
     continues = num_known + 1 < request.max_total_tokens
-    return samples and continues and seq_len == len(request.page_ids) * self.page_size
+    starts_page = seq_len == len(request.page_ids) * self.page_size
+    return self._pages.num_groups if samples and continues and starts_page else 0
 
   def _num_new_pages(self, request: Request, num_new: int) -> int:
-    num_total = -(-(request.num_computed_tokens + num_new) // self.page_size)
-    return max(0, num_total - len(request.page_ids))
+    return self._pages.num_new_pages(request, request.num_computed_tokens + num_new)
+
+  def _hashes(self, request: Request, num_pages: int) -> list[bytes]:
+    """The chained hashes of the request's first num_pages pages (kept, extended as needed)."""
+    hashes = self._page_hashes.setdefault(request.request_id, [])
+    if len(hashes) < num_pages:
+      num_tokens = num_pages * self.page_size
+      extend_page_hashes(hashes, request.all_token_ids[:num_tokens], self.page_size)
+    return hashes[:num_pages]
 
   def _register_computed_pages(self) -> None:
     """Registers the full pages the last step computed. A running request can have a newly
@@ -366,16 +412,14 @@ class Scheduler:
       request.num_computed_tokens, request.num_tokens, len(request.page_ids) * self.page_size
     )  # a burst may run past its pages
     num_full = num_written // self.page_size
-    if num_full <= self._num_registered_pages.get(request.request_id, 0):
+    first = self._num_registered_pages.get(request.request_id, 0)
+    if num_full <= first:
       return
-    self.allocator.register_full_pages(
-      request.all_token_ids[: num_full * self.page_size], request.page_ids[:num_full]
-    )
+    self._pages.register(request, self._hashes(request, num_full), first)
     self._num_registered_pages[request.request_id] = num_full
 
   def _release_pages(self, request: Request) -> None:
-    self.allocator.free(reversed(request.page_ids))
-    request.page_ids = []
+    self._pages.release(request)
     self._num_registered_pages.pop(request.request_id, None)
 
   def _remove(self, request: Request, status: RequestStatus) -> None:
@@ -389,6 +433,7 @@ class Scheduler:
     else:
       self._waiting.remove(request)
     self._release_pages(request)
+    self._page_hashes.pop(request.request_id, None)
     request.status = status
     del self._requests[request.request_id]
 
@@ -404,7 +449,7 @@ class Scheduler:
         decodes.append((request, start))
       else:
         prefills.append((request, start, num_new, sample))
-    columns = BatchBuilder()
+    columns = BatchBuilder(self._pages.num_groups)
     columns.add_decodes(decodes)
     for request, start, num_new, sample in prefills:
       columns.add_prefill(request, start, num_new, sample)

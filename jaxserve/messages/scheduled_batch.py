@@ -85,9 +85,11 @@ class ScheduledSeq:
 
   token_ids are fed at positions start_position .. start_position + len(token_ids) - 1: a chunk
   of the prompt (prefill) or the last sampled token (decode). page_ids is the sequence's whole
-  block table, covering every position up to the last fed token. sample is True when this step
-  feeds the last known token, so a new token is sampled for the sequence; a prefill chunk that
-  stops short of the end of the prompt does not sample.
+  block table in KV group 0, covering every position up to the last fed token;
+  window_page_ids[k] its table in group k + 1 (a sliding-window group, messages/kv_layout.py),
+  as long, holding the null page 0 below the window. sample is True when this step feeds the
+  last known token, so a new token is sampled for the sequence; a prefill chunk that stops
+  short of the end of the prompt does not sample.
   """
 
   request_id: str
@@ -95,6 +97,7 @@ class ScheduledSeq:
   start_position: int
   page_ids: tuple[int, ...]
   sample: bool
+  window_page_ids: tuple[tuple[int, ...], ...] = ()
 
   @property
   def num_tokens(self) -> int:
@@ -112,7 +115,9 @@ class ScheduledBatch:
 
   Columns, one entry per sequence unless flat: request_ids, start_positions, query_lens (tokens
   fed), sample, page_counts (block table lengths); token_ids and page_ids are every sequence's
-  tokens and block table, concatenated. num_steps > 1 marks a decode burst: every sequence feeds
+  tokens and block table (KV group 0), concatenated; window_page_ids[k] is group k + 1's column
+  of block tables, laid out as page_ids (the same page_counts; empty with one KV group, the
+  batch then as it always was). num_steps > 1 marks a decode burst: every sequence feeds
   one token and the device runs num_steps decode steps, each feeding the token the one before
   sampled. Equal when the columns, preemptions and step counts are (the scheduler's view;
   sampling columns are not compared). The defaults make an empty batch; `of` builds one from
@@ -129,6 +134,7 @@ class ScheduledBatch:
   preempted_request_ids: tuple[str, ...] = ()
   num_steps: int = 1
   sampling: BatchSampling = field(default=BatchSampling(b"", ()), compare=False)
+  window_page_ids: tuple[tuple[int, ...], ...] = ()
 
   @classmethod
   def of(
@@ -139,6 +145,7 @@ class ScheduledBatch:
     sampling: BatchSampling | None = None,
   ) -> ScheduledBatch:
     """The batch of `seqs` (greedy sampling unless `sampling` says otherwise)."""
+    num_windows = len(seqs[0].window_page_ids) if seqs else 0
     return cls(
       tuple(s.request_id for s in seqs),
       tuple(s.start_position for s in seqs),
@@ -150,6 +157,10 @@ class ScheduledBatch:
       tuple(preempted_request_ids),
       num_steps,
       sampling or BatchSampling.greedy(len(seqs)),
+      tuple(
+        tuple(itertools.chain.from_iterable(s.window_page_ids[k] for s in seqs))
+        for k in range(num_windows)
+      ),
     )
 
   def with_bitmask(self, bitmask: TokenBitmask) -> ScheduledBatch:
@@ -170,10 +181,15 @@ class ScheduledBatch:
           self.start_positions[i],
           self.page_ids[page_start:page_end],
           self.sample[i],
+          tuple(column[page_start:page_end] for column in self.window_page_ids),
         )
       )
       token_start, page_start = token_end, page_end
     return tuple(seqs)
+
+  @property
+  def num_kv_groups(self) -> int:
+    return 1 + len(self.window_page_ids)
 
   @property
   def num_seqs(self) -> int:

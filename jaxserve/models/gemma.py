@@ -2,8 +2,10 @@
 and Gemma3ForCausalLM compute them.
 
 The step contract is LlamaForCausalLM's (models/llama.py): one ragged batch of `token_ids[T]` at
-`positions[T]`, per-layer (k_pages, v_pages), `slot_mapping`, `AttentionMetadata`; `__call__`
-returns the final-norm hidden states and the new pages, `compute_logits` float32 logits. The
+`positions[T]`, the KV slots' (k_pages, v_pages), `slot_mapping` and `AttentionMetadata` of
+every KV group (models/kv_layout.py: the global layers are group 0, the sliding layers share
+their slots in groups whose pages follow the window); `__call__` returns the final-norm hidden
+states and the new pages, `compute_logits` float32 logits. The
 attention block (`Attention`: projections, q/k norm, RoPE, the backend) and the MLP are llama.py's,
 which switch on `config.gemma`: tanh GELU in the MLP, Gemma's RMSNorm for q/k (Gemma 3).
 
@@ -37,6 +39,7 @@ from flax import linen as nn
 from jaxserve.attention import AttentionBackend, AttentionMetadata
 from jaxserve.attention.metadata import KVPages
 from jaxserve.models.invariant_dense import DenseBackend
+from jaxserve.models.kv_layout import LayerKV
 from jaxserve.models.llama import MLP, Attention, LMHead, logits_gemm
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.norms import rms_norm
@@ -107,26 +110,25 @@ class GemmaForCausalLM(nn.Module):
     self,
     token_ids: jax.Array,  # int32[T]
     positions: jax.Array,  # int32[T]
-    kv_pages: KVPages,  # per layer (k_pages, v_pages), each [KV, num_pages, page_size, D]
-    slot_mapping: jax.Array,  # int32[T]
-    metadata: AttentionMetadata,
+    kv_pages: KVPages,  # per KV slot (k_pages, v_pages), each [KV, num_pages, page_size, D]
+    slot_mapping: jax.Array,  # int32[G, T]
+    metadata: AttentionMetadata,  # block_tables int32[G, S, pages_per_seq]
   ) -> tuple[jax.Array, KVPages]:
     cfg = self.config
-    if len(kv_pages) != cfg.num_layers:
-      raise ValueError(f"kv_pages: expected {cfg.num_layers} layers, got {len(kv_pages)}")
+    kv = LayerKV(cfg, kv_pages, slot_mapping, metadata)
     x = scaled_embedding(self.embed_tokens(token_ids), cfg.hidden_size)  # [T, H]
     ropes = {False: rope_cos_sin(positions, inverse_frequencies(cfg), x.dtype)}  # [T, D] each
     if cfg.rope_local_base_freq is not None:
       ropes[True] = rope_cos_sin(positions, local_inverse_frequencies(cfg), x.dtype)
-    new_pages = []
-    for i, (layer, (k_pages, v_pages)) in enumerate(zip(self.layers, kv_pages)):
+    for i, layer in enumerate(self.layers):
       cos, sin = ropes[cfg.uses_local_rope(i)]
-      x, k_pages, v_pages = layer(x, cos, sin, k_pages, v_pages, slot_mapping, metadata)
-      new_pages.append((k_pages, v_pages))
+      k_pages, v_pages, slots, layer_metadata = kv.layer(i)
+      x, k_pages, v_pages = layer(x, cos, sin, k_pages, v_pages, slots, layer_metadata)
+      kv.update(i, k_pages, v_pages)
     hidden = self.norm(x)
     if self.is_initializing():
       self.compute_logits(hidden[:1])  # so that `init` creates lm_head too
-    return hidden, tuple(new_pages)
+    return hidden, kv.pages()
 
   def compute_logits(self, hidden: jax.Array) -> jax.Array:
     """hidden [N, H] (after the final norm) -> float32[N, vocab_size], soft-capped."""

@@ -3,10 +3,12 @@ cache, in Flax linen.
 
 The model consumes one ragged step: the tokens of every scheduled sequence concatenated into
 `token_ids[T]` with their absolute `positions[T]`. Each layer projects q/k/v, applies RoPE and
-hands q plus the new k/v to the attention backend, which scatters k/v into that layer's pages at
-`slot_mapping` and attends over the paged cache described by `AttentionMetadata`. Layers are a
-Python loop (no scan), so under jit with donated pages every layer's scatter is an in-place update
-of its own buffers. The model holds no sharding rules and no state besides `params`.
+hands q plus the new k/v to the attention backend, which scatters k/v into the pages of the
+layer's KV slot at its group's `slot_mapping` and attends over the paged cache its group's block
+tables describe (models/kv_layout.LayerKV: these models have one group, a slot per layer).
+Layers are a Python loop (no scan), so under jit with donated pages every layer's scatter is an
+in-place update of its slot's buffers. The model holds no sharding rules and no state besides
+`params`.
 
 Numerics follow Hugging Face: matmuls in the param dtype; RMSNorm statistics in float32 with the
 weight applied after casting back; attention softmax in float32 (inside the backend); logits in
@@ -69,6 +71,7 @@ from jaxserve.models.invariant_dense import (
   InvariantDense,
   grouped_dense_backend,
 )
+from jaxserve.models.kv_layout import LayerKV
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.moe import ExpertsFn, SparseMoeBlock
 from jaxserve.models.norms import RMSNorm, rms_norm
@@ -268,23 +271,22 @@ class LlamaForCausalLM(nn.Module):
     self,
     token_ids: jax.Array,  # int32[T]
     positions: jax.Array,  # int32[T]
-    kv_pages: KVPages,  # per layer (k_pages, v_pages), each [KV, num_pages, page_size, D]
-    slot_mapping: jax.Array,  # int32[T]
-    metadata: AttentionMetadata,
+    kv_pages: KVPages,  # per KV slot (k_pages, v_pages), each [KV, num_pages, page_size, D]
+    slot_mapping: jax.Array,  # int32[G, T]
+    metadata: AttentionMetadata,  # block_tables int32[G, S, pages_per_seq]
   ) -> tuple[jax.Array, KVPages]:
     cfg = self.config
-    if len(kv_pages) != cfg.num_layers:
-      raise ValueError(f"kv_pages: expected {cfg.num_layers} layers, got {len(kv_pages)}")
+    kv = LayerKV(cfg, kv_pages, slot_mapping, metadata)
     x = self.embed_tokens(token_ids)  # [T, H]
     cos, sin = rope_cos_sin(positions, inverse_frequencies(cfg), x.dtype)  # [T, D] each
-    new_pages = []
-    for layer, (k_pages, v_pages) in zip(self.layers, kv_pages):
-      x, k_pages, v_pages = layer(x, cos, sin, k_pages, v_pages, slot_mapping, metadata)
-      new_pages.append((k_pages, v_pages))
+    for i, layer in enumerate(self.layers):
+      k_pages, v_pages, slots, layer_metadata = kv.layer(i)
+      x, k_pages, v_pages = layer(x, cos, sin, k_pages, v_pages, slots, layer_metadata)
+      kv.update(i, k_pages, v_pages)
     hidden = self.norm(x)
     if self.is_initializing():
       self.compute_logits(hidden[:1])  # so that `init` creates lm_head too
-    return hidden, tuple(new_pages)
+    return hidden, kv.pages()
 
   def compute_logits(self, hidden: jax.Array) -> jax.Array:
     """hidden [N, H] (after the final norm) -> float32[N, vocab_size]."""

@@ -2,10 +2,15 @@
 
 Paged: the pool has budget // page_bytes pages (page 0 is the null page, never handed out) and a
 sequence of L tokens holds ceil(L / page_size) pages, so the waste is under one page per sequence.
-Contiguous: every sequence reserves max_model_len tokens up front, as a non-paged server must, so
-the number of concurrent sequences is budget // (max_model_len * bytes_per_token) whatever their
-real length. The planned page count is checked against device/kv_cache.kv_cache_spec (what the
-engine would allocate for the same config) and, with --check, against a real engine's allocator.
+With sliding-window layers (Gemma 2, Gemma 3) the layers share pages in G KV groups of m slots
+(messages/kv_layout.py): a page holds m layers' K/V, and a sequence of L tokens holds
+pages(L) = ceil(L / P) + (G - 1) * min(ceil(L / P), ceil((w - 1) / P) + 1) pages, the sliding
+groups' pages falling out of the window being freed; the plan reports that beside the figure
+without freeing, G * ceil(L / P). Contiguous: every sequence reserves max_model_len tokens of
+every layer up front, as a non-paged server must, so the number of concurrent sequences is
+budget // (max_model_len * bytes_per_token) whatever their real length. The planned page count
+is checked against device/kv_cache.kv_cache_spec (what the engine would allocate for the same
+config) and, with --check, against a real engine's allocator.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from jaxserve.device.kv_cache import (
   resolve_max_model_len,
 )
 from jaxserve.models.builtin import builtin_config, is_builtin
+from jaxserve.models.kv_layout import kv_layout
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.registry import checkpoint_dir, model_quantization
 from jaxserve.models.weights import load_hf_config
@@ -40,12 +46,16 @@ class KVPlan:
   max_model_len: int
   avg_seq_len: int
   budget_bytes: int
-  bytes_per_token: int
-  bytes_per_page: int
+  bytes_per_token: int  # K and V of one token in every layer
+  bytes_per_page: int  # K and V of page_size tokens in the m layers of a KV group
   num_pages: int  # null page included
-  paged_token_capacity: int  # usable pages * page_size
-  pages_per_seq: int
+  num_kv_groups: int  # G (1: one kind of layer, every page kept)
+  paged_token_capacity: int  # tokens in sequences of avg_seq_len the usable pages hold
+  paged_token_capacity_without_freeing: int
+  pages_per_seq: int  # pages(avg_seq_len), window pages freed
+  pages_per_seq_without_freeing: int  # G * ceil(avg_seq_len / page_size)
   paged_max_seqs: int
+  paged_max_seqs_without_freeing: int
   contiguous_max_seqs: int
   contiguous_token_capacity: int  # reserved tokens
   contiguous_used_tokens: int  # of which hold real tokens at avg_seq_len
@@ -97,18 +107,17 @@ def plan(
     raise ValueError(
       f"avg_seq_len: must be in [1, max_model_len={max_model_len}], got {avg_seq_len}"
     )
-  per_page = page_bytes(
-    model_config.num_layers,
-    model_config.num_kv_heads,
-    model_config.head_dim,
-    page_size,
-    kv_dtype,
-  )
-  per_token = per_page // page_size
+  layout = kv_layout(model_config, page_size)
+  shape = (model_config.num_kv_heads, model_config.head_dim)
+  per_page = page_bytes(layout.num_slots, *shape, page_size, kv_dtype)
+  per_token = page_bytes(model_config.num_layers, *shape, 1, kv_dtype)
   num_pages = budget_bytes // per_page
   if num_pages < 2:
     raise ValueError(f"memory_gb: {budget_bytes} bytes hold {num_pages} pages of {per_page} bytes")
-  pages_per_seq = math.ceil(avg_seq_len / page_size)
+  full_pages = math.ceil(avg_seq_len / page_size)
+  pages_per_seq = layout.pages_held(avg_seq_len)
+  without_freeing = layout.num_groups * full_pages
+  usable_tokens = (num_pages - 1) * page_size
   contiguous_seqs = budget_bytes // (max_model_len * per_token)
   return KVPlan(
     model=model,
@@ -120,9 +129,13 @@ def plan(
     bytes_per_token=per_token,
     bytes_per_page=per_page,
     num_pages=num_pages,
-    paged_token_capacity=(num_pages - 1) * page_size,
+    num_kv_groups=layout.num_groups,
+    paged_token_capacity=usable_tokens * full_pages // pages_per_seq,
+    paged_token_capacity_without_freeing=usable_tokens // layout.num_groups,
     pages_per_seq=pages_per_seq,
+    pages_per_seq_without_freeing=without_freeing,
     paged_max_seqs=(num_pages - 1) // pages_per_seq,
+    paged_max_seqs_without_freeing=(num_pages - 1) // without_freeing,
     contiguous_max_seqs=contiguous_seqs,
     contiguous_token_capacity=contiguous_seqs * max_model_len,
     contiguous_used_tokens=contiguous_seqs * avg_seq_len,
@@ -139,7 +152,7 @@ def budget_for(config: EngineConfig, model_config: ModelConfig, memory_gb: float
   cache = config.cache
   if cache.num_pages is not None:
     return cache.num_pages * page_bytes(
-      model_config.num_layers,
+      kv_layout(model_config, cache.page_size).num_slots,
       model_config.num_kv_heads,
       model_config.head_dim,
       cache.page_size,
@@ -216,6 +229,20 @@ def format_plan(report: dict) -> str:
       f"sequences of {report['avg_seq_len']} tokens, paged",
       f"{report['paged_max_seqs']} ({report['pages_per_seq']} pages each)",
     ),
+  ]
+  if report["num_kv_groups"] > 1:
+    rows += [
+      (
+        f"token capacity, {report['num_kv_groups']} KV groups, no window freeing",
+        report["paged_token_capacity_without_freeing"],
+      ),
+      (
+        "sequences, no window freeing",
+        f"{report['paged_max_seqs_without_freeing']} "
+        f"({report['pages_per_seq_without_freeing']} pages each)",
+      ),
+    ]
+  rows += [
     (
       f"sequences, contiguous max_model_len={report['max_model_len']}",
       report["contiguous_max_seqs"],

@@ -57,6 +57,7 @@ from jaxserve.device.step_options import step_compiler_options, step_greedy
 from jaxserve.device.step_programs import StepPrograms, build_step_programs
 from jaxserve.device.warmup import warmup_plan
 from jaxserve.messages.buckets import Bucket, BucketSet
+from jaxserve.models.kv_layout import kv_layout
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.parallel.partition_rules import build_mesh
 from jaxserve.parallel.placement import (
@@ -76,7 +77,7 @@ class ServerShape:
   max_model_len: int
   num_chips: int
   weight_bytes_per_chip: int
-  page_bytes_per_chip: int  # one page, all layers, K and V, this chip's kv heads
+  page_bytes_per_chip: int  # one page, all KV slots, K and V, this chip's kv heads
 
   @property
   def model_config(self) -> ModelConfig:
@@ -128,7 +129,7 @@ def server_shape(
   model_config = placement.model.config
   per_page = (
     page_bytes(
-      model_config.num_layers,
+      kv_layout(model_config, config.cache.page_size).num_slots,
       model_config.num_kv_heads,
       model_config.head_dim,
       config.cache.page_size,
@@ -178,7 +179,8 @@ def _programs(shape: ServerShape, num_pages: int) -> tuple[StepPrograms, dict, t
     jnp.dtype(config.cache.storage_dtype(model_config.dtype)),
     sharding=placement.kv_sharding,
   )
-  kv_pages = tuple((page, page) for _ in range(model_config.num_layers))
+  num_slots = kv_layout(model_config, config.cache.page_size).num_slots
+  kv_pages = tuple((page, page) for _ in range(num_slots))
   shardings = placement.step_shardings(kv_pages)
   programs = build_step_programs(
     placement.module(),
@@ -202,6 +204,7 @@ def step_programs(shape: ServerShape, num_pages: int) -> list[StepProgram]:
     math.ceil(shape.max_model_len / page_size),
     shape.max_model_len,
     shape.model_config.vocab_size,
+    kv_layout(shape.model_config, page_size).num_groups,
   )
   lowering = _Lowering(programs, params, kv_pages, buckets, step_shape, shape.model_config)
   weights = shape.weight_bytes_per_chip

@@ -55,7 +55,7 @@ def _abstract_step(mesh):
     )
     kv_sharding = kv_pages_sharding(mesh)
   page = jax.ShapeDtypeStruct(spec.page_shape, jnp.dtype(spec.dtype), sharding=kv_sharding)
-  kv_pages = tuple((page, page) for _ in range(spec.num_layers))
+  kv_pages = tuple((page, page) for _ in range(spec.num_slots))
   if mesh is not None:
     shardings = StepShardings(
       jax.tree.map(lambda x: x.sharding, params),

@@ -9,6 +9,13 @@ step samples reach the requests only after the next step has been scheduled, so 
 placeholders (the simulated device knows their values). With num_scheduler_steps > 1 a burst
 runs several decode steps, each feeding the token the one before sampled, and the engine drops
 the samples past max_tokens.
+
+KV groups (messages/kv_layout.py): with sliding windows, each sequence has a block table per
+group; the simulated device writes every group's K/V (tagged with the group) and reads a sliding
+group's only from the first position the step's first query sees (start - window + 1), so a page
+released from a window and handed to another sequence or group, or a wrong prefix hit in a
+group, shows as a mismatch. The invariants also check that the pages a request holds in a
+sliding group never exceed what its window and a step's chunk need.
 """
 
 from __future__ import annotations
@@ -23,12 +30,18 @@ from jaxserve.engine.batch_builder import PLACEHOLDER_TOKEN_ID
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request, RequestStatus
 from jaxserve.engine.scheduler import Scheduler
+from jaxserve.messages.kv_layout import KVGroupSpec, KVLayout
 from jaxserve.messages.scheduled_batch import ScheduledBatch
 from jaxserve.sampling_params import SamplingParams
 
 
 def _ceil_div(a: int, b: int) -> int:
   return -(-a // b)
+
+
+def _first_seen_page(start: int, window: int, page_size: int) -> int:
+  """The first page a query at `start` with this window reads."""
+  return max(0, start - window + 1) // page_size
 
 
 def _next_token(tokens: list[int]) -> int:
@@ -48,6 +61,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     async_mode=st.booleans(),
     burst_steps=st.sampled_from([1, 1, 2, 3]),
     prefill_first=st.booleans(),
+    windows=st.sampled_from([(), (), (1,), (3,), (5,), (2, 2), (3, 6)]),
   )
   def setup(
     self,
@@ -61,6 +75,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     async_mode,
     burst_steps,
     prefill_first,
+    windows,
   ):
     self.config = SchedulerConfig(
       max_num_seqs=max_num_seqs,
@@ -71,7 +86,13 @@ class SchedulerMachine(RuleBasedStateMachine):
       prefill_first=prefill_first,
     )
     self.allocator = PageAllocator(num_pages, page_size, prefix_caching)
-    self.scheduler = Scheduler(self.config, self.allocator, max_model_len)
+    groups = (KVGroupSpec(None, (0,)),) + tuple(
+      KVGroupSpec(window, (g,)) for g, window in enumerate(windows, 1)
+    )
+    layout = KVLayout(page_size, groups)
+    self.scheduler = Scheduler(self.config, self.allocator, max_model_len, layout)
+    self.windows = windows
+    self.chunk = max(self.config.max_num_batched_tokens, burst_steps)
     self.page_size = page_size
     self.max_model_len = max_model_len
     self.requests: dict[str, Request] = {}
@@ -93,10 +114,12 @@ class SchedulerMachine(RuleBasedStateMachine):
     params = SamplingParams(max_tokens=max_tokens, prompt_logprobs=prompt_logprobs)
     request = Request(request_id, prompt, params, seed=0)
     total = len(prompt) + max_tokens
+    full = _ceil_div(total, self.page_size)
+    most = full + sum(min(full, self._window_bound(w)) for w in self.windows)
     accepted = (
       len(prompt) > 0
       and total <= self.max_model_len
-      and _ceil_div(total, self.page_size) <= self.allocator.num_usable_pages
+      and most <= self.allocator.num_usable_pages
       and (self.config.enable_chunked_prefill or len(prompt) <= self.config.max_num_batched_tokens)
     )
     if not accepted:
@@ -155,13 +178,20 @@ class SchedulerMachine(RuleBasedStateMachine):
     if was_unfinished:
       assert request.status is RequestStatus.FINISHED_ABORTED and request.page_ids == []
 
+  def _window_bound(self, window: int) -> int:
+    """The most pages a sliding group may hold: a chunk's and the window's before it."""
+    return _ceil_div(window - 1 + self.chunk, self.page_size) + 1
+
   @invariant()
   def pages_are_accounted_for(self):
     running = self._with_status(RequestStatus.RUNNING)
     waiting = self._with_status(RequestStatus.WAITING)
-    self.allocator.check_invariants(owners=[r.page_ids for r in running])
-    owned = {p for r in running for p in r.page_ids}
+    window_owners = [[r.window_page_ids[k] for r in running] for k in range(len(self.windows))]
+    self.allocator.check_invariants([r.page_ids for r in running], window_owners)
+    owned = {p for r in running for t in [r.page_ids, *r.window_page_ids] for p in t} - {0}
     assert self.allocator.num_used_pages == len(owned) <= self.allocator.num_usable_pages
+    for request in running:
+      self._check_window_tables(request)
     assert (
       self.allocator.num_used_pages + self.allocator.num_free_pages
       == self.allocator.num_usable_pages
@@ -173,6 +203,7 @@ class SchedulerMachine(RuleBasedStateMachine):
       assert len(request.page_ids) == _ceil_div(paged_end, self.page_size)
     for request in waiting:
       assert request.page_ids == [] and request.num_computed_tokens == 0
+      assert request.window_page_ids == [[] for _ in self.windows]
     if not self.scheduler.has_unfinished_requests():
       assert self.allocator.num_used_pages == 0
 
@@ -190,6 +221,19 @@ class SchedulerMachine(RuleBasedStateMachine):
     assert not self.scheduler.has_unfinished_requests(), "scheduler made no progress"
     assert all(r.finished for r in self.requests.values())
     assert self.allocator.num_used_pages == 0
+
+  def _check_window_tables(self, request: Request) -> None:
+    """Each sliding table is as long as group 0's, null exactly below some page at or below the
+    first one the next query reads, and holds at most the window bound."""
+    for window, table in zip(self.windows, request.window_page_ids):
+      assert len(table) == len(request.page_ids)
+      num_null = table.count(0)
+      assert table[:num_null] == [0] * num_null and 0 not in table[num_null:]
+      next_start = min(request.num_computed_tokens, len(table) * self.page_size)
+      assert num_null <= _first_seen_page(next_start, window, self.page_size)
+      assert len(table) - num_null <= self._window_bound(window)
+      if num_null:
+        event("window pages released")
 
   def _with_status(self, status: RequestStatus) -> list[Request]:
     return [r for r in self.requests.values() if r.status is status]
@@ -233,6 +277,9 @@ class SchedulerMachine(RuleBasedStateMachine):
       assert request.num_tokens_with_placeholders <= request.max_total_tokens + num_steps - 1
       assert seq.page_ids == tuple(request.page_ids) and 0 not in seq.page_ids
       assert len(seq.page_ids) == _ceil_div(paged_end, self.page_size)
+      assert seq.window_page_ids == tuple(tuple(t) for t in request.window_page_ids)
+      for window, table in zip(self.windows, seq.window_page_ids):
+        assert 0 not in table[_first_seen_page(seq.start_position, window, self.page_size) :]
       if not self.config.enable_chunked_prefill and not seq.sample:
         assert request.num_tokens > self.config.max_num_batched_tokens
 
@@ -246,13 +293,17 @@ class SchedulerMachine(RuleBasedStateMachine):
     for seq in batch.seqs:
       if seq.request_id in waiting_ids and seq.start_position > 0:
         event("prefix cache hit")
+        if any(0 in table for table in seq.window_page_ids):
+          event("prefix cache hit below a window")
       if seq.request_id in waiting_ids and self.requests[seq.request_id].num_preemptions:
         event("resumed after preemption")
 
   def _simulate_kv(self, batch: ScheduledBatch) -> dict[str, list[int]]:
     """Writes every position the step computes (a burst: one per decode step, each step's
-    sample fed to the next), reads every context back; returns each sequence's samples. A burst
-    step past the sequence's pages writes nowhere (the device's null page)."""
+    sample fed to the next) in every KV group, reads back what the step's queries see (group 0:
+    the whole context; a sliding group: from its first query's window on); returns each
+    sequence's samples. A burst step past the sequence's pages writes nowhere (the device's
+    null page)."""
     page_size, sampled = self.page_size, {}
     for seq in batch.seqs:
       tokens = self._device_tokens(self.requests[seq.request_id])
@@ -260,18 +311,22 @@ class SchedulerMachine(RuleBasedStateMachine):
       end = seq.start_position + batch.num_steps if batch.num_steps > 1 else seq.seq_len
       paged_end = min(end, len(seq.page_ids) * page_size)
       assert batch.num_steps > 1 or paged_end == end
-      for position in range(seq.start_position, end):
-        if position >= paged_end:
-          continue
-        page_id = seq.page_ids[position // page_size]
-        assert self.allocator.refcount(page_id) == 1, "wrote into a shared page"
-        self.kv[(page_id, position % page_size)] = tuple(tokens[: position + 1])
+      for position in range(seq.start_position, paged_end):
         if batch.num_steps > 1 or position == end - 1:
           if position + 1 == len(tokens) and seq.sample:
             tokens.append(_next_token(tokens))
-      for position in range(paged_end):
-        slot = (seq.page_ids[position // page_size], position % page_size)
-        assert self.kv.get(slot) == tuple(tokens[: position + 1]), f"wrong K/V at {position}"
+      tables = [(None, seq.page_ids), *zip(self.windows, seq.window_page_ids)]
+      for group, (window, table) in enumerate(tables):
+        for position in range(seq.start_position, paged_end):
+          page_id = table[position // page_size]
+          assert page_id != 0 and self.allocator.group_of(page_id) == group
+          assert self.allocator.refcount(page_id) == 1, "wrote into a shared page"
+          self.kv[(page_id, position % page_size)] = (group, tuple(tokens[: position + 1]))
+        seen = 0 if window is None else max(0, seq.start_position - window + 1)
+        for position in range(seen, paged_end):
+          slot = (table[position // page_size], position % page_size)
+          want = (group, tuple(tokens[: position + 1]))
+          assert self.kv.get(slot) == want, f"wrong K/V at {position} in group {group}"
       if seq.sample:
         sampled[seq.request_id] = tokens[seq.seq_len : end + 1]
     return sampled

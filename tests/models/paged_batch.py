@@ -3,6 +3,11 @@
 Semantics are those of pallas_kernels/ragged_paged_attention/reference.py: sequences' tokens are
 concatenated (decodes first by convention), `seq_lens` counts cached tokens after the step, padding
 tokens write into the null page 0 and padding sequence slots have seq_len 0.
+
+KV groups (messages/kv_layout.py): the model takes block tables [G, S, pages] and slot mappings
+[G, T]. `build_step(..., num_groups=G, group_stride=N)` gives group g the chunk's pages shifted
+by g * N (disjoint pages in a pool of G * N), every page kept: the model computes as with one
+table per layer, whatever its layout. `model_kv` is the pool and the groups of a config.
 """
 
 from __future__ import annotations
@@ -29,13 +34,20 @@ class Chunk:
 class StepArrays:
   token_ids: jnp.ndarray  # int32[T]
   positions: jnp.ndarray  # int32[T]
-  slot_mapping: jnp.ndarray  # int32[T]
+  slot_mapping: jnp.ndarray  # int32[G, T]
   metadata: AttentionMetadata
   offsets: list[int]  # where each chunk's tokens start in the step
 
 
 def build_step(
-  chunks: list[Chunk], *, page_size: int, num_tokens: int, num_seq_slots: int, pages_per_seq: int
+  chunks: list[Chunk],
+  *,
+  page_size: int,
+  num_tokens: int,
+  num_seq_slots: int,
+  pages_per_seq: int,
+  num_groups: int = 1,
+  group_stride: int = 0,
 ) -> StepArrays:
   token_ids = np.zeros(num_tokens, np.int32)
   positions = np.zeros(num_tokens, np.int32)
@@ -58,14 +70,18 @@ def build_step(
     query_start_loc[i + 1] = cursor
   query_start_loc[len(chunks) + 1 :] = cursor
   assert cursor <= num_tokens
+  shifts = np.arange(num_groups, dtype=np.int32) * group_stride  # [G]
+  tables = np.where(block_tables > 0, block_tables + shifts[:, None, None], 0)  # [G, S, pages]
+  live = np.arange(num_tokens) < cursor  # [T]: padding tokens stay on the null page
+  group_slots = np.where(live, slots + shifts[:, None] * page_size, 0)  # [G, T]
   metadata = AttentionMetadata(
-    jnp.asarray(block_tables),
+    jnp.asarray(tables),
     jnp.asarray(seq_lens),
     jnp.asarray(query_start_loc),
     jnp.asarray([len(chunks)], jnp.int32),
   )
   return StepArrays(
-    jnp.asarray(token_ids), jnp.asarray(positions), jnp.asarray(slots), metadata, offsets
+    jnp.asarray(token_ids), jnp.asarray(positions), jnp.asarray(group_slots), metadata, offsets
   )
 
 
@@ -81,6 +97,23 @@ def empty_kv_pages(
   return tuple((zeros, zeros) for _ in range(num_layers))
 
 
+def model_kv(config, num_pages: int, page_size: int, dtype=jnp.float32):
+  """(empty KV pool of `config`'s layout with num_pages pages per KV group, the group count):
+  pass `num_groups` and `group_stride=num_pages` to build_step."""
+  from jaxserve.models.kv_layout import kv_groups
+
+  groups = kv_groups(config)
+  kv = empty_kv_pages(
+    len(groups[0].layers),
+    config.num_kv_heads,
+    num_pages * len(groups),
+    page_size,
+    config.head_dim,
+    dtype,
+  )
+  return kv, len(groups)
+
+
 def init_param_shapes(config) -> dict:
   """The params tree `causal_lm(config).init` makes, as ShapeDtypeStructs (no compute): one
   two-token step over one page of four."""
@@ -90,10 +123,16 @@ def init_param_shapes(config) -> dict:
   from jaxserve.models import causal_lm
 
   model = causal_lm(config, get_attention_backend("reference"))
+  kv, num_groups = model_kv(config, 2, 4)
   step = build_step(
-    [Chunk([1, 2], 0, [1])], page_size=4, num_tokens=4, num_seq_slots=1, pages_per_seq=1
+    [Chunk([1, 2], 0, [1])],
+    page_size=4,
+    num_tokens=4,
+    num_seq_slots=1,
+    pages_per_seq=1,
+    num_groups=num_groups,
+    group_stride=2,
   )
-  kv = empty_kv_pages(config.num_layers, config.num_kv_heads, 2, 4, config.head_dim)
   return jax.eval_shape(
     lambda: model.init(
       jax.random.key(0), step.token_ids, step.positions, kv, step.slot_mapping, step.metadata

@@ -17,7 +17,7 @@ from jaxserve.attention.backends import XLA, pallas_gpu
 from jaxserve.models import causal_lm
 from jaxserve.models.weights import load_hf_config, load_hf_params
 from tests.models.hf_checkpoints import VOCAB_SIZE, load_hf_model
-from tests.models.paged_batch import Chunk, build_step, empty_kv_pages
+from tests.models.paged_batch import Chunk, build_step, model_kv
 
 PAGE, PAGES_PER_SEQ, NUM_PAGES = 16, 3, 8
 LEN_A, LEN_B, SPLIT = 35, 29, 20
@@ -53,7 +53,13 @@ def test_every_path_gives_transformers_logprobs(gemma2, name):
 
   def run(kv, chunks):
     arrays = build_step(
-      chunks, page_size=PAGE, num_tokens=64, num_seq_slots=4, pages_per_seq=PAGES_PER_SEQ
+      chunks,
+      page_size=PAGE,
+      num_tokens=64,
+      num_seq_slots=4,
+      pages_per_seq=PAGES_PER_SEQ,
+      num_groups=num_groups,
+      group_stride=NUM_PAGES,
     )
     logprobs, kv = step(
       kv, arrays.token_ids, arrays.positions, arrays.slot_mapping, arrays.metadata
@@ -61,7 +67,7 @@ def test_every_path_gives_transformers_logprobs(gemma2, name):
     return np.asarray(logprobs, np.float64), kv, arrays.offsets
 
   pages_a, pages_b = [5, 2, 7], [1, 6, 3]
-  kv = empty_kv_pages(config.num_layers, config.num_kv_heads, NUM_PAGES, PAGE, config.head_dim)
+  kv, num_groups = model_kv(config, NUM_PAGES, PAGE)
   first, kv, off1 = run(kv, [Chunk(a[:-1], 0, pages_a), Chunk(b[:SPLIT], 0, pages_b)])
   second, _, off2 = run(kv, [Chunk(a[-1:], LEN_A - 1, pages_a), Chunk(b[SPLIT:], SPLIT, pages_b)])
   got_a = np.concatenate([first[off1[0] : off1[0] + LEN_A - 1], second[off2[0] : off2[0] + 1]])

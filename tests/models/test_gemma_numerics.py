@@ -19,7 +19,7 @@ from jaxserve.models.gemma import scaled_embedding
 from jaxserve.models.norms import GemmaRMSNorm
 from jaxserve.models.weights import load_hf_config, load_hf_params
 from tests.models.hf_checkpoints import VOCAB_SIZE, load_hf_model
-from tests.models.paged_batch import Chunk, build_step, empty_kv_pages
+from tests.models.paged_batch import Chunk, build_step, model_kv
 
 HIDDEN = 3072  # sqrt(3072) = 55.4256 rounds to 55.5 in bfloat16
 
@@ -64,10 +64,16 @@ def test_bfloat16_gemma2_tracks_float32_reference(hf_checkpoint):
   params = load_hf_params(directory, config)
   model = causal_lm(config, get_attention_backend("reference"))
   prompt = np.random.default_rng(2).integers(0, VOCAB_SIZE, 13).tolist()
+  kv, num_groups = model_kv(config, 6, 4, jnp.bfloat16)
   step = build_step(
-    [Chunk(prompt, 0, [3, 1, 5, 2])], page_size=4, num_tokens=16, num_seq_slots=2, pages_per_seq=4
+    [Chunk(prompt, 0, [3, 1, 5, 2])],
+    page_size=4,
+    num_tokens=16,
+    num_seq_slots=2,
+    pages_per_seq=4,
+    num_groups=num_groups,
+    group_stride=6,
   )
-  kv = empty_kv_pages(config.num_layers, config.num_kv_heads, 6, 4, config.head_dim, jnp.bfloat16)
 
   @jax.jit
   def forward(kv, token_ids, positions, slot_mapping, metadata):

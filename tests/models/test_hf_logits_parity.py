@@ -14,7 +14,7 @@ from jaxserve.attention import get_attention_backend
 from jaxserve.models import LlamaForCausalLM, causal_lm
 from jaxserve.models.weights import load_hf_config, load_hf_params
 from tests.models.hf_checkpoints import FAMILIES, VOCAB_SIZE, load_hf_model
-from tests.models.paged_batch import Chunk, build_step, empty_kv_pages
+from tests.models.paged_batch import Chunk, build_step, empty_kv_pages, model_kv
 
 PAGE_SIZE, NUM_PAGES, PAGES_PER_SEQ = 4, 12, 4
 NUM_TOKENS, NUM_SEQ_SLOTS = 32, 3
@@ -56,6 +56,8 @@ class Family:
       num_tokens=num_tokens,
       num_seq_slots=NUM_SEQ_SLOTS,
       pages_per_seq=PAGES_PER_SEQ,
+      num_groups=self.num_groups,
+      group_stride=NUM_PAGES,
     )
     logprobs, kv_pages = self.step(
       self.params,
@@ -68,8 +70,8 @@ class Family:
     return np.asarray(logprobs, np.float64), kv_pages, arrays.offsets
 
   def empty_pages(self):
-    c = self.config
-    return empty_kv_pages(c.num_layers, c.num_kv_heads, NUM_PAGES, PAGE_SIZE, c.head_dim)
+    kv, self.num_groups = model_kv(self.config, NUM_PAGES, PAGE_SIZE)
+    return kv
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

@@ -7,6 +7,7 @@ import json
 from jaxserve.cli import main as jaxserve_main
 from jaxserve.models.tiny_random import tiny_random_config
 from jaxserve.tools.kv_plan import plan
+from tests.models.gemma_shapes import gemma3
 from tests.tools.tool_helpers import SMALL_ENGINE_ARGS, SMALL_NUM_PAGES
 
 # tiny-random: 2 layers, 2 KV heads, head_dim 64, float32: K and V of one 16-token page
@@ -119,3 +120,26 @@ def test_8bit_kv_pages_nearly_double_the_token_capacity():
   for name, pages in (("auto", 100), ("fp8", 400), ("int8", 400)):
     config = EngineConfig(cache=CacheConfig(memory_bytes=budget, kv_cache_dtype=name))
     assert kv_cache_spec(config, tiny_random_config(), 512, None).num_pages == pages
+
+
+def test_gemma_3_pages_follow_the_windows():
+  """Gemma-3-12B's shape (8 global and 40 sliding layers of window 1024: 6 KV groups of 8 slots),
+  bfloat16, 16-token pages: a page holds 8 layers' K/V; a context of 8448 tokens holds 528 global
+  pages and 65 per sliding group (ceil(1023 / 16) + 1), 853 in all, against 6 * 528 without
+  window freeing."""
+  page_bytes = 2 * 8 * 8 * 16 * 256 * 2  # K and V, 8 slots, 8 kv heads, head_dim 256, bf16
+  result = plan(
+    gemma3(48),
+    page_size=16,
+    max_model_len=8448,
+    budget_bytes=10_000 * page_bytes,
+    avg_seq_len=8448,
+    max_num_seqs=64,
+  )
+  assert result.bytes_per_page == page_bytes and result.num_pages == 10_000
+  assert result.bytes_per_token == 2 * 48 * 8 * 256 * 2
+  assert result.num_kv_groups == 6
+  assert (result.pages_per_seq, result.pages_per_seq_without_freeing) == (853, 3168)
+  assert (result.paged_max_seqs, result.paged_max_seqs_without_freeing) == (11, 3)
+  assert result.paged_token_capacity == 9999 * 16 * 528 // 853
+  assert result.paged_token_capacity_without_freeing == 9999 * 16 // 6
