@@ -168,11 +168,6 @@ def probe_arrivals(url: str) -> tuple[list[float], list[int]]:
   return times, tokens
 
 
-@pytest.mark.xfail(
-  strict=True,
-  reason="the API server's receive loop drains every queued step message before the SSE "
-  "handlers run, so a server that fell behind sends several steps' chunks back to back",
-)
 def test_a_stalled_servers_chunks_still_leave_one_step_at_a_time(served):
   url, port = served
   load = LoadStreams(port, NUM_LOAD, max_tokens=200)
