@@ -25,7 +25,7 @@ def _stat(pid: int) -> list[str] | None:
   return text[text.rindex(")") + 2 :].split()
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
   """The live children of pid, oldest first."""
   found = []
   for entry in Path("/proc").iterdir():
@@ -48,8 +48,8 @@ def server_processes(supervisor: int, api_servers: int) -> dict[str, int]:
   'api-0' .. 'api-{api_servers - 1}' (a single-process server is the supervisor alone)."""
   roles = {"supervisor": supervisor}
   if api_servers > 0:
-    children = [pid for pid in _children(supervisor) if not _is_helper(pid)]
-    roles.update(zip(["core"] + [f"api-{k}" for k in range(api_servers)], children))
+    found = [pid for pid in children(supervisor) if not _is_helper(pid)]
+    roles.update(zip(["core"] + [f"api-{k}" for k in range(api_servers)], found))
   return roles
 
 

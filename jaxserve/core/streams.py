@@ -2,7 +2,8 @@
 sends (RequestSpec), the stream of its outputs (OutputStream) and the errors that end them.
 
 A stream belongs to one HTTP call: its requests (prompts x n choices) share it, their outputs
-arrive in step order on the serving event loop, and abort() (the response ended, however it
+arrive in step order on the serving event loop, one engine step's at a time (the client lets the
+handler take them before it delivers the next step's), and abort() (the response ended, however it
 ended) aborts whatever of the group is unfinished. The client refuses a group with ValueError
 (a field's rule: 400), QueueFullError (server.max_waiting_requests HTTP requests wait: 429) or
 EngineDeadError (the core is gone: 503).

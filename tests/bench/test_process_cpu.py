@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from jaxserve.bench.process_cpu import CpuMeter, _children, server_processes
+from jaxserve.bench.process_cpu import CpuMeter, children, server_processes
 
 # A stand-in supervisor: starts an idle "core", a busy "api-0" and an idle "api-1", in that
 # order, prints their pids and waits for them.
@@ -32,7 +32,7 @@ def test_roles_follow_start_order_and_cpu_is_per_process():
   )
   try:
     core, busy, idle = map(int, supervisor.stdout.readline().split())
-    assert _children(supervisor.pid) == [core, busy, idle]
+    assert children(supervisor.pid) == [core, busy, idle]
     roles = server_processes(supervisor.pid, api_servers=2)
     assert roles == {"supervisor": supervisor.pid, "core": core, "api-0": busy, "api-1": idle}
     assert server_processes(supervisor.pid, api_servers=0) == {"supervisor": supervisor.pid}
@@ -42,7 +42,7 @@ def test_roles_follow_start_order_and_cpu_is_per_process():
     time.sleep(0.8)
     cores = meter.stop(time.monotonic() - start)
   finally:
-    for pid in _children(supervisor.pid):
+    for pid in children(supervisor.pid):
       os.kill(pid, signal.SIGKILL)
     supervisor.kill()
     supervisor.wait()
