@@ -25,13 +25,6 @@ def _ceil_div(a: int, b: int) -> int:
   return -(-a // b)
 
 
-def layer_places(groups: tuple[KVGroupSpec, ...]) -> tuple[tuple[int, int], ...]:
-  """(group, slot) of each layer of `groups`, layer 0 first (the device side's view: it needs no
-  page size)."""
-  places = {layer: (g, j) for g, spec in enumerate(groups) for j, layer in enumerate(spec.layers)}
-  return tuple(places[layer] for layer in range(len(places)))
-
-
 @dataclass(frozen=True)
 class KVGroupSpec:
   """One KV-cache group: its layers in slot order and the window its pages follow."""
@@ -107,3 +100,10 @@ class KVLayout:
     return full + sum(
       min(full, _ceil_div(window - 1 + chunk, self.page_size) + 1) for window in self.windows
     )
+
+
+def layer_places(groups: tuple[KVGroupSpec, ...]) -> tuple[tuple[int, int], ...]:
+  """(group, slot) of each layer of `groups`, layer 0 first (the device side's view: it needs no
+  page size)."""
+  places = {layer: (g, j) for g, spec in enumerate(groups) for j, layer in enumerate(spec.layers)}
+  return tuple(places[layer] for layer in range(len(places)))
