@@ -71,14 +71,14 @@ def _run(features: bool):
   engine = _engine(features)
   steps = record_steps_per_dispatch(engine)
   reused = []  # pages each prefix lookup found (the real lookup, recorded)
-  find = engine.allocator.find_cached_prefix
+  share = engine.allocator.share
 
-  def recording_find(token_ids):
-    pages = find(token_ids)
-    reused.append(len(pages))
-    return pages
+  def recording_share(page_ids):  # a prefix hit takes its references here (engine/kv_groups.py)
+    page_ids = list(page_ids)
+    reused.append(len(page_ids))
+    share(page_ids)
 
-  engine.allocator.find_cached_prefix = recording_find
+  engine.allocator.share = recording_share
   for request_id, prompt, params in _workload():
     engine.add_request(prompt, params, request_id=request_id)
   finished = run_to_completion(engine)

@@ -85,8 +85,10 @@ def test_the_qwen3_moe_server_fits_a_v6e_8_with_expert_parallelism():
 
 
 def test_the_gemma3_27b_server_fits_a_v6e_8():
-  """62 layers, 32 q and 16 kv heads of 128 (2 kv heads per chip), tied embeddings; every layer
-  keeps pages for the whole context (the pool does not yet free what the windows leave)."""
+  """62 layers, 32 q and 16 kv heads of 128 (2 kv heads per chip), tied embeddings. KV groups
+  (models/kv_layout.py): the 10 global layers are one group and the 52 sliding ones 6 more
+  (8 slots padded), so a page holds 10 layers' K and V; a 16384-token sequence holds every page
+  of the global group and, per sliding group, the pages its 1024-token window sees."""
   server, pages = _server("gemma-3-27b", [])
   hidden, layers, vocab, head_dim = 5376, 62, 262208, 128
   split = layers * (2 * hidden * 32 * head_dim + 2 * hidden * 16 * head_dim + 3 * hidden * 21504)
@@ -95,9 +97,11 @@ def test_the_gemma3_27b_server_fits_a_v6e_8():
   hand = 2 * (split // CHIPS + whole)
   assert server.weight_bytes_per_chip == hand
   assert 6.2 * GIB < hand < 6.4 * GIB
-  page = layers * 2 * PAGE * 2 * head_dim * 2
+  slots = 10  # layers a page holds: the global layers' count
+  page = slots * 2 * PAGE * 2 * head_dim * 2
   assert server.page_bytes_per_chip == page and pages == _hand_pages(hand, page)
-  assert (pages - 1) * PAGE // MAX_MODEL_LEN == 19
+  per_sequence = MAX_MODEL_LEN // PAGE + 6 * (-(-1023 // PAGE) + 1)  # 512 + 6 x 33 pages
+  assert (pages - 1) // per_sequence == 88  # 19 without window freeing
 
 
 @pytest.mark.parametrize(
