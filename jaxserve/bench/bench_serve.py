@@ -1,11 +1,13 @@
-"""`jaxserve bench serve`: an asyncio load generator for an OpenAI-compatible server.
+"""`jaxserve bench serve`: a load generator for an OpenAI-compatible server, as vLLM's bench serve.
 
 It loads /v1/completions (prompts as text or token ids) or, with `--endpoint /v1/chat/completions`,
 the chat route (each prompt one user message). Requests are sent at gamma/Poisson arrival times (see
 arrivals.py), optionally capped at `max_concurrency` in flight, each streaming its completion over
-SSE through one shared httpx.AsyncClient. Every request asks for `stream_options.include_usage`, so
-output token counts come from the server's usage; when a server reports none, the number of chunks
-carrying choices is used instead. Timing follows vLLM's benchmark_serving (see latency_stats.py). A
+SSE (serve_client.py), from one or several client processes (client_processes.py:
+`--client-processes`, by default as many as the load needs) so that the client keeps up. Timing
+follows vLLM's benchmark_serving (see latency_stats.py). After vLLM's result table the report says
+how many client processes ran and why, their CPU time and share of a core, the share of chunk
+gaps under 1 ms in each, and warns when a client process had no idle time (client_usage.py). A
 sweep runs the same workload at several rates and plots throughput against latency. Flags follow
 vLLM's benchmark_serving (--dataset-name, --endpoint, --percentile-metrics, --metric-percentiles,
 --goodput, --save-result / --result-dir); results are written only with --save-result. The server is
@@ -14,175 +16,26 @@ checked (GET /v1/models) before anything runs: one line if it cannot be reached.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
 import httpx  # the async streaming HTTP client (the `bench` extra; checked by tools/cli.py)
-from tqdm.auto import tqdm
 
-from jaxserve.bench.arrivals import arrival_gaps
+from jaxserve.bench.client_processes import machine_cores, plan_clients, run_clients
+from jaxserve.bench.client_usage import bottleneck_warnings, client_report, small_gap_fraction
 from jaxserve.bench.datasets import SampleRequest
 from jaxserve.bench.goodput import meets_slos, parse_goodput
 from jaxserve.bench.latency_stats import (
-  RequestRecord,
   format_table,
   parse_percentile_metrics,
   parse_percentiles,
   summarize,
 )
-
-COMPLETIONS_PATH = "/v1/completions"
-CHAT_PATH = "/v1/chat/completions"
-
-
-@dataclass(frozen=True)
-class ServeBenchConfig:
-  base_url: str
-  model: str
-  request_rate: float = math.inf
-  burstiness: float = 1.0
-  max_concurrency: int | None = None
-  ignore_eos: bool = False
-  seed: int = 0
-  api_key: str | None = None
-  timeout_s: float = 600.0
-  endpoint: str = COMPLETIONS_PATH
-  show_progress: bool = False
-
-
-def completion_payload(config: ServeBenchConfig, request: SampleRequest) -> dict:
-  common = {
-    "model": config.model,
-    "temperature": 0.0,
-    "stream": True,
-    "stream_options": {"include_usage": True},
-    "ignore_eos": config.ignore_eos,
-  }
-  if config.endpoint == CHAT_PATH:
-    if not isinstance(request.prompt, str):
-      raise ValueError("random_prompt_type: chat prompts are text; use --random-prompt-type text")
-    return {
-      **common,
-      "messages": [{"role": "user", "content": request.prompt}],
-      "max_completion_tokens": request.expected_output_len,
-    }
-  prompt = request.prompt if isinstance(request.prompt, str) else list(request.prompt)
-  return {**common, "prompt": prompt, "max_tokens": request.expected_output_len}
-
-
-def _content(choice: dict) -> str | None:
-  """The text a completion or chat chunk's choice carries ("" for a token whose text is held
-  back); None for a chat chunk that is not a token: the opening role chunk, or one with
-  neither content nor a finish reason."""
-  if "delta" in choice:
-    delta = choice["delta"]
-    if choice.get("finish_reason"):
-      return delta.get("content") or ""
-    if "role" in delta or delta.get("content") is None:
-      return None
-    return delta["content"]
-  return choice.get("text", "")
-
-
-async def send_request(
-  client: httpx.AsyncClient, config: ServeBenchConfig, request: SampleRequest
-) -> RequestRecord:
-  """Streams one completion and times its chunks."""
-  start = time.perf_counter()
-  ttft, last, itls, num_chunks, usage_tokens = None, start, [], 0, None
-  base = dict(prompt_len=request.prompt_len, expected_output_len=request.expected_output_len)
-  try:
-    async with client.stream(
-      "POST",
-      config.base_url.rstrip("/") + config.endpoint,
-      json=completion_payload(config, request),
-    ) as response:
-      if response.status_code != 200:
-        body = (await response.aread()).decode(errors="replace")[:500]
-        return RequestRecord(False, **base, error=f"HTTP {response.status_code}: {body}")
-      async for line in response.aiter_lines():
-        data = _sse_data(line)
-        if data is None:
-          continue
-        if data == "[DONE]":
-          break
-        chunk = json.loads(data)
-        now = time.perf_counter()
-        if chunk.get("choices") and _content(chunk["choices"][0]) is not None:
-          if ttft is None:
-            ttft = now - start
-          else:
-            itls.append(now - last)
-          last, num_chunks = now, num_chunks + 1
-        if chunk.get("usage"):
-          usage_tokens = chunk["usage"].get("completion_tokens")
-  except (httpx.HTTPError, json.JSONDecodeError) as err:
-    return RequestRecord(False, **base, error=f"{type(err).__name__}: {err}")
-  if ttft is None:
-    return RequestRecord(False, **base, error="stream ended without a completion chunk")
-  output_tokens = usage_tokens if usage_tokens is not None else num_chunks
-  return RequestRecord(
-    True,
-    **base,
-    output_tokens=int(output_tokens),
-    ttft=ttft,
-    e2e=last - start,
-    itls=tuple(itls),
-    start_time=start,
-    usage_reported=usage_tokens is not None,
-  )
-
-
-def _sse_data(line: str) -> str | None:
-  if not line.startswith("data:"):
-    return None
-  return line[len("data:") :].strip()
-
-
-async def run_requests(
-  config: ServeBenchConfig, requests: Sequence[SampleRequest]
-) -> tuple[list[RequestRecord], float]:
-  """Sends every request on schedule; returns their records (in order) and the wall time."""
-  gaps = arrival_gaps(len(requests), config.request_rate, config.burstiness, config.seed)
-  limit = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
-  limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-  headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-  async with httpx.AsyncClient(
-    timeout=httpx.Timeout(config.timeout_s), limits=limits, headers=headers
-  ) as client:
-    bar = tqdm(total=len(requests), desc="requests", unit="req", disable=not config.show_progress)
-
-    async def limited(request: SampleRequest) -> RequestRecord:
-      if limit is None:
-        record = await send_request(client, config, request)
-      else:
-        async with limit:
-          record = await send_request(client, config, request)
-      bar.update(1)
-      return record
-
-    start = time.perf_counter()
-    tasks = []
-    for request, gap in zip(requests, gaps.tolist()):
-      tasks.append(asyncio.create_task(limited(request)))
-      if gap > 0:
-        await asyncio.sleep(gap)
-    records = await asyncio.gather(*tasks)
-    duration = time.perf_counter() - start
-    bar.close()
-  return [_relative(r, start) for r in records], duration
-
-
-def _relative(record: RequestRecord, start: float) -> RequestRecord:
-  if not record.success:
-    return record
-  return RequestRecord(**{**asdict(record), "start_time": record.start_time - start})
+from jaxserve.bench.serve_client import CHAT_PATH, ServeBenchConfig
 
 
 def fetch_model_name(base_url: str, api_key: str | None = None) -> str:
@@ -215,14 +68,23 @@ class ReportOptions:
 
 
 def run_one_rate(
-  config: ServeBenchConfig, requests: Sequence[SampleRequest], options: ReportOptions
+  config: ServeBenchConfig,
+  requests: Sequence[SampleRequest],
+  options: ReportOptions,
+  client_processes: int | None = None,
 ) -> dict:
-  """Runs the workload at config.request_rate; returns the JSON-ready result of that run."""
-  records, duration = asyncio.run(run_requests(config, requests))
+  """Runs the workload at config.request_rate from `client_processes` client processes (None:
+  plan_clients decides); returns the JSON-ready result of that run."""
+  cores = machine_cores()
+  plan = plan_clients(
+    client_processes, requests, config.request_rate, config.max_concurrency, cores
+  )
+  clients = run_clients(config, requests, plan)
+  records = clients.records
   num_good = None
   if options.goodput_slos is not None:
     num_good = sum(meets_slos(r, options.goodput_slos) for r in records)
-  metrics = summarize(records, duration, options.percentiles, num_good)
+  metrics = summarize(records, clients.duration_s, options.percentiles, num_good)
   print(
     format_table(
       metrics,
@@ -230,6 +92,8 @@ def run_one_rate(
       options.percentile_metrics,
     )
   )
+  warnings = bottleneck_warnings(clients.usages, cores)
+  print("\n".join(client_report(clients.usages, plan.reason) + warnings))
   errors = sorted({r.error for r in records if not r.success})
   for error in errors[:5]:
     print(f"  failed: {error}")
@@ -238,6 +102,15 @@ def run_one_rate(
     "burstiness": config.burstiness,
     "max_concurrency": config.max_concurrency,
     "metrics": metrics.to_dict(),
+    "client": {
+      "processes": plan.processes,
+      "reason": plan.reason,
+      "cpu_s": sum(u.cpu_s for u in clients.usages),
+      "small_gap_fraction": small_gap_fraction(clients.usages),
+      "per_process": [u.to_dict() for u in clients.usages],
+      "bottleneck": bool(warnings),
+      "warnings": warnings,
+    },
     "requests": [asdict(r) for r in records],
   }
 
@@ -349,6 +222,8 @@ def report_options(args) -> ReportOptions:
 def main(args) -> int:
   logging.getLogger("httpx").setLevel(logging.WARNING)  # no INFO line per request
   options = report_options(args)  # bad flags fail before anything is sent
+  if args.client_processes is not None and args.client_processes < 1:
+    raise ValueError(f"client_processes: must be >= 1, got {args.client_processes}")
   rates = parse_rates(args.sweep_rates) if args.sweep_rates else [args.request_rate]
   served = fetch_model_name(args.base_url, args.api_key)  # also checks the server is up
   model = args.model or served
@@ -368,7 +243,7 @@ def main(args) -> int:
       endpoint=args.endpoint,
       show_progress=not args.disable_tqdm,
     )
-    runs.append(run_one_rate(config, requests, options))
+    runs.append(run_one_rate(config, requests, options, args.client_processes))
   lengths = (
     f"in {args.random_input_len} / out {args.random_output_len} tokens"
     if args.dataset == "random"

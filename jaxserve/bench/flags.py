@@ -77,6 +77,13 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     "--burstiness", type=float, default=1.0, help="gamma shape of the arrival gaps (1 = Poisson)"
   )
   parser.add_argument("--max-concurrency", type=int)
+  parser.add_argument(
+    "--client-processes",
+    type=int,
+    help="client processes the load is spread over (default: as many as the streams open at "
+    "once and the chunk rate need, at most half of this machine's cores; the report says how "
+    "many ran and why)",
+  )
   parser.add_argument("--ignore-eos", action="store_true")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--sweep-rates", help="comma-separated rates, e.g. 1,2,4,inf")

@@ -26,23 +26,21 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import dataclasses
 import json
 import math
-import multiprocessing
 import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from jaxserve.bench.bench_serve import ServeBenchConfig, run_requests
+from jaxserve.bench.client_processes import machine_cores, plan_clients, run_clients
+from jaxserve.bench.client_usage import small_gap_fraction
 from jaxserve.bench.datasets import random_requests
 from jaxserve.bench.flags import standalone_parser
 from jaxserve.bench.latency_stats import format_table, summarize
 from jaxserve.bench.process_cpu import CpuMeter
+from jaxserve.bench.serve_client import ServeBenchConfig
 from jaxserve.bench.server_process import ServerProcess
 from jaxserve.core.supervisor import default_api_server_count
 from jaxserve.tools.json_file import write_json
@@ -187,14 +185,6 @@ def _vocabulary(model: str) -> tuple[str, list[int]]:
   return model, [i for i in range(tokenizer.backend.get_vocab_size()) if i not in special]
 
 
-def _shard(config: ServeBenchConfig, requests) -> tuple[list, float, float]:
-  """One load-generator process: its records, wall time (from the shared CLOCK_MONOTONIC
-  start) and CPU seconds."""
-  cpu = time.process_time()
-  records, duration = asyncio.run(run_requests(config, requests))
-  return records, duration, time.process_time() - cpu
-
-
 def _run(
   url: str,
   name: str,
@@ -204,40 +194,33 @@ def _run(
   processes: int = 1,
   meter: CpuMeter | None = None,
 ) -> dict:
-  """bench serve's load at `rate`, from `processes` load-generator processes (each sends
-  every processes-th request at rate / processes: a Poisson process split K ways is K Poisson
-  processes), so the client's own CPU does not cap what is measured; its CPU use is reported."""
-  processes = 1 if concurrency else max(1, min(processes, len(requests)))
+  """bench serve's load at `rate`, from `processes` client processes (client_processes.py: one
+  arrival schedule dealt among them), so the client's own CPU does not cap what is measured; its
+  CPU use is reported."""
   config = ServeBenchConfig(
     base_url=url,
     model=name,
-    request_rate=rate / processes,
+    request_rate=rate,
     ignore_eos=True,
     max_concurrency=concurrency,
   )
-  shards = [requests[k::processes] for k in range(processes)]
+  plan = plan_clients(processes, requests, rate, concurrency, machine_cores())
   if meter:
     meter.start()
   wall = time.monotonic()
-  if processes == 1:
-    results = [_shard(config, shards[0])]
-  else:
-    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
-      results = list(
-        pool.map(_shard, [dataclasses.replace(config, seed=k) for k in range(processes)], shards)
-      )
+  clients = run_clients(config, requests, plan)
   server_cpu = meter.stop(time.monotonic() - wall) if meter else {}
-  records = [record for shard, _, _ in results for record in shard]
-  duration = max(wall for _, wall, _ in results)
-  metrics = summarize(records, duration, (50.0, 99.0))
+  records = clients.records
+  metrics = summarize(records, clients.duration_s, (50.0, 99.0))
   print(format_table(metrics, f"Serving Benchmark Result (rate {rate})", ("ttft", "tpot", "itl")))
   errors = sorted({r.error for r in records if not r.success})
   return {
     "request_rate": "inf" if math.isinf(rate) else rate,
     "metrics": metrics.to_dict(),
-    "client_processes": processes,
+    "client_processes": plan.processes,
     "errors": errors[:5],
-    "client_cpu_per_process": max(cpu for _, _, cpu in results) / duration,
+    "client_cpu_per_process": max(u.cpu_share for u in clients.usages),
+    "client_small_gap_fraction": small_gap_fraction(clients.usages),
     "server_cpu": server_cpu,
   }
 

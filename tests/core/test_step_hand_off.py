@@ -3,8 +3,9 @@ have queued up (the event loop was busy for several steps), a stream's reader ta
 output before the client takes the next message, instead of finding several steps' outputs
 waiting at once (which a server would send as back-to-back chunks).
 
-A real engine core process (tiny-random) and a real CoreClient; the test's reader blocks the
-event loop for 0.3 s, as a busy API server would, while the core runs every step of the request.
+A real engine core (tiny-random, on a thread, as the one-process server runs it) and a real
+CoreClient; the test's reader blocks the event loop for 0.3 s, as a busy API server would, while
+the core runs every step of the request.
 The client's step messages are tapped as they are taken (as tests/server/test_streaming.py
 does) and interleaved with the reader's takes.
 """
@@ -17,18 +18,19 @@ import time
 import pytest
 
 from jaxserve.core.client import CoreClient
+from jaxserve.core.in_process import CoreThread
 from jaxserve.core.streams import RequestSpec, now
 from jaxserve.sampling_params import SamplingParams
-from tests.server.server_helpers import start_core
+from tests.server.server_helpers import build_server_engine
 
 NUM_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
 def core():
-  handle = start_core()
-  yield handle
-  assert handle.stop() == 0
+  thread = CoreThread(build_server_engine()).start()
+  yield thread
+  thread.stop()
 
 
 def test_a_busy_clients_stream_takes_each_step_before_the_next(core):

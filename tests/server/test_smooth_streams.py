@@ -32,7 +32,7 @@ from jaxserve.bench.process_cpu import children, server_processes
 from tests.server.server_helpers import free_port, serve_process
 
 NUM_LOAD = 31  # with the probe: the engine's 32 sequences
-PROBE_TOKENS = 40
+PROBE_TOKENS = 30
 STOPPED_S, RUNNING_S = 0.04, 0.01
 SERVE_ARGS = [
   "--api-server-count",

@@ -1,0 +1,150 @@
+"""`jaxserve bench serve` from several client processes, its own CPU, and the bottleneck warning,
+against a real uvicorn server over a small tiny-random engine."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jaxserve.bench.arrivals import arrival_gaps, send_offsets
+from jaxserve.bench.client_processes import plan_clients
+from jaxserve.bench.datasets import random_requests
+from jaxserve.cli import main as jaxserve_main
+from tests.server.server_helpers import core_backend, start_core, start_server
+
+NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN = 16, 16, 12
+
+
+@pytest.fixture(scope="module")
+def server_url():
+  core = start_core()
+  server = start_server(core_backend(core))
+  yield server.url
+  server.stop()
+  core.stop()
+
+
+def _bench(url: str, out_dir, *flags: str) -> dict:
+  code = jaxserve_main(
+    [
+      "bench",
+      "serve",
+      "--base-url",
+      url,
+      "--num-prompts",
+      str(NUM_PROMPTS),
+      "--random-input-len",
+      str(INPUT_LEN),
+      "--random-output-len",
+      str(OUTPUT_LEN),
+      "--ignore-eos",
+      "--seed",
+      "5",
+      "--disable-tqdm",
+      "--save-result",
+      "--result-dir",
+      str(out_dir),
+      *flags,
+    ]
+  )
+  assert code == 0
+  (run,) = json.loads((out_dir / "bench_serve.json").read_text())["runs"]
+  return run
+
+
+def test_two_client_processes_measure_what_one_does(server_url, tmp_path, capsys):
+  one = _bench(server_url, tmp_path / "one", "--client-processes", "1")
+  two = _bench(server_url, tmp_path / "two", "--client-processes", "2", "--request-rate", "40")
+  table = capsys.readouterr().out
+  assert "Client processes:                        1 (--client-processes 1)" in table
+  assert "Client processes:                        2 (--client-processes 2)" in table
+  for row in ("Client CPU time (s):", "Client chunk gaps under 1 ms:", "  client 1: 8 requests"):
+    assert row in table
+  for run, processes in ((one, 1), (two, 2)):
+    metrics, client = run["metrics"], run["client"]
+    assert metrics["completed"] == NUM_PROMPTS and metrics["failed"] == 0
+    assert metrics["total_output_tokens"] == NUM_PROMPTS * OUTPUT_LEN
+    assert [r["output_tokens"] for r in run["requests"]] == [OUTPUT_LEN] * NUM_PROMPTS
+    for record in run["requests"]:
+      assert 0 < record["ttft"] <= record["e2e"] < metrics["duration_s"]
+      assert len(record["itls"]) == OUTPUT_LEN - 1  # a chunk per step, a token each
+      assert sum(record["itls"]) == pytest.approx(record["e2e"] - record["ttft"], abs=1e-6)
+    assert metrics["output_throughput"] == pytest.approx(
+      metrics["total_output_tokens"] / metrics["duration_s"]
+    )
+    assert 0 < metrics["tpot"]["median_ms"] <= metrics["e2e"]["percentiles_ms"]["p99"]
+    assert client["processes"] == processes == len(client["per_process"])
+    assert [p["requests"] for p in client["per_process"]] == [NUM_PROMPTS // processes] * processes
+    for usage in client["per_process"]:
+      assert usage["cpu_s"] > 0 and 0 < usage["cpu_share"] <= os.cpu_count()
+      assert usage["gaps"] == NUM_PROMPTS // processes * (OUTPUT_LEN - 1)
+      assert 0 <= usage["small_gap_fraction"] <= 1
+    assert client["cpu_s"] == pytest.approx(sum(p["cpu_s"] for p in client["per_process"]))
+  # The same workload, merged back in request order.
+  assert [r["prompt_len"] for r in one["requests"]] == [r["prompt_len"] for r in two["requests"]]
+  # Two processes follow one schedule from one start: none sends before its arrival time.
+  offsets = send_offsets(arrival_gaps(NUM_PROMPTS, 40.0, 1.0, seed=5))
+  for record, offset in zip(two["requests"], offsets):
+    assert record["start_time"] >= offset - 1e-3
+
+
+def test_plan_clients_follows_streams_rate_and_cores():
+  burst = random_requests(1000, 8, 256, seed=0)
+  assert plan_clients(None, burst, math.inf, None, cores=26).processes == 4  # 1000 / 256
+  assert plan_clients(None, burst, math.inf, None, cores=4).processes == 2  # half the cores
+  assert plan_clients(None, burst, math.inf, 64, cores=26).processes == 1
+  assert plan_clients(None, burst, 16.0, None, cores=26).processes == 2  # 4096 chunks/s
+  assert plan_clients(None, burst, 100.0, None, cores=26).processes == 4  # streams bound
+  plan = plan_clients(None, burst, 100.0, None, cores=26)
+  assert plan.reason == (
+    "auto: one per 256 streams open at once (1000), one per 4000 chunks/s (about 25600), "
+    "at most half of 26 cores"
+  )
+  assert plan_clients(3, burst, math.inf, 2, cores=26).processes == 2  # one stream each at most
+  assert plan_clients(8, burst, math.inf, None, cores=2).processes == 8  # given: it wins
+  with pytest.raises(ValueError, match="client_processes"):
+    plan_clients(0, burst, math.inf, None, cores=2)
+
+
+def test_a_client_without_cpu_is_reported_as_the_bottleneck(server_url):
+  """A client process that gets little CPU (pinned to one core beside a busy loop, at nice 15)
+  is runnable all the time it has chunks to read: bench serve's run warns and says so."""
+  cpu = {sorted(os.sched_getaffinity(0))[-1]}
+  code = (
+    "import json, os\n"
+    "from jaxserve.bench.bench_serve import ReportOptions, run_one_rate\n"
+    "from jaxserve.bench.datasets import random_requests\n"
+    "from jaxserve.bench.serve_client import ServeBenchConfig\n"
+    "import httpcore._async, anyio._backends._asyncio\n"  # httpx's lazy imports, at full speed
+    "requests = random_requests(8, 8, 16, seed=0, token_ids=range(256))\n"
+    f"config = ServeBenchConfig({server_url!r}, 'tiny-random', ignore_eos=True)\n"
+    "options = ReportOptions((50.0, 99.0), ('ttft', 'tpot', 'itl'), None)\n"
+    f"os.sched_setaffinity(0, {cpu!r})\n"
+    "os.nice(15)\n"
+    "result = run_one_rate(config, requests, options, client_processes=1)\n"
+    "print(json.dumps({'client': result['client'], 'metrics': result['metrics']}), flush=True)\n"
+    "os._exit(0)\n"  # no slow interpreter shutdown at nice 15
+  )
+  busy = subprocess.Popen(
+    [sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.sched_setaffinity(0, cpu)
+  )
+  try:
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  finally:
+    busy.kill()
+    busy.wait()
+  assert run.returncode == 0, run.stderr[-2000:]
+  *report, last = run.stdout.strip().splitlines()
+  assert any(line.startswith("WARNING: client process 0 was busy") for line in report), "\n".join(
+    report
+  )
+  result = json.loads(last)
+  client = result["client"]
+  assert client["bottleneck"] and client["per_process"][0]["bottleneck"]
+  assert client["per_process"][0]["busy_share"] >= 0.9
+  assert result["metrics"]["completed"] == 8
