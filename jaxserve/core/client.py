@@ -11,19 +11,19 @@ resolves the add: accepted, ValueError naming the field, or QueueFullError (429)
 decodes each StepOutputs, answers the adds it carries, runs the OutputProcessor (engine/
 output_processor.py: detokenization, stop strings, RequestOutputs; the same code LLM.generate
 runs) and puts each RequestOutput in its OutputStream; a request a stop string ended is
-aborted in the core (AbortRequests stopped=True).
-
-One step at a time: after each StepOutputs the receiver yields to the event loop before it takes
-the next, so the handlers its outputs woke write their chunks first (one SSE chunk per step,
-written before the next step's tokens reach the stream). Without the yield a receiver that fell
-behind (the loop was busy for longer than a step) would drain every queued message at once, as
-zmq.asyncio's recv() returns a waiting message without suspending, and each stream would send
-several steps' chunks back to back. The yield costs one event loop pass per step, not per chunk.
-A stream whose client reads slowly (its writes wait on flow control) still gets its outputs
-queued, not merged. The watcher follows the socket's monitor: when
+aborted in the core (AbortRequests stopped=True). The watcher follows the socket's monitor: when
 the core's end of the connection closes (the process died, even by SIGKILL) or the core sent
 CoreFailed, every open stream and pending add fails with EngineDeadError (an error event and
 [DONE] on a stream) and `alive` turns False (/health 503).
+
+One step at a time: after each StepOutputs the receiver yields to the event loop before it takes
+the next, so the handlers its outputs woke write their chunks first: one SSE chunk per step and
+stream, written before the next step's tokens reach the stream. zmq.asyncio's recv() returns a
+waiting message without suspending, so a receiver that fell behind (its loop busy for longer
+than a step) would otherwise take every queued message at once and each stream would send
+several steps' chunks back to back. The yield costs one event loop pass per step, not per chunk.
+A stream whose client reads slowly (its writes wait on flow control) still gets its outputs
+queued, one per step.
 """
 
 from __future__ import annotations

@@ -112,8 +112,8 @@ def test_plan_clients_follows_streams_rate_and_cores():
 
 
 def test_a_client_without_cpu_is_reported_as_the_bottleneck(server_url):
-  """A client process that gets little CPU (pinned to one core beside a busy loop, at nice 15)
-  is runnable all the time it has chunks to read: bench serve's run warns and says so."""
+  """A client process that gets little CPU (nice 19, pinned to one core beside a busy loop at
+  nice 5) is runnable all the time it has chunks to read: bench serve's run warns and says so."""
   cpu = {sorted(os.sched_getaffinity(0))[-1]}
   code = (
     "import json, os\n"
@@ -125,14 +125,13 @@ def test_a_client_without_cpu_is_reported_as_the_bottleneck(server_url):
     f"config = ServeBenchConfig({server_url!r}, 'tiny-random', ignore_eos=True)\n"
     "options = ReportOptions((50.0, 99.0), ('ttft', 'tpot', 'itl'), None)\n"
     f"os.sched_setaffinity(0, {cpu!r})\n"
-    "os.nice(15)\n"
+    "os.nice(19)\n"
     "result = run_one_rate(config, requests, options, client_processes=1)\n"
     "print(json.dumps({'client': result['client'], 'metrics': result['metrics']}), flush=True)\n"
-    "os._exit(0)\n"  # no slow interpreter shutdown at nice 15
+    "os._exit(0)\n"  # no slow interpreter shutdown at nice 19
   )
-  busy = subprocess.Popen(
-    [sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.sched_setaffinity(0, cpu)
-  )
+  loop = f"import os\nos.sched_setaffinity(0, {cpu!r})\nos.nice(5)\nwhile True: pass\n"
+  busy = subprocess.Popen([sys.executable, "-c", loop])
   try:
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
   finally:
