@@ -16,7 +16,8 @@
 #   ckgemma  the Gemma-3-12B-shaped random bf16 checkpoint in $GEMMA, and ${GEMMA}_nowin: the
 #            same weights with every sliding window as long as the model's context (windows off)
 #   gemma    offline $N x 1024/128 and $N8K x 8192/256, windows on and off, with the KV pool's
-#            token capacity
+#            token capacity (g1k and g8k: one length each)
+#   gtpot    single stream on the Gemma checkpoint, 1024 in / 256 out, beside its weight-read time
 #   table    the short table of every result in $OUT (scripts/gpu_moe_table.py); always run last
 # The MoE's KV pool is given in bytes (MOE_KV_GIB, default 8): with the streaming loader's slack
 # (a quarter of the weights, device/device_memory.py) a 61 GB checkpoint leaves no pool at a
@@ -44,18 +45,25 @@ step() { local name=$1; shift; local t0=$SECONDS
 offline() { local name=$1 model=$2; shift 2
   step "$name" python3 -m jaxserve.bench.bench_offline --model "$model" --config "$CONFIG" \
     --no-stream --log-level WARNING --out "$OUT/$name.json" "$@"; }
+copy_bandwidth() {  # the card's measured copy bandwidth, once per run
+  [ -f "$OUT/copy_bandwidth.json" ] || python3 -c "import json; \
+from investigations.kernel_timing import copy_bandwidth as c; \
+print(json.dumps({'copy_gb_per_s': c(${COPY_BYTES:-4294967296}, inner=10, reps=5) / 1e9}))" \
+    > "$OUT/copy_bandwidth.json" 2> "$LOGS/copy_bandwidth.log"; }
+gemma_run() {  # gemma_run LABEL on|off PROMPTS IN OUT: offline on the windowed or unwindowed copy
+  local model=$GEMMA; [ "$2" = off ] && model=${GEMMA}_nowin
+  offline "gemma_$1_$2" "$model" "${GEMMA_SET[@]}" --num-prompts "$3" --input-len "$4" \
+    --output-len "$5" --max-model-len $(( $4 + $5 )); }
 checkpoint() {  # checkpoint SHAPE DIR: a named shape's random checkpoint, unless DIR has one
   [ -f "$2/config.json" ] || step "ck_$1" python3 -m jaxserve.bench.random_checkpoint "$1" "$2"
   du -sh "$2" | tee -a "$OUT/summary.txt"; }
-for s in ${STEPS:-ckmoe tpot off gmm serve ckgemma gemma} table; do case $s in
+for s in ${STEPS:-ckmoe tpot off gmm serve ckgemma gtpot gemma} table; do case $s in
   ckmoe) checkpoint qwen3-30b-a3b "$MOE" ;;
   tpot)
     offline moe_tpot "$MOE" "${MOE_SET[@]}" --num-prompts 1 --input-len 1024 --output-len 256 \
       --max-model-len 2048
     python3 -m jaxserve.bench.active_weights "$MOE" > "$OUT/moe_active.json"
-    python3 -c "import json; from investigations.kernel_timing import copy_bandwidth as c; \
-print(json.dumps({'copy_gb_per_s': c(${COPY_BYTES:-4294967296}, inner=10, reps=5) / 1e9}))" \
-      > "$OUT/copy_bandwidth.json" 2> "$LOGS/copy_bandwidth.log" ;;
+    copy_bandwidth ;;
   off) offline moe_off "$MOE" "${MOE_SET[@]}" --num-prompts "$N" --input-len 256 --output-len 256 \
       --max-model-len 512 ;;
   gmm) step gmm python3 -m investigations.bench_grouped_matmul --batches 1,64,256 \
@@ -82,12 +90,15 @@ config["sliding_window"] = config["max_position_embeddings"]  # every window cov
 json.dump(config, open(f"{sys.argv[1]}_nowin/config.json", "w"), indent=2)
 PY
     ;;
-  gemma) for win in on off; do model=$GEMMA; [ $win = off ] && model=${GEMMA}_nowin
-      offline gemma_1k_$win "$model" "${GEMMA_SET[@]}" --num-prompts "$N" --input-len 1024 \
-        --output-len 128 --max-model-len 1152
-      offline gemma_8k_$win "$model" "${GEMMA_SET[@]}" --num-prompts "$N8K" --input-len "$LONG_IN" \
-        --output-len "$LONG_OUT" --max-model-len $((LONG_IN + LONG_OUT))
-    done ;;
+  gemma) for win in on off; do gemma_run 1k "$win" "$N" 1024 128; done
+    for win in on off; do gemma_run 8k "$win" "$N8K" "$LONG_IN" "$LONG_OUT"; done ;;
+  g1k) for win in on off; do gemma_run 1k "$win" "$N" 1024 128; done ;;
+  g8k) for win in on off; do gemma_run 8k "$win" "$N8K" "$LONG_IN" "$LONG_OUT"; done ;;
+  gtpot)
+    offline gemma_tpot "$GEMMA" "${GEMMA_SET[@]}" --num-prompts 1 --input-len 1024 \
+      --output-len 256 --max-model-len 2048
+    python3 -m jaxserve.bench.active_weights "$GEMMA" > "$OUT/gemma_active.json"
+    copy_bandwidth ;;
   table) python3 scripts/gpu_moe_table.py "$OUT" | tee -a "$OUT/summary.txt" ;;
   *) echo "unknown step $s" | tee -a "$OUT/summary.txt" ;;
 esac; done

@@ -24,21 +24,26 @@ def _latency(metrics: dict) -> str:
   return ", ".join(cells) + " ms p50/p99"
 
 
-def moe_lines(out: Path) -> list[str]:
-  lines = []
+def single_stream_line(out: Path, prefix: str, label: str) -> list[str]:
+  """`prefix`_tpot.json's time per token beside the read time of `prefix`_active.json's bytes."""
   tpot, active, copy = (
-    _load(out, n) for n in ("moe_tpot.json", "moe_active.json", "copy_bandwidth.json")
+    _load(out, n) for n in (f"{prefix}_tpot.json", f"{prefix}_active.json", "copy_bandwidth.json")
   )
-  if tpot:
-    ms = 1e3 / tpot["output_tokens_per_s"]
-    line = f"qwen3-30b-a3b single stream 1024/256: {ms:.2f} ms/token"
-    if active and copy:
-      read_ms = active["active_weight_bytes"] / (copy["copy_gb_per_s"] * 1e9) * 1e3
-      line += (
-        f" vs {read_ms:.2f} ms to read the {active['active_weight_bytes'] / 1e9:.2f} GB one token"
-        f" reads at {copy['copy_gb_per_s']:.0f} GB/s ({ms / read_ms:.2f}x)"
-      )
-    lines.append(line)
+  if not tpot:
+    return []
+  ms = 1e3 / tpot["output_tokens_per_s"]
+  line = f"{label} single stream {tpot['input_len']}/{tpot['output_len']}: {ms:.2f} ms/token"
+  if active and copy:
+    read_ms = active["active_weight_bytes"] / (copy["copy_gb_per_s"] * 1e9) * 1e3
+    line += (
+      f" vs {read_ms:.2f} ms to read the {active['active_weight_bytes'] / 1e9:.2f} GB one token"
+      f" reads at {copy['copy_gb_per_s']:.0f} GB/s ({ms / read_ms:.2f}x)"
+    )
+  return [line]
+
+
+def moe_lines(out: Path) -> list[str]:
+  lines = single_stream_line(out, "moe", "qwen3-30b-a3b")
   for label in ("off", "tp2", "ep2"):
     r = _load(out, f"moe_{label}.json")
     if r:
@@ -78,7 +83,7 @@ def gmm_lines(out: Path) -> list[str]:
 
 
 def gemma_lines(out: Path) -> list[str]:
-  lines = []
+  lines = single_stream_line(out, "gemma", "gemma-3-12b")
   for length in ("1k", "8k"):
     runs = {win: _load(out, f"gemma_{length}_{win}.json") for win in ("on", "off")}
     for win, r in runs.items():
@@ -86,6 +91,7 @@ def gemma_lines(out: Path) -> list[str]:
         lines.append(
           f"gemma-3-12b {r['num_prompts']} x {r['input_len']}/{r['output_len']} windows {win}: "
           f"{r['output_tokens_per_s']:.0f} out tok/s, KV pool {r['kv_pool_tokens']} tokens"
+          f" ({r.get('kv_pool_tokens_windowed', r['kv_pool_tokens'])} with window freeing)"
         )
     if runs["on"] and runs["off"]:
       speedup = runs["on"]["output_tokens_per_s"] / runs["off"]["output_tokens_per_s"]

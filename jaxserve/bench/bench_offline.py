@@ -105,8 +105,7 @@ def run(args: argparse.Namespace) -> dict:
     "streamed": not args.no_stream,
     "compilations_after_warmup": engine.ledger.num_compilations - compiled_before,
     "warmup_s": engine.warmup_seconds,
-    "kv_pool_pages": engine.allocator.num_usable_pages,
-    "kv_pool_tokens": engine.allocator.num_usable_pages * engine.allocator.page_size,
+    **pool_capacity(engine, args.input_len + args.output_len),
     "per_bucket": {
       f"{s}x{t}": {
         "steps": n,
@@ -115,6 +114,21 @@ def run(args: argparse.Namespace) -> dict:
       }
       for (s, t), (n, sec) in sorted(timings.per_bucket.items())
     },
+  }
+
+
+def pool_capacity(engine, seq_len: int) -> dict[str, int]:
+  """The KV pool in pages and in tokens of context: kv_pool_tokens with every KV group keeping
+  every page (G pages per page of context), kv_pool_tokens_windowed in sequences of seq_len
+  tokens whose sliding groups keep only their windows' pages (KVLayout.pages_held; equal with
+  one group)."""
+  layout = engine.scheduler.layout
+  pages, page_size = engine.allocator.num_usable_pages, engine.allocator.page_size
+  return {
+    "kv_pool_pages": pages,
+    "kv_pool_groups": layout.num_groups,
+    "kv_pool_tokens": pages * page_size // layout.num_groups,
+    "kv_pool_tokens_windowed": pages * seq_len // layout.pages_held(seq_len),
   }
 
 
@@ -154,7 +168,11 @@ def command(args: argparse.Namespace) -> int:
     ),
     ("async scheduling / streamed", f"{result['async_scheduling']} / {result['streamed']}"),
     ("compilations after warmup", result["compilations_after_warmup"]),
-    ("KV pool", f"{result['kv_pool_pages']} pages, {result['kv_pool_tokens']} tokens"),
+    (
+      "KV pool",
+      f"{result['kv_pool_pages']} pages of {result['kv_pool_groups']} KV group(s): "
+      f"{result['kv_pool_tokens']} tokens, {result['kv_pool_tokens_windowed']} with windows freed",
+    ),
   ]
   rows += [
     (

@@ -33,6 +33,8 @@ def test_the_table_compares_tpot_with_the_active_read_time_and_windows_on_with_o
     "moe_tpot.json": _offline(1, 1024, 256, 200.0),  # 5 ms per token
     "moe_active.json": {"weight_bytes": 61e9, "active_weight_bytes": 6e9},
     "copy_bandwidth.json": {"copy_gb_per_s": 3000.0},  # 6 GB in 2 ms
+    "gemma_tpot.json": _offline(1, 1024, 256, 100.0),  # 10 ms per token
+    "gemma_active.json": {"weight_bytes": 24e9, "active_weight_bytes": 24e9},
     "gemma_1k_on.json": _offline(1000, 1024, 128, 3000.0),
     "gemma_1k_off.json": _offline(1000, 1024, 128, 2000.0),
   }
@@ -47,4 +49,5 @@ def test_the_table_compares_tpot_with_the_active_read_time_and_windows_on_with_o
   assert "5.00 ms/token vs 2.00 ms to read the 6.00 GB one token reads" in table
   assert "at 3000 GB/s (2.50x)" in table
   assert "windows on / off: 1.50x" in table
+  assert "gemma-3-12b single stream 1024/256: 10.00 ms/token vs 8.00 ms" in table
   assert "gemma-3-12b 1000 x 1024/128 windows off: 2000 out tok/s" in table

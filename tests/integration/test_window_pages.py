@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from jaxserve.bench.bench_offline import pool_capacity
 from jaxserve.messages.scheduled_batch import ScheduledBatch
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
@@ -171,3 +172,16 @@ def test_a_mixed_workload_compiles_nothing_after_warmup(gemma3):
   run_to_completion(engine)
   assert engine.stats().num_used_pages == 0
   assert engine.ledger.num_compilations == compiled
+
+
+def test_bench_offline_counts_the_pools_tokens_with_and_without_window_freeing(gemma3):
+  engine, _ = gemma3
+  # 30 usable pages of 4 tokens over 3 groups: 40 tokens of context when every group keeps every
+  # page. A 40-token sequence holds 10 global pages and, per sliding group (window 5),
+  # ceil(4 / 4) + 1 = 2: 14 pages, so the pool holds 30 * 40 // 14 = 85 tokens of such sequences.
+  assert pool_capacity(engine, 40) == {
+    "kv_pool_pages": 30,
+    "kv_pool_groups": 3,
+    "kv_pool_tokens": 40,
+    "kv_pool_tokens_windowed": 85,
+  }
