@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Mixtures of experts and Gemma 3 on one GPU (issues 27 and 28), steps chosen by STEPS:
 #   ckmoe    the Qwen3-30B-A3B-shaped random bf16 checkpoint in $MOE (61 GB; skipped if present)
-#   tpot     single stream on it: 1 prompt of 1024 in / 256 out (bench_offline), beside the read
+#   tpot     single stream on it: 1 prompt of 1024 in / 256 out (bench_offline; an 8-sequence
+#            bucket, decode bursts of 8, as gpu_quant.sh measures one stream), beside the read
 #            time of the weights one decode token reads (bench/active_weights.py) at the card's
 #            measured copy bandwidth
 #   off      offline, $N x 256/256 (bench_offline)
@@ -36,6 +37,9 @@ MOE=${MOE:-/tmp/qwen3moe}; GEMMA=${GEMMA:-/tmp/gemma12b}; CONFIG=${CONFIG:-confi
 N=${N:-1000}; N8K=${N8K:-64}; SVO_N=${SVO_N:-1000}; LONG_IN=${LONG_IN:-8192}; LONG_OUT=${LONG_OUT:-256}
 MOE_SET=(--set cache.memory_fraction=0.95 --set "cache.memory_bytes=$(( ${MOE_KV_GIB:-8} << 30 ))")
 GEMMA_SET=(--set attention_backend=${GEMMA_ATTN:-pallas_gpu})
+# one stream as issue 26 measured it (gpu_quant.sh's t step): an 8-sequence bucket, bursts of 8
+SINGLE=(--max-num-seqs 8 --max-num-batched-tokens 1024 --set "scheduler.seq_buckets=[8]"
+  --set "scheduler.token_buckets=[8,1024]" --set scheduler.num_scheduler_steps=8)
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/summary.txt"
 python3 -c "import jax; print('jax', jax.__version__, jax.devices()[0].device_kind)" | tee -a "$OUT/summary.txt"
 step() { local name=$1; shift; local t0=$SECONDS
@@ -60,7 +64,7 @@ checkpoint() {  # checkpoint SHAPE DIR: a named shape's random checkpoint, unles
 for s in ${STEPS:-ckmoe tpot off gmm serve ckgemma gtpot gemma} table; do case $s in
   ckmoe) checkpoint qwen3-30b-a3b "$MOE" ;;
   tpot)
-    offline moe_tpot "$MOE" "${MOE_SET[@]}" --num-prompts 1 --input-len 1024 --output-len 256 \
+    offline moe_tpot "$MOE" "${MOE_SET[@]}" "${SINGLE[@]}" --num-prompts 1 --input-len 1024 --output-len 256 \
       --max-model-len 2048
     python3 -m jaxserve.bench.active_weights "$MOE" > "$OUT/moe_active.json"
     copy_bandwidth ;;
@@ -95,7 +99,7 @@ PY
   g1k) for win in on off; do gemma_run 1k "$win" "$N" 1024 128; done ;;
   g8k) for win in on off; do gemma_run 8k "$win" "$N8K" "$LONG_IN" "$LONG_OUT"; done ;;
   gtpot)
-    offline gemma_tpot "$GEMMA" "${GEMMA_SET[@]}" --num-prompts 1 --input-len 1024 \
+    offline gemma_tpot "$GEMMA" "${GEMMA_SET[@]}" "${SINGLE[@]}" --num-prompts 1 --input-len 1024 \
       --output-len 256 --max-model-len 2048
     python3 -m jaxserve.bench.active_weights "$GEMMA" > "$OUT/gemma_active.json"
     copy_bandwidth ;;

@@ -40,8 +40,14 @@ request cannot burst, a normal step runs instead.
 With prefix caching an admitted request first takes the cached full pages of its known tokens,
 never covering the last one (a token must be computed for logits to exist), and none at all
 when it asks for prompt_logprobs (those need the prompt's logits). Full pages are registered in
-the cache as they are computed (at the next `schedule()`, once the step has run) and when a
-request finishes normally.
+the cache as they are computed (at the next `schedule()`) and when a request finishes normally;
+an admitted request's full pages are registered as soon as it is admitted, before the step that
+computes them runs, so the requests admitted after it in the same step (the n choices of one
+prompt, a burst of requests sharing a system prompt) take them as a hit instead of computing
+them again. That is safe because every layer writes a step's K/V before any query of the step
+reads the pages, and a step, once scheduled, always runs. The last, partial page is never
+shared: each such request computes the tokens past the shared full pages (fewer than a page)
+into a page of its own, so no page is written by two sequences and none needs copying.
 
 KV groups (messages/kv_layout.py; engine/kv_groups.py does the page work): a model with
 sliding-window layers has a block table per group. Before a running request is scheduled, its
@@ -71,6 +77,7 @@ prefill chunks, each group in scheduling order.
 from __future__ import annotations
 
 import collections
+from dataclasses import dataclass
 
 from ..config import SchedulerConfig  # relative imports: this side never touches jax
 from ..messages.kv_layout import KVLayout
@@ -82,6 +89,19 @@ from .page_allocator import PageAllocator, extend_page_hashes
 from .request import Request, RequestStatus
 
 _Planned = tuple[Request, int, int]  # (request, start position, tokens scheduled)
+
+
+@dataclass
+class PrefixCacheCounts:
+  """Tokens of admitted requests looked up in the prefix cache, and of those found there (as
+  vLLM's prefix_cache_queries / prefix_cache_hits count them); a resumed request counts again."""
+
+  queries: int = 0
+  hits: int = 0
+
+  def count(self, num_tokens: int, num_hit: int) -> None:
+    self.queries += num_tokens
+    self.hits += num_hit
 
 
 class Scheduler:
@@ -121,6 +141,7 @@ class Scheduler:
     self._num_registered_pages: dict[str, int] = {}
     self._page_hashes: dict[str, list[bytes]] = {}  # request id -> chained hashes of its pages
     self._num_preemptions_total = 0
+    self.prefix_cache = PrefixCacheCounts()
 
   @property
   def num_running(self) -> int:
@@ -347,6 +368,9 @@ class Scheduler:
       start = request.num_computed_tokens
       planned.append((request, start, num_new))
       budget -= num_new
+      if self._prefix_caching:  # the requests admitted after it this step share its pages
+        self._register_pages(request, start + num_new)
+        self.prefix_cache.count(request.num_tokens, start)
       reserve += self._needs_pages_next_step(request, start + num_new)
 
   def _try_admit(self, request: Request, budget: int, reserve: int) -> int:
@@ -407,9 +431,11 @@ class Scheduler:
       if request.num_computed_tokens >= (registered.get(request.request_id, 0) + 1) * page_size:
         self._register_pages(request)
 
-  def _register_pages(self, request: Request) -> None:
+  def _register_pages(self, request: Request, end: int | None = None) -> None:
+    """Registers the request's full pages below `end` (default: its computed tokens)."""
+    computed = request.num_computed_tokens if end is None else end
     num_written = min(
-      request.num_computed_tokens, request.num_tokens, len(request.page_ids) * self.page_size
+      computed, request.num_tokens, len(request.page_ids) * self.page_size
     )  # a burst may run past its pages
     num_full = num_written // self.page_size
     first = self._num_registered_pages.get(request.request_id, 0)

@@ -221,6 +221,37 @@ def test_prefix_cache_shared_with_running_request():
   scheduler.allocator.check_invariants(owners=[b.page_ids])
 
 
+def test_requests_admitted_together_share_the_prompts_full_pages():
+  """The n choices of one prompt (expanded into n requests added together): the first computes
+  the prompt, the others take its two full pages in the same step and compute only the tokens
+  of the last, partial page, each into a page of its own."""
+  scheduler = make_scheduler(num_pages=16, page_size=4, prefix_caching=True)
+  for request_id in "abc":
+    scheduler.add_request(make_request(request_id, range(10), max_tokens=2))
+  assert step(scheduler).seqs == (
+    seq("a", range(10), 0, (1, 2, 3), True),
+    seq("b", [8, 9], 8, (1, 2, 4), True),
+    seq("c", [8, 9], 8, (1, 2, 5), True),
+  )
+  # 5 pages held, not 9; 14 prompt tokens computed, not 30
+  assert scheduler.allocator.num_used_pages == 5
+  assert [scheduler.allocator.refcount(p) for p in (1, 2, 3, 4, 5)] == [3, 3, 1, 1, 1]
+  assert (scheduler.prefix_cache.queries, scheduler.prefix_cache.hits) == (30, 16)
+  step(scheduler)  # each decodes its last token and finishes
+  assert scheduler.allocator.num_used_pages == 0
+  scheduler.allocator.check_invariants(owners=[])
+
+
+def test_without_prefix_caching_requests_admitted_together_share_nothing():
+  scheduler = make_scheduler(num_pages=16, page_size=4, max_num_batched_tokens=32)
+  for request_id in "abc":
+    scheduler.add_request(make_request(request_id, range(10), max_tokens=2))
+  batch = step(scheduler)
+  assert [s.num_tokens for s in batch.seqs] == [10, 10, 10]
+  assert scheduler.allocator.num_used_pages == 9
+  assert (scheduler.prefix_cache.queries, scheduler.prefix_cache.hits) == (0, 0)
+
+
 def test_prefix_cache_never_covers_last_token():
   scheduler = make_scheduler(num_pages=16, page_size=4, prefix_caching=True)
   scheduler.add_request(make_request("a", range(8), max_tokens=1))

@@ -137,7 +137,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     batch = self.scheduler.schedule()
     self._check_batch(batch)
     self._record_events(batch, waiting_ids)
-    sampled = self._simulate_kv(batch)
+    sampled = self._simulate_kv(batch, waiting_ids)
     if batch.num_steps > 1:
       event("decode burst")
     if self.async_mode:
@@ -298,13 +298,24 @@ class SchedulerMachine(RuleBasedStateMachine):
       if seq.request_id in waiting_ids and self.requests[seq.request_id].num_preemptions:
         event("resumed after preemption")
 
-  def _simulate_kv(self, batch: ScheduledBatch) -> dict[str, list[int]]:
+  def _simulate_kv(self, batch: ScheduledBatch, waiting_ids: set[str]) -> dict[str, list[int]]:
     """Writes every position the step computes (a burst: one per decode step, each step's
-    sample fed to the next) in every KV group, reads back what the step's queries see (group 0:
-    the whole context; a sliding group: from its first query's window on); returns each
-    sequence's samples. A burst step past the sequence's pages writes nowhere (the device's
-    null page)."""
+    sample fed to the next) in every KV group, then reads back what the step's queries see
+    (group 0: the whole context; a sliding group: from its first query's window on); returns
+    each sequence's samples. A burst step past the sequence's pages writes nowhere (the device's
+    null page). Every sequence writes before any reads, as every layer writes the step's K/V
+    before its queries read: a page a sequence writes is its own (refcount 1) unless a request
+    admitted in this step took it as a prefix hit, and then that request's reads check that it
+    sees what the writer wrote."""
     page_size, sampled = self.page_size, {}
+    hit_now = {
+      page_id
+      for seq in batch.seqs
+      if seq.request_id in waiting_ids
+      for table in (seq.page_ids, *seq.window_page_ids)
+      for page_id in table[: seq.start_position // page_size]
+    }
+    computed = []
     for seq in batch.seqs:
       tokens = self._device_tokens(self.requests[seq.request_id])
       assert len(tokens) >= seq.seq_len
@@ -316,12 +327,18 @@ class SchedulerMachine(RuleBasedStateMachine):
           if position + 1 == len(tokens) and seq.sample:
             tokens.append(_next_token(tokens))
       tables = [(None, seq.page_ids), *zip(self.windows, seq.window_page_ids)]
-      for group, (window, table) in enumerate(tables):
+      for group, (_, table) in enumerate(tables):
         for position in range(seq.start_position, paged_end):
           page_id = table[position // page_size]
           assert page_id != 0 and self.allocator.group_of(page_id) == group
-          assert self.allocator.refcount(page_id) == 1, "wrote into a shared page"
+          shared = self.allocator.refcount(page_id) > 1
+          assert not shared or page_id in hit_now, "wrote into a shared page"
+          if shared:
+            event("wrote a page another request takes in the same step")
           self.kv[(page_id, position % page_size)] = (group, tuple(tokens[: position + 1]))
+      computed.append((seq, tokens, tables, end, paged_end))
+    for seq, tokens, tables, end, paged_end in computed:
+      for group, (window, table) in enumerate(tables):
         seen = 0 if window is None else max(0, seq.start_position - window + 1)
         for position in range(seen, paged_end):
           slot = (table[position // page_size], position % page_size)

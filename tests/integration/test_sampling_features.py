@@ -109,3 +109,19 @@ def test_generate_cli_prints_json(capsys):
 def test_cli_reports_bad_input_as_an_error_naming_the_field(capsys):
   assert cli_main(["generate", "--max-tokens", "0", "--log-level", "ERROR"]) == 2
   assert "max_tokens" in capsys.readouterr().err
+
+
+def test_n_choices_share_the_prompts_cached_pages_and_decode_alike(llm):
+  """n = 3 greedy choices of a 40-token prompt (pages of 16): the first computes the prompt,
+  the other two take its two full pages in the same step (prefix caching is on), and all three
+  decode the tokens one choice decodes alone."""
+  prompt = list(range(300, 340))
+  params = SamplingParams(n=3, temperature=0.0, max_tokens=8, ignore_eos=True)
+  before = llm.engine.stats()
+  choices = llm.generate([prompt], params, use_tqdm=False)[0].outputs
+  after = llm.engine.stats()
+  assert after.prefix_cache_queries - before.prefix_cache_queries == 3 * 40
+  assert after.prefix_cache_hits - before.prefix_cache_hits == 2 * 32
+  assert after.num_used_pages == 0
+  alone = llm.generate([prompt], params.replace(n=1), use_tqdm=False)[0].outputs[0]
+  assert [c.token_ids for c in choices] == [alone.token_ids] * 3
