@@ -1,5 +1,5 @@
-"""The `jaxserve bench` commands: serve, throughput, offline, structured, startup, server-startup
-and batch-invariance (each described in docs/BENCHMARKS.md).
+"""The `jaxserve bench` commands: serve, throughput, offline, structured, prefix-cache, startup,
+server-startup and batch-invariance (each described in docs/BENCHMARKS.md).
 
 `jaxserve.cli` calls `register(subparsers)`; the flags come from flags.py, and each command
 imports its module only when it runs, so `jaxserve --help` stays fast and torch / matplotlib are
@@ -53,6 +53,12 @@ def _bench_offline(args: argparse.Namespace) -> int:
   from jaxserve.bench import bench_offline
 
   return bench_offline.command(args)
+
+
+def _bench_prefix_cache(args: argparse.Namespace) -> int:
+  from jaxserve.bench import bench_prefix_cache
+
+  return bench_prefix_cache.command(args)
 
 
 def _bench_structured(args: argparse.Namespace) -> int:
@@ -115,6 +121,15 @@ COMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None], 
     "spent filling the grammar masks.",
     flags.add_structured_flags,
     _bench_structured,
+  ),
+  (
+    "prefix-cache",
+    "prefix caching on against off: a shared system prompt at an arrival rate",
+    "Requests sharing a long system prompt arrive at --request-rate; the engine runs them with "
+    "prefix caching on, then off (each in a fresh process): hit rate, prompt tokens computed, "
+    "TTFT p50/p99 and output tokens/s side by side.",
+    flags.add_prefix_cache_flags,
+    _bench_prefix_cache,
   ),
   (
     "startup",

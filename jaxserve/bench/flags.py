@@ -171,6 +171,30 @@ def add_offline_flags(parser: argparse.ArgumentParser) -> None:
   _add_out(parser)
 
 
+def add_prefix_cache_flags(parser: argparse.ArgumentParser) -> None:
+  """`bench prefix-cache`: a shared system prompt, caching on against off
+  (bench_prefix_cache.py)."""
+  add_engine_args(parser, skip=("seed",))  # --seed here seeds the prompts and arrivals
+  parser.add_argument("--prefix-len", type=int, default=256, help="shared system prompt tokens")
+  parser.add_argument("--suffix-len", type=int, default=16, help="each request's own tokens")
+  parser.add_argument("--num-prompts", type=int, default=32)
+  parser.add_argument("--output-len", type=int, default=16)
+  parser.add_argument(
+    "--request-rate",
+    type=float_or_inf,
+    default=math.inf,
+    help="Poisson arrivals per second (inf: all at once)",
+  )
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument(
+    "--caching",
+    choices=["both", "on", "off"],
+    default="both",
+    help="both: on, then off, each in a fresh process, compared",
+  )
+  _add_out(parser)
+
+
 def add_structured_flags(parser: argparse.ArgumentParser) -> None:
   """`bench structured`: JSON-schema requests against unconstrained ones (bench_structured.py)."""
   add_engine_args(parser, skip=("seed",))

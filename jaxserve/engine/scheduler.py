@@ -94,7 +94,8 @@ _Planned = tuple[Request, int, int]  # (request, start position, tokens schedule
 @dataclass
 class PrefixCacheCounts:
   """Tokens of admitted requests looked up in the prefix cache, and of those found there (as
-  vLLM's prefix_cache_queries / prefix_cache_hits count them); a resumed request counts again."""
+  vLLM's prefix_cache_queries / prefix_cache_hits count them; with caching off every lookup
+  misses), so queries - hits is the prompt tokens computed; a resumed request counts again."""
 
   queries: int = 0
   hits: int = 0
@@ -368,9 +369,9 @@ class Scheduler:
       start = request.num_computed_tokens
       planned.append((request, start, num_new))
       budget -= num_new
+      self.prefix_cache.count(request.num_tokens, start)
       if self._prefix_caching:  # the requests admitted after it this step share its pages
         self._register_pages(request, start + num_new)
-        self.prefix_cache.count(request.num_tokens, start)
       reserve += self._needs_pages_next_step(request, start + num_new)
 
   def _try_admit(self, request: Request, budget: int, reserve: int) -> int:

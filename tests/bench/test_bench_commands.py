@@ -15,6 +15,7 @@ import pytest
 from jaxserve.bench import (
   batch_invariance,
   bench_offline,
+  bench_prefix_cache,
   bench_server_startup,
   bench_startup,
   bench_structured,
@@ -28,6 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 # command -> (module, flags the command requires)
 COMMANDS = {
   "offline": (bench_offline, []),
+  "prefix-cache": (bench_prefix_cache, []),
   "structured": (bench_structured, []),
   "startup": (bench_startup, []),
   "server-startup": (bench_server_startup, ["--model", "m"]),
@@ -94,3 +96,34 @@ def test_random_checkpoint_module_is_a_command(capsys):
     random_checkpoint.parse_args(["--help"])
   help_text = capsys.readouterr().out
   assert "llama-3.1-8b" in help_text and "(default: 0)" in help_text
+
+
+def test_bench_prefix_cache_computes_the_shared_prompt_once_with_caching_on(tmp_path, capsys):
+  """8 prompts of 32 shared + 8 own tokens (pages of 16), all at once: with caching on the first
+  computes its 40 tokens and the other 7 hit the 2 shared pages and compute their 8; off, all
+  320 are computed. Each mode runs in its own process (--caching both)."""
+  out = tmp_path / "prefix.json"
+  argv = [
+    "bench",
+    "prefix-cache",
+    *SMALL_ENGINE_ARGS,
+    "--warmup",
+    "lazy",
+    "--num-prompts",
+    "8",
+    "--prefix-len",
+    "32",
+    "--suffix-len",
+    "8",
+    "--output-len",
+    "2",
+    "--out",
+    str(out),
+  ]
+  assert main(argv) == 0
+  assert "on / off" in capsys.readouterr().out
+  runs = json.loads(out.read_text())["runs"]
+  on, off = runs["on"], runs["off"]
+  assert (on["prompt_tokens"], on["hit_tokens"], on["prefill_tokens"]) == (320, 7 * 32, 96)
+  assert (off["prompt_tokens"], off["hit_tokens"], off["prefill_tokens"]) == (320, 0, 320)
+  assert on["output_tokens"] == off["output_tokens"] == 16

@@ -249,7 +249,7 @@ def test_without_prefix_caching_requests_admitted_together_share_nothing():
   batch = step(scheduler)
   assert [s.num_tokens for s in batch.seqs] == [10, 10, 10]
   assert scheduler.allocator.num_used_pages == 9
-  assert (scheduler.prefix_cache.queries, scheduler.prefix_cache.hits) == (0, 0)
+  assert (scheduler.prefix_cache.queries, scheduler.prefix_cache.hits) == (30, 0)
 
 
 def test_prefix_cache_never_covers_last_token():
