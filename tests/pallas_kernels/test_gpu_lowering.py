@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxserve.models.grouped_matmul import expert_ffn
 from pallas_kernels.greedy_sample.gpu import greedy_sample
 from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention, write_kv
 from pallas_kernels.ragged_paged_attention.testing import (
@@ -111,3 +112,27 @@ def test_8bit_kv_lowers_to_triton(kv_dtype):
   assert TRITON_CALL_TARGET in _custom_call_targets(_lower_for_cuda(fn, *attention_args(case)))
   text = _lower_for_cuda(functools.partial(write_kv, **scales), *write_args(case))
   assert TRITON_CALL_TARGET in _custom_call_targets(text)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 64, 8192], ids=["decode1", "decode64", "prefill8k"])
+def test_moe_layer_lowers_to_the_grouped_matmul_kernel(num_tokens):
+  """A Qwen3-30B-A3B MoE layer's experts (E 128, H 2048, I 768, top 8) as the model runs them
+  (models/grouped_matmul.expert_ffn, kernel "auto"): for CUDA, two Pallas grouped-matmul calls
+  (gate/up fused, down) and no ragged_dot, which XLA's GPU compiler expands to a dense
+  [M, E, N] product of every expert, nor any other [M, E, ...] array."""
+  e, h, i, top_k = 128, 2048, 768, 8
+  args = (
+    jax.ShapeDtypeStruct((num_tokens, h), jnp.bfloat16),
+    jax.ShapeDtypeStruct((num_tokens, top_k), jnp.int32),
+    jax.ShapeDtypeStruct((num_tokens, top_k), jnp.float32),
+    jax.ShapeDtypeStruct((e, h, i), jnp.bfloat16),
+    jax.ShapeDtypeStruct((e, h, i), jnp.bfloat16),
+    jax.ShapeDtypeStruct((e, i, h), jnp.bfloat16),
+  )
+  text = _lower_for_cuda(expert_ffn, *args)
+  assert _custom_call_targets(text) == {TRITON_CALL_TARGET}
+  assert text.count(f"custom_call @{TRITON_CALL_TARGET}") == 2
+  assert text.count('name = "grouped_matmul"') == 2
+  assert "ragged_dot" not in text
+  m = num_tokens * top_k
+  assert not re.search(rf"tensor<{m}x{e}x\d+x", text)  # no [M, E, N] array anywhere
