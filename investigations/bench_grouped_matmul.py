@@ -21,14 +21,22 @@ layer), the rows time, per layer:
                     token: what a loop over the tokens' experts would read (skipped above
                     --gather-limit-gib of gathered weights)
 
+--tilings "BM,BN,BK,S,W,P;..." also times the Pallas kernel with each given tiling (block_m,
+block_n, block_k, num_splits, num_warps, num_stages), on the gate product and on the fused
+gate/up SwiGLU, into the row's "pallas_tilings" (a tiling that does not divide the shape, or does
+not compile, records its error).
+
 Each timed program runs its layer on LAYERS distinct weight copies back to back (so weights come
 from HBM, not L2) and INNER programs are dispatched before one sync. "GB/s" is the weight bytes of
 the experts the batch touches (every distinct routed expert: three [H, I] matrices, one for
-ragged_dot) per second, beside the device's copy bandwidth (read + write of a large array).
-expert_ffn's output is checked against dense_all's. Prints a table; --out writes JSON; --smoke
-runs tiny shapes (CPU).
+ragged_dot and pallas) per second, beside the device's copy bandwidth (read + write of a large
+array). A column whose program fails (XLA's dense ragged_dot can run out of memory at prefill
+sizes) records its error and the others still run. expert_ffn's and expert_ffn_ragged's outputs
+are checked against dense_all's, and pallas's against ragged_dot's. Prints a table; --out writes
+JSON; --smoke runs tiny shapes (CPU, the kernel in interpret mode).
 
     python -m investigations.bench_grouped_matmul --batches 1,64,256
+    python -m investigations.bench_grouped_matmul --batches 1,8192 --tilings "16,32,64,8,4,4"
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ import numpy as np
 from investigations.kernel_timing import copy_bandwidth
 from jaxserve.bench.timing import seconds_per_call
 from jaxserve.models.grouped_matmul import expert_ffn, grouped_matmul, sort_by_expert
+from pallas_kernels.grouped_matmul import gpu as pallas_gmm
 
 KINDS = (
   "ragged_dot",
@@ -135,6 +144,31 @@ def _gate_program(kernel: str):
   return jax.jit(run)
 
 
+def _tiled_programs(tiling: pallas_gmm.Tiling) -> dict:
+  """The gate product and the fused gate/up SwiGLU of every layer through the kernel with
+  `tiling` (interpret mode off GPUs)."""
+  interpret = jax.default_backend() != "gpu"
+
+  def gate(rows, sizes, experts):
+    return [
+      pallas_gmm.grouped_matmul(r, g, n, tiling=tiling, interpret=interpret)
+      for r, n, (g, _, _) in zip(rows, sizes, experts)
+    ]
+
+  def swiglu(rows, sizes, experts):
+    return [
+      pallas_gmm.grouped_swiglu(r, g, u, n, tiling=tiling, interpret=interpret)
+      for r, n, (g, u, _) in zip(rows, sizes, experts)
+    ]
+
+  return {"gate": (jax.jit(gate), 1), "swiglu": (jax.jit(swiglu), 2)}
+
+
+def parse_tilings(text: str) -> list[pallas_gmm.Tiling]:
+  """ "BM,BN,BK,S,W,P;..." -> Tilings."""
+  return [pallas_gmm.Tiling(*(int(v) for v in t.split(","))) for t in text.split(";") if t]
+
+
 def _ffn_ragged(x, ids, weights, gate, up, down) -> jax.Array:
   return expert_ffn(x, ids, weights, gate, up, down, kernel="ragged_dot")
 
@@ -152,18 +186,25 @@ def bench_batch(shape: Shape, tokens: int, args: argparse.Namespace, copy_gbps: 
   timing = dict(layers=args.layers, inner=args.inner, reps=args.reps)
   row: dict = {"tokens": tokens, "experts_touched": touched}
 
-  def add(name: str, weight_bytes: float, program, *program_args) -> None:
+  def add(name: str, weight_bytes: float, program, *program_args, into: dict = row) -> None:
     try:
       us = _time_us(program, *program_args, **timing)
     except Exception as e:  # noqa: BLE001 - e.g. XLA's dense ragged_dot out of memory
       print(f"batch {tokens} {name}: {type(e).__name__}: {e}", file=sys.stderr)
-      row[name] = {"error": f"{type(e).__name__}: {str(e)[:1000]}"}
+      into[name] = {"error": f"{type(e).__name__}: {str(e)[:1000]}"}
       return
-    row[name] = {"us": us, "gb_per_s": weight_bytes / us / 1e3}
+    into[name] = {"us": us, "gb_per_s": weight_bytes / us / 1e3}
 
   rows, sizes = _sorted_rows(shape, x, ids)  # the kernels alone: their rows sorted beforehand
   for kind, kernel in (("ragged_dot", "ragged_dot"), ("pallas", "pallas")):
     add(kind, touched * shape.expert_bytes / 3, _gate_program(kernel), rows, sizes, experts)
+  for tiling in getattr(args, "tilings", None) or []:
+    swept = row.setdefault("pallas_tilings", {})
+    for name, (program, matrices) in _tiled_programs(tiling).items():
+      label = f"{name} {tiling.block_m}x{tiling.block_n}x{tiling.block_k}/{tiling.num_splits}"
+      label += f" w{tiling.num_warps} s{tiling.num_stages}"
+      weight_bytes = touched * shape.expert_bytes / 3 * matrices
+      add(label, weight_bytes, program, rows, sizes, experts, into=swept)
   ffn_bytes = touched * shape.expert_bytes
   add("expert_ffn", ffn_bytes, _ffn_program(expert_ffn), x, ids, weights, experts)
   add("expert_ffn_ragged", ffn_bytes, _ffn_program(_ffn_ragged), x, ids, weights, experts)
@@ -230,6 +271,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument("--reps", type=int, default=5)
   parser.add_argument("--gather-limit-gib", type=float, default=16.0)
   parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU)")
+  parser.add_argument(
+    "--tilings", type=parse_tilings, help='Pallas tilings to sweep: "BM,BN,BK,S,W,P;..."'
+  )
   parser.add_argument("--out", help="write the rows as JSON to this file")
   return parser.parse_args(argv)
 
@@ -242,6 +286,10 @@ def main(argv=None) -> int:
   rows = [bench_batch(shape, int(t), args, copy_gbps) for t in args.batches.split(",")]
   print(f"{jax.devices()[0].device_kind}: copy bandwidth {copy_gbps:.0f} GB/s, {asdict(shape)}")
   print(_table(rows))
+  for row in rows:
+    for label, entry in row.get("pallas_tilings", {}).items():
+      cell = entry.get("error", "")[:80] or f"{entry['us']:.1f} us {entry['gb_per_s']:.0f} GB/s"
+      print(f"batch {row['tokens']:>6} pallas {label}: {cell}")
   if args.out:
     with open(args.out, "w") as f:
       json.dump({"device": jax.devices()[0].device_kind, "shape": asdict(shape), "rows": rows}, f)

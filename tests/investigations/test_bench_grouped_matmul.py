@@ -59,3 +59,18 @@ def test_the_two_dense_references_agree_with_each_other():
   a = bench.dense_all(x, ids[0], weights[0], gate, up, down)
   b = bench.per_token_gather(x, ids[0], weights[0], gate, up, down)
   np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
+def test_a_tiling_sweep_times_the_kernel_per_tiling(tmp_path, capsys):
+  """Each tiling on the gate product and the fused SwiGLU; one that does not divide the smoke
+  shape's N (32) records its error."""
+  sweep = "16,16,16,2,4,4;16,64,16,1,4,4"
+  assert bench.parse_tilings(sweep)[0] == bench.pallas_gmm.Tiling(16, 16, 16, 2, 4, 4)
+  out = tmp_path / "gmm.json"
+  argv = ["--smoke", "--batches", "3", "--layers", "1", "--inner", "1", "--reps", "1"]
+  assert bench.main([*argv, "--tilings", sweep, "--out", str(out)]) == 0
+  printed = capsys.readouterr().out
+  assert "pallas gate 16x16x16/2 w4 s4:" in printed
+  swept = json.loads(out.read_text())["rows"][0]["pallas_tilings"]
+  assert swept["gate 16x16x16/2 w4 s4"]["us"] > 0 and swept["swiglu 16x16x16/2 w4 s4"]["us"] > 0
+  assert "N 32 must be a multiple of block_n" in swept["gate 16x64x16/1 w4 s4"]["error"]
