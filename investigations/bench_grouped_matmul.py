@@ -1,34 +1,49 @@
 """The experts of one mixture-of-experts layer at decode batch sizes: models/grouped_matmul.py
-(jax.lax.ragged_dot over the assignments sorted by expert) against two dense references, with
-the bytes of expert weights each reads per second.
+(the assignments sorted by expert, then grouped matmuls: jax.lax.ragged_dot or the Pallas
+kernel of pallas_kernels/grouped_matmul) against two dense references, with the bytes of expert
+weights each reads per second.
 
 Per batch of T tokens, each routed to `top_k` distinct random experts (a fresh routing per
 layer), the rows time, per layer:
 
   ragged_dot        one grouped matmul, the gate projection [E, H, I], on rows already sorted
-                    (the kernel alone)
-  expert_ffn        the whole routed SwiGLU FFN as the model runs it (sort, gather, three grouped
-                    matmuls, inverse permutation, weighted sum)
+                    (XLA's kernel alone)
+  pallas            the same product on the same sorted rows through the Pallas kernel (default
+                    tiling; interpret mode off GPUs)
+  expert_ffn        the whole routed SwiGLU FFN as the model runs it (sort, gather, the grouped
+                    matmuls grouped_matmul dispatches on this platform, kernel "auto": on a
+                    GPU the Pallas kernel with gate/up fused, else ragged_dot; inverse
+                    permutation, weighted sum)
+  expert_ffn_ragged the same FFN through ragged_dot (kernel "ragged_dot")
   dense_all         every token through every expert (einsum over [E, H, I]), then the routing
                     weights: reads each expert once, E / top_k times the FLOPs
   per_token_gather  each assignment's expert weights gathered ([T, K, H, I]) and applied token by
                     token: what a loop over the tokens' experts would read (skipped above
                     --gather-limit-gib of gathered weights)
 
+--tilings "BM,BN,BK,S,W,P;..." also times the Pallas kernel with each given tiling (block_m,
+block_n, block_k, num_splits, num_warps, num_stages), on the gate product and on the fused
+gate/up SwiGLU, into the row's "pallas_tilings" (a tiling that does not divide the shape, or does
+not compile, records its error).
+
 Each timed program runs its layer on LAYERS distinct weight copies back to back (so weights come
 from HBM, not L2) and INNER programs are dispatched before one sync. "GB/s" is the weight bytes of
 the experts the batch touches (every distinct routed expert: three [H, I] matrices, one for
-ragged_dot) per second, beside the device's copy bandwidth (read + write of a large array).
-expert_ffn's output is checked against dense_all's. Prints a table; --out writes JSON; --smoke
-runs tiny shapes (CPU).
+ragged_dot and pallas) per second, beside the device's copy bandwidth (read + write of a large
+array). A column whose program fails (XLA's dense ragged_dot can run out of memory at prefill
+sizes) records its error and the others still run. expert_ffn's and expert_ffn_ragged's outputs
+are checked against dense_all's, and pallas's against ragged_dot's. Prints a table; --out writes
+JSON; --smoke runs tiny shapes (CPU, the kernel in interpret mode).
 
     python -m investigations.bench_grouped_matmul --batches 1,64,256
+    python -m investigations.bench_grouped_matmul --batches 1,8192 --tilings "16,32,64,8,4,4"
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import asdict, dataclass
 
 import jax
@@ -38,6 +53,16 @@ import numpy as np
 from investigations.kernel_timing import copy_bandwidth
 from jaxserve.bench.timing import seconds_per_call
 from jaxserve.models.grouped_matmul import expert_ffn, grouped_matmul, sort_by_expert
+from pallas_kernels.grouped_matmul import gpu as pallas_gmm
+
+KINDS = (
+  "ragged_dot",
+  "pallas",
+  "expert_ffn",
+  "expert_ffn_ragged",
+  "dense_all",
+  "per_token_gather",
+)
 
 
 @dataclass(frozen=True)
@@ -55,7 +80,7 @@ class Shape:
     return 3 * self.hidden * self.inter * 2
 
 
-SMOKE = Shape(num_experts=8, hidden=64, inter=32, top_k=2)
+SMOKE = Shape(num_experts=8, hidden=64, inter=32, top_k=2)  # K, N multiples of 16: the kernel
 
 
 def _routing(rng: np.random.Generator, shape: Shape, layers: int, tokens: int):
@@ -110,11 +135,42 @@ def _sorted_rows(shape: Shape, x: jax.Array, ids: jax.Array) -> tuple[list, list
   return rows, sizes
 
 
-def _ragged_program():
+def _gate_program(kernel: str):
+  """The gate projection of every layer on its sorted rows, through `kernel`."""
+
   def run(rows, sizes, experts):
-    return [grouped_matmul(r, gate, n) for r, n, (gate, _, _) in zip(rows, sizes, experts)]
+    return [grouped_matmul(r, gate, n, kernel) for r, n, (gate, _, _) in zip(rows, sizes, experts)]
 
   return jax.jit(run)
+
+
+def _tiled_programs(tiling: pallas_gmm.Tiling) -> dict:
+  """The gate product and the fused gate/up SwiGLU of every layer through the kernel with
+  `tiling` (interpret mode off GPUs)."""
+  interpret = jax.default_backend() != "gpu"
+
+  def gate(rows, sizes, experts):
+    return [
+      pallas_gmm.grouped_matmul(r, g, n, tiling=tiling, interpret=interpret)
+      for r, n, (g, _, _) in zip(rows, sizes, experts)
+    ]
+
+  def swiglu(rows, sizes, experts):
+    return [
+      pallas_gmm.grouped_swiglu(r, g, u, n, tiling=tiling, interpret=interpret)
+      for r, n, (g, u, _) in zip(rows, sizes, experts)
+    ]
+
+  return {"gate": (jax.jit(gate), 1), "swiglu": (jax.jit(swiglu), 2)}
+
+
+def parse_tilings(text: str) -> list[pallas_gmm.Tiling]:
+  """ "BM,BN,BK,S,W,P;..." -> Tilings."""
+  return [pallas_gmm.Tiling(*(int(v) for v in t.split(","))) for t in text.split(";") if t]
+
+
+def _ffn_ragged(x, ids, weights, gate, up, down) -> jax.Array:
+  return expert_ffn(x, ids, weights, gate, up, down, kernel="ragged_dot")
 
 
 def _time_us(program, *args, layers: int, inner: int, reps: int) -> float:
@@ -130,48 +186,79 @@ def bench_batch(shape: Shape, tokens: int, args: argparse.Namespace, copy_gbps: 
   timing = dict(layers=args.layers, inner=args.inner, reps=args.reps)
   row: dict = {"tokens": tokens, "experts_touched": touched}
 
-  def add(name: str, us: float, weight_bytes: float) -> None:
-    row[name] = {"us": us, "gb_per_s": weight_bytes / us / 1e3}
+  def add(name: str, weight_bytes: float, program, *program_args, into: dict = row) -> None:
+    try:
+      us = _time_us(program, *program_args, **timing)
+    except Exception as e:  # noqa: BLE001 - e.g. XLA's dense ragged_dot out of memory
+      print(f"batch {tokens} {name}: {type(e).__name__}: {e}", file=sys.stderr)
+      into[name] = {"error": f"{type(e).__name__}: {str(e)[:1000]}"}
+      return
+    into[name] = {"us": us, "gb_per_s": weight_bytes / us / 1e3}
 
-  rows, sizes = _sorted_rows(shape, x, ids)  # the kernel alone: its rows sorted beforehand
-  add(
-    "ragged_dot",
-    _time_us(_ragged_program(), rows, sizes, experts, **timing),
-    touched * shape.expert_bytes / 3,
-  )
-  add(
-    "expert_ffn",
-    _time_us(_ffn_program(expert_ffn), x, ids, weights, experts, **timing),
-    touched * shape.expert_bytes,
-  )
-  add(
-    "dense_all",
-    _time_us(_ffn_program(dense_all), x, ids, weights, experts, **timing),
-    shape.num_experts * shape.expert_bytes,
-  )
+  rows, sizes = _sorted_rows(shape, x, ids)  # the kernels alone: their rows sorted beforehand
+  for kind, kernel in (("ragged_dot", "ragged_dot"), ("pallas", "pallas")):
+    add(kind, touched * shape.expert_bytes / 3, _gate_program(kernel), rows, sizes, experts)
+  for tiling in getattr(args, "tilings", None) or []:
+    swept = row.setdefault("pallas_tilings", {})
+    for name, (program, matrices) in _tiled_programs(tiling).items():
+      label = f"{name} {tiling.block_m}x{tiling.block_n}x{tiling.block_k}/{tiling.num_splits}"
+      label += f" w{tiling.num_warps} s{tiling.num_stages}"
+      weight_bytes = touched * shape.expert_bytes / 3 * matrices
+      add(label, weight_bytes, program, rows, sizes, experts, into=swept)
+  ffn_bytes = touched * shape.expert_bytes
+  add("expert_ffn", ffn_bytes, _ffn_program(expert_ffn), x, ids, weights, experts)
+  add("expert_ffn_ragged", ffn_bytes, _ffn_program(_ffn_ragged), x, ids, weights, experts)
+  dense_bytes = shape.num_experts * shape.expert_bytes
+  add("dense_all", dense_bytes, _ffn_program(dense_all), x, ids, weights, experts)
   gathered = tokens * shape.top_k * shape.expert_bytes
   if gathered <= args.gather_limit_gib * 2**30:
-    add(
-      "per_token_gather",
-      _time_us(_ffn_program(per_token_gather), x, ids, weights, experts, **timing),
-      gathered,
-    )
-  ours = np.asarray(jax.jit(expert_ffn)(x, ids[0], weights[0], *experts[0]))
-  want = np.asarray(jax.jit(dense_all)(x, ids[0], weights[0], *experts[0]))
-  row["max_abs_error_vs_dense"] = float(np.max(np.abs(ours - want)))
+    add("per_token_gather", gathered, _ffn_program(per_token_gather), x, ids, weights, experts)
+  row.update(_errors(x, ids[0], weights[0], experts[0], rows[0], sizes[0]))
   row["copy_gb_per_s"] = copy_gbps
   return row
 
 
+def _run(fn, *args) -> np.ndarray | None:
+  """fn(*args) jitted, as float32 numpy (None when it fails: the timing row holds the error)."""
+  try:
+    return np.asarray(jax.jit(fn)(*args), np.float32)
+  except Exception:  # noqa: BLE001
+    return None
+
+
+def _max_error(got: np.ndarray | None, want: np.ndarray | None) -> float | None:
+  return None if got is None or want is None else float(np.max(np.abs(got - want)))
+
+
+def _errors(x, ids, weights, experts, rows, sizes) -> dict:
+  """The first layer's FFNs against dense_all, and the kernel's gate product against ragged_dot's
+  on the groups' rows (past them ragged_dot's rows are unspecified)."""
+  want = _run(dense_all, x, ids, weights, *experts)
+  live = int(np.sum(np.asarray(sizes)))
+
+  def gate(kernel):
+    return _run(lambda r, w, n: grouped_matmul(r, w, n, kernel)[:live], rows, experts[0], sizes)
+
+  return {
+    "max_abs_error_vs_dense": _max_error(_run(expert_ffn, x, ids, weights, *experts), want),
+    "ragged_max_abs_error_vs_dense": _max_error(_run(_ffn_ragged, x, ids, weights, *experts), want),
+    "pallas_max_abs_error_vs_ragged": _max_error(gate("pallas"), gate("ragged_dot")),
+  }
+
+
+def _cell(entry: dict | None) -> str:
+  if entry is None:
+    return f"{'-':>28}"
+  if "error" in entry:
+    return f"{'error':>28}"
+  return f"{entry['us']:>16.1f} / {entry['gb_per_s']:>8.0f}"
+
+
 def _table(rows: list[dict]) -> str:
-  kinds = ("ragged_dot", "expert_ffn", "dense_all", "per_token_gather")
-  header = f"{'batch':>6}{'experts':>9}" + "".join(f"{k + ' us / GB/s':>28}" for k in kinds)
+  header = f"{'batch':>6}{'experts':>9}" + "".join(f"{k + ' us / GB/s':>28}" for k in KINDS)
   lines = [header]
   for row in rows:
-    cells = "".join(
-      f"{row[k]['us']:>16.1f} / {row[k]['gb_per_s']:>8.0f}" if k in row else f"{'-':>28}"
-      for k in kinds
-    )
+    cells = "".join(_cell(row.get(k)) for k in KINDS)
     lines.append(f"{row['tokens']:>6}{row['experts_touched']:>9.1f}{cells}")
   return "\n".join(lines)
 
@@ -184,6 +271,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument("--reps", type=int, default=5)
   parser.add_argument("--gather-limit-gib", type=float, default=16.0)
   parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU)")
+  parser.add_argument(
+    "--tilings", type=parse_tilings, help='Pallas tilings to sweep: "BM,BN,BK,S,W,P;..."'
+  )
   parser.add_argument("--out", help="write the rows as JSON to this file")
   return parser.parse_args(argv)
 
@@ -196,6 +286,10 @@ def main(argv=None) -> int:
   rows = [bench_batch(shape, int(t), args, copy_gbps) for t in args.batches.split(",")]
   print(f"{jax.devices()[0].device_kind}: copy bandwidth {copy_gbps:.0f} GB/s, {asdict(shape)}")
   print(_table(rows))
+  for row in rows:
+    for label, entry in row.get("pallas_tilings", {}).items():
+      cell = entry.get("error", "")[:80] or f"{entry['us']:.1f} us {entry['gb_per_s']:.0f} GB/s"
+      print(f"batch {row['tokens']:>6} pallas {label}: {cell}")
   if args.out:
     with open(args.out, "w") as f:
       json.dump({"device": jax.devices()[0].device_kind, "shape": asdict(shape), "rows": rows}, f)

@@ -6,8 +6,9 @@
 #            time of the weights one decode token reads (bench/active_weights.py) at the card's
 #            measured copy bandwidth
 #   off      offline, $N x 256/256 (bench_offline)
-#   gmm      the experts' grouped matmul at decode batch 1, 64, 256: jax.lax.ragged_dot, the
-#            whole routed FFN, and the dense references (investigations/bench_grouped_matmul.py)
+#   gmm      the experts' grouped matmul at decode batch 1, 64, 256: jax.lax.ragged_dot and the
+#            Pallas kernel, the whole routed FFN (through the kernel, and through ragged_dot),
+#            and the dense references (investigations/bench_grouped_matmul.py)
 #   serve    the multi-process HTTP server (jaxserve serve, --warmup full) under
 #            `jaxserve bench serve`'s load generator (jaxserve/bench/serve_vs_offline.py): the
 #            $SVO_N x 256/256 burst, rates 16 and inf at 1024/128 (range ratio 0.5), one stream;

@@ -64,6 +64,16 @@ def moe_lines(out: Path) -> list[str]:
   return lines
 
 
+GMM_KINDS = (
+  "ragged_dot",
+  "pallas",
+  "expert_ffn",
+  "expert_ffn_ragged",
+  "dense_all",
+  "per_token_gather",
+)
+
+
 def gmm_lines(out: Path) -> list[str]:
   gmm = _load(out, "gmm.json")
   if not gmm:
@@ -71,8 +81,10 @@ def gmm_lines(out: Path) -> list[str]:
   lines = [f"grouped matmul ({gmm['device']}, {gmm['shape']}): weight GB/s of touched experts"]
   for row in gmm["rows"]:
     cells = ", ".join(
-      f"{kind} {row[kind]['us']:.0f} us {row[kind]['gb_per_s']:.0f} GB/s"
-      for kind in ("ragged_dot", "expert_ffn", "dense_all", "per_token_gather")
+      f"{kind} error"
+      if "error" in row[kind]
+      else f"{kind} {row[kind]['us']:.0f} us {row[kind]['gb_per_s']:.0f} GB/s"
+      for kind in GMM_KINDS
       if kind in row
     )
     lines.append(

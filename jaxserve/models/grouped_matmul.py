@@ -6,8 +6,8 @@ A step routes each of its T tokens to K experts (models/moe.py). `expert_ffn` co
 
 without a dense all-experts product and without a per-expert loop: the T*K assignments are
 sorted by expert id (`jnp.argsort`, stable), each sorted row gathers its token's hidden state,
-and every projection is one `jax.lax.ragged_dot` whose groups are the experts' contiguous runs of
-rows (`group_sizes`, a bincount of length E). The rows are then put back in assignment order by
+and every projection is one grouped matmul whose groups are the experts' contiguous runs of rows
+(`group_sizes`, a bincount of length E). The rows are then put back in assignment order by
 the inverse permutation (a gather, not a scatter-add, so the sum over k has a fixed order) and
 combined with their routing weights in float32.
 
@@ -20,31 +20,97 @@ device's E_local stacked experts and `first_expert`, its first expert's global i
 to other devices' experts are sorted after every local group (outside the ragged groups) and
 contribute exactly zero, so the devices' float32 partials sum to the whole result.
 
-How `ragged_dot` lowers is the platform's. On TPU, XLA compiles it to libtpu's own Mosaic
-kernels, a metadata kernel that tiles the groups and a grouped matmul over row tiles (the design of
-JAX's megablox gmm; tests/tpu_aot/test_v6e_moe_and_gemma.py), so no Pallas kernel of ours sits
-behind this function there. GPUs get XLA's ragged-dot instruction; on CPU JAX lowers it to a
-masked dot over all E groups (correct, E times the FLOPs of the grouped product), which the CPU
-tests of tiny models can afford.
+The kernel (`kernel`, default "auto") is chosen where the program is lowered, by
+`jax.lax.platform_dependent`: for CUDA GPUs the Pallas (Triton) grouped matmul of
+pallas_kernels/grouped_matmul, elsewhere `jax.lax.ragged_dot`. XLA's GPU lowering of ragged_dot
+is dense (on an H100 it materializes every group's product, bf16[65536, 128, 768] for an
+8192-token prefill of Qwen3-30B-A3B, and reads a batch-1 decode step's experts at 166 GB/s of
+~2.9 TB/s), while the kernel's programs each read their own group's weights only. On GPUs the
+gate and up projections are one kernel (`grouped_swiglu`: two accumulators, silu(gate) * up in
+float32, rounded once) that reads the rows once; ragged_dot rounds each projection to the rows'
+dtype first. Shapes the kernel does not take (K or N not a multiple of 16) keep ragged_dot.
+"ragged_dot" and "pallas" force one (the latter in Pallas interpret mode off GPUs: tests and
+investigations/bench_grouped_matmul.py, which measures the two against each other).
+
+On TPU, XLA compiles ragged_dot to libtpu's own Mosaic kernels, a metadata kernel that tiles the
+groups and a grouped matmul over row tiles (the design of JAX's megablox gmm;
+tests/tpu_aot/test_v6e_moe_and_gemma.py), so no Pallas kernel of ours sits behind this function
+there. On CPU JAX lowers ragged_dot to a masked dot over all E groups (correct, E times the FLOPs
+of the grouped product), which the CPU tests of tiny models can afford.
+
+The experts' weights are never 8-bit: a MoE model refuses `quantization` (models/moe_config.py),
+so both kernels take the rows' dtype (bfloat16, float16 or float32) only.
 """
 
 from __future__ import annotations
 
+from typing import Callable, Literal
+
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.grouped_matmul import gpu as pallas_gmm
 
-def grouped_matmul(rows: jax.Array, weights: jax.Array, group_sizes: jax.Array) -> jax.Array:
-  """rows [M, K] (sorted by group) @ weights [G, K, N] -> [M, N] in rows' dtype: row m is
-  multiplied by the weights of the group whose run holds it (group g owns the group_sizes[g]
-  rows after those of groups < g). Rows past sum(group_sizes) are unspecified."""
+Kernel = Literal["auto", "ragged_dot", "pallas"]
+KERNELS = ("auto", "ragged_dot", "pallas")
+
+
+def _ragged_matmul(rows: jax.Array, weights: jax.Array, group_sizes: jax.Array) -> jax.Array:
+  return jax.lax.ragged_dot(rows, weights, group_sizes.astype(jnp.int32))  # [M, N]
+
+
+def _ragged_swiglu(rows, gate, up, group_sizes) -> jax.Array:
+  return jax.nn.silu(_ragged_matmul(rows, gate, group_sizes)) * _ragged_matmul(
+    rows, up, group_sizes
+  )  # [M, N]
+
+
+def _dispatch(kernel: Kernel, ragged: Callable, pallas: Callable, rows, weights, *rest):
+  """ragged(rows, weights, *rest) or pallas(...) by `kernel` (module docstring)."""
+  if kernel not in KERNELS:
+    raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
+  (m, k), (groups, _, n) = rows.shape, weights.shape
+  fits = pallas_gmm.supports(m, k, n, groups) and rows.dtype == weights.dtype
+  if kernel == "ragged_dot" or not (fits and jnp.dtype(rows.dtype) in pallas_gmm.DTYPES):
+    return ragged(rows, weights, *rest)
+  if kernel == "pallas":
+    return pallas(rows, weights, *rest, interpret=jax.default_backend() != "gpu")
+  return jax.lax.platform_dependent(rows, weights, *rest, cuda=pallas, default=ragged)
+
+
+def _check(rows: jax.Array, weights: jax.Array, group_sizes: jax.Array) -> None:
   if rows.ndim != 2 or weights.ndim != 3 or rows.shape[1] != weights.shape[1]:
     raise ValueError(
       f"rows/weights: expected [M, K] and [G, K, N], got {rows.shape}, {weights.shape}"
     )
   if group_sizes.shape != (weights.shape[0],):
     raise ValueError(f"group_sizes: expected [{weights.shape[0]}], got {group_sizes.shape}")
-  return jax.lax.ragged_dot(rows, weights, group_sizes.astype(jnp.int32))  # [M, N]
+
+
+def grouped_matmul(
+  rows: jax.Array, weights: jax.Array, group_sizes: jax.Array, kernel: Kernel = "auto"
+) -> jax.Array:
+  """rows [M, K] (sorted by group) @ weights [G, K, N] -> [M, N] in rows' dtype: row m is
+  multiplied by the weights of the group whose run holds it (group g owns the group_sizes[g]
+  rows after those of groups < g). Rows past sum(group_sizes) are unspecified (zero from the
+  Pallas kernel)."""
+  _check(rows, weights, group_sizes)
+  return _dispatch(kernel, _ragged_matmul, pallas_gmm.grouped_matmul, rows, weights, group_sizes)
+
+
+def grouped_swiglu(
+  rows: jax.Array,
+  gate: jax.Array,
+  up: jax.Array,
+  group_sizes: jax.Array,
+  kernel: Kernel = "auto",
+) -> jax.Array:
+  """silu(rows @ gate) * (rows @ up) -> [M, I] in rows' dtype, each product grouped as in
+  grouped_matmul (gate, up [G, K, I])."""
+  _check(rows, gate, group_sizes)
+  if up.shape != gate.shape:
+    raise ValueError(f"up: expected {gate.shape} like gate, got {up.shape}")
+  return _dispatch(kernel, _ragged_swiglu, pallas_gmm.grouped_swiglu, rows, gate, up, group_sizes)
 
 
 def sort_by_expert(
@@ -71,10 +137,13 @@ def expert_ffn(
   up: jax.Array,
   down: jax.Array,
   first_expert: jax.Array | int = 0,
+  *,
+  kernel: Kernel = "auto",
 ) -> jax.Array:
   """x [T, H], expert_ids int32[T, K], weights float32[T, K], gate/up [E, H, I], down [E, I, H]
   -> float32 [T, H]: the routing-weighted sum of each token's experts' SwiGLU FFNs, over the
-  assignments to experts first_expert .. first_expert + E - 1 (the others add zero)."""
+  assignments to experts first_expert .. first_expert + E - 1 (the others add zero). kernel:
+  the grouped matmuls' (module docstring)."""
   num_tokens, top_k = expert_ids.shape
   num_local, hidden, _ = gate.shape
   if x.shape != (num_tokens, hidden) or weights.shape != expert_ids.shape:
@@ -86,10 +155,8 @@ def expert_ffn(
     raise ValueError(f"up/down: shapes {up.shape}, {down.shape} do not match gate {gate.shape}")
   order, local, group_sizes = sort_by_expert(expert_ids, num_local, first_expert)
   rows = x[order // top_k]  # [M, H] each sorted assignment's token
-  hidden_rows = jax.nn.silu(grouped_matmul(rows, gate, group_sizes)) * grouped_matmul(
-    rows, up, group_sizes
-  )  # [M, I]
-  out = grouped_matmul(hidden_rows, down, group_sizes)  # [M, H] sorted
+  hidden_rows = grouped_swiglu(rows, gate, up, group_sizes, kernel)  # [M, I]
+  out = grouped_matmul(hidden_rows, down, group_sizes, kernel)  # [M, H] sorted
   num_rows = order.shape[0]
   inverse = jnp.zeros_like(order).at[order].set(jnp.arange(num_rows, dtype=order.dtype))  # [M]
   out = out[inverse].astype(jnp.float32)  # [M, H] in assignment order

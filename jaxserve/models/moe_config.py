@@ -12,7 +12,8 @@ its `norm_topk_prob` is True. The routers' auxiliary-loss fields (`router_aux_lo
 
 A MoE model refuses `batch_invariant` (the routing and the grouped matmul do not run through the
 fixed-tile GEMMs, so a token's bits could depend on its batch), `tp_invariant_reductions` and
-`quantization` (the experts have no grouped or 8-bit GEMM): each is a ValueError naming it.
+`quantization` (the experts' grouped matmuls, models/grouped_matmul.py, take no 8-bit weights):
+each is a ValueError naming it.
 """
 
 from __future__ import annotations

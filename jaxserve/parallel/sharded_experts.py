@@ -14,9 +14,9 @@ unsharded code on its shard:
 and one psum over the axis adds the partials, in float32, before the model rounds the sum to its
 dtype. Tokens are not exchanged: every device already holds every token (attention's output is
 all-reduced), so the sum is the only collective, vLLM's all-reduce after its experts. The
-shard_map keeps the grouped matmul a per-device ragged_dot rather than asking XLA's partitioner
-to split one. The model receives this function from parallel/placement.py and stays free of
-sharding.
+shard_map keeps the grouped matmul a per-device one (the Pallas kernel on CUDA GPUs, ragged_dot
+elsewhere: models/grouped_matmul.py) rather than asking XLA's partitioner to split one. The model
+receives this function from parallel/placement.py and stays free of sharding.
 """
 
 from __future__ import annotations

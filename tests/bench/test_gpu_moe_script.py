@@ -1,5 +1,6 @@
 """scripts/gpu_moe.sh parses (bash -n) and its table (scripts/gpu_moe_table.py) reads the results
-its steps write: single-stream TPOT against the active weights' read time, the windows' speed-up.
+its steps write: single-stream TPOT against the active weights' read time, the windows' speed-up,
+the grouped-matmul columns (a failed one says so).
 (The steps themselves ran on CPU on tiny checkpoints when the script was written; on a GPU they
 run at the named shapes.)"""
 
@@ -37,6 +38,20 @@ def test_the_table_compares_tpot_with_the_active_read_time_and_windows_on_with_o
     "gemma_active.json": {"weight_bytes": 24e9, "active_weight_bytes": 24e9},
     "gemma_1k_on.json": _offline(1000, 1024, 128, 3000.0),
     "gemma_1k_off.json": _offline(1000, 1024, 128, 2000.0),
+    "gmm.json": {
+      "device": "NVIDIA H100",
+      "shape": {"num_experts": 128},
+      "rows": [
+        {
+          "tokens": 1,
+          "experts_touched": 8.0,
+          "copy_gb_per_s": 2900.0,
+          "ragged_dot": {"us": 150.0, "gb_per_s": 166.0},
+          "pallas": {"us": 12.0, "gb_per_s": 2100.0},
+          "dense_all": {"error": "RESOURCE_EXHAUSTED"},
+        }
+      ],
+    },
   }
   for name, result in files.items():
     (tmp_path / name).write_text(json.dumps(result))
@@ -51,3 +66,4 @@ def test_the_table_compares_tpot_with_the_active_read_time_and_windows_on_with_o
   assert "windows on / off: 1.50x" in table
   assert "gemma-3-12b single stream 1024/256: 10.00 ms/token vs 8.00 ms" in table
   assert "gemma-3-12b 1000 x 1024/128 windows off: 2000 out tok/s" in table
+  assert "ragged_dot 150 us 166 GB/s, pallas 12 us 2100 GB/s, dense_all error" in table

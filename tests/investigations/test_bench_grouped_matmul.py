@@ -1,6 +1,7 @@
-"""investigations/bench_grouped_matmul.py on tiny shapes (CPU): every row timed, its bandwidth
-counted from the experts the batch touches, and the grouped FFN equal to the dense reference
-(scripts/gpu_moe.sh runs it at Qwen3-30B-A3B's shapes on a GPU)."""
+"""investigations/bench_grouped_matmul.py on tiny shapes (CPU, the Pallas kernel in interpret
+mode): every row timed, its bandwidth counted from the experts the batch touches, the grouped
+FFNs equal to the dense reference and the kernel's product to ragged_dot's, a failing column
+recorded beside the others (scripts/gpu_moe.sh runs it at Qwen3-30B-A3B's shapes on a GPU)."""
 
 from __future__ import annotations
 
@@ -21,11 +22,32 @@ def test_smoke_rows_and_the_dense_references_agree(tmp_path):
   for row in report["rows"]:
     assert 1 <= row["experts_touched"] <= shape.num_experts
     assert row["max_abs_error_vs_dense"] < 1e-6
-    for kind in ("ragged_dot", "expert_ffn", "dense_all", "per_token_gather"):
+    assert row["ragged_max_abs_error_vs_dense"] < 1e-6
+    assert row["pallas_max_abs_error_vs_ragged"] < 2e-2  # bfloat16 rows, summed in its own order
+    for kind in bench.KINDS:
       assert row[kind]["us"] > 0, kind
-    ffn = row["expert_ffn"]
-    assert np.isclose(ffn["gb_per_s"] * ffn["us"] * 1e3, row["experts_touched"] * 3 * 64 * 32 * 2)
+    for kind in ("expert_ffn", "expert_ffn_ragged"):
+      ffn = row[kind]
+      touched_bytes = row["experts_touched"] * 3 * 64 * 32 * 2
+      assert np.isclose(ffn["gb_per_s"] * ffn["us"] * 1e3, touched_bytes)
+    assert np.isclose(
+      row["pallas"]["gb_per_s"] * row["pallas"]["us"],
+      row["ragged_dot"]["gb_per_s"] * row["ragged_dot"]["us"],
+    )  # the same gate weights read
   assert report["rows"][0]["experts_touched"] == shape.top_k  # one token: its own experts
+
+
+def test_a_failing_column_records_its_error(monkeypatch, capsys):
+  def fail(*_args, **_kwargs):
+    raise MemoryError("RESOURCE_EXHAUSTED: out of memory")
+
+  real = bench._ffn_program
+  monkeypatch.setattr(bench, "_ffn_program", lambda fn: fail if fn is bench.dense_all else real(fn))
+  args = bench.parse_args(["--smoke", "--layers", "1", "--inner", "1", "--reps", "1"])
+  row = bench.bench_batch(bench.SMOKE, 2, args, copy_gbps=1.0)
+  assert "RESOURCE_EXHAUSTED" in row["dense_all"]["error"]
+  assert row["expert_ffn"]["us"] > 0 and row["pallas"]["us"] > 0
+  assert "error" in bench._table([row]) and "dense_all" in capsys.readouterr().err
 
 
 def test_the_two_dense_references_agree_with_each_other():
@@ -37,3 +59,18 @@ def test_the_two_dense_references_agree_with_each_other():
   a = bench.dense_all(x, ids[0], weights[0], gate, up, down)
   b = bench.per_token_gather(x, ids[0], weights[0], gate, up, down)
   np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
+def test_a_tiling_sweep_times_the_kernel_per_tiling(tmp_path, capsys):
+  """Each tiling on the gate product and the fused SwiGLU; one that does not divide the smoke
+  shape's N (32) records its error."""
+  sweep = "16,16,16,2,4,4;16,64,16,1,4,4"
+  assert bench.parse_tilings(sweep)[0] == bench.pallas_gmm.Tiling(16, 16, 16, 2, 4, 4)
+  out = tmp_path / "gmm.json"
+  argv = ["--smoke", "--batches", "3", "--layers", "1", "--inner", "1", "--reps", "1"]
+  assert bench.main([*argv, "--tilings", sweep, "--out", str(out)]) == 0
+  printed = capsys.readouterr().out
+  assert "pallas gate 16x16x16/2 w4 s4:" in printed
+  swept = json.loads(out.read_text())["rows"][0]["pallas_tilings"]
+  assert swept["gate 16x16x16/2 w4 s4"]["us"] > 0 and swept["swiglu 16x16x16/2 w4 s4"]["us"] > 0
+  assert "N 32 must be a multiple of block_n" in swept["gate 16x64x16/1 w4 s4"]["error"]

@@ -1,15 +1,23 @@
 """The grouped matmul and the expert FFN of models/grouped_matmul.py against dense numpy
 references: randomized group sizes, empty groups (more experts than assignments), and the
-expert-parallel split into shards whose partials add up to the whole."""
+expert-parallel split into shards whose partials add up to the whole; through ragged_dot (the
+CPU's "auto") and through the Pallas kernel (interpret mode on CPU), and the kernel choice."""
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxserve.models.grouped_matmul import expert_ffn, grouped_matmul, sort_by_expert
+from jaxserve.models.grouped_matmul import (
+  expert_ffn,
+  grouped_matmul,
+  grouped_swiglu,
+  sort_by_expert,
+)
 
 
 def _silu(x: np.ndarray) -> np.ndarray:
@@ -27,7 +35,7 @@ def _reference_ffn(x, ids, weights, gate, up, down) -> np.ndarray:
   return out
 
 
-def _random_case(rng, num_tokens, top_k, num_experts, hidden=16, inner=8):
+def _random_case(rng, num_tokens, top_k, num_experts, hidden=16, inner=8):  # inner 8: ragged
   x = rng.standard_normal((num_tokens, hidden)).astype(np.float32)
   ids = np.stack([rng.choice(num_experts, top_k, replace=False) for _ in range(num_tokens)])
   weights = rng.random((num_tokens, top_k)).astype(np.float32)
@@ -101,3 +109,51 @@ def test_shapes_are_validated():
     expert_ffn(x, ids, weights, gate, up, down[:, :4])
   with pytest.raises(ValueError, match="group_sizes"):
     grouped_matmul(x, gate, np.array([4], np.int32))
+
+
+PALLAS_CASES = [(1, 2, 8), (5, 8, 64), (13, 4, 8)]
+
+
+@pytest.mark.parametrize("num_tokens,top_k,num_experts", PALLAS_CASES)
+def test_expert_ffn_through_the_pallas_kernel_matches_dense_reference(
+  num_tokens, top_k, num_experts
+):
+  """hidden 32 and inner 16: sizes the kernel takes (K and N multiples of 16)."""
+  rng = np.random.default_rng(num_tokens * 100 + num_experts)
+  case = _random_case(rng, num_tokens, top_k, num_experts, hidden=32, inner=16)
+  got = np.asarray(jax.jit(functools.partial(expert_ffn, kernel="pallas"))(*case))
+  np.testing.assert_allclose(got, _reference_ffn(*case), rtol=1e-4, atol=1e-4)
+
+
+def test_expert_shards_through_the_pallas_kernel_sum_to_the_whole():
+  x, ids, weights, gate, up, down = _random_case(np.random.default_rng(3), 9, 2, 8, 32, 16)
+  partials = [
+    expert_ffn(
+      x, ids, weights, *(w[s * 2 : (s + 1) * 2] for w in (gate, up, down)), s * 2, kernel="pallas"
+    )
+    for s in range(4)
+  ]
+  whole = _reference_ffn(x, ids, weights, gate, up, down)
+  np.testing.assert_allclose(np.asarray(sum(partials)), whole, rtol=1e-4, atol=1e-4)
+
+
+def test_the_kernels_agree_on_the_grouped_rows():
+  """grouped_matmul and grouped_swiglu, kernel "pallas" against "ragged_dot" (CPU's "auto")."""
+  rng = np.random.default_rng(5)
+  rows = rng.standard_normal((21, 32)).astype(np.float32)
+  gate, up = (rng.standard_normal((4, 32, 16)).astype(np.float32) for _ in "gu")
+  sizes = np.array([5, 0, 11, 3], np.int32)  # 2 rows past the groups
+  for kernel_fn, args in ((grouped_matmul, (gate,)), (grouped_swiglu, (gate, up))):
+    pallas, ragged, auto = (
+      np.asarray(kernel_fn(rows, *args, sizes, kernel))
+      for kernel in ("pallas", "ragged_dot", "auto")
+    )
+    np.testing.assert_allclose(pallas[:19], ragged[:19], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(auto, ragged)
+    assert not pallas[19:].any()
+
+
+def test_a_bad_kernel_name_is_refused():
+  rows, weights = np.zeros((4, 16), np.float32), np.zeros((2, 16, 16), np.float32)
+  with pytest.raises(ValueError, match="kernel: expected one of"):
+    grouped_matmul(rows, weights, np.array([2, 2], np.int32), "triton")

@@ -5,6 +5,8 @@ in prefill, in the second chunk and in decode)."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ import torch
 
 from jaxserve.attention import get_attention_backend
 from jaxserve.models import LlamaForCausalLM, causal_lm
+from jaxserve.models.grouped_matmul import expert_ffn
 from jaxserve.models.weights import load_hf_config, load_hf_params
 from tests.models.hf_checkpoints import FAMILIES, VOCAB_SIZE, load_hf_model
 from tests.models.paged_batch import Chunk, build_step, empty_kv_pages, model_kv
@@ -25,10 +28,10 @@ LEN_A, LEN_B = 13, 11  # both longer than the sliding windows (Mistral 8, Gemma 
 class Family:
   """A family's checkpoint loaded both ways, its prompts, HF log-probs and a jitted step."""
 
-  def __init__(self, checkpoint_dir):
+  def __init__(self, checkpoint_dir, experts=None):
     self.config = load_hf_config(checkpoint_dir)
     self.params = load_hf_params(checkpoint_dir, self.config)
-    model = causal_lm(self.config, get_attention_backend("reference"))
+    model = causal_lm(self.config, get_attention_backend("reference"), None, experts)
     rng = np.random.default_rng(1)
     self.prompts = [rng.integers(0, VOCAB_SIZE, n).tolist() for n in (LEN_A, LEN_B)]
     pages = rng.permutation(np.arange(1, NUM_PAGES)).tolist()  # page 0 is the null page
@@ -121,6 +124,15 @@ def test_one_token_decode_leaves_experts_empty(family):
   np.testing.assert_allclose(
     logprobs[offsets[0]], family.hf_logprobs[0][-1], atol=TOLERANCE, rtol=0
   )
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
+def test_experts_through_the_pallas_grouped_matmul(name, hf_checkpoint):
+  """The experts through the Pallas grouped-matmul kernel (what CUDA GPUs run; interpret mode
+  here) instead of ragged_dot: the same parity, prefill then a one-token decode."""
+  family = Family(hf_checkpoint(name), functools.partial(expert_ffn, kernel="pallas"))
+  test_two_prompts_in_one_step(family)
+  test_one_token_decode_leaves_experts_empty(family)
 
 
 def test_logprobs_are_not_uniform(family):

@@ -16,6 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxserve.models.grouped_matmul import expert_ffn
+from jaxserve.parallel.partition_rules import MODEL_AXIS
+from jaxserve.parallel.sharded_experts import shard_experts
 from pallas_kernels.greedy_sample.gpu import greedy_sample
 from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention, write_kv
 from pallas_kernels.ragged_paged_attention.testing import (
@@ -111,3 +114,49 @@ def test_8bit_kv_lowers_to_triton(kv_dtype):
   assert TRITON_CALL_TARGET in _custom_call_targets(_lower_for_cuda(fn, *attention_args(case)))
   text = _lower_for_cuda(functools.partial(write_kv, **scales), *write_args(case))
   assert TRITON_CALL_TARGET in _custom_call_targets(text)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 64, 8192], ids=["decode1", "decode64", "prefill8k"])
+def test_moe_layer_lowers_to_the_grouped_matmul_kernel(num_tokens):
+  """A Qwen3-30B-A3B MoE layer's experts (E 128, H 2048, I 768, top 8) as the model runs them
+  (models/grouped_matmul.expert_ffn, kernel "auto"): for CUDA, two Pallas grouped-matmul calls
+  (gate/up fused, down) and no ragged_dot, which XLA's GPU compiler expands to a dense
+  [M, E, N] product of every expert, nor any other [M, E, ...] array."""
+  text = _lower_for_cuda(expert_ffn, *_moe_args(num_tokens))
+  _assert_grouped_matmul_kernels(text, num_tokens * 8, 128)
+
+
+def _moe_args(num_tokens: int, e: int = 128, h: int = 2048, i: int = 768, top_k: int = 8):
+  """Qwen3-30B-A3B's MoE layer: x, expert_ids, routing weights, gate, up, down."""
+  return (
+    jax.ShapeDtypeStruct((num_tokens, h), jnp.bfloat16),
+    jax.ShapeDtypeStruct((num_tokens, top_k), jnp.int32),
+    jax.ShapeDtypeStruct((num_tokens, top_k), jnp.float32),
+    jax.ShapeDtypeStruct((e, h, i), jnp.bfloat16),
+    jax.ShapeDtypeStruct((e, h, i), jnp.bfloat16),
+    jax.ShapeDtypeStruct((e, i, h), jnp.bfloat16),
+  )
+
+
+def _assert_grouped_matmul_kernels(text: str, m: int, e: int) -> None:
+  assert _custom_call_targets(text) == {TRITON_CALL_TARGET}
+  assert text.count(f"custom_call @{TRITON_CALL_TARGET}") == 2
+  assert text.count('name = "grouped_matmul"') == 2
+  assert "ragged_dot" not in text
+  assert not re.search(rf"tensor<{m}x{e}x\d+x", text)  # no [M, E, N] array anywhere
+
+
+@pytest.mark.parametrize("expert_parallel", [True, False], ids=["ep2", "tp2"])
+def test_sharded_moe_layer_lowers_to_the_grouped_matmul_kernel(expert_parallel):
+  """parallel/sharded_experts.py over 2 abstract H100s (no devices needed): each device's
+  expert_ffn in the shard_map runs the kernel on its experts (64 whole ones, or all 128 cut to
+  I / 2 = 384)."""
+  device_cls = getattr(jax.sharding, "AbstractDevice", None)
+  if device_cls is None or not hasattr(jax.sharding, "use_abstract_mesh"):
+    pytest.skip("this JAX has no abstract devices")
+  device = device_cls(device_kind="NVIDIA H100", num_cores=132, platform="gpu")
+  mesh = jax.sharding.AbstractMesh((2,), (MODEL_AXIS,), abstract_device=device)
+  with jax.sharding.use_abstract_mesh(mesh):
+    lowered = jax.jit(shard_experts(mesh, expert_parallel)).trace(*_moe_args(64))
+    text = lowered.lower(lowering_platforms=("cuda",)).as_text()
+  _assert_grouped_matmul_kernels(text, 64 * 8, 64 if expert_parallel else 128)

@@ -1,0 +1,217 @@
+"""Grouped matmul for GPUs: out [M, N] = rows [M, K] (sorted by group) @ weights[g] [K, N] for
+the rows of each group g, as one Pallas (Triton) kernel over row tiles, so each program reads
+only its own group's weights (XLA's GPU ragged_dot materializes every group's product).
+
+The wrapper maps the groups' runs of rows to row tiles (tiles.py: tile_map, a few XLA ops on
+group_sizes, fixed shapes), then the kernel's grid is (N / block_n, num_tiles, num_splits),
+column blocks fastest so the programs launched together share their rows in L2. Program (j, i, s)
+loads its tile's group, first row and row count as scalars and
+
+  * a tile of a group: walks the s-th of num_splits equal runs of K in block_k slices: the rows'
+    slice [BM, BK] (rows past the count masked to 0; a tile's rows are consecutive), the
+    weights' slice [BK, BN] of its group, one dot with float32 accumulation; stores its rows
+    of column block j, masked to the count, rounded to the rows' dtype;
+  * a tile of the tail (rows past sum(group_sizes)): stores zeros;
+  * an unused tile (0 rows): nothing.
+
+Every output row is stored by exactly one tile per column block, so the output is fully
+written, with zeros past the groups. With num_splits > 1 the programs store float32 partials
+[S, M, N] that a small XLA epilogue adds in split order and rounds.
+
+Gated (`grouped_swiglu`): each program multiplies its rows by two weights, gate and up, with two
+accumulators, and stores silu(gate product) * up product, rounded once (split: two partials,
+the SwiGLU in the epilogue). A MoE layer's gate and up projections are one kernel that reads the
+rows once and writes [M, N] once.
+
+Sizes are static per (M, K, N, G): a step compiles once per token bucket. K and N must be
+multiples of 16 and of the blocks (tiles.check_tiling); offsets are int32 (tiles.supports).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels.grouped_matmul.tiles import (
+  Tiling,
+  check_tiling,
+  default_tiling,
+  num_tiles,
+  supports,
+  tile_map,
+)
+from pallas_kernels.ragged_paged_attention.gpu_write import triton_compiler_params
+
+__all__ = ["Tiling", "default_tiling", "grouped_matmul", "grouped_swiglu", "supports"]
+
+DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+
+
+def _silu(x: jax.Array) -> jax.Array:
+  return x / (1.0 + jnp.exp(-x))
+
+
+def _kernel(
+  tile_group_ref,
+  tile_start_ref,
+  tile_rows_ref,
+  x_ref,
+  *refs,
+  tiling: Tiling,
+  num_weights: int,
+  steps: int,
+):
+  """refs: the weights [G, K, N] (one, or gate and up), then the output [M, N] or the float32
+  partials [S, M, N] (one per weight)."""
+  w_refs, out_refs = refs[:num_weights], refs[num_weights:]
+  bm, bn, bk = tiling.block_m, tiling.block_n, tiling.block_k
+  num_rows, num_groups = x_ref.shape[0], w_refs[0].shape[0]
+  col_block, tile, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  group = tile_group_ref[tile]
+  count = tile_rows_ref[tile]
+  offsets = jnp.arange(bm, dtype=jnp.int32)  # [BM]
+  row_valid = offsets < count  # [BM]
+  rows = jnp.where(row_valid, tile_start_ref[tile] + offsets, num_rows)[:, None]  # [BM, 1] OOB
+  cols = col_block * bn + jnp.arange(bn, dtype=jnp.int32)[None, :]  # [1, BN]
+  out_mask = jnp.broadcast_to(row_valid[:, None], (bm, bn))  # [BM, BN]
+  partial = tiling.num_splits > 1
+
+  def store(out_ref, value):  # value [BM, BN]
+    target = out_ref.at[split, rows, cols] if partial else out_ref.at[rows, cols]
+    plgpu.store(target, value.astype(out_ref.dtype), mask=out_mask)
+
+  @pl.when((count > 0) & (group < num_groups))
+  def _():
+    lanes = jnp.arange(bk, dtype=jnp.int32)[None, :]  # [1, BK]
+    x_mask = jnp.broadcast_to(row_valid[:, None], (bm, bk))  # [BM, BK]
+    weight_cols = pl.ds(col_block * bn, bn)
+    first = split * steps * bk
+    precision = jax.lax.Precision.HIGHEST if x_ref.dtype == jnp.float32 else None
+    dims = (((1,), (0,)), ((), ()))
+
+    def fold(i, accs):
+      k = first + i * bk
+      x = plgpu.load(x_ref.at[rows, k + lanes], mask=x_mask, other=0)  # [BM, BK]
+      return tuple(
+        acc
+        + jax.lax.dot_general(
+          x,
+          w_ref[group, pl.ds(k, bk), weight_cols],  # [BK, BN]
+          dims,
+          precision=precision,
+          preferred_element_type=jnp.float32,
+        )  # [BM, BN]
+        for acc, w_ref in zip(accs, w_refs)
+      )
+
+    zeros = tuple(jnp.zeros((bm, bn), jnp.float32) for _ in w_refs)
+    accs = jax.lax.fori_loop(0, steps, fold, zeros)  # [BM, BN] each
+    if partial:
+      for out_ref, acc in zip(out_refs, accs):
+        store(out_ref, acc)
+    elif num_weights == 2:
+      store(out_refs[0], _silu(accs[0]) * accs[1])
+    else:
+      store(out_refs[0], accs[0])
+
+  @pl.when((count > 0) & (group == num_groups))
+  def _():
+    for out_ref in out_refs:
+      store(out_ref, jnp.zeros((bm, bn), jnp.float32))
+
+
+@functools.partial(jax.jit, static_argnames=("tiling", "interpret"))
+def _grouped(rows, group_sizes, *weights, tiling: Tiling, interpret: bool):
+  (m, k), (g, _, n) = rows.shape, weights[0].shape
+  splits = tiling.num_splits
+  tiles = num_tiles(m, g, tiling.block_m)
+  tile_args = tile_map(group_sizes, m, tiling.block_m, tiles)  # 3 x int32[tiles]
+  kernel = functools.partial(
+    _kernel, tiling=tiling, num_weights=len(weights), steps=k // (tiling.block_k * splits)
+  )
+  if splits > 1:
+    out_shape = [jax.ShapeDtypeStruct((splits, m, n), jnp.float32) for _ in weights]
+  else:
+    out_shape = [jax.ShapeDtypeStruct((m, n), rows.dtype)]
+  outs = pl.pallas_call(
+    kernel,
+    grid=(n // tiling.block_n, tiles, splits),
+    in_specs=[pl.no_block_spec] * (4 + len(weights)),
+    out_specs=[pl.no_block_spec] * len(out_shape),
+    out_shape=out_shape,
+    compiler_params=triton_compiler_params(tiling.num_warps, tiling.num_stages),
+    interpret=interpret,
+    name="grouped_matmul",
+  )(*tile_args, rows, *weights)
+  if splits == 1:
+    return outs[0]  # [M, N]
+  sums = [functools.reduce(jnp.add, [p[s] for s in range(splits)]) for p in outs]  # [M, N] f32
+  out = _silu(sums[0]) * sums[1] if len(sums) == 2 else sums[0]
+  return out.astype(rows.dtype)  # [M, N]
+
+
+def _check(name: str, rows, weights, group_sizes, tiling: Tiling | None) -> Tiling:
+  """ValueError naming the first array whose shape or dtype does not fit; the tiling to run."""
+  if rows.ndim != 2 or rows.dtype not in DTYPES:
+    raise ValueError(
+      f"{name}: rows: expected [M, K] bfloat16, float16 or float32, got "
+      f"{rows.dtype}{list(rows.shape)}"
+    )
+  (m, k), w0 = rows.shape, weights[0]
+  for w in weights:
+    if w.ndim != 3 or w.shape[1] != k or w.shape != w0.shape or w.dtype != rows.dtype:
+      raise ValueError(
+        f"{name}: weights: expected {rows.dtype}[G, {k}, N] (all alike), "
+        f"got {[f'{x.dtype}{list(x.shape)}' for x in weights]}"
+      )
+  num_groups, n = w0.shape[0], w0.shape[2]
+  if group_sizes.shape != (num_groups,) or not jnp.issubdtype(group_sizes.dtype, jnp.integer):
+    raise ValueError(
+      f"{name}: group_sizes: expected int[{num_groups}], "
+      f"got {group_sizes.dtype}{list(group_sizes.shape)}"
+    )
+  if not supports(m, k, n, num_groups):
+    raise ValueError(
+      f"{name}: weights: K and N must be multiples of 16 and every array under 2**31 "
+      f"elements, got rows {list(rows.shape)}, weights {list(w0.shape)}"
+    )
+  tiling = tiling or default_tiling(m, k, n, num_groups, gated=len(weights) == 2)
+  check_tiling(tiling, k, n, name)
+  return tiling
+
+
+def grouped_matmul(
+  rows: jax.Array,  # [M, K] sorted by group: bfloat16, float16 or float32
+  weights: jax.Array,  # [G, K, N] in rows' dtype, K and N multiples of 16
+  group_sizes: jax.Array,  # int[G]: group g owns the group_sizes[g] rows after groups < g
+  *,
+  tiling: Tiling | None = None,
+  interpret: bool = False,
+) -> jax.Array:
+  """-> [M, N] in rows' dtype (float32 accumulation): each row of a group times that group's
+  weights; rows past sum(group_sizes) are zero. tiling: default tiles.default_tiling."""
+  tiling = _check("grouped_matmul", rows, (weights,), group_sizes, tiling)
+  if rows.shape[0] == 0:
+    return jnp.zeros((0, weights.shape[2]), rows.dtype)
+  return _grouped(rows, group_sizes, weights, tiling=tiling, interpret=interpret)
+
+
+def grouped_swiglu(
+  rows: jax.Array,  # [M, K] sorted by group: bfloat16, float16 or float32
+  gate: jax.Array,  # [G, K, N] in rows' dtype, K and N multiples of 16
+  up: jax.Array,  # [G, K, N] like gate
+  group_sizes: jax.Array,  # int[G]: group g owns the group_sizes[g] rows after groups < g
+  *,
+  tiling: Tiling | None = None,
+  interpret: bool = False,
+) -> jax.Array:
+  """-> silu(rows @ gate) * (rows @ up) [M, N] in rows' dtype, per group as grouped_matmul,
+  computed in float32 and rounded once; rows past sum(group_sizes) are zero."""
+  tiling = _check("grouped_swiglu", rows, (gate, up), group_sizes, tiling)
+  if rows.shape[0] == 0:
+    return jnp.zeros((0, gate.shape[2]), rows.dtype)
+  return _grouped(rows, group_sizes, gate, up, tiling=tiling, interpret=interpret)

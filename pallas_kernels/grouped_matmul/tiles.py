@@ -1,0 +1,138 @@
+"""The grouped matmul's tiling (gpu.py): the tile sizes and their defaults, and the map from the
+groups' runs of rows to row tiles.
+
+Row tiles. Group g owns the group_sizes[g] rows after those of groups < g (the rows are sorted by
+group); the rows past sum(group_sizes) form one more run, the tail, group G. Each run is cut into
+tiles of block_m consecutive rows (its last tile partial), numbered run after run. A run of n
+rows takes ceil(n / block_m) <= (n + block_m - 1) / block_m tiles and at most min(G + 1, M) runs
+are non-empty, so
+
+  num_tiles(M, G, block_m) = (M + min(G + 1, M) * (block_m - 1)) // block_m
+
+tiles always suffice, a static count (8 for M = 8 rows among 128 groups, 1150 for M = 65536 and
+block_m 64). `tile_map` gives each tile its group, first row and row count as int32[num_tiles]
+arrays (a few small XLA ops on group_sizes); the tiles past the last run get 0 rows and do
+nothing. Group sizes are clamped so that no run reaches past row M.
+
+Defaults (`default_tiling`): block_m follows the expected rows per group (2 M / G, a power of
+two from 16 to 64): decode steps (a few rows per expert) take 16-row tiles, the tensor cores'
+smallest, and prefill 64-row ones. 16-row tiles walk K in blocks of 128 over 64 columns with 4
+pipeline stages, so each program streams its weight columns with several loads in flight, and
+split K (num_splits, a power of two up to 8) until about two waves of an H100's 132 SMs have
+work (TARGET_PROGRAMS, counting min(M, G) live tiles): batch 1 of Qwen3-30B-A3B (8 rows, 8
+experts) runs its gate/up product as 8 tiles x 12 column blocks x 4 splits. Larger tiles are
+64 x 128 (64 x 64 when gated: two accumulators) x 64 of K, 3 stages. All 4 warps. Untuned:
+investigations/bench_grouped_matmul.py measures them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+TARGET_PROGRAMS = 264  # two waves of an H100's 132 SMs
+MAX_SPLITS = 8
+MIN_BLOCK = 16  # tl.dot's smallest M, N and K
+MAX_INDEX = 2**31  # the kernel addresses its arrays with int32 offsets
+
+
+@dataclass(frozen=True)
+class Tiling:
+  """block_m rows x block_n columns per program, K walked block_k at a time (powers of two >= 16)
+  and split into num_splits runs (float32 partials added afterwards); num_warps and num_stages
+  are Triton's."""
+
+  block_m: int = 16
+  block_n: int = 64
+  block_k: int = 128
+  num_splits: int = 1
+  num_warps: int = 4
+  num_stages: int = 4
+
+
+def _largest_pow2_divisor(n: int, cap: int) -> int:
+  block = cap
+  while block > MIN_BLOCK and n % block:
+    block //= 2
+  return block
+
+
+def default_tiling(m: int, k: int, n: int, num_groups: int, gated: bool = False) -> Tiling:
+  """The tiling for M rows over G groups of [K, N] weights (module docstring); K and N multiples
+  of 16. gated: two weights per program (the fused SwiGLU)."""
+  per_group = max(1, -(-2 * m // max(num_groups, 1)))
+  block_m = min(64, max(MIN_BLOCK, pl.next_power_of_2(per_group)))
+  if block_m == MIN_BLOCK:
+    block_n, block_k, stages = _largest_pow2_divisor(n, 64), _largest_pow2_divisor(k, 128), 4
+  else:
+    block_n = _largest_pow2_divisor(n, 64 if gated else 128)
+    block_k, stages = _largest_pow2_divisor(k, 64), 3
+  splits = 1
+  if block_m == MIN_BLOCK:
+    programs = min(m, num_groups) * (n // block_n)
+    while (
+      programs * splits < TARGET_PROGRAMS
+      and splits < MAX_SPLITS
+      and k % (block_k * splits * 2) == 0
+    ):
+      splits *= 2
+  return Tiling(block_m, block_n, block_k, splits, num_warps=4, num_stages=stages)
+
+
+def supports(m: int, k: int, n: int, num_groups: int) -> bool:
+  """Whether the kernel takes these sizes: K and N positive multiples of 16 and every array
+  addressable with int32 offsets."""
+  return (
+    k > 0
+    and n > 0
+    and k % MIN_BLOCK == 0
+    and n % MIN_BLOCK == 0
+    and num_groups * k * n < MAX_INDEX
+    and m * max(k, n) < MAX_INDEX
+  )
+
+
+def check_tiling(tiling: Tiling, k: int, n: int, name: str) -> None:
+  """ValueError unless the blocks are powers of two >= 16 dividing N and K (K by
+  block_k * num_splits)."""
+  blocks = (tiling.block_m, tiling.block_n, tiling.block_k)
+  if any(b < MIN_BLOCK or b & (b - 1) for b in blocks) or tiling.num_splits < 1:
+    raise ValueError(f"{name}: tiling: blocks must be powers of two >= 16, got {tiling}")
+  if n % tiling.block_n or k % (tiling.block_k * tiling.num_splits):
+    raise ValueError(
+      f"{name}: tiling: N {n} must be a multiple of block_n and K {k} of "
+      f"block_k * num_splits, got {tiling}"
+    )
+
+
+def num_tiles(num_rows: int, num_groups: int, block_m: int) -> int:
+  """Row tiles enough for any group sizes (module docstring)."""
+  return (num_rows + min(num_groups + 1, num_rows) * (block_m - 1)) // block_m
+
+
+def tile_map(
+  group_sizes: jax.Array, num_rows: int, block_m: int, tiles: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """group_sizes int[G] -> (tile_group, tile_start, tile_rows), each int32[tiles]: tile i holds
+  tile_rows[i] rows from tile_start[i] on, all of group tile_group[i] (G: the tail past the
+  groups); unused tiles hold 0 rows."""
+  num_groups = group_sizes.shape[0]
+  ends = jnp.minimum(jnp.cumsum(jnp.maximum(group_sizes.astype(jnp.int32), 0)), num_rows)  # [G]
+  ends = jnp.concatenate([ends, jnp.full((1,), num_rows, jnp.int32)])  # [G + 1], the tail last
+  starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])  # [G + 1]
+  run_tiles = (ends - starts + block_m - 1) // block_m  # [G + 1]
+  tile_ends = jnp.cumsum(run_tiles)  # [G + 1]
+  index = jnp.arange(tiles, dtype=jnp.int32)  # [tiles]
+  group = jnp.sum(tile_ends[None, :] <= index[:, None], axis=1, dtype=jnp.int32)  # [tiles]
+  live = index < tile_ends[-1]  # [tiles]
+  group = jnp.minimum(group, num_groups)  # [tiles] in 0..G
+  start = starts[group] + (index - (tile_ends - run_tiles)[group]) * block_m  # [tiles]
+  count = jnp.minimum(block_m, ends[group] - start)  # [tiles]
+  return (
+    group,
+    jnp.where(live, start, 0).astype(jnp.int32),
+    jnp.where(live, count, 0).astype(jnp.int32),
+  )
