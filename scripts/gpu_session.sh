@@ -189,6 +189,11 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
           --api-server-count $c --sweep-rates inf --sweep-inf-prompts 50 \
           --single-stream-prompts 1 --out-dir "$OUT/svo8b_api$c"
       done ;;
+    prefix8b)  # bench prefix-cache: 200 requests sharing a 2,000-token system prompt, on vs off
+      TAIL=8 step prefix8b python3 -m jaxserve.bench.bench_prefix_cache --model /tmp/llama8b \
+        --config configs/h100.yaml --max-model-len 4096 --prefix-len 2000 --suffix-len 32 \
+        --num-prompts 200 --output-len 200 --request-rate ${PREFIX_RATE:-8} \
+        --out "$OUT/prefix8b.json" ;;
     bench_offline) step bench_offline python3 -m jaxserve.bench.bench_offline --num-prompts 256 \
         --input-len 128 --output-len 128 --set scheduler.max_num_seqs=256 \
         --set scheduler.max_num_batched_tokens=2048 --out "$OUT/bench_offline.json" ;;
