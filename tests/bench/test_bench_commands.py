@@ -19,6 +19,7 @@ from jaxserve.bench import (
   bench_startup,
   bench_structured,
   random_checkpoint,
+  soak,
 )
 from jaxserve.cli import build_parser, main
 from tests.tools.tool_helpers import SMALL_ENGINE_ARGS
@@ -32,6 +33,7 @@ COMMANDS = {
   "startup": (bench_startup, []),
   "server-startup": (bench_server_startup, ["--model", "m"]),
   "batch-invariance": (batch_invariance, []),
+  "soak": (soak, []),
 }
 
 
