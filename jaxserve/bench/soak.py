@@ -10,8 +10,9 @@ server processes, and report per window what it did and at the end which promise
 3. The soak: Poisson arrivals at that rate for `--duration` seconds, each a canary (every
    `--canary-every` s), a bad input (`--bad-share`), or a good call from the mix (a streamed one
    leaving after 1 to 4 chunks for `--cancel-share`); every `--kill-api-every` s an API server
-   process is killed (the server must run on this machine); /metrics and the processes' RSS are
-   sampled every SAMPLE_EVERY_S.
+   process is killed (the server must run on this machine); every `--stall-every` s a client
+   sends a long stream and reads nothing of it for `--stall-hold` s; /metrics and the
+   processes' RSS are sampled every SAMPLE_EVERY_S.
 4. The end: the calls in flight finish, then the server must come back to 0 KV pages in use
    (within IDLE_TIMEOUT_S). The report (soak_report.py): a row per `--window` seconds, a summary
    of what was lost, and the problems; exit status 1 if there is any.
@@ -41,8 +42,9 @@ from jaxserve.bench.soak_catalogue import (
   bad_inputs,
   canary,
   good_request,
+  long_stream,
 )
-from jaxserve.bench.soak_client import send
+from jaxserve.bench.soak_client import send, stalled_reader
 from jaxserve.bench.soak_flags import add_soak_flags
 from jaxserve.bench.soak_report import (
   Sample,
@@ -76,6 +78,8 @@ class SoakPlan:
   kill_api_every_s: float | None
   window_s: float
   seed: int
+  stall_every_s: float | None = None
+  stall_hold_s: float = 60.0
 
   def __post_init__(self) -> None:
     for name in ("cancel_share", "bad_share"):
@@ -155,6 +159,18 @@ async def _arrivals(client, model, plan: SoakPlan, rate: float, run: SoakRun) ->
   await asyncio.gather(*calls)
 
 
+async def _stalls(base_url: str, model: ServedModel, plan: SoakPlan, run: SoakRun) -> None:
+  """A stalled reader every stall_every_s seconds of the soak."""
+  url, readers = httpx.URL(base_url), []
+  at = run.start + plan.stall_every_s
+  while at < run.start + plan.duration_s:
+    await asyncio.sleep(max(0.0, at - time.monotonic()))
+    reader = stalled_reader(url.host, url.port, long_stream(model), plan.stall_hold_s)
+    readers.append(asyncio.ensure_future(reader))
+    at += plan.stall_every_s
+  run.records.extend(await asyncio.gather(*readers))
+
+
 async def _watch(client, port: int | None, plan: SoakPlan, run: SoakRun, stop: asyncio.Event):
   next_kill = run.start + (plan.kill_api_every_s or float("inf"))
   while not stop.is_set():
@@ -205,7 +221,10 @@ async def run_soak(base_url: str, plan: SoakPlan, api_key: str | None = None) ->
     )
     stop = asyncio.Event()
     watcher = asyncio.ensure_future(_watch(client, httpx.URL(base_url).port, plan, run, stop))
-    await _arrivals(client, model, plan, rate, run)
+    load = [_arrivals(client, model, plan, rate, run)]
+    if plan.stall_every_s:
+      load.append(_stalls(base_url, model, plan, run))
+    await asyncio.gather(*load)
     stop.set()
     await watcher
     run.final_metrics = await _final_metrics(client)
@@ -226,6 +245,8 @@ def main(args: argparse.Namespace) -> int:
     args.kill_api_every,
     args.window,
     args.seed,
+    args.stall_every,
+    args.stall_hold,
   )
   run = asyncio.run(run_soak(args.base_url, plan, args.api_key))
   rows, totals = window_rows(run), summary(run)

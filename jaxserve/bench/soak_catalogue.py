@@ -63,6 +63,14 @@ class ServedModel:
   filler_ids: tuple[int, ...]
 
 
+def long_stream(model: ServedModel) -> SoakRequest:
+  """The stalled reader's call: as long as the context allows, top-5 logprobs on each token."""
+  body = {"model": model.name, "prompt": "a stream nobody reads", "stream": True}
+  tokens = max(1, model.max_model_len - 64)
+  body.update(max_tokens=tokens, logprobs=5, ignore_eos=True)
+  return SoakRequest("stalled", COMPLETIONS, body, stream=True)
+
+
 def canary(model: ServedModel) -> SoakRequest:
   body = {"model": model.name, "prompt": CANARY_PROMPT, "max_tokens": CANARY_TOKENS}
   return SoakRequest("canary", COMPLETIONS, {**body, "temperature": 0})

@@ -7,11 +7,18 @@ them, else the chunks); a call that cancels leaves after `cancel_after` chunks (
 connection, as a client that goes away). A stream that ends with an error event, or whose
 connection breaks, is `cut`. A bad input is checked for a 4xx whose body is OpenAI's error
 object (`error_body_ok`). Times are time.monotonic().
+
+`stalled_reader` is the stuck client (what a SIGSTOPped client process looks like to the
+server): it sends a long streamed call over its own socket with a small receive window, reads
+the response head, then reads nothing for `hold_s` seconds before it reads on; `cut` says the
+server dropped it meanwhile (server.stream_stall_timeout_s), which frees its KV pages.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 import time
 from dataclasses import dataclass
 
@@ -114,3 +121,26 @@ async def _streamed(base: dict, request: SoakRequest, response: httpx.Response) 
 
 def _describe(err: Exception) -> str:
   return f"{type(err).__name__}: {err}"[:300]
+
+
+async def stalled_reader(host: str, port: int, request: SoakRequest, hold_s: float) -> SoakRecord:
+  start = time.monotonic()
+  sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+  sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
+  sock.setblocking(False)
+  body = json.dumps(request.body).encode()
+  head = f"POST {request.path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+  try:
+    await asyncio.get_running_loop().sock_connect(sock, (host, port))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=2**20)
+    writer.write(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    status = int((await reader.readline()).split()[1])
+    await asyncio.sleep(hold_s)  # the client is stopped
+    done = False
+    while line := await reader.readline():
+      done = done or line.strip() == b"data: [DONE]"
+    writer.close()
+  except (OSError, ValueError, IndexError, asyncio.IncompleteReadError) as err:
+    sock.close()
+    return SoakRecord("stalled", start, time.monotonic(), 200, cut=True, error=_describe(err))
+  return SoakRecord("stalled", start, time.monotonic(), status, cut=not done)

@@ -41,6 +41,15 @@ def add_soak_flags(parser: argparse.ArgumentParser) -> None:
     type=float,
     help="SIGKILL an API server process every this many seconds (the server on this machine)",
   )
+  parser.add_argument(
+    "--stall-every",
+    type=float,
+    help="every this many seconds a client sends a long stream and stops reading it for "
+    "--stall-hold seconds (a stopped client process)",
+  )
+  parser.add_argument(
+    "--stall-hold", type=float, default=60.0, help="how long a stalled client reads nothing"
+  )
   parser.add_argument("--window", type=float, default=60.0, help="seconds per report row")
   parser.add_argument(
     "--rss-growth", type=float, default=0.2, help="allowed RSS growth, last window vs first"

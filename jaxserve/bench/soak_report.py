@@ -6,11 +6,12 @@ and process samples of the window (KV pages in use, compilations, RSS of the ser
 
 `problems` lists what the server promised and did not keep: a 5xx or a broken connection not
 explained by a fault the soak injected (calls that ended within FAULT_GRACE_S of an API server
-kill), a bad input answered with anything but a 4xx and OpenAI's error body, a good call refused
-with a 4xx other than 429 (the waiting queue is full: the expected answer to overload), a canary
-that differs from the first (when they must match), KV pages still in use at the end, a
-compilation after warm-up, RSS of the last window more than `rss_growth` above the first's, and
-a p99 TTFT or TPOT of the last window more than `latency_drift` above the first's.
+kill; a stalled reader is expected to be cut), a bad input answered with anything but a 4xx and
+OpenAI's error body, a good call refused with a 4xx other than 429 (the waiting queue is full:
+the expected answer to overload), a canary that differs from the first (when they must match),
+KV pages still in use at the end, a compilation after warm-up, RSS of the last window more than
+`rss_growth` above the first's, and a p99 TTFT or TPOT of the last window more than
+`latency_drift` above the first's.
 """
 
 from __future__ import annotations
@@ -90,7 +91,9 @@ def problems(
   run: SoakRun, *, canaries_must_match: bool, rss_growth: float, latency_drift: float
 ) -> list[str]:
   found = []
-  broken = [r for r in run.records if r.status >= 500 or r.status == 0 or r.cut]
+  broken = [
+    r for r in run.records if (r.status >= 500 or r.status == 0 or r.cut) and r.kind != "stalled"
+  ]
   failed = [r for r in broken if not r.expect_4xx and not _after_a_kill(run, r)]
   for r in failed[:10]:
     found.append(f"{r.kind}: status {r.status}{' (cut)' if r.cut else ''}: {r.error}")
@@ -144,6 +147,8 @@ def summary(run: SoakRun) -> dict:
     "cut": sum(r.cut for r in records),
     "cut_by_kills": sum(1 for r in records if (r.cut or r.status == 0) and _after_a_kill(run, r)),
     "kills": len(run.kills),
+    "stalled_readers": sum(r.kind == "stalled" for r in records),
+    "stalled_readers_cut": sum(r.kind == "stalled" and r.cut for r in records),
     "canaries": len(texts),
     "canaries_agreeing": sum(t == texts[0] for t in texts) if texts else 0,
     "kv_pages_used_at_end": run.final_metrics.get("jaxserve_kv_pages_used"),

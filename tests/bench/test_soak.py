@@ -1,12 +1,13 @@
 """The soak (jaxserve/bench/soak.py), 60 s on a real `jaxserve serve` of tiny-random (an engine
 core process, two API server processes, a waiting queue of 16, a 2 s stall timeout): 1.5 times
 the measured capacity, 10% of calls cancelled mid-stream, 5% bad inputs, a greedy canary every 3
-s and an API server process killed every 20 s. The server keeps every promise the soak checks:
-no 5xx or broken connection but those a kill cut, every bad input a 4xx with OpenAI's error
-body, every canary the first one's text, KV pages back to 0, no compilation after warm-up, RSS
-flat; the p99 latencies of the last window within 100% of the first (the GPU soak asks 20%: two
-shared CPU cores, with the soak's own client on them, are noisier). And every bad input of the
-catalogue, each sent once, gets its 4xx with OpenAI's error body."""
+s, an API server process killed every 20 s and a client that stops reading for 5 s every 25 s.
+The server keeps every promise the soak checks: no 5xx or broken connection but those a kill
+cut, every bad input a 4xx with OpenAI's error body, every canary the first one's text, KV pages
+back to 0, no compilation after warm-up, RSS flat; the p99 latencies of the last window within
+100% of the first (the GPU soak asks 20%: two shared CPU cores, with the soak's own client on
+them, are noisier). And every bad input of the catalogue, each sent once, gets its 4xx with
+OpenAI's error body."""
 
 from __future__ import annotations
 
@@ -65,12 +66,15 @@ def test_a_60_second_soak_with_kills_breaks_no_promise(soak_server):
     kill_api_every_s=KILL_EVERY_S,
     window_s=15.0,
     seed=0,
+    stall_every_s=25.0,
+    stall_hold_s=5.0,
   )
   run = asyncio.run(run_soak(url, plan))
   found = problems(run, canaries_must_match=True, rss_growth=0.2, latency_drift=1.0)
   totals = summary(run)
   assert found == [], (found, totals, window_rows(run))
   assert totals["kills"] == 2 and log.read_text().count("restarted API server process") == 2
+  assert totals["stalled_readers"] == 2
   assert totals["bad_inputs"] > 0 and totals["cancelled"] > 0 and totals["canaries"] >= 15
   assert totals["statuses"].get(429, 0) > 0  # past capacity: the waiting queue turns calls away
   assert totals["kv_pages_used_at_end"] == 0
