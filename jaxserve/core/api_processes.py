@@ -58,7 +58,8 @@ class ApiExit:
 
 
 def describe_exit(code: int | None) -> str:
-  """ "exited with code 1", "killed by SIGKILL" (multiprocessing's negative exit codes)."""
+  """How a process ended, for the log: "exited with code 1", or "killed by SIGKILL" for
+  multiprocessing's negative exit codes."""
   if code is not None and code < 0:
     try:
       return f"killed by {signal.Signals(-code).name}"

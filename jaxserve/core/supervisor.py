@@ -181,7 +181,8 @@ def _wait_for_children(core, apis: ApiProcesses, stopping: list[int], control: z
           dead.uptime_s,
           delay,
         )
-    for slot in apis.restart_due(lambda: bool(stopping)):
+    restarted = apis.restart_due(lambda: bool(stopping))
+    for slot in restarted:
       logger.info(
         "restarted API server process %d: pid %d (%s, restart %d)",
         slot.index,
@@ -189,7 +190,7 @@ def _wait_for_children(core, apis: ApiProcesses, stopping: list[int], control: z
         slot.identity,
         slot.backoff.restarts,
       )
-    if stopping:  # a signal between a restart's start() and its slot
+    if restarted and stopping:  # a signal between a restart's start() and its slot
       apis.drain()
   status = 0
   code = core.stop(STOP_TIMEOUT_S)
