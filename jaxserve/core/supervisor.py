@@ -61,6 +61,7 @@ from jaxserve.log_setup import UVICORN_LOG_CONFIG
 logger = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 30.0
 CORE_DEATH_GRACE_S = 2.0
+RESTART_POLL_S = 0.5
 
 
 def default_api_server_count() -> int:
@@ -165,7 +166,9 @@ def _supervise(core, apis: ApiProcesses, stopping: list[int]) -> int:
 
 def _wait_for_children(core, apis: ApiProcesses, stopping: list[int], control: zmq.Socket) -> int:
   while not stopping or apis.running():
-    ready = wait([core.process.sentinel] + apis.sentinels(), apis.seconds_to_next_restart())
+    pending = apis.seconds_to_next_restart()  # polled: a stop signal does not end a wait
+    timeout = None if pending is None else min(pending, RESTART_POLL_S)
+    ready = wait([core.process.sentinel] + apis.sentinels(), timeout)
     if core.process.sentinel in ready:
       return _core_died(core, apis)
     for dead in apis.reap(ready):
