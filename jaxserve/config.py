@@ -221,7 +221,18 @@ class ServerConfig:
   core on a thread (core/in_process.py). tool_call_parser: how tool calls are read from a chat
   reply under tool_choice "auto" (vLLM's names: llama3_json, hermes; None: replies stay
   content). max_logprobs: the most logprobs / top_logprobs a request may ask for (vLLM's
-  --max-logprobs; at most 20, what the sampler computes)."""
+  --max-logprobs; at most 20, what the sampler computes).
+
+  Connections (server/http_protocol.py, server/uvicorn_runner.py): stream_stall_timeout_s: a
+  client that takes nothing of a response for that long while the server has output waiting for
+  it is disconnected and its requests aborted (0: never). ssl_keyfile / ssl_certfile: serve
+  HTTPS (uvicorn's TLS; the key may be in the certificate file). limit_concurrency: per API
+  server, past this many open connections or running requests a request gets 503 (null: no
+  cap). timeout_keep_alive_s: an idle keep-alive connection is closed after that long.
+  h11_max_incomplete_event_size: the most bytes of a request head (request line and headers)
+  buffered before it is complete; a head still incomplete past that gets 400. header_timeout_s:
+  a request head that has not fully arrived that long after the connection opened (or its
+  previous response ended) closes the connection (0: never)."""
 
   host: str = "127.0.0.1"
   port: int = 8000
@@ -236,8 +247,16 @@ class ServerConfig:
   api_server_count: int | None = None
   tool_call_parser: str | None = None
   max_logprobs: int = MAX_LOGPROBS
+  stream_stall_timeout_s: float = 30.0
+  ssl_keyfile: str | None = None
+  ssl_certfile: str | None = None
+  limit_concurrency: int | None = None
+  timeout_keep_alive_s: float = 5.0
+  h11_max_incomplete_event_size: int = 16 * 1024
+  header_timeout_s: float = 30.0
 
   def __post_init__(self) -> None:
+    self._check_connection_settings()
     _require(
       isinstance(self.max_logprobs, int)
       and not isinstance(self.max_logprobs, bool)
@@ -290,6 +309,49 @@ class ServerConfig:
       f"must be >= 1024, got {self.max_body_bytes!r}",
     )
     _require(float(self.drain_timeout_s) >= 0, "server.drain_timeout_s", "must be >= 0")
+
+  def _check_connection_settings(self) -> None:
+    for name in ("stream_stall_timeout_s", "header_timeout_s"):
+      value = getattr(self, name)
+      _require(
+        isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
+        f"server.{name}",
+        f"must be a number of seconds >= 0 (0 disables it), got {value!r}",
+      )
+    keep_alive = self.timeout_keep_alive_s
+    _require(
+      isinstance(keep_alive, (int, float)) and not isinstance(keep_alive, bool) and keep_alive > 0,
+      "server.timeout_keep_alive_s",
+      f"must be a number of seconds > 0, got {keep_alive!r}",
+    )
+    _require(
+      self.limit_concurrency is None
+      or (
+        isinstance(self.limit_concurrency, int)
+        and not isinstance(self.limit_concurrency, bool)
+        and self.limit_concurrency >= 1
+      ),
+      "server.limit_concurrency",
+      f"must be null (no cap) or an integer >= 1, got {self.limit_concurrency!r}",
+    )
+    size = self.h11_max_incomplete_event_size
+    _require(
+      isinstance(size, int) and not isinstance(size, bool) and size >= 1024,
+      "server.h11_max_incomplete_event_size",
+      f"must be an integer >= 1024 (bytes), got {size!r}",
+    )
+    for name in ("ssl_keyfile", "ssl_certfile"):
+      value = getattr(self, name)
+      _require(
+        value is None or (isinstance(value, str) and value != ""),
+        f"server.{name}",
+        f"must be null or a file path, got {value!r}",
+      )
+    _require(
+      self.ssl_keyfile is None or self.ssl_certfile is not None,
+      "server.ssl_keyfile",
+      "needs server.ssl_certfile (--ssl-certfile): the certificate to serve with the key",
+    )
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 
@@ -60,6 +61,21 @@ class RequestOutput:
   metrics: RequestMetrics | None = None
   error: str | None = None
   extra: dict = field(default_factory=dict)
+
+
+def merge_outputs(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
+  """Two consecutive outputs of a request as one: `later`'s cumulative state with the deltas of
+  both (server.stream_interval's merged chunks, and a slow reader's waiting outputs,
+  core/streams.py)."""
+  new_logprobs = later.new_logprobs
+  if earlier.new_logprobs is not None and new_logprobs is not None:
+    new_logprobs = earlier.new_logprobs + new_logprobs
+  return dataclasses.replace(
+    later,
+    new_token_ids=earlier.new_token_ids + later.new_token_ids,
+    new_text=earlier.new_text + later.new_text,
+    new_logprobs=new_logprobs,
+  )
 
 
 @dataclass(frozen=True)

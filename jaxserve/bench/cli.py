@@ -1,5 +1,5 @@
-"""The `jaxserve bench` commands: serve, throughput, offline, structured, prefix-cache, startup,
-server-startup and batch-invariance (each described in docs/BENCHMARKS.md).
+"""The `jaxserve bench` commands: serve, soak, throughput, offline, structured, prefix-cache,
+startup, server-startup and batch-invariance (each described in docs/BENCHMARKS.md).
 
 `jaxserve.cli` calls `register(subparsers)`; the flags come from flags.py, and each command
 imports its module only when it runs, so `jaxserve --help` stays fast and torch / matplotlib are
@@ -17,6 +17,7 @@ import argparse
 from typing import Callable
 
 from jaxserve.bench import flags
+from jaxserve.bench.soak_flags import add_soak_flags
 from jaxserve.optional_deps import HTTPX, MATPLOTLIB, TORCH, TRANSFORMERS, requiring
 
 Command = Callable[[argparse.Namespace], int]
@@ -41,6 +42,15 @@ def _bench_serve(args: argparse.Namespace) -> int:
   from jaxserve.bench import bench_serve
 
   return bench_serve.main(args)
+
+
+def _bench_soak(args: argparse.Namespace) -> int:
+  import logging
+
+  from jaxserve.bench import soak
+
+  logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per call otherwise
+  return soak.main(args)
 
 
 def _bench_throughput(args: argparse.Namespace) -> int:
@@ -95,6 +105,17 @@ COMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None], 
     "/ ITL / E2E latency (vLLM's definitions). Writes JSON and PNG plots.",
     flags.add_serve_flags,
     requiring(_bench_serve, lambda args: [HTTPX, MATPLOTLIB]),
+  ),
+  (
+    "soak",
+    "hold a running server past its capacity for minutes, with faults: which promises broke?",
+    "A mixed workload (completions and chat, streamed or not, n > 1, logprobs, stop strings, "
+    "structured outputs, tool calls, long prompts) at --load times the measured capacity, with "
+    "cancels, bad inputs, greedy canaries and killed API server processes; a row per window "
+    "(throughput, TTFT / TPOT, statuses, KV pages, compilations, RSS) and the broken promises "
+    "(exit status 1 if any).",
+    add_soak_flags,
+    requiring(_bench_soak, lambda args: [HTTPX]),
   ),
   (
     "throughput",

@@ -44,8 +44,9 @@ def read_core_info(path: Path) -> CoreInfo:
 @dataclass(frozen=True)
 class ApiProcessArgs:
   """One API server: its settings, the CoreInfo file, the core's address, the listening socket
-  it accepts from (None: it binds server.host:port itself), its index (its client identity is
-  api-{index}) and the log level."""
+  it accepts from (None: it binds server.host:port itself), its index, the log level and its
+  generation (0 for the first process of the index, k for its k-th restart; the client identity
+  is api_identity(index, generation))."""
 
   server_config: ServerConfig
   info_path: str
@@ -53,15 +54,18 @@ class ApiProcessArgs:
   sock: socket.socket | None
   index: int
   log_level: str
+  generation: int = 0
 
   @property
   def identity(self) -> str:
-    return api_identity(self.index)
+    return api_identity(self.index, self.generation)
 
 
-def api_identity(index: int) -> str:
-  """API server `index`'s client identity at the core (the supervisor's ClientGone names it)."""
-  return f"api-{index}"
+def api_identity(index: int, generation: int = 0) -> str:
+  """API server `index`'s client identity at the core (the supervisor's ClientGone names it):
+  api-{index}, and api-{index}.{generation} for a restarted one, so the core never mistakes a
+  late message of the dead process for one of its successor."""
+  return f"api-{index}" if generation == 0 else f"api-{index}.{generation}"
 
 
 ApiServerEntry = Callable[[ApiProcessArgs], None]  # serves until drained (server/api_process.py)

@@ -7,17 +7,28 @@ handler take them before it delivers the next step's), and abort() (the response
 ended) aborts whatever of the group is unfinished. The client refuses a group with ValueError
 (a field's rule: 400), QueueFullError (server.max_waiting_requests HTTP requests wait: 429) or
 EngineDeadError (the core is gone: 503).
+
+A stream's waiting outputs are bounded: at most MAX_PENDING_PER_REQUEST outputs of each request
+wait for the handler; past that a request's new output is merged into its latest waiting one
+(`merge_outputs`: tokens, text and logprobs appended). A handler only falls behind while its
+client reads slower than the engine generates (its writes wait on flow control), so such a
+client gets bigger chunks, the same tokens, and the memory a stream holds stays a few outputs per
+choice whatever the client does (each output holds its request's cumulative token ids). A client
+that reads nothing is cut after server.stream_stall_timeout_s (server/http_protocol.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from jaxserve.outputs import RequestOutput
+from jaxserve.outputs import RequestOutput, merge_outputs
 from jaxserve.sampling_params import SamplingParams
+
+MAX_PENDING_PER_REQUEST = 8
 
 
 class EngineDeadError(RuntimeError):
@@ -49,8 +60,11 @@ class OutputStream:
   def __init__(self, abort: Callable[[list[str]], None], request_ids: list[str]):
     self.request_ids = tuple(request_ids)
     self._abort = abort
-    self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+    self._items: deque[RequestOutput | BaseException] = deque()
+    self._pending: dict[str, int] = {}  # request id -> its outputs in _items
+    self._waiter: asyncio.Future | None = None
     self._unfinished = set(request_ids)
+    self.num_merged = 0  # outputs merged into a waiting one (the handler fell behind)
 
   @property
   def finished(self) -> bool:
@@ -58,12 +72,19 @@ class OutputStream:
 
   async def get(self) -> RequestOutput:
     """The next output of any request of the group; raises EngineDeadError if the engine died."""
-    item = await self._queue.get()
+    while not self._items:
+      self._waiter = asyncio.get_running_loop().create_future()
+      try:
+        await self._waiter
+      finally:
+        self._waiter = None
+    item = self._items.popleft()
     if isinstance(item, BaseException):
       self._unfinished.clear()
       if isinstance(item, EngineDeadError):
         raise item
       raise EngineDeadError(f"the engine stopped: {item}")
+    self._pending[item.request_id] -= 1
     if item.finished:
       self._unfinished.discard(item.request_id)
     return item
@@ -87,7 +108,25 @@ class OutputStream:
     return count
 
   def _put(self, item: RequestOutput | BaseException) -> None:
-    self._queue.put_nowait(item)
+    if isinstance(item, RequestOutput):
+      waiting = self._pending.get(item.request_id, 0)
+      if waiting >= MAX_PENDING_PER_REQUEST and self._merge(item):
+        return
+      self._pending[item.request_id] = waiting + 1
+    self._items.append(item)
+    if self._waiter is not None and not self._waiter.done():
+      self._waiter.set_result(None)
+
+  def _merge(self, output: RequestOutput) -> bool:
+    """Merges `output` into its request's latest waiting output (False if none waits)."""
+    items = self._items
+    for i in range(len(items) - 1, -1, -1):
+      earlier = items[i]
+      if isinstance(earlier, RequestOutput) and earlier.request_id == output.request_id:
+        items[i] = merge_outputs(earlier, output)
+        self.num_merged += 1
+        return True
+    return False
 
 
 def now() -> float:

@@ -7,31 +7,39 @@
                   \\___ all accept() on one listening socket the supervisor bound
 
 The supervisor starts the core and waits until it serves (the engine is built and warmed up),
-binds the HTTP socket, spawns the API servers with it (vLLM's way of sharing one port among API
-server processes) and closes its own copy. Each child runs run_api_process: this module's
+binds the HTTP socket and spawns the API servers with it (vLLM's way of sharing one port among API
+server processes; core/api_processes.py), keeping its own copy open (it never accepts on it) so a
+restarted API server accepts on the same socket. Each child runs run_api_process: this module's
 process set-up (logging, SIGINT left to the supervisor), then the API server's entry point with
 its ApiProcessArgs (core/info.py); core/ never imports server/. The core's CoreInfo (tokenizer,
 model limits) reaches them in a file of a private temporary directory, so the spawns do not wait
 for one another and the API servers start side by side. Then it waits on the children:
 
-* SIGTERM or SIGINT: forwarded to the API servers as SIGTERM (each drains, server/drain.py);
-  once all have exited the core gets SIGTERM; exit 0. A signal while the core is still starting
+* SIGTERM or SIGINT: forwarded to the API servers as SIGTERM (each drains, server/drain.py) and
+  no API server is restarted any more; once all have exited the core gets SIGTERM; exit 0 (the
+  core's own failure to stop cleanly aside). A signal while the core is still starting
   (building, warming up) stops it at once (start_core_process's stop_requested: within about a
   second, core/process.py); exit 0. A signal later in start-up starts no further API server;
   those spawned drain as soon as they can (one still importing dies of the signal, one whose
   uvicorn is starting drains right after its start-up).
+* An API server dies (killed, crashed, or drained by a signal sent to it alone): the supervisor
+  tells the core (ClientGone over its own DEALER socket), which aborts that process's requests
+  (their streams were cut with the connection), logs one line with the exit code or signal and
+  the back-off, and restarts it after the back-off (0.5 s doubling to 30 s, reset once a process
+  has served 60 s: core/restart_backoff.py). Meanwhile the other API servers keep serving on the
+  same socket; the `jaxserve_api_servers` gauge shows N - 1 until the new one says Hello.
 * The core dies: the API servers have already failed their open streams (their CoreClient saw
   the connection close) and answer /health with 503; CORE_DEATH_GRACE_S later they are drained
-  and the supervisor exits 1, logging the core's error.
-* An API server dies: the supervisor tells the core (ClientGone over its own DEALER socket),
-  which aborts that process's requests; the others keep serving. When none is left the
-  supervisor stops the core and exits 1.
+  and the supervisor exits 1, with the cause in one log line. It does not restart the core: a
+  new core would load the weights and compile (or read from the cache) every step program
+  again, minutes on a large model during which the port would answer nothing but 503, and any
+  state of the dead one (its KV cache, its requests) is lost anyway; an orchestrator restarting
+  the whole server (systemd's Restart=, a Kubernetes pod) does the same and sees the failure.
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import signal
 import tempfile
@@ -44,7 +52,8 @@ import uvicorn
 import zmq
 
 from jaxserve.config import EngineConfig
-from jaxserve.core.info import ApiProcessArgs, ApiServerEntry, api_identity, write_core_info
+from jaxserve.core.api_processes import ApiProcesses, describe_exit
+from jaxserve.core.info import ApiProcessArgs, ApiServerEntry, write_core_info
 from jaxserve.core.messages import ClientGone
 from jaxserve.core.process import CoreStartError, CoreStartStopped, start_core_process
 from jaxserve.log_setup import UVICORN_LOG_CONFIG
@@ -52,6 +61,7 @@ from jaxserve.log_setup import UVICORN_LOG_CONFIG
 logger = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 30.0
 CORE_DEATH_GRACE_S = 2.0
+RESTART_POLL_S = 0.5
 
 
 def default_api_server_count() -> int:
@@ -74,16 +84,18 @@ def serve_multiprocess(
 ) -> int:
   """Runs the server (the API server processes run `entry`) until it stops; the exit status."""
   stopping: list[int] = []
+  apis: ApiProcesses | None = None
 
   def on_signal(sig, frame) -> None:
     if not stopping:
       logger.info("signal %d: draining the API server processes", sig)
     stopping.append(sig)
-    _drain(apis)
+    if apis is not None:
+      apis.drain()
 
-  apis: list[multiprocessing.process.BaseProcess] = []
   info_dir = tempfile.TemporaryDirectory(prefix="jaxserve-api-")  # CoreInfo for the API servers
   previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+  sock = None
   try:
     try:
       core = start_core_process(config, log_level, stop_requested=lambda: bool(stopping))
@@ -103,49 +115,43 @@ def serve_multiprocess(
       sock = uvicorn.Config(
         None, host=server.host, port=server.port, log_config=UVICORN_LOG_CONFIG
       ).bind_socket()
-      context = multiprocessing.get_context("spawn")
-      for index in range(count):
+
+      def make_args(index: int, generation: int) -> ApiProcessArgs:
+        return ApiProcessArgs(
+          server, str(info_path), core.address, sock, index, log_level, generation
+        )
+
+      apis = ApiProcesses(count, make_args, run_api_process, entry)
+      for slot in apis.slots:
         if stopping:  # a stop signal came while the API processes were starting
           break
-        args = ApiProcessArgs(server, str(info_path), core.address, sock, index, log_level)
-        process = context.Process(
-          target=run_api_process, name=f"jaxserve-api-{index}", args=(entry, args)
-        )
-        process.start()
-        apis.append(process)
-      sock.close()
-      if stopping:  # the signal may have come between a start() and its append
-        _drain(apis)
+        apis.spawn(slot)
+      if stopping:  # the signal may have come between a start() and its slot
+        apis.drain()
       logger.info(
-        "serving %r on http://%s:%d (warmup %.1fs): engine core pid %d, API server pids %s",
+        "serving %r on %s://%s:%d (warmup %.1fs): engine core pid %d, API server pids %s",
         server.served_model_name or core.info.model_name,
+        "https" if server.ssl_certfile else "http",
         server.host,
         server.port,
         core.info.warmup_seconds,
         core.process.pid,
-        ",".join(str(p.pid) for p in apis),
+        ",".join(str(p.pid) for p in apis.running()),
       )
       return _supervise(core, apis, stopping)
     finally:  # whatever happened, no child outlives the supervisor
-      for process in apis:
-        if process.is_alive():
-          process.terminate()
-          process.join(STOP_TIMEOUT_S)
+      if apis is not None:
+        apis.terminate(STOP_TIMEOUT_S)
       core.stop(STOP_TIMEOUT_S)
   finally:
+    if sock is not None:
+      sock.close()
     info_dir.cleanup()
     for sig, handler in previous.items():
       signal.signal(sig, handler)
 
 
-def _drain(apis: list[multiprocessing.process.BaseProcess]) -> None:
-  """SIGTERM to every running API process (a second one is harmless: the drain starts once)."""
-  for process in apis:
-    if process.is_alive():
-      os.kill(process.pid, signal.SIGTERM)
-
-
-def _supervise(core, apis, stopping: list[int]) -> int:
+def _supervise(core, apis: ApiProcesses, stopping: list[int]) -> int:
   context = zmq.Context()
   control = context.socket(zmq.DEALER)
   control.setsockopt(zmq.IDENTITY, b"supervisor")
@@ -158,38 +164,58 @@ def _supervise(core, apis, stopping: list[int]) -> int:
     context.term()
 
 
-def _wait_for_children(core, apis, stopping: list[int], control: zmq.Socket) -> int:
-  status = 0
-  alive = list(apis)
-  while alive:
-    ready = wait([core.process.sentinel] + [p.sentinel for p in alive])
+def _wait_for_children(core, apis: ApiProcesses, stopping: list[int], control: zmq.Socket) -> int:
+  while not stopping or apis.running():
+    pending = apis.seconds_to_next_restart()  # polled: a stop signal does not end a wait
+    timeout = None if pending is None else min(pending, RESTART_POLL_S)
+    ready = wait([core.process.sentinel] + apis.sentinels(), timeout)
     if core.process.sentinel in ready:
-      core.process.join()
-      error = core.error() or f"exit code {core.process.exitcode}"
-      logger.error("the engine core process died: %s", error)
-      status = 1
-      time.sleep(CORE_DEATH_GRACE_S)  # /health says 503 a moment before the port closes
-      for process in alive:
-        if process.is_alive():
-          os.kill(process.pid, signal.SIGTERM)
-      for process in alive:
-        process.join(STOP_TIMEOUT_S)
-      return status
-    for process in [p for p in alive if p.sentinel in ready]:
-      process.join()
-      alive.remove(process)
-      control.send(msgspec.msgpack.encode(ClientGone(api_identity(apis.index(process)))))
+      return _core_died(core, apis)
+    for dead in apis.reap(ready):
+      control.send(msgspec.msgpack.encode(ClientGone(dead.identity)))
       if not stopping:
+        delay = apis.schedule_restart(dead)
         logger.error(
-          "API server process %s exited with code %s; %d left",
-          process.name,
-          process.exitcode,
-          len(alive),
+          "API server process %d (pid %d, %s) %s after %.1f s; restarting it in %.1f s",
+          dead.slot.index,
+          dead.pid,
+          dead.identity,
+          dead.cause,
+          dead.uptime_s,
+          delay,
         )
-        status = 1
+    restarted = apis.restart_due(lambda: bool(stopping))
+    for slot in restarted:
+      logger.info(
+        "restarted API server process %d: pid %d (%s, restart %d)",
+        slot.index,
+        slot.process.pid,
+        slot.identity,
+        slot.backoff.restarts,
+      )
+    if restarted and stopping:  # a signal between a restart's start() and its slot
+      apis.drain()
+  status = 0
   code = core.stop(STOP_TIMEOUT_S)
   if code not in (0, None):
-    logger.error("the engine core process exited with code %s: %s", code, core.error())
+    logger.error("the engine core process %s: %s", describe_exit(code), core.error())
     status = 1
   logger.info("stopped")
   return status
+
+
+def _core_died(core, apis: ApiProcesses) -> int:
+  """The core is gone: one log line with the cause, the API servers drained, exit status 1."""
+  core.process.join()
+  error = " ".join((core.error() or "no error reported").split())
+  logger.error(
+    "the engine core process died (%s: %s); stopping the server with exit status 1 (the "
+    "supervisor does not restart the core: that would load the weights again)",
+    describe_exit(core.process.exitcode),
+    error,
+  )
+  time.sleep(CORE_DEATH_GRACE_S)  # /health says 503 a moment before the port closes
+  apis.drain()
+  for process in apis.running():
+    process.join(STOP_TIMEOUT_S)
+  return 1

@@ -25,9 +25,10 @@ import argparse
 import json
 
 from jaxserve.cli_args import add_engine_args, engine_config_from_args
-from jaxserve.config import EngineConfig
+from jaxserve.config import EngineConfig, ServerConfig
 from jaxserve.core.serve import serve as serve_config
 from jaxserve.server.api_process import run_api_server
+from jaxserve.server.tls import check_tls_files
 from jaxserve.server.vllm_flags import add_vllm_flags, vllm_flag_overrides
 from jaxserve.structured.tool_parsers import tool_parser_names
 
@@ -60,6 +61,7 @@ def register(subparsers) -> None:
     "per 4 CPU cores, 1 to 4); 0 serves from one process, the engine core on a "
     "thread",
   )
+  _add_connection_flags(group)
   group.add_argument(
     "--tool-call-parser",
     choices=tool_parser_names(),
@@ -79,8 +81,54 @@ def register(subparsers) -> None:
   parser.set_defaults(func=serve)
 
 
+# flag (argparse dest) -> server config key, where the two differ
+CONNECTION_FLAGS = {
+  "stream_stall_timeout": "stream_stall_timeout_s",
+  "header_timeout": "header_timeout_s",
+  "timeout_keep_alive": "timeout_keep_alive_s",
+  "limit_concurrency": "limit_concurrency",
+}
+
+
+def _add_connection_flags(group: argparse._ArgumentGroup) -> None:
+  defaults = ServerConfig()
+  group.add_argument(
+    "--stream-stall-timeout",
+    type=float,
+    metavar="SECONDS",
+    help="disconnect a client that takes nothing of its response for this long while output "
+    "waits for it, and abort its requests (config key server.stream_stall_timeout_s; 0 never; "
+    f"default: {defaults.stream_stall_timeout_s:g})",
+  )
+  group.add_argument(
+    "--header-timeout",
+    type=float,
+    metavar="SECONDS",
+    help="close a connection whose request head has not fully arrived this long after it "
+    "opened or its last response ended (server.header_timeout_s; 0 never; default: "
+    f"{defaults.header_timeout_s:g})",
+  )
+  group.add_argument(
+    "--timeout-keep-alive",
+    type=float,
+    metavar="SECONDS",
+    help="close an idle keep-alive connection after this long (uvicorn's flag; "
+    f"server.timeout_keep_alive_s; default: {defaults.timeout_keep_alive_s:g})",
+  )
+  group.add_argument(
+    "--limit-concurrency",
+    type=int,
+    metavar="N",
+    help="per API server process, answer 503 to a request that arrives while more than N "
+    "connections are open or more than N requests run (uvicorn's flag; "
+    "server.limit_concurrency; default: no cap)",
+  )
+
+
 def serve(args: argparse.Namespace) -> int:
-  return serve_config(serve_engine_config(args), args.log_level, run_api_server)
+  config = serve_engine_config(args)
+  check_tls_files(config.server)  # before minutes of engine start-up
+  return serve_config(config, args.log_level, run_api_server)
 
 
 def serve_engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -96,6 +144,10 @@ def serve_engine_config(args: argparse.Namespace) -> EngineConfig:
     value = getattr(args, flag)
     if value is not None:
       args.overrides.append(f"server.{flag}={json.dumps(value)}")
+  for flag, key in CONNECTION_FLAGS.items():
+    value = getattr(args, flag)
+    if value is not None:
+      args.overrides.append(f"server.{key}={json.dumps(value)}")
   args.overrides.extend(vllm_flag_overrides(args))
   _parallel_overrides(args)
   return engine_config_from_args(args)

@@ -61,7 +61,8 @@ class EngineStatsCollector(Collector):
       (
         "jaxserve_api_servers",
         "API servers connected to the engine core "
-        "(server.api_server_count once all have started; 1 for the one-process server).",
+        "(server.api_server_count once all have started, one fewer while a dead one "
+        "restarts; 1 for the one-process server).",
         self._engine.num_api_servers,
       ),
       (

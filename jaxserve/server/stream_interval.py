@@ -14,22 +14,7 @@ are sent at once; a held merge is sent with the final output.
 
 from __future__ import annotations
 
-import dataclasses
-
-from jaxserve.outputs import RequestOutput
-
-
-def merge_outputs(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
-  """`later`'s cumulative state with the deltas of both."""
-  new_logprobs = later.new_logprobs
-  if earlier.new_logprobs is not None and new_logprobs is not None:
-    new_logprobs = earlier.new_logprobs + new_logprobs
-  return dataclasses.replace(
-    later,
-    new_token_ids=earlier.new_token_ids + later.new_token_ids,
-    new_text=earlier.new_text + later.new_text,
-    new_logprobs=new_logprobs,
-  )
+from jaxserve.outputs import RequestOutput, merge_outputs
 
 
 class StepCoalescer:

@@ -7,6 +7,10 @@ socket stays open while responses run, so a client that connects during the drai
 server.drain_timeout_s has passed and those still running have ended with an error event and
 [DONE], server/drain.py) uvicorn stops accepting connections and shuts down. While requests
 run, a stats line is logged every server.stats_interval_s (server/stats_logger.py).
+
+uvicorn runs with server_config()'s settings: h11 with the connection guards of
+server/http_protocol.py (stalled readers, slow request heads, the connection cap), TLS when
+server.ssl_certfile is set, and the keep-alive timeout and request head size of ServerConfig.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from jaxserve.config import ServerConfig
 from jaxserve.log_setup import UVICORN_LOG_CONFIG
 from jaxserve.server.app import serving_state
 from jaxserve.server.drain import UVICORN_GRACE_S, DrainTimer
+from jaxserve.server.http_protocol import guarded_protocol
 from jaxserve.server.stats_logger import StatsLogger
 
 logger = logging.getLogger(__name__)
@@ -61,6 +66,24 @@ class DrainingServer(uvicorn.Server):
     await super().shutdown(sockets)
 
 
+def server_config(app: Starlette, config: ServerConfig, log_level: str) -> uvicorn.Config:
+  """uvicorn's settings for an API server (see the module docstring)."""
+  return uvicorn.Config(
+    app,
+    host=config.host,
+    port=config.port,
+    http=guarded_protocol(config),
+    lifespan="on",
+    log_level=log_level.lower(),
+    log_config=UVICORN_LOG_CONFIG,
+    timeout_graceful_shutdown=config.drain_timeout_s + UVICORN_GRACE_S,
+    timeout_keep_alive=config.timeout_keep_alive_s,
+    h11_max_incomplete_event_size=config.h11_max_incomplete_event_size,
+    ssl_keyfile=config.ssl_keyfile,
+    ssl_certfile=config.ssl_certfile,
+  )
+
+
 def run_app(
   app: Starlette,
   config: ServerConfig,
@@ -71,15 +94,7 @@ def run_app(
   """Serves until a stop signal has drained the app (on `sock` if given, a listening socket
   shared with other processes, else on server.host:port)."""
   state = serving_state(app)
-  uvicorn_config = uvicorn.Config(
-    app,
-    host=config.host,
-    port=config.port,
-    lifespan="on",
-    log_level=log_level.lower(),
-    log_config=UVICORN_LOG_CONFIG,
-    timeout_graceful_shutdown=config.drain_timeout_s + UVICORN_GRACE_S,
-  )
+  uvicorn_config = server_config(app, config, log_level)
   drain_timer = DrainTimer(state.engine, config.drain_timeout_s)
   server = DrainingServer(uvicorn_config, state.draining, drain_timer, config.drain_timeout_s)
   stats_logger = StatsLogger(

@@ -8,6 +8,10 @@ onto what it means here (engine flags with a meaning live in jaxserve/engine_arg
   jaxserve does whenever a parser is set; as in vLLM, the flag without a parser is an error.
 * --disable-log-requests (and vLLM's newer --enable-log-requests): accepted, a log line says
   they change nothing (jaxserve logs no request contents).
+* --ssl-keyfile / --ssl-certfile: server.ssl_keyfile / server.ssl_certfile, HTTPS (uvicorn's).
+* --h11-max-incomplete-event-size N: server.h11_max_incomplete_event_size, the most bytes of a
+  request head buffered before it is complete (h11's default, 16 KiB, where vLLM's is 4 MiB: a
+  head that large is no API client's).
 """
 
 from __future__ import annotations
@@ -44,6 +48,28 @@ def add_vllm_flags(group: argparse._ArgumentGroup) -> None:
   )
   for name, why in NO_OP_FLAGS.items():
     group.add_argument("--" + name.replace("_", "-"), action="store_true", help=f"accepted; {why}")
+  group.add_argument(
+    "--ssl-keyfile",
+    metavar="FILE",
+    help="the TLS private key (PEM) of --ssl-certfile, when it is not in that file "
+    "(server.ssl_keyfile; default: unset)",
+  )
+  group.add_argument(
+    "--ssl-certfile",
+    metavar="FILE",
+    help="serve HTTPS with this certificate (PEM; server.ssl_certfile; default: unset, HTTP)",
+  )
+  group.add_argument(
+    "--h11-max-incomplete-event-size",
+    type=int,
+    metavar="BYTES",
+    help="the most bytes of a request head buffered before it is complete; a head still "
+    "incomplete past that gets 400 (server.h11_max_incomplete_event_size; default: 16384, "
+    "h11's)",
+  )
+
+
+PASS_THROUGH = ("ssl_keyfile", "ssl_certfile", "h11_max_incomplete_event_size")
 
 
 def vllm_flag_overrides(args: argparse.Namespace) -> list[str]:
@@ -54,6 +80,10 @@ def vllm_flag_overrides(args: argparse.Namespace) -> list[str]:
     overrides.append(f"server.max_logprobs={json.dumps(args.max_logprobs)}")
   if args.disable_log_stats:
     overrides.append("server.stats_interval_s=0")
+  for name in PASS_THROUGH:
+    value = getattr(args, name)
+    if value is not None:
+      overrides.append(f"server.{name}={json.dumps(value)}")
   if args.enable_auto_tool_choice:
     if args.tool_call_parser is None:
       raise ValueError(

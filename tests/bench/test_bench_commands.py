@@ -20,6 +20,7 @@ from jaxserve.bench import (
   bench_startup,
   bench_structured,
   random_checkpoint,
+  soak,
 )
 from jaxserve.cli import build_parser, main
 from tests.tools.tool_helpers import SMALL_ENGINE_ARGS
@@ -34,6 +35,7 @@ COMMANDS = {
   "startup": (bench_startup, []),
   "server-startup": (bench_server_startup, ["--model", "m"]),
   "batch-invariance": (batch_invariance, []),
+  "soak": (soak, []),
 }
 
 

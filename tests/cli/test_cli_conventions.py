@@ -108,6 +108,7 @@ STANDALONE = (
   "bench_structured",
   "random_checkpoint",
   "serve_vs_offline",
+  "soak",
 )
 
 

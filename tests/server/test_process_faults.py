@@ -2,7 +2,8 @@
 core process, two API server processes on one port): the core killed mid-stream ends every open
 stream with an error event and [DONE], /health turns 503 and the supervisor exits non-zero with
 the core's end; an API server process killed mid-stream has its requests aborted in the core (its
-KV pages come back) while the other process keeps serving."""
+KV pages come back) while the other process keeps serving (and the dead one is restarted:
+tests/server/test_api_restarts.py)."""
 
 from __future__ import annotations
 
@@ -72,7 +73,8 @@ class Supervisor:
     if self.process.poll() is None:
       self.process.kill()
       self.process.wait(10)
-    for pid in (self.core_pid, *self.api_pids):
+    restarted = re.findall(r"restarted API server process \d+: pid (\d+)", self.output)
+    for pid in (self.core_pid, *self.api_pids, *map(int, restarted)):
       try:
         os.kill(pid, signal.SIGKILL)
       except (ProcessLookupError, AttributeError):
@@ -178,7 +180,6 @@ def test_killing_an_api_process_aborts_its_requests_and_the_other_keeps_serving(
         assert stream.error is None and stream.lines[-1] == "data: [DONE]"
     idle = wait_for_idle(supervisor.url)
     assert idle["jaxserve_kv_pages_used"] == 0 and idle["jaxserve_num_requests_running"] == 0
-    assert idle["jaxserve_api_servers"] == 1  # the core said goodbye to the dead one
     response = httpx.post(
       f"{supervisor.url}/v1/completions", timeout=30, json={"prompt": "still here", "max_tokens": 4}
     )
@@ -194,7 +195,7 @@ def test_killing_an_api_process_aborts_its_requests_and_the_other_keeps_serving(
   assert cut, "every stream of the killed process had finished"
   aborted = re.search(r"client api-0 disconnected: aborted its (\d+) request", output)
   assert aborted and int(aborted.group(1)) >= len(cut), output
-  assert code == 1, output  # an API server process died unexpectedly
+  assert code == 0, output  # the dead process was restarted (tests/server/test_api_restarts.py)
 
 
 _owners: dict[int, int] = {}
