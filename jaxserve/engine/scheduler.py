@@ -41,7 +41,10 @@ With prefix caching an admitted request first takes the cached full pages of its
 never covering the last one (a token must be computed for logits to exist), and none at all
 when it asks for prompt_logprobs (those need the prompt's logits). Full pages are registered in
 the cache as they are computed (at the next `schedule()`, once the step has run) and when a
-request finishes normally.
+request finishes normally. Each admission that looked the cache up counts its known tokens as
+queried and the tokens its cached pages cover as hits (`prefix_cache_queries`,
+`prefix_cache_hits`: vLLM's prefix cache counters, in tokens); a look-up whose admission fails is
+not counted, the one that admits the request is.
 
 KV groups (messages/kv_layout.py; engine/kv_groups.py does the page work): a model with
 sliding-window layers has a block table per group. Before a running request is scheduled, its
@@ -121,6 +124,8 @@ class Scheduler:
     self._num_registered_pages: dict[str, int] = {}
     self._page_hashes: dict[str, list[bytes]] = {}  # request id -> chained hashes of its pages
     self._num_preemptions_total = 0
+    self._prefix_cache_queries = 0
+    self._prefix_cache_hits = 0
 
   @property
   def num_running(self) -> int:
@@ -133,6 +138,16 @@ class Scheduler:
   @property
   def num_preemptions_total(self) -> int:
     return self._num_preemptions_total
+
+  @property
+  def prefix_cache_queries(self) -> int:
+    """Known tokens of the admissions that looked the prefix cache up."""
+    return self._prefix_cache_queries
+
+  @property
+  def prefix_cache_hits(self) -> int:
+    """Tokens of those admissions that cached pages covered."""
+    return self._prefix_cache_hits
 
   @property
   def kv_cache_usage(self) -> float:
@@ -351,24 +366,29 @@ class Scheduler:
 
   def _try_admit(self, request: Request, budget: int, reserve: int) -> int:
     """Takes cached pages and allocates the first chunk; 0 (and nothing held) if it can't."""
-    self._take_cached_prefix(request)
+    looked_up = self._take_cached_prefix(request)
     num_new = self._admission_chunk(request.num_tokens - request.num_computed_tokens, budget)
     if num_new > 0:
       num_needed = self._num_new_pages(request, num_new)
       if self.allocator.can_allocate(num_needed + reserve):
         self._pages.allocate(request, request.num_computed_tokens + num_new)
+        if looked_up:
+          self._prefix_cache_queries += request.num_tokens
+          self._prefix_cache_hits += request.num_computed_tokens
         return num_new
     self._release_pages(request)
     request.num_computed_tokens = 0
     return 0
 
-  def _take_cached_prefix(self, request: Request) -> None:
+  def _take_cached_prefix(self, request: Request) -> bool:
+    """Takes the request's cached full pages; False if it may not read the cache."""
     if not self._prefix_caching or request.sampling_params.prompt_logprobs is not None:
-      return
+      return False
     hashes = self._hashes(request, (request.num_tokens - 1) // self.page_size)
     num_hit = self._pages.take_cached_prefix(request, hashes)
     request.num_computed_tokens = num_hit * self.page_size
     self._num_registered_pages[request.request_id] = num_hit
+    return True
 
   def _admission_chunk(self, num_remaining: int, budget: int) -> int:
     if self.config.enable_chunked_prefill or num_remaining <= budget:

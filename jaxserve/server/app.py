@@ -49,14 +49,15 @@ def build_app(
 ) -> Starlette:
   """The app over a CoreClient, which the app attaches on its event loop (run it with uvicorn's
   lifespan on); one client per app."""
+  served_name = config.served_model_name or model_name
   state = ServingState(
     engine=engine,
     tokenizer=tokenizer,
     config=config,
-    model_name=config.served_model_name or model_name,
+    model_name=served_name,
     max_model_len=max_model_len,
     vocab_size=vocab_size,
-    metrics=ServerMetrics(engine),
+    metrics=ServerMetrics(engine, served_name),
   )
   routes = [
     Route("/v1/completions", create_completion, methods=["POST"]),

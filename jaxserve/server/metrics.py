@@ -6,6 +6,15 @@ compilations) are read at scrape time from the engine core's stats snapshot (the
 one) by a custom collector. Request latencies and token counts are observed by the handlers as
 outputs arrive: time to first token, inter-token latency and end-to-end latency come from
 RequestOutput.metrics (engine clock), so they include time spent waiting in the queue.
+
+vLLM's names (server/vllm_metrics.py) are exported beside these: each observation is made once,
+by an `Observation`, which records it in every family that reports it (`jaxserve_*` and
+`vllm:*`), so the two never disagree and nothing is counted twice.
+
+Per process: the request families (latencies, token and request counters) are each API server
+process's own (uvicorn's processes share the port, so a scrape reads the process the connection
+reached); the engine families are the engine core's, the same in every process. With
+server.api_server_count > 1 the request families of one scrape cover that process's requests.
 """
 
 from __future__ import annotations
@@ -18,6 +27,11 @@ from prometheus_client.registry import Collector
 
 from jaxserve.core.client import CoreClient
 from jaxserve.outputs import RequestOutput
+from jaxserve.server.vllm_metrics import (
+  VllmEngineCollector,
+  finished_reason,
+  vllm_request_families,
+)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (
@@ -85,41 +99,74 @@ class EngineStatsCollector(Collector):
     )
 
 
-class ServerMetrics:
-  """The app's collectors; each HTTP call feeds its outputs to an observer()."""
+class Observation:
+  """One kind of observation, recorded in every family that reports it (histograms observe it,
+  counters add it)."""
 
-  def __init__(self, engine: CoreClient):
+  def __init__(self, *families: Histogram | Counter):
+    self._families = families
+
+  def observe(self, value: float) -> None:
+    for family in self._families:
+      family.observe(value)
+
+  def inc(self, amount: float = 1) -> None:
+    for family in self._families:
+      family.inc(amount)
+
+
+class ServerMetrics:
+  """The app's collectors; each HTTP call feeds its outputs to an observer(). model_name is the
+  served model name (vLLM's `model_name` label)."""
+
+  def __init__(self, engine: CoreClient, model_name: str):
     self.registry = CollectorRegistry(auto_describe=True)
     self.registry.register(EngineStatsCollector(engine))
+    self.registry.register(VllmEngineCollector(engine, model_name))
+    vllm = vllm_request_families(self.registry, model_name)
     kwargs = {"registry": self.registry}
-    self.time_to_first_token = Histogram(
+    time_to_first_token = Histogram(
       "jaxserve_time_to_first_token_seconds",
       "From arrival to the first generated token.",
       buckets=_LATENCY_BUCKETS,
       **kwargs,
     )
-    self.inter_token_latency = Histogram(
+    inter_token_latency = Histogram(
       "jaxserve_inter_token_latency_seconds",
       "Between consecutive generated tokens.",
       buckets=_LATENCY_BUCKETS,
       **kwargs,
     )
-    self.e2e_latency = Histogram(
+    e2e_latency = Histogram(
       "jaxserve_e2e_request_latency_seconds",
       "From arrival to the request's end.",
       buckets=_LATENCY_BUCKETS,
       **kwargs,
     )
-    self.prompt_tokens = Counter(
+    prompt_tokens = Counter(
       "jaxserve_prompt_tokens", "Prompt tokens of finished requests.", **kwargs
     )
-    self.generation_tokens = Counter("jaxserve_generation_tokens", "Generated tokens.", **kwargs)
-    self.requests_finished = Counter(
+    generation_tokens = Counter("jaxserve_generation_tokens", "Generated tokens.", **kwargs)
+    self._requests_finished = Counter(
       "jaxserve_requests_finished", "Finished requests.", ["finish_reason"], **kwargs
     )
-    self.requests_aborted = Counter(
+    requests_aborted = Counter(
       "jaxserve_requests_aborted", "Requests aborted because their client went away.", **kwargs
     )
+    self._request_success = vllm.request_success
+    self.time_to_first_token = Observation(time_to_first_token, vllm.time_to_first_token)
+    self.inter_token_latency = Observation(
+      inter_token_latency, vllm.inter_token_latency, vllm.time_per_output_token
+    )
+    self.e2e_latency = Observation(e2e_latency, vllm.e2e_request_latency)
+    self.prompt_tokens = Observation(prompt_tokens, vllm.prompt_tokens)
+    self.generation_tokens = Observation(generation_tokens, vllm.generation_tokens)
+    self.requests_aborted = Observation(requests_aborted, self._request_success["abort"])
+
+  def request_finished(self, reason: str | None) -> None:
+    """A request ended on its own (jaxserve's finish_reason; "unknown" if none)."""
+    self._requests_finished.labels(reason or "unknown").inc()
+    self._request_success[finished_reason(reason)].inc()
 
   def render(self) -> bytes:
     return generate_latest(self.registry)
@@ -149,6 +196,6 @@ class OutputObserver:
       m.generation_tokens.inc(len(output.new_token_ids))
     if output.finished:
       m.prompt_tokens.inc(len(output.prompt_token_ids))
-      m.requests_finished.labels(output.finish_reason or "unknown").inc()
+      m.request_finished(output.finish_reason)
       if timing is not None and timing.finished_time is not None:
         m.e2e_latency.observe(timing.finished_time - timing.arrival_time)

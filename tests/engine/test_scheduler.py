@@ -237,6 +237,25 @@ def test_prefix_cache_skipped_for_prompt_logprobs():
   assert step(scheduler).seqs == (seq("c", range(9), 0, (4, 5, 6), True),)
 
 
+def test_prefix_cache_counts_queried_and_hit_tokens():
+  """vLLM's prefix cache counters, in tokens: an admission that reads the cache queries its
+  known tokens and hits those its cached pages cover; prompt_logprobs requests do not read it."""
+  scheduler = make_scheduler(num_pages=16, page_size=4, prefix_caching=True)
+  scheduler.add_request(make_request("a", range(10), max_tokens=1))
+  step(scheduler)
+  assert (scheduler.prefix_cache_queries, scheduler.prefix_cache_hits) == (10, 0)
+  scheduler.add_request(make_request("b", list(range(10)) + [77, 78], max_tokens=1))
+  step(scheduler)
+  assert (scheduler.prefix_cache_queries, scheduler.prefix_cache_hits) == (22, 8)
+  scheduler.add_request(make_request("c", range(9), max_tokens=1, prompt_logprobs=1))
+  step(scheduler)
+  assert (scheduler.prefix_cache_queries, scheduler.prefix_cache_hits) == (22, 8)
+  plain = make_scheduler(num_pages=16, page_size=4)
+  plain.add_request(make_request("a", range(10), max_tokens=1))
+  step(plain)
+  assert (plain.prefix_cache_queries, plain.prefix_cache_hits) == (0, 0)
+
+
 def test_add_request_refusals_name_the_field():
   scheduler = make_scheduler(num_pages=5, page_size=4, max_model_len=20)
   with pytest.raises(ValueError, match="^prompt: "):
