@@ -45,7 +45,8 @@ def read_core_info(path: Path) -> CoreInfo:
 class ApiProcessArgs:
   """One API server: its settings, the CoreInfo file, the core's address, the listening socket
   it accepts from (None: it binds server.host:port itself), its index (its client identity is
-  api-{index}) and the log level."""
+  api-{index}), the log level, and the directory the API servers of one supervisor share their
+  request metrics in (None: one API server, its metrics its own; server/metrics.py)."""
 
   server_config: ServerConfig
   info_path: str
@@ -53,6 +54,7 @@ class ApiProcessArgs:
   sock: socket.socket | None
   index: int
   log_level: str
+  metrics_dir: str | None = None
 
   @property
   def identity(self) -> str:

@@ -12,7 +12,9 @@ server processes) and closes its own copy. Each child runs run_api_process: this
 process set-up (logging, SIGINT left to the supervisor), then the API server's entry point with
 its ApiProcessArgs (core/info.py); core/ never imports server/. The core's CoreInfo (tokenizer,
 model limits) reaches them in a file of a private temporary directory, so the spawns do not wait
-for one another and the API servers start side by side. Then it waits on the children:
+for one another and the API servers start side by side; a second one is where they share their
+request metrics (ApiProcessArgs.metrics_dir), so any of them answers /metrics for all. Both are
+removed when the supervisor exits. Then it waits on the children:
 
 * SIGTERM or SIGINT: forwarded to the API servers as SIGTERM (each drains, server/drain.py);
   once all have exited the core gets SIGTERM; exit 0. A signal while the core is still starting
@@ -83,6 +85,7 @@ def serve_multiprocess(
 
   apis: list[multiprocessing.process.BaseProcess] = []
   info_dir = tempfile.TemporaryDirectory(prefix="jaxserve-api-")  # CoreInfo for the API servers
+  metrics_dir = tempfile.TemporaryDirectory(prefix="jaxserve-metrics-")  # their shared metrics
   previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
   try:
     try:
@@ -107,7 +110,9 @@ def serve_multiprocess(
       for index in range(count):
         if stopping:  # a stop signal came while the API processes were starting
           break
-        args = ApiProcessArgs(server, str(info_path), core.address, sock, index, log_level)
+        args = ApiProcessArgs(
+          server, str(info_path), core.address, sock, index, log_level, metrics_dir.name
+        )
         process = context.Process(
           target=run_api_process, name=f"jaxserve-api-{index}", args=(entry, args)
         )
@@ -134,6 +139,7 @@ def serve_multiprocess(
       core.stop(STOP_TIMEOUT_S)
   finally:
     info_dir.cleanup()
+    metrics_dir.cleanup()
     for sig, handler in previous.items():
       signal.signal(sig, handler)
 

@@ -11,10 +11,12 @@ vLLM's names (server/vllm_metrics.py) are exported beside these: each observatio
 by an `Observation`, which records it in every family that reports it (`jaxserve_*` and
 `vllm:*`), so the two never disagree and nothing is counted twice.
 
-Per process: the request families (latencies, token and request counters) are each API server
-process's own (uvicorn's processes share the port, so a scrape reads the process the connection
-reached); the engine families are the engine core's, the same in every process. With
-server.api_server_count > 1 the request families of one scrape cover that process's requests.
+Several API server processes (server.api_server_count > 1) share one port, so a scrape reaches
+any one of them: their request families (latencies, token and request counters) are recorded in
+prometheus_client's multi-process mode, in files of the supervisor's metrics_dir, and /metrics
+sums every process's (those of a process that died included, so counters never go back); the
+engine families come from the engine core's stats, the same in every process. The periodic stats
+line (server/stats_logger.py) reads `registry`: this process's own values.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from jaxserve.core.client import CoreClient
@@ -117,12 +120,20 @@ class Observation:
 
 class ServerMetrics:
   """The app's collectors; each HTTP call feeds its outputs to an observer(). model_name is the
-  served model name (vLLM's `model_name` label)."""
+  served model name (vLLM's `model_name` label); shared_dir the multi-process directory of the
+  API servers of one supervisor (None: this process's metrics alone)."""
 
-  def __init__(self, engine: CoreClient, model_name: str):
+  def __init__(self, engine: CoreClient, model_name: str, shared_dir: str | None = None):
     self.registry = CollectorRegistry(auto_describe=True)
-    self.registry.register(EngineStatsCollector(engine))
-    self.registry.register(VllmEngineCollector(engine, model_name))
+    engine_collectors = (EngineStatsCollector(engine), VllmEngineCollector(engine, model_name))
+    for collector in engine_collectors:
+      self.registry.register(collector)
+    self._exposed = self.registry
+    if shared_dir is not None:
+      self._exposed = CollectorRegistry()
+      MultiProcessCollector(self._exposed, path=shared_dir)
+      for collector in engine_collectors:
+        self._exposed.register(collector)
     vllm = vllm_request_families(self.registry, model_name)
     kwargs = {"registry": self.registry}
     time_to_first_token = Histogram(
@@ -169,7 +180,7 @@ class ServerMetrics:
     self._request_success[finished_reason(reason)].inc()
 
   def render(self) -> bytes:
-    return generate_latest(self.registry)
+    return generate_latest(self._exposed)
 
   def observer(self) -> OutputObserver:
     return OutputObserver(self)
