@@ -84,15 +84,17 @@ def plan_layouts(request: BuildRequest, layouts: tuple[Layout, ...]) -> list[Lay
 
 
 def format_layouts(plans: list[LayoutPlan]) -> str:
-  """One row per layout: per-chip HBM plan, decode step and expected throughput."""
+  """One row per layout: per-chip HBM plan, decode step and expected throughput, each decode
+  figure from XLA's bytes, then from the floor (roofline.py)."""
   first = plans[0].report
-  context = first.request.decode_context
   lines = [
-    f"layouts of {first.topology} for {first.request.model_name}, decode at {context} tokens "
-    "of context (roofline: per chip, max(bytes / HBM bandwidth, FLOPs / bf16 peak))",
-    f"{'layout':<8} {'weights':>9} {'KV pool':>9} {'total':>9} {'usable':>9} {'seqs':>6} "
-    f"{'batch':>5} {'GB/step':>8} {'GFLOP':>8} {'step ms':>8} {'bound':>7} "
-    f"{'tok/s/rep':>10} {'tok/s':>9}",
+    f"layouts of {first.topology} for {first.request.model_name}, decode at "
+    f"{first.request.decode_context} tokens of context; roofline per chip: max(bytes / HBM "
+    "bandwidth, FLOPs / bf16 peak), bytes as XLA counts them - or at the floor, the weights "
+    "once + the KV reads",
+    f"{'layout':<8} {'weights':>8} {'KV pool':>8} {'total':>8} {'usable':>8} {'seqs':>5} "
+    f"{'batch':>5} {'XLA GB':>7} {'floor GB':>8} {'GFLOP':>6} {'step ms':>12} {'bound':>7} "
+    f"{'tok/s/replica':>13} {'tok/s':>13}",
   ]
   for plan in plans:
     lines.append(_row(plan))
@@ -104,23 +106,24 @@ def _row(plan: LayoutPlan) -> str:
   memory, roof = plan.report.memory, plan.roofline
   cells = [f"{plan.layout.name:<8}"]
   if memory is None:
-    cells.append(f"{'(weights do not fit a chip)':>44}")
+    cells.append(f"{'(weights do not fit a chip)':>41}")
   else:
     sizes = (memory.weights, memory.pool, memory.total, memory.chip.usable_bytes)
-    cells += [f"{size / GIB:>8.2f}G" for size in sizes] + [f"{memory.full_length_sequences:>6}"]
+    cells += [f"{size / GIB:>7.2f}G" for size in sizes] + [f"{memory.full_length_sequences:>5}"]
   if roof is None:
     cells.append("  no decode estimate" + (": does not fit" if plan.report.problems else ""))
-  else:
-    step = roof.step
-    cells += [
-      f"{step.batch:>5}",
-      f"{step.bytes / 1e9:>8.2f}",
-      f"{step.flops / 1e9:>8.1f}",
-      f"{roof.step_seconds * 1e3:>8.2f}",
-      f"{roof.bound:>7}",
-      f"{roof.tokens_per_s_per_replica:>10.0f}",
-      f"{roof.tokens_per_s:>9.0f}",
-    ]
+    return " ".join(cells)
+  step, floor_replica = roof.step, roof.ideal_tokens_per_s / roof.replicas
+  cells += [
+    f"{step.batch:>5}",
+    f"{step.bytes / 1e9:>7.2f}",
+    f"{step.ideal_bytes / 1e9:>8.2f}",
+    f"{step.flops / 1e9:>6.0f}",
+    f"{roof.step_seconds * 1e3:>5.2f} - {roof.ideal_step_seconds * 1e3:<4.2f}",
+    f"{roof.bound:>7}",
+    f"{roof.tokens_per_s_per_replica:>6.0f}-{floor_replica:<6.0f}",
+    f"{roof.tokens_per_s:>6.0f}-{roof.ideal_tokens_per_s:<6.0f}",
+  ]
   return " ".join(cells)
 
 
@@ -151,4 +154,7 @@ def _roofline_json(roof: Roofline) -> dict:
     "bound": roof.bound,
     "tokens_per_s_per_replica": roof.tokens_per_s_per_replica,
     "tokens_per_s": roof.tokens_per_s,
+    "weight_bytes": step.weight_bytes,
+    "ideal_step_seconds": roof.ideal_step_seconds,
+    "ideal_tokens_per_s": roof.ideal_tokens_per_s,
   }

@@ -15,6 +15,13 @@ and takes max(bytes / HBM bandwidth, flops / bfloat16 peak) seconds (chips.py's 
 figures): the step is memory bound or compute bound. A replica then decodes batch / step tokens
 a second, and data_parallel_size replicas that many times as much (they share nothing).
 
+XLA's bytes are not the step's HBM traffic on TPU: its cost model adds up the bytes every
+instruction reads and writes in any memory, and the TPU compiler moves the weights into VMEM
+ahead of their matmuls (copy-start / slice-start), so a weight is counted on its copy and again
+where it is used: a decode forward of Llama 3.1 8B counts 2.4 to 4 times the chip's weights. So
+each step is also priced at its floor, the weights read once plus the KV reads (`ideal_*`): the
+HBM traffic a decode step cannot go below. The two bracket the roofline's throughput.
+
 `batch` is scheduler.max_num_seqs, or fewer when the KV pool holds fewer sequences of `context`
 tokens; the step runs in the smallest decode bucket holding it (padding rows cost their FLOPs and
 activations, not their KV reads).
@@ -62,6 +69,11 @@ class DecodeStep:
   program_flops: float
   kv_bytes: float  # the attention's page reads
   attention_flops: float
+  weight_bytes: float = 0.0  # the chip's weights, each read once
+
+  @property
+  def ideal_bytes(self) -> float:
+    return self.weight_bytes + self.kv_bytes
 
   @property
   def bytes(self) -> float:
@@ -102,6 +114,15 @@ class Roofline:
   def tokens_per_s(self) -> float:
     return self.replicas * self.tokens_per_s_per_replica
 
+  @property
+  def ideal_step_seconds(self) -> float:
+    """At the floor: the weights and KV pages read once (or the FLOPs, if slower)."""
+    return max(self.step.ideal_bytes / self.chip.hbm_bytes_per_s, self.compute_seconds)
+
+  @property
+  def ideal_tokens_per_s(self) -> float:
+    return self.replicas * self.step.batch / self.ideal_step_seconds
+
 
 def decode_step(
   config: EngineConfig,
@@ -129,4 +150,5 @@ def decode_step(
     sum(r.cost.flops for r in found),
     tokens * memory.page_bytes / memory.page_size,
     4.0 * tokens * q_heads_per_chip * model.head_dim * model.num_layers,
+    memory.weights,
   )

@@ -84,7 +84,8 @@ def test_every_layout_fits_with_its_decode_step_compiled(run):
 def test_the_roofline_from_the_compiled_costs(run):
   """Throughput = replicas x batch / max(bytes / 819 GB/s, FLOPs / 197 TFLOP/s), where the
   bytes are XLA's count of the compiled programs (at least the chip's weights) plus the KV pages
-  the attention reads (batch x context tokens of this chip's kv heads)."""
+  the attention reads (batch x context tokens of this chip's kv heads), or at the floor the
+  chip's weights once plus those KV reads."""
   chip = get_chip("v5e")
   for name, entry in run[0].items():
     decode, memory = entry["decode"], entry["report"]["memory"]
@@ -102,6 +103,11 @@ def test_the_roofline_from_the_compiled_costs(run):
     assert decode["step_seconds"] == pytest.approx(step)
     assert decode["tokens_per_s"] == pytest.approx(dp * MAX_SEQS / step)
     assert decode["bound"] == "memory", name  # 16 sequences: the weights' reads dominate
+    # the floor: the chip's weights read once and the KV reads
+    assert decode["weight_bytes"] == memory["weights"]
+    floor = (memory["weights"] + decode["kv_bytes"]) / chip.hbm_bytes_per_s
+    assert decode["ideal_step_seconds"] == pytest.approx(floor) and floor < step
+    assert decode["ideal_tokens_per_s"] == pytest.approx(dp * MAX_SEQS / floor)
 
 
 def test_data_parallel_decodes_more_than_one_sharded_replica(run):
