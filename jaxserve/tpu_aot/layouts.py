@@ -106,7 +106,7 @@ def _row(plan: LayoutPlan) -> str:
   memory, roof = plan.report.memory, plan.roofline
   cells = [f"{plan.layout.name:<8}"]
   if memory is None:
-    cells.append(f"{'(weights do not fit a chip)':>41}")
+    cells.append(f"{'(does not fit, below)':>41}")
   else:
     sizes = (memory.weights, memory.pool, memory.total, memory.chip.usable_bytes)
     cells += [f"{size / GIB:>7.2f}G" for size in sizes] + [f"{memory.full_length_sequences:>5}"]
