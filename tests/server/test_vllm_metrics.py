@@ -6,7 +6,9 @@ family equal to the `jaxserve_*` family its observation also feeds."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import time
 
 import httpx
@@ -159,19 +161,28 @@ def test_vllm_families_equal_their_jaxserve_twins(traffic):
 
 
 def test_running_request_kv_usage_and_an_abort(served):
-  """While a long stream runs: one running request and the KV usage fraction of the jaxserve
-  page gauges; the client leaving counts one vLLM "abort" with jaxserve's aborted counter."""
+  """While a long stream runs (the engine core process stopped right after its first chunk, so
+  the request cannot finish under the scrape): one running request and the KV usage fraction of
+  the jaxserve page gauges; the client leaving counts one vLLM "abort" with jaxserve's aborted
+  counter."""
   body = {"model": MODEL, "prompt": "a long one", "max_tokens": 200, "temperature": 0}
   body |= {"ignore_eos": True, "stream": True}
   wait_for_idle(served.url)
   before = scrape(served.url)[1]
-  with httpx.stream("POST", f"{served.url}/v1/completions", json=body, timeout=60) as response:
-    next(line for line in response.iter_lines() if line.startswith("data: {"))
-    deadline = time.monotonic() + 10
-    while True:
+  core = served.core.process.pid
+  try:
+    with httpx.stream("POST", f"{served.url}/v1/completions", json=body, timeout=60) as response:
+      next(line for line in response.iter_lines() if line.startswith("data: {"))
+      os.kill(core, signal.SIGSTOP)
       samples = scrape(served.url)[1]
-      if value(samples, "jaxserve_kv_pages_used") or time.monotonic() > deadline:
-        break
+    deadline = time.monotonic() + 10  # the client left: the API server aborts its request
+    while value(scrape(served.url)[1], "jaxserve_requests_aborted_total") == value(
+      before, "jaxserve_requests_aborted_total"
+    ):
+      assert time.monotonic() < deadline, "the request was not aborted"
+      time.sleep(0.02)
+  finally:
+    os.kill(core, signal.SIGCONT)
   assert value(samples, "vllm:num_requests_running") == 1
   used, total = value(samples, "jaxserve_kv_pages_used"), value(samples, "jaxserve_kv_pages_total")
   assert 0 < value(samples, "vllm:kv_cache_usage_perc") == used / total < 1
