@@ -13,9 +13,10 @@ passed. With --caching both (the default) the workload runs twice, caching on th
 fresh process (its own engine and KV pool) with the same prompts and arrival times, and the
 table sets them side by side:
 
-  hit rate         prompt tokens served by cached pages / prompt tokens admitted (the engine's
-                   prefix_cache_hits / prefix_cache_queries, EngineStats)
-  prefill tokens   prompt tokens computed: admitted - hit (a resumed request counts again)
+  hit rate         prompt tokens served by cached pages / prompt tokens submitted (the hits are
+                   the engine's prefix_cache_hits, EngineStats, vLLM's counter)
+  prefill tokens   prompt tokens computed: submitted - hit, plus the preemptions' recomputation
+                   (the run's preemptions are reported; 0 expected at these loads)
   TTFT             from a request's arrival time to the step output that carries its first token
                    (queueing included), p50 / p99
   output tok/s     output tokens over the time from the first arrival to the last token
@@ -105,8 +106,8 @@ def run_one(args: argparse.Namespace, caching: bool) -> dict:
   before, compiled = engine.stats(), engine.ledger.num_compilations
   result = drive(engine, prompts, arrivals, args.output_len)
   after = engine.stats()
-  queries = after.prefix_cache_queries - before.prefix_cache_queries
-  hits = after.prefix_cache_hits - before.prefix_cache_hits
+  queries = sum(len(prompt) for prompt in prompts)
+  hits = after.num_prefix_cache_hits - before.num_prefix_cache_hits
   ttft_ms = 1e3 * np.asarray(result["ttft_s"])
   engine.close()
   return {
@@ -122,6 +123,7 @@ def run_one(args: argparse.Namespace, caching: bool) -> dict:
     "output_tokens": result["out"],
     "output_tokens_per_s": result["out"] / result["elapsed_s"],
     "compilations": engine.ledger.num_compilations - compiled,
+    "preemptions": after.num_preemptions - before.num_preemptions,
   }
 
 
@@ -162,7 +164,7 @@ def table(args: argparse.Namespace, runs: dict) -> str:
         f"caching {mode}",
         f"hit rate {r['hit_rate']:.3f}, prefill tokens {r['prefill_tokens']}, TTFT p50/p99 "
         f"{r['ttft_p50_ms']:.1f}/{r['ttft_p99_ms']:.1f} ms, {r['output_tokens_per_s']:.1f} out "
-        f"tok/s, {r['compilations']} compilations",
+        f"tok/s, {r['compilations']} compilations, {r['preemptions']} preemptions",
       )
     )
   if set(runs) == {"on", "off"}:

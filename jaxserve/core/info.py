@@ -44,9 +44,10 @@ def read_core_info(path: Path) -> CoreInfo:
 @dataclass(frozen=True)
 class ApiProcessArgs:
   """One API server: its settings, the CoreInfo file, the core's address, the listening socket
-  it accepts from (None: it binds server.host:port itself), its index, the log level and its
+  it accepts from (None: it binds server.host:port itself), its index, the log level, its
   generation (0 for the first process of the index, k for its k-th restart; the client identity
-  is api_identity(index, generation))."""
+  is api_identity(index, generation)) and the directory the API servers of one supervisor share
+  their request metrics in (None: one API server, its metrics its own; server/metrics.py)."""
 
   server_config: ServerConfig
   info_path: str
@@ -55,6 +56,7 @@ class ApiProcessArgs:
   index: int
   log_level: str
   generation: int = 0
+  metrics_dir: str | None = None
 
   @property
   def identity(self) -> str:

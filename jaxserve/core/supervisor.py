@@ -13,7 +13,9 @@ restarted API server accepts on the same socket. Each child runs run_api_process
 process set-up (logging, SIGINT left to the supervisor), then the API server's entry point with
 its ApiProcessArgs (core/info.py); core/ never imports server/. The core's CoreInfo (tokenizer,
 model limits) reaches them in a file of a private temporary directory, so the spawns do not wait
-for one another and the API servers start side by side. Then it waits on the children:
+for one another and the API servers start side by side; a second one is where they share their
+request metrics (ApiProcessArgs.metrics_dir), so any of them answers /metrics for all. Both are
+removed when the supervisor exits. Then it waits on the children:
 
 * SIGTERM or SIGINT: forwarded to the API servers as SIGTERM (each drains, server/drain.py) and
   no API server is restarted any more; once all have exited the core gets SIGTERM; exit 0 (the
@@ -94,6 +96,7 @@ def serve_multiprocess(
       apis.drain()
 
   info_dir = tempfile.TemporaryDirectory(prefix="jaxserve-api-")  # CoreInfo for the API servers
+  metrics_dir = tempfile.TemporaryDirectory(prefix="jaxserve-metrics-")  # their shared metrics
   previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
   sock = None
   try:
@@ -118,7 +121,14 @@ def serve_multiprocess(
 
       def make_args(index: int, generation: int) -> ApiProcessArgs:
         return ApiProcessArgs(
-          server, str(info_path), core.address, sock, index, log_level, generation
+          server,
+          str(info_path),
+          core.address,
+          sock,
+          index,
+          log_level,
+          generation,
+          metrics_dir.name,
         )
 
       apis = ApiProcesses(count, make_args, run_api_process, entry)
@@ -147,6 +157,7 @@ def serve_multiprocess(
     if sock is not None:
       sock.close()
     info_dir.cleanup()
+    metrics_dir.cleanup()
     for sig, handler in previous.items():
       signal.signal(sig, handler)
 

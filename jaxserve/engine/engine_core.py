@@ -409,8 +409,8 @@ class EngineCore:
       num_compilations=self.ledger.num_compilations,
       num_programs_compiled=self.programs.readiness().num_compiled,
       num_programs_total=self.programs.readiness().num_total,
-      prefix_cache_queries=self.scheduler.prefix_cache.queries,
-      prefix_cache_hits=self.scheduler.prefix_cache.hits,
+      num_prefix_cache_queries=self.scheduler.prefix_cache_queries,
+      num_prefix_cache_hits=self.scheduler.prefix_cache_hits,
     )
 
   def close(self) -> None:

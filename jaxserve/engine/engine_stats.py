@@ -21,5 +21,5 @@ class EngineStats:
   num_compilations: int
   num_programs_compiled: int = 0  # step programs compiled by warmup / the compile thread
   num_programs_total: int = 0  # step programs planned (0: compiled on first use)
-  prefix_cache_queries: int = 0  # prompt tokens of admitted requests (each looked up)
-  prefix_cache_hits: int = 0  # of which cached pages served (0 with prefix caching off)
+  num_prefix_cache_queries: int = 0  # known tokens of admissions that looked the cache up
+  num_prefix_cache_hits: int = 0  # tokens of those admissions that cached pages covered

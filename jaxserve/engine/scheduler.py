@@ -47,7 +47,11 @@ prompt, a burst of requests sharing a system prompt) take them as a hit instead 
 them again. That is safe because every layer writes a step's K/V before any query of the step
 reads the pages, and a step, once scheduled, always runs. The last, partial page is never
 shared: each such request computes the tokens past the shared full pages (fewer than a page)
-into a page of its own, so no page is written by two sequences and none needs copying.
+into a page of its own, so no page is written by two sequences and none needs copying. Each
+admission that looked the cache up counts its known tokens as queried and the tokens its
+cached pages cover as hits (`prefix_cache_queries`, `prefix_cache_hits`: vLLM's prefix cache
+counters, in tokens); a look-up whose admission fails is not counted, the one that admits the
+request is.
 
 KV groups (messages/kv_layout.py; engine/kv_groups.py does the page work): a model with
 sliding-window layers has a block table per group. Before a running request is scheduled, its
@@ -77,7 +81,6 @@ prefill chunks, each group in scheduling order.
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
 
 from ..config import SchedulerConfig  # relative imports: this side never touches jax
 from ..messages.kv_layout import KVLayout
@@ -89,20 +92,6 @@ from .page_allocator import PageAllocator, extend_page_hashes
 from .request import Request, RequestStatus
 
 _Planned = tuple[Request, int, int]  # (request, start position, tokens scheduled)
-
-
-@dataclass
-class PrefixCacheCounts:
-  """Tokens of admitted requests looked up in the prefix cache, and of those found there (as
-  vLLM's prefix_cache_queries / prefix_cache_hits count them; with caching off every lookup
-  misses), so queries - hits is the prompt tokens computed; a resumed request counts again."""
-
-  queries: int = 0
-  hits: int = 0
-
-  def count(self, num_tokens: int, num_hit: int) -> None:
-    self.queries += num_tokens
-    self.hits += num_hit
 
 
 class Scheduler:
@@ -142,7 +131,8 @@ class Scheduler:
     self._num_registered_pages: dict[str, int] = {}
     self._page_hashes: dict[str, list[bytes]] = {}  # request id -> chained hashes of its pages
     self._num_preemptions_total = 0
-    self.prefix_cache = PrefixCacheCounts()
+    self._prefix_cache_queries = 0
+    self._prefix_cache_hits = 0
 
   @property
   def num_running(self) -> int:
@@ -155,6 +145,16 @@ class Scheduler:
   @property
   def num_preemptions_total(self) -> int:
     return self._num_preemptions_total
+
+  @property
+  def prefix_cache_queries(self) -> int:
+    """Known tokens of the admissions that looked the prefix cache up."""
+    return self._prefix_cache_queries
+
+  @property
+  def prefix_cache_hits(self) -> int:
+    """Tokens of those admissions that cached pages covered."""
+    return self._prefix_cache_hits
 
   @property
   def kv_cache_usage(self) -> float:
@@ -369,31 +369,35 @@ class Scheduler:
       start = request.num_computed_tokens
       planned.append((request, start, num_new))
       budget -= num_new
-      self.prefix_cache.count(request.num_tokens, start)
       if self._prefix_caching:  # the requests admitted after it this step share its pages
         self._register_pages(request, start + num_new)
       reserve += self._needs_pages_next_step(request, start + num_new)
 
   def _try_admit(self, request: Request, budget: int, reserve: int) -> int:
     """Takes cached pages and allocates the first chunk; 0 (and nothing held) if it can't."""
-    self._take_cached_prefix(request)
+    looked_up = self._take_cached_prefix(request)
     num_new = self._admission_chunk(request.num_tokens - request.num_computed_tokens, budget)
     if num_new > 0:
       num_needed = self._num_new_pages(request, num_new)
       if self.allocator.can_allocate(num_needed + reserve):
         self._pages.allocate(request, request.num_computed_tokens + num_new)
+        if looked_up:
+          self._prefix_cache_queries += request.num_tokens
+          self._prefix_cache_hits += request.num_computed_tokens
         return num_new
     self._release_pages(request)
     request.num_computed_tokens = 0
     return 0
 
-  def _take_cached_prefix(self, request: Request) -> None:
+  def _take_cached_prefix(self, request: Request) -> bool:
+    """Takes the request's cached full pages; False if it may not read the cache."""
     if not self._prefix_caching or request.sampling_params.prompt_logprobs is not None:
-      return
+      return False
     hashes = self._hashes(request, (request.num_tokens - 1) // self.page_size)
     num_hit = self._pages.take_cached_prefix(request, hashes)
     request.num_computed_tokens = num_hit * self.page_size
     self._num_registered_pages[request.request_id] = num_hit
+    return True
 
   def _admission_chunk(self, num_remaining: int, budget: int) -> int:
     if self.config.enable_chunked_prefill or num_remaining <= budget:

@@ -7,11 +7,18 @@ server runs it on its main thread beside the engine core's thread (no socket: it
 server.host:port). It tokenizes, applies chat templates, detokenizes, applies stop strings and
 writes JSON and SSE; it never imports jax. The tokenizer and the model's limits come from the
 core (CoreInfo, core/info.py), read from the file core/ wrote it to.
+
+The API server processes of one supervisor share their request metrics (server/metrics.py):
+prometheus_client's multi-process mode, which it chooses when it is first imported, from the
+PROMETHEUS_MULTIPROC_DIR environment variable; run_api_server sets it to the supervisor's
+directory before anything imports prometheus_client in the process (checked).
 """
 
 from __future__ import annotations
 
 import gc
+import os
+import sys
 from pathlib import Path
 
 from jaxserve.core.info import ApiProcessArgs, read_core_info
@@ -19,6 +26,10 @@ from jaxserve.core.info import ApiProcessArgs, read_core_info
 
 def run_api_server(args: ApiProcessArgs) -> None:
   """Serves until a stop signal has drained the app."""
+  if args.metrics_dir is not None:
+    if "prometheus_client" in sys.modules:
+      raise RuntimeError("prometheus_client was imported before its multi-process mode was set")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = args.metrics_dir
   from jaxserve.core.client import CoreClient
   from jaxserve.server.app import build_app
   from jaxserve.server.uvicorn_runner import run_app
@@ -32,6 +43,7 @@ def run_api_server(args: ApiProcessArgs) -> None:
     model_name=info.model_name,
     max_model_len=info.max_model_len,
     vocab_size=info.vocab_size,
+    metrics_dir=args.metrics_dir,
   )
   gc.collect()
   gc.freeze()  # the app's long-lived objects: later collections do not scan them

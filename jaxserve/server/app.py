@@ -46,17 +46,20 @@ def build_app(
   model_name: str,
   max_model_len: int,
   vocab_size: int,
+  metrics_dir: str | None = None,
 ) -> Starlette:
   """The app over a CoreClient, which the app attaches on its event loop (run it with uvicorn's
-  lifespan on); one client per app."""
+  lifespan on); one client per app. metrics_dir: where the API server processes of one
+  supervisor share their request metrics (server/metrics.py; None: this app's alone)."""
+  served_name = config.served_model_name or model_name
   state = ServingState(
     engine=engine,
     tokenizer=tokenizer,
     config=config,
-    model_name=config.served_model_name or model_name,
+    model_name=served_name,
     max_model_len=max_model_len,
     vocab_size=vocab_size,
-    metrics=ServerMetrics(engine),
+    metrics=ServerMetrics(engine, served_name, metrics_dir),
   )
   routes = [
     Route("/v1/completions", create_completion, methods=["POST"]),

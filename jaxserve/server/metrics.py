@@ -6,6 +6,17 @@ compilations) are read at scrape time from the engine core's stats snapshot (the
 one) by a custom collector. Request latencies and token counts are observed by the handlers as
 outputs arrive: time to first token, inter-token latency and end-to-end latency come from
 RequestOutput.metrics (engine clock), so they include time spent waiting in the queue.
+
+vLLM's names (server/vllm_metrics.py) are exported beside these: each observation is made once,
+by an `Observation`, which records it in every family that reports it (`jaxserve_*` and
+`vllm:*`), so the two never disagree and nothing is counted twice.
+
+Several API server processes (server.api_server_count > 1) share one port, so a scrape reaches
+any one of them: their request families (latencies, token and request counters) are recorded in
+prometheus_client's multi-process mode, in files of the supervisor's metrics_dir, and /metrics
+sums every process's (those of a process that died included, so counters never go back); the
+engine families come from the engine core's stats, the same in every process. The periodic stats
+line (server/stats_logger.py) reads `registry`: this process's own values.
 """
 
 from __future__ import annotations
@@ -14,10 +25,16 @@ from typing import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from jaxserve.core.client import CoreClient
 from jaxserve.outputs import RequestOutput
+from jaxserve.server.vllm_metrics import (
+  VllmEngineCollector,
+  finished_reason,
+  vllm_request_families,
+)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (
@@ -86,44 +103,85 @@ class EngineStatsCollector(Collector):
     )
 
 
-class ServerMetrics:
-  """The app's collectors; each HTTP call feeds its outputs to an observer()."""
+class Observation:
+  """One kind of observation, recorded in every family that reports it (histograms observe it,
+  counters add it)."""
 
-  def __init__(self, engine: CoreClient):
+  def __init__(self, *families: Histogram | Counter):
+    self._families = families
+
+  def observe(self, value: float) -> None:
+    for family in self._families:
+      family.observe(value)
+
+  def inc(self, amount: float = 1) -> None:
+    for family in self._families:
+      family.inc(amount)
+
+
+class ServerMetrics:
+  """The app's collectors; each HTTP call feeds its outputs to an observer(). model_name is the
+  served model name (vLLM's `model_name` label); shared_dir the multi-process directory of the
+  API servers of one supervisor (None: this process's metrics alone)."""
+
+  def __init__(self, engine: CoreClient, model_name: str, shared_dir: str | None = None):
     self.registry = CollectorRegistry(auto_describe=True)
-    self.registry.register(EngineStatsCollector(engine))
+    engine_collectors = (EngineStatsCollector(engine), VllmEngineCollector(engine, model_name))
+    for collector in engine_collectors:
+      self.registry.register(collector)
+    self._exposed = self.registry
+    if shared_dir is not None:
+      self._exposed = CollectorRegistry()
+      MultiProcessCollector(self._exposed, path=shared_dir)
+      for collector in engine_collectors:
+        self._exposed.register(collector)
+    vllm = vllm_request_families(self.registry, model_name)
     kwargs = {"registry": self.registry}
-    self.time_to_first_token = Histogram(
+    time_to_first_token = Histogram(
       "jaxserve_time_to_first_token_seconds",
       "From arrival to the first generated token.",
       buckets=_LATENCY_BUCKETS,
       **kwargs,
     )
-    self.inter_token_latency = Histogram(
+    inter_token_latency = Histogram(
       "jaxserve_inter_token_latency_seconds",
       "Between consecutive generated tokens.",
       buckets=_LATENCY_BUCKETS,
       **kwargs,
     )
-    self.e2e_latency = Histogram(
+    e2e_latency = Histogram(
       "jaxserve_e2e_request_latency_seconds",
       "From arrival to the request's end.",
       buckets=_LATENCY_BUCKETS,
       **kwargs,
     )
-    self.prompt_tokens = Counter(
+    prompt_tokens = Counter(
       "jaxserve_prompt_tokens", "Prompt tokens of finished requests.", **kwargs
     )
-    self.generation_tokens = Counter("jaxserve_generation_tokens", "Generated tokens.", **kwargs)
-    self.requests_finished = Counter(
+    generation_tokens = Counter("jaxserve_generation_tokens", "Generated tokens.", **kwargs)
+    self._requests_finished = Counter(
       "jaxserve_requests_finished", "Finished requests.", ["finish_reason"], **kwargs
     )
-    self.requests_aborted = Counter(
+    requests_aborted = Counter(
       "jaxserve_requests_aborted", "Requests aborted because their client went away.", **kwargs
     )
+    self._request_success = vllm.request_success
+    self.time_to_first_token = Observation(time_to_first_token, vllm.time_to_first_token)
+    self.inter_token_latency = Observation(
+      inter_token_latency, vllm.inter_token_latency, vllm.time_per_output_token
+    )
+    self.e2e_latency = Observation(e2e_latency, vllm.e2e_request_latency)
+    self.prompt_tokens = Observation(prompt_tokens, vllm.prompt_tokens)
+    self.generation_tokens = Observation(generation_tokens, vllm.generation_tokens)
+    self.requests_aborted = Observation(requests_aborted, self._request_success["abort"])
+
+  def request_finished(self, reason: str | None) -> None:
+    """A request ended on its own (jaxserve's finish_reason; "unknown" if none)."""
+    self._requests_finished.labels(reason or "unknown").inc()
+    self._request_success[finished_reason(reason)].inc()
 
   def render(self) -> bytes:
-    return generate_latest(self.registry)
+    return generate_latest(self._exposed)
 
   def observer(self) -> OutputObserver:
     return OutputObserver(self)
@@ -150,6 +208,6 @@ class OutputObserver:
       m.generation_tokens.inc(len(output.new_token_ids))
     if output.finished:
       m.prompt_tokens.inc(len(output.prompt_token_ids))
-      m.requests_finished.labels(output.finish_reason or "unknown").inc()
+      m.request_finished(output.finish_reason)
       if timing is not None and timing.finished_time is not None:
         m.e2e_latency.observe(timing.finished_time - timing.arrival_time)

@@ -5,8 +5,14 @@ the KV pool sized as on the chip, every program lowered and compiled with libtpu
 of `jobs` compiles at once; lowering stays on one thread at a time), then the per-chip memory
 against HBM (memory.py). `selection="largest"` compiles, of each kind of program, only those of
 the largest bucket (the others' code is then estimated): the quick check for big models.
-A program XLA refuses (an SMEM or HBM overflow, a Mosaic layout it cannot lower) is a result
-with the compiler's message, and the server does not fit.
+`selection="decode"` compiles only the decode step's programs (roofline.py). With a
+decode_context, the decode step's forward and greedy sampler are compiled whatever the selection,
+for the roofline. A program XLA refuses (an SMEM or HBM overflow, a Mosaic layout it cannot
+lower) is a result with the compiler's message, and the server does not fit.
+
+The topology is a one-host slice of `slice_chips` chips (default: tensor_parallel_size), and the
+server's mesh its first tensor_parallel_size chips: one data-parallel replica of a slice that
+holds several (layouts.py).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from tqdm.auto import tqdm
 from jaxserve.config import EngineConfig
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.tpu_aot.chips import TpuChip, topology_devices
+from jaxserve.tpu_aot.cost import ProgramCost
 from jaxserve.tpu_aot.memory import (
   ProgramMemory,
   ProgramResult,
@@ -29,15 +36,18 @@ from jaxserve.tpu_aot.memory import (
   server_memory,
   weights_misfit,
 )
+from jaxserve.tpu_aot.roofline import decode_batch
 from jaxserve.tpu_aot.step_programs import (
+  ProgramId,
   ServerShape,
   StepProgram,
+  decode_program_ids,
   pool_pages,
   server_shape,
   step_programs,
 )
 
-SELECTIONS = ("all", "largest")
+SELECTIONS = ("all", "largest", "decode")
 MAX_ERROR_CHARS = 400
 
 
@@ -50,6 +60,8 @@ class BuildRequest:
   selection: str = "all"
   jobs: int = 1
   show_progress: bool = True
+  slice_chips: int = 0  # the topology's chips (0: tensor_parallel_size)
+  decode_context: int = 0  # > 0: also compile the decode step of sequences this long
 
 
 @dataclass(frozen=True)
@@ -72,7 +84,12 @@ def build(request: BuildRequest) -> BuildReport:
     raise ValueError(f"programs: must be one of {SELECTIONS}, got {request.selection!r}")
   start = time.perf_counter()
   chip, config = request.chip, request.config
-  topology = chip.topology(config.tensor_parallel_size)
+  slice_chips = request.slice_chips or config.tensor_parallel_size
+  if config.tensor_parallel_size > slice_chips:
+    raise ValueError(
+      f"tensor_parallel_size: {config.tensor_parallel_size} exceeds the slice's {slice_chips} chips"
+    )
+  topology = chip.topology(slice_chips)
   shape = server_shape(config, request.model_config, topology_devices(topology))
 
   def early(problem: str) -> BuildReport:
@@ -92,7 +109,7 @@ def build(request: BuildRequest) -> BuildReport:
       f"KV pool: {err} (per chip, beside {shape.weight_bytes_per_chip} bytes of weights)"
     )
   programs = step_programs(shape, num_pages)
-  chosen = programs if request.selection == "all" else largest_of_each_kind(programs)
+  chosen = choose(programs, request.selection, _decode_ids(config, num_pages, request))
   results = compile_programs(chosen, request.jobs, request.show_progress)
   memory = server_memory(
     chip,
@@ -121,6 +138,24 @@ def _pages_at(shape: ServerShape, chip: TpuChip, fraction: float) -> int:
     return pool_pages(shape, chip.usable_bytes, fraction)
   except ValueError:
     return 0
+
+
+def _decode_ids(config: EngineConfig, num_pages: int, request: BuildRequest) -> set[ProgramId]:
+  context = request.decode_context
+  if request.selection == "decode" and not context:
+    raise ValueError("programs: decode needs a decode context (--decode-context)")
+  bucket = decode_batch(config, num_pages, context)[1] if context else None
+  return set(decode_program_ids(bucket)) if bucket else set()
+
+
+def choose(
+  programs: list[StepProgram], selection: str, decode: set[ProgramId]
+) -> list[StepProgram]:
+  """The selection's programs plus those of `decode`, in warmup's order."""
+  if selection == "all":
+    return programs
+  picked = set(largest_of_each_kind(programs)) if selection == "largest" else set()
+  return [p for p in programs if p in picked or p.id in decode]
 
 
 def largest_of_each_kind(programs: list[StepProgram]) -> list[StepProgram]:
@@ -160,7 +195,8 @@ def compile_one(program: StepProgram, lowering: threading.Lock) -> ProgramResult
     lowered = program.lower()
   lowered_at = time.perf_counter()
   try:
-    analysis = lowered.compile().memory_analysis()
+    compiled = lowered.compile()
+    analysis, cost = compiled.memory_analysis(), ProgramCost.of(compiled.cost_analysis())
   except Exception as err:  # XLA's errors (JaxRuntimeError) carry the reason as their text
     message = " ".join(str(err).split())[:MAX_ERROR_CHARS]
     return ProgramResult(
@@ -178,4 +214,5 @@ def compile_one(program: StepProgram, lowering: threading.Lock) -> ProgramResult
     program.resident_bytes,
     ProgramMemory.of(analysis),
     None,
+    cost,
   )

@@ -4,7 +4,9 @@ A chip is named by its Cloud TPU generation ("v5e", "v6e"). Its HBM per chip is 
 figure (v5e 16 GiB, v6e 32 GiB); XLA may use less of it, the "available HBM" that libtpu's
 compiler reports when a program overflows it (v5e 15.75 GiB, v6e 31.25 GiB). The memory check
 works against that figure and takes it for the device's bytes_limit, from which the engine sizes
-the KV pool (an assumption, not checked against a TPU's memory_stats()).
+the KV pool (an assumption, not checked against a TPU's memory_stats()). Its HBM bandwidth and
+bfloat16 peak are the published figures too (v5e 819 GB/s and 197 TFLOP/s, v6e 1640 GB/s and
+918 TFLOP/s): the decode roofline's ceilings (roofline.py).
 
 A topology name ("v5e:2x4") is what libtpu compiles for: the devices of
 jax.experimental.topologies.get_topology_desc hold no memory and run nothing, but programs lowered
@@ -40,6 +42,8 @@ class TpuChip:
   hbm_bytes: int  # HBM per chip
   usable_bytes: int  # of which XLA may allocate (libtpu's "available HBM")
   device_kind: str  # jax Device.device_kind of its topology devices
+  hbm_bytes_per_s: float  # published HBM bandwidth per chip
+  peak_flops: float  # published bfloat16 peak per chip, FLOP/s
 
   def topology(self, num_chips: int) -> str:
     """The topology name of a one-host slice of num_chips chips, e.g. "v5e:2x4"."""
@@ -52,8 +56,8 @@ class TpuChip:
 
 
 CHIPS = {
-  "v5e": TpuChip("v5e", 16 * GIB, 63 * GIB // 4, "TPU v5 lite"),
-  "v6e": TpuChip("v6e", 32 * GIB, 125 * GIB // 4, "TPU v6 lite"),
+  "v5e": TpuChip("v5e", 16 * GIB, 63 * GIB // 4, "TPU v5 lite", 819e9, 197e12),
+  "v6e": TpuChip("v6e", 32 * GIB, 125 * GIB // 4, "TPU v6 lite", 1640e9, 918e12),
 }
 
 

@@ -6,6 +6,13 @@ Prints every program's lowering and compile time and memory_analysis per chip, t
 per-chip memory (weights, KV pool, largest step transient, program code) against the chip's HBM
 and the pages / full-length sequences the pool holds. Exits 0 when it fits, 1 with one line per
 cause when it does not, 2 on a bad argument or config.
+
+    jaxserve compile-tpu --config configs/v5e-8.yaml --model-shape llama-3.1-8b \
+        --layouts dp8tp1,dp4tp2,dp1tp8 --programs largest
+
+does that for each data parallel x tensor parallel layout of the slice (layouts.py), then prints
+one row per layout: its per-chip HBM plan and the expected decode throughput from a roofline of
+its compiled decode step (roofline.py). Exits 0 when every layout fits, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -44,9 +51,24 @@ def register(subparsers) -> None:
   )
   parser.add_argument(
     "--programs",
-    choices=["all", "largest"],
+    choices=["all", "largest", "decode"],
     default="all",
-    help="compile every program, or of each kind only the largest bucket's (default: all)",
+    help="compile every program, of each kind only the largest bucket's, or (with --layouts) "
+    "only the decode step's (default: all)",
+  )
+  parser.add_argument(
+    "--layouts",
+    metavar="LIST",
+    help="data parallel x tensor parallel layouts of the slice to plan side by side, e.g. "
+    "dp8tp1,dp4tp2,dp1tp8 (each replaces tensor_parallel_size; default: the config's one server)",
+  )
+  parser.add_argument(
+    "--decode-context",
+    type=int,
+    default=1024,
+    metavar="TOKENS",
+    help="with --layouts: the context length of every decoding sequence in the throughput "
+    "roofline (default: 1024)",
   )
   parser.add_argument("--jobs", type=int, default=1, help="programs compiled at once (default: 1)")
   parser.add_argument("--out", help="also write the report as JSON to this file (default: none)")
@@ -80,11 +102,12 @@ def main(args: argparse.Namespace) -> int:
     model_name, model_config = config.model, model_config_for(config)
   quantization = model_quantization(config.model, config.quantization)
   check_device_runs(quantization, DeviceDescription("tpu", None, chip.device_kind))
-  report = build(
-    BuildRequest(
-      config, model_config, model_name, chip, args.programs, args.jobs, not args.no_progress
-    )
+  request = BuildRequest(
+    config, model_config, model_name, chip, args.programs, args.jobs, not args.no_progress
   )
+  if args.layouts:
+    return _layouts(args, request)
+  report = build(request)
   print(format_report(report))
   if args.out:
     print(f"wrote {write_json(args.out, report_json(report))}")
@@ -93,3 +116,22 @@ def main(args: argparse.Namespace) -> int:
       print(f"jaxserve compile-tpu: does not fit: {problem}", file=sys.stderr)
     return 1
   return 0
+
+
+def _layouts(args: argparse.Namespace, request) -> int:
+  from dataclasses import replace
+
+  from jaxserve.tpu_aot.layouts import format_layouts, layouts_json, parse_layouts, plan_layouts
+  from jaxserve.tpu_aot.report import format_report
+
+  layouts = parse_layouts(args.layouts)
+  plans = plan_layouts(replace(request, decode_context=args.decode_context), layouts)
+  for plan in plans:
+    print(format_report(plan.report), end="\n\n")
+  print(format_layouts(plans))
+  if args.out:
+    print(f"wrote {write_json(args.out, layouts_json(plans))}")
+  for plan in plans:
+    for problem in plan.report.problems:
+      print(f"jaxserve compile-tpu: {plan.layout.name}: does not fit: {problem}", file=sys.stderr)
+  return 0 if all(plan.report.fits for plan in plans) else 1

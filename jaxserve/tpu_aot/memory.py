@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from jaxserve.tpu_aot.chips import GIB, TpuChip
+from jaxserve.tpu_aot.cost import ProgramCost
 from jaxserve.tpu_aot.step_programs import ProgramId
 
 
@@ -65,6 +66,7 @@ class ProgramResult:
   resident_bytes: int
   memory: ProgramMemory | None  # None when it did not compile
   error: str | None  # the compiler's message when it did not compile
+  cost: ProgramCost | None = None  # XLA's FLOPs and bytes, None when it did not compile
 
 
 @dataclass(frozen=True)

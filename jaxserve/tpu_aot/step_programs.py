@@ -193,6 +193,14 @@ def _programs(shape: ServerShape, num_pages: int) -> tuple[StepPrograms, dict, t
   return programs, placement.model.params, kv_pages
 
 
+def decode_program_ids(bucket: Bucket) -> tuple[ProgramId, ProgramId]:
+  """The programs of a greedy decode step in `bucket`: its forward and the greedy sampler."""
+  return (
+    ProgramId("forward", bucket.num_seqs, bucket.num_tokens, None),
+    ProgramId("sampler", bucket.num_seqs, 0, SamplerMode()),
+  )
+
+
 def step_programs(shape: ServerShape, num_pages: int) -> list[StepProgram]:
   """Every program the server compiles at warmup, with a KV pool of num_pages pages."""
   config = shape.config

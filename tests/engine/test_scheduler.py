@@ -236,7 +236,7 @@ def test_requests_admitted_together_share_the_prompts_full_pages():
   # 5 pages held, not 9; 14 prompt tokens computed, not 30
   assert scheduler.allocator.num_used_pages == 5
   assert [scheduler.allocator.refcount(p) for p in (1, 2, 3, 4, 5)] == [3, 3, 1, 1, 1]
-  assert (scheduler.prefix_cache.queries, scheduler.prefix_cache.hits) == (30, 16)
+  assert (scheduler.prefix_cache_queries, scheduler.prefix_cache_hits) == (30, 16)
   step(scheduler)  # each decodes its last token and finishes
   assert scheduler.allocator.num_used_pages == 0
   scheduler.allocator.check_invariants(owners=[])
@@ -249,7 +249,7 @@ def test_without_prefix_caching_requests_admitted_together_share_nothing():
   batch = step(scheduler)
   assert [s.num_tokens for s in batch.seqs] == [10, 10, 10]
   assert scheduler.allocator.num_used_pages == 9
-  assert (scheduler.prefix_cache.queries, scheduler.prefix_cache.hits) == (30, 0)
+  assert (scheduler.prefix_cache_queries, scheduler.prefix_cache_hits) == (0, 0)
 
 
 def test_prefix_cache_never_covers_last_token():
@@ -266,6 +266,25 @@ def test_prefix_cache_skipped_for_prompt_logprobs():
   assert step(scheduler).seqs == (seq("a", range(9), 0, (1, 2, 3), True),)
   scheduler.add_request(make_request("c", range(9), max_tokens=1, prompt_logprobs=1))
   assert step(scheduler).seqs == (seq("c", range(9), 0, (4, 5, 6), True),)
+
+
+def test_prefix_cache_counts_queried_and_hit_tokens():
+  """vLLM's prefix cache counters, in tokens: an admission that reads the cache queries its
+  known tokens and hits those its cached pages cover; prompt_logprobs requests do not read it."""
+  scheduler = make_scheduler(num_pages=16, page_size=4, prefix_caching=True)
+  scheduler.add_request(make_request("a", range(10), max_tokens=1))
+  step(scheduler)
+  assert (scheduler.prefix_cache_queries, scheduler.prefix_cache_hits) == (10, 0)
+  scheduler.add_request(make_request("b", list(range(10)) + [77, 78], max_tokens=1))
+  step(scheduler)
+  assert (scheduler.prefix_cache_queries, scheduler.prefix_cache_hits) == (22, 8)
+  scheduler.add_request(make_request("c", range(9), max_tokens=1, prompt_logprobs=1))
+  step(scheduler)
+  assert (scheduler.prefix_cache_queries, scheduler.prefix_cache_hits) == (22, 8)
+  plain = make_scheduler(num_pages=16, page_size=4)
+  plain.add_request(make_request("a", range(10), max_tokens=1))
+  step(plain)
+  assert (plain.prefix_cache_queries, plain.prefix_cache_hits) == (0, 0)
 
 
 def test_add_request_refusals_name_the_field():

@@ -120,8 +120,8 @@ def test_n_choices_share_the_prompts_cached_pages_and_decode_alike(llm):
   before = llm.engine.stats()
   choices = llm.generate([prompt], params, use_tqdm=False)[0].outputs
   after = llm.engine.stats()
-  assert after.prefix_cache_queries - before.prefix_cache_queries == 3 * 40
-  assert after.prefix_cache_hits - before.prefix_cache_hits == 2 * 32
+  assert after.num_prefix_cache_queries - before.num_prefix_cache_queries == 3 * 40
+  assert after.num_prefix_cache_hits - before.num_prefix_cache_hits == 2 * 32
   assert after.num_used_pages == 0
   alone = llm.generate([prompt], params.replace(n=1), use_tqdm=False)[0].outputs[0]
   assert [c.token_ids for c in choices] == [alone.token_ids] * 3

@@ -205,3 +205,35 @@ def _owner(stream: Stream, supervisor: Supervisor) -> int:
   if stream.port not in _owners:
     _owners[stream.port] = _owner_of(stream.port, supervisor.port, supervisor.api_pids)
   return _owners[stream.port]
+
+
+def test_every_scrape_counts_the_requests_of_every_api_process(tmp_path):
+  """Two API server processes share the port: whichever answers /metrics reports the request
+  counters and histograms of both (server/metrics.py: prometheus_client's multi-process mode in
+  the supervisor's directory), here after streams served by each of them."""
+  supervisor = Supervisor(tmp_path)
+  try:
+    streams = []
+    while not {_owner(s, supervisor) for s in streams} >= set(supervisor.api_pids):
+      assert len(streams) < 40, "every connection went to one API server process"
+      stream = Stream(supervisor.url, len(streams))
+      stream.start()
+      assert stream.started.wait(30) and stream.port is not None
+      streams.append(stream)
+    for stream in streams:
+      stream.join(60)
+      assert stream.error is None and stream.lines[-1] == "data: [DONE]"
+    wait_for_idle(supervisor.url)
+    length = "vllm:request_success_total{engine=0,finished_reason=length,model_name=tiny-random}"
+    for _ in range(8):  # new connections: both processes answer some of them
+      values = scrape_metrics(supervisor.url)
+      assert values["jaxserve_generation_tokens_total"] == 230 * len(streams)
+      assert values["vllm:generation_tokens_total{engine=0,model_name=tiny-random}"] == (
+        230 * len(streams)
+      )
+      assert values["jaxserve_e2e_request_latency_seconds_count"] == len(streams)
+      assert values[length] == len(streams)
+    supervisor.process.send_signal(signal.SIGTERM)
+    assert supervisor.wait() == 0, supervisor.output
+  finally:
+    supervisor.kill()

@@ -3,13 +3,18 @@ memory arithmetic and its messages, chips and topologies, and the CLI's registra
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from jaxserve.cli import build_parser, main
+from jaxserve.config import load_config
 from jaxserve.device.sampler import SamplerMode
+from jaxserve.messages.buckets import Bucket
 from jaxserve.models.named_shapes import named_model_config
-from jaxserve.tpu_aot.build import largest_of_each_kind
+from jaxserve.tpu_aot.build import choose, largest_of_each_kind
 from jaxserve.tpu_aot.chips import GIB, chip_of_config_name, get_chip
+from jaxserve.tpu_aot.layouts import parse_layouts
 from jaxserve.tpu_aot.memory import (
   ProgramMemory,
   ProgramResult,
@@ -18,7 +23,8 @@ from jaxserve.tpu_aot.memory import (
   server_memory,
   weights_misfit,
 )
-from jaxserve.tpu_aot.step_programs import ProgramId, StepProgram
+from jaxserve.tpu_aot.roofline import DecodeStep, Roofline, decode_batch
+from jaxserve.tpu_aot.step_programs import ProgramId, StepProgram, decode_program_ids
 
 MIB = 2**20
 
@@ -172,3 +178,55 @@ def test_compile_tpu_refuses_a_scheme_the_chip_cannot_run(capsys):
     "units (TPU7x), which TPU v5 lite (v5e) lacks; use fp8_w8a16 (the same weights, "
     "activations unquantized)"
   )
+
+
+def test_layouts_parse_and_refuse_with_the_flag_named(capsys):
+  layouts = parse_layouts("dp8tp1, dp4tp2,dp1tp8")
+  assert [(x.name, x.num_chips) for x in layouts] == [
+    ("dp8tp1", 8),
+    ("dp4tp2", 8),
+    ("dp1tp8", 8),
+  ]
+  for bad, message in (
+    ("dp8", "'dp8' is not dpNtpM"),
+    ("dp0tp8", "'dp0tp8' is not dpNtpM"),
+    ("dp8tp1,dp2tp1", "every layout must use the slice's chips, got [2, 8] chips"),
+  ):
+    with pytest.raises(ValueError, match=re.escape(message)):
+      parse_layouts(bad)
+  argv = ["compile-tpu", "--config", "configs/v5e-8.yaml", "--model-shape", "llama-3.1-8b"]
+  assert main([*argv, "--layouts", "dp4tp2,tp8"]) == 2
+  assert "error: --layouts: 'tp8' is not dpNtpM" in capsys.readouterr().err
+
+
+def test_the_decode_batch_is_capped_by_the_pool():
+  config = load_config("configs/v5e-8.yaml")  # 128 sequences, pages of 32 tokens
+  assert decode_batch(config, 10_000, 1024) == (128, Bucket(128, 128))
+  # 1024 tokens and the next one need 33 pages: 99 usable pages hold 3 sequences
+  assert decode_batch(config, 100, 1024) == (3, Bucket(8, 8))
+  assert decode_batch(config, 30, 1024) == (0, None)
+
+
+def test_decode_selection_compiles_the_decode_step_alone():
+  programs = [_program("forward", s, t) for s, t in ((8, 8), (16, 16), (16, 32))]
+  programs += [_program("sampler", s, 0, m) for s in (8, 16) for m in SamplerMode.all()]
+  decode = set(decode_program_ids(Bucket(8, 8)))
+  assert [p.id.name for p in choose(programs, "decode", decode)] == [
+    "forward[8x8]",
+    "sampler[8] greedy",
+  ]
+  largest = [p.id.name for p in choose(programs, "largest", decode)]
+  assert largest[:2] == ["forward[8x8]", "forward[16x32]"] and "sampler[8] greedy" in largest
+  assert choose(programs, "all", decode) == programs
+
+
+def test_the_roofline_takes_the_slower_ceiling():
+  chip = get_chip("v6e")
+  step = DecodeStep(64, Bucket(64, 64), 1024, 8e9, 1e12, 2e9, 2e11)
+  roof = Roofline(chip, step, replicas=4)
+  assert roof.memory_seconds == pytest.approx(10e9 / 1640e9)
+  assert roof.compute_seconds == pytest.approx(1.2e12 / 918e12)
+  assert roof.bound == "memory" and roof.step_seconds == roof.memory_seconds
+  assert roof.tokens_per_s == pytest.approx(4 * 64 / roof.memory_seconds)
+  compute = Roofline(chip, DecodeStep(64, Bucket(64, 64), 1024, 1e9, 1e14, 0, 0), 1)
+  assert compute.bound == "compute" and compute.step_seconds == pytest.approx(1e14 / 918e12)

@@ -1,0 +1,208 @@
+"""vLLM's metric names, beside jaxserve's own, for the tools that read them: llm-d's inference
+scheduler and the Gateway API inference extension (waiting requests, KV cache usage), vLLM
+production-stack's router (running and waiting requests, KV usage, prefix cache hits and
+queries), KEDA / HPA examples (waiting requests, KV usage) and vLLM's Grafana dashboards (TTFT,
+TPOT, end-to-end latency, token and request counters).
+
+Names, types and labels are vLLM V1's (vllm/v1/metrics/loggers.py, `PrometheusStatLogger`):
+every family carries `model_name` (the served model name) and `engine` (the engine core's index;
+"0", the one engine core), and `vllm:request_success_total` adds `finished_reason` (stop, length,
+abort, error; created at 0 as vLLM does). prometheus_client takes the colon in these names (it
+is legal in the exposition format); a Counter named `vllm:prompt_tokens` is exposed as
+`vllm:prompt_tokens_total`, as vLLM's is.
+
+Contract: no value here is measured twice. The engine families are read at scrape time from the
+same `EngineStats` snapshot as the `jaxserve_*` gauges (`VllmEngineCollector`); the request
+families are children that server/metrics.py's `Observation`s feed with the very observation
+that feeds the `jaxserve_*` family (so both always agree). Buckets are vLLM's, so its dashboards'
+`le` values exist. docs/SCALE_OUT.md has the mapping table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from jaxserve.core.client import CoreClient
+from jaxserve.outputs import FinishReason
+
+ENGINE_INDEX = "0"  # the engine core's index (vLLM's `engine` label); one core for now
+LABELS = ("model_name", "engine")
+TTFT_BUCKETS = (
+  0.001,
+  0.005,
+  0.01,
+  0.02,
+  0.04,
+  0.06,
+  0.08,
+  0.1,
+  0.25,
+  0.5,
+  0.75,
+  1.0,
+  2.5,
+  5.0,
+  7.5,
+  10.0,
+  20.0,
+  40.0,
+  80.0,
+  160.0,
+  640.0,
+  2560.0,
+)
+TOKEN_INTERVAL_BUCKETS = (
+  0.01,
+  0.025,
+  0.05,
+  0.075,
+  0.1,
+  0.15,
+  0.2,
+  0.3,
+  0.4,
+  0.5,
+  0.75,
+  1.0,
+  2.5,
+  5.0,
+  7.5,
+  10.0,
+  20.0,
+  40.0,
+  80.0,
+)
+REQUEST_LATENCY_BUCKETS = (
+  0.3,
+  0.5,
+  0.8,
+  1.0,
+  1.5,
+  2.0,
+  2.5,
+  5.0,
+  10.0,
+  15.0,
+  20.0,
+  30.0,
+  40.0,
+  50.0,
+  60.0,
+  120.0,
+  240.0,
+  480.0,
+  960.0,
+  1920.0,
+  7680.0,
+)
+FINISHED_REASONS = ("stop", "length", "abort", "error")
+
+
+def finished_reason(reason: str | None) -> str:
+  """vLLM's `finished_reason` for jaxserve's finish_reason: its engine reasons are vLLM's; a
+  chat choice that called tools stopped; a grammar's dead end is an error."""
+  if reason == FinishReason.TOOL_CALLS:
+    return "stop"
+  return reason if reason in FINISHED_REASONS else "error"
+
+
+class VllmEngineCollector(Collector):
+  """The engine families, from the CoreClient's last EngineStats at each scrape."""
+
+  def __init__(self, engine: CoreClient, model_name: str):
+    self._engine = engine
+    self._labels = [model_name, ENGINE_INDEX]
+
+  def collect(self) -> Iterator[Metric]:
+    stats = self._engine.stats
+    usage = stats.num_used_pages / stats.num_total_pages if stats.num_total_pages else 0.0
+    for name, doc, value in (
+      ("vllm:num_requests_running", "Requests in the running batch.", stats.num_running),
+      ("vllm:num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting),
+      ("vllm:kv_cache_usage_perc", "KV cache usage; 1 means 100 percent.", usage),
+      ("vllm:gpu_cache_usage_perc", "KV cache usage (vLLM's older name).", usage),
+    ):
+      family = GaugeMetricFamily(name, doc, labels=LABELS)
+      family.add_metric(self._labels, value)
+      yield family
+    for name, doc, value in (
+      (
+        "vllm:prefix_cache_queries",
+        "Prefix cache queries, in tokens.",
+        stats.num_prefix_cache_queries,
+      ),
+      ("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", stats.num_prefix_cache_hits),
+      (
+        "vllm:gpu_prefix_cache_queries",
+        "Prefix cache queries, in tokens (vLLM's older name).",
+        stats.num_prefix_cache_queries,
+      ),
+      (
+        "vllm:gpu_prefix_cache_hits",
+        "Prefix cache hits, in tokens (vLLM's older name).",
+        stats.num_prefix_cache_hits,
+      ),
+      ("vllm:num_preemptions", "Requests preempted to free KV pages.", stats.num_preemptions),
+    ):
+      family = CounterMetricFamily(name, doc, labels=LABELS)
+      family.add_metric(self._labels, value)
+      yield family
+
+
+@dataclass(frozen=True)
+class VllmRequestFamilies:
+  """The request families' children for this server's labels."""
+
+  time_to_first_token: Histogram
+  time_per_output_token: Histogram
+  inter_token_latency: Histogram
+  e2e_request_latency: Histogram
+  prompt_tokens: Counter
+  generation_tokens: Counter
+  request_success: dict[str, Counter]  # by vLLM's finished_reason
+
+
+def vllm_request_families(registry: CollectorRegistry, model_name: str) -> VllmRequestFamilies:
+  labels = (model_name, ENGINE_INDEX)
+
+  def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+    family = Histogram(name, doc, LABELS, buckets=buckets, registry=registry)
+    return family.labels(*labels)
+
+  def counter(name: str, doc: str) -> Counter:
+    return Counter(name, doc, LABELS, registry=registry).labels(*labels)
+
+  success = Counter(
+    "vllm:request_success",
+    "Finished requests, by finished_reason.",
+    LABELS + ("finished_reason",),
+    registry=registry,
+  )
+  return VllmRequestFamilies(
+    time_to_first_token=histogram(
+      "vllm:time_to_first_token_seconds", "Time to first token in seconds.", TTFT_BUCKETS
+    ),
+    time_per_output_token=histogram(
+      "vllm:time_per_output_token_seconds",
+      "Time per output token in seconds (each inter-token interval, as vLLM up to 0.10).",
+      TOKEN_INTERVAL_BUCKETS,
+    ),
+    inter_token_latency=histogram(
+      "vllm:inter_token_latency_seconds",
+      "Inter-token latency in seconds.",
+      TOKEN_INTERVAL_BUCKETS,
+    ),
+    e2e_request_latency=histogram(
+      "vllm:e2e_request_latency_seconds",
+      "End-to-end request latency in seconds.",
+      REQUEST_LATENCY_BUCKETS,
+    ),
+    prompt_tokens=counter("vllm:prompt_tokens", "Prompt tokens of finished requests."),
+    generation_tokens=counter("vllm:generation_tokens", "Generated tokens."),
+    request_success={r: success.labels(*labels, r) for r in FINISHED_REASONS},
+  )
