@@ -94,9 +94,11 @@ def no_persistent_compilation_cache():
 # file; docs/PERFORMANCE.md "The test suite"), longest first. They are collected first, so the
 # parallel workers start them at once and the run does not end with one worker on a long file.
 SLOW_FILES_FIRST = (
-  "tests/integration/test_batch_invariant_mode.py",
   "tests/parallel/test_mesh_suite.py",
   "tests/tpu_aot/test_compile_tpu.py",
+  "tests/bench/test_soak.py",
+  "tests/integration/test_batch_invariant_mode.py",
+  "tests/server/test_slow_clients.py",
   "tests/pallas_kernels/test_gpu_program_map.py",
   "tests/integration/test_kernel_engines_interpret.py",
   "tests/integration/test_structured_outputs.py",
@@ -112,6 +114,10 @@ SLOW_FILES_FIRST = (
   "tests/tools/test_quantized_tools.py",
   "tests/server/test_stop_signals.py",
   "tests/server/test_quantized_server.py",
+  "tests/server/test_process_faults.py",
+  "tests/server/test_lm_eval.py",
+  "tests/tpu_aot/test_layouts.py",
+  "tests/server/test_vllm_metrics.py",
 )
 
 

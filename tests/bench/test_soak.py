@@ -57,7 +57,7 @@ def test_a_60_second_soak_with_kills_breaks_no_promise(soak_server):
     duration_s=DURATION_S,
     request_rate=None,
     load=1.5,
-    capacity_s=8.0,
+    capacity_s=5.0,
     capacity_concurrency=16,
     max_tokens=32,
     cancel_share=0.1,
