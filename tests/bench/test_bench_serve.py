@@ -16,20 +16,10 @@ from jaxserve.bench.bench_serve import workload_label
 from jaxserve.bench.datasets import load_sharegpt, random_requests
 from jaxserve.cli import main as jaxserve_main
 from jaxserve.optional_deps import install_command
-from tests.server.server_helpers import core_backend, start_core, start_server
 from tests.tools.png_checks import assert_valid_png
 
 NUM_PROMPTS = 12
 INPUT_LEN, OUTPUT_LEN, RANGE_RATIO = 24, 8, 0.5
-
-
-@pytest.fixture(scope="module")
-def server_url():
-  core = start_core()
-  server = start_server(core_backend(core))
-  yield server.url
-  server.stop()
-  core.stop()
 
 
 def test_bench_serve_at_infinite_and_finite_rates(server_url, tmp_path):

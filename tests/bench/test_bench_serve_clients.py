@@ -15,18 +15,8 @@ from jaxserve.bench.arrivals import arrival_gaps, send_offsets
 from jaxserve.bench.client_processes import plan_clients
 from jaxserve.bench.datasets import random_requests
 from jaxserve.cli import main as jaxserve_main
-from tests.server.server_helpers import core_backend, start_core, start_server
 
 NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN = 16, 16, 12
-
-
-@pytest.fixture(scope="module")
-def server_url():
-  core = start_core()
-  server = start_server(core_backend(core))
-  yield server.url
-  server.stop()
-  core.stop()
 
 
 def _bench(url: str, out_dir, *flags: str) -> dict:

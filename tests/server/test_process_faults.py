@@ -162,13 +162,7 @@ def test_killing_the_core_ends_every_stream_and_the_supervisor_fails(tmp_path):
 def test_killing_an_api_process_aborts_its_requests_and_the_other_keeps_serving(tmp_path):
   supervisor = Supervisor(tmp_path)
   try:
-    streams = []
-    while not {_owner(s, supervisor) for s in streams} >= set(supervisor.api_pids):
-      assert len(streams) < 40, "every connection went to one API server process"
-      stream = Stream(supervisor.url, len(streams))
-      stream.start()
-      assert stream.started.wait(30) and stream.port is not None
-      streams.append(stream)
+    streams = _streams_on_every_api_process(supervisor)
     assert scrape_metrics(supervisor.url)["jaxserve_api_servers"] == 2
     victim = supervisor.api_pids[0]  # api-0
     victims = [s for s in streams if _owner(s, supervisor) == victim]
@@ -201,6 +195,18 @@ def test_killing_an_api_process_aborts_its_requests_and_the_other_keeps_serving(
 _owners: dict[int, int] = {}
 
 
+def _streams_on_every_api_process(supervisor: Supervisor) -> list[Stream]:
+  """Started streams, one new connection each, until every API process serves one of them."""
+  streams: list[Stream] = []
+  while not {_owner(s, supervisor) for s in streams} >= set(supervisor.api_pids):
+    assert len(streams) < 40, "every connection went to one API server process"
+    stream = Stream(supervisor.url, len(streams))
+    stream.start()
+    assert stream.started.wait(30) and stream.port is not None
+    streams.append(stream)
+  return streams
+
+
 def _owner(stream: Stream, supervisor: Supervisor) -> int:
   if stream.port not in _owners:
     _owners[stream.port] = _owner_of(stream.port, supervisor.port, supervisor.api_pids)
@@ -213,13 +219,7 @@ def test_every_scrape_counts_the_requests_of_every_api_process(tmp_path):
   the supervisor's directory), here after streams served by each of them."""
   supervisor = Supervisor(tmp_path)
   try:
-    streams = []
-    while not {_owner(s, supervisor) for s in streams} >= set(supervisor.api_pids):
-      assert len(streams) < 40, "every connection went to one API server process"
-      stream = Stream(supervisor.url, len(streams))
-      stream.start()
-      assert stream.started.wait(30) and stream.port is not None
-      streams.append(stream)
+    streams = _streams_on_every_api_process(supervisor)
     for stream in streams:
       stream.join(60)
       assert stream.error is None and stream.lines[-1] == "data: [DONE]"
