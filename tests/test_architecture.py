@@ -190,7 +190,7 @@ def test_no_package_cycle(graph):
 # (messages) to the step programs (device), the model (models), the attention backend (attention)
 # and the kernel (pallas_kernels) only goes down.
 LAYERS: tuple[tuple[str, ...], ...] = (
-  ("jaxserve.device_description",),
+  ("jaxserve.device_description", "jaxserve.config_require"),
   (
     "pallas_kernels",
     "jaxserve.messages",
@@ -205,6 +205,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   ),
   ("jaxserve.structured",),
   ("jaxserve.sampling_params",),
+  ("jaxserve.server_config",),
   ("jaxserve.config",),
   ("jaxserve.engine_args", "jaxserve.attention", "jaxserve.engine", "jaxserve.defaults"),
   ("jaxserve.cli_args",),
@@ -479,7 +480,7 @@ TEST_FOLDERS_BEYOND_PACKAGES = {
   "investigations": "the top-level investigations folder",
   "integration": "engines end to end, across packages",
   "cli": "the jaxserve command and its top-level modules (cli*.py, engine_args.py, platforms.py)",
-  "config": "jaxserve/config.py and the shipped configs/",
+  "config": "jaxserve/config.py, server_config.py and the shipped configs/",
 }
 
 
