@@ -13,8 +13,10 @@
 #            `jaxserve bench serve`'s load generator (jaxserve/bench/serve_vs_offline.py): the
 #            $SVO_N x 256/256 burst, rates 16 and inf at 1024/128 (range ratio 0.5), one stream;
 #            TTFT / TPOT / ITL p50 and p99
-#   ep2      2 GPUs: tensor parallel 2 against expert parallel 2 (--enable-expert-parallel),
-#            offline 256 x 256/256, step time
+#   ep1      one device, offline 128 x 256/256 (greedy): the reference for ep2
+#   ep2      2 GPUs: tensor parallel 2 and expert parallel 2 (--enable-expert-parallel) on ep1's
+#            prompts, step time and whether each request's tokens match the one-device run's
+#            (bench_offline's token digests)
 #   ckgemma  the Gemma-3-12B-shaped random bf16 checkpoint in $GEMMA, and ${GEMMA}_nowin: the
 #            same weights with every sliding window as long as the model's context (windows off)
 #   gemma    offline $N x 1024/128 and $N8K x 8192/256, windows on and off, with the KV pool's
@@ -37,6 +39,11 @@ export PYTHONUNBUFFERED=1
 MOE=${MOE:-/tmp/qwen3moe}; GEMMA=${GEMMA:-/tmp/gemma12b}; CONFIG=${CONFIG:-configs/h100.yaml}
 N=${N:-1000}; N8K=${N8K:-64}; SVO_N=${SVO_N:-1000}; LONG_IN=${LONG_IN:-8192}; LONG_OUT=${LONG_OUT:-256}
 MOE_SET=(--set cache.memory_fraction=0.95 --set "cache.memory_bytes=$(( ${MOE_KV_GIB:-8} << 30 ))")
+# ep1 and ep2: the same 128 prompts and batch ladder on one device and on two; one sequence rung
+# and two token rungs, so that each run compiles a few programs (a MoE program takes 4-16 s)
+EP=(--num-prompts 128 --input-len 256 --output-len 256 --max-model-len 512 --max-num-seqs 128
+  --max-num-batched-tokens 4096 --set "scheduler.seq_buckets=[128]"
+  --set "scheduler.token_buckets=[128,4096]")
 GEMMA_SET=(--set attention_backend=${GEMMA_ATTN:-pallas_gpu})
 # one stream as issue 26 measured it (gpu_quant.sh's t step): an 8-sequence bucket, bursts of 8
 SINGLE=(--max-num-seqs 8 --max-num-batched-tokens 1024 --set "scheduler.seq_buckets=[8]"
@@ -79,11 +86,10 @@ for s in ${STEPS:-ckmoe tpot off gmm serve ckgemma gtpot gemma} table; do case $
       --sweep-input-len 1024 --sweep-output-len 128 --sweep-seconds "${SWEEP_S:-30}" \
       --sweep-inf-prompts "${SWEEP_INF:-500}" --single-stream-prompts 4 \
       --out-dir "$OUT/moe_serve" ${SVO_FLAGS:-} ;;
+  ep1) offline moe_one "$MOE" "${MOE_SET[@]}" "${EP[@]}" ;;
   ep2)
-    offline moe_tp2 "$MOE" --set tensor_parallel_size=2 --num-prompts 256 --input-len 256 \
-      --output-len 256 --max-model-len 512
-    offline moe_ep2 "$MOE" --set tensor_parallel_size=2 --set enable_expert_parallel=true \
-      --num-prompts 256 --input-len 256 --output-len 256 --max-model-len 512 ;;
+    offline moe_tp2 "$MOE" --set tensor_parallel_size=2 "${EP[@]}"
+    offline moe_ep2 "$MOE" --set tensor_parallel_size=2 --set enable_expert_parallel=true "${EP[@]}" ;;
   ckgemma)
     checkpoint gemma-3-12b "$GEMMA"
     mkdir -p "${GEMMA}_nowin" && for f in "$GEMMA"/*; do

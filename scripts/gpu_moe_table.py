@@ -24,6 +24,15 @@ def _latency(metrics: dict) -> str:
   return ", ".join(cells) + " ms p50/p99"
 
 
+def _same_tokens(run: dict, reference: dict | None) -> str:
+  """How many of `run`'s requests produced the one-device run's tokens (same prompts)."""
+  if not reference or run["num_prompts"] != reference["num_prompts"]:
+    return ""
+  pairs = zip(run.get("token_digests", []), reference.get("token_digests", []))
+  same = sum(a == b for a, b in pairs)
+  return f", tokens as on one device: {same}/{run['num_prompts']} requests"
+
+
 def single_stream_line(out: Path, prefix: str, label: str) -> list[str]:
   """`prefix`_tpot.json's time per token beside the read time of `prefix`_active.json's bytes."""
   tpot, active, copy = (
@@ -44,13 +53,14 @@ def single_stream_line(out: Path, prefix: str, label: str) -> list[str]:
 
 def moe_lines(out: Path) -> list[str]:
   lines = single_stream_line(out, "moe", "qwen3-30b-a3b")
-  for label in ("off", "tp2", "ep2"):
+  one = _load(out, "moe_one.json")
+  for label in ("off", "one", "tp2", "ep2"):
     r = _load(out, f"moe_{label}.json")
     if r:
       lines.append(
         f"qwen3-30b-a3b {label} {r['num_prompts']} x {r['input_len']}/{r['output_len']}: "
         f"{r['output_tokens_per_s']:.0f} out tok/s, {r['device_ms_per_step']:.2f} device ms/step, "
-        f"KV pool {r['kv_pool_tokens']} tokens"
+        f"KV pool {r['kv_pool_tokens']} tokens" + _same_tokens(r, one if label != "one" else None)
       )
   serve = _load(out, "moe_serve/serve_vs_offline.json")
   for mode, server in (serve or {}).get("servers", {}).items():

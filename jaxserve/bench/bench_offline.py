@@ -4,15 +4,17 @@
     jaxserve bench offline --model /path/to/ckpt --num-prompts 256 --input-len 512
     python -m jaxserve.bench.bench_offline ...                   # the same flags
 
-Random token prompts with fixed lengths (ignore_eos), all submitted at once; warmup (compiling
+Random token prompts with fixed lengths (ignore_eos, greedy), all submitted at once; warmup (compiling
 every bucket) is excluded from the timed region. Prints a table; writes JSON to --out when
-asked.
+asked, with a short digest of each request's tokens (`token_digests`) so that runs on other
+layouts or cards can be checked for the same output.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import hashlib
 import io
 import platform
 import pstats
@@ -39,12 +41,24 @@ def parse_args(argv=None) -> argparse.Namespace:
   return parser.parse_args(argv)
 
 
-def run_steps(engine) -> int:
-  """Steps the engine until every request finished; returns the number of output tokens."""
+def run_steps(engine, tokens: dict[str, list[int]]) -> int:
+  """Steps the engine until every request finished; returns the number of output tokens and
+  appends each request's tokens to `tokens[request_id]`."""
   num_output = 0
   while engine.has_unfinished_requests():
-    num_output += sum(len(o.new_token_ids) for o in engine.step())
+    for output in engine.step():
+      tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
+      num_output += len(output.new_token_ids)
   return num_output
+
+
+def token_digests(tokens: dict[str, list[int]], num_prompts: int) -> list[str]:
+  """A short sha256 of each request's output tokens, in prompt order: two runs of the same
+  prompts (another layout, another card) produced the same tokens where the digests agree."""
+  return [
+    hashlib.sha256(np.asarray(tokens.get(f"bench-{i}", []), np.int64).tobytes()).hexdigest()[:16]
+    for i in range(num_prompts)
+  ]
 
 
 def profiled(fn, path: str):
@@ -73,11 +87,12 @@ def run(args: argparse.Namespace) -> dict:
       stream=not args.no_stream,
     )
   compiled_before = engine.ledger.num_compilations
+  tokens: dict[str, list[int]] = {}
   start = time.perf_counter()
   if args.profile_host:
-    num_output = profiled(lambda: run_steps(engine), args.profile_host)
+    num_output = profiled(lambda: run_steps(engine, tokens), args.profile_host)
   else:
-    num_output = run_steps(engine)
+    num_output = run_steps(engine, tokens)
   elapsed = time.perf_counter() - start
   timings = engine.timings
   return {
@@ -114,6 +129,7 @@ def run(args: argparse.Namespace) -> dict:
       }
       for (s, t), (n, sec) in sorted(timings.per_bucket.items())
     },
+    "token_digests": token_digests(tokens, args.num_prompts),
   }
 
 

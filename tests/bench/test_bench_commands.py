@@ -5,6 +5,7 @@ line."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -71,6 +72,8 @@ def test_bench_offline_prints_and_writes_only_when_asked(tmp_path, monkeypatch, 
   result = json.loads((tmp_path / "offline.json").read_text())
   assert result["output_tokens_per_s"] > 0 and result["compilations_after_warmup"] == 0
   assert (result["kv_pool_pages"], result["kv_pool_tokens"]) == (255, 255 * 16)  # 256, less page 0
+  empty = hashlib.sha256(b"").hexdigest()[:16]  # a request whose tokens were not collected
+  assert len(result["token_digests"]) == 4 and empty not in result["token_digests"]
 
 
 def test_bench_offline_module_fails_with_one_line_and_a_nonzero_exit(tmp_path, capsys):

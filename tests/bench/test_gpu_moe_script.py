@@ -1,6 +1,7 @@
 """scripts/gpu_moe.sh parses (bash -n) and its table (scripts/gpu_moe_table.py) reads the results
 its steps write: single-stream TPOT against the active weights' read time, the windows' speed-up,
-the grouped-matmul columns (a failed one says so).
+the grouped-matmul columns (a failed one says so), how many requests of a two-device run
+produced the one-device run's tokens.
 (The steps themselves ran on CPU on tiny checkpoints when the script was written; on a GPU they
 run at the named shapes.)"""
 
@@ -38,6 +39,8 @@ def test_the_table_compares_tpot_with_the_active_read_time_and_windows_on_with_o
     "gemma_active.json": {"weight_bytes": 24e9, "active_weight_bytes": 24e9},
     "gemma_1k_on.json": _offline(1000, 1024, 128, 3000.0),
     "gemma_1k_off.json": _offline(1000, 1024, 128, 2000.0),
+    "moe_one.json": dict(_offline(3, 256, 256, 900.0), token_digests=["a", "b", "c"]),
+    "moe_ep2.json": dict(_offline(3, 256, 256, 1000.0), token_digests=["a", "x", "c"]),
     "gmm.json": {
       "device": "NVIDIA H100",
       "shape": {"num_experts": 128},
@@ -66,4 +69,6 @@ def test_the_table_compares_tpot_with_the_active_read_time_and_windows_on_with_o
   assert "windows on / off: 1.50x" in table
   assert "gemma-3-12b single stream 1024/256: 10.00 ms/token vs 8.00 ms" in table
   assert "gemma-3-12b 1000 x 1024/128 windows off: 2000 out tok/s" in table
+  assert "qwen3-30b-a3b ep2 3 x 256/256: 1000 out tok/s" in table
+  assert "tokens as on one device: 2/3 requests" in table
   assert "ragged_dot 150 us 166 GB/s, pallas 12 us 2100 GB/s, dense_all error" in table
