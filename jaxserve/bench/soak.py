@@ -215,7 +215,8 @@ async def run_soak(base_url: str, plan: SoakPlan, api_key: str | None = None) ->
       capacity = await measure_capacity(client, model, plan)
       rate = plan.load * capacity
       logger.info("capacity %.2f calls/s: the soak sends %.2f calls/s", capacity, rate)
-    run = SoakRun(start=time.monotonic(), window_s=plan.window_s)
+    start = time.monotonic()
+    run = SoakRun(start=start, window_s=plan.window_s, load_end=start + plan.duration_s)
     run.compilations_at_start = (await soak_monitor.scrape(client)).get(
       "jaxserve_xla_compilations_total"
     )
@@ -255,6 +256,7 @@ def main(args: argparse.Namespace) -> int:
     canaries_must_match=args.canaries_must_match,
     rss_growth=args.rss_growth,
     latency_drift=args.latency_drift,
+    overloaded=plan.request_rate is None and plan.load > 1,
   )
   print(format_rows(rows))
   print(json.dumps(totals))

@@ -10,8 +10,14 @@ kill; a stalled reader is expected to be cut), a bad input answered with anythin
 OpenAI's error body, a good call refused with a 4xx other than 429 (the waiting queue is full:
 the expected answer to overload), a canary that differs from the first (when they must match),
 KV pages still in use at the end, a compilation after warm-up, RSS of the last window more than
-`rss_growth` above the first's, and a p99 TTFT or TPOT of the last window more than
-`latency_drift` above the first's.
+`rss_growth` above the first's, and a TTFT or TPOT quantile (`latency_quantile`: 99, or 50 where
+neighbours share the cores and the tail measures them) of the last window more than
+`latency_drift` above the first's (TPOT only when `overloaded`: past capacity a TTFT is mostly
+the wait in the bounded queue, which fills and empties as API server kills cut streams and
+cancels free places, so it measures the queue, not the server). "The first" is the second window when there are three or more:
+in the first the load ramps up and the waiting queue fills, which sets every later TTFT under
+overload. The last window is the last one the load ran in: calls that end after the load stopped
+(the queue draining, with its long waits) fall in drain windows, shown but not compared.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ class SoakRun:
   kills: list[tuple[float, int]] = field(default_factory=list)  # (time, pid)
   final_metrics: dict[str, float] = field(default_factory=dict)
   compilations_at_start: float | None = None
+  load_end: float | None = None  # when the load stopped; later windows hold the drain only
 
   def window_of(self, time: float) -> int:
     return int((time - self.start) // self.window_s)
@@ -65,6 +72,7 @@ def window_rows(run: SoakRun) -> list[dict]:
     rows.append(
       {
         "window": window,
+        "drain": run.load_end is not None and run.start + window * run.window_s >= run.load_end,
         "calls": len(mine),
         "tokens_per_s": sum(r.output_tokens for r in mine) / run.window_s,
         "ttft_p50": _pct(ttft, 50),
@@ -88,8 +96,16 @@ def _after_a_kill(run: SoakRun, record: SoakRecord) -> bool:
 
 
 def problems(
-  run: SoakRun, *, canaries_must_match: bool, rss_growth: float, latency_drift: float
+  run: SoakRun,
+  *,
+  canaries_must_match: bool,
+  rss_growth: float,
+  latency_drift: float,
+  latency_quantile: int = 99,
+  overloaded: bool = False,
 ) -> list[str]:
+  if latency_quantile not in (50, 99):
+    raise ValueError(f"latency_quantile: {latency_quantile} (the rows hold p50 and p99)")
   found = []
   broken = [
     r for r in run.records if (r.status >= 500 or r.status == 0 or r.cut) and r.kind != "stalled"
@@ -112,13 +128,14 @@ def problems(
   if canaries_must_match and any(t != texts[0] for t in texts):
     found.append(f"canaries differ: {sum(t != texts[0] for t in texts)} of {len(texts)}")
   found += _end_state(run)
-  rows = [r for r in window_rows(run) if r["calls"]]
+  rows = [r for r in window_rows(run) if r["calls"] and not r["drain"]]
   if len(rows) >= 2:
-    first, last = rows[0], rows[-1]
+    first, last = rows[1 if len(rows) >= 3 else 0], rows[-1]  # the first window ramps up
     rss = (first["rss_mib"], last["rss_mib"])
     if rss[0] and rss[1] and rss[1] > rss[0] * (1 + rss_growth):
       found.append(f"RSS grew from {first['rss_mib']:.0f} MiB to {last['rss_mib']:.0f} MiB")
-    for key in ("ttft_p99", "tpot_p99"):
+    kinds = ("tpot",) if overloaded else ("ttft", "tpot")  # overloaded: TTFT is the queue's wait
+    for key in (f"{kind}_p{latency_quantile}" for kind in kinds):
       if first[key] and last[key] and last[key] > first[key] * (1 + latency_drift):
         found.append(f"{key} grew from {first[key] * 1e3:.1f} ms to {last[key] * 1e3:.1f} ms")
   return found
@@ -160,10 +177,10 @@ def format_rows(rows: list[dict]) -> str:
     "win  calls  tok/s  TTFT p50/p99 ms  TPOT p50/p99 ms  statuses            cncl cut kill  "
     "KV  comp  RSS MiB"
   )
-  lines = [head]
+  lines = [head]  # a window marked d: the load had stopped (the queue draining)
   for r in rows:
     lines.append(
-      f"{r['window']:>3} {r['calls']:>6} {r['tokens_per_s']:>6.0f} "
+      f"{r['window']:>2}{'d' if r['drain'] else ' '} {r['calls']:>5} {r['tokens_per_s']:>6.0f} "
       f"{_ms(r['ttft_p50']):>7}/{_ms(r['ttft_p99']):<7} "
       f"{_ms(r['tpot_p50']):>7}/{_ms(r['tpot_p99']):<7} "
       f"{_statuses(r['statuses']):<19} {r['cancelled']:>4} {r['cut']:>3} {r['kills']:>4} "
