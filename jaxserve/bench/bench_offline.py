@@ -4,9 +4,9 @@
     jaxserve bench offline --model /path/to/ckpt --num-prompts 256 --input-len 512
     python -m jaxserve.bench.bench_offline ...                   # the same flags
 
-Random token prompts with fixed lengths (ignore_eos, greedy), all submitted at once; warmup (compiling
-every bucket) is excluded from the timed region. Prints a table; writes JSON to --out when
-asked, with a short digest of each request's tokens (`token_digests`) so that runs on other
+Random token prompts with fixed lengths (ignore_eos, greedy), all submitted at once; warmup
+(compiling every bucket) is excluded from the timed region. Prints a table; writes JSON to --out
+when asked, with a short digest of each request's tokens (`token_digests`) so that runs on other
 layouts or cards can be checked for the same output.
 """
 

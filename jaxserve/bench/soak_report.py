@@ -5,19 +5,19 @@ streams, HTTP statuses (0: the connection broke), cancels, cut streams, and the 
 and process samples of the window (KV pages in use, compilations, RSS of the server's processes).
 
 `problems` lists what the server promised and did not keep: a 5xx or a broken connection not
-explained by a fault the soak injected (calls that ended within FAULT_GRACE_S of an API server
-kill; a stalled reader is expected to be cut), a bad input answered with anything but a 4xx and
-OpenAI's error body, a good call refused with a 4xx other than 429 (the waiting queue is full:
-the expected answer to overload), a canary that differs from the first (when they must match),
-KV pages still in use at the end, a compilation after warm-up, RSS of the last window more than
-`rss_growth` above the first's, and a TTFT or TPOT quantile (`latency_quantile`: 99, or 50 where
-neighbours share the cores and the tail measures them) of the last window more than
-`latency_drift` above the first's (TPOT only when `overloaded`: past capacity a TTFT is mostly
-the wait in the bounded queue, which fills and empties as API server kills cut streams and
-cancels free places, so it measures the queue, not the server). "The first" is the second window when there are three or more:
-in the first the load ramps up and the waiting queue fills, which sets every later TTFT under
-overload. The last window is the last one the load ran in: calls that end after the load stopped
-(the queue draining, with its long waits) fall in drain windows, shown but not compared.
+explained by a fault the soak injected (calls that ended within FAULT_GRACE_S of an API server kill;
+a stalled reader is expected to be cut), a bad input answered with anything but a 4xx and OpenAI's
+error body, a good call refused with a 4xx other than 429 (the waiting queue is full: the expected
+answer to overload), a canary that differs from the first (when they must match), KV pages still in
+use at the end, a compilation after warm-up, RSS of the last window more than `rss_growth` above the
+first's, and a TTFT or TPOT quantile (`latency_quantile`: 99, or 50 where neighbours share the cores
+and the tail measures them) of the last window more than `latency_drift` above the first's (TPOT
+only when `overloaded`: past capacity a TTFT is mostly the wait in the bounded queue, which fills
+and empties as API server kills cut streams and cancels free places, so it measures the queue, not
+the server). "The first" is the second window when there are three or more: in the first the load
+ramps up and the waiting queue fills, which sets every later TTFT under overload. The last window is
+the last one the load ran in: calls that end after the load stopped (the queue draining, with its
+long waits) fall in drain windows, shown but not compared.
 """
 
 from __future__ import annotations

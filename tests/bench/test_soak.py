@@ -1,14 +1,14 @@
-"""The soak (jaxserve/bench/soak.py), 30 s on a real `jaxserve serve` of tiny-random (an engine
-core process, two API server processes, a waiting queue of 16, a 2 s stall timeout): 1.5 times
-the measured capacity, 10% of calls cancelled mid-stream, 5% bad inputs, a greedy canary every
-1.5 s, an API server process killed every 10 s and a client that stops reading for 4 s every
-12 s. The server keeps every promise the soak checks: no 5xx or broken connection but those a
-kill cut, every bad input a 4xx with OpenAI's error body, every canary the first one's text, KV
-pages back to 0, no compilation after warm-up, RSS flat; the median TPOT of the last window
-within 100% of the first (past capacity a TTFT is the bounded queue's wait). The p99s are the GPU soak's to hold (within 20%): here the other
-test worker shares the two cores, and its compilations set the tail (tests/bench/
-test_soak_report.py checks the drift rule at both quantiles on hand-made runs). And every bad
-input of the catalogue, each sent once, gets its 4xx with OpenAI's error body."""
+"""The soak (jaxserve/bench/soak.py), 30 s on a real `jaxserve serve` of tiny-random (an engine core
+process, two API server processes, a waiting queue of 16, a 2 s stall timeout): 1.5 times the
+measured capacity, 10% of calls cancelled mid-stream, 5% bad inputs, a greedy canary every 1.5 s, an
+API server process killed every 10 s and a client that stops reading for 4 s every 12 s. The server
+keeps every promise the soak checks: no 5xx or broken connection but those a kill cut, every bad
+input a 4xx with OpenAI's error body, every canary the first one's text, KV pages back to 0, no
+compilation after warm-up, RSS flat; the median TPOT of the last window within 100% of the first
+(past capacity a TTFT is the bounded queue's wait). The p99s are the GPU soak's to hold (within
+20%): here the other test worker shares the two cores, and its compilations set the tail
+(tests/bench/ test_soak_report.py checks the drift rule at both quantiles on hand-made runs). And
+every bad input of the catalogue, each sent once, gets its 4xx with OpenAI's error body."""
 
 from __future__ import annotations
 

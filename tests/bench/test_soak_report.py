@@ -15,13 +15,17 @@ RULES = dict(canaries_must_match=True, rss_growth=0.2, latency_drift=1.0)
 
 
 def _stream(end: float, tpot: float, status: int = 200, **extra) -> SoakRecord:
-  return SoakRecord("stream", end - 1.0, end, status, ttft=0.05, tpot=tpot, output_tokens=8, **extra)
+  return SoakRecord(
+    "stream", end - 1.0, end, status, ttft=0.05, tpot=tpot, output_tokens=8, **extra
+  )
 
 
 def _run(records: list[SoakRecord], rss: tuple[int, int] = (100, 100), **extra) -> SoakRun:
   samples = [Sample(5.0, {}, rss[0] << 20), Sample(15.0, {}, rss[1] << 20)]
   final = {"jaxserve_kv_pages_used": 0.0, "jaxserve_xla_compilations_total": 7.0}
-  return SoakRun(0.0, 10.0, records, samples, final_metrics=final, compilations_at_start=7.0, **extra)
+  return SoakRun(
+    0.0, 10.0, records, samples, final_metrics=final, compilations_at_start=7.0, **extra
+  )
 
 
 def _steady(tail_tpot: float = 0.01) -> list[SoakRecord]:
