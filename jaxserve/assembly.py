@@ -181,16 +181,15 @@ def build_device(
       layout.pages_held(max_model_len),
       layout.num_groups * math.ceil(max_model_len / page_size),
     )
-  logger.info(
-    "maximum concurrency for %d tokens per request: %.2fx",
+  concurrency = max_concurrency(
+    spec.num_pages,
+    spec.page_size,
     max_model_len,
-    max_concurrency(
-      spec.num_pages,
-      spec.page_size,
-      max_model_len,
-      layout.pages_held(max_model_len) if layout.num_groups > 1 else None,
-    ),
+    layout.pages_held(max_model_len) if layout.num_groups > 1 else None,
   )
+  logger.info("maximum concurrency for %d tokens per request: %.2fx", max_model_len, concurrency)
+  if config.scheduler.pool_seq_rungs:
+    buckets = _with_pool_rungs(buckets, int(concurrency))
   options = step_compiler_options(config, model_config.quantization)
   sampler = sampler_backend(config, sharded=placement.mesh is not None)
   if placement.mesh is None:
@@ -206,6 +205,20 @@ def build_device(
   )
   runner = ModelRunner(model, params, kv_pages, buckets, shape, programs, publisher)
   return DeviceBundle(model_config, runner, spec, max_model_len, layout)
+
+
+def _with_pool_rungs(buckets: BucketSet, capacity: int) -> BucketSet:
+  """`buckets` with the sequence rungs of a pool that holds `capacity` full-length sequences
+  (scheduler.pool_seq_rungs), logged when it adds any."""
+  widened = buckets.with_pool_rungs(capacity)
+  if widened != buckets:
+    logger.info(
+      "sequence rungs %s added: the KV pool holds %d sequences of max_model_len "
+      "(scheduler.pool_seq_rungs)",
+      sorted(set(widened.seq_buckets) - set(buckets.seq_buckets)),
+      capacity,
+    )
+  return widened
 
 
 def device_weight_bytes(params: dict) -> int:

@@ -133,7 +133,10 @@ class SchedulerConfig:
   powers of two), so padding fills at most that share of a bucket (messages/buckets.py).
   prefill_first: a step that can prefill (admit a waiting request or continue a chunked prompt)
   runs prefills only, and decoding requests wait for a step without prefill work (throughput
-  over inter-token latency, as vLLM's non-chunked scheduler; engine/scheduler.py)."""
+  over inter-token latency, as vLLM's non-chunked scheduler; engine/scheduler.py).
+  pool_seq_rungs: once the KV pool is sized, add sequence rungs where it bounds the batch (the
+  max_model_len sequences it holds, twice and four times that; BucketSet.with_pool_rungs), so a
+  sparse ladder does not pad a KV-bound batch to its largest rung."""
 
   max_num_seqs: int = 64
   max_num_batched_tokens: int = 512
@@ -145,6 +148,7 @@ class SchedulerConfig:
   num_scheduler_steps: int = 1
   prefill_first: bool = False
   bucket_padding: float = 0.5
+  pool_seq_rungs: bool = False
 
   def __post_init__(self) -> None:
     _require(
@@ -156,6 +160,11 @@ class SchedulerConfig:
       isinstance(self.prefill_first, bool),
       "scheduler.prefill_first",
       f"must be true or false, got {self.prefill_first!r}",
+    )
+    _require(
+      isinstance(self.pool_seq_rungs, bool),
+      "scheduler.pool_seq_rungs",
+      f"must be true or false, got {self.pool_seq_rungs!r}",
     )
     _require(
       isinstance(self.async_scheduling, bool),

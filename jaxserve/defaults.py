@@ -9,13 +9,15 @@ the keys the user set (`EngineConfig.explicit_keys`: a config file, `--set`, a f
 keyword; and any value that differs from EngineConfig()'s, as a config built in code sets
 it): an explicit setting always wins. When the user set either scheduler limit, the
 derived bucket ladders are left out (the user's limits define them), and the derived limits
-never undercut the other, user-set one.
+never undercut the other, user-set one; a ladder the user set or derived from the user's limits
+gets no pool rungs.
 
 The rule, per class of device:
   - large GPUs (at least 70 GiB: H100, H200, A100 80 GB, B200): serving at 256 sequences and
     2,048 tokens a step (continuous batching that keeps decodes running while prompts arrive);
     offline at 512 sequences and 8,192 tokens with prefill-first steps, decode bursts of 4 and
-    sparse bucket ladders (the settings measured best on an H100, docs/PERFORMANCE.md);
+    sparse bucket ladders (the settings measured best on an H100, docs/PERFORMANCE.md), with
+    sequence rungs added where the KV pool bounds the batch (scheduler.pool_seq_rungs);
   - smaller GPUs: half of that per halving of memory class (24-70 GiB, below 24 GiB);
   - TPUs: 32-row pages (what the Pallas TPU kernel reads in every KV dtype) and limits that
     grow with the slice's HBM (a v5e chip's 16 GiB serves 32 sequences, a v6e-8 256);
@@ -67,6 +69,7 @@ def _offline(seqs: int, tokens: int, reason: str) -> list[Choice]:
     Choice("scheduler.token_buckets", (tokens // 16, tokens // 4, tokens), reason),
     Choice("scheduler.num_scheduler_steps", 4, "offline: decode bursts of 4 steps a dispatch"),
     Choice("scheduler.prefill_first", True, "offline: admit prompts before decoding"),
+    Choice("scheduler.pool_seq_rungs", True, "offline: rungs where the KV pool bounds the batch"),
   ]
 
 
@@ -111,10 +114,13 @@ def apply_device_defaults(
   explicit = non_default_keys(config)  # config.explicit_keys and every value set in code
   limits = {"scheduler.max_num_seqs", "scheduler.max_num_batched_tokens"}
   user_limits = bool(limits & explicit)
+  user_ladder = user_limits or "scheduler.seq_buckets" in explicit  # kept as the user gave it
   applied = [
     c
     for c in device_defaults(device, usage)
-    if c.key not in explicit and not (user_limits and c.key.endswith("_buckets"))
+    if c.key not in explicit
+    and not (user_limits and c.key.endswith("_buckets"))
+    and not (user_ladder and c.key == "scheduler.pool_seq_rungs")
   ]
   sections = {"scheduler": config.scheduler, "cache": config.cache}
   changes: dict[str, dict[str, object]] = {"scheduler": {}, "cache": {}}

@@ -21,6 +21,10 @@ MIN_SEQ_BUCKET = 8
 # The token ladder starts where the sequence ladder does: a decode step of up to 8 sequences
 # runs at 8 token rows, not 16 (docs/DECISIONS.md, "The token ladder starts at 8 rows").
 MIN_TOKEN_BUCKET = MIN_SEQ_BUCKET
+# with_pool_rungs: the KV pool's capacity and its doublings, POOL_RUNGS of them, each added
+# only where the next rung up is more than POOL_RUNG_GAP times it
+POOL_RUNGS = 3
+POOL_RUNG_GAP = 1.25
 
 
 class BucketLimits(Protocol):
@@ -67,6 +71,22 @@ class BucketSet:
       min(MIN_TOKEN_BUCKET, config.max_num_batched_tokens), config.max_num_batched_tokens, padding
     )
     return cls(tuple(seq), tuple(tokens))
+
+  def with_pool_rungs(self, capacity: int) -> "BucketSet":
+    """This set with sequence rungs where a KV pool that holds `capacity` sequences of the
+    longest length bounds the batch: the capacity, twice and four times it (POOL_RUNGS; the
+    first rounded up to MIN_SEQ_BUCKET), below the largest rung, each kept only where the next
+    rung up is more than POOL_RUNG_GAP times it. A batch the pool bounds runs between the
+    capacity (every sequence at full length) and a few times it (short ones), and a sparse
+    ladder would pad it to the next rung (an offline ladder of [64, 512] runs 170 sequences at
+    512)."""
+    ladder = list(self.seq_buckets)
+    first = -(-max(capacity, 1) // MIN_SEQ_BUCKET) * MIN_SEQ_BUCKET
+    for rung in (first << k for k in range(POOL_RUNGS)):
+      index = bisect.bisect_left(ladder, rung)
+      if index < len(ladder) and ladder[index] > rung * POOL_RUNG_GAP:
+        ladder.insert(index, rung)
+    return BucketSet(tuple(ladder), self.token_buckets)
 
   def pick(self, num_seqs: int, num_tokens: int, ready: Collection[Bucket] | None = None) -> Bucket:
     """The smallest bucket holding num_seqs sequences and num_tokens tokens; with `ready`, the

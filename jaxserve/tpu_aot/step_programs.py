@@ -46,7 +46,12 @@ import jax
 import jax.numpy as jnp
 
 from jaxserve.config import EngineConfig
-from jaxserve.device.device_memory import DeviceMemory, kv_budget, planned_memory
+from jaxserve.device.device_memory import (
+  DeviceMemory,
+  kv_budget,
+  max_concurrency,
+  planned_memory,
+)
 from jaxserve.device.kv_cache import kv_cache_spec, page_bytes, resolve_max_model_len
 from jaxserve.device.lowering import abstract, standalone_dummy_inputs
 from jaxserve.device.model_runner import packed_model_inputs
@@ -205,14 +210,19 @@ def step_programs(shape: ServerShape, num_pages: int) -> list[StepProgram]:
   """Every program the server compiles at warmup, with a KV pool of num_pages pages."""
   config = shape.config
   programs, params, kv_pages = _programs(shape, num_pages)
-  buckets = BucketSet.from_config(config.scheduler)
   page_size = config.cache.page_size
+  layout = kv_layout(shape.model_config, page_size)
+  buckets = BucketSet.from_config(config.scheduler)
+  if config.scheduler.pool_seq_rungs:  # as the server adds them (assembly.build_device)
+    held = layout.pages_held(shape.max_model_len) if layout.num_groups > 1 else None
+    capacity = max_concurrency(num_pages, page_size, shape.max_model_len, held)
+    buckets = buckets.with_pool_rungs(int(capacity))
   step_shape = StepShape(
     page_size,
     math.ceil(shape.max_model_len / page_size),
     shape.max_model_len,
     shape.model_config.vocab_size,
-    kv_layout(shape.model_config, page_size).num_groups,
+    layout.num_groups,
   )
   lowering = _Lowering(programs, params, kv_pages, buckets, step_shape, shape.model_config)
   weights = shape.weight_bytes_per_chip

@@ -30,6 +30,7 @@ OFFLINE_LARGE = {  # configs/h100-offline.yaml's scheduler
   "scheduler.token_buckets": (512, 2048, 8192),
   "scheduler.num_scheduler_steps": 4,
   "scheduler.prefill_first": True,
+  "scheduler.pool_seq_rungs": True,
 }
 TPU_PAGE = {"cache.page_size": 32}
 
@@ -60,6 +61,7 @@ TPU_PAGE = {"cache.page_size": 32}
         "scheduler.token_buckets": (128, 512, 2048),
         "scheduler.num_scheduler_steps": 4,
         "scheduler.prefill_first": True,
+        "scheduler.pool_seq_rungs": True,
       },
     ),
     (
@@ -83,6 +85,7 @@ TPU_PAGE = {"cache.page_size": 32}
         "scheduler.token_buckets": (512, 2048, 8192),
         "scheduler.num_scheduler_steps": 4,
         "scheduler.prefill_first": True,
+        "scheduler.pool_seq_rungs": True,
       },
     ),
   ],
@@ -106,7 +109,10 @@ def test_an_explicit_setting_wins():
   assert resolved.scheduler.max_num_seqs == 64
   assert resolved.scheduler.max_num_batched_tokens == 8192
   assert resolved.scheduler.seq_buckets is None and resolved.scheduler.token_buckets is None
+  assert not resolved.scheduler.pool_seq_rungs  # the ladder of the user's limits stays as it is
   assert resolved.scheduler.num_scheduler_steps == 4
+  ladder = load_config(None, ["scheduler.seq_buckets=[64,512]", "scheduler.max_num_seqs=512"])
+  assert not apply_device_defaults(ladder, H100, Usage.OFFLINE)[0].scheduler.pool_seq_rungs
   assert "scheduler.max_num_seqs" not in {c.key for c in applied}
   resolved, _ = apply_device_defaults(
     load_config(None, ["scheduler.max_num_batched_tokens=128"]), H100, Usage.SERVE

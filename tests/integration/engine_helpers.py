@@ -25,6 +25,7 @@ def small_config(
   async_scheduling: bool = True,
   num_scheduler_steps: int = 1,
   prefill_first: bool = False,
+  pool_seq_rungs: bool = False,
   **fields,
 ) -> EngineConfig:
   return EngineConfig(
@@ -41,6 +42,7 @@ def small_config(
       async_scheduling=async_scheduling,
       num_scheduler_steps=num_scheduler_steps,
       prefill_first=prefill_first,
+      pool_seq_rungs=pool_seq_rungs,
     ),
     **fields,
   )

@@ -34,3 +34,17 @@ def test_pick_takes_the_smallest_ready_bucket():
   assert buckets.pick(3, 20, None) == Bucket(8, 32)  # None: every bucket usable
   with pytest.raises(ValueError, match="no compiled bucket holds"):
     buckets.pick(3, 20, frozenset({Bucket(16, 16)}))
+
+
+def test_pool_rungs_where_the_kv_pool_bounds_the_batch():
+  offline = BucketSet((64, 512), (512, 2048, 8192))
+  # 170 sequences of the longest length: rungs at 176 and 352 (704 is past the largest)
+  assert offline.with_pool_rungs(170).seq_buckets == (64, 176, 352, 512)
+  # 112: 112 and 224; 448 is within 1.25x of 512, so 512 serves it
+  assert offline.with_pool_rungs(112).seq_buckets == (64, 112, 224, 512)
+  # a pool that holds every sequence adds nothing; nor does a rung already there
+  assert offline.with_pool_rungs(860).seq_buckets == (64, 512)
+  assert offline.with_pool_rungs(64).seq_buckets == (64, 128, 256, 512)
+  # a small pool: rungs below the smallest too
+  assert offline.with_pool_rungs(3).seq_buckets == (8, 16, 32, 64, 512)
+  assert offline.with_pool_rungs(170).token_buckets == offline.token_buckets
