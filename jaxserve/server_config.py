@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jaxserve.config_require import is_int_at_least
 from jaxserve.config_require import require as _require
 from jaxserve.sampling_params import MAX_LOGPROBS
 from jaxserve.structured.tool_parsers import tool_parser_names
@@ -68,12 +69,7 @@ class ServerConfig:
       f"{MAX_LOGPROBS}), got {self.max_logprobs!r}",
     )
     _require(
-      self.api_server_count is None
-      or (
-        isinstance(self.api_server_count, int)
-        and not isinstance(self.api_server_count, bool)
-        and self.api_server_count >= 0
-      ),
+      is_int_at_least(self.api_server_count, 0, optional=True),
       "server.api_server_count",
       f"must be null or an integer >= 0, got {self.api_server_count!r}",
     )
@@ -127,12 +123,7 @@ class ServerConfig:
       f"must be a number of seconds > 0, got {keep_alive!r}",
     )
     _require(
-      self.limit_concurrency is None
-      or (
-        isinstance(self.limit_concurrency, int)
-        and not isinstance(self.limit_concurrency, bool)
-        and self.limit_concurrency >= 1
-      ),
+      is_int_at_least(self.limit_concurrency, 1, optional=True),
       "server.limit_concurrency",
       f"must be null (no cap) or an integer >= 1, got {self.limit_concurrency!r}",
     )
