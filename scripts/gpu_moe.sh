@@ -17,6 +17,10 @@
 #   ep2      2 GPUs: tensor parallel 2 and expert parallel 2 (--enable-expert-parallel) on ep1's
 #            prompts, step time and whether each request's tokens match the one-device run's
 #            (bench_offline's token digests)
+#   ep1inv   one device with tp_invariant_reductions, its experts cut as tensor parallel 2 and as
+#            expert parallel 2 cut them (models/invariant_experts.py): the references of ep2inv
+#   ep2inv   tensor parallel 2 and expert parallel 2 with tp_invariant_reductions: tokens equal
+#            to ep1inv's, bit for bit
 #   ckgemma  the Gemma-3-12B-shaped random bf16 checkpoint in $GEMMA, and ${GEMMA}_nowin: the
 #            same weights with every sliding window as long as the model's context (windows off)
 #   gemma    offline $N x 1024/128 and $N8K x 8192/256, windows on and off, with the KV pool's
@@ -90,6 +94,14 @@ for s in ${STEPS:-ckmoe tpot off gmm serve ckgemma gtpot gemma} table; do case $
   ep2)
     offline moe_tp2 "$MOE" --set tensor_parallel_size=2 "${EP[@]}"
     offline moe_ep2 "$MOE" --set tensor_parallel_size=2 --set enable_expert_parallel=true "${EP[@]}" ;;
+  ep1inv) for ep in false true; do
+      offline "moe_one_inv_$([ $ep = true ] && echo ep || echo tp)" "$MOE" "${MOE_SET[@]}" "${EP[@]}" \
+        --set tp_invariant_reductions=true --set enable_expert_parallel=$ep
+    done ;;
+  ep2inv)
+    offline moe_tp2_inv "$MOE" --set tensor_parallel_size=2 --set tp_invariant_reductions=true "${EP[@]}"
+    offline moe_ep2_inv "$MOE" --set tensor_parallel_size=2 --set tp_invariant_reductions=true \
+      --set enable_expert_parallel=true "${EP[@]}" ;;
   ckgemma)
     checkpoint gemma-3-12b "$GEMMA"
     mkdir -p "${GEMMA}_nowin" && for f in "$GEMMA"/*; do

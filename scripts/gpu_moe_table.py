@@ -24,6 +24,11 @@ def _latency(metrics: dict) -> str:
   return ", ".join(cells) + " ms p50/p99"
 
 
+# a two-device run -> the one-device run whose tokens it is compared with: the default numerics'
+# or, with tp_invariant_reductions, the one-device run cut as that layout cuts the experts
+REFERENCE = {"tp2": "one", "ep2": "one", "tp2_inv": "one_inv_tp", "ep2_inv": "one_inv_ep"}
+
+
 def _same_tokens(run: dict, reference: dict | None) -> str:
   """How many of `run`'s requests produced the one-device run's tokens (same prompts)."""
   if not reference or run["num_prompts"] != reference["num_prompts"]:
@@ -53,14 +58,14 @@ def single_stream_line(out: Path, prefix: str, label: str) -> list[str]:
 
 def moe_lines(out: Path) -> list[str]:
   lines = single_stream_line(out, "moe", "qwen3-30b-a3b")
-  one = _load(out, "moe_one.json")
-  for label in ("off", "one", "tp2", "ep2"):
+  for label in ("off", "one", "tp2", "ep2", "one_inv_tp", "one_inv_ep", "tp2_inv", "ep2_inv"):
     r = _load(out, f"moe_{label}.json")
     if r:
+      reference = _load(out, f"moe_{REFERENCE[label]}.json") if label in REFERENCE else None
       lines.append(
         f"qwen3-30b-a3b {label} {r['num_prompts']} x {r['input_len']}/{r['output_len']}: "
         f"{r['output_tokens_per_s']:.0f} out tok/s, {r['device_ms_per_step']:.2f} device ms/step, "
-        f"KV pool {r['kv_pool_tokens']} tokens" + _same_tokens(r, one if label != "one" else None)
+        f"KV pool {r['kv_pool_tokens']} tokens" + _same_tokens(r, reference)
       )
   serve = _load(out, "moe_serve/serve_vs_offline.json")
   for mode, server in (serve or {}).get("servers", {}).items():

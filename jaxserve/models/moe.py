@@ -17,6 +17,10 @@ Params, with E experts, H hidden and I the experts' intermediate size:
   gate/kernel [H, E]
   experts/gate_proj [E, H, I]   experts/up_proj [E, H, I]   experts/down_proj [E, I, H]
 
+With `tp_invariant_reductions` the router's GEMM is fenced off by optimization barriers (its
+weights are replicated, so every layout runs the same GEMM) and the placement injects experts that
+mirror a two-device layout (models/invariant_experts.py).
+
 `batch_invariant` is refused for MoE models (models/moe_config.py): the router and the grouped
 matmuls do not run through the fixed-tile GEMMs, so a token's bits are not guaranteed to be
 independent of the other rows of its step.
@@ -77,9 +81,11 @@ class SparseMoeBlock(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
-    logits = nn.Dense(cfg.num_experts, use_bias=False, dtype=dtype, param_dtype=dtype, name="gate")(
-      x
-    )  # [T, E]
+    router = nn.Dense(cfg.num_experts, use_bias=False, dtype=dtype, param_dtype=dtype, name="gate")
+    if cfg.tp_invariant_reductions:  # the router's GEMM alone, as in every layout
+      logits = jax.lax.optimization_barrier(router(jax.lax.optimization_barrier(x)))  # [T, E]
+    else:
+      logits = router(x)  # [T, E]
     weights, expert_ids = route(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob)  # [T, K]
     out = Experts(cfg, self.experts, name="experts")(x, expert_ids, weights)  # float32 [T, H]
     return out.astype(dtype)

@@ -11,8 +11,7 @@ its `norm_topk_prob` is True. The routers' auxiliary-loss fields (`router_aux_lo
 `output_router_logits`, `router_jitter_noise`) only matter in training and are ignored.
 
 A MoE model refuses `batch_invariant` (the routing and the grouped matmul do not run through the
-fixed-tile GEMMs, so a token's bits could depend on its batch), `tp_invariant_reductions` and
-`quantization` (the experts' grouped matmuls, models/grouped_matmul.py, take no 8-bit weights):
+fixed-tile GEMMs, so a token's bits could depend on its batch) and `quantization` (the experts' grouped matmuls, models/grouped_matmul.py, take no 8-bit weights):
 each is a ValueError naming it.
 """
 
@@ -33,7 +32,6 @@ class ExpertFields(Protocol):
   moe_intermediate_size: int
   norm_topk_prob: bool
   batch_invariant: bool
-  tp_invariant_reductions: bool
   quantization: str
 
 
@@ -66,7 +64,6 @@ def check_experts(c: ExpertFields) -> None:
   _require(isinstance(c.norm_topk_prob, bool), "norm_topk_prob", "must be true or false")
   unsupported = "is not supported with mixture-of-experts layers (models/moe_config.py)"
   _require(not c.batch_invariant, "batch_invariant", unsupported)
-  _require(not c.tp_invariant_reductions, "tp_invariant_reductions", unsupported)
   _require(c.quantization == "none", "quantization", f"{c.quantization} {unsupported}")
 
 

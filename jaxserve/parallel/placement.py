@@ -258,5 +258,11 @@ def _mesh_placement(
     mesh,
     kv_pages_sharding(mesh),
     mesh.shape[MODEL_AXIS],
-    shard_experts(mesh, config.enable_expert_parallel) if loaded.config.num_experts else None,
+    shard_experts(
+      mesh,
+      config.enable_expert_parallel,
+      REDUCTION_GROUPS if config.tp_invariant_reductions else None,
+    )
+    if loaded.config.num_experts
+    else None,
   )

@@ -17,6 +17,10 @@ all-reduced), so the sum is the only collective, vLLM's all-reduce after its exp
 shard_map keeps the grouped matmul a per-device one (the Pallas kernel on CUDA GPUs, ragged_dot
 elsewhere: models/grouped_matmul.py) rather than asking XLA's partitioner to split one. The model
 receives this function from parallel/placement.py and stays free of sharding.
+
+With tp_invariant_reductions the placement passes num_groups = REDUCTION_GROUPS: each device cuts
+its slice into num_groups // devices (at least 1) slices of the same kind and adds their partials
+before the all-reduce (models/invariant_experts.py), so one device computes exactly what two do.
 """
 
 from __future__ import annotations
@@ -26,20 +30,27 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from jaxserve.models.grouped_matmul import expert_ffn
+from jaxserve.models.invariant_experts import grouped_expert_ffn
 from jaxserve.models.moe import ExpertsFn
 from jaxserve.parallel.partition_rules import EXPERT_SPECS, MODEL_AXIS
 
 REPLICATED = P()
 
 
-def shard_experts(mesh: Mesh, expert_parallel: bool) -> ExpertsFn:
+def shard_experts(mesh: Mesh, expert_parallel: bool, num_groups: int | None = None) -> ExpertsFn:
   """The ExpertsFn of a model whose experts the partition rules lay out over `mesh`, by expert
-  when `expert_parallel`."""
+  when `expert_parallel`; num_groups (tp_invariant_reductions): the slices of a num_groups-way
+  mesh, however many devices `mesh` has (module docstring)."""
   specs = EXPERT_SPECS[expert_parallel]
+  local_groups = None if num_groups is None else max(1, num_groups // mesh.shape[MODEL_AXIS])
 
   def body(x, expert_ids, weights, gate, up, down):
     first_expert = jax.lax.axis_index(MODEL_AXIS) * gate.shape[0] if specs.by_expert else 0
-    partial = expert_ffn(x, expert_ids, weights, gate, up, down, first_expert)  # f32 [T, H]
+    operands = (x, expert_ids, weights, gate, up, down, first_expert)
+    if local_groups is None:
+      partial = expert_ffn(*operands)  # f32 [T, H]
+    else:
+      partial = grouped_expert_ffn(*operands, local_groups, specs.by_expert)  # f32 [T, H]
     return jax.lax.psum(partial, MODEL_AXIS)
 
   def run(x, expert_ids, weights, gate, up, down):

@@ -122,7 +122,7 @@ def test_refusals(changes, match):
 
 @pytest.mark.parametrize(
   "field, value",
-  [("batch_invariant", True), ("tp_invariant_reductions", True), ("quantization", "fp8")],
+  [("batch_invariant", True), ("quantization", "fp8")],
 )
 def test_unsupported_switches_name_their_field(field, value):
   config = ModelConfig.from_hf_config(MIXTRAL_8X7B)

@@ -98,3 +98,29 @@ def test_expert_parallel_refusals(hf_checkpoint):
       ),
       show_progress=False,
     )
+
+
+@pytest.mark.parametrize("expert_parallel", [False, True], ids=["tp2", "ep2"])
+def test_bfloat16_two_devices_are_bitwise_one_with_invariant_reductions(
+  hf_checkpoint, expert_parallel
+):
+  """tp_invariant_reductions in bfloat16: one device, its experts cut as two devices cut them
+  (models/invariant_experts.py), gives bitwise the prompt logprobs and exactly the greedy tokens
+  of two devices, for Qwen3-MoE (8 experts, top-4, QK-norm) split by intermediate column and by
+  expert."""
+  checkpoint = hf_checkpoint("qwen3_moe", dtype="bfloat16")
+  prompts = _prompts(seed=5)
+  results = []
+  for size in (1, 2):
+    engine = tp_engine(
+      checkpoint,
+      size,
+      dtype="bfloat16",
+      tp_invariant_reductions=True,
+      enable_expert_parallel=expert_parallel,
+    )
+    tokens, logprobs = generate_and_score(engine, prompts, NUM_NEW_TOKENS)
+    results.append((tokens, np.concatenate(logprobs).astype(np.float32)))
+  (tokens_1, logprobs_1), (tokens_2, logprobs_2) = results
+  assert tokens_2 == tokens_1
+  np.testing.assert_array_equal(logprobs_2.view(np.int32), logprobs_1.view(np.int32))
