@@ -11,8 +11,8 @@ its `norm_topk_prob` is True. The routers' auxiliary-loss fields (`router_aux_lo
 `output_router_logits`, `router_jitter_noise`) only matter in training and are ignored.
 
 A MoE model refuses `batch_invariant` (the routing and the grouped matmul do not run through the
-fixed-tile GEMMs, so a token's bits could depend on its batch) and `quantization` (the experts' grouped matmuls, models/grouped_matmul.py, take no 8-bit weights):
-each is a ValueError naming it.
+fixed-tile GEMMs, so a token's bits could depend on its batch) and `quantization` (the experts'
+grouped matmuls, models/grouped_matmul.py, take no 8-bit weights): each is a ValueError naming it.
 """
 
 from __future__ import annotations
