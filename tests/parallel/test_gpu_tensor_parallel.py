@@ -40,3 +40,37 @@ def test_pallas_gpu_bfloat16_tp2_is_bitwise_tp1_with_invariant_reductions(checkp
   tokens_2, logprobs_2 = _generate(checkpoint, 2, invariant=True, attention_backend="pallas_gpu")
   assert tokens_2 == tokens_1
   np.testing.assert_array_equal(logprobs_2.view(np.int32), logprobs_1.view(np.int32))
+
+
+@pytest.mark.parametrize(
+  "family, expert_parallel",
+  [
+    ("qwen3", False),
+    ("qwen3_moe", False),
+    ("qwen3_moe", True),
+    ("mixtral", False),
+    ("mixtral", True),
+  ],
+)
+def test_pallas_gpu_bfloat16_families_tp2_bitwise_tp1_with_invariant_reductions(
+  family, expert_parallel, hf_checkpoint
+):
+  """QK-norm (Qwen3) and the experts' grouped matmuls through the Pallas kernel, split by
+  intermediate column and by expert (models/invariant_experts.py)."""
+  checkpoint = hf_checkpoint(family, dtype="bfloat16")
+  prompts = _prompts(seed=11)
+  results = []
+  for tp in (1, 2):
+    engine = tp_engine(
+      checkpoint,
+      tp,
+      attention_backend="pallas_gpu",
+      dtype="bfloat16",
+      tp_invariant_reductions=True,
+      enable_expert_parallel=expert_parallel,
+    )
+    tokens, logprobs = generate_and_score(engine, prompts, NUM_NEW_TOKENS)
+    results.append((tokens, np.concatenate(logprobs).astype(np.float32)))
+  (tokens_1, logprobs_1), (tokens_2, logprobs_2) = results
+  assert tokens_2 == tokens_1
+  np.testing.assert_array_equal(logprobs_2.view(np.int32), logprobs_1.view(np.int32))
