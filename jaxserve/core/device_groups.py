@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import glob
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 GPU = "gpu"
@@ -74,16 +74,18 @@ class Accelerators:
   count: int | None  # None: unknown until jax starts (SLICE)
 
 
-def detect_accelerators(environ: Mapping[str, str]) -> Accelerators:
-  """GPUs or TPU chips by their device files, unless JAX_PLATFORMS names neither (a CPU run)."""
+def detect_accelerators(
+  environ: Mapping[str, str], find: Callable[[str], list[str]] = glob.glob
+) -> Accelerators:
+  """GPUs or TPU chips by their device files (`find`: glob), unless JAX_PLATFORMS names
+  neither (a CPU run)."""
   platforms = environ.get("JAX_PLATFORMS", "").lower()
-  gpus = sorted(glob.glob(GPU_DEVICE_GLOB))
-  gpus = [g for g in gpus if re.fullmatch(r"/dev/nvidia\d+", g)]
+  gpus = [g for g in find(GPU_DEVICE_GLOB) if re.fullmatch(r"/dev/nvidia\d+", g)]
   if gpus and (not platforms or "cuda" in platforms or "gpu" in platforms):
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     count = len(_split(visible)) if visible is not None else len(gpus)
     return Accelerators(GPU, count)
-  chips = [p for pattern in TPU_DEVICE_GLOBS for p in glob.glob(pattern)]
+  chips = [p for pattern in TPU_DEVICE_GLOBS for p in find(pattern)]
   if chips and (not platforms or "tpu" in platforms):
     return Accelerators(TPU, len(chips))
   return Accelerators(SLICE, None)
