@@ -20,8 +20,9 @@ def select_devices(start: int, count: int) -> list[jax.Device]:
   devices = jax.devices()
   if start + count > len(devices):
     raise ValueError(
-      f"data_parallel_size: this engine core needs devices {start}..{start + count - 1}; the "
-      f"process sees {len(devices)}"
+      f"data_parallel_size: this engine core takes devices {start} to {start + count - 1} "
+      f"(data_parallel_size x tensor_parallel_size devices in all), but the process sees "
+      f"{len(devices)}"
     )
   chosen = list(devices[start : start + count])
   jax.config.update("jax_default_device", chosen[0])

@@ -218,3 +218,23 @@ def test_sigterm_drains_every_core(tmp_path):
   for stream in streams:  # both cores' streams ran to their end
     assert stream.error is None and stream.lines[-1] == "data: [DONE]"
     assert json.loads(stream.lines[-2][6:])["choices"][0]["finish_reason"] == "length"
+
+
+def test_more_cores_than_devices_is_refused_naming_the_field(tmp_path):
+  """One CPU device (no forced host devices) for two cores: `jaxserve serve` exits 2 with the
+  error naming data_parallel_size, as any bad flag."""
+  config_path = str(tmp_path / "server.yaml")
+  _write_config(config_path)
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  run = subprocess.run(
+    [sys.executable, "-m", "jaxserve.cli", "serve", "--config", config_path]
+    + ["--port", str(free_port()), "--data-parallel-size", "2", "--log-level", "WARNING"],
+    capture_output=True,
+    text=True,
+    env=env,
+    timeout=120,
+  )
+  assert run.returncode == 2, run.stdout + run.stderr
+  assert "jaxserve serve: error: data_parallel_size: this engine core takes devices 1 to 1" in (
+    run.stderr
+  )

@@ -67,5 +67,7 @@ def _greedy(engine) -> list[list[int]]:
 
 
 def test_a_slice_past_the_devices_is_refused_naming_the_field():
-  with pytest.raises(ValueError, match="^data_parallel_size: this engine core needs devices 8..9"):
+  with pytest.raises(
+    ValueError, match="^data_parallel_size: this engine core takes devices 8 to 9 "
+  ):
     select_devices(8, 2)
