@@ -20,10 +20,12 @@ i*tp .. (i+1)*tp - 1 of the host. How a core is confined to them depends on the 
 
 Either way the core ends up with `DeviceGroup.slice_start`: 0 where the variables left only its
 own devices visible, `first` where it sees every device. The accelerators are counted from their
-device files (/dev/nvidiaN, /dev/accelN or /dev/vfio/N), the way platforms.py finds a TPU,
+device files (/dev/nvidiaN, else the driver's /proc/driver/nvidia/gpus/; /dev/accelN or
+/dev/vfio/N), the way platforms.py finds a TPU,
 so the supervisor (which never imports jax) refuses data_parallel_size x tensor_parallel_size
 devices more than the host has, naming data_parallel_size; on the CPU the core process checks
-once jax is up (parallel/device_slice.py).
+once jax is up (parallel/device_slice.py), which also refuses a GPU or TPU group whose
+process finds no such device (a variable naming devices that do not exist).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ GPU = "gpu"
 TPU = "tpu"
 SLICE = "slice"  # no visibility variable: a slice of jax.devices()
 GPU_DEVICE_GLOB = "/dev/nvidia[0-9]*"
+GPU_DRIVER_GLOB = "/proc/driver/nvidia/gpus/*"  # where a container has no /dev/nvidiaN
 TPU_DEVICE_GLOBS = ("/dev/accel[0-9]*", "/dev/vfio/[0-9]*")
 TPU_MESH_PORT_BASE = 8476
 # a tp-chip process's chip bounds (x,y,z), as libtpu takes them
@@ -58,6 +61,11 @@ class DeviceGroup:
   @property
   def slice_start(self) -> int:
     return self.first if self.kind == SLICE else 0
+
+  @property
+  def platform(self) -> str | None:
+    """The jax platform its devices must have (None: any, a slice)."""
+    return None if self.kind == SLICE else self.kind
 
   def describe(self) -> str:
     last = self.first + self.count - 1
@@ -81,6 +89,7 @@ def detect_accelerators(
   neither (a CPU run)."""
   platforms = environ.get("JAX_PLATFORMS", "").lower()
   gpus = [g for g in find(GPU_DEVICE_GLOB) if re.fullmatch(r"/dev/nvidia\d+", g)]
+  gpus = gpus or find(GPU_DRIVER_GLOB)
   if gpus and (not platforms or "cuda" in platforms or "gpu" in platforms):
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     count = len(_split(visible)) if visible is not None else len(gpus)

@@ -231,7 +231,7 @@ def run_core_process(
     if group is not None:
       from jaxserve.parallel.device_slice import select_devices
 
-      devices = select_devices(group.slice_start, group.count)
+      devices = select_devices(group.slice_start, group.count, group.platform)
       logger.info("%s: %s", group.describe(), ", ".join(str(d) for d in devices))
     # ready after one bucket
     engine = build_engine(config, default_warmup="background", devices=devices)

@@ -14,10 +14,17 @@ from __future__ import annotations
 import jax
 
 
-def select_devices(start: int, count: int) -> list[jax.Device]:
+def select_devices(start: int, count: int, platform: str | None = None) -> list[jax.Device]:
   """The slice, with its first device the default one; ValueError naming data_parallel_size
-  when the process sees fewer devices."""
+  when the process sees fewer devices, or none of `platform` ("gpu", "tpu": the devices its
+  visibility variable named do not exist)."""
   devices = jax.devices()
+  if platform is not None and devices[0].platform != platform:
+    raise ValueError(
+      f"data_parallel_size: this engine core was given {platform.upper()} devices "
+      f"{start} to {start + count - 1} but sees none ({devices[0].platform} only): the host has "
+      "fewer than data_parallel_size x tensor_parallel_size"
+    )
   if start + count > len(devices):
     raise ValueError(
       f"data_parallel_size: this engine core takes devices {start} to {start + count - 1} "

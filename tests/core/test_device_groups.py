@@ -4,6 +4,8 @@ refusal, naming data_parallel_size, of more devices than the host has."""
 
 from __future__ import annotations
 
+import fnmatch
+
 import pytest
 
 from jaxserve.core.device_groups import (
@@ -17,7 +19,8 @@ from jaxserve.core.device_groups import (
 
 
 def files(*paths: str):
-  return lambda pattern: [p for p in paths if p.startswith(pattern.split("[")[0])]
+  """A glob over these paths alone."""
+  return lambda pattern: [p for p in paths if fnmatch.fnmatch(p, pattern)]
 
 
 def test_accelerators_from_device_files():
@@ -28,6 +31,8 @@ def test_accelerators_from_device_files():
   chips = files("/dev/accel0", "/dev/accel1", "/dev/accel2", "/dev/accel3")
   assert detect_accelerators({}, chips) == Accelerators(TPU, 4)
   assert detect_accelerators({}, files()) == Accelerators(SLICE, None)
+  driver = files("/proc/driver/nvidia/gpus/0000:1a:00.0", "/proc/driver/nvidia/gpus/0000:1b:00.0")
+  assert detect_accelerators({}, driver) == Accelerators(GPU, 2)
 
 
 def test_gpus_are_confined_by_cuda_visible_devices():

@@ -71,3 +71,8 @@ def test_a_slice_past_the_devices_is_refused_naming_the_field():
     ValueError, match="^data_parallel_size: this engine core takes devices 8 to 9 "
   ):
     select_devices(8, 2)
+
+
+def test_a_gpu_group_that_finds_no_gpu_is_refused_naming_the_field():
+  with pytest.raises(ValueError, match="^data_parallel_size: this engine core was given GPU"):
+    select_devices(0, 1, "gpu")
