@@ -16,6 +16,11 @@ the core's end of the connection closes (the process died, even by SIGKILL) or t
 CoreFailed, every open stream and pending add fails with EngineDeadError (an error event and
 [DONE] on a stream) and `alive` turns False (/health 503).
 
+Several engine cores (data_parallel_size > 1): an API server holds one CoreClient per core
+(core/dp_client.py), each with its engine_index (its streams carry it, for vLLM's `engine`
+label); load() is what the router reads of it: the core's reported waiting + running requests
+plus this client's requests whose add is not answered yet, and its KV use.
+
 One step at a time: after each StepOutputs the receiver yields to the event loop before it takes
 the next, so the handlers its outputs woke write their chunks first: one SSE chunk per step and
 stream, written before the next step's tokens reach the stream. zmq.asyncio's recv() returns a
