@@ -22,7 +22,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 import numpy as np
@@ -99,14 +99,17 @@ def build_device(
   *,
   agree_num_pages: Callable[[int], int] | None = None,
   publisher: StepSink | None = None,
+  devices: Sequence[jax.Device] | None = None,
 ) -> DeviceBundle:
   """Loads the model, sizes and allocates the KV pool and builds the (unwarmed) runner.
 
   agree_num_pages(local) -> num_pages lets the hosts of a multi-host job settle on one pool size;
-  publisher.publish(inputs) runs before each step (process 0 sends the step to the other hosts)."""
+  publisher.publish(inputs) runs before each step (process 0 sends the step to the other hosts);
+  devices: the engine's own (one engine core of several, parallel/device_slice.py), None: the
+  process's."""
   quantization = model_quantization(config.model, config.quantization)
-  check_device_runs(quantization, DeviceDescription.of(jax.devices()[0]))
-  placement = load_placement(config)
+  check_device_runs(quantization, DeviceDescription.of((devices or jax.devices())[0]))
+  placement = load_placement(config, devices)
   model_config, params = placement.model.config, placement.model.params
   max_model_len = resolve_max_model_len(config, model_config)
   num_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
@@ -286,12 +289,20 @@ def build_engine(
   show_progress: bool = True,
   default_warmup: str = "full",
   usage: Usage = Usage.SERVE,
+  devices: Sequence[jax.Device] | None = None,
 ) -> LLMEngine:
   """Loads the model and tokenizer, sizes and allocates the KV pool, and compiles the step
   programs as config.warmup says ("auto": `default_warmup`; device/program_compiler.py), with
   the device-aware defaults for `usage` (`with_device_defaults`; the engine's `config` holds
   the result). On a multi-host job this runs on process 0 and sends every step (warmup too) to
-  the others, which always warm up fully."""
+  the others, which always warm up fully. devices: the engine core's own when
+  data_parallel_size cores share the host (core/process.py passes them; without them
+  data_parallel_size > 1 is refused: one engine runs here)."""
+  if config.data_parallel_size > 1 and devices is None:
+    raise ValueError(
+      f"data_parallel_size: {config.data_parallel_size} engine cores run under `jaxserve serve` "
+      "only; the offline LLM and the in-process benchmarks run one engine (set it to 1)"
+    )
   config = with_device_defaults(config, usage)
   tokenizer = load_configured_tokenizer(config)  # a bad tokenizer / template fails before loading
   enable_compilation_cache(config.compilation_cache_dir)
@@ -305,7 +316,10 @@ def build_engine(
       )
     publisher = StepPublisher()
   device = build_device(
-    config, agree_num_pages=publisher and publisher.agree_num_pages, publisher=publisher
+    config,
+    agree_num_pages=publisher and publisher.agree_num_pages,
+    publisher=publisher,
+    devices=devices,
   )
   model_config, runner, spec = device.model_config, device.runner, device.spec
   allocator = PageAllocator(spec.num_pages, spec.page_size, config.scheduler.enable_prefix_caching)

@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 
 import yaml
 
+from jaxserve.config_require import is_int_at_least
 from jaxserve.config_require import require as _require
 from jaxserve.quantization.scheme import NONE, QUANTIZATION_NAMES, check_quantization
 from jaxserve.server_config import ServerConfig
@@ -274,7 +275,12 @@ class EngineConfig:
   (each kv head then repeated, parallel/kv_head_replication.py). enable_expert_parallel splits a
   mixture of experts' experts whole over those devices (num_experts / tensor_parallel_size each)
   instead of splitting every expert's intermediate dimension; attention, the other weights and
-  the KV pages stay tensor-parallel (parallel/partition_rules.py). tp_invariant_reductions makes the
+  the KV pages stay tensor-parallel (parallel/partition_rules.py). data_parallel_size N serves
+  with N engine cores on one host, each owning tensor_parallel_size devices of its own (core i:
+  devices i*tp .. (i+1)*tp - 1; core/device_groups.py), behind the same API server processes,
+  which route each request by load and prefix affinity (core/dp_routing.py); `jaxserve serve`
+  only, with API server processes (server.api_server_count >= 1), on one host.
+  tp_invariant_reductions makes the
   bfloat16 forward bitwise independent of tensor_parallel_size in {1, 2}
   (models/invariant_dense.py; a parity mode, slower at tp = 1). batch_invariant makes every
   token's computation bitwise independent of the step's bucket, batch mates and prompt chunking
@@ -314,6 +320,7 @@ class EngineConfig:
   attention_backend: str = "auto"
   seed: int = 0
   tensor_parallel_size: int = 1
+  data_parallel_size: int = 1
   enable_expert_parallel: bool = False
   tp_invariant_reductions: bool = False
   batch_invariant: bool = False
@@ -360,6 +367,23 @@ class EngineConfig:
       isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
       "tensor_parallel_size",
       f"must be >= 1, got {self.tensor_parallel_size!r}",
+    )
+    _require(
+      is_int_at_least(self.data_parallel_size, 1),
+      "data_parallel_size",
+      f"must be an integer >= 1, got {self.data_parallel_size!r}",
+    )
+    _require(
+      self.data_parallel_size == 1 or not self.distributed.active,
+      "data_parallel_size",
+      f"{self.data_parallel_size} engine cores run on one host; a distributed (multi-host) job "
+      "serves one engine (set data_parallel_size to 1)",
+    )
+    _require(
+      self.data_parallel_size == 1 or self.server.api_server_count != 0,
+      "data_parallel_size",
+      f"{self.data_parallel_size} engine cores run in their own processes behind API server "
+      "processes; server.api_server_count 0 (one process) serves one engine",
     )
     _require(
       self.gpu_gemm in GPU_GEMMS, "gpu_gemm", f"must be one of {GPU_GEMMS}, got {self.gpu_gemm!r}"

@@ -114,6 +114,13 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     "shard the model over this many devices (all devices of all hosts)",
   ),
   EngineArg(
+    "data_parallel_size",
+    "data_parallel_size",
+    int,
+    "engine cores on this host, each on tensor_parallel_size devices of its own, behind the "
+    "same API server processes (jaxserve serve)",
+  ),
+  EngineArg(
     "enable_expert_parallel",
     "enable_expert_parallel",
     bool,

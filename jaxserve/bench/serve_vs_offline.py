@@ -177,7 +177,7 @@ def start_server(args, count: int, log_path: Path) -> tuple[ServerProcess, dict[
   return server, started
 
 
-def _vocabulary(model: str) -> tuple[str, list[int]]:
+def vocabulary(model: str) -> tuple[str, list[int]]:
   from jaxserve.models.registry import load_model_tokenizer
 
   tokenizer = load_model_tokenizer(model)
@@ -185,7 +185,7 @@ def _vocabulary(model: str) -> tuple[str, list[int]]:
   return model, [i for i in range(tokenizer.backend.get_vocab_size()) if i not in special]
 
 
-def _run(
+def run_load(
   url: str,
   name: str,
   requests,
@@ -231,7 +231,7 @@ def bench_server(args, server: ServerProcess, count: int, pool: list[int]) -> di
   burst = random_requests(args.num_prompts, args.input_len, args.output_len, seed=0, token_ids=pool)
   k = args.client_processes
   meter = CpuMeter(server.process.pid, count)
-  result = {"sweep": [], "burst": _run(url, name, burst, math.inf, processes=k, meter=meter)}
+  result = {"sweep": [], "burst": run_load(url, name, burst, math.inf, processes=k, meter=meter)}
   for rate in [math.inf if r.strip() == "inf" else float(r) for r in args.sweep_rates.split(",")]:
     count = args.sweep_inf_prompts if math.isinf(rate) else max(4, round(rate * args.sweep_seconds))
     requests = random_requests(
@@ -242,11 +242,11 @@ def bench_server(args, server: ServerProcess, count: int, pool: list[int]) -> di
       seed=1,
       token_ids=pool,
     )
-    result["sweep"].append(_run(url, name, requests, rate, processes=k, meter=meter))
+    result["sweep"].append(run_load(url, name, requests, rate, processes=k, meter=meter))
   single = random_requests(
     args.single_stream_prompts, args.sweep_input_len, args.sweep_output_len, seed=2, token_ids=pool
   )
-  result["single_stream"] = _run(url, name, single, math.inf, concurrency=1, meter=meter)
+  result["single_stream"] = run_load(url, name, single, math.inf, concurrency=1, meter=meter)
   return result
 
 
@@ -323,7 +323,7 @@ def main(argv=None) -> int:
     "weight_read": weight_read(args.model),
     "servers": {},
   }
-  name, pool = _vocabulary(args.model)
+  name, pool = vocabulary(args.model)
   for mode in args.modes.split(","):
     count = MODES[mode] if mode != "multi-process" else args.api_server_count
     count = default_api_server_count() if count is None else count

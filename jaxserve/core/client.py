@@ -16,6 +16,11 @@ the core's end of the connection closes (the process died, even by SIGKILL) or t
 CoreFailed, every open stream and pending add fails with EngineDeadError (an error event and
 [DONE] on a stream) and `alive` turns False (/health 503).
 
+Several engine cores (data_parallel_size > 1): an API server holds one CoreClient per core
+(core/dp_client.py), each with its engine_index (its streams carry it, for vLLM's `engine`
+label); load() is what the router reads of it: the core's reported waiting + running requests
+plus this client's requests whose add is not answered yet, and its KV use.
+
 One step at a time: after each StepOutputs the receiver yields to the event loop before it takes
 the next, so the handlers its outputs woke write their chunks first: one SSE chunk per step and
 stream, written before the next step's tokens reach the stream. zmq.asyncio's recv() returns a
@@ -33,12 +38,14 @@ import dataclasses
 import itertools
 import logging
 import os
+from dataclasses import dataclass
 
 import msgspec
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from jaxserve.core.dp_routing import CoreLoad
 from jaxserve.core.messages import (
   AbortRequests,
   AddRequests,
@@ -60,6 +67,16 @@ logger = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 30.0
 
 
+@dataclass(frozen=True)
+class CoreState:
+  """One engine core as /metrics and /health see it: its index, whether its client is
+  connected, its last stats."""
+
+  index: int
+  alive: bool
+  stats: EngineStats
+
+
 def _zero_stats() -> EngineStats:
   return EngineStats(
     **{
@@ -79,7 +96,9 @@ class CoreClient:
     tokenizer: Tokenizer,
     identity: str | None = None,
     connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    engine_index: int = 0,
   ):
+    self.engine_index = engine_index  # vLLM's `engine` label; its streams carry it
     self._address = address
     self._connect_timeout_s = connect_timeout_s
     self._identity = (identity or f"api-{os.getpid()}-{id(self):x}").encode()
@@ -88,6 +107,7 @@ class CoreClient:
     self._decoder = msgspec.msgpack.Decoder(FromCore)
     self._streams: dict[str, OutputStream] = {}
     self._adds: dict[int, tuple[asyncio.Future, list[str], int]] = {}
+    self._num_unanswered = 0  # requests of the adds in self._adds
     self._groups = itertools.count()
     self._stats = _zero_stats()  # until the core's first message
     self._num_http_waiting = 0
@@ -105,6 +125,11 @@ class CoreClient:
     return self._attached and self._error is None
 
   @property
+  def degraded(self) -> bool:
+    """One core is alive or not: never degraded (DataParallelClient's may be)."""
+    return False
+
+  @property
   def stats(self) -> EngineStats:
     """The core's last published snapshot."""
     return self._stats
@@ -120,6 +145,18 @@ class CoreClient:
     """Clients (API servers) connected to the core."""
     return self._num_api_servers
 
+  def core_states(self) -> list[CoreState]:
+    """This one core's state (DataParallelClient lists each of its cores')."""
+    return [CoreState(self.engine_index, self.alive, self._stats)]
+
+  def load(self) -> CoreLoad:
+    """The core's load as the router reads it (core/dp_routing.py): reported waiting + running
+    requests, plus this client's requests whose add is not answered yet, and its KV use."""
+    stats = self._stats
+    usage = stats.num_used_pages / stats.num_total_pages if stats.num_total_pages else 0.0
+    requests = stats.num_waiting + stats.num_running + self._num_unanswered
+    return CoreLoad(self.alive, requests, usage)
+
   async def add(self, specs: list[RequestSpec], max_waiting: int) -> OutputStream:
     """Sends one HTTP call's requests, which the core adds all or none; the stream once the
     core accepted them. Raises ValueError (naming the field) if it refused one, QueueFullError
@@ -128,9 +165,10 @@ class CoreClient:
       raise EngineDeadError(self._error or "the engine core is not connected")
     loop = asyncio.get_running_loop()
     request_ids = [s.request_id for s in specs]
-    stream = OutputStream(self.abort, request_ids)
+    stream = OutputStream(self.abort, request_ids, self.engine_index)
     group, future = next(self._groups), loop.create_future()
     self._adds[group] = (future, request_ids, max_waiting)
+    self._num_unanswered += len(request_ids)
     for spec in specs:
       self._processor.add_request(
         spec.request_id, spec.prompt_token_ids, spec.params, spec.arrival_time
@@ -249,6 +287,7 @@ class CoreClient:
 
   def _answer(self, answer: AddResult) -> None:
     future, request_ids, limit = self._adds.pop(answer.group)
+    self._num_unanswered -= len(request_ids)
     error, full = answer.error, answer.queue_full
     if error is not None or full:
       for request_id in request_ids:
@@ -281,6 +320,7 @@ class CoreClient:
       if not future.done():
         future.set_exception(EngineDeadError(reason))
     self._adds.clear()
+    self._num_unanswered = 0
     for stream in set(self._streams.values()):
       stream._put(EngineDeadError(reason))
     self._streams.clear()

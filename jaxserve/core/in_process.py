@@ -50,6 +50,7 @@ class CoreThread:
       engine.max_model_len,
       engine.vocab_size,
       engine.warmup_seconds,
+      engine.allocator.page_size,
     )
     self._engine = engine
     self._stop = threading.Event()

@@ -23,13 +23,15 @@ from jaxserve.tokenizer.tokenizer import Tokenizer
 
 @dataclass(frozen=True)
 class CoreInfo:
-  """What the core tells its parent once it serves."""
+  """What the core tells its parent once it serves. page_size: its KV pages' tokens, the
+  block the API servers' prefix-affinity routing hashes (core/dp_routing.py)."""
 
   tokenizer: Tokenizer
   model_name: str
   max_model_len: int
   vocab_size: int
   warmup_seconds: float
+  page_size: int = 16
 
 
 def write_core_info(info: CoreInfo, path: Path) -> None:
@@ -46,8 +48,10 @@ class ApiProcessArgs:
   """One API server: its settings, the CoreInfo file, the core's address, the listening socket
   it accepts from (None: it binds server.host:port itself), its index, the log level, its
   generation (0 for the first process of the index, k for its k-th restart; the client identity
-  is api_identity(index, generation)) and the directory the API servers of one supervisor share
-  their request metrics in (None: one API server, its metrics its own; server/metrics.py)."""
+  is api_identity(index, generation)), the directory the API servers of one supervisor share
+  their request metrics in (None: one API server, its metrics its own; server/metrics.py) and
+  the addresses of the other engine cores when data_parallel_size > 1 (core_address is core
+  0's; the API server routes among them all, core/dp_client.py)."""
 
   server_config: ServerConfig
   info_path: str
@@ -57,6 +61,12 @@ class ApiProcessArgs:
   log_level: str
   generation: int = 0
   metrics_dir: str | None = None
+  other_core_addresses: tuple[str, ...] = ()
+
+  @property
+  def core_addresses(self) -> tuple[str, ...]:
+    """Every engine core's address, by engine index."""
+    return (self.core_address,) + self.other_core_addresses
 
   @property
   def identity(self) -> str:

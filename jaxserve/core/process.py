@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from jaxserve.config import EngineConfig
+from jaxserve.core.device_groups import DeviceGroup
 from jaxserve.core.info import CoreInfo
 from jaxserve.core.router import bind_router, core_address, remove_address
 
@@ -99,30 +100,60 @@ class CoreHandle:
     return None
 
 
+@dataclass
+class StartingCore:
+  """A core process spawned and not yet serving (spawn_core_process); wait_until_serving()."""
+
+  process: multiprocessing.process.BaseProcess
+  address: str
+  pipe: Connection
+
+
 def start_core_process(
   config: EngineConfig,
   log_level: str = "INFO",
   address: str | None = None,
   stop_requested: Callable[[], bool] | None = None,
+  group: DeviceGroup | None = None,
 ) -> CoreHandle:
-  """Spawns the core and returns once it serves; the child's ValueError (a bad setting) or a
-  CoreStartError with its error if the engine could not be built; CoreStartStopped once the core
-  has exited if `stop_requested()` turned true first (polled every 50 ms)."""
+  """Spawns the core and returns once it serves (spawn_core_process, wait_until_serving)."""
+  starting = spawn_core_process(config, log_level, address, group)
+  return wait_until_serving(starting, stop_requested)
+
+
+def spawn_core_process(
+  config: EngineConfig,
+  log_level: str = "INFO",
+  address: str | None = None,
+  group: DeviceGroup | None = None,
+) -> StartingCore:
+  """Starts the core's process; `group` confines it to its devices (one engine core of
+  several, core/device_groups.py)."""
   address = address or core_address()
   context = multiprocessing.get_context("spawn")
   parent_end, child_end = context.Pipe(duplex=False)
+  suffix = "" if group is None else f"-{group.index}"
   process = context.Process(
     target=run_core_process,
-    args=(config, address, child_end, log_level),
-    name="jaxserve-engine-core",
+    args=(config, address, child_end, log_level, group),
+    name=f"jaxserve-engine-core{suffix}",
     daemon=False,
   )
   process.start()
   child_end.close()
+  return StartingCore(process, address, parent_end)
+
+
+def wait_until_serving(
+  starting: StartingCore, stop_requested: Callable[[], bool] | None = None
+) -> CoreHandle:
+  """The core's handle once it serves; the child's ValueError (a bad setting) or a
+  CoreStartError with its error if the engine could not be built; CoreStartStopped once the core
+  has exited if `stop_requested()` turned true first (polled every 50 ms)."""
+  process, address, parent_end = starting.process, starting.address, starting.pipe
   while stop_requested is not None and not parent_end.poll(_STARTUP_POLL_S):
     if stop_requested():
-      _stop_starting(process)
-      remove_address(address)
+      stop_starting(starting)
       raise CoreStartStopped("stopped before the engine core served")
   try:
     message: PipeMessage = parent_end.recv()
@@ -137,6 +168,12 @@ def start_core_process(
       raise ValueError(message.message)
     raise CoreStartError(message.message)
   return CoreHandle(process, address, message.info, parent_end)
+
+
+def stop_starting(starting: StartingCore) -> None:
+  """Stops a core that has not served yet (a stop signal, or another core failed)."""
+  _stop_starting(starting.process)
+  remove_address(starting.address)
 
 
 def _stop_starting(process: multiprocessing.process.BaseProcess) -> None:
@@ -156,8 +193,18 @@ def _send_quietly(pipe: Connection, message: CoreFailure) -> None:
     pass
 
 
-def run_core_process(config: EngineConfig, address: str, pipe: Connection, log_level: str) -> None:
-  """The child's entry point."""
+def run_core_process(
+  config: EngineConfig,
+  address: str,
+  pipe: Connection,
+  log_level: str,
+  group: DeviceGroup | None = None,
+) -> None:
+  """The child's entry point. `group`: its devices' variables are set before jax starts."""
+  if group is not None:
+    if "jax" in sys.modules:
+      raise RuntimeError("jax was imported before the engine core's devices were chosen")
+    os.environ.update(dict(group.env))
   import zmq
 
   from jaxserve.assembly import build_engine
@@ -180,7 +227,14 @@ def run_core_process(config: EngineConfig, address: str, pipe: Connection, log_l
   socket = None
   try:
     prepare_jax_process(config.cache.memory_fraction)
-    engine = build_engine(config, default_warmup="background")  # ready after one bucket
+    devices = None
+    if group is not None:
+      from jaxserve.parallel.device_slice import select_devices
+
+      devices = select_devices(group.slice_start, group.count, group.platform)
+      logger.info("%s: %s", group.describe(), ", ".join(str(d) for d in devices))
+    # ready after one bucket
+    engine = build_engine(config, default_warmup="background", devices=devices)
     socket = bind_router(context, address)
     gc.collect()
     gc.freeze()  # the engine's long-lived objects: later collections do not scan them
@@ -193,6 +247,7 @@ def run_core_process(config: EngineConfig, address: str, pipe: Connection, log_l
           engine.max_model_len,
           engine.vocab_size,
           engine.warmup_seconds,
+          engine.allocator.page_size,
         )
       )
     )

@@ -55,10 +55,14 @@ class RequestSpec:
 
 class OutputStream:
   """The outputs of a group of engine requests, in step order, delivered on one event loop.
-  `abort` is the client's: it aborts request ids in the engine core."""
+  `abort` is the client's: it aborts request ids in the engine core; engine_index: the core
+  serving them (vLLM's `engine` label of their metrics)."""
 
-  def __init__(self, abort: Callable[[list[str]], None], request_ids: list[str]):
+  def __init__(
+    self, abort: Callable[[list[str]], None], request_ids: list[str], engine_index: int = 0
+  ):
     self.request_ids = tuple(request_ids)
+    self.engine_index = engine_index
     self._abort = abort
     self._items: deque[RequestOutput | BaseException] = deque()
     self._pending: dict[str, int] = {}  # request id -> its outputs in _items

@@ -1,12 +1,13 @@
-"""`jaxserve serve`'s process supervisor: one engine core process, N API server processes.
+"""`jaxserve serve`'s process supervisor: the engine core process (data_parallel_size of them
+on one host, core/engine_cores.py), N API server processes.
 
     supervisor (this process: no jax, no HTTP)
-      |-- engine core process (core/process.py): LLMEngine's core, CoreLoop on a ROUTER
+      |-- engine core process(es) (core/process.py): LLMEngine's core, CoreLoop on a ROUTER
       |-- API server process 0..N-1 (the entry point `jaxserve serve` passes,
           server/api_process.py): uvicorn + CoreClient (DEALER)
                   \\___ all accept() on one listening socket the supervisor bound
 
-The supervisor starts the core and waits until it serves (the engine is built and warmed up),
+The supervisor starts the core(s) and waits until each serves (the engine is built and warmed up),
 binds the HTTP socket and spawns the API servers with it (vLLM's way of sharing one port among API
 server processes; core/api_processes.py), keeping its own copy open (it never accepts on it) so a
 restarted API server accepts on the same socket. Each child runs run_api_process: this module's
@@ -25,14 +26,20 @@ removed when the supervisor exits. Then it waits on the children:
   those spawned drain as soon as they can (one still importing dies of the signal, one whose
   uvicorn is starting drains right after its start-up).
 * An API server dies (killed, crashed, or drained by a signal sent to it alone): the supervisor
-  tells the core (ClientGone over its own DEALER socket), which aborts that process's requests
+  tells each live core (ClientGone over its own DEALER socket), which aborts that process's requests
   (their streams were cut with the connection), logs one line with the exit code or signal and
   the back-off, and restarts it after the back-off (0.5 s doubling to 30 s, reset once a process
   has served 60 s: core/restart_backoff.py). Meanwhile the other API servers keep serving on the
   same socket; the `jaxserve_api_servers` gauge shows N - 1 until the new one says Hello.
-* The core dies: the API servers have already failed their open streams (their CoreClient saw
-  the connection close) and answer /health with 503; CORE_DEATH_GRACE_S later they are drained
-  and the supervisor exits 1, with the cause in one log line. It does not restart the core: a
+* One of several engine cores (data_parallel_size > 1) dies: the API servers have already failed
+  its open streams (an error event each; their client of that core saw the connection close)
+  and route no new request to it; the others keep serving, /health says "degraded" (200) and
+  jaxserve_engine_cores_alive drops; one log line with its cause. When the server stops later,
+  it exits 1 (a core failed).
+* The core dies (the last one, with several): the API servers have already failed their open
+  streams (their CoreClient saw the connection close) and answer /health with 503;
+  CORE_DEATH_GRACE_S later they are drained and the supervisor exits 1, with the cause in one
+  log line. It does not restart the core: a
   new core would load the weights and compile (or read from the cache) every step program
   again, minutes on a large model during which the port would answer nothing but 503, and any
   state of the dead one (its KV cache, its requests) is lost anyway; an orchestrator restarting
@@ -49,15 +56,13 @@ import time
 from multiprocessing.connection import wait
 from pathlib import Path
 
-import msgspec
 import uvicorn
-import zmq
 
 from jaxserve.config import EngineConfig
 from jaxserve.core.api_processes import ApiProcesses, describe_exit
+from jaxserve.core.engine_cores import EngineCores
 from jaxserve.core.info import ApiProcessArgs, ApiServerEntry, write_core_info
-from jaxserve.core.messages import ClientGone
-from jaxserve.core.process import CoreStartError, CoreStartStopped, start_core_process
+from jaxserve.core.process import CoreStartError, CoreStartStopped
 from jaxserve.log_setup import UVICORN_LOG_CONFIG
 
 logger = logging.getLogger(__name__)
@@ -101,7 +106,7 @@ def serve_multiprocess(
   sock = None
   try:
     try:
-      core = start_core_process(config, log_level, stop_requested=lambda: bool(stopping))
+      cores = EngineCores.start(config, log_level, stop_requested=lambda: bool(stopping))
     except CoreStartStopped:
       logger.info("stopped during start-up")
       return 0
@@ -110,11 +115,11 @@ def serve_multiprocess(
       return 1
     try:
       if stopping:
-        core.stop(STOP_TIMEOUT_S)
+        cores.stop(STOP_TIMEOUT_S)
         return 0
       server = config.server
       info_path = Path(info_dir.name) / "core_info.pickle"
-      write_core_info(core.info, info_path)
+      write_core_info(cores.info, info_path)
       sock = uvicorn.Config(
         None, host=server.host, port=server.port, log_config=UVICORN_LOG_CONFIG
       ).bind_socket()
@@ -123,12 +128,13 @@ def serve_multiprocess(
         return ApiProcessArgs(
           server,
           str(info_path),
-          core.address,
+          cores.addresses[0],
           sock,
           index,
           log_level,
           generation,
           metrics_dir.name,
+          tuple(cores.addresses[1:]),
         )
 
       apis = ApiProcesses(count, make_args, run_api_process, entry)
@@ -139,20 +145,20 @@ def serve_multiprocess(
       if stopping:  # the signal may have come between a start() and its slot
         apis.drain()
       logger.info(
-        "serving %r on %s://%s:%d (warmup %.1fs): engine core pid %d, API server pids %s",
-        server.served_model_name or core.info.model_name,
+        "serving %r on %s://%s:%d (warmup %.1fs): %s, API server pids %s",
+        server.served_model_name or cores.info.model_name,
         "https" if server.ssl_certfile else "http",
         server.host,
         server.port,
-        core.info.warmup_seconds,
-        core.process.pid,
+        cores.info.warmup_seconds,
+        cores.describe_pids(),
         ",".join(str(p.pid) for p in apis.running()),
       )
-      return _supervise(core, apis, stopping)
+      return _supervise(cores, apis, stopping)
     finally:  # whatever happened, no child outlives the supervisor
       if apis is not None:
         apis.terminate(STOP_TIMEOUT_S)
-      core.stop(STOP_TIMEOUT_S)
+      cores.stop(STOP_TIMEOUT_S)
   finally:
     if sock is not None:
       sock.close()
@@ -162,28 +168,25 @@ def serve_multiprocess(
       signal.signal(sig, handler)
 
 
-def _supervise(core, apis: ApiProcesses, stopping: list[int]) -> int:
-  context = zmq.Context()
-  control = context.socket(zmq.DEALER)
-  control.setsockopt(zmq.IDENTITY, b"supervisor")
-  control.setsockopt(zmq.LINGER, 1000)
-  control.connect(core.address)
+def _supervise(cores: EngineCores, apis: ApiProcesses, stopping: list[int]) -> int:
+  cores.connect()
   try:
-    return _wait_for_children(core, apis, stopping, control)
+    return _wait_for_children(cores, apis, stopping)
   finally:
-    control.close()
-    context.term()
+    cores.close()
 
 
-def _wait_for_children(core, apis: ApiProcesses, stopping: list[int], control: zmq.Socket) -> int:
+def _wait_for_children(cores: EngineCores, apis: ApiProcesses, stopping: list[int]) -> int:
   while not stopping or apis.running():
     pending = apis.seconds_to_next_restart()  # polled: a stop signal does not end a wait
     timeout = None if pending is None else min(pending, RESTART_POLL_S)
-    ready = wait([core.process.sentinel] + apis.sentinels(), timeout)
-    if core.process.sentinel in ready:
-      return _core_died(core, apis)
+    ready = wait(list(cores.sentinels()) + apis.sentinels(), timeout)
+    for index in cores.reap(ready):
+      if not cores.live:
+        return _last_core_died(cores, index, apis)
+      _core_died(cores, index)
     for dead in apis.reap(ready):
-      control.send(msgspec.msgpack.encode(ClientGone(dead.identity)))
+      cores.client_gone(dead.identity)
       if not stopping:
         delay = apis.schedule_restart(dead)
         logger.error(
@@ -207,23 +210,42 @@ def _wait_for_children(core, apis: ApiProcesses, stopping: list[int], control: z
     if restarted and stopping:  # a signal between a restart's start() and its slot
       apis.drain()
   status = 0
-  code = core.stop(STOP_TIMEOUT_S)
-  if code not in (0, None):
-    logger.error("the engine core process %s: %s", describe_exit(code), core.error())
-    status = 1
+  for index, code in enumerate(cores.stop(STOP_TIMEOUT_S)):
+    if code not in (0, None):
+      handle = cores.handles[index]
+      logger.error("engine core %d process %s: %s", index, describe_exit(code), handle.error())
+      status = 1
   logger.info("stopped")
   return status
 
 
-def _core_died(core, apis: ApiProcesses) -> int:
-  """The core is gone: one log line with the cause, the API servers drained, exit status 1."""
-  core.process.join()
-  error = " ".join((core.error() or "no error reported").split())
+def _core_error(cores: EngineCores, index: int) -> str:
+  handle = cores.handles[index]
+  error = " ".join((handle.error() or "no error reported").split())
+  return f"{describe_exit(handle.process.exitcode)}: {error}"
+
+
+def _core_died(cores: EngineCores, index: int) -> None:
+  """One engine core of several is gone: its requests have failed (their API servers saw its
+  connection close); the others keep serving, /health says degraded."""
   logger.error(
-    "the engine core process died (%s: %s); stopping the server with exit status 1 (the "
+    "engine core %d process died (%s); its requests ended with an error, the other %d engine "
+    "core(s) keep serving (degraded; the supervisor does not restart a core: that would load "
+    "the weights again)",
+    index,
+    _core_error(cores, index),
+    len(cores.live),
+  )
+
+
+def _last_core_died(cores: EngineCores, index: int, apis: ApiProcesses) -> int:
+  """Every core is gone: one log line with the cause, the API servers drained, exit status 1."""
+  logger.error(
+    "the engine core process died (%s); stopping the server with exit status 1 (the "
     "supervisor does not restart the core: that would load the weights again)",
-    describe_exit(core.process.exitcode),
-    error,
+    _core_error(cores, index)
+    if len(cores.handles) == 1
+    else f"engine core {index}, the last one: {_core_error(cores, index)}",
   )
   time.sleep(CORE_DEATH_GRACE_S)  # /health says 503 a moment before the port closes
   apis.drain()

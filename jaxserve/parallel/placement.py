@@ -23,6 +23,7 @@ sharded_dense.py run through them).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import jax
@@ -101,12 +102,16 @@ def is_sharded(config: EngineConfig) -> bool:
   )
 
 
-def load_placement(config: EngineConfig) -> Placement:
+def load_placement(config: EngineConfig, devices: Sequence[jax.Device] | None = None) -> Placement:
+  """`devices`: the engine's own (an engine core of several on one host,
+  parallel/device_slice.py); None: the process's, from the first."""
   check_kv_cache(config)
-  return _on_mesh(config) if is_sharded(config) else _on_one_device(config)
+  if is_sharded(config):
+    return _on_mesh(config, devices)
+  return _on_one_device(config, None if devices is None else devices[0])
 
 
-def _on_one_device(config: EngineConfig) -> Placement:
+def _on_one_device(config: EngineConfig, device: jax.Device | None = None) -> Placement:
   loaded = load_model(
     config.model,
     config.dtype,
@@ -118,7 +123,7 @@ def _on_one_device(config: EngineConfig) -> Placement:
     batch_invariant=config.batch_invariant,
     quantized_gemm=quantized_gemm(config, loaded.config.quantization),
   )
-  params = dict(jax.device_put(loaded.params))
+  params = dict(jax.device_put(loaded.params, device))
   return Placement(
     LoadedModel(model_config, params, loaded.source, loaded.packed),
     attention_for(config),
@@ -169,8 +174,8 @@ def dense_for(config: EngineConfig) -> DenseBackend | None:
   return batch_invariant_backend() if config.batch_invariant else None
 
 
-def _on_mesh(config: EngineConfig) -> Placement:
-  mesh = build_mesh(config.tensor_parallel_size)
+def _on_mesh(config: EngineConfig, devices: Sequence[jax.Device] | None = None) -> Placement:
+  mesh = build_mesh(config.tensor_parallel_size, devices)
   loaded = load_model_sharded(
     config.model,
     config.dtype,

@@ -21,7 +21,9 @@ import os
 import sys
 from pathlib import Path
 
-from jaxserve.core.info import ApiProcessArgs, read_core_info
+from jaxserve.core.client import CoreClient
+from jaxserve.core.dp_client import DataParallelClient, EngineClient
+from jaxserve.core.info import ApiProcessArgs, CoreInfo, read_core_info
 
 
 def run_api_server(args: ApiProcessArgs) -> None:
@@ -30,12 +32,11 @@ def run_api_server(args: ApiProcessArgs) -> None:
     if "prometheus_client" in sys.modules:
       raise RuntimeError("prometheus_client was imported before its multi-process mode was set")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = args.metrics_dir
-  from jaxserve.core.client import CoreClient
   from jaxserve.server.app import build_app
   from jaxserve.server.uvicorn_runner import run_app
 
   info = read_core_info(Path(args.info_path))
-  client = CoreClient(args.core_address, info.tokenizer, identity=args.identity)
+  client = engine_client(args, info)
   app = build_app(
     client,
     info.tokenizer,
@@ -54,3 +55,16 @@ def run_api_server(args: ApiProcessArgs) -> None:
     sock=args.sock,
     stats_prefix=f"API server {args.index}: " if args.sock is not None else "",
   )
+
+
+def engine_client(args: ApiProcessArgs, info: CoreInfo) -> EngineClient:
+  """A CoreClient of the engine core, or a DataParallelClient over one per core when
+  data_parallel_size cores serve (each client under this API server's identity)."""
+  addresses = args.core_addresses
+  clients = [
+    CoreClient(address, info.tokenizer, identity=args.identity, engine_index=index)
+    for index, address in enumerate(addresses)
+  ]
+  if len(clients) == 1:
+    return clients[0]
+  return DataParallelClient(clients, info.page_size)

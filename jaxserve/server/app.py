@@ -2,9 +2,10 @@
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/{id}
 (404 model_not_found for another id), POST /tokenize, POST /detokenize, GET /tokenizer_info
-(server/tokenizer_info.py), GET /health (200 ready, 503 while draining or once the engine core
-is gone), GET /metrics (Prometheus text), GET /version ({"version": jaxserve's}). Every error,
-including unknown routes, has OpenAI's body shape; bad input is never a 5xx.
+(server/tokenizer_info.py), GET /health (200 ready, 200 "degraded" while some of several engine
+cores are gone, 503 while draining or once every engine core is gone), GET /metrics (Prometheus
+text), GET /version ({"version": jaxserve's}). Every error, including unknown routes, has
+OpenAI's body shape; bad input is never a 5xx.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from jaxserve.config import ServerConfig
-from jaxserve.core.client import CoreClient
+from jaxserve.core.dp_client import EngineClient
 from jaxserve.core.streams import EngineDeadError
 from jaxserve.engine.admission import check_token_ids
 from jaxserve.server.chat import create_chat_completion
@@ -39,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 
 def build_app(
-  engine: CoreClient,
+  engine: EngineClient,
   tokenizer: Tokenizer,
   config: ServerConfig,
   *,
@@ -48,7 +49,8 @@ def build_app(
   vocab_size: int,
   metrics_dir: str | None = None,
 ) -> Starlette:
-  """The app over a CoreClient, which the app attaches on its event loop (run it with uvicorn's
+  """The app over an EngineClient (a CoreClient, or a DataParallelClient over several engine
+  cores), which the app attaches on its event loop (run it with uvicorn's
   lifespan on); one client per app. metrics_dir: where the API server processes of one
   supervisor share their request metrics (server/metrics.py; None: this app's alone)."""
   served_name = config.served_model_name or model_name
@@ -172,7 +174,19 @@ async def detokenize(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
+  """200 {"status": "ok"}; 200 {"status": "degraded", ...} while some engine cores of several
+  are gone (the others serve: a load balancer keeps sending, monitoring sees the body and
+  jaxserve_engine_cores_alive); 503 while draining or once every core is gone."""
   state: ServingState = request.app.state.serving
+  if state.ready and state.engine.degraded:
+    cores = state.engine.core_states()
+    return JSONResponse(
+      {
+        "status": "degraded",
+        "engine_cores": len(cores),
+        "engine_cores_alive": [core.index for core in cores if core.alive],
+      }
+    )
   if state.ready:
     return JSONResponse({"status": "ok"})
   reason = "draining" if state.draining.is_set() else "engine stopped"

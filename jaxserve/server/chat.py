@@ -171,7 +171,7 @@ class ChatView:
     return chunks
 
   async def events(self, stream: OutputStream) -> AsyncIterator[str]:
-    observe = self.state.metrics.observer()
+    observe = self.state.metrics.observer(stream.engine_index)
     coalescer = StepCoalescer(self.state.config.stream_interval)
     num_generated = 0
     try:

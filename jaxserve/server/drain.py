@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from jaxserve.core.client import CoreClient
+from jaxserve.core.dp_client import EngineClient
 from jaxserve.core.streams import EngineDeadError
 from jaxserve.server.errors import ApiError, internal, unavailable
 
@@ -31,7 +31,7 @@ def stream_error(err: EngineDeadError) -> ApiError:
 class DrainTimer:
   """Started once at the stop signal; after timeout_s it ends the engine's running streams."""
 
-  def __init__(self, engine: CoreClient, timeout_s: float):
+  def __init__(self, engine: EngineClient, timeout_s: float):
     self._engine = engine
     self._timeout_s = timeout_s
     self._timer: threading.Timer | None = None

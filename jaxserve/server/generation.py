@@ -64,7 +64,8 @@ class EngineStreamResponse(StreamingResponse):
     try:
       await super().__call__(scope, receive, send)
     finally:
-      self._metrics.requests_aborted.inc(self._stream.abort())
+      aborted = self._metrics.for_engine(self._stream.engine_index).requests_aborted
+      aborted.inc(self._stream.abort())
 
 
 async def collect(
@@ -72,7 +73,7 @@ async def collect(
 ) -> dict[str, RequestOutput]:
   """Every request's final output; raises ClientDisconnected (after aborting) if the client
   leaves first, EngineDeadError if the engine dies."""
-  observe = metrics.observer()
+  observe = metrics.observer(stream.engine_index)
 
   async def consume() -> dict[str, RequestOutput]:
     finals = {}
@@ -97,4 +98,4 @@ async def collect(
   finally:
     consumer.cancel()
     watcher.cancel()
-    metrics.requests_aborted.inc(stream.abort())
+    metrics.for_engine(stream.engine_index).requests_aborted.inc(stream.abort())

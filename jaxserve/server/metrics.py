@@ -11,6 +11,13 @@ vLLM's names (server/vllm_metrics.py) are exported beside these: each observatio
 by an `Observation`, which records it in every family that reports it (`jaxserve_*` and
 `vllm:*`), so the two never disagree and nothing is counted twice.
 
+Several engine cores (data_parallel_size > 1): the `jaxserve_*` families are the sums over the
+cores (the engine gauges and counters from DataParallelClient's summed stats, the request
+families fed by every core's requests), with `jaxserve_engine_cores` and
+`jaxserve_engine_cores_alive`; the `vllm:*` families hold one sample per core under its `engine`
+label (a request's observations go to the child of the core that served it:
+ServerMetrics.for_engine), as vLLM's data parallel deployment exports them.
+
 Several API server processes (server.api_server_count > 1) share one port, so a scrape reaches
 any one of them: their request families (latencies, token and request counters) are recorded in
 prometheus_client's multi-process mode, in files of the supervisor's metrics_dir, and /metrics
@@ -21,6 +28,7 @@ line (server/stats_logger.py) reads `registry`: this process's own values.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -28,7 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from jaxserve.core.client import CoreClient
+from jaxserve.core.dp_client import EngineClient
 from jaxserve.outputs import RequestOutput
 from jaxserve.server.vllm_metrics import (
   VllmEngineCollector,
@@ -58,11 +66,11 @@ _LATENCY_BUCKETS = (
 
 
 class EngineStatsCollector(Collector):
-  def __init__(self, engine: CoreClient):
+  def __init__(self, engine: EngineClient):
     self._engine = engine
 
   def collect(self) -> Iterator[Metric]:
-    stats = self._engine.stats
+    stats, states = self._engine.stats, self._engine.core_states()
     for name, doc, value in (
       ("jaxserve_num_requests_running", "Requests in the running batch.", stats.num_running),
       ("jaxserve_num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting),
@@ -81,6 +89,17 @@ class EngineStatsCollector(Collector):
         "(server.api_server_count once all have started, one fewer while a dead one "
         "restarts; 1 for the one-process server).",
         self._engine.num_api_servers,
+      ),
+      (
+        "jaxserve_engine_cores",
+        "Engine cores serving the model (data_parallel_size).",
+        len(states),
+      ),
+      (
+        "jaxserve_engine_cores_alive",
+        "Engine cores still serving (fewer than jaxserve_engine_cores: one died, /health says "
+        "degraded).",
+        sum(state.alive for state in states),
       ),
       (
         "jaxserve_step_programs_compiled",
@@ -119,12 +138,32 @@ class Observation:
       family.inc(amount)
 
 
-class ServerMetrics:
-  """The app's collectors; each HTTP call feeds its outputs to an observer(). model_name is the
-  served model name (vLLM's `model_name` label); shared_dir the multi-process directory of the
-  API servers of one supervisor (None: this process's metrics alone)."""
+@dataclass(frozen=True)
+class RequestObservations:
+  """What the requests of one engine core feed: each Observation records in the jaxserve_*
+  family (every core's together) and in vLLM's child of that core (its `engine` label)."""
 
-  def __init__(self, engine: CoreClient, model_name: str, shared_dir: str | None = None):
+  time_to_first_token: Observation
+  inter_token_latency: Observation
+  e2e_latency: Observation
+  prompt_tokens: Observation
+  generation_tokens: Observation
+  requests_aborted: Observation
+  requests_finished: Counter  # jaxserve's, by finish_reason
+  request_success: dict[str, Counter]  # vLLM's, by finished_reason
+
+  def request_finished(self, reason: str | None) -> None:
+    """A request ended on its own (jaxserve's finish_reason; "unknown" if none)."""
+    self.requests_finished.labels(reason or "unknown").inc()
+    self.request_success[finished_reason(reason)].inc()
+
+
+class ServerMetrics:
+  """The app's collectors; each HTTP call feeds its outputs to an observer(engine index).
+  model_name is the served model name (vLLM's `model_name` label); shared_dir the multi-process
+  directory of the API servers of one supervisor (None: this process's metrics alone)."""
+
+  def __init__(self, engine: EngineClient, model_name: str, shared_dir: str | None = None):
     self.registry = CollectorRegistry(auto_describe=True)
     engine_collectors = (EngineStatsCollector(engine), VllmEngineCollector(engine, model_name))
     for collector in engine_collectors:
@@ -135,7 +174,8 @@ class ServerMetrics:
       MultiProcessCollector(self._exposed, path=shared_dir)
       for collector in engine_collectors:
         self._exposed.register(collector)
-    vllm = vllm_request_families(self.registry, model_name)
+    num_engines = len(engine.core_states())
+    vllm = vllm_request_families(self.registry, model_name, num_engines)
     kwargs = {"registry": self.registry}
     time_to_first_token = Histogram(
       "jaxserve_time_to_first_token_seconds",
@@ -159,38 +199,43 @@ class ServerMetrics:
       "jaxserve_prompt_tokens", "Prompt tokens of finished requests.", **kwargs
     )
     generation_tokens = Counter("jaxserve_generation_tokens", "Generated tokens.", **kwargs)
-    self._requests_finished = Counter(
+    requests_finished = Counter(
       "jaxserve_requests_finished", "Finished requests.", ["finish_reason"], **kwargs
     )
     requests_aborted = Counter(
       "jaxserve_requests_aborted", "Requests aborted because their client went away.", **kwargs
     )
-    self._request_success = vllm.request_success
-    self.time_to_first_token = Observation(time_to_first_token, vllm.time_to_first_token)
-    self.inter_token_latency = Observation(
-      inter_token_latency, vllm.inter_token_latency, vllm.time_per_output_token
-    )
-    self.e2e_latency = Observation(e2e_latency, vllm.e2e_request_latency)
-    self.prompt_tokens = Observation(prompt_tokens, vllm.prompt_tokens)
-    self.generation_tokens = Observation(generation_tokens, vllm.generation_tokens)
-    self.requests_aborted = Observation(requests_aborted, self._request_success["abort"])
+    self._engines = [
+      RequestObservations(
+        time_to_first_token=Observation(time_to_first_token, v.time_to_first_token),
+        inter_token_latency=Observation(
+          inter_token_latency, v.inter_token_latency, v.time_per_output_token
+        ),
+        e2e_latency=Observation(e2e_latency, v.e2e_request_latency),
+        prompt_tokens=Observation(prompt_tokens, v.prompt_tokens),
+        generation_tokens=Observation(generation_tokens, v.generation_tokens),
+        requests_aborted=Observation(requests_aborted, v.request_success["abort"]),
+        requests_finished=requests_finished,
+        request_success=v.request_success,
+      )
+      for v in vllm
+    ]
 
-  def request_finished(self, reason: str | None) -> None:
-    """A request ended on its own (jaxserve's finish_reason; "unknown" if none)."""
-    self._requests_finished.labels(reason or "unknown").inc()
-    self._request_success[finished_reason(reason)].inc()
+  def for_engine(self, index: int) -> RequestObservations:
+    """The observations of requests engine core `index` serves."""
+    return self._engines[index]
 
   def render(self) -> bytes:
     return generate_latest(self._exposed)
 
-  def observer(self) -> OutputObserver:
-    return OutputObserver(self)
+  def observer(self, engine_index: int = 0) -> OutputObserver:
+    return OutputObserver(self.for_engine(engine_index))
 
 
 class OutputObserver:
   """Observes the outputs of one HTTP call's requests (it remembers each one's last token time)."""
 
-  def __init__(self, metrics: ServerMetrics):
+  def __init__(self, metrics: RequestObservations):
     self._metrics = metrics
     self._last_token_time: dict[str, float] = {}
 

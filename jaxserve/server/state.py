@@ -21,7 +21,7 @@ from typing import TypeVar
 from starlette.requests import Request
 
 from jaxserve.config import ServerConfig
-from jaxserve.core.client import CoreClient
+from jaxserve.core.dp_client import EngineClient
 from jaxserve.core.streams import OutputStream, QueueFullError, RequestSpec
 from jaxserve.server.encodable import check_encodable
 from jaxserve.server.errors import ApiError, bad_request, not_found, queue_full, unavailable
@@ -33,7 +33,7 @@ T = TypeVar("T")
 
 @dataclass
 class ServingState:
-  engine: CoreClient
+  engine: EngineClient
   tokenizer: Tokenizer
   config: ServerConfig
   model_name: str

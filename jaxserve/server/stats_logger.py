@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from jaxserve.core.client import CoreClient
+from jaxserve.core.dp_client import EngineClient
 from jaxserve.server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class StatsLogger:
   """tick() computes and logs one line; start() calls it every interval_s on a daemon thread."""
 
   def __init__(
-    self, engine: CoreClient, metrics: ServerMetrics, interval_s: float, prefix: str = ""
+    self, engine: EngineClient, metrics: ServerMetrics, interval_s: float, prefix: str = ""
   ):
     self._engine = engine
     self._metrics = metrics

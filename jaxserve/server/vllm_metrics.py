@@ -5,9 +5,12 @@ queries), KEDA / HPA examples (waiting requests, KV usage) and vLLM's Grafana da
 TPOT, end-to-end latency, token and request counters).
 
 Names, types and labels are vLLM V1's (vllm/v1/metrics/loggers.py, `PrometheusStatLogger`):
-every family carries `model_name` (the served model name) and `engine` (the engine core's index;
-"0", the one engine core), and `vllm:request_success_total` adds `finished_reason` (stop, length,
-abort, error; created at 0 as vLLM does). prometheus_client takes the colon in these names (it
+every family carries `model_name` (the served model name) and `engine` (the engine core's index:
+"0" with one core; with data_parallel_size N, one sample per core, "0" to "N-1", as vLLM's data
+parallel engines: an engine family's value is that core's own stats, a request family's child
+is the core that served the request; their sum is what a one-core server reports), and
+`vllm:request_success_total` adds `finished_reason` (stop, length, abort, error; created at 0 as
+vLLM does). prometheus_client takes the colon in these names (it
 is legal in the exposition format); a Counter named `vllm:prompt_tokens` is exposed as
 `vllm:prompt_tokens_total`, as vLLM's is.
 
@@ -27,10 +30,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from jaxserve.core.client import CoreClient
+from jaxserve.core.dp_client import EngineClient
+from jaxserve.engine.engine_stats import EngineStats
 from jaxserve.outputs import FinishReason
 
-ENGINE_INDEX = "0"  # the engine core's index (vLLM's `engine` label); one core for now
 LABELS = ("model_name", "engine")
 # vLLM's histogram buckets, in seconds
 # fmt: off
@@ -59,46 +62,55 @@ def finished_reason(reason: str | None) -> str:
 
 
 class VllmEngineCollector(Collector):
-  """The engine families, from the CoreClient's last EngineStats at each scrape."""
+  """The engine families, one sample per engine core, from each core's last EngineStats at each
+  scrape (core_states(): a dead core's gauges are 0, its counters as last reported)."""
 
-  def __init__(self, engine: CoreClient, model_name: str):
+  def __init__(self, engine: EngineClient, model_name: str):
     self._engine = engine
-    self._labels = [model_name, ENGINE_INDEX]
+    self._model_name = model_name
 
   def collect(self) -> Iterator[Metric]:
-    stats = self._engine.stats
-    usage = stats.num_used_pages / stats.num_total_pages if stats.num_total_pages else 0.0
-    for name, doc, value in (
-      ("vllm:num_requests_running", "Requests in the running batch.", stats.num_running),
-      ("vllm:num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting),
-      ("vllm:kv_cache_usage_perc", "KV cache usage; 1 means 100 percent.", usage),
-      ("vllm:gpu_cache_usage_perc", "KV cache usage (vLLM's older name).", usage),
-    ):
-      family = GaugeMetricFamily(name, doc, labels=LABELS)
-      family.add_metric(self._labels, value)
-      yield family
-    for name, doc, value in (
-      (
-        "vllm:prefix_cache_queries",
-        "Prefix cache queries, in tokens.",
-        stats.num_prefix_cache_queries,
-      ),
-      ("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", stats.num_prefix_cache_hits),
-      (
-        "vllm:gpu_prefix_cache_queries",
-        "Prefix cache queries, in tokens (vLLM's older name).",
-        stats.num_prefix_cache_queries,
-      ),
-      (
-        "vllm:gpu_prefix_cache_hits",
-        "Prefix cache hits, in tokens (vLLM's older name).",
-        stats.num_prefix_cache_hits,
-      ),
-      ("vllm:num_preemptions", "Requests preempted to free KV pages.", stats.num_preemptions),
-    ):
-      family = CounterMetricFamily(name, doc, labels=LABELS)
-      family.add_metric(self._labels, value)
-      yield family
+    states = self._engine.core_states()
+    families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+    for state in states:
+      labels = [self._model_name, str(state.index)]
+      for kind, name, doc, value in _engine_values(state.stats):
+        if name not in families:
+          families[name] = kind(name, doc, labels=LABELS)
+        families[name].add_metric(labels, value)
+    yield from families.values()
+
+
+def _engine_values(stats: EngineStats) -> Iterator[tuple[type, str, str, float]]:
+  """(family type, name, help, value) of each engine family for one core's stats."""
+  usage = stats.num_used_pages / stats.num_total_pages if stats.num_total_pages else 0.0
+  for name, doc, value in (
+    ("vllm:num_requests_running", "Requests in the running batch.", stats.num_running),
+    ("vllm:num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting),
+    ("vllm:kv_cache_usage_perc", "KV cache usage; 1 means 100 percent.", usage),
+    ("vllm:gpu_cache_usage_perc", "KV cache usage (vLLM's older name).", usage),
+  ):
+    yield GaugeMetricFamily, name, doc, value
+  for name, doc, value in (
+    (
+      "vllm:prefix_cache_queries",
+      "Prefix cache queries, in tokens.",
+      stats.num_prefix_cache_queries,
+    ),
+    ("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", stats.num_prefix_cache_hits),
+    (
+      "vllm:gpu_prefix_cache_queries",
+      "Prefix cache queries, in tokens (vLLM's older name).",
+      stats.num_prefix_cache_queries,
+    ),
+    (
+      "vllm:gpu_prefix_cache_hits",
+      "Prefix cache hits, in tokens (vLLM's older name).",
+      stats.num_prefix_cache_hits,
+    ),
+    ("vllm:num_preemptions", "Requests preempted to free KV pages.", stats.num_preemptions),
+  ):
+    yield CounterMetricFamily, name, doc, value
 
 
 @dataclass(frozen=True)
@@ -114,42 +126,53 @@ class VllmRequestFamilies:
   request_success: dict[str, Counter]  # by vLLM's finished_reason
 
 
-def vllm_request_families(registry: CollectorRegistry, model_name: str) -> VllmRequestFamilies:
-  labels = (model_name, ENGINE_INDEX)
-
-  def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-    family = Histogram(name, doc, LABELS, buckets=buckets, registry=registry)
-    return family.labels(*labels)
-
-  def counter(name: str, doc: str) -> Counter:
-    return Counter(name, doc, LABELS, registry=registry).labels(*labels)
-
+def vllm_request_families(
+  registry: CollectorRegistry, model_name: str, num_engines: int = 1
+) -> list[VllmRequestFamilies]:
+  """The request families' children of each engine core (index i: core i's)."""
+  histograms = {
+    name: Histogram(name, doc, LABELS, buckets=buckets, registry=registry)
+    for name, doc, buckets in _HISTOGRAMS
+  }
+  counters = {name: Counter(name, doc, LABELS, registry=registry) for name, doc in _COUNTERS}
   success = Counter(
     "vllm:request_success",
     "Finished requests, by finished_reason.",
     LABELS + ("finished_reason",),
     registry=registry,
   )
-  return VllmRequestFamilies(
-    time_to_first_token=histogram(
-      "vllm:time_to_first_token_seconds", "Time to first token in seconds.", TTFT_BUCKETS
-    ),
-    time_per_output_token=histogram(
-      "vllm:time_per_output_token_seconds",
-      "Time per output token in seconds (each inter-token interval, as vLLM up to 0.10).",
-      TOKEN_INTERVAL_BUCKETS,
-    ),
-    inter_token_latency=histogram(
-      "vllm:inter_token_latency_seconds",
-      "Inter-token latency in seconds.",
-      TOKEN_INTERVAL_BUCKETS,
-    ),
-    e2e_request_latency=histogram(
-      "vllm:e2e_request_latency_seconds",
-      "End-to-end request latency in seconds.",
-      REQUEST_LATENCY_BUCKETS,
-    ),
-    prompt_tokens=counter("vllm:prompt_tokens", "Prompt tokens of finished requests."),
-    generation_tokens=counter("vllm:generation_tokens", "Generated tokens."),
-    request_success={r: success.labels(*labels, r) for r in FINISHED_REASONS},
-  )
+  engines = []
+  for engine in range(num_engines):
+    labels = (model_name, str(engine))
+    engines.append(
+      VllmRequestFamilies(
+        time_to_first_token=histograms["vllm:time_to_first_token_seconds"].labels(*labels),
+        time_per_output_token=histograms["vllm:time_per_output_token_seconds"].labels(*labels),
+        inter_token_latency=histograms["vllm:inter_token_latency_seconds"].labels(*labels),
+        e2e_request_latency=histograms["vllm:e2e_request_latency_seconds"].labels(*labels),
+        prompt_tokens=counters["vllm:prompt_tokens"].labels(*labels),
+        generation_tokens=counters["vllm:generation_tokens"].labels(*labels),
+        request_success={r: success.labels(*labels, r) for r in FINISHED_REASONS},
+      )
+    )
+  return engines
+
+
+_HISTOGRAMS = (
+  ("vllm:time_to_first_token_seconds", "Time to first token in seconds.", TTFT_BUCKETS),
+  (
+    "vllm:time_per_output_token_seconds",
+    "Time per output token in seconds (each inter-token interval, as vLLM up to 0.10).",
+    TOKEN_INTERVAL_BUCKETS,
+  ),
+  ("vllm:inter_token_latency_seconds", "Inter-token latency in seconds.", TOKEN_INTERVAL_BUCKETS),
+  (
+    "vllm:e2e_request_latency_seconds",
+    "End-to-end request latency in seconds.",
+    REQUEST_LATENCY_BUCKETS,
+  ),
+)
+_COUNTERS = (
+  ("vllm:prompt_tokens", "Prompt tokens of finished requests."),
+  ("vllm:generation_tokens", "Generated tokens."),
+)

@@ -38,6 +38,7 @@ FLAG_VALUES = {
   "warmup": (["--warmup", "full"], "full"),
   "seed": (["--seed", "7"], 7),
   "tensor_parallel_size": (["--tensor-parallel-size", "2"], 2),
+  "data_parallel_size": (["--data-parallel-size", "2"], 2),
   "enable_expert_parallel": (["--enable-expert-parallel"], True),
   "quantization": (["--quantization", "int8"], "int8"),
   "kv_cache_dtype": (["--kv-cache-dtype", "fp8"], "fp8"),
