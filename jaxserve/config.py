@@ -282,7 +282,8 @@ class EngineConfig:
   only, with API server processes (server.api_server_count >= 1), on one host.
   tp_invariant_reductions makes the
   bfloat16 forward bitwise independent of tensor_parallel_size in {1, 2}
-  (models/invariant_dense.py; a parity mode, slower at tp = 1). batch_invariant makes every
+  (models/invariant_dense.py, and models/invariant_experts.py for a mixture of experts, whose
+  one-device run mirrors the enable_expert_parallel layout; a parity mode, slower at tp = 1). batch_invariant makes every
   token's computation bitwise independent of the step's bucket, batch mates and prompt chunking
   (fixed-tile GEMMs, models/batch_invariant_dense.py; attention tiles fixed,
   attention/backends.py). gpu_gemm on GPUs: "cublas" compiles every GEMM of the step to cuBLAS
