@@ -23,7 +23,7 @@ from jaxserve.models.norms import normalized
 from jaxserve.parallel.partition_rules import EXPERT_SPECS, MODEL_AXIS, build_mesh
 from jaxserve.parallel.sharded_experts import shard_experts
 
-E, K, H, I, HEADS, D = 128, 8, 2048, 768, 32, 128  # Qwen3-30B-A3B
+E, K, H, FFN, HEADS, D = 128, 8, 2048, 768, 32, 128  # Qwen3-30B-A3B
 
 
 def _same(a: jax.Array, b: jax.Array) -> str:
@@ -36,9 +36,9 @@ def experts(tokens: int, meshes, key) -> list[str]:
   k = jax.random.split(key, 5)
   x = jax.random.normal(k[0], (tokens, H), jnp.bfloat16)
   weights, ids = route(jax.random.normal(k[1], (tokens, E), jnp.float32), K, True)
-  gate = (jax.random.normal(k[2], (E, H, I), jnp.float32) * 0.02).astype(jnp.bfloat16)
-  up = (jax.random.normal(k[3], (E, H, I), jnp.float32) * 0.02).astype(jnp.bfloat16)
-  down = (jax.random.normal(k[4], (E, I, H), jnp.float32) * 0.02).astype(jnp.bfloat16)
+  gate = (jax.random.normal(k[2], (E, H, FFN), jnp.float32) * 0.02).astype(jnp.bfloat16)
+  up = (jax.random.normal(k[3], (E, H, FFN), jnp.float32) * 0.02).astype(jnp.bfloat16)
+  down = (jax.random.normal(k[4], (E, FFN, H), jnp.float32) * 0.02).astype(jnp.bfloat16)
   lines = []
   for ep in (False, True):
     specs, outs = EXPERT_SPECS[ep], []

@@ -280,15 +280,15 @@ class EngineConfig:
   devices i*tp .. (i+1)*tp - 1; core/device_groups.py), behind the same API server processes,
   which route each request by load and prefix affinity (core/dp_routing.py); `jaxserve serve`
   only, with API server processes (server.api_server_count >= 1), on one host.
-  tp_invariant_reductions makes the
-  bfloat16 forward bitwise independent of tensor_parallel_size in {1, 2}
-  (models/invariant_dense.py, and models/invariant_experts.py for a mixture of experts, whose
-  one-device run mirrors the enable_expert_parallel layout; a parity mode, slower at tp = 1). batch_invariant makes every
-  token's computation bitwise independent of the step's bucket, batch mates and prompt chunking
-  (fixed-tile GEMMs, models/batch_invariant_dense.py; attention tiles fixed,
-  attention/backends.py). gpu_gemm on GPUs: "cublas" compiles every GEMM of the step to cuBLAS
-  and "cublaslt" to cuBLASLt (XLA's Triton GEMM fusions off in both; docs/DECISIONS.md, "cuBLAS
-  for the step's GEMMs"), "xla" leaves the choice to XLA. sampler_backend: where the
+  tp_invariant_reductions makes the bfloat16 forward bitwise independent of tensor_parallel_size
+  in {1, 2} (models/invariant_dense.py, and models/invariant_experts.py for a mixture of experts,
+  whose one-device run mirrors the enable_expert_parallel layout; a parity mode, slower at
+  tp = 1). batch_invariant makes every token's computation bitwise independent of the step's
+  bucket, batch mates and prompt chunking (fixed-tile GEMMs, models/batch_invariant_dense.py;
+  attention tiles fixed, attention/backends.py).
+  gpu_gemm on GPUs: "cublas" compiles every GEMM of the step to cuBLAS and "cublaslt" to
+  cuBLASLt (XLA's Triton GEMM fusions off in both; docs/DECISIONS.md, "cuBLAS for the step's
+  GEMMs"), "xla" leaves the choice to XLA. sampler_backend: where the
   sampler takes the greedy pick and the log-normalizer from; "auto" is the Pallas GPU kernel
   (pallas_kernels/greedy_sample) for unsharded models on GPUs and XLA's reductions elsewhere;
   "pallas_gpu" off a GPU runs the kernel in Pallas interpret mode (tests).
