@@ -32,6 +32,9 @@ def _write_config(path: str, drain_timeout_s: float = 30, model: str = "tiny-ran
     "model": model,
     "max_model_len": MAX_MODEL_LEN,
     "compilation_cache_dir": cache_dir,
+    # every program compiled before /health says ready: a step that compiled (seconds on a loaded
+    # CPU) when the signal came would hold the core past the supervisor's stop timeout
+    "warmup": "full",
     "cache": {"page_size": 16, "num_pages": 256},
     "scheduler": {
       "max_num_seqs": 16,
