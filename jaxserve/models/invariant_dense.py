@@ -18,7 +18,9 @@ one addition a + b on one device or in the all-reduce on two, which is commutati
 Every GEMM's operands and result pass through `lax.optimization_barrier`: XLA would otherwise
 merge GEMMs that share an operand (the q/k/v projections of one input, the groups of one
 projection) into one wider GEMM, or fold a following addition into the GEMM's epilogue, and the
-merged shapes differ between the unsharded and the sharded program.
+merged shapes differ between the unsharded and the sharded program. A column projection's
+concatenated groups pass through one too, so what reads them reads a plain array, as on a
+device of the mesh.
 """
 
 from __future__ import annotations
@@ -79,7 +81,12 @@ def column_groups(
     _gemm(x, kernel[:, cols], kernel.dtype, matmul)  # [T, N/G] each
     for cols in _group_slices(kernel.shape[1], num_groups, "column projection")
   ]
-  return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
+  if len(parts) == 1:
+    return parts[0]
+  # materialized, as one device's shard is: XLA would otherwise fuse the concatenation into the
+  # consumer, and a reduction reading a concatenation (Qwen3's q/k norms over head_dim) may sum
+  # in another order than one reading a plain array
+  return jax.lax.optimization_barrier(jnp.concatenate(parts, axis=-1))  # [T, N]
 
 
 def row_group_partials(
