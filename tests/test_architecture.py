@@ -5,8 +5,9 @@ a fraction of a second and fails on the first edge that breaks a rule):
   the host side (engine/, core/, server/, structured/, tools/, bench/, llm.py, cli.py) nor from
   the composition root (assembly.py, follower.py);
 * what crosses the seam (messages/) imports no jax and nothing else of jaxserve;
-* the host side (every module of engine/: scheduler, page allocator, requests, batch builder,
-  admission rules, the engine loop, which reaches the device side through the protocols of
+* the host side (every module of engine/: scheduler (with its admission of waiting requests,
+  decode bursts, prefix-cache page bookkeeping and step plan), page allocator, requests, batch
+  builder, admission rules, the engine loop, which reaches the device side through the protocols of
   engine/device_port.py) imports no jax, directly or through any jaxserve module it imports;
 * investigations/ (one-off device investigations, not installed) may import jaxserve, never the
   reverse: no jaxserve or pallas_kernels module imports it, and pip does not install it;
@@ -79,6 +80,10 @@ PURE_HOST = (
   "jaxserve.defaults",  # the device-aware defaults rule: a pure function of a description
   "jaxserve.device_description",
   "jaxserve.engine.scheduler",
+  "jaxserve.engine.waiting_admission",
+  "jaxserve.engine.decode_burst",
+  "jaxserve.engine.prefix_cache_pages",
+  "jaxserve.engine.step_plan",
   "jaxserve.engine.page_allocator",
   "jaxserve.engine.kv_groups",
   "jaxserve.engine.request",
