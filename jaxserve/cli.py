@@ -116,7 +116,7 @@ def _add_convert(subparsers) -> None:
 def _config(args: argparse.Namespace) -> int:
   import yaml
 
-  from jaxserve.config import config_to_dict
+  from jaxserve.config_loader import config_to_dict
   from jaxserve.messages.buckets import BucketSet
 
   config = engine_config_from_args(args)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from jaxserve.config import EngineConfig, load_config
+from jaxserve.config import EngineConfig
+from jaxserve.config_loader import load_config
 from jaxserve.engine_args import ENGINE_ARGS, NO_OP_ARGS, add_engine_arg_flags, engine_overrides
 
 

@@ -35,7 +35,8 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
-from jaxserve.config import CacheConfig, EngineConfig, SchedulerConfig, non_default_keys
+from jaxserve.config import CacheConfig, EngineConfig, SchedulerConfig
+from jaxserve.config_loader import non_default_keys
 from jaxserve.device_description import DeviceDescription
 
 GIB = 1 << 30

@@ -19,7 +19,8 @@ import logging
 from dataclasses import dataclass
 from typing import Mapping
 
-from jaxserve.config import CHOICES, EngineConfig, apply_overrides, config_from_dict, config_to_dict
+from jaxserve.config import CHOICES, EngineConfig
+from jaxserve.config_loader import apply_overrides, config_from_dict, config_to_dict
 
 
 @dataclass(frozen=True)

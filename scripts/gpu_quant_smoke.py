@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from jaxserve.assembly import build_engine
-from jaxserve.config import load_config
+from jaxserve.config_loader import load_config
 from jaxserve.sampling_params import SamplingParams
 
 

@@ -78,6 +78,7 @@ DEVICE = (
 )
 PURE_HOST = (
   "jaxserve.defaults",  # the device-aware defaults rule: a pure function of a description
+  "jaxserve.config_loader",  # the YAML / --set loader
   "jaxserve.device_description",
   "jaxserve.engine.scheduler",
   "jaxserve.engine.waiting_admission",
@@ -186,9 +187,13 @@ def test_no_package_cycle(graph):
   pallas_kernels): the layering holds between packages, not only between modules (e.g. models
   below device, engine below core below server)."""
   packages = package_graph(graph)
-  assert {"jaxserve.device", "jaxserve.models", "jaxserve.config", "pallas_kernels"} <= set(
-    packages
-  )
+  assert {
+    "jaxserve.device",
+    "jaxserve.models",
+    "jaxserve.config",
+    "jaxserve.config_loader",
+    "pallas_kernels",
+  } <= set(packages)
   assert cycles(packages) == []
 
 
@@ -215,6 +220,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   ("jaxserve.sampling_params",),
   ("jaxserve.server_config",),
   ("jaxserve.config",),
+  ("jaxserve.config_loader",),
   ("jaxserve.engine_args", "jaxserve.attention", "jaxserve.engine", "jaxserve.defaults"),
   ("jaxserve.cli_args",),
   ("jaxserve.models",),
@@ -491,7 +497,7 @@ TEST_FOLDERS_BEYOND_PACKAGES = {
   "investigations": "the top-level investigations folder",
   "integration": "engines end to end, across packages",
   "cli": "the jaxserve command and its top-level modules (cli*.py, engine_args.py, platforms.py)",
-  "config": "jaxserve/config.py, server_config.py and the shipped configs/",
+  "config": "jaxserve/config.py, config_loader.py, server_config.py and the shipped configs/",
 }
 
 

@@ -38,7 +38,8 @@ import numpy as np
 from jaxserve.assembly import build_engine
 from jaxserve.bench.flags import INVARIANCE_SCENARIOS, add_batch_invariance_flags, standalone_parser
 from jaxserve.bench.invariance_components import model_config_of, run_components
-from jaxserve.config import EngineConfig, load_config
+from jaxserve.config import EngineConfig
+from jaxserve.config_loader import load_config
 from jaxserve.defaults import Usage
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.platforms import prepare_jax_process

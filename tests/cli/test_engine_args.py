@@ -8,7 +8,8 @@ import argparse
 
 import pytest
 
-from jaxserve.config import CHOICES, config_from_dict
+from jaxserve.config import CHOICES
+from jaxserve.config_loader import config_from_dict
 from jaxserve.engine_args import ENGINE_ARGS, add_engine_arg_flags, config_default
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import yaml
 
 from jaxserve.cli import main
-from jaxserve.config import NOT_FILE_KEYS, EngineConfig, load_config
+from jaxserve.config import EngineConfig
+from jaxserve.config_loader import NOT_FILE_KEYS, load_config
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "CONFIG.md"
 

@@ -8,7 +8,8 @@ import logging
 
 import pytest
 
-from jaxserve.config import EngineConfig, SchedulerConfig, load_config
+from jaxserve.config import EngineConfig, SchedulerConfig
+from jaxserve.config_loader import load_config
 from jaxserve.defaults import Usage, apply_device_defaults, device_defaults
 from jaxserve.device_description import DeviceDescription
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxserve import assembly
-from jaxserve.config import load_config
+from jaxserve.config_loader import load_config
 from jaxserve.device import device_memory as dm
 from jaxserve.device.device_memory import (
   DeviceMemory,

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from jaxserve.assembly import build_engine
-from jaxserve.config import load_config
+from jaxserve.config_loader import load_config
 from jaxserve.parallel.multihost import JOIN_FAILED_EXIT_CODE
 from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion
