@@ -124,9 +124,9 @@ class EngineCores:
       self._context.term()
 
   def stop(self, timeout_s: float) -> list[int | None]:
-    """SIGTERM to every core still running (all at once: they stop side by side), then wait;
-    their exit codes by engine index."""
+    """One SIGTERM to every core still running (all at once: they stop side by side), then
+    wait; their exit codes by engine index."""
     for handle in self.handles:
       if handle.process.is_alive():
         os.kill(handle.process.pid, signal.SIGTERM)
-    return [handle.stop(timeout_s) for handle in self.handles]
+    return [handle.wait_stopped(timeout_s) for handle in self.handles]

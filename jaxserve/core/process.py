@@ -83,6 +83,11 @@ class CoreHandle:
     """SIGTERM, then wait; the exit code."""
     if self.process.is_alive():
       os.kill(self.process.pid, signal.SIGTERM)
+    return self.wait_stopped(timeout)
+
+  def wait_stopped(self, timeout: float) -> int | None:
+    """Waits for a core sent SIGTERM once (a second one could land while the interpreter shuts
+    down, its handler gone, and kill it), SIGKILL after `timeout`; the exit code."""
     self.process.join(timeout)
     if self.process.is_alive():
       self.process.kill()
