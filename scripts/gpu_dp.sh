@@ -16,23 +16,12 @@
 # $OUT, logs in $LOGS. MODEL=DIR SHAPE=none serves a checkpoint you have. The wheels jaxserve needs beyond the device image are carried in .whl/.
 # CPU check (tiny-random, two host devices): tests/bench/test_gpu_dp_script.py.
 set -uo pipefail
-OUT=${OUT:-out}; mkdir -p "$OUT"; LOGS=${LOGS:-/tmp/logs}; mkdir -p "$LOGS"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_common.sh"  # $OUT, $LOGS, the carried wheels, step()
 MODEL=${MODEL:-/tmp/llama8b}; SHAPE=${SHAPE:-llama-3.1-8b}; CONFIG=${CONFIG:-configs/h100.yaml}
 N=${N:-1000}; RATE=${RATE:-16}; RATE_S=${RATE_S:-30}; GREEDY=${GREEDY:-4}
 ENGINE=(--config "$CONFIG" --max-model-len ${MAX_MODEL_LEN:-2048} ${SERVE_FLAGS:-})
 API=$(python3 -c "from jaxserve.core.supervisor import default_api_server_count as d; print(d())")
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/summary.txt"
-step() { local name=$1; shift; local t0=$SECONDS
-  "$@" > "$LOGS/$name.log" 2>&1; local rc=$?
-  echo "=== $name rc=$rc ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"
-  [ $rc = 0 ] || grep -v "it/s\]\|s/it\]" "$LOGS/$name.log" | tail -n "${TAIL:-20}"; }
 checkpoint() {  # the random checkpoint, unless $MODEL has one (SHAPE=none: $MODEL as given)
   [ "$SHAPE" = none ] && return
   [ -f "$MODEL/config.json" ] || step ck python3 -m jaxserve.bench.random_checkpoint "$SHAPE" "$MODEL"

@@ -32,14 +32,7 @@
 # memory_fraction the card can hold. The wheels jaxserve needs beyond the device image are carried
 # in .whl/. CPU check on tiny shapes: tests/scripts/test_gpu_moe_script.py.
 set -uo pipefail
-OUT=${OUT:-out}; mkdir -p "$OUT"; LOGS=${LOGS:-/tmp/logs}; mkdir -p "$LOGS"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_common.sh"  # $OUT, $LOGS, the carried wheels, step()
 MOE=${MOE:-/tmp/qwen3moe}; GEMMA=${GEMMA:-/tmp/gemma12b}; CONFIG=${CONFIG:-configs/h100.yaml}
 N=${N:-1000}; N8K=${N8K:-64}; SVO_N=${SVO_N:-1000}; LONG_IN=${LONG_IN:-8192}; LONG_OUT=${LONG_OUT:-256}
 MOE_SET=(--set cache.memory_fraction=0.95 --set "cache.memory_bytes=$(( ${MOE_KV_GIB:-8} << 30 ))")
@@ -54,10 +47,6 @@ SINGLE=(--max-num-seqs 8 --max-num-batched-tokens 1024 --set "scheduler.seq_buck
   --set "scheduler.token_buckets=[8,1024]" --set scheduler.num_scheduler_steps=8)
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/summary.txt"
 python3 -c "import jax; print('jax', jax.__version__, jax.devices()[0].device_kind)" | tee -a "$OUT/summary.txt"
-step() { local name=$1; shift; local t0=$SECONDS
-  "$@" > "$LOGS/$name.log" 2>&1; local rc=$?
-  echo "=== $name rc=$rc ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"
-  [ $rc = 0 ] || grep -v "it/s\]\|s/it\]" "$LOGS/$name.log" | tail -n "${TAIL:-20}"; }
 offline() { local name=$1 model=$2; shift 2
   step "$name" python3 -m jaxserve.bench.bench_offline --model "$model" --config "$CONFIG" \
     --no-stream --log-level WARNING --out "$OUT/$name.json" "$@"; }

@@ -14,24 +14,14 @@
 # 10-minute limit on a warm /dev/shm, off and fp8 each want a call. The wheels jaxserve needs
 # beyond the device image are carried in .whl/. CPU check: tests/bench/test_gpu_tp4_script.py.
 set -uo pipefail
-OUT=${OUT:-out}; mkdir -p "$OUT"; LOGS=${LOGS:-/tmp/logs}; mkdir -p "$LOGS"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+source "$(dirname "$0")/gpu_common.sh"  # $OUT, $LOGS, the carried wheels, step()
+export NCCL_NVLS_ENABLE=0
 MODEL=${MODEL:-/dev/shm/llama70b}; SHAPE=${SHAPE:-llama-3.1-70b}; CONFIG=${CONFIG:-configs/h100.yaml}
 TP=${TP:-4}; N=${N:-1000}; BATCHES=${BATCHES:-64,256}
 SINGLE=(--max-num-seqs 8 --max-num-batched-tokens 1024 --set "scheduler.seq_buckets=[8]"
   --set "scheduler.token_buckets=[8,1024]" --set scheduler.num_scheduler_steps=8)
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt"
 python3 -c "import jax; print('jax', jax.__version__, jax.device_count(), jax.devices()[0].device_kind)" | tee -a "$OUT/summary.txt"
-step() { local name=$1; shift; local t0=$SECONDS
-  "$@" > "$LOGS/$name.log" 2>&1; local rc=$?
-  echo "=== $name rc=$rc ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"
-  [ $rc = 0 ] || grep -v "it/s\]\|s/it\]" "$LOGS/$name.log" | tail -n "${TAIL:-20}"; }
 offline() { local name=$1; shift
   step "$name" python3 -m jaxserve.bench.bench_offline --model "$MODEL" --config "$CONFIG" \
     --no-stream --log-level WARNING --out "$OUT/$name.json" "$@"; }
