@@ -11,6 +11,7 @@ import pytest
 from tests.integration.engine_helpers import generate_and_score, hf_greedy
 from tests.models.hf_checkpoints import TP_FAMILIES, load_hf_model
 from tests.parallel.mesh.conftest import tp_engine
+from tests.parallel.mesh.test_expert_parallel import assert_two_devices_bitwise_one
 from tests.parallel.mesh.test_tp_invariance import _generate, checkpoint  # noqa: F401, F811 (fixture)
 from tests.parallel.mesh.test_tp_parity import NUM_NEW_TOKENS, _prompts
 
@@ -57,20 +58,6 @@ def test_pallas_gpu_bfloat16_families_tp2_bitwise_tp1_with_invariant_reductions(
 ):
   """QK-norm (Qwen3) and the experts' grouped matmuls through the Pallas kernel, split by
   intermediate column and by expert (models/invariant_experts.py)."""
-  checkpoint = hf_checkpoint(family, dtype="bfloat16")
-  prompts = _prompts(seed=11)
-  results = []
-  for tp in (1, 2):
-    engine = tp_engine(
-      checkpoint,
-      tp,
-      attention_backend="pallas_gpu",
-      dtype="bfloat16",
-      tp_invariant_reductions=True,
-      enable_expert_parallel=expert_parallel,
-    )
-    tokens, logprobs = generate_and_score(engine, prompts, NUM_NEW_TOKENS)
-    results.append((tokens, np.concatenate(logprobs).astype(np.float32)))
-  (tokens_1, logprobs_1), (tokens_2, logprobs_2) = results
-  assert tokens_2 == tokens_1
-  np.testing.assert_array_equal(logprobs_2.view(np.int32), logprobs_1.view(np.int32))
+  assert_two_devices_bitwise_one(
+    hf_checkpoint(family, dtype="bfloat16"), expert_parallel, "pallas_gpu", seed=11
+  )

@@ -108,13 +108,21 @@ def test_bfloat16_two_devices_are_bitwise_one_with_invariant_reductions(
   (models/invariant_experts.py), gives bitwise the prompt logprobs and exactly the greedy tokens
   of two devices, for Qwen3-MoE (8 experts, top-4, QK-norm) split by intermediate column and by
   expert."""
-  checkpoint = hf_checkpoint("qwen3_moe", dtype="bfloat16")
-  prompts = _prompts(seed=5)
+  assert_two_devices_bitwise_one(hf_checkpoint("qwen3_moe", dtype="bfloat16"), expert_parallel)
+
+
+def assert_two_devices_bitwise_one(
+  checkpoint, expert_parallel: bool, attention_backend: str = "xla", seed: int = 5
+) -> None:
+  """Engines at tensor_parallel_size 1 and 2 with tp_invariant_reductions, in bfloat16: the same
+  greedy tokens and bitwise the same prompt logprobs (also the GPU test's check)."""
+  prompts = _prompts(seed)
   results = []
   for size in (1, 2):
     engine = tp_engine(
       checkpoint,
       size,
+      attention_backend,
       dtype="bfloat16",
       tp_invariant_reductions=True,
       enable_expert_parallel=expert_parallel,
