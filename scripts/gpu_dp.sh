@@ -12,6 +12,8 @@
 #   table  the short table (scripts/gpu_dp_table.py): dp2 / one GPU at rate inf against the
 #          1.9x target, dp2 against tp2 at rate inf and $RATE, the greedy tokens of dp2 and
 #          tp2 against one GPU's; always run last
+# SMI=1 samples each GPU's utilization and the processes on it (nvidia-smi, every 2 s) during
+# each serving step into $OUT/NAME_smi.csv and $OUT/NAME_apps.csv; LOG_LEVEL the server's.
 # e.g. STEPS="ck one", then STEPS=dp2, then STEPS="tp2" (table follows each). JSON results in
 # $OUT, logs in $LOGS. MODEL=DIR SHAPE=none serves a checkpoint you have. The wheels jaxserve needs beyond the device image are carried in .whl/.
 # CPU check (tiny-random, two host devices): tests/bench/test_gpu_dp_script.py.
@@ -26,11 +28,19 @@ checkpoint() {  # the random checkpoint, unless $MODEL has one (SHAPE=none: $MOD
   [ "$SHAPE" = none ] && return
   [ -f "$MODEL/config.json" ] || step ck python3 -m jaxserve.bench.random_checkpoint "$SHAPE" "$MODEL"
   du -sh "$MODEL" | tee -a "$OUT/summary.txt"; }
+sample() {  # sample NAME: nvidia-smi samples in the background (SMI=1); their pids in SAMPLERS
+  SAMPLERS=(); [ "${SMI:-0}" = 1 ] || return
+  nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv -l 2 \
+    > "$OUT/$1_smi.csv" 2>&1 & SAMPLERS+=($!)
+  nvidia-smi --query-compute-apps=timestamp,pid,gpu_uuid,used_memory --format=csv -l 5 \
+    > "$OUT/$1_apps.csv" 2>&1 & SAMPLERS+=($!)
+  nvidia-smi -L > "$OUT/$1_gpus.txt" 2>&1; }
 serve() { local name=$1; shift  # serve NAME [ENV=VALUE...] -- FLAGS: one configuration
-  checkpoint
+  checkpoint; sample "$name"
   TAIL=40 step "$name" env "$@" python3 scripts/gpu_dp_run.py --name "$name" --model "$MODEL" \
     --out "$OUT" --num-prompts "$N" --rates "inf,$RATE" --rate-seconds "$RATE_S" \
-    --greedy-prompts "$GREEDY" --api-servers "$API" ${RUN_FLAGS:-} -- "${ENGINE[@]}" ${FLAGS:-}; }
+    --greedy-prompts "$GREEDY" --api-servers "$API" --log-level "${LOG_LEVEL:-WARNING}" ${RUN_FLAGS:-} -- "${ENGINE[@]}" ${FLAGS:-}
+  [ ${#SAMPLERS[@]} = 0 ] || kill "${SAMPLERS[@]}" 2>/dev/null; }
 for s in ${STEPS:-ck one dp2 tp2} table; do case $s in
   ck) checkpoint ;;
   one) serve one CUDA_VISIBLE_DEVICES=${ONE_GPU:-0} ;;

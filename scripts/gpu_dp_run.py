@@ -39,6 +39,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--client-processes", type=int, default=4)
   parser.add_argument("--api-servers", type=int, default=1, help="to wait for before the load")
   parser.add_argument("--start-timeout-s", type=float, default=480.0)
+  parser.add_argument("--log-level", default="WARNING", help="the server's")
   parser.add_argument("serve_flags", nargs=argparse.REMAINDER, help="after --: jaxserve serve's")
   args = parser.parse_args(argv)
   args.serve_flags = [f for f in args.serve_flags if f != "--"]
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  flags = [*args.serve_flags, "--warmup", "full", "--log-level", "WARNING"]
+  flags = [*args.serve_flags, "--warmup", "full", "--log-level", args.log_level]
   server = ServerProcess(args.model, flags, out / f"{args.name}_serve.log")
   result: dict = {"name": args.name, "serve_flags": args.serve_flags, "runs": []}
   try:

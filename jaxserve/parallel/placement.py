@@ -49,6 +49,7 @@ from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.moe import ExpertsFn
 from jaxserve.models.registry import LoadedModel, load_model
 from jaxserve.models.weights import param_shapes
+from jaxserve.parallel.device_slice import check_default_device
 from jaxserve.parallel.partition_rules import (
   MODEL_AXIS,
   build_mesh,
@@ -108,10 +109,16 @@ def load_placement(config: EngineConfig, devices: Sequence[jax.Device] | None = 
   check_kv_cache(config)
   if is_sharded(config):
     return _on_mesh(config, devices)
-  return _on_one_device(config, None if devices is None else devices[0])
+  if devices is not None:
+    check_default_device(devices[0])
+  return _on_one_device(config)
 
 
-def _on_one_device(config: EngineConfig, device: jax.Device | None = None) -> Placement:
+def _on_one_device(config: EngineConfig) -> Placement:
+  """Weights put uncommitted on the default device, as every array of a one-device engine is:
+  an array committed to a device (device_put's `device`, or one computed from committed inputs)
+  gives jit a cache key of its own, so steps whose inputs come from the device would compile
+  again after warmup lowered them on abstract, uncommitted inputs."""
   loaded = load_model(
     config.model,
     config.dtype,
@@ -123,7 +130,7 @@ def _on_one_device(config: EngineConfig, device: jax.Device | None = None) -> Pl
     batch_invariant=config.batch_invariant,
     quantized_gemm=quantized_gemm(config, loaded.config.quantization),
   )
-  params = dict(jax.device_put(loaded.params, device))
+  params = dict(jax.device_put(loaded.params))
   return Placement(
     LoadedModel(model_config, params, loaded.source, loaded.packed),
     attention_for(config),

@@ -144,6 +144,7 @@ def test_a_shared_prompt_prefix_goes_to_the_core_that_served_it(dp_server):
 
 
 def test_metrics_per_core_and_summed(dp_server):
+  compiled = scrape_metrics(dp_server.url)["jaxserve_xla_compilations_total"]
   streams = [Stream(dp_server.url, 100 + i) for i in range(4)]
   for stream in streams:
     stream.start()
@@ -164,6 +165,8 @@ def test_metrics_per_core_and_summed(dp_server):
   used = [values[f"vllm:kv_cache_usage_perc{{engine={i},model_name={MODEL}}}"] for i in (0, 1)]
   assert used == [0.0, 0.0]
   assert httpx.get(f"{dp_server.url}/health").json() == {"status": "ok"}
+  # both cores warmed up fully: serving compiled nothing (no step of its own jit cache key)
+  assert values["jaxserve_xla_compilations_total"] == compiled
 
 
 def test_a_killed_core_fails_its_requests_and_the_other_keeps_serving(dp_server):

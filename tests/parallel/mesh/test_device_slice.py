@@ -1,6 +1,7 @@
 """An engine core of several on one host takes its own slice of the devices
 (parallel/device_slice.py, the CPU's way: core/device_groups.py): its weights, KV pages and mesh
-live on those devices only, and its greedy tokens are those of an engine on the first devices."""
+live on those devices only, its greedy tokens are those of an engine on the first devices, and
+after a full warmup its steps compile nothing."""
 
 from __future__ import annotations
 
@@ -48,14 +49,24 @@ def test_a_one_device_core_runs_on_its_device_and_computes_the_same(default_devi
   engine = build_engine(
     config.replace(data_parallel_size=4),
     show_progress=False,
-    default_warmup="lazy",
+    default_warmup="full",
     devices=devices,
   )
   try:
     assert _device_ids(engine.runner.params) == {3}
+    warmed_up = engine.ledger.num_compilations
     assert _greedy(engine) == expected
+    # the steps hit warmup's programs: weights committed to device 3 would give every step a
+    # jit cache key of its own
+    assert engine.ledger.num_compilations == warmed_up
   finally:
     engine.close()
+
+
+def test_a_one_device_placement_off_the_default_device_is_refused(default_device_restored):
+  select_devices(2, 1)
+  with pytest.raises(ValueError, match="needs it as the default device"):
+    load_placement(small_config(), [jax.devices()[5]])
 
 
 def _greedy(engine) -> list[list[int]]:
