@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
-import threading
 
 import httpx
 import openai
 import pytest
 
+from tests.server.serve_process import ServeProcess
 from tests.server.server_helpers import free_port, scrape_metrics, wait_for_idle
-from tests.server.test_drain import _wait_until_draining, _wait_until_healthy, _write_config
+from tests.server.test_drain import _wait_until_draining, _write_config
 from tests.server.test_process_faults import Stream
 
 MODEL = "tiny-random"
@@ -31,8 +30,8 @@ RUNNING = "vllm:num_requests_running{{engine={},model_name=tiny-random}}"
 PROMPT_TOKENS = "vllm:prompt_tokens_total{{engine={},model_name=tiny-random}}"
 
 
-class DataParallelServer:
-  """`jaxserve serve --data-parallel-size 2 --api-server-count 1`, its output read on a thread."""
+class DataParallelServer(ServeProcess):
+  """`jaxserve serve --data-parallel-size 2 --api-server-count 1` on two CPU host devices."""
 
   def __init__(self, tmp_path):
     config_path = str(tmp_path / "server.yaml")
@@ -40,33 +39,10 @@ class DataParallelServer:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     flag = "--xla_force_host_platform_device_count=2"
     env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}".strip()
-    self.port = free_port()
-    self.url = f"http://127.0.0.1:{self.port}"
-    self.process = subprocess.Popen(
-      [sys.executable, "-m", "jaxserve.cli", "serve", "--config", config_path]
-      + ["--port", str(self.port), "--data-parallel-size", "2", "--api-server-count", "1"]
-      + ["--log-level", "INFO"],
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      text=True,
-      env=env,
-    )
-    self.lines: list[str] = []
-    self._reader = threading.Thread(target=self._read, daemon=True)
-    self._reader.start()
-    _wait_until_healthy(self.url, self.process)
-    match = re.search(r"engine core pids (\d+),(\d+), API server pids (\d+)", self.output)
-    assert match, self.output
-    self.core_pids = [int(match.group(1)), int(match.group(2))]
+    flags = ["--data-parallel-size", "2", "--api-server-count", "1"]
+    super().__init__(config_path, flags, env)
+    self.core_pids = self.logged_pids(r"engine core pids (\d+),(\d+), API server pids \d+")
     self.client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
-
-  def _read(self) -> None:
-    for line in self.process.stdout:
-      self.lines.append(line)
-
-  @property
-  def output(self) -> str:
-    return "".join(self.lines)
 
   def served_counts(self) -> list[float]:
     values = scrape_metrics(self.url)
@@ -92,21 +68,12 @@ class DataParallelServer:
     if self.process.poll() is None:
       self.process.send_signal(signal.SIGTERM)
     try:
-      code = self.process.wait(timeout)
+      return self.wait(timeout)
     finally:
       self.kill()
-    self._reader.join(10)
-    return code
 
   def kill(self) -> None:
-    if self.process.poll() is None:
-      self.process.kill()
-      self.process.wait(10)
-    for pid in self.core_pids:
-      try:
-        os.kill(pid, signal.SIGKILL)
-      except ProcessLookupError:
-        pass
+    self.kill_all(self.core_pids)
 
 
 @pytest.fixture(scope="module")

@@ -11,74 +11,28 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 
 import httpx
 
-from tests.server.server_helpers import free_port, scrape_metrics, wait_for_idle
-from tests.server.test_drain import _wait_until_healthy, _write_config
+from tests.server.serve_process import ServeProcess
+from tests.server.server_helpers import scrape_metrics, wait_for_idle
+from tests.server.test_drain import _write_config
 
 
-class Supervisor:
-  """`jaxserve serve --api-server-count 2` with its output read on a thread."""
+class Supervisor(ServeProcess):
+  """`jaxserve serve --api-server-count 2`, its engine core and API server pids."""
 
   def __init__(self, tmp_path):
     config_path = str(tmp_path / "server.yaml")
     _write_config(config_path, drain_timeout_s=5)
-    self.port = free_port()
-    self.url = f"http://127.0.0.1:{self.port}"
-    self.process = subprocess.Popen(
-      [
-        sys.executable,
-        "-m",
-        "jaxserve.cli",
-        "serve",
-        "--config",
-        config_path,
-        "--port",
-        str(self.port),
-        "--api-server-count",
-        "2",
-        "--log-level",
-        "INFO",
-      ],
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      text=True,
-    )
-    self.lines: list[str] = []
-    self._reader = threading.Thread(target=self._read, daemon=True)
-    self._reader.start()
-    _wait_until_healthy(self.url, self.process)
-    match = re.search(r"engine core pid (\d+), API server pids (\d+),(\d+)", self.output)
-    assert match, self.output
-    self.core_pid, *self.api_pids = map(int, match.groups())
-
-  def _read(self) -> None:
-    for line in self.process.stdout:
-      self.lines.append(line)
-
-  @property
-  def output(self) -> str:
-    return "".join(self.lines)
-
-  def wait(self, timeout: float = 60) -> int:
-    code = self.process.wait(timeout)
-    self._reader.join(10)
-    return code
+    super().__init__(config_path, ["--api-server-count", "2"])
+    pids = self.logged_pids(r"engine core pid (\d+), API server pids (\d+),(\d+)")
+    self.core_pid, *self.api_pids = pids
 
   def kill(self) -> None:
-    if self.process.poll() is None:
-      self.process.kill()
-      self.process.wait(10)
     restarted = re.findall(r"restarted API server process \d+: pid (\d+)", self.output)
-    for pid in (self.core_pid, *self.api_pids, *map(int, restarted)):
-      try:
-        os.kill(pid, signal.SIGKILL)
-      except (ProcessLookupError, AttributeError):
-        pass
+    self.kill_all([self.core_pid, *self.api_pids, *map(int, restarted)])
 
 
 class Stream(threading.Thread):
