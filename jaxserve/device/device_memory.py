@@ -11,7 +11,7 @@ a function of run-invariant quantities only (kv_budget_bytes) and a restart find
 programs in the compile cache: "in use" is the weights' bytes on one device, from their shapes,
 dtypes and shardings (not the allocator's live count), plus a slack for what the weight loader
 leaves behind: LOADER_SLACK_SHARE of them when its transient buffers left holes between the
-weights, PACKED_LOADER_SLACK_SHARE when it laid them out with none (models/weight_transfer.py, the
+weights, PACKED_LOADER_SLACK_SHARE when it laid them out with none (models/packed_layout.py, the
 "packed" layout: GPUs of one host with more free memory than their raw weights plus twice the
 converted ones, decided before loading, when the free memory is the client's limit less what the
 process allocated before the weights: nearly nothing). Each share covers, with the headroom, the

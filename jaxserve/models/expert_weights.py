@@ -27,9 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxserve.models.leaf_load import LeafLoad, LeafOut, ParamPath, TensorLoad
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.tensor_spec import TensorSpec
-from jaxserve.models.weight_transfer import LeafLoad, LeafOut, ParamPath, TensorLoad
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 _HF_MODULE = {"qwen3_moe": "mlp", "mixtral": "block_sparse_moe"}

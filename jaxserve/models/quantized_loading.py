@@ -24,9 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxserve.models.leaf_load import LeafLoad, LeafOut, TensorLoad
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.quantized_dense import is_quantized_kernel, kernel_shape, scale_path
-from jaxserve.models.weight_transfer import LeafLoad, LeafOut, TensorLoad
 from jaxserve.quantization.compressed_tensors import (
   INPUT_SCALE_SUFFIX,
   SCALE_SUFFIX,

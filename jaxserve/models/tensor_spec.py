@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jaxserve.models.weight_transfer import ParamPath
+from jaxserve.models.leaf_load import ParamPath
 
 
 @dataclass(frozen=True)

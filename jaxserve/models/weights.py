@@ -29,6 +29,7 @@ import numpy as np
 
 from jaxserve.models.expert_weights import check_per_expert_layout, expert_specs, stacked_leaves
 from jaxserve.models.fused_projections import merged_leaves
+from jaxserve.models.leaf_load import LeafLoad, ParamPath, ShardingFn, TensorLoad
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.quantized_dense import is_quantized_kernel, kernel_shape, scale_path
 from jaxserve.models.quantized_loading import (
@@ -43,15 +44,7 @@ from jaxserve.models.safetensors_reader import (
   read_header,
 )
 from jaxserve.models.tensor_spec import TensorSpec
-from jaxserve.models.weight_transfer import (
-  LeafLoad,
-  ParamPath,
-  ShardingFn,
-  TensorLoad,
-  TransferOptions,
-  TransferStats,
-  transfer_tensors,
-)
+from jaxserve.models.weight_transfer import TransferOptions, TransferStats, transfer_tensors
 from jaxserve.quantization.compressed_tensors import stored_quantization
 from jaxserve.quantization.scheme import scheme_for
 

@@ -1,4 +1,4 @@
-"""On a GPU: the packed layout (models/weight_transfer.py) leaves no hole between the weights.
+"""On a GPU: the packed layout (models/packed_layout.py) leaves no hole between the weights.
 Measured with the allocator's own statistics in a fresh process per load (an arena that earlier
 tests fragmented would place the placeholder elsewhere): after the load, the free bytes outside
 the allocator's largest free block (holes) must not have grown by more than 1 MiB. A float32

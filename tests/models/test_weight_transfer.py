@@ -17,15 +17,11 @@ import safetensors.numpy
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxserve.models.leaf_load import LeafLoad, TensorLoad
+from jaxserve.models.packed_layout import packed_fits
 from jaxserve.models.safetensors_reader import read_header
-from jaxserve.models.weight_transfer import (
-  LeafLoad,
-  TensorLoad,
-  TransferOptions,
-  packed_fits,
-  raw_sharding,
-  transfer_tensors,
-)
+from jaxserve.models.transfer_jobs import raw_sharding
+from jaxserve.models.weight_transfer import TransferOptions, transfer_tensors
 from jaxserve.models.weights import (
   INDEX_FILE,
   SINGLE_FILE,
