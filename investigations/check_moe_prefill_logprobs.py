@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> None:
   from jaxserve.llm import LLM
   from jaxserve.sampling_params import SamplingParams
 
-  config = load_config(args.config, args.set)
+  config = load_config(None if args.config == "none" else args.config, args.set)
   llm = LLM(args.model, config=config, show_progress=False)
   rng = np.random.default_rng(0)
   vocab = llm.engine.vocab_size
@@ -92,7 +92,7 @@ def main() -> None:
   one = sub.add_parser("run")
   one.add_argument("--model", required=True)
   one.add_argument("--out", required=True)
-  one.add_argument("--config", default="configs/h100.yaml")
+  one.add_argument("--config", default="configs/h100.yaml", help="none: the defaults")
   one.add_argument("--set", action="append", default=[], help="a dotted config override")
   one.add_argument("--prompts", type=int, default=16)
   one.add_argument("--input-len", type=int, default=256)
