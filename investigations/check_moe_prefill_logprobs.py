@@ -80,8 +80,9 @@ def _describe(name: str, ids_a, values_a, ids_b, values_b) -> str:
 
 def compare(args: argparse.Namespace) -> None:
   a, b = np.load(args.a), np.load(args.b)
-  print(_describe("prompt", a["prompt_ids"], a["prompt_values"], b["prompt_ids"], b["prompt_values"]))
-  print(_describe("decode", a["decode_ids"], a["decode_values"], b["decode_ids"], b["decode_values"]))
+  for part in ("prompt", "decode"):
+    ids, values = f"{part}_ids", f"{part}_values"
+    print(_describe(part, a[ids], a[values], b[ids], b[values]))
   same = np.all(a["tokens"] == b["tokens"], axis=-1)
   print(f"generated tokens: {same.sum()} of {same.size} requests the same")
 
