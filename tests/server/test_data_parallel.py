@@ -40,7 +40,7 @@ class DataParallelServer(ServeProcess):
     flag = "--xla_force_host_platform_device_count=2"
     env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}".strip()
     flags = ["--data-parallel-size", "2", "--api-server-count", "1"]
-    super().__init__(config_path, flags, env)
+    super().__init__(config_path, flags, api_servers=1, env=env)
     self.core_pids = self.logged_pids(r"engine core pids (\d+),(\d+), API server pids \d+")
     self.client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
 
