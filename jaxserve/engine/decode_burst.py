@@ -24,8 +24,7 @@ sample, as it drops samples after a stop.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from ..config import SchedulerConfig  # relative imports: this side never touches jax
 from ..messages.scheduled_batch import ScheduledBatch
@@ -34,10 +33,9 @@ from .kv_groups import KVGroupPages
 from .request import Request
 
 
-@dataclass(frozen=True)
-class BurstRow:
+class BurstRow(NamedTuple):
   """One bursting request: the positions it still needs (at most K) and the pages they need
-  beyond those it holds, over all KV groups."""
+  beyond those it holds, over all KV groups (a named tuple: one per request per burst)."""
 
   request: Request
   num_new: int

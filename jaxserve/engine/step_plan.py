@@ -13,7 +13,7 @@ queries that sample) first, then prefill chunks, each group in scheduling order
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 # relative imports: this side never touches jax
 from ..messages.scheduled_batch import ScheduledBatch
@@ -21,9 +21,9 @@ from .batch_builder import BatchBuilder
 from .request import Request
 
 
-@dataclass(frozen=True)
-class PlannedChunk:
-  """A request's share of the step being planned: num_new tokens from position start."""
+class PlannedChunk(NamedTuple):
+  """A request's share of the step being planned: num_new tokens from position start (a named
+  tuple: one is built per scheduled request per step, on the host's step loop)."""
 
   request: Request
   start: int
@@ -37,8 +37,7 @@ def build_step_batch(
   num_groups KV groups; preempted_ids: the requests this step preempted."""
   decodes: list[tuple[Request, int]] = []
   prefills: list[tuple[Request, int, int, bool]] = []
-  for chunk in planned:
-    request, start, num_new = chunk.request, chunk.start, chunk.num_new
+  for request, start, num_new in planned:
     end = start + num_new
     request.num_computed_tokens = end
     sample = end == request.num_tokens_with_placeholders

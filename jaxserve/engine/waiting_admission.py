@@ -57,7 +57,7 @@ class WaitingAdmission:
     if not waiting:
       return
     max_num_seqs = self.config.max_num_seqs
-    reserve = sum(self._needs_pages_next_step(p.request, p.start + p.num_new) for p in planned)
+    reserve = sum(self._needs_pages_next_step(r, start + n) for r, start, n in planned)
     while waiting and budget > 0 and len(running) < max_num_seqs and len(planned) < max_num_seqs:
       request = waiting[0]
       if request.num_output_placeholders:  # preempted with a token in flight: wait for it
