@@ -1,7 +1,8 @@
 """One serving configuration of scripts/gpu_dp.sh: `jaxserve serve MODEL FLAGS` (--warmup full),
 then greedy requests whose tokens the table compares across configurations, then `jaxserve
 bench serve`'s load (jaxserve/bench/serve_vs_offline.run_load) at each rate, then the requests
-each engine core served (vLLM's per-core counters of /metrics). One JSON in OUT/NAME.json.
+each engine core served in each load and in all (vLLM's per-core counters of /metrics). One
+JSON in OUT/NAME.json.
 
     python scripts/gpu_dp_run.py --name dp2 --model /tmp/llama8b --out OUT \\
         -- --config configs/h100.yaml --data-parallel-size 2
@@ -93,9 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     for rate in [math.inf if r == "inf" else float(r) for r in args.rates.split(",")]:
       count = args.num_prompts if math.isinf(rate) else max(4, round(rate * args.rate_seconds))
       requests = random_requests(count, args.input_len, args.output_len, seed=0, token_ids=pool)
-      start = time.monotonic()
+      before, start = served_by_core(server.url), time.monotonic()
       run = run_load(server.url, server.model, requests, rate, processes=args.client_processes)
       run["wall_s"] = time.monotonic() - start
+      after = served_by_core(server.url)
+      run["served_by_core"] = {core: n - before.get(core, 0.0) for core, n in after.items()}
       result["runs"].append(run)
       (out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
     result["served_by_core"] = served_by_core(server.url)

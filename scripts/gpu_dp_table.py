@@ -35,6 +35,10 @@ def _throughput(result: dict) -> float | None:
   return run["metrics"]["output_throughput"] if run else None
 
 
+def _served(result: dict) -> str:
+  return ", ".join(f"core {k}: {v:.0f}" for k, v in sorted(result["served_by_core"].items()))
+
+
 def table(out: Path) -> str:
   results = {name: _load(out, name) for name in ("one", "dp2", "tp2")}
   lines = [
@@ -55,8 +59,13 @@ def table(out: Path) -> str:
     lines.append(f"dp2 / one GPU at rate inf: {ratio:.2f}x ({verdict} the {TARGET}x target)")
   for name, result in results.items():
     if result and result.get("served_by_core"):
-      served = ", ".join(f"core {k}: {v:.0f}" for k, v in sorted(result["served_by_core"].items()))
-      lines.append(f"{name} requests served by engine core: {served}")
+      parts = [
+        f"rate {run['request_rate']}: {_served(run)}"
+        for run in result["runs"]
+        if run.get("served_by_core")
+      ]
+      parts.append(f"in all: {_served(result)}")
+      lines.append(f"{name} requests served by engine core: {'; '.join(parts)}")
   for name in ("dp2", "tp2"):
     result = results[name]
     if one and result and one.get("greedy") and result.get("greedy"):

@@ -19,7 +19,8 @@ CoreFailed, every open stream and pending add fails with EngineDeadError (an err
 Several engine cores (data_parallel_size > 1): an API server holds one CoreClient per core
 (core/dp_client.py), each with its engine_index (its streams carry it, for vLLM's `engine`
 label); load() is what the router reads of it: the core's reported waiting + running requests
-plus this client's requests whose add is not answered yet, and its KV use.
+plus this client's requests whose add is not answered yet (counted once per API server process),
+and its KV use.
 
 One step at a time: after each StepOutputs the receiver yields to the event loop before it takes
 the next, so the handlers its outputs woke write their chunks first: one SSE chunk per step and
@@ -45,7 +46,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from jaxserve.core.dp_routing import CoreLoad
+from jaxserve.core.dp_routing import CoreLoad, core_load
 from jaxserve.core.messages import (
   AbortRequests,
   AddRequests,
@@ -150,12 +151,12 @@ class CoreClient:
     return [CoreState(self.engine_index, self.alive, self._stats)]
 
   def load(self) -> CoreLoad:
-    """The core's load as the router reads it (core/dp_routing.py): reported waiting + running
-    requests, plus this client's requests whose add is not answered yet, and its KV use."""
+    """The core's load as the router reads it (core/dp_routing.core_load): reported waiting +
+    running requests, this client's unanswered adds once per API server, and its KV use."""
     stats = self._stats
     usage = stats.num_used_pages / stats.num_total_pages if stats.num_total_pages else 0.0
-    requests = stats.num_waiting + stats.num_running + self._num_unanswered
-    return CoreLoad(self.alive, requests, usage)
+    reported = stats.num_waiting + stats.num_running
+    return core_load(self.alive, reported, self._num_unanswered, self._num_api_servers, usage)
 
   async def add(self, specs: list[RequestSpec], max_waiting: int) -> OutputStream:
     """Sends one HTTP call's requests, which the core adds all or none; the stream once the

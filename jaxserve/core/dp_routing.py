@@ -3,11 +3,15 @@ routing rule (pure Python, no jax; each API server process holds one PrefixAffin
 core/dp_client.py).
 
 Load. A core's load is its requests, waiting + running as it last reported them (the EngineStats
-every core sends its clients whenever they change, the /metrics channel), plus the requests this
-API server sent it whose add the core has not answered yet (an answer arrives in the same
-message as the stats that count them, so nothing is counted twice or missed, and a burst that
-arrives between two reports is spread instead of piling onto one core), plus its KV cache use
-(0 to 1: the share of its pages held), which only tells apart cores with as many requests.
+every core sends its clients whenever they change, the /metrics channel), plus the requests sent
+to it whose add the core has not answered yet, plus its KV cache use (0 to 1: the share of its
+pages held), which only tells apart cores with as many requests. An answer arrives in the same
+message as the stats that count it, so nothing is counted twice or missed. A core answers adds
+after its step, and the other API server processes' unanswered adds are not seen here: this
+server counts its own unanswered adds once per API server process (core_load), as if every
+server had sent as many. Counted once, a core slow to answer (a longer step) would look less
+loaded than it is by every other server's unanswered adds, and a burst spread over several API
+servers would pile onto it (tests/core/test_dp_routing.py simulates one: 750 to 250).
 
 Prefix affinity. The prompt's first AFFINITY_PAGES full pages are hashed with the prefix
 cache's own chained page hash (engine/page_allocator.extend_page_hashes: a page's hash covers
@@ -45,12 +49,20 @@ class CoreLoad:
   """One engine core as the router sees it."""
 
   alive: bool
-  requests: int  # waiting + running (reported) + adds not yet answered
+  requests: int  # waiting + running (reported) + adds not yet answered (core_load)
   kv_usage: float = 0.0  # share of its KV pages held, 0 to 1
 
   @property
   def score(self) -> float:
     return self.requests + self.kv_usage
+
+
+def core_load(
+  alive: bool, reported: int, unanswered: int, api_servers: int, kv_usage: float
+) -> CoreLoad:
+  """A core's load as one API server estimates it: `reported` waiting + running requests, plus
+  its own `unanswered` adds counted for each of the `api_servers` processes (at least one)."""
+  return CoreLoad(alive, reported + unanswered * max(1, api_servers), kv_usage)
 
 
 def much_busier(core: CoreLoad, least: CoreLoad) -> bool:

@@ -75,7 +75,7 @@ def _result(name: str, tok_s: dict[str, float], tokens: list[list[str]]) -> dict
   for rate, throughput in tok_s.items():
     latency = {"median_ms": 10.0, "percentiles_ms": {"p99": 20.0}}
     metrics = {"output_throughput": throughput, "failed": 0, "ttft": latency, "tpot": latency}
-    runs.append({"request_rate": rate, "metrics": metrics})
+    runs.append({"request_rate": rate, "metrics": metrics, "served_by_core": {"0": 1, "1": 2}})
   greedy = [{"text": "".join(t), "tokens": t} for t in tokens]
   return {"name": name, "runs": runs, "greedy": greedy, "served_by_core": {"0": 3, "1": 4}}
 
@@ -99,4 +99,7 @@ def test_the_table_compares_dp2_with_one_gpu_and_tp2(tmp_path):
   assert "tp2      inf      14000" in table and "dp2     16.0       3000" in table
   assert "dp2 greedy tokens as on one GPU: 1/2 requests" in table
   assert "tp2 greedy tokens as on one GPU: 2/2 requests" in table
-  assert "dp2 requests served by engine core: core 0: 3, core 1: 4" in table
+  served = (
+    "rate inf: core 0: 1, core 1: 2; rate 16.0: core 0: 1, core 1: 2; in all: core 0: 3, core 1: 4"
+  )
+  assert f"dp2 requests served by engine core: {served}" in table

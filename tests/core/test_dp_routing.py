@@ -1,7 +1,10 @@
 """The data parallel routing rule (core/dp_routing.py), pure Python: least load, prefix
-affinity on the prefix cache's page hashes, the margin that gives affinity up, dead cores."""
+affinity on the prefix cache's page hashes, the margin that gives affinity up, dead cores, and
+a burst spread over several API servers whose adds two cores answer only after their steps."""
 
 from __future__ import annotations
+
+import heapq
 
 import pytest
 
@@ -10,6 +13,7 @@ from jaxserve.core.dp_routing import (
   AFFINITY_PAGES,
   CoreLoad,
   PrefixAffinityRouter,
+  core_load,
   much_busier,
   prompt_page_hashes,
 )
@@ -93,3 +97,57 @@ def test_the_table_forgets_the_least_recently_used_prefixes():
   assert router.choose(prompt(8), IDLE) == 1  # 3 more: 7's are forgotten
   assert router.choose(prompt(7, tail=1), IDLE) == 0  # by rotation, not affinity
   assert router.choose(prompt(7, tail=2), [CoreLoad(True, 1), CoreLoad(True, 0)]) == 0
+
+
+def simulate_burst(api_servers: int, step_s: list[float], count_as: int) -> list[int]:
+  """1,000 adds with distinct prompts, spread evenly over 0.5 s and over `api_servers` API
+  servers, each with its own router, to cores that step every step_s[c] seconds as core/loop.py
+  does: at a step's start a core takes the adds received since the last one, and at its end
+  answers them with stats that count them, to every server. Each server estimates a core's
+  load with core_load(..., count_as, ...). Returns the adds each core got."""
+  cores, total, window = len(step_s), 1000, 0.5
+  routers = [PrefixAffinityRouter(PAGE) for _ in range(api_servers)]
+  reported = [[0] * cores for _ in range(api_servers)]
+  unanswered = [[0] * cores for _ in range(api_servers)]
+  received: list[list[int]] = [[] for _ in range(cores)]  # senders, since the last step began
+  stepping: list[list[int]] = [[] for _ in range(cores)]  # taken at the last step's start
+  counted, got = [0] * cores, [0] * cores
+  events = [(i * window / total, "add", i) for i in range(total)]
+  events += [(step_s[c], "step", c) for c in range(cores)]
+  heapq.heapify(events)
+  while events:
+    now, kind, index = heapq.heappop(events)
+    if kind == "add":
+      server = index % api_servers
+      loads = [
+        core_load(True, reported[server][c], unanswered[server][c], count_as, 0.0)
+        for c in range(cores)
+      ]
+      core = routers[server].choose([index] * 2 * PAGE, loads)
+      unanswered[server][core] += 1
+      received[core].append(server)
+      got[core] += 1
+      continue
+    for server in stepping[index]:  # the step that ends now answers the adds it took
+      unanswered[server][index] -= 1
+    counted[index] += len(stepping[index])
+    for server in range(api_servers):
+      reported[server][index] = counted[index]
+    stepping[index], received[index] = received[index], []
+    if now < window or stepping[index]:
+      heapq.heappush(events, (now + step_s[index], "step", index))
+  return got
+
+
+@pytest.mark.parametrize("step_s", [[0.09, 0.09], [0.3, 0.09], [0.05, 0.09]])
+def test_a_burst_over_four_api_servers_is_split_evenly(step_s):
+  got = simulate_burst(4, step_s, count_as=4)
+  assert max(abs(n - 500) for n in got) <= 4, got
+
+
+def test_counting_unanswered_adds_once_piles_a_burst_onto_the_slower_core():
+  """Why core_load counts them once per API server: otherwise every server sees the core that
+  answers later as less loaded by the other servers' unanswered adds."""
+  got = simulate_burst(4, [0.3, 0.09], count_as=1)
+  assert got[0] > 650, got
+  assert simulate_burst(1, [0.3, 0.09], count_as=1) in ([500, 500], [501, 499], [499, 501])
