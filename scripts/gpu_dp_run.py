@@ -37,7 +37,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--rate-seconds", type=float, default=30.0, help="of each finite rate")
   parser.add_argument("--greedy-prompts", type=int, default=4)
   parser.add_argument("--greedy-tokens", type=int, default=64)
-  parser.add_argument("--client-processes", type=int, default=4)
+  parser.add_argument("--client-processes", type=int, default=4, help="of the load generator")
   parser.add_argument("--api-servers", type=int, default=1, help="to wait for before the load")
   parser.add_argument("--start-timeout-s", type=float, default=480.0)
   parser.add_argument("--log-level", default="WARNING", help="the server's")
