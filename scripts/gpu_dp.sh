@@ -12,7 +12,9 @@
 #   table  the short table (scripts/gpu_dp_table.py): dp2 / one GPU at rate inf against the
 #          1.9x target, dp2 against tp2 at rate inf and $RATE, the greedy tokens of dp2 and
 #          tp2 against one GPU's; always run last
-# SMI=1 samples each GPU's utilization and the processes on it (nvidia-smi, every 2 s) during
+# API_SERVERS: the servers' API server processes (default: jaxserve's, one per 4 CPU cores, at
+# most 4); CLIENTS: the load generator's processes (4); 8 and 8 kept up with dp=2's 27k tok/s,
+# 4 and 4 did not (docs/PERFORMANCE.md). SMI=1 samples each GPU's utilization and the processes on it (nvidia-smi, every 2 s) during
 # each serving step into $OUT/NAME_smi.csv and $OUT/NAME_apps.csv; LOG_LEVEL the server's.
 # e.g. STEPS="ck one", then STEPS=dp2, then STEPS="tp2" (table follows each). JSON results in
 # $OUT, logs in $LOGS. MODEL=DIR SHAPE=none serves a checkpoint you have. The wheels jaxserve needs beyond the device image are carried in .whl/.
@@ -21,8 +23,8 @@ set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"  # $OUT, $LOGS, the carried wheels, step()
 MODEL=${MODEL:-/tmp/llama8b}; SHAPE=${SHAPE:-llama-3.1-8b}; CONFIG=${CONFIG:-configs/h100.yaml}
 N=${N:-1000}; RATE=${RATE:-16}; RATE_S=${RATE_S:-30}; GREEDY=${GREEDY:-4}
-ENGINE=(--config "$CONFIG" --max-model-len ${MAX_MODEL_LEN:-2048} ${SERVE_FLAGS:-})
-API=$(python3 -c "from jaxserve.core.supervisor import default_api_server_count as d; print(d())")
+API=${API_SERVERS:-$(python3 -c "from jaxserve.core.supervisor import default_api_server_count as d; print(d())")}
+ENGINE=(--config "$CONFIG" --max-model-len ${MAX_MODEL_LEN:-2048} --api-server-count "$API" ${SERVE_FLAGS:-})
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/summary.txt"
 checkpoint() {  # the random checkpoint, unless $MODEL has one (SHAPE=none: $MODEL as given)
   [ "$SHAPE" = none ] && return
@@ -39,7 +41,7 @@ serve() { local name=$1; shift  # serve NAME [ENV=VALUE...] -- FLAGS: one config
   checkpoint; sample "$name"
   TAIL=40 step "$name" env "$@" python3 scripts/gpu_dp_run.py --name "$name" --model "$MODEL" \
     --out "$OUT" --num-prompts "$N" --rates "inf,$RATE" --rate-seconds "$RATE_S" \
-    --greedy-prompts "$GREEDY" --api-servers "$API" --log-level "${LOG_LEVEL:-WARNING}" ${RUN_FLAGS:-} -- "${ENGINE[@]}" ${FLAGS:-}
+    --greedy-prompts "$GREEDY" --api-servers "$API" --client-processes "${CLIENTS:-4}" --log-level "${LOG_LEVEL:-WARNING}" ${RUN_FLAGS:-} -- "${ENGINE[@]}" ${FLAGS:-}
   [ ${#SAMPLERS[@]} = 0 ] || kill "${SAMPLERS[@]}" 2>/dev/null; }
 for s in ${STEPS:-ck one dp2 tp2} table; do case $s in
   ck) checkpoint ;;

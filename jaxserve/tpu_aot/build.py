@@ -4,7 +4,8 @@ build() runs the whole check: the topology's devices, the abstract server (step_
 the KV pool sized as on the chip, every program lowered and compiled with libtpu (a thread pool
 of `jobs` compiles at once; lowering stays on one thread at a time), then the per-chip memory
 against HBM (memory.py). `selection="largest"` compiles, of each kind of program, only those of
-the largest bucket (the others' code is then estimated): the quick check for big models.
+the largest bucket, in the greedy and the fullest sampler modes (the others' code is then
+estimated): the quick check for big models.
 `selection="decode"` compiles only the decode step's programs (roofline.py). With a
 decode_context, the decode step's forward and greedy sampler are compiled whatever the selection,
 for the roofline. A program XLA refuses (an SMEM or HBM overflow, a Mosaic layout it cannot
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from tqdm.auto import tqdm
 
 from jaxserve.config import EngineConfig
+from jaxserve.device.sampler import SamplerMode
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.tpu_aot.chips import TpuChip, topology_devices
 from jaxserve.tpu_aot.cost import ProgramCost
@@ -159,15 +161,28 @@ def choose(
 
 
 def largest_of_each_kind(programs: list[StepProgram]) -> list[StepProgram]:
-  """Of each kind, the programs of its largest bucket (every sampler mode of it)."""
+  """Of each kind, the programs of its largest bucket, and of their sampler modes the two ends:
+  greedy (the fewest parts) and the fullest (random with penalties and top logprobs), whose code
+  holds every other mode's parts (device/sampler.SamplerMode). The modes between compile in
+  `all`; `largest` counts their code at the largest compiled program of their kind."""
 
   def size(p: StepProgram) -> tuple[int, int]:
     return (p.id.num_seqs, p.id.num_tokens)
 
-  largest = {}
+  largest: dict[str, tuple[int, int]] = {}
   for p in programs:
     largest[p.id.kind] = max(largest.get(p.id.kind, (0, 0)), size(p))
-  return [p for p in programs if size(p) == largest[p.id.kind]]
+  chosen = [p for p in programs if size(p) == largest[p.id.kind]]
+  ends: dict[str, set[SamplerMode]] = {}
+  for kind in largest:
+    modes = [p.id.mode for p in chosen if p.id.kind == kind and p.id.mode is not None]
+    if modes:
+      ends[kind] = {min(modes, key=_parts), max(modes, key=_parts)}
+  return [p for p in chosen if p.id.mode is None or p.id.mode in ends[p.id.kind]]
+
+
+def _parts(mode: SamplerMode) -> int:
+  return mode.random + mode.penalties + mode.top_logprobs
 
 
 def compile_programs(

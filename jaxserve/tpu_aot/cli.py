@@ -53,8 +53,8 @@ def register(subparsers) -> None:
     "--programs",
     choices=["all", "largest", "decode"],
     default="all",
-    help="compile every program, of each kind only the largest bucket's, or (with --layouts) "
-    "only the decode step's (default: all)",
+    help="compile every program, of each kind only the largest bucket's (in the greedy and the "
+    "fullest sampler modes), or (with --layouts) only the decode step's (default: all)",
   )
   parser.add_argument(
     "--layouts",

@@ -50,7 +50,8 @@ def test_the_one_gpu_and_dp2_steps_run_on_two_cpu_devices(tmp_path):
     STEPS="one dp2",
     OUT=str(out),
     LOGS=str(tmp_path / "logs"),
-    RUN_FLAGS="--input-len 16 --output-len 8 --greedy-tokens 8 --client-processes 1",
+    RUN_FLAGS="--input-len 16 --output-len 8 --greedy-tokens 8",
+    CLIENTS="1",
     JAX_PLATFORMS="cpu",
     XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2",
   )

@@ -5,8 +5,9 @@ fail, never skip, without it. Within the CI budget of a 2-core machine they comp
 program (every bucket's forward, every sampler mode, prompt logprobs, decode bursts) of a tp=8
 v5e-8 server with a small scheduler for Llama 3.2 1B cut to 2 layers and a 32,000-token
 vocabulary (every kind of program; the forward's compile time grows with the layers and the
-sampling programs' sorts with the vocabulary); every program of the shipped v5e-8 config's
-largest bucket for Llama 3.1 8B cut to 2 layers (128k vocabulary), whose per-chip memory is
+sampling programs' sorts with the vocabulary); the shipped v5e-8 config's largest bucket for
+Llama 3.1 8B cut to 2 layers (128k vocabulary; its forward, prompt logprobs and the greedy and
+fullest sampler modes: `--programs largest`), whose per-chip memory is
 checked against a hand computation, and the whole 32-layer server's plan (no compile);
 and a config whose weights alone overflow a chip (the message for a total over HBM is checked in
 test_tpu_aot_units.py). Quantized servers: the memory plans of Llama 3.1 70B with int8
@@ -127,7 +128,7 @@ def test_the_8b_servers_largest_bucket_compiles_for_v5e_2x4(v5e_8b):
     "sampler[128] greedy",
     "sampler[128] random+penalties+top",
   } <= names
-  assert len(names) == 6 and [r.error for r in v5e_8b.results if r.error] == []
+  assert len(names) == 4 and [r.error for r in v5e_8b.results if r.error] == []
 
 
 def test_the_8b_server_fits_a_v5e_chip_with_the_hand_computed_weights(v5e_8b):

@@ -40,17 +40,21 @@ def test_program_names():
   assert ProgramId("prompt_logprobs", 0, 64, None).name == "prompt_logprobs[64]"
 
 
-def test_largest_of_each_kind_keeps_every_mode_of_the_largest_bucket():
+def test_largest_of_each_kind_keeps_the_largest_bucket_in_its_greedy_and_fullest_modes():
   programs = [_program("forward", s, t) for s, t in ((8, 16), (8, 32), (16, 32))]
   programs += [_program("sampler", s, 0, m) for s in (8, 16) for m in SamplerMode.all()]
   programs += [_program("prompt_logprobs", 0, t) for t in (16, 32)]
-  chosen = [p.id for p in largest_of_each_kind(programs)]
-  assert [p.name for p in chosen if p.kind != "sampler"] == [
+  bursts = (SamplerMode(), SamplerMode(random=True))  # decode bursts run greedy or random
+  programs += [_program("burst", s, s, m) for s in (8, 16) for m in bursts]
+  chosen = [p.id.name for p in largest_of_each_kind(programs)]
+  assert chosen == [
     "forward[16x32]",
+    "sampler[16] greedy",
+    "sampler[16] random+penalties+top",
     "prompt_logprobs[32]",
+    "burst[16x16] greedy",
+    "burst[16x16] random",
   ]
-  assert {p.mode for p in chosen if p.kind == "sampler"} == set(SamplerMode.all())
-  assert {p.num_seqs for p in chosen if p.kind == "sampler"} == {16}
 
 
 def _result(kind, seqs, tokens, memory, resident=0, error=None):
