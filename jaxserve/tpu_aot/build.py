@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from tqdm.auto import tqdm
 
 from jaxserve.config import EngineConfig
-from jaxserve.device.sampler import SamplerMode
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.tpu_aot.chips import TpuChip, topology_devices
 from jaxserve.tpu_aot.cost import ProgramCost
@@ -163,7 +162,7 @@ def choose(
 def largest_of_each_kind(programs: list[StepProgram]) -> list[StepProgram]:
   """Of each kind, the programs of its largest bucket, and of their sampler modes the two ends:
   greedy (the fewest parts) and the fullest (random with penalties and top logprobs), whose code
-  holds every other mode's parts (device/sampler.SamplerMode). The modes between compile in
+  holds every other mode's parts (ProgramId.parts). The modes between compile in
   `all`; `largest` counts their code at the largest compiled program of their kind."""
 
   def size(p: StepProgram) -> tuple[int, int]:
@@ -173,16 +172,11 @@ def largest_of_each_kind(programs: list[StepProgram]) -> list[StepProgram]:
   for p in programs:
     largest[p.id.kind] = max(largest.get(p.id.kind, (0, 0)), size(p))
   chosen = [p for p in programs if size(p) == largest[p.id.kind]]
-  ends: dict[str, set[SamplerMode]] = {}
+  ends: dict[str, set[int]] = {}
   for kind in largest:
-    modes = [p.id.mode for p in chosen if p.id.kind == kind and p.id.mode is not None]
-    if modes:
-      ends[kind] = {min(modes, key=_parts), max(modes, key=_parts)}
-  return [p for p in chosen if p.id.mode is None or p.id.mode in ends[p.id.kind]]
-
-
-def _parts(mode: SamplerMode) -> int:
-  return mode.random + mode.penalties + mode.top_logprobs
+    parts = [p.id.parts for p in chosen if p.id.kind == kind]
+    ends[kind] = {min(parts), max(parts)}
+  return [p for p in chosen if p.id.mode is None or p.id.parts in ends[p.id.kind]]
 
 
 def compile_programs(

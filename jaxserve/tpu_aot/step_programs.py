@@ -113,6 +113,12 @@ class ProgramId:
     mode = "" if self.mode is None else f" {'+'.join(flags) or 'greedy'}"
     return f"{self.kind}[{shape}]{mode}"
 
+  @property
+  def parts(self) -> int:
+    """The sampler mode's costly parts (random, penalties, top logprobs): 0 greedy, 3 fullest."""
+    mode = self.mode
+    return 0 if mode is None else mode.random + mode.penalties + mode.top_logprobs
+
 
 @dataclass(frozen=True)
 class StepProgram:
