@@ -24,6 +24,8 @@ ARGS = [
   "--set",
   "scheduler.max_num_batched_tokens=64",
   "--set",
+  "scheduler.token_buckets=[16,64]",  # two rungs: a chunk of 16 rows against the full 64
+  "--set",
   "compilation_cache_dir=null",
   "--components",
   "untimed",
