@@ -11,7 +11,7 @@ after its step, and the other API server processes' unanswered adds are not seen
 server counts its own unanswered adds once per API server process (core_load), as if every
 server had sent as many. Counted once, a core slow to answer (a longer step) would look less
 loaded than it is by every other server's unanswered adds, and a burst spread over several API
-servers would pile onto it (tests/core/test_dp_routing.py simulates one: 750 to 250).
+servers would pile onto it (tests/core/test_dp_routing.py simulates one: 768 to 232).
 
 Prefix affinity. The prompt's first AFFINITY_PAGES full pages are hashed with the prefix
 cache's own chained page hash (engine/page_allocator.extend_page_hashes: a page's hash covers
