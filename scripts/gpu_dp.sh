@@ -14,8 +14,9 @@
 #          tp2 against one GPU's; always run last
 # API_SERVERS: the servers' API server processes (default: jaxserve's, one per 4 CPU cores, at
 # most 4); CLIENTS: the load generator's processes (4); 8 and 8 kept up with dp=2's 27k tok/s,
-# 4 and 4 did not (docs/PERFORMANCE.md). SMI=1 samples each GPU's utilization and the processes on it (nvidia-smi, every 2 s) during
-# each serving step into $OUT/NAME_smi.csv and $OUT/NAME_apps.csv; LOG_LEVEL the server's.
+# 4 and 4 did not (docs/PERFORMANCE.md). SMI=1 samples each GPU's utilization and the processes
+# on it (nvidia-smi, every 2 s) during each serving step into $OUT/NAME_smi.csv and
+# $OUT/NAME_apps.csv; LOG_LEVEL the server's.
 # e.g. STEPS="ck one", then STEPS=dp2, then STEPS="tp2" (table follows each). JSON results in
 # $OUT, logs in $LOGS. MODEL=DIR SHAPE=none serves a checkpoint you have. The wheels jaxserve needs beyond the device image are carried in .whl/.
 # CPU check (tiny-random, two host devices): tests/bench/test_gpu_dp_script.py.
