@@ -101,9 +101,12 @@ def test_plan_clients_follows_streams_rate_and_cores():
     plan_clients(0, burst, math.inf, None, cores=2)
 
 
-def test_a_client_without_cpu_is_reported_as_the_bottleneck(server_url):
-  """A client process that gets little CPU (nice 19, pinned to one core beside a busy loop at
-  nice 5) is runnable all the time it has chunks to read: bench serve's run warns and says so."""
+ATTEMPTS = 3  # of the starved run (see the test)
+
+
+def _starved_run(server_url: str) -> tuple[list[str], dict]:
+  """One bench serve run from a client process pinned beside a busy loop: its report lines and
+  its JSON result."""
   cpu = {sorted(os.sched_getaffinity(0))[-1]}
   code = (
     "import json, os\n"
@@ -129,10 +132,23 @@ def test_a_client_without_cpu_is_reported_as_the_bottleneck(server_url):
     busy.wait()
   assert run.returncode == 0, run.stderr[-2000:]
   *report, last = run.stdout.strip().splitlines()
-  assert any(line.startswith("WARNING: client process 0 was busy") for line in report), "\n".join(
-    report
-  )
-  result = json.loads(last)
+  return report, json.loads(last)
+
+
+def test_a_client_without_cpu_is_reported_as_the_bottleneck(server_url):
+  """A client process that gets little CPU (nice 19, pinned to one core beside a busy loop at
+  nice 5) is runnable all the time it has chunks to read: bench serve's run warns and says so.
+  Up to ATTEMPTS runs: the server shares the machine's two cores with the other test worker, and
+  once in six suite runs it was slow enough (first chunks after 3.5 s) that the client spent
+  most of its run waiting for the server, not for a CPU (busy 0.39: rightly no warning)."""
+  reports = []
+  for _ in range(ATTEMPTS):
+    report, result = _starved_run(server_url)
+    reports.append("\n".join(report))
+    if any(line.startswith("WARNING: client process 0 was busy") for line in report):
+      break
+  else:
+    raise AssertionError("no bottleneck warning in any run:\n" + "\n\n".join(reports))
   client = result["client"]
   assert client["bottleneck"] and client["per_process"][0]["bottleneck"]
   assert client["per_process"][0]["busy_share"] >= 0.9
