@@ -44,6 +44,7 @@ from jaxserve.device.kv_cache import (
   resolve_max_model_len,
 )
 from jaxserve.device.lowering import temp_bytes
+from jaxserve.device.memory_gauge import DeviceMemoryGauge
 from jaxserve.device.model_runner import ModelRunner, StepSink
 from jaxserve.device.program_compiler import ProgramCompiler
 from jaxserve.device.step_inputs import StepShape
@@ -352,6 +353,7 @@ def build_engine(
     buckets=runner.buckets,
     programs=programs,
     config=config,
+    memory=DeviceMemoryGauge(devices or jax.local_devices()),
   )
 
 

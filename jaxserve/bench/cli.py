@@ -112,10 +112,10 @@ COMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None], 
     "A mixed workload (completions and chat, streamed or not, n > 1, logprobs, stop strings, "
     "structured outputs, tool calls, long prompts) at --load times the measured capacity, with "
     "cancels, bad inputs, greedy canaries and killed API server processes; a row per window "
-    "(throughput, TTFT / TPOT, statuses, KV pages, compilations, RSS) and the broken promises "
-    "(exit status 1 if any).",
+    "(throughput, TTFT / TPOT, statuses, KV pages, compilations, RSS, device memory) and the "
+    "broken promises (exit status 1 if any).",
     add_soak_flags,
-    requiring(_bench_soak, lambda args: [HTTPX]),
+    requiring(_bench_soak, lambda args: [HTTPX] + ([MATPLOTLIB] if args.plot else [])),
   ),
   (
     "throughput",

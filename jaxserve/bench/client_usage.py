@@ -11,12 +11,14 @@ the server's. The report then warns.
 
 It also counts each process's chunk gaps (the ITLs: gaps between content chunks of a stream)
 under SMALL_GAP_S: chunks that arrived back to back, a server sending several steps at once or a
-client reading late.
+client reading late; and its ITL and TPOT medians, so a process whose streams arrive in pairs
+(ITL median far under TPOT median) shows.
 """
 
 from __future__ import annotations
 
 import resource
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +65,8 @@ class ClientUsage:
   busy_s: float | None
   gaps: int
   small_gaps: int
+  itl_p50_s: float | None = None  # median gap between a stream's chunks
+  tpot_p50_s: float | None = None  # median time per output token after the first
 
   @property
   def cpu_share(self) -> float:
@@ -93,6 +97,8 @@ class ClientUsage:
       "busy_share": self.busy_share,
       "gaps": self.gaps,
       "small_gap_fraction": self.small_gap_fraction,
+      "itl_p50_s": self.itl_p50_s,
+      "tpot_p50_s": self.tpot_p50_s,
       "bottleneck": self.bottleneck,
     }
 
@@ -113,6 +119,7 @@ class UsageMeter:
 
   def usage(self, process: int, records: Sequence[RequestRecord]) -> ClientUsage:
     gaps = [gap for r in records if r.success for gap in r.itls]
+    tpots = [r.tpot for r in records if r.success and r.tpot is not None]
     return ClientUsage(
       process=process,
       requests=len(records),
@@ -121,6 +128,8 @@ class UsageMeter:
       busy_s=self._busy_seconds(),
       gaps=len(gaps),
       small_gaps=sum(gap < SMALL_GAP_S for gap in gaps),
+      itl_p50_s=statistics.median(gaps) if gaps else None,
+      tpot_p50_s=statistics.median(tpots) if tpots else None,
     )
 
 
@@ -139,7 +148,8 @@ def client_report(usages: Sequence[ClientUsage], plan_reason: str) -> list[str]:
     busy = "unknown" if u.busy_share is None else f"{u.busy_share:.2f}"
     lines.append(
       f"  client {u.process}: {u.requests} requests, CPU {u.cpu_s:.2f} s "
-      f"({u.cpu_share:.2f} of a core), busy {busy}, gaps under 1 ms {u.small_gap_fraction:.3f}"
+      f"({u.cpu_share:.2f} of a core), busy {busy}, gaps under 1 ms {u.small_gap_fraction:.3f}, "
+      f"ITL / TPOT p50 {_ms(u.itl_p50_s)} / {_ms(u.tpot_p50_s)} ms"
     )
   return lines
 
@@ -157,3 +167,7 @@ def bottleneck_warnings(usages: Sequence[ClientUsage], cores: int) -> list[str]:
         "them more CPU"
       )
   return warnings
+
+
+def _ms(seconds: float | None) -> str:
+  return "-" if seconds is None else f"{seconds * 1e3:.2f}"

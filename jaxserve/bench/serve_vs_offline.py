@@ -221,6 +221,7 @@ def run_load(
     "errors": errors[:5],
     "client_cpu_per_process": max(u.cpu_share for u in clients.usages),
     "client_small_gap_fraction": small_gap_fraction(clients.usages),
+    "client_usages": [u.to_dict() for u in clients.usages],
     "server_cpu": server_cpu,
   }
 

@@ -6,8 +6,9 @@ server processes, and report per window what it did and at the end which promise
    and, on a jaxserve server, its warm-up: the soak starts once every step program is compiled.
 2. The capacity, unless --request-rate is given: `--capacity-concurrency` closed-loop clients
    send the good mix for `--capacity-seconds`; the rate is `--load` times the calls completed
-   per second.
-3. The soak: Poisson arrivals at that rate for `--duration` seconds, each a canary (every
+   per second. Give it more clients than the server batches sequences, or it measures them.
+3. The soak: Poisson arrivals at that rate for `--duration` seconds (drawn once, `schedule`),
+   sent from `--client-processes` processes (soak_workers.py), each a canary (every
    `--canary-every` s), a bad input (`--bad-share`), or a good call from the mix (a streamed one
    leaving after 1 to 4 chunks for `--cancel-share`); every `--kill-api-every` s an API server
    process is killed (the server must run on this machine); every `--stall-every` s a client
@@ -17,8 +18,9 @@ server processes, and report per window what it did and at the end which promise
    (within IDLE_TIMEOUT_S). The report (soak_report.py): a row per `--window` seconds, a summary
    of what was lost, and the problems; exit status 1 if there is any.
 
-The catalogue of calls is soak_catalogue.py, one call's client soak_client.py, what is watched
-soak_monitor.py.
+The catalogue of calls is soak_catalogue.py, one call's client soak_client.py, the client
+processes soak_workers.py, what is watched soak_monitor.py. `--plot FILE` draws the rows
+(jaxserve/tools/plots.py's soak_timeline).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from dataclasses import asdict, dataclass
 
 import httpx
 
-from jaxserve.bench import soak_monitor
+from jaxserve.bench import soak_monitor, soak_workers
 from jaxserve.bench.flags import standalone_parser
 from jaxserve.bench.soak_catalogue import (
   ServedModel,
@@ -44,7 +46,7 @@ from jaxserve.bench.soak_catalogue import (
   good_request,
   long_stream,
 )
-from jaxserve.bench.soak_client import send, stalled_reader
+from jaxserve.bench.soak_client import stalled_reader
 from jaxserve.bench.soak_flags import add_soak_flags
 from jaxserve.bench.soak_report import (
   Sample,
@@ -54,6 +56,7 @@ from jaxserve.bench.soak_report import (
   summary,
   window_rows,
 )
+from jaxserve.bench.soak_workers import ClientSpec, PhaseResult, ScheduledPhase, http_client
 
 logger = logging.getLogger(__name__)
 SAMPLE_EVERY_S = 2.0
@@ -80,6 +83,7 @@ class SoakPlan:
   seed: int
   stall_every_s: float | None = None
   stall_hold_s: float = 60.0
+  client_processes: int = 1
 
   def __post_init__(self) -> None:
     for name in ("cancel_share", "bad_share"):
@@ -87,6 +91,8 @@ class SoakPlan:
         raise ValueError(f"--{name.replace('_', '-')}: must be in [0, 1]")
     if self.duration_s <= 0 or self.window_s <= 0 or self.max_tokens < 1:
       raise ValueError("--duration, --window: must be > 0; --max-tokens: >= 1")
+    if self.client_processes < 1:
+      raise ValueError(f"--client-processes: must be >= 1, got {self.client_processes}")
 
 
 async def served_model(client: httpx.AsyncClient) -> ServedModel:
@@ -108,23 +114,6 @@ async def wait_until_warm(client: httpx.AsyncClient) -> None:
   raise RuntimeError("the server did not finish compiling its step programs")
 
 
-async def measure_capacity(client: httpx.AsyncClient, model: ServedModel, plan: SoakPlan) -> float:
-  """Good calls completed per second by closed-loop clients."""
-  rng, done = random.Random(f"capacity {plan.seed}"), 0
-  deadline = time.monotonic() + plan.capacity_s
-
-  async def worker() -> None:
-    nonlocal done
-    while time.monotonic() < deadline:
-      record = await send(client, good_request(rng, model, plan.max_tokens))
-      done += record.status == 200 and not record.cut
-    return None
-
-  start = time.monotonic()
-  await asyncio.gather(*(worker() for _ in range(plan.capacity_concurrency)))
-  return done / (time.monotonic() - start)
-
-
 def _next_call(rng: random.Random, model: ServedModel, plan: SoakPlan, bad: list) -> SoakRequest:
   if rng.random() < plan.bad_share:
     return rng.choice(bad)
@@ -136,27 +125,20 @@ def _next_call(rng: random.Random, model: ServedModel, plan: SoakPlan, bad: list
   return request
 
 
-async def _arrivals(client, model, plan: SoakPlan, rate: float, run: SoakRun) -> None:
+def schedule(model: ServedModel, plan: SoakPlan, rate: float) -> list[tuple[float, SoakRequest]]:
+  """The soak's calls at Poisson times `rate` a second over the duration: (seconds after the
+  start, call), a canary every canary_every_s, the rest from the mix."""
   rng, bad = random.Random(plan.seed), bad_inputs(model)
-  calls: set[asyncio.Task] = set()
-  end, next_canary, at = run.start + plan.duration_s, run.start, run.start
-
-  async def call(request: SoakRequest) -> None:
-    run.records.append(await send(client, request))
-
+  calls, at, next_canary = [], 0.0, 0.0
   while True:
     at += rng.expovariate(rate)
-    if at >= end:
-      break
-    await asyncio.sleep(max(0.0, at - time.monotonic()))
+    if at >= plan.duration_s:
+      return calls
     if at >= next_canary:
       request, next_canary = canary(model), next_canary + plan.canary_every_s
     else:
       request = _next_call(rng, model, plan, bad)
-    task = asyncio.ensure_future(call(request))
-    calls.add(task)
-    task.add_done_callback(calls.discard)
-  await asyncio.gather(*calls)
+    calls.append((at, request))
 
 
 async def _stalls(base_url: str, model: ServedModel, plan: SoakPlan, run: SoakRun) -> None:
@@ -203,33 +185,51 @@ async def _final_metrics(client: httpx.AsyncClient) -> dict[str, float]:
 
 
 async def run_soak(base_url: str, plan: SoakPlan, api_key: str | None = None) -> SoakRun:
-  headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-  limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-  async with httpx.AsyncClient(
-    base_url=base_url, timeout=httpx.Timeout(300.0), limits=limits, headers=headers
-  ) as client:
+  spec = ClientSpec(base_url, api_key)
+  async with http_client(spec) as client:
     model = await served_model(client)
     await wait_until_warm(client)
     rate = plan.request_rate
     if rate is None:
-      capacity = await measure_capacity(client, model, plan)
+      capacity, measured = await soak_workers.capacity(
+        spec,
+        model,
+        max_tokens=plan.max_tokens,
+        concurrency=plan.capacity_concurrency,
+        seconds=plan.capacity_s,
+        seed=plan.seed,
+        processes=plan.client_processes,
+      )
       rate = plan.load * capacity
       logger.info("capacity %.2f calls/s: the soak sends %.2f calls/s", capacity, rate)
-    start = time.monotonic()
+      _warn_if_client_bound("capacity", measured)
+    phase = ScheduledPhase(spec, schedule(model, plan, rate), plan.client_processes)
+    await phase.prepare()
+    compilations = (await soak_monitor.scrape(client)).get("jaxserve_xla_compilations_total")
+    start = phase.begin()
     run = SoakRun(start=start, window_s=plan.window_s, load_end=start + plan.duration_s)
-    run.compilations_at_start = (await soak_monitor.scrape(client)).get(
-      "jaxserve_xla_compilations_total"
-    )
+    run.compilations_at_start, run.request_rate = compilations, rate
     stop = asyncio.Event()
     watcher = asyncio.ensure_future(_watch(client, httpx.URL(base_url).port, plan, run, stop))
-    load = [_arrivals(client, model, plan, rate, run)]
-    if plan.stall_every_s:
-      load.append(_stalls(base_url, model, plan, run))
-    await asyncio.gather(*load)
+    stalls = _stalls(base_url, model, plan, run) if plan.stall_every_s else asyncio.sleep(0)
+    calls, _ = await asyncio.gather(phase.finish(), stalls)
+    run.records.extend(calls.records)
+    run.client_cpu_shares = calls.cpu_shares
+    _warn_if_client_bound("soak", calls)
     stop.set()
     await watcher
     run.final_metrics = await _final_metrics(client)
   return run
+
+
+def _warn_if_client_bound(phase: str, result: PhaseResult) -> None:
+  if result.client_bound:
+    logger.warning(
+      "the soak's client processes were busy %s of a core in the %s phase: the client, not the "
+      "server, may have set the pace (raise --client-processes)",
+      "/".join(f"{share:.2f}" for share in result.cpu_shares),
+      phase,
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -248,6 +248,7 @@ def main(args: argparse.Namespace) -> int:
     args.seed,
     args.stall_every,
     args.stall_hold,
+    args.client_processes,
   )
   run = asyncio.run(run_soak(args.base_url, plan, args.api_key))
   rows, totals = window_rows(run), summary(run)
@@ -256,6 +257,7 @@ def main(args: argparse.Namespace) -> int:
     canaries_must_match=args.canaries_must_match,
     rss_growth=args.rss_growth,
     latency_drift=args.latency_drift,
+    device_memory_growth=args.device_memory_growth,
     overloaded=plan.request_rate is None and plan.load > 1,
   )
   print(format_rows(rows))
@@ -264,6 +266,10 @@ def main(args: argparse.Namespace) -> int:
   if args.out:
     with open(args.out, "w") as f:
       json.dump({"rows": rows, "summary": totals, "problems": found}, f, indent=1)
+  if args.plot:
+    from jaxserve.tools.plots import soak_timeline
+
+    print(f"plot: {soak_timeline({args.base_url: rows}, args.plot, 'bench soak')}")
   return 1 if found else 0
 
 

@@ -57,5 +57,19 @@ def add_soak_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
     "--latency-drift", type=float, default=0.2, help="allowed p99 growth, last window vs first"
   )
+  parser.add_argument(
+    "--device-memory-growth",
+    type=float,
+    default=0.05,
+    help="allowed growth of the engine's device memory (/metrics), last window vs first",
+  )
+  parser.add_argument(
+    "--client-processes",
+    type=int,
+    default=1,
+    help="processes sending the calls (one parses near 10k chunks/s; the report warns when "
+    "they were the bottleneck)",
+  )
+  parser.add_argument("--plot", help="draw the per-window rows into this PNG (matplotlib)")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--out", help="write the rows, summary and problems to this JSON file")

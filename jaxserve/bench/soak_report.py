@@ -2,7 +2,8 @@
 
 A row: calls ended in the window, output tokens per second, TTFT and TPOT p50 / p99 of its
 streams, HTTP statuses (0: the connection broke), cancels, cut streams, and the last /metrics
-and process samples of the window (KV pages in use, compilations, RSS of the server's processes).
+and process samples of the window (KV pages in use, compilations, RSS of the server's processes,
+the most device memory the engine held: /metrics' jaxserve_device_memory_used_bytes).
 
 `problems` lists what the server promised and did not keep: a 5xx or a broken connection not
 explained by a fault the soak injected (calls that ended within FAULT_GRACE_S of an API server kill;
@@ -10,8 +11,9 @@ a stalled reader is expected to be cut), a bad input answered with anything but 
 error body, a good call refused with a 4xx other than 429 (the waiting queue is full: the expected
 answer to overload), a canary that differs from the first (when they must match), KV pages still in
 use at the end, a compilation after warm-up, RSS of the last window more than `rss_growth` above the
-first's, and a TTFT or TPOT quantile (`latency_quantile`: 99, or 50 where neighbours share the cores
-and the tail measures them) of the last window more than `latency_drift` above the first's (TPOT
+first's, device memory of the last window more than `device_memory_growth` above the first's,
+and a TTFT or TPOT quantile (`latency_quantile`: 99, or 50 where neighbours share the cores and
+the tail measures them) of the last window more than `latency_drift` above the first's (TPOT
 only when `overloaded`: past capacity a TTFT is mostly the wait in the bounded queue, which fills
 and empties as API server kills cut streams and cancels free places, so it measures the queue, not
 the server). "The first" is the second window when there are three or more: in the first the load
@@ -30,6 +32,7 @@ import numpy as np
 from jaxserve.bench.soak_client import SoakRecord
 
 FAULT_GRACE_S = 5.0
+DEVICE_MEMORY = "jaxserve_device_memory_used_bytes"
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,8 @@ class SoakRun:
   final_metrics: dict[str, float] = field(default_factory=dict)
   compilations_at_start: float | None = None
   load_end: float | None = None  # when the load stopped; later windows hold the drain only
+  request_rate: float | None = None  # the soak's arrivals per second
+  client_cpu_shares: tuple[float, ...] = ()  # each client process's CPU time over wall time
 
   def window_of(self, time: float) -> int:
     return int((time - self.start) // self.window_s)
@@ -69,6 +74,7 @@ def window_rows(run: SoakRun) -> list[dict]:
     ttft = [r.ttft for r in mine if r.ttft is not None]
     tpot = [r.tpot for r in mine if r.tpot is not None]
     last = samples[-1] if samples else None
+    device = [s.metrics.get(DEVICE_MEMORY) for s in samples if s.metrics.get(DEVICE_MEMORY)]
     rows.append(
       {
         "window": window,
@@ -86,6 +92,7 @@ def window_rows(run: SoakRun) -> list[dict]:
         "kv_pages_used": last.metrics.get("jaxserve_kv_pages_used") if last else None,
         "compilations": last.metrics.get("jaxserve_xla_compilations_total") if last else None,
         "rss_mib": last.rss_bytes / 2**20 if last and last.rss_bytes else None,
+        "device_mib": max(device) / 2**20 if device else None,
       }
     )
   return rows
@@ -101,6 +108,7 @@ def problems(
   canaries_must_match: bool,
   rss_growth: float,
   latency_drift: float,
+  device_memory_growth: float = 0.05,
   latency_quantile: int = 99,
   overloaded: bool = False,
 ) -> list[str]:
@@ -134,6 +142,9 @@ def problems(
     rss = (first["rss_mib"], last["rss_mib"])
     if rss[0] and rss[1] and rss[1] > rss[0] * (1 + rss_growth):
       found.append(f"RSS grew from {first['rss_mib']:.0f} MiB to {last['rss_mib']:.0f} MiB")
+    device = (first["device_mib"], last["device_mib"])
+    if device[0] and device[1] and device[1] > device[0] * (1 + device_memory_growth):
+      found.append(f"device memory grew from {device[0]:.0f} MiB to {device[1]:.0f} MiB")
     kinds = ("tpot",) if overloaded else ("ttft", "tpot")  # overloaded: TTFT is the queue's wait
     for key in (f"{kind}_p{latency_quantile}" for kind in kinds):
       if first[key] and last[key] and last[key] > first[key] * (1 + latency_drift):
@@ -169,13 +180,15 @@ def summary(run: SoakRun) -> dict:
     "canaries": len(texts),
     "canaries_agreeing": sum(t == texts[0] for t in texts) if texts else 0,
     "kv_pages_used_at_end": run.final_metrics.get("jaxserve_kv_pages_used"),
+    "request_rate": run.request_rate,
+    "client_cpu_shares": list(run.client_cpu_shares),
   }
 
 
 def format_rows(rows: list[dict]) -> str:
   head = (
     "win  calls  tok/s  TTFT p50/p99 ms  TPOT p50/p99 ms  statuses            cncl cut kill  "
-    "KV  comp  RSS MiB"
+    "KV  comp  RSS MiB  dev MiB"
   )
   lines = [head]  # a window marked d: the load had stopped (the queue draining)
   for r in rows:
@@ -184,7 +197,8 @@ def format_rows(rows: list[dict]) -> str:
       f"{_ms(r['ttft_p50']):>7}/{_ms(r['ttft_p99']):<7} "
       f"{_ms(r['tpot_p50']):>7}/{_ms(r['tpot_p99']):<7} "
       f"{_statuses(r['statuses']):<19} {r['cancelled']:>4} {r['cut']:>3} {r['kills']:>4} "
-      f"{_num(r['kv_pages_used']):>3} {_num(r['compilations']):>5} {_num(r['rss_mib']):>8}"
+      f"{_num(r['kv_pages_used']):>3} {_num(r['compilations']):>5} {_num(r['rss_mib']):>8} "
+      f"{_num(r.get('device_mib')):>8}"
     )
   return "\n".join(lines)
 

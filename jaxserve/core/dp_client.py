@@ -28,7 +28,13 @@ from jaxserve.core.dp_routing import PrefixAffinityRouter
 from jaxserve.core.streams import EngineDeadError, OutputStream, RequestSpec
 from jaxserve.engine.engine_stats import EngineStats
 
-GAUGES = ("num_running", "num_waiting", "num_used_pages", "num_total_pages")
+GAUGES = (
+  "num_running",
+  "num_waiting",
+  "num_used_pages",
+  "num_total_pages",
+  "device_bytes_in_use",
+)
 
 
 def sum_stats(stats: list[EngineStats]) -> EngineStats:

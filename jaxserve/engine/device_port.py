@@ -74,3 +74,10 @@ class ProgramStatus(Protocol):
 class CompileCounter(Protocol):
   @property
   def num_compilations(self) -> int: ...
+
+
+class MemoryGauge(Protocol):
+  """The device memory the engine holds (device/memory_gauge.py; 0 where unknown)."""
+
+  @property
+  def bytes_in_use(self) -> int: ...

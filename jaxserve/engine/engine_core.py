@@ -40,7 +40,7 @@ import numpy as np
 from jaxserve.engine.admission import check_length, check_multi_host_sampling, check_token_ids
 from jaxserve.engine.constraints import Constraints, live_matcher
 from jaxserve.engine.core_io import EngineCoreOutput, EngineCoreRequest
-from jaxserve.engine.device_port import CompileCounter, ProgramStatus, StepRunner
+from jaxserve.engine.device_port import CompileCounter, MemoryGauge, ProgramStatus, StepRunner
 from jaxserve.engine.engine_stats import EngineStats
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request, RequestStatus
@@ -134,8 +134,10 @@ class EngineCore:
     buckets: BucketSet | None = None,
     programs: ProgramStatus | None = None,
     constraints: Constraints | None = None,
+    memory: MemoryGauge | None = None,
   ):
     self.runner = runner
+    self.memory = memory
     self.constraints = constraints
     self.buckets = buckets
     self.programs: ProgramStatus = programs or _AllReady()
@@ -411,6 +413,7 @@ class EngineCore:
       num_programs_total=self.programs.readiness().num_total,
       num_prefix_cache_queries=self.scheduler.prefix_cache_queries,
       num_prefix_cache_hits=self.scheduler.prefix_cache_hits,
+      device_bytes_in_use=self.memory.bytes_in_use if self.memory else 0,
     )
 
   def close(self) -> None:

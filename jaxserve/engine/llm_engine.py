@@ -17,7 +17,7 @@ from jaxserve.config import EngineConfig
 from jaxserve.engine.admission import check_token_ids
 from jaxserve.engine.constraints import Constraints
 from jaxserve.engine.core_io import EngineCoreRequest
-from jaxserve.engine.device_port import CompileCounter, ProgramStatus, StepRunner
+from jaxserve.engine.device_port import CompileCounter, MemoryGauge, ProgramStatus, StepRunner
 from jaxserve.engine.engine_core import EngineCore, StepTimings
 from jaxserve.engine.engine_stats import EngineStats
 from jaxserve.engine.output_processor import OutputProcessor
@@ -51,6 +51,7 @@ class LLMEngine:
     buckets: BucketSet | None = None,
     programs: ProgramStatus | None = None,
     config: EngineConfig | None = None,
+    memory: MemoryGauge | None = None,
   ):
     self.core = EngineCore(
       runner=runner,
@@ -64,6 +65,7 @@ class LLMEngine:
       buckets=buckets,
       programs=programs,
       constraints=Constraints(tokenizer, vocab_size, supported=runner.supports_async),
+      memory=memory,
     )
     self.constraints = self.core.constraints
     self.processor = OutputProcessor(tokenizer)

@@ -112,6 +112,12 @@ class EngineStatsCollector(Collector):
         "Step programs planned (0 when they compile on first use).",
         stats.num_programs_total,
       ),
+      (
+        "jaxserve_device_memory_used_bytes",
+        "Device memory the engine cores hold (JAX's bytes_in_use: weights, KV pool, live step "
+        "buffers; 0 where the backend reports none, e.g. the CPU).",
+        stats.device_bytes_in_use,
+      ),
     ):
       yield GaugeMetricFamily(name, doc, value=value)
     yield CounterMetricFamily(

@@ -104,3 +104,45 @@ def metric_bars(scores: Mapping[str, float], path: Path, title: str = "", ylabel
   fig.savefig(path, dpi=100)
   plt.close(fig)
   return Path(path)
+
+
+def soak_timeline(series: Mapping[str, Sequence[Mapping]], path: Path, title: str = "") -> Path:
+  """`jaxserve bench soak`'s rows (soak_report.window_rows) against time, one line per soak:
+  output tokens/s, TPOT p50 / p99, TTFT p99, device memory and RSS; windows after the load
+  stopped (the drain) are left out, windows with an API server kill marked."""
+  fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
+  (tput, tpot), (ttft, memory) = axes
+  for name, rows in series.items():
+    rows = [r for r in rows if not r["drain"]]
+    minutes = [r["window"] + 0.5 for r in rows]
+
+    def line(ax, key, scale=1.0, style="-", label=name):
+      values = [np.nan if r.get(key) is None else r[key] * scale for r in rows]
+      return ax.plot(minutes, values, style, marker=".", label=label)[0]
+
+    color = line(tput, "tokens_per_s").get_color()
+    for ax, key in ((tpot, "tpot_p50"), (tpot, "tpot_p99"), (ttft, "ttft_p99")):
+      style = "--" if key.endswith("p99") and ax is tpot else "-"
+      line(ax, key, 1e3, style, f"{name} {key[-3:]}").set_color(color)
+    line(memory, "device_mib", 1 / 1024, "-", f"{name} device").set_color(color)
+    line(memory, "rss_mib", 1 / 1024, ":", f"{name} RSS").set_color(color)
+    for r in rows:
+      if r["kills"]:
+        tput.axvline(r["window"] + 0.5, color=color, alpha=0.15, linewidth=6)
+  labels = (
+    (tput, "output tokens/s (shaded: a window with an API server kill)"),
+    (tpot, "TPOT (ms), p50 solid, p99 dashed"),
+    (ttft, "TTFT p99 (ms)"),
+    (memory, "GiB: device memory held (solid), server RSS (dotted)"),
+  )
+  for ax, label in labels:
+    ax.set_title(label, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+  for ax in axes[1]:
+    ax.set_xlabel("minute of the soak")
+  fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return Path(path)

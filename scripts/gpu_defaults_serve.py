@@ -1,0 +1,121 @@
+"""One server configuration of scripts/gpu_defaults_serve.sh (issue 29): `jaxserve serve MODEL
+FLAGS` (--warmup full), then at rate inf (1000 x 256/256, every token streamed) `jaxserve bench
+serve`'s load (serve_vs_offline.run_load, client processes chosen by bench serve), the
+independent client (scripts/plain_client.py, --plain-processes processes) and bench serve again;
+then bench serve at --rate req/s for --rate-seconds (1024 in / 128 out, range ratio 0.5). One
+JSON in OUT/NAME.json; `--table OUT` prints the comparison of every NAME.json there.
+
+    python scripts/gpu_defaults_serve.py --name noconfig --model /tmp/llama8b --out OUT \\
+        -- --max-model-len 2048
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from jaxserve.bench.datasets import random_requests
+from jaxserve.bench.serve_vs_offline import run_load, vocabulary
+from jaxserve.bench.server_process import ServerProcess
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--name")
+  parser.add_argument("--model")
+  parser.add_argument("--out")
+  parser.add_argument("--num-prompts", type=int, default=1000)
+  parser.add_argument("--rate", type=float, default=16.0)
+  parser.add_argument("--rate-seconds", type=float, default=30.0)
+  parser.add_argument("--plain-processes", type=int, default=4)
+  parser.add_argument("--api-servers", type=int, default=1, help="to wait for before the load")
+  parser.add_argument("--table", help="print the table of the JSON files in this folder")
+  parser.add_argument("serve_flags", nargs=argparse.REMAINDER, help="after --: jaxserve serve's")
+  args = parser.parse_args(argv)
+  args.serve_flags = [f for f in args.serve_flags if f != "--"]
+  return args
+
+
+def plain(server: ServerProcess, args, out: Path, pool: list[int]) -> dict:
+  path = out / f"{args.name}_plain.json"
+  command = [sys.executable, str(Path(__file__).with_name("plain_client.py")), "--url", server.url]
+  command += ["--model", server.model, "--num-prompts", str(args.num_prompts)]
+  command += ["--processes", str(args.plain_processes), "--out", str(path)]
+  command += ["--token-range", f"{pool[len(pool) // 10]},{pool[-1]}"]  # of the model's vocabulary
+  subprocess.run(command, check=False)
+  return json.loads(path.read_text()) if path.exists() else {"error": "no result"}
+
+
+def measure(args) -> int:
+  out = Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  flags = [*args.serve_flags, "--warmup", "full", "--log-level", "INFO"]
+  server = ServerProcess(args.model, flags, out / f"{args.name}_serve.log")
+  result: dict = {"name": args.name, "serve_flags": args.serve_flags}
+  try:
+    result["health_s"] = server.wait_healthy(600)
+    server.wait_api_servers(args.api_servers, 600)
+    _, pool = vocabulary(args.model)
+    burst = random_requests(args.num_prompts, 256, 256, seed=0, token_ids=pool)
+    result["bench_inf"] = [run_load(server.url, server.model, burst, math.inf, processes=None)]
+    result["plain_inf"] = plain(server, args, out, pool)
+    result["bench_inf"].append(run_load(server.url, server.model, burst, math.inf, processes=None))
+    count = max(4, round(args.rate * args.rate_seconds))
+    steady = random_requests(count, 1024, 128, range_ratio=0.5, seed=1, token_ids=pool)
+    result["bench_rate"] = run_load(server.url, server.model, steady, args.rate, processes=None)
+  finally:
+    result["exit_code"] = server.stop()
+    (out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
+  return 0
+
+
+def _p(run: dict, metric: str, q: str) -> float:
+  return run["metrics"][metric]["percentiles_ms"][q]
+
+
+def table(folder: Path) -> None:
+  print(
+    "| run | bench serve tok/s (2 runs) | plain client tok/s | plain / bench median | "
+    "TTFT p99 @rate | TPOT p99 @rate | ITL p50 / TPOT p50 per client process (inf) | "
+    "gaps < 1 ms | client CPU | failed |"
+  )
+  print("|---|---|---:|---:|---:|---:|---|---:|---|---:|")
+  for path in sorted(folder.glob("*.json")):
+    data = json.loads(path.read_text())
+    if "bench_inf" not in data:
+      continue
+    bench = [r["metrics"]["output_throughput"] for r in data["bench_inf"]]
+    plain_tps = data["plain_inf"].get("output_tokens_per_s", float("nan"))
+    first = data["bench_inf"][0]
+    per = ", ".join(
+      f"{1e3 * (u['itl_p50_s'] or 0):.1f}/{1e3 * (u['tpot_p50_s'] or 0):.1f}"
+      for u in first.get("client_usages", [])
+    )
+    cpu = "/".join(f"{u['cpu_share']:.2f}" for u in first.get("client_usages", []))
+    rate = data.get("bench_rate")
+    runs = [*data["bench_inf"], *([rate] if rate else [])]
+    failed = sum(r["metrics"]["failed"] for r in runs) + data["plain_inf"].get("failed", 0)
+    ttft = f"{_p(rate, 'ttft', 'p99'):.0f}" if rate else "-"
+    tpot = f"{_p(rate, 'tpot', 'p99'):.1f}" if rate else "-"
+    print(
+      f"| {data['name']} | {' / '.join(f'{b:,.0f}' for b in bench)} | {plain_tps:,.0f} | "
+      f"{plain_tps / statistics.median(bench):.3f} | {ttft} | {tpot} | {per} | "
+      f"{first['client_small_gap_fraction']:.3f} | {cpu} | {failed} |"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = parse_args(sys.argv[1:] if argv is None else argv)
+  if args.table:
+    table(Path(args.table))
+    return 0
+  return measure(args)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The GPU soak of issue 32 on a 2-GPU machine: two `jaxserve serve` of the 8B-shaped random
+# checkpoint side by side, batch_invariant on (GPU 0, canaries must match) and off (GPU 1), each
+# held by `jaxserve bench soak` at $LOAD (1.5) x its measured capacity for $DURATION (600) s
+# with 10% cancels, 5% bad inputs, an API server process killed every $KILL_EVERY (120) s and a
+# stalled reader every 90 s, its calls from $CLIENTS (4) client processes. A soak outlives one
+# 10-minute device call, so the servers and soaks start in their own process sessions (setsid:
+# they run on between calls while the machine is held) and write to $SOAK (/tmp/soak):
+#   STEPS=start    the checkpoint (if $MODEL has none, 2-3 min), both servers, both soaks; then
+#                  waits as `wait` does until $WAIT_S (480) s have passed
+#   STEPS=wait     until both soaks have ended (at most $WAIT_S s), then the results to $OUT:
+#                  soak_on.json / soak_off.json (rows, summary, problems), their logs and the
+#                  servers' logs, and the two soaks' tables; stops the servers once both ended
+# e.g. STEPS=start, then (within 30 s of its return, so the machine stays held) STEPS=wait.
+# A CPU dry run (not in the suite: two servers and two soaks): MODEL=tiny-random SHAPE=none
+# CONFIG=configs/tiny-random-cpu.yaml DURATION=40 KILL_EVERY=15 CAPACITY_S=5 CLIENTS=2 WAIT_S=200.
+set -uo pipefail
+source "$(dirname "$0")/gpu_common.sh"  # $OUT, $LOGS, the carried wheels, step()
+MODEL=${MODEL:-/tmp/llama8b}; SHAPE=${SHAPE:-llama-3.1-8b}; CONFIG=${CONFIG:-configs/h100.yaml}
+SOAK=${SOAK:-/tmp/soak}; DURATION=${DURATION:-600}; KILL_EVERY=${KILL_EVERY:-120}
+WAIT_S=${WAIT_S:-480}; CLIENTS=${CLIENTS:-4}; LOAD=${LOAD:-1.5}; GPUS=(${GPUS:-0 1})
+MODES=(${MODES:-on off}); T0=$SECONDS; mkdir -p "$SOAK"
+start_one() {  # start_one MODE GPU PORT: a server and, once it is ready, its soak
+  local mode=$1 gpu=$2 port=$3 flags=() must=()
+  [ "$mode" = on ] && flags=(--set batch_invariant=true) && must=(--canaries-must-match)
+  CUDA_VISIBLE_DEVICES=$gpu setsid nohup python3 -m jaxserve.cli serve "$MODEL" --config "$CONFIG" \
+    --max-model-len ${MAX_MODEL_LEN:-2048} --port "$port" --warmup full \
+    --api-server-count ${API_SERVERS:-4} "${flags[@]}" ${SERVE_FLAGS:-} \
+    > "$SOAK/server_$mode.log" 2>&1 < /dev/null &
+  setsid nohup bash -c "for i in \$(seq 450); do python3 -c 'import urllib.request as u; u.urlopen(\"http://127.0.0.1:$port/health\")' 2>/dev/null && break; sleep 2; done;
+    python3 -m jaxserve.cli bench soak --base-url http://127.0.0.1:$port --duration $DURATION \
+      --load $LOAD --kill-api-every $KILL_EVERY --stall-every ${STALL_EVERY:-90} \
+      --capacity-concurrency ${CAPACITY_CONCURRENCY:-512} --capacity-seconds ${CAPACITY_S:-20} \
+      --client-processes $CLIENTS --max-tokens ${MAX_TOKENS:-64} ${must[*]} \
+      --out $SOAK/soak_$mode.json --plot $SOAK/soak_$mode.png; echo \$? > $SOAK/soak_$mode.rc" \
+    > "$SOAK/soak_$mode.log" 2>&1 < /dev/null &
+}
+ended() { for mode in "${MODES[@]}"; do [ -f "$SOAK/soak_$mode.rc" ] || return 1; done; }
+wait_and_collect() {
+  while ! ended && [ $((SECONDS - T0)) -lt "$WAIT_S" ]; do sleep 10; done
+  for mode in "${MODES[@]}"; do
+    echo "--- soak $mode: rc $(cat "$SOAK/soak_$mode.rc" 2>/dev/null || echo running)" | tee -a "$OUT/summary.txt"
+    grep -v "it/s\]\|HTTP Request" "$SOAK/soak_$mode.log" | tail -n 25 | tee -a "$OUT/summary.txt"
+  done
+  cp "$SOAK"/*.json "$SOAK"/*.png "$OUT/" 2>/dev/null
+  for f in "$SOAK"/*.log; do tail -c 200000 "$f" > "$OUT/$(basename "$f")"; done
+  if ended; then pkill -f "jaxserve.cli serve" ; sleep 5; fi
+  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader | tee -a "$OUT/summary.txt"
+}
+for s in ${STEPS:-start}; do case $s in
+  start)
+    [ "$SHAPE" = none ] || [ -f "$MODEL/config.json" ] || step ck python3 -m jaxserve.bench.random_checkpoint "$SHAPE" "$MODEL"
+    for k in "${!MODES[@]}"; do start_one "${MODES[$k]}" "${GPUS[$k]}" $((8000 + k)); done
+    wait_and_collect ;;
+  wait) wait_and_collect ;;
+  *) echo "unknown step $s" | tee -a "$OUT/summary.txt" ;;
+esac; done
