@@ -32,7 +32,7 @@ start_one() {  # start_one MODE GPU PORT: a server and, once it is ready, its so
       --load $LOAD --kill-api-every $KILL_EVERY --stall-every ${STALL_EVERY:-90} \
       --capacity-concurrency ${CAPACITY_CONCURRENCY:-512} --capacity-seconds ${CAPACITY_S:-20} \
       --client-processes $CLIENTS --max-tokens ${MAX_TOKENS:-64} ${must[*]} \
-      --out $SOAK/soak_$mode.json --plot $SOAK/soak_$mode.png; echo \$? > $SOAK/soak_$mode.rc" \
+      --out $SOAK/soak_$mode.json; echo \$? > $SOAK/soak_$mode.rc" \
     > "$SOAK/soak_$mode.log" 2>&1 < /dev/null &
 }
 ended() { for mode in "${MODES[@]}"; do [ -f "$SOAK/soak_$mode.rc" ] || return 1; done; }
@@ -42,7 +42,7 @@ wait_and_collect() {
     echo "--- soak $mode: rc $(cat "$SOAK/soak_$mode.rc" 2>/dev/null || echo running)" | tee -a "$OUT/summary.txt"
     grep -v "it/s\]\|HTTP Request" "$SOAK/soak_$mode.log" | tail -n 25 | tee -a "$OUT/summary.txt"
   done
-  cp "$SOAK"/*.json "$SOAK"/*.png "$OUT/" 2>/dev/null
+  cp "$SOAK"/*.json "$OUT/" 2>/dev/null  # the plot is drawn from them (plots.soak_timeline)
   for f in "$SOAK"/*.log; do tail -c 200000 "$f" > "$OUT/$(basename "$f")"; done
   if ended; then pkill -f "jaxserve.cli serve" ; sleep 5; fi
   nvidia-smi --query-gpu=index,memory.used --format=csv,noheader | tee -a "$OUT/summary.txt"
