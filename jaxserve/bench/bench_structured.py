@@ -55,14 +55,18 @@ def parse_args(argv=None) -> argparse.Namespace:
   return parser.parse_args(argv)
 
 
-def write_synthetic_tokenizer(num_pieces: int, model_vocab: int, out_dir: Path) -> Path:
-  """tokenizer.json + tokenizer_config.json of the synthetic BPE (bos, eos after the pieces)."""
+def write_synthetic_tokenizer(
+  num_pieces: int, model_vocab: int, out_dir: Path, chat_template: str | None = None
+) -> Path:
+  """tokenizer.json + tokenizer_config.json of the synthetic BPE (bos, eos after the pieces),
+  with `chat_template` when given (a server's chat calls need one)."""
   tokenizer = synthetic_tokenizer(num_pieces, model_vocab)
   out_dir.mkdir(parents=True, exist_ok=True)
   tokenizer.backend.save(str(out_dir / "tokenizer.json"))
-  (out_dir / "tokenizer_config.json").write_text(
-    json.dumps({"bos_token": "<|begin|>", "eos_token": "<|eot|>", "add_bos_token": False})
-  )
+  config = {"bos_token": "<|begin|>", "eos_token": "<|eot|>", "add_bos_token": False}
+  if chat_template is not None:
+    config["chat_template"] = chat_template
+  (out_dir / "tokenizer_config.json").write_text(json.dumps(config))
   return out_dir
 
 

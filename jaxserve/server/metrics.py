@@ -5,7 +5,10 @@ Engine gauges (running/waiting requests, KV pages used/total) and counters (pree
 compilations) are read at scrape time from the engine core's stats snapshot (the CoreClient's last
 one) by a custom collector. Request latencies and token counts are observed by the handlers as
 outputs arrive: time to first token, inter-token latency and end-to-end latency come from
-RequestOutput.metrics (engine clock), so they include time spent waiting in the queue.
+RequestOutput.metrics (engine clock), so they include time spent waiting in the queue. One more
+is on the API server's clock: jaxserve_request_output_gap_seconds, the time between a request's
+outputs as its handler takes them (what the engine's inter-token latency does not explain, e.g.
+outputs of two steps taken back to back, is the API server's).
 
 vLLM's names (server/vllm_metrics.py) are exported beside these: each observation is made once,
 by an `Observation`, which records it in every family that reports it (`jaxserve_*` and
@@ -28,6 +31,7 @@ line (server/stats_logger.py) reads `registry`: this process's own values.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -157,6 +161,7 @@ class RequestObservations:
   requests_aborted: Observation
   requests_finished: Counter  # jaxserve's, by finish_reason
   request_success: dict[str, Counter]  # vLLM's, by finished_reason
+  output_gap: Histogram  # jaxserve's: between a request's outputs as its handler takes them
 
   def request_finished(self, reason: str | None) -> None:
     """A request ended on its own (jaxserve's finish_reason; "unknown" if none)."""
@@ -211,6 +216,14 @@ class ServerMetrics:
     requests_aborted = Counter(
       "jaxserve_requests_aborted", "Requests aborted because their client went away.", **kwargs
     )
+    output_gap = Histogram(
+      "jaxserve_request_output_gap_seconds",
+      "Between consecutive outputs of one request as its HTTP handler takes them in the API "
+      "server (the engine's inter-token latency plus the API server's delays: outputs taken "
+      "back to back here reach the client as back-to-back chunks).",
+      buckets=(0.0005, *_LATENCY_BUCKETS),
+      **kwargs,
+    )
     self._engines = [
       RequestObservations(
         time_to_first_token=Observation(time_to_first_token, v.time_to_first_token),
@@ -223,6 +236,7 @@ class ServerMetrics:
         requests_aborted=Observation(requests_aborted, v.request_success["abort"]),
         requests_finished=requests_finished,
         request_success=v.request_success,
+        output_gap=output_gap,
       )
       for v in vllm
     ]
@@ -244,6 +258,7 @@ class OutputObserver:
   def __init__(self, metrics: RequestObservations):
     self._metrics = metrics
     self._last_token_time: dict[str, float] = {}
+    self._last_taken: dict[str, float] = {}
 
   def __call__(self, output: RequestOutput) -> None:
     last_token_time = self._last_token_time.get(output.request_id)
@@ -257,6 +272,11 @@ class OutputObserver:
           m.inter_token_latency.observe(per_token)
       self._last_token_time[output.request_id] = timing.last_token_time
       m.generation_tokens.inc(len(output.new_token_ids))
+    if output.new_token_ids:
+      taken, previous = time.monotonic(), self._last_taken.get(output.request_id)
+      if previous is not None:
+        m.output_gap.observe(taken - previous)
+      self._last_taken[output.request_id] = taken
     if output.finished:
       m.prompt_tokens.inc(len(output.prompt_token_ids))
       m.request_finished(output.finish_reason)

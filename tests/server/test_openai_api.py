@@ -270,6 +270,7 @@ def test_models_health_and_metrics(served, client):
   assert values["jaxserve_prompt_tokens_total"] >= len(served.tokenizer.encode("count me"))
   assert values["jaxserve_time_to_first_token_seconds_count"] >= 1
   assert values["jaxserve_inter_token_latency_seconds_count"] >= 2
+  assert values["jaxserve_request_output_gap_seconds_count"] >= 1  # the handler's clock
   assert values["jaxserve_e2e_request_latency_seconds_count"] >= 1
   assert "jaxserve_preemptions_total" in values
 
