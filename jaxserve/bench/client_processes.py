@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 from jaxserve.bench.arrivals import arrival_gaps, send_offsets
 from jaxserve.bench.client_usage import ClientUsage, UsageMeter
 from jaxserve.bench.datasets import SampleRequest
+from jaxserve.bench.gc_pause import settle_heap
 from jaxserve.bench.latency_stats import RequestRecord
 from jaxserve.bench.serve_client import ServeBenchConfig, run_schedule
 
@@ -150,6 +151,7 @@ def run_clients(
   bar = tqdm(total=len(requests), desc="requests", unit="req", disable=not config.show_progress)
   try:
     if plan.processes == 1:
+      settle_heap()
       start = time.monotonic()
       results = [_run_shard(config, shards[0], start, lambda: bar.update(1))]
     else:
@@ -184,6 +186,7 @@ def _run_shard(
 def _worker(conn: Connection, config: ServeBenchConfig, shard: _Shard) -> None:
   """A spawned client process: ready, the start time in, progress and its result out."""
   try:
+    settle_heap()
     conn.send(_READY)
     start = conn.recv()
     on_done = (lambda: conn.send(_DONE)) if config.show_progress else None

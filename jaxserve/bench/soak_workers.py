@@ -28,6 +28,7 @@ from typing import Sequence
 
 import httpx
 
+from jaxserve.bench.gc_pause import no_cycle_collection, settle_heap
 from jaxserve.bench.soak_catalogue import ServedModel, SoakRequest, good_request
 from jaxserve.bench.soak_client import SoakRecord, send
 
@@ -112,10 +113,11 @@ async def _send_at(client: httpx.AsyncClient, calls: Scheduled, start: float) ->
 async def _run_job(spec: ClientSpec, job: _Capacity | Scheduled, start: float) -> PhaseResult:
   wall, cpu = time.monotonic(), time.process_time()
   async with http_client(spec) as client:
-    if isinstance(job, _Capacity):
-      records, done = [], await _closed_loop(client, job, start + job.seconds)
-    else:
-      records, done = await _send_at(client, job, start), 0
+    with no_cycle_collection():
+      if isinstance(job, _Capacity):
+        records, done = [], await _closed_loop(client, job, start + job.seconds)
+      else:
+        records, done = await _send_at(client, job, start), 0
   share = (time.process_time() - cpu) / max(time.monotonic() - wall, 1e-9)
   return PhaseResult(records, done, (share,))
 
@@ -123,6 +125,7 @@ async def _run_job(spec: ClientSpec, job: _Capacity | Scheduled, start: float) -
 def _worker(conn: Connection, spec: ClientSpec, job: _Capacity | Scheduled) -> None:
   """A spawned client process: ready, the start time in, its PhaseResult out."""
   try:
+    settle_heap()
     conn.send("ready")
     start = conn.recv()
     conn.send(asyncio.run(_run_job(spec, job, start)))
@@ -198,6 +201,7 @@ async def capacity(
     if n
   ]
   if len(jobs) == 1:
+    settle_heap()
     start = time.monotonic()
     result = await _run_job(spec, jobs[0], start)
   else:
@@ -224,6 +228,7 @@ class ScheduledPhase:
   def begin(self) -> float:
     if self._spawned is not None:
       return self._spawned.begin()
+    settle_heap()
     start = time.monotonic()
     self._local = asyncio.ensure_future(_run_job(self._spec, self._shares[0], start))
     return start

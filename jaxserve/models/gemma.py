@@ -40,7 +40,7 @@ from jaxserve.attention import AttentionBackend, AttentionMetadata
 from jaxserve.attention.metadata import KVPages
 from jaxserve.models.invariant_dense import DenseBackend
 from jaxserve.models.kv_layout import LayerKV
-from jaxserve.models.llama import MLP, Attention, LMHead, logits_gemm
+from jaxserve.models.llama import MLP, Attention, LMHead, output_logits, token_embedding
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.norms import rms_norm
 from jaxserve.models.rope import inverse_frequencies, local_inverse_frequencies, rope_cos_sin
@@ -90,21 +90,14 @@ class GemmaForCausalLM(nn.Module):
     cfg = self.config
     if not cfg.gemma:
       raise ValueError(f"architecture: {cfg.architecture} is not a Gemma architecture")
-    dtype = jnp.dtype(cfg.dtype)
-    self.embed_tokens = nn.Embed(
-      cfg.vocab_size,
-      cfg.hidden_size,
-      dtype=dtype,
-      param_dtype=dtype,
-      embedding_init=nn.initializers.normal(0.02),
-    )
+    self.embed_tokens = token_embedding(cfg)
     self.layers = [
       GemmaDecoderLayer(cfg, self.attention, self.dense, cfg.layer_window(i))  # layers_{i}
       for i in range(cfg.num_layers)
     ]
     self.norm = rms_norm(cfg)
     if not cfg.tie_word_embeddings:
-      self.lm_head = LMHead(cfg.vocab_size, dtype, self.dense)
+      self.lm_head = LMHead(cfg.vocab_size, jnp.dtype(cfg.dtype), self.dense)
 
   def __call__(
     self,
@@ -132,9 +125,6 @@ class GemmaForCausalLM(nn.Module):
 
   def compute_logits(self, hidden: jax.Array) -> jax.Array:
     """hidden [N, H] (after the final norm) -> float32[N, vocab_size], soft-capped."""
-    if self.config.tie_word_embeddings:
-      embedding = self.embed_tokens.embedding  # [V, H]
-      logits = logits_gemm(self.dense, hidden, embedding, vocab_major=True)
-    else:
-      logits = self.lm_head(hidden)
+    lm_head = None if self.config.tie_word_embeddings else self.lm_head
+    logits = output_logits(self.config, self.dense, hidden, self.embed_tokens, lm_head)
     return soft_cap(logits, self.config.final_logit_softcapping)  # f32[N, V]

@@ -235,6 +235,31 @@ class LMHead(nn.Module):
     return logits_gemm(self.dense, hidden, kernel)
 
 
+def token_embedding(cfg: ModelConfig) -> nn.Embed:
+  """The input embedding [vocab_size, hidden_size] both decoders build as `embed_tokens`."""
+  dtype = jnp.dtype(cfg.dtype)
+  return nn.Embed(
+    cfg.vocab_size,
+    cfg.hidden_size,
+    dtype=dtype,
+    param_dtype=dtype,
+    embedding_init=nn.initializers.normal(0.02),
+  )
+
+
+def output_logits(
+  cfg: ModelConfig,
+  dense: DenseBackend | None,
+  hidden: jax.Array,  # [N, H], after the final norm
+  embed_tokens: nn.Embed,
+  lm_head: LMHead | None,
+) -> jax.Array:
+  """float32[N, vocab_size]: the tied embedding's transpose, or the untied lm_head."""
+  if cfg.tie_word_embeddings:
+    return logits_gemm(dense, hidden, embed_tokens.embedding, vocab_major=True)  # [V, H] weight
+  return lm_head(hidden)
+
+
 class LlamaForCausalLM(nn.Module):
   """Decoder over one ragged batch. `__call__` returns the final-norm hidden states and the new
   KV pages; `compute_logits` maps selected hidden states to float32 logits. `dense` computes the
@@ -251,21 +276,14 @@ class LlamaForCausalLM(nn.Module):
     cfg = self.config
     if cfg.gemma:
       raise ValueError(f"architecture: {cfg.architecture} runs models/gemma.py's GemmaForCausalLM")
-    dtype = jnp.dtype(cfg.dtype)
-    self.embed_tokens = nn.Embed(
-      cfg.vocab_size,
-      cfg.hidden_size,
-      dtype=dtype,
-      param_dtype=dtype,
-      embedding_init=nn.initializers.normal(0.02),
-    )
+    self.embed_tokens = token_embedding(cfg)
     self.layers = [
       DecoderLayer(cfg, self.attention, self.dense, self.experts, cfg.layer_window(i))
       for i in range(cfg.num_layers)  # layers_{i}
     ]
     self.norm = rms_norm(cfg)
     if not cfg.tie_word_embeddings:
-      self.lm_head = LMHead(cfg.vocab_size, dtype, self.dense)
+      self.lm_head = LMHead(cfg.vocab_size, jnp.dtype(cfg.dtype), self.dense)
 
   def __call__(
     self,
@@ -290,7 +308,5 @@ class LlamaForCausalLM(nn.Module):
 
   def compute_logits(self, hidden: jax.Array) -> jax.Array:
     """hidden [N, H] (after the final norm) -> float32[N, vocab_size]."""
-    if self.config.tie_word_embeddings:
-      embedding = self.embed_tokens.embedding  # [V, H]
-      return logits_gemm(self.dense, hidden, embedding, vocab_major=True)
-    return self.lm_head(hidden)
+    lm_head = None if self.config.tie_word_embeddings else self.lm_head
+    return output_logits(self.config, self.dense, hidden, self.embed_tokens, lm_head)
