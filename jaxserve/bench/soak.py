@@ -7,7 +7,7 @@ server processes, and report per window what it did and at the end which promise
 2. The capacity, unless --request-rate is given: `--capacity-concurrency` closed-loop clients
    send the good mix for `--capacity-seconds`; the rate is `--load` times the calls completed
    per second. Give it more clients than the server batches sequences, or it measures them.
-3. The soak: Poisson arrivals at that rate for `--duration` seconds (drawn once, `schedule`),
+3. The soak: Poisson arrivals at that rate for `--duration` seconds (soak_schedule.py),
    sent from `--client-processes` processes (soak_workers.py), each a canary (every
    `--canary-every` s), a bad input (`--bad-share`), or a good call from the mix (a streamed one
    leaving after 1 to 4 chunks for `--cancel-share`); every `--kill-api-every` s an API server
@@ -29,10 +29,9 @@ import argparse
 import asyncio
 import json
 import logging
-import random
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import httpx
 
@@ -40,10 +39,6 @@ from jaxserve.bench import soak_monitor, soak_workers
 from jaxserve.bench.flags import standalone_parser
 from jaxserve.bench.soak_catalogue import (
   ServedModel,
-  SoakRequest,
-  bad_inputs,
-  canary,
-  good_request,
   long_stream,
 )
 from jaxserve.bench.soak_client import stalled_reader
@@ -56,6 +51,7 @@ from jaxserve.bench.soak_report import (
   summary,
   window_rows,
 )
+from jaxserve.bench.soak_schedule import ScheduleSpec
 from jaxserve.bench.soak_workers import ClientSpec, PhaseResult, ScheduledPhase, http_client
 
 logger = logging.getLogger(__name__)
@@ -112,33 +108,6 @@ async def wait_until_warm(client: httpx.AsyncClient) -> None:
       return
     await asyncio.sleep(1)
   raise RuntimeError("the server did not finish compiling its step programs")
-
-
-def _next_call(rng: random.Random, model: ServedModel, plan: SoakPlan, bad: list) -> SoakRequest:
-  if rng.random() < plan.bad_share:
-    return rng.choice(bad)
-  request = good_request(rng, model, plan.max_tokens)
-  if rng.random() < plan.cancel_share:
-    while not request.stream:
-      request = good_request(rng, model, plan.max_tokens)
-    return SoakRequest(**{**asdict(request), "cancel_after": rng.randint(1, 4)})
-  return request
-
-
-def schedule(model: ServedModel, plan: SoakPlan, rate: float) -> list[tuple[float, SoakRequest]]:
-  """The soak's calls at Poisson times `rate` a second over the duration: (seconds after the
-  start, call), a canary every canary_every_s, the rest from the mix."""
-  rng, bad = random.Random(plan.seed), bad_inputs(model)
-  calls, at, next_canary = [], 0.0, 0.0
-  while True:
-    at += rng.expovariate(rate)
-    if at >= plan.duration_s:
-      return calls
-    if at >= next_canary:
-      request, next_canary = canary(model), next_canary + plan.canary_every_s
-    else:
-      request = _next_call(rng, model, plan, bad)
-    calls.append((at, request))
 
 
 async def _stalls(base_url: str, model: ServedModel, plan: SoakPlan, run: SoakRun) -> None:
@@ -203,7 +172,17 @@ async def run_soak(base_url: str, plan: SoakPlan, api_key: str | None = None) ->
       rate = plan.load * capacity
       logger.info("capacity %.2f calls/s: the soak sends %.2f calls/s", capacity, rate)
       _warn_if_client_bound("capacity", measured)
-    phase = ScheduledPhase(spec, schedule(model, plan, rate), plan.client_processes)
+    calls = ScheduleSpec(
+      model,
+      rate,
+      plan.duration_s,
+      plan.seed,
+      plan.max_tokens,
+      plan.cancel_share,
+      plan.bad_share,
+      plan.canary_every_s,
+    )
+    phase = ScheduledPhase(spec, calls, plan.client_processes)
     await phase.prepare()
     compilations = (await soak_monitor.scrape(client)).get("jaxserve_xla_compilations_total")
     start = phase.begin()
@@ -212,10 +191,10 @@ async def run_soak(base_url: str, plan: SoakPlan, api_key: str | None = None) ->
     stop = asyncio.Event()
     watcher = asyncio.ensure_future(_watch(client, httpx.URL(base_url).port, plan, run, stop))
     stalls = _stalls(base_url, model, plan, run) if plan.stall_every_s else asyncio.sleep(0)
-    calls, _ = await asyncio.gather(phase.finish(), stalls)
-    run.records.extend(calls.records)
-    run.client_cpu_shares = calls.cpu_shares
-    _warn_if_client_bound("soak", calls)
+    sent, _ = await asyncio.gather(phase.finish(), stalls)
+    run.records.extend(sent.records)
+    run.client_cpu_shares = sent.cpu_shares
+    _warn_if_client_bound("soak", sent)
     stop.set()
     await watcher
     run.final_metrics = await _final_metrics(client)

@@ -6,10 +6,11 @@ more than that, and then the client, not the server, sets what the soak sees. Wi
 
 - `capacity`: `concurrency` closed-loop clients split among the processes, each counting the
   good calls it completed before the shared deadline; the capacity is their sum per second.
-- `scheduled`: the soak's arrival schedule (drawn once by soak.py: offsets from the start and
-  the calls) dealt round robin, each call sent at its offset from one shared start
-  (time.monotonic(), one clock for every process on the machine). The parent keeps its event
-  loop (the watcher and the stalled readers of soak.py run on) while the processes send.
+- `ScheduledPhase`: the soak's calls (soak_schedule.py: each process draws the same sequence
+  from its spec and sends every n-th call, the k-th process from the k-th), each at its offset
+  from one shared start (time.monotonic(), one clock for every process on the machine). The
+  parent keeps its event loop (the watcher and the stalled readers of soak.py run on) while
+  the processes send.
 
 With `processes` == 1 the same coroutines run in the caller's event loop. Each phase reports
 every process's CPU share (CPU time over wall time); a share near 1 means that process was the
@@ -19,22 +20,22 @@ bottleneck (soak.py says so and to raise --client-processes).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import multiprocessing
 import random
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Sequence
 
 import httpx
 
 from jaxserve.bench.gc_pause import no_cycle_collection, settle_heap
 from jaxserve.bench.soak_catalogue import ServedModel, SoakRequest, good_request
 from jaxserve.bench.soak_client import SoakRecord, send
+from jaxserve.bench.soak_schedule import ScheduleSpec, calls
 
 START_DELAY_S = 0.05  # from sending the start time to the start, so every process has it
 BOTTLENECK_SHARE = 0.9
-Scheduled = Sequence[tuple[float, SoakRequest]]  # (seconds after the start, call)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,15 @@ class _Capacity:
 
 
 @dataclass(frozen=True)
+class _Share:
+  """Every `of`-th call of the schedule, from the `first`-th."""
+
+  schedule: ScheduleSpec
+  first: int
+  of: int
+
+
+@dataclass(frozen=True)
 class _Failed:
   error: str
 
@@ -94,14 +104,14 @@ async def _closed_loop(client: httpx.AsyncClient, job: _Capacity, deadline: floa
   return done
 
 
-async def _send_at(client: httpx.AsyncClient, calls: Scheduled, start: float) -> list[SoakRecord]:
+async def _send_at(client: httpx.AsyncClient, share: _Share, start: float) -> list[SoakRecord]:
   records: list[SoakRecord] = []
   pending: set[asyncio.Task] = set()
 
   async def call(request: SoakRequest) -> None:
     records.append(await send(client, request))
 
-  for offset, request in calls:
+  for offset, request in itertools.islice(calls(share.schedule), share.first, None, share.of):
     await asyncio.sleep(max(0.0, start + offset - time.monotonic()))
     task = asyncio.ensure_future(call(request))
     pending.add(task)
@@ -110,7 +120,7 @@ async def _send_at(client: httpx.AsyncClient, calls: Scheduled, start: float) ->
   return records
 
 
-async def _run_job(spec: ClientSpec, job: _Capacity | Scheduled, start: float) -> PhaseResult:
+async def _run_job(spec: ClientSpec, job: _Capacity | _Share, start: float) -> PhaseResult:
   wall, cpu = time.monotonic(), time.process_time()
   async with http_client(spec) as client:
     with no_cycle_collection():
@@ -122,7 +132,7 @@ async def _run_job(spec: ClientSpec, job: _Capacity | Scheduled, start: float) -
   return PhaseResult(records, done, (share,))
 
 
-def _worker(conn: Connection, spec: ClientSpec, job: _Capacity | Scheduled) -> None:
+def _worker(conn: Connection, spec: ClientSpec, job: _Capacity | _Share) -> None:
   """A spawned client process: ready, the start time in, its PhaseResult out."""
   try:
     settle_heap()
@@ -215,9 +225,9 @@ class ScheduledPhase:
   """The soak's calls at their times: `prepare` (spawns and readies the processes), `begin`
   (the shared start, time.monotonic()), then `await finish()` for the records."""
 
-  def __init__(self, spec: ClientSpec, calls: Scheduled, processes: int):
-    self._spec, self._processes = spec, max(1, min(processes, len(calls) or 1))
-    self._shares = [list(calls[k :: self._processes]) for k in range(self._processes)]
+  def __init__(self, spec: ClientSpec, schedule: ScheduleSpec, processes: int):
+    self._spec, self._processes = spec, processes
+    self._shares = [_Share(schedule, k, processes) for k in range(processes)]
     self._spawned: _Spawned | None = None
     self._local: asyncio.Future | None = None
 
