@@ -23,6 +23,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from jaxserve.bench.datasets import random_requests
+from jaxserve.bench.process_cpu import CpuMeter
 from jaxserve.bench.serve_vs_offline import run_load, vocabulary
 from jaxserve.bench.server_process import ServerProcess
 
@@ -97,12 +98,17 @@ def measure(args) -> int:
     burst = random_requests(args.num_prompts, 256, 256, seed=0, token_ids=pool)
     again = random_requests(args.num_prompts, 256, 256, seed=2, token_ids=pool)  # no cache hits
     url, name = server.url, server.model
+    meter = CpuMeter(server.process.pid, args.api_servers)  # each server process's CPU share
     result["bench_inf"] = [
-      with_server_gaps(url, lambda: run_load(url, name, burst, math.inf, processes=None))
+      with_server_gaps(
+        url, lambda: run_load(url, name, burst, math.inf, processes=None, meter=meter)
+      )
     ]
     result["plain_inf"] = plain(server, args, out, pool)
     result["bench_inf"].append(
-      with_server_gaps(url, lambda: run_load(url, name, again, math.inf, processes=None))
+      with_server_gaps(
+        url, lambda: run_load(url, name, again, math.inf, processes=None, meter=meter)
+      )
     )
     count = max(4, round(args.rate * args.rate_seconds))
     steady = random_requests(count, 1024, 128, range_ratio=0.5, seed=1, token_ids=pool)
@@ -119,6 +125,12 @@ def _p(run: dict, metric: str, q: str) -> float:
   return run["metrics"][metric]["percentiles_ms"][q]
 
 
+def _server_cpu(run: dict) -> str:
+  """Each server process's CPU share in the run (core, API servers), from CpuMeter."""
+  shares = run.get("server_cpu") or {}
+  return ", ".join(f"{role} {share:.2f}" for role, share in sorted(shares.items())) or "-"
+
+
 def _gaps(run: dict) -> str:
   server = run.get("server_small_gap_fraction", {})
   parts = [run["client_small_gap_fraction"], *(server.get(n) for n in reversed(GAP_HISTOGRAMS))]
@@ -129,9 +141,9 @@ def table(folder: Path) -> None:
   print(
     "| run | bench serve tok/s (2 runs) | plain client tok/s | plain / bench median | "
     "TTFT p99 @rate | TPOT p99 @rate | ITL p50 / TPOT p50 per client process (inf) | "
-    "gaps < 1 ms: client / API handler / engine | client CPU | failed |"
+    "gaps < 1 ms: client / API handler / engine | client CPU | server CPU (inf) | failed |"
   )
-  print("|---|---|---:|---:|---:|---:|---|---|---|---:|")
+  print("|---|---|---:|---:|---:|---:|---|---|---|---|---:|")
   for path in sorted(folder.glob("*.json")):
     data = json.loads(path.read_text())
     if "bench_inf" not in data:
@@ -152,7 +164,7 @@ def table(folder: Path) -> None:
     print(
       f"| {data['name']} | {' / '.join(f'{b:,.0f}' for b in bench)} | {plain_tps:,.0f} | "
       f"{plain_tps / statistics.median(bench):.3f} | {ttft} | {tpot} | {per} | "
-      f"{_gaps(first)} | {cpu} | {failed} |"
+      f"{_gaps(first)} | {cpu} | {_server_cpu(first)} | {failed} |"
     )
 
 
