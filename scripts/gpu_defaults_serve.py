@@ -58,17 +58,22 @@ def plain(server: ServerProcess, args, out: Path, pool: list[int]) -> dict:
 GAP_HISTOGRAMS = ("jaxserve_inter_token_latency_seconds", "jaxserve_request_output_gap_seconds")
 
 
+GC_PAUSES = "jaxserve_api_server_gc_pause_seconds"
+
+
 def gap_counts(url: str) -> dict[str, list[float]]:
-  """Each gap histogram's [observations under 1 ms, all observations] so far."""
-  counts = {name: [0.0, 0.0] for name in GAP_HISTOGRAMS}
+  """Each gap histogram's [observations under 1 ms, all observations] so far, and the API
+  server processes' garbage collections [under 10 ms, all] (every generation)."""
+  counts = {name: [0.0, 0.0] for name in (*GAP_HISTOGRAMS, GC_PAUSES)}
   for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
     for sample in family.samples:
       name = sample.name.removesuffix("_bucket")
       if name in counts and sample.name.endswith("_bucket"):
-        if sample.labels.get("le") == "0.001":
-          counts[name][0] = sample.value
+        below = "0.01" if name == GC_PAUSES else "0.001"
+        if sample.labels.get("le") == below:
+          counts[name][0] += sample.value
         elif sample.labels.get("le") == "+Inf":
-          counts[name][1] = sample.value
+          counts[name][1] += sample.value
   return counts
 
 
@@ -81,6 +86,11 @@ def with_server_gaps(url: str, load) -> dict:
   result["server_small_gap_fraction"] = {
     name: (after[name][0] - before[name][0]) / max(1.0, after[name][1] - before[name][1])
     for name in GAP_HISTOGRAMS
+  }
+  collections = after[GC_PAUSES][1] - before[GC_PAUSES][1]
+  result["api_gc_pauses"] = {
+    "collections": collections,
+    "10ms_or_more": collections - (after[GC_PAUSES][0] - before[GC_PAUSES][0]),
   }
   return result
 
@@ -131,6 +141,11 @@ def _server_cpu(run: dict) -> str:
   return ", ".join(f"{role} {share:.2f}" for role, share in sorted(shares.items())) or "-"
 
 
+def _gc(run: dict) -> str:
+  pauses = run.get("api_gc_pauses")
+  return f"{pauses['10ms_or_more']:.0f} / {pauses['collections']:.0f}" if pauses else "-"
+
+
 def _gaps(run: dict) -> str:
   server = run.get("server_small_gap_fraction", {})
   parts = [run["client_small_gap_fraction"], *(server.get(n) for n in reversed(GAP_HISTOGRAMS))]
@@ -141,9 +156,10 @@ def table(folder: Path) -> None:
   print(
     "| run | bench serve tok/s (2 runs) | plain client tok/s | plain / bench median | "
     "TTFT p99 @rate | TPOT p99 @rate | ITL p50 / TPOT p50 per client process (inf) | "
-    "gaps < 1 ms: client / API handler / engine | client CPU | server CPU (inf) | failed |"
+    "gaps < 1 ms: client / API handler / engine | client CPU | server CPU (inf) | "
+    "API GC pauses >= 10 ms / all (inf) | failed |"
   )
-  print("|---|---|---:|---:|---:|---:|---|---|---|---|---:|")
+  print("|---|---|---:|---:|---:|---:|---|---|---|---|---|---:|")
   for path in sorted(folder.glob("*.json")):
     data = json.loads(path.read_text())
     if "bench_inf" not in data:
@@ -164,7 +180,7 @@ def table(folder: Path) -> None:
     print(
       f"| {data['name']} | {' / '.join(f'{b:,.0f}' for b in bench)} | {plain_tps:,.0f} | "
       f"{plain_tps / statistics.median(bench):.3f} | {ttft} | {tpot} | {per} | "
-      f"{_gaps(first)} | {cpu} | {_server_cpu(first)} | {failed} |"
+      f"{_gaps(first)} | {cpu} | {_server_cpu(first)} | {_gc(first)} | {failed} |"
     )
 
 

@@ -209,6 +209,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     "jaxserve.messages",
     "jaxserve.outputs",
     "jaxserve.memory_stats",
+    "jaxserve.gc_pauses",
     "jaxserve.log_setup",
     "jaxserve.optional_deps",
     "jaxserve.cli_help",

@@ -39,9 +39,11 @@ from jaxserve.config import EngineConfig
 from jaxserve.core.device_groups import DeviceGroup
 from jaxserve.core.info import CoreInfo
 from jaxserve.core.router import bind_router, core_address, remove_address
+from jaxserve.gc_pauses import GcPauses
 
 logger = logging.getLogger(__name__)
 STARTUP_STOP_WAIT_S = 1.0
+LONG_GC_PAUSE_S = 0.05  # a collection that held the engine's steps this long is logged
 _STARTUP_POLL_S = 0.05
 
 
@@ -198,6 +200,15 @@ def _send_quietly(pipe: Connection, message: CoreFailure) -> None:
     pass
 
 
+def _log_long_gc_pause(generation: int, seconds: float) -> None:
+  if seconds >= LONG_GC_PAUSE_S:
+    logger.warning(
+      "engine core: a generation-%d garbage collection held the step loop for %.0f ms",
+      generation,
+      1e3 * seconds,
+    )
+
+
 def run_core_process(
   config: EngineConfig,
   address: str,
@@ -243,6 +254,7 @@ def run_core_process(
     socket = bind_router(context, address)
     gc.collect()
     gc.freeze()  # the engine's long-lived objects: later collections do not scan them
+    GcPauses(_log_long_gc_pause).start()  # for the process's life
     serving.set()
     pipe.send(
       CoreReady(

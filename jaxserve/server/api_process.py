@@ -24,6 +24,7 @@ from pathlib import Path
 from jaxserve.core.client import CoreClient
 from jaxserve.core.dp_client import DataParallelClient, EngineClient
 from jaxserve.core.info import ApiProcessArgs, CoreInfo, read_core_info
+from jaxserve.gc_pauses import GcPauses
 
 
 def run_api_server(args: ApiProcessArgs) -> None:
@@ -48,13 +49,18 @@ def run_api_server(args: ApiProcessArgs) -> None:
   )
   gc.collect()
   gc.freeze()  # the app's long-lived objects: later collections do not scan them
-  run_app(
-    app,
-    args.server_config,
-    args.log_level,
-    sock=args.sock,
-    stats_prefix=f"API server {args.index}: " if args.sock is not None else "",
-  )
+  gc_pause = app.state.serving.metrics.gc_pause
+  pauses = GcPauses(lambda generation, s: gc_pause.labels(str(generation)).observe(s)).start()
+  try:
+    run_app(
+      app,
+      args.server_config,
+      args.log_level,
+      sock=args.sock,
+      stats_prefix=f"API server {args.index}: " if args.sock is not None else "",
+    )
+  finally:
+    pauses.close()
 
 
 def engine_client(args: ApiProcessArgs, info: CoreInfo) -> EngineClient:

@@ -224,6 +224,14 @@ class ServerMetrics:
       buckets=(0.0005, *_LATENCY_BUCKETS),
       **kwargs,
     )
+    self.gc_pause = Histogram(
+      "jaxserve_api_server_gc_pause_seconds",
+      "How long each garbage collection held an API server process's event loop, by "
+      "generation (every stream of the process waits meanwhile).",
+      ["generation"],
+      buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+      **kwargs,
+    )
     self._engines = [
       RequestObservations(
         time_to_first_token=Observation(time_to_first_token, v.time_to_first_token),
