@@ -11,21 +11,20 @@ run_clients() keeps vLLM's workload: the parent draws the one arrival schedule (
 deals the requests round robin, request i to process i mod N, each at its own send time from one
 shared start (time.monotonic(), the same clock in every process); --max-concurrency is split
 among the processes (the first ones take the remainder). One process runs in this process; more
-are spawned: each imports, says it is ready, gets the start time, runs its share (serve_client.py)
-and sends back its records and its usage (client_usage.py). Records come back in request order;
-the run's duration is from the start to the last process's end, as vLLM's benchmark duration.
+are spawned (spawned_clients.py): each imports, says it is ready, gets the start time, runs its
+share (serve_client.py) and sends back its records and its usage (client_usage.py). Records come
+back in request order; the run's duration is from the start to the last process's end, as
+vLLM's benchmark duration.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import multiprocessing
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
 from typing import Sequence
 
 from tqdm.auto import tqdm
@@ -36,10 +35,10 @@ from jaxserve.bench.datasets import SampleRequest
 from jaxserve.bench.gc_pause import settle_heap
 from jaxserve.bench.latency_stats import RequestRecord
 from jaxserve.bench.serve_client import ServeBenchConfig, run_schedule
+from jaxserve.bench.spawned_clients import SpawnedClients
 
 STREAMS_PER_PROCESS = 256
 CHUNKS_PER_PROCESS = 4000  # chunks/s: well under what one process can parse
-START_DELAY_S = 0.05  # from sending the start time to the start, so every process has it
 
 
 @dataclass(frozen=True)
@@ -134,15 +133,6 @@ class _ShardResult:
   usage: ClientUsage
 
 
-@dataclass(frozen=True)
-class _ShardFailed:
-  process: int
-  error: str
-
-
-_READY, _DONE = "ready", "done"  # a spawned process started; it finished a request
-
-
 def run_clients(
   config: ServeBenchConfig, requests: Sequence[SampleRequest], plan: ClientPlan
 ) -> ClientsResult:
@@ -155,7 +145,9 @@ def run_clients(
       start = time.monotonic()
       results = [_run_shard(config, shards[0], start, lambda: bar.update(1))]
     else:
-      start, results = _run_spawned(config, shards, bar)
+      clients = SpawnedClients(_spawned_shard, [(config, s) for s in shards], "bench client")
+      start = clients.begin()
+      results = clients.results(lambda: bar.update(1))
   finally:
     bar.close()
   ordered: list[RequestRecord | None] = [None] * len(requests)
@@ -183,69 +175,8 @@ def _run_shard(
   return asyncio.run(measured())
 
 
-def _worker(conn: Connection, config: ServeBenchConfig, shard: _Shard) -> None:
-  """A spawned client process: ready, the start time in, progress and its result out."""
-  try:
-    settle_heap()
-    conn.send(_READY)
-    start = conn.recv()
-    on_done = (lambda: conn.send(_DONE)) if config.show_progress else None
-    conn.send(_run_shard(config, shard, start, on_done))
-  except BaseException as err:  # the parent reports it
-    conn.send(_ShardFailed(shard.process, f"{type(err).__name__}: {err}"))
-  finally:
-    conn.close()
-
-
-def _run_spawned(
-  config: ServeBenchConfig, shards: list[_Shard], bar: tqdm
-) -> tuple[float, list[_ShardResult]]:
-  context = multiprocessing.get_context("spawn")
-  conns, processes = [], []
-  for shard in shards:
-    parent, child = context.Pipe()
-    process = context.Process(target=_worker, args=(child, config, shard), daemon=True)
-    process.start()
-    child.close()
-    conns.append(parent)
-    processes.append(process)
-  try:
-    for conn in conns:
-      _receive(conn, _READY)
-    start = time.monotonic() + START_DELAY_S
-    for conn in conns:
-      conn.send(start)
-    results = _collect(conns, bar)
-  finally:
-    for process in processes:
-      process.join(10)
-      if process.is_alive():
-        process.kill()
-  return start, results
-
-
-def _receive(conn: Connection, expected: str | None = None) -> str | _ShardResult:
-  """The next message of a client process; raises RuntimeError if it failed or died."""
-  try:
-    message = conn.recv()
-  except EOFError:
-    raise RuntimeError("a bench client process exited before its result") from None
-  if isinstance(message, _ShardFailed):
-    raise RuntimeError(f"bench client process {message.process} failed: {message.error}")
-  if expected is not None and message != expected:
-    raise RuntimeError(f"a bench client process sent {message!r}, not {expected!r}")
-  return message
-
-
-def _collect(conns: list[Connection], bar: tqdm) -> list[_ShardResult]:
-  results: list[_ShardResult] = []
-  waiting = list(conns)
-  while waiting:
-    for conn in wait(waiting):
-      message = _receive(conn)
-      if message == _DONE:
-        bar.update(1)
-      else:
-        results.append(message)
-        waiting.remove(conn)
-  return sorted(results, key=lambda result: result.process)
+def _spawned_shard(
+  start: float, progress: Callable[[], None], config: ServeBenchConfig, shard: _Shard
+) -> _ShardResult:
+  """A spawned client process's share (spawned_clients.py runs it)."""
+  return _run_shard(config, shard, start, progress if config.show_progress else None)

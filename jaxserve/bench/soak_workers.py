@@ -12,7 +12,8 @@ more than that, and then the client, not the server, sets what the soak sees. Wi
   parent keeps its event loop (the watcher and the stalled readers of soak.py run on) while
   the processes send.
 
-With `processes` == 1 the same coroutines run in the caller's event loop. Each phase reports
+The processes are spawned_clients.py's. With `processes` == 1 the same coroutines run in the
+caller's event loop. Each phase reports
 every process's CPU share (CPU time over wall time); a share near 1 means that process was the
 bottleneck (soak.py says so and to raise --client-processes).
 """
@@ -21,11 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import multiprocessing
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 
 import httpx
 
@@ -33,8 +33,8 @@ from jaxserve.bench.gc_pause import no_cycle_collection, settle_heap
 from jaxserve.bench.soak_catalogue import ServedModel, SoakRequest, good_request
 from jaxserve.bench.soak_client import SoakRecord, send
 from jaxserve.bench.soak_schedule import ScheduleSpec, calls
+from jaxserve.bench.spawned_clients import SpawnedClients
 
-START_DELAY_S = 0.05  # from sending the start time to the start, so every process has it
 BOTTLENECK_SHARE = 0.9
 
 
@@ -76,11 +76,6 @@ class _Share:
   schedule: ScheduleSpec
   first: int
   of: int
-
-
-@dataclass(frozen=True)
-class _Failed:
-  error: str
 
 
 def http_client(spec: ClientSpec) -> httpx.AsyncClient:
@@ -132,65 +127,23 @@ async def _run_job(spec: ClientSpec, job: _Capacity | _Share, start: float) -> P
   return PhaseResult(records, done, (share,))
 
 
-def _worker(conn: Connection, spec: ClientSpec, job: _Capacity | _Share) -> None:
-  """A spawned client process: ready, the start time in, its PhaseResult out."""
-  try:
-    settle_heap()
-    conn.send("ready")
-    start = conn.recv()
-    conn.send(asyncio.run(_run_job(spec, job, start)))
-  except BaseException as err:  # the parent reports it
-    conn.send(_Failed(f"{type(err).__name__}: {err}"))
-  finally:
-    conn.close()
+def _spawned_job(
+  start: float, _progress: Callable[[], None], spec: ClientSpec, job: _Capacity | _Share
+) -> PhaseResult:
+  """A spawned client process's job (spawned_clients.py runs it)."""
+  return asyncio.run(_run_job(spec, job, start))
 
 
-def _receive(conn: Connection):
-  try:
-    message = conn.recv()
-  except EOFError:
-    raise RuntimeError("a soak client process exited before its result") from None
-  if isinstance(message, _Failed):
-    raise RuntimeError(f"a soak client process failed: {message.error}")
-  return message
+def _merged(parts: list[PhaseResult]) -> PhaseResult:
+  return PhaseResult(
+    [r for part in parts for r in part.records],
+    sum(part.completed for part in parts),
+    tuple(share for part in parts for share in part.cpu_shares),
+  )
 
 
-class _Spawned:
-  """The processes of one phase, spawned and ready; `begin` sends the start, `results` waits."""
-
-  def __init__(self, spec: ClientSpec, jobs: list):
-    context = multiprocessing.get_context("spawn")
-    self.conns, self.processes = [], []
-    for job in jobs:
-      parent, child = context.Pipe()
-      process = context.Process(target=_worker, args=(child, spec, job), daemon=True)
-      process.start()
-      child.close()
-      self.conns.append(parent)
-      self.processes.append(process)
-    for conn in self.conns:
-      if _receive(conn) != "ready":
-        raise RuntimeError("a soak client process did not say it was ready")
-
-  def begin(self) -> float:
-    start = time.monotonic() + START_DELAY_S
-    for conn in self.conns:
-      conn.send(start)
-    return start
-
-  def results(self) -> PhaseResult:
-    try:
-      parts = [_receive(conn) for conn in self.conns]
-    finally:
-      for process in self.processes:
-        process.join(10)
-        if process.is_alive():
-          process.kill()
-    return PhaseResult(
-      [r for part in parts for r in part.records],
-      sum(part.completed for part in parts),
-      tuple(share for part in parts for share in part.cpu_shares),
-    )
+def _spawn(spec: ClientSpec, jobs: list) -> SpawnedClients:
+  return SpawnedClients(_spawned_job, [(spec, job) for job in jobs], "soak client")
 
 
 async def capacity(
@@ -215,9 +168,9 @@ async def capacity(
     start = time.monotonic()
     result = await _run_job(spec, jobs[0], start)
   else:
-    spawned = await asyncio.to_thread(_Spawned, spec, jobs)
+    spawned = await asyncio.to_thread(_spawn, spec, jobs)
     start = spawned.begin()
-    result = await asyncio.to_thread(spawned.results)
+    result = _merged(await asyncio.to_thread(spawned.results))
   return result.completed / max(time.monotonic() - start, 1e-9), result
 
 
@@ -228,12 +181,12 @@ class ScheduledPhase:
   def __init__(self, spec: ClientSpec, schedule: ScheduleSpec, processes: int):
     self._spec, self._processes = spec, processes
     self._shares = [_Share(schedule, k, processes) for k in range(processes)]
-    self._spawned: _Spawned | None = None
+    self._spawned: SpawnedClients | None = None
     self._local: asyncio.Future | None = None
 
   async def prepare(self) -> None:
     if self._processes > 1:
-      self._spawned = await asyncio.to_thread(_Spawned, self._spec, self._shares)
+      self._spawned = await asyncio.to_thread(_spawn, self._spec, self._shares)
 
   def begin(self) -> float:
     if self._spawned is not None:
@@ -245,7 +198,7 @@ class ScheduledPhase:
 
   async def finish(self) -> PhaseResult:
     if self._spawned is not None:
-      return await asyncio.to_thread(self._spawned.results)
+      return _merged(await asyncio.to_thread(self._spawned.results))
     if self._local is None:
       raise RuntimeError("ScheduledPhase.finish before begin")
     return await self._local
