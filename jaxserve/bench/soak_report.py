@@ -7,19 +7,20 @@ the most device memory the engine held: /metrics' jaxserve_device_memory_used_by
 
 `problems` lists what the server promised and did not keep: a 5xx or a broken connection not
 explained by a fault the soak injected (calls that ended within FAULT_GRACE_S of an API server kill;
-a stalled reader is expected to be cut), a bad input answered with anything but a 4xx and OpenAI's
-error body, a good call refused with a 4xx other than 429 (the waiting queue is full: the expected
-answer to overload), a canary that differs from the first (when they must match), KV pages still in
-use at the end, a compilation after warm-up, RSS of the last window more than `rss_growth` above the
-first's, device memory of the last window more than `device_memory_growth` above the first's,
-and a TTFT or TPOT quantile (`latency_quantile`: 99, or 50 where neighbours share the cores and
-the tail measures them) of the last window more than `latency_drift` above the first's (TPOT
-only when `overloaded`: past capacity a TTFT is mostly the wait in the bounded queue, which fills
-and empties as API server kills cut streams and cancels free places, so it measures the queue, not
-the server). "The first" is the second window when there are three or more: in the first the load
-ramps up and the waiting queue fills, which sets every later TTFT under overload. The last window is
-the last one the load ran in: calls that end after the load stopped (the queue draining, with its
-long waits) fall in drain windows, shown but not compared.
+a stalled reader is expected to be cut), a bad input answered with anything but a 4xx other than 429
+and OpenAI's error body (what can never be served is never refused for load), a good call refused
+with a 4xx other than 429 (the waiting queue is full: the expected answer to overload), a canary
+that differs from the first (when they must match), KV pages still in use at the end, a compilation
+after warm-up, RSS of the last window more than `rss_growth` above the first's, device memory of the
+last window more than `device_memory_growth` above the first's, and a TTFT or TPOT quantile
+(`latency_quantile`: 99, or 50 where neighbours share the cores and the tail measures them) of the
+last window more than `latency_drift` above the first's (TPOT only when `overloaded`: past capacity
+a TTFT is mostly the wait in the bounded queue, which fills and empties as API server kills cut
+streams and cancels free places, so it measures the queue, not the server). "The first" is the
+second window when there are three or more: in the first the load ramps up and the waiting queue
+fills, which sets every later TTFT under overload. The last window is the last one the load ran in:
+calls that end after the load stopped (the queue draining, with its long waits) fall in drain
+windows, shown but not compared.
 """
 
 from __future__ import annotations
@@ -102,6 +103,12 @@ def _after_a_kill(run: SoakRun, record: SoakRecord) -> bool:
   return any(t <= record.end <= t + FAULT_GRACE_S for t, _ in run.kills)
 
 
+def _refused_as_promised(record: SoakRecord) -> bool:
+  """A bad input's answer: a 4xx with OpenAI's error body, and never 429 (it can never be
+  served, whatever the load)."""
+  return 400 <= record.status < 500 and record.status != 429 and record.error_body_ok
+
+
 def problems(
   run: SoakRun,
   *,
@@ -123,7 +130,7 @@ def problems(
     found.append(f"{r.kind}: status {r.status}{' (cut)' if r.cut else ''}: {r.error}")
   if len(failed) > 10:
     found.append(f"... and {len(failed) - 10} more failed calls")
-  bad = [r for r in run.records if r.expect_4xx and not (400 <= r.status < 500 and r.error_body_ok)]
+  bad = [r for r in run.records if r.expect_4xx and not _refused_as_promised(r)]
   bad = [r for r in bad if not (r.status == 0 and _after_a_kill(run, r))]
   for r in bad[:10]:
     found.append(f"bad input answered {r.status} (OpenAI error body: {r.error_body_ok}): {r.error}")

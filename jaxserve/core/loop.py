@@ -14,15 +14,16 @@ goodbye, or the supervisor's word that an API server process died: libzmq's stab
 say which peer a closed connection was) aborts every request that client owned, so no KV page
 leaks and the other clients keep their requests.
 
-Admission (server.max_waiting_requests) is counted here and nowhere else, for all clients at
-once: `_not_started` holds the HTTP requests (groups) admitted and not started. A group (one
-HTTP call, whatever its `n` or number of prompts) takes one place when it is added and gives it
-back once each of its requests has produced an output, finished or been aborted; an add that
-finds `max_waiting` (the sending server's limit) groups waiting is refused (queue_full: 429). A
-burst of fewer requests than the limit is never refused, as the count can never exceed the
-requests in flight, and N API servers share one limit exactly. The engine's own waiting queue
-counts choices, not HTTP requests, so it is not this count (docs/DECISIONS.md, "One count of
-waiting HTTP requests, in the core loop").
+Admission (server.max_waiting_requests) is counted here and nowhere else, for all clients at once:
+`_not_started` holds the HTTP requests (groups) admitted and not started. A group (one HTTP call,
+whatever its `n` or number of prompts) takes one place when it is added and gives it back once each
+of its requests has produced an output, finished or been aborted; an add that finds `max_waiting`
+(the sending server's limit) groups waiting is refused (queue_full: 429), once its requests pass the
+core's checks (a request that can never be served is a 400 however full the queue is). A burst of
+fewer requests than the limit is never refused, as the count can never exceed the requests in
+flight, and N API servers share one limit exactly. The engine's own waiting queue counts choices,
+not HTTP requests, so it is not this count (docs/DECISIONS.md, "One count of waiting HTTP requests,
+in the core loop").
 """
 
 from __future__ import annotations
@@ -113,10 +114,12 @@ class CoreLoop:
           self._core.abort_request(request_id)  # its "abort" output comes with the next step
 
   def _add(self, identity: bytes, message: AddRequests) -> AddResult:
-    if len(self._not_started) >= message.max_waiting:
-      return AddResult(message.group, queue_full=True)
     done: list[str] = []
     try:
+      if len(self._not_started) >= message.max_waiting:  # a 429 only for what could be served
+        for request in message.requests:
+          self._core.check_request(request)
+        return AddResult(message.group, queue_full=True)
       for request in message.requests:
         self._core.add_request(request)
         done.append(request.request_id)

@@ -52,6 +52,7 @@ from jaxserve.messages.scheduled_batch import ScheduledBatch
 from jaxserve.messages.step_output import StepOutput
 from jaxserve.outputs import TokenLogprob
 from jaxserve.sampling_params import SamplingParams
+from jaxserve.structured import SequenceMatcher
 
 logger = logging.getLogger(__name__)
 
@@ -163,18 +164,39 @@ class EngineCore:
 
   # -- admission ---------------------------------------------------------------------------
   def add_request(self, spec: EngineCoreRequest) -> None:
-    """Validates and queues a request: the one admission point of every request
-    (engine/admission.py holds the rules). n > 1 is expanded by the callers (LLM, server) with
-    sampling_params.expand_n. A request that does not stream is reported once it has finished,
-    unless it has stop strings (the output processor needs its tokens as they come)."""
+    """Validates (check_request) and queues a request: the one admission point of every
+    request. n > 1 is expanded by the callers (LLM, server) with sampling_params.expand_n. A
+    request that does not stream is reported once it has finished, unless it has stop strings
+    (the output processor needs its tokens as they come)."""
+    matcher = self.check_request(spec)
+    params = spec.params
+    seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63 - 1))
+    request = Request(
+      request_id=spec.request_id,
+      prompt_token_ids=list(spec.prompt_token_ids),
+      sampling_params=params,
+      seed=seed,
+      arrival_time=spec.arrival_time or time.monotonic(),
+      eos_token_ids=self.eos_token_ids,
+    )
+    self.scheduler.add_request(request)
+    self._requests[spec.request_id] = request
+    self._states[spec.request_id] = RequestState(
+      request, self.max_model_len, spec.stream or bool(params.stop), matcher=matcher
+    )
+
+  def check_request(self, spec: EngineCoreRequest) -> SequenceMatcher | None:
+    """The request's admission rules (engine/admission.py holds them): a ValueError naming the
+    field it breaks, else its grammar matcher (None without structured outputs). Queues
+    nothing: a caller that must refuse for load (a 429) checks first, so a request that can
+    never be served is told so (a 400) however full the queue is."""
     params = spec.params
     if not isinstance(params, SamplingParams):
       raise ValueError("sampling_params: must be a SamplingParams")
-    request_id = spec.request_id
-    if request_id in self._requests:
-      raise ValueError(f"request_id: {request_id!r} is already in use")
-    prompt_ids = list(spec.prompt_token_ids)
-    if not prompt_ids:
+    if spec.request_id in self._requests:
+      raise ValueError(f"request_id: {spec.request_id!r} is already in use")
+    prompt_ids = spec.prompt_token_ids
+    if len(prompt_ids) == 0:
       raise ValueError("prompt: must not be empty")
     check_token_ids(prompt_ids, self.vocab_size)
     if params.logit_bias:
@@ -182,25 +204,11 @@ class EngineCore:
     if not self.runner.supports_async:  # a multi-host job's steps travel to the other hosts
       check_multi_host_sampling(params)
     check_length(len(prompt_ids), params.max_tokens, self.max_model_len)
-    matcher = None
-    if params.structured_outputs is not None:
-      if self.constraints is None:
-        raise ValueError("structured_outputs: this engine core has no grammar compiler")
-      matcher = self.constraints.matcher_for(params)  # a bad constraint: StructuredOutputError
-    seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63 - 1))
-    request = Request(
-      request_id=request_id,
-      prompt_token_ids=prompt_ids,
-      sampling_params=params,
-      seed=seed,
-      arrival_time=spec.arrival_time or time.monotonic(),
-      eos_token_ids=self.eos_token_ids,
-    )
-    self.scheduler.add_request(request)
-    self._requests[request_id] = request
-    self._states[request_id] = RequestState(
-      request, self.max_model_len, spec.stream or bool(params.stop), matcher=matcher
-    )
+    if params.structured_outputs is None:
+      return None
+    if self.constraints is None:
+      raise ValueError("structured_outputs: this engine core has no grammar compiler")
+    return self.constraints.matcher_for(params)  # a bad constraint: StructuredOutputError
 
   def abort_request(self, request_id: str) -> bool:
     """Stops a request wherever it is; its pages return to the pool at once. Its last output

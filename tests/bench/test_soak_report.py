@@ -61,6 +61,7 @@ def test_bad_inputs_good_calls_refused_canaries_pages_compilations_and_rss():
   records = _steady() + [
     SoakRecord("bad", 2.0, 2.1, 200, expect_4xx=True),  # a bad input answered 200
     SoakRecord("bad", 2.0, 2.1, 400, expect_4xx=True, error_body_ok=True),  # as promised
+    SoakRecord("bad", 2.0, 2.1, 429, expect_4xx=True, error_body_ok=True),  # never servable
     SoakRecord("stream", 2.0, 2.1, 429),  # overload: the promised answer
     SoakRecord("stream", 2.0, 2.1, 404, error="no such model"),
     SoakRecord("canary", 2.0, 3.0, 200, text="a b c"),
@@ -70,6 +71,7 @@ def test_bad_inputs_good_calls_refused_canaries_pages_compilations_and_rss():
   run.final_metrics.update(jaxserve_kv_pages_used=3.0, jaxserve_xla_compilations_total=9.0)
   assert problems(run, **RULES) == [
     "bad input answered 200 (OpenAI error body: False): ",
+    "bad input answered 429 (OpenAI error body: True): ",
     "stream: a good call refused with 404: no such model",
     "canaries differ: 1 of 2",
     "3 KV pages still in use at the end",

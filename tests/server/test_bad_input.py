@@ -223,13 +223,17 @@ def test_queue_full_gets_429(served, strict_server):
     while scrape_metrics(served.url)["jaxserve_num_http_requests_waiting"] < 3:
       assert time.monotonic() < deadline
       time.sleep(0.02)
-    response = _post(
-      strict_server.url,
-      COMPLETIONS,
-      {"model": MODEL, "prompt": "one more"},
-      headers={"Authorization": f"Bearer {API_KEY}"},
-    )
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    one_more = {"model": MODEL, "prompt": "one more"}
+    response = _post(strict_server.url, COMPLETIONS, one_more, headers=auth)
     _assert_error(response, 429, code="rate_limit_exceeded", error_type="rate_limit_error")
+    # what can never be served is told so, however full the queue: never a 429
+    never = {"model": MODEL, "prompt": [0, 1, 2], "max_tokens": served.max_model_len}
+    response = _post(strict_server.url, COMPLETIONS, never, headers=auth)
+    _assert_error(response, 400, param="prompt", code="context_length_exceeded")
+    out_of_vocab = {"model": MODEL, "prompt": [1, 99999], "max_tokens": 1}
+    response = _post(strict_server.url, COMPLETIONS, out_of_vocab, headers=auth)
+    _assert_error(response, 400, param="prompt")
   finally:
     stop.set()
     for thread in threads:
