@@ -184,6 +184,8 @@ def summary(run: SoakRun) -> dict:
     "kills": len(run.kills),
     "stalled_readers": sum(r.kind == "stalled" for r in records),
     "stalled_readers_cut": sum(r.kind == "stalled" and r.cut for r in records),
+    "stalled_reader_statuses": dict(Counter(r.status for r in records if r.kind == "stalled")),
+    "bad_input_statuses": dict(sorted(Counter(r.status for r in records if r.expect_4xx).items())),
     "canaries": len(texts),
     "canaries_agreeing": sum(t == texts[0] for t in texts) if texts else 0,
     "kv_pages_used_at_end": run.final_metrics.get("jaxserve_kv_pages_used"),

@@ -83,7 +83,8 @@ def test_a_30_second_soak_with_kills_breaks_no_promise(soak_server):
   totals = summary(run)
   assert found == [], (found, totals, format_rows(window_rows(run)))
   assert totals["kills"] == 2 and log.read_text().count("restarted API server process") == 2
-  assert totals["stalled_readers"] == 2
+  assert totals["stalled_readers"] == 2 == sum(totals["stalled_reader_statuses"].values())
+  assert sum(totals["bad_input_statuses"].values()) == totals["bad_inputs"]
   assert totals["bad_inputs"] > 0 and totals["cancelled"] > 0 and totals["canaries"] >= 15
   assert totals["statuses"].get(429, 0) > 0  # past capacity: the waiting queue turns calls away
   assert totals["kv_pages_used_at_end"] == 0
