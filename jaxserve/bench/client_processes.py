@@ -9,7 +9,11 @@ half of this machine's cores (the server may share them) and never more than the
 
 run_clients() keeps vLLM's workload: the parent draws the one arrival schedule (arrivals.py) and
 deals the requests round robin, request i to process i mod N, each at its own send time from one
-shared start (time.monotonic(), the same clock in every process); --max-concurrency is split
+shared start (time.monotonic(), the same clock in every process). At rate inf the N processes
+send in request order, request i at i x INTERLEAVE_S, as one client process's own pace would:
+were they all to send at once, the first process to reach the server would fill the server's
+first batch with its own streams, whose chunks would then come faster than it parses (ITL pairs
+at the client, not the server). --max-concurrency is split
 among the processes (the first ones take the remainder). One process runs in this process; more
 are spawned (spawned_clients.py): each imports, says it is ready, gets the start time, runs its
 share (serve_client.py) and sends back its records and its usage (client_usage.py). Records come
@@ -39,6 +43,7 @@ from jaxserve.bench.spawned_clients import SpawnedClients
 
 STREAMS_PER_PROCESS = 256
 CHUNKS_PER_PROCESS = 4000  # chunks/s: well under what one process can parse
+INTERLEAVE_S = 1e-4  # rate inf, several processes: request i is sent at i x this
 
 
 @dataclass(frozen=True)
@@ -101,11 +106,19 @@ def plan_clients(
   return ClientPlan(processes, reason + f", at most half of {cores} cores")
 
 
+def send_schedule(config: ServeBenchConfig, num_requests: int, processes: int) -> list[float]:
+  """When each request is sent, in seconds from the start: the arrival schedule, interleaved in
+  request order at rate inf from several processes (see the module docstring)."""
+  if math.isinf(config.request_rate) and processes > 1:
+    return [i * INTERLEAVE_S for i in range(num_requests)]
+  gaps = arrival_gaps(num_requests, config.request_rate, config.burstiness, config.seed)
+  return send_offsets(gaps).tolist()
+
+
 def _shards(
   config: ServeBenchConfig, requests: Sequence[SampleRequest], processes: int
 ) -> list[_Shard]:
-  gaps = arrival_gaps(len(requests), config.request_rate, config.burstiness, config.seed)
-  offsets = send_offsets(gaps).tolist()
+  offsets = send_schedule(config, len(requests), processes)
   cap = config.max_concurrency
   shards = []
   for k in range(processes):

@@ -12,8 +12,9 @@ import sys
 import pytest
 
 from jaxserve.bench.arrivals import arrival_gaps, send_offsets
-from jaxserve.bench.client_processes import plan_clients
+from jaxserve.bench.client_processes import INTERLEAVE_S, plan_clients, send_schedule
 from jaxserve.bench.datasets import random_requests
+from jaxserve.bench.serve_client import ServeBenchConfig
 from jaxserve.cli import main as jaxserve_main
 
 NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN = 16, 16, 12
@@ -81,6 +82,16 @@ def test_two_client_processes_measure_what_one_does(server_url, tmp_path, capsys
   offsets = send_offsets(arrival_gaps(NUM_PROMPTS, 40.0, 1.0, seed=5))
   for record, offset in zip(two["requests"], offsets):
     assert record["start_time"] >= offset - 1e-3
+
+
+def test_several_processes_send_a_burst_in_request_order():
+  """At rate inf one process's share must not reach the server first and fill its batch."""
+  inf = ServeBenchConfig("http://127.0.0.1:1", "m", request_rate=math.inf)
+  assert send_schedule(inf, 4, 1) == [0.0] * 4  # one process: every request at once
+  assert send_schedule(inf, 4, 2) == [0.0, INTERLEAVE_S, 2 * INTERLEAVE_S, 3 * INTERLEAVE_S]
+  rate = ServeBenchConfig("http://127.0.0.1:1", "m", request_rate=40.0, seed=5)
+  offsets = send_offsets(arrival_gaps(NUM_PROMPTS, 40.0, 1.0, seed=5)).tolist()
+  assert send_schedule(rate, NUM_PROMPTS, 2) == offsets  # a finite rate: the arrival schedule
 
 
 def test_plan_clients_follows_streams_rate_and_cores():
