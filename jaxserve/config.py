@@ -127,6 +127,11 @@ class SchedulerConfig:
   prefill_first: a step that can prefill (admit a waiting request or continue a chunked prompt)
   runs prefills only, and decoding requests wait for a step without prefill work (throughput
   over inter-token latency, as vLLM's non-chunked scheduler; engine/scheduler.py).
+  mixed_step_prefill_tokens: a step that decodes carries at most this many prompt tokens
+  (running prompts' chunks and admissions; None: whatever max_num_batched_tokens leaves), so a
+  step that also prefills runs a bounded time longer than a decode-only one and streams' gaps
+  between tokens stay even while prompts arrive; prompts then take more steps
+  (engine/scheduler.py).
   pool_seq_rungs: once the KV pool is sized, add sequence rungs where it bounds the batch (the
   max_model_len sequences it holds, twice and four times that; BucketSet.with_pool_rungs), so a
   sparse ladder does not pad a KV-bound batch to its largest rung."""
@@ -142,6 +147,7 @@ class SchedulerConfig:
   prefill_first: bool = False
   bucket_padding: float = 0.5
   pool_seq_rungs: bool = False
+  mixed_step_prefill_tokens: int | None = None
 
   def __post_init__(self) -> None:
     _require(
@@ -180,6 +186,16 @@ class SchedulerConfig:
       "scheduler.max_num_batched_tokens",
       f"must be an integer >= max_num_seqs ({self.max_num_seqs}), "
       f"got {self.max_num_batched_tokens!r}",
+    )
+    _require(
+      self.mixed_step_prefill_tokens is None
+      or (
+        isinstance(self.mixed_step_prefill_tokens, int)
+        and 1 <= self.mixed_step_prefill_tokens <= self.max_num_batched_tokens
+      ),
+      "scheduler.mixed_step_prefill_tokens",
+      f"must be null or an integer in [1, max_num_batched_tokens "
+      f"({self.max_num_batched_tokens})], got {self.mixed_step_prefill_tokens!r}",
     )
     for name in ("seq_buckets", "token_buckets"):
       value = getattr(self, name)

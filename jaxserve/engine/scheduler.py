@@ -22,6 +22,11 @@ work. Decodes then wait while prompts can be admitted (bounded by max_num_seqs a
 which spends fewer steps on a batch of prompts: the decode rows of a mixed step cost their
 attention and sampling, and do not shorten the decoding that follows the last prompt.
 
+Mixed steps (config.mixed_step_prefill_tokens = P): when a running request decodes this step,
+the step's prompt tokens (step 1's prefill chunks and step 2's admissions) stop at P, so a step
+that decodes runs a bounded time longer than a decode-only one. The first prefill chunk planned
+gets at least one token (P >= 1), so the progress argument below holds.
+
 Decode bursts (num_scheduler_steps = K > 1): when no request waits for admission (or none could
 be admitted: max_num_seqs are running), the step is first offered to engine/decode_burst.py,
 which plans K decode steps in one dispatch when every running request that still samples can
@@ -190,9 +195,12 @@ class Scheduler:
     """Step 1 and 2 of the module docstring; None if prefills_only and nothing was planned."""
     planned: list[PlannedChunk] = []
     preempted_ids: list[str] = []
-    budget = self._schedule_running(planned, preempted_ids, prefills_only)
+    prefill_budget = self._prefill_budget(prefills_only)
+    budget, prefill_budget = self._schedule_running(
+      planned, preempted_ids, prefill_budget, prefills_only
+    )
     if not preempted_ids:
-      self._admission.admit(self._waiting, self._running, planned, budget)
+      self._admission.admit(self._waiting, self._running, planned, min(budget, prefill_budget))
     if prefills_only and not planned:
       return None
     return build_step_batch(planned, preempted_ids, self._pages.num_groups)
@@ -227,9 +235,21 @@ class Scheduler:
         f"({budget}) with chunked prefill disabled"
       )
 
+  def _prefill_budget(self, prefills_only: bool) -> int:
+    """The step's prompt tokens at most: mixed_step_prefill_tokens if a request decodes in it."""
+    cap = self.config.mixed_step_prefill_tokens
+    if cap is None or prefills_only or not any(map(_decoding, self._running)):
+      return self.config.max_num_batched_tokens
+    return cap
+
   def _schedule_running(
-    self, planned: list[PlannedChunk], preempted_ids: list[str], prefills_only: bool = False
-  ) -> int:
+    self,
+    planned: list[PlannedChunk],
+    preempted_ids: list[str],
+    prefill_budget: int,
+    prefills_only: bool = False,
+  ) -> tuple[int, int]:
+    """Step 1: the running requests' chunks; returns the token and prompt-token budgets left."""
     budget, max_num_seqs, page_size = (
       self.config.max_num_batched_tokens,
       self.config.max_num_seqs,
@@ -242,8 +262,9 @@ class Scheduler:
         self._pages.release_outside_windows(request)
       start = request.num_computed_tokens
       num_known = request.num_tokens_with_placeholders
-      num_new = min(num_known - start, budget) if num_known < request.max_total_tokens else 0
-      decoding = start == num_known - 1 and start >= request.num_prompt_tokens
+      decoding = _decoding(request)
+      room = budget if decoding else min(budget, prefill_budget)
+      num_new = min(num_known - start, room) if num_known < request.max_total_tokens else 0
       if num_new > 0 and not (prefills_only and decoding):
         fits = start + num_new <= len(request.page_ids) * page_size  # most decode steps
         if not fits and prefills_only:  # a prefill-only step never preempts
@@ -255,8 +276,9 @@ class Scheduler:
           break
         planned.append(PlannedChunk(request, start, num_new))
         budget -= num_new
+        prefill_budget -= 0 if decoding else num_new
       index += 1
-    return budget
+    return budget, prefill_budget
 
   def _allocate_or_preempt(self, request: Request, num_new: int, preempted_ids: list[str]) -> bool:
     num_needed = self._num_new_pages(request, num_new)
@@ -294,3 +316,9 @@ class Scheduler:
     self._prefix_cache.forget(request)
     request.status = status
     del self._requests[request.request_id]
+
+
+def _decoding(request: Request) -> bool:
+  """Whether the request's next chunk is one decode token (not a prompt chunk)."""
+  start = request.num_computed_tokens
+  return start == request.num_tokens_with_placeholders - 1 and start >= request.num_prompt_tokens

@@ -27,6 +27,7 @@ def make_scheduler(
   prefix_caching: bool = False,
   max_model_len: int = 256,
   prefill_first: bool = False,
+  mixed_step_prefill_tokens: int | None = None,
 ) -> Scheduler:
   config = SchedulerConfig(
     max_num_seqs=max_num_seqs,
@@ -34,6 +35,7 @@ def make_scheduler(
     enable_chunked_prefill=chunked,
     enable_prefix_caching=prefix_caching,
     prefill_first=prefill_first,
+    mixed_step_prefill_tokens=mixed_step_prefill_tokens,
   )
   return Scheduler(config, PageAllocator(num_pages, page_size, prefix_caching), max_model_len)
 
@@ -389,3 +391,35 @@ def test_prefill_first_decodes_once_max_num_seqs_are_running():
   assert step(scheduler).seqs == (seq("a", [504], 4, (1, 2), True),)  # b cannot be admitted
   assert step(scheduler).seqs == (seq("b", range(10, 14), 0, (3,), True),)
   assert not scheduler.has_unfinished_requests() and scheduler.allocator.num_used_pages == 0
+
+
+def test_a_step_that_decodes_carries_at_most_mixed_step_prefill_tokens():
+  scheduler = make_scheduler(num_pages=32, page_size=4, mixed_step_prefill_tokens=4)
+  scheduler.add_request(make_request("a", range(6), max_tokens=5))
+  # nothing decodes yet: the prompt takes what the step's 16 tokens allow
+  assert step(scheduler).seqs == (seq("a", range(6), 0, (1, 2), True),)
+  scheduler.add_request(make_request("b", range(20, 30), max_tokens=1))
+  scheduler.add_request(make_request("c", [40, 41], max_tokens=1))
+  # a decodes: 4 prompt tokens at most, so c waits though the budget has room
+  assert step(scheduler).seqs == (
+    seq("a", [506], 6, (1, 2), True),
+    seq("b", range(20, 24), 0, (3,), False),
+  )
+  assert scheduler.num_waiting == 1
+  assert step(scheduler).seqs == (
+    seq("a", [507], 7, (1, 2), True),
+    seq("b", range(24, 28), 4, (3, 4), False),
+  )
+  # b's last 2 tokens and c's 2 share the 4
+  assert step(scheduler).seqs == (
+    seq("a", [508], 8, (1, 2, 5), True),
+    seq("b", range(28, 30), 8, (3, 4, 6), True),
+    seq("c", [40, 41], 0, (7,), True),
+  )
+
+
+def test_mixed_step_prefill_tokens_is_validated():
+  with pytest.raises(ValueError, match="scheduler.mixed_step_prefill_tokens"):
+    SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=4, mixed_step_prefill_tokens=17)
+  with pytest.raises(ValueError, match="scheduler.mixed_step_prefill_tokens"):
+    SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=4, mixed_step_prefill_tokens=0)

@@ -61,6 +61,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     async_mode=st.booleans(),
     burst_steps=st.sampled_from([1, 1, 2, 3]),
     prefill_first=st.booleans(),
+    mixed_cap=st.sampled_from([None, None, 1, 2, 3]),
     windows=st.sampled_from([(), (), (1,), (3,), (5,), (2, 2), (3, 6)]),
   )
   def setup(
@@ -75,15 +76,18 @@ class SchedulerMachine(RuleBasedStateMachine):
     async_mode,
     burst_steps,
     prefill_first,
+    mixed_cap,
     windows,
   ):
+    budget = max_num_seqs + extra_budget
     self.config = SchedulerConfig(
       max_num_seqs=max_num_seqs,
-      max_num_batched_tokens=max_num_seqs + extra_budget,
+      max_num_batched_tokens=budget,
       enable_chunked_prefill=chunked,
       enable_prefix_caching=prefix_caching,
       num_scheduler_steps=burst_steps,
       prefill_first=prefill_first,
+      mixed_step_prefill_tokens=None if mixed_cap is None else min(mixed_cap, budget),
     )
     self.allocator = PageAllocator(num_pages, page_size, prefix_caching)
     groups = (KVGroupSpec(None, (0,)),) + tuple(
@@ -136,6 +140,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     waiting_ids = {r.request_id for r in self._with_status(RequestStatus.WAITING)}
     batch = self.scheduler.schedule()
     self._check_batch(batch)
+    self._check_mixed_step(batch, waiting_ids)
     self._record_events(batch, waiting_ids)
     sampled = self._simulate_kv(batch, waiting_ids)
     if batch.num_steps > 1:
@@ -282,6 +287,21 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert 0 not in table[_first_seen_page(seq.start_position, window, self.page_size) :]
       if not self.config.enable_chunked_prefill and not seq.sample:
         assert request.num_tokens > self.config.max_num_batched_tokens
+
+  def _check_mixed_step(self, batch: ScheduledBatch, waiting_ids: set[str]) -> None:
+    """A step that decodes carries at most mixed_step_prefill_tokens prompt tokens. A decode: a
+    running request's one-token query past its prompt that samples (an admission never is)."""
+    cap = self.config.mixed_step_prefill_tokens
+    decodes = [
+      s
+      for s in batch.seqs
+      if s.request_id not in waiting_ids
+      and s.num_tokens == 1
+      and s.sample
+      and s.start_position >= self.requests[s.request_id].num_prompt_tokens
+    ]
+    if cap is not None and decodes and batch.num_steps == 1:
+      assert batch.num_tokens - len(decodes) <= cap
 
   def _record_events(self, batch: ScheduledBatch, waiting_ids: set[str]) -> None:
     if batch.preempted_request_ids:
