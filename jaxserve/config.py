@@ -187,15 +187,11 @@ class SchedulerConfig:
       f"must be an integer >= max_num_seqs ({self.max_num_seqs}), "
       f"got {self.max_num_batched_tokens!r}",
     )
-    _require(
+    _require(  # above max_num_batched_tokens it changes nothing
       self.mixed_step_prefill_tokens is None
-      or (
-        isinstance(self.mixed_step_prefill_tokens, int)
-        and 1 <= self.mixed_step_prefill_tokens <= self.max_num_batched_tokens
-      ),
+      or (isinstance(self.mixed_step_prefill_tokens, int) and self.mixed_step_prefill_tokens >= 1),
       "scheduler.mixed_step_prefill_tokens",
-      f"must be null or an integer in [1, max_num_batched_tokens "
-      f"({self.max_num_batched_tokens})], got {self.mixed_step_prefill_tokens!r}",
+      f"must be null or an integer >= 1, got {self.mixed_step_prefill_tokens!r}",
     )
     for name in ("seq_buckets", "token_buckets"):
       value = getattr(self, name)

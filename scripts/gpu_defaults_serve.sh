@@ -4,7 +4,8 @@
 # measured by scripts/gpu_defaults_serve.py (rate inf 1000 x 256/256 by `jaxserve bench serve`,
 # the independent plain client, bench serve again; rate $RATE for $RATE_S s at 1024/128). RUNS
 # picks the steps (NAME = {noconfig,config}{8b,1b}; ck8b / ck1b build the checkpoints if absent),
-# table prints the comparison. e.g. RUNS="ck8b noconfig8b config8b table".
+# table prints the comparison. capN8b / capN1b: no config with scheduler.mixed_step_prefill_tokens=N
+# (e.g. cap384_8b). e.g. RUNS="ck8b noconfig8b config8b cap384_8b table".
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"  # $OUT, $LOGS, the carried wheels, step()
 RATE=${RATE:-16}; RATE_S=${RATE_S:-30}
@@ -21,6 +22,8 @@ for s in ${RUNS:-ck8b noconfig8b config8b table}; do case $s in
   config8b) run config8b /tmp/llama8b --config configs/h100.yaml ;;
   noconfig1b) run noconfig1b /tmp/llama1b ;;
   config1b) run config1b /tmp/llama1b --config configs/h100.yaml ;;
+  cap*_8b) n=${s#cap}; run "$s" /tmp/llama8b --set scheduler.mixed_step_prefill_tokens=${n%_8b} ;;
+  cap*_1b) n=${s#cap}; run "$s" /tmp/llama1b --set scheduler.mixed_step_prefill_tokens=${n%_1b} ;;
   table) python3 scripts/gpu_defaults_serve.py --table "$OUT" | tee -a "$OUT/summary.txt" ;;
   *) echo "unknown step $s" | tee -a "$OUT/summary.txt" ;;
 esac; done
