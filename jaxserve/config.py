@@ -127,11 +127,11 @@ class SchedulerConfig:
   prefill_first: a step that can prefill (admit a waiting request or continue a chunked prompt)
   runs prefills only, and decoding requests wait for a step without prefill work (throughput
   over inter-token latency, as vLLM's non-chunked scheduler; engine/scheduler.py).
-  mixed_step_prefill_tokens: a step that decodes carries at most this many prompt tokens
-  (running prompts' chunks and admissions; None: whatever max_num_batched_tokens leaves), so a
-  step that also prefills runs a bounded time longer than a decode-only one and streams' gaps
-  between tokens stay even while prompts arrive; prompts then take more steps
-  (engine/scheduler.py).
+  mixed_step_prefill_tokens: P; a step in which D running requests decode carries at most
+  max(P, max_num_batched_tokens x (max_num_seqs - D) / max_num_seqs) prompt tokens (running
+  prompts' chunks and admissions; None: whatever the budget leaves), so a full batch's steps
+  that also prefill run a bounded time longer than decode-only ones and streams' gaps between
+  tokens stay even while prompts arrive; prompts then take more steps (engine/scheduler.py).
   pool_seq_rungs: once the KV pool is sized, add sequence rungs where it bounds the batch (the
   max_model_len sequences it holds, twice and four times that; BucketSet.with_pool_rungs), so a
   sparse ladder does not pad a KV-bound batch to its largest rung."""

@@ -22,10 +22,12 @@ work. Decodes then wait while prompts can be admitted (bounded by max_num_seqs a
 which spends fewer steps on a batch of prompts: the decode rows of a mixed step cost their
 attention and sampling, and do not shorten the decoding that follows the last prompt.
 
-Mixed steps (config.mixed_step_prefill_tokens = P): when a running request decodes this step,
-the step's prompt tokens (step 1's prefill chunks and step 2's admissions) stop at P, so a step
-that decodes runs a bounded time longer than a decode-only one. The first prefill chunk planned
-gets at least one token (P >= 1), so the progress argument below holds.
+Mixed steps (config.mixed_step_prefill_tokens = P): when D > 0 running requests decode this
+step, the step's prompt tokens (step 1's prefill chunks and step 2's admissions) stop at
+max(P, B x (S - D) / S) for the token budget B and max_num_seqs S: a full batch's streams get
+steps a bounded time longer than decode-only ones, and a batch with idle slots refills at the
+pace of the budget its idle slots stand for. The first prefill chunk planned gets at least one
+token (P >= 1), so the progress argument below holds.
 
 Decode bursts (num_scheduler_steps = K > 1): when no request waits for admission (or none could
 be admitted: max_num_seqs are running), the step is first offered to engine/decode_burst.py,
@@ -236,11 +238,15 @@ class Scheduler:
       )
 
   def _prefill_budget(self, prefills_only: bool) -> int:
-    """The step's prompt tokens at most: mixed_step_prefill_tokens if a request decodes in it."""
-    cap = self.config.mixed_step_prefill_tokens
-    if cap is None or prefills_only or not any(map(_decoding, self._running)):
-      return self.config.max_num_batched_tokens
-    return cap
+    """The step's prompt tokens at most (Mixed steps in the module docstring)."""
+    cap, budget = self.config.mixed_step_prefill_tokens, self.config.max_num_batched_tokens
+    if cap is None or prefills_only:
+      return budget
+    num_decoding = sum(map(_decoding, self._running))
+    if num_decoding == 0:
+      return budget
+    max_num_seqs = self.config.max_num_seqs
+    return max(cap, budget * max(0, max_num_seqs - num_decoding) // max_num_seqs)
 
   def _schedule_running(
     self,

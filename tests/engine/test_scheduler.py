@@ -393,29 +393,37 @@ def test_prefill_first_decodes_once_max_num_seqs_are_running():
   assert not scheduler.has_unfinished_requests() and scheduler.allocator.num_used_pages == 0
 
 
-def test_a_step_that_decodes_carries_at_most_mixed_step_prefill_tokens():
-  scheduler = make_scheduler(num_pages=32, page_size=4, mixed_step_prefill_tokens=4)
-  scheduler.add_request(make_request("a", range(6), max_tokens=5))
-  # nothing decodes yet: the prompt takes what the step's 16 tokens allow
-  assert step(scheduler).seqs == (seq("a", range(6), 0, (1, 2), True),)
-  scheduler.add_request(make_request("b", range(20, 30), max_tokens=1))
-  scheduler.add_request(make_request("c", [40, 41], max_tokens=1))
-  # a decodes: 4 prompt tokens at most, so c waits though the budget has room
-  assert step(scheduler).seqs == (
-    seq("a", [506], 6, (1, 2), True),
-    seq("b", range(20, 24), 0, (3,), False),
+def _chunks(batch: ScheduledBatch) -> list[tuple[str, int, int, bool]]:
+  return [(s.request_id, s.start_position, s.num_tokens, s.sample) for s in batch.seqs]
+
+
+def test_a_step_that_decodes_carries_the_prompt_tokens_its_idle_slots_allow():
+  """Budget 16, 4 slots, mixed_step_prefill_tokens 6: with D decoding, the prompt tokens stop at
+  max(6, 16 x (4 - D) / 4): 12 at D = 1, 8 at D = 2, 6 at D = 3 (the setting binds)."""
+  scheduler = make_scheduler(
+    num_pages=64, page_size=4, max_num_batched_tokens=16, mixed_step_prefill_tokens=6
   )
-  assert scheduler.num_waiting == 1
-  assert step(scheduler).seqs == (
-    seq("a", [507], 7, (1, 2), True),
-    seq("b", range(24, 28), 4, (3, 4), False),
-  )
-  # b's last 2 tokens and c's 2 share the 4
-  assert step(scheduler).seqs == (
-    seq("a", [508], 8, (1, 2, 5), True),
-    seq("b", range(28, 30), 8, (3, 4, 6), True),
-    seq("c", [40, 41], 0, (7,), True),
-  )
+  scheduler.add_request(make_request("a", range(3), max_tokens=20))
+  assert _chunks(step(scheduler)) == [("a", 0, 3, True)]  # nothing decodes: the whole budget
+  scheduler.add_request(make_request("b", range(100, 120), max_tokens=20))
+  assert _chunks(step(scheduler)) == [("a", 3, 1, True), ("b", 0, 12, False)]
+  assert _chunks(step(scheduler)) == [("a", 4, 1, True), ("b", 12, 8, True)]
+  scheduler.add_request(make_request("c", range(200, 210), max_tokens=20))
+  scheduler.add_request(make_request("d", range(300, 320), max_tokens=20))
+  assert _chunks(step(scheduler)) == [("a", 5, 1, True), ("b", 20, 1, True), ("c", 0, 8, False)]
+  assert scheduler.num_waiting == 1  # d waits: the 8 are spent
+  assert _chunks(step(scheduler)) == [
+    ("a", 6, 1, True),
+    ("b", 21, 1, True),
+    ("c", 8, 2, True),
+    ("d", 0, 6, False),
+  ]
+  assert _chunks(step(scheduler)) == [  # 3 decode: 6 prompt tokens, not 16 x 1 / 4
+    ("a", 7, 1, True),
+    ("b", 22, 1, True),
+    ("c", 10, 1, True),
+    ("d", 6, 6, False),
+  ]
 
 
 def test_mixed_step_prefill_tokens_is_validated():

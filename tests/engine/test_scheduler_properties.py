@@ -289,8 +289,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert request.num_tokens > self.config.max_num_batched_tokens
 
   def _check_mixed_step(self, batch: ScheduledBatch, waiting_ids: set[str]) -> None:
-    """A step that decodes carries at most mixed_step_prefill_tokens prompt tokens. A decode: a
-    running request's one-token query past its prompt that samples (an admission never is)."""
+    """A step in which D requests decode carries at most max(mixed_step_prefill_tokens, budget x
+    (max_num_seqs - D) / max_num_seqs) prompt tokens. A decode: a running request's one-token
+    query past its prompt that samples (an admission never is)."""
     cap = self.config.mixed_step_prefill_tokens
     decodes = [
       s
@@ -301,7 +302,8 @@ class SchedulerMachine(RuleBasedStateMachine):
       and s.start_position >= self.requests[s.request_id].num_prompt_tokens
     ]
     if cap is not None and decodes and batch.num_steps == 1:
-      assert batch.num_tokens - len(decodes) <= cap
+      budget, slots = self.config.max_num_batched_tokens, self.config.max_num_seqs
+      assert batch.num_tokens - len(decodes) <= max(cap, budget * (slots - len(decodes)) // slots)
 
   def _record_events(self, batch: ScheduledBatch, waiting_ids: set[str]) -> None:
     if batch.preempted_request_ids:
