@@ -82,6 +82,7 @@ PURE_HOST = (
   "jaxserve.device_description",
   "jaxserve.engine.scheduler",
   "jaxserve.engine.waiting_admission",
+  "jaxserve.engine.mixed_steps",
   "jaxserve.engine.decode_burst",
   "jaxserve.engine.prefix_cache_pages",
   "jaxserve.engine.step_plan",

@@ -22,12 +22,9 @@ work. Decodes then wait while prompts can be admitted (bounded by max_num_seqs a
 which spends fewer steps on a batch of prompts: the decode rows of a mixed step cost their
 attention and sampling, and do not shorten the decoding that follows the last prompt.
 
-Mixed steps (config.mixed_step_prefill_tokens = P): when D > 0 running requests decode this
-step, the step's prompt tokens (step 1's prefill chunks and step 2's admissions) stop at
-max(P, B x (S - D) / S) for the token budget B and max_num_seqs S: a full batch's streams get
-steps a bounded time longer than decode-only ones, and a batch with idle slots refills at the
-pace of the budget its idle slots stand for. The first prefill chunk planned gets at least one
-token (P >= 1), so the progress argument below holds.
+Mixed steps (config.mixed_step_prefill_tokens): a step in which running requests decode may
+carry fewer prompt tokens than the budget allows (engine/mixed_steps.py states the rule); the
+first prefill chunk planned still gets at least one token, so the progress argument holds.
 
 Decode bursts (num_scheduler_steps = K > 1): when no request waits for admission (or none could
 be admitted: max_num_seqs are running), the step is first offered to engine/decode_burst.py,
@@ -73,6 +70,7 @@ from ..messages.scheduled_batch import ScheduledBatch
 from .admission import check_length
 from .decode_burst import schedule_burst
 from .kv_groups import KVGroupPages
+from .mixed_steps import is_decoding, prefill_budget_of
 from .page_allocator import PageAllocator
 from .prefix_cache_pages import PrefixCachePages
 from .request import Request, RequestStatus
@@ -197,7 +195,7 @@ class Scheduler:
     """Step 1 and 2 of the module docstring; None if prefills_only and nothing was planned."""
     planned: list[PlannedChunk] = []
     preempted_ids: list[str] = []
-    prefill_budget = self._prefill_budget(prefills_only)
+    prefill_budget = prefill_budget_of(self.config, self._running, prefills_only)
     budget, prefill_budget = self._schedule_running(
       planned, preempted_ids, prefill_budget, prefills_only
     )
@@ -237,17 +235,6 @@ class Scheduler:
         f"({budget}) with chunked prefill disabled"
       )
 
-  def _prefill_budget(self, prefills_only: bool) -> int:
-    """The step's prompt tokens at most (Mixed steps in the module docstring)."""
-    cap, budget = self.config.mixed_step_prefill_tokens, self.config.max_num_batched_tokens
-    if cap is None or prefills_only:
-      return budget
-    num_decoding = sum(map(_decoding, self._running))
-    if num_decoding == 0:
-      return budget
-    max_num_seqs = self.config.max_num_seqs
-    return max(cap, budget * max(0, max_num_seqs - num_decoding) // max_num_seqs)
-
   def _schedule_running(
     self,
     planned: list[PlannedChunk],
@@ -268,7 +255,7 @@ class Scheduler:
         self._pages.release_outside_windows(request)
       start = request.num_computed_tokens
       num_known = request.num_tokens_with_placeholders
-      decoding = _decoding(request)
+      decoding = is_decoding(request)
       room = budget if decoding else min(budget, prefill_budget)
       num_new = min(num_known - start, room) if num_known < request.max_total_tokens else 0
       if num_new > 0 and not (prefills_only and decoding):
@@ -322,9 +309,3 @@ class Scheduler:
     self._prefix_cache.forget(request)
     request.status = status
     del self._requests[request.request_id]
-
-
-def _decoding(request: Request) -> bool:
-  """Whether the request's next chunk is one decode token (not a prompt chunk)."""
-  start = request.num_computed_tokens
-  return start == request.num_tokens_with_placeholders - 1 and start >= request.num_prompt_tokens
