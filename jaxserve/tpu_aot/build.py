@@ -9,7 +9,9 @@ estimated): the quick check for big models.
 `selection="decode"` compiles only the decode step's programs (roofline.py). With a
 decode_context, the decode step's forward and greedy sampler are compiled whatever the selection,
 for the roofline. A program XLA refuses (an SMEM or HBM overflow, a Mosaic layout it cannot
-lower) is a result with the compiler's message, and the server does not fit.
+lower) is a result with the compiler's message, and the server does not fit. With a result
+cache (result_cache.py) a program whose lowered text, target and toolchain were compiled before
+takes that compile's result instead of compiling again.
 
 The topology is a one-host slice of `slice_chips` chips (default: tensor_parallel_size), and the
 server's mesh its first tensor_parallel_size chips: one data-parallel replica of a slice that
@@ -22,6 +24,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from tqdm.auto import tqdm
 
@@ -37,6 +40,7 @@ from jaxserve.tpu_aot.memory import (
   server_memory,
   weights_misfit,
 )
+from jaxserve.tpu_aot.result_cache import CompileOutcome, CompileResultCache
 from jaxserve.tpu_aot.roofline import decode_batch
 from jaxserve.tpu_aot.step_programs import (
   ProgramId,
@@ -63,6 +67,7 @@ class BuildRequest:
   show_progress: bool = True
   slice_chips: int = 0  # the topology's chips (0: tensor_parallel_size)
   decode_context: int = 0  # > 0: also compile the decode step of sequences this long
+  result_cache: Path | None = None  # a directory of compile results (result_cache.py)
 
 
 @dataclass(frozen=True)
@@ -111,7 +116,8 @@ def build(request: BuildRequest) -> BuildReport:
     )
   programs = step_programs(shape, num_pages)
   chosen = choose(programs, request.selection, _decode_ids(config, num_pages, request))
-  results = compile_programs(chosen, request.jobs, request.show_progress)
+  cache = CompileResultCache(request.result_cache) if request.result_cache else None
+  results = compile_programs(chosen, request.jobs, request.show_progress, cache, topology)
   memory = server_memory(
     chip,
     shape.weight_bytes_per_chip,
@@ -180,16 +186,21 @@ def largest_of_each_kind(programs: list[StepProgram]) -> list[StepProgram]:
 
 
 def compile_programs(
-  programs: list[StepProgram], jobs: int, show_progress: bool
+  programs: list[StepProgram],
+  jobs: int,
+  show_progress: bool,
+  cache: CompileResultCache | None = None,
+  target: str = "",
 ) -> list[ProgramResult]:
-  """Lowers (one at a time) and compiles (up to `jobs` at once) every program, in order."""
+  """Lowers (one at a time) and compiles (up to `jobs` at once) every program, in order; with a
+  cache, a program compiled before for `target` takes that result."""
   lowering = threading.Lock()
   with tqdm(
     total=len(programs), desc="compiling for TPU", unit="program", disable=not show_progress
   ) as progress:
 
     def run(program: StepProgram) -> ProgramResult:
-      result = compile_one(program, lowering)
+      result = compile_one(program, lowering, cache, target)
       progress.set_postfix_str(program.id.name, refresh=False)
       progress.update()
       return result
@@ -198,30 +209,39 @@ def compile_programs(
       return list(pool.map(run, programs))
 
 
-def compile_one(program: StepProgram, lowering: threading.Lock) -> ProgramResult:
+def compile_one(
+  program: StepProgram,
+  lowering: threading.Lock,
+  cache: CompileResultCache | None = None,
+  target: str = "",
+) -> ProgramResult:
   start = time.perf_counter()
   with lowering:
     lowered = program.lower()
   lowered_at = time.perf_counter()
-  try:
-    compiled = lowered.compile()
-    analysis, cost = compiled.memory_analysis(), ProgramCost.of(compiled.cost_analysis())
-  except Exception as err:  # XLA's errors (JaxRuntimeError) carry the reason as their text
-    message = " ".join(str(err).split())[:MAX_ERROR_CHARS]
-    return ProgramResult(
-      program.id,
-      lowered_at - start,
-      time.perf_counter() - lowered_at,
-      program.resident_bytes,
-      None,
-      message,
-    )
+  key = cache.key(lowered.as_text(), target) if cache else ""
+  outcome = cache.get(key) if cache else None
+  cached = outcome is not None
+  if outcome is None:
+    outcome = _compile(lowered)
+    if cache:
+      cache.put(key, outcome)
   return ProgramResult(
     program.id,
     lowered_at - start,
     time.perf_counter() - lowered_at,
     program.resident_bytes,
-    ProgramMemory.of(analysis),
-    None,
-    cost,
+    outcome.memory,
+    outcome.error,
+    outcome.cost,
+    cached,
   )
+
+
+def _compile(lowered) -> CompileOutcome:
+  try:
+    compiled = lowered.compile()
+    analysis, cost = compiled.memory_analysis(), ProgramCost.of(compiled.cost_analysis())
+  except Exception as err:  # XLA's errors (JaxRuntimeError) carry the reason as their text
+    return CompileOutcome(None, None, " ".join(str(err).split())[:MAX_ERROR_CHARS])
+  return CompileOutcome(ProgramMemory.of(analysis), cost, None)

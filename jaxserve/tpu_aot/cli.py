@@ -5,7 +5,8 @@
 Prints every program's lowering and compile time and memory_analysis per chip, then the server's
 per-chip memory (weights, KV pool, largest step transient, program code) against the chip's HBM
 and the pages / full-length sequences the pool holds. Exits 0 when it fits, 1 with one line per
-cause when it does not, 2 on a bad argument or config.
+cause when it does not, 2 on a bad argument or config. `--result-cache DIR` keeps each program's
+compile result (result_cache.py), so a re-run compiles only the programs that changed.
 
     jaxserve compile-tpu --config configs/v5e-8.yaml --model-shape llama-3.1-8b \
         --layouts dp8tp1,dp4tp2,dp1tp8 --programs largest
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from jaxserve.cli_args import add_engine_args, engine_config_from_args
 from jaxserve.optional_deps import install_command
@@ -71,6 +73,13 @@ def register(subparsers) -> None:
     "roofline (default: 1024)",
   )
   parser.add_argument("--jobs", type=int, default=1, help="programs compiled at once (default: 1)")
+  parser.add_argument(
+    "--result-cache",
+    metavar="DIR",
+    help="keep each program's compile result (memory, cost or refusal) in DIR, keyed by its "
+    "lowered text, the target and the toolchain, and take it instead of compiling a program "
+    "seen before: a re-run compiles only what changed (default: none, every program compiles)",
+  )
   parser.add_argument("--out", help="also write the report as JSON to this file (default: none)")
   parser.add_argument("--no-progress", action="store_true", help="no progress bar (default: shown)")
   parser.set_defaults(func=main)
@@ -103,7 +112,14 @@ def main(args: argparse.Namespace) -> int:
   quantization = model_quantization(config.model, config.quantization)
   check_device_runs(quantization, DeviceDescription("tpu", None, chip.device_kind))
   request = BuildRequest(
-    config, model_config, model_name, chip, args.programs, args.jobs, not args.no_progress
+    config,
+    model_config,
+    model_name,
+    chip,
+    args.programs,
+    args.jobs,
+    not args.no_progress,
+    result_cache=Path(args.result_cache).expanduser() if args.result_cache else None,
   )
   if args.layouts:
     return _layouts(args, request)

@@ -67,6 +67,7 @@ class ProgramResult:
   memory: ProgramMemory | None  # None when it did not compile
   error: str | None  # the compiler's message when it did not compile
   cost: ProgramCost | None = None  # XLA's FLOPs and bytes, None when it did not compile
+  cached: bool = False  # the compile's result came from the result cache (result_cache.py)
 
 
 @dataclass(frozen=True)

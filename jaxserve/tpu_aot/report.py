@@ -28,7 +28,8 @@ def program_rows(results: tuple[ProgramResult, ...]) -> list[str]:
       else ["FAILED", "", "", ""]
     )
     rows.append(
-      f"{r.id.name:<34} {r.lower_seconds:>8.1f} {r.compile_seconds:>9.1f} "
+      f"{r.id.name:<34} {r.lower_seconds:>8.1f} "
+      f"{'cached' if r.cached else f'{r.compile_seconds:.1f}':>9} "
       f"{cells[0]:>9} {cells[1]:>8} {cells[2]:>9} {cells[3]:>9}"
     )
   return rows
@@ -105,6 +106,7 @@ def report_json(report: BuildReport) -> dict:
         "name": r.id.name,
         "lower_seconds": r.lower_seconds,
         "compile_seconds": r.compile_seconds,
+        "cached": r.cached,
         "error": r.error,
         "memory": dataclasses.asdict(r.memory) if r.memory else None,
       }

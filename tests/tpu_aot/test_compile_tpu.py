@@ -36,7 +36,9 @@ from jaxserve.tpu_aot.build import (
   largest_of_each_kind,
 )
 from jaxserve.tpu_aot.chips import GIB, get_chip, topology_devices
+from jaxserve.tpu_aot.result_cache import CompileResultCache
 from jaxserve.tpu_aot.step_programs import ServerShape, pool_pages, server_shape, step_programs
+from tests.tpu_aot.conftest import RESULT_CACHE
 
 pytestmark = pytest.mark.skipif(
   not (platform.system() == "Linux" and platform.machine() == "x86_64"),
@@ -59,6 +61,7 @@ def _build(shape: str, overrides: list[str], selection: str, **model_changes) ->
       selection,
       JOBS,
       show_progress=False,
+      result_cache=RESULT_CACHE,
     )
   )
 
@@ -257,7 +260,10 @@ def test_a_layer_cut_70b_int8_forward_with_int8_kv_compiles(config_path):
   server = server_shape(config, model, topology_devices(chip.topology(config.tensor_parallel_size)))
   pages = pool_pages(server, chip.usable_bytes)
   forwards = [p for p in step_programs(server, pages) if p.id.kind == "forward"]
-  (forward,) = compile_programs(largest_of_each_kind(forwards), JOBS, show_progress=False)
+  target = chip.topology(config.tensor_parallel_size)
+  (forward,) = compile_programs(
+    largest_of_each_kind(forwards), JOBS, False, CompileResultCache(RESULT_CACHE), target
+  )
   assert forward.id.name == "forward[8x32]" and forward.error is None, forward.error
   # The compiler's own count of the forward's arguments: the int8 kernels, float32 scales and
   # int8 pool the plan counted (server_shape, pool_pages), plus the step inputs.

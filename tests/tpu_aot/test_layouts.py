@@ -20,6 +20,7 @@ import transformers
 
 from jaxserve.cli import main as cli_main
 from jaxserve.tpu_aot.chips import get_chip
+from tests.tpu_aot.conftest import RESULT_CACHE
 
 pytestmark = pytest.mark.skipif(
   not (platform.system() == "Linux" and platform.machine() == "x86_64"),
@@ -52,7 +53,7 @@ def run(tmp_path_factory) -> tuple[dict[str, dict], str]:
   argv += ["--layouts", ",".join(LAYOUTS), "--programs", "decode", "--jobs", "2"]
   argv += ["--decode-context", str(CONTEXT), "--out", str(out), "--max-model-len", "2048"]
   argv += ["--set", f"scheduler.max_num_seqs={MAX_SEQS}", "--set", "dtype=bfloat16"]
-  argv += ["--set", "scheduler.max_num_batched_tokens=32"]
+  argv += ["--set", "scheduler.max_num_batched_tokens=32", "--result-cache", str(RESULT_CACHE)]
   printed = io.StringIO()
   with contextlib.redirect_stdout(printed):
     assert cli_main(argv) == 0

@@ -24,7 +24,9 @@ from jaxserve.models.grouped_matmul import grouped_matmul
 from jaxserve.models.named_shapes import named_model_config
 from jaxserve.tpu_aot.build import compile_programs, largest_of_each_kind
 from jaxserve.tpu_aot.chips import GIB, get_chip, topology_devices
+from jaxserve.tpu_aot.result_cache import CompileResultCache
 from jaxserve.tpu_aot.step_programs import ServerShape, pool_pages, server_shape, step_programs
+from tests.tpu_aot.conftest import RESULT_CACHE
 
 pytestmark = pytest.mark.skipif(
   not (platform.system() == "Linux" and platform.machine() == "x86_64"),
@@ -115,7 +117,10 @@ def test_a_layer_cut_forward_compiles_for_v6e_2x4(shape, overrides):
     shape, overrides + SMALL_SCHEDULER, num_layers=2, vocab_size=32_000, layer_types=layer_types
   )
   forwards = [p for p in step_programs(server, pages) if p.id.kind == "forward"]
-  (forward,) = compile_programs(largest_of_each_kind(forwards), 1, show_progress=False)
+  target = get_chip("v6e").topology(CHIPS)
+  (forward,) = compile_programs(
+    largest_of_each_kind(forwards), 1, False, CompileResultCache(RESULT_CACHE), target
+  )
   assert forward.id.name == "forward[8x32]" and forward.error is None, forward.error
   # The compiler's own count of the forward's arguments: the weights and pool the plan counted,
   # plus the step inputs.
