@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from jaxserve.engine.admission import check_length, check_multi_host_sampling, check_token_ids
+from jaxserve.engine.admission import check_multi_host_sampling, check_token_ids
 from jaxserve.engine.constraints import Constraints, live_matcher
 from jaxserve.engine.core_io import EngineCoreOutput, EngineCoreRequest
 from jaxserve.engine.device_port import CompileCounter, MemoryGauge, ProgramStatus, StepRunner
@@ -203,7 +203,7 @@ class EngineCore:
       check_token_ids(params.logit_bias_ids, self.vocab_size, "logit_bias")
     if not self.runner.supports_async:  # a multi-host job's steps travel to the other hosts
       check_multi_host_sampling(params)
-    check_length(len(prompt_ids), params.max_tokens, self.max_model_len)
+    self.scheduler.check_servable(len(prompt_ids), params.max_tokens)
     if params.structured_outputs is None:
       return None
     if self.constraints is None:

@@ -218,8 +218,14 @@ class Scheduler:
       or request.num_output_placeholders
     ):
       raise ValueError(f"page_ids: request {request_id!r} already holds pages or computed tokens")
-    check_length(num_prompt, request.sampling_params.max_tokens, self.max_model_len)
-    total = request.max_total_tokens
+    self.check_servable(num_prompt, request.sampling_params.max_tokens)
+
+  def check_servable(self, num_prompt: int, max_tokens: int) -> None:
+    """A ValueError naming the field if a request of this prompt and max_tokens could never be
+    served, whatever else runs: past max_model_len, more pages than the pool holds, or a prompt
+    over the step's budget without chunked prefill."""
+    check_length(num_prompt, max_tokens, self.max_model_len)
+    total = num_prompt + max_tokens
     chunk = max(self.config.max_num_batched_tokens, self.config.num_scheduler_steps)
     num_pages = self.layout.max_pages(total, chunk)
     if num_pages > self.allocator.num_usable_pages:

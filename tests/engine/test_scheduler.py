@@ -301,6 +301,11 @@ def test_add_request_refusals_name_the_field():
     scheduler.add_request(make_request("a", range(10), max_tokens=11))
   with pytest.raises(ValueError, match=r"max_tokens: .*needs 5 KV cache pages .* has 4"):
     scheduler.add_request(make_request("a", range(10), max_tokens=7))
+  # the same rules, checked without queueing (the core's 429 path checks before refusing)
+  with pytest.raises(ValueError, match=r"max_tokens: .*needs 5 KV cache pages .* has 4"):
+    scheduler.check_servable(10, 7)
+  scheduler.check_servable(10, 6)
+  assert scheduler.num_waiting == 0
   scheduler.add_request(make_request("a", range(10), max_tokens=6))
   with pytest.raises(ValueError, match="request_id"):
     scheduler.add_request(make_request("a", range(3), max_tokens=1))
