@@ -80,12 +80,16 @@ def test_encode_decode_match_transformers(pairs, name, text):
 def test_random_text_matches_transformers(pairs, name):
   ours, ref = pairs[name]
 
+  specials = ref.all_special_tokens
+
   @settings(max_examples=60, deadline=None)
   @given(st.text(max_size=60))
   def check(text):
     ids = ours.encode(text)
     assert ids == ref.encode(text)
-    assert ours.decode(ids) == ref.decode(ids, skip_special_tokens=True) == text
+    assert ours.decode(ids) == ref.decode(ids, skip_special_tokens=True)
+    if not any(special in text for special in specials):  # those are skipped on the way back
+      assert ours.decode(ids) == text
 
   check()
 
