@@ -10,8 +10,8 @@ estimated): the quick check for big models.
 decode_context, the decode step's forward and greedy sampler are compiled whatever the selection,
 for the roofline. A program XLA refuses (an SMEM or HBM overflow, a Mosaic layout it cannot
 lower) is a result with the compiler's message, and the server does not fit. With a result
-cache (result_cache.py) a program whose lowered text, target and toolchain were compiled before
-takes that compile's result instead of compiling again.
+cache (result_cache.py) a program whose lowered text, target and toolchain compiled before takes
+that compile's result instead of compiling again (a refusal is compiled again every time).
 
 The topology is a one-host slice of `slice_chips` chips (default: tensor_parallel_size), and the
 server's mesh its first tensor_parallel_size chips: one data-parallel replica of a slice that
@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import jax
 from tqdm.auto import tqdm
 
 from jaxserve.config import EngineConfig
@@ -224,7 +225,7 @@ def compile_one(
   cached = outcome is not None
   if outcome is None:
     outcome = _compile(lowered)
-    if cache:
+    if cache and outcome.error is None:  # a refusal is not kept: it may be the host's
       cache.put(key, outcome)
   return ProgramResult(
     program.id,
@@ -238,7 +239,7 @@ def compile_one(
   )
 
 
-def _compile(lowered) -> CompileOutcome:
+def _compile(lowered: jax.stages.Lowered) -> CompileOutcome:
   try:
     compiled = lowered.compile()
     analysis, cost = compiled.memory_analysis(), ProgramCost.of(compiled.cost_analysis())

@@ -76,7 +76,7 @@ def register(subparsers) -> None:
   parser.add_argument(
     "--result-cache",
     metavar="DIR",
-    help="keep each program's compile result (memory, cost or refusal) in DIR, keyed by its "
+    help="keep each program's compile result (memory and cost) in DIR, keyed by its "
     "lowered text, the target and the toolchain, and take it instead of compiling a program "
     "seen before: a re-run compiles only what changed (default: none, every program compiles)",
   )

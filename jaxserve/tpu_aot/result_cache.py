@@ -1,10 +1,11 @@
 """Compile results of TPU step programs kept across runs: what a compile said of a program (its
-memory analysis and cost, or the compiler's refusal), keyed by everything that decides it.
+memory analysis and cost), keyed by everything that decides it.
 
 Why: an executable compiled for a TPU topology without a TPU client cannot be read back from
 JAX's persistent compilation cache, so every `jaxserve compile-tpu` run (and every run of the
 tests that prove it) compiled every program again, although a compile's result is a function of
-its inputs. This cache keeps the result, not the executable.
+its inputs. This cache keeps the result, not the executable; build.py keeps only successes (a
+refusal may be the host's, e.g. its memory, so it is compiled again).
 
 The key is a SHA-256 of the lowered program's StableHLO text (its shapes, shardings, partition
 count and the Pallas kernels' serialized Mosaic), the target (the chip and topology), the
@@ -35,7 +36,7 @@ ENV_KEYS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
 
 @dataclass(frozen=True)
 class CompileOutcome:
-  """What one compile said: memory and cost, or the compiler's message."""
+  """What one compile said: memory and cost, or the compiler's message (error)."""
 
   memory: ProgramMemory | None
   cost: ProgramCost | None
