@@ -1,0 +1,116 @@
+"""What `scheduler.mixed_step_prefill_tokens` does to a burst, simulated on the host: the real
+Scheduler and PageAllocator (pure Python) step through a burst under a linear step-time model,
+and the script prints, per setting, the simulated output tok/s, TTFT p50/p99, TPOT p50, ITL
+p50/p99 and ITL p50 / TPOT p50 (issue 29 asks for it within 25%).
+
+    python -m investigations.mixed_steps_sim --caps none,256,320,384,512
+
+The model: a step costs base_ms + row_ms x decode rows + token_ms x prompt tokens. Its defaults
+fit the 8B-shaped bfloat16 server on one H200 (docs/PERFORMANCE.md, "Where the pairs form"):
+a decode-only step of 256 sequences about 11.3 ms (the burst's ITL median), a mean step of
+about 16 ms with about 230 prompt tokens a step (the burst's TPOT), a lone decode about 5.5 ms
+(the weight read). It has no host overhead, no async scheduling and no bucket padding: a guide
+to which settings to measure, not a measurement. Every request arrives at once (rate inf) and
+runs to its max_tokens (ignore_eos), as `bench serve --random-input-len 256
+--random-output-len 256 --ignore-eos` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import numpy as np
+
+from jaxserve.config import SchedulerConfig
+from jaxserve.engine.page_allocator import PageAllocator
+from jaxserve.engine.request import Request, RequestStatus
+from jaxserve.engine.scheduler import Scheduler
+from jaxserve.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class StepModel:
+  base_ms: float = 5.5
+  row_ms: float = 0.0227  # (11.3 - 5.5) / 256
+  token_ms: float = 0.0205  # (16 - 11.3) / 230
+
+  def step_ms(self, decode_rows: int, prompt_tokens: int) -> float:
+    return self.base_ms + self.row_ms * decode_rows + self.token_ms * prompt_tokens
+
+
+@dataclass(frozen=True)
+class Burst:
+  num_requests: int = 1000
+  input_len: int = 256
+  output_len: int = 256
+  max_num_seqs: int = 256
+  max_num_batched_tokens: int = 2048
+  page_size: int = 16
+  num_pages: int = 100_000
+
+
+def simulate(burst: Burst, cap: int | None, model: StepModel) -> dict[str, float]:
+  config = SchedulerConfig(
+    max_num_seqs=burst.max_num_seqs,
+    max_num_batched_tokens=burst.max_num_batched_tokens,
+    enable_prefix_caching=False,
+    mixed_step_prefill_tokens=cap,
+  )
+  scheduler = Scheduler(
+    config,
+    PageAllocator(burst.num_pages, burst.page_size),
+    burst.input_len + burst.output_len,
+  )
+  rng = np.random.default_rng(0)
+  params = SamplingParams(max_tokens=burst.output_len, ignore_eos=True)
+  for i in range(burst.num_requests):
+    prompt = rng.integers(0, 1000, burst.input_len).tolist()
+    scheduler.add_request(Request(f"r{i}", prompt, params, seed=0))
+  times: dict[str, list[float]] = {f"r{i}": [] for i in range(burst.num_requests)}
+  now = 0.0
+  while scheduler.has_unfinished_requests():
+    batch = scheduler.schedule()
+    decode_rows = sum(1 for s in batch.seqs if s.num_tokens == 1 and s.sample)
+    now += model.step_ms(decode_rows, batch.num_tokens - decode_rows)
+    for seq in batch.seqs:
+      if not seq.sample:
+        continue
+      request = scheduler.get_request(seq.request_id)
+      request.append_sampled(1)
+      times[seq.request_id].append(now)
+      if len(request.output_token_ids) >= burst.output_len:
+        scheduler.finish_request(seq.request_id, RequestStatus.FINISHED_LENGTH)
+  ttft = np.array([t[0] for t in times.values()])
+  tpot = np.array([(t[-1] - t[0]) / (len(t) - 1) for t in times.values()])
+  itl = np.concatenate([np.diff(t) for t in times.values()])
+  return {
+    "tok_s": burst.num_requests * burst.output_len / (now / 1000),
+    "ttft_p50": float(np.median(ttft)),
+    "ttft_p99": float(np.percentile(ttft, 99)),
+    "tpot_p50": float(np.median(tpot)),
+    "itl_p50": float(np.median(itl)),
+    "itl_p99": float(np.percentile(itl, 99)),
+  }
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--caps", default="none,256,320,384,512", help="P values (none: unset)")
+  parser.add_argument("--num-requests", type=int, default=1000)
+  args = parser.parse_args()
+  burst = Burst(num_requests=args.num_requests)
+  head = f"{'P':>6} {'tok/s':>8} {'TTFT p50/p99 ms':>16} {'TPOT p50':>9} {'ITL p50/p99':>12}"
+  print(f"{head} {'ITL/TPOT':>9}")
+  for text in args.caps.split(","):
+    cap = None if text == "none" else int(text)
+    r = simulate(burst, cap, StepModel())
+    print(
+      f"{text:>6} {r['tok_s']:>8.0f} {r['ttft_p50']:>7.0f}/{r['ttft_p99']:<8.0f} "
+      f"{r['tpot_p50']:>9.1f} {r['itl_p50']:>5.1f}/{r['itl_p99']:<6.1f} "
+      f"{r['itl_p50'] / r['tpot_p50']:>9.2f}"
+    )
+
+
+if __name__ == "__main__":
+  main()
