@@ -10,9 +10,10 @@ fit the 8B-shaped bfloat16 server on one H200 (docs/PERFORMANCE.md, "Where the p
 a decode-only step of 256 sequences about 11.3 ms (the burst's ITL median), a mean step of
 about 16 ms with about 230 prompt tokens a step (the burst's TPOT), a lone decode about 5.5 ms
 (the weight read). It has no host overhead, no async scheduling and no bucket padding: a guide
-to which settings to measure, not a measurement. Every request arrives at once (rate inf) and
-runs to its max_tokens (ignore_eos), as `bench serve --random-input-len 256
---random-output-len 256 --ignore-eos` does.
+to which settings to measure, not a measurement. By default every request arrives at once (rate
+inf) and runs to its max_tokens (ignore_eos), as `bench serve --random-input-len 256
+--random-output-len 256 --ignore-eos` does; `--request-rate 16 --input-len 1024 --output-len 128
+--range-ratio 0.5 --num-requests 320` is the issue's rate-16 workload (20 s of it).
 """
 
 from __future__ import annotations
@@ -41,9 +42,15 @@ class StepModel:
 
 @dataclass(frozen=True)
 class Burst:
+  """The workload: num_requests of input_len / output_len tokens (each length drawn from
+  [len x (1 - range_ratio), len x (1 + range_ratio)], as `bench serve --random-range-ratio`),
+  arriving at once (request_rate inf) or as a Poisson process; and the scheduler's limits."""
+
   num_requests: int = 1000
   input_len: int = 256
   output_len: int = 256
+  request_rate: float = float("inf")
+  range_ratio: float = 0.0
   max_num_seqs: int = 256
   max_num_batched_tokens: int = 2048
   page_size: int = 16
@@ -57,19 +64,30 @@ def simulate(burst: Burst, cap: int | None, model: StepModel) -> dict[str, float
     enable_prefix_caching=False,
     mixed_step_prefill_tokens=cap,
   )
-  scheduler = Scheduler(
-    config,
-    PageAllocator(burst.num_pages, burst.page_size),
-    burst.input_len + burst.output_len,
+  longest = int(burst.input_len * (1 + burst.range_ratio)) + int(
+    burst.output_len * (1 + burst.range_ratio)
   )
+  scheduler = Scheduler(config, PageAllocator(burst.num_pages, burst.page_size), longest)
   rng = np.random.default_rng(0)
-  params = SamplingParams(max_tokens=burst.output_len, ignore_eos=True)
+  arrivals = np.zeros(burst.num_requests)
+  if np.isfinite(burst.request_rate):
+    arrivals = np.cumsum(rng.exponential(1000 / burst.request_rate, burst.num_requests))
+  requests = []
   for i in range(burst.num_requests):
-    prompt = rng.integers(0, 1000, burst.input_len).tolist()
-    scheduler.add_request(Request(f"r{i}", prompt, params, seed=0))
-  times: dict[str, list[float]] = {f"r{i}": [] for i in range(burst.num_requests)}
-  now = 0.0
-  while scheduler.has_unfinished_requests():
+    low, high = 1 - burst.range_ratio, 1 + burst.range_ratio
+    prompt_len = int(rng.integers(int(burst.input_len * low), int(burst.input_len * high) + 1))
+    output_len = int(rng.integers(int(burst.output_len * low), int(burst.output_len * high) + 1))
+    params = SamplingParams(max_tokens=max(1, output_len), ignore_eos=True)
+    prompt = rng.integers(0, 1000, max(1, prompt_len)).tolist()
+    requests.append(Request(f"r{i}", prompt, params, seed=0))
+  times: dict[str, list[float]] = {r.request_id: [] for r in requests}
+  now, added = 0.0, 0
+  while added < len(requests) or scheduler.has_unfinished_requests():
+    if not scheduler.has_unfinished_requests():
+      now = max(now, arrivals[added])
+    while added < len(requests) and arrivals[added] <= now:
+      scheduler.add_request(requests[added])
+      added += 1
     batch = scheduler.schedule()
     decode_rows = sum(1 for s in batch.seqs if s.num_tokens == 1 and s.sample)
     now += model.step_ms(decode_rows, batch.num_tokens - decode_rows)
@@ -79,13 +97,13 @@ def simulate(burst: Burst, cap: int | None, model: StepModel) -> dict[str, float
       request = scheduler.get_request(seq.request_id)
       request.append_sampled(1)
       times[seq.request_id].append(now)
-      if len(request.output_token_ids) >= burst.output_len:
+      if len(request.output_token_ids) >= request.sampling_params.max_tokens:
         scheduler.finish_request(seq.request_id, RequestStatus.FINISHED_LENGTH)
-  ttft = np.array([t[0] for t in times.values()])
-  tpot = np.array([(t[-1] - t[0]) / (len(t) - 1) for t in times.values()])
+  ttft = np.array([t[0] - arrivals[i] for i, t in enumerate(times.values())])
+  tpot = np.array([(t[-1] - t[0]) / (len(t) - 1) for t in times.values() if len(t) > 1])
   itl = np.concatenate([np.diff(t) for t in times.values()])
   return {
-    "tok_s": burst.num_requests * burst.output_len / (now / 1000),
+    "tok_s": sum(map(len, times.values())) / (now / 1000),
     "ttft_p50": float(np.median(ttft)),
     "ttft_p99": float(np.percentile(ttft, 99)),
     "tpot_p50": float(np.median(tpot)),
@@ -98,8 +116,14 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--caps", default="none,256,320,384,512", help="P values (none: unset)")
   parser.add_argument("--num-requests", type=int, default=1000)
+  parser.add_argument("--input-len", type=int, default=256)
+  parser.add_argument("--output-len", type=int, default=256)
+  parser.add_argument("--request-rate", type=float, default=float("inf"))
+  parser.add_argument("--range-ratio", type=float, default=0.0)
   args = parser.parse_args()
-  burst = Burst(num_requests=args.num_requests)
+  burst = Burst(
+    args.num_requests, args.input_len, args.output_len, args.request_rate, args.range_ratio
+  )
   head = f"{'P':>6} {'tok/s':>8} {'TTFT p50/p99 ms':>16} {'TPOT p50':>9} {'ITL p50/p99':>12}"
   print(f"{head} {'ITL/TPOT':>9}")
   for text in args.caps.split(","):
