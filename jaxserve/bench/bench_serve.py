@@ -26,7 +26,12 @@ from typing import Sequence
 import httpx  # the async streaming HTTP client (the `bench` extra; checked by tools/cli.py)
 
 from jaxserve.bench.client_processes import machine_cores, plan_clients, run_clients
-from jaxserve.bench.client_usage import bottleneck_warnings, client_report, small_gap_fraction
+from jaxserve.bench.client_usage import (
+  bottleneck_warnings,
+  client_report,
+  paired_warnings,
+  small_gap_fraction,
+)
 from jaxserve.bench.datasets import SampleRequest
 from jaxserve.bench.goodput import meets_slos, parse_goodput
 from jaxserve.bench.latency_stats import (
@@ -92,7 +97,7 @@ def run_one_rate(
       options.percentile_metrics,
     )
   )
-  warnings = bottleneck_warnings(clients.usages, cores)
+  warnings = bottleneck_warnings(clients.usages, cores) + paired_warnings(clients.usages)
   print("\n".join(client_report(clients.usages, plan.reason) + warnings))
   errors = sorted({r.error for r in records if not r.success})
   for error in errors[:5]:
@@ -108,7 +113,8 @@ def run_one_rate(
       "cpu_s": sum(u.cpu_s for u in clients.usages),
       "small_gap_fraction": small_gap_fraction(clients.usages),
       "per_process": [u.to_dict() for u in clients.usages],
-      "bottleneck": bool(warnings),
+      "bottleneck": any(u.bottleneck for u in clients.usages),
+      "paired": any(u.paired for u in clients.usages),
       "warnings": warnings,
     },
     "requests": [asdict(r) for r in records],

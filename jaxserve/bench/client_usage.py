@@ -12,7 +12,9 @@ the server's. The report then warns.
 It also counts each process's chunk gaps (the ITLs: gaps between content chunks of a stream)
 under SMALL_GAP_S: chunks that arrived back to back, a server sending several steps at once or a
 client reading late; and its ITL and TPOT medians, so a process whose streams arrive in pairs
-(ITL median far under TPOT median) shows.
+(ITL median far under TPOT median) shows. A process with PAIRED_SHARE or more of its gaps under
+SMALL_GAP_S gets a warning of its own: a client process can fall behind in bursts (every stream's
+chunk of a step at once) while its average busy share stays low, and its ITLs are then its own.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from jaxserve.bench.latency_stats import RequestRecord
 
 BOTTLENECK_SHARE = 0.9
 SMALL_GAP_S = 1e-3
+PAIRED_SHARE = 0.05  # of a process's chunk gaps under SMALL_GAP_S: its chunks came in pairs
+MIN_GAPS = 100  # fewer gaps say nothing of pairing
 _TASKS = Path("/proc/self/task")
 
 
@@ -87,6 +91,10 @@ class ClientUsage:
   def bottleneck(self) -> bool:
     return max(self.cpu_share, self.busy_share or 0.0) >= BOTTLENECK_SHARE
 
+  @property
+  def paired(self) -> bool:
+    return self.gaps >= MIN_GAPS and self.small_gap_fraction >= PAIRED_SHARE
+
   def to_dict(self) -> dict:
     return {
       "process": self.process,
@@ -100,6 +108,7 @@ class ClientUsage:
       "itl_p50_s": self.itl_p50_s,
       "tpot_p50_s": self.tpot_p50_s,
       "bottleneck": self.bottleneck,
+      "paired": self.paired,
     }
 
 
@@ -167,6 +176,19 @@ def bottleneck_warnings(usages: Sequence[ClientUsage], cores: int) -> list[str]:
         "them more CPU"
       )
   return warnings
+
+
+def paired_warnings(usages: Sequence[ClientUsage]) -> list[str]:
+  """One warning per client process whose chunks came in pairs."""
+  return [
+    f"WARNING: client process {u.process} read {u.small_gap_fraction:.0%} of its chunks under "
+    f"{SMALL_GAP_S * 1e3:.0f} ms after the one before (ITL / TPOT p50 {_ms(u.itl_p50_s)} / "
+    f"{_ms(u.tpot_p50_s)} ms): the server sent several steps at once, or this process read "
+    "late, in bursts, with more streams open than it parses between two steps; more client "
+    "processes (--client-processes) tell the two apart"
+    for u in usages
+    if u.paired
+  ]
 
 
 def _ms(seconds: float | None) -> str:
