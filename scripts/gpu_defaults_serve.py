@@ -2,8 +2,10 @@
 FLAGS` (--warmup full), then at rate inf (1000 x 256/256, every token streamed) `jaxserve bench
 serve`'s load (serve_vs_offline.run_load, client processes chosen by bench serve), the
 independent client (scripts/plain_client.py, --plain-processes processes) and bench serve again;
-then bench serve at --rate req/s for --rate-seconds (1024 in / 128 out, range ratio 0.5). One
-JSON in OUT/NAME.json; `--table OUT` prints the comparison of every NAME.json there.
+then bench serve at --rate req/s for --rate-seconds (1024 in / 128 out, range ratio 0.5).
+`--quick` leaves out the independent client and the second bench serve run (a setting's sweep:
+one burst and the rate). One JSON in OUT/NAME.json; `--table OUT` prints the comparison of every
+NAME.json there.
 
     python scripts/gpu_defaults_serve.py --name noconfig --model /tmp/llama8b --out OUT \\
         -- --max-model-len 2048
@@ -39,6 +41,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--plain-processes", type=int, default=4)
   parser.add_argument("--api-servers", type=int, default=1, help="to wait for before the load")
   parser.add_argument("--table", help="print the table of the JSON files in this folder")
+  parser.add_argument("--quick", action="store_true", help="one burst, no plain client")
   parser.add_argument("serve_flags", nargs=argparse.REMAINDER, help="after --: jaxserve serve's")
   args = parser.parse_args(argv)
   args.serve_flags = [f for f in args.serve_flags if f != "--"]
@@ -114,12 +117,13 @@ def measure(args) -> int:
         url, lambda: run_load(url, name, burst, math.inf, processes=None, meter=meter)
       )
     ]
-    result["plain_inf"] = plain(server, args, out, pool)
-    result["bench_inf"].append(
-      with_server_gaps(
-        url, lambda: run_load(url, name, again, math.inf, processes=None, meter=meter)
+    if not args.quick:
+      result["plain_inf"] = plain(server, args, out, pool)
+      result["bench_inf"].append(
+        with_server_gaps(
+          url, lambda: run_load(url, name, again, math.inf, processes=None, meter=meter)
+        )
       )
-    )
     count = max(4, round(args.rate * args.rate_seconds))
     steady = random_requests(count, 1024, 128, range_ratio=0.5, seed=1, token_ids=pool)
     result["bench_rate"] = with_server_gaps(
@@ -152,20 +156,27 @@ def _gaps(run: dict) -> str:
   return " / ".join("-" if p is None else f"{p:.3f}" for p in parts)
 
 
+def _itl(run: dict) -> str:
+  """The burst's ITL p50 / p99 and TPOT p50 (ms)."""
+  itl = run["metrics"]["itl"]
+  return f"{itl['median_ms']:.1f} / {_p(run, 'itl', 'p99'):.1f}, {_p(run, 'tpot', 'p50'):.1f}"
+
+
 def table(folder: Path) -> None:
   print(
     "| run | bench serve tok/s (2 runs) | plain client tok/s | plain / bench median | "
-    "TTFT p99 @rate | TPOT p99 @rate | ITL p50 / TPOT p50 per client process (inf) | "
+    "TTFT p99 @rate | TPOT p99 @rate | ITL p50 / p99, TPOT p50 (inf) | "
+    "ITL p50 / TPOT p50 per client process (inf) | "
     "gaps < 1 ms: client / API handler / engine | client CPU | server CPU (inf) | "
     "API GC pauses >= 10 ms / all (inf) | failed |"
   )
-  print("|---|---|---:|---:|---:|---:|---|---|---|---|---|---:|")
+  print("|---|---|---:|---:|---:|---:|---|---|---|---|---|---|---:|")
   for path in sorted(folder.glob("*.json")):
     data = json.loads(path.read_text())
     if "bench_inf" not in data:
       continue
     bench = [r["metrics"]["output_throughput"] for r in data["bench_inf"]]
-    plain_tps = data["plain_inf"].get("output_tokens_per_s", float("nan"))
+    plain_tps = data.get("plain_inf", {}).get("output_tokens_per_s", float("nan"))
     first = data["bench_inf"][0]
     per = ", ".join(
       f"{1e3 * (u['itl_p50_s'] or 0):.1f}/{1e3 * (u['tpot_p50_s'] or 0):.1f}"
@@ -174,12 +185,12 @@ def table(folder: Path) -> None:
     cpu = "/".join(f"{u['cpu_share']:.2f}" for u in first.get("client_usages", []))
     rate = data.get("bench_rate")
     runs = [*data["bench_inf"], *([rate] if rate else [])]
-    failed = sum(r["metrics"]["failed"] for r in runs) + data["plain_inf"].get("failed", 0)
+    failed = sum(r["metrics"]["failed"] for r in runs) + data.get("plain_inf", {}).get("failed", 0)
     ttft = f"{_p(rate, 'ttft', 'p99'):.0f}" if rate else "-"
     tpot = f"{_p(rate, 'tpot', 'p99'):.1f}" if rate else "-"
     print(
       f"| {data['name']} | {' / '.join(f'{b:,.0f}' for b in bench)} | {plain_tps:,.0f} | "
-      f"{plain_tps / statistics.median(bench):.3f} | {ttft} | {tpot} | {per} | "
+      f"{plain_tps / statistics.median(bench):.3f} | {ttft} | {tpot} | {_itl(first)} | {per} | "
       f"{_gaps(first)} | {cpu} | {_server_cpu(first)} | {_gc(first)} | {failed} |"
     )
 

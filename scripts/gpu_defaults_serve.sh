@@ -4,8 +4,9 @@
 # measured by scripts/gpu_defaults_serve.py (rate inf 1000 x 256/256 by `jaxserve bench serve`,
 # the independent plain client, bench serve again; rate $RATE for $RATE_S s at 1024/128). RUNS
 # picks the steps (NAME = {noconfig,config}{8b,1b}; ck8b / ck1b build the checkpoints if absent),
-# table prints the comparison. capN8b / capN1b: no config with scheduler.mixed_step_prefill_tokens=N
-# (e.g. cap384_8b). e.g. RUNS="ck8b noconfig8b config8b cap384_8b table".
+# table prints the comparison. capN_8b / capN_1b: no config with
+# scheduler.mixed_step_prefill_tokens=N (e.g. cap384_8b; --quick: one burst and the rate, no
+# plain client). e.g. RUNS="ck8b noconfig8b config8b cap384_8b table".
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"  # $OUT, $LOGS, the carried wheels, step()
 RATE=${RATE:-16}; RATE_S=${RATE_S:-30}
@@ -13,7 +14,7 @@ API=${API_SERVERS:-$(python3 -c "from jaxserve.core.supervisor import default_ap
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt"
 run() { local name=$1 model=$2; shift 2
   TAIL=30 step "$name" python3 scripts/gpu_defaults_serve.py --name "$name" --model "$model" \
-    --out "$OUT" --rate "$RATE" --rate-seconds "$RATE_S" --api-servers "$API" \
+    --out "$OUT" --rate "$RATE" --rate-seconds "$RATE_S" --api-servers "$API" ${QUICK:-} \
     -- --max-model-len ${MAX_MODEL_LEN:-2048} "$@"; }  # the API server count: the default
 for s in ${RUNS:-ck8b noconfig8b config8b table}; do case $s in
   ck8b) [ -f /tmp/llama8b/config.json ] || step ck8b python3 -m jaxserve.bench.random_checkpoint llama-3.1-8b /tmp/llama8b ;;
@@ -22,8 +23,8 @@ for s in ${RUNS:-ck8b noconfig8b config8b table}; do case $s in
   config8b) run config8b /tmp/llama8b --config configs/h100.yaml ;;
   noconfig1b) run noconfig1b /tmp/llama1b ;;
   config1b) run config1b /tmp/llama1b --config configs/h100.yaml ;;
-  cap*_8b) n=${s#cap}; run "$s" /tmp/llama8b --set scheduler.mixed_step_prefill_tokens=${n%_8b} ;;
-  cap*_1b) n=${s#cap}; run "$s" /tmp/llama1b --set scheduler.mixed_step_prefill_tokens=${n%_1b} ;;
+  cap*_8b) n=${s#cap}; QUICK=--quick run "$s" /tmp/llama8b --set scheduler.mixed_step_prefill_tokens=${n%_8b} ;;
+  cap*_1b) n=${s#cap}; QUICK=--quick run "$s" /tmp/llama1b --set scheduler.mixed_step_prefill_tokens=${n%_1b} ;;
   table) python3 scripts/gpu_defaults_serve.py --table "$OUT" | tee -a "$OUT/summary.txt" ;;
   *) echo "unknown step $s" | tee -a "$OUT/summary.txt" ;;
 esac; done
