@@ -15,11 +15,19 @@ configured, as absl's, which orbax makes at import in the engine core process, i
 logging's BASIC_FORMAT, without timestamps); other handlers (an application's, pytest's) are left
 as they are. uvicorn is run with log_config=None (UVICORN_LOG_CONFIG), so its lines go through
 the root logger's handler in the same format rather than uvicorn's own.
+
+`kill -USR1 PID` on any of those processes prints every thread's Python stack to its stderr (the
+server's log) and the process goes on: what a stuck process is doing, without stopping it
+(`configure_logging` registers Python's faulthandler for the signal).
 """
 
 from __future__ import annotations
 
+import faulthandler
+import io
 import logging
+import signal
+import sys
 
 JAX_BRIDGE_LOGGER = "jax._src.xla_bridge"
 _PROBE_FAILURE = "Unable to initialize backend"
@@ -46,6 +54,18 @@ def configure_logging(level: str) -> None:
     formatter = handler.formatter
     if formatter is None or formatter._fmt == logging.BASIC_FORMAT:
       handler.setFormatter(logging.Formatter(LOG_FORMAT))
+  _register_stack_dumps()
   bridge = logging.getLogger(JAX_BRIDGE_LOGGER)
   if not any(isinstance(f, BackendProbeFilter) for f in bridge.filters):
     bridge.addFilter(BackendProbeFilter())
+
+
+def _register_stack_dumps() -> None:
+  """Every thread's stack to the process's stderr on SIGUSR1 (see the module docstring); where
+  there is no such signal or stderr has no file descriptor, nothing."""
+  if not hasattr(signal, "SIGUSR1") or sys.__stderr__ is None:
+    return
+  try:
+    faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+  except (OSError, ValueError, io.UnsupportedOperation):
+    return

@@ -19,6 +19,8 @@ import math
 import statistics
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -80,12 +82,32 @@ def gap_counts(url: str) -> dict[str, list[float]]:
   return counts
 
 
+TCP_COUNTERS = ("ListenOverflows", "ListenDrops", "TCPReqQFullDrop", "TCPSynRetrans")
+
+
+def tcp_counters() -> dict[str, int]:
+  """This host's TcpExt counters of connections the listening sockets' queues refused (a
+  refused SYN is sent again a second later) and of SYNs sent again; {} where Linux's
+  /proc/net/netstat is absent."""
+  try:
+    lines = Path("/proc/net/netstat").read_text().splitlines()
+  except OSError:
+    return {}
+  for names, values in zip(lines[::2], lines[1::2]):
+    if names.startswith("TcpExt:"):
+      table = dict(zip(names.split()[1:], values.split()[1:]))
+      return {name: int(table[name]) for name in TCP_COUNTERS if name in table}
+  return {}
+
+
 def with_server_gaps(url: str, load) -> dict:
   """run_load's result plus, per gap histogram, the share of its observations during the
-  load under 1 ms (the engine's clock, then the API server handler's)."""
-  before = gap_counts(url)
+  load under 1 ms (the engine's clock, then the API server handler's), and the host's TCP
+  counters' growth during the load."""
+  before, tcp = gap_counts(url), tcp_counters()
   result = load()
   after = gap_counts(url)
+  result["tcp"] = {name: value - tcp[name] for name, value in tcp_counters().items() if name in tcp}
   result["server_small_gap_fraction"] = {
     name: (after[name][0] - before[name][0]) / max(1.0, after[name][1] - before[name][1])
     for name in GAP_HISTOGRAMS
@@ -96,6 +118,31 @@ def with_server_gaps(url: str, load) -> dict:
     "10ms_or_more": collections - (after[GC_PAUSES][0] - before[GC_PAUSES][0]),
   }
   return result
+
+
+LOAD_TIMEOUT_S = 300.0  # a load still running after this is stuck: stacks to the log, stop
+
+
+class Watchdog:
+  """Past LOAD_TIMEOUT_S of one load: every server process prints its stacks to the server's
+  log, then the server is stopped (its streams end, so the load returns). `fired` says so."""
+
+  def __init__(self, server: ServerProcess):
+    self.server, self.fired = server, []
+
+  def run(self, name: str, load):
+    def stuck():
+      self.fired.append(name)
+      self.server.dump_stacks()
+      time.sleep(2)
+      self.server.process.terminate()
+
+    timer = threading.Timer(LOAD_TIMEOUT_S, stuck)
+    timer.start()
+    try:
+      return load()
+    finally:
+      timer.cancel()
 
 
 def measure(args) -> int:
@@ -112,22 +159,31 @@ def measure(args) -> int:
     again = random_requests(args.num_prompts, 256, 256, seed=2, token_ids=pool)  # no cache hits
     url, name = server.url, server.model
     meter = CpuMeter(server.process.pid, args.api_servers)  # each server process's CPU share
+    watchdog = Watchdog(server)
+    result["watchdog_fired"] = watchdog.fired
     result["bench_inf"] = [
-      with_server_gaps(
-        url, lambda: run_load(url, name, burst, math.inf, processes=None, meter=meter)
+      watchdog.run(
+        "bench_inf",
+        lambda: with_server_gaps(
+          url, lambda: run_load(url, name, burst, math.inf, processes=None, meter=meter)
+        ),
       )
     ]
     if not args.quick:
-      result["plain_inf"] = plain(server, args, out, pool)
+      result["plain_inf"] = watchdog.run("plain_inf", lambda: plain(server, args, out, pool))
       result["bench_inf"].append(
-        with_server_gaps(
-          url, lambda: run_load(url, name, again, math.inf, processes=None, meter=meter)
+        watchdog.run(
+          "bench_inf_again",
+          lambda: with_server_gaps(
+            url, lambda: run_load(url, name, again, math.inf, processes=None, meter=meter)
+          ),
         )
       )
     count = max(4, round(args.rate * args.rate_seconds))
     steady = random_requests(count, 1024, 128, range_ratio=0.5, seed=1, token_ids=pool)
-    result["bench_rate"] = with_server_gaps(
-      url, lambda: run_load(url, name, steady, args.rate, processes=None)
+    result["bench_rate"] = watchdog.run(
+      "bench_rate",
+      lambda: with_server_gaps(url, lambda: run_load(url, name, steady, args.rate, processes=None)),
     )
   finally:
     result["exit_code"] = server.stop()
@@ -150,6 +206,11 @@ def _gc(run: dict) -> str:
   return f"{pauses['10ms_or_more']:.0f} / {pauses['collections']:.0f}" if pauses else "-"
 
 
+def _tcp(run: dict) -> str:
+  tcp = run.get("tcp") or {}
+  return f"{tcp.get('ListenDrops', '-')} / {tcp.get('TCPSynRetrans', '-')}"
+
+
 def _gaps(run: dict) -> str:
   server = run.get("server_small_gap_fraction", {})
   parts = [run["client_small_gap_fraction"], *(server.get(n) for n in reversed(GAP_HISTOGRAMS))]
@@ -166,11 +227,11 @@ def table(folder: Path) -> None:
   print(
     "| run | bench serve tok/s (2 runs) | plain client tok/s | plain / bench median | "
     "TTFT p99 @rate | TPOT p99 @rate | ITL p50 / p99, TPOT p50 (inf) | "
-    "ITL p50 / TPOT p50 per client process (inf) | "
+    "ITL p50 / TPOT p50 (peak streams) per client process (inf) | "
     "gaps < 1 ms: client / API handler / engine | client CPU | server CPU (inf) | "
-    "API GC pauses >= 10 ms / all (inf) | failed |"
+    "API GC pauses >= 10 ms / all (inf) | TCP listen drops / SYNs sent again (inf) | failed |"
   )
-  print("|---|---|---:|---:|---:|---:|---|---|---|---|---|---|---:|")
+  print("|---|---|---:|---:|---:|---:|---|---|---|---|---|---|---|---:|")
   for path in sorted(folder.glob("*.json")):
     data = json.loads(path.read_text())
     if "bench_inf" not in data:
@@ -180,6 +241,7 @@ def table(folder: Path) -> None:
     first = data["bench_inf"][0]
     per = ", ".join(
       f"{1e3 * (u['itl_p50_s'] or 0):.1f}/{1e3 * (u['tpot_p50_s'] or 0):.1f}"
+      f" ({u.get('peak_streams', '-')})"
       for u in first.get("client_usages", [])
     )
     cpu = "/".join(f"{u['cpu_share']:.2f}" for u in first.get("client_usages", []))
@@ -191,7 +253,7 @@ def table(folder: Path) -> None:
     print(
       f"| {data['name']} | {' / '.join(f'{b:,.0f}' for b in bench)} | {plain_tps:,.0f} | "
       f"{plain_tps / statistics.median(bench):.3f} | {ttft} | {tpot} | {_itl(first)} | {per} | "
-      f"{_gaps(first)} | {cpu} | {_server_cpu(first)} | {_gc(first)} | {failed} |"
+      f"{_gaps(first)} | {cpu} | {_server_cpu(first)} | {_gc(first)} | {_tcp(first)} | {failed} |"
     )
 
 

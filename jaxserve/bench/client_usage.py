@@ -12,7 +12,9 @@ the server's. The report then warns.
 It also counts each process's chunk gaps (the ITLs: gaps between content chunks of a stream)
 under SMALL_GAP_S: chunks that arrived back to back, a server sending several steps at once or a
 client reading late; and its ITL and TPOT medians, so a process whose streams arrive in pairs
-(ITL median far under TPOT median) shows. A process with PAIRED_SHARE or more of its gaps under
+(ITL median far under TPOT median) shows, with the most streams it had open at once (a process
+that holds most of the server's running batch parses that many streams' chunks every step). A
+process with PAIRED_SHARE or more of its gaps under
 SMALL_GAP_S gets a warning of its own: a client process can fall behind in bursts (every stream's
 chunk of a step at once) while its average busy share stays low, and its ITLs are then its own.
 """
@@ -71,6 +73,7 @@ class ClientUsage:
   small_gaps: int
   itl_p50_s: float | None = None  # median gap between a stream's chunks
   tpot_p50_s: float | None = None  # median time per output token after the first
+  peak_streams: int = 0  # the most of its streams open at once
 
   @property
   def cpu_share(self) -> float:
@@ -107,6 +110,7 @@ class ClientUsage:
       "small_gap_fraction": self.small_gap_fraction,
       "itl_p50_s": self.itl_p50_s,
       "tpot_p50_s": self.tpot_p50_s,
+      "peak_streams": self.peak_streams,
       "bottleneck": self.bottleneck,
       "paired": self.paired,
     }
@@ -139,7 +143,23 @@ class UsageMeter:
       small_gaps=sum(gap < SMALL_GAP_S for gap in gaps),
       itl_p50_s=statistics.median(gaps) if gaps else None,
       tpot_p50_s=statistics.median(tpots) if tpots else None,
+      peak_streams=peak_streams(records),
     )
+
+
+def peak_streams(records: Sequence[RequestRecord]) -> int:
+  """The most streams open at once: each successful record from its start to its last chunk."""
+  events = sorted(
+    edge
+    for r in records
+    if r.success
+    for edge in ((r.start_time, 1), (r.start_time + r.e2e, -1))  # at one time, ends first
+  )
+  open_now = peak = 0
+  for _, step in events:
+    open_now += step
+    peak = max(peak, open_now)
+  return peak
 
 
 def small_gap_fraction(usages: Sequence[ClientUsage]) -> float:

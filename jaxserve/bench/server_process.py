@@ -2,12 +2,14 @@
 
 It starts the server on 127.0.0.1 with the given engine flags, its output in a log file; waits
 for /health 200 (and optionally for every API server process, or every step program to be
-compiled, from /metrics); sends a completion; and stops it with SIGTERM (the drain), killing it
-if the drain does not end.
+compiled, from /metrics); sends a completion; has every process of it print its threads' stacks
+to the log (a stuck run's evidence); and stops it with SIGTERM (the drain), killing it if the
+drain does not end.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -109,6 +111,27 @@ class ServerProcess:
   def tail(self, lines: int = 30) -> str:
     self.log.flush()
     return "\n".join(self.log_path.read_text().splitlines()[-lines:])
+
+  def processes(self) -> list[int]:
+    """The server's process ids: the `jaxserve serve` process and its descendants (Linux's
+    /proc/PID/task/*/children; only the first where that is absent)."""
+    pids, index = [self.process.pid], 0
+    while index < len(pids):
+      for children in Path(f"/proc/{pids[index]}/task").glob("*/children"):
+        try:
+          pids += [int(pid) for pid in children.read_text().split()]
+        except OSError:
+          continue  # the thread ended
+      index += 1
+    return pids
+
+  def dump_stacks(self) -> None:
+    """Every server process prints its threads' stacks to the log (SIGUSR1: log_setup.py)."""
+    for pid in self.processes():
+      try:
+        os.kill(pid, signal.SIGUSR1)
+      except ProcessLookupError:
+        continue
 
   def stop(self, timeout: float = 120.0) -> int:
     """SIGTERM (drain), then kill if it has not exited within `timeout`; the exit status."""

@@ -30,6 +30,12 @@ than a step) would otherwise take every queued message at once and each stream w
 several steps' chunks back to back. The yield costs one event loop pass per step, not per chunk.
 A stream whose client reads slowly (its writes wait on flow control) still gets its outputs
 queued, one per step.
+
+The receiver does not trust one wake-up: zmq.asyncio wakes a waiting recv() from the socket's
+edge-triggered file descriptor, and a wake-up missed under load would leave the message (and
+every stream and add of this API server) waiting for the core's next one, for ever on a core that
+has nothing else to send. It polls with a timeout (RECEIVE_POLL_MS), and each poll asks the
+socket's own state before it waits, so a missed wake-up costs at most one period.
 """
 
 from __future__ import annotations
@@ -66,6 +72,18 @@ from jaxserve.tokenizer.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 30.0
+RECEIVE_POLL_MS = 100  # the receiver's longest wait before it asks the socket itself
+
+
+async def next_message(socket: zmq.asyncio.Socket, poll_ms: int = RECEIVE_POLL_MS) -> bytes:
+  """The socket's next message, looking at the socket's own state at least every `poll_ms`
+  (a missed wake-up of its file descriptor costs one period: the module docstring)."""
+  while True:
+    if await socket.poll(poll_ms, zmq.POLLIN):
+      try:
+        return await socket.recv(zmq.NOBLOCK)
+      except zmq.Again:
+        continue
 
 
 @dataclass(frozen=True)
@@ -247,7 +265,7 @@ class CoreClient:
   async def _receive(self) -> None:
     try:
       while self._error is None:
-        self._receive_message(self._decoder.decode(await self._socket.recv()))
+        self._receive_message(self._decoder.decode(await next_message(self._socket)))
         await asyncio.sleep(0)  # the handlers this step woke write before the next step
     except asyncio.CancelledError:
       raise

@@ -1,11 +1,18 @@
 """bench serve's verdicts on its own client processes (jaxserve/bench/client_usage.py), on
 hand-made usages: busy for 90% of its run is a bottleneck; 5% or more of 100 or more chunk gaps
 under 1 ms is pairing (the GPU burst's process that filled the server's first batch: 73% of its
-gaps under 1 ms at 65% busy), whichever way it came about."""
+gaps under 1 ms at 65% busy), whichever way it came about; the most streams a process had open
+at once, from its records' spans."""
 
 from __future__ import annotations
 
-from jaxserve.bench.client_usage import ClientUsage, bottleneck_warnings, paired_warnings
+from jaxserve.bench.client_usage import (
+  ClientUsage,
+  bottleneck_warnings,
+  paired_warnings,
+  peak_streams,
+)
+from jaxserve.bench.latency_stats import RequestRecord
 
 
 def _usage(process: int, busy: float, gaps: int, small: int) -> ClientUsage:
@@ -26,3 +33,16 @@ def test_busy_and_paired_are_two_verdicts():
   assert "read 73% of its chunks under 1 ms" in paired and "11.20 / 16.50 ms" in paired
   assert [w.split(" ")[3] for w in bottleneck_warnings(usages, cores=16)] == ["2"]
   assert _usage(4, 0.3, 100, 5).paired and not _usage(5, 0.3, 100, 4).paired  # the 5% line
+
+
+def _span(start: float, e2e: float, success: bool = True) -> RequestRecord:
+  return RequestRecord(success, 8, 8, output_tokens=8, ttft=0.1, e2e=e2e, start_time=start)
+
+
+def test_peak_streams_counts_overlapping_spans():
+  # [0, 3], [1, 2], [1.5, 4]: three open in [1.5, 2]; [3, 5] starts as [0, 3] ends: still 2
+  records = [_span(0.0, 3.0), _span(1.0, 1.0), _span(1.5, 2.5), _span(3.0, 2.0)]
+  assert peak_streams(records) == 3
+  assert peak_streams([_span(0.0, 1.0), _span(1.0, 1.0)]) == 1  # one ends as the next starts
+  assert peak_streams([_span(0.0, 5.0), _span(1.0, 1.0, success=False)]) == 1  # failed: not open
+  assert peak_streams([]) == 0
