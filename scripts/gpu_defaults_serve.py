@@ -206,6 +206,10 @@ def _gc(run: dict) -> str:
   return f"{pauses['10ms_or_more']:.0f} / {pauses['collections']:.0f}" if pauses else "-"
 
 
+def _ms(seconds: float | None) -> str:
+  return "-" if seconds is None else f"{1e3 * seconds:.0f}"
+
+
 def _tcp(run: dict) -> str:
   tcp = run.get("tcp") or {}
   return f"{tcp.get('ListenDrops', '-')} / {tcp.get('TCPSynRetrans', '-')}"
@@ -227,7 +231,7 @@ def table(folder: Path) -> None:
   print(
     "| run | bench serve tok/s (2 runs) | plain client tok/s | plain / bench median | "
     "TTFT p99 @rate | TPOT p99 @rate | ITL p50 / p99, TPOT p50 (inf) | "
-    "ITL p50 / TPOT p50 (peak streams) per client process (inf) | "
+    "ITL p50 / TPOT p50 (peak streams, TTFT p50, latest send's lag) per client process (inf) | "
     "gaps < 1 ms: client / API handler / engine | client CPU | server CPU (inf) | "
     "API GC pauses >= 10 ms / all (inf) | TCP listen drops / SYNs sent again (inf) | failed |"
   )
@@ -241,7 +245,7 @@ def table(folder: Path) -> None:
     first = data["bench_inf"][0]
     per = ", ".join(
       f"{1e3 * (u['itl_p50_s'] or 0):.1f}/{1e3 * (u['tpot_p50_s'] or 0):.1f}"
-      f" ({u.get('peak_streams', '-')})"
+      f" ({u.get('peak_streams', '-')}, {_ms(u.get('ttft_p50_s'))}, {_ms(u.get('send_lag_max_s'))})"
       for u in first.get("client_usages", [])
     )
     cpu = "/".join(f"{u['cpu_share']:.2f}" for u in first.get("client_usages", []))

@@ -182,7 +182,7 @@ def _run_shard(
     run = await run_schedule(
       config, shard.requests, shard.offsets, start, shard.concurrency, on_done
     )
-    usage = meter.usage(shard.process, run.records)  # while the loop's threads live
+    usage = meter.usage(shard.process, run.records, shard.offsets)  # while the threads live
     return _ShardResult(shard.process, run.records, run.end, usage)
 
   return asyncio.run(measured())

@@ -12,9 +12,11 @@ the server's. The report then warns.
 It also counts each process's chunk gaps (the ITLs: gaps between content chunks of a stream)
 under SMALL_GAP_S: chunks that arrived back to back, a server sending several steps at once or a
 client reading late; and its ITL and TPOT medians, so a process whose streams arrive in pairs
-(ITL median far under TPOT median) shows, with the most streams it had open at once (a process
-that holds most of the server's running batch parses that many streams' chunks every step). A
-process with PAIRED_SHARE or more of its gaps under
+(ITL median far under TPOT median) shows, with the most of its streams that were streaming at
+once, from first chunk to last (a process that holds most of the server's running batch parses
+that many streams' chunks every step), its median time to first chunk, and how late its latest
+request left against its send time (a process that sent late finds the server's batch taken by
+the others' streams). A process with PAIRED_SHARE or more of its gaps under
 SMALL_GAP_S gets a warning of its own: a client process can fall behind in bursts (every stream's
 chunk of a step at once) while its average busy share stays low, and its ITLs are then its own.
 """
@@ -73,7 +75,9 @@ class ClientUsage:
   small_gaps: int
   itl_p50_s: float | None = None  # median gap between a stream's chunks
   tpot_p50_s: float | None = None  # median time per output token after the first
-  peak_streams: int = 0  # the most of its streams open at once
+  peak_streams: int = 0  # the most of its streams streaming at once (first chunk to last)
+  ttft_p50_s: float | None = None
+  send_lag_max_s: float | None = None  # the latest send against its scheduled time
 
   @property
   def cpu_share(self) -> float:
@@ -111,6 +115,8 @@ class ClientUsage:
       "itl_p50_s": self.itl_p50_s,
       "tpot_p50_s": self.tpot_p50_s,
       "peak_streams": self.peak_streams,
+      "ttft_p50_s": self.ttft_p50_s,
+      "send_lag_max_s": self.send_lag_max_s,
       "bottleneck": self.bottleneck,
       "paired": self.paired,
     }
@@ -130,9 +136,17 @@ class UsageMeter:
       return None
     return sum(seconds - self._busy.get(tid, 0.0) for tid, seconds in now.items())
 
-  def usage(self, process: int, records: Sequence[RequestRecord]) -> ClientUsage:
+  def usage(
+    self,
+    process: int,
+    records: Sequence[RequestRecord],
+    offsets: Sequence[float] | None = None,
+  ) -> ClientUsage:
+    """records: relative to the run's start; offsets: their scheduled send times, where known."""
     gaps = [gap for r in records if r.success for gap in r.itls]
+    sent = [(r.start_time, o) for r, o in zip(records, offsets or ()) if r.success]
     tpots = [r.tpot for r in records if r.success and r.tpot is not None]
+    ttfts = [r.ttft for r in records if r.success]
     return ClientUsage(
       process=process,
       requests=len(records),
@@ -144,16 +158,19 @@ class UsageMeter:
       itl_p50_s=statistics.median(gaps) if gaps else None,
       tpot_p50_s=statistics.median(tpots) if tpots else None,
       peak_streams=peak_streams(records),
+      ttft_p50_s=statistics.median(ttfts) if ttfts else None,
+      send_lag_max_s=max((start - offset for start, offset in sent), default=None),
     )
 
 
 def peak_streams(records: Sequence[RequestRecord]) -> int:
-  """The most streams open at once: each successful record from its start to its last chunk."""
+  """The most streams streaming at once: each successful record from its first chunk to its
+  last (a request waiting in the server's queue sends nothing to parse)."""
   events = sorted(
     edge
     for r in records
     if r.success
-    for edge in ((r.start_time, 1), (r.start_time + r.e2e, -1))  # at one time, ends first
+    for edge in ((r.start_time + r.ttft, 1), (r.start_time + r.e2e, -1))  # at one time, ends first
   )
   open_now = peak = 0
   for _, step in events:

@@ -35,14 +35,20 @@ def test_busy_and_paired_are_two_verdicts():
   assert _usage(4, 0.3, 100, 5).paired and not _usage(5, 0.3, 100, 4).paired  # the 5% line
 
 
-def _span(start: float, e2e: float, success: bool = True) -> RequestRecord:
-  return RequestRecord(success, 8, 8, output_tokens=8, ttft=0.1, e2e=e2e, start_time=start)
+def _span(first: float, last: float, success: bool = True, queued: float = 0.5) -> RequestRecord:
+  """A request sent `queued` s before its first chunk at `first`, its last chunk at `last`."""
+  start = first - queued
+  return RequestRecord(
+    success, 8, 8, output_tokens=8, ttft=queued, e2e=last - start, start_time=start
+  )
 
 
-def test_peak_streams_counts_overlapping_spans():
-  # [0, 3], [1, 2], [1.5, 4]: three open in [1.5, 2]; [3, 5] starts as [0, 3] ends: still 2
-  records = [_span(0.0, 3.0), _span(1.0, 1.0), _span(1.5, 2.5), _span(3.0, 2.0)]
+def test_peak_streams_counts_overlapping_streaming_spans():
+  # streaming [0, 3], [1, 2], [1.5, 4]: three in [1.5, 2]; [3, 5] starts as [0, 3] ends
+  records = [_span(0.0, 3.0), _span(1.0, 2.0), _span(1.5, 4.0), _span(3.0, 5.0)]
   assert peak_streams(records) == 3
-  assert peak_streams([_span(0.0, 1.0), _span(1.0, 1.0)]) == 1  # one ends as the next starts
-  assert peak_streams([_span(0.0, 5.0), _span(1.0, 1.0, success=False)]) == 1  # failed: not open
+  assert peak_streams([_span(0.0, 1.0), _span(1.0, 2.0)]) == 1  # one ends as the next starts
+  assert peak_streams([_span(0.0, 5.0), _span(1.0, 2.0, success=False)]) == 1  # failed
+  # all sent at once, queued 0 / 2 / 4 s: streaming one after another, never together
+  assert peak_streams([_span(2.0 * k, 2.0 * k + 1.5, queued=2.0 * k + 0.1) for k in range(3)]) == 1
   assert peak_streams([]) == 0
