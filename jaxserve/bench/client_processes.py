@@ -41,7 +41,7 @@ from jaxserve.bench.latency_stats import RequestRecord
 from jaxserve.bench.serve_client import ServeBenchConfig, run_schedule
 from jaxserve.bench.spawned_clients import SpawnedClients
 
-STREAMS_PER_PROCESS = 256
+STREAMS_PER_PROCESS = 128  # a process may hold them all streaming at once (a GPU's full batch)
 CHUNKS_PER_PROCESS = 4000  # chunks/s: well under what one process can parse
 INTERLEAVE_S = 1e-4  # rate inf, several processes: request i is sent at i x this
 

@@ -96,14 +96,15 @@ def test_several_processes_send_a_burst_in_request_order():
 
 def test_plan_clients_follows_streams_rate_and_cores():
   burst = random_requests(1000, 8, 256, seed=0)
-  assert plan_clients(None, burst, math.inf, None, cores=26).processes == 4  # 1000 / 256
+  assert plan_clients(None, burst, math.inf, None, cores=26).processes == 8  # 1000 / 128
   assert plan_clients(None, burst, math.inf, None, cores=4).processes == 2  # half the cores
   assert plan_clients(None, burst, math.inf, 64, cores=26).processes == 1
   assert plan_clients(None, burst, 16.0, None, cores=26).processes == 2  # 4096 chunks/s
-  assert plan_clients(None, burst, 100.0, None, cores=26).processes == 4  # streams bound
+  assert plan_clients(None, burst, 100.0, None, cores=26).processes == 7  # chunks bound
+  assert plan_clients(None, burst[:500], 100.0, None, cores=26).processes == 4  # streams bound
   plan = plan_clients(None, burst, 100.0, None, cores=26)
   assert plan.reason == (
-    "auto: one per 256 streams open at once (1000), one per 4000 chunks/s (about 25600), "
+    "auto: one per 128 streams open at once (1000), one per 4000 chunks/s (about 25600), "
     "at most half of 26 cores"
   )
   assert plan_clients(3, burst, math.inf, 2, cores=26).processes == 2  # one stream each at most
