@@ -4,8 +4,9 @@
 `SpawnedClients(run, jobs, what)` spawns one process per job. Each settles its heap
 (gc_pause.settle_heap: the collection it takes happens before the start), says it is ready and
 waits. `begin()` sends every process one start time, START_DELAY_S ahead
-(time.monotonic(): one clock for every process of the machine), so all of them have it before it
-comes. Each process then answers `run(start, progress, *job)` once; `progress()` sends the parent a
+(time.monotonic(): one clock for every process of the machine), so all of them have it, and have
+set up what they send with, before it comes: a process that set up after the start would send
+late, and at rate inf the first process to send would fill the server's batch with its streams. Each process then answers `run(start, progress, *job)` once; `progress()` sends the parent a
 PROGRESS message (a request done, for its progress bar). `results(on_progress)` waits for every
 answer, in job order, and calls `on_progress` for each PROGRESS message meanwhile. A process that
 raises or dies raises RuntimeError in the parent, naming `what`; its siblings are joined, and
@@ -24,7 +25,9 @@ from multiprocessing.connection import Connection, wait
 
 from jaxserve.bench.gc_pause import settle_heap
 
-START_DELAY_S = 0.05  # from sending the start time to the start, so every process has it
+# from sending the start time to the start: every process has it and has made its HTTP client
+# (0.05-0.25 s of its own: an SSL context, lazy imports) before the first send
+START_DELAY_S = 0.5
 PROGRESS = "done"
 _READY = "ready"
 
