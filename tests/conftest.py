@@ -10,15 +10,10 @@ from the controller, so they share the run's directory.
 
 Compile and thread settings for every JAX and torch process of the run (set in the environment,
 so the processes tests start inherit them):
-- XLA's CPU backend compiles at LLVM optimization level 0 and, on the jaxlib releases checked
-  (FUSION_EMITTERS_OFF_CHECKED), with its MLIR fusion emitters off
-  (`--xla_cpu_use_fusion_emitters=false`: fusions go through XLA's older elemental IR emitter,
-  which compiles the tests' small programs in about 40% less CPU time) (TEST_XLA_FLAGS). The
-  tests compile hundreds of small programs and run each a few times, so LLVM's optimization
-  passes and the fusion emitters cost more than they save. The HLO passes, and so the programs'
-  semantics (IEEE float arithmetic, no fast math, the same reduction orders), do not depend on
-  either; a test compares programs compiled under the same flags, or against a reference within
-  a tolerance.
+- XLA's CPU backend compiles at LLVM optimization level 0 (TEST_XLA_FLAGS). The tests compile
+  hundreds of small programs and run each a few times, so LLVM's optimization passes cost more
+  than they save. The HLO passes, and so the programs' semantics (IEEE float arithmetic, no
+  fast math, the same reduction orders), do not depend on it.
 - torch runs one intra-op thread (OMP_NUM_THREADS=1). The test workers take one core each;
   torch's OpenMP pool spins waiting on a second core that another worker holds, which made the
   tiny reference models 10x slower.
@@ -30,14 +25,8 @@ import atexit
 import os
 import shutil
 import tempfile
-from importlib.metadata import version
 
-# XLA parses XLA_FLAGS once and aborts the process on a flag it does not know: a flag beyond the
-# optimization level is passed only to the jaxlib releases it was checked against
-FUSION_EMITTERS_OFF_CHECKED = ("0.10.",)
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
-if version("jaxlib").startswith(FUSION_EMITTERS_OFF_CHECKED):
-  TEST_XLA_FLAGS += " --xla_cpu_use_fusion_emitters=false"
 if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 os.environ.setdefault("OMP_NUM_THREADS", "1")
