@@ -6,7 +6,8 @@
 waits. `begin()` sends every process one start time, START_DELAY_S ahead
 (time.monotonic(): one clock for every process of the machine), so all of them have it, and have
 set up what they send with, before it comes: a process that set up after the start would send
-late, and at rate inf the first process to send would fill the server's batch with its streams. Each process then answers `run(start, progress, *job)` once; `progress()` sends the parent a
+late, and at rate inf the first process to send would fill the server's batch with its streams.
+Each process then answers `run(start, progress, *job)` once; `progress()` sends the parent a
 PROGRESS message (a request done, for its progress bar). `results(on_progress)` waits for every
 answer, in job order, and calls `on_progress` for each PROGRESS message meanwhile. A process that
 raises or dies raises RuntimeError in the parent, naming `what`; its siblings are joined, and
