@@ -126,11 +126,14 @@ class ServerProcess:
     return pids
 
   def dump_stacks(self) -> None:
-    """Every server process prints its threads' stacks to the log (SIGUSR1: log_setup.py)."""
+    """Every server process prints its threads' stacks to the log (SIGUSR1: log_setup.py);
+    multiprocessing's resource tracker, which does not handle the signal, is left alone."""
     for pid in self.processes():
       try:
+        if b"resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+          continue
         os.kill(pid, signal.SIGUSR1)
-      except ProcessLookupError:
+      except (OSError, ProcessLookupError):
         continue
 
   def stop(self, timeout: float = 120.0) -> int:
