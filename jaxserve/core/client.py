@@ -34,8 +34,9 @@ queued, one per step.
 The receiver does not trust one wake-up: zmq.asyncio wakes a waiting recv() from the socket's
 edge-triggered file descriptor, and a wake-up missed under load would leave the message (and
 every stream and add of this API server) waiting for the core's next one, for ever on a core that
-has nothing else to send. It polls with a timeout (RECEIVE_POLL_MS), and each poll asks the
-socket's own state before it waits, so a missed wake-up costs at most one period.
+has nothing else to send. It takes a waiting message without waiting, and when none is there it
+polls with a timeout (RECEIVE_POLL_MS) and asks again, so a missed wake-up costs at most one
+period.
 """
 
 from __future__ import annotations
@@ -79,11 +80,10 @@ async def next_message(socket: zmq.asyncio.Socket, poll_ms: int = RECEIVE_POLL_M
   """The socket's next message, looking at the socket's own state at least every `poll_ms`
   (a missed wake-up of its file descriptor costs one period: the module docstring)."""
   while True:
-    if await socket.poll(poll_ms, zmq.POLLIN):
-      try:
-        return await socket.recv(zmq.NOBLOCK)
-      except zmq.Again:
-        continue
+    try:
+      return await socket.recv(zmq.NOBLOCK)  # one waiting: taken at once, nothing registered
+    except zmq.Again:
+      await socket.poll(poll_ms, zmq.POLLIN)  # none: wait for one, or for the period
 
 
 @dataclass(frozen=True)
