@@ -43,12 +43,18 @@ def _is_helper(pid: int) -> bool:
     return True
 
 
+def server_pids(supervisor: int) -> list[int]:
+  """The supervisor and its children that serve (the engine core, the API servers), without
+  multiprocessing's resource tracker."""
+  return [supervisor] + [pid for pid in children(supervisor) if not _is_helper(pid)]
+
+
 def server_processes(supervisor: int, api_servers: int) -> dict[str, int]:
   """Role -> pid: 'supervisor', and for a multi-process server (api_servers > 0) 'core' and
   'api-0' .. 'api-{api_servers - 1}' (a single-process server is the supervisor alone)."""
   roles = {"supervisor": supervisor}
   if api_servers > 0:
-    found = [pid for pid in children(supervisor) if not _is_helper(pid)]
+    found = server_pids(supervisor)[1:]
     roles.update(zip(["core"] + [f"api-{k}" for k in range(api_servers)], found))
   return roles
 

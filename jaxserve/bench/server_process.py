@@ -20,6 +20,8 @@ from pathlib import Path
 
 import httpx
 
+from jaxserve.bench.process_cpu import server_pids
+
 
 def free_port() -> int:
   with socket.socket() as s:
@@ -112,28 +114,12 @@ class ServerProcess:
     self.log.flush()
     return "\n".join(self.log_path.read_text().splitlines()[-lines:])
 
-  def processes(self) -> list[int]:
-    """The server's process ids: the `jaxserve serve` process and its descendants (Linux's
-    /proc/PID/task/*/children; only the first where that is absent)."""
-    pids, index = [self.process.pid], 0
-    while index < len(pids):
-      for children in Path(f"/proc/{pids[index]}/task").glob("*/children"):
-        try:
-          pids += [int(pid) for pid in children.read_text().split()]
-        except OSError:
-          continue  # the thread ended
-      index += 1
-    return pids
-
   def dump_stacks(self) -> None:
-    """Every server process prints its threads' stacks to the log (SIGUSR1: log_setup.py);
-    multiprocessing's resource tracker, which does not handle the signal, is left alone."""
-    for pid in self.processes():
+    """Every server process prints its threads' stacks to the log (SIGUSR1: log_setup.py)."""
+    for pid in server_pids(self.process.pid):
       try:
-        if b"resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes():
-          continue
         os.kill(pid, signal.SIGUSR1)
-      except (OSError, ProcessLookupError):
+      except ProcessLookupError:
         continue
 
   def stop(self, timeout: float = 120.0) -> int:
