@@ -70,8 +70,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument(
     "--client-processes",
     type=int,
-    default=4,
-    help="load-generator processes (one asyncio client each)",
+    default=None,
+    help="load-generator processes (one asyncio client each; default: bench serve's plan, one "
+    "per 128 streams open at once, at most half the cores)",
   )
   parser.add_argument(
     "--modes", default=",".join(MODES), help="comma-separated, of " + ", ".join(MODES)
@@ -191,12 +192,12 @@ def run_load(
   requests,
   rate: float,
   concurrency: int | None = None,
-  processes: int = 1,
+  processes: int | None = 1,
   meter: CpuMeter | None = None,
 ) -> dict:
-  """bench serve's load at `rate`, from `processes` client processes (client_processes.py: one
-  arrival schedule dealt among them), so the client's own CPU does not cap what is measured; its
-  CPU use is reported."""
+  """bench serve's load at `rate`, from `processes` client processes (None: bench serve's plan;
+  client_processes.py: one arrival schedule dealt among them), so the client's own CPU does not
+  cap what is measured; its CPU use is reported."""
   config = ServeBenchConfig(
     base_url=url,
     model=name,
