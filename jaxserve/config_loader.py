@@ -1,9 +1,9 @@
 """The configuration loader: one path from a YAML file plus CLI overrides to an EngineConfig.
 
 Every command builds its EngineConfig here with load_config (the dataclasses and their
-validation are jaxserve/config.py's): the defaults, then a YAML file, then `--set KEY=VALUE`
-overrides, each value parsed as YAML; the engine arguments (CLI flags, `LLM` keywords:
-engine_args.py) become such overrides too. A config file mirrors the dataclass tree:
+validation are the jaxserve/config package's): the defaults, then a YAML file, then
+`--set KEY=VALUE` overrides, each value parsed as YAML; the engine arguments (CLI flags, `LLM`
+keywords: engine_args.py) become such overrides too. A config file mirrors the dataclass tree:
 
     model: tiny-random
     cache: {page_size: 16, memory_fraction: 0.9}

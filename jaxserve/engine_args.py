@@ -3,7 +3,7 @@
 gpu_memory_utilization=0.9)`), named as vLLM names them.
 
 A value given here overrides the same key of the YAML file and of `--set`; every key is described
-in docs/CONFIG.md and validated by jaxserve/config.py (a bad value is a ValueError naming the key).
+in docs/CONFIG.md and validated by jaxserve/config/ (a bad value is a ValueError naming the key).
 An argument's choices are its key's in config.CHOICES, so a new choice is added there alone.
 
 NO_OP_ARGS are vLLM engine arguments that mean nothing here (`--trust-remote-code`: jaxserve runs

@@ -1,6 +1,6 @@
 """The HTTP server's configuration (`server:` in a config file): a frozen dataclass validated with
-exceptions, one field of EngineConfig (jaxserve/config.py, which loads it). This module imports
-nothing from jax.
+exceptions, one field of EngineConfig (jaxserve/config/engine.py, which loads it). This module
+imports nothing from jax.
 """
 
 from __future__ import annotations

@@ -499,7 +499,7 @@ TEST_FOLDERS_BEYOND_PACKAGES = {
   "investigations": "the top-level investigations folder",
   "integration": "engines end to end, across packages",
   "cli": "the jaxserve command and its top-level modules (cli*.py, engine_args.py, platforms.py)",
-  "config": "jaxserve/config.py, config_loader.py, server_config.py and the shipped configs/",
+  "config": "jaxserve/config/, config_loader.py, server_config.py and the shipped configs/",
 }
 
 

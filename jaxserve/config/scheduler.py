@@ -1,0 +1,112 @@
+"""Continuous batching's settings (`scheduler:`): SchedulerConfig, validated on construction
+(ValueError naming the field); no jax. engine/scheduler.py and its modules read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jaxserve.config_require import require as _require
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+  """Continuous batching limits. Bucket lists default to powers of two up to the limits.
+  async_scheduling: the engine core schedules and dispatches step N+1 while step N runs
+  (EngineCore.step, engine/engine_core.py).
+  num_scheduler_steps > 1 runs decode-only steps as bursts of that many decode steps in one
+  dispatch when every running request allows it (engine/scheduler.py, device/step_fns.py).
+  bucket_padding: the default bucket ladders grow by 1 / (1 - bucket_padding) a rung (0.5:
+  powers of two), so padding fills at most that share of a bucket (messages/buckets.py).
+  prefill_first: a step that can prefill (admit a waiting request or continue a chunked prompt)
+  runs prefills only, and decoding requests wait for a step without prefill work (throughput
+  over inter-token latency, as vLLM's non-chunked scheduler; engine/scheduler.py).
+  mixed_step_prefill_tokens: P; a step in which D running requests decode carries at most
+  max(P, max_num_batched_tokens x (max_num_seqs - D) / max_num_seqs) prompt tokens (running
+  prompts' chunks and admissions; None: whatever the budget leaves), so a full batch's steps
+  that also prefill run a bounded time longer than decode-only ones and streams' gaps between
+  tokens stay even while prompts arrive; prompts then take more steps (engine/scheduler.py).
+  pool_seq_rungs: once the KV pool is sized, add sequence rungs where it bounds the batch (the
+  max_model_len sequences it holds, twice and four times that; BucketSet.with_pool_rungs), so a
+  sparse ladder does not pad a KV-bound batch to its largest rung."""
+
+  max_num_seqs: int = 64
+  max_num_batched_tokens: int = 512
+  enable_chunked_prefill: bool = True
+  enable_prefix_caching: bool = True
+  seq_buckets: tuple[int, ...] | None = None
+  token_buckets: tuple[int, ...] | None = None
+  async_scheduling: bool = True
+  num_scheduler_steps: int = 1
+  prefill_first: bool = False
+  bucket_padding: float = 0.5
+  pool_seq_rungs: bool = False
+  mixed_step_prefill_tokens: int | None = None
+
+  def __post_init__(self) -> None:
+    _require(
+      isinstance(self.bucket_padding, (int, float)) and 0 < self.bucket_padding < 1,
+      "scheduler.bucket_padding",
+      f"must be in (0, 1), got {self.bucket_padding!r}",
+    )
+    _require(
+      isinstance(self.prefill_first, bool),
+      "scheduler.prefill_first",
+      f"must be true or false, got {self.prefill_first!r}",
+    )
+    _require(
+      isinstance(self.pool_seq_rungs, bool),
+      "scheduler.pool_seq_rungs",
+      f"must be true or false, got {self.pool_seq_rungs!r}",
+    )
+    _require(
+      isinstance(self.async_scheduling, bool),
+      "scheduler.async_scheduling",
+      f"must be true or false, got {self.async_scheduling!r}",
+    )
+    _require(
+      isinstance(self.num_scheduler_steps, int) and 1 <= self.num_scheduler_steps <= 64,
+      "scheduler.num_scheduler_steps",
+      f"must be an integer in [1, 64], got {self.num_scheduler_steps!r}",
+    )
+    _require(
+      isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1,
+      "scheduler.max_num_seqs",
+      f"must be an integer >= 1, got {self.max_num_seqs!r}",
+    )
+    _require(
+      isinstance(self.max_num_batched_tokens, int)
+      and self.max_num_batched_tokens >= self.max_num_seqs,
+      "scheduler.max_num_batched_tokens",
+      f"must be an integer >= max_num_seqs ({self.max_num_seqs}), "
+      f"got {self.max_num_batched_tokens!r}",
+    )
+    _require(  # above max_num_batched_tokens it changes nothing
+      self.mixed_step_prefill_tokens is None
+      or (isinstance(self.mixed_step_prefill_tokens, int) and self.mixed_step_prefill_tokens >= 1),
+      "scheduler.mixed_step_prefill_tokens",
+      f"must be null or an integer >= 1, got {self.mixed_step_prefill_tokens!r}",
+    )
+    for name in ("seq_buckets", "token_buckets"):
+      value = getattr(self, name)
+      if value is not None:
+        value = tuple(value)
+        object.__setattr__(self, name, value)
+        _require(
+          len(value) > 0
+          and all(isinstance(v, int) and v > 0 for v in value)
+          and list(value) == sorted(set(value)),
+          f"scheduler.{name}",
+          f"must be a strictly increasing list of positive integers, got {value!r}",
+        )
+    if self.seq_buckets is not None:
+      _require(
+        self.seq_buckets[-1] >= self.max_num_seqs,
+        "scheduler.seq_buckets",
+        f"largest bucket must be >= max_num_seqs ({self.max_num_seqs})",
+      )
+    if self.token_buckets is not None:
+      _require(
+        self.token_buckets[-1] >= self.max_num_batched_tokens,
+        "scheduler.token_buckets",
+        f"largest bucket must be >= max_num_batched_tokens ({self.max_num_batched_tokens})",
+      )
