@@ -75,7 +75,7 @@ def profiled(fn, path: str):
 def run(args: argparse.Namespace) -> dict:
   config = engine_config_from_args(args)
   prepare_jax_process(config.cache.memory_fraction)  # as LLM(...) does, before jax starts
-  engine = build_engine(config, show_progress=True, usage=Usage.OFFLINE)
+  engine = build_engine(config, show_progress=True, usage=Usage(args.defaults_for))
   vocab = min(engine.vocab_size, engine.tokenizer.vocab_size)
   rng = np.random.default_rng(args.seed)
   params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
@@ -118,6 +118,9 @@ def run(args: argparse.Namespace) -> dict:
     },
     "async_scheduling": engine.async_scheduling,
     "streamed": not args.no_stream,
+    "defaults_for": args.defaults_for,
+    "max_num_seqs": engine.config.scheduler.max_num_seqs,
+    "max_num_batched_tokens": engine.config.scheduler.max_num_batched_tokens,
     "compilations_after_warmup": engine.ledger.num_compilations - compiled_before,
     "warmup_s": engine.warmup_seconds,
     **pool_capacity(engine, args.input_len + args.output_len),

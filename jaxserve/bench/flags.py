@@ -163,6 +163,14 @@ def add_offline_flags(parser: argparse.ArgumentParser) -> None:
     "streaming every step's tokens",
   )
   parser.add_argument(
+    "--defaults-for",
+    choices=["offline", "serve"],
+    default="offline",
+    help="whose device-aware defaults fill the settings not given (jaxserve/defaults.py): "
+    "LLM.generate's (offline) or `jaxserve serve`'s (serve: the same scheduler as a server, "
+    "to compare the two paths alone)",
+  )
+  parser.add_argument(
     "--profile-host",
     metavar="PATH",
     help="run the timed loop under cProfile and write the 40 functions with "

@@ -4,7 +4,9 @@
         --max-model-len 2048 --out-dir out/serve_vs_offline
 
 1. bench_offline (LLM.generate's in-process path, streaming each request's final output only)
-   on N prompts of `--input-len` token ids, `--output-len` tokens each, greedy, ignore_eos.
+   on N prompts of `--input-len` token ids, `--output-len` tokens each, greedy, ignore_eos,
+   with the server's device-aware defaults (`--defaults-for serve`: the same scheduler as the
+   servers below, where LLM.generate itself takes the offline defaults).
 2. For each server mode (the multi-process server: an engine core process and
    `--api-server-count` API server processes; then the single-process server,
    `--api-server-count 0`: the engine core on a thread beside one API server): `jaxserve serve`
@@ -109,6 +111,8 @@ def run_offline(args, out_dir: Path) -> dict:
       "--output-len",
       str(args.output_len),
       "--no-stream",
+      "--defaults-for",
+      "serve",  # the server's scheduler, so the two runs differ by their path alone
       "--log-level",
       "WARNING",
       "--out",

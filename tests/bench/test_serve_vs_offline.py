@@ -66,6 +66,7 @@ def test_serve_vs_offline_runs_both_servers(tmp_path, capsys):
   assert code == 0
   result = json.loads((out / "serve_vs_offline.json").read_text())
   assert result["offline"]["output_tokens"] == 12 * 8
+  assert result["offline"]["defaults_for"] == "serve"  # the servers' scheduler, not LLM's
   assert set(result["servers"]) == {"multi-process", "single-process"}
   for server in result["servers"].values():
     burst = server["burst"]["metrics"]
