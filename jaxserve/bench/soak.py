@@ -6,7 +6,8 @@ server processes, and report per window what it did and at the end which promise
    and, on a jaxserve server, its warm-up: the soak starts once every step program is compiled.
 2. The capacity, unless --request-rate is given: `--capacity-concurrency` closed-loop clients
    send the good mix for `--capacity-seconds`; the rate is `--load` times the calls completed
-   per second. Give it more clients than the server batches sequences, or it measures them.
+   per second in the phase's last 80% (soak_workers.py: calls running at its end not counted).
+   Give it more clients than the server batches sequences, or it measures them.
 3. The soak: Poisson arrivals at that rate for `--duration` seconds (soak_schedule.py),
    sent from `--client-processes` processes (soak_workers.py), each a canary (every
    `--canary-every` s), a bad input (`--bad-share`), or a good call from the mix (a streamed one

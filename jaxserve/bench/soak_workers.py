@@ -5,7 +5,10 @@ more than that, and then the client, not the server, sets what the soak sees. Wi
 > 1 both phases of the soak run in that many spawned processes:
 
 - `capacity`: `concurrency` closed-loop clients split among the processes, each counting the
-  good calls it completed before the shared deadline; the capacity is their sum per second.
+  good calls it completed inside the measured window: the phase's last WINDOW_SHARE of its
+  seconds (the first part warms the connections and the server's first programs up; a call
+  still running at the deadline is not counted). The capacity is their sum over the window's
+  length.
 - `ScheduledPhase`: the soak's calls (soak_schedule.py: each process draws the same sequence
   from its spec and sends every n-th call, the k-th process from the k-th), each at its offset
   from one shared start (time.monotonic(), one clock for every process on the machine). The
@@ -36,6 +39,7 @@ from jaxserve.bench.soak_schedule import ScheduleSpec, calls
 from jaxserve.bench.spawned_clients import SpawnedClients
 
 BOTTLENECK_SHARE = 0.9
+WINDOW_SHARE = 0.8  # of the capacity phase's seconds, the measured part (its end)
 
 
 @dataclass(frozen=True)
@@ -86,14 +90,22 @@ def http_client(spec: ClientSpec) -> httpx.AsyncClient:
   )
 
 
-async def _closed_loop(client: httpx.AsyncClient, job: _Capacity, deadline: float) -> int:
+def _window(start: float, seconds: float) -> tuple[float, float]:
+  """The capacity phase's measured window (module docstring), in time.monotonic() seconds."""
+  return start + (1 - WINDOW_SHARE) * seconds, start + seconds
+
+
+async def _closed_loop(client: httpx.AsyncClient, job: _Capacity, start: float) -> int:
+  """Good calls completed inside the measured window by job.workers closed-loop clients."""
   rng, done = random.Random(job.seed), 0
+  opens, deadline = _window(start, job.seconds)
 
   async def worker() -> None:
     nonlocal done
     while time.monotonic() < deadline:
       record = await send(client, good_request(rng, job.model, job.max_tokens))
-      done += record.status == 200 and not record.cut
+      ended = time.monotonic()
+      done += record.status == 200 and not record.cut and opens <= ended <= deadline
 
   await asyncio.gather(*(worker() for _ in range(job.workers)))
   return done
@@ -120,7 +132,7 @@ async def _run_job(spec: ClientSpec, job: _Capacity | _Share, start: float) -> P
   async with http_client(spec) as client:
     with no_cycle_collection():
       if isinstance(job, _Capacity):
-        records, done = [], await _closed_loop(client, job, start + job.seconds)
+        records, done = [], await _closed_loop(client, job, start)
       else:
         records, done = await _send_at(client, job, start), 0
   share = (time.process_time() - cpu) / max(time.monotonic() - wall, 1e-9)
@@ -171,7 +183,7 @@ async def capacity(
     spawned = await asyncio.to_thread(_spawn, spec, jobs)
     start = spawned.begin()
     result = _merged(await asyncio.to_thread(spawned.results))
-  return result.completed / max(time.monotonic() - start, 1e-9), result
+  return result.completed / (WINDOW_SHARE * seconds), result
 
 
 class ScheduledPhase:
