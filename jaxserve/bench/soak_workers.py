@@ -6,8 +6,8 @@ more than that, and then the client, not the server, sets what the soak sees. Wi
 
 - `capacity`: `concurrency` closed-loop clients split among the processes, each counting the
   good calls it completed inside the measured window: the phase's last WINDOW_SHARE of its
-  seconds (the first part warms the connections and the server's first programs up; a call
-  still running at the deadline is not counted). The capacity is their sum over the window's
+  seconds (the first part lets the connections open and the first calls' one-time work pass;
+  a call still running at the deadline is not counted). The capacity is their sum over the window's
   length.
 - `ScheduledPhase`: the soak's calls (soak_schedule.py: each process draws the same sequence
   from its spec and sends every n-th call, the k-th process from the k-th), each at its offset
