@@ -166,9 +166,8 @@ def add_offline_flags(parser: argparse.ArgumentParser) -> None:
     "--defaults-for",
     choices=["offline", "serve"],
     default="offline",
-    help="whose device-aware defaults fill the settings not given (jaxserve/defaults.py): "
-    "LLM.generate's (offline) or `jaxserve serve`'s (serve: the same scheduler as a server, "
-    "to compare the two paths alone)",
+    help="the device-aware choices for the settings not given: LLM.generate's (offline) or "
+    "`jaxserve serve`'s (serve: a server's scheduler, to compare the two paths alone)",
   )
   parser.add_argument(
     "--profile-host",
