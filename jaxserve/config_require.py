@@ -14,3 +14,8 @@ def is_int_at_least(value: object, minimum: int, *, optional: bool = False) -> b
   if value is None:
     return optional
   return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def require_bool(value: object, name: str) -> None:
+  """Raises ValueError("name: must be true or false, got ...") unless value is a bool."""
+  require(isinstance(value, bool), name, f"must be true or false, got {value!r}")

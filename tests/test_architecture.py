@@ -78,6 +78,11 @@ DEVICE = (
 )
 PURE_HOST = (
   "jaxserve.defaults",  # the device-aware defaults rule: a pure function of a description
+  "jaxserve.config",  # the config tree: one module per section
+  "jaxserve.config.engine",
+  "jaxserve.config.cache",
+  "jaxserve.config.scheduler",
+  "jaxserve.config.distributed",
   "jaxserve.config_loader",  # the YAML / --set loader
   "jaxserve.device_description",
   "jaxserve.engine.scheduler",
@@ -499,7 +504,6 @@ TEST_FOLDERS_BEYOND_PACKAGES = {
   "investigations": "the top-level investigations folder",
   "integration": "engines end to end, across packages",
   "cli": "the jaxserve command and its top-level modules (cli*.py, engine_args.py, platforms.py)",
-  "config": "jaxserve/config/, config_loader.py, server_config.py and the shipped configs/",
 }
 
 

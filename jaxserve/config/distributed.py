@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jaxserve.config_require import require as _require
+from jaxserve.config_require import require_bool
 
 
 @dataclass(frozen=True)
@@ -21,11 +22,7 @@ class DistributedConfig:
   initialization_timeout_s: int = 300
 
   def __post_init__(self) -> None:
-    _require(
-      isinstance(self.enabled, bool),
-      "distributed.enabled",
-      f"must be true or false, got {self.enabled!r}",
-    )
+    require_bool(self.enabled, "distributed.enabled")
     _require(
       self.coordinator_address is None
       or (isinstance(self.coordinator_address, str) and ":" in self.coordinator_address),

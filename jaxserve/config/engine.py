@@ -17,7 +17,7 @@ from jaxserve.config.cache import (
 )
 from jaxserve.config.distributed import DistributedConfig
 from jaxserve.config.scheduler import SchedulerConfig
-from jaxserve.config_require import is_int_at_least
+from jaxserve.config_require import is_int_at_least, require_bool
 from jaxserve.config_require import require as _require
 from jaxserve.quantization.scheme import NONE, QUANTIZATION_NAMES, check_quantization
 from jaxserve.server_config import ServerConfig
@@ -175,29 +175,13 @@ class EngineConfig:
       "sampler_backend",
       "pallas_gpu runs on unsharded models only (tensor_parallel_size 1); use auto or xla",
     )
-    _require(
-      isinstance(self.enable_expert_parallel, bool),
-      "enable_expert_parallel",
-      f"must be true or false, got {self.enable_expert_parallel!r}",
-    )
-    _require(
-      isinstance(self.tp_invariant_reductions, bool),
-      "tp_invariant_reductions",
-      f"must be true or false, got {self.tp_invariant_reductions!r}",
-    )
-    _require(
-      isinstance(self.batch_invariant, bool),
-      "batch_invariant",
-      f"must be true or false, got {self.batch_invariant!r}",
-    )
+    require_bool(self.enable_expert_parallel, "enable_expert_parallel")
+    require_bool(self.tp_invariant_reductions, "tp_invariant_reductions")
+    require_bool(self.batch_invariant, "batch_invariant")
     _require(
       self.warmup in WARMUP_MODES, "warmup", f"must be one of {WARMUP_MODES}, got {self.warmup!r}"
     )
-    _require(
-      isinstance(self.fuse_projections, bool),
-      "fuse_projections",
-      f"must be true or false, got {self.fuse_projections!r}",
-    )
+    require_bool(self.fuse_projections, "fuse_projections")
     check_quantization(self.quantization)
     for name, on in (
       ("tp_invariant_reductions", self.tp_invariant_reductions),

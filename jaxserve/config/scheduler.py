@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jaxserve.config_require import require as _require
+from jaxserve.config_require import require_bool
 
 
 @dataclass(frozen=True)
@@ -48,21 +49,9 @@ class SchedulerConfig:
       "scheduler.bucket_padding",
       f"must be in (0, 1), got {self.bucket_padding!r}",
     )
-    _require(
-      isinstance(self.prefill_first, bool),
-      "scheduler.prefill_first",
-      f"must be true or false, got {self.prefill_first!r}",
-    )
-    _require(
-      isinstance(self.pool_seq_rungs, bool),
-      "scheduler.pool_seq_rungs",
-      f"must be true or false, got {self.pool_seq_rungs!r}",
-    )
-    _require(
-      isinstance(self.async_scheduling, bool),
-      "scheduler.async_scheduling",
-      f"must be true or false, got {self.async_scheduling!r}",
-    )
+    require_bool(self.prefill_first, "scheduler.prefill_first")
+    require_bool(self.pool_seq_rungs, "scheduler.pool_seq_rungs")
+    require_bool(self.async_scheduling, "scheduler.async_scheduling")
     _require(
       isinstance(self.num_scheduler_steps, int) and 1 <= self.num_scheduler_steps <= 64,
       "scheduler.num_scheduler_steps",

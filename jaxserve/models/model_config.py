@@ -25,6 +25,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Mapping
 
+from jaxserve.config_require import require as _require
+from jaxserve.config_require import require_bool
 from jaxserve.models.gemma_hf import GEMMA_ARCHITECTURES, LAYER_TYPES, SLIDING, gemma_fields
 from jaxserve.models.moe_config import MOE_ARCHITECTURES, check_experts, hf_experts
 from jaxserve.quantization.scheme import NONE, check_quantization
@@ -45,11 +47,6 @@ _HF_ARCHITECTURES = {
   "MixtralForCausalLM": "mixtral",
 }
 _HF_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "bfloat16"}
-
-
-def _require(condition: bool, name: str, message: str) -> None:
-  if not condition:
-    raise ValueError(f"{name}: {message}")
 
 
 def _positive_int(value: object) -> bool:
@@ -164,16 +161,8 @@ class ModelConfig:
     )
     self._check_layers()
     _require(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
-    _require(
-      isinstance(self.tp_invariant_reductions, bool),
-      "tp_invariant_reductions",
-      f"must be true or false, got {self.tp_invariant_reductions!r}",
-    )
-    _require(
-      isinstance(self.batch_invariant, bool),
-      "batch_invariant",
-      f"must be true or false, got {self.batch_invariant!r}",
-    )
+    require_bool(self.tp_invariant_reductions, "tp_invariant_reductions")
+    require_bool(self.batch_invariant, "batch_invariant")
     _require(
       not (self.fused_projections and self.tp_invariant_reductions),
       "fused_projections",

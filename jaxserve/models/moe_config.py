@@ -19,6 +19,9 @@ from __future__ import annotations
 
 from typing import Mapping, Protocol
 
+from jaxserve.config_require import require as _require
+from jaxserve.config_require import require_bool
+
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral")
 COUNTS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
 
@@ -33,11 +36,6 @@ class ExpertFields(Protocol):
   norm_topk_prob: bool
   batch_invariant: bool
   quantization: str
-
-
-def _require(condition: bool, name: str, message: str) -> None:
-  if not condition:
-    raise ValueError(f"{name}: {message}")
 
 
 def _positive_int(value: object) -> bool:
@@ -61,7 +59,7 @@ def check_experts(c: ExpertFields) -> None:
     "num_experts_per_tok",
     f"must not exceed num_experts ({c.num_experts}), got {c.num_experts_per_tok}",
   )
-  _require(isinstance(c.norm_topk_prob, bool), "norm_topk_prob", "must be true or false")
+  require_bool(c.norm_topk_prob, "norm_topk_prob")
   unsupported = "is not supported with mixture-of-experts layers (models/moe_config.py)"
   _require(not c.batch_invariant, "batch_invariant", unsupported)
   _require(c.quantization == "none", "quantization", f"{c.quantization} {unsupported}")
