@@ -16,14 +16,16 @@ python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "
 step() { local name=$1; shift; echo "=== $name"; local t0=$SECONDS
   "$@" > "$LOGS/$name.log" 2>&1; local rc=$?
   echo "=== $name rc=$rc ($((SECONDS - t0)) s)"; grep -v "it/s]\|s/it]\|^ \|^[{}]" "$LOGS/$name.log" | tail -n "${TAIL:-15}"; }
+# The pytest steps run in one process (-n0 over the suite's `-n auto`): a worker per core would
+# each take the GPU's memory, and the later ones fail to allocate.
 for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
   case $s in
-    kernels) step kernels python3 -m pytest -q -p no:cacheprovider tests/pallas_kernels/test_gpu_kernel.py \
+    kernels) step kernels python3 -m pytest -n0 -p no:cacheprovider tests/pallas_kernels/test_gpu_kernel.py \
         tests/pallas_kernels/test_greedy_sample.py tests/pallas_kernels/test_fixed_tile_matmul.py \
         tests/models/test_batch_invariant_dense.py tests/models/test_gpu_weight_layout.py \
         tests/investigations/test_bench_kernels.py tests/investigations/test_bench_sampler.py ;;
     bench_kernels) TAIL=40 step bench_kernels python3 -m investigations.bench_kernels --out "$OUT/bench_kernels.json" ;;
-    engine) step engine python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu_engine.py ;;
+    engine) step engine python3 -m pytest -n0 -p no:cacheprovider tests/integration/test_gpu_engine.py ;;
     model1b) [ -f /tmp/llama1b/config.json ] || step model1b python3 -c \
         "from jaxserve.bench.random_checkpoint import build_random_model as b; b('llama-3.2-1b', '/tmp/llama1b')" ;;
     sync1b|async1b|async1b_512|async1b_512_cublas|async1b_512_burst4)  # the throughput workload
@@ -122,7 +124,7 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
         --max-model-len 512 --log-level WARNING --set scheduler.max_num_seqs=256 \
         --set scheduler.max_num_batched_tokens=4096 --set "scheduler.seq_buckets=[64,256]" \
         --set "scheduler.token_buckets=[256,1024,4096]" --out "$OUT/bench_structured.json" ;;
-    tp_tests) step tp_tests python3 -m pytest -q -p no:cacheprovider tests/parallel/test_gpu_tensor_parallel.py ;;
+    tp_tests) step tp_tests python3 -m pytest -n0 -p no:cacheprovider tests/parallel/test_gpu_tensor_parallel.py ;;
     tp_invariant|tp_default)  # 2 GPUs: parity and decode step time, tp=1 against tp=2
       flags=(); [ $s = tp_invariant ] && flags=(--tp-invariant)
       TAIL=12 step $s env NCCL_NVLS_ENABLE=0 python3 -m investigations.bench_tp --model /tmp/llama8b \

@@ -30,8 +30,10 @@ from tests.integration.engine_helpers import small_config
 MAX_MODEL_LEN = 256
 
 
-def server_engine_config(**server_fields):
-  """One bucket pair keeps warmup to a few seconds; 16 sequences run at once."""
+def server_engine_config(warmup: str = "auto", **server_fields):
+  """One bucket pair, 16 sequences at once. warmup "auto": the engine core's background warmup
+  compiles every program (a core shared by many tests); "lazy": each on the first step that
+  needs it (a core for a few requests)."""
   return small_config(
     max_model_len=MAX_MODEL_LEN,
     max_num_seqs=16,
@@ -39,6 +41,7 @@ def server_engine_config(**server_fields):
     seq_buckets=(16,),
     token_buckets=(64,),
     server=ServerConfig(**server_fields),
+    warmup=warmup,
   )
 
 

@@ -33,9 +33,9 @@ PROMPT_TOKENS = "vllm:prompt_tokens_total{{engine={},model_name=tiny-random}}"
 class DataParallelServer(ServeProcess):
   """`jaxserve serve --data-parallel-size 2 --api-server-count 1` on two CPU host devices."""
 
-  def __init__(self, tmp_path):
+  def __init__(self, tmp_path, warmup: str = "full"):
     config_path = str(tmp_path / "server.yaml")
-    _write_config(config_path, drain_timeout_s=20)
+    _write_config(config_path, drain_timeout_s=20, warmup=warmup)
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     flag = "--xla_force_host_platform_device_count=2"
     env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}".strip()
@@ -78,7 +78,7 @@ class DataParallelServer(ServeProcess):
 
 @pytest.fixture(scope="module")
 def dp_server(tmp_path_factory):
-  server = DataParallelServer(tmp_path_factory.mktemp("dp"))
+  server = DataParallelServer(tmp_path_factory.mktemp("dp"), warmup="lazy")
   yield server
   server.kill()
 

@@ -26,15 +26,20 @@ from tests.server.server_helpers import MAX_MODEL_LEN, free_port, scrape_metrics
 MAX_TOKENS = 150
 
 
-def _write_config(path: str, drain_timeout_s: float = 30, model: str = "tiny-random") -> None:
+def _write_config(
+  path: str, drain_timeout_s: float = 30, model: str = "tiny-random", warmup: str = "full"
+) -> None:
+  """server.yaml of a one-bucket tiny server on the run's XLA cache. warmup "full" (the drain
+  tests) compiles every program before /health says ready; "lazy" each on first use, for tests
+  whose requests need a few of them and that send no signal while a step could still compile."""
   cache_dir = os.environ["JAXSERVE_TEST_XLA_CACHE"]  # the run's cache (tests/conftest.py)
   config = {
     "model": model,
     "max_model_len": MAX_MODEL_LEN,
     "compilation_cache_dir": cache_dir,
-    # every program compiled before /health says ready: a step that compiled (seconds on a loaded
-    # CPU) when the signal came would hold the core past the supervisor's stop timeout
-    "warmup": "full",
+    # full: every program compiled before /health says ready: a step that compiled (seconds on a
+    # loaded CPU) when the signal came would hold the core past the supervisor's stop timeout
+    "warmup": warmup,
     "cache": {"page_size": 16, "num_pages": 256},
     "scheduler": {
       "max_num_seqs": 16,

@@ -25,7 +25,7 @@ class Supervisor(ServeProcess):
 
   def __init__(self, tmp_path):
     config_path = str(tmp_path / "server.yaml")
-    _write_config(config_path, drain_timeout_s=5)
+    _write_config(config_path, drain_timeout_s=5, warmup="lazy")
     super().__init__(config_path, ["--api-server-count", "2"], api_servers=2)
     pids = self.logged_pids(r"engine core pid (\d+), API server pids (\d+),(\d+)")
     self.core_pid, *self.api_pids = pids

@@ -33,6 +33,7 @@ def slow_server(tmp_path_factory):
     "model": "tiny-random",
     "max_model_len": MAX_MODEL_LEN,
     "compilation_cache_dir": os.environ["JAXSERVE_TEST_XLA_CACHE"],
+    "warmup": "lazy",  # the programs the tests' requests use, each on its first step
     "cache": {"page_size": 16, "num_pages": 512},
     "scheduler": {
       "max_num_seqs": 16,

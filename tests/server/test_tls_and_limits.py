@@ -73,7 +73,7 @@ def tls_server(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("tls")
   cert, key = _self_signed(tmp)
   config = str(tmp / "server.yaml")
-  _write_config(config)
+  _write_config(config, warmup="lazy")
   port = free_port()
   flags = ("--ssl-certfile", cert, "--ssl-keyfile", key, "--limit-concurrency", str(LIMIT))
   with open(tmp / "server.log", "w") as log:
@@ -164,7 +164,7 @@ def test_past_the_connection_cap_a_request_gets_503_with_an_openai_body(tls_serv
 
 def test_a_certificate_that_does_not_load_is_a_bad_flag(tmp_path):
   config = str(tmp_path / "server.yaml")
-  _write_config(config)
+  _write_config(config, warmup="lazy")
   missing = str(tmp_path / "missing.pem")
   with open(tmp_path / "out.log", "w") as log:
     process = _serve(config, free_port(), "--ssl-certfile", missing, log=log)
