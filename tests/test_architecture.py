@@ -100,6 +100,8 @@ PURE_HOST = (
   "jaxserve.engine.request_state",
   "jaxserve.engine.llm_engine",
   "jaxserve.engine.engine_core",
+  "jaxserve.engine.step_results",
+  "jaxserve.engine.step_timings",
   "jaxserve.engine.output_processor",
   "jaxserve.core.messages",
   "jaxserve.core.client",

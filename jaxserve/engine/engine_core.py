@@ -8,7 +8,8 @@ engine core process, or on a thread of the one-process server) and ships the out
 servers, which run the processor. A stop string found there comes back as stop_request().
 
 Bad input raises ValueError in add_request and never reaches the device, so other requests keep
-running.
+running. A finished step's results reach its requests through engine/step_results.py; the loop's
+timings are engine/step_timings.py's StepTimings.
 
 Async scheduling (scheduler.async_scheduling, on by default): step() schedules and dispatches
 step N+1 before it waits for step N's results, so scheduling, building the inputs and processing
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -46,46 +47,15 @@ from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request, RequestStatus
 from jaxserve.engine.request_state import RequestState
 from jaxserve.engine.scheduler import Scheduler
+from jaxserve.engine.step_results import apply_step_output
+from jaxserve.engine.step_timings import StepTimings
 from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.messages.program_readiness import ANY_BUCKET, ProgramReadiness
 from jaxserve.messages.scheduled_batch import ScheduledBatch
-from jaxserve.messages.step_output import StepOutput
-from jaxserve.outputs import TokenLogprob
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.structured import SequenceMatcher
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class StepTimings:
-  """Cumulative wall time of the engine loop: host work, time blocked on the device, and each
-  step's device time. A step's device time is measured from its dispatch, or from the end of
-  the step before it when that was later, to the moment its results were on the host; with
-  async scheduling that is exact while the device is the bottleneck and an upper bound when
-  the host is."""
-
-  num_steps: int = 0
-  host_seconds: float = 0.0  # scheduling, building step inputs, processing outputs
-  wait_seconds: float = 0.0  # blocked waiting for a step's results
-  device_seconds: float = 0.0  # sum of the steps' device times
-  per_bucket: dict = field(default_factory=dict)  # (num_seqs, num_tokens) -> [steps, seconds]
-  host_phases: dict = field(default_factory=dict)  # schedule / prepare / dispatch / process -> s
-  host_per_bucket: dict = field(default_factory=dict)  # bucket -> [steps, host s of the step()
-  # calls that dispatched that bucket]
-
-  def add_phase(self, name: str, since: float) -> float:
-    """Adds the time since `since` to host phase `name`; returns now."""
-    now = time.perf_counter()
-    self.host_phases[name] = self.host_phases.get(name, 0.0) + now - since
-    return now
-
-  def record(self, bucket: tuple[int, int], device_seconds: float) -> None:
-    self.num_steps += 1
-    self.device_seconds += device_seconds
-    entry = self.per_bucket.setdefault(bucket, [0, 0.0])
-    entry[0] += 1
-    entry[1] += device_seconds
 
 
 @dataclass(frozen=True)
@@ -314,91 +284,9 @@ class EngineCore:
     self.timings.wait_seconds += done - wait_start
     self.timings.record(step.bucket, done - max(step.dispatch_time, self._last_done_time))
     self._last_done_time = done
-    touched = self._process(step, host)
+    touched = apply_step_output(step.batch, step.requests, host, self._states, self._finish)
     self.timings.add_phase("process", done)
     return touched
-
-  def _process(self, step: _StepInFlight, host: StepOutput) -> list[RequestState]:
-    if step.batch.num_steps > 1:
-      return self._process_burst(step, host)
-    touched, cursor, now = [], 0, time.monotonic()
-    sampled_ids = host.token_ids.tolist()
-    has_prompt_logprobs = host.prompt_logprobs is not None
-    batch, states = step.batch, self._states
-    for i, (request_id, request, num_tokens, sample) in enumerate(
-      zip(batch.request_ids, step.requests, batch.query_lens, batch.sample)
-    ):
-      state = states.get(request_id)
-      if request.status.finished or state is None or state.request is not request:
-        cursor += num_tokens  # stopped or aborted while this step ran: results dropped
-        continue
-      if state.first_scheduled_time is None:
-        state.first_scheduled_time = now
-      if has_prompt_logprobs and state.prompt_logprobs is not None:
-        for j in range(num_tokens):
-          self._record_prompt_logprob(state, host, batch.start_positions[i] + j, cursor + j)
-      cursor += num_tokens
-      if not sample:
-        continue
-      token_id = sampled_ids[i]
-      logprob = self._sampled_logprob(state, host, i, token_id) if state.wants_logprobs else None
-      status = state.append_token(token_id, logprob)
-      if status is not None:
-        self._finish(state, status)
-      touched.append(state)
-    return touched
-
-  def _process_burst(self, step: _StepInFlight, host: StepOutput) -> list[RequestState]:
-    """A burst's [num_steps, S] samples, step by step; a request that finishes drops the
-    tokens sampled after its last one."""
-    touched, now, states = [], time.monotonic(), self._states
-    sampled_ids, logprobs = host.token_ids.T.tolist(), host.logprobs.T.tolist()  # [S, steps]
-    for i, (request_id, request) in enumerate(zip(step.batch.request_ids, step.requests)):
-      state = states.get(request_id)
-      if request.status.finished or state is None or state.request is not request:
-        continue
-      if state.first_scheduled_time is None:
-        state.first_scheduled_time = now
-      for token_id, logprob in zip(sampled_ids[i], logprobs[i]):
-        status = state.append_token(
-          token_id, TokenLogprob(token_id, logprob, ()) if state.wants_logprobs else None
-        )
-        if status is not None:
-          self._finish(state, status)
-          break
-      touched.append(state)
-    return touched
-
-  def _sampled_logprob(
-    self, state: RequestState, host: StepOutput, row: int, token_id: int
-  ) -> TokenLogprob | None:
-    num_top = state.request.sampling_params.logprobs
-    if num_top is None:
-      return None
-    top = ()
-    if num_top > 0 and host.top_ids is not None:
-      top = tuple(
-        (int(t), float(lp))
-        for t, lp in zip(host.top_ids[row, :num_top], host.top_logprobs[row, :num_top])
-      )
-    return TokenLogprob(token_id, float(host.logprobs[row]), top)
-
-  def _record_prompt_logprob(
-    self, state: RequestState, host: StepOutput, position: int, token_index: int
-  ) -> None:
-    prompt = state.request.prompt_token_ids
-    if position + 1 >= len(prompt) or state.prompt_logprobs[position + 1] is not None:
-      return
-    num_top = state.request.sampling_params.prompt_logprobs
-    top = tuple(
-      (int(t), float(lp))
-      for t, lp in zip(
-        host.prompt_top_ids[token_index, :num_top], host.prompt_top_logprobs[token_index, :num_top]
-      )
-    )
-    state.record_prompt_logprob(
-      position, TokenLogprob(prompt[position + 1], float(host.prompt_logprobs[token_index]), top)
-    )
 
   def _finish(
     self, state: RequestState, status: RequestStatus, notify_scheduler: bool = True

@@ -18,11 +18,12 @@ from jaxserve.engine.admission import check_token_ids
 from jaxserve.engine.constraints import Constraints
 from jaxserve.engine.core_io import EngineCoreRequest
 from jaxserve.engine.device_port import CompileCounter, MemoryGauge, ProgramStatus, StepRunner
-from jaxserve.engine.engine_core import EngineCore, StepTimings
+from jaxserve.engine.engine_core import EngineCore
 from jaxserve.engine.engine_stats import EngineStats
 from jaxserve.engine.output_processor import OutputProcessor
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.scheduler import Scheduler
+from jaxserve.engine.step_timings import StepTimings
 from jaxserve.messages.buckets import BucketSet
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams

@@ -1,0 +1,123 @@
+"""A finished step's host results applied to the requests it ran. Pure Python, no jax.
+
+EngineCore dispatches a step and, when its StepOutput is on the host, hands it here with the
+batch it fed and each row's Request: every sampling row appends its token (and logprob) to its
+RequestState, prompt rows record their prompt logprobs, and a request that reaches a stop
+condition is ended through the core's `finish` callback (which tells the scheduler). A row
+whose request finished or was replaced while the step ran (an abort, a stop string) is skipped:
+its results are dropped. Returns the states that progressed, for the core's outputs.
+
+Single steps: StepOutput.token_ids [S] (S the bucket's rows), logprobs [S], top_ids /
+top_logprobs [S, K]; prompt_logprobs [T] and prompt_top_ids / prompt_top_logprobs [T, K'] over
+the step's T tokens. Decode bursts: token_ids and logprobs [num_steps, S]; a request that
+finishes within the burst drops the tokens sampled after its last one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from jaxserve.engine.request import Request, RequestStatus
+from jaxserve.engine.request_state import RequestState
+from jaxserve.messages.scheduled_batch import ScheduledBatch
+from jaxserve.messages.step_output import StepOutput
+from jaxserve.outputs import TokenLogprob
+
+Finish = Callable[[RequestState, RequestStatus], None]
+
+
+def apply_step_output(
+  batch: ScheduledBatch,
+  requests: Sequence[Request],
+  host: StepOutput,
+  states: dict[str, RequestState],
+  finish: Finish,
+) -> list[RequestState]:
+  """The step's results, row by row (a burst's step by step); the states that progressed."""
+  if batch.num_steps > 1:
+    return _apply_burst(batch, requests, host, states, finish)
+  touched, cursor, now = [], 0, time.monotonic()
+  sampled_ids = host.token_ids.tolist()
+  has_prompt_logprobs = host.prompt_logprobs is not None
+  for i, (request_id, request, num_tokens, sample) in enumerate(
+    zip(batch.request_ids, requests, batch.query_lens, batch.sample)
+  ):
+    state = states.get(request_id)
+    if request.status.finished or state is None or state.request is not request:
+      cursor += num_tokens  # stopped or aborted while this step ran: results dropped
+      continue
+    if state.first_scheduled_time is None:
+      state.first_scheduled_time = now
+    if has_prompt_logprobs and state.prompt_logprobs is not None:
+      for j in range(num_tokens):
+        _record_prompt_logprob(state, host, batch.start_positions[i] + j, cursor + j)
+    cursor += num_tokens
+    if not sample:
+      continue
+    token_id = sampled_ids[i]
+    logprob = _sampled_logprob(state, host, i, token_id) if state.wants_logprobs else None
+    status = state.append_token(token_id, logprob)
+    if status is not None:
+      finish(state, status)
+    touched.append(state)
+  return touched
+
+
+def _apply_burst(
+  batch: ScheduledBatch,
+  requests: Sequence[Request],
+  host: StepOutput,
+  states: dict[str, RequestState],
+  finish: Finish,
+) -> list[RequestState]:
+  touched, now = [], time.monotonic()
+  sampled_ids, logprobs = host.token_ids.T.tolist(), host.logprobs.T.tolist()  # [S, steps]
+  for i, (request_id, request) in enumerate(zip(batch.request_ids, requests)):
+    state = states.get(request_id)
+    if request.status.finished or state is None or state.request is not request:
+      continue
+    if state.first_scheduled_time is None:
+      state.first_scheduled_time = now
+    for token_id, logprob in zip(sampled_ids[i], logprobs[i]):
+      status = state.append_token(
+        token_id, TokenLogprob(token_id, logprob, ()) if state.wants_logprobs else None
+      )
+      if status is not None:
+        finish(state, status)
+        break
+    touched.append(state)
+  return touched
+
+
+def _sampled_logprob(
+  state: RequestState, host: StepOutput, row: int, token_id: int
+) -> TokenLogprob | None:
+  num_top = state.request.sampling_params.logprobs
+  if num_top is None:
+    return None
+  top = ()
+  if num_top > 0 and host.top_ids is not None:
+    top = tuple(
+      (int(t), float(lp))
+      for t, lp in zip(host.top_ids[row, :num_top], host.top_logprobs[row, :num_top])
+    )
+  return TokenLogprob(token_id, float(host.logprobs[row]), top)
+
+
+def _record_prompt_logprob(
+  state: RequestState, host: StepOutput, position: int, token_index: int
+) -> None:
+  prompt = state.request.prompt_token_ids
+  if position + 1 >= len(prompt) or state.prompt_logprobs[position + 1] is not None:
+    return
+  num_top = state.request.sampling_params.prompt_logprobs
+  top = tuple(
+    (int(t), float(lp))
+    for t, lp in zip(
+      host.prompt_top_ids[token_index, :num_top], host.prompt_top_logprobs[token_index, :num_top]
+    )
+  )
+  state.record_prompt_logprob(
+    position, TokenLogprob(prompt[position + 1], float(host.prompt_logprobs[token_index]), top)
+  )
