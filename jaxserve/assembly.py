@@ -10,8 +10,9 @@ Everything the server logs at start-up (model, buckets, KV pages, warmup time) i
    the sharded path even at tp = 1, so every tensor_parallel_size compiles the same step with
    the same options). Either way the result is one Placement: params on device, the attention
    and dense backends, and the KV pages' sharding;
-2. size and allocate the KV pool, build the step programs (device/step_programs.py) with the
-   placement's shardings, and the ModelRunner (build_device -> DeviceBundle);
+2. size and allocate the KV pool (jaxserve/pool_sizing.py, which logs it), build the step
+   programs (device/step_programs.py) with the placement's shardings, and the ModelRunner
+   (build_device -> DeviceBundle);
 3. on process 0 only: tokenizer, page allocator, scheduler, warmup, LLMEngine (build_engine).
 """
 
@@ -33,17 +34,12 @@ from jaxserve.defaults import Usage, apply_device_defaults
 from jaxserve.device.compile_ledger import CompileLedger
 from jaxserve.device.device_memory import (
   describe_devices,
-  fit_pool_bytes,
-  kv_budget_bytes,
-  max_concurrency,
 )
 from jaxserve.device.kv_cache import (
   KVCacheSpec,
   allocate_kv_pages,
-  kv_cache_spec,
   resolve_max_model_len,
 )
-from jaxserve.device.lowering import temp_bytes
 from jaxserve.device.memory_gauge import DeviceMemoryGauge
 from jaxserve.device.model_runner import ModelRunner, StepSink
 from jaxserve.device.program_compiler import ProgramCompiler
@@ -60,13 +56,14 @@ from jaxserve.device_description import DeviceDescription
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.scheduler import Scheduler
-from jaxserve.messages.buckets import Bucket, BucketSet
+from jaxserve.messages.buckets import BucketSet
 from jaxserve.messages.kv_layout import KVLayout
 from jaxserve.models.kv_layout import kv_layout
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.registry import load_configured_tokenizer, model_quantization
 from jaxserve.parallel.multihost import StepPublisher, is_worker
-from jaxserve.parallel.placement import Placement, load_placement
+from jaxserve.parallel.placement import load_placement
+from jaxserve.pool_sizing import log_kv_pool, size_kv_pool, with_pool_rungs
 from jaxserve.quantization.capabilities import check_device_runs
 
 logger = logging.getLogger(__name__)
@@ -135,65 +132,11 @@ def build_device(
     model_config.vocab_size,
     layout.num_groups,
   )
-  free_bytes = None
-  planned = kv_budget_bytes(
-    config.cache.memory_fraction,
-    device_weight_bytes(params),
-    packed=placement.model.packed,
-    scratch_measured=placement.mesh is None,
-  )
-  if planned is not None:
-    free_bytes, memory = planned
-    scratch = 0
-    if (
-      placement.mesh is None
-      and config.cache.num_pages is None
-      and config.cache.memory_bytes is None
-    ):
-      scratch = _step_scratch_bytes(config, placement, buckets, shape)
-    free_bytes = fit_pool_bytes(free_bytes - scratch, memory.largest_free_bytes, scratch)
-  spec = kv_cache_spec(config, model_config, max_model_len, free_bytes, placement.num_shards)
-  if agree_num_pages is not None:
-    spec = KVCacheSpec(
-      spec.num_slots,
-      spec.num_kv_heads,
-      spec.head_dim,
-      spec.page_size,
-      agree_num_pages(spec.num_pages),
-      spec.dtype,
-    )
+  spec = size_kv_pool(config, placement, buckets, shape, max_model_len, agree_num_pages)
   kv_pages = allocate_kv_pages(spec, placement.kv_sharding)
-  logger.info(
-    "KV cache: %d pages of %d tokens (%d usable tokens, %.1f MiB%s), max_model_len %d",
-    spec.num_pages,
-    spec.page_size,
-    (spec.num_pages - 1) * spec.page_size,
-    spec.total_bytes / 2**20,
-    f" over {placement.num_shards} shards" if placement.num_shards > 1 else "",
-    max_model_len,
-  )
-  if layout.num_groups > 1:
-    logger.info(
-      "KV groups: %d layers in %d groups (1 global, %d sliding with window %s) sharing %d "
-      "K/V slot(s) a page; a sequence of %d tokens holds %d pages (%d without window freeing)",
-      layout.num_layers,
-      layout.num_groups,
-      layout.num_groups - 1,
-      "/".join(str(w) for w in sorted(set(layout.windows))),
-      layout.num_slots,
-      max_model_len,
-      layout.pages_held(max_model_len),
-      layout.num_groups * math.ceil(max_model_len / page_size),
-    )
-  concurrency = max_concurrency(
-    spec.num_pages,
-    spec.page_size,
-    max_model_len,
-    layout.pages_held(max_model_len) if layout.num_groups > 1 else None,
-  )
-  logger.info("maximum concurrency for %d tokens per request: %.2fx", max_model_len, concurrency)
+  capacity = log_kv_pool(spec, layout, placement.num_shards, max_model_len)
   if config.scheduler.pool_seq_rungs:
-    buckets = _with_pool_rungs(buckets, int(concurrency))
+    buckets = with_pool_rungs(buckets, capacity)
   options = step_compiler_options(config, model_config.quantization)
   sampler = sampler_backend(config, sharded=placement.mesh is not None)
   if placement.mesh is None:
@@ -209,61 +152,6 @@ def build_device(
   )
   runner = ModelRunner(model, params, kv_pages, buckets, shape, programs, publisher)
   return DeviceBundle(model_config, runner, spec, max_model_len, layout)
-
-
-def _with_pool_rungs(buckets: BucketSet, capacity: int) -> BucketSet:
-  """`buckets` with the sequence rungs of a pool that holds `capacity` full-length sequences
-  (scheduler.pool_seq_rungs), logged when it adds any."""
-  widened = buckets.with_pool_rungs(capacity)
-  if widened != buckets:
-    logger.info(
-      "sequence rungs %s added: the KV pool holds %d sequences of max_model_len "
-      "(scheduler.pool_seq_rungs)",
-      sorted(set(widened.seq_buckets) - set(buckets.seq_buckets)),
-      capacity,
-    )
-  return widened
-
-
-def device_weight_bytes(params: dict) -> int:
-  """The params' bytes on one device, from their shapes, dtypes and shardings (run-invariant,
-  unlike the allocator's live count)."""
-  return sum(
-    math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
-    for x in jax.tree_util.tree_leaves(params)
-  )
-
-
-def _step_scratch_bytes(
-  config: EngineConfig, placement: Placement, buckets: BucketSet, shape: StepShape
-) -> int:
-  """Device scratch the largest bucket's step needs (compiled once against a 2-page pool), plus
-  a quarter for fragmentation, in whole 64 MiB: the KV pool is sized from what is left."""
-  model_config = placement.model.config
-  probe_spec = KVCacheSpec(
-    kv_layout(model_config, shape.page_size).num_slots,
-    model_config.num_kv_heads,
-    model_config.head_dim,
-    shape.page_size,
-    2,
-    model_config.dtype,
-  )
-  model = placement.module()
-  programs = build_step_programs(
-    model, compiler_options=step_compiler_options(config, model_config.quantization)
-  )
-  probe = ModelRunner(
-    model, placement.model.params, allocate_kv_pages(probe_spec), buckets, shape, programs
-  )
-  largest = Bucket(buckets.seq_buckets[-1], buckets.token_buckets[-1])
-  scratch = temp_bytes(probe, largest) or 0
-  logger.info(
-    "step scratch memory: %.2f GiB for bucket %s (reserved before sizing the KV pool)",
-    scratch / 2**30,
-    largest,
-  )
-  quantum = 64 << 20  # rounded up: an autotuned GEMM's workspace may differ by a few MiB
-  return -(-int(scratch * 1.25) // quantum) * quantum
 
 
 def with_device_defaults(config: EngineConfig, usage: Usage) -> EngineConfig:

@@ -3,7 +3,7 @@ a fraction of a second and fails on the first edge that breaks a rule):
 
 * the device side (device/, pallas_kernels/, attention/, models/, parallel/) imports nothing from
   the host side (engine/, core/, server/, structured/, tools/, bench/, llm.py, cli.py) nor from
-  the composition root (assembly.py, follower.py);
+  the composition root (assembly.py with pool_sizing.py, follower.py);
 * what crosses the seam (messages/) imports no jax and nothing else of jaxserve;
 * the host side (every module of engine/: scheduler (with its admission of waiting requests,
   decode bursts, prefix-cache page bookkeeping and step plan), page allocator, requests, batch
@@ -66,7 +66,7 @@ HOST = (
   "jaxserve.cli",
   "jaxserve.structured",
 )
-ROOTS = ("jaxserve.assembly", "jaxserve.follower")
+ROOTS = ("jaxserve.assembly", "jaxserve.pool_sizing", "jaxserve.follower")
 DEVICE = (
   "jaxserve.device",
   "pallas_kernels",
@@ -235,6 +235,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   ("jaxserve.models",),
   ("jaxserve.device",),
   ("jaxserve.parallel", "jaxserve.platforms"),
+  ("jaxserve.pool_sizing",),
   ("jaxserve.assembly",),
   ("jaxserve.follower",),
   ("jaxserve.core", "jaxserve.llm"),

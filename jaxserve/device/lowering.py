@@ -1,5 +1,5 @@
 """Step inputs made of padding, and the step's programs lowered on them: what compiling a bucket
-ahead of serving (device/warmup.py), sizing the step's scratch memory (jaxserve/assembly.py) and
+ahead of serving (device/warmup.py), sizing the step's scratch memory (jaxserve/pool_sizing.py) and
 profiling (investigations/profile_step.py) need.
 
 dummy_inputs(runner, bucket) is an empty batch padded to the bucket, so it has exactly the

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxserve import assembly
+from jaxserve import assembly, pool_sizing
 from jaxserve.config_loader import load_config
 from jaxserve.device import device_memory as dm
 from jaxserve.device.device_memory import (
@@ -52,11 +52,11 @@ def test_a_pool_that_does_not_fit_shrinks_by_64ths(caplog):
 
 def test_weight_bytes_come_from_shapes_and_shardings():
   params = {"a": jnp.zeros((4, 8), jnp.bfloat16), "b": {"c": jnp.zeros((3,), jnp.float32)}}
-  assert assembly.device_weight_bytes(params) == 4 * 8 * 2 + 3 * 4
+  assert pool_sizing.device_weight_bytes(params) == 4 * 8 * 2 + 3 * 4
   abstract = jax.tree.map(
     lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params
   )
-  assert assembly.device_weight_bytes(abstract) == 4 * 8 * 2 + 3 * 4
+  assert pool_sizing.device_weight_bytes(abstract) == 4 * 8 * 2 + 3 * 4
 
 
 @pytest.mark.parametrize("fraction", [0.2])
