@@ -2,9 +2,9 @@
 files (transformers 4.x keys: `rope_theta` + `rope_scaling`), for the families random-weight
 checkpoints are built in (bench/random_checkpoint.py): llama, qwen3_moe and gemma3_text.
 
-Contract: `ModelConfig.from_hf_config(hf_config_json(c)) == c` for every config of those
-families without engine-set fields (quantization, fused projections and the invariance modes are
-not checkpoint properties), and transformers reads the same architecture from it
+Contract: `model_config_from_hf(hf_config_json(c)) == c` (models/hf_config.py) for every config
+of those families without engine-set fields (quantization, fused projections and the invariance
+modes are not checkpoint properties), and transformers reads the same architecture from it
 (tests/bench/test_random_checkpoint_families.py). Gemma 3 is written as a text-only
 Gemma3ForCausalLM config (model_type gemma3_text) with its `layer_types` spelled out and its
 local RoPE base as `rope_local_base_freq`, an integral query_pre_attn_scalar as an int. Another

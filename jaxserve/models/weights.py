@@ -29,6 +29,7 @@ import numpy as np
 
 from jaxserve.models.expert_weights import check_per_expert_layout, expert_specs, stacked_leaves
 from jaxserve.models.fused_projections import merged_leaves
+from jaxserve.models.hf_config import model_config_from_hf
 from jaxserve.models.leaf_load import LeafLoad, ParamPath, ShardingFn, TensorLoad
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.quantized_dense import is_quantized_kernel, kernel_shape, scale_path
@@ -154,7 +155,7 @@ def load_hf_config(checkpoint_dir: Path, dtype: str = "auto") -> ModelConfig:
     raise ValueError(f"{path}: invalid JSON: {err}") from err
   try:
     stored = stored_quantization(data)
-    config = ModelConfig.from_hf_config(data, dtype)
+    config = model_config_from_hf(data, dtype)
   except ValueError as err:
     raise ValueError(f"{path}: {err}") from err
   return config if stored is None else config.replace(quantization=stored.scheme.name)

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from jaxserve.models.hf_config import model_config_from_hf
 from jaxserve.models.model_config import ModelConfig, RopeScaling
 from jaxserve.models.weights import load_hf_config, load_hf_params, param_shapes
 from tests.models.hf_checkpoints import GEMMA2_WINDOW, GEMMA3_WINDOW
@@ -67,7 +68,7 @@ def _hub_gemma3(**changes) -> dict:
 
 def test_gemma2_checkpoint(hf_checkpoint):
   d = json.loads((hf_checkpoint("gemma2") / "config.json").read_text())
-  config = ModelConfig.from_hf_config(d)
+  config = model_config_from_hf(d)
   assert config.architecture == "gemma2" and config.gemma and config.tie_word_embeddings
   assert config.layer_types == (S, F) and config.sliding_window == GEMMA2_WINDOW
   assert [config.layer_window(i) for i in range(2)] == [GEMMA2_WINDOW, None]
@@ -78,7 +79,7 @@ def test_gemma2_checkpoint(hf_checkpoint):
 
 def test_gemma3_checkpoint(hf_checkpoint):
   d = json.loads((hf_checkpoint("gemma3") / "config.json").read_text())
-  config = ModelConfig.from_hf_config(d)
+  config = model_config_from_hf(d)
   assert config.architecture == "gemma3_text" and config.qk_norm and config.tie_word_embeddings
   assert config.layer_types == (S, S, F) and config.sliding_window == GEMMA3_WINDOW
   assert config.attn_logit_softcapping is None and config.final_logit_softcapping is None
@@ -88,7 +89,7 @@ def test_gemma3_checkpoint(hf_checkpoint):
 
 
 def test_hub_gemma2_alternates_from_a_sliding_layer():
-  config = ModelConfig.from_hf_config(_hub_gemma2())
+  config = model_config_from_hf(_hub_gemma2())
   assert config.layer_types == (S, F, S, F) and config.dtype == "bfloat16"
   assert config.rope_theta == 10000.0 and config.rope_scaling is None
   assert config.attn_logit_softcapping == 50.0 and config.sm_scale == 256**-0.5
@@ -98,13 +99,13 @@ def test_hub_gemma2_defaults_of_absent_keys():
   d = _hub_gemma2(hidden_size=512)
   for key in ("final_logit_softcapping", "attn_logit_softcapping", "head_dim", "sliding_window"):
     del d[key]
-  config = ModelConfig.from_hf_config(d)
+  config = model_config_from_hf(d)
   assert (config.attn_logit_softcapping, config.final_logit_softcapping) == (50.0, 30.0)
   assert config.head_dim == 256 and config.sliding_window == 4096 and config.tie_word_embeddings
 
 
 def test_hub_gemma3_pattern_and_legacy_rope():
-  config = ModelConfig.from_hf_config(_hub_gemma3())
+  config = model_config_from_hf(_hub_gemma3())
   assert config.layer_types == (S,) * 5 + (F, S)
   assert [config.layer_window(i) for i in (0, 5, 6)] == [512, None, 512]
   assert config.rope_theta == 1e6 and config.rope_scaling == RopeScaling("linear", 8.0)
@@ -112,7 +113,7 @@ def test_hub_gemma3_pattern_and_legacy_rope():
 
 
 def test_gemma3_ignores_attention_soft_cap_as_transformers_does():
-  config = ModelConfig.from_hf_config(_hub_gemma3(attn_logit_softcapping=50.0))
+  config = model_config_from_hf(_hub_gemma3(attn_logit_softcapping=50.0))
   assert config.attn_logit_softcapping is None
 
 
@@ -141,7 +142,7 @@ def test_gemma3_ignores_attention_soft_cap_as_transformers_does():
 )
 def test_refusals_name_the_field(d, match):
   with pytest.raises(ValueError, match=match):
-    ModelConfig.from_hf_config(d)
+    model_config_from_hf(d)
 
 
 def test_direct_construction_validates_the_layer_fields():

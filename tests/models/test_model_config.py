@@ -1,4 +1,5 @@
-"""ModelConfig.from_hf_config over real transformers config.json files and hand-written dicts."""
+"""models/hf_config.model_config_from_hf (a config.json dict onto a ModelConfig) over real
+transformers config.json files and hand-written dicts."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 
 import pytest
 
+from jaxserve.models.hf_config import model_config_from_hf
 from jaxserve.models.model_config import ModelConfig, RopeScaling
 
 
@@ -35,7 +37,7 @@ def _llama_dict(**changes) -> dict:
 
 
 def test_llama(hf_checkpoint):
-  config = ModelConfig.from_hf_config(_hf_dict(hf_checkpoint, "llama"))
+  config = model_config_from_hf(_hf_dict(hf_checkpoint, "llama"))
   assert (config.architecture, config.num_q_heads, config.num_kv_heads, config.head_dim) == (
     "llama",
     4,
@@ -51,43 +53,43 @@ def test_llama(hf_checkpoint):
 
 
 def test_llama3_rope_scaling(hf_checkpoint):
-  config = ModelConfig.from_hf_config(_hf_dict(hf_checkpoint, "llama3"))
+  config = model_config_from_hf(_hf_dict(hf_checkpoint, "llama3"))
   assert config.rope_scaling == RopeScaling("llama3", 8.0, 1.0, 4.0, 64)
 
 
 def test_tied_embeddings(hf_checkpoint):
-  assert ModelConfig.from_hf_config(_hf_dict(hf_checkpoint, "llama_tied")).tie_word_embeddings
+  assert model_config_from_hf(_hf_dict(hf_checkpoint, "llama_tied")).tie_word_embeddings
 
 
 def test_mistral_sliding_window(hf_checkpoint):
-  config = ModelConfig.from_hf_config(_hf_dict(hf_checkpoint, "mistral"))
+  config = model_config_from_hf(_hf_dict(hf_checkpoint, "mistral"))
   assert config.architecture == "mistral" and config.sliding_window == 8
   assert config.rope_theta == 1e6 and config.num_kv_heads == 1
 
 
 def test_qwen2_bias_and_eos_list(hf_checkpoint):
-  config = ModelConfig.from_hf_config(_hf_dict(hf_checkpoint, "qwen2"))
+  config = model_config_from_hf(_hf_dict(hf_checkpoint, "qwen2"))
   assert config.architecture == "qwen2" and config.attention_bias and not config.qk_norm
   assert config.sliding_window is None and len(config.eos_token_ids) == 2
 
 
 def test_qwen3_qk_norm(hf_checkpoint):
-  config = ModelConfig.from_hf_config(_hf_dict(hf_checkpoint, "qwen3"))
+  config = model_config_from_hf(_hf_dict(hf_checkpoint, "qwen3"))
   assert config.architecture == "qwen3" and config.qk_norm and not config.attention_bias
 
 
 def test_transformers4_layout_and_dtype():
   d = _llama_dict(rope_scaling={"type": "linear", "factor": 2.0})
-  config = ModelConfig.from_hf_config(d)
+  config = model_config_from_hf(d)
   assert config.rope_theta == 500000.0 and config.rope_scaling == RopeScaling("linear", 2.0)
   assert config.head_dim == 64 and config.dtype == "bfloat16"
-  assert ModelConfig.from_hf_config(_llama_dict(torch_dtype="float16")).dtype == "bfloat16"
-  assert ModelConfig.from_hf_config(d, dtype="float32").dtype == "float32"
+  assert model_config_from_hf(_llama_dict(torch_dtype="float16")).dtype == "bfloat16"
+  assert model_config_from_hf(d, dtype="float32").dtype == "float32"
 
 
 def test_model_type_without_architectures():
   d = _llama_dict(architectures=None, model_type="qwen3")
-  assert ModelConfig.from_hf_config(d).qk_norm
+  assert model_config_from_hf(d).qk_norm
 
 
 @pytest.mark.parametrize(
@@ -108,12 +110,12 @@ def test_model_type_without_architectures():
 )
 def test_refusals(changes, match):
   with pytest.raises(ValueError, match=match):
-    ModelConfig.from_hf_config(_llama_dict(**changes))
+    model_config_from_hf(_llama_dict(**changes))
 
 
 def test_refuses_bad_dtype_argument():
   with pytest.raises(ValueError, match="dtype"):
-    ModelConfig.from_hf_config(_llama_dict(), dtype="float16")
+    model_config_from_hf(_llama_dict(), dtype="float16")
 
 
 def test_qwen2_mixed_sliding_layers_refused():
@@ -124,9 +126,9 @@ def test_qwen2_mixed_sliding_layers_refused():
     layer_types=["full_attention", "sliding_attention"],
   )
   with pytest.raises(ValueError, match="layer_types"):
-    ModelConfig.from_hf_config(d)
+    model_config_from_hf(d)
   d["layer_types"] = ["sliding_attention"] * 2
-  assert ModelConfig.from_hf_config(d).sliding_window == 16
+  assert model_config_from_hf(d).sliding_window == 16
 
 
 def test_direct_construction_validates():

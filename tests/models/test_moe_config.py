@@ -11,6 +11,7 @@ import jax
 import pytest
 
 from jaxserve.assembly import build_engine
+from jaxserve.models.hf_config import model_config_from_hf
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.weights import param_shapes
 from tests.integration.engine_helpers import small_config
@@ -78,7 +79,7 @@ def _num_params(config: ModelConfig) -> int:
 
 
 def test_qwen3_30b_a3b():
-  c = ModelConfig.from_hf_config(QWEN3_30B_A3B)
+  c = model_config_from_hf(QWEN3_30B_A3B)
   assert (c.architecture, c.num_experts, c.num_experts_per_tok) == ("qwen3_moe", 128, 8)
   assert (c.moe_intermediate_size, c.norm_topk_prob, c.qk_norm) == (768, True, True)
   assert c.sliding_window is None and c.dtype == "bfloat16"
@@ -86,7 +87,7 @@ def test_qwen3_30b_a3b():
 
 
 def test_mixtral_8x7b():
-  c = ModelConfig.from_hf_config(MIXTRAL_8X7B)
+  c = model_config_from_hf(MIXTRAL_8X7B)
   assert (c.architecture, c.num_experts, c.num_experts_per_tok) == ("mixtral", 8, 2)
   assert (c.moe_intermediate_size, c.norm_topk_prob, c.qk_norm) == (14336, True, False)
   assert c.sliding_window is None
@@ -98,7 +99,7 @@ def test_what_transformers_writes(hf_checkpoint):
   for family, top_k, normalize in (("qwen3_moe", 4, False), ("mixtral", 2, True)):
     d = json.loads((hf_checkpoint(family) / "config.json").read_text())
     assert "num_local_experts" in d
-    c = ModelConfig.from_hf_config(d)
+    c = model_config_from_hf(d)
     assert (c.num_experts, c.num_experts_per_tok, c.norm_topk_prob) == (8, top_k, normalize)
     assert c.moe_intermediate_size == 64
 
@@ -117,7 +118,7 @@ def test_what_transformers_writes(hf_checkpoint):
 )
 def test_refusals(changes, match):
   with pytest.raises(ValueError, match=match):
-    ModelConfig.from_hf_config({**QWEN3_30B_A3B, **changes})
+    model_config_from_hf({**QWEN3_30B_A3B, **changes})
 
 
 @pytest.mark.parametrize(
@@ -125,13 +126,13 @@ def test_refusals(changes, match):
   [("batch_invariant", True), ("quantization", "fp8")],
 )
 def test_unsupported_switches_name_their_field(field, value):
-  config = ModelConfig.from_hf_config(MIXTRAL_8X7B)
+  config = model_config_from_hf(MIXTRAL_8X7B)
   with pytest.raises(ValueError, match=f"^{field}: .*mixture-of-experts"):
     config.replace(**{field: value})
 
 
 def test_dense_architectures_keep_zero_experts():
-  config = ModelConfig.from_hf_config({**MIXTRAL_8X7B, "architectures": ["MistralForCausalLM"]})
+  config = model_config_from_hf({**MIXTRAL_8X7B, "architectures": ["MistralForCausalLM"]})
   assert config.num_experts == 0
   with pytest.raises(ValueError, match="num_experts: must be 0 for mistral"):
     config.replace(num_experts=8)

@@ -7,7 +7,7 @@ import pytest
 import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from jaxserve.models.model_config import ModelConfig
+from jaxserve.models.hf_config import model_config_from_hf
 from jaxserve.models.rope import inverse_frequencies
 
 
@@ -46,7 +46,7 @@ def test_inverse_frequencies_match_transformers(rope):
     )
   else:
     want = ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf, "cpu")[0]
-  got = inverse_frequencies(ModelConfig.from_hf_config(hf.to_dict()))
+  got = inverse_frequencies(model_config_from_hf(hf.to_dict()))
   if rope["rope_type"] == "llama3":  # all three regimes are exercised
     wavelen = 2 * np.pi / (want.numpy() * 1.0)
     assert (wavelen < 2048).any() and (wavelen > 8192 * 8).any()
