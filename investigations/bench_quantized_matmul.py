@@ -5,8 +5,9 @@ same rows. Each timed program runs the projection on LAYERS distinct weight copi
 one sync, so the host's dispatch and sync overlap the GPU's work instead of adding to it; a row
 gives microseconds per projection and the weight bytes read per second. Two diagnostic rows:
 the kernel on bfloat16 weights (no conversion; twice the bytes) and with Tiling.fp8_bits (the
-conversion by bit operations). --sweep also times a few tilings of the kernel per shape. Prints
-a table; --out writes JSON.
+conversion by bit operations). fp8 weights are also timed with quantize_x (the W8A8 kernel: x
+quantized in registers, the dot on fp8 operands). --sweep also times a few tilings of the kernel
+per shape, for quantize_x too. Prints a table; --out writes JSON.
 
     python -m investigations.bench_quantized_matmul --rows 8 --sweep
 """
@@ -30,7 +31,10 @@ from pallas_kernels.quantized_matmul.gpu import (
   default_tiling,
   quantized_matmul,
 )
-from pallas_kernels.quantized_matmul.reference import quantized_matmul_reference
+from pallas_kernels.quantized_matmul.reference import (
+  quantized_matmul_fp8x_reference,
+  quantized_matmul_reference,
+)
 
 SHAPES = {  # Llama-3.1-8B's merged projections, [N, K]
   "qkv_proj": (6144, 4096),
@@ -67,7 +71,9 @@ def _weights(rng, n: int, k: int, dtype) -> list[tuple]:
 DTYPES = {jnp.float8_e4m3fn: ("fp8", "fp8_w8a16"), jnp.int8: ("int8", "int8_w8a8")}
 
 
-def bench_shape(name: str, rows: int, sweep: bool, xla: bool, dtypes: list[str]) -> list[dict]:
+def bench_shape(
+  name: str, rows: int, sweep: str | None, xla: bool, dtypes: list[str]
+) -> list[dict]:
   """Rows of microseconds per projection: XLA's GEMMs (xla), the kernel's default tiling per
   8-bit dtype in dtypes and, with sweep, a grid of tilings."""
   n, k = SHAPES[name]
@@ -94,7 +100,7 @@ def bench_shape(name: str, rows: int, sweep: bool, xla: bool, dtypes: list[str])
     add("xla bfloat16", _timed_us(lambda x, w: x @ w, x, bf16, NO_TRITON_GEMM), 2 * n * k)
     bf16 = [(w.T, jnp.ones((n,), jnp.float32)) for (w,) in bf16]  # [N, K] for the kernel
     tiling = default_tiling(n, k)
-    fn = lambda x, w, s: _quantized_matmul(x, w, s, tiling=tiling, interpret=False)
+    fn = lambda x, w, s: _quantized_matmul(x, w, s, tiling=tiling, quantize_x=False, interpret=False)
     add("pallas bf16 (no convert)", _timed_us(fn, x, bf16), 2 * n * k)
     del bf16
   for dtype, schemes in DTYPES.items():
@@ -104,11 +110,12 @@ def bench_shape(name: str, rows: int, sweep: bool, xla: bool, dtypes: list[str])
     for scheme in schemes if xla else ():
       fn = lambda x, w, s, scheme=SCHEMES[scheme]: xla_quantized_matmul(x, w, s, scheme)
       add(f"xla {scheme}", _timed_us(fn, x, weights, NO_TRITON_GEMM), n * k)
-    tilings = [default_tiling(n, k)]
+    runs = [(default_tiling(n, k), False)]
     if dtype == jnp.float8_e4m3fn:
-      tilings.append(dataclasses.replace(tilings[0], fp8_bits=True))
-    defaults = len(tilings)
-    if sweep:
+      runs.append((dataclasses.replace(runs[0][0], fp8_bits=True), False))
+      runs.append((default_tiling(n, k, quantize_x=True), True))
+    defaults = len(runs)
+    if sweep == "all":
       auto = [
         _with_splits(Tiling(bn, bk, 0, warps, 3), n, k)
         for bn in (16, 32, 64)
@@ -116,14 +123,20 @@ def bench_shape(name: str, rows: int, sweep: bool, xla: bool, dtypes: list[str])
         for warps in (2, 4)
       ]
       more = [dataclasses.replace(t, num_splits=2 * t.num_splits) for t in auto]
-      tilings += auto + [t for t in more if k % (t.block_k * t.num_splits) == 0]
-    for i, tiling in enumerate(tilings):
-      fn = lambda x, w, s, tiling=tiling: quantized_matmul(x, w, s, tiling=tiling)
+      runs += [(t, False) for t in auto + [t for t in more if k % (t.block_k * t.num_splits) == 0]]
+    if sweep and dtype == jnp.float8_e4m3fn:
+      x_auto = [_with_splits(Tiling(bn, 128, 0, 4, 3), n, k) for bn in (32, 64, 128)]
+      x_more = [dataclasses.replace(t, num_splits=2 * t.num_splits) for t in x_auto]
+      runs += [(t, True) for t in x_auto + [t for t in x_more if k % (128 * t.num_splits) == 0]]
+    for i, (tiling, quantize_x) in enumerate(runs):
+      fn = lambda x, w, s, t=tiling, q=quantize_x: quantized_matmul(x, w, s, tiling=t, quantize_x=q)
       label = f"pallas {jnp.dtype(dtype).name}" + (" bits" if tiling.fp8_bits else "")
+      label += " x-fp8" if quantize_x else ""
       label += "" if i < defaults else " sweep"
       tiles = list(tiling.__dict__.values())
+      reference = quantized_matmul_fp8x_reference if quantize_x else quantized_matmul_reference
       try:
-        error = _relative_error(fn(x, *weights[0]), quantized_matmul_reference(x, *weights[0]))
+        error = _relative_error(fn(x, *weights[0]), reference(x, *weights[0]))
         add(label, _timed_us(fn, x, weights), n * k, tiling=tiles, error=error)
       except jax.errors.JaxRuntimeError as err:  # a tiling past the shared memory, say
         print(f"{name} {tiles}: {str(err).splitlines()[0][:100]}")
@@ -139,6 +152,8 @@ def _relative_error(out: jax.Array, reference: jax.Array) -> float:
 
 def _with_splits(tiling: Tiling, n: int, k: int) -> Tiling:
   auto = default_tiling(n, k, tiling.block_n, tiling.block_k)
+  if tiling.block_k == 128 and auto.block_k != 128:  # a wide weight halves block_k
+    auto = dataclasses.replace(default_tiling(n, k, tiling.block_n, 256), block_k=128)
   return dataclasses.replace(
     tiling, block_n=auto.block_n, block_k=auto.block_k, num_splits=auto.num_splits
   )
@@ -147,7 +162,13 @@ def _with_splits(tiling: Tiling, n: int, k: int) -> Tiling:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rows", type=int, nargs="+", default=[8])
-  parser.add_argument("--sweep", action="store_true")
+  parser.add_argument(
+    "--sweep",
+    nargs="?",
+    const="all",
+    choices=["all", "x"],
+    help="time a grid of tilings as well (x: the quantize_x kernel's only)",
+  )
   parser.add_argument("--no-xla", action="store_true", help="the Pallas kernel's rows only")
   parser.add_argument(
     "--dtypes", nargs="+", default=["float8_e4m3fn", "int8"], help="weight dtypes to time"

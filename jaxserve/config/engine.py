@@ -83,11 +83,11 @@ class EngineConfig:
   batch_invariant or a multi-host job. With attention_backend pallas_tpu, 8-bit KV pages
   (cache.kv_cache_dtype fp8 / int8) need cache.page_size 32 or 64.
   quantized_gemm: how a quantized model's projections run in steps of at most 16 tokens (decode):
-  "pallas_gpu" one Pallas kernel per projection that reads the 8-bit weight and computes
-  weight-only (x in the model's dtype; pallas_kernels/quantized_matmul), "xla" the scheme's own
-  GEMM; "auto" is pallas_gpu on one GPU and xla otherwise (a W8A8 scheme's decode steps then
-  compute weight-only, its larger steps keep cuBLASLt's 8-bit GEMMs); "pallas_gpu" off a GPU runs
-  the kernel in interpret mode (tests)."""
+  "pallas_gpu" one Pallas kernel per projection that reads the 8-bit weight in place
+  (pallas_kernels/quantized_matmul; fp8 quantizes x in the kernel, per token and 128 of K, and
+  multiplies on fp8 operands; the other schemes compute weight-only), "xla" the scheme's own
+  GEMM; "auto" is pallas_gpu on one GPU and xla otherwise (larger steps keep cuBLASLt's 8-bit
+  GEMMs); "pallas_gpu" off a GPU runs the kernel in interpret mode (tests)."""
 
   model: str = "tiny-random"
   tokenizer: str | None = None

@@ -12,10 +12,11 @@ the "TN" layout, so XLA would otherwise transpose every weight in every step (do
 Shapes and dtypes depend on the config alone, so a quantized model compiles each step program
 once, as the unquantized one. The GEMM is jaxserve/quantization/matmul.py's; with
 `small_batch_kernel` "pallas_gpu", a call of at most 16 rows (a decode step) runs instead on
-pallas_kernels/quantized_matmul, which reads the 8-bit kernel and computes weight-only (x in the
-model's dtype, float32 accumulation, then the scale: the W8A16 arithmetic, for every scheme; a
-W8A8 scheme's activations are quantized only in larger steps). Embeddings, norms and lm_head are
-never quantized.
+pallas_kernels/quantized_matmul, which reads the 8-bit kernel in place: the fp8 W8A8 scheme
+quantizes x there too (one e4m3 scale per token and 128 values of K, finer than the larger
+steps' one per token) and multiplies on fp8 operands; the other schemes compute weight-only (x in
+the model's dtype, float32 accumulation, then the scale: int8_w8a8's activations are quantized
+only in larger steps). Embeddings, norms and lm_head are never quantized.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def output_axis(projection: Mapping[str, object]) -> int:
 
 class QuantizedDense(nn.Module):
   """y = x @ (kernel * scale) [+ bias], in `dtype`, as `scheme` computes it (calls of at most
-  16 rows with small_batch_kernel "pallas_gpu": weight-only, on the Pallas kernel)."""
+  16 rows with small_batch_kernel "pallas_gpu": on the Pallas kernel, the module docstring)."""
 
   features: int
   dtype: jnp.dtype
@@ -85,11 +86,15 @@ class QuantizedDense(nn.Module):
     scale = self.param("scale", nn.initializers.ones_init(), (self.features,), jnp.float32)
     x = x.astype(self.dtype)
     rows = math.prod(x.shape[:-1])
-    if self.small_batch_kernel == "pallas_gpu" and small_batch.supports(rows, *kernel.shape):
+    quantize_x = self.scheme.quantize_activations and self.scheme.is_float
+    if self.small_batch_kernel == "pallas_gpu" and small_batch.supports(
+      rows, *kernel.shape, quantize_x
+    ):
       y = small_batch.quantized_matmul(
         x.reshape(rows, x.shape[-1]),
         kernel,
         scale,
+        quantize_x=quantize_x,
         interpret=jax.default_backend() != "gpu",
       ).reshape(*x.shape[:-1], self.features)
     else:

@@ -143,10 +143,11 @@ def _on_one_device(config: EngineConfig) -> Placement:
 
 def quantized_gemm(config: EngineConfig, quantization: str, platform: str | None = None) -> str:
   """EngineConfig.quantized_gemm with "auto" resolved for an unsharded model running the weight
-  scheme `quantization`: on a GPU the Pallas kernel for every scheme (weight-only arithmetic in
-  decode steps: XLA has no GEMM that reads a weight-only scheme's 8-bit weights without writing
-  a converted copy, and a W8A8 scheme's GEMM pays a per-token quantization of its input per
-  projection), XLA's GEMMs off GPUs (`platform`, default JAX's backend)."""
+  scheme `quantization`: on a GPU the Pallas kernel for every scheme in decode steps (XLA has no
+  GEMM that reads a weight-only scheme's 8-bit weights without writing a converted copy, and a
+  W8A8 scheme's GEMM pays a per-token quantization of its input per projection; the kernel
+  quantizes fp8's activations in registers), XLA's GEMMs off GPUs (`platform`, default JAX's
+  backend)."""
   if config.quantized_gemm != "auto":
     return config.quantized_gemm
   quantized = scheme_for(quantization) is not None

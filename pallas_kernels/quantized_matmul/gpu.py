@@ -1,7 +1,10 @@
-"""Weight-only quantized matmul for few rows on GPUs: y [M, N] = x [M, K] @ (w [N, K] * scale
+"""Quantized matmul for few rows on GPUs: y [M, N] = x [M, K] @ (w [N, K] * scale
 [N, None]).T, one Pallas (Triton) kernel that reads the 8-bit weight (int8 or float8_e4m3fn) and
 converts each tile to x's dtype in registers, so no dequantized copy of the weight is ever
-written (the point: a decode step reads each weight once, at 8 bits).
+written (the point: a decode step reads each weight once, at 8 bits). With quantize_x (float8
+weights only) the kernel computes W8A8 instead: x is quantized to float8_e4m3fn in registers, one
+scale per row and group of X_GROUP values of K, and the dot runs on fp8 operands, so no weight
+tile is converted at all.
 
 A decode step multiplies a handful of rows by every weight, so it is bound by reading the
 weights; the W8A8 alternative (XLA's cuBLASLt fp8 GEMM) pays, per projection, a per-token
@@ -14,6 +17,16 @@ BK] (rows past M masked to 0; BM = 16, the smallest tensor-core tile), the weigh
 converted to x's dtype, one dot with float32 accumulation. The per-channel scale multiplies the
 float32 sum. With one split the program rounds to x's dtype and stores y; with several it stores
 float32 partials [S, M, N] that a small XLA epilogue adds in split order and rounds.
+
+quantize_x: the K loop walks blocks of X_GROUP (block_k must equal it). Per block, each row's
+scale is its largest magnitude over 448 (e4m3's largest), the block x / scale rounds to e4m3
+(nearest, ties to even), and the dot runs with the weight tile as its left operand: w [BN, BK]
+times xq [BM, BK] contracted over K gives [BN, BM] (the many weight rows fill the tensor cores'
+large M side, the few tokens the small N side, as CUTLASS's swapped operands for small M). The
+float32 block sum times the row's scale is added to the accumulator, which is transposed before
+the store. Scales per block of 128 follow the activations more closely than one per token (the
+XLA path's), so the two W8A8 paths differ in rounding; reference.quantized_matmul_fp8x_reference
+is this arithmetic in jnp.
 
 Tiling.fp8_bits converts float8_e4m3fn tiles to bfloat16 with integer operations instead of
 Triton's conversion: the byte's sign moves to bit 15 and its 4 exponent and 3 mantissa bits to
@@ -38,6 +51,9 @@ from pallas_kernels.ragged_paged_attention.gpu_write import triton_compiler_para
 
 BLOCK_M = 16  # rows per program: all of x (M <= MAX_ROWS), the tensor cores' smallest tile
 MAX_ROWS = BLOCK_M
+X_GROUP = 128  # quantize_x: values of K per activation scale
+FP8_MAX = 448.0  # float8_e4m3fn's largest finite magnitude
+QUANTIZE_X_BLOCK_N = 128
 WEIGHT_DTYPES = (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn))
 TARGET_PROGRAMS = 264  # two waves of an H100's 132 SMs: enough loads in flight
 
@@ -62,14 +78,21 @@ def _largest_pow2_divisor(n: int, cap: int) -> int:
   return block
 
 
-def default_tiling(n: int, k: int, block_n: int = 32, block_k: int = 256) -> Tiling:
+def default_tiling(
+  n: int, k: int, block_n: int | None = None, block_k: int = 256, *, quantize_x: bool = False
+) -> Tiling:
   """The tiling for a [N, K] weight: the largest block_n / block_k (up to the given) dividing N /
   K, and the fewest splits (a power of two, at most 8) that give TARGET_PROGRAMS programs. A
   weight wide enough to need no split walks K in halved blocks (block_k / 2, at least 16). The
-  rule and the defaults follow the tiling sweep on an H100 (docs/PERFORMANCE.md)."""
+  rule and the defaults (block_n 32) follow the tiling sweep on an H100 (docs/PERFORMANCE.md).
+  quantize_x: blocks of K are X_GROUP, block_n by default QUANTIZE_X_BLOCK_N (the fp8 dot's
+  left operand: more weight rows per program, the sweep on an H200)."""
+  if quantize_x:
+    block_n, block_k = block_n or QUANTIZE_X_BLOCK_N, X_GROUP
+  block_n = block_n or 32
   block_n = _largest_pow2_divisor(n, block_n)
   block_k = _largest_pow2_divisor(k, block_k)
-  if n // block_n >= TARGET_PROGRAMS and block_k > 16:
+  if n // block_n >= TARGET_PROGRAMS and block_k > 16 and not quantize_x:
     block_k //= 2
   splits = 1
   while (
@@ -79,9 +102,11 @@ def default_tiling(n: int, k: int, block_n: int = 32, block_k: int = 256) -> Til
   return Tiling(block_n, block_k, splits)
 
 
-def supports(m: int, n: int, k: int) -> bool:
-  """Whether the kernel takes these sizes: 1 <= M <= MAX_ROWS, N and K multiples of 16."""
-  return 1 <= m <= MAX_ROWS and n % 16 == 0 and k % 16 == 0 and n > 0 and k > 0
+def supports(m: int, n: int, k: int, quantize_x: bool = False) -> bool:
+  """Whether the kernel takes these sizes: 1 <= M <= MAX_ROWS, N and K multiples of 16 (K of
+  X_GROUP with quantize_x)."""
+  k_unit = X_GROUP if quantize_x else 16
+  return 1 <= m <= MAX_ROWS and n % 16 == 0 and k % k_unit == 0 and n > 0 and k > 0
 
 
 FP8_BITS_SCALE = 2.0**120  # bfloat16's exponent bias (127) less float8_e4m3fn's (7)
@@ -92,6 +117,16 @@ def _fp8_bits_to_bfloat16(w: jax.Array) -> jax.Array:
   b = jax.lax.bitcast_convert_type(w, jnp.uint8).astype(jnp.uint16)  # [BN, BK]
   bits = ((b & 0x80) << 8) | ((b & 0x7F) << 4)  # sign to bit 15, exponent and mantissa below it
   return jax.lax.bitcast_convert_type(bits, jnp.bfloat16)  # [BN, BK]
+
+
+def _quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """x [BM, BK] -> (x / scale rounded to float8_e4m3fn [BM, BK], scale float32[BM]): one scale
+  per row, its largest magnitude over FP8_MAX (rows of zeros: scale 0, values 0)."""
+  x = x.astype(jnp.float32)  # [BM, BK]
+  scale = jnp.max(jnp.abs(x), axis=1) / FP8_MAX  # [BM]
+  inverse = jnp.where(scale > 0, 1.0 / scale, 0.0)  # [BM]
+  xq = jnp.clip(x * inverse[:, None], -FP8_MAX, FP8_MAX)  # [BM, BK]
+  return xq.astype(jnp.float8_e4m3fn), scale
 
 
 def _kernel(
@@ -106,6 +141,7 @@ def _kernel(
   steps_per_split,
   partial,
   fp8_bits,
+  quantize_x,
 ):
   col_block, split = pl.program_id(0), pl.program_id(1)
   rows = jnp.arange(BLOCK_M, dtype=jnp.int32)  # [BM]
@@ -115,19 +151,24 @@ def _kernel(
   lanes = jnp.arange(block_k, dtype=jnp.int32)[None, :]  # [1, BK]
   first = split * steps_per_split * block_k
 
+  dims = (((1,), (1,)), ((), ()))
+
   def fold(i, acc):
     k = first + i * block_k
     x = plgpu.load(
       x_ref.at[rows, k + lanes], mask=jnp.broadcast_to(row_mask, (BLOCK_M, block_k)), other=0
     )  # [BM, BK]
     w = w_ref[cols, pl.ds(k, block_k)]  # [BN, BK] 8-bit
+    if quantize_x:
+      xq, x_scale = _quantize_rows(x)  # [BM, BK] float8_e4m3fn, [BM]
+      block = jax.lax.dot_general(w, xq, dims, preferred_element_type=jnp.float32)  # [BN, BM]
+      return acc + block * x_scale[None, :]
     w = (_fp8_bits_to_bfloat16(w) if fp8_bits else w).astype(x.dtype)  # [BN, BK]
-    dims = (((1,), (1,)), ((), ()))
     return acc + jax.lax.dot_general(x, w, dims, preferred_element_type=jnp.float32)  # [BM, BN]
 
-  acc = jax.lax.fori_loop(
-    0, steps_per_split, fold, jnp.zeros((BLOCK_M, block_n), jnp.float32)
-  )  # [BM, BN]
+  acc_shape = (block_n, BLOCK_M) if quantize_x else (BLOCK_M, block_n)
+  acc = jax.lax.fori_loop(0, steps_per_split, fold, jnp.zeros(acc_shape, jnp.float32))
+  acc = acc.T if quantize_x else acc  # [BM, BN]
   scale = scale_ref[cols] * FP8_BITS_SCALE if fp8_bits else scale_ref[cols]  # [BN]
   acc = acc * scale[None, :]
   out_cols = col_block * block_n + jnp.arange(block_n, dtype=jnp.int32)[None, :]  # [1, BN]
@@ -136,8 +177,8 @@ def _kernel(
   plgpu.store(target, acc.astype(o_ref.dtype), mask=mask)
 
 
-@functools.partial(jax.jit, static_argnames=("tiling", "interpret"))
-def _quantized_matmul(x, w, scale, *, tiling: Tiling, interpret: bool):
+@functools.partial(jax.jit, static_argnames=("tiling", "quantize_x", "interpret"))
+def _quantized_matmul(x, w, scale, *, tiling: Tiling, quantize_x: bool, interpret: bool):
   (m, k), n = x.shape, w.shape[0]
   splits = tiling.num_splits
   partial = splits > 1
@@ -148,7 +189,8 @@ def _quantized_matmul(x, w, scale, *, tiling: Tiling, interpret: bool):
     block_k=tiling.block_k,
     steps_per_split=k // (tiling.block_k * splits),
     partial=partial,
-    fp8_bits=tiling.fp8_bits and w.dtype == jnp.float8_e4m3fn,
+    fp8_bits=tiling.fp8_bits and w.dtype == jnp.float8_e4m3fn and not quantize_x,
+    quantize_x=quantize_x,
   )
   out_shape = (splits, m, n) if partial else (m, n)
   y = pl.pallas_call(
@@ -172,10 +214,27 @@ def quantized_matmul(
   scale: jax.Array,  # float32[N]: one per output channel
   *,
   tiling: Tiling | None = None,
+  quantize_x: bool = False,
   interpret: bool = False,
 ) -> jax.Array:
   """x @ (w * scale[:, None]).T -> [M, N] in x's dtype (float32 accumulation). tiling: default
-  default_tiling(N, K); N must be a multiple of block_n and K of block_k * num_splits."""
+  default_tiling(N, K, quantize_x=quantize_x); N must be a multiple of block_n and K of block_k *
+  num_splits. quantize_x (float8_e4m3fn w only, block_k X_GROUP): x quantized to e4m3 per row and
+  X_GROUP of K, the dot on fp8 operands (the module docstring)."""
+  _check_arrays(x, w, scale)
+  if quantize_x and w.dtype != jnp.float8_e4m3fn:
+    raise ValueError(f"quantized_matmul: w: quantize_x needs float8_e4m3fn, got {w.dtype}")
+  if not supports(*x.shape[:1], *w.shape, quantize_x):
+    unit = X_GROUP if quantize_x else 16
+    raise ValueError(
+      f"quantized_matmul: w: N must be a multiple of 16 and K of {unit}, got {w.shape}"
+    )
+  tiling = tiling or default_tiling(*w.shape, quantize_x=quantize_x)
+  _check_tiling(tiling, w.shape, quantize_x)
+  return _quantized_matmul(x, w, scale, tiling=tiling, quantize_x=quantize_x, interpret=interpret)
+
+
+def _check_arrays(x: jax.Array, w: jax.Array, scale: jax.Array) -> None:
   if x.ndim != 2 or not 1 <= x.shape[0] <= MAX_ROWS:
     raise ValueError(
       f"quantized_matmul: x: expected [M, K] with 1 <= M <= {MAX_ROWS}, got {x.shape}"
@@ -192,15 +251,18 @@ def quantized_matmul(
       f"quantized_matmul: scale: expected float32[{w.shape[0]}], "
       f"got {scale.dtype}{list(scale.shape)}"
     )
-  if not supports(*x.shape[:1], *w.shape):
-    raise ValueError(f"quantized_matmul: w: N and K must be multiples of 16, got {w.shape}")
-  tiling = tiling or default_tiling(*w.shape)
+
+
+def _check_tiling(tiling: Tiling, w_shape: tuple[int, ...], quantize_x: bool) -> None:
   blocks = (tiling.block_n, tiling.block_k)
   if any(b < 16 or b & (b - 1) for b in blocks) or tiling.num_splits < 1:
     raise ValueError(f"quantized_matmul: tiling: blocks must be powers of two >= 16, got {tiling}")
-  if w.shape[0] % tiling.block_n or w.shape[1] % (tiling.block_k * tiling.num_splits):
+  if w_shape[0] % tiling.block_n or w_shape[1] % (tiling.block_k * tiling.num_splits):
     raise ValueError(
-      f"quantized_matmul: tiling: N {w.shape[0]} must be a multiple of block_n and K "
-      f"{w.shape[1]} of block_k * num_splits, got {tiling}"
+      f"quantized_matmul: tiling: N {w_shape[0]} must be a multiple of block_n and K "
+      f"{w_shape[1]} of block_k * num_splits, got {tiling}"
     )
-  return _quantized_matmul(x, w, scale, tiling=tiling, interpret=interpret)
+  if quantize_x and tiling.block_k != X_GROUP:
+    raise ValueError(
+      f"quantized_matmul: tiling: quantize_x needs block_k {X_GROUP}, got {tiling.block_k}"
+    )

@@ -2,16 +2,25 @@
 on the Pallas weight-only kernel (pallas_kernels/quantized_matmul, interpret mode on CPU) and
 give the greedy tokens and logprobs of the same model on XLA's GEMM (the same arithmetic: the
 int8 weight converted to the model's dtype, float32 accumulation, the scale; only the order of
-the float32 sums differs), and the choice between them is `auto`'s rule."""
+the float32 sums differs), the arithmetic each scheme's projection runs on the kernel (fp8 W8A8
+with x quantized per 128 of K, every other scheme weight-only), and the choice between XLA and
+the kernel is `auto`'s rule."""
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxserve.config import EngineConfig
+from jaxserve.models.quantized_dense import QuantizedDense
 from jaxserve.parallel.placement import quantized_gemm
+from jaxserve.quantization.scheme import SCHEMES
 from jaxserve.sampling_params import SamplingParams
+from pallas_kernels.quantized_matmul.reference import (
+  quantized_matmul_fp8x_reference,
+  quantized_matmul_reference,
+)
 from tests.integration.engine_helpers import run_to_completion, small_engine
 
 PROMPTS = [[1 + i, 7, 30 + i, 4, 5] for i in range(4)]
@@ -38,12 +47,33 @@ def test_decode_on_the_pallas_kernel_matches_xla():
 
 
 @pytest.mark.parametrize(
+  "scheme,x_quantized", [("fp8", True), ("fp8_w8a16", False), ("int8", False), ("int8_w8a8", False)]
+)
+def test_each_schemes_projection_runs_its_arithmetic_on_the_kernel(scheme, x_quantized):
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((2, 3, 256)) * 5, jnp.float32)  # 6 rows: a decode step
+  dense = QuantizedDense(64, jnp.float32, SCHEMES[scheme], small_batch_kernel="pallas_gpu")
+  dtype = jnp.dtype(SCHEMES[scheme].weight_dtype)
+  kernel = jnp.asarray(np.clip(rng.standard_normal((64, 256)) * 100, -127, 127)).astype(dtype)
+  scale = jnp.asarray(rng.random(64) * 0.01 + 1e-3, jnp.float32)
+  y = dense.apply({"params": {"kernel": kernel, "scale": scale}}, x)  # [2, 3, 64]
+  reference = quantized_matmul_fp8x_reference if x_quantized else quantized_matmul_reference
+  expected = reference(x.reshape(6, 256), kernel, scale).reshape(2, 3, 64)
+  np.testing.assert_allclose(np.asarray(y), np.asarray(expected), rtol=1e-5, atol=1e-5)
+  other = quantized_matmul_reference if x_quantized else quantized_matmul_fp8x_reference
+  if dtype == jnp.float8_e4m3fn:  # the two arithmetics differ on these values
+    assert not np.allclose(
+      np.asarray(y).reshape(6, 64), np.asarray(other(x.reshape(6, 256), kernel, scale))
+    )
+
+
+@pytest.mark.parametrize(
   "setting,scheme,platform,expected",
   [
     ("auto", "int8", None, "xla"),  # this suite's CPU
     ("auto", "fp8", "cpu", "xla"),
     ("auto", "fp8", "tpu", "xla"),
-    ("auto", "fp8", "gpu", "pallas_gpu"),  # W8A8 too: decode steps compute weight-only
+    ("auto", "fp8", "gpu", "pallas_gpu"),  # W8A8 too: x quantized in the kernel
     ("auto", "int8", "gpu", "pallas_gpu"),
     ("auto", "none", "gpu", "xla"),
     ("xla", "fp8", "gpu", "xla"),

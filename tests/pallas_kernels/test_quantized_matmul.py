@@ -1,6 +1,7 @@
-"""The weight-only quantized Pallas matmul (pallas_kernels/quantized_matmul) against its pure-jnp
-reference and hand-computed values, its shape checks, its tiling rule, and its lowering for CUDA.
-Compiled on a GPU, in Pallas interpret mode elsewhere."""
+"""The quantized Pallas matmul (pallas_kernels/quantized_matmul), weight-only and with quantize_x
+(x quantized to fp8 per row and 128 of K), against its pure-jnp references and hand-computed
+values, its shape checks, its tiling rule, and its lowering for CUDA. Compiled on a GPU, in
+Pallas interpret mode elsewhere."""
 
 from __future__ import annotations
 
@@ -13,12 +14,16 @@ import pytest
 
 from pallas_kernels.quantized_matmul.gpu import (
   TARGET_PROGRAMS,
+  X_GROUP,
   Tiling,
   default_tiling,
   quantized_matmul,
   supports,
 )
-from pallas_kernels.quantized_matmul.reference import quantized_matmul_reference
+from pallas_kernels.quantized_matmul.reference import (
+  quantized_matmul_fp8x_reference,
+  quantized_matmul_reference,
+)
 from tests.pallas_kernels.test_gpu_lowering import _custom_call_targets, _lower_for_cuda
 
 INTERPRET = jax.default_backend() != "gpu"
@@ -71,8 +76,63 @@ def test_random_sweep_against_reference(m, n, k, dtype, x_dtype, tiling):
   out = quantized_matmul(x, w, scale, tiling=tiling, interpret=INTERPRET)
   assert out.shape == (m, n) and out.dtype == x_dtype
   reference = np.asarray(quantized_matmul_reference(x, w, scale), np.float32)
-  tolerance = 1e-5 if x_dtype == jnp.float32 else 1e-2
+  tolerance = 1e-5 if x_dtype == jnp.float32 and INTERPRET else 1e-2  # GPUs: f32 dots in TF32
   np.testing.assert_allclose(np.asarray(out, np.float32), reference, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_quantize_x_hand_computed(splits):
+  """x quantized per row and group of 128: a group whose largest magnitude is 448 keeps scale 1;
+  0.875 / 448 is 2**-9 exactly; 1.1 rounds to e4m3's 1.125, which the output shows."""
+  x = np.zeros((4, 256), np.float32)
+  x[0, :2] = [448.0, 2.0]  # group 0, scale 1: 448 * w[:, 0] + 2 * w[:, 1]
+  x[1, 200] = -0.875  # group 1, scale 2**-9: -448 * w[:, 200] * 2**-9
+  x[2] = 0.875  # both groups, scale 2**-9: every value 448 before the scale
+  x[3, :2] = [448.0, 1.1]  # 1.1 -> 1.125
+  w = np.zeros((16, 256), np.float32)  # [N, K]
+  w[0, 0], w[0, 1], w[5, 200] = 3.0, 4.0, 8.0
+  w[15] = 2.0
+  scale = np.ones(16, np.float32)
+  scale[0], scale[15] = 0.5, 0.25
+  out = quantized_matmul(
+    jnp.asarray(x),
+    jnp.asarray(w).astype(jnp.float8_e4m3fn),
+    jnp.asarray(scale),
+    tiling=Tiling(16, X_GROUP, splits),
+    quantize_x=True,
+    interpret=INTERPRET,
+  )
+  expected = np.zeros((4, 16), np.float32)
+  expected[0, 0], expected[0, 15] = (448 * 3 + 2 * 4) * 0.5, (448 + 2) * 2 * 0.25
+  expected[1, 5], expected[1, 15] = -7.0, -0.875 * 2 * 0.25
+  expected[2, 0], expected[2, 5], expected[2, 15] = 0.875 * 7 * 0.5, 7.0, 0.875 * 512 * 0.25
+  expected[3, 0], expected[3, 15] = (448 * 3 + 1.125 * 4) * 0.5, (448 + 1.125) * 2 * 0.25
+  np.testing.assert_array_equal(np.asarray(out), expected)
+
+
+@pytest.mark.parametrize(
+  "m,n,k,x_dtype,tiling",
+  [
+    (1, 16, 128, jnp.float32, Tiling(16, 128)),
+    (5, 64, 512, jnp.float32, Tiling(32, 128, 2)),
+    (8, 128, 256, jnp.bfloat16, None),
+    (16, 64, 1024, jnp.bfloat16, Tiling(64, 128, 4, num_warps=8)),
+    (11, 96, 384, jnp.bfloat16, Tiling(32, 128, 3)),
+  ],
+)
+def test_quantize_x_random_sweep_against_reference(m, n, k, x_dtype, tiling):
+  rng = np.random.default_rng(m * n + k)
+  x = rng.standard_normal((m, k)) * rng.choice([0.01, 1.0, 30.0], size=(m, 1))  # rows' scales
+  x = jnp.asarray(x, jnp.float32).astype(x_dtype)
+  w = jnp.asarray(np.clip(rng.standard_normal((n, k)) * 100, -448, 448)).astype(jnp.float8_e4m3fn)
+  scale = jnp.asarray(rng.random(n) * 0.01 + 1e-3, jnp.float32)
+  out = quantized_matmul(x, w, scale, tiling=tiling, quantize_x=True, interpret=INTERPRET)
+  assert out.shape == (m, n) and out.dtype == x_dtype
+  reference = np.asarray(quantized_matmul_fp8x_reference(x, w, scale), np.float32)
+  tolerance = 1e-5 if x_dtype == jnp.float32 and INTERPRET else 1e-2  # GPUs: f32 dots in TF32
+  np.testing.assert_allclose(np.asarray(out, np.float32), reference, rtol=tolerance, atol=tolerance)
+  weight_only = np.asarray(quantized_matmul_reference(x, w, scale), np.float32)
+  assert np.max(np.abs(reference - weight_only)) <= 0.1 * np.max(np.abs(weight_only))
 
 
 def test_fp8_bits_converts_every_float8_value_exactly():
@@ -110,7 +170,7 @@ def _args(m=4, n=32, k=64, w_dtype=jnp.int8):
     (_args(w_dtype=jnp.bfloat16), None, "w: expected int8 or float8_e4m3fn"),
     ((_args()[0], jnp.zeros((32, 32), jnp.int8), _args()[2]), None, "w: expected"),
     (_args()[:2] + (jnp.zeros((31,), jnp.float32),), None, "scale: expected float32[32]"),
-    (_args(n=24), None, "w: N and K must be multiples of 16"),
+    (_args(n=24), None, "w: N must be a multiple of 16 and K of 16"),
     (_args(), Tiling(24, 16), "tiling: blocks must be powers of two"),
     (_args(), Tiling(64, 16), "tiling: N 32 must be a multiple of block_n"),
     (_args(), Tiling(16, 64, 2), "tiling: N 32 must be a multiple of block_n and K 64"),
@@ -121,6 +181,19 @@ def test_bad_shapes_raise_value_errors_naming_the_array(args, tiling, field):
     quantized_matmul(*args, tiling=tiling, interpret=True)
 
 
+@pytest.mark.parametrize(
+  "args,tiling,field",
+  [
+    (_args(k=256), None, "w: quantize_x needs float8_e4m3fn, got int8"),
+    (_args(k=192, w_dtype=jnp.float8_e4m3fn), None, "w: N must be a multiple of 16 and K of 128"),
+    (_args(k=256, w_dtype=jnp.float8_e4m3fn), Tiling(16, 256), "tiling: quantize_x needs block_k"),
+  ],
+)
+def test_quantize_x_refuses_what_it_cannot_run(args, tiling, field):
+  with pytest.raises(ValueError, match="quantized_matmul: " + field):
+    quantized_matmul(*args, tiling=tiling, quantize_x=True, interpret=True)
+
+
 def test_default_tiling_divides_and_fills_the_gpu():
   for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (48, 64), (96, 80)):
     tiling = default_tiling(n, k)
@@ -129,19 +202,30 @@ def test_default_tiling_divides_and_fills_the_gpu():
     assert programs >= TARGET_PROGRAMS or tiling.num_splits == 8 or n * k < 1 << 20
   assert default_tiling(4096, 14336).num_splits > 1  # a narrow N splits K
   assert default_tiling(28672, 4096).num_splits == 1
+  for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
+    tiling = default_tiling(n, k, quantize_x=True)
+    assert tiling.block_k == X_GROUP and k % (X_GROUP * tiling.num_splits) == 0
+    programs = n // tiling.block_n * tiling.num_splits
+    assert tiling.block_n == 128 and (programs >= TARGET_PROGRAMS or tiling.num_splits == 8)
   assert supports(16, 32, 64) and not supports(17, 32, 64) and not supports(4, 24, 64)
 
 
 @pytest.mark.parametrize(
-  "w_dtype,tiling",
-  [(jnp.int8, None), (jnp.float8_e4m3fn, None), (jnp.float8_e4m3fn, Tiling(fp8_bits=True))],
+  "w_dtype,tiling,quantize_x",
+  [
+    (jnp.int8, None, False),
+    (jnp.float8_e4m3fn, None, False),
+    (jnp.float8_e4m3fn, Tiling(fp8_bits=True), False),
+    (jnp.float8_e4m3fn, None, True),
+  ],
 )
-def test_lowers_to_one_triton_call_for_cuda(w_dtype, tiling):
+def test_lowers_to_one_triton_call_for_cuda(w_dtype, tiling, quantize_x):
   args = (
     jax.ShapeDtypeStruct((8, 4096), jnp.bfloat16),
     jax.ShapeDtypeStruct((6144, 4096), w_dtype),
     jax.ShapeDtypeStruct((6144,), jnp.float32),
   )
-  text = _lower_for_cuda(functools.partial(quantized_matmul, tiling=tiling), *args)
+  fn = functools.partial(quantized_matmul, tiling=tiling, quantize_x=quantize_x)
+  text = _lower_for_cuda(fn, *args)
   assert _custom_call_targets(text) == {"__gpu$xla.gpu.triton"}
   assert text.count("custom_call @__gpu$xla.gpu.triton") == 1
