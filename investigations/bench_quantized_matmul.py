@@ -100,7 +100,9 @@ def bench_shape(
     add("xla bfloat16", _timed_us(lambda x, w: x @ w, x, bf16, NO_TRITON_GEMM), 2 * n * k)
     bf16 = [(w.T, jnp.ones((n,), jnp.float32)) for (w,) in bf16]  # [N, K] for the kernel
     tiling = default_tiling(n, k)
-    fn = lambda x, w, s: _quantized_matmul(x, w, s, tiling=tiling, quantize_x=False, interpret=False)
+    fn = lambda x, w, s: _quantized_matmul(
+      x, w, s, tiling=tiling, quantize_x=False, interpret=False
+    )
     add("pallas bf16 (no convert)", _timed_us(fn, x, bf16), 2 * n * k)
     del bf16
   for dtype, schemes in DTYPES.items():
