@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -11,6 +12,18 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "jaxserve"
 KERNELS = ROOT / "pallas_kernels"
 JAX = ("jax", "jaxlib", "flax")
+
+
+def parse(path: Path) -> ast.Module:
+  """The file's syntax tree, parsed once per process and version of the file (the checks only
+  read the trees; about 300 files are walked by each of a hundred tests)."""
+  stat = path.stat()
+  return _parse(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.cache
+def _parse(path: Path, mtime_ns: int, size: int) -> ast.Module:
+  return ast.parse(path.read_text(), str(path))
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -27,7 +40,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
   module)."""
   is_package = path.name == "__init__.py"
   found = set()
-  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+  for node in ast.walk(parse(path)):
     if isinstance(node, ast.Import):
       found.update(alias.name for alias in node.names)
     elif isinstance(node, ast.ImportFrom):
@@ -180,11 +193,17 @@ def backend_name_tests(tree: ast.AST) -> list[int]:
 
 def definitions(name: str) -> list[str]:
   """Modules that define `name` (a def, class or assignment anywhere, methods included)."""
-  found = []
-  for module, path in package_modules().items():
-    for node in ast.walk(ast.parse(path.read_text())):
-      if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
-        found.append(module)
+  return _definition_index(tuple(package_modules().items())).get(name, [])
+
+
+@functools.cache
+def _definition_index(modules: tuple[tuple[str, Path], ...]) -> dict[str, list[str]]:
+  """Every name a module defines -> the modules defining it, in package_modules' order (one walk
+  over the package for all the names asked about)."""
+  index: dict[str, list[str]] = {}
+  for module, path in modules:
+    for node in ast.walk(parse(path)):
+      names = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else []
       targets = (
         node.targets
         if isinstance(node, ast.Assign)
@@ -192,9 +211,10 @@ def definitions(name: str) -> list[str]:
         if isinstance(node, ast.AnnAssign)
         else []
       )
-      if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-        found.append(module)
-  return found
+      names += [t.id for t in targets if isinstance(t, ast.Name)]
+      for name in names:
+        index.setdefault(name, []).append(module)
+  return index
 
 
 def reads_sampling_rows(tree: ast.AST) -> bool:

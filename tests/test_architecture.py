@@ -44,6 +44,7 @@ from tests.source_graph import (
   jax_reach,
   package_graph,
   package_modules,
+  parse,
   reach,
   within,
 )
@@ -263,7 +264,7 @@ def test_imports_are_explicit():
   dynamic = [
     module
     for module, path in package_modules().items()
-    for node in ast.walk(ast.parse(path.read_text()))
+    for node in ast.walk(parse(path))
     if isinstance(node, ast.Call)
     and (
       (isinstance(node.func, ast.Name) and node.func.id == "__import__")
@@ -301,7 +302,7 @@ def process_starts(path: Path) -> list[str]:
   """What in a module could start a process: an import of multiprocessing or subprocess (or
   of a name from them), or a call like os.fork(), Process(...), Popen(...)."""
   found = []
-  for node in ast.walk(ast.parse(path.read_text())):
+  for node in ast.walk(parse(path)):
     if isinstance(node, ast.Import):
       found += [a.name for a in node.names if within(a.name, PROCESS_MODULES)]
     elif (

@@ -26,6 +26,7 @@ from tests.source_graph import (
   backend_name_tests,
   definitions,
   package_modules,
+  parse,
   positional_row_reads,
   reads_sampling_rows,
   within,
@@ -41,7 +42,7 @@ def test_no_decision_by_an_attention_backends_name():
     (str(path.relative_to(ROOT)), line)
     for root in (PACKAGE, KERNELS, TESTS)
     for path in sorted(root.rglob("*.py"))
-    for line in backend_name_tests(ast.parse(path.read_text(), str(path)))
+    for line in backend_name_tests(parse(path))
   ]
   assert found == []
 
@@ -84,7 +85,7 @@ def test_sampling_rows_are_read_by_column_name():
   position or restates its width (the batch builder, the request and the step inputs handle
   rows)."""
   readers = {
-    module: ast.parse(path.read_text())
+    module: parse(path)
     for module, path in package_modules().items()
     if not within(module, ("jaxserve.messages",))
   }
@@ -112,7 +113,7 @@ def test_one_seed_plus_k():
   found = [
     module
     for module, path in package_modules().items()
-    for node in ast.walk(ast.parse(path.read_text()))
+    for node in ast.walk(parse(path))
     if adds_to_seed(node)
   ]
   assert found == ["jaxserve.sampling_params"]
@@ -127,7 +128,7 @@ def waiting_limit_checks(path: Path) -> int:
     return name.startswith("max_waiting")
 
   found = 0
-  for node in ast.walk(ast.parse(path.read_text())):
+  for node in ast.walk(parse(path)):
     if isinstance(node, ast.Compare):
       sides = [node.left, *node.comparators]
       if any(is_limit(side) for side in sides) and not any(
@@ -149,7 +150,7 @@ def test_no_subclass_of_the_runner():
   subclasses = [
     (module, node.name)
     for module, path in package_modules().items()
-    for node in ast.walk(ast.parse(path.read_text()))
+    for node in ast.walk(parse(path))
     if isinstance(node, ast.ClassDef)
     and any(isinstance(b, ast.Name) and b.id == "ModelRunner" for b in node.bases)
   ]
