@@ -13,6 +13,8 @@
 #   bitscheck  the kernel's fp8_bits conversion of every float8_e4m3fn value, on the GPU
 #   fp8bits  later steps convert fp8 weights by bit operations in the Pallas kernel (sets
 #            Tiling.fp8_bits' default in this run's copy of the tree, for a side-by-side run)
+#   splits16 later steps split K up to 16 ways toward 528 programs (default_tiling's rule, in
+#            this run's copy of the tree)
 # The wheels jaxserve needs beyond the device image (msgspec, llguidance) are carried in .whl/.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"; LOGS=/tmp/logs; mkdir -p $LOGS
@@ -88,5 +90,6 @@ PY
       --max-num-seqs 8 --max-num-batched-tokens 128 --set "scheduler.seq_buckets=[8]" --set "scheduler.token_buckets=[8,128]" --max-model-len 2176 --num-seqs $n --context 512 --trace-top 20 --log-level WARNING --out "$OUT/prof_${q}_${k}_${n}_${g}_${qg}.json" > $LOGS/$s.log 2>&1 || echo "$s FAILED"
     grep -v "it/s\]\|^E11\|^W11" $LOGS/$s.log | tail -30 | tee -a "$OUT/summary.txt" ;;
   bitscheck) python3 -c "from tests.pallas_kernels.test_quantized_matmul import test_fp8_bits_converts_every_float8_value_exactly as t; t(); print('fp8_bits: every float8_e4m3fn value exact on the GPU')" 2>&1 | grep -v "^E11\|^W11" | tail -3 | tee -a "$OUT/summary.txt" ;;
+  splits16) sed -i 's/^MAX_SPLITS = 8$/MAX_SPLITS = 16/; s/^TARGET_PROGRAMS = 264 /TARGET_PROGRAMS = 528 /' pallas_kernels/quantized_matmul/gpu.py && grep -E "^(MAX_SPLITS|TARGET_PROGRAMS)" pallas_kernels/quantized_matmul/gpu.py | tr '\n' ' ' | tee -a "$OUT/summary.txt"; echo | tee -a "$OUT/summary.txt" ;;
   fp8bits) sed -i 's/fp8_bits: bool = False/fp8_bits: bool = True/' pallas_kernels/quantized_matmul/gpu.py && echo "fp8_bits on" | tee -a "$OUT/summary.txt" ;;
 esac; done

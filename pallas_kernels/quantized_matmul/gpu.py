@@ -56,6 +56,7 @@ FP8_MAX = 448.0  # float8_e4m3fn's largest finite magnitude
 QUANTIZE_X_BLOCK_N = 128
 WEIGHT_DTYPES = (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn))
 TARGET_PROGRAMS = 264  # two waves of an H100's 132 SMs: enough loads in flight
+MAX_SPLITS = 8
 
 
 @dataclass(frozen=True)
@@ -82,11 +83,12 @@ def default_tiling(
   n: int, k: int, block_n: int | None = None, block_k: int = 256, *, quantize_x: bool = False
 ) -> Tiling:
   """The tiling for a [N, K] weight: the largest block_n / block_k (up to the given) dividing N /
-  K, and the fewest splits (a power of two, at most 8) that give TARGET_PROGRAMS programs. A
-  weight wide enough to need no split walks K in halved blocks (block_k / 2, at least 16). The
-  rule and the defaults (block_n 32) follow the tiling sweep on an H100 (docs/PERFORMANCE.md).
-  quantize_x: blocks of K are X_GROUP, block_n by default QUANTIZE_X_BLOCK_N (the fp8 dot's
-  left operand: more weight rows per program, the sweep on an H200)."""
+  K, and the fewest splits (a power of two, at most MAX_SPLITS) that give TARGET_PROGRAMS
+  programs. A weight wide enough to need no split walks K in halved blocks (block_k / 2, at
+  least 16). The rule and the defaults (block_n 32) follow the tiling sweep on an H100
+  (docs/PERFORMANCE.md). quantize_x: blocks of K are X_GROUP, block_n by default
+  QUANTIZE_X_BLOCK_N (the fp8 dot's left operand: more weight rows per program, the sweep on an
+  H200)."""
   if quantize_x:
     block_n, block_k = block_n or QUANTIZE_X_BLOCK_N, X_GROUP
   block_n = block_n or 32
@@ -96,7 +98,9 @@ def default_tiling(
     block_k //= 2
   splits = 1
   while (
-    (n // block_n) * splits < TARGET_PROGRAMS and splits < 8 and k % (block_k * splits * 2) == 0
+    (n // block_n) * splits < TARGET_PROGRAMS
+    and splits < MAX_SPLITS
+    and k % (block_k * splits * 2) == 0
   ):
     splits *= 2
   return Tiling(block_n, block_k, splits)
