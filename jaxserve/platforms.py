@@ -29,7 +29,7 @@ import os
 import sys
 from typing import MutableMapping, Sequence
 
-from jaxserve.device.device_memory import (
+from jaxserve.device.client_memory import (
   ClientMemorySetup,
   backend_started,
   configure_client_memory,
@@ -90,6 +90,6 @@ def skip_absent_tpu(environ: MutableMapping[str, str] | None = None) -> str | No
 def prepare_jax_process(memory_fraction: float) -> ClientMemorySetup:
   """What every process that serves on this machine's devices does before JAX starts a backend
   (the CLI's commands, LLM(...), the benchmarks): no libtpu probe without a TPU, and the JAX
-  client's arena set to cache.memory_fraction (device/device_memory.py)."""
+  client's arena set to cache.memory_fraction (device/client_memory.py)."""
   skip_absent_tpu()
   return configure_client_memory(memory_fraction)

@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from jaxserve.device.device_memory import (
-  DeviceMemory,
+from jaxserve.device.client_memory import (
   client_memory_env,
   configure_client_memory,
-  device_memory,
   fraction_var,
   gpu_expected,
+)
+from jaxserve.device.device_memory import (
+  DeviceMemory,
+  device_memory,
   kv_pool_bytes,
   max_concurrency,
   read_device_memory,
@@ -142,7 +144,7 @@ def test_env_sets_the_fraction_on_gpus_only():
 )
 def test_user_settings_win_with_a_log_line(name, value, caplog):
   environ = {name: value, "PATH": "/bin"}
-  with caplog.at_level(logging.INFO, logger="jaxserve.device.device_memory"):
+  with caplog.at_level(logging.INFO, logger="jaxserve.device.client_memory"):
     setup = configure_client_memory(0.9, environ, gpu=True)
   assert setup.set_vars == {} and environ == {name: value, "PATH": "/bin"}
   assert setup.user_vars == {name: value}
@@ -171,12 +173,12 @@ def test_gpu_expected_honours_jax_platforms():
 
 _CLI_PROBE = """
 import os, sys
-import jaxserve.device.device_memory as device_memory
-device_memory.gpu_expected = lambda environ: True  # this machine has no GPU plugin
+import jaxserve.device.client_memory as client_memory
+client_memory.gpu_expected = lambda environ: True  # this machine has no GPU plugin
 from jaxserve.cli import main
 code = main(["kv-plan", "--set", "cache.memory_fraction=0.8", "--memory-gb", "0.01",
              "--out", sys.argv[1]])
-print("RESULT", code, os.environ.get(device_memory.fraction_var()))
+print("RESULT", code, os.environ.get(client_memory.fraction_var()))
 """
 
 
