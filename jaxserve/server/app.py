@@ -25,12 +25,12 @@ from jaxserve.core.dp_client import EngineClient
 from jaxserve.core.streams import EngineDeadError
 from jaxserve.engine.admission import check_token_ids
 from jaxserve.server.chat import create_chat_completion
+from jaxserve.server.chat_messages import parse_messages
 from jaxserve.server.completions import create_completion
 from jaxserve.server.errors import ApiError, bad_request, internal, unavailable
 from jaxserve.server.generation import ClientDisconnected
 from jaxserve.server.metrics import CONTENT_TYPE, ServerMetrics
 from jaxserve.server.middleware import GuardMiddleware
-from jaxserve.server.protocol import parse_messages
 from jaxserve.server.state import ServingState, read_json
 from jaxserve.server.tokenizer_info import tokenizer_info
 from jaxserve.tokenizer.tokenizer import Tokenizer
