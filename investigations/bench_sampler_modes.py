@@ -21,7 +21,7 @@ import numpy as np
 
 from jaxserve.bench.timing import seconds_per_call
 from jaxserve.device.sampler import SamplerMode, sample
-from jaxserve.device.step_inputs import SamplingInputs
+from jaxserve.device.sampling_inputs import SamplingInputs
 from jaxserve.tools.json_file import write_json
 
 NUM_BANNED = 8

@@ -82,8 +82,8 @@ def test_one_definition_per_policy(name, where):
 
 def test_sampling_rows_are_read_by_column_name():
   """The row's layout is messages/sampling_row.py's alone: nobody else indexes a row by
-  position or restates its width (the batch builder, the request and the step inputs handle
-  rows)."""
+  position or restates its width (the batch builder, the request and the sampling inputs
+  handle rows)."""
   readers = {
     module: parse(path)
     for module, path in package_modules().items()
@@ -93,7 +93,7 @@ def test_sampling_rows_are_read_by_column_name():
   assert {
     "jaxserve.engine.request",
     "jaxserve.engine.batch_builder",
-    "jaxserve.device.step_inputs",
+    "jaxserve.device.sampling_inputs",
   } <= set(readers)
   assert {m: found for m, tree in readers.items() if (found := positional_row_reads(tree))} == {}
 

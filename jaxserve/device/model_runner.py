@@ -42,13 +42,8 @@ from flax import linen as nn
 from jaxserve.device.kv_cache import KVPages
 from jaxserve.device.packing import PackedStepInputs, pack
 from jaxserve.device.sampler import SampleOutput, SamplerMode
-from jaxserve.device.step_inputs import (
-  PreviousSamples,
-  StepInputs,
-  StepShape,
-  build_step_inputs,
-  with_token_bitmask,
-)
+from jaxserve.device.sampling_inputs import with_token_bitmask
+from jaxserve.device.step_inputs import PreviousSamples, StepInputs, StepShape, build_step_inputs
 from jaxserve.device.step_programs import StepPrograms
 from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.messages.scheduled_batch import ScheduledBatch, TokenBitmask

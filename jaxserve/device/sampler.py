@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.device.step_inputs import SamplingInputs
+from jaxserve.device.sampling_inputs import SamplingInputs
 from jaxserve.device.token_bitmask import apply_token_bitmask
 from jaxserve.sampling_params import MAX_LOGPROBS
 

@@ -19,7 +19,7 @@ from jaxserve.device.sampler import (
   mask_banned,
   sample,
 )
-from jaxserve.device.step_inputs import NUM_BANNED_IDS, SamplingInputs
+from jaxserve.device.sampling_inputs import NUM_BANNED_IDS, SamplingInputs
 from jaxserve.device.token_bitmask import bitmask_words
 from jaxserve.sampling_params import MAX_LOGIT_BIAS
 from pallas_kernels.greedy_sample.gpu import greedy_sample
