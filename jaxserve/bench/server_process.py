@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 import httpx
 
@@ -115,12 +116,8 @@ class ServerProcess:
     return "\n".join(self.log_path.read_text().splitlines()[-lines:])
 
   def dump_stacks(self) -> None:
-    """Every server process prints its threads' stacks to the log (SIGUSR1: log_setup.py)."""
-    for pid in server_pids(self.process.pid):
-      try:
-        os.kill(pid, signal.SIGUSR1)
-      except ProcessLookupError:
-        continue
+    """Every server process prints its threads' stacks to the log (dump_stacks)."""
+    dump_stacks(self.process.pid, self.log)
 
   def stop(self, timeout: float = 120.0) -> int:
     """SIGTERM (drain), then kill if it has not exited within `timeout`; the exit status."""
@@ -132,3 +129,17 @@ class ServerProcess:
       code = self.process.wait(10)
     self.log.close()
     return code
+
+
+def dump_stacks(supervisor: int, log: TextIO, gap_s: float = 0.5) -> None:
+  """The supervisor and each process it serves with print their threads' stacks (SIGUSR1:
+  log_setup.py) to their stderr, `log`, one process at a time, `gap_s` apart and each after a
+  line naming its pid, so the dumps of different processes do not interleave."""
+  for pid in server_pids(supervisor):
+    log.write(f"--- stacks of server process {pid} (SIGUSR1) ---\n")
+    log.flush()
+    try:
+      os.kill(pid, signal.SIGUSR1)
+    except ProcessLookupError:
+      continue
+    time.sleep(gap_s)
