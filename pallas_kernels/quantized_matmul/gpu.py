@@ -53,6 +53,7 @@ BLOCK_M = 16  # rows per program: all of x (M <= MAX_ROWS), the tensor cores' sm
 MAX_ROWS = BLOCK_M
 X_GROUP = 128  # quantize_x: values of K per activation scale
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite magnitude
+MIN_X_SCALE = 2.0**-120  # quantize_x: smaller activation scales (1 / scale past float32) -> 0
 QUANTIZE_X_BLOCK_N = 128
 WEIGHT_DTYPES = (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn))
 TARGET_PROGRAMS = 264  # two waves of an H100's 132 SMs: enough loads in flight
@@ -125,10 +126,11 @@ def _fp8_bits_to_bfloat16(w: jax.Array) -> jax.Array:
 
 def _quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   """x [BM, BK] -> (x / scale rounded to float8_e4m3fn [BM, BK], scale float32[BM]): one scale
-  per row, its largest magnitude over FP8_MAX (rows of zeros: scale 0, values 0)."""
+  per row, its largest magnitude over FP8_MAX; a row whose scale is below MIN_X_SCALE (zeros, or
+  values so small that 1 / scale would overflow float32) quantizes to zeros."""
   x = x.astype(jnp.float32)  # [BM, BK]
   scale = jnp.max(jnp.abs(x), axis=1) / FP8_MAX  # [BM]
-  inverse = jnp.where(scale > 0, 1.0 / scale, 0.0)  # [BM]
+  inverse = jnp.where(scale >= MIN_X_SCALE, 1.0 / jnp.maximum(scale, MIN_X_SCALE), 0.0)  # [BM]
   xq = jnp.clip(x * inverse[:, None], -FP8_MAX, FP8_MAX)  # [BM, BK]
   return xq.astype(jnp.float8_e4m3fn), scale
 

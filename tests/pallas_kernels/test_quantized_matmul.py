@@ -110,6 +110,24 @@ def test_quantize_x_hand_computed(splits):
   np.testing.assert_array_equal(np.asarray(out), expected)
 
 
+def test_quantize_x_rows_too_small_to_scale_are_zeros():
+  """A group whose scale is below MIN_X_SCALE (1 / scale could overflow float32) quantizes to
+  zeros, in the kernel and the reference alike; the other rows are unaffected."""
+  rng = np.random.default_rng(1)
+  x = np.asarray(rng.standard_normal((3, 128)), np.float32)
+  x[1] = 1e-34  # scale 2.2e-37 < 2**-120
+  x[2, :64] = 0.0  # a half-zero row is an ordinary row
+  w = jnp.asarray(np.clip(rng.standard_normal((16, 128)) * 100, -448, 448)).astype(
+    jnp.float8_e4m3fn
+  )
+  scale = jnp.ones(16, jnp.float32)
+  out = np.asarray(quantized_matmul(jnp.asarray(x), w, scale, quantize_x=True, interpret=INTERPRET))
+  reference = np.asarray(quantized_matmul_fp8x_reference(jnp.asarray(x), w, scale))
+  assert np.all(np.isfinite(out)) and np.all(out[1] == 0) and np.all(reference[1] == 0)
+  assert np.any(out[0] != 0) and np.any(out[2] != 0)
+  np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(
   "m,n,k,x_dtype,tiling",
   [
