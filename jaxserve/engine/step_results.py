@@ -43,12 +43,10 @@ def apply_step_output(
   for i, (request_id, request, num_tokens, sample) in enumerate(
     zip(batch.request_ids, requests, batch.query_lens, batch.sample)
   ):
-    state = states.get(request_id)
-    if request.status.finished or state is None or state.request is not request:
-      cursor += num_tokens  # stopped or aborted while this step ran: results dropped
+    state = _live_state(request_id, request, states, now)
+    if state is None:
+      cursor += num_tokens
       continue
-    if state.first_scheduled_time is None:
-      state.first_scheduled_time = now
     if has_prompt_logprobs and state.prompt_logprobs is not None:
       for j in range(num_tokens):
         _record_prompt_logprob(state, host, batch.start_positions[i] + j, cursor + j)
@@ -74,11 +72,9 @@ def _apply_burst(
   touched, now = [], time.monotonic()
   sampled_ids, logprobs = host.token_ids.T.tolist(), host.logprobs.T.tolist()  # [S, steps]
   for i, (request_id, request) in enumerate(zip(batch.request_ids, requests)):
-    state = states.get(request_id)
-    if request.status.finished or state is None or state.request is not request:
+    state = _live_state(request_id, request, states, now)
+    if state is None:
       continue
-    if state.first_scheduled_time is None:
-      state.first_scheduled_time = now
     for token_id, logprob in zip(sampled_ids[i], logprobs[i]):
       status = state.append_token(
         token_id, TokenLogprob(token_id, logprob, ()) if state.wants_logprobs else None
@@ -88,6 +84,19 @@ def _apply_burst(
         break
     touched.append(state)
   return touched
+
+
+def _live_state(
+  request_id: str, request: Request, states: dict[str, RequestState], now: float
+) -> RequestState | None:
+  """The state a row's results go to, its first schedule time set; None when the request was
+  stopped or aborted while the step ran (its results are dropped)."""
+  state = states.get(request_id)
+  if request.status.finished or state is None or state.request is not request:
+    return None
+  if state.first_scheduled_time is None:
+    state.first_scheduled_time = now
+  return state
 
 
 def _sampled_logprob(
