@@ -1,8 +1,9 @@
 """One server configuration of scripts/gpu_defaults_serve.sh (issue 29): `jaxserve serve MODEL
 FLAGS` (--warmup full), then at rate inf (1000 x 256/256, every token streamed) `jaxserve bench
-serve`'s load (serve_vs_offline.run_load, client processes chosen by bench serve), the
-independent client (scripts/plain_client.py, --plain-processes processes) and bench serve again;
-then bench serve at --rate req/s for --rate-seconds (1024 in / 128 out, range ratio 0.5).
+serve`'s load (serve_vs_offline.run_load, client processes chosen by bench serve), then
+--rounds times the independent client (scripts/plain_client.py, --plain-processes processes)
+and bench serve again, each round on new prompts (no prefix-cache hits); then bench serve at
+--rate req/s for --rate-seconds (1024 in / 128 out, range ratio 0.5).
 `--quick` leaves out the independent client and the second bench serve run (a setting's sweep:
 one burst and the rate). One JSON in OUT/NAME.json; `--table OUT` prints the comparison of every
 NAME.json there.
@@ -41,6 +42,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--rate", type=float, default=16.0)
   parser.add_argument("--rate-seconds", type=float, default=30.0)
   parser.add_argument("--plain-processes", type=int, default=4)
+  parser.add_argument(
+    "--rounds", type=int, default=1, help="(plain client, bench serve) pairs after the first burst"
+  )
   parser.add_argument("--api-servers", type=int, default=1, help="to wait for before the load")
   parser.add_argument("--table", help="print the table of the JSON files in this folder")
   parser.add_argument("--quick", action="store_true", help="one burst, no plain client")
@@ -50,12 +54,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   return args
 
 
-def plain(server: ServerProcess, args, out: Path, pool: list[int]) -> dict:
-  path = out / f"{args.name}_plain.json"
+def plain(server: ServerProcess, args, out: Path, pool: list[int], round_: int = 0) -> dict:
+  path = out / f"{args.name}_plain{'' if round_ == 0 else round_}.json"
   command = [sys.executable, str(Path(__file__).with_name("plain_client.py")), "--url", server.url]
   command += ["--model", server.model, "--num-prompts", str(args.num_prompts)]
   command += ["--processes", str(args.plain_processes), "--out", str(path)]
   command += ["--token-range", f"{pool[len(pool) // 10]},{pool[-1]}"]  # of the model's vocabulary
+  command += ["--seed", str(11 + round_)]  # new prompts each round: no prefix-cache hits
   subprocess.run(command, check=False)
   return json.loads(path.read_text()) if path.exists() else {"error": "no result"}
 
@@ -156,7 +161,6 @@ def measure(args) -> int:
     server.wait_api_servers(args.api_servers, 600)
     _, pool = vocabulary(args.model)
     burst = random_requests(args.num_prompts, 256, 256, seed=0, token_ids=pool)
-    again = random_requests(args.num_prompts, 256, 256, seed=2, token_ids=pool)  # no cache hits
     url, name = server.url, server.model
     meter = CpuMeter(server.process.pid, args.api_servers)  # each server process's CPU share
     watchdog = Watchdog(server)
@@ -170,15 +174,21 @@ def measure(args) -> int:
       )
     ]
     if not args.quick:
-      result["plain_inf"] = watchdog.run("plain_inf", lambda: plain(server, args, out, pool))
-      result["bench_inf"].append(
-        watchdog.run(
-          "bench_inf_again",
-          lambda: with_server_gaps(
-            url, lambda: run_load(url, name, again, math.inf, processes=None, meter=meter)
-          ),
+      result["plain_runs"] = []
+      for round_ in range(args.rounds):
+        result["plain_runs"].append(
+          watchdog.run("plain_inf", lambda: plain(server, args, out, pool, round_))
         )
-      )
+        again = random_requests(args.num_prompts, 256, 256, seed=2 + round_, token_ids=pool)
+        result["bench_inf"].append(
+          watchdog.run(
+            "bench_inf_again",
+            lambda: with_server_gaps(
+              url, lambda: run_load(url, name, again, math.inf, processes=None, meter=meter)
+            ),
+          )
+        )
+      result["plain_inf"] = result["plain_runs"][0]
     count = max(4, round(args.rate * args.rate_seconds))
     steady = random_requests(count, 1024, 128, range_ratio=0.5, seed=1, token_ids=pool)
     result["bench_rate"] = watchdog.run(
@@ -229,7 +239,7 @@ def _itl(run: dict) -> str:
 
 def table(folder: Path) -> None:
   print(
-    "| run | bench serve tok/s (2 runs) | plain client tok/s | plain / bench median | "
+    "| run | bench serve tok/s (in order) | plain client tok/s (between) | plain / bench medians | "
     "TTFT p99 @rate | TPOT p99 @rate | ITL p50 / p99, TPOT p50 (inf) | "
     "ITL p50 / TPOT p50 (peak streams, TTFT p50, latest send's lag) per client process (inf) | "
     "gaps < 1 ms: client / API handler / engine | client CPU | server CPU (inf) | "
@@ -241,7 +251,8 @@ def table(folder: Path) -> None:
     if "bench_inf" not in data:
       continue
     bench = [r["metrics"]["output_throughput"] for r in data["bench_inf"]]
-    plain_tps = data.get("plain_inf", {}).get("output_tokens_per_s", float("nan"))
+    plains = [r.get("output_tokens_per_s", float("nan")) for r in data.get("plain_runs", [])]
+    plains = plains or [data.get("plain_inf", {}).get("output_tokens_per_s", float("nan"))]
     first = data["bench_inf"][0]
     per = ", ".join(
       f"{1e3 * (u['itl_p50_s'] or 0):.1f}/{1e3 * (u['tpot_p50_s'] or 0):.1f}"
@@ -251,12 +262,15 @@ def table(folder: Path) -> None:
     cpu = "/".join(f"{u['cpu_share']:.2f}" for u in first.get("client_usages", []))
     rate = data.get("bench_rate")
     runs = [*data["bench_inf"], *([rate] if rate else [])]
-    failed = sum(r["metrics"]["failed"] for r in runs) + data.get("plain_inf", {}).get("failed", 0)
+    failed = sum(r["metrics"]["failed"] for r in runs)
+    failed += sum(r.get("failed", 0) for r in data.get("plain_runs", [data.get("plain_inf", {})]))
     ttft = f"{_p(rate, 'ttft', 'p99'):.0f}" if rate else "-"
     tpot = f"{_p(rate, 'tpot', 'p99'):.1f}" if rate else "-"
     print(
-      f"| {data['name']} | {' / '.join(f'{b:,.0f}' for b in bench)} | {plain_tps:,.0f} | "
-      f"{plain_tps / statistics.median(bench):.3f} | {ttft} | {tpot} | {_itl(first)} | {per} | "
+      f"| {data['name']} | {' / '.join(f'{b:,.0f}' for b in bench)} | "
+      f"{' / '.join(f'{p:,.0f}' for p in plains)} | "
+      f"{statistics.median(plains) / statistics.median(bench):.3f} | {ttft} | {tpot} | "
+      f"{_itl(first)} | {per} | "
       f"{_gaps(first)} | {cpu} | {_server_cpu(first)} | {_gc(first)} | {_tcp(first)} | {failed} |"
     )
 

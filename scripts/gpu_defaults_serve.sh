@@ -6,7 +6,8 @@
 # picks the steps (NAME = {noconfig,config}{8b,1b}; ck8b / ck1b build the checkpoints if absent),
 # table prints the comparison. capN_8b / capN_1b: no config with
 # scheduler.mixed_step_prefill_tokens=N (e.g. cap384_8b; --quick: one burst and the rate, no
-# plain client). e.g. RUNS="ck8b noconfig8b config8b cap384_8b table".
+# plain client). ROUNDS=N: N (plain client, bench serve) pairs after the first burst; PLAIN=N:
+# the plain client's processes. e.g. RUNS="ck8b noconfig8b config8b cap384_8b table".
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"  # $OUT, $LOGS, the carried wheels, step()
 RATE=${RATE:-16}; RATE_S=${RATE_S:-30}
@@ -15,6 +16,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --f
 run() { local name=$1 model=$2; shift 2
   TAIL=30 step "$name" python3 scripts/gpu_defaults_serve.py --name "$name" --model "$model" \
     --out "$OUT" --rate "$RATE" --rate-seconds "$RATE_S" --api-servers "$API" ${QUICK:-} \
+    --rounds ${ROUNDS:-1} --plain-processes ${PLAIN:-4} \
     -- --max-model-len ${MAX_MODEL_LEN:-2048} "$@"; }  # the API server count: the default
 for s in ${RUNS:-ck8b noconfig8b config8b table}; do case $s in
   ck8b) [ -f /tmp/llama8b/config.json ] || step ck8b python3 -m jaxserve.bench.random_checkpoint llama-3.1-8b /tmp/llama8b ;;
