@@ -130,9 +130,10 @@ async def _watch(client, port: int | None, plan: SoakPlan, run: SoakRun, stop: a
     metrics = await soak_monitor.scrape(client)
     run.samples.append(Sample(time.monotonic(), metrics, soak_monitor.rss_bytes(pids)))
     if next_kill <= time.monotonic() < run.start + plan.duration_s and port:
+      signalled_at = time.monotonic()  # before the signal: its streams may end before it returns
       victim = soak_monitor.kill_api_server(port)
       if victim is not None:
-        run.kills.append((time.monotonic(), victim))
+        run.kills.append((signalled_at, victim))
         logger.info("killed API server process %d (SIGKILL)", victim)
       next_kill += plan.kill_api_every_s
     try:

@@ -103,6 +103,12 @@ def _after_a_kill(run: SoakRun, record: SoakRecord) -> bool:
   return any(t <= record.end <= t + FAULT_GRACE_S for t, _ in run.kills)
 
 
+def _since_kill(run: SoakRun, record: SoakRecord) -> str:
+  """How long after the latest API server kill before the record ended ("" if none was)."""
+  before = [t for t, _ in run.kills if t <= record.end]
+  return f", {record.end - max(before):.2f} s after a kill" if before else ""
+
+
 def _refused_as_promised(record: SoakRecord) -> bool:
   """A bad input's answer: a 4xx with OpenAI's error body, and never 429 (it can never be
   served, whatever the load)."""
@@ -127,7 +133,10 @@ def problems(
   ]
   failed = [r for r in broken if not r.expect_4xx and not _after_a_kill(run, r)]
   for r in failed[:10]:
-    found.append(f"{r.kind}: status {r.status}{' (cut)' if r.cut else ''}: {r.error}")
+    found.append(
+      f"{r.kind}: status {r.status}{' (cut)' if r.cut else ''} at {r.end - run.start:.2f} s"
+      f"{_since_kill(run, r)}: {r.error}"
+    )
   if len(failed) > 10:
     found.append(f"... and {len(failed) - 10} more failed calls")
   bad = [r for r in run.records if r.expect_4xx and not _refused_as_promised(r)]

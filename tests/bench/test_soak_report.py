@@ -53,8 +53,12 @@ def test_a_slower_tail_is_drift_at_p99_but_not_at_the_median():
 
 def test_a_5xx_is_excused_only_right_after_a_kill():
   records = _steady() + [_stream(12.0, 0.01, status=0, cut=True), _stream(3.0, 0.01, status=502)]
+  records.append(_stream(17.0, 0.01, status=0, cut=True))  # past FAULT_GRACE_S: not excused
   found = problems(_run(records, kills=[(11.0, 123)]), **RULES)
-  assert found == ["stream: status 502: "]
+  assert found == [
+    "stream: status 502 at 3.00 s: ",
+    "stream: status 0 (cut) at 17.00 s, 6.00 s after a kill: ",
+  ]
 
 
 def test_bad_inputs_good_calls_refused_canaries_pages_compilations_and_rss():
