@@ -14,12 +14,6 @@ so the processes tests start inherit them):
   hundreds of small programs and run each a few times, so LLVM's optimization passes cost more
   than they save. The HLO passes, and so the programs' semantics (IEEE float arithmetic, no
   fast math, the same reduction orders), do not depend on it.
-- XLA's CPU backend emits fusions with its elemental IR emitter rather than its MLIR fusion
-  emitters (`--xla_cpu_use_fusion_emitters=false`, FAST_COMPILE_FLAGS): about a fifth less CPU
-  for the same tests (docs/PERFORMANCE.md, "The test suite"). Both emitters compute the HLO's
-  operations in IEEE float arithmetic; a test that compares two results computes both under the
-  same flags. The first process of a run checks that this jaxlib knows the flag (XLA aborts a
-  process on an unknown flag) and leaves it out otherwise.
 - torch runs one intra-op thread (OMP_NUM_THREADS=1). The test workers take one core each;
   torch's OpenMP pool spins waiting on a second core that another worker holds, which made the
   tiny reference models 10x slower.
@@ -30,36 +24,17 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 
-CACHE_ENV = "JAXSERVE_TEST_XLA_CACHE"
-FIRST_PROCESS = CACHE_ENV not in os.environ  # of the run (the controller under xdist)
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
-FAST_COMPILE_FLAGS = "--xla_cpu_use_fusion_emitters=false"
-
-
-def _xla_accepts(flags: str) -> bool:
-  """Whether a JAX process starts its CPU backend with these XLA_FLAGS."""
-  env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
-  probe = [sys.executable, "-c", "import jax; jax.devices()"]
-  return subprocess.run(probe, env=env, capture_output=True, timeout=120).returncode == 0
-
-
-def _add_xla_flags(flags: str) -> None:
-  if flags not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
-
-
-_add_xla_flags(TEST_XLA_FLAGS)
-if FIRST_PROCESS and _xla_accepts(FAST_COMPILE_FLAGS):  # later processes inherit XLA_FLAGS
-  _add_xla_flags(FAST_COMPILE_FLAGS)
+if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import jax  # noqa: E402
 
-if FIRST_PROCESS:
+CACHE_ENV = "JAXSERVE_TEST_XLA_CACHE"
+if CACHE_ENV not in os.environ:  # the first process of the run (the controller under xdist)
   os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="jaxserve-test-xla-cache-")
   atexit.register(shutil.rmtree, os.environ[CACHE_ENV], ignore_errors=True)
 _CACHE_DIR = os.environ[CACHE_ENV]
