@@ -123,16 +123,17 @@ def _apply_history_penalties(logits: jax.Array, s: SamplingInputs) -> jax.Array:
 
 def _filter_top_k_top_p_min_p(scaled: jax.Array, s: SamplingInputs) -> jax.Array:
   """Masks to -inf what top-k, then top-p over the top-k renormalized mass, then min-p drop
-  (the order of Hugging Face's warpers and vLLM)."""
+  (the order of Hugging Face's warpers and vLLM). Top-k keeps every logit tied with the k-th
+  largest, and top-p's mass is renormalized over all of them (as both do)."""
   vocab_size = scaled.shape[-1]
   sorted_desc = -jnp.sort(-scaled, axis=-1)  # [S, V]
   k = jnp.where(s.top_k > 0, jnp.minimum(s.top_k, vocab_size), vocab_size)
-  rank = jnp.arange(vocab_size)[None, :]
-  sorted_desc = jnp.where(rank < k[:, None], sorted_desc, NEG_INF)
   kth = jnp.take_along_axis(sorted_desc, (k - 1)[:, None], axis=-1)  # [S, 1]
+  sorted_desc = jnp.where(sorted_desc >= kth, sorted_desc, NEG_INF)
   probs = jax.nn.softmax(sorted_desc, axis=-1)
-  # keep a sorted token while the mass before it is < top_p (the first token always stays)
-  keep = (jnp.cumsum(probs, axis=-1) - probs) < s.top_p[:, None]
+  # keep a sorted token while the mass before it is < top_p (the first token always stays);
+  # top_p 1 keeps every token, also those past where the rounded sum reaches 1
+  keep = ((jnp.cumsum(probs, axis=-1) - probs) < s.top_p[:, None]) | (s.top_p[:, None] >= 1.0)
   num_keep = jnp.maximum(jnp.sum(keep, axis=-1), 1)
   top_p_min = jnp.take_along_axis(sorted_desc, (num_keep - 1)[:, None], axis=-1)
   # min-p: p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p)

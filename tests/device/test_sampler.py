@@ -158,6 +158,35 @@ def test_filters_keep_the_same_tokens_as_hf_warpers(top_k, top_p, min_p):
   np.testing.assert_array_equal(ours, torch.isfinite(scores).numpy())
 
 
+def test_top_p_renormalizes_over_every_logit_tied_with_the_kth_as_hf_does():
+  # top_k 3 keeps 3, 2.5 and the three 1s (tied with the 3rd). Over those five, p(3) = 0.497,
+  # so top_p 0.52 keeps 2.5 too (Hugging Face's warpers keep {3, 2.5}); renormalized over
+  # exactly three logits p(3) would be 0.574 and 2.5 would go.
+  logits = np.full((1, VOCAB), -5.0, np.float32)
+  logits[0, :5] = [3.0, 2.5, 1.0, 1.0, 1.0]
+  inputs = make_inputs(
+    1,
+    top_k=np.array([3], np.int32),
+    top_p=np.array([0.52], np.float32),
+    min_p=np.zeros(1, np.float32),
+  )
+  ours = np.isfinite(np.asarray(_filter_top_k_top_p_min_p(jnp.asarray(logits), inputs)))
+  scores = hf.TopPLogitsWarper(0.52)(None, hf.TopKLogitsWarper(3)(None, torch.tensor(logits)))
+  np.testing.assert_array_equal(ours, torch.isfinite(scores).numpy())
+  assert np.nonzero(ours[0])[0].tolist() == [0, 1]
+
+
+def test_top_p_1_keeps_the_tokens_past_where_the_rounded_mass_reaches_1():
+  # p(token 0) rounds to 1.0 in float32, so the mass before every later token is already 1.0
+  logits = np.full((1, VOCAB), -30.0, np.float32)
+  logits[0, 0] = 0.0
+  inputs = make_inputs(1, top_p=np.ones(1, np.float32))
+  ours = np.isfinite(np.asarray(_filter_top_k_top_p_min_p(jnp.asarray(logits), inputs)))
+  scores = hf.TopPLogitsWarper(1.0)(None, torch.tensor(logits))
+  np.testing.assert_array_equal(ours, torch.isfinite(scores).numpy())
+  assert ours.all()
+
+
 def test_random_sampling_follows_the_tempered_distribution():
   logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05] + [1e-9] * (VOCAB - 4)], np.float32))
   num_draws = 4000
