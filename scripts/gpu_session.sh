@@ -151,6 +151,9 @@ for s in ${STEPS:-kernels bench_kernels engine bench_offline}; do
     bench_kernels_marginal) TAIL=45 step bench_kernels_marginal python3 -m investigations.bench_kernels \
         --harness marginal --inner 10 --device-time --out "$OUT/bench_kernels_marginal.json" ;;
     sampler) TAIL=14 step sampler python3 -m investigations.bench_sampler --out "$OUT/bench_sampler.json" ;;
+    filter_search)  # the sort-free top-k / top-p filter against the sampler's sort, 256 x 128k and 64 x 128k
+      step filter_search python3 -m investigations.sampling_filter_threshold --agree --time
+      step filter_search64 python3 -m investigations.sampling_filter_threshold --time --rows 64 ;;
     gemm) TAIL=30 step gemm python3 -m investigations.gemm_invariance --out "$OUT/gemm_invariance.json" ;;
     tiles_short) TAIL=30 step tiles_short python3 -m investigations.bench_kernels --batches 64,256 \
         --contexts 512 --no-mixed --harness marginal --inner 10 --device-time --tiles "${TILES:-default,32:4:4:1,64:4:3:2,128:4:3:2,64:4:4:2,32:4:4:2,32:4:3:4,16:4:4:1}" \
