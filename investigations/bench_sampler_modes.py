@@ -22,6 +22,7 @@ import numpy as np
 from jaxserve.bench.timing import seconds_per_call
 from jaxserve.device.sampler import SamplerMode, sample
 from jaxserve.device.sampling_inputs import SamplingInputs
+from jaxserve.sampling_params import MAX_LOGIT_BIAS
 from jaxserve.tools.json_file import write_json
 
 NUM_BANNED = 8
@@ -46,6 +47,9 @@ def sampling_inputs(
     prompt_history=ids(),
     output_history=ids(),
     banned_ids=np.full((rows, NUM_BANNED), -1, np.int32),
+    bias_ids=np.full((rows, MAX_LOGIT_BIAS), -1, np.int32),
+    bias_values=np.zeros((rows, MAX_LOGIT_BIAS), np.float32),
+    bitmask=np.full((rows, -(-vocab // 32)), -1, np.int32),  # every token allowed
     any_random=np.array(True),
     any_penalty=np.array(True),
     want_top_logprobs=np.array(True),
