@@ -60,8 +60,8 @@ def test_each_schemes_projection_runs_its_arithmetic_on_the_kernel(scheme, x_qua
   reference = quantized_matmul_fp8x_reference if x_quantized else quantized_matmul_reference
   expected = reference(x.reshape(6, 256), kernel, scale).reshape(2, 3, 64)
   # the kernel and the reference sum in different orders: bound each output's float32 rounding
-  # by a few ulps of the sum of its terms' magnitudes (a value near 0 from cancelling terms of
-  # 800 differs by about 1e-4, which a fixed atol would flag on some CPUs' summation orders)
+  # by a few ulps of the sum of its terms' magnitudes (on one CPU an output of 0.63 whose terms
+  # summed to about 800 in magnitude differed by 2.4e-5, past a fixed atol of 1e-5)
   magnitude = (np.abs(np.asarray(x)) @ np.abs(np.asarray(kernel, np.float32)).T) * np.asarray(scale)
   error = np.abs(np.asarray(y) - np.asarray(expected))  # [2, 3, 64]
   assert (error <= 8 * np.finfo(np.float32).eps * magnitude).all(), error.max()
