@@ -199,14 +199,16 @@ def _attend_kv_tile(
   dims = jnp.arange(head_dim, dtype=jnp.int32)[None, :]  # [1, D]
   kv_mask = jnp.broadcast_to(kv_valid[:, None], (tiling.block_kv, head_dim))
   kv_index = (page_ids[:, None], offsets[:, None], dims)
+  # Masked rows read as 0 through the load's own fill, typed as the pages (a Python 0 does not
+  # cast to an 8-bit float): 8-bit tiles then go from shared memory straight into the MMA
+  # operands' registers and are converted there, where a select after the load would need the
+  # mask in the operands' layout and round-trip every converted tile through shared memory.
+  k, v = (
+    plgpu.load(ref.at[kv_index], mask=kv_mask, other=jnp.zeros((), ref.dtype))
+    for ref in (k_ref, v_ref)
+  )  # [BK, D] each, the pages' dtype
   if is_quantized(k_ref.dtype):  # 8-bit pages: the MMAs run in q's dtype, scales applied outside
-    k, v = (
-      jnp.where(kv_mask, plgpu.load(ref.at[kv_index], mask=kv_mask).astype(q.dtype), 0)
-      for ref in (k_ref, v_ref)
-    )  # [BK, D] each (Triton takes no 8-bit fill value for the masked rows)
-  else:
-    k = plgpu.load(k_ref.at[kv_index], mask=kv_mask, other=0)  # [BK, D]
-    v = plgpu.load(v_ref.at[kv_index], mask=kv_mask, other=0)  # [BK, D]
+    k, v = k.astype(q.dtype), v.astype(q.dtype)  # [BK, D] each
 
   precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
   logits = (

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.ragged_paged_attention.kv_quant import check_scales, is_quantized, quantize_kv
+from pallas_kernels.ragged_paged_attention.kv_quant import check_scales, quantize_kv
 from pallas_kernels.ragged_paged_attention.validate import validate_write_inputs
 
 DEFAULT_BLOCK_TOKENS = 16
@@ -55,7 +55,7 @@ def _write_kernel(
   row_mask = jnp.broadcast_to(token_valid[:, None], (block_tokens, head_dim))
   page_mask = jnp.broadcast_to(valid[:, None], (block_tokens, head_dim))
   for new_ref, out_ref in ((new_k_ref, k_out_ref), (new_v_ref, v_out_ref)):
-    fill = None if is_quantized(new_ref.dtype) else 0  # Triton takes no 8-bit fill value
+    fill = jnp.zeros((), new_ref.dtype)  # typed: a Python 0 does not cast to an 8-bit float
     rows_kv = plgpu.load(new_ref.at[rows, dims], mask=row_mask, other=fill)  # [BT, D]
     plgpu.store(out_ref.at[page_ids, offsets, dims], rows_kv.astype(out_ref.dtype), mask=page_mask)
 

@@ -1,0 +1,194 @@
+"""What Triton makes of a Pallas GPU kernel, without a GPU: the kernel is lowered for CUDA (an
+H100 as the abstract target), the Triton module Pallas hands to XLA is captured, and, where a
+`triton` package is installed (in any Python: --triton-python; it is no dependency of jaxserve),
+compiled for sm_90 with the kernel's num_warps / num_stages. Per module it prints the shared
+memory a program takes, its registers per thread (ptxas -v), the programs an H100 SM holds by
+each, and the TritonGPU ops that tell how tiles move: async copies (global -> shared, pipelined),
+shared -> register loads, and register -> shared stores (`local_alloc` of a computed tensor: a
+tile that round-trips through shared memory before a dot).
+
+XLA compiles the same module with its own copy of Triton, whose passes can differ from the
+installed package's; the numbers say how a version of Triton lays the kernel out, not how fast
+it runs. Capturing the module patches a private JAX function (pallas/triton/lowering.py's
+lower_jaxpr_to_triton_module), which a JAX release may rename.
+
+    python -m investigations.triton_static --pages bfloat16 float8_e4m3fn \
+      --triton-python /path/to/venv-with-triton/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+
+# jax is imported where a module is captured: --compile-ttir runs in a Python with only triton.
+SM_SHARED_BYTES = 228 * 1024  # an H100 SM's shared memory
+SM_REGISTERS = 64 * 1024  # 32-bit registers per H100 SM
+OPS = {
+  "async_copies": r"ttg\.async_copy_global_to_local",
+  "shared_loads": r"ttg\.local_load",
+  "register_to_shared": r"ttg\.local_alloc %",
+  "dots": r"tt\.dot ",
+}
+
+
+@contextlib.contextmanager
+def captured_triton_modules() -> Iterator[list[str]]:
+  """Collects the text of each Triton module Pallas lowers inside the block."""
+  from jax._src.pallas.triton import lowering
+
+  modules: list[str] = []
+  original = lowering.lower_jaxpr_to_triton_module
+
+  def capture(*args, **kwargs):
+    result = original(*args, **kwargs)
+    modules.append(result.module.operation.get_asm(enable_debug_info=False))
+    return result
+
+  lowering.lower_jaxpr_to_triton_module = capture
+  try:
+    yield modules
+  finally:
+    lowering.lower_jaxpr_to_triton_module = original
+
+
+def _h100_target():
+  import jax
+
+  device = jax.sharding.AbstractDevice(device_kind="NVIDIA H100", num_cores=132, platform="gpu")
+  return jax.sharding.use_abstract_mesh(
+    jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+  )
+
+
+def attention_modules(
+  pages_dtype, *, num_seqs: int, context: int, page_size: int = 16
+) -> list[str]:
+  """The Triton module(s) of a decode step's ragged paged attention (Llama-3.1-8B's heads: 32 q,
+  8 kv, head_dim 128; one query token per sequence) on pages of pages_dtype, with the tiling an
+  H100 gets (gpu_tiling.choose_tiling)."""
+  import jax
+  import jax.numpy as jnp
+
+  from pallas_kernels.ragged_paged_attention import gpu
+
+  heads, kv_heads, head_dim = 32, 8, 128
+  pages_per_seq = -(-context // page_size)
+  spec = jax.ShapeDtypeStruct
+  args = (
+    spec((num_seqs, heads, head_dim), jnp.bfloat16),  # q [T, H, D]
+    *2 * [spec((kv_heads, num_seqs * pages_per_seq, page_size, head_dim), pages_dtype)],
+    spec((num_seqs, pages_per_seq), jnp.int32),  # block_tables
+    spec((num_seqs,), jnp.int32),  # seq_lens
+    spec((num_seqs + 1,), jnp.int32),  # query_start_loc
+    spec((1,), jnp.int32),  # num_seqs
+  )
+  tiling = gpu.choose_tiling(
+    num_seqs, num_seqs, heads, kv_heads, head_dim, max_kv_len=pages_per_seq * page_size
+  )
+  fn = functools.partial(
+    gpu._ragged_paged_attention,
+    tiling=tiling,
+    sm_scale=head_dim**-0.5,
+    v_scale=1.0,
+    sliding_window=None,
+    soft_cap=None,
+    interpret=False,
+  )
+  with captured_triton_modules() as modules, _h100_target():
+    jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+  return [m + f"\n// num_warps={tiling.num_warps} num_stages={tiling.num_stages}" for m in modules]
+
+
+def count_ops(ttgir: str) -> dict[str, int]:
+  return {name: len(re.findall(pattern, ttgir)) for name, pattern in OPS.items()}
+
+
+def compile_ttir(path: str) -> dict:
+  """Runs in the Python that has `triton`: compiles one captured module for sm_90."""
+  import triton
+  from triton.backends.compiler import GPUTarget
+
+  text = open(path).read()
+  warps, stages = (int(v) for v in re.search(r"num_warps=(\d+) num_stages=(\d+)", text).groups())
+  kernel = triton.compile(
+    path, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}
+  )
+  ptx_path = path + ".ptx"
+  open(ptx_path, "w").write(kernel.asm["ptx"])
+  bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+  ptxas = next(
+    os.path.join(bin_dir, name)
+    for name in ("ptxas-blackwell", "ptxas")
+    if os.path.exists(os.path.join(bin_dir, name))
+  )
+  report = subprocess.run(
+    [ptxas, "-arch=sm_90a", "-v", ptx_path, "-o", os.devnull], capture_output=True, text=True
+  ).stderr
+  registers = re.search(r"Used (\d+) registers", report)
+  mma = re.search(r"nvidia_mma<\{versionMajor = (\d)", kernel.asm["ttgir"])
+  return {
+    "triton": triton.__version__,
+    "num_warps": warps,
+    "num_stages": stages,
+    "shared_bytes": kernel.metadata.shared,
+    "registers": int(registers.group(1)) if registers else None,
+    "mma_version": int(mma.group(1)) if mma else None,
+    **count_ops(kernel.asm["ttgir"]),
+  }
+
+
+def programs_per_sm(row: dict) -> dict[str, int]:
+  threads = 32 * row["num_warps"]
+  by_regs = SM_REGISTERS // (threads * row["registers"]) if row["registers"] else None
+  return {"by_shared": SM_SHARED_BYTES // max(row["shared_bytes"], 1), "by_registers": by_regs}
+
+
+def main(argv: list[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--pages", nargs="+", default=["bfloat16", "float8_e4m3fn", "int8"])
+  parser.add_argument("--num-seqs", type=int, default=512)
+  parser.add_argument("--context", type=int, default=1500)
+  parser.add_argument("--triton-python", help="a Python with `triton` installed (compiles)")
+  parser.add_argument("--out-dir", help="keep the captured modules here (default: a temp dir)")
+  parser.add_argument("--compile-ttir", help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  if args.compile_ttir:
+    print(json.dumps(compile_ttir(args.compile_ttir)))
+    return
+  out_dir = args.out_dir or tempfile.mkdtemp(prefix="triton_static_")
+  os.makedirs(out_dir, exist_ok=True)
+  print(f"{'pages':>14} {'shared B':>9} {'regs':>5} {'SM by smem/regs':>16} {'mma':>4} ops")
+  for dtype in args.pages:
+    (module,) = attention_modules(dtype, num_seqs=args.num_seqs, context=args.context)
+    path = os.path.join(out_dir, f"attention_{dtype}.ttir")
+    open(path, "w").write(module)
+    if not args.triton_python:
+      print(f"{dtype:>14} (captured {path}; --triton-python compiles it)")
+      continue
+    done = subprocess.run(
+      [args.triton_python, os.path.abspath(__file__), "--compile-ttir", path],
+      capture_output=True,
+      text=True,
+      check=True,
+    )
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    fit = programs_per_sm(row)
+    ops = {k: row[k] for k in OPS}
+    print(
+      f"{dtype:>14} {row['shared_bytes']:>9} {row['registers']:>5} "
+      f"{fit['by_shared']:>8}/{fit['by_registers']:<7} {row['mma_version']:>4} {ops}"
+    )
+  print(f"modules in {out_dir}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+  main()
