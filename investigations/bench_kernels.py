@@ -11,7 +11,8 @@ n and 3n calls divided by 2n: what one more call back to back costs, without the
 fixed dispatch and synchronization (which a model step pays once for all its layers).
 Effective bandwidth counts the K and V bytes the batch actually attends:
 sum(seq_lens) * num_kv_heads * head_dim * 2 * itemsize. `--prefill NUMxLEN` adds prompt
-batches, reported in attention TFLOP/s as well.
+batches, reported in attention TFLOP/s as well. `--kv-dtype float8_e4m3fn|int8` stores the pages
+8-bit (the KV cache's --kv-cache-dtype) for the same batches.
 
   python -m investigations.bench_kernels                 # on a GPU; writes out/bench_kernels.json
   python -m investigations.bench_kernels --smoke         # tiny sizes, interpret mode, any backend
@@ -22,6 +23,7 @@ batches, reported in attention TFLOP/s as well.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import math
@@ -163,7 +165,7 @@ def run_case(
     fns[label] = functools.partial(
       ragged_paged_attention, sm_scale=sm_scale, interpret=interpret, **tile_kw
     )
-  if batch.is_decode:
+  if batch.is_decode and shape.pages_dtype == jnp.dtype(shape.dtype):  # it takes no 8-bit pages
     pages_per_seq = batch.block_tables[0].shape[1]
     for k_splits, ppcb in opts.bundled_configs:
       if pages_per_seq % k_splits or (pages_per_seq // k_splits) % min(
@@ -263,6 +265,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     "--bundled-configs",
     default="16x8",
     help="bundled op k_splits x pages_per_compute_block, comma list",
+  )
+  parser.add_argument(
+    "--kv-dtype",
+    default="",
+    choices=("", "float8_e4m3fn", "int8"),
+    help="the pages' dtype (default: q's, bfloat16): 8-bit pages hold the random K / V at scale 1 "
+    "(kv_quant.py); JAX's bundled kernel is then left out (it reads no 8-bit pages)",
   )
   parser.add_argument("--inner", type=int, default=20, help="calls per timed jitted program")
   parser.add_argument(
@@ -374,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     if opts.smoke
     else Shape(head_dim=opts.head_dim)
   )
+  shape = dataclasses.replace(shape, kv_dtype=opts.kv_dtype)
   device = jax.devices()[0]
   print(
     f"device: {device.device_kind} ({jax.default_backend()}), jax {jax.__version__}, shape {shape}"
@@ -386,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
   except Exception:
     traceback.print_exc()
   results = []
-  kv_bytes_per_token = shape.num_kv_heads * shape.head_dim * 2 * jnp.dtype(shape.dtype).itemsize
+  kv_bytes_per_token = shape.num_kv_heads * shape.head_dim * 2 * shape.pages_dtype.itemsize
   for name, context, q_lens, seq_lens in case_specs(opts, shape):
     result = CaseResult(
       name=name, kind="", batch=len(q_lens), context=context, num_tokens=sum(q_lens)

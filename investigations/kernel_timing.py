@@ -24,6 +24,7 @@ import numpy as np
 
 from investigations.device_trace import capture_trace, summarize_trace, total_device_us
 from jaxserve.bench.timing import median_seconds, seconds_per_call
+from pallas_kernels.ragged_paged_attention.kv_quant import quantize_kv
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,11 @@ class Shape:
   head_dim: int = 128
   page_size: int = 16
   dtype: str = "bfloat16"
+  kv_dtype: str = ""  # the pages' dtype: "" for dtype's, or an 8-bit one (kv_quant.py, scale 1)
+
+  @property
+  def pages_dtype(self) -> jnp.dtype:
+    return jnp.dtype(self.kv_dtype or self.dtype)
 
 
 @dataclass
@@ -95,8 +101,8 @@ def make_batch(
   return Batch(
     name=name,
     q=jax.random.normal(key_q, (sum(q_lens), shape.num_q_heads, shape.head_dim), dtype),
-    k_pages=jax.random.normal(key_k, kv_shape, dtype),
-    v_pages=jax.random.normal(key_v, kv_shape, dtype),
+    k_pages=quantize_kv(jax.random.normal(key_k, kv_shape, dtype), shape.pages_dtype, 1.0),
+    v_pages=quantize_kv(jax.random.normal(key_v, kv_shape, dtype), shape.pages_dtype, 1.0),
     block_tables=tables,
     seq_lens=jnp.asarray(seq_lens, jnp.int32),
     query_start_loc=jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]), jnp.int32),

@@ -43,6 +43,16 @@ def test_bench_script_prefill_case(tmp_path: Path):
   assert prefill["max_abs_error"]["ours"] < 2e-2
 
 
+def test_bench_script_fp8_pages(tmp_path: Path):
+  out_path = tmp_path / "bench.json"
+  argv = ["--smoke", "--no-mixed", "--kv-dtype", "float8_e4m3fn", "--out", str(out_path)]
+  assert bench_kernels.main(argv) == 0
+  (case,) = json.loads(out_path.read_text())["cases"]
+  assert case["error"] is None and not case["notes"], case
+  assert set(case["max_abs_error"]) == {"ours"} and case["max_abs_error"]["ours"] < 2e-2, case
+  assert case["kv_bytes"] == 2 * 32 * 2 * 64 * 2  # 2 seqs x 32 tokens, 1-byte K and V rows
+
+
 def test_attention_flops_by_hand():
   # one prompt of 3 tokens from an empty cache (6 causal pairs) and one decode token over 5
   # (5 pairs): 4 FLOPs x 2 q heads x 8 dims per pair
