@@ -2,10 +2,11 @@
 H100 as the abstract target), the Triton module Pallas hands to XLA is captured, and, where a
 `triton` package is installed (in any Python: --triton-python; it is no dependency of jaxserve),
 compiled for sm_90 with the kernel's num_warps / num_stages. Per module it prints the shared
-memory a program takes, its registers per thread (ptxas -v), the programs an H100 SM holds by
-each, and the TritonGPU ops that tell how tiles move: async copies (global -> shared, pipelined),
-shared -> register loads, and register -> shared stores (`local_alloc` of a computed tensor: a
-tile that round-trips through shared memory before a dot).
+memory a program takes, its registers per thread and spilled bytes (ptxas -v), the programs an
+H100 SM holds by shared memory and by registers, and the TritonGPU ops that tell how tiles move:
+async copies (global -> shared, pipelined), shared -> register loads, and register -> shared
+stores (`local_alloc` of a computed tensor: a tile that round-trips through shared memory
+before a dot).
 
 XLA compiles the same module with its own copy of Triton, whose passes can differ from the
 installed package's; the numbers say how a version of Triton lays the kernel out, not how fast
@@ -70,11 +71,11 @@ def _h100_target():
 
 
 def attention_modules(
-  pages_dtype, *, num_seqs: int, context: int, page_size: int = 16
+  pages_dtype, *, num_seqs: int, context: int, page_size: int = 16, **tile_keywords
 ) -> list[str]:
   """The Triton module(s) of a decode step's ragged paged attention (Llama-3.1-8B's heads: 32 q,
   8 kv, head_dim 128; one query token per sequence) on pages of pages_dtype, with the tiling an
-  H100 gets (gpu_tiling.choose_tiling)."""
+  H100 gets (gpu_tiling.choose_tiling; tile_keywords override it: block_kv, num_stages, ...)."""
   import jax
   import jax.numpy as jnp
 
@@ -92,7 +93,13 @@ def attention_modules(
     spec((1,), jnp.int32),  # num_seqs
   )
   tiling = gpu.choose_tiling(
-    num_seqs, num_seqs, heads, kv_heads, head_dim, max_kv_len=pages_per_seq * page_size
+    num_seqs,
+    num_seqs,
+    heads,
+    kv_heads,
+    head_dim,
+    max_kv_len=pages_per_seq * page_size,
+    **tile_keywords,
   )
   fn = functools.partial(
     gpu._ragged_paged_attention,
@@ -134,6 +141,7 @@ def compile_ttir(path: str) -> dict:
     [ptxas, "-arch=sm_90a", "-v", ptx_path, "-o", os.devnull], capture_output=True, text=True
   ).stderr
   registers = re.search(r"Used (\d+) registers", report)
+  spills = re.search(r"(\d+) bytes spill stores", report)
   mma = re.search(r"nvidia_mma<\{versionMajor = (\d)", kernel.asm["ttgir"])
   return {
     "triton": triton.__version__,
@@ -141,6 +149,7 @@ def compile_ttir(path: str) -> dict:
     "num_stages": stages,
     "shared_bytes": kernel.metadata.shared,
     "registers": int(registers.group(1)) if registers else None,
+    "spill_bytes": int(spills.group(1)) if spills else None,
     "mma_version": int(mma.group(1)) if mma else None,
     **count_ops(kernel.asm["ttgir"]),
   }
@@ -157,6 +166,8 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--pages", nargs="+", default=["bfloat16", "float8_e4m3fn", "int8"])
   parser.add_argument("--num-seqs", type=int, default=512)
   parser.add_argument("--context", type=int, default=1500)
+  parser.add_argument("--block-kv", type=int, help="KV tokens per tile (default: the H100's)")
+  parser.add_argument("--num-stages", type=int, help="pipeline stages (default: the H100's)")
   parser.add_argument("--triton-python", help="a Python with `triton` installed (compiles)")
   parser.add_argument("--out-dir", help="keep the captured modules here (default: a temp dir)")
   parser.add_argument("--compile-ttir", help=argparse.SUPPRESS)
@@ -166,9 +177,12 @@ def main(argv: list[str] | None = None) -> None:
     return
   out_dir = args.out_dir or tempfile.mkdtemp(prefix="triton_static_")
   os.makedirs(out_dir, exist_ok=True)
-  print(f"{'pages':>14} {'shared B':>9} {'regs':>5} {'SM by smem/regs':>16} {'mma':>4} ops")
+  print(f"{'pages':>14} {'shared B':>9} {'regs':>5} {'spill B':>7} {'SM by smem/regs':>16} ops")
   for dtype in args.pages:
-    (module,) = attention_modules(dtype, num_seqs=args.num_seqs, context=args.context)
+    tiles = {"block_kv": args.block_kv, "num_stages": args.num_stages}
+    (module,) = attention_modules(
+      dtype, num_seqs=args.num_seqs, context=args.context, **{k: v for k, v in tiles.items() if v}
+    )
     path = os.path.join(out_dir, f"attention_{dtype}.ttir")
     open(path, "w").write(module)
     if not args.triton_python:
@@ -184,8 +198,8 @@ def main(argv: list[str] | None = None) -> None:
     fit = programs_per_sm(row)
     ops = {k: row[k] for k in OPS}
     print(
-      f"{dtype:>14} {row['shared_bytes']:>9} {row['registers']:>5} "
-      f"{fit['by_shared']:>8}/{fit['by_registers']:<7} {row['mma_version']:>4} {ops}"
+      f"{dtype:>14} {row['shared_bytes']:>9} {row['registers']:>5} {row['spill_bytes']:>7} "
+      f"{fit['by_shared']:>8}/{fit['by_registers']:<7} mma v{row['mma_version']} {ops}"
     )
   print(f"modules in {out_dir}", file=sys.stderr)
 

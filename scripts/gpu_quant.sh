@@ -10,9 +10,10 @@
 #            (default auto); counts GEMM kinds in the HLO
 #   ak[<tiles>]  the GPU attention kernel on bfloat16, fp8 and int8 pages, 512 and 64 decode
 #            sequences x 1,500 tokens, device time (investigations.bench_kernels --tiles <tiles>,
-#            default "default,256:4:3")
+#            default "default,64:4:2,64:4:3")
 #   mm[--sweep]  the 8B decode projections: pallas_kernels/quantized_matmul against XLA's GEMMs
 #   p<q>:<kv>:<seqs>[:<gemm>[:<qgemm>]] the decode step's top kernels (investigations.profile_step)
+#   o<q>:<kv>:<seqs>:<context>  the same with configs/h100-offline.yaml (its 512-row decode steps)
 #   bitscheck  the kernel's fp8_bits conversion of every float8_e4m3fn value, on the GPU
 #   fp8bits  later steps convert fp8 weights by bit operations in the Pallas kernel (sets
 #            Tiling.fp8_bits' default in this run's copy of the tree, for a side-by-side run)
@@ -86,7 +87,7 @@ PY
     echo "$s rc=$rc: $(python3 -c "import json; r=json.load(open('$OUT/tpot_$tag.json')); print('ms/token', round(1e3/r['output_tokens_per_s'], 3), 'host', round(r['host_ms_per_step'], 2), 'device', round(r['device_ms_per_step'], 2), 'steps', r['steps'])") hlo: f8 cublasLt $(grep -c 'matmul\$f8' <<< "$hlo"), cublas $(grep -c 'custom_call_target="__cublas' <<< "$hlo"), triton gemm fusions $(grep -c '"kind":"__triton_gemm"\|__triton_gemm' <<< "$hlo"), bf16 weight-sized fusion outputs $(grep -cE '= bf16\[(6144|4096|28672|14336|57344),(4096|14336)\]\{[0-9,]*\} fusion' <<< "$hlo")" | tee -a "$OUT/summary.txt"
     true ;;
   ak*)  # ak[<tiles>]: the attention kernel by page dtype, same batches, one process each
-    tiles=${s#ak}; tiles=${tiles:-default,256:4:3}
+    tiles=${s#ak}; tiles=${tiles:-default,64:4:2,64:4:3}
     for kv in "" float8_e4m3fn int8; do
       python3 -m investigations.bench_kernels --batches 512,64 --contexts 1500 --no-mixed --device-time --reps 5 \
         --kv-dtype "$kv" --tiles "$tiles" --out "$OUT/attn_${kv:-bf16}.json" > $LOGS/ak_${kv:-bf16}.log 2>&1 || echo "ak ${kv:-bf16} FAILED"
@@ -99,6 +100,11 @@ PY
     python3 -m investigations.profile_step --config configs/h100.yaml --model /tmp/llama8b --quantization $q --kv-cache-dtype $k --set gpu_gemm=$g --set quantized_gemm=$qg \
       --max-num-seqs 8 --max-num-batched-tokens 128 --set "scheduler.seq_buckets=[8]" --set "scheduler.token_buckets=[8,128]" --max-model-len 2176 --num-seqs $n --context 512 --trace-top 20 --log-level WARNING --out "$OUT/prof_${q}_${k}_${n}_${g}_${qg}.json" > $LOGS/$s.log 2>&1 || echo "$s FAILED"
     grep -v "it/s\]\|^E11\|^W11" $LOGS/$s.log | tail -30 | tee -a "$OUT/summary.txt" ;;
+  o*)  # o<quant>:<kv>:<seqs>:<context> the offline config's decode step's top kernels
+    IFS=: read -r q k n c <<< "${s#o}"
+    python3 -m investigations.profile_step --config configs/h100-offline.yaml --model /tmp/llama8b --quantization $q --kv-cache-dtype $k \
+      --max-model-len 2176 --num-seqs $n --context $c --trace-top 8 --log-level WARNING --out "$OUT/prof_offline_${q}_${k}_${n}_${c}.json" > $LOGS/$s.log 2>&1 || echo "$s FAILED"
+    grep -v "it/s\]\|^E11\|^W11" $LOGS/$s.log | tail -16 | tee -a "$OUT/summary.txt" ;;
   bitscheck) python3 -c "from tests.pallas_kernels.test_quantized_matmul import test_fp8_bits_converts_every_float8_value_exactly as t; t(); print('fp8_bits: every float8_e4m3fn value exact on the GPU')" 2>&1 | grep -v "^E11\|^W11" | tail -3 | tee -a "$OUT/summary.txt" ;;
   splits16) sed -i 's/^MAX_SPLITS = 8$/MAX_SPLITS = 16/; s/^TARGET_PROGRAMS = 264 /TARGET_PROGRAMS = 528 /' pallas_kernels/quantized_matmul/gpu.py && grep -E "^(MAX_SPLITS|TARGET_PROGRAMS)" pallas_kernels/quantized_matmul/gpu.py | tr '\n' ' ' | tee -a "$OUT/summary.txt"; echo | tee -a "$OUT/summary.txt" ;;
   fp8bits) sed -i 's/fp8_bits: bool = False/fp8_bits: bool = True/' pallas_kernels/quantized_matmul/gpu.py && echo "fp8_bits on" | tee -a "$OUT/summary.txt" ;;
