@@ -37,7 +37,7 @@ OPS = {
   "async_copies": r"ttg\.async_copy_global_to_local",
   "shared_loads": r"ttg\.local_load",
   "register_to_shared": r"ttg\.local_alloc %",
-  "dots": r"tt\.dot ",
+  "dots": r"tt\.dot |ttng\.warp_group_dot ",
 }
 
 
@@ -71,11 +71,18 @@ def _h100_target():
 
 
 def attention_modules(
-  pages_dtype, *, num_seqs: int, context: int, page_size: int = 16, **tile_keywords
+  pages_dtype,
+  *,
+  num_seqs: int,
+  context: int,
+  query_len: int = 1,
+  page_size: int = 16,
+  **tile_keywords,
 ) -> list[str]:
-  """The Triton module(s) of a decode step's ragged paged attention (Llama-3.1-8B's heads: 32 q,
-  8 kv, head_dim 128; one query token per sequence) on pages of pages_dtype, with the tiling an
-  H100 gets (gpu_tiling.choose_tiling; tile_keywords override it: block_kv, num_stages, ...)."""
+  """The Triton module(s) of a step's ragged paged attention (Llama-3.1-8B's heads: 32 q, 8 kv,
+  head_dim 128; query_len tokens a sequence: 1 is a decode step, more a prefill chunk) on pages
+  of pages_dtype, with the tiling an H100 gets (gpu_tiling.choose_tiling; tile_keywords override
+  it: block_kv, num_stages, ...)."""
   import jax
   import jax.numpy as jnp
 
@@ -85,7 +92,7 @@ def attention_modules(
   pages_per_seq = -(-context // page_size)
   spec = jax.ShapeDtypeStruct
   args = (
-    spec((num_seqs, heads, head_dim), jnp.bfloat16),  # q [T, H, D]
+    spec((num_seqs * query_len, heads, head_dim), jnp.bfloat16),  # q [T, H, D]
     *2 * [spec((kv_heads, num_seqs * pages_per_seq, page_size, head_dim), pages_dtype)],
     spec((num_seqs, pages_per_seq), jnp.int32),  # block_tables
     spec((num_seqs,), jnp.int32),  # seq_lens
@@ -93,7 +100,7 @@ def attention_modules(
     spec((1,), jnp.int32),  # num_seqs
   )
   tiling = gpu.choose_tiling(
-    num_seqs,
+    num_seqs * query_len,
     num_seqs,
     heads,
     kv_heads,
@@ -166,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--pages", nargs="+", default=["bfloat16", "float8_e4m3fn", "int8"])
   parser.add_argument("--num-seqs", type=int, default=512)
   parser.add_argument("--context", type=int, default=1500)
+  parser.add_argument("--query-len", type=int, default=1, help="tokens a sequence (1: decode)")
   parser.add_argument("--block-kv", type=int, help="KV tokens per tile (default: the H100's)")
   parser.add_argument("--num-stages", type=int, help="pipeline stages (default: the H100's)")
   parser.add_argument("--triton-python", help="a Python with `triton` installed (compiles)")
@@ -181,7 +189,11 @@ def main(argv: list[str] | None = None) -> None:
   for dtype in args.pages:
     tiles = {"block_kv": args.block_kv, "num_stages": args.num_stages}
     (module,) = attention_modules(
-      dtype, num_seqs=args.num_seqs, context=args.context, **{k: v for k, v in tiles.items() if v}
+      dtype,
+      num_seqs=args.num_seqs,
+      context=args.context,
+      query_len=args.query_len,
+      **{k: v for k, v in tiles.items() if v},
     )
     path = os.path.join(out_dir, f"attention_{dtype}.ttir")
     open(path, "w").write(module)
