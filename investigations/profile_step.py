@@ -114,6 +114,12 @@ def main() -> None:
   compute_logits = type(model).compute_logits
   params = runner.params  # an argument, never a closure: captured weights become constants
   print(f"bucket {inputs.bucket}, {batch.num_seqs} seqs, {batch.num_tokens} tokens")
+  if args.phase == "decode" and batch.num_seqs < args.num_seqs:
+    print(
+      f"WARNING: the step holds {batch.num_seqs} of the {args.num_seqs} sequences asked for "
+      "(the KV pool or the scheduler's limits held the rest back): compare profiles only at "
+      "equal num_seqs"
+    )
 
   @functools.partial(jax.jit, donate_argnums=1)
   def forward(params, kv, inp):
@@ -174,6 +180,7 @@ def main() -> None:
   result = {
     "bucket": dataclasses.asdict(inputs.bucket),
     "num_seqs": batch.num_seqs,
+    "asked_num_seqs": args.num_seqs,
     "num_tokens": batch.num_tokens,
     "kv_pool_bytes": kv_bytes,
     "parts_ms": {name: ms for name, ms in rows},

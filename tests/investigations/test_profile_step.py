@@ -42,6 +42,7 @@ def test_profile_step_with_trace_ops(tmp_path: Path):
   )
   result = json.loads(out.read_text())
   assert result["bucket"]["num_seqs"] >= 4 and all(ms > 0 for ms in result["parts_ms"].values())
+  assert result["num_seqs"] == result["asked_num_seqs"] == 4
   assert result["trace"]["device_us_per_step"] > 0
   ops = result["trace_ops"]
   assert len(ops) == 5 and all(op["hlo"] is not None for op in ops)  # CPU ops are all the step's
