@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--query-len", type=int, default=1, help="tokens a sequence (1: decode)")
   parser.add_argument("--block-kv", type=int, help="KV tokens per tile (default: the H100's)")
   parser.add_argument("--num-stages", type=int, help="pipeline stages (default: the H100's)")
+  parser.add_argument("--num-warps", type=int, help="warps a program (default: the H100's)")
   parser.add_argument("--triton-python", help="a Python with `triton` installed (compiles)")
   parser.add_argument("--out-dir", help="keep the captured modules here (default: a temp dir)")
   parser.add_argument("--compile-ttir", help=argparse.SUPPRESS)
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
   os.makedirs(out_dir, exist_ok=True)
   print(f"{'pages':>14} {'shared B':>9} {'regs':>5} {'spill B':>7} {'SM by smem/regs':>16} ops")
   for dtype in args.pages:
-    tiles = {"block_kv": args.block_kv, "num_stages": args.num_stages}
+    tiles = {"block_kv": args.block_kv, "num_stages": args.num_stages, "num_warps": args.num_warps}
     (module,) = attention_modules(
       dtype,
       num_seqs=args.num_seqs,
