@@ -10,7 +10,7 @@
 #            (default auto); counts GEMM kinds in the HLO
 #   ak[<tiles>]  the GPU attention kernel on bfloat16, fp8 and int8 pages, 512 and 64 decode
 #            sequences x 1,500 tokens, device time (investigations.bench_kernels --tiles <tiles>,
-#            default "default,128:4:5,64:4:5,64:4:2")
+#            default "default,128:4:5,64:4:5,64:4:2,256:8:2")
 #   mm[--sweep]  the 8B decode projections: pallas_kernels/quantized_matmul against XLA's GEMMs
 #   p<q>:<kv>:<seqs>[:<gemm>[:<qgemm>]] the decode step's top kernels (investigations.profile_step)
 #   o<q>:<kv>:<seqs>:<context>  the same with configs/h100-offline.yaml (its 512-row decode steps)
@@ -87,7 +87,7 @@ PY
     echo "$s rc=$rc: $(python3 -c "import json; r=json.load(open('$OUT/tpot_$tag.json')); print('ms/token', round(1e3/r['output_tokens_per_s'], 3), 'host', round(r['host_ms_per_step'], 2), 'device', round(r['device_ms_per_step'], 2), 'steps', r['steps'])") hlo: f8 cublasLt $(grep -c 'matmul\$f8' <<< "$hlo"), cublas $(grep -c 'custom_call_target="__cublas' <<< "$hlo"), triton gemm fusions $(grep -c '"kind":"__triton_gemm"\|__triton_gemm' <<< "$hlo"), bf16 weight-sized fusion outputs $(grep -cE '= bf16\[(6144|4096|28672|14336|57344),(4096|14336)\]\{[0-9,]*\} fusion' <<< "$hlo")" | tee -a "$OUT/summary.txt"
     true ;;
   ak*)  # ak[<tiles>]: the attention kernel by page dtype, same batches, one process each
-    tiles=${s#ak}; tiles=${tiles:-default,128:4:5,64:4:5,64:4:2}
+    tiles=${s#ak}; tiles=${tiles:-default,128:4:5,64:4:5,64:4:2,256:8:2}
     for kv in "" float8_e4m3fn int8; do
       python3 -m investigations.bench_kernels --batches 512,64 --contexts 1500 --no-mixed --device-time --reps 5 \
         --kv-dtype "$kv" --tiles "$tiles" --out "$OUT/attn_${kv:-bf16}.json" > $LOGS/ak_${kv:-bf16}.log 2>&1 || echo "ak ${kv:-bf16} FAILED"
