@@ -12,7 +12,8 @@ read by one kernel per projection: XLA's row reduction of the 8-bit weight (a pu
 dot) and cuBLAS's bfloat16 GEMM on a weight of half the rows (the same bytes). --trace adds
 each row's device time per projection from a profiler trace (the kernels' own time, the split-K
 epilogue included, launch gaps excluded: what a projection costs inside a step's program).
---sweep xt times the quantize_x kernel over block_n, splits and stages. Prints a table;
+--sweep xt times the quantize_x kernel over block_n, splits and stages, --sweep xp with
+persistent programs (Tiling.programs: 1-4 per H100 SM, the default splits and half). Prints a table;
 --out writes JSON.
 
     python -m investigations.bench_quantized_matmul --rows 8 --sweep
@@ -163,6 +164,16 @@ def bench_shape(
       ]
       deeper = [dataclasses.replace(base, num_stages=stages) for stages in (4, 5)]
       runs += [(t, True) for t in grid + deeper]
+    elif sweep == "xp" and dtype == jnp.float8_e4m3fn:  # persistent programs (tiling.py)
+      base = default_tiling(n, k, quantize_x=True)
+      persistent = [
+        dataclasses.replace(base, num_splits=splits, programs=programs, num_stages=stages)
+        for splits in sorted({base.num_splits, max(1, base.num_splits // 2)})
+        for programs in (132, 264, 396, 528)
+        for stages in (3, 4)
+        if k % (X_GROUP * splits) == 0
+      ]
+      runs += [(t, True) for t in persistent]
     elif sweep and dtype == jnp.float8_e4m3fn:
       x_auto = [_with_splits(Tiling(bn, 128, 0, 4, 3), n, k) for bn in (32, 64, 128)]
       x_more = [dataclasses.replace(t, num_splits=2 * t.num_splits) for t in x_auto]
@@ -205,8 +216,9 @@ def main() -> None:
     "--sweep",
     nargs="?",
     const="all",
-    choices=["all", "x", "xt"],
-    help="time a grid of tilings as well (x: the quantize_x kernel's only; xt: its wider grid)",
+    choices=["all", "x", "xt", "xp"],
+    help="time a grid of tilings as well (x: the quantize_x kernel's only; xt: its wider grid; "
+    "xp: it with persistent programs, Tiling.programs)",
   )
   parser.add_argument("--no-xla", action="store_true", help="the Pallas kernel's rows only")
   parser.add_argument(

@@ -17,6 +17,8 @@
 #   bitscheck  the kernel's fp8_bits conversion of every float8_e4m3fn value, on the GPU
 #   fp8bits  later steps convert fp8 weights by bit operations in the Pallas kernel (sets
 #            Tiling.fp8_bits' default in this run's copy of the tree, for a side-by-side run)
+#   xp<P>    later steps run the quantize_x kernel with P persistent programs (Tiling.programs in
+#            default_tiling, in this run's copy of the tree)
 #   splits16 later steps split K up to 16 ways toward 528 programs (default_tiling's rule, in
 #            this run's copy of the tree)
 # The wheels jaxserve needs beyond the device image (msgspec, llguidance) are carried in .whl/.
@@ -107,5 +109,6 @@ PY
     grep -v "it/s\]\|^E11\|^W11" $LOGS/$s.log | tail -16 | tee -a "$OUT/summary.txt" ;;
   bitscheck) python3 -c "from tests.pallas_kernels.test_quantized_matmul import test_fp8_bits_converts_every_float8_value_exactly as t; t(); print('fp8_bits: every float8_e4m3fn value exact on the GPU')" 2>&1 | grep -v "^E11\|^W11" | tail -3 | tee -a "$OUT/summary.txt" ;;
   splits16) sed -i 's/^MAX_SPLITS = 8$/MAX_SPLITS = 16/; s/^TARGET_PROGRAMS = 264 /TARGET_PROGRAMS = 528 /' pallas_kernels/quantized_matmul/gpu.py && grep -E "^(MAX_SPLITS|TARGET_PROGRAMS)" pallas_kernels/quantized_matmul/gpu.py | tr '\n' ' ' | tee -a "$OUT/summary.txt"; echo | tee -a "$OUT/summary.txt" ;;
+  xp[0-9]*) sed -i "s/^  return Tiling(block_n, block_k, splits)$/  return Tiling(block_n, block_k, splits, programs=${s#xp} if quantize_x else 0)/" pallas_kernels/quantized_matmul/tiling.py && grep -n "programs=" pallas_kernels/quantized_matmul/tiling.py | tail -1 | tee -a "$OUT/summary.txt" ;;
   fp8bits) sed -i 's/fp8_bits: bool = False/fp8_bits: bool = True/' pallas_kernels/quantized_matmul/gpu.py && echo "fp8_bits on" | tee -a "$OUT/summary.txt" ;;
 esac; done

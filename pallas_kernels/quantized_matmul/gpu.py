@@ -11,12 +11,14 @@ weights; the W8A8 alternative (XLA's cuBLASLt fp8 GEMM) pays, per projection, a 
 quantization of x (a reduction and a convert), padding of M to 16 and a scale epilogue, each a
 kernel of its own. Here all of it is one kernel, plus a split-K epilogue when num_splits > 1.
 
-Grid: (N / block_n, num_splits). Program (j, s) owns output columns [j * block_n, (j + 1) *
-block_n) and the s-th of num_splits equal runs of K, walked in block_k slices: the x slice [BM,
-BK] (rows past M masked to 0; BM = 16, the smallest tensor-core tile), the weight tile [BN, BK]
-converted to x's dtype, one dot with float32 accumulation. The per-channel scale multiplies the
-float32 sum. With one split the program rounds to x's dtype and stores y; with several it stores
-float32 partials [S, M, N] that a small XLA epilogue adds in split order and rounds.
+Grid: (N / block_n, num_splits), or with Tiling.programs P > 0 (P,) persistent programs that
+each fold several units in one loop (tiling.py). Unit (j, s) owns output columns [j * block_n,
+(j + 1) * block_n) and the s-th of num_splits equal runs of K, walked in block_k slices: the x
+slice [BM, BK] (rows past M masked to 0; BM = 16, the smallest tensor-core tile), the weight
+tile [BN, BK] converted to x's dtype, one dot with float32 accumulation. The per-channel scale
+multiplies the float32 sum. With one split the unit rounds to x's dtype and stores y; with
+several it stores float32 partials [S, M, N] that a small XLA epilogue adds in split order and
+rounds.
 
 quantize_x: the K loop walks blocks of X_GROUP (block_k must equal it). Per block, each row's
 scale is its largest magnitude over 448 (e4m3's largest), the block x / scale rounds to e4m3
@@ -47,73 +49,37 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels.quantized_matmul.tiling import (
+  BLOCK_M,
+  MAX_ROWS,
+  MAX_SPLITS,
+  QUANTIZE_X_BLOCK_N,
+  TARGET_PROGRAMS,
+  WEIGHT_DTYPES,
+  X_GROUP,
+  Tiling,
+  check_tiling,
+  default_tiling,
+  supports,
+)
 from pallas_kernels.ragged_paged_attention.gpu_write import triton_compiler_params
 
-BLOCK_M = 16  # rows per program: all of x (M <= MAX_ROWS), the tensor cores' smallest tile
-MAX_ROWS = BLOCK_M
-X_GROUP = 128  # quantize_x: values of K per activation scale
+__all__ = [
+  "BLOCK_M",
+  "MAX_ROWS",
+  "MAX_SPLITS",
+  "QUANTIZE_X_BLOCK_N",
+  "TARGET_PROGRAMS",
+  "WEIGHT_DTYPES",
+  "X_GROUP",
+  "Tiling",
+  "default_tiling",
+  "quantized_matmul",
+  "supports",
+]
+
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite magnitude
 MIN_X_SCALE = 2.0**-120  # quantize_x: smaller activation scales (1 / scale past float32) -> 0
-QUANTIZE_X_BLOCK_N = 128
-WEIGHT_DTYPES = (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn))
-TARGET_PROGRAMS = 264  # two waves of an H100's 132 SMs: enough loads in flight
-MAX_SPLITS = 8
-
-
-@dataclass(frozen=True)
-class Tiling:
-  """block_n output columns and block_k of K per loop step (powers of two >= 16), K split into
-  num_splits runs; num_warps and num_stages are Triton's."""
-
-  block_n: int = 32
-  block_k: int = 256
-  num_splits: int = 1
-  num_warps: int = 4
-  num_stages: int = 3
-  fp8_bits: bool = False  # float8_e4m3fn weights: convert by bit operations (module docstring)
-
-
-def _largest_pow2_divisor(n: int, cap: int) -> int:
-  block = cap
-  while block > 16 and n % block:
-    block //= 2
-  return block
-
-
-def default_tiling(
-  n: int, k: int, block_n: int | None = None, block_k: int = 256, *, quantize_x: bool = False
-) -> Tiling:
-  """The tiling for a [N, K] weight: the largest block_n / block_k (up to the given) dividing N /
-  K, and the fewest splits (a power of two, at most MAX_SPLITS) that give TARGET_PROGRAMS
-  programs. A weight wide enough to need no split walks K in halved blocks (block_k / 2, at
-  least 16). The rule and the defaults (block_n 32) follow the tiling sweep on an H100
-  (docs/PERFORMANCE.md). quantize_x: blocks of K are X_GROUP, block_n by default
-  QUANTIZE_X_BLOCK_N (the fp8 dot's left operand: more weight rows per program, the sweep on an
-  H200)."""
-  if quantize_x:
-    block_n, block_k = block_n or QUANTIZE_X_BLOCK_N, X_GROUP
-  block_n = block_n or 32
-  block_n = _largest_pow2_divisor(n, block_n)
-  block_k = _largest_pow2_divisor(k, block_k)
-  if n // block_n >= TARGET_PROGRAMS and block_k > 16 and not quantize_x:
-    block_k //= 2
-  splits = 1
-  while (
-    (n // block_n) * splits < TARGET_PROGRAMS
-    and splits < MAX_SPLITS
-    and k % (block_k * splits * 2) == 0
-  ):
-    splits *= 2
-  return Tiling(block_n, block_k, splits)
-
-
-def supports(m: int, n: int, k: int, quantize_x: bool = False) -> bool:
-  """Whether the kernel takes these sizes: 1 <= M <= MAX_ROWS, N and K multiples of 16 (K of
-  X_GROUP with quantize_x)."""
-  k_unit = X_GROUP if quantize_x else 16
-  return 1 <= m <= MAX_ROWS and n % 16 == 0 and k % k_unit == 0 and n > 0 and k > 0
-
-
 FP8_BITS_SCALE = 2.0**120  # bfloat16's exponent bias (127) less float8_e4m3fn's (7)
 
 
@@ -135,51 +101,84 @@ def _quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   return xq.astype(jnp.float8_e4m3fn), scale
 
 
-def _kernel(
-  x_ref,
-  w_ref,
-  scale_ref,
-  o_ref,
-  *,
-  num_rows,
-  block_n,
-  block_k,
-  steps_per_split,
-  partial,
-  fp8_bits,
-  quantize_x,
-):
-  col_block, split = pl.program_id(0), pl.program_id(1)
+@dataclass(frozen=True)
+class _Static:
+  """The kernel's static parameters: steps is block_k slices of K per split; programs is
+  Tiling.programs, already at most the number of units."""
+
+  num_rows: int
+  block_n: int
+  block_k: int
+  steps: int
+  splits: int
+  partial: bool
+  fp8_bits: bool
+  quantize_x: bool
+  programs: int
+
+
+def _kernel(x_ref, w_ref, scale_ref, o_ref, *, static: _Static):
   rows = jnp.arange(BLOCK_M, dtype=jnp.int32)  # [BM]
-  row_mask = (rows < num_rows)[:, None]  # [BM, 1]
-  rows = jnp.where(rows < num_rows, rows, num_rows)[:, None]  # [BM, 1], out of bounds if masked
-  cols = pl.ds(col_block * block_n, block_n)
-  lanes = jnp.arange(block_k, dtype=jnp.int32)[None, :]  # [1, BK]
-  first = split * steps_per_split * block_k
+  row_mask = (rows < static.num_rows)[:, None]  # [BM, 1]
+  rows = jnp.where(rows < static.num_rows, rows, static.num_rows)[:, None]  # [BM, 1], OOB if masked
+  fold = functools.partial(_fold, x_ref, w_ref, rows, row_mask, static)
+  store = functools.partial(_store, o_ref, scale_ref, rows, row_mask, static)
+  shape = (static.block_n, BLOCK_M) if static.quantize_x else (BLOCK_M, static.block_n)
+  acc = jnp.zeros(shape, jnp.float32)
+  if not static.programs:  # program (column block, split): one unit
+    col_block, split = pl.program_id(0), pl.program_id(1)
+    first = split * static.steps * static.block_k
+    acc = jax.lax.fori_loop(
+      0, static.steps, lambda i, acc: fold(col_block, first + i * static.block_k, acc), acc
+    )
+    store(acc, col_block, split)
+    return
+  program = pl.program_id(0)  # persistent: units program, program + P, ... in one loop
+  num_units = o_ref.shape[-1] // static.block_n * static.splits
 
+  def step(i, acc):
+    done = jax.lax.div(i, jnp.int32(static.steps))  # units this program folded before
+    k_step = i - done * static.steps
+    unit = program + done * static.programs
+    col_block = jax.lax.div(unit, jnp.int32(static.splits))
+    split = unit - col_block * static.splits
+    k = (split * static.steps + k_step) * static.block_k
+    acc = fold(col_block, k, jnp.where(k_step == 0, 0.0, acc))
+
+    @pl.when(k_step == static.steps - 1)
+    def _():
+      store(acc, col_block, split)
+
+    return acc
+
+  num_steps = (num_units - program + static.programs - 1) // static.programs * static.steps
+  jax.lax.fori_loop(0, num_steps, step, acc)
+
+
+def _fold(x_ref, w_ref, rows, row_mask, static: _Static, col_block, k, acc):
+  """acc + the unit's product over K slice [k, k + block_k): [BM, BN] (quantize_x: [BN, BM])."""
+  lanes = jnp.arange(static.block_k, dtype=jnp.int32)[None, :]  # [1, BK]
+  x_mask = jnp.broadcast_to(row_mask, (BLOCK_M, static.block_k))
+  x = plgpu.load(x_ref.at[rows, k + lanes], mask=x_mask, other=0)  # [BM, BK]
+  w = w_ref[pl.ds(col_block * static.block_n, static.block_n), pl.ds(k, static.block_k)]  # 8-bit
   dims = (((1,), (1,)), ((), ()))
+  if static.quantize_x:
+    xq, x_scale = _quantize_rows(x)  # [BM, BK] float8_e4m3fn, [BM]
+    block = jax.lax.dot_general(w, xq, dims, preferred_element_type=jnp.float32)  # [BN, BM]
+    return acc + block * x_scale[None, :]
+  w = (_fp8_bits_to_bfloat16(w) if static.fp8_bits else w).astype(x.dtype)  # [BN, BK]
+  return acc + jax.lax.dot_general(x, w, dims, preferred_element_type=jnp.float32)  # [BM, BN]
 
-  def fold(i, acc):
-    k = first + i * block_k
-    x = plgpu.load(
-      x_ref.at[rows, k + lanes], mask=jnp.broadcast_to(row_mask, (BLOCK_M, block_k)), other=0
-    )  # [BM, BK]
-    w = w_ref[cols, pl.ds(k, block_k)]  # [BN, BK] 8-bit
-    if quantize_x:
-      xq, x_scale = _quantize_rows(x)  # [BM, BK] float8_e4m3fn, [BM]
-      block = jax.lax.dot_general(w, xq, dims, preferred_element_type=jnp.float32)  # [BN, BM]
-      return acc + block * x_scale[None, :]
-    w = (_fp8_bits_to_bfloat16(w) if fp8_bits else w).astype(x.dtype)  # [BN, BK]
-    return acc + jax.lax.dot_general(x, w, dims, preferred_element_type=jnp.float32)  # [BM, BN]
 
-  acc_shape = (block_n, BLOCK_M) if quantize_x else (BLOCK_M, block_n)
-  acc = jax.lax.fori_loop(0, steps_per_split, fold, jnp.zeros(acc_shape, jnp.float32))
-  acc = acc.T if quantize_x else acc  # [BM, BN]
-  scale = scale_ref[cols] * FP8_BITS_SCALE if fp8_bits else scale_ref[cols]  # [BN]
+def _store(o_ref, scale_ref, rows, row_mask, static: _Static, acc, col_block, split):
+  """Scales a unit's sum and stores it: y [M, N] in x's dtype, or partials [S, M, N] float32."""
+  cols = pl.ds(col_block * static.block_n, static.block_n)
+  acc = acc.T if static.quantize_x else acc  # [BM, BN]
+  scale = scale_ref[cols] * FP8_BITS_SCALE if static.fp8_bits else scale_ref[cols]  # [BN]
   acc = acc * scale[None, :]
-  out_cols = col_block * block_n + jnp.arange(block_n, dtype=jnp.int32)[None, :]  # [1, BN]
-  mask = jnp.broadcast_to(row_mask, (BLOCK_M, block_n))
-  target = o_ref.at[split, rows, out_cols] if partial else o_ref.at[rows, out_cols]
+  out_cols = col_block * static.block_n + jnp.arange(static.block_n, dtype=jnp.int32)[None, :]
+  mask = jnp.broadcast_to(row_mask, (BLOCK_M, static.block_n))
+  target = o_ref.at[split, rows, out_cols] if static.partial else o_ref.at[rows, out_cols]
   plgpu.store(target, acc.astype(o_ref.dtype), mask=mask)
 
 
@@ -188,20 +187,22 @@ def _quantized_matmul(x, w, scale, *, tiling: Tiling, quantize_x: bool, interpre
   (m, k), n = x.shape, w.shape[0]
   splits = tiling.num_splits
   partial = splits > 1
-  kernel = functools.partial(
-    _kernel,
+  num_units = n // tiling.block_n * splits
+  static = _Static(
     num_rows=m,
     block_n=tiling.block_n,
     block_k=tiling.block_k,
-    steps_per_split=k // (tiling.block_k * splits),
+    steps=k // (tiling.block_k * splits),
+    splits=splits,
     partial=partial,
     fp8_bits=tiling.fp8_bits and w.dtype == jnp.float8_e4m3fn and not quantize_x,
     quantize_x=quantize_x,
+    programs=min(tiling.programs, num_units),
   )
   out_shape = (splits, m, n) if partial else (m, n)
   y = pl.pallas_call(
-    kernel,
-    grid=(n // tiling.block_n, splits),
+    functools.partial(_kernel, static=static),
+    grid=(static.programs,) if static.programs else (n // tiling.block_n, splits),
     in_specs=[pl.no_block_spec] * 3,
     out_specs=pl.no_block_spec,
     out_shape=jax.ShapeDtypeStruct(out_shape, jnp.float32 if partial else x.dtype),
@@ -236,7 +237,7 @@ def quantized_matmul(
       f"quantized_matmul: w: N must be a multiple of 16 and K of {unit}, got {w.shape}"
     )
   tiling = tiling or default_tiling(*w.shape, quantize_x=quantize_x)
-  _check_tiling(tiling, w.shape, quantize_x)
+  check_tiling(tiling, w.shape, quantize_x)
   return _quantized_matmul(x, w, scale, tiling=tiling, quantize_x=quantize_x, interpret=interpret)
 
 
@@ -256,19 +257,4 @@ def _check_arrays(x: jax.Array, w: jax.Array, scale: jax.Array) -> None:
     raise ValueError(
       f"quantized_matmul: scale: expected float32[{w.shape[0]}], "
       f"got {scale.dtype}{list(scale.shape)}"
-    )
-
-
-def _check_tiling(tiling: Tiling, w_shape: tuple[int, ...], quantize_x: bool) -> None:
-  blocks = (tiling.block_n, tiling.block_k)
-  if any(b < 16 or b & (b - 1) for b in blocks) or tiling.num_splits < 1:
-    raise ValueError(f"quantized_matmul: tiling: blocks must be powers of two >= 16, got {tiling}")
-  if w_shape[0] % tiling.block_n or w_shape[1] % (tiling.block_k * tiling.num_splits):
-    raise ValueError(
-      f"quantized_matmul: tiling: N {w_shape[0]} must be a multiple of block_n and K "
-      f"{w_shape[1]} of block_k * num_splits, got {tiling}"
-    )
-  if quantize_x and tiling.block_k != X_GROUP:
-    raise ValueError(
-      f"quantized_matmul: tiling: quantize_x needs block_k {X_GROUP}, got {tiling.block_k}"
     )

@@ -1,7 +1,7 @@
 """The quantized Pallas matmul (pallas_kernels/quantized_matmul), weight-only and with quantize_x
 (x quantized to fp8 per row and 128 of K), against its pure-jnp references and hand-computed
-values, its shape checks, its tiling rule, and its lowering for CUDA. Compiled on a GPU, in
-Pallas interpret mode elsewhere."""
+values, persistent programs against the grid, its shape checks, its tiling rule, and its lowering
+for CUDA. Compiled on a GPU, in Pallas interpret mode elsewhere."""
 
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ def run(x, w, scale, tiling=SMALL):
 
 
 @pytest.mark.parametrize("dtype", [jnp.int8, jnp.float8_e4m3fn])
-@pytest.mark.parametrize("splits", [1, 2])
-def test_hand_computed(dtype, splits):
+@pytest.mark.parametrize("splits,programs", [(1, 0), (2, 0), (2, 1)])
+def test_hand_computed(dtype, splits, programs):
   x = np.zeros((3, 32), np.float32)
   x[0, :2] = [1.0, 2.0]  # row 0: 1 * w[:, 0] + 2 * w[:, 1]
   x[1, 31] = -1.0  # row 1: -w[:, 31] (the second K block)
@@ -48,7 +48,8 @@ def test_hand_computed(dtype, splits):
   w[15] = 2.0
   scale = np.ones(16, np.float32)
   scale[0], scale[15] = 0.5, 0.25
-  out = np.asarray(run(x, jnp.asarray(w).astype(dtype), scale, Tiling(16, 16, splits)))
+  tiling = Tiling(16, 16, splits, programs=programs)
+  out = np.asarray(run(x, jnp.asarray(w).astype(dtype), scale, tiling))
   expected = np.zeros((3, 16), np.float32)
   expected[0, 0], expected[0, 15] = (3 + 8) * 0.5, (2 + 4) * 0.25
   expected[1, 5], expected[1, 15] = -8.0, -0.5
@@ -66,6 +67,8 @@ def test_hand_computed(dtype, splits):
     (11, 96, 128, jnp.int8, jnp.bfloat16, Tiling(32, 16, 8)),
     (8, 64, 128, jnp.float8_e4m3fn, jnp.bfloat16, Tiling(32, 32, 2, fp8_bits=True)),
     (3, 32, 64, jnp.float8_e4m3fn, jnp.float32, Tiling(16, 32, fp8_bits=True)),
+    (5, 48, 64, jnp.int8, jnp.float32, Tiling(16, 32, 2, programs=2)),
+    (11, 96, 128, jnp.float8_e4m3fn, jnp.bfloat16, Tiling(32, 16, 8, programs=5)),
   ],
 )
 def test_random_sweep_against_reference(m, n, k, dtype, x_dtype, tiling):
@@ -136,6 +139,7 @@ def test_quantize_x_rows_too_small_to_scale_are_zeros():
     (8, 128, 256, jnp.bfloat16, None),
     (16, 64, 1024, jnp.bfloat16, Tiling(64, 128, 4, num_warps=8)),
     (11, 96, 384, jnp.bfloat16, Tiling(32, 128, 3)),
+    (7, 96, 512, jnp.bfloat16, Tiling(32, 128, 2, programs=4)),
   ],
 )
 def test_quantize_x_random_sweep_against_reference(m, n, k, x_dtype, tiling):
@@ -151,6 +155,30 @@ def test_quantize_x_random_sweep_against_reference(m, n, k, x_dtype, tiling):
   np.testing.assert_allclose(np.asarray(out, np.float32), reference, rtol=tolerance, atol=tolerance)
   weight_only = np.asarray(quantized_matmul_reference(x, w, scale), np.float32)
   assert np.max(np.abs(reference - weight_only)) <= 0.1 * np.max(np.abs(weight_only))
+
+
+@pytest.mark.parametrize("quantize_x", [False, True])
+def test_persistent_programs_give_the_grids_values(quantize_x):
+  """Tiling.programs P folds the same units with the same arithmetic, P at a time: 1 program,
+  P dividing the 12 units, P leaving some programs a unit fewer, and more programs than units
+  (clipped) all equal the grid bit for bit."""
+  rng = np.random.default_rng(7)
+  x = jnp.asarray(rng.standard_normal((6, 512)), jnp.bfloat16)
+  w = jnp.asarray(np.clip(rng.standard_normal((96, 512)) * 60, -127, 127)).astype(jnp.float8_e4m3fn)
+  scale = jnp.asarray(rng.random(96) * 0.01 + 1e-3, jnp.float32)
+  block_k = X_GROUP if quantize_x else 64
+
+  def out(programs):
+    tiling = Tiling(32, block_k, 4, programs=programs)  # 3 column blocks x 4 splits = 12 units
+    return np.asarray(
+      quantized_matmul(x, w, scale, tiling=tiling, quantize_x=quantize_x, interpret=INTERPRET),
+      np.float32,
+    )
+
+  grid = out(0)
+  assert np.any(grid != 0)
+  for programs in (1, 4, 5, 100):
+    np.testing.assert_array_equal(out(programs), grid, err_msg=f"programs={programs}")
 
 
 def test_fp8_bits_converts_every_float8_value_exactly():
@@ -192,6 +220,7 @@ def _args(m=4, n=32, k=64, w_dtype=jnp.int8):
     (_args(), Tiling(24, 16), "tiling: blocks must be powers of two"),
     (_args(), Tiling(64, 16), "tiling: N 32 must be a multiple of block_n"),
     (_args(), Tiling(16, 64, 2), "tiling: N 32 must be a multiple of block_n and K 64"),
+    (_args(), Tiling(16, 16, programs=-1), "tiling: programs must be >= 0, got -1"),
   ],
 )
 def test_bad_shapes_raise_value_errors_naming_the_array(args, tiling, field):
@@ -235,6 +264,8 @@ def test_default_tiling_divides_and_fills_the_gpu():
     (jnp.float8_e4m3fn, None, False),
     (jnp.float8_e4m3fn, Tiling(fp8_bits=True), False),
     (jnp.float8_e4m3fn, None, True),
+    (jnp.float8_e4m3fn, Tiling(128, X_GROUP, 8, programs=264), True),
+    (jnp.int8, Tiling(32, 256, 2, programs=132), False),
   ],
 )
 def test_lowers_to_one_triton_call_for_cuda(w_dtype, tiling, quantize_x):
