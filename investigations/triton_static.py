@@ -1,4 +1,5 @@
-"""What Triton makes of a Pallas GPU kernel, without a GPU: the kernel is lowered for CUDA (an
+"""What Triton makes of a Pallas GPU kernel, without a GPU: the kernel (the ragged paged
+attention at a decode or prefill shape, or the quantized decode matmul) is lowered for CUDA (an
 H100 as the abstract target), the Triton module Pallas hands to XLA is captured, and, where a
 `triton` package is installed (in any Python: --triton-python; it is no dependency of jaxserve),
 compiled for sm_90 with the kernel's num_warps / num_stages. Per module it prints the shared
@@ -14,6 +15,8 @@ it runs. Capturing the module patches a private JAX function (pallas/triton/lowe
 lower_jaxpr_to_triton_module), which a JAX release may rename.
 
     python -m investigations.triton_static --pages bfloat16 float8_e4m3fn \
+      --triton-python /path/to/venv-with-triton/bin/python
+    python -m investigations.triton_static --kernel quantized_matmul --programs 264 \
       --triton-python /path/to/venv-with-triton/bin/python
 """
 
@@ -122,6 +125,33 @@ def attention_modules(
   return [m + f"\n// num_warps={tiling.num_warps} num_stages={tiling.num_stages}" for m in modules]
 
 
+def quantized_matmul_modules(
+  n: int, k: int, *, rows: int = 8, quantize_x: bool = True, **tile_fields
+) -> list[str]:
+  """The Triton module of pallas_kernels/quantized_matmul for x [rows, K] bfloat16 times an fp8
+  weight [N, K], with default_tiling's tiling (tile_fields replace its fields: programs, ...)."""
+  import dataclasses
+
+  import jax
+  import jax.numpy as jnp
+
+  from pallas_kernels.quantized_matmul import gpu
+
+  tiling = dataclasses.replace(gpu.default_tiling(n, k, quantize_x=quantize_x), **tile_fields)
+  fn = functools.partial(
+    gpu._quantized_matmul, tiling=tiling, quantize_x=quantize_x, interpret=False
+  )
+  spec = jax.ShapeDtypeStruct
+  args = (
+    spec((rows, k), jnp.bfloat16),
+    spec((n, k), jnp.float8_e4m3fn),
+    spec((n,), jnp.float32),
+  )
+  with captured_triton_modules() as modules, _h100_target():
+    jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+  return [m + f"\n// num_warps={tiling.num_warps} num_stages={tiling.num_stages}" for m in modules]
+
+
 def count_ops(ttgir: str) -> dict[str, int]:
   return {name: len(re.findall(pattern, ttgir)) for name, pattern in OPS.items()}
 
@@ -170,7 +200,18 @@ def programs_per_sm(row: dict) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--kernel", choices=("attention", "quantized_matmul"), default="attention")
   parser.add_argument("--pages", nargs="+", default=["bfloat16", "float8_e4m3fn", "int8"])
+  parser.add_argument(
+    "--shapes",
+    nargs="+",
+    default=["6144x4096", "4096x4096", "28672x4096", "4096x14336"],
+    help="quantized_matmul: weights NxK (default: Llama-3.1-8B's merged projections)",
+  )
+  parser.add_argument("--programs", type=int, help="quantized_matmul: Tiling.programs")
+  parser.add_argument(
+    "--weight-only", action="store_true", help="quantized_matmul: no quantize_x (W8A16)"
+  )
   parser.add_argument("--num-seqs", type=int, default=512)
   parser.add_argument("--context", type=int, default=1500)
   parser.add_argument("--query-len", type=int, default=1, help="tokens a sequence (1: decode)")
@@ -186,20 +227,12 @@ def main(argv: list[str] | None = None) -> None:
     return
   out_dir = args.out_dir or tempfile.mkdtemp(prefix="triton_static_")
   os.makedirs(out_dir, exist_ok=True)
-  print(f"{'pages':>14} {'shared B':>9} {'regs':>5} {'spill B':>7} {'SM by smem/regs':>16} ops")
-  for dtype in args.pages:
-    tiles = {"block_kv": args.block_kv, "num_stages": args.num_stages, "num_warps": args.num_warps}
-    (module,) = attention_modules(
-      dtype,
-      num_seqs=args.num_seqs,
-      context=args.context,
-      query_len=args.query_len,
-      **{k: v for k, v in tiles.items() if v},
-    )
-    path = os.path.join(out_dir, f"attention_{dtype}.ttir")
+  print(f"{'module':>14} {'shared B':>9} {'regs':>5} {'spill B':>7} {'SM by smem/regs':>16} ops")
+  for name, module in _modules(args):
+    path = os.path.join(out_dir, f"{args.kernel}_{name}.ttir")
     open(path, "w").write(module)
     if not args.triton_python:
-      print(f"{dtype:>14} (captured {path}; --triton-python compiles it)")
+      print(f"{name:>14} (captured {path}; --triton-python compiles it)")
       continue
     done = subprocess.run(
       [args.triton_python, os.path.abspath(__file__), "--compile-ttir", path],
@@ -211,10 +244,33 @@ def main(argv: list[str] | None = None) -> None:
     fit = programs_per_sm(row)
     ops = {k: row[k] for k in OPS}
     print(
-      f"{dtype:>14} {row['shared_bytes']:>9} {row['registers']:>5} {row['spill_bytes']:>7} "
+      f"{name:>14} {row['shared_bytes']:>9} {row['registers']:>5} {row['spill_bytes']:>7} "
       f"{fit['by_shared']:>8}/{fit['by_registers']:<7} mma v{row['mma_version']} {ops}"
     )
   print(f"modules in {out_dir}", file=sys.stderr)
+
+
+def _modules(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
+  """(name, module text) of each module the arguments ask for."""
+  if args.kernel == "quantized_matmul":
+    fields = {"num_stages": args.num_stages, "num_warps": args.num_warps, "programs": args.programs}
+    for shape in args.shapes:
+      n, k = (int(v) for v in shape.split("x"))
+      (module,) = quantized_matmul_modules(
+        n, k, quantize_x=not args.weight_only, **{f: v for f, v in fields.items() if v}
+      )
+      yield shape, module
+    return
+  tiles = {"block_kv": args.block_kv, "num_stages": args.num_stages, "num_warps": args.num_warps}
+  for dtype in args.pages:
+    (module,) = attention_modules(
+      dtype,
+      num_seqs=args.num_seqs,
+      context=args.context,
+      query_len=args.query_len,
+      **{t: v for t, v in tiles.items() if v},
+    )
+    yield dtype, module
 
 
 if __name__ == "__main__":

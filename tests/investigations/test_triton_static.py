@@ -23,6 +23,14 @@ def test_8bit_tile_loads_carry_their_fill(dtype, ir_type):
   assert not re.search(r"arith\.select .*tensor<128x128xbf16>", module)
 
 
+@pytest.mark.parametrize("programs", [0, 24])
+def test_quantized_matmul_module_is_captured(programs):
+  (module,) = triton_static.quantized_matmul_modules(256, 512, programs=programs)
+  assert "tt.func" in module and "num_warps=4 num_stages=3" in module
+  assert len(re.findall(r"tt\.dot ", module)) == 1  # the fp8 dot, grid or persistent
+  assert ("scf.if" in module) == bool(programs)  # the persistent loop stores at a unit's end
+
+
 def test_ops_are_counted_in_a_module_text():
   text = "ttg.local_alloc %1 ... ttg.local_alloc : () ... tt.dot %a ttg.local_load %x"
   assert triton_static.count_ops(text) == {
