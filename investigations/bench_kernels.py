@@ -12,7 +12,9 @@ fixed dispatch and synchronization (which a model step pays once for all its lay
 Effective bandwidth counts the K and V bytes the batch actually attends:
 sum(seq_lens) * num_kv_heads * head_dim * 2 * itemsize. `--prefill NUMxLEN` adds prompt
 batches, reported in attention TFLOP/s as well. `--kv-dtype float8_e4m3fn|int8` stores the pages
-8-bit (the KV cache's --kv-cache-dtype) for the same batches.
+8-bit (the KV cache's --kv-cache-dtype) for the same batches. The baselines are in
+attention_baselines.py, the timing harnesses in kernel_timing.py, the record and table in
+attention_report.py.
 
   python -m investigations.bench_kernels                 # on a GPU; writes out/bench_kernels.json
   python -m investigations.bench_kernels --smoke         # tiny sizes, interpret mode, any backend
@@ -29,14 +31,23 @@ import json
 import math
 import sys
 import traceback
-import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from investigations.attention_baselines import (
+  bundled_paged_attention,
+  reference_bytes,
+  sub_batch_args,
+)
+from investigations.attention_report import (
+  CaseResult,
+  attention_flops,
+  max_abs_error,
+  print_table,
+)
 from investigations.kernel_timing import (
   Batch,
   Shape,
@@ -51,87 +62,6 @@ from pallas_kernels.ragged_paged_attention.reference import ragged_paged_attenti
 
 L2_ROTATION_BYTES = 256 * 2**20  # rotate page sets until this many KV bytes are touched
 REFERENCE_MEMORY_FRACTION = 0.35
-
-
-@dataclass
-class CaseResult:
-  name: str
-  kind: str
-  batch: int
-  context: int
-  num_tokens: int
-  kv_bytes: int = 0
-  max_abs_error: dict[str, float] = field(default_factory=dict)
-  time_us: dict[str, float] = field(default_factory=dict)
-  device_us: dict[str, float] = field(default_factory=dict)  # --device-time: kernels only
-  kv_gbps: dict[str, float] = field(default_factory=dict)
-  pct_of_copy: dict[str, float] = field(default_factory=dict)
-  tflops: dict[str, float] = field(default_factory=dict)  # attention FLOPs / time (prefill)
-  speedup_vs_bundled: float | None = None
-  speedup_vs_xla: float | None = None
-  notes: list[str] = field(default_factory=list)
-  error: str | None = None
-
-
-def sub_batch_args(batch: Batch, num_seqs: int) -> tuple[jax.Array, ...]:
-  """Arguments of the first `num_seqs` sequences: a memory-bounded reference for the rows of
-  those sequences in the full batch's output (sequences attend independently)."""
-  qsl = np.asarray(batch.query_start_loc)
-  num_tokens = int(qsl[num_seqs])
-  return (
-    batch.q[:num_tokens],
-    batch.k_pages,
-    batch.v_pages,
-    batch.block_tables[0][:num_seqs],
-    batch.seq_lens[:num_seqs],
-    batch.query_start_loc[: num_seqs + 1],
-    jnp.asarray([num_seqs], jnp.int32),
-  )
-
-
-def reference_bytes(num_tokens: int, batch: Batch) -> int:
-  num_kv_heads, _, page_size, head_dim = batch.k_pages.shape
-  max_len = batch.block_tables[0].shape[1] * page_size
-  return 2 * num_kv_heads * num_tokens * max_len * head_dim * (batch.k_pages.dtype.itemsize + 4)
-
-
-def bundled_paged_attention(
-  shape: Shape, sm_scale: float, k_splits: int, pages_per_compute_block: int, interpret: bool
-):
-  """JAX's bundled Pallas GPU paged_attention (decode only) in the ragged signature."""
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention
-
-  def attend(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, num_seqs):
-    del query_start_loc, num_seqs  # one query token per sequence
-    q_scaled = (q.astype(jnp.float32) * sm_scale).astype(q.dtype)  # it applies no scale
-    return paged_attention(
-      q_scaled,
-      k_pages,
-      v_pages,
-      block_tables,
-      seq_lens,
-      k_splits=k_splits,
-      pages_per_compute_block=pages_per_compute_block,
-      interpret=interpret,
-    )
-
-  return attend
-
-
-def attention_flops(batch: Batch) -> int:
-  """2 matmuls x 2 FLOPs per (query, visible key) pair, per q head and head dim (causal)."""
-  qsl = np.asarray(batch.query_start_loc)
-  q_lens = np.diff(qsl)[: int(batch.num_seqs[0])].astype(np.int64)
-  seq_lens = np.asarray(batch.seq_lens)[: q_lens.size].astype(np.int64)
-  pairs = q_lens * (seq_lens - q_lens) + q_lens * (q_lens + 1) // 2
-  num_q_heads, head_dim = batch.q.shape[1:]
-  return int(4 * num_q_heads * head_dim * pairs.sum())
-
-
-def max_abs_error(actual: jax.Array, expected: jax.Array) -> float:
-  return float(jnp.max(jnp.abs(actual.astype(jnp.float32) - expected.astype(jnp.float32))))
 
 
 def run_case(
@@ -331,49 +261,6 @@ def case_specs(opts, shape: Shape) -> list[tuple[str, int, list[int], list[int]]
     num, length = (int(v) for v in item.split("x"))
     specs.append((f"prefill_{num}x{length}", length, [length] * num, [length] * num))
   return specs
-
-
-def _device_pct(result: CaseResult, label: str, copy_bps: float | None) -> float:
-  device_us = result.device_us.get(label)
-  if not device_us or not copy_bps:
-    return float("nan")
-  return 100.0 * result.kv_bytes / (device_us * 1e-6) / copy_bps
-
-
-def print_table(results: list[CaseResult], copy_bps: float | None) -> None:
-  if copy_bps:
-    print(f"\nHBM copy ceiling: {copy_bps / 1e9:.0f} GB/s (read + write)")
-  header = (
-    f"{'case':44s} {'kernel':18s} {'us':>10s} {'KV GB/s':>9s} {'%copy':>6s} "
-    f"{'max err':>9s} {'dev us':>8s} {'dev %copy':>9s}"
-  )
-  print(header)
-  print("-" * len(header))
-  for r in results:
-    if r.error:
-      print(f"{r.name:44s} ERROR {r.error[:120]}")
-      continue
-    for label in sorted(set(r.time_us) | set(r.max_abs_error)):
-      print(
-        f"{r.name:44s} {label:18s} {r.time_us.get(label, float('nan')):10.1f} "
-        f"{r.kv_gbps.get(label, float('nan')):9.1f} {r.pct_of_copy.get(label, float('nan')):6.1f} "
-        f"{r.max_abs_error.get(label, float('nan')):9.2e} "
-        f"{r.device_us.get(label, float('nan')):8.1f} {_device_pct(r, label, copy_bps):9.1f}"
-      )
-    ratios = []
-    if r.speedup_vs_bundled:
-      ratios.append(f"vs bundled {r.speedup_vs_bundled:.2f}x")
-    if r.speedup_vs_xla:
-      ratios.append(f"vs xla {r.speedup_vs_xla:.2f}x")
-    if ratios:
-      print(f"{'':44s} ours speedup: {', '.join(ratios)}")
-    if not r.kind == "decode" and r.tflops:
-      print(
-        f"{'':44s} attention TFLOP/s: "
-        + ", ".join(f"{label} {value:.1f}" for label, value in sorted(r.tflops.items()))
-      )
-    for note in r.notes:
-      print(f"{'':44s} note: {note}")
 
 
 def main(argv: list[str] | None = None) -> int:

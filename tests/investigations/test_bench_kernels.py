@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from investigations import bench_kernels, kernel_timing
+from investigations import attention_report, bench_kernels, kernel_timing
 from pallas_kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
 
 
@@ -64,7 +64,7 @@ def test_attention_flops_by_hand():
     seed=0,
     num_rotations=1,
   )
-  assert bench_kernels.attention_flops(batch) == 4 * 2 * 8 * (6 + 5)
+  assert attention_report.attention_flops(batch) == 4 * 2 * 8 * (6 + 5)
 
 
 @pytest.mark.parametrize("harness", ["unrolled", "loop", "marginal"])
