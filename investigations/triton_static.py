@@ -111,6 +111,8 @@ def attention_modules(
     max_kv_len=pages_per_seq * page_size,
     **tile_keywords,
   )
+  # The jitted body, not the wrapper: the wrapper asks the local device for its tiling (a CPU
+  # here has no Hopper shared memory), and the tiling is the H100's above.
   fn = functools.partial(
     gpu._ragged_paged_attention,
     tiling=tiling,
@@ -138,9 +140,7 @@ def quantized_matmul_modules(
   from pallas_kernels.quantized_matmul import gpu
 
   tiling = dataclasses.replace(gpu.default_tiling(n, k, quantize_x=quantize_x), **tile_fields)
-  fn = functools.partial(
-    gpu._quantized_matmul, tiling=tiling, quantize_x=quantize_x, interpret=False
-  )
+  fn = functools.partial(gpu.quantized_matmul, tiling=tiling, quantize_x=quantize_x)
   spec = jax.ShapeDtypeStruct
   args = (
     spec((rows, k), jnp.bfloat16),
