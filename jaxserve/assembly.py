@@ -42,7 +42,7 @@ from jaxserve.device.kv_cache import (
 )
 from jaxserve.device.memory_gauge import DeviceMemoryGauge
 from jaxserve.device.model_runner import ModelRunner, StepSink
-from jaxserve.device.program_compiler import ProgramCompiler
+from jaxserve.device.program_compiler import ProgramCompiler, default_compile_threads
 from jaxserve.device.step_inputs import StepShape
 from jaxserve.device.step_options import (
   describe_step_choices,
@@ -218,7 +218,8 @@ def build_engine(
   if publisher is not None:
     mode = "full"
   hits, misses = ledger.cache_hits, ledger.cache_misses
-  programs, warmup_seconds = compile_programs(runner, mode, show_progress)
+  threads = config.compile_threads or default_compile_threads()
+  programs, warmup_seconds = compile_programs(runner, mode, show_progress, threads)
   if config.compilation_cache_dir and mode != "lazy":
     logger.info(
       "warmup: %d programs loaded from the compilation cache, %d compiled and cached",
@@ -246,7 +247,7 @@ def build_engine(
 
 
 def compile_programs(
-  runner: ModelRunner, mode: str, show_progress: bool
+  runner: ModelRunner, mode: str, show_progress: bool, threads: int = 1
 ) -> tuple[ProgramCompiler | None, float]:
   """Warmup by mode: "full" compiles everything now (through the runner's steps on a multi-host
   job, whose other hosts compile as they replay them), "background" the largest bucket now and
@@ -257,13 +258,16 @@ def compile_programs(
     return None, 0.0
   if mode == "full" and runner.publisher is not None:
     return None, warmup(runner, show_progress=show_progress)
-  compiler = ProgramCompiler(runner)
+  compiler = ProgramCompiler(runner, threads)
+  first = compiler.groups[: compiler.num_first_groups()]
   logger.info(
-    "warmup: %d programs in %d groups (%s); the largest bucket's %d first",
+    "warmup: %d programs in %d groups (%s, %d compile threads); %d first (%s)",
     compiler.num_total,
     len(compiler.groups),
     mode,
-    len(compiler.groups[0].programs),
+    threads,
+    sum(len(g.programs) for g in first),
+    ", ".join(f"bucket {b.num_seqs}x{b.num_tokens}" for g in first for b in sorted(g.steps)),
   )
   start = time.perf_counter()
   # a full warmup (bench throughput's, minutes on a large model) shows its progress
@@ -276,7 +280,7 @@ def compile_programs(
     compiler.compile_first()
     bar.update(compiler.readiness().num_compiled)
     if mode == "full":
-      compiler.compile_rest(on_group=bar.update)
+      compiler.compile_rest(on_program=bar.update)
     else:
       compiler.start()
   seconds = time.perf_counter() - start

@@ -136,6 +136,13 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     "(full), the largest bucket first and the rest while serving (background), or "
     "each on first use (lazy); auto: serve background, generate and LLM lazy",
   ),
+  EngineArg(
+    "compile_threads",
+    "compile_threads",
+    int,
+    "step programs compiled at once during warmup and in the background (0: half the host's "
+    "cores, 1 to 8)",
+  ),
 )
 BY_NAME = {arg.name: arg for arg in ENGINE_ARGS}
 

@@ -73,7 +73,8 @@ class EngineConfig:
   warmup: when the step programs compile (device/program_compiler.py): "full" all before the
   engine starts, "background" the largest bucket's first and the rest on a compile thread while
   serving, "lazy" each on the first step that needs it; "auto" is the caller's default
-  (`jaxserve serve`: background; LLM and `jaxserve generate`: lazy).
+  (`jaxserve serve`: background; LLM and `jaxserve generate`: lazy). compile_threads: how many
+  step programs compile at once (0: half the host's cores, 1 to 8).
   tokenizer: a tokenizer directory other than the model's; chat_template: a template file (or the
   template text itself) replacing the tokenizer's (models/registry.load_configured_tokenizer).
   quantization: the weight scheme the projections run (jaxserve/quantization/scheme.py): a
@@ -106,6 +107,7 @@ class EngineConfig:
   sampler_backend: str = "auto"
   fuse_projections: bool = True
   warmup: str = "auto"
+  compile_threads: int = 0
   quantization: str = NONE
   quantized_gemm: str = "auto"
   cache: CacheConfig = field(default_factory=CacheConfig)
@@ -178,6 +180,11 @@ class EngineConfig:
     require_bool(self.enable_expert_parallel, "enable_expert_parallel")
     require_bool(self.tp_invariant_reductions, "tp_invariant_reductions")
     require_bool(self.batch_invariant, "batch_invariant")
+    _require(
+      is_int_at_least(self.compile_threads, 0),
+      "compile_threads",
+      f"must be an integer >= 0 (0: half the host's cores), got {self.compile_threads!r}",
+    )
     _require(
       self.warmup in WARMUP_MODES, "warmup", f"must be one of {WARMUP_MODES}, got {self.warmup!r}"
     )

@@ -1,4 +1,4 @@
-"""Compiling the step programs while serving (config key `warmup`).
+"""Compiling the step programs while serving (config keys `warmup`, `compile_threads`).
 
 A step's programs are the forward of its (sequences, tokens) bucket, the sampler of its sequence
 count in every SamplerMode, prompt logprobs of its token count and, with decode bursts, the burst
@@ -12,19 +12,26 @@ lists them bucket by bucket, in the order they are worth compiling:
    padding there is;
 3. every other bucket, by tokens then sequences (a step's cost follows its tokens).
 
-ProgramCompiler compiles group 1 in the caller's thread (compile_first; its programs lowered one by
-one, then compiled side by side on threads) and, with `background`, the others on one compile thread
-(start): XLA's compilation releases the GIL, so the engine keeps stepping meanwhile. Each program is
-lowered on padding inputs with the runner's own params and KV pages as abstract arguments (so the
-compile thread never touches the buffers the engine donates) and compiled ahead of time; jit's
+ProgramCompiler compiles in the caller's thread first (compile_first) the largest bucket's group
+and, with more than one compile thread, the smallest decode bucket's beside it, so one stream and
+small batches decode in their own bucket from the first request: their programs are lowered one
+by one (tracing holds the GIL), then compiled side by side on threads. The other groups compile
+with `compile_threads` threads (compile_rest; with `background`, on a compile thread while the
+engine serves, start): one thread lowers the programs in group order, at most `threads` ahead of
+the compilers, and `threads` daemon threads compile them (XLA's compilation releases the GIL), so
+the groups finish in about their order and the engine keeps stepping meanwhile. Each program is
+lowered on padding inputs with the runner's own params and KV pages as abstract arguments (so no
+compile thread touches the buffers the engine donates) and compiled ahead of time; jit's
 compilation cache then serves the engine's calls, so the compile ledger counts each program once.
-Each time a bucket's group is compiled, a new ProgramReadiness (messages/program_readiness.py) is
-published; the host pads each step to the smallest ready bucket that holds it
-(engine/engine_core.py), which therefore never waits for a compilation.
+Each time a group's programs are all compiled, a new ProgramReadiness
+(messages/program_readiness.py) is published; the host pads each step to the smallest ready bucket
+that holds it (engine/engine_core.py), which therefore never waits for a compilation. A program
+that fails to compile raises ProgramCompileError naming it (start-up fails with its name; in the
+background the buckets compiled so far keep serving and the error is logged).
 
-close() (the engine's close, at shutdown) stops the compile thread at the next program and waits
-for it at most CLOSE_WAIT_S: a stop signal during background compilation exits within that, not
-after the program being compiled (seconds for a large bucket). The thread is a daemon; one still
+close() (the engine's close, at shutdown) stops the compile threads at their next program and waits
+at most CLOSE_WAIT_S: a stop signal during background compilation exits within that, not after
+the programs being compiled (seconds for a large bucket). The threads are daemons; one still
 inside XLA's compiler crashes the interpreter's finalization (SIGSEGV), so a process that closed
 an engine while `compilation_abandoned()` ends with `exit_now` (no finalization) instead.
 """
@@ -33,11 +40,11 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import jax
@@ -56,11 +63,19 @@ logger = logging.getLogger(__name__)
 BURST_MODES = (SamplerMode(), SamplerMode(random=True))
 CLOSE_WAIT_S = 0.5
 COMPILE_THREAD_NAME = "jaxserve-compile"
+MAX_AUTO_THREADS = 8
 
 
 def compilation_abandoned() -> bool:
-  """Whether a closed compiler's thread is still inside XLA's compiler."""
-  return any(t.name == COMPILE_THREAD_NAME and t.is_alive() for t in threading.enumerate())
+  """Whether a closed compiler's threads are still inside XLA's compiler."""
+  return any(t.name.startswith(COMPILE_THREAD_NAME) and t.is_alive() for t in threading.enumerate())
+
+
+def default_compile_threads() -> int:
+  """Half the host's cores, 1 to MAX_AUTO_THREADS: the other half keeps the engine loop, the API
+  processes and the compilers' own helper threads running (a 2-core host compiles on one)."""
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return max(1, min(MAX_AUTO_THREADS, (cores or 1) // 2))
 
 
 def exit_now(status: int) -> None:
@@ -89,6 +104,20 @@ class Program:
     if self.kind == "prompt":
       return (self.kind, self.bucket.num_tokens)
     return (self.kind, self.bucket, self.mode)
+
+  def describe(self) -> str:
+    """e.g. "forward program of bucket (8 sequences, 64 tokens)"."""
+    where = f"bucket ({self.bucket.num_seqs} sequences, {self.bucket.num_tokens} tokens)"
+    mode = "" if self.kind in ("forward", "prompt") else f", {self.mode}"
+    return f"{self.kind} program of {where}{mode}"
+
+
+class ProgramCompileError(RuntimeError):
+  """A step program that XLA failed to compile (or to lower); the message names it."""
+
+  def __init__(self, program: Program, cause: BaseException):
+    super().__init__(f"compiling the {program.describe()} failed: {type(cause).__name__}: {cause}")
+    self.program = program
 
 
 @dataclass(frozen=True)
@@ -146,15 +175,28 @@ def program_groups(buckets: BucketSet, bursts: bool) -> list[ProgramGroup]:
 
 
 class ProgramCompiler:
-  """Compiles a runner's step programs group by group and publishes which buckets are ready."""
+  """Compiles a runner's step programs group by group on `threads` compile threads and publishes
+  which buckets are ready. lower: the program's lowering (default: the runner's programs on
+  padding inputs; tests pass one that fails)."""
 
-  def __init__(self, runner: ModelRunner):
+  def __init__(
+    self,
+    runner: ModelRunner,
+    threads: int = 1,
+    lower: Callable[[Program], jax.stages.Lowered] | None = None,
+  ):
+    if threads < 1:
+      raise ValueError(f"compile_threads: must be >= 1, got {threads}")
     self.runner = runner
+    self.threads = threads
     self.groups = program_groups(runner.buckets, runner.burst_steps > 1)
     self.num_total = sum(len(g.programs) for g in self.groups)
+    self._lower = lower or self._lower_program
     self._params = abstract(runner.params)
     self._kv_pages = abstract(runner.kv_pages)
     self._hidden: dict[int, jax.ShapeDtypeStruct] = {}  # tokens -> the forward's hidden [T, H]
+    self._lock = threading.Lock()  # the counts below and the published readiness
+    self._left = [len(g.programs) for g in self.groups]  # per group: programs not compiled yet
     self._steps: frozenset[Bucket] = frozenset()
     self._bursts: frozenset[Bucket] = frozenset()
     self._num_compiled = 0
@@ -162,18 +204,27 @@ class ProgramCompiler:
     self._readiness = ProgramReadiness(frozenset(), frozenset(), 0, self.num_total)
     self._stop = threading.Event()
     self._thread: threading.Thread | None = None
+    self.started_at = time.perf_counter()
+    self.finished_after_s: float | None = None  # seconds from construction to the last program
     self.error: BaseException | None = None
 
   def readiness(self) -> ProgramReadiness:
     """The latest published readiness (an immutable snapshot: read without a lock)."""
     return self._readiness
 
+  def num_first_groups(self) -> int:
+    """The groups compile_first compiles: the largest bucket's, and the smallest decode
+    bucket's beside it when there is more than one compile thread."""
+    return min(len(self.groups), 2 if self.threads > 1 else 1)
+
   def compile_first(self) -> float:
-    """Compiles the largest bucket's programs here, then runs one step of it and one burst (so
-    whatever else a step compiles, e.g. its eager constants, is compiled too); returns the
-    seconds it took."""
+    """Compiles the first groups here, all side by side, then runs one step of the largest bucket
+    and one burst (so whatever else a step compiles, e.g. its eager constants, is compiled too);
+    returns the seconds it took."""
     start = time.perf_counter()
-    self._compile_group(self.groups[0], parallel=True)
+    first = self.num_first_groups()
+    width = sum(len(g.programs) for g in self.groups[:first])
+    self._compile_groups(range(first), max(1, width))
     runner = self.runner
     runner.execute(dummy_inputs(runner, runner.buckets.largest()))
     if runner.burst_steps > 1:
@@ -183,14 +234,10 @@ class ProgramCompiler:
       )
     return time.perf_counter() - start
 
-  def compile_rest(self, on_group: Callable[[int], object] | None = None) -> None:
-    """Compiles every group not compiled yet, here (stops early when close() is called);
-    `on_group(n)` after each group of n programs (a progress bar's update)."""
-    while self._next_group < len(self.groups) and not self._stop.is_set():
-      group = self.groups[self._next_group]
-      self._compile_group(group)
-      if on_group is not None:
-        on_group(len(group.programs))
+  def compile_rest(self, on_program: Callable[[int], object] | None = None) -> None:
+    """Compiles every group not compiled yet on `threads` threads, here (stops early when close()
+    is called); `on_program(1)` after each program (a progress bar's update)."""
+    self._compile_groups(range(self._next_group, len(self.groups)), self.threads, on_program)
 
   def start(self) -> "ProgramCompiler":
     """Compiles the remaining groups on a daemon thread."""
@@ -207,7 +254,7 @@ class ProgramCompiler:
     return self._readiness.complete
 
   def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
-    """Stops the compile thread at its next program; waits for it at most `wait_s`."""
+    """Stops the compile threads at their next program; waits for them at most `wait_s`."""
     self._stop.set()
     if self._thread is not None:
       self._thread.join(wait_s)
@@ -220,37 +267,90 @@ class ProgramCompiler:
       self.compile_rest()
     except BaseException as err:  # logged; the buckets compiled so far keep serving
       self.error = err
-      logger.exception("background compilation stopped")
+      logger.error("background compilation stopped: %s", err)
       return
     if self._readiness.complete:
       logger.info(
-        "background compilation: all %d programs compiled in %.1f s (%d buckets ready)",
+        "background compilation: all %d programs compiled in %.1f s on %d threads, %.1f s "
+        "after the engine's start (%d buckets ready)",
         self.num_total,
         time.perf_counter() - start,
+        self.threads,
+        self.finished_after_s or 0.0,
         len(self._steps),
       )
 
-  def _compile_group(self, group: ProgramGroup, parallel: bool = False) -> None:
-    """Lowers the group's programs one by one (tracing holds the GIL) and compiles them, each
-    after its lowering or, with `parallel`, all at once on threads (XLA's compilation releases
-    the GIL: the small samplers compile beside the forward)."""
-    if parallel:
-      lowered = [self._lower(program) for program in group.programs]
-      with ThreadPoolExecutor(len(lowered) or 1, thread_name_prefix="jaxserve-warmup") as pool:
-        list(pool.map(lambda program: program.compile(), lowered))
-    else:
-      for program in group.programs:
-        if self._stop.is_set():
-          return  # close(): the group is not published
-        self._lower(program).compile()
-    self._num_compiled += len(group.programs)
-    self._next_group += 1
-    self._steps, self._bursts = self._steps | group.steps, self._bursts | group.bursts
-    self._readiness = ProgramReadiness(
-      self._steps, self._bursts, self._num_compiled, self.num_total
-    )
+  def _compile_groups(
+    self, groups: range, threads: int, on_program: Callable[[int], object] | None = None
+  ) -> None:
+    """Lowers the groups' programs in order on this thread, at most `threads` ahead of the
+    `threads` compiling them; once the compilers stop, raises the ProgramCompileError of the
+    earliest program in compile order that failed."""
+    work: queue.Queue = queue.Queue(maxsize=threads)
+    errors: list[tuple[int, ProgramCompileError]] = []  # (position in compile order, error)
 
-  def _lower(self, program: Program) -> jax.stages.Lowered:
+    def compile_loop() -> None:
+      while (item := work.get()) is not None:
+        position, index, program, lowered = item
+        if self._stop.is_set() or errors:
+          continue  # close() or a failure: the rest is not compiled
+        try:
+          lowered.compile()
+        except Exception as err:  # reported with the program's name
+          errors.append((position, ProgramCompileError(program, err)))
+          continue
+        self._program_done(index)
+        if on_program is not None:
+          on_program(1)
+
+    compilers = [
+      threading.Thread(target=compile_loop, name=f"{COMPILE_THREAD_NAME}-{i}", daemon=True)
+      for i in range(threads)
+    ]
+    for thread in compilers:
+      thread.start()
+    try:
+      self._lower_in_order(groups, work, errors)
+    finally:
+      for _ in compilers:
+        work.put(None)
+      for thread in compilers:
+        thread.join()
+    if errors:
+      raise min(errors, key=lambda e: e[0])[1]
+
+  def _lower_in_order(self, groups: range, work: queue.Queue, errors: list) -> None:
+    """Puts (position, group index, program, lowered) on `work` in compile order until the end,
+    close() or a failure."""
+    position = 0
+    for index in groups:
+      for program in self.groups[index].programs:
+        if self._stop.is_set() or errors:
+          return
+        try:
+          lowered = self._lower(program)
+        except Exception as err:  # reported with the program's name
+          errors.append((position, ProgramCompileError(program, err)))
+          return
+        work.put((position, index, program, lowered))
+        position += 1
+      self._next_group = index + 1
+
+  def _program_done(self, index: int) -> None:
+    """Counts a compiled program; publishes its group's buckets once the group is complete."""
+    with self._lock:
+      self._num_compiled += 1
+      self._left[index] -= 1
+      if self._left[index] == 0:
+        group = self.groups[index]
+        self._steps, self._bursts = self._steps | group.steps, self._bursts | group.bursts
+      if self._num_compiled == self.num_total:
+        self.finished_after_s = time.perf_counter() - self.started_at
+      self._readiness = ProgramReadiness(
+        self._steps, self._bursts, self._num_compiled, self.num_total, self.finished_after_s
+      )
+
+  def _lower_program(self, program: Program) -> jax.stages.Lowered:
     runner, programs = self.runner, self.runner.programs
     inputs = dummy_inputs(runner, program.bucket, program.mode, program.kind == "prompt")
     if program.kind == "forward":

@@ -298,6 +298,7 @@ class EngineCore:
 
   # -- introspection -----------------------------------------------------------------------
   def stats(self) -> EngineStats:
+    ready = self.programs.readiness()
     return EngineStats(
       num_running=self.scheduler.num_running,
       num_waiting=self.scheduler.num_waiting,
@@ -305,8 +306,9 @@ class EngineCore:
       num_total_pages=self.allocator.num_usable_pages,
       num_preemptions=self.scheduler.num_preemptions_total,
       num_compilations=self.ledger.num_compilations,
-      num_programs_compiled=self.programs.readiness().num_compiled,
-      num_programs_total=self.programs.readiness().num_total,
+      num_programs_compiled=ready.num_compiled,
+      num_programs_total=ready.num_total,
+      programs_finished_after_s=ready.finished_after_s or 0.0,
       num_prefix_cache_queries=self.scheduler.prefix_cache_queries,
       num_prefix_cache_hits=self.scheduler.prefix_cache_hits,
       device_bytes_in_use=self.memory.bytes_in_use if self.memory else 0,

@@ -21,6 +21,7 @@ class EngineStats:
   num_compilations: int
   num_programs_compiled: int = 0  # step programs compiled by warmup / the compile thread
   num_programs_total: int = 0  # step programs planned (0: compiled on first use)
+  programs_finished_after_s: float = 0.0  # warmup's start to the last program (0: not yet)
   num_prefix_cache_queries: int = 0  # known tokens of admissions that looked the cache up
   num_prefix_cache_hits: int = 0  # tokens of those admissions that cached pages covered
   device_bytes_in_use: int = 0  # the engine's device buffers (weights, KV pool, live steps)

@@ -23,6 +23,7 @@ class ProgramReadiness:
   bursts: frozenset[Bucket] | None = None
   num_compiled: int = 0  # step programs compiled so far
   num_total: int = 0  # step programs planned (0: not tracked, e.g. lazy compilation)
+  finished_after_s: float | None = None  # warmup's start to the last program; None until then
 
   @property
   def complete(self) -> bool:

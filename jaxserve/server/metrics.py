@@ -117,6 +117,12 @@ class EngineStatsCollector(Collector):
         stats.num_programs_total,
       ),
       (
+        "jaxserve_step_programs_compile_seconds",
+        "Seconds from the warmup's start to the last step program compiled (0 until every "
+        "program is; config keys warmup, compile_threads).",
+        stats.programs_finished_after_s,
+      ),
+      (
         "jaxserve_device_memory_used_bytes",
         "Device memory the engine cores hold (JAX's bytes_in_use: weights, KV pool, live step "
         "buffers; 0 where the backend reports none, e.g. the CPU).",

@@ -1,5 +1,6 @@
-"""Serving while compiling (warmup "background"): the engine starts once the largest bucket is
-compiled and pads every step to the smallest bucket compiled so far. Its requests, which land in
+"""Serving while compiling (warmup "background", here on three compile threads): the engine
+starts once the largest bucket and the smallest decode bucket are compiled and pads every step to
+the smallest bucket compiled so far. Its requests, which land in
 buckets not compiled yet (padded to a larger one), get the same tokens and logprobs as on a fully
 warmed engine; its compile ledger reaches every program (the same count as the full warmup) and
 then stays flat whatever the workload; the bucket pick runs on the host (engine/llm_engine.py)."""
@@ -51,15 +52,17 @@ def _logprobs(output) -> list[float]:
 
 
 def test_requests_in_uncompiled_buckets_match_a_warm_engine():
-  engine = small_engine(warmup="background", **CONFIG)
+  engine = small_engine(warmup="background", compile_threads=3, **CONFIG)
   at_start = engine.ledger.num_compilations
   first = engine.programs.readiness()
-  assert first.steps == frozenset({Bucket(8, 64)}) and first.num_compiled < first.num_total
+  assert first.steps == frozenset({Bucket(8, 64), Bucket(2, 8)})
+  assert first.num_compiled < first.num_total and first.finished_after_s is None
   got = _run(engine, _workload(0), "a")
   padded_steps = engine.timings.per_bucket[(8, 64)][0]
   assert engine.programs.wait(timeout=600)
   done = engine.programs.readiness()
   assert done.num_compiled == done.num_total == first.num_total
+  assert done.steps == frozenset(engine.runner.buckets.all()) and done.finished_after_s > 0
   assert engine.stats().num_programs_compiled == engine.stats().num_programs_total == done.num_total
   compiled = engine.ledger.num_compilations
   # every program the compile thread compiled is counted (a compilation or a cache load)
