@@ -178,7 +178,7 @@ def add_engine_arg_flags(group: argparse._ArgumentGroup, skip: tuple[str, ...] =
     help_text = f"{arg.help} (config key {arg.key}; default: {default})"
     _add_flag(group, (arg.flag, *arg.aliases), arg.type, arg.choices, help_text)
   for inert in INERT_ARGS:
-    _add_flag(group, inert.flags, inert.type, inert.choices, f"accepted; {inert.why}")
+    _add_flag(group, inert.flags, inert.type, inert.choices, inert.help)
 
 
 def _add_flag(

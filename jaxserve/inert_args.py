@@ -47,6 +47,12 @@ class InertArg:
   def flags(self) -> tuple[str, ...]:
     return ("--" + self.name.replace("_", "-"), *self.aliases)
 
+  @property
+  def help(self) -> str:
+    if self.refused:
+      return f"{' or '.join(map(str, self.native))} only: {self.why}"
+    return f"accepted, changes nothing: {self.why}"
+
 
 INERT_ARGS: tuple[InertArg, ...] = (
   InertArg(
