@@ -60,9 +60,15 @@ from jaxserve.messages.buckets import BucketSet
 from jaxserve.messages.kv_layout import KVLayout
 from jaxserve.models.kv_layout import kv_layout
 from jaxserve.models.model_config import ModelConfig
-from jaxserve.models.registry import load_configured_tokenizer, model_quantization
+from jaxserve.models.registry import (
+  load_configured_tokenizer,
+  model_path,
+  model_quantization,
+  revision_note,
+)
 from jaxserve.parallel.multihost import StepPublisher, is_worker
 from jaxserve.parallel.placement import load_placement
+from jaxserve.platform_needs import check_platform
 from jaxserve.pool_sizing import log_kv_pool, size_kv_pool, with_pool_rungs
 from jaxserve.quantization.capabilities import check_device_runs
 
@@ -105,8 +111,13 @@ def build_device(
   publisher.publish(inputs) runs before each step (process 0 sends the step to the other hosts);
   devices: the engine's own (one engine core of several, parallel/device_slice.py), None: the
   process's."""
-  quantization = model_quantization(config.model, config.quantization)
-  check_device_runs(quantization, DeviceDescription.of((devices or jax.devices())[0]))
+  description = DeviceDescription.of((devices or jax.devices())[0])
+  check_platform(config, description.platform)  # before any weight loads
+  note = revision_note(config)  # an uncached revision fails here
+  if note is not None:
+    logger.info("%s", note)
+  quantization = model_quantization(model_path(config), config.quantization)
+  check_device_runs(quantization, description)
   placement = load_placement(config, devices)
   model_config, params = placement.model.config, placement.model.params
   max_model_len = resolve_max_model_len(config, model_config)

@@ -13,18 +13,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 
 from jaxserve import __version__
 from jaxserve.bench import cli as bench_cli
 from jaxserve.cli_args import add_engine_args, engine_config_from_args
 from jaxserve.cli_help import command_parser, unknown_flags_message, use_defaults_help
+from jaxserve.inert_args import take_undefined_flags
 from jaxserve.log_setup import configure_logging
 from jaxserve.optional_deps import MissingDependencyError
+from jaxserve.platform_needs import check_platform
 from jaxserve.platforms import prepare_jax_process
 from jaxserve.server import cli as server_cli
 from jaxserve.tools import cli as tools_cli
 from jaxserve.tpu_aot import cli as tpu_aot_cli
+
+logger = logging.getLogger(__name__)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -158,20 +163,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _prepare_jax_process(args: argparse.Namespace) -> None:
-  """Before any command starts jax: no libtpu probe without a TPU, the client's memory from
+  """Before any command starts jax: the platform the configuration needs is installed (one line
+  naming the install line otherwise), no libtpu probe without a TPU, the client's memory from
   cache.memory_fraction. compile-tpu loads libtpu itself, for a topology."""
   if hasattr(args, "overrides") and args.command not in ("config", "compile-tpu"):
-    prepare_jax_process(engine_config_from_args(args).cache.memory_fraction)
+    config = engine_config_from_args(args, announce=False)
+    check_platform(config)
+    prepare_jax_process(config.cache.memory_fraction)
+
+
+def parse_command_line(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+  """`argv` parsed as `jaxserve` parses it, and the log lines of the vLLM flags taken off it
+  (inert_args.UNDEFINED_FLAGS); an unknown flag is argparse's error (exit 2) naming the closest
+  known flag for each misspelt one."""
+  parser = build_parser()
+  command = command_parser(parser, argv)
+  argv, notes = take_undefined_flags(argv, command._option_string_actions)
+  args, unknown = parser.parse_known_args(argv)
+  if unknown:
+    command.error(unknown_flags_message(command, unknown))
+  return args, notes
 
 
 def main(argv: list[str] | None = None) -> int:
-  parser = build_parser()
-  argv = sys.argv[1:] if argv is None else list(argv)
-  args, unknown = parser.parse_known_args(argv)
-  if unknown:  # argparse's own message, with the closest known flag for each misspelt one
-    command = command_parser(parser, argv)
-    command.error(unknown_flags_message(command, unknown))
+  args, notes = parse_command_line(sys.argv[1:] if argv is None else list(argv))
   configure_logging(getattr(args, "log_level", "INFO"))
+  for note in notes:
+    logger.info("%s", note)
   try:
     _prepare_jax_process(args)
     return args.func(args)

@@ -8,7 +8,13 @@ import argparse
 
 from jaxserve.config import EngineConfig
 from jaxserve.config_loader import load_config
-from jaxserve.engine_args import ENGINE_ARGS, NO_OP_ARGS, add_engine_arg_flags, engine_overrides
+from jaxserve.engine_args import (
+  ENGINE_ARGS,
+  INERT_NAMES,
+  add_engine_arg_flags,
+  engine_overrides,
+  log_inert_args,
+)
 
 
 def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
@@ -27,13 +33,17 @@ def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ())
   group.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
-def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-  """Defaults, then --config, then --set, then the engine flags (and a positional MODEL)."""
+def engine_config_from_args(args: argparse.Namespace, announce: bool = True) -> EngineConfig:
+  """Defaults, then --config, then --set, then the engine flags (and a positional MODEL);
+  `announce` logs the flags that change nothing here (once per command: its own call does)."""
   positional = getattr(args, "model_tag", None)
   if positional is not None:
     if getattr(args, "model", None) not in (None, positional):
       raise ValueError(f"model: given twice, {positional!r} and --model {args.model!r}")
     args.model = positional
   values = {arg.name: getattr(args, arg.name, None) for arg in ENGINE_ARGS}
-  values.update({name: getattr(args, name, None) for name in NO_OP_ARGS})
-  return load_config(args.config, list(args.overrides) + engine_overrides(values))
+  values.update({name: getattr(args, name, None) for name in INERT_NAMES})
+  config = load_config(args.config, list(args.overrides) + engine_overrides(values))
+  if announce:
+    log_inert_args(values)
+  return config

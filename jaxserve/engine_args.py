@@ -6,31 +6,36 @@ A value given here overrides the same key of the YAML file and of `--set`; every
 in docs/CONFIG.md and validated by jaxserve/config/ (a bad value is a ValueError naming the key).
 An argument's choices are its key's in config.CHOICES, so a new choice is added there alone.
 
-NO_OP_ARGS are vLLM engine arguments that mean nothing here (`--trust-remote-code`: jaxserve runs
-no code from a checkpoint): accepted as flags and keywords, so vLLM command lines and scripts run
-unchanged, and a log line says they change nothing.
+Token counts take vLLM's human-readable integers as flags (`--max-model-len 32K`,
+jaxserve/human_ints.py), and the flags have vLLM's short aliases (`-tp`, `-dp`, `-q`, `-ep`).
+vLLM engine arguments that mean nothing here (`--trust-remote-code`, `--enforce-eager`, ...) are
+jaxserve/inert_args.py's: accepted as flags and keywords too, so vLLM command lines and scripts
+run unchanged.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 from jaxserve.config import CHOICES, EngineConfig
 from jaxserve.config_loader import apply_overrides, config_from_dict, config_to_dict
+from jaxserve.human_ints import human_int
+from jaxserve.inert_args import INERT_ARGS, check_inert, log_inert
 
 
 @dataclass(frozen=True)
 class EngineArg:
-  """`name` is the keyword and, dashed, the flag; `key` the dotted config key it sets."""
+  """`name` is the keyword and, dashed, the flag (plus vLLM's short `aliases`); `key` the dotted
+  config key it sets; `type` parses the flag's value (bool: a --x / --no-x pair)."""
 
   name: str
   key: str
-  type: type
+  type: Callable[[str], object]
   help: str
+  aliases: tuple[str, ...] = ()
 
   @property
   def flag(self) -> str:
@@ -49,6 +54,13 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     str,
     "built-in model name (tiny-random) or a Hugging Face checkpoint directory",
   ),
+  EngineArg(
+    "revision",
+    "revision",
+    str,
+    "the revision (branch, tag or commit) of a Hugging Face model id to load from the local "
+    "cache (null: main)",
+  ),
   EngineArg("tokenizer", "tokenizer", str, "tokenizer directory, if not the model's"),
   EngineArg(
     "chat_template",
@@ -63,12 +75,13 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     str,
     "weight scheme of the projections: a bfloat16 checkpoint is quantized as it loads; none "
     "loads a checkpoint as stored (a compressed-tensors one runs its own scheme)",
+    ("-q",),
   ),
   EngineArg(
     "max_model_len",
     "max_model_len",
-    int,
-    "longest prompt + output in tokens (null: the model's max_position_embeddings)",
+    human_int,
+    "longest prompt + output in tokens, e.g. 8192, 32K (null: the model's max_position_embeddings)",
   ),
   EngineArg("attention_backend", "attention_backend", str, "attention kernel"),
   EngineArg(
@@ -92,8 +105,8 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
   EngineArg(
     "max_num_batched_tokens",
     "scheduler.max_num_batched_tokens",
-    int,
-    "tokens per step (default: per device)",
+    human_int,
+    "tokens per step, e.g. 2048, 8k (default: per device)",
   ),
   EngineArg(
     "enable_prefix_caching",
@@ -113,6 +126,7 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     "tensor_parallel_size",
     int,
     "shard the model over this many devices (all devices of all hosts)",
+    ("-tp",),
   ),
   EngineArg(
     "data_parallel_size",
@@ -120,6 +134,7 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     int,
     "engine cores on this host, each on tensor_parallel_size devices of its own, behind the "
     "same API server processes (jaxserve serve)",
+    ("-dp",),
   ),
   EngineArg(
     "enable_expert_parallel",
@@ -127,6 +142,7 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     bool,
     "split a mixture of experts' experts whole over the tensor_parallel_size devices (the "
     "other weights replicated) instead of splitting each expert",
+    ("-ep",),
   ),
   EngineArg(
     "warmup",
@@ -145,17 +161,11 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
   ),
 )
 BY_NAME = {arg.name: arg for arg in ENGINE_ARGS}
-
-# name -> why it changes nothing here (a boolean flag, --NAME)
-NO_OP_ARGS: Mapping[str, str] = {
-  "trust_remote_code": "jaxserve runs no code from a checkpoint (its model architectures are "
-  "built in)",
-}
-logger = logging.getLogger(__name__)
+INERT_NAMES = tuple(arg.name for arg in INERT_ARGS)
 
 
 def is_engine_arg(name: str) -> bool:
-  return name in BY_NAME or name in NO_OP_ARGS
+  return name in BY_NAME or name in INERT_NAMES
 
 
 def config_default(key: str) -> object:
@@ -173,35 +183,50 @@ def add_engine_arg_flags(group: argparse._ArgumentGroup, skip: tuple[str, ...] =
       continue
     default = json.dumps(config_default(arg.key))
     help_text = f"{arg.help} (config key {arg.key}; default: {default})"
-    if arg.type is bool:
-      group.add_argument(
-        arg.flag, action=argparse.BooleanOptionalAction, default=None, help=help_text
-      )
-    else:
-      group.add_argument(arg.flag, type=arg.type, choices=arg.choices or None, help=help_text)
-  for name, why in NO_OP_ARGS.items():
-    flag = "--" + name.replace("_", "-")
-    group.add_argument(flag, action="store_true", default=None, help=f"accepted; {why}")
+    _add_flag(group, (arg.flag, *arg.aliases), arg.type, arg.choices, help_text)
+  for inert in INERT_ARGS:
+    _add_flag(group, inert.flags, inert.type, inert.choices, inert.help)
+
+
+def _add_flag(
+  group: argparse._ArgumentGroup,
+  flags: tuple[str, ...],
+  parse: Callable[[str], object],
+  choices: tuple[str, ...],
+  help_text: str,
+) -> None:
+  if parse is bool:
+    group.add_argument(*flags, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+  else:
+    group.add_argument(*flags, type=parse, choices=choices or None, help=help_text)
 
 
 def engine_overrides(values: Mapping[str, object]) -> list[str]:
-  """`KEY=VALUE` overrides for the given engine arguments (None values skipped)."""
+  """`KEY=VALUE` overrides for the given engine arguments (None values skipped); the inert ones
+  set nothing, and a value they refuse is a ValueError naming it (inert_args.py)."""
   overrides = []
   for name, value in values.items():
-    if name in NO_OP_ARGS:
-      if value:
-        logger.info("%s: accepted, changes nothing: %s", name, NO_OP_ARGS[name])
+    if name in INERT_NAMES:
       continue
     if name not in BY_NAME:
       raise ValueError(f"{name}: unknown engine argument (known: {', '.join(BY_NAME)})")
     if value is not None:
       overrides.append(f"{BY_NAME[name].key}={json.dumps(value)}")
+  check_inert({name: value for name, value in values.items() if name in INERT_NAMES})
   return overrides
 
 
+def log_inert_args(values: Mapping[str, object]) -> None:
+  """The log line of each inert argument given a value that changes nothing (once per
+  configuration the user gave: the caller decides when)."""
+  log_inert({name: value for name, value in values.items() if name in INERT_NAMES})
+
+
 def config_with_engine_args(base: EngineConfig, values: Mapping[str, object]) -> EngineConfig:
-  """`base` with the engine arguments applied, validated; their keys join base's explicit keys."""
+  """`base` with the engine arguments applied, validated, the inert ones logged; their keys join
+  base's explicit keys."""
   overrides = engine_overrides(values)
+  log_inert_args(values)
   config = config_from_dict(apply_overrides(config_to_dict(base), overrides))
   set_keys = frozenset(item.split("=", 1)[0] for item in overrides)
   return config.replace(explicit_keys=base.explicit_keys | set_keys)

@@ -7,15 +7,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jaxserve.config_require import is_int_at_least
+from jaxserve.config_require import is_int_at_least, require_bool
 from jaxserve.config_require import require as _require
 from jaxserve.sampling_params import MAX_LOGPROBS
 from jaxserve.structured.tool_parsers import tool_parser_names
 
+# uvicorn's log levels (vLLM's --uvicorn-log-level choices)
+UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
 
 @dataclass(frozen=True)
 class ServerConfig:
-  """The HTTP server. max_waiting_requests counts HTTP requests admitted and not yet started,
+  """The HTTP server. served_model_name: the model names requests may send (a name or a list,
+  vLLM's `--served-model-name a b`; held as a tuple): the first is the `model` of every response
+  and of the metrics' labels, /v1/models lists each (model_names(); null: the model itself).
+  uvicorn_log_level: uvicorn's own loggers' level (null: the command's --log-level);
+  uvicorn_access_log: uvicorn's line per request (vLLM's --disable-uvicorn-access-log sets it
+  false). max_waiting_requests counts HTTP requests admitted and not yet started,
   whatever their n (the engine core counts them, core/loop.py); max_n caps a request's n
   (larger is a 400); stream_interval: a streamed choice gets a chunk every that many engine
   steps that produced its tokens (its first and last always at once; server/stream_interval.py).
@@ -40,7 +48,7 @@ class ServerConfig:
   host: str = "127.0.0.1"
   port: int = 8000
   api_key: str | None = None
-  served_model_name: str | None = None
+  served_model_name: str | tuple[str, ...] | None = None
   max_waiting_requests: int = 1024
   max_n: int = 128
   stream_interval: int = 1
@@ -57,8 +65,11 @@ class ServerConfig:
   timeout_keep_alive_s: float = 5.0
   h11_max_incomplete_event_size: int = 16 * 1024
   header_timeout_s: float = 30.0
+  uvicorn_log_level: str | None = None
+  uvicorn_access_log: bool = True
 
   def __post_init__(self) -> None:
+    self._check_names_and_logs()
     self._check_connection_settings()
     _require(
       isinstance(self.max_logprobs, int)
@@ -107,6 +118,32 @@ class ServerConfig:
       f"must be >= 1024, got {self.max_body_bytes!r}",
     )
     _require(float(self.drain_timeout_s) >= 0, "server.drain_timeout_s", "must be >= 0")
+
+  def model_names(self, model: str) -> tuple[str, ...]:
+    """The names requests may send for the model called `model`, the served one first."""
+    return self.served_model_name or (model,)
+
+  def _check_names_and_logs(self) -> None:
+    given = self.served_model_name
+    names = (given,) if isinstance(given, str) else given
+    names = tuple(names) if isinstance(names, list) else names
+    _require(
+      given is None
+      or (
+        isinstance(names, tuple)
+        and len(names) > 0
+        and all(isinstance(name, str) and name.strip() != "" for name in names)
+      ),
+      "server.served_model_name",
+      f"must be null, a name or a non-empty list of names, got {given!r}",
+    )
+    object.__setattr__(self, "served_model_name", names)
+    _require(
+      self.uvicorn_log_level is None or self.uvicorn_log_level in UVICORN_LOG_LEVELS,
+      "server.uvicorn_log_level",
+      f"must be null or one of {', '.join(UVICORN_LOG_LEVELS)}, got {self.uvicorn_log_level!r}",
+    )
+    require_bool(self.uvicorn_access_log, "server.uvicorn_access_log")
 
   def _check_connection_settings(self) -> None:
     for name in ("stream_stall_timeout_s", "header_timeout_s"):

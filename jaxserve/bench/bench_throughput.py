@@ -32,10 +32,11 @@ def random_prompts(num_prompts: int, input_len: int, vocab_size: int, seed: int)
 
 def prompt_vocab_size(config: EngineConfig) -> int:
   """Token ids valid for both the model and its tokenizer."""
-  from jaxserve.models.registry import load_model_tokenizer
+  from jaxserve.models.registry import load_model_tokenizer, model_path
   from jaxserve.tools.kv_plan import model_config_for
 
-  return min(model_config_for(config).vocab_size, load_model_tokenizer(config.model).vocab_size)
+  tokenizer = load_model_tokenizer(model_path(config))
+  return min(model_config_for(config).vocab_size, tokenizer.vocab_size)
 
 
 def run_jaxserve(config: EngineConfig, prompts: list[list[int]], output_len: int) -> dict:

@@ -39,7 +39,7 @@ from jaxserve.models.batch_invariant_dense import pallas_matmul, row_tiled_matmu
 from jaxserve.models.builtin import builtin_config, is_builtin
 from jaxserve.models.llama import RMSNorm
 from jaxserve.models.model_config import ModelConfig
-from jaxserve.models.registry import checkpoint_dir
+from jaxserve.models.registry import checkpoint_dir, model_path
 from jaxserve.models.weights import load_hf_config
 from jaxserve.parallel.placement import attention_for, dense_for
 
@@ -50,7 +50,7 @@ PALLAS_TILES = (((64, 128, 64), 4, 3), ((128, 128, 64), 8, 3), ((64, 256, 64), 8
 def model_config_of(config: EngineConfig) -> ModelConfig:
   if is_builtin(config.model):
     return builtin_config(config.model, config.dtype)
-  return load_hf_config(checkpoint_dir(config.model), config.dtype)
+  return load_hf_config(checkpoint_dir(model_path(config)), config.dtype)
 
 
 def differing_rows(a: jax.Array, b: jax.Array) -> int:

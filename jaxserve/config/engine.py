@@ -77,6 +77,9 @@ class EngineConfig:
   step programs compile at once (0: half the host's cores, 1 to 8).
   tokenizer: a tokenizer directory other than the model's; chat_template: a template file (or the
   template text itself) replacing the tokenizer's (models/registry.load_configured_tokenizer).
+  revision: which revision (a branch or tag the cache has a ref of, or a commit) of a Hugging
+  Face model id loads from the local cache, model and tokenizer (null: main; models/hf_cache.py);
+  a built-in model or a directory has none, and the engine logs that it changes nothing.
   quantization: the weight scheme the projections run (jaxserve/quantization/scheme.py): a
   bfloat16 checkpoint is quantized as it loads; "none" loads a checkpoint as it is stored (a
   compressed-tensors checkpoint runs its own scheme). Quantized weights shard under
@@ -91,6 +94,7 @@ class EngineConfig:
   GEMMs); "pallas_gpu" off a GPU runs the kernel in interpret mode (tests)."""
 
   model: str = "tiny-random"
+  revision: str | None = None
   tokenizer: str | None = None
   chat_template: str | None = None
   dtype: str = "auto"
@@ -123,7 +127,7 @@ class EngineConfig:
       isinstance(self.model, str) and self.model != "", "model", "must be a non-empty string"
     )
     object.__setattr__(self, "explicit_keys", frozenset(self.explicit_keys))
-    for name in ("tokenizer", "chat_template"):
+    for name in ("revision", "tokenizer", "chat_template"):
       value = getattr(self, name)
       _require(
         value is None or (isinstance(value, str) and value.strip() != ""),

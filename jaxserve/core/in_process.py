@@ -128,10 +128,10 @@ def serve_in_process(config: EngineConfig, log_level: str, entry: ApiServerEntry
         info_path = Path(info_dir) / "core_info.pickle"
         write_core_info(core.info, info_path)
         logger.info(
-          "ready in %.1fs (warmup %.1fs): serving %r on http://%s:%d%s",
+          "ready in %.1fs (warmup %.1fs): serving %s on http://%s:%d%s",
           time.monotonic() - start,
           engine.warmup_seconds,
-          server.served_model_name or config.model,
+          ", ".join(map(repr, server.model_names(config.model))),
           server.host,
           server.port,
           " (API key required)" if server.api_key else "",

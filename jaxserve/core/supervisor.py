@@ -121,7 +121,11 @@ def serve_multiprocess(
       info_path = Path(info_dir.name) / "core_info.pickle"
       write_core_info(cores.info, info_path)
       sock = uvicorn.Config(
-        None, host=server.host, port=server.port, log_config=UVICORN_LOG_CONFIG
+        None,
+        host=server.host,
+        port=server.port,
+        log_config=UVICORN_LOG_CONFIG,
+        log_level=server.uvicorn_log_level,  # its "Uvicorn running on" line
       ).bind_socket()
 
       def make_args(index: int, generation: int) -> ApiProcessArgs:
@@ -145,8 +149,8 @@ def serve_multiprocess(
       if stopping:  # the signal may have come between a start() and its slot
         apis.drain()
       logger.info(
-        "serving %r on %s://%s:%d (warmup %.1fs): %s, API server pids %s",
-        server.served_model_name or cores.info.model_name,
+        "serving %s on %s://%s:%d (warmup %.1fs): %s, API server pids %s",
+        ", ".join(map(repr, server.model_names(cores.info.model_name))),
         "https" if server.ssl_certfile else "http",
         server.host,
         server.port,

@@ -1,6 +1,8 @@
 """Resolves a model name to its config, params and tokenizer: a built-in model
 (models/builtin.py), a checkpoint directory, or a Hugging Face model id in the local Hugging
 Face cache (models/hf_cache.py, offline: its snapshot directory is the checkpoint directory).
+An engine opens `model_path(config)`: config.model, or with config.revision the snapshot
+directory of that revision of its id (config.model stays the name the engine serves under).
 
 A checkpoint directory holds a Hugging Face `config.json` plus safetensors weights. It may also hold
 `jaxserve_params/`, an orbax checkpoint of the converted params written by `convert_checkpoint`;
@@ -60,16 +62,43 @@ def _builtin_names() -> str:
   return " or ".join(repr(name) for name in BUILTIN_MODELS)
 
 
-def model_dir(name: str, field: str = "model", kind: str = "checkpoint") -> Path:
-  """The directory `name` stands for (itself, or a Hugging Face id's cached snapshot);
-  ValueError naming `field` (and the cache path looked at) if it is neither built in nor one."""
-  path = find_model_dir(name)
+def model_dir(
+  name: str, field: str = "model", kind: str = "checkpoint", revision: str | None = None
+) -> Path:
+  """The directory `name` stands for (itself, or a Hugging Face id's cached snapshot at
+  `revision`, None: main); ValueError naming `field` (and the cache path looked at) if it is
+  neither built in nor one."""
+  path = find_model_dir(name, revision)
   if path is None:
     raise ValueError(
       f"{field}: {name!r} is neither {_builtin_names()} nor a {kind} directory"
-      + not_cached_hint(name)
+      + not_cached_hint(name, revision)
     )
   return path
+
+
+def model_path(config: EngineConfig) -> str:
+  """What the loaders open for `config`: config.model, or, with config.revision and a Hugging
+  Face id, the snapshot directory of that revision (ValueError naming the model and revision if
+  the cache has none). A built-in model or a directory has no revisions: config.model."""
+  model = config.model
+  if config.revision is None or is_builtin(model) or Path(model).expanduser().is_dir():
+    return model
+  return str(model_dir(config.model, revision=config.revision))
+
+
+def revision_note(config: EngineConfig) -> str | None:
+  """What config.revision does, for the start-up log (None: no revision given); resolving it,
+  a revision the cache does not hold is the ValueError of model_path."""
+  if config.revision is None:
+    return None
+  path = model_path(config)
+  if path == config.model:
+    return (
+      f"revision {config.revision!r}: accepted, changes nothing: {config.model!r} is not a "
+      "Hugging Face model id (a built-in model or a directory has no revisions)"
+    )
+  return f"model {config.model} at revision {config.revision}: {path}"
 
 
 def checkpoint_dir(model: str) -> Path:
@@ -158,7 +187,7 @@ def load_configured_tokenizer(config: EngineConfig) -> Tokenizer:
   name = config.tokenizer
   if name is not None and not is_builtin(name):
     name = str(model_dir(name, "tokenizer", "tokenizer"))
-  tokenizer = load_model_tokenizer(name or config.model)
+  tokenizer = load_model_tokenizer(name or model_path(config))
   if config.chat_template is not None:
     tokenizer = with_chat_template(tokenizer, chat_template_source(config.chat_template))
   return tokenizer

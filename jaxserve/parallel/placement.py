@@ -47,7 +47,7 @@ from jaxserve.models.fused_projections import fuse_params
 from jaxserve.models.invariant_dense import REDUCTION_GROUPS, DenseBackend
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.moe import ExpertsFn
-from jaxserve.models.registry import LoadedModel, load_model
+from jaxserve.models.registry import LoadedModel, load_model, model_path
 from jaxserve.models.weights import param_shapes
 from jaxserve.parallel.device_slice import check_default_device
 from jaxserve.parallel.partition_rules import (
@@ -120,7 +120,7 @@ def _on_one_device(config: EngineConfig) -> Placement:
   gives jit a cache key of its own, so steps whose inputs come from the device would compile
   again after warmup lowered them on abstract, uncommitted inputs."""
   loaded = load_model(
-    config.model,
+    model_path(config),
     config.dtype,
     quantization=config.quantization,
     fuse_projections=config.fuse_projections,
@@ -185,7 +185,7 @@ def dense_for(config: EngineConfig) -> DenseBackend | None:
 def _on_mesh(config: EngineConfig, devices: Sequence[jax.Device] | None = None) -> Placement:
   mesh = build_mesh(config.tensor_parallel_size, devices)
   loaded = load_model_sharded(
-    config.model,
+    model_path(config),
     config.dtype,
     mesh,
     tp_invariant_reductions=config.tp_invariant_reductions,

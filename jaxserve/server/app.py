@@ -1,11 +1,12 @@
 """The Starlette app: OpenAI routes, utility routes, the guard middleware, error handlers.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/{id}
-(404 model_not_found for another id), POST /tokenize, POST /detokenize, GET /tokenizer_info
-(server/tokenizer_info.py), GET /health (200 ready, 200 "degraded" while some of several engine
-cores are gone, 503 while draining or once every engine core is gone), GET /metrics (Prometheus
-text), GET /version ({"version": jaxserve's}). Every error, including unknown routes, has
-OpenAI's body shape; bad input is never a 5xx.
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (a card per served model
+name, server.served_model_name), GET /v1/models/{id} (404 model_not_found for another id), POST
+/tokenize, POST /detokenize, GET /tokenizer_info (server/tokenizer_info.py), GET /health (200
+ready, 200 "degraded" while some of several engine cores are gone, 503 while draining or once
+every engine core is gone), GET /metrics (Prometheus text), GET /version ({"version":
+jaxserve's}). Every error, including unknown routes, has OpenAI's body shape; bad input is never
+a 5xx.
 """
 
 from __future__ import annotations
@@ -53,15 +54,15 @@ def build_app(
   cores), which the app attaches on its event loop (run it with uvicorn's
   lifespan on); one client per app. metrics_dir: where the API server processes of one
   supervisor share their request metrics (server/metrics.py; None: this app's alone)."""
-  served_name = config.served_model_name or model_name
+  names = config.model_names(model_name)
   state = ServingState(
     engine=engine,
     tokenizer=tokenizer,
     config=config,
-    model_name=served_name,
+    model_names=names,
     max_model_len=max_model_len,
     vocab_size=vocab_size,
-    metrics=ServerMetrics(engine, served_name, metrics_dir),
+    metrics=ServerMetrics(engine, names[0], metrics_dir),
   )
   routes = [
     Route("/v1/completions", create_completion, methods=["POST"]),
@@ -106,9 +107,9 @@ def serving_state(app: Starlette) -> ServingState:
   return app.state.serving
 
 
-def _model_card(state: ServingState) -> dict:
+def _model_card(state: ServingState, name: str) -> dict:
   return {
-    "id": state.model_name,
+    "id": name,
     "object": "model",
     "created": state.created,
     "owned_by": "jaxserve",
@@ -117,14 +118,18 @@ def _model_card(state: ServingState) -> dict:
 
 
 async def list_models(request: Request) -> Response:
-  return JSONResponse({"object": "list", "data": [_model_card(request.app.state.serving)]})
+  state: ServingState = request.app.state.serving
+  return JSONResponse(
+    {"object": "list", "data": [_model_card(state, name) for name in state.model_names]}
+  )
 
 
 async def retrieve_model(request: Request) -> Response:
-  """GET /v1/models/{id} (client.models.retrieve): the served model's card, else a 404."""
+  """GET /v1/models/{id} (client.models.retrieve): the card of that served name, else a 404."""
   state: ServingState = request.app.state.serving
-  state.check_model({"model": request.path_params["model_id"]})
-  return JSONResponse(_model_card(state))
+  name = request.path_params["model_id"]
+  state.check_model({"model": name})
+  return JSONResponse(_model_card(state, name))
 
 
 async def version(request: Request) -> Response:

@@ -53,7 +53,13 @@ def register(subparsers) -> None:
   group.add_argument(
     "--api-key", help="require `Authorization: Bearer KEY` (except on /health and /metrics)"
   )
-  group.add_argument("--served-model-name", help="the model name clients send (default: --model)")
+  group.add_argument(
+    "--served-model-name",
+    nargs="+",
+    metavar="NAME",
+    help="the model names requests may send (several: the first is the one responses carry, "
+    "as in vLLM); /v1/models lists each (server.served_model_name; default: --model)",
+  )
   group.add_argument(
     "--api-server-count",
     type=int,

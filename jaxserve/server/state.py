@@ -36,7 +36,7 @@ class ServingState:
   engine: EngineClient
   tokenizer: Tokenizer
   config: ServerConfig
-  model_name: str
+  model_names: tuple[str, ...]  # what requests may send; the first is every response's model
   max_model_len: int
   vocab_size: int
   metrics: ServerMetrics
@@ -50,11 +50,17 @@ class ServingState:
   def ready(self) -> bool:
     return self.engine.alive and not self.draining.is_set()
 
+  @property
+  def model_name(self) -> str:
+    """The served model's name in responses (the first of model_names, as vLLM's)."""
+    return self.model_names[0]
+
   def check_model(self, body: Mapping) -> None:
     model = body.get("model")
-    if model is not None and model != self.model_name:
+    if model is not None and model not in self.model_names:
+      served = ", ".join(f"`{name}`" for name in self.model_names)
       raise not_found(
-        f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
+        f"The model `{model}` does not exist; this server serves {served}.",
         param="model",
         code="model_not_found",
       )

@@ -10,7 +10,10 @@ run, a stats line is logged every server.stats_interval_s (server/stats_logger.p
 
 uvicorn runs with server_config()'s settings: h11 with the connection guards of
 server/http_protocol.py (stalled readers, slow request heads, the connection cap), TLS when
-server.ssl_certfile is set, and the keep-alive timeout and request head size of ServerConfig.
+server.ssl_certfile is set, the keep-alive timeout and request head size of ServerConfig, its
+loggers at server.uvicorn_log_level (else the command's --log-level) and its access log (a line
+per request) unless server.uvicorn_access_log is false (vLLM's --uvicorn-log-level and
+--disable-uvicorn-access-log).
 """
 
 from __future__ import annotations
@@ -74,8 +77,9 @@ def server_config(app: Starlette, config: ServerConfig, log_level: str) -> uvico
     port=config.port,
     http=guarded_protocol(config),
     lifespan="on",
-    log_level=log_level.lower(),
+    log_level=(config.uvicorn_log_level or log_level).lower(),
     log_config=UVICORN_LOG_CONFIG,
+    access_log=config.uvicorn_access_log,
     timeout_graceful_shutdown=config.drain_timeout_s + UVICORN_GRACE_S,
     timeout_keep_alive=config.timeout_keep_alive_s,
     h11_max_incomplete_event_size=config.h11_max_incomplete_event_size,

@@ -12,6 +12,12 @@ onto what it means here (engine flags with a meaning live in jaxserve/engine_arg
 * --h11-max-incomplete-event-size N: server.h11_max_incomplete_event_size, the most bytes of a
   request head buffered before it is complete (h11's default, 16 KiB, where vLLM's is 4 MiB: a
   head that large is no API client's).
+* --uvicorn-log-level LEVEL: server.uvicorn_log_level, uvicorn's loggers' level (vLLM's
+  choices; default: the command's --log-level).
+* --disable-uvicorn-access-log: server.uvicorn_access_log false, no line per request.
+
+The engine's vLLM flags (`--max-model-len 32K`, `-tp 2`, `--revision`, `--enforce-eager`, ...)
+are every command's: jaxserve/engine_args.py and jaxserve/inert_args.py.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+
+from jaxserve.server_config import UVICORN_LOG_LEVELS
 
 logger = logging.getLogger(__name__)
 
@@ -67,9 +75,19 @@ def add_vllm_flags(group: argparse._ArgumentGroup) -> None:
     "incomplete past that gets 400 (server.h11_max_incomplete_event_size; default: 16384, "
     "h11's)",
   )
+  group.add_argument(
+    "--uvicorn-log-level",
+    choices=UVICORN_LOG_LEVELS,
+    help="uvicorn's loggers' level (server.uvicorn_log_level; default: --log-level's)",
+  )
+  group.add_argument(
+    "--disable-uvicorn-access-log",
+    action="store_true",
+    help="no uvicorn line per request (sets server.uvicorn_access_log to false)",
+  )
 
 
-PASS_THROUGH = ("ssl_keyfile", "ssl_certfile", "h11_max_incomplete_event_size")
+PASS_THROUGH = ("ssl_keyfile", "ssl_certfile", "h11_max_incomplete_event_size", "uvicorn_log_level")
 
 
 def vllm_flag_overrides(args: argparse.Namespace) -> list[str]:
@@ -80,6 +98,8 @@ def vllm_flag_overrides(args: argparse.Namespace) -> list[str]:
     overrides.append(f"server.max_logprobs={json.dumps(args.max_logprobs)}")
   if args.disable_log_stats:
     overrides.append("server.stats_interval_s=0")
+  if args.disable_uvicorn_access_log:
+    overrides.append("server.uvicorn_access_log=false")
   for name in PASS_THROUGH:
     value = getattr(args, name)
     if value is not None:

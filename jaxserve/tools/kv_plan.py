@@ -30,7 +30,7 @@ from jaxserve.device.kv_cache import (
 from jaxserve.models.builtin import builtin_config, is_builtin
 from jaxserve.models.kv_layout import kv_layout
 from jaxserve.models.model_config import ModelConfig
-from jaxserve.models.registry import checkpoint_dir, model_quantization
+from jaxserve.models.registry import checkpoint_dir, model_path, model_quantization
 from jaxserve.models.weights import load_hf_config
 from jaxserve.tools.json_file import write_json
 from jaxserve.tools.key_value_table import key_value_table
@@ -71,10 +71,9 @@ def model_config_for(config: EngineConfig) -> ModelConfig:
   checkpoint's own for a compressed-tensors one, else config.quantization)."""
   if is_builtin(config.model):
     return builtin_config(config.model, config.dtype).replace(quantization=config.quantization)
-  quantization = model_quantization(config.model, config.quantization)
-  return load_hf_config(checkpoint_dir(config.model), config.dtype).replace(
-    quantization=quantization
-  )
+  model = model_path(config)
+  quantization = model_quantization(model, config.quantization)
+  return load_hf_config(checkpoint_dir(model), config.dtype).replace(quantization=quantization)
 
 
 def weight_bytes(model_config: ModelConfig) -> int:

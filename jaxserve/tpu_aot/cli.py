@@ -90,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
 
   from jaxserve.device_description import DeviceDescription
   from jaxserve.models.named_shapes import named_model_config
-  from jaxserve.models.registry import model_quantization
+  from jaxserve.models.registry import model_path, model_quantization
   from jaxserve.quantization.capabilities import check_device_runs
   from jaxserve.tools.kv_plan import model_config_for
   from jaxserve.tpu_aot.build import BuildRequest, build
@@ -109,7 +109,7 @@ def main(args: argparse.Namespace) -> int:
     model_config = named_model_config(args.model_shape).replace(quantization=config.quantization)
   else:
     model_name, model_config = config.model, model_config_for(config)
-  quantization = model_quantization(config.model, config.quantization)
+  quantization = model_quantization(model_path(config), config.quantization)
   check_device_runs(quantization, DeviceDescription("tpu", None, chip.device_kind))
   request = BuildRequest(
     config,

@@ -24,6 +24,7 @@ from jaxserve.log_setup import JAX_BRIDGE_LOGGER, configure_logging
 # flag words -> (config key, value the key should hold)
 FLAG_VALUES = {
   "model": (["--model", "/ckpt/llama"], "/ckpt/llama"),
+  "revision": (["--revision", "v1.0"], "v1.0"),
   "tokenizer": (["--tokenizer", "/ckpt/tok"], "/ckpt/tok"),
   "chat_template": (["--chat-template", "chat.jinja"], "chat.jinja"),
   "dtype": (["--dtype", "bfloat16"], "bfloat16"),

@@ -1,7 +1,10 @@
 """`jaxserve serve ORG/NAME` with vLLM's serve flags starts a real server process: the model id
 resolves from a test-made Hugging Face cache under HF_HOME (tiny-random exported as a
-transformers checkpoint), and the official openai client lists, retrieves and uses it under its
-id. GET /version answers as vLLM's does."""
+transformers checkpoint) at the --revision given, and the official openai client lists,
+retrieves and uses it under each of its two served names (responses carry the first, as vLLM's).
+The flags issue 60 saw abort start-up are on the line too: the uvicorn ones take effect (no
+uvicorn INFO lines, no access lines), those that change nothing say so once. GET /version
+answers as vLLM's does."""
 
 from __future__ import annotations
 
@@ -14,11 +17,12 @@ import pytest
 
 import jaxserve
 from jaxserve.tools.export_hf import export_tiny_random_hf
-from tests.models.test_hf_cache import make_hf_cache
+from tests.models.test_hf_cache import REVISION, make_hf_cache
 from tests.server.server_helpers import free_port, serve_process
 from tests.tools.tool_helpers import SMALL_ENGINE_ARGS
 
 MODEL_ID = "jaxserve-test/tiny-random"
+ALIAS = "tiny"
 VLLM_FLAGS = [
   "--enable-auto-tool-choice",
   "--tool-call-parser",
@@ -32,6 +36,23 @@ VLLM_FLAGS = [
   "auto",
   "--warmup",
   "lazy",
+  "--served-model-name",
+  MODEL_ID,
+  ALIAS,
+  "--revision",
+  REVISION,
+  "-tp",
+  "1",
+  "--enforce-eager",
+  "--tokenizer-mode",
+  "auto",
+  "--generation-config",
+  "auto",
+  "--reasoning-parser",
+  "deepseek_r1",
+  "--uvicorn-log-level",
+  "warning",
+  "--disable-uvicorn-access-log",
 ]
 
 
@@ -58,8 +79,11 @@ def server(tmp_path_factory):
 def test_a_cached_model_id_serves_under_its_id_with_vllm_flags(server):
   url, log_path = server
   with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
-    assert [model.id for model in client.models.list()] == [MODEL_ID]
+    assert [model.id for model in client.models.list()] == [MODEL_ID, ALIAS]
     assert client.models.retrieve(MODEL_ID).id == MODEL_ID
+    assert client.models.retrieve(ALIAS).id == ALIAS
+    completion = client.completions.create(model=ALIAS, prompt="hi", max_tokens=2)
+    assert completion.model == MODEL_ID and completion.usage.completion_tokens == 2
     with pytest.raises(openai.NotFoundError) as err:
       client.models.retrieve("meta-llama/Llama-3.1-8B-Instruct")
     assert err.value.body["code"] == "model_not_found"
@@ -76,5 +100,10 @@ def test_a_cached_model_id_serves_under_its_id_with_vllm_flags(server):
     assert err.value.body["param"] == "logprobs"
   assert httpx.get(f"{url}/version").json() == {"version": jaxserve.__version__}
   log = log_path.read_text()
-  assert "trust_remote_code: accepted, changes nothing" in log, log[-3000:]
-  assert "hub/models--jaxserve-test--tiny-random/snapshots/" in log, log[-3000:]
+  for once in ("trust_remote_code: accepted", "enforce_eager: accepted, changes nothing"):
+    assert log.count(once) == 1, log[-3000:]
+  snapshot = f"hub/models--jaxserve-test--tiny-random/snapshots/{REVISION}"
+  assert f"model {MODEL_ID} at revision {REVISION}: " in log and snapshot in log, log[-3000:]
+  assert f"serving '{MODEL_ID}', '{ALIAS}' on http://" in log, log[-3000:]
+  # --uvicorn-log-level warning, --disable-uvicorn-access-log
+  assert "Application startup complete" not in log and "HTTP/1.1" not in log, log[-3000:]
