@@ -14,8 +14,10 @@ in its own), and /metrics reporting every step program compiled. After that, a m
 penalties / top logprobs / prompt logprobs / n=2, --concurrency at a time) runs for --workload-s
 seconds; the XLA compilations it caused (jaxserve_xla_compilations before and after) must be 0.
 From the server's log: the weights' GB and GB/s, the KV pool, the warmup lines. The restart
-phase waits for its compile thread only with --restart-wait. Prints a table and one JSON object
-(also written to --out). Needs httpx; the server needs starlette and uvicorn.
+phase waits for its compile thread only with --restart-wait. With --tpot-probes (default: one
+stream and four concurrent ones; bench/tpot_probe.py) streams are timed right after the fresh
+/health and again once every program is compiled. Prints a table and one JSON object (also
+written to --out). Needs httpx; the server needs starlette and uvicorn.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import httpx
 
 from jaxserve.bench.flags import add_server_startup_flags, standalone_parser
 from jaxserve.bench.server_process import ServerProcess
+from jaxserve.bench.tpot_probe import tpot_probes
 from jaxserve.tools.json_file import write_json
 from jaxserve.tools.key_value_table import key_value_table
 
@@ -170,7 +173,13 @@ def command(args: argparse.Namespace) -> int:
 
   server, fresh = start_phase(args, cache_dir, out_dir / "server_fresh.log")
   try:
+    if args.tpot_probes:
+      fresh["tpot_at_ready_ms"] = tpot_probes(server.url, server.model, vocab, args.tpot_probes)
     fresh["all_compiled_s"] = server.wait_compiled(args.compile_timeout_s)
+    if args.tpot_probes:
+      fresh["tpot_all_compiled_ms"] = tpot_probes(
+        server.url, server.model, vocab, args.tpot_probes, seed=1
+      )
     fresh["probe_text_all_compiled"] = server.complete(PROBE)[0]
     before = server.metrics()["jaxserve_xla_compilations_total"]
     fresh["workload"] = asyncio.run(
@@ -222,6 +231,7 @@ def format_table(report: dict) -> str:
       f"{fresh['first_request_done_s']:.1f} s ({fresh['first_request_s']:.2f} s)",
     ),
     ("fresh: every program compiled", f"{fresh['all_compiled_s']:.1f} s"),
+    *tpot_rows(fresh),
     (
       "fresh: probe text unchanged once all compiled",
       str(fresh["probe_text"] == fresh["probe_text_all_compiled"]),
@@ -255,3 +265,18 @@ def format_table(report: dict) -> str:
 if __name__ == "__main__":
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
   sys.exit(main())
+
+
+def tpot_rows(fresh: dict) -> list[tuple[str, str]]:
+  """A row per TPOT probe (--tpot-probes): at /health and once all programs are compiled."""
+  at_ready, compiled = fresh.get("tpot_at_ready_ms", {}), fresh.get("tpot_all_compiled_ms", {})
+  rows = []
+  for name, early in at_ready.items():
+    late = compiled[name]
+    rows.append(
+      (
+        f"fresh: TPOT {name}, at /health vs all compiled",
+        f"{early:.2f} vs {late:.2f} ms ({early / late:.2f}x)",
+      )
+    )
+  return rows

@@ -15,6 +15,8 @@ import math
 from jaxserve.cli_args import add_engine_args
 from jaxserve.cli_help import DefaultsHelpFormatter
 
+DEFAULT_TPOT_PROBES = "1x128/128,4x512/64"  # bench/tpot_probe.py: COUNTxPROMPT/OUTPUT,...
+
 INVARIANCE_SCENARIOS = ("alone", "crowd", "preempt", "prefix")
 
 
@@ -262,6 +264,15 @@ def add_server_startup_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--compile-timeout-s", type=float, default=420.0)
   parser.add_argument(
     "--restart-wait", action="store_true", help="also time the restart's background compilation"
+  )
+  parser.add_argument(
+    "--tpot-probes",
+    nargs="?",
+    const=DEFAULT_TPOT_PROBES,
+    default=None,
+    metavar="COUNTxPROMPT/OUTPUT,...",
+    help="time streams right after /health and again once every program is compiled "
+    f"(bench/tpot_probe.py; the flag alone: {DEFAULT_TPOT_PROBES})",
   )
   parser.add_argument(
     "--out",

@@ -1,7 +1,8 @@
 """bench_server_startup on tiny-random: a real `jaxserve serve` (warmup background) answers
 /health 200 before all its step programs are compiled, serves the probe with the same text as
 once everything is compiled and after a restart, and its mixed workload compiles nothing; the
-restart loads its programs from the compilation cache."""
+restart loads its programs from the compilation cache; the TPOT probes stream at /health and once
+all is compiled."""
 
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ def test_fresh_start_workload_and_restart(tmp_path, monkeypatch):
         "40",
         "--max-output",
         "32",
+        "--tpot-probes",
+        "1x16/8,2x24/6",
         "--out",
         str(out),
       ]
@@ -56,5 +59,7 @@ def test_fresh_start_workload_and_restart(tmp_path, monkeypatch):
   assert fresh["probe_text"] == fresh["probe_text_all_compiled"] != ""
   assert fresh["workload"]["ok"] > 0 and fresh["workload"]["failed"] == 0
   assert fresh["workload"]["compilations"] == 0
+  for phase in ("tpot_at_ready_ms", "tpot_all_compiled_ms"):
+    assert set(fresh[phase]) == {"1x16/8", "2x24/6"} and min(fresh[phase].values()) > 0
   assert restart["same_probe_text"]
   assert restart["log"]["cache_use"].endswith(" 0 compiled")

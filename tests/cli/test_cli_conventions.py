@@ -37,6 +37,7 @@ FLAG_VALUES = {
   "enable_prefix_caching": (["--no-enable-prefix-caching"], False),
   "enable_chunked_prefill": (["--no-enable-chunked-prefill"], False),
   "warmup": (["--warmup", "full"], "full"),
+  "compile_threads": (["--compile-threads", "3"], 3),
   "seed": (["--seed", "7"], 7),
   "tensor_parallel_size": (["--tensor-parallel-size", "2"], 2),
   "data_parallel_size": (["--data-parallel-size", "2"], 2),
