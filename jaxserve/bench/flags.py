@@ -209,7 +209,12 @@ def add_structured_flags(parser: argparse.ArgumentParser) -> None:
   add_engine_args(parser, skip=("seed",))
   parser.add_argument("--concurrency", type=int, nargs="+", default=[4, 8])
   parser.add_argument("--input-len", type=int, default=32)
-  parser.add_argument("--output-len", type=int, default=32)
+  parser.add_argument(
+    "--output-len",
+    type=int,
+    default=256,
+    help="max_tokens of a constrained request (room for a whole document of the schema)",
+  )
   parser.add_argument(
     "--synthetic-bpe-vocab",
     type=int,

@@ -9,7 +9,8 @@ the choice's tokens, `delta.content` empty while the detokenizer holds text back
 (server/stream_interval.py); the last carries the finish_reason.
 
 Tool calling: `tools` go to the chat template; server/tool_calls.py turns a choice's text into
-`tool_calls` (message or `delta.tool_calls`) with finish_reason "tool_calls".
+`tool_calls` (message or `delta.tool_calls`, streamed as the arguments are written) with
+finish_reason "tool_calls".
 """
 
 from __future__ import annotations
@@ -161,14 +162,19 @@ class ChatView:
     return self._chunk(index, delta, output.finish_reason, logprobs)
 
   def _tool_chunks(self, index: int, output: RequestOutput, logprobs: dict | None) -> str:
-    """The chunk of a choice whose text may hold tool calls; its last step gets a second chunk
-    with what the parser's final verdict adds and the finish_reason."""
+    """The chunks of a choice whose text may hold tool calls: one per delta the parser makes of
+    the new text (the first with the logprobs); on its last step, one per delta the parser's
+    final verdict adds, the last with the finish_reason."""
     stream = self._streams.setdefault(index, self.tools.stream())
-    chunks = self._chunk(index, _delta(stream.feed(output.new_text)), None, logprobs)
+    chunks = [
+      self._chunk(index, _delta(delta), None, logprobs if i == 0 else None)
+      for i, delta in enumerate(stream.feed(output.new_text))
+    ]
     if output.finished:
       last, finish_reason = stream.finish(output.finish_reason)
-      chunks += self._chunk(index, _delta(last), finish_reason)
-    return chunks
+      chunks += [self._chunk(index, _delta(delta)) for delta in last[:-1]]
+      chunks.append(self._chunk(index, _delta(last[-1]), finish_reason))
+    return "".join(chunks)
 
   async def events(self, stream: OutputStream) -> AsyncIterator[str]:
     observe = self.state.metrics.observer(stream.engine_index)

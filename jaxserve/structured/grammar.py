@@ -59,10 +59,15 @@ class CacheStats:
   size: int
 
 
+def json_options(whitespace: WhitespacePolicy) -> dict[str, bool | str]:
+  """llguidance's JSON options ("x-guidance") for `whitespace`."""
+  return dict(_JSON_OPTIONS[whitespace])
+
+
 def grammar_text(spec: StructuredOutputSpec) -> str:
   """The llguidance grammar (its JSON form) for `spec`, not yet validated."""
   if spec.kind in (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT):
-    options = dict(_JSON_OPTIONS[spec.whitespace])
+    options = json_options(spec.whitespace)
     try:
       return llguidance.LLMatcher.grammar_from_json_schema(spec.schema(), overrides=options)
     except ValueError as e:

@@ -4,16 +4,26 @@
 "strict"}}`; `tool_choice` is "none", "auto", "required" or `{"type": "function", "function":
 {"name": ...}}` (default: "auto" with tools, "none" without).
 
-"required" and a named function are enforced by a JSON-schema constraint, so they work on any
-model, a random one included; the model then writes the calls directly (no chat-format markers):
-* named function f: one object `{"name": "f", "arguments": <f's parameters>}`;
-* required: an array of one or more such objects, each an anyOf over the tools (vLLM's shape,
-  with "arguments" rather than "parameters"): at most `MAX_PARALLEL_TOOL_CALLS` elements, exactly
-  one when parallel_tool_calls is false. The bound is in the grammar, so the array always closes:
-  a model that would go on writing calls (greedy decoding on random weights does) is made to end
-  the array, then the output, and the choice finishes with "tool_calls", not "length".
-`parse_forced_tool_calls` turns that output into `ToolCall`s. "auto" is left to the model and
-the tool-call parser of its chat format (jaxserve/structured/tool_parsers).
+"required" and a named function are enforced by a grammar (`tool_choice_constraint`, Lark with
+each tool's parameters inlined as a JSON schema), so they work on any model, a random one
+included; the model then writes the calls directly (no chat-format markers), compact JSON with
+the name first so that a stream can send a call's name before its arguments:
+* named function f: one object `{"name":"f","arguments":<f's parameters>}`;
+* required: an array `[call,call,...]` of such objects, each of one of the tools (vLLM's shape,
+  with "arguments" rather than "parameters"): at most `MAX_PARALLEL_TOOL_CALLS` elements,
+  exactly one when parallel_tool_calls is false.
+tool_parsers/forced.py reads that output back, whole or streamed.
+
+Bounds. The number of calls is bounded in the grammar, so the array always closes: a model that
+would go on writing calls (greedy decoding on random weights does) is made to end the array, then
+the output, and the choice finishes with "tool_calls". The arguments are bounded only as far as
+the tool's schema bounds them (maxLength, maxItems, enums): llguidance caps tokens only on a
+lexeme (a terminal's `max_tokens`), not on a JSON value, and capping what the schema leaves open
+(a string's length) would change what the tool accepts. So max_tokens can still cut a call: the
+choice then ends with finish_reason "length" and `tool_calls` holding what was written (each call
+whose name is complete, its arguments the JSON text as far as written), never as `content`.
+"auto" is left to the model and the tool-call parser of its chat format
+(jaxserve/structured/tool_parsers).
 """
 
 from __future__ import annotations
@@ -25,11 +35,19 @@ import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from jaxserve.structured.spec import JsonValue, StructuredOutputError, StructuredOutputSpec
+from jaxserve.structured.grammar import json_options
+from jaxserve.structured.spec import (
+  JsonValue,
+  StructuredOutputError,
+  StructuredOutputSpec,
+  WhitespacePolicy,
+)
 
 TOOLS = "tools"
 TOOL_CHOICE = "tool_choice"
 MAX_PARALLEL_TOOL_CALLS = 8
+CALL_NAME_KEY = "name"
+CALL_ARGUMENTS_KEY = "arguments"
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # OpenAI: "omitting parameters defines a function with an empty parameter list"
 _EMPTY_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -151,67 +169,47 @@ def parse_tool_choice(
   return ToolChoice(ToolChoiceMode.NAMED, name)
 
 
-def _call_schema(tool: ToolFunction) -> dict[str, JsonValue]:
-  return {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["name", "arguments"],
-    "properties": {"name": {"type": "string", "enum": [tool.name]}, "arguments": tool.parameters()},
-  }
+def _lark_string(text: str) -> str:
+  return json.dumps(text)  # a JSON string literal is a valid Lark string literal
 
 
-def tool_call_schema(
+def _call_rules(index: int, tool: ToolFunction) -> list[str]:
+  """Rules `call_<index>` (the whole call object) and `args_<index>` (its parameters)."""
+  name, arguments = json.dumps(CALL_NAME_KEY), json.dumps(CALL_ARGUMENTS_KEY)
+  head = "{" + f"{name}:{json.dumps(tool.name)},{arguments}:"
+  schema = {**tool.parameters(), "x-guidance": json_options(WhitespacePolicy.COMPACT)}
+  return [
+    f'call_{index}: {_lark_string(head)} args_{index} "}}"',
+    f"args_{index}: %json {json.dumps(schema, sort_keys=True, ensure_ascii=False)}",
+  ]
+
+
+def tool_call_grammar(
   tools: Sequence[ToolFunction], choice: ToolChoice, parallel_tool_calls: bool = True
-) -> dict[str, JsonValue] | None:
-  """The JSON schema that forces the calls `choice` asks for; None for "none" and "auto"."""
+) -> str | None:
+  """The Lark grammar that forces the calls `choice` asks for; None for "none" and "auto"."""
   if choice.mode is ToolChoiceMode.NAMED:
     named = [t for t in tools if t.name == choice.function_name]
     if not named:
       raise StructuredOutputError(
         f"{TOOL_CHOICE}.function.name", f"{choice.function_name!r} is not one of the tools"
       )
-    return _call_schema(named[0])
+    return "\n".join(["start: call_0", *_call_rules(0, named[0])])
   if choice.mode is not ToolChoiceMode.REQUIRED:
     return None
-  schema: dict[str, JsonValue] = {
-    "type": "array",
-    "minItems": 1,
-    "maxItems": MAX_PARALLEL_TOOL_CALLS if parallel_tool_calls else 1,
-    "items": {"anyOf": [_call_schema(t) for t in tools]},
-  }
-  return schema
+  more = MAX_PARALLEL_TOOL_CALLS - 1 if parallel_tool_calls else 0
+  rules = [
+    'start: "[" call ("," call){0,%d} "]"' % more if more else 'start: "[" call "]"',
+    "call: " + " | ".join(f"call_{i}" for i in range(len(tools))),
+  ]
+  for i, tool in enumerate(tools):
+    rules += _call_rules(i, tool)
+  return "\n".join(rules)
 
 
 def tool_choice_constraint(
   tools: Sequence[ToolFunction], choice: ToolChoice, parallel_tool_calls: bool = True
 ) -> StructuredOutputSpec | None:
   """The constraint for `choice` (see the module docstring); None when the model is free."""
-  schema = tool_call_schema(tools, choice, parallel_tool_calls)
-  return None if schema is None else StructuredOutputSpec.json_schema(schema, param=TOOL_CHOICE)
-
-
-def parse_forced_tool_calls(text: str, choice: ToolChoice) -> tuple[ToolCall, ...]:
-  """The calls in output written under `tool_choice_constraint` (ValueError if it is not)."""
-  try:
-    value = json.loads(text)
-  except json.JSONDecodeError as e:
-    raise ValueError(f"tool_calls: the constrained output is not JSON: {e}") from e
-  items = value if choice.mode is ToolChoiceMode.REQUIRED else [value]
-  if not isinstance(items, list) or not all(_is_call(item) for item in items):
-    raise ValueError(f"tool_calls: expected {{name, arguments}} objects, got {text[:200]!r}")
-  return tuple(
-    ToolCall(
-      new_tool_call_id(),
-      item["name"],
-      json.dumps(item["arguments"], ensure_ascii=False, separators=(",", ":")),
-    )
-    for item in items
-  )
-
-
-def _is_call(item: object) -> bool:
-  return (
-    isinstance(item, dict)
-    and isinstance(item.get("name"), str)
-    and isinstance(item.get("arguments"), dict)
-  )
+  grammar = tool_call_grammar(tools, choice, parallel_tool_calls)
+  return None if grammar is None else StructuredOutputSpec.grammar(grammar, param=TOOL_CHOICE)

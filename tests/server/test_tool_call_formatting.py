@@ -1,5 +1,6 @@
 """How chat choices become tool calls (server/tool_calls.py), on hand-written model outputs:
-"auto" through the Hermes parser, "required" / a named function from the constrained JSON."""
+"auto" through the Hermes parser, "required" / a named function from the constrained JSON, whole
+and streamed (the arguments in fragments as written), cut by max_tokens (a truncated call)."""
 
 from __future__ import annotations
 
@@ -34,16 +35,22 @@ def _formatter(tool_choice, parser="hermes") -> ToolCallFormatter:
 
 
 def _streamed(formatter: ToolCallFormatter, text: str, finish_reason: str):
+  """Content, calls (with the number of argument fragments) and finish_reason of `text` streamed
+  7 characters at a time."""
   stream = formatter.stream()
-  deltas = [stream.feed(text[i : i + 7]) for i in range(0, len(text), 7)]
+  deltas = [delta for i in range(0, len(text), 7) for delta in stream.feed(text[i : i + 7])]
   last, reason = stream.finish(finish_reason)
-  deltas.append(last)
+  deltas += last
   content = "".join(d.content for d in deltas)
   calls: dict[int, dict] = {}
   for delta in deltas:
+    assert len({call.index for call in delta.tool_calls}) == len(delta.tool_calls)  # one chunk
     for call in delta.tool_calls:
-      entry = calls.setdefault(call.index, {"id": call.id, "name": call.name, "arguments": ""})
+      entry = calls.setdefault(
+        call.index, {"id": call.id, "name": call.name, "arguments": "", "fragments": 0}
+      )
       entry["arguments"] += call.arguments
+      entry["fragments"] += bool(call.arguments)
   return content, list(calls.values()), reason
 
 
@@ -78,7 +85,20 @@ def test_forced_calls_whole_streamed_and_cut_by_max_tokens():
   assert calls[0]["id"].startswith("call_") and json.loads(calls[0]["arguments"]) == {
     "city": "Lima"
   }
+  assert calls[0]["fragments"] >= 2  # the arguments streamed as written, not whole at the end
   required = _formatter("required").final(f"[{text},{text}]", "stop")
   assert len(required.tool_calls) == 2
-  cut = _formatter("required").final('[{"name":"get_w', "length")
-  assert cut.finish_reason == "length" and cut.content == '[{"name":"get_w' and not cut.tool_calls
+
+
+def test_forced_calls_cut_by_max_tokens_are_truncated_calls():
+  text = (
+    '[{"name":"get_weather","arguments":{"city":"Lima"}},{"name":"get_weather","arguments":{"ci'
+  )
+  cut = _formatter("required").final(text, "length")
+  assert (cut.content, cut.finish_reason) == (None, "length")
+  assert [c.arguments for c in cut.tool_calls] == ['{"city":"Lima"}', '{"ci']
+  content, calls, reason = _streamed(_formatter("required"), text, "length")
+  assert (content, reason) == ("", "length")
+  assert [c["arguments"] for c in calls] == ['{"city":"Lima"}', '{"ci']
+  early = _formatter("required").final('[{"name":"get_w', "length")
+  assert (early.content, early.tool_calls, early.finish_reason) == (None, (), "length")

@@ -1,5 +1,6 @@
 """Tool-call parsers on hand-written outputs: batch results, and streamed deltas that reassemble
-to them under any split of the text."""
+to them under any split of the text (each call opening with a header whose arguments are "");
+the forced-call reader's truncated calls."""
 
 from __future__ import annotations
 
@@ -9,13 +10,23 @@ import json
 import numpy as np
 import pytest
 
-from jaxserve.structured.tool_parsers import StreamDelta, get_tool_parser, tool_parser_names
+from jaxserve.structured.tool_parsers import (
+  ForcedToolParser,
+  StreamDelta,
+  ToolCallDelta,
+  get_tool_parser,
+  tool_parser_names,
+)
 
 HERMES_TWO_CALLS = (
   "I'll look both up.\n"
   '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2], '
   '"note": "a } and a \\" and </tool_call>"}}\n</tool_call>\n'
   '<tool_call>\n{"arguments": {}, "name": "now"}\n</tool_call>'
+)
+PYTHONIC_TWO_CALLS = (
+  '[get_weather(city=\'Paris\', days=[1, -2, 3.5], note="a ) and a \\" and ]\\u00e9", '
+  'opts={"deep": (None, True)}),\n now()]'
 )
 LLAMA3_TWO_CALLS = (
   '<|python_tag|>{"name": "search", "parameters": {"query": "jax; xla", '
@@ -28,8 +39,12 @@ def _ids():
   return lambda: f"call_{next(counter):024x}"
 
 
+def _parser(name: str):
+  return {"forced": ForcedToolParser(array=True)}.get(name) or get_tool_parser(name)
+
+
 def _stream(parser_name: str, chunks: list[str]) -> list[StreamDelta]:
-  stream = get_tool_parser(parser_name).stream(_ids())
+  stream = _parser(parser_name).stream(_ids())
   return [stream.feed(chunk) for chunk in chunks] + [stream.finish()]
 
 
@@ -41,6 +56,7 @@ def _reassemble(deltas: list[StreamDelta]) -> tuple[str, list[dict[str, str]]]:
       entry = call.to_openai()
       if call.index not in calls:
         assert entry["id"] and entry["type"] == "function" and "name" in entry["function"]
+        assert entry["function"]["arguments"] == ""  # the header alone, as OpenAI streams it
         calls[call.index] = {"id": entry["id"], "name": entry["function"]["name"], "arguments": ""}
       else:
         assert "id" not in entry and "name" not in entry["function"]
@@ -58,14 +74,14 @@ def _splits(text: str, seed: int) -> list[list[str]]:
 
 
 def _batch(parser_name: str, text: str) -> tuple[str, list[dict[str, str]]]:
-  out = get_tool_parser(parser_name).extract(text, _ids())
+  out = _parser(parser_name).extract(text, _ids())
   return out.content, [
     {"id": c.id, "name": c.name, "arguments": c.arguments} for c in out.tool_calls
   ]
 
 
 def test_registry():
-  assert tool_parser_names() == ("hermes", "llama3_json")
+  assert tool_parser_names() == ("hermes", "llama3_json", "pythonic")
   with pytest.raises(ValueError, match="tool_call_parser"):
     get_tool_parser("mistral")
 
@@ -104,6 +120,13 @@ def test_llama3_batch():
     ("llama3_json", "<|python"),
     ("llama3_json", '{"name": "f", "parameters": {"x": 1}} trailing words'),
     ("llama3_json", '{"name": "f", "parameters": {"x": 1'),  # cut off by max_tokens
+    ("pythonic", PYTHONIC_TWO_CALLS),
+    ("pythonic", ' [f(a="x\\ny", b=\'c\' "d",)]\n'),
+    ("pythonic", "I would call [f(a=1)]"),
+    ("pythonic", '[f(a="b")] and then text'),
+    ("pythonic", '[f(a="b"), g(1)]'),
+    ("pythonic", '[f(a="b", c=3'),  # cut off by max_tokens
+    ("forced", '[{"name":"f","arguments":{"a":"x}]"}},{"name":"g","arguments":{}}]'),
   ],
 )
 def test_streamed_deltas_reassemble_to_the_batch_result(parser_name, text):
@@ -129,7 +152,7 @@ def test_stream_holds_back_a_possible_tag_and_sends_header_before_arguments():
   assert stream.feed('_call>\n{"name": "get_').tool_calls == ()
   header = stream.feed('weather", "arguments": {"ci')
   assert header.tool_calls[0].name == "get_weather" and header.tool_calls[0].id
-  assert header.tool_calls[0].arguments == '{"ci'
+  assert header.tool_calls[0].arguments == "" and header.tool_calls[1].arguments == '{"ci'
   fragment = stream.feed('ty": "Oslo"}}\n</tool_call>')
   assert fragment.tool_calls[0].arguments == 'ty": "Oslo"}' and fragment.tool_calls[0].id is None
   assert stream.finish() == StreamDelta("")
@@ -141,3 +164,66 @@ def test_llama3_content_streams_at_once():
   assert stream.feed("  ").content == ""  # could still become a call
   assert stream.feed("Sure").content == "  Sure"  # it is content from here on
   assert stream.feed(" thing.").content == " thing."
+
+
+def test_pythonic_batch():
+  content, calls = _batch("pythonic", PYTHONIC_TWO_CALLS)
+  assert content == "" and [c["name"] for c in calls] == ["get_weather", "now"]
+  assert json.loads(calls[0]["arguments"]) == {
+    "city": "Paris",
+    "days": [1, -2, 3.5],
+    "note": 'a ) and a " and ]\u00e9',
+    "opts": {"deep": [None, True]},
+  }
+  assert calls[0]["arguments"].startswith('{"city": "Paris", "days": [1, -2, 3.5]')  # vLLM's text
+  assert calls[1]["arguments"] == "{}"
+
+
+@pytest.mark.parametrize(
+  "text",
+  [
+    "[f(1)]",  # positional
+    "[f(a=x)]",  # a variable
+    "[f(a=1, a=2)]",
+    "[f(**k)]",
+    "[f(a={1: 2})]",  # a key JSON cannot hold
+    "[f(a=1e999)]",  # not finite
+    "[obj.f(a=1)]",
+    "[]",
+    "[f(a=1)] trailing",
+    "Plain text.",
+  ],
+)
+def test_pythonic_non_calls_are_content(text):
+  assert _batch("pythonic", text) == (text, [])
+
+
+def test_pythonic_streams_string_arguments_as_written():
+  stream = get_tool_parser("pythonic").stream(_ids())
+  assert stream.feed(" ") == StreamDelta("")  # could still be a call
+  assert stream.feed("[get_wea") == StreamDelta("")
+  header = stream.feed("ther(ci")
+  assert header.tool_calls == (
+    ToolCallDelta(0, "call_000000000000000000000000", "get_weather", ""),
+    ToolCallDelta(0, None, None, "{"),
+  )
+  assert [len(part.tool_calls) for part in header.parts()] == [1, 1]  # one chunk each
+  assert stream.feed('ty="Pa').tool_calls == (ToolCallDelta(0, None, None, '"city": "Pa'),)
+  assert stream.feed("ri\\u00").tool_calls == (ToolCallDelta(0, None, None, "ri"),)  # held
+  assert stream.feed('e9s", days=').tool_calls == (ToolCallDelta(0, None, None, 'és"'),)
+  assert stream.feed("3)]").tool_calls == (ToolCallDelta(0, None, None, ', "days": 3}'),)
+  assert stream.finish() == StreamDelta("") and stream.complete
+
+
+def test_forced_calls_cut_off_are_truncated_calls_not_content():
+  parser = ForcedToolParser(array=True)
+  cut = parser.extract('[{"name":"f","arguments":{"a":1}},{"name":"g","arguments":{"b":"x', _ids())
+  assert (cut.content, cut.complete) == ("", False)
+  assert [(c.name, c.arguments) for c in cut.tool_calls] == [("f", '{"a":1}'), ("g", '{"b":"x')]
+  assert parser.extract('[{"name":"f', _ids()) == type(cut)("", (), False)
+  named = ForcedToolParser(array=False).extract('{"name":"f","arguments":{"a":[1', _ids())
+  assert [(c.name, c.arguments, named.complete) for c in named.tool_calls] == [
+    ("f", '{"a":[1', False)
+  ]
+  whole = ForcedToolParser(array=False).extract('{"name":"f","arguments":{}}', _ids())
+  assert whole.complete and whole.tool_calls[0].arguments == "{}"

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from jaxserve.structured import GrammarState, SequenceMatcher, StructuredOutputError
+from jaxserve.structured.tool_parsers import ForcedToolParser
 from jaxserve.structured.tools import (
   MAX_PARALLEL_TOOL_CALLS,
   ToolCall,
   ToolChoice,
   ToolChoiceMode,
-  parse_forced_tool_calls,
   parse_tool_choice,
   parse_tools,
   tool_choice_constraint,
@@ -113,6 +113,13 @@ def test_bad_tool_choice_names_the_field(choice, tools, param):
   assert err.value.param == param
 
 
+def _read_forced(text: str, choice: ToolChoice) -> tuple[ToolCall, ...]:
+  """The calls of a finished forced output (asserting it holds whole calls)."""
+  parsed = ForcedToolParser(array=choice.mode is ToolChoiceMode.REQUIRED).extract(text)
+  assert parsed.complete and parsed.content == "", text
+  return parsed.tool_calls
+
+
 def _forced_calls(setup, choice_value, seed, num=10, parallel=True):
   tools = parse_tools(TOOLS)
   choice = parse_tool_choice(choice_value, tools)
@@ -123,7 +130,7 @@ def _forced_calls(setup, choice_value, seed, num=10, parallel=True):
   for _ in range(num):
     walk = random_walk(setup, spec, rng)
     assert walk.ended_with_eos and walk.state is GrammarState.FINISHED
-    results.append(parse_forced_tool_calls(setup.tokenizer.decode(walk.token_ids), choice))
+    results.append(_read_forced(setup.tokenizer.decode(walk.token_ids), choice))
   return results
 
 
@@ -169,18 +176,47 @@ def test_required_array_closes_at_its_bound(parallel):
   choice = parse_tool_choice("required", tools)
   spec = tool_choice_constraint(tools, choice, parallel_tool_calls=parallel)
   matcher = SequenceMatcher(setup.compiler.compile(spec), setup.info)
-  call = '{"arguments":{},"name":"now"}'  # the schema's keys, sorted
+  call = '{"name":"now","arguments":{}}'  # compact, the name first
   bound = MAX_PARALLEL_TOOL_CALLS if parallel else 1
   assert matcher.consume(list(("[" + ",".join([call] * bound)).encode()))
   bitmask = setup.filler.new_bitmask(1)
   matcher.fill_bitmask(bitmask, 0)
   assert allowed_ids(bitmask[0], 512).tolist() == [ord("]")]
   assert matcher.consume([ord("]")]) and matcher.state is GrammarState.FINISHED
-  assert len(parse_forced_tool_calls("[" + ",".join([call] * bound) + "]", choice)) == bound
+  assert len(_read_forced("[" + ",".join([call] * bound) + "]", choice)) == bound
 
 
-def test_parse_forced_tool_calls_rejects_other_text():
-  with pytest.raises(ValueError, match="tool_calls"):
-    parse_forced_tool_calls("not json", ToolChoice(ToolChoiceMode.REQUIRED))
-  with pytest.raises(ValueError, match="tool_calls"):
-    parse_forced_tool_calls('[{"name": "f"}]', ToolChoice(ToolChoiceMode.REQUIRED))
+@pytest.mark.parametrize(
+  "choice_value", ["required", {"type": "function", "function": {"name": "search"}}]
+)
+def test_forced_calls_write_the_name_before_the_arguments(choice_value):
+  """The grammar fixes `{"name":"` first, so a stream can send a call's name, then its arguments
+  as they are written (a JSON schema would order the keys as its properties: sorted)."""
+  setup = byte_tokenizer()
+  tools = parse_tools(TOOLS)
+  spec = tool_choice_constraint(tools, parse_tool_choice(choice_value, tools))
+  matcher = SequenceMatcher(setup.compiler.compile(spec), setup.info)
+  bitmask = setup.filler.new_bitmask(1)
+  for char in ("[" if choice_value == "required" else "") + '{"name":"':
+    matcher.fill_bitmask(bitmask, 0)
+    assert allowed_ids(bitmask[0], 512).tolist() == [ord(char)]
+    assert matcher.consume([ord(char)])
+
+
+def test_forced_call_arguments_may_use_refs_of_their_own_schema():
+  """Each tool's parameters are the root of their schema in the grammar: `#/$defs/...` resolves."""
+  unit = {"$defs": {"unit": {"enum": ["C", "F"]}}, "type": "object"}
+  tool = {
+    "type": "function",
+    "function": {
+      "name": "t",
+      "parameters": {**unit, "required": ["u"], "properties": {"u": {"$ref": "#/$defs/unit"}}},
+    },
+  }
+  tools = parse_tools([tool])
+  choice = parse_tool_choice({"type": "function", "function": {"name": "t"}}, tools)
+  walk = random_walk(
+    byte_tokenizer(), tool_choice_constraint(tools, choice), np.random.default_rng(0)
+  )
+  calls = _read_forced(byte_tokenizer().tokenizer.decode(walk.token_ids), choice)
+  assert json.loads(calls[0].arguments)["u"] in ("C", "F")

@@ -1,4 +1,5 @@
-"""Tool-call parsers, by the names of vLLM's --tool-call-parser option."""
+"""Tool-call parsers, by the names of vLLM's --tool-call-parser option (llama3_json, hermes,
+pythonic), and the reader of calls forced by tool_choice (forced.py, not an option)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ from jaxserve.structured.tool_parsers.base import (
   ToolCallStream,
   ToolParser,
 )
+from jaxserve.structured.tool_parsers.forced import ForcedToolParser
 from jaxserve.structured.tool_parsers.hermes import HermesToolParser
 from jaxserve.structured.tool_parsers.llama3_json import Llama3JsonToolParser
+from jaxserve.structured.tool_parsers.pythonic import PythonicToolParser
 
 TOOL_PARSERS: Mapping[str, type[ToolParser]] = types.MappingProxyType(
   {
     Llama3JsonToolParser.name: Llama3JsonToolParser,
     HermesToolParser.name: HermesToolParser,
+    PythonicToolParser.name: PythonicToolParser,
   }
 )
 
@@ -39,11 +43,13 @@ def get_tool_parser(name: str) -> ToolParser:
 
 
 __all__ = [
+  "ForcedToolParser",
   "HermesToolParser",
   "Llama3JsonToolParser",
   "ParseSnapshot",
   "ParsedToolOutput",
   "PartialToolCall",
+  "PythonicToolParser",
   "StreamDelta",
   "TOOL_PARSERS",
   "ToolCallDelta",

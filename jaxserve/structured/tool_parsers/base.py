@@ -7,11 +7,15 @@ once complete, argument text as far as written); `final=True` is the whole outpu
 
 `extract` (batch) is the final snapshot with ids. `ToolCallStream` (one per choice) re-analyzes
 the accumulated text at each delta and emits only what grew: new content, a call's header
-(index, id, name) once its name is complete, then its argument fragments. Every snapshot's
-content and arguments are prefixes of the next one's, so the concatenated deltas equal the batch
-result. (If the final verdict rejects what looked like calls, e.g. malformed JSON, the stream
-sends the text as content at the end; headers already sent cannot be taken back.) Re-analysis
-makes a stream O(n^2) in the output length; tool calls are short.
+(index, id, type, name and arguments "", as OpenAI streams it) once its name is complete, then
+its argument fragments as they are written. Every snapshot's content and arguments are prefixes
+of the next one's, so the concatenated deltas equal the batch result. (If the final verdict
+rejects what looked like calls, e.g. malformed JSON, the stream sends the text as content at the
+end; headers already sent cannot be taken back.) Re-analysis makes a stream O(n^2) in the output
+length; tool calls are short.
+
+A `StreamDelta` may hold a call's header and its first fragment; `StreamDelta.parts` splits it
+into deltas that hold at most one entry per call, one SSE chunk each.
 """
 
 from __future__ import annotations
@@ -33,16 +37,21 @@ class PartialToolCall:
 
 @dataclass(frozen=True)
 class ParseSnapshot:
+  """`complete`: the calls are whole (only the forced parser returns a final snapshot with
+  calls that are not: truncated calls; the chat-format parsers make such output content)."""
+
   content: str
   calls: tuple[PartialToolCall, ...] = ()
+  complete: bool = True
 
 
 @dataclass(frozen=True)
 class ParsedToolOutput:
-  """Batch result: `content` ("" if none) and the calls."""
+  """Batch result: `content` ("" if none), the calls and whether they are whole."""
 
   content: str
   tool_calls: tuple[ToolCall, ...]
+  complete: bool = True
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,18 @@ class ToolCallDelta:
 class StreamDelta:
   content: str
   tool_calls: tuple[ToolCallDelta, ...] = ()
+
+  def parts(self) -> tuple["StreamDelta", ...]:
+    """This delta as deltas holding at most one entry per call index, in order (the content in
+    the first): what one SSE chunk each carries."""
+    parts: list[StreamDelta] = [StreamDelta(self.content)]
+    for call in self.tool_calls:
+      last = parts[-1]
+      if any(sent.index == call.index for sent in last.tool_calls):
+        parts.append(StreamDelta("", (call,)))
+      else:
+        parts[-1] = StreamDelta(last.content, (*last.tool_calls, call))
+    return tuple(parts)
 
 
 def partial_call(text: str, scan: CallScan) -> PartialToolCall | None:
@@ -110,7 +131,7 @@ class ToolParser(abc.ABC):
     calls = tuple(
       ToolCall(id_factory(), call.name or "", call.arguments) for call in snapshot.calls
     )
-    return ParsedToolOutput(snapshot.content, calls)
+    return ParsedToolOutput(snapshot.content, calls, snapshot.complete)
 
   def stream(self, id_factory: Callable[[], str] = new_tool_call_id) -> "ToolCallStream":
     return ToolCallStream(self, id_factory)
@@ -127,6 +148,7 @@ class ToolCallStream:
     self._ids: list[str] = []
     self._names: list[str] = []
     self._arguments: list[str] = []
+    self._complete = True
 
   def feed(self, text: str) -> StreamDelta:
     self._text += text
@@ -134,7 +156,14 @@ class ToolCallStream:
 
   def finish(self) -> StreamDelta:
     """The last delta, once the output is complete."""
-    return self._advance(self._parser.analyze(self._text, final=True))
+    snapshot = self._parser.analyze(self._text, final=True)
+    self._complete = snapshot.complete
+    return self._advance(snapshot)
+
+  @property
+  def complete(self) -> bool:
+    """After finish: whether the final verdict found the calls whole."""
+    return self._complete
 
   @property
   def tool_calls(self) -> tuple[ToolCall, ...]:
@@ -144,26 +173,26 @@ class ToolCallStream:
   def _advance(self, snapshot: ParseSnapshot) -> StreamDelta:
     content = _growth(self._content, snapshot.content)
     self._content += content
-    deltas = []
+    deltas: list[ToolCallDelta] = []
     for index, call in enumerate(snapshot.calls):
       if call.name is None:
         break
-      delta = self._call_delta(index, call)
-      if delta is not None:
-        deltas.append(delta)
+      deltas += self._call_deltas(index, call)
     return StreamDelta(content, tuple(deltas))
 
-  def _call_delta(self, index: int, call: PartialToolCall) -> ToolCallDelta | None:
+  def _call_deltas(self, index: int, call: PartialToolCall) -> list[ToolCallDelta]:
+    """A new call's header, then what its arguments grew by."""
+    deltas = []
     if index == len(self._ids):
       self._ids.append(self._id_factory())
       self._names.append(call.name or "")
-      self._arguments.append(call.arguments)
-      return ToolCallDelta(index, self._ids[index], self._names[index], call.arguments)
+      self._arguments.append("")
+      deltas.append(ToolCallDelta(index, self._ids[index], self._names[index], ""))
     fragment = _growth(self._arguments[index], call.arguments)
-    if not fragment:
-      return None
-    self._arguments[index] += fragment
-    return ToolCallDelta(index, None, None, fragment)
+    if fragment:
+      self._arguments[index] += fragment
+      deltas.append(ToolCallDelta(index, None, None, fragment))
+    return deltas
 
 
 def _growth(sent: str, now: str) -> str:
