@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Start-up to full speed on one GPU (issue 56): `jaxserve serve MODEL` with no config from an
+# empty compilation cache, then a warm restart, by `jaxserve bench server-startup` (--tpot-probes:
+# one stream and 4 x 512/64 right after /health and again once every program is compiled;
+# --restart-wait: the restart's programs too). STEPS picks the runs: ck8b builds the
+# Llama-3.1-8B-shaped random checkpoint if absent; t<N>_8b starts it with compile_threads=N
+# (t0_8b: the default, half the host's cores); each run's JSON and server logs land in $OUT/<step>/.
+# e.g. STEPS="ck8b t0_8b t1_8b" bash scripts/gpu_startup.sh
+set -uo pipefail
+source "$(dirname "$0")/gpu_common.sh"  # $OUT, $LOGS, the carried wheels, step()
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt"
+startup() { local name=$1 model=$2 threads=$3; shift 3; mkdir -p "$OUT/$name"
+  TAIL=40 step "$name" python3 -m jaxserve.bench.bench_server_startup --model "$model" \
+    --max-model-len ${MAX_MODEL_LEN:-2048} --workload-s ${WORKLOAD_S:-20} --concurrency 32 \
+    --tpot-probes --restart-wait --compile-timeout-s ${COMPILE_TIMEOUT_S:-420} \
+    --set compile_threads=$threads --out "$OUT/$name/startup.json" "$@"
+  python3 -c "import json,sys; r=json.load(open(sys.argv[1])); f,w=r['fresh'],r['restart']; \
+print(f'$name: /health {f[\"health_200_s\"]:.1f} s, all compiled {f[\"all_compiled_s\"]:.1f} s, \
+TPOT at /health {f.get(\"tpot_at_ready_ms\")} all compiled {f.get(\"tpot_all_compiled_ms\")}; \
+restart /health {w[\"health_200_s\"]:.1f} s all compiled {w.get(\"all_compiled_s\", 0):.1f} s')" \
+    "$OUT/$name/startup.json" | tee -a "$OUT/summary.txt"; }
+for s in ${STEPS:-ck8b t0_8b t1_8b}; do case $s in
+  ck8b) [ -f /tmp/llama8b/config.json ] || step ck8b python3 -m jaxserve.bench.random_checkpoint llama-3.1-8b /tmp/llama8b ;;
+  t*_8b) n=${s#t}; startup "$s" /tmp/llama8b "${n%_8b}" ;;
+  *) echo "unknown step $s" | tee -a "$OUT/summary.txt" ;;
+esac; done
