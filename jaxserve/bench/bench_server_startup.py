@@ -262,11 +262,6 @@ def format_table(report: dict) -> str:
   return key_value_table(rows)
 
 
-if __name__ == "__main__":
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-  sys.exit(main())
-
-
 def tpot_rows(fresh: dict) -> list[tuple[str, str]]:
   """A row per TPOT probe (--tpot-probes): at /health and once all programs are compiled."""
   at_ready, compiled = fresh.get("tpot_at_ready_ms", {}), fresh.get("tpot_all_compiled_ms", {})
@@ -280,3 +275,8 @@ def tpot_rows(fresh: dict) -> list[tuple[str, str]]:
       )
     )
   return rows
+
+
+if __name__ == "__main__":
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+  sys.exit(main())
