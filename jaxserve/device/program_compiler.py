@@ -64,6 +64,12 @@ BURST_MODES = (SamplerMode(), SamplerMode(random=True))
 CLOSE_WAIT_S = 0.5
 COMPILE_THREAD_NAME = "jaxserve-compile"
 MAX_AUTO_THREADS = 8
+BACKGROUND_NICE = 10  # the compile threads' nice value while the engine serves
+# The interpreter's GIL switch interval while compiling in the background (Python's default is
+# 5 ms): the lowering thread holds the GIL nearly all the time, and each time the engine loop
+# waits (for the device, a socket) it gets the GIL back only when the lowering thread is made to
+# drop it, after this interval: at 5 ms a step's few waits cost tens of milliseconds.
+SERVING_SWITCH_INTERVAL_S = 0.0002
 
 
 def compilation_abandoned() -> bool:
@@ -76,6 +82,16 @@ def default_compile_threads() -> int:
   processes and the compilers' own helper threads running (a 2-core host compiles on one)."""
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   return max(1, min(MAX_AUTO_THREADS, (cores or 1) // 2))
+
+
+def lower_priority() -> None:
+  """Gives the calling thread (and the threads it starts, e.g. XLA's) a lower CPU priority
+  (Linux: a thread's nice value), so that compiling in the background leaves the engine loop and
+  the API processes the cores they need; a no-op where threads have no priority of their own."""
+  try:
+    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+  except (AttributeError, OSError):
+    pass
 
 
 def exit_now(status: int) -> None:
@@ -264,12 +280,17 @@ class ProgramCompiler:
 
   def _run(self) -> None:
     start = time.perf_counter()
+    lower_priority()
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(SERVING_SWITCH_INTERVAL_S)
     try:
-      self.compile_rest()
+      self._compile_groups(range(self._next_group, len(self.groups)), self.threads, background=True)
     except BaseException as err:  # logged; the buckets compiled so far keep serving
       self.error = err
       logger.error("background compilation stopped: %s", err)
       return
+    finally:
+      sys.setswitchinterval(switch_interval)
     if self._readiness.complete:
       logger.info(
         "background compilation: all %d programs compiled in %.1f s on %d threads (%.1f s of "
@@ -283,15 +304,22 @@ class ProgramCompiler:
       )
 
   def _compile_groups(
-    self, groups: range, threads: int, on_program: Callable[[int], object] | None = None
+    self,
+    groups: range,
+    threads: int,
+    on_program: Callable[[int], object] | None = None,
+    background: bool = False,
   ) -> None:
     """Lowers the groups' programs in order on this thread, at most `threads` ahead of the
-    `threads` compiling them; once the compilers stop, raises the ProgramCompileError of the
-    earliest program in compile order that failed."""
+    `threads` compiling them (at a lower CPU priority when `background`: the engine serves
+    meanwhile); once the compilers stop, raises the ProgramCompileError of the earliest program
+    in compile order that failed."""
     work: queue.Queue = queue.Queue(maxsize=threads)
     errors: list[tuple[int, ProgramCompileError]] = []  # (position in compile order, error)
 
     def compile_loop() -> None:
+      if background:
+        lower_priority()
       while (item := work.get()) is not None:
         position, index, program, lowered = item
         if self._stop.is_set() or errors:
