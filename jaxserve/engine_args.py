@@ -156,8 +156,8 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     "compile_threads",
     "compile_threads",
     int,
-    "step programs compiled at once during warmup and in the background (0: half the host's "
-    "cores, 1 to 8)",
+    "step programs compiled at once during warmup and in the background (0: a quarter of the "
+    "host's cores, 1 to 4)",
   ),
 )
 BY_NAME = {arg.name: arg for arg in ENGINE_ARGS}

@@ -74,7 +74,7 @@ class EngineConfig:
   engine starts, "background" the largest bucket's first and the rest on a compile thread while
   serving, "lazy" each on the first step that needs it; "auto" is the caller's default
   (`jaxserve serve`: background; LLM and `jaxserve generate`: lazy). compile_threads: how many
-  step programs compile at once (0: half the host's cores, 1 to 8).
+  step programs compile at once (0: a quarter of the host's cores, 1 to 4).
   tokenizer: a tokenizer directory other than the model's; chat_template: a template file (or the
   template text itself) replacing the tokenizer's (models/registry.load_configured_tokenizer).
   revision: which revision (a branch or tag the cache has a ref of, or a commit) of a Hugging
@@ -187,7 +187,7 @@ class EngineConfig:
     _require(
       is_int_at_least(self.compile_threads, 0),
       "compile_threads",
-      f"must be an integer >= 0 (0: half the host's cores), got {self.compile_threads!r}",
+      f"must be an integer >= 0 (0: a quarter of the host's cores), got {self.compile_threads!r}",
     )
     _require(
       self.warmup in WARMUP_MODES, "warmup", f"must be one of {WARMUP_MODES}, got {self.warmup!r}"

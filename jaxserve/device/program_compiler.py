@@ -19,7 +19,10 @@ by one (tracing holds the GIL), then compiled side by side on threads. The other
 with `compile_threads` threads (compile_rest; with `background`, on a compile thread while the
 engine serves, start): one thread lowers the programs in group order, at most `threads` ahead of
 the compilers, and `threads` daemon threads compile them (XLA's compilation releases the GIL), so
-the groups finish in about their order and the engine keeps stepping meanwhile. Each program is
+the groups finish in about their order and the engine keeps stepping meanwhile. In the background
+the compile threads run at a lower CPU priority (nice BACKGROUND_NICE) and the interpreter's GIL
+switch interval is SERVING_SWITCH_INTERVAL_S, so the engine loop, which waits on the device
+several times a step, gets the GIL back from the lowering thread within that. Each program is
 lowered on padding inputs with the runner's own params and KV pages as abstract arguments (so no
 compile thread touches the buffers the engine donates) and compiled ahead of time; jit's
 compilation cache then serves the engine's calls, so the compile ledger counts each program once.
@@ -63,7 +66,7 @@ logger = logging.getLogger(__name__)
 BURST_MODES = (SamplerMode(), SamplerMode(random=True))
 CLOSE_WAIT_S = 0.5
 COMPILE_THREAD_NAME = "jaxserve-compile"
-MAX_AUTO_THREADS = 8
+MAX_AUTO_THREADS = 4
 BACKGROUND_NICE = 10  # the compile threads' nice value while the engine serves
 # The interpreter's GIL switch interval while compiling in the background (Python's default is
 # 5 ms): the lowering thread holds the GIL nearly all the time, and each time the engine loop
@@ -78,10 +81,11 @@ def compilation_abandoned() -> bool:
 
 
 def default_compile_threads() -> int:
-  """Half the host's cores, 1 to MAX_AUTO_THREADS: the other half keeps the engine loop, the API
-  processes and the compilers' own helper threads running (a 2-core host compiles on one)."""
+  """A quarter of the host's cores, 1 to MAX_AUTO_THREADS: one thread lowers the programs, so
+  more compilers than it feeds only take cores (and the GPU's autotuning) from the requests served
+  meanwhile (docs/PERFORMANCE.md, "Start-up"); a host of fewer than 8 cores compiles on one."""
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  return max(1, min(MAX_AUTO_THREADS, (cores or 1) // 2))
+  return max(1, min(MAX_AUTO_THREADS, (cores or 1) // 4))
 
 
 def lower_priority() -> None:
