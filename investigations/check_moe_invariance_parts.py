@@ -18,8 +18,8 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxserve.models.moe import route
-from jaxserve.models.norms import normalized
+from jaxserve.models.layers.moe import route
+from jaxserve.models.layers.norms import normalized
 from jaxserve.parallel.partition_rules import EXPERT_SPECS, MODEL_AXIS, build_mesh
 from jaxserve.parallel.sharded_experts import shard_experts
 

@@ -1,5 +1,5 @@
 """The attention contract's data: the paged KV cache (KVPages) and the metadata of one ragged
-step (an explicit pytree argument, never module state). Shared by the model (models/llama.py),
+step (an explicit pytree argument, never module state). Shared by the model (models/layers/),
 the KV pool (device/kv_cache.py) and every kernel variant."""
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from jaxserve.device.step_options import step_compiler_options, step_greedy
 from jaxserve.messages.buckets import BucketSet
 from jaxserve.models.batch_invariant_dense import pallas_matmul, row_tiled_matmul
 from jaxserve.models.builtin import builtin_config, is_builtin
-from jaxserve.models.llama import RMSNorm
+from jaxserve.models.layers.norms import RMSNorm
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.registry import checkpoint_dir, model_path
 from jaxserve.models.weights import load_hf_config

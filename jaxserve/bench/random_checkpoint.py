@@ -9,8 +9,9 @@ No torch module is built: each tensor named by `hf_tensor_specs` (a mixture of e
 expert and projection, as published) is drawn directly in bfloat16 on the fastest device (CUDA
 when available), copied to the host and written shard by shard, so a 30B checkpoint takes
 seconds of compute and one shard (SHARD_BYTES) of host memory. Weights are N(0, 0.02)
-(transformers' initializer_range); RMSNorm weights are the identity scale: one, or zero for
-Gemma, whose norms multiply by (1 + weight) (models/gemma.py).
+(transformers' initializer_range); norm weights are the identity scale of the family's norm
+(`IDENTITY_WEIGHT`, models/layers/norms.py): one, or zero for Gemma's, which multiplies by
+(1 + weight).
 
     python -m jaxserve.bench.random_checkpoint qwen3-30b-a3b /tmp/qwen3moe [--seed 0]
 
@@ -28,7 +29,9 @@ from pathlib import Path
 
 from jaxserve.bench.vocab_tokenizer import write_vocab_tokenizer
 from jaxserve.cli_help import DefaultsHelpFormatter
+from jaxserve.models.families import family_of
 from jaxserve.models.hf_config_json import hf_config_json
+from jaxserve.models.layers.norms import IDENTITY_WEIGHT
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.named_shapes import SHAPES, named_model_config
 from jaxserve.models.weights import hf_tensor_specs
@@ -52,7 +55,7 @@ def build_random_checkpoint(config: ModelConfig, out_dir: str | Path, seed: int 
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   dtype = getattr(torch, config.dtype)
-  norm_weight = 0.0 if config.gemma else 1.0
+  norm_weight = IDENTITY_WEIGHT[family_of(config).decoder.blocks.norm]
   device = "cuda" if torch.cuda.is_available() else "cpu"
   generator = torch.Generator(device=device).manual_seed(seed)
   specs = hf_tensor_specs(config)

@@ -2,17 +2,18 @@
 
 Hub checkpoints (Qwen/Qwen3-30B-A3B, mistralai/Mixtral-8x7B-v0.1) and what transformers 5's
 `save_pretrained` writes (it converts its in-memory fused experts back to the original names)
-store the router and one Linear [out, in] per expert and projection:
+store the router and one Linear [out, in] per expert and projection, under a module and with
+projection names each family's module gives as its `ExpertNames` (models/families/qwen3_moe.py:
+`mlp`, gate_proj / up_proj / down_proj; models/families/mixtral.py: `block_sparse_moe`, w1 / w3 /
+w2):
 
-  Qwen3-MoE  model.layers.{i}.mlp.gate.weight [E, H]
-             model.layers.{i}.mlp.experts.{j}.{gate_proj,up_proj,down_proj}.weight
-  Mixtral    model.layers.{i}.block_sparse_moe.gate.weight [E, H]
-             model.layers.{i}.block_sparse_moe.experts.{j}.{w1,w3,w2}.weight  (gate, up, down)
+  model.layers.{i}.{module}.gate.weight [E, H]
+  model.layers.{i}.{module}.experts.{j}.{gate, up, down}.weight
 
-The model stacks each projection's experts into one leaf [E, in, out] (models/moe.py). Loading
-puts the E raw tensors on the device(s) as they are on disk and transposes and stacks them there
-in one jitted conversion per shape (weight_transfer's custom conversion, its output placed with
-the leaf's target sharding). A checkpoint written with `save_pretrained(...,
+The model stacks each projection's experts into one leaf [E, in, out] (models/layers/moe.py).
+Loading puts the E raw tensors on the device(s) as they are on disk and transposes and stacks
+them there in one jitted conversion per shape (weight_transfer's custom conversion, its output
+placed with the leaf's target sharding). A checkpoint written with `save_pretrained(...,
 save_original_format=False)` holds transformers' fused in-memory tensors
 (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]) instead: a load error that
 says so.
@@ -20,8 +21,9 @@ says so.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -32,38 +34,38 @@ from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.tensor_spec import TensorSpec
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-_HF_MODULE = {"qwen3_moe": "mlp", "mixtral": "block_sparse_moe"}
-_HF_PROJECTION = {
-  "qwen3_moe": {name: name for name in PROJECTIONS},
-  "mixtral": {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"},
-}
 _FUSED_SUFFIXES = ("experts.gate_up_proj", "experts.down_proj")
 
 
-def router_name(architecture: str, layer: int) -> str:
-  """The router's HF tensor [E, H]."""
-  return f"model.layers.{layer}.{_HF_MODULE[architecture]}.gate.weight"
+@dataclass(frozen=True)
+class ExpertNames:
+  """A family's HF names for a MoE layer: the module holding the router and the experts, and
+  each of PROJECTIONS' name in it."""
+
+  module: str
+  projections: Mapping[str, str]  # gate_proj / up_proj / down_proj -> the HF name
+
+  def router(self, layer: int) -> str:
+    """The router's HF tensor [E, H]."""
+    return f"model.layers.{layer}.{self.module}.gate.weight"
+
+  def expert(self, layer: int, expert: int, projection: str) -> str:
+    """One expert's HF Linear weight for `projection` (one of PROJECTIONS)."""
+    hf_projection = self.projections[projection]
+    return f"model.layers.{layer}.{self.module}.experts.{expert}.{hf_projection}.weight"
 
 
-def expert_name(architecture: str, layer: int, expert: int, projection: str) -> str:
-  """One expert's HF Linear weight for `projection` (one of PROJECTIONS)."""
-  hf_projection = _HF_PROJECTION[architecture][projection]
-  return f"model.layers.{layer}.{_HF_MODULE[architecture]}.experts.{expert}.{hf_projection}.weight"
-
-
-def expert_specs(c: ModelConfig, layer: int) -> list[TensorSpec]:
+def expert_specs(c: ModelConfig, layer: int, names: ExpertNames) -> list[TensorSpec]:
   """Layer `layer`'s router [H, E] and, expert by expert, its experts' projections (each the
-  slice `expert` of a stacked leaf [E, in, out]; params in models/moe.py)."""
-  fx, arch = f"layers_{layer}", c.architecture
+  slice `expert` of a stacked leaf [E, in, out]; params in models/layers/moe.py)."""
+  fx = f"layers_{layer}"
   h, i = c.hidden_size, c.moe_intermediate_size
-  specs = [
-    TensorSpec((fx, "mlp", "gate", "kernel"), router_name(arch, layer), (c.num_experts, h), True)
-  ]
+  specs = [TensorSpec((fx, "mlp", "gate", "kernel"), names.router(layer), (c.num_experts, h), True)]
   hf_shapes = {"gate_proj": (i, h), "up_proj": (i, h), "down_proj": (h, i)}  # [out, in]
   for j in range(c.num_experts):
     specs += [
       TensorSpec(
-        (fx, "mlp", "experts", name), expert_name(arch, layer, j, name), hf_shapes[name], True, j
+        (fx, "mlp", "experts", name), names.expert(layer, j, name), hf_shapes[name], True, j
       )
       for name in PROJECTIONS
     ]

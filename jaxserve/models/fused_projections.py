@@ -13,7 +13,7 @@ is exactly what the separate GEMMs compute, without XLA re-concatenating the wei
 step (its dot merger does that for q/k/v) and with one wider GEMM for gate/up. Sharded models
 keep the separate projections: each device's shard of a merged kernel would not hold matching q,
 k and v columns. A mixture of experts' layers keep their router and stacked experts as they are
-(models/moe.py); their q/k/v are merged like any other.
+(models/layers/moe.py); their q/k/v are merged like any other.
 """
 
 from __future__ import annotations
@@ -69,7 +69,9 @@ def fuse_params(params: dict) -> dict:
   for name in [name for name in params if name.startswith("layers_")]:
     layer = {key: dict(value) for key, value in params[name].items()}
     for module, (merged, names) in MERGED.items():
-      if names[0] in layer[module]:  # a mixture of experts' mlp has no gate/up (models/moe.py)
+      if (
+        names[0] in layer[module]
+      ):  # a mixture of experts' mlp has no gate/up (models/layers/moe.py)
         _merge(layer[module], names, merged)
     params[name] = layer
   return params

@@ -1,6 +1,6 @@
 """Mixture-of-experts FFNs as grouped matmuls over the token assignments sorted by expert.
 
-A step routes each of its T tokens to K experts (models/moe.py). `expert_ffn` computes
+A step routes each of its T tokens to K experts (models/layers/moe.py). `expert_ffn` computes
 
   out[t] = sum_k weights[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t])),  e = expert_ids[t, k]
 

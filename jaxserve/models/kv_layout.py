@@ -7,7 +7,7 @@ of m (the last padded when m does not divide them), each following the window. G
 (8 global, 40 sliding layers): 6 groups of 8; Gemma-3-27B (10 / 52): 7 groups of 10, 8 slots
 padded; Gemma 2 (alternating): 2 groups. A model with one kind of layer (Llama; Mistral, whose
 every layer slides) gets one group of all its layers, nothing freed: the layout the engine has
-always had. The decoders (models/llama.py, models/gemma.py) read their layers' places from here
+always had. The decoder stack (models/layers/decoder.py) reads its layers' places from here
 (`LayerKV`), the KV pool its slot count and the scheduler the windows, so all agree by
 construction.
 """

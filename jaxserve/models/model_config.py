@@ -1,19 +1,24 @@
 """The architecture of a decoder-only model, as a frozen, validated dataclass.
 
-One `ModelConfig` describes every supported family (Llama 2/3, Mistral, Qwen2, Qwen3, Gemma 2,
-Gemma 3, and the mixtures of experts Qwen3-MoE and Mixtral): they differ only in a few switches
-(q/k/v bias, per-head q/k RMSNorm, sliding window, RoPE scaling, tied embeddings, routed experts;
-for Gemma the block of models/gemma.py, per-layer attention types, the attention scale, soft caps
-and Gemma 3's local RoPE base). models/hf_config.py maps a Hugging Face `config.json` dict onto
-it; validation here refuses, with a ValueError naming the field, anything the model code does not
-implement, so an unsupported checkpoint fails at load time rather than producing wrong logits.
+One `ModelConfig` describes every supported family (models/families/: Llama 2/3, Mistral, Qwen2,
+Qwen3, Gemma 2, Gemma 3, and the mixtures of experts Qwen3-MoE and Mixtral) as shapes and
+structural fields: q/k/v bias, per-head q/k norms, windows and per-layer attention types, RoPE
+scaling and a local RoPE base, the attention scale and soft caps, tied embeddings, routed
+experts. `architecture` names the family's architecture (its `model_type`, e.g. "llama",
+"gemma3_text"); what the family itself decides (its norm, activation, layer, embedding scale,
+which fields it may set) is its module's (models/families/), and `families.family_of(config)`
+checks a config against it. A family's module maps a Hugging Face `config.json` onto these
+fields (models/hf_config.py assembles them).
 
-Mixture of experts (`num_experts` > 0): models/moe_config.py validates and maps those fields.
+Validation here is the family-independent part: it refuses, with a ValueError naming the field,
+any value the model code does not implement, so an unsupported checkpoint fails at load time
+rather than producing wrong logits.
+
+Mixture of experts (`num_experts` > 0): models/moe_config.py validates those fields.
 
 Attention windows: with `layer_types` empty every layer attends over `sliding_window` (None: the
 whole context; Mistral); otherwise layer i is "sliding_attention" (window `sliding_window`) or
 "full_attention" (the whole context), as `layer_window(i)` says.
-
 """
 
 from __future__ import annotations
@@ -23,11 +28,11 @@ from dataclasses import dataclass
 
 from jaxserve.config_require import require as _require
 from jaxserve.config_require import require_bool
-from jaxserve.models.gemma_hf import GEMMA_ARCHITECTURES, LAYER_TYPES, SLIDING
-from jaxserve.models.moe_config import MOE_ARCHITECTURES, check_experts
+from jaxserve.models.moe_config import check_experts
 from jaxserve.quantization.scheme import NONE, check_quantization
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3") + GEMMA_ARCHITECTURES + MOE_ARCHITECTURES
+SLIDING, FULL = "sliding_attention", "full_attention"
+LAYER_TYPES = (SLIDING, FULL)
 DTYPES = ("float32", "bfloat16")
 ROPE_TYPES = ("llama3", "linear")
 QUANTIZED_GEMMS = ("xla", "pallas_gpu")  # EngineConfig.quantized_gemm, "auto" resolved
@@ -71,7 +76,7 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-  """Shapes and switches of a Llama-family decoder-only transformer."""
+  """Shapes and structural fields of a decoder-only transformer (module docstring)."""
 
   architecture: str
   vocab_size: int
@@ -109,9 +114,9 @@ class ModelConfig:
 
   def __post_init__(self) -> None:
     _require(
-      self.architecture in ARCHITECTURES,
+      isinstance(self.architecture, str) and bool(self.architecture),
       "architecture",
-      f"must be one of {ARCHITECTURES}, got {self.architecture!r}",
+      f"must name an architecture (models/families/), got {self.architecture!r}",
     )
     for name in (
       "vocab_size",
@@ -206,12 +211,6 @@ class ModelConfig:
       )
 
   @property
-  def gemma(self) -> bool:
-    """The Gemma block (models/gemma.py): (1 + w) norms around attention and MLP, tanh GELU,
-    embeddings scaled by sqrt(hidden_size)."""
-    return self.architecture in GEMMA_ARCHITECTURES
-
-  @property
   def sm_scale(self) -> float:
     """The attention logits' scale."""
     scalar = self.head_dim if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar
@@ -228,7 +227,8 @@ class ModelConfig:
     return self.sliding_window if self.is_sliding(layer) else None
 
   def uses_local_rope(self, layer: int) -> bool:
-    """Whether layer `layer` rotates by the local base (rope_local_base_freq, models/rope.py)."""
+    """Whether layer `layer` rotates by the local base (rope_local_base_freq,
+    models/layers/rope.py)."""
     return self.rope_local_base_freq is not None and self.is_sliding(layer)
 
   def replace(self, **changes) -> ModelConfig:

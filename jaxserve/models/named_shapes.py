@@ -30,8 +30,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from jaxserve.models.gemma_hf import FULL, SLIDING
-from jaxserve.models.model_config import ModelConfig, RopeScaling
+from jaxserve.models.model_config import FULL, SLIDING, ModelConfig, RopeScaling
 
 _SPECIAL = dict(bos_token_id=256, eos_token_ids=(257,), dtype="bfloat16")  # vocab_tokenizer ids
 _GEMMA3_PATTERN = 6  # layer i is global when (i + 1) % 6 == 0

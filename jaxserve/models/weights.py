@@ -1,9 +1,10 @@
 """Hugging Face safetensors checkpoints -> the flax `params` tree of the config's decoder
 (models/causal_lm.py).
 
-`hf_tensor_specs(config)` is the single table of the conversion: for every flax leaf, the HF tensor
-name, its HF shape and whether it is a transposed Linear weight (models/tensor_spec.py); a mixture
-of experts' stacked leaf [E, in, out] has one entry per expert (models/expert_weights.py).
+`hf_tensor_specs(config)` is the single table of the conversion, the config's family's
+(models/families/, built from models/hf_tensors.py): for every flax leaf, the HF tensor name, its
+HF shape and whether it is a transposed Linear weight (models/tensor_spec.py); a mixture of
+experts' stacked leaf [E, in, out] has one entry per expert (models/expert_weights.py).
 `param_shapes(config)` derives the abstract tree from it (used to restore orbax checkpoints and by
 tests against `model.init`).
 
@@ -27,7 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.models.expert_weights import check_per_expert_layout, expert_specs, stacked_leaves
+from jaxserve.models.expert_weights import check_per_expert_layout, stacked_leaves
+from jaxserve.models.families import family_of
 from jaxserve.models.fused_projections import merged_leaves
 from jaxserve.models.hf_config import model_config_from_hf
 from jaxserve.models.leaf_load import LeafLoad, ParamPath, ShardingFn, TensorLoad
@@ -59,58 +61,9 @@ PutFn = Callable[[ParamPath, np.ndarray], jax.Array]
 
 
 def hf_tensor_specs(config: ModelConfig) -> list[TensorSpec]:
-  """Every params leaf of `config`'s model with its HF counterpart."""
-  c = config
-  q_dim, kv_dim = c.num_q_heads * c.head_dim, c.num_kv_heads * c.head_dim
-  specs = [
-    TensorSpec(
-      ("embed_tokens", "embedding"),
-      "model.embed_tokens.weight",
-      (c.vocab_size, c.hidden_size),
-      False,
-    )
-  ]
-  for i in range(c.num_layers):
-    hf, fx = f"model.layers.{i}", f"layers_{i}"
-    linear = lambda module, name, out_dim, in_dim: TensorSpec(
-      (fx, module, name, "kernel"), f"{hf}.{module}.{name}.weight", (out_dim, in_dim), True
-    )
-    vector = lambda path, hf_name, dim: TensorSpec(path, hf_name, (dim,), False)
-    specs += [
-      vector((fx, "input_layernorm", "scale"), f"{hf}.input_layernorm.weight", c.hidden_size),
-      linear("self_attn", "q_proj", q_dim, c.hidden_size),
-      linear("self_attn", "k_proj", kv_dim, c.hidden_size),
-      linear("self_attn", "v_proj", kv_dim, c.hidden_size),
-      linear("self_attn", "o_proj", c.hidden_size, q_dim),
-    ]
-    if c.attention_bias:
-      specs += [
-        vector((fx, "self_attn", name, "bias"), f"{hf}.self_attn.{name}.bias", dim)
-        for name, dim in (("q_proj", q_dim), ("k_proj", kv_dim), ("v_proj", kv_dim))
-      ]
-    if c.qk_norm:
-      specs += [
-        vector((fx, "self_attn", name, "scale"), f"{hf}.self_attn.{name}.weight", c.head_dim)
-        for name in ("q_norm", "k_norm")
-      ]
-    norms = ("post_attention_layernorm",)
-    if c.gemma:
-      norms += ("pre_feedforward_layernorm", "post_feedforward_layernorm")
-    specs += [vector((fx, norm, "scale"), f"{hf}.{norm}.weight", c.hidden_size) for norm in norms]
-    if c.num_experts:
-      specs += expert_specs(c, i)
-    else:
-      specs += [
-        linear("mlp", "gate_proj", c.intermediate_size, c.hidden_size),
-        linear("mlp", "up_proj", c.intermediate_size, c.hidden_size),
-        linear("mlp", "down_proj", c.hidden_size, c.intermediate_size),
-      ]
-  specs.append(TensorSpec(("norm", "scale"), "model.norm.weight", (c.hidden_size,), False))
-  if not c.tie_word_embeddings:
-    specs.append(
-      TensorSpec(("lm_head", "kernel"), "lm_head.weight", (c.vocab_size, c.hidden_size), True)
-    )
-  return specs
+  """Every params leaf of `config`'s model with its HF counterpart: its family's table
+  (models/families/)."""
+  return family_of(config).tensor_specs(config)
 
 
 def _stacked_paths(config: ModelConfig) -> set[ParamPath]:

@@ -22,8 +22,8 @@ kernels are [in, out]):
                                                   over the vocabulary gather them
   norms, q_norm/k_norm scales                     replicated (tiny)
 
-A mixture of experts' MLP (models/moe.py): the router is replicated, the stacked experts follow
-EXPERT_SPECS for the layout:
+A mixture of experts' MLP (models/layers/moe.py): the router is replicated, the stacked experts
+follow EXPERT_SPECS for the layout:
 
                                         tensor parallel        expert parallel
   mlp/gate/kernel [H, E]                replicated             replicated

@@ -45,8 +45,8 @@ from jaxserve.models.batch_invariant_dense import batch_invariant_backend, invar
 from jaxserve.models.causal_lm import causal_lm
 from jaxserve.models.fused_projections import fuse_params
 from jaxserve.models.invariant_dense import REDUCTION_GROUPS, DenseBackend
+from jaxserve.models.layers.moe import ExpertsFn
 from jaxserve.models.model_config import ModelConfig
-from jaxserve.models.moe import ExpertsFn
 from jaxserve.models.registry import LoadedModel, load_model, model_path
 from jaxserve.models.weights import param_shapes
 from jaxserve.parallel.device_slice import check_default_device

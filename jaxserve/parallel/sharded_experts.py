@@ -31,7 +31,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxserve.models.grouped_matmul import expert_ffn
 from jaxserve.models.invariant_experts import grouped_expert_ffn
-from jaxserve.models.moe import ExpertsFn
+from jaxserve.models.layers.moe import ExpertsFn
 from jaxserve.parallel.partition_rules import EXPERT_SPECS, MODEL_AXIS
 
 REPLICATED = P()

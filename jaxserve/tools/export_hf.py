@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxserve.models.families import LLAMA, family_of
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.weights import hf_tensor_specs
 from jaxserve.tokenizer.byte_tokenizer import (
@@ -40,7 +41,8 @@ def hf_llama_config(config: ModelConfig, **extra):
   """A transformers LlamaConfig with `config`'s shapes (architecture llama, no biases)."""
   import transformers
 
-  if config.architecture != "llama" or config.attention_bias or config.qk_norm:
+  plain = not (config.attention_bias or config.qk_norm or config.sliding_window)
+  if family_of(config) is not LLAMA or not plain:
     raise ValueError(f"architecture: only plain llama configs export, got {config.architecture!r}")
   scaling = None
   if config.rope_scaling is not None:

@@ -70,7 +70,7 @@ def test_scaled_down_named_shape_loads_matches_transformers_and_generates(name, 
   ]
   with safe_open(checkpoint / "model-00001.safetensors", "pt") as tensors:
     norm = tensors.get_tensor("model.norm.weight")
-  assert torch.all(norm == (0.0 if config.gemma else 1.0))
+  assert torch.all(norm == (0.0 if config.architecture == "gemma3_text" else 1.0))  # (1 + w)
 
   rng = np.random.default_rng(5)
   prompts = [rng.integers(300, 500, n).tolist() for n in PROMPT_LENGTHS]

@@ -20,7 +20,7 @@ from jaxserve.device.step_inputs import PreviousSamples, StepShape, build_step_i
 from jaxserve.device.step_programs import StepShardings, build_step_programs
 from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.messages.scheduled_batch import ScheduledBatch
-from jaxserve.models.llama import LlamaForCausalLM
+from jaxserve.models.families.llama import LlamaForCausalLM
 from jaxserve.models.tiny_random import tiny_random_config, tiny_random_params
 from jaxserve.models.weights import param_shapes
 from jaxserve.parallel.partition_rules import (

@@ -16,7 +16,7 @@ from jaxserve.models.batch_invariant_dense import (
   invariant_matmul,
   row_tiled_matmul,
 )
-from jaxserve.models.llama import RMSNorm
+from jaxserve.models.layers.norms import RMSNorm
 from pallas_kernels.fixed_order import fixed_order_sum
 
 ROW_COUNTS = (1, 3, 8, 17, 64)

@@ -1,5 +1,6 @@
-"""Gemma 2 and Gemma 3 config.json -> ModelConfig (models/gemma_hf.py): transformers 5.x files as
-transformers writes them, the hub's older layout, refusals naming the field, and the params tree."""
+"""Gemma 2 and Gemma 3 config.json -> ModelConfig (models/families/gemma.py): transformers 5.x
+files as transformers writes them, the hub's older layout, refusals naming the field, and the
+params tree."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from jaxserve.models.families import family_of
+from jaxserve.models.families.gemma import GemmaForCausalLM
 from jaxserve.models.hf_config import model_config_from_hf
 from jaxserve.models.model_config import ModelConfig, RopeScaling
 from jaxserve.models.weights import load_hf_config, load_hf_params, param_shapes
@@ -69,7 +72,8 @@ def _hub_gemma3(**changes) -> dict:
 def test_gemma2_checkpoint(hf_checkpoint):
   d = json.loads((hf_checkpoint("gemma2") / "config.json").read_text())
   config = model_config_from_hf(d)
-  assert config.architecture == "gemma2" and config.gemma and config.tie_word_embeddings
+  assert config.architecture == "gemma2" and config.tie_word_embeddings
+  assert family_of(config).decoder is GemmaForCausalLM
   assert config.layer_types == (S, F) and config.sliding_window == GEMMA2_WINDOW
   assert [config.layer_window(i) for i in range(2)] == [GEMMA2_WINDOW, None]
   assert config.attn_logit_softcapping == 2.0 and config.final_logit_softcapping == 5.0

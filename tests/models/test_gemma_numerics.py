@@ -15,8 +15,8 @@ from transformers.models.gemma2.modeling_gemma2 import (
 
 from jaxserve.attention import get_attention_backend
 from jaxserve.models import causal_lm
-from jaxserve.models.gemma import scaled_embedding
-from jaxserve.models.norms import GemmaRMSNorm
+from jaxserve.models.families.gemma import scaled_embedding
+from jaxserve.models.layers.norms import GemmaRMSNorm
 from jaxserve.models.weights import load_hf_config, load_hf_params
 from tests.models.hf_checkpoints import VOCAB_SIZE, load_hf_model
 from tests.models.paged_batch import Chunk, build_step, model_kv

@@ -12,7 +12,7 @@ import pytest
 
 from jaxserve.models.grouped_matmul import expert_ffn
 from jaxserve.models.invariant_experts import grouped_expert_ffn
-from jaxserve.models.moe import route
+from jaxserve.models.layers.moe import route
 
 T, E, K, H, FFN = 6, 8, 2, 16, 32  # fewer tokens x K than experts: some experts get none
 

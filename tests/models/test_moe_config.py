@@ -11,6 +11,7 @@ import jax
 import pytest
 
 from jaxserve.assembly import build_engine
+from jaxserve.models.families import family_of
 from jaxserve.models.hf_config import model_config_from_hf
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.weights import param_shapes
@@ -134,8 +135,9 @@ def test_unsupported_switches_name_their_field(field, value):
 def test_dense_architectures_keep_zero_experts():
   config = model_config_from_hf({**MIXTRAL_8X7B, "architectures": ["MistralForCausalLM"]})
   assert config.num_experts == 0
+  experts = config.replace(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16)
   with pytest.raises(ValueError, match="num_experts: must be 0 for mistral"):
-    config.replace(num_experts=8)
+    family_of(experts)
 
 
 def test_engine_refuses_batch_invariant_for_a_mixture_of_experts(hf_checkpoint):

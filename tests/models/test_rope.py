@@ -8,7 +8,7 @@ import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from jaxserve.models.hf_config import model_config_from_hf
-from jaxserve.models.rope import inverse_frequencies
+from jaxserve.models.layers.rope import inverse_frequencies
 
 
 @pytest.mark.parametrize(

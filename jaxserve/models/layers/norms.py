@@ -3,9 +3,11 @@
 `RMSNorm` (Llama, Mistral, Qwen): normalized in float32, cast back to the input dtype, then
 multiplied by the weight (`scale`, initialized to ones). `GemmaRMSNorm` (Gemma 2 and 3): the
 normalized float32 values times (1 + weight) in float32, then cast (`scale` holds the checkpoint's
-weight as stored, initialized to zeros), as transformers' Gemma2RMSNorm / Gemma3RMSNorm.
-`rms_norm(config, name)` is the one a config's model uses. fixed_order (batch_invariant): the
-sum of squares in a fixed order (pallas_kernels/fixed_order.py).
+weight as stored, initialized to zeros), as transformers' Gemma2RMSNorm / Gemma3RMSNorm. A
+family picks one (its `DecoderBlocks.norm`, models/layers/decoder.py); `norm_layer(norm, config,
+name)` builds it with the config's eps, dtype and order; `IDENTITY_WEIGHT` is the stored weight
+that makes each the identity scale (random checkpoints write it). fixed_order (batch_invariant):
+the sum of squares in a fixed order (pallas_kernels/fixed_order.py).
 """
 
 from __future__ import annotations
@@ -55,7 +57,10 @@ class GemmaRMSNorm(nn.Module):
     return out.astype(x.dtype)
 
 
-def rms_norm(config: ModelConfig, name: str | None = None) -> nn.Module:
-  """The RMSNorm of `config`'s family."""
-  norm = GemmaRMSNorm if config.gemma else RMSNorm
+Norm = type[RMSNorm] | type[GemmaRMSNorm]
+IDENTITY_WEIGHT: dict[Norm, float] = {RMSNorm: 1.0, GemmaRMSNorm: 0.0}
+
+
+def norm_layer(norm: Norm, config: ModelConfig, name: str | None = None) -> nn.Module:
+  """A `norm` over the hidden (or head) axis with `config`'s eps, dtype and summation order."""
   return norm(config.rms_norm_eps, jnp.dtype(config.dtype), config.batch_invariant, name=name)

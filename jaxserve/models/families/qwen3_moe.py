@@ -1,0 +1,84 @@
+"""Qwen3-MoE (`Qwen3MoeForCausalLM`): Qwen3's attention (per-head q/k RMSNorm before RoPE) and
+every layer's MLP the routed experts of models/layers/moe.py.
+
+Config: the shared fields, Qwen's sliding-window rule (models/families/qwen.py), the expert
+count (`num_experts` or `num_local_experts`), `num_experts_per_tok`, `moe_intermediate_size`,
+`norm_topk_prob` (renormalize the top-k routing weights; default False). `mlp_only_layers` and
+`decoder_sparse_step` (dense MLP layers among the sparse ones) are load errors unless they leave
+every layer sparse, as in every published Qwen3-MoE checkpoint. Its dense `intermediate_size` is
+read but unused. Weights: the experts under `mlp` with transformers' projection names
+(`NAMES`, models/expert_weights.py). Random checkpoints are written for it.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from flax import linen as nn
+
+from jaxserve.config_require import require as _require
+from jaxserve.models.expert_weights import PROJECTIONS, ExpertNames, expert_specs
+from jaxserve.models.families.family import ModelFamily
+from jaxserve.models.families.qwen import sliding_window_config
+from jaxserve.models.hf_fields import check_silu_mlp, common_fields, hf_field
+from jaxserve.models.hf_tensors import decoder_specs
+from jaxserve.models.layers.decoder import CausalLM, DecoderBlocks, DecoderLayer, sparse_moe_mlp
+from jaxserve.models.layers.norms import RMSNorm
+from jaxserve.models.model_config import ModelConfig
+from jaxserve.models.moe_config import hf_expert_count, require_experts
+from jaxserve.models.tensor_spec import TensorSpec
+
+NAMES = ExpertNames("mlp", {name: name for name in PROJECTIONS})
+
+
+class Qwen3MoeForCausalLM(CausalLM):
+  """The pre-norm stack with RMSNorm and routed experts."""
+
+  blocks = DecoderBlocks(norm=RMSNorm, activation=nn.silu, mlp=sparse_moe_mlp, layer=DecoderLayer)
+
+
+def config_fields(d: Mapping, architecture: str) -> dict[str, object]:
+  check_silu_mlp(d)
+  fields = common_fields(d) | dict(sliding_window=sliding_window_config(d), qk_norm=True)
+  num_experts, top_k = hf_expert_count(d), hf_field(d, "num_experts_per_tok")
+  mlp_only = d.get("mlp_only_layers") or []
+  _require(not mlp_only, "mlp_only_layers", f"dense MLP layers are not supported, got {mlp_only}")
+  step = d.get("decoder_sparse_step", 1)
+  _require(step == 1, "decoder_sparse_step", f"must be 1 (every layer sparse), got {step!r}")
+  return fields | dict(
+    num_experts=num_experts,
+    num_experts_per_tok=top_k,
+    moe_intermediate_size=hf_field(d, "moe_intermediate_size"),
+    norm_topk_prob=bool(d.get("norm_topk_prob", False)),
+  )
+
+
+def tensor_specs(config: ModelConfig) -> list[TensorSpec]:
+  return decoder_specs(config, mlp=lambda c, i: expert_specs(c, i, NAMES))
+
+
+def config_json(c: ModelConfig) -> dict[str, object]:
+  """The config.json fields beyond the shared ones (models/hf_config_json.py)."""
+  return {
+    "hidden_act": "silu",
+    "use_sliding_window": False,
+    "sliding_window": None,
+    "max_window_layers": c.num_layers,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "num_experts": c.num_experts,
+    "num_experts_per_tok": c.num_experts_per_tok,
+    "moe_intermediate_size": c.moe_intermediate_size,
+    "norm_topk_prob": c.norm_topk_prob,
+  }
+
+
+FAMILY = ModelFamily(
+  name="qwen3_moe",
+  architectures={"Qwen3MoeForCausalLM": "qwen3_moe"},
+  config_fields=config_fields,
+  check=require_experts,
+  tensor_specs=tensor_specs,
+  decoder=Qwen3MoeForCausalLM,
+  config_writers={"qwen3_moe": config_json},
+)
