@@ -265,6 +265,7 @@ def test_models_health_and_metrics(served, client):
   assert values["jaxserve_xla_compilations_total"] >= 1
   # the engine was warmed up fully: every planned step program is compiled
   assert values["jaxserve_step_programs_compiled"] == values["jaxserve_step_programs_total"] > 0
+  assert values["jaxserve_step_programs_compile_seconds"] > 0  # when the last one finished
   assert values["jaxserve_device_memory_used_bytes"] == 0  # the CPU reports no statistics
   assert values["jaxserve_generation_tokens_total"] >= 3
   assert values["jaxserve_prompt_tokens_total"] >= len(served.tokenizer.encode("count me"))
