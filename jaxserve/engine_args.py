@@ -153,6 +153,13 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     "each on first use (lazy); auto: serve background, generate and LLM lazy",
   ),
   EngineArg(
+    "scheduling_policy",
+    "scheduler.policy",
+    str,
+    "the waiting queue's order: fcfs (arrival) or priority (the request's priority, lower "
+    "first, then arrival; the least urgent running request is preempted first)",
+  ),
+  EngineArg(
     "compile_threads",
     "compile_threads",
     int,

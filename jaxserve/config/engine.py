@@ -16,7 +16,7 @@ from jaxserve.config.cache import (
   CacheConfig,
 )
 from jaxserve.config.distributed import DistributedConfig
-from jaxserve.config.scheduler import SchedulerConfig
+from jaxserve.config.scheduler import SCHEDULING_POLICIES, SchedulerConfig
 from jaxserve.config_require import is_int_at_least, require_bool
 from jaxserve.config_require import require as _require
 from jaxserve.quantization.scheme import NONE, QUANTIZATION_NAMES, check_quantization
@@ -37,6 +37,7 @@ CHOICES: Mapping[str, tuple[str, ...]] = {
   "sampler_backend": SAMPLER_BACKENDS,
   "quantized_gemm": QUANTIZED_GEMMS,
   "warmup": WARMUP_MODES,
+  "scheduler.policy": SCHEDULING_POLICIES,
   "cache.kv_cache_dtype": KV_CACHE_DTYPES,
   "quantization": QUANTIZATION_NAMES,  # jaxserve/quantization/scheme.py owns them
 }

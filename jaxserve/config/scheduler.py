@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from jaxserve.config_require import require as _require
 from jaxserve.config_require import require_bool
 
+SCHEDULING_POLICIES = ("fcfs", "priority")  # engine/request_queue.py orders by them
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -28,7 +30,10 @@ class SchedulerConfig:
   tokens stay even while prompts arrive; prompts then take more steps (engine/scheduler.py).
   pool_seq_rungs: once the KV pool is sized, add sequence rungs where it bounds the batch (the
   max_model_len sequences it holds, twice and four times that; BucketSet.with_pool_rungs), so a
-  sparse ladder does not pad a KV-bound batch to its largest rung."""
+  sparse ladder does not pad a KV-bound batch to its largest rung.
+  policy: the waiting queue's order (engine/request_queue.py): "fcfs" by arrival, "priority" by
+  the request's priority (lower first), then arrival; the least urgent running request is
+  preempted first."""
 
   max_num_seqs: int = 64
   max_num_batched_tokens: int = 512
@@ -42,12 +47,18 @@ class SchedulerConfig:
   bucket_padding: float = 0.5
   pool_seq_rungs: bool = False
   mixed_step_prefill_tokens: int | None = None
+  policy: str = "fcfs"
 
   def __post_init__(self) -> None:
     _require(
       isinstance(self.bucket_padding, (int, float)) and 0 < self.bucket_padding < 1,
       "scheduler.bucket_padding",
       f"must be in (0, 1), got {self.bucket_padding!r}",
+    )
+    _require(
+      self.policy in SCHEDULING_POLICIES,
+      "scheduler.policy",
+      f"must be one of {SCHEDULING_POLICIES}, got {self.policy!r}",
     )
     require_bool(self.prefill_first, "scheduler.prefill_first")
     require_bool(self.pool_seq_rungs, "scheduler.pool_seq_rungs")

@@ -22,6 +22,18 @@ class ContextLengthError(ValueError):
   """The prompt plus max_tokens do not fit max_model_len (OpenAI's context_length_exceeded)."""
 
 
+def check_priority(priority: object, policy: str) -> None:
+  """A request's priority: an integer, other than 0 only under scheduler.policy "priority" (as
+  vLLM refuses it under fcfs, where it would be silently ignored)."""
+  if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
+    raise ValueError(f"priority: must be an integer, got {priority!r}")
+  if priority != 0 and policy != "priority":
+    raise ValueError(
+      f"priority: {priority} needs priority scheduling (--scheduling-policy priority); this "
+      f"server schedules {policy}"
+    )
+
+
 def check_token_ids(ids: Sequence[int], vocab_size: int, name: str = "prompt") -> list[int]:
   """ids as a list of ints, each in [0, vocab_size); ValueError naming `name` otherwise."""
   ids = list(ids)

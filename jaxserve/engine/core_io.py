@@ -23,6 +23,7 @@ class EngineCoreRequest(msgspec.Struct, frozen=True, array_like=True, gc=False):
   params: SamplingParams
   arrival_time: float
   stream: bool = True
+  priority: int = 0  # scheduler.policy "priority": lower first (engine/request_queue.py)
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):

@@ -38,7 +38,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jaxserve.engine.admission import check_multi_host_sampling, check_token_ids
+from jaxserve.engine.admission import (
+  check_multi_host_sampling,
+  check_priority,
+  check_token_ids,
+)
 from jaxserve.engine.constraints import Constraints, live_matcher
 from jaxserve.engine.core_io import EngineCoreOutput, EngineCoreRequest
 from jaxserve.engine.device_port import CompileCounter, MemoryGauge, ProgramStatus, StepRunner
@@ -147,6 +151,7 @@ class EngineCore:
       sampling_params=params,
       seed=seed,
       arrival_time=spec.arrival_time or time.monotonic(),
+      priority=spec.priority,
       eos_token_ids=self.eos_token_ids,
     )
     self.scheduler.add_request(request)
@@ -165,6 +170,7 @@ class EngineCore:
       raise ValueError("sampling_params: must be a SamplingParams")
     if spec.request_id in self._requests:
       raise ValueError(f"request_id: {spec.request_id!r} is already in use")
+    check_priority(spec.priority, self.scheduler.config.policy)
     prompt_ids = spec.prompt_token_ids
     if len(prompt_ids) == 0:
       raise ValueError("prompt: must not be empty")

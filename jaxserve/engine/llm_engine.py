@@ -122,6 +122,7 @@ class LLMEngine:
     request_id: str | None = None,
     arrival_time: float | None = None,
     stream: bool = True,
+    priority: int = 0,
   ) -> str:
     """Validates and queues a request (EngineCore.add_request is the admission point) and
     returns its id. With stream=False, step() reports the request only once it has finished."""
@@ -130,7 +131,9 @@ class LLMEngine:
     request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
     prompt_ids = self.encode_prompt(prompt)
     arrival_time = arrival_time or time.monotonic()
-    self.core.add_request(EngineCoreRequest(request_id, prompt_ids, params, arrival_time, stream))
+    self.core.add_request(
+      EngineCoreRequest(request_id, prompt_ids, params, arrival_time, stream, priority)
+    )
     self.processor.add_request(request_id, prompt_ids, params, arrival_time, stream)
     return request_id
 

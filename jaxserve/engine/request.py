@@ -47,6 +47,7 @@ class Request:
   sampling_params: SamplingParams
   seed: int
   arrival_time: float = 0.0
+  priority: int = 0  # the waiting queue's order under scheduler.policy "priority"
   eos_token_ids: tuple[int, ...] = ()
   output_token_ids: list[int] = field(default_factory=list)
   status: RequestStatus = RequestStatus.WAITING

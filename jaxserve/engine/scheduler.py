@@ -3,14 +3,15 @@
 Each `schedule()` call plans one model step under a token budget (max_num_batched_tokens) and a
 sequence limit (max_num_seqs), and returns a `ScheduledBatch`:
 
-1. Running requests, in admission order. A decoding request gets 1 token; one still in (chunked)
+1. Running requests, in the policy's order (engine/request_queue.py: admission order, or priority
+   then arrival). A decoding request gets 1 token; one still in (chunked)
    prefill gets min(remaining known tokens, budget left). Each gets pages for every position it
    will write. If the pool cannot supply them, the most recently admitted running request is
    preempted (recompute mode: its pages are freed, num_computed_tokens drops to 0 and it goes to
    the front of the waiting queue) and the allocation is retried; when the request being
    scheduled is itself the most recent, it is the one preempted and no further running request
    is scheduled this step.
-2. If nothing was preempted, waiting requests are admitted first come, first served while the
+2. If nothing was preempted, waiting requests are admitted in the policy's order while the
    budget, max_num_seqs and the pool allow, keeping a free page for each scheduled sequence
    whose next token starts a new page (engine/waiting_admission.py states the rules).
 
@@ -62,8 +63,6 @@ that sample) first, then prefill chunks, each group in scheduling order.
 
 from __future__ import annotations
 
-import collections
-
 from ..config import SchedulerConfig  # relative imports: this side never touches jax
 from ..messages.kv_layout import KVLayout
 from ..messages.scheduled_batch import ScheduledBatch
@@ -74,6 +73,7 @@ from .mixed_steps import is_decoding, prefill_budget_of
 from .page_allocator import PageAllocator
 from .prefix_cache_pages import PrefixCachePages
 from .request import Request, RequestStatus
+from .request_queue import RequestQueue, request_queue
 from .step_plan import PlannedChunk, build_step_batch
 from .waiting_admission import WaitingAdmission
 
@@ -110,7 +110,7 @@ class Scheduler:
     self._windows = bool(layout.windows)
     self._prefix_cache = PrefixCachePages(self._pages, config.enable_prefix_caching)
     self._admission = WaitingAdmission(config, self._pages, self._prefix_cache)
-    self._waiting: collections.deque[Request] = collections.deque()
+    self._waiting: RequestQueue = request_queue(config.policy)
     self._running: list[Request] = []
     self._requests: dict[str, Request] = {}
     self._num_preemptions_total = 0
@@ -154,7 +154,7 @@ class Scheduler:
     self._pages.clear(request)
     request.status = RequestStatus.WAITING
     self._requests[request.request_id] = request
-    self._waiting.append(request)
+    self._waiting.add(request)
 
   def finish_request(self, request_id: str, status: RequestStatus) -> None:
     """Removes a waiting or running request and frees its pages.
@@ -298,7 +298,7 @@ class Scheduler:
     request.num_computed_tokens = 0
     request.num_preemptions += 1
     request.status = RequestStatus.WAITING
-    self._waiting.appendleft(request)
+    self._waiting.add_preempted(request)
     self._num_preemptions_total += 1
 
   def _num_new_pages(self, request: Request, num_new: int) -> int:

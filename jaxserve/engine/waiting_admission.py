@@ -26,12 +26,11 @@ holds no page and has num_computed_tokens 0.
 
 from __future__ import annotations
 
-import collections
-
 from ..config import SchedulerConfig  # relative imports: this side never touches jax
 from .kv_groups import KVGroupPages
 from .prefix_cache_pages import PrefixCachePages
 from .request import Request, RequestStatus
+from .request_queue import RequestQueue
 from .step_plan import PlannedChunk
 
 
@@ -48,7 +47,7 @@ class WaitingAdmission:
 
   def admit(
     self,
-    waiting: collections.deque[Request],
+    waiting: RequestQueue,
     running: list[Request],
     planned: list[PlannedChunk],
     budget: int,
@@ -59,15 +58,15 @@ class WaitingAdmission:
     max_num_seqs = self.config.max_num_seqs
     reserve = sum(self._needs_pages_next_step(r, start + n) for r, start, n in planned)
     while waiting and budget > 0 and len(running) < max_num_seqs and len(planned) < max_num_seqs:
-      request = waiting[0]
+      request = waiting.peek()
       if request.num_output_placeholders:  # preempted with a token in flight: wait for it
         break
       num_new = self._try_admit(request, budget, reserve)
       if num_new == 0:
         break
-      waiting.popleft()
+      waiting.pop()
       request.status = RequestStatus.RUNNING
-      running.append(request)
+      waiting.insert_running(running, request)
       start = request.num_computed_tokens
       planned.append(PlannedChunk(request, start, num_new))
       budget -= num_new
