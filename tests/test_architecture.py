@@ -222,7 +222,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   ),
   ("jaxserve.structured",),
   ("jaxserve.sampling_params",),
-  ("jaxserve.server_config",),
+  ("jaxserve.server_config", "jaxserve.generation_config"),
   ("jaxserve.config",),
   ("jaxserve.config_loader",),
   ("jaxserve.engine_args", "jaxserve.attention", "jaxserve.engine", "jaxserve.defaults"),

@@ -24,6 +24,7 @@ from jaxserve.config import ServerConfig
 from jaxserve.core.dp_client import EngineClient
 from jaxserve.core.streams import EngineDeadError
 from jaxserve.engine.admission import check_token_ids
+from jaxserve.generation_config import GenerationDefaults
 from jaxserve.server.chat import create_chat_completion
 from jaxserve.server.chat_messages import parse_messages
 from jaxserve.server.completions import create_completion
@@ -48,11 +49,13 @@ def build_app(
   max_model_len: int,
   vocab_size: int,
   metrics_dir: str | None = None,
+  generation_defaults: GenerationDefaults = GenerationDefaults(),
 ) -> Starlette:
   """The app over an EngineClient (a CoreClient, or a DataParallelClient over several engine
   cores), which the app attaches on its event loop (run it with uvicorn's
   lifespan on); one client per app. metrics_dir: where the API server processes of one
-  supervisor share their request metrics (server/metrics.py; None: this app's alone)."""
+  supervisor share their request metrics (server/metrics.py; None: this app's alone);
+  generation_defaults: the model's sampling defaults (jaxserve/generation_config.py)."""
   served_name = config.served_model_name or model_name
   state = ServingState(
     engine=engine,
@@ -62,6 +65,7 @@ def build_app(
     max_model_len=max_model_len,
     vocab_size=vocab_size,
     metrics=ServerMetrics(engine, served_name, metrics_dir),
+    generation_defaults=generation_defaults,
   )
   routes = [
     Route("/v1/completions", create_completion, methods=["POST"]),

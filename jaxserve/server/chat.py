@@ -2,7 +2,8 @@
 
 The prompt is rendered with the tokenizer's chat template and encoded without adding special
 tokens (the template writes bos). Without max_tokens / max_completion_tokens a reply may use
-the rest of the context: max_model_len - prompt tokens.
+the rest of the context, max_model_len - prompt tokens, or the generation config's
+max_new_tokens if that is less (jaxserve/generation_config.py).
 
 Streaming opens each choice with a role chunk, then sends a chunk per engine step that produced
 the choice's tokens, `delta.content` empty while the detokenizer holds text back
@@ -49,14 +50,16 @@ async def create_chat_completion(request: Request) -> Response:
   body = await read_json(request)
   state.check_model(body)
   try:
-    parsed = parse_chat_request(body, state.max_model_len, state.config.max_logprobs)
+    parsed = parse_chat_request(
+      body, state.max_model_len, state.config.max_logprobs, state.generation_defaults
+    )
     state.check_n(parsed.params.n)
   except ValueError as err:
     raise bad_request(err) from err
   state.check_serving()
   try:
     prompt_ids = await state.run_blocking(_encode_chat, state, parsed)
-    params = _final_params(parsed, len(prompt_ids), state.max_model_len)
+    params = _final_params(parsed, len(prompt_ids), state)
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     specs = expand_requests(response_id, [prompt_ids], params)
     stream = await state.add(specs)
@@ -75,17 +78,18 @@ def _encode_chat(state: ServingState, parsed: ChatRequest) -> list[int]:
 
 
 def _final_params(
-  parsed: ChatRequest, num_prompt_tokens: int, max_model_len: int
+  parsed: ChatRequest, num_prompt_tokens: int, state: ServingState
 ) -> SamplingParams:
   if parsed.max_tokens is not None:
     return parsed.params
+  max_model_len = state.max_model_len
   room = max_model_len - num_prompt_tokens
   if room < 1:
     raise ValueError(
       f"messages: the prompt has {num_prompt_tokens} tokens, which leaves no room "
       f"for a reply within max_model_len {max_model_len}"
     )
-  return parsed.params.replace(max_tokens=room)
+  return parsed.params.replace(max_tokens=state.generation_defaults.max_tokens_within(room))
 
 
 class ChatView:

@@ -48,7 +48,7 @@ async def create_completion(request: Request) -> Response:
   body = await read_json(request)
   state.check_model(body)
   try:
-    parsed = parse_completion_request(body, state.config.max_logprobs)
+    parsed = parse_completion_request(body, state.config.max_logprobs, state.generation_defaults)
     state.check_n(parsed.params.n)
   except ValueError as err:
     raise bad_request(err) from err

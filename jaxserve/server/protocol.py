@@ -6,7 +6,8 @@ turn into a 400 whose `param` is that field. Fields not implemented here follow 
 `best_of` > n, ...), else ignored with a warning naming them; `null` means "the default".
 `logit_bias` ({"<token id>": bias in [-100, 100]}, at most 300) is applied on the device.
 vLLM's extensions (top_k, min_p, repetition_penalty, min_tokens, ignore_eos, stop_token_ids, ...)
-are accepted on both endpoints.
+are accepted on both endpoints. A sampling field left unset (absent or null) takes the model's
+default from its generation_config.json (jaxserve/generation_config.py) where it sets one.
 
 Structured outputs: OpenAI's `response_format` and vLLM's `structured_outputs` (both endpoints)
 become SamplingParams.structured_outputs (jaxserve/structured/spec.py parses their shape; the
@@ -23,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from jaxserve.generation_config import GenerationDefaults
 from jaxserve.sampling_params import MAX_LOGPROBS, SamplingParams
 from jaxserve.server.chat_messages import parse_messages
 from jaxserve.server.request_fields import (
@@ -64,7 +66,8 @@ class CompletionRequest:
 @dataclass(frozen=True)
 class ChatRequest:
   """POST /v1/chat/completions. params.max_tokens is provisional when max_tokens is None: the
-  default (max_model_len - prompt tokens) is known only after the prompt is tokenized."""
+  default (max_new_tokens of the generation config, at most max_model_len - prompt tokens) is
+  known only after the prompt is tokenized."""
 
   messages: tuple[dict, ...]
   params: SamplingParams
@@ -83,8 +86,13 @@ class ChatRequest:
     return self.tool_choice.mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED)
 
 
-def parse_completion_request(body: Mapping, max_logprobs: int = MAX_LOGPROBS) -> CompletionRequest:
-  """max_logprobs: the server's cap on `logprobs` (server.max_logprobs)."""
+def parse_completion_request(
+  body: Mapping,
+  max_logprobs: int = MAX_LOGPROBS,
+  defaults: GenerationDefaults = GenerationDefaults(),
+) -> CompletionRequest:
+  """max_logprobs: the server's cap on `logprobs` (server.max_logprobs); defaults: the model's
+  sampling defaults, for the fields the body leaves unset."""
   check_fields(body, COMPLETION_FIELDS)
   prompts = parse_prompts(body.get("prompt"))
   max_tokens = _optional_int(body, "max_tokens", minimum=0)
@@ -99,15 +107,20 @@ def parse_completion_request(body: Mapping, max_logprobs: int = MAX_LOGPROBS) ->
     logprobs=logprobs,
     prompt_logprobs=prompt_logprobs,
     structured_outputs=_constraint(body),
+    defaults=defaults,
   )
   stream, include_usage = _stream_flags(body)
   return CompletionRequest(prompts, params, stream, include_usage, echo, logprobs, score_only)
 
 
 def parse_chat_request(
-  body: Mapping, max_model_len: int, max_logprobs: int = MAX_LOGPROBS
+  body: Mapping,
+  max_model_len: int,
+  max_logprobs: int = MAX_LOGPROBS,
+  defaults: GenerationDefaults = GenerationDefaults(),
 ) -> ChatRequest:
-  """max_logprobs: the server's cap on `top_logprobs` (server.max_logprobs)."""
+  """max_logprobs: the server's cap on `top_logprobs` (server.max_logprobs); defaults: the
+  model's sampling defaults, for the fields the body leaves unset (max_tokens: ChatRequest's)."""
   check_fields(body, CHAT_FIELDS)
   messages = parse_messages(body.get("messages"))
   max_tokens = _optional_int(body, "max_completion_tokens", minimum=1)
@@ -134,6 +147,7 @@ def parse_chat_request(
     logprobs=(top_logprobs or 0) if logprobs else None,
     prompt_logprobs=None,
     structured_outputs=constraint,
+    defaults=defaults,
   )
   stream, include_usage = _stream_flags(body)
   return ChatRequest(
@@ -161,6 +175,7 @@ def sampling_params(
   logprobs: int | None,
   prompt_logprobs: int | None,
   structured_outputs: StructuredOutputSpec | None = None,
+  defaults: GenerationDefaults = GenerationDefaults(),
 ) -> SamplingParams:
   kwargs: dict = {name: body[name] for name in SAMPLING_FIELDS if body.get(name) is not None}
   for name in BOOL_FIELDS:
@@ -172,6 +187,7 @@ def sampling_params(
   kwargs["stop"] = parse_stop(body.get("stop"))
   kwargs["stop_token_ids"] = _int_list(body, "stop_token_ids")
   kwargs["logit_bias"] = parse_logit_bias(body.get("logit_bias"))
+  kwargs = defaults.fill(kwargs)
   return SamplingParams(
     max_tokens=max_tokens,
     logprobs=logprobs,
