@@ -217,6 +217,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     "jaxserve.optional_deps",
     "jaxserve.cli_help",
     "jaxserve.tokenizer",
+    "jaxserve.reasoning",
     "jaxserve.quantization",
     "jaxserve.version",
   ),

@@ -12,6 +12,9 @@ onto what it means here (engine flags with a meaning live in jaxserve/engine_arg
 * --h11-max-incomplete-event-size N: server.h11_max_incomplete_event_size, the most bytes of a
   request head buffered before it is complete (h11's default, 16 KiB, where vLLM's is 4 MiB: a
   head that large is no API client's).
+* --default-chat-template-kwargs JSON: server.default_chat_template_kwargs, template variables
+  every chat rendering gets under a request's own chat_template_kwargs (e.g.
+  '{"enable_thinking": false}').
 """
 
 from __future__ import annotations
@@ -67,6 +70,13 @@ def add_vllm_flags(group: argparse._ArgumentGroup) -> None:
     "incomplete past that gets 400 (server.h11_max_incomplete_event_size; default: 16384, "
     "h11's)",
   )
+  group.add_argument(
+    "--default-chat-template-kwargs",
+    metavar="JSON",
+    help="template variables every chat rendering gets, a JSON object, under a request's own "
+    "chat_template_kwargs, e.g. '{\"enable_thinking\": false}' "
+    "(server.default_chat_template_kwargs; default: none)",
+  )
 
 
 PASS_THROUGH = ("ssl_keyfile", "ssl_certfile", "h11_max_incomplete_event_size")
@@ -80,6 +90,12 @@ def vllm_flag_overrides(args: argparse.Namespace) -> list[str]:
     overrides.append(f"server.max_logprobs={json.dumps(args.max_logprobs)}")
   if args.disable_log_stats:
     overrides.append("server.stats_interval_s=0")
+  if args.default_chat_template_kwargs is not None:
+    try:
+      kwargs = json.loads(args.default_chat_template_kwargs)
+    except json.JSONDecodeError as err:
+      raise ValueError(f"--default-chat-template-kwargs: not valid JSON: {err}") from err
+    overrides.append(f"server.default_chat_template_kwargs={json.dumps(kwargs)}")
   for name in PASS_THROUGH:
     value = getattr(args, name)
     if value is not None:
