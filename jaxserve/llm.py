@@ -68,11 +68,21 @@ class LLM:
     sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     use_tqdm: bool = True,
     add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    chat_template_kwargs: dict[str, object] | None = None,
   ) -> list[GenerationResult]:
     """Generates a reply to one conversation (a list of {"role", "content"} messages) or to each
-    of a list of them, through the chat template (which writes bos itself, as the chat route)."""
+    of a list of them, through the chat template (which writes bos itself, as the chat route);
+    continue_final_message (with add_generation_prompt False) continues the last message, and
+    chat_template_kwargs are more template variables (e.g. {"enable_thinking": False}), as in
+    vLLM's LLM.chat."""
     conversations = _as_conversations(messages)
-    prompts = [self.tokenizer.encode_chat(list(c), add_generation_prompt) for c in conversations]
+    prompts = [
+      self.tokenizer.encode_chat(
+        list(c), add_generation_prompt, None, continue_final_message, **(chat_template_kwargs or {})
+      )
+      for c in conversations
+    ]
     return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
   def generate(

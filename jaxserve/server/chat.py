@@ -5,12 +5,15 @@ tokens (the template writes bos). Without max_tokens / max_completion_tokens a r
 the rest of the context, max_model_len - prompt tokens, or the generation config's
 max_new_tokens if that is less (jaxserve/generation_config.py).
 
-Streaming opens each choice with a role chunk, then sends a chunk per engine step that produced
-the choice's tokens, `delta.content` empty while the detokenizer holds text back
-(server/stream_interval.py); the last carries the finish_reason.
+Streaming opens each choice with a role chunk (then, with `echo`, a chunk of the echoed text),
+then sends a chunk per engine step that produced the choice's tokens, `delta.content` empty
+while the detokenizer holds text back (server/stream_interval.py); the last carries the
+finish_reason (a choice whose end releases more, held text or tool calls, gets one chunk more).
+stream_options.continuous_usage_stats (with include_usage) puts `usage` on every chunk: the
+prompt's tokens and the choice's tokens so far.
 
-Tool calling: `tools` go to the chat template; server/tool_calls.py turns a choice's text into
-`tool_calls` (message or `delta.tool_calls`) with finish_reason "tool_calls".
+The prompt: server/chat_prompt.py (template variables, continue_final_message). The reply:
+server/chat_choices.py (reasoning_content with a --reasoning-parser, tool calls, echo).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from starlette.responses import JSONResponse, Response
 from jaxserve.core.streams import EngineDeadError, OutputStream
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
+from jaxserve.server.chat_choices import ChatChoices, ChoiceDeltas
+from jaxserve.server.chat_prompt import encode_chat_prompt
 from jaxserve.server.drain import stream_error
 from jaxserve.server.errors import bad_request
 from jaxserve.server.generation import (
@@ -38,8 +43,6 @@ from jaxserve.server.logprobs import chat_logprobs
 from jaxserve.server.protocol import ChatRequest, parse_chat_request
 from jaxserve.server.state import ServingState, read_json
 from jaxserve.server.stream_interval import StepCoalescer
-from jaxserve.server.tool_calls import ChoiceStream, ToolCallFormatter
-from jaxserve.structured.tool_parsers import StreamDelta
 
 # Engine and template errors name "prompt" / "chat_template"; the request's field is messages.
 _RENAME = {"prompt": "messages", "chat_template": "messages"}
@@ -74,7 +77,8 @@ async def create_chat_completion(request: Request) -> Response:
 
 def _encode_chat(state: ServingState, parsed: ChatRequest) -> list[int]:
   tools = [tool.to_openai() for tool in parsed.tools] or None
-  return state.tokenizer.encode_chat(list(parsed.messages), parsed.add_generation_prompt, tools)
+  defaults = state.config.default_chat_template_kwargs
+  return encode_chat_prompt(state.tokenizer, parsed.prompt, defaults, tools)
 
 
 def _final_params(
@@ -107,8 +111,9 @@ class ChatView:
     self.num_prompt_tokens = num_prompt_tokens
     self.created = int(time.time())
     self.index = {rid: i for i, rid in enumerate(request_ids)}
-    self.tools = ToolCallFormatter(parsed, state.config.tool_call_parser)
-    self._streams: dict[int, ChoiceStream] = {}
+    config = state.config
+    self.choices = ChatChoices(parsed, config.tool_call_parser, config.reasoning_parser)
+    self._deltas: dict[int, ChoiceDeltas] = {}
 
   def _envelope(self, choices: list[dict], obj: str) -> dict:
     return {
@@ -135,13 +140,13 @@ class ChatView:
     ordered = sorted(finals.items(), key=lambda item: self.index[item[0]])
     choices = []
     for rid, out in ordered:
-      message = self.tools.final(out.text, out.finish_reason)
+      message, finish_reason = self.choices.message(out.text, out.finish_reason)
       choices.append(
         {
           "index": self.index[rid],
-          "message": message.to_openai(),
+          "message": message,
           "logprobs": self._logprobs(out.logprobs),
-          "finish_reason": message.finish_reason,
+          "finish_reason": finish_reason,
         }
       )
     body = self._envelope(choices, "chat.completion")
@@ -149,30 +154,39 @@ class ChatView:
     return body
 
   def _chunk(
-    self, index: int, delta: dict, finish_reason: str | None = None, logprobs: dict | None = None
+    self,
+    index: int,
+    delta: dict,
+    num_tokens: int,
+    finish_reason: str | None = None,
+    logprobs: dict | None = None,
   ) -> str:
+    """One choice's chunk; num_tokens: the choice's tokens so far (continuous usage)."""
     choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-    return sse_event(self._envelope([choice], "chat.completion.chunk"))
+    body = self._envelope([choice], "chat.completion.chunk")
+    if self.parsed.continuous_usage:
+      body["usage"] = self.usage(num_tokens)
+    return sse_event(body)
 
-  def _delta_chunk(self, output: RequestOutput) -> str:
-    """One output's tokens: their text (empty while held back) and logprobs, and the
-    finish_reason when it is the last (an aborted choice's last may have no tokens: {})."""
+  def _delta_chunks(self, output: RequestOutput) -> str:
+    """One output's tokens: their text (an empty content while it is held back) and logprobs;
+    the last also what the choice's end releases, and its finish_reason (an aborted choice's
+    last may have no tokens: {})."""
     index = self.index[output.request_id]
+    num_tokens = len(output.token_ids)
     logprobs = self._logprobs(output.new_logprobs) if output.new_token_ids else None
-    if self.tools.active:
-      return self._tool_chunks(index, output, logprobs)
-    delta = {"content": output.new_text} if output.new_token_ids else {}
-    return self._chunk(index, delta, output.finish_reason, logprobs)
-
-  def _tool_chunks(self, index: int, output: RequestOutput, logprobs: dict | None) -> str:
-    """The chunk of a choice whose text may hold tool calls; its last step gets a second chunk
-    with what the parser's final verdict adds and the finish_reason."""
-    stream = self._streams.setdefault(index, self.tools.stream())
-    chunks = self._chunk(index, _delta(stream.feed(output.new_text)), None, logprobs)
-    if output.finished:
-      last, finish_reason = stream.finish(output.finish_reason)
-      chunks += self._chunk(index, _delta(last), finish_reason)
-    return chunks
+    deltas = self._deltas.setdefault(index, self.choices.deltas())
+    delta = deltas.feed(output.new_text)
+    if not delta and output.new_token_ids and not self.choices.tools.active:
+      delta = {"content": ""}
+    if not output.finished:
+      return self._chunk(index, delta, num_tokens, None, logprobs)
+    last, finish_reason = deltas.finish(output.finish_reason)
+    if not last:
+      return self._chunk(index, delta, num_tokens, finish_reason, logprobs)
+    return self._chunk(index, delta, num_tokens, None, logprobs) + self._chunk(
+      index, last, num_tokens, finish_reason
+    )
 
   async def events(self, stream: OutputStream) -> AsyncIterator[str]:
     observe = self.state.metrics.observer(stream.engine_index)
@@ -180,14 +194,17 @@ class ChatView:
     num_generated = 0
     try:
       for index in range(len(self.index)):
-        yield self._chunk(index, {"role": "assistant", "content": ""})
+        yield self._chunk(index, {"role": "assistant", "content": ""}, 0)
+      if self.choices.echo:
+        for index in range(len(self.index)):
+          yield self._chunk(index, {"content": self.choices.echo}, 0)
       while not stream.finished:
         output = await stream.get()
         observe(output)
         if output.finished:
           num_generated += len(output.token_ids)
         if (output := coalescer.push(output)) is not None:
-          yield self._delta_chunk(output)
+          yield self._delta_chunks(output)
       if self.parsed.include_usage:
         yield sse_event(
           {**self._envelope([], "chat.completion.chunk"), "usage": self.usage(num_generated)}
@@ -195,10 +212,3 @@ class ChatView:
     except EngineDeadError as err:  # the engine died, or the drain timeout ended the stream
       yield stream_error(err).sse_event()
     yield DONE_EVENT
-
-
-def _delta(delta: StreamDelta) -> dict:
-  out: dict = {"content": delta.content} if delta.content else {}
-  if delta.tool_calls:
-    out["tool_calls"] = [call.to_openai() for call in delta.tool_calls]
-  return out

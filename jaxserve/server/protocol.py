@@ -16,7 +16,10 @@ engine validates the grammar itself at admission). Chat tool calling: `tools` an
 the call, so it cannot be combined with another constraint. Messages keep what chat templates
 read for tool calling: an assistant's `tool_calls` (arguments parsed from their JSON text into
 objects, as vLLM hands them to templates) and a `tool` message's `tool_call_id` / `name`
-(server/chat_messages.py).
+(server/chat_messages.py). The prompt's own fields (add_generation_prompt,
+continue_final_message, chat_template_kwargs) are server/chat_prompt.py's; chat `echo` and
+`include_reasoning` shape the reply (server/chat_choices.py); stream_options'
+continuous_usage_stats puts usage on every chunk.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Mapping
 
 from jaxserve.generation_config import GenerationDefaults
 from jaxserve.sampling_params import MAX_LOGPROBS, SamplingParams
-from jaxserve.server.chat_messages import parse_messages
+from jaxserve.server.chat_prompt import ChatPrompt, parse_chat_prompt
 from jaxserve.server.request_fields import (
   BOOL_FIELDS,
   CHAT_FIELDS,
@@ -61,6 +64,7 @@ class CompletionRequest:
   echo: bool
   logprobs: int | None
   score_only: bool
+  continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on every chunk
 
 
 @dataclass(frozen=True)
@@ -69,16 +73,18 @@ class ChatRequest:
   default (max_new_tokens of the generation config, at most max_model_len - prompt tokens) is
   known only after the prompt is tokenized."""
 
-  messages: tuple[dict, ...]
+  prompt: ChatPrompt
   params: SamplingParams
   max_tokens: int | None
   stream: bool
   include_usage: bool
   logprobs: bool
   top_logprobs: int | None
-  add_generation_prompt: bool
   tools: tuple[ToolFunction, ...] = ()
   tool_choice: ToolChoice = ToolChoice(ToolChoiceMode.NONE)
+  continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on every chunk
+  echo: bool = False  # the last message's content starts the reply (ChatPrompt.echo_text)
+  include_reasoning: bool = True  # with a reasoning parser: report the reasoning
 
   @property
   def forced_tool_calls(self) -> bool:
@@ -109,8 +115,10 @@ def parse_completion_request(
     structured_outputs=_constraint(body),
     defaults=defaults,
   )
-  stream, include_usage = _stream_flags(body)
-  return CompletionRequest(prompts, params, stream, include_usage, echo, logprobs, score_only)
+  stream, include_usage, continuous = _stream_flags(body)
+  return CompletionRequest(
+    prompts, params, stream, include_usage, echo, logprobs, score_only, continuous
+  )
 
 
 def parse_chat_request(
@@ -122,7 +130,7 @@ def parse_chat_request(
   """max_logprobs: the server's cap on `top_logprobs` (server.max_logprobs); defaults: the
   model's sampling defaults, for the fields the body leaves unset (max_tokens: ChatRequest's)."""
   check_fields(body, CHAT_FIELDS)
-  messages = parse_messages(body.get("messages"))
+  prompt = parse_chat_prompt(body)
   max_tokens = _optional_int(body, "max_completion_tokens", minimum=1)
   if max_tokens is None:
     max_tokens = _optional_int(body, "max_tokens", minimum=1)
@@ -149,18 +157,20 @@ def parse_chat_request(
     structured_outputs=constraint,
     defaults=defaults,
   )
-  stream, include_usage = _stream_flags(body)
+  stream, include_usage, continuous = _stream_flags(body)
   return ChatRequest(
-    messages,
+    prompt,
     params,
     max_tokens,
     stream,
     include_usage,
     logprobs,
     top_logprobs,
-    _bool(body, "add_generation_prompt", True),
     tools,
     tool_choice,
+    continuous,
+    _bool(body, "echo", False),
+    _bool(body, "include_reasoning", True),
   )
 
 
@@ -246,16 +256,22 @@ def parse_stop(value: object) -> tuple[str, ...]:
   return tuple(value)
 
 
-def _stream_flags(body: Mapping) -> tuple[bool, bool]:
+def _stream_flags(body: Mapping) -> tuple[bool, bool, bool]:
+  """stream, include_usage, and usage on every chunk (continuous_usage_stats, which counts only
+  with include_usage, as in vLLM)."""
   stream = _bool(body, "stream", False)
   options = body.get("stream_options")
   if options is None:
-    return stream, False
+    return stream, False, False
   if not isinstance(options, dict):
     raise ValueError("stream_options: must be an object")
   if not stream:
     raise ValueError("stream_options: only allowed when stream is true")
-  return stream, _bool(options, "include_usage", False, name="stream_options.include_usage")
+  include = _bool(options, "include_usage", False, name="stream_options.include_usage")
+  continuous = _bool(
+    options, "continuous_usage_stats", False, name="stream_options.continuous_usage_stats"
+  )
+  return stream, include, include and continuous
 
 
 def _text_prompt(text: str, name: str) -> str:

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from jaxserve.server import protocol
+from jaxserve.server import chat_prompt, protocol
 from jaxserve.server.request_fields import CHAT_FIELDS, COMPLETION_FIELDS
 
 MODEL = "tiny-random"
@@ -94,10 +94,10 @@ def test_unsupported_fields_are_refused_and_unknown_ones_warned(served, caplog):
 
 
 def test_every_field_the_protocol_reads_is_known_to_the_field_policy():
-  """A field protocol.py implements must be in request_fields' sets, or it would be warned
-  about as unknown while it works."""
-  source = inspect.getsource(protocol)
+  """A field protocol.py (or chat_prompt.py, the chat prompt's fields) implements must be in
+  request_fields' sets, or it would be warned about as unknown while it works."""
+  source = inspect.getsource(protocol) + inspect.getsource(chat_prompt)
   read = set(re.findall(r'body(?:\.get\(|\[|, )"(\w+)"', source))
   read |= set(protocol.SAMPLING_FIELDS) | set(protocol.BOOL_FIELDS)
-  assert {"messages", "prompt", "logit_bias", "echo", "tools"} <= read
+  assert {"messages", "prompt", "logit_bias", "echo", "tools", "chat_template_kwargs"} <= read
   assert read <= COMPLETION_FIELDS | CHAT_FIELDS, read - (COMPLETION_FIELDS | CHAT_FIELDS)
