@@ -11,6 +11,7 @@ import shlex
 import pytest
 
 from jaxserve.cli import build_parser
+from jaxserve.config_loader import non_default_keys
 from jaxserve.server.cli import serve_engine_config
 
 VLLM_LINE = (
@@ -54,3 +55,25 @@ def test_vllm_flags_refuse_what_they_cannot_mean():
   with pytest.raises(ValueError, match=r"^server.max_logprobs: must be an integer in \[0, 20\]"):
     _serve_config(["--max-logprobs", "21"])
   assert _serve_config(["--max-logprobs", "5"]).server.max_logprobs == 5
+
+
+# vLLM's reasoning-outputs docs: a Qwen3 server with its parser, thinking off by default
+REASONING_LINE = (
+  "vllm serve Qwen/Qwen3-8B --reasoning-parser qwen3 --generation-config vllm "
+  """--default-chat-template-kwargs '{"enable_thinking": false}'"""
+)
+
+
+def test_a_vllm_reasoning_serve_line_is_taken_unchanged():
+  config = _serve_config(shlex.split(REASONING_LINE)[2:])
+  assert config.generation_config == "vllm" and config.server.reasoning_parser == "qwen3"
+  assert config.server.default_chat_template_kwargs == {"enable_thinking": False}
+  # a mapping-valued key is a setting like any other (the device-aware defaults read them)
+  assert "server.default_chat_template_kwargs.enable_thinking" in non_default_keys(config)
+  assert _serve_config([]).generation_config == "auto"
+  with pytest.raises(ValueError, match="^--default-chat-template-kwargs: not valid JSON"):
+    _serve_config(["--default-chat-template-kwargs", "{enable_thinking: false}"])
+  with pytest.raises(ValueError, match="^server.default_chat_template_kwargs: must be null or a"):
+    _serve_config(["--default-chat-template-kwargs", "[1]"])
+  with pytest.raises(SystemExit):  # argparse's choices
+    _serve_config(["--reasoning-parser", "r1"])
