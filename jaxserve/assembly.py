@@ -56,11 +56,13 @@ from jaxserve.device_description import DeviceDescription
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.scheduler import Scheduler
+from jaxserve.generation_config import GenerationDefaults
 from jaxserve.messages.buckets import BucketSet
 from jaxserve.messages.kv_layout import KVLayout
 from jaxserve.models.kv_layout import kv_layout
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.registry import (
+  generation_defaults,
   load_configured_tokenizer,
   model_path,
   model_quantization,
@@ -205,6 +207,7 @@ def build_engine(
     )
   config = with_device_defaults(config, usage)
   tokenizer = load_configured_tokenizer(config)  # a bad tokenizer / template fails before loading
+  defaults = log_generation_defaults(generation_defaults(config))
   enable_compilation_cache(config.compilation_cache_dir)
   ledger = CompileLedger().start()
   publisher = None
@@ -254,7 +257,20 @@ def build_engine(
     programs=programs,
     config=config,
     memory=DeviceMemoryGauge(devices or jax.local_devices()),
+    generation_defaults=defaults,
   )
+
+
+def log_generation_defaults(defaults: GenerationDefaults) -> GenerationDefaults:
+  """Says once, at start-up, which sampling defaults a generation config sets (vLLM's notice)."""
+  if defaults.as_dict():
+    logger.info(
+      "default sampling params from %s's generation_config.json: %s (requests that set a "
+      "field override it; --generation-config vllm ignores the file)",
+      defaults.source,
+      ", ".join(f"{k}={v}" for k, v in defaults.as_dict().items()),
+    )
+  return defaults
 
 
 def compile_programs(

@@ -89,10 +89,18 @@ def non_default_keys(config: EngineConfig) -> frozenset[str]:
   )
 
 
+_ABSENT = object()
+
+
 def _at(data: Mapping, key: str) -> object:
+  """The value at a dotted key; _ABSENT where the path leaves the mapping (a key inside a
+  mapping-valued setting, e.g. server.default_chat_template_kwargs, that another config lacks)."""
+  node: object = data
   for part in key.split("."):
-    data = data[part]
-  return data
+    if not isinstance(node, Mapping) or part not in node:
+      return _ABSENT
+    node = node[part]
+  return node
 
 
 def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:

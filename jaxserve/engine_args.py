@@ -68,6 +68,13 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     str,
     "chat template file (or template text) replacing the tokenizer's",
   ),
+  EngineArg(
+    "generation_config",
+    "generation_config",
+    str,
+    "sampling defaults for requests that leave a field unset: auto (the model's "
+    "generation_config.json), vllm (none) or a directory holding a generation_config.json",
+  ),
   EngineArg("dtype", "dtype", str, "weights and activations dtype"),
   EngineArg(
     "quantization",

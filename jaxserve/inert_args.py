@@ -106,11 +106,7 @@ def log_inert(values: Mapping[str, object]) -> None:
     logger.info("%s: accepted, changes nothing: %s", given, arg.why)
 
 
-UNDEFINED_FLAGS: Mapping[str, str] = {
-  "--generation-config": "jaxserve reads no sampling defaults from the model's "
-  "generation_config.json (requests give their own)",
-  "--reasoning-parser": "jaxserve does not separate reasoning from content in chat replies",
-}
+UNDEFINED_FLAGS: Mapping[str, str] = {}  # none today: every vLLM flag a user types is defined
 
 
 def take_undefined_flags(

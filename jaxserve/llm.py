@@ -3,7 +3,9 @@
 Keyword arguments are vLLM's engine arguments (gpu_memory_utilization, max_num_seqs, ...; the
 table in jaxserve/engine_args.py, shared with the CLI flags) or EngineConfig fields. Prompts are
 validated up front (a bad one raises ValueError before anything runs), then all are
-queued and the engine loops until every request finishes, with a progress bar.
+queued and the engine loops until every request finishes, with a progress bar. Without sampling
+params, generate and chat sample with get_default_sampling_params() (the model's
+generation_config.json defaults, as vLLM's LLM does).
 """
 
 from __future__ import annotations
@@ -54,17 +56,33 @@ class LLM:
   def get_tokenizer(self) -> Tokenizer:
     return self.tokenizer
 
+  def get_default_sampling_params(self) -> SamplingParams:
+    """What generate and chat sample with when given no sampling params (vLLM's): the model's
+    generation_config.json defaults (generation_config: auto, or a directory), else
+    SamplingParams() (jaxserve/generation_config.py)."""
+    return self.engine.generation_defaults.sampling_params()
+
   def chat(
     self,
     messages: Sequence[Message] | Sequence[Sequence[Message]],
     sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     use_tqdm: bool = True,
     add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    chat_template_kwargs: dict[str, object] | None = None,
   ) -> list[GenerationResult]:
     """Generates a reply to one conversation (a list of {"role", "content"} messages) or to each
-    of a list of them, through the chat template (which writes bos itself, as the chat route)."""
+    of a list of them, through the chat template (which writes bos itself, as the chat route);
+    continue_final_message (with add_generation_prompt False) continues the last message, and
+    chat_template_kwargs are more template variables (e.g. {"enable_thinking": False}), as in
+    vLLM's LLM.chat."""
     conversations = _as_conversations(messages)
-    prompts = [self.tokenizer.encode_chat(list(c), add_generation_prompt) for c in conversations]
+    prompts = [
+      self.tokenizer.encode_chat(
+        list(c), add_generation_prompt, None, continue_final_message, **(chat_template_kwargs or {})
+      )
+      for c in conversations
+    ]
     return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
   def generate(
@@ -74,6 +92,8 @@ class LLM:
     use_tqdm: bool = True,
   ) -> list[GenerationResult]:
     prompt_list = _as_prompt_list(prompts)
+    if sampling_params is None:
+      sampling_params = self.get_default_sampling_params()
     params_list = _as_params_list(sampling_params, len(prompt_list))
     encoded = [self.engine.encode_prompt(p if isinstance(p, str) else list(p)) for p in prompt_list]
     request_ids: list[list[str]] = []
@@ -189,10 +209,8 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
 
 
 def _as_params_list(
-  params: SamplingParams | Sequence[SamplingParams] | None, count: int
+  params: SamplingParams | Sequence[SamplingParams], count: int
 ) -> list[SamplingParams]:
-  if params is None:
-    return [SamplingParams()] * count
   if isinstance(params, SamplingParams):
     return [params] * count
   params = list(params)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from jaxserve.config_require import is_int_at_least, require_bool
 from jaxserve.config_require import require as _require
+from jaxserve.reasoning import reasoning_parser_names
 from jaxserve.sampling_params import MAX_LOGPROBS
 from jaxserve.structured.tool_parsers import tool_parser_names
 
@@ -31,7 +32,11 @@ class ServerConfig:
   CPU cores, at most 4, at least 1; core/supervisor.py); 0 serves from one process, the engine
   core on a thread (core/in_process.py). tool_call_parser: how tool calls are read from a chat
   reply under tool_choice "auto" (vLLM's names: llama3_json, hermes; None: replies stay
-  content). max_logprobs: the most logprobs / top_logprobs a request may ask for (vLLM's
+  content). reasoning_parser: how a chat reply's reasoning is split from its content into
+  `reasoning_content` (vLLM's names: qwen3, deepseek_r1; jaxserve/reasoning; None: it stays
+  content). default_chat_template_kwargs: variables every chat template rendering gets, under
+  a request's own chat_template_kwargs (vLLM's --default-chat-template-kwargs).
+  max_logprobs: the most logprobs / top_logprobs a request may ask for (vLLM's
   --max-logprobs; at most 20, what the sampler computes).
 
   Connections (server/http_protocol.py, server/uvicorn_runner.py): stream_stall_timeout_s: a
@@ -57,6 +62,8 @@ class ServerConfig:
   stats_interval_s: float = 10.0
   api_server_count: int | None = None
   tool_call_parser: str | None = None
+  reasoning_parser: str | None = None
+  default_chat_template_kwargs: dict | None = None
   max_logprobs: int = MAX_LOGPROBS
   stream_stall_timeout_s: float = 30.0
   ssl_keyfile: str | None = None
@@ -90,6 +97,18 @@ class ServerConfig:
         "server.tool_call_parser",
         f"must be one of {', '.join(tool_parser_names())}, got {self.tool_call_parser!r}",
       )
+    if self.reasoning_parser is not None:
+      _require(
+        self.reasoning_parser in reasoning_parser_names(),
+        "server.reasoning_parser",
+        f"must be one of {', '.join(reasoning_parser_names())}, got {self.reasoning_parser!r}",
+      )
+    kwargs = self.default_chat_template_kwargs
+    _require(
+      kwargs is None or (isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs)),
+      "server.default_chat_template_kwargs",
+      f"must be null or a mapping of template variable names to values, got {kwargs!r}",
+    )
     for name in ("max_n", "stream_interval"):
       value = getattr(self, name)
       _require(

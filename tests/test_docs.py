@@ -50,6 +50,8 @@ FOREIGN = frozenset(
     "RemoteTokenizer",  # lm-evaluation-harness
     "message.tool_calls",
     "delta.tool_calls",  # OpenAI API fields
+    "message.reasoning_content",
+    "delta.reasoning_content",  # vLLM's
     "stream_options.include_usage",
   }
 )

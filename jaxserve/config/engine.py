@@ -81,6 +81,9 @@ class EngineConfig:
   revision: which revision (a branch or tag the cache has a ref of, or a commit) of a Hugging
   Face model id loads from the local cache, model and tokenizer (null: main; models/hf_cache.py);
   a built-in model or a directory has none, and the engine logs that it changes nothing.
+  generation_config: where the sampling defaults of requests that leave a field unset come from
+  (vLLM's --generation-config; jaxserve/generation_config.py): "auto" the model's
+  generation_config.json, "vllm" none, or a directory holding one.
   quantization: the weight scheme the projections run (jaxserve/quantization/scheme.py): a
   bfloat16 checkpoint is quantized as it loads; "none" loads a checkpoint as it is stored (a
   compressed-tensors checkpoint runs its own scheme). Quantized weights shard under
@@ -98,6 +101,7 @@ class EngineConfig:
   revision: str | None = None
   tokenizer: str | None = None
   chat_template: str | None = None
+  generation_config: str = "auto"
   dtype: str = "auto"
   max_model_len: int | None = None
   attention_backend: str = "auto"
@@ -135,6 +139,11 @@ class EngineConfig:
         name,
         f"must be a non-empty string or null, got {value!r}",
       )
+    _require(
+      isinstance(self.generation_config, str) and self.generation_config.strip() != "",
+      "generation_config",
+      f"must be auto, vllm or a directory, got {self.generation_config!r}",
+    )
     _require(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
     _require(
       self.attention_backend in ATTENTION_BACKENDS,

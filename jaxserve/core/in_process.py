@@ -44,14 +44,7 @@ class CoreThread:
 
   def __init__(self, engine: LLMEngine, address: str | None = None):
     self.address = address or core_address()
-    self.info = CoreInfo(
-      engine.tokenizer,
-      engine.model_name,
-      engine.max_model_len,
-      engine.vocab_size,
-      engine.warmup_seconds,
-      engine.allocator.page_size,
-    )
+    self.info = CoreInfo.of(engine)
     self._engine = engine
     self._stop = threading.Event()
     self._bound = threading.Event()

@@ -16,15 +16,21 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from jaxserve.config import ServerConfig
+from jaxserve.generation_config import GenerationDefaults
 from jaxserve.tokenizer.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # API server processes read CoreInfo without importing the engine
+  from jaxserve.engine.llm_engine import LLMEngine
 
 
 @dataclass(frozen=True)
 class CoreInfo:
   """What the core tells its parent once it serves. page_size: its KV pages' tokens, the
-  block the API servers' prefix-affinity routing hashes (core/dp_routing.py)."""
+  block the API servers' prefix-affinity routing hashes (core/dp_routing.py);
+  generation_defaults: the model's sampling defaults (jaxserve/generation_config.py)."""
 
   tokenizer: Tokenizer
   model_name: str
@@ -32,6 +38,20 @@ class CoreInfo:
   vocab_size: int
   warmup_seconds: float
   page_size: int = 16
+  generation_defaults: GenerationDefaults = GenerationDefaults()
+
+  @classmethod
+  def of(cls, engine: LLMEngine) -> "CoreInfo":
+    """What `engine` tells the API servers that serve it."""
+    return cls(
+      engine.tokenizer,
+      engine.model_name,
+      engine.max_model_len,
+      engine.vocab_size,
+      engine.warmup_seconds,
+      engine.allocator.page_size,
+      engine.generation_defaults,
+    )
 
 
 def write_core_info(info: CoreInfo, path: Path) -> None:

@@ -256,18 +256,7 @@ def run_core_process(
     gc.freeze()  # the engine's long-lived objects: later collections do not scan them
     GcPauses(_log_long_gc_pause).start()  # for the process's life
     serving.set()
-    pipe.send(
-      CoreReady(
-        CoreInfo(
-          engine.tokenizer,
-          config.model,
-          engine.max_model_len,
-          engine.vocab_size,
-          engine.warmup_seconds,
-          engine.allocator.page_size,
-        )
-      )
-    )
+    pipe.send(CoreReady(CoreInfo.of(engine)))
     try:
       CoreLoop(engine.core, socket).run(stop)
     finally:

@@ -5,7 +5,8 @@ A request's tokens at the positions a step feeds: a token sampled by the step st
 (async scheduling) is not on the host yet and reads as PLACEHOLDER_TOKEN_ID, which the device
 replaces with that step's sampled id. Its sampling columns: the request's fixed sampling row, the
 tokens it has generated so far, and, for the few requests whose sampling needs more
-(Request.plain_sampling is False), a SamplingExtras: ids banned while min_tokens is not reached,
+(Request.plain_sampling is False), a SamplingExtras: eos and stop_token_ids banned while the
+token sampled is one of the first min_tokens (vLLM's min_tokens: at least that many before a stop),
 the penalty history, its logit bias, whether it wants top-N logprobs, and the next prompt token
 of every fed position when it asks for prompt logprobs.
 """
@@ -89,7 +90,9 @@ class BatchBuilder:
     """The SamplingExtras of the sequence about to be added (row = sequences so far)."""
     params = request.sampling_params
     banned: tuple[int, ...] = ()
-    if params.min_tokens and request.num_generated < params.min_tokens:
+    # num_generated counts the token this step samples (its placeholder is already added): it is
+    # output token number num_generated, banned from stopping while that is <= min_tokens
+    if params.min_tokens and request.num_generated <= params.min_tokens:
       banned = (() if params.ignore_eos else request.eos_token_ids) + params.stop_token_ids
     prompt_ids = output_ids = targets = None
     if params.uses_penalties:

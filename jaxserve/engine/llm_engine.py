@@ -24,6 +24,7 @@ from jaxserve.engine.output_processor import OutputProcessor
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.engine.step_timings import StepTimings
+from jaxserve.generation_config import GenerationDefaults
 from jaxserve.messages.buckets import BucketSet
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
@@ -53,6 +54,7 @@ class LLMEngine:
     programs: ProgramStatus | None = None,
     config: EngineConfig | None = None,
     memory: MemoryGauge | None = None,
+    generation_defaults: GenerationDefaults = GenerationDefaults(),
   ):
     self.core = EngineCore(
       runner=runner,
@@ -76,6 +78,7 @@ class LLMEngine:
     self.vocab_size = vocab_size
     self.eos_token_ids = eos_token_ids
     self.model_name = model_name
+    self.generation_defaults = generation_defaults  # the model's sampling defaults
     self.warmup_seconds = warmup_seconds
     self.timings = self.core.timings
     self.config = config  # the configuration it was built from, defaults resolved

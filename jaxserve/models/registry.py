@@ -1,4 +1,4 @@
-"""Resolves a model name to its config, params and tokenizer: a built-in model
+"""Resolves a model name to its config, params, tokenizer and sampling defaults: a built-in model
 (models/builtin.py), a checkpoint directory, or a Hugging Face model id in the local Hugging
 Face cache (models/hf_cache.py, offline: its snapshot directory is the checkpoint directory).
 An engine opens `model_path(config)`: config.model, or with config.revision the snapshot
@@ -12,10 +12,12 @@ loading (parallel/sharded_loading.py) resolves names through checkpoint_dir and 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from jaxserve.config import EngineConfig
+from jaxserve.generation_config import AUTO, VLLM, GenerationDefaults, read_generation_defaults
 from jaxserve.models.builtin import (
   BUILTIN_MODELS,
   builtin_config,
@@ -191,6 +193,23 @@ def load_configured_tokenizer(config: EngineConfig) -> Tokenizer:
   if config.chat_template is not None:
     tokenizer = with_chat_template(tokenizer, chat_template_source(config.chat_template))
   return tokenizer
+
+
+def generation_defaults(config: EngineConfig) -> GenerationDefaults:
+  """The sampling defaults config.generation_config names (jaxserve/generation_config.py): the
+  model's generation_config.json ("auto"; a built-in model has none), none ("vllm"), or a
+  directory's (which must hold one; ValueError naming generation_config otherwise)."""
+  setting = config.generation_config
+  if setting == VLLM:
+    return GenerationDefaults()
+  if setting == AUTO:
+    if is_builtin(config.model):
+      return GenerationDefaults(source="model")
+    return read_generation_defaults(str(model_dir(config.model)), "model", required=False)
+  path = os.path.expanduser(setting)
+  if not os.path.isdir(path):
+    raise ValueError(f"generation_config: {setting!r} is neither auto, vllm nor a directory")
+  return read_generation_defaults(path, path, required=True)
 
 
 def convert_checkpoint(checkpoint_dir: str | Path, dtype: str = "auto") -> Path:

@@ -46,6 +46,7 @@ def run_api_server(args: ApiProcessArgs) -> None:
     max_model_len=info.max_model_len,
     vocab_size=info.vocab_size,
     metrics_dir=args.metrics_dir,
+    generation_defaults=info.generation_defaults,
   )
   gc.collect()
   gc.freeze()  # the app's long-lived objects: later collections do not scan them

@@ -25,8 +25,9 @@ from jaxserve.config import ServerConfig
 from jaxserve.core.dp_client import EngineClient
 from jaxserve.core.streams import EngineDeadError
 from jaxserve.engine.admission import check_token_ids
+from jaxserve.generation_config import GenerationDefaults
 from jaxserve.server.chat import create_chat_completion
-from jaxserve.server.chat_messages import parse_messages
+from jaxserve.server.chat_prompt import encode_chat_prompt, parse_chat_prompt
 from jaxserve.server.completions import create_completion
 from jaxserve.server.errors import ApiError, bad_request, internal, unavailable
 from jaxserve.server.generation import ClientDisconnected
@@ -49,11 +50,13 @@ def build_app(
   max_model_len: int,
   vocab_size: int,
   metrics_dir: str | None = None,
+  generation_defaults: GenerationDefaults = GenerationDefaults(),
 ) -> Starlette:
   """The app over an EngineClient (a CoreClient, or a DataParallelClient over several engine
   cores), which the app attaches on its event loop (run it with uvicorn's
   lifespan on); one client per app. metrics_dir: where the API server processes of one
-  supervisor share their request metrics (server/metrics.py; None: this app's alone)."""
+  supervisor share their request metrics (server/metrics.py; None: this app's alone);
+  generation_defaults: the model's sampling defaults (jaxserve/generation_config.py)."""
   names = config.model_names(model_name)
   state = ServingState(
     engine=engine,
@@ -63,6 +66,7 @@ def build_app(
     max_model_len=max_model_len,
     vocab_size=vocab_size,
     metrics=ServerMetrics(engine, names[0], metrics_dir),
+    generation_defaults=generation_defaults,
   )
   routes = [
     Route("/v1/completions", create_completion, methods=["POST"]),
@@ -137,26 +141,36 @@ async def version(request: Request) -> Response:
 
 
 async def tokenize(request: Request) -> Response:
-  """{prompt} or {messages} -> {tokens, count, max_model_len}."""
+  """{prompt} or {messages} -> {tokens, count, max_model_len, token_strs}: a chat prompt as the
+  chat route renders it (add_generation_prompt, continue_final_message, chat_template_kwargs:
+  server/chat_prompt.py); token_strs, with return_token_strs, each token's vocabulary string
+  (vLLM's, transformers' convert_ids_to_tokens), else null."""
   state: ServingState = request.app.state.serving
   body = await read_json(request)
   state.check_model(body)
   try:
     if "messages" in body:
-      messages = list(parse_messages(body["messages"]))
-      add_generation_prompt = body.get("add_generation_prompt", True) is not False
-      tokens = await state.run_blocking(
-        state.tokenizer.encode_chat, messages, add_generation_prompt
-      )
+      prompt = parse_chat_prompt(body)
+      defaults = state.config.default_chat_template_kwargs
+      tokens = await state.run_blocking(encode_chat_prompt, state.tokenizer, prompt, defaults)
     elif isinstance(body.get("prompt"), str):
       add_special_tokens = body.get("add_special_tokens", True) is not False
       tokens = await state.run_blocking(state.tokenizer.encode, body["prompt"], add_special_tokens)
     else:
       raise ValueError("prompt: give a string `prompt` or a `messages` list")
+    return_token_strs = body.get("return_token_strs") or False
+    if not isinstance(return_token_strs, bool):
+      raise ValueError(f"return_token_strs: must be a boolean, got {return_token_strs!r}")
   except ValueError as err:
     raise bad_request(err, {"chat_template": "messages"}) from err
+  token_strs = [state.tokenizer.id_to_token(t) for t in tokens] if return_token_strs else None
   return JSONResponse(
-    {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len}
+    {
+      "tokens": tokens,
+      "count": len(tokens),
+      "max_model_len": state.max_model_len,
+      "token_strs": token_strs,
+    }
   )
 
 

@@ -2,15 +2,20 @@
 
 The prompt is rendered with the tokenizer's chat template and encoded without adding special
 tokens (the template writes bos). Without max_tokens / max_completion_tokens a reply may use
-the rest of the context: max_model_len - prompt tokens.
+the rest of the context, max_model_len - prompt tokens, or the generation config's
+max_new_tokens if that is less (jaxserve/generation_config.py).
 
-Streaming opens each choice with a role chunk, then sends a chunk per engine step that produced
-the choice's tokens, `delta.content` empty while the detokenizer holds text back
-(server/stream_interval.py); the last carries the finish_reason.
+Streaming opens each choice with a role chunk (then, with `echo`, a chunk of the echoed text),
+then sends a chunk per engine step that produced the choice's tokens, `delta.content` empty
+while the detokenizer holds text back (server/stream_interval.py); the last carries the
+finish_reason (a choice whose end releases more, held text or tool calls, gets one chunk more).
+stream_options.continuous_usage_stats (with include_usage) puts `usage` on every chunk: the
+prompt's tokens and the choice's tokens so far.
 
-Tool calling: `tools` go to the chat template; server/tool_calls.py turns a choice's text into
-`tool_calls` (message or `delta.tool_calls`, streamed as the arguments are written) with
-finish_reason "tool_calls".
+The prompt: server/chat_prompt.py (template variables, continue_final_message). The reply:
+server/chat_choices.py (reasoning_content with a --reasoning-parser, tool calls, echo); tool
+calls (server/tool_calls.py) come back as `tool_calls` in the message, or as `delta.tool_calls`
+streamed as the arguments are written, with finish_reason "tool_calls".
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from starlette.responses import JSONResponse, Response
 from jaxserve.core.streams import EngineDeadError, OutputStream
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
+from jaxserve.server.chat_choices import ChatChoices, ChoiceDeltas
+from jaxserve.server.chat_prompt import encode_chat_prompt
 from jaxserve.server.drain import stream_error
 from jaxserve.server.errors import bad_request
 from jaxserve.server.generation import (
@@ -38,8 +45,6 @@ from jaxserve.server.logprobs import chat_logprobs
 from jaxserve.server.protocol import ChatRequest, parse_chat_request
 from jaxserve.server.state import ServingState, read_json
 from jaxserve.server.stream_interval import StepCoalescer
-from jaxserve.server.tool_calls import ChoiceStream, ToolCallFormatter
-from jaxserve.structured.tool_parsers import StreamDelta
 
 # Engine and template errors name "prompt" / "chat_template"; the request's field is messages.
 _RENAME = {"prompt": "messages", "chat_template": "messages"}
@@ -50,14 +55,16 @@ async def create_chat_completion(request: Request) -> Response:
   body = await read_json(request)
   state.check_model(body)
   try:
-    parsed = parse_chat_request(body, state.max_model_len, state.config.max_logprobs)
+    parsed = parse_chat_request(
+      body, state.max_model_len, state.config.max_logprobs, state.generation_defaults
+    )
     state.check_n(parsed.params.n)
   except ValueError as err:
     raise bad_request(err) from err
   state.check_serving()
   try:
     prompt_ids = await state.run_blocking(_encode_chat, state, parsed)
-    params = _final_params(parsed, len(prompt_ids), state.max_model_len)
+    params = _final_params(parsed, len(prompt_ids), state)
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     specs = expand_requests(response_id, [prompt_ids], params)
     stream = await state.add(specs)
@@ -72,21 +79,23 @@ async def create_chat_completion(request: Request) -> Response:
 
 def _encode_chat(state: ServingState, parsed: ChatRequest) -> list[int]:
   tools = [tool.to_openai() for tool in parsed.tools] or None
-  return state.tokenizer.encode_chat(list(parsed.messages), parsed.add_generation_prompt, tools)
+  defaults = state.config.default_chat_template_kwargs
+  return encode_chat_prompt(state.tokenizer, parsed.prompt, defaults, tools)
 
 
 def _final_params(
-  parsed: ChatRequest, num_prompt_tokens: int, max_model_len: int
+  parsed: ChatRequest, num_prompt_tokens: int, state: ServingState
 ) -> SamplingParams:
   if parsed.max_tokens is not None:
     return parsed.params
+  max_model_len = state.max_model_len
   room = max_model_len - num_prompt_tokens
   if room < 1:
     raise ValueError(
       f"messages: the prompt has {num_prompt_tokens} tokens, which leaves no room "
       f"for a reply within max_model_len {max_model_len}"
     )
-  return parsed.params.replace(max_tokens=room)
+  return parsed.params.replace(max_tokens=state.generation_defaults.max_tokens_within(room))
 
 
 class ChatView:
@@ -104,8 +113,9 @@ class ChatView:
     self.num_prompt_tokens = num_prompt_tokens
     self.created = int(time.time())
     self.index = {rid: i for i, rid in enumerate(request_ids)}
-    self.tools = ToolCallFormatter(parsed, state.config.tool_call_parser)
-    self._streams: dict[int, ChoiceStream] = {}
+    config = state.config
+    self.choices = ChatChoices(parsed, config.tool_call_parser, config.reasoning_parser)
+    self._deltas: dict[int, ChoiceDeltas] = {}
 
   def _envelope(self, choices: list[dict], obj: str) -> dict:
     return {
@@ -132,13 +142,13 @@ class ChatView:
     ordered = sorted(finals.items(), key=lambda item: self.index[item[0]])
     choices = []
     for rid, out in ordered:
-      message = self.tools.final(out.text, out.finish_reason)
+      message, finish_reason = self.choices.message(out.text, out.finish_reason)
       choices.append(
         {
           "index": self.index[rid],
-          "message": message.to_openai(),
+          "message": message,
           "logprobs": self._logprobs(out.logprobs),
-          "finish_reason": message.finish_reason,
+          "finish_reason": finish_reason,
         }
       )
     body = self._envelope(choices, "chat.completion")
@@ -146,34 +156,44 @@ class ChatView:
     return body
 
   def _chunk(
-    self, index: int, delta: dict, finish_reason: str | None = None, logprobs: dict | None = None
+    self,
+    index: int,
+    delta: dict,
+    num_tokens: int,
+    finish_reason: str | None = None,
+    logprobs: dict | None = None,
   ) -> str:
+    """One choice's chunk; num_tokens: the choice's tokens so far (continuous usage)."""
     choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-    return sse_event(self._envelope([choice], "chat.completion.chunk"))
+    body = self._envelope([choice], "chat.completion.chunk")
+    if self.parsed.continuous_usage:
+      body["usage"] = self.usage(num_tokens)
+    return sse_event(body)
 
-  def _delta_chunk(self, output: RequestOutput) -> str:
-    """One output's tokens: their text (empty while held back) and logprobs, and the
-    finish_reason when it is the last (an aborted choice's last may have no tokens: {})."""
+  def _delta_chunks(self, output: RequestOutput) -> str:
+    """One output's tokens: their text (an empty content while it is held back) and logprobs;
+    the last also what the choice's end releases, and its finish_reason (an aborted choice's
+    last may have no tokens: {})."""
     index = self.index[output.request_id]
+    num_tokens = len(output.token_ids)
     logprobs = self._logprobs(output.new_logprobs) if output.new_token_ids else None
-    if self.tools.active:
-      return self._tool_chunks(index, output, logprobs)
-    delta = {"content": output.new_text} if output.new_token_ids else {}
-    return self._chunk(index, delta, output.finish_reason, logprobs)
-
-  def _tool_chunks(self, index: int, output: RequestOutput, logprobs: dict | None) -> str:
-    """The chunks of a choice whose text may hold tool calls: one per delta the parser makes of
-    the new text (the first with the logprobs); on its last step, one per delta the parser's
-    final verdict adds, the last with the finish_reason."""
-    stream = self._streams.setdefault(index, self.tools.stream())
-    chunks = [
-      self._chunk(index, _delta(delta), None, logprobs if i == 0 else None)
-      for i, delta in enumerate(stream.feed(output.new_text))
-    ]
+    deltas = self._deltas.setdefault(index, self.choices.deltas())
+    pieces = deltas.feed(output.new_text)
+    if pieces == [{}] and output.new_token_ids and not self.choices.tools.active:
+      pieces = [{"content": ""}]  # a token whose text is held back: still a chunk
+    finish_reason = None
     if output.finished:
-      last, finish_reason = stream.finish(output.finish_reason)
-      chunks += [self._chunk(index, _delta(delta)) for delta in last[:-1]]
-      chunks.append(self._chunk(index, _delta(last[-1]), finish_reason))
+      last, finish_reason = deltas.finish(output.finish_reason)
+      pieces = [p for p in pieces if p] + last if last else pieces
+      pieces = pieces or [{}]
+    chunks = [
+      self._chunk(index, delta, num_tokens, None, logprobs if i == 0 else None)
+      for i, delta in enumerate(pieces[:-1])
+    ]
+    first = len(pieces) == 1
+    chunks.append(
+      self._chunk(index, pieces[-1], num_tokens, finish_reason, logprobs if first else None)
+    )
     return "".join(chunks)
 
   async def events(self, stream: OutputStream) -> AsyncIterator[str]:
@@ -182,14 +202,17 @@ class ChatView:
     num_generated = 0
     try:
       for index in range(len(self.index)):
-        yield self._chunk(index, {"role": "assistant", "content": ""})
+        yield self._chunk(index, {"role": "assistant", "content": ""}, 0)
+      if self.choices.echo:
+        for index in range(len(self.index)):
+          yield self._chunk(index, {"content": self.choices.echo}, 0)
       while not stream.finished:
         output = await stream.get()
         observe(output)
         if output.finished:
           num_generated += len(output.token_ids)
         if (output := coalescer.push(output)) is not None:
-          yield self._delta_chunk(output)
+          yield self._delta_chunks(output)
       if self.parsed.include_usage:
         yield sse_event(
           {**self._envelope([], "chat.completion.chunk"), "usage": self.usage(num_generated)}
@@ -197,10 +220,3 @@ class ChatView:
     except EngineDeadError as err:  # the engine died, or the drain timeout ended the stream
       yield stream_error(err).sse_event()
     yield DONE_EVENT
-
-
-def _delta(delta: StreamDelta) -> dict:
-  out: dict = {"content": delta.content} if delta.content else {}
-  if delta.tool_calls:
-    out["tool_calls"] = [call.to_openai() for call in delta.tool_calls]
-  return out

@@ -27,6 +27,7 @@ import json
 from jaxserve.cli_args import add_engine_args, engine_config_from_args
 from jaxserve.config import EngineConfig, ServerConfig
 from jaxserve.core.serve import serve as serve_config
+from jaxserve.reasoning import reasoning_parser_names
 from jaxserve.server.api_process import run_api_server
 from jaxserve.server.tls import check_tls_files
 from jaxserve.server.vllm_flags import add_vllm_flags, vllm_flag_overrides
@@ -73,6 +74,13 @@ def register(subparsers) -> None:
     choices=tool_parser_names(),
     help="read tool calls from chat replies under tool_choice auto in this "
     "chat format (llama3_json: Llama 3.x; hermes: Hermes / Qwen <tool_call>)",
+  )
+  group.add_argument(
+    "--reasoning-parser",
+    choices=reasoning_parser_names(),
+    help="split a chat reply's <think> reasoning from its content into reasoning_content "
+    "(qwen3: Qwen3, a reply that opens the tag; deepseek_r1: DeepSeek-R1, reasoning until the "
+    "closing tag)",
   )
   add_vllm_flags(parser.add_argument_group("vLLM compatibility (server/vllm_flags.py)"))
   group = parser.add_argument_group("parallel")
@@ -146,6 +154,7 @@ def serve_engine_config(args: argparse.Namespace) -> EngineConfig:
     "served_model_name",
     "api_server_count",
     "tool_call_parser",
+    "reasoning_parser",
   ):
     value = getattr(args, flag)
     if value is not None:

@@ -2,6 +2,8 @@
 
 Streaming sends a chunk per choice per engine step that produced tokens, text or not
 (server/stream_interval.py); the chunk of a choice's last step carries its finish_reason.
+stream_options.continuous_usage_stats (with include_usage) puts `usage` on every chunk: the
+choice's prompt tokens and its tokens so far.
 
 Prompt scoring as lm-evaluation-harness's local-completions backend does it: `echo: true,
 logprobs: N, max_tokens: 0` returns the prompt's tokens and logprobs (the first null). The
@@ -48,7 +50,7 @@ async def create_completion(request: Request) -> Response:
   body = await read_json(request)
   state.check_model(body)
   try:
-    parsed = parse_completion_request(body, state.config.max_logprobs)
+    parsed = parse_completion_request(body, state.config.max_logprobs, state.generation_defaults)
     state.check_n(parsed.params.n)
   except ValueError as err:
     raise bad_request(err) from err
@@ -162,6 +164,21 @@ class CompletionView:
     body["usage"] = self.usage(sum(self._num_generated(out) for _, out in ordered))
     return body
 
+  def _chunk(self, output: RequestOutput) -> dict:
+    """One choice's chunk; with continuous usage, its usage so far (its prompt's tokens and its
+    own), as vLLM reports it."""
+    index = self.index[output.request_id]
+    body = self._envelope([self._choice(index, output, delta=True)])
+    if self.parsed.continuous_usage:
+      prompt_tokens = len(self._prompt_of(index).token_ids)
+      completion_tokens = self._num_generated(output)
+      body["usage"] = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+      }
+    return body
+
   async def events(self, stream: OutputStream) -> AsyncIterator[str]:
     observe = self.state.metrics.observer(stream.engine_index)
     coalescer = StepCoalescer(self.state.config.stream_interval)
@@ -173,9 +190,7 @@ class CompletionView:
         if output.finished:
           num_generated += self._num_generated(output)
         if (output := coalescer.push(output)) is not None:
-          yield sse_event(
-            self._envelope([self._choice(self.index[output.request_id], output, delta=True)])
-          )
+          yield sse_event(self._chunk(output))
       if self.parsed.include_usage:
         yield sse_event({**self._envelope([]), "usage": self.usage(num_generated)})
     except EngineDeadError as err:  # the engine died, or the drain timeout ended the stream

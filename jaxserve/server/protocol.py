@@ -6,7 +6,8 @@ turn into a 400 whose `param` is that field. Fields not implemented here follow 
 `best_of` > n, ...), else ignored with a warning naming them; `null` means "the default".
 `logit_bias` ({"<token id>": bias in [-100, 100]}, at most 300) is applied on the device.
 vLLM's extensions (top_k, min_p, repetition_penalty, min_tokens, ignore_eos, stop_token_ids, ...)
-are accepted on both endpoints.
+are accepted on both endpoints. A sampling field left unset (absent or null) takes the model's
+default from its generation_config.json (jaxserve/generation_config.py) where it sets one.
 
 Structured outputs: OpenAI's `response_format` and vLLM's `structured_outputs` (both endpoints)
 become SamplingParams.structured_outputs (jaxserve/structured/spec.py parses their shape; the
@@ -15,7 +16,10 @@ engine validates the grammar itself at admission). Chat tool calling: `tools` an
 the call, so it cannot be combined with another constraint. Messages keep what chat templates
 read for tool calling: an assistant's `tool_calls` (arguments parsed from their JSON text into
 objects, as vLLM hands them to templates) and a `tool` message's `tool_call_id` / `name`
-(server/chat_messages.py).
+(server/chat_messages.py). The prompt's own fields (add_generation_prompt,
+continue_final_message, chat_template_kwargs) are server/chat_prompt.py's; chat `echo` and
+`include_reasoning` shape the reply (server/chat_choices.py); stream_options'
+continuous_usage_stats puts usage on every chunk.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from jaxserve.generation_config import GenerationDefaults
 from jaxserve.sampling_params import MAX_LOGPROBS, SamplingParams
-from jaxserve.server.chat_messages import parse_messages
+from jaxserve.server.chat_prompt import ChatPrompt, parse_chat_prompt
 from jaxserve.server.request_fields import (
   BOOL_FIELDS,
   CHAT_FIELDS,
@@ -59,23 +64,27 @@ class CompletionRequest:
   echo: bool
   logprobs: int | None
   score_only: bool
+  continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on every chunk
 
 
 @dataclass(frozen=True)
 class ChatRequest:
   """POST /v1/chat/completions. params.max_tokens is provisional when max_tokens is None: the
-  default (max_model_len - prompt tokens) is known only after the prompt is tokenized."""
+  default (max_new_tokens of the generation config, at most max_model_len - prompt tokens) is
+  known only after the prompt is tokenized."""
 
-  messages: tuple[dict, ...]
+  prompt: ChatPrompt
   params: SamplingParams
   max_tokens: int | None
   stream: bool
   include_usage: bool
   logprobs: bool
   top_logprobs: int | None
-  add_generation_prompt: bool
   tools: tuple[ToolFunction, ...] = ()
   tool_choice: ToolChoice = ToolChoice(ToolChoiceMode.NONE)
+  continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on every chunk
+  echo: bool = False  # the last message's content starts the reply (ChatPrompt.echo_text)
+  include_reasoning: bool = True  # with a reasoning parser: report the reasoning
 
   @property
   def forced_tool_calls(self) -> bool:
@@ -83,8 +92,13 @@ class ChatRequest:
     return self.tool_choice.mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED)
 
 
-def parse_completion_request(body: Mapping, max_logprobs: int = MAX_LOGPROBS) -> CompletionRequest:
-  """max_logprobs: the server's cap on `logprobs` (server.max_logprobs)."""
+def parse_completion_request(
+  body: Mapping,
+  max_logprobs: int = MAX_LOGPROBS,
+  defaults: GenerationDefaults = GenerationDefaults(),
+) -> CompletionRequest:
+  """max_logprobs: the server's cap on `logprobs` (server.max_logprobs); defaults: the model's
+  sampling defaults, for the fields the body leaves unset."""
   check_fields(body, COMPLETION_FIELDS)
   prompts = parse_prompts(body.get("prompt"))
   max_tokens = _optional_int(body, "max_tokens", minimum=0)
@@ -99,17 +113,24 @@ def parse_completion_request(body: Mapping, max_logprobs: int = MAX_LOGPROBS) ->
     logprobs=logprobs,
     prompt_logprobs=prompt_logprobs,
     structured_outputs=_constraint(body),
+    defaults=defaults,
   )
-  stream, include_usage = _stream_flags(body)
-  return CompletionRequest(prompts, params, stream, include_usage, echo, logprobs, score_only)
+  stream, include_usage, continuous = _stream_flags(body)
+  return CompletionRequest(
+    prompts, params, stream, include_usage, echo, logprobs, score_only, continuous
+  )
 
 
 def parse_chat_request(
-  body: Mapping, max_model_len: int, max_logprobs: int = MAX_LOGPROBS
+  body: Mapping,
+  max_model_len: int,
+  max_logprobs: int = MAX_LOGPROBS,
+  defaults: GenerationDefaults = GenerationDefaults(),
 ) -> ChatRequest:
-  """max_logprobs: the server's cap on `top_logprobs` (server.max_logprobs)."""
+  """max_logprobs: the server's cap on `top_logprobs` (server.max_logprobs); defaults: the
+  model's sampling defaults, for the fields the body leaves unset (max_tokens: ChatRequest's)."""
   check_fields(body, CHAT_FIELDS)
-  messages = parse_messages(body.get("messages"))
+  prompt = parse_chat_prompt(body)
   max_tokens = _optional_int(body, "max_completion_tokens", minimum=1)
   if max_tokens is None:
     max_tokens = _optional_int(body, "max_tokens", minimum=1)
@@ -134,19 +155,22 @@ def parse_chat_request(
     logprobs=(top_logprobs or 0) if logprobs else None,
     prompt_logprobs=None,
     structured_outputs=constraint,
+    defaults=defaults,
   )
-  stream, include_usage = _stream_flags(body)
+  stream, include_usage, continuous = _stream_flags(body)
   return ChatRequest(
-    messages,
+    prompt,
     params,
     max_tokens,
     stream,
     include_usage,
     logprobs,
     top_logprobs,
-    _bool(body, "add_generation_prompt", True),
     tools,
     tool_choice,
+    continuous,
+    _bool(body, "echo", False),
+    _bool(body, "include_reasoning", True),
   )
 
 
@@ -161,6 +185,7 @@ def sampling_params(
   logprobs: int | None,
   prompt_logprobs: int | None,
   structured_outputs: StructuredOutputSpec | None = None,
+  defaults: GenerationDefaults = GenerationDefaults(),
 ) -> SamplingParams:
   kwargs: dict = {name: body[name] for name in SAMPLING_FIELDS if body.get(name) is not None}
   for name in BOOL_FIELDS:
@@ -172,6 +197,7 @@ def sampling_params(
   kwargs["stop"] = parse_stop(body.get("stop"))
   kwargs["stop_token_ids"] = _int_list(body, "stop_token_ids")
   kwargs["logit_bias"] = parse_logit_bias(body.get("logit_bias"))
+  kwargs = defaults.fill(kwargs)
   return SamplingParams(
     max_tokens=max_tokens,
     logprobs=logprobs,
@@ -230,16 +256,22 @@ def parse_stop(value: object) -> tuple[str, ...]:
   return tuple(value)
 
 
-def _stream_flags(body: Mapping) -> tuple[bool, bool]:
+def _stream_flags(body: Mapping) -> tuple[bool, bool, bool]:
+  """stream, include_usage, and usage on every chunk (continuous_usage_stats, which counts only
+  with include_usage, as in vLLM)."""
   stream = _bool(body, "stream", False)
   options = body.get("stream_options")
   if options is None:
-    return stream, False
+    return stream, False, False
   if not isinstance(options, dict):
     raise ValueError("stream_options: must be an object")
   if not stream:
     raise ValueError("stream_options: only allowed when stream is true")
-  return stream, _bool(options, "include_usage", False, name="stream_options.include_usage")
+  include = _bool(options, "include_usage", False, name="stream_options.include_usage")
+  continuous = _bool(
+    options, "continuous_usage_stats", False, name="stream_options.continuous_usage_stats"
+  )
+  return stream, include, include and continuous
 
 
 def _text_prompt(text: str, name: str) -> str:

@@ -57,6 +57,10 @@ CHAT_FIELDS = _COMMON | {
   "tool_choice",
   "parallel_tool_calls",
   "add_generation_prompt",
+  "continue_final_message",
+  "chat_template_kwargs",
+  "echo",
+  "include_reasoning",
 }
 
 # Accepted and ignored without a word: they change nothing that is generated.

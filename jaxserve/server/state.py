@@ -23,6 +23,7 @@ from starlette.requests import Request
 from jaxserve.config import ServerConfig
 from jaxserve.core.dp_client import EngineClient
 from jaxserve.core.streams import OutputStream, QueueFullError, RequestSpec
+from jaxserve.generation_config import GenerationDefaults
 from jaxserve.server.encodable import check_encodable
 from jaxserve.server.errors import ApiError, bad_request, not_found, queue_full, unavailable
 from jaxserve.server.metrics import ServerMetrics
@@ -40,6 +41,7 @@ class ServingState:
   max_model_len: int
   vocab_size: int
   metrics: ServerMetrics
+  generation_defaults: GenerationDefaults = GenerationDefaults()
   created: int = field(default_factory=lambda: int(time.time()))
   draining: threading.Event = field(default_factory=threading.Event)
   executor: ThreadPoolExecutor = field(

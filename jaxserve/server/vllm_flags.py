@@ -16,6 +16,10 @@ onto what it means here (engine flags with a meaning live in jaxserve/engine_arg
   choices; default: the command's --log-level).
 * --disable-uvicorn-access-log: server.uvicorn_access_log false, no line per request.
 
+* --default-chat-template-kwargs JSON: server.default_chat_template_kwargs, template variables
+  every chat rendering gets under a request's own chat_template_kwargs (e.g.
+  '{"enable_thinking": false}').
+
 The engine's vLLM flags (`--max-model-len 32K`, `-tp 2`, `--revision`, `--enforce-eager`, ...)
 are every command's: jaxserve/engine_args.py and jaxserve/inert_args.py.
 """
@@ -85,6 +89,13 @@ def add_vllm_flags(group: argparse._ArgumentGroup) -> None:
     action="store_true",
     help="no uvicorn line per request (sets server.uvicorn_access_log to false)",
   )
+  group.add_argument(
+    "--default-chat-template-kwargs",
+    metavar="JSON",
+    help="template variables every chat rendering gets, a JSON object, under a request's own "
+    "chat_template_kwargs, e.g. '{\"enable_thinking\": false}' "
+    "(server.default_chat_template_kwargs; default: none)",
+  )
 
 
 PASS_THROUGH = ("ssl_keyfile", "ssl_certfile", "h11_max_incomplete_event_size", "uvicorn_log_level")
@@ -100,6 +111,12 @@ def vllm_flag_overrides(args: argparse.Namespace) -> list[str]:
     overrides.append("server.stats_interval_s=0")
   if args.disable_uvicorn_access_log:
     overrides.append("server.uvicorn_access_log=false")
+  if args.default_chat_template_kwargs is not None:
+    try:
+      kwargs = json.loads(args.default_chat_template_kwargs)
+    except json.JSONDecodeError as err:
+      raise ValueError(f"--default-chat-template-kwargs: not valid JSON: {err}") from err
+    overrides.append(f"server.default_chat_template_kwargs={json.dumps(kwargs)}")
   for name in PASS_THROUGH:
     value = getattr(args, name)
     if value is not None:

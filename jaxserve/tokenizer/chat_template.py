@@ -10,7 +10,11 @@ model's template produces the same prompt here as there:
 * the variables `messages`, `tools`, `documents` (None unless given), `add_generation_prompt`,
   `bos_token`, `eos_token` and any extra keyword (e.g. `unk_token`, `enable_thinking`);
 * message keys whose value is None are dropped (OpenAI clients send `content: null` with tool
-  calls).
+  calls);
+* continue_final_message (with add_generation_prompt false): the prompt ends with the last
+  message's content, without what the template writes after it (its end-of-turn tokens), cut as
+  transformers does: a marker appended to the content is rendered and cut off again (where the
+  template trims the content, its trailing whitespace goes too).
 
 Any template failure, including `raise_exception`, is a ValueError naming chat_template.
 """
@@ -25,6 +29,8 @@ import jinja2
 import jinja2.ext
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' marker of continue_final_message
 
 
 def _raise_exception(message: str) -> None:
@@ -106,21 +112,50 @@ def render_chat_template(
   bos_token: str | None,
   eos_token: str | None,
   tools: list[dict] | None = None,
+  continue_final_message: bool = False,
   **extra: object,
 ) -> str:
   """Renders `messages` with `template` (source text or the result of `compile_chat_template`)."""
+  if continue_final_message and add_generation_prompt:
+    raise ValueError(
+      "continue_final_message: cannot be combined with add_generation_prompt (set it to false): "
+      "the last message is continued, no new one is started"
+    )
   compiled = compile_chat_template(template) if isinstance(template, str) else template
   variables: dict[str, object] = {"documents": None, **extra}
   if bos_token is not None:
     variables["bos_token"] = bos_token
   if eos_token is not None:
     variables["eos_token"] = eos_token
+  normalized = _normalize_messages(messages)
+  final = ""
+  if continue_final_message:
+    final = normalized[-1].get("content") if normalized else None
+    if not isinstance(final, str):
+      raise ValueError("continue_final_message: the last message has no text content to continue")
+    normalized[-1]["content"] = final + _CONTINUE_TAG
   try:
-    return compiled.render(
-      messages=_normalize_messages(messages),
+    rendered = compiled.render(
+      messages=normalized,
       tools=tools,
       add_generation_prompt=add_generation_prompt,
       **variables,
     )
   except (jinja2.exceptions.TemplateError, TypeError, ValueError, KeyError, AttributeError) as e:
     raise ValueError(f"chat_template: rendering failed: {type(e).__name__}: {e}") from e
+  return _cut_after_final_message(rendered, final) if continue_final_message else rendered
+
+
+def _cut_after_final_message(rendered: str, final: str) -> str:
+  """`rendered` (of a conversation whose last content ended in _CONTINUE_TAG) cut at the tag:
+  transformers' rule (its trailing space gone, the template trimmed the content: cut before the
+  trailing whitespace too)."""
+  if final.strip() not in rendered or _CONTINUE_TAG.strip() not in rendered:
+    raise ValueError(
+      "continue_final_message: the chat template does not write the last message's content "
+      "as it is, so it cannot be continued"
+    )
+  location = rendered.rindex(_CONTINUE_TAG.strip())
+  if rendered[location : location + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
+    return rendered[:location]
+  return rendered[:location].rstrip()

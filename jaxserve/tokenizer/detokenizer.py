@@ -12,8 +12,9 @@ work per step is O(new text + longest stop). The tail is the longest suffix that
 stop string (at most max(len(stop)) - 1 characters). The stop string that completes first wins, as
 if text arrived one character at a time (same end: the one starting earlier; then the first listed),
 so the result does not depend on how text splits into tokens. The text is cut before it (or after it
-with include_stop_str_in_output) and nothing more is ever released. A stop string that completes
-before the `min_tokens`-th output token is ordinary text.
+with include_stop_str_in_output) and nothing more is ever released. As in vLLM, a stop string
+must end in the text of a token past the first `min_tokens` output tokens: one that completes
+within them is ordinary text (it may still begin there).
 """
 
 from __future__ import annotations
@@ -78,6 +79,11 @@ class IncrementalDetokenizer:
   def add_tokens(self, token_ids: Sequence[int]) -> DetokenizerDelta:
     if self._stop_string is not None:
       return DetokenizerDelta("", self._stop_string)
+    below = self._min_tokens - self._num_output_tokens
+    if 0 < below < len(token_ids):  # the first min_tokens' text is never searched for a stop
+      head = self.add_tokens(token_ids[:below])
+      tail = self.add_tokens(token_ids[below:])
+      return DetokenizerDelta(head.text + tail.text, tail.stop_string)
     self._token_ids.extend(token_ids)
     self._num_output_tokens += len(token_ids)
     return self._release(self._decode_new_text(final=False), final=False)
@@ -105,7 +111,7 @@ class IncrementalDetokenizer:
 
   def _release(self, new_text: str, final: bool) -> DetokenizerDelta:
     region = self._held + new_text
-    match = self._find_stop(region) if self._num_output_tokens >= self._min_tokens else None
+    match = self._find_stop(region) if self._num_output_tokens > self._min_tokens else None
     if match is not None:
       start, stop_string = match
       end = start + len(stop_string) if self._include_stop else start

@@ -147,9 +147,11 @@ class Tokenizer:
     messages: Sequence[Mapping[str, object]],
     add_generation_prompt: bool = True,
     tools: list[dict] | None = None,
+    continue_final_message: bool = False,
     **extra: object,
   ) -> str:
-    """The prompt text for `messages`; encode it with add_special_tokens=False (see encode_chat)."""
+    """The prompt text for `messages`; encode it with add_special_tokens=False (see encode_chat).
+    continue_final_message: the prompt ends inside the last message (tokenizer/chat_template.py)."""
     template = self._compiled_template(tools)
     variables = {**self.special_tokens.as_template_variables(), **extra}
     bos_token = variables.pop("bos_token", None)
@@ -161,6 +163,7 @@ class Tokenizer:
       bos_token=bos_token,
       eos_token=eos_token,
       tools=tools,
+      continue_final_message=continue_final_message,
       **variables,
     )
 
@@ -169,10 +172,13 @@ class Tokenizer:
     messages: Sequence[Mapping[str, object]],
     add_generation_prompt: bool = True,
     tools: list[dict] | None = None,
+    continue_final_message: bool = False,
     **extra: object,
   ) -> list[int]:
     """Prompt token ids for `messages`: the template writes bos itself, so none is added here."""
-    text = self.apply_chat_template(messages, add_generation_prompt, tools, **extra)
+    text = self.apply_chat_template(
+      messages, add_generation_prompt, tools, continue_final_message, **extra
+    )
     return self.encode(text, add_special_tokens=False)
 
   def _compiled_template(self, tools: list[dict] | None) -> jinja2.Template:

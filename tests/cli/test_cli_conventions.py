@@ -27,6 +27,7 @@ FLAG_VALUES = {
   "revision": (["--revision", "v1.0"], "v1.0"),
   "tokenizer": (["--tokenizer", "/ckpt/tok"], "/ckpt/tok"),
   "chat_template": (["--chat-template", "chat.jinja"], "chat.jinja"),
+  "generation_config": (["--generation-config", "vllm"], "vllm"),
   "dtype": (["--dtype", "bfloat16"], "bfloat16"),
   "max_model_len": (["--max-model-len", "128"], 128),
   "attention_backend": (["--attention-backend", "xla"], "xla"),

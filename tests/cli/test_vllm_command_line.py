@@ -18,6 +18,7 @@ from jaxserve.cli import build_parser, parse_command_line
 from jaxserve.cli_args import engine_config_from_args
 from jaxserve.cli_help import all_parsers
 from jaxserve.config import EngineConfig
+from jaxserve.config_loader import non_default_keys
 from jaxserve.human_ints import human_int
 from jaxserve.inert_args import UNDEFINED_FLAGS
 from jaxserve.llm import engine_config_for
@@ -96,16 +97,9 @@ def test_the_flags_issue_60_saw_abort_start_up_are_taken(caplog):
     "tokenizer.json",
   ):
     assert logged.count(line) == 1, logged
-  # flags no command defines yet (inert_args.UNDEFINED_FLAGS): taken off, with their line
-  assert notes == [
-    "--generation-config auto: accepted, changes nothing: "
-    f"{UNDEFINED_FLAGS['--generation-config']}",
-    f"--reasoning-parser deepseek_r1: accepted, changes nothing: "
-    f"{UNDEFINED_FLAGS['--reasoning-parser']}",
-  ]
-  assert _serve_config_and_notes(["--generation-config=vllm"])[1][0].startswith(
-    "--generation-config vllm: accepted"
-  )
+  assert config.generation_config == "auto" and server.reasoning_parser == "deepseek_r1"
+  assert notes == []  # every flag of the line is defined: none is taken off
+  assert _serve_config(["--generation-config=vllm"]).generation_config == "vllm"
 
 
 def test_the_uvicorn_flags_set_uvicorns_config():
@@ -172,3 +166,25 @@ def test_the_offline_api_takes_the_same_arguments(caplog):
   ):
     with pytest.raises(ValueError, match=message):
       engine_config_for("tiny-random", EngineConfig(), bad)
+
+
+# vLLM's reasoning-outputs docs: a Qwen3 server with its parser, thinking off by default
+REASONING_LINE = (
+  "vllm serve Qwen/Qwen3-8B --reasoning-parser qwen3 --generation-config vllm "
+  """--default-chat-template-kwargs '{"enable_thinking": false}'"""
+)
+
+
+def test_a_vllm_reasoning_serve_line_is_taken_unchanged():
+  config = _serve_config(shlex.split(REASONING_LINE)[2:])
+  assert config.generation_config == "vllm" and config.server.reasoning_parser == "qwen3"
+  assert config.server.default_chat_template_kwargs == {"enable_thinking": False}
+  # a mapping-valued key is a setting like any other (the device-aware defaults read them)
+  assert "server.default_chat_template_kwargs.enable_thinking" in non_default_keys(config)
+  assert _serve_config([]).generation_config == "auto"
+  with pytest.raises(ValueError, match="^--default-chat-template-kwargs: not valid JSON"):
+    _serve_config(["--default-chat-template-kwargs", "{enable_thinking: false}"])
+  with pytest.raises(ValueError, match="^server.default_chat_template_kwargs: must be null or a"):
+    _serve_config(["--default-chat-template-kwargs", "[1]"])
+  with pytest.raises(SystemExit):  # argparse's choices
+    _serve_config(["--reasoning-parser", "r1"])

@@ -125,3 +125,19 @@ def test_a_batch_is_frozen_and_its_per_sequence_view_round_trips():
   )
   assert rebuilt == batch and rebuilt.token_ids == batch.token_ids
   assert rebuilt.page_ids == batch.page_ids and rebuilt.sampling is batch.sampling
+
+
+@pytest.mark.parametrize("min_tokens", [1, 3])
+def test_min_tokens_bans_stops_for_exactly_the_first_min_tokens(min_tokens):
+  """vLLM's min_tokens: eos and stop_token_ids are banned while the token being sampled is one
+  of the first min_tokens (the step counts it as a placeholder before the batch is built)."""
+  banned_at = []
+  for num_output in range(min_tokens + 2):
+    request = _request("r", [5, 6], min_tokens=min_tokens, stop_token_ids=(3,))
+    request.output_token_ids = [9] * num_output
+    request.num_output_placeholders = 1  # the token this step samples: number num_output + 1
+    builder = BatchBuilder()
+    builder.add_decodes([(request, 1 + num_output)])
+    (extras,) = builder.build([]).sampling.extras
+    banned_at.append(extras.banned_ids == (2, 3))
+  assert banned_at == [True] * min_tokens + [False, False]

@@ -56,7 +56,26 @@ def test_min_tokens_holds_back_stop_tokens(llm):
   stop_id = full.token_ids[1]
   out = _greedy(llm, stop_token_ids=(stop_id,), min_tokens=10)
   assert len(out.token_ids) >= 10
-  assert stop_id not in out.token_ids[:9]
+  assert stop_id not in out.token_ids[:10]
+
+
+@pytest.mark.parametrize("min_tokens", [0, 1, 4])
+def test_min_tokens_gives_exactly_that_many_tokens_before_a_forced_eos(llm, min_tokens):
+  """eos biased +100 is the pick whenever it is allowed: vLLM's min_tokens bans it for the first
+  min_tokens tokens, so exactly that many come before it (and eos ends the output)."""
+  (eos,) = llm.tokenizer.eos_token_ids
+  params = SamplingParams(
+    temperature=0.0, max_tokens=12, min_tokens=min_tokens, logit_bias={eos: 100}
+  )
+  out = llm.generate([PROMPT], params, use_tqdm=False)[0].outputs[0]
+  assert out.finish_reason == "stop" and out.stop_reason is None
+  assert len(out.token_ids) == min_tokens + 1 and out.token_ids[-1] == eos
+  assert eos not in out.token_ids[:-1]
+  # a stop string inside the first min_tokens tokens' text does not end the request either
+  if min_tokens == 4:
+    first = llm.tokenizer.decode(out.token_ids[:1])
+    stopped = llm.generate([PROMPT], params.replace(stop=(first,)), use_tqdm=False)
+    assert stopped[0].outputs[0].token_ids == out.token_ids
 
 
 def test_logprobs_report_the_sampled_token_among_the_top(llm):

@@ -22,6 +22,7 @@ from jaxserve.core.client import CoreClient
 from jaxserve.core.in_process import CoreThread
 from jaxserve.core.process import CoreHandle, start_core_process
 from jaxserve.engine.llm_engine import LLMEngine
+from jaxserve.generation_config import GenerationDefaults
 from jaxserve.server.app import build_app, serving_state
 from jaxserve.server.state import ServingState
 from jaxserve.tokenizer.tokenizer import Tokenizer
@@ -58,6 +59,7 @@ class Backend:
   max_model_len: int
   vocab_size: int
   make_client: Callable[[], CoreClient]
+  generation_defaults: GenerationDefaults = GenerationDefaults()
 
 
 def start_core(config: EngineConfig | None = None) -> CoreHandle:
@@ -74,6 +76,7 @@ def core_backend(core: CoreHandle | CoreThread) -> Backend:
     info.max_model_len,
     info.vocab_size,
     lambda: CoreClient(core.address, info.tokenizer),
+    info.generation_defaults,
   )
 
 
@@ -125,6 +128,7 @@ def start_server(
     model_name=backend.model_name,
     max_model_len=backend.max_model_len,
     vocab_size=backend.vocab_size,
+    generation_defaults=backend.generation_defaults,
   )
   return RunningServer(app)
 

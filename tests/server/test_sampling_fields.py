@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from jaxserve.server import protocol
+from jaxserve.server import chat_prompt, protocol
 from jaxserve.server.request_fields import CHAT_FIELDS, COMPLETION_FIELDS
 
 MODEL = "tiny-random"
@@ -94,10 +94,40 @@ def test_unsupported_fields_are_refused_and_unknown_ones_warned(served, caplog):
 
 
 def test_every_field_the_protocol_reads_is_known_to_the_field_policy():
-  """A field protocol.py implements must be in request_fields' sets, or it would be warned
-  about as unknown while it works."""
-  source = inspect.getsource(protocol)
+  """A field protocol.py (or chat_prompt.py, the chat prompt's fields) implements must be in
+  request_fields' sets, or it would be warned about as unknown while it works."""
+  source = inspect.getsource(protocol) + inspect.getsource(chat_prompt)
   read = set(re.findall(r'body(?:\.get\(|\[|, )"(\w+)"', source))
   read |= set(protocol.SAMPLING_FIELDS) | set(protocol.BOOL_FIELDS)
-  assert {"messages", "prompt", "logit_bias", "echo", "tools"} <= read
+  assert {"messages", "prompt", "logit_bias", "echo", "tools", "chat_template_kwargs"} <= read
   assert read <= COMPLETION_FIELDS | CHAT_FIELDS, read - (COMPLETION_FIELDS | CHAT_FIELDS)
+
+
+@pytest.mark.parametrize("min_tokens", [0, 1, 3])
+def test_min_tokens_holds_back_a_forced_eos_for_exactly_that_many_tokens(
+  served, client, min_tokens
+):
+  """eos biased +100 wins whenever it is allowed: vLLM's min_tokens bans it (and stop token
+  ids) for the first min_tokens tokens, so the reply is exactly that many, then eos."""
+  (eos,) = served.tokenizer.eos_token_ids
+  chat = client.chat.completions.create(
+    model=MODEL,
+    messages=MESSAGES,
+    temperature=0,
+    max_tokens=10,
+    logit_bias={str(eos): 100},
+    extra_body={"min_tokens": min_tokens},
+  )
+  assert chat.choices[0].finish_reason == "stop"
+  assert chat.usage.completion_tokens == min_tokens + 1  # the eos counts, as in vLLM
+  stop_id = FORCED  # a stop token id is banned too: forced, it still waits min_tokens
+  completion = client.completions.create(
+    model=MODEL,
+    prompt="the bias test",
+    max_tokens=10,
+    temperature=0,
+    logit_bias={str(stop_id): 100},
+    extra_body={"min_tokens": min_tokens, "stop_token_ids": [stop_id], "ignore_eos": True},
+  )
+  assert completion.usage.completion_tokens == min_tokens + 1
+  assert completion.choices[0].finish_reason == "stop"

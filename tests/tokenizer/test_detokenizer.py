@@ -194,11 +194,13 @@ def test_empty_stop_string_rejected():
 
 
 def test_stop_strings_before_min_tokens_are_text():
+  """vLLM's rule (its tests/detokenizer/test_min_tokens.py: min_tokens 5, stop "e"): a stop
+  string counts only if it ends in the text of a token past the first min_tokens; it may begin
+  inside them."""
   ids = BYTES.encode("ab STOP cd STOP ef", add_special_tokens=False)
-  detokenizer = IncrementalDetokenizer(BYTES, [], stop=("STOP",), min_tokens=8)
-  deltas = _stream(detokenizer, [[i] for i in ids])
-  assert "".join(d.text for d in deltas) == "ab STOP cd " and deltas[-1].stop_string == "STOP"
-  # A stop string that completes exactly at the min_tokens-th token counts.
-  detokenizer = IncrementalDetokenizer(BYTES, [], stop=("STOP",), min_tokens=7)
-  deltas = _stream(detokenizer, [[i] for i in ids])
-  assert "".join(d.text for d in deltas) == "ab " and deltas[-1].stop_string == "STOP"
+  for min_tokens, text in [(8, "ab STOP cd "), (7, "ab STOP cd "), (6, "ab "), (5, "ab ")]:
+    for sizes in ([[i] for i in ids], [ids[:3], ids[3:9], ids[9:]], [ids]):
+      detokenizer = IncrementalDetokenizer(BYTES, [], stop=("STOP",), min_tokens=min_tokens)
+      deltas = _stream(detokenizer, sizes)
+      assert "".join(d.text for d in deltas) == text, (min_tokens, sizes)
+      assert deltas[-1].stop_string == "STOP"

@@ -153,6 +153,23 @@ def test_chat_template_matches_transformers(pairs, name, messages, add_generatio
   )
 
 
+@pytest.mark.parametrize("name", ["llama3", "qwen"])
+@pytest.mark.parametrize("final", ["The answer is", "Once upon  ", "  spaced out\n"])
+def test_continue_final_message_matches_transformers(pairs, name, final):
+  """The prompt ends inside the last message: what transformers' continue_final_message cuts."""
+  ours, ref = pairs[name]
+  messages = [{"role": "user", "content": "Tell me"}, {"role": "assistant", "content": final}]
+  text = ours.apply_chat_template(
+    messages, add_generation_prompt=False, continue_final_message=True
+  )
+  assert text == ref.apply_chat_template(
+    messages, tokenize=False, add_generation_prompt=False, continue_final_message=True
+  )
+  assert text.rstrip().endswith(final.strip())
+  with pytest.raises(ValueError, match="continue_final_message"):
+    ours.apply_chat_template(messages, add_generation_prompt=True, continue_final_message=True)
+
+
 def test_chat_template_with_tools_matches_transformers(pairs):
   ours, ref = pairs["qwen"]
   tools = [
