@@ -95,6 +95,7 @@ PURE_HOST = (
   "jaxserve.engine.page_allocator",
   "jaxserve.engine.kv_groups",
   "jaxserve.engine.request",
+  "jaxserve.engine.request_queue",
   "jaxserve.engine.batch_builder",
   "jaxserve.engine.admission",
   "jaxserve.engine.device_port",
@@ -420,6 +421,11 @@ def family_flags(path: Path, names: frozenset[str]) -> list[str]:
   return found
 
 
+# Modules whose keys happen to spell a family's name but choose something else: vLLM's reasoning
+# parsers are named "qwen3" and "deepseek_r1", and a Qwen3 model may run either.
+NAMES_NOT_FAMILIES = frozenset({PACKAGE / "reasoning" / "__init__.py"})
+
+
 def test_no_family_flag_outside_the_family_modules():
   names = family_names()
   assert {"llama", "MistralForCausalLM", "gemma3_text", "qwen3_moe", "MixtralForCausalLM"} <= names
@@ -427,7 +433,7 @@ def test_no_family_flag_outside_the_family_modules():
     path
     for scope in FAMILY_SCOPE
     for path in sorted(scope.rglob("*.py"))
-    if FAMILIES not in path.parents
+    if FAMILIES not in path.parents and path not in NAMES_NOT_FAMILIES
   ]
   assert len(paths) > 300
   assert [flag for path in paths for flag in family_flags(path, names)] == []

@@ -25,6 +25,7 @@ def test_every_engine_arg_uses_configs_choices_for_its_key():
     "warmup",
     "quantization",
     "cache.kv_cache_dtype",
+    "scheduler.policy",
   }
 
 
