@@ -172,8 +172,14 @@ def test_api_key(served, strict_server):
   _assert_error(
     httpx.get(f"{url}/v1/models", headers={"Host": "localhost"}), 401, code="invalid_api_key"
   )
+  _assert_error(httpx.get(f"{url}/v1/models/tiny-random"), 401, code="invalid_api_key")
+  # vLLM guards /v1 only: probes, scrapers and the utility routes need no key
   assert httpx.get(f"{url}/health").status_code == 200
   assert httpx.get(f"{url}/metrics").status_code == 200
+  assert httpx.get(f"{url}/version").json()["version"]
+  assert httpx.get(f"{url}/tokenizer_info").status_code == 200
+  tokens = _post(url, "/tokenize", {"prompt": "hi"}).json()["tokens"]
+  assert _post(url, "/detokenize", {"tokens": tokens}).json()["prompt"] == "hi"
   with openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0) as client:
     assert client.completions.create(**body).usage.completion_tokens >= 1
   with openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0) as client:
