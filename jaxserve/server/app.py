@@ -29,9 +29,10 @@ from jaxserve.server.chat_messages import parse_messages
 from jaxserve.server.completions import create_completion
 from jaxserve.server.errors import ApiError, bad_request, internal, unavailable
 from jaxserve.server.generation import ClientDisconnected
+from jaxserve.server.json_body import read_json
 from jaxserve.server.metrics import CONTENT_TYPE, ServerMetrics
 from jaxserve.server.middleware import GuardMiddleware
-from jaxserve.server.state import ServingState, read_json
+from jaxserve.server.state import ServingState
 from jaxserve.server.tokenizer_info import tokenizer_info
 from jaxserve.tokenizer.tokenizer import Tokenizer
 from jaxserve.version import VERSION

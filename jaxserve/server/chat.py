@@ -33,9 +33,11 @@ from jaxserve.server.generation import (
   expand_requests,
   sse_event,
 )
+from jaxserve.server.json_body import read_json
 from jaxserve.server.logprobs import chat_logprobs
+from jaxserve.server.prompt_length import PromptBudget, encode_prompt
 from jaxserve.server.protocol import ChatRequest, parse_chat_request
-from jaxserve.server.state import ServingState, read_json
+from jaxserve.server.state import ServingState
 from jaxserve.server.stream_interval import StepCoalescer
 from jaxserve.server.tool_calls import ChoiceStream, ToolCallFormatter
 from jaxserve.structured.tool_parsers import StreamDelta
@@ -70,22 +72,23 @@ async def create_chat_completion(request: Request) -> Response:
 
 
 def _encode_chat(state: ServingState, parsed: ChatRequest) -> list[int]:
+  """The rendered template's token ids (as Tokenizer.encode_chat), refused first if they
+  cannot leave max_tokens, or a token, within the context (server/prompt_length.py)."""
   tools = [tool.to_openai() for tool in parsed.tools] or None
-  return state.tokenizer.encode_chat(list(parsed.messages), parsed.add_generation_prompt, tools)
+  tokenizer = state.tokenizer
+  text = tokenizer.apply_chat_template(list(parsed.messages), parsed.add_generation_prompt, tools)
+  budget = PromptBudget(state.max_model_len, parsed.max_tokens)
+  return encode_prompt(tokenizer, text, budget, add_special_tokens=False)
 
 
 def _final_params(
   parsed: ChatRequest, num_prompt_tokens: int, max_model_len: int
 ) -> SamplingParams:
+  """Without max_tokens, the reply may take the rest of the context (_encode_chat left it at
+  least one token)."""
   if parsed.max_tokens is not None:
     return parsed.params
-  room = max_model_len - num_prompt_tokens
-  if room < 1:
-    raise ValueError(
-      f"messages: the prompt has {num_prompt_tokens} tokens, which leaves no room "
-      f"for a reply within max_model_len {max_model_len}"
-    )
-  return parsed.params.replace(max_tokens=room)
+  return parsed.params.replace(max_tokens=max_model_len - num_prompt_tokens)
 
 
 class ChatView:
