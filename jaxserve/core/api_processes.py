@@ -154,16 +154,23 @@ class ApiProcesses:
       slot.restart_at = None
       if slot.process is not None and slot.process.is_alive() and not slot.drained:
         slot.drained = True
-        os.kill(slot.process.pid, signal.SIGTERM)
+        _send(slot.process, signal.SIGTERM)
 
   def end_now(self) -> None:
     """Drains, and tells every running process to end its running responses now."""
     self.drain()
     for process in self.running():
-      os.kill(process.pid, END_NOW_SIGNAL)
+      _send(process, END_NOW_SIGNAL)
 
   def terminate(self, timeout_s: float) -> None:
     """Whatever still runs gets SIGTERM and `timeout_s` to exit."""
     for process in self.running():
       process.terminate()
       process.join(timeout_s)
+
+
+def _send(process: multiprocessing.process.BaseProcess, sig: int) -> None:
+  try:
+    os.kill(process.pid, sig)
+  except ProcessLookupError:  # it exited (and was reaped) since it was seen alive
+    pass

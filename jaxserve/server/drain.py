@@ -51,7 +51,7 @@ class DrainTimer:
   def end_now(self) -> None:
     """Ends the running streams now (the stop was repeated: no more waiting)."""
     self.cancel()
-    self._end_streams("the server was told to stop at once (a second stop signal)")
+    self._end_streams("a second stop signal ended it at once")
 
   def _expire(self) -> None:
     self._end_streams(f"server.drain_timeout_s {self._timeout_s:g} s passed")
