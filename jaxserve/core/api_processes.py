@@ -7,8 +7,11 @@ core it is gone, and respawned after its slot's back-off (core/restart_backoff.p
 to 30 s, reset by 60 s of health). The new process takes the next generation of the slot's client
 identity (`api_identity`: api-0, then api-0.1, api-0.2...), so the core, which ignores a dead
 client's late messages, never confuses it with its predecessor, and it accepts on the same
-listening socket, which the supervisor keeps open for that until it stops. stop() cancels the
-pending restarts and drains the running processes (SIGTERM).
+listening socket, which the supervisor keeps open for that until it stops. drain() cancels the
+pending restarts and drains each running process (one SIGTERM each, however often it is called:
+an API server's drain starts once); end_now() then ends their running responses at once
+(END_NOW_SIGNAL, core/child_signals.py). Each process starts with SIGINT ignored: a terminal's
+Ctrl-C is the supervisor's to act on.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from jaxserve.core.child_signals import END_NOW_SIGNAL, start_ignoring_sigint
 from jaxserve.core.info import ApiProcessArgs, ApiServerEntry
 from jaxserve.core.restart_backoff import RestartBackoff
 
@@ -36,6 +40,7 @@ class ApiSlot:
   started_at: float = 0.0
   restart_at: float | None = None
   backoff: RestartBackoff = field(default_factory=RestartBackoff)
+  drained: bool = False  # its process has had its SIGTERM
 
   @property
   def identity(self) -> str:
@@ -90,8 +95,8 @@ class ApiProcesses:
     process = self._context.Process(
       target=self._target, name=f"jaxserve-api-{slot.index}", args=(self._entry, args)
     )
-    process.start()
-    slot.process, slot.args, slot.restart_at = process, args, None
+    start_ignoring_sigint(process)
+    slot.process, slot.args, slot.restart_at, slot.drained = process, args, None, False
     slot.started_at = time.monotonic()
     return process
 
@@ -144,15 +149,28 @@ class ApiProcesses:
 
   # -- stopping ----------------------------------------------------------------------------
   def drain(self) -> None:
-    """SIGTERM to every running process (a second one is harmless: the drain starts once); no
-    restart happens after this."""
+    """SIGTERM to every running process that has not had it; no restart happens after this."""
     for slot in self._slots:
       slot.restart_at = None
-      if slot.process is not None and slot.process.is_alive():
-        os.kill(slot.process.pid, signal.SIGTERM)
+      if slot.process is not None and slot.process.is_alive() and not slot.drained:
+        slot.drained = True
+        _send(slot.process, signal.SIGTERM)
+
+  def end_now(self) -> None:
+    """Drains, and tells every running process to end its running responses now."""
+    self.drain()
+    for process in self.running():
+      _send(process, END_NOW_SIGNAL)
 
   def terminate(self, timeout_s: float) -> None:
     """Whatever still runs gets SIGTERM and `timeout_s` to exit."""
     for process in self.running():
       process.terminate()
       process.join(timeout_s)
+
+
+def _send(process: multiprocessing.process.BaseProcess, sig: int) -> None:
+  try:
+    os.kill(process.pid, sig)
+  except ProcessLookupError:  # it exited (and was reaped) since it was seen alive
+    pass

@@ -12,7 +12,9 @@ current in every process). No text, no JSON: the clients detokenize.
 Clients: a client's Hello registers it (it gets the stats at once). ClientGone (a client's
 goodbye, or the supervisor's word that an API server process died: libzmq's stable API does not
 say which peer a closed connection was) aborts every request that client owned, so no KV page
-leaks and the other clients keep their requests.
+leaks and the other clients keep their requests. Stopping: `stop` ends the loop after its step;
+`drain` (the engine core process's SIGTERM, core/process.py) ends it once no client is left, so
+API servers still draining their streams keep their core until they have gone.
 
 Admission (server.max_waiting_requests) is counted here and nowhere else, for all clients at once:
 `_not_started` holds the HTTP requests (groups) admitted and not started. A group (one HTTP call,
@@ -67,13 +69,16 @@ class CoreLoop:
     self._not_started: dict[tuple[bytes, int], set[str]] = {}  # waiting HTTP requests
     self._last_stats = None
     self._gone: set[bytes] = set()  # clients said gone: their late messages are ignored
+    self._draining_logged = False
 
-  def run(self, stop: threading.Event) -> None:
+  def run(self, stop: threading.Event, drain: threading.Event | None = None) -> None:
+    """Serves until `stop` is set (the loop ends after its step) or, once `drain` is set, until
+    no client is connected (each has said ClientGone, or the supervisor said it for one)."""
     poller = zmq.Poller()
     poller.register(self._socket, zmq.POLLIN)
     core = self._core
     try:
-      while not stop.is_set():
+      while not stop.is_set() and not self._drained(drain):
         added: dict[bytes, list[AddResult]] = defaultdict(list)
         timeout = 0 if core.has_unfinished_requests() else IDLE_POLL_MS
         while poller.poll(timeout):
@@ -88,6 +93,17 @@ class CoreLoop:
       raise
     for identity in list(self._clients):
       self._drop_client(identity)
+
+  def _drained(self, drain: threading.Event | None) -> bool:
+    if drain is None or not drain.is_set():
+      return False
+    if self._clients and not self._draining_logged:
+      self._draining_logged = True
+      logger.info(
+        "stopping once the %d API server(s) still connected have drained and gone",
+        len(self._clients),
+      )
+    return not self._clients
 
   # -- input -------------------------------------------------------------------------------
   def _handle(self, identity: bytes, payload: bytes, added: dict[bytes, list[AddResult]]) -> None:

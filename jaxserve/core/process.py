@@ -14,12 +14,16 @@ close (a dead core is noticed at once, even after SIGKILL) and background I/O th
 while the core computes, over a Unix socket (ipc://) with no broker (docs/DECISIONS.md, "pyzmq
 for the step traffic").
 
-Signals: SIGTERM stops the loop after the current step (the supervisor sends it once the API
-server processes have drained); SIGTERM before the core serves (it is still building or warming
-up the engine) exits at once, and start_core_process, asked to stop meanwhile (`stop_requested`),
-sends it and kills the core if it has not exited STARTUP_STOP_WAIT_S later (a thread inside XLA's
-compiler would hold its exit), so Ctrl-C during start-up exits within about a second. SIGINT is
-ignored, as the supervisor decides when the core stops.
+Signals: SIGTERM stops the loop once no API server is connected any more (CoreLoop's `drain`):
+at once when the supervisor sends it, after the API server processes have drained and gone; a
+SIGTERM that reached the core with its API servers still draining (`timeout`, or systemd, signals
+a whole process group or cgroup) lets them finish their streams first, and the loop stops
+regardless server.drain_timeout_s + STOP_GRACE_S after the signal. SIGTERM before the core
+serves (it is still building or warming up the engine) exits at once, and start_core_process,
+asked to stop meanwhile (`stop_requested`), sends it and kills the core if it has not exited
+STARTUP_STOP_WAIT_S later (a thread inside XLA's compiler would hold its exit), so Ctrl-C during
+start-up exits within about a second. SIGINT is ignored from the child's start
+(core/child_signals.py): the supervisor decides when the core stops.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from jaxserve.config import EngineConfig
+from jaxserve.core.child_signals import start_ignoring_sigint
 from jaxserve.core.device_groups import DeviceGroup
 from jaxserve.core.info import CoreInfo
 from jaxserve.core.router import bind_router, core_address, remove_address
@@ -43,6 +48,7 @@ from jaxserve.gc_pauses import GcPauses
 
 logger = logging.getLogger(__name__)
 STARTUP_STOP_WAIT_S = 1.0
+STOP_GRACE_S = 10.0  # past the drain timeout: the API servers' own grace (5 s) and their exit
 LONG_GC_PAUSE_S = 0.05  # a collection that held the engine's steps this long is logged
 _STARTUP_POLL_S = 0.05
 
@@ -146,7 +152,7 @@ def spawn_core_process(
     name=f"jaxserve-engine-core{suffix}",
     daemon=False,
   )
-  process.start()
+  start_ignoring_sigint(process)
   child_end.close()
   return StartingCore(process, address, parent_end)
 
@@ -217,6 +223,7 @@ def run_core_process(
   group: DeviceGroup | None = None,
 ) -> None:
   """The child's entry point. `group`: its devices' variables are set before jax starts."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
   if group is not None:
     if "jax" in sys.modules:
       raise RuntimeError("jax was imported before the engine core's devices were chosen")
@@ -229,14 +236,19 @@ def run_core_process(
   from jaxserve.platforms import prepare_jax_process
 
   configure_logging(log_level)
-  signal.signal(signal.SIGINT, signal.SIG_IGN)
-  stop = threading.Event()
+  stop = threading.Event()  # set: the loop ends after its step
+  drain = threading.Event()  # set: the loop ends once no API server is connected
   serving = threading.Event()
 
   def on_sigterm(sig, frame) -> None:
-    stop.set()
     if not serving.is_set():
+      stop.set()
       raise SystemExit(0)  # still starting: nothing to drain
+    if not drain.is_set():
+      drain.set()
+      deadline = threading.Timer(config.server.drain_timeout_s + STOP_GRACE_S, stop.set)
+      deadline.daemon = True
+      deadline.start()
 
   signal.signal(signal.SIGTERM, on_sigterm)
   context = zmq.Context()
@@ -258,7 +270,7 @@ def run_core_process(
     serving.set()
     pipe.send(CoreReady(CoreInfo.of(engine)))
     try:
-      CoreLoop(engine.core, socket).run(stop)
+      CoreLoop(engine.core, socket).run(stop, drain)
     finally:
       engine.close()
   except ValueError as err:  # bad settings (a missing checkpoint...): the parent reports it

@@ -11,16 +11,21 @@ The supervisor starts the core(s) and waits until each serves (the engine is bui
 binds the HTTP socket and spawns the API servers with it (vLLM's way of sharing one port among API
 server processes; core/api_processes.py), keeping its own copy open (it never accepts on it) so a
 restarted API server accepts on the same socket. Each child runs run_api_process: this module's
-process set-up (logging, SIGINT left to the supervisor), then the API server's entry point with
-its ApiProcessArgs (core/info.py); core/ never imports server/. The core's CoreInfo (tokenizer,
-model limits) reaches them in a file of a private temporary directory, so the spawns do not wait
-for one another and the API servers start side by side; a second one is where they share their
-request metrics (ApiProcessArgs.metrics_dir), so any of them answers /metrics for all. Both are
-removed when the supervisor exits. Then it waits on the children:
+process set-up (logging, SIGINT ignored: core/child_signals.py), then the API server's entry
+point with its ApiProcessArgs (core/info.py); core/ never imports server/. The core's CoreInfo
+(tokenizer, model limits) reaches them in a file of a private temporary directory, so the spawns
+do not wait for one another and the API servers start side by side; a second one is where they
+share their request metrics (ApiProcessArgs.metrics_dir), so any of them answers /metrics for
+all. Both are removed when the supervisor exits. Then it waits on the children:
 
 * SIGTERM or SIGINT: forwarded to the API servers as SIGTERM (each drains, server/drain.py) and
   no API server is restarted any more; once all have exited the core gets SIGTERM; exit 0 (the
-  core's own failure to stop cleanly aside). A signal while the core is still starting
+  core's own failure to stop cleanly aside). A terminal's Ctrl-C signals the whole process group,
+  but the children ignore SIGINT (core/child_signals.py), so it drains exactly as a SIGINT to the
+  supervisor alone. A SIGINT while draining (a second Ctrl-C) ends the running responses at once:
+  the API servers get END_NOW_SIGNAL, their streams end with an error event and `[DONE]`, and
+  they exit; a repeated SIGTERM changes nothing (`timeout` and systemd send one to the process and
+  one to its group or cgroup). A signal while the core is still starting
   (building, warming up) stops it at once (start_core_process's stop_requested: within about a
   second, core/process.py); exit 0. A signal later in start-up starts no further API server;
   those spawned drain as soon as they can (one still importing dies of the signal, one whose
@@ -78,7 +83,7 @@ def default_api_server_count() -> int:
 
 def run_api_process(entry: ApiServerEntry, args: ApiProcessArgs) -> None:
   """An API server process's target (multiprocessing spawn): SIGINT is ignored (the supervisor
-  forwards a stop as SIGTERM), then `entry` serves until drained."""
+  forwards a stop as SIGTERM; core/child_signals.py), then `entry` serves until drained."""
   from jaxserve.log_setup import configure_logging
 
   configure_logging(args.log_level)
@@ -94,10 +99,17 @@ def serve_multiprocess(
   apis: ApiProcesses | None = None
 
   def on_signal(sig, frame) -> None:
-    if not stopping:
-      logger.info("signal %d: draining the API server processes", sig)
+    again = bool(stopping)
     stopping.append(sig)
-    if apis is not None:
+    if not again:
+      logger.info("signal %d: draining the API server processes", sig)
+    elif sig == signal.SIGINT:
+      logger.info("signal %d again: ending the running responses now", sig)
+    if apis is None:
+      return
+    if again and sig == signal.SIGINT:
+      apis.end_now()
+    else:
       apis.drain()
 
   info_dir = tempfile.TemporaryDirectory(prefix="jaxserve-api-")  # CoreInfo for the API servers

@@ -4,7 +4,8 @@ Pure Python, no jax.
 EngineCore.add_request applies them to every request, in whichever process the core runs (in
 LLMEngine for the offline API and the single-process server, in the engine core process of
 `jaxserve serve`); LLMEngine.encode_prompt checks a token-id prompt before handing it on, the
-server calls check_token_ids early only to refuse a token-id prompt before detokenizing it, and
+server calls check_token_ids early only to refuse a token-id prompt before detokenizing it and
+check_length to refuse a long prompt before it tokenizes it in full (server/prompt_length.py), and
 the scheduler calls check_length to keep its own invariant (no request outgrows the context)
 without restating the rule.
 """
@@ -49,12 +50,16 @@ def check_token_ids(ids: Sequence[int], vocab_size: int, name: str = "prompt") -
   return [int(t) for t in ids]
 
 
-def check_length(num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
-  """The prompt plus max_tokens must fit max_model_len."""
+def check_length(
+  num_prompt_tokens: int, max_tokens: int, max_model_len: int, at_least: bool = False
+) -> None:
+  """The prompt plus max_tokens must fit max_model_len. at_least: num_prompt_tokens is a lower
+  bound on the prompt's tokens (the API server's check before it tokenizes a long prompt,
+  server/prompt_length.py), and the message says so."""
   total = num_prompt_tokens + max_tokens
   if total > max_model_len:
     raise ContextLengthError(
-      f"prompt: {num_prompt_tokens} prompt tokens + max_tokens "
+      f"prompt: {'at least ' if at_least else ''}{num_prompt_tokens} prompt tokens + max_tokens "
       f"{max_tokens} = {total} exceeds max_model_len {max_model_len}"
     )
 

@@ -31,7 +31,7 @@ from jaxserve.core.streams import EngineDeadError, OutputStream
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.server.chat_choices import ChatChoices, ChoiceDeltas
-from jaxserve.server.chat_prompt import encode_chat_prompt
+from jaxserve.server.chat_prompt import render_chat_prompt
 from jaxserve.server.drain import stream_error
 from jaxserve.server.errors import bad_request
 from jaxserve.server.generation import (
@@ -41,9 +41,11 @@ from jaxserve.server.generation import (
   expand_requests,
   sse_event,
 )
+from jaxserve.server.json_body import read_json
 from jaxserve.server.logprobs import chat_logprobs
+from jaxserve.server.prompt_length import PromptBudget, encode_prompt
 from jaxserve.server.protocol import ChatRequest, parse_chat_request
-from jaxserve.server.state import ServingState, read_json
+from jaxserve.server.state import ServingState
 from jaxserve.server.stream_interval import StepCoalescer
 
 # Engine and template errors name "prompt" / "chat_template"; the request's field is messages.
@@ -78,14 +80,20 @@ async def create_chat_completion(request: Request) -> Response:
 
 
 def _encode_chat(state: ServingState, parsed: ChatRequest) -> list[int]:
+  """The rendered template's token ids (as Tokenizer.encode_chat), refused first if they
+  cannot leave max_tokens, or a token, within the context (server/prompt_length.py)."""
   tools = [tool.to_openai() for tool in parsed.tools] or None
-  defaults = state.config.default_chat_template_kwargs
-  return encode_chat_prompt(state.tokenizer, parsed.prompt, defaults, tools)
+  tokenizer, defaults = state.tokenizer, state.config.default_chat_template_kwargs
+  text = render_chat_prompt(tokenizer, parsed.prompt, defaults, tools)
+  budget = PromptBudget(state.max_model_len, parsed.max_tokens)
+  return encode_prompt(tokenizer, text, budget, add_special_tokens=False)
 
 
 def _final_params(
   parsed: ChatRequest, num_prompt_tokens: int, state: ServingState
 ) -> SamplingParams:
+  """Without max_tokens, the reply may take the rest of the context (_encode_chat left it at
+  least one token)."""
   if parsed.max_tokens is not None:
     return parsed.params
   max_model_len = state.max_model_len

@@ -65,14 +65,15 @@ def parse_chat_prompt(body: Mapping) -> ChatPrompt:
   )
 
 
-def encode_chat_prompt(
+def render_chat_prompt(
   tokenizer: Tokenizer,
   prompt: ChatPrompt,
   defaults: Mapping[str, object] | None,
   tools: list[dict] | None = None,
-) -> list[int]:
-  """The prompt's token ids; `defaults`: server.default_chat_template_kwargs. ValueError naming
-  chat_template (a template failure) or continue_final_message."""
+) -> str:
+  """The prompt's text (encode it without special tokens: the template writes them);
+  `defaults`: server.default_chat_template_kwargs. ValueError naming chat_template (a template
+  failure) or continue_final_message."""
   variables: dict[str, object] = {
     **(defaults or {}),
     "add_generation_prompt": prompt.add_generation_prompt,
@@ -81,8 +82,20 @@ def encode_chat_prompt(
   }
   add_generation_prompt = bool(variables.pop("add_generation_prompt"))
   continue_final_message = bool(variables.pop("continue_final_message"))
-  return tokenizer.encode_chat(
+  return tokenizer.apply_chat_template(
     list(prompt.messages), add_generation_prompt, tools, continue_final_message, **variables
+  )
+
+
+def encode_chat_prompt(
+  tokenizer: Tokenizer,
+  prompt: ChatPrompt,
+  defaults: Mapping[str, object] | None,
+  tools: list[dict] | None = None,
+) -> list[int]:
+  """The prompt's token ids (render_chat_prompt's text, encoded)."""
+  return tokenizer.encode(
+    render_chat_prompt(tokenizer, prompt, defaults, tools), add_special_tokens=False
   )
 
 

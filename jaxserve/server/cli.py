@@ -52,7 +52,7 @@ def register(subparsers) -> None:
   group.add_argument("--host", help="address to bind (default 127.0.0.1)")
   group.add_argument("--port", type=int, help="port to bind (default 8000)")
   group.add_argument(
-    "--api-key", help="require `Authorization: Bearer KEY` (except on /health and /metrics)"
+    "--api-key", help="require `Authorization: Bearer KEY` on the /v1 routes (as vLLM)"
   )
   group.add_argument(
     "--served-model-name",

@@ -33,9 +33,11 @@ from jaxserve.server.generation import (
   expand_requests,
   sse_event,
 )
+from jaxserve.server.json_body import read_json
 from jaxserve.server.logprobs import CompletionLogprobs, completion_logprobs
+from jaxserve.server.prompt_length import PromptBudget, encode_prompt
 from jaxserve.server.protocol import CompletionRequest, Prompt, parse_completion_request
-from jaxserve.server.state import ServingState, read_json
+from jaxserve.server.state import ServingState
 from jaxserve.server.stream_interval import StepCoalescer
 
 
@@ -56,7 +58,7 @@ async def create_completion(request: Request) -> Response:
     raise bad_request(err) from err
   state.check_serving()
   try:
-    prompts = await state.run_blocking(_tokenize, state, parsed.prompts)
+    prompts = await state.run_blocking(_tokenize, state, parsed.prompts, parsed.params.max_tokens)
     response_id = f"cmpl-{uuid.uuid4().hex}"
     specs = expand_requests(response_id, [p.token_ids for p in prompts], parsed.params)
     stream = await state.add(specs)
@@ -69,13 +71,20 @@ async def create_completion(request: Request) -> Response:
   return JSONResponse(view.response(finals))
 
 
-def _tokenize(state: ServingState, prompts: tuple[Prompt, ...]) -> list[TokenizedPrompt]:
+def _tokenize(
+  state: ServingState, prompts: tuple[Prompt, ...], max_tokens: int
+) -> list[TokenizedPrompt]:
+  """Each prompt's text and ids; a prompt too long for the context is refused first, a text
+  before it is tokenized in full (server/prompt_length.py), token ids before they are checked
+  and detokenized."""
+  budget = PromptBudget(state.max_model_len, max_tokens)
   result = []
   for i, prompt in enumerate(prompts):
     name = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
     if isinstance(prompt, str):
-      result.append(TokenizedPrompt(prompt, state.encode(prompt)))
+      result.append(TokenizedPrompt(prompt, encode_prompt(state.tokenizer, prompt, budget)))
     else:
+      budget.check(len(prompt))
       check_token_ids(prompt, state.vocab_size, name)  # before detokenizing it
       result.append(TokenizedPrompt(state.tokenizer.decode(prompt), list(prompt)))
   return result

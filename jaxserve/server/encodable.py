@@ -2,7 +2,7 @@
 
 JSON may carry lone UTF-16 surrogates ("\\ud800" escapes, or their CESU bytes, which Python's
 json decodes with surrogatepass); no tokenizer can encode them, and a stop string or a chat
-message holding one would fail deep in the engine. read_json (server/state.py) calls
+message holding one would fail deep in the engine. read_json (server/json_body.py) calls
 check_encodable on every body, so every text field of every endpoint (prompt, messages, stop,
 tools, /tokenize, ...) is refused up front with ValueError("<field>: ...") naming the field as
 the body spells it (`messages[0].content`, `stop[1]`; a bad key names the object holding it).

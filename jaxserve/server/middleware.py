@@ -1,8 +1,9 @@
 """The ASGI guard in front of every route: API key, draining, and the body size limit.
 
-* With an API key set, every path except /health and /metrics (left open for probes and
-  scrapers) needs `Authorization: Bearer <key>`, compared with hmac.compare_digest. The decision
-  uses the ASGI scope's path, never a URL rebuilt from the Host header.
+* With an API key set, the OpenAI routes (every path under /v1, as vLLM guards them) need
+  `Authorization: Bearer <key>`, compared with hmac.compare_digest; the others (/health, /metrics,
+  /version, /tokenize, /detokenize, /tokenizer_info) stay open, as in vLLM. The decision uses the
+  ASGI scope's path, never a URL rebuilt from the Host header.
 * While draining (after SIGTERM) every path but /health and /metrics gets 503.
 * A body larger than max_body_bytes gets 413: refused from Content-Length when given, else by
   counting the bytes as they arrive. Bodies are read here in full and replayed to the app; after
@@ -18,7 +19,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from jaxserve.server.errors import ApiError, body_too_large, unauthorized, unavailable
 from jaxserve.server.state import ServingState
 
-OPEN_PATHS = ("/health", "/metrics")
+OPEN_PATHS = ("/health", "/metrics")  # served while draining too
+GUARDED_PREFIX = "/v1"  # what the API key guards (vLLM's AuthenticationMiddleware's rule)
 
 
 class GuardMiddleware:
@@ -33,11 +35,14 @@ class GuardMiddleware:
     path = scope["path"]
     headers = dict(scope["headers"])
     error = None
-    if path not in OPEN_PATHS:
-      if self.state.config.api_key is not None and not self._authorized(headers):
-        error = unauthorized()
-      elif self.state.draining.is_set():
-        error = unavailable("the server is shutting down")
+    if (
+      path.startswith(GUARDED_PREFIX)
+      and self.state.config.api_key is not None
+      and not self._authorized(headers)
+    ):
+      error = unauthorized()
+    elif path not in OPEN_PATHS and self.state.draining.is_set():
+      error = unavailable("the server is shutting down")
     if error is None:
       error, body = await self._read_body(headers, receive)
     if error is not None:

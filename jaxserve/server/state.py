@@ -2,7 +2,8 @@
 
 Admission order for a generation request: parse and validate the body (400; `n` above
 server.max_n too), check the model (404), refuse while draining or once the engine core is gone
-(503: check_serving), tokenize in a thread pool so the event loop never blocks on it, and add
+(503: check_serving), tokenize in a thread pool so the event loop never blocks on it (a prompt
+too long for the context refused before it is tokenized in full: server/prompt_length.py), and add
 the requests (add): the engine core counts the HTTP requests waiting to start, for every API
 server together (core/loop.py), and refuses past server.max_waiting_requests (429).
 """
@@ -10,7 +11,6 @@ server together (core/loop.py), and refuses past server.max_waiting_requests (42
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -18,14 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from starlette.requests import Request
-
 from jaxserve.config import ServerConfig
 from jaxserve.core.dp_client import EngineClient
 from jaxserve.core.streams import OutputStream, QueueFullError, RequestSpec
 from jaxserve.generation_config import GenerationDefaults
-from jaxserve.server.encodable import check_encodable
-from jaxserve.server.errors import ApiError, bad_request, not_found, queue_full, unavailable
+from jaxserve.server.errors import not_found, queue_full, unavailable
 from jaxserve.server.metrics import ServerMetrics
 from jaxserve.tokenizer.tokenizer import Tokenizer
 
@@ -89,23 +86,3 @@ class ServingState:
 
   async def run_blocking(self, fn: Callable[..., T], *args) -> T:
     return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
-
-  def encode(self, text: str) -> list[int]:
-    return self.tokenizer.encode(text)
-
-
-async def read_json(request: Request) -> dict:
-  """The body as a JSON object whose every string is valid Unicode (server/encodable.py), or a
-  400 (naming the field that holds a lone surrogate)."""
-  raw = await request.body()
-  try:
-    body = json.loads(raw)
-  except (UnicodeDecodeError, json.JSONDecodeError) as err:
-    raise ApiError(400, f"the body is not valid JSON: {err}") from err
-  if not isinstance(body, dict):
-    raise ApiError(400, f"the body must be a JSON object, got {type(body).__name__}")
-  try:
-    check_encodable(body)
-  except ValueError as err:
-    raise bad_request(err) from err
-  return body

@@ -5,8 +5,14 @@ SIGTERM or SIGINT drains: the drain flag makes new requests (and /health) 503. T
 socket stays open while responses run, so a client that connects during the drain gets that 503
 (an OpenAI error body), not a refused connection; once none runs (at the latest when
 server.drain_timeout_s has passed and those still running have ended with an error event and
-[DONE], server/drain.py) uvicorn stops accepting connections and shuts down. While requests
-run, a stats line is logged every server.stats_interval_s (server/stats_logger.py).
+[DONE], server/drain.py) uvicorn stops accepting connections and shuts down. A SIGINT while
+draining (a second Ctrl-C) or END_NOW_SIGNAL (the supervisor's word for it) ends the running
+responses at once, the same way; a repeated SIGTERM changes nothing. run_app owns these handlers
+for the server's whole life (uvicorn's own would take a SIGINT after any stop signal as a forced
+exit: tasks cancelled, streams cut without [DONE], a traceback each), a signal before uvicorn
+listens included. A signal this process ignores stays ignored: an API server process of the
+supervisor ignores SIGINT, whose Ctrl-C the supervisor acts on (core/child_signals.py). While
+requests run, a stats line is logged every server.stats_interval_s (server/stats_logger.py).
 
 uvicorn runs with server_config()'s settings: h11 with the connection guards of
 server/http_protocol.py (stalled readers, slow request heads, the connection cap), TLS when
@@ -19,16 +25,19 @@ per request) unless server.uvicorn_access_log is false (vLLM's --uvicorn-log-lev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
 
 import uvicorn
 from starlette.applications import Starlette
 
 from jaxserve.config import ServerConfig
+from jaxserve.core.child_signals import END_NOW_SIGNAL
 from jaxserve.log_setup import UVICORN_LOG_CONFIG
 from jaxserve.server.app import serving_state
 from jaxserve.server.drain import UVICORN_GRACE_S, DrainTimer
@@ -40,7 +49,8 @@ _POLL_S = 0.05
 
 
 class DrainingServer(uvicorn.Server):
-  """uvicorn's server that also raises the app's drain flag when a stop signal arrives."""
+  """uvicorn's server, stopped by drain() and end_now() (run_app's signal handlers) rather than by
+  uvicorn's own handlers."""
 
   def __init__(
     self,
@@ -54,12 +64,23 @@ class DrainingServer(uvicorn.Server):
     self.drain_timer = drain_timer
     self.drain_timeout_s = drain_timeout_s
 
-  def handle_exit(self, sig, frame) -> None:
+  @contextlib.contextmanager
+  def capture_signals(self) -> Iterator[None]:
+    yield  # run_app's handlers stay in place (the module docstring)
+
+  def drain(self, sig: int) -> None:
+    """New requests get 503; uvicorn shuts down once no response runs (shutdown below)."""
     if not self.draining.is_set():
       logger.info("signal %d: draining (new requests get 503)", sig)
     self.draining.set()
     self.drain_timer.start()
-    super().handle_exit(sig, frame)
+    self.should_exit = True
+
+  def end_now(self, sig: int) -> None:
+    """Drains, and ends the running responses now (an error event and [DONE] each)."""
+    self.drain(sig)
+    logger.info("signal %d: ending the running responses now", sig)
+    self.drain_timer.end_now()
 
   async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
     """Keeps accepting (and answering 503) while responses run, then uvicorn's shutdown."""
@@ -105,14 +126,20 @@ def run_app(
     state.engine, state.metrics, config.stats_interval_s, prefix=stats_prefix
   ).start()
 
-  def early_or_repeated(sig, frame) -> None:
-    """Installed around uvicorn's own handlers: a signal that arrives before uvicorn listens
-    (the process is still starting) drains like any other; the one uvicorn re-raises after
-    its graceful shutdown finds the drain done and does nothing."""
-    if not state.draining.is_set():
-      server.handle_exit(sig, frame)
+  def on_interrupt(sig, frame) -> None:
+    if state.draining.is_set():
+      server.end_now(sig)  # a second Ctrl-C
+    else:
+      server.drain(sig)
 
-  previous = {sig: signal.signal(sig, early_or_repeated) for sig in (signal.SIGTERM, signal.SIGINT)}
+  handlers = {
+    signal.SIGTERM: lambda sig, frame: server.drain(sig),
+    signal.SIGINT: on_interrupt,
+    END_NOW_SIGNAL: lambda sig, frame: server.end_now(sig),
+  }
+  if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # the supervisor acts on Ctrl-C
+    del handlers[signal.SIGINT]
+  previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
   try:
     server.run(sockets=[sock] if sock is not None else None)
   finally:

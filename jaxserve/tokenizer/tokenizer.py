@@ -15,13 +15,21 @@ tokenizer_config.json says `add_bos_token: true` and the post-processor adds non
 appended to it, as transformers' `add_bos_token=True` does (`add_eos_token` is not honoured: prompts
 never end in eos). Decoding is lossless: `clean_up_tokenization_spaces` is not applied, so streamed
 text and a one-shot decode agree.
+
+The GIL: the tokenizers library holds it through `encode` and `decode` but lets it go through
+their batch forms, so encode (always) and decode (of more than DECODE_BATCH_MIN_IDS ids) use those:
+encoding a 3 MB prompt in the API server's thread pool (seconds) leaves its event loop free to
+answer /health and the other requests. `min_num_tokens` is the token count a text's byte length
+alone proves (tokenizer/token_bound.py), known before encoding it.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import jinja2
@@ -29,6 +37,7 @@ import tokenizers
 from tokenizers import AddedToken, processors
 
 from jaxserve.tokenizer.chat_template import compile_chat_template, render_chat_template
+from jaxserve.tokenizer.token_bound import max_bytes_per_token
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -37,6 +46,7 @@ CHAT_TEMPLATE_JINJA_FILE = "chat_template.jinja"
 CHAT_TEMPLATE_JSON_FILE = "chat_template.json"
 DEFAULT_TEMPLATE_NAME = "default"
 TOOL_USE_TEMPLATE_NAME = "tool_use"
+DECODE_BATCH_MIN_IDS = 4096  # longer decodes go through decode_batch, without the GIL
 
 
 @dataclass(frozen=True)
@@ -122,13 +132,42 @@ class Tokenizer:
   def chat_template(self) -> str | None:
     return self._chat_templates.get(DEFAULT_TEMPLATE_NAME)
 
-  def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+  def encode(
+    self,
+    text: str,
+    add_special_tokens: bool = True,
+    check_count: Callable[[int], None] | None = None,
+  ) -> list[int]:
+    """The token ids of `text` (without holding the GIL while it is encoded). check_count, if
+    given, sees the number of tokens before their ids are built (it raises to refuse them)."""
     if not isinstance(text, str):
       raise ValueError(f"text: must be a string, got {type(text).__name__}")
-    return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+    (encoding,) = self.backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)
+    if check_count is not None:
+      check_count(len(encoding))
+    return encoding.ids
+
+  @functools.cached_property
+  def max_bytes_per_token(self) -> int | None:
+    """The most UTF-8 bytes of text one token stands for; None where no bound is proven
+    (tokenizer/token_bound.py)."""
+    return max_bytes_per_token(self.backend)
+
+  def min_num_tokens(self, text: str, add_special_tokens: bool = True) -> int | None:
+    """A number of tokens `text` is proven to encode to at least, from its byte length (and the
+    special tokens encode adds); None where the tokenizer proves no bound."""
+    bound = self.max_bytes_per_token
+    if bound is None:
+      return None
+    num_bytes = len(text.encode("utf-8", "surrogatepass"))
+    added = self.backend.num_special_tokens_to_add(False) if add_special_tokens else 0
+    return math.ceil(num_bytes / bound) + added
 
   def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
-    return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+    ids = list(ids)
+    if len(ids) < DECODE_BATCH_MIN_IDS:
+      return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+    return self.backend.decode_batch([ids], skip_special_tokens=skip_special_tokens)[0]
 
   def id_to_token(self, token_id: int) -> str:
     """The vocabulary string of `token_id` (e.g. "Ġthe"); "" for ids the tokenizer lacks."""

@@ -19,9 +19,22 @@ COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "hello"}]
 
+
+def _nested(levels: int) -> list:
+  """An array `levels` deep: [[...[]...]]."""
+  value: list = []
+  for _ in range(levels - 1):
+    value = [value]
+  return value
+
+
+DEEP_BODY = b'{"prompt": ' + b"[" * 1000 + b"]" * 1000 + b"}"  # 2 KB, 1,001 levels
+
 # (path, body, status, param, code); a bytes body is sent as it is.
 CASES = [
   (COMPLETIONS, b"{not json", 400, None, None),
+  (COMPLETIONS, DEEP_BODY, 400, None, None),
+  ("/tokenize", {"messages": _nested(128)}, 400, None, None),
   (COMPLETIONS, b"[1, 2, 3]", 400, None, None),
   (COMPLETIONS, b"\xff\xfe", 400, None, None),
   (COMPLETIONS, {"prompt": ""}, 400, "prompt", None),
@@ -68,7 +81,13 @@ CASES = [
   (CHAT, {"messages": [{"role": "user", "content": 7}]}, 400, "messages[0].content", None),
   (CHAT, {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].tool_call_id", None),
   (CHAT, {"messages": [{"role": "critic", "content": "x"}]}, 400, "messages", None),
-  (CHAT, {"messages": [{"role": "user", "content": "x" * 300}]}, 400, "messages", None),
+  (
+    CHAT,
+    {"messages": [{"role": "user", "content": "x" * 300}]},
+    400,
+    "messages",
+    "context_length_exceeded",
+  ),
   (CHAT, {"messages": USER, "max_tokens": 250}, 400, "messages", "context_length_exceeded"),
   (CHAT, {"messages": USER, "max_completion_tokens": 0}, 400, "max_completion_tokens", None),
   (CHAT, {"messages": USER, "top_logprobs": 2}, 400, "top_logprobs", None),
@@ -185,6 +204,16 @@ def test_bad_inputs_get_4xx_while_a_stream_runs(served):
   client.close()
 
 
+def test_json_nested_past_the_limit_gets_400_naming_it(served):
+  """A 2 KB body nested 1,000 levels deep used to end in a RecursionError (a 500 and a
+  traceback); 128 levels of arrays and objects are allowed (the body itself is level 1)."""
+  for body in (DEEP_BODY, {"prompt": _nested(128)}):
+    error = _assert_error(_post(served.url, COMPLETIONS, body), 400)
+    assert "more than 128 levels deep" in error["message"]
+  within = _post(served.url, COMPLETIONS, {"prompt": _nested(127)})  # deep, but allowed
+  assert "levels deep" not in _assert_error(within, 400, param="prompt[0]")["message"]
+
+
 def test_unknown_routes_and_methods_get_openai_bodies(served):
   _assert_error(httpx.get(f"{served.url}/v1/nope"), 404, code="not_found")
   _assert_error(httpx.get(f"{served.url}{COMPLETIONS}"), 405, code="method_not_allowed")
@@ -199,8 +228,14 @@ def test_api_key(served, strict_server):
   _assert_error(
     httpx.get(f"{url}/v1/models", headers={"Host": "localhost"}), 401, code="invalid_api_key"
   )
+  _assert_error(httpx.get(f"{url}/v1/models/tiny-random"), 401, code="invalid_api_key")
+  # vLLM guards /v1 only: probes, scrapers and the utility routes need no key
   assert httpx.get(f"{url}/health").status_code == 200
   assert httpx.get(f"{url}/metrics").status_code == 200
+  assert httpx.get(f"{url}/version").json()["version"]
+  assert httpx.get(f"{url}/tokenizer_info").status_code == 200
+  tokens = _post(url, "/tokenize", {"prompt": "hi"}).json()["tokens"]
+  assert _post(url, "/detokenize", {"tokens": tokens}).json()["prompt"] == "hi"
   with openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0) as client:
     assert client.completions.create(**body).usage.completion_tokens >= 1
   with openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0) as client:

@@ -2,8 +2,10 @@
 answered 503 with an OpenAI error body (the socket stays open while responses run), and the
 process exits 0. Streams still running when
 server.drain_timeout_s expires end with an error event and [DONE], with no traceback logged. A
-signal while the supervisor is still spawning its API processes stops them all; the API
-processes start side by side."""
+terminal's Ctrl-C (SIGINT to the whole process group) drains the same way, and a second one ends
+the running streams at once, each with an error event and [DONE]. A signal while the supervisor
+is still spawning its API processes stops them all; the API processes start side by side, and a
+SIGTERM to the whole group stops them idle with no ERROR logged."""
 
 from __future__ import annotations
 
@@ -82,9 +84,14 @@ def _wait_until_draining(url: str) -> None:
 
 
 def _start_server(
-  tmp_path, log_level: str, api_server_count: int | None = None, **config
+  tmp_path,
+  log_level: str,
+  api_server_count: int | None = None,
+  own_group: bool = False,
+  **config,
 ) -> tuple[subprocess.Popen, str]:
-  """A `jaxserve serve` process on a free port (the server.yaml of _write_config); its URL."""
+  """A `jaxserve serve` process on a free port (the server.yaml of _write_config); its URL.
+  own_group: in a process group of its own (a terminal's), which the test may signal whole."""
   config_path = str(tmp_path / "server.yaml")
   _write_config(config_path, **config)
   port = free_port()
@@ -105,6 +112,7 @@ def _start_server(
     stdout=subprocess.PIPE,
     stderr=subprocess.STDOUT,
     text=True,
+    start_new_session=own_group,
   )
   return process, f"http://127.0.0.1:{port}"
 
@@ -202,6 +210,78 @@ def test_streams_running_at_the_drain_timeout_end_with_an_error_event(tmp_path):
     assert chunks and all(c["choices"][0]["finish_reason"] is None for c in chunks)
 
 
+class _Stream:
+  """One streamed completion on a thread: its SSE lines, as they arrive."""
+
+  def __init__(self, url: str, prompt: str, max_tokens: int):
+    self.lines: list[str] = []
+    self.started = threading.Event()
+    body = {
+      "prompt": prompt,
+      "max_tokens": max_tokens,
+      "temperature": 0,
+      "ignore_eos": True,
+      "stream": True,
+    }
+    self._thread = threading.Thread(target=self._read, args=(url, body))
+    self._thread.start()
+
+  def _read(self, url: str, body: dict) -> None:
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
+      for line in response.iter_lines():
+        if line:
+          self.lines.append(line)
+          self.started.set()
+
+  def join(self, timeout: float = 60) -> None:
+    self._thread.join(timeout)
+    assert not self._thread.is_alive()
+
+  @property
+  def chunks(self) -> list[dict]:
+    return [json.loads(line[6:]) for line in self.lines if line != "data: [DONE]"]
+
+
+@pytest.mark.parametrize("api_server_count", [2, 0])  # supervisor and children; one process
+def test_ctrl_c_in_a_terminal_drains_and_a_second_one_ends_the_streams(tmp_path, api_server_count):
+  """A terminal's Ctrl-C sends SIGINT to the whole process group (supervisor, engine core and
+  API server processes): the running streams go on and finish with [DONE], as with a SIGINT to
+  the supervisor alone; a second Ctrl-C ends the ones still running at once with an error event
+  and [DONE]; exit 0, no traceback, no ERROR. The API server used to take the terminal's SIGINT,
+  after the supervisor's SIGTERM, for uvicorn's second Ctrl-C: streams cut without [DONE]
+  (curl's exit 18) and CancelledError tracebacks."""
+  process, url = _start_server(tmp_path, "INFO", api_server_count, own_group=True)
+  try:
+    _wait_until_healthy(url, process)
+    short = _Stream(url, "ctrl-c, short", 40)
+    long = _Stream(url, "ctrl-c, long", MAX_MODEL_LEN - 16)
+    assert short.started.wait(30) and long.started.wait(30)
+    os.killpg(process.pid, signal.SIGINT)
+    at_signal = len(short.lines)
+    short.join()
+    _wait_until_draining(url)
+    assert not long.lines or long.lines[-1] != "data: [DONE]", "the long stream ended already"
+    os.killpg(process.pid, signal.SIGINT)
+    sent = time.monotonic()
+    long.join()
+    ended_after_s = time.monotonic() - sent
+    output, _ = process.communicate(timeout=60)
+  finally:
+    if process.poll() is None:
+      os.killpg(process.pid, signal.SIGKILL)
+      process.wait()
+  assert process.returncode == 0, output
+  assert "Traceback" not in output and " ERROR " not in output, output
+  assert short.lines[-1] == "data: [DONE]" and len(short.lines) > at_signal
+  assert short.chunks[-1]["choices"][0]["finish_reason"] == "length"
+  assert all("error" not in chunk for chunk in short.chunks)
+  assert long.lines[-1] == "data: [DONE]", long.lines[-3:]
+  error = long.chunks[-1]["error"]
+  assert error["code"] == "service_unavailable" and "second stop signal" in error["message"]
+  assert all(c["choices"][0]["finish_reason"] is None for c in long.chunks[:-1])
+  assert ended_after_s < 5, f"the stream ended {ended_after_s:.1f} s after the second Ctrl-C"
+
+
 # A tiny model with Llama 3's 128,256-id vocabulary: every API process loads its tokenizer
 # (1.6 MB pickled, larger than a pipe's buffer) at start-up, as with a real checkpoint.
 LARGE_VOCAB_SHAPE = ModelConfig(
@@ -247,9 +327,14 @@ def test_sigterm_while_api_processes_start_stops_every_process(tmp_path):
 def test_api_processes_start_side_by_side(tmp_path):
   """The supervisor has spawned all 4 API processes before the first one serves: none waits
   for another's imports (they did when the 1.6 MB tokenizer went through the spawn pipe: on an
-  H100 host the 4th served 1.8-1.9 s after the 1st). /metrics counts them once all serve."""
+  H100 host the 4th served 1.8-1.9 s after the 1st). /metrics counts them once all serve.
+  Stopped idle by SIGTERM to its whole process group (as `timeout` sends it, and systemd to its
+  cgroup), it logs no ERROR: the engine core, which gets the signal too, waits for the API
+  servers to go (it used to stop first, and each logged that the core had stopped)."""
   checkpoint = build_random_checkpoint(LARGE_VOCAB_SHAPE, tmp_path / "ckpt", seed=0)
-  process, url = _start_server(tmp_path, "INFO", api_server_count=4, model=str(checkpoint))
+  process, url = _start_server(
+    tmp_path, "INFO", api_server_count=4, own_group=True, model=str(checkpoint)
+  )
   lines = []
   try:
     for line in process.stdout:
@@ -263,9 +348,11 @@ def test_api_processes_start_side_by_side(tmp_path):
     while scrape_metrics(url)["jaxserve_api_servers"] != 4:
       assert time.monotonic() < deadline, "the core did not count 4 API server processes"
       time.sleep(0.1)
-    process.send_signal(signal.SIGTERM)
+    os.killpg(process.pid, signal.SIGTERM)
     output, _ = process.communicate(timeout=120)
   finally:
     if process.poll() is None:
-      process.kill()
+      os.killpg(process.pid, signal.SIGKILL)
+      process.wait()
   assert process.returncode == 0, "".join(lines) + output
+  assert " ERROR " not in output and "Traceback" not in output, output
