@@ -31,9 +31,11 @@ from HBM, not L2) and INNER programs are dispatched before one sync. "GB/s" is t
 the experts the batch touches (every distinct routed expert: three [H, I] matrices, one for
 ragged_dot and pallas) per second, beside the device's copy bandwidth (read + write of a large
 array). A column whose program fails (XLA's dense ragged_dot can run out of memory at prefill
-sizes) records its error and the others still run. expert_ffn's and expert_ffn_ragged's outputs
-are checked against dense_all's, and pallas's against ragged_dot's. Prints a table; --out writes
-JSON; --smoke runs tiny shapes (CPU, the kernel in interpret mode).
+sizes) records its error and the others still run. The timed programs' own first-layer outputs
+are checked: expert_ffn's and expert_ffn_ragged's against dense_all's, and pallas's against
+ragged_dot's. Programs are built once per function (and tiling) and reused across batches and
+calls, so a shape compiles once per process. Prints a table; --out writes JSON; --smoke runs tiny
+shapes (CPU, the kernel in interpret mode).
 
     python -m investigations.bench_grouped_matmul --batches 1,64,256
     python -m investigations.bench_grouped_matmul --batches 1,8192 --tilings "16,32,64,8,4,4"
@@ -42,6 +44,7 @@ JSON; --smoke runs tiny shapes (CPU, the kernel in interpret mode).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from dataclasses import asdict, dataclass
@@ -118,6 +121,7 @@ def per_token_gather(x, ids, weights, gate, up, down) -> jax.Array:
   return jnp.einsum("tkh,tk->th", out, weights)
 
 
+@functools.cache
 def _ffn_program(fn):
   def run(x, ids, weights, experts):
     return [fn(x, ids[layer], weights[layer], *w) for layer, w in enumerate(experts)]
@@ -125,16 +129,19 @@ def _ffn_program(fn):
   return jax.jit(run)
 
 
-def _sorted_rows(shape: Shape, x: jax.Array, ids: jax.Array) -> tuple[list, list]:
-  """Per layer, the assignments' rows sorted by expert [T*K, H] and the group sizes [E]."""
+@functools.partial(jax.jit, static_argnames=("num_experts",))
+def _sorted_rows(x: jax.Array, ids: jax.Array, num_experts: int) -> tuple[list, list]:
+  """Per layer, the assignments' rows sorted by expert [T*K, H] and the group sizes [E] (one
+  program)."""
   rows, sizes = [], []
   for layer_ids in ids:
-    order, _, group_sizes = sort_by_expert(layer_ids, shape.num_experts)
-    rows.append(x[order // shape.top_k])
+    order, _, group_sizes = sort_by_expert(layer_ids, num_experts)
+    rows.append(x[order // layer_ids.shape[-1]])
     sizes.append(group_sizes)
   return rows, sizes
 
 
+@functools.cache
 def _gate_program(kernel: str):
   """The gate projection of every layer on its sorted rows, through `kernel`."""
 
@@ -144,6 +151,7 @@ def _gate_program(kernel: str):
   return jax.jit(run)
 
 
+@functools.cache
 def _tiled_programs(tiling: pallas_gmm.Tiling) -> dict:
   """The gate product and the fused gate/up SwiGLU of every layer through the kernel with
   `tiling` (interpret mode off GPUs)."""
@@ -185,6 +193,7 @@ def bench_batch(shape: Shape, tokens: int, args: argparse.Namespace, copy_gbps: 
   touched = float(np.mean([len(np.unique(np.asarray(layer))) for layer in ids]))
   timing = dict(layers=args.layers, inner=args.inner, reps=args.reps)
   row: dict = {"tokens": tokens, "experts_touched": touched}
+  first_layer: dict[str, np.ndarray] = {}  # each timed column's first-layer output
 
   def add(name: str, weight_bytes: float, program, *program_args, into: dict = row) -> None:
     try:
@@ -194,8 +203,11 @@ def bench_batch(shape: Shape, tokens: int, args: argparse.Namespace, copy_gbps: 
       into[name] = {"error": f"{type(e).__name__}: {str(e)[:1000]}"}
       return
     into[name] = {"us": us, "gb_per_s": weight_bytes / us / 1e3}
+    if into is row:
+      first_layer[name] = np.asarray(program(*program_args)[0], np.float32)
 
-  rows, sizes = _sorted_rows(shape, x, ids)  # the kernels alone: their rows sorted beforehand
+  # the kernels alone: their rows sorted beforehand
+  rows, sizes = _sorted_rows(x, ids, shape.num_experts)
   for kind, kernel in (("ragged_dot", "ragged_dot"), ("pallas", "pallas")):
     add(kind, touched * shape.expert_bytes / 3, _gate_program(kernel), rows, sizes, experts)
   for tiling in getattr(args, "tilings", None) or []:
@@ -213,36 +225,25 @@ def bench_batch(shape: Shape, tokens: int, args: argparse.Namespace, copy_gbps: 
   gathered = tokens * shape.top_k * shape.expert_bytes
   if gathered <= args.gather_limit_gib * 2**30:
     add("per_token_gather", gathered, _ffn_program(per_token_gather), x, ids, weights, experts)
-  row.update(_errors(x, ids[0], weights[0], experts[0], rows[0], sizes[0]))
+  row.update(_errors(first_layer, live=int(np.sum(np.asarray(sizes[0])))))
   row["copy_gb_per_s"] = copy_gbps
   return row
 
 
-def _run(fn, *args) -> np.ndarray | None:
-  """fn(*args) jitted, as float32 numpy (None when it fails: the timing row holds the error)."""
-  try:
-    return np.asarray(jax.jit(fn)(*args), np.float32)
-  except Exception:  # noqa: BLE001
-    return None
-
-
 def _max_error(got: np.ndarray | None, want: np.ndarray | None) -> float | None:
+  """None when a column failed (its timing entry holds the error)."""
   return None if got is None or want is None else float(np.max(np.abs(got - want)))
 
 
-def _errors(x, ids, weights, experts, rows, sizes) -> dict:
+def _errors(first_layer: dict[str, np.ndarray], live: int) -> dict:
   """The first layer's FFNs against dense_all, and the kernel's gate product against ragged_dot's
-  on the groups' rows (past them ragged_dot's rows are unspecified)."""
-  want = _run(dense_all, x, ids, weights, *experts)
-  live = int(np.sum(np.asarray(sizes)))
-
-  def gate(kernel):
-    return _run(lambda r, w, n: grouped_matmul(r, w, n, kernel)[:live], rows, experts[0], sizes)
-
+  on the groups' `live` rows (past them ragged_dot's rows are unspecified)."""
+  want = first_layer.get("dense_all")
+  gates = {k: first_layer[k][:live] for k in ("pallas", "ragged_dot") if k in first_layer}
   return {
-    "max_abs_error_vs_dense": _max_error(_run(expert_ffn, x, ids, weights, *experts), want),
-    "ragged_max_abs_error_vs_dense": _max_error(_run(_ffn_ragged, x, ids, weights, *experts), want),
-    "pallas_max_abs_error_vs_ragged": _max_error(gate("pallas"), gate("ragged_dot")),
+    "max_abs_error_vs_dense": _max_error(first_layer.get("expert_ffn"), want),
+    "ragged_max_abs_error_vs_dense": _max_error(first_layer.get("expert_ffn_ragged"), want),
+    "pallas_max_abs_error_vs_ragged": _max_error(gates.get("pallas"), gates.get("ragged_dot")),
   }
 
 

@@ -1,23 +1,45 @@
 """investigations/bench_grouped_matmul.py on tiny shapes (CPU, the Pallas kernel in interpret
 mode): every row timed, its bandwidth counted from the experts the batch touches, the grouped
 FFNs equal to the dense reference and the kernel's product to ragged_dot's, a failing column
-recorded beside the others (scripts/gpu_moe.sh runs it at Qwen3-30B-A3B's shapes on a GPU)."""
+recorded beside the others (scripts/gpu_moe.sh runs it at Qwen3-30B-A3B's shapes on a GPU).
+
+One smoke run is shared by the module's tests: each program compiles once (the interpret-mode
+kernel's are the cost), and the tiling sweep and the failing-column run at its first batch reuse
+them (the bench builds a program once per function)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from investigations import bench_grouped_matmul as bench
 
+SMOKE_ARGV = ["--smoke", "--batches", "1,16", "--layers", "2", "--inner", "1", "--reps", "1"]
+SWEEP = "16,16,16,2,4,4;16,64,16,1,4,4"  # the second's block_n does not divide N (32)
 
-def test_smoke_rows_and_the_dense_references_agree(tmp_path):
-  out = tmp_path / "gmm.json"
-  argv = ["--smoke", "--batches", "1,16", "--layers", "2", "--inner", "1", "--reps", "1"]
-  assert bench.main([*argv, "--out", str(out)]) == 0
-  report = json.loads(out.read_text())
+
+def _main(out, *argv: str) -> tuple[dict, str]:
+  """bench.main's JSON report and what it printed."""
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    assert bench.main([*SMOKE_ARGV, *argv, "--out", str(out)]) == 0
+  return json.loads(out.read_text()), printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> dict:
+  """The smoke run's JSON report."""
+  report, _ = _main(tmp_path_factory.mktemp("gmm") / "gmm.json")
+  return report
+
+
+def test_smoke_rows_and_the_dense_references_agree(smoke):
+  report = smoke
   shape = bench.SMOKE
   for row in report["rows"]:
     assert 1 <= row["experts_touched"] <= shape.num_experts
@@ -37,16 +59,20 @@ def test_smoke_rows_and_the_dense_references_agree(tmp_path):
   assert report["rows"][0]["experts_touched"] == shape.top_k  # one token: its own experts
 
 
-def test_a_failing_column_records_its_error(monkeypatch, capsys):
+def test_a_failing_column_records_its_error(smoke, monkeypatch, capsys):
+  """The smoke run's first batch and layers again (its programs compiled), dense_all failing."""
+
   def fail(*_args, **_kwargs):
     raise MemoryError("RESOURCE_EXHAUSTED: out of memory")
 
   real = bench._ffn_program
   monkeypatch.setattr(bench, "_ffn_program", lambda fn: fail if fn is bench.dense_all else real(fn))
-  args = bench.parse_args(["--smoke", "--layers", "1", "--inner", "1", "--reps", "1"])
-  row = bench.bench_batch(bench.SMOKE, 2, args, copy_gbps=1.0)
+  args = bench.parse_args(SMOKE_ARGV)
+  row = bench.bench_batch(bench.SMOKE, 1, args, copy_gbps=1.0)
   assert "RESOURCE_EXHAUSTED" in row["dense_all"]["error"]
   assert row["expert_ffn"]["us"] > 0 and row["pallas"]["us"] > 0
+  assert row["max_abs_error_vs_dense"] is None  # no reference to check against
+  assert row["pallas_max_abs_error_vs_ragged"] < 2e-2
   assert "error" in bench._table([row]) and "dense_all" in capsys.readouterr().err
 
 
@@ -61,16 +87,13 @@ def test_the_two_dense_references_agree_with_each_other():
   np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
-def test_a_tiling_sweep_times_the_kernel_per_tiling(tmp_path, capsys):
+def test_a_tiling_sweep_times_the_kernel_per_tiling(smoke, tmp_path):
   """Each tiling on the gate product and the fused SwiGLU; one that does not divide the smoke
-  shape's N (32) records its error."""
-  sweep = "16,16,16,2,4,4;16,64,16,1,4,4"
-  assert bench.parse_tilings(sweep)[0] == bench.pallas_gmm.Tiling(16, 16, 16, 2, 4, 4)
-  out = tmp_path / "gmm.json"
-  argv = ["--smoke", "--batches", "3", "--layers", "1", "--inner", "1", "--reps", "1"]
-  assert bench.main([*argv, "--tilings", sweep, "--out", str(out)]) == 0
-  printed = capsys.readouterr().out
+  shape's N (32) records its error. At the smoke run's first batch (only the tiled programs
+  compile)."""
+  assert bench.parse_tilings(SWEEP)[0] == bench.pallas_gmm.Tiling(16, 16, 16, 2, 4, 4)
+  report, printed = _main(tmp_path / "gmm.json", "--batches", "1", "--tilings", SWEEP)
   assert "pallas gate 16x16x16/2 w4 s4:" in printed
-  swept = json.loads(out.read_text())["rows"][0]["pallas_tilings"]
+  swept = report["rows"][0]["pallas_tilings"]
   assert swept["gate 16x16x16/2 w4 s4"]["us"] > 0 and swept["swiglu 16x16x16/2 w4 s4"]["us"] > 0
   assert "N 32 must be a multiple of block_n" in swept["gate 16x64x16/1 w4 s4"]["error"]

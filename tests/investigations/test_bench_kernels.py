@@ -1,7 +1,10 @@
 """investigations/bench_kernels.py and its harnesses (investigations/kernel_timing.py): the smoke
 run checks every kernel against the reference, a prefill case, the FLOP count, each timing
 harness and the device-time column; interpret mode on CPU, compiled on a GPU (gpu_session.sh's
-kernels step runs this file there)."""
+kernels step runs this file there).
+
+One smoke run with a prefill case and the device-time column is shared by the tests that read
+them: the interpret-mode kernels and their timing programs compile once."""
 
 from __future__ import annotations
 
@@ -17,28 +20,35 @@ from investigations import attention_report, bench_kernels, kernel_timing
 from pallas_kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
 
 
-def test_bench_script_smoke(tmp_path: Path):
-  out_path = tmp_path / "bench.json"
-  assert bench_kernels.main(["--smoke", "--out", str(out_path)]) == 0
-  report = json.loads(out_path.read_text())
-  assert report["smoke"] and len(report["cases"]) == 2, report
+@pytest.fixture(scope="module")
+def smoke_report(tmp_path_factory) -> dict:
+  """The smoke run's JSON: its decode and mixed cases, a prefill case, device time."""
+  out_path = tmp_path_factory.mktemp("bench") / "bench.json"
+  argv = ["--smoke", "--prefill", "2x24", "--device-time", "--out", str(out_path)]
+  assert bench_kernels.main(argv) == 0
+  return json.loads(out_path.read_text())
+
+
+def test_bench_script_smoke(smoke_report: dict):
+  report = smoke_report
+  names = [case["name"] for case in report["cases"]]
+  assert report["smoke"] and names == [
+    "decode_b2_ctx32",
+    "mixed_1x8prefill_2decode_ctx32",
+    "prefill_2x24",
+  ], report
   assert report["copy_gbps"] > 0 and report["read_gbps"] > 0, report
   for case in report["cases"]:
     assert case["error"] is None, case
     assert not any("failed" in note for note in case["notes"]), case
     assert case["max_abs_error"]["ours"] < 2e-2, case
-  assert case["kind"] == "mixed"
+  assert report["cases"][1]["kind"] == "mixed"
   assert report["cases"][0]["max_abs_error"]["bundled"] < 2e-2
 
 
-def test_bench_script_prefill_case(tmp_path: Path):
-  out_path = tmp_path / "bench.json"
-  assert (
-    bench_kernels.main(["--smoke", "--no-mixed", "--prefill", "2x24", "--out", str(out_path)]) == 0
-  )
-  cases = {case["name"]: case for case in json.loads(out_path.read_text())["cases"]}
-  assert set(cases) == {"decode_b2_ctx32", "prefill_2x24"}
-  prefill = cases["prefill_2x24"]
+def test_bench_script_prefill_case(smoke_report: dict):
+  prefill = smoke_report["cases"][-1]
+  assert prefill["name"] == "prefill_2x24"
   assert prefill["error"] is None and prefill["num_tokens"] == 48, prefill
   assert prefill["max_abs_error"]["ours"] < 2e-2
 
@@ -108,10 +118,8 @@ def test_unrolled_bench_program_runs_every_call():
     )
 
 
-def test_bench_device_time_column(tmp_path: Path):
+def test_bench_device_time_column(smoke_report: dict):
   """--device-time traces the timed program and reports its kernels' time per call."""
-  out_path = tmp_path / "bench.json"
-  assert bench_kernels.main(["--smoke", "--no-mixed", "--device-time", "--out", str(out_path)]) == 0
-  case = json.loads(out_path.read_text())["cases"][0]
+  case = smoke_report["cases"][0]
   assert case["device_us"]["ours"] > 0, case
   assert not any("trace failed" in note for note in case["notes"]), case
