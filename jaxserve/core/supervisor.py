@@ -25,7 +25,9 @@ all. Both are removed when the supervisor exits. Then it waits on the children:
   supervisor alone. A SIGINT while draining (a second Ctrl-C) ends the running responses at once:
   the API servers get END_NOW_SIGNAL, their streams end with an error event and `[DONE]`, and
   they exit; a repeated SIGTERM changes nothing (`timeout` and systemd send one to the process and
-  one to its group or cgroup). A signal while the core is still starting
+  one to its group or cgroup). A core that got such a SIGTERM itself stops once its API servers
+  have gone (core/process.py), maybe before the supervisor has seen them exit: a core that
+  exits 0 while stopping has stopped, not died. A signal while the core is still starting
   (building, warming up) stops it at once (start_core_process's stop_requested: within about a
   second, core/process.py); exit 0. A signal later in start-up starts no further API server;
   those spawned drain as soon as they can (one still importing dies of the signal, one whose
@@ -198,6 +200,8 @@ def _wait_for_children(cores: EngineCores, apis: ApiProcesses, stopping: list[in
     timeout = None if pending is None else min(pending, RESTART_POLL_S)
     ready = wait(list(cores.sentinels()) + apis.sentinels(), timeout)
     for index in cores.reap(ready):
+      if stopping and cores.handles[index].process.exitcode == 0:
+        continue  # the stop signal reached it too (a whole group's): it stopped once drained
       if not cores.live:
         return _last_core_died(cores, index, apis)
       _core_died(cores, index)
