@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxserve.device.program_compiler import Program, ProgramCompileError, ProgramCompiler
+from jaxserve.device.program_compiler import ProgramCompileError, ProgramCompiler
+from jaxserve.device.program_groups import Program
 from jaxserve.messages.buckets import Bucket
 from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion, small_engine
