@@ -70,7 +70,6 @@ from jaxserve.models.registry import (
 )
 from jaxserve.parallel.multihost import StepPublisher, is_worker
 from jaxserve.parallel.placement import load_placement
-from jaxserve.platform_needs import check_platform
 from jaxserve.pool_sizing import log_kv_pool, size_kv_pool, with_pool_rungs
 from jaxserve.quantization.capabilities import check_device_runs
 
@@ -114,7 +113,6 @@ def build_device(
   devices: the engine's own (one engine core of several, parallel/device_slice.py), None: the
   process's."""
   description = DeviceDescription.of((devices or jax.devices())[0])
-  check_platform(config, description.platform)  # before any weight loads
   note = revision_note(config)  # an uncached revision fails here
   if note is not None:
     logger.info("%s", note)

@@ -10,9 +10,10 @@ check_platform(config, platform) is a one-line ValueError naming the key, the pl
 to do, when the installed JAX has no support for the platform `config` needs (no CUDA or ROCm
 plugin: the CPU-only build that `pip install -e .` gives; no libtpu): the error names the
 install line. The CLI checks that before any work (platform None: JAX not started; found
-without importing anything). With the platform JAX started on (assembly.build_device, before
-any weight loads), a supported platform JAX found no device of (a driver it cannot use, devices
-hidden by CUDA_VISIBLE_DEVICES or JAX_PLATFORMS, libtpu off a TPU VM) is one line too.
+without importing anything). Given the platform JAX started on, a supported platform JAX found
+no device of (a driver it cannot use, devices hidden by CUDA_VISIBLE_DEVICES or JAX_PLATFORMS) is
+one line too. An engine built in-process (LLM, tests) is not checked: there pallas_gpu and
+pallas_tpu off their device run the kernels in Pallas interpret mode (config/engine.py).
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def test_the_cli_refuses_an_unknown_name_with_exit_code_2(capsys):
     main(["generate", "--quantization", "int4", "--prompt", "hi"])
   assert exit_info.value.code == 2
   assert capsys.readouterr().err.strip().splitlines()[-1] == (
-    "jaxserve generate: error: argument --quantization: invalid choice: 'int4' "
+    "jaxserve generate: error: argument --quantization/-q: invalid choice: 'int4' "
     "(choose from 'none', 'fp8', 'fp8_w8a16', 'int8', 'int8_w8a8')"
   )
   assert main(["config", "--set", "quantization=int4"]) == 2
