@@ -14,15 +14,8 @@ from jaxserve.device.program_groups import Program
 from jaxserve.messages.buckets import Bucket
 from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion, small_engine
+from tests.integration.test_background_compile import CONFIG  # the same small ladder
 
-CONFIG = dict(
-  num_pages=128,
-  max_num_seqs=8,
-  seq_buckets=(2, 8),
-  token_buckets=(8, 16, 64),
-  max_tokens_per_step=64,
-  max_model_len=256,
-)
 LARGEST, SMALLEST_DECODE = Bucket(8, 64), Bucket(2, 8)
 
 
