@@ -58,6 +58,36 @@ def timed_forward(fn, runner, inputs, reps: int = 20) -> float:
   return 1e3 * statistics.median(samples)
 
 
+def profiled_batch(args: argparse.Namespace, num_seqs: int, context: int, phase: str):
+  """(engine, step inputs, batch): an engine of the command line's config (programs compiled
+  lazily, on first use) holding `num_seqs` random prompts of `context` tokens, and its next step:
+  the first prefill step, or (decode) a decode step of every sequence once all are prefilled."""
+  engine = build_engine(engine_config_from_args(args), show_progress=False, default_warmup="lazy")
+  engine.async_scheduling = False  # no step in flight when the batch below is taken
+  rng = np.random.default_rng(0)
+  params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+  for i in range(num_seqs):
+    prompt = rng.integers(0, min(engine.vocab_size, 1000), context).tolist()
+    engine.add_request(prompt, params, request_id=f"p{i}")
+  while phase == "decode" and (
+    engine.scheduler.num_waiting
+    or any(  # prefill everyone
+      len(engine.core.requests[r].output_token_ids) == 0 for r in engine.core.requests
+    )
+  ):
+    engine.step()
+  batch = engine.scheduler.schedule()
+  inputs = engine.runner.prepare(batch)
+  print(f"bucket {inputs.bucket}, {batch.num_seqs} seqs, {batch.num_tokens} tokens")
+  if phase == "decode" and batch.num_seqs < num_seqs:
+    print(
+      f"WARNING: the step holds {batch.num_seqs} of the {num_seqs} sequences asked for "
+      "(the KV pool or the scheduler's limits held the rest back): compare profiles only at "
+      "equal num_seqs"
+    )
+  return engine, inputs, batch
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   add_engine_args(parser)
@@ -92,34 +122,11 @@ def main() -> None:
     os.environ["XLA_FLAGS"] = (
       os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer="
     ).strip()
-  # lazy: the programs of the one bucket profiled compile on first use (before any timing)
-  engine = build_engine(engine_config_from_args(args), show_progress=False, default_warmup="lazy")
-  engine.async_scheduling = False  # no step in flight when the batch below is taken
-  rng = np.random.default_rng(0)
-  params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
-  for i in range(args.num_seqs):
-    prompt = rng.integers(0, min(engine.vocab_size, 1000), args.context).tolist()
-    engine.add_request(prompt, params, request_id=f"p{i}")
-  while args.phase == "decode" and (
-    engine.scheduler.num_waiting
-    or any(  # prefill everyone
-      len(engine.core.requests[r].output_token_ids) == 0 for r in engine.core.requests
-    )
-  ):
-    engine.step()
+  engine, inputs, batch = profiled_batch(args, args.num_seqs, args.context, args.phase)
   runner = engine.runner
-  batch = engine.scheduler.schedule()
-  inputs = runner.prepare(batch)
   model = runner.model
   compute_logits = type(model).compute_logits
   params = runner.params  # an argument, never a closure: captured weights become constants
-  print(f"bucket {inputs.bucket}, {batch.num_seqs} seqs, {batch.num_tokens} tokens")
-  if args.phase == "decode" and batch.num_seqs < args.num_seqs:
-    print(
-      f"WARNING: the step holds {batch.num_seqs} of the {args.num_seqs} sequences asked for "
-      "(the KV pool or the scheduler's limits held the rest back): compare profiles only at "
-      "equal num_seqs"
-    )
 
   @functools.partial(jax.jit, donate_argnums=1)
   def forward(params, kv, inp):

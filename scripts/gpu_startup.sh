@@ -4,7 +4,10 @@
 # one stream and 4 x 512/64 right after /health and again once every program is compiled;
 # --restart-wait: the restart's programs too). STEPS picks the runs: ck8b builds the
 # Llama-3.1-8B-shaped random checkpoint if absent; t<N>_8b starts it with compile_threads=N
-# (t0_8b: the default, half the host's cores); each run's JSON and server logs land in $OUT/<step>/.
+# (t0_8b: the default, a quarter of the host's cores); each run's JSON and server logs land in
+# $OUT/<step>/. lp<phase>:<seqs>:<context> times that step of the 8B with the decoder's layers
+# unrolled and as one program a layer (investigations/layer_programs.py: trace, lowering,
+# compile and device time, same engine and batch).
 # e.g. STEPS="ck8b t0_8b t1_8b" bash scripts/gpu_startup.sh
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"  # $OUT, $LOGS, the carried wheels, step()
@@ -22,5 +25,9 @@ restart /health {w[\"health_200_s\"]:.1f} s all compiled {w.get(\"all_compiled_s
 for s in ${STEPS:-ck8b t0_8b t1_8b}; do case $s in
   ck8b) [ -f /tmp/llama8b/config.json ] || step ck8b python3 -m jaxserve.bench.random_checkpoint llama-3.1-8b /tmp/llama8b ;;
   t*_8b) n=${s#t}; startup "$s" /tmp/llama8b "${n%_8b}" ;;
+  lp*) IFS=: read -r phase seqs ctx <<< "${s#lp}"
+    step "$s" python3 -m investigations.layer_programs --model /tmp/llama8b --max-model-len 2048 \
+      --phase "$phase" --num-seqs "$seqs" --context "$ctx" --out "$OUT/layer_programs_${phase}_${seqs}x${ctx}.json"
+    grep -E "^(decode|prefill) " "$LOGS/$s.log" | tee -a "$OUT/summary.txt" ;;
   *) echo "unknown step $s" | tee -a "$OUT/summary.txt" ;;
 esac; done

@@ -50,6 +50,7 @@ Params (the flax `params` collection), H hidden, V vocabulary:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, ClassVar
 
@@ -162,6 +163,12 @@ def soft_cap(logits: jax.Array, cap: float | None) -> jax.Array:
   return logits if cap is None else cap * jnp.tanh(logits / cap)
 
 
+def _apply_layer(layer: nn.Module, params, *args) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """`layer` (unbound) over its params: (x, cos, sin, k_pages, v_pages, slots, metadata) ->
+  (x, k_pages, v_pages)."""
+  return layer.apply({"params": params}, *args)
+
+
 class CausalLM(nn.Module):
   """The shared decoder over one ragged batch (module docstring); a family's subclass sets
   `blocks`. `dense` computes the projections of a tp_invariant_reductions model (None: grouped
@@ -201,7 +208,7 @@ class CausalLM(nn.Module):
     ropes = {False: rope_cos_sin(positions, inverse_frequencies(cfg), x.dtype)}  # [T, D] each
     if cfg.rope_local_base_freq is not None:
       ropes[True] = rope_cos_sin(positions, local_inverse_frequencies(cfg), x.dtype)
-    for i, layer in enumerate(self.layers):
+    for i, layer in enumerate(self._layer_fns()):
       cos, sin = ropes[cfg.uses_local_rope(i)]
       k_pages, v_pages, slots, layer_metadata = kv.layer(i)
       x, k_pages, v_pages = layer(x, cos, sin, k_pages, v_pages, slots, layer_metadata)
@@ -210,6 +217,22 @@ class CausalLM(nn.Module):
     if self.is_initializing():
       self.compute_logits(hidden[:1])  # so that `init` creates lm_head too
     return hidden, kv.pages()
+
+  def _layer_fns(self) -> list[Callable[..., tuple[jax.Array, jax.Array, jax.Array]]]:
+    """Each layer as a function of the step's arrays (module docstring, "one program a layer"):
+    the bound layers while `init` creates their params, else one jitted function per distinct
+    layer module, called with its layer's params."""
+    if self.is_initializing():
+      return list(self.layers)
+    params = self.variables["params"]
+    programs: dict[nn.Module, Callable[..., tuple[jax.Array, jax.Array, jax.Array]]] = {}
+    fns = []
+    for i, layer in enumerate(self.layers):
+      template = layer.clone(parent=None, name=None)  # equal for equal layers (window, blocks)
+      if template not in programs:
+        programs[template] = jax.jit(_apply_layer, static_argnums=0)
+      fns.append(functools.partial(programs[template], template, params[f"layers_{i}"]))
+    return fns
 
   def compute_logits(self, hidden: jax.Array) -> jax.Array:
     """hidden [N, H] (after the final norm) -> float32[N, vocab_size], soft-capped when the
