@@ -18,6 +18,7 @@ Everything the server logs at start-up (model, buckets, KV pages, warmup time) i
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -29,7 +30,7 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxserve.config import EngineConfig
+from jaxserve.config import EngineConfig, ServerConfig
 from jaxserve.defaults import Usage, apply_device_defaults
 from jaxserve.device.compile_ledger import CompileLedger
 from jaxserve.device.device_memory import (
@@ -43,6 +44,7 @@ from jaxserve.device.kv_cache import (
 from jaxserve.device.memory_gauge import DeviceMemoryGauge
 from jaxserve.device.model_runner import ModelRunner, StepSink
 from jaxserve.device.program_compiler import ProgramCompiler, default_compile_threads
+from jaxserve.device.program_store import ProgramStore, engine_description
 from jaxserve.device.step_inputs import StepShape
 from jaxserve.device.step_options import (
   describe_step_choices,
@@ -74,6 +76,8 @@ from jaxserve.pool_sizing import log_kv_pool, size_kv_pool, with_pool_rungs
 from jaxserve.quantization.capabilities import check_device_runs
 
 logger = logging.getLogger(__name__)
+
+PROGRAM_STORE_FOLDER = "jaxserve-programs"  # under compilation_cache_dir
 
 
 def enable_compilation_cache(directory: str | None) -> None:
@@ -231,10 +235,13 @@ def build_engine(
     mode = "full"
   hits, misses = ledger.cache_hits, ledger.cache_misses
   threads = config.compile_threads or default_compile_threads()
-  programs, warmup_seconds = compile_programs(runner, mode, show_progress, threads)
+  store = open_program_store(config, model_config) if publisher is None else None
+  programs, warmup_seconds = compile_programs(runner, mode, show_progress, threads, store)
   if config.compilation_cache_dir and mode != "lazy":
     logger.info(
-      "warmup: %d programs loaded from the compilation cache, %d compiled and cached",
+      "warmup: %d programs read from the program store, %d loaded from the compilation cache, "
+      "%d compiled and cached",
+      programs.num_loaded if programs is not None else 0,
       ledger.cache_hits - hits,
       ledger.cache_misses - misses,
     )
@@ -271,8 +278,30 @@ def log_generation_defaults(defaults: GenerationDefaults) -> GenerationDefaults:
   return defaults
 
 
+def open_program_store(config: EngineConfig, model_config: ModelConfig) -> ProgramStore | None:
+  """The store of compiled step programs (device/program_store.py) under the compilation cache,
+  for this engine's resolved config and model (not for how it compiles, warmup and threads, nor
+  for the server's settings or which keys were set explicitly)."""
+  if not config.compilation_cache_dir:
+    return None
+  programs_config = dataclasses.replace(  # what no step program depends on left out
+    config,
+    warmup="auto",
+    compile_threads=0,
+    compilation_cache_dir=None,
+    server=ServerConfig(),
+    explicit_keys=frozenset(),
+  )
+  root = os.path.join(os.path.expanduser(config.compilation_cache_dir), PROGRAM_STORE_FOLDER)
+  return ProgramStore.open(root, engine_description(programs_config, model_config))
+
+
 def compile_programs(
-  runner: ModelRunner, mode: str, show_progress: bool, threads: int = 1
+  runner: ModelRunner,
+  mode: str,
+  show_progress: bool,
+  threads: int = 1,
+  store: ProgramStore | None = None,
 ) -> tuple[ProgramCompiler | None, float]:
   """Warmup by mode: "full" compiles everything now (through the runner's steps on a multi-host
   job, whose other hosts compile as they replay them), "background" the largest bucket now and
@@ -283,7 +312,7 @@ def compile_programs(
     return None, 0.0
   if mode == "full" and runner.publisher is not None:
     return None, warmup(runner, show_progress=show_progress)
-  compiler = ProgramCompiler(runner, threads)
+  compiler = ProgramCompiler(runner, threads, store=store)
   first = compiler.groups[: compiler.num_first_groups()]
   logger.info(
     "warmup: %d programs in %d groups (%s, %d compile threads); %d first (%s)",

@@ -4,7 +4,7 @@
 # one stream and 4 x 512/64 right after /health and again once every program is compiled;
 # --restart-wait: the restart's programs too). STEPS picks the runs: ck8b builds the
 # Llama-3.1-8B-shaped random checkpoint if absent; t<N>_8b starts it with compile_threads=N
-# (t0_8b: the default, a quarter of the host's cores); each run's JSON and server logs land in
+# (t0_8b: the default, a quarter of the host's cores; t<N>_8bfp8: fp8 weights and KV pages); each run's JSON and server logs land in
 # $OUT/<step>/. lp<phase>:<seqs>:<context> times that step of the 8B with the decoder's layers
 # unrolled and as one program a layer (investigations/layer_programs.py: trace, lowering,
 # compile and device time, same engine and batch).
@@ -25,6 +25,7 @@ restart /health {w[\"health_200_s\"]:.1f} s all compiled {w.get(\"all_compiled_s
 for s in ${STEPS:-ck8b t0_8b t1_8b}; do case $s in
   ck8b) [ -f /tmp/llama8b/config.json ] || step ck8b python3 -m jaxserve.bench.random_checkpoint llama-3.1-8b /tmp/llama8b ;;
   t*_8b) n=${s#t}; startup "$s" /tmp/llama8b "${n%_8b}" ;;
+  t*_8bfp8) n=${s#t}; startup "$s" /tmp/llama8b "${n%_8bfp8}" --set quantization=fp8 --set cache.kv_cache_dtype=fp8 ;;
   lp*) IFS=: read -r phase seqs ctx <<< "${s#lp}"
     step "$s" python3 -m investigations.layer_programs --model /tmp/llama8b --max-model-len 2048 \
       --phase "$phase" --num-seqs "$seqs" --context "$ctx" --out "$OUT/layer_programs_${phase}_${seqs}x${ctx}.json"

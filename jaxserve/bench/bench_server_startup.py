@@ -54,7 +54,8 @@ LOG_FACTS = {
   "kv_cache": r"KV cache: (\d+ pages of \d+ tokens \([^)]*\))",
   "buckets": r"buckets: (.*)",
   "warmup_first": r"warmup: (\d+ of \d+ programs compiled in [\d.]+ s)",
-  "cache_use": r"warmup: (\d+ programs loaded from the compilation cache, \d+ compiled)",
+  "cache_use": r"warmup: (\d+ programs read from the program store, \d+ loaded from the "
+  r"compilation cache, \d+ compiled)",
   "background": r"background compilation: (.*)",
   "ready": r"ready in ([\d.]+)s",
 }

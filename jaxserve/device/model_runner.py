@@ -33,7 +33,7 @@ import dataclasses
 import functools
 import itertools
 from dataclasses import dataclass
-from typing import Mapping, Protocol
+from typing import Callable, Mapping, Protocol
 
 import jax
 import numpy as np
@@ -41,6 +41,7 @@ from flax import linen as nn
 
 from jaxserve.device.kv_cache import KVPages
 from jaxserve.device.packing import PackedStepInputs, pack
+from jaxserve.device.program_groups import Program
 from jaxserve.device.sampler import SampleOutput, SamplerMode
 from jaxserve.device.sampling_inputs import with_token_bitmask
 from jaxserve.device.step_inputs import PreviousSamples, StepInputs, StepShape, build_step_inputs
@@ -129,6 +130,20 @@ class ModelRunner:
     self.programs = programs
     self.publisher = publisher
     self._constants: dict[tuple, jax.Array] = {}
+    self._compiled: dict[tuple, jax.stages.Compiled] = {}  # Program.key -> its executable
+
+  def install(self, key: tuple, compiled: jax.stages.Compiled) -> None:
+    """Runs the program of `key` (device/program_groups.Program.key) as `compiled` from now on,
+    without jit's dispatch; a program not installed runs through its jitted function."""
+    self._compiled[key] = compiled
+
+  def _program(self, program: Program, jitted: Callable) -> Callable:
+    """The installed executable of `program` (called without its static arguments), else
+    `jitted` with them: one callable either way, taking the static ones as `static`."""
+    compiled = self._compiled.get(program.key)
+    if compiled is not None:
+      return lambda *args, static=(): compiled(*args)
+    return lambda *args, static=(): jitted(*args, *static)
 
   @property
   def burst_steps(self) -> int:
@@ -193,13 +208,13 @@ class ModelRunner:
       self.publisher.publish(inputs)
     if batch.num_steps > 1:
       return self._started(self._dispatch_burst(inputs, batch))
-    programs = self.programs
-    self.kv_pages, logits, hidden = programs.forward(
-      self.params, self.kv_pages, packed_model_inputs(inputs)
-    )
+    programs, bucket = self.programs, inputs.bucket
+    forward = self._program(Program("forward", bucket), programs.forward)
+    self.kv_pages, logits, hidden = forward(self.params, self.kv_pages, packed_model_inputs(inputs))
     prompt = None
     if bool(inputs.sampling.want_prompt_logprobs):
-      prompt = programs.prompt_logprobs(self.params, hidden, inputs.prompt_target_ids)
+      prompt_fn = self._program(Program("prompt", bucket), programs.prompt_logprobs)
+      prompt = prompt_fn(self.params, hidden, inputs.prompt_target_ids)
     pending = PendingSample(inputs, logits, prompt)
     if deferred:
       return StepHandle(batch, None, None, prompt, False, pending)
@@ -223,8 +238,9 @@ class ModelRunner:
   def _sample(self, batch: ScheduledBatch, pending: PendingSample) -> StepHandle:
     inputs = pending.inputs
     mode = SamplerMode.of(inputs.sampling)
-    sampled, padded = self.programs.sample(
-      pending.logits, pack(inputs.sampling), inputs.prev_sampled_ids, mode
+    sample = self._program(Program("sample", inputs.bucket, mode), self.programs.sample)
+    sampled, padded = sample(
+      pending.logits, pack(inputs.sampling), inputs.prev_sampled_ids, static=(mode,)
     )
     return self._started(StepHandle(batch, sampled, padded, pending.prompt, mode.top_logprobs))
 
@@ -243,8 +259,9 @@ class ModelRunner:
     mode = SamplerMode.of(inputs.sampling)
     if mode.penalties or mode.top_logprobs:
       raise ValueError(f"step: a decode burst cannot run sampler mode {mode}")
-    self.kv_pages, ids, logprobs, padded = self.programs.burst(
-      self.params, self.kv_pages, packed_model_inputs(inputs), pack(inputs.sampling), mode
+    burst = self._program(Program("burst", inputs.bucket, mode), self.programs.burst)
+    self.kv_pages, ids, logprobs, padded = burst(
+      self.params, self.kv_pages, packed_model_inputs(inputs), pack(inputs.sampling), static=(mode,)
     )
     no_top = self.device_constant((0,), np.int32, 0)  # a burst returns no top-N logprobs
     return StepHandle(batch, SampleOutput(ids, logprobs, no_top, no_top), padded, None, False)

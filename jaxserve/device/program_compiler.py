@@ -15,8 +15,11 @@ the compile threads run at a lower CPU priority (nice BACKGROUND_NICE) and the i
 switch interval is SERVING_SWITCH_INTERVAL_S, so the engine loop, which waits on the device
 several times a step, gets the GIL back from the lowering thread within that. Each program is
 lowered on padding inputs with the runner's own params and KV pages as abstract arguments (so no
-compile thread touches the buffers the engine donates) and compiled ahead of time; jit's
-compilation cache then serves the engine's calls, so the compile ledger counts each program once.
+compile thread touches the buffers the engine donates) and compiled ahead of time, and the
+executable is installed in the runner (ModelRunner.install), which calls it directly, so the
+compile ledger counts each program once. With a ProgramStore (device/program_store.py) a program
+the store holds is read back and installed in place of lowering and compiling it, and every
+program compiled is written to it.
 Each time a group's programs are all compiled, a new ProgramReadiness
 (messages/program_readiness.py) is published; the host pads each step to the smallest ready bucket
 that holds it (engine/engine_core.py), which therefore never waits for a compilation. A program
@@ -47,6 +50,7 @@ from jaxserve.device.lowering import abstract, dummy_inputs
 from jaxserve.device.model_runner import ModelRunner, packed_model_inputs
 from jaxserve.device.packing import pack
 from jaxserve.device.program_groups import Program, program_groups
+from jaxserve.device.program_store import ProgramStore
 from jaxserve.messages.buckets import Bucket
 from jaxserve.messages.program_readiness import ProgramReadiness
 from jaxserve.messages.scheduled_batch import ScheduledBatch
@@ -61,7 +65,7 @@ BACKGROUND_NICE = 10  # the compile threads' nice value while the engine serves
 # 5 ms): the lowering thread holds the GIL nearly all the time, and each time the engine loop
 # waits (for the device, a socket) it gets the GIL back only when the lowering thread is made to
 # drop it, after this interval: at 5 ms a step's few waits cost tens of milliseconds.
-SERVING_SWITCH_INTERVAL_S = 0.0002
+SERVING_SWITCH_INTERVAL_S = 0.00005
 
 
 def compilation_abandoned() -> bool:
@@ -113,6 +117,7 @@ class ProgramCompiler:
     runner: ModelRunner,
     threads: int = 1,
     lower: Callable[[Program], jax.stages.Lowered] | None = None,
+    store: ProgramStore | None = None,
   ):
     if threads < 1:
       raise ValueError(f"compile_threads: must be >= 1, got {threads}")
@@ -121,6 +126,8 @@ class ProgramCompiler:
     self.groups = program_groups(runner.buckets, runner.burst_steps > 1)
     self.num_total = sum(len(g.programs) for g in self.groups)
     self._lower = lower or self._lower_program
+    self._install = lower is None  # an injected lowering (tests) is never run by the runner
+    self.store = store if self._install else None
     self._params = abstract(runner.params)
     self._kv_pages = abstract(runner.kv_pages)
     self._hidden: dict[int, jax.ShapeDtypeStruct] = {}  # tokens -> the forward's hidden [T, H]
@@ -137,6 +144,7 @@ class ProgramCompiler:
     self.finished_after_s: float | None = None  # seconds from construction to the last program
     self.error: BaseException | None = None
     self.lowering_s = 0.0  # seconds spent tracing and lowering (one thread, holding the GIL)
+    self.num_loaded = 0  # programs read from the store, neither lowered nor compiled
 
   def readiness(self) -> ProgramReadiness:
     """The latest published readiness (an immutable snapshot: read without a lock)."""
@@ -234,14 +242,18 @@ class ProgramCompiler:
       if background:
         lower_priority()
       while (item := work.get()) is not None:
-        position, index, program, lowered = item
+        position, index, program, lowered, signature = item
         if self._stop.is_set() or errors:
           continue  # close() or a failure: the rest is not compiled
         try:
-          lowered.compile()
+          compiled = lowered.compile()
         except Exception as err:  # reported with the program's name
           errors.append((position, ProgramCompileError(program, err)))
           continue
+        if self._install:
+          self.runner.install(program.key, compiled)
+        if self.store is not None:
+          self.store.save(repr(program.key), signature, compiled)
         self._program_done(index)
         if on_program is not None:
           on_program(1)
@@ -253,7 +265,7 @@ class ProgramCompiler:
     for thread in compilers:
       thread.start()
     try:
-      self._lower_in_order(groups, work, errors)
+      self._lower_in_order(groups, work, errors, on_program)
     finally:
       for _ in compilers:
         work.put(None)
@@ -262,14 +274,27 @@ class ProgramCompiler:
     if errors:
       raise min(errors, key=lambda e: e[0])[1]
 
-  def _lower_in_order(self, groups: range, work: queue.Queue, errors: list) -> None:
-    """Puts (position, group index, program, lowered) on `work` in compile order until the end,
-    close() or a failure."""
+  def _lower_in_order(
+    self,
+    groups: range,
+    work: queue.Queue,
+    errors: list,
+    on_program: Callable[[int], object] | None = None,
+  ) -> None:
+    """Puts (position, group index, program, lowered, its abstract arguments when there is a
+    store) on `work` in compile order until the end, close() or a failure; a program the store
+    holds is installed here instead."""
     position = 0
     for index in groups:
       for program in self.groups[index].programs:
         if self._stop.is_set() or errors:
           return
+        signature = None if self.store is None else abstract(self._arguments(program)[1])
+        if signature is not None and self._loaded(program, signature):
+          self._program_done(index)
+          if on_program is not None:
+            on_program(1)
+          continue
         try:
           begin = time.perf_counter()
           lowered = self._lower(program)
@@ -277,7 +302,7 @@ class ProgramCompiler:
         except Exception as err:  # reported with the program's name
           errors.append((position, ProgramCompileError(program, err)))
           return
-        work.put((position, index, program, lowered))
+        work.put((position, index, program, lowered, signature))
         position += 1
       self._next_group = index + 1
 
@@ -295,30 +320,40 @@ class ProgramCompiler:
         self._steps, self._bursts, self._num_compiled, self.num_total, self.finished_after_s
       )
 
+  def _loaded(self, program: Program, signature: object) -> bool:
+    """Installs `program` from the store if it holds it (on arguments `signature`, abstract)."""
+    compiled = self.store.load(repr(program.key), signature)
+    if compiled is None:
+      return False
+    if program.kind == "forward":
+      self._hidden[program.bucket.num_tokens] = compiled.out_info[2]
+    self.runner.install(program.key, compiled)
+    self.num_loaded += 1
+    return True
+
   def _lower_program(self, program: Program) -> jax.stages.Lowered:
+    jitted, args, static = self._arguments(program)
+    lowered = jitted.lower(*args, *static)
+    if program.kind == "forward":
+      self._hidden[program.bucket.num_tokens] = lowered.out_info[2]
+    return lowered
+
+  def _arguments(self, program: Program) -> tuple[Callable, tuple, tuple]:
+    """(jitted function, arguments, static arguments) the program is lowered on: padding inputs
+    of its bucket, the params and KV pages abstract."""
     runner, programs = self.runner, self.runner.programs
     inputs = dummy_inputs(runner, program.bucket, program.mode, program.kind == "prompt")
     if program.kind == "forward":
-      lowered = programs.forward.lower(self._params, self._kv_pages, packed_model_inputs(inputs))
-      self._hidden[program.bucket.num_tokens] = lowered.out_info[2]
-    elif program.kind == "sample":
+      return programs.forward, (self._params, self._kv_pages, packed_model_inputs(inputs)), ()
+    if program.kind == "sample":
       logits = jax.ShapeDtypeStruct(
         (program.bucket.num_seqs, runner.model.config.vocab_size), jnp.float32
       )
-      lowered = programs.sample.lower(
-        logits, pack(inputs.sampling), inputs.prev_sampled_ids, program.mode
-      )
-    elif program.kind == "prompt":
+      args = (logits, pack(inputs.sampling), inputs.prev_sampled_ids)
+      return programs.sample, args, (program.mode,)
+    if program.kind == "prompt":
       hidden = self._hidden[program.bucket.num_tokens]
-      lowered = programs.prompt_logprobs.lower(
-        self._params, jax.ShapeDtypeStruct(hidden.shape, hidden.dtype), inputs.prompt_target_ids
-      )
-    else:
-      lowered = programs.burst.lower(
-        self._params,
-        self._kv_pages,
-        packed_model_inputs(inputs),
-        pack(inputs.sampling),
-        program.mode,
-      )
-    return lowered
+      hidden = jax.ShapeDtypeStruct(hidden.shape, hidden.dtype)
+      return programs.prompt_logprobs, (self._params, hidden, inputs.prompt_target_ids), ()
+    args = (self._params, self._kv_pages, packed_model_inputs(inputs), pack(inputs.sampling))
+    return programs.burst, args, (program.mode,)

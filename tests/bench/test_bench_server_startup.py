@@ -63,3 +63,4 @@ def test_fresh_start_workload_and_restart(tmp_path, monkeypatch):
     assert set(fresh[phase]) == {"1x16/8", "2x24/6"} and min(fresh[phase].values()) > 0
   assert restart["same_probe_text"]
   assert restart["log"]["cache_use"].endswith(" 0 compiled")
+  assert int(restart["log"]["cache_use"].split(" programs read")[0]) > 0  # the program store's

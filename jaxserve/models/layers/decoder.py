@@ -9,9 +9,17 @@ every family alike. The stack: the embedding (times the family's `scale_embeddin
 RoPE table per kind of layer (layer i rotates by `ModelConfig.uses_local_rope(i)`: the sliding
 layers' local base when the config has one), the family's `layer` per layer over its own window
 (`ModelConfig.layer_window`) and KV slot (models/kv_layout.LayerKV), the final norm; logits from
-the tied embedding or lm_head, soft-capped when `final_logit_softcapping` is set. Layers are a
-Python loop (no scan), so under jit with donated pages every layer's scatter is an in-place
-update of its slot's buffers. The model holds no sharding rules and no state besides `params`.
+the tied embedding or lm_head, soft-capped when `final_logit_softcapping` is set. The model holds
+no sharding rules and no state besides `params`.
+
+One program a layer: outside `init`, each distinct layer module (equal layers: the same window
+and blocks) is one jitted function of (its params, the step's arrays) that every such layer
+calls, so a step program traces and lowers one layer, not `num_layers`; XLA inlines the calls,
+so the compiled step runs the unrolled one's kernels in the same scratch memory (under jit with
+donated pages every layer's KV write is still an in-place update of its slot's buffers). Where
+XLA may skip a bfloat16 rounding between ops it fuses (excess precision, on unless a step option
+turns it off), it can fuse across the inlined boundaries differently from the unrolled module. The
+layers stay a Python loop over their own params (no scan over stacked weights or pages).
 
 A family's decoder is a `CausalLM` whose class constant `blocks` holds its choices: the norm
 (models/layers/norms.py), the MLP's activation and kind (dense `MLP`, or the routed experts of
