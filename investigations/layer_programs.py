@@ -6,8 +6,8 @@ device time (XLA inlines the calls, so the compiled step should be the same).
 
     python -m investigations.layer_programs --model /path/to/ckpt --num-seqs 256 --context 1024
 
-prints two rows per variant, alternating (and --out writes them as JSON); --phase prefill times the first
-prefill step of those prompts instead of a decode step.
+prints two rows per variant, alternating (and --out writes them as JSON); --phase prefill times the
+first prefill step of those prompts instead of a decode step.
 """
 
 from __future__ import annotations
