@@ -197,7 +197,13 @@ class CoreClient:
       AddRequests(
         group,
         [
-          EngineCoreRequest(s.request_id, list(s.prompt_token_ids), s.params, s.arrival_time)
+          EngineCoreRequest(
+            s.request_id,
+            list(s.prompt_token_ids),
+            s.params,
+            s.arrival_time,
+            priority=s.priority,
+          )
           for s in specs
         ],
         max_waiting,

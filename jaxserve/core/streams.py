@@ -51,6 +51,7 @@ class RequestSpec:
   prompt_token_ids: tuple[int, ...]
   params: SamplingParams
   arrival_time: float
+  priority: int = 0  # scheduler.policy "priority": lower first
 
 
 class OutputStream:

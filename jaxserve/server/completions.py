@@ -60,7 +60,9 @@ async def create_completion(request: Request) -> Response:
   try:
     prompts = await state.run_blocking(_tokenize, state, parsed.prompts, parsed.params.max_tokens)
     response_id = f"cmpl-{uuid.uuid4().hex}"
-    specs = expand_requests(response_id, [p.token_ids for p in prompts], parsed.params)
+    specs = expand_requests(
+      response_id, [p.token_ids for p in prompts], parsed.params, parsed.priority
+    )
     stream = await state.add(specs)
   except ValueError as err:
     raise bad_request(err) from err

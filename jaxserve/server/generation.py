@@ -36,15 +36,17 @@ def sse_event(data: dict) -> str:
 
 
 def expand_requests(
-  response_id: str, prompt_ids: list[list[int]], params: SamplingParams
+  response_id: str, prompt_ids: list[list[int]], params: SamplingParams, priority: int = 0
 ) -> list[RequestSpec]:
-  """One spec per choice; spec i is choice i."""
+  """One spec per choice; spec i is choice i. priority: the body's (vLLM's field)."""
   arrival = now()
   specs = []
   children = params.expand_n()
   for prompt_tokens in prompt_ids:
     for child in children:
-      specs.append(RequestSpec(f"{response_id}-{len(specs)}", tuple(prompt_tokens), child, arrival))
+      specs.append(
+        RequestSpec(f"{response_id}-{len(specs)}", tuple(prompt_tokens), child, arrival, priority)
+      )
   return specs
 
 
