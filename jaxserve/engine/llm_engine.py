@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Sequence
 
 from jaxserve.config import EngineConfig
-from jaxserve.engine.admission import check_token_ids
 from jaxserve.engine.constraints import Constraints
-from jaxserve.engine.core_io import EngineCoreRequest
+from jaxserve.engine.core_io import new_core_requests
 from jaxserve.engine.device_port import CompileCounter, MemoryGauge, ProgramStatus, StepRunner
 from jaxserve.engine.engine_core import EngineCore
 from jaxserve.engine.engine_stats import EngineStats
@@ -107,37 +107,73 @@ class LLMEngine:
   def next_request_number(self) -> int:
     return next(self._ids)
 
-  def encode_prompt(self, prompt: str | list[int]) -> list[int]:
-    """Tokenizes a text prompt or checks a token-id prompt; ValueError names `prompt`."""
+  def encode_prompt(self, prompt: str | Sequence[int]) -> Sequence[int]:
+    """A text prompt's token ids (ValueError naming `prompt` if empty); a token-id prompt as it
+    is (its ids are checked where its records are built: add_requests)."""
     if isinstance(prompt, str):
       if not prompt:
         raise ValueError("prompt: must not be empty")
       return self.tokenizer.encode(prompt)
-    ids = list(prompt)
-    if not ids:
-      raise ValueError("prompt: must not be empty")
-    return check_token_ids(ids, self.vocab_size)
+    return prompt
+
+  def add_requests(
+    self,
+    prompt: str | Sequence[int],
+    params: Sequence[SamplingParams],
+    request_ids: Sequence[str],
+    *,
+    arrival_time: float | None = None,
+    stream: bool = True,
+    priority: int = 0,
+  ) -> tuple[int, ...]:
+    """One prompt's requests, request_ids[i] sampling with params[i]: each one record
+    (engine/core_io.new_core_requests: the ids checked once, one tuple they share) into the core
+    (EngineCore.add_request is the admission point) and the output processor. Returns the
+    prompt's ids. With stream=False, step() reports a request only once it has finished."""
+    for p in params:
+      if not isinstance(p, SamplingParams):
+        raise ValueError("sampling_params: must be a SamplingParams")
+    records = new_core_requests(
+      request_ids,
+      self.encode_prompt(prompt),
+      params,
+      self.vocab_size,
+      arrival_time=arrival_time or time.monotonic(),
+      stream=stream,
+      priority=priority,
+    )
+    added: list[str] = []
+    try:
+      for record in records:
+        self.core.add_request(record)
+        self.processor.add_request(record)
+        added.append(record.request_id)
+    except ValueError:
+      for request_id in added:  # all or none
+        self.core.abort_request(request_id)
+        self.processor.remove(request_id)
+      raise
+    return records[0].prompt_token_ids
 
   def add_request(
     self,
-    prompt: str | list[int],
+    prompt: str | Sequence[int],
     params: SamplingParams,
     request_id: str | None = None,
     arrival_time: float | None = None,
     stream: bool = True,
     priority: int = 0,
   ) -> str:
-    """Validates and queues a request (EngineCore.add_request is the admission point) and
-    returns its id. With stream=False, step() reports the request only once it has finished."""
-    if not isinstance(params, SamplingParams):
-      raise ValueError("sampling_params: must be a SamplingParams")
+    """Validates and queues one request (add_requests) and returns its id."""
     request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-    prompt_ids = self.encode_prompt(prompt)
-    arrival_time = arrival_time or time.monotonic()
-    self.core.add_request(
-      EngineCoreRequest(request_id, prompt_ids, params, arrival_time, stream, priority)
+    self.add_requests(
+      prompt,
+      [params],
+      [request_id],
+      arrival_time=arrival_time,
+      stream=stream,
+      priority=priority,
     )
-    self.processor.add_request(request_id, prompt_ids, params, arrival_time, stream)
     return request_id
 
   def abort_request(self, request_id: str) -> bool:
