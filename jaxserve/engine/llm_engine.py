@@ -15,17 +15,13 @@ import time
 from collections.abc import Sequence
 
 from jaxserve.config import EngineConfig
-from jaxserve.engine.constraints import Constraints
 from jaxserve.engine.core_io import new_core_requests
-from jaxserve.engine.device_port import CompileCounter, MemoryGauge, ProgramStatus, StepRunner
+from jaxserve.engine.device_port import ProgramStatus
 from jaxserve.engine.engine_core import EngineCore
 from jaxserve.engine.engine_stats import EngineStats
 from jaxserve.engine.output_processor import OutputProcessor
-from jaxserve.engine.page_allocator import PageAllocator
-from jaxserve.engine.scheduler import Scheduler
 from jaxserve.engine.step_timings import StepTimings
 from jaxserve.generation_config import GenerationDefaults
-from jaxserve.messages.buckets import BucketSet
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.tokenizer.tokenizer import Tokenizer
@@ -34,53 +30,30 @@ __all__ = ["EngineStats", "LLMEngine", "StepTimings"]
 
 
 class LLMEngine:
-  """Continuous-batching engine over one model, with text. Build it with jaxserve.assembly."""
+  """Continuous-batching engine over one model, with text: an EngineCore and the output
+  processor. Build it with jaxserve.assembly."""
 
   def __init__(
     self,
+    core: EngineCore,
     *,
     tokenizer: Tokenizer,
-    runner: StepRunner,
-    scheduler: Scheduler,
-    allocator: PageAllocator,
-    max_model_len: int,
-    vocab_size: int,
-    eos_token_ids: tuple[int, ...],
-    ledger: CompileCounter,
-    seed: int = 0,
     model_name: str = "",
     warmup_seconds: float = 0.0,
-    buckets: BucketSet | None = None,
-    programs: ProgramStatus | None = None,
     config: EngineConfig | None = None,
-    memory: MemoryGauge | None = None,
     generation_defaults: GenerationDefaults = GenerationDefaults(),
   ):
-    self.core = EngineCore(
-      runner=runner,
-      scheduler=scheduler,
-      allocator=allocator,
-      max_model_len=max_model_len,
-      vocab_size=vocab_size,
-      eos_token_ids=eos_token_ids,
-      ledger=ledger,
-      seed=seed,
-      buckets=buckets,
-      programs=programs,
-      constraints=Constraints(tokenizer, vocab_size, supported=runner.supports_async),
-      memory=memory,
-    )
-    self.constraints = self.core.constraints
+    self.core = core
     self.processor = OutputProcessor(tokenizer)
     self.tokenizer = tokenizer
-    self.runner, self.scheduler, self.allocator, self.ledger = runner, scheduler, allocator, ledger
-    self.max_model_len = max_model_len
-    self.vocab_size = vocab_size
-    self.eos_token_ids = eos_token_ids
+    # the core's parts and limits, as the callers of the offline API read them
+    self.runner, self.scheduler, self.allocator = core.runner, core.scheduler, core.allocator
+    self.ledger, self.constraints, self.timings = core.ledger, core.constraints, core.timings
+    self.max_model_len, self.vocab_size = core.max_model_len, core.vocab_size
+    self.eos_token_ids = core.eos_token_ids
     self.model_name = model_name
     self.generation_defaults = generation_defaults  # the model's sampling defaults
     self.warmup_seconds = warmup_seconds
-    self.timings = self.core.timings
     self.config = config  # the configuration it was built from, defaults resolved
     self._ids = itertools.count()
 
