@@ -55,6 +55,8 @@ from jaxserve.device.step_options import (
 from jaxserve.device.step_programs import build_step_programs
 from jaxserve.device.warmup import warmup
 from jaxserve.device_description import DeviceDescription
+from jaxserve.engine.constraints import Constraints
+from jaxserve.engine.engine_core import EngineCore
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.scheduler import Scheduler
@@ -246,8 +248,7 @@ def build_engine(
       ledger.cache_misses - misses,
     )
   eos = tuple(dict.fromkeys(tuple(model_config.eos_token_ids) + tuple(tokenizer.eos_token_ids)))
-  return LLMEngine(
-    tokenizer=tokenizer,
+  core = EngineCore(
     runner=runner,
     scheduler=scheduler,
     allocator=allocator,
@@ -256,12 +257,17 @@ def build_engine(
     eos_token_ids=eos,
     ledger=ledger,
     seed=config.seed,
-    model_name=config.model,
-    warmup_seconds=warmup_seconds,
     buckets=runner.buckets,
     programs=programs,
-    config=config,
+    constraints=Constraints(tokenizer, model_config.vocab_size, supported=runner.supports_async),
     memory=DeviceMemoryGauge(devices or jax.local_devices()),
+  )
+  return LLMEngine(
+    core,
+    tokenizer=tokenizer,
+    model_name=config.model,
+    warmup_seconds=warmup_seconds,
+    config=config,
     generation_defaults=defaults,
   )
 

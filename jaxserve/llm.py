@@ -95,17 +95,18 @@ class LLM:
     if sampling_params is None:
       sampling_params = self.get_default_sampling_params()
     params_list = _as_params_list(sampling_params, len(prompt_list))
-    encoded = [self.engine.encode_prompt(p if isinstance(p, str) else list(p)) for p in prompt_list]
+    encoded: list[tuple[int, ...]] = []
     request_ids: list[list[str]] = []
     finished: dict[str, RequestOutput] = {}
     first_step_tokens = self.config.scheduler.max_num_batched_tokens
     queued_tokens, started = 0, False
     try:
-      for i, (ids, params) in enumerate(zip(encoded, params_list)):
-        request_ids.append(
-          [self._add(ids, child, i, k) for k, child in enumerate(params.expand_n())]
-        )
-        queued_tokens += len(ids) * params.n
+      for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
+        children = params.expand_n()
+        rids = [self._request_id(i, k) for k in range(len(children))]
+        encoded.append(self.engine.add_requests(prompt, children, rids, stream=False))
+        request_ids.append(rids)
+        queued_tokens += len(encoded[-1]) * params.n
         if not started and queued_tokens >= first_step_tokens and self.engine.async_scheduling:
           # The first step's prompts are queued (admission is first come, first served within
           # its token budget): dispatch it and queue the rest while the device runs it.
@@ -123,11 +124,8 @@ class LLM:
       for i, rids in enumerate(request_ids)
     ]
 
-  def _add(
-    self, prompt_ids: list[int], params: SamplingParams, prompt_index: int, sample_index: int
-  ) -> str:
-    rid = f"offline-{id(self)}-{prompt_index}-{sample_index}-{self.engine.next_request_number()}"
-    return self.engine.add_request(prompt_ids, params, request_id=rid, stream=False)
+  def _request_id(self, prompt_index: int, sample_index: int) -> str:
+    return f"offline-{id(self)}-{prompt_index}-{sample_index}-{self.engine.next_request_number()}"
 
   def _run(self, num_requests: int, use_tqdm: bool, finished: dict[str, RequestOutput]) -> None:
     """Steps until every request has finished, adding each finished output to `finished`."""
@@ -149,7 +147,7 @@ class LLM:
 
   @staticmethod
   def _result(
-    prompt: Prompt, prompt_ids: list[int], outputs: list[RequestOutput]
+    prompt: Prompt, prompt_ids: tuple[int, ...], outputs: list[RequestOutput]
   ) -> GenerationResult:
     completions = tuple(
       Completion(
@@ -164,7 +162,7 @@ class LLM:
     )
     return GenerationResult(
       prompt=prompt if isinstance(prompt, str) else None,
-      prompt_token_ids=tuple(prompt_ids),
+      prompt_token_ids=prompt_ids,
       outputs=completions,
       prompt_logprobs=outputs[0].prompt_logprobs,
     )

@@ -65,7 +65,7 @@ from jaxserve.core.messages import (
   Hello,
   StepOutputs,
 )
-from jaxserve.core.streams import EngineDeadError, OutputStream, QueueFullError, RequestSpec
+from jaxserve.core.streams import EngineDeadError, OutputStream, QueueFullError
 from jaxserve.engine.admission import ContextLengthError
 from jaxserve.engine.engine_stats import EngineStats
 from jaxserve.engine.output_processor import OutputProcessor
@@ -176,33 +176,23 @@ class CoreClient:
     reported = stats.num_waiting + stats.num_running
     return core_load(self.alive, reported, self._num_unanswered, self._num_api_servers, usage)
 
-  async def add(self, specs: list[RequestSpec], max_waiting: int) -> OutputStream:
-    """Sends one HTTP call's requests, which the core adds all or none; the stream once the
-    core accepted them. Raises ValueError (naming the field) if it refused one, QueueFullError
-    if `max_waiting` HTTP requests were waiting, EngineDeadError if the core is gone."""
+  async def add(self, requests: list[EngineCoreRequest], max_waiting: int) -> OutputStream:
+    """Sends one HTTP call's requests as they are, which the core adds all or none; the stream
+    once the core accepted them. Raises ValueError (naming the field) if it refused one,
+    QueueFullError if `max_waiting` HTTP requests were waiting, EngineDeadError if the core is
+    gone."""
     if not self.alive:
       raise EngineDeadError(self._error or "the engine core is not connected")
     loop = asyncio.get_running_loop()
-    request_ids = [s.request_id for s in specs]
+    request_ids = [r.request_id for r in requests]
     stream = OutputStream(self.abort, request_ids, self.engine_index)
     group, future = next(self._groups), loop.create_future()
     self._adds[group] = (future, request_ids, max_waiting)
     self._num_unanswered += len(request_ids)
-    for spec in specs:
-      self._processor.add_request(
-        spec.request_id, spec.prompt_token_ids, spec.params, spec.arrival_time
-      )
-      self._streams[spec.request_id] = stream
-    self._send(
-      AddRequests(
-        group,
-        [
-          EngineCoreRequest(s.request_id, list(s.prompt_token_ids), s.params, s.arrival_time)
-          for s in specs
-        ],
-        max_waiting,
-      )
-    )
+    for request in requests:
+      self._processor.add_request(request)
+      self._streams[request.request_id] = stream
+    self._send(AddRequests(group, requests, max_waiting))
     return await stream.admitted(future)
 
   def abort(self, request_ids: list[str]) -> None:

@@ -25,7 +25,8 @@ import dataclasses
 
 from jaxserve.core.client import CoreClient, CoreState
 from jaxserve.core.dp_routing import PrefixAffinityRouter
-from jaxserve.core.streams import EngineDeadError, OutputStream, RequestSpec
+from jaxserve.core.streams import EngineDeadError, OutputStream
+from jaxserve.engine.core_io import EngineCoreRequest
 from jaxserve.engine.engine_stats import EngineStats
 
 GAUGES = (
@@ -86,12 +87,12 @@ class DataParallelClient:
   def num_api_servers(self) -> int:
     return min((c.num_api_servers for c in self._clients if c.alive), default=0)
 
-  async def add(self, specs: list[RequestSpec], max_waiting: int) -> OutputStream:
+  async def add(self, requests: list[EngineCoreRequest], max_waiting: int) -> OutputStream:
     """CoreClient.add on the core the router chooses; EngineDeadError when every core is gone."""
-    index = self._router.choose(specs[0].prompt_token_ids, [c.load() for c in self._clients])
+    index = self._router.choose(requests[0].prompt_token_ids, [c.load() for c in self._clients])
     if index is None:
       raise EngineDeadError("every engine core has stopped")
-    return await self._clients[index].add(specs, max_waiting)
+    return await self._clients[index].add(requests, max_waiting)
 
   def end_streams(self, error: EngineDeadError) -> None:
     for client in self._clients:

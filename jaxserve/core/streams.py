@@ -1,5 +1,6 @@
-"""What an HTTP handler gets from the engine core's client (core/client.py): the request it
-sends (RequestSpec), the stream of its outputs (OutputStream) and the errors that end them.
+"""What an HTTP handler gets from the engine core's client (core/client.py) for the requests it
+sends (engine/core_io.py's EngineCoreRequest records): the stream of their outputs
+(OutputStream) and the errors that end them.
 
 A stream belongs to one HTTP call: its requests (prompts x n choices) share it, their outputs
 arrive in step order on the serving event loop, one engine step's at a time (the client lets the
@@ -23,10 +24,8 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from jaxserve.outputs import RequestOutput, merge_outputs
-from jaxserve.sampling_params import SamplingParams
 
 MAX_PENDING_PER_REQUEST = 8
 
@@ -41,16 +40,6 @@ class QueueFullError(RuntimeError):
   def __init__(self, limit: int):
     super().__init__(f"{limit} requests are waiting")
     self.limit = limit
-
-
-@dataclass(frozen=True)
-class RequestSpec:
-  """One engine request: already tokenized, with its sampling parameters."""
-
-  request_id: str
-  prompt_token_ids: tuple[int, ...]
-  params: SamplingParams
-  arrival_time: float
 
 
 class OutputStream:

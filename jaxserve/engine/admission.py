@@ -1,13 +1,13 @@
 """What a request must satisfy to be admitted: the one definition of each admission rule.
 Pure Python, no jax.
 
-EngineCore.add_request applies them to every request, in whichever process the core runs (in
-LLMEngine for the offline API and the single-process server, in the engine core process of
-`jaxserve serve`); LLMEngine.encode_prompt checks a token-id prompt before handing it on, the
-server calls check_token_ids early only to refuse a token-id prompt before detokenizing it and
-check_length to refuse a long prompt before it tokenizes it in full (server/prompt_length.py), and
-the scheduler calls check_length to keep its own invariant (no request outgrows the context)
-without restating the rule.
+A prompt's ids are checked where its request record is built (engine/core_io.new_core_requests,
+in the API server or the offline LLMEngine: once, before anything detokenizes them);
+EngineCore.add_request applies the rules that need the core to every request, in whichever
+process the core runs (in LLMEngine for the offline API and the single-process server, in the
+engine core process of `jaxserve serve`); the server calls check_length to refuse a long prompt
+before it tokenizes it in full (server/prompt_length.py), and the scheduler calls check_length to
+keep its own invariant (no request outgrows the context) without restating the rule.
 """
 
 from __future__ import annotations
@@ -35,10 +35,11 @@ def check_priority(priority: object, policy: str) -> None:
     )
 
 
-def check_token_ids(ids: Sequence[int], vocab_size: int, name: str = "prompt") -> list[int]:
-  """ids as a list of ints, each in [0, vocab_size); ValueError naming `name` otherwise."""
-  ids = list(ids)
-  if set(map(type, ids)) == {int} and 0 <= min(ids) and max(ids) < vocab_size:
+def check_token_ids(ids: Sequence[int], vocab_size: int, name: str = "prompt") -> tuple[int, ...]:
+  """ids as a tuple of ints (`ids` itself if it is one), each in [0, vocab_size); ValueError
+  naming `name` otherwise."""
+  ids = ids if type(ids) is tuple else tuple(ids)
+  if not ids or (set(map(type, ids)) == {int} and 0 <= min(ids) and max(ids) < vocab_size):
     return ids  # the common case, checked in C loops (no Python code per token)
   for token_id in ids:
     if (
@@ -47,7 +48,7 @@ def check_token_ids(ids: Sequence[int], vocab_size: int, name: str = "prompt") -
       or not (0 <= token_id < vocab_size)
     ):
       raise ValueError(f"{name}: token id {token_id!r} is out of range [0, {vocab_size})")
-  return [int(t) for t in ids]
+  return tuple(int(t) for t in ids)
 
 
 def check_length(

@@ -8,8 +8,10 @@ engine core process, or on a thread of the one-process server) and ships the out
 servers, which run the processor. A stop string found there comes back as stop_request().
 
 Bad input raises ValueError in add_request and never reaches the device, so other requests keep
-running. A finished step's results reach its requests through engine/step_results.py; the loop's
-timings are engine/step_timings.py's StepTimings.
+running. A request arrives as its record (engine/core_io.EngineCoreRequest, its prompt ids
+checked where it was built); the core's Request shares the record's prompt ids. A finished
+step's results reach its requests through engine/step_results.py; the loop's timings are
+engine/step_timings.py's StepTimings.
 
 Async scheduling (scheduler.async_scheduling, on by default): step() schedules and dispatches
 step N+1 before it waits for step N's results, so scheduling, building the inputs and processing
@@ -38,11 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jaxserve.engine.admission import (
-  check_multi_host_sampling,
-  check_priority,
-  check_token_ids,
-)
+from jaxserve.engine.admission import check_multi_host_sampling, check_priority, check_token_ids
 from jaxserve.engine.constraints import Constraints, live_matcher
 from jaxserve.engine.core_io import EngineCoreOutput, EngineCoreRequest
 from jaxserve.engine.device_port import CompileCounter, MemoryGauge, ProgramStatus, StepRunner
@@ -147,7 +145,7 @@ class EngineCore:
     seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63 - 1))
     request = Request(
       request_id=spec.request_id,
-      prompt_token_ids=list(spec.prompt_token_ids),
+      prompt_token_ids=spec.prompt_token_ids,
       sampling_params=params,
       seed=seed,
       arrival_time=spec.arrival_time or time.monotonic(),
@@ -161,25 +159,22 @@ class EngineCore:
     )
 
   def check_request(self, spec: EngineCoreRequest) -> SequenceMatcher | None:
-    """The request's admission rules (engine/admission.py holds them): a ValueError naming the
-    field it breaks, else its grammar matcher (None without structured outputs). Queues
-    nothing: a caller that must refuse for load (a 429) checks first, so a request that can
-    never be served is told so (a 400) however full the queue is."""
+    """The request's admission rules that need the core (engine/admission.py holds them; its
+    prompt ids were checked where its record was built, engine/core_io.new_core_requests): a
+    ValueError naming the field it breaks, else its grammar matcher (None without structured
+    outputs). Queues nothing: a caller that must refuse for load (a 429) checks first, so a
+    request that can never be served is told so (a 400) however full the queue is."""
     params = spec.params
     if not isinstance(params, SamplingParams):
       raise ValueError("sampling_params: must be a SamplingParams")
     if spec.request_id in self._requests:
       raise ValueError(f"request_id: {spec.request_id!r} is already in use")
     check_priority(spec.priority, self.scheduler.config.policy)
-    prompt_ids = spec.prompt_token_ids
-    if len(prompt_ids) == 0:
-      raise ValueError("prompt: must not be empty")
-    check_token_ids(prompt_ids, self.vocab_size)
     if params.logit_bias:
       check_token_ids(params.logit_bias_ids, self.vocab_size, "logit_bias")
     if not self.runner.supports_async:  # a multi-host job's steps travel to the other hosts
       check_multi_host_sampling(params)
-    self.scheduler.check_servable(len(prompt_ids), params.max_tokens)
+    self.scheduler.check_servable(len(spec.prompt_token_ids), params.max_tokens)
     if params.structured_outputs is None:
       return None
     if self.constraints is None:

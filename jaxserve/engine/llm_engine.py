@@ -12,20 +12,16 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Sequence
 
 from jaxserve.config import EngineConfig
-from jaxserve.engine.admission import check_token_ids
-from jaxserve.engine.constraints import Constraints
-from jaxserve.engine.core_io import EngineCoreRequest
-from jaxserve.engine.device_port import CompileCounter, MemoryGauge, ProgramStatus, StepRunner
+from jaxserve.engine.core_io import new_core_requests
+from jaxserve.engine.device_port import ProgramStatus
 from jaxserve.engine.engine_core import EngineCore
 from jaxserve.engine.engine_stats import EngineStats
 from jaxserve.engine.output_processor import OutputProcessor
-from jaxserve.engine.page_allocator import PageAllocator
-from jaxserve.engine.scheduler import Scheduler
 from jaxserve.engine.step_timings import StepTimings
 from jaxserve.generation_config import GenerationDefaults
-from jaxserve.messages.buckets import BucketSet
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.tokenizer.tokenizer import Tokenizer
@@ -34,53 +30,30 @@ __all__ = ["EngineStats", "LLMEngine", "StepTimings"]
 
 
 class LLMEngine:
-  """Continuous-batching engine over one model, with text. Build it with jaxserve.assembly."""
+  """Continuous-batching engine over one model, with text: an EngineCore and the output
+  processor. Build it with jaxserve.assembly."""
 
   def __init__(
     self,
+    core: EngineCore,
     *,
     tokenizer: Tokenizer,
-    runner: StepRunner,
-    scheduler: Scheduler,
-    allocator: PageAllocator,
-    max_model_len: int,
-    vocab_size: int,
-    eos_token_ids: tuple[int, ...],
-    ledger: CompileCounter,
-    seed: int = 0,
     model_name: str = "",
     warmup_seconds: float = 0.0,
-    buckets: BucketSet | None = None,
-    programs: ProgramStatus | None = None,
     config: EngineConfig | None = None,
-    memory: MemoryGauge | None = None,
     generation_defaults: GenerationDefaults = GenerationDefaults(),
   ):
-    self.core = EngineCore(
-      runner=runner,
-      scheduler=scheduler,
-      allocator=allocator,
-      max_model_len=max_model_len,
-      vocab_size=vocab_size,
-      eos_token_ids=eos_token_ids,
-      ledger=ledger,
-      seed=seed,
-      buckets=buckets,
-      programs=programs,
-      constraints=Constraints(tokenizer, vocab_size, supported=runner.supports_async),
-      memory=memory,
-    )
-    self.constraints = self.core.constraints
+    self.core = core
     self.processor = OutputProcessor(tokenizer)
     self.tokenizer = tokenizer
-    self.runner, self.scheduler, self.allocator, self.ledger = runner, scheduler, allocator, ledger
-    self.max_model_len = max_model_len
-    self.vocab_size = vocab_size
-    self.eos_token_ids = eos_token_ids
+    # the core's parts and limits, as the callers of the offline API read them
+    self.runner, self.scheduler, self.allocator = core.runner, core.scheduler, core.allocator
+    self.ledger, self.constraints, self.timings = core.ledger, core.constraints, core.timings
+    self.max_model_len, self.vocab_size = core.max_model_len, core.vocab_size
+    self.eos_token_ids = core.eos_token_ids
     self.model_name = model_name
     self.generation_defaults = generation_defaults  # the model's sampling defaults
     self.warmup_seconds = warmup_seconds
-    self.timings = self.core.timings
     self.config = config  # the configuration it was built from, defaults resolved
     self._ids = itertools.count()
 
@@ -107,37 +80,73 @@ class LLMEngine:
   def next_request_number(self) -> int:
     return next(self._ids)
 
-  def encode_prompt(self, prompt: str | list[int]) -> list[int]:
-    """Tokenizes a text prompt or checks a token-id prompt; ValueError names `prompt`."""
+  def encode_prompt(self, prompt: str | Sequence[int]) -> Sequence[int]:
+    """A text prompt's token ids (ValueError naming `prompt` if empty); a token-id prompt as it
+    is (its ids are checked where its records are built: add_requests)."""
     if isinstance(prompt, str):
       if not prompt:
         raise ValueError("prompt: must not be empty")
       return self.tokenizer.encode(prompt)
-    ids = list(prompt)
-    if not ids:
-      raise ValueError("prompt: must not be empty")
-    return check_token_ids(ids, self.vocab_size)
+    return prompt
+
+  def add_requests(
+    self,
+    prompt: str | Sequence[int],
+    params: Sequence[SamplingParams],
+    request_ids: Sequence[str],
+    *,
+    arrival_time: float | None = None,
+    stream: bool = True,
+    priority: int = 0,
+  ) -> tuple[int, ...]:
+    """One prompt's requests, request_ids[i] sampling with params[i]: each one record
+    (engine/core_io.new_core_requests: the ids checked once, one tuple they share) into the core
+    (EngineCore.add_request is the admission point) and the output processor. Returns the
+    prompt's ids. With stream=False, step() reports a request only once it has finished."""
+    for p in params:
+      if not isinstance(p, SamplingParams):
+        raise ValueError("sampling_params: must be a SamplingParams")
+    records = new_core_requests(
+      request_ids,
+      self.encode_prompt(prompt),
+      params,
+      self.vocab_size,
+      arrival_time=arrival_time or time.monotonic(),
+      stream=stream,
+      priority=priority,
+    )
+    added: list[str] = []
+    try:
+      for record in records:
+        self.core.add_request(record)
+        self.processor.add_request(record)
+        added.append(record.request_id)
+    except ValueError:
+      for request_id in added:  # all or none
+        self.core.abort_request(request_id)
+        self.processor.remove(request_id)
+      raise
+    return records[0].prompt_token_ids
 
   def add_request(
     self,
-    prompt: str | list[int],
+    prompt: str | Sequence[int],
     params: SamplingParams,
     request_id: str | None = None,
     arrival_time: float | None = None,
     stream: bool = True,
     priority: int = 0,
   ) -> str:
-    """Validates and queues a request (EngineCore.add_request is the admission point) and
-    returns its id. With stream=False, step() reports the request only once it has finished."""
-    if not isinstance(params, SamplingParams):
-      raise ValueError("sampling_params: must be a SamplingParams")
+    """Validates and queues one request (add_requests) and returns its id."""
     request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-    prompt_ids = self.encode_prompt(prompt)
-    arrival_time = arrival_time or time.monotonic()
-    self.core.add_request(
-      EngineCoreRequest(request_id, prompt_ids, params, arrival_time, stream, priority)
+    self.add_requests(
+      prompt,
+      [params],
+      [request_id],
+      arrival_time=arrival_time,
+      stream=stream,
+      priority=priority,
     )
-    self.processor.add_request(request_id, prompt_ids, params, arrival_time, stream)
     return request_id
 
   def abort_request(self, request_id: str) -> bool:

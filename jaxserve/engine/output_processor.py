@@ -9,6 +9,10 @@ names it so the caller stops it in the core (EngineCore.stop_request, or an
 AbortRequests(stopped=True) message).
 
 A request that neither streams nor has stop strings is detokenized once, when it finishes.
+
+A request is tracked by its id, with the record the caller sent the core (engine/core_io.py's
+EngineCoreRequest) as it is: its prompt ids are the RequestOutputs' prompt_token_ids, never
+copied.
 """
 
 from __future__ import annotations
@@ -16,9 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from jaxserve.engine.core_io import EngineCoreOutput
+from jaxserve.engine.core_io import EngineCoreOutput, EngineCoreRequest
 from jaxserve.outputs import FinishReason, RequestMetrics, RequestOutput, TokenLogprob
-from jaxserve.sampling_params import SamplingParams
 from jaxserve.tokenizer.detokenizer import IncrementalDetokenizer
 from jaxserve.tokenizer.tokenizer import Tokenizer
 
@@ -29,13 +32,9 @@ _FLUSHES_TEXT = (FinishReason.STOP, FinishReason.LENGTH)  # the core's ends that
 
 @dataclass(eq=False)
 class _Tracked:
-  """One request's text side."""
+  """One request's text side: its record and what it has produced."""
 
-  request_id: str
-  prompt_token_ids: tuple[int, ...]
-  params: SamplingParams
-  stream: bool
-  arrival_time: float
+  request: EngineCoreRequest
   detokenizer: IncrementalDetokenizer
   token_ids: list[int] = field(default_factory=list)
   logprobs: list[TokenLogprob] | None = None
@@ -43,8 +42,10 @@ class _Tracked:
 
   def __post_init__(self) -> None:
     # Without streaming and stop strings nobody needs text before the end: detokenize once then.
-    self.deferred_text = not self.stream and not self.params.stop
-    if self.params.logprobs is not None:
+    request = self.request
+    self.stream = request.stream
+    self.deferred_text = not request.stream and not request.params.stop
+    if request.params.logprobs is not None:
       self.logprobs = []
 
   def apply(self, out: EngineCoreOutput) -> tuple[RequestOutput | None, bool]:
@@ -87,8 +88,8 @@ class _Tracked:
       return None, stopped_here
     want_logprobs = self.logprobs is not None
     output = RequestOutput(
-      request_id=self.request_id,
-      prompt_token_ids=self.prompt_token_ids,
+      request_id=out.request_id,
+      prompt_token_ids=self.request.prompt_token_ids,
       token_ids=tuple(self.token_ids),
       text=self.detokenizer.output_text,
       new_token_ids=tuple(ids),
@@ -100,7 +101,7 @@ class _Tracked:
       new_logprobs=tuple(new_logprobs or ()) if want_logprobs else None,
       prompt_logprobs=self.prompt_logprobs,
       metrics=RequestMetrics(
-        self.arrival_time,
+        self.request.arrival_time,
         out.first_scheduled_time,
         out.first_token_time,
         out.last_token_time,
@@ -119,26 +120,17 @@ class OutputProcessor:
     self.tokenizer = tokenizer
     self._requests: dict[str, _Tracked] = {}
 
-  def add_request(
-    self,
-    request_id: str,
-    prompt_token_ids: Iterable[int],
-    params: SamplingParams,
-    arrival_time: float,
-    stream: bool = True,
-  ) -> None:
-    prompt = tuple(prompt_token_ids)
+  def add_request(self, request: EngineCoreRequest) -> None:
+    params = request.params
     detokenizer = IncrementalDetokenizer(
       self.tokenizer,
-      prompt,
+      request.prompt_token_ids,
       skip_special_tokens=params.skip_special_tokens,
       stop=params.stop,
       include_stop_str_in_output=params.include_stop_str_in_output,
       min_tokens=params.min_tokens,
     )
-    self._requests[request_id] = _Tracked(
-      request_id, prompt, params, stream, arrival_time, detokenizer
-    )
+    self._requests[request.request_id] = _Tracked(request, detokenizer)
 
   def remove(self, request_id: str) -> None:
     """Forgets a request (its add failed in the core, or nobody listens any more)."""

@@ -43,7 +43,7 @@ class Request:
   """
 
   request_id: str
-  prompt_token_ids: list[int]
+  prompt_token_ids: tuple[int, ...]  # its record's (engine/core_io.EngineCoreRequest), shared
   sampling_params: SamplingParams
   seed: int
   arrival_time: float = 0.0
@@ -86,7 +86,7 @@ class Request:
 
   @property
   def all_token_ids(self) -> list[int]:
-    return self.prompt_token_ids + self.output_token_ids
+    return [*self.prompt_token_ids, *self.output_token_ids]
 
   @functools.cached_property
   def max_total_tokens(self) -> int:

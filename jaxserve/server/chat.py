@@ -68,7 +68,7 @@ async def create_chat_completion(request: Request) -> Response:
     prompt_ids = await state.run_blocking(_encode_chat, state, parsed)
     params = _final_params(parsed, len(prompt_ids), state)
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
-    specs = expand_requests(response_id, [prompt_ids], params)
+    specs = expand_requests(response_id, [prompt_ids], params, state.vocab_size, parsed.priority)
     stream = await state.add(specs)
   except ValueError as err:
     raise bad_request(err, _RENAME) from err

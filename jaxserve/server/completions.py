@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import AsyncIterator
 
@@ -22,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from jaxserve.core.streams import EngineDeadError, OutputStream
-from jaxserve.engine.admission import check_token_ids
+from jaxserve.engine.core_io import EngineCoreRequest
 from jaxserve.outputs import RequestOutput
 from jaxserve.server.drain import stream_error
 from jaxserve.server.errors import bad_request
@@ -36,7 +37,7 @@ from jaxserve.server.generation import (
 from jaxserve.server.json_body import read_json
 from jaxserve.server.logprobs import CompletionLogprobs, completion_logprobs
 from jaxserve.server.prompt_length import PromptBudget, encode_prompt
-from jaxserve.server.protocol import CompletionRequest, Prompt, parse_completion_request
+from jaxserve.server.protocol import CompletionRequest, parse_completion_request
 from jaxserve.server.state import ServingState
 from jaxserve.server.stream_interval import StepCoalescer
 
@@ -44,7 +45,7 @@ from jaxserve.server.stream_interval import StepCoalescer
 @dataclass(frozen=True)
 class TokenizedPrompt:
   text: str
-  token_ids: list[int]
+  token_ids: tuple[int, ...]  # its requests' own (EngineCoreRequest.prompt_token_ids)
 
 
 async def create_completion(request: Request) -> Response:
@@ -58,36 +59,42 @@ async def create_completion(request: Request) -> Response:
     raise bad_request(err) from err
   state.check_serving()
   try:
-    prompts = await state.run_blocking(_tokenize, state, parsed.prompts, parsed.params.max_tokens)
     response_id = f"cmpl-{uuid.uuid4().hex}"
-    specs = expand_requests(response_id, [p.token_ids for p in prompts], parsed.params)
-    stream = await state.add(specs)
+    prompts, records = await state.run_blocking(_prepare, state, parsed, response_id)
+    stream = await state.add(records)
   except ValueError as err:
     raise bad_request(err) from err
-  view = CompletionView(state, parsed, response_id, prompts, [s.request_id for s in specs])
+  view = CompletionView(state, parsed, response_id, prompts, [r.request_id for r in records])
   if parsed.stream:
     return EngineStreamResponse(view.events(stream), stream, state.metrics)
   finals = await collect(stream, request.receive, state.metrics)
   return JSONResponse(view.response(finals))
 
 
-def _tokenize(
-  state: ServingState, prompts: tuple[Prompt, ...], max_tokens: int
-) -> list[TokenizedPrompt]:
-  """Each prompt's text and ids; a prompt too long for the context is refused first, a text
-  before it is tokenized in full (server/prompt_length.py), token ids before they are checked
-  and detokenized."""
-  budget = PromptBudget(state.max_model_len, max_tokens)
-  result = []
-  for i, prompt in enumerate(prompts):
-    name = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+def _prepare(
+  state: ServingState, parsed: CompletionRequest, response_id: str
+) -> tuple[list[TokenizedPrompt], list[EngineCoreRequest]]:
+  """Each prompt's text and ids, and the call's engine core requests; a prompt too long for the
+  context is refused first, a text before it is tokenized in full (server/prompt_length.py), a
+  token-id prompt's ids checked (expand_requests) before they are detokenized."""
+  prompts = parsed.prompts
+  budget = PromptBudget(state.max_model_len, parsed.params.max_tokens)
+  encoded: list[Sequence[int]] = []
+  for prompt in prompts:
     if isinstance(prompt, str):
-      result.append(TokenizedPrompt(prompt, encode_prompt(state.tokenizer, prompt, budget)))
+      encoded.append(encode_prompt(state.tokenizer, prompt, budget))
     else:
       budget.check(len(prompt))
-      check_token_ids(prompt, state.vocab_size, name)  # before detokenizing it
-      result.append(TokenizedPrompt(state.tokenizer.decode(prompt), list(prompt)))
-  return result
+      encoded.append(prompt)
+  records = expand_requests(response_id, encoded, parsed.params, state.vocab_size, parsed.priority)
+  n = parsed.params.n
+  return [
+    TokenizedPrompt(
+      prompt if isinstance(prompt, str) else state.tokenizer.decode(ids),
+      ids,
+    )
+    for prompt, ids in zip(prompts, (r.prompt_token_ids for r in records[::n]), strict=True)
+  ], records
 
 
 class CompletionView:

@@ -1,7 +1,8 @@
 """One HTTP call's engine requests: expansion into choices, SSE streaming and collecting.
 
-Prompts x n become engine requests whose position is the OpenAI choice index (prompt-major, as
-OpenAI numbers batch choices), each prompt's n children from SamplingParams.expand_n.
+Prompts x n become engine core requests (engine/core_io.new_core_requests: each prompt's ids
+checked once and shared by its choices) whose position is the OpenAI choice index (prompt-major,
+as OpenAI numbers batch choices), each prompt's n children from SamplingParams.expand_n.
 
 Disconnects: a streaming response runs the SSE writer beside a listener for `http.disconnect`
 (Starlette's StreamingResponse on ASGI spec 2.3); whatever ends the response, its requests are
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from typing import AsyncIterator
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from jaxserve.core.streams import OutputStream, RequestSpec, now
+from jaxserve.core.streams import OutputStream, now
+from jaxserve.engine.core_io import EngineCoreRequest, new_core_requests
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.server.metrics import ServerMetrics
@@ -36,16 +39,29 @@ def sse_event(data: dict) -> str:
 
 
 def expand_requests(
-  response_id: str, prompt_ids: list[list[int]], params: SamplingParams
-) -> list[RequestSpec]:
-  """One spec per choice; spec i is choice i."""
+  response_id: str,
+  prompts: Sequence[Sequence[int]],
+  params: SamplingParams,
+  vocab_size: int,
+  priority: int = 0,
+) -> list[EngineCoreRequest]:
+  """One record per choice; record i is choice i. A prompt's bad ids are a ValueError naming
+  `prompt` (`prompt[k]` of several). priority: the body's (vLLM's field)."""
   arrival = now()
-  specs = []
   children = params.expand_n()
-  for prompt_tokens in prompt_ids:
-    for child in children:
-      specs.append(RequestSpec(f"{response_id}-{len(specs)}", tuple(prompt_tokens), child, arrival))
-  return specs
+  records: list[EngineCoreRequest] = []
+  for k, ids in enumerate(prompts):
+    first = len(records)
+    records += new_core_requests(
+      [f"{response_id}-{first + j}" for j in range(len(children))],
+      ids,
+      children,
+      vocab_size,
+      arrival_time=arrival,
+      priority=priority,
+      field="prompt" if len(prompts) == 1 else f"prompt[{k}]",
+    )
+  return records
 
 
 class EngineStreamResponse(StreamingResponse):

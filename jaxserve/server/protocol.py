@@ -65,6 +65,7 @@ class CompletionRequest:
   logprobs: int | None
   score_only: bool
   continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on every chunk
+  priority: int = 0  # vLLM's: the order under --scheduling-policy priority (lower first)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class ChatRequest:
   continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on every chunk
   echo: bool = False  # the last message's content starts the reply (ChatPrompt.echo_text)
   include_reasoning: bool = True  # with a reasoning parser: report the reasoning
+  priority: int = 0  # vLLM's: the order under --scheduling-policy priority (lower first)
 
   @property
   def forced_tool_calls(self) -> bool:
@@ -117,7 +119,15 @@ def parse_completion_request(
   )
   stream, include_usage, continuous = _stream_flags(body)
   return CompletionRequest(
-    prompts, params, stream, include_usage, echo, logprobs, score_only, continuous
+    prompts,
+    params,
+    stream,
+    include_usage,
+    echo,
+    logprobs,
+    score_only,
+    continuous,
+    parse_priority(body),
   )
 
 
@@ -171,7 +181,15 @@ def parse_chat_request(
     continuous,
     _bool(body, "echo", False),
     _bool(body, "include_reasoning", True),
+    parse_priority(body),
   )
+
+
+def parse_priority(body: Mapping) -> int:
+  """vLLM's `priority` (default 0): an integer; whether the server schedules by it is the engine
+  core's rule (engine/admission.check_priority), which refuses a non-zero one under fcfs."""
+  value = body.get("priority")
+  return 0 if value is None else _int_value("priority", value)
 
 
 def _constraint(body: Mapping) -> StructuredOutputSpec | None:

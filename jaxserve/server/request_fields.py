@@ -9,7 +9,7 @@ implement (POST /v1/completions, POST /v1/chat/completions).
   `response_format`), `prompt_logprobs` (use `echo` + `logprobs` on completions), OpenAI's
   deprecated `functions` / `function_call` (use `tools` / `tool_choice`), audio output.
 * A field that changes nothing generated (`user`, `metadata`, `store`, `service_tier`,
-  `prediction`, vLLM's `priority`, `request_id`, ...) is accepted silently.
+  `prediction`, vLLM's `request_id`, ...) is accepted silently.
 * Any other field is unknown: ignored with one warning in the server log naming the fields, as
   vLLM does ("fields were present in the request but ignored").
 """
@@ -47,6 +47,7 @@ _COMMON = frozenset(SAMPLING_FIELDS + BOOL_FIELDS) | {
   "stream_options",
   "response_format",
   "structured_outputs",
+  "priority",
 }
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo"}
 CHAT_FIELDS = _COMMON | {
@@ -71,7 +72,6 @@ HARMLESS = frozenset(
     "store",
     "service_tier",
     "prediction",
-    "priority",
     "request_id",
     "spaces_between_special_tokens",
     "guided_decoding_backend",

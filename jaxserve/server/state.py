@@ -20,7 +20,8 @@ from typing import TypeVar
 
 from jaxserve.config import ServerConfig
 from jaxserve.core.dp_client import EngineClient
-from jaxserve.core.streams import OutputStream, QueueFullError, RequestSpec
+from jaxserve.core.streams import OutputStream, QueueFullError
+from jaxserve.engine.core_io import EngineCoreRequest
 from jaxserve.generation_config import GenerationDefaults
 from jaxserve.server.errors import not_found, queue_full, unavailable
 from jaxserve.server.metrics import ServerMetrics
@@ -76,11 +77,11 @@ class ServingState:
     if not self.engine.alive:
       raise unavailable("the engine has stopped")
 
-  async def add(self, specs: list[RequestSpec]) -> OutputStream:
+  async def add(self, requests: list[EngineCoreRequest]) -> OutputStream:
     """One HTTP call's requests into the engine core: 429 if server.max_waiting_requests HTTP
     requests wait to start; ValueError (naming the field) if the core refuses one."""
     try:
-      return await self.engine.add(specs, self.config.max_waiting_requests)
+      return await self.engine.add(requests, self.config.max_waiting_requests)
     except QueueFullError as err:
       raise queue_full(err.limit) from None
 

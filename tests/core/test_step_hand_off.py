@@ -19,7 +19,8 @@ import pytest
 
 from jaxserve.core.client import CoreClient
 from jaxserve.core.in_process import CoreThread
-from jaxserve.core.streams import RequestSpec, now
+from jaxserve.core.streams import now
+from jaxserve.engine.core_io import new_core_requests
 from jaxserve.sampling_params import SamplingParams
 from tests.server.server_helpers import build_server_engine
 
@@ -48,7 +49,10 @@ def test_a_busy_clients_stream_takes_each_step_before_the_next(core):
     await client.attach()
     try:
       params = SamplingParams(max_tokens=NUM_TOKENS, temperature=0.0, ignore_eos=True)
-      stream = await client.add([RequestSpec("probe", (1, 2, 3), params, now())], 1000)
+      records = new_core_requests(
+        ["probe"], (1, 2, 3), [params], core.info.vocab_size, arrival_time=now()
+      )
+      stream = await client.add(records, 1000)
       time.sleep(0.3)  # the event loop is busy: the core's step messages queue up
       while not stream.finished:
         output = await stream.get()

@@ -11,7 +11,7 @@ import json
 import msgspec
 import pytest
 
-from jaxserve.engine.core_io import EngineCoreOutput
+from jaxserve.engine.core_io import EngineCoreOutput, new_core_requests
 from jaxserve.engine.output_processor import OutputProcessor
 from jaxserve.engine.request import RequestStatus
 from jaxserve.models.registry import load_model_tokenizer
@@ -19,6 +19,14 @@ from jaxserve.outputs import FinishReason
 from jaxserve.sampling_params import SamplingParams
 
 PROMPT = [1, 2, 3]
+
+
+def _add(processor: OutputProcessor, request_id: str, params: SamplingParams, stream=True):
+  (record,) = new_core_requests(
+    [request_id], PROMPT, [params], processor.tokenizer.vocab_size, arrival_time=0.0, stream=stream
+  )
+  processor.add_request(record)
+  return record
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +76,7 @@ def test_a_stop_string_inside_a_burst_ends_the_request_there(tokenizer):
   ids = tokenizer.encode("hello world and more", add_special_tokens=False)
   completes = next(k for k in range(1, len(ids) + 1) if "world" in tokenizer.decode(ids[:k]))
   processor = OutputProcessor(tokenizer)
-  processor.add_request("a", PROMPT, SamplingParams(stop=("world",), max_tokens=50), 0.0)
+  record = _add(processor, "a", SamplingParams(stop=("world",), max_tokens=50))
   outputs, stopped = processor.process([_out("a", ids[:2]), _out("unknown", [5])])
   assert stopped == [] and [o.request_id for o in outputs] == ["a"]
   outputs, stopped = processor.process([_out("a", ids[2:])])  # a burst past the stop string
@@ -78,6 +86,7 @@ def test_a_stop_string_inside_a_burst_ends_the_request_there(tokenizer):
   assert final.finish_reason is FinishReason.STOP
   assert final.token_ids == tuple(ids[:completes])
   assert final.text == tokenizer.decode(ids[:completes]).split("world")[0]
+  assert final.prompt_token_ids is record.prompt_token_ids  # the record's ids, not a copy
   assert processor.process([_out("a", [7], "abort")]) == ([], [])  # the core's late outputs
 
 
@@ -85,7 +94,7 @@ def test_a_stop_token_is_not_text_and_the_core_needs_no_stop(tokenizer):
   ids = tokenizer.encode("one two", add_special_tokens=False)
   eos = tokenizer.eos_token_ids[0]
   processor = OutputProcessor(tokenizer)
-  processor.add_request("b", PROMPT, SamplingParams(max_tokens=50), 0.0)
+  _add(processor, "b", SamplingParams(max_tokens=50))
   outputs, stopped = processor.process([_out("b", [*ids, eos], "stop")])
   assert stopped == []
   (final,) = outputs
@@ -96,7 +105,7 @@ def test_a_stop_token_is_not_text_and_the_core_needs_no_stop(tokenizer):
 def test_without_streaming_or_stop_strings_only_the_final_output(tokenizer):
   ids = tokenizer.encode("some words here", add_special_tokens=False)
   processor = OutputProcessor(tokenizer)
-  processor.add_request("c", PROMPT, SamplingParams(max_tokens=len(ids)), 0.0, stream=False)
+  _add(processor, "c", SamplingParams(max_tokens=len(ids)), stream=False)
   (final,), _ = processor.process([_out("c", ids, "length")])
   assert final.text == final.new_text == tokenizer.decode(ids)
   assert final.metrics.first_token_time == 2.0 and processor.num_requests == 0

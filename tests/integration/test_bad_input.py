@@ -91,3 +91,22 @@ def test_bad_engine_config_names_the_field(overrides, field):
 def test_max_model_len_beyond_the_model_is_refused():
   with pytest.raises(ValueError, match=r"^max_model_len:"):
     build_engine(EngineConfig(max_model_len=10**6), show_progress=False)
+
+
+def test_a_prompt_is_checked_once_into_one_tuple_that_every_layer_shares(engine):
+  """One record per choice (engine/core_io.new_core_requests): the prompt's ids become one tuple,
+  which the core's requests and every output share (no layer copies it), and a bad id refuses
+  the prompt's choices all or none."""
+  prompt = [5, 6, 7, 8]
+  ids = engine.add_requests(prompt, [GOOD, GOOD], ["shared-0", "shared-1"])
+  assert ids == tuple(prompt)
+  assert all(engine.core.requests[r].prompt_token_ids is ids for r in ("shared-0", "shared-1"))
+  with pytest.raises(ValueError, match=r"^prompt: token id 100000"):
+    engine.add_requests([1, 100000], [GOOD, GOOD], ["bad-0", "bad-1"])
+  with pytest.raises(ValueError, match=r"^request_id:"):  # the second is refused by the core
+    engine.add_requests(prompt, [GOOD, GOOD], ["fresh-0", "shared-0"])
+  finished = run_to_completion(engine)
+  assert set(finished) == {"shared-0", "shared-1"}  # fresh-0 was taken back with its sibling
+  assert all(finished[r].prompt_token_ids is ids for r in finished)
+  assert finished["shared-0"].token_ids == finished["shared-1"].token_ids  # greedy, same prompt
+  assert engine.stats().num_used_pages == 0 and engine.stats().num_waiting == 0
