@@ -18,8 +18,9 @@ lowered on padding inputs with the runner's own params and KV pages as abstract 
 compile thread touches the buffers the engine donates) and compiled ahead of time, and the
 executable is installed in the runner (ModelRunner.install), which calls it directly, so the
 compile ledger counts each program once. With a ProgramStore (device/program_store.py) a program
-the store holds is read back and installed in place of lowering and compiling it, and every
-program compiled is written to it.
+the store holds is not lowered: a compile thread reads it back and installs it (in compile order,
+side by side like compilations); the programs compiled are written to the store once all are
+compiled (save_compiled), so that serializing them takes nothing from the first requests.
 Each time a group's programs are all compiled, a new ProgramReadiness
 (messages/program_readiness.py) is published; the host pads each step to the smallest ready bucket
 that holds it (engine/engine_core.py), which therefore never waits for a compilation. A program
@@ -130,7 +131,7 @@ class ProgramCompiler:
     self.store = store if self._install else None
     self._params = abstract(runner.params)
     self._kv_pages = abstract(runner.kv_pages)
-    self._hidden: dict[int, jax.ShapeDtypeStruct] = {}  # tokens -> the forward's hidden [T, H]
+    self._unsaved: list[tuple] = []  # (name, abstract arguments, compiled) for the store
     self._lock = threading.Lock()  # the counts below and the published readiness
     self._left = [len(g.programs) for g in self.groups]  # per group: programs not compiled yet
     self._steps: frozenset[Bucket] = frozenset()
@@ -176,6 +177,7 @@ class ProgramCompiler:
     """Compiles every group not compiled yet on `threads` threads, here (stops early when close()
     is called); `on_program(1)` after each program (a progress bar's update)."""
     self._compile_groups(range(self._next_group, len(self.groups)), self.threads, on_program)
+    self.save_compiled()
 
   def start(self) -> "ProgramCompiler":
     """Compiles the remaining groups on a daemon thread."""
@@ -212,6 +214,7 @@ class ProgramCompiler:
       return
     finally:
       sys.setswitchinterval(switch_interval)
+    self.save_compiled()
     if self._readiness.complete:
       logger.info(
         "background compilation: all %d programs compiled in %.1f s on %d threads (%.1f s of "
@@ -246,14 +249,16 @@ class ProgramCompiler:
         if self._stop.is_set() or errors:
           continue  # close() or a failure: the rest is not compiled
         try:
-          compiled = lowered.compile()
+          compiled = self._stored(program, signature) if lowered is None else None
+          if compiled is None:
+            compiled = (lowered or self._lower(program)).compile()
+            if self.store is not None:
+              self._unsaved.append((repr(program.key), signature, compiled))
         except Exception as err:  # reported with the program's name
           errors.append((position, ProgramCompileError(program, err)))
           continue
         if self._install:
           self.runner.install(program.key, compiled)
-        if self.store is not None:
-          self.store.save(repr(program.key), signature, compiled)
         self._program_done(index)
         if on_program is not None:
           on_program(1)
@@ -290,18 +295,15 @@ class ProgramCompiler:
         if self._stop.is_set() or errors:
           return
         signature = None if self.store is None else abstract(self._arguments(program)[1])
-        if signature is not None and self._loaded(program, signature):
-          self._program_done(index)
-          if on_program is not None:
-            on_program(1)
-          continue
-        try:
-          begin = time.perf_counter()
-          lowered = self._lower(program)
-          self.lowering_s += time.perf_counter() - begin
-        except Exception as err:  # reported with the program's name
-          errors.append((position, ProgramCompileError(program, err)))
-          return
+        lowered = None  # a stored program: read back (and installed) by a compile thread
+        if signature is None or not self.store.holds(repr(program.key), signature):
+          try:
+            begin = time.perf_counter()
+            lowered = self._lower(program)
+            self.lowering_s += time.perf_counter() - begin
+          except Exception as err:  # reported with the program's name
+            errors.append((position, ProgramCompileError(program, err)))
+            return
         work.put((position, index, program, lowered, signature))
         position += 1
       self._next_group = index + 1
@@ -320,23 +322,33 @@ class ProgramCompiler:
         self._steps, self._bursts, self._num_compiled, self.num_total, self.finished_after_s
       )
 
-  def _loaded(self, program: Program, signature: object) -> bool:
-    """Installs `program` from the store if it holds it (on arguments `signature`, abstract)."""
+  def _stored(self, program: Program, signature: object) -> jax.stages.Compiled | None:
+    """`program` read back from the store, or None (then it is lowered and compiled)."""
     compiled = self.store.load(repr(program.key), signature)
-    if compiled is None:
-      return False
-    if program.kind == "forward":
-      self._hidden[program.bucket.num_tokens] = compiled.out_info[2]
-    self.runner.install(program.key, compiled)
-    self.num_loaded += 1
-    return True
+    if compiled is not None:
+      with self._lock:
+        self.num_loaded += 1
+    return compiled
+
+  def save_compiled(self) -> None:
+    """Writes the programs compiled so far to the store (after the compilation, so that
+    serializing them takes nothing from the requests served meanwhile)."""
+    while self._unsaved:
+      self.store.save(*self._unsaved.pop(0))
 
   def _lower_program(self, program: Program) -> jax.stages.Lowered:
     jitted, args, static = self._arguments(program)
     lowered = jitted.lower(*args, *static)
     if program.kind == "forward":
-      self._hidden[program.bucket.num_tokens] = lowered.out_info[2]
+      hidden, expected = lowered.out_info[2], self._hidden_state(program.bucket.num_tokens)
+      if (hidden.shape, hidden.dtype) != (expected.shape, expected.dtype):
+        raise ValueError(f"forward: hidden states {hidden}, expected {expected}")
     return lowered
+
+  def _hidden_state(self, num_tokens: int) -> jax.ShapeDtypeStruct:
+    """The forward's hidden states [T, H] in the model's dtype (prompt logprobs' input)."""
+    config = self.runner.model.config
+    return jax.ShapeDtypeStruct((num_tokens, config.hidden_size), jnp.dtype(config.dtype))
 
   def _arguments(self, program: Program) -> tuple[Callable, tuple, tuple]:
     """(jitted function, arguments, static arguments) the program is lowered on: padding inputs
@@ -352,8 +364,7 @@ class ProgramCompiler:
       args = (logits, pack(inputs.sampling), inputs.prev_sampled_ids)
       return programs.sample, args, (program.mode,)
     if program.kind == "prompt":
-      hidden = self._hidden[program.bucket.num_tokens]
-      hidden = jax.ShapeDtypeStruct(hidden.shape, hidden.dtype)
+      hidden = self._hidden_state(program.bucket.num_tokens)
       return programs.prompt_logprobs, (self._params, hidden, inputs.prompt_target_ids), ()
     args = (self._params, self._kv_pages, packed_model_inputs(inputs), pack(inputs.sampling))
     return programs.burst, args, (program.mode,)

@@ -121,6 +121,10 @@ class ProgramStore:
     key = hashlib.sha256(f"{name}\n{argument_signature(args)}".encode()).hexdigest()[:32]
     return self.directory / f"{key}{SUFFIX}"
 
+  def holds(self, name: str, args: object) -> bool:
+    """Whether a file of (name, args) is stored (it may still fail to load)."""
+    return self.path(name, args).exists()
+
   def load(self, name: str, args: object) -> jax.stages.Compiled | None:
     """The stored compiled program, or None (absent, or unreadable: then removed)."""
     path = self.path(name, args)
