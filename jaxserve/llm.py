@@ -91,6 +91,8 @@ class LLM:
     sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     use_tqdm: bool = True,
   ) -> list[GenerationResult]:
+    if self.engine.is_sleeping:
+      raise RuntimeError("the engine is sleeping: call LLM.wake_up() first")
     prompt_list = _as_prompt_list(prompts)
     if sampling_params is None:
       sampling_params = self.get_default_sampling_params()
@@ -122,6 +124,15 @@ class LLM:
       self._result(prompt_list[i], encoded[i], [finished[r] for r in rids])
       for i, rids in enumerate(request_ids)
     ]
+
+  def sleep(self, level: int = 1) -> None:
+    """vLLM's LLM.sleep: level 1 moves the weights to host memory and frees the KV pool (the
+    engine needs enable_sleep_mode=True; engine/sleep_mode.py). generate waits for wake_up()."""
+    self.engine.sleep(level)
+
+  def wake_up(self, tags: list[str] | None = None) -> None:
+    """Puts back what sleep freed: tags "weights", "kv_cache", or None for both."""
+    self.engine.wake_up(tags)
 
   def _add(
     self, prompt_ids: list[int], params: SamplingParams, prompt_index: int, sample_index: int

@@ -28,6 +28,11 @@ dispatched in two parts. The forward goes first; then the core takes the step be
 bitmask on the host while the device runs the forward, and dispatches the sampler with the mask
 in the step's batch. The mask's host time hides behind the forward unless it is longer
 (StepTimings: phase "bitmask"). Such a batch never runs as a decode burst (Request.can_burst).
+
+Sleep mode (engine/sleep_mode.py holds the rules): sleep() completes the step in flight, aborts
+every request, resets the page allocator and has the runner free its memory; while asleep step()
+only hands out outputs already due (can_step() says whether it has any), and requests added
+wait. wake_up() has the runner put the memory back.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request, RequestStatus
 from jaxserve.engine.request_state import RequestState
 from jaxserve.engine.scheduler import Scheduler
+from jaxserve.engine.sleep_mode import TAGS, check_enabled, check_level, check_mode, wake_tags
 from jaxserve.engine.step_results import apply_step_output
 from jaxserve.engine.step_timings import StepTimings
 from jaxserve.messages.buckets import Bucket, BucketSet
@@ -110,8 +116,11 @@ class EngineCore:
     programs: ProgramStatus | None = None,
     constraints: Constraints | None = None,
     memory: MemoryGauge | None = None,
+    sleep_mode: bool = False,
   ):
     self.runner = runner
+    self.sleep_mode = sleep_mode
+    self._asleep: frozenset[str] = frozenset()  # the parts (engine/sleep_mode.TAGS) away
     self.memory = memory
     self.constraints = constraints
     self.buckets = buckets
@@ -212,9 +221,17 @@ class EngineCore:
       self.scheduler.has_unfinished_requests() or bool(self._pending) or self._in_flight is not None
     )
 
+  def can_step(self) -> bool:
+    """Whether step() has anything to do: outputs due, or requests to run while awake."""
+    return bool(self._pending) or (not self._asleep and self.has_unfinished_requests())
+
   def step(self) -> list[EngineCoreOutput]:
     """Schedules and dispatches one step; returns outputs for requests that progressed or
-    finished in the step completed by this call (the previous one with async scheduling)."""
+    finished in the step completed by this call (the previous one with async scheduling).
+    Asleep: the outputs due, nothing scheduled."""
+    if self._asleep:
+      touched, self._pending = self._pending, []
+      return self._outputs(touched)
     start = time.perf_counter()
     wait_before = self.timings.wait_seconds
     touched, self._pending = self._pending, []
@@ -254,6 +271,17 @@ class EngineCore:
         touched += self._complete(current)
     if previous is not None:
       touched += self._complete(previous)
+    outputs = self._outputs(touched)
+    waited = self.timings.wait_seconds - wait_before
+    host_seconds = time.perf_counter() - start - waited
+    timings.host_seconds += host_seconds
+    if not batch.is_empty:
+      entry = timings.host_per_bucket.setdefault(current.bucket, [0, 0.0])
+      entry[0] += 1
+      entry[1] += host_seconds
+    return outputs
+
+  def _outputs(self, touched: list[RequestState]) -> list[EngineCoreOutput]:
     mark = time.perf_counter()
     outputs = []
     for state in touched:
@@ -263,15 +291,39 @@ class EngineCore:
       if finished:
         self._requests.pop(state.request.request_id, None)
         self._states.pop(state.request.request_id, None)
-    timings.add_phase("outputs", mark)
-    waited = self.timings.wait_seconds - wait_before
-    host_seconds = time.perf_counter() - start - waited
-    timings.host_seconds += host_seconds
-    if not batch.is_empty:
-      entry = timings.host_per_bucket.setdefault(current.bucket, [0, 0.0])
-      entry[0] += 1
-      entry[1] += host_seconds
+    self.timings.add_phase("outputs", mark)
     return outputs
+
+  # -- sleep mode (engine/sleep_mode.py) ---------------------------------------------------
+  @property
+  def is_sleeping(self) -> bool:
+    return bool(self._asleep)
+
+  def sleep(self, level: int = 1, mode: str = "abort") -> None:
+    """Aborts every request (their outputs come with the next step()), empties the KV pool's
+    bookkeeping and has the runner move the weights to the host and free the pool."""
+    check_enabled(self.sleep_mode)
+    check_level(level)
+    check_mode(mode)
+    if self._asleep:
+      return
+    previous, self._in_flight = self._in_flight, None
+    done = self._complete(previous) if previous is not None else []
+    for request_id in list(self._states):
+      self.abort_request(request_id)
+    due = {id(state) for state in self._pending}
+    self._pending += [state for state in done if id(state) not in due]  # one output each
+    self.allocator.reset()
+    self.runner.sleep(level)
+    self._asleep = frozenset(TAGS)
+
+  def wake_up(self, tags: list[str] | None = None) -> None:
+    """Has the runner put back the parts `tags` names (None: all)."""
+    check_enabled(self.sleep_mode)
+    for tag in wake_tags(tags):
+      if tag in self._asleep:
+        self.runner.wake_up(tag)
+        self._asleep -= {tag}
 
   def _bucket(self, batch: ScheduledBatch) -> Bucket | None:
     """The smallest ready bucket holding the batch (None: the runner's smallest)."""

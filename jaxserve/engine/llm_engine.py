@@ -69,6 +69,7 @@ class LLMEngine:
       programs=programs,
       constraints=Constraints(tokenizer, vocab_size, supported=runner.supports_async),
       memory=memory,
+      sleep_mode=config is not None and config.enable_sleep_mode,
     )
     self.constraints = self.core.constraints
     self.processor = OutputProcessor(tokenizer)
@@ -155,6 +156,19 @@ class LLMEngine:
     for request_id in stopped:
       self.core.stop_request(request_id)
     return outputs
+
+  # -- sleep mode (engine/sleep_mode.py) ---------------------------------------------------
+  def sleep(self, level: int = 1) -> list[RequestOutput]:
+    """EngineCore.sleep; returns the last outputs of the requests it aborted."""
+    self.core.sleep(level)
+    return self.step()
+
+  def wake_up(self, tags: list[str] | None = None) -> None:
+    self.core.wake_up(tags)
+
+  @property
+  def is_sleeping(self) -> bool:
+    return self.core.is_sleeping
 
   def stats(self) -> EngineStats:
     return self.core.stats()
