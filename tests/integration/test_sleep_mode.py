@@ -26,9 +26,7 @@ def tree_bytes(tree) -> int:
 
 @pytest.fixture(scope="module")
 def llm():
-  config = small_config(
-    seq_buckets=(8,), token_buckets=(64,), num_pages=64, enable_sleep_mode=True
-  )
+  config = small_config(seq_buckets=(8,), token_buckets=(64,), num_pages=64, enable_sleep_mode=True)
   return LLM(config.model, config=config, show_progress=False)
 
 
