@@ -33,6 +33,6 @@ for s in ${STEPS:-ck8b t0_8b t1_8b}; do case $s in
     grep -E "^(decode|prefill) " "$LOGS/$s.log" | tee -a "$OUT/summary.txt" ;;
   sl8b) step sl8b python3 -m investigations.sleep_wake --model /tmp/llama8b --max-model-len 2048 \
       --out "$OUT/sleep_wake_8b.json"
-    grep -E "^(device bytes|sleep |wake |same greedy|compilations after)" "$LOGS/sl8b.log" | tee -a "$OUT/summary.txt" ;;
+    grep -E "^(device bytes|driver bytes|sleep |wake |same greedy|compilations after)" "$LOGS/sl8b.log" | tee -a "$OUT/summary.txt" ;;
   *) echo "unknown step $s" | tee -a "$OUT/summary.txt" ;;
 esac; done

@@ -11,6 +11,12 @@ arrays; the pool comes back from the KVPoolMaker that built it (device/kv_cache.
 jitted program, zero-filled pages), since the host side resets its allocator and prefix cache
 (no page holds anything worth keeping). A leaf that is not a jax.Array (a Python number) stays
 as it is.
+
+Freed means freed to the JAX client: its bytes in use drop, and other JAX work in the process
+can use them. On a GPU the client pre-allocates its arena (device/client_memory.py) and keeps it,
+so the driver (nvidia-smi, another process) sees no change; giving the memory to another process
+would need XLA_PYTHON_CLIENT_ALLOCATOR=platform, which allocates every step's buffers from the
+driver.
 """
 
 from __future__ import annotations
