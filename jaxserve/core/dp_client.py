@@ -35,6 +35,7 @@ GAUGES = (
   "num_used_pages",
   "num_total_pages",
   "device_bytes_in_use",
+  "num_sleeping",
 )
 
 

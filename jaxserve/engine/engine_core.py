@@ -370,6 +370,7 @@ class EngineCore:
       num_prefix_cache_queries=self.scheduler.prefix_cache_queries,
       num_prefix_cache_hits=self.scheduler.prefix_cache_hits,
       device_bytes_in_use=self.memory.bytes_in_use if self.memory else 0,
+      num_sleeping=int(self.is_sleeping),
     )
 
   def close(self) -> None:

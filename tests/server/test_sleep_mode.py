@@ -22,6 +22,7 @@ from jaxserve.server.sleep_routes import dev_mode
 from tests.server.server_helpers import (
   RunningServer,
   core_backend,
+  scrape_metrics,
   server_engine_config,
   start_server,
   wait_for_idle,
@@ -105,6 +106,7 @@ def test_sleep_frees_memory_holds_requests_and_wake_gives_the_same_tokens(sleepy
   assert (response.status_code, response.content) == (200, b"")
   assert httpx.get(f"{sleepy.url}/is_sleeping", timeout=10).json() == {"is_sleeping": True}
   assert awake_bytes - live_bytes() >= freed
+  assert scrape_metrics(sleepy.url)["jaxserve_engine_cores_sleeping"] == 1
   held: list[list[str]] = []
   waiter = threading.Thread(target=lambda: held.append(greedy_tokens(sleepy.url)))
   waiter.start()
@@ -115,6 +117,7 @@ def test_sleep_frees_memory_holds_requests_and_wake_gives_the_same_tokens(sleepy
   waiter.join(30)
   assert held == [before]
   assert httpx.get(f"{sleepy.url}/is_sleeping", timeout=10).json() == {"is_sleeping": False}
+  assert scrape_metrics(sleepy.url)["jaxserve_engine_cores_sleeping"] == 0
   assert live_bytes() >= awake_bytes - 1024  # the weights and the pool are back
   assert greedy_tokens(sleepy.url) == before
   assert sleepy.engine.ledger.num_compilations == compiled
