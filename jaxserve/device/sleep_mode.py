@@ -43,34 +43,34 @@ class HostTree:
   treedef: jax.tree_util.PyTreeDef
   leaves: tuple[HostLeaf | object, ...]  # HostLeaf for each device array, else the leaf itself
 
-  @property
-  def nbytes(self) -> int:
-    return sum(leaf.value.nbytes for leaf in self.leaves if isinstance(leaf, HostLeaf))
-
 
 def offload(tree) -> HostTree:
-  """The tree's arrays copied to host memory; the device arrays are deleted."""
+  """The tree's arrays copied to host memory; the device arrays are deleted. An array that
+  sits at several leaves is copied once and comes back as one array."""
   leaves, treedef = jax.tree.flatten(tree)
-  arrays = [leaf for leaf in leaves if isinstance(leaf, jax.Array)]
+  arrays = list({id(x): x for x in leaves if isinstance(x, jax.Array)}.values())
   for array in arrays:
     array.copy_to_host_async()
-  host = iter(jax.device_get(arrays))
-  kept = tuple(
-    HostLeaf(next(host), leaf.sharding if leaf.committed else None)
-    if isinstance(leaf, jax.Array)
-    else leaf
-    for leaf in leaves
-  )
+  host = {
+    id(array): HostLeaf(value, array.sharding if array.committed else None)
+    for array, value in zip(arrays, jax.device_get(arrays))
+  }
   release(arrays)
-  return HostTree(treedef, kept)
+  return HostTree(treedef, tuple(host.get(id(leaf), leaf) for leaf in leaves))
 
 
 def restore(host: HostTree):
   """The tree back on the device, each array with the sharding it had."""
-  leaves = [
-    jax.device_put(leaf.value, leaf.sharding) if isinstance(leaf, HostLeaf) else leaf
-    for leaf in host.leaves
-  ]
+  placed: dict[int, jax.Array] = {}
+
+  def put(leaf):
+    if not isinstance(leaf, HostLeaf):
+      return leaf
+    if id(leaf) not in placed:
+      placed[id(leaf)] = jax.device_put(leaf.value, leaf.sharding)
+    return placed[id(leaf)]
+
+  leaves = [put(leaf) for leaf in host.leaves]
   return jax.block_until_ready(jax.tree.unflatten(host.treedef, leaves))
 
 
