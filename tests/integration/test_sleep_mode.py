@@ -116,3 +116,31 @@ def test_an_engine_without_sleep_mode_refuses_naming_the_flag():
     llm.sleep()
   with pytest.raises(ValueError, match="^enable_sleep_mode: "):
     llm.wake_up()
+
+
+def test_sliding_window_groups_sleep_mid_generation(hf_checkpoint):
+  """Gemma 3's window groups hold pages of their own: a sleep in the middle of a generation frees
+  every page and wakes to the same tokens."""
+  config = small_config(
+    str(hf_checkpoint("gemma3")),
+    seq_buckets=(8,),
+    token_buckets=(64,),
+    num_pages=64,
+    max_model_len=256,
+    enable_sleep_mode=True,
+  )
+  llm = LLM(config.model, config=config, show_progress=False)
+  long = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+  prompt = list(range(3, 60))
+  before = llm.generate([prompt], long, use_tqdm=False)[0].outputs[0].token_ids
+  engine = llm.engine
+  engine.add_request(prompt, long)
+  for _ in range(4):
+    engine.step()
+  assert engine.allocator.num_used_pages > 0
+  engine.sleep()
+  assert engine.allocator.num_used_pages == 0
+  engine.allocator.check_invariants()
+  engine.wake_up()
+  assert llm.generate([prompt], long, use_tqdm=False)[0].outputs[0].token_ids == before
+  assert engine.allocator.num_used_pages == 0
