@@ -125,10 +125,11 @@ class LLM:
       for i, rids in enumerate(request_ids)
     ]
 
-  def sleep(self, level: int = 1) -> None:
+  def sleep(self, level: int = 1, mode: str = "abort") -> None:
     """vLLM's LLM.sleep: level 1 moves the weights to host memory and frees the KV pool (the
-    engine needs enable_sleep_mode=True; engine/sleep_mode.py). generate waits for wake_up()."""
-    self.engine.sleep(level)
+    engine needs enable_sleep_mode=True; engine/sleep_mode.py); mode "abort" (the only one)
+    aborts what runs. generate raises until wake_up()."""
+    self.engine.sleep(level, mode)
 
   def wake_up(self, tags: list[str] | None = None) -> None:
     """Puts back what sleep freed: tags "weights", "kv_cache", or None for both."""

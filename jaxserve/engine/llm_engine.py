@@ -158,9 +158,9 @@ class LLMEngine:
     return outputs
 
   # -- sleep mode (engine/sleep_mode.py) ---------------------------------------------------
-  def sleep(self, level: int = 1) -> list[RequestOutput]:
+  def sleep(self, level: int = 1, mode: str = "abort") -> list[RequestOutput]:
     """EngineCore.sleep; returns the last outputs of the requests it aborted."""
-    self.core.sleep(level)
+    self.core.sleep(level, mode)
     return self.step()
 
   def wake_up(self, tags: list[str] | None = None) -> None:

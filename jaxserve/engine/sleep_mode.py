@@ -12,7 +12,9 @@ the memory (device/sleep_mode.py, through the StepRunner's sleep and wake_up).
   finish_reason "abort", and its pages go back; then the page allocator is reset (no page
   used, none cached: the pool's content is gone) and the device side sleeps.
 * While asleep, requests are accepted and wait in the scheduler's queue; no step runs (no
-  program touches the freed memory). They start once the engine is awake.
+  program touches the freed memory). They start once the engine is awake. This is vLLM's
+  behavior (its sleep pauses the scheduler, which queues new requests until wake_up resumes
+  it), chosen over a 503 so that no request is lost; the HTTP server answers them after the wake.
 * wake_up(tags): "weights", "kv_cache" (vLLM's tags), None for both; the engine is asleep until
   both are back. Sleeping when asleep and waking when awake change nothing.
 """

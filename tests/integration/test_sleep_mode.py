@@ -95,6 +95,8 @@ def test_the_state_machine(llm):
     llm.sleep(level=2)
   with pytest.raises(ValueError, match="^level: "):
     llm.sleep(level=0)
+  with pytest.raises(ValueError, match="^mode: "):
+    llm.sleep(mode="wait")
   assert not llm.engine.is_sleeping
   llm.sleep()
   llm.sleep()  # asleep: nothing more to free
