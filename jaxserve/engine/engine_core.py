@@ -56,7 +56,7 @@ from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request, RequestStatus
 from jaxserve.engine.request_state import RequestState
 from jaxserve.engine.scheduler import Scheduler
-from jaxserve.engine.sleep_mode import TAGS, check_enabled, check_level, check_mode, wake_tags
+from jaxserve.engine.sleep_mode import SleepState
 from jaxserve.engine.step_results import apply_step_output
 from jaxserve.engine.step_timings import StepTimings
 from jaxserve.messages.buckets import Bucket, BucketSet
@@ -119,8 +119,7 @@ class EngineCore:
     sleep_mode: bool = False,
   ):
     self.runner = runner
-    self.sleep_mode = sleep_mode
-    self._asleep: frozenset[str] = frozenset()  # the parts (engine/sleep_mode.TAGS) away
+    self._sleep = SleepState(sleep_mode)
     self.memory = memory
     self.constraints = constraints
     self.buckets = buckets
@@ -223,13 +222,13 @@ class EngineCore:
 
   def can_step(self) -> bool:
     """Whether step() has anything to do: outputs due, or requests to run while awake."""
-    return bool(self._pending) or (not self._asleep and self.has_unfinished_requests())
+    return bool(self._pending) or (not self.is_sleeping and self.has_unfinished_requests())
 
   def step(self) -> list[EngineCoreOutput]:
     """Schedules and dispatches one step; returns outputs for requests that progressed or
     finished in the step completed by this call (the previous one with async scheduling).
     Asleep: the outputs due, nothing scheduled."""
-    if self._asleep:
+    if self.is_sleeping:
       touched, self._pending = self._pending, []
       return self._outputs(touched)
     start = time.perf_counter()
@@ -297,15 +296,12 @@ class EngineCore:
   # -- sleep mode (engine/sleep_mode.py) ---------------------------------------------------
   @property
   def is_sleeping(self) -> bool:
-    return bool(self._asleep)
+    return self._sleep.is_sleeping
 
   def sleep(self, level: int = 1, mode: str = "abort") -> None:
     """Aborts every request (their outputs come with the next step()), empties the KV pool's
     bookkeeping and has the runner move the weights to the host and free the pool."""
-    check_enabled(self.sleep_mode)
-    check_level(level)
-    check_mode(mode)
-    if self._asleep:
+    if not self._sleep.going_to_sleep(level, mode):
       return
     previous, self._in_flight = self._in_flight, None
     done = self._complete(previous) if previous is not None else []
@@ -315,15 +311,11 @@ class EngineCore:
     self._pending += [state for state in done if id(state) not in due]  # one output each
     self.allocator.reset()
     self.runner.sleep(level)
-    self._asleep = frozenset(TAGS)
+    self._sleep.asleep()
 
   def wake_up(self, tags: list[str] | None = None) -> None:
     """Has the runner put back the parts `tags` names (None: all)."""
-    check_enabled(self.sleep_mode)
-    for tag in wake_tags(tags):
-      if tag in self._asleep:
-        self.runner.wake_up(tag)
-        self._asleep -= {tag}
+    self._sleep.wake(tags, self.runner.wake_up)
 
   def _bucket(self, batch: ScheduledBatch) -> Bucket | None:
     """The smallest ready bucket holding the batch (None: the runner's smallest)."""

@@ -21,7 +21,7 @@ the memory (device/sleep_mode.py, through the StepRunner's sleep and wake_up).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 LEVELS = (1,)
 MODES = ("abort",)
@@ -62,3 +62,33 @@ def wake_tags(tags: Sequence[str] | None) -> tuple[str, ...]:
   if unknown:
     raise ValueError(f"tags: unknown {unknown}; the tags are {list(TAGS)}")
   return tuple(tag for tag in TAGS if tag in tags)
+
+
+class SleepState:
+  """Which parts are asleep, and the transitions: `going_to_sleep` says whether a sleep must
+  free anything (False when asleep already), `wake` runs `put_back(tag)` for each part asleep
+  that `tags` names."""
+
+  def __init__(self, enabled: bool):
+    self.enabled = enabled
+    self._asleep: frozenset[str] = frozenset()
+
+  @property
+  def is_sleeping(self) -> bool:
+    return bool(self._asleep)
+
+  def going_to_sleep(self, level: object, mode: object) -> bool:
+    check_enabled(self.enabled)
+    check_level(level)
+    check_mode(mode)
+    return not self._asleep
+
+  def asleep(self) -> None:
+    self._asleep = frozenset(TAGS)
+
+  def wake(self, tags: Sequence[str] | None, put_back: Callable[[str], None]) -> None:
+    check_enabled(self.enabled)
+    for tag in wake_tags(tags):
+      if tag in self._asleep:
+        put_back(tag)
+        self._asleep -= {tag}
