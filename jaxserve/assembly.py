@@ -38,7 +38,7 @@ from jaxserve.device.device_memory import (
 )
 from jaxserve.device.kv_cache import (
   KVCacheSpec,
-  allocate_kv_pages,
+  KVPoolMaker,
   resolve_max_model_len,
 )
 from jaxserve.device.memory_gauge import DeviceMemoryGauge
@@ -150,7 +150,8 @@ def build_device(
     layout.num_groups,
   )
   spec = size_kv_pool(config, placement, buckets, shape, max_model_len, agree_num_pages)
-  kv_pages = allocate_kv_pages(spec, placement.kv_sharding)
+  kv_pool = KVPoolMaker(spec, placement.kv_sharding)
+  kv_pages = kv_pool()
   capacity = log_kv_pool(spec, layout, placement.num_shards, max_model_len)
   if config.scheduler.pool_seq_rungs:
     buckets = with_pool_rungs(buckets, capacity)
@@ -167,7 +168,7 @@ def build_device(
     greedy=step_greedy(config, sharded=shardings is not None),
     compiler_options=options,
   )
-  runner = ModelRunner(model, params, kv_pages, buckets, shape, programs, publisher)
+  runner = ModelRunner(model, params, kv_pages, buckets, shape, programs, publisher, kv_pool)
   return DeviceBundle(model_config, runner, spec, max_model_len, layout)
 
 
@@ -261,6 +262,7 @@ def build_engine(
     programs=programs,
     constraints=Constraints(tokenizer, model_config.vocab_size, supported=runner.supports_async),
     memory=DeviceMemoryGauge(devices or jax.local_devices()),
+    sleep_mode=config.enable_sleep_mode,
   )
   return LLMEngine(
     core,

@@ -173,6 +173,13 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     "step programs compiled at once during warmup and in the background (0: a quarter of the "
     "host's cores, 1 to 4)",
   ),
+  EngineArg(
+    "enable_sleep_mode",
+    "enable_sleep_mode",
+    bool,
+    "let the engine sleep (level 1: weights to host memory, KV pool freed) and wake up: "
+    "LLM.sleep / LLM.wake_up, POST /sleep and /wake_up with VLLM_SERVER_DEV_MODE=1",
+  ),
 )
 BY_NAME = {arg.name: arg for arg in ENGINE_ARGS}
 INERT_NAMES = tuple(arg.name for arg in INERT_ARGS)

@@ -91,6 +91,8 @@ class LLM:
     sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     use_tqdm: bool = True,
   ) -> list[GenerationResult]:
+    if self.engine.is_sleeping:
+      raise RuntimeError("the engine is sleeping: call LLM.wake_up() first")
     prompt_list = _as_prompt_list(prompts)
     if sampling_params is None:
       sampling_params = self.get_default_sampling_params()
@@ -123,6 +125,16 @@ class LLM:
       self._result(prompt_list[i], encoded[i], [finished[r] for r in rids])
       for i, rids in enumerate(request_ids)
     ]
+
+  def sleep(self, level: int = 1, mode: str = "abort") -> None:
+    """vLLM's LLM.sleep: level 1 moves the weights to host memory and frees the KV pool (the
+    engine needs enable_sleep_mode=True; engine/sleep_mode.py); mode "abort" (the only one)
+    aborts what runs. generate raises until wake_up()."""
+    self.engine.sleep(level, mode)
+
+  def wake_up(self, tags: list[str] | None = None) -> None:
+    """Puts back what sleep freed: tags "weights", "kv_cache", or None for both."""
+    self.engine.wake_up(tags)
 
   def _request_id(self, prompt_index: int, sample_index: int) -> str:
     return f"offline-{id(self)}-{prompt_index}-{sample_index}-{self.engine.next_request_number()}"

@@ -7,8 +7,10 @@
 # (t0_8b: the default, a quarter of the host's cores; t<N>_8bfp8: fp8 weights and KV pages); each run's JSON and server logs land in
 # $OUT/<step>/. lp<phase>:<seqs>:<context> times that step of the 8B with the decoder's layers
 # unrolled and as one program a layer (investigations/layer_programs.py: trace, lowering,
-# compile and device time, same engine and batch).
-# e.g. STEPS="ck8b t0_8b t1_8b" bash scripts/gpu_startup.sh
+# compile and device time, same engine and batch). sl8b: sleep level 1 and wake on the 8B
+# (investigations/sleep_wake.py: device bytes in use awake, asleep and after wake, sleep and wake
+# seconds, greedy tokens before and after, compilations after wake) into $OUT/sleep_wake_8b.json.
+# e.g. STEPS="ck8b t0_8b t1_8b" bash scripts/gpu_startup.sh; STEPS="ck8b sl8b" for sleep mode
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"  # $OUT, $LOGS, the carried wheels, step()
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt"
@@ -30,5 +32,8 @@ for s in ${STEPS:-ck8b t0_8b t1_8b}; do case $s in
     step "$s" python3 -m investigations.layer_programs --model /tmp/llama8b --max-model-len 2048 \
       --phase "$phase" --num-seqs "$seqs" --context "$ctx" --out "$OUT/layer_programs_${phase}_${seqs}x${ctx}.json"
     grep -E "^(decode|prefill) " "$LOGS/$s.log" | tee -a "$OUT/summary.txt" ;;
+  sl8b) step sl8b python3 -m investigations.sleep_wake --model /tmp/llama8b --max-model-len 2048 \
+      --out "$OUT/sleep_wake_8b.json"
+    grep -E "^(device bytes|driver bytes|sleep |wake |same greedy|compilations after)" "$LOGS/sl8b.log" | tee -a "$OUT/summary.txt" ;;
   *) echo "unknown step $s" | tee -a "$OUT/summary.txt" ;;
 esac; done

@@ -106,6 +106,7 @@ PURE_HOST = (
   "jaxserve.engine.request_state",
   "jaxserve.engine.llm_engine",
   "jaxserve.engine.engine_core",
+  "jaxserve.engine.sleep_mode",
   "jaxserve.engine.step_results",
   "jaxserve.engine.step_timings",
   "jaxserve.engine.output_processor",

@@ -95,7 +95,10 @@ class EngineConfig:
   (pallas_kernels/quantized_matmul; fp8 quantizes x in the kernel, per token and 128 of K, and
   multiplies on fp8 operands; the other schemes compute weight-only), "xla" the scheme's own
   GEMM; "auto" is pallas_gpu on one GPU and xla otherwise (larger steps keep cuBLASLt's 8-bit
-  GEMMs); "pallas_gpu" off a GPU runs the kernel in interpret mode (tests)."""
+  GEMMs); "pallas_gpu" off a GPU runs the kernel in interpret mode (tests).
+  enable_sleep_mode (vLLM's --enable-sleep-mode): the engine may sleep (LLM.sleep, POST /sleep
+  under VLLM_SERVER_DEV_MODE=1): level 1 moves the weights to host memory and frees the KV pool,
+  wake_up puts them back (engine/sleep_mode.py, device/sleep_mode.py)."""
 
   model: str = "tiny-random"
   revision: str | None = None
@@ -119,6 +122,7 @@ class EngineConfig:
   compile_threads: int = 0
   quantization: str = NONE
   quantized_gemm: str = "auto"
+  enable_sleep_mode: bool = False
   cache: CacheConfig = field(default_factory=CacheConfig)
   scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
   server: ServerConfig = field(default_factory=ServerConfig)
@@ -203,6 +207,12 @@ class EngineConfig:
       self.warmup in WARMUP_MODES, "warmup", f"must be one of {WARMUP_MODES}, got {self.warmup!r}"
     )
     require_bool(self.fuse_projections, "fuse_projections")
+    require_bool(self.enable_sleep_mode, "enable_sleep_mode")
+    _require(
+      not (self.enable_sleep_mode and self.distributed.active),
+      "enable_sleep_mode",
+      "a distributed (multi-host) job does not sleep (its other hosts hold their own weights)",
+    )
     check_quantization(self.quantization)
     for name, on in (
       ("tp_invariant_reductions", self.tp_invariant_reductions),

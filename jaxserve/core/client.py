@@ -22,6 +22,10 @@ label); load() is what the router reads of it: the core's reported waiting + run
 plus this client's requests whose add is not answered yet (counted once per API server process),
 and its KV use.
 
+Sleep mode: sleep(), wake_up() and is_sleeping() send Sleep / WakeUp / IsSleeping and wait for
+the core's ControlDone of that call (a refusal raises ValueError naming the field; a core that
+dies fails them with EngineDeadError, as it fails the adds).
+
 One step at a time: after each StepOutputs the receiver yields to the event loop before it takes
 the next, so the handlers its outputs woke write their chunks first: one SSE chunk per step and
 stream, written before the next step's tokens reach the stream. zmq.asyncio's recv() returns a
@@ -47,6 +51,7 @@ import itertools
 import logging
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 import msgspec
 import zmq
@@ -59,11 +64,16 @@ from jaxserve.core.messages import (
   AddRequests,
   AddResult,
   ClientGone,
+  ControlCall,
+  ControlDone,
   CoreFailed,
   EngineCoreRequest,
   FromCore,
   Hello,
+  IsSleeping,
+  Sleep,
   StepOutputs,
+  WakeUp,
 )
 from jaxserve.core.streams import EngineDeadError, OutputStream, QueueFullError
 from jaxserve.engine.admission import ContextLengthError
@@ -128,6 +138,7 @@ class CoreClient:
     self._adds: dict[int, tuple[asyncio.Future, list[str], int]] = {}
     self._num_unanswered = 0  # requests of the adds in self._adds
     self._groups = itertools.count()
+    self._calls: dict[int, asyncio.Future] = {}  # sleep-mode calls waiting for ControlDone
     self._stats = _zero_stats()  # until the core's first message
     self._num_http_waiting = 0
     self._num_api_servers = 0
@@ -194,6 +205,30 @@ class CoreClient:
       self._streams[request.request_id] = stream
     self._send(AddRequests(group, requests, max_waiting))
     return await stream.admitted(future)
+
+  async def sleep(self, level: int, mode: str = "abort") -> None:
+    """The core sleeps (engine/sleep_mode.py); ValueError naming the field if it refused."""
+    await self._call(lambda call: Sleep(call, level, mode))
+
+  async def wake_up(self, tags: list[str] | None = None) -> None:
+    await self._call(lambda call: WakeUp(call, tags))
+
+  async def is_sleeping(self) -> bool:
+    return (await self._call(IsSleeping)).is_sleeping
+
+  async def _call(self, make: Callable[[int], ControlCall]) -> ControlDone:
+    if not self.alive:
+      raise EngineDeadError(self._error or "the engine core is not connected")
+    call = next(self._groups)
+    future = self._calls[call] = asyncio.get_running_loop().create_future()
+    self._send(make(call))
+    try:
+      done: ControlDone = await future
+    finally:
+      self._calls.pop(call, None)
+    if done.error is not None:
+      raise ValueError(done.error)
+    return done
 
   def abort(self, request_ids: list[str]) -> None:
     for request_id in request_ids:
@@ -273,9 +308,14 @@ class CoreClient:
     finally:
       monitor.close()
 
-  def _receive_message(self, message: StepOutputs | CoreFailed) -> None:
+  def _receive_message(self, message: StepOutputs | CoreFailed | ControlDone) -> None:
     if isinstance(message, CoreFailed):
       self._fail(message.error)
+      return
+    if isinstance(message, ControlDone):
+      future = self._calls.get(message.call)
+      if future is not None and not future.done():
+        future.set_result(message)
       return
     self._stats, self._num_http_waiting = message.stats, message.num_http_waiting
     self._num_api_servers = message.num_api_servers
@@ -329,10 +369,13 @@ class CoreClient:
       if not future.done():
         future.set_exception(EngineDeadError(reason))
     self._adds.clear()
+    for future in self._calls.values():
+      if not future.done():
+        future.set_exception(EngineDeadError(reason))
     self._num_unanswered = 0
     for stream in set(self._streams.values()):
       stream._put(EngineDeadError(reason))
     self._streams.clear()
 
-  def _send(self, message: Hello | AddRequests | AbortRequests | ClientGone) -> None:
+  def _send(self, message: Hello | AddRequests | AbortRequests | ClientGone | ControlCall) -> None:
     self._socket.send(self._encoder.encode(message), copy=False)

@@ -9,6 +9,7 @@ returns aborts through that client, so aborts and stop strings reach the core th
 requests. A core that dies fails its own streams and adds (CoreClient: an error event and [DONE]
 on each stream) and is never chosen again; the others keep serving. `alive` holds while any core
 is; `degraded` once some, not all, are gone (/health). The drain's end_streams ends every core's.
+Sleep mode: sleep and wake_up go to every live core; is_sleeping is true while any sleeps.
 
 Stats: `stats` sums every core's EngineStats (the jaxserve_* gauges and counters, the stats
 line); a dead core's gauges (requests, KV pages) count 0, its counters keep their last value so
@@ -35,6 +36,7 @@ GAUGES = (
   "num_used_pages",
   "num_total_pages",
   "device_bytes_in_use",
+  "num_sleeping",
 )
 
 
@@ -93,6 +95,18 @@ class DataParallelClient:
     if index is None:
       raise EngineDeadError("every engine core has stopped")
     return await self._clients[index].add(requests, max_waiting)
+
+  async def sleep(self, level: int, mode: str = "abort") -> None:
+    """Every live core sleeps."""
+    await asyncio.gather(*(c.sleep(level, mode) for c in self._clients if c.alive))
+
+  async def wake_up(self, tags: list[str] | None = None) -> None:
+    await asyncio.gather(*(c.wake_up(tags) for c in self._clients if c.alive))
+
+  async def is_sleeping(self) -> bool:
+    """Whether any live core sleeps."""
+    states = await asyncio.gather(*(c.is_sleeping() for c in self._clients if c.alive))
+    return any(states)
 
   def end_streams(self, error: EngineDeadError) -> None:
     for client in self._clients:

@@ -16,6 +16,12 @@ leaks and the other clients keep their requests. Stopping: `stop` ends the loop 
 `drain` (the engine core process's SIGTERM, core/process.py) ends it once no client is left, so
 API servers still draining their streams keep their core until they have gone.
 
+Sleep mode (engine/sleep_mode.py): Sleep, WakeUp and IsSleeping are applied as they are read,
+between steps (no step is in flight then but the one sleep completes), and each is answered by a
+ControlDone after that iteration's StepOutputs, so the outputs of the requests a sleep aborted
+reach their clients first. While the engine sleeps the loop runs no step (EngineCore.can_step)
+and idles in poll; the requests added meanwhile wait in the engine's queue until it wakes.
+
 Admission (server.max_waiting_requests) is counted here and nowhere else, for all clients at once:
 `_not_started` holds the HTTP requests (groups) admitted and not started. A group (one HTTP call,
 whatever its `n` or number of prompts) takes one place when it is added and gives it back once each
@@ -42,11 +48,16 @@ from jaxserve.core.messages import (
   AddRequests,
   AddResult,
   ClientGone,
+  ControlCall,
+  ControlDone,
   CoreFailed,
   EngineCoreOutput,
   Hello,
+  IsSleeping,
+  Sleep,
   StepOutputs,
   ToCore,
+  WakeUp,
 )
 from jaxserve.engine.admission import ContextLengthError
 from jaxserve.engine.engine_core import EngineCore
@@ -80,13 +91,16 @@ class CoreLoop:
     try:
       while not stop.is_set() and not self._drained(drain):
         added: dict[bytes, list[AddResult]] = defaultdict(list)
-        timeout = 0 if core.has_unfinished_requests() else IDLE_POLL_MS
+        answers: list[tuple[bytes, ControlDone]] = []
+        timeout = 0 if core.can_step() else IDLE_POLL_MS
         while poller.poll(timeout):
           identity, payload = self._socket.recv_multipart(copy=True)
-          self._handle(identity, payload, added)
+          self._handle(identity, payload, added, answers)
           timeout = 0
-        outputs = core.step() if core.has_unfinished_requests() else []
+        outputs = core.step() if core.can_step() else []
         self._send(outputs, added)
+        for identity, answer in answers:
+          self._send_to(identity, answer)
     except BaseException as err:
       logger.exception("engine core failed")
       self._broadcast(CoreFailed(f"the engine core failed: {type(err).__name__}: {err}"))
@@ -106,7 +120,13 @@ class CoreLoop:
     return not self._clients
 
   # -- input -------------------------------------------------------------------------------
-  def _handle(self, identity: bytes, payload: bytes, added: dict[bytes, list[AddResult]]) -> None:
+  def _handle(
+    self,
+    identity: bytes,
+    payload: bytes,
+    added: dict[bytes, list[AddResult]],
+    answers: list[tuple[bytes, ControlDone]],
+  ) -> None:
     message = self._decoder.decode(payload)
     if identity in self._gone:  # sent before the client died, read after the supervisor's word
       return
@@ -128,6 +148,21 @@ class CoreLoop:
           self._forget(request_id)
         else:
           self._core.abort_request(request_id)  # its "abort" output comes with the next step
+    elif isinstance(message, (Sleep, WakeUp, IsSleeping)):
+      answers.append((identity, self._control(message)))
+
+  def _control(self, message: ControlCall) -> ControlDone:
+    core = self._core
+    try:
+      if isinstance(message, Sleep):
+        core.sleep(message.level, message.mode)
+        logger.info("engine asleep (level %d)", message.level)
+      elif isinstance(message, WakeUp):
+        core.wake_up(message.tags)
+        logger.info("engine woken up (%s)", ", ".join(message.tags or ["everything"]))
+    except ValueError as err:
+      return ControlDone(message.call, error=str(err), is_sleeping=core.is_sleeping)
+    return ControlDone(message.call, is_sleeping=core.is_sleeping)
 
   def _add(self, identity: bytes, message: AddRequests) -> AddResult:
     done: list[str] = []
@@ -206,7 +241,7 @@ class CoreLoop:
           identity, StepOutputs(mine or [], answers or [], stats, num_waiting, num_clients)
         )
 
-  def _send_to(self, identity: bytes, message: StepOutputs | CoreFailed) -> None:
+  def _send_to(self, identity: bytes, message: StepOutputs | CoreFailed | ControlDone) -> None:
     self._socket.send_multipart((identity, self._encoder.encode(message)), copy=False)
 
   def _broadcast(self, message: CoreFailed) -> None:

@@ -9,10 +9,12 @@ Structs are `array_like` (fields by position, no key strings on the wire) and `g
 hold no cycles).
 
 Into the core: Hello, AddRequests (one HTTP call's requests, with the admission limit the core
-applies to the group), AbortRequests and ClientGone. Out of the core, one StepOutputs per loop
-iteration and client: that step's EngineCoreOutputs of the client's requests (token ids,
-logprobs, finish reasons, no text), the answers to the adds it applied, and the EngineStats
-snapshot; and CoreFailed, the last message of a core whose engine raised.
+applies to the group), AbortRequests, ClientGone, and the sleep-mode calls Sleep, WakeUp and
+IsSleeping (each answered by one ControlDone carrying its `call` number). Out of the core, one
+StepOutputs per loop iteration and client: that step's EngineCoreOutputs of the client's
+requests (token ids, logprobs, finish reasons, no text), the answers to the adds it applied, and
+the EngineStats snapshot; CoreFailed, the last message of a core whose engine raised; and
+ControlDone.
 """
 
 from __future__ import annotations
@@ -52,6 +54,23 @@ class ClientGone(msgspec.Struct, tag=True, array_like=True, gc=False):
   identity: str
 
 
+class Sleep(msgspec.Struct, tag=True, array_like=True, gc=False):
+  """EngineCore.sleep(level, mode) (engine/sleep_mode.py); `call` numbers the answer."""
+
+  call: int
+  level: int
+  mode: str
+
+
+class WakeUp(msgspec.Struct, tag=True, array_like=True, gc=False):
+  call: int
+  tags: list[str] | None
+
+
+class IsSleeping(msgspec.Struct, tag=True, array_like=True, gc=False):
+  call: int
+
+
 # -- core -> client ------------------------------------------------------------------------------
 class AddResult(msgspec.Struct, array_like=True, gc=False):
   """error: why the group was refused (a ValueError naming the field; context_length: it was
@@ -75,5 +94,15 @@ class CoreFailed(msgspec.Struct, tag=True, array_like=True, gc=False):
   error: str
 
 
-ToCore = AddRequests | AbortRequests | Hello | ClientGone
-FromCore = StepOutputs | CoreFailed
+class ControlDone(msgspec.Struct, tag=True, array_like=True, gc=False):
+  """The answer to a Sleep, WakeUp or IsSleeping: error, the ValueError that refused it (naming
+  the field); is_sleeping, the engine's state once the call was applied."""
+
+  call: int
+  error: str | None = None
+  is_sleeping: bool = False
+
+
+ControlCall = Sleep | WakeUp | IsSleeping
+ToCore = AddRequests | AbortRequests | Hello | ClientGone | Sleep | WakeUp | IsSleeping
+FromCore = StepOutputs | CoreFailed | ControlDone

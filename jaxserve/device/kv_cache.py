@@ -159,11 +159,22 @@ def pages_for_tokens(num_tokens: int, page_size: int) -> int:
   return math.ceil(num_tokens / page_size)
 
 
+class KVPoolMaker:
+  """Zero-filled KV pages of one spec from one jitted program, kept: the pool re-created after
+  sleep mode discarded it (device/sleep_mode.py) runs the executable the first allocation
+  compiled, so waking compiles nothing."""
+
+  def __init__(self, spec: KVCacheSpec, sharding: jax.sharding.Sharding | None = None):
+    def zeros():
+      return jnp.zeros(spec.page_shape, spec.dtype)
+
+    self._zeros = jax.jit(zeros, out_shardings=sharding) if sharding is not None else jax.jit(zeros)
+    self._num_slots = spec.num_slots
+
+  def __call__(self) -> KVPages:
+    return tuple((self._zeros(), self._zeros()) for _ in range(self._num_slots))
+
+
 def allocate_kv_pages(spec: KVCacheSpec, sharding: jax.sharding.Sharding | None = None) -> KVPages:
   """Zero-filled pages for every KV slot, created directly on the device (or its shards)."""
-
-  def zeros():
-    return jnp.zeros(spec.page_shape, spec.dtype)
-
-  make = jax.jit(zeros, out_shardings=sharding) if sharding is not None else jax.jit(zeros)
-  return tuple((make(), make()) for _ in range(spec.num_slots))
+  return KVPoolMaker(spec, sharding)()

@@ -22,6 +22,11 @@ come from this step's sampled ids on device (a fixed [max_seq_slots] array, so e
 takes the same shape): prepare(batch, previous=handle) names them. That is async scheduling:
 the engine's host work overlaps the device.
 
+Sleep mode (device/sleep_mode.py): sleep() moves the weights to host memory and deletes the KV
+pool; wake_up("weights") / wake_up("kv_cache") put each back (the pool from `kv_pool`, the
+KVPoolMaker that built it, so nothing compiles). No step runs while either is away (the engine
+core's rule, engine/sleep_mode.py).
+
 On a multi-host job process 0's runner hands each step's inputs to the other hosts right before
 running it (`publisher`, which also covers warmup); those hosts replay single steps from them,
 so such a runner neither supports async scheduling nor runs bursts. close() releases them.
@@ -39,7 +44,8 @@ import jax
 import numpy as np
 from flax import linen as nn
 
-from jaxserve.device.kv_cache import KVPages
+from jaxserve.device import sleep_mode
+from jaxserve.device.kv_cache import KVPages, KVPoolMaker
 from jaxserve.device.packing import PackedStepInputs, pack
 from jaxserve.device.program_groups import Program
 from jaxserve.device.sampler import SampleOutput, SamplerMode
@@ -116,6 +122,7 @@ class ModelRunner:
     shape: StepShape,
     programs: StepPrograms,
     publisher: StepSink | None = None,
+    kv_pool: KVPoolMaker | None = None,
   ):
     if programs.burst_steps > 1 and publisher is not None:
       raise ValueError(
@@ -129,6 +136,8 @@ class ModelRunner:
     self.shape = shape
     self.programs = programs
     self.publisher = publisher
+    self.kv_pool = kv_pool
+    self._host_params: sleep_mode.HostTree | None = None  # the weights while asleep
     self._constants: dict[tuple, jax.Array] = {}
     self._compiled: dict[tuple, jax.stages.Compiled] = {}  # Program.key -> its executable
 
@@ -278,6 +287,30 @@ class ModelRunner:
 
   def execute(self, inputs: StepInputs, batch: ScheduledBatch = SINGLE_STEP) -> StepOutput:
     return self.fetch(self.dispatch(inputs, batch))
+
+  def sleep(self, level: int) -> None:
+    """Sleep level 1: the weights to host memory, the KV pool deleted (the engine core has
+    checked the level and that no step is in flight)."""
+    if self.kv_pool is None or self.publisher is not None:
+      raise ValueError(
+        "enable_sleep_mode: this runner cannot sleep (built without its KV pool maker, or "
+        "on a multi-host job)"
+      )
+    if self._host_params is None:
+      self._host_params = sleep_mode.offload(self.params)
+      self.params = None
+    if self.kv_pages is not None:
+      sleep_mode.release(self.kv_pages)
+      self.kv_pages = None
+
+  def wake_up(self, tag: str) -> None:
+    """Puts back what sleep took: "weights" (with their shardings) or "kv_cache" (an empty
+    pool); a no-op for what is already there."""
+    if tag == "weights" and self._host_params is not None:
+      self.params = sleep_mode.restore(self._host_params)
+      self._host_params = None
+    elif tag == "kv_cache" and self.kv_pages is None:
+      self.kv_pages = jax.block_until_ready(self.kv_pool())
 
   def close(self) -> None:
     """Ends the other hosts' step loops (no-op on one host)."""

@@ -58,6 +58,13 @@ class StepRunner(Protocol[Prepared, Handle]):
 
   def fetch(self, handle: Handle) -> StepOutput: ...
 
+  def sleep(self, level: int) -> None:
+    """Frees the device memory of sleep `level` (engine/sleep_mode.py): weights to the host,
+    KV pool deleted; no step is in flight."""
+
+  def wake_up(self, tag: str) -> None:
+    """Puts back the part `tag` names ("weights", "kv_cache")."""
+
   def close(self) -> None:
     """Releases the device side (a multi-host job's other hosts)."""
 

@@ -30,6 +30,11 @@ dispatched in two parts. The forward goes first; then the core takes the step be
 bitmask on the host while the device runs the forward, and dispatches the sampler with the mask
 in the step's batch. The mask's host time hides behind the forward unless it is longer
 (StepTimings: phase "bitmask"). Such a batch never runs as a decode burst (Request.can_burst).
+
+Sleep mode (engine/sleep_mode.py holds the rules): sleep() completes the step in flight, aborts
+every request, resets the page allocator and has the runner free its memory; while asleep step()
+only hands out outputs already due (can_step() says whether it has any), and requests added
+wait. wake_up() has the runner put the memory back.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request, RequestStatus
 from jaxserve.engine.request_state import RequestState
 from jaxserve.engine.scheduler import Scheduler
+from jaxserve.engine.sleep_mode import SleepState
 from jaxserve.engine.step_results import apply_step_output
 from jaxserve.engine.step_timings import StepTimings
 from jaxserve.messages.buckets import Bucket, BucketSet
@@ -108,8 +114,10 @@ class EngineCore:
     programs: ProgramStatus | None = None,
     constraints: Constraints | None = None,
     memory: MemoryGauge | None = None,
+    sleep_mode: bool = False,
   ):
     self.runner = runner
+    self._sleep = SleepState(sleep_mode)
     self.memory = memory
     self.constraints = constraints
     self.buckets = buckets
@@ -207,9 +215,17 @@ class EngineCore:
       self.scheduler.has_unfinished_requests() or bool(self._pending) or self._in_flight is not None
     )
 
+  def can_step(self) -> bool:
+    """Whether step() has anything to do: outputs due, or requests to run while awake."""
+    return bool(self._pending) or (not self.is_sleeping and self.has_unfinished_requests())
+
   def step(self) -> list[EngineCoreOutput]:
     """Schedules and dispatches one step; returns outputs for requests that progressed or
-    finished in the step completed by this call (the previous one with async scheduling)."""
+    finished in the step completed by this call (the previous one with async scheduling).
+    Asleep: the outputs due, nothing scheduled."""
+    if self.is_sleeping:
+      touched, self._pending = self._pending, []
+      return self._outputs(touched)
     start = time.perf_counter()
     wait_before = self.timings.wait_seconds
     touched, self._pending = self._pending, []
@@ -249,6 +265,17 @@ class EngineCore:
         touched += self._complete(current)
     if previous is not None:
       touched += self._complete(previous)
+    outputs = self._outputs(touched)
+    waited = self.timings.wait_seconds - wait_before
+    host_seconds = time.perf_counter() - start - waited
+    timings.host_seconds += host_seconds
+    if not batch.is_empty:
+      entry = timings.host_per_bucket.setdefault(current.bucket, [0, 0.0])
+      entry[0] += 1
+      entry[1] += host_seconds
+    return outputs
+
+  def _outputs(self, touched: list[RequestState]) -> list[EngineCoreOutput]:
     mark = time.perf_counter()
     outputs = []
     for state in touched:
@@ -258,15 +285,32 @@ class EngineCore:
       if finished:
         self._requests.pop(state.request.request_id, None)
         self._states.pop(state.request.request_id, None)
-    timings.add_phase("outputs", mark)
-    waited = self.timings.wait_seconds - wait_before
-    host_seconds = time.perf_counter() - start - waited
-    timings.host_seconds += host_seconds
-    if not batch.is_empty:
-      entry = timings.host_per_bucket.setdefault(current.bucket, [0, 0.0])
-      entry[0] += 1
-      entry[1] += host_seconds
+    self.timings.add_phase("outputs", mark)
     return outputs
+
+  # -- sleep mode (engine/sleep_mode.py) ---------------------------------------------------
+  @property
+  def is_sleeping(self) -> bool:
+    return self._sleep.is_sleeping
+
+  def sleep(self, level: int = 1, mode: str = "abort") -> None:
+    """Aborts every request (their outputs come with the next step()), empties the KV pool's
+    bookkeeping and has the runner move the weights to the host and free the pool."""
+    if not self._sleep.going_to_sleep(level, mode):
+      return
+    previous, self._in_flight = self._in_flight, None
+    done = self._complete(previous) if previous is not None else []
+    for request_id in list(self._states):
+      self.abort_request(request_id)
+    due = {id(state) for state in self._pending}
+    self._pending += [state for state in done if id(state) not in due]  # one output each
+    self.allocator.reset()
+    self.runner.sleep(level)
+    self._sleep.asleep()
+
+  def wake_up(self, tags: list[str] | None = None) -> None:
+    """Has the runner put back the parts `tags` names (None: all)."""
+    self._sleep.wake(tags, self.runner.wake_up)
 
   def _bucket(self, batch: ScheduledBatch) -> Bucket | None:
     """The smallest ready bucket holding the batch (None: the runner's smallest)."""
@@ -313,6 +357,7 @@ class EngineCore:
       num_prefix_cache_queries=self.scheduler.prefix_cache_queries,
       num_prefix_cache_hits=self.scheduler.prefix_cache_hits,
       device_bytes_in_use=self.memory.bytes_in_use if self.memory else 0,
+      num_sleeping=int(self.is_sleeping),
     )
 
   def close(self) -> None:

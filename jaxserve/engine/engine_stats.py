@@ -25,3 +25,4 @@ class EngineStats:
   num_prefix_cache_queries: int = 0  # known tokens of admissions that looked the cache up
   num_prefix_cache_hits: int = 0  # tokens of those admissions that cached pages covered
   device_bytes_in_use: int = 0  # the engine's device buffers (weights, KV pool, live steps)
+  num_sleeping: int = 0  # 1 while the engine sleeps (engine/sleep_mode.py)

@@ -165,5 +165,18 @@ class LLMEngine:
       self.core.stop_request(request_id)
     return outputs
 
+  # -- sleep mode (engine/sleep_mode.py) ---------------------------------------------------
+  def sleep(self, level: int = 1, mode: str = "abort") -> list[RequestOutput]:
+    """EngineCore.sleep; returns the last outputs of the requests it aborted."""
+    self.core.sleep(level, mode)
+    return self.step()
+
+  def wake_up(self, tags: list[str] | None = None) -> None:
+    self.core.wake_up(tags)
+
+  @property
+  def is_sleeping(self) -> bool:
+    return self.core.is_sleeping
+
   def stats(self) -> EngineStats:
     return self.core.stats()

@@ -133,6 +133,18 @@ class PageAllocator:
       if self._refcounts[page_id] == 0:
         self._release(page_id)
 
+  def reset(self) -> None:
+    """Every usable page free and no hash cached: the pool's content is gone (sleep mode
+    discarded it). Refused while a sequence holds a page (its block table would dangle)."""
+    if self.num_used_pages:
+      raise RuntimeError(f"reset: {self.num_used_pages} pages are held by sequences")
+    self._refcounts = [0] * self.num_pages
+    self._group = [0] * self.num_pages
+    self._free = collections.deque(range(1, self.num_pages))
+    self._evictable.clear()
+    self._page_hash.clear()
+    self._cached.clear()
+
   def refcount(self, page_id: int) -> int:
     self._check_page_id(page_id)
     return self._refcounts[page_id]

@@ -34,6 +34,7 @@ def run_api_server(args: ApiProcessArgs) -> None:
       raise RuntimeError("prometheus_client was imported before its multi-process mode was set")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = args.metrics_dir
   from jaxserve.server.app import build_app
+  from jaxserve.server.sleep_routes import dev_mode
   from jaxserve.server.uvicorn_runner import run_app
 
   info = read_core_info(Path(args.info_path))
@@ -47,6 +48,7 @@ def run_api_server(args: ApiProcessArgs) -> None:
     vocab_size=info.vocab_size,
     metrics_dir=args.metrics_dir,
     generation_defaults=info.generation_defaults,
+    dev_mode=dev_mode(os.environ),
   )
   gc.collect()
   gc.freeze()  # the app's long-lived objects: later collections do not scan them

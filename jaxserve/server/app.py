@@ -5,8 +5,9 @@ name, server.served_model_name), GET /v1/models/{id} (404 model_not_found for an
 /tokenize, POST /detokenize, GET /tokenizer_info (server/tokenizer_info.py), GET /health (200
 ready, 200 "degraded" while some of several engine cores are gone, 503 while draining or once
 every engine core is gone), GET /metrics (Prometheus text), GET /version ({"version":
-jaxserve's}). Every error, including unknown routes, has OpenAI's body shape; bad input is never
-a 5xx.
+jaxserve's}); with dev_mode (VLLM_SERVER_DEV_MODE=1), vLLM's POST /sleep, POST /wake_up and GET
+/is_sleeping (server/sleep_routes.py). Every error, including unknown routes, has OpenAI's body
+shape; bad input is never a 5xx.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from jaxserve.server.generation import ClientDisconnected
 from jaxserve.server.json_body import read_json
 from jaxserve.server.metrics import CONTENT_TYPE, ServerMetrics
 from jaxserve.server.middleware import GuardMiddleware
+from jaxserve.server.sleep_routes import sleep_routes
 from jaxserve.server.state import ServingState
 from jaxserve.server.tokenizer_info import tokenizer_info
 from jaxserve.tokenizer.tokenizer import Tokenizer
@@ -53,12 +55,14 @@ def build_app(
   vocab_size: int,
   metrics_dir: str | None = None,
   generation_defaults: GenerationDefaults = GenerationDefaults(),
+  dev_mode: bool = False,
 ) -> Starlette:
   """The app over an EngineClient (a CoreClient, or a DataParallelClient over several engine
   cores), which the app attaches on its event loop (run it with uvicorn's
   lifespan on); one client per app. metrics_dir: where the API server processes of one
   supervisor share their request metrics (server/metrics.py; None: this app's alone);
-  generation_defaults: the model's sampling defaults (jaxserve/generation_config.py)."""
+  generation_defaults: the model's sampling defaults (jaxserve/generation_config.py); dev_mode:
+  serve the sleep-mode routes (server/sleep_routes.dev_mode reads VLLM_SERVER_DEV_MODE)."""
   names = config.model_names(model_name)
   state = ServingState(
     engine=engine,
@@ -82,6 +86,8 @@ def build_app(
     Route("/health", health, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
   ]
+  if dev_mode:
+    routes += sleep_routes()
   handlers = {
     ApiError: _api_error,
     HTTPException: _http_error,

@@ -128,6 +128,11 @@ class EngineStatsCollector(Collector):
         "buffers; 0 where the backend reports none, e.g. the CPU).",
         stats.device_bytes_in_use,
       ),
+      (
+        "jaxserve_engine_cores_sleeping",
+        "Engine cores asleep (sleep mode: POST /sleep, config key enable_sleep_mode).",
+        stats.num_sleeping,
+      ),
     ):
       yield GaugeMetricFamily(name, doc, value=value)
     yield CounterMetricFamily(

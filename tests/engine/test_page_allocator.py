@@ -204,6 +204,21 @@ def test_groups_own_their_pages_and_cache():
   allocator.check_invariants(owners=[fresh])
 
 
+def test_reset_forgets_every_cached_page_and_refuses_while_pages_are_held():
+  alloc = PageAllocator(num_pages=6, page_size=2, enable_prefix_caching=True)
+  pages = alloc.allocate(3, group=1)
+  alloc.register(1, hash_page(b"", [1, 2]), pages[0])
+  with pytest.raises(RuntimeError, match="3 pages are held"):
+    alloc.reset()
+  alloc.free(pages)
+  assert alloc.num_cached_pages == 1
+  alloc.reset()
+  assert alloc.num_cached_pages == 0 and alloc.cached_page(1, hash_page(b"", [1, 2])) is None
+  assert alloc.num_free_pages == alloc.num_usable_pages == 5
+  assert sorted(alloc.allocate(5)) == [1, 2, 3, 4, 5]
+  alloc.check_invariants()
+
+
 def test_module_imports_no_jax():
   code = (
     "import sys; import jaxserve.engine.page_allocator, jaxserve.engine.scheduler; "

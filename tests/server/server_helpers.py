@@ -119,7 +119,7 @@ class RunningServer:
 
 
 def start_server(
-  backend: Backend, client: CoreClient | None = None, **server_fields
+  backend: Backend, client: CoreClient | None = None, dev_mode: bool = False, **server_fields
 ) -> RunningServer:
   app = build_app(
     client or backend.make_client(),
@@ -129,6 +129,7 @@ def start_server(
     max_model_len=backend.max_model_len,
     vocab_size=backend.vocab_size,
     generation_defaults=backend.generation_defaults,
+    dev_mode=dev_mode,
   )
   return RunningServer(app)
 

@@ -31,15 +31,16 @@ PROMPT_TOKENS = "vllm:prompt_tokens_total{{engine={},model_name=tiny-random}}"
 
 
 class DataParallelServer(ServeProcess):
-  """`jaxserve serve --data-parallel-size 2 --api-server-count 1` on two CPU host devices."""
+  """`jaxserve serve --data-parallel-size 2 --api-server-count 1 --enable-sleep-mode` on two CPU
+  host devices, with VLLM_SERVER_DEV_MODE=1 (the sleep routes)."""
 
   def __init__(self, tmp_path, warmup: str = "full"):
     config_path = str(tmp_path / "server.yaml")
     _write_config(config_path, drain_timeout_s=20, warmup=warmup)
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", VLLM_SERVER_DEV_MODE="1")
     flag = "--xla_force_host_platform_device_count=2"
     env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}".strip()
-    flags = ["--data-parallel-size", "2", "--api-server-count", "1"]
+    flags = ["--data-parallel-size", "2", "--api-server-count", "1", "--enable-sleep-mode"]
     super().__init__(config_path, flags, api_servers=1, env=env)
     self.core_pids = self.logged_pids(r"engine core pids (\d+),(\d+), API server pids \d+")
     self.client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
@@ -134,6 +135,19 @@ def test_metrics_per_core_and_summed(dp_server):
   assert httpx.get(f"{dp_server.url}/health").json() == {"status": "ok"}
   # both cores warmed up fully: serving compiled nothing (no step of its own jit cache key)
   assert values["jaxserve_xla_compilations_total"] == compiled
+
+
+def test_sleep_and_wake_reach_every_core(dp_server):
+  """`jaxserve serve` end to end: the flag, the API server process's VLLM_SERVER_DEV_MODE, the
+  calls crossing to both engine core processes."""
+  url = dp_server.url
+  assert httpx.post(f"{url}/sleep", params={"level": "1"}, timeout=60).status_code == 200
+  assert httpx.get(f"{url}/is_sleeping", timeout=10).json() == {"is_sleeping": True}
+  assert "engine asleep (level 1)" in dp_server.output
+  assert httpx.post(f"{url}/wake_up", timeout=60).status_code == 200
+  assert httpx.get(f"{url}/is_sleeping", timeout=10).json() == {"is_sleeping": False}
+  assert {dp_server.complete(_prompt(head, 30)) for head in (A, B)} <= {0, 1}
+  assert wait_for_idle(url)["jaxserve_kv_pages_used"] == 0
 
 
 def test_a_killed_core_fails_its_requests_and_the_other_keeps_serving(dp_server):
