@@ -10,12 +10,10 @@ from the controller, so they share the run's directory.
 
 Compile and thread settings for every JAX and torch process of the run (set in the environment,
 so the processes tests start inherit them):
-- XLA's CPU backend compiles at LLVM optimization level 0 and with its elemental fusion emitters
-  rather than the MLIR fusion emitters (TEST_XLA_FLAGS). The tests compile hundreds of small
-  programs and run each a few times, so LLVM's optimization passes cost more than they save, and
-  the MLIR emitters' lowering pipeline doubles a small program's compile time (tiny-random's 28
-  step programs: 11-12 s of CPU -> 6-7 s). The HLO passes, and so the programs' semantics (IEEE
-  float arithmetic, no fast math, the same reduction orders), depend on neither.
+- XLA's CPU backend compiles at LLVM optimization level 0 (TEST_XLA_FLAGS). The tests compile
+  hundreds of small programs and run each a few times, so LLVM's optimization passes cost more
+  than they save. The HLO passes, and so the programs' semantics (IEEE float arithmetic, no
+  fast math, the same reduction orders), do not depend on it.
 - torch runs one intra-op thread (OMP_NUM_THREADS=1). The test workers take one core each;
   torch's OpenMP pool spins waiting on a second core that another worker holds, which made the
   tiny reference models 10x slower.
@@ -28,7 +26,7 @@ import os
 import shutil
 import tempfile
 
-TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -19,8 +19,9 @@ serialized with its argument and result trees (jax.experimental.serialize_execut
 to a temporary file and renamed (so a reader never sees half a file, and processes sharing the
 folder, data-parallel cores, do not clash), and read back with deserialize_and_load. A file
 that does not read back is a miss: logged, removed, and the program is lowered and compiled as
-without a store. Opening a store marks its folder used and removes all but the KEEP most
-recently used fingerprints under the root.
+without a store. A program whose executable takes constants beside its arguments is not stored
+(deserialize_and_load gives none back). Opening a store marks its folder used and removes all
+but the KEEP most recently used fingerprints under the root.
 
 One process only: a multi-host job's programs are compiled by every host together, so the
 builder opens no store there.
@@ -143,6 +144,10 @@ class ProgramStore:
   def save(self, name: str, args: object, compiled: jax.stages.Compiled) -> None:
     """Writes `compiled` for (name, args); a failure to serialize or write is logged, not
     raised (the program is compiled either way)."""
+    params = getattr(compiled, "_params", None)  # jax.stages.Compiled's call parameters
+    if params is None or getattr(params, "const_args", None):
+      logger.info("program store: %s is not stored (it takes constants beside its arguments)", name)
+      return
     path = self.path(name, args)
     try:
       data = pickle.dumps(serialize_executable.serialize(compiled))

@@ -39,6 +39,7 @@ FLAG_VALUES = {
   "enable_chunked_prefill": (["--no-enable-chunked-prefill"], False),
   "warmup": (["--warmup", "full"], "full"),
   "compile_threads": (["--compile-threads", "3"], 3),
+  "enable_sleep_mode": (["--enable-sleep-mode"], True),
   "scheduling_policy": (["--scheduling-policy", "priority"], "priority"),
   "seed": (["--seed", "7"], 7),
   "tensor_parallel_size": (["--tensor-parallel-size", "2"], 2),

@@ -46,4 +46,4 @@ def test_profile_step_with_trace_ops(tmp_path: Path):
   assert result["trace"]["device_us_per_step"] > 0
   ops = result["trace_ops"]
   assert len(ops) == 5 and all(op["hlo"] is not None for op in ops)  # CPU ops are all the step's
-  assert any("/layers_" in op["hlo"]["op_name"] for op in ops)  # a decoder layer's op
+  assert any("/jit(decoder_layer)/" in op["hlo"]["op_name"] for op in ops)  # a decoder layer's op

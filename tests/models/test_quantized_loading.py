@@ -140,14 +140,14 @@ def test_the_engine_refuses_a_bad_scale_before_taking_device_memory(
   bf16, tmp_path, monkeypatch, change, match
 ):
   """build_engine on the checkpoint: the one-line error comes from the safetensors headers,
-  before any tensor is transferred to the device or the KV pool is allocated (both watched,
-  each still the real function)."""
+  before any tensor is transferred to the device or the KV pool's maker is built (both watched,
+  each still the real one)."""
   from jaxserve import assembly
   from jaxserve.config import EngineConfig
   from jaxserve.models import weights
 
   calls = []
-  for module, name in ((weights, "transfer_tensors"), (assembly, "allocate_kv_pages")):
+  for module, name in ((weights, "transfer_tensors"), (assembly, "KVPoolMaker")):
     real = getattr(module, name)
     monkeypatch.setattr(
       module, name, lambda *a, _r=real, _n=name, **k: calls.append(_n) or _r(*a, **k)

@@ -171,7 +171,7 @@ def soft_cap(logits: jax.Array, cap: float | None) -> jax.Array:
   return logits if cap is None else cap * jnp.tanh(logits / cap)
 
 
-def _apply_layer(layer: nn.Module, params, *args) -> tuple[jax.Array, jax.Array, jax.Array]:
+def decoder_layer(layer: nn.Module, params, *args) -> tuple[jax.Array, jax.Array, jax.Array]:
   """`layer` (unbound) over its params: (x, cos, sin, k_pages, v_pages, slots, metadata) ->
   (x, k_pages, v_pages)."""
   return layer.apply({"params": params}, *args)
@@ -238,7 +238,7 @@ class CausalLM(nn.Module):
     for i, layer in enumerate(self.layers):
       template = layer.clone(parent=None, name=None)  # equal for equal layers (window, blocks)
       if template not in programs:
-        programs[template] = jax.jit(_apply_layer, static_argnums=0)
+        programs[template] = jax.jit(decoder_layer, static_argnums=0)
       fns.append(functools.partial(programs[template], template, params[f"layers_{i}"]))
     return fns
 
