@@ -20,7 +20,9 @@ executable is installed in the runner (ModelRunner.install), which calls it dire
 compile ledger counts each program once. With a ProgramStore (device/program_store.py) a program
 the store holds is not lowered: a compile thread reads it back and installs it (in compile order,
 side by side like compilations); the programs compiled are written to the store once all are
-compiled (save_compiled), so that serializing them takes nothing from the first requests.
+compiled (save_compiled), so that serializing them takes nothing from the first requests. A
+program XLA's persistent cache gave back (a cache hit, told by JAX's monitoring event in the
+compiling thread) is not written: an executable read back from a cache is not serialized again.
 Each time a group's programs are all compiled, a new ProgramReadiness
 (messages/program_readiness.py) is published; the host pads each step to the smallest ready bucket
 that holds it (engine/engine_core.py), which therefore never waits for a compilation. A program
@@ -47,6 +49,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from jaxserve.device.compile_ledger import CACHE_HIT_EVENT
 from jaxserve.device.lowering import abstract, dummy_inputs
 from jaxserve.device.model_runner import ModelRunner, packed_model_inputs
 from jaxserve.device.packing import pack
@@ -132,6 +135,7 @@ class ProgramCompiler:
     self._params = abstract(runner.params)
     self._kv_pages = abstract(runner.kv_pages)
     self._unsaved: list[tuple] = []  # (name, abstract arguments, compiled) for the store
+    self._thread_state = threading.local()  # per compile thread: was its compile a cache hit
     self._lock = threading.Lock()  # the counts below and the published readiness
     self._left = [len(g.programs) for g in self.groups]  # per group: programs not compiled yet
     self._steps: frozenset[Bucket] = frozenset()
@@ -251,8 +255,9 @@ class ProgramCompiler:
         try:
           compiled = self._stored(program, signature) if lowered is None else None
           if compiled is None:
+            self._thread_state.cache_hit = False
             compiled = (lowered or self._lower(program)).compile()
-            if self.store is not None:
+            if self.store is not None and not self._thread_state.cache_hit:
               self._unsaved.append((repr(program.key), signature, compiled))
         except Exception as err:  # reported with the program's name
           errors.append((position, ProgramCompileError(program, err)))
@@ -267,6 +272,7 @@ class ProgramCompiler:
       threading.Thread(target=compile_loop, name=f"{COMPILE_THREAD_NAME}-{i}", daemon=True)
       for i in range(threads)
     ]
+    jax.monitoring.register_event_listener(self._on_jax_event)
     for thread in compilers:
       thread.start()
     try:
@@ -276,6 +282,7 @@ class ProgramCompiler:
         work.put(None)
       for thread in compilers:
         thread.join()
+      jax.monitoring.unregister_event_listener(self._on_jax_event)
     if errors:
       raise min(errors, key=lambda e: e[0])[1]
 
@@ -321,6 +328,11 @@ class ProgramCompiler:
       self._readiness = ProgramReadiness(
         self._steps, self._bursts, self._num_compiled, self.num_total, self.finished_after_s
       )
+
+  def _on_jax_event(self, event: str, **kwargs) -> None:
+    """Notes, for the compiling thread, that its compilation was a hit of XLA's cache."""
+    if event == CACHE_HIT_EVENT:
+      self._thread_state.cache_hit = True
 
   def _stored(self, program: Program, signature: object) -> jax.stages.Compiled | None:
     """`program` read back from the store, or None (then it is lowered and compiled)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import jax
@@ -78,6 +79,21 @@ def test_a_restart_reads_every_program_from_the_store(tmp_path: Path):
   assert open_program_store(elsewhere, model_config).directory == stores[0]
   shorter = dataclasses.replace(config, max_model_len=96)
   assert open_program_store(shorter, model_config).directory != stores[0]
+
+
+def test_a_program_from_xlas_cache_is_not_stored_again(tmp_path: Path):
+  """A program the persistent compilation cache gave back is not serialized again into the store
+  (an executable read back from a cache does not always serialize whole): with the store's
+  folder removed and XLA's cache warm, a restart stores nothing and reads nothing from the store."""
+  cache = tmp_path / "cache"
+  first = small_engine(warmup="full", compilation_cache_dir=str(cache), **CONFIG)
+  first.ledger.close()
+  (store,) = (cache / "jaxserve-programs").iterdir()
+  shutil.rmtree(store)
+  again = small_engine(warmup="full", compilation_cache_dir=str(cache), **CONFIG)
+  assert again.ledger.cache_misses == 0 and again.programs.num_loaded == 0
+  assert list(store.glob(f"*{SUFFIX}")) == []
+  again.ledger.close()
 
 
 def _double(x):
