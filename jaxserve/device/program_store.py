@@ -20,8 +20,9 @@ to a temporary file and renamed (so a reader never sees half a file, and process
 folder, data-parallel cores, do not clash), and read back with deserialize_and_load. A file
 that does not read back is a miss: logged, removed, and the program is lowered and compiled as
 without a store. A program whose executable takes constants beside its arguments is not stored
-(deserialize_and_load gives none back). Opening a store marks its folder used and removes all
-but the KEEP most recently used fingerprints under the root.
+(deserialize_and_load gives none back), nor one XLA's persistent cache gave back (the
+compiler's rule: such an executable does not always serialize whole). Opening a store marks its
+folder used and removes all but the KEEP most recently used fingerprints under the root.
 
 One process only: a multi-host job's programs are compiled by every host together, so the
 builder opens no store there.
