@@ -146,13 +146,11 @@ class ModelRunner:
     without jit's dispatch; a program not installed runs through its jitted function."""
     self._compiled[key] = compiled
 
-  def _program(self, program: Program, jitted: Callable) -> Callable:
-    """The installed executable of `program` (called without its static arguments), else
-    `jitted` with them: one callable either way, taking the static ones as `static`."""
+  def _run(self, program: Program, jitted: Callable, *args, static: tuple = ()):
+    """Runs `program` on `args`: its installed executable (which takes no static arguments),
+    else `jitted` with `static`."""
     compiled = self._compiled.get(program.key)
-    if compiled is not None:
-      return lambda *args, static=(): compiled(*args)
-    return lambda *args, static=(): jitted(*args, *static)
+    return compiled(*args) if compiled is not None else jitted(*args, *static)
 
   @property
   def burst_steps(self) -> int:
@@ -218,12 +216,22 @@ class ModelRunner:
     if batch.num_steps > 1:
       return self._started(self._dispatch_burst(inputs, batch))
     programs, bucket = self.programs, inputs.bucket
-    forward = self._program(Program("forward", bucket), programs.forward)
-    self.kv_pages, logits, hidden = forward(self.params, self.kv_pages, packed_model_inputs(inputs))
+    self.kv_pages, logits, hidden = self._run(
+      Program("forward", bucket),
+      programs.forward,
+      self.params,
+      self.kv_pages,
+      packed_model_inputs(inputs),
+    )
     prompt = None
     if bool(inputs.sampling.want_prompt_logprobs):
-      prompt_fn = self._program(Program("prompt", bucket), programs.prompt_logprobs)
-      prompt = prompt_fn(self.params, hidden, inputs.prompt_target_ids)
+      prompt = self._run(
+        Program("prompt", bucket),
+        programs.prompt_logprobs,
+        self.params,
+        hidden,
+        inputs.prompt_target_ids,
+      )
     pending = PendingSample(inputs, logits, prompt)
     if deferred:
       return StepHandle(batch, None, None, prompt, False, pending)
@@ -247,9 +255,13 @@ class ModelRunner:
   def _sample(self, batch: ScheduledBatch, pending: PendingSample) -> StepHandle:
     inputs = pending.inputs
     mode = SamplerMode.of(inputs.sampling)
-    sample = self._program(Program("sample", inputs.bucket, mode), self.programs.sample)
-    sampled, padded = sample(
-      pending.logits, pack(inputs.sampling), inputs.prev_sampled_ids, static=(mode,)
+    sampled, padded = self._run(
+      Program("sample", inputs.bucket, mode),
+      self.programs.sample,
+      pending.logits,
+      pack(inputs.sampling),
+      inputs.prev_sampled_ids,
+      static=(mode,),
     )
     return self._started(StepHandle(batch, sampled, padded, pending.prompt, mode.top_logprobs))
 
@@ -268,9 +280,14 @@ class ModelRunner:
     mode = SamplerMode.of(inputs.sampling)
     if mode.penalties or mode.top_logprobs:
       raise ValueError(f"step: a decode burst cannot run sampler mode {mode}")
-    burst = self._program(Program("burst", inputs.bucket, mode), self.programs.burst)
-    self.kv_pages, ids, logprobs, padded = burst(
-      self.params, self.kv_pages, packed_model_inputs(inputs), pack(inputs.sampling), static=(mode,)
+    self.kv_pages, ids, logprobs, padded = self._run(
+      Program("burst", inputs.bucket, mode),
+      self.programs.burst,
+      self.params,
+      self.kv_pages,
+      packed_model_inputs(inputs),
+      pack(inputs.sampling),
+      static=(mode,),
     )
     no_top = self.device_constant((0,), np.int32, 0)  # a burst returns no top-N logprobs
     return StepHandle(batch, SampleOutput(ids, logprobs, no_top, no_top), padded, None, False)
