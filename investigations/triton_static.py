@@ -109,6 +109,7 @@ def attention_modules(
     kv_heads,
     head_dim,
     max_kv_len=pages_per_seq * page_size,
+    page_itemsize=jnp.dtype(pages_dtype).itemsize,
     **tile_keywords,
   )
   # The jitted body, not the wrapper: the wrapper asks the local device for its tiling (a CPU

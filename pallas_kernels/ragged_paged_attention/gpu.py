@@ -24,8 +24,9 @@ programs per streaming multiprocessor, e.g. batch 8 x 8 kv heads on an H100.
 
 Defaults (`choose_tiling`): block_q = 16 // next_pow2(group) tokens for decode-only shapes
 (T <= S) and 64 // next_pow2(group) otherwise (at least 1); block_kv = 128 tokens for
-decode-only shapes on Hopper, else 64 (32 for head_dim 256), 4 warps, 3 pipeline stages (2 for
-head_dim 256). See gpu_tiling.py.
+decode-only shapes on Hopper, else 64 (32 for head_dim 256), 4 warps, 3 pipeline stages for 8-bit
+pages (two K/V tiles in flight a program: the loop prefetches the next tile's page ids) and 2
+for 16-bit pages and head_dim 256 (one tile in flight, three programs an SM). See gpu_tiling.py.
 
 The kernel's body is gpu_kernel.py; this module launches it and validates its inputs.
 
@@ -225,6 +226,7 @@ def ragged_paged_attention(
     k_pages.shape[0],
     head_dim,
     max_kv_len=block_tables.shape[1] * page_size,
+    page_itemsize=k_pages.dtype.itemsize,
     num_cores=num_cores(),
     large_smem=has_large_smem(),
     block_q=block_q,

@@ -154,7 +154,13 @@ def _attend_query_block(
   acc = jnp.zeros((tiling.rows, head_dim), jnp.float32)  # [M, D]
   row_max = jnp.full((tiling.rows,), MASK_VALUE, jnp.float32)  # [M]
   row_sum = jnp.zeros((tiling.rows,), jnp.float32)  # [M]
-  acc, row_max, row_sum = lax.fori_loop(tile_begin, tile_end, tile_fn, (acc, row_max, row_sum))
+  # Each iteration loads the next tile's page ids and carries them: the K/V copies' addresses
+  # then come from the loop's carry, not from a load in the same iteration, and Triton's
+  # pipeliner gives the K/V copies num_stages - 1 shared-memory buffers instead of one.
+  page_ids = _tile_page_ids(block_tables_ref, seq, seq_len, tile_begin, tiling, k_ref.shape[1])
+  acc, row_max, row_sum, _ = lax.fori_loop(
+    tile_begin, tile_end, tile_fn, (acc, row_max, row_sum, page_ids)
+  )
   if v_scale != 1.0:  # 8-bit V pages hold V / v_scale
     acc = acc * v_scale
 
@@ -186,15 +192,11 @@ def _attend_kv_tile(
   sliding_window: int | None,
   soft_cap: float | None,
 ):
-  acc, row_max, row_sum = carry
+  acc, row_max, row_sum, page_ids = carry
   _, page_size, head_dim = k_ref.shape
-  pages_per_seq = block_tables_ref.shape[1]
   kv_pos = tile * tiling.block_kv + jnp.arange(tiling.block_kv, dtype=jnp.int32)  # [BK]
   kv_valid = kv_pos < seq_len  # [BK]
-  page_slots = kv_pos // page_size  # [BK]
-  page_ids = plgpu.load(
-    block_tables_ref.at[seq, page_slots], mask=kv_valid & (page_slots < pages_per_seq), other=0
-  )  # [BK]
+  next_page_ids = _tile_page_ids(block_tables_ref, seq, seq_len, tile + 1, tiling, page_size)
   offsets = kv_pos % page_size  # [BK]
   dims = jnp.arange(head_dim, dtype=jnp.int32)[None, :]  # [1, D]
   kv_mask = jnp.broadcast_to(kv_valid[:, None], (tiling.block_kv, head_dim))
@@ -235,4 +237,13 @@ def _attend_kv_tile(
     precision=precision,
     preferred_element_type=jnp.float32,
   )  # [M, D]
-  return acc * correction[:, None] + pv, new_max, row_sum
+  return acc * correction[:, None] + pv, new_max, row_sum, next_page_ids
+
+
+def _tile_page_ids(block_tables_ref, seq, seq_len, tile, tiling: Tiling, page_size: int):
+  """int32[BK]: the page of each KV token of tile `tile` (0 past the sequence)."""
+  pages_per_seq = block_tables_ref.shape[1]
+  kv_pos = tile * tiling.block_kv + jnp.arange(tiling.block_kv, dtype=jnp.int32)  # [BK]
+  page_slots = kv_pos // page_size  # [BK]
+  valid = (kv_pos < seq_len) & (page_slots < pages_per_seq)
+  return plgpu.load(block_tables_ref.at[seq, page_slots], mask=valid, other=0)  # [BK]

@@ -43,6 +43,7 @@ def choose_tiling(
   head_dim: int,
   *,
   max_kv_len: int,
+  page_itemsize: int = 2,
   num_cores: int = DEFAULT_NUM_CORES,
   large_smem: bool = True,
   block_q: int | None = None,
@@ -54,7 +55,7 @@ def choose_tiling(
   """Defaults: 16 rows per tile for decode-only shapes (T <= S), 64 otherwise; block_kv 128
   tokens for decode-only shapes on GPUs with Hopper-sized shared memory (large_smem; docs/
   DECISIONS.md, "The GPU attention kernel's decode tiles"), else 64 (32 for head_dim 256); 4
-  warps; 3 pipeline stages (2 for head_dim 256); KV split in up to 16 parts (flash decoding)
+  warps; default_stages pipeline stages; KV split in up to 16 parts (flash decoding)
   only for decode-only shapes with fewer than 2 programs per core."""
   group = num_q_heads // num_kv_heads
   padded_group = pl.next_power_of_2(group)
@@ -80,11 +81,18 @@ def choose_tiling(
     group=group,
     padded_group=padded_group,
     num_warps=4 if num_warps is None else num_warps,
-    num_stages=(2 if head_dim > 128 else 3) if num_stages is None else num_stages,
+    num_stages=default_stages(head_dim, page_itemsize) if num_stages is None else num_stages,
     num_kv_splits=num_kv_splits,
   )
   validate_tiling(tiling)
   return tiling
+
+
+def default_stages(head_dim: int, page_itemsize: int) -> int:
+  """Pipeline stages: the KV loop prefetches its next tile's page ids, so a tile's K/V copies
+  get num_stages - 1 shared-memory buffers; 8-bit pages take 2 buffers (3 stages), 16-bit
+  pages and head_dim 256 one (2 stages), which keeps 3 programs an SM."""
+  return 3 if page_itemsize == 1 and head_dim <= 128 else 2
 
 
 def validate_tiling(tiling: Tiling) -> None:

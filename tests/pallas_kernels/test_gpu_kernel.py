@@ -276,3 +276,21 @@ def test_write_kv_rejects_bad_inputs():
     )
   with pytest.raises(ValueError, match="block_tokens"):
     write_kv(*write_args(case), block_tokens=12, interpret=INTERPRET)
+
+
+@pytest.mark.parametrize(
+  "head_dim, itemsize, stages", [(128, 1, 3), (128, 2, 2), (256, 1, 2), (64, 1, 3)]
+)
+def test_default_stages_follow_the_page_dtype(head_dim: int, itemsize: int, stages: int):
+  """8-bit pages get 3 stages (two K/V tiles in flight, the page ids prefetched a tile ahead);
+  16-bit pages and head_dim 256 get 2, which keeps one tile in flight and 3 programs an SM."""
+  from pallas_kernels.ragged_paged_attention.gpu_tiling import choose_tiling
+
+  tiling = choose_tiling(512, 512, 32, 8, head_dim, max_kv_len=2048, page_itemsize=itemsize)
+  assert tiling.num_stages == stages
+  assert (
+    choose_tiling(
+      512, 512, 32, 8, head_dim, max_kv_len=2048, page_itemsize=itemsize, num_stages=5
+    ).num_stages
+    == 5
+  )
