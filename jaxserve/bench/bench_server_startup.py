@@ -13,10 +13,12 @@ in its own), and /metrics reporting every step program compiled. After that, a m
 (random token prompts of 1 to --max-prompt tokens, 1 to --max-output tokens, greedy / random /
 penalties / top logprobs / prompt logprobs / n=2, --concurrency at a time) runs for --workload-s
 seconds; the XLA compilations it caused (jaxserve_xla_compilations before and after) must be 0.
-From the server's log: the weights' GB and GB/s, the KV pool, the warmup lines. The restart
-phase waits for its compile thread only with --restart-wait. With --tpot-probes (default: one
-stream and four concurrent ones; bench/tpot_probe.py) streams are timed right after the fresh
-/health and again once every program is compiled. Prints a table and one JSON object (also
+Then it waits (STORE_WAIT_S at most) for the server, idle, to write its compiled programs to the
+program store, which the restart reads. From the server's log: the weights' GB and GB/s, the
+KV pool, the warmup lines. The restart phase waits for its compile thread only with
+--restart-wait. With --tpot-probes (default: one stream and four concurrent ones;
+bench/tpot_probe.py) streams are timed right after the fresh /health and again once every
+program is compiled. Prints a table and one JSON object (also
 written to --out). Needs httpx; the server needs starlette and uvicorn.
 """
 
@@ -57,6 +59,7 @@ LOG_FACTS = {
   "cache_use": r"warmup: (\d+ programs read from the program store, \d+ loaded from the "
   r"compilation cache, \d+ compiled)",
   "background": r"background compilation: (.*)",
+  "store": r"program store: (\d+ programs written .*)",
   "ready": r"ready in ([\d.]+)s",
 }
 
@@ -79,6 +82,21 @@ def start_server(args: argparse.Namespace, cache_dir: str, log_path: Path) -> Se
   for override in args.set:
     flags += ["--set", override]
   return ServerProcess(args.model, flags, log_path)
+
+
+STORE_WRITTEN = r"program store: \d+ programs written"
+STORE_WAIT_S = 180.0
+
+
+def wait_for_log(path: Path, pattern: str, timeout_s: float) -> float | None:
+  """Seconds until `pattern` appears in the log at `path` (the server writes its compiled programs
+  to the store once idle, before the restart reads them), None after `timeout_s`."""
+  start = time.monotonic()
+  while time.monotonic() - start < timeout_s:
+    if re.search(pattern, path.read_text(errors="replace")):
+      return time.monotonic() - start
+    time.sleep(0.5)
+  return None
 
 
 def log_facts(log_path: Path) -> dict[str, str]:
@@ -196,6 +214,7 @@ def command(args: argparse.Namespace) -> int:
     )
     fresh["workload"]["seconds"] = args.workload_s
     fresh["workload"]["compilations"] = server.metrics()["jaxserve_xla_compilations_total"] - before
+    fresh["store_written_s"] = wait_for_log(server.log_path, STORE_WRITTEN, STORE_WAIT_S)
   finally:
     server.stop()
   fresh["log"] = log_facts(server.log_path)

@@ -20,7 +20,9 @@ executable is installed in the runner (ModelRunner.install), which calls it dire
 compile ledger counts each program once. With a ProgramStore (device/program_store.py) a program
 the store holds is not lowered: a compile thread reads it back and installs it (in compile order,
 side by side like compilations); the programs compiled are written to the store once all are
-compiled (save_compiled), so that serializing them takes nothing from the first requests. A
+compiled, and in the background only while the engine has no request to serve (watch_load; one
+program at a time, after IDLE_BEFORE_SAVE_S without requests): serializing an executable holds
+the GIL for about a tenth of a second, which would stall the engine loop's steps. A
 program XLA's persistent cache gave back (a cache hit, told by JAX's monitoring event in the
 compiling thread) is not written: an executable read back from a cache is not serialized again.
 Each time a group's programs are all compiled, a new ProgramReadiness
@@ -70,6 +72,8 @@ BACKGROUND_NICE = 10  # the compile threads' nice value while the engine serves
 # waits (for the device, a socket) it gets the GIL back only when the lowering thread is made to
 # drop it, after this interval: at 5 ms a step's few waits cost tens of milliseconds.
 SERVING_SWITCH_INTERVAL_S = 0.00005
+IDLE_BEFORE_SAVE_S = 1.0  # the engine idle this long before a program is written to the store
+IDLE_POLL_S = 0.1
 
 
 def compilation_abandoned() -> bool:
@@ -144,6 +148,7 @@ class ProgramCompiler:
     self._next_group = 0
     self._readiness = ProgramReadiness(frozenset(), frozenset(), 0, self.num_total)
     self._stop = threading.Event()
+    self._busy: Callable[[], bool] = lambda: False
     self._thread: threading.Thread | None = None
     self.started_at = time.perf_counter()
     self.finished_after_s: float | None = None  # seconds from construction to the last program
@@ -154,6 +159,15 @@ class ProgramCompiler:
   def readiness(self) -> ProgramReadiness:
     """The latest published readiness (an immutable snapshot: read without a lock)."""
     return self._readiness
+
+  @property
+  def num_unsaved(self) -> int:
+    """Programs compiled and not written to the store yet."""
+    return len(self._unsaved)
+
+  def watch_load(self, busy: Callable[[], bool]) -> None:
+    """Background saves to the store wait until `busy()` has been False IDLE_BEFORE_SAVE_S."""
+    self._busy = busy
 
   def num_first_groups(self) -> int:
     """The groups compile_first compiles: the largest bucket's, and the smallest decode
@@ -218,7 +232,6 @@ class ProgramCompiler:
       return
     finally:
       sys.setswitchinterval(switch_interval)
-    self.save_compiled()
     if self._readiness.complete:
       logger.info(
         "background compilation: all %d programs compiled in %.1f s on %d threads (%.1f s of "
@@ -230,6 +243,7 @@ class ProgramCompiler:
         self.finished_after_s or 0.0,
         len(self._steps),
       )
+    self._save_when_idle()
 
   def _compile_groups(
     self,
@@ -347,6 +361,30 @@ class ProgramCompiler:
     serializing them takes nothing from the requests served meanwhile)."""
     while self._unsaved:
       self.store.save(*self._unsaved.pop(0))
+
+  def _save_when_idle(self) -> None:
+    """save_compiled one program at a time, each once the engine has had no request to serve
+    for IDLE_BEFORE_SAVE_S; stops at close()."""
+    if not self._unsaved:
+      return
+    count, start, idle_since = len(self._unsaved), time.perf_counter(), None
+    while self._unsaved and not self._stop.is_set():
+      now = time.perf_counter()
+      if self._busy():
+        idle_since = None
+      elif idle_since is None:
+        idle_since = now
+      elif now - idle_since >= IDLE_BEFORE_SAVE_S:
+        self.store.save(*self._unsaved.pop(0))
+        continue
+      self._stop.wait(IDLE_POLL_S)
+    if not self._unsaved:
+      logger.info(
+        "program store: %d programs written in the engine's idle moments, %.1f s after the "
+        "last compilation",
+        count,
+        time.perf_counter() - start,
+      )
 
   def _lower_program(self, program: Program) -> jax.stages.Lowered:
     jitted, args, static = self._arguments(program)

@@ -14,6 +14,7 @@ attached it to the batch (ScheduledBatch.with_bitmask).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 from ..messages.buckets import Bucket
@@ -73,6 +74,10 @@ class ProgramStatus(Protocol):
   """Which buckets the device side has compiled (device/program_compiler.py)."""
 
   def readiness(self) -> ProgramReadiness: ...
+
+  def watch_load(self, busy: Callable[[], bool]) -> None:
+    """`busy()` says whether the engine has requests to serve (read from another thread): work
+    that would slow them (writing compiled programs to the store) waits for it to be False."""
 
   def close(self) -> None:
     """Stops any compilation still running."""

@@ -89,6 +89,9 @@ class _AllReady:
   def readiness(self) -> ProgramReadiness:
     return ANY_BUCKET
 
+  def watch_load(self, busy) -> None:
+    pass
+
   def close(self) -> None:
     pass
 
@@ -122,6 +125,7 @@ class EngineCore:
     self.constraints = constraints
     self.buckets = buckets
     self.programs: ProgramStatus = programs or _AllReady()
+    self.programs.watch_load(self.has_unfinished_requests)
     self.scheduler = scheduler
     self.allocator = allocator
     self.max_model_len = max_model_len

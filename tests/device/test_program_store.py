@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 
 import jax
@@ -162,4 +163,35 @@ def test_an_installed_program_runs_instead_of_the_jitted_one():
   runner.install(greedy.key, jax.jit(sevens).lower(*args).compile())
   engine.add_request([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=3), "a")
   assert run_to_completion(engine)["a"].token_ids == (7, 7, 7)
+  engine.ledger.close()
+
+
+def test_background_saves_wait_until_the_engine_is_idle(tmp_path: Path, monkeypatch, caplog):
+  """In the background, compiled programs are written to the store only once the engine has had
+  no request to serve for IDLE_BEFORE_SAVE_S (serializing holds the GIL): none while a request
+  waits, all once it is served."""
+  from jaxserve.device import program_compiler
+
+  monkeypatch.setattr(program_compiler, "IDLE_BEFORE_SAVE_S", 2.0)
+  cache = tmp_path / "cache"
+  config = {**CONFIG, "num_pages": 48}  # programs no other test of the run has compiled
+  engine = small_engine(
+    warmup="background", compile_threads=2, compilation_cache_dir=str(cache), **config
+  )
+  engine.add_request([1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True), "busy")
+  compiler = engine.programs
+  store = open_program_store(engine.config, engine.runner.model.config).directory
+  assert compiler.wait(timeout=120)  # every program compiled
+  time.sleep(3.0)
+  unsaved = compiler.num_unsaved
+  assert unsaved > 0 and list(store.glob(f"*{SUFFIX}")) == []  # none while a request waits
+  run_to_completion(engine)
+  deadline = time.monotonic() + 60
+
+  def written() -> int:  # files, and programs XLA cannot serialize (logged, not stored)
+    return len(list(store.glob(f"*{SUFFIX}"))) + caplog.text.count("was not stored")
+
+  while written() < unsaved and time.monotonic() < deadline:
+    time.sleep(0.1)
+  assert written() == unsaved and list(store.glob(f"*{SUFFIX}"))
   engine.ledger.close()
