@@ -6,7 +6,7 @@ p50/p99 and ITL p50 / TPOT p50 (issue 29 asks for it within 25%).
     python -m investigations.mixed_steps_sim --caps none,256,320,384,512
 
 The model: a step costs base_ms + row_ms x decode rows + token_ms x prompt tokens. Its defaults
-fit the 8B-shaped bfloat16 server on one H200 (docs/PERFORMANCE.md, "Where the pairs form"):
+fit the 8B-shaped bfloat16 server on one H200 (docs/PERFORMANCE.md, "ITL against TPOT"):
 a decode-only step of 256 sequences about 11.3 ms (the burst's ITL median), a mean step of
 about 16 ms with about 230 prompt tokens a step (the burst's TPOT), a lone decode about 5.5 ms
 (the weight read). It has no host overhead, no async scheduling and no bucket padding: a guide

@@ -3,7 +3,7 @@
 The sampler's `_filter_top_k_top_p_min_p` sorts every row of the vocabulary (f32[S, V]) to find
 two thresholds: the k-th largest logit and the smallest logit the top-p mass keeps. libtpu
 compiles that sort slowly (6-10 s for [8, V], each random-sampling program a TPU server compiles
-at start; docs/PERFORMANCE.md, "The test suite"). This finds the same two thresholds by
+at start; docs/PERFORMANCE.md, "CPU figures"). This finds the same two thresholds by
 bisection over the float32 order, 32 steps each, every step one masked count or sum over the row:
 
 - k-th largest: the largest t with count(x >= t) >= k;

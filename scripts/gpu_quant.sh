@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Quantization on one GPU, steps chosen by STEPS (docs/PERFORMANCE.md, "Quantized serving"):
+# Quantization on one GPU, steps chosen by STEPS (docs/PERFORMANCE.md, "The 8B's single stream",
+# "TensorRT-LLM's workloads", "Quantized GEMMs"):
 #   smoke    1B-shaped random checkpoint, one engine per (quantization, KV dtype): greedy tokens
 #            against bf16, pool pages, and how many of the step's GEMMs are cuBLASLt fp8 calls
 #   smokekv  8-bit KV pages: the XLA path against the Pallas GPU kernel

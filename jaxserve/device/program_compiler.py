@@ -84,7 +84,8 @@ def compilation_abandoned() -> bool:
 def default_compile_threads() -> int:
   """A quarter of the host's cores, 1 to MAX_AUTO_THREADS: one thread lowers the programs, so
   more compilers than it feeds only take cores (and the GPU's autotuning) from the requests served
-  meanwhile (docs/PERFORMANCE.md, "Start-up"); a host of fewer than 8 cores compiles on one."""
+  meanwhile (docs/DECISIONS.md, "Compile threads and the GIL switch interval"); a host of fewer
+  than 8 cores compiles on one."""
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   return max(1, min(MAX_AUTO_THREADS, (cores or 1) // 4))
 

@@ -50,10 +50,10 @@ def default_tiling(
   """The tiling for a [N, K] weight: the largest block_n / block_k (up to the given) dividing N /
   K, and the fewest splits (a power of two, at most MAX_SPLITS) that give TARGET_PROGRAMS
   programs. A weight wide enough to need no split walks K in halved blocks (block_k / 2, at
-  least 16). The rule and the defaults (block_n 32) follow the tiling sweep on an H100
-  (docs/PERFORMANCE.md). quantize_x: blocks of K are X_GROUP, block_n by default
-  QUANTIZE_X_BLOCK_N (the fp8 dot's left operand: more weight rows per program, the sweep on an
-  H200)."""
+  least 16). The rule and the defaults (block_n 32) follow the tiling sweep on an H100.
+  quantize_x: blocks of K are X_GROUP, block_n by default QUANTIZE_X_BLOCK_N (the fp8 dot's left
+  operand: more weight rows per program, the sweep on an H200). The sweeps: docs/DECISIONS.md,
+  "The 8-bit decode kernel's tiling"."""
   if quantize_x:
     block_n, block_k = block_n or QUANTIZE_X_BLOCK_N, X_GROUP
   block_n = block_n or 32

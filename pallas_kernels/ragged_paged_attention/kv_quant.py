@@ -9,7 +9,7 @@ value is stored as
 
 and read back as float32(stored) * scale. Float pages (float32, bfloat16) take no scale (1.0).
 
-Why one static scale (docs/DECISIONS.md, "An 8-bit KV cache with static per-layer scales"): the
+Why one static scale (docs/DECISIONS.md, "An 8-bit KV cache with static scales"): the
 page arrays keep their shape and the KV pool its structure (no scale arrays to allocate, shard,
 donate or gather), the write is an elementwise quantize of the step's new rows, and the attention
 kernels fold k_scale into the softmax scale and v_scale into the output: the read costs nothing

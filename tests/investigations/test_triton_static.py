@@ -3,7 +3,7 @@ dependency here), and through it what the GPU attention kernel hands Triton for 
 every 8-bit K / V tile load carries its own fill for the masked rows (tt.load's third operand),
 so no select sits between the load and the MMA. A select there keeps Triton from converting the
 tile in the MMA operands' registers and round-trips each converted tile through shared memory
-(docs/PERFORMANCE.md, "The fp8-KV attention kernel's loads")."""
+(docs/DECISIONS.md, "An 8-bit KV cache with static scales")."""
 
 from __future__ import annotations
 
