@@ -10,7 +10,15 @@
 # compile and device time, same engine and batch). sl8b: sleep level 1 and wake on the 8B
 # (investigations/sleep_wake.py: device bytes in use awake, asleep and after wake, sleep and wake
 # seconds, greedy tokens before and after, compilations after wake) into $OUT/sleep_wake_8b.json.
-# e.g. STEPS="ck8b t0_8b t1_8b" bash scripts/gpu_startup.sh; STEPS="ck8b sl8b" for sleep mode
+# moeload: one load of the Qwen3-30B-A3B-shaped random bf16 checkpoint (61.1 GB) as a one-device
+# engine does it (investigations/moe_load.py, a fresh process per layout in $MOE_LAYOUTS, default
+# auto): the layout chosen, load seconds, bytes in use after it against the weights' bytes, the
+# largest free block and the holes beside it, the peak during the load, the loader slack charged
+# and the KV pool planned (and whether it allocates) into $OUT/moe_load_<layout>.json. The
+# checkpoint is $MOE if set, else /dev/shm/qwen3moe if it holds one, else /tmp/qwen3moe (built
+# there if absent, a minute or two).
+# e.g. STEPS="ck8b t0_8b t1_8b" bash scripts/gpu_startup.sh; STEPS="ck8b sl8b" for sleep mode;
+# STEPS=moeload MOE_LAYOUTS="auto streaming" for the MoE's load in both layouts
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"  # $OUT, $LOGS, the carried wheels, step()
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt"
@@ -35,5 +43,13 @@ for s in ${STEPS:-ck8b t0_8b t1_8b}; do case $s in
   sl8b) step sl8b python3 -m investigations.sleep_wake --model /tmp/llama8b --max-model-len 2048 \
       --out "$OUT/sleep_wake_8b.json"
     grep -E "^(device bytes|driver bytes|sleep |wake |same greedy|compilations after)" "$LOGS/sl8b.log" | tee -a "$OUT/summary.txt" ;;
+  moeload) moe=${MOE:-/tmp/qwen3moe}; [ -z "${MOE:-}" ] && [ -f /dev/shm/qwen3moe/config.json ] && moe=/dev/shm/qwen3moe
+    [ -f "$moe/config.json" ] || step ckmoe python3 -m jaxserve.bench.random_checkpoint qwen3-30b-a3b "$moe"
+    for layout in ${MOE_LAYOUTS:-auto}; do
+      step "moeload_$layout" python3 -m investigations.moe_load --model "$moe" --layout "$layout" \
+        --out "$OUT/moe_load_$layout.json"
+      { grep -o "device memory: .*loader slack.*" "$LOGS/moeload_$layout.log"
+        sed -n '/^layout  /,$p' "$LOGS/moeload_$layout.log"; } | sed "s/^/moeload $layout: /" | tee -a "$OUT/summary.txt"
+    done ;;
   *) echo "unknown step $s" | tee -a "$OUT/summary.txt" ;;
 esac; done

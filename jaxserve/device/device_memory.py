@@ -12,10 +12,13 @@ programs in the compile cache: "in use" is the weights' bytes on one device, fro
 dtypes and shardings (not the allocator's live count), plus a slack for what the weight loader
 leaves behind: LOADER_SLACK_SHARE of them when its transient buffers left holes between the
 weights, PACKED_LOADER_SLACK_SHARE when it laid them out with none (models/packed_layout.py, the
-"packed" layout: GPUs of one host with more free memory than their raw weights plus twice the
-converted ones, decided before loading, when the free memory is the client's limit less what the
-process allocated before the weights: nearly nothing). Each share covers, with the headroom, the
-holes and leftovers its layout leaves (the measurements: docs/DECISIONS.md).
+"packed" layout, in one group or, when the raw and twice the converted weights do not fit at
+once, in several that lie end to end: GPUs of one host where each leaf's raw tensors and twice
+its converted bytes fit beside the weights, decided before loading, when the free memory is the
+client's limit less what the process allocated before the weights: nearly nothing). The packed
+load's transients (a group's raw tensors and margin) are all freed into the block after the
+weights before the pool is sized, so they cost it nothing. Each share covers, with the headroom,
+the holes and leftovers its layout leaves (the measurements: docs/DECISIONS.md).
 Where the client reports its largest free block, fit_pool_bytes checks the planned pool (its
 layers are allocated one after another in what is left of the arena) against it, less the scratch
 and ARENA_MIN_HEADROOM; a pool that does not fit is shrunk by whole 64ths of itself until it does,

@@ -7,14 +7,16 @@ copy into the device's staging buffer. What each params leaf is made of comes in
 TransferJob (models/transfer_jobs.py: the transpose, cast and concatenation on the device, and
 the shardings when tensor-parallel). How the converted weights lie in device memory is the
 layout (`TransferOptions.layout`): streamed one leaf at a time, or packed with no holes between
-them (models/packed_layout.py, which also holds the "auto" rule).
+them, in as many groups as the free memory needs (models/packed_layout.py, which also holds the
+"auto" rule).
 
 Overlap: a thread pool (`TransferOptions.num_threads`) puts (and, streaming, converts and waits
 for) each tensor while the main thread keeps at most `window_bytes` of tensors in flight (this
 bounds the host's staging copies and, streaming, the device's raw buffers); a single opener
 thread maps the next file (MAP_POPULATE: it is faulted in from the page cache or read from disk)
 while the current one is being transferred. Tensors are visited file by file in on-disk order, so
-reads are sequential.
+reads are sequential; packed, the window drains at the end of each group (its leaves are
+converted once all its raw tensors are on the device).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxserve.models.leaf_load import LeafLoad, ParamPath, ShardingFn
-from jaxserve.models.packed_layout import one_mesh, run_packed, use_packed
+from jaxserve.models.packed_layout import one_mesh, plan_packing, run_packed
 from jaxserve.models.safetensors_reader import MappedFile, SafetensorsHeader
 from jaxserve.models.transfer_jobs import TransferJob, build_jobs, disk_order, put_raw
 
@@ -44,24 +46,35 @@ class TransferOptions:
   num_threads: int = 4
   window_bytes: int = 512 << 20  # tensor bytes in flight at once (host staging, raw device copies)
   layout: str = "auto"  # "packed" | "streaming" | "auto" (module docstring)
+  # packed: at most this many converted bytes per device in one group (None: as many as the free
+  # memory allows, packed_layout.pack_groups)
+  group_bytes: int | None = None
 
   def __post_init__(self):
     if self.layout not in LAYOUTS:
       raise ValueError(f"layout: must be one of {LAYOUTS}, got {self.layout!r}")
+    if self.group_bytes is not None and self.group_bytes < 1:
+      raise ValueError(f"group_bytes: must be a positive byte count, got {self.group_bytes}")
 
 
 @dataclass(frozen=True)
 class TransferStats:
   num_bytes: int  # checkpoint bytes read
   seconds: float
-  packed: bool = False  # the packed layout (no holes between the weights)
+  groups: int = 0  # the packed layout's groups (no holes between the weights); 0: streamed
+
+  @property
+  def packed(self) -> bool:
+    return self.groups > 0
 
   @property
   def gb_per_s(self) -> float:
     return self.num_bytes / 1e9 / max(self.seconds, 1e-9)
 
   def describe(self) -> str:
-    layout = ", packed" if self.packed else ""
+    layout = ""
+    if self.packed:
+      layout = ", packed" if self.groups == 1 else f", packed in {self.groups} groups"
     return (
       f"{self.num_bytes / 1e9:.1f} GB in {self.seconds:.1f} s ({self.gb_per_s:.2f} GB/s{layout})"
     )
@@ -78,20 +91,21 @@ def transfer_tensors(
   dtype = np.dtype(dtype)
   jobs = build_jobs(sorted(leaves, key=disk_order(leaves)), dtype, sharding_for)
   mesh = one_mesh(jobs)
-  packed = use_packed(jobs, mesh, options.layout)
+  groups = plan_packing(jobs, mesh, options.layout, options.group_bytes)
   read_ahead = _ReadAhead([part.header for job in jobs for part in job.leaf.parts])
   pool = futures.ThreadPoolExecutor(options.num_threads, thread_name_prefix="weights-put")
   try:
-    if packed:
-      put_all = functools.partial(_windowed, jobs, pool, read_ahead, options.window_bytes)
-      results = run_packed(jobs, mesh if isinstance(mesh, Mesh) else None, put_all)
+    if groups is not None:
+      put_all = functools.partial(_windowed, pool, read_ahead, options.window_bytes)
+      results = run_packed(jobs, groups, mesh if isinstance(mesh, Mesh) else None, put_all)
     else:
       results = _run_streaming(jobs, pool, read_ahead, options.window_bytes)
   finally:
     pool.shutdown(wait=True, cancel_futures=True)
     read_ahead.close()
   num_bytes = sum(job.leaf.raw_bytes for job in jobs)
-  return _spread(jobs, results), TransferStats(num_bytes, time.perf_counter() - start, packed)
+  seconds = time.perf_counter() - start
+  return _spread(jobs, results), TransferStats(num_bytes, seconds, len(groups or ()))
 
 
 def _spread(
@@ -131,10 +145,10 @@ class _ReadAhead:
 
 
 def _windowed(
-  jobs: Sequence[TransferJob],
   pool: futures.ThreadPoolExecutor,
   read_ahead: _ReadAhead,
   window_bytes: int,
+  jobs: Sequence[TransferJob],
   task: Callable,
 ) -> list:
   """task(job, mapped futures) for every job on the pool, in order, waiting for the oldest while
@@ -167,5 +181,5 @@ def _run_streaming(
     out = raws[0] if job.convert is None else job.convert(*raws)
     return jax.block_until_ready(out)
 
-  outs = _windowed(jobs, pool, read_ahead, window_bytes, put_and_convert)
+  outs = _windowed(pool, read_ahead, window_bytes, jobs, put_and_convert)
   return {job.leaf.path: out for job, out in zip(jobs, outs)}

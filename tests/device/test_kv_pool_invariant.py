@@ -7,12 +7,14 @@ shapes, and their compilation-cache keys, are the same at every restart."""
 from __future__ import annotations
 
 import logging
+import re
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 from jaxserve import assembly, pool_sizing
+from jaxserve.bench.bench_server_startup import LOG_FACTS
 from jaxserve.config_loader import load_config
 from jaxserve.device import device_memory as dm
 from jaxserve.device.device_memory import (
@@ -93,3 +95,22 @@ def test_packed_weights_leave_the_pool_what_the_loader_no_longer_wastes():
   streamed = kv_pool_bytes(planned_memory(memory, 15 * GIB), 0.9)
   packed = kv_pool_bytes(planned_memory(memory, 15 * GIB, packed=True), 0.9)
   assert packed - streamed == int(3.75 * GIB) - int(0.15 * GIB)
+
+
+def test_a_moe_packed_in_groups_is_charged_the_packed_slack(monkeypatch, caplog):
+  """Qwen3-30B-A3B's 56.88 GiB of bf16 weights on an H200 at 0.9: too large to pack at once, it
+  was streamed and charged 25% (14.22 GiB); packed in groups it leaves no holes and is charged
+  1%, and the pool gets the difference. The accounting line keeps the format the start-up
+  benchmark parses."""
+  weights = int(56.88 * GIB)
+  memory = DeviceMemory(int(139.8 * GIB), int(0.9 * 139.8 * GIB), 0)
+  monkeypatch.setattr(dm, "read_device_memory", lambda environ=None: memory)
+  caplog.set_level(logging.INFO, logger=dm.__name__)
+  streamed, _ = dm.kv_budget_bytes(0.9, weights)
+  caplog.clear()
+  packed, _ = dm.kv_budget_bytes(0.9, weights, packed=True)
+  assert packed - streamed == int(0.25 * weights) - int(0.01 * weights)
+  assert 65 * GIB < packed < 66 * GIB  # 52.2 GiB streamed
+  line = next(r.getMessage() for r in caplog.records if "loader slack" in r.getMessage())
+  assert re.search(LOG_FACTS["kv_budget"], line).group(1).startswith("139.8 GiB total x 0.9")
+  assert "56.88 GiB of weights + 0.57 GiB loader slack" in line

@@ -1,5 +1,6 @@
 """Loading a mixture of experts' checkpoint (models/expert_weights.py): the stacked leaves against
-the per-expert tensors transformers wrote, on the device path and the host (`put`) path, and the
+the per-expert tensors transformers wrote, on the device path and the host (`put`) path, bit for
+bit in every device memory layout (streamed, packed in one group or in several), and the
 layouts it refuses."""
 
 from __future__ import annotations
@@ -12,7 +13,14 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from jaxserve.models.weights import SINGLE_FILE, load_hf_config, load_hf_params, param_shapes
+from jaxserve.models.weight_transfer import TransferOptions
+from jaxserve.models.weights import (
+  SINGLE_FILE,
+  load_hf_config,
+  load_hf_params,
+  load_hf_weights,
+  param_shapes,
+)
 from tests.models.paged_batch import init_param_shapes
 
 # family -> (HF module of the experts, HF names of gate, up, down)
@@ -44,6 +52,22 @@ def test_stacked_leaves_hold_each_experts_tensor(hf_checkpoint, family):
       np.testing.assert_array_equal(
         mlp["experts"][ours][j], hf[f"{prefix}.experts.{j}.{theirs}.weight"].T
       )
+
+
+@pytest.mark.parametrize("family", list(LAYOUT))
+def test_packed_in_groups_stacks_the_streamed_bits(hf_checkpoint, family):
+  """bf16 (the published dtype), packed group after group (at most 256 KiB of converted leaves
+  a group: an expert leaf [E, in, out] is 128 KiB, made of E raw tensors), against the streamed
+  load."""
+  directory = hf_checkpoint(family, dtype="bfloat16")
+  config = load_hf_config(directory)
+  streamed, _ = load_hf_weights(directory, config, options=TransferOptions(layout="streaming"))
+  options = TransferOptions(layout="packed", group_bytes=256 << 10)
+  packed, stats = load_hf_weights(directory, config, options=options)
+  assert 1 < stats.groups < len(jax.tree.leaves(streamed))
+  assert jax.tree.map(lambda x: x.dtype, packed) == jax.tree.map(lambda x: x.dtype, streamed)
+  expected = jax.tree.map(lambda x: np.asarray(x).tobytes(), streamed)
+  assert jax.tree.map(lambda x: np.asarray(x).tobytes(), packed) == expected
 
 
 def test_host_put_path_stacks_the_same_leaves(hf_checkpoint):

@@ -1,4 +1,6 @@
-"""On a GPU: the packed layout (models/packed_layout.py) leaves no hole between the weights.
+"""On a GPU: the packed layout (models/packed_layout.py) leaves no hole between the weights, in one
+group or group after group (64 MiB of converted weights a group: a dozen groups, as a MoE too
+large to pack at once loads).
 Measured with the allocator's own statistics in a fresh process per load (an arena that earlier
 tests fragmented would place the placeholder elsewhere): after the load, the free bytes outside
 the allocator's largest free block (holes) must not have grown by more than 1 MiB. A float32
@@ -45,10 +47,11 @@ def holes():
   return memory.limit_bytes - memory.in_use_bytes - memory.largest_free_bytes
 
 directory, layout, fuse, config = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4]
+group_bytes = int(sys.argv[5]) or None
 before = holes()
 params, stats = load_hf_weights(directory, ModelConfig(**json.loads(config)), fuse=fuse,
-                                options=TransferOptions(layout=layout))
-print(json.dumps({"holes": holes() - before, "packed": stats.packed}))
+                                options=TransferOptions(layout=layout, group_bytes=group_bytes))
+print(json.dumps({"holes": holes() - before, "packed": stats.packed, "groups": stats.groups}))
 """
 
 
@@ -64,7 +67,7 @@ def checkpoint(tmp_path_factory):
   return directory
 
 
-def _measure(checkpoint, layout: str, fuse: bool) -> dict:
+def _measure(checkpoint, layout: str, fuse: bool, group_bytes: int = 0) -> dict:
   done = subprocess.run(
     [
       sys.executable,
@@ -74,6 +77,7 @@ def _measure(checkpoint, layout: str, fuse: bool) -> dict:
       layout,
       "1" if fuse else "0",
       json.dumps(CONFIG),
+      str(group_bytes),
     ],
     capture_output=True,
     text=True,
@@ -91,3 +95,10 @@ def test_packed_layout_leaves_no_holes(checkpoint, fuse):
   )
   assert packed["packed"]  # "auto" packs on a GPU where the weights fit three times
   assert packed["holes"] <= MIB
+
+
+def test_packed_in_groups_leaves_no_holes(checkpoint):
+  grouped = _measure(checkpoint, "packed", False, group_bytes=64 * MIB)
+  print(f"holes: packed in {grouped['groups']} groups {grouped['holes'] / MIB:.1f} MiB")
+  assert grouped["groups"] > 5
+  assert grouped["holes"] <= MIB

@@ -4,12 +4,17 @@ preceded it (transpose + cast on the host, then jax.make_array_from_callback).""
 
 from __future__ import annotations
 
+import logging
+
 import jax
 import numpy as np
 import pytest
 
+from jaxserve.models.leaf_load import LeafLoad
+from jaxserve.models.packed_layout import plan_packing
+from jaxserve.models.transfer_jobs import build_jobs
 from jaxserve.models.weight_transfer import TransferOptions
-from jaxserve.models.weights import load_hf_config, load_hf_params
+from jaxserve.models.weights import load_hf_config, load_hf_params, plan_hf_tensors
 from jaxserve.parallel.partition_rules import build_mesh, param_spec
 from jaxserve.parallel.sharded_loading import load_model_sharded
 
@@ -51,16 +56,36 @@ def test_sharded_load_matches_host_converted_load(hf_checkpoint, tp, dtype, inva
   assert split  # some leaves really are split tp ways
 
 
-@pytest.mark.parametrize("tp, dtype", [(2, "bfloat16"), (8, "auto")])
-def test_packed_layout_gives_the_streamed_shards(hf_checkpoint, tp, dtype):
+@pytest.mark.parametrize(
+  "family, tp, dtype, expert_parallel, group_bytes",
+  [
+    ("llama_kv8", 2, "bfloat16", False, None),
+    ("llama_kv8", 8, "auto", False, None),
+    ("llama_kv8", 2, "bfloat16", False, 256 << 10),
+    ("mixtral", 2, "auto", True, 256 << 10),
+    ("mixtral", 2, "bfloat16", False, 256 << 10),
+  ],
+)
+def test_packed_layout_gives_the_streamed_shards(
+  hf_checkpoint, caplog, family, tp, dtype, expert_parallel, group_bytes
+):
   """The packed layout (a placeholder on every device of the mesh, raw shards after it, each
-  leaf converted into the placeholder's hole) holds the same shards as the streamed load."""
-  directory = str(hf_checkpoint("llama_kv8"))
+  leaf converted into the placeholder's hole; in one group, or group after group with at most
+  group_bytes of converted shards on a device) holds the same shards as the streamed load: a
+  dense model, and a mixture of experts split by expert or within each expert."""
+  directory = str(hf_checkpoint(family))
   mesh = build_mesh(tp)
-  packed = load_model_sharded(directory, dtype, mesh, transfer=TransferOptions(layout="packed"))
-  streamed = load_model_sharded(
-    directory, dtype, mesh, transfer=TransferOptions(layout="streaming")
-  )
+
+  def load(options: TransferOptions):
+    return load_model_sharded(
+      directory, dtype, mesh, transfer=options, expert_parallel=expert_parallel
+    )
+
+  with caplog.at_level(logging.INFO, logger="jaxserve.models.weights"):
+    packed = load(TransferOptions(layout="packed", group_bytes=group_bytes))
+  said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("weights: ")]
+  assert ("groups)" in said[-1]) is (group_bytes is not None), said
+  streamed = load(TransferOptions(layout="streaming"))
   assert packed.packed and not streamed.packed
   assert jax.tree.structure(packed.params) == jax.tree.structure(streamed.params)
   for new, old in zip(jax.tree.leaves(packed.params), jax.tree.leaves(streamed.params)):
@@ -70,3 +95,22 @@ def test_packed_layout_gives_the_streamed_shards(hf_checkpoint, tp, dtype):
     for a, b in zip(new_shards, old_shards):
       assert a.index == b.index
       assert np.asarray(a.data).tobytes() == np.asarray(b.data).tobytes()
+
+
+def test_packed_groups_are_counted_per_device(hf_checkpoint):
+  """group_bytes bounds each device's converted shard bytes: at tp 2 a split leaf counts half
+  its bytes, so the same bound makes fewer groups than on one device."""
+  directory = hf_checkpoint("llama_kv8")
+  config = load_hf_config(directory)
+  leaves = [LeafLoad(load.path, (load,)) for load in plan_hf_tensors(directory, config)]
+  dtype = np.dtype(np.float32)
+  mesh = build_mesh(2)
+
+  def sharding(path, shape):
+    return jax.sharding.NamedSharding(mesh, param_spec(path, shape, 2, True))
+
+  bound = 512 << 10
+  whole = plan_packing(build_jobs(leaves, dtype, None), None, "packed", bound)
+  split = plan_packing(build_jobs(leaves, dtype, sharding), mesh, "packed", bound)
+  assert sum(whole) == sum(split) == len(leaves)
+  assert 1 < len(split) < len(whole)
