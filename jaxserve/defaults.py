@@ -144,7 +144,8 @@ def apply_device_defaults(
     changes[section][name] = choice.value
   scheduler = changes["scheduler"]
   latency = [c.value for c in device_defaults(device, usage) if c.key.endswith(derived[1])]
-  if user_limits and latency and "max_num_batched_tokens" in scheduler:
+  own_latency = "scheduler.latency_batched_tokens" in explicit
+  if user_limits and latency and "max_num_batched_tokens" in scheduler and not own_latency:
     scheduler["max_num_batched_tokens"] = latency[0]  # a fixed budget beside the user's limit
   if user_limits:  # never undercut the user's own limit
     seqs = scheduler.get("max_num_seqs", sections["scheduler"].max_num_seqs)

@@ -142,6 +142,12 @@ def test_an_explicit_setting_wins():
   assert (resolved.scheduler.max_num_seqs, resolved.scheduler.max_num_batched_tokens) == (64, 2048)
   assert resolved.scheduler.latency_batched_tokens is None
   assert [(c.key, c.value) for c in applied] == [("scheduler.max_num_batched_tokens", 2048)]
+  own = ["scheduler.max_num_seqs=256", "scheduler.latency_batched_tokens=512"]
+  resolved, _ = apply_device_defaults(load_config(None, own), H100, Usage.SERVE)
+  assert (resolved.scheduler.max_num_batched_tokens, resolved.scheduler.latency_batched_tokens) == (
+    8192,
+    512,
+  )  # the user's own latency budget under the rule's largest step
   tpu, _ = apply_device_defaults(config, V6E_8, Usage.SERVE)
   assert tpu.cache.page_size == 16
 
