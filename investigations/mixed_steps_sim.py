@@ -1,19 +1,25 @@
-"""What `scheduler.mixed_step_prefill_tokens` does to a burst, simulated on the host: the real
+"""What the step budget (engine/step_budget.py: `scheduler.mixed_step_prefill_tokens`,
+`latency_batched_tokens`) and the scheduler limits do to a burst, simulated on the host: the real
 Scheduler and PageAllocator (pure Python) step through a burst under a linear step-time model,
-and the script prints, per setting, the simulated output tok/s, TTFT p50/p99, TPOT p50, ITL
+and the script prints, per setting, the simulated output tok/s, TTFT p50/p99, TPOT p50/p99, ITL
 p50/p99 and ITL p50 / TPOT p50 (issue 29 asks for it within 25%).
 
     python -m investigations.mixed_steps_sim --caps none,256,320,384,512
+    # a large GPU's serve default against 256 / 2,048, each step costed at its bucket (--pad):
+    python -m investigations.mixed_steps_sim --pad --max-num-seqs 512 \
+        --max-num-batched-tokens 8192 --latency-batched-tokens 2048
 
 The model: a step costs base_ms + row_ms x decode rows + token_ms x prompt tokens. Its defaults
 fit the 8B-shaped bfloat16 server on one H200 (docs/PERFORMANCE.md, "ITL against TPOT"):
 a decode-only step of 256 sequences about 11.3 ms (the burst's ITL median), a mean step of
 about 16 ms with about 230 prompt tokens a step (the burst's TPOT), a lone decode about 5.5 ms
-(the weight read). It has no host overhead, no async scheduling and no bucket padding: a guide
-to which settings to measure, not a measurement. By default every request arrives at once (rate
-inf) and runs to its max_tokens (ignore_eos), as `bench serve --random-input-len 256
---random-output-len 256 --ignore-eos` does; `--request-rate 16 --input-len 1024 --output-len 128
---range-ratio 0.5 --num-requests 320` is the issue's rate-16 workload (20 s of it).
+(the weight read). It has no host overhead and no async scheduling, and no bucket padding unless
+`--pad` costs each step at its bucket (messages/buckets.py: the padded tokens as prompt tokens,
+seq_pad_ms a padded sequence): a guide to which settings to measure, not a measurement. By
+default every request arrives at once (rate inf) and runs to its max_tokens (ignore_eos), as
+`bench serve --random-input-len 256 --random-output-len 256 --ignore-eos` does; `--request-rate
+16 --input-len 1024 --output-len 128 --range-ratio 0.5 --num-requests 320` is the issue's
+rate-16 workload (20 s of it).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from jaxserve.config import SchedulerConfig
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request, RequestStatus
 from jaxserve.engine.scheduler import Scheduler
+from jaxserve.messages.buckets import BucketSet
 from jaxserve.sampling_params import SamplingParams
 
 
@@ -35,9 +42,15 @@ class StepModel:
   base_ms: float = 5.5
   row_ms: float = 0.0227  # (11.3 - 5.5) / 256
   token_ms: float = 0.0205  # (16 - 11.3) / 230
+  seq_pad_ms: float = 0.002  # a padded sequence's sampling row (with --pad)
 
-  def step_ms(self, decode_rows: int, prompt_tokens: int) -> float:
-    return self.base_ms + self.row_ms * decode_rows + self.token_ms * prompt_tokens
+  def step_ms(self, decode_rows: int, prompt_tokens: int, padded_seqs: int = 0) -> float:
+    return (
+      self.base_ms
+      + self.row_ms * decode_rows
+      + self.token_ms * prompt_tokens
+      + self.seq_pad_ms * padded_seqs
+    )
 
 
 @dataclass(frozen=True)
@@ -53,6 +66,8 @@ class Burst:
   range_ratio: float = 0.0
   max_num_seqs: int = 256
   max_num_batched_tokens: int = 2048
+  latency_batched_tokens: int | None = None
+  pad: bool = False  # cost each step at its bucket
   page_size: int = 16
   num_pages: int = 100_000
 
@@ -63,7 +78,9 @@ def simulate(burst: Burst, cap: int | None, model: StepModel) -> dict[str, float
     max_num_batched_tokens=burst.max_num_batched_tokens,
     enable_prefix_caching=False,
     mixed_step_prefill_tokens=cap,
+    latency_batched_tokens=burst.latency_batched_tokens,
   )
+  buckets = BucketSet.from_config(config)
   longest = int(burst.input_len * (1 + burst.range_ratio)) + int(
     burst.output_len * (1 + burst.range_ratio)
   )
@@ -90,7 +107,13 @@ def simulate(burst: Burst, cap: int | None, model: StepModel) -> dict[str, float
       added += 1
     batch = scheduler.schedule()
     decode_rows = sum(1 for s in batch.seqs if s.num_tokens == 1 and s.sample)
-    now += model.step_ms(decode_rows, batch.num_tokens - decode_rows)
+    num_seqs, num_tokens = len(batch.seqs), batch.num_tokens
+    if burst.pad:
+      bucket = buckets.pick(num_seqs, num_tokens)
+      num_seqs, num_tokens = bucket.num_seqs - num_seqs, bucket.num_tokens
+    else:
+      num_seqs = 0
+    now += model.step_ms(decode_rows, num_tokens - decode_rows, num_seqs)
     for seq in batch.seqs:
       if not seq.sample:
         continue
@@ -107,6 +130,7 @@ def simulate(burst: Burst, cap: int | None, model: StepModel) -> dict[str, float
     "ttft_p50": float(np.median(ttft)),
     "ttft_p99": float(np.percentile(ttft, 99)),
     "tpot_p50": float(np.median(tpot)),
+    "tpot_p99": float(np.percentile(tpot, 99)),
     "itl_p50": float(np.median(itl)),
     "itl_p99": float(np.percentile(itl, 99)),
   }
@@ -120,18 +144,30 @@ def main() -> None:
   parser.add_argument("--output-len", type=int, default=256)
   parser.add_argument("--request-rate", type=float, default=float("inf"))
   parser.add_argument("--range-ratio", type=float, default=0.0)
+  parser.add_argument("--max-num-seqs", type=int, default=256)
+  parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+  parser.add_argument("--latency-batched-tokens", type=int, default=None)
+  parser.add_argument("--pad", action="store_true", help="cost each step at its bucket")
   args = parser.parse_args()
   burst = Burst(
-    args.num_requests, args.input_len, args.output_len, args.request_rate, args.range_ratio
+    args.num_requests,
+    args.input_len,
+    args.output_len,
+    args.request_rate,
+    args.range_ratio,
+    args.max_num_seqs,
+    args.max_num_batched_tokens,
+    args.latency_batched_tokens,
+    args.pad,
   )
-  head = f"{'P':>6} {'tok/s':>8} {'TTFT p50/p99 ms':>16} {'TPOT p50':>9} {'ITL p50/p99':>12}"
+  head = f"{'P':>6} {'tok/s':>8} {'TTFT p50/p99 ms':>16} {'TPOT p50/p99':>13} {'ITL p50/p99':>12}"
   print(f"{head} {'ITL/TPOT':>9}")
   for text in args.caps.split(","):
     cap = None if text == "none" else int(text)
     r = simulate(burst, cap, StepModel())
     print(
       f"{text:>6} {r['tok_s']:>8.0f} {r['ttft_p50']:>7.0f}/{r['ttft_p99']:<8.0f} "
-      f"{r['tpot_p50']:>9.1f} {r['itl_p50']:>5.1f}/{r['itl_p99']:<6.1f} "
+      f"{r['tpot_p50']:>6.1f}/{r['tpot_p99']:<6.1f} {r['itl_p50']:>5.1f}/{r['itl_p99']:<6.1f} "
       f"{r['itl_p50'] / r['tpot_p50']:>9.2f}"
     )
 

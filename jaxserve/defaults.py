@@ -8,16 +8,21 @@ which the start-up log prints. `apply_device_defaults` applies them to an Engine
 the keys the user set (`EngineConfig.explicit_keys`: a config file, `--set`, a flag, an `LLM`
 keyword; and any value that differs from EngineConfig()'s, as a config built in code sets
 it): an explicit setting always wins. When the user set either scheduler limit, the
-derived bucket ladders are left out (the user's limits define them), and the derived limits
-never undercut the other, user-set one; a ladder the user set or derived from the user's limits
-gets no pool rungs.
+derived bucket ladders and latency budget are left out (the user's limits define them: a
+`--max-num-batched-tokens N` of vLLM's is a fixed budget of N tokens a step; beside the user's
+max_num_seqs alone, the step budget is the latency budget, fixed), and the derived limits never
+undercut the other, user-set one; a ladder the user set or derived from the user's limits gets
+no pool rungs.
 
 The rule, per class of device:
-  - large GPUs (at least 70 GiB: H100, H200, A100 80 GB, B200): serving at 256 sequences and
-    2,048 tokens a step (continuous batching that keeps decodes running while prompts arrive);
-    offline at 512 sequences and 8,192 tokens with prefill-first steps, decode bursts of 4 and
-    sparse bucket ladders (the settings measured best on an H100, docs/PERFORMANCE.md), with
-    sequence rungs added where the KV pool bounds the batch (scheduler.pool_seq_rungs);
+  - large GPUs (at least 70 GiB: H100, H200, A100 80 GB, B200): serving at 512 sequences with a
+    step budget that follows the load (scheduler.latency_batched_tokens; engine/step_budget.py):
+    2,048 tokens a step once many requests decode, up to 8,192 while few do and the prompts at
+    hand fill the larger step (continuous batching that keeps decodes running while prompts
+    arrive); offline at 512 sequences and 8,192 tokens with prefill-first steps, decode bursts
+    of 4 and sparse bucket ladders (the settings measured best on an H100,
+    docs/PERFORMANCE.md), with sequence rungs added where the KV pool bounds the batch
+    (scheduler.pool_seq_rungs);
   - smaller GPUs: half of that per halving of memory class (24-70 GiB, below 24 GiB);
   - TPUs: 32-row pages (what the Pallas TPU kernel reads in every KV dtype) and limits that
     grow with the slice's HBM (a v5e chip's 16 GiB serves 32 sequences, a v6e-8 256);
@@ -63,6 +68,14 @@ def _limits(seqs: int, tokens: int, reason: str) -> list[Choice]:
   ]
 
 
+def _serve(seqs: int, tokens: int, latency: int, reason: str) -> list[Choice]:
+  """A server: `latency` tokens a step once many requests decode, up to `tokens` while few do."""
+  follows = f"{reason}: the step budget while many requests decode, up to {tokens} while few do"
+  return _limits(seqs, tokens, reason) + [
+    Choice("scheduler.latency_batched_tokens", latency, follows)
+  ]
+
+
 def _offline(seqs: int, tokens: int, reason: str) -> list[Choice]:
   """An offline batch: prefill-first steps, decode bursts of 4 and three token buckets."""
   return _limits(seqs, tokens, reason) + [
@@ -83,7 +96,7 @@ def _gpu(device: DeviceDescription, usage: Usage) -> list[Choice]:
   else:
     scale, size = 4, "a GPU below 24 GiB (or of unknown memory)"
   if usage is Usage.SERVE:
-    return _limits(256 // scale, 2048 // scale, f"serving on {size}")
+    return _serve(512 // scale, 8192 // scale, 2048 // scale, f"serving on {size}")
   return _offline(512 // scale, 8192 // scale, f"offline on {size}")
 
 
@@ -115,12 +128,13 @@ def apply_device_defaults(
   explicit = non_default_keys(config)  # config.explicit_keys and every value set in code
   limits = {"scheduler.max_num_seqs", "scheduler.max_num_batched_tokens"}
   user_limits = bool(limits & explicit)
+  derived = ("_buckets", "latency_batched_tokens")  # what the user's limits define instead
   user_ladder = user_limits or "scheduler.seq_buckets" in explicit  # kept as the user gave it
   applied = [
     c
     for c in device_defaults(device, usage)
     if c.key not in explicit
-    and not (user_limits and c.key.endswith("_buckets"))
+    and not (user_limits and c.key.endswith(derived))
     and not (user_ladder and c.key == "scheduler.pool_seq_rungs")
   ]
   sections = {"scheduler": config.scheduler, "cache": config.cache}
@@ -129,6 +143,10 @@ def apply_device_defaults(
     section, name = choice.key.split(".")
     changes[section][name] = choice.value
   scheduler = changes["scheduler"]
+  latency = [c.value for c in device_defaults(device, usage) if c.key.endswith(derived[1])]
+  own_latency = "scheduler.latency_batched_tokens" in explicit
+  if user_limits and latency and "max_num_batched_tokens" in scheduler and not own_latency:
+    scheduler["max_num_batched_tokens"] = latency[0]  # a fixed budget beside the user's limit
   if user_limits:  # never undercut the user's own limit
     seqs = scheduler.get("max_num_seqs", sections["scheduler"].max_num_seqs)
     tokens = scheduler.get("max_num_batched_tokens", sections["scheduler"].max_num_batched_tokens)

@@ -8,6 +8,11 @@
 # scheduler.mixed_step_prefill_tokens=N (e.g. cap384_8b; --quick: one burst and the rate, no
 # plain client). ROUNDS=N: N (plain client, bench serve) pairs after the first burst; PLAIN=N:
 # the plain client's processes. e.g. RUNS="ck8b noconfig8b config8b cap384_8b table".
+# budget8b (issue 56): in one call, `jaxserve serve` with no config from an empty compilation
+# cache (its step programs and compile time), the burst 1000 x 256/256 from 4 client processes
+# and rate $RATE for $RATE_S s (1024/128, range ratio 0.5), then LLM.generate with no config
+# (bench_offline, its own defaults) on the same burst; prints one table (short_table.md):
+# RUNS="ck8b budget8b" RATE_S=20 bash scripts/gpu_defaults_serve.sh
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"  # $OUT, $LOGS, the carried wheels, step()
 RATE=${RATE:-16}; RATE_S=${RATE_S:-30}
@@ -27,6 +32,11 @@ for s in ${RUNS:-ck8b noconfig8b config8b table}; do case $s in
   config1b) run config1b /tmp/llama1b --config configs/h100.yaml ;;
   cap*_8b) n=${s#cap}; QUICK=--quick run "$s" /tmp/llama8b --set scheduler.mixed_step_prefill_tokens=${n%_8b} ;;
   cap*_1b) n=${s#cap}; QUICK=--quick run "$s" /tmp/llama1b --set scheduler.mixed_step_prefill_tokens=${n%_1b} ;;
+  budget8b) TAIL=40 step budget8b python3 -m jaxserve.bench.serve_vs_offline --model /tmp/llama8b \
+      --max-model-len ${MAX_MODEL_LEN:-2048} --modes multi-process --client-processes 4 \
+      --offline-defaults offline --offline-last --sweep-rates "$RATE" --sweep-seconds "$RATE_S" \
+      --single-stream-prompts 0 --short-table --out-dir "$OUT/budget8b"
+    cat "$OUT/budget8b/short_table.md" 2>/dev/null | tee -a "$OUT/summary.txt" ;;
   table) python3 scripts/gpu_defaults_serve.py --table "$OUT" | tee -a "$OUT/summary.txt" ;;
   *) echo "unknown step $s" | tee -a "$OUT/summary.txt" ;;
 esac; done

@@ -92,7 +92,7 @@ PURE_HOST = (
   "jaxserve.device_description",
   "jaxserve.engine.scheduler",
   "jaxserve.engine.waiting_admission",
-  "jaxserve.engine.mixed_steps",
+  "jaxserve.engine.step_budget",
   "jaxserve.engine.decode_burst",
   "jaxserve.engine.prefix_cache_pages",
   "jaxserve.engine.step_plan",

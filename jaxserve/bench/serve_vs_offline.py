@@ -5,8 +5,10 @@
 
 1. bench_offline (LLM.generate's in-process path, streaming each request's final output only)
    on N prompts of `--input-len` token ids, `--output-len` tokens each, greedy, ignore_eos,
-   with the server's device-aware defaults (`--defaults-for serve`: the same scheduler as the
-   servers below, where LLM.generate itself takes the offline defaults).
+   with the server's device-aware defaults (`--offline-defaults serve`: the same scheduler as
+   the servers below, to compare the two paths alone) or LLM.generate's own (`offline`: each
+   path with what it gets with no config); after the servers with `--offline-last` (the
+   servers then start from this run's first, empty, compilation cache).
 2. For each server mode (the multi-process server: an engine core process and
    `--api-server-count` API server processes; then the single-process server,
    `--api-server-count 0`: the engine core on a thread beside one API server): `jaxserve serve`
@@ -16,14 +18,18 @@
    b. a rate sweep (`--sweep-rates`, `--sweep-input-len` / `--sweep-output-len`,
       `--sweep-range-ratio`): rate x `--sweep-seconds` prompts per finite rate,
       `--sweep-inf-prompts` at inf;
-   c. single-stream: `--single-stream-prompts` requests one at a time (TPOT of one sequence).
+   c. single-stream: `--single-stream-prompts` requests one at a time (TPOT of one sequence;
+      0: none, and no weight-read time below).
+   Each server's start records its step programs and the seconds from the warmup's start to
+   the last one compiled (/metrics).
    During each run the CPU use of every server process (supervisor, core, api-K) is recorded
    (bench/process_cpu.py), to see how busy each one is.
 3. The weight-read time: the checkpoint's weight bytes (a mixture of experts': those one decode
    token reads, bench/active_weights.py) over the device's measured copy bandwidth (a jitted
    copy of a 4 GiB array, read + write), the floor of a single stream's TPOT.
 4. One JSON, the throughput-latency plot of both servers' sweeps, and a table on stdout
-   (bench/serve_vs_offline_table.py).
+   (bench/serve_vs_offline_table.py; `--short-table`: one row per load, also written to
+   short_table.md).
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from jaxserve.bench.flags import standalone_parser
 from jaxserve.bench.latency_stats import format_table, summarize
 from jaxserve.bench.process_cpu import CpuMeter
 from jaxserve.bench.serve_client import ServeBenchConfig
-from jaxserve.bench.serve_vs_offline_table import table
+from jaxserve.bench.serve_vs_offline_table import short_table, table
 from jaxserve.bench.server_process import ServerProcess
 from jaxserve.core.supervisor import default_api_server_count
 from jaxserve.tools.json_file import write_json
@@ -71,6 +77,19 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument("--sweep-seconds", type=float, default=30.0)
   parser.add_argument("--sweep-inf-prompts", type=int, default=500)
   parser.add_argument("--single-stream-prompts", type=int, default=8)
+  parser.add_argument(
+    "--offline-defaults",
+    choices=["serve", "offline"],
+    default="serve",
+    help="bench_offline's device-aware defaults: the servers' scheduler (serve) or "
+    "LLM.generate's own (offline)",
+  )
+  parser.add_argument(
+    "--offline-last", action="store_true", help="run bench_offline after the servers"
+  )
+  parser.add_argument(
+    "--short-table", action="store_true", help="print (and write) the one-row-per-load table"
+  )
   parser.add_argument(
     "--client-processes",
     type=int,
@@ -114,7 +133,7 @@ def run_offline(args, out_dir: Path) -> dict:
       str(args.output_len),
       "--no-stream",
       "--defaults-for",
-      "serve",  # the server's scheduler, so the two runs differ by their path alone
+      args.offline_defaults,  # serve: the server's scheduler, the two runs differ by path alone
       "--log-level",
       "WARNING",
       "--out",
@@ -178,6 +197,9 @@ def start_server(args, count: int, log_path: Path) -> tuple[ServerProcess, dict[
   try:
     started = {"health_s": server.wait_healthy(args.start_timeout_s)}
     started["all_api_servers_s"] = server.wait_api_servers(max(1, count), args.start_timeout_s)
+    values = server.metrics()
+    started["programs"] = values.get("jaxserve_step_programs_total", 0.0)
+    started["programs_compile_s"] = values.get("jaxserve_step_programs_compile_seconds", 0.0)
   except RuntimeError:
     server.stop(timeout=10)
     raise
@@ -251,6 +273,8 @@ def bench_server(args, server: ServerProcess, count: int, pool: list[int]) -> di
       token_ids=pool,
     )
     result["sweep"].append(run_load(url, name, requests, rate, processes=k, meter=meter))
+  if args.single_stream_prompts < 1:
+    return result
   single = random_requests(
     args.single_stream_prompts, args.sweep_input_len, args.sweep_output_len, seed=2, token_ids=pool
   )
@@ -264,14 +288,10 @@ def main(argv=None) -> int:
   args = parse_args(argv)
   out_dir = Path(args.out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  result = {
-    "model": args.model,
-    "config": args.config,
-    "args": vars(args),
-    "offline": run_offline(args, out_dir),
-    "weight_read": weight_read(args.model),
-    "servers": {},
-  }
+  result = {"model": args.model, "config": args.config, "args": vars(args), "servers": {}}
+  if not args.offline_last:
+    result["offline"] = run_offline(args, out_dir)
+  result["weight_read"] = weight_read(args.model) if args.single_stream_prompts > 0 else {}
   name, pool = vocabulary(args.model)
   for mode in args.modes.split(","):
     count = MODES[mode] if mode != "multi-process" else args.api_server_count
@@ -282,6 +302,8 @@ def main(argv=None) -> int:
     finally:
       result["servers"].get(mode, {})["exit_code"] = server.stop()
     write_json(out_dir / "serve_vs_offline.json", result)  # what is done survives a cut run
+  if args.offline_last:
+    result["offline"] = run_offline(args, out_dir)
   write_json(out_dir / "serve_vs_offline.json", result)
   plots.sweep_curves(
     {mode: s["sweep"] for mode, s in result["servers"].items()},
@@ -289,7 +311,11 @@ def main(argv=None) -> int:
     title=f"{os.path.basename(args.model)}: {args.sweep_input_len} in / "
     f"{args.sweep_output_len} out, range ratio {args.sweep_range_ratio}",
   )
-  print(table(result))
+  if args.short_table:
+    (out_dir / "short_table.md").write_text(short_table(result) + "\n")
+    print(short_table(result))
+  else:
+    print(table(result))
   failed = sum(s["burst"]["metrics"]["failed"] for s in result["servers"].values())
   return 0 if failed == 0 else 1
 

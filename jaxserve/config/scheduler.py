@@ -28,6 +28,11 @@ class SchedulerConfig:
   prompts' chunks and admissions; None: whatever the budget leaves), so a full batch's steps
   that also prefill run a bounded time longer than decode-only ones and streams' gaps between
   tokens stay even while prompts arrive; prompts then take more steps (engine/scheduler.py).
+  latency_batched_tokens: L; with L < max_num_batched_tokens (B) the step's token budget follows
+  the load (engine/step_budget.py): a step carries at most L tokens, or a larger rung of the token
+  ladder (up to B) when few requests decode and the prompts at hand fill that rung; the token
+  ladder is dense up to L and its rungs above L pair with the largest sequence rung only
+  (messages/buckets.py). None: every step may carry B tokens (a fixed budget, vLLM's).
   pool_seq_rungs: once the KV pool is sized, add sequence rungs where it bounds the batch (the
   max_model_len sequences it holds, twice and four times that; BucketSet.with_pool_rungs), so a
   sparse ladder does not pad a KV-bound batch to its largest rung.
@@ -47,6 +52,7 @@ class SchedulerConfig:
   bucket_padding: float = 0.5
   pool_seq_rungs: bool = False
   mixed_step_prefill_tokens: int | None = None
+  latency_batched_tokens: int | None = None
   policy: str = "fcfs"
 
   def __post_init__(self) -> None:
@@ -85,6 +91,18 @@ class SchedulerConfig:
       or (isinstance(self.mixed_step_prefill_tokens, int) and self.mixed_step_prefill_tokens >= 1),
       "scheduler.mixed_step_prefill_tokens",
       f"must be null or an integer >= 1, got {self.mixed_step_prefill_tokens!r}",
+    )
+    latency = self.latency_batched_tokens
+    _require(
+      latency is None
+      or (
+        isinstance(latency, int)
+        and not isinstance(latency, bool)
+        and self.max_num_seqs <= latency <= self.max_num_batched_tokens
+      ),
+      "scheduler.latency_batched_tokens",
+      f"must be null or an integer in [max_num_seqs ({self.max_num_seqs}), "
+      f"max_num_batched_tokens ({self.max_num_batched_tokens})], got {latency!r}",
     )
     for name in ("seq_buckets", "token_buckets"):
       value = getattr(self, name)

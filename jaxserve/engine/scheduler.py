@@ -23,9 +23,12 @@ work. Decodes then wait while prompts can be admitted (bounded by max_num_seqs a
 which spends fewer steps on a batch of prompts: the decode rows of a mixed step cost their
 attention and sampling, and do not shorten the decoding that follows the last prompt.
 
-Mixed steps (config.mixed_step_prefill_tokens): a step in which running requests decode may
-carry fewer prompt tokens than the budget allows (engine/mixed_steps.py states the rule); the
-first prefill chunk planned still gets at least one token, so the progress argument holds.
+The step budget (engine/step_budget.py states the rule): each step's token budget and its
+prompt tokens at most, from the number of running requests that decode and the prompt work at
+hand: max_num_batched_tokens for a fixed budget (fewer prompt tokens while requests decode with
+config.mixed_step_prefill_tokens), or with config.latency_batched_tokens a budget that follows
+the load. Every decode fits it, and the first prefill chunk planned still gets at least one
+token, so the progress argument holds.
 
 Decode bursts (num_scheduler_steps = K > 1): when no request waits for admission (or none could
 be admitted: max_num_seqs are running), the step is first offered to engine/decode_burst.py,
@@ -69,11 +72,11 @@ from ..messages.scheduled_batch import ScheduledBatch
 from .admission import check_length
 from .decode_burst import schedule_burst
 from .kv_groups import KVGroupPages
-from .mixed_steps import is_decoding, prefill_budget_of
 from .page_allocator import PageAllocator
 from .prefix_cache_pages import PrefixCachePages
 from .request import Request, RequestStatus
 from .request_queue import RequestQueue, request_queue
+from .step_budget import StepBudget, StepLimit, is_decoding, prompt_work
 from .step_plan import PlannedChunk, build_step_batch
 from .waiting_admission import WaitingAdmission
 
@@ -110,6 +113,7 @@ class Scheduler:
     self._windows = bool(layout.windows)
     self._prefix_cache = PrefixCachePages(self._pages, config.enable_prefix_caching)
     self._admission = WaitingAdmission(config, self._pages, self._prefix_cache)
+    self._budget = StepBudget.of(config)
     self._waiting: RequestQueue = request_queue(config.policy)
     self._running: list[Request] = []
     self._requests: dict[str, Request] = {}
@@ -195,15 +199,28 @@ class Scheduler:
     """Step 1 and 2 of the module docstring; None if prefills_only and nothing was planned."""
     planned: list[PlannedChunk] = []
     preempted_ids: list[str] = []
-    prefill_budget = prefill_budget_of(self.config, self._running, prefills_only)
     budget, prefill_budget = self._schedule_running(
-      planned, preempted_ids, prefill_budget, prefills_only
+      planned, preempted_ids, self._step_limit(prefills_only), prefills_only
     )
     if not preempted_ids:
       self._admission.admit(self._waiting, self._running, planned, min(budget, prefill_budget))
     if prefills_only and not planned:
       return None
     return build_step_batch(planned, preempted_ids, self._pages.num_groups)
+
+  def _step_limit(self, prefills_only: bool) -> StepLimit:
+    """This step's token budget and prompt tokens at most (engine/step_budget.py)."""
+    budget = self._budget
+    counted = budget.counts_decoding and not prefills_only
+    decoding = sum(map(is_decoding, self._running)) if counted else 0
+    largest = budget.largest_allowed(decoding)
+    work = whole = 0
+    if largest > budget.latency_tokens:  # a wide rung is allowed: is there the work?
+      free_slots = self.config.max_num_seqs - len(self._running)
+      work = prompt_work(self._running, self._waiting, free_slots, largest - decoding)
+      if not self.config.enable_chunked_prefill and self._waiting and free_slots > 0:
+        whole = self._waiting.peek().num_tokens  # admitted whole, or not at all
+    return budget.limit(decoding, work, prefills_only, whole)
 
   def _validate(self, request: Request) -> None:
     request_id, num_prompt = request.request_id, request.num_prompt_tokens
@@ -245,15 +262,12 @@ class Scheduler:
     self,
     planned: list[PlannedChunk],
     preempted_ids: list[str],
-    prefill_budget: int,
+    limit: StepLimit,
     prefills_only: bool = False,
   ) -> tuple[int, int]:
     """Step 1: the running requests' chunks; returns the token and prompt-token budgets left."""
-    budget, max_num_seqs, page_size = (
-      self.config.max_num_batched_tokens,
-      self.config.max_num_seqs,
-      self.page_size,
-    )
+    budget, prefill_budget = limit.tokens, limit.prompt_tokens
+    max_num_seqs, page_size = self.config.max_num_seqs, self.page_size
     index = 0
     while index < len(self._running) and budget > 0 and len(planned) < max_num_seqs:
       request = self._running[index]

@@ -8,6 +8,13 @@ and the device compiles and pads to it. Plain data, no jax.
 The default ladders are geometric from the config's limits: each rung at most 1 / (1 -
 bucket_padding) times the one below (bucket_padding 0.5: powers of two), so a batch one past a
 rung is padded by at most a bucket_padding share of its bucket; `padding_waste` states it.
+
+Wide rungs (scheduler.latency_batched_tokens = L below max_num_batched_tokens B): the token
+ladder is dense (geometric) up to L and grows on from L to B by the same factor; a token rung
+above L (`BucketSet.wide_above`) pairs with the largest sequence rung only, so each costs one
+bucket, not one per sequence rung. A step that large carries prompt chunks, where padding its
+sequence count costs little beside its tokens, and the step budget (engine/step_budget.py)
+takes such a rung only when the step fills it.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ class BucketLimits(Protocol):
   seq_buckets: tuple[int, ...] | None
   token_buckets: tuple[int, ...] | None
   bucket_padding: float
+  latency_batched_tokens: int | None
 
 
 @dataclass(frozen=True, order=True)
@@ -56,21 +64,32 @@ def geometric_ladder(start: int, limit: int, padding: float) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class BucketSet:
-  """Sequence-count and token-count ladders; a bucket is any pair with num_tokens >= num_seqs."""
+  """Sequence-count and token-count ladders; a bucket is any pair with num_tokens >= num_seqs,
+  except that a token rung above wide_above (None: none is) pairs with the largest sequence rung
+  only (module docstring)."""
 
   seq_buckets: tuple[int, ...]
   token_buckets: tuple[int, ...]
+  wide_above: int | None = None
 
   @classmethod
   def from_config(cls, config: BucketLimits) -> "BucketSet":
-    padding = config.bucket_padding
+    padding, limit = config.bucket_padding, config.max_num_batched_tokens
+    dense = config.latency_batched_tokens or limit  # the dense ladder's top
     seq = config.seq_buckets or geometric_ladder(
       min(MIN_SEQ_BUCKET, config.max_num_seqs), config.max_num_seqs, padding
     )
-    tokens = config.token_buckets or geometric_ladder(
-      min(MIN_TOKEN_BUCKET, config.max_num_batched_tokens), config.max_num_batched_tokens, padding
+    tokens = config.token_buckets or (
+      geometric_ladder(min(MIN_TOKEN_BUCKET, dense), dense, padding)
+      + geometric_ladder(dense, limit, padding)[1:]
     )
-    return cls(tuple(seq), tuple(tokens))
+    return cls(tuple(seq), tuple(tokens), dense if dense < limit else None)
+
+  def wide_rungs(self) -> tuple[int, ...]:
+    """The token rungs above wide_above, smallest first (none without it)."""
+    if self.wide_above is None:
+      return ()
+    return tuple(t for t in self.token_buckets if t > self.wide_above)
 
   def with_pool_rungs(self, capacity: int) -> "BucketSet":
     """This set with sequence rungs where a KV pool that holds `capacity` sequences of the
@@ -86,13 +105,17 @@ class BucketSet:
       index = bisect.bisect_left(ladder, rung)
       if index < len(ladder) and ladder[index] > rung * POOL_RUNG_GAP:
         ladder.insert(index, rung)
-    return BucketSet(tuple(ladder), self.token_buckets)
+    return BucketSet(tuple(ladder), self.token_buckets, self.wide_above)
 
   def pick(self, num_seqs: int, num_tokens: int, ready: Collection[Bucket] | None = None) -> Bucket:
     """The smallest bucket holding num_seqs sequences and num_tokens tokens; with `ready`, the
     smallest of those (fewest tokens, then fewest sequences: a step's cost follows its tokens)."""
     seqs = self._ceil(self.seq_buckets, num_seqs, "num_seqs")
-    smallest = Bucket(seqs, self._ceil(self.token_buckets, max(num_tokens, seqs), "num_tokens"))
+    tokens = self._ceil(self.token_buckets, max(num_tokens, seqs), "num_tokens")
+    if self.wide_above is not None and tokens > self.wide_above:  # a wide rung
+      seqs = self.seq_buckets[-1]
+      tokens = self._ceil(self.token_buckets, max(num_tokens, seqs), "num_tokens")
+    smallest = Bucket(seqs, tokens)
     if ready is None or smallest in ready:
       return smallest
     fits = [b for b in ready if b.num_seqs >= seqs and b.num_tokens >= smallest.num_tokens]
@@ -120,10 +143,13 @@ class BucketSet:
     return ladder[index]
 
   def describe(self) -> str:
+    wide = self.wide_rungs()
+    dense = self.token_buckets[: len(self.token_buckets) - len(wide)]
     return (
-      f"seqs {list(self.seq_buckets)} x tokens {list(self.token_buckets)} "
-      f"({len(self.all())} buckets; {padding_waste(self.seq_buckets):.0%} / "
-      f"{padding_waste(self.token_buckets):.0%} padding at most)"
+      f"seqs {list(self.seq_buckets)} x tokens {list(dense)}"
+      + (f", wide {list(wide)} x seqs {self.seq_buckets[-1]}" if wide else "")
+      + f" ({len(self.all())} buckets; {padding_waste(self.seq_buckets):.0%} / "
+      f"{padding_waste(dense):.0%} padding at most)"
     )
 
 

@@ -23,7 +23,11 @@ EIGHT_H100 = DeviceDescription("gpu", "9.0", "NVIDIA H100 80GB HBM3", 80 * GIB, 
 V5E_1 = DeviceDescription("tpu", None, "TPU v5 lite", 16 * GIB)
 V6E_8 = DeviceDescription("tpu", None, "TPU v6 lite", 32 * GIB, 8)
 
-SERVE_LARGE = {"scheduler.max_num_seqs": 256, "scheduler.max_num_batched_tokens": 2048}
+SERVE_LARGE = {  # the step budget follows the load: 2,048 tokens, up to 8,192 while few decode
+  "scheduler.max_num_seqs": 512,
+  "scheduler.max_num_batched_tokens": 8192,
+  "scheduler.latency_batched_tokens": 2048,
+}
 OFFLINE_LARGE = {  # configs/h100-offline.yaml's scheduler
   "scheduler.max_num_seqs": 512,
   "scheduler.max_num_batched_tokens": 8192,
@@ -41,7 +45,7 @@ TPU_PAGE = {"cache.page_size": 32}
   [
     (CPU, Usage.SERVE, {"scheduler.max_num_seqs": 64, "scheduler.max_num_batched_tokens": 512}),
     (CPU, Usage.OFFLINE, {"scheduler.max_num_seqs": 64, "scheduler.max_num_batched_tokens": 512}),
-    (H100, Usage.SERVE, SERVE_LARGE),  # the serving limits measured best on an H100
+    (H100, Usage.SERVE, SERVE_LARGE),
     (H100, Usage.OFFLINE, OFFLINE_LARGE),
     (H200, Usage.SERVE, SERVE_LARGE),
     (H200, Usage.OFFLINE, OFFLINE_LARGE),
@@ -49,9 +53,21 @@ TPU_PAGE = {"cache.page_size": 32}
     (
       A100_40,
       Usage.SERVE,
-      {"scheduler.max_num_seqs": 128, "scheduler.max_num_batched_tokens": 1024},
+      {
+        "scheduler.max_num_seqs": 256,
+        "scheduler.max_num_batched_tokens": 4096,
+        "scheduler.latency_batched_tokens": 1024,
+      },
     ),
-    (L4, Usage.SERVE, {"scheduler.max_num_seqs": 64, "scheduler.max_num_batched_tokens": 512}),
+    (
+      L4,
+      Usage.SERVE,
+      {
+        "scheduler.max_num_seqs": 128,
+        "scheduler.max_num_batched_tokens": 2048,
+        "scheduler.latency_batched_tokens": 512,
+      },
+    ),
     (
       L4,
       Usage.OFFLINE,
@@ -119,6 +135,19 @@ def test_an_explicit_setting_wins():
     load_config(None, ["scheduler.max_num_batched_tokens=128"]), H100, Usage.SERVE
   )
   assert (resolved.scheduler.max_num_seqs, resolved.scheduler.max_num_batched_tokens) == (128, 128)
+  assert resolved.scheduler.latency_batched_tokens is None  # vLLM's flag: a fixed budget
+  resolved, applied = apply_device_defaults(
+    load_config(None, ["scheduler.max_num_seqs=64"]), H100, Usage.SERVE
+  )  # beside the user's sequence limit, the latency budget as a fixed one
+  assert (resolved.scheduler.max_num_seqs, resolved.scheduler.max_num_batched_tokens) == (64, 2048)
+  assert resolved.scheduler.latency_batched_tokens is None
+  assert [(c.key, c.value) for c in applied] == [("scheduler.max_num_batched_tokens", 2048)]
+  own = ["scheduler.max_num_seqs=256", "scheduler.latency_batched_tokens=512"]
+  resolved, _ = apply_device_defaults(load_config(None, own), H100, Usage.SERVE)
+  assert (resolved.scheduler.max_num_batched_tokens, resolved.scheduler.latency_batched_tokens) == (
+    8192,
+    512,
+  )  # the user's own latency budget under the rule's largest step
   tpu, _ = apply_device_defaults(config, V6E_8, Usage.SERVE)
   assert tpu.cache.page_size == 16
 
@@ -149,3 +178,20 @@ def test_the_engine_runs_with_the_defaults_and_logs_them(caplog):
   logged = [r.getMessage() for r in caplog.records if "defaults for" in r.getMessage()]
   assert len(logged) == 1 and "1 x cpu (cpu), offline" in logged[0]
   assert "scheduler.max_num_seqs=64 (CPU: tests and development)" in logged[0]
+
+
+def test_the_serve_default_keeps_the_step_programs_few():
+  """A large GPU's server compiles 83 step programs: the 72 of 256 sequences / 2,048 tokens (39
+  buckets' forwards, 4 sampler modes x 6 sequence rungs, 9 prompt-logprob programs), the 512
+  rung's 3 forwards and 4 samplers, and a forward and a prompt-logprob program per wide rung
+  (4,096, 8,192); a dense ladder to 8,192 tokens would compile 95."""
+  from jaxserve.device.program_groups import program_groups
+  from jaxserve.messages.buckets import BucketSet
+
+  def programs(scheduler: SchedulerConfig) -> int:
+    return sum(len(g.programs) for g in program_groups(BucketSet.from_config(scheduler), False))
+
+  serve, _ = apply_device_defaults(EngineConfig(), H200, Usage.SERVE)
+  assert programs(serve.scheduler) == 83
+  assert programs(SchedulerConfig(256, 2048)) == 72
+  assert programs(SchedulerConfig(512, 8192)) == 95

@@ -30,6 +30,7 @@ from jaxserve.engine.batch_builder import PLACEHOLDER_TOKEN_ID
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request, RequestStatus
 from jaxserve.engine.scheduler import Scheduler
+from jaxserve.engine.step_budget import StepBudget
 from jaxserve.messages.kv_layout import KVGroupSpec, KVLayout
 from jaxserve.messages.scheduled_batch import ScheduledBatch
 from jaxserve.sampling_params import SamplingParams
@@ -62,6 +63,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     burst_steps=st.sampled_from([1, 1, 2, 3]),
     prefill_first=st.booleans(),
     mixed_cap=st.sampled_from([None, None, 1, 2, 3]),
+    latency_room=st.sampled_from([None, None, 0, 1, 3]),
     windows=st.sampled_from([(), (), (1,), (3,), (5,), (2, 2), (3, 6)]),
   )
   def setup(
@@ -77,6 +79,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     burst_steps,
     prefill_first,
     mixed_cap,
+    latency_room,
     windows,
   ):
     budget = max_num_seqs + extra_budget
@@ -88,7 +91,11 @@ class SchedulerMachine(RuleBasedStateMachine):
       num_scheduler_steps=burst_steps,
       prefill_first=prefill_first,
       mixed_step_prefill_tokens=None if mixed_cap is None else min(mixed_cap, budget),
+      latency_batched_tokens=None
+      if latency_room is None
+      else min(max_num_seqs + latency_room, budget),
     )
+    self.step_budget = StepBudget.of(self.config)
     self.allocator = PageAllocator(num_pages, page_size, prefix_caching)
     groups = (KVGroupSpec(None, (0,)),) + tuple(
       KVGroupSpec(window, (g,)) for g, window in enumerate(windows, 1)
@@ -290,8 +297,10 @@ class SchedulerMachine(RuleBasedStateMachine):
 
   def _check_mixed_step(self, batch: ScheduledBatch, waiting_ids: set[str]) -> None:
     """A step in which D requests decode carries at most max(mixed_step_prefill_tokens, budget x
-    (max_num_seqs - D) / max_num_seqs) prompt tokens. A decode: a running request's one-token
-    query past its prompt that samples (an admission never is)."""
+    (max_num_seqs - D) / max_num_seqs) prompt tokens, and no more tokens than the step budget
+    allows D decoding streams (engine/step_budget.py; D here counts the batch's decodes, at
+    most the scheduler's D, so the bound is never tighter). A decode: a running request's
+    one-token query past its prompt that samples (an admission never is)."""
     cap = self.config.mixed_step_prefill_tokens
     decodes = [
       s
@@ -304,6 +313,10 @@ class SchedulerMachine(RuleBasedStateMachine):
     if cap is not None and decodes and batch.num_steps == 1:
       budget, slots = self.config.max_num_batched_tokens, self.config.max_num_seqs
       assert batch.num_tokens - len(decodes) <= max(cap, budget * (slots - len(decodes)) // slots)
+    if batch.num_steps == 1:  # no more tokens than the streams allow (the rule's D bound it)
+      assert batch.num_tokens <= self.step_budget.largest_allowed(len(decodes))
+      if batch.num_tokens > self.step_budget.latency_tokens:
+        event("a step on a wide rung")
 
   def _record_events(self, batch: ScheduledBatch, waiting_ids: set[str]) -> None:
     if batch.preempted_request_ids:

@@ -26,6 +26,7 @@ def small_config(
   num_scheduler_steps: int = 1,
   prefill_first: bool = False,
   pool_seq_rungs: bool = False,
+  latency_batched_tokens: int | None = None,
   **fields,
 ) -> EngineConfig:
   return EngineConfig(
@@ -43,6 +44,7 @@ def small_config(
       num_scheduler_steps=num_scheduler_steps,
       prefill_first=prefill_first,
       pool_seq_rungs=pool_seq_rungs,
+      latency_batched_tokens=latency_batched_tokens,
     ),
     **fields,
   )

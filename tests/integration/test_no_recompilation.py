@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxserve.sampling_params import SamplingParams
-from tests.integration.engine_helpers import small_engine
+from tests.integration.engine_helpers import run_to_completion, small_engine
 
 
 def _random_params(rng: np.random.Generator) -> SamplingParams:
@@ -68,6 +68,31 @@ def test_randomized_workload_of_200_requests_compiles_nothing_after_warmup():
   assert finished == 200
   assert engine.ledger.num_compilations == compiled_at_warmup
   assert engine.stats().num_used_pages == 0
+
+
+def test_a_step_budget_that_follows_the_load_compiles_nothing_after_warmup():
+  """Latency budget 16 of 64 tokens: the 64 rung pairs with 8 sequences only (buckets 2 x 16,
+  8 x 16, 8 x 64). Long prompts arrive beside decoding requests; the wide rung runs, every step
+  in a warmed bucket."""
+  engine = small_engine(
+    num_pages=96,
+    max_model_len=256,
+    seq_buckets=(2, 8),
+    token_buckets=(16, 64),
+    latency_batched_tokens=16,
+    warmup="full",
+  )
+  compiled_at_warmup = engine.ledger.num_compilations
+  rng = np.random.default_rng(7)
+  params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=6)
+  for i in range(24):
+    engine.add_request(rng.integers(1, 256, size=int(rng.integers(1, 120))).tolist(), params)
+    if i % 3 == 0:
+      engine.step()
+  run_to_completion(engine)
+  assert engine.ledger.num_compilations == compiled_at_warmup
+  wide = {b for b in engine.timings.per_bucket if b[1] > 16}
+  assert wide and all(seqs == 8 for seqs, _ in wide)
 
 
 def test_mixture_of_experts_compiles_nothing_after_warmup(hf_checkpoint):
