@@ -24,7 +24,7 @@ from jaxserve.core.messages import ClientGone, StepOutputs, ToCore
 from jaxserve.core.router import bind_router, core_address, remove_address
 from jaxserve.tokenizer.byte_tokenizer import byte_level_tokenizer
 
-DETACH_TIMEOUT_S = 10.0
+DETACH_TIMEOUT_S = 30.0  # a spawned child imports jaxserve first: seconds on a loaded machine
 
 
 class _Core:
