@@ -91,31 +91,43 @@ def no_persistent_compilation_cache():
 
 
 # The files that take longest on the 2-core CPU machine (a test run's --durations, summed per
-# file; docs/PERFORMANCE.md "The test suite"), longest first. They are collected first, so the
+# file; docs/PERFORMANCE.md "The test suite"; here run F's of "A fresh machine", with the cheaper
+# drain, soak and TPU compile tests since), longest first. They are collected first, so the
 # parallel workers start them at once and the run does not end with one worker on a long file.
 SLOW_FILES_FIRST = (
   "tests/parallel/test_mesh_suite.py",
   "tests/tpu_aot/test_compile_tpu.py",
+  "tests/server/test_drain.py",
   "tests/bench/test_soak.py",
+  "tests/server/test_data_parallel.py",
+  "tests/server/test_admission.py",
+  "tests/server/test_process_faults.py",
+  "tests/bench/test_serve_vs_offline.py",
   "tests/integration/test_batch_invariant_mode.py",
-  "tests/server/test_slow_clients.py",
-  "tests/pallas_kernels/test_gpu_program_map.py",
-  "tests/integration/test_kernel_engines_interpret.py",
   "tests/integration/test_structured_outputs.py",
+  "tests/integration/test_kernel_engines_interpret.py",
   "tests/bench/test_batch_invariance_bench.py",
+  "tests/bench/test_gpu_dp_script.py",
+  "tests/server/test_slow_clients.py",
+  "tests/bench/test_bench_server_startup.py",
+  "tests/tools/test_quantized_tools.py",
+  "tests/server/test_lm_eval.py",
+  "tests/integration/test_no_recompilation.py",
+  "tests/investigations/test_bench_kernels.py",
+  "tests/parallel/test_multihost.py",
+  "tests/pallas_kernels/test_attention_batch_invariance.py",
+  "tests/device/test_compile_cache_restart.py",
+  "tests/engine/test_scheduler_properties.py",
+  "tests/pallas_kernels/test_gpu_program_map.py",
   "tests/integration/test_hf_parity.py",
   "tests/investigations/test_profile_step.py",
   "tests/integration/test_decode_bursts.py",
   "tests/integration/test_batch_invariance.py",
   "tests/integration/test_async_scheduling.py",
   "tests/pallas_kernels/test_tpu_kernel.py",
-  "tests/server/test_admission.py",
   "tests/integration/test_quantized_features.py",
-  "tests/tools/test_quantized_tools.py",
   "tests/server/test_stop_signals.py",
   "tests/server/test_quantized_server.py",
-  "tests/server/test_process_faults.py",
-  "tests/server/test_lm_eval.py",
   "tests/tpu_aot/test_layouts.py",
   "tests/server/test_vllm_metrics.py",
 )

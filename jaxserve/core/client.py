@@ -147,6 +147,7 @@ class CoreClient:
     self._loop: asyncio.AbstractEventLoop | None = None
     self._context: zmq.asyncio.Context | None = None
     self._socket: zmq.asyncio.Socket | None = None
+    self._monitor: zmq.asyncio.Socket | None = None  # the socket's monitor (_close_monitor)
     self._tasks: list[asyncio.Task] = []
 
   # -- what the handlers use ------------------------------------------------------------------
@@ -257,7 +258,7 @@ class CoreClient:
     self._socket.setsockopt(zmq.LINGER, 0)
     self._socket.setsockopt(zmq.SNDHWM, 0)  # never drop or refuse a message (core/router.py)
     self._socket.setsockopt(zmq.RCVHWM, 0)
-    monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    monitor = self._monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     self._socket.connect(self._address)
     self._send(Hello())
     self._attached = True
@@ -265,7 +266,7 @@ class CoreClient:
       first = await asyncio.wait_for(self._socket.recv(), self._connect_timeout_s)
     except asyncio.TimeoutError:
       self._fail(f"the engine core at {self._address} did not answer")
-      monitor.close()
+      self._close_monitor()
       return
     self._receive_message(self._decoder.decode(first))
     self._tasks = [
@@ -282,9 +283,21 @@ class CoreClient:
       self._socket.setsockopt(zmq.LINGER, 1000)
     self._attached = False
     if self._socket is not None:
-      self._socket.disable_monitor()
+      self._close_monitor()  # the watcher's finally did, unless it never ran
       self._socket.close()
       self._context.term()
+
+  def _close_monitor(self) -> None:
+    """Stops the socket's monitor, then closes the monitor's socket (once). In this order only:
+    libzmq's I/O thread sends each event (the core's end closing) to the monitor's PAIR socket
+    with a blocking send, holding the socket's monitor lock; once that PAIR is closed such a send
+    blocks for ever, and so would disable_monitor() (holding the GIL) and close() after it: a
+    core that exits on this client's ClientGone would hang detach()."""
+    if self._monitor is None:
+      return
+    self._socket.disable_monitor()
+    self._monitor.close()
+    self._monitor = None
 
   # -- the event loop's tasks ------------------------------------------------------------------
   async def _receive(self) -> None:
@@ -306,7 +319,7 @@ class CoreClient:
           self._fail("the engine core process stopped")
           return
     finally:
-      monitor.close()
+      self._close_monitor()
 
   def _receive_message(self, message: StepOutputs | CoreFailed | ControlDone) -> None:
     if isinstance(message, CoreFailed):

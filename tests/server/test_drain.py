@@ -33,7 +33,8 @@ def _write_config(
 ) -> None:
   """server.yaml of a one-bucket tiny server on the run's XLA cache. warmup "full" (the drain
   tests) compiles every program before /health says ready; "lazy" each on first use, for tests
-  whose requests need a few of them and that send no signal while a step could still compile."""
+  whose requests need a few of them (or none) and that send no signal while a step could still
+  compile."""
   cache_dir = os.environ["JAXSERVE_TEST_XLA_CACHE"]  # the run's cache (tests/conftest.py)
   config = {
     "model": model,
@@ -303,13 +304,22 @@ LARGE_VOCAB_SHAPE = ModelConfig(
 )
 
 
-def test_sigterm_while_api_processes_start_stops_every_process(tmp_path):
+@pytest.fixture(scope="module")
+def large_vocab_checkpoint(tmp_path_factory) -> str:
+  """LARGE_VOCAB_SHAPE's random checkpoint, shared by the tests of this module."""
+  directory = tmp_path_factory.mktemp("large-vocab") / "ckpt"
+  return str(build_random_checkpoint(LARGE_VOCAB_SHAPE, directory, seed=0))
+
+
+def test_sigterm_while_api_processes_start_stops_every_process(tmp_path, large_vocab_checkpoint):
   """The signal arrives right after the supervisor bound the port, while it spawns the API
-  processes: no further process starts, every started one drains (or dies of the signal while
-  importing), and the supervisor exits 0. It used to wait forever for the API processes it
+  processes (no request runs: the core compiles nothing, warmup lazy): no further process
+  starts, every started one drains (or dies of the signal while importing), and the supervisor
+  exits 0. It used to wait forever for the API processes it
   spawned after the signal (seen on an H100 with an 8B checkpoint)."""
-  checkpoint = build_random_checkpoint(LARGE_VOCAB_SHAPE, tmp_path / "ckpt", seed=0)
-  process, _ = _start_server(tmp_path, "INFO", api_server_count=4, model=str(checkpoint))
+  process, _ = _start_server(
+    tmp_path, "INFO", api_server_count=4, model=large_vocab_checkpoint, warmup="lazy"
+  )
   try:
     for line in process.stdout:
       if "Uvicorn running on" in line:  # bind_socket's line: the spawning starts now
@@ -324,16 +334,21 @@ def test_sigterm_while_api_processes_start_stops_every_process(tmp_path):
   assert "Traceback" not in output, output
 
 
-def test_api_processes_start_side_by_side(tmp_path):
+def test_api_processes_start_side_by_side(tmp_path, large_vocab_checkpoint):
   """The supervisor has spawned all 4 API processes before the first one serves: none waits
   for another's imports (they did when the 1.6 MB tokenizer went through the spawn pipe: on an
   H100 host the 4th served 1.8-1.9 s after the 1st). /metrics counts them once all serve.
   Stopped idle by SIGTERM to its whole process group (as `timeout` sends it, and systemd to its
   cgroup), it logs no ERROR: the engine core, which gets the signal too, waits for the API
-  servers to go (it used to stop first, and each logged that the core had stopped)."""
-  checkpoint = build_random_checkpoint(LARGE_VOCAB_SHAPE, tmp_path / "ckpt", seed=0)
+  servers to go (it used to stop first, and each logged that the core had stopped). No request
+  runs, so the core compiles nothing (warmup lazy)."""
   process, url = _start_server(
-    tmp_path, "INFO", api_server_count=4, own_group=True, model=str(checkpoint)
+    tmp_path,
+    "INFO",
+    api_server_count=4,
+    own_group=True,
+    model=large_vocab_checkpoint,
+    warmup="lazy",
   )
   lines = []
   try:

@@ -3,11 +3,12 @@
 libtpu comes with the test extra on Linux x86-64 (pyproject.toml), so there these tests run and
 fail, never skip, without it. Within the CI budget of a 2-core machine they compile: every step
 program (every bucket's forward, every sampler mode, prompt logprobs, decode bursts) of a tp=8
-v5e-8 server with a small scheduler for Llama 3.2 1B cut to 2 layers and a 32,000-token
+v5e-8 server with a small scheduler for Llama 3.2 1B cut to 2 layers and a 1,024-token
 vocabulary (every kind of program; the forward's compile time grows with the layers and the
-sampling programs' sorts with the vocabulary); the shipped v5e-8 config's largest bucket for
-Llama 3.1 8B cut to 2 layers (128k vocabulary; its forward, prompt logprobs and the greedy and
-fullest sampler modes: `--programs largest`), whose per-chip memory is
+random sampling programs' with the vocabulary: at 32,000 tokens the small server took twice the
+CPU); the shipped v5e-8 config's largest bucket for Llama 3.1 8B cut to 2 layers (its whole 128k
+vocabulary: its forward, prompt logprobs and the greedy and fullest sampler modes, the sorts of a
+real vocabulary: `--programs largest`), whose per-chip memory is
 checked against a hand computation, and the whole 32-layer server's plan (no compile);
 and a config whose weights alone overflow a chip (the message for a total over HBM is checked in
 test_tpu_aot_units.py). Quantized servers: the memory plans of Llama 3.1 70B with int8
@@ -80,7 +81,7 @@ def test_every_program_of_a_small_server_compiles_for_v5e_2x4():
     ],
     "all",
     num_layers=2,
-    vocab_size=32_000,
+    vocab_size=1024,  # the 8B test below compiles the sampler over a real vocabulary
   )
   assert report.topology == "v5e:2x4"
   modes = ["greedy", "penalties+top", "random", "random+penalties+top"]  # SamplerMode.all()
