@@ -17,7 +17,10 @@
 # and the KV pool planned (and whether it allocates) into $OUT/moe_load_<layout>.json. The
 # checkpoint is $MOE if set, else /dev/shm/qwen3moe if it holds one, else /tmp/qwen3moe (built
 # there if absent, a minute or two).
+# ckg12 / ckmoe build the Gemma-3-12B- / Qwen3-30B-A3B-shaped checkpoints in /dev/shm if absent,
+# t<N>_g12 / t<N>_moe start them as t<N>_8b does the 8B.
 # e.g. STEPS="ck8b t0_8b t1_8b" bash scripts/gpu_startup.sh; STEPS="ck8b sl8b" for sleep mode;
+# STEPS="ckg12 t0_g12 ckmoe t0_moe" for the other two rows of the start-up table;
 # STEPS=moeload MOE_LAYOUTS="auto streaming" for the MoE's load in both layouts
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"  # $OUT, $LOGS, the carried wheels, step()
@@ -36,6 +39,10 @@ for s in ${STEPS:-ck8b t0_8b t1_8b}; do case $s in
   ck8b) [ -f /tmp/llama8b/config.json ] || step ck8b python3 -m jaxserve.bench.random_checkpoint llama-3.1-8b /tmp/llama8b ;;
   t*_8b) n=${s#t}; startup "$s" /tmp/llama8b "${n%_8b}" ;;
   t*_8bfp8) n=${s#t}; startup "$s" /tmp/llama8b "${n%_8bfp8}" --set quantization=fp8 --set cache.kv_cache_dtype=fp8 ;;
+  ckg12) [ -f /dev/shm/gemma12b/config.json ] || step ckg12 python3 -m jaxserve.bench.random_checkpoint gemma-3-12b /dev/shm/gemma12b ;;
+  t*_g12) n=${s#t}; startup "$s" /dev/shm/gemma12b "${n%_g12}" ;;
+  ckmoe) [ -f /dev/shm/qwen3moe/config.json ] || step ckmoe python3 -m jaxserve.bench.random_checkpoint qwen3-30b-a3b /dev/shm/qwen3moe ;;
+  t*_moe) n=${s#t}; startup "$s" /dev/shm/qwen3moe "${n%_moe}" ;;
   lp*) IFS=: read -r phase seqs ctx <<< "${s#lp}"
     step "$s" python3 -m investigations.layer_programs --model /tmp/llama8b --max-model-len 2048 \
       --phase "$phase" --num-seqs "$seqs" --context "$ctx" --out "$OUT/layer_programs_${phase}_${seqs}x${ctx}.json"
