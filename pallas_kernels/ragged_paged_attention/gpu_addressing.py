@@ -13,7 +13,7 @@ So an array is addressable when it holds at most 2**31 - 1 elements (int32 offse
 more than 2**32 bytes (int64 offsets). For 16-bit and 32-bit pages that is every size; for
 8-bit pages (one byte an element) an array of 2**31 to 2**32 elements gets int32 offsets that
 wrap: the kernels read and write other pages (docs/DECISIONS.md, "A KV page array past 2**31
-elements"). tests/pallas_kernels/ragged_paged_attention/test_gpu_addressing.py lowers both
+elements"). tests/pallas_kernels/test_gpu_addressing.py lowers both
 kernels for CUDA at such shapes and reads the offsets' type in the Triton module, so a JAX
 release that changes the rule fails there.
 """
