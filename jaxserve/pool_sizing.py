@@ -7,8 +7,10 @@ programs (to measure the largest bucket's scratch), and decides:
    shard on this device), the loader's slack and, on one unsharded device with no explicit
    pool size, the largest bucket's step scratch, measured by compiling that step against a
    2-page pool (plus a quarter, in whole 64 MiB); fitted to the largest free block;
-2. the KVCacheSpec (device/kv_cache.py: cache.num_pages / memory_bytes win), and in a
-   multi-host job the page count every host agrees on;
+2. the KVCacheSpec (device/kv_cache.py: cache.num_pages / memory_bytes win; a layer's page
+   array passes 2**31 elements only where the attention backend's kernels address it, its
+   capabilities' large_page_arrays), and in a multi-host job the page count every host agrees
+   on;
 3. the start-up lines a user acts on: pages and usable tokens, the KV groups of a model with
    sliding windows, the maximum concurrency at max_model_len; and, with
    scheduler.pool_seq_rungs, the sequence rungs the pool's capacity adds to the ladder.
@@ -65,7 +67,14 @@ def size_kv_pool(
       scratch = step_scratch_bytes(config, placement, buckets, shape)
     free_bytes = fit_pool_bytes(free_bytes - scratch, memory.largest_free_bytes, scratch)
   model_config = placement.model.config
-  spec = kv_cache_spec(config, model_config, max_model_len, free_bytes, placement.num_shards)
+  spec = kv_cache_spec(
+    config,
+    model_config,
+    max_model_len,
+    free_bytes,
+    placement.num_shards,
+    placement.attention.capabilities.large_page_arrays,
+  )
   if agree_num_pages is None:
     return spec
   return KVCacheSpec(

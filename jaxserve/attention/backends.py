@@ -96,7 +96,11 @@ def pallas_gpu(interpret: bool = False) -> AttentionBackend:
     gpu.ragged_paged_attention,
     gpu.write_kv,
     BackendCapabilities(
-      BackendKind.PALLAS_GPU, kv_split=True, tile_invariant=False, interpret=interpret
+      BackendKind.PALLAS_GPU,
+      kv_split=True,
+      tile_invariant=False,
+      interpret=interpret,
+      large_page_arrays=not interpret,
     ),
   )
 

@@ -35,7 +35,11 @@ class BackendCapabilities:
   on the rest of the batch (its bucket, batch mates or prompt chunking). dtypes: the KV and
   compute dtypes it runs (config's names; a KV pool of any other dtype is refused before the
   engine takes device memory, attention/backends.check_kv_dtype). sliding_window, soft_cap: it
-  applies them. interpret: the kernel runs in the Pallas interpreter (any platform, slow)."""
+  applies them. interpret: the kernel runs in the Pallas interpreter (any platform, slow).
+  large_page_arrays: its kernels address a layer's page array past 2**31 elements wherever
+  pallas_kernels/ragged_paged_attention/gpu_addressing.addressable holds (the Pallas Triton
+  kernels); the pool of any other backend keeps each array under 2**31 elements
+  (device/kv_cache.py)."""
 
   kind: BackendKind
   kv_split: bool
@@ -44,6 +48,7 @@ class BackendCapabilities:
   sliding_window: bool = True
   soft_cap: bool = True
   interpret: bool = False
+  large_page_arrays: bool = False
 
   def replace(self, **changes) -> BackendCapabilities:
     return dataclasses.replace(self, **changes)

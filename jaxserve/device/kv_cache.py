@@ -9,10 +9,14 @@ share the slots in groups, so a page id names a page in all m slots and costs m 
 Page 0 is the null page. The pool size comes from CacheConfig: an
 explicit page count, a byte budget, or the device's budget for it (device/device_memory.py:
 memory_fraction of the device's total memory less the weights and step scratch). On a backend
-that reports no memory statistics (CPU) the pool is memory_fraction of CPU_DEFAULT_BYTES. One
-device's part of a layer's K (or V) array holds fewer than 2**31 elements (MAX_ARRAY_ELEMENTS):
-the Pallas kernels index pages with int32 offsets, so a larger budget is capped there, with a
-warning.
+that reports no memory statistics (CPU) the pool is memory_fraction of CPU_DEFAULT_BYTES.
+
+Addressing: a backend whose capabilities say large_page_arrays (the Pallas Triton kernels) takes
+whatever page count the budget holds as long as its kernels address one device's part of a
+layer's K (or V) array exactly (pallas_kernels/ragged_paged_attention/gpu_addressing.py: int32
+offsets under 2**31 elements, int64 ones past 2**32 bytes; only 8-bit pages of 2**31 to 2**32
+elements are neither). Any other pool, and an 8-bit one in that gap, stays under 2**31 elements
+an array (MAX_ARRAY_ELEMENTS), capped there with a warning.
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ from jaxserve.attention.metadata import KVPages
 from jaxserve.config import CacheConfig, EngineConfig
 from jaxserve.models.kv_layout import kv_layout
 from jaxserve.models.model_config import ModelConfig
+from pallas_kernels.ragged_paged_attention.gpu_addressing import INT32_MAX_ELEMENTS, addressable
 
 CPU_DEFAULT_BYTES = 256 << 20
-MAX_ARRAY_ELEMENTS = 2**31 - 1  # int32 element offsets in the attention and KV write kernels
+MAX_ARRAY_ELEMENTS = INT32_MAX_ELEMENTS  # int32 element offsets: what every backend addresses
 
 logger = logging.getLogger(__name__)
 
@@ -81,23 +86,38 @@ def plan_num_pages(config: CacheConfig, bytes_per_page: int, pool_bytes: int | N
   return int(num_pages)
 
 
-def cap_to_int32_offsets(num_pages: int, elements_per_page: int, asked: int | None) -> int:
-  """num_pages, or the most pages whose [heads, pages, page_size, head_dim] array one device holds
-  stays under MAX_ARRAY_ELEMENTS: a warning when a memory budget asked for more, a ValueError
-  naming cache.num_pages when the config did."""
+def cap_to_addressable(
+  num_pages: int,
+  elements_per_page: int,
+  itemsize: int,
+  asked: int | None,
+  large_page_arrays: bool,
+) -> int:
+  """num_pages when the backend's kernels address one device's [heads, pages, page_size,
+  head_dim] array of them (module docstring), else the most pages whose array stays under
+  MAX_ARRAY_ELEMENTS: a warning when a memory budget asked for more, a ValueError naming
+  cache.num_pages when the config did."""
+  if large_page_arrays and addressable(num_pages * elements_per_page, itemsize):
+    return num_pages
   limit = MAX_ARRAY_ELEMENTS // elements_per_page
   if num_pages <= limit:
     return num_pages
+  reason = (
+    "8-bit pages of 2**31 to 2**32 elements get int32 offsets in the Pallas Triton kernels"
+    if large_page_arrays
+    else "the attention backend is held to int32 offsets"
+  )
   if asked is not None:
     raise ValueError(
       f"cache.num_pages: {asked} pages of {elements_per_page} elements per layer array exceed "
-      f"2**31 elements (the kernels' int32 offsets); at most {limit}"
+      f"2**31 elements ({reason}); at most {limit}"
     )
   logger.warning(
     "KV pool capped at %d pages (the memory budget holds %d): a layer's K/V array stays under "
-    "2**31 elements, the attention kernels' int32 offsets",
+    "2**31 elements (%s)",
     limit,
     num_pages,
+    reason,
   )
   return limit
 
@@ -119,9 +139,11 @@ def kv_cache_spec(
   max_model_len: int,
   free_bytes: int | None,
   num_shards: int = 1,
+  large_page_arrays: bool = False,
 ) -> KVCacheSpec:
   """The pool's spec; free_bytes is one device's budget for the pool (memory_fraction applied,
-  device/device_memory.py), that device holding 1/num_shards of every page."""
+  device/device_memory.py), that device holding 1/num_shards of every page; large_page_arrays:
+  the attention backend's capability of that name (module docstring)."""
   page_size = config.cache.page_size
   kv_dtype = config.cache.storage_dtype(model_config.dtype)
   layout = kv_layout(model_config, page_size)
@@ -137,8 +159,12 @@ def kv_cache_spec(
   )
   num_pages = plan_num_pages(config.cache, per_page, free_bytes)
   heads_per_device = max(1, model_config.num_kv_heads // num_shards)
-  num_pages = cap_to_int32_offsets(
-    num_pages, heads_per_device * page_size * model_config.head_dim, config.cache.num_pages
+  num_pages = cap_to_addressable(
+    num_pages,
+    heads_per_device * page_size * model_config.head_dim,
+    jnp.dtype(kv_dtype).itemsize,
+    config.cache.num_pages,
+    large_page_arrays,
   )
   if free_bytes is None and config.cache.num_pages is None and config.cache.memory_bytes is None:
     scheduler = config.scheduler

@@ -10,7 +10,8 @@ without freeing, G * ceil(L / P). Contiguous: every sequence reserves max_model_
 every layer up front, as a non-paged server must, so the number of concurrent sequences is
 budget // (max_model_len * bytes_per_token) whatever their real length. The planned page count
 is checked against device/kv_cache.kv_cache_spec (what the engine would allocate for the same
-config) and, with --check, against a real engine's allocator.
+config and the current device's attention backend, whose kernels decide whether a layer's page
+array may pass 2**31 elements) and, with --check, against a real engine's allocator.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from jaxserve.attention.backends import get_attention_backend
 from jaxserve.config import EngineConfig
 from jaxserve.device.device_memory import kv_pool_bytes, read_device_memory
 from jaxserve.device.kv_cache import (
@@ -192,7 +194,10 @@ def main(args) -> int:
   budget_config = config.replace(
     cache=dataclasses.replace(config.cache, memory_bytes=budget, num_pages=None)
   )
-  spec_pages = kv_cache_spec(budget_config, model_config, max_model_len, None).num_pages
+  large = get_attention_backend(config.attention_backend).capabilities.large_page_arrays
+  spec_pages = kv_cache_spec(
+    budget_config, model_config, max_model_len, None, large_page_arrays=large
+  ).num_pages
   report = {
     **dataclasses.asdict(result),
     "paged_vs_contiguous": result.paged_vs_contiguous,

@@ -27,12 +27,12 @@ from jaxserve.parallel.partition_rules import MODEL_AXIS
 from jaxserve.parallel.placement import attention_for
 from jaxserve.parallel.sharded_attention import shard_attention_backend
 
-# name -> (kind, kv_split, tile_invariant) as the factories build them
+# name -> (kind, kv_split, tile_invariant, large_page_arrays) as the factories build them
 FACTORY_FLAGS = {
-  "reference": (BackendKind.REFERENCE, False, False),
-  "xla": (BackendKind.XLA, False, False),
-  "pallas_gpu": (BackendKind.PALLAS_GPU, True, False),
-  "pallas_tpu": (BackendKind.PALLAS_TPU, False, True),
+  "reference": (BackendKind.REFERENCE, False, False, False),
+  "xla": (BackendKind.XLA, False, False, False),
+  "pallas_gpu": (BackendKind.PALLAS_GPU, True, False, True),
+  "pallas_tpu": (BackendKind.PALLAS_TPU, False, True, False),
 }
 
 
@@ -43,8 +43,10 @@ def _kwargs(fn) -> dict:
 @pytest.mark.parametrize("name", sorted(FACTORY_FLAGS))
 def test_each_factory_sets_its_capabilities(name):
   capabilities = get_attention_backend(name).capabilities
-  kind, kv_split, tile_invariant = FACTORY_FLAGS[name]
-  assert capabilities == BackendCapabilities(kind, kv_split=kv_split, tile_invariant=tile_invariant)
+  kind, kv_split, tile_invariant, large_page_arrays = FACTORY_FLAGS[name]
+  assert capabilities == BackendCapabilities(
+    kind, kv_split=kv_split, tile_invariant=tile_invariant, large_page_arrays=large_page_arrays
+  )
   assert kind.value == name
   assert capabilities.dtypes == ("float32", "bfloat16", "float8_e4m3fn", "int8")
   assert capabilities.sliding_window and capabilities.soft_cap and not capabilities.interpret
@@ -55,7 +57,10 @@ def test_each_factory_sets_its_capabilities(name):
 )
 def test_interpreted_kernels_say_so_and_run_interpreted(factory, kind):
   backend = factory(interpret=True)
-  assert backend.capabilities == factory().capabilities.replace(interpret=True)
+  # The interpreter runs XLA ops on the host: no page array past 2**31 elements is claimed.
+  assert backend.capabilities == factory().capabilities.replace(
+    interpret=True, large_page_arrays=False
+  )
   assert backend.capabilities.kind is kind
   assert _kwargs(backend.attend) == {"interpret": True}
   assert _kwargs(backend.write_kv) == {"interpret": True}

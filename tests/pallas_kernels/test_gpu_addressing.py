@@ -1,0 +1,100 @@
+"""The GPU kernels address a Gemma-3-12B-shaped page array past 2**31 elements: both kernels are
+lowered for CUDA (no GPU, no memory: the pages are jax.ShapeDtypeStructs), the Triton module
+Pallas builds is captured (investigations/triton_static.py) and the integer type of every
+offset added to the K/V page pointers is read. gpu_addressing.offsets_are_64bit must say what the
+lowering does, and no array that gpu_addressing.addressable admits may get offsets that wrap."""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from investigations import triton_static
+from pallas_kernels.ragged_paged_attention import gpu, gpu_write
+from pallas_kernels.ragged_paged_attention.gpu_addressing import (
+  INT32_MAX_ELEMENTS,
+  addressable,
+  offsets_are_64bit,
+)
+
+# Gemma 3 12B: 16 q heads, 8 kv heads, head_dim 256; pages of 16 tokens.
+Q_HEADS, KV_HEADS, HEAD_DIM, PAGE_SIZE = 16, 8, 256, 16
+NUM_SEQS, PAGES_PER_SEQ = 4, 64
+PAGES_ARGS = {"ragged_paged_attention": (7, 8), "write_kv_pages": (5, 6)}  # (k, v) pointers
+
+
+def _page_offset_types(module: str, page_args: tuple[int, ...]) -> set[str]:
+  """The integer types of the offsets added to the page arrays' pointers in one Triton module."""
+  splats = dict(re.findall(r"(%\d+) = tt\.splat %arg(\d+) :", module))
+  adds = re.findall(r"tt\.addptr (%\d+), %\d+ : [^,]+, tensor<[\dx]+x(i\d+)>", module)
+  return {kind for base, kind in adds if int(splats.get(base, -1)) in page_args}
+
+
+def _lowered_modules(num_pages: int, dtype) -> dict[str, str]:
+  spec = jax.ShapeDtypeStruct
+  pages = spec((KV_HEADS, num_pages, PAGE_SIZE, HEAD_DIM), dtype)
+  tiling = gpu.choose_tiling(
+    NUM_SEQS,
+    NUM_SEQS,
+    Q_HEADS,
+    KV_HEADS,
+    HEAD_DIM,
+    max_kv_len=PAGES_PER_SEQ * PAGE_SIZE,
+    page_itemsize=jnp.dtype(dtype).itemsize,
+    num_cores=132,
+    large_smem=True,
+  )
+  attend = functools.partial(
+    gpu._ragged_paged_attention,
+    tiling=tiling,
+    sm_scale=HEAD_DIM**-0.5,
+    v_scale=1.0,
+    sliding_window=None,
+    soft_cap=None,
+    interpret=False,
+  )
+  write = functools.partial(gpu_write._write_kv, block_tokens=16, num_warps=4, interpret=False)
+  with triton_static.captured_triton_modules() as modules, triton_static._h100_target():
+    jax.jit(attend).trace(
+      spec((NUM_SEQS, Q_HEADS, HEAD_DIM), jnp.bfloat16),
+      pages,
+      pages,
+      spec((NUM_SEQS, PAGES_PER_SEQ), jnp.int32),
+      spec((NUM_SEQS,), jnp.int32),
+      spec((NUM_SEQS + 1,), jnp.int32),
+      spec((1,), jnp.int32),
+    ).lower(lowering_platforms=("cuda",))
+    new_rows = spec((NUM_SEQS, KV_HEADS, HEAD_DIM), dtype)
+    jax.jit(write).trace(pages, pages, new_rows, new_rows, spec((NUM_SEQS,), jnp.int32)).lower(
+      lowering_platforms=("cuda",)
+    )
+  return {re.search(r"tt\.func public @(\w+)", m).group(1): m for m in modules}
+
+
+@pytest.mark.parametrize(
+  "dtype,num_pages,offset_type",
+  [
+    # The budget of the issue's H200 (100,910 pages): 3.3e9 elements, 6.6 GB an array.
+    ("bfloat16", 100_910, "i64"),
+    # The old cap: 65,535 pages, just under 2**31 elements.
+    ("bfloat16", 65_535, "i32"),
+    # 8-bit pages of the same budget: 13.2e9 bytes.
+    ("float8_e4m3fn", 201_820, "i64"),
+    # 8-bit pages of 2**31 to 2**32 elements: int32 offsets past 2**31 - 1 (the gap).
+    ("float8_e4m3fn", 100_910, "i32"),
+  ],
+)
+def test_page_offsets_are_64bit_exactly_where_the_rule_says(dtype, num_pages, offset_type):
+  modules = _lowered_modules(num_pages, jnp.dtype(dtype))
+  assert set(modules) == set(PAGES_ARGS)
+  for name, module in modules.items():
+    assert _page_offset_types(module, PAGES_ARGS[name]) == {offset_type}, name
+  elements = KV_HEADS * num_pages * PAGE_SIZE * HEAD_DIM
+  itemsize = jnp.dtype(dtype).itemsize
+  assert offsets_are_64bit(elements, itemsize) == (offset_type == "i64")
+  # Addressable: 64-bit offsets, or int32 ones that cannot wrap.
+  assert addressable(elements, itemsize) == (offset_type == "i64" or elements <= INT32_MAX_ELEMENTS)
