@@ -20,12 +20,14 @@ from jaxserve.models.weights import load_hf_config, load_hf_params
 from jaxserve.quantization import reference
 from jaxserve.quantization.dequantize import dequantize
 from jaxserve.quantization.scheme import scheme_for
+from tests.integration.engine_helpers import generate_and_score, hf_greedy, small_engine
 from tests.models.block_fp8_checkpoints import (
   dequantize_blocks,
   quantize_blocks,
   write_block_fp8,
   write_dequantized,
 )
+from tests.models.hf_checkpoints import load_hf_model
 from tests.models.paged_batch import Chunk
 from tests.models.test_hf_logits_parity import TOLERANCE, Family
 
@@ -65,6 +67,20 @@ def test_logprobs_match_transformers_on_the_dequantized_weights(block_fp8, hf_ch
   original = Family(hf_checkpoint(name))
   drift = max(np.abs(g - w).max() for g, w in zip(family.hf_logprobs, original.hf_logprobs))
   assert drift > 100 * TOLERANCE
+
+
+def test_the_engine_generates_transformers_greedy_tokens(block_fp8):
+  """`jaxserve serve` of a block-wise fp8 Qwen3-MoE: the engine's greedy tokens (chunked prefill,
+  then decode steps) are transformers' on the dequantized weights."""
+  stored, dequantized = block_fp8("qwen3_moe")
+  engine = small_engine(
+    str(stored), max_model_len=128, max_tokens_per_step=16, token_buckets=(8, 16)
+  )
+  prompts = [[7, 100, 33, 250, 9, 60, 301, 12, 5, 77, 140, 220, 31, 18, 90, 64, 3, 200], [42, 17]]
+  tokens, _ = generate_and_score(engine, prompts, 16)
+  hf_model = load_hf_model(dequantized)
+  for prompt, got in zip(prompts, tokens):
+    assert got == hf_greedy(hf_model, prompt, 16)
 
 
 def test_params_are_the_dequantized_weights(block_fp8):
