@@ -8,7 +8,9 @@ and dequantizes the same way on a CPU). Tiny dims make partial blocks (64-row ex
 from __future__ import annotations
 
 import json
+import shutil
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -16,6 +18,7 @@ import pytest
 import safetensors.torch
 import torch
 
+from jaxserve.models.registry import convert_checkpoint, load_model
 from jaxserve.models.weights import load_hf_config, load_hf_params
 from jaxserve.quantization import reference
 from jaxserve.quantization.dequantize import dequantize
@@ -169,3 +172,17 @@ def test_bad_checkpoints_are_named(block_fp8, tmp_path, tensors, config, match):
   bad = _rewrite(stored, tmp_path, tensors, config)
   with pytest.raises(ValueError, match=match):
     load_hf_params(bad, load_hf_config(bad))
+
+
+def test_an_orbax_copy_restores_the_dequantized_params(block_fp8, tmp_path):
+  """`jaxserve convert` of a block-wise fp8 checkpoint saves (and later loads restore) the
+  dequantized params."""
+  stored, _ = block_fp8("qwen3")
+  copy = tmp_path / "fp8"
+  shutil.copytree(stored, copy)
+  expected = load_model(str(copy))
+  convert_checkpoint(copy)
+  restored = load_model(str(copy))
+  assert restored.source.startswith("orbax:") and restored.config == expected.config
+  for a, b in zip(jax.tree.leaves(restored.params), jax.tree.leaves(expected.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
