@@ -6,8 +6,11 @@ its `num_experts` SwiGLU experts of `moe_intermediate_size` (models/layers/moe.p
 keeps the three counts at 0. `check_experts` (ModelConfig's validation) holds whatever the family:
 the counts all zero or all positive, top-k within the experts, and a MoE model refuses
 `batch_invariant` (the routing and the grouped matmul do not run through the fixed-tile GEMMs, so
-a token's bits could depend on its batch) and `quantization` (the experts' grouped matmuls,
-models/grouped_matmul.py, take no 8-bit weights): each is a ValueError naming it. Whether a
+a token's bits could depend on its batch): each is a ValueError naming it. A MoE model runs a
+`quantization` scheme on its attention projections only: the experts' grouped matmuls
+(models/grouped_matmul.py) take no 8-bit weights, so the experts and routers stay in the model
+dtype, dequantized as they load where a checkpoint stores them in 8 bits
+(models/dequantized_loading.py). Whether a
 family has experts at all is its module's (models/families/): `require_experts` /
 `require_dense`.
 
@@ -36,7 +39,6 @@ class ExpertFields(Protocol):
   moe_intermediate_size: int
   norm_topk_prob: bool
   batch_invariant: bool
-  quantization: str
 
 
 def _positive_int(value: object) -> bool:
@@ -56,7 +58,6 @@ def check_experts(c: ExpertFields) -> None:
   require_bool(c.norm_topk_prob, "norm_topk_prob")
   unsupported = "is not supported with mixture-of-experts layers (models/moe_config.py)"
   _require(not c.batch_invariant, "batch_invariant", unsupported)
-  _require(c.quantization == "none", "quantization", f"{c.quantization} {unsupported}")
 
 
 def require_experts(c: ExpertFields) -> None:

@@ -27,6 +27,7 @@ import numpy as np
 from jaxserve.models.leaf_load import LeafLoad, LeafOut, TensorLoad
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.quantized_dense import is_quantized_kernel, kernel_shape, scale_path
+from jaxserve.quantization.block_fp8 import BlockFp8, block_fp8
 from jaxserve.quantization.compressed_tensors import (
   INPUT_SCALE_SUFFIX,
   SCALE_SUFFIX,
@@ -46,6 +47,17 @@ def read_stored_quantization(checkpoint_dir: Path) -> StoredQuantization | None:
     return None
   try:
     return stored_quantization(json.loads(path.read_text()))
+  except ValueError as err:
+    raise ValueError(f"{path}: {err}") from err
+
+
+def read_block_fp8(checkpoint_dir: Path) -> BlockFp8 | None:
+  """The block of a block-wise fp8 checkpoint directory's config.json (None: not one)."""
+  path = Path(checkpoint_dir) / "config.json"
+  if not path.is_file():
+    return None
+  try:
+    return block_fp8(json.loads(path.read_text()))
   except ValueError as err:
     raise ValueError(f"{path}: {err}") from err
 

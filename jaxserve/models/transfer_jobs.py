@@ -19,6 +19,7 @@ of None is the default device, uncommitted, as jax.device_put(x) places it.
 from __future__ import annotations
 
 import concurrent.futures as futures
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -162,13 +163,20 @@ def _converter(
 ) -> Converter | None:
   if not (transpose or cast or num_parts > 1):
     return None
+  return jit_to(float_converter(transpose, num_parts, dtype), target)
+
+
+@functools.cache
+def float_converter(transpose: bool, num_parts: int, dtype: np.dtype) -> Converter:
+  """A float leaf's default conversion (not jitted): each part transposed to [in, out] when
+  `transpose`, the parts concatenated along out, the result cast to `dtype`."""
 
   def convert(*raws: jax.Array) -> jax.Array:
     parts = [raw.T if transpose else raw for raw in raws]  # [in, out] from [out, in]
     out = parts[0] if num_parts == 1 else jnp.concatenate(parts, axis=-1 if transpose else 0)
     return out.astype(dtype)
 
-  return jit_to(convert, target)
+  return convert
 
 
 def jit_to(fn: Callable, target: jax.sharding.Sharding | None) -> Callable:

@@ -28,6 +28,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxserve.models.dequantized_loading import (
+  PartKey,
+  StoredScale,
+  dequantized_leaves,
+  plan_block_scales,
+  plan_channel_scales,
+)
 from jaxserve.models.expert_weights import check_per_expert_layout, stacked_leaves
 from jaxserve.models.families import family_of
 from jaxserve.models.fused_projections import merged_leaves
@@ -38,6 +45,7 @@ from jaxserve.models.quantized_dense import is_quantized_kernel, kernel_shape, s
 from jaxserve.models.quantized_loading import (
   plan_stored_scales,
   quantized_leaves,
+  read_block_fp8,
   read_stored_quantization,
 )
 from jaxserve.models.safetensors_reader import (
@@ -48,6 +56,7 @@ from jaxserve.models.safetensors_reader import (
 )
 from jaxserve.models.tensor_spec import TensorSpec
 from jaxserve.models.weight_transfer import TransferOptions, TransferStats, transfer_tensors
+from jaxserve.quantization.block_fp8 import block_fp8
 from jaxserve.quantization.compressed_tensors import stored_quantization
 from jaxserve.quantization.scheme import scheme_for
 
@@ -108,6 +117,7 @@ def load_hf_config(checkpoint_dir: Path, dtype: str = "auto") -> ModelConfig:
     raise ValueError(f"{path}: invalid JSON: {err}") from err
   try:
     stored = stored_quantization(data)
+    block_fp8(data)  # checked here; its weights load as floats (models/dequantized_loading.py)
     config = model_config_from_hf(data, dtype)
   except ValueError as err:
     raise ValueError(f"{path}: {err}") from err
@@ -172,6 +182,18 @@ def plan_hf_tensors(checkpoint_dir: Path, config: ModelConfig) -> list[TensorLoa
   return loads
 
 
+def plan_dequantized(checkpoint_dir: Path, loads: list[TensorLoad]) -> dict[PartKey, StoredScale]:
+  """The scales of the planned tensors stored quantized that load as floats: every e4m3 weight
+  of a block-wise fp8 checkpoint, the 8-bit experts and routers of a compressed-tensors one
+  (models/dequantized_loading.py)."""
+  fmt, stored = read_block_fp8(checkpoint_dir), read_stored_quantization(checkpoint_dir)
+  if fmt is not None:
+    return plan_block_scales(TensorIndex(checkpoint_dir), loads, fmt)
+  if stored is not None:
+    return plan_channel_scales(TensorIndex(checkpoint_dir), loads, stored)
+  return {}
+
+
 def load_hf_params(
   checkpoint_dir: Path,
   config: ModelConfig,
@@ -186,7 +208,7 @@ def load_hf_params(
   `sharding(path, shape)` when given (weight_transfer). `put` instead receives each leaf converted
   on the host (the slower path, for callers that place arrays themselves)."""
   if put is not None:
-    if config.quantization != "none":
+    if config.quantization != "none" or read_block_fp8(checkpoint_dir) is not None:
       raise ValueError("quantization: a quantized model loads on the device path (no `put`)")
     leaves, stats = _put_host_converted(
       plan_hf_tensors(checkpoint_dir, config),
@@ -212,6 +234,14 @@ def load_hf_weights(
   config.quantization each projection is quantized as it loads, or loaded as stored from a
   compressed-tensors checkpoint (models/quantized_loading.py)."""
   loads = plan_hf_tensors(checkpoint_dir, config)
+  dequantized = plan_dequantized(checkpoint_dir, loads)
+  if config.num_experts and config.quantization != "none":
+    logger.warning(
+      "quantization %s: the attention projections only; the experts and routers stay in %s "
+      "(models/moe_config.py)",
+      config.quantization,
+      config.dtype,
+    )
   stacked = _stacked_paths(config)
   expert_loads = [load for load in loads if load.path in stacked]
   loads = [load for load in loads if load.path not in stacked]
@@ -226,6 +256,7 @@ def load_hf_weights(
   leaves = quantized_leaves(leaves, config, read_stored_quantization(checkpoint_dir))
   dtype = np.dtype(jnp.dtype(config.dtype))
   leaves += stacked_leaves(expert_loads, dtype)
+  leaves = dequantized_leaves(leaves, dequantized, dtype)
   arrays, stats = transfer_tensors(leaves, dtype, sharding, options)
   _log(stats, checkpoint_dir)
   return _tree(arrays), stats

@@ -17,7 +17,9 @@ Runs: one group of 8-bit symmetric weights, channel or tensor strategy, with no 
 quantization (W8A16) or 8-bit symmetric activations of the same type, dynamic (per token or
 per tensor) or static per tensor (W8A8: the activations are scaled per token whatever the
 checkpoint says, which is at least as accurate; a static input_scale is checked, not used),
-and `ignore` naming lm_head only (it stays in the model dtype anyway).
+and `ignore` naming no attention or dense MLP projection (lm_head stays in the model dtype
+anyway; a MoE's routers and experts, quantized or not, load as floats in the model dtype, the
+quantized ones dequantized with their weight_scale: models/dequantized_loading.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
+from jaxserve.quantization.block_fp8 import QUANT_METHOD as BLOCK_FP8_METHOD
 from jaxserve.quantization.scheme import QuantScheme, scheme_named
 
 QUANT_METHOD = "compressed-tensors"
@@ -33,6 +36,12 @@ FORMATS = {"float-quantized": "float", "int-quantized": "int", "naive-quantized"
 STRATEGIES = ("channel", "tensor")
 WEIGHT_DTYPES = {"float": "float8_e4m3fn", "int": "int8"}
 SCALE_SUFFIX = ".weight_scale"
+DENSE_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+DENSE_PROJECTION_NAMES = tuple(
+  f"model.layers.0.{module}.{name}"
+  for module, names in (("self_attn", DENSE_PROJECTIONS[:4]), ("mlp", DENSE_PROJECTIONS[4:]))
+  for name in names
+)
 INPUT_SCALE_SUFFIX = ".input_scale"
 
 
@@ -65,23 +74,33 @@ def _describe(args: Mapping) -> str:
   return " ".join(words)
 
 
-def _is_lm_head(entry: object) -> bool:
+def _names_dense_projection(entry: object) -> bool:
+  """Whether an `ignore` entry (a module name or "re:" pattern) names a projection jaxserve runs
+  quantized (attention, dense MLP), which must then be stored quantized; lm_head, MoE routers
+  and experts load as floats either way (models/dequantized_loading.py)."""
   if not isinstance(entry, str):
-    return False
+    return True
   if entry.startswith("re:"):
-    return re.fullmatch(entry[3:], "lm_head") is not None
-  return entry == "lm_head"
+    return any(re.fullmatch(entry[3:], name) for name in DENSE_PROJECTION_NAMES)
+  parts = entry.split(".")
+  return len(parts) >= 2 and parts[-2] in ("self_attn", "mlp") and parts[-1] in DENSE_PROJECTIONS
 
 
 def stored_quantization(hf_config: Mapping) -> StoredQuantization | None:
-  """The scheme of a compressed-tensors checkpoint's config.json (None: not quantized)."""
+  """The scheme of a compressed-tensors checkpoint's config.json (None: not quantized, or
+  block-wise fp8, which loads as floats)."""
   qc = hf_config.get("quantization_config")
   if qc is None:
     return None
   if not isinstance(qc, Mapping):
     _fail(f"must be a mapping, got {type(qc).__name__}")
+  if qc.get("quant_method") == BLOCK_FP8_METHOD:
+    return None  # loads dequantized (quantization/block_fp8.py), not as a stored scheme
   if qc.get("quant_method") != QUANT_METHOD:
-    _fail(f"unsupported quant_method {qc.get('quant_method')!r} (supported: {QUANT_METHOD})")
+    _fail(
+      f"unsupported quant_method {qc.get('quant_method')!r} "
+      f"(supported: {QUANT_METHOD}, {BLOCK_FP8_METHOD})"
+    )
   groups = qc.get("config_groups")
   if not isinstance(groups, Mapping) or len(groups) != 1:
     count = len(groups) if isinstance(groups, Mapping) else 0
@@ -126,8 +145,11 @@ def stored_quantization(hf_config: Mapping) -> StoredQuantization | None:
   if FORMATS.get(fmt) != kind:
     _fail(f"format: {fmt!r} does not store {kind} 8-bit weights (supported: {tuple(FORMATS)})")
   for entry in qc.get("ignore") or ():
-    if not _is_lm_head(entry):
-      _fail(f"ignore: only lm_head may be left unquantized, got {entry!r}")
+    if _names_dense_projection(entry):
+      _fail(
+        f"ignore: {entry!r} leaves attention or dense MLP projections unquantized (only lm_head, "
+        "MoE routers and experts may be)"
+      )
   if qc.get("kv_cache_scheme") is not None:
     _fail("kv_cache_scheme: a quantized KV cache is not supported yet")
   return StoredQuantization(

@@ -98,3 +98,22 @@ def write_compressed_tensors(
   config["quantization_config"] = quantization_config(scheme_name, strategy, static)
   (out_dir / "config.json").write_text(json.dumps(config, indent=2))
   return out_dir
+
+
+def write_dequantized(stored: Path, out_dir: Path) -> Path:
+  """The float32 checkpoint a compressed-tensors one means (weight * weight_scale), for
+  transformers to run as the reference."""
+  out_dir = Path(out_dir)
+  shutil.copytree(stored, out_dir)
+  tensors = safetensors.torch.load_file(stored / "model.safetensors")
+  out = {}
+  for name, tensor in tensors.items():
+    if name.endswith((".weight_scale", ".input_scale")):
+      continue
+    scale = tensors.get(name.removesuffix(".weight") + ".weight_scale")
+    out[name] = tensor if scale is None else tensor.float() * scale.float().reshape(-1, 1)
+  safetensors.torch.save_file(out, out_dir / "model.safetensors", metadata={"format": "pt"})
+  config = json.loads((out_dir / "config.json").read_text())
+  del config["quantization_config"]
+  (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+  return out_dir

@@ -28,15 +28,19 @@ LEN_A, LEN_B = 13, 11  # both longer than the sliding windows (Mistral 8, Gemma 
 class Family:
   """A family's checkpoint loaded both ways, its prompts, HF log-probs and a jitted step."""
 
-  def __init__(self, checkpoint_dir, experts=None):
+  def __init__(self, checkpoint_dir, experts=None, *, reference=None, quantization=None):
+    """`reference`: the checkpoint transformers runs (default: the same); `quantization`: the
+    ModelConfig's (default: the checkpoint's)."""
     self.config = load_hf_config(checkpoint_dir)
+    if quantization is not None:
+      self.config = self.config.replace(quantization=quantization)
     self.params = load_hf_params(checkpoint_dir, self.config)
     model = causal_lm(self.config, get_attention_backend("reference"), None, experts)
     rng = np.random.default_rng(1)
     self.prompts = [rng.integers(0, VOCAB_SIZE, n).tolist() for n in (LEN_A, LEN_B)]
     pages = rng.permutation(np.arange(1, NUM_PAGES)).tolist()  # page 0 is the null page
     self.pages = [pages[:PAGES_PER_SEQ], pages[PAGES_PER_SEQ : 2 * PAGES_PER_SEQ]]
-    hf_model = load_hf_model(checkpoint_dir)
+    hf_model = load_hf_model(reference or checkpoint_dir)
     with torch.no_grad():
       self.hf_logprobs = [
         torch.log_softmax(hf_model(torch.tensor([p])).logits[0].double(), -1).numpy()

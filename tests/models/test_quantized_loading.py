@@ -19,8 +19,12 @@ from jaxserve.models.registry import load_model
 from jaxserve.models.weights import load_hf_config, load_hf_params, param_shapes
 from jaxserve.quantization import reference
 from jaxserve.quantization.scheme import scheme_for
-from tests.models.compressed_checkpoints import quantization_config, write_compressed_tensors
-from tests.models.paged_batch import init_param_shapes
+from tests.models.compressed_checkpoints import (
+  quantization_config,
+  write_compressed_tensors,
+  write_dequantized,
+)
+from tests.models.paged_batch import Chunk, init_param_shapes
 
 FAMILY = "qwen2"  # q/k/v biases: the biases stay in the model dtype beside the 8-bit kernels
 
@@ -174,7 +178,7 @@ def test_a_weight_of_the_wrong_type_is_named(bf16, tmp_path):
       r"unsupported compressed-tensors scheme: weights int 4-bit group \(group_size 128\)",
     ),
     (lambda qc: qc.update(quant_method="awq"), "unsupported quant_method 'awq'"),
-    (lambda qc: qc.update(ignore=["lm_head", "re:.*down_proj"]), "ignore: only lm_head"),
+    (lambda qc: qc.update(ignore=["lm_head", "re:.*down_proj"]), "leaves attention or dense MLP"),
     (lambda qc: qc.update(format="pack-quantized"), "format: 'pack-quantized'"),
   ],
 )
@@ -231,3 +235,50 @@ def test_orbax_copies_load_the_same_params(bf16, tmp_path):
 def _raw(array) -> np.ndarray:
   array = np.asarray(array)
   return array.view(np.uint8) if array.dtype.itemsize == 1 else array
+
+
+@pytest.mark.parametrize("strategy", ["channel", "tensor"])
+def test_compressed_tensors_moe_experts_load_dequantized(hf_checkpoint, tmp_path, strategy):
+  """A compressed-tensors Qwen3-MoE (experts stored in e4m3 with their weight_scale, the router
+  ignored as llm-compressor's recipes leave it): the experts load dequantized in the model dtype
+  and the log-probs match transformers on the weights the checkpoint means (W8A16 projections:
+  the same products in another order)."""
+  from tests.models.test_hf_logits_parity import TOLERANCE, Family
+
+  stored = write_compressed_tensors(
+    hf_checkpoint("qwen3_moe"), tmp_path / "ct", "fp8_w8a16", strategy
+  )
+  config = json.loads((stored / "config.json").read_text())
+  config["quantization_config"]["ignore"] = ["lm_head", "re:.*mlp.gate$"]
+  (stored / "config.json").write_text(json.dumps(config))
+  family = Family(stored, reference=write_dequantized(stored, tmp_path / "dequantized"))
+  experts = family.params["layers_0"]["mlp"]["experts"]["up_proj"]
+  assert experts.dtype == jnp.float32
+  hf = safetensors.torch.load_file(stored / "model.safetensors")
+  name = "model.layers.0.mlp.experts.3.up_proj"
+  want = hf[name + ".weight"].float() * hf[name + ".weight_scale"].reshape(-1, 1)
+  np.testing.assert_array_equal(np.asarray(experts[3]), want.numpy().T)
+  a, b = family.prompts
+  chunks = [Chunk(a, 0, family.pages[0]), Chunk(b, 0, family.pages[1])]
+  logprobs, _, offsets = family.run(family.empty_pages(), chunks)
+  for prompt, offset, want in zip((a, b), offsets, family.hf_logprobs):
+    np.testing.assert_allclose(
+      logprobs[offset : offset + len(prompt)], want, atol=TOLERANCE, rtol=0
+    )
+
+
+def test_a_moe_quantizes_its_attention_on_load(hf_checkpoint):
+  """`--quantization fp8` on a float Qwen3-MoE: the attention projections in e4m3 with their
+  scales, as quantize-on-load makes them; the router and the experts stay floats."""
+  loaded = load_model(str(hf_checkpoint("qwen3_moe")), quantization="fp8")
+  layer = loaded.params["layers_1"]
+  assert _abstract(init_param_shapes(loaded.config)) == _abstract(loaded.params)
+  hf = safetensors.torch.load_file(hf_checkpoint("qwen3_moe") / "model.safetensors")
+  w = hf["model.layers.1.self_attn.o_proj.weight"].float().numpy()
+  q, scale = reference.quantize_weight(w, scheme_for("fp8"))
+  np.testing.assert_array_equal(np.asarray(layer["self_attn"]["o_proj"]["scale"]), scale)
+  np.testing.assert_array_equal(
+    np.asarray(layer["self_attn"]["o_proj"]["kernel"]).view(np.uint8), q.view(np.uint8)
+  )
+  assert layer["mlp"]["experts"]["gate_proj"].dtype == jnp.float32
+  assert layer["mlp"]["gate"]["kernel"].dtype == jnp.float32

@@ -50,7 +50,7 @@ def _config(**changes) -> dict:
     ({"inputs__dynamic": False}, "supported activations"),  # static per token: no such thing
     ({"inputs__strategy": "group"}, "activations float 8-bit group"),
     ({"qc__format": "int-quantized"}, "format: 'int-quantized' does not store float"),
-    ({"qc__ignore": ["model.layers.0.mlp.down_proj"]}, "ignore: only lm_head"),
+    ({"qc__ignore": ["model.layers.0.mlp.down_proj"]}, "leaves attention or dense MLP"),
     ({"qc__kv_cache_scheme": {"num_bits": 8}}, "kv_cache_scheme: a quantized KV cache"),
   ],
 )

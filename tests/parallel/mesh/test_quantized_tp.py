@@ -24,6 +24,7 @@ from jaxserve.models.registry import convert_checkpoint, load_model
 from jaxserve.parallel.partition_rules import build_mesh
 from jaxserve.parallel.sharded_loading import load_model_sharded
 from tests.integration.engine_helpers import generate_and_score
+from tests.models.block_fp8_checkpoints import write_block_fp8
 from tests.models.compressed_checkpoints import write_compressed_tensors
 from tests.parallel.mesh.conftest import tp_engine
 
@@ -105,3 +106,33 @@ def test_a_sharded_quantized_engine_gives_the_one_device_tokens(hf_checkpoint, s
   assert tokens == one_tokens
   for ours, reference in zip(logprobs, one_logprobs):
     np.testing.assert_allclose(ours, reference, atol=LOGPROB_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize(
+  "family, source, scheme, tp, expert_parallel",
+  [
+    ("qwen3_moe", "block_fp8", "none", 2, False),
+    ("qwen3_moe", "block_fp8", "none", 2, True),
+    ("llama_kv8", "block_fp8", "fp8", 4, False),
+    ("qwen3_moe", "float", "fp8", 2, True),
+  ],
+)
+def test_dequantized_and_moe_loads_shard_the_one_device_params(
+  hf_checkpoint, tmp_path, family, source, scheme, tp, expert_parallel
+):
+  """A block-wise fp8 checkpoint dequantized as it loads (as floats, or re-quantized), and a
+  MoE quantized on load (its attention): each sharded leaf is the one-device load's."""
+  checkpoint = hf_checkpoint(family)
+  if source == "block_fp8":
+    checkpoint = write_block_fp8(checkpoint, tmp_path / "fp8")
+  one = _leaves(load_model(str(checkpoint), quantization=scheme).params)
+  sharded = load_model_sharded(
+    str(checkpoint), "auto", build_mesh(tp), quantization=scheme, expert_parallel=expert_parallel
+  )
+  leaves = _leaves(sharded.params)
+  assert leaves.keys() == one.keys()
+  for path, leaf in leaves.items():
+    assert leaf.dtype == one[path].dtype, path
+    np.testing.assert_array_equal(
+      np.asarray(leaf).view(np.uint8), np.asarray(one[path]).view(np.uint8), err_msg=str(path)
+    )
