@@ -21,8 +21,8 @@ compile ledger counts each program once. With a ProgramStore (device/program_sto
 the store holds is not lowered: a compile thread reads it back and installs it (in compile order,
 side by side like compilations); the programs compiled are written to the store once all are
 compiled, and in the background only while the engine has no request to serve (watch_load; one
-program at a time, after IDLE_BEFORE_SAVE_S without requests): serializing an executable holds
-the GIL for about a tenth of a second, which would stall the engine loop's steps. A
+program at a time, once the engine has been idle a while; device/program_saves.py): serializing
+an executable holds the GIL for about a tenth of a second, which would stall the engine's steps. A
 program XLA's persistent cache gave back (a cache hit, told by JAX's monitoring event in the
 compiling thread) is not written: an executable read back from a cache is not serialized again.
 Each time a group's programs are all compiled, a new ProgramReadiness
@@ -56,6 +56,7 @@ from jaxserve.device.lowering import abstract, dummy_inputs
 from jaxserve.device.model_runner import ModelRunner, packed_model_inputs
 from jaxserve.device.packing import pack
 from jaxserve.device.program_groups import Program, program_groups
+from jaxserve.device.program_saves import PendingSaves
 from jaxserve.device.program_store import ProgramStore
 from jaxserve.messages.buckets import Bucket
 from jaxserve.messages.program_readiness import ProgramReadiness
@@ -72,8 +73,6 @@ BACKGROUND_NICE = 10  # the compile threads' nice value while the engine serves
 # waits (for the device, a socket) it gets the GIL back only when the lowering thread is made to
 # drop it, after this interval: at 5 ms a step's few waits cost tens of milliseconds.
 SERVING_SWITCH_INTERVAL_S = 0.00005
-IDLE_BEFORE_SAVE_S = 1.0  # the engine idle this long before a program is written to the store
-IDLE_POLL_S = 0.1
 
 
 def compilation_abandoned() -> bool:
@@ -139,7 +138,7 @@ class ProgramCompiler:
     self.store = store if self._install else None
     self._params = abstract(runner.params)
     self._kv_pages = abstract(runner.kv_pages)
-    self._unsaved: list[tuple] = []  # (name, abstract arguments, compiled) for the store
+    self._unsaved: PendingSaves | None = None if self.store is None else PendingSaves(self.store)
     self._thread_state = threading.local()  # per compile thread: was its compile a cache hit
     self._lock = threading.Lock()  # the counts below and the published readiness
     self._left = [len(g.programs) for g in self.groups]  # per group: programs not compiled yet
@@ -164,7 +163,7 @@ class ProgramCompiler:
   @property
   def num_unsaved(self) -> int:
     """Programs compiled and not written to the store yet."""
-    return len(self._unsaved)
+    return 0 if self._unsaved is None else len(self._unsaved)
 
   def watch_load(self, busy: Callable[[], bool]) -> None:
     """Background saves to the store wait until `busy()` has been False IDLE_BEFORE_SAVE_S."""
@@ -273,7 +272,7 @@ class ProgramCompiler:
             self._thread_state.cache_hit = False
             compiled = (lowered or self._lower(program)).compile()
             if self.store is not None and not self._thread_state.cache_hit:
-              self._unsaved.append((repr(program.key), signature, compiled))
+              self._unsaved.add(repr(program.key), signature, compiled)
         except Exception as err:  # reported with the program's name
           errors.append((position, ProgramCompileError(program, err)))
           continue
@@ -358,34 +357,14 @@ class ProgramCompiler:
     return compiled
 
   def save_compiled(self) -> None:
-    """Writes the programs compiled so far to the store (after the compilation, so that
-    serializing them takes nothing from the requests served meanwhile)."""
-    while self._unsaved:
-      self.store.save(*self._unsaved.pop(0))
+    """Writes the programs compiled so far to the store (before serving: a full warmup)."""
+    if self._unsaved is not None:
+      self._unsaved.save_all()
 
   def _save_when_idle(self) -> None:
-    """save_compiled one program at a time, each once the engine has had no request to serve
-    for IDLE_BEFORE_SAVE_S; stops at close()."""
-    if not self._unsaved:
-      return
-    count, start, idle_since = len(self._unsaved), time.perf_counter(), None
-    while self._unsaved and not self._stop.is_set():
-      now = time.perf_counter()
-      if self._busy():
-        idle_since = None
-      elif idle_since is None:
-        idle_since = now
-      elif now - idle_since >= IDLE_BEFORE_SAVE_S:
-        self.store.save(*self._unsaved.pop(0))
-        continue
-      self._stop.wait(IDLE_POLL_S)
-    if not self._unsaved:
-      logger.info(
-        "program store: %d programs written in the engine's idle moments, %.1f s after the "
-        "last compilation",
-        count,
-        time.perf_counter() - start,
-      )
+    """In the background: the compiled programs are written while the engine is idle."""
+    if self._unsaved is not None:
+      self._unsaved.save_when_idle(self._busy, self._stop)
 
   def _lower_program(self, program: Program) -> jax.stages.Lowered:
     jitted, args, static = self._arguments(program)

@@ -170,9 +170,9 @@ def test_background_saves_wait_until_the_engine_is_idle(tmp_path: Path, monkeypa
   """In the background, compiled programs are written to the store only once the engine has had
   no request to serve for IDLE_BEFORE_SAVE_S (serializing holds the GIL): none while a request
   waits, all once it is served."""
-  from jaxserve.device import program_compiler
+  from jaxserve.device import program_saves
 
-  monkeypatch.setattr(program_compiler, "IDLE_BEFORE_SAVE_S", 2.0)
+  monkeypatch.setattr(program_saves, "IDLE_BEFORE_SAVE_S", 2.0)
   cache = tmp_path / "cache"
   config = {**CONFIG, "num_pages": 48}  # programs no other test of the run has compiled
   engine = small_engine(
