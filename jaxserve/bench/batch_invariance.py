@@ -316,7 +316,9 @@ def command(args: argparse.Namespace) -> dict:
     f"{args.num_others} others"
   )
   if args.components != "off":
-    result["components"] = run_components(config, timed=args.components == "on")
+    result["components"] = run_components(
+      config, timed=args.components == "on", all_forms=args.components != "configured"
+    )
   engine = build_engine(probe_engine_config(config, work), show_progress=False, usage=Usage.OFFLINE)
   result["scenarios"] = run_scenarios(engine, work, scenarios, config.cache.page_size)
   print_report(result["scenarios"], args.num_probes)

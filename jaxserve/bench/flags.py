@@ -313,10 +313,11 @@ def add_batch_invariance_flags(parser: argparse.ArgumentParser) -> None:
   )
   parser.add_argument(
     "--components",
-    choices=("on", "off", "untimed"),
+    choices=("on", "off", "untimed", "configured"),
     default="on",
     help="also run the component checks (bench/invariance_components.py); "
-    "untimed: without the GEMM timings",
+    "untimed: without the GEMM timings; configured: untimed, and of the GEMM formulations the "
+    "configured step's alone",
   )
   parser.add_argument("--seed", type=int, default=0)
   _add_out(parser)

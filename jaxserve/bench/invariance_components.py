@@ -113,7 +113,10 @@ def gemm_formulations(config: EngineConfig) -> dict[str, tuple[Callable, dict | 
   return forms
 
 
-def gemm_checks(config: EngineConfig, model: ModelConfig, buckets: BucketSet, timed: bool) -> dict:
+def gemm_checks(
+  config: EngineConfig, model: ModelConfig, buckets: BucketSet, timed: bool, all_forms: bool = True
+) -> dict:
+  """Every formulation of gemm_formulations, or (all_forms False) the configured one alone."""
   dtype = jnp.dtype(model.dtype)
   h, d = model.hidden_size, model.head_dim
   shapes = {
@@ -123,13 +126,16 @@ def gemm_checks(config: EngineConfig, model: ModelConfig, buckets: BucketSet, ti
     "down": (model.intermediate_size, h, dtype),
     "logits": (h, model.vocab_size, jnp.float32),
   }
+  forms = gemm_formulations(config)
+  if not all_forms:
+    forms = {k: v for k, v in forms.items() if k == "configured"}
   results = {}
   keys = jax.random.split(jax.random.key(0), 2 * len(shapes))
   for i, (name, (k, n, out_dtype)) in enumerate(shapes.items()):
     counts = buckets.seq_buckets if name == "logits" else buckets.token_buckets
     x = jax.random.normal(keys[2 * i], (max(counts), k), jnp.float32).astype(dtype)
     w = (0.02 * jax.random.normal(keys[2 * i + 1], (k, n), jnp.float32)).astype(dtype)
-    for form, (matmul, options) in gemm_formulations(config).items():
+    for form, (matmul, options) in forms.items():
       fn = jax.jit(lambda x, w, matmul=matmul: matmul(x, w, out_dtype), compiler_options=options)
       try:
         results[f"{name}/{form}"] = rows_check(lambda x: fn(x, w), x, counts, timed)
@@ -171,14 +177,15 @@ def sampler_checks(config: EngineConfig, model: ModelConfig, buckets: BucketSet)
   return results
 
 
-def run_components(config: EngineConfig, timed: bool = True) -> dict:
-  """Every component check for `config` on the default device; prints a table, returns it."""
+def run_components(config: EngineConfig, timed: bool = True, all_forms: bool = True) -> dict:
+  """Every component check for `config` on the default device (all_forms False: of the GEMM
+  formulations the configured step's alone); prints a table, returns it."""
   from jaxserve.bench.invariance_attention import attention_checks
 
   model = model_config_of(config)
   buckets = BucketSet.from_config(config.scheduler)
   checks = {
-    "gemm": lambda: gemm_checks(config, model, buckets, timed),
+    "gemm": lambda: gemm_checks(config, model, buckets, timed, all_forms),
     "rmsnorm": lambda: norm_check(config, model, buckets),
     "attention": lambda: attention_checks(config, model, buckets, attention_for(config), timed),
     "sampler": lambda: sampler_checks(config, model, buckets),

@@ -10,7 +10,7 @@ from tests.integration.engine_helpers import run_to_completion, small_engine
 
 def _random_params(rng: np.random.Generator) -> SamplingParams:
   kind = rng.integers(0, 7)
-  max_tokens = int(rng.integers(1, 48))
+  max_tokens = int(rng.integers(1, 20))
   if kind == 0:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens)
   if kind == 1:

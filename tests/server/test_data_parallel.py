@@ -208,7 +208,7 @@ def test_more_cores_than_devices_is_refused_naming_the_field(tmp_path):
   """One CPU device (no forced host devices) for two cores: `jaxserve serve` exits 2 with the
   error naming data_parallel_size, as any bad flag."""
   config_path = str(tmp_path / "server.yaml")
-  _write_config(config_path)
+  _write_config(config_path, warmup="lazy")  # core 0 compiles nothing while core 1 fails
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   run = subprocess.run(
     [sys.executable, "-m", "jaxserve.cli", "serve", "--config", config_path]
