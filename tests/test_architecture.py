@@ -67,11 +67,11 @@ HOST = (
   "jaxserve.server",
   "jaxserve.tools",
   "jaxserve.bench",
-  "jaxserve.llm",
+  "jaxserve.entrypoints.llm",
   "jaxserve.cli",
   "jaxserve.structured",
 )
-ROOTS = ("jaxserve.assembly", "jaxserve.pool_sizing", "jaxserve.follower")
+ROOTS = ("jaxserve.composition", "jaxserve.entrypoints.follower")
 DEVICE = (
   "jaxserve.device",
   "pallas_kernels",
@@ -82,14 +82,23 @@ DEVICE = (
   "jaxserve.quantization.matmul",
 )
 PURE_HOST = (
-  "jaxserve.defaults",  # the device-aware defaults rule: a pure function of a description
+  # the device-aware defaults rule: a pure function of a description
+  "jaxserve.config.device_defaults",
   "jaxserve.config",  # the config tree: one module per section
   "jaxserve.config.engine",
   "jaxserve.config.cache",
   "jaxserve.config.scheduler",
   "jaxserve.config.distributed",
-  "jaxserve.config_loader",  # the YAML / --set loader
-  "jaxserve.device_description",
+  "jaxserve.config.loader",  # the YAML / --set loader
+  "jaxserve.config.require",
+  "jaxserve.config.server",
+  "jaxserve.config.engine_args",
+  "jaxserve.config.cli_args",
+  "jaxserve.config.cli_help",
+  "jaxserve.config.inert_args",
+  "jaxserve.config.human_ints",
+  "jaxserve.config.vllm_flags",
+  "jaxserve.runtime.device_description",
   "jaxserve.engine.scheduler",
   "jaxserve.engine.waiting_admission",
   "jaxserve.engine.step_budget",
@@ -206,7 +215,7 @@ def test_no_package_cycle(graph):
     "jaxserve.device",
     "jaxserve.models",
     "jaxserve.config",
-    "jaxserve.config_loader",
+    "jaxserve.composition",
     "pallas_kernels",
   } <= set(packages)
   assert cycles(packages) == []
@@ -218,43 +227,64 @@ def test_no_package_cycle(graph):
 # (messages) to the step programs (device), the model (models), the attention backend (attention)
 # and the kernel (pallas_kernels) only goes down.
 LAYERS: tuple[tuple[str, ...], ...] = (
-  ("jaxserve.device_description", "jaxserve.config_require"),
+  ("jaxserve.runtime",),
   (
     "pallas_kernels",
     "jaxserve.messages",
-    "jaxserve.outputs",
-    "jaxserve.memory_stats",
-    "jaxserve.gc_pauses",
-    "jaxserve.log_setup",
-    "jaxserve.optional_deps",
-    "jaxserve.cli_help",
-    "jaxserve.human_ints",
-    "jaxserve.inert_args",
     "jaxserve.tokenizer",
     "jaxserve.reasoning",
     "jaxserve.quantization",
     "jaxserve.version",
   ),
   ("jaxserve.structured",),
-  ("jaxserve.sampling_params",),
-  ("jaxserve.server_config", "jaxserve.generation_config"),
+  ("jaxserve.api",),
   ("jaxserve.config",),
-  ("jaxserve.config_loader",),
-  ("jaxserve.engine_args", "jaxserve.attention", "jaxserve.engine", "jaxserve.defaults"),
-  ("jaxserve.cli_args",),
+  ("jaxserve.attention", "jaxserve.engine"),
   ("jaxserve.models",),
   ("jaxserve.device",),
-  ("jaxserve.parallel", "jaxserve.platforms"),
-  ("jaxserve.pool_sizing", "jaxserve.platform_needs"),
-  ("jaxserve.assembly",),
-  ("jaxserve.follower",),
-  ("jaxserve.core", "jaxserve.llm"),
+  ("jaxserve.parallel",),
+  ("jaxserve.composition",),
+  ("jaxserve.entrypoints",),
+  ("jaxserve.core",),
   ("jaxserve.server", "jaxserve.tools"),
   ("jaxserve.tpu_aot",),
   ("jaxserve.bench",),
   ("jaxserve",),
   ("jaxserve.cli",),
 )
+
+# Within a package, its modules' layers, from the lowest up (a package's __init__ counts as a
+# module): the configuration's checks and leaf tables, the server section, the other sections,
+# the tree (config/__init__.py), the YAML / --set loader, the flags and the device-aware defaults
+# over it, the parser that adds the flags; the KV pool's sizing below the engine's assembly.
+MODULE_LAYERS: dict[str, tuple[tuple[str, ...], ...]] = {
+  "jaxserve.config": (
+    (
+      "jaxserve.config.require",
+      "jaxserve.config.cli_help",
+      "jaxserve.config.human_ints",
+      "jaxserve.config.inert_args",
+      "jaxserve.config.generation_config",
+    ),
+    ("jaxserve.config.server",),
+    (
+      "jaxserve.config.cache",
+      "jaxserve.config.distributed",
+      "jaxserve.config.scheduler",
+      "jaxserve.config.vllm_flags",
+    ),
+    ("jaxserve.config.engine",),
+    ("jaxserve.config",),
+    ("jaxserve.config.loader",),
+    ("jaxserve.config.engine_args", "jaxserve.config.device_defaults"),
+    ("jaxserve.config.cli_args",),
+  ),
+  "jaxserve.composition": (
+    ("jaxserve.composition",),
+    ("jaxserve.composition.pool_sizing",),
+    ("jaxserve.composition.assembly",),
+  ),
+}
 
 
 def test_every_import_goes_down_the_layers(graph):
@@ -263,6 +293,16 @@ def test_every_import_goes_down_the_layers(graph):
   assert set(packages) == set(layer), "every package has a layer"
   upward = sorted(
     (a, b) for a, targets in packages.items() for b in targets if a != b and layer[b] >= layer[a]
+  )
+  assert upward == []
+
+
+@pytest.mark.parametrize("package", sorted(MODULE_LAYERS))
+def test_every_import_within_a_package_goes_down_its_layers(graph, package):
+  layer = {module: i for i, modules in enumerate(MODULE_LAYERS[package]) for module in modules}
+  assert {m for m in graph if within(m, (package,))} == set(layer), "every module has a layer"
+  upward = sorted(
+    (a, b) for a in layer for b in graph[a] if b in layer and a != b and layer[b] >= layer[a]
   )
   assert upward == []
 

@@ -4,7 +4,7 @@ startup, server-startup and batch-invariance (each described in docs/BENCHMARKS.
 `jaxserve.cli` calls `register(subparsers)`; the flags come from flags.py, and each command
 imports its module only when it runs, so `jaxserve --help` stays fast and torch / matplotlib are
 needed only by the commands using them. Before it imports its module, a command checks the
-optional packages it will use (jaxserve/optional_deps.py): a missing one is a one-line error
+optional packages it will use (jaxserve/runtime/optional_deps.py): a missing one is a one-line error
 naming the extra.
 
 Files are written only when asked (`--save-result` / `--result-dir`, `--out`); nothing lands in
@@ -18,7 +18,7 @@ from typing import Callable
 
 from jaxserve.bench import flags
 from jaxserve.bench.soak_flags import add_soak_flags
-from jaxserve.optional_deps import HTTPX, MATPLOTLIB, TORCH, TRANSFORMERS, requiring
+from jaxserve.runtime.optional_deps import HTTPX, MATPLOTLIB, TORCH, TRANSFORMERS, requiring
 
 Command = Callable[[argparse.Namespace], int]
 

@@ -5,8 +5,8 @@ This module parses the flags and hands the configuration and the API server's en
 own process and N API server processes (server.api_server_count / --api-server-count;
 core/supervisor.py supervises them); with 0, one process, the engine core on a thread
 (core/in_process.py). Either way the API servers talk to the engine core over ZeroMQ, and the
-engine is built (model, buckets, KV pages, warmup; jaxserve/assembly.py logs each) before the
-HTTP socket opens, so once the server accepts connections /health is 200.
+engine is built (model, buckets, KV pages, warmup; jaxserve/composition/assembly.py logs each)
+before the HTTP socket opens, so once the server accepts connections /health is 200.
 
 SIGTERM or SIGINT drains (server/uvicorn_runner.py): new requests (and /health) get 503, running
 responses get up to server.drain_timeout_s to finish, those still running then end with an error
@@ -16,7 +16,7 @@ exits with status 0.
 Multi-host: every host runs `jaxserve serve` with the same settings plus its --process-id (or
 --distributed alone on a Cloud TPU VM, where JAX finds the slice's hosts). All of them join the
 jax.distributed job first; process 0 then builds the engine and serves HTTP, the others run the
-worker loop (jaxserve/follower.py) and exit 0 after process 0 stops.
+worker loop (jaxserve/entrypoints/follower.py) and exit 0 after process 0 stops.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from jaxserve.cli_args import add_engine_args, engine_config_from_args
 from jaxserve.config import EngineConfig, ServerConfig
+from jaxserve.config.cli_args import add_engine_args, engine_config_from_args
+from jaxserve.config.vllm_flags import add_vllm_flags, vllm_flag_overrides
 from jaxserve.core.serve import serve as serve_config
 from jaxserve.reasoning import reasoning_parser_names
 from jaxserve.server.api_process import run_api_server
 from jaxserve.server.tls import check_tls_files
-from jaxserve.server.vllm_flags import add_vllm_flags, vllm_flag_overrides
 from jaxserve.structured.tool_parsers import tool_parser_names
 
 

@@ -3,7 +3,7 @@ jaxserve/bench/cli.py).
 
 `jaxserve.cli` calls `register(subparsers)`; each command imports its module only when it runs,
 so `jaxserve --help` stays fast and torch / matplotlib are needed only by the commands using them
-(checked first: jaxserve/optional_deps.py). Files are written only when asked (`--out`,
+(checked first: jaxserve/runtime/optional_deps.py). Files are written only when asked (`--out`,
 `--out-dir`); nothing lands in ./out/ by default.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from jaxserve.cli_args import add_engine_args
-from jaxserve.optional_deps import MATPLOTLIB, TORCH, TRANSFORMERS, requiring
+from jaxserve.config.cli_args import add_engine_args
+from jaxserve.runtime.optional_deps import MATPLOTLIB, TORCH, TRANSFORMERS, requiring
 
 
 def register(subparsers) -> None:

@@ -22,8 +22,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from jaxserve.cli_args import add_engine_args, engine_config_from_args
-from jaxserve.optional_deps import install_command
+from jaxserve.config.cli_args import add_engine_args, engine_config_from_args
+from jaxserve.runtime.optional_deps import install_command
 from jaxserve.tools.json_file import write_json
 
 
@@ -88,10 +88,10 @@ def register(subparsers) -> None:
 def main(args: argparse.Namespace) -> int:
   import jax
 
-  from jaxserve.device_description import DeviceDescription
   from jaxserve.models.named_shapes import named_model_config
   from jaxserve.models.registry import model_path, model_quantization
   from jaxserve.quantization.capabilities import check_device_runs
+  from jaxserve.runtime.device_description import DeviceDescription
   from jaxserve.tools.kv_plan import model_config_for
   from jaxserve.tpu_aot.build import BuildRequest, build
   from jaxserve.tpu_aot.chips import chip_of_config_name, get_chip

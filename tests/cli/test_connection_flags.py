@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from jaxserve.cli import build_parser
-from jaxserve.cli_help import use_defaults_help
+from jaxserve.config.cli_help import use_defaults_help
 from jaxserve.server.cli import serve_engine_config
 
 

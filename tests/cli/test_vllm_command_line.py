@@ -15,13 +15,13 @@ import pytest
 from starlette.applications import Starlette
 
 from jaxserve.cli import build_parser, parse_command_line
-from jaxserve.cli_args import engine_config_from_args
-from jaxserve.cli_help import all_parsers
 from jaxserve.config import EngineConfig
-from jaxserve.config_loader import non_default_keys
-from jaxserve.human_ints import human_int
-from jaxserve.inert_args import UNDEFINED_FLAGS
-from jaxserve.llm import engine_config_for
+from jaxserve.config.cli_args import engine_config_from_args
+from jaxserve.config.cli_help import all_parsers
+from jaxserve.config.human_ints import human_int
+from jaxserve.config.inert_args import UNDEFINED_FLAGS
+from jaxserve.config.loader import non_default_keys
+from jaxserve.entrypoints.llm import engine_config_for
 from jaxserve.server.cli import serve_engine_config
 from jaxserve.server.uvicorn_runner import server_config
 

@@ -1,12 +1,13 @@
 """The `jaxserve` command: generate, serve, bench and eval on one engine configuration.
 
 Engine settings come from one place: --config FILE (YAML) plus --set KEY=VALUE overrides, with
-the common ones (--model, --max-num-seqs, --gpu-memory-utilization, ...; jaxserve/engine_args.py)
-as flags for the same overrides (jaxserve/cli_args.py adds them to a parser). Every --help shows
-defaults; a misspelt flag gets a "did you mean" (jaxserve/cli_help.py). Subcommands defined next
-to the code they drive are imported explicitly: `serve` (jaxserve/server/cli.py), the benchmarks
-(jaxserve/bench/cli.py), eval and kv-plan (jaxserve/tools/cli.py), compile-tpu
-(jaxserve/tpu_aot/cli.py); each of those imports its heavy module only when it runs.
+the common ones (--model, --max-num-seqs, --gpu-memory-utilization, ...;
+jaxserve/config/engine_args.py) as flags for the same overrides (jaxserve/config/cli_args.py adds
+them to a parser). Every --help shows defaults; a misspelt flag gets a "did you mean"
+(jaxserve/config/cli_help.py). Subcommands defined next to the code they drive are imported
+explicitly: `serve` (jaxserve/server/cli.py), the benchmarks (jaxserve/bench/cli.py), eval and
+kv-plan (jaxserve/tools/cli.py), compile-tpu (jaxserve/tpu_aot/cli.py); each of those imports its
+heavy module only when it runs.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ import sys
 
 from jaxserve import __version__
 from jaxserve.bench import cli as bench_cli
-from jaxserve.cli_args import add_engine_args, engine_config_from_args
-from jaxserve.cli_help import command_parser, unknown_flags_message, use_defaults_help
-from jaxserve.inert_args import take_undefined_flags
-from jaxserve.log_setup import configure_logging
-from jaxserve.optional_deps import MissingDependencyError
-from jaxserve.platform_needs import check_platform
-from jaxserve.platforms import prepare_jax_process
+from jaxserve.config.cli_args import add_engine_args, engine_config_from_args
+from jaxserve.config.cli_help import command_parser, unknown_flags_message, use_defaults_help
+from jaxserve.config.inert_args import take_undefined_flags
+from jaxserve.device.platform_needs import check_platform
+from jaxserve.device.platforms import prepare_jax_process
+from jaxserve.runtime.log_setup import configure_logging
+from jaxserve.runtime.optional_deps import MissingDependencyError
 from jaxserve.server import cli as server_cli
 from jaxserve.tools import cli as tools_cli
 from jaxserve.tpu_aot import cli as tpu_aot_cli
@@ -33,8 +34,8 @@ logger = logging.getLogger(__name__)
 
 
 def _generate(args: argparse.Namespace) -> int:
-  from jaxserve.llm import LLM
-  from jaxserve.sampling_params import SamplingParams
+  from jaxserve.api.sampling_params import SamplingParams
+  from jaxserve.entrypoints.llm import LLM
 
   config = engine_config_from_args(args)
   params = SamplingParams(
@@ -119,13 +120,11 @@ def _add_convert(subparsers) -> None:
 
 
 def _config(args: argparse.Namespace) -> int:
-  import yaml
-
-  from jaxserve.config_loader import config_to_dict
+  from jaxserve.config.loader import config_yaml
   from jaxserve.messages.buckets import BucketSet
 
   config = engine_config_from_args(args)
-  print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
+  print(config_yaml(config), end="")
   print(f"# buckets: {BucketSet.from_config(config.scheduler).describe()}")
   return 0
 
@@ -199,7 +198,3 @@ def main(argv: list[str] | None = None) -> int:
   except ValueError as err:
     print(f"jaxserve {args.command}: error: {err}", file=sys.stderr)
     return 2
-
-
-if __name__ == "__main__":
-  sys.exit(main())

@@ -22,7 +22,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Mapping
 
 from jaxserve.config import EngineConfig
-from jaxserve.platforms import CUDA_PLUGINS, ROCM_PLUGINS, installed
+from jaxserve.device.platforms import CUDA_PLUGINS, ROCM_PLUGINS, installed
 
 # platform -> the README's line that installs jaxserve with JAX's support for it
 INSTALL_LINES: Mapping[str, str] = {
