@@ -33,8 +33,8 @@ The JAX client's share of the device (XLA_CLIENT_MEM_FRACTION, set from cache.me
 before the backend starts) is device/client_memory.py's; device_memory() reads the device's total
 from the client's limit and that share. Backends with no memory statistics (CPU) size the pool
 from memory_fraction of CPU_DEFAULT_BYTES (device/kv_cache.py). The step scratch is measured for
-unsharded steps (composition/assembly.py); for sharded ones UNMEASURED_SCRATCH_SHARE of the budget is kept
-instead. Statistics are read through jaxserve/runtime/memory_stats.py.
+unsharded steps (composition/assembly.py); for sharded ones UNMEASURED_SCRATCH_SHARE of the budget
+is kept instead. Statistics are read through jaxserve/runtime/memory_stats.py.
 """
 
 from __future__ import annotations
