@@ -20,6 +20,8 @@ a fraction of a second and fails on the first edge that breaks a rule):
 * every import goes down the layers (LAYERS between packages; MODULE_LAYERS within config/ and
   composition/);
 * the top level of jaxserve/ holds at most 6 modules (TOP_LEVEL names them, each with why);
+* one subcommand dispatch: only config/subcommands.py calls argparse's add_subparsers (every
+  command, at every level, is a record of a table);
 * no configuration outside config/: no other module is named for it, reads YAML, defines a
   *Config / *Args / *Settings class or adds a `--set` override (NOT_CONFIGURATION: what only
   looks like configuration, each with why);
@@ -106,6 +108,7 @@ PURE_HOST = (
   "jaxserve.config.human_ints",
   "jaxserve.config.vllm_flags",
   "jaxserve.config.serve_flags",
+  "jaxserve.config.subcommands",
   "jaxserve.runtime.device_description",
   "jaxserve.engine.scheduler",
   "jaxserve.engine.waiting_admission",
@@ -269,6 +272,7 @@ MODULE_LAYERS: dict[str, tuple[tuple[str, ...], ...]] = {
   "jaxserve.config": (
     (
       "jaxserve.config.require",
+      "jaxserve.config.subcommands",
       "jaxserve.config.cli_help",
       "jaxserve.config.human_ints",
       "jaxserve.config.inert_args",
@@ -683,3 +687,25 @@ def test_the_configuration_rule_catches_what_it_is_for(tmp_path):
     "server/cli.py:4 .overrides.append(...)",
     "server/server_flags.py",
   ]
+
+
+SUBCOMMANDS = CONFIG / "subcommands.py"
+
+
+def subparser_calls(package: Path = PACKAGE) -> list[str]:
+  """Where a module of `package` calls argparse's add_subparsers."""
+  return [
+    f"{path.relative_to(package).as_posix()}:{node.lineno}"
+    for path in sorted(package.rglob("*.py"))
+    for node in ast.walk(parse(path))
+    if isinstance(node, ast.Call)
+    and isinstance(node.func, ast.Attribute)
+    and node.func.attr == "add_subparsers"
+  ]
+
+
+def test_one_subcommand_dispatch():
+  """The commands are tables of config/subcommands.Subcommand records (cli/__init__.py's
+  COMMANDS, bench/cli.py's under `bench`); add_subcommands is the one dispatch that builds them."""
+  (call,) = subparser_calls()
+  assert call.startswith(SUBCOMMANDS.relative_to(PACKAGE).as_posix() + ":")

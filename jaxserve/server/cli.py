@@ -24,23 +24,23 @@ from __future__ import annotations
 import argparse
 
 from jaxserve.config.serve_flags import add_serve_flags, serve_engine_config
+from jaxserve.config.subcommands import Subcommand
 from jaxserve.core.serve import serve as serve_config
 from jaxserve.server.api_process import run_api_server
 from jaxserve.server.tls import check_tls_files
-
-
-def register(subparsers) -> None:
-  parser = subparsers.add_parser(
-    "serve",
-    help="serve the OpenAI-compatible HTTP API",
-    description="Serve /v1/completions, /v1/chat/completions, /v1/models, /tokenize, "
-    "/detokenize, /tokenizer_info, /health and /metrics. Without a MODEL it serves tiny-random.",
-  )
-  add_serve_flags(parser)
-  parser.set_defaults(func=serve)
 
 
 def serve(args: argparse.Namespace) -> int:
   config = serve_engine_config(args)
   check_tls_files(config.server)  # before minutes of engine start-up
   return serve_config(config, args.log_level, run_api_server)
+
+
+SERVE = Subcommand(
+  "serve",
+  help="serve the OpenAI-compatible HTTP API",
+  description="Serve /v1/completions, /v1/chat/completions, /v1/models, /tokenize, "
+  "/detokenize, /tokenizer_info, /health and /metrics. Without a MODEL it serves tiny-random.",
+  add_flags=add_serve_flags,
+  run=serve,
+)
