@@ -19,10 +19,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxserve.api.sampling_params import MAX_LOGIT_BIAS
 from jaxserve.bench.timing import seconds_per_call
 from jaxserve.device.sampler import SamplerMode, sample
 from jaxserve.device.sampling_inputs import SamplingInputs
-from jaxserve.sampling_params import MAX_LOGIT_BIAS
 from jaxserve.tools.json_file import write_json
 
 NUM_BANNED = 8

@@ -23,9 +23,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxserve.assembly import build_engine
+from jaxserve.api.sampling_params import SamplingParams
+from jaxserve.composition.assembly import build_engine
 from jaxserve.config import CacheConfig, EngineConfig, SchedulerConfig
-from jaxserve.sampling_params import SamplingParams
 
 
 def engine_config(

@@ -24,9 +24,9 @@ TOP = 5
 
 
 def run(args: argparse.Namespace) -> None:
-  from jaxserve.config_loader import load_config
-  from jaxserve.llm import LLM
-  from jaxserve.sampling_params import SamplingParams
+  from jaxserve.api.sampling_params import SamplingParams
+  from jaxserve.config.loader import load_config
+  from jaxserve.entrypoints.llm import LLM
 
   config = load_config(None if args.config == "none" else args.config, args.set)
   llm = LLM(args.model, config=config, show_progress=False)

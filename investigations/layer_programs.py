@@ -22,7 +22,7 @@ from unittest import mock
 import jax
 
 from investigations.profile_step import profiled_batch, timed_forward
-from jaxserve.cli_args import add_engine_args
+from jaxserve.config.cli_args import add_engine_args
 from jaxserve.models.layers.decoder import CausalLM
 
 VARIANTS = ("unrolled", "per_layer")

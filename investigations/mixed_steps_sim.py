@@ -29,12 +29,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.config import SchedulerConfig
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request, RequestStatus
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.messages.buckets import BucketSet
-from jaxserve.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

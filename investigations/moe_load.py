@@ -21,7 +21,7 @@ import json
 import logging
 import time
 
-from jaxserve.platforms import prepare_jax_process
+from jaxserve.device.platforms import prepare_jax_process
 
 GIB = 1 << 30
 
@@ -33,16 +33,16 @@ def layout_name(groups: int) -> str:
 def measure(model: str, layout: str, fraction: float, fuse: bool, group_bytes: int | None) -> dict:
   import jax
 
+  from jaxserve.composition.pool_sizing import device_weight_bytes
   from jaxserve.device.device_memory import (
     fit_pool_bytes,
     kv_budget_bytes,
     loader_slack,
     read_device_memory,
   )
-  from jaxserve.memory_stats import memory_stats
   from jaxserve.models.weight_transfer import TransferOptions
   from jaxserve.models.weights import load_hf_config, load_hf_weights
-  from jaxserve.pool_sizing import device_weight_bytes
+  from jaxserve.runtime.memory_stats import memory_stats
 
   config = load_hf_config(model)
   before = read_device_memory()

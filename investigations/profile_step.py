@@ -32,13 +32,13 @@ from investigations.device_trace import (
   total_device_us,
 )
 from investigations.hlo_ops import describe, instructions
-from jaxserve.assembly import build_engine
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.bench.timing import median_seconds
-from jaxserve.cli_args import add_engine_args, engine_config_from_args
+from jaxserve.composition.assembly import build_engine
+from jaxserve.config.cli_args import add_engine_args, engine_config_from_args
 from jaxserve.device.lowering import lower_step
 from jaxserve.device.packing import pack
 from jaxserve.device.sampler import SamplerMode, sample
-from jaxserve.sampling_params import SamplingParams
 
 
 def timed(fn, *args, reps: int = 20, **kwargs) -> float:

@@ -22,9 +22,9 @@ import time
 import jax
 import numpy as np
 
-from jaxserve.llm import LLM
-from jaxserve.memory_stats import memory_stats
-from jaxserve.sampling_params import SamplingParams
+from jaxserve.api.sampling_params import SamplingParams
+from jaxserve.entrypoints.llm import LLM
+from jaxserve.runtime.memory_stats import memory_stats
 
 GIB = 1 << 30
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-aware defaults on one GPU (issue 29): the offline benchmark of the 8B-shaped random
-# checkpoint with no config (the defaults jaxserve/defaults.py picks) beside
+# checkpoint with no config (the defaults jaxserve/config/device_defaults.py picks) beside
 # configs/h100-offline.yaml, 2000 x 128/128, alternating. Prints tok/s, the KV pool and the
 # "defaults for" log line of each run. Wheels beyond the device image are carried in .whl/.
 set -uo pipefail

@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 
-from jaxserve.assembly import build_engine
-from jaxserve.config_loader import load_config
-from jaxserve.sampling_params import SamplingParams
+from jaxserve.api.sampling_params import SamplingParams
+from jaxserve.composition.assembly import build_engine
+from jaxserve.config.loader import load_config
 
 
 def main() -> None:

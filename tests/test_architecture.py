@@ -2,8 +2,8 @@
 a fraction of a second and fails on the first edge that breaks a rule):
 
 * the device side (device/, pallas_kernels/, attention/, models/, parallel/) imports nothing from
-  the host side (engine/, core/, server/, structured/, tools/, bench/, llm.py, cli.py) nor from
-  the composition root (assembly.py with pool_sizing.py, follower.py);
+  the host side (engine/, core/, server/, structured/, tools/, bench/, entrypoints/llm.py, cli/)
+  nor from the composition root (composition/, entrypoints/follower.py);
 * what crosses the seam (messages/) imports no jax and nothing else of jaxserve;
 * the host side (every module of engine/: scheduler (with its admission of waiting requests,
   decode bursts, prefix-cache page bookkeeping and step plan), page allocator, requests, batch
@@ -17,6 +17,14 @@ a fraction of a second and fails on the first edge that breaks a rule):
 * no import cycle among jaxserve modules, nor among packages (jaxserve.X, pallas_kernels);
 * imports are explicit (no __import__);
 * tests/<folder> mirrors a package;
+* every import goes down the layers (LAYERS between packages; MODULE_LAYERS within config/ and
+  composition/);
+* the top level of jaxserve/ holds at most 6 modules (TOP_LEVEL names them, each with why);
+* one subcommand dispatch: only config/subcommands.py calls argparse's add_subparsers (every
+  command, at every level, is a record of a table);
+* no configuration outside config/: no other module is named for it, reads YAML, defines a
+  *Config / *Args / *Settings class or adds a `--set` override (NOT_CONFIGURATION: what only
+  looks like configuration, each with why);
 * no family flag outside the family modules (jaxserve/models/families/): nothing else reads a
   family attribute (`config.gemma`), compares or looks up a config's `architecture`, or compares
   with (or keys a table by) a family's name, model type or Hugging Face architecture name (the
@@ -38,6 +46,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import re
 from pathlib import Path
 
 import pytest
@@ -67,11 +76,11 @@ HOST = (
   "jaxserve.server",
   "jaxserve.tools",
   "jaxserve.bench",
-  "jaxserve.llm",
+  "jaxserve.entrypoints.llm",
   "jaxserve.cli",
   "jaxserve.structured",
 )
-ROOTS = ("jaxserve.assembly", "jaxserve.pool_sizing", "jaxserve.follower")
+ROOTS = ("jaxserve.composition", "jaxserve.entrypoints.follower")
 DEVICE = (
   "jaxserve.device",
   "pallas_kernels",
@@ -82,14 +91,25 @@ DEVICE = (
   "jaxserve.quantization.matmul",
 )
 PURE_HOST = (
-  "jaxserve.defaults",  # the device-aware defaults rule: a pure function of a description
+  # the device-aware defaults rule: a pure function of a description
+  "jaxserve.config.device_defaults",
   "jaxserve.config",  # the config tree: one module per section
   "jaxserve.config.engine",
   "jaxserve.config.cache",
   "jaxserve.config.scheduler",
   "jaxserve.config.distributed",
-  "jaxserve.config_loader",  # the YAML / --set loader
-  "jaxserve.device_description",
+  "jaxserve.config.loader",  # the YAML / --set loader
+  "jaxserve.config.require",
+  "jaxserve.config.server",
+  "jaxserve.config.engine_args",
+  "jaxserve.config.cli_args",
+  "jaxserve.config.cli_help",
+  "jaxserve.config.inert_args",
+  "jaxserve.config.human_ints",
+  "jaxserve.config.vllm_flags",
+  "jaxserve.config.serve_flags",
+  "jaxserve.config.subcommands",
+  "jaxserve.runtime.device_description",
   "jaxserve.engine.scheduler",
   "jaxserve.engine.waiting_admission",
   "jaxserve.engine.step_budget",
@@ -206,7 +226,7 @@ def test_no_package_cycle(graph):
     "jaxserve.device",
     "jaxserve.models",
     "jaxserve.config",
-    "jaxserve.config_loader",
+    "jaxserve.composition",
     "pallas_kernels",
   } <= set(packages)
   assert cycles(packages) == []
@@ -218,43 +238,67 @@ def test_no_package_cycle(graph):
 # (messages) to the step programs (device), the model (models), the attention backend (attention)
 # and the kernel (pallas_kernels) only goes down.
 LAYERS: tuple[tuple[str, ...], ...] = (
-  ("jaxserve.device_description", "jaxserve.config_require"),
+  ("jaxserve.runtime",),
   (
     "pallas_kernels",
     "jaxserve.messages",
-    "jaxserve.outputs",
-    "jaxserve.memory_stats",
-    "jaxserve.gc_pauses",
-    "jaxserve.log_setup",
-    "jaxserve.optional_deps",
-    "jaxserve.cli_help",
-    "jaxserve.human_ints",
-    "jaxserve.inert_args",
     "jaxserve.tokenizer",
     "jaxserve.reasoning",
     "jaxserve.quantization",
     "jaxserve.version",
   ),
   ("jaxserve.structured",),
-  ("jaxserve.sampling_params",),
-  ("jaxserve.server_config", "jaxserve.generation_config"),
+  ("jaxserve.api",),
   ("jaxserve.config",),
-  ("jaxserve.config_loader",),
-  ("jaxserve.engine_args", "jaxserve.attention", "jaxserve.engine", "jaxserve.defaults"),
-  ("jaxserve.cli_args",),
+  ("jaxserve.attention", "jaxserve.engine"),
   ("jaxserve.models",),
   ("jaxserve.device",),
-  ("jaxserve.parallel", "jaxserve.platforms"),
-  ("jaxserve.pool_sizing", "jaxserve.platform_needs"),
-  ("jaxserve.assembly",),
-  ("jaxserve.follower",),
-  ("jaxserve.core", "jaxserve.llm"),
+  ("jaxserve.parallel",),
+  ("jaxserve.composition",),
+  ("jaxserve.entrypoints",),
+  ("jaxserve.core",),
   ("jaxserve.server", "jaxserve.tools"),
   ("jaxserve.tpu_aot",),
   ("jaxserve.bench",),
   ("jaxserve",),
   ("jaxserve.cli",),
 )
+
+# Within a package, its modules' layers, from the lowest up (a package's __init__ counts as a
+# module): the configuration's checks and leaf tables, the server section, the other sections,
+# the tree (config/__init__.py), the YAML / --set loader, the flags and the device-aware defaults
+# over it, the parser that adds the flags; the KV pool's sizing below the engine's assembly.
+MODULE_LAYERS: dict[str, tuple[tuple[str, ...], ...]] = {
+  "jaxserve.config": (
+    (
+      "jaxserve.config.require",
+      "jaxserve.config.subcommands",
+      "jaxserve.config.cli_help",
+      "jaxserve.config.human_ints",
+      "jaxserve.config.inert_args",
+      "jaxserve.config.generation_config",
+    ),
+    ("jaxserve.config.server",),
+    (
+      "jaxserve.config.cache",
+      "jaxserve.config.distributed",
+      "jaxserve.config.scheduler",
+      "jaxserve.config.vllm_flags",
+      "jaxserve.config.serve_flags",
+    ),
+    ("jaxserve.config.engine",),
+    ("jaxserve.config",),
+    ("jaxserve.config.loader",),
+    ("jaxserve.config.engine_args", "jaxserve.config.device_defaults"),
+    ("jaxserve.config.cli_args",),
+    ("jaxserve.config.serve_flags",),
+  ),
+  "jaxserve.composition": (
+    ("jaxserve.composition",),
+    ("jaxserve.composition.pool_sizing",),
+    ("jaxserve.composition.assembly",),
+  ),
+}
 
 
 def test_every_import_goes_down_the_layers(graph):
@@ -263,6 +307,16 @@ def test_every_import_goes_down_the_layers(graph):
   assert set(packages) == set(layer), "every package has a layer"
   upward = sorted(
     (a, b) for a, targets in packages.items() for b in targets if a != b and layer[b] >= layer[a]
+  )
+  assert upward == []
+
+
+@pytest.mark.parametrize("package", sorted(MODULE_LAYERS))
+def test_every_import_within_a_package_goes_down_its_layers(graph, package):
+  layer = {module: i for i, modules in enumerate(MODULE_LAYERS[package]) for module in modules}
+  assert {m for m in graph if within(m, (package,))} == set(layer), "every module has a layer"
+  upward = sorted(
+    (a, b) for a in layer for b in graph[a] if b in layer and a != b and layer[b] >= layer[a]
   )
   assert upward == []
 
@@ -528,7 +582,6 @@ TEST_FOLDERS_BEYOND_PACKAGES = {
   "pallas_kernels": "the top-level kernels package",
   "investigations": "the top-level investigations folder",
   "integration": "engines end to end, across packages",
-  "cli": "the jaxserve command and its top-level modules (cli*.py, engine_args.py, platforms.py)",
 }
 
 
@@ -537,3 +590,122 @@ def test_the_tests_mirror_the_packages():
   packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
   assert folders - packages - set(TEST_FOLDERS_BEYOND_PACKAGES) == set()
   assert set(TEST_FOLDERS_BEYOND_PACKAGES) <= folders
+
+
+# The top level of jaxserve/ keeps what no package owns; everything else is in a named package.
+TOP_LEVEL = {
+  "__init__": "the package's face: LLM, SamplingParams, __version__",
+  "version": "jaxserve's version (GET /version, the wheel's)",
+}
+MAX_TOP_LEVEL = 6
+
+
+def test_the_top_level_holds_at_most_six_modules():
+  assert len(TOP_LEVEL) <= MAX_TOP_LEVEL
+  assert {path.stem for path in PACKAGE.glob("*.py")} == set(TOP_LEVEL)
+
+
+CONFIG = PACKAGE / "config"
+CONFIG_WORD = re.compile(r"config|args|flags|defaults|settings")
+CONFIG_CLASS = re.compile(r"(Config|Args|Settings)$")
+# What outside config/ looks like configuration but is not jaxserve's own settings, and why.
+NOT_CONFIGURATION = {
+  "models/model_config.py": "the checkpoint's config.json, as the model families read it",
+  "models/model_config.py class ModelConfig": "the checkpoint's config.json, read",
+  "models/hf_config.py": "reads a checkpoint's config.json into a ModelConfig",
+  "models/hf_config_json.py": "writes a ModelConfig back as a checkpoint's config.json",
+  "models/moe_config.py": "a checkpoint's experts, from its config.json",
+  "tokenizer/configured.py": "loads the tokenizer the config's tokenizer keys name",
+  "bench/flags.py": "a benchmark run's own flags (the engine's: config/cli_args.py)",
+  "bench/soak_flags.py": "the soak benchmark's own flags",
+  "bench/serve_client.py class ServeBenchConfig": "a serving benchmark run's parameters",
+  "core/info.py class ApiProcessArgs": "what the engine core hands an API process (IPC)",
+}
+
+
+def configuration_in(path: Path, package: Path = PACKAGE) -> list[str]:
+  """What module `path` holds of configuration: a name that says so (config, args, flags,
+  defaults, settings), YAML (the config file's format), a class named *Config, *Args or
+  *Settings, a `--set` override added to a parsed command line (`args.overrides.append(...)`)."""
+  where = path.relative_to(package).as_posix()
+  found = [where] if CONFIG_WORD.search(path.stem) else []
+  for node in ast.walk(parse(path)):
+    if (isinstance(node, ast.Import) and any(within(a.name, ("yaml",)) for a in node.names)) or (
+      isinstance(node, ast.ImportFrom) and within(node.module or "", ("yaml",))
+    ):
+      found.append(f"{where} imports yaml")
+    elif isinstance(node, ast.ClassDef) and CONFIG_CLASS.search(node.name):
+      found.append(f"{where} class {node.name}")
+    elif (
+      isinstance(node, ast.Call)
+      and isinstance(node.func, ast.Attribute)
+      and node.func.attr in ("append", "extend")
+      and isinstance(node.func.value, ast.Attribute)
+      and node.func.value.attr == "overrides"
+    ):
+      found.append(f"{where}:{node.lineno} .overrides.{node.func.attr}(...)")
+  return found
+
+
+def configuration_outside_config(package: Path = PACKAGE) -> set[str]:
+  config = package / "config"
+  return {
+    found
+    for path in sorted(package.rglob("*.py"))
+    if config not in path.parents
+    for found in configuration_in(path, package)
+  }
+
+
+def test_no_configuration_outside_config():
+  """config/ owns every setting: its tree, the YAML / --set loader, the flags and their help,
+  the engine arguments, the device-aware defaults. Nothing else is named for configuration,
+  reads YAML, defines a *Config / *Args / *Settings class or adds a `--set` override, but
+  what NOT_CONFIGURATION lists (each with why; none stale)."""
+  found = configuration_outside_config()
+  assert sorted(found - set(NOT_CONFIGURATION)) == []
+  assert set(NOT_CONFIGURATION) <= found
+
+
+def test_the_configuration_rule_catches_what_it_is_for(tmp_path):
+  package = tmp_path / "jaxserve"
+  (package / "config").mkdir(parents=True)
+  (package / "server").mkdir()
+  (package / "config" / "loader.py").write_text("import yaml\nclass EngineConfig: ...\n")
+  (package / "server" / "server_flags.py").write_text("")
+  (package / "server" / "cli.py").write_text(
+    "from yaml import safe_load\n"
+    "class ServeArgs: ...\n"
+    "def serve(args):\n"
+    "  args.overrides.append('server.port=1')\n"
+    "  overrides = []\n"
+    "  overrides.append('not a parsed command line')\n"
+  )
+  assert sorted(configuration_outside_config(package)) == [
+    "server/cli.py class ServeArgs",
+    "server/cli.py imports yaml",
+    "server/cli.py:4 .overrides.append(...)",
+    "server/server_flags.py",
+  ]
+
+
+SUBCOMMANDS = CONFIG / "subcommands.py"
+
+
+def subparser_calls(package: Path = PACKAGE) -> list[str]:
+  """Where a module of `package` calls argparse's add_subparsers."""
+  return [
+    f"{path.relative_to(package).as_posix()}:{node.lineno}"
+    for path in sorted(package.rglob("*.py"))
+    for node in ast.walk(parse(path))
+    if isinstance(node, ast.Call)
+    and isinstance(node.func, ast.Attribute)
+    and node.func.attr == "add_subparsers"
+  ]
+
+
+def test_one_subcommand_dispatch():
+  """The commands are tables of config/subcommands.Subcommand records (cli/__init__.py's
+  COMMANDS, bench/cli.py's under `bench`); add_subcommands is the one dispatch that builds them."""
+  (call,) = subparser_calls()
+  assert call.startswith(SUBCOMMANDS.relative_to(PACKAGE).as_posix() + ":")

@@ -53,7 +53,7 @@ def test_no_decision_by_an_attention_backends_name():
     ("KVPages", ["jaxserve.attention.metadata"]),
     ("check_token_ids", ["jaxserve.engine.admission"]),
     ("check_length", ["jaxserve.engine.admission"]),
-    ("expand_n", ["jaxserve.sampling_params"]),
+    ("expand_n", ["jaxserve.api.sampling_params"]),
     ("BUILTIN_MODELS", ["jaxserve.models.builtin"]),
     ("build_step_programs", ["jaxserve.device.step_programs"]),
     ("ModelRunner", ["jaxserve.device.model_runner"]),
@@ -116,7 +116,7 @@ def test_one_seed_plus_k():
     for node in ast.walk(parse(path))
     if adds_to_seed(node)
   ]
-  assert found == ["jaxserve.sampling_params"]
+  assert found == ["jaxserve.api.sampling_params"]
 
 
 def waiting_limit_checks(path: Path) -> int:

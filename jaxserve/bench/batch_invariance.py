@@ -35,15 +35,15 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
-from jaxserve.assembly import build_engine
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.bench.flags import INVARIANCE_SCENARIOS, add_batch_invariance_flags, standalone_parser
 from jaxserve.bench.invariance_components import model_config_of, run_components
+from jaxserve.composition.assembly import build_engine
 from jaxserve.config import EngineConfig
-from jaxserve.config_loader import load_config
-from jaxserve.defaults import Usage
+from jaxserve.config.device_defaults import Usage
+from jaxserve.config.loader import load_config
+from jaxserve.device.platforms import prepare_jax_process
 from jaxserve.engine.llm_engine import LLMEngine
-from jaxserve.platforms import prepare_jax_process
-from jaxserve.sampling_params import SamplingParams
 from jaxserve.tools.json_file import write_json
 
 

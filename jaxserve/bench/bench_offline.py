@@ -25,12 +25,12 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxserve.assembly import build_engine
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.bench.flags import add_offline_flags, standalone_parser
-from jaxserve.cli_args import engine_config_from_args
-from jaxserve.defaults import Usage
-from jaxserve.platforms import prepare_jax_process
-from jaxserve.sampling_params import SamplingParams
+from jaxserve.composition.assembly import build_engine
+from jaxserve.config.cli_args import engine_config_from_args
+from jaxserve.config.device_defaults import Usage
+from jaxserve.device.platforms import prepare_jax_process
 from jaxserve.tools.json_file import write_json
 from jaxserve.tools.key_value_table import key_value_table
 

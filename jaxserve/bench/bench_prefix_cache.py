@@ -68,7 +68,7 @@ def workload(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]], np.
 def drive(engine, prompts: list[list[int]], arrivals: np.ndarray, output_len: int) -> dict:
   """Adds each prompt at its arrival time and steps the engine until all finish; returns each
   request's TTFT (s), the elapsed time and the output token count."""
-  from jaxserve.sampling_params import SamplingParams
+  from jaxserve.api.sampling_params import SamplingParams
 
   params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
   ttft: dict[str, float] = {}
@@ -92,10 +92,10 @@ def drive(engine, prompts: list[list[int]], arrivals: np.ndarray, output_len: in
 
 def run_one(args: argparse.Namespace, caching: bool) -> dict:
   """The workload on a fresh engine with prefix caching on or off (this process)."""
-  from jaxserve.assembly import build_engine
-  from jaxserve.cli_args import engine_config_from_args
-  from jaxserve.defaults import Usage
-  from jaxserve.platforms import prepare_jax_process
+  from jaxserve.composition.assembly import build_engine
+  from jaxserve.config.cli_args import engine_config_from_args
+  from jaxserve.config.device_defaults import Usage
+  from jaxserve.device.platforms import prepare_jax_process
 
   config = engine_config_from_args(args)
   scheduler = dataclasses.replace(config.scheduler, enable_prefix_caching=caching)

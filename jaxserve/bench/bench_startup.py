@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 
 from jaxserve.bench.flags import add_startup_flags, standalone_parser
-from jaxserve.cli_args import engine_config_from_args
-from jaxserve.log_setup import LOG_FORMAT
-from jaxserve.platforms import prepare_jax_process
+from jaxserve.config.cli_args import engine_config_from_args
+from jaxserve.device.platforms import prepare_jax_process
+from jaxserve.runtime.log_setup import LOG_FORMAT
 from jaxserve.tools.json_file import write_json
 from jaxserve.tools.key_value_table import key_value_table
 
@@ -202,7 +202,7 @@ def command(args: argparse.Namespace) -> int:
   setup = prepare_jax_process(config.cache.memory_fraction)  # before jax starts
   import jax
 
-  from jaxserve.assembly import build_device
+  from jaxserve.composition.assembly import build_device
   from jaxserve.device.device_memory import max_concurrency
   from jaxserve.device.warmup import warmup
 

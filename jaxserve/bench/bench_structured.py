@@ -43,17 +43,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.assembly import build_engine
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.bench.flags import add_structured_flags, standalone_parser
 from jaxserve.bench.structured_workload import SCHEMA, check_workload, synthetic_tokenizer
 from jaxserve.bench.timing import seconds_per_call
-from jaxserve.cli_args import engine_config_from_args
+from jaxserve.composition.assembly import build_engine
 from jaxserve.config import EngineConfig
-from jaxserve.defaults import Usage
+from jaxserve.config.cli_args import engine_config_from_args
+from jaxserve.config.device_defaults import Usage
+from jaxserve.device.platforms import prepare_jax_process
 from jaxserve.device.step_options import step_greedy
 from jaxserve.device.token_bitmask import apply_token_bitmask, bitmask_words
-from jaxserve.platforms import prepare_jax_process
-from jaxserve.sampling_params import SamplingParams
 from jaxserve.structured import StructuredOutputSpec
 from jaxserve.tools.json_file import write_json
 

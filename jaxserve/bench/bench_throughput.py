@@ -42,8 +42,8 @@ def prompt_vocab_size(config: EngineConfig) -> int:
 def run_jaxserve(config: EngineConfig, prompts: list[list[int]], output_len: int) -> dict:
   import jax
 
-  from jaxserve.llm import LLM
-  from jaxserve.sampling_params import SamplingParams
+  from jaxserve.api.sampling_params import SamplingParams
+  from jaxserve.entrypoints.llm import LLM
 
   if config.warmup == "auto":  # timings without compilation: every program compiled up front
     config = config.replace(warmup="full")
@@ -97,7 +97,7 @@ def _prepare_model(config: EngineConfig, args, tmp: Path) -> tuple[EngineConfig,
 
 
 def main(args) -> int:
-  from jaxserve.cli_args import engine_config_from_args
+  from jaxserve.config.cli_args import engine_config_from_args
   from jaxserve.tools.kv_plan import model_config_for
 
   config = engine_config_from_args(args)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import math
 
-from jaxserve.cli_args import add_engine_args
-from jaxserve.cli_help import DefaultsHelpFormatter
+from jaxserve.config.cli_args import add_engine_args
+from jaxserve.config.cli_help import DefaultsHelpFormatter
 
 DEFAULT_TPOT_PROBES = "1x128/128,4x512/64"  # bench/tpot_probe.py: COUNTxPROMPT/OUTPUT,...
 

@@ -28,14 +28,14 @@ import sys
 from pathlib import Path
 
 from jaxserve.bench.vocab_tokenizer import write_vocab_tokenizer
-from jaxserve.cli_help import DefaultsHelpFormatter
+from jaxserve.config.cli_help import DefaultsHelpFormatter
 from jaxserve.models.families import family_of
 from jaxserve.models.hf_config_json import hf_config_json
 from jaxserve.models.layers.norms import IDENTITY_WEIGHT
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.named_shapes import SHAPES, named_model_config
 from jaxserve.models.weights import hf_tensor_specs
-from jaxserve.optional_deps import MissingDependencyError, Requirement, require
+from jaxserve.runtime.optional_deps import MissingDependencyError, Requirement, require
 
 SHARD_BYTES = 4 << 30
 

@@ -133,8 +133,8 @@ class ServerProcess:
 
 def dump_stacks(supervisor: int, log: TextIO, gap_s: float = 0.5) -> None:
   """The supervisor and each process it serves with print their threads' stacks (SIGUSR1:
-  log_setup.py) to their stderr, `log`, one process at a time, `gap_s` apart and each after a
-  line naming its pid, so the dumps of different processes do not interleave."""
+  runtime/log_setup.py) to their stderr, `log`, one process at a time, `gap_s` apart and each after
+  a line naming its pid, so the dumps of different processes do not interleave."""
   for pid in server_pids(supervisor):
     log.write(f"--- stacks of server process {pid} (SIGUSR1) ---\n")
     log.flush()

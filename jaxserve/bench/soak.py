@@ -261,7 +261,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-  from jaxserve.log_setup import configure_logging
+  from jaxserve.runtime.log_setup import configure_logging
 
   configure_logging("INFO")
   logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per call otherwise

@@ -1,9 +1,9 @@
 """Configuration: frozen dataclasses validated with exceptions, one module per section.
 
 EngineConfig (engine.py) holds the sections: CacheConfig (cache.py), SchedulerConfig
-(scheduler.py), DistributedConfig (distributed.py) and ServerConfig (jaxserve/server_config.py).
+(scheduler.py), DistributedConfig (distributed.py) and ServerConfig (jaxserve/config/server.py).
 Each checks every value on construction and raises ValueError naming the field. The YAML file
-and the `--set` overrides that build one are read by jaxserve/config_loader.py. This package
+and the `--set` overrides that build one are read by jaxserve/config/loader.py. This package
 imports nothing from jax.
 """
 
@@ -26,7 +26,7 @@ from jaxserve.config.engine import (
   EngineConfig,
 )
 from jaxserve.config.scheduler import SchedulerConfig
-from jaxserve.server_config import ServerConfig
+from jaxserve.config.server import ServerConfig
 
 __all__ = [
   "ATTENTION_BACKENDS",

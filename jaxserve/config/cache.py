@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jaxserve.config_require import require as _require
+from jaxserve.config.require import require as _require
 
 # cache.kv_cache_dtype: the KV pages' storage ("auto": the model's dtype) and, for the 8-bit
 # formats, the static per-layer scales K and V are divided by (pallas_kernels/

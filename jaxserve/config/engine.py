@@ -1,5 +1,5 @@
 """The engine's settings: EngineConfig, the root of the config tree, holding the sections
-(cache.py, scheduler.py, distributed.py here; ServerConfig is jaxserve/server_config.py's) and
+(cache.py, scheduler.py, distributed.py here; ServerConfig is jaxserve/config/server.py's) and
 the fixed sets of values its keys take (CHOICES). Validated on construction (ValueError naming
 the field); no jax."""
 
@@ -16,11 +16,11 @@ from jaxserve.config.cache import (
   CacheConfig,
 )
 from jaxserve.config.distributed import DistributedConfig
+from jaxserve.config.require import is_int_at_least, require_bool
+from jaxserve.config.require import require as _require
 from jaxserve.config.scheduler import SCHEDULING_POLICIES, SchedulerConfig
-from jaxserve.config_require import is_int_at_least, require_bool
-from jaxserve.config_require import require as _require
+from jaxserve.config.server import ServerConfig
 from jaxserve.quantization.scheme import NONE, QUANTIZATION_NAMES, check_quantization
-from jaxserve.server_config import ServerConfig
 
 ATTENTION_BACKENDS = ("auto", "reference", "xla", "pallas_gpu", "pallas_tpu")
 DTYPES = ("auto", "float32", "bfloat16")
@@ -29,7 +29,7 @@ SAMPLER_BACKENDS = ("auto", "xla", "pallas_gpu")
 QUANTIZED_GEMMS = ("auto", "xla", "pallas_gpu")
 WARMUP_MODES = ("auto", "lazy", "background", "full")
 # The dotted config keys whose value is one of a fixed set: EngineConfig validates them against
-# these, and the engine arguments (jaxserve/engine_args.py) offer these as their choices.
+# these, and the engine arguments (jaxserve/config/engine_args.py) offer these as their choices.
 CHOICES: Mapping[str, tuple[str, ...]] = {
   "dtype": DTYPES,
   "attention_backend": ATTENTION_BACKENDS,
@@ -82,7 +82,7 @@ class EngineConfig:
   Face model id loads from the local cache, model and tokenizer (null: main; models/hf_cache.py);
   a built-in model or a directory has none, and the engine logs that it changes nothing.
   generation_config: where the sampling defaults of requests that leave a field unset come from
-  (vLLM's --generation-config; jaxserve/generation_config.py): "auto" the model's
+  (vLLM's --generation-config; jaxserve/config/generation_config.py): "auto" the model's
   generation_config.json, "vllm" none, or a directory holding one.
   quantization: the weight scheme the projections run (jaxserve/quantization/scheme.py): a
   bfloat16 checkpoint is quantized as it loads; "none" loads a checkpoint as it is stored (a
@@ -128,7 +128,7 @@ class EngineConfig:
   server: ServerConfig = field(default_factory=ServerConfig)
   distributed: DistributedConfig = field(default_factory=DistributedConfig)
   # the dotted keys the user set (config file, --set, flags, LLM keywords): the device-aware
-  # defaults (jaxserve/defaults.py) change only the others. Not a config-file key.
+  # defaults (jaxserve/config/device_defaults.py) change only the others. Not a config-file key.
   explicit_keys: frozenset[str] = field(default=frozenset(), compare=False)
 
   def __post_init__(self) -> None:

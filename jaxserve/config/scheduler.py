@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jaxserve.config_require import require as _require
-from jaxserve.config_require import require_bool
+from jaxserve.config.require import require as _require
+from jaxserve.config.require import require_bool
 
 SCHEDULING_POLICIES = ("fcfs", "priority")  # engine/request_queue.py orders by them
 

@@ -19,7 +19,7 @@ child started from a thread other than the main one, where signal handlers canno
 inherits the default action).
 
 END_NOW_SIGNAL: the supervisor's word to an API server process that its drain must end now
-(server/uvicorn_runner.py acts on it); SIGUSR1 is taken (log_setup.py: thread stacks).
+(server/uvicorn_runner.py acts on it); SIGUSR1 is taken (runtime/log_setup.py: thread stacks).
 """
 
 from __future__ import annotations

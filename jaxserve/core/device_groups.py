@@ -21,7 +21,7 @@ i*tp .. (i+1)*tp - 1 of the host. How a core is confined to them depends on the 
 Either way the core ends up with `DeviceGroup.slice_start`: 0 where the variables left only its
 own devices visible, `first` where it sees every device. The accelerators are counted from their
 device files (/dev/nvidiaN, else the driver's /proc/driver/nvidia/gpus/; /dev/accelN or
-/dev/vfio/N), the way platforms.py finds a TPU,
+/dev/vfio/N), the way device/platforms.py finds a TPU,
 so the supervisor (which never imports jax) refuses data_parallel_size x tensor_parallel_size
 devices more than the host has, naming data_parallel_size; on the CPU the core process checks
 once jax is up (parallel/device_slice.py), which also refuses a GPU or TPU group whose

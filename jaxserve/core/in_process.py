@@ -108,7 +108,7 @@ def _exit_on_stop_signal():
 def serve_in_process(config: EngineConfig, log_level: str, entry: ApiServerEntry) -> int:
   """Builds the engine, serves it through `entry` until a stop signal has drained it; the exit
   status (1 if the engine core failed)."""
-  from jaxserve.assembly import build_engine
+  from jaxserve.composition.assembly import build_engine
 
   server = config.server
   start = time.monotonic()

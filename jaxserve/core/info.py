@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from jaxserve.config import ServerConfig
-from jaxserve.generation_config import GenerationDefaults
+from jaxserve.config.generation_config import GenerationDefaults
 from jaxserve.tokenizer.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # API server processes read CoreInfo without importing the engine
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # API server processes read CoreInfo without importing the en
 class CoreInfo:
   """What the core tells its parent once it serves. page_size: its KV pages' tokens, the
   block the API servers' prefix-affinity routing hashes (core/dp_routing.py);
-  generation_defaults: the model's sampling defaults (jaxserve/generation_config.py)."""
+  generation_defaults: the model's sampling defaults (jaxserve/config/generation_config.py)."""
 
   tokenizer: Tokenizer
   model_name: str

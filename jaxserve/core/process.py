@@ -44,7 +44,7 @@ from jaxserve.core.child_signals import start_ignoring_sigint
 from jaxserve.core.device_groups import DeviceGroup
 from jaxserve.core.info import CoreInfo
 from jaxserve.core.router import bind_router, core_address, remove_address
-from jaxserve.gc_pauses import GcPauses
+from jaxserve.runtime.gc_pauses import GcPauses
 
 logger = logging.getLogger(__name__)
 STARTUP_STOP_WAIT_S = 1.0
@@ -230,10 +230,10 @@ def run_core_process(
     os.environ.update(dict(group.env))
   import zmq
 
-  from jaxserve.assembly import build_engine
+  from jaxserve.composition.assembly import build_engine
   from jaxserve.core.loop import CoreLoop
-  from jaxserve.log_setup import configure_logging
-  from jaxserve.platforms import prepare_jax_process
+  from jaxserve.device.platforms import prepare_jax_process
+  from jaxserve.runtime.log_setup import configure_logging
 
   configure_logging(log_level)
   stop = threading.Event()  # set: the loop ends after its step

@@ -2,8 +2,8 @@
 
 * Multi-host (config.distributed.active): every host joins the jax.distributed job first;
   process 0 then builds the engine in this process and serves it from this process
-  (core/in_process.py), the others run the worker loop (jaxserve/follower.py) and exit 0 after
-  process 0 stops.
+  (core/in_process.py), the others run the worker loop (jaxserve/entrypoints/follower.py) and exit 0
+  after process 0 stops.
 * server.api_server_count N > 0 (default: default_api_server_count()): the supervisor
   (core/supervisor.py) starts the engine core process and N API server processes; this process
   never touches jax.
@@ -38,7 +38,7 @@ def _serve_multihost(config: EngineConfig, log_level: str, entry: ApiServerEntry
 
   initialize_distributed(config.distributed)
   if is_worker():
-    from jaxserve.follower import run_follower
+    from jaxserve.entrypoints.follower import run_follower
 
     return run_follower(config)
   return serve_in_process(config, log_level, entry)

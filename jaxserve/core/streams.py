@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from jaxserve.outputs import RequestOutput, merge_outputs
+from jaxserve.api.outputs import RequestOutput, merge_outputs
 
 MAX_PENDING_PER_REQUEST = 8
 

@@ -70,7 +70,7 @@ from jaxserve.core.api_processes import ApiProcesses, describe_exit
 from jaxserve.core.engine_cores import EngineCores
 from jaxserve.core.info import ApiProcessArgs, ApiServerEntry, write_core_info
 from jaxserve.core.process import CoreStartError, CoreStartStopped
-from jaxserve.log_setup import UVICORN_LOG_CONFIG
+from jaxserve.runtime.log_setup import UVICORN_LOG_CONFIG
 
 logger = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 30.0
@@ -86,7 +86,7 @@ def default_api_server_count() -> int:
 def run_api_process(entry: ApiServerEntry, args: ApiProcessArgs) -> None:
   """An API server process's target (multiprocessing spawn): SIGINT is ignored (the supervisor
   forwards a stop as SIGTERM; core/child_signals.py), then `entry` serves until drained."""
-  from jaxserve.log_setup import configure_logging
+  from jaxserve.runtime.log_setup import configure_logging
 
   configure_logging(args.log_level)
   signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -33,8 +33,8 @@ The JAX client's share of the device (XLA_CLIENT_MEM_FRACTION, set from cache.me
 before the backend starts) is device/client_memory.py's; device_memory() reads the device's total
 from the client's limit and that share. Backends with no memory statistics (CPU) size the pool
 from memory_fraction of CPU_DEFAULT_BYTES (device/kv_cache.py). The step scratch is measured for
-unsharded steps (assembly.py); for sharded ones UNMEASURED_SCRATCH_SHARE of the budget is kept
-instead. Statistics are read through jaxserve/memory_stats.py.
+unsharded steps (composition/assembly.py); for sharded ones UNMEASURED_SCRATCH_SHARE of the budget
+is kept instead. Statistics are read through jaxserve/runtime/memory_stats.py.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from jaxserve.device.client_memory import client_share
-from jaxserve.device_description import DeviceDescription
-from jaxserve.memory_stats import memory_stats
+from jaxserve.runtime.device_description import DeviceDescription
+from jaxserve.runtime.memory_stats import memory_stats
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +123,8 @@ def read_device_memory(
 
 def describe_devices(device_count: int = 1) -> DeviceDescription:
   """The first device's platform, kind and total memory (0 where the client reports none: the
-  CPU), for an engine on `device_count` such devices (jaxserve/defaults.py's input)."""
+  CPU), for an engine on `device_count` such devices (jaxserve/config/device_defaults.py's
+  input)."""
   import jax
 
   device = jax.devices()[0]

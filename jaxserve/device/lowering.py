@@ -1,6 +1,6 @@
 """Step inputs made of padding, and the step's programs lowered on them: what compiling a bucket
-ahead of serving (device/warmup.py), sizing the step's scratch memory (jaxserve/pool_sizing.py) and
-profiling (investigations/profile_step.py) need.
+ahead of serving (device/warmup.py), sizing the step's scratch memory
+(jaxserve/composition/pool_sizing.py) and profiling (investigations/profile_step.py) need.
 
 dummy_inputs(runner, bucket) is an empty batch padded to the bucket, so it has exactly the
 shapes and dtypes a real step of that bucket has (standalone_dummy_inputs: the same without a
@@ -18,13 +18,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxserve.api.sampling_params import MAX_LOGIT_BIAS
 from jaxserve.device.model_runner import ModelRunner, packed_model_inputs
 from jaxserve.device.packing import pack
 from jaxserve.device.sampler import SamplerMode
 from jaxserve.device.step_inputs import PreviousSamples, StepInputs, StepShape, build_step_inputs
 from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.messages.scheduled_batch import ScheduledBatch
-from jaxserve.sampling_params import MAX_LOGIT_BIAS
 
 
 def dummy_inputs(

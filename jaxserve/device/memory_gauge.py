@@ -1,11 +1,10 @@
 """DeviceMemoryGauge: the bytes the engine's JAX client holds on its devices, for /metrics.
 
 `bytes_in_use` sums `memory_stats()["bytes_in_use"]` over the engine's devices (read through
-jaxserve/memory_stats.py): the weights, the KV pool and whatever live buffers the steps hold,
-i.e. what would grow if something leaked on the device (the arena JAX reserves up front does
-not move). It is read at most once per `interval_s`, since the engine asks for its stats after
-every step; 0 where the backend reports none (the CPU). Implements engine/device_port.py's
-MemoryGauge.
+jaxserve/runtime/memory_stats.py): the weights, the KV pool and whatever live buffers the steps
+hold, i.e. what would grow if something leaked on the device (the arena JAX reserves up front does
+not move). It is read at most once per `interval_s`, since the engine asks for its stats after every
+step; 0 where the backend reports none (the CPU). Implements engine/device_port.py's MemoryGauge.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from typing import Sequence
 
 import jax
 
-from jaxserve.memory_stats import memory_stats
+from jaxserve.runtime.memory_stats import memory_stats
 
 
 class DeviceMemoryGauge:

@@ -44,6 +44,7 @@ import jax
 import numpy as np
 from flax import linen as nn
 
+from jaxserve.api.sampling_params import MAX_LOGIT_BIAS
 from jaxserve.device import sleep_mode
 from jaxserve.device.kv_cache import KVPages, KVPoolMaker
 from jaxserve.device.packing import PackedStepInputs, pack
@@ -55,7 +56,6 @@ from jaxserve.device.step_programs import StepPrograms
 from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.messages.scheduled_batch import ScheduledBatch, TokenBitmask
 from jaxserve.messages.step_output import StepOutput
-from jaxserve.sampling_params import MAX_LOGIT_BIAS
 
 SINGLE_STEP = ScheduledBatch()  # what a step dispatched without its batch (a replay) counts as
 

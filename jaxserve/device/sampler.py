@@ -43,9 +43,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxserve.api.sampling_params import MAX_LOGPROBS
 from jaxserve.device.sampling_inputs import SamplingInputs
 from jaxserve.device.token_bitmask import apply_token_bitmask
-from jaxserve.sampling_params import MAX_LOGPROBS
 
 NEG_INF = -jnp.inf
 LOGPROB_FLOOR = -9999.0  # a disallowed token's top-N logprob (JSON has no -inf)

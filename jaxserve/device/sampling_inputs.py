@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
+from jaxserve.api.sampling_params import MAX_LOGIT_BIAS
 from jaxserve.messages.sampling_row import GREEDY_ROW, SAMPLING_ROW_WIDTH, SamplingColumn
 from jaxserve.messages.scheduled_batch import BatchSampling, TokenBitmask
-from jaxserve.sampling_params import MAX_LOGIT_BIAS
 
 NUM_BANNED_IDS = 8  # eos + stop_token_ids masked while min_tokens is not reached
 _GREEDY_COLUMN = np.frombuffer(GREEDY_ROW, np.float64)[:, None]  # a padding slot's sampling row

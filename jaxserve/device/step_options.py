@@ -1,5 +1,5 @@
 """How the step programs compile on this machine, from EngineConfig: XLA options (gpu_gemm) and
-the sampler's greedy pick (sampler_backend, step_greedy). jaxserve/assembly.py and the
+the sampler's greedy pick (sampler_backend, step_greedy). jaxserve/composition/assembly.py and the
 ahead-of-time TPU build (jaxserve/tpu_aot) hand both to build_step_programs."""
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ It jits the functions of device/step_fns.py (forward, sampler, prompt logprobs a
 burst_steps > 1, the decode burst) once, with explicit shardings when the model is laid out over
 a mesh, and returns them as StepPrograms. The ModelRunner runs them; warmup and ahead-of-time
 lowering (device/lowering.py, device/warmup.py) lower them. Nothing here reads a config or a
-mesh: the caller (jaxserve/assembly.py) hands in the model, the shardings and the XLA options, so
-the same builder serves one device, a tensor-parallel mesh, a multi-host job, and ahead-of-time
-compilation for a topology this machine does not have (`jax.ShapeDtypeStruct` arguments with
-`.sharding` set, then `programs.forward.lower(...)`).
+mesh: the caller (jaxserve/composition/assembly.py) hands in the model, the shardings and the XLA
+options, so the same builder serves one device, a tensor-parallel mesh, a multi-host job, and
+ahead-of-time compilation for a topology this machine does not have (`jax.ShapeDtypeStruct`
+arguments with `.sharding` set, then `programs.forward.lower(...)`).
 
 Shardings (StepShardings): the params' and KV pages' own, the logits sharded as the output
 projection leaves them (the sampler's reductions over the vocabulary gather what they need), and

@@ -16,7 +16,7 @@ import numbers
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
-  from jaxserve.sampling_params import SamplingParams
+  from jaxserve.api.sampling_params import SamplingParams
 
 
 class ContextLengthError(ValueError):

@@ -28,9 +28,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.engine.request_state import RequestState
 from jaxserve.messages.scheduled_batch import ScheduledBatch, TokenBitmask
-from jaxserve.sampling_params import SamplingParams
 from jaxserve.structured import (
   BitmaskFiller,
   GrammarCompiler,

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 
 import msgspec
 
+from jaxserve.api.outputs import FinishReason, TokenLogprob
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.engine.admission import check_token_ids
-from jaxserve.outputs import FinishReason, TokenLogprob
-from jaxserve.sampling_params import SamplingParams
 
 
 class EngineCoreRequest(msgspec.Struct, frozen=True, array_like=True, gc=False):

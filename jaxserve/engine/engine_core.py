@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.engine.admission import check_multi_host_sampling, check_priority, check_token_ids
 from jaxserve.engine.constraints import Constraints, live_matcher
 from jaxserve.engine.core_io import EngineCoreOutput, EngineCoreRequest
@@ -60,7 +61,6 @@ from jaxserve.engine.step_timings import StepTimings
 from jaxserve.messages.buckets import Bucket, BucketSet
 from jaxserve.messages.program_readiness import ANY_BUCKET, ProgramReadiness
 from jaxserve.messages.scheduled_batch import ScheduledBatch
-from jaxserve.sampling_params import SamplingParams
 from jaxserve.structured import SequenceMatcher
 
 logger = logging.getLogger(__name__)
@@ -97,9 +97,9 @@ class _AllReady:
 
 
 class EngineCore:
-  """Continuous batching over one model, token-level. Build it with jaxserve.assembly (as part
-  of an LLMEngine). Each step is padded to the smallest bucket of `buckets` that holds it among
-  those `programs` reports compiled (while programs compile in the background, a step may take
+  """Continuous batching over one model, token-level. Build it with jaxserve.composition.assembly
+  (as part of an LLMEngine). Each step is padded to the smallest bucket of `buckets` that holds it
+  among those `programs` reports compiled (while programs compile in the background, a step may take
   a larger bucket than it will once all are)."""
 
   def __init__(

@@ -14,16 +14,16 @@ import itertools
 import time
 from collections.abc import Sequence
 
+from jaxserve.api.outputs import RequestOutput
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.config import EngineConfig
+from jaxserve.config.generation_config import GenerationDefaults
 from jaxserve.engine.core_io import new_core_requests
 from jaxserve.engine.device_port import ProgramStatus
 from jaxserve.engine.engine_core import EngineCore
 from jaxserve.engine.engine_stats import EngineStats
 from jaxserve.engine.output_processor import OutputProcessor
 from jaxserve.engine.step_timings import StepTimings
-from jaxserve.generation_config import GenerationDefaults
-from jaxserve.outputs import RequestOutput
-from jaxserve.sampling_params import SamplingParams
 from jaxserve.tokenizer.tokenizer import Tokenizer
 
 __all__ = ["EngineStats", "LLMEngine", "StepTimings"]
@@ -31,7 +31,7 @@ __all__ = ["EngineStats", "LLMEngine", "StepTimings"]
 
 class LLMEngine:
   """Continuous-batching engine over one model, with text: an EngineCore and the output
-  processor. Build it with jaxserve.assembly."""
+  processor. Build it with jaxserve.composition.assembly."""
 
   def __init__(
     self,

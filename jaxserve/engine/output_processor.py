@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from jaxserve.api.outputs import FinishReason, RequestMetrics, RequestOutput, TokenLogprob
 from jaxserve.engine.core_io import EngineCoreOutput, EngineCoreRequest
-from jaxserve.outputs import FinishReason, RequestMetrics, RequestOutput, TokenLogprob
 from jaxserve.tokenizer.detokenizer import IncrementalDetokenizer
 from jaxserve.tokenizer.tokenizer import Tokenizer
 

@@ -6,9 +6,9 @@ import enum
 import functools
 from dataclasses import dataclass, field
 
+from jaxserve.api.outputs import FinishReason
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.messages.sampling_row import sampling_row
-from jaxserve.outputs import FinishReason
-from jaxserve.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):

@@ -17,9 +17,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from jaxserve.api.outputs import TokenLogprob
 from jaxserve.engine.core_io import EngineCoreOutput
 from jaxserve.engine.request import Request, RequestStatus
-from jaxserve.outputs import TokenLogprob
 from jaxserve.structured import GrammarState, SequenceMatcher
 
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from jaxserve.api.outputs import TokenLogprob
 from jaxserve.engine.request import Request, RequestStatus
 from jaxserve.engine.request_state import RequestState
 from jaxserve.messages.scheduled_batch import ScheduledBatch
 from jaxserve.messages.step_output import StepOutput
-from jaxserve.outputs import TokenLogprob
 
 Finish = Callable[[RequestState, RequestStatus], None]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from jaxserve.config_require import require as _require
+from jaxserve.config.require import require as _require
 from jaxserve.models.model_config import ROPE_TYPES, RopeScaling
 
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from jaxserve.config_require import require as _require
-from jaxserve.config_require import require_bool
+from jaxserve.config.require import require as _require
+from jaxserve.config.require import require_bool
 from jaxserve.models.moe_config import check_experts
 from jaxserve.quantization.scheme import NONE, check_quantization
 

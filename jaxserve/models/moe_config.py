@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import Mapping, Protocol
 
-from jaxserve.config_require import require as _require
-from jaxserve.config_require import require_bool
+from jaxserve.config.require import require as _require
+from jaxserve.config.require import require_bool
 
 COUNTS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
 

@@ -41,9 +41,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxserve.memory_stats import free_bytes
 from jaxserve.models.leaf_load import ParamPath
 from jaxserve.models.transfer_jobs import TransferJob, jit_to, put_raw
+from jaxserve.runtime.memory_stats import free_bytes
 
 # a job's raw tensors on its device(s) from the job and its files' mapping futures
 RawTask = Callable[[TransferJob, list[futures.Future]], list[jax.Array]]

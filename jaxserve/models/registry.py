@@ -17,7 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jaxserve.config import EngineConfig
-from jaxserve.generation_config import AUTO, VLLM, GenerationDefaults, read_generation_defaults
+from jaxserve.config.generation_config import (
+  AUTO,
+  VLLM,
+  GenerationDefaults,
+  read_generation_defaults,
+)
 from jaxserve.models.builtin import (
   BUILTIN_MODELS,
   builtin_config,
@@ -196,8 +201,8 @@ def load_configured_tokenizer(config: EngineConfig) -> Tokenizer:
 
 
 def generation_defaults(config: EngineConfig) -> GenerationDefaults:
-  """The sampling defaults config.generation_config names (jaxserve/generation_config.py): the
-  model's generation_config.json ("auto"; a built-in model has none), none ("vllm"), or a
+  """The sampling defaults config.generation_config names (jaxserve/config/generation_config.py):
+  the model's generation_config.json ("auto"; a built-in model has none), none ("vllm"), or a
   directory's (which must hold one; ValueError naming generation_config otherwise)."""
   setting = config.generation_config
   if setting == VLLM:

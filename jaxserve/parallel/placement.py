@@ -1,6 +1,6 @@
 """Where the model lives: on one device, or laid out over a mesh. load_placement(config) loads the
-model either way and returns the same Placement, so the composition root (jaxserve/assembly.py)
-has one path from there on.
+model either way and returns the same Placement, so the composition root
+(jaxserve/composition/assembly.py) has one path from there on.
 
 One device: the params are put on the default device and, with fuse_projections, q/k/v and
 gate/up are merged (models/fused_projections.py); the attention backend is the configured one.

@@ -1,6 +1,6 @@
 """Which quantization schemes a device runs: the one owner of that rule, a pure function of a
 small description of the device (no jax; the engine describes its device and asks before any
-weight or KV page takes device memory, jaxserve/assembly.py).
+weight or KV page takes device memory, jaxserve/composition/assembly.py).
 
 Weight-only schemes (fp8_w8a16, int8; "none") run everywhere: the 8-bit weight is converted to
 the activations' type inside the GEMM. A W8A8 scheme multiplies 8-bit operands, which only pays
@@ -21,8 +21,8 @@ the device has 8-bit matrix units"). A GPU whose compute capability is not NVIDI
 
 from __future__ import annotations
 
-from jaxserve.device_description import TPU_CHIPS, DeviceDescription
 from jaxserve.quantization.scheme import QuantScheme, scheme_for, scheme_named
+from jaxserve.runtime.device_description import TPU_CHIPS, DeviceDescription
 
 # W8A8 weight dtype -> (least NVIDIA compute capability, TPU chips with such matrix units)
 W8A8_UNITS = {

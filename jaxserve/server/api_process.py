@@ -24,7 +24,7 @@ from pathlib import Path
 from jaxserve.core.client import CoreClient
 from jaxserve.core.dp_client import DataParallelClient, EngineClient
 from jaxserve.core.info import ApiProcessArgs, CoreInfo, read_core_info
-from jaxserve.gc_pauses import GcPauses
+from jaxserve.runtime.gc_pauses import GcPauses
 
 
 def run_api_server(args: ApiProcessArgs) -> None:

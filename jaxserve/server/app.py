@@ -24,10 +24,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from jaxserve.config import ServerConfig
+from jaxserve.config.generation_config import GenerationDefaults
 from jaxserve.core.dp_client import EngineClient
 from jaxserve.core.streams import EngineDeadError
 from jaxserve.engine.admission import check_token_ids
-from jaxserve.generation_config import GenerationDefaults
 from jaxserve.server.chat import create_chat_completion
 from jaxserve.server.chat_prompt import encode_chat_prompt, parse_chat_prompt
 from jaxserve.server.completions import create_completion
@@ -61,8 +61,9 @@ def build_app(
   cores), which the app attaches on its event loop (run it with uvicorn's
   lifespan on); one client per app. metrics_dir: where the API server processes of one
   supervisor share their request metrics (server/metrics.py; None: this app's alone);
-  generation_defaults: the model's sampling defaults (jaxserve/generation_config.py); dev_mode:
-  serve the sleep-mode routes (server/sleep_routes.dev_mode reads VLLM_SERVER_DEV_MODE)."""
+  generation_defaults: the model's sampling defaults (jaxserve/config/generation_config.py);
+  dev_mode: serve the sleep-mode routes (server/sleep_routes.dev_mode reads
+  VLLM_SERVER_DEV_MODE)."""
   names = config.model_names(model_name)
   state = ServingState(
     engine=engine,

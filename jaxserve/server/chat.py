@@ -3,7 +3,7 @@
 The prompt is rendered with the tokenizer's chat template and encoded without adding special
 tokens (the template writes bos). Without max_tokens / max_completion_tokens a reply may use
 the rest of the context, max_model_len - prompt tokens, or the generation config's
-max_new_tokens if that is less (jaxserve/generation_config.py).
+max_new_tokens if that is less (jaxserve/config/generation_config.py).
 
 Streaming opens each choice with a role chunk (then, with `echo`, a chunk of the echoed text),
 then sends a chunk per engine step that produced the choice's tokens, `delta.content` empty
@@ -27,9 +27,9 @@ from typing import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from jaxserve.api.outputs import RequestOutput
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.core.streams import EngineDeadError, OutputStream
-from jaxserve.outputs import RequestOutput
-from jaxserve.sampling_params import SamplingParams
 from jaxserve.server.chat_choices import ChatChoices, ChoiceDeltas
 from jaxserve.server.chat_prompt import render_chat_prompt
 from jaxserve.server.drain import stream_error

@@ -1,12 +1,12 @@
 """`jaxserve serve`: build and warm up the engine, then serve the OpenAI-compatible API.
 
-This module parses the flags and hands the configuration and the API server's entry point
-(server/api_process.py) to core/serve.py, which starts what serves: by default the engine in its
-own process and N API server processes (server.api_server_count / --api-server-count;
-core/supervisor.py supervises them); with 0, one process, the engine core on a thread
-(core/in_process.py). Either way the API servers talk to the engine core over ZeroMQ, and the
-engine is built (model, buckets, KV pages, warmup; jaxserve/assembly.py logs each) before the
-HTTP socket opens, so once the server accepts connections /health is 200.
+This module parses the flags (config/serve_flags.py owns them) and hands the configuration and the
+API server's entry point (server/api_process.py) to core/serve.py, which starts what serves: by
+default the engine in its own process and N API server processes (server.api_server_count /
+--api-server-count; core/supervisor.py supervises them); with 0, one process, the engine core on a
+thread (core/in_process.py). Either way the API servers talk to the engine core over ZeroMQ, and the
+engine is built (model, buckets, KV pages, warmup; jaxserve/composition/assembly.py logs each)
+before the HTTP socket opens, so once the server accepts connections /health is 200.
 
 SIGTERM or SIGINT drains (server/uvicorn_runner.py): new requests (and /health) get 503, running
 responses get up to server.drain_timeout_s to finish, those still running then end with an error
@@ -16,127 +16,18 @@ exits with status 0.
 Multi-host: every host runs `jaxserve serve` with the same settings plus its --process-id (or
 --distributed alone on a Cloud TPU VM, where JAX finds the slice's hosts). All of them join the
 jax.distributed job first; process 0 then builds the engine and serves HTTP, the others run the
-worker loop (jaxserve/follower.py) and exit 0 after process 0 stops.
+worker loop (jaxserve/entrypoints/follower.py) and exit 0 after process 0 stops.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 
-from jaxserve.cli_args import add_engine_args, engine_config_from_args
-from jaxserve.config import EngineConfig, ServerConfig
+from jaxserve.config.serve_flags import add_serve_flags, serve_engine_config
+from jaxserve.config.subcommands import Subcommand
 from jaxserve.core.serve import serve as serve_config
-from jaxserve.reasoning import reasoning_parser_names
 from jaxserve.server.api_process import run_api_server
 from jaxserve.server.tls import check_tls_files
-from jaxserve.server.vllm_flags import add_vllm_flags, vllm_flag_overrides
-from jaxserve.structured.tool_parsers import tool_parser_names
-
-
-def register(subparsers) -> None:
-  parser = subparsers.add_parser(
-    "serve",
-    help="serve the OpenAI-compatible HTTP API",
-    description="Serve /v1/completions, /v1/chat/completions, /v1/models, /tokenize, "
-    "/detokenize, /tokenizer_info, /health and /metrics. Without a MODEL it serves tiny-random.",
-  )
-  parser.add_argument(
-    "model_tag",
-    nargs="?",
-    metavar="MODEL",
-    help="the model to serve, as --model (default: tiny-random)",
-  )
-  add_engine_args(parser)
-  group = parser.add_argument_group("server")
-  group.add_argument("--host", help="address to bind (default 127.0.0.1)")
-  group.add_argument("--port", type=int, help="port to bind (default 8000)")
-  group.add_argument(
-    "--api-key", help="require `Authorization: Bearer KEY` on the /v1 routes (as vLLM)"
-  )
-  group.add_argument(
-    "--served-model-name",
-    nargs="+",
-    metavar="NAME",
-    help="the model names requests may send (several: the first is the one responses carry, "
-    "as in vLLM); /v1/models lists each (server.served_model_name; default: --model)",
-  )
-  group.add_argument(
-    "--api-server-count",
-    type=int,
-    help="HTTP front-end processes beside the engine core process (default: one "
-    "per 4 CPU cores, 1 to 4); 0 serves from one process, the engine core on a "
-    "thread",
-  )
-  _add_connection_flags(group)
-  group.add_argument(
-    "--tool-call-parser",
-    choices=tool_parser_names(),
-    help="read tool calls from chat replies under tool_choice auto in this "
-    "chat format (llama3_json: Llama 3.x; hermes: Hermes / Qwen <tool_call>)",
-  )
-  group.add_argument(
-    "--reasoning-parser",
-    choices=reasoning_parser_names(),
-    help="split a chat reply's <think> reasoning from its content into reasoning_content "
-    "(qwen3: Qwen3, a reply that opens the tag; deepseek_r1: DeepSeek-R1, reasoning until the "
-    "closing tag)",
-  )
-  add_vllm_flags(parser.add_argument_group("vLLM compatibility (server/vllm_flags.py)"))
-  group = parser.add_argument_group("parallel")
-  group.add_argument(
-    "--distributed",
-    action="store_true",
-    help="join a multi-host jax.distributed job (auto-detected on Cloud TPU VMs)",
-  )
-  group.add_argument("--coordinator-address", help="HOST:PORT of process 0's coordinator")
-  group.add_argument("--num-processes", type=int, help="number of hosts in the job")
-  group.add_argument("--process-id", type=int, help="this host's index, 0 serves HTTP")
-  parser.set_defaults(func=serve)
-
-
-# flag (argparse dest) -> server config key, where the two differ
-CONNECTION_FLAGS = {
-  "stream_stall_timeout": "stream_stall_timeout_s",
-  "header_timeout": "header_timeout_s",
-  "timeout_keep_alive": "timeout_keep_alive_s",
-  "limit_concurrency": "limit_concurrency",
-}
-
-
-def _add_connection_flags(group: argparse._ArgumentGroup) -> None:
-  defaults = ServerConfig()
-  group.add_argument(
-    "--stream-stall-timeout",
-    type=float,
-    metavar="SECONDS",
-    help="disconnect a client that takes nothing of its response for this long while output "
-    "waits for it, and abort its requests (config key server.stream_stall_timeout_s; 0 never; "
-    f"default: {defaults.stream_stall_timeout_s:g})",
-  )
-  group.add_argument(
-    "--header-timeout",
-    type=float,
-    metavar="SECONDS",
-    help="close a connection whose request head has not fully arrived this long after it "
-    "opened or its last response ended (server.header_timeout_s; 0 never; default: "
-    f"{defaults.header_timeout_s:g})",
-  )
-  group.add_argument(
-    "--timeout-keep-alive",
-    type=float,
-    metavar="SECONDS",
-    help="close an idle keep-alive connection after this long (uvicorn's flag; "
-    f"server.timeout_keep_alive_s; default: {defaults.timeout_keep_alive_s:g})",
-  )
-  group.add_argument(
-    "--limit-concurrency",
-    type=int,
-    metavar="N",
-    help="per API server process, answer 503 to a request that arrives while more than N "
-    "connections are open or more than N requests run (uvicorn's flag; "
-    "server.limit_concurrency; default: no cap)",
-  )
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -145,33 +36,11 @@ def serve(args: argparse.Namespace) -> int:
   return serve_config(config, args.log_level, run_api_server)
 
 
-def serve_engine_config(args: argparse.Namespace) -> EngineConfig:
-  """The configuration `jaxserve serve` runs with: the engine flags, then the server's."""
-  for flag in (
-    "host",
-    "port",
-    "api_key",
-    "served_model_name",
-    "api_server_count",
-    "tool_call_parser",
-    "reasoning_parser",
-  ):
-    value = getattr(args, flag)
-    if value is not None:
-      args.overrides.append(f"server.{flag}={json.dumps(value)}")
-  for flag, key in CONNECTION_FLAGS.items():
-    value = getattr(args, flag)
-    if value is not None:
-      args.overrides.append(f"server.{key}={json.dumps(value)}")
-  args.overrides.extend(vllm_flag_overrides(args))
-  _parallel_overrides(args)
-  return engine_config_from_args(args)
-
-
-def _parallel_overrides(args: argparse.Namespace) -> None:
-  if args.distributed:
-    args.overrides.append("distributed.enabled=true")
-  for flag in ("coordinator_address", "num_processes", "process_id"):
-    value = getattr(args, flag)
-    if value is not None:
-      args.overrides.append(f"distributed.{flag}={json.dumps(value)}")
+SERVE = Subcommand(
+  "serve",
+  help="serve the OpenAI-compatible HTTP API",
+  description="Serve /v1/completions, /v1/chat/completions, /v1/models, /tokenize, "
+  "/detokenize, /tokenizer_info, /health and /metrics. Without a MODEL it serves tiny-random.",
+  add_flags=add_serve_flags,
+  run=serve,
+)

@@ -22,9 +22,9 @@ from typing import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from jaxserve.api.outputs import RequestOutput
 from jaxserve.core.streams import EngineDeadError, OutputStream
 from jaxserve.engine.core_io import EngineCoreRequest
-from jaxserve.outputs import RequestOutput
 from jaxserve.server.drain import stream_error
 from jaxserve.server.errors import bad_request
 from jaxserve.server.generation import (

@@ -21,10 +21,10 @@ from typing import AsyncIterator
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from jaxserve.api.outputs import RequestOutput
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.core.streams import OutputStream, now
 from jaxserve.engine.core_io import EngineCoreRequest, new_core_requests
-from jaxserve.outputs import RequestOutput
-from jaxserve.sampling_params import SamplingParams
 from jaxserve.server.metrics import ServerMetrics
 
 DONE_EVENT = "data: [DONE]\n\n"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from jaxserve.outputs import TokenLogprob
+from jaxserve.api.outputs import TokenLogprob
 from jaxserve.tokenizer.tokenizer import Tokenizer
 
 

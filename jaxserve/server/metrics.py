@@ -40,8 +40,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from jaxserve.api.outputs import RequestOutput
 from jaxserve.core.dp_client import EngineClient
-from jaxserve.outputs import RequestOutput
 from jaxserve.server.vllm_metrics import (
   VllmEngineCollector,
   finished_reason,

@@ -7,7 +7,7 @@ turn into a 400 whose `param` is that field. Fields not implemented here follow 
 `logit_bias` ({"<token id>": bias in [-100, 100]}, at most 300) is applied on the device.
 vLLM's extensions (top_k, min_p, repetition_penalty, min_tokens, ignore_eos, stop_token_ids, ...)
 are accepted on both endpoints. A sampling field left unset (absent or null) takes the model's
-default from its generation_config.json (jaxserve/generation_config.py) where it sets one.
+default from its generation_config.json (jaxserve/config/generation_config.py) where it sets one.
 
 Structured outputs: OpenAI's `response_format` and vLLM's `structured_outputs` (both endpoints)
 become SamplingParams.structured_outputs (jaxserve/structured/spec.py parses their shape; the
@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from jaxserve.generation_config import GenerationDefaults
-from jaxserve.sampling_params import MAX_LOGPROBS, SamplingParams
+from jaxserve.api.sampling_params import MAX_LOGPROBS, SamplingParams
+from jaxserve.config.generation_config import GenerationDefaults
 from jaxserve.server.chat_prompt import ChatPrompt, parse_chat_prompt
 from jaxserve.server.request_fields import (
   BOOL_FIELDS,

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from jaxserve.config import ServerConfig
+from jaxserve.config.generation_config import GenerationDefaults
 from jaxserve.core.dp_client import EngineClient
 from jaxserve.core.streams import OutputStream, QueueFullError
 from jaxserve.engine.core_io import EngineCoreRequest
-from jaxserve.generation_config import GenerationDefaults
 from jaxserve.server.errors import not_found, queue_full, unavailable
 from jaxserve.server.metrics import ServerMetrics
 from jaxserve.tokenizer.tokenizer import Tokenizer

@@ -14,7 +14,7 @@ are sent at once; a held merge is sent with the final output.
 
 from __future__ import annotations
 
-from jaxserve.outputs import RequestOutput, merge_outputs
+from jaxserve.api.outputs import RequestOutput, merge_outputs
 
 
 class StepCoalescer:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jaxserve.outputs import FinishReason
+from jaxserve.api.outputs import FinishReason
 from jaxserve.server.protocol import ChatRequest
 from jaxserve.structured.tool_parsers import (
   ForcedToolParser,

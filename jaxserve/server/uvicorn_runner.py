@@ -38,7 +38,7 @@ from starlette.applications import Starlette
 
 from jaxserve.config import ServerConfig
 from jaxserve.core.child_signals import END_NOW_SIGNAL
-from jaxserve.log_setup import UVICORN_LOG_CONFIG
+from jaxserve.runtime.log_setup import UVICORN_LOG_CONFIG
 from jaxserve.server.app import serving_state
 from jaxserve.server.drain import UVICORN_GRACE_S, DrainTimer
 from jaxserve.server.http_protocol import guarded_protocol

@@ -30,9 +30,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from jaxserve.api.outputs import FinishReason
 from jaxserve.core.dp_client import EngineClient
 from jaxserve.engine.engine_stats import EngineStats
-from jaxserve.outputs import FinishReason
 
 LABELS = ("model_name", "engine")
 # vLLM's histogram buckets, in seconds

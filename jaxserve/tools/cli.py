@@ -1,32 +1,22 @@
 """Subcommands `eval` and `kv-plan` for the `jaxserve` command (the benchmarks' are in
 jaxserve/bench/cli.py).
 
-`jaxserve.cli` calls `register(subparsers)`; each command imports its module only when it runs,
-so `jaxserve --help` stays fast and torch / matplotlib are needed only by the commands using them
-(checked first: jaxserve/optional_deps.py). Files are written only when asked (`--out`,
-`--out-dir`); nothing lands in ./out/ by default.
+`jaxserve.cli`'s table takes COMMANDS (config/subcommands.py records); each command imports its
+module only when it runs, so `jaxserve --help` stays fast and torch / matplotlib are needed only
+by the commands using them (checked first: jaxserve/runtime/optional_deps.py). Files are written
+only when asked (`--out`, `--out-dir`); nothing lands in ./out/ by default.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from jaxserve.cli_args import add_engine_args
-from jaxserve.optional_deps import MATPLOTLIB, TORCH, TRANSFORMERS, requiring
+from jaxserve.config.cli_args import add_engine_args
+from jaxserve.config.subcommands import Subcommand
+from jaxserve.runtime.optional_deps import MATPLOTLIB, TORCH, TRANSFORMERS, requiring
 
 
-def register(subparsers) -> None:
-  _add_eval(subparsers)
-  _add_kv_plan(subparsers)
-
-
-def _add_eval(subparsers) -> None:
-  parser = subparsers.add_parser(
-    "eval",
-    help="offline eval on JSONL task files (generate / multiple choice / perplexity)",
-    description="Scores JSONL task files through LLM.generate; --parity-hf also runs "
-    "transformers and reports greedy agreement and logprob differences.",
-  )
+def _eval_flags(parser: argparse.ArgumentParser) -> None:
   add_engine_args(parser)
   parser.add_argument(
     "--tasks",
@@ -39,23 +29,9 @@ def _add_eval(subparsers) -> None:
   parser.add_argument(
     "--out-dir", help="write eval.json, eval.md (and eval.png) here (default: print only)"
   )
-  parser.set_defaults(
-    func=requiring(
-      _eval,
-      lambda args: (
-        ([TORCH, TRANSFORMERS] if args.parity_hf else []) + ([MATPLOTLIB] if args.plot else [])
-      ),
-    )
-  )
 
 
-def _add_kv_plan(subparsers) -> None:
-  parser = subparsers.add_parser(
-    "kv-plan",
-    help="how many tokens and sequences a KV budget holds, paged vs contiguous",
-    description="Paged (ceil(len/page) pages per sequence) against a contiguous max_model_len "
-    "reservation per sequence, for a model and a memory budget.",
-  )
+def _kv_plan_flags(parser: argparse.ArgumentParser) -> None:
   add_engine_args(parser)
   parser.add_argument(
     "--memory-gb", type=float, help="KV budget in GiB (default: what the engine config would use)"
@@ -67,7 +43,6 @@ def _add_kv_plan(subparsers) -> None:
     help="build the real engine on this device and compare its page count",
   )
   parser.add_argument("--out", help="write the plan as JSON to this file (default: print only)")
-  parser.set_defaults(func=_kv_plan)
 
 
 # Each command imports its module when it runs.
@@ -81,3 +56,28 @@ def _kv_plan(args: argparse.Namespace) -> int:
   from jaxserve.tools import kv_plan
 
   return kv_plan.main(args)
+
+
+COMMANDS: tuple[Subcommand, ...] = (
+  Subcommand(
+    "eval",
+    help="offline eval on JSONL task files (generate / multiple choice / perplexity)",
+    description="Scores JSONL task files through LLM.generate; --parity-hf also runs "
+    "transformers and reports greedy agreement and logprob differences.",
+    add_flags=_eval_flags,
+    run=requiring(
+      _eval,
+      lambda args: (
+        ([TORCH, TRANSFORMERS] if args.parity_hf else []) + ([MATPLOTLIB] if args.plot else [])
+      ),
+    ),
+  ),
+  Subcommand(
+    "kv-plan",
+    help="how many tokens and sequences a KV budget holds, paged vs contiguous",
+    description="Paged (ceil(len/page) pages per sequence) against a contiguous max_model_len "
+    "reservation per sequence, for a model and a memory budget.",
+    add_flags=_kv_plan_flags,
+    run=_kv_plan,
+  ),
+)

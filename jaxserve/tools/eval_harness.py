@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from jaxserve.sampling_params import SamplingParams
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.tools.eval_tasks import (
   GenerateExample,
   MultipleChoiceExample,
@@ -252,8 +252,8 @@ def write_report(report: dict, out_dir: Path, plot: bool = False) -> list[Path]:
 
 
 def main(args) -> int:
-  from jaxserve.cli_args import engine_config_from_args
-  from jaxserve.llm import LLM
+  from jaxserve.config.cli_args import engine_config_from_args
+  from jaxserve.entrypoints.llm import LLM
 
   config = engine_config_from_args(args)
   tasks = [load_task_file(path, args.limit) for path in resolve_task_paths(args.tasks)]

@@ -169,13 +169,13 @@ def budget_for(config: EngineConfig, model_config: ModelConfig, memory_gb: float
 
 def engine_num_pages(config: EngineConfig) -> int:
   """Builds the engine on the current device; the page count its allocator got."""
-  from jaxserve.assembly import build_engine
+  from jaxserve.composition.assembly import build_engine
 
   return build_engine(config, show_progress=False).allocator.num_pages
 
 
 def main(args) -> int:
-  from jaxserve.cli_args import engine_config_from_args
+  from jaxserve.config.cli_args import engine_config_from_args
 
   config = engine_config_from_args(args)
   model_config = model_config_for(config)

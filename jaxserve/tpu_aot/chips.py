@@ -27,7 +27,7 @@ from typing import Sequence
 
 import jax
 
-from jaxserve.optional_deps import install_command
+from jaxserve.runtime.optional_deps import install_command
 
 GIB = 2**30
 # Chips per host slice -> the topology of that many chips (the single-host shapes Cloud TPU sells).

@@ -22,23 +22,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from jaxserve.cli_args import add_engine_args, engine_config_from_args
-from jaxserve.optional_deps import install_command
+from jaxserve.config.cli_args import add_engine_args, engine_config_from_args
+from jaxserve.config.subcommands import Subcommand
+from jaxserve.runtime.optional_deps import install_command
 from jaxserve.tools.json_file import write_json
 
 
-def register(subparsers) -> None:
-  """Adds the subcommand; imports nothing heavy (jaxserve.models pulls in JAX, whose logging
+def _flags(parser: argparse.ArgumentParser) -> None:
+  """The subcommand's flags; imports nothing heavy (jaxserve.models pulls in JAX, whose logging
   set-up would pre-empt the CLI's)."""
-  parser = subparsers.add_parser(
-    "compile-tpu",
-    help="compile every step program for a TPU topology and check its memory",
-    description="Builds the step programs `jaxserve serve --config ...` runs on a TPU slice "
-    "(forward per bucket, sampler modes, prompt logprobs, decode bursts) from abstract weights "
-    "and KV pages, compiles them with libtpu for the chip's topology (tensor_parallel_size "
-    "chips) and checks weights + KV pool + step transient + program code per chip against "
-    f"the chip's HBM. Needs libtpu ({install_command(['tpu'])}), not a TPU.",
-  )
   add_engine_args(parser)
   parser.add_argument(
     "--model-shape",
@@ -82,16 +74,15 @@ def register(subparsers) -> None:
   )
   parser.add_argument("--out", help="also write the report as JSON to this file (default: none)")
   parser.add_argument("--no-progress", action="store_true", help="no progress bar (default: shown)")
-  parser.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
   import jax
 
-  from jaxserve.device_description import DeviceDescription
   from jaxserve.models.named_shapes import named_model_config
   from jaxserve.models.registry import model_path, model_quantization
   from jaxserve.quantization.capabilities import check_device_runs
+  from jaxserve.runtime.device_description import DeviceDescription
   from jaxserve.tools.kv_plan import model_config_for
   from jaxserve.tpu_aot.build import BuildRequest, build
   from jaxserve.tpu_aot.chips import chip_of_config_name, get_chip
@@ -151,3 +142,16 @@ def _layouts(args: argparse.Namespace, request) -> int:
     for problem in plan.report.problems:
       print(f"jaxserve compile-tpu: {plan.layout.name}: does not fit: {problem}", file=sys.stderr)
   return 0 if all(plan.report.fits for plan in plans) else 1
+
+
+COMPILE_TPU = Subcommand(
+  "compile-tpu",
+  help="compile every step program for a TPU topology and check its memory",
+  description="Builds the step programs `jaxserve serve --config ...` runs on a TPU slice "
+  "(forward per bucket, sampler modes, prompt logprobs, decode bursts) from abstract weights "
+  "and KV pages, compiles them with libtpu for the chip's topology (tensor_parallel_size "
+  "chips) and checks weights + KV pool + step transient + program code per chip against "
+  f"the chip's HBM. Needs libtpu ({install_command(['tpu'])}), not a TPU.",
+  add_flags=_flags,
+  run=main,
+)

@@ -1,23 +1,22 @@
 """The adapter between the TPU build and the engine: the only module of tpu_aot that touches the
 engine's device side.
 
-It builds the server's device side as jaxserve/assembly.py does, but abstract: for a sharded
-engine (tensor_parallel_size > 1, or tp_invariant_reductions) the Placement is
-parallel/placement.py's abstract_placement (every param a jax.ShapeDtypeStruct carrying the
-sharding the sharded loader gives it, on a mesh of topology devices; the shard_mapped attention
-and dense backends load_placement builds), for one chip its abstract_one_device_placement (the
-one-device params, projections merged as fuse_projections says, whole on a mesh of that chip,
-and the unsharded backends); quantized weights are 8-bit kernels and float32 scales either way.
-The KV pages are ShapeDtypeStructs with the placement's KV sharding (and cache.kv_cache_dtype's
-type), and the programs come from the public builder
-(device/step_programs.build_step_programs) with the placement's StepShardings, the config's
-compiler options (step_options.step_compiler_options) and greedy pick (step_options.step_greedy),
-so the jitted functions (in/out shardings, donation, compiler options) are the very ones
-`jaxserve serve` compiles at warmup. Step inputs are the padding inputs warmup runs
-(device/lowering.standalone_dummy_inputs: the runner's cached constants as uncommitted arrays of
-this host, since topology devices hold no memory; they pack as the runner's device constants
-do), lowered as abstract values (device/lowering.abstract). No ModelRunner is built: the
-programs are lowered directly, as tests/device/test_step_programs.py does.
+It builds the server's device side as jaxserve/composition/assembly.py does, but abstract: for a
+sharded engine (tensor_parallel_size > 1, or tp_invariant_reductions) the Placement is
+parallel/placement.py's abstract_placement (every param a jax.ShapeDtypeStruct carrying the sharding
+the sharded loader gives it, on a mesh of topology devices; the shard_mapped attention and dense
+backends load_placement builds), for one chip its abstract_one_device_placement (the one-device
+params, projections merged as fuse_projections says, whole on a mesh of that chip, and the unsharded
+backends); quantized weights are 8-bit kernels and float32 scales either way. The KV pages are
+ShapeDtypeStructs with the placement's KV sharding (and cache.kv_cache_dtype's type), and the
+programs come from the public builder (device/step_programs.build_step_programs) with the
+placement's StepShardings, the config's compiler options (step_options.step_compiler_options) and
+greedy pick (step_options.step_greedy), so the jitted functions (in/out shardings, donation,
+compiler options) are the very ones `jaxserve serve` compiles at warmup. Step inputs are the padding
+inputs warmup runs (device/lowering.standalone_dummy_inputs: the runner's cached constants as
+uncommitted arrays of this host, since topology devices hold no memory; they pack as the runner's
+device constants do), lowered as abstract values (device/lowering.abstract). No ModelRunner is
+built: the programs are lowered directly, as tests/device/test_step_programs.py does.
 
 The programs are warmup's plan (device/warmup.warmup_plan): forward per bucket; the sampler per
 sequence bucket and SamplerMode; prompt logprobs per token bucket; decode bursts per decode

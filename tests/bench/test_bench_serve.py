@@ -15,7 +15,7 @@ from jaxserve.bench.arrivals import arrival_gaps, send_offsets
 from jaxserve.bench.bench_serve import workload_label
 from jaxserve.bench.datasets import load_sharegpt, random_requests
 from jaxserve.cli import main as jaxserve_main
-from jaxserve.optional_deps import install_command
+from jaxserve.runtime.optional_deps import install_command
 from tests.tools.png_checks import assert_valid_png
 
 NUM_PROMPTS = 12

@@ -16,14 +16,14 @@ from jaxserve.bench.server_process import dump_stacks
 
 SERVING = """
 import time
-from jaxserve.log_setup import configure_logging
+from jaxserve.runtime.log_setup import configure_logging
 configure_logging("INFO")
 print("ready", flush=True)
 time.sleep(30)
 """
 SUPERVISOR = f"""
 import subprocess, sys, time
-from jaxserve.log_setup import configure_logging
+from jaxserve.runtime.log_setup import configure_logging
 configure_logging("INFO")
 children = [subprocess.Popen([sys.executable, "-c", {SERVING!r}]) for _ in range(2)]
 time.sleep(30)

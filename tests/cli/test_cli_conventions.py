@@ -15,11 +15,11 @@ import yaml
 
 import jaxserve
 from jaxserve.cli import build_parser, main
-from jaxserve.cli_help import all_parsers
 from jaxserve.config import EngineConfig
-from jaxserve.engine_args import ENGINE_ARGS
-from jaxserve.llm import engine_config_for
-from jaxserve.log_setup import JAX_BRIDGE_LOGGER, configure_logging
+from jaxserve.config.cli_help import all_parsers
+from jaxserve.config.engine_args import ENGINE_ARGS
+from jaxserve.entrypoints.llm import engine_config_for
+from jaxserve.runtime.log_setup import JAX_BRIDGE_LOGGER, configure_logging
 
 # flag words -> (config key, value the key should hold)
 FLAG_VALUES = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxserve.config_loader import load_config
+from jaxserve.config.loader import load_config
 
 BOOL_KEYS = [
   "enable_expert_parallel",

@@ -11,7 +11,7 @@ import yaml
 
 from jaxserve.cli import main
 from jaxserve.config import EngineConfig
-from jaxserve.config_loader import NOT_FILE_KEYS, load_config
+from jaxserve.config.loader import NOT_FILE_KEYS, load_config
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "CONFIG.md"
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from jaxserve.cli import build_parser
-from jaxserve.cli_args import engine_config_from_args
 from jaxserve.config import DistributedConfig, EngineConfig, ServerConfig
-from jaxserve.llm import LLM
+from jaxserve.config.cli_args import engine_config_from_args
+from jaxserve.entrypoints.llm import LLM
 
 
 def test_the_vllm_flag_sets_the_key():

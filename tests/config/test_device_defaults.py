@@ -1,6 +1,6 @@
-"""The device-aware defaults (jaxserve/defaults.py): the rule for several device descriptions
-against the settings written out here by hand, explicit settings winning over it, and the
-engine running with what it picked (and logging why)."""
+"""The device-aware defaults (jaxserve/config/device_defaults.py): the rule for several device
+descriptions against the settings written out here by hand, explicit settings winning over it, and
+the engine running with what it picked (and logging why)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import logging
 import pytest
 
 from jaxserve.config import EngineConfig, SchedulerConfig
-from jaxserve.config_loader import load_config
-from jaxserve.defaults import Usage, apply_device_defaults, device_defaults
-from jaxserve.device_description import DeviceDescription
+from jaxserve.config.device_defaults import Usage, apply_device_defaults, device_defaults
+from jaxserve.config.loader import load_config
+from jaxserve.runtime.device_description import DeviceDescription
 
 GIB = 1 << 30
 CPU = DeviceDescription("cpu", None, "cpu")
@@ -167,9 +167,9 @@ def test_explicit_keys_are_not_a_config_file_key():
 
 def test_the_engine_runs_with_the_defaults_and_logs_them(caplog):
   """On this CPU: the engine's config holds the rule's CPU values and the log names them."""
-  from jaxserve.llm import LLM
+  from jaxserve.entrypoints.llm import LLM
 
-  with caplog.at_level(logging.INFO, logger="jaxserve.assembly"):
+  with caplog.at_level(logging.INFO, logger="jaxserve.composition.assembly"):
     llm = LLM("tiny-random", max_model_len=64, show_progress=False, block_size=16)
   assert (llm.config.scheduler.max_num_seqs, llm.config.scheduler.max_num_batched_tokens) == (
     64,

@@ -34,7 +34,7 @@ import yaml
 
 from jaxserve.cli import build_parser
 from jaxserve.config import EngineConfig
-from jaxserve.server.cli import serve_engine_config
+from jaxserve.config.serve_flags import serve_engine_config
 from jaxserve.server.drain import UVICORN_GRACE_S
 
 K8S = Path(__file__).resolve().parents[2] / "configs" / "k8s"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxserve.config_loader import load_config
+from jaxserve.config.loader import load_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
+from jaxserve.api.outputs import RequestOutput, TokenLogprob
 from jaxserve.core.streams import MAX_PENDING_PER_REQUEST, OutputStream
-from jaxserve.outputs import RequestOutput, TokenLogprob
 
 
 def _output(request_id: str, step: int, finished: bool = False) -> RequestOutput:

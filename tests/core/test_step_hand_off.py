@@ -17,11 +17,11 @@ import time
 
 import pytest
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.core.client import CoreClient
 from jaxserve.core.in_process import CoreThread
 from jaxserve.core.streams import now
 from jaxserve.engine.core_io import new_core_requests
-from jaxserve.sampling_params import SamplingParams
 from tests.server.server_helpers import build_server_engine
 
 NUM_TOKENS = 12

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from jaxserve.assembly import build_device
+from jaxserve.composition.assembly import build_device
 from jaxserve.device.lowering import dummy_inputs
 from jaxserve.device.packing import pack
 from jaxserve.device.sampler import SamplerMode

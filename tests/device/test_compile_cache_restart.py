@@ -16,8 +16,8 @@ BUILD = """
 import json, logging, sys
 logging.basicConfig(level=logging.INFO)
 sys.path.insert(0, {repo!r})
-from jaxserve.assembly import build_engine
-from jaxserve.config_loader import load_config
+from jaxserve.composition.assembly import build_engine
+from jaxserve.config.loader import load_config
 config = load_config(None, ["compilation_cache_dir={cache}", "max_model_len=64",
                             "scheduler.max_num_seqs=8", "scheduler.max_num_batched_tokens=32",
                             "scheduler.seq_buckets=[8]", "scheduler.token_buckets=[16,32]",

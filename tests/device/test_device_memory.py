@@ -25,7 +25,7 @@ from jaxserve.device.device_memory import (
   read_device_memory,
   unmeasured_scratch_bytes,
 )
-from jaxserve.memory_stats import free_bytes, memory_stats
+from jaxserve.runtime.memory_stats import free_bytes, memory_stats
 
 GIB = 2**30
 REPO = Path(__file__).resolve().parents[2]

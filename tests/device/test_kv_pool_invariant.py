@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxserve import assembly, pool_sizing
 from jaxserve.bench.bench_server_startup import LOG_FACTS
-from jaxserve.config_loader import load_config
+from jaxserve.composition import assembly, pool_sizing
+from jaxserve.config.loader import load_config
 from jaxserve.device import device_memory as dm
 from jaxserve.device.device_memory import (
   DeviceMemory,

@@ -15,7 +15,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from jaxserve.assembly import open_program_store
+from jaxserve.api.sampling_params import SamplingParams
+from jaxserve.composition.assembly import open_program_store
 from jaxserve.device.program_compiler import ProgramCompiler
 from jaxserve.device.program_groups import Program
 from jaxserve.device.program_store import (
@@ -27,7 +28,6 @@ from jaxserve.device.program_store import (
 )
 from jaxserve.device.sampler import SamplerMode
 from jaxserve.messages.buckets import Bucket
-from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion, small_engine
 
 CONFIG = dict(

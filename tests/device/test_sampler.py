@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers.generation import logits_process as hf
 
+from jaxserve.api.sampling_params import MAX_LOGIT_BIAS
 from jaxserve.device.sampler import (
   SamplerMode,
   _filter_top_k_top_p_min_p,
@@ -21,7 +22,6 @@ from jaxserve.device.sampler import (
 )
 from jaxserve.device.sampling_inputs import NUM_BANNED_IDS, SamplingInputs
 from jaxserve.device.token_bitmask import bitmask_words
-from jaxserve.sampling_params import MAX_LOGIT_BIAS
 from pallas_kernels.greedy_sample.gpu import greedy_sample
 
 VOCAB = 64

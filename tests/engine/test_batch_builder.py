@@ -11,6 +11,7 @@ from array import array
 
 import pytest
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.engine.batch_builder import BatchBuilder
 from jaxserve.engine.request import Request
 from jaxserve.messages.sampling_row import (
@@ -26,7 +27,6 @@ from jaxserve.messages.scheduled_batch import (
   ScheduledBatch,
   ScheduledSeq,
 )
-from jaxserve.sampling_params import SamplingParams
 
 
 def _request(request_id: str, prompt: list[int], **params) -> Request:

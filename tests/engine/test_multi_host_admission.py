@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.engine.admission import check_multi_host_sampling
-from jaxserve.sampling_params import SamplingParams
 
 
 @pytest.mark.parametrize(

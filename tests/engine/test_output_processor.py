@@ -11,12 +11,12 @@ import json
 import msgspec
 import pytest
 
+from jaxserve.api.outputs import FinishReason
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.engine.core_io import EngineCoreOutput, new_core_requests
 from jaxserve.engine.output_processor import OutputProcessor
 from jaxserve.engine.request import RequestStatus
 from jaxserve.models.registry import load_model_tokenizer
-from jaxserve.outputs import FinishReason
-from jaxserve.sampling_params import SamplingParams
 
 PROMPT = [1, 2, 3]
 

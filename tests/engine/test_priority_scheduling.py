@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.config import SchedulerConfig
 from jaxserve.engine.admission import check_priority
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request, RequestStatus
 from jaxserve.engine.request_queue import FcfsQueue, PriorityQueue
 from jaxserve.engine.scheduler import Scheduler
-from jaxserve.sampling_params import SamplingParams
 from tests.engine.test_scheduler import step
 
 

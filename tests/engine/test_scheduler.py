@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.config import SchedulerConfig
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request, RequestStatus
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.messages.scheduled_batch import ScheduledBatch, ScheduledSeq
-from jaxserve.sampling_params import SamplingParams
 
 
 def make_scheduler(

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.config import DistributedConfig, EngineConfig, SchedulerConfig
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.messages.scheduled_batch import ScheduledSeq
-from jaxserve.sampling_params import SamplingParams
 
 BURST = 4
 

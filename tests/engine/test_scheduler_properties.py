@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.config import SchedulerConfig
 from jaxserve.engine.batch_builder import PLACEHOLDER_TOKEN_ID
 from jaxserve.engine.page_allocator import PageAllocator
@@ -33,7 +34,6 @@ from jaxserve.engine.scheduler import Scheduler
 from jaxserve.engine.step_budget import StepBudget
 from jaxserve.messages.kv_layout import KVGroupSpec, KVLayout
 from jaxserve.messages.scheduled_batch import ScheduledBatch
-from jaxserve.sampling_params import SamplingParams
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -10,12 +10,12 @@ D = 0, 32 at D = 1 (1 x 31), neither from D = 2 (2 x 30 = 60).
 
 from __future__ import annotations
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.config import SchedulerConfig
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.request import Request
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.engine.step_budget import StepBudget, StepLimit, prompt_work
-from jaxserve.sampling_params import SamplingParams
 from tests.engine.test_scheduler import step
 
 SERVE = SchedulerConfig(512, 8192, latency_batched_tokens=2048)  # a large GPU's serve default

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.engine.request import Request, RequestStatus
 from jaxserve.engine.request_state import RequestState
 from jaxserve.engine.step_results import apply_step_output
 from jaxserve.messages.scheduled_batch import ScheduledBatch
 from jaxserve.messages.step_output import StepOutput
-from jaxserve.sampling_params import SamplingParams
 
 
 def _state(request_id: str, prompt: list[int], **params) -> RequestState:

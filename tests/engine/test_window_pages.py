@@ -9,13 +9,13 @@ import math
 
 import pytest
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.config import SchedulerConfig
 from jaxserve.engine.kv_groups import KVGroupPages
 from jaxserve.engine.page_allocator import PageAllocator, extend_page_hashes
 from jaxserve.engine.request import Request, RequestStatus
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.messages.kv_layout import KVGroupSpec, KVLayout
-from jaxserve.sampling_params import SamplingParams
 
 PAGE, WINDOW, CHUNK = 16, 40, 64
 NUM_SLIDING = 5

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from jaxserve.assembly import build_engine
+from jaxserve.api.outputs import RequestOutput
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.attention import backends
+from jaxserve.composition.assembly import build_engine
 from jaxserve.config import CacheConfig, EngineConfig, SchedulerConfig
 from jaxserve.engine.llm_engine import LLMEngine
-from jaxserve.outputs import RequestOutput
-from jaxserve.sampling_params import SamplingParams
 
 
 def small_config(

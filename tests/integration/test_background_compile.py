@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.messages.buckets import Bucket
-from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion, small_engine
 
 CONFIG = dict(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from jaxserve.assembly import build_engine
+from jaxserve.api.sampling_params import SamplingParams
+from jaxserve.composition.assembly import build_engine
 from jaxserve.config import EngineConfig
-from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion, small_engine
 
 

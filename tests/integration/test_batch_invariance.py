@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxserve.sampling_params import SamplingParams
+from jaxserve.api.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion, small_engine
 
 PROBE_PROMPT = list(range(60, 60 + 37))  # spans a few pages and several prefill chunks

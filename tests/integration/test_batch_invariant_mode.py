@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.attention import backends
-from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import interpreted_backend, run_to_completion, small_engine
 from tests.models.hf_checkpoints import build_hf_checkpoint
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 import pytest
 
-from jaxserve.sampling_params import SamplingParams
+from jaxserve.api.sampling_params import SamplingParams
 from tests.integration.engine_helpers import hf_greedy, run_to_completion, small_engine
 from tests.integration.test_hf_parity import NUM_NEW_TOKENS, _prompts
 from tests.models.hf_checkpoints import FAMILIES, load_hf_model

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.attention import backends
-from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import interpreted_backend, run_to_completion, small_engine
 
 MAX_MODEL_LEN = 80  # 5 pages of 16

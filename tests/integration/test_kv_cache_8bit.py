@@ -14,10 +14,10 @@ import time
 import numpy as np
 import pytest
 
-from jaxserve.assembly import build_engine
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.attention import backends
+from jaxserve.composition.assembly import build_engine
 from jaxserve.config import CacheConfig, EngineConfig
-from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion, small_config
 
 PROMPTS = [[1 + (7 * i + 3 * j) % 200 for j in range(5 + 9 * i)] for i in range(2)]

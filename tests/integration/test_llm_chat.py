@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from openai import OpenAI
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.core.in_process import CoreThread
-from jaxserve.llm import LLM
-from jaxserve.sampling_params import SamplingParams
+from jaxserve.entrypoints.llm import LLM
 from tests.integration.engine_helpers import small_config
 from tests.server.server_helpers import core_backend, start_server
 

@@ -9,10 +9,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.device.program_compiler import ProgramCompileError, ProgramCompiler
 from jaxserve.device.program_groups import Program
 from jaxserve.messages.buckets import Bucket
-from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion, small_engine
 from tests.integration.test_background_compile import CONFIG  # the same small ladder
 

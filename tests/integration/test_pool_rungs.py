@@ -6,7 +6,7 @@ the ladder without the rungs pads every batch of more than 8 to 64."""
 
 from __future__ import annotations
 
-from jaxserve.sampling_params import SamplingParams
+from jaxserve.api.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion, small_engine
 
 

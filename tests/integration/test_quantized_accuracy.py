@@ -17,10 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.attention import get_attention_backend
 from jaxserve.models import LlamaForCausalLM
 from jaxserve.models.registry import load_model
-from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion, small_engine
 from tests.models.compressed_checkpoints import write_compressed_tensors
 from tests.models.paged_batch import Chunk, build_step, empty_kv_pages

@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from jaxserve.sampling_params import SamplingParams
+from jaxserve.api.sampling_params import SamplingParams
 from tests.integration.engine_helpers import (
   record_steps_per_dispatch,
   run_to_completion,
@@ -26,7 +26,7 @@ SHARED = list(range(40, 40 + 48))  # three full pages of 16: served from the cac
 
 
 def _engine(features: bool):
-  from jaxserve.assembly import build_engine
+  from jaxserve.composition.assembly import build_engine
 
   config = small_config(
     num_pages=64,

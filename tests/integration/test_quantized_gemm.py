@@ -12,11 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.config import EngineConfig
 from jaxserve.models.quantized_dense import QuantizedDense
 from jaxserve.parallel.placement import quantized_gemm
 from jaxserve.quantization.scheme import SCHEMES
-from jaxserve.sampling_params import SamplingParams
 from pallas_kernels.quantized_matmul.reference import (
   quantized_matmul_fp8x_reference,
   quantized_matmul_reference,

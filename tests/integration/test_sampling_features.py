@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.cli import main as cli_main
-from jaxserve.llm import LLM
-from jaxserve.sampling_params import SamplingParams
+from jaxserve.entrypoints.llm import LLM
 from tests.integration.engine_helpers import small_config
 
 PROMPT = "The quick brown fox"

@@ -8,8 +8,8 @@ from __future__ import annotations
 import jax
 import pytest
 
-from jaxserve.llm import LLM
-from jaxserve.sampling_params import SamplingParams
+from jaxserve.api.sampling_params import SamplingParams
+from jaxserve.entrypoints.llm import LLM
 from tests.integration.engine_helpers import small_config
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

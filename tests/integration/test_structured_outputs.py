@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.engine.request import Request, RequestStatus
 from jaxserve.engine.request_state import RequestState
-from jaxserve.sampling_params import SamplingParams
 from jaxserve.structured import StructuredOutputError, StructuredOutputSpec
 from tests.integration.engine_helpers import run_to_completion, small_engine
 from tests.integration.structured_helpers import (
@@ -200,7 +200,7 @@ def test_randomized_mixed_workload_compiles_nothing_after_warmup(checkpoint):
 
 
 def test_llm_generate_with_structured_outputs_gives_each_choice_its_matcher(checkpoint):
-  from jaxserve.llm import LLM
+  from jaxserve.entrypoints.llm import LLM
   from tests.integration.engine_helpers import small_config
 
   llm = LLM(checkpoint, config=small_config(checkpoint, max_model_len=256), show_progress=False)

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 import torch
 
+from jaxserve.api.outputs import RequestOutput
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.bench.bench_offline import pool_capacity
 from jaxserve.messages.scheduled_batch import ScheduledBatch
-from jaxserve.outputs import RequestOutput
-from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import hf_greedy, run_to_completion, small_engine
 from tests.models.hf_checkpoints import GEMMA3_WINDOW, TOKENIZER_VOCAB_SIZE, load_hf_model
 

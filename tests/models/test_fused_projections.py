@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.config import EngineConfig
 from jaxserve.models.fused_projections import fuse_params
 from jaxserve.models.tiny_random import tiny_random_config
-from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion, small_engine
 
 

@@ -10,10 +10,10 @@ import json
 import pytest
 import transformers
 
+from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.config import EngineConfig
-from jaxserve.generation_config import GenerationDefaults, read_generation_defaults
+from jaxserve.config.generation_config import GenerationDefaults, read_generation_defaults
 from jaxserve.models.registry import generation_defaults
-from jaxserve.sampling_params import SamplingParams
 
 # vLLM's ModelConfig.get_diff_sampling_param: these keys, max_new_tokens as max_tokens
 VLLM_KEYS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p", "max_new_tokens")

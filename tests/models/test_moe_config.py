@@ -10,7 +10,7 @@ import math
 import jax
 import pytest
 
-from jaxserve.assembly import build_engine
+from jaxserve.composition.assembly import build_engine
 from jaxserve.models.families import family_of
 from jaxserve.models.hf_config import model_config_from_hf
 from jaxserve.models.model_config import ModelConfig

@@ -146,7 +146,7 @@ def test_the_engine_refuses_a_bad_scale_before_taking_device_memory(
   """build_engine on the checkpoint: the one-line error comes from the safetensors headers,
   before any tensor is transferred to the device or the KV pool's maker is built (both watched,
   each still the real one)."""
-  from jaxserve import assembly
+  from jaxserve.composition import assembly
   from jaxserve.config import EngineConfig
   from jaxserve.models import weights
 

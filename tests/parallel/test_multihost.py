@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxserve.assembly import build_engine
-from jaxserve.config_loader import load_config
+from jaxserve.api.sampling_params import SamplingParams
+from jaxserve.composition.assembly import build_engine
+from jaxserve.config.loader import load_config
 from jaxserve.parallel.multihost import JOIN_FAILED_EXIT_CODE
-from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jaxserve.assembly import build_device
+from jaxserve.composition.assembly import build_device
 from jaxserve.device.lowering import dummy_inputs
 from jaxserve.messages.buckets import Bucket
 from jaxserve.models.tiny_random import tiny_random_config

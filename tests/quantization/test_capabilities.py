@@ -7,11 +7,11 @@ from __future__ import annotations
 import jax
 import pytest
 
-from jaxserve.assembly import build_engine
+from jaxserve.composition.assembly import build_engine
 from jaxserve.config import EngineConfig
-from jaxserve.device_description import DeviceDescription
 from jaxserve.quantization.capabilities import check_device_runs, refusal
 from jaxserve.quantization.scheme import QUANTIZATION_NAMES, SCHEMES
+from jaxserve.runtime.device_description import DeviceDescription
 
 A100 = DeviceDescription("gpu", "8.0", "NVIDIA A100-SXM4-80GB")
 L40S = DeviceDescription("gpu", "8.9", "NVIDIA L40S")
@@ -79,9 +79,11 @@ def test_a_description_of_this_machines_device():
 def test_the_engine_refuses_before_loading_anything(monkeypatch):
   """On an A100 (described, as this machine has none), fp8 W8A8 is refused before the
   weights load or the KV pool is allocated; fp8_w8a16 passes the check."""
-  monkeypatch.setattr("jaxserve.assembly.DeviceDescription.of", lambda device, *_: A100)
+  monkeypatch.setattr("jaxserve.composition.assembly.DeviceDescription.of", lambda device, *_: A100)
   loaded = []
-  monkeypatch.setattr("jaxserve.assembly.load_placement", lambda *a, **k: loaded.append(a) or 1 / 0)
+  monkeypatch.setattr(
+    "jaxserve.composition.assembly.load_placement", lambda *a, **k: loaded.append(a) or 1 / 0
+  )
   with pytest.raises(ValueError, match=r"^quantization: fp8 .* use fp8_w8a16"):
     build_engine(EngineConfig(quantization="fp8"), show_progress=False)
   assert not loaded

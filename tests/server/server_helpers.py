@@ -16,13 +16,13 @@ from typing import Callable, Iterator
 
 import uvicorn
 
-from jaxserve.assembly import build_engine
+from jaxserve.composition.assembly import build_engine
 from jaxserve.config import EngineConfig, ServerConfig
+from jaxserve.config.generation_config import GenerationDefaults
 from jaxserve.core.client import CoreClient
 from jaxserve.core.in_process import CoreThread
 from jaxserve.core.process import CoreHandle, start_core_process
 from jaxserve.engine.llm_engine import LLMEngine
-from jaxserve.generation_config import GenerationDefaults
 from jaxserve.server.app import build_app, serving_state
 from jaxserve.server.state import ServingState
 from jaxserve.tokenizer.tokenizer import Tokenizer

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from jaxserve.config_loader import load_config
+from jaxserve.config.loader import load_config
 from tests.server.server_helpers import start_server, wait_for_idle
 
 LIMIT = 64

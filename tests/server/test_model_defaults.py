@@ -26,10 +26,10 @@ import openai
 import pytest
 import transformers
 
+from jaxserve.api.sampling_params import SamplingParams
+from jaxserve.config.generation_config import GenerationDefaults
 from jaxserve.core.in_process import CoreThread
-from jaxserve.generation_config import GenerationDefaults
-from jaxserve.llm import LLM
-from jaxserve.sampling_params import SamplingParams
+from jaxserve.entrypoints.llm import LLM
 from tests.integration.engine_helpers import small_config
 from tests.models.scripted_checkpoint import ANSWER, REASONING, build_scripted_checkpoint
 from tests.server.server_helpers import core_backend, start_server
@@ -47,14 +47,14 @@ def checkpoint(tmp_path_factory):
 
 
 def _llm(checkpoint, **kwargs) -> tuple[LLM, list[str]]:
-  """An LLM over the checkpoint and the start-up log of jaxserve.assembly."""
+  """An LLM over the checkpoint and the start-up log of jaxserve.composition.assembly."""
   config = small_config(
     str(checkpoint), max_model_len=256, max_num_seqs=8, seq_buckets=(8,), token_buckets=(64,)
   )
   records: list[logging.LogRecord] = []
   handler = logging.Handler(logging.INFO)
   handler.emit = records.append
-  logger = logging.getLogger("jaxserve.assembly")
+  logger = logging.getLogger("jaxserve.composition.assembly")
   level = logger.level
   logger.addHandler(handler)
   logger.setLevel(logging.INFO)

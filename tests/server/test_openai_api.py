@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
-from jaxserve.llm import LLM
-from jaxserve.sampling_params import SamplingParams
+from jaxserve.api.sampling_params import SamplingParams
+from jaxserve.entrypoints.llm import LLM
 from tests.server.server_helpers import scrape_metrics, server_engine_config, wait_for_idle
 
 MODEL = "tiny-random"

@@ -13,7 +13,7 @@ import time
 import openai
 import pytest
 
-from jaxserve.assembly import build_engine
+from jaxserve.composition.assembly import build_engine
 from jaxserve.core.in_process import CoreThread
 from tests.integration.engine_helpers import small_config
 from tests.server.server_helpers import core_backend, scrape_metrics, start_server, wait_for_idle

@@ -187,7 +187,7 @@ def test_every_scrape_counts_the_requests_of_every_api_process(tmp_path):
       )
       assert values["jaxserve_e2e_request_latency_seconds_count"] == len(streams)
       assert values[length] == len(streams)
-      # each API server process times its garbage collections (gc_pauses.py)
+      # each API server process times its garbage collections (runtime/gc_pauses.py)
       assert values["jaxserve_api_server_gc_pause_seconds_count{generation=0}"] > 0
     supervisor.process.send_signal(signal.SIGTERM)
     assert supervisor.wait() == 0, supervisor.output

@@ -15,7 +15,7 @@ import jax
 import openai
 import pytest
 
-from jaxserve.assembly import build_engine
+from jaxserve.composition.assembly import build_engine
 from jaxserve.core.in_process import CoreThread
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.server.sleep_routes import dev_mode

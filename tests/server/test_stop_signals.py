@@ -90,6 +90,6 @@ def test_sigterm_during_background_compilation_exits_within_2_s(tmp_path, api_se
   assert "Traceback" not in output, output
   assert seconds < EXIT_S, f"exited {seconds:.2f} s after SIGTERM"
   logged = [line for line in output.splitlines() if "jaxserve." in line or "uvicorn" in line]
-  assert any("jaxserve.assembly" in line for line in logged)  # the engine core's
+  assert any("jaxserve.composition.assembly" in line for line in logged)  # the engine core's
   assert any("Application startup complete" in line for line in logged)  # uvicorn's
   assert all(LOG_LINE.match(line) for line in logged), "\n".join(logged)

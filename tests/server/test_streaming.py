@@ -13,7 +13,7 @@ from collections import defaultdict
 import httpx
 import pytest
 
-from jaxserve.config_loader import load_config
+from jaxserve.config.loader import load_config
 from jaxserve.core.client import CoreClient
 from tests.server.server_helpers import (
   core_backend,

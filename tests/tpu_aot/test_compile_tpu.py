@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from jaxserve.cli import main as cli_main
-from jaxserve.config_loader import load_config
+from jaxserve.config.loader import load_config
 from jaxserve.models.named_shapes import named_model_config
 from jaxserve.tpu_aot.build import (
   BuildReport,

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from jaxserve.cli import build_parser, main
-from jaxserve.config_loader import load_config
+from jaxserve.config.loader import load_config
 from jaxserve.device.sampler import SamplerMode
 from jaxserve.messages.buckets import Bucket
 from jaxserve.models.named_shapes import named_model_config

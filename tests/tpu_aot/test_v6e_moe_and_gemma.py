@@ -19,7 +19,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxserve.config_loader import load_config
+from jaxserve.config.loader import load_config
 from jaxserve.models.grouped_matmul import grouped_matmul
 from jaxserve.models.named_shapes import named_model_config
 from jaxserve.tpu_aot.build import compile_programs, largest_of_each_kind

@@ -15,7 +15,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Mapping
 
-from jaxserve.config_require import require as _require
+from jaxserve.config.require import require as _require
 from jaxserve.models.families.family import ModelFamily
 from jaxserve.models.families.gemma import FAMILY as GEMMA
 from jaxserve.models.families.llama import FAMILY as LLAMA

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from jaxserve.config_require import require as _require
+from jaxserve.config.require import require as _require
 from jaxserve.models.families.family import ModelFamily
 from jaxserve.models.families.llama import LlamaForCausalLM
 from jaxserve.models.hf_fields import check_silu_mlp, common_fields

@@ -16,7 +16,7 @@ from typing import Mapping
 
 from flax import linen as nn
 
-from jaxserve.config_require import require as _require
+from jaxserve.config.require import require as _require
 from jaxserve.models.expert_weights import PROJECTIONS, ExpertNames, expert_specs
 from jaxserve.models.families.family import ModelFamily
 from jaxserve.models.families.qwen import sliding_window_config

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxserve.sampling_params import SamplingParams
+from jaxserve.api.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion, small_engine
 from tests.models.hf_checkpoints import TOKENIZER_VOCAB_SIZE, build_hf_checkpoint
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import jax
 import pytest
 
-from jaxserve.assembly import build_engine
+from jaxserve.api.sampling_params import SamplingParams
+from jaxserve.composition.assembly import build_engine
 from jaxserve.parallel.device_slice import select_devices
 from jaxserve.parallel.placement import load_placement
-from jaxserve.sampling_params import SamplingParams
 from tests.integration.engine_helpers import run_to_completion, small_config
 
 

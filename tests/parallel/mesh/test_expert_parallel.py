@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxserve.assembly import build_engine
+from jaxserve.composition.assembly import build_engine
 from jaxserve.models.weights import load_hf_config, load_hf_params
 from tests.integration.engine_helpers import generate_and_score, small_config
 from tests.models.hf_checkpoints import TOKENIZER_VOCAB_SIZE

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxserve.assembly import build_engine
+from jaxserve.composition.assembly import build_engine
 from tests.integration.engine_helpers import (
   generate_and_score,
   hf_greedy,

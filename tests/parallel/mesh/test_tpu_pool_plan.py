@@ -10,7 +10,7 @@ import dataclasses
 
 import jax
 
-from jaxserve import assembly
+from jaxserve.composition import assembly
 from jaxserve.config import CacheConfig
 from jaxserve.device import device_memory as dm
 from jaxserve.device.device_memory import DeviceMemory

@@ -1,6 +1,6 @@
 """The composition root: builds an LLMEngine from an EngineConfig, and the device side alone for
-the other hosts of a multi-host job (jaxserve/follower.py). The only module that knows every
-package: models, attention, kernels, parallel, device, engine and tokenizer meet here, and
+the other hosts of a multi-host job (jaxserve/entrypoints/follower.py). The only module that knows
+every package: models, attention, kernels, parallel, device, engine and tokenizer meet here, and
 nowhere else.
 
 Everything the server logs at start-up (model, buckets, KV pages, warmup time) is decided here:
@@ -10,7 +10,7 @@ Everything the server logs at start-up (model, buckets, KV pages, warmup time) i
    the sharded path even at tp = 1, so every tensor_parallel_size compiles the same step with
    the same options). Either way the result is one Placement: params on device, the attention
    and dense backends, and the KV pages' sharding;
-2. size and allocate the KV pool (jaxserve/pool_sizing.py, which logs it), build the step
+2. size and allocate the KV pool (composition/pool_sizing.py, which logs it), build the step
    programs (device/step_programs.py) with the placement's shardings, and the ModelRunner
    (build_device -> DeviceBundle);
 3. on process 0 only: tokenizer, page allocator, scheduler, warmup, LLMEngine (build_engine).
@@ -30,8 +30,10 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
+from jaxserve.composition.pool_sizing import log_kv_pool, size_kv_pool, with_pool_rungs
 from jaxserve.config import EngineConfig, ServerConfig
-from jaxserve.defaults import Usage, apply_device_defaults
+from jaxserve.config.device_defaults import Usage, apply_device_defaults
+from jaxserve.config.generation_config import GenerationDefaults
 from jaxserve.device.compile_ledger import CompileLedger
 from jaxserve.device.device_memory import (
   describe_devices,
@@ -54,13 +56,11 @@ from jaxserve.device.step_options import (
 )
 from jaxserve.device.step_programs import build_step_programs
 from jaxserve.device.warmup import warmup
-from jaxserve.device_description import DeviceDescription
 from jaxserve.engine.constraints import Constraints
 from jaxserve.engine.engine_core import EngineCore
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.engine.page_allocator import PageAllocator
 from jaxserve.engine.scheduler import Scheduler
-from jaxserve.generation_config import GenerationDefaults
 from jaxserve.messages.buckets import BucketSet
 from jaxserve.messages.kv_layout import KVLayout
 from jaxserve.models.kv_layout import kv_layout
@@ -74,8 +74,8 @@ from jaxserve.models.registry import (
 )
 from jaxserve.parallel.multihost import StepPublisher, is_worker
 from jaxserve.parallel.placement import load_placement
-from jaxserve.pool_sizing import log_kv_pool, size_kv_pool, with_pool_rungs
 from jaxserve.quantization.capabilities import check_device_runs
+from jaxserve.runtime.device_description import DeviceDescription
 
 logger = logging.getLogger(__name__)
 
@@ -173,8 +173,8 @@ def build_device(
 
 
 def with_device_defaults(config: EngineConfig, usage: Usage) -> EngineConfig:
-  """`config` with the device-aware defaults (jaxserve/defaults.py) for this process's devices
-  and `usage` in every key the user did not set, logged with their reasons. A multi-host job
+  """`config` with the device-aware defaults (jaxserve/config/device_defaults.py) for this process's
+  devices and `usage` in every key the user did not set, logged with their reasons. A multi-host job
   keeps its config as it is (every host must build the same buckets)."""
   if config.distributed.active:
     return config
@@ -220,7 +220,7 @@ def build_engine(
     if is_worker():
       raise ValueError(
         f"distributed: process {jax.process_index()} is a worker; only process 0 "
-        "builds the engine (workers run jaxserve.follower.run_follower)"
+        "builds the engine (workers run jaxserve.entrypoints.follower.run_follower)"
       )
     publisher = StepPublisher()
   device = build_device(

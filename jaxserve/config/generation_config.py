@@ -28,7 +28,7 @@ import json
 import os
 from dataclasses import dataclass, fields
 
-from jaxserve.sampling_params import SamplingParams
+from jaxserve.api.sampling_params import SamplingParams
 
 GENERATION_CONFIG_FILE = "generation_config.json"
 AUTO, VLLM = "auto", "vllm"

@@ -4,7 +4,7 @@ collector (a collection inside code that holds a lock on_pause takes does not wa
 import gc
 import threading
 
-from jaxserve.gc_pauses import GcPauses
+from jaxserve.runtime.gc_pauses import GcPauses
 
 
 def test_each_collection_is_timed_until_closed():

@@ -31,7 +31,7 @@ A server keeps every step's tokens flowing (no prefill-first, no bursts); an off
 trades inter-token latency for throughput. Everything else keeps its config default.
 
 This module imports nothing from jax: the caller describes the devices
-(jaxserve/device_description.py; device/device_memory.describe_devices for this process's).
+(jaxserve/runtime/device_description.py; device/device_memory.describe_devices for this process's).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ import enum
 from dataclasses import dataclass
 
 from jaxserve.config import CacheConfig, EngineConfig, SchedulerConfig
-from jaxserve.config_loader import non_default_keys
-from jaxserve.device_description import DeviceDescription
+from jaxserve.config.loader import non_default_keys
+from jaxserve.runtime.device_description import DeviceDescription
 
 GIB = 1 << 30
 LARGE_GPU_BYTES = 70 * GIB

@@ -1,11 +1,11 @@
 """The offline API: LLM(model=...).generate(prompts, SamplingParams(...)), .chat(messages, ...).
 
 Keyword arguments are vLLM's engine arguments (gpu_memory_utilization, max_num_seqs, ...; the
-table in jaxserve/engine_args.py, shared with the CLI flags) or EngineConfig fields. Prompts are
-validated up front (a bad one raises ValueError before anything runs), then all are
-queued and the engine loops until every request finishes, with a progress bar. Without sampling
-params, generate and chat sample with get_default_sampling_params() (the model's
-generation_config.json defaults, as vLLM's LLM does).
+table in jaxserve/config/engine_args.py, shared with the CLI flags) or EngineConfig fields. Prompts
+are validated up front (a bad one raises ValueError before anything runs), then all are queued and
+the engine loops until every request finishes, with a progress bar. Without sampling params,
+generate and chat sample with get_default_sampling_params() (the model's generation_config.json
+defaults, as vLLM's LLM does).
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
-from jaxserve.assembly import build_engine
+from jaxserve.api.outputs import Completion, GenerationResult, RequestOutput
+from jaxserve.api.sampling_params import SamplingParams
+from jaxserve.composition.assembly import build_engine
 from jaxserve.config import EngineConfig
-from jaxserve.defaults import Usage
+from jaxserve.config.device_defaults import Usage
+from jaxserve.config.engine_args import BY_NAME, config_with_engine_args, is_engine_arg
+from jaxserve.device.platforms import prepare_jax_process
 from jaxserve.engine.llm_engine import LLMEngine
-from jaxserve.engine_args import BY_NAME, config_with_engine_args, is_engine_arg
-from jaxserve.outputs import Completion, GenerationResult, RequestOutput
-from jaxserve.platforms import prepare_jax_process
-from jaxserve.sampling_params import SamplingParams
 from jaxserve.tokenizer.tokenizer import Tokenizer
 
 Prompt = str | Sequence[int]
@@ -32,7 +32,7 @@ Message = dict[str, str]
 class LLM:
   """Offline generation. `model` is "tiny-random" or a Hugging Face checkpoint directory; other
   keyword arguments are engine arguments (gpu_memory_utilization=0.5, max_model_len=1024,
-  tensor_parallel_size=2, ...: jaxserve/engine_args.py) or EngineConfig fields
+  tensor_parallel_size=2, ...: jaxserve/config/engine_args.py) or EngineConfig fields
   (cache=CacheConfig(...)); an unknown one is a ValueError naming it."""
 
   def __init__(
@@ -50,7 +50,9 @@ class LLM:
     self.engine: LLMEngine = build_engine(
       self.config, show_progress=show_progress, default_warmup="lazy", usage=Usage.OFFLINE
     )
-    self.config = self.engine.config  # with the device-aware defaults (jaxserve/defaults.py)
+    self.config = (
+      self.engine.config
+    )  # with the device-aware defaults (jaxserve/config/device_defaults.py)
     self.tokenizer = self.engine.tokenizer
 
   def get_tokenizer(self) -> Tokenizer:
@@ -59,7 +61,7 @@ class LLM:
   def get_default_sampling_params(self) -> SamplingParams:
     """What generate and chat sample with when given no sampling params (vLLM's): the model's
     generation_config.json defaults (generation_config: auto, or a directory), else
-    SamplingParams() (jaxserve/generation_config.py)."""
+    SamplingParams() (jaxserve/config/generation_config.py)."""
     return self.engine.generation_defaults.sampling_params()
 
   def chat(

@@ -1,5 +1,5 @@
 """The engine flags every `jaxserve` command (and the benchmarks) share: --config FILE, --set
-KEY=VALUE overrides, and the engine arguments (jaxserve/engine_args.py) as flags for the same
+KEY=VALUE overrides, and the engine arguments (jaxserve/config/engine_args.py) as flags for the same
 overrides."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ from __future__ import annotations
 import argparse
 
 from jaxserve.config import EngineConfig
-from jaxserve.config_loader import load_config
-from jaxserve.engine_args import (
+from jaxserve.config.engine_args import (
   ENGINE_ARGS,
   INERT_NAMES,
   add_engine_arg_flags,
   engine_overrides,
   log_inert_args,
 )
+from jaxserve.config.loader import load_config
 
 
 def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:

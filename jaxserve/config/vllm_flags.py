@@ -1,5 +1,5 @@
 """vLLM's `serve` flags that jaxserve takes so vLLM command lines run unchanged, each mapped
-onto what it means here (engine flags with a meaning live in jaxserve/engine_args.py):
+onto what it means here (engine flags with a meaning live in jaxserve/config/engine_args.py):
 
 * --max-logprobs N: server.max_logprobs, the most logprobs / top_logprobs a request may ask for
   (at most 20, what the sampler computes; vLLM's default is 20 too).
@@ -21,7 +21,7 @@ onto what it means here (engine flags with a meaning live in jaxserve/engine_arg
   '{"enable_thinking": false}').
 
 The engine's vLLM flags (`--max-model-len 32K`, `-tp 2`, `--revision`, `--enforce-eager`, ...)
-are every command's: jaxserve/engine_args.py and jaxserve/inert_args.py.
+are every command's: jaxserve/config/engine_args.py and jaxserve/config/inert_args.py.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import argparse
 import json
 import logging
 
-from jaxserve.server_config import UVICORN_LOG_LEVELS
+from jaxserve.config.server import UVICORN_LOG_LEVELS
 
 logger = logging.getLogger(__name__)
 

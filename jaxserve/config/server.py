@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jaxserve.config_require import is_int_at_least, require_bool
-from jaxserve.config_require import require as _require
+from jaxserve.api.sampling_params import MAX_LOGPROBS
+from jaxserve.config.require import is_int_at_least, require_bool
+from jaxserve.config.require import require as _require
 from jaxserve.reasoning import reasoning_parser_names
-from jaxserve.sampling_params import MAX_LOGPROBS
 from jaxserve.structured.tool_parsers import tool_parser_names
 
 # uvicorn's log levels (vLLM's --uvicorn-log-level choices)

@@ -1,9 +1,9 @@
 """The KV pool of one engine: how many pages it gets and what the start-up log says of it.
 
-Part of the composition root (jaxserve/assembly.py builds the device side with it): it knows the
-loaded Placement (parallel/), the device's memory (device/device_memory.py) and the step
-programs (to measure the largest bucket's scratch), and decides:
-1. the bytes the pool may take: cache.memory_fraction of the device less the weights (their
+Part of the composition root (jaxserve/composition/assembly.py builds the device side with it): it
+knows the loaded Placement (parallel/), the device's memory (device/device_memory.py) and the step
+programs (to measure the largest bucket's scratch), and decides: 1. the bytes the pool may take:
+cache.memory_fraction of the device less the weights (their
    shard on this device), the loader's slack and, on one unsharded device with no explicit
    pool size, the largest bucket's step scratch, measured by compiling that step against a
    2-page pool (plus a quarter, in whole 64 MiB); fitted to the largest free block;

@@ -1,5 +1,5 @@
 """A configuration that needs a platform this JAX cannot run fails at once, in one line that
-names the key and the install line (jaxserve/platform_needs.py): `jaxserve serve --config
+names the key and the install line (jaxserve/device/platform_needs.py): `jaxserve serve --config
 configs/h100.yaml` on a CPU-only JAX exits 2 before any work. README.md gives the same install
 lines."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from jaxserve.config import EngineConfig
-from jaxserve.platform_needs import INSTALL_LINES, SUPPORT, check_platform
-from jaxserve.platforms import installed
+from jaxserve.device.platform_needs import INSTALL_LINES, SUPPORT, check_platform
+from jaxserve.device.platforms import installed
 
 REPO = Path(__file__).resolve().parents[2]
 GPU_SUPPORT = installed(SUPPORT["gpu"][1])

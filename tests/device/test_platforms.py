@@ -1,5 +1,5 @@
-"""No libtpu probe on a host without a TPU (jaxserve/platforms.py): the rule, and the stderr of a
-real process that starts JAX with libtpu installed."""
+"""No libtpu probe on a host without a TPU (jaxserve/device/platforms.py): the rule, and the stderr
+of a real process that starts JAX with libtpu installed."""
 
 import importlib.util
 import subprocess
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxserve.platforms import platforms_to_set, tpu_attached
+from jaxserve.device.platforms import platforms_to_set, tpu_attached
 
 REPO = Path(__file__).resolve().parents[2]
 LIBTPU_NOISE = ("TPU_ACCELERATOR_TYPE", "INVALID_ARGUMENT", "libtpu")
@@ -34,7 +34,7 @@ def test_device_files(tmp_path):
 
 
 START_JAX = (
-  "import sys; sys.path.insert(0, {repo!r}); from jaxserve.platforms import "
+  "import sys; sys.path.insert(0, {repo!r}); from jaxserve.device.platforms import "
   "skip_absent_tpu; {call}; import jax; print(jax.devices()[0].platform)"
 )
 
@@ -68,6 +68,6 @@ def test_no_libtpu_noise_when_no_tpu_is_attached():
   assert platform_quiet == platform
   assert not any(word in quiet for word in LIBTPU_NOISE), quiet
   # a library user's `from jaxserve import LLM` imports jax before LLM(...) calls it
-  platform_late, late = _stderr_of("from jaxserve import llm; skip_absent_tpu()")
+  platform_late, late = _stderr_of("from jaxserve.entrypoints import llm; skip_absent_tpu()")
   assert platform_late == platform
   assert not any(word in late for word in LIBTPU_NOISE), late

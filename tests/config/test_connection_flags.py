@@ -1,13 +1,13 @@
-"""The connection flags of `jaxserve serve` map onto their server.* keys (server/cli.py,
-server/vllm_flags.py), a bad value is refused naming the key, and --help states each default."""
+"""The connection flags of `jaxserve serve` map onto their server.* keys (config/serve_flags.py,
+config/vllm_flags.py), a bad value is refused naming the key, and --help states each default."""
 
 from __future__ import annotations
 
 import pytest
 
 from jaxserve.cli import build_parser
-from jaxserve.cli_help import use_defaults_help
-from jaxserve.server.cli import serve_engine_config
+from jaxserve.config.cli_help import use_defaults_help
+from jaxserve.config.serve_flags import serve_engine_config
 
 
 def _server(words: list[str]):

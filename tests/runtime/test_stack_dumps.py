@@ -9,7 +9,7 @@ import sys
 
 PROGRAM = """
 import os, signal, threading, time
-from jaxserve.log_setup import configure_logging
+from jaxserve.runtime.log_setup import configure_logging
 configure_logging("INFO")
 threading.Thread(target=time.sleep, args=(5,), name="sleeper", daemon=True).start()
 os.kill(os.getpid(), signal.SIGUSR1)

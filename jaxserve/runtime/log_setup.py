@@ -4,7 +4,7 @@ JAX probes every backend its plugins register when it first picks a device; on a
 a TPU the probe fails and jax._src.xla_bridge logs "Unable to initialize backend 'tpu': ..." at
 INFO. The command runs on whatever backend exists, so that line is demoted to DEBUG
 (`--log-level DEBUG` still shows it). Where libtpu is installed (the test and tpu extras) but no
-TPU is attached, jaxserve/platforms.py keeps JAX from probing it at all: libtpu's own stderr
+TPU is attached, jaxserve/device/platforms.py keeps JAX from probing it at all: libtpu's own stderr
 lines cannot be filtered here. A backend JAX was told to use (JAX_PLATFORMS) that fails
 still raises, with JAX's own message.
 

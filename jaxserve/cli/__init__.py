@@ -1,12 +1,15 @@
 """The `jaxserve` command: generate, serve, bench and eval on one engine configuration.
 
 Engine settings come from one place: --config FILE (YAML) plus --set KEY=VALUE overrides, with
-the common ones (--model, --max-num-seqs, --gpu-memory-utilization, ...; jaxserve/engine_args.py)
-as flags for the same overrides (jaxserve/cli_args.py adds them to a parser). Every --help shows
-defaults; a misspelt flag gets a "did you mean" (jaxserve/cli_help.py). Subcommands defined next
-to the code they drive are imported explicitly: `serve` (jaxserve/server/cli.py), the benchmarks
-(jaxserve/bench/cli.py), eval and kv-plan (jaxserve/tools/cli.py), compile-tpu
-(jaxserve/tpu_aot/cli.py); each of those imports its heavy module only when it runs.
+the common ones (--model, --max-num-seqs, --gpu-memory-utilization, ...;
+jaxserve/config/engine_args.py) as flags for the same overrides (jaxserve/config/cli_args.py adds
+them to a parser). Every --help shows defaults; a misspelt flag gets a "did you mean"
+(jaxserve/config/cli_help.py). COMMANDS is the one table of the commands
+(config/subcommands.py records; add_subcommands builds the parser from it): generate, convert
+and config here, and those defined next to the code they drive, imported explicitly: `serve`
+(jaxserve/server/cli.py), the benchmarks (jaxserve/bench/cli.py, a table of their own under
+`bench`), eval and kv-plan (jaxserve/tools/cli.py), compile-tpu (jaxserve/tpu_aot/cli.py); each of
+those imports its heavy module only when it runs.
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ import sys
 
 from jaxserve import __version__
 from jaxserve.bench import cli as bench_cli
-from jaxserve.cli_args import add_engine_args, engine_config_from_args
-from jaxserve.cli_help import command_parser, unknown_flags_message, use_defaults_help
-from jaxserve.inert_args import take_undefined_flags
-from jaxserve.log_setup import configure_logging
-from jaxserve.optional_deps import MissingDependencyError
-from jaxserve.platform_needs import check_platform
-from jaxserve.platforms import prepare_jax_process
+from jaxserve.config.cli_args import add_engine_args, engine_config_from_args
+from jaxserve.config.cli_help import command_parser, unknown_flags_message, use_defaults_help
+from jaxserve.config.inert_args import take_undefined_flags
+from jaxserve.config.subcommands import Subcommand, add_subcommands
+from jaxserve.device.platform_needs import check_platform
+from jaxserve.device.platforms import prepare_jax_process
+from jaxserve.runtime.log_setup import configure_logging
+from jaxserve.runtime.optional_deps import MissingDependencyError
 from jaxserve.server import cli as server_cli
 from jaxserve.tools import cli as tools_cli
 from jaxserve.tpu_aot import cli as tpu_aot_cli
@@ -33,8 +37,8 @@ logger = logging.getLogger(__name__)
 
 
 def _generate(args: argparse.Namespace) -> int:
-  from jaxserve.llm import LLM
-  from jaxserve.sampling_params import SamplingParams
+  from jaxserve.api.sampling_params import SamplingParams
+  from jaxserve.entrypoints.llm import LLM
 
   config = engine_config_from_args(args)
   params = SamplingParams(
@@ -72,12 +76,7 @@ def _generate(args: argparse.Namespace) -> int:
   return 0
 
 
-def _add_generate(subparsers) -> None:
-  parser = subparsers.add_parser(
-    "generate",
-    help="generate text offline for one or more prompts",
-    description="Generate completions offline (no server).",
-  )
+def _generate_flags(parser: argparse.ArgumentParser) -> None:
   add_engine_args(parser, skip=("seed",))
   parser.add_argument(
     "--prompt", action="append", help='prompt text (repeatable; default: "Hello, my name is")'
@@ -91,7 +90,6 @@ def _add_generate(subparsers) -> None:
   parser.add_argument("--stop", action="append", help="stop string (repeatable)")
   parser.add_argument("--ignore-eos", action="store_true")
   parser.add_argument("--json", action="store_true", help="print one JSON object per completion")
-  parser.set_defaults(func=_generate)
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -105,42 +103,58 @@ def _convert(args: argparse.Namespace) -> int:
   return 0
 
 
-def _add_convert(subparsers) -> None:
-  parser = subparsers.add_parser(
-    "convert",
-    help="convert a Hugging Face checkpoint once for fast restarts",
-    description="Converts a checkpoint's safetensors to jaxserve's params and saves them with "
-    "orbax in <checkpoint>/jaxserve_params/, which later loads restore directly.",
-  )
+def _convert_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
   parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
   parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-  parser.set_defaults(func=_convert)
 
 
 def _config(args: argparse.Namespace) -> int:
-  import yaml
-
-  from jaxserve.config_loader import config_to_dict
+  from jaxserve.config.loader import config_yaml
   from jaxserve.messages.buckets import BucketSet
 
   config = engine_config_from_args(args)
-  print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
+  print(config_yaml(config), end="")
   print(f"# buckets: {BucketSet.from_config(config.scheduler).describe()}")
   return 0
 
 
-def _add_config(subparsers) -> None:
-  parser = subparsers.add_parser(
+def _config_flags(parser: argparse.ArgumentParser) -> None:
+  add_engine_args(parser)
+
+
+# The one table of the `jaxserve` commands (config/subcommands.py builds the parser from it).
+COMMANDS: tuple[Subcommand, ...] = (
+  Subcommand(
+    "generate",
+    help="generate text offline for one or more prompts",
+    description="Generate completions offline (no server).",
+    add_flags=_generate_flags,
+    run=_generate,
+  ),
+  Subcommand(
+    "convert",
+    help="convert a Hugging Face checkpoint once for fast restarts",
+    description="Converts a checkpoint's safetensors to jaxserve's params and saves them with "
+    "orbax in <checkpoint>/jaxserve_params/, which later loads restore directly.",
+    add_flags=_convert_flags,
+    run=_convert,
+  ),
+  Subcommand(
     "config",
     help="print the resolved engine configuration as YAML",
     description="Prints the engine configuration the other commands would run with: the "
     "defaults, then --config, then the --set overrides and shortcuts, validated, and (as a "
     "comment) the bucket ladders with their largest padding share. Every key is described in "
     "docs/CONFIG.md.",
-  )
-  add_engine_args(parser)
-  parser.set_defaults(func=_config)
+    add_flags=_config_flags,
+    run=_config,
+  ),
+  server_cli.SERVE,
+  bench_cli.BENCH,
+  *tools_cli.COMMANDS,
+  tpu_aot_cli.COMPILE_TPU,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,14 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     "continuous batching. Without --model, commands use the built-in tiny-random model.",
   )
   parser.add_argument("--version", action="version", version=f"jaxserve {__version__}")
-  subparsers = parser.add_subparsers(dest="command", required=True)
-  _add_generate(subparsers)
-  _add_convert(subparsers)
-  _add_config(subparsers)
-  server_cli.register(subparsers)  # serve
-  bench_cli.register(subparsers)  # bench serve, bench throughput
-  tools_cli.register(subparsers)  # eval, kv-plan
-  tpu_aot_cli.register(subparsers)  # compile-tpu
+  add_subcommands(parser, COMMANDS, "command")
   use_defaults_help(parser)
   return parser
 
@@ -199,7 +206,3 @@ def main(argv: list[str] | None = None) -> int:
   except ValueError as err:
     print(f"jaxserve {args.command}: error: {err}", file=sys.stderr)
     return 2
-
-
-if __name__ == "__main__":
-  sys.exit(main())

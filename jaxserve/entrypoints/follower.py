@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from jaxserve.assembly import build_device, enable_compilation_cache
+from jaxserve.composition.assembly import build_device, enable_compilation_cache
 from jaxserve.config import EngineConfig
 from jaxserve.device.lowering import dummy_inputs
 from jaxserve.parallel.multihost import StepSubscriber, replicated_constant

@@ -31,7 +31,7 @@ from typing import Mapping, Sequence
 import yaml
 
 from jaxserve.config import CacheConfig, DistributedConfig, EngineConfig, SchedulerConfig
-from jaxserve.server_config import ServerConfig
+from jaxserve.config.server import ServerConfig
 
 
 def config_from_dict(data: Mapping, cls: type = EngineConfig, prefix: str = ""):
@@ -69,6 +69,11 @@ def config_to_dict(config) -> dict:
   for key in NOT_FILE_KEYS:
     data.pop(key, None)
   return data
+
+
+def config_yaml(config) -> str:
+  """`config` as the YAML a config file holds (every key, in the dataclasses' order)."""
+  return yaml.safe_dump(config_to_dict(config), sort_keys=False)
 
 
 def dotted_keys(data: Mapping, prefix: str = "") -> frozenset[str]:

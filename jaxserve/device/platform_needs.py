@@ -1,5 +1,5 @@
 """Which device platform a configuration needs, and the line that installs JAX's support for it:
-the one owner of the platform install lines README.md gives (tests/cli/test_platform_needs.py
+the one owner of the platform install lines README.md gives (tests/device/test_platform_needs.py
 checks that README says the same).
 
 A key whose value runs on one platform only makes the configuration need that platform:
@@ -22,7 +22,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Mapping
 
 from jaxserve.config import EngineConfig
-from jaxserve.platforms import CUDA_PLUGINS, ROCM_PLUGINS, installed
+from jaxserve.device.platforms import CUDA_PLUGINS, ROCM_PLUGINS, installed
 
 # platform -> the README's line that installs jaxserve with JAX's support for it
 INSTALL_LINES: Mapping[str, str] = {

@@ -1,7 +1,8 @@
 """A description of the devices an engine runs on, as plain data (no jax): what the rules that
-depend on the device read (quantization/capabilities.py: which schemes run; defaults.py: the
-scheduler settings a user did not set). The caller builds it from jax's Device
-(`DeviceDescription.of`) or, for a target it does not have (compile-tpu), from a topology.
+depend on the device read (quantization/capabilities.py: which schemes run;
+config/device_defaults.py: the scheduler settings a user did not set). The caller builds it from
+jax's Device (`DeviceDescription.of`) or, for a target it does not have (compile-tpu), from a
+topology.
 """
 
 from __future__ import annotations

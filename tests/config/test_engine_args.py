@@ -9,8 +9,8 @@ import argparse
 import pytest
 
 from jaxserve.config import CHOICES
-from jaxserve.config_loader import config_from_dict
-from jaxserve.engine_args import ENGINE_ARGS, add_engine_arg_flags, config_default
+from jaxserve.config.engine_args import ENGINE_ARGS, add_engine_arg_flags, config_default
+from jaxserve.config.loader import config_from_dict
 
 
 def test_every_engine_arg_uses_configs_choices_for_its_key():

@@ -7,10 +7,10 @@ in docs/CONFIG.md and validated by jaxserve/config/ (a bad value is a ValueError
 An argument's choices are its key's in config.CHOICES, so a new choice is added there alone.
 
 Token counts take vLLM's human-readable integers as flags (`--max-model-len 32K`,
-jaxserve/human_ints.py), and the flags have vLLM's short aliases (`-tp`, `-dp`, `-q`, `-ep`).
+jaxserve/config/human_ints.py), and the flags have vLLM's short aliases (`-tp`, `-dp`, `-q`, `-ep`).
 vLLM engine arguments that mean nothing here (`--trust-remote-code`, `--enforce-eager`, ...) are
-jaxserve/inert_args.py's: accepted as flags and keywords too, so vLLM command lines and scripts
-run unchanged.
+jaxserve/config/inert_args.py's: accepted as flags and keywords too, so vLLM command lines and
+scripts run unchanged.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from jaxserve.config import CHOICES, EngineConfig
-from jaxserve.config_loader import apply_overrides, config_from_dict, config_to_dict
-from jaxserve.human_ints import human_int
-from jaxserve.inert_args import INERT_ARGS, check_inert, log_inert
+from jaxserve.config.human_ints import human_int
+from jaxserve.config.inert_args import INERT_ARGS, check_inert, log_inert
+from jaxserve.config.loader import apply_overrides, config_from_dict, config_to_dict
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """A vLLM `serve` command line for an 8B model, as vLLM's docs write them (quickstart, tool
 calling, quantization), is taken by `jaxserve serve` unchanged: every flag parses, as `jaxserve`
 parses it (cli.parse_command_line), and maps onto the configuration it means here
-(server/vllm_flags.py, engine_args.py), or is logged once as changing nothing
+(config/vllm_flags.py, config/engine_args.py), or is logged once as changing nothing
 (inert_args.py). The flags issue 60 saw abort start-up are each taken; token counts read vLLM's
 human-readable integers (human_ints.py). Starting a real server from such a line is
 tests/server/test_vllm_serve.py."""
@@ -15,14 +15,14 @@ import pytest
 from starlette.applications import Starlette
 
 from jaxserve.cli import build_parser, parse_command_line
-from jaxserve.cli_args import engine_config_from_args
-from jaxserve.cli_help import all_parsers
 from jaxserve.config import EngineConfig
-from jaxserve.config_loader import non_default_keys
-from jaxserve.human_ints import human_int
-from jaxserve.inert_args import UNDEFINED_FLAGS
-from jaxserve.llm import engine_config_for
-from jaxserve.server.cli import serve_engine_config
+from jaxserve.config.cli_args import engine_config_from_args
+from jaxserve.config.cli_help import all_parsers
+from jaxserve.config.human_ints import human_int
+from jaxserve.config.inert_args import UNDEFINED_FLAGS
+from jaxserve.config.loader import non_default_keys
+from jaxserve.config.serve_flags import serve_engine_config
+from jaxserve.entrypoints.llm import engine_config_for
 from jaxserve.server.uvicorn_runner import server_config
 
 VLLM_LINE = (

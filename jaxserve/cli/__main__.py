@@ -1,0 +1,7 @@
+"""`python -m jaxserve.cli`: the `jaxserve` command."""
+
+import sys
+
+from jaxserve.cli import main
+
+sys.exit(main())
