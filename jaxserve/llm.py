@@ -11,7 +11,7 @@ generation_config.json defaults, as vLLM's LLM does).
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 

@@ -14,7 +14,7 @@ Files are written only when asked (`--save-result` / `--result-dir`, `--out`); n
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+from collections.abc import Callable
 
 from jaxserve.bench import flags
 from jaxserve.bench.soak_flags import add_soak_flags

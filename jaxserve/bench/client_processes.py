@@ -27,9 +27,8 @@ import asyncio
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from tqdm.auto import tqdm
 

@@ -26,9 +26,9 @@ from __future__ import annotations
 import resource
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from jaxserve.bench.latency_stats import RequestRecord
 

@@ -14,9 +14,9 @@ else from a whitespace split (`len(text.split())`), which undercounts subword to
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 

@@ -24,7 +24,7 @@ Every entry counts differing rows (0: bitwise equal).
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -11,7 +11,7 @@ MemoryGauge.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 

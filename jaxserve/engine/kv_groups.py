@@ -30,7 +30,7 @@ references on those; the sliding entries below stay null.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .page_allocator import NULL_PAGE, PageAllocator
 from .request import Request

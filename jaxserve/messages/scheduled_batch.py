@@ -25,8 +25,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 

@@ -35,7 +35,7 @@ charges each layout its own slack.
 from __future__ import annotations
 
 import concurrent.futures as futures
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp

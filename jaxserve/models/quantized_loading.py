@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp

@@ -25,9 +25,9 @@ import collections
 import concurrent.futures as futures
 import functools
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import jax
 import numpy as np

@@ -23,8 +23,8 @@ and `ignore` naming lm_head only (it stays in the model dtype anyway).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from jaxserve.quantization.scheme import QuantScheme, scheme_named
 

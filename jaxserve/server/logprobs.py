@@ -8,8 +8,8 @@ Tokens are shown as each id decoded on its own (Tokenizer.convert_ids_to_tokens)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from jaxserve.outputs import TokenLogprob
 from jaxserve.tokenizer.tokenizer import Tokenizer

@@ -16,7 +16,7 @@ abort, an unknown tag, or `enable_sleep_mode` when the engine was started withou
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response

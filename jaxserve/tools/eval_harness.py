@@ -18,9 +18,9 @@ import json
 import math
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.tools.eval_tasks import (

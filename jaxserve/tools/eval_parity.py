@@ -9,7 +9,7 @@ count as disagreeing), and the largest absolute logprob difference over the scor
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from tqdm.auto import tqdm

@@ -5,8 +5,8 @@ Inputs are the JSON-ready dicts the tools write, so a plot can be redrawn from a
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import matplotlib
 
