@@ -116,7 +116,7 @@ def soak_timeline(series: Mapping[str, Sequence[Mapping]], path: Path, title: st
     rows = [r for r in rows if not r["drain"]]
     minutes = [r["window"] + 0.5 for r in rows]
 
-    def line(ax, key, scale=1.0, style="-", label=name):
+    def line(ax, key, scale=1.0, style="-", label=name, rows=rows, minutes=minutes):
       values = [np.nan if r.get(key) is None else r[key] * scale for r in rows]
       return ax.plot(minutes, values, style, marker=".", label=label)[0]
 
