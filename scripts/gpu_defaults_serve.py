@@ -98,9 +98,9 @@ def tcp_counters() -> dict[str, int]:
     lines = Path("/proc/net/netstat").read_text().splitlines()
   except OSError:
     return {}
-  for names, values in zip(lines[::2], lines[1::2]):
+  for names, values in zip(lines[::2], lines[1::2], strict=False):  # header, values line pairs
     if names.startswith("TcpExt:"):
-      table = dict(zip(names.split()[1:], values.split()[1:]))
+      table = dict(zip(names.split()[1:], values.split()[1:], strict=True))
       return {name: int(table[name]) for name in TCP_COUNTERS if name in table}
   return {}
 

@@ -20,6 +20,7 @@ takes such a rung only when the step fills it.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -157,4 +158,4 @@ class BucketSet:
 def padding_waste(ladder: tuple[int, ...]) -> float:
   """The largest share of a bucket that padding can fill: a batch one past a rung, padded to
   the next rung (the first rung, whose padding depends on the smallest batches, left out)."""
-  return max([(high - low - 1) / high for low, high in zip(ladder, ladder[1:])], default=0.0)
+  return max([(high - low - 1) / high for low, high in itertools.pairwise(ladder)], default=0.0)

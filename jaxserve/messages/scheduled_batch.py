@@ -173,7 +173,7 @@ class ScheduledBatch:
     token_ends = itertools.accumulate(self.query_lens)
     page_ends = itertools.accumulate(self.page_counts)
     seqs, token_start, page_start = [], 0, 0
-    for i, (token_end, page_end) in enumerate(zip(token_ends, page_ends)):
+    for i, (token_end, page_end) in enumerate(zip(token_ends, page_ends, strict=True)):
       seqs.append(
         ScheduledSeq(
           self.request_ids[i],

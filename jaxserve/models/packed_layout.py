@@ -181,7 +181,7 @@ def _pack_group(
   for block in placeholder:
     block.delete()
   outs = {}
-  for job, raw in zip(jobs, raws):
+  for job, raw in zip(jobs, raws, strict=True):
     convert = job.convert
     if convert is None:
       if job.target not in copies:

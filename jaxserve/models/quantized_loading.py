@@ -151,6 +151,6 @@ def _stored_scale(widths: tuple[int, ...]) -> Callable[..., jax.Array]:
   return lambda *raws: jnp.concatenate(
     [
       jnp.broadcast_to(raw.reshape(-1).astype(jnp.float32), (width,))
-      for raw, width in zip(raws, widths)
+      for raw, width in zip(raws, widths, strict=True)
     ]
   )

@@ -59,7 +59,7 @@ def hf_prompt_logprobs(model, prompt_ids: Sequence[int], first_scored: int) -> n
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
   n = 0
-  for x, y in zip(a, b):
+  for x, y in zip(a, b, strict=False):
     if x != y:
       break
     n += 1

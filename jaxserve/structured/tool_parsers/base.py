@@ -168,7 +168,9 @@ class ToolCallStream:
   @property
   def tool_calls(self) -> tuple[ToolCall, ...]:
     """The calls sent so far, with their ids (after finish: all of them)."""
-    return tuple(ToolCall(*call) for call in zip(self._ids, self._names, self._arguments))
+    return tuple(
+      ToolCall(*call) for call in zip(self._ids, self._names, self._arguments, strict=True)
+    )
 
   def _advance(self, snapshot: ParseSnapshot) -> StreamDelta:
     content = _growth(self._content, snapshot.content)
