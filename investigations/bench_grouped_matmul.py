@@ -146,7 +146,10 @@ def _gate_program(kernel: str):
   """The gate projection of every layer on its sorted rows, through `kernel`."""
 
   def run(rows, sizes, experts):
-    return [grouped_matmul(r, gate, n, kernel) for r, n, (gate, _, _) in zip(rows, sizes, experts)]
+    return [
+      grouped_matmul(r, gate, n, kernel)
+      for r, n, (gate, _, _) in zip(rows, sizes, experts, strict=True)
+    ]
 
   return jax.jit(run)
 
@@ -160,13 +163,13 @@ def _tiled_programs(tiling: pallas_gmm.Tiling) -> dict:
   def gate(rows, sizes, experts):
     return [
       pallas_gmm.grouped_matmul(r, g, n, tiling=tiling, interpret=interpret)
-      for r, n, (g, _, _) in zip(rows, sizes, experts)
+      for r, n, (g, _, _) in zip(rows, sizes, experts, strict=True)
     ]
 
   def swiglu(rows, sizes, experts):
     return [
       pallas_gmm.grouped_swiglu(r, g, u, n, tiling=tiling, interpret=interpret)
-      for r, n, (g, u, _) in zip(rows, sizes, experts)
+      for r, n, (g, u, _) in zip(rows, sizes, experts, strict=True)
     ]
 
   return {"gate": (jax.jit(gate), 1), "swiglu": (jax.jit(swiglu), 2)}

@@ -87,10 +87,12 @@ def run_case(
   fns = {}
   for tile in opts.tiles:
     label = "ours" if tile is None else "ours[" + ":".join(map(str, tile)) + "]"
-    tile_kw = (
+    tile_kw = (  # a tile may give the first parameters only (block_kv:num_warps:num_stages)
       {}
       if tile is None
-      else dict(zip(("block_kv", "num_warps", "num_stages", "num_kv_splits", "block_q"), tile))
+      else dict(
+        zip(("block_kv", "num_warps", "num_stages", "num_kv_splits", "block_q"), tile, strict=False)
+      )
     )
     fns[label] = functools.partial(
       ragged_paged_attention, sm_scale=sm_scale, interpret=interpret, **tile_kw

@@ -33,7 +33,7 @@ def variants(opts) -> dict:
         out["pallas"] = greedy_sample
         continue
       names = ("block_vocab", "num_warps", "num_stages", "num_splits")
-      kwargs = dict(zip(names, map(int, tile.split(":"))))
+      kwargs = dict(zip(names, map(int, tile.split(":")), strict=False))  # the first ones given
       out[f"pallas[{tile}]"] = functools.partial(greedy_sample, **kwargs)
   return out
 

@@ -152,8 +152,8 @@ def main() -> None:
     if reference is None:
       reference, reference_logprobs = tokens, logprobs
     first_diffs = [
-      next((j for j, (a, b) in enumerate(zip(t, r)) if a != b), None)
-      for t, r in zip(tokens, reference)
+      next((j for j, (a, b) in enumerate(zip(t, r, strict=False)) if a != b), None)
+      for t, r in zip(tokens, reference, strict=True)
     ]
     model_config = engine.runner.model.config
     row = {

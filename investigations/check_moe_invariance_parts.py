@@ -43,7 +43,7 @@ def experts(tokens: int, meshes, key) -> list[str]:
   for ep in (False, True):
     specs, outs = EXPERT_SPECS[ep], []
     for mesh in meshes:
-      put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+      put = lambda a, spec, mesh=mesh: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
       args = (put(x, P()), put(ids, P()), put(weights, P()))
       args += (put(gate, specs.gate_up), put(up, specs.gate_up), put(down, specs.down))
       outs.append(jax.jit(shard_experts(mesh, ep, 2))(*args))
@@ -59,7 +59,7 @@ def qk_norm(tokens: int, meshes, key) -> list[str]:
     for mesh in meshes:
       spec = P(None, MODEL_AXIS, None) if mesh.shape[MODEL_AXIS] > 1 else P()
       qs = jax.device_put(q, NamedSharding(mesh, spec))
-      outs.append(jax.jit(lambda a: normalized(a, 1e-6, fixed).astype(a.dtype))(qs))
+      outs.append(jax.jit(lambda a, fixed=fixed: normalized(a, 1e-6, fixed).astype(a.dtype))(qs))
     lines.append(f"q norm ({'fixed order' if fixed else 'XLA'}), {tokens} tokens: {_same(*outs)}")
   return lines
 

@@ -201,7 +201,7 @@ def self_times(events: list[TraceEvent]) -> list[tuple[str, float]]:
     if stack:
       child_us[stack[-1]] += e.dur_us
     stack.append(i)
-  return [(e.name, max(e.dur_us - c, 0.0)) for e, c in zip(ordered, child_us)]
+  return [(e.name, max(e.dur_us - c, 0.0)) for e, c in zip(ordered, child_us, strict=True)]
 
 
 # --- summary ---------------------------------------------------------------------------------

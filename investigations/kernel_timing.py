@@ -167,7 +167,7 @@ def unrolled_program(fn, batch: Batch, inner: int):
   @jax.jit
   def program(queries, k_pages, v_pages, tables, seq_lens, query_start_loc, num_seqs):
     outputs = []
-    for q, table in zip(queries, tables):
+    for q, table in zip(queries, tables, strict=True):
       if outputs:  # call i starts after call i - 1 (no overlap, one call's memory at a time)
         _, q = jax.lax.optimization_barrier((outputs[-1], q))
       outputs.append(fn(q, k_pages, v_pages, table, seq_lens, query_start_loc, num_seqs))

@@ -28,7 +28,7 @@ def kernels(data: dict, label: str = "ours") -> str:
       continue
     bundled, xla = t.get("bundled"), t.get("xla")
     fmt = lambda v: "—" if v is None else f"{v:.1f}"
-    ratio = lambda v: "—" if v is None else f"{v / ours:.2f}x"
+    ratio = lambda v, ours=ours: "—" if v is None else f"{v / ours:.2f}x"
     lines.append(
       f"| {case['name']} | {ours:.1f} | {case['kv_gbps'][label]:.0f} | "
       f"{case['pct_of_copy'][label]:.0f}% | {fmt(bundled)} | {fmt(xla)} | "

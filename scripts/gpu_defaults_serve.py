@@ -98,9 +98,9 @@ def tcp_counters() -> dict[str, int]:
     lines = Path("/proc/net/netstat").read_text().splitlines()
   except OSError:
     return {}
-  for names, values in zip(lines[::2], lines[1::2]):
+  for names, values in zip(lines[::2], lines[1::2], strict=False):  # header, values line pairs
     if names.startswith("TcpExt:"):
-      table = dict(zip(names.split()[1:], values.split()[1:]))
+      table = dict(zip(names.split()[1:], values.split()[1:], strict=True))
       return {name: int(table[name]) for name in TCP_COUNTERS if name in table}
   return {}
 
@@ -177,13 +177,13 @@ def measure(args) -> int:
       result["plain_runs"] = []
       for round_ in range(args.rounds):
         result["plain_runs"].append(
-          watchdog.run("plain_inf", lambda: plain(server, args, out, pool, round_))
+          watchdog.run("plain_inf", lambda round_=round_: plain(server, args, out, pool, round_))
         )
         again = random_requests(args.num_prompts, 256, 256, seed=2 + round_, token_ids=pool)
         result["bench_inf"].append(
           watchdog.run(
             "bench_inf_again",
-            lambda: with_server_gaps(
+            lambda again=again: with_server_gaps(
               url, lambda: run_load(url, name, again, math.inf, processes=None, meter=meter)
             ),
           )

@@ -69,7 +69,9 @@ def table(out: Path) -> str:
   for name in ("dp2", "tp2"):
     result = results[name]
     if one and result and one.get("greedy") and result.get("greedy"):
-      same = sum(a["tokens"] == b["tokens"] for a, b in zip(one["greedy"], result["greedy"]))
+      same = sum(
+        a["tokens"] == b["tokens"] for a, b in zip(one["greedy"], result["greedy"], strict=True)
+      )
       lines.append(f"{name} greedy tokens as on one GPU: {same}/{len(one['greedy'])} requests")
   return "\n".join(lines)
 

@@ -33,7 +33,8 @@ def _same_tokens(run: dict, reference: dict | None) -> str:
   """How many of `run`'s requests produced the one-device run's tokens (same prompts)."""
   if not reference or run["num_prompts"] != reference["num_prompts"]:
     return ""
-  pairs = zip(run.get("token_digests", []), reference.get("token_digests", []))
+  # a run without digests pairs none
+  pairs = zip(run.get("token_digests", []), reference.get("token_digests", []), strict=False)
   same = sum(a == b for a, b in pairs)
   return f", tokens as on one device: {same}/{run['num_prompts']} requests"
 

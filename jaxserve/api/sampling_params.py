@@ -155,7 +155,7 @@ class SamplingParams:
   def logit_bias_ids(self) -> tuple[int, ...]:
     return tuple(token_id for token_id, _ in self.logit_bias)
 
-  def expand_n(self) -> tuple["SamplingParams", ...]:
+  def expand_n(self) -> tuple[SamplingParams, ...]:
     """The n one-sample requests these params stand for (the one rule, used by the server and
     LLM): child k has n=1 and, with a seed, seed + k, so a fixed seed gives n different,
     reproducible samples."""
@@ -163,7 +163,7 @@ class SamplingParams:
       self.replace(n=1, seed=None if self.seed is None else self.seed + k) for k in range(self.n)
     )
 
-  def replace(self, **changes) -> "SamplingParams":
+  def replace(self, **changes) -> SamplingParams:
     return dataclasses.replace(self, **changes)
 
 

@@ -174,13 +174,15 @@ def compare(reference: dict[str, ProbeResult], other: dict[str, ProbeResult]) ->
   rows = []
   for rid in sorted(reference, key=lambda r: int(r.split("-")[1])):
     a, b = reference[rid], other[rid]
-    first = next((k for k, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y), None)
+    first = next(
+      (k for k, (x, y) in enumerate(zip(a.tokens, b.tokens, strict=False)) if x != y), None
+    )
     if first is None and len(a.tokens) != len(b.tokens):
       first = min(len(a.tokens), len(b.tokens))
     lp_first = next(
       (
         k
-        for k, (x, y) in enumerate(zip(a.logprobs, b.logprobs))
+        for k, (x, y) in enumerate(zip(a.logprobs, b.logprobs, strict=False))
         if np.float32(x).tobytes() != np.float32(y).tobytes()
       ),
       None,

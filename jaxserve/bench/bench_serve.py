@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
 
 import httpx  # the async streaming HTTP client (the `bench` extra; checked by tools/cli.py)
 

@@ -27,9 +27,8 @@ import asyncio
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from tqdm.auto import tqdm
 
@@ -165,7 +164,7 @@ def run_clients(
     bar.close()
   ordered: list[RequestRecord | None] = [None] * len(requests)
   for result in results:
-    for index, record in zip(shards[result.process].indices, result.records):
+    for index, record in zip(shards[result.process].indices, result.records, strict=True):
       ordered[index] = record
   return ClientsResult(
     [r for r in ordered if r is not None],

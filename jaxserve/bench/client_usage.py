@@ -26,9 +26,9 @@ from __future__ import annotations
 import resource
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from jaxserve.bench.latency_stats import RequestRecord
 
@@ -144,7 +144,8 @@ class UsageMeter:
   ) -> ClientUsage:
     """records: relative to the run's start; offsets: their scheduled send times, where known."""
     gaps = [gap for r in records if r.success for gap in r.itls]
-    sent = [(r.start_time, o) for r, o in zip(records, offsets or ()) if r.success]
+    # no offsets (send times unknown): nothing is paired
+    sent = [(r.start_time, o) for r, o in zip(records, offsets or (), strict=False) if r.success]
     tpots = [r.tpot for r in records if r.success and r.tpot is not None]
     ttfts = [r.ttft for r in records if r.success]
     return ClientUsage(

@@ -13,10 +13,11 @@ else from a whitespace split (`len(text.split())`), which undercounts subword to
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -71,7 +72,7 @@ def random_requests(
   output_lens = uniform_lengths(rng, output_len, range_ratio, num_prompts)
   pool = np.asarray(token_ids) if token_ids is not None else None
   requests = []
-  for n_in, n_out in zip(input_lens.tolist(), output_lens.tolist()):
+  for n_in, n_out in zip(input_lens.tolist(), output_lens.tolist(), strict=True):
     if pool is not None:
       prompt: str | tuple[int, ...] = tuple(int(t) for t in rng.choice(pool, size=n_in))
     else:
@@ -134,7 +135,7 @@ def _first_exchange(entry: object) -> tuple[str, str] | None:
   turns = entry.get("conversations") if isinstance(entry, dict) else None
   if not isinstance(turns, list):
     return None
-  for first, second in zip(turns, turns[1:]):
+  for first, second in itertools.pairwise(turns):
     if (
       isinstance(first, dict)
       and isinstance(second, dict)

@@ -7,7 +7,7 @@ objective. A request with one output token has no TPOT and meets a TPOT objectiv
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from jaxserve.bench.latency_stats import RequestRecord
 

@@ -14,8 +14,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 _TORCH_DTYPES = ("float32", "bfloat16")
 

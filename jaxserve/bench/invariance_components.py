@@ -24,7 +24,7 @@ Every entry counts differing rows (0: bitwise equal).
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -136,9 +136,12 @@ def gemm_checks(
     x = jax.random.normal(keys[2 * i], (max(counts), k), jnp.float32).astype(dtype)
     w = (0.02 * jax.random.normal(keys[2 * i + 1], (k, n), jnp.float32)).astype(dtype)
     for form, (matmul, options) in forms.items():
-      fn = jax.jit(lambda x, w, matmul=matmul: matmul(x, w, out_dtype), compiler_options=options)
+      fn = jax.jit(
+        lambda x, w, matmul=matmul, out_dtype=out_dtype: matmul(x, w, out_dtype),
+        compiler_options=options,
+      )
       try:
-        results[f"{name}/{form}"] = rows_check(lambda x: fn(x, w), x, counts, timed)
+        results[f"{name}/{form}"] = rows_check(lambda x, fn=fn, w=w: fn(x, w), x, counts, timed)
       except Exception as err:  # a formulation that does not compile here is reported, not fatal
         results[f"{name}/{form}"] = {"error": f"{type(err).__name__}: {str(err)[:200]}"}
   return results

@@ -10,8 +10,8 @@ which metrics the table prints them for, are vLLM's --metric-percentiles / --per
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
 
 import numpy as np
 

@@ -55,7 +55,8 @@ def server_processes(supervisor: int, api_servers: int) -> dict[str, int]:
   roles = {"supervisor": supervisor}
   if api_servers > 0:
     found = server_pids(supervisor)[1:]
-    roles.update(zip(["core"] + [f"api-{k}" for k in range(api_servers)], found))
+    # a server still starting has fewer children than roles: those found so far
+    roles.update(zip(["core"] + [f"api-{k}" for k in range(api_servers)], found, strict=False))
   return roles
 
 

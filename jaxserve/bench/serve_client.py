@@ -173,7 +173,7 @@ async def run_schedule(
       return record
 
     with no_cycle_collection():  # a full collection would hold every stream's chunks back
-      records = await asyncio.gather(*(one(r, o) for r, o in zip(requests, offsets)))
+      records = await asyncio.gather(*(one(r, o) for r, o in zip(requests, offsets, strict=True)))
     end = time.monotonic()
   return ClientRun([_relative(r, start) for r in records], end)
 

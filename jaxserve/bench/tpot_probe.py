@@ -29,8 +29,10 @@ def parse_probes(text: str) -> list[tuple[int, int, int]]:
       count, lengths = item.strip().split("x")
       prompt, output = lengths.split("/")
       probe = (int(count), int(prompt), int(output))
-    except ValueError:
-      raise ValueError(f"--tpot-probes: {item!r} is not COUNTxPROMPT/OUTPUT (e.g. 4x512/64)")
+    except ValueError as err:
+      raise ValueError(
+        f"--tpot-probes: {item!r} is not COUNTxPROMPT/OUTPUT (e.g. 4x512/64)"
+      ) from err
     if min(probe) < 1 or probe[2] < 2:
       raise ValueError(f"--tpot-probes: {item!r} needs counts >= 1 and an output of >= 2 tokens")
     probes.append(probe)

@@ -22,8 +22,8 @@ from __future__ import annotations
 import itertools
 import json
 import string
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import tokenizers
 from tokenizers import AddedToken, models, pre_tokenizers, processors

@@ -23,8 +23,8 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import jax
 import numpy as np

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import copy
 import difflib
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):

@@ -6,8 +6,8 @@ the field); no jax."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from jaxserve.config.cache import (
   KV_CACHE_DTYPES,
@@ -256,5 +256,5 @@ class EngineConfig:
       "other hosts replay single steps); set it to 1",
     )
 
-  def replace(self, **changes) -> "EngineConfig":
+  def replace(self, **changes) -> EngineConfig:
     return dataclasses.replace(self, **changes)

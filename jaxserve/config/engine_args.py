@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 from jaxserve.config import CHOICES, EngineConfig
 from jaxserve.config.human_ints import human_int

@@ -23,8 +23,8 @@ tests check that no command defines one).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Collection, Mapping, Sequence
 
 logger = logging.getLogger(__name__)
 

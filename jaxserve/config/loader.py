@@ -25,8 +25,8 @@ names its path. This module imports config, never the reverse, and nothing from 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import yaml
 

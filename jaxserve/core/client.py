@@ -50,8 +50,8 @@ import dataclasses
 import itertools
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import msgspec
 import zmq

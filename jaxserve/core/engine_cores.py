@@ -71,7 +71,7 @@ class EngineCores:
       for handle in handles:
         handle.stop()
       raise
-    for group, handle in zip(groups, handles):
+    for group, handle in zip(groups, handles, strict=True):
       if group is not None:
         logger.info("%s: pid %d", group.describe(), handle.process.pid)
     return cls(handles)

@@ -41,7 +41,7 @@ class CoreInfo:
   generation_defaults: GenerationDefaults = GenerationDefaults()
 
   @classmethod
-  def of(cls, engine: LLMEngine) -> "CoreInfo":
+  def of(cls, engine: LLMEngine) -> CoreInfo:
     """What `engine` tells the API servers that serve it."""
     return cls(
       engine.tokenizer,

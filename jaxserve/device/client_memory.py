@@ -26,8 +26,8 @@ import logging
 import os
 import pkgutil
 import sys
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import Mapping, MutableMapping
 
 logger = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ class CompileLedger:
       with self._lock:
         self._cache_misses += 1
 
-  def start(self) -> "CompileLedger":
+  def start(self) -> CompileLedger:
     if not self._active:
       jax.monitoring.register_event_duration_secs_listener(self._listener)
       jax.monitoring.register_event_listener(self._event_listener)

@@ -41,8 +41,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from jaxserve.device.client_memory import client_share
 from jaxserve.runtime.device_description import DeviceDescription

@@ -12,7 +12,7 @@ e.g. for a device topology this machine does not have.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

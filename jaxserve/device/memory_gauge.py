@@ -10,7 +10,7 @@ step; 0 where the backend reports none (the CPU). Implements engine/device_port.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 

@@ -37,8 +37,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol
+from typing import Protocol
 
 import jax
 import numpy as np

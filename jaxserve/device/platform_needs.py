@@ -18,8 +18,8 @@ pallas_tpu off their device run the kernels in Pallas interpret mode (config/eng
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
-from typing import Mapping
 
 from jaxserve.config import EngineConfig
 from jaxserve.device.platforms import CUDA_PLUGINS, ROCM_PLUGINS, installed

@@ -27,7 +27,7 @@ import importlib.util
 import logging
 import os
 import sys
-from typing import MutableMapping, Sequence
+from collections.abc import MutableMapping, Sequence
 
 from jaxserve.device.client_memory import (
   ClientMemorySetup,

@@ -197,7 +197,7 @@ class ProgramCompiler:
     self._compile_groups(range(self._next_group, len(self.groups)), self.threads, on_program)
     self.save_compiled()
 
-  def start(self) -> "ProgramCompiler":
+  def start(self) -> ProgramCompiler:
     """Compiles the remaining groups on a daemon thread."""
     self._thread = threading.Thread(target=self._run, name=COMPILE_THREAD_NAME, daemon=True)
     self._thread.start()

@@ -36,8 +36,8 @@ step; XLA reads them three times). The engine picks it (EngineConfig.sampler_bac
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -73,14 +73,14 @@ class SamplerMode:
   top_logprobs: bool = False  # some row asked for top-N logprobs
 
   @classmethod
-  def of(cls, s: SamplingInputs) -> "SamplerMode":
+  def of(cls, s: SamplingInputs) -> SamplerMode:
     """The compiled mode covering host-side sampling inputs (their batch-wide flags): penalties
     and top-N logprobs are compiled together (all())."""
     extras = bool(np.asarray(s.any_penalty)) or bool(np.asarray(s.want_top_logprobs))
     return cls(bool(np.asarray(s.any_random)), extras, extras)
 
   @classmethod
-  def all(cls) -> list["SamplerMode"]:
+  def all(cls) -> list[SamplerMode]:
     """The compiled modes: random sampling (its sort over the vocabulary) is static on its own,
     penalties and top-N logprobs only together (a batch asking for one pays for the other): 4
     programs per sequence bucket instead of 8 (docs/DECISIONS.md, "Four sampler modes"). A

@@ -53,7 +53,7 @@ def offload(tree) -> HostTree:
     array.copy_to_host_async()
   host = {
     id(array): HostLeaf(value, array.sharding if array.committed else None)
-    for array, value in zip(arrays, jax.device_get(arrays))
+    for array, value in zip(arrays, jax.device_get(arrays), strict=True)
   }
   release(arrays)
   return HostTree(treedef, tuple(host.get(id(leaf), leaf) for leaf in leaves))

@@ -15,8 +15,8 @@ token bitmask and the logit bias) are built by device/sampling_inputs.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import jax
 import numpy as np

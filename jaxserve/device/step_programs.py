@@ -24,8 +24,8 @@ timing-based autotuning), so a GEMM of a given shape runs the same algorithm in 
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import jax
 import jax.numpy as jnp

@@ -13,7 +13,8 @@ keep its own invariant (no request outgrows the context) without restating the r
 from __future__ import annotations
 
 import numbers
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
   from jaxserve.api.sampling_params import SamplingParams

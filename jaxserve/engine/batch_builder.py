@@ -83,7 +83,7 @@ class BatchBuilder:
     self.sample_index.append(request.num_generated)
 
   def _add_window_pages(self, request: Request) -> None:
-    for column, table in zip(self.window_page_ids, request.window_page_ids):
+    for column, table in zip(self.window_page_ids, request.window_page_ids, strict=True):
       column.extend(table)
 
   def _add_extras(self, request: Request, start: int, num_new: int) -> None:

@@ -24,7 +24,8 @@ sample, as it drops samples after a stop.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from ..config import SchedulerConfig  # relative imports: this side never touches jax
 from ..messages.scheduled_batch import ScheduledBatch

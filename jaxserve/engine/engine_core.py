@@ -79,7 +79,7 @@ class _StepInFlight:
   def feeds_penalized_request(self) -> bool:
     return any(
       sample and request.sampling_params.uses_penalties
-      for sample, request in zip(self.batch.sample, self.requests)
+      for sample, request in zip(self.batch.sample, self.requests, strict=True)
     )
 
 

@@ -30,7 +30,7 @@ references on those; the sliding entries below stay null.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .page_allocator import NULL_PAGE, PageAllocator
 from .request import Request
@@ -61,7 +61,7 @@ class KVGroupPages:
     num_new = max(0, num_total - len(request.page_ids))
     if self.windows:
       start = request.num_computed_tokens
-      for window, table in zip(self.windows, request.window_page_ids):
+      for window, table in zip(self.windows, request.window_page_ids, strict=True):
         first = max(0, start - window + 1) // self.page_size
         num_new += max(0, num_total - max(len(table), first))
     return num_new
@@ -72,7 +72,9 @@ class KVGroupPages:
     num_total = -(-end // self.page_size)
     request.page_ids.extend(allocator.allocate(max(0, num_total - len(request.page_ids))))
     start = request.num_computed_tokens
-    for group, (window, table) in enumerate(zip(self.windows, request.window_page_ids), 1):
+    for group, (window, table) in enumerate(
+      zip(self.windows, request.window_page_ids, strict=True), 1
+    ):
       first = max(0, start - window + 1) // self.page_size
       if first > len(table):
         table.extend([NULL_PAGE] * (first - len(table)))
@@ -81,7 +83,7 @@ class KVGroupPages:
   def release_outside_windows(self, request: Request) -> None:
     """Releases the sliding entries wholly before the window of a query at num_computed_tokens."""
     start, released = request.num_computed_tokens, []
-    for window, table in zip(self.windows, request.window_page_ids):
+    for window, table in zip(self.windows, request.window_page_ids, strict=True):
       index = min(max(0, start - window + 1) // self.page_size, len(table)) - 1
       while index >= 0 and table[index] != NULL_PAGE:
         released.append(table[index])
@@ -118,7 +120,9 @@ class KVGroupPages:
     num_hit = self._window_hit(hashes, len(full)) if self.windows else len(full)
     request.page_ids = full[:num_hit]
     allocator.share(request.page_ids)
-    for group, (window, table) in enumerate(zip(self.windows, request.window_page_ids), 1):
+    for group, (window, table) in enumerate(
+      zip(self.windows, request.window_page_ids, strict=True), 1
+    ):
       first = max(0, num_hit * self.page_size - window + 1) // self.page_size
       table[:] = [NULL_PAGE] * first
       table.extend(allocator.cached_page(group, hashes[i]) for i in range(first, num_hit))
@@ -150,7 +154,7 @@ class KVGroupPages:
       end = num_hit * self.page_size
       if all(
         num_hit - max(0, end - window + 1) // self.page_size <= run[num_hit - 1]
-        for window, run in zip(self.windows, runs)
+        for window, run in zip(self.windows, runs, strict=True)
       ):
         return num_hit
     return 0

@@ -31,7 +31,7 @@ from __future__ import annotations
 import collections
 import hashlib
 from array import array
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 NULL_PAGE = 0
 _ROOT_HASH = b""

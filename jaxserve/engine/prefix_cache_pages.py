@@ -28,7 +28,7 @@ forgotten with them. `take_cached_prefix` sets the request's num_computed_tokens
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from .kv_groups import KVGroupPages
 from .page_allocator import extend_page_hashes

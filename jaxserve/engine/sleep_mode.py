@@ -21,7 +21,7 @@ the memory (device/sleep_mode.py, through the StepRunner's sleep and wake_up).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 LEVELS = (1,)
 MODES = ("abort",)

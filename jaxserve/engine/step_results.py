@@ -41,7 +41,7 @@ def apply_step_output(
   sampled_ids = host.token_ids.tolist()
   has_prompt_logprobs = host.prompt_logprobs is not None
   for i, (request_id, request, num_tokens, sample) in enumerate(
-    zip(batch.request_ids, requests, batch.query_lens, batch.sample)
+    zip(batch.request_ids, requests, batch.query_lens, batch.sample, strict=True)
   ):
     state = _live_state(request_id, request, states, now)
     if state is None:
@@ -71,11 +71,11 @@ def _apply_burst(
 ) -> list[RequestState]:
   touched, now = [], time.monotonic()
   sampled_ids, logprobs = host.token_ids.T.tolist(), host.logprobs.T.tolist()  # [S, steps]
-  for i, (request_id, request) in enumerate(zip(batch.request_ids, requests)):
+  for i, (request_id, request) in enumerate(zip(batch.request_ids, requests, strict=True)):
     state = _live_state(request_id, request, states, now)
     if state is None:
       continue
-    for token_id, logprob in zip(sampled_ids[i], logprobs[i]):
+    for token_id, logprob in zip(sampled_ids[i], logprobs[i], strict=True):
       status = state.append_token(
         token_id, TokenLogprob(token_id, logprob, ()) if state.wants_logprobs else None
       )
@@ -109,7 +109,7 @@ def _sampled_logprob(
   if num_top > 0 and host.top_ids is not None:
     top = tuple(
       (int(t), float(lp))
-      for t, lp in zip(host.top_ids[row, :num_top], host.top_logprobs[row, :num_top])
+      for t, lp in zip(host.top_ids[row, :num_top], host.top_logprobs[row, :num_top], strict=True)
     )
   return TokenLogprob(token_id, float(host.logprobs[row]), top)
 
@@ -124,7 +124,9 @@ def _record_prompt_logprob(
   top = tuple(
     (int(t), float(lp))
     for t, lp in zip(
-      host.prompt_top_ids[token_index, :num_top], host.prompt_top_logprobs[token_index, :num_top]
+      host.prompt_top_ids[token_index, :num_top],
+      host.prompt_top_logprobs[token_index, :num_top],
+      strict=True,
     )
   )
   state.record_prompt_logprob(

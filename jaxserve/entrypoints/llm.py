@@ -11,7 +11,7 @@ defaults, as vLLM's LLM does).
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
@@ -105,7 +105,7 @@ class LLM:
     first_step_tokens = self.config.scheduler.max_num_batched_tokens
     queued_tokens, started = 0, False
     try:
-      for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
+      for i, (prompt, params) in enumerate(zip(prompt_list, params_list, strict=True)):
         children = params.expand_n()
         rids = [self._request_id(i, k) for k in range(len(children))]
         encoded.append(self.engine.add_requests(prompt, children, rids, stream=False))

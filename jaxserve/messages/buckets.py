@@ -20,9 +20,11 @@ takes such a rung only when the step fills it.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Collection, Protocol
+from typing import Protocol
 
 MIN_SEQ_BUCKET = 8
 # The token ladder starts where the sequence ladder does: a decode step of up to 8 sequences
@@ -73,7 +75,7 @@ class BucketSet:
   wide_above: int | None = None
 
   @classmethod
-  def from_config(cls, config: BucketLimits) -> "BucketSet":
+  def from_config(cls, config: BucketLimits) -> BucketSet:
     padding, limit = config.bucket_padding, config.max_num_batched_tokens
     dense = config.latency_batched_tokens or limit  # the dense ladder's top
     seq = config.seq_buckets or geometric_ladder(
@@ -91,7 +93,7 @@ class BucketSet:
       return ()
     return tuple(t for t in self.token_buckets if t > self.wide_above)
 
-  def with_pool_rungs(self, capacity: int) -> "BucketSet":
+  def with_pool_rungs(self, capacity: int) -> BucketSet:
     """This set with sequence rungs where a KV pool that holds `capacity` sequences of the
     longest length bounds the batch: the capacity, twice and four times it (POOL_RUNGS; the
     first rounded up to MIN_SEQ_BUCKET), below the largest rung, each kept only where the next
@@ -156,4 +158,4 @@ class BucketSet:
 def padding_waste(ladder: tuple[int, ...]) -> float:
   """The largest share of a bucket that padding can fill: a batch one past a rung, padded to
   the next rung (the first rung, whose padding depends on the smallest batches, left out)."""
-  return max([(high - low - 1) / high for low, high in zip(ladder, ladder[1:])], default=0.0)
+  return max([(high - low - 1) / high for low, high in itertools.pairwise(ladder)], default=0.0)

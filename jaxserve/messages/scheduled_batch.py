@@ -25,8 +25,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -173,7 +173,7 @@ class ScheduledBatch:
     token_ends = itertools.accumulate(self.query_lens)
     page_ends = itertools.accumulate(self.page_counts)
     seqs, token_start, page_start = [], 0, 0
-    for i, (token_end, page_end) in enumerate(zip(token_ends, page_ends)):
+    for i, (token_end, page_end) in enumerate(zip(token_ends, page_ends, strict=True)):
       seqs.append(
         ScheduledSeq(
           self.request_ids[i],

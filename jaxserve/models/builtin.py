@@ -8,9 +8,9 @@ vocabulary is the byte-level tokenizer's (tokenizer/byte_tokenizer.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, Mapping
 
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.tiny_random import TINY_RANDOM_NAME, tiny_random_config, tiny_random_params

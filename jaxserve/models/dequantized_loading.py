@@ -17,8 +17,8 @@ parts are such weights: each weight part followed by its scale, one jitted conve
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import jax
 import numpy as np
@@ -112,7 +112,7 @@ def dequantized_leaves(
       out.append(leaf)
       continue
     parts, blocks = [], []
-    for part, scale in zip(leaf.parts, found):
+    for part, scale in zip(leaf.parts, found, strict=True):
       parts.append(part)
       if scale is not None:
         parts.append(scale.load)

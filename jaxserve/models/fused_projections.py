@@ -18,7 +18,7 @@ k and v columns. A mixture of experts' layers keep their router and stacked expe
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import jax.numpy as jnp
 

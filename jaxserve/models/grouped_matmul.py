@@ -44,7 +44,8 @@ so both kernels take the rows' dtype (bfloat16, float16 or float32) only.
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import jax
 import jax.numpy as jnp

@@ -11,7 +11,7 @@ bfloat16).
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from jaxserve.config.require import require as _require
 from jaxserve.models.families import family_of, resolve_hf

@@ -12,7 +12,7 @@ producing wrong logits. No jax here.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from jaxserve.config.require import require as _require
 from jaxserve.models.model_config import ROPE_TYPES, RopeScaling

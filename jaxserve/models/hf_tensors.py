@@ -12,7 +12,7 @@ the final norm and lm_head (absent when tied).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.tensor_spec import TensorSpec

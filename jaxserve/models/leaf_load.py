@@ -5,8 +5,8 @@ custom conversion, the arrays it makes (LeafOut). Frozen records: nothing here t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import jax
 import numpy as np

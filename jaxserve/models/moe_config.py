@@ -22,7 +22,8 @@ only matter in training and are ignored.
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol
+from collections.abc import Mapping
+from typing import Protocol
 
 from jaxserve.config.require import require as _require
 from jaxserve.config.require import require_bool

@@ -28,7 +28,7 @@ tower).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from jaxserve.models.model_config import FULL, SLIDING, ModelConfig, RopeScaling
 

@@ -35,7 +35,7 @@ charges each layout its own slack.
 from __future__ import annotations
 
 import concurrent.futures as futures
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -181,7 +181,7 @@ def _pack_group(
   for block in placeholder:
     block.delete()
   outs = {}
-  for job, raw in zip(jobs, raws):
+  for job, raw in zip(jobs, raws, strict=True):
     convert = job.convert
     if convert is None:
       if job.target not in copies:

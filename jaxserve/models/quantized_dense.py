@@ -22,7 +22,7 @@ only in larger steps). Embeddings, norms and lm_head are never quantized.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp

@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -163,6 +163,6 @@ def _stored_scale(widths: tuple[int, ...]) -> Callable[..., jax.Array]:
   return lambda *raws: jnp.concatenate(
     [
       jnp.broadcast_to(raw.reshape(-1).astype(jnp.float32), (width,))
-      for raw, width in zip(raws, widths)
+      for raw, width in zip(raws, widths, strict=True)
     ]
   )

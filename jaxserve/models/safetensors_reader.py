@@ -18,9 +18,9 @@ import json
 import math
 import mmap
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 import ml_dtypes
 import numpy as np
@@ -137,7 +137,7 @@ class MappedFile:
   buffer: mmap.mmap
 
   @staticmethod
-  def open(header: SafetensorsHeader, populate: bool = True) -> "MappedFile":
+  def open(header: SafetensorsHeader, populate: bool = True) -> MappedFile:
     """Maps `header.path`; with populate the kernel faults the pages in now (page-cache reads
     or disk readahead), so later views are read without page faults."""
     with open(header.path, "rb") as f:

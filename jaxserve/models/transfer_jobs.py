@@ -21,8 +21,8 @@ from __future__ import annotations
 import concurrent.futures as futures
 import functools
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -57,7 +57,7 @@ class TransferJob:
       return sum(
         math.prod(out.shape if target is None else target.shard_shape(out.shape))
         * out.dtype.itemsize
-        for out, target in zip(self.leaf.outputs, targets)
+        for out, target in zip(self.leaf.outputs, targets, strict=True)
       )
     shape = self.leaf.shape if self.target is None else self.target.shard_shape(self.leaf.shape)
     return math.prod(shape) * self.out_itemsize
@@ -194,7 +194,7 @@ def raw_sharding(target: jax.sharding.Sharding, transpose: bool) -> jax.sharding
 def put_raw(job: TransferJob, mapped: list[futures.Future]) -> list[jax.Array]:
   """The leaf's raw tensors on its device(s) (runs in the pool; not waited for)."""
   raws = []
-  for part, mapped_file in zip(job.leaf.parts, mapped):
+  for part, mapped_file in zip(job.leaf.parts, mapped, strict=True):
     view = mapped_file.result().view(part.info)  # [*hf_shape], zero-copy over the mmap
 
     def piece(index, view=view) -> np.ndarray:

@@ -25,9 +25,9 @@ import collections
 import concurrent.futures as futures
 import functools
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import jax
 import numpy as np
@@ -117,7 +117,7 @@ def _spread(
     made = results[job.leaf.path]
     if job.leaf.outputs:
       made = made if isinstance(made, tuple) else (made,)
-      out.update({leaf.path: array for leaf, array in zip(job.leaf.outputs, made)})
+      out.update({leaf.path: array for leaf, array in zip(job.leaf.outputs, made, strict=True)})
     else:
       out[job.leaf.path] = made
   return out
@@ -182,4 +182,4 @@ def _run_streaming(
     return jax.block_until_ready(out)
 
   outs = _windowed(pool, read_ahead, window_bytes, jobs, put_and_convert)
-  return {job.leaf.path: out for job, out in zip(jobs, outs)}
+  return {job.leaf.path: out for job, out in zip(jobs, outs, strict=True)}

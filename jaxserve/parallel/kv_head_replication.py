@@ -18,7 +18,7 @@ Every other leaf keeps its array (its shape and rule do not depend on the kv hea
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

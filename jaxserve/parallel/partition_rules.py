@@ -66,8 +66,8 @@ outputs are replicated.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import jax
 import numpy as np

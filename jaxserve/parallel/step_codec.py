@@ -8,7 +8,7 @@ such a record back into its own cached device constant, so no step moves that hi
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import msgpack

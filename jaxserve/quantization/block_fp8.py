@@ -17,8 +17,8 @@ load (jaxserve/models/dequantized_loading.py, docs/DECISIONS.md "Block-wise fp8 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 QUANT_METHOD = "fp8"
 SCALE_SUFFIX = ".weight_scale_inv"

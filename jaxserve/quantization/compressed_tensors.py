@@ -25,8 +25,8 @@ quantized ones dequantized with their weight_scale: models/dequantized_loading.p
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from jaxserve.quantization.block_fp8 import QUANT_METHOD as BLOCK_FP8_METHOD
 from jaxserve.quantization.scheme import QuantScheme, scheme_named

@@ -55,7 +55,7 @@ class ThinkTagParser:
   start_tag: str = "<think>"
   end_tag: str = "</think>"
 
-  def stream(self) -> "ThinkTagStream":
+  def stream(self) -> ThinkTagStream:
     return ThinkTagStream(self)
 
   def split(self, text: str) -> ReasoningSplit:

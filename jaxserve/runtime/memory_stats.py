@@ -7,7 +7,7 @@ neither package imports the other for it. Imports nothing (the device is passed 
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 
 def memory_stats(device) -> Mapping[str, int] | None:

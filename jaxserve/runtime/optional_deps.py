@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 EXTRA_OF = {"httpx": "bench", "matplotlib": "bench", "torch": "bench", "transformers": "bench"}
 

@@ -53,7 +53,7 @@ class ChatChoices:
     self.add_reasoning(message, reasoning)
     return message, choice.finish_reason
 
-  def deltas(self) -> "ChoiceDeltas":
+  def deltas(self) -> ChoiceDeltas:
     return ChoiceDeltas(self)
 
   def add_reasoning(self, out: dict, reasoning: str | None) -> None:

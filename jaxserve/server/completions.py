@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
-from typing import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send

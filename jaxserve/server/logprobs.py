@@ -8,8 +8,8 @@ Tokens are shown as each id decoded on its own (Tokenizer.convert_ids_to_tokens)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from jaxserve.api.outputs import TokenLogprob
 from jaxserve.tokenizer.tokenizer import Tokenizer
@@ -45,10 +45,10 @@ def completion_logprobs(
   result = CompletionLogprobs()
   tokens = tokenizer.convert_ids_to_tokens(token_ids)
   top_ids = sorted({t for e in entries if e is not None for t, _ in e.top})
-  top_names = dict(zip(top_ids, tokenizer.convert_ids_to_tokens(top_ids)))
+  top_names = dict(zip(top_ids, tokenizer.convert_ids_to_tokens(top_ids), strict=True))
   special = set(tokenizer.all_special_ids)
   offset = start_offset
-  for token_id, token, entry in zip(token_ids, tokens, entries):
+  for token_id, token, entry in zip(token_ids, tokens, entries, strict=True):
     result.tokens.append(token)
     result.text_offset.append(offset)
     offset += 0 if token_id in special else len(token)
@@ -67,7 +67,7 @@ def completion_logprobs(
 def chat_logprobs(tokenizer: Tokenizer, entries: Sequence[TokenLogprob]) -> dict:
   """`{"content": [...]}` for the sampled tokens `entries`."""
   ids = sorted({e.token_id for e in entries} | {t for e in entries for t, _ in e.top})
-  names = dict(zip(ids, tokenizer.convert_ids_to_tokens(ids)))
+  names = dict(zip(ids, tokenizer.convert_ids_to_tokens(ids), strict=True))
   content = []
   for entry in entries:
     top = [_chat_token(names[t], lp) for t, lp in entry.top]

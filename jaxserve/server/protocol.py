@@ -24,8 +24,8 @@ continuous_usage_stats puts usage on every chunk.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from jaxserve.api.sampling_params import MAX_LOGPROBS, SamplingParams
 from jaxserve.config.generation_config import GenerationDefaults

@@ -16,7 +16,7 @@ abort, an unknown tag, or `enable_sleep_mode` when the engine was started withou
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -33,8 +33,10 @@ def dev_mode(environ: Mapping[str, str]) -> bool:
   value = environ.get(DEV_MODE_VARIABLE, "0").strip() or "0"
   try:
     return bool(int(value))
-  except ValueError:
-    raise ValueError(f"{DEV_MODE_VARIABLE}: must be an integer (1 on, 0 off), got {value!r}")
+  except ValueError as err:
+    raise ValueError(
+      f"{DEV_MODE_VARIABLE}: must be an integer (1 on, 0 off), got {value!r}"
+    ) from err
 
 
 def sleep_routes() -> list[Route]:

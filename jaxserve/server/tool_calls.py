@@ -76,7 +76,7 @@ class ToolCallFormatter:
     reason = _finish_reason(finish_reason, bool(parsed.tool_calls), parsed.complete)
     return ChoiceMessage(parsed.content or None, parsed.tool_calls, reason)
 
-  def stream(self) -> "ChoiceStream":
+  def stream(self) -> ChoiceStream:
     return ChoiceStream(self._parser.stream() if self._parser is not None else None)
 
 

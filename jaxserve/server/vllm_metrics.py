@@ -23,8 +23,8 @@ that feeds the `jaxserve_*` family (so both always agree). Buckets are vLLM's, s
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric

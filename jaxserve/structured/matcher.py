@@ -151,7 +151,7 @@ class BitmaskFiller:
     """Each matcher consumes one token, in parallel; False where the grammar rejected it."""
     stopped = [m.llg_matcher.is_stopped() for m, _ in tokens]
     results = self._executor.consume_token_par([(m.llg_matcher, int(t)) for m, t in tokens])
-    for (matcher, _), was_stopped, ok in zip(tokens, stopped, results):
+    for (matcher, _), was_stopped, ok in zip(tokens, stopped, results, strict=True):
       if ok:
         matcher._count_consumed(was_stopped)  # noqa: SLF001 - the filler advances what it wraps
     return list(results)

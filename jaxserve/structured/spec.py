@@ -104,7 +104,7 @@ class StructuredOutputSpec:
     *,
     param: str = STRUCTURED_OUTPUTS,
     whitespace: WhitespacePolicy = WhitespacePolicy.COMPACT,
-  ) -> "StructuredOutputSpec":
+  ) -> StructuredOutputSpec:
     return cls(
       ConstraintKind.JSON_SCHEMA,
       _canonical_schema(schema, param),
@@ -115,23 +115,23 @@ class StructuredOutputSpec:
   @classmethod
   def json_object(
     cls, *, param: str = STRUCTURED_OUTPUTS, whitespace: WhitespacePolicy = WhitespacePolicy.COMPACT
-  ) -> "StructuredOutputSpec":
+  ) -> StructuredOutputSpec:
     return cls(ConstraintKind.JSON_OBJECT, whitespace=whitespace, param=param)
 
   @classmethod
-  def regex(cls, pattern: str, *, param: str = STRUCTURED_OUTPUTS) -> "StructuredOutputSpec":
+  def regex(cls, pattern: str, *, param: str = STRUCTURED_OUTPUTS) -> StructuredOutputSpec:
     return cls(ConstraintKind.REGEX, _nonempty_str(pattern, param), param=param)
 
   @classmethod
   def choice(
     cls, choices: Sequence[str], *, param: str = STRUCTURED_OUTPUTS
-  ) -> "StructuredOutputSpec":
+  ) -> StructuredOutputSpec:
     if isinstance(choices, (str, bytes)) or not isinstance(choices, Sequence):
       raise StructuredOutputError(param, f"must be a list of strings, got {type(choices).__name__}")
     return cls(ConstraintKind.CHOICE, choices=tuple(choices), param=param)
 
   @classmethod
-  def grammar(cls, text: str, *, param: str = STRUCTURED_OUTPUTS) -> "StructuredOutputSpec":
+  def grammar(cls, text: str, *, param: str = STRUCTURED_OUTPUTS) -> StructuredOutputSpec:
     return cls(ConstraintKind.GRAMMAR, _nonempty_str(text, param), param=param)
 
   def schema(self) -> dict[str, JsonValue]:

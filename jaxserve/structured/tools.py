@@ -199,7 +199,7 @@ def tool_call_grammar(
     return None
   more = MAX_PARALLEL_TOOL_CALLS - 1 if parallel_tool_calls else 0
   rules = [
-    'start: "[" call ("," call){0,%d} "]"' % more if more else 'start: "[" call "]"',
+    f'start: "[" call ("," call){{0,{more}}} "]"' if more else 'start: "[" call "]"',
     "call: " + " | ".join(f"call_{i}" for i in range(len(tools))),
   ]
   for i, tool in enumerate(tools):

@@ -18,9 +18,9 @@ import json
 import math
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.tools.eval_tasks import (
@@ -82,7 +82,7 @@ def run_queries(llm, queries: list[Query], use_tqdm: bool = True) -> None:
   results = llm.generate(
     [q.prompt_ids for q in queries], [q.params for q in queries], use_tqdm=use_tqdm
   )
-  for query, result in zip(queries, results):
+  for query, result in zip(queries, results, strict=True):
     completion = result.outputs[0]
     query.output_ids, query.output_text = list(completion.token_ids), completion.text
     if query.params.prompt_logprobs is not None:
@@ -142,7 +142,7 @@ def _score_example(task: str, index: int, example, queries: list[Query]) -> dict
     }
   if isinstance(example, MultipleChoiceExample):
     sums = [sum(q.scored_logprobs) for q in sorted(queries, key=lambda q: q.choice_index)]
-    normed = [s / len(c) for s, c in zip(sums, example.choices)]
+    normed = [s / len(c) for s, c in zip(sums, example.choices, strict=True)]
     pred, pred_norm = _argmax(sums), _argmax(normed)
     return {
       **base,

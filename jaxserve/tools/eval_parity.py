@@ -9,7 +9,7 @@ count as disagreeing), and the largest absolute logprob difference over the scor
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -59,7 +59,7 @@ def hf_prompt_logprobs(model, prompt_ids: Sequence[int], first_scored: int) -> n
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
   n = 0
-  for x, y in zip(a, b):
+  for x, y in zip(a, b, strict=False):
     if x != y:
       break
     n += 1

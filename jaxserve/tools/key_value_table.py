@@ -3,7 +3,7 @@ longest)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def key_value_table(rows: Sequence[tuple[str, object]]) -> str:

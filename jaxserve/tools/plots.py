@@ -5,8 +5,8 @@ Inputs are the JSON-ready dicts the tools write, so a plot can be redrawn from a
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import matplotlib
 
@@ -46,7 +46,9 @@ def latency_cdfs(requests: Sequence[Mapping], path: Path, title: str = "") -> Pa
   ]
   itl = [1e3 * gap for r in done for gap in r["itls"]]
   fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-  for ax, values, label in zip(axes.flat, (ttft, tpot, itl, e2e), ("TTFT", "TPOT", "ITL", "E2E")):
+  for ax, values, label in zip(
+    axes.flat, (ttft, tpot, itl, e2e), ("TTFT", "TPOT", "ITL", "E2E"), strict=True
+  ):
     _cdf(ax, values, label)
     ax.set_title(label)
   fig.suptitle(title)
@@ -64,8 +66,9 @@ def sweep_curve(runs: Sequence[Mapping], path: Path, title: str = "") -> Path:
 def sweep_curves(series: Mapping[str, Sequence[Mapping]], path: Path, title: str = "") -> Path:
   """sweep_curve for several servers on the same axes, one colour per server (its label)."""
   fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-  for ax, key, label in zip(axes, ("ttft", "tpot"), ("TTFT", "TPOT")):
-    for (name, runs), color in zip(series.items(), ("C0", "C1", "C2", "C3")):
+  for ax, key, label in zip(axes, ("ttft", "tpot"), ("TTFT", "TPOT"), strict=True):
+    # four colours: a fifth server and more are left out
+    for (name, runs), color in zip(series.items(), ("C0", "C1", "C2", "C3"), strict=False):
       throughput = [run["metrics"]["output_throughput"] for run in runs]
       for stat, style in (("median_ms", "o-"), ("p99", "s--")):
         values = [
@@ -76,7 +79,7 @@ def sweep_curves(series: Mapping[str, Sequence[Mapping]], path: Path, title: str
         ]
         which = "median" if stat == "median_ms" else "p99"
         ax.plot(throughput, values, style, color=color, label=f"{name} {which}".strip())
-        for x, y, run in zip(throughput, values, runs):
+        for x, y, run in zip(throughput, values, runs, strict=True):
           ax.annotate(
             f"{run['request_rate']}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8
           )
@@ -116,7 +119,7 @@ def soak_timeline(series: Mapping[str, Sequence[Mapping]], path: Path, title: st
     rows = [r for r in rows if not r["drain"]]
     minutes = [r["window"] + 0.5 for r in rows]
 
-    def line(ax, key, scale=1.0, style="-", label=name):
+    def line(ax, key, scale=1.0, style="-", label=name, rows=rows, minutes=minutes):
       values = [np.nan if r.get(key) is None else r[key] * scale for r in rows]
       return ax.plot(minutes, values, style, marker=".", label=label)[0]
 

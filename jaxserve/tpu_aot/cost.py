@@ -19,7 +19,7 @@ class ProgramCost:
   bytes_accessed: float
 
   @classmethod
-  def of(cls, analysis) -> "ProgramCost":
+  def of(cls, analysis) -> ProgramCost:
     """From cost_analysis(): a dict (a list of one dict on older JAX releases)."""
     if isinstance(analysis, (list, tuple)):
       analysis = analysis[0] if analysis else {}

@@ -25,8 +25,8 @@ cache.memory_fraction that would fit.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from jaxserve.tpu_aot.chips import GIB, TpuChip
 from jaxserve.tpu_aot.cost import ProgramCost
@@ -44,7 +44,7 @@ class ProgramMemory:
   code: int
 
   @classmethod
-  def of(cls, analysis) -> "ProgramMemory":
+  def of(cls, analysis) -> ProgramMemory:
     return cls(
       int(analysis.argument_size_in_bytes),
       int(analysis.output_size_in_bytes),

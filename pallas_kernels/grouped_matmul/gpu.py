@@ -105,13 +105,13 @@ def _kernel(
           precision=precision,
           preferred_element_type=jnp.float32,
         )  # [BM, BN]
-        for acc, w_ref in zip(accs, w_refs)
+        for acc, w_ref in zip(accs, w_refs, strict=True)
       )
 
     zeros = tuple(jnp.zeros((bm, bn), jnp.float32) for _ in w_refs)
     accs = jax.lax.fori_loop(0, steps, fold, zeros)  # [BM, BN] each
     if partial:
-      for out_ref, acc in zip(out_refs, accs):
+      for out_ref, acc in zip(out_refs, accs, strict=True):
         store(out_ref, acc)
     elif num_weights == 2:
       store(out_refs[0], _silu(accs[0]) * accs[1])

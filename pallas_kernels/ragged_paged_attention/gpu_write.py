@@ -27,7 +27,7 @@ DEFAULT_BLOCK_TOKENS = 16
 
 def triton_compiler_params(num_warps: int, num_stages: int):
   """Triton compiler params across JAX versions (CompilerParams, formerly TritonCompilerParams)."""
-  params_cls = getattr(plgpu, "CompilerParams", None) or getattr(plgpu, "TritonCompilerParams")
+  params_cls = getattr(plgpu, "CompilerParams", None) or plgpu.TritonCompilerParams
   return params_cls(num_warps=num_warps, num_stages=num_stages)
 
 

@@ -10,7 +10,7 @@ cannot pass by accident.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -38,7 +38,7 @@ def _check_lengths(q_lens: Sequence[int], kv_lens: Sequence[int], num_seqs: int)
     raise ValueError(f"make_random_case: q_lens has {len(q_lens)} entries, kv_lens {len(kv_lens)}")
   if len(q_lens) > num_seqs:
     raise ValueError(f"make_random_case: {len(q_lens)} live sequences exceed num_seqs={num_seqs}")
-  for q_len, kv_len in zip(q_lens, kv_lens):
+  for q_len, kv_len in zip(q_lens, kv_lens, strict=True):
     if not 0 <= q_len <= kv_len:
       raise ValueError(f"make_random_case: need 0 <= q_len <= kv_len, got {q_len}, {kv_len}")
 
@@ -75,7 +75,7 @@ def _slot_mapping(
   """int32[num_tokens]: the slot of each new token; padding tokens write into page 0."""
   slots = np.zeros((num_tokens,), np.int32)
   token = 0
-  for seq, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens)):
+  for seq, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens, strict=True)):
     positions = np.arange(kv_len - q_len, kv_len)
     pages = block_tables[seq, positions // page_size]
     slots[token : token + q_len] = pages * page_size + positions % page_size

@@ -142,7 +142,7 @@ def attention_kernel(
     for needed, k_copy, v_copy in page_copies(seq_id, kv_blk, slot):
 
       @pl.when(needed)
-      def _():
+      def _(k_copy=k_copy, v_copy=v_copy):
         k_copy.start()
         v_copy.start()
 
@@ -150,7 +150,7 @@ def attention_kernel(
     for needed, k_copy, v_copy in page_copies(seq_id, kv_blk, slot):
 
       @pl.when(needed)
-      def _():
+      def _(k_copy=k_copy, v_copy=v_copy):
         k_copy.wait()
         v_copy.wait()
 

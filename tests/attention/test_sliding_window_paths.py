@@ -111,7 +111,7 @@ def _sweep_case(seed: int):
   return case, dict(sm_scale=DIM**-0.5, sliding_window=window, soft_cap=cap)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sweep_expected(seed: int) -> np.ndarray:
   case, kwargs = _sweep_case(seed)
   return _attend(REFERENCE, attention_args(case), **kwargs)

@@ -57,7 +57,7 @@ def test_bench_serve_at_infinite_and_finite_rates(server_url, tmp_path):
     requests, metrics = run["requests"], run["metrics"]
     assert len(requests) == NUM_PROMPTS and metrics["completed"] == NUM_PROMPTS
     assert metrics["failed"] == 0
-    for record, sample in zip(requests, expected):
+    for record, sample in zip(requests, expected, strict=True):
       assert record["success"] and record["usage_reported"]
       assert record["prompt_len"] == sample.prompt_len
       assert record["output_tokens"] == sample.expected_output_len  # ignore_eos: all of them

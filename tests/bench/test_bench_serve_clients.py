@@ -81,7 +81,7 @@ def test_two_client_processes_measure_what_one_does(server_url, tmp_path, capsys
   assert [r["prompt_len"] for r in one["requests"]] == [r["prompt_len"] for r in two["requests"]]
   # Two processes follow one schedule from one start: none sends before its arrival time.
   offsets = send_offsets(arrival_gaps(NUM_PROMPTS, 40.0, 1.0, seed=5))
-  for record, offset in zip(two["requests"], offsets):
+  for record, offset in zip(two["requests"], offsets, strict=True):
     assert record["start_time"] >= offset - 1e-3
 
 

@@ -86,7 +86,7 @@ def test_scaled_down_named_shape_loads_matches_transformers_and_generates(name, 
   tokens, logprobs = generate_and_score(engine, prompts, NUM_NEW_TOKENS)
   assert [len(t) for t in tokens] == [NUM_NEW_TOKENS] * len(prompts)
   assert all(0 <= t < config.vocab_size for row in tokens for t in row)
-  for prompt, ours in zip(prompts, logprobs):
+  for prompt, ours in zip(prompts, logprobs, strict=True):
     np.testing.assert_allclose(ours, _hf_prompt_logprobs(checkpoint, prompt), atol=1e-4, rtol=0)
 
 

@@ -105,7 +105,7 @@ def test_every_bad_input_of_the_catalogue_gets_a_4xx_with_an_openai_body(soak_se
   requests, records = asyncio.run(send_all())
   wrong = [
     (request, record.status, record.error)
-    for request, record in zip(requests, records)
+    for request, record in zip(requests, records, strict=True)
     if not (400 <= record.status < 500 and record.error_body_ok)
   ]
   assert wrong == []

@@ -95,7 +95,7 @@ def _detach_as_the_core_exits() -> None:
     address = core_address()
     core = _Core(address, exit_on_goodbye=True)
 
-    async def run() -> None:
+    async def run(address: str = address) -> None:
       client = CoreClient(address, byte_level_tokenizer(), identity="api-0")
       await client.attach()
       assert client.alive

@@ -283,7 +283,7 @@ def test_banned_ids_are_never_sampled_in_random_rows():
   for step in range(8):
     inputs = dataclasses.replace(inputs, seeds=np.arange(4, dtype=np.uint32) + 10 * step)
     token_ids = np.asarray(run_sample(logits, inputs).token_ids)
-    assert not any(t in row for t, row in zip(token_ids, banned[:, :3]))
+    assert not any(t in row for t, row in zip(token_ids, banned[:, :3], strict=True))
 
 
 @pytest.mark.parametrize(

@@ -104,7 +104,7 @@ def test_a_sampling_row_is_its_values_by_name():
       seed=(5 << 32) | 3,
     ),
   ).tolist()
-  assert dict(zip(SamplingColumn, row)) == {
+  assert dict(zip(SamplingColumn, row, strict=True)) == {
     SamplingColumn.TEMPERATURE: 0.5,
     SamplingColumn.TOP_P: 0.9,
     SamplingColumn.MIN_P: 0.1,

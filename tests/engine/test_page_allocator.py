@@ -15,7 +15,7 @@ def register_full_pages(allocator: PageAllocator, tokens, pages, group: int = 0)
   """Registers the full pages of `tokens` held in `pages` (a block table), as the scheduler does."""
   hashes: list[bytes] = []
   extend_page_hashes(hashes, tokens, allocator.page_size)
-  for page_hash, page_id in zip(hashes, pages):
+  for page_hash, page_id in zip(hashes, pages, strict=False):  # a partial last page has no hash
     allocator.register(group, page_hash, page_id)
 
 

@@ -237,7 +237,7 @@ class SchedulerMachine(RuleBasedStateMachine):
   def _check_window_tables(self, request: Request) -> None:
     """Each sliding table is as long as group 0's, null exactly below some page at or below the
     first one the next query reads, and holds at most the window bound."""
-    for window, table in zip(self.windows, request.window_page_ids):
+    for window, table in zip(self.windows, request.window_page_ids, strict=True):
       assert len(table) == len(request.page_ids)
       num_null = table.count(0)
       assert table[:num_null] == [0] * num_null and 0 not in table[num_null:]
@@ -290,7 +290,7 @@ class SchedulerMachine(RuleBasedStateMachine):
       assert seq.page_ids == tuple(request.page_ids) and 0 not in seq.page_ids
       assert len(seq.page_ids) == _ceil_div(paged_end, self.page_size)
       assert seq.window_page_ids == tuple(tuple(t) for t in request.window_page_ids)
-      for window, table in zip(self.windows, seq.window_page_ids):
+      for window, table in zip(self.windows, seq.window_page_ids, strict=True):
         assert 0 not in table[_first_seen_page(seq.start_position, window, self.page_size) :]
       if not self.config.enable_chunked_prefill and not seq.sample:
         assert request.num_tokens > self.config.max_num_batched_tokens
@@ -361,7 +361,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         if batch.num_steps > 1 or position == end - 1:
           if position + 1 == len(tokens) and seq.sample:
             tokens.append(_next_token(tokens))
-      tables = [(None, seq.page_ids), *zip(self.windows, seq.window_page_ids)]
+      tables = [(None, seq.page_ids), *zip(self.windows, seq.window_page_ids, strict=True)]
       for group, (_, table) in enumerate(tables):
         for position in range(seq.start_position, paged_end):
           page_id = table[position // page_size]

@@ -43,7 +43,7 @@ def compositions(max_mates: int, max_new: int, chunks: tuple[int, ...]):
   )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _engine(backend: str, invariant: bool, chunk: int, model: str = "tiny-random"):
   """chunk 64: the reference engine (a probe's prompt in one chunk, one sequence bucket, single
   steps); otherwise a crowd engine with `chunk`-token steps, a 12-page pool (preemption) and,

@@ -57,9 +57,9 @@ def test_greedy_tokens_agree_with_float_pages(float_run, kv_cache_dtype):
   params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1, ignore_eos=True)
   scored = _run(engine, sequences, params)
   agree, drift = [], []
-  for expected, output in zip(float_run, scored):
+  for expected, output in zip(float_run, scored, strict=True):
     positions = output.prompt_logprobs[len(expected.prompt_token_ids) :]
-    for want, got in zip(expected.logprobs, positions):
+    for want, got in zip(expected.logprobs, positions, strict=True):
       top_id = max(got.top, key=lambda pair: pair[1])[0] if got.top else got.token_id
       agree.append(top_id == want.token_id)
       drift.append(abs(got.logprob - want.logprob))

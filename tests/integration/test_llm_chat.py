@@ -40,14 +40,14 @@ def test_llm_chat_matches_the_chat_endpoint():
   offline = llm.chat(CONVERSATIONS, params, use_tqdm=False)
   single = llm.chat(CONVERSATIONS[0], params, use_tqdm=False)
   assert single[0].outputs[0].token_ids == offline[0].outputs[0].token_ids
-  for conversation, result in zip(CONVERSATIONS, offline):
+  for conversation, result in zip(CONVERSATIONS, offline, strict=True):
     assert list(result.prompt_token_ids) == llm.get_tokenizer().encode_chat(conversation)
 
   core = CoreThread(llm.engine).start()  # the same engine, now behind the server
   server = start_server(core_backend(core))  # as the one-process server runs it
   try:
     client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
-    for conversation, result in zip(CONVERSATIONS, offline):
+    for conversation, result in zip(CONVERSATIONS, offline, strict=True):
       chat = client.chat.completions.create(
         model="tiny-random",
         messages=conversation,

@@ -81,7 +81,7 @@ def test_min_tokens_gives_exactly_that_many_tokens_before_a_forced_eos(llm, min_
 def test_logprobs_report_the_sampled_token_among_the_top(llm):
   out = _greedy(llm, logprobs=3, max_tokens=8)
   assert len(out.logprobs) == 8
-  for token_id, entry in zip(out.token_ids, out.logprobs):
+  for token_id, entry in zip(out.token_ids, out.logprobs, strict=True):
     assert entry.token_id == token_id and len(entry.top) == 3
     assert entry.top[0] == (token_id, pytest.approx(entry.logprob, abs=1e-5))  # greedy = argmax
     assert [lp for _, lp in entry.top] == sorted((lp for _, lp in entry.top), reverse=True)

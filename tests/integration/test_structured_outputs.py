@@ -6,6 +6,8 @@ batch mates."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -227,13 +229,13 @@ def test_the_mask_is_filled_while_the_forward_runs(checkpoint):
   engine = small_engine(checkpoint, max_model_len=256)
   events = []
   runner = engine.runner
+
+  def recorded(name, method, *args):
+    events.append(name)
+    return method(*args)
+
   for name in ("dispatch", "dispatch_sample", "fetch"):
-
-    def recorded(*args, _name=name, _method=getattr(runner, name)):
-      events.append(_name)
-      return _method(*args)
-
-    setattr(runner, name, recorded)
+    setattr(runner, name, functools.partial(recorded, name, getattr(runner, name)))
   fill = engine.constraints.fill
   engine.constraints.fill = lambda *args: events.append("fill") or fill(*args)
   params, kind = _constrained(2, temperature=0.0)

@@ -37,7 +37,7 @@ def test_every_traced_op_is_described(tmp_path):
   table = instructions(fn.lower(*args).compile().as_text())
   rows = summarize_trace(capture_trace(lambda: fn(*args), tmp_path, reps=2), by_op=True)
   described = [describe(row.name, table) for row in rows]
-  assert all(described), [row.name for row, d in zip(rows, described) if d is None]
+  assert all(described), [row.name for row, d in zip(rows, described, strict=True) if d is None]
   assert any("proj/dot_general" in d.op_name for d in described)
 
 

@@ -14,6 +14,7 @@ think tag there, as DeepSeek-R1's template does (the reply then has no opening t
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -59,7 +60,7 @@ def _scripted_weights(model: torch.nn.Module, ids: list[int], seed: int) -> None
   embed = unit(torch.randn(vocab, HIDDEN, generator=generator))
   scale = LOGIT / HIDDEN**0.5  # a normed row of the residual has length sqrt(HIDDEN)
   head = scale * unit(torch.randn(vocab, HIDDEN, generator=generator))
-  for token, following in zip(ids, ids[1:]):
+  for token, following in itertools.pairwise(ids):
     head[following] = scale * embed[token]
   with torch.no_grad():
     model.model.embed_tokens.weight.copy_(embed)

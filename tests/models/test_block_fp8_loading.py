@@ -56,7 +56,7 @@ def _prefill_logprobs(family: Family) -> list[np.ndarray]:
   a, b = family.prompts
   chunks = [Chunk(a, 0, family.pages[0]), Chunk(b, 0, family.pages[1])]
   logprobs, _, offsets = family.run(family.empty_pages(), chunks)
-  return [logprobs[o : o + len(p)] for p, o in zip((a, b), offsets)]
+  return [logprobs[o : o + len(p)] for p, o in zip((a, b), offsets, strict=True)]
 
 
 @pytest.mark.parametrize("name", ["qwen3", "llama", "qwen3_moe"])
@@ -64,11 +64,13 @@ def test_logprobs_match_transformers_on_the_dequantized_weights(block_fp8, hf_ch
   stored, dequantized = block_fp8(name)
   family = Family(stored, reference=dequantized)
   assert family.config.quantization == "none"
-  for got, want in zip(_prefill_logprobs(family), family.hf_logprobs):
+  for got, want in zip(_prefill_logprobs(family), family.hf_logprobs, strict=True):
     np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=0)
   # the fp8 rounding is visible: the same test against the float checkpoint would fail
   original = Family(hf_checkpoint(name))
-  drift = max(np.abs(g - w).max() for g, w in zip(family.hf_logprobs, original.hf_logprobs))
+  drift = max(
+    np.abs(g - w).max() for g, w in zip(family.hf_logprobs, original.hf_logprobs, strict=True)
+  )
   assert drift > 100 * TOLERANCE
 
 
@@ -82,7 +84,7 @@ def test_the_engine_generates_transformers_greedy_tokens(block_fp8):
   prompts = [[7, 100, 33, 250, 9, 60, 301, 12, 5, 77, 140, 220, 31, 18, 90, 64, 3, 200], [42, 17]]
   tokens, _ = generate_and_score(engine, prompts, 16)
   hf_model = load_hf_model(dequantized)
-  for prompt, got in zip(prompts, tokens):
+  for prompt, got in zip(prompts, tokens, strict=True):
     assert got == hf_greedy(hf_model, prompt, 16)
 
 
@@ -127,7 +129,9 @@ def test_quantization_requantizes_the_dequantized_projections(block_fp8):
   leaf = family.params["layers_0"]["mlp"]["up_proj"]
   np.testing.assert_array_equal(np.asarray(leaf["scale"]), scale)
   np.testing.assert_array_equal(np.asarray(leaf["kernel"]).view(np.uint8), q.view(np.uint8))
-  errors = [np.abs(g - w).max() for g, w in zip(_prefill_logprobs(family), family.hf_logprobs)]
+  errors = [
+    np.abs(g - w).max() for g, w in zip(_prefill_logprobs(family), family.hf_logprobs, strict=True)
+  ]
   print(f"re-quantized per channel: max |logprob - transformers| = {max(errors):.4f}")
   assert TOLERANCE < max(errors) < 0.5
 
@@ -184,5 +188,5 @@ def test_an_orbax_copy_restores_the_dequantized_params(block_fp8, tmp_path):
   convert_checkpoint(copy)
   restored = load_model(str(copy))
   assert restored.source.startswith("orbax:") and restored.config == expected.config
-  for a, b in zip(jax.tree.leaves(restored.params), jax.tree.leaves(expected.params)):
+  for a, b in zip(jax.tree.leaves(restored.params), jax.tree.leaves(expected.params), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -80,6 +80,6 @@ def test_convert_command_makes_later_loads_restore_from_orbax(hf_checkpoint, tmp
   after = load_model(str(directory))
   assert after.source.startswith("orbax:")
   for a, b in zip(
-    jax.tree_util.tree_leaves(before.params), jax.tree_util.tree_leaves(after.params)
+    jax.tree_util.tree_leaves(before.params), jax.tree_util.tree_leaves(after.params), strict=True
   ):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -47,7 +47,7 @@ def test_stacked_leaves_hold_each_experts_tensor(hf_checkpoint, family):
   mlp = params["layers_1"]["mlp"]
   prefix = f"model.layers.1.{module}"
   np.testing.assert_array_equal(mlp["gate"]["kernel"], hf[f"{prefix}.gate.weight"].T)
-  for ours, theirs in zip(("gate_proj", "up_proj", "down_proj"), names):
+  for ours, theirs in zip(("gate_proj", "up_proj", "down_proj"), names, strict=True):
     for j in range(config.num_experts):
       np.testing.assert_array_equal(
         mlp["experts"][ours][j], hf[f"{prefix}.experts.{j}.{theirs}.weight"].T

@@ -142,5 +142,5 @@ def test_merging_while_loading_a_checkpoint_equals_merging_after(hf_checkpoint):
   assert merged.config.fused_projections and not separate.config.fused_projections
   expected = fuse_params(dict(separate.params))
   assert jax.tree.structure(merged.params) == jax.tree.structure(expected)
-  for got, want in zip(jax.tree.leaves(merged.params), jax.tree.leaves(expected)):
+  for got, want in zip(jax.tree.leaves(merged.params), jax.tree.leaves(expected), strict=True):
     assert got.dtype == want.dtype and np.asarray(got).tobytes() == np.asarray(want).tobytes()

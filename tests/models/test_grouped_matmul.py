@@ -55,7 +55,7 @@ def test_grouped_matmul_matches_per_group_numpy(seed):
   got = np.asarray(jax.jit(grouped_matmul)(rows, weights, sizes))
   ends = np.cumsum(sizes)
   want = np.concatenate(
-    [rows[end - n : end] @ weights[g] for g, (n, end) in enumerate(zip(sizes, ends))]
+    [rows[end - n : end] @ weights[g] for g, (n, end) in enumerate(zip(sizes, ends, strict=True))]
   )
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 

@@ -90,7 +90,7 @@ def test_two_prompts_in_one_step(family):
   a, b = family.prompts
   chunks = [Chunk(a, 0, family.pages[0]), Chunk(b, 0, family.pages[1])]
   logprobs, _, offsets = family.run(family.empty_pages(), chunks)
-  for prompt, offset, want in zip((a, b), offsets, family.hf_logprobs):
+  for prompt, offset, want in zip((a, b), offsets, family.hf_logprobs, strict=True):
     got = logprobs[offset : offset + len(prompt)]
     np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=0)
 

@@ -66,7 +66,7 @@ def test_compressed_tensors_loads_as_quantize_on_load(bf16, tmp_path, name):
   on_load = load_model(str(bf16), quantization=name, fuse_projections=True)
   assert from_disk.config == on_load.config
   assert _abstract(from_disk.params) == _abstract(on_load.params)
-  for a, b in zip(jax.tree.leaves(from_disk.params), jax.tree.leaves(on_load.params)):
+  for a, b in zip(jax.tree.leaves(from_disk.params), jax.tree.leaves(on_load.params), strict=True):
     np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
   assert load_model(str(stored), quantization=name).config.quantization == name
 
@@ -227,7 +227,9 @@ def test_orbax_copies_load_the_same_params(bf16, tmp_path):
   }
   for name, loaded in restored.items():
     assert loaded.source.startswith("orbax:") and loaded.config == expected[name].config
-    for a, b in zip(jax.tree.leaves(loaded.params), jax.tree.leaves(expected[name].params)):
+    for a, b in zip(
+      jax.tree.leaves(loaded.params), jax.tree.leaves(expected[name].params), strict=True
+    ):
       assert a.dtype == b.dtype
       np.testing.assert_array_equal(_raw(a), _raw(b))
 
@@ -261,7 +263,7 @@ def test_compressed_tensors_moe_experts_load_dequantized(hf_checkpoint, tmp_path
   a, b = family.prompts
   chunks = [Chunk(a, 0, family.pages[0]), Chunk(b, 0, family.pages[1])]
   logprobs, _, offsets = family.run(family.empty_pages(), chunks)
-  for prompt, offset, want in zip((a, b), offsets, family.hf_logprobs):
+  for prompt, offset, want in zip((a, b), offsets, family.hf_logprobs, strict=True):
     np.testing.assert_allclose(
       logprobs[offset : offset + len(prompt)], want, atol=TOLERANCE, rtol=0
     )

@@ -32,7 +32,7 @@ BACKENDS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _harness(backend: str, probe_len: int) -> Harness:
   lengths = [probe_len, *MATE_LENGTHS]
   rng = np.random.default_rng(probe_len)

@@ -211,7 +211,7 @@ def test_write_kv_matches_reference(head_dim: int, page_size: int, dtype: str):
   case["slot_mapping"] = jnp.asarray(slots)
   expected = jax.jit(write_kv_reference)(*write_args(case))
   actual = write_kv(*write_args(case), interpret=INTERPRET)
-  for got, want, before in zip(actual, expected, (case["k_pages"], case["v_pages"])):
+  for got, want, before in zip(actual, expected, (case["k_pages"], case["v_pages"]), strict=True):
     # Page 0 receives the padding tokens in an unspecified order; every other page must match.
     np.testing.assert_array_equal(np.asarray(got[:, 1:]), np.asarray(want[:, 1:]))
     assert not np.array_equal(np.asarray(got[:, 1:]), np.asarray(before[:, 1:]))

@@ -64,7 +64,7 @@ def test_random_batches_are_covered(block_q: int):
     starts, seqs, blocks = _map(q_lens, num_slots, num_tokens, block_q)
     attended = np.zeros(num_tokens, np.int32)
     zeroed = np.zeros(num_tokens, bool)
-    for seq, block in zip(seqs.tolist(), blocks.tolist()):
+    for seq, block in zip(seqs.tolist(), blocks.tolist(), strict=True):
       if seq >= 0:
         first = block * block_q
         assert 0 <= first < q_lens[seq], (q_lens, seq, block)  # no program without work

@@ -82,7 +82,7 @@ def test_tile_map_covers_every_row_once(seed):
   )
   owner = np.full(num_rows, -1)
   ends = np.minimum(np.cumsum(sizes), num_rows)
-  for g, s, c in zip(group, start, count):
+  for g, s, c in zip(group, start, count, strict=True):
     assert 0 <= c <= block_m
     if c:
       assert (owner[s : s + c] == -1).all()  # each row in one tile

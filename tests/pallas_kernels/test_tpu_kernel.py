@@ -148,7 +148,7 @@ def test_zero_queries_average_visible_values_by_hand(config):
   out = np.asarray(config.attend(*attention_args(case)), np.float32)
   group = config.num_q_heads // config.num_kv_heads
   token = 0
-  for seq, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens)):
+  for seq, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens, strict=True)):
     for j in range(q_len):
       expected = _visible_mean(case, token, seq, kv_len - q_len + j, config.sliding_window)
       _assert_close(out[token], np.repeat(expected, group, axis=0), config.dtype)
@@ -205,7 +205,7 @@ def test_write_kv_matches_reference(dtype):
   case["slot_mapping"] = jnp.asarray(slots)
   got = jax.block_until_ready(write_kv(*write_args(case), num_tokens_per_block=8, interpret=True))
   expected = write_kv_reference(*write_args(case))
-  for got_pages, expected_pages in zip(got, expected):
+  for got_pages, expected_pages in zip(got, expected, strict=True):
     np.testing.assert_array_equal(
       np.asarray(got_pages, np.float32), np.asarray(expected_pages, np.float32)
     )

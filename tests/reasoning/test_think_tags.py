@@ -3,6 +3,8 @@ tests, and streamed deltas that join to the whole reply's split however the text
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -55,7 +57,7 @@ def test_whole_replies(text, qwen3, deepseek_r1):
 def _streamed(name: str, text: str, cuts: list[int]) -> tuple[str, str]:
   stream = get_reasoning_parser(name).stream()
   bounds = [0, *sorted(set(c % (len(text) + 1) for c in cuts)), len(text)]
-  deltas = [stream.feed(text[a:b]) for a, b in zip(bounds, bounds[1:])] + [stream.finish()]
+  deltas = [stream.feed(text[a:b]) for a, b in itertools.pairwise(bounds)] + [stream.finish()]
   return "".join(d.reasoning for d in deltas), "".join(d.content for d in deltas)
 
 

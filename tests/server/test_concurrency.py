@@ -60,7 +60,7 @@ def test_64_streams_match_non_streamed_and_cancelled_half_frees_everything(serve
     async with httpx.AsyncClient(base_url=served.url, timeout=60, limits=limits) as client:
       jobs = [(PROMPTS[i % len(PROMPTS)], 3 if i % 2 else None) for i in range(64)]
       texts = await asyncio.gather(*(_stream_text(client, p, s) for p, s in jobs))
-    return [(p, s, t) for (p, s), t in zip(jobs, texts)]
+    return [(p, s, t) for (p, s), t in zip(jobs, texts, strict=True)]
 
   results = asyncio.run(run())
   for prompt, stop_after, text in results:

@@ -152,7 +152,7 @@ def test_lm_eval_local_completions_both_output_types(served, tmp_path):
   for sample in scored:
     pairs = [(a["arg_0"], a["arg_1"]) for a in sample["arguments"].values()]
     assert [c for _, c in pairs] == [" " + choice for choice in sample["doc"]["choices"]]
-    for (context, continuation), response in zip(pairs, sample["resps"]):
+    for (context, continuation), response in zip(pairs, sample["resps"], strict=True):
       whole = tokenizer.encode(context + continuation, add_special_tokens=False)
       num_context = len(tokenizer.encode(context, add_special_tokens=False))
       logprobs = _score(served.url, whole)  # lm-eval's _encode_pair, then its request

@@ -168,7 +168,7 @@ def test_completion_logprobs_shape(client):
   logprobs = reply.choices[0].logprobs
   assert len(logprobs.tokens) == len(logprobs.token_logprobs) == 5
   assert "".join(logprobs.tokens) == reply.choices[0].text or "\ufffd" in reply.choices[0].text
-  for value, top in zip(logprobs.token_logprobs, logprobs.top_logprobs):
+  for value, top in zip(logprobs.token_logprobs, logprobs.top_logprobs, strict=True):
     assert value <= 0 and 1 <= len(top) <= 3
     assert math.isclose(value, max(top.values()), rel_tol=1e-5)  # greedy picks the top token
   assert logprobs.text_offset == sorted(logprobs.text_offset)
@@ -223,7 +223,7 @@ def test_scoring_with_echo_matches_offline_prompt_logprobs(served):
   expected = [None] + [entry.logprob for entry in offline.prompt_logprobs[1:]]
   assert len(expected) == len(ids)
   assert logprobs["token_logprobs"][0] is None
-  for got, want in zip(logprobs["token_logprobs"][1:], expected[1:]):
+  for got, want in zip(logprobs["token_logprobs"][1:], expected[1:], strict=True):
     assert math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-4)
   # lm-evaluation-harness asks for max_tokens 1 and drops the last entry itself.
   one = httpx.post(

@@ -48,7 +48,7 @@ def test_logit_bias_minus_100_bans_the_greedy_token(served, client):
   plain = _greedy(client).choices[0].logprobs.tokens
   ids: dict[str, list[int]] = {}
   vocab = range(served.tokenizer.vocab_size)
-  for i, name in zip(vocab, served.tokenizer.convert_ids_to_tokens(vocab)):
+  for i, name in zip(vocab, served.tokenizer.convert_ids_to_tokens(vocab), strict=True):
     ids.setdefault(name, []).append(i)
   # a greedy token whose string names one id (byte tokens may share a string)
   token = next(t for t in plain if len(ids[t]) == 1)

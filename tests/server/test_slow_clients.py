@@ -7,6 +7,7 @@ server.h11_max_incomplete_event_size gets a 400 with OpenAI's error body."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -87,7 +88,7 @@ def _stream_gaps(url: str, max_tokens: int, prompt: str) -> tuple[list[float], i
         finish = chunk.choices[0].finish_reason or finish
       if chunk.usage is not None:
         tokens = chunk.usage.completion_tokens
-  return [b - a for a, b in zip(times, times[1:])], tokens, finish
+  return [b - a for a, b in itertools.pairwise(times)], tokens, finish
 
 
 def _wait_for_abort(url: str, log, timeout: float) -> dict[str, float]:
@@ -127,7 +128,9 @@ def test_a_client_that_stops_reading_is_dropped_and_its_pages_return(slow_server
   started = time.monotonic()
   result: dict = {}
   healthy = threading.Thread(
-    target=lambda: result.update(zip(("gaps", "tokens", "finish"), _stream_gaps(url, 200, "ok")))
+    target=lambda: result.update(
+      zip(("gaps", "tokens", "finish"), _stream_gaps(url, 200, "ok"), strict=True)
+    )
   )
   healthy.start()
   try:

@@ -135,7 +135,9 @@ def test_a_chunk_per_step_even_when_the_text_is_held_back(held_back):
   assert all(len(step) == 1 for step in steps)
   tokenizer = engine.tokenizer
   ids = [step[0] for step in steps]
-  for chunk, token_id in zip(chunks, ids):  # one logprobs entry per token: the step's token
+  for chunk, token_id in zip(
+    chunks, ids, strict=True
+  ):  # one logprobs entry per token: the step's token
     assert chunk["logprobs"]["tokens"] == tokenizer.convert_ids_to_tokens([token_id])
   assert [c["finish_reason"] for c in chunks] == [None] * (NUM_TOKENS - 1) + ["length"]
   assert sum(c["text"] == "" for c in chunks) >= 3  # held-back bytes still get their chunk
@@ -191,7 +193,7 @@ def test_chat_chunks_per_step_with_logprobs(held_back):
   assert role["delta"] == {"role": "assistant", "content": ""}
   steps = recorder.of(chunks[0]["id"])
   assert usage["usage"]["completion_tokens"] == NUM_TOKENS == len(steps) == len(tokens)
-  for choice, step in zip(tokens, steps):
+  for choice, step in zip(tokens, steps, strict=True):
     assert set(choice["delta"]) == {"content"}
     (entry,) = choice["logprobs"]["content"]
     assert entry["token"] == engine.tokenizer.convert_ids_to_tokens(step)[0]
@@ -214,7 +216,7 @@ def test_stream_interval_merges_steps(held_back):
     # the first step at once, then three steps a chunk; the last chunk has what is left
     groups = [steps[:1]] + [steps[i : i + 3] for i in range(1, len(steps), 3)]
     assert len(choice_chunks) == len(groups) == 1 + -(-(NUM_TOKENS - 1) // 3)
-    for chunk, group in zip(choice_chunks, groups):
+    for chunk, group in zip(choice_chunks, groups, strict=True):
       ids = [token for step in group for token in step]
       assert chunk["logprobs"]["tokens"] == engine.tokenizer.convert_ids_to_tokens(ids)
     assert [c["finish_reason"] for c in choice_chunks][-1] == "length"
@@ -230,7 +232,7 @@ def test_a_decode_burst_is_one_chunk_with_its_tokens(bursting):
   assert usage["completion_tokens"] == 17 == sum(len(step) for step in steps)
   assert max(len(step) for step in steps) == 4  # bursts of num_scheduler_steps tokens
   assert len(chunks) == len(steps)
-  for chunk, step in zip(chunks, steps):
+  for chunk, step in zip(chunks, steps, strict=True):
     assert chunk["logprobs"]["tokens"] == engine.tokenizer.convert_ids_to_tokens(step)
   assert chunks[-1]["finish_reason"] == "length"
 

@@ -69,7 +69,9 @@ def _splits(text: str, seed: int) -> list[list[str]]:
   random_cuts = sorted(
     rng.choice(np.arange(1, len(text)), size=min(12, len(text) - 1), replace=False)
   )
-  random_chunks = [text[a:b] for a, b in zip([0, *random_cuts], [*random_cuts, len(text)])]
+  random_chunks = [
+    text[a:b] for a, b in zip([0, *random_cuts], [*random_cuts, len(text)], strict=True)
+  ]
   return [[text], list(text), random_chunks]
 
 

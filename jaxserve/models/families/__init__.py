@@ -12,8 +12,8 @@ and this table is the one place that lists them. Adding a family is its module, 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Mapping
 
 from jaxserve.config.require import require as _require
 from jaxserve.models.families.family import ModelFamily

@@ -22,8 +22,8 @@ outside models/families/):
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 from jaxserve.models.layers.decoder import CausalLM
 from jaxserve.models.model_config import ModelConfig

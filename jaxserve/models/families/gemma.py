@@ -42,7 +42,7 @@ Params beside the shared ones (each `scale` holds HF's norm weight as stored; th
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp

@@ -10,7 +10,7 @@ Weights: the shared names (models/hf_tensors.py). Random checkpoints are written
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from flax import linen as nn
 

@@ -10,7 +10,7 @@ w1 / w3 / w2 for gate / up / down (`NAMES`, models/expert_weights.py).
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from flax import linen as nn
 

@@ -10,7 +10,7 @@ Qwen3-MoE): only when `use_sliding_window` and every layer slides (`layer_types`
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from jaxserve.config.require import require as _require
 from jaxserve.models.families.family import ModelFamily

@@ -12,7 +12,7 @@ read but unused. Weights: the experts under `mlp` with transformers' projection 
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from flax import linen as nn
 

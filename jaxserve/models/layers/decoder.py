@@ -59,8 +59,9 @@ Params (the flax `params` collection), H hidden, V vocabulary:
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp

@@ -9,7 +9,7 @@ is models/layers/attention.py's `projection`.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

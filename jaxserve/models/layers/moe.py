@@ -28,7 +28,7 @@ independent of the other rows of its step.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

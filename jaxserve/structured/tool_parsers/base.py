@@ -79,7 +79,7 @@ class StreamDelta:
   content: str
   tool_calls: tuple[ToolCallDelta, ...] = ()
 
-  def parts(self) -> tuple["StreamDelta", ...]:
+  def parts(self) -> tuple[StreamDelta, ...]:
     """This delta as deltas holding at most one entry per call index, in order (the content in
     the first): what one SSE chunk each carries."""
     parts: list[StreamDelta] = [StreamDelta(self.content)]
@@ -133,7 +133,7 @@ class ToolParser(abc.ABC):
     )
     return ParsedToolOutput(snapshot.content, calls, snapshot.complete)
 
-  def stream(self, id_factory: Callable[[], str] = new_tool_call_id) -> "ToolCallStream":
+  def stream(self, id_factory: Callable[[], str] = new_tool_call_id) -> ToolCallStream:
     return ToolCallStream(self, id_factory)
 
 
@@ -168,7 +168,9 @@ class ToolCallStream:
   @property
   def tool_calls(self) -> tuple[ToolCall, ...]:
     """The calls sent so far, with their ids (after finish: all of them)."""
-    return tuple(ToolCall(*call) for call in zip(self._ids, self._names, self._arguments))
+    return tuple(
+      ToolCall(*call) for call in zip(self._ids, self._names, self._arguments, strict=True)
+    )
 
   def _advance(self, snapshot: ParseSnapshot) -> StreamDelta:
     content = _growth(self._content, snapshot.content)

@@ -40,7 +40,7 @@ def test_expert_and_tensor_parallel_tokens_equal_one_devices(hf_checkpoint, engi
     engine = tp_engine(checkpoint, size, enable_expert_parallel=expert_parallel)
     sharded_tokens, sharded_logprobs = generate_and_score(engine, prompts, NUM_NEW_TOKENS)
     assert sharded_tokens == tokens, name
-    for ours, reference in zip(sharded_logprobs, logprobs):
+    for ours, reference in zip(sharded_logprobs, logprobs, strict=True):
       np.testing.assert_allclose(ours, reference, atol=1e-4, rtol=0, err_msg=name)
 
 

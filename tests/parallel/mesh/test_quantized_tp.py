@@ -104,7 +104,7 @@ def test_a_sharded_quantized_engine_gives_the_one_device_tokens(hf_checkpoint, s
   assert kernel.dtype == EIGHT_BITS[scheme] and kernel.sharding.spec == P(None, "model")
   tokens, logprobs = generate_and_score(sharded, PROMPTS, NUM_NEW_TOKENS)
   assert tokens == one_tokens
-  for ours, reference in zip(logprobs, one_logprobs):
+  for ours, reference in zip(logprobs, one_logprobs, strict=True):
     np.testing.assert_allclose(ours, reference, atol=LOGPROB_ATOL, rtol=0)
 
 

@@ -42,13 +42,13 @@ def test_sharded_load_matches_host_converted_load(hf_checkpoint, tp, dtype, inva
   before = _host_converted(directory, dtype, mesh, shard_vocab=not invariant)
   new_leaves = jax.tree_util.tree_leaves_with_path(loaded.params)
   assert jax.tree.structure(loaded.params) == jax.tree.structure(before)
-  for (path, new), old in zip(new_leaves, jax.tree.leaves(before)):
+  for (path, new), old in zip(new_leaves, jax.tree.leaves(before), strict=True):
     assert new.sharding == old.sharding and new.dtype == old.dtype, path
     np.testing.assert_array_equal(np.asarray(new), np.asarray(old), err_msg=str(path))
     new_shards = sorted(new.addressable_shards, key=lambda s: s.device.id)
     old_shards = sorted(old.addressable_shards, key=lambda s: s.device.id)
     assert [s.index for s in new_shards] == [s.index for s in old_shards], path
-    for a, b in zip(new_shards, old_shards):
+    for a, b in zip(new_shards, old_shards, strict=True):
       np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
   split = [
     x for x in jax.tree.leaves(before) if len({str(s.index) for s in x.addressable_shards}) == tp
@@ -88,11 +88,13 @@ def test_packed_layout_gives_the_streamed_shards(
   streamed = load(TransferOptions(layout="streaming"))
   assert packed.packed and not streamed.packed
   assert jax.tree.structure(packed.params) == jax.tree.structure(streamed.params)
-  for new, old in zip(jax.tree.leaves(packed.params), jax.tree.leaves(streamed.params)):
+  for new, old in zip(
+    jax.tree.leaves(packed.params), jax.tree.leaves(streamed.params), strict=True
+  ):
     assert new.sharding == old.sharding and new.dtype == old.dtype
     new_shards = sorted(new.addressable_shards, key=lambda s: s.device.id)
     old_shards = sorted(old.addressable_shards, key=lambda s: s.device.id)
-    for a, b in zip(new_shards, old_shards):
+    for a, b in zip(new_shards, old_shards, strict=True):
       assert a.index == b.index
       assert np.asarray(a.data).tobytes() == np.asarray(b.data).tobytes()
 

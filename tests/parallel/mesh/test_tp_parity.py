@@ -39,7 +39,7 @@ def test_greedy_tokens_identical_for_every_tensor_parallel_size(family, hf_check
   for tp in TP_SIZES[1:]:
     tokens, logprobs = results[tp]
     assert tokens == unsharded_tokens, f"tensor_parallel_size={tp}"
-    for ours, reference in zip(logprobs, unsharded_logprobs):
+    for ours, reference in zip(logprobs, unsharded_logprobs, strict=True):
       np.testing.assert_allclose(ours, reference, atol=1e-4, rtol=0, err_msg=f"tp={tp}")
 
 
