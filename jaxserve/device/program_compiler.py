@@ -148,6 +148,7 @@ class ProgramCompiler:
     self._next_group = 0
     self._readiness = ProgramReadiness(frozenset(), frozenset(), 0, self.num_total)
     self._stop = threading.Event()
+    self._compiled = threading.Event()  # the background compilation ended (done or failed)
     self._busy: Callable[[], bool] = lambda: False
     self._thread: threading.Thread | None = None
     self.started_at = time.perf_counter()
@@ -204,9 +205,10 @@ class ProgramCompiler:
     return self
 
   def wait(self, timeout: float | None = None) -> bool:
-    """Waits for the compile thread; True once every program is compiled."""
+    """Waits for the background compilation (not for the writes to the store after it, which
+    wait for the engine's idle moments); True once every program is compiled."""
     if self._thread is not None:
-      self._thread.join(timeout)
+      self._compiled.wait(timeout)
     if self.error is not None:
       raise RuntimeError("background compilation failed") from self.error
     return self._readiness.complete
@@ -226,23 +228,24 @@ class ProgramCompiler:
     sys.setswitchinterval(SERVING_SWITCH_INTERVAL_S)
     try:
       self._compile_groups(range(self._next_group, len(self.groups)), self.threads, background=True)
+      if self._readiness.complete:
+        logger.info(
+          "background compilation: all %d programs compiled in %.1f s on %d threads (%.1f s of "
+          "it lowering them), %.1f s after the engine's start (%d buckets ready)",
+          self.num_total,
+          time.perf_counter() - start,
+          self.threads,
+          self.lowering_s,
+          self.finished_after_s or 0.0,
+          len(self._steps),
+        )
     except BaseException as err:  # logged; the buckets compiled so far keep serving
       self.error = err
       logger.error("background compilation stopped: %s", err)
       return
     finally:
       sys.setswitchinterval(switch_interval)
-    if self._readiness.complete:
-      logger.info(
-        "background compilation: all %d programs compiled in %.1f s on %d threads (%.1f s of "
-        "it lowering them), %.1f s after the engine's start (%d buckets ready)",
-        self.num_total,
-        time.perf_counter() - start,
-        self.threads,
-        self.lowering_s,
-        self.finished_after_s or 0.0,
-        len(self._steps),
-      )
+      self._compiled.set()
     self._save_when_idle()
 
   def _compile_groups(
