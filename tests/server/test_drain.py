@@ -114,8 +114,15 @@ def _start_server(
     stderr=subprocess.STDOUT,
     text=True,
     start_new_session=own_group,
+    # a terminal's job takes Ctrl-C; a test run started in the background (`cmd &`, nohup) would
+    # hand the server an ignored SIGINT, which it keeps ignoring as any program does
+    preexec_fn=_default_sigint if own_group else None,
   )
   return process, f"http://127.0.0.1:{port}"
+
+
+def _default_sigint() -> None:
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.parametrize("api_server_count", [2, 0])  # across processes; one process
