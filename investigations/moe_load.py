@@ -17,11 +17,11 @@ prints a short table and writes it as JSON to --out; one load a process (a fresh
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 
 from jaxserve.device.platforms import prepare_jax_process
+from jaxserve.tools.json_file import write_json
 
 GIB = 1 << 30
 
@@ -147,8 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
   )
   print(table(result))
   if args.out:
-    with open(args.out, "w") as f:
-      json.dump(result, f, indent=1)
+    write_json(args.out, result)
   return result
 
 

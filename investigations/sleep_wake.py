@@ -14,7 +14,6 @@ prints a short table and writes it as JSON to --out.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import time
@@ -25,6 +24,7 @@ import numpy as np
 from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.entrypoints.llm import LLM
 from jaxserve.runtime.memory_stats import memory_stats
+from jaxserve.tools.json_file import write_json
 
 GIB = 1 << 30
 
@@ -123,8 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
   result = measure(llm, args.num_prompts, args.prompt_len, args.max_tokens)
   print(table(result))
   if args.out:
-    with open(args.out, "w") as f:
-      json.dump(result, f, indent=1)
+    write_json(args.out, result)
   return result
 
 
