@@ -27,7 +27,10 @@ docstrings are not code) or the docs' text, as its function's docstring says:
   headings, and the files under docs/ that are not Markdown.
 
 tests/architecture/test_measures.py checks that docs/ARCHITECTURE.md's "The tree in numbers"
-states this tree's numbers and that they stay within their ceilings.
+states this tree's numbers and that they stay within their ceilings. It lives beside the rules
+rather than in investigations/ because it counts with their scans (the import graph of
+tests/source_graph.py, the configuration scan of test_configuration.py), and investigations/
+imports nothing of tests/.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 from tests.architecture.measures import WALK_HEADING, Tree, measures, walk_files
+from tests.architecture.test_layers import LAYERS
 from tests.source_graph import ROOT
 
 HEADING = "## The tree in numbers"
@@ -54,25 +55,30 @@ def test_the_table_states_todays_numbers():
   }
 
 
-def listed_walk(doc: Path = ROOT / "docs" / "ARCHITECTURE.md") -> list[str]:
-  """The files the section's floor-by-floor block lists: a line gives a layer, a folder
-  (relative to jaxserve/, or pallas_kernels/...) and file names, a line without a folder more
-  names in the folder before it."""
+def listed_walk(doc: Path = ROOT / "docs" / "ARCHITECTURE.md") -> tuple[list[str], dict[str, int]]:
+  """The files the section's floor-by-floor block lists, and the layer it gives each package: a
+  line gives a layer, a folder (relative to jaxserve/, or pallas_kernels/...) and file names, a
+  line without a layer a subfolder, a line without a folder more names in the folder before."""
   section = doc.read_text().split(HEADING, 1)[1].split("\n## ", 1)[0]
   block = section.split("```")[-2]
-  files, folder = [], ""
+  files, layers, folder = [], {}, ""
   for line in block.strip().splitlines():
-    match = re.match(r"\s*(?:\d+\s+)?(\S+/)\s+(.*)", line)
+    match = re.match(r"\s*(\d+\s+)?(\S+/)\s+(.*)", line)
     if match:
-      folder = match.group(1)
-      if not folder.startswith("pallas_kernels/"):
-        folder = "jaxserve/" + folder
-    files += [folder + name for name in (match.group(2) if match else line).split()]
-  return sorted(files)
+      folder = match.group(2)
+      package = folder.split("/")[0]
+      if package != "pallas_kernels":
+        folder, package = "jaxserve/" + folder, "jaxserve." + package
+      if match.group(1):
+        layers[package] = int(match.group(1))
+    files += [folder + name for name in (match.group(3) if match else line).split()]
+  return sorted(files), layers
 
 
 def test_the_floors_list_the_walks_files():
-  assert listed_walk() == walk_files(Tree(ROOT))
+  files, layers = listed_walk()
+  assert files == walk_files(Tree(ROOT))
+  assert layers == {p: i for i, packages in enumerate(LAYERS) for p in packages if p in layers}
 
 
 def test_the_numbers_stay_within_their_ceilings():
