@@ -42,7 +42,7 @@ per rule, or per group of closely related rules:
   checked tuple), and no module copies a record's prompt ids into a list
   (`list(x.prompt_token_ids)`; `tuple()` of the tuple is the tuple itself);
 * test_measures.py: the numbers docs/ARCHITECTURE.md's "The tree in numbers" states
-  (investigations/architecture_measures.py counts them) are today's, and stay within their
+  (measures.py counts them, walk.py reads the request's walk) are today's, and stay within their
   ceilings.
 
 Each policy's one owner (one definition, rows read by column name, no decision by a backend's

@@ -9,8 +9,9 @@ import functools
 import re
 from pathlib import Path
 
-from tests.architecture.measures import WALK_HEADING, Tree, measures, walk_files
+from tests.architecture.measures import measures
 from tests.architecture.test_layers import LAYERS
+from tests.architecture.walk import WALK_HEADING, Tree, walk_files
 from tests.source_graph import ROOT
 
 HEADING = "## The tree in numbers"
