@@ -5,7 +5,7 @@ includes jaxserve* and pallas_kernels* only): run them from the repository root,
     python -m investigations.<name> --help
 
 Most run as steps of scripts/gpu_session.sh on a GPU machine. They may import jaxserve and
-pallas_kernels; nothing in either imports them (tests/test_architecture.py). The benchmarks a user
+pallas_kernels; nothing in either imports them (tests/architecture/). The benchmarks a user
 runs on their own deployment are `jaxserve bench ...` (jaxserve/bench/, docs/BENCHMARKS.md).
 
   bench_kernels        the ragged paged-attention kernel against the HBM copy ceiling, the XLA

@@ -18,12 +18,17 @@ lower_jaxpr_to_triton_module), which a JAX release may rename.
       --triton-python /path/to/venv-with-triton/bin/python
     python -m investigations.triton_static --kernel quantized_matmul --programs 264 \
       --triton-python /path/to/venv-with-triton/bin/python
+
+The kernels' calls are built in one place, here (`AttentionShape`, `attention_call`,
+`write_kv_call`; `lowered_modules` lowers and captures them): tests/pallas_kernels/
+test_gpu_addressing.py reads the page offsets' integer types from the same calls.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -31,7 +36,12 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+  import jax
+  from jax.typing import DTypeLike
 
 # jax is imported where a module is captured: --compile-ttir runs in a Python with only triton.
 SM_SHARED_BYTES = 228 * 1024  # an H100 SM's shared memory
@@ -73,42 +83,69 @@ def _h100_target():
   )
 
 
-def attention_modules(
-  pages_dtype,
-  *,
-  num_seqs: int,
-  context: int,
-  query_len: int = 1,
-  page_size: int = 16,
-  **tile_keywords,
-) -> list[str]:
-  """The Triton module(s) of a step's ragged paged attention (Llama-3.1-8B's heads: 32 q, 8 kv,
-  head_dim 128; query_len tokens a sequence: 1 is a decode step, more a prefill chunk) on pages
-  of pages_dtype, with the tiling an H100 gets (gpu_tiling.choose_tiling; tile_keywords override
-  it: block_kv, num_stages, ...)."""
+@dataclasses.dataclass(frozen=True)
+class AttentionShape:
+  """A step as the GPU attention kernel's call sees it: the model's heads (Llama-3.1-8B's by
+  default: 32 q, 8 kv, head_dim 128), num_seqs sequences of query_len tokens each (1: a decode
+  step, more: a prefill chunk) over pages_per_seq pages of page_size tokens, in a page array of
+  num_pages pages (None: the sequences' own, num_seqs * pages_per_seq)."""
+
+  num_seqs: int
+  pages_per_seq: int
+  query_len: int = 1
+  q_heads: int = 32
+  kv_heads: int = 8
+  head_dim: int = 128
+  page_size: int = 16
+  num_pages: int | None = None
+
+  @property
+  def num_tokens(self) -> int:
+    return self.num_seqs * self.query_len
+
+  def pages(self, dtype: DTypeLike) -> jax.ShapeDtypeStruct:
+    import jax
+
+    num_pages = self.num_pages or self.num_seqs * self.pages_per_seq
+    return jax.ShapeDtypeStruct((self.kv_heads, num_pages, self.page_size, self.head_dim), dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelCall:
+  """A kernel's jitted body with its keyword arguments bound, and abstract positional arguments
+  (jax.ShapeDtypeStructs: no device, no memory) to lower it with."""
+
+  fn: Callable[..., object]
+  args: tuple[jax.ShapeDtypeStruct, ...]
+  annotation: str = ""  # appended to the captured module (the launch parameters)
+
+
+def attention_call(shape: AttentionShape, pages_dtype: DTypeLike, **tile_keywords) -> KernelCall:
+  """ragged_paged_attention's call at `shape` on pages of pages_dtype, with the tiling an H100
+  gets (gpu_tiling.choose_tiling; tile_keywords override it: block_kv, num_stages, ...)."""
   import jax
   import jax.numpy as jnp
 
   from pallas_kernels.ragged_paged_attention import gpu
 
-  heads, kv_heads, head_dim = 32, 8, 128
-  pages_per_seq = -(-context // page_size)
   spec = jax.ShapeDtypeStruct
+  pages = shape.pages(pages_dtype)
   args = (
-    spec((num_seqs * query_len, heads, head_dim), jnp.bfloat16),  # q [T, H, D]
-    *2 * [spec((kv_heads, num_seqs * pages_per_seq, page_size, head_dim), pages_dtype)],
-    spec((num_seqs, pages_per_seq), jnp.int32),  # block_tables
-    spec((num_seqs,), jnp.int32),  # seq_lens
-    spec((num_seqs + 1,), jnp.int32),  # query_start_loc
+    spec((shape.num_tokens, shape.q_heads, shape.head_dim), jnp.bfloat16),  # q [T, H, D]
+    pages,
+    pages,
+    spec((shape.num_seqs, shape.pages_per_seq), jnp.int32),  # block_tables
+    spec((shape.num_seqs,), jnp.int32),  # seq_lens
+    spec((shape.num_seqs + 1,), jnp.int32),  # query_start_loc
     spec((1,), jnp.int32),  # num_seqs
   )
   tiling = gpu.choose_tiling(
-    num_seqs * query_len,
-    num_seqs,
-    heads,
-    kv_heads,
-    head_dim,
-    max_kv_len=pages_per_seq * page_size,
+    shape.num_tokens,
+    shape.num_seqs,
+    shape.q_heads,
+    shape.kv_heads,
+    shape.head_dim,
+    max_kv_len=shape.pages_per_seq * shape.page_size,
     page_itemsize=jnp.dtype(pages_dtype).itemsize,
     **tile_keywords,
   )
@@ -117,15 +154,63 @@ def attention_modules(
   fn = functools.partial(
     gpu._ragged_paged_attention,
     tiling=tiling,
-    sm_scale=head_dim**-0.5,
+    sm_scale=shape.head_dim**-0.5,
     v_scale=1.0,
     sliding_window=None,
     soft_cap=None,
     interpret=False,
   )
-  with captured_triton_modules() as modules, _h100_target():
-    jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
-  return [m + f"\n// num_warps={tiling.num_warps} num_stages={tiling.num_stages}" for m in modules]
+  return KernelCall(fn, args, f"num_warps={tiling.num_warps} num_stages={tiling.num_stages}")
+
+
+def write_kv_call(
+  shape: AttentionShape, pages_dtype: DTypeLike, *, block_tokens: int = 16, num_warps: int = 4
+) -> KernelCall:
+  """The GPU K/V write's call at `shape`: the step's new K and V rows into pages of pages_dtype
+  at a slot mapping."""
+  import jax
+  import jax.numpy as jnp
+
+  from pallas_kernels.ragged_paged_attention import gpu_write
+
+  spec = jax.ShapeDtypeStruct
+  pages = shape.pages(pages_dtype)
+  rows = spec((shape.num_tokens, shape.kv_heads, shape.head_dim), pages_dtype)
+  fn = functools.partial(
+    gpu_write._write_kv, block_tokens=block_tokens, num_warps=num_warps, interpret=False
+  )
+  slots = spec((shape.num_tokens,), jnp.int32)
+  return KernelCall(fn, (pages, pages, rows, rows, slots))
+
+
+def lowered_modules(*calls: KernelCall) -> list[str]:
+  """The Triton module(s) of each call lowered for CUDA on an abstract H100, in order, each
+  followed by its call's annotation as a comment line."""
+  import jax
+
+  found = []
+  for call in calls:
+    with captured_triton_modules() as modules, _h100_target():
+      jax.jit(call.fn).trace(*call.args).lower(lowering_platforms=("cuda",))
+    found += [m + f"\n// {call.annotation}" if call.annotation else m for m in modules]
+  return found
+
+
+def attention_modules(
+  pages_dtype: DTypeLike,
+  *,
+  num_seqs: int,
+  context: int,
+  query_len: int = 1,
+  page_size: int = 16,
+  **tile_keywords,
+) -> list[str]:
+  """The Triton module(s) of a step's ragged paged attention (Llama-3.1-8B's heads) for
+  num_seqs sequences of `context` tokens, query_len of them new (attention_call)."""
+  shape = AttentionShape(
+    num_seqs, pages_per_seq=-(-context // page_size), query_len=query_len, page_size=page_size
+  )
+  return lowered_modules(attention_call(shape, pages_dtype, **tile_keywords))
 
 
 def quantized_matmul_modules(
@@ -133,8 +218,6 @@ def quantized_matmul_modules(
 ) -> list[str]:
   """The Triton module of pallas_kernels/quantized_matmul for x [rows, K] bfloat16 times an fp8
   weight [N, K], with default_tiling's tiling (tile_fields replace its fields: programs, ...)."""
-  import dataclasses
-
   import jax
   import jax.numpy as jnp
 
@@ -148,9 +231,8 @@ def quantized_matmul_modules(
     spec((n, k), jnp.float8_e4m3fn),
     spec((n,), jnp.float32),
   )
-  with captured_triton_modules() as modules, _h100_target():
-    jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
-  return [m + f"\n// num_warps={tiling.num_warps} num_stages={tiling.num_stages}" for m in modules]
+  annotation = f"num_warps={tiling.num_warps} num_stages={tiling.num_stages}"
+  return lowered_modules(KernelCall(fn, args, annotation))
 
 
 def count_ops(ttgir: str) -> dict[str, int]:

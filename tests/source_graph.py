@@ -1,5 +1,5 @@
-"""The source's import graph and the ast scans tests/test_architecture.py's rules are made of
-(nothing is imported: every module is read with `ast`)."""
+"""The source's import graph and the ast scans the architecture's rules (tests/architecture/) are
+made of (nothing is imported: every module is read with `ast`)."""
 
 from __future__ import annotations
 

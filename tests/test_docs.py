@@ -21,7 +21,7 @@ class leads on to that class's members), `module.name` or `package/module.name` 
 projects.
 
 ARCHITECTURE.md's package layout states each package's layer; it must match
-tests/test_architecture.py's LAYERS.
+tests/architecture/test_layers.py's LAYERS.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_architecture import LAYERS
+from tests.architecture.test_layers import LAYERS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("docs/ARCHITECTURE.md", "README.md")

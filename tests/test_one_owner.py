@@ -9,7 +9,7 @@
 * the ModelRunner is composed, never subclassed.
 
 The import graph's rules (layers, the host side without jax, the seam) are
-tests/test_architecture.py's.
+tests/architecture/'s.
 """
 
 from __future__ import annotations

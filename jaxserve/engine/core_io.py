@@ -5,12 +5,13 @@ core/messages.py's StepOutputs.
 
 EngineCoreRequest is THE record of a request across the wire: the API server (server/
 generation.py) or the offline LLMEngine builds it once, with new_core_requests (the one
-construction site: tests/test_architecture.py), where the prompt's ids become one tuple, checked
-once (engine/admission.check_token_ids), which every choice of the prompt shares; the client
-sends it as it is, the output processor keeps it as its request's (engine/output_processor.py)
-and the core makes its scheduling state from it (engine/request.Request shares the tuple), so
-no layer copies or checks the ids again. EngineCore.add_request applies the rules that need the
-core (the policy, the context, the grammar), not the ids'.
+construction site: tests/architecture/test_request_record.py), where the prompt's ids become
+one tuple, checked once (engine/admission.check_token_ids), which every choice of the prompt
+shares; the client sends it as it is, the output processor keeps it as its request's
+(engine/output_processor.py) and the core makes its scheduling state from it
+(engine/request.Request shares the tuple), so no layer copies or checks the ids again.
+EngineCore.add_request applies the rules that need the core (the policy, the context, the
+grammar), not the ids'.
 
 msgspec Structs like core/messages.py's (docs/DECISIONS.md, "msgspec Structs for the core's
 messages"), `array_like` (fields by position on the wire) and `gc=False` (they hold no cycles).

@@ -6,7 +6,7 @@ A row is SAMPLING_ROW_WIDTH native float64 values (each one exact in float64) in
 row once (`sampling_row`, cached on the Request) and joins a batch's rows into
 BatchSampling.rows as bytes, without touching the values; the device side reads the joined rows
 as one [S, SAMPLING_ROW_WIDTH] table and takes each column by its name (device/step_inputs.py).
-Nobody else indexes a row by position (tests/test_architecture.py checks it).
+Nobody else indexes a row by position (tests/test_one_owner.py checks it).
 
 GREEDY_ROW samples greedily with nothing cut and no penalty: the row of a batch built from
 sequences alone and of the padding slots of a step.

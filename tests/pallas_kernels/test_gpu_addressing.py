@@ -1,20 +1,19 @@
 """The GPU kernels address a Gemma-3-12B-shaped page array past 2**31 elements: both kernels are
 lowered for CUDA (no GPU, no memory: the pages are jax.ShapeDtypeStructs), the Triton module
-Pallas builds is captured (investigations/triton_static.py) and the integer type of every
-offset added to the K/V page pointers is read. gpu_addressing.offsets_are_64bit must say what the
-lowering does, and no array that gpu_addressing.addressable admits may get offsets that wrap."""
+Pallas builds is captured and the integer type of every offset added to the K/V page pointers is
+read. investigations/triton_static.py builds the kernels' calls and captures their modules, for
+this test as for its reports (`AttentionShape`, `attention_call`, `write_kv_call`,
+`lowered_modules`). gpu_addressing.offsets_are_64bit must say what the lowering does, and no
+array that gpu_addressing.addressable admits may get offsets that wrap."""
 
 from __future__ import annotations
 
-import functools
 import re
 
-import jax
 import jax.numpy as jnp
 import pytest
 
 from investigations import triton_static
-from pallas_kernels.ragged_paged_attention import gpu, gpu_write
 from pallas_kernels.ragged_paged_attention.gpu_addressing import (
   INT32_MAX_ELEMENTS,
   addressable,
@@ -35,43 +34,18 @@ def _page_offset_types(module: str, page_args: tuple[int, ...]) -> set[str]:
 
 
 def _lowered_modules(num_pages: int, dtype) -> dict[str, str]:
-  spec = jax.ShapeDtypeStruct
-  pages = spec((KV_HEADS, num_pages, PAGE_SIZE, HEAD_DIM), dtype)
-  tiling = gpu.choose_tiling(
+  shape = triton_static.AttentionShape(
     NUM_SEQS,
-    NUM_SEQS,
-    Q_HEADS,
-    KV_HEADS,
-    HEAD_DIM,
-    max_kv_len=PAGES_PER_SEQ * PAGE_SIZE,
-    page_itemsize=jnp.dtype(dtype).itemsize,
-    num_cores=132,
-    large_smem=True,
+    PAGES_PER_SEQ,
+    q_heads=Q_HEADS,
+    kv_heads=KV_HEADS,
+    head_dim=HEAD_DIM,
+    page_size=PAGE_SIZE,
+    num_pages=num_pages,
   )
-  attend = functools.partial(
-    gpu._ragged_paged_attention,
-    tiling=tiling,
-    sm_scale=HEAD_DIM**-0.5,
-    v_scale=1.0,
-    sliding_window=None,
-    soft_cap=None,
-    interpret=False,
+  modules = triton_static.lowered_modules(
+    triton_static.attention_call(shape, dtype), triton_static.write_kv_call(shape, dtype)
   )
-  write = functools.partial(gpu_write._write_kv, block_tokens=16, num_warps=4, interpret=False)
-  with triton_static.captured_triton_modules() as modules, triton_static._h100_target():
-    jax.jit(attend).trace(
-      spec((NUM_SEQS, Q_HEADS, HEAD_DIM), jnp.bfloat16),
-      pages,
-      pages,
-      spec((NUM_SEQS, PAGES_PER_SEQ), jnp.int32),
-      spec((NUM_SEQS,), jnp.int32),
-      spec((NUM_SEQS + 1,), jnp.int32),
-      spec((1,), jnp.int32),
-    ).lower(lowering_platforms=("cuda",))
-    new_rows = spec((NUM_SEQS, KV_HEADS, HEAD_DIM), dtype)
-    jax.jit(write).trace(pages, pages, new_rows, new_rows, spec((NUM_SEQS,), jnp.int32)).lower(
-      lowering_platforms=("cuda",)
-    )
   return {re.search(r"tt\.func public @(\w+)", m).group(1): m for m in modules}
 
 

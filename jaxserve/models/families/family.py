@@ -2,7 +2,7 @@
 (models/families/__init__.py) maps architecture names to.
 
 A family owns everything that is particular to it, and nothing else reads which family a config
-is (tests/test_architecture.py checks that no family flag or family-name comparison happens
+is (tests/architecture/test_families.py checks that no family flag or family-name comparison happens
 outside models/families/):
 * `architectures`: the Hugging Face `architectures` names it runs, each with the
   `ModelConfig.architecture` (the HF `model_type`) it becomes;
