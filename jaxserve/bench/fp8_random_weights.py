@@ -20,10 +20,10 @@ from __future__ import annotations
 from jaxserve.models.quantized_dense import is_quantized_kernel
 from jaxserve.models.tensor_spec import TensorSpec
 from jaxserve.quantization.compressed_tensors import QUANT_METHOD, SCALE_SUFFIX
-from jaxserve.quantization.scheme import SCHEMES
+from jaxserve.quantization.scheme import NONE, SCHEMES
 
 SCHEME = SCHEMES["fp8"]
-QUANTIZATIONS = ("none", SCHEME.name)  # what random checkpoints may be written in
+QUANTIZATIONS = (NONE, SCHEME.name)  # what random checkpoints may be written in
 
 
 def is_fp8_weight(spec: TensorSpec) -> bool:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from jaxserve.bench.fp8_random_weights import (
   QUANTIZATIONS,
+  SCHEME,
   is_fp8_weight,
   quantization_config,
   quantize_fp8,
@@ -79,7 +80,7 @@ def build_random_checkpoint(
   device = "cuda" if torch.cuda.is_available() else "cpu"
   generator = torch.Generator(device=device).manual_seed(seed)
   specs = hf_tensor_specs(config)
-  fp8 = quantization != "none"
+  fp8 = quantization == SCHEME.name
   if fp8:
     hf_config["quantization_config"] = quantization_config(specs)
   weight_map, shard, shard_bytes, shard_files, total = {}, {}, 0, [], 0

@@ -27,6 +27,7 @@ from jaxserve.models.weights import (
 from jaxserve.quantization import reference
 from jaxserve.quantization.compressed_tensors import stored_quantization
 from jaxserve.quantization.scheme import SCHEMES
+from tests.integration.engine_helpers import generate_and_score, small_engine
 
 SMALL = dict(
   vocab_size=512,
@@ -73,8 +74,9 @@ def written(request, tmp_path_factory):
 
 def _tensors(checkpoint) -> dict[str, torch.Tensor]:
   index = json.loads((checkpoint / "model.safetensors.index.json").read_text())
-  tensors = {}
-  for file in sorted(set(index["weight_map"].values())):
+  tensors, files = {}, sorted(set(index["weight_map"].values()))
+  assert len(files) > 2  # SHARD_BYTES patched: written shard by shard
+  for file in files:
     tensors.update(load_file(checkpoint / file))
   assert set(index["weight_map"]) == set(tensors)
   assert index["metadata"]["total_size"] == sum(
@@ -155,6 +157,25 @@ def test_the_loader_plans_and_loads_everything(written):
     assert gate.shape == (config.num_experts, config.hidden_size, config.moe_intermediate_size)
     want = twin[f"model.layers.{i}.{EXPERT_1_GATE[config.architecture]}.weight"]
     np.testing.assert_allclose(gate[1], want.float().numpy().T, rtol=0.07, atol=1e-6)
+
+
+def test_the_engine_serves_it(written):
+  """The serving path (compressed-tensors scheme resolved to fp8, W8A8 attention) starts on the
+  checkpoint and generates."""
+  config, checkpoint, _, _ = written
+  engine = small_engine(
+    str(checkpoint),
+    max_model_len=64,
+    max_num_seqs=2,
+    max_tokens_per_step=16,
+    seq_buckets=(2,),
+    token_buckets=(16,),
+    prefix_caching=False,
+  )
+  assert engine.runner.model.config.quantization == "fp8"
+  tokens, _ = generate_and_score(engine, [[300, 301, 302], [400, 401]], 3)
+  assert [len(t) for t in tokens] == [3, 3]
+  assert all(0 <= t < config.vocab_size for row in tokens for t in row)
 
 
 def test_the_command_line_takes_the_option():
