@@ -1,8 +1,8 @@
 """A ModelConfig written back as a Hugging Face config.json dict, in the layout of the published
 files (transformers 4.x keys: `rope_theta` + `rope_scaling`), for the architectures whose family
 has a config writer (`ModelFamily.config_writers`, models/families/) for random-weight
-checkpoints (bench/random_checkpoint.py): llama, qwen3_moe and gemma3_text. The shared fields are
-written here, the family's own by its writer.
+checkpoints (bench/random_checkpoint.py): llama, qwen3_moe, mixtral and gemma3_text. The shared
+fields are written here, the family's own by its writer.
 
 Contract: `model_config_from_hf(hf_config_json(c)) == c` (models/hf_config.py) for every config
 of those families without engine-set fields (quantization, fused projections and the invariance

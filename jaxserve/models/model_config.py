@@ -14,7 +14,9 @@ Validation here is the family-independent part: it refuses, with a ValueError na
 any value the model code does not implement, so an unsupported checkpoint fails at load time
 rather than producing wrong logits.
 
-Mixture of experts (`num_experts` > 0): models/moe_config.py validates those fields.
+Mixture of experts (`num_experts` > 0): models/moe_config.py validates those fields. Layer i's
+MLP is the routed experts unless i is in `dense_mlp_layers` (a dense MLP of `intermediate_size`),
+as `is_moe_layer(i)` says.
 
 Attention windows: with `layer_types` empty every layer attends over `sliding_window` (None: the
 whole context; Mistral); otherwise layer i is "sliding_attention" (window `sliding_window`) or
@@ -103,6 +105,7 @@ class ModelConfig:
   num_experts_per_tok: int = 0  # MoE: the top-k experts each token is routed to
   moe_intermediate_size: int = 0  # MoE: each expert's intermediate size
   norm_topk_prob: bool = False  # MoE: renormalize the top-k routing probabilities to sum to one
+  dense_mlp_layers: tuple[int, ...] = ()  # MoE: the layers whose MLP is dense (intermediate_size)
   bos_token_id: int | None = None
   eos_token_ids: tuple[int, ...] = ()
   dtype: str = "float32"
@@ -181,6 +184,8 @@ class ModelConfig:
   def _check_layers(self) -> None:
     layer_types = tuple(self.layer_types)
     object.__setattr__(self, "layer_types", layer_types)
+    if isinstance(self.dense_mlp_layers, list):
+      object.__setattr__(self, "dense_mlp_layers", tuple(self.dense_mlp_layers))
     _require(
       not layer_types or len(layer_types) == self.num_layers,
       "layer_types",
@@ -230,6 +235,10 @@ class ModelConfig:
     """Whether layer `layer` rotates by the local base (rope_local_base_freq,
     models/layers/rope.py)."""
     return self.rope_local_base_freq is not None and self.is_sliding(layer)
+
+  def is_moe_layer(self, layer: int) -> bool:
+    """Whether layer `layer`'s MLP is the routed experts (else a dense MLP)."""
+    return self.num_experts > 0 and layer not in self.dense_mlp_layers
 
   def replace(self, **changes) -> ModelConfig:
     return dataclasses.replace(self, **changes)

@@ -1,18 +1,22 @@
 """The mixture-of-experts fields of ModelConfig: what they must hold, and the config.json reader
 both MoE families share.
 
-A mixture of experts (`num_experts` > 0) routes every layer's MLP to `num_experts_per_tok` of
-its `num_experts` SwiGLU experts of `moe_intermediate_size` (models/layers/moe.py); a dense model
-keeps the three counts at 0. `check_experts` (ModelConfig's validation) holds whatever the family:
-the counts all zero or all positive, top-k within the experts, and a MoE model refuses
+A mixture of experts (`num_experts` > 0) routes each layer's MLP to `num_experts_per_tok` of
+its `num_experts` SwiGLU experts of `moe_intermediate_size` (models/layers/moe.py), except the
+layers listed in `dense_mlp_layers`, whose MLP is the dense one of `intermediate_size` (Qwen3-MoE's
+`mlp_only_layers` and `decoder_sparse_step`); a dense model keeps the three counts at 0 and no
+dense_mlp_layers. `check_experts` (ModelConfig's validation) holds whatever the family: the
+counts all zero or all positive, top-k within the experts, dense_mlp_layers distinct layer
+indices in increasing order (empty without experts), and a MoE model refuses
 `batch_invariant` (the routing and the grouped matmul do not run through the fixed-tile GEMMs, so
 a token's bits could depend on its batch): each is a ValueError naming it. A MoE model runs a
-`quantization` scheme on its attention projections only: the experts' grouped matmuls
+`quantization` scheme on its attention projections (and its dense MLP layers') only: the
+experts' grouped matmuls
 (models/grouped_matmul.py) take no 8-bit weights, so the experts and routers stay in the model
 dtype, dequantized as they load where a checkpoint stores them in 8 bits
-(models/dequantized_loading.py). Whether a
-family has experts at all is its module's (models/families/): `require_experts` /
-`require_dense`.
+(models/dequantized_loading.py). Whether a family has experts at all, and whether it may have
+dense layers, is its module's (models/families/): `require_experts`,
+`require_every_layer_sparse`, `require_dense`.
 
 Hub checkpoints name the expert count `num_experts` (Qwen3-MoE) or `num_local_experts` (Mixtral,
 and what transformers 5 writes for both): `hf_expert_count` reads either. The routers'
@@ -39,6 +43,8 @@ class ExpertFields(Protocol):
   num_experts_per_tok: int
   moe_intermediate_size: int
   norm_topk_prob: bool
+  dense_mlp_layers: tuple[int, ...]
+  num_layers: int
   batch_invariant: bool
 
 
@@ -48,7 +54,11 @@ def _positive_int(value: object) -> bool:
 
 def check_experts(c: ExpertFields) -> None:
   """ValueError naming the first MoE field that does not hold (module docstring)."""
+  _check_dense_layers(c)
   if all(getattr(c, name) == 0 for name in COUNTS):
+    _require(
+      not c.dense_mlp_layers, "dense_mlp_layers", "must be empty for a model without experts"
+    )
     return
   require_experts(c)
   _require(
@@ -61,6 +71,19 @@ def check_experts(c: ExpertFields) -> None:
   _require(not c.batch_invariant, "batch_invariant", unsupported)
 
 
+def _check_dense_layers(c: ExpertFields) -> None:
+  """dense_mlp_layers: distinct layer indices in increasing order."""
+  layers = c.dense_mlp_layers
+  _require(
+    isinstance(layers, tuple)
+    and all(isinstance(i, int) and not isinstance(i, bool) for i in layers)
+    and list(layers) == sorted(set(layers))
+    and all(0 <= i < c.num_layers for i in layers),
+    "dense_mlp_layers",
+    f"must be distinct layer indices in [0, {c.num_layers}) in increasing order, got {layers}",
+  )
+
+
 def require_experts(c: ExpertFields) -> None:
   """A MoE family's config: every count positive."""
   for name in COUNTS:
@@ -68,6 +91,16 @@ def require_experts(c: ExpertFields) -> None:
     _require(
       _positive_int(value), name, f"must be a positive integer for {c.architecture}, got {value!r}"
     )
+
+
+def require_every_layer_sparse(c: ExpertFields) -> None:
+  """A MoE family whose every layer routes to experts (no dense MLP layers)."""
+  require_experts(c)
+  _require(
+    not c.dense_mlp_layers,
+    "dense_mlp_layers",
+    f"must be empty for {c.architecture} (every layer is sparse), got {c.dense_mlp_layers}",
+  )
 
 
 def require_dense(c: ExpertFields) -> None:

@@ -13,6 +13,9 @@ random checkpoints ship with (bench/vocab_tokenizer.py) puts them.
   128 experts of intermediate 768, top-8 renormalized (norm_topk_prob), vocabulary 151936, RoPE
   theta 1e6 unscaled, 40960 positions, untied. Its dense `intermediate_size` 6144 is published
   but unused (every layer is sparse).
+* Mixtral-8x7B (mixtral; mistralai/Mixtral-8x7B-v0.1): 32 layers, hidden 4096, 32 q heads and
+  8 kv heads of 128, 8 experts of intermediate 14336, top-2, vocabulary 32000, RMSNorm eps 1e-5,
+  RoPE theta 1e6 unscaled, 32768 positions, no sliding window, untied.
 * Gemma 3 12B / 27B (gemma3_text): vocabulary 262208, five sliding-window (1024) layers for each
   global one, global RoPE theta 1e6 with linear scaling 8, local base 10000, no soft caps,
   131072 positions, tied embeddings; 12B: 48 layers, hidden 3840, 16 q / 8 kv heads of 256,
@@ -21,9 +24,9 @@ random checkpoints ship with (bench/vocab_tokenizer.py) puts them.
 
 Parameter counts (tests/tpu_aot/test_tpu_aot_units.py): llama-3.2-1b 1,235,814,400 (tied
 embeddings), llama-3.1-8b 8,030,261,248, llama-3.1-70b 70,553,706,496, qwen3-30b-a3b
-30,532,122,624 (3.3B active with the embedding), gemma-3-12b 11,766,034,176 and gemma-3-27b
-27,009,346,304 (the language model only: the published multimodal checkpoints add a vision
-tower).
+30,532,122,624 (3.3B active with the embedding), mixtral-8x7b 46,702,792,704, gemma-3-12b
+11,766,034,176 and gemma-3-27b 27,009,346,304 (the language model only: the published
+multimodal checkpoints add a vision tower).
 """
 
 from __future__ import annotations
@@ -68,6 +71,28 @@ def _qwen3_30b_a3b() -> ModelConfig:
     num_experts=128,
     num_experts_per_tok=8,
     moe_intermediate_size=768,
+    norm_topk_prob=True,
+    **_SPECIAL,
+  )
+
+
+def _mixtral_8x7b() -> ModelConfig:
+  return ModelConfig(
+    architecture="mixtral",
+    vocab_size=32000,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_layers=32,
+    num_q_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    rms_norm_eps=1e-5,
+    rope_theta=1_000_000.0,
+    max_position_embeddings=32768,
+    tie_word_embeddings=False,
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=14336,
     norm_topk_prob=True,
     **_SPECIAL,
   )
@@ -131,6 +156,7 @@ SHAPES: dict[str, Callable[[], ModelConfig]] = {
     rope_factor=8.0,
   ),
   "qwen3-30b-a3b": _qwen3_30b_a3b,
+  "mixtral-8x7b": _mixtral_8x7b,
   "gemma-3-12b": lambda: _gemma3(
     48,
     hidden_size=3840,

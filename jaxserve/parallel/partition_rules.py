@@ -31,6 +31,8 @@ follow EXPERT_SPECS for the layout:
     [E, H, I]
   mlp/experts/down_proj [E, I, H]       (-, model, -)          (model, -, -)
 
+The dense MLP layers of a mixture of experts (ModelConfig.dense_mlp_layers) hold gate/up/down_proj
+kernels under `mlp`, laid out by the dense rules above whichever the experts' layout.
 Either way every device holds every token (attention's output is all-reduced) and runs its
 slice of the experts over them; parallel/sharded_experts.py sums the float32 partials with one
 all-reduce, as vLLM's MoE layer does after its experts without data parallelism.

@@ -1,7 +1,7 @@
-"""Random-weight checkpoints of the named Qwen3-MoE and Gemma 3 shapes, scaled down (their family
-switches kept): the config.json reads back as the same ModelConfig, transformers loads every
-tensor and computes the prompt log-probs jaxserve's engine computes, and the engine generates.
-Gemma's norm weights are written as zeros (its norms scale by 1 + weight)."""
+"""Random-weight checkpoints of the named Qwen3-MoE, Mixtral and Gemma 3 shapes, scaled down
+(their family switches kept): the config.json reads back as the same ModelConfig, transformers
+loads every tensor and computes the prompt log-probs jaxserve's engine computes, and the engine
+generates. Gemma's norm weights are written as zeros (its norms scale by 1 + weight)."""
 
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ def _scaled_down(name: str) -> ModelConfig:
   config = named_model_config(name).replace(**SMALL)
   if config.num_experts:
     return config.replace(
-      intermediate_size=96, num_layers=2, num_experts=8, num_experts_per_tok=2,
-      moe_intermediate_size=32,
+      intermediate_size=32 if config.architecture == "mixtral" else 96,  # Mixtral's experts'
+      num_layers=2, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
     )  # fmt: skip
   return config.replace(
     intermediate_size=128,
@@ -59,14 +59,18 @@ def _hf_prompt_logprobs(checkpoint, prompt: list[int]) -> np.ndarray:
   return logprobs[np.arange(len(prompt) - 1), prompt[1:]]
 
 
-@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "gemma-3-12b"])
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "mixtral-8x7b", "gemma-3-12b"])
 def test_scaled_down_named_shape_loads_matches_transformers_and_generates(name, tmp_path):
   config = _scaled_down(name)
   checkpoint = build_random_checkpoint(config, tmp_path / "ckpt", seed=3)
   assert load_hf_config(checkpoint) == config
   written = json.loads((checkpoint / "config.json").read_text())
   assert written["architectures"] == [
-    {"qwen3_moe": "Qwen3MoeForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}[config.architecture]
+    {
+      "qwen3_moe": "Qwen3MoeForCausalLM",
+      "mixtral": "MixtralForCausalLM",
+      "gemma3_text": "Gemma3ForCausalLM",
+    }[config.architecture]
   ]
   with safe_open(checkpoint / "model-00001.safetensors", "pt") as tensors:
     norm = tensors.get_tensor("model.norm.weight")

@@ -34,6 +34,9 @@ FAMILIES = (
   "gemma2",
   "gemma3",
 )
+# Qwen3-MoE with dense MLP layers among the sparse ones (models/families/qwen3_moe.py): layer 0
+# dense by mlp_only_layers; layers 0 and 2 of 3 dense by decoder_sparse_step 2.
+MIXED_MOE_FAMILIES = ("qwen3_moe_dense0", "qwen3_moe_step2")
 # Gemma's windows are shorter than the parity tests' sequences and end inside a page, so they
 # bite in prefill, chunked prefill and decode.
 GEMMA2_WINDOW, GEMMA3_WINDOW = 6, 5
@@ -115,9 +118,14 @@ def _hf_config(family: str) -> transformers.PretrainedConfig:
       rope_theta=1e6,
       tie_word_embeddings=False,
     )
-  if family == "qwen3_moe":
+  if family.startswith("qwen3_moe"):
+    mixed = {
+      "qwen3_moe": {},
+      "qwen3_moe_dense0": {"mlp_only_layers": [0]},
+      "qwen3_moe_step2": {"decoder_sparse_step": 2, "num_hidden_layers": 3},
+    }[family]
     return transformers.Qwen3MoeConfig(
-      **_COMMON,
+      **{**_COMMON, **mixed},
       num_attention_heads=4,
       num_key_value_heads=2,
       rope_theta=1e6,
@@ -147,7 +155,8 @@ def _hf_config(family: str) -> transformers.PretrainedConfig:
     )
   if family in ("gemma2", "gemma3"):
     return _gemma_config(family)
-  raise ValueError(f"family: unknown {family!r} (known: {', '.join(FAMILIES + TP_FAMILIES)})")
+  known = FAMILIES + MIXED_MOE_FAMILIES + TP_FAMILIES
+  raise ValueError(f"family: unknown {family!r} (known: {', '.join(known)})")
 
 
 def _gemma_config(family: str) -> transformers.PretrainedConfig:

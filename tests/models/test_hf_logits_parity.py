@@ -16,7 +16,7 @@ from jaxserve.attention import get_attention_backend
 from jaxserve.models import LlamaForCausalLM, causal_lm
 from jaxserve.models.grouped_matmul import expert_ffn
 from jaxserve.models.weights import load_hf_config, load_hf_params
-from tests.models.hf_checkpoints import FAMILIES, VOCAB_SIZE, load_hf_model
+from tests.models.hf_checkpoints import FAMILIES, MIXED_MOE_FAMILIES, VOCAB_SIZE, load_hf_model
 from tests.models.paged_batch import Chunk, build_step, empty_kv_pages, model_kv
 
 PAGE_SIZE, NUM_PAGES, PAGES_PER_SEQ = 4, 12, 4
@@ -137,6 +137,27 @@ def test_experts_through_the_pallas_grouped_matmul(name, hf_checkpoint):
   family = Family(hf_checkpoint(name), functools.partial(expert_ffn, kernel="pallas"))
   test_two_prompts_in_one_step(family)
   test_one_token_decode_leaves_experts_empty(family)
+
+
+@pytest.mark.parametrize("name", MIXED_MOE_FAMILIES)
+def test_dense_layers_among_the_experts(name, hf_checkpoint):
+  """Qwen3-MoE with mlp_only_layers=[0] (layer 0 of 2 dense) and with decoder_sparse_step=2
+  (layers 0 and 2 of 3 dense): each dense layer loads transformers' Qwen3MoeMLP of
+  intermediate_size, each other one the experts, and the log-probs match as above."""
+  family = Family(hf_checkpoint(name))
+  dense = {"qwen3_moe_dense0": (0,), "qwen3_moe_step2": (0, 2)}[name]
+  assert family.config.dense_mlp_layers == dense
+  for i in range(family.config.num_layers):
+    mlp = family.params[f"layers_{i}"]["mlp"]
+    if i in dense:
+      assert set(mlp) == {"gate_proj", "up_proj", "down_proj"}
+      assert mlp["gate_proj"]["kernel"].shape == (128, family.config.intermediate_size)
+    else:
+      assert set(mlp) == {"gate", "experts"}
+  test_two_prompts_in_one_step(family)
+  test_chunked_prefill_then_decode(family)
+  test_one_token_decode_leaves_experts_empty(family)
+  test_logprobs_are_not_uniform(family)
 
 
 def test_logprobs_are_not_uniform(family):

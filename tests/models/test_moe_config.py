@@ -108,8 +108,8 @@ def test_what_transformers_writes(hf_checkpoint):
 @pytest.mark.parametrize(
   "changes, match",
   [
-    ({"mlp_only_layers": [3]}, "mlp_only_layers"),
-    ({"decoder_sparse_step": 2}, "decoder_sparse_step"),
+    ({"mlp_only_layers": [48]}, "mlp_only_layers"),
+    ({"decoder_sparse_step": 0}, "decoder_sparse_step"),
     ({"num_local_experts": 64}, "num_experts: expected one expert count"),
     ({"num_experts": None}, "num_experts"),
     ({"num_experts_per_tok": 129}, "num_experts_per_tok: must not exceed"),

@@ -139,6 +139,7 @@ def test_named_shapes_have_the_published_parameter_counts():
     ("llama-3.1-8b", 8_030_261_248),
     ("llama-3.1-70b", 70_553_706_496),
     ("qwen3-30b-a3b", 30_532_122_624),  # published: 30.5B
+    ("mixtral-8x7b", 46_702_792_704),  # published: 46.7B
     ("gemma-3-12b", 11_766_034_176),  # the language model of the published 12B
     ("gemma-3-27b", 27_009_346_304),  # the language model of the published 27B
   ):

@@ -25,7 +25,10 @@ A family's decoder is a `CausalLM` whose class constant `blocks` holds its choic
 (models/layers/norms.py), the MLP's activation and kind (dense `MLP`, or the routed experts of
 models/layers/moe.py, computed by the injected `experts`: None for unsharded grouped matmuls,
 parallel/sharded_experts.py's on a mesh), the layer module (`DecoderLayer`, the pre-norm block;
-Gemma's has four norms) and the embedding scale. Nothing here reads which family a config is.
+Gemma's has four norms) and the embedding scale. A mixture of experts' layer that the config
+makes dense (`ModelConfig.is_moe_layer`) gets the dense `MLP` with the family's activation
+instead (`DecoderBlocks.of_layer`), so its dense and sparse layers are two programs. Nothing here
+reads which family a config is.
 
 Numerics follow Hugging Face: matmuls in the param dtype; norm statistics in float32; attention
 softmax in float32 (inside the backend); logits in float32.
@@ -58,6 +61,7 @@ Params (the flax `params` collection), H hidden, V vocabulary:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -105,6 +109,13 @@ class DecoderBlocks:
   mlp: MLPFactory
   layer: type[nn.Module]  # (config, attention, blocks, dense, experts, window) -> x, k, v
   scale_embedding: Callable[[jax.Array, int], jax.Array] | None = None  # (x, hidden_size)
+
+  def of_layer(self, cfg: ModelConfig, layer: int) -> DecoderBlocks:
+    """The blocks of layer `layer`: these, with the dense MLP where a mixture of experts' config
+    makes the layer dense."""
+    if cfg.num_experts and not cfg.is_moe_layer(layer):
+      return dataclasses.replace(self, mlp=dense_mlp)
+    return self
 
 
 class DecoderLayer(nn.Module):
@@ -194,7 +205,9 @@ class CausalLM(nn.Module):
     cfg, blocks = self.config, self.blocks
     self.embed_tokens = token_embedding(cfg)
     self.layers = [
-      blocks.layer(cfg, self.attention, blocks, self.dense, self.experts, cfg.layer_window(i))
+      blocks.layer(
+        cfg, self.attention, blocks.of_layer(cfg, i), self.dense, self.experts, cfg.layer_window(i)
+      )
       for i in range(cfg.num_layers)  # layers_{i}
     ]
     self.norm = norm_layer(blocks.norm, cfg)

@@ -44,6 +44,25 @@ def test_expert_and_tensor_parallel_tokens_equal_one_devices(hf_checkpoint, engi
       np.testing.assert_allclose(ours, reference, atol=1e-4, rtol=0, err_msg=name)
 
 
+def test_dense_layers_among_the_experts_at_ep2(hf_checkpoint, engine_for):
+  """Qwen3-MoE with decoder_sparse_step 2 (layers 0 and 2 dense): at ep2 the sparse layer's
+  experts are split by expert and the dense layers' MLP by its intermediate dimension, as a dense
+  model's; the greedy tokens are one device's."""
+  checkpoint = hf_checkpoint("qwen3_moe_step2")
+  prompts = _prompts(seed=5)
+  tokens, logprobs = generate_and_score(engine_for(checkpoint, 1), prompts, NUM_NEW_TOKENS)
+  engine = tp_engine(checkpoint, 2, enable_expert_parallel=True)
+  sharded_tokens, sharded_logprobs = generate_and_score(engine, prompts, NUM_NEW_TOKENS)
+  assert sharded_tokens == tokens
+  for ours, reference in zip(sharded_logprobs, logprobs, strict=True):
+    np.testing.assert_allclose(ours, reference, atol=1e-4, rtol=0)
+  params = engine.runner.params
+  gate = params["layers_0"]["mlp"]["gate_proj"]["kernel"]  # [H, I]
+  assert {s.data.shape for s in gate.addressable_shards} == {(gate.shape[0], gate.shape[1] // 2)}
+  experts = params["layers_1"]["mlp"]["experts"]["gate_proj"]  # [E, H, I]
+  assert {s.data.shape[0] for s in experts.addressable_shards} == {experts.shape[0] // 2}
+
+
 def test_expert_parallel_splits_experts_on_e_and_attention_on_heads(hf_checkpoint):
   """Mixtral's checkpoint: 8 experts, 4 q heads and 2 kv heads of 64."""
   engine = tp_engine(hf_checkpoint("mixtral"), 2, enable_expert_parallel=True)
