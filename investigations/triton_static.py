@@ -84,12 +84,12 @@ def attention_modules(
 ) -> list[str]:
   """The Triton module(s) of a step's ragged paged attention (Llama-3.1-8B's heads: 32 q, 8 kv,
   head_dim 128; query_len tokens a sequence: 1 is a decode step, more a prefill chunk) on pages
-  of pages_dtype, with the tiling an H100 gets (gpu_tiling.choose_tiling; tile_keywords override
-  it: block_kv, num_stages, ...)."""
+  of pages_dtype, with the tiling an H100 gets (gpu/tiling.py: choose_tiling; tile_keywords
+  override it: block_kv, num_stages, ...)."""
   import jax
   import jax.numpy as jnp
 
-  from pallas_kernels.ragged_paged_attention import gpu
+  from pallas_kernels.ragged_paged_attention.gpu import attention as gpu
 
   heads, kv_heads, head_dim = 32, 8, 128
   pages_per_seq = -(-context // page_size)

@@ -62,7 +62,7 @@ from pallas_kernels.quantized_matmul.tiling import (
   default_tiling,
   supports,
 )
-from pallas_kernels.ragged_paged_attention.gpu_write import triton_compiler_params
+from pallas_kernels.triton_params import triton_compiler_params
 
 __all__ = [
   "BLOCK_M",

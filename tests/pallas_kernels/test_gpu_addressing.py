@@ -14,8 +14,9 @@ import jax.numpy as jnp
 import pytest
 
 from investigations import triton_static
-from pallas_kernels.ragged_paged_attention import gpu, gpu_write
-from pallas_kernels.ragged_paged_attention.gpu_addressing import (
+from pallas_kernels.ragged_paged_attention.gpu import attention as gpu
+from pallas_kernels.ragged_paged_attention.gpu import write as gpu_write
+from pallas_kernels.ragged_paged_attention.gpu.addressing import (
   INT32_MAX_ELEMENTS,
   addressable,
   offsets_are_64bit,
