@@ -582,6 +582,7 @@ TEST_FOLDERS_BEYOND_PACKAGES = {
   "pallas_kernels": "the top-level kernels package",
   "investigations": "the top-level investigations folder",
   "integration": "engines end to end, across packages",
+  "architecture": "the architecture's rules, checked on the source",
 }
 
 
