@@ -109,6 +109,7 @@ PURE_HOST = (
   "jaxserve.config.vllm_flags",
   "jaxserve.config.serve_flags",
   "jaxserve.config.subcommands",
+  "jaxserve.config.kernel_choices",
   "jaxserve.runtime.device_description",
   "jaxserve.engine.scheduler",
   "jaxserve.engine.waiting_admission",
@@ -277,6 +278,7 @@ MODULE_LAYERS: dict[str, tuple[tuple[str, ...], ...]] = {
       "jaxserve.config.human_ints",
       "jaxserve.config.inert_args",
       "jaxserve.config.generation_config",
+      "jaxserve.config.kernel_choices",
     ),
     ("jaxserve.config.server",),
     (

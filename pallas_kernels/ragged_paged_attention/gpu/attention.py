@@ -22,11 +22,11 @@ float32 accumulator, running max and running sum; a small XLA epilogue merges th
 states. The default turns it on only for decode-only shapes (T <= S) with fewer than two
 programs per streaming multiprocessor, e.g. batch 8 x 8 kv heads on an H100.
 
-Defaults (`choose_tiling`): block_q = 16 // next_pow2(group) tokens for decode-only shapes
-(T <= S) and 64 // next_pow2(group) otherwise (at least 1); block_kv = 128 tokens for
-decode-only shapes on Hopper, else 64 (32 for head_dim 256), 4 warps, 3 pipeline stages for 8-bit
-pages (two K/V tiles in flight a program: the loop prefetches the next tile's page ids) and 2
-for 16-bit pages and head_dim 256 (one tile in flight, three programs an SM). See tiling.py.
+Defaults (`choose_tiling`, tiling.py): each class of shape's measured tile sizes are a row of
+tiling_table.json: decode-only shapes (T <= S) take fewer query rows a program and, on Hopper,
+longer KV tiles; 8-bit pages take a pipeline stage more (two K/V tiles in flight a program: the
+loop prefetches the next tile's page ids). block_q is the row's query rows over
+next_pow2(group), at least 1.
 
 The kernel's body is kernel.py; this module launches it and validates its inputs.
 
