@@ -82,7 +82,7 @@ def name_comparisons(tree: ast.Module, names: set[str]) -> list[int]:
         strings |= {i.value for i in items if isinstance(i, ast.Constant)}
       if strings & names:
         lines.append(node.lineno)
-  return lines
+  return sorted(set(lines))
 
 
 KERNEL_NAMES = {"pallas_gpu", "pallas_tpu", "cublas", "cublaslt"}

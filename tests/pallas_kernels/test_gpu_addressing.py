@@ -1,8 +1,8 @@
 """The GPU kernels address a Gemma-3-12B-shaped page array past 2**31 elements: both kernels are
 lowered for CUDA (no GPU, no memory: the pages are jax.ShapeDtypeStructs), the Triton module
 Pallas builds is captured (investigations/triton_static.py) and the integer type of every
-offset added to the K/V page pointers is read. gpu_addressing.offsets_are_64bit must say what the
-lowering does, and no array that gpu_addressing.addressable admits may get offsets that wrap."""
+offset added to the K/V page pointers is read. gpu/addressing.offsets_are_64bit must say what the
+lowering does, and no array that gpu/addressing.addressable admits may get offsets that wrap."""
 
 from __future__ import annotations
 
