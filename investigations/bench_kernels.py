@@ -57,7 +57,7 @@ from investigations.kernel_timing import (
   read_bandwidth,
   time_per_call,
 )
-from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention
+from pallas_kernels.ragged_paged_attention.gpu.attention import ragged_paged_attention
 from pallas_kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
 
 L2_ROTATION_BYTES = 256 * 2**20  # rotate page sets until this many KV bytes are touched

@@ -122,11 +122,11 @@ class KernelCall:
 
 def attention_call(shape: AttentionShape, pages_dtype: DTypeLike, **tile_keywords) -> KernelCall:
   """ragged_paged_attention's call at `shape` on pages of pages_dtype, with the tiling an H100
-  gets (gpu_tiling.choose_tiling; tile_keywords override it: block_kv, num_stages, ...)."""
+  gets (gpu/tiling.py: choose_tiling; tile_keywords override it: block_kv, num_stages, ...)."""
   import jax
   import jax.numpy as jnp
 
-  from pallas_kernels.ragged_paged_attention import gpu
+  from pallas_kernels.ragged_paged_attention.gpu import attention as gpu
 
   spec = jax.ShapeDtypeStruct
   pages = shape.pages(pages_dtype)
@@ -171,7 +171,7 @@ def write_kv_call(
   import jax
   import jax.numpy as jnp
 
-  from pallas_kernels.ragged_paged_attention import gpu_write
+  from pallas_kernels.ragged_paged_attention.gpu import write as gpu_write
 
   spec = jax.ShapeDtypeStruct
   pages = shape.pages(pages_dtype)

@@ -226,7 +226,12 @@ def path_exists(token: str) -> bool:
     matches = list(base.glob(pattern)) if "*" in pattern else [base / pattern]
     if any(m.is_dir() if token.endswith("/") else m.exists() for m in matches):
       return True
-  return False
+  parts = tuple(token.rstrip("/").split("/"))  # a path within a listed folder: gpu/write.py
+  if token.endswith("/") or "*" in pattern:
+    return False
+  return any(
+    p.parts[-len(parts) :] == parts for p in ROOT.rglob(parts[-1]) if ".git" not in p.parts
+  )
 
 
 def _without_fences(text: str) -> str:

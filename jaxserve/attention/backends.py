@@ -89,7 +89,7 @@ XLA = AttentionBackend(
 def pallas_gpu(interpret: bool = False) -> AttentionBackend:
   """The Pallas (Triton) GPU kernel; it splits the KV of small decode batches (flash decoding)
   and picks its tiles by the step's shape. interpret: in the Pallas interpreter (any platform)."""
-  from pallas_kernels.ragged_paged_attention import gpu
+  from pallas_kernels.ragged_paged_attention.gpu import attention as gpu
 
   return _kernel(
     "pallas_gpu",
@@ -109,7 +109,7 @@ def pallas_tpu(interpret: bool = False) -> AttentionBackend:
   """The Pallas Mosaic TPU kernel: fixed query and KV blocks whatever the batch, and rows of
   other sequences leave a row's softmax state exactly unchanged (tile invariant as it is).
   interpret: in Pallas TPU interpret mode (any platform)."""
-  from pallas_kernels.ragged_paged_attention import tpu
+  from pallas_kernels.ragged_paged_attention.tpu import attention as tpu
 
   return _kernel(
     "pallas_tpu",

@@ -37,7 +37,7 @@ class BackendCapabilities:
   engine takes device memory, attention/backends.check_kv_dtype). sliding_window, soft_cap: it
   applies them. interpret: the kernel runs in the Pallas interpreter (any platform, slow).
   large_page_arrays: its kernels address a layer's page array past 2**31 elements wherever
-  pallas_kernels/ragged_paged_attention/gpu_addressing.addressable holds (the Pallas Triton
+  pallas_kernels/ragged_paged_attention/gpu/addressing.py's `addressable` holds (the Pallas Triton
   kernels); the pool of any other backend keeps each array under 2**31 elements
   (device/kv_cache.py)."""
 

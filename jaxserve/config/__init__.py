@@ -11,7 +11,6 @@ from jaxserve.config.cache import (
   DEFAULT_KV_SCALES,
   KV_CACHE_DTYPES,
   KV_CACHE_STORAGE,
-  TPU_8BIT_KV_PAGE_SIZES,
   CacheConfig,
 )
 from jaxserve.config.distributed import DistributedConfig
@@ -24,6 +23,13 @@ from jaxserve.config.engine import (
   SAMPLER_BACKENDS,
   WARMUP_MODES,
   EngineConfig,
+)
+from jaxserve.config.kernel_choices import (
+  TPU_8BIT_KV_PAGE_SIZES,
+  AttentionChoice,
+  GpuGemm,
+  KernelChoice,
+  KernelChoices,
 )
 from jaxserve.config.scheduler import SchedulerConfig
 from jaxserve.config.server import ServerConfig
@@ -40,9 +46,13 @@ __all__ = [
   "SAMPLER_BACKENDS",
   "TPU_8BIT_KV_PAGE_SIZES",
   "WARMUP_MODES",
+  "AttentionChoice",
   "CacheConfig",
   "DistributedConfig",
   "EngineConfig",
+  "GpuGemm",
+  "KernelChoice",
+  "KernelChoices",
   "SchedulerConfig",
   "ServerConfig",
 ]

@@ -13,9 +13,6 @@ from jaxserve.config.require import require as _require
 KV_CACHE_DTYPES = ("auto", "fp8", "int8")
 KV_CACHE_STORAGE = {"fp8": "float8_e4m3fn", "int8": "int8"}
 DEFAULT_KV_SCALES = {"fp8": 1.0, "int8": 1.0 / 16}
-# The page sizes whose 8-bit pages the Pallas TPU kernel reads: a page is whole 32-row tiles of
-# 8-bit data (pallas_kernels/ragged_paged_attention/tpu.py; its own check is at the call).
-TPU_8BIT_KV_PAGE_SIZES = (32, 64)
 
 
 @dataclass(frozen=True)

@@ -9,24 +9,27 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from jaxserve.config.cache import (
-  KV_CACHE_DTYPES,
-  KV_CACHE_STORAGE,
-  TPU_8BIT_KV_PAGE_SIZES,
-  CacheConfig,
-)
+from jaxserve.config.cache import KV_CACHE_DTYPES, KV_CACHE_STORAGE, CacheConfig
 from jaxserve.config.distributed import DistributedConfig
+from jaxserve.config.kernel_choices import (
+  AttentionChoice,
+  GpuGemm,
+  KernelChoice,
+  KernelChoices,
+  values,
+)
 from jaxserve.config.require import is_int_at_least, require_bool
 from jaxserve.config.require import require as _require
 from jaxserve.config.scheduler import SCHEDULING_POLICIES, SchedulerConfig
 from jaxserve.config.server import ServerConfig
 from jaxserve.quantization.scheme import NONE, QUANTIZATION_NAMES, check_quantization
 
-ATTENTION_BACKENDS = ("auto", "reference", "xla", "pallas_gpu", "pallas_tpu")
+# the kernel keys' strings are their enums' values (config/kernel_choices.py)
+ATTENTION_BACKENDS = values(AttentionChoice)
 DTYPES = ("auto", "float32", "bfloat16")
-GPU_GEMMS = ("cublas", "cublaslt", "xla")
-SAMPLER_BACKENDS = ("auto", "xla", "pallas_gpu")
-QUANTIZED_GEMMS = ("auto", "xla", "pallas_gpu")
+GPU_GEMMS = values(GpuGemm)
+SAMPLER_BACKENDS = values(KernelChoice)
+QUANTIZED_GEMMS = values(KernelChoice)
 WARMUP_MODES = ("auto", "lazy", "background", "full")
 # The dotted config keys whose value is one of a fixed set: EngineConfig validates them against
 # these, and the engine arguments (jaxserve/config/engine_args.py) offer these as their choices.
@@ -191,7 +194,13 @@ class EngineConfig:
       f"must be one of {SAMPLER_BACKENDS}, got {self.sampler_backend!r}",
     )
     _require(
-      not (self.sampler_backend == "pallas_gpu" and self.tensor_parallel_size > 1),
+      self.quantized_gemm in QUANTIZED_GEMMS,
+      "quantized_gemm",
+      f"must be one of {QUANTIZED_GEMMS}, got {self.quantized_gemm!r}",
+    )
+    kernels = self.kernels  # every kernel key is one of its choices from here on
+    _require(
+      not (kernels.sampler.unsharded_only and self.tensor_parallel_size > 1),
       "sampler_backend",
       "pallas_gpu runs on unsharded models only (tensor_parallel_size 1); use auto or xla",
     )
@@ -224,12 +233,7 @@ class EngineConfig:
         f"{self.quantization} weights do not run with {name} yet",
       )
     _require(
-      self.quantized_gemm in QUANTIZED_GEMMS,
-      "quantized_gemm",
-      f"must be one of {QUANTIZED_GEMMS}, got {self.quantized_gemm!r}",
-    )
-    _require(
-      not (self.quantized_gemm == "pallas_gpu" and self.tensor_parallel_size > 1),
+      not (kernels.quantized_gemm.unsharded_only and self.tensor_parallel_size > 1),
       "quantized_gemm",
       "pallas_gpu runs on unsharded models only (tensor_parallel_size 1); use auto or xla",
     )
@@ -239,21 +243,31 @@ class EngineConfig:
       f"cannot be combined with quantization {self.quantization!r}: the fixed-tile GEMMs "
       "(models/batch_invariant_dense.py) run float weights only (set one of them off)",
     )
+    page_sizes = kernels.attention.kv_8bit_page_sizes
     _require(
-      not (
-        self.attention_backend == "pallas_tpu"
-        and self.cache.kv_cache_dtype in KV_CACHE_STORAGE
-        and self.cache.page_size not in TPU_8BIT_KV_PAGE_SIZES
-      ),
+      page_sizes is None
+      or self.cache.kv_cache_dtype not in KV_CACHE_STORAGE
+      or self.cache.page_size in page_sizes,
       "cache.page_size",
-      f"the pallas_tpu attention kernel reads {self.cache.kv_cache_dtype} KV pages of "
-      f"{' or '.join(map(str, TPU_8BIT_KV_PAGE_SIZES))} tokens only, got {self.cache.page_size}",
+      f"the {self.attention_backend} attention kernel reads {self.cache.kv_cache_dtype} KV pages "
+      f"of {' or '.join(map(str, page_sizes or ()))} tokens only, got {self.cache.page_size}",
     )
     _require(
       not (self.distributed.active and self.scheduler.num_scheduler_steps > 1),
       "scheduler.num_scheduler_steps",
       "decode bursts do not run on multi-host jobs (the "
       "other hosts replay single steps); set it to 1",
+    )
+
+  @property
+  def kernels(self) -> KernelChoices:
+    """The kernel keys parsed into their typed values (config/kernel_choices.py); valid once
+    the config is built."""
+    return KernelChoices(
+      attention=AttentionChoice(self.attention_backend),
+      gpu_gemm=GpuGemm(self.gpu_gemm),
+      sampler=KernelChoice(self.sampler_backend),
+      quantized_gemm=KernelChoice(self.quantized_gemm),
     )
 
   def replace(self, **changes) -> EngineConfig:

@@ -13,7 +13,7 @@ that reports no memory statistics (CPU) the pool is memory_fraction of CPU_DEFAU
 
 Addressing: a backend whose capabilities say large_page_arrays (the Pallas Triton kernels) takes
 whatever page count the budget holds as long as its kernels address one device's part of a
-layer's K (or V) array exactly (pallas_kernels/ragged_paged_attention/gpu_addressing.py: int32
+layer's K (or V) array exactly (pallas_kernels/ragged_paged_attention/gpu/addressing.py: int32
 offsets under 2**31 elements, int64 ones past 2**32 bytes; only 8-bit pages of 2**31 to 2**32
 elements are neither). Any other pool, and an 8-bit one in that gap, stays under 2**31 elements
 an array (MAX_ARRAY_ELEMENTS), capped there with a warning.
@@ -32,7 +32,7 @@ from jaxserve.attention.metadata import KVPages
 from jaxserve.config import CacheConfig, EngineConfig
 from jaxserve.models.kv_layout import kv_layout
 from jaxserve.models.model_config import ModelConfig
-from pallas_kernels.ragged_paged_attention.gpu_addressing import INT32_MAX_ELEMENTS, addressable
+from pallas_kernels.ragged_paged_attention.gpu.addressing import INT32_MAX_ELEMENTS, addressable
 
 CPU_DEFAULT_BYTES = 256 << 20
 MAX_ARRAY_ELEMENTS = INT32_MAX_ELEMENTS  # int32 element offsets: what every backend addresses

@@ -34,13 +34,11 @@ SUPPORT: Mapping[str, tuple[str, tuple[str, ...]]] = {
   "gpu": ("JAX's CUDA build", CUDA_PLUGINS + ROCM_PLUGINS),
   "tpu": ("libtpu", ("libtpu",)),
 }
-# attention_backend -> the platform it runs on
-BACKEND_PLATFORMS: Mapping[str, str] = {"pallas_gpu": "gpu", "pallas_tpu": "tpu"}
 
 
 def needed_platform(config: EngineConfig) -> str | None:
   """The platform `config` runs on only ("gpu", "tpu"), or None (any)."""
-  return BACKEND_PLATFORMS.get(config.attention_backend)
+  return config.kernels.attention.platform
 
 
 def _jax_version() -> str:

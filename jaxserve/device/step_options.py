@@ -1,6 +1,8 @@
 """How the step programs compile on this machine, from EngineConfig: XLA options (gpu_gemm) and
-the sampler's greedy pick (sampler_backend, step_greedy). jaxserve/composition/assembly.py and the
-ahead-of-time TPU build (jaxserve/tpu_aot) hand both to build_step_programs."""
+the sampler's greedy pick (sampler_backend, step_greedy), decided by the config's typed kernel
+choices (EngineConfig.kernels, config/kernel_choices.py), never by comparing their names.
+jaxserve/composition/assembly.py and the ahead-of-time TPU build (jaxserve/tpu_aot) hand both to
+build_step_programs."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import functools
 
 import jax
 
-from jaxserve.config import EngineConfig
+from jaxserve.config import EngineConfig, KernelChoice
 from jaxserve.device.fixed_order_greedy import fixed_order_greedy
 from jaxserve.device.sampler import GreedyFn, xla_greedy
 from jaxserve.quantization.scheme import NONE, scheme_for
@@ -32,9 +34,10 @@ def step_compiler_options(
   options: dict[str, object] = {}
   scheme = scheme_for(quantization)
   weight_only = scheme is not None and not scheme.quantize_activations
-  if on_gpu and config.gpu_gemm != "xla" and not weight_only:
+  gemm = config.kernels.gpu_gemm
+  if on_gpu and not gemm.keeps_triton_gemms and not weight_only:
     options["xla_gpu_enable_triton_gemm"] = False
-    if config.gpu_gemm == "cublaslt":
+    if gemm.through_cublaslt:
       options["xla_gpu_enable_cublaslt"] = True
   if config.batch_invariant:
     options.update(BATCH_INVARIANT_OPTIONS)
@@ -43,28 +46,36 @@ def step_compiler_options(
   return options or None
 
 
-def describe_step_choices(sampler: str, options: dict[str, object] | None) -> str:
-  """What the sampler and GEMM settings mean for this run, with the config key to change each."""
-  where = "the Pallas GPU kernel" if sampler == "pallas_gpu" else "XLA reductions"
-  text = f"greedy picks and logprobs: {where} (sampler_backend={sampler})"
+SAMPLER_WHERE = {
+  KernelChoice.PALLAS_GPU: "the Pallas GPU kernel",
+  KernelChoice.XLA: "XLA reductions",
+}
+
+
+def describe_step_choices(sampler: KernelChoice, options: dict[str, object] | None) -> str:
+  """What the sampler (resolved) and GEMM settings mean for this run, with the config key to
+  change each."""
+  text = f"greedy picks and logprobs: {SAMPLER_WHERE[sampler]} (sampler_backend={sampler.value})"
   if options:
     gemms = "cuBLASLt" if options.get("xla_gpu_enable_cublaslt") else "cuBLAS"
     text += f"; GEMMs: {gemms}, XLA's Triton GEMM fusions off (gpu_gemm)"
   return text
 
 
-def sampler_backend(config: EngineConfig, sharded: bool) -> str:
-  """EngineConfig.sampler_backend with "auto" resolved: the Pallas kernel for unsharded models
+def sampler_backend(config: EngineConfig, sharded: bool) -> KernelChoice:
+  """EngineConfig.sampler_backend with AUTO resolved: the Pallas kernel for unsharded models
   on GPUs, XLA elsewhere."""
-  if config.sampler_backend != "auto":
-    return config.sampler_backend
-  return "pallas_gpu" if jax.default_backend() == "gpu" and not sharded else "xla"
+  chosen = config.kernels.sampler
+  if chosen is not KernelChoice.AUTO:
+    return chosen
+  on_gpu = jax.default_backend() == "gpu"
+  return KernelChoice.PALLAS_GPU if on_gpu and not sharded else KernelChoice.XLA
 
 
-def greedy_sampler(backend: str) -> GreedyFn:
+def greedy_sampler(backend: KernelChoice) -> GreedyFn:
   """The sampler's greedy pick and log-normalizer for a resolved sampler backend (the Pallas
   kernel runs in interpret mode off a GPU)."""
-  if backend == "xla":
+  if backend is KernelChoice.XLA:
     return xla_greedy
   return functools.partial(greedy_sample, interpret=jax.default_backend() != "gpu")
 
@@ -74,7 +85,7 @@ def step_greedy(config: EngineConfig, sharded: bool) -> GreedyFn:
   sampler's reductions over a sharded vocabulary), unsharded ones with sampler_backend's.
   batch_invariant: XLA's reductions become the fixed-order ones (the Pallas kernel reduces
   each row in a fixed order already)."""
-  backend = "xla" if sharded else sampler_backend(config, sharded=False)
-  if backend == "xla" and config.batch_invariant:
+  backend = KernelChoice.XLA if sharded else sampler_backend(config, sharded=False)
+  if backend is KernelChoice.XLA and config.batch_invariant:
     return fixed_order_greedy
   return greedy_sampler(backend)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from jaxserve.config.kernel_choices import KernelChoice
 from jaxserve.config.require import require as _require
 from jaxserve.config.require import require_bool
 from jaxserve.models.moe_config import check_experts
@@ -37,7 +38,6 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 LAYER_TYPES = (SLIDING, FULL)
 DTYPES = ("float32", "bfloat16")
 ROPE_TYPES = ("llama3", "linear")
-QUANTIZED_GEMMS = ("xla", "pallas_gpu")  # EngineConfig.quantized_gemm, "auto" resolved
 
 
 def _positive_int(value: object) -> bool:
@@ -113,7 +113,9 @@ class ModelConfig:
   fused_projections: bool = False  # qkv_proj / gate_up_proj params (fused_projections.py)
   batch_invariant: bool = False  # fixed-order norms (pallas_kernels/fixed_order.py); engine-set
   quantization: str = NONE  # the projections' weight scheme (jaxserve/quantization/scheme.py)
-  quantized_gemm: str = "xla"  # "pallas_gpu": <= 16-token steps on the Pallas kernel; engine-set
+  # EngineConfig.quantized_gemm resolved (XLA or PALLAS_GPU: <= 16-token steps on the Pallas
+  # kernel); engine-set
+  quantized_gemm: KernelChoice = KernelChoice.XLA
 
   def __post_init__(self) -> None:
     _require(
@@ -162,9 +164,9 @@ class ModelConfig:
     )
     check_quantization(self.quantization)
     _require(
-      self.quantized_gemm in QUANTIZED_GEMMS,
+      self.quantized_gemm in (KernelChoice.XLA, KernelChoice.PALLAS_GPU),
       "quantized_gemm",
-      f"must be one of {QUANTIZED_GEMMS}, got {self.quantized_gemm!r}",
+      f"must be KernelChoice.XLA or KernelChoice.PALLAS_GPU, got {self.quantized_gemm!r}",
     )
     _require(
       self.quantization == NONE or not (self.tp_invariant_reductions or self.batch_invariant),

@@ -11,12 +11,12 @@ the "TN" layout, so XLA would otherwise transpose every weight in every step (do
 "Quantized GEMMs"); this module is that rule's one owner (`kernel_shape`, `output_axis`).
 Shapes and dtypes depend on the config alone, so a quantized model compiles each step program
 once, as the unquantized one. The GEMM is jaxserve/quantization/matmul.py's; with
-`small_batch_kernel` "pallas_gpu", a call of at most 16 rows (a decode step) runs instead on
-pallas_kernels/quantized_matmul, which reads the 8-bit kernel in place: the fp8 W8A8 scheme
-quantizes x there too (one e4m3 scale per token and 128 values of K, finer than the larger
-steps' one per token) and multiplies on fp8 operands; the other schemes compute weight-only (x in
-the model's dtype, float32 accumulation, then the scale: int8_w8a8's activations are quantized
-only in larger steps). Embeddings, norms and lm_head are never quantized.
+`small_batch_kernel` KernelChoice.PALLAS_GPU, a call of at most 16 rows (a decode step) runs
+instead on pallas_kernels/quantized_matmul, which reads the 8-bit kernel in place: the fp8 W8A8
+scheme quantizes x there too (one e4m3 scale per token and 128 values of K, finer than the
+larger steps' one per token) and multiplies on fp8 operands; the other schemes compute
+weight-only (x in the model's dtype, float32 accumulation, then the scale: int8_w8a8's
+activations are quantized only in larger steps). Embeddings, norms and lm_head are never quantized.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from jaxserve.config.kernel_choices import KernelChoice
 from jaxserve.quantization.matmul import quantized_matmul
 from jaxserve.quantization.quantize import quantize_weight
 from jaxserve.quantization.scheme import QuantScheme
@@ -67,13 +68,13 @@ def output_axis(projection: Mapping[str, object]) -> int:
 
 class QuantizedDense(nn.Module):
   """y = x @ (kernel * scale) [+ bias], in `dtype`, as `scheme` computes it (calls of at most
-  16 rows with small_batch_kernel "pallas_gpu": on the Pallas kernel, the module docstring)."""
+  16 rows with small_batch_kernel PALLAS_GPU: on the Pallas kernel, the module docstring)."""
 
   features: int
   dtype: jnp.dtype
   scheme: QuantScheme
   use_bias: bool = False
-  small_batch_kernel: str = "xla"  # ModelConfig.quantized_gemm
+  small_batch_kernel: KernelChoice = KernelChoice.XLA  # ModelConfig.quantized_gemm
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -87,7 +88,7 @@ class QuantizedDense(nn.Module):
     x = x.astype(self.dtype)
     rows = math.prod(x.shape[:-1])
     quantize_x = self.scheme.quantize_activations and self.scheme.is_float
-    if self.small_batch_kernel == "pallas_gpu" and small_batch.supports(
+    if self.small_batch_kernel is KernelChoice.PALLAS_GPU and small_batch.supports(
       rows, *kernel.shape, quantize_x
     ):
       y = small_batch.quantized_matmul(

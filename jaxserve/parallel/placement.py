@@ -39,7 +39,7 @@ from jaxserve.attention.backends import (
   quantized_kv_backend,
 )
 from jaxserve.attention.metadata import KVPages
-from jaxserve.config import KV_CACHE_STORAGE, EngineConfig
+from jaxserve.config import KV_CACHE_STORAGE, EngineConfig, KernelChoice
 from jaxserve.device.step_programs import StepShardings
 from jaxserve.models.batch_invariant_dense import batch_invariant_backend, invariant_matmul
 from jaxserve.models.causal_lm import causal_lm
@@ -141,17 +141,21 @@ def _on_one_device(config: EngineConfig) -> Placement:
   )
 
 
-def quantized_gemm(config: EngineConfig, quantization: str, platform: str | None = None) -> str:
-  """EngineConfig.quantized_gemm with "auto" resolved for an unsharded model running the weight
+def quantized_gemm(
+  config: EngineConfig, quantization: str, platform: str | None = None
+) -> KernelChoice:
+  """EngineConfig.quantized_gemm with AUTO resolved for an unsharded model running the weight
   scheme `quantization`: on a GPU the Pallas kernel for every scheme in decode steps (XLA has no
   GEMM that reads a weight-only scheme's 8-bit weights without writing a converted copy, and a
   W8A8 scheme's GEMM pays a per-token quantization of its input per projection; the kernel
   quantizes fp8's activations in registers), XLA's GEMMs off GPUs (`platform`, default JAX's
   backend)."""
-  if config.quantized_gemm != "auto":
-    return config.quantized_gemm
+  chosen = config.kernels.quantized_gemm
+  if chosen is not KernelChoice.AUTO:
+    return chosen
   quantized = scheme_for(quantization) is not None
-  return "pallas_gpu" if quantized and (platform or jax.default_backend()) == "gpu" else "xla"
+  on_gpu = (platform or jax.default_backend()) == "gpu"
+  return KernelChoice.PALLAS_GPU if quantized and on_gpu else KernelChoice.XLA
 
 
 def check_kv_cache(config: EngineConfig, platform: str | None = None) -> None:

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.ragged_paged_attention.gpu_write import triton_compiler_params
+from pallas_kernels.triton_params import triton_compiler_params
 
 NEG_INF = float("-inf")
 

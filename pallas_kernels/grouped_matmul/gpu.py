@@ -44,7 +44,7 @@ from pallas_kernels.grouped_matmul.tiles import (
   supports,
   tile_map,
 )
-from pallas_kernels.ragged_paged_attention.gpu_write import triton_compiler_params
+from pallas_kernels.triton_params import triton_compiler_params
 
 __all__ = ["Tiling", "default_tiling", "grouped_matmul", "grouped_swiglu", "supports"]
 

@@ -14,24 +14,27 @@ block_m 64). `tile_map` gives each tile its group, first row and row count as in
 arrays (a few small XLA ops on group_sizes); the tiles past the last run get 0 rows and do
 nothing. Group sizes are clamped so that no run reaches past row M.
 
-Defaults (`default_tiling`): block_m follows the expected rows per group (2 M / G, a power of
-two from 16 to 64): decode steps (a few rows per expert) take 16-row tiles, the tensor cores'
-smallest, and prefill 64-row ones. 16-row tiles walk K in blocks of 128 over 64 columns with 4
-pipeline stages, so each program streams its weight columns with several loads in flight, and
-split K (num_splits, a power of two up to 8) until about two waves of an H100's 132 SMs have
-work (TARGET_PROGRAMS, counting min(M, G) live tiles): batch 1 of Qwen3-30B-A3B (8 rows, 8
-experts) runs its gate/up product as 8 tiles x 12 column blocks x 4 splits. Larger tiles are
-64 x 128 (64 x 64 when gated: two accumulators) x 64 of K, 3 stages. All 4 warps. Untuned:
-investigations/bench_grouped_matmul.py measures them.
+Defaults (`default_tiling`): the numbers are data, tiles_table.json beside this module
+(`TileRow`: a row per tile height block_m and gated or not); the rules are here. block_m follows
+the expected rows per group (2 M / G rounded up to a power of two): the table's smallest block_m
+that holds it, else its tallest; so decode steps (a few rows per expert) take 16-row tiles, the
+tensor cores' smallest, and prefill 64-row ones. Blocks of N and K are the row's, halved until
+they divide N and K. A row with split_k splits K (num_splits, a power of two up to 8) until
+about two waves of an H100's 132 SMs have work (TARGET_PROGRAMS, counting min(M, G) live tiles):
+batch 1 of Qwen3-30B-A3B (8 rows, 8 experts) runs its gate/up product as 8 tiles x 12 column
+blocks x 4 splits. Untuned: investigations/bench_grouped_matmul.py measures them.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+
+from pallas_kernels.tuning_table import load_table
 
 TARGET_PROGRAMS = 264  # two waves of an H100's 132 SMs
 MAX_SPLITS = 8
@@ -53,6 +56,49 @@ class Tiling:
   num_stages: int = 4
 
 
+@dataclass(frozen=True)
+class TileRow:
+  """One row of tiles_table.json: the default tiles of block_m-row tiles, gated (two weights a
+  program) or not."""
+
+  block_m: int
+  gated: bool
+  block_n: int
+  block_k: int
+  split_k: bool
+  num_warps: int
+  num_stages: int
+
+  def check(self) -> None:
+    if any(b < MIN_BLOCK or b & (b - 1) for b in (self.block_m, self.block_n, self.block_k)):
+      raise ValueError(f"block_m, block_n and block_k must be powers of two >= {MIN_BLOCK}")
+    if self.num_warps < 1 or self.num_stages < 1:
+      raise ValueError("num_warps and num_stages must be >= 1")
+
+
+@functools.cache
+def tile_table() -> dict[tuple[int, bool], TileRow]:
+  """tiles_table.json's rows by (block_m, gated) (`index_table`)."""
+  rows = load_table(__package__, "tiles_table.json", TileRow)
+  return index_table(rows, f"{__package__}/tiles_table.json")
+
+
+def index_table(rows: tuple[TileRow, ...], where: str) -> dict[tuple[int, bool], TileRow]:
+  """The rows by (block_m, gated); ValueError naming `where` and the row when one is repeated,
+  or the missing row when a block_m lacks its gated or plain one."""
+  table: dict[tuple[int, bool], TileRow] = {}
+  for index, row in enumerate(rows):
+    if (row.block_m, row.gated) in table:
+      raise ValueError(f"{where}: row {index} {row}: a second row for its block_m and gated")
+    table[row.block_m, row.gated] = row
+  if not table:
+    raise ValueError(f"{where}: no rows")
+  for block_m, gated in sorted(table):
+    if (block_m, not gated) not in table:
+      raise ValueError(f"{where}: no row for block_m {block_m}, gated {str(not gated).lower()}")
+  return table
+
+
 def _largest_pow2_divisor(n: int, cap: int) -> int:
   block = cap
   while block > MIN_BLOCK and n % block:
@@ -64,14 +110,14 @@ def default_tiling(m: int, k: int, n: int, num_groups: int, gated: bool = False)
   """The tiling for M rows over G groups of [K, N] weights (module docstring); K and N multiples
   of 16. gated: two weights per program (the fused SwiGLU)."""
   per_group = max(1, -(-2 * m // max(num_groups, 1)))
-  block_m = min(64, max(MIN_BLOCK, pl.next_power_of_2(per_group)))
-  if block_m == MIN_BLOCK:
-    block_n, block_k, stages = _largest_pow2_divisor(n, 64), _largest_pow2_divisor(k, 128), 4
-  else:
-    block_n = _largest_pow2_divisor(n, 64 if gated else 128)
-    block_k, stages = _largest_pow2_divisor(k, 64), 3
+  heights = sorted({block_m for block_m, _ in tile_table()})
+  wanted = pl.next_power_of_2(per_group)
+  block_m = next((h for h in heights if h >= wanted), heights[-1])
+  row = tile_table()[block_m, gated]
+  block_n = _largest_pow2_divisor(n, row.block_n)
+  block_k = _largest_pow2_divisor(k, row.block_k)
   splits = 1
-  if block_m == MIN_BLOCK:
+  if row.split_k:
     programs = min(m, num_groups) * (n // block_n)
     while (
       programs * splits < TARGET_PROGRAMS
@@ -79,7 +125,9 @@ def default_tiling(m: int, k: int, n: int, num_groups: int, gated: bool = False)
       and k % (block_k * splits * 2) == 0
     ):
       splits *= 2
-  return Tiling(block_m, block_n, block_k, splits, num_warps=4, num_stages=stages)
+  return Tiling(
+    block_m, block_n, block_k, splits, num_warps=row.num_warps, num_stages=row.num_stages
+  )
 
 
 def supports(m: int, k: int, n: int, num_groups: int) -> bool:

@@ -53,7 +53,6 @@ from pallas_kernels.quantized_matmul.tiling import (
   BLOCK_M,
   MAX_ROWS,
   MAX_SPLITS,
-  QUANTIZE_X_BLOCK_N,
   TARGET_PROGRAMS,
   WEIGHT_DTYPES,
   X_GROUP,
@@ -62,13 +61,12 @@ from pallas_kernels.quantized_matmul.tiling import (
   default_tiling,
   supports,
 )
-from pallas_kernels.ragged_paged_attention.gpu_write import triton_compiler_params
+from pallas_kernels.triton_params import triton_compiler_params
 
 __all__ = [
   "BLOCK_M",
   "MAX_ROWS",
   "MAX_SPLITS",
-  "QUANTIZE_X_BLOCK_N",
   "TARGET_PROGRAMS",
   "WEIGHT_DTYPES",
   "X_GROUP",

@@ -38,6 +38,7 @@ PURE_HOST = (
   "jaxserve.config.cli_args",
   "jaxserve.config.cli_help",
   "jaxserve.config.inert_args",
+  "jaxserve.config.kernel_choices",
   "jaxserve.config.human_ints",
   "jaxserve.config.vllm_flags",
   "jaxserve.config.serve_flags",

@@ -54,6 +54,7 @@ MODULE_LAYERS: dict[str, tuple[tuple[str, ...], ...]] = {
       "jaxserve.config.human_ints",
       "jaxserve.config.inert_args",
       "jaxserve.config.generation_config",
+      "jaxserve.config.kernel_choices",
     ),
     ("jaxserve.config.server",),
     (

@@ -1,5 +1,5 @@
 """The KV pool's page count: a layer's K/V array stays within what the attention backend's
-kernels address (pallas_kernels/ragged_paged_attention/gpu_addressing.py for the GPU kernels,
+kernels address (pallas_kernels/ragged_paged_attention/gpu/addressing.py for the GPU kernels,
 2**31 elements for the others)."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax
 import pytest
 
-from jaxserve.config import EngineConfig
+from jaxserve.config import EngineConfig, KernelChoice
 from jaxserve.device.sampler import xla_greedy
 from jaxserve.device.step_options import greedy_sampler, sampler_backend, step_compiler_options
 
@@ -27,11 +27,13 @@ def test_gpu_gemm_options():
 
 def test_sampler_backend_resolution():
   on_gpu = jax.default_backend() == "gpu"
-  assert sampler_backend(EngineConfig(), sharded=False) == ("pallas_gpu" if on_gpu else "xla")
-  assert sampler_backend(EngineConfig(), sharded=True) == "xla"
-  assert sampler_backend(EngineConfig(sampler_backend="pallas_gpu"), sharded=False) == "pallas_gpu"
-  assert greedy_sampler("xla") is xla_greedy
-  assert greedy_sampler("pallas_gpu").keywords == {"interpret": not on_gpu}
+  pallas, xla = KernelChoice.PALLAS_GPU, KernelChoice.XLA
+  assert sampler_backend(EngineConfig(), sharded=False) is (pallas if on_gpu else xla)
+  assert sampler_backend(EngineConfig(), sharded=True) is xla
+  assert sampler_backend(EngineConfig(sampler_backend="pallas_gpu"), sharded=False) is pallas
+  assert sampler_backend(EngineConfig(sampler_backend="xla"), sharded=False) is xla
+  assert greedy_sampler(xla) is xla_greedy
+  assert greedy_sampler(pallas).keywords == {"interpret": not on_gpu}
 
 
 @pytest.mark.parametrize(

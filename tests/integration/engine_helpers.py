@@ -111,6 +111,6 @@ def record_steps_per_dispatch(engine: LLMEngine) -> list[int]:
 
 
 def interpreted_backend(module_name: str) -> backends.AttentionBackend:
-  """The Pallas attention kernel of ragged_paged_attention/<module_name>.py in interpret mode."""
+  """The Pallas attention kernel of ragged_paged_attention/<module_name>/ in interpret mode."""
   factory = {"gpu": backends.pallas_gpu, "tpu": backends.pallas_tpu}[module_name]
   return factory(interpret=True)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 from investigations import triton_static
-from pallas_kernels.ragged_paged_attention.gpu_addressing import (
+from pallas_kernels.ragged_paged_attention.gpu.addressing import (
   INT32_MAX_ELEMENTS,
   addressable,
   offsets_are_64bit,

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention, write_kv
+from pallas_kernels.ragged_paged_attention.gpu.attention import ragged_paged_attention, write_kv
 from pallas_kernels.ragged_paged_attention.reference import (
   ragged_paged_attention_reference,
   write_kv_reference,
@@ -284,7 +284,7 @@ def test_write_kv_rejects_bad_inputs():
 def test_default_stages_follow_the_page_dtype(head_dim: int, itemsize: int, stages: int):
   """8-bit pages get 3 stages (two K/V tiles in flight, the page ids prefetched a tile ahead);
   16-bit pages and head_dim 256 get 2, which keeps one tile in flight and 3 programs an SM."""
-  from pallas_kernels.ragged_paged_attention.gpu_tiling import choose_tiling
+  from pallas_kernels.ragged_paged_attention.gpu.tiling import choose_tiling
 
   tiling = choose_tiling(512, 512, 32, 8, head_dim, max_kv_len=2048, page_itemsize=itemsize)
   assert tiling.num_stages == stages

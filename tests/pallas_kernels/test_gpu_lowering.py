@@ -20,7 +20,7 @@ from jaxserve.models.grouped_matmul import expert_ffn
 from jaxserve.parallel.partition_rules import MODEL_AXIS
 from jaxserve.parallel.sharded_experts import shard_experts
 from pallas_kernels.greedy_sample.gpu import greedy_sample
-from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention, write_kv
+from pallas_kernels.ragged_paged_attention.gpu.attention import ragged_paged_attention, write_kv
 from pallas_kernels.ragged_paged_attention.testing import (
   attention_args,
   make_random_case,

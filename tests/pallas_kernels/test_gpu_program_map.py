@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.ragged_paged_attention.gpu_program_map import num_programs, program_map
+from pallas_kernels.ragged_paged_attention.gpu.program_map import num_programs, program_map
 
 SEQ_BUCKETS = (1, 2, 4, 8, 12)
 TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024)

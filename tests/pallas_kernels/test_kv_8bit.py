@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from jaxserve.attention.xla import ragged_paged_attention_xla
-from pallas_kernels.ragged_paged_attention import gpu, tpu
+from pallas_kernels.ragged_paged_attention.gpu import attention as gpu
 from pallas_kernels.ragged_paged_attention.kv_quant import dequantize_kv, quantize_kv
 from pallas_kernels.ragged_paged_attention.reference import (
   ragged_paged_attention_reference,
@@ -31,6 +31,7 @@ from pallas_kernels.ragged_paged_attention.testing import (
   quantize_pages,
   write_args,
 )
+from pallas_kernels.ragged_paged_attention.tpu import attention as tpu
 
 FP8, INT8 = jnp.float8_e4m3fn, jnp.int8
 DTYPES = [pytest.param(FP8, id="fp8"), pytest.param(INT8, id="int8")]

@@ -29,7 +29,7 @@ from pallas_kernels.ragged_paged_attention.testing import (
   make_random_case,
   write_args,
 )
-from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention, write_kv
+from pallas_kernels.ragged_paged_attention.tpu.attention import ragged_paged_attention, write_kv
 
 NUM_TOKENS = 24  # two query blocks of 16 tokens
 NUM_SEQ_SLOTS = 6

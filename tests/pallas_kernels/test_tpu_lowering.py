@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from pallas_kernels.ragged_paged_attention import tpu
+from pallas_kernels.ragged_paged_attention.tpu import attention as tpu
 
 HEAD_DIMS = (64, 128, 256)
 PAGE_SIZES = tpu.SUPPORTED_PAGE_SIZES

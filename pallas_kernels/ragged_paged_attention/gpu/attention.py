@@ -5,7 +5,7 @@ Program (b, h) owns `block_q` consecutive query tokens of one sequence and all q
 kv head h: its rows are the block_q * padded_group (token, q head) pairs, so each K/V page of a
 sequence is read once per kv head and query block, and decode rows of a GQA group fill one
 tensor-core tile together. The live sequences' query blocks are numbered one after the other;
-`program_map` (gpu_program_map.py: a few small XLA ops, the same for every layer) gives each
+`program_map` (program_map.py: a few small XLA ops, the same for every layer) gives each
 program its sequence and block, so a program reads two scalars instead of searching for its
 sequence, and no program idles on a gap in the numbering. A program walks its sequence's KV in
 tiles of `block_kv` tokens: each token's page id comes from the block table, K/V rows are gathered
@@ -22,13 +22,13 @@ float32 accumulator, running max and running sum; a small XLA epilogue merges th
 states. The default turns it on only for decode-only shapes (T <= S) with fewer than two
 programs per streaming multiprocessor, e.g. batch 8 x 8 kv heads on an H100.
 
-Defaults (`choose_tiling`): block_q = 16 // next_pow2(group) tokens for decode-only shapes
-(T <= S) and 64 // next_pow2(group) otherwise (at least 1); block_kv = 128 tokens for
-decode-only shapes on Hopper, else 64 (32 for head_dim 256), 4 warps, 3 pipeline stages for 8-bit
-pages (two K/V tiles in flight a program: the loop prefetches the next tile's page ids) and 2
-for 16-bit pages and head_dim 256 (one tile in flight, three programs an SM). See gpu_tiling.py.
+Defaults (`choose_tiling`, tiling.py): each class of shape's measured tile sizes are a row of
+tiling_table.json: decode-only shapes (T <= S) take fewer query rows a program and, on Hopper,
+longer KV tiles; 8-bit pages take a pipeline stage more (two K/V tiles in flight a program: the
+loop prefetches the next tile's page ids). block_q is the row's query rows over
+next_pow2(group), at least 1.
 
-The kernel's body is gpu_kernel.py; this module launches it and validates its inputs.
+The kernel's body is kernel.py; this module launches it and validates its inputs.
 
 Triton rather than Mosaic GPU: the Triton lowering runs on Ampere and Hopper and takes
 per-element pointer gathers (the per-token page lookup), masked loads and data-dependent loop
@@ -43,20 +43,21 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels.ragged_paged_attention.gpu_kernel import attention_kernel
-from pallas_kernels.ragged_paged_attention.gpu_program_map import num_programs, program_map
-from pallas_kernels.ragged_paged_attention.gpu_tiling import (
+from pallas_kernels.ragged_paged_attention.gpu.kernel import attention_kernel
+from pallas_kernels.ragged_paged_attention.gpu.program_map import num_programs, program_map
+from pallas_kernels.ragged_paged_attention.gpu.tiling import (
   Tiling,
   choose_tiling,
   has_large_smem,
   num_cores,
 )
-from pallas_kernels.ragged_paged_attention.gpu_write import triton_compiler_params, write_kv
+from pallas_kernels.ragged_paged_attention.gpu.write import write_kv
 from pallas_kernels.ragged_paged_attention.kv_quant import check_scales
 from pallas_kernels.ragged_paged_attention.validate import (
   SUPPORTED_HEAD_DIMS,
   validate_attention_inputs,
 )
+from pallas_kernels.triton_params import triton_compiler_params
 
 __all__ = ["ragged_paged_attention", "write_kv", "Tiling", "choose_tiling"]
 

@@ -21,14 +21,9 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels.ragged_paged_attention.kv_quant import check_scales, quantize_kv
 from pallas_kernels.ragged_paged_attention.validate import validate_write_inputs
+from pallas_kernels.triton_params import triton_compiler_params
 
 DEFAULT_BLOCK_TOKENS = 16
-
-
-def triton_compiler_params(num_warps: int, num_stages: int):
-  """Triton compiler params across JAX versions (CompilerParams, formerly TritonCompilerParams)."""
-  params_cls = getattr(plgpu, "CompilerParams", None) or plgpu.TritonCompilerParams
-  return params_cls(num_warps=num_warps, num_stages=num_stages)
 
 
 def _write_kernel(

@@ -1,5 +1,5 @@
 """Ragged paged attention for TPU in Pallas Mosaic (mixed decode and prefill batches): the
-validated wrapper and launch; the kernel's body is tpu_kernel.py.
+validated wrapper and launch; the kernel's body is kernel.py.
 
 Grid and work split. The wrapper regroups queries as q_t[num_kv_heads, T * G, head_dim]
 (G = num_q_heads // num_kv_heads; row r of a token block is token r // G, query head r % G), so the
@@ -40,12 +40,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels.ragged_paged_attention.kv_quant import check_scales, is_quantized
-from pallas_kernels.ragged_paged_attention.tpu_kernel import (
+from pallas_kernels.ragged_paged_attention.tpu.kernel import (
   NUM_LANES,
   attention_kernel,
   sublane_tile,
 )
-from pallas_kernels.ragged_paged_attention.tpu_write import write_kv
+from pallas_kernels.ragged_paged_attention.tpu.write import write_kv
 from pallas_kernels.ragged_paged_attention.validate import (
   SUPPORTED_HEAD_DIMS,
   validate_attention_inputs,

@@ -2,7 +2,7 @@
 computes. gpu.py launches it (grid, block specs, the split merge) and validates its inputs; the
 design (programs, tiles, online softmax, split KV) is described there.
 
-The refs and their shapes: program_seqs / program_blocks int32[G] (gpu_program_map.py),
+The refs and their shapes: program_seqs / program_blocks int32[G] (program_map.py),
 query_start_loc int32[S + 1], seq_lens int32[S], num_seqs int32[1], block_tables
 int32[S, pages_per_seq], q [T, Gp, D] (the kv head's padded group of q heads, Gp =
 tiling.padded_group), k / v [num_pages, page_size, D] (the kv head's pages); outputs
@@ -19,7 +19,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.ragged_paged_attention.gpu_tiling import Tiling
+from pallas_kernels.ragged_paged_attention.gpu.tiling import Tiling
 from pallas_kernels.ragged_paged_attention.kv_quant import is_quantized
 from pallas_kernels.ragged_paged_attention.reference import MASK_VALUE
 

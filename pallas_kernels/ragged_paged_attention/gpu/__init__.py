@@ -1,0 +1,2 @@
+"""The GPU (Pallas Triton) ragged paged attention: attention.ragged_paged_attention and
+write.write_kv. Imports nothing of ../tpu/."""
