@@ -4,7 +4,9 @@
 # one stream and 4 x 512/64 right after /health and again once every program is compiled;
 # --restart-wait: the restart's programs too). STEPS picks the runs: ck8b builds the
 # Llama-3.1-8B-shaped random checkpoint if absent; t<N>_8b starts it with compile_threads=N
-# (t0_8b: the default, a quarter of the host's cores; t<N>_8bfp8: fp8 weights and KV pages); each run's JSON and server logs land in
+# (t0_8b: the default, a quarter of the host's cores; t<N>_8bfp8: fp8 weights and KV pages;
+# t<N>_8bnoat: XLA's GPU autotuning off, to see what compiling's GPU work costs the requests
+# served meanwhile); each run's JSON and server logs land in
 # $OUT/<step>/. lp<phase>:<seqs>:<context> times that step of the 8B with the decoder's layers
 # unrolled and as one program a layer (investigations/layer_programs.py: trace, lowering,
 # compile and device time, same engine and batch). sl8b: sleep level 1 and wake on the 8B
@@ -39,6 +41,7 @@ for s in ${STEPS:-ck8b t0_8b t1_8b}; do case $s in
   ck8b) [ -f /tmp/llama8b/config.json ] || step ck8b python3 -m jaxserve.bench.random_checkpoint llama-3.1-8b /tmp/llama8b ;;
   t*_8b) n=${s#t}; startup "$s" /tmp/llama8b "${n%_8b}" ;;
   t*_8bfp8) n=${s#t}; startup "$s" /tmp/llama8b "${n%_8bfp8}" --set quantization=fp8 --set cache.kv_cache_dtype=fp8 ;;
+  t*_8bnoat) n=${s#t}; XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" startup "$s" /tmp/llama8b "${n%_8bnoat}" ;;
   ckg12) [ -f /dev/shm/gemma12b/config.json ] || step ckg12 python3 -m jaxserve.bench.random_checkpoint gemma-3-12b /dev/shm/gemma12b ;;
   t*_g12) n=${s#t}; startup "$s" /dev/shm/gemma12b "${n%_g12}" ;;
   ckmoe) [ -f /dev/shm/qwen3moe/config.json ] || step ckmoe python3 -m jaxserve.bench.random_checkpoint qwen3-30b-a3b /dev/shm/qwen3moe ;;
