@@ -26,6 +26,11 @@
 #   gemma    offline $N x 1024/128 and $N8K x 8192/256, windows on and off, with the KV pool's
 #            token capacity (g1k and g8k: one length each)
 #   gtpot    single stream on the Gemma checkpoint, 1024 in / 256 out, beside its weight-read time
+#   ckmix    the Mixtral-8x7B-shaped random checkpoint written in fp8 (compressed-tensors, 47 GB)
+#            in $MIX (default /dev/shm/mixtral_fp8; skipped if present)
+#   mix<in>:<out>:<n>  offline on it with fp8 KV pages, configs/h100-offline.yaml, $n prompts of
+#            <in> / <out> tokens (TensorRT-LLM's workloads: mix128:128:2000 mix1000:1000:1000
+#            mix2048:128:500)
 #   table    the short table of every result in $OUT (scripts/gpu_moe_table.py); always run last
 # The MoE's KV pool is given in bytes (MOE_KV_GIB, default 8): with the streaming loader's slack
 # (a quarter of the weights, device/device_memory.py) a 61 GB checkpoint leaves no pool at a
@@ -111,6 +116,13 @@ PY
       --output-len 256 --max-model-len 2048
     python3 -m jaxserve.bench.active_weights "$GEMMA" > "$OUT/gemma_active.json"
     copy_bandwidth ;;
+  ckmix) [ -f "${MIX:-/dev/shm/mixtral_fp8}/config.json" ] || step ckmix python3 -m \
+      jaxserve.bench.random_checkpoint mixtral-8x7b "${MIX:-/dev/shm/mixtral_fp8}" --quantization fp8
+    du -sh "${MIX:-/dev/shm/mixtral_fp8}" | tee -a "$OUT/summary.txt" ;;
+  mix*) IFS=: read -r il ol n <<< "${s#mix}"
+    CONFIG=configs/h100-offline.yaml offline "mixtral_fp8_${il}_${ol}" "${MIX:-/dev/shm/mixtral_fp8}" \
+      --kv-cache-dtype fp8 --num-prompts "$n" --input-len "$il" --output-len "$ol" \
+      --max-model-len $(( il + ol )) ;;
   table) python3 scripts/gpu_moe_table.py "$OUT" | tee -a "$OUT/summary.txt" ;;
   *) echo "unknown step $s" | tee -a "$OUT/summary.txt" ;;
 esac; done
