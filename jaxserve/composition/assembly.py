@@ -35,6 +35,7 @@ from jaxserve.config import EngineConfig, ServerConfig
 from jaxserve.config.device_defaults import Usage, apply_device_defaults
 from jaxserve.config.generation_config import GenerationDefaults
 from jaxserve.device.compile_ledger import CompileLedger
+from jaxserve.device.compile_threads import default_compile_threads
 from jaxserve.device.device_memory import (
   describe_devices,
 )
@@ -45,7 +46,7 @@ from jaxserve.device.kv_cache import (
 )
 from jaxserve.device.memory_gauge import DeviceMemoryGauge
 from jaxserve.device.model_runner import ModelRunner, StepSink
-from jaxserve.device.program_compiler import ProgramCompiler, default_compile_threads
+from jaxserve.device.program_compiler import ProgramCompiler
 from jaxserve.device.program_store import ProgramStore, engine_description
 from jaxserve.device.step_inputs import StepShape
 from jaxserve.device.step_options import (

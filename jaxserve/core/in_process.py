@@ -90,7 +90,7 @@ class CoreThread:
 @contextlib.contextmanager
 def _exit_on_stop_signal():
   """While building the engine: a stop signal exits the process at once (status 0)."""
-  from jaxserve.device.program_compiler import exit_now
+  from jaxserve.device.compile_threads import exit_now
 
   def on_signal(sig, frame) -> None:
     logger.info("signal %d: stopped during start-up", sig)
@@ -140,7 +140,7 @@ def serve_in_process(config: EngineConfig, log_level: str, entry: ApiServerEntry
     status = 1
   else:
     logger.info("stopped")
-  from jaxserve.device.program_compiler import compilation_abandoned, exit_now
+  from jaxserve.device.compile_threads import compilation_abandoned, exit_now
 
   if compilation_abandoned():  # a stop during background compilation: no finalization
     exit_now(status)

@@ -286,7 +286,7 @@ def run_core_process(
       socket.close()
     context.term()
     remove_address(address)
-  from jaxserve.device.program_compiler import compilation_abandoned, exit_now
+  from jaxserve.device.compile_threads import compilation_abandoned, exit_now
 
   if compilation_abandoned():  # a stop during background compilation: exit now
     exit_now(0)

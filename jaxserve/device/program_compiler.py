@@ -5,43 +5,43 @@ decode buckets smallest first, then the rest by size).
 
 ProgramCompiler compiles in the caller's thread first (compile_first) the largest bucket's group
 and, with more than one compile thread, the smallest decode bucket's beside it, so one stream and
-small batches decode in their own bucket from the first request: their programs are lowered one
-by one (tracing holds the GIL), then compiled side by side on threads. The other groups compile
-with `compile_threads` threads (compile_rest; with `background`, on a compile thread while the
-engine serves, start): one thread lowers the programs in group order, at most `threads` ahead of
-the compilers, and `threads` daemon threads compile them (XLA's compilation releases the GIL), so
-the groups finish in about their order and the engine keeps stepping meanwhile. In the background
-the compile threads run at a lower CPU priority (nice BACKGROUND_NICE) and the interpreter's GIL
-switch interval is SERVING_SWITCH_INTERVAL_S, so the engine loop, which waits on the device
-several times a step, gets the GIL back from the lowering thread within that. Each program is
-lowered on padding inputs with the runner's own params and KV pages as abstract arguments (so no
+small batches decode in their own bucket from the first request: their programs are lowered one by
+one (tracing holds the GIL), then compiled side by side on threads. The other groups compile with
+`compile_threads` threads (compile_rest; with `background`, on a compile thread while the engine
+serves, start): one thread lowers the programs in group order, at most `threads` ahead of the
+compilers, and `threads` daemon threads compile them (XLA's compilation releases the GIL), so the
+groups finish in about their order and the engine keeps stepping meanwhile. In the background the
+compile threads run at a lower CPU priority and the interpreter's GIL switch interval is short
+(device/compile_threads.py), so the engine loop, which waits on the device several times a step,
+gets the GIL back from the lowering thread within that. Each program is lowered on padding inputs
+with the runner's own params and KV pages as abstract arguments (device/program_lowering.py: no
 compile thread touches the buffers the engine donates) and compiled ahead of time, and the
-executable is installed in the runner (ModelRunner.install), which calls it directly, so the
-compile ledger counts each program once. With a ProgramStore (device/program_store.py) a program
-the store holds is not lowered: a compile thread reads it back and installs it (in compile order,
-side by side like compilations); the programs compiled are written to the store once all are
-compiled, and in the background only while the engine has no request to serve (watch_load; one
-program at a time, once the engine has been idle a while; device/program_saves.py): serializing
-an executable holds the GIL for about a tenth of a second, which would stall the engine's steps. A
-program XLA's persistent cache gave back (a cache hit, told by JAX's monitoring event in the
-compiling thread) is not written: an executable read back from a cache is not serialized again.
-Each time a group's programs are all compiled, a new ProgramReadiness
-(messages/program_readiness.py) is published; the host pads each step to the smallest ready bucket
-that holds it (engine/engine_core.py), which therefore never waits for a compilation. A program
-that fails to compile raises ProgramCompileError naming it (start-up fails with its name; in the
-background the buckets compiled so far keep serving and the error is logged).
+executable is installed in the runner (ModelRunner.install), which calls it directly, so the compile
+ledger counts each program once. With a ProgramStore (device/program_store.py) a program the store
+holds is not lowered: a compile thread reads it back and installs it (in compile order, side by side
+like compilations); the programs compiled are written to the store once all are compiled, and in the
+background only while the engine has no request to serve (watch_load; one program at a time, once
+the engine has been idle a while; device/program_saves.py): serializing an executable holds the GIL
+for about a tenth of a second, which would stall the engine's steps. A program XLA's persistent
+cache gave back (a cache hit, told by JAX's monitoring event in the compiling thread) is not
+written: an executable read back from a cache is not serialized again. Each time a group's programs
+are all compiled, a new ProgramReadiness (messages/program_readiness.py) is published; the host pads
+each step to the smallest ready bucket that holds it (engine/engine_core.py), which therefore never
+waits for a compilation. A program that fails to compile raises ProgramCompileError naming it
+(start-up fails with its name; in the background the buckets compiled so far keep serving and the
+error is logged).
 
 close() (the engine's close, at shutdown) stops the compile threads at their next program and waits
 at most CLOSE_WAIT_S: a stop signal during background compilation exits within that, not after
 the programs being compiled (seconds for a large bucket). The threads are daemons; one still
 inside XLA's compiler crashes the interpreter's finalization (SIGSEGV), so a process that closed
-an engine while `compilation_abandoned()` ends with `exit_now` (no finalization) instead.
+an engine while `compilation_abandoned()` ends with `exit_now` (no finalization) instead
+(device/compile_threads.py).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import sys
 import threading
@@ -49,13 +49,18 @@ import time
 from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 
 from jaxserve.device.compile_ledger import CACHE_HIT_EVENT
+from jaxserve.device.compile_threads import (
+  CLOSE_WAIT_S,
+  COMPILE_THREAD_NAME,
+  SERVING_SWITCH_INTERVAL_S,
+  lower_priority,
+)
 from jaxserve.device.lowering import abstract, dummy_inputs
-from jaxserve.device.model_runner import ModelRunner, packed_model_inputs
-from jaxserve.device.packing import pack
+from jaxserve.device.model_runner import ModelRunner
 from jaxserve.device.program_groups import Program, program_groups
+from jaxserve.device.program_lowering import ProgramLowering
 from jaxserve.device.program_saves import PendingSaves
 from jaxserve.device.program_store import ProgramStore
 from jaxserve.messages.buckets import Bucket
@@ -63,48 +68,6 @@ from jaxserve.messages.program_readiness import ProgramReadiness
 from jaxserve.messages.scheduled_batch import ScheduledBatch
 
 logger = logging.getLogger(__name__)
-
-CLOSE_WAIT_S = 0.5
-COMPILE_THREAD_NAME = "jaxserve-compile"
-MAX_AUTO_THREADS = 4
-BACKGROUND_NICE = 10  # the compile threads' nice value while the engine serves
-# The interpreter's GIL switch interval while compiling in the background (Python's default is
-# 5 ms): the lowering thread holds the GIL nearly all the time, and each time the engine loop
-# waits (for the device, a socket) it gets the GIL back only when the lowering thread is made to
-# drop it, after this interval: at 5 ms a step's few waits cost tens of milliseconds.
-SERVING_SWITCH_INTERVAL_S = 0.00005
-
-
-def compilation_abandoned() -> bool:
-  """Whether a closed compiler's threads are still inside XLA's compiler."""
-  return any(t.name.startswith(COMPILE_THREAD_NAME) and t.is_alive() for t in threading.enumerate())
-
-
-def default_compile_threads() -> int:
-  """A quarter of the host's cores, 1 to MAX_AUTO_THREADS: one thread lowers the programs, so
-  more compilers than it feeds only take cores (and the GPU's autotuning) from the requests served
-  meanwhile (docs/DECISIONS.md, "Compile threads and the GIL switch interval"); a host of fewer
-  than 8 cores compiles on one."""
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  return max(1, min(MAX_AUTO_THREADS, (cores or 1) // 4))
-
-
-def lower_priority() -> None:
-  """Gives the calling thread (and the threads it starts, e.g. XLA's) a lower CPU priority
-  (Linux: a thread's nice value), so that compiling in the background leaves the engine loop and
-  the API processes the cores they need; a no-op where threads have no priority of their own."""
-  try:
-    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
-  except (AttributeError, OSError):
-    pass
-
-
-def exit_now(status: int) -> None:
-  """Flushes the logs and standard streams, then exits without the interpreter's finalization."""
-  logging.shutdown()
-  sys.stdout.flush()
-  sys.stderr.flush()
-  os._exit(status)
 
 
 class ProgramCompileError(RuntimeError):
@@ -133,11 +96,10 @@ class ProgramCompiler:
     self.threads = threads
     self.groups = program_groups(runner.buckets, runner.burst_steps > 1)
     self.num_total = sum(len(g.programs) for g in self.groups)
-    self._lower = lower or self._lower_program
+    self._lowering = ProgramLowering(runner)
+    self._lower = lower or self._lowering.lower
     self._install = lower is None  # an injected lowering (tests) is never run by the runner
     self.store = store if self._install else None
-    self._params = abstract(runner.params)
-    self._kv_pages = abstract(runner.kv_pages)
     self._unsaved: PendingSaves | None = None if self.store is None else PendingSaves(self.store)
     self._thread_state = threading.local()  # per compile thread: was its compile a cache hit
     self._lock = threading.Lock()  # the counts below and the published readiness
@@ -318,7 +280,7 @@ class ProgramCompiler:
       for program in self.groups[index].programs:
         if self._stop.is_set() or errors:
           return
-        signature = None if self.store is None else abstract(self._arguments(program)[1])
+        signature = None if self.store is None else abstract(self._lowering.arguments(program)[1])
         lowered = None  # a stored program: read back (and installed) by a compile thread
         if signature is None or not self.store.holds(repr(program.key), signature):
           try:
@@ -368,36 +330,3 @@ class ProgramCompiler:
     """In the background: the compiled programs are written while the engine is idle."""
     if self._unsaved is not None:
       self._unsaved.save_when_idle(self._busy, self._stop)
-
-  def _lower_program(self, program: Program) -> jax.stages.Lowered:
-    jitted, args, static = self._arguments(program)
-    lowered = jitted.lower(*args, *static)
-    if program.kind == "forward":
-      hidden, expected = lowered.out_info[2], self._hidden_state(program.bucket.num_tokens)
-      if (hidden.shape, hidden.dtype) != (expected.shape, expected.dtype):
-        raise ValueError(f"forward: hidden states {hidden}, expected {expected}")
-    return lowered
-
-  def _hidden_state(self, num_tokens: int) -> jax.ShapeDtypeStruct:
-    """The forward's hidden states [T, H] in the model's dtype (prompt logprobs' input)."""
-    config = self.runner.model.config
-    return jax.ShapeDtypeStruct((num_tokens, config.hidden_size), jnp.dtype(config.dtype))
-
-  def _arguments(self, program: Program) -> tuple[Callable, tuple, tuple]:
-    """(jitted function, arguments, static arguments) the program is lowered on: padding inputs
-    of its bucket, the params and KV pages abstract."""
-    runner, programs = self.runner, self.runner.programs
-    inputs = dummy_inputs(runner, program.bucket, program.mode, program.kind == "prompt")
-    if program.kind == "forward":
-      return programs.forward, (self._params, self._kv_pages, packed_model_inputs(inputs)), ()
-    if program.kind == "sample":
-      logits = jax.ShapeDtypeStruct(
-        (program.bucket.num_seqs, runner.model.config.vocab_size), jnp.float32
-      )
-      args = (logits, pack(inputs.sampling), inputs.prev_sampled_ids)
-      return programs.sample, args, (program.mode,)
-    if program.kind == "prompt":
-      hidden = self._hidden_state(program.bucket.num_tokens)
-      return programs.prompt_logprobs, (self._params, hidden, inputs.prompt_target_ids), ()
-    args = (self._params, self._kv_pages, packed_model_inputs(inputs), pack(inputs.sampling))
-    return programs.burst, args, (program.mode,)

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 
 from jaxserve.api.sampling_params import SamplingParams
 from jaxserve.composition.assembly import open_program_store
-from jaxserve.device.program_compiler import ProgramCompiler
 from jaxserve.device.program_groups import Program
+from jaxserve.device.program_lowering import ProgramLowering
 from jaxserve.device.program_store import (
   KEEP,
   SUFFIX,
@@ -152,9 +152,8 @@ def test_an_installed_program_runs_instead_of_the_jitted_one():
   answers token 7 everywhere, so the tokens show which ran."""
   engine = small_engine(warmup="lazy", **CONFIG)
   runner = engine.runner
-  compiler = ProgramCompiler(runner)
   greedy = Program("sample", Bucket(4, 8), SamplerMode())
-  jitted, args, static = compiler._arguments(greedy)
+  jitted, args, static = ProgramLowering(runner).arguments(greedy)
 
   def sevens(logits, sampling, previous):
     out, padded = jitted(logits, sampling, previous, *static)
