@@ -14,8 +14,10 @@ Qwen3-FP8 run), the products of e4m3 values summed in float32 and both scales ap
 sums; the gated form computes silu(gate) * up in float32 and rounds once. Which code runs it
 (`kernel`, as models/grouped_matmul.py's):
 
-  CUDA GPUs ("auto")       the Pallas (Triton) fp8 grouped matmul: fp8 tensor-core dots (compute
-                           capability >= 8.9), only each group's weights read, at 8 bits
+  CUDA GPUs ("auto")       the Pallas (Triton) fp8 grouped matmul: fp8 tensor-core dots, only
+                           each group's weights read, at 8 bits (GPUs with fp8 tensor cores,
+                           quantization/capabilities.py's rule for fp8; an older GPU, such as
+                           an A100 serving a block-wise fp8 MoE, takes the ragged_dot path)
   elsewhere ("auto"), and  ragged_dot on the same values: the e4m3 rows and weights converted to
   "ragged_dot"             bfloat16 (exact: e4m3 is a subset of bfloat16), float32 accumulation,
                            scales applied to the float32 sums (per channel once, per block one
@@ -31,8 +33,10 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
+from jaxserve.quantization.capabilities import refusal
 from jaxserve.quantization.quantize import quantize_weight
 from jaxserve.quantization.scheme import SCHEMES
+from jaxserve.runtime.device_description import DeviceDescription
 from pallas_kernels.grouped_matmul import fp8 as pallas_fp8
 from pallas_kernels.grouped_matmul import tiles
 
@@ -132,6 +136,8 @@ def _dispatch(kernel: str, ragged, pallas, rows, operands: tuple, group_sizes):
   if kernel == "pallas":
     interpret = jax.default_backend() != "gpu"
     return pallas(rows, *operands, group_sizes, interpret=interpret)
+  if refusal(SCHEMES["fp8"], DeviceDescription.of(jax.devices()[0])) is not None:
+    return ragged(rows, *operands, group_sizes)  # a GPU without fp8 tensor cores
   return jax.lax.platform_dependent(rows, *operands, group_sizes, cuda=pallas, default=ragged)
 
 
