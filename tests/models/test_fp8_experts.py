@@ -43,6 +43,7 @@ from pallas_kernels.grouped_matmul.reference import (
   grouped_swiglu_fp8_reference,
 )
 from tests.models.block_fp8_checkpoints import write_block_fp8, write_dequantized
+from tests.models.compressed_checkpoints import write_compressed_tensors
 from tests.models.hf_checkpoints import VOCAB_SIZE, build_hf_checkpoint
 from tests.models.paged_batch import Chunk, build_step, model_kv
 
@@ -231,3 +232,21 @@ def test_grouped_matmuls_over_fp8_experts_match_the_reference(kernel, blocks):
   got = grouped_swiglu(rows, weights, weights, sizes, kernel)[:35]
   want = grouped_swiglu_fp8_reference(rows, w, scale, w, scale, sizes)[:35]
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("strategy", ["channel", "tensor"])
+def test_compressed_tensors_fp8_moe_keeps_its_experts_in_fp8(hf_checkpoint, tmp_path, strategy):
+  """A compressed-tensors `fp8` (W8A8) Qwen3-MoE (llm-compressor's layout, written with the numpy
+  quantizer: tests/models/compressed_checkpoints.py): its experts load as stored, e4m3 bytes and
+  weight_scale per channel (a tensor's one scale broadcast to its channels), not dequantized."""
+  stored = write_compressed_tensors(hf_checkpoint("qwen3_moe"), tmp_path / "ct", "fp8", strategy)
+  config = load_hf_config(stored)
+  assert config.quantization == "fp8" and config.expert_quantization == "fp8_channel"
+  experts = load_hf_params(stored, config)["layers_1"]["mlp"]["experts"]
+  hf = safetensors.torch.load_file(stored / "model.safetensors")
+  name = "model.layers.1.mlp.experts.4.up_proj"
+  raw = hf[name + ".weight"].view(dtype=torch.uint8).numpy()
+  np.testing.assert_array_equal(np.asarray(experts["up_proj"][4]).view(np.uint8), raw)
+  want = np.broadcast_to(hf[name + ".weight_scale"].numpy().reshape(-1), (raw.shape[0],))
+  np.testing.assert_array_equal(np.asarray(experts["up_proj_scale"][4]), want)
+  assert experts["up_proj_scale"].shape == (8, raw.shape[0])
