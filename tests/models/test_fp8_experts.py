@@ -42,6 +42,7 @@ from pallas_kernels.grouped_matmul.reference import (
   grouped_matmul_fp8_reference,
   grouped_swiglu_fp8_reference,
 )
+from tests.integration.engine_helpers import generate_and_score, small_engine
 from tests.models.block_fp8_checkpoints import write_block_fp8, write_dequantized
 from tests.models.compressed_checkpoints import write_compressed_tensors
 from tests.models.hf_checkpoints import VOCAB_SIZE, build_hf_checkpoint
@@ -250,3 +251,23 @@ def test_compressed_tensors_fp8_moe_keeps_its_experts_in_fp8(hf_checkpoint, tmp_
   want = np.broadcast_to(hf[name + ".weight_scale"].numpy().reshape(-1), (raw.shape[0],))
   np.testing.assert_array_equal(np.asarray(experts["up_proj_scale"][4]), want)
   assert experts["up_proj_scale"].shape == (8, raw.shape[0])
+
+
+def test_the_engine_serves_block_fp8_experts(block_moe):
+  """`jaxserve serve` of the block-wise fp8 Qwen3-MoE: the engine's step programs (chunked
+  prefill, batched decode) run the fp8 experts and generate the greedy tokens of the model run
+  alone (Greedy: whole-sequence prefills), the prompts' log-probs within float32 noise (the
+  activations are quantized per row, so batch mates do not move them)."""
+  stored, _ = block_moe
+  engine = small_engine(
+    str(stored), max_model_len=128, max_tokens_per_step=16, token_buckets=(8, 16)
+  )
+  assert engine.runner.model.config.expert_quantization == "fp8_block"
+  prompts = [np.random.default_rng(s).integers(0, VOCAB_SIZE, PROMPT).tolist() for s in (0, 1)]
+  tokens, logprobs = generate_and_score(engine, prompts, 6)
+  config = load_hf_config(stored)
+  alone = Greedy(config, load_hf_params(stored, config))
+  for prompt, got, prompt_logprobs in zip(prompts, tokens, logprobs, strict=True):
+    assert got == alone.generate(prompt, 6)[0]
+    want = [alone.logprobs(prompt[:i])[prompt[i]] for i in range(1, len(prompt))]
+    np.testing.assert_allclose(prompt_logprobs, want, atol=1e-4, rtol=0)
