@@ -27,7 +27,8 @@ experts as they are on disk, [E, out, in] e4m3, beside a float32 scale leaf
   stored e4m3 with per-channel or per-tensor scales (compressed-tensors), per channel: stacked,
     a tensor's one scale broadcast to its channels
   stored in a float type (a bf16 checkpoint with `--quantization fp8`), per channel: each
-    expert quantized as the dense projections are (quantize.quantize_weight)
+    expert quantized as the dense projections are (quantize.quantize_weight); in a block-wise
+    fp8 checkpoint that leaves its experts unquantized (`modules_to_not_convert`), per block
   stored e4m3 with block scales but run per channel (sizes that are not blocks of 128):
     dequantized, then quantized per channel
 
@@ -141,10 +142,10 @@ def fp8_stacked_leaves(
     if stored and len(stored) != len(experts):
       raise ValueError(f"{experts[0].header.path}: {path}: some experts stored in 8 bits, some not")
     block = stored[0] if stored else None
-    if blocks and block != (128, 128):
+    if blocks and block not in (None, (128, 128)):
       raise ValueError(
         f"{experts[0].header.path}: tensor {experts[0].info.name!r}: block-wise fp8 experts "
-        f"need 128 x 128 block scales, got {'none' if block is None else list(block)}"
+        f"need 128 x 128 block scales, got {list(block)}"
       )
     parts: list[TensorLoad] = []
     for load, scale in zip(experts, found, strict=True):
@@ -168,8 +169,8 @@ def _fp8_converter(
   float32 scale); one function per kind, so one jit per shape."""
 
   def convert(*raws: jax.Array) -> tuple[jax.Array, jax.Array]:
-    if block is None:  # float experts, quantized per channel
-      return _quantized(jnp.stack(raws))
+    if block is None:  # float experts, quantized per channel (or per block beside block ones)
+      return _quantized(jnp.stack(raws), blocks)
     weights, stored = raws[0::2], raws[1::2]
     if blocks:
       return jnp.stack(weights), jnp.stack([s.astype(jnp.float32) for s in stored])
@@ -182,7 +183,8 @@ def _fp8_converter(
   return convert
 
 
-def _quantized(experts: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Float experts [E, out, in] -> (e4m3 [E, out, in], float32 [E, out]), per channel."""
-  q = quantize_experts(jnp.swapaxes(experts, 1, 2))  # takes flax's [E, in, out]
+def _quantized(experts: jax.Array, blocks: bool = False) -> tuple[jax.Array, jax.Array]:
+  """Float experts [E, out, in] -> (e4m3 [E, out, in], float32 scales), per channel [E, out] or
+  per 128 x 128 block [E, out/128, in/128]."""
+  q = quantize_experts(jnp.swapaxes(experts, 1, 2), blocks)  # takes flax's [E, in, out]
   return q.weight, q.scale

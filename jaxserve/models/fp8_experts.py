@@ -69,7 +69,8 @@ def quantize_experts(kernel: jax.Array, blocks: bool = False) -> Fp8Weights:
   """Float stacked experts, flax's [E, in, out] -> Fp8Weights ([E, out, in]): per channel, each
   expert's rows quantized as the dense W8A8 projections' (quantize.quantize_weight); `blocks`:
   per 128 x 128 block (out and in multiples of 128), scale = the block's largest magnitude / 448
-  as block-wise fp8 checkpoints store it."""
+  (times the float32 reciprocal: within an ulp of a true division) as block-wise fp8
+  checkpoints store it."""
   if not blocks:
     fp8 = SCHEMES["fp8"]
     q, scale = jax.vmap(lambda w: quantize_weight(w.T.astype(jnp.float32), fp8))(kernel)
@@ -79,7 +80,8 @@ def quantize_experts(kernel: jax.Array, blocks: bool = False) -> Fp8Weights:
   e, out, inner = w.shape
   tiles_ = w.reshape(e, out // b, b, inner // b, b)
   amax = jnp.max(jnp.abs(tiles_), axis=(2, 4))  # [E, out/128, in/128]
-  scale = jnp.where(amax > 0, amax / pallas_fp8.FP8_MAX, 1.0).astype(jnp.float32)
+  inverse = jnp.float32(1.0 / pallas_fp8.FP8_MAX)  # as XLA rewrites a division (quantize.py)
+  scale = jnp.where(amax > 0, amax * inverse, 1.0).astype(jnp.float32)
   q = jnp.clip(tiles_ / scale[:, :, None, :, None], -pallas_fp8.FP8_MAX, pallas_fp8.FP8_MAX)
   return Fp8Weights(q.astype(jnp.float8_e4m3fn).reshape(e, out, inner), scale)
 

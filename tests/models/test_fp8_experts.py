@@ -23,6 +23,8 @@ be nonzero: the activations really are quantized."""
 
 from __future__ import annotations
 
+import shutil
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -43,7 +45,7 @@ from pallas_kernels.grouped_matmul.reference import (
   grouped_swiglu_fp8_reference,
 )
 from tests.integration.engine_helpers import generate_and_score, small_engine
-from tests.models.block_fp8_checkpoints import write_block_fp8, write_dequantized
+from tests.models.block_fp8_checkpoints import quantize_blocks, write_block_fp8, write_dequantized
 from tests.models.compressed_checkpoints import write_compressed_tensors
 from tests.models.hf_checkpoints import VOCAB_SIZE, build_hf_checkpoint
 from tests.models.paged_batch import Chunk, build_step, model_kv
@@ -271,3 +273,29 @@ def test_the_engine_serves_block_fp8_experts(block_moe):
     assert got == alone.generate(prompt, 6)[0]
     want = [alone.logprobs(prompt[:i])[prompt[i]] for i in range(1, len(prompt))]
     np.testing.assert_allclose(prompt_logprobs, want, atol=1e-4, rtol=0)
+
+
+def test_float_experts_of_a_block_fp8_checkpoint_are_quantized_into_blocks(block_moe, tmp_path):
+  """A block-wise fp8 checkpoint that left its experts in float32 (`modules_to_not_convert`):
+  they are quantized per 128 x 128 block on load, as the format's writer
+  (tests/models/block_fp8_checkpoints.quantize_blocks, torch) would have stored them: the same
+  e4m3 bytes, the scales within an ulp (amax times the float32 reciprocal of 448, as XLA
+  computes a division by a constant, against torch's division)."""
+  stored, _ = block_moe
+  source = safetensors.torch.load_file(stored.parent / "float" / "model.safetensors")
+  tensors = safetensors.torch.load_file(stored / "model.safetensors")
+  for name in list(tensors):
+    if ".experts." in name:
+      del tensors[name]
+  tensors.update({name: t for name, t in source.items() if ".experts." in name})
+  mixed = tmp_path / "mixed"
+  shutil.copytree(stored, mixed)
+  safetensors.torch.save_file(tensors, mixed / "model.safetensors", metadata={"format": "pt"})
+  config = load_hf_config(mixed)
+  assert config.expert_quantization == "fp8_block"
+  experts = load_hf_params(mixed, config)["layers_0"]["mlp"]["experts"]
+  q, scale = quantize_blocks(source["model.layers.0.mlp.experts.6.gate_proj.weight"])
+  np.testing.assert_array_equal(
+    np.asarray(experts["gate_proj"][6]).view(np.uint8), q.view(torch.uint8).numpy()
+  )
+  np.testing.assert_allclose(np.asarray(experts["gate_proj_scale"][6]), scale.numpy(), rtol=2e-7)
