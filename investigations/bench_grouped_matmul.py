@@ -21,6 +21,15 @@ layer), the rows time, per layer:
                     token: what a loop over the tokens' experts would read (skipped above
                     --gather-limit-gib of gathered weights)
 
+--fp8 channel|block runs the same on fp8 experts (models/fp8_experts.py: the bf16 draws quantized
+per channel or per 128 x 128 block; W8A8, the Pallas fp8 kernel of
+pallas_kernels/grouped_matmul/fp8.py on GPUs): ragged_dot, pallas, expert_ffn and
+expert_ffn_ragged take the fp8 experts, and their "GB/s" counts the e4m3 bytes (and scales) the
+batch touches, so the columns compare with a bf16 run's as bytes per second (fp8 reads half the
+bytes: at the same GB/s it takes half the time). dense_all and per_token_gather stay the bf16
+references, on the fp8 weights dequantized; the errors against them include the activations'
+quantization.
+
 --tilings "BM,BN,BK,S,W,P;..." also times the Pallas kernel with each given tiling (block_m,
 block_n, block_k, num_splits, num_warps, num_stages), on the gate product and on the fused
 gate/up SwiGLU, into the row's "pallas_tilings" (a tiling that does not divide the shape, or does
@@ -39,11 +48,13 @@ shapes (CPU, the kernel in interpret mode).
 
     python -m investigations.bench_grouped_matmul --batches 1,64,256
     python -m investigations.bench_grouped_matmul --batches 1,8192 --tilings "16,32,64,8,4,4"
+    python -m investigations.bench_grouped_matmul --batches 1,64,256 --fp8 block
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import sys
@@ -55,7 +66,9 @@ import numpy as np
 
 from investigations.kernel_timing import copy_bandwidth
 from jaxserve.bench.timing import seconds_per_call
+from jaxserve.models.fp8_experts import Fp8Weights, quantize_experts
 from jaxserve.models.grouped_matmul import expert_ffn, grouped_matmul, sort_by_expert
+from pallas_kernels.grouped_matmul import fp8 as pallas_fp8
 from pallas_kernels.grouped_matmul import gpu as pallas_gmm
 
 KINDS = (
@@ -76,14 +89,20 @@ class Shape:
   hidden: int = 2048
   inter: int = 768
   top_k: int = 8
+  fp8: str = "none"  # "channel" / "block": fp8 experts (--fp8)
 
   @property
   def expert_bytes(self) -> int:
-    """One expert's three bfloat16 matrices."""
-    return 3 * self.hidden * self.inter * 2
+    """One expert's three matrices: bfloat16, or e4m3 with their float32 scales."""
+    matrix = self.hidden * self.inter
+    if self.fp8 == "none":
+      return 3 * matrix * 2
+    scales = (2 * self.inter + self.hidden) if self.fp8 == "channel" else 3 * matrix // 128**2
+    return 3 * matrix + 4 * scales
 
 
 SMOKE = Shape(num_experts=8, hidden=64, inter=32, top_k=2)  # K, N multiples of 16: the kernel
+SMOKE_FP8 = Shape(num_experts=8, hidden=256, inter=128, top_k=2)  # whole 128-blocks
 
 
 def _routing(rng: np.random.Generator, shape: Shape, layers: int, tokens: int):
@@ -101,6 +120,22 @@ def _experts(rng: np.random.Generator, shape: Shape, layers: int) -> list[tuple[
     return jnp.asarray(rng.standard_normal(dims, dtype=np.float32) * 0.02, jnp.bfloat16)
 
   return [(draw(e, h, i), draw(e, h, i), draw(e, i, h)) for _ in range(layers)]
+
+
+@functools.partial(jax.jit, static_argnames=("blocks",))
+def _fp8(experts: tuple[jax.Array, ...], blocks: bool) -> tuple[tuple, tuple]:
+  """A layer's bf16 experts -> (their Fp8Weights, the same dequantized to bf16 [E, in, out])."""
+  quantized = tuple(quantize_experts(w, blocks) for w in experts)
+
+  def dequantized(q: Fp8Weights) -> jax.Array:
+    s = (
+      q.scale[:, :, None]
+      if q.scale.ndim == 2
+      else jnp.repeat(jnp.repeat(q.scale, 128, axis=1), 128, axis=2)
+    )
+    return jnp.swapaxes(q.weight.astype(jnp.float32) * s, 1, 2).astype(jnp.bfloat16)
+
+  return quantized, tuple(dequantized(q) for q in quantized)
 
 
 def dense_all(x, ids, weights, gate, up, down) -> jax.Array:
@@ -160,22 +195,30 @@ def _tiled_programs(tiling: pallas_gmm.Tiling) -> dict:
   `tiling` (interpret mode off GPUs)."""
   interpret = jax.default_backend() != "gpu"
 
+  def matmul(r, g, n):
+    if isinstance(g, Fp8Weights):
+      return pallas_fp8.grouped_matmul_fp8(
+        r, g.weight, g.scale, n, tiling=tiling, interpret=interpret
+      )
+    return pallas_gmm.grouped_matmul(r, g, n, tiling=tiling, interpret=interpret)
+
+  def gated(r, g, u, n):
+    if isinstance(g, Fp8Weights):
+      return pallas_fp8.grouped_swiglu_fp8(
+        r, g.weight, g.scale, u.weight, u.scale, n, tiling=tiling, interpret=interpret
+      )
+    return pallas_gmm.grouped_swiglu(r, g, u, n, tiling=tiling, interpret=interpret)
+
   def gate(rows, sizes, experts):
-    return [
-      pallas_gmm.grouped_matmul(r, g, n, tiling=tiling, interpret=interpret)
-      for r, n, (g, _, _) in zip(rows, sizes, experts, strict=True)
-    ]
+    return [matmul(r, g, n) for r, n, (g, _, _) in zip(rows, sizes, experts, strict=True)]
 
   def swiglu(rows, sizes, experts):
-    return [
-      pallas_gmm.grouped_swiglu(r, g, u, n, tiling=tiling, interpret=interpret)
-      for r, n, (g, u, _) in zip(rows, sizes, experts, strict=True)
-    ]
+    return [gated(r, g, u, n) for r, n, (g, u, _) in zip(rows, sizes, experts, strict=True)]
 
   return {"gate": (jax.jit(gate), 1), "swiglu": (jax.jit(swiglu), 2)}
 
 
-def parse_tilings(text: str) -> list[pallas_gmm.Tiling]:
+def parse_tilings(text: str) -> list[pallas_gmm.Tiling]:  # the fp8 kernel's Tiling is the same
   """ "BM,BN,BK,S,W,P;..." -> Tilings."""
   return [pallas_gmm.Tiling(*(int(v) for v in t.split(","))) for t in text.split(";") if t]
 
@@ -190,7 +233,10 @@ def _time_us(program, *args, layers: int, inner: int, reps: int) -> float:
 
 def bench_batch(shape: Shape, tokens: int, args: argparse.Namespace, copy_gbps: float) -> dict:
   rng = np.random.default_rng(tokens)
-  experts = _experts(rng, shape, args.layers)
+  experts = references = _experts(rng, shape, args.layers)
+  if shape.fp8 != "none":  # the routed FFN on fp8 experts, the dense references on their twins
+    pairs = [_fp8(layer, shape.fp8 == "block") for layer in experts]
+    experts, references = [p[0] for p in pairs], [p[1] for p in pairs]
   ids, weights = _routing(rng, shape, args.layers, tokens)
   x = jnp.asarray(rng.standard_normal((tokens, shape.hidden), dtype=np.float32), jnp.bfloat16)
   touched = float(np.mean([len(np.unique(np.asarray(layer))) for layer in ids]))
@@ -223,11 +269,13 @@ def bench_batch(shape: Shape, tokens: int, args: argparse.Namespace, copy_gbps: 
   ffn_bytes = touched * shape.expert_bytes
   add("expert_ffn", ffn_bytes, _ffn_program(expert_ffn), x, ids, weights, experts)
   add("expert_ffn_ragged", ffn_bytes, _ffn_program(_ffn_ragged), x, ids, weights, experts)
-  dense_bytes = shape.num_experts * shape.expert_bytes
-  add("dense_all", dense_bytes, _ffn_program(dense_all), x, ids, weights, experts)
-  gathered = tokens * shape.top_k * shape.expert_bytes
+  bf16_bytes = 3 * shape.hidden * shape.inter * 2  # the references' experts are bf16
+  dense_bytes = shape.num_experts * bf16_bytes
+  add("dense_all", dense_bytes, _ffn_program(dense_all), x, ids, weights, references)
+  gathered = tokens * shape.top_k * bf16_bytes
   if gathered <= args.gather_limit_gib * 2**30:
-    add("per_token_gather", gathered, _ffn_program(per_token_gather), x, ids, weights, experts)
+    program = _ffn_program(per_token_gather)
+    add("per_token_gather", gathered, program, x, ids, weights, references)
   row.update(_errors(first_layer, live=int(np.sum(np.asarray(sizes[0])))))
   row["copy_gb_per_s"] = copy_gbps
   return row
@@ -278,13 +326,21 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument(
     "--tilings", type=parse_tilings, help='Pallas tilings to sweep: "BM,BN,BK,S,W,P;..."'
   )
+  parser.add_argument(
+    "--fp8",
+    choices=("none", "channel", "block"),
+    default="none",
+    help="fp8 experts: per-channel or 128 x 128 block scales (W8A8)",
+  )
   parser.add_argument("--out", help="write the rows as JSON to this file")
   return parser.parse_args(argv)
 
 
 def main(argv=None) -> int:
   args = parse_args(argv)
-  shape = SMOKE if args.smoke else Shape()
+  shape = dataclasses.replace(
+    (SMOKE_FP8 if args.fp8 != "none" else SMOKE) if args.smoke else Shape(), fp8=args.fp8
+  )
   copy_bytes = 2**20 if args.smoke else 4 * 2**30
   copy_gbps = copy_bandwidth(copy_bytes, inner=args.inner, reps=args.reps) / 1e9
   rows = [bench_batch(shape, int(t), args, copy_gbps) for t in args.batches.split(",")]

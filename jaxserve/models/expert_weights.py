@@ -17,11 +17,29 @@ placed with the leaf's target sharding). A checkpoint written with `save_pretrai
 save_original_format=False)` holds transformers' fused in-memory tensors
 (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]) instead: a load error that
 says so.
+
+fp8 experts (ModelConfig.expert_quantization, models/moe_config.py) stack each projection's
+experts as they are on disk, [E, out, in] e4m3, beside a float32 scale leaf
+(`fp8_stacked_leaves`; the layout: models/fp8_experts.py), one conversion making both arrays:
+
+  stored e4m3 with 128 x 128 block scales (block-wise fp8), kept as blocks: weights and
+    weight_scale_inv stacked as they are
+  stored e4m3 with per-channel or per-tensor scales (compressed-tensors), per channel: stacked,
+    a tensor's one scale broadcast to its channels
+  stored in a float type (a bf16 checkpoint with `--quantization fp8`), per channel: each
+    expert quantized as the dense projections are (quantize.quantize_weight); in a block-wise
+    fp8 checkpoint that leaves its experts unquantized (`modules_to_not_convert`), per block
+  stored e4m3 with block scales but run per channel (sizes that are not blocks of 128):
+    dequantized, then quantized per channel
+
+A conversion's raw parts are each expert's weight followed by its scale where it has one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import dataclasses
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,9 +47,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxserve.models.dequantized_loading import PartKey, StoredScale, part_key
+from jaxserve.models.fp8_experts import SCALE_SUFFIX, quantize_experts, scale_shape
 from jaxserve.models.leaf_load import LeafLoad, LeafOut, ParamPath, TensorLoad
 from jaxserve.models.model_config import ModelConfig
 from jaxserve.models.tensor_spec import TensorSpec
+from jaxserve.quantization.dequantize import dequantize
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 _FUSED_SUFFIXES = ("experts.gate_up_proj", "experts.down_proj")
@@ -98,3 +119,72 @@ def stacked_leaves(loads: Sequence[TensorLoad], dtype: np.dtype) -> list[LeafLoa
     LeafLoad(path, tuple(parts), stack, (LeafOut(path, (len(parts),) + parts[0].shape, dtype),))
     for path, parts in groups.items()
   ]
+
+
+def fp8_scale_path(path: ParamPath) -> ParamPath:
+  """The scale leaf beside fp8 experts' weight leaf: experts/<projection>_scale."""
+  return path[:-1] + (path[-1] + SCALE_SUFFIX,)
+
+
+def fp8_stacked_leaves(
+  loads: Sequence[TensorLoad], scales: Mapping[PartKey, StoredScale], blocks: bool
+) -> list[LeafLoad]:
+  """One leaf per stacked projection making its fp8 weight [E, out, in] and scale ([E, out], or
+  [E, out/128, in/128] with `blocks`) from its experts' TensorLoads (in expert order) and the
+  stored scales of those stored in 8 bits (module docstring)."""
+  groups: dict[ParamPath, list[TensorLoad]] = {}
+  for load in loads:
+    groups.setdefault(load.path, []).append(dataclasses.replace(load, transpose=False))
+  leaves = []
+  for path, experts in groups.items():
+    found = [scales.get(part_key(load)) for load in experts]
+    stored = [scale.block for scale in found if scale is not None]
+    if stored and len(stored) != len(experts):
+      raise ValueError(f"{experts[0].header.path}: {path}: some experts stored in 8 bits, some not")
+    block = stored[0] if stored else None
+    if blocks and block not in (None, (128, 128)):
+      raise ValueError(
+        f"{experts[0].header.path}: tensor {experts[0].info.name!r}: block-wise fp8 experts "
+        f"need 128 x 128 block scales, got {list(block)}"
+      )
+    parts: list[TensorLoad] = []
+    for load, scale in zip(experts, found, strict=True):
+      parts += [load] if scale is None else [load, scale.load]
+    out, inner = experts[0].info.shape
+    shape = scale_shape(len(experts), out, inner, blocks)
+    outputs = (
+      LeafOut(path, (len(experts), out, inner), np.dtype(jnp.float8_e4m3fn)),
+      LeafOut(fp8_scale_path(path), shape, np.dtype(np.float32)),
+    )
+    convert = _fp8_converter(block, blocks, out, inner)
+    leaves.append(LeafLoad(path, tuple(parts), convert, outputs))
+  return leaves
+
+
+@functools.cache
+def _fp8_converter(
+  block: tuple[int, int] | None, blocks: bool, out: int, inner: int
+) -> Callable[..., tuple[jax.Array, jax.Array]]:
+  """The raw parts (weights, each followed by its stored scale if `block`) -> (e4m3 [E, out, in],
+  float32 scale); one function per kind, so one jit per shape."""
+
+  def convert(*raws: jax.Array) -> tuple[jax.Array, jax.Array]:
+    if block is None:  # float experts, quantized per channel (or per block beside block ones)
+      return _quantized(jnp.stack(raws), blocks)
+    weights, stored = raws[0::2], raws[1::2]
+    if blocks:
+      return jnp.stack(weights), jnp.stack([s.astype(jnp.float32) for s in stored])
+    if block[1] >= inner and block[0] in (1, out):  # per channel, or one scale per tensor
+      per_channel = [jnp.broadcast_to(s.reshape(-1).astype(jnp.float32), (out,)) for s in stored]
+      return jnp.stack(weights), jnp.stack(per_channel)
+    floats = [dequantize(w, s, block) for w, s in zip(weights, stored, strict=True)]
+    return _quantized(jnp.stack(floats))
+
+  return convert
+
+
+def _quantized(experts: jax.Array, blocks: bool = False) -> tuple[jax.Array, jax.Array]:
+  """Float experts [E, out, in] -> (e4m3 [E, out, in], float32 scales), per channel [E, out] or
+  per 128 x 128 block [E, out/128, in/128]."""
+  q = quantize_experts(jnp.swapaxes(experts, 1, 2), blocks)  # takes flax's [E, in, out]
+  return q.weight, q.scale

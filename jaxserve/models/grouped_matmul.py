@@ -38,8 +38,11 @@ tests/tpu_aot/test_v6e_moe_and_gemma.py), so no Pallas kernel of ours sits behin
 there. On CPU JAX lowers ragged_dot to a masked dot over all E groups (correct, E times the FLOPs
 of the grouped product), which the CPU tests of tiny models can afford.
 
-The experts' weights are never 8-bit: a MoE model refuses `quantization` (models/moe_config.py),
-so both kernels take the rows' dtype (bfloat16, float16 or float32) only.
+Float experts take the rows' dtype (bfloat16, float16 or float32). fp8 experts
+(models/moe_config.py's expert_quantization) come as models/fp8_experts.Fp8Weights ([E, N, K]
+e4m3 with per-channel or 128 x 128 block scales) and run the W8A8 fp8 grouped matmul there, with
+the same `kernel` choice (the Pallas fp8 kernel on CUDA, ragged_dot on the exact fp8 values
+elsewhere); `expert_ffn` takes either kind, all three projections alike.
 """
 
 from __future__ import annotations
@@ -50,10 +53,12 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
+from jaxserve.models.fp8_experts import Fp8Weights, fp8_grouped_matmul, fp8_grouped_swiglu
 from pallas_kernels.grouped_matmul import gpu as pallas_gmm
 
 Kernel = Literal["auto", "ragged_dot", "pallas"]
 KERNELS = ("auto", "ragged_dot", "pallas")
+ExpertWeights = jax.Array | Fp8Weights  # float [E, K, N], or fp8 [E, N, K] with scales
 
 
 def _ragged_matmul(rows: jax.Array, weights: jax.Array, group_sizes: jax.Array) -> jax.Array:
@@ -68,8 +73,7 @@ def _ragged_swiglu(rows, gate, up, group_sizes) -> jax.Array:
 
 def _dispatch(kernel: Kernel, ragged: Callable, pallas: Callable, rows, weights, *rest):
   """ragged(rows, weights, *rest) or pallas(...) by `kernel` (module docstring)."""
-  if kernel not in KERNELS:
-    raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
+  _check_kernel(kernel)
   (m, k), (groups, _, n) = rows.shape, weights.shape
   fits = pallas_gmm.supports(m, k, n, groups) and rows.dtype == weights.dtype
   if kernel == "ragged_dot" or not (fits and jnp.dtype(rows.dtype) in pallas_gmm.DTYPES):
@@ -88,30 +92,46 @@ def _check(rows: jax.Array, weights: jax.Array, group_sizes: jax.Array) -> None:
     raise ValueError(f"group_sizes: expected [{weights.shape[0]}], got {group_sizes.shape}")
 
 
+def _check_kernel(kernel: Kernel) -> None:
+  if kernel not in KERNELS:
+    raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
+
+
 def grouped_matmul(
-  rows: jax.Array, weights: jax.Array, group_sizes: jax.Array, kernel: Kernel = "auto"
+  rows: jax.Array, weights: ExpertWeights, group_sizes: jax.Array, kernel: Kernel = "auto"
 ) -> jax.Array:
   """rows [M, K] (sorted by group) @ weights [G, K, N] -> [M, N] in rows' dtype: row m is
   multiplied by the weights of the group whose run holds it (group g owns the group_sizes[g]
   rows after those of groups < g). Rows past sum(group_sizes) are unspecified (zero from the
-  Pallas kernel)."""
+  Pallas kernel). Fp8Weights: W8A8 (models/fp8_experts.py)."""
+  if isinstance(weights, Fp8Weights):
+    _check_kernel(kernel)
+    return fp8_grouped_matmul(rows, weights, group_sizes, kernel)
   _check(rows, weights, group_sizes)
   return _dispatch(kernel, _ragged_matmul, pallas_gmm.grouped_matmul, rows, weights, group_sizes)
 
 
 def grouped_swiglu(
   rows: jax.Array,
-  gate: jax.Array,
-  up: jax.Array,
+  gate: ExpertWeights,
+  up: ExpertWeights,
   group_sizes: jax.Array,
   kernel: Kernel = "auto",
 ) -> jax.Array:
   """silu(rows @ gate) * (rows @ up) -> [M, I] in rows' dtype, each product grouped as in
-  grouped_matmul (gate, up [G, K, I])."""
+  grouped_matmul (gate, up [G, K, I], or both Fp8Weights)."""
+  if isinstance(gate, Fp8Weights):
+    _check_kernel(kernel)
+    return fp8_grouped_swiglu(rows, gate, up, group_sizes, kernel)
   _check(rows, gate, group_sizes)
   if up.shape != gate.shape:
     raise ValueError(f"up: expected {gate.shape} like gate, got {up.shape}")
   return _dispatch(kernel, _ragged_swiglu, pallas_gmm.grouped_swiglu, rows, gate, up, group_sizes)
+
+
+def expert_dims(w: ExpertWeights) -> tuple[int, int, int]:
+  """(E, in, out) of stacked experts, float [E, in, out] or Fp8Weights ([E, out, in])."""
+  return w.dims if isinstance(w, Fp8Weights) else tuple(w.shape)
 
 
 def sort_by_expert(
@@ -134,26 +154,39 @@ def expert_ffn(
   x: jax.Array,
   expert_ids: jax.Array,
   weights: jax.Array,
-  gate: jax.Array,
-  up: jax.Array,
-  down: jax.Array,
+  gate: ExpertWeights,
+  up: ExpertWeights,
+  down: ExpertWeights,
   first_expert: jax.Array | int = 0,
   *,
   kernel: Kernel = "auto",
 ) -> jax.Array:
   """x [T, H], expert_ids int32[T, K], weights float32[T, K], gate/up [E, H, I], down [E, I, H]
-  -> float32 [T, H]: the routing-weighted sum of each token's experts' SwiGLU FFNs, over the
-  assignments to experts first_expert .. first_expert + E - 1 (the others add zero). kernel:
-  the grouped matmuls' (module docstring)."""
+  (or Fp8Weights of [E, I, H] and [E, H, I]) -> float32 [T, H]: the routing-weighted sum of each
+  token's experts' SwiGLU FFNs, over the assignments to experts first_expert .. first_expert +
+  E - 1 (the others add zero). kernel: the grouped matmuls' (module docstring)."""
   num_tokens, top_k = expert_ids.shape
-  num_local, hidden, _ = gate.shape
+  num_local, hidden, inter = expert_dims(gate)
   if x.shape != (num_tokens, hidden) or weights.shape != expert_ids.shape:
     raise ValueError(
       f"x/weights: expected [{num_tokens}, {hidden}] and {expert_ids.shape}, "
       f"got {x.shape}, {weights.shape}"
     )
-  if up.shape != gate.shape or down.shape != (num_local, gate.shape[2], hidden):
-    raise ValueError(f"up/down: shapes {up.shape}, {down.shape} do not match gate {gate.shape}")
+  kinds = {type(w) for w in (gate, up, down)}
+  if (
+    len(kinds) > 1
+    or expert_dims(up) != expert_dims(gate)
+    or expert_dims(down)
+    != (
+      num_local,
+      inter,
+      hidden,
+    )
+  ):
+    raise ValueError(
+      f"up/down: {expert_dims(up)}, {expert_dims(down)} (E, in, out) do not match gate "
+      f"{expert_dims(gate)}, or mix float and fp8 experts"
+    )
   order, local, group_sizes = sort_by_expert(expert_ids, num_local, first_expert)
   rows = x[order // top_k]  # [M, H] each sorted assignment's token
   hidden_rows = grouped_swiglu(rows, gate, up, group_sizes, kernel)  # [M, I]

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from jaxserve.config.kernel_choices import KernelChoice
 from jaxserve.config.require import require as _require
 from jaxserve.config.require import require_bool
-from jaxserve.models.moe_config import check_experts
+from jaxserve.models.moe_config import check_experts, expert_quantization
 from jaxserve.quantization.scheme import NONE, check_quantization
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -116,6 +116,7 @@ class ModelConfig:
   # EngineConfig.quantized_gemm resolved (XLA or PALLAS_GPU: <= 16-token steps on the Pallas
   # kernel); engine-set
   quantized_gemm: KernelChoice = KernelChoice.XLA
+  block_fp8_experts: bool = False  # MoE: experts stored block-wise fp8, kept so (moe_config.py)
 
   def __post_init__(self) -> None:
     _require(
@@ -182,6 +183,13 @@ class ModelConfig:
         "eos_token_ids",
         f"special token ids must be in [0, {self.vocab_size}), got {token_id!r}",
       )
+
+  @property
+  def expert_quantization(self) -> str:
+    """The experts' weights: "none", "fp8_channel" or "fp8_block" (models/moe_config.py)."""
+    if not self.num_experts:
+      return "none"
+    return expert_quantization(self.quantization, self.block_fp8_experts)
 
   def _check_layers(self) -> None:
     layer_types = tuple(self.layer_types)

@@ -29,6 +29,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from jaxserve.config.kernel_choices import KernelChoice
+from jaxserve.models.fp8_experts import SCALE_SUFFIX, quantize_experts
+from jaxserve.models.moe_config import expert_quantization
 from jaxserve.quantization.matmul import quantized_matmul
 from jaxserve.quantization.quantize import quantize_weight
 from jaxserve.quantization.scheme import QuantScheme
@@ -107,9 +109,11 @@ class QuantizedDense(nn.Module):
 
 def quantize_params(params: dict, scheme: QuantScheme) -> dict:
   """Every projection kernel of a float params tree (fused or not; flax [in, out]) replaced, in
-  place, by its 8-bit kernel [out, in] and scale; returns `params`. One layer's projections at a
+  place, by its 8-bit kernel [out, in] and scale, and with the fp8 scheme a MoE's experts by fp8
+  experts (models/moe_config.py); returns `params`. One layer's projections at a
   time, so only the tree's own references keep the float kernels alive."""
   quantize = jax.jit(lambda kernel: quantize_weight(kernel.T, scheme))
+  experts_fp8 = expert_quantization(scheme.name, False) == "fp8_channel"
   for layer, modules in params.items():
     for module, projections in modules.items() if isinstance(modules, dict) else ():
       for name, leaves in projections.items() if isinstance(projections, dict) else ():
@@ -117,4 +121,17 @@ def quantize_params(params: dict, scheme: QuantScheme) -> dict:
           leaves = dict(leaves)
           leaves["kernel"], leaves["scale"] = quantize(leaves["kernel"])
           projections[name] = leaves
+        elif experts_fp8 and module == "mlp" and name == "experts":
+          projections[name] = _quantized_experts(leaves)
   return params
+
+
+def _quantized_experts(leaves: Mapping[str, jax.Array]) -> dict:
+  """A MoE layer's float experts ([E, in, out] each) -> fp8 per-channel weights [E, out, in] and
+  `<projection>_scale` leaves (models/fp8_experts.py)."""
+  quantize = jax.jit(quantize_experts)
+  out = {}
+  for name, kernel in leaves.items():
+    q = quantize(kernel)
+    out[name], out[name + SCALE_SUFFIX] = q.weight, q.scale
+  return out

@@ -35,12 +35,19 @@ from jaxserve.models.dequantized_loading import (
   plan_block_scales,
   plan_channel_scales,
 )
-from jaxserve.models.expert_weights import check_per_expert_layout, stacked_leaves
+from jaxserve.models.expert_weights import (
+  check_per_expert_layout,
+  fp8_scale_path,
+  fp8_stacked_leaves,
+  stacked_leaves,
+)
 from jaxserve.models.families import family_of
+from jaxserve.models.fp8_experts import scale_shape
 from jaxserve.models.fused_projections import merged_leaves
 from jaxserve.models.hf_config import model_config_from_hf
 from jaxserve.models.leaf_load import LeafLoad, ParamPath, ShardingFn, TensorLoad
 from jaxserve.models.model_config import ModelConfig
+from jaxserve.models.moe_config import keeps_block_fp8_experts
 from jaxserve.models.quantized_dense import is_quantized_kernel, kernel_shape, scale_path
 from jaxserve.models.quantized_loading import (
   plan_stored_scales,
@@ -97,6 +104,13 @@ def param_shapes(config: ModelConfig) -> dict:
       shape = kernel_shape(in_features, out_features)
       _set_leaf(tree, spec.path, jax.ShapeDtypeStruct(shape, jnp.dtype(scheme.weight_dtype)))
       _set_leaf(tree, scale_path(spec.path), jax.ShapeDtypeStruct((out_features,), jnp.float32))
+    elif spec.expert is not None and config.expert_quantization != "none":
+      out, inner = spec.hf_shape  # fp8 experts: [E, out, in] and their scales (fp8_experts.py)
+      weight = jax.ShapeDtypeStruct((config.num_experts, out, inner), jnp.float8_e4m3fn)
+      _set_leaf(tree, spec.path, weight)
+      blocks = config.expert_quantization == "fp8_block"
+      shape = scale_shape(config.num_experts, out, inner, blocks)
+      _set_leaf(tree, fp8_scale_path(spec.path), jax.ShapeDtypeStruct(shape, jnp.float32))
     elif spec.expert is not None:
       shape = (config.num_experts,) + spec.shape
       _set_leaf(tree, spec.path, jax.ShapeDtypeStruct(shape, jnp.dtype(config.dtype)))
@@ -117,10 +131,12 @@ def load_hf_config(checkpoint_dir: Path, dtype: str = "auto") -> ModelConfig:
     raise ValueError(f"{path}: invalid JSON: {err}") from err
   try:
     stored = stored_quantization(data)
-    block_fp8(data)  # checked here; its weights load as floats (models/dequantized_loading.py)
+    fmt = block_fp8(data)  # its Linears load as floats (models/dequantized_loading.py) ...
     config = model_config_from_hf(data, dtype)
   except ValueError as err:
     raise ValueError(f"{path}: {err}") from err
+  if fmt is not None and keeps_block_fp8_experts(config, fmt.block):
+    config = config.replace(block_fp8_experts=True)  # ... but its experts stay fp8
   return config if stored is None else config.replace(quantization=stored.scheme.name)
 
 
@@ -235,7 +251,8 @@ def load_hf_weights(
   compressed-tensors checkpoint (models/quantized_loading.py)."""
   loads = plan_hf_tensors(checkpoint_dir, config)
   dequantized = plan_dequantized(checkpoint_dir, loads)
-  if config.num_experts and config.quantization != "none":
+  experts = config.expert_quantization
+  if config.num_experts and config.quantization != "none" and experts == "none":
     logger.warning(
       "quantization %s: the attention projections only; the experts and routers stay in %s "
       "(models/moe_config.py)",
@@ -255,8 +272,11 @@ def load_hf_weights(
     leaves = [LeafLoad(load.path, (load,)) for load in loads]
   leaves = quantized_leaves(leaves, config, read_stored_quantization(checkpoint_dir))
   dtype = np.dtype(jnp.dtype(config.dtype))
-  leaves += stacked_leaves(expert_loads, dtype)
+  if experts == "none":
+    leaves += stacked_leaves(expert_loads, dtype)
   leaves = dequantized_leaves(leaves, dequantized, dtype)
+  if experts != "none":  # fp8 experts: stored (with their scales) or quantized as they load
+    leaves += fp8_stacked_leaves(expert_loads, dequantized, experts == "fp8_block")
   arrays, stats = transfer_tensors(leaves, dtype, sharding, options)
   _log(stats, checkpoint_dir)
   return _tree(arrays), stats

@@ -47,6 +47,21 @@ their channels:
   o_proj, down_proj kernel [out, in]               axis 1 (in); scale [out] replicated (their
                                                    out channels are not split)
 
+fp8 experts (models/fp8_experts.py: the experts module holds `<projection>_scale` leaves) store
+each projection [E, out, in], the transpose of the float experts' [E, in, out], so their rules
+shard the same dimension on the other axis, and each scale ([E, out] per channel, [E, out/128,
+in/128] per block) takes its weight's spec truncated to its rank, so it shards with its
+experts (expert parallel), or with its output channels / blocks of I (tensor parallel; a
+per-channel down_proj scale [E, H] is replicated):
+
+                                        tensor parallel        expert parallel
+  mlp/experts/gate_proj, up_proj        (-, model, -)          (model, -, -)
+    [E, I, H], scales [E, I(/128), ...]
+  mlp/experts/down_proj [E, H, I],      (-, -, model)          (model, -, -)
+    scale [E, H] or [E, H/128, I/128]
+
+Block scales under tensor parallelism need whole 128-blocks of I per device (check_experts).
+
 Merged projections (qkv_proj, gate_up_proj) have no rule: sharded models keep HF's separate
 projections (models/fused_projections.py says why).
 
@@ -95,6 +110,11 @@ EXPERT_SPECS = {
   False: ExpertSpecs(P(None, None, MODEL_AXIS), P(None, MODEL_AXIS, None), by_expert=False),
   True: ExpertSpecs(P(MODEL_AXIS, None, None), P(MODEL_AXIS, None, None), by_expert=True),
 }  # keyed by expert_parallel
+FP8_EXPERT_SPECS = {
+  False: ExpertSpecs(P(None, MODEL_AXIS, None), P(None, None, MODEL_AXIS), by_expert=False),
+  True: EXPERT_SPECS[True],
+}  # fp8 experts [E, out, in], keyed by expert_parallel
+EXPERT_SCALE = r"mlp/experts/(gate|up|down)_proj_scale$"
 
 PARAM_RULES: tuple[tuple[str, P], ...] = (
   (r"self_attn/(q|k|v)_proj/kernel$", P(None, MODEL_AXIS)),
@@ -190,6 +210,12 @@ def check_experts(
       f"tensor_parallel_size: {tp} does not divide the experts' intermediate size "
       f"{model_config.moe_intermediate_size}"
     )
+  blocks = model_config.moe_intermediate_size // 128
+  if not expert_parallel and model_config.expert_quantization == "fp8_block" and blocks % tp:
+    raise ValueError(
+      f"tensor_parallel_size: {tp} does not divide the fp8 experts' {blocks} blocks of 128 "
+      "intermediate columns (block scales); use enable_expert_parallel"
+    )
 
 
 def param_spec(
@@ -202,11 +228,15 @@ def param_spec(
 ) -> P:
   """The PartitionSpec of the param at `path` over a model axis of `mesh_size` devices, the
   experts split by expert when `expert_parallel`; `quantized`: it belongs to a quantized
-  projection (one holding a `scale`: is_quantized_projection). ValueError if no rule matches."""
+  projection (one holding a `scale`: is_quantized_projection) or fp8 experts
+  (is_quantized_projection too). ValueError if no rule matches."""
   name = "/".join(path)
   if not shard_vocab and re.search(VOCAB_PARAMS, name):
     return P()
-  experts = EXPERT_SPECS[expert_parallel]
+  experts = (FP8_EXPERT_SPECS if quantized else EXPERT_SPECS)[expert_parallel]
+  if quantized and re.search(EXPERT_SCALE, name):  # its weight's spec, truncated to its rank
+    spec = experts.down if "down_proj" in name else experts.gate_up
+    return _divisible(P(*tuple(spec)[: len(shape)]), shape, mesh_size)
   rules = (
     (QUANTIZED_RULES if quantized else ())
     + PARAM_RULES
@@ -227,8 +257,16 @@ def _divisible(spec: P, shape: tuple[int, ...], mesh_size: int) -> P:
 
 def is_quantized_projection(leaves: Mapping[str, object], name: str) -> bool:
   """Whether the module `name` holding `leaves` is a quantized projection: a *_proj with a
-  `scale` leaf (a float projection has kernel and bias only; norms' scales are not *_proj)."""
+  `scale` leaf (a float projection has kernel and bias only; norms' scales are not *_proj), or
+  fp8 experts (`experts` holding a `gate_proj_scale`)."""
+  if name == "experts":
+    return "gate_proj_scale" in leaves
   return name.endswith("_proj") and "scale" in leaves
+
+
+def expert_specs(expert_parallel: bool, fp8: bool) -> ExpertSpecs:
+  """The stacked experts' specs (EXPERT_SPECS, or FP8_EXPERT_SPECS for fp8 experts)."""
+  return (FP8_EXPERT_SPECS if fp8 else EXPERT_SPECS)[expert_parallel]
 
 
 def param_shardings(

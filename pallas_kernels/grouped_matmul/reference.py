@@ -1,8 +1,9 @@
 """Pure-jnp reference of the grouped matmul: row m, in the run of group g (group g owns the
 group_sizes[g] rows after those of groups < g), times weights[g], float32 accumulation, rounded
 once to the rows' dtype; rows past sum(group_sizes) are zero. The gated form is
-silu(rows @ gate) * (rows @ up) in float32, rounded once. The kernel's values match these to
-rounding (it sums K in its own order)."""
+silu(rows @ gate) * (rows @ up) in float32, rounded once. The fp8 forms (fp8.py's W8A8 kernel)
+quantize the rows to e4m3 as the kernel does, dequantize both operands and multiply in float32.
+The kernels' values match these to rounding (they sum K in their own order)."""
 
 from __future__ import annotations
 
@@ -45,4 +46,53 @@ def grouped_swiglu_reference(
   [M, N] in rows' dtype."""
   g = _products(rows, gate, group_sizes)  # [M, N] float32
   u = _products(rows, up, group_sizes)  # [M, N] float32
+  return (g * jax.nn.sigmoid(g) * u).astype(rows.dtype)
+
+
+def _fp8_groups(rows: jax.Array, group: int) -> jax.Array:
+  """rows [M, K] quantized to e4m3 per row and `group` values of K, dequantized: float32 [M, K]
+  (scale = largest magnitude * (1 / 448), 1 for zeros; values * (1 / scale), clipped)."""
+  m, k = rows.shape
+  x = rows.astype(jnp.float32).reshape(m, k // group, group)
+  amax = jnp.max(jnp.abs(x), axis=-1, keepdims=True)
+  scale = jnp.where(amax > 0, amax * jnp.float32(1.0 / 448.0), 1.0)
+  q = jnp.clip(x * (1.0 / scale), -448.0, 448.0).astype(jnp.float8_e4m3fn)
+  return (q.astype(jnp.float32) * scale).reshape(m, k)
+
+
+def _fp8_weights(weights: jax.Array, w_scale: jax.Array) -> jax.Array:
+  """e4m3 [G, N, K] times its scales ([G, N] or [G, N / 128, K / 128]) -> float32 [G, K, N]."""
+  s = w_scale.astype(jnp.float32)
+  if s.ndim == 2:
+    s = s[:, :, None]  # [G, N, 1]
+  else:
+    s = jnp.repeat(jnp.repeat(s, 128, axis=1), 128, axis=2)  # [G, N, K]
+  return jnp.swapaxes(weights.astype(jnp.float32) * s, 1, 2)
+
+
+def grouped_matmul_fp8_reference(
+  rows: jax.Array, weights: jax.Array, w_scale: jax.Array, group_sizes: jax.Array
+) -> jax.Array:
+  """The W8A8 fp8 grouped matmul (fp8.py): rows [M, K] quantized per row (w_scale [G, N]) or per
+  row and 128 of K (w_scale [G, N / 128, K / 128]), weights e4m3 [G, N, K] -> [M, N] in rows'
+  dtype, both operands dequantized and multiplied in float32."""
+  group = rows.shape[1] if w_scale.ndim == 2 else 128
+  x = _fp8_groups(rows, group)
+  return _products(x, _fp8_weights(weights, w_scale), group_sizes).astype(rows.dtype)
+
+
+def grouped_swiglu_fp8_reference(
+  rows: jax.Array,
+  gate: jax.Array,
+  gate_scale: jax.Array,
+  up: jax.Array,
+  up_scale: jax.Array,
+  group_sizes: jax.Array,
+) -> jax.Array:
+  """silu(rows @ gate.T) * (rows @ up.T) in float32 from grouped_matmul_fp8_reference's
+  products, rounded once to rows' dtype."""
+  group = rows.shape[1] if gate_scale.ndim == 2 else 128
+  x = _fp8_groups(rows, group)
+  g = _products(x, _fp8_weights(gate, gate_scale), group_sizes)
+  u = _products(x, _fp8_weights(up, up_scale), group_sizes)
   return (g * jax.nn.sigmoid(g) * u).astype(rows.dtype)

@@ -97,3 +97,20 @@ def test_a_tiling_sweep_times_the_kernel_per_tiling(smoke, tmp_path):
   swept = report["rows"][0]["pallas_tilings"]
   assert swept["gate 16x16x16/2 w4 s4"]["us"] > 0 and swept["swiglu 16x16x16/2 w4 s4"]["us"] > 0
   assert "N 32 must be a multiple of block_n" in swept["gate 16x64x16/1 w4 s4"]["error"]
+
+
+def test_fp8_smoke_counts_the_e4m3_bytes(tmp_path):
+  """--fp8 block: the routed FFN on fp8 experts (whole 128-blocks: SMOKE_FP8), the fp8 kernel's
+  gate product equal to the fp8 ragged_dot path's, and the bandwidth counted from the e4m3 bytes
+  and block scales the batch touches."""
+  report, printed = _main(tmp_path / "fp8.json", "--fp8", "block", "--batches", "1")
+  shape = bench.SMOKE_FP8
+  assert report["shape"]["fp8"] == "block"
+  (row,) = report["rows"]
+  assert row["pallas_max_abs_error_vs_ragged"] < 2e-2  # bfloat16 outputs, summed in its own order
+  assert row["max_abs_error_vs_dense"] < 0.1  # the bf16 reference's activations are unquantized
+  touched_bytes = row["experts_touched"] * (3 * 256 * 128 + 4 * 3 * 2)  # e4m3, 2 blocks each
+  assert shape.top_k == row["experts_touched"]
+  ffn = row["expert_ffn"]
+  assert np.isclose(ffn["gb_per_s"] * ffn["us"] * 1e3, touched_bytes)
+  assert "'fp8': 'block'" in printed

@@ -261,12 +261,21 @@ def _write_tokenizer(out_dir: Path, family: str) -> tuple[int, list[int]]:
 
 
 def build_hf_checkpoint(
-  family: str, out_dir: Path, *, dtype: str = "float32", seed: int = 0, sharded: bool = False
+  family: str,
+  out_dir: Path,
+  *,
+  dtype: str = "float32",
+  seed: int = 0,
+  sharded: bool = False,
+  overrides: dict | None = None,
 ) -> Path:
-  """Writes a tiny random `family` checkpoint into out_dir (created) and returns out_dir."""
+  """Writes a tiny random `family` checkpoint into out_dir (created) and returns out_dir;
+  `overrides` replaces fields of its transformers config (e.g. a larger moe_intermediate_size)."""
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   config = _hf_config(family)
+  for name, value in (overrides or {}).items():
+    setattr(config, name, value)
   config.bos_token_id, eos_ids = _write_tokenizer(out_dir, family)
   config.eos_token_id = eos_ids if len(eos_ids) > 1 else eos_ids[0]
   model_class = _MODEL_CLASSES[config.model_type]

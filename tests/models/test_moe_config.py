@@ -126,7 +126,40 @@ def test_unsupported_switches_name_their_field():
   config = model_config_from_hf(MIXTRAL_8X7B)
   with pytest.raises(ValueError, match="^batch_invariant: .*mixture-of-experts"):
     config.replace(batch_invariant=True)
-  assert config.replace(quantization="fp8").quantization == "fp8"  # attention only (docstring)
+  assert config.replace(quantization="fp8").quantization == "fp8"
+  with pytest.raises(ValueError, match="^block_fp8_experts: needs a mixture of experts"):
+    model_config_from_hf({**MIXTRAL_8X7B, "architectures": ["MistralForCausalLM"]}).replace(
+      block_fp8_experts=True
+    )
+  with pytest.raises(ValueError, match=r"^block_fp8_experts: needs .* multiples of 128"):
+    config.replace(moe_intermediate_size=14400, block_fp8_experts=True)
+  with pytest.raises(ValueError, match="^block_fp8_experts: .*tp_invariant_reductions"):
+    config.replace(block_fp8_experts=True, tp_invariant_reductions=True)
+
+
+@pytest.mark.parametrize(
+  "quantization, blocks, want",
+  [
+    ("none", False, "none"),
+    ("fp8", False, "fp8_channel"),  # quantized on load, or compressed-tensors' stored fp8
+    ("fp8_w8a16", False, "none"),  # weight-only and int8 schemes: attention only
+    ("int8_w8a8", False, "none"),
+    ("none", True, "fp8_block"),  # a block-wise fp8 checkpoint keeps its blocks ...
+    ("fp8", True, "fp8_block"),  # ... whatever the attention runs
+  ],
+)
+def test_which_experts_run_in_fp8(quantization, blocks, want):
+  config = model_config_from_hf(QWEN3_30B_A3B)
+  config = config.replace(quantization=quantization, block_fp8_experts=blocks)
+  assert config.expert_quantization == want
+  experts = param_shapes(config)["layers_0"]["mlp"]["experts"]
+  if want == "none":
+    assert experts["down_proj"].shape == (128, 768, 2048) and "down_proj_scale" not in experts
+  else:  # [E, out, in] e4m3, scales per channel or per 128 x 128 block
+    assert experts["down_proj"].shape == (128, 2048, 768)
+    assert experts["down_proj"].dtype == jax.numpy.float8_e4m3fn
+    scale = (128, 16, 6) if blocks else (128, 2048)
+    assert experts["down_proj_scale"].shape == scale
 
 
 def test_dense_architectures_keep_zero_experts():

@@ -269,9 +269,10 @@ def test_compressed_tensors_moe_experts_load_dequantized(hf_checkpoint, tmp_path
     )
 
 
-def test_a_moe_quantizes_its_attention_on_load(hf_checkpoint):
-  """`--quantization fp8` on a float Qwen3-MoE: the attention projections in e4m3 with their
-  scales, as quantize-on-load makes them; the router and the experts stay floats."""
+def test_a_moe_quantizes_its_attention_and_experts_on_load(hf_checkpoint):
+  """`--quantization fp8` on a float Qwen3-MoE: the attention projections and the experts in e4m3
+  with their per-channel scales, as quantize-on-load makes them (the experts stacked [E, out,
+  in]: models/fp8_experts.py); the router stays a float."""
   loaded = load_model(str(hf_checkpoint("qwen3_moe")), quantization="fp8")
   layer = loaded.params["layers_1"]
   assert _abstract(init_param_shapes(loaded.config)) == _abstract(loaded.params)
@@ -282,5 +283,11 @@ def test_a_moe_quantizes_its_attention_on_load(hf_checkpoint):
   np.testing.assert_array_equal(
     np.asarray(layer["self_attn"]["o_proj"]["kernel"]).view(np.uint8), q.view(np.uint8)
   )
-  assert layer["mlp"]["experts"]["gate_proj"].dtype == jnp.float32
+  w = hf["model.layers.1.mlp.experts.6.gate_proj.weight"].float().numpy()
+  q, scale = reference.quantize_weight(w, scheme_for("fp8"))
+  experts = layer["mlp"]["experts"]
+  np.testing.assert_array_equal(np.asarray(experts["gate_proj_scale"][6]), scale)
+  np.testing.assert_array_equal(
+    np.asarray(experts["gate_proj"][6]).view(np.uint8), q.view(np.uint8)
+  )
   assert layer["mlp"]["gate"]["kernel"].dtype == jnp.float32

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxserve.models.fp8_experts import Fp8Weights
 from jaxserve.models.grouped_matmul import expert_ffn
 from jaxserve.parallel.partition_rules import MODEL_AXIS
 from jaxserve.parallel.sharded_experts import shard_experts
@@ -138,10 +139,32 @@ def _moe_args(num_tokens: int, e: int = 128, h: int = 2048, i: int = 768, top_k:
   )
 
 
-def _assert_grouped_matmul_kernels(text: str, m: int, e: int) -> None:
+def _fp8_moe_args(num_tokens: int, blocks: bool, e: int = 128, h: int = 2048, i: int = 768):
+  """_moe_args with fp8 experts (models/fp8_experts.Fp8Weights: [E, out, in] e4m3 and scales)."""
+
+  def fp8(out: int, inner: int) -> Fp8Weights:
+    scale = (e, out // 128, inner // 128) if blocks else (e, out)
+    return Fp8Weights(
+      jax.ShapeDtypeStruct((e, out, inner), jnp.float8_e4m3fn),
+      jax.ShapeDtypeStruct(scale, jnp.float32),
+    )
+
+  return _moe_args(num_tokens, e, h, i)[:3] + (fp8(i, h), fp8(i, h), fp8(h, i))
+
+
+@pytest.mark.parametrize("blocks", [False, True], ids=["channel", "block"])
+@pytest.mark.parametrize("num_tokens", [1, 8192], ids=["decode1", "prefill8k"])
+def test_fp8_moe_layer_lowers_to_the_fp8_grouped_matmul_kernel(num_tokens, blocks):
+  """Qwen3-30B-A3B's MoE layer with fp8 experts (per channel, or 128 x 128 blocks): for CUDA,
+  two Pallas fp8 grouped-matmul calls (gate/up fused, down), no ragged_dot, no [M, E, N]."""
+  text = _lower_for_cuda(expert_ffn, *_fp8_moe_args(num_tokens, blocks))
+  _assert_grouped_matmul_kernels(text, num_tokens * 8, 128, "grouped_matmul_fp8")
+
+
+def _assert_grouped_matmul_kernels(text: str, m: int, e: int, name: str = "grouped_matmul") -> None:
   assert _custom_call_targets(text) == {TRITON_CALL_TARGET}
   assert text.count(f"custom_call @{TRITON_CALL_TARGET}") == 2
-  assert text.count('name = "grouped_matmul"') == 2
+  assert text.count(f'name = "{name}"') == 2
   assert "ragged_dot" not in text
   assert not re.search(rf"tensor<{m}x{e}x\d+x", text)  # no [M, E, N] array anywhere
 
@@ -160,3 +183,9 @@ def test_sharded_moe_layer_lowers_to_the_grouped_matmul_kernel(expert_parallel):
     lowered = jax.jit(shard_experts(mesh, expert_parallel)).trace(*_moe_args(64))
     text = lowered.lower(lowering_platforms=("cuda",)).as_text()
   _assert_grouped_matmul_kernels(text, 64 * 8, 64 if expert_parallel else 128)
+  with jax.sharding.use_abstract_mesh(mesh):  # fp8 block experts: scales sharded with them
+    lowered = jax.jit(shard_experts(mesh, expert_parallel)).trace(*_fp8_moe_args(64, True))
+    text = lowered.lower(lowering_platforms=("cuda",)).as_text()
+  _assert_grouped_matmul_kernels(text, 64 * 8, 64 if expert_parallel else 128, "grouped_matmul_fp8")
+  local = "64x768x2048" if expert_parallel else "128x384x2048"  # each device's gate [E, I, H]
+  assert f"tensor<{local}xf8E4M3FN>" in text

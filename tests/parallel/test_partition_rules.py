@@ -75,6 +75,47 @@ def test_expert_layouts_must_divide_what_they_split():
     check_experts(tiny_random_config(), 2, expert_parallel=True)
 
 
+def test_fp8_experts_shard_out_in_and_their_scales_follow():
+  """fp8 experts [E, out, in] (models/fp8_experts.py): tensor parallel shards I on the other
+  axis than the float experts' [E, in, out]; each scale takes its weight's spec truncated to its
+  rank (a per-channel down_proj scale [E, H] replicated); expert parallel splits E."""
+  config = tiny_random_config().replace(
+    architecture="qwen3_moe",
+    hidden_size=256,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=512,
+  )
+  for kind, quantization, blocks in (("fp8_channel", "fp8", False), ("fp8_block", "none", True)):
+    c = config.replace(quantization=quantization, block_fp8_experts=blocks)
+    assert c.expert_quantization == kind
+    experts = param_shapes(c)["layers_0"]["mlp"]["experts"]
+
+    def spec(name, experts=experts, ep=False):
+      tree = {"layers_0": {"mlp": {"experts": experts}}}
+      shardings = param_shardings(tree, _mesh_of(2), expert_parallel=ep)
+      return shardings["layers_0"]["mlp"]["experts"][name].spec
+
+    assert experts["gate_proj"].shape == (4, 512, 256) and spec("gate_proj") == P(
+      None, "model", None
+    )
+    assert spec("down_proj") == P(None, None, "model")
+    assert spec("gate_proj_scale") == (P(None, "model", None) if blocks else P(None, "model"))
+    assert spec("down_proj_scale") == (P(None, None, "model") if blocks else P(None, None))
+    for name in ("gate_proj", "up_proj_scale", "down_proj", "down_proj_scale"):
+      assert spec(name, ep=True)[0] == "model"
+  # block scales under tensor parallelism: whole 128-blocks of I per device
+  blocks = config.replace(block_fp8_experts=True, moe_intermediate_size=384)
+  check_experts(blocks, 3, expert_parallel=False)  # 384 = 3 blocks of 128
+  with pytest.raises(ValueError, match="tensor_parallel_size: 2 does not divide the fp8"):
+    check_experts(blocks, 2, expert_parallel=False)
+  check_experts(blocks, 2, expert_parallel=True)
+
+
+def _mesh_of(size: int) -> jax.sharding.AbstractMesh:
+  return jax.sharding.AbstractMesh((size,), ("model",))
+
+
 def _one_device_mesh() -> jax.sharding.Mesh:
   return jax.sharding.Mesh(np.array(jax.devices()[:1]), ("model",))
 

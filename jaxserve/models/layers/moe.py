@@ -17,6 +17,13 @@ Params, with E experts, H hidden and I the experts' intermediate size:
   gate/kernel [H, E]
   experts/gate_proj [E, H, I]   experts/up_proj [E, H, I]   experts/down_proj [E, I, H]
 
+With fp8 experts (ModelConfig.expert_quantization, models/moe_config.py) each projection is
+float8_e4m3fn [E, out, in] beside its float32 scale (models/fp8_experts.py), per channel or per
+128 x 128 block:
+  experts/gate_proj, up_proj [E, I, H]   experts/gate_proj_scale, up_proj_scale [E, I] or
+                                         [E, I/128, H/128]
+  experts/down_proj [E, H, I]            experts/down_proj_scale [E, H] or [E, H/128, I/128]
+
 With `tp_invariant_reductions` the router's GEMM is fenced off by optimization barriers (its
 weights are replicated, so every layout runs the same GEMM) and the placement injects experts that
 mirror a two-device layout (models/invariant_experts.py).
@@ -34,11 +41,12 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from jaxserve.models.fp8_experts import SCALE_SUFFIX, Fp8Weights, scale_shape
 from jaxserve.models.grouped_matmul import expert_ffn
 from jaxserve.models.model_config import ModelConfig
 
-# (x [T, H], expert_ids int32[T, K], weights float32[T, K], gate, up [E, H, I], down [E, I, H])
-#   -> float32 [T, H]
+# (x [T, H], expert_ids int32[T, K], weights float32[T, K], gate, up [E, H, I], down [E, I, H]
+#   (or their Fp8Weights)) -> float32 [T, H]
 ExpertsFn = Callable[..., jax.Array]
 
 
@@ -61,14 +69,31 @@ class Experts(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, expert_ids: jax.Array, weights: jax.Array) -> jax.Array:
     cfg = self.config
-    dtype = jnp.dtype(cfg.dtype)
-    shape = (cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
-    init = nn.initializers.normal(0.02)
-    gate = self.param("gate_proj", init, shape, dtype)  # [E, H, I]
-    up = self.param("up_proj", init, shape, dtype)  # [E, H, I]
-    down = self.param("down_proj", init, (shape[0], shape[2], shape[1]), dtype)  # [E, I, H]
+    e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    if cfg.expert_quantization == "none":
+      dtype, init = jnp.dtype(cfg.dtype), nn.initializers.normal(0.02)
+      gate = self.param("gate_proj", init, (e, h, i), dtype)  # [E, H, I]
+      up = self.param("up_proj", init, (e, h, i), dtype)  # [E, H, I]
+      down = self.param("down_proj", init, (e, i, h), dtype)  # [E, I, H]
+    else:
+      gate, up = self._fp8("gate_proj", i, h), self._fp8("up_proj", i, h)  # [E, I, H]
+      down = self._fp8("down_proj", h, i)  # [E, H, I]
     run = self.experts if self.experts is not None else expert_ffn
     return run(x, expert_ids, weights, gate, up, down)  # float32 [T, H]
+
+  def _fp8(self, name: str, out: int, inner: int) -> Fp8Weights:
+    """One projection's fp8 experts [E, out, in] and scales (random at init: N(0, 1) e4m3 values
+    times 0.02)."""
+    cfg = self.config
+    blocks = cfg.expert_quantization == "fp8_block"
+
+    def init_weight(key, shape):
+      return jax.random.normal(key, shape, jnp.float32).astype(jnp.float8_e4m3fn)
+
+    weight = self.param(name, init_weight, (cfg.num_experts, out, inner))
+    shape = scale_shape(cfg.num_experts, out, inner, blocks)
+    scale = self.param(name + SCALE_SUFFIX, lambda _, s: jnp.full(s, 0.02, jnp.float32), shape)
+    return Fp8Weights(weight, scale)
 
 
 class SparseMoeBlock(nn.Module):

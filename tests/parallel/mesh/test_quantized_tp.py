@@ -20,12 +20,16 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from jaxserve.models.fp8_experts import Fp8Weights
+from jaxserve.models.grouped_matmul import expert_ffn
 from jaxserve.models.registry import convert_checkpoint, load_model
 from jaxserve.parallel.partition_rules import build_mesh
+from jaxserve.parallel.sharded_experts import shard_experts
 from jaxserve.parallel.sharded_loading import load_model_sharded
 from tests.integration.engine_helpers import generate_and_score
 from tests.models.block_fp8_checkpoints import write_block_fp8
 from tests.models.compressed_checkpoints import write_compressed_tensors
+from tests.models.hf_checkpoints import build_hf_checkpoint
 from tests.parallel.mesh.conftest import tp_engine
 
 FAMILY = "llama_kv8"  # 8 kv heads
@@ -136,3 +140,57 @@ def test_dequantized_and_moe_loads_shard_the_one_device_params(
     np.testing.assert_array_equal(
       np.asarray(leaf).view(np.uint8), np.asarray(one[path]).view(np.uint8), err_msg=str(path)
     )
+
+
+@pytest.mark.parametrize(
+  "blocks, expert_parallel",
+  [(True, False), (True, True), (False, False)],
+  ids=["block-tp2", "block-ep2", "channel-tp2"],
+)
+def test_fp8_experts_shard_with_their_scales(tmp_path, blocks, expert_parallel):
+  """fp8 experts (a block-wise fp8 Qwen3-MoE with I = 256: two blocks of 128; or per channel
+  from `--quantization fp8`): the sharded load holds the one-device load's bytes, each weight
+  [E, out, in] and its scale split together (partition_rules.FP8_EXPERT_SPECS), and the sharded
+  experts (parallel/sharded_experts.py) compute the one-device layer: to float32 rounding where
+  every device sees whole activation rows (expert parallel, and 128-column blocks), within the
+  per-device activation scales' rounding otherwise (tensor parallel per channel: the down
+  projection's rows are quantized over each device's I / 2 columns)."""
+  source = build_hf_checkpoint(
+    "qwen3_moe", tmp_path / "float", overrides={"moe_intermediate_size": 256}
+  )
+  model = str(write_block_fp8(source, tmp_path / "fp8") if blocks else source)
+  scheme = "none" if blocks else "fp8"
+  one = load_model(model, quantization=scheme)
+  assert one.config.expert_quantization == ("fp8_block" if blocks else "fp8_channel")
+  mesh = build_mesh(2)
+  sharded = load_model_sharded(
+    model, "auto", mesh, quantization=scheme, expert_parallel=expert_parallel
+  )
+  ones, leaves = _leaves(one.params), _leaves(sharded.params)
+  assert leaves.keys() == ones.keys()
+  for path, leaf in leaves.items():
+    np.testing.assert_array_equal(
+      np.asarray(leaf).view(np.uint8), np.asarray(ones[path]).view(np.uint8), err_msg=str(path)
+    )
+  experts = sharded.params["layers_0"]["mlp"]["experts"]
+  for name, split in (("gate_proj", 1), ("down_proj", 2)):  # tensor parallel: I's axis
+    axis = 0 if expert_parallel else split
+    for leaf in (experts[name], experts[name + "_scale"]):
+      want = list(leaf.shape)
+      if axis < leaf.ndim:  # a per-channel down_proj scale [E, H] is replicated
+        want[axis] //= 2
+      assert leaf.addressable_shards[0].data.shape == tuple(want), (name, leaf.shape)
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((8, 128)), jnp.float32)
+  ids = jnp.asarray(np.argsort(rng.random((8, 8)), axis=1)[:, :4], jnp.int32)
+  routing = jnp.full((8, 4), 0.25, jnp.float32)
+
+  def weights(tree):
+    return [Fp8Weights(tree[p], tree[p + "_scale"]) for p in ("gate_proj", "up_proj", "down_proj")]
+
+  want = np.asarray(expert_ffn(x, ids, routing, *weights(one.params["layers_0"]["mlp"]["experts"])))
+  got = np.asarray(
+    jax.jit(shard_experts(mesh, expert_parallel))(x, ids, routing, *weights(experts))
+  )
+  exact = blocks or expert_parallel
+  np.testing.assert_allclose(got, want, rtol=0, atol=(1e-5 if exact else 0.05) * np.abs(want).max())
