@@ -44,6 +44,7 @@ so both kernels take the rows' dtype (bfloat16, float16 or float32) only.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Literal
 
@@ -51,9 +52,12 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.grouped_matmul import gpu as pallas_gmm
+from pallas_kernels.grouped_matmul.routed import grouped_matmul_scattered, grouped_swiglu_gathered
+from pallas_kernels.grouped_matmul.routing import route_assignments
+from pallas_kernels.grouped_matmul.tiles import default_block_m
 
-Kernel = Literal["auto", "ragged_dot", "pallas"]
-KERNELS = ("auto", "ragged_dot", "pallas")
+Kernel = Literal["auto", "ragged_dot", "pallas", "pallas_sorted"]
+KERNELS = ("auto", "ragged_dot", "pallas", "pallas_sorted")
 
 
 def _ragged_matmul(rows: jax.Array, weights: jax.Array, group_sizes: jax.Array) -> jax.Array:
@@ -74,7 +78,7 @@ def _dispatch(kernel: Kernel, ragged: Callable, pallas: Callable, rows, weights,
   fits = pallas_gmm.supports(m, k, n, groups) and rows.dtype == weights.dtype
   if kernel == "ragged_dot" or not (fits and jnp.dtype(rows.dtype) in pallas_gmm.DTYPES):
     return ragged(rows, weights, *rest)
-  if kernel == "pallas":
+  if kernel in ("pallas", "pallas_sorted"):
     return pallas(rows, weights, *rest, interpret=jax.default_backend() != "gpu")
   return jax.lax.platform_dependent(rows, weights, *rest, cuda=pallas, default=ragged)
 
@@ -130,6 +134,44 @@ def sort_by_expert(
   return order, local, group_sizes
 
 
+def _sorted_ffn(x, expert_ids, weights, gate, up, down, first_expert, *, kernel: Kernel):
+  """expert_ffn through a sort by expert, a copy of the sorted rows, the two grouped products
+  (`kernel`'s) and the inverse permutation."""
+  num_tokens, top_k = expert_ids.shape
+  order, local, group_sizes = sort_by_expert(expert_ids, gate.shape[0], first_expert)
+  rows = x[order // top_k]  # [M, H] each sorted assignment's token
+  hidden_rows = grouped_swiglu(rows, gate, up, group_sizes, kernel)  # [M, I]
+  out = grouped_matmul(hidden_rows, down, group_sizes, kernel)  # [M, H] sorted
+  num_rows = order.shape[0]
+  inverse = jnp.zeros_like(order).at[order].set(jnp.arange(num_rows, dtype=order.dtype))  # [M]
+  out = out[inverse].astype(jnp.float32)  # [M, H] in assignment order
+  scale = jnp.where(local, weights.reshape(-1).astype(jnp.float32), 0.0)  # [M]
+  out = jnp.where(local[:, None], out, 0.0) * scale[:, None]  # [M, H]
+  return out.reshape(num_tokens, top_k, -1).sum(axis=1)  # [T, H]
+
+
+def _routed_ffn(x, expert_ids, weights, gate, up, down, first_expert, *, interpret: bool):
+  """expert_ffn through the routing kernel and the routed products (module docstring)."""
+  num_tokens, top_k = expert_ids.shape
+  num_local = gate.shape[0]
+  block_m = default_block_m(num_tokens * top_k, num_local)
+  routing = route_assignments(expert_ids, num_local, block_m, first_expert, interpret=interpret)
+  hidden_rows = grouped_swiglu_gathered(x, gate, up, routing, top_k, interpret=interpret)
+  route_weights = weights.reshape(-1).astype(jnp.float32)  # [M] assignment order
+  out = grouped_matmul_scattered(hidden_rows, down, routing, route_weights, interpret=interpret)
+  return out.astype(jnp.float32).reshape(num_tokens, top_k, -1).sum(axis=1)  # [T, H]
+
+
+def _routed_fits(x, gate, down, num_rows: int) -> bool:
+  (num_local, hidden, inner), dtype = gate.shape, jnp.dtype(x.dtype)
+  return (
+    dtype in pallas_gmm.DTYPES
+    and gate.dtype == down.dtype == dtype
+    and pallas_gmm.supports(num_rows, hidden, inner, num_local)
+    and pallas_gmm.supports(num_rows, inner, hidden, num_local)
+  )
+
+
 def expert_ffn(
   x: jax.Array,
   expert_ids: jax.Array,
@@ -144,7 +186,7 @@ def expert_ffn(
   """x [T, H], expert_ids int32[T, K], weights float32[T, K], gate/up [E, H, I], down [E, I, H]
   -> float32 [T, H]: the routing-weighted sum of each token's experts' SwiGLU FFNs, over the
   assignments to experts first_expert .. first_expert + E - 1 (the others add zero). kernel:
-  the grouped matmuls' (module docstring)."""
+  the path (module docstring)."""
   num_tokens, top_k = expert_ids.shape
   num_local, hidden, _ = gate.shape
   if x.shape != (num_tokens, hidden) or weights.shape != expert_ids.shape:
@@ -154,13 +196,16 @@ def expert_ffn(
     )
   if up.shape != gate.shape or down.shape != (num_local, gate.shape[2], hidden):
     raise ValueError(f"up/down: shapes {up.shape}, {down.shape} do not match gate {gate.shape}")
-  order, local, group_sizes = sort_by_expert(expert_ids, num_local, first_expert)
-  rows = x[order // top_k]  # [M, H] each sorted assignment's token
-  hidden_rows = grouped_swiglu(rows, gate, up, group_sizes, kernel)  # [M, I]
-  out = grouped_matmul(hidden_rows, down, group_sizes, kernel)  # [M, H] sorted
-  num_rows = order.shape[0]
-  inverse = jnp.zeros_like(order).at[order].set(jnp.arange(num_rows, dtype=order.dtype))  # [M]
-  out = out[inverse].astype(jnp.float32)  # [M, H] in assignment order
-  scale = jnp.where(local, weights.reshape(-1).astype(jnp.float32), 0.0)  # [M]
-  out = jnp.where(local[:, None], out, 0.0) * scale[:, None]  # [M, H]
-  return out.reshape(num_tokens, top_k, hidden).sum(axis=1)  # [T, H]
+  if kernel not in KERNELS:
+    raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
+  operands = (x, expert_ids, weights, gate, up, down, jnp.asarray(first_expert, jnp.int32))
+  fits = num_tokens > 0 and _routed_fits(x, gate, down, num_tokens * top_k)
+  if kernel == "pallas_sorted" or (kernel == "pallas" and not fits):
+    return _sorted_ffn(*operands, kernel="pallas")
+  ragged = functools.partial(_sorted_ffn, kernel="ragged_dot")
+  if kernel == "ragged_dot" or not fits:
+    return ragged(*operands)
+  if kernel == "pallas":
+    return _routed_ffn(*operands, interpret=jax.default_backend() != "gpu")
+  routed = functools.partial(_routed_ffn, interpret=False)
+  return jax.lax.platform_dependent(*operands, cuda=routed, default=ragged)

@@ -60,11 +60,17 @@ def _largest_pow2_divisor(n: int, cap: int) -> int:
   return block
 
 
+def default_block_m(m: int, num_groups: int) -> int:
+  """The default row tile for M rows over G groups (module docstring), whatever K and N: the
+  routing kernel (routing.py) maps the rows to tiles of this size for both of a MoE's products."""
+  per_group = max(1, -(-2 * m // max(num_groups, 1)))
+  return min(64, max(MIN_BLOCK, pl.next_power_of_2(per_group)))
+
+
 def default_tiling(m: int, k: int, n: int, num_groups: int, gated: bool = False) -> Tiling:
   """The tiling for M rows over G groups of [K, N] weights (module docstring); K and N multiples
   of 16. gated: two weights per program (the fused SwiGLU)."""
-  per_group = max(1, -(-2 * m // max(num_groups, 1)))
-  block_m = min(64, max(MIN_BLOCK, pl.next_power_of_2(per_group)))
+  block_m = default_block_m(m, num_groups)
   if block_m == MIN_BLOCK:
     block_n, block_k, stages = _largest_pow2_divisor(n, 64), _largest_pow2_divisor(k, 128), 4
   else:
