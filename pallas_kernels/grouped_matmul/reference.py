@@ -63,7 +63,7 @@ def route_assignments_reference(
   sizes = jnp.bincount(key, length=num_local).astype(jnp.int32)  # [E]
   m = flat.shape[0]
   tiles = num_tiles(m, num_local, block_m) if m else 0
-  return Routing(order, sizes, *tile_map(sizes, m, block_m, tiles))
+  return Routing(order, sizes, *tile_map(sizes, m, block_m, tiles), block_m=block_m)
 
 
 def grouped_swiglu_gathered_reference(

@@ -15,7 +15,7 @@ XLA fuses with whatever follows. Every output row is written by exactly one prog
 block: no atomics, deterministic.
 
 The routing must be built for the tiling's block_m (tiles.default_block_m for the default
-tilings, which both products share: block_m depends on M and G only); its tile count is checked.
+tilings, which both products share: block_m depends on M and G only); both are checked.
 """
 
 from __future__ import annotations
@@ -30,11 +30,13 @@ from pallas_kernels.grouped_matmul.tiles import num_tiles
 
 def _check_routing(name: str, routing: Routing, m: int, num_groups: int, tiling: Tiling) -> None:
   tiles = num_tiles(m, num_groups, tiling.block_m) if m else 0
-  if routing.order.shape != (m,) or routing.tile_group.shape != (tiles,):
+  if routing.order.shape != (m,) or routing.block_m != tiling.block_m:
     raise ValueError(
-      f"{name}: routing: expected order [{m}] and {tiles} tiles of {tiling.block_m} rows, got "
-      f"order {list(routing.order.shape)} and {routing.tile_group.shape[0]} tiles"
+      f"{name}: routing: expected order [{m}] and tiles of {tiling.block_m} rows, got "
+      f"order {list(routing.order.shape)} and tiles of {routing.block_m}"
     )
+  if routing.tile_group.shape != (tiles,):
+    raise ValueError(f"{name}: routing: expected {tiles} tiles, got {routing.tile_group.shape}")
 
 
 def grouped_swiglu_gathered(

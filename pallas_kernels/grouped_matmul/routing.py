@@ -35,7 +35,7 @@ block_m); int32 throughout.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -50,19 +50,30 @@ TILE_BLOCK = 64  # tiles per chunk of the tile map
 MAX_EXPERTS = 1024
 
 
-class Routing(NamedTuple):
-  """The sorted rows of M assignments over E local experts and their row tiles (module
-  docstring)."""
+@functools.partial(
+  jax.tree_util.register_dataclass,
+  data_fields=["order", "group_sizes", "tile_group", "tile_start", "tile_rows"],
+  meta_fields=["block_m"],
+)
+@dataclass(frozen=True)
+class Routing:
+  """The sorted rows of M assignments over E local experts and their row tiles of block_m rows
+  (module docstring); a pytree whose block_m is static."""
 
   order: jax.Array  # int32[M]
   group_sizes: jax.Array  # int32[E]
   tile_group: jax.Array  # int32[num_tiles]
   tile_start: jax.Array  # int32[num_tiles]
   tile_rows: jax.Array  # int32[num_tiles]
+  block_m: int
 
   @property
   def tile_args(self) -> tuple[jax.Array, jax.Array, jax.Array]:
     return self.tile_group, self.tile_start, self.tile_rows
+
+  def arrays(self) -> tuple[jax.Array, ...]:
+    """order, group_sizes and the tile map, in that order."""
+    return (self.order, self.group_sizes, *self.tile_args)
 
 
 def _exclusive(hits: jax.Array) -> jax.Array:
@@ -167,7 +178,7 @@ def _route(flat_ids, first, *, num_local: int, block_m: int, interpret: bool) ->
     interpret=interpret,
     name="moe_routing",
   )(flat_ids, first)
-  return Routing(*outs)
+  return Routing(*outs, block_m=block_m)
 
 
 def route_assignments(
@@ -194,6 +205,6 @@ def route_assignments(
   flat = expert_ids.reshape(-1).astype(jnp.int32)  # [M]
   if flat.shape[0] == 0:
     empty = jnp.zeros((0,), jnp.int32)
-    return Routing(empty, jnp.zeros((num_local,), jnp.int32), empty, empty, empty)
+    return Routing(empty, jnp.zeros((num_local,), jnp.int32), empty, empty, empty, block_m)
   first = jnp.reshape(jnp.asarray(first_expert, jnp.int32), (1,))
   return _route(flat, first, num_local=num_local, block_m=block_m, interpret=interpret)
