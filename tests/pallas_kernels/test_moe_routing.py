@@ -177,7 +177,7 @@ def test_routed_products_check_their_routing():
   routing = route_assignments(jnp.zeros((4, 2), jnp.int32), 3, 16, interpret=True)
   with pytest.raises(ValueError, match="grouped_swiglu_gathered: routing: expected order"):
     grouped_swiglu_gathered(x, gate, gate, routing, 3, interpret=True)
-  with pytest.raises(ValueError, match="grouped_swiglu_gathered: routing: .* tiles of 32 rows, got .* tiles of 16"):
+  with pytest.raises(ValueError, match="routing: .* tiles of 32 rows, got .* tiles of 16"):
     grouped_swiglu_gathered(x, gate, gate, routing, 2, tiling=Tiling(32, 16, 16), interpret=True)
   rows, down = jnp.zeros((8, 16), jnp.float32), jnp.zeros((3, 16, 32), jnp.float32)
   with pytest.raises(ValueError, match="grouped_matmul_scattered: route_weights: expected"):
