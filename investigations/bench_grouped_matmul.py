@@ -15,6 +15,12 @@ layer), the rows time, per layer:
                     GPU the Pallas kernel with gate/up fused, else ragged_dot; inverse
                     permutation, weighted sum)
   expert_ffn_ragged the same FFN through ragged_dot (kernel "ragged_dot")
+  expert_ffn_routed with --fused: the FFN through the routing kernel and the Pallas products that
+                    gather their rows by token and scatter them to their assignments, weighted
+                    (kernel "pallas": 3 kernels and the sum over k; "auto" on a GPU)
+  expert_ffn_sorted with --fused: the FFN through XLA's sort, the row copy, the Pallas products
+                    on sorted rows and the inverse permutation (kernel "pallas_sorted": the path
+                    "auto" took before the routing kernel), for old against new side by side
   dense_all         every token through every expert (einsum over [E, H, I]), then the routing
                     weights: reads each expert once, E / top_k times the FLOPs
   per_token_gather  each assignment's expert weights gathered ([T, K, H, I]) and applied token by
@@ -38,6 +44,7 @@ calls, so a shape compiles once per process. Prints a table; --out writes JSON; 
 shapes (CPU, the kernel in interpret mode).
 
     python -m investigations.bench_grouped_matmul --batches 1,64,256
+    python -m investigations.bench_grouped_matmul --batches 1,8,64,256,512 --fused
     python -m investigations.bench_grouped_matmul --batches 1,8192 --tilings "16,32,64,8,4,4"
 """
 
@@ -66,6 +73,7 @@ KINDS = (
   "dense_all",
   "per_token_gather",
 )
+FUSED_KINDS = ("expert_ffn_routed", "expert_ffn_sorted")  # with --fused
 
 
 @dataclass(frozen=True)
@@ -184,6 +192,14 @@ def _ffn_ragged(x, ids, weights, gate, up, down) -> jax.Array:
   return expert_ffn(x, ids, weights, gate, up, down, kernel="ragged_dot")
 
 
+def _ffn_routed(x, ids, weights, gate, up, down) -> jax.Array:
+  return expert_ffn(x, ids, weights, gate, up, down, kernel="pallas")
+
+
+def _ffn_sorted(x, ids, weights, gate, up, down) -> jax.Array:
+  return expert_ffn(x, ids, weights, gate, up, down, kernel="pallas_sorted")
+
+
 def _time_us(program, *args, layers: int, inner: int, reps: int) -> float:
   return 1e6 * seconds_per_call(program, *args, inner=inner, reps=reps) / layers
 
@@ -223,6 +239,9 @@ def bench_batch(shape: Shape, tokens: int, args: argparse.Namespace, copy_gbps: 
   ffn_bytes = touched * shape.expert_bytes
   add("expert_ffn", ffn_bytes, _ffn_program(expert_ffn), x, ids, weights, experts)
   add("expert_ffn_ragged", ffn_bytes, _ffn_program(_ffn_ragged), x, ids, weights, experts)
+  if getattr(args, "fused", False):
+    add("expert_ffn_routed", ffn_bytes, _ffn_program(_ffn_routed), x, ids, weights, experts)
+    add("expert_ffn_sorted", ffn_bytes, _ffn_program(_ffn_sorted), x, ids, weights, experts)
   dense_bytes = shape.num_experts * shape.expert_bytes
   add("dense_all", dense_bytes, _ffn_program(dense_all), x, ids, weights, experts)
   gathered = tokens * shape.top_k * shape.expert_bytes
@@ -246,6 +265,11 @@ def _errors(first_layer: dict[str, np.ndarray], live: int) -> dict:
   return {
     "max_abs_error_vs_dense": _max_error(first_layer.get("expert_ffn"), want),
     "ragged_max_abs_error_vs_dense": _max_error(first_layer.get("expert_ffn_ragged"), want),
+    **{
+      f"{kind}_max_abs_error_vs_dense": _max_error(first_layer[kind], want)
+      for kind in FUSED_KINDS
+      if kind in first_layer
+    },
     "pallas_max_abs_error_vs_ragged": _max_error(gates.get("pallas"), gates.get("ragged_dot")),
   }
 
@@ -259,10 +283,11 @@ def _cell(entry: dict | None) -> str:
 
 
 def _table(rows: list[dict]) -> str:
-  header = f"{'batch':>6}{'experts':>9}" + "".join(f"{k + ' us / GB/s':>28}" for k in KINDS)
+  kinds = KINDS + tuple(k for k in FUSED_KINDS if any(k in row for row in rows))
+  header = f"{'batch':>6}{'experts':>9}" + "".join(f"{k + ' us / GB/s':>28}" for k in kinds)
   lines = [header]
   for row in rows:
-    cells = "".join(_cell(row.get(k)) for k in KINDS)
+    cells = "".join(_cell(row.get(k)) for k in kinds)
     lines.append(f"{row['tokens']:>6}{row['experts_touched']:>9.1f}{cells}")
   return "\n".join(lines)
 
@@ -277,6 +302,11 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU)")
   parser.add_argument(
     "--tilings", type=parse_tilings, help='Pallas tilings to sweep: "BM,BN,BK,S,W,P;..."'
+  )
+  parser.add_argument(
+    "--fused",
+    action="store_true",
+    help="also time the FFN through the routing kernel and through the sorted rows (Pallas)",
   )
   parser.add_argument("--out", help="write the rows as JSON to this file")
   return parser.parse_args(argv)

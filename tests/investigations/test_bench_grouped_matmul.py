@@ -87,6 +87,17 @@ def test_the_two_dense_references_agree_with_each_other():
   np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
+def test_fused_times_the_ffn_through_the_routing_kernel_and_the_sorted_rows(tmp_path):
+  """--fused: the routed FFN (routing kernel, gathered and scattered products) and the sorted one
+  (sort, copy, inverse permutation), both the Pallas kernel, beside the others, each equal to the
+  dense reference to bfloat16 rounding."""
+  report, printed = _main(tmp_path / "gmm.json", "--batches", "1", "--fused")
+  (row,) = report["rows"]
+  for kind in bench.FUSED_KINDS:
+    assert row[kind]["us"] > 0 and kind in printed
+    assert row[f"{kind}_max_abs_error_vs_dense"] < 2e-2
+
+
 def test_a_tiling_sweep_times_the_kernel_per_tiling(smoke, tmp_path):
   """Each tiling on the gate product and the fused SwiGLU; one that does not divide the smoke
   shape's N (32) records its error. At the smoke run's first batch (only the tiled programs
