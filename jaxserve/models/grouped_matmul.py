@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.grouped_matmul import gpu as pallas_gmm
-from pallas_kernels.grouped_matmul.routed import grouped_matmul_scattered, grouped_swiglu_gathered
+from pallas_kernels.grouped_matmul.routed import routed_swiglu_ffn
 from pallas_kernels.grouped_matmul.routing import route_assignments
 from pallas_kernels.grouped_matmul.tiles import default_block_m
 
@@ -156,9 +156,8 @@ def _routed_ffn(x, expert_ids, weights, gate, up, down, first_expert, *, interpr
   num_local = gate.shape[0]
   block_m = default_block_m(num_tokens * top_k, num_local)
   routing = route_assignments(expert_ids, num_local, block_m, first_expert, interpret=interpret)
-  hidden_rows = grouped_swiglu_gathered(x, gate, up, routing, top_k, interpret=interpret)
   route_weights = weights.reshape(-1).astype(jnp.float32)  # [M] assignment order
-  out = grouped_matmul_scattered(hidden_rows, down, routing, route_weights, interpret=interpret)
+  out = routed_swiglu_ffn(x, gate, up, down, routing, top_k, route_weights, interpret=interpret)
   return out.astype(jnp.float32).reshape(num_tokens, top_k, -1).sum(axis=1)  # [T, H]
 
 

@@ -76,11 +76,14 @@ def _kernel(
   addressing: Addressing,
 ):
   """refs: the order [M] (gathered or scattered rows) and the routing weights [M] (scattered),
-  the rows [M or T, K], the weights [G, K, N] (one, or gate and up), then the output [M, N] or
-  the float32 partials [S, M, N] (one per weight)."""
+  the rows [M or T, K] (or a gated product's two float32 partials [S', M, K]), the weights
+  [G, K, N] (one, or gate and up), then the output [M, N] or the float32 partials [S, M, N]
+  (one per weight)."""
   num_routing = addressing.num_refs(tiling.num_splits > 1)
   order_ref, route_w_ref = (refs[:num_routing] + (None, None))[:2]
-  x_ref, *refs = refs[num_routing:]
+  num_row_refs = 2 if addressing.swiglu_partials else 1
+  x_refs = refs[num_routing : num_routing + num_row_refs]
+  x_ref, refs = x_refs[0], refs[num_routing + num_row_refs :]
   w_refs, out_refs = refs[:num_weights], refs[num_weights:]
   bm, bn, bk = tiling.block_m, tiling.block_n, tiling.block_k
   num_groups = w_refs[0].shape[0]
@@ -94,7 +97,7 @@ def _kernel(
     assignment = plgpu.load(order_ref.at[sorted_rows], mask=row_valid, other=0)  # [BM]
   source = assignment // addressing.gather_top_k if addressing.gather_top_k else sorted_rows
   target = assignment if addressing.scatter else sorted_rows
-  rows = jnp.where(row_valid, source, x_ref.shape[0])[:, None]  # [BM, 1] OOB when masked
+  rows = jnp.where(row_valid, source, x_ref.shape[-2])[:, None]  # [BM, 1] OOB when masked
   num_out = out_refs[0].shape[-2]
   out_rows = jnp.where(row_valid, target, num_out)[:, None]  # [BM, 1]
   cols = col_block * bn + jnp.arange(bn, dtype=jnp.int32)[None, :]  # [1, BN]
@@ -113,12 +116,24 @@ def _kernel(
     x_mask = jnp.broadcast_to(row_valid[:, None], (bm, bk))  # [BM, BK]
     weight_cols = pl.ds(col_block * bn, bn)
     first = split * steps * bk
-    precision = jax.lax.Precision.HIGHEST if x_ref.dtype == jnp.float32 else None
+    precision = jax.lax.Precision.HIGHEST if w_refs[0].dtype == jnp.float32 else None
     dims = (((1,), (0,)), ((), ()))
+
+    def load_rows(k):  # [BM, BK] in the weights' dtype
+      if not addressing.swiglu_partials:
+        return plgpu.load(x_ref.at[rows, k + lanes], mask=x_mask, other=0)
+      g, u = (
+        functools.reduce(
+          jnp.add,
+          [plgpu.load(r.at[s, rows, k + lanes], mask=x_mask, other=0.0) for s in range(r.shape[0])],
+        )
+        for r in x_refs
+      )  # the partials added in split order, as the epilogue of grouped_call
+      return (_silu(g) * u).astype(w_refs[0].dtype)
 
     def fold(i, accs):
       k = first + i * bk
-      x = plgpu.load(x_ref.at[rows, k + lanes], mask=x_mask, other=0)  # [BM, BK]
+      x = load_rows(k)  # [BM, BK]
       return tuple(
         acc
         + jax.lax.dot_general(
@@ -153,10 +168,13 @@ class Addressing:
   order[r] // gather_top_k of the rows [T, K] (a token of its assignment); scatter: it writes
   row order[r] of the output (its assignment), times the routing weight route_w[order[r]]
   (float32, before the one rounding; in the epilogue when K is split). Neither: rows [M, K]
-  already sorted, written in place."""
+  already sorted, written in place. swiglu_partials: the rows are a gated product's float32
+  partials (gate's and up's [S', M, K], sorted), added and gated as they are loaded, so a split
+  gate/up product needs no epilogue of its own."""
 
   gather_top_k: int = 0
   scatter: bool = False
+  swiglu_partials: bool = False
 
   def num_refs(self, partial: bool) -> int:
     """The routing operands before the rows: the order, then the routing weights."""
@@ -167,13 +185,27 @@ class Addressing:
 SORTED = Addressing()
 
 
-@functools.partial(jax.jit, static_argnames=("num_rows", "tiling", "addressing", "interpret"))
+@functools.partial(
+  jax.jit, static_argnames=("num_rows", "tiling", "addressing", "interpret", "partials")
+)
 def grouped_call(
-  tile_args, order, route_w, rows, *weights, num_rows, tiling: Tiling, addressing, interpret
+  tile_args,
+  order,
+  route_w,
+  rows,
+  *weights,
+  num_rows,
+  tiling: Tiling,
+  addressing,
+  interpret,
+  partials: bool = False,
 ):
   """The kernel over M = num_rows sorted rows (order int32[M] and route_w float32[M] as the
-  addressing needs them, else None) -> [M, N] in rows' dtype, the epilogue of split K added."""
-  k, n = rows.shape[1], weights[0].shape[2]
+  addressing needs them, else None; rows a tuple of two partials with swiglu_partials) -> [M, N]
+  in the weights' dtype, the epilogue of split K added; with `partials` and split K, the float32
+  partials [S, M, N] (one per weight) instead."""
+  rows = rows if addressing.swiglu_partials else (rows,)
+  k, n, dtype = rows[0].shape[-1], weights[0].shape[2], weights[0].dtype
   splits = tiling.num_splits
   routing = (order, route_w)[: addressing.num_refs(splits > 1)]
   kernel = functools.partial(
@@ -186,24 +218,26 @@ def grouped_call(
   if splits > 1:
     out_shape = [jax.ShapeDtypeStruct((splits, num_rows, n), jnp.float32) for _ in weights]
   else:
-    out_shape = [jax.ShapeDtypeStruct((num_rows, n), rows.dtype)]
+    out_shape = [jax.ShapeDtypeStruct((num_rows, n), dtype)]
   outs = pl.pallas_call(
     kernel,
     grid=(n // tiling.block_n, tile_args[0].shape[0], splits),
-    in_specs=[pl.no_block_spec] * (4 + len(routing) + len(weights)),
+    in_specs=[pl.no_block_spec] * (3 + len(routing) + len(rows) + len(weights)),
     out_specs=[pl.no_block_spec] * len(out_shape),
     out_shape=out_shape,
     compiler_params=triton_compiler_params(tiling.num_warps, tiling.num_stages),
     interpret=interpret,
     name="grouped_matmul",
-  )(*tile_args, *routing, rows, *weights)
+  )(*tile_args, *routing, *rows, *weights)
   if splits == 1:
     return outs[0]  # [M, N]
+  if partials:
+    return tuple(outs)  # [S, M, N] float32 each
   sums = [functools.reduce(jnp.add, [p[s] for s in range(splits)]) for p in outs]  # [M, N] f32
   out = _silu(sums[0]) * sums[1] if len(sums) == 2 else sums[0]
   if addressing.scatter:
     out = out * route_w[:, None]  # [M, N] in assignment order
-  return out.astype(rows.dtype)  # [M, N]
+  return out.astype(dtype)  # [M, N]
 
 
 @functools.partial(jax.jit, static_argnames=("tiling", "interpret"))

@@ -106,3 +106,61 @@ def grouped_matmul_scattered(
     addressing=Addressing(scatter=True),
     interpret=interpret,
   )
+
+
+def routed_swiglu_ffn(
+  x: jax.Array,  # [T, H] the tokens: bfloat16, float16 or float32
+  gate: jax.Array,  # [G, H, I] in x's dtype, H and I multiples of 16
+  up: jax.Array,  # [G, H, I] like gate
+  down: jax.Array,  # [G, I, H] like gate
+  routing: Routing,  # of T * top_k assignments over the G groups
+  top_k: int,
+  route_weights: jax.Array,  # float32[M]: each assignment's routing weight, assignment order
+  *,
+  interpret: bool = False,
+) -> jax.Array:
+  """-> [M, H] in x's dtype, assignment order: grouped_matmul_scattered of
+  grouped_swiglu_gathered, default tilings. When the gate/up product splits K (a few rows: a
+  small decode step), the down product reads its float32 partials and gates them as it loads
+  them (Addressing.swiglu_partials): no epilogue kernel between the two, and the hidden rows are
+  never rounded to an array of their own (they are rounded to x's dtype as they are loaded, as
+  the epilogue would)."""
+  m = x.shape[0] * top_k if x.ndim == 2 else 0
+  name = "routed_swiglu_ffn"
+  tiling = check_operands(name, x, (gate, up), routing.group_sizes, None, num_rows=m)
+  _check_routing(name, routing, m, gate.shape[0], tiling)
+  hidden = jax.ShapeDtypeStruct((m, gate.shape[2]), x.dtype)
+  down_tiling = check_operands(name, hidden, (down,), routing.group_sizes, None)
+  _check_routing(name, routing, m, down.shape[0], down_tiling)
+  if route_weights.shape != (m,) or route_weights.dtype != jnp.float32:
+    raise ValueError(
+      f"{name}: route_weights: expected float32[{m}], "
+      f"got {route_weights.dtype}{list(route_weights.shape)}"
+    )
+  if m == 0:
+    return jnp.zeros((0, down.shape[2]), x.dtype)
+  split = tiling.num_splits > 1
+  rows = grouped_call(
+    routing.tile_args,
+    routing.order,
+    None,
+    x,
+    gate,
+    up,
+    num_rows=m,
+    tiling=tiling,
+    addressing=Addressing(gather_top_k=top_k),
+    interpret=interpret,
+    partials=True,
+  )  # [M, I] sorted, or gate's and up's float32 partials [S, M, I]
+  return grouped_call(
+    routing.tile_args,
+    routing.order,
+    route_weights,
+    rows,
+    down,
+    num_rows=m,
+    tiling=down_tiling,
+    addressing=Addressing(scatter=True, swiglu_partials=split),
+    interpret=interpret,
+  )

@@ -18,8 +18,13 @@ from pallas_kernels.grouped_matmul.reference import (
   grouped_swiglu_gathered_reference,
   route_assignments_reference,
 )
-from pallas_kernels.grouped_matmul.routed import grouped_matmul_scattered, grouped_swiglu_gathered
+from pallas_kernels.grouped_matmul.routed import (
+  grouped_matmul_scattered,
+  grouped_swiglu_gathered,
+  routed_swiglu_ffn,
+)
 from pallas_kernels.grouped_matmul.routing import route_assignments
+from pallas_kernels.grouped_matmul.tiles import default_block_m, default_tiling
 from tests.pallas_kernels.test_gpu_lowering import _custom_call_targets, _lower_for_cuda
 
 INTERPRET = jax.default_backend() != "gpu"
@@ -169,6 +174,31 @@ def test_routed_products_random_sweep_against_reference(
   np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(want, np.float32), tol, tol)
   local = (np.asarray(ids).ravel() >= first) & (np.asarray(ids).ravel() < first + num_local)
   assert not np.asarray(out, np.float32)[~local].any()  # other devices' assignments: zero
+
+
+@pytest.mark.parametrize("tokens,dtype", [(1, jnp.float32), (2, jnp.bfloat16), (40, jnp.float32)])
+def test_routed_swiglu_ffn_hands_split_partials_to_the_down_product(tokens, dtype):
+  """H = I = 256, 4 experts, top 2: one or two tokens split both products' K (the down product
+  adds and gates the gate/up partials as it loads them), 40 tokens split neither; equal to the
+  two references chained (the hidden rows rounded to the dtype in between)."""
+  rng = np.random.default_rng(tokens)
+  num_local, size, top_k = 4, 256, 2
+  m = tokens * top_k
+  split = default_tiling(m, size, size, num_local, gated=True).num_splits
+  assert (split > 1) == (tokens <= 2)
+  ids = jnp.asarray(_random_ids(rng, tokens, top_k, num_local + 2, "random"))  # some not local
+  x = jnp.asarray(rng.standard_normal((tokens, size)), dtype)
+  gate, up, down = (
+    jnp.asarray(rng.standard_normal((num_local, size, size)) / size**0.5, dtype) for _ in "gud"
+  )
+  route_w = jnp.asarray(rng.random(m), jnp.float32)
+  routing = route_assignments(ids, num_local, default_block_m(m, num_local), interpret=INTERPRET)
+  got = routed_swiglu_ffn(x, gate, up, down, routing, top_k, route_w, interpret=INTERPRET)
+  hidden = grouped_swiglu_gathered_reference(x, gate, up, routing, top_k)
+  want = grouped_matmul_scattered_reference(hidden, down, routing, route_w)
+  tol = 1e-5 if dtype == jnp.float32 else 2e-2
+  assert got.shape == (m, size) and got.dtype == dtype
+  np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), tol, tol)
 
 
 def test_routed_products_check_their_routing():
