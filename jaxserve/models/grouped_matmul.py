@@ -5,12 +5,22 @@ A step routes each of its T tokens to K experts (models/layers/moe.py). `expert_
   out[t] = sum_k weights[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t])),  e = expert_ids[t, k]
 
 without a dense all-experts product and without a per-expert loop: the T*K assignments are
-sorted by expert id (`jnp.argsort`, stable), each sorted row gathers its token's hidden state,
-and every projection is one grouped matmul whose groups are the experts' contiguous runs of rows
-(`group_sizes`, a bincount of length E). The rows are then put back in assignment order by
-the inverse permutation (a gather, not a scatter-add, so the sum over k has a fixed order) and
-combined with their routing weights in float32.
+sorted by expert id (stable), and every projection is one grouped matmul whose groups are the
+experts' contiguous runs of sorted rows (`group_sizes`, length E); each row's result goes back to
+its assignment, is weighted in float32, and each token sums its K results (a plain reduction, so
+the sum over k has a fixed order). Two paths compute this:
 
+  routed (CUDA)  pallas_kernels/grouped_matmul: the routing kernel (routing.py, a counting sort
+                 that also maps the runs to the matmuls' row tiles), the gate/up product reading
+                 each sorted row from its token (a gather inside the kernel, no copy of the rows)
+                 and the down product writing each row to its assignment, times its routing
+                 weight (a scatter store; every assignment written once, no atomics): three
+                 Pallas calls and the sum over k (routed.routed_swiglu_ffn);
+  sorted         `sort_by_expert` (jnp.argsort, bincount), the sorted rows copied (x[order // K]),
+                 two grouped matmuls on them, the inverse permutation (a gather) and the weights.
+
+Both round each product once to the rows' dtype (the routed path after the routing weight, the
+sorted one before) and sum in float32.
 Shapes are fixed by (T, K, E, H, I) alone: M = T*K rows whatever the routing, group sizes are
 data, and an expert with no token is an empty group. A step therefore compiles once per token
 bucket, like the dense model.
@@ -20,17 +30,19 @@ device's E_local stacked experts and `first_expert`, its first expert's global i
 to other devices' experts are sorted after every local group (outside the ragged groups) and
 contribute exactly zero, so the devices' float32 partials sum to the whole result.
 
-The kernel (`kernel`, default "auto") is chosen where the program is lowered, by
-`jax.lax.platform_dependent`: for CUDA GPUs the Pallas (Triton) grouped matmul of
-pallas_kernels/grouped_matmul, elsewhere `jax.lax.ragged_dot`. XLA's GPU lowering of ragged_dot
-is dense (on an H100 it materializes every group's product, bf16[65536, 128, 768] for an
-8192-token prefill of Qwen3-30B-A3B, and reads a batch-1 decode step's experts at 166 GB/s of
-~2.9 TB/s), while the kernel's programs each read their own group's weights only. On GPUs the
-gate and up projections are one kernel (`grouped_swiglu`: two accumulators, silu(gate) * up in
-float32, rounded once) that reads the rows once; ragged_dot rounds each projection to the rows'
-dtype first. Shapes the kernel does not take (K or N not a multiple of 16) keep ragged_dot.
-"ragged_dot" and "pallas" force one (the latter in Pallas interpret mode off GPUs: tests and
-investigations/bench_grouped_matmul.py, which measures the two against each other).
+The path (`kernel`, default "auto") is chosen where the program is lowered, by
+`jax.lax.platform_dependent`: for CUDA GPUs the routed path, elsewhere the sorted one through
+`jax.lax.ragged_dot`. XLA's GPU lowering of ragged_dot is dense (on an H100 it materializes every
+group's product, bf16[65536, 128, 768] for an 8192-token prefill of Qwen3-30B-A3B, and reads a
+batch-1 decode step's experts at 166 GB/s of ~2.9 TB/s), while the kernel's programs each read
+their own group's weights only. On GPUs the gate and up projections are one kernel (two
+accumulators, silu(gate) * up in float32, rounded once) that reads the rows once; ragged_dot
+rounds each projection to the rows' dtype first. Shapes the kernel does not take (K or N not a
+multiple of 16) keep ragged_dot. "ragged_dot" forces the sorted path through ragged_dot,
+"pallas" the routed path and "pallas_sorted" the sorted path through the Pallas kernel (both in
+Pallas interpret mode off GPUs: tests, and investigations/bench_grouped_matmul.py, which times
+them against each other). `grouped_matmul` and `grouped_swiglu` dispatch the sorted products
+alone the same way.
 
 On TPU, XLA compiles ragged_dot to libtpu's own Mosaic kernels, a metadata kernel that tiles the
 groups and a grouped matmul over row tiles (the design of JAX's megablox gmm;

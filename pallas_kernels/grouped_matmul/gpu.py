@@ -23,6 +23,14 @@ accumulators, and stores silu(gate product) * up product, rounded once (split: t
 the SwiGLU in the epilogue). A MoE layer's gate and up projections are one kernel that reads the
 rows once and writes [M, N] once.
 
+Addressing (`Addressing`, routed.py's): a MoE layer's products can take their rows from the
+tokens and put their outputs at the assignments, given the routing's order [M] (routing.py):
+gathered, program row r loads token order[r] // top_k of x [T, K]; scattered, it stores row
+order[r] times that assignment's routing weight (float32, before the rounding); and the down
+product can load a split gate/up product's float32 partials, adding and gating them as it loads
+(no epilogue between the two). These change where a row is loaded from and stored to, not the
+loop over K.
+
 Sizes are static per (M, K, N, G): a step compiles once per token bucket. K and N must be
 multiples of 16 and of the blocks (tiles.check_tiling); offsets are int32 (tiles.supports).
 """

@@ -5,9 +5,9 @@ bias-free Linear in the param dtype, gives logits [T, E]; their softmax in float
 expert's probability; each token keeps its top `num_experts_per_tok`, renormalized to sum to one
 when `norm_topk_prob` (Qwen3-MoE's switch; always for Mixtral, whose softmax over the top-k logits
 is the same); on CUDA GPUs these are one Pallas kernel (pallas_kernels/moe_router/). The chosen
-experts' SwiGLU FFNs are computed as grouped matmuls over the
-assignments sorted by expert (models/grouped_matmul.py) and summed with the routing weights in
-float32, then cast to the param dtype (transformers multiplies and sums in the param dtype;
+experts' SwiGLU FFNs are computed as grouped matmuls over the assignments sorted by expert
+(models/grouped_matmul.py) and summed with the routing weights in float32, then cast to the
+param dtype (transformers multiplies and sums in the param dtype;
 identical in float32, within bfloat16 rounding otherwise).
 
 The experts' computation is injected (`experts`, an ExpertsFn): the unsharded model runs
