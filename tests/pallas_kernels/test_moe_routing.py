@@ -23,7 +23,7 @@ from pallas_kernels.grouped_matmul.routed import (
   grouped_swiglu_gathered,
   routed_swiglu_ffn,
 )
-from pallas_kernels.grouped_matmul.routing import route_assignments
+from pallas_kernels.grouped_matmul.routing import BLOCK, SERIAL_CHUNKS, route_assignments
 from pallas_kernels.grouped_matmul.tiles import default_block_m, default_tiling
 from tests.pallas_kernels.test_gpu_lowering import _custom_call_targets, _lower_for_cuda
 
@@ -69,17 +69,22 @@ def _random_ids(rng, tokens, top_k, num_ids, kind):
     (5, 2, 4, 0, 4, 16, "one_expert"),  # every assignment on expert 2
     (37, 4, 8, 8, 32, 16, "random"),  # first_expert 8: experts 8-15 of 32
     (70, 2, 6, 3, 12, 32, "random"),  # 140 assignments: past one chunk of 128
-    (300, 8, 64, 64, 128, 64, "random"),  # 2400 assignments, half another device's
+    (300, 8, 64, 64, 128, 64, "random"),  # 2400 assignments (19 chunks), half another's
     (300, 4, 16, 0, 16, 16, "random"),  # 90 tiles: past one chunk of 64 tiles
     (9, 3, 5, 7, 12, 16, "one_expert"),  # every assignment on expert 6: none local
   ],
 )
+@pytest.mark.parametrize("max_serial_chunks", [0, SERIAL_CHUNKS], ids=["parallel", "default"])
 def test_routing_random_sweep_against_reference(
-  tokens, top_k, num_local, first, num_ids, block_m, kind
+  tokens, top_k, num_local, first, num_ids, block_m, kind, max_serial_chunks
 ):
+  """Each case through the two-kernel form (counts, then placement: every size) and the default
+  (one program up to SERIAL_CHUNKS chunks of assignments, the two kernels past that)."""
   rng = np.random.default_rng(tokens * 7 + num_local)
   ids = jnp.asarray(_random_ids(rng, tokens, top_k, num_ids, kind))
-  got = route_assignments(ids, num_local, block_m, first, interpret=INTERPRET)
+  got = route_assignments(
+    ids, num_local, block_m, first, max_serial_chunks=max_serial_chunks, interpret=INTERPRET
+  )
   want = route_assignments_reference(ids, num_local, block_m, first)
   names = ("order", "group_sizes", "tile_group", "tile_start", "tile_rows")
   for name, g, w in zip(names, got.arrays(), want.arrays(), strict=True):
@@ -218,10 +223,14 @@ def test_routed_products_check_their_routing():
 
 @pytest.mark.parametrize("tokens", [1, 256, 8192])
 def test_routing_and_routed_products_lower_for_cuda(tokens):
-  """Qwen3-30B-A3B's shapes (E 128, H 2048, I 768, top 8): each is one Triton call."""
+  """Qwen3-30B-A3B's shapes (E 128, H 2048, I 768, top 8): the routing is one Triton call up to
+  SERIAL_CHUNKS chunks of assignments, two past them; each product one."""
   ids = jax.ShapeDtypeStruct((tokens, 8), jnp.int32)
   text = _lower_for_cuda(lambda ids: route_assignments(ids, 128, 16, 64), ids)
   assert _custom_call_targets(text) == {"__gpu$xla.gpu.triton"} and "stablehlo.sort" not in text
+  serial = tokens * 8 <= SERIAL_CHUNKS * BLOCK
+  assert text.count('name = "moe_routing_counts"') == (0 if serial else 1)
+  assert text.count('name = "moe_routing"') == 1
   m, e, h, i = tokens * 8, 128, 2048, 768
   routing = jax.eval_shape(lambda ids: route_assignments(ids, e, 16), ids)
   x = jax.ShapeDtypeStruct((tokens, h), jnp.bfloat16)
