@@ -30,7 +30,8 @@ layer), the rows time, per layer:
 --tilings "BM,BN,BK,S,W,P;..." also times the Pallas kernel with each given tiling (block_m,
 block_n, block_k, num_splits, num_warps, num_stages), on the gate product and on the fused
 gate/up SwiGLU, into the row's "pallas_tilings" (a tiling that does not divide the shape, or does
-not compile, records its error).
+not compile, records its error). --ffn-tilings "GATE_UP/DOWN;..." times the routed FFN (as
+expert_ffn_routed) with each pair of tilings for its two products, into "routed_tilings".
 
 Each timed program runs its layer on LAYERS distinct weight copies back to back (so weights come
 from HBM, not L2) and INNER programs are dispatched before one sync. "GB/s" is the weight bytes of
@@ -45,6 +46,8 @@ shapes (CPU, the kernel in interpret mode).
 
     python -m investigations.bench_grouped_matmul --batches 1,64,256
     python -m investigations.bench_grouped_matmul --batches 1,8,64,256,512 --fused
+    python -m investigations.bench_grouped_matmul --batches 1 \
+      --ffn-tilings "16,64,128,4,4,4/16,64,128,2,4,4;16,32,128,2,4,3/16,64,64,1,4,3"
     python -m investigations.bench_grouped_matmul --batches 1,8192 --tilings "16,32,64,8,4,4"
 """
 
@@ -64,6 +67,8 @@ from investigations.kernel_timing import copy_bandwidth
 from jaxserve.bench.timing import seconds_per_call
 from jaxserve.models.grouped_matmul import expert_ffn, grouped_matmul, sort_by_expert
 from pallas_kernels.grouped_matmul import gpu as pallas_gmm
+from pallas_kernels.grouped_matmul.routed import routed_swiglu_ffn
+from pallas_kernels.grouped_matmul.routing import route_assignments
 
 KINDS = (
   "ragged_dot",
@@ -188,6 +193,37 @@ def parse_tilings(text: str) -> list[pallas_gmm.Tiling]:
   return [pallas_gmm.Tiling(*(int(v) for v in t.split(","))) for t in text.split(";") if t]
 
 
+def parse_ffn_tilings(text: str) -> list[tuple[pallas_gmm.Tiling, pallas_gmm.Tiling]]:
+  """ "GATE_UP/DOWN;..." (each "BM,BN,BK,S,W,P", one block_m) -> (gate/up, down) Tiling pairs."""
+  pairs = []
+  for pair in filter(None, text.split(";")):
+    gate_up, down = (parse_tilings(t)[0] for t in pair.split("/"))
+    pairs.append((gate_up, down))
+  return pairs
+
+
+@functools.cache
+def _routed_program(tilings: tuple[pallas_gmm.Tiling, pallas_gmm.Tiling]):
+  """The routed FFN (routing kernel, gathered and scattered products) with the given tilings."""
+  interpret = jax.default_backend() != "gpu"
+
+  def ffn(x, ids, weights, gate, up, down):
+    tokens, top_k = ids.shape
+    block_m = tilings[0].block_m
+    routing = route_assignments(ids, gate.shape[0], block_m, interpret=interpret)
+    route_w = weights.reshape(-1).astype(jnp.float32)
+    out = routed_swiglu_ffn(
+      x, gate, up, down, routing, top_k, route_w, tilings=tilings, interpret=interpret
+    )
+    return out.astype(jnp.float32).reshape(tokens, top_k, -1).sum(axis=1)
+
+  return _ffn_program(ffn)
+
+
+def _tiling_label(t: pallas_gmm.Tiling) -> str:
+  return f"{t.block_m}x{t.block_n}x{t.block_k}/{t.num_splits} w{t.num_warps} s{t.num_stages}"
+
+
 def _ffn_ragged(x, ids, weights, gate, up, down) -> jax.Array:
   return expert_ffn(x, ids, weights, gate, up, down, kernel="ragged_dot")
 
@@ -232,8 +268,7 @@ def bench_batch(shape: Shape, tokens: int, args: argparse.Namespace, copy_gbps: 
   for tiling in getattr(args, "tilings", None) or []:
     swept = row.setdefault("pallas_tilings", {})
     for name, (program, matrices) in _tiled_programs(tiling).items():
-      label = f"{name} {tiling.block_m}x{tiling.block_n}x{tiling.block_k}/{tiling.num_splits}"
-      label += f" w{tiling.num_warps} s{tiling.num_stages}"
+      label = f"{name} {_tiling_label(tiling)}"
       weight_bytes = touched * shape.expert_bytes / 3 * matrices
       add(label, weight_bytes, program, rows, sizes, experts, into=swept)
   ffn_bytes = touched * shape.expert_bytes
@@ -242,6 +277,10 @@ def bench_batch(shape: Shape, tokens: int, args: argparse.Namespace, copy_gbps: 
   if getattr(args, "fused", False):
     add("expert_ffn_routed", ffn_bytes, _ffn_program(_ffn_routed), x, ids, weights, experts)
     add("expert_ffn_sorted", ffn_bytes, _ffn_program(_ffn_sorted), x, ids, weights, experts)
+  for tilings in getattr(args, "ffn_tilings", None) or []:
+    swept = row.setdefault("routed_tilings", {})
+    label = " / ".join(_tiling_label(t) for t in tilings)
+    add(label, ffn_bytes, _routed_program(tilings), x, ids, weights, experts, into=swept)
   dense_bytes = shape.num_experts * shape.expert_bytes
   add("dense_all", dense_bytes, _ffn_program(dense_all), x, ids, weights, experts)
   gathered = tokens * shape.top_k * shape.expert_bytes
@@ -308,6 +347,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     action="store_true",
     help="also time the FFN through the routing kernel and through the sorted rows (Pallas)",
   )
+  parser.add_argument(
+    "--ffn-tilings",
+    type=parse_ffn_tilings,
+    help='routed FFN tilings to sweep: "GATE_UP/DOWN;..." each "BM,BN,BK,S,W,P" (one BM)',
+  )
   parser.add_argument("--out", help="write the rows as JSON to this file")
   return parser.parse_args(argv)
 
@@ -324,6 +368,9 @@ def main(argv=None) -> int:
     for label, entry in row.get("pallas_tilings", {}).items():
       cell = entry.get("error", "")[:80] or f"{entry['us']:.1f} us {entry['gb_per_s']:.0f} GB/s"
       print(f"batch {row['tokens']:>6} pallas {label}: {cell}")
+    for label, entry in row.get("routed_tilings", {}).items():
+      cell = entry.get("error", "")[:80] or f"{entry['us']:.1f} us {entry['gb_per_s']:.0f} GB/s"
+      print(f"batch {row['tokens']:>6} routed FFN {label}: {cell}")
   if args.out:
     with open(args.out, "w") as f:
       json.dump({"device": jax.devices()[0].device_kind, "shape": asdict(shape), "rows": rows}, f)

@@ -117,20 +117,22 @@ def routed_swiglu_ffn(
   top_k: int,
   route_weights: jax.Array,  # float32[M]: each assignment's routing weight, assignment order
   *,
+  tilings: tuple[Tiling, Tiling] | None = None,  # gate/up's and down's (default: tiles.py's)
   interpret: bool = False,
 ) -> jax.Array:
   """-> [M, H] in x's dtype, assignment order: grouped_matmul_scattered of
-  grouped_swiglu_gathered, default tilings. When the gate/up product splits K (a few rows: a
-  small decode step), the down product reads its float32 partials and gates them as it loads
-  them (Addressing.swiglu_partials): no epilogue kernel between the two, and the hidden rows are
-  never rounded to an array of their own (they are rounded to x's dtype as they are loaded, as
+  grouped_swiglu_gathered (both tilings' block_m the routing's). When the gate/up product splits
+  K (a few rows: a small decode step), the down product reads its float32 partials and gates
+  them as it loads them (Addressing.swiglu_partials): no epilogue kernel between the two, and
+  the hidden rows are never an array of their own (rounded to x's dtype as they are loaded, as
   the epilogue would)."""
   m = x.shape[0] * top_k if x.ndim == 2 else 0
   name = "routed_swiglu_ffn"
-  tiling = check_operands(name, x, (gate, up), routing.group_sizes, None, num_rows=m)
+  gate_up_tiling, down_tiling = tilings or (None, None)
+  tiling = check_operands(name, x, (gate, up), routing.group_sizes, gate_up_tiling, num_rows=m)
   _check_routing(name, routing, m, gate.shape[0], tiling)
   hidden = jax.ShapeDtypeStruct((m, gate.shape[2]), x.dtype)
-  down_tiling = check_operands(name, hidden, (down,), routing.group_sizes, None)
+  down_tiling = check_operands(name, hidden, (down,), routing.group_sizes, down_tiling)
   _check_routing(name, routing, m, down.shape[0], down_tiling)
   if route_weights.shape != (m,) or route_weights.dtype != jnp.float32:
     raise ValueError(
