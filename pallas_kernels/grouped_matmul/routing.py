@@ -53,6 +53,7 @@ BLOCK = 128  # assignments per chunk
 TILE_BLOCK = 64  # tiles per chunk of the tile map
 COUNT_BLOCK = 16  # chunks' counts added at a time
 SERIAL_CHUNKS = 8  # up to this many chunks (1024 assignments) one program routes them all
+NUM_WARPS = 8  # a chunk's one-hot [BLOCK, EP] is 64 int32 a thread at E = 128
 MAX_EXPERTS = 1024
 
 
@@ -241,7 +242,7 @@ def _route(flat_ids, first, *, num_local, block_m, max_serial_chunks, interpret)
     pl.pallas_call,
     out_specs=[pl.no_block_spec] * 5,
     out_shape=out_shape,
-    compiler_params=triton_compiler_params(4, 1),
+    compiler_params=triton_compiler_params(NUM_WARPS, 1),
     interpret=interpret,
     name="moe_routing",
   )
@@ -256,7 +257,7 @@ def _route(flat_ids, first, *, num_local, block_m, max_serial_chunks, interpret)
     in_specs=[pl.no_block_spec] * 2,
     out_specs=pl.no_block_spec,
     out_shape=int32((chunks, sizes.experts_pad)),
-    compiler_params=triton_compiler_params(4, 1),
+    compiler_params=triton_compiler_params(NUM_WARPS, 1),
     interpret=interpret,
     name="moe_routing_counts",
   )(flat_ids, first)  # [C, EP]
