@@ -1,6 +1,6 @@
-"""The routing of a mixture of experts' assignments to the grouped matmul's row tiles, as one
-Pallas (Triton) program on GPUs: a counting sort by expert instead of XLA's sort, with the tile
-map of tiles.py in the same kernel.
+"""The routing of a mixture of experts' assignments to the grouped matmul's row tiles, as Pallas
+(Triton) kernels on GPUs: a counting sort by expert instead of XLA's sort, with the tile map of
+tiles.py in the same kernel.
 
 A step's T tokens each go to K experts: expert_ids int32[T, K], M = T*K assignments, flat index
 a = t*K + k. A device holds num_local experts from global id first_expert on (expert
