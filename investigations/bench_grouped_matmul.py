@@ -15,6 +15,12 @@ layer), the rows time, per layer:
                     GPU the Pallas kernel with gate/up fused, else ragged_dot; inverse
                     permutation, weighted sum)
   expert_ffn_ragged the same FFN through ragged_dot (kernel "ragged_dot")
+  expert_ffn_routed with --fused: the FFN through the routing kernel and the Pallas products that
+                    gather their rows by token and scatter them to their assignments, weighted
+                    (kernel "pallas": 3 kernels and the sum over k; "auto" on a GPU)
+  expert_ffn_sorted with --fused: the FFN through XLA's sort, the row copy, the Pallas products
+                    on sorted rows and the inverse permutation (kernel "pallas_sorted": the path
+                    "auto" took before the routing kernel), for old against new side by side
   dense_all         every token through every expert (einsum over [E, H, I]), then the routing
                     weights: reads each expert once, E / top_k times the FLOPs
   per_token_gather  each assignment's expert weights gathered ([T, K, H, I]) and applied token by
@@ -33,7 +39,8 @@ quantization.
 --tilings "BM,BN,BK,S,W,P;..." also times the Pallas kernel with each given tiling (block_m,
 block_n, block_k, num_splits, num_warps, num_stages), on the gate product and on the fused
 gate/up SwiGLU, into the row's "pallas_tilings" (a tiling that does not divide the shape, or does
-not compile, records its error).
+not compile, records its error). --ffn-tilings "GATE_UP/DOWN;..." times the routed FFN (as
+expert_ffn_routed) with each pair of tilings for its two products, into "routed_tilings".
 
 Each timed program runs its layer on LAYERS distinct weight copies back to back (so weights come
 from HBM, not L2) and INNER programs are dispatched before one sync. "GB/s" is the weight bytes of
@@ -47,6 +54,9 @@ calls, so a shape compiles once per process. Prints a table; --out writes JSON; 
 shapes (CPU, the kernel in interpret mode).
 
     python -m investigations.bench_grouped_matmul --batches 1,64,256
+    python -m investigations.bench_grouped_matmul --batches 1,8,64,256,512 --fused
+    python -m investigations.bench_grouped_matmul --batches 1 \
+      --ffn-tilings "16,64,128,4,4,4/16,64,128,2,4,4;16,32,128,2,4,3/16,64,64,1,4,3"
     python -m investigations.bench_grouped_matmul --batches 1,8192 --tilings "16,32,64,8,4,4"
     python -m investigations.bench_grouped_matmul --batches 1,64,256 --fp8 block
 """
@@ -70,6 +80,8 @@ from jaxserve.models.fp8_experts import Fp8Weights, quantize_experts
 from jaxserve.models.grouped_matmul import expert_ffn, grouped_matmul, sort_by_expert
 from pallas_kernels.grouped_matmul import fp8 as pallas_fp8
 from pallas_kernels.grouped_matmul import gpu as pallas_gmm
+from pallas_kernels.grouped_matmul.routed import routed_swiglu_ffn
+from pallas_kernels.grouped_matmul.routing import route_assignments
 
 KINDS = (
   "ragged_dot",
@@ -79,6 +91,7 @@ KINDS = (
   "dense_all",
   "per_token_gather",
 )
+FUSED_KINDS = ("expert_ffn_routed", "expert_ffn_sorted")  # with --fused
 
 
 @dataclass(frozen=True)
@@ -223,8 +236,47 @@ def parse_tilings(text: str) -> list[pallas_gmm.Tiling]:  # the fp8 kernel's Til
   return [pallas_gmm.Tiling(*(int(v) for v in t.split(","))) for t in text.split(";") if t]
 
 
+def parse_ffn_tilings(text: str) -> list[tuple[pallas_gmm.Tiling, pallas_gmm.Tiling]]:
+  """ "GATE_UP/DOWN;..." (each "BM,BN,BK,S,W,P", one block_m) -> (gate/up, down) Tiling pairs."""
+  pairs = []
+  for pair in filter(None, text.split(";")):
+    gate_up, down = (parse_tilings(t)[0] for t in pair.split("/"))
+    pairs.append((gate_up, down))
+  return pairs
+
+
+@functools.cache
+def _routed_program(tilings: tuple[pallas_gmm.Tiling, pallas_gmm.Tiling]):
+  """The routed FFN (routing kernel, gathered and scattered products) with the given tilings."""
+  interpret = jax.default_backend() != "gpu"
+
+  def ffn(x, ids, weights, gate, up, down):
+    tokens, top_k = ids.shape
+    block_m = tilings[0].block_m
+    routing = route_assignments(ids, gate.shape[0], block_m, interpret=interpret)
+    route_w = weights.reshape(-1).astype(jnp.float32)
+    out = routed_swiglu_ffn(
+      x, gate, up, down, routing, top_k, route_w, tilings=tilings, interpret=interpret
+    )
+    return out.astype(jnp.float32).reshape(tokens, top_k, -1).sum(axis=1)
+
+  return _ffn_program(ffn)
+
+
+def _tiling_label(t: pallas_gmm.Tiling) -> str:
+  return f"{t.block_m}x{t.block_n}x{t.block_k}/{t.num_splits} w{t.num_warps} s{t.num_stages}"
+
+
 def _ffn_ragged(x, ids, weights, gate, up, down) -> jax.Array:
   return expert_ffn(x, ids, weights, gate, up, down, kernel="ragged_dot")
+
+
+def _ffn_routed(x, ids, weights, gate, up, down) -> jax.Array:
+  return expert_ffn(x, ids, weights, gate, up, down, kernel="pallas")
+
+
+def _ffn_sorted(x, ids, weights, gate, up, down) -> jax.Array:
+  return expert_ffn(x, ids, weights, gate, up, down, kernel="pallas_sorted")
 
 
 def _time_us(program, *args, layers: int, inner: int, reps: int) -> float:
@@ -262,13 +314,20 @@ def bench_batch(shape: Shape, tokens: int, args: argparse.Namespace, copy_gbps: 
   for tiling in getattr(args, "tilings", None) or []:
     swept = row.setdefault("pallas_tilings", {})
     for name, (program, matrices) in _tiled_programs(tiling).items():
-      label = f"{name} {tiling.block_m}x{tiling.block_n}x{tiling.block_k}/{tiling.num_splits}"
-      label += f" w{tiling.num_warps} s{tiling.num_stages}"
+      label = f"{name} {_tiling_label(tiling)}"
       weight_bytes = touched * shape.expert_bytes / 3 * matrices
       add(label, weight_bytes, program, rows, sizes, experts, into=swept)
   ffn_bytes = touched * shape.expert_bytes
   add("expert_ffn", ffn_bytes, _ffn_program(expert_ffn), x, ids, weights, experts)
   add("expert_ffn_ragged", ffn_bytes, _ffn_program(_ffn_ragged), x, ids, weights, experts)
+  float_experts = getattr(args, "fp8", "none") == "none"  # the routed kernels take float only
+  if float_experts and getattr(args, "fused", False):
+    add("expert_ffn_routed", ffn_bytes, _ffn_program(_ffn_routed), x, ids, weights, experts)
+    add("expert_ffn_sorted", ffn_bytes, _ffn_program(_ffn_sorted), x, ids, weights, experts)
+  for tilings in (getattr(args, "ffn_tilings", None) or []) if float_experts else []:
+    swept = row.setdefault("routed_tilings", {})
+    label = " / ".join(_tiling_label(t) for t in tilings)
+    add(label, ffn_bytes, _routed_program(tilings), x, ids, weights, experts, into=swept)
   bf16_bytes = 3 * shape.hidden * shape.inter * 2  # the references' experts are bf16
   dense_bytes = shape.num_experts * bf16_bytes
   add("dense_all", dense_bytes, _ffn_program(dense_all), x, ids, weights, references)
@@ -294,6 +353,11 @@ def _errors(first_layer: dict[str, np.ndarray], live: int) -> dict:
   return {
     "max_abs_error_vs_dense": _max_error(first_layer.get("expert_ffn"), want),
     "ragged_max_abs_error_vs_dense": _max_error(first_layer.get("expert_ffn_ragged"), want),
+    **{
+      f"{kind}_max_abs_error_vs_dense": _max_error(first_layer[kind], want)
+      for kind in FUSED_KINDS
+      if kind in first_layer
+    },
     "pallas_max_abs_error_vs_ragged": _max_error(gates.get("pallas"), gates.get("ragged_dot")),
   }
 
@@ -307,10 +371,11 @@ def _cell(entry: dict | None) -> str:
 
 
 def _table(rows: list[dict]) -> str:
-  header = f"{'batch':>6}{'experts':>9}" + "".join(f"{k + ' us / GB/s':>28}" for k in KINDS)
+  kinds = KINDS + tuple(k for k in FUSED_KINDS if any(k in row for row in rows))
+  header = f"{'batch':>6}{'experts':>9}" + "".join(f"{k + ' us / GB/s':>28}" for k in kinds)
   lines = [header]
   for row in rows:
-    cells = "".join(_cell(row.get(k)) for k in KINDS)
+    cells = "".join(_cell(row.get(k)) for k in kinds)
     lines.append(f"{row['tokens']:>6}{row['experts_touched']:>9.1f}{cells}")
   return "\n".join(lines)
 
@@ -332,6 +397,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     default="none",
     help="fp8 experts: per-channel or 128 x 128 block scales (W8A8)",
   )
+  parser.add_argument(
+    "--fused",
+    action="store_true",
+    help="also time the FFN through the routing kernel and through the sorted rows (Pallas)",
+  )
+  parser.add_argument(
+    "--ffn-tilings",
+    type=parse_ffn_tilings,
+    help='routed FFN tilings to sweep: "GATE_UP/DOWN;..." each "BM,BN,BK,S,W,P" (one BM)',
+  )
   parser.add_argument("--out", help="write the rows as JSON to this file")
   return parser.parse_args(argv)
 
@@ -350,6 +425,9 @@ def main(argv=None) -> int:
     for label, entry in row.get("pallas_tilings", {}).items():
       cell = entry.get("error", "")[:80] or f"{entry['us']:.1f} us {entry['gb_per_s']:.0f} GB/s"
       print(f"batch {row['tokens']:>6} pallas {label}: {cell}")
+    for label, entry in row.get("routed_tilings", {}).items():
+      cell = entry.get("error", "")[:80] or f"{entry['us']:.1f} us {entry['gb_per_s']:.0f} GB/s"
+      print(f"batch {row['tokens']:>6} routed FFN {label}: {cell}")
   if args.out:
     with open(args.out, "w") as f:
       json.dump({"device": jax.devices()[0].device_kind, "shape": asdict(shape), "rows": rows}, f)

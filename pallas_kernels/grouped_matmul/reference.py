@@ -3,12 +3,17 @@ group_sizes[g] rows after those of groups < g), times weights[g], float32 accumu
 once to the rows' dtype; rows past sum(group_sizes) are zero. The gated form is
 silu(rows @ gate) * (rows @ up) in float32, rounded once. The fp8 forms (fp8.py's W8A8 kernel)
 quantize the rows to e4m3 as the kernel does, dequantize both operands and multiply in float32.
-The kernels' values match these to rounding (they sum K in their own order)."""
+The kernels' values match these to rounding (they sum K in their own order). The routing
+(routing.py) by a stable argsort, and the routed products (routed.py) through a copy of the
+gathered rows and a scatter."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from pallas_kernels.grouped_matmul.routing import Routing
+from pallas_kernels.grouped_matmul.tiles import num_tiles, tile_map
 
 
 def row_groups(group_sizes: jax.Array, num_rows: int) -> jax.Array:
@@ -96,3 +101,34 @@ def grouped_swiglu_fp8_reference(
   g = _products(x, _fp8_weights(gate, gate_scale), group_sizes)
   u = _products(x, _fp8_weights(up, up_scale), group_sizes)
   return (g * jax.nn.sigmoid(g) * u).astype(rows.dtype)
+
+
+def route_assignments_reference(
+  expert_ids: jax.Array, num_local: int, block_m: int, first_expert: jax.Array | int = 0
+) -> Routing:
+  """routing.route_assignments by a stable argsort: the local assignments by expert, then the
+  others, each in assignment order; the group sizes by bincount; the tiles by tiles.tile_map."""
+  flat = expert_ids.reshape(-1).astype(jnp.int32) - first_expert  # [M] local ids
+  key = jnp.where((flat >= 0) & (flat < num_local), flat, num_local)  # [M]
+  order = jnp.argsort(key, stable=True).astype(jnp.int32)  # [M]
+  sizes = jnp.bincount(key, length=num_local).astype(jnp.int32)  # [E]
+  m = flat.shape[0]
+  tiles = num_tiles(m, num_local, block_m) if m else 0
+  return Routing(order, sizes, *tile_map(sizes, m, block_m, tiles), block_m=block_m)
+
+
+def grouped_swiglu_gathered_reference(
+  x: jax.Array, gate: jax.Array, up: jax.Array, routing: Routing, top_k: int
+) -> jax.Array:
+  """routed.grouped_swiglu_gathered: the sorted rows' tokens copied, then the grouped SwiGLU."""
+  return grouped_swiglu_reference(x[routing.order // top_k], gate, up, routing.group_sizes)
+
+
+def grouped_matmul_scattered_reference(
+  rows: jax.Array, weights: jax.Array, routing: Routing, route_weights: jax.Array
+) -> jax.Array:
+  """routed.grouped_matmul_scattered: the sorted products in float32 times their assignments'
+  routing weights (zero past the groups), rounded once, put back in assignment order."""
+  order = routing.order
+  product = _products(rows, weights, routing.group_sizes) * route_weights[order][:, None]
+  return jnp.zeros_like(product).at[order].set(product).astype(rows.dtype)  # [M, N]

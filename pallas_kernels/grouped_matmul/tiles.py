@@ -106,13 +106,21 @@ def _largest_pow2_divisor(n: int, cap: int) -> int:
   return block
 
 
-def default_tiling(m: int, k: int, n: int, num_groups: int, gated: bool = False) -> Tiling:
-  """The tiling for M rows over G groups of [K, N] weights (module docstring); K and N multiples
-  of 16. gated: two weights per program (the fused SwiGLU)."""
+def default_block_m(m: int, num_groups: int) -> int:
+  """The default row tile for M rows over G groups (module docstring), whatever K and N: the
+  smallest of the table's tile heights that holds twice the rows a group expects (the largest
+  when none does). The routing kernel (routing.py) maps the rows to tiles of this size for both
+  of a MoE's products."""
   per_group = max(1, -(-2 * m // max(num_groups, 1)))
   heights = sorted({block_m for block_m, _ in tile_table()})
   wanted = pl.next_power_of_2(per_group)
-  block_m = next((h for h in heights if h >= wanted), heights[-1])
+  return next((h for h in heights if h >= wanted), heights[-1])
+
+
+def default_tiling(m: int, k: int, n: int, num_groups: int, gated: bool = False) -> Tiling:
+  """The tiling for M rows over G groups of [K, N] weights (module docstring); K and N multiples
+  of 16. gated: two weights per program (the fused SwiGLU)."""
+  block_m = default_block_m(m, num_groups)
   row = tile_table()[block_m, gated]
   block_n = _largest_pow2_divisor(n, row.block_n)
   block_k = _largest_pow2_divisor(k, row.block_k)

@@ -87,6 +87,25 @@ def test_the_two_dense_references_agree_with_each_other():
   np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
+def test_fused_times_the_ffn_through_the_routing_kernel_and_the_sorted_rows(tmp_path):
+  """--fused: the routed FFN (routing kernel, gathered and scattered products) and the sorted one
+  (sort, copy, inverse permutation), both the Pallas kernel, beside the others, each equal to the
+  dense reference to bfloat16 rounding; --ffn-tilings times the routed FFN per pair of tilings (a
+  pair whose block_m differ records its error)."""
+  sweep = "16,16,32,2,4,4/16,32,16,1,4,4;16,16,16,1,4,4/32,32,16,1,4,4"  # 2nd: two block_m
+  report, printed = _main(
+    tmp_path / "gmm.json", "--batches", "1", "--fused", "--ffn-tilings", sweep
+  )
+  (row,) = report["rows"]
+  for kind in bench.FUSED_KINDS:
+    assert row[kind]["us"] > 0 and kind in printed
+    assert row[f"{kind}_max_abs_error_vs_dense"] < 2e-2
+  swept = row["routed_tilings"]
+  assert swept["16x16x32/2 w4 s4 / 16x32x16/1 w4 s4"]["us"] > 0
+  assert "routing: expected" in swept["16x16x16/1 w4 s4 / 32x32x16/1 w4 s4"]["error"]
+  assert "routed FFN 16x16x32/2 w4 s4 / 16x32x16/1 w4 s4:" in printed
+
+
 def test_a_tiling_sweep_times_the_kernel_per_tiling(smoke, tmp_path):
   """Each tiling on the gate product and the fused SwiGLU; one that does not divide the smoke
   shape's N (32) records its error. At the smoke run's first batch (only the tiled programs

@@ -1,7 +1,9 @@
 """The grouped matmul and the expert FFN of models/grouped_matmul.py against dense numpy
 references: randomized group sizes, empty groups (more experts than assignments), and the
 expert-parallel split into shards whose partials add up to the whole; through ragged_dot (the
-CPU's "auto") and through the Pallas kernel (interpret mode on CPU), and the kernel choice."""
+CPU's "auto"), through the routing kernel and the routed Pallas products ("pallas", CUDA's
+"auto") and through the Pallas products on XLA-sorted rows ("pallas_sorted"), interpret mode on
+CPU, and the kernel choice."""
 
 from __future__ import annotations
 
@@ -114,27 +116,44 @@ def test_shapes_are_validated():
 PALLAS_CASES = [(1, 2, 8), (5, 8, 64), (13, 4, 8)]
 
 
+@pytest.mark.parametrize("kernel", ["pallas", "pallas_sorted"])
 @pytest.mark.parametrize("num_tokens,top_k,num_experts", PALLAS_CASES)
 def test_expert_ffn_through_the_pallas_kernel_matches_dense_reference(
-  num_tokens, top_k, num_experts
+  num_tokens, top_k, num_experts, kernel
 ):
-  """hidden 32 and inner 16: sizes the kernel takes (K and N multiples of 16)."""
+  """hidden 32 and inner 16: sizes the kernel takes (K and N multiples of 16); "pallas" through
+  the routing kernel and the gathered/scattered products, "pallas_sorted" through XLA's sort."""
   rng = np.random.default_rng(num_tokens * 100 + num_experts)
   case = _random_case(rng, num_tokens, top_k, num_experts, hidden=32, inner=16)
-  got = np.asarray(jax.jit(functools.partial(expert_ffn, kernel="pallas"))(*case))
+  got = np.asarray(jax.jit(functools.partial(expert_ffn, kernel=kernel))(*case))
   np.testing.assert_allclose(got, _reference_ffn(*case), rtol=1e-4, atol=1e-4)
 
 
-def test_expert_shards_through_the_pallas_kernel_sum_to_the_whole():
+def test_expert_ffn_with_every_token_on_one_expert():
+  x, ids, weights, gate, up, down = _random_case(np.random.default_rng(1), 7, 1, 4, 32, 16)
+  ids = np.full_like(ids, 2)
+  got = expert_ffn(x, ids, weights, gate, up, down, kernel="pallas")
+  want = _reference_ffn(x, ids, weights, gate, up, down)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", ["pallas", "pallas_sorted"])
+def test_expert_shards_through_the_pallas_kernel_sum_to_the_whole(kernel):
+  """Shards of 2 experts (first_expert 0, 2, 4, 6): each adds exactly zero for the assignments
+  to the others' experts."""
   x, ids, weights, gate, up, down = _random_case(np.random.default_rng(3), 9, 2, 8, 32, 16)
   partials = [
     expert_ffn(
-      x, ids, weights, *(w[s * 2 : (s + 1) * 2] for w in (gate, up, down)), s * 2, kernel="pallas"
+      x, ids, weights, *(w[s * 2 : (s + 1) * 2] for w in (gate, up, down)), s * 2, kernel=kernel
     )
     for s in range(4)
   ]
   whole = _reference_ffn(x, ids, weights, gate, up, down)
   np.testing.assert_allclose(np.asarray(sum(partials)), whole, rtol=1e-4, atol=1e-4)
+  ids_of = [set(range(s * 2, s * 2 + 2)) for s in range(4)]
+  for s, partial in enumerate(partials):  # tokens routed to none of shard s's experts: zero
+    idle = [t for t in range(9) if not ids_of[s] & set(ids[t].tolist())]
+    assert not np.asarray(partial)[idle].any()
 
 
 def test_the_kernels_agree_on_the_grouped_rows():

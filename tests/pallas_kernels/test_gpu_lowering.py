@@ -7,6 +7,7 @@ GPU. JAX >= 0.11 asks for the target GPU through an abstract mesh device.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import re
@@ -18,6 +19,8 @@ import pytest
 
 from jaxserve.models.fp8_experts import Fp8Weights
 from jaxserve.models.grouped_matmul import expert_ffn
+from jaxserve.models.layers.moe import SparseMoeBlock
+from jaxserve.models.tiny_random import tiny_random_config
 from jaxserve.parallel.partition_rules import MODEL_AXIS
 from jaxserve.parallel.sharded_experts import shard_experts
 from pallas_kernels.greedy_sample.gpu import greedy_sample
@@ -120,9 +123,10 @@ def test_8bit_kv_lowers_to_triton(kv_dtype):
 @pytest.mark.parametrize("num_tokens", [1, 64, 8192], ids=["decode1", "decode64", "prefill8k"])
 def test_moe_layer_lowers_to_the_grouped_matmul_kernel(num_tokens):
   """A Qwen3-30B-A3B MoE layer's experts (E 128, H 2048, I 768, top 8) as the model runs them
-  (models/grouped_matmul.expert_ffn, kernel "auto"): for CUDA, two Pallas grouped-matmul calls
-  (gate/up fused, down) and no ragged_dot, which XLA's GPU compiler expands to a dense
-  [M, E, N] product of every expert, nor any other [M, E, ...] array."""
+  (models/grouped_matmul.expert_ffn, kernel "auto"): for CUDA, the routing kernel and two
+  grouped-matmul calls (gate/up fused with the rows gathered, down with its rows scattered) and
+  no ragged_dot, which XLA's GPU compiler expands to a dense [M, E, N] product of every expert,
+  nor any other [M, E, ...] array, nor a sort, scatter or gather."""
   text = _lower_for_cuda(expert_ffn, *_moe_args(num_tokens))
   _assert_grouped_matmul_kernels(text, num_tokens * 8, 128)
 
@@ -162,11 +166,53 @@ def test_fp8_moe_layer_lowers_to_the_fp8_grouped_matmul_kernel(num_tokens, block
 
 
 def _assert_grouped_matmul_kernels(text: str, m: int, e: int, name: str = "grouped_matmul") -> None:
+  """The two grouped matmuls (`name`) and, for bfloat16 experts, the routing before them (one
+  program up to 1024 assignments, a count kernel and a placement kernel past them); fp8 experts
+  run on rows sorted by XLA."""
+  routing_calls = (1 if m <= 1024 else 2) if name == "grouped_matmul" else 0
   assert _custom_call_targets(text) == {TRITON_CALL_TARGET}
-  assert text.count(f"custom_call @{TRITON_CALL_TARGET}") == 2
+  assert text.count(f"custom_call @{TRITON_CALL_TARGET}") == 2 + routing_calls
+  assert text.count('name = "moe_routing"') == min(routing_calls, 1)
+  assert text.count('name = "moe_routing_counts"') == max(routing_calls - 1, 0)
   assert text.count(f'name = "{name}"') == 2
   assert "ragged_dot" not in text
+  if routing_calls:
+    assert not re.search(r"stablehlo\.(sort|scatter|gather)", text)
   assert not re.search(rf"tensor<{m}x{e}x\d+x", text)  # no [M, E, N] array anywhere
+
+
+def _xla_ops(text: str) -> collections.Counter:
+  """The StableHLO ops of a lowered module by name (constants and shape plumbing included)."""
+  return collections.Counter(re.findall(r"(?:stablehlo|chlo)\.([a-z_]+)", text))
+
+
+@pytest.mark.parametrize("num_tokens", [1, 256])
+def test_a_qwen3_moe_layer_is_four_pallas_calls_and_no_sort(num_tokens):
+  """A whole Qwen3-MoE layer (models/layers/moe.SparseMoeBlock: router GEMM, route, experts; E 64,
+  top 8, H 256, I 128) lowered for CUDA: per layer one cuBLAS-able dot (the router's GEMM) and
+  four Pallas calls (router softmax/top-k, routing, gate/up, down; five past 128 tokens, where
+  the routing's counts are a kernel of their own), no sort, top-k, scatter or gather; what XLA
+  has left is the sum over each token's K assignments and the casts."""
+  config = tiny_random_config().replace(
+    architecture="qwen3_moe",
+    num_experts=64,
+    num_experts_per_tok=8,
+    moe_intermediate_size=128,
+    norm_topk_prob=True,
+    dtype="bfloat16",
+  )
+  block = SparseMoeBlock(config)
+  x = jax.ShapeDtypeStruct((num_tokens, config.hidden_size), jnp.bfloat16)
+  params = jax.eval_shape(block.init, jax.random.PRNGKey(0), x)
+  text = _lower_for_cuda(block.apply, params, x)
+  names = sorted(re.findall(r'name = "(\w+)"', text))
+  counts = ["moe_routing_counts"] if num_tokens > 128 else []
+  assert names == sorted(["grouped_matmul", "grouped_matmul", "moe_router", "moe_routing", *counts])
+  assert _custom_call_targets(text) == {TRITON_CALL_TARGET}
+  ops = _xla_ops(text)
+  assert ops["dot_general"] == 1 and ops["custom_call"] == len(names)
+  assert not {"sort", "top_k", "scatter", "gather", "dynamic_slice"} & set(ops)
+  assert ops["reduce"] == 1  # the sum over k
 
 
 @pytest.mark.parametrize("expert_parallel", [True, False], ids=["ep2", "tp2"])

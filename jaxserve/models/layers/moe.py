@@ -4,9 +4,10 @@ Routing follows transformers (modeling_qwen3_moe.py, modeling_mixtral.py): the r
 bias-free Linear in the param dtype, gives logits [T, E]; their softmax in float32 gives each
 expert's probability; each token keeps its top `num_experts_per_tok`, renormalized to sum to one
 when `norm_topk_prob` (Qwen3-MoE's switch; always for Mixtral, whose softmax over the top-k logits
-is the same). The chosen experts' SwiGLU FFNs are computed as grouped matmuls over the
-assignments sorted by expert (models/grouped_matmul.py) and summed with the routing weights in
-float32, then cast to the param dtype (transformers multiplies and sums in the param dtype;
+is the same); on CUDA GPUs these are one Pallas kernel (pallas_kernels/moe_router/). The chosen
+experts' SwiGLU FFNs are computed as grouped matmuls over the assignments sorted by expert
+(models/grouped_matmul.py) and summed with the routing weights in float32, then cast to the
+param dtype (transformers multiplies and sums in the param dtype;
 identical in float32, within bfloat16 rounding otherwise).
 
 The experts' computation is injected (`experts`, an ExpertsFn): the unsharded model runs
@@ -35,6 +36,7 @@ independent of the other rows of its step.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -44,6 +46,8 @@ from flax import linen as nn
 from jaxserve.models.fp8_experts import SCALE_SUFFIX, Fp8Weights, scale_shape
 from jaxserve.models.grouped_matmul import expert_ffn
 from jaxserve.models.model_config import ModelConfig
+from pallas_kernels.moe_router import gpu as router_gpu
+from pallas_kernels.moe_router.reference import top_k_route_reference
 
 # (x [T, H], expert_ids int32[T, K], weights float32[T, K], gate, up [E, H, I], down [E, I, H]
 #   (or their Fp8Weights)) -> float32 [T, H]
@@ -52,12 +56,16 @@ ExpertsFn = Callable[..., jax.Array]
 
 def route(logits: jax.Array, top_k: int, renormalize: bool) -> tuple[jax.Array, jax.Array]:
   """Router logits [T, E] -> (weights float32[T, K], expert_ids int32[T, K]): the top-k softmax
-  probabilities (float32), renormalized to sum to one when `renormalize`."""
-  probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)  # [T, E]
-  weights, expert_ids = jax.lax.top_k(probs, top_k)  # [T, K] each
-  if renormalize:
-    weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-  return weights, expert_ids.astype(jnp.int32)
+  probabilities (float32), renormalized to sum to one when `renormalize`. Lowered for CUDA GPUs
+  it is one Pallas kernel (pallas_kernels/moe_router/gpu.py), elsewhere XLA's softmax and
+  top_k (its reference)."""
+  xla = functools.partial(top_k_route_reference, top_k=top_k, renormalize=renormalize)
+  if logits.shape[0] == 0 or jnp.dtype(logits.dtype) not in router_gpu.DTYPES:
+    return xla(logits)
+  if not 1 <= top_k <= logits.shape[1] <= router_gpu.MAX_EXPERTS:
+    return xla(logits)
+  pallas = functools.partial(router_gpu.top_k_route, top_k=top_k, renormalize=renormalize)
+  return jax.lax.platform_dependent(logits, cuda=pallas, default=xla)
 
 
 class Experts(nn.Module):
