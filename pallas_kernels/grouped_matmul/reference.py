@@ -12,8 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.grouped_matmul.routing import Routing
-from pallas_kernels.grouped_matmul.tiles import num_tiles, tile_map
+from pallas_kernels.grouped_matmul.tiles import Routing, num_tiles, tile_map
 
 
 def row_groups(group_sizes: jax.Array, num_rows: int) -> jax.Array:

@@ -24,8 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.grouped_matmul.gpu import Addressing, Tiling, check_operands, grouped_call
-from pallas_kernels.grouped_matmul.routing import Routing
-from pallas_kernels.grouped_matmul.tiles import num_tiles
+from pallas_kernels.grouped_matmul.tiles import Routing, num_tiles
 
 
 def _check_routing(name: str, routing: Routing, m: int, num_groups: int, tiling: Tiling) -> None:

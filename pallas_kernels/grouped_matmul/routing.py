@@ -46,7 +46,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.grouped_matmul.tiles import MIN_BLOCK, num_tiles
+from pallas_kernels.grouped_matmul.tiles import MIN_BLOCK, Routing, num_tiles
 from pallas_kernels.triton_params import triton_compiler_params
 
 BLOCK = 128  # assignments per chunk
@@ -55,32 +55,6 @@ COUNT_BLOCK = 16  # chunks' counts added at a time
 SERIAL_CHUNKS = 8  # up to this many chunks (1024 assignments) one program routes them all
 NUM_WARPS = 8  # a chunk's one-hot [BLOCK, EP] is 64 int32 a thread at E = 128
 MAX_EXPERTS = 1024
-
-
-@functools.partial(
-  jax.tree_util.register_dataclass,
-  data_fields=["order", "group_sizes", "tile_group", "tile_start", "tile_rows"],
-  meta_fields=["block_m"],
-)
-@dataclass(frozen=True)
-class Routing:
-  """The sorted rows of M assignments over E local experts and their row tiles of block_m rows
-  (module docstring); a pytree whose block_m is static."""
-
-  order: jax.Array  # int32[M]
-  group_sizes: jax.Array  # int32[E]
-  tile_group: jax.Array  # int32[num_tiles]
-  tile_start: jax.Array  # int32[num_tiles]
-  tile_rows: jax.Array  # int32[num_tiles]
-  block_m: int
-
-  @property
-  def tile_args(self) -> tuple[jax.Array, jax.Array, jax.Array]:
-    return self.tile_group, self.tile_start, self.tile_rows
-
-  def arrays(self) -> tuple[jax.Array, ...]:
-    """order, group_sizes and the tile map, in that order."""
-    return (self.order, self.group_sizes, *self.tile_args)
 
 
 def _exclusive(hits: jax.Array) -> jax.Array:

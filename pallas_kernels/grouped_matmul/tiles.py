@@ -1,5 +1,6 @@
-"""The grouped matmul's tiling (gpu.py): the tile sizes and their defaults, and the map from the
-groups' runs of rows to row tiles.
+"""The grouped matmul's tiling (gpu.py): the tile sizes and their defaults, the map from the
+groups' runs of rows to row tiles, and `Routing`, a MoE step's rows sorted by expert with that
+map (routing.py's kernel builds it, reference.py by an argsort).
 
 Row tiles. Group g owns the group_sizes[g] rows after those of groups < g (the rows are sorted by
 group); the rows past sum(group_sizes) form one more run, the tail, group G. Each run is cut into
@@ -97,6 +98,32 @@ def index_table(rows: tuple[TileRow, ...], where: str) -> dict[tuple[int, bool],
     if (block_m, not gated) not in table:
       raise ValueError(f"{where}: no row for block_m {block_m}, gated {str(not gated).lower()}")
   return table
+
+
+@functools.partial(
+  jax.tree_util.register_dataclass,
+  data_fields=["order", "group_sizes", "tile_group", "tile_start", "tile_rows"],
+  meta_fields=["block_m"],
+)
+@dataclass(frozen=True)
+class Routing:
+  """The sorted rows of M assignments over E local experts and their row tiles of block_m rows
+  (module docstring); a pytree whose block_m is static."""
+
+  order: jax.Array  # int32[M]
+  group_sizes: jax.Array  # int32[E]
+  tile_group: jax.Array  # int32[num_tiles]
+  tile_start: jax.Array  # int32[num_tiles]
+  tile_rows: jax.Array  # int32[num_tiles]
+  block_m: int
+
+  @property
+  def tile_args(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+    return self.tile_group, self.tile_start, self.tile_rows
+
+  def arrays(self) -> tuple[jax.Array, ...]:
+    """order, group_sizes and the tile map, in that order."""
+    return (self.order, self.group_sizes, *self.tile_args)
 
 
 def _largest_pow2_divisor(n: int, cap: int) -> int:

@@ -7,8 +7,11 @@
   top-level modules;
 * a platform's modules import no other platform's modules (gpu/ never imports tpu/, nor the
   reverse, in any kernel);
-* a kernel's shared modules (reference, validation, the KV format, test helpers) import no
-  platform's modules: every platform builds on them, not they on one.
+* a kernel's shared modules (reference, validation, the KV format, tiling, test helpers) import
+  no platform's modules: every platform builds on them, not they on one. In a kernel of one
+  platform, kept flat (greedy_sample/gpu.py beside reference.py), every module but the shared
+  ones (SHARED) is that platform's: grouped_matmul's fp8.py, routing.py and routed.py are GPU
+  kernels beside gpu.py, which its reference.py and tiles.py must not import.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from pathlib import Path
 from tests.source_graph import KERNELS, import_graph
 
 PLATFORMS = ("gpu", "tpu")
+# what every platform of a kernel builds on: references, checks, formats, tilings, test helpers
+SHARED = ("reference", "validate", "kv_quant", "tiles", "testing", "__init__")
 
 
 def kernel_packages(root: Path) -> list[Path]:
@@ -41,10 +46,17 @@ def misplaced_platform_modules(root: Path) -> list[str]:
 
 
 def platform_of(module: str) -> str | None:
-  """gpu for pallas_kernels.<kernel>.gpu and everything under it, likewise tpu; None for a
-  kernel's shared modules."""
+  """gpu for pallas_kernels.<kernel>.gpu and everything under it, likewise tpu; in a flat kernel
+  of one platform (its <platform>.py beside the shared modules) every module but SHARED; None
+  for a kernel's shared modules."""
   parts = module.split(".")
-  return parts[2] if len(parts) > 2 and parts[2] in PLATFORMS else None
+  if len(parts) <= 2:
+    return None
+  if parts[2] in PLATFORMS:
+    return parts[2]
+  kernel = KERNELS / parts[1]
+  flat = [p for p in PLATFORMS if (kernel / f"{p}.py").is_file()]
+  return flat[0] if len(flat) == 1 and parts[2] not in SHARED else None
 
 
 def cross_platform_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
