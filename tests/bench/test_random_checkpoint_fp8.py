@@ -21,7 +21,6 @@ from jaxserve.models.named_shapes import named_model_config
 from jaxserve.models.weights import (
   load_hf_config,
   load_hf_weights,
-  plan_dequantized,
   plan_hf_tensors,
 )
 from jaxserve.quantization import reference
@@ -137,12 +136,12 @@ def test_every_projection_is_the_bf16_twin_quantized_per_channel(written):
 
 
 def test_the_loader_plans_and_loads_everything(written):
-  """No tensor refused: the projections load as stored fp8 kernels with their scales, the
-  experts dequantized to the model dtype within fp8's rounding of the twin's weights."""
+  """No tensor refused: the projections load as stored fp8 kernels with their scales, and so do
+  the experts (fp8 W8A8 experts, [E, out, in] as stored, their per-channel scales beside them),
+  within fp8's rounding of the twin's bfloat16 weights."""
   config, checkpoint, tensors, twin = written
   loaded = load_hf_config(checkpoint)
-  loads = plan_hf_tensors(checkpoint, loaded)
-  assert plan_dequantized(checkpoint, loads)  # the experts' scales
+  plan_hf_tensors(checkpoint, loaded)
   params, _ = load_hf_weights(checkpoint, loaded)
   for i in range(config.num_layers):
     layer = params[f"layers_{i}"]
@@ -153,10 +152,16 @@ def test_the_loader_plans_and_loads_everything(written):
     if not config.is_moe_layer(i):
       assert layer["mlp"]["gate_proj"]["kernel"].dtype == jnp.float8_e4m3fn
       continue
-    gate = np.asarray(layer["mlp"]["experts"]["gate_proj"], np.float32)  # [E, H, I]
-    assert gate.shape == (config.num_experts, config.hidden_size, config.moe_intermediate_size)
-    want = twin[f"model.layers.{i}.{EXPERT_1_GATE[config.architecture]}.weight"]
-    np.testing.assert_allclose(gate[1], want.float().numpy().T, rtol=0.07, atol=1e-6)
+    experts = layer["mlp"]["experts"]
+    gate, scale = experts["gate_proj"], experts["gate_proj_scale"]  # [E, I, H] e4m3, [E, I]
+    assert gate.dtype == jnp.float8_e4m3fn
+    assert gate.shape == (config.num_experts, config.moe_intermediate_size, config.hidden_size)
+    stored = f"model.layers.{i}.{EXPERT_1_GATE[config.architecture]}.weight"
+    np.testing.assert_array_equal(np.asarray(gate[1]), _numpy(tensors[stored]))
+    np.testing.assert_array_equal(np.asarray(scale[1]), _numpy(tensors[stored + "_scale"])[:, 0])
+    dequantized = np.asarray(gate[1], np.float32) * np.asarray(scale[1])[:, None]  # [I, H]
+    want = twin[stored].float().numpy()
+    np.testing.assert_allclose(dequantized, want, rtol=0.07, atol=1e-6)
 
 
 def test_the_engine_serves_it(written):
