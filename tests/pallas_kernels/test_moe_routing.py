@@ -62,19 +62,29 @@ def _random_ids(rng, tokens, top_k, num_ids, kind):
   return np.asarray(ids, np.int32)
 
 
+ROUTING_CASES = [  # tokens, top_k, num_local, first, num_ids, block_m, kind
+  (1, 8, 128, 0, 128, 16, "random"),  # decode: 8 rows among 128 experts, most empty
+  (5, 2, 4, 0, 4, 16, "one_expert"),  # every assignment on expert 2
+  (37, 4, 8, 8, 32, 16, "random"),  # first_expert 8: experts 8-15 of 32
+  (70, 2, 6, 3, 12, 32, "random"),  # 140 assignments: past one chunk of 128
+  (300, 8, 64, 64, 128, 64, "random"),  # 2400 assignments (19 chunks), half another's
+  (300, 4, 16, 0, 16, 16, "random"),  # 90 tiles: past one chunk of 64 tiles
+  (9, 3, 5, 7, 12, 16, "one_expert"),  # every assignment on expert 6: none local
+]
+
+
+def _routing_params():
+  """Each case in the two-kernel form, and in the default form where it differs (up to
+  SERIAL_CHUNKS chunks of assignments: past them the default is the two-kernel form)."""
+  for case in ROUTING_CASES:
+    yield pytest.param(*case, 0, id=f"parallel-{case[0]}x{case[1]}-{case[6]}")
+    if case[0] * case[1] <= SERIAL_CHUNKS * BLOCK:
+      yield pytest.param(*case, SERIAL_CHUNKS, id=f"default-{case[0]}x{case[1]}-{case[6]}")
+
+
 @pytest.mark.parametrize(
-  "tokens,top_k,num_local,first,num_ids,block_m,kind",
-  [
-    (1, 8, 128, 0, 128, 16, "random"),  # decode: 8 rows among 128 experts, most empty
-    (5, 2, 4, 0, 4, 16, "one_expert"),  # every assignment on expert 2
-    (37, 4, 8, 8, 32, 16, "random"),  # first_expert 8: experts 8-15 of 32
-    (70, 2, 6, 3, 12, 32, "random"),  # 140 assignments: past one chunk of 128
-    (300, 8, 64, 64, 128, 64, "random"),  # 2400 assignments (19 chunks), half another's
-    (300, 4, 16, 0, 16, 16, "random"),  # 90 tiles: past one chunk of 64 tiles
-    (9, 3, 5, 7, 12, 16, "one_expert"),  # every assignment on expert 6: none local
-  ],
+  "tokens,top_k,num_local,first,num_ids,block_m,kind,max_serial_chunks", list(_routing_params())
 )
-@pytest.mark.parametrize("max_serial_chunks", [0, SERIAL_CHUNKS], ids=["parallel", "default"])
 def test_routing_random_sweep_against_reference(
   tokens, top_k, num_local, first, num_ids, block_m, kind, max_serial_chunks
 ):
