@@ -43,6 +43,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels.grouped_matmul.gpu import silu, store_results
 from pallas_kernels.grouped_matmul.tiles import (
   Tiling,
   check_tiling,
@@ -68,10 +69,6 @@ FP8 = jnp.dtype(jnp.float8_e4m3fn)
 FP8_MAX = 448.0  # e4m3's largest finite magnitude
 BLOCK = 128  # block scales: 128 x 128 weight blocks, 1 x 128 activation groups
 ROW_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
-
-
-def _silu(x: jax.Array) -> jax.Array:
-  return x / (1.0 + jnp.exp(-x))
 
 
 def scale_group(w_scale_ndim: int, k: int) -> int:
@@ -158,13 +155,7 @@ def _kernel(group_ref, start_ref, count_ref, x_ref, xs_ref, *refs, static: _Stat
         acc * x_scale * ws_ref[group, weight_rows][None, :]
         for acc, ws_ref in zip(accs, ws_refs, strict=True)
       )
-    if partial:
-      for out_ref, acc in zip(out_refs, accs, strict=True):
-        store(out_ref, acc)
-    elif nw == 2:
-      store(out_refs[0], _silu(accs[0]) * accs[1])
-    else:
-      store(out_refs[0], accs[0])
+    store_results(out_refs, accs, partial, store)
 
   @pl.when((count > 0) & (group == num_groups))
   def _():
@@ -196,7 +187,7 @@ def _grouped(rows, group_sizes, weights, scales, *, tiling: Tiling, interpret: b
   if splits == 1:
     return outs[0]  # [M, N]
   sums = [functools.reduce(jnp.add, [p[s] for s in range(splits)]) for p in outs]  # [M, N] f32
-  out = _silu(sums[0]) * sums[1] if len(sums) == 2 else sums[0]
+  out = silu(sums[0]) * sums[1] if len(sums) == 2 else sums[0]
   return out.astype(rows.dtype)  # [M, N]
 
 

@@ -69,8 +69,20 @@ __all__ = [
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
 
 
-def _silu(x: jax.Array) -> jax.Array:
+def silu(x: jax.Array) -> jax.Array:
   return x / (1.0 + jnp.exp(-x))
+
+
+def store_results(out_refs, accs, partial: bool, store) -> None:
+  """A program's float32 sums [BM, BN] each, stored by `store`: every sum (split K's partials),
+  else silu(gate) * up of a gated product, else the one product."""
+  if partial:
+    for out_ref, acc in zip(out_refs, accs, strict=True):
+      store(out_ref, acc)
+  elif len(accs) == 2:
+    store(out_refs[0], silu(accs[0]) * accs[1])
+  else:
+    store(out_refs[0], accs[0])
 
 
 def _kernel(
@@ -137,7 +149,7 @@ def _kernel(
         )
         for r in x_refs
       )  # the partials added in split order, as the epilogue of grouped_call
-      return (_silu(g) * u).astype(w_refs[0].dtype)
+      return (silu(g) * u).astype(w_refs[0].dtype)
 
     def fold(i, accs):
       k = first + i * bk
@@ -156,13 +168,7 @@ def _kernel(
 
     zeros = tuple(jnp.zeros((bm, bn), jnp.float32) for _ in w_refs)
     accs = jax.lax.fori_loop(0, steps, fold, zeros)  # [BM, BN] each
-    if partial:
-      for out_ref, acc in zip(out_refs, accs, strict=True):
-        store(out_ref, acc)
-    elif num_weights == 2:
-      store(out_refs[0], _silu(accs[0]) * accs[1])
-    else:
-      store(out_refs[0], accs[0])
+    store_results(out_refs, accs, partial, store)
 
   @pl.when((count > 0) & (group == num_groups))
   def _():
@@ -242,7 +248,7 @@ def grouped_call(
   if partials:
     return tuple(outs)  # [S, M, N] float32 each
   sums = [functools.reduce(jnp.add, [p[s] for s in range(splits)]) for p in outs]  # [M, N] f32
-  out = _silu(sums[0]) * sums[1] if len(sums) == 2 else sums[0]
+  out = silu(sums[0]) * sums[1] if len(sums) == 2 else sums[0]
   if addressing.scatter:
     out = out * route_w[:, None]  # [M, N] in assignment order
   return out.astype(dtype)  # [M, N]

@@ -87,11 +87,7 @@ def grouped_matmul_scattered(
   m = rows.shape[0] if rows.ndim == 2 else 0
   tiling = check_operands("grouped_matmul_scattered", rows, (weights,), routing.group_sizes, tiling)
   _check_routing("grouped_matmul_scattered", routing, m, weights.shape[0], tiling)
-  if route_weights.shape != (m,) or route_weights.dtype != jnp.float32:
-    raise ValueError(
-      f"grouped_matmul_scattered: route_weights: expected float32[{m}], "
-      f"got {route_weights.dtype}{list(route_weights.shape)}"
-    )
+  _check_route_weights("grouped_matmul_scattered", route_weights, m)
   if m == 0:
     return jnp.zeros((0, weights.shape[2]), rows.dtype)
   return grouped_call(
@@ -133,11 +129,7 @@ def routed_swiglu_ffn(
   hidden = jax.ShapeDtypeStruct((m, gate.shape[2]), x.dtype)
   down_tiling = check_operands(name, hidden, (down,), routing.group_sizes, down_tiling)
   _check_routing(name, routing, m, down.shape[0], down_tiling)
-  if route_weights.shape != (m,) or route_weights.dtype != jnp.float32:
-    raise ValueError(
-      f"{name}: route_weights: expected float32[{m}], "
-      f"got {route_weights.dtype}{list(route_weights.shape)}"
-    )
+  _check_route_weights(name, route_weights, m)
   if m == 0:
     return jnp.zeros((0, down.shape[2]), x.dtype)
   split = tiling.num_splits > 1
@@ -165,3 +157,11 @@ def routed_swiglu_ffn(
     addressing=Addressing(scatter=True, swiglu_partials=split),
     interpret=interpret,
   )
+
+
+def _check_route_weights(name: str, route_weights: jax.Array, m: int) -> None:
+  if route_weights.shape != (m,) or route_weights.dtype != jnp.float32:
+    raise ValueError(
+      f"{name}: route_weights: expected float32[{m}], "
+      f"got {route_weights.dtype}{list(route_weights.shape)}"
+    )
