@@ -297,6 +297,8 @@ def bench_batch(shape: Shape, tokens: int, args: argparse.Namespace, copy_gbps: 
   first_layer: dict[str, np.ndarray] = {}  # each timed column's first-layer output
 
   def add(name: str, weight_bytes: float, program, *program_args, into: dict = row) -> None:
+    if args.columns and into is row and name not in args.columns and name != "dense_all":
+      return
     try:
       us = _time_us(program, *program_args, **timing)
     except Exception as e:  # noqa: BLE001 - e.g. XLA's dense ragged_dot out of memory
@@ -304,6 +306,7 @@ def bench_batch(shape: Shape, tokens: int, args: argparse.Namespace, copy_gbps: 
       into[name] = {"error": f"{type(e).__name__}: {str(e)[:1000]}"}
       return
     into[name] = {"us": us, "gb_per_s": weight_bytes / us / 1e3}
+    print(f"batch {tokens} {name}: {us:.1f} us, {weight_bytes / us / 1e3:.0f} GB/s", flush=True)
     if into is row:
       first_layer[name] = np.asarray(program(*program_args)[0], np.float32)
 
@@ -406,6 +409,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     "--ffn-tilings",
     type=parse_ffn_tilings,
     help='routed FFN tilings to sweep: "GATE_UP/DOWN;..." each "BM,BN,BK,S,W,P" (one BM)',
+  )
+  parser.add_argument(
+    "--columns",
+    type=lambda text: set(text.split(",")),
+    help="time only these columns (comma-separated; dense_all always, the reference)",
   )
   parser.add_argument("--out", help="write the rows as JSON to this file")
   return parser.parse_args(argv)

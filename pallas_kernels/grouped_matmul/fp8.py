@@ -48,6 +48,7 @@ from pallas_kernels.grouped_matmul.tiles import (
   Tiling,
   check_tiling,
   default_tiling,
+  fit_stages,
   num_tiles,
   supports,
   tile_map,
@@ -169,6 +170,7 @@ def _grouped(rows, group_sizes, weights, scales, *, tiling: Tiling, interpret: b
   splits = tiling.num_splits
   xq, x_scale = quantize_rows(rows, scale_group(scales[0].ndim, k))  # [M, K], [M, KS]
   tiles = num_tiles(m, g, tiling.block_m)
+  tiling = fit_stages(tiling, tiling.block_k * (tiling.block_m + tiling.block_n * len(weights)))
   static = _Static(tiling, len(weights), k // (tiling.block_k * splits), scales[0].ndim == 3)
   if splits > 1:
     out_shape = [jax.ShapeDtypeStruct((splits, m, n), jnp.float32) for _ in weights]

@@ -49,6 +49,7 @@ from pallas_kernels.grouped_matmul.tiles import (
   Tiling,
   check_tiling,
   default_tiling,
+  fit_stages,
   num_tiles,
   supports,
   tile_map,
@@ -222,6 +223,11 @@ def grouped_call(
   k, n, dtype = rows[0].shape[-1], weights[0].shape[2], weights[0].dtype
   splits = tiling.num_splits
   routing = (order, route_w)[: addressing.num_refs(splits > 1)]
+  row_bytes = sum(r.dtype.itemsize * (r.shape[0] if r.ndim == 3 else 1) for r in rows)
+  stage_bytes = tiling.block_k * (
+    tiling.block_m * row_bytes + tiling.block_n * sum(w.dtype.itemsize for w in weights)
+  )
+  tiling = fit_stages(tiling, stage_bytes)
   kernel = functools.partial(
     _kernel,
     tiling=tiling,

@@ -28,6 +28,7 @@ blocks x 4 splits. Untuned: investigations/bench_grouped_matmul.py measures them
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -41,6 +42,7 @@ TARGET_PROGRAMS = 264  # two waves of an H100's 132 SMs
 MAX_SPLITS = 8
 MIN_BLOCK = 16  # tl.dot's smallest M, N and K
 MAX_INDEX = 2**31  # the kernel addresses its arrays with int32 offsets
+SMEM_BYTES = 232448  # shared memory a Hopper (sm_90) program may take: 227 KiB
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,16 @@ def default_tiling(m: int, k: int, n: int, num_groups: int, gated: bool = False)
   return Tiling(
     block_m, block_n, block_k, splits, num_warps=row.num_warps, num_stages=row.num_stages
   )
+
+
+def fit_stages(tiling: Tiling, stage_bytes: int) -> Tiling:
+  """The tiling with num_stages lowered until Triton's pipelined loads fit in shared memory:
+  its loop keeps num_stages - 1 of each iteration's loads (stage_bytes: the rows' and the
+  weights' slices) in flight, so num_stages - 1 <= SMEM_BYTES // stage_bytes (at least 1
+  stage). A down product that loads a split gate/up product's float32 partials (four splits of
+  two [16, 128] slices beside its [128, 64] weights) would otherwise ask for 240 KiB."""
+  stages = max(1, min(tiling.num_stages, 1 + SMEM_BYTES // max(stage_bytes, 1)))
+  return tiling if stages == tiling.num_stages else dataclasses.replace(tiling, num_stages=stages)
 
 
 def supports(m: int, k: int, n: int, num_groups: int) -> bool:

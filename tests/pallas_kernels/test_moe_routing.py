@@ -7,6 +7,8 @@ interpret mode elsewhere."""
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,7 +26,7 @@ from pallas_kernels.grouped_matmul.routed import (
   routed_swiglu_ffn,
 )
 from pallas_kernels.grouped_matmul.routing import BLOCK, SERIAL_CHUNKS, route_assignments
-from pallas_kernels.grouped_matmul.tiles import default_block_m, default_tiling
+from pallas_kernels.grouped_matmul.tiles import default_block_m, default_tiling, fit_stages
 from tests.pallas_kernels.test_gpu_lowering import _custom_call_targets, _lower_for_cuda
 
 INTERPRET = jax.default_backend() != "gpu"
@@ -266,3 +268,26 @@ def test_routing_and_routed_products_lower_for_cuda(tokens):
       route_w,
     )
     assert _custom_call_targets(text) == {"__gpu$xla.gpu.triton"}
+
+
+def test_pipelined_loads_fit_in_shared_memory():
+  """A stage of one Qwen3-30B-A3B token's down product (tiles 16 x 64 x 128 after a gate/up
+  product split 4 ways) loads gate's and up's float32 partials, 2 x 4 x 16 x 128 x 4 bytes,
+  beside 128 x 64 bfloat16 weights: 80 KiB, so 3 stages (2 in flight) fit in 227 KiB, not the
+  table's 4 (240 KiB, which a GPU refuses); the gate/up product keeps its 4."""
+  assert fit_stages(Tiling(16, 64, 128, 1, 4, 4), 81920).num_stages == 3
+  assert fit_stages(Tiling(16, 64, 128, 1, 4, 4), 36864).num_stages == 4
+  assert fit_stages(Tiling(16, 64, 128, 1, 4, 4), 10**6).num_stages == 1
+  t, k, h, i, e = 1, 8, 2048, 768, 128
+  block_m = default_block_m(t * k, e)
+  assert default_tiling(t * k, h, i, e, gated=True).num_splits == 4
+
+  def ffn(x, ids, gate, down, route_w):
+    routing = route_assignments(ids, e, block_m)
+    return routed_swiglu_ffn(x, gate, gate, down, routing, k, route_w)
+
+  shapes = [((t, h), jnp.bfloat16), ((t, k), jnp.int32), ((e, h, i), jnp.bfloat16)]
+  shapes += [((e, i, h), jnp.bfloat16), ((t * k,), jnp.float32)]
+  text = _lower_for_cuda(ffn, *(jax.ShapeDtypeStruct(s, d) for s, d in shapes))
+  stages = re.findall(r'name = "grouped_matmul".*?num_stages = (\d+)', text, re.DOTALL)
+  assert stages == ["4", "3"]
