@@ -188,6 +188,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     help="head_dim (32 q heads, 8 kv heads; 64 is Llama-3.2-1B's)",
   )
   parser.add_argument(
+    "--kv-heads",
+    type=int,
+    default=8,
+    help="KV heads beside the 32 q heads (4 is Qwen3-30B-A3B's: 8 q heads a KV head)",
+  )
+  parser.add_argument(
     "--prefill",
     default="",
     help="prefill cases NUMxLEN (NUM prompts of LEN tokens from an empty "
@@ -270,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
   shape = (
     Shape(num_q_heads=8, num_kv_heads=2, head_dim=64)
     if opts.smoke
-    else Shape(head_dim=opts.head_dim)
+    else Shape(head_dim=opts.head_dim, num_kv_heads=opts.kv_heads)
   )
   shape = dataclasses.replace(shape, kv_dtype=opts.kv_dtype)
   device = jax.devices()[0]
