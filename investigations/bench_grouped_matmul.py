@@ -126,13 +126,22 @@ def _routing(rng: np.random.Generator, shape: Shape, layers: int, tokens: int):
   return jnp.asarray(ids), jnp.asarray(weights / weights.sum(-1, keepdims=True))
 
 
-def _experts(rng: np.random.Generator, shape: Shape, layers: int) -> list[tuple[jax.Array, ...]]:
+@functools.cache
+def _experts(shape: Shape, layers: int) -> list[tuple[jax.Array, ...]]:
+  """`layers` copies of a layer's experts, drawn on the device (host draws of 4.8 G normals took
+  longer than the timings) and shared by every batch."""
   e, h, i = shape.num_experts, shape.hidden, shape.inter
+  keys = iter(jax.random.split(jax.random.PRNGKey(0), 3 * layers))
 
   def draw(*dims: int) -> jax.Array:
-    return jnp.asarray(rng.standard_normal(dims, dtype=np.float32) * 0.02, jnp.bfloat16)
+    return _normal(next(keys), dims)
 
   return [(draw(e, h, i), draw(e, h, i), draw(e, i, h)) for _ in range(layers)]
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _normal(key: jax.Array, dims: tuple[int, ...]) -> jax.Array:
+  return (0.02 * jax.random.normal(key, dims, jnp.float32)).astype(jnp.bfloat16)
 
 
 @functools.partial(jax.jit, static_argnames=("blocks",))
@@ -285,7 +294,7 @@ def _time_us(program, *args, layers: int, inner: int, reps: int) -> float:
 
 def bench_batch(shape: Shape, tokens: int, args: argparse.Namespace, copy_gbps: float) -> dict:
   rng = np.random.default_rng(tokens)
-  experts = references = _experts(rng, shape, args.layers)
+  experts = references = _experts(shape, args.layers)
   if shape.fp8 != "none":  # the routed FFN on fp8 experts, the dense references on their twins
     pairs = [_fp8(layer, shape.fp8 == "block") for layer in experts]
     experts, references = [p[0] for p in pairs], [p[1] for p in pairs]

@@ -17,7 +17,8 @@ tiles.tile_map. The grouped matmuls read each row from token order[r] // K (gpu.
 rows) and write it to assignment order[r] (its scattered store), so no permuted copy of the
 tokens and no inverse permutation exist.
 
-The assignments are walked in chunks of BLOCK:
+The assignments are walked in chunks of BLOCK (fewer assignments: one chunk of M rounded up to a
+power of two, at least 16, so one token's 8 assignments make a [16, EP] one-hot, not [128, EP]):
 
   1. a histogram: each chunk's one-hot [BLOCK, EP] of local expert ids, summed (EP: E rounded up
      to a power of two); its cumulative sum gives each expert's first sorted row;
@@ -25,8 +26,8 @@ The assignments are walked in chunks of BLOCK:
      the earlier chunks, plus its rank among its chunk's assignments of that expert (an
      exclusive cumulative sum of the one-hot down the chunk); non-local ones go after all local
      ones the same way. A scatter store of a into order[row]: every row is written once;
-  3. the tile map, in chunks of TILE_BLOCK tiles: a tile's group is the number of groups whose
-     tiles end at or before it.
+  3. the tile map, in chunks of TILE_BLOCK tiles (or fewer, likewise): a tile's group is the
+     number of groups whose tiles end at or before it.
 
 Up to SERIAL_CHUNKS chunks (a decode step: 1024 assignments) one program (grid (1,)) does all
 three, chunk after chunk: one launch. Past that, two kernels: `moe_routing_counts`, a program
@@ -69,6 +70,8 @@ class _Sizes:
   num_local: int
   experts_pad: int
   block_m: int
+  block: int  # assignments a chunk: BLOCK, or M rounded up to a power of two when smaller
+  tile_block: int  # tiles a chunk of the tile map: TILE_BLOCK, or fewer likewise
 
   def experts(self) -> jax.Array:
     return jnp.arange(self.experts_pad, dtype=jnp.int32)  # [EP]
@@ -77,7 +80,7 @@ class _Sizes:
 def _chunk(ids_ref, first, c, sizes: _Sizes):
   """Chunk c's assignments a [B], valid [B], local [B] and one-hot local experts hits [B, EP]."""
   m, experts = ids_ref.shape[0], sizes.experts()
-  a = c * BLOCK + jnp.arange(BLOCK, dtype=jnp.int32)  # [B]
+  a = c * sizes.block + jnp.arange(sizes.block, dtype=jnp.int32)  # [B]
   valid = a < m
   local_id = plgpu.load(ids_ref.at[jnp.where(valid, a, 0)], mask=valid, other=0) - first
   local = valid & (local_id >= 0) & (local_id < sizes.num_local)  # [B]
@@ -106,7 +109,7 @@ def _tiles(c, counts, m: int, sizes: _Sizes, group_ref, start_ref, rows_ref) -> 
   tile_ends = jnp.cumsum(run_tiles)  # [EP]
   local_tiles = jnp.sum(run_tiles)
   tail_tiles = (m - num_in + block_m - 1) // block_m
-  index = c * TILE_BLOCK + jnp.arange(TILE_BLOCK, dtype=jnp.int32)  # [TB]
+  index = c * sizes.tile_block + jnp.arange(sizes.tile_block, dtype=jnp.int32)  # [TB]
   done = (tile_ends[None, :] <= index[:, None]) & (experts < sizes.num_local)[None, :]
   group = jnp.sum(done.astype(jnp.int32), axis=1)  # [TB] in 0..E
   pick = (experts[None, :] == group[:, None]).astype(jnp.int32)  # [TB, EP] one-hot
@@ -135,7 +138,7 @@ def _store_sizes(sizes_ref, counts, sizes: _Sizes) -> None:
 def _serial_kernel(ids_ref, first_ref, order_ref, sizes_ref, *tile_refs, sizes: _Sizes):
   """One program: the histogram, the placement and the tile map, chunk after chunk."""
   m, first = ids_ref.shape[0], first_ref[0]
-  chunks = pl.cdiv(m, BLOCK)
+  chunks = pl.cdiv(m, sizes.block)
   zeros = jnp.zeros((sizes.experts_pad,), jnp.int32)
   counts = jax.lax.fori_loop(
     0, chunks, lambda c, acc: acc + jnp.sum(_chunk(ids_ref, first, c, sizes)[3], axis=0), zeros
@@ -145,7 +148,7 @@ def _serial_kernel(ids_ref, first_ref, order_ref, sizes_ref, *tile_refs, sizes: 
 
   def place(c, seen):  # seen [EP]: each expert's assignments in the chunks before c
     chunk = _chunk(ids_ref, first, c, sizes)
-    _place(order_ref, chunk, starts + seen, num_in + c * BLOCK - jnp.sum(seen))
+    _place(order_ref, chunk, starts + seen, num_in + c * sizes.block - jnp.sum(seen))
     return seen + jnp.sum(chunk[3], axis=0)
 
   jax.lax.fori_loop(0, chunks, place, zeros)
@@ -155,7 +158,7 @@ def _serial_kernel(ids_ref, first_ref, order_ref, sizes_ref, *tile_refs, sizes: 
     _tiles(c, counts, m, sizes, *tile_refs)
     return carry
 
-  jax.lax.fori_loop(0, pl.cdiv(tile_refs[0].shape[0], TILE_BLOCK), tile_chunk, 0)
+  jax.lax.fori_loop(0, pl.cdiv(tile_refs[0].shape[0], sizes.tile_block), tile_chunk, 0)
 
 
 def _count_kernel(ids_ref, first_ref, counts_ref, *, sizes: _Sizes):
@@ -192,13 +195,13 @@ def _place_kernel(ids_ref, first_ref, counts_ref, order_ref, sizes_ref, *tile_re
   @pl.when(p < chunks)
   def _():
     chunk = _chunk(ids_ref, first_ref[0], p, sizes)
-    _place(order_ref, chunk, starts + before, jnp.sum(counts) + p * BLOCK - jnp.sum(before))
+    _place(order_ref, chunk, starts + before, jnp.sum(counts) + p * sizes.block - jnp.sum(before))
 
   @pl.when(p == 0)
   def _():
     _store_sizes(sizes_ref, counts, sizes)
 
-  @pl.when(p < pl.cdiv(tile_refs[0].shape[0], TILE_BLOCK))
+  @pl.when(p < pl.cdiv(tile_refs[0].shape[0], sizes.tile_block))
   def _():
     _tiles(p, counts, m, sizes, *tile_refs)
 
@@ -209,7 +212,13 @@ def _place_kernel(ids_ref, first_ref, counts_ref, order_ref, sizes_ref, *tile_re
 def _route(flat_ids, first, *, num_local, block_m, max_serial_chunks, interpret) -> Routing:
   m = flat_ids.shape[0]
   tiles = num_tiles(m, num_local, block_m)
-  sizes = _Sizes(num_local, max(MIN_BLOCK, pl.next_power_of_2(num_local)), block_m)
+  sizes = _Sizes(
+    num_local,
+    max(MIN_BLOCK, pl.next_power_of_2(num_local)),
+    block_m,
+    min(BLOCK, max(MIN_BLOCK, pl.next_power_of_2(m))),
+    min(TILE_BLOCK, max(MIN_BLOCK, pl.next_power_of_2(tiles))),
+  )
   int32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
   out_shape = [int32((m,)), int32((num_local,))] + [int32((tiles,))] * 3
   call = functools.partial(
@@ -220,7 +229,7 @@ def _route(flat_ids, first, *, num_local, block_m, max_serial_chunks, interpret)
     interpret=interpret,
     name="moe_routing",
   )
-  chunks = pl.cdiv(m, BLOCK)
+  chunks = pl.cdiv(m, sizes.block)
   if chunks <= max_serial_chunks:
     kernel = functools.partial(_serial_kernel, sizes=sizes)
     outs = call(kernel, grid=(1,), in_specs=[pl.no_block_spec] * 2)(flat_ids, first)
@@ -236,7 +245,7 @@ def _route(flat_ids, first, *, num_local, block_m, max_serial_chunks, interpret)
     name="moe_routing_counts",
   )(flat_ids, first)  # [C, EP]
   kernel = functools.partial(_place_kernel, sizes=sizes)
-  grid = (max(chunks, pl.cdiv(tiles, TILE_BLOCK)),)
+  grid = (max(chunks, pl.cdiv(tiles, sizes.tile_block)),)
   outs = call(kernel, grid=grid, in_specs=[pl.no_block_spec] * 3)(flat_ids, first, counts)
   return Routing(*outs, block_m=block_m)
 

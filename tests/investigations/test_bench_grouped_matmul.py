@@ -79,7 +79,7 @@ def test_a_failing_column_records_its_error(smoke, monkeypatch, capsys):
 def test_the_two_dense_references_agree_with_each_other():
   rng = np.random.default_rng(0)
   shape = bench.SMOKE
-  ((gate, up, down),) = bench._experts(rng, shape, 1)
+  ((gate, up, down),) = bench._experts(shape, 1)
   ids, weights = bench._routing(rng, shape, 1, 5)
   x = jnp.asarray(rng.standard_normal((5, shape.hidden), dtype=np.float32), jnp.bfloat16)
   a = bench.dense_all(x, ids[0], weights[0], gate, up, down)
