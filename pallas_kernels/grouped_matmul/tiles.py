@@ -21,9 +21,10 @@ the expected rows per group (2 M / G rounded up to a power of two): the table's 
 that holds it, else its tallest; so decode steps (a few rows per expert) take 16-row tiles, the
 tensor cores' smallest, and prefill 64-row ones. Blocks of N and K are the row's, halved until
 they divide N and K. A row with split_k splits K (num_splits, a power of two up to 8) until
-about two waves of an H100's 132 SMs have work (TARGET_PROGRAMS, counting min(M, G) live tiles):
-batch 1 of Qwen3-30B-A3B (8 rows, 8 experts) runs its gate/up product as 8 tiles x 12 column
-blocks x 4 splits. Untuned: investigations/bench_grouped_matmul.py measures them.
+about two waves of an H100's 132 SMs have work (TARGET_PROGRAMS, counting min(M, G) live tiles).
+On an H200 no row splits: one token of Qwen3-30B-A3B (8 rows, 8 experts) ran its FFN in 38 us
+unsplit against 93-100 us split 4 ways (the down product reloads the partials), and 8-64 tokens
+likewise (docs/PERFORMANCE.md; investigations/bench_grouped_matmul.py --ffn-tilings).
 """
 
 from __future__ import annotations

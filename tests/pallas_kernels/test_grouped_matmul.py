@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_kernels.grouped_matmul import tiles
 from pallas_kernels.grouped_matmul.gpu import Tiling, grouped_matmul, grouped_swiglu
 from pallas_kernels.grouped_matmul.reference import (
   grouped_matmul_reference,
@@ -17,10 +18,13 @@ from pallas_kernels.grouped_matmul.reference import (
 )
 from pallas_kernels.grouped_matmul.tiles import (
   TARGET_PROGRAMS,
+  TileRow,
   default_tiling,
+  index_table,
   num_tiles,
   supports,
   tile_map,
+  tile_table,
 )
 from tests.pallas_kernels.test_gpu_lowering import _custom_call_targets, _lower_for_cuda
 
@@ -170,13 +174,27 @@ def test_default_tiling_divides_and_fills_the_gpu():
       for k, n, gated in ((h, i, True), (i, h, False)):
         t = default_tiling(m, k, n, e, gated)
         assert n % t.block_n == 0 and k % (t.block_k * t.num_splits) == 0
-        if t.block_m == 16:
+        if tile_table()[t.block_m, gated].split_k:
           programs = min(m, e) * n // t.block_n * t.num_splits
           assert programs >= TARGET_PROGRAMS or t.num_splits == 8
         else:
           assert t.num_splits == 1
-  assert default_tiling(8, 2048, 768, 128, True) == Tiling(16, 64, 128, 4, 4, 4)  # batch 1
+  assert default_tiling(8, 2048, 768, 128, True) == Tiling(16, 128, 128, 1, 4, 3)  # batch 1
+  assert default_tiling(8, 768, 2048, 128, False) == Tiling(16, 64, 128, 1, 4, 4)
   assert default_tiling(65536, 2048, 768, 128, True).block_m == 64  # an 8192-token prefill
+  assert default_tiling(8, 2048, 768, 128, True).num_splits == 1  # split K lost on an H200
+
+
+def test_a_row_with_split_k_splits_until_the_gpu_is_full(monkeypatch):
+  """A table row with split_k: K halves until TARGET_PROGRAMS programs (or 8 splits): one token
+  of Qwen3-30B-A3B's gate/up product, 8 tiles x 12 column blocks of 64, splits 4 ways."""
+  rows = tuple(
+    TileRow(16, gated, 64, 128, split_k=True, num_warps=4, num_stages=4) for gated in (True, False)
+  )
+  monkeypatch.setattr(tiles, "tile_table", lambda: index_table(rows, "test"))
+  assert default_tiling(8, 2048, 768, 128, True) == Tiling(16, 64, 128, 4, 4, 4)
+  assert default_tiling(8, 768, 2048, 128, False).num_splits == 2  # 8 x 32 programs
+  assert default_tiling(1024, 2048, 768, 128, True).num_splits == 1  # 128 x 12 programs
   assert supports(8, 2048, 768, 128) and not supports(8, 2048, 760, 128)
   assert not supports(8, 7168, 2048, 256)  # 3.8e9 weight elements: past int32 offsets
 

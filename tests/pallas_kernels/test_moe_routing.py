@@ -26,7 +26,7 @@ from pallas_kernels.grouped_matmul.routed import (
   routed_swiglu_ffn,
 )
 from pallas_kernels.grouped_matmul.routing import BLOCK, SERIAL_CHUNKS, route_assignments
-from pallas_kernels.grouped_matmul.tiles import default_block_m, default_tiling, fit_stages
+from pallas_kernels.grouped_matmul.tiles import default_block_m, fit_stages
 from tests.pallas_kernels.test_gpu_lowering import _custom_call_targets, _lower_for_cuda
 
 INTERPRET = jax.default_backend() != "gpu"
@@ -195,22 +195,24 @@ def test_routed_products_random_sweep_against_reference(
 
 @pytest.mark.parametrize("tokens,dtype", [(1, jnp.float32), (2, jnp.bfloat16), (40, jnp.float32)])
 def test_routed_swiglu_ffn_hands_split_partials_to_the_down_product(tokens, dtype):
-  """H = I = 256, 4 experts, top 2: one or two tokens split both products' K (the down product
-  adds and gates the gate/up partials as it loads them), 40 tokens split neither; equal to the
-  two references chained (the hidden rows rounded to the dtype in between)."""
+  """H = I = 256, 4 experts, top 2: one or two tokens split both products' K four ways (the down
+  product adds and gates the gate/up partials as it loads them), 40 tokens split neither; equal
+  to the two references chained (the hidden rows rounded to the dtype in between)."""
   rng = np.random.default_rng(tokens)
   num_local, size, top_k = 4, 256, 2
   m = tokens * top_k
-  split = default_tiling(m, size, size, num_local, gated=True).num_splits
-  assert (split > 1) == (tokens <= 2)
+  block_m, split = default_block_m(m, num_local), 4 if tokens <= 2 else 1
+  tilings = (Tiling(block_m, 64, 64, split), Tiling(block_m, 64, 64, split))
   ids = jnp.asarray(_random_ids(rng, tokens, top_k, num_local + 2, "random"))  # some not local
   x = jnp.asarray(rng.standard_normal((tokens, size)), dtype)
   gate, up, down = (
     jnp.asarray(rng.standard_normal((num_local, size, size)) / size**0.5, dtype) for _ in "gud"
   )
   route_w = jnp.asarray(rng.random(m), jnp.float32)
-  routing = route_assignments(ids, num_local, default_block_m(m, num_local), interpret=INTERPRET)
-  got = routed_swiglu_ffn(x, gate, up, down, routing, top_k, route_w, interpret=INTERPRET)
+  routing = route_assignments(ids, num_local, block_m, interpret=INTERPRET)
+  got = routed_swiglu_ffn(
+    x, gate, up, down, routing, top_k, route_w, tilings=tilings, interpret=INTERPRET
+  )
   hidden = grouped_swiglu_gathered_reference(x, gate, up, routing, top_k)
   want = grouped_matmul_scattered_reference(hidden, down, routing, route_w)
   tol = 1e-5 if dtype == jnp.float32 else 2e-2
@@ -274,17 +276,17 @@ def test_pipelined_loads_fit_in_shared_memory():
   """A stage of one Qwen3-30B-A3B token's down product (tiles 16 x 64 x 128 after a gate/up
   product split 4 ways) loads gate's and up's float32 partials, 2 x 4 x 16 x 128 x 4 bytes,
   beside 128 x 64 bfloat16 weights: 80 KiB, so 3 stages (2 in flight) fit in 227 KiB, not the
-  table's 4 (240 KiB, which a GPU refuses); the gate/up product keeps its 4."""
+  4 asked (240 KiB, which a GPU refuses); the gate/up product keeps its 4."""
   assert fit_stages(Tiling(16, 64, 128, 1, 4, 4), 81920).num_stages == 3
   assert fit_stages(Tiling(16, 64, 128, 1, 4, 4), 36864).num_stages == 4
   assert fit_stages(Tiling(16, 64, 128, 1, 4, 4), 10**6).num_stages == 1
   t, k, h, i, e = 1, 8, 2048, 768, 128
   block_m = default_block_m(t * k, e)
-  assert default_tiling(t * k, h, i, e, gated=True).num_splits == 4
+  tilings = (Tiling(block_m, 64, 128, 4, 4, 4), Tiling(block_m, 64, 128, 1, 4, 4))
 
   def ffn(x, ids, gate, down, route_w):
     routing = route_assignments(ids, e, block_m)
-    return routed_swiglu_ffn(x, gate, gate, down, routing, k, route_w)
+    return routed_swiglu_ffn(x, gate, gate, down, routing, k, route_w, tilings=tilings)
 
   shapes = [((t, h), jnp.bfloat16), ((t, k), jnp.int32), ((e, h, i), jnp.bfloat16)]
   shapes += [((e, i, h), jnp.bfloat16), ((t * k,), jnp.float32)]
