@@ -6,6 +6,13 @@
 #            time of the weights one decode token reads (bench/active_weights.py) at the card's
 #            measured copy bandwidth
 #   off      offline, $N x 256/256 (bench_offline)
+#   qoff<in>:<out>:<n>[:fp8]  offline on $MOE as a new user runs it: no config, no KV pool
+#            given, <n> prompts of <in> / <out> tokens, bf16 or fp8 experts (--quantization fp8)
+#            (issue 55's workloads: qoff256:256:1000 qoff1000:1000:1000 and their :fp8)
+#   prof<N>  where a decode step of N sequences x $CTX (1024) tokens on $MOE goes, no config
+#            (investigations/profile_step.py: wall, device time by kernel family), beside the
+#            card's read ceiling (a reduction that only reads) and the weights that step reads
+#            (bench/active_weights.py) measured in the same call: read_ceiling.json
 #   gmm      the experts' grouped matmul at decode batch 1, 64, 256: jax.lax.ragged_dot and the
 #            Pallas kernel, the whole routed FFN (through the kernel, and through ragged_dot),
 #            and the dense references (investigations/bench_grouped_matmul.py)
@@ -32,9 +39,9 @@
 #            <in> / <out> tokens (TensorRT-LLM's workloads: mix128:128:2000 mix1000:1000:1000
 #            mix2048:128:500)
 #   table    the short table of every result in $OUT (scripts/gpu_moe_table.py); always run last
-# The MoE's KV pool is given in bytes (MOE_KV_GIB, default 8): with the streaming loader's slack
-# (a quarter of the weights, device/device_memory.py) a 61 GB checkpoint leaves no pool at a
-# memory_fraction the card can hold. The wheels jaxserve needs beyond the device image are carried
+# The older steps (tpot, off, serve, ep*) give the MoE's KV pool in bytes (MOE_KV_GIB, default 8)
+# as they did when the loader's slack left a 61 GB checkpoint no pool on an 80 GB card; qoff
+# leaves it to the planner. The wheels jaxserve needs beyond the device image are carried
 # in .whl/. CPU check on tiny shapes: tests/scripts/test_gpu_moe_script.py.
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"  # $OUT, $LOGS, the carried wheels, step()
@@ -76,6 +83,20 @@ for s in ${STEPS:-ckmoe tpot off gmm serve ckgemma gtpot gemma} table; do case $
     copy_bandwidth ;;
   off) offline moe_off "$MOE" "${MOE_SET[@]}" --num-prompts "$N" --input-len 256 --output-len 256 \
       --max-model-len 512 ;;
+  prof*) n=${s#prof}
+    step "moe_prof$n" python3 -m investigations.profile_step --model "$MOE" --max-model-len 2048 \
+      --num-seqs "$n" --context "${CTX:-1024}" --trace-top 12 --trace-by-family \
+      --out "$OUT/moe_prof$n.json"
+    tr '\r' '\n' < "$LOGS/moe_prof$n.log" | grep -v "it/s\]" | sed -n "/KV pool/,/^{/p" | head -n 32
+    [ -f "$OUT/read_ceiling.json" ] || python3 -c "import json; \
+from investigations.kernel_timing import read_bandwidth as r; \
+print(json.dumps({'read_gb_per_s': r(${COPY_BYTES:-4294967296}, inner=10, reps=5) / 1e9}))" \
+      | tee "$OUT/read_ceiling.json"
+    [ -f "$OUT/moe_active.json" ] || python3 -m jaxserve.bench.active_weights "$MOE" > "$OUT/moe_active.json" ;;
+  qoff*) IFS=: read -r il ol n q <<< "${s#qoff}"; name="moe_nc_${il}_${ol}${q:+_$q}"
+    step "$name" python3 -m jaxserve.bench.bench_offline --model "$MOE" --no-stream \
+      --log-level WARNING --num-prompts "$n" --input-len "$il" --output-len "$ol" \
+      --max-model-len $(( il + ol )) ${q:+--quantization $q} --out "$OUT/$name.json" ;;
   gmm) step gmm python3 -m investigations.bench_grouped_matmul --batches 1,64,256 \
       --out "$OUT/gmm.json" ${GMM_FLAGS:-} ;;
   serve) TAIL=40 step serve python3 -m jaxserve.bench.serve_vs_offline --model "$MOE" \

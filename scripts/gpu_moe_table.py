@@ -59,7 +59,18 @@ def single_stream_line(out: Path, prefix: str, label: str) -> list[str]:
 
 def moe_lines(out: Path) -> list[str]:
   lines = single_stream_line(out, "moe", "qwen3-30b-a3b")
-  for label in ("off", "one", "tp2", "ep2", "one_inv_tp", "one_inv_ep", "tp2_inv", "ep2_inv"):
+  no_config = sorted(p.name[4:-5] for p in out.glob("moe_nc_*.json"))  # the qoff steps
+  for label in (
+    "off",
+    "one",
+    "tp2",
+    "ep2",
+    "one_inv_tp",
+    "one_inv_ep",
+    "tp2_inv",
+    "ep2_inv",
+    *no_config,
+  ):
     r = _load(out, f"moe_{label}.json")
     if r:
       reference = _load(out, f"moe_{REFERENCE[label]}.json") if label in REFERENCE else None

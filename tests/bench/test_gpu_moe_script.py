@@ -43,6 +43,7 @@ def test_the_table_compares_tpot_with_the_active_read_time_and_windows_on_with_o
     "moe_ep2.json": dict(_offline(3, 256, 256, 1000.0), token_digests=["a", "x", "c"]),
     "moe_one_inv_tp.json": dict(_offline(3, 256, 256, 500.0), token_digests=["d", "e", "f"]),
     "moe_tp2_inv.json": dict(_offline(3, 256, 256, 600.0), token_digests=["d", "e", "f"]),
+    "moe_nc_256_256_fp8.json": _offline(1000, 256, 256, 9000.0),  # qoff256:256:1000:fp8
     "gmm.json": {
       "device": "NVIDIA H100",
       "shape": {"num_experts": 128},
@@ -72,6 +73,7 @@ def test_the_table_compares_tpot_with_the_active_read_time_and_windows_on_with_o
   assert "gemma-3-12b single stream 1024/256: 10.00 ms/token vs 8.00 ms" in table
   assert "gemma-3-12b 1000 x 1024/128 windows off: 2000 out tok/s" in table
   assert "qwen3-30b-a3b ep2 3 x 256/256: 1000 out tok/s" in table
+  assert "qwen3-30b-a3b nc_256_256_fp8 1000 x 256/256: 9000 out tok/s" in table
   assert "tokens as on one device: 2/3 requests" in table
   # an invariant run is compared with the one-device run cut as it cuts the experts
   assert "tp2_inv 3 x 256/256: 600 out tok/s, 10.00 device ms/step, KV pool 1000 tokens, " in table
