@@ -9,7 +9,7 @@
 #   qoff<in>:<out>:<n>[:fp8]  offline on $MOE as a new user runs it: no config, no KV pool
 #            given, <n> prompts of <in> / <out> tokens, bf16 or fp8 experts (--quantization fp8)
 #            (issue 55's workloads: qoff256:256:1000 qoff1000:1000:1000 and their :fp8)
-#   prof<N>  where a decode step of N sequences x $CTX (1024) tokens on $MOE goes, no config
+#   prof<N>[:<ctx>]  where a decode step of N sequences x ctx (1024) tokens on $MOE goes, no config
 #            (investigations/profile_step.py: wall, device time by kernel family), beside the
 #            card's read ceiling (a reduction that only reads) and the weights that step reads
 #            (bench/active_weights.py) measured in the same call: read_ceiling.json
@@ -83,11 +83,10 @@ for s in ${STEPS:-ckmoe tpot off gmm serve ckgemma gtpot gemma} table; do case $
     copy_bandwidth ;;
   off) offline moe_off "$MOE" "${MOE_SET[@]}" --num-prompts "$N" --input-len 256 --output-len 256 \
       --max-model-len 512 ;;
-  prof*) n=${s#prof}
-    step "moe_prof$n" python3 -m investigations.profile_step --model "$MOE" --max-model-len 2048 \
-      --num-seqs "$n" --context "${CTX:-1024}" --trace-top 12 --trace-by-family \
-      --out "$OUT/moe_prof$n.json"
-    tr '\r' '\n' < "$LOGS/moe_prof$n.log" | grep -v "it/s\]" | sed -n "/KV pool/,/^{/p" | head -n 32
+  prof*) IFS=: read -r n ctx <<< "${s#prof}"; name="moe_prof${n}_${ctx:=1024}"
+    step "$name" python3 -m investigations.profile_step --model "$MOE" --max-model-len 2048 \
+      --num-seqs "$n" --context "$ctx" --trace-top 12 --trace-by-family --out "$OUT/$name.json"
+    tr '\r' '\n' < "$LOGS/$name.log" | grep -v "it/s\]" | sed -n "/KV pool/,/^{/p" | head -n 32
     [ -f "$OUT/read_ceiling.json" ] || python3 -c "import json; \
 from investigations.kernel_timing import read_bandwidth as r; \
 print(json.dumps({'read_gb_per_s': r(${COPY_BYTES:-4294967296}, inner=10, reps=5) / 1e9}))" \
