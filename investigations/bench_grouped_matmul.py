@@ -332,8 +332,8 @@ def bench_batch(shape: Shape, tokens: int, args: argparse.Namespace, copy_gbps: 
   ffn_bytes = touched * shape.expert_bytes
   add("expert_ffn", ffn_bytes, _ffn_program(expert_ffn), x, ids, weights, experts)
   add("expert_ffn_ragged", ffn_bytes, _ffn_program(_ffn_ragged), x, ids, weights, experts)
-  float_experts = getattr(args, "fp8", "none") == "none"  # the routed kernels take float only
-  if float_experts and getattr(args, "fused", False):
+  float_experts = getattr(args, "fp8", "none") == "none"  # the tilings' sweep: float only
+  if getattr(args, "fused", False):
     add("expert_ffn_routed", ffn_bytes, _ffn_program(_ffn_routed), x, ids, weights, experts)
     add("expert_ffn_sorted", ffn_bytes, _ffn_program(_ffn_sorted), x, ids, weights, experts)
   for tilings in (getattr(args, "ffn_tilings", None) or []) if float_experts else []:

@@ -24,6 +24,10 @@ sums; the gated form computes silu(gate) * up in float32 and rounds once. Which 
                            ragged_dot per 128 of K), so CPU and TPU compute what the kernel does
                            up to the order of the float32 sums
   "pallas"                 the kernel, in Pallas interpret mode off GPUs (tests)
+
+A whole FFN on CUDA takes the routed kernels (`fp8_routed_swiglu_ffn`: the routing kernel's
+order, the tokens gathered into the gate/up product and the outputs scattered from the down
+product, models/grouped_matmul.py chooses); these functions are the sorted path's products.
 """
 
 from __future__ import annotations
@@ -39,6 +43,11 @@ from jaxserve.quantization.scheme import SCHEMES
 from jaxserve.runtime.device_description import DeviceDescription
 from pallas_kernels.grouped_matmul import fp8 as pallas_fp8
 from pallas_kernels.grouped_matmul import tiles
+from pallas_kernels.grouped_matmul.fp8_routed import (
+  grouped_matmul_fp8_scattered,
+  grouped_swiglu_fp8_gathered,
+)
+from pallas_kernels.grouped_matmul.tiles import Routing
 
 SCALE_SUFFIX = "_scale"  # experts/<projection>_scale beside experts/<projection>
 
@@ -132,13 +141,19 @@ def _fits(rows: jax.Array, w: Fp8Weights) -> bool:
   return tiles.supports(rows.shape[0], k, n, e) and rows.dtype in pallas_fp8.ROW_DTYPES
 
 
+def fp8_kernel_refused() -> bool:
+  """Whether this process's device lacks what the fp8 kernel needs (a GPU without fp8 tensor
+  cores: quantization/capabilities.py's rule), so that "auto" takes ragged_dot."""
+  return refusal(SCHEMES["fp8"], DeviceDescription.of(jax.devices()[0])) is not None
+
+
 def _dispatch(kernel: str, ragged, pallas, rows, operands: tuple, group_sizes):
   if kernel == "ragged_dot":
     return ragged(rows, *operands, group_sizes)
   if kernel == "pallas":
     interpret = jax.default_backend() != "gpu"
     return pallas(rows, *operands, group_sizes, interpret=interpret)
-  if refusal(SCHEMES["fp8"], DeviceDescription.of(jax.devices()[0])) is not None:
+  if fp8_kernel_refused():
     return ragged(rows, *operands, group_sizes)  # a GPU without fp8 tensor cores
   return jax.lax.platform_dependent(rows, *operands, group_sizes, cuda=pallas, default=ragged)
 
@@ -182,4 +197,37 @@ def fp8_grouped_swiglu(
   operands = (gate.weight, gate.scale, up.weight, up.scale)
   return _dispatch(
     kernel, _ragged_swiglu, pallas_fp8.grouped_swiglu_fp8, rows, operands, group_sizes
+  )
+
+
+def fp8_routed_fits(x: jax.Array, gate: Fp8Weights, num_rows: int) -> bool:
+  """Whether the routed fp8 kernels take M = num_rows assignments of x [T, H] over gate's
+  [E, I, H] experts and the down product's [E, H, I]."""
+  e, hidden, inner = gate.dims
+  return (
+    x.dtype in pallas_fp8.ROW_DTYPES
+    and tiles.supports(num_rows, hidden, inner, e)
+    and tiles.supports(num_rows, inner, hidden, e)
+  )
+
+
+def fp8_routed_swiglu_ffn(
+  x: jax.Array,  # [T, H]
+  gate: Fp8Weights,  # [E, I, H] e4m3 with scales
+  up: Fp8Weights,  # like gate
+  down: Fp8Weights,  # [E, H, I]
+  routing: Routing,  # of the T * top_k assignments over the E experts
+  top_k: int,
+  route_weights: jax.Array,  # float32[M], assignment order
+  *,
+  interpret: bool = False,
+) -> jax.Array:
+  """-> [M, H] in x's dtype, assignment order: each assignment's routing-weighted expert FFN, the
+  tokens gathered into the gate/up product and the outputs scattered from the down product
+  (pallas_kernels/grouped_matmul/fp8_routed.py); the hidden rows [M, I] stay sorted between."""
+  hidden = grouped_swiglu_fp8_gathered(
+    x, gate.weight, gate.scale, up.weight, up.scale, routing, top_k, interpret=interpret
+  )  # [M, I] sorted
+  return grouped_matmul_fp8_scattered(
+    hidden, down.weight, down.scale, routing, route_weights, interpret=interpret
   )

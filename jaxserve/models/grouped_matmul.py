@@ -52,10 +52,11 @@ of the grouped product), which the CPU tests of tiny models can afford.
 
 Float experts take the rows' dtype (bfloat16, float16 or float32). fp8 experts
 (models/moe_config.py's expert_quantization) come as models/fp8_experts.Fp8Weights ([E, N, K]
-e4m3 with per-channel or 128 x 128 block scales) and run the W8A8 fp8 grouped matmul there, with
-the same `kernel` choice (the Pallas fp8 kernel on CUDA, ragged_dot on the exact fp8 values
-elsewhere) on the sorted path (the routed kernels take float rows and weights only);
-`expert_ffn` takes either kind, all three projections alike.
+e4m3 with per-channel or 128 x 128 block scales) and run the W8A8 fp8 grouped matmuls there,
+with the same `kernel` choice: on CUDA GPUs with fp8 tensor cores the routed path through the fp8
+kernel (the tokens quantized, then gathered; pallas_kernels/grouped_matmul/fp8_routed.py), on
+others and off GPUs the sorted path on ragged_dot's exact fp8 values, "pallas_sorted" the sorted
+path through the fp8 kernel; `expert_ffn` takes either kind, all three projections alike.
 """
 
 from __future__ import annotations
@@ -67,7 +68,14 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-from jaxserve.models.fp8_experts import Fp8Weights, fp8_grouped_matmul, fp8_grouped_swiglu
+from jaxserve.models.fp8_experts import (
+  Fp8Weights,
+  fp8_grouped_matmul,
+  fp8_grouped_swiglu,
+  fp8_kernel_refused,
+  fp8_routed_fits,
+  fp8_routed_swiglu_ffn,
+)
 from pallas_kernels.grouped_matmul import gpu as pallas_gmm
 from pallas_kernels.grouped_matmul.routed import routed_swiglu_ffn
 from pallas_kernels.grouped_matmul.routing import route_assignments
@@ -186,12 +194,31 @@ def _sorted_ffn(x, expert_ids, weights, gate, up, down, first_expert, *, kernel:
 def _routed_ffn(x, expert_ids, weights, gate, up, down, first_expert, *, interpret: bool):
   """expert_ffn through the routing kernel and the routed products (module docstring)."""
   num_tokens, top_k = expert_ids.shape
-  num_local = gate.shape[0]
+  num_local = expert_dims(gate)[0]
   block_m = default_block_m(num_tokens * top_k, num_local)
   routing = route_assignments(expert_ids, num_local, block_m, first_expert, interpret=interpret)
   route_weights = weights.reshape(-1).astype(jnp.float32)  # [M] assignment order
-  out = routed_swiglu_ffn(x, gate, up, down, routing, top_k, route_weights, interpret=interpret)
+  ffn = fp8_routed_swiglu_ffn if isinstance(gate, Fp8Weights) else routed_swiglu_ffn
+  out = ffn(x, gate, up, down, routing, top_k, route_weights, interpret=interpret)  # [M, H]
   return out.astype(jnp.float32).reshape(num_tokens, top_k, -1).sum(axis=1)  # [T, H]
+
+
+def _fp8_ffn(operands: tuple, kernel: Kernel) -> jax.Array:
+  """expert_ffn of fp8 experts: the routed fp8 kernels on CUDA GPUs with fp8 tensor cores, the
+  sorted path elsewhere (its products ragged_dot's, or the fp8 kernel's for "pallas_sorted")."""
+  x, expert_ids, gate = operands[0], operands[1], operands[3]
+  fits = x.shape[0] > 0 and fp8_routed_fits(x, gate, expert_ids.size)
+  if kernel == "pallas_sorted" or (kernel == "pallas" and not fits):
+    return _sorted_ffn(*operands, kernel="pallas")
+  if kernel == "ragged_dot" or not fits:
+    return _sorted_ffn(*operands, kernel=kernel)
+  if kernel == "pallas":
+    return _routed_ffn(*operands, interpret=jax.default_backend() != "gpu")
+  ragged = functools.partial(_sorted_ffn, kernel="ragged_dot")
+  if fp8_kernel_refused():
+    return ragged(*operands)  # a GPU without fp8 tensor cores
+  routed = functools.partial(_routed_ffn, interpret=False)
+  return jax.lax.platform_dependent(*operands, cuda=routed, default=ragged)
 
 
 def _routed_fits(x, gate, down, num_rows: int) -> bool:
@@ -236,8 +263,8 @@ def expert_ffn(
   if kernel not in KERNELS:
     raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
   operands = (x, expert_ids, weights, gate, up, down, jnp.asarray(first_expert, jnp.int32))
-  if isinstance(gate, Fp8Weights):  # fp8 experts: rows sorted by XLA, the fp8 kernels' products
-    return _sorted_ffn(*operands, kernel="pallas" if kernel == "pallas_sorted" else kernel)
+  if isinstance(gate, Fp8Weights):
+    return _fp8_ffn(operands, kernel)
   fits = num_tokens > 0 and _routed_fits(x, gate, down, num_tokens * top_k)
   if kernel == "pallas_sorted" or (kernel == "pallas" and not fits):
     return _sorted_ffn(*operands, kernel="pallas")

@@ -26,6 +26,9 @@ channel the sum is multiplied once at the end by the rows' scales [BM, 1] and th
 [1, BN]; with blocks each slice's product is multiplied by its row scales x_scale[:, k // 128]
 and its block's weight scale (one value: block_n and block_k divide 128) before it is added.
 
+`fp8_call` takes gpu.py's Addressing: fp8_routed.py gathers a MoE's tokens into the gate/up
+product and scatters the down product's rows to their assignments with it.
+
 Sizes: K and N multiples of 16 (128 for block scales), the blocks powers of two (tiles.py), and
 with block scales block_n and block_k dividing 128. The pure-jnp reference is
 reference.grouped_matmul_fp8_reference; off GPUs `interpret=True` runs this kernel in Pallas
@@ -43,7 +46,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.grouped_matmul.gpu import silu, store_results
+from pallas_kernels.grouped_matmul.gpu import SORTED, Addressing, silu, store_results
 from pallas_kernels.grouped_matmul.tiles import (
   Tiling,
   check_tiling,
@@ -59,6 +62,8 @@ __all__ = [
   "BLOCK",
   "FP8_MAX",
   "Tiling",
+  "check_fp8_operands",
+  "fp8_call",
   "fp8_tiling",
   "grouped_matmul_fp8",
   "grouped_swiglu_fp8",
@@ -94,28 +99,41 @@ class _Static:
   num_weights: int
   steps: int  # block_k slices of K per split
   blocks: bool  # 128 x 128 weight scales (per-slice scaling), else per channel
+  addressing: Addressing = SORTED  # gpu.py's: rows gathered by token, outputs scattered
 
 
-def _kernel(group_ref, start_ref, count_ref, x_ref, xs_ref, *refs, static: _Static):
-  """refs: weights [G, N, K] e4m3 and their scales (one pair, or gate's and up's), then the
-  output [M, N] or float32 partials [S, M, N] (one per weight)."""
-  nw = static.num_weights
+def _kernel(group_ref, start_ref, count_ref, *refs, static: _Static):
+  """refs: the order [M] (gathered or scattered rows) and the routing weights [M] (scattered,
+  unsplit) as the addressing needs them, the e4m3 rows [M or T, K] and their scales [M or T,
+  KS], weights [G, N, K] e4m3 and their scales (one pair, or gate's and up's), then the output
+  [M, N] or float32 partials [S, M, N] (one per weight)."""
+  t, nw, addressing = static.tiling, static.num_weights, static.addressing
+  partial = t.num_splits > 1
+  num_routing = addressing.num_refs(partial)
+  order_ref, route_w_ref = (refs[:num_routing] + (None, None))[:2]
+  x_ref, xs_ref, refs = refs[num_routing], refs[num_routing + 1], refs[num_routing + 2 :]
   w_refs, ws_refs, out_refs = refs[:nw], refs[nw : 2 * nw], refs[2 * nw :]
-  t = static.tiling
   bm, bn, bk = t.block_m, t.block_n, t.block_k
-  num_rows, num_groups = x_ref.shape[0], w_refs[0].shape[0]
+  num_groups = w_refs[0].shape[0]
   col_block, tile, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   group, count = group_ref[tile], count_ref[tile]
   offsets = jnp.arange(bm, dtype=jnp.int32)  # [BM]
   row_valid = offsets < count  # [BM]
-  rows = jnp.where(row_valid, start_ref[tile] + offsets, num_rows)[:, None]  # [BM, 1] OOB if not
+  sorted_rows = jnp.where(row_valid, start_ref[tile] + offsets, 0)  # [BM]
+  if order_ref is not None:
+    assignment = plgpu.load(order_ref.at[sorted_rows], mask=row_valid, other=0)  # [BM]
+  source = assignment // addressing.gather_top_k if addressing.gather_top_k else sorted_rows
+  target = assignment if addressing.scatter else sorted_rows
+  rows = jnp.where(row_valid, source, x_ref.shape[0])[:, None]  # [BM, 1] OOB if not
+  out_rows = jnp.where(row_valid, target, out_refs[0].shape[-2])[:, None]  # [BM, 1]
   cols = col_block * bn + jnp.arange(bn, dtype=jnp.int32)[None, :]  # [1, BN]
   out_mask = jnp.broadcast_to(row_valid[:, None], (bm, bn))  # [BM, BN]
-  partial = t.num_splits > 1
 
-  def store(out_ref, value):  # value [BM, BN]
-    target = out_ref.at[split, rows, cols] if partial else out_ref.at[rows, cols]
-    plgpu.store(target, value.astype(out_ref.dtype), mask=out_mask)
+  def store(out_ref, value):  # value [BM, BN] float32
+    if route_w_ref is not None:  # the routing weight, before the one rounding
+      value = value * plgpu.load(route_w_ref.at[target], mask=row_valid, other=0.0)[:, None]
+    at = out_ref.at[split, out_rows, cols] if partial else out_ref.at[out_rows, cols]
+    plgpu.store(at, value.astype(out_ref.dtype), mask=out_mask)
 
   def row_scale(index):  # the rows' activation scales in column `index` of x_scale: [BM, 1]
     return plgpu.load(
@@ -164,33 +182,74 @@ def _kernel(group_ref, start_ref, count_ref, x_ref, xs_ref, *refs, static: _Stat
       store(out_ref, jnp.zeros((bm, bn), jnp.float32))
 
 
-@functools.partial(jax.jit, static_argnames=("tiling", "interpret"))
-def _grouped(rows, group_sizes, weights, scales, *, tiling: Tiling, interpret: bool):
-  (m, k), (g, n, _) = rows.shape, weights[0].shape
-  splits = tiling.num_splits
-  xq, x_scale = quantize_rows(rows, scale_group(scales[0].ndim, k))  # [M, K], [M, KS]
-  tiles = num_tiles(m, g, tiling.block_m)
+@functools.partial(
+  jax.jit, static_argnames=("num_rows", "tiling", "addressing", "out_dtype", "interpret")
+)
+def fp8_call(
+  tile_args,
+  order,
+  route_w,
+  xq,
+  x_scale,
+  weights,
+  scales,
+  *,
+  num_rows: int,
+  tiling: Tiling,
+  addressing: Addressing,
+  out_dtype,
+  interpret: bool,
+):
+  """The kernel over M = num_rows sorted rows of the e4m3 rows xq [M or T, K] and their scales
+  (order int32[M] and route_w float32[M] as the addressing needs them, else None) -> [M, N] in
+  out_dtype, split K's partials added (and weighted, scattered) in an XLA epilogue."""
+  k, (n, splits) = xq.shape[1], (weights[0].shape[1], tiling.num_splits)
   tiling = fit_stages(tiling, tiling.block_k * (tiling.block_m + tiling.block_n * len(weights)))
-  static = _Static(tiling, len(weights), k // (tiling.block_k * splits), scales[0].ndim == 3)
+  blocks = scales[0].ndim == 3
+  static = _Static(tiling, len(weights), k // (tiling.block_k * splits), blocks, addressing)
+  routing = (order, route_w)[: addressing.num_refs(splits > 1)]
   if splits > 1:
-    out_shape = [jax.ShapeDtypeStruct((splits, m, n), jnp.float32) for _ in weights]
+    out_shape = [jax.ShapeDtypeStruct((splits, num_rows, n), jnp.float32) for _ in weights]
   else:
-    out_shape = [jax.ShapeDtypeStruct((m, n), rows.dtype)]
+    out_shape = [jax.ShapeDtypeStruct((num_rows, n), out_dtype)]
   outs = pl.pallas_call(
     functools.partial(_kernel, static=static),
-    grid=(n // tiling.block_n, tiles, splits),
-    in_specs=[pl.no_block_spec] * (5 + 2 * len(weights)),
+    grid=(n // tiling.block_n, tile_args[0].shape[0], splits),
+    in_specs=[pl.no_block_spec] * (5 + len(routing) + 2 * len(weights)),
     out_specs=[pl.no_block_spec] * len(out_shape),
     out_shape=out_shape,
     compiler_params=triton_compiler_params(tiling.num_warps, tiling.num_stages),
     interpret=interpret,
     name="grouped_matmul_fp8",
-  )(*tile_map(group_sizes, m, tiling.block_m, tiles), xq, x_scale, *weights, *scales)
+  )(*tile_args, *routing, xq, x_scale, *weights, *scales)
   if splits == 1:
     return outs[0]  # [M, N]
   sums = [functools.reduce(jnp.add, [p[s] for s in range(splits)]) for p in outs]  # [M, N] f32
   out = silu(sums[0]) * sums[1] if len(sums) == 2 else sums[0]
-  return out.astype(rows.dtype)  # [M, N]
+  if addressing.scatter:
+    out = out * route_w[:, None]  # [M, N] in assignment order
+  return out.astype(out_dtype)  # [M, N]
+
+
+@functools.partial(jax.jit, static_argnames=("tiling", "interpret"))
+def _grouped(rows, group_sizes, weights, scales, *, tiling: Tiling, interpret: bool):
+  (m, k), g = rows.shape, weights[0].shape[0]
+  xq, x_scale = quantize_rows(rows, scale_group(scales[0].ndim, k))  # [M, K], [M, KS]
+  tiles = num_tiles(m, g, tiling.block_m)
+  return fp8_call(
+    tile_map(group_sizes, m, tiling.block_m, tiles),  # 3 x int32[tiles]
+    None,
+    None,
+    xq,
+    x_scale,
+    weights,
+    scales,
+    num_rows=m,
+    tiling=tiling,
+    addressing=SORTED,
+    out_dtype=rows.dtype,
+    interpret=interpret,
+  )
 
 
 def fp8_tiling(m: int, k: int, n: int, num_groups: int, gated: bool = False) -> Tiling:
@@ -203,14 +262,18 @@ def fp8_tiling(m: int, k: int, n: int, num_groups: int, gated: bool = False) -> 
   return t
 
 
-def _check(name: str, rows, weights, scales, group_sizes, tiling: Tiling | None) -> Tiling:
-  """ValueError naming the first array whose shape or dtype does not fit; the tiling to run."""
+def check_fp8_operands(
+  name: str, rows, weights, scales, group_sizes, tiling: Tiling | None, num_rows: int | None = None
+) -> Tiling:
+  """ValueError naming the first array whose shape or dtype does not fit; the tiling to run over
+  num_rows sorted rows (default: the rows')."""
   if rows.ndim != 2 or rows.dtype not in ROW_DTYPES:
     raise ValueError(
       f"{name}: rows: expected [M, K] bfloat16, float16 or float32, got "
       f"{rows.dtype}{list(rows.shape)}"
     )
   (m, k), w0 = rows.shape, weights[0]
+  m = m if num_rows is None else num_rows
   for w in weights:
     if w.ndim != 3 or w.shape[2] != k or w.shape != w0.shape or w.dtype != FP8:
       raise ValueError(
@@ -261,7 +324,9 @@ def grouped_matmul_fp8(
   """-> [M, N] in rows' dtype: each row of a group, quantized to e4m3 (per row, or per row and
   128 of K with block scales), times that group's dequantized weights transposed, float32
   accumulation; rows past sum(group_sizes) are zero. tiling: default fp8_tiling."""
-  tiling = _check("grouped_matmul_fp8", rows, (weights,), (w_scale,), group_sizes, tiling)
+  tiling = check_fp8_operands(
+    "grouped_matmul_fp8", rows, (weights,), (w_scale,), group_sizes, tiling
+  )
   if rows.shape[0] == 0:
     return jnp.zeros((0, weights.shape[1]), rows.dtype)
   return _grouped(rows, group_sizes, (weights,), (w_scale,), tiling=tiling, interpret=interpret)
@@ -281,7 +346,7 @@ def grouped_swiglu_fp8(
   """-> silu(rows @ gate.T) * (rows @ up.T) [M, N] in rows' dtype, each product as
   grouped_matmul_fp8's (the rows quantized once), in float32, rounded once; zero past the
   groups."""
-  tiling = _check(
+  tiling = check_fp8_operands(
     "grouped_swiglu_fp8", rows, (gate, up), (gate_scale, up_scale), group_sizes, tiling
   )
   if rows.shape[0] == 0:

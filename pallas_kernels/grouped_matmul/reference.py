@@ -4,8 +4,8 @@ once to the rows' dtype; rows past sum(group_sizes) are zero. The gated form is
 silu(rows @ gate) * (rows @ up) in float32, rounded once. The fp8 forms (fp8.py's W8A8 kernel)
 quantize the rows to e4m3 as the kernel does, dequantize both operands and multiply in float32.
 The kernels' values match these to rounding (they sum K in their own order). The routing
-(routing.py) by a stable argsort, and the routed products (routed.py) through a copy of the
-gathered rows and a scatter."""
+(routing.py) by a stable argsort, and the routed products (routed.py, fp8_routed.py) through a
+copy of the gathered rows and a scatter."""
 
 from __future__ import annotations
 
@@ -130,4 +130,35 @@ def grouped_matmul_scattered_reference(
   routing weights (zero past the groups), rounded once, put back in assignment order."""
   order = routing.order
   product = _products(rows, weights, routing.group_sizes) * route_weights[order][:, None]
+  return jnp.zeros_like(product).at[order].set(product).astype(rows.dtype)  # [M, N]
+
+
+def grouped_swiglu_fp8_gathered_reference(
+  x: jax.Array,
+  gate: jax.Array,
+  gate_scale: jax.Array,
+  up: jax.Array,
+  up_scale: jax.Array,
+  routing: Routing,
+  top_k: int,
+) -> jax.Array:
+  """fp8_routed.grouped_swiglu_fp8_gathered: the sorted rows' tokens copied, then the fp8
+  grouped SwiGLU."""
+  rows = x[routing.order // top_k]  # [M, K]
+  return grouped_swiglu_fp8_reference(rows, gate, gate_scale, up, up_scale, routing.group_sizes)
+
+
+def grouped_matmul_fp8_scattered_reference(
+  rows: jax.Array,
+  weights: jax.Array,
+  w_scale: jax.Array,
+  routing: Routing,
+  route_weights: jax.Array,
+) -> jax.Array:
+  """fp8_routed.grouped_matmul_fp8_scattered: the sorted W8A8 products in float32 times their
+  assignments' routing weights (zero past the groups), rounded once, in assignment order."""
+  group = rows.shape[1] if w_scale.ndim == 2 else 128
+  order = routing.order
+  product = _products(_fp8_groups(rows, group), _fp8_weights(weights, w_scale), routing.group_sizes)
+  product = product * route_weights[order][:, None]  # [M, N] float32
   return jnp.zeros_like(product).at[order].set(product).astype(rows.dtype)  # [M, N]

@@ -27,7 +27,7 @@ from pallas_kernels.grouped_matmul.gpu import Addressing, Tiling, check_operands
 from pallas_kernels.grouped_matmul.tiles import Routing, num_tiles
 
 
-def _check_routing(name: str, routing: Routing, m: int, num_groups: int, tiling: Tiling) -> None:
+def check_routing(name: str, routing: Routing, m: int, num_groups: int, tiling: Tiling) -> None:
   tiles = num_tiles(m, num_groups, tiling.block_m) if m else 0
   if routing.order.shape != (m,) or routing.block_m != tiling.block_m:
     raise ValueError(
@@ -56,7 +56,7 @@ def grouped_swiglu_gathered(
   tiling = check_operands(
     "grouped_swiglu_gathered", x, (gate, up), routing.group_sizes, tiling, num_rows=m
   )
-  _check_routing("grouped_swiglu_gathered", routing, m, gate.shape[0], tiling)
+  check_routing("grouped_swiglu_gathered", routing, m, gate.shape[0], tiling)
   if m == 0:
     return jnp.zeros((0, gate.shape[2]), x.dtype)
   return grouped_call(
@@ -86,8 +86,8 @@ def grouped_matmul_scattered(
   (rows[r] @ weights[g]) for sorted row r of group g, zero for the rows past the groups."""
   m = rows.shape[0] if rows.ndim == 2 else 0
   tiling = check_operands("grouped_matmul_scattered", rows, (weights,), routing.group_sizes, tiling)
-  _check_routing("grouped_matmul_scattered", routing, m, weights.shape[0], tiling)
-  _check_route_weights("grouped_matmul_scattered", route_weights, m)
+  check_routing("grouped_matmul_scattered", routing, m, weights.shape[0], tiling)
+  check_route_weights("grouped_matmul_scattered", route_weights, m)
   if m == 0:
     return jnp.zeros((0, weights.shape[2]), rows.dtype)
   return grouped_call(
@@ -125,11 +125,11 @@ def routed_swiglu_ffn(
   name = "routed_swiglu_ffn"
   gate_up_tiling, down_tiling = tilings or (None, None)
   tiling = check_operands(name, x, (gate, up), routing.group_sizes, gate_up_tiling, num_rows=m)
-  _check_routing(name, routing, m, gate.shape[0], tiling)
+  check_routing(name, routing, m, gate.shape[0], tiling)
   hidden = jax.ShapeDtypeStruct((m, gate.shape[2]), x.dtype)
   down_tiling = check_operands(name, hidden, (down,), routing.group_sizes, down_tiling)
-  _check_routing(name, routing, m, down.shape[0], down_tiling)
-  _check_route_weights(name, route_weights, m)
+  check_routing(name, routing, m, down.shape[0], down_tiling)
+  check_route_weights(name, route_weights, m)
   if m == 0:
     return jnp.zeros((0, down.shape[2]), x.dtype)
   split = tiling.num_splits > 1
@@ -159,7 +159,7 @@ def routed_swiglu_ffn(
   )
 
 
-def _check_route_weights(name: str, route_weights: jax.Array, m: int) -> None:
+def check_route_weights(name: str, route_weights: jax.Array, m: int) -> None:
   if route_weights.shape != (m,) or route_weights.dtype != jnp.float32:
     raise ValueError(
       f"{name}: route_weights: expected float32[{m}], "

@@ -237,6 +237,45 @@ def test_grouped_matmuls_over_fp8_experts_match_the_reference(kernel, blocks):
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-3)
 
 
+@pytest.mark.parametrize("blocks", [False, True], ids=["channel", "block"])
+def test_the_routed_fp8_ffn_agrees_with_the_sorted_paths(blocks):
+  """expert_ffn over fp8 experts: "pallas" (CUDA's "auto": the routing kernel, the tokens
+  gathered into the gate/up product, the outputs scattered from the down product) against
+  "pallas_sorted" (XLA's sort, the same fp8 kernel) and "ragged_dot" (the CPU's "auto"), for the
+  whole layer and for two devices' halves of the experts (expert parallel: first_expert) that sum
+  to it."""
+  rng = np.random.default_rng(3)
+  tokens, top_k, e, h, i = 7, 2, 4, 128, 256
+  x = jnp.asarray(rng.standard_normal((tokens, h)), jnp.bfloat16)
+  ids = jnp.asarray(rng.integers(0, e, (tokens, top_k)), jnp.int32)
+  weights = jnp.asarray(rng.random((tokens, top_k)), jnp.float32)
+
+  def experts(n, k):
+    w = jnp.asarray(rng.uniform(-448, 448, (e, n, k)), jnp.float32).astype(jnp.float8_e4m3fn)
+    shape = (e, n // 128, k // 128) if blocks else (e, n)
+    return Fp8Weights(w, jnp.asarray(rng.uniform(0.1, 1.0, shape) / (448 * k**0.5), jnp.float32))
+
+  gate, up, down = experts(i, h), experts(i, h), experts(h, i)
+  runs = {
+    kernel: np.asarray(expert_ffn(x, ids, weights, gate, up, down, kernel=kernel))
+    for kernel in ("pallas", "pallas_sorted", "ragged_dot")
+  }
+  assert np.abs(runs["ragged_dot"]).max() > 0.1
+  for kernel in ("pallas", "pallas_sorted"):
+    np.testing.assert_allclose(runs[kernel], runs["ragged_dot"], rtol=2e-2, atol=2e-2)
+
+  def half(w, j):
+    return Fp8Weights(w.weight[j * 2 : j * 2 + 2], w.scale[j * 2 : j * 2 + 2])
+
+  shards = [
+    expert_ffn(x, ids, weights, half(gate, j), half(up, j), half(down, j), 2 * j, kernel="pallas")
+    for j in (0, 1)
+  ]
+  np.testing.assert_allclose(
+    np.asarray(shards[0] + shards[1]), runs["pallas"], rtol=1e-5, atol=1e-5
+  )
+
+
 @pytest.mark.parametrize("strategy", ["channel", "tensor"])
 def test_compressed_tensors_fp8_moe_keeps_its_experts_in_fp8(hf_checkpoint, tmp_path, strategy):
   """A compressed-tensors `fp8` (W8A8) Qwen3-MoE (llm-compressor's layout, written with the numpy

@@ -160,24 +160,23 @@ def _fp8_moe_args(num_tokens: int, blocks: bool, e: int = 128, h: int = 2048, i:
 @pytest.mark.parametrize("num_tokens", [1, 8192], ids=["decode1", "prefill8k"])
 def test_fp8_moe_layer_lowers_to_the_fp8_grouped_matmul_kernel(num_tokens, blocks):
   """Qwen3-30B-A3B's MoE layer with fp8 experts (per channel, or 128 x 128 blocks): for CUDA,
-  two Pallas fp8 grouped-matmul calls (gate/up fused, down), no ragged_dot, no [M, E, N]."""
+  the routing and two Pallas fp8 grouped-matmul calls (gate/up fused, down), no ragged_dot, no
+  sort, no [M, E, N]."""
   text = _lower_for_cuda(expert_ffn, *_fp8_moe_args(num_tokens, blocks))
   _assert_grouped_matmul_kernels(text, num_tokens * 8, 128, "grouped_matmul_fp8")
 
 
 def _assert_grouped_matmul_kernels(text: str, m: int, e: int, name: str = "grouped_matmul") -> None:
-  """The two grouped matmuls (`name`) and, for bfloat16 experts, the routing before them (one
-  program up to 1024 assignments, a count kernel and a placement kernel past them); fp8 experts
-  run on rows sorted by XLA."""
-  routing_calls = (1 if m <= 1024 else 2) if name == "grouped_matmul" else 0
+  """The two grouped matmuls (`name`, bfloat16 or fp8 experts) and the routing before them (one
+  program up to 1024 assignments, a count kernel and a placement kernel past them)."""
+  routing_calls = 1 if m <= 1024 else 2
   assert _custom_call_targets(text) == {TRITON_CALL_TARGET}
   assert text.count(f"custom_call @{TRITON_CALL_TARGET}") == 2 + routing_calls
   assert text.count('name = "moe_routing"') == min(routing_calls, 1)
   assert text.count('name = "moe_routing_counts"') == max(routing_calls - 1, 0)
   assert text.count(f'name = "{name}"') == 2
   assert "ragged_dot" not in text
-  if routing_calls:
-    assert not re.search(r"stablehlo\.(sort|scatter|gather)", text)
+  assert not re.search(r"stablehlo\.(sort|scatter|gather)", text)
   assert not re.search(rf"tensor<{m}x{e}x\d+x", text)  # no [M, E, N] array anywhere
 
 
@@ -186,13 +185,15 @@ def _xla_ops(text: str) -> collections.Counter:
   return collections.Counter(re.findall(r"(?:stablehlo|chlo)\.([a-z_]+)", text))
 
 
+@pytest.mark.parametrize("quantization", ["none", "fp8"])
 @pytest.mark.parametrize("num_tokens", [1, 256])
-def test_a_qwen3_moe_layer_is_four_pallas_calls_and_no_sort(num_tokens):
+def test_a_qwen3_moe_layer_is_four_pallas_calls_and_no_sort(num_tokens, quantization):
   """A whole Qwen3-MoE layer (models/layers/moe.SparseMoeBlock: router GEMM, route, experts; E 64,
-  top 8, H 256, I 128) lowered for CUDA: per layer one cuBLAS-able dot (the router's GEMM) and
-  four Pallas calls (router softmax/top-k, routing, gate/up, down; five past 128 tokens, where
-  the routing's counts are a kernel of their own), no sort, top-k, scatter or gather; what XLA
-  has left is the sum over each token's K assignments and the casts."""
+  top 8, H 256, I 128; bfloat16 or fp8 experts) lowered for CUDA: per layer one cuBLAS-able dot
+  (the router's GEMM) and four Pallas calls (router softmax/top-k, routing, gate/up, down; five
+  past 128 tokens, where the routing's counts are a kernel of their own), no sort, top-k,
+  scatter or gather; what XLA has left is the sum over each token's K assignments and the casts
+  (and, fp8, the quantization of the tokens and of the hidden rows)."""
   config = tiny_random_config().replace(
     architecture="qwen3_moe",
     num_experts=64,
@@ -200,6 +201,7 @@ def test_a_qwen3_moe_layer_is_four_pallas_calls_and_no_sort(num_tokens):
     moe_intermediate_size=128,
     norm_topk_prob=True,
     dtype="bfloat16",
+    quantization=quantization,
   )
   block = SparseMoeBlock(config)
   x = jax.ShapeDtypeStruct((num_tokens, config.hidden_size), jnp.bfloat16)
@@ -207,12 +209,13 @@ def test_a_qwen3_moe_layer_is_four_pallas_calls_and_no_sort(num_tokens):
   text = _lower_for_cuda(block.apply, params, x)
   names = sorted(re.findall(r'name = "(\w+)"', text))
   counts = ["moe_routing_counts"] if num_tokens > 128 else []
-  assert names == sorted(["grouped_matmul", "grouped_matmul", "moe_router", "moe_routing", *counts])
+  gmm = "grouped_matmul_fp8" if quantization == "fp8" else "grouped_matmul"
+  assert names == sorted([gmm, gmm, "moe_router", "moe_routing", *counts])
   assert _custom_call_targets(text) == {TRITON_CALL_TARGET}
   ops = _xla_ops(text)
   assert ops["dot_general"] == 1 and ops["custom_call"] == len(names)
   assert not {"sort", "top_k", "scatter", "gather", "dynamic_slice"} & set(ops)
-  assert ops["reduce"] == 1  # the sum over k
+  assert ops["reduce"] == (1 if quantization == "none" else 3)  # the sum over k, two amaxes
 
 
 @pytest.mark.parametrize("expert_parallel", [True, False], ids=["ep2", "tp2"])
