@@ -328,5 +328,5 @@ class ProgramCompiler:
 
   def _save_when_idle(self) -> None:
     """In the background: the compiled programs are written while the engine is idle."""
-    if self._unsaved is not None:
-      self._unsaved.save_when_idle(self._busy, self._stop)
+    if self._unsaved is not None:  # the watcher as it is at each poll: watch_load may come later
+      self._unsaved.save_when_idle(lambda: self._busy(), self._stop)
