@@ -96,7 +96,7 @@ def _experts(rng, g, n, k, blocks):
   "tokens,top_k,num_local,first,h,i,dtype,blocks,tiling",
   [
     (5, 2, 4, 0, 128, 256, jnp.float32, False, None),
-    (9, 4, 8, 2, 256, 128, jnp.bfloat16, True, None),  # assignments to other devices' experts
+    (5, 4, 8, 2, 256, 128, jnp.bfloat16, True, None),  # assignments to other devices' experts
     (3, 2, 4, 0, 256, 128, jnp.bfloat16, True, Tiling(16, 64, 64, 2)),  # split K
     (40, 2, 3, 0, 128, 128, jnp.float32, False, Tiling(32, 32, 32, 1, num_warps=8)),
   ],
