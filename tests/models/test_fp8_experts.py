@@ -245,7 +245,7 @@ def test_the_routed_fp8_ffn_agrees_with_the_sorted_paths(blocks):
   whole layer and for two devices' halves of the experts (expert parallel: first_expert) that sum
   to it."""
   rng = np.random.default_rng(3)
-  tokens, top_k, e, h, i = 5, 2, 4, 128, 128
+  tokens, top_k, e, h, i = 7, 2, 4, 128, 256
   x = jnp.asarray(rng.standard_normal((tokens, h)), jnp.bfloat16)
   ids = jnp.asarray(rng.integers(0, e, (tokens, top_k)), jnp.int32)
   weights = jnp.asarray(rng.random((tokens, top_k)), jnp.float32)
