@@ -19,7 +19,9 @@ client's limit less what the process allocated before the weights: nearly nothin
 load's transients (a group's raw tensors and margin) are all freed into the block after the
 weights before the pool is sized, so they cost it nothing. Each share covers, with the headroom,
 the holes and leftovers its layout leaves (the measurements: docs/DECISIONS.md).
-Where the client reports its largest free block, fit_pool_bytes checks the planned pool (its
+Where the client reports its largest free block in an arena reserved whole (JAX's pre-allocation;
+a growing one, XLA_PYTHON_CLIENT_PREALLOCATE=false, reports the block of the regions it has so far
+and adds regions up to its limit: no bound), fit_pool_bytes checks the planned pool (its
 layers are allocated one after another in what is left of the arena) against it, less the scratch
 and ARENA_MIN_HEADROOM; a pool that does not fit is shrunk by whole 64ths of itself until it does,
 with a warning (a deterministic step, so restarts that shrink usually agree, but the compile cache
@@ -78,6 +80,8 @@ def device_memory(
   limit = int(stats["bytes_limit"])
   total = int(limit / client_share(platform, environ))
   largest = stats.get("largest_free_block_bytes")
+  if int(stats.get("pool_bytes", limit)) < limit:
+    largest = None  # a growing arena (no pre-allocation) adds regions up to its limit
   return DeviceMemory(
     total, limit, int(stats.get("bytes_in_use", 0)), None if largest is None else int(largest)
   )

@@ -111,6 +111,20 @@ def test_the_pool_fits_the_largest_free_block():
   )
 
 
+def test_a_growing_arena_is_not_bounded_by_its_largest_free_block():
+  # XLA_PYTHON_CLIENT_PREALLOCATE=false: the arena has grown to 15.5 GiB of its 105 GiB limit, the
+  # free block inside it is 0.5 GiB; the allocator adds regions for the pool (an H200 run had its
+  # pool cut from 86 to 12 GiB by the block of the regions so far)
+  stats = {"bytes_limit": 105 * GIB, "bytes_in_use": 15 * GIB, "pool_bytes": 31 * GIB // 2}
+  stats["largest_free_block_bytes"] = GIB // 2
+  growing = device_memory(stats, "gpu", {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+  assert growing.largest_free_bytes is None
+  assert kv_pool_bytes(growing, 0.75) == 105 * GIB - 15 * GIB - int(0.02 * 105 * GIB)
+  stats["pool_bytes"] = 105 * GIB  # reserved whole: the block bounds the pool
+  reserved = device_memory(stats, "gpu", {})
+  assert reserved.largest_free_bytes == GIB // 2
+
+
 def test_small_arenas_keep_half_a_gib():
   memory = device_memory(
     {"bytes_limit": 8 * GIB, "bytes_in_use": GIB}, "gpu", {"XLA_CLIENT_MEM_FRACTION": "0.5"}
