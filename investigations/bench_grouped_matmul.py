@@ -40,7 +40,8 @@ quantization.
 block_n, block_k, num_splits, num_warps, num_stages), on the gate product and on the fused
 gate/up SwiGLU, into the row's "pallas_tilings" (a tiling that does not divide the shape, or does
 not compile, records its error). --ffn-tilings "GATE_UP/DOWN;..." times the routed FFN (as
-expert_ffn_routed) with each pair of tilings for its two products, into "routed_tilings".
+expert_ffn_routed) with each pair of tilings for its two products, into "routed_tilings", on
+bfloat16 or (--fp8) fp8 experts. The programs are investigations/grouped_matmul_programs.py's.
 
 Each timed program runs its layer on LAYERS distinct weight copies back to back (so weights come
 from HBM, not L2) and INNER programs are dispatched before one sync. "GB/s" is the weight bytes of
@@ -59,6 +60,8 @@ shapes (CPU, the kernel in interpret mode).
       --ffn-tilings "16,64,128,4,4,4/16,64,128,2,4,4;16,32,128,2,4,3/16,64,64,1,4,3"
     python -m investigations.bench_grouped_matmul --batches 1,8192 --tilings "16,32,64,8,4,4"
     python -m investigations.bench_grouped_matmul --batches 1,64,256 --fp8 block
+    python -m investigations.bench_grouped_matmul --batches 1,8 --fp8 block \
+      --ffn-tilings "16,128,128,1,4,3/16,64,128,1,4,4"
 """
 
 from __future__ import annotations
@@ -74,14 +77,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from investigations.grouped_matmul_programs import (
+  dense_all,
+  ffn_program,
+  ffn_ragged,
+  ffn_routed,
+  ffn_sorted,
+  gate_program,
+  parse_ffn_tilings,
+  parse_tilings,
+  per_token_gather,
+  routed_program,
+  sorted_rows,
+  tiled_programs,
+  tiling_label,
+)
 from investigations.kernel_timing import copy_bandwidth
 from jaxserve.bench.timing import seconds_per_call
 from jaxserve.models.fp8_experts import Fp8Weights, quantize_experts
-from jaxserve.models.grouped_matmul import expert_ffn, grouped_matmul, sort_by_expert
-from pallas_kernels.grouped_matmul import fp8 as pallas_fp8
-from pallas_kernels.grouped_matmul import gpu as pallas_gmm
-from pallas_kernels.grouped_matmul.routed import routed_swiglu_ffn
-from pallas_kernels.grouped_matmul.routing import route_assignments
+from jaxserve.models.grouped_matmul import expert_ffn
 
 KINDS = (
   "ragged_dot",
@@ -160,134 +174,6 @@ def _fp8(experts: tuple[jax.Array, ...], blocks: bool) -> tuple[tuple, tuple]:
   return quantized, tuple(dequantized(q) for q in quantized)
 
 
-def dense_all(x, ids, weights, gate, up, down) -> jax.Array:
-  """Every token through every expert [T, E, ...], weighted by its routing (zero elsewhere)."""
-  hidden = jax.nn.silu(jnp.einsum("th,ehi->tei", x, gate)) * jnp.einsum("th,ehi->tei", x, up)
-  out = jnp.einsum("tei,eih->teh", hidden, down).astype(jnp.float32)  # [T, E, H]
-  dense_weights = jnp.zeros(out.shape[:2], jnp.float32)
-  dense_weights = jax.vmap(lambda d, i, w: d.at[i].set(w))(dense_weights, ids, weights)  # [T, E]
-  return jnp.einsum("teh,te->th", out, dense_weights)
-
-
-def per_token_gather(x, ids, weights, gate, up, down) -> jax.Array:
-  """Each assignment's expert weights gathered [T, K, H, I] and applied to its token."""
-  hidden = jax.nn.silu(jnp.einsum("th,tkhi->tki", x, gate[ids])) * jnp.einsum(
-    "th,tkhi->tki", x, up[ids]
-  )  # [T, K, I]
-  out = jnp.einsum("tki,tkih->tkh", hidden, down[ids]).astype(jnp.float32)  # [T, K, H]
-  return jnp.einsum("tkh,tk->th", out, weights)
-
-
-@functools.cache
-def _ffn_program(fn):
-  def run(x, ids, weights, experts):
-    return [fn(x, ids[layer], weights[layer], *w) for layer, w in enumerate(experts)]
-
-  return jax.jit(run)
-
-
-@functools.partial(jax.jit, static_argnames=("num_experts",))
-def _sorted_rows(x: jax.Array, ids: jax.Array, num_experts: int) -> tuple[list, list]:
-  """Per layer, the assignments' rows sorted by expert [T*K, H] and the group sizes [E] (one
-  program)."""
-  rows, sizes = [], []
-  for layer_ids in ids:
-    order, _, group_sizes = sort_by_expert(layer_ids, num_experts)
-    rows.append(x[order // layer_ids.shape[-1]])
-    sizes.append(group_sizes)
-  return rows, sizes
-
-
-@functools.cache
-def _gate_program(kernel: str):
-  """The gate projection of every layer on its sorted rows, through `kernel`."""
-
-  def run(rows, sizes, experts):
-    return [
-      grouped_matmul(r, gate, n, kernel)
-      for r, n, (gate, _, _) in zip(rows, sizes, experts, strict=True)
-    ]
-
-  return jax.jit(run)
-
-
-@functools.cache
-def _tiled_programs(tiling: pallas_gmm.Tiling) -> dict:
-  """The gate product and the fused gate/up SwiGLU of every layer through the kernel with
-  `tiling` (interpret mode off GPUs)."""
-  interpret = jax.default_backend() != "gpu"
-
-  def matmul(r, g, n):
-    if isinstance(g, Fp8Weights):
-      return pallas_fp8.grouped_matmul_fp8(
-        r, g.weight, g.scale, n, tiling=tiling, interpret=interpret
-      )
-    return pallas_gmm.grouped_matmul(r, g, n, tiling=tiling, interpret=interpret)
-
-  def gated(r, g, u, n):
-    if isinstance(g, Fp8Weights):
-      return pallas_fp8.grouped_swiglu_fp8(
-        r, g.weight, g.scale, u.weight, u.scale, n, tiling=tiling, interpret=interpret
-      )
-    return pallas_gmm.grouped_swiglu(r, g, u, n, tiling=tiling, interpret=interpret)
-
-  def gate(rows, sizes, experts):
-    return [matmul(r, g, n) for r, n, (g, _, _) in zip(rows, sizes, experts, strict=True)]
-
-  def swiglu(rows, sizes, experts):
-    return [gated(r, g, u, n) for r, n, (g, u, _) in zip(rows, sizes, experts, strict=True)]
-
-  return {"gate": (jax.jit(gate), 1), "swiglu": (jax.jit(swiglu), 2)}
-
-
-def parse_tilings(text: str) -> list[pallas_gmm.Tiling]:  # the fp8 kernel's Tiling is the same
-  """ "BM,BN,BK,S,W,P;..." -> Tilings."""
-  return [pallas_gmm.Tiling(*(int(v) for v in t.split(","))) for t in text.split(";") if t]
-
-
-def parse_ffn_tilings(text: str) -> list[tuple[pallas_gmm.Tiling, pallas_gmm.Tiling]]:
-  """ "GATE_UP/DOWN;..." (each "BM,BN,BK,S,W,P", one block_m) -> (gate/up, down) Tiling pairs."""
-  pairs = []
-  for pair in filter(None, text.split(";")):
-    gate_up, down = (parse_tilings(t)[0] for t in pair.split("/"))
-    pairs.append((gate_up, down))
-  return pairs
-
-
-@functools.cache
-def _routed_program(tilings: tuple[pallas_gmm.Tiling, pallas_gmm.Tiling]):
-  """The routed FFN (routing kernel, gathered and scattered products) with the given tilings."""
-  interpret = jax.default_backend() != "gpu"
-
-  def ffn(x, ids, weights, gate, up, down):
-    tokens, top_k = ids.shape
-    block_m = tilings[0].block_m
-    routing = route_assignments(ids, gate.shape[0], block_m, interpret=interpret)
-    route_w = weights.reshape(-1).astype(jnp.float32)
-    out = routed_swiglu_ffn(
-      x, gate, up, down, routing, top_k, route_w, tilings=tilings, interpret=interpret
-    )
-    return out.astype(jnp.float32).reshape(tokens, top_k, -1).sum(axis=1)
-
-  return _ffn_program(ffn)
-
-
-def _tiling_label(t: pallas_gmm.Tiling) -> str:
-  return f"{t.block_m}x{t.block_n}x{t.block_k}/{t.num_splits} w{t.num_warps} s{t.num_stages}"
-
-
-def _ffn_ragged(x, ids, weights, gate, up, down) -> jax.Array:
-  return expert_ffn(x, ids, weights, gate, up, down, kernel="ragged_dot")
-
-
-def _ffn_routed(x, ids, weights, gate, up, down) -> jax.Array:
-  return expert_ffn(x, ids, weights, gate, up, down, kernel="pallas")
-
-
-def _ffn_sorted(x, ids, weights, gate, up, down) -> jax.Array:
-  return expert_ffn(x, ids, weights, gate, up, down, kernel="pallas_sorted")
-
-
 def _time_us(program, *args, layers: int, inner: int, reps: int) -> float:
   return 1e6 * seconds_per_call(program, *args, inner=inner, reps=reps) / layers
 
@@ -320,32 +206,31 @@ def bench_batch(shape: Shape, tokens: int, args: argparse.Namespace, copy_gbps: 
       first_layer[name] = np.asarray(program(*program_args)[0], np.float32)
 
   # the kernels alone: their rows sorted beforehand
-  rows, sizes = _sorted_rows(x, ids, shape.num_experts)
+  rows, sizes = sorted_rows(x, ids, shape.num_experts)
   for kind, kernel in (("ragged_dot", "ragged_dot"), ("pallas", "pallas")):
-    add(kind, touched * shape.expert_bytes / 3, _gate_program(kernel), rows, sizes, experts)
+    add(kind, touched * shape.expert_bytes / 3, gate_program(kernel), rows, sizes, experts)
   for tiling in getattr(args, "tilings", None) or []:
     swept = row.setdefault("pallas_tilings", {})
-    for name, (program, matrices) in _tiled_programs(tiling).items():
-      label = f"{name} {_tiling_label(tiling)}"
+    for name, (program, matrices) in tiled_programs(tiling).items():
+      label = f"{name} {tiling_label(tiling)}"
       weight_bytes = touched * shape.expert_bytes / 3 * matrices
       add(label, weight_bytes, program, rows, sizes, experts, into=swept)
   ffn_bytes = touched * shape.expert_bytes
-  add("expert_ffn", ffn_bytes, _ffn_program(expert_ffn), x, ids, weights, experts)
-  add("expert_ffn_ragged", ffn_bytes, _ffn_program(_ffn_ragged), x, ids, weights, experts)
-  float_experts = getattr(args, "fp8", "none") == "none"  # the tilings' sweep: float only
+  add("expert_ffn", ffn_bytes, ffn_program(expert_ffn), x, ids, weights, experts)
+  add("expert_ffn_ragged", ffn_bytes, ffn_program(ffn_ragged), x, ids, weights, experts)
   if getattr(args, "fused", False):
-    add("expert_ffn_routed", ffn_bytes, _ffn_program(_ffn_routed), x, ids, weights, experts)
-    add("expert_ffn_sorted", ffn_bytes, _ffn_program(_ffn_sorted), x, ids, weights, experts)
-  for tilings in (getattr(args, "ffn_tilings", None) or []) if float_experts else []:
+    add("expert_ffn_routed", ffn_bytes, ffn_program(ffn_routed), x, ids, weights, experts)
+    add("expert_ffn_sorted", ffn_bytes, ffn_program(ffn_sorted), x, ids, weights, experts)
+  for tilings in getattr(args, "ffn_tilings", None) or []:
     swept = row.setdefault("routed_tilings", {})
-    label = " / ".join(_tiling_label(t) for t in tilings)
-    add(label, ffn_bytes, _routed_program(tilings), x, ids, weights, experts, into=swept)
+    label = " / ".join(tiling_label(t) for t in tilings)
+    add(label, ffn_bytes, routed_program(tilings), x, ids, weights, experts, into=swept)
   bf16_bytes = 3 * shape.hidden * shape.inter * 2  # the references' experts are bf16
   dense_bytes = shape.num_experts * bf16_bytes
-  add("dense_all", dense_bytes, _ffn_program(dense_all), x, ids, weights, references)
+  add("dense_all", dense_bytes, ffn_program(dense_all), x, ids, weights, references)
   gathered = tokens * shape.top_k * bf16_bytes
   if gathered <= args.gather_limit_gib * 2**30:
-    program = _ffn_program(per_token_gather)
+    program = ffn_program(per_token_gather)
     add("per_token_gather", gathered, program, x, ids, weights, references)
   row.update(_errors(first_layer, live=int(np.sum(np.asarray(sizes[0])))))
   row["copy_gb_per_s"] = copy_gbps

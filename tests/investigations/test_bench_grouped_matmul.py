@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from investigations import bench_grouped_matmul as bench
+from pallas_kernels.grouped_matmul.gpu import Tiling
 
 SMOKE_ARGV = ["--smoke", "--batches", "1,16", "--layers", "2", "--inner", "1", "--reps", "1"]
 SWEEP = "16,16,16,2,4,4;16,64,16,1,4,4"  # the second's block_n does not divide N (32)
@@ -65,8 +66,8 @@ def test_a_failing_column_records_its_error(smoke, monkeypatch, capsys):
   def fail(*_args, **_kwargs):
     raise MemoryError("RESOURCE_EXHAUSTED: out of memory")
 
-  real = bench._ffn_program
-  monkeypatch.setattr(bench, "_ffn_program", lambda fn: fail if fn is bench.dense_all else real(fn))
+  real = bench.ffn_program
+  monkeypatch.setattr(bench, "ffn_program", lambda fn: fail if fn is bench.dense_all else real(fn))
   args = bench.parse_args(SMOKE_ARGV)
   row = bench.bench_batch(bench.SMOKE, 1, args, copy_gbps=1.0)
   assert "RESOURCE_EXHAUSTED" in row["dense_all"]["error"]
@@ -110,7 +111,7 @@ def test_a_tiling_sweep_times_the_kernel_per_tiling(smoke, tmp_path):
   """Each tiling on the gate product and the fused SwiGLU; one that does not divide the smoke
   shape's N (32) records its error. At the smoke run's first batch (only the tiled programs
   compile)."""
-  assert bench.parse_tilings(SWEEP)[0] == bench.pallas_gmm.Tiling(16, 16, 16, 2, 4, 4)
+  assert bench.parse_tilings(SWEEP)[0] == Tiling(16, 16, 16, 2, 4, 4)
   report, printed = _main(tmp_path / "gmm.json", "--batches", "1", "--tilings", SWEEP)
   assert "pallas gate 16x16x16/2 w4 s4:" in printed
   swept = report["rows"][0]["pallas_tilings"]
@@ -121,8 +122,13 @@ def test_a_tiling_sweep_times_the_kernel_per_tiling(smoke, tmp_path):
 def test_fp8_smoke_counts_the_e4m3_bytes(tmp_path):
   """--fp8 block: the routed FFN on fp8 experts (whole 128-blocks: SMOKE_FP8), the fp8 kernel's
   gate product equal to the fp8 ragged_dot path's, and the bandwidth counted from the e4m3 bytes
-  and block scales the batch touches."""
-  report, printed = _main(tmp_path / "fp8.json", "--fp8", "block", "--batches", "1")
+  and block scales the batch touches; --ffn-tilings times the fp8 routed FFN per tiling pair."""
+  sweep = "16,128,128,1,4,3/16,128,128,1,4,4"
+  report, printed = _main(
+    tmp_path / "fp8.json", "--fp8", "block", "--batches", "1", "--ffn-tilings", sweep
+  )
+  swept = report["rows"][0]["routed_tilings"]["16x128x128/1 w4 s3 / 16x128x128/1 w4 s4"]
+  assert swept["us"] > 0 and "routed FFN 16x128x128/1 w4 s3" in printed
   shape = bench.SMOKE_FP8
   assert report["shape"]["fp8"] == "block"
   (row,) = report["rows"]
