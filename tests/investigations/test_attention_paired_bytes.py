@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from investigations.attention_paired_bytes import as_pairs, paired_attention, random_batch
+from investigations.attention_paired_bytes import as_pairs, paired_attention
+from investigations.bench_paired_bytes import random_batch
 from pallas_kernels.ragged_paged_attention.gpu.tiling import choose_tiling
 from pallas_kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
 
