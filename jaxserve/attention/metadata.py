@@ -1,6 +1,12 @@
 """The attention contract's data: the paged KV cache (KVPages) and the metadata of one ragged
 step (an explicit pytree argument, never module state). Shared by the model (models/layers/),
-the KV pool (device/kv_cache.py) and every kernel variant."""
+the KV pool (device/kv_cache.py) and every kernel variant.
+
+The pool is two stacked arrays, K and V, each with a leading slot dimension, rather than a pair
+per slot: a step program then takes 2 donated buffers whatever the layer count, and the host's
+dispatch cost grows with the donated buffers (docs/DECISIONS.md, "The KV pool as stacked
+arrays"). K and V stay two arrays, not one [2, num_slots, ...]: every kernel reads and writes
+them as two refs already, and one array would only move the K/V choice into each index."""
 
 from __future__ import annotations
 
@@ -8,9 +14,10 @@ import dataclasses
 
 import jax
 
-KVPages = tuple[tuple[jax.Array, jax.Array], ...]  # per KV slot (k_pages, v_pages), each
-# [num_kv_heads, num_pages, page_size, head_dim]; layers share slots by KV group
-# (messages/kv_layout.py: one slot per layer with one group)
+KVPages = tuple[jax.Array, jax.Array]  # the stacked pool (k_pool, v_pool), each
+# [num_slots, num_kv_heads, num_pages, page_size, head_dim]; layers share slots by KV group
+# (messages/kv_layout.py: one slot per layer with one group), and a layer's backend reads and
+# writes its slot, a traced kv_slot int32[1]
 
 
 @dataclasses.dataclass(frozen=True)

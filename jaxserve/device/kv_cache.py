@@ -1,22 +1,23 @@
 """The paged KV pool: how many pages fit a memory budget, and the arrays themselves.
 
-Layout: one (k_pages, v_pages) pair per KV slot, each [num_kv_heads, num_pages, page_size,
-head_dim], of the cache's storage dtype (CacheConfig.storage_dtype: the model's, or 8-bit
-float8_e4m3fn / int8 pages of one byte an element, so a budget holds twice bfloat16's pages; the
-static scales take no memory). The model's KV layout (models/kv_layout.py) sets the slot count
-m: the layer count for one kind of layer, the global layers' for Gemma, whose sliding layers
-share the slots in groups, so a page id names a page in all m slots and costs m layers' bytes.
-Page 0 is the null page. The pool size comes from CacheConfig: an
+Layout: the stacked pool (k_pool, v_pool) (attention/metadata.py KVPages), each [num_slots,
+num_kv_heads, num_pages, page_size, head_dim], of the cache's storage dtype
+(CacheConfig.storage_dtype: the model's, or 8-bit float8_e4m3fn / int8 pages of one byte an element,
+so a budget holds twice bfloat16's pages; the static scales take no memory). The model's KV layout
+(models/kv_layout.py) sets the slot count m: the layer count for one kind of layer, the global
+layers' for Gemma, whose sliding layers share the slots in groups, so a page id names a page in all
+m slots and costs m layers' bytes. Page 0 is the null page. The pool size comes from CacheConfig: an
 explicit page count, a byte budget, or the device's budget for it (device/device_memory.py:
 memory_fraction of the device's total memory less the weights and step scratch). On a backend
 that reports no memory statistics (CPU) the pool is memory_fraction of CPU_DEFAULT_BYTES.
 
 Addressing: a backend whose capabilities say large_page_arrays (the Pallas Triton kernels) takes
-whatever page count the budget holds as long as its kernels address one device's part of a
-layer's K (or V) array exactly (pallas_kernels/ragged_paged_attention/gpu/addressing.py: int32
-offsets under 2**31 elements, int64 ones past 2**32 bytes; only 8-bit pages of 2**31 to 2**32
-elements are neither). Any other pool, and an 8-bit one in that gap, stays under 2**31 elements
-an array (MAX_ARRAY_ELEMENTS), capped there with a warning.
+whatever page count the budget holds as long as its kernels address one device's part of the
+stacked K (or V) array, every slot included, exactly
+(pallas_kernels/ragged_paged_attention/gpu/addressing.py: int32 offsets under 2**31 elements,
+int64 ones past 2**32 bytes; only 8-bit pools of 2**31 to 2**32 elements are neither). Any other
+pool, and an 8-bit one in that gap, stays under 2**31 elements an array (MAX_ARRAY_ELEMENTS, all
+slots together), capped there with a warning.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class KVCacheSpec:
-  num_slots: int  # (k, v) array pairs: m of the model's KV layout
+  num_slots: int  # the stacked arrays' leading dimension: m of the model's KV layout
   num_kv_heads: int
   head_dim: int
   page_size: int
@@ -58,8 +59,9 @@ class KVCacheSpec:
     return self.bytes_per_page * self.num_pages
 
   @property
-  def page_shape(self) -> tuple[int, int, int, int]:
-    return (self.num_kv_heads, self.num_pages, self.page_size, self.head_dim)
+  def pool_shape(self) -> tuple[int, int, int, int, int]:
+    """The shape of each of the stacked K and V arrays."""
+    return (self.num_slots, self.num_kv_heads, self.num_pages, self.page_size, self.head_dim)
 
 
 def page_bytes(num_slots: int, num_kv_heads: int, head_dim: int, page_size: int, dtype: str) -> int:
@@ -93,27 +95,27 @@ def cap_to_addressable(
   asked: int | None,
   large_page_arrays: bool,
 ) -> int:
-  """num_pages when the backend's kernels address one device's [heads, pages, page_size,
-  head_dim] array of them (module docstring), else the most pages whose array stays under
-  MAX_ARRAY_ELEMENTS: a warning when a memory budget asked for more, a ValueError naming
-  cache.num_pages when the config did."""
+  """num_pages when the backend's kernels address one device's stacked [slots, heads, pages,
+  page_size, head_dim] array of them (module docstring; elements_per_page counts every slot),
+  else the most pages whose array stays under MAX_ARRAY_ELEMENTS: a warning when a memory budget
+  asked for more, a ValueError naming cache.num_pages when the config did."""
   if large_page_arrays and addressable(num_pages * elements_per_page, itemsize):
     return num_pages
   limit = MAX_ARRAY_ELEMENTS // elements_per_page
   if num_pages <= limit:
     return num_pages
   reason = (
-    "8-bit pages of 2**31 to 2**32 elements get int32 offsets in the Pallas Triton kernels"
+    "8-bit pools of 2**31 to 2**32 elements get int32 offsets in the Pallas Triton kernels"
     if large_page_arrays
     else "the attention backend is held to int32 offsets"
   )
   if asked is not None:
     raise ValueError(
-      f"cache.num_pages: {asked} pages of {elements_per_page} elements per layer array exceed "
+      f"cache.num_pages: {asked} pages of {elements_per_page} elements in the K (V) pool exceed "
       f"2**31 elements ({reason}); at most {limit}"
     )
   logger.warning(
-    "KV pool capped at %d pages (the memory budget holds %d): a layer's K/V array stays under "
+    "KV pool capped at %d pages (the memory budget holds %d): the stacked K/V array stays under "
     "2**31 elements (%s)",
     limit,
     num_pages,
@@ -161,7 +163,7 @@ def kv_cache_spec(
   heads_per_device = max(1, model_config.num_kv_heads // num_shards)
   num_pages = cap_to_addressable(
     num_pages,
-    heads_per_device * page_size * model_config.head_dim,
+    layout.num_slots * heads_per_device * page_size * model_config.head_dim,
     jnp.dtype(kv_dtype).itemsize,
     config.cache.num_pages,
     large_page_arrays,
@@ -186,21 +188,20 @@ def pages_for_tokens(num_tokens: int, page_size: int) -> int:
 
 
 class KVPoolMaker:
-  """Zero-filled KV pages of one spec from one jitted program, kept: the pool re-created after
-  sleep mode discarded it (device/sleep_mode.py) runs the executable the first allocation
-  compiled, so waking compiles nothing."""
+  """The zero-filled stacked pool (k_pool, v_pool) of one spec from one jitted program, kept: the
+  pool re-created after sleep mode discarded it (device/sleep_mode.py) runs the executable the
+  first allocation compiled, so waking compiles nothing."""
 
   def __init__(self, spec: KVCacheSpec, sharding: jax.sharding.Sharding | None = None):
     def zeros():
-      return jnp.zeros(spec.page_shape, spec.dtype)
+      return jnp.zeros(spec.pool_shape, spec.dtype)  # [num_slots, KVH, num_pages, page_size, D]
 
     self._zeros = jax.jit(zeros, out_shardings=sharding) if sharding is not None else jax.jit(zeros)
-    self._num_slots = spec.num_slots
 
   def __call__(self) -> KVPages:
-    return tuple((self._zeros(), self._zeros()) for _ in range(self._num_slots))
+    return (self._zeros(), self._zeros())
 
 
 def allocate_kv_pages(spec: KVCacheSpec, sharding: jax.sharding.Sharding | None = None) -> KVPages:
-  """Zero-filled pages for every KV slot, created directly on the device (or its shards)."""
+  """The zero-filled stacked pool, created directly on the device (or its shards)."""
   return KVPoolMaker(spec, sharding)()

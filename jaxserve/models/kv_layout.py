@@ -8,8 +8,8 @@ of m (the last padded when m does not divide them), each following the window. G
 padded; Gemma 2 (alternating): 2 groups. A model with one kind of layer (Llama; Mistral, whose
 every layer slides) gets one group of all its layers, nothing freed: the layout the engine has
 always had. The decoder stack (models/layers/decoder.py) reads its layers' places from here
-(`LayerKV`), the KV pool its slot count and the scheduler the windows, so all agree by
-construction.
+(`LayerKV`), the KV pool its slot count (the stacked arrays' leading dimension) and the scheduler
+the windows, so all agree by construction.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 
 from jaxserve.attention.metadata import AttentionMetadata, KVPages
 from jaxserve.messages.kv_layout import KVGroupSpec, KVLayout, layer_places
@@ -43,16 +44,17 @@ def kv_layout(config: ModelConfig, page_size: int) -> KVLayout:
 
 
 def num_kv_slots(config: ModelConfig) -> int:
-  """The pool's K/V array pairs (m)."""
+  """The pool's slots (m): the leading dimension of its stacked K and V arrays."""
   return len(kv_groups(config)[0].layers)
 
 
 class LayerKV:
-  """One step's view of the KV pool for the decoder's layers: layer l reads and writes slot
-  j(l) of the pool's m pairs with its group g(l)'s block tables and slot mapping, and hands
-  them to the unchanged attention backend (a one-group model: slot l, the tables as given).
+  """One step's view of the stacked KV pool for the decoder's layers: layer l reads and writes
+  slot j(l) of the pool's m slots with its group g(l)'s block tables and slot mapping (a
+  one-group model: slot l, the tables as given). The slot goes to the layer as a traced
+  int32[1] array, so equal layers of different slots share one program.
 
-  kv_pages: m (k, v) pairs, each [KV, num_pages, page_size, D]; slot_mapping int32[G, T];
+  kv_pages: (k_pool, v_pool), each [m, KV, num_pages, page_size, D]; slot_mapping int32[G, T];
   metadata.block_tables int32[G, S, pages_per_seq] (AttentionMetadata's model-level form).
   """
 
@@ -65,10 +67,11 @@ class LayerKV:
   ) -> None:
     groups = kv_groups(config)
     num_slots, num_groups = len(groups[0].layers), len(groups)
-    if len(kv_pages) != num_slots:
+    k_pool, v_pool = kv_pages
+    if k_pool.ndim != 5 or k_pool.shape[0] != num_slots or v_pool.shape != k_pool.shape:
       raise ValueError(
-        f"kv_pages: expected {num_slots} (k, v) slot pairs ({config.num_layers} layers in "
-        f"{num_groups} KV groups), got {len(kv_pages)}"
+        f"kv_pages: expected (k_pool, v_pool) of {num_slots} slots each ({config.num_layers} "
+        f"layers in {num_groups} KV groups), got shapes {k_pool.shape} and {v_pool.shape}"
       )
     tables = metadata.block_tables
     if tables.ndim != 3 or tables.shape[0] != num_groups or slot_mapping.ndim != 2:
@@ -77,21 +80,21 @@ class LayerKV:
         f"[{num_groups}, T], got {tables.shape} and {slot_mapping.shape}"
       )
     self._places = layer_places(groups)
-    self._pages = list(kv_pages)
+    self.pool: KVPages = (k_pool, v_pool)
     self._slot_mapping = [slot_mapping[g] for g in range(num_groups)]  # [T] each
     self._metadata = [
       dataclasses.replace(metadata, block_tables=tables[g]) for g in range(num_groups)
     ]  # block_tables [S, pages] each
 
-  def layer(self, layer: int) -> tuple[jax.Array, jax.Array, jax.Array, AttentionMetadata]:
-    """(k_pages, v_pages, slot_mapping [T], metadata) of `layer`."""
+  def layer(self, layer: int) -> tuple[jax.Array, jax.Array, AttentionMetadata]:
+    """(kv_slot int32[1], slot_mapping [T], metadata) of `layer`."""
     group, slot = self._places[layer]
-    k_pages, v_pages = self._pages[slot]
-    return k_pages, v_pages, self._slot_mapping[group], self._metadata[group]
+    kv_slot = jnp.full((1,), slot, jnp.int32)
+    return kv_slot, self._slot_mapping[group], self._metadata[group]
 
-  def update(self, layer: int, k_pages: jax.Array, v_pages: jax.Array) -> None:
-    """Stores the pages `layer` wrote (the next layer of its slot reads them)."""
-    self._pages[self._places[layer][1]] = (k_pages, v_pages)
+  def update(self, k_pool: jax.Array, v_pool: jax.Array) -> None:
+    """Stores the pool a layer returned (the next layer reads and writes it)."""
+    self.pool = (k_pool, v_pool)
 
   def pages(self) -> KVPages:
-    return tuple(self._pages)
+    return self.pool

@@ -181,16 +181,23 @@ def pool_pages(shape: ServerShape, device_bytes: int, memory_fraction: float | N
 
 
 def _programs(shape: ServerShape, num_pages: int) -> tuple[StepPrograms, dict, tuple]:
-  """The server's step programs as assembly builds them, with abstract params and KV pages."""
+  """The server's step programs as assembly builds them, with abstract params and the stacked
+  KV pool."""
   config, placement = shape.config, shape.placement
   model_config = shape.model_config
-  page = jax.ShapeDtypeStruct(
-    (model_config.num_kv_heads, num_pages, config.cache.page_size, model_config.head_dim),
+  num_slots = kv_layout(model_config, config.cache.page_size).num_slots
+  pool = jax.ShapeDtypeStruct(
+    (
+      num_slots,
+      model_config.num_kv_heads,
+      num_pages,
+      config.cache.page_size,
+      model_config.head_dim,
+    ),
     jnp.dtype(config.cache.storage_dtype(model_config.dtype)),
     sharding=placement.kv_sharding,
   )
-  num_slots = kv_layout(model_config, config.cache.page_size).num_slots
-  kv_pages = tuple((page, page) for _ in range(num_slots))
+  kv_pages = (pool, pool)
   shardings = placement.step_shardings(kv_pages)
   programs = build_step_programs(
     placement.module(),

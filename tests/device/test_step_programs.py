@@ -54,12 +54,12 @@ def _abstract_step(mesh):
       param_shardings(shapes, mesh),
     )
     kv_sharding = kv_pages_sharding(mesh)
-  page = jax.ShapeDtypeStruct(spec.page_shape, jnp.dtype(spec.dtype), sharding=kv_sharding)
-  kv_pages = tuple((page, page) for _ in range(spec.num_slots))
+  pool = jax.ShapeDtypeStruct(spec.pool_shape, jnp.dtype(spec.dtype), sharding=kv_sharding)
+  kv_pages = (pool, pool)
   if mesh is not None:
     shardings = StepShardings(
       jax.tree.map(lambda x: x.sharding, params),
-      tuple((kv_sharding, kv_sharding) for _ in kv_pages),
+      (kv_sharding, kv_sharding),
       logits_sharding(params, mesh),
       replicated(mesh),
     )
