@@ -1,12 +1,13 @@
 """The one attention interface the model calls, and how a backend is chosen.
 
-A backend writes the step's new K/V into their pages (in place under donation) and then attends
-over the paged cache. It takes the stacked pool (attention/metadata.py KVPages: k_pool, v_pool
-[num_slots, ...]) and the layer's slot kv_slot int32[1], a traced value, and reads and writes
-that slot only. "reference" is the dense pure-jnp ground truth, "xla" the blocked XLA path
-used on CPU, "pallas_gpu" and "pallas_tpu" the Pallas kernels. "auto" picks by JAX's default
-backend. Each backend carries its BackendCapabilities (attention/capabilities.py): the wrappers
-here decide by them, and keep them true of what they return.
+A backend writes the step's new K/V into their pages (in place under donation) and then attends over
+the paged cache. It takes one group of the pool's stacked slots (attention/metadata.py KVPages: a
+group's k_pool, v_pool [slots_per_group, ...]) and the layer's slot in it, kv_slot int32[1], a
+traced value, and reads and writes that slot only. "reference" is the dense pure-jnp ground truth,
+"xla" the blocked XLA path used on CPU, "pallas_gpu" and "pallas_tpu" the Pallas kernels. "auto"
+picks by JAX's default backend. Each backend carries its BackendCapabilities
+(attention/capabilities.py): the wrappers here decide by them, and keep them true of what they
+return.
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ class AttentionBackend:
     q: jax.Array,  # [T, num_q_heads, head_dim]
     new_k: jax.Array,  # [T, num_kv_heads, head_dim]
     new_v: jax.Array,  # [T, num_kv_heads, head_dim]
-    k_pool: jax.Array,  # [num_slots, num_kv_heads, num_pages, page_size, head_dim]
-    v_pool: jax.Array,  # [num_slots, num_kv_heads, num_pages, page_size, head_dim]
-    kv_slot: jax.Array,  # int32[1]: the layer's slot
+    k_pool: jax.Array,  # [slots_per_group, num_kv_heads, num_pages, page_size, head_dim]
+    v_pool: jax.Array,  # [slots_per_group, num_kv_heads, num_pages, page_size, head_dim]
+    kv_slot: jax.Array,  # int32[1]: the layer's slot in its group
     slot_mapping: jax.Array,  # int32[T]
     metadata: AttentionMetadata,
     *,

@@ -2,12 +2,12 @@
 
 The matmuls around attention are left to XLA's SPMD partitioner, but a Pallas kernel cannot be
 partitioned by XLA, so `shard_attention_backend` returns an AttentionBackend whose write_kv and
-attend are shard_mapped over MODEL_AXIS: each device sees its own kv heads' part of the stacked pool
-[num_slots, num_kv_heads/tp, num_pages, page_size, D], its q heads [T, num_q_heads/tp, D] (the query
-groups of those kv heads, since both projections are column-sharded by head) and the replicated
-kv_slot and metadata. No collective runs inside; o_proj's row-sharded matmul reduces the heads
-afterwards. The model receives this backend from parallel/placement.py and stays free of sharding.
-Each shard runs the backend's own kernel on its heads, so the wrapped backend keeps its
+attend are shard_mapped over MODEL_AXIS: each device sees its own kv heads' part of a pool group
+[slots_per_group, num_kv_heads/tp, num_pages, page_size, D], its q heads [T, num_q_heads/tp, D] (the
+query groups of those kv heads, since both projections are column-sharded by head) and the
+replicated kv_slot and metadata. No collective runs inside; o_proj's row-sharded matmul reduces the
+heads afterwards. The model receives this backend from parallel/placement.py and stays free of
+sharding. Each shard runs the backend's own kernel on its heads, so the wrapped backend keeps its
 capabilities.
 """
 

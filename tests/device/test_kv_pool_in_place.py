@@ -1,19 +1,20 @@
-"""The stacked KV pool crosses a step program as two donated arrays and every layer updates it in
-place: the optimized HLO of the compiled forward and burst programs (tiny Llama, every layer one
-slot of the pool) holds exactly two parameters of the pool's shape, aliases both to outputs, and
-copies the pool nowhere (a copy would be a whole-pool move per step or per layer)."""
+"""The KV pool crosses a step program as two donated arrays a group of slots and every layer updates
+its group in place: the optimized HLO of the compiled forward and burst programs (tiny Llama, every
+layer one slot of the pool) holds exactly 2 x num_groups parameters of the group's shape, aliases
+all of them to outputs, and copies the pool nowhere (a copy would be a whole-group move per step or
+per layer). Pools of one group and of two groups of two slots (device/kv_cache.group_pool with a
+small array limit standing in for 2**31 elements)."""
 
 from __future__ import annotations
 
 import re
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxserve.attention import get_attention_backend
-from jaxserve.device.kv_cache import KVCacheSpec
+from jaxserve.device.kv_cache import MAX_ARRAY_ELEMENTS, KVCacheSpec, group_pool, kv_pool_shapes
 from jaxserve.device.lowering import abstract
 from jaxserve.device.model_runner import packed_model_inputs
 from jaxserve.device.packing import pack
@@ -29,23 +30,34 @@ from jaxserve.models.weights import param_shapes
 PAGE_SIZE, NUM_PAGES, BUCKET = 4, 8, Bucket(4, 16)
 
 
-def _optimized_hlo(backend_name: str) -> tuple[str, str, str]:
-  """(forward's, burst's) optimized HLO text and the pool's HLO shape string."""
-  config = tiny_random_config()
+def _optimized_hlo(
+  backend_name: str, num_layers: int, max_elements: int
+) -> tuple[str, str, str, int]:
+  """(forward's, burst's) optimized HLO text, a group's HLO shape string and the group count."""
+  config = tiny_random_config().replace(num_layers=num_layers)
+  slot_page = config.num_kv_heads * PAGE_SIZE * config.head_dim
+  groups = group_pool(num_layers, slot_page, 4, NUM_PAGES, False, max_elements=max_elements)
+  assert groups.num_pages == NUM_PAGES
   spec = KVCacheSpec(
-    config.num_layers, config.num_kv_heads, config.head_dim, PAGE_SIZE, NUM_PAGES, config.dtype
+    num_layers,
+    config.num_kv_heads,
+    config.head_dim,
+    PAGE_SIZE,
+    NUM_PAGES,
+    config.dtype,
+    groups.slots_per_group,
   )
   model = LlamaForCausalLM(config, get_attention_backend(backend_name))
   programs = build_step_programs(model, burst_steps=2, page_size=PAGE_SIZE)
-  pool = jax.ShapeDtypeStruct(spec.pool_shape, jnp.dtype(spec.dtype))
+  pool = kv_pool_shapes(spec)
   shape = StepShape(PAGE_SIZE, NUM_PAGES, PAGE_SIZE * NUM_PAGES, config.vocab_size)
   previous = PreviousSamples(np.zeros(BUCKET.num_seqs, np.int32), {})
   inputs = build_step_inputs(ScheduledBatch(), BUCKET, shape, previous)
   params, packed = param_shapes(config), abstract(packed_model_inputs(inputs))
-  forward = programs.forward.lower(params, (pool, pool), packed).compile().as_text()
+  forward = programs.forward.lower(params, pool, packed).compile().as_text()
   sampling = abstract(pack(inputs.sampling))
-  burst = programs.burst.lower(params, (pool, pool), packed, sampling, SamplerMode())
-  return forward, burst.compile().as_text(), _hlo_shape(pool)
+  burst = programs.burst.lower(params, pool, packed, sampling, SamplerMode())
+  return forward, burst.compile().as_text(), _hlo_shape(pool[0][0]), spec.num_groups
 
 
 def _hlo_shape(pool: jax.ShapeDtypeStruct) -> str:
@@ -58,14 +70,21 @@ def _entry(text: str) -> str:
 
 
 @pytest.mark.parametrize("backend_name", ["xla", "reference"])
-def test_the_pool_is_two_donated_arrays_never_copied(backend_name):
-  forward, burst, pool_shape = _optimized_hlo(backend_name)
+@pytest.mark.parametrize(
+  "num_layers,max_elements,num_groups",
+  [(2, MAX_ARRAY_ELEMENTS, 1), (4, 2 * 2 * PAGE_SIZE * 64 * NUM_PAGES, 2)],
+)
+def test_the_pool_is_two_donated_arrays_a_group_never_copied(
+  backend_name, num_layers, max_elements, num_groups
+):
+  forward, burst, group_shape, groups = _optimized_hlo(backend_name, num_layers, max_elements)
+  assert groups == num_groups
   for text in (forward, burst):
     entry = _entry(text)
-    params = re.findall(rf"= {re.escape(pool_shape)}\{{[\d,]+\}} parameter\((\d+)\)", entry)
-    assert len(params) == 2, params  # k_pool and v_pool, whatever the layer count
+    params = re.findall(rf"= {re.escape(group_shape)}\{{[\d,]+\}} parameter\((\d+)\)", entry)
+    assert len(params) == 2 * num_groups, params  # k_pool and v_pool a group
     aliases = text.splitlines()[0]  # the HloModule line: input_output_alias={ ... }
     for index in params:
       assert f"({index}, {{}}, may-alias)" in aliases, (index, aliases)
-    copies = [line for line in text.splitlines() if f"{pool_shape}" in line and " copy(" in line]
+    copies = [line for line in text.splitlines() if f"{group_shape}" in line and " copy(" in line]
     assert not copies, copies

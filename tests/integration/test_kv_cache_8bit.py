@@ -52,7 +52,7 @@ def float_run():
 def test_greedy_tokens_agree_with_float_pages(float_run, kv_cache_dtype):
   start = time.perf_counter()
   engine = _engine(kv_cache_dtype)
-  assert engine.runner.kv_pages[0].dtype.itemsize == 1
+  assert engine.runner.kv_pages[0][0].dtype.itemsize == 1
   sequences = [list(o.prompt_token_ids) + list(o.token_ids) for o in float_run]
   params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1, ignore_eos=True)
   scored = _run(engine, sequences, params)

@@ -107,7 +107,7 @@ def test_each_feature_ran(runs):
     assert run.runner.model.config.quantization == "fp8"
     kernel = run.runner.params["layers_0"]["mlp"]["down_proj"]["kernel"]
     assert kernel.dtype.name == "float8_e4m3fn"
-  assert plain.runner.kv_pages[0].dtype.name == "int8"  # 8-bit pages
+  assert plain.runner.kv_pages[0][0].dtype.name == "int8"  # 8-bit pages
   assert set(plain_steps) == {1} and not any(plain_reused)
   assert engine.async_scheduling and not plain.async_scheduling
   assert steps.count(BURST) >= 5, steps

@@ -28,7 +28,6 @@ import pytest
 
 from jaxserve.cli import main as cli_main
 from jaxserve.config.loader import load_config
-from jaxserve.device.kv_cache import MAX_ARRAY_ELEMENTS
 from jaxserve.models.named_shapes import named_model_config
 from jaxserve.tpu_aot.build import (
   BuildReport,
@@ -151,7 +150,7 @@ def test_the_8b_server_fits_a_v5e_chip_with_the_hand_computed_weights(v5e_8b):
   share = int(0.95 * get_chip("v5e").usable_bytes)
   slack = int(0.25 * memory.weights)
   budget = share - memory.weights - slack - max(GIB // 2, int(0.02 * share))
-  assert memory.num_pages == _capped((budget - int(0.1 * budget)) // page, page)
+  assert memory.num_pages == (budget - int(0.1 * budget)) // page
   # The compiler's own count of the forward's arguments: the weights and the pool, plus the
   # step inputs (under 1%).
   forward = next(r for r in v5e_8b.results if r.id.kind == "forward")
@@ -165,7 +164,7 @@ def test_the_whole_8b_server_fits_a_v5e_8():
   hand = _weights_per_chip_8b_tp8(32)
   page = 32 * 2 * 32 * 128 * 2
   assert server.weight_bytes_per_chip == hand and server.page_bytes_per_chip == page
-  assert pages == _capped(_hand_pages(hand, page), page)
+  assert pages == _hand_pages(hand, page)
   assert (pages - 1) * 32 // 32768 >= 8
 
 
@@ -202,13 +201,6 @@ def _hand_pages(weights: int, page_bytes: int) -> int:
   return (budget - int(0.1 * budget)) // page_bytes
 
 
-def _capped(pages: int, page_bytes: int, itemsize: int = 2) -> int:
-  """`pages` held to what keeps the stacked K (V) pool, every slot together, under 2**31
-  elements: the TPU kernel's cap (device/kv_cache.py; docs/DECISIONS.md, "The KV pool as stacked
-  arrays")."""
-  return min(pages, MAX_ARRAY_ELEMENTS // (page_bytes // (2 * itemsize)))
-
-
 def test_the_70b_int8_server_fits_a_v5e_8_with_int8_kv():
   """Llama 3.1 70B with int8 projections: 8.47 GiB per chip of v5e-8 (bfloat16's 16.43 GiB does
   not fit, test_weights_over_hbm_fail_with_the_message), with an int8 KV pool holding 5
@@ -226,7 +218,7 @@ def test_the_70b_int8_server_fits_a_v5e_8_with_int8_kv():
   assert 8.4 * GIB < hand < 8.5 * GIB
   page = layers * 2 * 32 * head_dim * 1  # one kv head per chip, K and V, int8
   assert server.page_bytes_per_chip == page
-  assert pages == _capped(_hand_pages(hand, page), page)
+  assert pages == _hand_pages(hand, page)
   assert (pages - 1) * 32 // 32768 == 5  # full-length sequences
   bf16_kv, bf16_pages = _plan(V5E_8, ["quantization=int8"], "llama-3.1-70b")
   assert bf16_kv.page_bytes_per_chip == 2 * page and bf16_pages == _hand_pages(hand, 2 * page)
@@ -243,7 +235,7 @@ def test_the_8b_int8_server_fits_one_v5e_chip():
   hand = kernels + 4 * outs + 2 * vocab * hidden * 2 + (2 * layers + 1) * hidden * 2
   assert server.num_chips == 1 and server.weight_bytes_per_chip == hand
   page = layers * 2 * 32 * kv_heads * head_dim  # all 8 kv heads, int8
-  assert server.page_bytes_per_chip == page and pages == _capped(_hand_pages(hand, page), page)
+  assert server.page_bytes_per_chip == page and pages == _hand_pages(hand, page)
   assert (pages - 1) * 32 // 8192 == 6  # sequences of the config's 8192 tokens
 
 

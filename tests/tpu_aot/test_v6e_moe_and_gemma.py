@@ -20,7 +20,6 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxserve.config.loader import load_config
-from jaxserve.device.kv_cache import MAX_ARRAY_ELEMENTS
 from jaxserve.models.grouped_matmul import grouped_matmul
 from jaxserve.models.named_shapes import named_model_config
 from jaxserve.tpu_aot.build import compile_programs, largest_of_each_kind
@@ -61,13 +60,6 @@ def _hand_pages(weights: int, page_bytes: int) -> int:
   return (budget - int(0.1 * budget)) // page_bytes
 
 
-def _capped(pages: int, page_bytes: int, itemsize: int = 2) -> int:
-  """`pages` held to what keeps the stacked K (V) pool, every slot together, under 2**31
-  elements: the TPU kernel's cap (device/kv_cache.py; docs/DECISIONS.md, "The KV pool as stacked
-  arrays")."""
-  return min(pages, MAX_ARRAY_ELEMENTS // (page_bytes // (2 * itemsize)))
-
-
 def test_the_qwen3_moe_server_fits_a_v6e_8_with_expert_parallelism():
   """48 layers, 128 experts of 2048 x 768: 16 whole experts per chip, attention split by head
   (its 4 kv heads each repeated on 2 chips, one per chip), in bfloat16."""
@@ -87,9 +79,8 @@ def test_the_qwen3_moe_server_fits_a_v6e_8_with_expert_parallelism():
   assert server.weight_bytes_per_chip == hand
   assert 7.1 * GIB < hand < 7.2 * GIB
   page = layers * 2 * PAGE * head_dim * 2  # one kv head per chip, K and V
-  assert server.page_bytes_per_chip == page and pages == _capped(_hand_pages(hand, page), page)
-  # Full-length sequences (page 0 is null): 21 in the capped stacked pool, 48 in the budget.
-  assert (pages - 1) * PAGE // MAX_MODEL_LEN == 21
+  assert server.page_bytes_per_chip == page and pages == _hand_pages(hand, page)
+  assert (pages - 1) * PAGE // MAX_MODEL_LEN == 48  # full-length sequences (page 0 is null)
   experts = server.placement.model.params["layers_0"]["mlp"]["experts"]["gate_proj"]
   assert experts.sharding.spec == P("model", None, None)
   assert experts.sharding.shard_shape(experts.shape) == (16, hidden, 768)
@@ -110,9 +101,9 @@ def test_the_gemma3_27b_server_fits_a_v6e_8():
   assert 6.2 * GIB < hand < 6.4 * GIB
   slots = 10  # layers a page holds: the global layers' count
   page = slots * 2 * PAGE * 2 * head_dim * 2
-  assert server.page_bytes_per_chip == page and pages == _capped(_hand_pages(hand, page), page)
+  assert server.page_bytes_per_chip == page and pages == _hand_pages(hand, page)
   per_sequence = MAX_MODEL_LEN // PAGE + 6 * (-(-1023 // PAGE) + 1)  # 512 + 6 x 33 pages
-  assert (pages - 1) // per_sequence == 36  # the capped stacked pool (88 in the budget)
+  assert (pages - 1) // per_sequence == 88  # 19 without window freeing
 
 
 @pytest.mark.parametrize(

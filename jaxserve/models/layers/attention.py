@@ -6,8 +6,8 @@ q/k norms before RoPE when `ModelConfig.qk_norm` (Qwen3, Qwen3-MoE, Gemma 3; the
 `norm`), RoPE by the cos/sin the decoder computed for the layer, the attention backend over the
 layer's `window` (None: the whole context) with the config's scale and score soft cap
 (`sm_scale`, `attn_logit_softcapping`), o_proj. The backend scatters the new k/v into the pages of
-the layer's slot kv_slot of the stacked pool at the slot mapping and attends over that slot
-(attention/backends.py).
+the layer's slot kv_slot of its group of the pool's stacked slots at the slot mapping and attends
+over that slot (attention/backends.py).
 
 `projection` picks each GEMM's implementation from the config, never from the family: a Dense; a
 QuantizedDense when `quantization` names a scheme (models/quantized_dense.py); with
@@ -80,9 +80,9 @@ class Attention(nn.Module):
     x: jax.Array,
     cos: jax.Array,
     sin: jax.Array,
-    k_pool: jax.Array,  # [num_slots, KV, num_pages, page_size, D]
-    v_pool: jax.Array,  # [num_slots, KV, num_pages, page_size, D]
-    kv_slot: jax.Array,  # int32[1]: this layer's slot
+    k_pool: jax.Array,  # [slots_per_group, KV, num_pages, page_size, D]: its group's
+    v_pool: jax.Array,  # [slots_per_group, KV, num_pages, page_size, D]
+    kv_slot: jax.Array,  # int32[1]: this layer's slot in the group
     slot_mapping: jax.Array,  # int32[T]
     metadata: AttentionMetadata,
   ):

@@ -61,7 +61,7 @@ def test_kv_pages_are_split_by_kv_head_and_updated_in_place(engine):
     ]
 
   num_pages = engine.allocator.num_usable_pages + 1
-  k_pool, v_pool = engine.runner.kv_pages  # the stacked pool: one array each, every layer
+  ((k_pool, v_pool),) = engine.runner.kv_pages  # a small pool: one group of every layer's slot
   num_slots = k_pool.shape[0]
   for pool in (k_pool, v_pool):
     assert pool.shape == (num_slots, 8, num_pages, 16, D)
