@@ -20,8 +20,9 @@ def sub_batch_args(batch: Batch, num_seqs: int) -> tuple[jax.Array, ...]:
   num_tokens = int(qsl[num_seqs])
   return (
     batch.q[:num_tokens],
-    batch.k_pages,
-    batch.v_pages,
+    batch.k_pool,
+    batch.v_pool,
+    batch.kv_slot,
     batch.block_tables[0][:num_seqs],
     batch.seq_lens[:num_seqs],
     batch.query_start_loc[: num_seqs + 1],
@@ -30,9 +31,9 @@ def sub_batch_args(batch: Batch, num_seqs: int) -> tuple[jax.Array, ...]:
 
 
 def reference_bytes(num_tokens: int, batch: Batch) -> int:
-  num_kv_heads, _, page_size, head_dim = batch.k_pages.shape
+  _, num_kv_heads, _, page_size, head_dim = batch.k_pool.shape
   max_len = batch.block_tables[0].shape[1] * page_size
-  return 2 * num_kv_heads * num_tokens * max_len * head_dim * (batch.k_pages.dtype.itemsize + 4)
+  return 2 * num_kv_heads * num_tokens * max_len * head_dim * (batch.k_pool.dtype.itemsize + 4)
 
 
 def bundled_paged_attention(
@@ -43,13 +44,13 @@ def bundled_paged_attention(
     warnings.simplefilter("ignore", DeprecationWarning)
     from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention
 
-  def attend(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, num_seqs):
+  def attend(q, k_pool, v_pool, kv_slot, block_tables, seq_lens, query_start_loc, num_seqs):
     del query_start_loc, num_seqs  # one query token per sequence
     q_scaled = (q.astype(jnp.float32) * sm_scale).astype(q.dtype)  # it applies no scale
     return paged_attention(
       q_scaled,
-      k_pages,
-      v_pages,
+      k_pool[kv_slot[0]],  # [KVH, num_pages, page_size, D]
+      v_pool[kv_slot[0]],
       block_tables,
       seq_lens,
       k_splits=k_splits,

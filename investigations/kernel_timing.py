@@ -47,8 +47,9 @@ class Batch:
 
   name: str
   q: jax.Array
-  k_pages: jax.Array
-  v_pages: jax.Array
+  k_pool: jax.Array  # [1, KVH, num_pages, page_size, D]: a stacked pool of one slot
+  v_pool: jax.Array
+  kv_slot: jax.Array  # int32[1]: 0
   block_tables: list[jax.Array]
   seq_lens: jax.Array
   query_start_loc: jax.Array
@@ -58,8 +59,9 @@ class Batch:
   def args(self, rotation: int = 0) -> tuple[jax.Array, ...]:
     return (
       self.q,
-      self.k_pages,
-      self.v_pages,
+      self.k_pool,
+      self.v_pool,
+      self.kv_slot,
       self.block_tables[rotation],
       self.seq_lens,
       self.query_start_loc,
@@ -68,13 +70,13 @@ class Batch:
 
   @property
   def kv_bytes(self) -> int:
-    num_kv_heads, _, _, head_dim = self.k_pages.shape
+    _, num_kv_heads, _, _, head_dim = self.k_pool.shape
     return (
       int(np.sum(np.asarray(self.seq_lens)))
       * num_kv_heads
       * head_dim
       * 2
-      * self.k_pages.dtype.itemsize
+      * self.k_pool.dtype.itemsize
     )
 
 
@@ -97,12 +99,13 @@ def make_batch(
   ]
   dtype = jnp.dtype(shape.dtype)
   key_q, key_k, key_v = jax.random.split(jax.random.key(seed), 3)
-  kv_shape = (shape.num_kv_heads, num_pages, shape.page_size, shape.head_dim)
+  kv_shape = (1, shape.num_kv_heads, num_pages, shape.page_size, shape.head_dim)
   return Batch(
     name=name,
     q=jax.random.normal(key_q, (sum(q_lens), shape.num_q_heads, shape.head_dim), dtype),
-    k_pages=quantize_kv(jax.random.normal(key_k, kv_shape, dtype), shape.pages_dtype, 1.0),
-    v_pages=quantize_kv(jax.random.normal(key_v, kv_shape, dtype), shape.pages_dtype, 1.0),
+    k_pool=quantize_kv(jax.random.normal(key_k, kv_shape, dtype), shape.pages_dtype, 1.0),
+    v_pool=quantize_kv(jax.random.normal(key_v, kv_shape, dtype), shape.pages_dtype, 1.0),
+    kv_slot=jnp.zeros((1,), jnp.int32),
     block_tables=tables,
     seq_lens=jnp.asarray(seq_lens, jnp.int32),
     query_start_loc=jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]), jnp.int32),
@@ -121,17 +124,19 @@ def time_per_call(fn, batch: Batch, *, inner: int, reps: int, harness: str = "lo
   num_rotations = len(batch.block_tables)
 
   @jax.jit
-  def loop(q, k_pages, v_pages, tables, seq_lens, query_start_loc, num_seqs):
+  def loop(q, k_pool, v_pool, kv_slot, tables, seq_lens, query_start_loc, num_seqs):
     def body(i, total):
-      out = fn(q, k_pages, v_pages, tables[i % num_rotations], seq_lens, query_start_loc, num_seqs)
+      table = tables[i % num_rotations]
+      out = fn(q, k_pool, v_pool, kv_slot, table, seq_lens, query_start_loc, num_seqs)
       return total + jnp.sum(out.astype(jnp.float32))
 
     return jax.lax.fori_loop(0, inner, body, jnp.float32(0))
 
   args = (
     batch.q,
-    batch.k_pages,
-    batch.v_pages,
+    batch.k_pool,
+    batch.v_pool,
+    batch.kv_slot,
     tables,
     batch.seq_lens,
     batch.query_start_loc,
@@ -165,18 +170,19 @@ def unrolled_program(fn, batch: Batch, inner: int):
     tables.append(jnp.asarray(table))
 
   @jax.jit
-  def program(queries, k_pages, v_pages, tables, seq_lens, query_start_loc, num_seqs):
+  def program(queries, k_pool, v_pool, kv_slot, tables, seq_lens, query_start_loc, num_seqs):
     outputs = []
     for q, table in zip(queries, tables, strict=True):
       if outputs:  # call i starts after call i - 1 (no overlap, one call's memory at a time)
         _, q = jax.lax.optimization_barrier((outputs[-1], q))
-      outputs.append(fn(q, k_pages, v_pages, table, seq_lens, query_start_loc, num_seqs))
+      outputs.append(fn(q, k_pool, v_pool, kv_slot, table, seq_lens, query_start_loc, num_seqs))
     return tuple(outputs)
 
   return program, (
     queries,
-    batch.k_pages,
-    batch.v_pages,
+    batch.k_pool,
+    batch.v_pool,
+    batch.kv_slot,
     tuple(tables),
     batch.seq_lens,
     batch.query_start_loc,

@@ -180,7 +180,7 @@ def main() -> None:
     handle = next_handle
   runner.fetch(handle)
   rows.append(("host time to dispatch behind a running step", 1e3 * statistics.median(behind)))
-  kv_bytes = sum(k.nbytes + v.nbytes for k, v in runner.kv_pages)
+  kv_bytes = sum(pool.nbytes for pool in jax.tree.leaves(runner.kv_pages))  # every group's K, V
   print(f"KV pool {kv_bytes / 2**30:.1f} GiB")
   for name, ms in rows:
     print(f"{name:44s} {ms:8.2f} ms")

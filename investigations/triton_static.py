@@ -88,7 +88,8 @@ class AttentionShape:
   """A step as the GPU attention kernel's call sees it: the model's heads (Llama-3.1-8B's by
   default: 32 q, 8 kv, head_dim 128), num_seqs sequences of query_len tokens each (1: a decode
   step, more: a prefill chunk) over pages_per_seq pages of page_size tokens, in a page array of
-  num_pages pages (None: the sequences' own, num_seqs * pages_per_seq)."""
+  num_pages pages (None: the sequences' own, num_seqs * pages_per_seq), stacked over num_slots
+  KV slots (layers) as the engine's pool is."""
 
   num_seqs: int
   pages_per_seq: int
@@ -98,16 +99,19 @@ class AttentionShape:
   head_dim: int = 128
   page_size: int = 16
   num_pages: int | None = None
+  num_slots: int = 1
 
   @property
   def num_tokens(self) -> int:
     return self.num_seqs * self.query_len
 
   def pages(self, dtype: DTypeLike) -> jax.ShapeDtypeStruct:
+    """The stacked pool [num_slots, kv_heads, num_pages, page_size, head_dim]."""
     import jax
 
     num_pages = self.num_pages or self.num_seqs * self.pages_per_seq
-    return jax.ShapeDtypeStruct((self.kv_heads, num_pages, self.page_size, self.head_dim), dtype)
+    shape = (self.num_slots, self.kv_heads, num_pages, self.page_size, self.head_dim)
+    return jax.ShapeDtypeStruct(shape, dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +138,7 @@ def attention_call(shape: AttentionShape, pages_dtype: DTypeLike, **tile_keyword
     spec((shape.num_tokens, shape.q_heads, shape.head_dim), jnp.bfloat16),  # q [T, H, D]
     pages,
     pages,
+    spec((1,), jnp.int32),  # kv_slot
     spec((shape.num_seqs, shape.pages_per_seq), jnp.int32),  # block_tables
     spec((shape.num_seqs,), jnp.int32),  # seq_lens
     spec((shape.num_seqs + 1,), jnp.int32),  # query_start_loc
@@ -180,7 +185,7 @@ def write_kv_call(
     gpu_write._write_kv, block_tokens=block_tokens, num_warps=num_warps, interpret=False
   )
   slots = spec((shape.num_tokens,), jnp.int32)
-  return KernelCall(fn, (pages, pages, rows, rows, slots))
+  return KernelCall(fn, (pages, pages, spec((1,), jnp.int32), rows, rows, slots))
 
 
 def lowered_modules(*calls: KernelCall) -> list[str]:

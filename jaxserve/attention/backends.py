@@ -1,10 +1,13 @@
 """The one attention interface the model calls, and how a backend is chosen.
 
-A backend writes the step's new K/V into their pages (in place under donation) and then attends
-over the paged cache. "reference" is the dense pure-jnp ground truth, "xla" the blocked XLA path
-used on CPU, "pallas_gpu" and "pallas_tpu" the Pallas kernels. "auto" picks by JAX's default
-backend. Each backend carries its BackendCapabilities (attention/capabilities.py): the wrappers
-here decide by them, and keep them true of what they return.
+A backend writes the step's new K/V into their pages (in place under donation) and then attends over
+the paged cache. It takes one group of the pool's stacked slots (attention/metadata.py KVPages: a
+group's k_pool, v_pool [slots_per_group, ...]) and the layer's slot in it, kv_slot int32[1], a
+traced value, and reads and writes that slot only. "reference" is the dense pure-jnp ground truth,
+"xla" the blocked XLA path used on CPU, "pallas_gpu" and "pallas_tpu" the Pallas kernels. "auto"
+picks by JAX's default backend. Each backend carries its BackendCapabilities
+(attention/capabilities.py): the wrappers here decide by them, and keep them true of what they
+return.
 """
 
 from __future__ import annotations
@@ -43,8 +46,9 @@ class AttentionBackend:
     q: jax.Array,  # [T, num_q_heads, head_dim]
     new_k: jax.Array,  # [T, num_kv_heads, head_dim]
     new_v: jax.Array,  # [T, num_kv_heads, head_dim]
-    k_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
-    v_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
+    k_pool: jax.Array,  # [slots_per_group, num_kv_heads, num_pages, page_size, head_dim]
+    v_pool: jax.Array,  # [slots_per_group, num_kv_heads, num_pages, page_size, head_dim]
+    kv_slot: jax.Array,  # int32[1]: the layer's slot in its group
     slot_mapping: jax.Array,  # int32[T]
     metadata: AttentionMetadata,
     *,
@@ -52,12 +56,14 @@ class AttentionBackend:
     sliding_window: int | None = None,
     soft_cap: float | None = None,
   ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Writes new K/V, then attends. Returns (out [T, num_q_heads, head_dim], k_pages, v_pages)."""
-    k_pages, v_pages = self.write_kv(k_pages, v_pages, new_k, new_v, slot_mapping)
+    """Writes new K/V into slot kv_slot, then attends over it. Returns (out [T, num_q_heads,
+    head_dim], k_pool, v_pool)."""
+    k_pool, v_pool = self.write_kv(k_pool, v_pool, kv_slot, new_k, new_v, slot_mapping)
     out = self.attend(
       q,
-      k_pages,
-      v_pages,
+      k_pool,
+      v_pool,
+      kv_slot,
       metadata.block_tables,
       metadata.seq_lens,
       metadata.query_start_loc,
@@ -66,7 +72,7 @@ class AttentionBackend:
       sliding_window=sliding_window,
       soft_cap=soft_cap,
     )
-    return out, k_pages, v_pages
+    return out, k_pool, v_pool
 
   def replace(self, **changes) -> AttentionBackend:
     return dataclasses.replace(self, **changes)
@@ -182,12 +188,12 @@ def batch_invariant_attention(backend: AttentionBackend) -> AttentionBackend:
   if capabilities.kind is not BackendKind.PALLAS_GPU:
     return backend
 
-  def attend(q, k_pages, *args, **kwargs):
+  def attend(q, k_pool, *args, **kwargs):
     block_kv = 32 if q.shape[-1] > 128 else 64
-    padded_group = 1 << (q.shape[1] // k_pages.shape[0] - 1).bit_length()
+    padded_group = 1 << (q.shape[1] // k_pool.shape[1] - 1).bit_length()
     return backend.attend(
       q,
-      k_pages,
+      k_pool,
       *args,
       num_kv_splits=1,
       block_kv=block_kv,

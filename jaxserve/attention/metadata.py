@@ -1,6 +1,17 @@
 """The attention contract's data: the paged KV cache (KVPages) and the metadata of one ragged
 step (an explicit pytree argument, never module state). Shared by the model (models/layers/),
-the KV pool (device/kv_cache.py) and every kernel variant."""
+the KV pool (device/kv_cache.py) and every kernel variant.
+
+The pool is stacked arrays with a leading slot dimension rather than a pair per slot: groups of
+slots, one (k_pool, v_pool) pair a group, all groups the same shape (device/kv_cache.py picks the
+group size: every slot in one group on GPUs whose kernels take int64 offsets, the largest divisor
+of the slot count under 2**31 elements an array elsewhere). A step program then takes 2 donated
+buffers a group, not 2 a layer, and the host's dispatch cost grows with the donated buffers
+(docs/DECISIONS.md, "The KV pool as stacked arrays"). A backend sees one group's pair and the
+layer's slot in it; which group a layer's is, the model decides outside the backend
+(models/kv_layout.LayerKV). K and V stay two arrays, not one [2, slots, ...]: every kernel reads
+and writes them as two refs already, and one array would only move the K/V choice into each
+index."""
 
 from __future__ import annotations
 
@@ -8,9 +19,12 @@ import dataclasses
 
 import jax
 
-KVPages = tuple[tuple[jax.Array, jax.Array], ...]  # per KV slot (k_pages, v_pages), each
-# [num_kv_heads, num_pages, page_size, head_dim]; layers share slots by KV group
-# (messages/kv_layout.py: one slot per layer with one group)
+KVSlotGroup = tuple[jax.Array, jax.Array]  # (k_pool, v_pool) of one group of slots, each
+# [slots_per_group, num_kv_heads, num_pages, page_size, head_dim]; a layer's backend reads and
+# writes its slot in it, a traced kv_slot int32[1]
+KVPages = tuple[KVSlotGroup, ...]  # the pool: num_groups equal groups; slot j of the model's KV
+# layout (messages/kv_layout.py: one slot per layer with one KV group of layers) is index
+# j % slots_per_group of group j // slots_per_group
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,8 @@ the first position it sees (block j of its walk is block first_block[t] + j of i
 loop runs about window / block_len + 1 times whatever the context: work and bytes follow the
 window, and pages before it are never read. A block past a token's own last one is all masked
 and leaves its softmax state exactly unchanged. Semantics are exactly those of
-pallas_kernels/ragged_paged_attention/reference.py, against which it is tested.
+pallas_kernels/ragged_paged_attention/reference.py, against which it is tested; the pages are
+gathered from the stacked pool's slot kv_slot directly (reference.gather_pages), never copied out.
 
 fixed_order (batch_invariant): XLA:CPU computes a dot with its own loops or with Eigen depending
 on the operands' total size, so a token's scores round differently with the step's token count;
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 
 from pallas_kernels.fixed_order import fixed_order_sum
 from pallas_kernels.ragged_paged_attention.kv_quant import check_scales, dequantize_kv
-from pallas_kernels.ragged_paged_attention.reference import token_positions
+from pallas_kernels.ragged_paged_attention.reference import gather_pages, token_positions
 from pallas_kernels.ragged_paged_attention.validate import validate_attention_inputs
 
 DEFAULT_PAGES_PER_BLOCK = 8
@@ -32,8 +33,9 @@ DEFAULT_PAGES_PER_BLOCK = 8
 
 def ragged_paged_attention_xla(
   q: jax.Array,  # [T, num_q_heads, head_dim]
-  k_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
-  v_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
+  k_pool: jax.Array,  # [num_slots, num_kv_heads, num_pages, page_size, head_dim]
+  v_pool: jax.Array,  # [num_slots, num_kv_heads, num_pages, page_size, head_dim]
+  kv_slot: jax.Array,  # int32[1]: the slot this layer reads
   block_tables: jax.Array,  # int32[S, pages_per_seq]
   seq_lens: jax.Array,  # int32[S]
   query_start_loc: jax.Array,  # int32[S + 1]
@@ -51,8 +53,9 @@ def ragged_paged_attention_xla(
   block (kv_quant.py); float pages take scales of 1.0."""
   validate_attention_inputs(
     q,
-    k_pages,
-    v_pages,
+    k_pool,
+    v_pool,
+    kv_slot,
     block_tables,
     seq_lens,
     query_start_loc,
@@ -60,9 +63,9 @@ def ragged_paged_attention_xla(
     sliding_window=sliding_window,
     soft_cap=soft_cap,
   )
-  check_scales(k_pages.dtype, k_scale, v_scale, "ragged_paged_attention")
+  check_scales(k_pool.dtype, k_scale, v_scale, "ragged_paged_attention")
   num_tokens, num_q_heads, head_dim = q.shape
-  num_kv_heads, _, page_size, _ = k_pages.shape
+  _, num_kv_heads, _, page_size, _ = k_pool.shape
   group = num_q_heads // num_kv_heads
   pages_per_block = min(pages_per_block, block_tables.shape[1])
   block_len = pages_per_block * page_size
@@ -86,10 +89,10 @@ def ragged_paged_attention_xla(
     block = first_block + step  # [T]: each token's block of its table
     page_slots = block[:, None] * pages_per_block + page_offsets[None, :]  # [T, ppb]
     pages = jnp.take_along_axis(token_pages, jnp.minimum(page_slots, last_page), axis=1)
-    k = dequantize_kv(k_pages[:, pages], k_scale).reshape(
+    k = dequantize_kv(gather_pages(k_pool, kv_slot, pages), k_scale).reshape(
       num_kv_heads, num_tokens, block_len, head_dim
     )
-    v = dequantize_kv(v_pages[:, pages], v_scale).reshape(
+    v = dequantize_kv(gather_pages(v_pool, kv_slot, pages), v_scale).reshape(
       num_kv_heads, num_tokens, block_len, head_dim
     )
     scores = _contract(qg, k, "tkgd,ktld->tkgl", fixed_order)  # [T,KVH,G,L]

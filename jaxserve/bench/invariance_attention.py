@@ -37,7 +37,8 @@ FIXED_ROWS = (16, 64)
 
 
 class PagePool:
-  """Random K/V pages [KV, P, page, D] and the page ids each sequence owns."""
+  """Random K/V pages as a pool of one slot [1, KV, P, page, D] (kv_slot int32[1], 0) and the
+  page ids each sequence owns."""
 
   def __init__(self, model: ModelConfig, page_size: int, lengths: list[int], seed: int = 0):
     self.page_size = page_size
@@ -47,10 +48,11 @@ class PagePool:
       count = -(-length // page_size)
       self.pages.append(list(range(next_page, next_page + count)))
       next_page += count
-    shape = (model.num_kv_heads, next_page, page_size, model.head_dim)
+    shape = (1, model.num_kv_heads, next_page, page_size, model.head_dim)
     dtype = jnp.dtype(model.dtype)
     self.k = jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
     self.v = jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
+    self.kv_slot = jnp.zeros((1,), jnp.int32)
 
 
 def step_arrays(
@@ -113,9 +115,10 @@ class Harness:
     q = jnp.concatenate(rows, axis=0)
     q = jnp.pad(q, ((0, bucket.num_tokens - total), (0, 0), (0, 0)))  # [T, Q, D]
     meta = step_arrays(self.pool, seqs, bucket.num_tokens, bucket.num_seqs, self.width)
-    out = np.asarray(self.attend(q, self.pool.k, self.pool.v, *meta))
+    pool = (self.pool.k, self.pool.v, self.pool.kv_slot)
+    out = np.asarray(self.attend(q, *pool, *meta))
     if timings is not None:
-      timings[label] = median_ms(self.attend, q, self.pool.k, self.pool.v, *meta)
+      timings[label] = median_ms(self.attend, q, *pool, *meta)
     starts = np.cumsum([0] + [q_len for _, q_len, _ in seqs])
     return [out[starts[i] : starts[i + 1]] for i in range(len(seqs))]
 

@@ -7,10 +7,10 @@ cache.memory_fraction of the device less the weights (their
    shard on this device), the loader's slack and, on one unsharded device with no explicit
    pool size, the largest bucket's step scratch, measured by compiling that step against a
    2-page pool (plus a quarter, in whole 64 MiB); fitted to the largest free block;
-2. the KVCacheSpec (device/kv_cache.py: cache.num_pages / memory_bytes win; a layer's page
-   array passes 2**31 elements only where the attention backend's kernels address it, its
-   capabilities' large_page_arrays), and in a multi-host job the page count every host agrees
-   on;
+2. the KVCacheSpec (device/kv_cache.py: cache.num_pages / memory_bytes win; the slots stack
+   into the largest groups whose arrays the attention backend's kernels address, past 2**31
+   elements only with its capabilities' large_page_arrays), and in a multi-host job the page
+   count every host agrees on (its groups chosen again for it);
 3. the start-up lines a user acts on: pages and usable tokens, the KV groups of a model with
    sliding windows, the maximum concurrency at max_model_len; and, with
    scheduler.pool_seq_rungs, the sequence rungs the pool's capacity adds to the ladder.
@@ -26,7 +26,7 @@ import jax
 
 from jaxserve.config import EngineConfig
 from jaxserve.device.device_memory import fit_pool_bytes, kv_budget_bytes, max_concurrency
-from jaxserve.device.kv_cache import KVCacheSpec, allocate_kv_pages, kv_cache_spec
+from jaxserve.device.kv_cache import KVCacheSpec, allocate_kv_pages, kv_cache_spec, kv_pool_spec
 from jaxserve.device.lowering import temp_bytes
 from jaxserve.device.model_runner import ModelRunner
 from jaxserve.device.step_inputs import StepShape
@@ -77,13 +77,15 @@ def size_kv_pool(
   )
   if agree_num_pages is None:
     return spec
-  return KVCacheSpec(
+  return kv_pool_spec(
     spec.num_slots,
     spec.num_kv_heads,
     spec.head_dim,
     spec.page_size,
     agree_num_pages(spec.num_pages),
     spec.dtype,
+    placement.num_shards,
+    placement.attention.capabilities.large_page_arrays,
   )
 
 
@@ -91,13 +93,16 @@ def log_kv_pool(spec: KVCacheSpec, layout: KVLayout, num_shards: int, max_model_
   """Logs the pool, its KV groups and the concurrency it allows; returns how many sequences of
   max_model_len tokens it holds."""
   logger.info(
-    "KV cache: %d pages of %d tokens (%d usable tokens, %.1f MiB%s), max_model_len %d",
+    "KV cache: %d pages of %d tokens (%d usable tokens, %.1f MiB%s), max_model_len %d; %d K/V "
+    "array pair(s) of %d slot(s)",
     spec.num_pages,
     spec.page_size,
     (spec.num_pages - 1) * spec.page_size,
     spec.total_bytes / 2**20,
     f" over {num_shards} shards" if num_shards > 1 else "",
     max_model_len,
+    spec.num_groups,
+    spec.slots_per_group,
   )
   if layout.num_groups > 1:
     logger.info(
@@ -151,7 +156,7 @@ def step_scratch_bytes(
   """Device scratch the largest bucket's step needs (compiled once against a 2-page pool), plus
   a quarter for fragmentation, in whole 64 MiB: the KV pool is sized from what is left."""
   model_config = placement.model.config
-  probe_spec = KVCacheSpec(
+  probe_spec = kv_pool_spec(
     kv_layout(model_config, shape.page_size).num_slots,
     model_config.num_kv_heads,
     model_config.head_dim,

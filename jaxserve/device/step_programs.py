@@ -54,7 +54,7 @@ class StepShardings:
   """Where a step's arrays live on a mesh."""
 
   params: dict  # the params' tree of jax.sharding.Sharding
-  kv_pages: tuple  # per layer (k, v) jax.sharding.Sharding
+  kv_pages: tuple  # per pool group (k_pool, v_pool) jax.sharding.Sharding
   logits: jax.sharding.Sharding  # f32[S, V]
   replicated: jax.sharding.Sharding  # step inputs, sampled outputs, constants
 

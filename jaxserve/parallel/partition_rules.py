@@ -75,8 +75,9 @@ With `shard_vocab=False` (models with tp_invariant_reductions) the two vocabular
 are replicated: every device computes the whole logits as the unsharded model does, so the
 vocabulary reductions after them (log-softmax, argmax) run in the unsharded order, without
 collectives, at the price of one more copy of those weights per device.
-KV pages [num_kv_heads, num_pages, page_size, head_dim] are sharded on the kv-head axis, matching
-the k/v projections, so a device's attention reads only its own pages. Step inputs and step
+Every group array of the KV pool [slots_per_group, num_kv_heads, num_pages, page_size, head_dim]
+is sharded on the kv-head axis (its second), matching the k/v projections, so a device's attention
+reads only its own pages. Step inputs and step
 outputs are replicated.
 """
 
@@ -140,7 +141,9 @@ QUANTIZED_RULES: tuple[tuple[str, P], ...] = (
   (r"mlp/down_proj/(scale|bias)$", P()),
 )
 VOCAB_PARAMS = r"^(embed_tokens/embedding|lm_head/kernel)$"
-KV_PAGES_SPEC = P(MODEL_AXIS, None, None, None)  # [num_kv_heads, num_pages, page_size, head_dim]
+# Each KV pool group array [slots_per_group, num_kv_heads, num_pages, page_size, head_dim]: split
+# by kv head
+KV_PAGES_SPEC = P(None, MODEL_AXIS, None, None, None)
 
 
 def build_mesh(tensor_parallel_size: int, devices: Sequence[jax.Device] | None = None) -> Mesh:

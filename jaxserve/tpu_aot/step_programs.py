@@ -51,7 +51,13 @@ from jaxserve.device.device_memory import (
   max_concurrency,
   planned_memory,
 )
-from jaxserve.device.kv_cache import kv_cache_spec, page_bytes, resolve_max_model_len
+from jaxserve.device.kv_cache import (
+  kv_cache_spec,
+  kv_pool_shapes,
+  kv_pool_spec,
+  page_bytes,
+  resolve_max_model_len,
+)
 from jaxserve.device.lowering import abstract, standalone_dummy_inputs
 from jaxserve.device.model_runner import packed_model_inputs
 from jaxserve.device.packing import pack
@@ -181,16 +187,20 @@ def pool_pages(shape: ServerShape, device_bytes: int, memory_fraction: float | N
 
 
 def _programs(shape: ServerShape, num_pages: int) -> tuple[StepPrograms, dict, tuple]:
-  """The server's step programs as assembly builds them, with abstract params and KV pages."""
+  """The server's step programs as assembly builds them, with abstract params and the KV pool's
+  groups."""
   config, placement = shape.config, shape.placement
   model_config = shape.model_config
-  page = jax.ShapeDtypeStruct(
-    (model_config.num_kv_heads, num_pages, config.cache.page_size, model_config.head_dim),
-    jnp.dtype(config.cache.storage_dtype(model_config.dtype)),
-    sharding=placement.kv_sharding,
-  )
-  num_slots = kv_layout(model_config, config.cache.page_size).num_slots
-  kv_pages = tuple((page, page) for _ in range(num_slots))
+  spec = kv_pool_spec(
+    kv_layout(model_config, config.cache.page_size).num_slots,
+    model_config.num_kv_heads,
+    model_config.head_dim,
+    config.cache.page_size,
+    num_pages,
+    config.cache.storage_dtype(model_config.dtype),
+    shape.num_chips,
+  )  # grouped as kv_cache_spec groups the pool pool_pages sized
+  kv_pages = kv_pool_shapes(spec, placement.kv_sharding)
   shardings = placement.step_shardings(kv_pages)
   programs = build_step_programs(
     placement.module(),

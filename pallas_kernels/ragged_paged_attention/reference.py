@@ -5,10 +5,13 @@ on CPU. It gathers each token's sequence of K/V pages into a contiguous copy and
 so memory grows as num_tokens * pages_per_seq * page_size; fine on CPU and as the XLA baseline,
 not what the kernels do.
 
-KV layout (one layer): k_pages, v_pages: [num_kv_heads, num_pages, page_size, head_dim].
-Page 0 is the null page: padding tokens write there and no block table of a live sequence uses it.
-8-bit pages (float8_e4m3fn, int8) hold K / k_scale and V / v_scale (kv_quant.py): the write
-quantizes, the attention reads float32(page) * scale.
+KV layout: the stacked pool k_pool, v_pool: [num_slots, num_kv_heads, num_pages, page_size,
+head_dim], one KV slot per layer (or per group of layers that share one); kv_slot int32[1] names the
+slot a call reads or writes (a traced value: one compiled program serves every layer), and the other
+slots are left untouched. kv_slot must lie in [0, num_slots): the reference clamps reads and drops
+writes outside it, the kernels do not check. Page 0 is the null page: padding tokens write there and
+no block table of a live sequence uses it. 8-bit pages (float8_e4m3fn, int8) hold K / k_scale and V
+/ v_scale (kv_quant.py): the write quantizes, the attention reads float32(page) * scale.
 
 Batch layout (ragged): the query tokens of sequence i are
 q[query_start_loc[i]:query_start_loc[i+1]]. seq_lens[i] counts every token of sequence i in the
@@ -45,10 +48,19 @@ def token_positions(
   return seq_ids, positions, valid
 
 
+def gather_pages(pool: jax.Array, kv_slot: jax.Array, pages: jax.Array) -> jax.Array:
+  """pool [num_slots, KVH, num_pages, page_size, D], kv_slot int32[1], pages int32[*idx] ->
+  [KVH, *idx, page_size, D]: the pages of slot kv_slot, gathered straight from the stack (one
+  gather, no copy of the slot)."""
+  gathered = pool[kv_slot[0], :, pages]  # [*idx, KVH, page_size, D]
+  return jnp.moveaxis(gathered, pages.ndim, 0)
+
+
 def ragged_paged_attention_reference(
   q: jax.Array,  # [T, num_q_heads, head_dim]
-  k_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
-  v_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
+  k_pool: jax.Array,  # [num_slots, num_kv_heads, num_pages, page_size, head_dim]
+  v_pool: jax.Array,  # [num_slots, num_kv_heads, num_pages, page_size, head_dim]
+  kv_slot: jax.Array,  # int32[1]: the slot this layer reads
   block_tables: jax.Array,  # int32[S, pages_per_seq]
   seq_lens: jax.Array,  # int32[S]
   query_start_loc: jax.Array,  # int32[S + 1]
@@ -60,19 +72,19 @@ def ragged_paged_attention_reference(
   k_scale: float = 1.0,
   v_scale: float = 1.0,
 ) -> jax.Array:  # [T, num_q_heads, head_dim], q.dtype
-  check_scales(k_pages.dtype, k_scale, v_scale, "ragged_paged_attention")
+  check_scales(k_pool.dtype, k_scale, v_scale, "ragged_paged_attention")
   num_tokens, num_q_heads, head_dim = q.shape
-  num_kv_heads, _, page_size, _ = k_pages.shape
+  _, num_kv_heads, _, page_size, _ = k_pool.shape
   pages_per_seq = block_tables.shape[1]
   group = num_q_heads // num_kv_heads
   max_len = pages_per_seq * page_size
 
   seq_ids, positions, valid = token_positions(query_start_loc, seq_lens, num_seqs, num_tokens)
   token_pages = block_tables[seq_ids]  # [T, pages_per_seq]
-  k = dequantize_kv(k_pages[:, token_pages], k_scale).reshape(
+  k = dequantize_kv(gather_pages(k_pool, kv_slot, token_pages), k_scale).reshape(
     num_kv_heads, num_tokens, max_len, head_dim
   )
-  v = dequantize_kv(v_pages[:, token_pages], v_scale).reshape(
+  v = dequantize_kv(gather_pages(v_pool, kv_slot, token_pages), v_scale).reshape(
     num_kv_heads, num_tokens, max_len, head_dim
   )
 
@@ -92,8 +104,9 @@ def ragged_paged_attention_reference(
 
 
 def write_kv_reference(
-  k_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
-  v_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
+  k_pool: jax.Array,  # [num_slots, num_kv_heads, num_pages, page_size, head_dim]
+  v_pool: jax.Array,  # [num_slots, num_kv_heads, num_pages, page_size, head_dim]
+  kv_slot: jax.Array,  # int32[1]: the slot this layer writes
   new_k: jax.Array,  # [T, num_kv_heads, head_dim]
   new_v: jax.Array,  # [T, num_kv_heads, head_dim]
   slot_mapping: jax.Array,  # int32[T]: page_id * page_size + offset; padding tokens -> page 0
@@ -101,27 +114,16 @@ def write_kv_reference(
   k_scale: float = 1.0,
   v_scale: float = 1.0,
 ) -> tuple[jax.Array, jax.Array]:
-  """Scatters this step's K/V into their slots (under jit with donated pages: in place), 8-bit
-  pages getting new_k / k_scale and new_v / v_scale quantized (kv_quant.quantize_kv)."""
-  check_scales(k_pages.dtype, k_scale, v_scale, "write_kv")
-  num_kv_heads, num_pages, page_size, head_dim = k_pages.shape
-  flat_shape = (num_kv_heads, num_pages * page_size, head_dim)
-  k_flat = (
-    k_pages.reshape(flat_shape)
-    .at[:, slot_mapping]
-    .set(
-      quantize_kv(jnp.swapaxes(new_k, 0, 1), k_pages.dtype, k_scale),
-      mode="drop",
-      unique_indices=False,
-    )
-  )
-  v_flat = (
-    v_pages.reshape(flat_shape)
-    .at[:, slot_mapping]
-    .set(
-      quantize_kv(jnp.swapaxes(new_v, 0, 1), v_pages.dtype, v_scale),
-      mode="drop",
-      unique_indices=False,
-    )
-  )
-  return k_flat.reshape(k_pages.shape), v_flat.reshape(v_pages.shape)
+  """Scatters this step's K/V into their token positions of slot kv_slot (under jit with donated
+  pools: in place, the other slots untouched), 8-bit pages getting new_k / k_scale and
+  new_v / v_scale quantized (kv_quant.quantize_kv)."""
+  check_scales(k_pool.dtype, k_scale, v_scale, "write_kv")
+  num_slots, num_kv_heads, num_pages, page_size, head_dim = k_pool.shape
+  flat_shape = (num_slots, num_kv_heads, num_pages * page_size, head_dim)
+
+  def scatter(pool: jax.Array, new: jax.Array, scale: float) -> jax.Array:
+    flat = pool.reshape(flat_shape).at[kv_slot[0], :, slot_mapping]  # update [T, KVH, D]
+    rows = quantize_kv(new, pool.dtype, scale)  # [T, KVH, D]
+    return flat.set(rows, mode="drop", unique_indices=False).reshape(pool.shape)
+
+  return scatter(k_pool, new_k, k_scale), scatter(v_pool, new_v, v_scale)

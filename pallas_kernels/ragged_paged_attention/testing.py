@@ -4,8 +4,10 @@
 scattered, non-contiguous pages (page 0, the null page, is never handed to one), sequence slots
 past the live ones are padding (empty block-table rows, zero lengths, query_start_loc repeating
 the live token count) and token slots past the live tokens are padding whose new K/V write into
-the null page. Every array is filled with random values, never zeros, so a kernel that skips work
-cannot pass by accident.
+the null page. The pools are stacked [num_slots, ...] and the case reads and writes one slot
+(kv_slot, by default a middle one of three), so a kernel that ignores the slot, or touches the
+others, fails. Every array is filled with random values, never zeros, so a kernel that skips
+work cannot pass by accident.
 """
 
 from __future__ import annotations
@@ -19,14 +21,16 @@ from pallas_kernels.ragged_paged_attention.kv_quant import quantize_kv
 
 ATTENTION_ARG_NAMES = (
   "q",
-  "k_pages",
-  "v_pages",
+  "k_pool",
+  "v_pool",
+  "kv_slot",
   "block_tables",
   "seq_lens",
   "query_start_loc",
   "num_seqs",
 )
-WRITE_ARG_NAMES = ("k_pages", "v_pages", "new_k", "new_v", "slot_mapping")
+WRITE_ARG_NAMES = ("k_pool", "v_pool", "kv_slot", "new_k", "new_v", "slot_mapping")
+DEFAULT_NUM_SLOTS, DEFAULT_KV_SLOT = 3, 1
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -104,6 +108,8 @@ def make_random_case(
   shuffle_pages: bool = True,
   num_tokens: int | None = None,
   pages_per_seq: int | None = None,
+  num_slots: int = DEFAULT_NUM_SLOTS,
+  kv_slot: int = DEFAULT_KV_SLOT,
 ) -> dict[str, jnp.ndarray]:
   """Returns a random ragged batch in the reference's layout.
 
@@ -114,13 +120,17 @@ def make_random_case(
     num_pages_extra: pages beyond those the live sequences need (random, never attended).
     num_tokens: token slots T (default sum(q_lens) + 1, so one padding token exists).
     pages_per_seq: block-table width (default: enough for the longest sequence, at least 1).
+    num_slots, kv_slot: the pools' slots and the one this case reads and writes.
 
   Returns a dict with the attention arguments (ATTENTION_ARG_NAMES: q [T, num_q_heads, head_dim],
-  k_pages/v_pages [num_kv_heads, num_pages, page_size, head_dim], block_tables
+  k_pool/v_pool [num_slots, num_kv_heads, num_pages, page_size, head_dim], kv_slot int32[1],
+  block_tables
   int32[S, pages_per_seq], seq_lens int32[S], query_start_loc int32[S + 1], num_seqs int32[1])
   and the write arguments (new_k/new_v [T, num_kv_heads, head_dim], slot_mapping int32[T]).
   """
   _check_lengths(q_lens, kv_lens, num_seqs)
+  if not 0 <= kv_slot < num_slots:
+    raise ValueError(f"make_random_case: kv_slot={kv_slot} outside [0, {num_slots})")
   num_live_tokens = int(sum(q_lens))
   num_tokens = num_live_tokens + 1 if num_tokens is None else num_tokens
   if num_tokens < num_live_tokens:
@@ -142,11 +152,12 @@ def make_random_case(
   def normal(*shape: int) -> jnp.ndarray:
     return jnp.asarray(rng.standard_normal(shape, dtype=np.float32), dtype=dtype)
 
-  kv_shape = (num_kv_heads, num_pages, page_size, head_dim)
+  kv_shape = (num_slots, num_kv_heads, num_pages, page_size, head_dim)
   return {
     "q": normal(num_tokens, num_q_heads, head_dim),
-    "k_pages": normal(*kv_shape),
-    "v_pages": normal(*kv_shape),
+    "k_pool": normal(*kv_shape),
+    "v_pool": normal(*kv_shape),
+    "kv_slot": jnp.asarray([kv_slot], jnp.int32),
     "block_tables": jnp.asarray(block_tables),
     "seq_lens": jnp.asarray(seq_lens),
     "query_start_loc": jnp.asarray(query_start_loc),
@@ -172,9 +183,25 @@ def write_args(case: dict[str, jnp.ndarray]) -> tuple[jnp.ndarray, ...]:
 def quantize_pages(
   case: dict[str, jnp.ndarray], dtype: jnp.dtype, k_scale: float, v_scale: float
 ) -> dict[str, jnp.ndarray]:
-  """`case` with its k_pages / v_pages stored as 8-bit `dtype` pages (kv_quant.py's format)."""
+  """`case` with its k_pool / v_pool stored as 8-bit `dtype` pages (kv_quant.py's format)."""
   return {
     **case,
-    "k_pages": quantize_kv(case["k_pages"], dtype, k_scale),
-    "v_pages": quantize_kv(case["v_pages"], dtype, v_scale),
+    "k_pool": quantize_kv(case["k_pool"], dtype, k_scale),
+    "v_pool": quantize_kv(case["v_pool"], dtype, v_scale),
   }
+
+
+def single_slot(pages: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """One layer's pages [num_kv_heads, num_pages, page_size, head_dim] as a pool of one slot
+  [1, ...] and its kv_slot int32[1] (0)."""
+  return pages[None], jnp.zeros((1,), jnp.int32)
+
+
+def assert_other_slots_unchanged(before: jnp.ndarray, after: jnp.ndarray, kv_slot: int) -> None:
+  """Raises AssertionError unless every slot but kv_slot of the pools [num_slots, ...] is equal
+  bit for bit."""
+
+  def others(pool: jnp.ndarray) -> np.ndarray:
+    return np.delete(np.asarray(pool.astype(jnp.float32)), kv_slot, axis=0)
+
+  np.testing.assert_array_equal(others(after), others(before))

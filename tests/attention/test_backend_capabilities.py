@@ -93,19 +93,19 @@ def test_the_wrappers_decide_by_capabilities_not_by_name():
   """A GPU-kind backend under any name gets the fixed tiles, in either wrapping order."""
   calls = []
 
-  def attend(q, k_pages, *args, **kwargs):
+  def attend(q, k_pool, *args, **kwargs):
     calls.append(kwargs)
     return q
 
   capabilities = BackendCapabilities(BackendKind.PALLAS_GPU, kv_split=True, tile_invariant=False)
   backend = AttentionBackend("xla", attend, lambda *a: a[:2], capabilities)
-  q, k_pages = jnp.zeros((3, 4, 64)), jnp.zeros((2, 5, 16, 64))  # 2 q heads per kv head
+  q, k_pool = jnp.zeros((3, 4, 64)), jnp.zeros((3, 2, 5, 16, 64))  # 2 q heads per kv head
   for wrapped in (
     batch_invariant_attention(head_count_invariant(backend)),
     head_count_invariant(batch_invariant_attention(backend)),
   ):
     assert wrapped.capabilities == capabilities.replace(kv_split=False, tile_invariant=True)
-    wrapped.attend(q, k_pages, sm_scale=1.0)
+    wrapped.attend(q, k_pool, sm_scale=1.0)
     assert calls.pop() == {"num_kv_splits": 1, "block_kv": 64, "block_q": 8, "sm_scale": 1.0}
   assert batch_invariant_attention(XLA.replace(name="pallas_gpu")).capabilities.tile_invariant
 

@@ -55,7 +55,9 @@ def _hand_batch(seqs: list[tuple[int, int, dict[int, tuple[float, float]]]]):
   q[:, 0, 0] = 1.0
   seq_lens = np.asarray([seq_len for _, seq_len, _ in seqs], np.int32)
   starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-  arrays = (q, k_pages, v_pages, tables, seq_lens, starts, np.asarray([len(seqs)], np.int32))
+  num_seqs = np.asarray([len(seqs)], np.int32)
+  pools = (k_pages[None], v_pages[None], np.zeros((1,), np.int32))  # one slot, kv_slot 0
+  arrays = (q, *pools, tables, seq_lens, starts, num_seqs)
   return tuple(jax.numpy.asarray(a) for a in arrays)
 
 
@@ -152,10 +154,10 @@ def test_pages_before_the_window_may_be_the_null_page(name):
     before = max(0, first - window + 1) // PAGE  # pages wholly before the first query's window
     tables[seq, :before] = 0
   assert (tables == 0).sum() > (np.asarray(case["block_tables"]) == 0).sum(), "nothing freed"
-  junk = np.asarray(case["k_pages"]).copy()
-  junk[:, 0] = JUNK
-  freed = {**case, "block_tables": jax.numpy.asarray(tables), "k_pages": jax.numpy.asarray(junk)}
+  junk = np.asarray(case["k_pool"]).copy()
+  junk[:, :, 0] = JUNK
+  freed = {**case, "block_tables": jax.numpy.asarray(tables), "k_pool": jax.numpy.asarray(junk)}
   attend = jax.jit(functools.partial(BACKENDS[name]().attend, **kwargs))  # one compile
-  kept = np.asarray(attend(*attention_args({**case, "k_pages": freed["k_pages"]})))
+  kept = np.asarray(attend(*attention_args({**case, "k_pool": freed["k_pool"]})))
   got = np.asarray(attend(*attention_args(freed)))
   np.testing.assert_array_equal(got.view(np.uint32), kept.view(np.uint32))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxserve.attention import get_attention_backend
-from jaxserve.device.kv_cache import KVCacheSpec, allocate_kv_pages
+from jaxserve.device.kv_cache import allocate_kv_pages, kv_pool_shapes, kv_pool_spec
 from jaxserve.device.lowering import abstract, dummy_inputs, standalone_dummy_inputs
 from jaxserve.device.model_runner import ModelRunner, packed_model_inputs
 from jaxserve.device.packing import pack
@@ -39,7 +39,7 @@ def _abstract_step(mesh):
   """(model, shardings, params, kv pages, step inputs), all abstract."""
   config = tiny_random_config()
   backend = get_attention_backend("xla")
-  spec = KVCacheSpec(
+  spec = kv_pool_spec(
     config.num_layers, config.num_kv_heads, config.head_dim, PAGE_SIZE, NUM_PAGES, config.dtype
   )
   shapes = param_shapes(config)
@@ -54,12 +54,11 @@ def _abstract_step(mesh):
       param_shardings(shapes, mesh),
     )
     kv_sharding = kv_pages_sharding(mesh)
-  page = jax.ShapeDtypeStruct(spec.page_shape, jnp.dtype(spec.dtype), sharding=kv_sharding)
-  kv_pages = tuple((page, page) for _ in range(spec.num_slots))
+  kv_pages = kv_pool_shapes(spec, kv_sharding)
   if mesh is not None:
     shardings = StepShardings(
       jax.tree.map(lambda x: x.sharding, params),
-      tuple((kv_sharding, kv_sharding) for _ in kv_pages),
+      jax.tree.map(lambda x: x.sharding, kv_pages),
       logits_sharding(params, mesh),
       replicated(mesh),
     )
@@ -107,7 +106,7 @@ def test_standalone_dummy_inputs_pack_as_the_runners():
   warmup inputs: its cached constants stay device leaves, so every program's signature is the
   server's."""
   config = tiny_random_config()
-  spec = KVCacheSpec(
+  spec = kv_pool_spec(
     config.num_layers, config.num_kv_heads, config.head_dim, PAGE_SIZE, NUM_PAGES, config.dtype
   )
   model = LlamaForCausalLM(config, get_attention_backend("xla"))

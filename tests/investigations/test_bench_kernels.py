@@ -97,7 +97,7 @@ def test_unrolled_bench_program_runs_every_call():
   fn = functools.partial(ragged_paged_attention_reference, sm_scale=0.1)
   program, args = kernel_timing.unrolled_program(fn, batch, 5)
   outputs = program(*args)
-  queries, tables = args[0], args[3]
+  queries, tables = args[0], args[4]
   assert len(outputs) == 5 and len({float(jnp.sum(q)) for q in queries}) == 5
   assert len({np.asarray(t).tobytes() for t in tables}) == 5
   for i, table in enumerate(tables):
@@ -106,8 +106,9 @@ def test_unrolled_bench_program_runs_every_call():
   for i, out in enumerate(outputs):
     expected = fn(
       queries[i],
-      batch.k_pages,
-      batch.v_pages,
+      batch.k_pool,
+      batch.v_pool,
+      batch.kv_slot,
       tables[i],
       batch.seq_lens,
       batch.query_start_loc,

@@ -93,8 +93,9 @@ def empty_kv_pages(
   head_dim: int,
   dtype=jnp.float32,
 ):
-  zeros = jnp.zeros((num_kv_heads, num_pages, page_size, head_dim), dtype)
-  return tuple((zeros, zeros) for _ in range(num_layers))
+  """The zero pool of num_layers slots in one group: ((k_pool, v_pool),)."""
+  zeros = jnp.zeros((num_layers, num_kv_heads, num_pages, page_size, head_dim), dtype)
+  return ((zeros, zeros),)
 
 
 def model_kv(config, num_pages: int, page_size: int, dtype=jnp.float32):

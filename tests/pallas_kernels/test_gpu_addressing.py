@@ -1,4 +1,4 @@
-"""The GPU kernels address a Gemma-3-12B-shaped page array past 2**31 elements: both kernels are
+"""The GPU kernels address a Gemma-3-12B-shaped stacked pool past 2**31 elements: both kernels are
 lowered for CUDA (no GPU, no memory: the pages are jax.ShapeDtypeStructs), the Triton module
 Pallas builds is captured and the integer type of every offset added to the K/V page pointers is
 read. investigations/triton_static.py builds the kernels' calls and captures their modules, for
@@ -20,10 +20,10 @@ from pallas_kernels.ragged_paged_attention.gpu.addressing import (
   offsets_are_64bit,
 )
 
-# Gemma 3 12B: 16 q heads, 8 kv heads, head_dim 256; pages of 16 tokens.
-Q_HEADS, KV_HEADS, HEAD_DIM, PAGE_SIZE = 16, 8, 256, 16
+# Gemma 3 12B: 16 q heads, 8 kv heads, head_dim 256, 8 KV slots (its global layers); pages of 16.
+Q_HEADS, KV_HEADS, HEAD_DIM, PAGE_SIZE, NUM_SLOTS = 16, 8, 256, 16, 8
 NUM_SEQS, PAGES_PER_SEQ = 4, 64
-PAGES_ARGS = {"ragged_paged_attention": (7, 8), "write_kv_pages": (5, 6)}  # (k, v) pointers
+PAGES_ARGS = {"ragged_paged_attention": (8, 9), "write_kv_pages": (6, 7)}  # (k, v) pointers
 
 
 def _page_offset_types(module: str, page_args: tuple[int, ...]) -> set[str]:
@@ -42,6 +42,7 @@ def _lowered_modules(num_pages: int, dtype) -> dict[str, str]:
     head_dim=HEAD_DIM,
     page_size=PAGE_SIZE,
     num_pages=num_pages,
+    num_slots=NUM_SLOTS,
   )
   modules = triton_static.lowered_modules(
     triton_static.attention_call(shape, dtype), triton_static.write_kv_call(shape, dtype)
@@ -52,14 +53,14 @@ def _lowered_modules(num_pages: int, dtype) -> dict[str, str]:
 @pytest.mark.parametrize(
   "dtype,num_pages,offset_type",
   [
-    # The budget of the issue's H200 (100,910 pages): 3.3e9 elements, 6.6 GB an array.
-    ("bfloat16", 100_910, "i64"),
-    # The old cap: 65,535 pages, just under 2**31 elements.
-    ("bfloat16", 65_535, "i32"),
-    # 8-bit pages of the same budget: 13.2e9 bytes.
-    ("float8_e4m3fn", 201_820, "i64"),
-    # 8-bit pages of 2**31 to 2**32 elements: int32 offsets past 2**31 - 1 (the gap).
-    ("float8_e4m3fn", 100_910, "i32"),
+    # 12,614 pages of 8 slots: 3.3e9 elements, 6.6 GB a pool.
+    ("bfloat16", 12_614, "i64"),
+    # 8,191 pages of 8 slots: just under 2**31 elements.
+    ("bfloat16", 8_191, "i32"),
+    # 8-bit pages, twice as many: 6.6e9 bytes.
+    ("float8_e4m3fn", 25_228, "i64"),
+    # 8-bit pools of 2**31 to 2**32 elements: int32 offsets past 2**31 - 1 (the gap).
+    ("float8_e4m3fn", 12_614, "i32"),
   ],
 )
 def test_page_offsets_are_64bit_exactly_where_the_rule_says(dtype, num_pages, offset_type):
@@ -67,7 +68,7 @@ def test_page_offsets_are_64bit_exactly_where_the_rule_says(dtype, num_pages, of
   assert set(modules) == set(PAGES_ARGS)
   for name, module in modules.items():
     assert _page_offset_types(module, PAGES_ARGS[name]) == {offset_type}, name
-  elements = KV_HEADS * num_pages * PAGE_SIZE * HEAD_DIM
+  elements = NUM_SLOTS * KV_HEADS * num_pages * PAGE_SIZE * HEAD_DIM
   itemsize = jnp.dtype(dtype).itemsize
   assert offsets_are_64bit(elements, itemsize) == (offset_type == "i64")
   # Addressable: 64-bit offsets, or int32 ones that cannot wrap.

@@ -21,6 +21,8 @@ from pallas_kernels.ragged_paged_attention.reference import (
   write_kv_reference,
 )
 from pallas_kernels.ragged_paged_attention.testing import (
+  DEFAULT_KV_SLOT,
+  assert_other_slots_unchanged,
   attention_args,
   make_random_case,
   write_args,
@@ -33,17 +35,19 @@ INTERPRET = jax.default_backend() != "gpu"  # on a GPU the same tests run the co
 def _single_seq_inputs(
   keys: np.ndarray, values: np.ndarray, queries: np.ndarray, page_size: int = 16
 ):
-  """One sequence whose cache holds `keys`/`values` [L, D] on page 2; queries [Q, D] are last."""
+  """One sequence whose cache holds `keys`/`values` [L, D] on page 2 of slot 1 (of 3 slots);
+  queries [Q, D] are last."""
   seq_len, head_dim = keys.shape
-  k_pages = np.full((1, 4, page_size, head_dim), 50.0, np.float32)  # junk everywhere else
-  v_pages = np.full((1, 4, page_size, head_dim), 50.0, np.float32)
-  k_pages[0, 2, :seq_len] = keys
-  v_pages[0, 2, :seq_len] = values
+  k_pool = np.full((3, 1, 4, page_size, head_dim), 50.0, np.float32)  # junk everywhere else
+  v_pool = np.full((3, 1, 4, page_size, head_dim), 50.0, np.float32)
+  k_pool[1, 0, 2, :seq_len] = keys
+  v_pool[1, 0, 2, :seq_len] = values
   num_q = queries.shape[0]
   return (
     jnp.asarray(queries[:, None, :]),
-    jnp.asarray(k_pages),
-    jnp.asarray(v_pages),
+    jnp.asarray(k_pool),
+    jnp.asarray(v_pool),
+    jnp.asarray([1], jnp.int32),
     jnp.asarray([[2]], jnp.int32),
     jnp.asarray([seq_len], jnp.int32),
     jnp.asarray([0, num_q], jnp.int32),
@@ -207,14 +211,16 @@ def test_write_kv_matches_reference(head_dim: int, page_size: int, dtype: str):
     num_tokens=29,
   )
   slots = np.asarray(case["slot_mapping"]).copy()
-  slots[-1] = case["k_pages"].shape[1] * page_size + 3  # out of range: dropped
+  slots[-1] = case["k_pool"].shape[2] * page_size + 3  # out of range: dropped
   case["slot_mapping"] = jnp.asarray(slots)
   expected = jax.jit(write_kv_reference)(*write_args(case))
   actual = write_kv(*write_args(case), interpret=INTERPRET)
-  for got, want, before in zip(actual, expected, (case["k_pages"], case["v_pages"]), strict=True):
+  for got, want, before in zip(actual, expected, (case["k_pool"], case["v_pool"]), strict=True):
     # Page 0 receives the padding tokens in an unspecified order; every other page must match.
-    np.testing.assert_array_equal(np.asarray(got[:, 1:]), np.asarray(want[:, 1:]))
-    assert not np.array_equal(np.asarray(got[:, 1:]), np.asarray(before[:, 1:]))
+    np.testing.assert_array_equal(np.asarray(got[:, :, 1:]), np.asarray(want[:, :, 1:]))
+    slot = DEFAULT_KV_SLOT
+    assert not np.array_equal(np.asarray(got[slot, :, 1:]), np.asarray(before[slot, :, 1:]))
+    assert_other_slots_unchanged(before, got, slot)
 
 
 def _valid_case(**overrides):
@@ -259,21 +265,28 @@ def test_attention_rejects_bad_shapes():
     ragged_paged_attention(case["q"][0], *attention_args(case)[1:], sm_scale=0.1)
   with pytest.raises(ValueError, match="seq_lens"):
     args = list(attention_args(case))
-    args[4] = args[4][:1]
+    args[5] = args[5][:1]
     ragged_paged_attention(*args, sm_scale=0.1)
+  for index, bad, match in (
+    (1, case["k_pool"][0], "k_pool"),  # one layer's 4-D pages, not the 5-D pool
+    (2, case["v_pool"][:1], "v_pool"),
+    (3, case["kv_slot"][0], "kv_slot"),  # a 0-d slot, not int32[1]
+    (3, case["kv_slot"].astype(jnp.float32), "kv_slot"),
+  ):
+    args = list(attention_args(case))
+    args[index] = bad
+    with pytest.raises(ValueError, match=match):
+      ragged_paged_attention(*args, sm_scale=0.1)
 
 
 def test_write_kv_rejects_bad_inputs():
   case = _valid_case()
   with pytest.raises(ValueError, match="new_k"):
-    write_kv(
-      case["k_pages"],
-      case["v_pages"],
-      case["new_k"][:, :1],
-      case["new_v"],
-      case["slot_mapping"],
-      interpret=INTERPRET,
-    )
+    write_kv(*write_args({**case, "new_k": case["new_k"][:, :1]}), interpret=INTERPRET)
+  with pytest.raises(ValueError, match="k_pool"):
+    write_kv(*write_args({**case, "k_pool": case["k_pool"][0]}), interpret=INTERPRET)
+  with pytest.raises(ValueError, match="kv_slot"):
+    write_kv(*write_args({**case, "kv_slot": case["kv_slot"][0]}), interpret=INTERPRET)
   with pytest.raises(ValueError, match="block_tokens"):
     write_kv(*write_args(case), block_tokens=12, interpret=INTERPRET)
 

@@ -51,21 +51,24 @@ def test_quantize_by_hand():
 
 
 def _hand_case(dtype):
-  """One decode token (position 1) of one sequence over 2 cached tokens in page 1.
+  """One decode token (position 1) of one sequence over 2 cached tokens in page 1 of slot 1 (slot
+  0 holds junk).
 
   K stored [10, 0, ...] and 0, k_scale ln(3) / 10, q [1, 0, ...], sm_scale 1: scores ln 3 and 0,
   softmax 3/4 and 1/4. V stored 4 and 8 everywhere, v_scale 0.5: out = 0.5 * (3 + 2) = 2.5."""
   head_dim, page_size = 64, 16
-  k = np.zeros((1, 2, page_size, head_dim), np.float32)
-  v = np.zeros((1, 2, page_size, head_dim), np.float32)
-  k[0, 1, 0, 0] = 10.0
-  v[0, 1, 0], v[0, 1, 1] = 4.0, 8.0
+  k = np.full((2, 1, 2, page_size, head_dim), 7.0, np.float32)
+  v = np.full((2, 1, 2, page_size, head_dim), 7.0, np.float32)
+  k[1], v[1] = 0.0, 0.0
+  k[1, 0, 1, 0, 0] = 10.0
+  v[1, 0, 1, 0], v[1, 0, 1, 1] = 4.0, 8.0
   q = np.zeros((1, 1, head_dim), np.float32)
   q[0, 0, 0] = 1.0
   return (
     jnp.asarray(q),
     jnp.asarray(k, dtype),
     jnp.asarray(v, dtype),
+    jnp.array([1], jnp.int32),  # kv_slot
     jnp.array([[1]], jnp.int32),
     jnp.array([2], jnp.int32),
     jnp.array([0, 1], jnp.int32),
@@ -83,15 +86,23 @@ def test_attention_by_hand(variant, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("write", ["reference", "gpu"])
 def test_write_by_hand(write, dtype):
-  pages = jnp.zeros((1, 2, 16, 64), dtype)
+  pool = jnp.zeros((2, 1, 2, 16, 64), dtype)  # 2 slots; slot 1 written
   new = jnp.full((2, 1, 64), 0.3, jnp.float32).at[1].set(-1.26)
   fn = (
     write_kv_reference if write == "reference" else functools.partial(gpu.write_kv, interpret=True)
   )
-  k_pages, v_pages = fn(
-    pages, pages, new, new, jnp.array([17, 18], jnp.int32), k_scale=0.01, v_scale=1.0
+  k_pool, v_pool = fn(
+    pool,
+    pool,
+    jnp.array([1], jnp.int32),
+    new,
+    new,
+    jnp.array([17, 18], jnp.int32),
+    k_scale=0.01,
+    v_scale=1.0,
   )
-  k, v = k_pages[0, 1].astype(jnp.float32), v_pages[0, 1].astype(jnp.float32)
+  assert not jnp.any(k_pool[0].astype(jnp.float32)) and not jnp.any(v_pool[0].astype(jnp.float32))
+  k, v = k_pool[1, 0, 1].astype(jnp.float32), v_pool[1, 0, 1].astype(jnp.float32)
   expected_v = {FP8: (0.3125, -1.25), INT8: (0.0, -1.0)}[dtype]
   expected_k = {FP8: (30.0, -128.0), INT8: (30.0, -126.0)}[dtype]
   assert (k[1:3, 0].tolist(), v[1:3, 0].tolist()) == (list(expected_k), list(expected_v))
@@ -145,14 +156,14 @@ def test_write_then_read_round_trip(dtype):
   np.testing.assert_array_equal(np.asarray(k_pages.astype(jnp.float32)), ref_k.astype(jnp.float32))
   np.testing.assert_array_equal(np.asarray(v_pages.astype(jnp.float32)), ref_v.astype(jnp.float32))
   out = gpu.ragged_paged_attention(
-    *attention_args({**case, "k_pages": k_pages, "v_pages": v_pages}),
+    *attention_args({**case, "k_pool": k_pages, "v_pool": v_pages}),
     sm_scale=0.125,
     interpret=True,
     **scales,
   )
   float_pages = write_kv_reference(*write_args(floats))
   exact = ragged_paged_attention_reference(
-    *attention_args({**floats, "k_pages": float_pages[0], "v_pages": float_pages[1]}),
+    *attention_args({**floats, "k_pool": float_pages[0], "v_pool": float_pages[1]}),
     sm_scale=0.125,
   )
   error = float(jnp.abs(out - exact).max())
@@ -182,7 +193,7 @@ def test_tpu_kernel_in_interpret_mode(dtype):
   ref_k, ref_v = write_kv_reference(*write_args(case), **scales)
   np.testing.assert_array_equal(np.asarray(k_pages.astype(jnp.float32)), ref_k.astype(jnp.float32))
   np.testing.assert_array_equal(np.asarray(v_pages.astype(jnp.float32)), ref_v.astype(jnp.float32))
-  args = attention_args({**case, "k_pages": ref_k, "v_pages": ref_v})
+  args = attention_args({**case, "k_pool": ref_k, "v_pool": ref_v})
   kwargs = dict(sm_scale=0.125, **scales)
   out = jax.block_until_ready(
     tpu.ragged_paged_attention(*args, num_queries_per_block=16, interpret=True, **kwargs)

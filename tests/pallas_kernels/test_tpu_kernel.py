@@ -25,6 +25,8 @@ from pallas_kernels.ragged_paged_attention.reference import (
   write_kv_reference,
 )
 from pallas_kernels.ragged_paged_attention.testing import (
+  DEFAULT_KV_SLOT,
+  assert_other_slots_unchanged,
   attention_args,
   make_random_case,
   write_args,
@@ -133,10 +135,11 @@ def _assert_close(out, expected, dtype) -> None:
 def _visible_mean(case, token: int, seq: int, position: int, window: int | None) -> np.ndarray:
   """Mean of V over the cache positions a token sees: the output when all scores are equal."""
   lo = 0 if window is None else max(0, position - window + 1)
-  page_size = case["v_pages"].shape[2]
+  page_size = case["v_pool"].shape[3]
   positions = np.arange(lo, position + 1)
   pages = np.asarray(case["block_tables"])[seq, positions // page_size]
-  v = np.asarray(case["v_pages"], np.float32)[:, pages, positions % page_size]  # [KVH, n, D]
+  v_pages = np.asarray(case["v_pool"], np.float32)[int(case["kv_slot"][0])]  # [KVH, P, ps, D]
+  v = v_pages[:, pages, positions % page_size]  # [KVH, n, D]
   return v.mean(axis=1)
 
 
@@ -164,13 +167,14 @@ def test_decode_over_two_positions_by_hand():
   head_dim = config.head_dim
   q = np.zeros(case["q"].shape, np.float32)
   q[0, :, 0] = 1.0 / SM_SCALE
-  k_pages = np.asarray(case["k_pages"]).copy()
-  v_pages = np.asarray(case["v_pages"]).copy()
+  k_pool = np.asarray(case["k_pool"]).copy()
+  v_pool = np.asarray(case["v_pool"]).copy()
+  k_pages, v_pages = k_pool[DEFAULT_KV_SLOT], v_pool[DEFAULT_KV_SLOT]  # views of the read slot
   k_pages[:, page, :2] = 0.0
   k_pages[:, page, 1, 0] = math.log(4.0)
   v_pages[:, page, :2] = 0.0
   v_pages[:, page, 0, 3], v_pages[:, page, 1, 3] = 10.0, 5.0
-  case.update(q=jnp.asarray(q), k_pages=jnp.asarray(k_pages), v_pages=jnp.asarray(v_pages))
+  case.update(q=jnp.asarray(q), k_pool=jnp.asarray(k_pool), v_pool=jnp.asarray(v_pool))
   out = np.asarray(config.attend(*attention_args(case)))
   expected = np.zeros((config.num_q_heads, head_dim), np.float32)
   expected[:, 3] = 6.0
@@ -205,10 +209,13 @@ def test_write_kv_matches_reference(dtype):
   case["slot_mapping"] = jnp.asarray(slots)
   got = jax.block_until_ready(write_kv(*write_args(case), num_tokens_per_block=8, interpret=True))
   expected = write_kv_reference(*write_args(case))
-  for got_pages, expected_pages in zip(got, expected, strict=True):
+  for got_pages, expected_pages, before in zip(
+    got, expected, (case["k_pool"], case["v_pool"]), strict=True
+  ):
     np.testing.assert_array_equal(
       np.asarray(got_pages, np.float32), np.asarray(expected_pages, np.float32)
     )
+    assert_other_slots_unchanged(before, got_pages, DEFAULT_KV_SLOT)
 
 
 def _valid_args(config: Config = SWEEP[0]):
@@ -233,63 +240,32 @@ def test_bad_block_sizes_and_options_raise(kwargs, match):
 
 
 def test_bad_shapes_raise():
-  q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, num_seqs = _valid_args()
-  with pytest.raises(ValueError, match="head_dim"):
-    ragged_paged_attention(
-      q[..., :32],
-      k_pages[..., :32],
-      v_pages[..., :32],
-      block_tables,
-      seq_lens,
-      query_start_loc,
-      num_seqs,
-      sm_scale=1.0,
-      interpret=True,
-    )
-  with pytest.raises(ValueError, match="page_size"):
-    ragged_paged_attention(
-      q,
-      k_pages[:, :, :8],
-      v_pages[:, :, :8],
-      block_tables,
-      seq_lens,
-      query_start_loc,
-      num_seqs,
-      sm_scale=1.0,
-      interpret=True,
-    )
-  with pytest.raises(ValueError, match="seq_lens"):
-    ragged_paged_attention(
-      q,
-      k_pages,
-      v_pages,
-      block_tables,
-      seq_lens[:-1],
-      query_start_loc,
-      num_seqs,
-      sm_scale=1.0,
-      interpret=True,
-    )
-  with pytest.raises(ValueError, match="num_q_heads"):
-    ragged_paged_attention(
-      q[:, :1],
-      k_pages,
-      v_pages,
-      block_tables,
-      seq_lens,
-      query_start_loc,
-      num_seqs,
-      sm_scale=1.0,
-      interpret=True,
-    )
+  args = _valid_args()
+  k_pool = args[1]
+  bad = [
+    ({0: args[0][..., :32], 1: k_pool[..., :32], 2: k_pool[..., :32]}, "head_dim"),
+    ({1: k_pool[:, :, :, :8], 2: k_pool[:, :, :, :8]}, "page_size"),
+    ({5: args[5][:-1]}, "seq_lens"),
+    ({0: args[0][:, :1]}, "num_q_heads"),
+    ({1: k_pool[0], 2: k_pool[0]}, "k_pool"),  # one layer's 4-D pages, not the 5-D pool
+    ({3: args[3][0]}, "kv_slot"),  # a 0-d slot, not int32[1]
+  ]
+  for changes, match in bad:
+    changed = [changes.get(i, arg) for i, arg in enumerate(args)]
+    with pytest.raises(ValueError, match=match):
+      ragged_paged_attention(*changed, sm_scale=1.0, interpret=True)
 
 
 def test_write_kv_bad_inputs_raise():
-  k_pages, v_pages, new_k, new_v, slot_mapping = write_args(_case(SWEEP[0], [1], [1]))
+  k_pool, v_pool, kv_slot, new_k, new_v, slot_mapping = write_args(_case(SWEEP[0], [1], [1]))
   with pytest.raises(ValueError, match="new_k"):
-    write_kv(k_pages, v_pages, new_k[..., :32], new_v, slot_mapping, interpret=True)
+    write_kv(k_pool, v_pool, kv_slot, new_k[..., :32], new_v, slot_mapping, interpret=True)
   with pytest.raises(ValueError, match="page_size"):
-    bf16_pages = k_pages[:, :, :8].astype(jnp.bfloat16)
-    write_kv(bf16_pages, bf16_pages, new_k, new_v, slot_mapping, interpret=True)
+    bf16_pool = k_pool[:, :, :, :8].astype(jnp.bfloat16)
+    write_kv(bf16_pool, bf16_pool, kv_slot, new_k, new_v, slot_mapping, interpret=True)
+  with pytest.raises(ValueError, match="kv_slot"):
+    write_kv(k_pool, v_pool, kv_slot[0], new_k, new_v, slot_mapping, interpret=True)
   with pytest.raises(ValueError, match="num_tokens_per_block"):
-    write_kv(k_pages, v_pages, new_k, new_v, slot_mapping, num_tokens_per_block=0, interpret=True)
+    write_kv(
+      k_pool, v_pool, kv_slot, new_k, new_v, slot_mapping, num_tokens_per_block=0, interpret=True
+    )

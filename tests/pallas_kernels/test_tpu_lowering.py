@@ -22,16 +22,18 @@ PAGE_SIZES = tpu.SUPPORTED_PAGE_SIZES
 DTYPES = (jnp.float32, jnp.bfloat16)
 MOSAIC_CUSTOM_CALL = "tpu_custom_call"
 NUM_TOKENS, NUM_SEQ_SLOTS, PAGES_PER_SEQ = 64, 8, 16
+NUM_KV_SLOTS = 3  # the stacked pool's slots (layers)
 
 
 def _attention_specs(head_dim, page_size, dtype, num_kv_heads=2, group=2, sharding=None):
   num_pages = NUM_SEQ_SLOTS * PAGES_PER_SEQ + 1
   spec = functools.partial(jax.ShapeDtypeStruct, sharding=sharding)
-  kv = spec((num_kv_heads, num_pages, page_size, head_dim), dtype)
+  kv = spec((NUM_KV_SLOTS, num_kv_heads, num_pages, page_size, head_dim), dtype)
   return (
     spec((NUM_TOKENS, num_kv_heads * group, head_dim), dtype),
     kv,
     kv,
+    spec((1,), jnp.int32),  # kv_slot
     spec((NUM_SEQ_SLOTS, PAGES_PER_SEQ), jnp.int32),
     spec((NUM_SEQ_SLOTS,), jnp.int32),
     spec((NUM_SEQ_SLOTS + 1,), jnp.int32),
@@ -41,9 +43,9 @@ def _attention_specs(head_dim, page_size, dtype, num_kv_heads=2, group=2, shardi
 
 def _write_specs(head_dim, page_size, dtype, num_kv_heads=2, sharding=None):
   spec = functools.partial(jax.ShapeDtypeStruct, sharding=sharding)
-  kv = spec((num_kv_heads, 33, page_size, head_dim), dtype)
+  kv = spec((NUM_KV_SLOTS, num_kv_heads, 33, page_size, head_dim), dtype)
   new = spec((NUM_TOKENS, num_kv_heads, head_dim), dtype)
-  return kv, kv, new, new, spec((NUM_TOKENS,), jnp.int32)
+  return kv, kv, spec((1,), jnp.int32), new, new, spec((NUM_TOKENS,), jnp.int32)
 
 
 def _attend(**options):
@@ -107,15 +109,17 @@ def test_8bit_kv_compiles_for_tpu():
   sharding = jax.sharding.SingleDeviceSharding(device)
   scales = dict(k_scale=0.5, v_scale=0.25)
 
-  def step(q, k_pages, v_pages, new_k, new_v, slots, *metadata):
-    k_pages, v_pages = tpu.write_kv(k_pages, v_pages, new_k, new_v, slots, **scales)
-    return tpu.ragged_paged_attention(q, k_pages, v_pages, *metadata, sm_scale=0.1, **scales)
+  def step(q, k_pool, v_pool, kv_slot, new_k, new_v, slots, *metadata):
+    k_pool, v_pool = tpu.write_kv(k_pool, v_pool, kv_slot, new_k, new_v, slots, **scales)
+    return tpu.ragged_paged_attention(q, k_pool, v_pool, kv_slot, *metadata, sm_scale=0.1, **scales)
 
   for dtype in (jnp.int8, jnp.float8_e4m3fn):
-    q, kv, _, *metadata = _attention_specs(128, 32, jnp.bfloat16, sharding=sharding)
+    q, kv, _, kv_slot, *metadata = _attention_specs(128, 32, jnp.bfloat16, sharding=sharding)
     kv = jax.ShapeDtypeStruct(kv.shape, dtype, sharding=sharding)
     new = jax.ShapeDtypeStruct((NUM_TOKENS, 2, 128), jnp.bfloat16, sharding=sharding)
     slots = jax.ShapeDtypeStruct((NUM_TOKENS,), jnp.int32, sharding=sharding)
-    compiled = jax.jit(step, donate_argnums=(1, 2)).lower(q, kv, kv, new, new, slots, *metadata)
+    compiled = jax.jit(step, donate_argnums=(1, 2)).lower(
+      q, kv, kv, kv_slot, new, new, slots, *metadata
+    )
     assert MOSAIC_CUSTOM_CALL in compiled.as_text()
     compiled.compile()

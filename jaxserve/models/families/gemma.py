@@ -84,17 +84,17 @@ class GemmaDecoderLayer(nn.Module):
   window: int | None = None
 
   @nn.compact
-  def __call__(self, x, cos, sin, k_pages, v_pages, slot_mapping, metadata):
+  def __call__(self, x, cos, sin, k_pool, v_pool, kv_slot, slot_mapping, metadata):
     cfg, blocks = self.config, self.blocks
     h = norm_layer(blocks.norm, cfg, "input_layernorm")(x)
-    h, k_pages, v_pages = Attention(
+    h, k_pool, v_pool = Attention(
       cfg, self.attention, blocks.norm, self.dense, self.window, name="self_attn"
-    )(h, cos, sin, k_pages, v_pages, slot_mapping, metadata)
+    )(h, cos, sin, k_pool, v_pool, kv_slot, slot_mapping, metadata)
     x = x + norm_layer(blocks.norm, cfg, "post_attention_layernorm")(h)  # [T, H]
     h = norm_layer(blocks.norm, cfg, "pre_feedforward_layernorm")(x)
     h = blocks.mlp(cfg, blocks, self.dense, self.experts)(h)
     x = x + norm_layer(blocks.norm, cfg, "post_feedforward_layernorm")(h)  # [T, H]
-    return x, k_pages, v_pages
+    return x, k_pool, v_pool
 
 
 def scaled_embedding(x: jax.Array, hidden_size: int) -> jax.Array:

@@ -5,8 +5,9 @@ through.
 q/k norms before RoPE when `ModelConfig.qk_norm` (Qwen3, Qwen3-MoE, Gemma 3; the family's norm,
 `norm`), RoPE by the cos/sin the decoder computed for the layer, the attention backend over the
 layer's `window` (None: the whole context) with the config's scale and score soft cap
-(`sm_scale`, `attn_logit_softcapping`), o_proj. The backend scatters the new k/v into the pages at
-the slot mapping and attends over the paged cache (attention/backends.py).
+(`sm_scale`, `attn_logit_softcapping`), o_proj. The backend scatters the new k/v into the pages of
+the layer's slot kv_slot of its group of the pool's stacked slots at the slot mapping and attends
+over that slot (attention/backends.py).
 
 `projection` picks each GEMM's implementation from the config, never from the family: a Dense; a
 QuantizedDense when `quantization` names a scheme (models/quantized_dense.py); with
@@ -79,9 +80,10 @@ class Attention(nn.Module):
     x: jax.Array,
     cos: jax.Array,
     sin: jax.Array,
-    k_pages: jax.Array,
-    v_pages: jax.Array,
-    slot_mapping: jax.Array,
+    k_pool: jax.Array,  # [slots_per_group, KV, num_pages, page_size, D]: its group's
+    v_pool: jax.Array,  # [slots_per_group, KV, num_pages, page_size, D]
+    kv_slot: jax.Array,  # int32[1]: this layer's slot in the group
+    slot_mapping: jax.Array,  # int32[T]
     metadata: AttentionMetadata,
   ):
     cfg = self.config
@@ -106,12 +108,13 @@ class Attention(nn.Module):
       k = norm_layer(self.norm, cfg, "k_norm")(k)
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, cos, sin)
-    out, k_pages, v_pages = self.attention(
+    out, k_pool, v_pool = self.attention(
       q,
       k,
       v,
-      k_pages,
-      v_pages,
+      k_pool,
+      v_pool,
+      kv_slot,
       slot_mapping,
       metadata,
       sm_scale=cfg.sm_scale,
@@ -120,4 +123,4 @@ class Attention(nn.Module):
     )  # out [T, Q, D]
     out = out.reshape(num_tokens, cfg.num_q_heads * cfg.head_dim).astype(dtype)
     out = projection(cfg, self.dense, cfg.hidden_size, "row", "o_proj")(out)  # [T, H]
-    return out, k_pages, v_pages
+    return out, k_pool, v_pool

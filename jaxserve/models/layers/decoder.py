@@ -3,7 +3,8 @@ in it (`DecoderBlocks`).
 
 `CausalLM` consumes one ragged step: the tokens of every scheduled sequence concatenated into
 `token_ids[T]` with their absolute `positions[T]`; `__call__(token_ids, positions, kv_pages,
-slot_mapping, metadata) -> (hidden, kv_pages)` returns the final-norm hidden states and the new
+slot_mapping, metadata) -> (hidden, kv_pages)` (kv_pages: the pool's groups of stacked
+(k_pool, v_pool), attention/metadata.py) returns the final-norm hidden states and the new
 pages, `compute_logits(hidden) -> float32 logits`, so the step programs (device/step_fns.py) run
 every family alike. The stack: the embedding (times the family's `scale_embedding`, if any), one
 RoPE table per kind of layer (layer i rotates by `ModelConfig.uses_local_rope(i)`: the sliding
@@ -14,9 +15,13 @@ no sharding rules and no state besides `params`.
 
 One program a layer: outside `init`, each distinct layer module (equal layers: the same window
 and blocks) is one jitted function of (its params, the step's arrays) that every such layer
-calls, so a step program traces and lowers one layer, not `num_layers`; XLA inlines the calls,
-so the compiled step runs the unrolled one's kernels in the same scratch memory (under jit with
-donated pages every layer's KV write is still an in-place update of its slot's buffers). Where
+calls, so a step program traces and lowers one layer, not `num_layers`. The pool is equal groups
+of stacked slots (attention/metadata.py KVPages); a layer gets its slot's group pair, chosen here
+statically (models/kv_layout.LayerKV), and its index in the group as a traced int32[1], not a
+Python int baked into the program: equal layers of different slots and groups stay one program,
+and the layer returns the group's new pair. XLA inlines the calls, so the compiled step runs the
+unrolled one's kernels in the same scratch memory (under jit with the donated pool every layer's
+KV write is an in-place update of its slot in its group's buffers). Where
 XLA may skip a bfloat16 rounding between ops it fuses (excess precision, on unless a step option
 turns it off), it can fuse across the inlined boundaries differently from the unrolled module. The
 layers stay a Python loop over their own params (no scan over stacked weights or pages).
@@ -107,7 +112,7 @@ class DecoderBlocks:
   norm: Norm
   activation: Activation
   mlp: MLPFactory
-  layer: type[nn.Module]  # (config, attention, blocks, dense, experts, window) -> x, k, v
+  layer: type[nn.Module]  # (config, attention, blocks, dense, experts, window) -> x, k, v pools
   scale_embedding: Callable[[jax.Array, int], jax.Array] | None = None  # (x, hidden_size)
 
   def of_layer(self, cfg: ModelConfig, layer: int) -> DecoderBlocks:
@@ -129,16 +134,16 @@ class DecoderLayer(nn.Module):
   window: int | None = None
 
   @nn.compact
-  def __call__(self, x, cos, sin, k_pages, v_pages, slot_mapping, metadata):
+  def __call__(self, x, cos, sin, k_pool, v_pool, kv_slot, slot_mapping, metadata):
     cfg, blocks = self.config, self.blocks
     h = norm_layer(blocks.norm, cfg, "input_layernorm")(x)
-    h, k_pages, v_pages = Attention(
+    h, k_pool, v_pool = Attention(
       cfg, self.attention, blocks.norm, self.dense, self.window, name="self_attn"
-    )(h, cos, sin, k_pages, v_pages, slot_mapping, metadata)
+    )(h, cos, sin, k_pool, v_pool, kv_slot, slot_mapping, metadata)
     x = x + h
     h = norm_layer(blocks.norm, cfg, "post_attention_layernorm")(x)
     x = x + blocks.mlp(cfg, blocks, self.dense, self.experts)(h)
-    return x, k_pages, v_pages
+    return x, k_pool, v_pool
 
 
 def logits_gemm(
@@ -184,8 +189,8 @@ def soft_cap(logits: jax.Array, cap: float | None) -> jax.Array:
 
 
 def decoder_layer(layer: nn.Module, params, *args) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """`layer` (unbound) over its params: (x, cos, sin, k_pages, v_pages, slots, metadata) ->
-  (x, k_pages, v_pages)."""
+  """`layer` (unbound) over its params: (x, cos, sin, k_pool, v_pool, kv_slot, slots, metadata) ->
+  (x, k_pool, v_pool)."""
   return layer.apply({"params": params}, *args)
 
 
@@ -218,7 +223,7 @@ class CausalLM(nn.Module):
     self,
     token_ids: jax.Array,  # int32[T]
     positions: jax.Array,  # int32[T]
-    kv_pages: KVPages,  # per KV slot (k_pages, v_pages), each [KV, num_pages, page_size, D]
+    kv_pages: KVPages,  # groups of (k_pool, v_pool), each [slots_per_group, KV, pages, ps, D]
     slot_mapping: jax.Array,  # int32[G, T]
     metadata: AttentionMetadata,  # block_tables int32[G, S, pages_per_seq]
   ) -> tuple[jax.Array, KVPages]:
@@ -232,9 +237,8 @@ class CausalLM(nn.Module):
       ropes[True] = rope_cos_sin(positions, local_inverse_frequencies(cfg), x.dtype)
     for i, layer in enumerate(self._layer_fns()):
       cos, sin = ropes[cfg.uses_local_rope(i)]
-      k_pages, v_pages, slots, layer_metadata = kv.layer(i)
-      x, k_pages, v_pages = layer(x, cos, sin, k_pages, v_pages, slots, layer_metadata)
-      kv.update(i, k_pages, v_pages)
+      x, k_pool, v_pool = layer(x, cos, sin, *kv.layer(i))
+      kv.update(i, k_pool, v_pool)
     hidden = self.norm(x)
     if self.is_initializing():
       self.compute_logits(hidden[:1])  # so that `init` creates lm_head too

@@ -28,6 +28,12 @@ longer KV tiles; 8-bit pages take a pipeline stage more (two K/V tiles in flight
 loop prefetches the next tile's page ids). block_q is the row's query rows over
 next_pow2(group), at least 1.
 
+The stacked pool: k_pool / v_pool [num_slots, num_kv_heads, num_pages, page_size, head_dim] hold
+every layer's pages; the BlockSpec hands program (b, h) kv head h of every slot, and the page
+gathers take the layer's slot kv_slot[0] as their leading index (Triton has no scalar prefetch:
+kv_slot is a one-element int32 input read in the kernel). The offsets are those of the whole
+stacked array (addressing.py).
+
 The kernel's body is kernel.py; this module launches it and validates its inputs.
 
 Triton rather than Mosaic GPU: the Triton lowering runs on Ampere and Hopper and takes
@@ -82,8 +88,9 @@ def _combine_splits(acc, row_max, row_sum, query_start_loc, num_seqs):
 )
 def _ragged_paged_attention(
   q,
-  k_pages,
-  v_pages,
+  k_pool,
+  v_pool,
+  kv_slot,
   block_tables,
   seq_lens,
   query_start_loc,
@@ -97,7 +104,7 @@ def _ragged_paged_attention(
   interpret: bool,
 ):
   num_tokens, num_q_heads, head_dim = q.shape
-  num_kv_heads, num_pages, page_size, _ = k_pages.shape
+  num_slots, num_kv_heads, num_pages, page_size, _ = k_pool.shape
   num_seq_slots = block_tables.shape[0]
   num_splits = tiling.num_kv_splits
   group, padded_group = tiling.group, tiling.padded_group
@@ -106,7 +113,9 @@ def _ragged_paged_attention(
   if padded_group != group:
     q_grouped = jnp.pad(q_grouped, ((0, 0), (0, 0), (0, padded_group - group), (0, 0)))
   rows_spec = pl.BlockSpec((num_tokens, None, padded_group, head_dim), lambda b, h, s: (0, h, 0, 0))
-  pages_spec = pl.BlockSpec((None, num_pages, page_size, head_dim), lambda b, h, s: (h, 0, 0, 0))
+  pages_spec = pl.BlockSpec(
+    (num_slots, None, num_pages, page_size, head_dim), lambda b, h, s: (0, h, 0, 0, 0)
+  )  # [num_slots, num_pages, page_size, D]: kv head h of every slot
   kernel = functools.partial(
     attention_kernel,
     tiling=tiling,
@@ -125,12 +134,13 @@ def _ragged_paged_attention(
     query_start_loc,
     seq_lens,
     num_seqs,
+    kv_slot,
     block_tables,
     q_grouped,
-    k_pages,
-    v_pages,
+    k_pool,
+    v_pool,
   ]
-  in_specs = [pl.no_block_spec] * 6 + [rows_spec, pages_spec, pages_spec]
+  in_specs = [pl.no_block_spec] * 7 + [rows_spec, pages_spec, pages_spec]
   if num_splits == 1:
     out_specs = rows_spec
     out_shape = jax.ShapeDtypeStruct(grouped_shape, q.dtype)
@@ -162,8 +172,9 @@ def _ragged_paged_attention(
 
 def ragged_paged_attention(
   q: jax.Array,  # [T, num_q_heads, head_dim]
-  k_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
-  v_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
+  k_pool: jax.Array,  # [num_slots, num_kv_heads, num_pages, page_size, head_dim]
+  v_pool: jax.Array,  # [num_slots, num_kv_heads, num_pages, page_size, head_dim]
+  kv_slot: jax.Array,  # int32[1]: the slot this layer reads
   block_tables: jax.Array,  # int32[S, pages_per_seq]
   seq_lens: jax.Array,  # int32[S]
   query_start_loc: jax.Array,  # int32[S + 1]
@@ -184,11 +195,12 @@ def ragged_paged_attention(
   """Attention of a ragged batch of query tokens over a paged KV cache (GPU, Pallas Triton).
 
   Same semantics as `ragged_paged_attention_reference` (see reference.py): q [T, num_q_heads,
-  head_dim]; k_pages/v_pages [num_kv_heads, num_pages, page_size, head_dim] with head_dim in
-  (64, 128, 256) and page_size in (16, 32, 64); block_tables int32[S, pages_per_seq];
+  head_dim]; k_pool/v_pool [num_slots, num_kv_heads, num_pages, page_size, head_dim] (the stacked
+  pool) with head_dim in (64, 128, 256) and page_size in (16, 32, 64); kv_slot int32[1], the slot
+  read (in [0, num_slots), not checked on the device); block_tables int32[S, pages_per_seq];
   seq_lens int32[S] (cache length after this step's write); query_start_loc int32[S + 1];
   num_seqs int32[1]. Returns [T, num_q_heads, head_dim] in q.dtype; padding tokens get zeros.
-  k_pages/v_pages may be 8-bit (float8_e4m3fn or int8: K / k_scale and V / v_scale, kv_quant.py):
+  The pools may be 8-bit (float8_e4m3fn or int8: K / k_scale and V / v_scale, kv_quant.py):
   each tile is loaded 8-bit and cast to q's dtype for the MMAs, k_scale is folded into sm_scale
   and v_scale multiplies the output (float pages take scales of 1.0).
 
@@ -202,8 +214,9 @@ def ragged_paged_attention(
   """
   validate_attention_inputs(
     q,
-    k_pages,
-    v_pages,
+    k_pool,
+    v_pool,
+    kv_slot,
     block_tables,
     seq_lens,
     query_start_loc,
@@ -212,11 +225,11 @@ def ragged_paged_attention(
     soft_cap=soft_cap,
     head_dims=SUPPORTED_HEAD_DIMS,
   )
-  check_scales(k_pages.dtype, k_scale, v_scale, "ragged_paged_attention")
-  page_size = k_pages.shape[2]
+  check_scales(k_pool.dtype, k_scale, v_scale, "ragged_paged_attention")
+  page_size = k_pool.shape[3]
   if page_size not in SUPPORTED_PAGE_SIZES:
     raise ValueError(
-      f"ragged_paged_attention: k_pages: page_size {page_size} not supported "
+      f"ragged_paged_attention: k_pool: page_size {page_size} not supported "
       f"(supported: {SUPPORTED_PAGE_SIZES})"
     )
   num_tokens, num_q_heads, head_dim = q.shape
@@ -224,10 +237,10 @@ def ragged_paged_attention(
     num_tokens,
     block_tables.shape[0],
     num_q_heads,
-    k_pages.shape[0],
+    k_pool.shape[1],
     head_dim,
     max_kv_len=block_tables.shape[1] * page_size,
-    page_itemsize=k_pages.dtype.itemsize,
+    page_itemsize=k_pool.dtype.itemsize,
     num_cores=num_cores(),
     large_smem=has_large_smem(),
     block_q=block_q,
@@ -240,8 +253,9 @@ def ragged_paged_attention(
     return jnp.zeros_like(q)
   return _ragged_paged_attention(
     q,
-    k_pages,
-    v_pages,
+    k_pool,
+    v_pool,
+    kv_slot,
     block_tables,
     seq_lens,
     query_start_loc,

@@ -3,9 +3,10 @@ computes. gpu.py launches it (grid, block specs, the split merge) and validates 
 design (programs, tiles, online softmax, split KV) is described there.
 
 The refs and their shapes: program_seqs / program_blocks int32[G] (program_map.py),
-query_start_loc int32[S + 1], seq_lens int32[S], num_seqs int32[1], block_tables
-int32[S, pages_per_seq], q [T, Gp, D] (the kv head's padded group of q heads, Gp =
-tiling.padded_group), k / v [num_pages, page_size, D] (the kv head's pages); outputs
+query_start_loc int32[S + 1], seq_lens int32[S], num_seqs int32[1], kv_slot int32[1],
+block_tables int32[S, pages_per_seq], q [T, Gp, D] (the kv head's padded group of q heads, Gp =
+tiling.padded_group), k / v [num_slots, num_pages, page_size, D] (the kv head's pages of every
+slot of the stacked pool: the gathers index slot kv_slot[0], a dynamic leading index); outputs
 (out [T, Gp, D],) or, split, (acc [T, Gp, D], max [T, Gp], sum [T, Gp]) in float32.
 """
 
@@ -32,6 +33,7 @@ def attention_kernel(
   query_start_loc_ref,
   seq_lens_ref,
   num_seqs_ref,
+  kv_slot_ref,
   block_tables_ref,
   q_ref,
   k_ref,
@@ -56,6 +58,7 @@ def attention_kernel(
 
   live_seq = jnp.maximum(seq, 0)
   q_start = query_start_loc_ref[live_seq]
+  kv_slot = kv_slot_ref[0]
 
   @pl.when(seq >= 0)
   def _():
@@ -65,6 +68,7 @@ def attention_kernel(
       k_ref,
       v_ref,
       out_refs,
+      kv_slot=kv_slot,
       seq=live_seq,
       q_start=q_start,
       q_len=query_start_loc_ref[live_seq + 1] - q_start,
@@ -99,6 +103,7 @@ def _attend_query_block(
   v_ref,
   out_refs,
   *,
+  kv_slot,
   seq,
   q_start,
   q_len,
@@ -144,6 +149,7 @@ def _attend_query_block(
     v_ref,
     q,
     row_pos,
+    kv_slot=kv_slot,
     seq=seq,
     seq_len=seq_len,
     tiling=tiling,
@@ -157,7 +163,7 @@ def _attend_query_block(
   # Each iteration loads the next tile's page ids and carries them: the K/V copies' addresses
   # then come from the loop's carry, not from a load in the same iteration, and Triton's
   # pipeliner gives the K/V copies num_stages - 1 shared-memory buffers instead of one.
-  page_ids = _tile_page_ids(block_tables_ref, seq, seq_len, tile_begin, tiling, k_ref.shape[1])
+  page_ids = _tile_page_ids(block_tables_ref, seq, seq_len, tile_begin, tiling, k_ref.shape[2])
   acc, row_max, row_sum, _ = lax.fori_loop(
     tile_begin, tile_end, tile_fn, (acc, row_max, row_sum, page_ids)
   )
@@ -185,6 +191,7 @@ def _attend_kv_tile(
   tile,
   carry,
   *,
+  kv_slot,
   seq,
   seq_len,
   tiling: Tiling,
@@ -193,14 +200,14 @@ def _attend_kv_tile(
   soft_cap: float | None,
 ):
   acc, row_max, row_sum, page_ids = carry
-  _, page_size, head_dim = k_ref.shape
+  _, _, page_size, head_dim = k_ref.shape
   kv_pos = tile * tiling.block_kv + jnp.arange(tiling.block_kv, dtype=jnp.int32)  # [BK]
   kv_valid = kv_pos < seq_len  # [BK]
   next_page_ids = _tile_page_ids(block_tables_ref, seq, seq_len, tile + 1, tiling, page_size)
   offsets = kv_pos % page_size  # [BK]
   dims = jnp.arange(head_dim, dtype=jnp.int32)[None, :]  # [1, D]
   kv_mask = jnp.broadcast_to(kv_valid[:, None], (tiling.block_kv, head_dim))
-  kv_index = (page_ids[:, None], offsets[:, None], dims)
+  kv_index = (kv_slot, page_ids[:, None], offsets[:, None], dims)
   # Masked rows read as 0 through the load's own fill, typed as the pages (a Python 0 does not
   # cast to an 8-bit float): 8-bit tiles then go from shared memory straight into the MMA
   # operands' registers and are converted there, where a select after the load would need the

@@ -10,25 +10,26 @@ work items (sequence, kv block): the sequences overlapping its tokens and, for e
 blocks some of its tokens can see (causal and sliding-window bounds skip the rest). Masks need no
 integer division: row r sees kv position p iff r >= (p - ctx_len + q_start - blk_start) * G.
 
-Memory. K/V pages stay in HBM (memory_space=ANY) and are copied page by page HBM -> VMEM by async
-DMAs into one of two VMEM slots; while an item is computed, the next item's pages (same or next
-sequence) are in flight (double buffering). Pages past the sequence or before the window are not
-copied; their stale VMEM rows are masked out of the scores and zeroed in V. The online softmax
-state (m, l lane-broadcast to [rows, 128]; acc [rows, head_dim]) is float32 VMEM scratch; rows of
-other sequences see an all-masked block, which leaves their state exactly unchanged. A step starts
+Memory. K/V pages stay in HBM (memory_space=ANY): the stacked pool [num_slots, num_kv_heads,
+num_pages, page_size, head_dim] of every layer, whose slot kv_slot (scalar-prefetched) is the
+leading index of every page DMA. They are copied page by page HBM -> VMEM by async DMAs into one of
+two VMEM slots; while an item is computed, the next item's pages (same or next sequence) are in
+flight (double buffering). Pages past the sequence or before the window are not copied; their stale
+VMEM rows are masked out of the scores and zeroed in V. The online softmax state (m, l
+lane-broadcast to [rows, 128]; acc [rows, head_dim]) is float32 VMEM scratch; rows of other
+sequences see an all-masked block, which leaves their state exactly unchanged. A step starts
 and waits all of its own DMAs, so both grid axes are "parallel" (megacore splits them).
 
 Layout requirements (Mosaic tiling): head_dim in (64, 128, 256); page_size in (16, 32, 64) (a
-multiple of the 8-row float32 / 16-row bfloat16 sublane tile); num_kv_pages_per_block * page_size
-a multiple of 128 (lane-dense scores); num_queries_per_block * G a multiple of the sublane tile.
-block_tables (flattened), seq_lens, query_start_loc and num_seqs are scalar-prefetched into SMEM,
-so S * pages_per_seq must fit SMEM. Matmuls accumulate in float32 (HIGHEST precision for float32);
-probabilities are cast to the V dtype before P @ V. 8-bit pages (int8, float8_e4m3fn: K / k_scale
-and V / v_scale, kv_quant.py) are copied 8-bit (half the DMA bytes of bfloat16) and cast to q's
-dtype in VMEM; k_scale is folded into sm_scale and v_scale multiplies the output; their sublane
-tile is 32 rows, so page_size is 32 or 64. Cost note: a decode token is its own item and
-still runs the [num_queries_per_block * G, kv_block] matmul of its block, masked to its G rows.
-"""
+multiple of the 8-row float32 / 16-row bfloat16 sublane tile); num_kv_pages_per_block * page_size a
+multiple of 128 (lane-dense scores); num_queries_per_block * G a multiple of the sublane tile.
+block_tables (flattened), seq_lens, query_start_loc, num_seqs and kv_slot are scalar-prefetched into
+SMEM, so S * pages_per_seq must fit SMEM. Matmuls accumulate in float32 (HIGHEST precision for
+float32); probabilities are cast to the V dtype before P @ V. 8-bit pages (int8, float8_e4m3fn: K /
+k_scale and V / v_scale, kv_quant.py) are copied 8-bit (half the DMA bytes of bfloat16) and cast to
+q's dtype in VMEM; k_scale is folded into sm_scale and v_scale multiplies the output; their sublane
+tile is 32 rows, so page_size is 32 or 64. Cost note: a decode token is its own item and still runs
+the [num_queries_per_block * G, kv_block] matmul of its block, masked to its G rows."""
 
 from __future__ import annotations
 
@@ -58,27 +59,27 @@ DEFAULT_KV_TOKENS_PER_BLOCK = 256
 DEFAULT_QUERIES_PER_BLOCK = 32
 
 
-def _check_block_sizes(q, k_pages, num_queries_per_block, num_kv_pages_per_block):
+def _check_block_sizes(q, k_pool, num_queries_per_block, num_kv_pages_per_block):
   _, num_q_heads, _ = q.shape
-  num_kv_heads, _, page_size, _ = k_pages.shape
+  _, num_kv_heads, _, page_size, _ = k_pool.shape
   group = num_q_heads // num_kv_heads
   if page_size not in SUPPORTED_PAGE_SIZES:
     raise ValueError(
-      f"ragged_paged_attention: k_pages: page_size {page_size} not supported "
+      f"ragged_paged_attention: k_pool: page_size {page_size} not supported "
       f"(supported: {SUPPORTED_PAGE_SIZES})"
     )
   if q.dtype not in (jnp.float32, jnp.bfloat16) or not (
-    k_pages.dtype in (jnp.float32, jnp.bfloat16) or is_quantized(k_pages.dtype)
+    k_pool.dtype in (jnp.float32, jnp.bfloat16) or is_quantized(k_pool.dtype)
   ):
     raise ValueError(
-      f"ragged_paged_attention: q/k_pages: dtypes {q.dtype}/{k_pages.dtype} not "
+      f"ragged_paged_attention: q/k_pool: dtypes {q.dtype}/{k_pool.dtype} not "
       "supported (q float32 or bfloat16; pages those, float8_e4m3fn or int8)"
     )
-  tile = max(sublane_tile(q.dtype), sublane_tile(k_pages.dtype))
+  tile = max(sublane_tile(q.dtype), sublane_tile(k_pool.dtype))
   if page_size % tile:
     raise ValueError(
-      f"ragged_paged_attention: k_pages: page_size {page_size} is not a multiple "
-      f"of the {tile}-row sublane tile of {k_pages.dtype}"
+      f"ragged_paged_attention: k_pool: page_size {page_size} is not a multiple "
+      f"of the {tile}-row sublane tile of {k_pool.dtype}"
     )
   if num_kv_pages_per_block < 1 or (num_kv_pages_per_block * page_size) % NUM_LANES:
     raise ValueError(
@@ -108,8 +109,9 @@ def _check_block_sizes(q, k_pages, num_queries_per_block, num_kv_pages_per_block
 )
 def ragged_paged_attention(
   q: jax.Array,  # [T, num_q_heads, head_dim]
-  k_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
-  v_pages: jax.Array,  # [num_kv_heads, num_pages, page_size, head_dim]
+  k_pool: jax.Array,  # [num_slots, num_kv_heads, num_pages, page_size, head_dim]
+  v_pool: jax.Array,  # [num_slots, num_kv_heads, num_pages, page_size, head_dim]
+  kv_slot: jax.Array,  # int32[1]: the slot this layer reads
   block_tables: jax.Array,  # int32[S, pages_per_seq]
   seq_lens: jax.Array,  # int32[S]
   query_start_loc: jax.Array,  # int32[S + 1]
@@ -128,21 +130,23 @@ def ragged_paged_attention(
   """Ragged paged attention; semantics exactly those of `ragged_paged_attention_reference`.
 
   q holds the query tokens of all sequences concatenated (decodes first, then prefill chunks);
-  k_pages/v_pages the paged cache of one layer (already holding this step's K/V); block_tables the
+  k_pool/v_pool the stacked paged cache of every layer, of which this call reads slot kv_slot
+  (already holding this step's K/V; in [0, num_slots), not checked on the device); block_tables the
   page ids of each sequence slot; seq_lens the cached tokens per sequence after this step;
   query_start_loc the token offsets of each sequence in q; num_seqs the live sequence count.
   num_kv_pages_per_block defaults to DEFAULT_KV_TOKENS_PER_BLOCK // page_size. `interpret=True`
-  runs the kernel in Pallas TPU interpret mode (any backend, e.g. CPU tests). Shapes: q
-  [T, num_q_heads, head_dim]; k_pages/v_pages [num_kv_heads, num_pages, page_size, head_dim]
-  (float32, bfloat16, or 8-bit float8_e4m3fn / int8 holding K / k_scale and V / v_scale);
-  block_tables int32[S, pages_per_seq]; seq_lens int32[S]; query_start_loc int32[S + 1];
-  num_seqs int32[1]; returns [T, num_q_heads, head_dim] in q.dtype.
-  Raises ValueError on bad shapes, dtypes, scales or block sizes.
+  runs the kernel in Pallas TPU interpret mode (any backend, e.g. CPU tests). Shapes: q [T,
+  num_q_heads, head_dim]; k_pool/v_pool [num_slots, num_kv_heads, num_pages, page_size, head_dim]
+  (float32, bfloat16, or 8-bit float8_e4m3fn / int8 holding K / k_scale and V / v_scale); kv_slot
+  int32[1]; block_tables int32[S, pages_per_seq]; seq_lens int32[S]; query_start_loc int32[S + 1];
+  num_seqs int32[1]; returns [T, num_q_heads, head_dim] in q.dtype. Raises ValueError on bad shapes,
+  dtypes, scales or block sizes.
   """
   validate_attention_inputs(
     q,
-    k_pages,
-    v_pages,
+    k_pool,
+    v_pool,
+    kv_slot,
     block_tables,
     seq_lens,
     query_start_loc,
@@ -151,14 +155,14 @@ def ragged_paged_attention(
     soft_cap=soft_cap,
     head_dims=SUPPORTED_HEAD_DIMS,
   )
-  check_scales(k_pages.dtype, k_scale, v_scale, "ragged_paged_attention")
+  check_scales(k_pool.dtype, k_scale, v_scale, "ragged_paged_attention")
   num_tokens, num_q_heads, head_dim = q.shape
-  num_kv_heads, _, page_size, _ = k_pages.shape
+  _, num_kv_heads, _, page_size, _ = k_pool.shape
   num_seq_slots, pages_per_seq = block_tables.shape
   group = num_q_heads // num_kv_heads
   if num_kv_pages_per_block is None:
     num_kv_pages_per_block = max(1, DEFAULT_KV_TOKENS_PER_BLOCK // page_size)
-  _check_block_sizes(q, k_pages, num_queries_per_block, num_kv_pages_per_block)
+  _check_block_sizes(q, k_pool, num_queries_per_block, num_kv_pages_per_block)
 
   num_q_blocks = pl.cdiv(num_tokens, num_queries_per_block)
   padded_tokens = num_q_blocks * num_queries_per_block
@@ -184,13 +188,13 @@ def ragged_paged_attention(
   out = pl.pallas_call(
     kernel,
     grid_spec=pltpu.PrefetchScalarGridSpec(
-      num_scalar_prefetch=5,
+      num_scalar_prefetch=6,
       grid=(num_kv_heads, num_q_blocks),
       in_specs=[q_spec, pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY)],
       out_specs=q_spec,
       scratch_shapes=[
-        pltpu.VMEM((2, kv_block, head_dim), k_pages.dtype),  # K double buffer
-        pltpu.VMEM((2, kv_block, head_dim), v_pages.dtype),  # V double buffer
+        pltpu.VMEM((2, kv_block, head_dim), k_pool.dtype),  # K double buffer
+        pltpu.VMEM((2, kv_block, head_dim), v_pool.dtype),  # V double buffer
         pltpu.SemaphoreType.DMA((2, 2)),  # [K/V, slot]
         pltpu.VMEM((rows, NUM_LANES), jnp.float32),  # m
         pltpu.VMEM((rows, NUM_LANES), jnp.float32),  # l
@@ -209,9 +213,10 @@ def ragged_paged_attention(
     query_start_loc,
     num_seqs,
     first_seq,
+    kv_slot,
     q_t,
-    k_pages,
-    v_pages,
+    k_pool,
+    v_pool,
   )
   out = out.reshape(num_kv_heads, padded_tokens, group, head_dim).transpose(1, 0, 2, 3)
   return out.reshape(padded_tokens, num_q_heads, head_dim)[:num_tokens]

@@ -5,9 +5,11 @@ described there.
 
 The refs and their shapes (scalar-prefetched, in SMEM): block_tables int32[S * pages_per_seq]
 (flattened), seq_lens int32[S], query_start_loc int32[S + 1], num_seqs int32[1], first_seq
-int32[num_q_blocks] (the first sequence overlapping each token block); q / o [rows, head_dim]
-(the step's block of q_t, rows = num_queries_per_block * G); k_hbm / v_hbm [num_kv_heads,
-num_pages, page_size, head_dim] left in HBM; scratch: K and V double buffers [2, kv_block,
+int32[num_q_blocks] (the first sequence overlapping each token block), kv_slot int32[1] (the
+stacked pool's slot this layer reads); q / o [rows, head_dim] (the step's block of q_t, rows =
+num_queries_per_block * G); k_hbm / v_hbm [num_slots, num_kv_heads, num_pages, page_size,
+head_dim], the stacked pool left in HBM, whose pages are DMA'd at (kv_slot, kv head, page id);
+scratch: K and V double buffers [2, kv_block,
 head_dim], DMA semaphores [K/V, slot], and the float32 softmax state m, l [rows, 128] and acc
 [rows, head_dim].
 """
@@ -67,6 +69,7 @@ def attention_kernel(
   query_start_ref,
   num_seqs_ref,
   first_seq_ref,
+  kv_slot_ref,
   q_ref,
   k_hbm,
   v_hbm,
@@ -88,7 +91,8 @@ def attention_kernel(
 ):
   kv_head, q_blk = pl.program_id(0), pl.program_id(1)
   rows, head_dim = q_ref.shape
-  page_size = k_hbm.shape[2]
+  page_size = k_hbm.shape[3]
+  kv_slot = kv_slot_ref[0]
   kv_block = pages_per_block * page_size
   tokens_per_block = rows // group
   blk_start = q_blk * tokens_per_block
@@ -132,8 +136,12 @@ def attention_kernel(
       copies.append(
         (
           needed,
-          pltpu.make_async_copy(k_hbm.at[kv_head, page_id], k_buf.at[slot, dst], sems.at[0, slot]),
-          pltpu.make_async_copy(v_hbm.at[kv_head, page_id], v_buf.at[slot, dst], sems.at[1, slot]),
+          pltpu.make_async_copy(
+            k_hbm.at[kv_slot, kv_head, page_id], k_buf.at[slot, dst], sems.at[0, slot]
+          ),
+          pltpu.make_async_copy(
+            v_hbm.at[kv_slot, kv_head, page_id], v_buf.at[slot, dst], sems.at[1, slot]
+          ),
         )
       )
     return copies

@@ -79,7 +79,7 @@ def test_expert_parallel_splits_experts_on_e_and_attention_on_heads(hf_checkpoin
   o_shards = layer["self_attn"]["o_proj"]["kernel"].addressable_shards
   assert {s.data.shape for s in o_shards} == {(2 * 64, hidden)}
   for pages in jax.tree_util.tree_leaves(engine.runner.kv_pages):
-    assert {s.data.shape[0] for s in pages.addressable_shards} == {1}  # one kv head per device
+    assert {s.data.shape[1] for s in pages.addressable_shards} == {1}  # one kv head per device
 
 
 def test_four_devices_hold_one_repeated_kv_head_each(hf_checkpoint):
@@ -97,7 +97,7 @@ def test_four_devices_hold_one_repeated_kv_head_each(hf_checkpoint):
       head = device // 2
       np.testing.assert_array_equal(np.asarray(shard.data), whole[:, head * 64 : (head + 1) * 64])
   for pages in jax.tree_util.tree_leaves(engine.runner.kv_pages):
-    assert pages.shape[0] == 4 and {s.data.shape[0] for s in pages.addressable_shards} == {1}
+    assert pages.shape[1] == 4 and {s.data.shape[1] for s in pages.addressable_shards} == {1}
 
 
 def test_expert_parallel_refusals(hf_checkpoint):

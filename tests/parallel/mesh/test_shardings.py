@@ -61,12 +61,13 @@ def test_kv_pages_are_split_by_kv_head_and_updated_in_place(engine):
     ]
 
   num_pages = engine.allocator.num_usable_pages + 1
-  for k_pages, v_pages in engine.runner.kv_pages:
-    for pages in (k_pages, v_pages):
-      assert pages.shape == (8, num_pages, 16, D)
-      assert pages.sharding.spec == P("model", None, None, None)
-      assert sorted(s.index[0].start for s in pages.addressable_shards) == list(range(TP))
-      assert all(s.data.shape == (1, num_pages, 16, D) for s in pages.addressable_shards)
+  ((k_pool, v_pool),) = engine.runner.kv_pages  # a small pool: one group of every layer's slot
+  num_slots = k_pool.shape[0]
+  for pool in (k_pool, v_pool):
+    assert pool.shape == (num_slots, 8, num_pages, 16, D)
+    assert pool.sharding.spec == P(None, "model", None, None, None)
+    assert sorted(s.index[1].start for s in pool.addressable_shards) == list(range(TP))
+    assert all(s.data.shape == (num_slots, 1, num_pages, 16, D) for s in pool.addressable_shards)
   before_sharding = [x.sharding for x in jax.tree_util.tree_leaves(engine.runner.kv_pages)]
   engine.add_request(list(range(5, 40)), SamplingParams(temperature=0.0, max_tokens=4))
   run_to_completion(engine)  # compiles the programs it needs (the test engines warm up lazily)
