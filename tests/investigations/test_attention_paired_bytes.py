@@ -45,7 +45,10 @@ def test_paired_kernel_matches_the_reference(dtype8, mma):
     sm_scale=0.125,
     interpret=True,
   )
-  want = ragged_paged_attention_reference(q, k, v, tables, seq_lens, qsl, n, sm_scale=0.125)
+  slot = jnp.zeros((1,), jnp.int32)
+  want = ragged_paged_attention_reference(
+    q, k[None], v[None], slot, tables, seq_lens, qsl, n, sm_scale=0.125
+  )
   assert got.shape == want.shape and got.dtype == want.dtype
   np.testing.assert_allclose(
     np.asarray(got, np.float32), np.asarray(want, np.float32), atol=2e-2, rtol=2e-2
